@@ -1,0 +1,194 @@
+"""The ``hybridq`` command (also ``python -m hybridq``): wiring only, no business logic.
+
+Exit codes (documented in ``docs/cli.md``):
+
+* 0 — success; for ``journal verify``: the journal is healthy (a torn tail is healthy).
+* 1 — an error (bad path, I/O error); one line on stderr.
+* 2 — bad usage (unknown option, bad value).
+* 3 — the journal is corrupt; the message names file, offset and the records affected.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from hybridq import __version__
+from hybridq.errors import HybridqError, JournalCorruption
+from hybridq.journal.paths import DEFAULT_JOURNAL
+from hybridq.journal.reader import JournalReader
+from hybridq.journal.recovery import verify
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CORRUPT = 3
+
+#: Journals larger than this get a progress bar on stderr.
+PROGRESS_THRESHOLD_BYTES = 16 << 20
+
+journal_option = click.option(
+    "--journal",
+    "journal",
+    envvar="HYBRIDQ_JOURNAL",
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    show_envvar=True,
+    type=click.Path(file_okay=False),
+    help="Journal directory (relative paths are relative to the working directory).",
+)
+
+
+class _Context:
+    def __init__(self, *, debug: bool) -> None:
+        self.debug = debug
+
+
+def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
+    """One clear line on stderr (a traceback only with --debug), and the right exit code."""
+    obj = ctx.find_object(_Context)
+    if obj is not None and obj.debug:
+        raise exc
+    code = EXIT_CORRUPT if isinstance(exc, JournalCorruption) else EXIT_ERROR
+    click.echo(f"hybridq: error: {exc}", err=True)
+    ctx.exit(code)
+    raise AssertionError  # pragma: no cover - ctx.exit raises
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hybridq")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:  # noqa: FBT001 - click passes flags positionally
+    """hybridq: a task queue whose source of truth is a local, fsync'd journal.
+
+    \b
+    Example:
+      hybridq journal verify --journal /var/lib/hybridq/journal
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    ctx.obj = _Context(debug=debug)
+
+
+@cli.group()
+def journal() -> None:
+    """Inspect the journal directory.
+
+    \b
+    Example:
+      hybridq journal verify --journal ./hybridq-journal
+    """
+
+
+def _progress(total: int) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """A stderr progress bar over ``total`` bytes when the journal is large, else nothing."""
+    if total < PROGRESS_THRESHOLD_BYTES:
+        return None, lambda: None
+    bar = click.progressbar(length=total, label="scanning", file=sys.stderr, show_pos=False)
+    bar.__enter__()
+    return bar.update, lambda: bar.__exit__(None, None, None)
+
+
+def _segment_bytes(path: str) -> int:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return 0
+    return sum(
+        os.stat(os.path.join(path, n), follow_symlinks=False).st_size for n in names if n.endswith(".wal")
+    )
+
+
+@journal.command("verify")
+@journal_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.pass_context
+def journal_verify(ctx: click.Context, journal: str, as_json: bool) -> None:  # noqa: FBT001
+    """Check every record of the journal; exit 0 when healthy, 3 when corrupt.
+
+    Read-only: a torn tail left by a crashed producer is reported (it is repaired when the
+    forwarder next opens the journal); corruption is reported with the file, the byte offset
+    and the records affected.
+
+    \b
+    Example:
+      hybridq journal verify --journal ./hybridq-journal
+    """
+    on_bytes, done = _progress(_segment_bytes(journal))
+    try:
+        report = verify(journal, on_bytes=on_bytes)
+    except (HybridqError, OSError) as exc:
+        done()
+        _fail(ctx, exc)
+    done()
+    if as_json:
+        out: dict[str, Any] = {
+            "ok": True,
+            "chains": report.chains,
+            "segments": report.segments,
+            "records": report.records,
+            "bytes": report.bytes,
+            "live_writers": report.live_chains,
+            "torn_tails": [
+                {"path": t.path, "offset": t.offset, "dropped_bytes": t.dropped_bytes}
+                for t in report.torn_tails
+            ],
+        }
+        click.echo(json.dumps(out))
+        return
+    click.echo(
+        f"ok: {report.records} records in {report.segments} segments "
+        f"({report.chains} writers, {report.live_chains} live), {report.bytes} bytes"
+    )
+    for torn in report.torn_tails:
+        click.echo(
+            f"torn tail: {torn.path} at offset {torn.offset}, {torn.dropped_bytes} bytes "
+            "(left by a crash; never acknowledged; repaired when the journal is next opened)"
+        )
+
+
+@journal.command("dump")
+@journal_option
+@click.pass_context
+def journal_dump(ctx: click.Context, journal: str) -> None:
+    """Print every record as one JSON line: writer, seq, type, segment, offset, payload.
+
+    The payload is printed as text when it is UTF-8, else base64 in ``payload_b64``.
+
+    \b
+    Example:
+      hybridq journal dump --journal ./hybridq-journal | head
+    """
+    try:
+        reader = JournalReader(journal)
+        for rec in reader.records():
+            line: dict[str, Any] = {
+                "writer": rec.writer_id,
+                "seq": rec.seq,
+                "type": rec.rtype,
+                "segment": rec.segment_index,
+                "offset": rec.offset,
+            }
+            try:
+                line["payload"] = rec.payload.decode()
+            except UnicodeDecodeError:
+                line["payload_b64"] = base64.b64encode(rec.payload).decode()
+            click.echo(json.dumps(line))
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+
+
+def main() -> None:
+    """Entry point of the ``hybridq`` script."""
+    cli(prog_name="hybridq")

@@ -1,0 +1,133 @@
+"""The exception tree every hybridq error belongs to.
+
+::
+
+    HybridqError
+    ├── JournalError
+    │   ├── JournalPathError        the journal path is unusable (not a directory, a symlink, ...)
+    │   ├── JournalIOError          a write or fsync failed; the append was *not* acknowledged
+    │   ├── JournalCorruption       damage the journal refuses to repair silently
+    │   ├── RecordTooLarge          a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
+    │   ├── JournalClosed           the writer was closed
+    │   └── StateFileCorrupt        a state file failed its checksum
+    └── JournalLocked               another process holds a lock the caller needs
+
+Errors carry their data as attributes (path, offset, sequence range), not only in the message.
+This module imports nothing from hybridq, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "HybridqError",
+    "JournalClosed",
+    "JournalCorruption",
+    "JournalError",
+    "JournalIOError",
+    "JournalLocked",
+    "JournalPathError",
+    "RecordTooLarge",
+    "StateFileCorrupt",
+]
+
+
+class HybridqError(Exception):
+    """Base class of every error hybridq raises on purpose."""
+
+
+class JournalError(HybridqError):
+    """Something is wrong with the journal."""
+
+
+class JournalPathError(JournalError):
+    """The journal path cannot be used."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"journal path {self.path}: {reason}")
+
+
+class JournalIOError(JournalError):
+    """A write or fsync failed: the append was not acknowledged and the segment is abandoned."""
+
+    def __init__(self, path: str, op: str, cause: OSError) -> None:
+        self.path = path
+        self.op = op
+        self.errno = cause.errno
+        super().__init__(f"{op} failed on {path}: {cause.strerror or cause}")
+
+
+class JournalCorruption(JournalError):
+    """Damage that is not a torn tail; the journal refuses to go on over it.
+
+    Attributes:
+        path: the segment (or state) file.
+        offset: byte offset of the first damaged byte found.
+        first_seq: first sequence number affected (``None`` when unknown).
+        last_seq: last sequence number affected (``None`` when unknown or open-ended).
+        reason: what is wrong, in a few words.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        reason: str,
+        *,
+        first_seq: int | None = None,
+        last_seq: int | None = None,
+    ) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        super().__init__(f"journal corruption in {path} at offset {offset}: {reason}; {self.affected}")
+
+    @property
+    def affected(self) -> str:
+        """The sequence range at risk, in words."""
+        if self.first_seq is None:
+            return "affected records unknown"
+        if self.last_seq is None:
+            return f"records from sequence {self.first_seq} on are affected"
+        if self.last_seq < self.first_seq:
+            return "no record is lost"
+        return f"records {self.first_seq}..{self.last_seq} are affected"
+
+
+class RecordTooLarge(JournalError, ValueError):
+    """A payload is over the maximum record size; nothing was written."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"record payload of {size} bytes is over the limit of {limit} bytes")
+
+
+class JournalClosed(JournalError):
+    """The writer has been closed."""
+
+    def __init__(self) -> None:
+        super().__init__("journal writer is closed")
+
+
+class StateFileCorrupt(JournalError):
+    """A state file is damaged (bad magic, length or checksum)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"state file {path} is damaged: {reason}")
+
+
+class JournalLocked(HybridqError):
+    """Another process holds the lock (for example a second forwarder on one journal)."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(f"{path} is locked by {holder}")

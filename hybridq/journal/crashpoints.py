@@ -1,0 +1,50 @@
+"""Named crash points, armed only by the ``HYBRIDQ_CRASH_POINT`` environment variable.
+
+Used by the S2 tests (RELIABILITY.md): ``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process
+SIGKILL itself the third time the writer reaches ``mid_record``. Unarmed, a crash point costs
+one attribute check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["NAMES", "armed", "reached"]
+
+#: The points the journal writer passes, in order, on every append.
+NAMES = ("before_write", "mid_record", "after_write_before_fsync", "after_fsync_before_ack")
+
+_spec: tuple[str, int] | None = None
+_loaded = False
+_count = 0
+
+
+def _load() -> tuple[str, int] | None:
+    global _spec, _loaded
+    if not _loaded:
+        raw = os.environ.get("HYBRIDQ_CRASH_POINT", "")
+        if raw:
+            name, _, nth = raw.partition(":")
+            if name not in NAMES:
+                raise ValueError(f"HYBRIDQ_CRASH_POINT: unknown point {name!r}; known: {NAMES}")
+            _spec = (name, int(nth or "1"))
+        _loaded = True
+    return _spec
+
+
+def armed(name: str) -> bool:
+    """Whether the next :func:`reached` of ``name`` would kill the process."""
+    spec = _load()
+    return spec is not None and spec[0] == name and _count + 1 >= spec[1]
+
+
+def reached(name: str) -> None:
+    """Kill the process with SIGKILL if ``name`` is armed and this is its Nth passage."""
+    global _count
+    spec = _load()
+    if spec is None or spec[0] != name:
+        return
+    _count += 1
+    if _count >= spec[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

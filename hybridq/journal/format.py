@@ -1,0 +1,148 @@
+"""Constants and byte layout of the journal, shared by the writer and the reader.
+
+The specification is ``docs/journal-format.md``; every constant here is defined there first.
+This module must not import redis, rq, click or the job envelope.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crc32c as _crc32c
+
+#: Segment file magic (``docs/journal-format.md``, *File header*).
+MAGIC = b"HYBRIDQJ"
+#: The only on-disk version this code reads and writes.
+VERSION = 1
+#: Fixed size of a segment file header.
+FILE_HEADER_SIZE = 64
+#: Fixed size of a record header.
+RECORD_HEADER_SIZE = 20
+#: Hard maximum of one record's payload; checked before anything is written or allocated.
+MAX_PAYLOAD_BYTES = 1 << 20
+#: Default size at which a writer seals its segment and starts the next one.
+DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
+#: Number of seal records that close a segment (two, so one damaged seal is never a torn tail).
+SEAL_RECORDS = 2
+#: Size of a seal record's payload: last data sequence, data record count.
+SEAL_PAYLOAD_SIZE = 16
+
+# magic, version, header size, writer id, salt, previous salt, index, first sequence, reserved
+_FILE_HEADER = struct.Struct("<8sHH8s8s8sQQ8x")
+_FILE_HEADER_CRC = struct.Struct("<I")
+# crc, length, sequence, type, 3 reserved zero bytes
+RECORD_HEADER = struct.Struct("<IIQB3x")
+_SEAL_PAYLOAD = struct.Struct("<QQ")
+
+assert _FILE_HEADER.size + _FILE_HEADER_CRC.size == FILE_HEADER_SIZE
+assert RECORD_HEADER.size == RECORD_HEADER_SIZE
+
+SEGMENT_SUFFIX = ".wal"
+TMP_SUFFIX = ".tmp"
+BROKEN_SUFFIX = ".broken"
+SEGMENT_NAME = re.compile(r"\A([0-9a-f]{16})-([0-9]{8})\.wal\Z")
+
+
+class RecordType(IntEnum):
+    """Record types. ``1``–``127`` are data records for the layer above the journal."""
+
+    DATA = 1
+    SEAL = 255
+
+    @staticmethod
+    def is_data(value: int) -> bool:
+        """Whether ``value`` is a data record type the layer above may use."""
+        return 1 <= value <= 127
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``value``."""
+    return int(_crc32c.crc32c(data, value))
+
+
+def salt_seed(salt: bytes) -> int:
+    """The CRC seed of every record in a segment with this ``salt``."""
+    return crc32c(salt)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    """A decoded segment file header."""
+
+    writer_id: str
+    salt: bytes
+    prev_salt: bytes
+    index: int
+    first_seq: int
+
+    def encode(self) -> bytes:
+        """The 64 header bytes, CRC included."""
+        body = _FILE_HEADER.pack(
+            MAGIC,
+            VERSION,
+            FILE_HEADER_SIZE,
+            bytes.fromhex(self.writer_id),
+            self.salt,
+            self.prev_salt,
+            self.index,
+            self.first_seq,
+        )
+        return body + _FILE_HEADER_CRC.pack(crc32c(body))
+
+
+class HeaderError(ValueError):
+    """A segment file header does not decode; the message says why."""
+
+
+def decode_segment_header(data: bytes) -> SegmentHeader:
+    """Decode a segment header, raising :class:`HeaderError` with the reason when it is bad."""
+    if len(data) < FILE_HEADER_SIZE:
+        raise HeaderError(f"file header cut short ({len(data)} of {FILE_HEADER_SIZE} bytes)")
+    body = data[: _FILE_HEADER.size]
+    (stored_crc,) = _FILE_HEADER_CRC.unpack_from(data, _FILE_HEADER.size)
+    magic, version, size, writer, salt, prev_salt, index, first_seq = _FILE_HEADER.unpack(body)
+    if magic != MAGIC:
+        raise HeaderError("bad magic: not a hybridq journal segment")
+    if stored_crc != crc32c(body):
+        raise HeaderError("file header checksum mismatch")
+    if version != VERSION:
+        raise HeaderError(f"unsupported version {version}")
+    if size != FILE_HEADER_SIZE:
+        raise HeaderError(f"unsupported header size {size}")
+    if first_seq < 1:
+        raise HeaderError("first sequence number is 0")
+    return SegmentHeader(writer.hex(), salt, prev_salt, index, first_seq)
+
+
+def encode_record(seed: int, seq: int, rtype: int, payload: bytes) -> bytes:
+    """Frame one record: header then payload, CRC seeded with the segment's salt."""
+    header = RECORD_HEADER.pack(0, len(payload), seq, rtype)
+    crc = crc32c(payload, crc32c(memoryview(header)[4:], seed))
+    return struct.pack("<I", crc) + header[4:] + payload
+
+
+def encode_seal(last_data_seq: int, data_count: int) -> bytes:
+    """The payload of a seal record."""
+    return _SEAL_PAYLOAD.pack(last_data_seq, data_count)
+
+
+def decode_seal(payload: bytes) -> tuple[int, int]:
+    """``(last data sequence, data record count)`` from a seal payload."""
+    last, count = _SEAL_PAYLOAD.unpack(payload)
+    return int(last), int(count)
+
+
+def segment_name(writer_id: str, index: int) -> str:
+    """File name of segment ``index`` of chain ``writer_id``."""
+    return f"{writer_id}-{index:08d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> tuple[str, int] | None:
+    """``(writer id, index)`` for a segment file name, ``None`` for any other name."""
+    m = SEGMENT_NAME.match(name)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2))

@@ -1,0 +1,452 @@
+"""The journal writer: durable appends with group commit, rotation and a fatal-error policy.
+
+Format: ``docs/journal-format.md``. Rules: ``RELIABILITY.md`` 1-9. One :class:`JournalWriter` is
+meant to be shared by every thread of a process; each writer appends to its own chain of segment
+files, so many processes can share one journal directory without a global lock.
+
+This module must not import redis, rq, click or the job envelope.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from hybridq.errors import JournalClosed, JournalIOError, RecordTooLarge
+
+from . import crashpoints
+from .fileops import OS_FILEOPS, FileOps, write_all
+from .format import (
+    DEFAULT_MAX_SEGMENT_BYTES,
+    MAX_PAYLOAD_BYTES,
+    RECORD_HEADER_SIZE,
+    SEAL_RECORDS,
+    TMP_SUFFIX,
+    RecordType,
+    SegmentHeader,
+    encode_record,
+    encode_seal,
+    salt_seed,
+    segment_name,
+)
+from .paths import ensure_journal_dir
+
+__all__ = ["Durability", "JournalWriter", "RecordId"]
+
+log = logging.getLogger("hybridq.journal")
+
+_ZERO_SALT = bytes(8)
+
+
+class Durability(str, Enum):
+    """What an acknowledged append survives."""
+
+    #: Acknowledge after an fdatasync covering the record: survives power loss. The default.
+    FSYNC = "fsync"
+    #: Acknowledge after write(2): survives a crash of the process, **not** of the machine.
+    NO_FSYNC = "no-fsync"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordId:
+    """Where an appended record lives: its chain (writer id) and sequence number."""
+
+    writer_id: str
+    seq: int
+
+
+class _Segment:
+    """An open segment file and its group-commit state (guarded by the writer's condition)."""
+
+    __slots__ = (
+        "data_count",
+        "error",
+        "fd",
+        "index",
+        "last_data_seq",
+        "next_seq",
+        "path",
+        "salt",
+        "seed",
+        "size",
+        "synced_seq",
+        "syncing",
+        "writer_id",
+        "written_seq",
+    )
+
+    def __init__(self, *, fd: int, path: str, writer_id: str, index: int, salt: bytes, first_seq: int):
+        self.fd = fd
+        self.path = path
+        self.writer_id = writer_id
+        self.index = index
+        self.salt = salt
+        self.seed = salt_seed(salt)
+        self.next_seq = first_seq
+        self.size = 0
+        self.data_count = 0
+        self.last_data_seq = 0
+        self.written_seq = first_seq - 1  # highest sequence fully written to the fd
+        self.synced_seq = first_seq - 1  # highest sequence covered by a completed fsync
+        self.syncing = False  # an fsync (or a seal) is running on fd
+        self.error: JournalIOError | None = None  # set once: the segment is poisoned
+
+
+_live_writers: weakref.WeakSet[JournalWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_live_writers):
+        writer._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class JournalWriter:
+    """Appends records to a journal directory; thread-safe; ack only after fsync.
+
+    Args:
+        path: the journal directory (created 0700 when missing).
+        durability: :attr:`Durability.FSYNC` unless a weaker mode is asked for by name.
+        max_segment_bytes: seal the segment and start the next one past this size.
+        fileops: the file-operations seam (tests inject faults through it).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = Durability.FSYNC,
+        max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
+        fileops: FileOps = OS_FILEOPS,
+    ) -> None:
+        if max_segment_bytes < 4096:
+            raise ValueError("max_segment_bytes must be at least 4096")
+        self.path = ensure_journal_dir(path, fileops)
+        self.durability = Durability(durability)
+        self.max_segment_bytes = max_segment_bytes
+        self._ops = fileops
+        self._lock = threading.Lock()  # serializes writes, rotation and chain changes
+        self._cond = threading.Condition(threading.Lock())  # guards every _Segment's sync state
+        self._segment: _Segment | None = None
+        self._closed = False
+        self._new_chain()
+        #: Number of fsyncs that covered appended records (group commit makes this < appends).
+        self.fsync_count = 0
+        #: Seconds the last such fsync took.
+        self.last_fsync_seconds = 0.0
+        _live_writers.add(self)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def writer_id(self) -> str:
+        """The id of the chain the next append goes to."""
+        return self._writer_id
+
+    def append(self, payload: bytes, rtype: int = RecordType.DATA) -> RecordId:
+        """Append one record; return once it is durable (per :attr:`durability`).
+
+        Raises:
+            RecordTooLarge: the payload is over ``MAX_PAYLOAD_BYTES``; nothing was written.
+            JournalIOError: a write or fsync failed; the record is not acknowledged.
+        """
+        return self.append_many((payload,), rtype)[0]
+
+    def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
+        """Append records as one batch under one fsync; all or none are acknowledged."""
+        items = [bytes(p) for p in payloads]
+        _check_batch(items, rtype)
+        if not items:
+            return []
+        with self._lock:
+            if self._closed:
+                raise JournalClosed()
+            batch_bytes = sum(len(p) for p in items) + RECORD_HEADER_SIZE * len(items)
+            seg = self._writable_segment(batch_bytes)
+            first = seg.next_seq
+            blob = b"".join(
+                encode_record(seg.seed, first + i, rtype, p) for i, p in enumerate(items)
+            )
+            self._write(seg, blob)
+            seg.next_seq += len(items)
+            seg.data_count += len(items)
+            seg.last_data_seq = seg.next_seq - 1
+            with self._cond:
+                seg.written_seq = seg.next_seq - 1
+            writer_id = seg.writer_id
+        crashpoints.reached("after_write_before_fsync")
+        self._wait_durable(seg, first + len(items) - 1)
+        crashpoints.reached("after_fsync_before_ack")
+        return [RecordId(writer_id, first + i) for i in range(len(items))]
+
+    def close(self) -> None:
+        """Seal the current segment and release it. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            seg, self._segment = self._segment, None
+            if seg is not None and seg.error is None:
+                self._seal(seg)
+            elif seg is not None:
+                _close_quietly(self._ops, seg.fd)
+        _live_writers.discard(self)
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and getattr(self, "_segment", None) is not None:
+            warnings.warn(
+                f"JournalWriter for {self.path} was not closed", ResourceWarning, stacklevel=1
+            )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _new_chain(self) -> None:
+        """Start a fresh chain: a new writer id whose first segment is created on first append."""
+        self._writer_id = secrets.token_hex(8)
+        self._next_index = 0
+        self._next_first_seq = 1
+        self._prev_salt = _ZERO_SALT
+
+    def _forget_after_fork(self) -> None:
+        # In a forked child: the parent owns the open segment (and its flock). Never write
+        # through it; start a chain of our own. Only the forking thread exists here, so the
+        # locks are replaced rather than trusted (another thread may have held them).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        seg, self._segment = self._segment, None
+        if seg is not None:
+            try:
+                os.close(seg.fd)  # our copy only; the parent's descriptor and lock stay
+            except OSError:
+                pass
+        self._new_chain()
+
+    def _writable_segment(self, batch_bytes: int) -> _Segment:
+        """The segment the next batch goes to, rotating or replacing a poisoned one. Holds _lock."""
+        seg = self._segment
+        if seg is not None and seg.error is not None:
+            # Invariant 2: a failed write or fsync is fatal for that file. Its unacknowledged
+            # records are failed already; continue in a new chain so no record ever follows a
+            # damaged region of the same chain.
+            _close_quietly(self._ops, seg.fd)
+            self._segment = seg = None
+            self._new_chain()
+        if seg is not None and seg.size + batch_bytes > self.max_segment_bytes and seg.data_count:
+            self._seal(seg)
+            self._segment = seg = None
+        if seg is None:
+            seg = self._segment = self._create_segment()
+        return seg
+
+    def _create_segment(self) -> _Segment:
+        """Create the chain's next segment: temp file, header, fsync, flock, rename, dir fsync."""
+        ops = self._ops
+        name = segment_name(self._writer_id, self._next_index)
+        path = os.path.join(self.path, name)
+        tmp = path + TMP_SUFFIX
+        salt = secrets.token_bytes(8)
+        header = SegmentHeader(self._writer_id, salt, self._prev_salt, self._next_index, self._next_first_seq)
+        try:
+            fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except OSError as exc:
+            self._new_chain()
+            raise JournalIOError(tmp, "create", exc) from exc
+        op = "flock"
+        try:
+            # Lock before the file gets its real name: an unlocked unsealed segment means "its
+            # writer is dead" to recovery, so it must never be visible unlocked while we live.
+            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            op = "write"
+            write_all(ops, fd, header.encode())
+            op = "fsync"
+            ops.fsync(fd)
+            op = "rename"
+            ops.replace(tmp, path)
+            op = "directory fsync"
+            # Rule 5: without this the new name can vanish on power loss, taking acked records.
+            ops.fsync_dir(self.path)
+        except OSError as exc:
+            _close_quietly(ops, fd)
+            for leftover in (tmp, path) if op == "directory fsync" else (tmp,):
+                try:
+                    ops.unlink(leftover)
+                except OSError:
+                    pass
+            self._new_chain()
+            raise JournalIOError(path, op, exc) from exc
+        seg = _Segment(
+            fd=fd, path=path, writer_id=self._writer_id, index=self._next_index, salt=salt,
+            first_seq=self._next_first_seq,
+        )
+        seg.size = len(header.encode())
+        return seg
+
+    def _write(self, seg: _Segment, blob: bytes) -> None:
+        """Write a whole batch to ``seg`` or poison it. Holds _lock."""
+        start = seg.size
+        try:
+            crashpoints.reached("before_write")
+            if crashpoints.armed("mid_record"):
+                write_all(self._ops, seg.fd, blob[: max(1, len(blob) // 2)])
+                crashpoints.reached("mid_record")
+            write_all(self._ops, seg.fd, blob)
+        except OSError as exc:
+            # Rule 2: take the partial record back off the file if we can. Either way the
+            # segment is poisoned: pending appends fail and nothing more goes into it.
+            try:
+                self._ops.ftruncate(seg.fd, start)
+            except OSError:
+                pass
+            err = JournalIOError(seg.path, "write", exc)
+            self._poison(seg, err)
+            raise err from exc
+        seg.size += len(blob)
+
+    def _poison(self, seg: _Segment, err: JournalIOError) -> None:
+        with self._cond:
+            if seg.error is None:
+                seg.error = err
+                log.error("journal segment %s abandoned after %s error: %s", seg.path, err.op, err)
+            self._cond.notify_all()
+
+    def _wait_durable(self, seg: _Segment, seq: int) -> None:
+        """Group commit: return once an fsync covering ``seq`` has completed.
+
+        The first waiter to find no fsync running becomes the leader: it fsyncs everything
+        written so far; waiters arriving meanwhile queue behind it and are all covered by the
+        next leader's single fsync.
+        """
+        if self.durability is Durability.NO_FSYNC:
+            with self._cond:
+                if seg.error is not None:
+                    raise seg.error
+            return
+        cond = self._cond
+        with cond:
+            while True:
+                if seg.error is not None:
+                    raise seg.error
+                if seg.synced_seq >= seq:
+                    return
+                if seg.syncing:
+                    cond.wait()
+                    continue
+                seg.syncing = True
+                target = seg.written_seq
+                cond.release()
+                failure: OSError | None = None
+                started = time.perf_counter()
+                try:
+                    self._ops.fdatasync(seg.fd)
+                except OSError as exc:
+                    failure = exc
+                finally:
+                    cond.acquire()
+                seg.syncing = False
+                if failure is None:
+                    self.fsync_count += 1
+                    self.last_fsync_seconds = time.perf_counter() - started
+                    seg.synced_seq = max(seg.synced_seq, target)
+                elif seg.error is None:
+                    # Rule 9: after a failed fsync the kernel may have dropped the dirty pages;
+                    # a retry could "succeed" over lost data. Fail everything pending.
+                    seg.error = JournalIOError(seg.path, "fsync", failure)
+                    log.error("journal segment %s abandoned after fsync error: %s", seg.path, failure)
+                cond.notify_all()
+
+    def _seal(self, seg: _Segment) -> None:
+        """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock."""
+        cond = self._cond
+        with cond:
+            while seg.syncing:
+                cond.wait()
+            seg.syncing = True  # keep group-commit leaders off the fd while we seal it
+        try:
+            written = seal_fd(self._ops, seg.fd, seg.seed, seg.next_seq, seg.last_data_seq, seg.data_count)
+        except SealError as exc:
+            err = JournalIOError(seg.path, exc.op, exc.cause)
+            with cond:
+                seg.syncing = False
+                seg.error = err
+                cond.notify_all()
+            _close_quietly(self._ops, seg.fd)
+            seg.fd = -1
+            self._segment = None
+            self._new_chain()
+            log.error("journal segment %s abandoned: sealing failed: %s", seg.path, err)
+            raise err from exc.cause
+        seg.next_seq += SEAL_RECORDS
+        seg.size += written
+        with cond:
+            seg.written_seq = seg.synced_seq = seg.next_seq - 1
+            seg.syncing = False
+            cond.notify_all()
+        self._ops.close(seg.fd)
+        self._next_index = seg.index + 1
+        self._next_first_seq = seg.next_seq
+        self._prev_salt = seg.salt
+
+
+class SealError(Exception):
+    """Sealing failed at ``op`` with ``cause``."""
+
+    def __init__(self, op: str, cause: OSError) -> None:
+        super().__init__(op, cause)
+        self.op = op
+        self.cause = cause
+
+
+def seal_fd(ops: FileOps, fd: int, seed: int, next_seq: int, last_data_seq: int, data_count: int) -> int:
+    """Seal an open segment: two seal records, fdatasync, read-only, fsync. Returns bytes written.
+
+    The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
+    the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
+    """
+    payload = encode_seal(last_data_seq, data_count)
+    blob = b"".join(
+        encode_record(seed, next_seq + i, RecordType.SEAL, payload) for i in range(SEAL_RECORDS)
+    )
+    op = "write"
+    try:
+        write_all(ops, fd, blob)
+        op = "fsync"
+        ops.fdatasync(fd)
+        op = "chmod"
+        ops.fchmod(fd, 0o400)
+        op = "fsync"
+        ops.fsync(fd)
+    except OSError as exc:
+        raise SealError(op, exc) from exc
+    return len(blob)
+
+
+def _check_batch(items: Sequence[bytes], rtype: int) -> None:
+    if not RecordType.is_data(rtype):
+        raise ValueError(f"record type must be 1..127, not {rtype}")
+    for payload in items:
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
+
+
+def _close_quietly(ops: FileOps, fd: int) -> None:
+    try:
+        ops.close(fd)
+    except OSError:
+        pass

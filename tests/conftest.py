@@ -1,0 +1,55 @@
+"""Shared fixtures. Every file a test makes lives under ``tmp_path``.
+
+Scenario tests (RELIABILITY.md S1-S15) report one figure line each through the ``figures``
+fixture; the lines are printed together at the end of the run, e.g.
+``S1 producer-kill cycles=40 acked=5210 lost=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_FIGURES: list[str] = []
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def figures() -> Callable[[str], None]:
+    """Record a scenario's figure line (printed in the terminal summary)."""
+
+    def report(line: str) -> None:
+        _FIGURES.append(line)
+        print(line)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("scenario figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def journal_dir(tmp_path: Path) -> Path:
+    """A path for a journal directory (not yet created)."""
+    return tmp_path / "journal"
+
+
+@pytest.fixture
+def subprocess_env() -> Iterator[dict[str, str]]:
+    """Environment for child Python processes that import hybridq from this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("HYBRIDQ_CRASH_POINT", None)
+    yield env
+
+
+PYTHON = sys.executable
