@@ -66,7 +66,7 @@ def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
 @click.version_option(__version__, prog_name="hybridq")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:  # noqa: FBT001 - click passes flags positionally
+def cli(ctx: click.Context, debug: bool) -> None:
     """hybridq: a task queue whose source of truth is a local, fsync'd journal.
 
     \b
@@ -114,7 +114,7 @@ def _segment_bytes(path: str) -> int:
 @journal_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.pass_context
-def journal_verify(ctx: click.Context, journal: str, as_json: bool) -> None:  # noqa: FBT001
+def journal_verify(ctx: click.Context, journal: str, as_json: bool) -> None:
     """Check every record of the journal; exit 0 when healthy, 3 when corrupt.
 
     Read-only: a torn tail left by a crashed producer is reported (it is repaired when the

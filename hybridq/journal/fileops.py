@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-__all__ = ["FileOps", "OS_FILEOPS", "write_all"]
+__all__ = ["OS_FILEOPS", "FileOps", "write_all"]
 
 #: Flags every journal file is opened with: no symlink following, not inherited by children.
 SAFE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -65,7 +65,7 @@ class FileOps:
         os.unlink(path)
 
     def fsync_dir(self, path: str) -> None:
-        """fsync a directory, making creates, renames and unlinks in it durable."""
+        """Fsync a directory, making creates, renames and unlinks in it durable."""
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | SAFE_FLAGS)
         try:
             os.fsync(fd)

@@ -47,7 +47,7 @@ SEGMENT_NAME = re.compile(r"\A([0-9a-f]{16})-([0-9]{8})\.wal\Z")
 
 
 class RecordType(IntEnum):
-    """Record types. ``1``–``127`` are data records for the layer above the journal."""
+    """Record types. ``1``-``127`` are data records for the layer above the journal."""
 
     DATA = 1
     SEAL = 255

@@ -10,10 +10,11 @@ This module must not import redis, rq, click or the job envelope.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,19 +51,19 @@ _unpack_raw_header = struct.Struct("<IIQI").unpack_from
 class ChainPosition(NamedTuple):
     """Where reading of one chain resumes: just after the last record consumed."""
 
-    index: int
+    segment: int
     offset: int
     next_seq: int
 
     def to_json(self) -> list[int]:
         """A compact JSON-able form (for checkpoints)."""
-        return [self.index, self.offset, self.next_seq]
+        return [self.segment, self.offset, self.next_seq]
 
     @classmethod
     def from_json(cls, value: list[int]) -> ChainPosition:
         """Inverse of :meth:`to_json`."""
-        index, offset, next_seq = value
-        return cls(int(index), int(offset), int(next_seq))
+        segment, offset, next_seq = value
+        return cls(int(segment), int(offset), int(next_seq))
 
 
 class Record(NamedTuple):
@@ -183,20 +184,20 @@ class JournalReader:
 
     def _read_chain(self, writer_id: str, indices: list[int], payloads: bool) -> Iterator[Record]:
         pos = self._positions.get(writer_id)
-        start_index = pos.index if pos is not None else indices[0]
+        start_index = pos.segment if pos is not None else indices[0]
         todo = [i for i in indices if i >= start_index]
         if not todo:
             return
-        for prev, cur in zip(todo, todo[1:], strict=False):
+        for prev, cur in itertools.pairwise(todo):
             if cur != prev + 1:
                 missing = os.path.join(self.path, segment_name(writer_id, prev + 1))
                 raise JournalCorruption(missing, 0, f"segment index {prev + 1} of the chain is missing")
         prev_salt: bytes | None = None
         expected_seq: int | None = None
         offset = FILE_HEADER_SIZE
-        if pos is not None and pos.index == todo[0]:
+        if pos is not None and pos.segment == todo[0]:
             offset, expected_seq = pos.offset, pos.next_seq
-        if todo[0] > 0 and (pos is None or pos.index != todo[0] or offset == FILE_HEADER_SIZE):
+        if todo[0] > 0 and (pos is None or pos.segment != todo[0] or offset == FILE_HEADER_SIZE):
             prev_salt = self._previous_salt(writer_id, todo[0] - 1)
         for n, index in enumerate(todo):
             is_last = n == len(todo) - 1
@@ -236,7 +237,7 @@ class JournalReader:
         prev_salt: bytes | None,
         is_last: bool,
         payloads: bool,
-    ) -> Iterator[Record]:
+    ) -> Generator[Record, None, SegmentInfo]:
         path = os.path.join(self.path, segment_name(writer_id, index))
         fd = self._ops.open(path, os.O_RDONLY)
         try:
@@ -275,7 +276,9 @@ class _SegmentScan:
         self.read_only = not (st.st_mode & stat.S_IWUSR)
         self.seed = 0
 
-    def corruption(self, offset: int, reason: str, first: int | None, last: int | None = None) -> JournalCorruption:
+    def corruption(
+        self, offset: int, reason: str, first: int | None, last: int | None = None
+    ) -> JournalCorruption:
         return JournalCorruption(self.path, offset, reason, first_seq=first, last_seq=last)
 
     def read_header(self, prev_salt: bytes | None, expected_first: int | None) -> SegmentHeader:
@@ -295,7 +298,7 @@ class _SegmentScan:
         self.seed = salt_seed(header.salt)
         return header
 
-    def run(self, info: SegmentInfo, offset: int, expected: int) -> Iterator[Record]:
+    def run(self, info: SegmentInfo, offset: int, expected: int) -> Generator[Record, None, None]:
         """Yield the segment's data records from ``offset``; fill in ``info`` at the end."""
         fd, ops, seed, chunk = self.fd, self.ops, self.seed, self.reader._chunk
         payloads, writer_id, index = self.payloads, self.writer_id, self.index
@@ -328,7 +331,7 @@ class _SegmentScan:
                 view = memoryview(buf)
                 if len(buf) < need:
                     # Cut off by the end of the file (as far as our snapshot of its size goes).
-                    retry = yield from self._anomaly(info, off, expected, "record runs past the end of the file")
+                    retry = self._anomaly(info, off, expected, "record runs past the end of the file")
                     if not retry:
                         return
                     buf, base, p = b"", off, 0
@@ -348,9 +351,11 @@ class _SegmentScan:
             elif seq != expected:
                 if seq > expected:
                     raise self.corruption(off, "sequence gap", expected, seq - 1)
-                raise self.corruption(off, f"sequence number goes backwards ({seq} after {expected - 1})", seq)
+                raise self.corruption(
+                    off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
+                )
             if bad is not None:
-                retry = yield from self._anomaly(info, off, expected, bad)
+                retry = self._anomaly(info, off, expected, bad)
                 if not retry:
                     return
                 buf, base, p = b"", off, 0
@@ -388,9 +393,13 @@ class _SegmentScan:
         if seals:
             raise self.corruption(info.end_offset, "seal incomplete in a sealed segment", expected)
         if self.read_only:
-            raise self.corruption(info.end_offset, "sealed (read-only) segment ends without its seal", expected)
+            raise self.corruption(
+                info.end_offset, "sealed (read-only) segment ends without its seal", expected
+            )
         if not self.is_last:
-            raise self.corruption(info.end_offset, "segment is not sealed but a later segment exists", expected)
+            raise self.corruption(
+                info.end_offset, "segment is not sealed but a later segment exists", expected
+            )
         info.live = self._writer_alive()
 
     def _writer_alive(self) -> bool:
@@ -402,7 +411,7 @@ class _SegmentScan:
         self.ops.flock(self.fd, fcntl.LOCK_UN)
         return False
 
-    def _anomaly(self, info: SegmentInfo, off: int, expected: int, reason: str) -> Iterator[Record]:
+    def _anomaly(self, info: SegmentInfo, off: int, expected: int, reason: str) -> bool:
         """Decide what a bad or cut-off record at ``off`` is. Returns True to re-read from ``off``.
 
         The policy of ``docs/journal-format.md``: in a sealed or non-last segment it is
@@ -417,7 +426,9 @@ class _SegmentScan:
         if later is not None:
             later_off, later_seq = later
             last = later_seq - 1 if later_seq > expected else None
-            raise self.corruption(off, f"{reason}, followed by a valid record at offset {later_off}", expected, last)
+            raise self.corruption(
+                off, f"{reason}, followed by a valid record at offset {later_off}", expected, last
+            )
         # Tell a writer that is still appending from one that died: hold its lock while we look.
         try:
             self.ops.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -435,7 +446,6 @@ class _SegmentScan:
             self.ops.flock(self.fd, fcntl.LOCK_UN)
         info.torn = TornTail(self.path, off, self.size - off, expected)
         return False
-        yield  # pragma: no cover - makes this a generator, for ``yield from`` at the call sites
 
     def _valid_record_after(self, bad_off: int, expected: int) -> tuple[int, int] | None:
         """The first valid record of this segment after ``bad_off`` (offset, seq), if any.

@@ -9,6 +9,7 @@ This module must not import redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -19,7 +20,8 @@ import warnings
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
+from typing import Self
 
 from hybridq.errors import JournalClosed, JournalIOError, RecordTooLarge
 
@@ -47,7 +49,7 @@ log = logging.getLogger("hybridq.journal")
 _ZERO_SALT = bytes(8)
 
 
-class Durability(str, Enum):
+class Durability(StrEnum):
     """What an acknowledged append survives."""
 
     #: Acknowledge after an fdatasync covering the record: survives power loss. The default.
@@ -84,7 +86,9 @@ class _Segment:
         "written_seq",
     )
 
-    def __init__(self, *, fd: int, path: str, writer_id: str, index: int, salt: bytes, first_seq: int):
+    def __init__(
+        self, *, fd: int, path: str, writer_id: str, index: int, salt: bytes, first_seq: int
+    ) -> None:
         self.fd = fd
         self.path = path
         self.writer_id = writer_id
@@ -171,13 +175,11 @@ class JournalWriter:
             return []
         with self._lock:
             if self._closed:
-                raise JournalClosed()
+                raise JournalClosed
             batch_bytes = sum(len(p) for p in items) + RECORD_HEADER_SIZE * len(items)
             seg = self._writable_segment(batch_bytes)
             first = seg.next_seq
-            blob = b"".join(
-                encode_record(seg.seed, first + i, rtype, p) for i, p in enumerate(items)
-            )
+            blob = b"".join(encode_record(seg.seed, first + i, rtype, p) for i, p in enumerate(items))
             self._write(seg, blob)
             seg.next_seq += len(items)
             seg.data_count += len(items)
@@ -203,7 +205,7 @@ class JournalWriter:
                 _close_quietly(self._ops, seg.fd)
         _live_writers.discard(self)
 
-    def __enter__(self) -> JournalWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,9 +213,7 @@ class JournalWriter:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True) and getattr(self, "_segment", None) is not None:
-            warnings.warn(
-                f"JournalWriter for {self.path} was not closed", ResourceWarning, stacklevel=1
-            )
+            warnings.warn(f"JournalWriter for {self.path} was not closed", ResourceWarning, stacklevel=1)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -232,10 +232,7 @@ class JournalWriter:
         self._cond = threading.Condition(threading.Lock())
         seg, self._segment = self._segment, None
         if seg is not None:
-            try:
-                os.close(seg.fd)  # our copy only; the parent's descriptor and lock stay
-            except OSError:
-                pass
+            _close_quietly(self._ops, seg.fd)  # our copy only; the parent's fd and lock stay
         self._new_chain()
 
     def _writable_segment(self, batch_bytes: int) -> _Segment:
@@ -285,14 +282,16 @@ class JournalWriter:
         except OSError as exc:
             _close_quietly(ops, fd)
             for leftover in (tmp, path) if op == "directory fsync" else (tmp,):
-                try:
+                with contextlib.suppress(OSError):
                     ops.unlink(leftover)
-                except OSError:
-                    pass
             self._new_chain()
             raise JournalIOError(path, op, exc) from exc
         seg = _Segment(
-            fd=fd, path=path, writer_id=self._writer_id, index=self._next_index, salt=salt,
+            fd=fd,
+            path=path,
+            writer_id=self._writer_id,
+            index=self._next_index,
+            salt=salt,
             first_seq=self._next_first_seq,
         )
         seg.size = len(header.encode())
@@ -310,10 +309,8 @@ class JournalWriter:
         except OSError as exc:
             # Rule 2: take the partial record back off the file if we can. Either way the
             # segment is poisoned: pending appends fail and nothing more goes into it.
-            try:
+            with contextlib.suppress(OSError):
                 self._ops.ftruncate(seg.fd, start)
-            except OSError:
-                pass
             err = JournalIOError(seg.path, "write", exc)
             self._poison(seg, err)
             raise err from exc
@@ -420,9 +417,7 @@ def seal_fd(ops: FileOps, fd: int, seed: int, next_seq: int, last_data_seq: int,
     the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
     """
     payload = encode_seal(last_data_seq, data_count)
-    blob = b"".join(
-        encode_record(seed, next_seq + i, RecordType.SEAL, payload) for i in range(SEAL_RECORDS)
-    )
+    blob = b"".join(encode_record(seed, next_seq + i, RecordType.SEAL, payload) for i in range(SEAL_RECORDS))
     op = "write"
     try:
         write_all(ops, fd, blob)
@@ -446,7 +441,5 @@ def _check_batch(items: Sequence[bytes], rtype: int) -> None:
 
 
 def _close_quietly(ops: FileOps, fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         ops.close(fd)
-    except OSError:
-        pass
