@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -117,11 +118,28 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     return SegmentHeader(writer.hex(), salt, prev_salt, index, first_seq)
 
 
+_RECORD_TAIL = struct.Struct("<IQB3x")  # the header after its CRC: length, sequence, type
+_CRC_FIELD = struct.Struct("<I")
+
+
+def encode_records(seed: int, first_seq: int, rtype: int, payloads: Iterable[bytes]) -> bytes:
+    """Frame consecutive records (sequence ``first_seq``, ``first_seq + 1``, ...) as one blob.
+
+    Each record is its header then its payload, the CRC seeded with the segment's salt.
+    """
+    pack_tail, pack_crc, crc = _RECORD_TAIL.pack, _CRC_FIELD.pack, _crc32c.crc32c
+    parts: list[bytes] = []
+    append = parts.append
+    for seq, payload in enumerate(payloads, first_seq):
+        body = pack_tail(len(payload), seq, rtype) + payload
+        append(pack_crc(crc(body, seed)))
+        append(body)
+    return b"".join(parts)
+
+
 def encode_record(seed: int, seq: int, rtype: int, payload: bytes) -> bytes:
-    """Frame one record: header then payload, CRC seeded with the segment's salt."""
-    header = RECORD_HEADER.pack(0, len(payload), seq, rtype)
-    crc = crc32c(payload, crc32c(memoryview(header)[4:], seed))
-    return struct.pack("<I", crc) + header[4:] + payload
+    """Frame one record (see :func:`encode_records`)."""
+    return encode_records(seed, seq, rtype, (payload,))
 
 
 def encode_seal(last_data_seq: int, data_count: int) -> bytes:

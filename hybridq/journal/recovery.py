@@ -65,9 +65,7 @@ def verify(
     """
     reader = JournalReader(path, fileops=fileops)
     reader.on_bytes = on_bytes
-    report = VerifyReport()
-    for _ in reader.records(payloads=False):
-        report.records += 1
+    report = VerifyReport(records=reader.check())
     report.chains = len(reader.chain_ends)
     report.live_chains = sum(1 for info in reader.chain_ends.values() if info.live)
     report.torn_tails = list(reader.torn_tails)
@@ -95,8 +93,7 @@ def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> R
     if report.removed:
         fileops.fsync_dir(directory)
     # A second pass (cheap: the OS cache is warm) gives each chain's last segment as of now.
-    for _ in reader.records(payloads=False):
-        pass
+    reader.check()
     for info in reader.chain_ends.values():
         if info.sealed or info.live:
             continue

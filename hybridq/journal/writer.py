@@ -35,7 +35,7 @@ from .format import (
     TMP_SUFFIX,
     RecordType,
     SegmentHeader,
-    encode_record,
+    encode_records,
     encode_seal,
     salt_seed,
     segment_name,
@@ -169,7 +169,7 @@ class JournalWriter:
 
     def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
         """Append records as one batch under one fsync; all or none are acknowledged."""
-        items = [bytes(p) for p in payloads]
+        items = [p if type(p) is bytes else bytes(p) for p in payloads]
         _check_batch(items, rtype)
         if not items:
             return []
@@ -179,7 +179,7 @@ class JournalWriter:
             batch_bytes = sum(len(p) for p in items) + RECORD_HEADER_SIZE * len(items)
             seg = self._writable_segment(batch_bytes)
             first = seg.next_seq
-            blob = b"".join(encode_record(seg.seed, first + i, rtype, p) for i, p in enumerate(items))
+            blob = encode_records(seg.seed, first, rtype, items)
             self._write(seg, blob)
             seg.next_seq += len(items)
             seg.data_count += len(items)
@@ -417,7 +417,7 @@ def seal_fd(ops: FileOps, fd: int, seed: int, next_seq: int, last_data_seq: int,
     the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
     """
     payload = encode_seal(last_data_seq, data_count)
-    blob = b"".join(encode_record(seed, next_seq + i, RecordType.SEAL, payload) for i in range(SEAL_RECORDS))
+    blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS)
     op = "write"
     try:
         write_all(ops, fd, blob)
