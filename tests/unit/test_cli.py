@@ -1,0 +1,93 @@
+"""The minimal CLI: ``hybridq journal verify | dump`` and ``python -m hybridq``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hybridq.cli import EXIT_CORRUPT, EXIT_ERROR, cli
+from hybridq.journal import JournalWriter
+from tests.conftest import PYTHON
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def journal(journal_dir: Path) -> Path:
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b'{"job": 1}')
+        writer.append(b"\xff\x00")
+    return journal_dir
+
+
+def test_verify_a_healthy_journal(runner: CliRunner, journal: Path) -> None:
+    result = runner.invoke(cli, ["journal", "verify", "--journal", str(journal)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("ok: 2 records in 1 segments")
+
+
+def test_verify_json_and_the_environment_variable(runner: CliRunner, journal: Path) -> None:
+    result = runner.invoke(cli, ["journal", "verify", "--json"], env={"HYBRIDQ_JOURNAL": str(journal)})
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["ok"] is True
+    assert out["records"] == 2
+    assert out["torn_tails"] == []
+
+
+def test_verify_reports_corruption_with_file_offset_and_records(runner: CliRunner, journal: Path) -> None:
+    (segment,) = journal.glob("*.wal")
+    raw = bytearray(segment.read_bytes())
+    raw[64 + 22] ^= 1  # inside the first record's payload
+    segment.chmod(0o600)
+    segment.write_bytes(bytes(raw))
+    segment.chmod(0o400)
+    result = runner.invoke(cli, ["journal", "verify", "--journal", str(journal)])
+    assert result.exit_code == EXIT_CORRUPT
+    assert str(segment) in result.output
+    assert "offset 64" in result.output
+    assert "records 1" in result.output or "sequence 1" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_missing_journal_is_one_line_and_exit_1(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["journal", "verify", "--journal", str(tmp_path / "none")])
+    assert result.exit_code == EXIT_ERROR
+    assert result.output.strip().count("\n") == 0
+    assert "does not exist" in result.output
+    assert not (tmp_path / "none").exists()  # verify never creates anything
+
+
+def test_dump_prints_one_json_line_per_record(runner: CliRunner, journal: Path) -> None:
+    result = runner.invoke(cli, ["journal", "dump", "--journal", str(journal)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [line["seq"] for line in lines] == [1, 2]
+    assert lines[0]["payload"] == '{"job": 1}'
+    assert lines[1]["payload_b64"] == "/wA="
+
+
+@pytest.mark.parametrize("args", [[], ["journal"], ["journal", "verify"], ["journal", "dump"]])
+def test_every_command_has_help_with_an_example(runner: CliRunner, args: list[str]) -> None:
+    result = runner.invoke(cli, [*args, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output
+
+
+def test_python_dash_m_is_the_same_command(journal: Path, subprocess_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [PYTHON, "-m", "hybridq", "journal", "verify", "--journal", str(journal)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok: 2 records")

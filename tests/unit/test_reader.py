@@ -1,0 +1,179 @@
+"""The reader: tailing from a position, live writers, recovery of dead chains, state files."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hybridq.errors import JournalCorruption, JournalPathError, StateFileCorrupt
+from hybridq.journal import ChainPosition, JournalReader, JournalWriter
+from hybridq.journal.format import FILE_HEADER_SIZE, encode_records
+from hybridq.journal.recovery import recover, verify
+from hybridq.journal.statefile import read_state, write_state
+from tests.support.writers import abandon_writer as kill_writer
+
+
+def test_a_second_scan_tails_only_new_records(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        writer.append_many([b"a%d" % i for i in range(50)])
+        reader = JournalReader(journal_dir)
+        assert len(list(reader.records())) == 50
+        assert list(reader.records()) == []
+        writer.append_many([b"b%d" % i for i in range(200)])  # crosses segments
+        assert [r.payload for r in reader.records()] == [b"b%d" % i for i in range(200)]
+    assert list(reader.records()) == []  # the seals close the chain; nothing new
+
+
+def test_reading_resumes_from_a_saved_position(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        writer.append_many([b"%d" % i for i in range(300)])
+    records = list(JournalReader(journal_dir).records())
+    for cut in (0, 1, 77, 150, 299):
+        saved = {records[cut].writer_id: ChainPosition.from_json(records[cut].position.to_json())}
+        rest = [int(r.payload) for r in JournalReader(journal_dir).records(saved)]
+        assert rest == list(range(cut + 1, 300))
+
+
+def test_the_reader_position_stops_at_the_last_record_consumed(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append_many([b"1", b"2", b"3"])
+    reader = JournalReader(journal_dir)
+    it = reader.records()
+    next(it)
+    second = next(it)
+    assert reader.position == {second.writer_id: second.position}
+    assert [r.payload for r in JournalReader(journal_dir).records(reader.position)] == [b"3"]
+
+
+def test_a_live_writers_partial_record_is_not_an_error(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b"complete")
+        seg = writer._segment
+        assert seg is not None
+        blob = encode_records(seg.seed, seg.next_seq, 1, [b"in-flight"])
+        os.write(seg.fd, blob[:10])  # a write still in progress, as another process sees it
+        reader = JournalReader(journal_dir)
+        assert [r.payload for r in reader.records()] == [b"complete"]
+        assert reader.torn_tails == []
+        os.write(seg.fd, blob[10:])
+        seg.size += len(blob)
+        seg.next_seq += 1
+        seg.written_seq = seg.synced_seq = seg.next_seq - 1
+        assert [r.payload for r in reader.records()] == [b"in-flight"]
+
+
+def test_recover_repairs_a_dead_writers_torn_tail_once_with_a_backup(journal_dir: Path) -> None:
+    writer = JournalWriter(journal_dir)
+    writer.append_many([b"kept-1", b"kept-2"])
+    seg = writer._segment
+    assert seg is not None
+    os.write(seg.fd, encode_records(seg.seed, seg.next_seq, 1, [b"torn"])[:15])
+    kill_writer(writer)
+    assert verify(journal_dir).torn_tails  # read-only check reports, does not repair
+    report = recover(journal_dir)
+    assert len(report.repaired) == 1
+    (segment,) = journal_dir.glob("*.wal")
+    backup = Path(str(segment) + ".broken")
+    assert backup.exists()
+    assert stat.S_IMODE(segment.stat().st_mode) == 0o400  # sealed: never repaired again
+    again = recover(journal_dir)
+    assert again.repaired == []
+    assert again.sealed == []
+    assert [r.payload for r in JournalReader(journal_dir).records()] == [b"kept-1", b"kept-2"]
+
+
+def test_recover_seals_a_dead_writers_clean_chain_and_removes_stale_temp_files(journal_dir: Path) -> None:
+    writer = JournalWriter(journal_dir)
+    writer.append(b"x")
+    kill_writer(writer)
+    stale = journal_dir / "0000000000000000-00000000.wal.tmp"
+    stale.write_bytes(b"")
+    report = recover(journal_dir)
+    assert len(report.sealed) == 1
+    assert report.repaired == []
+    assert report.removed == [stale.name]
+    assert not stale.exists()
+
+
+def test_recover_never_touches_a_live_writer(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b"x")
+        report = recover(journal_dir)
+        assert report.sealed == []
+        assert report.verify.live_chains == 1
+        writer.append(b"y")
+    assert [r.payload for r in JournalReader(journal_dir).records()] == [b"x", b"y"]
+
+
+def test_recover_changes_nothing_when_any_chain_is_corrupt(journal_dir: Path) -> None:
+    dead = JournalWriter(journal_dir)
+    dead.append(b"x")
+    seg = dead._segment
+    assert seg is not None
+    os.write(seg.fd, b"\x01" * 7)  # a torn tail that recovery would otherwise repair
+    kill_writer(dead)
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as other:
+        other.append_many([b"y" * 100] * 80)
+    victim = sorted(p for p in journal_dir.glob("*.wal") if p.stat().st_size > 4000)[0]
+    raw = bytearray(victim.read_bytes())
+    raw[FILE_HEADER_SIZE + 30] ^= 0x01
+    victim.chmod(0o600)
+    victim.write_bytes(bytes(raw))
+    victim.chmod(0o400)
+    before = sorted(p.name for p in journal_dir.iterdir())
+    with pytest.raises(JournalCorruption) as info:
+        recover(journal_dir)
+    assert info.value.path == str(victim)
+    assert sorted(p.name for p in journal_dir.iterdir()) == before  # no backup, no repair
+
+
+def test_a_missing_journal_is_an_error_not_an_empty_journal(tmp_path: Path) -> None:
+    with pytest.raises(JournalPathError, match="does not exist"):
+        JournalReader(tmp_path / "nope")
+
+
+def test_a_missing_middle_segment_is_corruption(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        writer.append_many([b"z" * 200] * 20)
+        writer.append_many([b"z" * 200] * 20)
+        writer.append_many([b"z" * 200] * 20)
+    segments = sorted(journal_dir.glob("*.wal"))
+    segments[1].unlink()
+    with pytest.raises(JournalCorruption, match="segment index 1 of the chain is missing"):
+        list(JournalReader(journal_dir).records())
+
+
+def test_state_file_round_trip_and_missing(tmp_path: Path) -> None:
+    assert read_state(str(tmp_path), "checkpoint") is None
+    write_state(str(tmp_path), "checkpoint", b"one")
+    write_state(str(tmp_path), "checkpoint", b"two")
+    assert read_state(str(tmp_path), "checkpoint") == b"two"
+    assert stat.S_IMODE((tmp_path / "checkpoint.state").stat().st_mode) == 0o600
+    assert not (tmp_path / "checkpoint.state.tmp").exists()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "magic"])
+def test_a_damaged_state_file_is_an_error_never_missing(tmp_path: Path, damage: str) -> None:
+    write_state(str(tmp_path), "checkpoint", b'{"position": 42}')
+    path = tmp_path / "checkpoint.state"
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[-1] ^= 1
+    elif damage == "truncate":
+        raw = raw[:-3]
+    elif damage == "empty":
+        raw = bytearray()
+    else:
+        raw[0] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(StateFileCorrupt):
+        read_state(str(tmp_path), "checkpoint")
+
+
+@pytest.mark.parametrize("name", ["", "../x", ".hidden", "a/b"])
+def test_state_file_names_are_validated(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="invalid state file name"):
+        write_state(str(tmp_path), name, b"x")
