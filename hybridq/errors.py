@@ -10,7 +10,11 @@
     │   ├── RecordTooLarge          a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
     │   ├── JournalClosed           the writer was closed
     │   └── StateFileCorrupt        a state file failed its checksum
-    └── JournalLocked               another process holds a lock the caller needs
+    ├── JournalLocked               another process holds a lock the caller needs
+    ├── EnvelopeError (ValueError)  a job that cannot be enqueued as given; nothing was written
+    │   └── NotSerializable (TypeError)  arguments JSON cannot hold
+    ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
+    └── TransportError              the transport (Redis) failed; the forwarder backs off and retries
 
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
+    "EnvelopeError",
     "HybridqError",
     "JournalClosed",
     "JournalCorruption",
@@ -28,8 +33,11 @@ __all__ = [
     "JournalIOError",
     "JournalLocked",
     "JournalPathError",
+    "NotSerializable",
+    "QueueFull",
     "RecordTooLarge",
     "StateFileCorrupt",
+    "TransportError",
 ]
 
 
@@ -131,3 +139,29 @@ class JournalLocked(HybridqError):
         self.path = path
         self.holder = holder
         super().__init__(f"{path} is locked by {holder}")
+
+
+class EnvelopeError(HybridqError, ValueError):
+    """A job that cannot be enqueued as given (bad function, queue name, option); nothing was written."""
+
+
+class NotSerializable(EnvelopeError, TypeError):
+    """A job's arguments, keyword arguments or meta cannot be stored as JSON; nothing was written."""
+
+
+class QueueFull(HybridqError):
+    """The journal holds ``capacity`` pending jobs already; nothing was written.
+
+    Attributes:
+        pending: jobs accepted and not yet terminal, as last counted.
+        capacity: the configured limit.
+    """
+
+    def __init__(self, pending: int, capacity: int) -> None:
+        self.pending = pending
+        self.capacity = capacity
+        super().__init__(f"queue full: {pending} pending jobs, capacity {capacity}")
+
+
+class TransportError(HybridqError):
+    """The transport could not deliver (Redis down, hung or refusing); retried with backoff."""

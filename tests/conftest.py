@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,12 +44,12 @@ def journal_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def subprocess_env() -> Iterator[dict[str, str]]:
+def subprocess_env() -> dict[str, str]:
     """Environment for child Python processes that import hybridq from this checkout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("HYBRIDQ_CRASH_POINT", None)
-    yield env
+    return env
 
 
 PYTHON = sys.executable

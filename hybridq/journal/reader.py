@@ -321,54 +321,59 @@ class _SegmentScan:
         base = offset  # file offset of buf[0]; the fd's offset is always base + len(buf)
         p = 0  # position in buf
         seals = 0
+        seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
         while True:
             off = base + p
+            bad: str | None = None
             if off >= self.size:
-                break
-            avail = len(buf) - p
-            if avail >= RECORD_HEADER_SIZE:
-                crc, length, seq, type_word = unpack(buf, p)
-                need = RECORD_HEADER_SIZE + length if length <= MAX_PAYLOAD_BYTES else RECORD_HEADER_SIZE
+                if seals != 1:
+                    break
+                bad = "seal incomplete"  # one seal, then the end: the writer died while sealing
             else:
-                need = RECORD_HEADER_SIZE
-            if avail < need:
-                # Refill: keep the unread tail, read at least what this record needs.
-                want = min(max(chunk, need), self.size - off)
-                data = ops.read(fd, max(0, want - avail))
-                if on_bytes is not None:
-                    on_bytes(len(data))
-                buf, base, p = buf[p:] + data, off, 0
-                view = memoryview(buf)
-                if len(buf) < need:
+                avail = len(buf) - p
+                if avail >= RECORD_HEADER_SIZE:
+                    crc, length, seq, type_word = unpack(buf, p)
+                    need = RECORD_HEADER_SIZE + length if length <= MAX_PAYLOAD_BYTES else RECORD_HEADER_SIZE
+                else:
+                    need = RECORD_HEADER_SIZE
+                if avail < need:
+                    # Refill: keep the unread tail, read at least what this record needs.
+                    want = min(max(chunk, need), self.size - off)
+                    data = ops.read(fd, max(0, want - avail))
+                    if on_bytes is not None:
+                        on_bytes(len(data))
+                    buf, base, p = buf[p:] + data, off, 0
+                    view = memoryview(buf)
+                    if len(buf) >= need:
+                        continue
                     # Cut off by the end of the file (as far as our snapshot of its size goes).
-                    retry = self._anomaly(info, off, expected, "record runs past the end of the file")
-                    if not retry:
-                        return
-                    buf, base, p = b"", off, 0
-                    os.lseek(fd, off, os.SEEK_SET)
-                continue
-            end = p + need
-            rtype = type_word & 0xFF
-            bad = None
-            if length > MAX_PAYLOAD_BYTES:
-                bad = "impossible record length"
-            elif type_word >> 8:
-                bad = "reserved bytes are not zero"
-            elif rtype != _SEAL and not 1 <= rtype <= 127:
-                bad = "invalid record type"
-            elif crc32c(view[p + 4 : end], seed) != crc:
-                bad = "checksum mismatch"
-            elif seq != expected:
-                if seq > expected:
-                    raise self.corruption(off, "sequence gap", expected, seq - 1)
-                raise self.corruption(
-                    off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
-                )
+                    bad = "record runs past the end of the file"
+                else:
+                    end = p + need
+                    rtype = type_word & 0xFF
+                    if length > MAX_PAYLOAD_BYTES:
+                        bad = "impossible record length"
+                    elif type_word >> 8:
+                        bad = "reserved bytes are not zero"
+                    elif rtype != _SEAL and not 1 <= rtype <= 127:
+                        bad = "invalid record type"
+                    elif crc32c(view[p + 4 : end], seed) != crc:
+                        bad = "checksum mismatch"
+                    elif seq != expected:
+                        if seq > expected:
+                            raise self.corruption(off, "sequence gap", expected, seq - 1)
+                        raise self.corruption(
+                            off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
+                        )
             if bad is not None:
-                retry = self._anomaly(info, off, expected, bad)
-                if not retry:
+                # A partial seal is torn as a whole: recovery truncates it and seals afresh.
+                if seals == 1:
+                    off, expected = seal_off, seal_seq
+                if not self._anomaly(info, off, expected, bad):
                     return
-                buf, base, p = b"", off, 0
+                # The writer appended after our snapshot and let go: read on from ``off``.
+                buf, base, p, seals = b"", off, 0, 0
+                view = memoryview(buf)
                 os.lseek(fd, off, os.SEEK_SET)
                 continue
             if seals >= SEAL_RECORDS:
@@ -376,6 +381,8 @@ class _SegmentScan:
             if rtype == _SEAL:
                 if length != SEAL_PAYLOAD_SIZE:
                     raise self.corruption(off, "malformed seal record", expected)
+                if not seals:
+                    seal_off, seal_seq = off, seq
                 seals += 1
             elif seals:
                 raise self.corruption(off, "data record after a seal", seq)
@@ -395,8 +402,6 @@ class _SegmentScan:
         if seals >= SEAL_RECORDS:
             info.sealed = True
             return
-        if seals:
-            raise self.corruption(info.end_offset, "seal incomplete in a sealed segment", expected)
         if self.read_only:
             raise self.corruption(
                 info.end_offset, "sealed (read-only) segment ends without its seal", expected
@@ -491,3 +496,32 @@ class _SegmentScan:
 
     def _read_at(self, offset: int, size: int) -> bytes:
         return os.pread(self.fd, size, offset)
+
+
+def read_record_at(
+    path: str, writer_id: str, segment: int, offset: int, *, fileops: FileOps = OS_FILEOPS
+) -> Record:
+    """Read back one record by its location, checking its checksum (for held, delayed jobs).
+
+    Raises :class:`JournalCorruption` when the bytes there are not a valid record of that segment.
+    """
+    seg_path = os.path.join(path, segment_name(writer_id, segment))
+    fd = fileops.open(seg_path, os.O_RDONLY)
+    try:
+        try:
+            header = decode_segment_header(os.pread(fd, FILE_HEADER_SIZE, 0))
+        except HeaderError as exc:
+            raise JournalCorruption(seg_path, 0, str(exc)) from None
+        head = os.pread(fd, RECORD_HEADER_SIZE, offset)
+        if len(head) < RECORD_HEADER_SIZE:
+            raise JournalCorruption(seg_path, offset, "no record at this offset")
+        crc, length, seq, type_word = _unpack_raw_header(head)
+        if length > MAX_PAYLOAD_BYTES:
+            raise JournalCorruption(seg_path, offset, "impossible record length")
+        payload = os.pread(fd, length, offset + RECORD_HEADER_SIZE)
+        if len(payload) != length or crc32c(payload, crc32c(head[4:], salt_seed(header.salt))) != crc:
+            raise JournalCorruption(seg_path, offset, "checksum mismatch", first_seq=seq)
+        end = offset + RECORD_HEADER_SIZE + length
+        return Record(writer_id, seq, type_word & 0xFF, payload, segment, offset, end)
+    finally:
+        fileops.close(fd)

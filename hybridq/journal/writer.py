@@ -304,7 +304,7 @@ class JournalWriter:
             crashpoints.reached("before_write")
             if crashpoints.armed("mid_record"):
                 write_all(self._ops, seg.fd, blob[: max(1, len(blob) // 2)])
-                crashpoints.reached("mid_record")
+            crashpoints.reached("mid_record")  # counts every passage; kills on the armed one
             write_all(self._ops, seg.fd, blob)
         except OSError as exc:
             # Rule 2: take the partial record back off the file if we can. Either way the
@@ -418,9 +418,17 @@ def seal_fd(ops: FileOps, fd: int, seed: int, next_seq: int, last_data_seq: int,
     """
     payload = encode_seal(last_data_seq, data_count)
     blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS)
+    start = os.fstat(fd).st_size
     op = "write"
     try:
-        write_all(ops, fd, blob)
+        try:
+            write_all(ops, fd, blob)
+        except OSError:
+            # Rule 2: take a partial seal back off, so the segment simply ends unsealed; if
+            # that fails too, recovery treats the partial seal as a torn tail.
+            with contextlib.suppress(OSError):
+                ops.ftruncate(fd, start)
+            raise
         op = "fsync"
         ops.fdatasync(fd)
         op = "chmod"

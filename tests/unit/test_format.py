@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from hybridq.errors import JournalCorruption
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import (
@@ -21,6 +18,9 @@ from hybridq.journal.format import (
     parse_segment_name,
     segment_name,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.support.writers import abandon_writer
 
 payloads = st.lists(st.binary(max_size=300), min_size=1, max_size=30)

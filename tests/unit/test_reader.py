@@ -7,12 +7,12 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from hybridq.errors import JournalCorruption, JournalPathError, StateFileCorrupt
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter
 from hybridq.journal.format import FILE_HEADER_SIZE, encode_records
 from hybridq.journal.recovery import recover, verify
 from hybridq.journal.statefile import read_state, write_state
+
 from tests.support.writers import abandon_writer as kill_writer
 
 
@@ -177,3 +177,54 @@ def test_a_damaged_state_file_is_an_error_never_missing(tmp_path: Path, damage: 
 def test_state_file_names_are_validated(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="invalid state file name"):
         write_state(str(tmp_path), name, b"x")
+
+
+def test_a_segment_whose_previous_salt_does_not_match_is_corruption(journal_dir: Path) -> None:
+    from hybridq.journal.format import SegmentHeader, decode_segment_header
+
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        writer.append_many([b"s" * 200] * 20)
+        writer.append_many([b"s" * 200] * 20)
+    second = sorted(journal_dir.glob("*.wal"))[1]
+    raw = second.read_bytes()
+    header = decode_segment_header(raw)
+    forged = SegmentHeader(header.writer_id, header.salt, b"otherjnl", header.index, header.first_seq)
+    second.chmod(0o600)
+    second.write_bytes(forged.encode() + raw[FILE_HEADER_SIZE:])
+    second.chmod(0o400)
+    with pytest.raises(JournalCorruption, match="salt mismatch") as info:
+        list(JournalReader(journal_dir).records())
+    assert info.value.path == str(second)
+    assert info.value.first_seq == header.first_seq
+
+
+@pytest.mark.parametrize("keep", [0, 1, 10, 20, 35])
+def test_a_partial_seal_of_a_dead_writer_is_a_torn_tail(journal_dir: Path, keep: int) -> None:
+    """The writer died while sealing: one seal (or part of one) and then the end of the file."""
+    from hybridq.journal.format import encode_seal
+
+    writer = JournalWriter(journal_dir)
+    writer.append_many([b"a", b"b"])
+    seg = writer._segment
+    assert seg is not None
+    seals = encode_records(seg.seed, seg.next_seq, 255, [encode_seal(2, 2)] * 2)
+    os.write(seg.fd, seals[: 20 + 16 + keep])  # the first seal whole, then `keep` bytes more
+    kill_writer(writer)
+    report = recover(journal_dir)
+    assert len(report.repaired) == 1
+    assert report.repaired[0].offset == seg.size  # truncated back to before the first seal
+    assert [r.payload for r in JournalReader(journal_dir).records()] == [b"a", b"b"]
+    assert recover(journal_dir).repaired == []
+    assert verify(journal_dir).torn_tails == []
+
+
+def test_a_single_seal_at_the_end_of_a_sealed_segment_is_corruption(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b"a")
+    (segment,) = journal_dir.glob("*.wal")
+    size = segment.stat().st_size
+    segment.chmod(0o600)
+    os.truncate(segment, size - 36)  # drop the second seal; the mode still says "sealed"
+    segment.chmod(0o400)
+    with pytest.raises(JournalCorruption, match="in a sealed segment"):
+        verify(journal_dir)

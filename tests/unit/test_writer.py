@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hybridq.errors import JournalClosed, JournalPathError
 from hybridq.journal import Durability, FileOps, JournalReader, JournalWriter
 from hybridq.journal.format import RecordType
