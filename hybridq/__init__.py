@@ -4,7 +4,9 @@ Redis (through RQ) is only a cache and a transport: see ``DESIGN.md``. This pack
 names are listed in ``__all__``.
 """
 
+from .envelope import Envelope, Retry
 from .errors import (
+    EnvelopeError,
     HybridqError,
     JournalClosed,
     JournalCorruption,
@@ -12,21 +14,37 @@ from .errors import (
     JournalIOError,
     JournalLocked,
     JournalPathError,
+    NotSerializable,
+    QueueFull,
     RecordTooLarge,
     StateFileCorrupt,
+    TransportError,
 )
+from .journal import Durability
+from .producer import Job, Queue, Task, task
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Durability",
+    "Envelope",
+    "EnvelopeError",
     "HybridqError",
+    "Job",
     "JournalClosed",
     "JournalCorruption",
     "JournalError",
     "JournalIOError",
     "JournalLocked",
     "JournalPathError",
+    "NotSerializable",
+    "Queue",
+    "QueueFull",
     "RecordTooLarge",
+    "Retry",
     "StateFileCorrupt",
+    "Task",
+    "TransportError",
     "__version__",
+    "task",
 ]

@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -25,11 +26,15 @@ from hybridq.errors import HybridqError, JournalCorruption
 from hybridq.journal.paths import DEFAULT_JOURNAL
 from hybridq.journal.reader import JournalReader
 from hybridq.journal.recovery import verify
+from hybridq.status import redact_url
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
+
+#: Where ``--redis`` points when neither the option nor ``HYBRIDQ_REDIS_URL`` is given.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 #: Journals larger than this get a progress bar on stderr.
 PROGRESS_THRESHOLD_BYTES = 16 << 20
@@ -187,6 +192,112 @@ def journal_dump(ctx: click.Context, journal: str) -> None:
             click.echo(json.dumps(line))
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
+
+
+redis_option = click.option(
+    "--redis",
+    "redis_url",
+    envvar="HYBRIDQ_REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL (put a password in the URL or the environment, never on a shared command line).",
+)
+
+
+@cli.command()
+@journal_option
+@redis_option
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--idle-timeout",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.01, 60),
+    help="Seconds to sleep without a nudge from a producer before looking anyway.",
+)
+@click.pass_context
+def forward(ctx: click.Context, journal: str, redis_url: str, batch_size: int, idle_timeout: float) -> None:
+    """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
+
+    Runs until SIGTERM or SIGINT, then finishes the batch in flight, saves its checkpoint and
+    exits 0. While Redis is down it retries with backoff and logs once per change of state.
+
+    \b
+    Example:
+      hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+    """
+    from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+
+    transport = RQTransport(redis_url)
+    try:
+        forwarder = Forwarder(journal, transport, batch_size=batch_size, idle_timeout_s=idle_timeout)
+        forwarder.open()
+    except (HybridqError, OSError) as exc:
+        transport.close()
+        _fail(ctx, exc)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: forwarder.stop())
+    logging.getLogger("hybridq").info("forwarding to %s", redact_url(redis_url))
+    try:
+        forwarder.run()
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    finally:
+        forwarder.close()
+        transport.close()
+    logging.getLogger("hybridq").info("stopped; checkpoint saved")
+
+
+@cli.command()
+@journal_option
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="HYBRIDQ_REDIS_URL",
+    default=None,
+    show_envvar=True,
+    help="Also report whether this Redis answers (optional: counts never need it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
+@click.pass_context
+def status(ctx: click.Context, journal: str, redis_url: str | None, as_json: bool) -> None:
+    """Show job counts from the journal and the forwarder's checkpoint (works with Redis down).
+
+    \b
+    Example:
+      hybridq status --json --journal ./hybridq-journal
+    """
+    from hybridq.status import collect_status  # noqa: PLC0415
+
+    try:
+        out = collect_status(journal, redis_url=redis_url)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for name in (
+        "accepted",
+        "forwarded",
+        "succeeded",
+        "failed",
+        "pending",
+        "duplicates_suppressed",
+        "not_yet_forwarded",
+        "delayed_held",
+        "duplicate_pushes",
+        "invalid_records",
+    ):
+        click.echo(f"{name:>22}: {out[name]}")
+    click.echo(f"{'forwarder':>22}: {out['forwarder'] or 'not running'}")
+    click.echo(
+        f"{'journal':>22}: {out['journal']['path']} ({out['journal']['segments']} segments, "
+        f"{out['journal']['bytes']} bytes)"
+    )
+    if "redis" in out:
+        click.echo(f"{'redis':>22}: {out['redis']['url']} {'up' if out['redis']['up'] else 'DOWN'}")
 
 
 def main() -> None:

@@ -183,6 +183,11 @@ class JournalReader:
         for writer_id, indices in list_chains(self.path).items():
             yield from self._read_chain(writer_id, indices, emit)
 
+    def seek(self, positions: Mapping[str, ChainPosition]) -> None:
+        """Make the next :meth:`records` start at ``positions`` (chains not named: at their start)."""
+        self._positions = dict(positions)
+        self._last = {}
+
     @property
     def position(self) -> dict[str, ChainPosition]:
         """Per chain, the position just after the last record yielded (or segment consumed)."""

@@ -1,0 +1,271 @@
+"""The job envelope: one versioned JSON record per job, as stored in the journal.
+
+An envelope says everything needed to run a job and nothing about where it is: id, function
+(a dotted path), JSON arguments, queue, idempotency key, creation time and options. Fields this
+version does not know are kept in :attr:`Envelope.extra` and written back unchanged, so a newer
+producer's records survive a round trip through an older forwarder.
+
+This module must not import redis, rq, click or the journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridq.errors import EnvelopeError, NotSerializable
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "Envelope",
+    "Retry",
+    "function_path",
+    "idempotency_id",
+    "new_job_id",
+    "validate_job_id",
+    "validate_queue_name",
+]
+
+#: Bumped when a field changes meaning; new optional fields do not need a bump.
+ENVELOPE_VERSION = 1
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_JOB_ID = re.compile(r"\A[A-Za-z0-9_-]{1,128}\Z")
+_QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+_DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+_KNOWN = frozenset(
+    {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
+    | {"retry", "description", "meta"}
+)
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A new job id: 26 characters, sortable by creation time (a ULID), valid as an RQ job id."""
+    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is a valid RQ job id (``[A-Za-z0-9_-]``, at most 128), else raise."""
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise EnvelopeError(f"invalid job id {job_id!r}: use 1-128 of [A-Za-z0-9_-]")
+    return job_id
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`EnvelopeError`."""
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise EnvelopeError(
+            f"invalid queue name {name!r}: use 1-128 of [A-Za-z0-9_.-], not starting with . or -"
+        )
+    return name
+
+
+def idempotency_id(key: str) -> str:
+    """An RQ-safe id for an idempotency key of any text (a hash; the key itself is kept verbatim)."""
+    return "k" + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def function_path(func: object) -> str:
+    """The importable dotted path of ``func`` (a callable or a dotted-path string).
+
+    Refuses what a worker in another process could not import: lambdas, nested functions,
+    functions defined in ``__main__``, bound methods of instances, and strings that are not
+    dotted paths.
+    """
+    if isinstance(func, str):
+        if not _DOTTED.match(func):
+            raise EnvelopeError(f"{func!r} is not a dotted path like 'package.module.function'")
+        return func
+    if not callable(func):
+        raise EnvelopeError(f"{func!r} is neither a callable nor a dotted path")
+    self_obj = getattr(func, "__self__", None)
+    if self_obj is not None and not isinstance(self_obj, type) and not _is_module(self_obj):
+        raise EnvelopeError(f"{func!r} is a method bound to an instance; enqueue a module-level function")
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None)
+    if not module or not qualname:
+        raise EnvelopeError(f"{func!r} has no importable name")
+    if "<lambda>" in qualname:
+        raise EnvelopeError("lambdas cannot be enqueued: a worker could not import them")
+    if "<locals>" in qualname:
+        raise EnvelopeError(f"{qualname} is defined inside a function; workers cannot import it")
+    if module == "__main__":
+        raise EnvelopeError(f"{qualname} is defined in __main__; move it to a module the workers can import")
+    return f"{module}.{qualname}"
+
+
+def _is_module(obj: object) -> bool:
+    return type(obj).__name__ == "module"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A retry policy: up to ``max_attempts`` runs, exponential backoff with full jitter.
+
+    Args:
+        max_attempts: total runs, the first included (1 = no retry).
+        backoff_s: the delay before the second attempt; doubled for each attempt after it.
+        backoff_max_s: the cap on one delay.
+        jitter: draw each delay uniformly from ``[0, delay]`` (spreads retries after an outage).
+    """
+
+    max_attempts: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 300.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise EnvelopeError("Retry.max_attempts must be an integer >= 1")
+        for name in ("backoff_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise EnvelopeError(f"Retry.{name} must be a finite number >= 0")
+
+    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        delay = min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
+        if self.jitter:
+            delay = (rng or random).uniform(0, delay)
+        return float(delay)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff_s,
+            "backoff_max": self.backoff_max_s,
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Retry:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            max_attempts=int(value.get("max_attempts", 1)),
+            backoff_s=float(value.get("backoff", 1.0)),
+            backoff_max_s=float(value.get("backoff_max", 300.0)),
+            jitter=bool(value.get("jitter", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One job, as committed to the journal.
+
+    ``idempotency_key`` is kept verbatim (any text); :attr:`key_id` is its RQ-safe hash.
+    Times are Unix seconds; durations are seconds.
+    """
+
+    id: str
+    func: str
+    queue: str
+    idempotency_key: str
+    created_at: float
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    result_ttl_s: float | None = None
+    run_at: float | None = None
+    retry: Retry | None = None
+    description: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    #: Fields written by a newer version, kept as they were.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key_id(self) -> str:
+        """The RQ-safe id derived from the idempotency key."""
+        return idempotency_id(self.idempotency_key)
+
+    @property
+    def max_attempts(self) -> int:
+        """Total runs allowed by the retry policy (1 without one)."""
+        return self.retry.max_attempts if self.retry is not None else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in the journal (``None`` options are left out)."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            v=ENVELOPE_VERSION,
+            id=self.id,
+            func=self.func,
+            args=list(self.args),
+            kwargs=dict(self.kwargs),
+            queue=self.queue,
+            key=self.idempotency_key,
+            created_at=self.created_at,
+        )
+        optional = {
+            "timeout": self.timeout_s,
+            "result_ttl": self.result_ttl_s,
+            "run_at": self.run_at,
+            "retry": self.retry.to_json() if self.retry is not None else None,
+            "description": self.description,
+            "meta": dict(self.meta) or None,
+        }
+        out.update((k, v) for k, v in optional.items() if v is not None)
+        return out
+
+    def to_bytes(self) -> bytes:
+        """Compact UTF-8 JSON; raises :class:`EnvelopeError` for values JSON cannot hold."""
+        try:
+            return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Envelope:
+        """Decode a journal record; raises :class:`EnvelopeError` when it is not an envelope."""
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise EnvelopeError(f"record is not JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise EnvelopeError("record is not a JSON object")
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Envelope:
+        """Build from the stored JSON object, keeping unknown fields in :attr:`extra`."""
+        version = obj.get("v")
+        if not isinstance(version, int) or version < 1:
+            raise EnvelopeError(f"envelope version {version!r} is not supported")
+        try:
+            retry = obj.get("retry")
+            return cls(
+                id=validate_job_id(obj["id"]),
+                func=function_path(obj["func"]),
+                queue=validate_queue_name(obj["queue"]),
+                idempotency_key=str(obj["key"]),
+                created_at=float(obj["created_at"]),
+                args=tuple(obj.get("args", ())),
+                kwargs=dict(obj.get("kwargs", {})),
+                timeout_s=_opt_float(obj.get("timeout")),
+                result_ttl_s=_opt_float(obj.get("result_ttl")),
+                run_at=_opt_float(obj.get("run_at")),
+                retry=Retry.from_json(retry) if retry is not None else None,
+                description=obj.get("description"),
+                meta=dict(obj.get("meta") or {}),
+                extra={k: v for k, v in obj.items() if k not in _KNOWN},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
+
+
+def _opt_float(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"expected a number, not {value!r}")
+    return float(value)

@@ -1,0 +1,307 @@
+"""The forwarder: tails the journal and pushes jobs into the transport, one per journal directory.
+
+Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch ->
+save the checkpoint. The checkpoint is saved only after the transport accepted the batch
+(invariant 5), so a crash in between re-pushes at most that batch, and the deterministic job id
+absorbs it. While the transport is down, the forwarder backs off (exponential, with jitter),
+logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
+current batch: the backlog stays on disk.
+
+This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Self
+
+from hybridq.envelope import Envelope
+from hybridq.errors import EnvelopeError, JournalLocked, TransportError
+from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.reader import read_record_at
+from hybridq.journal.recovery import recover
+from hybridq.nudge import NudgeListener, nudge
+from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.transport import Transport
+
+__all__ = ["LOCK_NAME", "Forwarder", "ForwarderStats"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The lock file that makes the forwarder the only one for its journal.
+LOCK_NAME = "forwarder.lock"
+
+
+@dataclass
+class ForwarderStats:
+    """Counters since this forwarder started (the durable totals are in the checkpoint)."""
+
+    batches: int = 0
+    pushed: int = 0
+    duplicate_pushes: int = 0
+    transport_failures: int = 0
+    #: Seconds since the transport went down, while it is down.
+    down_since: float | None = None
+
+
+class _Stopped(Exception):
+    """Stop was requested while a batch could not be delivered; its checkpoint is not moved."""
+
+
+class Forwarder:
+    """Forwards one journal directory into a transport.
+
+    Args:
+        journal: the journal directory (must exist).
+        transport: where jobs go.
+        batch_size: the most jobs per push (one pipeline, one checkpoint write).
+        idle_timeout_s: the longest sleep without a nudge (a missed nudge costs at most this).
+        backoff_initial_s: first wait after a transport failure; doubles up to ``backoff_max_s``.
+        clock: wall-clock time (for delays); replaced in tests.
+    """
+
+    def __init__(
+        self,
+        journal: str | os.PathLike[str],
+        transport: Transport,
+        *,
+        batch_size: int = 500,
+        idle_timeout_s: float = 1.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.journal = existing_journal_dir(journal)
+        self.transport = transport
+        self.batch_size = batch_size
+        self.idle_timeout_s = idle_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.stats = ForwarderStats()
+        self.checkpoint = Checkpoint()
+        self._stop = threading.Event()
+        self._lock_fd: int | None = None
+        self._listener: NudgeListener | None = None
+        self._reader: JournalReader | None = None
+        self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Take the journal's forwarder lock, recover the journal, load the checkpoint.
+
+        Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
+        own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
+        """
+        self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME))
+        try:
+            report = recover(self.journal)
+            for torn in report.repaired:
+                log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+            saved = load_checkpoint(self.journal)
+            if saved is None:
+                log.info("no checkpoint in %s: forwarding the journal from its start", self.journal)
+            self.checkpoint = saved or Checkpoint()
+            self._reader = JournalReader(self.journal)
+            self._reader.seek(self.checkpoint.positions)
+            self._listener = NudgeListener(self.journal)
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "forwarding %s (%d delayed jobs held, %d forwarded so far)",
+            self.journal,
+            len(self.checkpoint.held),
+            self.checkpoint.forwarded,
+        )
+
+    def close(self) -> None:
+        """Release the socket and the lock. Idempotent."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish the batch in flight, save the checkpoint and return."""
+        self._stop.set()
+        if self._listener is not None:
+            # Wake the loop if it is waiting for a nudge.
+            nudge(self.journal, name=self._listener.name)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Forward until :meth:`stop` is called."""
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except _Stopped:
+                break
+            self._wait()
+
+    def step(self) -> int:
+        """Forward everything available now (due delayed jobs, then new records); return the count."""
+        done = self._forward_due()
+        batch: list[Envelope] = []
+        reader = self._require_reader()
+        for record in reader.records():
+            env = self._decode(record)
+            if env is None:
+                continue
+            if env.run_at is not None and env.run_at > self.clock():
+                self._hold(env, record)
+                continue
+            batch.append(env)
+            if len(batch) >= self.batch_size:
+                done += self._deliver(batch)
+                batch = []
+        if batch or self._position_moved():
+            done += self._deliver(batch)
+        return done
+
+    def _wait(self) -> None:
+        timeout = self.idle_timeout_s
+        if self.checkpoint.held:
+            timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))
+        if self._listener is not None:
+            self._listener.wait(timeout)
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _require_reader(self) -> JournalReader:
+        if self._reader is None:
+            raise RuntimeError("Forwarder.open() was not called")
+        return self._reader
+
+    def _position_moved(self) -> bool:
+        return self._require_reader().position != self.checkpoint.positions
+
+    def _decode(self, record: Record) -> Envelope | None:
+        if record.rtype != RecordType.DATA:
+            return None  # a record type this version does not forward
+        try:
+            return Envelope.from_bytes(record.payload)
+        except EnvelopeError as exc:
+            # The record passed its checksum, so these are the bytes a producer wrote: a bug or
+            # a newer, incompatible producer. Skip it loudly rather than stop every other job.
+            self.checkpoint.invalid += 1
+            log.error(
+                "skipping record %s:%d (segment %d offset %d): not a valid job envelope: %s",
+                record.writer_id,
+                record.seq,
+                record.segment_index,
+                record.offset,
+                exc,
+            )
+            return None
+
+    def _hold(self, env: Envelope, record: Record) -> None:
+        assert env.run_at is not None
+        held = Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset)
+        bisect.insort(self.checkpoint.held, held)
+
+    def _forward_due(self) -> int:
+        """Push held jobs whose time has come, then drop them from the checkpoint."""
+        now = self.clock()
+        held = self.checkpoint.held
+        due = 0
+        while due < len(held) and held[due].run_at <= now:
+            due += 1
+        if not due:
+            return 0
+        done = 0
+        for start in range(0, due, self.batch_size):
+            chunk = held[start : min(due, start + self.batch_size)]
+            envs = [self._read_held(h) for h in chunk]
+            self._push([e for e in envs if e is not None])
+            done += len(chunk)
+        # Only now that Redis has them may they leave the durable checkpoint.
+        del held[:due]
+        self._save(done)
+        return done
+
+    def _read_held(self, held: Held) -> Envelope | None:
+        record = read_record_at(self.journal, held.writer_id, held.segment, held.offset)
+        return self._decode(record)
+
+    def _deliver(self, batch: list[Envelope]) -> int:
+        """Push a batch, then move the checkpoint to the reader's position (never before)."""
+        if batch:
+            self._push(batch)
+        self.checkpoint.positions = self._require_reader().position
+        self._save(len(batch))
+        return len(batch)
+
+    def _save(self, forwarded: int) -> None:
+        self.checkpoint.forwarded += forwarded
+        save_checkpoint(self.journal, self.checkpoint)
+
+    def _push(self, batch: list[Envelope]) -> None:
+        """Push until the transport takes the batch; back off while it is down."""
+        if not batch:
+            return
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                result = self.transport.push(batch)
+            except TransportError as exc:
+                self.stats.transport_failures += 1
+                if self.stats.down_since is None:
+                    self.stats.down_since = time.monotonic()
+                    log.warning("transport unavailable, holding %d jobs and retrying: %s", len(batch), exc)
+                if self._stop.wait(self._rng.uniform(delay / 2, delay)):
+                    raise _Stopped from exc
+                delay = min(self.backoff_max_s, delay * 2)
+                continue
+            if self.stats.down_since is not None:
+                log.warning(
+                    "transport available again after %.1f s", time.monotonic() - self.stats.down_since
+                )
+                self.stats.down_since = None
+            self.stats.batches += 1
+            self.stats.pushed += result.pushed
+            self.stats.duplicate_pushes += result.already_present
+            self.checkpoint.duplicate_pushes += result.already_present
+            return
+
+
+def _take_lock(path: str) -> int:
+    """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise JournalLocked(path, f"{holder} (one forwarder per journal directory)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"forwarder pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd

@@ -1,0 +1,373 @@
+"""The enqueue API: :class:`Queue`, :class:`Job` and the :func:`task` decorator.
+
+``enqueue`` validates the call, commits one envelope to the journal (acknowledged only after an
+fsync covers it), nudges the forwarder and returns. It never touches Redis, so it keeps working
+while Redis is down. Bad input raises before anything is written.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from hybridq.envelope import (
+    Envelope,
+    Retry,
+    function_path,
+    new_job_id,
+    validate_job_id,
+    validate_queue_name,
+)
+from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
+from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
+from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.nudge import nudge
+from hybridq.state import load_checkpoint
+
+__all__ = ["Job", "Queue", "Task", "default_journal", "task"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def default_journal() -> str:
+    """``$HYBRIDQ_JOURNAL``, else ``./hybridq-journal`` (read when called, not at import)."""
+    return os.environ.get("HYBRIDQ_JOURNAL") or DEFAULT_JOURNAL
+
+
+# -- one writer per process and journal -----------------------------------------------------------
+
+_writers: dict[tuple[str, Durability], JournalWriter] = {}
+_writers_lock = threading.Lock()
+
+
+def shared_writer(journal: str, durability: Durability = Durability.FSYNC) -> JournalWriter:
+    """The process's writer for ``journal`` (created on first use, sealed at exit).
+
+    Writers are thread-safe and fork-safe (a child starts a chain of its own), so every
+    :class:`Queue` on the same journal shares one: its group commit then covers all of them.
+    """
+    key = (os.path.realpath(ensure_journal_dir(journal)), Durability(durability))
+    with _writers_lock:
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = JournalWriter(key[0], durability=key[1])
+        return writer
+
+
+@atexit.register
+def _close_writers() -> None:
+    with _writers_lock:
+        for writer in _writers.values():
+            writer.close()
+        _writers.clear()
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+
+class Job:
+    """A job that ``enqueue`` acknowledged: it is in the journal and will run (G1)."""
+
+    __slots__ = ("envelope", "journal", "record")
+
+    def __init__(self, envelope: Envelope, record: RecordId, journal: str) -> None:
+        self.envelope = envelope
+        self.record = record
+        self.journal = journal
+
+    @property
+    def id(self) -> str:
+        """The job id (also its RQ job id)."""
+        return self.envelope.id
+
+    @property
+    def idempotency_key(self) -> str:
+        """The idempotency key, verbatim."""
+        return self.envelope.idempotency_key
+
+    @property
+    def queue(self) -> str:
+        """The queue name."""
+        return self.envelope.queue
+
+    def get_status(self) -> str:
+        """``accepted`` (in the journal), ``scheduled`` (held until its time) or ``forwarded``.
+
+        Read from the forwarder's durable checkpoint, so it works with Redis down.
+        """
+        checkpoint = load_checkpoint(self.journal)
+        if checkpoint is None:
+            return "accepted"
+        if any(h.job_id == self.id for h in checkpoint.held):
+            return "scheduled"
+        position = checkpoint.positions.get(self.record.writer_id)
+        if position is not None and position.next_seq > self.record.seq:
+            return "forwarded"
+        return "accepted"
+
+    def __repr__(self) -> str:
+        return f"<hybridq.Job {self.id} {self.envelope.func} queue={self.queue!r}>"
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+_OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
+
+
+class Queue:
+    """A named queue on a journal, shaped like ``rq.Queue``.
+
+    Args:
+        name: the queue (and RQ queue) name.
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL`` or ``./hybridq-journal``.
+        capacity: the most pending jobs (accepted, not yet terminal) the journal may hold; over
+            it, ``enqueue`` raises :class:`QueueFull` and writes nothing. ``None``: no limit.
+        durability: :attr:`Durability.FSYNC` unless a weaker mode is asked for by name.
+        default_timeout: job timeout in seconds when a call does not give one.
+        default_result_ttl: seconds RQ keeps a result when a call does not say.
+        default_retry: retry policy when a call does not give one.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        journal: str | os.PathLike[str] | None = None,
+        *,
+        capacity: int | None = None,
+        durability: Durability = Durability.FSYNC,
+        default_timeout: float | None = None,
+        default_result_ttl: float | None = None,
+        default_retry: Retry | None = None,
+    ) -> None:
+        self.name = validate_queue_name(name)
+        self.journal = ensure_journal_dir(journal if journal is not None else default_journal())
+        if capacity is not None and capacity < 1:
+            raise ValueError("capacity must be a positive number of jobs, or None")
+        self.capacity = capacity
+        self.durability = Durability(durability)
+        self.default_timeout = default_timeout
+        self.default_result_ttl = default_result_ttl
+        self.default_retry = default_retry
+        self._pending = _PendingCount(self.journal) if capacity is not None else None
+
+    def __repr__(self) -> str:
+        return f"<hybridq.Queue {self.name!r} journal={self.journal!r}>"
+
+    def enqueue(
+        self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
+    ) -> Job:
+        """Enqueue ``f(*args, **kwargs)``; return once the job is durable.
+
+        Like ``rq.Queue.enqueue``, these keyword arguments are options, not the function's:
+        ``job_timeout``, ``result_ttl``, ``description``, ``meta``, ``retry``, ``job_id``,
+        ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
+        :meth:`enqueue_call` when the function itself takes one of those names.
+        """
+        options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+        return self.enqueue_call(f, args, kwargs, idempotency_key=idempotency_key, **options)
+
+    def enqueue_call(
+        self,
+        func: Callable[..., Any] | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
+        """Enqueue with the call's arguments and options given separately (see :meth:`prepare`)."""
+        return self.enqueue_many([self.prepare(func, args, kwargs, **options)])[0]
+
+    def enqueue_many(self, jobs: Iterable[Envelope]) -> list[Job]:
+        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are durable, or none."""
+        envelopes = list(jobs)
+        payloads = []
+        for env in envelopes:
+            if not isinstance(env, Envelope):
+                raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
+            payload = env.to_bytes()
+            if len(payload) > MAX_PAYLOAD_BYTES:
+                raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
+            payloads.append(payload)
+        if self._pending is not None and self.capacity is not None:
+            pending = self._pending.value()
+            if pending + len(payloads) > self.capacity:
+                raise QueueFull(pending, self.capacity)
+        writer = shared_writer(self.journal, self.durability)
+        ids = writer.append_many(payloads)
+        if self._pending is not None:
+            self._pending.added(len(ids))
+        nudge(self.journal)
+        return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
+
+    def prepare(
+        self,
+        func: Callable[..., Any] | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        job_timeout: float | None = None,
+        result_ttl: float | None = None,
+        description: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+        job_id: str | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: float | dt.datetime | None = None,
+    ) -> Envelope:
+        """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
+
+        Raises :class:`EnvelopeError` (a ``ValueError``) or :class:`NotSerializable` (a
+        ``TypeError``) for input a worker could not run.
+        """
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise EnvelopeError("args must be a list or tuple")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise EnvelopeError("kwargs must be a mapping")
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+            raise EnvelopeError("idempotency_key must be a non-empty string")
+        if retry is not None and not isinstance(retry, Retry):
+            raise EnvelopeError("retry must be a hybridq.Retry")
+        now = time.time()
+        job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
+        env = Envelope(
+            id=job,
+            func=function_path(func),
+            queue=self.name,
+            idempotency_key=idempotency_key if idempotency_key is not None else job,
+            created_at=now,
+            args=tuple(args),
+            kwargs=dict(kwargs or {}),
+            timeout_s=_seconds("job_timeout", job_timeout, self.default_timeout),
+            result_ttl_s=_seconds("result_ttl", result_ttl, self.default_result_ttl),
+            run_at=_run_at(now, delay, run_at),
+            retry=retry if retry is not None else self.default_retry,
+            description=description,
+            meta=dict(meta or {}),
+        )
+        env.to_bytes()  # raises NotSerializable now, not in enqueue_many
+        return env
+
+
+def _seconds(name: str, value: float | None, default: float | None) -> float | None:
+    value = default if value is None else value
+    if value is not None and (not isinstance(value, int | float) or value <= 0):
+        raise EnvelopeError(f"{name} must be a positive number of seconds")
+    return None if value is None else float(value)
+
+
+def _run_at(
+    now: float, delay: float | dt.timedelta | None, run_at: float | dt.datetime | None
+) -> float | None:
+    if delay is not None and run_at is not None:
+        raise EnvelopeError("give delay or run_at, not both")
+    if isinstance(delay, dt.timedelta):
+        delay = delay.total_seconds()
+    if delay is not None:
+        if not isinstance(delay, int | float) or delay < 0:
+            raise EnvelopeError("delay must be a number of seconds >= 0 or a timedelta")
+        return now + float(delay) if delay > 0 else None
+    if isinstance(run_at, dt.datetime):
+        if run_at.tzinfo is None:
+            raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        return run_at.timestamp()
+    if run_at is not None and not isinstance(run_at, int | float):
+        raise EnvelopeError("run_at must be a datetime or a Unix time")
+    return None if run_at is None else float(run_at)
+
+
+class _PendingCount:
+    """Pending jobs (accepted, not yet terminal) for the capacity check.
+
+    Counts the journal's records incrementally (only new records are read each time) at most
+    once per ``refresh_s``, and adds this process's own enqueues in between. Terminal outcomes
+    come from the completion ledger; until one exists every accepted job counts as pending.
+    """
+
+    def __init__(self, journal: str, refresh_s: float = 1.0) -> None:
+        self._reader = JournalReader(journal)
+        self._accepted = 0
+        self._local = 0
+        self._refreshed = -1e9
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+
+    def value(self) -> int:
+        with self._lock:
+            if time.monotonic() - self._refreshed >= self._refresh_s:
+                self._accepted += self._reader.check()
+                self._local = 0
+                self._refreshed = time.monotonic()
+            return self._accepted + self._local
+
+    def added(self, n: int) -> None:
+        with self._lock:
+            self._local += n
+
+
+# -- the task decorator -------------------------------------------------------------------------
+
+
+class Task(Generic[P, R]):
+    """A function that can still be called directly, and enqueued with :meth:`delay`."""
+
+    def __init__(
+        self,
+        func: Callable[P, R],
+        queue: str | Queue,
+        journal: str | os.PathLike[str] | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        self.func = func
+        self.path = function_path(func)  # refuse lambdas / nested functions at decoration time
+        self.options = dict(options)
+        self._queue_spec = (queue, journal)
+        self._queue: Queue | None = queue if isinstance(queue, Queue) else None
+        functools.update_wrapper(self, func)
+
+    @property
+    def queue(self) -> Queue:
+        """The queue, made on first use (so importing a module of tasks writes nothing)."""
+        if self._queue is None:
+            name, journal = self._queue_spec
+            self._queue = Queue(str(name), journal)
+        return self._queue
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the function directly, here and now (what a worker does)."""
+        return self.func(*args, **kwargs)
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Enqueue a call with the decorator's options; return once it is durable."""
+        return self.queue.enqueue_call(self.path, args, kwargs, **self.options)
+
+    def enqueue_call(
+        self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any
+    ) -> Job:
+        """Enqueue with per-call options (``idempotency_key``, ``delay``, ...)."""
+        return self.queue.enqueue_call(self.path, args, kwargs, **{**self.options, **options})
+
+
+def task(
+    queue: str | Queue = "default", *, journal: str | os.PathLike[str] | None = None, **options: Any
+) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """Decorate a module-level function so ``f.delay(...)`` enqueues it.
+
+    ``options`` are :meth:`Queue.prepare` options applied to every call (``job_timeout``,
+    ``retry``, ...). The journal is resolved on the first ``delay``, not at import.
+    """
+    if isinstance(queue, str):
+        validate_queue_name(queue)
+
+    def wrap(func: Callable[P, R]) -> Task[P, R]:
+        return Task(func, queue, journal, options)
+
+    return wrap

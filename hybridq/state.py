@@ -1,0 +1,85 @@
+"""The forwarder's durable state: its checkpoint, held delayed jobs and counters.
+
+Stored as one atomic state file (``forwarder.state`` in the journal directory) by
+:mod:`hybridq.journal.statefile`. A missing checkpoint means "forward everything from the start"
+(duplicates, never loss); a damaged one is an error the operator must look at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridq.errors import StateFileCorrupt
+from hybridq.journal import ChainPosition
+from hybridq.journal.statefile import read_state, write_state
+
+__all__ = ["CHECKPOINT_NAME", "Checkpoint", "Held", "load_checkpoint", "save_checkpoint"]
+
+CHECKPOINT_NAME = "forwarder"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Held:
+    """A delayed job read from the journal and held until ``run_at`` (sorted by it)."""
+
+    run_at: float
+    job_id: str
+    writer_id: str
+    segment: int
+    offset: int
+
+
+@dataclass
+class Checkpoint:
+    """Where forwarding stands. Never ahead of what the transport accepted (invariant 5)."""
+
+    positions: dict[str, ChainPosition] = field(default_factory=dict)
+    held: list[Held] = field(default_factory=list)
+    #: Jobs pushed to the transport (a job re-pushed after a crash counts again).
+    forwarded: int = 0
+    #: Pushes the transport reported as already known (the duplicate pushes that ids absorbed).
+    duplicate_pushes: int = 0
+    #: Records that were valid journal records but not valid envelopes (skipped, logged).
+    invalid: int = 0
+
+    def to_bytes(self) -> bytes:
+        """JSON encoding."""
+        body: dict[str, Any] = {
+            "v": 1,
+            "positions": {w: p.to_json() for w, p in self.positions.items()},
+            "held": [[h.run_at, h.job_id, h.writer_id, h.segment, h.offset] for h in self.held],
+            "forwarded": self.forwarded,
+            "duplicate_pushes": self.duplicate_pushes,
+            "invalid": self.invalid,
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, path: str) -> Checkpoint:
+        """Decode; a malformed body raises :class:`StateFileCorrupt`."""
+        try:
+            body = json.loads(raw)
+            return cls(
+                positions={w: ChainPosition.from_json(p) for w, p in body["positions"].items()},
+                held=sorted(Held(float(a), str(b), str(c), int(d), int(e)) for a, b, c, d, e in body["held"]),
+                forwarded=int(body["forwarded"]),
+                duplicate_pushes=int(body["duplicate_pushes"]),
+                invalid=int(body.get("invalid", 0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateFileCorrupt(path, f"malformed checkpoint: {exc!r}") from exc
+
+
+def load_checkpoint(journal: str) -> Checkpoint | None:
+    """The saved checkpoint, ``None`` if there is none yet."""
+    raw = read_state(journal, CHECKPOINT_NAME)
+    if raw is None:
+        return None
+    return Checkpoint.from_bytes(raw, f"{journal}/{CHECKPOINT_NAME}.state")
+
+
+def save_checkpoint(journal: str, checkpoint: Checkpoint) -> None:
+    """Durably replace the checkpoint (temp file, fsync, rename, directory fsync)."""
+    write_state(journal, CHECKPOINT_NAME, checkpoint.to_bytes())

@@ -1,0 +1,100 @@
+"""What ``hybridq status`` reports, computed from the journal and the forwarder's checkpoint.
+
+Redis is optional: every contract field comes from durable state on this host, so the answer is
+the same whether Redis is up, down or freshly emptied.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import Any
+
+from hybridq.forwarder import LOCK_NAME
+from hybridq.journal import JournalReader
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.state import load_checkpoint
+
+__all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
+
+#: The fields DESIGN.md promises in ``status --json`` (integers).
+CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
+
+
+def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, Any]:
+    """The status object of ``hybridq status --json``."""
+    path = existing_journal_dir(journal)
+    accepted = JournalReader(path).check()
+    checkpoint = load_checkpoint(path)
+    waiting = accepted
+    if checkpoint is not None:
+        waiting = JournalReader(path).check(checkpoint.positions)
+    succeeded = failed = suppressed = 0  # from the completion ledger, once workers report back
+    out: dict[str, Any] = {
+        "accepted": accepted,
+        "forwarded": checkpoint.forwarded if checkpoint else 0,
+        "succeeded": succeeded,
+        "failed": failed,
+        "pending": accepted - succeeded - failed,
+        "duplicates_suppressed": suppressed,
+        "not_yet_forwarded": waiting,
+        "delayed_held": len(checkpoint.held) if checkpoint else 0,
+        "duplicate_pushes": checkpoint.duplicate_pushes if checkpoint else 0,
+        "invalid_records": checkpoint.invalid if checkpoint else 0,
+        "forwarder": _forwarder_holder(path),
+        "journal": {"path": path, **_journal_size(path)},
+    }
+    if redis_url is not None:
+        out["redis"] = {"url": redact_url(redis_url), "up": _redis_up(redis_url)}
+    return out
+
+
+def _forwarder_holder(path: str) -> str | None:
+    """Who holds the forwarder lock, or ``None`` when no forwarder runs."""
+    lock = os.path.join(path, LOCK_NAME)
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _journal_size(path: str) -> dict[str, int]:
+    segments = size = 0
+    for entry in os.scandir(path):
+        if entry.name.endswith(".wal"):
+            segments += 1
+            size += entry.stat(follow_symlinks=False).st_size
+    return {"segments": segments, "bytes": size}
+
+
+def _redis_up(url: str) -> bool:
+    from hybridq.errors import TransportError  # noqa: PLC0415
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415 - only when Redis is asked for
+
+    transport = RQTransport(url, socket_timeout_s=1.0)
+    try:
+        transport.ping()
+    except TransportError:
+        return False
+    finally:
+        transport.close()
+    return True
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and output)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
