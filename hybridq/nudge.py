@@ -8,6 +8,7 @@ second) picks the record up anyway. Nothing durable ever depends on a nudge.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -40,7 +41,14 @@ class _Sender:
             self.sock.sendto(b"!", name)
 
 
+    def close(self) -> None:
+        if self.sock is not None and self.pid == os.getpid():
+            self.sock.close()
+        self.sock = None
+
+
 _sender = _Sender()
+atexit.register(_sender.close)
 
 
 def nudge(journal_path: str, *, name: str | None = None) -> None:

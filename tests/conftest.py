@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("scenario figures")
         for line in _FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _close_shared_writers() -> Iterator[None]:
+    """Seal the producer's per-process writers after each test (no fd or lock outlives it)."""
+    yield
+    from hybridq.producer import _close_writers
+
+    _close_writers()
 
 
 @pytest.fixture

@@ -1,0 +1,148 @@
+"""The job envelope: ids, validation, JSON round trips that keep unknown fields."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hybridq.envelope import (
+    Envelope,
+    Retry,
+    function_path,
+    idempotency_id,
+    new_job_id,
+    validate_job_id,
+    validate_queue_name,
+)
+from hybridq.errors import EnvelopeError, NotSerializable
+from tests import tasks
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=10,
+)
+
+
+def make(**overrides) -> Envelope:
+    fields = {
+        "id": new_job_id(),
+        "func": "tests.tasks.add",
+        "queue": "default",
+        "idempotency_key": "key",
+        "created_at": 1.5,
+        "args": (1, 2),
+    }
+    fields.update(overrides)
+    return Envelope(**fields)
+
+
+def test_job_ids_are_valid_rq_ids_and_sort_by_time() -> None:
+    ids = [new_job_id(now=t) for t in (1_700_000_000.0, 1_700_000_000.001, 1_800_000_000.0)]
+    for job_id in ids:
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", job_id)
+        assert len(job_id) == 26
+    assert ids == sorted(ids)
+    assert len({new_job_id() for _ in range(1000)}) == 1000
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "a/b", "x" * 129, "é", "a:b"])
+def test_invalid_job_ids_are_refused(bad: str) -> None:
+    with pytest.raises(EnvelopeError):
+        validate_job_id(bad)
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "-x", "a b", "a/b", "q" * 129, "a*"])
+def test_invalid_queue_names_are_refused(bad: str) -> None:
+    with pytest.raises(EnvelopeError, match="invalid queue name"):
+        validate_queue_name(bad)
+
+
+def test_function_paths() -> None:
+    assert function_path(tasks.add) == "tests.tasks.add"
+    assert function_path("pkg.mod.func") == "pkg.mod.func"
+    assert function_path(tasks.Holder.static) == "tests.tasks.Holder.static"
+
+
+def _nested() -> object:
+    def inner() -> None:
+        pass
+
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("func", "message"),
+    [
+        (lambda: None, "lambda"),
+        (_nested(), "inside a function"),
+        (tasks.Holder().method, "bound to an instance"),
+        ("not_dotted", "dotted path"),
+        ("os..path", "dotted path"),
+        ("1os.path", "dotted path"),
+        (42, "neither a callable"),
+    ],
+)
+def test_functions_a_worker_could_not_import_are_refused(func: object, message: str) -> None:
+    with pytest.raises(EnvelopeError, match=message):
+        function_path(func)
+
+
+def test_functions_from_main_are_refused() -> None:
+    def f() -> None:
+        pass
+
+    f.__module__ = "__main__"
+    f.__qualname__ = "f"
+    with pytest.raises(EnvelopeError, match="__main__"):
+        function_path(f)
+
+
+def test_idempotency_keys_of_any_text_map_to_rq_safe_ids() -> None:
+    for key in ["order:42", "naïve ☃ key", "", "a" * 10_000, "\udcff"]:
+        assert re.fullmatch(r"[a-z0-9]+", idempotency_id(key))
+    assert idempotency_id("x") == idempotency_id("x")
+    assert idempotency_id("x") != idempotency_id("y")
+
+
+@given(args=st.lists(json_values, max_size=5), kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_round_trip(args: list[object], kwargs: dict[str, object]) -> None:
+    env = make(args=tuple(args), kwargs=kwargs, retry=Retry(4, 0.5, 10, False), meta={"m": 1}, run_at=9.0)
+    assert Envelope.from_bytes(env.to_bytes()) == env
+
+
+def test_unknown_fields_survive_a_round_trip() -> None:
+    raw = json.loads(make().to_bytes())
+    raw["priority_from_the_future"] = {"level": 3}
+    env = Envelope.from_bytes(json.dumps(raw).encode())
+    assert env.extra == {"priority_from_the_future": {"level": 3}}
+    assert json.loads(env.to_bytes())["priority_from_the_future"] == {"level": 3}
+
+
+def test_non_json_arguments_raise_a_type_error() -> None:
+    with pytest.raises(NotSerializable) as info:
+        make(args=(object(),)).to_bytes()
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(NotSerializable):
+        make(args=(float("nan"),)).to_bytes()
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[1]", b'{"v": 99999999999999999999.5}', b'{"v": 1}', b"\xff"])
+def test_malformed_records_are_envelope_errors(raw: bytes) -> None:
+    with pytest.raises(EnvelopeError):
+        Envelope.from_bytes(raw)
+
+
+def test_retry_policy_backoff_is_exponential_capped_and_validated() -> None:
+    policy = Retry(max_attempts=5, backoff_s=1.0, backoff_max_s=5.0, jitter=False)
+    assert [policy.delay_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
+    jittered = Retry(max_attempts=5, backoff_s=2.0)
+    assert all(0 <= jittered.delay_s(2) <= 4.0 for _ in range(50))
+    with pytest.raises(EnvelopeError):
+        Retry(max_attempts=0)
+    with pytest.raises(EnvelopeError):
+        Retry(backoff_s=float("inf"))

@@ -1,0 +1,229 @@
+"""The forwarder against the in-memory transport: no loss, bounded duplicates, delays, outages."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from hybridq import Queue
+from hybridq.errors import JournalCorruption, JournalLocked
+from hybridq.forwarder import Forwarder
+from hybridq.journal import JournalWriter
+from hybridq.producer import _close_writers
+from hybridq.state import load_checkpoint
+from hybridq.transport import MemoryTransport
+from tests import tasks
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_forwarder(journal: Path, transport: MemoryTransport, **kwargs) -> Forwarder:
+    kwargs.setdefault("backoff_initial_s", 0.001)
+    kwargs.setdefault("backoff_max_s", 0.002)
+    forwarder = Forwarder(journal, transport, **kwargs)
+    forwarder.open()
+    return forwarder
+
+
+def queued_ids(transport: MemoryTransport, queue: str = "default") -> list[str]:
+    return list(transport.queues.get(queue, []))
+
+
+def test_every_job_is_forwarded_once_in_order(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(1234)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, batch_size=100)
+    try:
+        assert forwarder.step() == 1234
+        assert forwarder.step() == 0
+    finally:
+        forwarder.close()
+    assert queued_ids(transport) == [j.id for j in jobs]
+    assert load_checkpoint(str(journal_dir)).forwarded == 1234
+    assert jobs[-1].get_status() == "forwarded"
+
+
+def test_jobs_go_to_their_own_queues(journal_dir: Path) -> None:
+    Queue("a", journal_dir).enqueue(tasks.add, 1, 1)
+    Queue("b", journal_dir).enqueue(tasks.add, 2, 2)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+    assert {q: len(ids) for q, ids in transport.queues.items()} == {"a": 1, "b": 1}
+
+
+def test_while_the_transport_is_down_the_checkpoint_does_not_move(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(10)]
+    transport = MemoryTransport()
+    transport.down = True
+    forwarder = make_forwarder(journal_dir, transport)
+    runner = threading.Thread(target=forwarder.step)
+    runner.start()
+    while forwarder.stats.transport_failures < 5:
+        pass
+    assert load_checkpoint(str(journal_dir)) is None  # nothing durable claims they were forwarded
+    transport.down = False
+    runner.join(timeout=10)
+    forwarder.close()
+    assert queued_ids(transport) == [j.id for j in jobs]
+    assert forwarder.stats.down_since is None
+
+
+def test_a_partial_push_is_repeated_without_queueing_twice(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(50)]
+    transport = MemoryTransport()
+    transport.fail_next(2, after=20)  # 20 jobs land, then the connection "drops"; twice
+    with Forwarder(journal_dir, transport, backoff_initial_s=0.001) as forwarder:
+        forwarder.step()
+    assert queued_ids(transport) == [j.id for j in jobs]
+    assert load_checkpoint(str(journal_dir)).duplicate_pushes == 20
+
+
+def test_a_crash_before_the_checkpoint_costs_at_most_one_batch_of_duplicates(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(300)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, batch_size=100)
+    original_save = forwarder._save
+    saves = 0
+
+    def crash_on_second_save(n: int) -> None:
+        nonlocal saves
+        saves += 1
+        if saves == 2:
+            raise SystemExit("crash between push and checkpoint")
+        original_save(n)
+
+    forwarder._save = crash_on_second_save  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        forwarder.step()
+    forwarder.close()
+    again = make_forwarder(journal_dir, transport, batch_size=100)
+    try:
+        again.step()
+    finally:
+        again.close()
+    assert queued_ids(transport) == [j.id for j in jobs]  # none lost, none queued twice
+    assert again.stats.duplicate_pushes == 100  # exactly the batch whose checkpoint was lost
+
+
+def test_delayed_jobs_are_held_durably_and_pushed_when_due(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    clock = Clock()
+    later = queue.enqueue(tasks.add, 1, 1, run_at=clock.now + 60)
+    now = queue.enqueue(tasks.add, 2, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    forwarder.step()
+    assert queued_ids(transport) == [now.id]
+    assert later.get_status() == "scheduled"
+    forwarder.close()
+    # A restart (even with Redis emptied) still holds it: the hold is in the durable checkpoint.
+    transport.forget()
+    clock.now += 61
+    again = make_forwarder(journal_dir, transport, clock=clock)
+    try:
+        again.step()
+    finally:
+        again.close()
+    assert queued_ids(transport) == [later.id]
+    assert load_checkpoint(str(journal_dir)).held == []
+
+
+def test_a_record_that_is_not_an_envelope_is_skipped_loudly(journal_dir: Path, caplog) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b'{"not": "an envelope"}')
+    good = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+    assert queued_ids(transport) == [good.id]
+    assert load_checkpoint(str(journal_dir)).invalid == 1
+    assert "not a valid job envelope" in caplog.text
+
+
+def test_a_second_forwarder_is_refused_naming_the_holder(journal_dir: Path) -> None:
+    Queue(journal=journal_dir)
+    with Forwarder(journal_dir, MemoryTransport()):
+        with pytest.raises(JournalLocked) as info:
+            Forwarder(journal_dir, MemoryTransport()).open()
+        assert "forwarder pid" in str(info.value)
+
+
+def test_a_corrupt_journal_is_refused_at_start(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    for i in range(5):
+        queue.enqueue(tasks.add, i, i)
+    _close_writers()  # seal the producer's segment: damage in a sealed segment is corruption
+    segment = next(p for p in journal_dir.glob("*.wal") if p.stat().st_size > 100)
+    raw = bytearray(segment.read_bytes())
+    raw[100] ^= 0xFF
+    segment.chmod(0o600)
+    segment.write_bytes(bytes(raw))
+    segment.chmod(0o400)
+    with pytest.raises(JournalCorruption):
+        Forwarder(journal_dir, MemoryTransport()).open()
+    assert not (journal_dir / "forwarder.state").exists()
+
+
+def test_run_stops_promptly_even_while_the_transport_is_down(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    transport.down = True
+    forwarder = make_forwarder(journal_dir, transport, backoff_initial_s=0.05, backoff_max_s=0.1)
+    runner = threading.Thread(target=forwarder.run)
+    runner.start()
+    while forwarder.stats.transport_failures < 2:
+        pass
+    forwarder.stop()
+    runner.join(timeout=5)
+    forwarder.close()
+    assert not runner.is_alive()
+    assert load_checkpoint(str(journal_dir)) is None
+
+
+def test_a_nudge_wakes_the_forwarder_without_waiting_for_the_idle_timeout(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, idle_timeout_s=30)
+    runner = threading.Thread(target=forwarder.run)
+    runner.start()
+    try:
+        job = queue.enqueue(tasks.add, 1, 1)
+        for _ in range(1000):
+            if queued_ids(transport):
+                break
+            threading.Event().wait(0.01)
+        assert queued_ids(transport) == [job.id]  # long before the 30 s idle timeout
+    finally:
+        forwarder.stop()
+        runner.join(timeout=5)
+        forwarder.close()
+
+
+def test_status_counts_come_from_the_journal_and_checkpoint(journal_dir: Path) -> None:
+    from hybridq.status import CONTRACT_FIELDS, collect_status
+
+    queue = Queue(journal=journal_dir)
+    for i in range(7):
+        queue.enqueue(tasks.add, i, i)
+    before = collect_status(str(journal_dir))
+    assert (before["accepted"], before["forwarded"], before["pending"]) == (7, 0, 7)
+    with Forwarder(journal_dir, MemoryTransport()) as forwarder:
+        forwarder.step()
+    after = collect_status(str(journal_dir))
+    assert all(isinstance(after[f], int) for f in CONTRACT_FIELDS)
+    assert (after["accepted"], after["forwarded"], after["not_yet_forwarded"]) == (7, 7, 0)
+    json.dumps(after)
