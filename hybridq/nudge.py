@@ -40,7 +40,6 @@ class _Sender:
         with contextlib.suppress(OSError):
             self.sock.sendto(b"!", name)
 
-
     def close(self) -> None:
         if self.sock is not None and self.pid == os.getpid():
             self.sock.close()

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Private redis-server fixtures (`redis_server`, `make_redis_server`) for every test module.
+pytest_plugins = ["tests.support.redis"]
+
 _FIGURES: list[str] = []
 
 ROOT = Path(__file__).resolve().parent.parent

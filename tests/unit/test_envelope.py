@@ -6,9 +6,6 @@ import json
 import re
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from hybridq.envelope import (
     Envelope,
     Retry,
@@ -19,11 +16,16 @@ from hybridq.envelope import (
     validate_queue_name,
 )
 from hybridq.errors import EnvelopeError, NotSerializable
+from hypothesis import given
+from hypothesis import strategies as st
+
 from tests import tasks
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=10,
 )
 
@@ -109,9 +111,14 @@ def test_idempotency_keys_of_any_text_map_to_rq_safe_ids() -> None:
     assert idempotency_id("x") != idempotency_id("y")
 
 
-@given(args=st.lists(json_values, max_size=5), kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+@given(
+    args=st.lists(json_values, max_size=5),
+    kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+)
 def test_round_trip(args: list[object], kwargs: dict[str, object]) -> None:
-    env = make(args=tuple(args), kwargs=kwargs, retry=Retry(4, 0.5, 10, False), meta={"m": 1}, run_at=9.0)
+    env = make(
+        args=tuple(args), kwargs=kwargs, retry=Retry(4, 0.5, 10, jitter=False), meta={"m": 1}, run_at=9.0
+    )
     assert Envelope.from_bytes(env.to_bytes()) == env
 
 

@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from hybridq import Queue
 from hybridq.errors import JournalCorruption, JournalLocked
 from hybridq.forwarder import Forwarder
@@ -15,6 +14,7 @@ from hybridq.journal import JournalWriter
 from hybridq.producer import _close_writers
 from hybridq.state import load_checkpoint
 from hybridq.transport import MemoryTransport
+
 from tests import tasks
 
 

@@ -6,11 +6,11 @@ import datetime as dt
 import json
 from pathlib import Path
 
-import pytest
-
 import hybridq
+import pytest
 from hybridq import EnvelopeError, NotSerializable, Queue, QueueFull, RecordTooLarge, Retry, task
 from hybridq.journal import JournalReader
+
 from tests import tasks
 
 
@@ -73,7 +73,7 @@ def test_delay_and_run_at_become_an_absolute_time(journal_dir: Path) -> None:
         (lambda q: q.enqueue(tasks.add, job_id="bad id"), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, job_timeout=-1), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, delay=5, run_at=9), EnvelopeError),
-        (lambda q: q.enqueue(tasks.add, run_at=dt.datetime(2030, 1, 1)), EnvelopeError),
+        (lambda q: q.enqueue(tasks.add, run_at=dt.datetime(2030, 1, 1)), EnvelopeError),  # noqa: DTZ001 - naive on purpose  # noqa: DTZ001
         (lambda q: q.enqueue(tasks.add, retry=3), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, idempotency_key=""), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, "x" * (2 << 20)), RecordTooLarge),
@@ -144,6 +144,15 @@ def test_task_decorator_calls_directly_and_delays(journal_dir: Path, monkeypatch
 
 def test_the_public_api_is_pinned() -> None:
     assert set(hybridq.__all__) >= {
-        "Queue", "Job", "task", "Retry", "HybridqError", "QueueFull", "EnvelopeError", "NotSerializable",
-        "JournalCorruption", "TransportError", "Durability",
+        "Queue",
+        "Job",
+        "task",
+        "Retry",
+        "HybridqError",
+        "QueueFull",
+        "EnvelopeError",
+        "NotSerializable",
+        "JournalCorruption",
+        "TransportError",
+        "Durability",
     }

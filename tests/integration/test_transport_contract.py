@@ -1,0 +1,121 @@
+"""One contract, two transports: the in-memory one and RQ on a private redis-server."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+from hybridq.embedded import RedisServer
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.errors import TransportError
+from hybridq.transport import MemoryTransport, Transport
+from hybridq.transport.rq import RQTransport
+from rq import Queue as RQQueue
+from rq import SimpleWorker
+from rq.job import Job as RQJob
+from rq.serializers import JSONSerializer
+
+
+def envelope(queue: str = "default", **overrides) -> Envelope:
+    fields = {
+        "id": new_job_id(),
+        "func": "tests.tasks.add",
+        "queue": queue,
+        "idempotency_key": "k",
+        "created_at": 0.0,
+        "args": (2, 3),
+    }
+    fields.update(overrides)
+    return Envelope(**fields)
+
+
+class TransportContract:
+    """Every transport must pass these. Subclasses provide the fixtures and two probes."""
+
+    def queued(self, transport: Transport, queue: str) -> list[str]:
+        raise NotImplementedError
+
+    def take_down(self, transport: Transport) -> None:
+        raise NotImplementedError
+
+    def test_push_queues_new_jobs_in_order(self, transport: Transport) -> None:
+        jobs = [envelope() for _ in range(5)]
+        result = transport.push(jobs)
+        assert (result.pushed, result.already_present) == (5, 0)
+        assert self.queued(transport, "default") == [j.id for j in jobs]
+
+    def test_a_repush_never_queues_a_job_twice(self, transport: Transport) -> None:
+        first = [envelope() for _ in range(3)]
+        transport.push(first)
+        extra = envelope()
+        result = transport.push([*first, extra])
+        assert (result.pushed, result.already_present) == (1, 3)
+        assert self.queued(transport, "default") == [*(j.id for j in first), extra.id]
+
+    def test_jobs_go_to_their_queues(self, transport: Transport) -> None:
+        a, b = envelope("alpha"), envelope("beta")
+        transport.push([a, b])
+        assert self.queued(transport, "alpha") == [a.id]
+        assert self.queued(transport, "beta") == [b.id]
+
+    def test_an_empty_push_does_nothing(self, transport: Transport) -> None:
+        result = transport.push([])
+        assert (result.pushed, result.already_present) == (0, 0)
+
+    def test_ping_answers_while_up(self, transport: Transport) -> None:
+        transport.ping()
+
+    def test_down_means_transport_error(self, transport: Transport) -> None:
+        self.take_down(transport)
+        with pytest.raises(TransportError):
+            transport.ping()
+        with pytest.raises(TransportError):
+            transport.push([envelope()])
+
+
+class TestMemoryTransport(TransportContract):
+    @pytest.fixture
+    def transport(self) -> MemoryTransport:
+        return MemoryTransport()
+
+    def queued(self, transport, queue):
+        return list(transport.queues.get(queue, []))
+
+    def take_down(self, transport):
+        transport.down = True
+
+
+class TestRQTransport(TransportContract):
+    @pytest.fixture
+    def transport(self, redis_server: RedisServer):
+        transport = RQTransport(redis_server.url, socket_timeout_s=1.0)
+        transport.server = redis_server
+        yield transport
+        transport.close()
+
+    def queued(self, transport, queue):
+        return [raw.decode() for raw in transport.connection.lrange(f"rq:queue:{queue}", 0, -1)]
+
+    def take_down(self, transport):
+        transport.server.kill()
+
+    def test_pushed_jobs_run_under_a_plain_rq_worker_with_the_json_serializer(self, transport) -> None:
+        env = envelope(args=(20, 22), timeout_s=30.0, description="answer", meta={"team": "x"})
+        transport.push([env])
+        queue = RQQueue("default", connection=transport.connection, serializer=JSONSerializer)
+        worker = SimpleWorker([queue], connection=transport.connection, serializer=JSONSerializer)
+        assert worker.work(burst=True)
+        job = RQJob.fetch(env.id, connection=transport.connection, serializer=JSONSerializer)
+        assert job.is_finished
+        assert job.return_value() == 42
+        assert job.timeout == 30
+        assert job.description == "answer"
+        assert job.meta["team"] == "x"
+        assert job.meta["hybridq"]["key"] == "k"
+
+    def test_no_pickle_reaches_redis(self, transport) -> None:
+        env = envelope()
+        transport.push([env])
+        data = zlib.decompress(transport.connection.hget(f"rq:job:{env.id}", "data"))  # RQ compresses
+        assert json.loads(data)[0] == "tests.tasks.add"  # JSON, not pickle

@@ -1,0 +1,54 @@
+"""Fixtures giving each test its own private redis-server (never the developer's Redis on 6379).
+
+Registered for every test module by ``pytest_plugins`` in ``tests/conftest.py``.
+``redis_server`` is a fresh, running :class:`~hybridq.embedded.RedisServer` on a free loopback
+port under ``tmp_path``, stopped after the test. ``make_redis_server(**options)`` starts as many
+as a test needs (``unix_socket=True`` for a socket in a short temporary directory) and stops
+every one of them at teardown.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hybridq.embedded import RedisServer
+
+__all__ = ["make_redis_server", "redis_server"]
+
+MakeRedisServer = Callable[..., RedisServer]
+
+
+@pytest.fixture
+def make_redis_server(tmp_path: Path) -> Iterator[MakeRedisServer]:
+    """A factory of started private servers; every one is stopped at teardown."""
+    servers: list[RedisServer] = []
+    socket_dirs: list[str] = []
+
+    def make(*, unix_socket: bool | str = False, start: bool = True, **options: Any) -> RedisServer:
+        directory = tmp_path / f"redis-{len(servers)}"
+        if unix_socket is True:
+            # sun_path holds 107 bytes: tmp_path can be longer than that (macOS, deep TMPDIRs).
+            socket_dirs.append(tempfile.mkdtemp(prefix="hq-", dir="/tmp"))
+            unix_socket = str(Path(socket_dirs[-1]) / "redis.sock")
+        server = RedisServer(directory=directory, unix_socket=unix_socket or None, **options)
+        servers.append(server)
+        if start:
+            server.start()
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+    for path in socket_dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_server(make_redis_server: MakeRedisServer) -> RedisServer:
+    """A fresh, empty, running private redis-server on a free port; stopped after the test."""
+    return make_redis_server()
