@@ -183,6 +183,8 @@ class Forwarder:
             if len(batch) >= self.batch_size:
                 done += self._deliver(batch)
                 batch = []
+                if self._stop.is_set():
+                    return done  # SIGTERM: the batch in flight is delivered and checkpointed
         if batch or self._position_moved():
             done += self._deliver(batch)
         return done

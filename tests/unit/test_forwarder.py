@@ -227,3 +227,23 @@ def test_status_counts_come_from_the_journal_and_checkpoint(journal_dir: Path) -
     assert all(isinstance(after[f], int) for f in CONTRACT_FIELDS)
     assert (after["accepted"], after["forwarded"], after["not_yet_forwarded"]) == (7, 7, 0)
     json.dumps(after)
+
+
+def test_stop_during_a_long_backlog_returns_after_the_batch_in_flight(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(1000)])
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, batch_size=100)
+    original_push = transport.push
+
+    def push_then_stop(jobs):
+        result = original_push(jobs)
+        forwarder.stop()
+        return result
+
+    transport.push = push_then_stop  # type: ignore[method-assign]
+    try:
+        assert forwarder.step() == 100
+    finally:
+        forwarder.close()
+    assert load_checkpoint(str(journal_dir)).forwarded == 100  # the batch in flight was saved
