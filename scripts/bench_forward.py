@@ -1,0 +1,377 @@
+"""Forwarder benchmark: hybridq's Forwarder into RQ next to ``rq.Queue.enqueue_many``, interleaved.
+
+Run it through ``scripts/bench-forward`` (see ``docs/benchmarks.md``). A private redis-server (no
+persistence) is started for the run.
+
+  * F1: a journal pre-filled with N jobs (``Queue.enqueue_many``, not timed) is forwarded by one
+    timed ``Forwarder.step()`` through ``RQTransport`` (batch_size 500, and 1000), next to
+    ``rq.Queue.enqueue_many`` of the same N jobs in batches of 1,000 (one pipeline each) into the
+    same Redis. FLUSHALL before each; the three run in an order rotated each repetition; every
+    run checks that ``rq:queue:default`` then holds exactly N jobs.
+  * F2: with a forwarder idle in a background thread (``Forwarder.run()``), enqueue one job and
+    poll LLEN of ``rq:queue:default`` in a tight loop (no sleeps) until it appears; a short pause
+    between samples keeps the system idle. Interleaved with it, the same for ``rq.Queue.enqueue``
+    (visible once it returns) as context.
+
+Reported: medians over repetitions, spreads (min..max), and the target ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+import rq
+from bench_enqueue import (
+    FUNC,
+    Sample,
+    med_range,
+    percentile,
+    print_machine,
+    print_result,
+    print_rows,
+    profile_call,
+    spread,
+    verdict_line,
+)
+from hybridq import Queue
+from hybridq.embedded import RedisServer
+from hybridq.forwarder import Forwarder
+from hybridq.producer import shared_writer
+from hybridq.transport.rq import RQTransport
+from rq.serializers import JSONSerializer
+
+PEER_BATCH = 1000
+RQ_QUEUE_KEY = "rq:queue:default"
+
+
+@dataclass
+class Config:
+    base: str
+    repeat: int
+    n: int
+    samples: int  # F2 samples per repetition
+    pause_s: float  # F2 idle time between samples
+    url: str
+    server: RedisServer
+
+
+# -- F1 -----------------------------------------------------------------------------------------
+
+
+def prefill(journal: str, n: int) -> None:
+    """Write ``n`` jobs into a fresh journal in batches of 1,000 (durable, not timed)."""
+    q = Queue("default", journal)
+    try:
+        for start in range(0, n, 1000):
+            q.enqueue_many([q.prepare(FUNC, (i,)) for i in range(start, min(n, start + 1000))])
+    finally:
+        shared_writer(q.journal, q.durability).close()
+
+
+def check_llen(cfg: Config, n: int, who: str) -> None:
+    with cfg.server.client() as client:
+        got = client.llen(RQ_QUEUE_KEY)
+    if got != n:
+        sys.exit(f"bench-forward: {who} left {got} jobs in {RQ_QUEUE_KEY}, expected {n}")
+
+
+def forward_once(cfg: Config, pristine: str, batch_size: int, profile: bool = False) -> Sample:
+    """Copy the pre-filled journal, then time one Forwarder.step() over it."""
+    journal = tempfile.mkdtemp(prefix=f"fwd{batch_size}-", dir=cfg.base)
+    shutil.rmtree(journal)
+    shutil.copytree(pristine, journal)
+    transport = RQTransport(cfg.url)
+    fwd = Forwarder(journal, transport, batch_size=batch_size)
+    try:
+        fwd.open()  # lock, recovery scan, checkpoint: not timed
+        transport.ping()
+        gc.collect()
+        if profile:
+            profile_call(f"Forwarder.step() of {cfg.n:,} jobs, batch_size {batch_size}", fwd.step)
+            return Sample(cfg.n, 1.0)
+        t0 = time.perf_counter()
+        done = fwd.step()
+        elapsed = time.perf_counter() - t0
+    finally:
+        fwd.close()
+        transport.close()
+        shutil.rmtree(journal, ignore_errors=True)
+    if done != cfg.n:
+        sys.exit(f"bench-forward: step() forwarded {done} jobs, expected {cfg.n}")
+    check_llen(cfg, cfg.n, f"Forwarder(batch_size={batch_size})")
+    return Sample(done, elapsed, extra={"batches": fwd.stats.batches})
+
+
+def rq_many_once(cfg: Config) -> Sample:
+    """``rq.Queue.enqueue_many`` of the same N jobs, batches of 1,000, one pipeline each."""
+    conn = redis.Redis.from_url(cfg.url)
+    q = rq.Queue("default", connection=conn, serializer=JSONSerializer)
+    prepare = rq.Queue.prepare_data
+    n = cfg.n
+    try:
+        conn.ping()
+        gc.collect()
+        t0 = time.perf_counter()
+        for start in range(0, n, PEER_BATCH):
+            pipe = conn.pipeline()
+            q.enqueue_many(
+                [prepare(FUNC, (i,)) for i in range(start, min(n, start + PEER_BATCH))], pipeline=pipe
+            )
+            pipe.execute()
+        elapsed = time.perf_counter() - t0
+    finally:
+        conn.close()
+    check_llen(cfg, n, "rq enqueue_many")
+    return Sample(n, elapsed)
+
+
+F1_ROWS = [
+    ("fwd500", "Forwarder.step() via RQTransport, batch_size 500"),
+    ("fwd1000", "Forwarder.step() via RQTransport, batch_size 1000"),
+    ("rqmany", "rq enqueue_many, batches of 1,000, pipelined (peer)"),
+]
+
+
+def run_f1(cfg: Config, rep: int) -> dict[str, Sample]:
+    pristine = os.path.join(tempfile.mkdtemp(prefix="prefill-", dir=cfg.base), "journal")
+    prefill(pristine, cfg.n)
+    units: list[tuple[str, Callable[[], Sample]]] = [
+        ("fwd500", lambda: forward_once(cfg, pristine, 500)),
+        ("fwd1000", lambda: forward_once(cfg, pristine, 1000)),
+        ("rqmany", lambda: rq_many_once(cfg)),
+    ]
+    shift = rep % len(units)
+    out: dict[str, Sample] = {}
+    try:
+        for key, unit in units[shift:] + units[:shift]:
+            cfg.server.flushall()
+            out[key] = unit()
+            cfg.server.flushall()
+    finally:
+        shutil.rmtree(os.path.dirname(pristine), ignore_errors=True)
+    return out
+
+
+# -- F2 -----------------------------------------------------------------------------------------
+
+
+def run_f2(cfg: Config, rep: int) -> dict[str, Sample]:
+    """Latency samples: hybridq enqueue -> visible in Redis, and rq enqueue -> visible (peer)."""
+    cfg.server.flushall()
+    d = tempfile.mkdtemp(prefix="f2-", dir=cfg.base)
+    journal = os.path.join(d, "journal")
+    q = Queue("default", journal)
+    transport = RQTransport(cfg.url)
+    fwd = Forwarder(journal, transport)
+    poll = redis.Redis.from_url(cfg.url)
+    peer_conn = redis.Redis.from_url(cfg.url)
+    peer = rq.Queue("peer", connection=peer_conn, serializer=JSONSerializer)
+    peer_key = "rq:queue:peer"
+    thread: threading.Thread | None = None
+    visible: list[int] = []  # enqueue call -> visible
+    after_ack: list[int] = []  # enqueue returned -> visible (the forwarder's share)
+    peer_lat: list[int] = []
+    clock = time.perf_counter_ns
+    try:
+        fwd.open()
+        thread = threading.Thread(target=fwd.run, name="forwarder", daemon=True)
+        thread.start()
+        expected = peer_expected = 0
+        for i in range(cfg.samples + 5):  # the first 5 warm up (connections, first segment)
+            hq_first = (i + rep) % 2 == 0
+            for side in ("hq", "rq") if hq_first else ("rq", "hq"):
+                time.sleep(cfg.pause_s)
+                if side == "hq":
+                    expected += 1
+                    t0 = clock()
+                    q.enqueue(FUNC, i, 0)
+                    t1 = clock()
+                    while poll.llen(RQ_QUEUE_KEY) < expected:
+                        pass
+                    t2 = clock()
+                    if i >= 5:
+                        visible.append(t2 - t0)
+                        after_ack.append(t2 - t1)
+                else:
+                    peer_expected += 1
+                    t0 = clock()
+                    peer.enqueue(FUNC, i, 0)
+                    while poll.llen(peer_key) < peer_expected:
+                        pass
+                    t2 = clock()
+                    if i >= 5:
+                        peer_lat.append(t2 - t0)
+    finally:
+        fwd.stop()
+        if thread is not None:
+            thread.join(10)
+        fwd.close()
+        transport.close()
+        shared_writer(q.journal, q.durability).close()
+        poll.close()
+        peer_conn.close()
+        shutil.rmtree(d, ignore_errors=True)
+        cfg.server.flushall()
+    seconds = cfg.samples * cfg.pause_s
+    return {
+        "f2hq": Sample(len(visible), seconds, visible),
+        "f2ack": Sample(len(after_ack), seconds, after_ack),
+        "f2rq": Sample(len(peer_lat), seconds, peer_lat),
+    }
+
+
+F2_ROWS = [
+    ("f2hq", "hybridq enqueue -> in rq:queue:default (forwarder idle in a thread)"),
+    ("f2ack", "  of which: enqueue returned -> in rq:queue:default"),
+    ("f2rq", "rq Queue.enqueue -> in its queue (peer, context)"),
+]
+LABELS = dict(F1_ROWS + F2_ROWS)
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def print_tables(results: dict[str, list[Sample]]) -> None:
+    rows: list[tuple[str, ...]] = [
+        ("F1 measurement", "jobs/s (median)", "spread (min..max)", "seconds (median)")
+    ]
+    for key, label in F1_ROWS:
+        samples = results[key]
+        med, rng = spread([s.rate for s in samples], ",.0f")
+        rows.append((label, med, rng, f"{statistics.median(s.seconds for s in samples):.2f}"))
+    print_rows(rows, {1, 2, 3})
+    rows = [("F2 latency (per repetition, then median)", "p50 ms", "p95 ms", "p99 ms", "max ms")]
+    for key, label in F2_ROWS:
+        samples = results[key]
+        cells = [
+            med_range([percentile(sorted(s.lat_ns), q) / 1000 for s in samples], ".2f")
+            for q in (50, 95, 99, 100)
+        ]
+        rows.append((label, *cells))
+    print_rows(rows, {1, 2, 3, 4})
+
+
+def print_ratios(results: dict[str, list[Sample]]) -> None:
+    def per_rep(num: str, den: str) -> list[float]:
+        return [a.rate / b.rate for a, b in zip(results[num], results[den], strict=True)]
+
+    f1 = per_rep("fwd500", "rqmany")
+    f1k = per_rep("fwd1000", "rqmany")
+    f2 = [percentile(sorted(s.lat_ns), 50) / 1000 for s in results["f2hq"]]
+    print("targets (ratio per repetition, median of the ratios):")
+    ok = [
+        verdict_line(
+            "F1 forwarder (batch 500) / rq enqueue_many", f1, statistics.median(f1) >= 0.8, ">= 0.8x"
+        ),
+        verdict_line(
+            "F1 forwarder (batch 1000) / rq enqueue_many", f1k, statistics.median(f1k) >= 0.8, ">= 0.8x"
+        ),
+        verdict_line("F2 enqueue -> visible p50", f2, statistics.median(f2) <= 5, "<= 5 ms", " ms"),
+    ]
+    print()
+    print("context (no target; same-run ratios):")
+    ctx = [
+        ("forwarder batch 1000 / batch 500", per_rep("fwd1000", "fwd500")),
+        (
+            "F2 p50: hybridq enqueue->visible / rq enqueue->visible",
+            [
+                percentile(sorted(a.lat_ns), 50) / percentile(sorted(b.lat_ns), 50)
+                for a, b in zip(results["f2hq"], results["f2rq"], strict=True)
+            ],
+        ),
+    ]
+    for name, values in ctx:
+        print(
+            f"        {name:<56} {statistics.median(values):6.2f}x  (spread {min(values):.2f}..{max(values):.2f})"
+        )
+    print()
+    print_result(ok)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench-forward", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--repeat", type=int, default=None, help="interleaved repetitions (default 5; 2 with --quick)"
+    )
+    p.add_argument("--quick", action="store_true", help="small counts, for smoke testing (< 30 s)")
+    p.add_argument(
+        "--n", type=int, default=None, help="jobs forwarded per F1 measurement (default 20,000; 2,000 quick)"
+    )
+    p.add_argument(
+        "--samples", type=int, default=None, help="F2 samples per repetition (default 200; 40 quick)"
+    )
+    p.add_argument(
+        "--dir", default=None, help="parent of the temporary journal directories (default: a new tempdir)"
+    )
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of one Forwarder.step()")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep order with stderr
+    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
+    n = args.n if args.n is not None else (2000 if args.quick else 20_000)
+    samples = args.samples if args.samples is not None else (40 if args.quick else 200)
+    if repeat < 1 or n < 1 or samples < 1:
+        sys.exit("bench-forward: --repeat, --n and --samples must be >= 1")
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)
+    base = tempfile.mkdtemp(prefix="bench-forward-", dir=args.dir)
+    try:
+        with RedisServer(directory=os.path.join(base, "redis")) as server:
+            cfg = Config(base, repeat, n, samples, pause_s=0.005, url=server.url, server=server)
+            print_machine("hybridq forwarder benchmark", base, server)
+            print(
+                f"  run         mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
+                f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F2 takes {samples} samples "
+                f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep"
+            )
+            print()
+            results: dict[str, list[Sample]] = {key: [] for key in LABELS}
+            for rep in range(repeat):
+                units = [run_f1, run_f2]
+                if rep % 2:
+                    units.reverse()
+                for unit in units:
+                    for key, sample in unit(cfg, rep).items():
+                        results[key].append(sample)
+                        if key.startswith("f2"):
+                            shown = f"p50 {percentile(sorted(sample.lat_ns), 50) / 1000:8.2f} ms"
+                        else:
+                            shown = f"{sample.rate:>10,.0f} jobs/s"
+                        print(
+                            f"  [rep {rep + 1}/{repeat}] {LABELS[key]:<68} {shown}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            print(file=sys.stderr)
+            print_tables(results)
+            print_ratios(results)
+            if args.profile:
+                print()
+                pristine = os.path.join(tempfile.mkdtemp(prefix="profile-", dir=base), "journal")
+                prefill(pristine, n)
+                server.flushall()
+                forward_once(cfg, pristine, 500, profile=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,129 @@
+"""Child processes for integration tests: ``hybridq forward`` and ``hybridq status`` as a user runs them.
+
+Every process started here is reaped by its owner (``ForwarderProcess.kill``/``terminate`` or the
+test's fixture): a ``Popen`` that is never waited for raises ``ResourceWarning``, which the test
+suite turns into an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["ForwarderProcess", "run_status", "wait_until"]
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; return it, or fail after ``timeout``.
+
+    An ``AssertionError`` raised by the predicate (e.g. "the forwarder died") fails at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def run_status(journal: str | os.PathLike[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """``hybridq status --json --journal J`` in a child process, parsed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridq", "status", "--json", "--journal", str(journal)],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"status exited {done.returncode}: {done.stderr}"
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+class ForwarderProcess:
+    """``python -m hybridq forward --journal J --redis URL [extra...]``, its stderr in ``log_path``."""
+
+    def __init__(
+        self,
+        journal: str | os.PathLike[str],
+        redis_url: str,
+        *,
+        env: Mapping[str, str],
+        log_path: str | os.PathLike[str],
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.log_path = Path(log_path)
+        self.args = [
+            sys.executable,
+            "-m",
+            "hybridq",
+            "forward",
+            "--journal",
+            str(journal),
+            "--redis",
+            redis_url,
+            *extra_args,
+        ]
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self._offset = log.tell()
+            self.proc = subprocess.Popen(
+                self.args, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        """What this process wrote to stderr so far."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._offset)
+            return log.read().decode("utf-8", "replace")
+
+    def assert_alive(self) -> None:
+        rc = self.proc.poll()
+        assert rc is None, f"forwarder pid {self.pid} exited with {rc}:\n{self.log()[-3000:]}"
+
+    def kill(self) -> int:
+        """SIGKILL (if still running) and reap; return the exit status."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    def terminate(self, timeout: float = 30.0) -> tuple[int, float]:
+        """SIGTERM and wait; return (exit status, seconds it took). SIGKILL after ``timeout``."""
+        start = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"forwarder pid {self.pid} ignored SIGTERM for {timeout:g} s") from None
+        return rc, time.monotonic() - start
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit by itself; SIGKILL and fail after ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"forwarder pid {self.pid} still running after {timeout:g} s") from None
