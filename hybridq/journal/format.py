@@ -34,8 +34,11 @@ SEAL_PAYLOAD_SIZE = 16
 # magic, version, header size, writer id, salt, previous salt, index, first sequence, reserved
 _FILE_HEADER = struct.Struct("<8sHH8s8s8sQQ8x")
 _FILE_HEADER_CRC = struct.Struct("<I")
-# crc, length, sequence, type, 3 reserved zero bytes
-RECORD_HEADER = struct.Struct("<IIQB3x")
+# crc, length, sequence, then one little-endian u32 word: type (low byte) and the unsynced
+# distance (high 24 bits; docs/journal-format.md, *Record*)
+RECORD_HEADER = struct.Struct("<IIQI")
+#: The largest unsynced distance a record can state; larger distances are stored as this.
+MAX_UNSYNCED_DISTANCE = (1 << 24) - 1
 _SEAL_PAYLOAD = struct.Struct("<QQ")
 
 assert _FILE_HEADER.size + _FILE_HEADER_CRC.size == FILE_HEADER_SIZE
@@ -118,20 +121,26 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     return SegmentHeader(writer.hex(), salt, prev_salt, index, first_seq)
 
 
-_RECORD_TAIL = struct.Struct("<IQB3x")  # the header after its CRC: length, sequence, type
+_RECORD_TAIL = struct.Struct("<IQI")  # the header after its CRC: length, sequence, type word
 _CRC_FIELD = struct.Struct("<I")
 
 
-def encode_records(seed: int, first_seq: int, rtype: int, payloads: Iterable[bytes]) -> bytes:
+def encode_records(
+    seed: int, first_seq: int, rtype: int, payloads: Iterable[bytes], *, synced_seq: int | None = None
+) -> bytes:
     """Frame consecutive records (sequence ``first_seq``, ``first_seq + 1``, ...) as one blob.
 
     Each record is its header then its payload, the CRC seeded with the segment's salt.
+    ``synced_seq`` is the chain's highest sequence number known durable as these records are
+    written (default: everything before ``first_seq``); each record stores its distance to it.
     """
     pack_tail, pack_crc, crc = _RECORD_TAIL.pack, _CRC_FIELD.pack, _crc32c.crc32c
+    frontier = first_seq - 1 if synced_seq is None else synced_seq
     parts: list[bytes] = []
     append = parts.append
     for seq, payload in enumerate(payloads, first_seq):
-        body = pack_tail(len(payload), seq, rtype) + payload
+        distance = min(seq - frontier, MAX_UNSYNCED_DISTANCE)
+        body = pack_tail(len(payload), seq, rtype | distance << 8) + payload
         append(pack_crc(crc(body, seed)))
         append(body)
     return b"".join(parts)

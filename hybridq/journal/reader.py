@@ -13,7 +13,6 @@ import fcntl
 import itertools
 import os
 import stat
-import struct
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -43,9 +42,8 @@ __all__ = ["ChainPosition", "JournalReader", "Record", "SegmentInfo", "TornTail"
 
 _CHUNK_BYTES = 1 << 20
 _SEAL = int(RecordType.SEAL)
-_unpack_header = RECORD_HEADER.unpack_from
-# The same 20 bytes with type and reserved bytes read as one word: type = low byte, reserved = rest.
-_unpack_raw_header = struct.Struct("<IIQI").unpack_from
+# crc, length, sequence, and one word: type (low byte), unsynced distance (the other 24 bits)
+_unpack_raw_header = RECORD_HEADER.unpack_from
 
 
 class ChainPosition(NamedTuple):
@@ -92,6 +90,18 @@ class TornTail:
     offset: int
     dropped_bytes: int
     next_seq: int
+    #: Valid-looking records inside the dropped bytes: written, never durable, out of order.
+    unsynced_records: int = 0
+
+
+@dataclass(slots=True)
+class _Later:
+    """Valid records found after a bad one (see ``_SegmentScan._later_records``)."""
+
+    offset: int
+    seq: int
+    max_synced_seq: int
+    count: int
 
 
 @dataclass(slots=True)
@@ -358,8 +368,8 @@ class _SegmentScan:
                     rtype = type_word & 0xFF
                     if length > MAX_PAYLOAD_BYTES:
                         bad = "impossible record length"
-                    elif type_word >> 8:
-                        bad = "reserved bytes are not zero"
+                    elif not type_word >> 8:
+                        bad = "unsynced distance is zero"
                     elif rtype != _SEAL and not 1 <= rtype <= 127:
                         bad = "invalid record type"
                     elif crc32c(view[p + 4 : end], seed) != crc:
@@ -437,17 +447,19 @@ class _SegmentScan:
         info.end_offset, info.next_seq = off, expected
         if self.read_only or not self.is_last:
             raise self.corruption(off, f"{reason} in a sealed segment", expected)
-        later = self._valid_record_after(off, expected)
-        if later is not None:
-            later_off, later_seq = later
-            last = later_seq - 1 if later_seq > expected else None
-            raise self.corruption(
-                off, f"{reason}, followed by a valid record at offset {later_off}", expected, last
-            )
+        later = self._later_records(off, expected)
         # Tell a writer that is still appending from one that died: hold its lock while we look.
         try:
             self.ops.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            if later is not None:
+                # A live writer appends in order: valid records after a bad one are damage.
+                raise self.corruption(
+                    off,
+                    f"{reason}, followed by a valid record at offset {later.offset}",
+                    expected,
+                    later.seq - 1 if later.seq > expected else None,
+                ) from None
             info.live = True
             return False  # a record still being written; picked up by the next scan
         try:
@@ -459,45 +471,58 @@ class _SegmentScan:
                 return True
         finally:
             self.ops.flock(self.fd, fcntl.LOCK_UN)
-        info.torn = TornTail(self.path, off, self.size - off, expected)
+        if later is not None and later.max_synced_seq >= expected:
+            # A later record was written when this one was already durable: real damage.
+            raise self.corruption(
+                off,
+                f"{reason}, followed by a valid record at offset {later.offset} "
+                "written after this one was durable",
+                expected,
+                later.seq - 1 if later.seq > expected else None,
+            )
+        # Either nothing valid follows (a crash mid-append), or everything valid that follows
+        # was written before this record was durable: power loss persisted unsynced pages out
+        # of order. Nothing from here on was ever acknowledged.
+        info.torn = TornTail(
+            self.path, off, self.size - off, expected, later.count if later is not None else 0
+        )
         return False
 
-    def _valid_record_after(self, bad_off: int, expected: int) -> tuple[int, int] | None:
-        """The first valid record of this segment after ``bad_off`` (offset, seq), if any.
+    def _later_records(self, bad_off: int, expected: int) -> _Later | None:
+        """Valid records of this segment after ``bad_off``: the first, their count, their frontier.
 
-        Runs only on an anomaly. Candidates are filtered by a plausible sequence number before
-        their checksum is computed, so garbage tails cost little; the salted CRC makes a false
-        match about 2**-32 per candidate.
+        Runs only on an anomaly. Byte by byte until a valid record is found (candidates are
+        filtered by a plausible sequence number before their checksum is computed; the salted CRC
+        makes a false match about 2**-32 per candidate), then record by record.
         """
-        os.lseek(self.fd, bad_off + 1, os.SEEK_SET)
         remaining = self.size - bad_off
-        # Only a tail can be scanned here; a damaged record in a huge segment bounds this by the
-        # segment size, read in pieces.
         max_seq = expected + remaining // RECORD_HEADER_SIZE + 1
-        window = b""
-        base = bad_off + 1  # file offset of window[0]
-        pos = 0
-        while True:
-            if len(window) - pos < RECORD_HEADER_SIZE:
-                data = self.ops.read(self.fd, self._chunk_size())
-                if not data:
-                    return None
-                window, base, pos = window[pos:] + data, base + pos, 0
-                continue
-            _, length, seq, rtype = _unpack_header(window, pos)
+        found: _Later | None = None
+        pos = bad_off + 1
+        window, window_at = b"", pos  # a chunk of the file, read ahead, starting at window_at
+        while pos + RECORD_HEADER_SIZE <= self.size:
+            if pos + RECORD_HEADER_SIZE > window_at + len(window):
+                window, window_at = self._read_at(pos, self.reader._chunk), pos
+            _, length, seq, type_word = _unpack_raw_header(window, pos - window_at)
+            rtype, distance = type_word & 0xFF, type_word >> 8
+            end = pos + RECORD_HEADER_SIZE + length
             if (
                 expected <= seq <= max_seq
+                and distance
                 and length <= MAX_PAYLOAD_BYTES
                 and (rtype == _SEAL or 1 <= rtype <= 127)
-                and base + pos + RECORD_HEADER_SIZE + length <= self.size
+                and end <= self.size
             ):
-                rec = self._read_at(base + pos, RECORD_HEADER_SIZE + length)
+                rec = self._read_at(pos, RECORD_HEADER_SIZE + length)
                 if crc32c(memoryview(rec)[4:], self.seed) == int.from_bytes(rec[:4], "little"):
-                    return base + pos, seq
+                    if found is None:
+                        found = _Later(pos, seq, seq - distance, 0)
+                    found.count += 1
+                    found.max_synced_seq = max(found.max_synced_seq, seq - distance)
+                    pos = end  # hop to the next record
+                    continue
             pos += 1
-
-    def _chunk_size(self) -> int:
-        return self.reader._chunk
+        return found
 
     def _read_at(self, offset: int, size: int) -> bytes:
         return os.pread(self.fd, size, offset)

@@ -155,6 +155,18 @@ def _close_dead_chain(ops: FileOps, directory: str, info: SegmentInfo) -> bool:
                 torn.dropped_bytes,
                 backup,
             )
+            if torn.unsynced_records:
+                # Power loss wrote some unsynced pages and not others. Those records were never
+                # acknowledged, but say so loudly: bit rot in records written after the last
+                # fsync that any later record witnessed would look the same (docs/journal.md).
+                log.error(
+                    "journal: %s: %d valid-looking records after offset %d were never durable "
+                    "(written after a record that was lost before its fsync); dropped, kept in %s",
+                    info.path,
+                    torn.unsynced_records,
+                    torn.offset,
+                    backup,
+                )
         elif st.st_size != info.end_offset:
             return False
         try:

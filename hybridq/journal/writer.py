@@ -179,7 +179,9 @@ class JournalWriter:
             batch_bytes = sum(len(p) for p in items) + RECORD_HEADER_SIZE * len(items)
             seg = self._writable_segment(batch_bytes)
             first = seg.next_seq
-            blob = encode_records(seg.seed, first, rtype, items)
+            # synced_seq may be a moment stale (smaller): that only makes the stated distance
+            # larger, which the reader treats as "less was durable" (the safe direction).
+            blob = encode_records(seg.seed, first, rtype, items, synced_seq=seg.synced_seq)
             self._write(seg, blob)
             seg.next_seq += len(items)
             seg.data_count += len(items)
@@ -369,36 +371,59 @@ class JournalWriter:
                 cond.notify_all()
 
     def _seal(self, seg: _Segment) -> None:
-        """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock."""
+        """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock.
+
+        Any failure poisons the segment and starts a new chain; the fd is closed exactly once.
+        """
         cond = self._cond
         with cond:
             while seg.syncing:
                 cond.wait()
             seg.syncing = True  # keep group-commit leaders off the fd while we seal it
         try:
-            written = seal_fd(self._ops, seg.fd, seg.seed, seg.next_seq, seg.last_data_seq, seg.data_count)
-        except SealError as exc:
-            err = JournalIOError(seg.path, exc.op, exc.cause)
+            written = seal_fd(
+                self._ops,
+                seg.fd,
+                seg.seed,
+                seg.next_seq,
+                seg.last_data_seq,
+                seg.data_count,
+                synced_seq=seg.synced_seq,
+            )
+        except BaseException as exc:
+            cause = exc.cause if isinstance(exc, SealError) else exc
+            err = JournalIOError(
+                seg.path, exc.op if isinstance(exc, SealError) else "seal", _as_oserror(cause)
+            )
             with cond:
                 seg.syncing = False
-                seg.error = err
+                if seg.error is None:
+                    seg.error = err
                 cond.notify_all()
             _close_quietly(self._ops, seg.fd)
             seg.fd = -1
             self._segment = None
             self._new_chain()
             log.error("journal segment %s abandoned: sealing failed: %s", seg.path, err)
-            raise err from exc.cause
+            if not isinstance(exc, Exception):
+                raise
+            raise err from cause
         seg.next_seq += SEAL_RECORDS
         seg.size += written
         with cond:
             seg.written_seq = seg.synced_seq = seg.next_seq - 1
             seg.syncing = False
             cond.notify_all()
-        self._ops.close(seg.fd)
+        # The seal is durable: whatever close(2) says, this segment is done. Never reuse the fd.
+        _close_quietly(self._ops, seg.fd)
+        seg.fd = -1
         self._next_index = seg.index + 1
         self._next_first_seq = seg.next_seq
         self._prev_salt = seg.salt
+
+
+def _as_oserror(exc: BaseException) -> OSError:
+    return exc if isinstance(exc, OSError) else OSError(0, f"{type(exc).__name__}: {exc}")
 
 
 class SealError(Exception):
@@ -410,17 +435,27 @@ class SealError(Exception):
         self.cause = cause
 
 
-def seal_fd(ops: FileOps, fd: int, seed: int, next_seq: int, last_data_seq: int, data_count: int) -> int:
+def seal_fd(
+    ops: FileOps,
+    fd: int,
+    seed: int,
+    next_seq: int,
+    last_data_seq: int,
+    data_count: int,
+    *,
+    synced_seq: int | None = None,
+) -> int:
     """Seal an open segment: two seal records, fdatasync, read-only, fsync. Returns bytes written.
 
     The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
     the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
     """
     payload = encode_seal(last_data_seq, data_count)
-    blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS)
-    start = os.fstat(fd).st_size
-    op = "write"
+    blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS, synced_seq=synced_seq)
+    op = "stat"
     try:
+        start = os.fstat(fd).st_size
+        op = "write"
         try:
             write_all(ops, fd, blob)
         except OSError:

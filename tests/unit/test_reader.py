@@ -228,3 +228,53 @@ def test_a_single_seal_at_the_end_of_a_sealed_segment_is_corruption(journal_dir:
     segment.chmod(0o400)
     with pytest.raises(JournalCorruption, match="in a sealed segment"):
         verify(journal_dir)
+
+
+def test_an_unsynced_hole_from_power_loss_is_a_torn_tail_not_corruption(journal_dir: Path, caplog) -> None:
+    """Power loss persisted later unsynced records but not an earlier one (pages reordered)."""
+    writer = JournalWriter(journal_dir)
+    writer.append(b"acked")
+    seg = writer._segment
+    assert seg is not None
+    start = seg.size
+    # A batch written but (as far as the disk knows) never fsync'd: its records say so.
+    os.write(seg.fd, encode_records(seg.seed, seg.next_seq, 1, [b"a" * 100] * 3, synced_seq=seg.synced_seq))
+    kill_writer(writer)
+    (segment,) = journal_dir.glob("*.wal")
+    with segment.open("r+b") as f:
+        f.seek(start)
+        f.write(bytes(120))  # the first unsynced record never reached the disk
+    report = recover(journal_dir)
+    assert report.repaired[0].offset == start
+    assert report.repaired[0].unsynced_records == 2
+    assert "were never durable" in caplog.text
+    assert [r.payload for r in JournalReader(journal_dir).records()] == [b"acked"]
+
+
+def test_damage_followed_by_records_written_after_it_was_durable_is_corruption(journal_dir: Path) -> None:
+    writer = JournalWriter(journal_dir)
+    for i in range(3):
+        writer.append(b"record-%d" % i)  # each one fsync'd before the next was written
+    kill_writer(writer)
+    (segment,) = journal_dir.glob("*.wal")
+    raw = bytearray(segment.read_bytes())
+    raw[FILE_HEADER_SIZE + 20 + 2] ^= 0x01  # a payload byte of the first record
+    segment.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorruption, match="written after this one was durable") as info:
+        recover(journal_dir)
+    assert info.value.first_seq == 1
+
+
+def test_a_failure_while_sealing_fails_the_append_and_never_wedges_the_writer(journal_dir: Path) -> None:
+    from hybridq.errors import JournalIOError
+
+    writer = JournalWriter(journal_dir, max_segment_bytes=4096)
+    writer.append(b"x" * 3000)
+    seg = writer._segment
+    assert seg is not None
+    os.close(seg.fd)  # the next rotation's seal fails on a dead descriptor
+    with pytest.raises(JournalIOError):
+        writer.append(b"y" * 3000)
+    writer.append(b"z")  # a new chain
+    writer.close()  # returns: nothing is left waiting
+    assert [r.payload for r in JournalReader(journal_dir).records()][-1] == b"z"
