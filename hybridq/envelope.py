@@ -37,7 +37,6 @@ __all__ = [
 #: Bumped when a field changes meaning; new optional fields do not need a bump.
 ENVELOPE_VERSION = 1
 
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _JOB_ID = re.compile(r"\A[A-Za-z0-9_-]{1,128}\Z")
 _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
@@ -48,10 +47,12 @@ _KNOWN = frozenset(
 
 
 def new_job_id(now: float | None = None) -> str:
-    """A new job id: 26 characters, sortable by creation time (a ULID), valid as an RQ job id."""
-    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
-    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+    """A new job id: 32 hex digits, 48 bits of milliseconds then 80 random bits.
+
+    Sortable by creation time, unique without coordination, and a valid RQ job id.
+    """
+    ms = int((time.time() if now is None else now) * 1000) & 0xFFFFFFFFFFFF
+    return f"{ms:012x}{os.urandom(10).hex()}"
 
 
 def validate_job_id(job_id: str) -> str:
@@ -182,6 +183,7 @@ class Envelope:
     meta: Mapping[str, Any] = field(default_factory=dict)
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def key_id(self) -> str:
@@ -218,11 +220,15 @@ class Envelope:
         return out
 
     def to_bytes(self) -> bytes:
-        """Compact UTF-8 JSON; raises :class:`EnvelopeError` for values JSON cannot hold."""
+        """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values."""
+        if self._encoded is not None:
+            return self._encoded
         try:
-            return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+            raw = _dumps(self.to_dict()).encode()
         except (TypeError, ValueError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
+        object.__setattr__(self, "_encoded", raw)  # frozen: a cache, not a change of value
+        return raw
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Envelope:
@@ -261,6 +267,9 @@ class Envelope:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def _opt_float(value: object) -> float | None:

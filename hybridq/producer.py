@@ -29,7 +29,7 @@ from hybridq.envelope import (
 from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
-from hybridq.nudge import nudge
+from hybridq.nudge import address, nudge
 from hybridq.state import load_checkpoint
 
 __all__ = ["Job", "Queue", "Task", "default_journal", "task"]
@@ -158,6 +158,8 @@ class Queue:
         self.default_result_ttl = default_result_ttl
         self.default_retry = default_retry
         self._pending = _PendingCount(self.journal) if capacity is not None else None
+        self._nudge_name = address(self.journal)
+        self._writer: JournalWriter | None = None
 
     def __repr__(self) -> str:
         return f"<hybridq.Queue {self.name!r} journal={self.journal!r}>"
@@ -200,11 +202,13 @@ class Queue:
             pending = self._pending.value()
             if pending + len(payloads) > self.capacity:
                 raise QueueFull(pending, self.capacity)
-        writer = shared_writer(self.journal, self.durability)
+        writer = self._writer
+        if writer is None or writer.closed:
+            writer = self._writer = shared_writer(self.journal, self.durability)
         ids = writer.append_many(payloads)
         if self._pending is not None:
             self._pending.added(len(ids))
-        nudge(self.journal)
+        nudge(self.journal, name=self._nudge_name)
         return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
 
     def prepare(

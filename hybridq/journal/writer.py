@@ -154,6 +154,11 @@ class JournalWriter:
     # -- public API ---------------------------------------------------------------------------
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def writer_id(self) -> str:
         """The id of the chain the next append goes to."""
         return self._writer_id

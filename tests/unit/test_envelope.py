@@ -47,7 +47,7 @@ def test_job_ids_are_valid_rq_ids_and_sort_by_time() -> None:
     ids = [new_job_id(now=t) for t in (1_700_000_000.0, 1_700_000_000.001, 1_800_000_000.0)]
     for job_id in ids:
         assert re.fullmatch(r"[A-Za-z0-9_-]+", job_id)
-        assert len(job_id) == 26
+        assert len(job_id) == 32
     assert ids == sorted(ids)
     assert len({new_job_id() for _ in range(1000)}) == 1000
 
