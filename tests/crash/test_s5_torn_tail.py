@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.recovery import recover
+
 from tests.support.writers import abandon_writer
 
 PAYLOADS = [b"payload-%02d-" % i + b"x" * (i * 7 % 50) for i in range(12)]

@@ -17,6 +17,7 @@ from hybridq.errors import JournalCorruption
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from hybridq.journal.recovery import recover, verify
+
 from tests.support.writers import abandon_writer
 
 SEED = 6
