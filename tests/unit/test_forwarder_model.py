@@ -8,19 +8,19 @@ and at the end, after Redis is back and the forwarder caught up, every accepted 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
-
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hybridq import Queue
 from hybridq.forwarder import Forwarder
 from hybridq.producer import _close_writers
 from hybridq.state import load_checkpoint
 from hybridq.transport import MemoryTransport
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 
 class Killed(BaseException):
@@ -83,10 +83,8 @@ class ForwarderModel(RuleBasedStateMachine):
     def crash_mid_push(self, jobs_before_death: int) -> None:
         """SIGKILL while a batch is half pushed: the checkpoint must not have moved past it."""
         self.transport.kill_after = jobs_before_death
-        try:
+        with contextlib.suppress(Killed):
             self._forwarder().step()
-        except Killed:
-            pass
         self.transport.kill_after = None
         self.crash_forwarder()
 
