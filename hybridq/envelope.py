@@ -197,26 +197,27 @@ class Envelope:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in the journal (``None`` options are left out)."""
-        out: dict[str, Any] = dict(self.extra)
-        out.update(
-            v=ENVELOPE_VERSION,
-            id=self.id,
-            func=self.func,
-            args=list(self.args),
-            kwargs=dict(self.kwargs),
-            queue=self.queue,
-            key=self.idempotency_key,
-            created_at=self.created_at,
-        )
-        optional = {
-            "timeout": self.timeout_s,
-            "result_ttl": self.result_ttl_s,
-            "run_at": self.run_at,
-            "retry": self.retry.to_json() if self.retry is not None else None,
-            "description": self.description,
-            "meta": dict(self.meta) or None,
-        }
-        out.update((k, v) for k, v in optional.items() if v is not None)
+        out: dict[str, Any] = dict(self.extra) if self.extra else {}
+        out["v"] = ENVELOPE_VERSION
+        out["id"] = self.id
+        out["func"] = self.func
+        out["args"] = list(self.args)
+        out["kwargs"] = dict(self.kwargs)
+        out["queue"] = self.queue
+        out["key"] = self.idempotency_key
+        out["created_at"] = self.created_at
+        if self.timeout_s is not None:
+            out["timeout"] = self.timeout_s
+        if self.result_ttl_s is not None:
+            out["result_ttl"] = self.result_ttl_s
+        if self.run_at is not None:
+            out["run_at"] = self.run_at
+        if self.retry is not None:
+            out["retry"] = self.retry.to_json()
+        if self.description is not None:
+            out["description"] = self.description
+        if self.meta:
+            out["meta"] = dict(self.meta)
         return out
 
     def to_bytes(self) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["NAMES", "armed", "reached"]
+__all__ = ["NAMES", "armed", "enabled", "reached"]
 
 #: The points the journal writer passes, in order, on every append.
 NAMES = ("before_write", "mid_record", "after_write_before_fsync", "after_fsync_before_ack")
@@ -31,6 +31,11 @@ def _load() -> tuple[str, int] | None:
             _spec = (name, int(nth or "1"))
         _loaded = True
     return _spec
+
+
+def enabled() -> bool:
+    """Whether any crash point is armed in this process."""
+    return _load() is not None
 
 
 def armed(name: str) -> bool:

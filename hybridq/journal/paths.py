@@ -56,6 +56,9 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
         parent = os.path.dirname(full)
         try:
             os.makedirs(parent, exist_ok=True)
+        except OSError as exc:  # e.g. a path component is a file
+            raise JournalPathError(full, f"cannot create: {exc.strerror or exc}: {parent}") from exc
+        try:
             os.mkdir(full, 0o700)
         except FileExistsError:
             pass  # another process created it first; validated below

@@ -17,6 +17,8 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import crc32c as _crc32c_module
+
 from hybridq.errors import JournalCorruption, JournalPathError
 
 from .fileops import OS_FILEOPS, FileOps
@@ -44,6 +46,7 @@ _CHUNK_BYTES = 1 << 20
 _SEAL = int(RecordType.SEAL)
 # crc, length, sequence, and one word: type (low byte), unsynced distance (the other 24 bits)
 _unpack_raw_header = RECORD_HEADER.unpack_from
+_crc32c_raw = _crc32c_module.crc32c  # the C function itself: one Python call less per record
 
 
 class ChainPosition(NamedTuple):
@@ -330,6 +333,7 @@ class _SegmentScan:
         on_bytes = self.reader.on_bytes
         last = self.reader._last
         unpack = _unpack_raw_header
+        crc = _crc32c_raw
         os.lseek(fd, offset, os.SEEK_SET)
         buf = b""
         view = memoryview(buf)
@@ -347,7 +351,7 @@ class _SegmentScan:
             else:
                 avail = len(buf) - p
                 if avail >= RECORD_HEADER_SIZE:
-                    crc, length, seq, type_word = unpack(buf, p)
+                    crc_stored, length, seq, type_word = unpack(buf, p)
                     need = RECORD_HEADER_SIZE + length if length <= MAX_PAYLOAD_BYTES else RECORD_HEADER_SIZE
                 else:
                     need = RECORD_HEADER_SIZE
@@ -372,7 +376,7 @@ class _SegmentScan:
                         bad = "unsynced distance is zero"
                     elif rtype != _SEAL and not 1 <= rtype <= 127:
                         bad = "invalid record type"
-                    elif crc32c(view[p + 4 : end], seed) != crc:
+                    elif crc(view[p + 4 : end], seed) != crc_stored:
                         bad = "checksum mismatch"
                     elif seq != expected:
                         if seq > expected:

@@ -149,6 +149,7 @@ class JournalWriter:
         self.fsync_count = 0
         #: Seconds the last such fsync took.
         self.last_fsync_seconds = 0.0
+        self._crashpoints = crashpoints.enabled()  # armed by HYBRIDQ_CRASH_POINT (tests only)
         _live_writers.add(self)
 
     # -- public API ---------------------------------------------------------------------------
@@ -194,9 +195,11 @@ class JournalWriter:
             with self._cond:
                 seg.written_seq = seg.next_seq - 1
             writer_id = seg.writer_id
-        crashpoints.reached("after_write_before_fsync")
+        if self._crashpoints:
+            crashpoints.reached("after_write_before_fsync")
         self._wait_durable(seg, first + len(items) - 1)
-        crashpoints.reached("after_fsync_before_ack")
+        if self._crashpoints:
+            crashpoints.reached("after_fsync_before_ack")
         return [RecordId(writer_id, first + i) for i in range(len(items))]
 
     def close(self) -> None:
@@ -308,10 +311,11 @@ class JournalWriter:
         """Write a whole batch to ``seg`` or poison it. Holds _lock."""
         start = seg.size
         try:
-            crashpoints.reached("before_write")
-            if crashpoints.armed("mid_record"):
-                write_all(self._ops, seg.fd, blob[: max(1, len(blob) // 2)])
-            crashpoints.reached("mid_record")  # counts every passage; kills on the armed one
+            if self._crashpoints:
+                crashpoints.reached("before_write")
+                if crashpoints.armed("mid_record"):
+                    write_all(self._ops, seg.fd, blob[: max(1, len(blob) // 2)])
+                crashpoints.reached("mid_record")  # counts every passage; kills on the armed one
             write_all(self._ops, seg.fd, blob)
         except OSError as exc:
             # Rule 2: take the partial record back off the file if we can. Either way the

@@ -156,3 +156,12 @@ def test_the_public_api_is_pinned() -> None:
         "TransportError",
         "Durability",
     }
+
+
+def test_a_journal_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
+    from hybridq import JournalPathError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(JournalPathError, match="cannot create"):
+        Queue(journal=blocker / "journal")
