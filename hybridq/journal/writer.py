@@ -73,13 +73,16 @@ class _Segment:
         "data_count",
         "error",
         "fd",
+        "gens",
         "index",
         "last_data_seq",
         "next_seq",
+        "open_gen",
         "path",
         "salt",
         "seed",
         "size",
+        "synced_gen",
         "synced_seq",
         "syncing",
         "writer_id",
@@ -103,6 +106,13 @@ class _Segment:
         self.synced_seq = first_seq - 1  # highest sequence covered by a completed fsync
         self.syncing = False  # an fsync (or a seal) is running on fd
         self.error: JournalIOError | None = None  # set once: the segment is poisoned
+        # Group commit by generation: appends join ``open_gen``; the fsync that covers them
+        # starts by closing it (``open_gen += 1``); ``synced_gen`` is the last one completed.
+        # Each waiting generation has its own condition, so an fsync wakes only the appenders
+        # it covered, plus one appender of the next generation to lead its fsync.
+        self.open_gen = 1
+        self.synced_gen = 0
+        self.gens: dict[int, threading.Condition] = {}
 
 
 _live_writers: weakref.WeakSet[JournalWriter] = weakref.WeakSet()
@@ -141,7 +151,8 @@ class JournalWriter:
         self.max_segment_bytes = max_segment_bytes
         self._ops = fileops
         self._lock = threading.Lock()  # serializes writes, rotation and chain changes
-        self._cond = threading.Condition(threading.Lock())  # guards every _Segment's sync state
+        self._sync_lock = threading.Lock()  # guards every _Segment's sync state
+        self._cond = threading.Condition(self._sync_lock)  # "an fsync or seal ended"
         self._segment: _Segment | None = None
         self._closed = False
         self._new_chain()
@@ -194,10 +205,11 @@ class JournalWriter:
             seg.last_data_seq = seg.next_seq - 1
             with self._cond:
                 seg.written_seq = seg.next_seq - 1
+                gen = seg.open_gen
             writer_id = seg.writer_id
         if self._crashpoints:
             crashpoints.reached("after_write_before_fsync")
-        self._wait_durable(seg, first + len(items) - 1)
+        self._wait_durable(seg, gen)
         if self._crashpoints:
             crashpoints.reached("after_fsync_before_ack")
         return [RecordId(writer_id, first + i) for i in range(len(items))]
@@ -239,7 +251,8 @@ class JournalWriter:
         # through it; start a chain of our own. Only the forking thread exists here, so the
         # locks are replaced rather than trusted (another thread may have held them).
         self._lock = threading.Lock()
-        self._cond = threading.Condition(threading.Lock())
+        self._sync_lock = threading.Lock()
+        self._cond = threading.Condition(self._sync_lock)
         seg, self._segment = self._segment, None
         if seg is not None:
             _close_quietly(self._ops, seg.fd)  # our copy only; the parent's fd and lock stay
@@ -332,33 +345,49 @@ class JournalWriter:
             if seg.error is None:
                 seg.error = err
                 log.error("journal segment %s abandoned after %s error: %s", seg.path, err.op, err)
-            self._cond.notify_all()
+            self._wake(seg)
 
-    def _wait_durable(self, seg: _Segment, seq: int) -> None:
-        """Group commit: return once an fsync covering ``seq`` has completed.
+    def _wake(self, seg: _Segment) -> None:
+        """After an fsync, seal or error (holding the sync lock): wake whoever must act."""
+        done = list(seg.gens) if seg.error is not None else [g for g in seg.gens if g <= seg.synced_gen]
+        for g in done:
+            seg.gens.pop(g).notify_all()
+        nxt = seg.gens.get(seg.open_gen)
+        if nxt is not None and not seg.syncing:
+            nxt.notify()  # one appender of the next generation leads its fsync
+        self._cond.notify_all()  # a seal waiting for the fsync to end
 
-        The first waiter to find no fsync running becomes the leader: it fsyncs everything
-        written so far; waiters arriving meanwhile queue behind it and are all covered by the
-        next leader's single fsync.
+    def _wait_durable(self, seg: _Segment, gen: int) -> None:
+        """Group commit: return once an fsync covering generation ``gen`` has completed.
+
+        An appender that finds no fsync running leads: it closes the open generation and fsyncs
+        everything written so far. Appenders arriving meanwhile join the next generation and
+        are all covered by its leader's single fsync.
         """
         if self.durability is Durability.NO_FSYNC:
             with self._cond:
                 if seg.error is not None:
                     raise seg.error
             return
-        cond = self._cond
-        with cond:
+        lock = self._sync_lock
+        with lock:
             while True:
                 if seg.error is not None:
                     raise seg.error
-                if seg.synced_seq >= seq:
+                if seg.synced_gen >= gen:
                     return
                 if seg.syncing:
-                    cond.wait()
+                    waiting = seg.gens.get(gen)
+                    if waiting is None:
+                        waiting = seg.gens[gen] = threading.Condition(lock)
+                    waiting.wait()
                     continue
+                # Lead. No fsync is running, so ``gen`` is the open generation: close it.
+                leading = seg.open_gen
+                seg.open_gen += 1
                 seg.syncing = True
                 target = seg.written_seq
-                cond.release()
+                lock.release()
                 failure: OSError | None = None
                 started = time.perf_counter()
                 try:
@@ -366,18 +395,19 @@ class JournalWriter:
                 except OSError as exc:
                     failure = exc
                 finally:
-                    cond.acquire()
+                    lock.acquire()
                 seg.syncing = False
                 if failure is None:
                     self.fsync_count += 1
                     self.last_fsync_seconds = time.perf_counter() - started
                     seg.synced_seq = max(seg.synced_seq, target)
+                    seg.synced_gen = max(seg.synced_gen, leading)
                 elif seg.error is None:
                     # Rule 9: after a failed fsync the kernel may have dropped the dirty pages;
                     # a retry could "succeed" over lost data. Fail everything pending.
                     seg.error = JournalIOError(seg.path, "fsync", failure)
                     log.error("journal segment %s abandoned after fsync error: %s", seg.path, failure)
-                cond.notify_all()
+                self._wake(seg)
 
     def _seal(self, seg: _Segment) -> None:
         """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock.
@@ -408,7 +438,7 @@ class JournalWriter:
                 seg.syncing = False
                 if seg.error is None:
                     seg.error = err
-                cond.notify_all()
+                self._wake(seg)
             _close_quietly(self._ops, seg.fd)
             seg.fd = -1
             self._segment = None
@@ -421,8 +451,10 @@ class JournalWriter:
         seg.size += written
         with cond:
             seg.written_seq = seg.synced_seq = seg.next_seq - 1
+            seg.synced_gen = seg.open_gen  # the seal's fsync covered every generation
+            seg.open_gen += 1
             seg.syncing = False
-            cond.notify_all()
+            self._wake(seg)
         # The seal is durable: whatever close(2) says, this segment is done. Never reuse the fd.
         _close_quietly(self._ops, seg.fd)
         seg.fd = -1
