@@ -160,12 +160,13 @@ class Retry:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
-    """One job, as committed to the journal.
+    """One job, as committed to the journal. Treat it as immutable (use ``dataclasses.replace``).
 
     ``idempotency_key`` is kept verbatim (any text); :attr:`key_id` is its RQ-safe hash.
-    Times are Unix seconds; durations are seconds.
+    Times are Unix seconds; durations are seconds. Not ``frozen``: a frozen dataclass's
+    ``__init__`` costs about 2 us more per job, a fifth of ``enqueue_many``'s CPU per job.
     """
 
     id: str
@@ -228,7 +229,7 @@ class Envelope:
             raw = _dumps(self.to_dict()).encode()
         except (TypeError, ValueError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
-        object.__setattr__(self, "_encoded", raw)  # frozen: a cache, not a change of value
+        self._encoded = raw
         return raw
 
     @classmethod
