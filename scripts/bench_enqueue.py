@@ -17,25 +17,20 @@ each computed per repetition and then reduced to its median.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import gc
 import os
-import platform
-import pstats
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass
 
+import benchlib
 import redis
 import rq
+from benchlib import Contestant, Sample, latency_us, p50, per_rep, verdict_line
 from hybridq import Queue
 from hybridq.embedded import RedisServer
 from hybridq.producer import shared_writer
@@ -57,28 +52,6 @@ class Config:
     slices: int  # round-robin turns per measurement
     url: str
     server: RedisServer
-
-
-@dataclass
-class Sample:
-    """One measurement of one repetition."""
-
-    jobs: int
-    seconds: float
-    lat_ns: list[int] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.jobs / self.seconds if self.seconds else float("nan")
-
-
-def percentile(sorted_ns: list[int], q: float) -> float:
-    """Nearest-rank percentile of sorted nanosecond latencies, in microseconds."""
-    if not sorted_ns:
-        return float("nan")
-    rank = max(0, min(len(sorted_ns) - 1, round(q / 100 * len(sorted_ns)) - 1))
-    return sorted_ns[rank] / 1000
 
 
 # -- timing loops -------------------------------------------------------------------------------
@@ -134,17 +107,6 @@ def threaded_counted(op: Callable[[int], object], ops: int, threads: int) -> Sam
 # -- contestants --------------------------------------------------------------------------------
 
 
-@dataclass
-class Contestant:
-    """One side of a comparison. ``op(thread_index)`` enqueues ``jobs_per_op`` jobs."""
-
-    op: Callable[[int], object]
-    close: Callable[[], None] = lambda: None
-    threads: int = 1
-    jobs_per_op: int = 1
-    fsyncs: Callable[[], int] | None = None
-
-
 def close_queue(q: Queue) -> None:
     """Seal the process's shared writer of this (temporary) journal."""
     shared_writer(q.journal, q.durability).close()
@@ -189,7 +151,7 @@ def setup_hq_many(d: str, _cfg: Config) -> Contestant:
     def op(_t: int) -> None:
         q.enqueue_many([prepare(FUNC, (i,)) for i in range(BATCH)])
 
-    return Contestant(op, lambda: close_queue(q), jobs_per_op=BATCH)
+    return Contestant(op, lambda: close_queue(q), per_op=BATCH)
 
 
 def setup_rq_many(_d: str, cfg: Config) -> Contestant:
@@ -200,7 +162,7 @@ def setup_rq_many(_d: str, cfg: Config) -> Contestant:
     def op(_t: int) -> None:
         q.enqueue_many([prepare(FUNC, (i,)) for i in range(BATCH)])  # one pipeline per call
 
-    return Contestant(op, conn.close, jobs_per_op=BATCH)
+    return Contestant(op, conn.close, per_op=BATCH)
 
 
 Setup = Callable[[str, Config], Contestant]
@@ -208,41 +170,26 @@ Setup = Callable[[str, Config], Contestant]
 
 def run_group(cfg: Config, members: list[tuple[str, Setup]], rep: int) -> dict[str, Sample]:
     """Each member enqueues ``cfg.n`` jobs, round-robin in ``cfg.slices`` turns (order rotated)."""
+
+    def measure(c: Contestant) -> Sample:
+        ops = max(1, round(cfg.n / cfg.slices / c.per_op))
+        return counted_loop(c.op, ops) if c.threads == 1 else threaded_counted(c.op, ops, c.threads)
+
     cfg.server.flushall()
-    dirs: list[str] = []
-    live: dict[str, Contestant] = {}
-    samples = {key: Sample(0, 0.0) for key, _ in members}
     try:
-        for key, setup in members:
-            dirs.append(tempfile.mkdtemp(prefix=f"{key}-", dir=cfg.base))
-            c = live[key] = setup(dirs[-1], cfg)
-            for _ in range(max(1, WARMUP_OPS // c.jobs_per_op)):
-                c.op(0)  # first segment, connections, imports: before timing
-        gc.collect()
-        fsyncs = dict.fromkeys(live, 0)
-        for turn in range(cfg.slices):
-            shift = (turn + rep) % len(members)
-            for key, _ in members[shift:] + members[:shift]:
-                c = live[key]
-                ops = max(1, round(cfg.n / cfg.slices / c.jobs_per_op))
-                before = c.fsyncs() if c.fsyncs else 0
-                part = counted_loop(c.op, ops) if c.threads == 1 else threaded_counted(c.op, ops, c.threads)
-                if c.fsyncs:
-                    fsyncs[key] += c.fsyncs() - before
-                s = samples[key]
-                s.jobs += part.jobs * c.jobs_per_op
-                s.seconds += part.seconds
-                s.lat_ns.extend(part.lat_ns)
-        for key, c in live.items():
-            if c.fsyncs:
-                samples[key].extra["per_fsync"] = samples[key].jobs / max(1, fsyncs[key])
+        return benchlib.run_group(
+            cfg.base,
+            cfg,
+            members,
+            rep,
+            turns=cfg.slices,
+            warmup_ops=WARMUP_OPS,
+            warm=lambda c: c.op(0),  # first segment, connections, imports: before timing
+            measure=measure,
+            batch_latency=True,
+        )
     finally:
-        for c in live.values():
-            c.close()
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
         cfg.server.flushall()
-    return samples
 
 
 @dataclass
@@ -271,127 +218,6 @@ BATCHES: list[tuple[str, Setup]] = [("hqmany", setup_hq_many), ("rqmany", setup_
 GROUPS = [SINGLE, THREADED, BATCHES]
 
 
-# -- machine facts and reporting (bench_forward.py imports these) -------------------------------
-
-
-def mount_of(path: str) -> tuple[str, str, str]:
-    """(mount point, device, filesystem type) of the mount holding ``path``."""
-    real = os.path.realpath(path)
-    best = ("?", "?", "?")
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return best
-    for line in lines:
-        dev, mnt, fstype = line.split()[:3]
-        mnt = mnt.replace("\\040", " ")
-        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
-            best = (mnt, dev, fstype)
-    return best
-
-
-def version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
-def git_revision() -> str:
-    """Commit of the working tree, and whether hybridq/ has uncommitted changes."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "hybridq"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-    return rev + (" (hybridq/ has uncommitted changes)" if dirty else "")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def print_machine(title: str, base: str, server: RedisServer) -> None:
-    mnt, dev, fstype = mount_of(base)
-    with server.client() as client:
-        info = client.info("server")
-    print(title)
-    print(f"  date        {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"  machine     nproc={os.cpu_count()}  cpu={cpu_model()}  loadavg={os.getloadavg()[0]:.2f}")
-    print(f"  kernel      {platform.system()} {platform.release()} ({platform.machine()})")
-    print(f"  python      {platform.python_version()} ({platform.python_implementation()})")
-    print(f"  versions    hybridq {version('hybridq')}, rq {version('rq')}, redis-py {version('redis')}")
-    print(
-        f"  redis       redis-server {info.get('redis_version', '?')} ({server.executable}), "
-        f"{server.url}, no persistence"
-    )
-    print(f"  commit      {git_revision()}")
-    print(f"  journal dir {base}")
-    print(f"  filesystem  {fstype} on {dev}, mounted at {mnt}")
-
-
-def spread(values: list[float], fmt: str) -> tuple[str, str]:
-    return format(statistics.median(values), fmt), f"{min(values):{fmt}}..{max(values):{fmt}}"
-
-
-def med_range(values: list[float], fmt: str) -> str:
-    m, r = spread(values, fmt)
-    return f"{m} ({r})"
-
-
-def print_rows(rows: list[tuple[str, ...]], right: set[int]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-    print()
-
-
-def verdict_line(
-    name: str, values: list[float], ok: bool, goal: str, unit: str = "x", what: str = ""
-) -> bool:
-    med = statistics.median(values)
-    print(
-        f"  {'PASS' if ok else 'FAIL'}  {name:<44} {med:8.2f}{unit}  (spread {min(values):.2f}..{max(values):.2f})"
-        f"  target {goal}" + (f"  [{what}]" if what else "")
-    )
-    return ok
-
-
-def print_result(ok: list[bool]) -> None:
-    failed = ok.count(False)
-    if failed:
-        print(f"RESULT: {failed} of {len(ok)} targets FAIL (this is a report; exit status stays 0)")
-    else:
-        print(f"RESULT: all {len(ok)} targets PASS")
-
-
-def profile_call(title: str, fn: Callable[[], object], top: int = 18) -> None:
-    """Run ``fn`` under cProfile and print where the time goes (cumulative and own time)."""
-    prof = cProfile.Profile()
-    prof.enable()
-    fn()
-    prof.disable()
-    print(f"profile: {title}")
-    stats = pstats.Stats(prof, stream=sys.stdout).strip_dirs()
-    stats.sort_stats("cumulative").print_stats(top)
-    stats.sort_stats("tottime").print_stats(top)
-
-
 # -- this benchmark's report --------------------------------------------------------------------
 
 
@@ -400,30 +226,24 @@ def print_table(results: dict[str, list[Sample]]) -> None:
     rows = [head]
     for b in ROWS:
         samples = results[b.key]
-        med, rng = spread([s.rate for s in samples], ",.0f")
-        p50 = med_range([percentile(sorted(s.lat_ns), 50) for s in samples], ",.0f")
-        p99 = med_range([percentile(sorted(s.lat_ns), 99) for s in samples], ",.0f")
+        med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
+        p50s = benchlib.med_range([latency_us(s, 50) for s in samples], ",.0f")
+        p99s = benchlib.med_range([latency_us(s, 99) for s in samples], ",.0f")
         if b.key.endswith("many"):
-            p50, p99 = (f"{x} /1,000" for x in (p50, p99))
+            p50s, p99s = (f"{x} /1,000" for x in (p50s, p99s))
         other = ""
         if "per_fsync" in samples[0].extra:
-            other = med_range([s.extra["per_fsync"] for s in samples], ".1f") + " jobs/fsync"
-        rows.append((b.label, med, rng, p50, p99, other))
-    print_rows(rows, {1, 2, 3, 4})
+            other = benchlib.med_range([s.extra["per_fsync"] for s in samples], ".1f") + " jobs/fsync"
+        rows.append((b.label, med, rng, p50s, p99s, other))
+    benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
 def print_ratios(results: dict[str, list[Sample]]) -> None:
-    def per_rep(num: str, den: str, f: Callable[[Sample], float] = lambda s: s.rate) -> list[float]:
-        return [f(a) / f(b) for a, b in zip(results[num], results[den], strict=True)]
-
-    def p50(s: Sample) -> float:
-        return percentile(sorted(s.lat_ns), 50)
-
-    p1 = per_rep("hq1", "rq1")
-    p2 = per_rep("hq16", "rq16")
-    p3 = per_rep("hqmany", "rqmany")
-    p4a = per_rep("hq1", "raw1", p50)
-    p4b = [percentile(sorted(s.lat_ns), 99) / 1000 for s in results["hq1"]]
+    p1 = per_rep(results, "hq1", "rq1")
+    p2 = per_rep(results, "hq16", "rq16")
+    p3 = per_rep(results, "hqmany", "rqmany")
+    p4a = per_rep(results, "hq1", "raw1", p50)
+    p4b = [latency_us(s, 99) / 1000 for s in results["hq1"]]
     print("targets (ratio per repetition, median of the ratios):")
     ok = [
         verdict_line("P1 enqueue 1 thread: hybridq / rq", p1, statistics.median(p1) >= 1.5, ">= 1.5x"),
@@ -433,19 +253,17 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         verdict_line("P4 hybridq p99 (1 thread)", p4b, statistics.median(p4b) <= 3, "<= 3 ms", " ms"),
     ]
     print()
-    print("context (no target; same-run ratios):")
-    for name, values in (
-        ("hybridq 1 thread / raw fdatasync loop (jobs/s)", per_rep("hq1", "raw1")),
-        ("hybridq 16 threads / hybridq 1 thread", per_rep("hq16", "hq1")),
-        ("rq 16 threads / rq 1 thread", per_rep("rq16", "rq1")),
-        ("hybridq enqueue_many / hybridq 1 thread", per_rep("hqmany", "hq1")),
-        ("rq enqueue_many / rq 1 thread", per_rep("rqmany", "rq1")),
-    ):
-        print(
-            f"        {name:<48} {statistics.median(values):6.2f}x  (spread {min(values):.2f}..{max(values):.2f})"
-        )
-    print()
-    print_result(ok)
+    benchlib.print_context(
+        [
+            ("hybridq 1 thread / raw fdatasync loop (jobs/s)", per_rep(results, "hq1", "raw1")),
+            ("hybridq 16 threads / hybridq 1 thread", per_rep(results, "hq16", "hq1")),
+            ("rq 16 threads / rq 1 thread", per_rep(results, "rq16", "rq1")),
+            ("hybridq enqueue_many / hybridq 1 thread", per_rep(results, "hqmany", "hq1")),
+            ("rq enqueue_many / rq 1 thread", per_rep(results, "rqmany", "rq1")),
+        ],
+        48,
+    )
+    benchlib.print_result(ok)
 
 
 def profile_hybridq(cfg: Config) -> None:
@@ -456,7 +274,9 @@ def profile_hybridq(cfg: Config) -> None:
             c = setup(os.path.join(d, key), cfg)
             c.op(0)
             try:
-                profile_call(f"{LABELS[key]} ({ops} calls)", lambda c=c, ops=ops: counted_loop(c.op, ops))
+                benchlib.profile_call(
+                    f"{LABELS[key]} ({ops} calls)", lambda c=c, ops=ops: counted_loop(c.op, ops)
+                )
             finally:
                 c.close()
     finally:
@@ -467,11 +287,7 @@ def profile_hybridq(cfg: Config) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench-enqueue", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--repeat", type=int, default=None, help="interleaved repetitions (default 5; 2 with --quick)"
-    )
-    p.add_argument("--quick", action="store_true", help="small counts, for smoke testing (< 30 s)")
+    p = benchlib.arg_parser("scripts/bench-enqueue", __doc__)
     p.add_argument(
         "--n",
         type=int,
@@ -488,35 +304,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep order with stderr
-    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
-    n = args.n if args.n is not None else (1000 if args.quick else 6000)
+    repeat = benchlib.pick(args.repeat, args.quick, 2, 5)
+    n = benchlib.pick(args.n, args.quick, 1000, 6000)
     if repeat < 1 or n < BATCH:
         sys.exit(f"bench-enqueue: --repeat must be >= 1 and --n >= {BATCH}")
-    if args.dir is not None:
-        os.makedirs(args.dir, exist_ok=True)
-    base = tempfile.mkdtemp(prefix="bench-enqueue-", dir=args.dir)
+    base = benchlib.make_base("bench-enqueue", args.dir)
     try:
         with RedisServer(directory=os.path.join(base, "redis")) as server:
             cfg = Config(base, repeat, n, slices=4 if args.quick else 6, url=server.url, server=server)
-            print_machine("hybridq enqueue benchmark", base, server)
-            print(
-                f"  run         mode={'quick' if args.quick else 'default'}, {repeat} repetitions; per "
+            benchlib.print_redis_machine("hybridq enqueue benchmark", base, server)
+            benchlib.print_field(
+                "run",
+                f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; per "
                 f"repetition each row enqueues {n:,} jobs of {FUNC}(...) in {cfg.slices} round-robin turns; "
-                f"{THREADS} threads in the threaded rows; rq uses the JSON serializer"
+                f"{THREADS} threads in the threaded rows; rq uses the JSON serializer",
             )
             print()
-            results: dict[str, list[Sample]] = {r.key: [] for r in ROWS}
-            for rep in range(repeat):
-                shift = rep % len(GROUPS)
-                for group in GROUPS[shift:] + GROUPS[:shift]:
-                    for key, sample in run_group(cfg, group, rep).items():
-                        results[key].append(sample)
-                        print(
-                            f"  [rep {rep + 1}/{repeat}] {LABELS[key]:<52} {sample.rate:>10,.0f} jobs/s",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-            print(file=sys.stderr)
+            results = benchlib.run_repetitions(
+                repeat,
+                [lambda rep, group=group: run_group(cfg, group, rep) for group in GROUPS],
+                LABELS,
+                52,
+                lambda _key, sample: f"{sample.rate:>10,.0f} jobs/s",
+            )
             print_table(results)
             print_ratios(results)
             if args.profile:

@@ -19,6 +19,7 @@ Reported: medians over repetitions, spreads (min..max), and the target ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import shutil
@@ -30,20 +31,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import benchlib
 import redis
 import rq
-from bench_enqueue import (
-    FUNC,
-    Sample,
-    med_range,
-    percentile,
-    print_machine,
-    print_result,
-    print_rows,
-    profile_call,
-    spread,
-    verdict_line,
-)
+from bench_enqueue import FUNC
+from benchlib import Sample, latency_us, p50, per_rep, verdict_line
 from hybridq import Queue
 from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
@@ -98,7 +90,7 @@ def forward_once(cfg: Config, pristine: str, batch_size: int, profile: bool = Fa
         transport.ping()
         gc.collect()
         if profile:
-            profile_call(f"Forwarder.step() of {cfg.n:,} jobs, batch_size {batch_size}", fwd.step)
+            benchlib.profile_call(f"Forwarder.step() of {cfg.n:,} jobs, batch_size {batch_size}", fwd.step)
             return Sample(cfg.n, 1.0)
         t0 = time.perf_counter()
         done = fwd.step()
@@ -151,10 +143,9 @@ def run_f1(cfg: Config, rep: int) -> dict[str, Sample]:
         ("fwd1000", lambda: forward_once(cfg, pristine, 1000)),
         ("rqmany", lambda: rq_many_once(cfg)),
     ]
-    shift = rep % len(units)
     out: dict[str, Sample] = {}
     try:
-        for key, unit in units[shift:] + units[:shift]:
+        for key, unit in benchlib.rotated(units, rep):
             cfg.server.flushall()
             out[key] = unit()
             cfg.server.flushall()
@@ -248,27 +239,23 @@ def print_tables(results: dict[str, list[Sample]]) -> None:
     ]
     for key, label in F1_ROWS:
         samples = results[key]
-        med, rng = spread([s.rate for s in samples], ",.0f")
+        med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
         rows.append((label, med, rng, f"{statistics.median(s.seconds for s in samples):.2f}"))
-    print_rows(rows, {1, 2, 3})
+    benchlib.print_rows(rows, {1, 2, 3})
     rows = [("F2 latency (per repetition, then median)", "p50 ms", "p95 ms", "p99 ms", "max ms")]
     for key, label in F2_ROWS:
         samples = results[key]
         cells = [
-            med_range([percentile(sorted(s.lat_ns), q) / 1000 for s in samples], ".2f")
-            for q in (50, 95, 99, 100)
+            benchlib.med_range([latency_us(s, q) / 1000 for s in samples], ".2f") for q in (50, 95, 99, 100)
         ]
         rows.append((label, *cells))
-    print_rows(rows, {1, 2, 3, 4})
+    benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
 def print_ratios(results: dict[str, list[Sample]]) -> None:
-    def per_rep(num: str, den: str) -> list[float]:
-        return [a.rate / b.rate for a, b in zip(results[num], results[den], strict=True)]
-
-    f1 = per_rep("fwd500", "rqmany")
-    f1k = per_rep("fwd1000", "rqmany")
-    f2 = [percentile(sorted(s.lat_ns), 50) / 1000 for s in results["f2hq"]]
+    f1 = per_rep(results, "fwd500", "rqmany")
+    f1k = per_rep(results, "fwd1000", "rqmany")
+    f2 = [latency_us(s, 50) / 1000 for s in results["f2hq"]]
     print("targets (ratio per repetition, median of the ratios):")
     ok = [
         verdict_line(
@@ -280,34 +267,28 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         verdict_line("F2 enqueue -> visible p50", f2, statistics.median(f2) <= 5, "<= 5 ms", " ms"),
     ]
     print()
-    print("context (no target; same-run ratios):")
-    ctx = [
-        ("forwarder batch 1000 / batch 500", per_rep("fwd1000", "fwd500")),
-        (
-            "F2 p50: hybridq enqueue->visible / rq enqueue->visible",
-            [
-                percentile(sorted(a.lat_ns), 50) / percentile(sorted(b.lat_ns), 50)
-                for a, b in zip(results["f2hq"], results["f2rq"], strict=True)
-            ],
-        ),
-    ]
-    for name, values in ctx:
-        print(
-            f"        {name:<56} {statistics.median(values):6.2f}x  (spread {min(values):.2f}..{max(values):.2f})"
-        )
-    print()
-    print_result(ok)
+    benchlib.print_context(
+        [
+            ("forwarder batch 1000 / batch 500", per_rep(results, "fwd1000", "fwd500")),
+            ("F2 p50: hybridq enqueue->visible / rq enqueue->visible", per_rep(results, "f2hq", "f2rq", p50)),
+        ],
+        56,
+    )
+    benchlib.print_result(ok)
+
+
+def shown(key: str, sample: Sample) -> str:
+    """A sample on the progress line (stderr)."""
+    if key.startswith("f2"):
+        return f"p50 {latency_us(sample, 50) / 1000:8.2f} ms"
+    return f"{sample.rate:>10,.0f} jobs/s"
 
 
 # -- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench-forward", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--repeat", type=int, default=None, help="interleaved repetitions (default 5; 2 with --quick)"
-    )
-    p.add_argument("--quick", action="store_true", help="small counts, for smoke testing (< 30 s)")
+    p = benchlib.arg_parser("scripts/bench-forward", __doc__)
     p.add_argument(
         "--n", type=int, default=None, help="jobs forwarded per F1 measurement (default 20,000; 2,000 quick)"
     )
@@ -324,42 +305,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep order with stderr
-    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
-    n = args.n if args.n is not None else (2000 if args.quick else 20_000)
-    samples = args.samples if args.samples is not None else (40 if args.quick else 200)
+    repeat = benchlib.pick(args.repeat, args.quick, 2, 5)
+    n = benchlib.pick(args.n, args.quick, 2000, 20_000)
+    samples = benchlib.pick(args.samples, args.quick, 40, 200)
     if repeat < 1 or n < 1 or samples < 1:
         sys.exit("bench-forward: --repeat, --n and --samples must be >= 1")
-    if args.dir is not None:
-        os.makedirs(args.dir, exist_ok=True)
-    base = tempfile.mkdtemp(prefix="bench-forward-", dir=args.dir)
+    base = benchlib.make_base("bench-forward", args.dir)
     try:
         with RedisServer(directory=os.path.join(base, "redis")) as server:
             cfg = Config(base, repeat, n, samples, pause_s=0.005, url=server.url, server=server)
-            print_machine("hybridq forwarder benchmark", base, server)
-            print(
-                f"  run         mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
+            benchlib.print_redis_machine("hybridq forwarder benchmark", base, server)
+            benchlib.print_field(
+                "run",
+                f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
                 f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F2 takes {samples} samples "
-                f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep"
+                f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep",
             )
             print()
-            results: dict[str, list[Sample]] = {key: [] for key in LABELS}
-            for rep in range(repeat):
-                units = [run_f1, run_f2]
-                if rep % 2:
-                    units.reverse()
-                for unit in units:
-                    for key, sample in unit(cfg, rep).items():
-                        results[key].append(sample)
-                        if key.startswith("f2"):
-                            shown = f"p50 {percentile(sorted(sample.lat_ns), 50) / 1000:8.2f} ms"
-                        else:
-                            shown = f"{sample.rate:>10,.0f} jobs/s"
-                        print(
-                            f"  [rep {rep + 1}/{repeat}] {LABELS[key]:<68} {shown}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-            print(file=sys.stderr)
+            results = benchlib.run_repetitions(
+                repeat,
+                [functools.partial(run_f1, cfg), functools.partial(run_f2, cfg)],
+                LABELS,
+                68,
+                shown,
+            )
             print_tables(results)
             print_ratios(results)
             if args.profile:

@@ -13,22 +13,20 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass
 
+import benchlib
 import crc32c
+from benchlib import Contestant, Sample, latency_us, p50, per_rep, print_field, rotated, verdict_line
 from hybridq.journal import JournalWriter
 from hybridq.journal.recovery import verify
 
@@ -48,28 +46,6 @@ class Config:
     slice: float
     batch: int
     verify_records: int
-
-
-@dataclass
-class Sample:
-    """One measurement of one repetition."""
-
-    records: int
-    seconds: float
-    lat_ns: list[int] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
-
-
-def percentile(sorted_ns: list[int], q: float) -> float:
-    """Nearest-rank percentile of sorted nanosecond latencies, in microseconds."""
-    if not sorted_ns:
-        return float("nan")
-    rank = max(0, min(len(sorted_ns) - 1, round(q / 100 * len(sorted_ns)) - 1))
-    return sorted_ns[rank] / 1000
 
 
 # -- the measurements ---------------------------------------------------------------------------
@@ -124,17 +100,6 @@ def raw_fd(d: str) -> int:
     return os.open(os.path.join(d, "raw.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
 
-@dataclass
-class Contestant:
-    """One side of a throughput comparison, set up in its own fresh directory."""
-
-    op: Callable[[], None]
-    close: Callable[[], None]
-    threads: int = 1
-    records_per_op: int = 1
-    fsyncs: Callable[[], int] | None = None  # hybridq's writer.fsync_count
-
-
 def setup_raw(d: str, _cfg: Config, threads: int = 1) -> Contestant:
     fd = raw_fd(d)
 
@@ -174,7 +139,7 @@ def setup_hybridq(d: str, _cfg: Config, threads: int = 1) -> Contestant:
 def setup_hybridq_batch(d: str, cfg: Config) -> Contestant:
     writer = JournalWriter(os.path.join(d, "journal"))
     batch = [PAYLOAD] * cfg.batch
-    return Contestant(lambda: writer.append_many(batch), writer.close, records_per_op=cfg.batch)
+    return Contestant(lambda: writer.append_many(batch), writer.close, per_op=cfg.batch)
 
 
 def frame(seed: int, seq: int, payload: bytes) -> bytes:
@@ -196,7 +161,7 @@ def setup_raw_batch(d: str, cfg: Config) -> Contestant:
         os.fdatasync(fd)
         seq[0] = first + n
 
-    return Contestant(op, lambda: os.close(fd), records_per_op=n)
+    return Contestant(op, lambda: os.close(fd), per_op=n)
 
 
 def run_group(
@@ -207,43 +172,23 @@ def run_group(
     Slicing makes the members of a group see the same disk weather: a burst of load from another
     tenant hits all of them instead of one.
     """
-    dirs: list[str] = []
-    live: dict[str, Contestant] = {}
-    samples = {key: Sample(0, 0.0) for key, _ in members}
-    try:
-        for key, setup in members:
-            dirs.append(tempfile.mkdtemp(prefix=f"{key}-", dir=base))
-            c = live[key] = setup(dirs[-1], cfg)
-            for _ in range(max(1, WARMUP_OPS // c.records_per_op)):
-                c.op()  # creates the files (first segment, sqlite tables) before timing
-        gc.collect()
-        rounds = max(1, round(cfg.seconds / cfg.slice))
-        fsyncs = dict.fromkeys(live, 0)
-        for r in range(rounds):
-            shift = (r + rep) % len(members)
-            for key, _ in members[shift:] + members[:shift]:
-                c = live[key]
-                before = c.fsyncs() if c.fsyncs else 0
-                if c.threads == 1:
-                    part = timed_loop(c.op, cfg.slice)
-                else:
-                    part = threaded_loop(c.op, cfg.slice, c.threads)
-                if c.fsyncs:
-                    fsyncs[key] += c.fsyncs() - before
-                sample = samples[key]
-                sample.records += part.records * c.records_per_op
-                sample.seconds += part.seconds
-                if c.records_per_op == 1:
-                    sample.lat_ns.extend(part.lat_ns)
-        for key, c in live.items():
-            if c.fsyncs:
-                samples[key].extra["per_fsync"] = samples[key].records / max(1, fsyncs[key])
-    finally:
-        for c in live.values():
-            c.close()
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-    return samples
+
+    def measure(c: Contestant) -> Sample:
+        if c.threads == 1:
+            return timed_loop(c.op, cfg.slice)
+        return threaded_loop(c.op, cfg.slice, c.threads)
+
+    return benchlib.run_group(
+        base,
+        cfg,
+        members,
+        rep,
+        turns=max(1, round(cfg.seconds / cfg.slice)),
+        warmup_ops=WARMUP_OPS,
+        warm=lambda c: c.op(),  # creates the files (first segment, sqlite tables) before timing
+        measure=measure,
+        batch_latency=False,
+    )
 
 
 def write_verify_journal(d: str, cfg: Config) -> str:
@@ -311,16 +256,14 @@ def run_scans(base: str, cfg: Config, rep: int) -> dict[str, Sample]:
     d = tempfile.mkdtemp(prefix="scan-", dir=base)
     try:
         path = write_verify_journal(d, cfg)
-        order = [("verify", scan_verify), ("rawscan", scan_raw)]
-        if rep % 2:
-            order.reverse()
+        order = rotated([("verify", scan_verify), ("rawscan", scan_raw)], rep)
         out = {key: Sample(0, 0.0) for key, _ in order}
         nbytes = dict.fromkeys(out, 0.0)
         for _ in range(SCAN_PASSES):
             for key, scan in order:
                 gc.collect()
                 part = scan(path, cfg)
-                out[key].records += part.records
+                out[key].count += part.count
                 out[key].seconds += part.seconds
                 nbytes[key] += part.extra["mb_s"] * part.seconds
         for key, sample in out.items():
@@ -371,82 +314,22 @@ UNITS: list[Callable[[str, Config, int], dict[str, Sample]]] = [
 # -- reporting ----------------------------------------------------------------------------------
 
 
-def mount_of(path: str) -> tuple[str, str, str]:
-    """(mount point, device, filesystem type) of the mount holding ``path``."""
-    real = os.path.realpath(path)
-    best = ("?", "?", "?")
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return best
-    for line in lines:
-        dev, mnt, fstype = line.split()[:3]
-        mnt = mnt.replace("\\040", " ")
-        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
-            best = (mnt, dev, fstype)
-    return best
-
-
-def version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
-def git_revision() -> str:
-    """Commit of the working tree, and whether hybridq/ has uncommitted changes."""
-    root = str(Path(__file__).resolve().parent.parent)
-    try:
-        rev = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--", "hybridq"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-    return rev + (" (hybridq/ has uncommitted changes)" if dirty else "")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def print_header(cfg: Config, args: argparse.Namespace) -> None:
-    mnt, dev, fstype = mount_of(cfg.base)
-    st = os.stat(cfg.base)
-    print("hybridq journal benchmark")
-    print(f"  date        {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"  machine     nproc={os.cpu_count()}  cpu={cpu_model()}  loadavg={os.getloadavg()[0]:.2f}")
-    print(f"  kernel      {platform.system()} {platform.release()} ({platform.machine()})")
-    print(f"  python      {platform.python_version()} ({platform.python_implementation()})")
-    print(
-        f"  versions    hybridq {version('hybridq')}, crc32c {version('crc32c')}, sqlite {sqlite3.sqlite_version}"
+    version = benchlib.version
+    benchlib.print_machine(
+        "hybridq journal benchmark",
+        cfg.base,
+        f"hybridq {version('hybridq')}, crc32c {version('crc32c')}, sqlite {sqlite3.sqlite_version}",
+        fs_note=f" (st_dev={os.stat(cfg.base).st_dev})",
     )
-    print(f"  commit      {git_revision()}")
-    print(f"  dir         {cfg.base}")
-    print(f"  filesystem  {fstype} on {dev}, mounted at {mnt} (st_dev={st.st_dev})")
     mode = "quick" if args.quick else "default"
-    print(
-        f"  run         mode={mode}, {cfg.repeat} repetitions; per repetition each append/batch row runs "
+    print_field(
+        "run",
+        f"mode={mode}, {cfg.repeat} repetitions; per repetition each append/batch row runs "
         f"{cfg.seconds:g} s in round-robin slices of {cfg.slice:g} s; payload 100 B; verify and "
-        f"the peer scan alternate {SCAN_PASSES}x each over one journal of {cfg.verify_records:,} x 200 B"
+        f"the peer scan alternate {SCAN_PASSES}x each over one journal of {cfg.verify_records:,} x 200 B",
     )
     print()
-
-
-def spread(values: list[float], fmt: str) -> tuple[str, str]:
-    return format(statistics.median(values), fmt), f"{min(values):{fmt}}..{max(values):{fmt}}"
 
 
 def print_table(results: dict[str, list[Sample]]) -> None:
@@ -454,59 +337,39 @@ def print_table(results: dict[str, list[Sample]]) -> None:
     rows = [head]
     for b in ROWS:
         samples = results[b.key]
-        med, rng = spread([s.rate for s in samples], ",.0f")
-        p50 = p99 = "-"
+        med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
+        p50s = p99s = "-"
         other = ""
         if b.latency:
-            p50s = [percentile(sorted(s.lat_ns), 50) for s in samples]
-            p99s = [percentile(sorted(s.lat_ns), 99) for s in samples]
-            p50 = f"{statistics.median(p50s):,.0f} ({min(p50s):,.0f}..{max(p50s):,.0f})"
-            p99 = f"{statistics.median(p99s):,.0f} ({min(p99s):,.0f}..{max(p99s):,.0f})"
+            p50s = benchlib.med_range([latency_us(s, 50) for s in samples], ",.0f")
+            p99s = benchlib.med_range([latency_us(s, 99) for s in samples], ",.0f")
         if "per_fsync" in samples[0].extra:
-            m, r = spread([s.extra["per_fsync"] for s in samples], ".2f")
+            m, r = benchlib.spread([s.extra["per_fsync"] for s in samples], ".2f")
             other = f"{m} records/fsync ({r})"
         if "mb_s" in samples[0].extra:
-            m, r = spread([s.extra["mb_s"] for s in samples], ".1f")
+            m, r = benchlib.spread([s.extra["mb_s"] for s in samples], ".1f")
             other = f"{m} MB/s ({r})"
-        rows.append((b.label, med, rng, p50, p99, other))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    right = {1, 2, 3, 4}
-    for n, row in enumerate(rows):
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-    print()
+        rows.append((b.label, med, rng, p50s, p99s, other))
+    benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
 def ratio_line(name: str, ratios: list[float], goal: float, what: str) -> bool:
-    med = statistics.median(ratios)
-    ok = med >= goal
-    verdict = "PASS" if ok else "FAIL"
-    print(
-        f"  {verdict}  {name:<46} {med:6.2f}x  (spread {min(ratios):.2f}..{max(ratios):.2f})  "
-        f"target >= {goal:g}x  [{what}]"
-    )
-    return ok
+    ok = statistics.median(ratios) >= goal
+    return verdict_line(name, ratios, ok, f">= {goal:g}x", what=what, widths=(46, 6))
 
 
 def print_ratios(results: dict[str, list[Sample]]) -> None:
-    def per_rep(num: str, den: str, f: Callable[[Sample], float] = lambda s: s.rate) -> list[float]:
-        return [f(a) / f(b) for a, b in zip(results[num], results[den], strict=True)]
-
     print("targets (ratio per repetition, median of the ratios):")
     ok = [
         ratio_line(
             "1-thread durable append / raw fdatasync loop",
-            per_rep("hq1", "raw1"),
+            per_rep(results, "hq1", "raw1"),
             0.8,
             "hybridq append 1 thread vs raw write+fdatasync 1 thread",
         ),
         ratio_line(
             "16-thread append / 1-thread append",
-            per_rep("hq16", "hq1"),
+            per_rep(results, "hq16", "hq1"),
             3.0,
             "hybridq append 16 threads vs 1 thread",
         ),
@@ -524,39 +387,25 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         ),
     ]
     print()
-    print("context (no target; same-run ratios):")
-
-    def p50(s: Sample) -> float:
-        return percentile(sorted(s.lat_ns), 50)
-
-    for name, values in (
-        ("hybridq 1 thread / sqlite3 WAL 1 thread", per_rep("hq1", "sqlite1")),
-        ("hybridq 16 threads / raw 16 threads shared fd", per_rep("hq16", "raw16")),
-        ("raw 16 threads shared fd / raw 1 thread", per_rep("raw16", "raw1")),
-        ("hybridq 1-thread p50 / raw fdatasync p50", per_rep("hq1", "raw1", p50)),
-        ("hybridq append_many / raw framing batch", per_rep("hqbatch", "rawbatch")),
-        ("hybridq verify / raw CRC scan (records/s)", per_rep("verify", "rawscan")),
-    ):
-        print(
-            f"        {name:<46} {statistics.median(values):6.2f}x  (spread {min(values):.2f}..{max(values):.2f})"
-        )
-    print()
-    failed = ok.count(False)
-    if failed:
-        print(f"RESULT: {failed} of {len(ok)} targets FAIL (this is a report; exit status stays 0)")
-    else:
-        print(f"RESULT: all {len(ok)} targets PASS")
+    benchlib.print_context(
+        [
+            ("hybridq 1 thread / sqlite3 WAL 1 thread", per_rep(results, "hq1", "sqlite1")),
+            ("hybridq 16 threads / raw 16 threads shared fd", per_rep(results, "hq16", "raw16")),
+            ("raw 16 threads shared fd / raw 1 thread", per_rep(results, "raw16", "raw1")),
+            ("hybridq 1-thread p50 / raw fdatasync p50", per_rep(results, "hq1", "raw1", p50)),
+            ("hybridq append_many / raw framing batch", per_rep(results, "hqbatch", "rawbatch")),
+            ("hybridq verify / raw CRC scan (records/s)", per_rep(results, "verify", "rawscan")),
+        ],
+        46,
+    )
+    benchlib.print_result(ok)
 
 
 # -- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench-journal", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--repeat", type=int, default=None, help="interleaved repetitions (default 5; 2 with --quick)"
-    )
-    p.add_argument("--quick", action="store_true", help="small counts, for smoke testing (< 30 s)")
+    p = benchlib.arg_parser("scripts/bench-journal", __doc__)
     p.add_argument(
         "--dir",
         default=None,
@@ -573,13 +422,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
-    seconds = args.seconds if args.seconds is not None else (0.4 if args.quick else 2.5)
+    repeat = benchlib.pick(args.repeat, args.quick, 2, 5)
+    seconds = benchlib.pick(args.seconds, args.quick, 0.4, 2.5)
     if repeat < 1 or seconds <= 0:
         sys.exit("bench-journal: --repeat must be >= 1 and --seconds > 0")
-    if args.dir is not None:
-        os.makedirs(args.dir, exist_ok=True)
-    base = tempfile.mkdtemp(prefix="bench-journal-", dir=args.dir)
+    base = benchlib.make_base("bench-journal", args.dir)
     cfg = Config(
         base=base,
         repeat=repeat,
@@ -590,18 +437,13 @@ def main(argv: list[str]) -> int:
     )
     try:
         print_header(cfg, args)
-        results: dict[str, list[Sample]] = {r.key: [] for r in ROWS}
-        for rep in range(repeat):
-            shift = rep % len(UNITS)
-            for unit in UNITS[shift:] + UNITS[:shift]:
-                for key, sample in unit(base, cfg, rep).items():
-                    results[key].append(sample)
-                    print(
-                        f"  [rep {rep + 1}/{repeat}] {LABELS[key]:<46} {sample.rate:>12,.0f} records/s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        print(file=sys.stderr)
+        results = benchlib.run_repetitions(
+            repeat,
+            [lambda rep, unit=unit: unit(base, cfg, rep) for unit in UNITS],
+            LABELS,
+            46,
+            lambda _key, sample: f"{sample.rate:>12,.0f} records/s",
+        )
         print_table(results)
         print_ratios(results)
     finally:
