@@ -27,7 +27,7 @@ from typing import Self
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
@@ -62,7 +62,7 @@ class Forwarder:
     """Forwards one journal directory into a transport.
 
     Args:
-        journal: the journal directory (must exist).
+        journal: the journal directory (created 0700 when missing).
         transport: where jobs go.
         batch_size: the most jobs per push (one pipeline, one checkpoint write).
         idle_timeout_s: the longest sleep without a nudge (a missed nudge costs at most this).
@@ -83,7 +83,8 @@ class Forwarder:
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        self.journal = existing_journal_dir(journal)
+        # The forwarder may start before any producer has: it creates the directory (0700).
+        self.journal = ensure_journal_dir(journal)
         self.transport = transport
         self.batch_size = batch_size
         self.idle_timeout_s = idle_timeout_s

@@ -247,3 +247,11 @@ def test_stop_during_a_long_backlog_returns_after_the_batch_in_flight(journal_di
     finally:
         forwarder.close()
     assert load_checkpoint(str(journal_dir)).forwarded == 100  # the batch in flight was saved
+
+
+def test_a_forwarder_started_before_any_producer_creates_the_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "fresh" / "journal"
+    with Forwarder(journal, MemoryTransport()) as forwarder:
+        assert forwarder.step() == 0
+    assert journal.is_dir()
+    assert (journal.stat().st_mode & 0o777) == 0o700
