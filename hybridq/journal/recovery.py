@@ -21,7 +21,7 @@ from hybridq.errors import JournalIOError
 from .fileops import OS_FILEOPS, FileOps, write_all
 from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail
-from .writer import SealError, seal_fd
+from .segment import SealError, seal_fd
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 

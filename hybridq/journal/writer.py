@@ -36,11 +36,10 @@ from .format import (
     RecordType,
     SegmentHeader,
     encode_records,
-    encode_seal,
-    salt_seed,
     segment_name,
 )
 from .paths import ensure_journal_dir
+from .segment import OpenSegment, SealError, as_oserror, close_quietly, seal_fd
 
 __all__ = ["Durability", "JournalWriter", "RecordId"]
 
@@ -64,55 +63,6 @@ class RecordId:
 
     writer_id: str
     seq: int
-
-
-class _Segment:
-    """An open segment file and its group-commit state (guarded by the writer's condition)."""
-
-    __slots__ = (
-        "data_count",
-        "error",
-        "fd",
-        "gens",
-        "index",
-        "last_data_seq",
-        "next_seq",
-        "open_gen",
-        "path",
-        "salt",
-        "seed",
-        "size",
-        "synced_gen",
-        "synced_seq",
-        "syncing",
-        "writer_id",
-        "written_seq",
-    )
-
-    def __init__(
-        self, *, fd: int, path: str, writer_id: str, index: int, salt: bytes, first_seq: int
-    ) -> None:
-        self.fd = fd
-        self.path = path
-        self.writer_id = writer_id
-        self.index = index
-        self.salt = salt
-        self.seed = salt_seed(salt)
-        self.next_seq = first_seq
-        self.size = 0
-        self.data_count = 0
-        self.last_data_seq = 0
-        self.written_seq = first_seq - 1  # highest sequence fully written to the fd
-        self.synced_seq = first_seq - 1  # highest sequence covered by a completed fsync
-        self.syncing = False  # an fsync (or a seal) is running on fd
-        self.error: JournalIOError | None = None  # set once: the segment is poisoned
-        # Group commit by generation: appends join ``open_gen``; the fsync that covers them
-        # starts by closing it (``open_gen += 1``); ``synced_gen`` is the last one completed.
-        # Each waiting generation has its own condition, so an fsync wakes only the appenders
-        # it covered, plus one appender of the next generation to lead its fsync.
-        self.open_gen = 1
-        self.synced_gen = 0
-        self.gens: dict[int, threading.Condition] = {}
 
 
 _live_writers: weakref.WeakSet[JournalWriter] = weakref.WeakSet()
@@ -151,9 +101,9 @@ class JournalWriter:
         self.max_segment_bytes = max_segment_bytes
         self._ops = fileops
         self._lock = threading.Lock()  # serializes writes, rotation and chain changes
-        self._sync_lock = threading.Lock()  # guards every _Segment's sync state
+        self._sync_lock = threading.Lock()  # guards every OpenSegment's sync state
         self._cond = threading.Condition(self._sync_lock)  # "an fsync or seal ended"
-        self._segment: _Segment | None = None
+        self._segment: OpenSegment | None = None
         self._closed = False
         self._new_chain()
         #: Number of fsyncs that covered appended records (group commit makes this < appends).
@@ -224,7 +174,7 @@ class JournalWriter:
             if seg is not None and seg.error is None:
                 self._seal(seg)
             elif seg is not None:
-                _close_quietly(self._ops, seg.fd)
+                close_quietly(self._ops, seg.fd)
         _live_writers.discard(self)
 
     def __enter__(self) -> Self:
@@ -255,17 +205,17 @@ class JournalWriter:
         self._cond = threading.Condition(self._sync_lock)
         seg, self._segment = self._segment, None
         if seg is not None:
-            _close_quietly(self._ops, seg.fd)  # our copy only; the parent's fd and lock stay
+            close_quietly(self._ops, seg.fd)  # our copy only; the parent's fd and lock stay
         self._new_chain()
 
-    def _writable_segment(self, batch_bytes: int) -> _Segment:
+    def _writable_segment(self, batch_bytes: int) -> OpenSegment:
         """The segment the next batch goes to, rotating or replacing a poisoned one. Holds _lock."""
         seg = self._segment
         if seg is not None and seg.error is not None:
             # Invariant 2: a failed write or fsync is fatal for that file. Its unacknowledged
             # records are failed already; continue in a new chain so no record ever follows a
             # damaged region of the same chain.
-            _close_quietly(self._ops, seg.fd)
+            close_quietly(self._ops, seg.fd)
             self._segment = seg = None
             self._new_chain()
         if seg is not None and seg.size + batch_bytes > self.max_segment_bytes and seg.data_count:
@@ -275,7 +225,7 @@ class JournalWriter:
             seg = self._segment = self._create_segment()
         return seg
 
-    def _create_segment(self) -> _Segment:
+    def _create_segment(self) -> OpenSegment:
         """Create the chain's next segment: temp file, header, fsync, flock, rename, dir fsync."""
         ops = self._ops
         name = segment_name(self._writer_id, self._next_index)
@@ -303,13 +253,13 @@ class JournalWriter:
             # Rule 5: without this the new name can vanish on power loss, taking acked records.
             ops.fsync_dir(self.path)
         except OSError as exc:
-            _close_quietly(ops, fd)
+            close_quietly(ops, fd)
             for leftover in (tmp, path) if op == "directory fsync" else (tmp,):
                 with contextlib.suppress(OSError):
                     ops.unlink(leftover)
             self._new_chain()
             raise JournalIOError(path, op, exc) from exc
-        seg = _Segment(
+        seg = OpenSegment(
             fd=fd,
             path=path,
             writer_id=self._writer_id,
@@ -320,7 +270,7 @@ class JournalWriter:
         seg.size = len(header.encode())
         return seg
 
-    def _write(self, seg: _Segment, blob: bytes) -> None:
+    def _write(self, seg: OpenSegment, blob: bytes) -> None:
         """Write a whole batch to ``seg`` or poison it. Holds _lock."""
         start = seg.size
         try:
@@ -340,14 +290,14 @@ class JournalWriter:
             raise err from exc
         seg.size += len(blob)
 
-    def _poison(self, seg: _Segment, err: JournalIOError) -> None:
+    def _poison(self, seg: OpenSegment, err: JournalIOError) -> None:
         with self._cond:
             if seg.error is None:
                 seg.error = err
                 log.error("journal segment %s abandoned after %s error: %s", seg.path, err.op, err)
             self._wake(seg)
 
-    def _wake(self, seg: _Segment) -> None:
+    def _wake(self, seg: OpenSegment) -> None:
         """After an fsync, seal or error (holding the sync lock): wake whoever must act."""
         done = list(seg.gens) if seg.error is not None else [g for g in seg.gens if g <= seg.synced_gen]
         for g in done:
@@ -357,7 +307,7 @@ class JournalWriter:
             nxt.notify()  # one appender of the next generation leads its fsync
         self._cond.notify_all()  # a seal waiting for the fsync to end
 
-    def _wait_durable(self, seg: _Segment, gen: int) -> None:
+    def _wait_durable(self, seg: OpenSegment, gen: int) -> None:
         """Group commit: return once an fsync covering generation ``gen`` has completed.
 
         An appender that finds no fsync running leads: it closes the open generation and fsyncs
@@ -409,7 +359,7 @@ class JournalWriter:
                     log.error("journal segment %s abandoned after fsync error: %s", seg.path, failure)
                 self._wake(seg)
 
-    def _seal(self, seg: _Segment) -> None:
+    def _seal(self, seg: OpenSegment) -> None:
         """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock.
 
         Any failure poisons the segment and starts a new chain; the fd is closed exactly once.
@@ -432,14 +382,14 @@ class JournalWriter:
         except BaseException as exc:
             cause = exc.cause if isinstance(exc, SealError) else exc
             err = JournalIOError(
-                seg.path, exc.op if isinstance(exc, SealError) else "seal", _as_oserror(cause)
+                seg.path, exc.op if isinstance(exc, SealError) else "seal", as_oserror(cause)
             )
             with cond:
                 seg.syncing = False
                 if seg.error is None:
                     seg.error = err
                 self._wake(seg)
-            _close_quietly(self._ops, seg.fd)
+            close_quietly(self._ops, seg.fd)
             seg.fd = -1
             self._segment = None
             self._new_chain()
@@ -456,64 +406,11 @@ class JournalWriter:
             seg.syncing = False
             self._wake(seg)
         # The seal is durable: whatever close(2) says, this segment is done. Never reuse the fd.
-        _close_quietly(self._ops, seg.fd)
+        close_quietly(self._ops, seg.fd)
         seg.fd = -1
         self._next_index = seg.index + 1
         self._next_first_seq = seg.next_seq
         self._prev_salt = seg.salt
-
-
-def _as_oserror(exc: BaseException) -> OSError:
-    return exc if isinstance(exc, OSError) else OSError(0, f"{type(exc).__name__}: {exc}")
-
-
-class SealError(Exception):
-    """Sealing failed at ``op`` with ``cause``."""
-
-    def __init__(self, op: str, cause: OSError) -> None:
-        super().__init__(op, cause)
-        self.op = op
-        self.cause = cause
-
-
-def seal_fd(
-    ops: FileOps,
-    fd: int,
-    seed: int,
-    next_seq: int,
-    last_data_seq: int,
-    data_count: int,
-    *,
-    synced_seq: int | None = None,
-) -> int:
-    """Seal an open segment: two seal records, fdatasync, read-only, fsync. Returns bytes written.
-
-    The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
-    the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
-    """
-    payload = encode_seal(last_data_seq, data_count)
-    blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS, synced_seq=synced_seq)
-    op = "stat"
-    try:
-        start = os.fstat(fd).st_size
-        op = "write"
-        try:
-            write_all(ops, fd, blob)
-        except OSError:
-            # Rule 2: take a partial seal back off, so the segment simply ends unsealed; if
-            # that fails too, recovery treats the partial seal as a torn tail.
-            with contextlib.suppress(OSError):
-                ops.ftruncate(fd, start)
-            raise
-        op = "fsync"
-        ops.fdatasync(fd)
-        op = "chmod"
-        ops.fchmod(fd, 0o400)
-        op = "fsync"
-        ops.fsync(fd)
-    except OSError as exc:
-        raise SealError(op, exc) from exc
-    return len(blob)
 
 
 def _check_batch(items: Sequence[bytes], rtype: int) -> None:
@@ -522,8 +419,3 @@ def _check_batch(items: Sequence[bytes], rtype: int) -> None:
     for payload in items:
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
-
-
-def _close_quietly(ops: FileOps, fd: int) -> None:
-    with contextlib.suppress(OSError):
-        ops.close(fd)

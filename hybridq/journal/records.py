@@ -1,0 +1,89 @@
+"""The values the journal reader hands out: records, positions, torn tails, segment summaries.
+
+This module must not import redis, rq, click or the job envelope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .format import FILE_HEADER_SIZE
+
+__all__ = ["ChainPosition", "Later", "Record", "SegmentInfo", "TornTail"]
+
+
+class ChainPosition(NamedTuple):
+    """Where reading of one chain resumes: just after the last record consumed."""
+
+    segment: int
+    offset: int
+    next_seq: int
+
+    def to_json(self) -> list[int]:
+        """A compact JSON-able form (for checkpoints)."""
+        return [self.segment, self.offset, self.next_seq]
+
+    @classmethod
+    def from_json(cls, value: list[int]) -> ChainPosition:
+        """Inverse of :meth:`to_json`."""
+        segment, offset, next_seq = value
+        return cls(int(segment), int(offset), int(next_seq))
+
+
+class Record(NamedTuple):
+    """One data record as read back from the journal."""
+
+    writer_id: str
+    seq: int
+    rtype: int
+    payload: bytes
+    segment_index: int
+    offset: int
+    #: Offset just past the record.
+    end: int
+
+    @property
+    def position(self) -> ChainPosition:
+        """Where reading of this chain resumes after this record."""
+        return ChainPosition(self.segment_index, self.end, self.seq + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """A torn tail found at the end of a dead writer's last segment (not an error)."""
+
+    path: str
+    offset: int
+    dropped_bytes: int
+    next_seq: int
+    #: Valid-looking records inside the dropped bytes: written, never durable, out of order.
+    unsynced_records: int = 0
+
+
+@dataclass(slots=True)
+class Later:
+    """Valid records found after a bad one (see ``SegmentScan._later_records``)."""
+
+    offset: int
+    seq: int
+    max_synced_seq: int
+    count: int
+
+
+@dataclass(slots=True)
+class SegmentInfo:
+    """What a scan learned about one segment it read to its end."""
+
+    path: str
+    writer_id: str
+    index: int
+    salt: bytes
+    first_seq: int
+    end_offset: int = FILE_HEADER_SIZE
+    next_seq: int = 0
+    data_count: int = 0
+    last_data_seq: int = 0
+    sealed: bool = False
+    live: bool = False
+    torn: TornTail | None = None
