@@ -28,7 +28,7 @@ from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.journal.reader import read_record_at
+from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
@@ -116,6 +116,7 @@ class Forwarder:
             if saved is None:
                 log.info("no checkpoint in %s: forwarding the journal from its start", self.journal)
             self.checkpoint = saved or Checkpoint()
+            self._clamp_checkpoint()
             self._reader = JournalReader(self.journal)
             self._reader.seek(self.checkpoint.positions)
             self._listener = NudgeListener(self.journal)
@@ -252,8 +253,29 @@ class Forwarder:
         return done
 
     def _read_held(self, held: Held) -> Envelope | None:
+        seal_at = seal_offset(self.journal, held.writer_id, held.segment)
+        if seal_at is not None and held.offset >= seal_at:
+            # The record was read before it was durable and then dropped as a torn tail:
+            # never acknowledged, so never promised.
+            log.warning("held job %s: its record was never durable (dropped by recovery)", held.job_id)
+            return None
         record = read_record_at(self.journal, held.writer_id, held.segment, held.offset)
         return self._decode(record)
+
+    def _clamp_checkpoint(self) -> None:
+        """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
+        moved = clamp_to_seals(self.journal, self.checkpoint.positions)
+        for writer_id, position in moved.items():
+            log.warning(
+                "checkpoint for writer %s pointed past the durable end of segment %d (records "
+                "read before they were durable, dropped since as a torn tail); resuming at %d",
+                writer_id,
+                position.segment,
+                position.offset,
+            )
+            self.checkpoint.positions[writer_id] = position
+        if moved:
+            save_checkpoint(self.journal, self.checkpoint)
 
     def _deliver(self, batch: list[Envelope]) -> int:
         """Push a batch, then move the checkpoint to the reader's position (never before)."""

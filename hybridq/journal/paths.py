@@ -53,20 +53,20 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
     """
     full = os.path.abspath(os.fspath(path))
     if not os.path.lexists(full):
-        parent = os.path.dirname(full)
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as exc:  # e.g. a path component is a file
-            raise JournalPathError(full, f"cannot create: {exc.strerror or exc}: {parent}") from exc
-        try:
-            os.mkdir(full, 0o700)
-        except FileExistsError:
-            pass  # another process created it first; validated below
-        except OSError as exc:
-            raise JournalPathError(full, f"cannot create: {exc.strerror or exc}") from exc
-        else:
-            # The new directory entry is durable only once its parent is fsync'd (fsync(2)).
-            fileops.fsync_dir(parent)
+        missing = []
+        walk = full
+        while not os.path.lexists(walk):
+            missing.append(walk)
+            walk = os.path.dirname(walk)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700 if directory == full else 0o777)
+            except FileExistsError:
+                continue  # another process created it first; validated below
+            except OSError as exc:  # e.g. a path component is a file
+                raise JournalPathError(full, f"cannot create {directory}: {exc.strerror or exc}") from exc
+            # A new directory entry is durable only once its parent is fsync'd (fsync(2)).
+            fileops.fsync_dir(os.path.dirname(directory))
     _check_existing(full)
     if not os.access(full, os.W_OK | os.X_OK):
         raise JournalPathError(full, "is not writable by this user")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from collections.abc import Callable, Generator, Iterator, Mapping
 
 from hybridq.errors import JournalCorruption, JournalPathError
@@ -20,7 +21,10 @@ from .format import (
     FILE_HEADER_SIZE,
     MAX_PAYLOAD_BYTES,
     RECORD_HEADER_SIZE,
+    SEAL_PAYLOAD_SIZE,
+    SEAL_RECORDS,
     HeaderError,
+    RecordType,
     crc32c,
     decode_segment_header,
     parse_segment_name,
@@ -37,8 +41,10 @@ __all__ = [
     "Record",
     "SegmentInfo",
     "TornTail",
+    "clamp_to_seals",
     "list_chains",
     "read_record_at",
+    "seal_offset",
 ]
 
 _CHUNK_BYTES = 1 << 20
@@ -132,6 +138,12 @@ class JournalReader:
         pos = self._positions.get(writer_id)
         start_index = pos.segment if pos is not None else indices[0]
         todo = [i for i in indices if i >= start_index]
+        if pos is not None and todo and todo[0] != pos.segment:
+            # The segment we were reading is gone while later ones exist: records are missing.
+            missing = os.path.join(self.path, segment_name(writer_id, pos.segment))
+            raise JournalCorruption(
+                missing, 0, f"segment index {pos.segment} of the chain is missing", first_seq=pos.next_seq
+            )
         if not todo:
             return
         for prev, cur in itertools.pairwise(todo):
@@ -235,3 +247,39 @@ def read_record_at(
         return Record(writer_id, seq, type_word & 0xFF, payload, segment, offset, end)
     finally:
         fileops.close(fd)
+
+
+def seal_offset(path: str, writer_id: str, segment: int) -> int | None:
+    """Where the seal records of a sealed segment start (its data end); ``None`` if not sealed."""
+    try:
+        st = os.stat(os.path.join(path, segment_name(writer_id, segment)), follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if st.st_mode & stat.S_IWUSR:
+        return None  # still writable: not sealed
+    return st.st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
+
+
+def clamp_to_seals(
+    path: str, positions: Mapping[str, ChainPosition], *, fileops: FileOps = OS_FILEOPS
+) -> dict[str, ChainPosition]:
+    """Positions that point past the data of their (sealed) segment, moved back to its seal.
+
+    A reader can consume records that were never durable: after power loss, or a writer's
+    rollback of a failed write, recovery truncates them and seals the segment where they were.
+    Such a position would resume in the middle of the seal. Returns the moved positions only.
+    """
+    moved: dict[str, ChainPosition] = {}
+    for writer_id, pos in positions.items():
+        seal_at = seal_offset(path, writer_id, pos.segment)
+        if seal_at is None or pos.offset <= seal_at:
+            continue
+        seal = read_record_at(path, writer_id, pos.segment, seal_at, fileops=fileops)
+        if seal.rtype != RecordType.SEAL:
+            raise JournalCorruption(
+                os.path.join(path, segment_name(writer_id, pos.segment)),
+                seal_at,
+                "sealed segment does not end with its seal",
+            )
+        moved[writer_id] = ChainPosition(pos.segment, seal_at, seal.seq)
+    return moved

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 log = logging.getLogger("hybridq.journal")
 
 _COPY_CHUNK = 1 << 20
+#: A segment temp file this old and unlocked is a dead writer's leftover (seconds).
+STALE_TMP_S = 60.0
 
 
 @dataclass
@@ -111,6 +114,10 @@ def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
     except FileNotFoundError:
         return False
     try:
+        # A writer opens its temp file and then locks it: between the two it is unlocked but
+        # alive. Only a temp file both unlocked and old is a dead writer's leftover.
+        if time.time() - os.fstat(fd).st_mtime < STALE_TMP_S:
+            return False
         try:
             ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -125,6 +132,10 @@ def _close_dead_chain(ops: FileOps, directory: str, info: SegmentInfo) -> bool:
     """Truncate a torn tail (after a backup) and seal the last segment of a dead chain."""
     try:
         fd = ops.open(info.path, os.O_RDWR | os.O_APPEND)
+    except PermissionError as exc:
+        if not os.stat(info.path).st_mode & stat.S_IWUSR:
+            return False  # its writer sealed it (read-only) after our scan: not dead after all
+        raise JournalIOError(info.path, "open", exc) from exc
     except OSError as exc:
         raise JournalIOError(info.path, "open", exc) from exc
     try:

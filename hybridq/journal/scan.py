@@ -118,9 +118,17 @@ class SegmentScan:
             off = base + p
             bad: str | None = None
             if off >= self.size:
-                if seals != 1:
+                if seals == 1:
+                    bad = "seal incomplete"  # one seal, then the end: the writer died while sealing
+                elif seals >= SEAL_RECORDS or self.read_only or not self.is_last:
                     break
-                bad = "seal incomplete"  # one seal, then the end: the writer died while sealing
+                else:
+                    # A clean end of the last, unsealed segment: is its writer still there?
+                    state = self._settle()
+                    if state == "changed":
+                        continue  # it appended (or sealed) after our snapshot: read on
+                    info.live = state == "live"
+                    break
             else:
                 avail = len(buf) - p
                 if avail >= RECORD_HEADER_SIZE:
@@ -158,6 +166,8 @@ class SegmentScan:
                             off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
                         )
             if bad is not None:
+                if seals >= SEAL_RECORDS:
+                    raise self.corruption(off, f"bytes after the seal ({bad})", expected)
                 # A partial seal is torn as a whole: recovery truncates it and seals afresh.
                 if seals == 1:
                     off, expected = seal_off, seal_seq
@@ -202,16 +212,26 @@ class SegmentScan:
             raise self.corruption(
                 info.end_offset, "segment is not sealed but a later segment exists", expected
             )
-        info.live = self._writer_alive()
 
-    def _writer_alive(self) -> bool:
-        """Whether the chain's writer still holds its flock on this segment."""
+    def _settle(self) -> str:
+        """Whether the segment's writer is ``live``, ``dead``, or the file ``changed`` meanwhile.
+
+        ``live``: the writer holds its flock. ``changed``: it appended or sealed after our
+        snapshot of the size, then let go (read on). ``dead``: unlocked and unchanged.
+        """
         try:
             self.ops.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
-        self.ops.flock(self.fd, fcntl.LOCK_UN)
-        return False
+            return "live"
+        try:
+            st = os.fstat(self.fd)
+            if st.st_size != self.size or not st.st_mode & stat.S_IWUSR:
+                self.size = st.st_size
+                self.read_only = not (st.st_mode & stat.S_IWUSR)
+                return "changed"
+        finally:
+            self.ops.flock(self.fd, fcntl.LOCK_UN)
+        return "dead"
 
     def _anomaly(self, info: SegmentInfo, off: int, expected: int, reason: str) -> bool:
         """Decide what a bad or cut-off record at ``off`` is. Returns True to re-read from ``off``.
@@ -225,10 +245,9 @@ class SegmentScan:
         if self.read_only or not self.is_last:
             raise self.corruption(off, f"{reason} in a sealed segment", expected)
         later = self._later_records(off, expected)
-        # Tell a writer that is still appending from one that died: hold its lock while we look.
-        try:
-            self.ops.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        # Tell a writer that is still appending from one that died.
+        state = self._settle()
+        if state == "live":
             if later is not None:
                 # A live writer appends in order: valid records after a bad one are damage.
                 raise self.corruption(
@@ -239,15 +258,8 @@ class SegmentScan:
                 ) from None
             info.live = True
             return False  # a record still being written; picked up by the next scan
-        try:
-            st = os.fstat(self.fd)
-            if st.st_size != self.size or not st.st_mode & stat.S_IWUSR:
-                # The writer appended (and maybe sealed) after our snapshot, then let go.
-                self.size = st.st_size
-                self.read_only = not (st.st_mode & stat.S_IWUSR)
-                return True
-        finally:
-            self.ops.flock(self.fd, fcntl.LOCK_UN)
+        if state == "changed":
+            return True  # the writer appended (and maybe sealed) after our snapshot, then let go
         if later is not None and later.max_synced_seq >= expected:
             # A later record was written when this one was already durable: real damage.
             raise self.corruption(

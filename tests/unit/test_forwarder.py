@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -255,3 +256,32 @@ def test_a_forwarder_started_before_any_producer_creates_the_journal(tmp_path: P
         assert forwarder.step() == 0
     assert journal.is_dir()
     assert (journal.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_checkpoint_past_records_that_were_never_durable_is_moved_back(journal_dir: Path) -> None:
+    """The forwarder read records before their fsync; power loss dropped them; it restarts."""
+    from hybridq.journal import JournalReader
+    from tests.support.writers import abandon_writer
+
+    queue = Queue(journal=journal_dir)
+    kept = queue.enqueue(tasks.add, 1, 1)
+    writer = queue._writer
+    assert writer is not None
+    seg = writer._segment
+    assert seg is not None
+    durable_end = seg.size
+    queue.enqueue(tasks.add, 2, 2)
+    queue.enqueue(tasks.add, 3, 3)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()  # checkpoint now past all three
+    abandon_writer(writer)
+    os.truncate(seg.path, durable_end)  # power loss: the last two never reached the disk
+    later = Queue(journal=journal_dir)
+    _close_writers()
+    fresh = later.enqueue(tasks.add, 4, 4)
+    with Forwarder(journal_dir, transport) as again:  # must not refuse to start
+        again.step()
+    assert fresh.id in transport.jobs
+    assert kept.id in transport.jobs
+    assert len(list(JournalReader(journal_dir).records())) == 2

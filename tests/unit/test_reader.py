@@ -91,7 +91,11 @@ def test_recover_seals_a_dead_writers_clean_chain_and_removes_stale_temp_files(j
     kill_writer(writer)
     stale = journal_dir / "0000000000000000-00000000.wal.tmp"
     stale.write_bytes(b"")
+    fresh = journal_dir / "1111111111111111-00000000.wal.tmp"
+    fresh.write_bytes(b"")  # a writer between its open() and its flock(): not touched
+    os.utime(stale, (0, 0))
     report = recover(journal_dir)
+    assert fresh.exists()
     assert len(report.sealed) == 1
     assert report.repaired == []
     assert report.removed == [stale.name]
@@ -278,3 +282,38 @@ def test_a_failure_while_sealing_fails_the_append_and_never_wedges_the_writer(jo
     writer.append(b"z")  # a new chain
     writer.close()  # returns: nothing is left waiting
     assert sorted(r.payload for r in JournalReader(journal_dir).records()) == [b"x" * 3000, b"z"]
+
+
+def test_a_writer_sealing_while_a_scan_reaches_its_end_is_not_taken_for_dead(journal_dir: Path) -> None:
+    writer = JournalWriter(journal_dir)
+    writer.append_many([b"a", b"b"])
+    reader = JournalReader(journal_dir)
+    reader.on_bytes = lambda _n: writer.close()  # seal right after the scan's read, before EOF
+    assert [r.payload for r in reader.records()] == [b"a", b"b"]
+    (info,) = reader.chain_ends.values()
+    assert info.sealed
+    assert reader.torn_tails == []
+
+
+def test_a_missing_segment_under_a_saved_position_is_corruption(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        for _ in range(3):
+            writer.append_many([b"m" * 200] * 20)
+    records = list(JournalReader(journal_dir).records())
+    in_second = next(r for r in records if r.segment_index == 1)
+    saved = {in_second.writer_id: in_second.position}
+    sorted(journal_dir.glob("*.wal"))[1].unlink()
+    with pytest.raises(JournalCorruption, match="segment index 1 of the chain is missing"):
+        list(JournalReader(journal_dir).records(saved))
+
+
+def test_bytes_after_two_valid_seals_are_corruption_even_if_writable(journal_dir: Path) -> None:
+    """A crash between the seal's fsync and its chmod leaves 0600; junk after the seal is damage."""
+    with JournalWriter(journal_dir) as writer:
+        writer.append(b"a")
+    (segment,) = journal_dir.glob("*.wal")
+    segment.chmod(0o600)
+    with segment.open("ab") as f:
+        f.write(b"\x07" * 13)
+    with pytest.raises(JournalCorruption, match="bytes after the seal"):
+        recover(journal_dir)
