@@ -261,6 +261,7 @@ def test_a_forwarder_started_before_any_producer_creates_the_journal(tmp_path: P
 def test_a_checkpoint_past_records_that_were_never_durable_is_moved_back(journal_dir: Path) -> None:
     """The forwarder read records before their fsync; power loss dropped them; it restarts."""
     from hybridq.journal import JournalReader
+
     from tests.support.writers import abandon_writer
 
     queue = Queue(journal=journal_dir)
