@@ -247,7 +247,12 @@ def forward(ctx: click.Context, journal: str, redis_url: str, batch_size: int, i
     finally:
         forwarder.close()
         transport.close()
-    logging.getLogger("hybridq").info("stopped; checkpoint saved")
+    if forwarder.stats.down_since is not None:
+        logging.getLogger("hybridq").warning(
+            "stopped while Redis was unavailable; the undelivered jobs stay in the journal"
+        )
+    else:
+        logging.getLogger("hybridq").info("stopped; checkpoint saved")
 
 
 @cli.command()

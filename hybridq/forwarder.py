@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,7 +92,9 @@ class Forwarder:
         self.clock = clock
         self.stats = ForwarderStats()
         self.checkpoint = Checkpoint()
-        self._stop = threading.Event()
+        # A plain flag, not an Event: stop() runs in a signal handler, and Event.set() takes a
+        # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
+        self._stopping = False
         self._lock_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._reader: JournalReader | None = None
@@ -119,7 +120,14 @@ class Forwarder:
             self._clamp_checkpoint()
             self._reader = JournalReader(self.journal)
             self._reader.seek(self.checkpoint.positions)
-            self._listener = NudgeListener(self.journal)
+            try:
+                self._listener = NudgeListener(self.journal)
+            except OSError as exc:
+                # Someone else holds the name (abstract sockets have no permissions): run
+                # without nudges; new records are still picked up within the idle timeout.
+                log.warning(
+                    "cannot listen for producers' nudges (%s): polling every %.1f s", exc, self.idle_timeout_s
+                )
         except BaseException:
             self.close()
             raise
@@ -147,22 +155,25 @@ class Forwarder:
         self.close()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to finish the batch in flight, save the checkpoint and return."""
-        self._stop.set()
+        """Ask :meth:`run` to finish the batch in flight, save the checkpoint and return.
+
+        Safe in a signal handler: it sets a flag and sends one datagram, taking no lock.
+        """
+        self._stopping = True
         if self._listener is not None:
-            # Wake the loop if it is waiting for a nudge.
+            # Wake the loop if it is waiting for a nudge (or backing off).
             nudge(self.journal, name=self._listener.name)
 
     @property
     def stopping(self) -> bool:
         """Whether :meth:`stop` was called."""
-        return self._stop.is_set()
+        return self._stopping
 
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
         """Forward until :meth:`stop` is called."""
-        while not self._stop.is_set():
+        while not self._stopping:
             try:
                 self.step()
             except _Stopped:
@@ -185,11 +196,24 @@ class Forwarder:
             if len(batch) >= self.batch_size:
                 done += self._deliver(batch)
                 batch = []
-                if self._stop.is_set():
+                done += self._forward_due()  # a long backlog must not hold back due jobs
+                if self._stopping:
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
         if batch or self._position_moved():
             done += self._deliver(batch)
         return done
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, waking early only for a stop (producers' nudges do not cut it short)."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._listener is not None:
+                self._listener.wait(left)
+            else:
+                time.sleep(left)
 
     def _wait(self) -> None:
         timeout = self.idle_timeout_s
@@ -302,7 +326,8 @@ class Forwarder:
                 if self.stats.down_since is None:
                     self.stats.down_since = time.monotonic()
                     log.warning("transport unavailable, holding %d jobs and retrying: %s", len(batch), exc)
-                if self._stop.wait(self._rng.uniform(delay / 2, delay)):
+                self._sleep(self._rng.uniform(delay / 2, delay))
+                if self._stopping:
                     raise _Stopped from exc
                 delay = min(self.backoff_max_s, delay * 2)
                 continue
@@ -318,15 +343,25 @@ class Forwarder:
             return
 
 
-def _take_lock(path: str) -> int:
-    """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it."""
+def _take_lock(path: str, *, patience_s: float = 1.0) -> int:
+    """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it.
+
+    Retries for ``patience_s``: ``hybridq status`` probes the lock for an instant, and a
+    forwarder (re)starting at that instant must not give up.
+    """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise JournalLocked(path, f"{holder} (one forwarder per journal directory)") from None
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise JournalLocked(path, f"{holder} (one forwarder per journal directory)") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"forwarder pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd

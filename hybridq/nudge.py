@@ -61,7 +61,11 @@ class NudgeListener:
     def __init__(self, journal_path: str) -> None:
         self.name = address(journal_path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self.sock.bind(self.name)
+        try:
+            self.sock.bind(self.name)
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.settimeout(0.0)
 
     def wait(self, timeout_s: float) -> bool:

@@ -121,6 +121,26 @@ class Job:
 # -- queues -------------------------------------------------------------------------------------
 
 _OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
+#: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
+#: the function (which would then fail in the worker).
+_RQ_ONLY_OPTIONS = frozenset(
+    {
+        "ttl",
+        "failure_ttl",
+        "at_front",
+        "depends_on",
+        "on_success",
+        "on_failure",
+        "on_stopped",
+        "pipeline",
+        "timeout",
+        "group_id",
+        "repeat",
+        "rate_limit",
+        "webhooks",
+        "unique",
+    }
+)
 
 
 class Queue:
@@ -174,7 +194,19 @@ class Queue:
         ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
+        unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
+        if unsupported:
+            raise EnvelopeError(
+                f"enqueue option(s) {', '.join(unsupported)} are RQ's and not supported by hybridq; "
+                "if they are your function's arguments, use enqueue_call(f, args, kwargs)"
+            )
         options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+        if "args" in kwargs or "kwargs" in kwargs:
+            # rq's explicit form: enqueue(f, args=(...), kwargs={...}, **options)
+            if args or set(kwargs) - {"args", "kwargs"}:
+                raise EnvelopeError("with explicit args=/kwargs=, pass no other arguments")
+            args = tuple(kwargs.pop("args", None) or ())
+            kwargs = dict(kwargs.pop("kwargs", None) or {})
         return self.enqueue_call(f, args, kwargs, idempotency_key=idempotency_key, **options)
 
     def enqueue_call(
@@ -199,15 +231,18 @@ class Queue:
                 raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
             payloads.append(payload)
         if self._pending is not None and self.capacity is not None:
-            pending = self._pending.value()
-            if pending + len(payloads) > self.capacity:
-                raise QueueFull(pending, self.capacity)
+            self._pending.reserve(len(payloads), self.capacity)  # raises QueueFull
         writer = self._writer
         if writer is None or writer.closed:
             writer = self._writer = shared_writer(self.journal, self.durability)
-        ids = writer.append_many(payloads)
+        try:
+            ids = writer.append_many(payloads)
+        except BaseException:
+            if self._pending is not None:
+                self._pending.release(len(payloads), appended=False)
+            raise
         if self._pending is not None:
-            self._pending.added(len(ids))
+            self._pending.release(len(ids), appended=True)
         nudge(self.journal, name=self._nudge_name)
         return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
 
@@ -241,6 +276,8 @@ class Queue:
             raise EnvelopeError("kwargs must be a mapping")
         if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
             raise EnvelopeError("idempotency_key must be a non-empty string")
+        if meta and "hybridq" in meta:
+            raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
         if retry is not None and not isinstance(retry, Retry):
             raise EnvelopeError("retry must be a hybridq.Retry")
         now = time.time()
@@ -295,29 +332,39 @@ class _PendingCount:
     """Pending jobs (accepted, not yet terminal) for the capacity check.
 
     Counts the journal's records incrementally (only new records are read each time) at most
-    once per ``refresh_s``, and adds this process's own enqueues in between. Terminal outcomes
-    come from the completion ledger; until one exists every accepted job counts as pending.
+    once per ``refresh_s``, and adds this process's own enqueues in between. Within a process the
+    check is exact (a reservation is taken before the append); across processes it can overshoot
+    by what other processes appended within ``refresh_s``. Terminal outcomes come from the
+    completion ledger; until one exists every accepted job counts as pending.
     """
 
     def __init__(self, journal: str, refresh_s: float = 1.0) -> None:
         self._reader = JournalReader(journal)
-        self._accepted = 0
-        self._local = 0
+        self._accepted = 0  # records found in the journal by the last refresh
+        self._local = 0  # appended by this process since then
+        self._inflight = 0  # reserved by this process, being appended
         self._refreshed = -1e9
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
 
-    def value(self) -> int:
+    def reserve(self, n: int, capacity: int) -> None:
+        """Take ``n`` places or raise :class:`QueueFull`; follow with :meth:`release`."""
         with self._lock:
             if time.monotonic() - self._refreshed >= self._refresh_s:
                 self._accepted += self._reader.check()
                 self._local = 0
                 self._refreshed = time.monotonic()
-            return self._accepted + self._local
+            pending = self._accepted + self._local + self._inflight
+            if pending + n > capacity:
+                raise QueueFull(pending, capacity)
+            self._inflight += n
 
-    def added(self, n: int) -> None:
+    def release(self, n: int, *, appended: bool) -> None:
+        """End a reservation: the records are in the journal (``appended``) or were not written."""
         with self._lock:
-            self._local += n
+            self._inflight -= n
+            if appended:
+                self._local += n
 
 
 # -- the task decorator -------------------------------------------------------------------------

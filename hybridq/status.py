@@ -91,10 +91,19 @@ def _redis_up(url: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and output)."""
+    """``url`` with any password (``user:pass@`` or ``?password=``) replaced by ``***``."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
         return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
+    rest, qsep, query = rest.partition("?")
+    if "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        rest = f"{user}:***@{host}" if user else f"***@{host}"
+    if qsep:
+        params = [
+            f"{key}=***" if key.lower() == "password" else f"{key}{eq}{value}"
+            for key, eq, value in (part.partition("=") for part in query.split("&"))
+        ]
+        rest = rest + "?" + "&".join(params)
+    return f"{scheme}://{rest}"

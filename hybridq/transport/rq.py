@@ -12,11 +12,13 @@ sent as one pipeline of script calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from redis.exceptions import RedisError
 from rq import Queue
+from rq import Retry as RQRetry
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
@@ -88,7 +90,10 @@ class RQTransport(Transport):
             description=env.description,
             job_id=env.id,
             meta={**env.meta, "hybridq": {"key": env.idempotency_key, "created_at": env.created_at}},
+            retry=_rq_retry(env),
         )
+        # When the job was accepted, not when it reached Redis (it may have waited out an outage).
+        job.created_at = datetime.fromtimestamp(env.created_at, tz=UTC)
         queue._prepare_for_queue(job)  # origin, enqueued_at, default timeout, status "queued"
         return job
 
@@ -121,6 +126,22 @@ class RQTransport(Transport):
     def close(self) -> None:
         """Close the connection pool."""
         self.connection.close()
+
+
+def _rq_retry(env: Envelope) -> RQRetry | None:
+    """The envelope's retry policy as RQ's (interim: RQ keeps the attempt count in Redis).
+
+    Delays are the policy's without jitter. RQ runs a retry with a delay only when a worker
+    runs its scheduler (``rq worker --with-scheduler``); retries with no delay need nothing.
+    """
+    policy = env.retry
+    if policy is None or policy.max_attempts <= 1:
+        return None
+    intervals = [
+        round(min(policy.backoff_max_s, policy.backoff_s * 2**attempt))
+        for attempt in range(policy.max_attempts - 1)
+    ]
+    return RQRetry(max=policy.max_attempts - 1, interval=intervals)
 
 
 def _whole_seconds(value: float | None) -> int | None:

@@ -23,7 +23,7 @@ def envelope(queue: str = "default", **overrides) -> Envelope:
         "func": "tests.tasks.add",
         "queue": queue,
         "idempotency_key": "k",
-        "created_at": 0.0,
+        "created_at": 1_700_000_000.25,
         "args": (2, 3),
     }
     fields.update(overrides)
@@ -113,9 +113,24 @@ class TestRQTransport(TransportContract):
         assert job.description == "answer"
         assert job.meta["team"] == "x"
         assert job.meta["hybridq"]["key"] == "k"
+        assert job.created_at.timestamp() == pytest.approx(env.created_at, abs=0.001)  # accepted, not pushed
 
     def test_no_pickle_reaches_redis(self, transport) -> None:
         env = envelope()
         transport.push([env])
         data = zlib.decompress(transport.connection.hget(f"rq:job:{env.id}", "data"))  # RQ compresses
         assert json.loads(data)[0] == "tests.tasks.add"  # JSON, not pickle
+
+
+def test_a_retry_policy_becomes_rqs_until_hybridqs_worker_side_runs_retries(redis_server) -> None:
+    from hybridq.envelope import Retry
+
+    transport = RQTransport(redis_server.url)
+    try:
+        env = envelope(func="tests.tasks.add", retry=Retry(max_attempts=3, backoff_s=0))
+        transport.push([env])
+        job = RQJob.fetch(env.id, connection=transport.connection, serializer=JSONSerializer)
+        assert job.retries_left == 2
+        assert job.retry_intervals == [0, 0]
+    finally:
+        transport.close()

@@ -100,3 +100,18 @@ def test_verify_shows_a_progress_bar_on_large_journals(
     result = runner.invoke(cli, ["journal", "verify", "--journal", str(journal)])
     assert result.exit_code == 0, result.output
     assert "scanning" in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@h:6379/0", "redis://***@h:6379/0"),
+        ("redis://user:s3cret@h/0?db=1", "redis://user:***@h/0?db=1"),
+        ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+    ],
+)
+def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
+    from hybridq.status import redact_url
+
+    assert redact_url(url) == shown

@@ -286,3 +286,62 @@ def test_a_checkpoint_past_records_that_were_never_durable_is_moved_back(journal
     assert fresh.id in transport.jobs
     assert kept.id in transport.jobs
     assert len(list(JournalReader(journal_dir).records())) == 2
+
+
+def test_due_delayed_jobs_are_not_held_back_by_a_long_backlog(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    clock = Clock()
+    delayed = queue.enqueue(tasks.add, 0, 0, run_at=clock.now + 1)
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(300)])
+    transport = MemoryTransport()
+    original_push = transport.push
+
+    def push_and_advance_time(jobs):
+        clock.now += 0.5  # each batch takes "half a second"
+        return original_push(jobs)
+
+    transport.push = push_and_advance_time  # type: ignore[method-assign]
+    with Forwarder(journal_dir, transport, batch_size=100, clock=clock) as forwarder:
+        forwarder.step()
+    order = transport.queues["default"]
+    assert order.index(delayed.id) < 250  # pushed between batches once due, not after all 300
+
+
+def test_a_status_probe_at_the_moment_a_forwarder_starts_does_not_refuse_it(journal_dir: Path) -> None:
+    import fcntl
+    import threading
+
+    Queue(journal=journal_dir)
+    journal_dir.mkdir(exist_ok=True)
+    fd = os.open(journal_dir / "forwarder.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # what `hybridq status` holds for an instant
+    threading.Timer(0.2, lambda: os.close(fd)).start()
+    with Forwarder(journal_dir, MemoryTransport()) as forwarder:
+        assert forwarder.step() == 0
+
+
+def test_a_squatted_nudge_socket_degrades_to_polling(journal_dir: Path, caplog) -> None:
+    import socket
+
+    from hybridq.nudge import address
+
+    Queue(journal=journal_dir)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(address(str(journal_dir)))
+    try:
+        with Forwarder(journal_dir, MemoryTransport()) as forwarder:
+            assert forwarder.step() == 0
+        assert "nudges" in caplog.text
+    finally:
+        squatter.close()
+
+
+def test_stop_is_safe_in_a_signal_handler_and_takes_no_lock(journal_dir: Path) -> None:
+    Queue(journal=journal_dir)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    try:
+        forwarder.stop()  # sets a flag and sends a datagram
+        assert forwarder.stopping
+        forwarder.run()  # returns at once
+    finally:
+        forwarder.close()

@@ -165,3 +165,52 @@ def test_a_journal_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(JournalPathError, match="cannot create"):
         Queue(journal=blocker / "journal")
+
+
+def test_capacity_is_exact_under_concurrent_enqueues(journal_dir: Path) -> None:
+    import threading
+
+    queue = Queue(journal=journal_dir, capacity=20)
+    accepted = refused = 0
+    lock = threading.Lock()
+
+    def work() -> None:
+        nonlocal accepted, refused
+        for _ in range(5):
+            try:
+                queue.enqueue(tasks.add, 1, 1)
+                with lock:
+                    accepted += 1
+            except QueueFull:
+                with lock:
+                    refused += 1
+
+    threads = [threading.Thread(target=work) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (accepted, refused) == (20, 60)
+    assert len(records(journal_dir)) == 20
+
+
+@pytest.mark.parametrize("option", ["ttl", "failure_ttl", "at_front", "depends_on", "on_success"])
+def test_rq_options_hybridq_does_not_support_are_refused_not_passed_on(
+    journal_dir: Path, option: str
+) -> None:
+    with pytest.raises(EnvelopeError, match=option):
+        Queue(journal=journal_dir).enqueue(tasks.add, 1, **{option: 1})
+    assert list(journal_dir.iterdir()) == []
+
+
+def test_rq_style_explicit_args_and_kwargs(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(tasks.add, args=(1,), kwargs={"b": 2}, job_timeout=5)
+    (rec,) = records(journal_dir)
+    assert (rec["args"], rec["kwargs"], rec["timeout"]) == ([1], {"b": 2}, 5)
+    with pytest.raises(EnvelopeError, match="explicit"):
+        Queue(journal=journal_dir).enqueue(tasks.add, 1, args=(2,))
+
+
+def test_the_hybridq_meta_key_is_reserved(journal_dir: Path) -> None:
+    with pytest.raises(EnvelopeError, match="reserved"):
+        Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, meta={"hybridq": 1})
