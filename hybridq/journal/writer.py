@@ -132,7 +132,11 @@ class JournalWriter:
             RecordTooLarge: the payload is over ``MAX_PAYLOAD_BYTES``; nothing was written.
             JournalIOError: a write or fsync failed; the record is not acknowledged.
         """
-        return self.append_many((payload,), rtype)[0]
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        _check_batch((payload,), rtype)
+        writer_id, first = self._commit((payload,), rtype, RECORD_HEADER_SIZE + len(payload))
+        return RecordId(writer_id, first)
 
     def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
         """Append records as one batch under one fsync; all or none are acknowledged."""
@@ -140,21 +144,27 @@ class JournalWriter:
         _check_batch(items, rtype)
         if not items:
             return []
+        batch_bytes = sum(map(len, items)) + RECORD_HEADER_SIZE * len(items)
+        writer_id, first = self._commit(items, rtype, batch_bytes)
+        return [RecordId(writer_id, first + i) for i in range(len(items))]
+
+    def _commit(self, items: Sequence[bytes], rtype: int, batch_bytes: int) -> tuple[str, int]:
+        """Write a checked batch and wait until it is durable; the chain and first sequence."""
         with self._lock:
             if self._closed:
                 raise JournalClosed
-            batch_bytes = sum(len(p) for p in items) + RECORD_HEADER_SIZE * len(items)
             seg = self._writable_segment(batch_bytes)
             first = seg.next_seq
             # synced_seq may be a moment stale (smaller): that only makes the stated distance
             # larger, which the reader treats as "less was durable" (the safe direction).
             blob = encode_records(seg.seed, first, rtype, items, synced_seq=seg.synced_seq)
             self._write(seg, blob)
-            seg.next_seq += len(items)
+            last = first + len(items) - 1
+            seg.next_seq = last + 1
             seg.data_count += len(items)
-            seg.last_data_seq = seg.next_seq - 1
+            seg.last_data_seq = last
             with self._cond:
-                seg.written_seq = seg.next_seq - 1
+                seg.written_seq = last
                 gen = seg.open_gen
             writer_id = seg.writer_id
         if self._crashpoints:
@@ -162,7 +172,7 @@ class JournalWriter:
         self._wait_durable(seg, gen)
         if self._crashpoints:
             crashpoints.reached("after_fsync_before_ack")
-        return [RecordId(writer_id, first + i) for i in range(len(items))]
+        return writer_id, first
 
     def close(self) -> None:
         """Seal the current segment and release it. Idempotent."""
