@@ -345,3 +345,26 @@ def test_stop_is_safe_in_a_signal_handler_and_takes_no_lock(journal_dir: Path) -
         forwarder.run()  # returns at once
     finally:
         forwarder.close()
+
+
+def test_while_the_transport_is_down_memory_holds_one_batch_not_the_backlog(journal_dir: Path) -> None:
+    """Invariant 7: the forwarder streams from disk; an outage does not load the backlog."""
+    queue = Queue(journal=journal_dir)
+    for _ in range(10):
+        queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(1000)])
+    transport = MemoryTransport()
+    transport.down = True
+    forwarder = make_forwarder(journal_dir, transport, batch_size=100)
+    reader = forwarder._reader
+    assert reader is not None
+    runner = threading.Thread(target=forwarder.run)
+    runner.start()
+    try:
+        while forwarder.stats.transport_failures < 20:
+            threading.Event().wait(0.005)
+        read = sum(p.next_seq - 1 for p in reader.position.values())
+        assert read <= 100  # one batch read from disk, 9,900 jobs still only on disk
+    finally:
+        forwarder.stop()
+        runner.join(timeout=10)
+        forwarder.close()
