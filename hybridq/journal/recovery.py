@@ -66,7 +66,12 @@ def verify(
     Read-only. A torn tail of a dead writer is reported, not raised: it is the normal result of a
     crash and :func:`recover` repairs it.
     """
-    reader = JournalReader(path, fileops=fileops)
+    return _verify(JournalReader(path, fileops=fileops), on_bytes)[0]
+
+
+def _verify(
+    reader: JournalReader, on_bytes: Callable[[int], None] | None = None
+) -> tuple[VerifyReport, JournalReader]:
     reader.on_bytes = on_bytes
     report = VerifyReport(records=reader.check())
     report.chains = len(reader.chain_ends)
@@ -76,7 +81,7 @@ def verify(
         if name.endswith(SEGMENT_SUFFIX):
             report.segments += 1
             report.bytes += os.stat(os.path.join(reader.path, name), follow_symlinks=False).st_size
-    return report
+    return report, reader
 
 
 def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> RecoveryReport:
@@ -87,16 +92,16 @@ def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> R
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
        it, so its chain is closed and the tail is never repaired twice.
     """
-    report = RecoveryReport(verify=verify(path, fileops=fileops))
-    reader = JournalReader(path, fileops=fileops)
+    checked, reader = _verify(JournalReader(path, fileops=fileops))
+    report = RecoveryReport(verify=checked)
     directory = reader.path
     for name in sorted(os.listdir(directory)):
         if name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX) and _remove_if_unlocked(fileops, directory, name):
             report.removed.append(name)
     if report.removed:
         fileops.fsync_dir(directory)
-    # A second pass (cheap: the OS cache is warm) gives each chain's last segment as of now.
-    reader.check()
+    # One scan is enough: a chain that changed since (a live writer appended or sealed) is
+    # re-checked under its lock by _close_dead_chain before anything is written.
     for info in reader.chain_ends.values():
         if info.sealed or info.live:
             continue
