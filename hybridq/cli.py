@@ -76,7 +76,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
     \b
     Example:
-      hybridq journal verify --journal /var/lib/hybridq/journal
+      hybridq demo
+      hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+      hybridq status --json --journal /var/lib/hybridq/journal
+
+    \b
+    Exit codes: 0 ok, 1 error, 2 bad usage, 3 corrupt journal (docs/cli.md).
     """
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
@@ -208,7 +213,13 @@ redis_option = click.option(
 @cli.command()
 @journal_option
 @redis_option
-@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--batch-size",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Most jobs per Redis pipeline (and per checkpoint write).",
+)
 @click.option(
     "--idle-timeout",
     default=1.0,
