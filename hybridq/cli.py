@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import click
 from hybridq import __version__
 from hybridq.errors import HybridqError, JournalCorruption
 from hybridq.journal.paths import DEFAULT_JOURNAL
-from hybridq.journal.reader import JournalReader
+from hybridq.journal.reader import JournalReader, segment_usage
 from hybridq.journal.recovery import verify
 from hybridq.status import redact_url
 
@@ -110,16 +109,6 @@ def _progress(total: int) -> tuple[Callable[[int], None] | None, Callable[[], No
     return bar.update, lambda: bar.__exit__(None, None, None)
 
 
-def _segment_bytes(path: str) -> int:
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return 0
-    return sum(
-        os.stat(os.path.join(path, n), follow_symlinks=False).st_size for n in names if n.endswith(".wal")
-    )
-
-
 @journal.command("verify")
 @journal_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
@@ -135,7 +124,7 @@ def journal_verify(ctx: click.Context, journal: str, as_json: bool) -> None:
     Example:
       hybridq journal verify --journal ./hybridq-journal
     """
-    on_bytes, done = _progress(_segment_bytes(journal))
+    on_bytes, done = _progress(segment_usage(journal)[1])
     try:
         report = verify(journal, on_bytes=on_bytes)
     except (HybridqError, OSError) as exc:

@@ -49,7 +49,7 @@ class ForwarderStats:
     pushed: int = 0
     duplicate_pushes: int = 0
     transport_failures: int = 0
-    #: Seconds since the transport went down, while it is down.
+    #: ``time.monotonic()`` when the transport went down, while it is down; else ``None``.
     down_since: float | None = None
 
 

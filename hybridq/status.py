@@ -13,6 +13,7 @@ from typing import Any
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import JournalReader
 from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.reader import segment_usage
 from hybridq.state import load_checkpoint
 
 __all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
@@ -29,6 +30,7 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
     waiting = accepted
     if checkpoint is not None:
         waiting = JournalReader(path).check(checkpoint.positions)
+    segments, size = segment_usage(path)
     succeeded = failed = suppressed = 0  # from the completion ledger, once workers report back
     out: dict[str, Any] = {
         "accepted": accepted,
@@ -42,7 +44,7 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
         "duplicate_pushes": checkpoint.duplicate_pushes if checkpoint else 0,
         "invalid_records": checkpoint.invalid if checkpoint else 0,
         "forwarder": _forwarder_holder(path),
-        "journal": {"path": path, **_journal_size(path)},
+        "journal": {"path": path, "segments": segments, "bytes": size},
     }
     if redis_url is not None:
         out["redis"] = {"url": redact_url(redis_url), "up": _redis_up(redis_url)}
@@ -65,15 +67,6 @@ def _forwarder_holder(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
-
-
-def _journal_size(path: str) -> dict[str, int]:
-    segments = size = 0
-    for entry in os.scandir(path):
-        if entry.name.endswith(".wal"):
-            segments += 1
-            size += entry.stat(follow_symlinks=False).st_size
-    return {"segments": segments, "bytes": size}
 
 
 def _redis_up(url: str) -> bool:

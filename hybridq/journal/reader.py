@@ -45,6 +45,7 @@ __all__ = [
     "list_chains",
     "read_record_at",
     "seal_offset",
+    "segment_usage",
 ]
 
 _CHUNK_BYTES = 1 << 20
@@ -64,6 +65,20 @@ def list_chains(path: str) -> dict[str, list[int]]:
     for indices in chains.values():
         indices.sort()
     return dict(sorted(chains.items()))
+
+
+def segment_usage(path: str) -> tuple[int, int]:
+    """``(segment files, bytes)`` of a journal directory; ``(0, 0)`` when it cannot be listed."""
+    segments = size = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if parse_segment_name(entry.name) is not None:
+            segments += 1
+            size += entry.stat(follow_symlinks=False).st_size
+    return segments, size
 
 
 class JournalReader:

@@ -21,7 +21,7 @@ from hybridq.errors import JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, write_all
 from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
-from .reader import JournalReader, SegmentInfo, TornTail
+from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
 from .segment import SealError, seal_fd
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
@@ -77,10 +77,7 @@ def _verify(
     report.chains = len(reader.chain_ends)
     report.live_chains = sum(1 for info in reader.chain_ends.values() if info.live)
     report.torn_tails = list(reader.torn_tails)
-    for name in os.listdir(reader.path):
-        if name.endswith(SEGMENT_SUFFIX):
-            report.segments += 1
-            report.bytes += os.stat(os.path.join(reader.path, name), follow_symlinks=False).st_size
+    report.segments, report.bytes = segment_usage(reader.path)
     return report, reader
 
 

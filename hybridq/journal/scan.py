@@ -40,7 +40,6 @@ __all__ = ["SegmentScan", "unpack_header"]
 _SEAL = int(RecordType.SEAL)
 # crc, length, sequence, and one word: type (low byte), unsynced distance (the other 24 bits)
 unpack_header = RECORD_HEADER.unpack_from
-_unpack_raw_header = unpack_header
 _crc32c_raw = _crc32c_module.crc32c  # the C function itself: one Python call less per record
 
 
@@ -119,7 +118,7 @@ class SegmentScan:
         emit, writer_id, index = self.emit, self.writer_id, self.index
         on_bytes = self.on_bytes
         last = self.last
-        unpack = _unpack_raw_header
+        unpack = unpack_header
         crc = _crc32c_raw
         os.lseek(fd, offset, os.SEEK_SET)
         buf = b""
@@ -316,7 +315,7 @@ class SegmentScan:
                 window = b""
                 continue
             pos = window_at + m.start()
-            _, length, seq, type_word = _unpack_raw_header(window, m.start())
+            _, length, seq, type_word = unpack_header(window, m.start())
             distance = type_word >> 8
             end = pos + RECORD_HEADER_SIZE + length
             if expected <= seq <= max_seq and length <= MAX_PAYLOAD_BYTES and end <= self.size:
