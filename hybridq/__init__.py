@@ -4,6 +4,7 @@ Redis (through RQ) is only a cache and a transport: see ``DESIGN.md``. This pack
 names are listed in ``__all__``.
 """
 
+from .context import CurrentJob, current_job
 from .envelope import Envelope, Retry
 from .errors import (
     EnvelopeError,
@@ -20,17 +21,21 @@ from .errors import (
     StateFileCorrupt,
     TransportError,
 )
+from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
 from .journal import Durability
 from .producer import Job, Queue, Task, task
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CurrentJob",
     "Durability",
     "Envelope",
     "EnvelopeError",
+    "FailedJob",
     "HybridqError",
     "Job",
+    "JobNotFailed",
     "JournalClosed",
     "JournalCorruption",
     "JournalError",
@@ -46,5 +51,8 @@ __all__ = [
     "Task",
     "TransportError",
     "__version__",
+    "current_job",
+    "failed_jobs",
+    "requeue",
     "task",
 ]

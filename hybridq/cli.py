@@ -216,8 +216,33 @@ redis_option = click.option(
     type=click.FloatRange(0.01, 60),
     help="Seconds to sleep without a nudge from a producer before looking anyway.",
 )
+@click.option(
+    "--lease",
+    "lease_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 3600),
+    help="Seconds a worker's claim on a job lasts unrenewed; a killed worker's job is delivered "
+    "again about this long after it died.",
+)
+@click.option(
+    "--key-ttl",
+    "key_ttl_s",
+    default=86400.0,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="Seconds a job's outcome stays stored under its idempotency key in Redis.",
+)
 @click.pass_context
-def forward(ctx: click.Context, journal: str, redis_url: str, batch_size: int, idle_timeout: float) -> None:
+def forward(
+    ctx: click.Context,
+    journal: str,
+    redis_url: str,
+    batch_size: int,
+    idle_timeout: float,
+    lease_s: float,
+    key_ttl_s: float,
+) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
     Runs until SIGTERM or SIGINT, then finishes the batch in flight, saves its checkpoint and
@@ -232,7 +257,14 @@ def forward(ctx: click.Context, journal: str, redis_url: str, batch_size: int, i
 
     transport = RQTransport(redis_url)
     try:
-        forwarder = Forwarder(journal, transport, batch_size=batch_size, idle_timeout_s=idle_timeout)
+        forwarder = Forwarder(
+            journal,
+            transport,
+            batch_size=batch_size,
+            idle_timeout_s=idle_timeout,
+            lease_s=lease_s,
+            key_ttl_s=key_ttl_s,
+        )
         forwarder.open()
     except (HybridqError, OSError) as exc:
         transport.close()
@@ -303,6 +335,134 @@ def status(ctx: click.Context, journal: str, redis_url: str | None, as_json: boo
     )
     if "redis" in out:
         click.echo(f"{'redis':>22}: {out['redis']['url']} {'up' if out['redis']['up'] else 'DOWN'}")
+
+
+@cli.command()
+@redis_option
+@click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.option(
+    "--simple",
+    is_flag=True,
+    help="Run jobs in the worker process (RQ's SimpleWorker) instead of a forked work-horse per job.",
+)
+@click.option("--name", default=None, help="The RQ worker name (default: RQ's).")
+@click.argument("queues", nargs=-1)
+@click.pass_context
+def worker(
+    ctx: click.Context, redis_url: str, burst: bool, simple: bool, name: str | None, queues: tuple[str, ...]
+) -> None:
+    """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
+
+    It is `rq worker` with the JSON serializer, restarted when Redis goes away (backoff up to
+    30 s, no spinning), so it keeps serving across Redis restarts and outages. A plain
+    `rq worker --serializer rq.serializers.JSONSerializer QUEUE` also runs hybridq jobs with
+    every guarantee; only the restarts are this command's.
+
+    \b
+    Example:
+      hybridq worker --redis redis://127.0.0.1:6379/0 default emails
+    """
+    from hybridq.envelope import validate_queue_name  # noqa: PLC0415
+    from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
+
+    try:
+        names = [validate_queue_name(q) for q in queues] or ["default"]
+    except HybridqError as exc:
+        _fail(ctx, exc)
+    logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
+    code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+    ctx.exit(code)
+
+
+@cli.group()
+def failed() -> None:
+    """Jobs that failed for good: list, show, requeue (from the ledger; Redis not needed)."""
+
+
+@failed.command("list")
+@journal_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def failed_list(ctx: click.Context, journal: str, as_json: bool) -> None:
+    """List jobs that failed for good, oldest first.
+
+    \b
+    Example:
+      hybridq failed list --journal ./hybridq-journal
+    """
+    from hybridq.failures import failed_jobs  # noqa: PLC0415
+
+    try:
+        jobs = failed_jobs(journal)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    for job in jobs:
+        if as_json:
+            click.echo(json.dumps(_failed_json(job)))
+        else:
+            error = (job.error or "").strip().splitlines()[-1:] or [""]
+            click.echo(f"{job.id}  {job.queue}  {job.func}  attempts={job.attempts}  {error[0][:120]}")
+    if not as_json:
+        click.echo(f"{len(jobs)} failed job(s)", err=True)
+
+
+@failed.command("show")
+@journal_option
+@click.argument("job_id")
+@click.pass_context
+def failed_show(ctx: click.Context, journal: str, job_id: str) -> None:
+    """Show one failed job as JSON: its call, attempts and last error."""
+    from hybridq.failures import JobNotFailed, failed_jobs  # noqa: PLC0415
+
+    try:
+        match = [j for j in failed_jobs(journal) if j.id == job_id]
+        if not match:
+            raise JobNotFailed(job_id)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    click.echo(json.dumps(_failed_json(match[-1]), indent=2))
+
+
+@failed.command("requeue")
+@journal_option
+@click.option("--all", "requeue_all", is_flag=True, help="Requeue every listed failure.")
+@click.argument("job_ids", nargs=-1)
+@click.pass_context
+def failed_requeue(ctx: click.Context, journal: str, requeue_all: bool, job_ids: tuple[str, ...]) -> None:
+    """Accept failed jobs again (same job id, attempts start over); prints each job id.
+
+    Nothing is requeued if any JOB_ID is not a listed failure.
+
+    \b
+    Example:
+      hybridq failed requeue 01a22d5981129cc616500e5c84939d91
+      hybridq failed requeue --all
+    """
+    from hybridq.failures import failed_jobs, requeue  # noqa: PLC0415
+
+    if bool(job_ids) == requeue_all:
+        raise click.UsageError("give job ids or --all (not both)")
+    try:
+        ids = [j.id for j in failed_jobs(journal)] if requeue_all else list(job_ids)
+        jobs = requeue(ids, journal)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    for job in jobs:
+        click.echo(job.id)
+    click.echo(f"requeued {len(jobs)} job(s)", err=True)
+
+
+def _failed_json(job: Any) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "func": job.func,
+        "queue": job.queue,
+        "attempts": job.attempts,
+        "failed_at": job.failed_at,
+        "error": job.error,
+        "args": list(job.envelope.args) if job.envelope is not None else None,
+        "kwargs": dict(job.envelope.kwargs) if job.envelope is not None else None,
+    }
 
 
 @cli.command()

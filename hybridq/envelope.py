@@ -42,7 +42,7 @@ _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _KNOWN = frozenset(
     {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
-    | {"retry", "description", "meta"}
+    | {"retry", "description", "meta", "requeue"}
 )
 
 
@@ -182,6 +182,8 @@ class Envelope:
     retry: Retry | None = None
     description: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    #: How many times the job was requeued after failing for good (0 for a new job).
+    requeue: int = 0
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -219,6 +221,8 @@ class Envelope:
             out["description"] = self.description
         if self.meta:
             out["meta"] = dict(self.meta)
+        if self.requeue:
+            out["requeue"] = self.requeue
         return out
 
     def to_bytes(self) -> bytes:
@@ -265,6 +269,7 @@ class Envelope:
                 retry=Retry.from_json(retry) if retry is not None else None,
                 description=obj.get("description"),
                 meta=dict(obj.get("meta") or {}),
+                requeue=int(obj.get("requeue", 0)),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -1,7 +1,8 @@
 """The forwarder: tails the journal and pushes jobs into the transport, one per journal directory.
 
-Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch ->
-save the checkpoint. The checkpoint is saved only after the transport accepted the batch
+Loop: harvest completions, deliver due retries and reconcile (:mod:`hybridq.completions`) ->
+read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch -> save the
+checkpoint. The checkpoint is saved only after the transport accepted the batch
 (invariant 5), so a crash in between re-pushes at most that batch, and the deterministic job id
 absorbs it. While the transport is down, the forwarder backs off (exponential, with jitter),
 logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
+from hybridq.completions import Completions
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
@@ -32,6 +34,7 @@ from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
 from hybridq.transport import Transport
+from hybridq.transport.base import Delivery
 
 __all__ = ["LOCK_NAME", "Forwarder", "ForwarderStats"]
 
@@ -39,6 +42,8 @@ log = logging.getLogger("hybridq.forwarder")
 
 #: The lock file that makes the forwarder the only one for its journal.
 LOCK_NAME = "forwarder.lock"
+#: How often the forwarder checks that Redis still has its epoch (seconds).
+EPOCH_CHECK_S = 1.0
 
 
 @dataclass
@@ -66,6 +71,14 @@ class Forwarder:
         batch_size: the most jobs per push (one pipeline, one checkpoint write).
         idle_timeout_s: the longest sleep without a nudge (a missed nudge costs at most this).
         backoff_initial_s: first wait after a transport failure; doubles up to ``backoff_max_s``.
+        lease_s: how long a worker's claim on a job lasts without renewal; a job whose worker
+            stopped renewing it is delivered again about this long after the worker died.
+        key_ttl_s: how long a job's outcome stays stored under its idempotency key in Redis
+            (duplicates within this window return the stored result; the ledger covers the
+            forwarder's own jobs forever).
+        max_lost: a job whose worker vanished this many times fails for good.
+        reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
+            ``lease_s``, at least 1 s).
         clock: wall-clock time (for delays); replaced in tests.
     """
 
@@ -78,6 +91,10 @@ class Forwarder:
         idle_timeout_s: float = 1.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 5.0,
+        lease_s: float = 10.0,
+        key_ttl_s: float = 86400.0,
+        max_lost: int = 5,
+        reconcile_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if batch_size < 1:
@@ -90,8 +107,16 @@ class Forwarder:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.clock = clock
+        self.lease_s = lease_s
+        self.key_ttl_s = key_ttl_s
+        self.max_lost = max_lost
+        self.reconcile_interval_s = (
+            reconcile_interval_s if reconcile_interval_s is not None else max(1.0, lease_s / 5)
+        )
         self.stats = ForwarderStats()
         self.checkpoint = Checkpoint()
+        self.completions: Completions | None = None
+        self._next_epoch_check = 0.0
         # A plain flag, not an Event: stop() runs in a signal handler, and Event.set() takes a
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
@@ -117,7 +142,20 @@ class Forwarder:
             if saved is None:
                 log.info("no checkpoint in %s: forwarding the journal from its start", self.journal)
             self.checkpoint = saved or Checkpoint()
+            if saved is None:
+                save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
             self._clamp_checkpoint()
+            self.completions = Completions(
+                self.journal,
+                self.transport,
+                self.checkpoint,
+                lease_s=self.lease_s,
+                key_ttl_s=self.key_ttl_s,
+                max_lost=self.max_lost,
+                reconcile_interval_s=self.reconcile_interval_s,
+                clock=self.clock,
+            )
+            self.completions.open()
             self._reader = JournalReader(self.journal)
             self._reader.seek(self.checkpoint.positions)
             try:
@@ -139,7 +177,9 @@ class Forwarder:
         )
 
     def close(self) -> None:
-        """Release the socket and the lock. Idempotent."""
+        """Release the socket, the ledger and the lock. Idempotent."""
+        if self.completions is not None:
+            self.completions.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -181,18 +221,25 @@ class Forwarder:
             self._wait()
 
     def step(self) -> int:
-        """Forward everything available now (due delayed jobs, then new records); return the count."""
+        """Forward everything available now (due delayed jobs, then new records); return the count.
+
+        First, the completions side: harvest outcomes, deliver due retries, reconcile, compact.
+        """
+        self._maintain()
         done = self._forward_due()
-        batch: list[Envelope] = []
+        batch: list[Delivery] = []
         reader = self._require_reader()
         for record in reader.records():
-            env = self._decode(record)
+            env = self._decode(record, record_invalid=True)
             if env is None:
                 continue
+            loc = (record.writer_id, record.segment_index, record.offset)
+            if self._require_completions().index.is_terminal(loc):
+                continue  # finished already (a checkpoint lost or older than the ledger)
             if env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
                 continue
-            batch.append(env)
+            batch.append(self._delivery(env, loc))
             if len(batch) >= self.batch_size:
                 done += self._deliver(batch)
                 batch = []
@@ -215,10 +262,55 @@ class Forwarder:
             else:
                 time.sleep(left)
 
+    def _maintain(self) -> None:
+        """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
+        c = self._require_completions()
+        try:
+            now = time.monotonic()
+            if now >= self._next_epoch_check:
+                epoch = self.checkpoint.epoch
+                c.check_epoch()
+                self._next_epoch_check = now + EPOCH_CHECK_S
+                if self.checkpoint.epoch != epoch:
+                    self._save(0)
+            if c.harvest():
+                self._save(0)  # publishes the terminal count (producers' capacity check)
+            retries = c.due_retries()
+            if retries:
+                self._push(retries)
+                c.pushed(retries)
+            redo = c.reconcile_step()
+            if redo:
+                self._push(redo)
+            c.compact()
+            self._came_back()
+        except TransportError as exc:
+            self._went_down(exc, "completions wait")
+
+    def _require_completions(self) -> Completions:
+        if self.completions is None:
+            raise RuntimeError("Forwarder.open() was not called")
+        return self.completions
+
+    def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
+        # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
+        return Delivery(
+            env,
+            self.checkpoint.owner,
+            loc,
+            force=env.requeue > 0,
+            lease_s=self.lease_s,
+            key_ttl_s=self.key_ttl_s,
+        )
+
     def _wait(self) -> None:
         timeout = self.idle_timeout_s
         if self.checkpoint.held:
             timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))
+        retries = self.completions.index.retries if self.completions is not None else {}
+        if retries:
+            soonest = min(run_at for run_at, _ in retries.values())
+            timeout = min(timeout, max(0.05, soonest - self.clock()))
         if self._listener is not None:
             self._listener.wait(timeout)
 
@@ -232,14 +324,17 @@ class Forwarder:
     def _position_moved(self) -> bool:
         return self._require_reader().position != self.checkpoint.positions
 
-    def _decode(self, record: Record) -> Envelope | None:
+    def _decode(self, record: Record, *, record_invalid: bool = False) -> Envelope | None:
         if record.rtype != RecordType.DATA:
             return None  # a record type this version does not forward
         try:
             return Envelope.from_bytes(record.payload)
         except EnvelopeError as exc:
             # The record passed its checksum, so these are the bytes a producer wrote: a bug or
-            # a newer, incompatible producer. Skip it loudly rather than stop every other job.
+            # a newer, incompatible producer. Skip it loudly rather than stop every other job,
+            # and mark it terminal in the ledger so its segment can be compacted.
+            if record_invalid:
+                self._require_completions().record_invalid(record)
             self.checkpoint.invalid += 1
             log.error(
                 "skipping record %s:%d (segment %d offset %d): not a valid job envelope: %s",
@@ -268,8 +363,10 @@ class Forwarder:
         done = 0
         for start in range(0, due, self.batch_size):
             chunk = held[start : min(due, start + self.batch_size)]
-            envs = [self._read_held(h) for h in chunk]
-            self._push([e for e in envs if e is not None])
+            envs = [(h, self._read_held(h)) for h in chunk]
+            self._push(
+                [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
+            )
             done += len(chunk)
         # Only now that Redis has them may they leave the durable checkpoint.
         del held[:due]
@@ -301,7 +398,7 @@ class Forwarder:
         if moved:
             save_checkpoint(self.journal, self.checkpoint)
 
-    def _deliver(self, batch: list[Envelope]) -> int:
+    def _deliver(self, batch: list[Delivery]) -> int:
         """Push a batch, then move the checkpoint to the reader's position (never before)."""
         if batch:
             self._push(batch)
@@ -311,9 +408,23 @@ class Forwarder:
 
     def _save(self, forwarded: int) -> None:
         self.checkpoint.forwarded += forwarded
+        if self.completions is not None:
+            self.checkpoint.terminal = self.completions.terminal_total
         save_checkpoint(self.journal, self.checkpoint)
 
-    def _push(self, batch: list[Envelope]) -> None:
+    def _went_down(self, exc: TransportError, what: str) -> None:
+        """Count a transport failure; log only the first of an outage."""
+        self.stats.transport_failures += 1
+        if self.stats.down_since is None:
+            self.stats.down_since = time.monotonic()
+            log.warning("transport unavailable (%s), retrying: %s", what, exc)
+
+    def _came_back(self) -> None:
+        if self.stats.down_since is not None:
+            log.warning("transport available again after %.1f s", time.monotonic() - self.stats.down_since)
+            self.stats.down_since = None
+
+    def _push(self, batch: list[Delivery]) -> None:
         """Push until the transport takes the batch; back off while it is down."""
         if not batch:
             return
@@ -322,20 +433,13 @@ class Forwarder:
             try:
                 result = self.transport.push(batch)
             except TransportError as exc:
-                self.stats.transport_failures += 1
-                if self.stats.down_since is None:
-                    self.stats.down_since = time.monotonic()
-                    log.warning("transport unavailable, holding %d jobs and retrying: %s", len(batch), exc)
+                self._went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))
                 if self._stopping:
                     raise _Stopped from exc
                 delay = min(self.backoff_max_s, delay * 2)
                 continue
-            if self.stats.down_since is not None:
-                log.warning(
-                    "transport available again after %.1f s", time.monotonic() - self.stats.down_since
-                )
-                self.stats.down_since = None
+            self._came_back()
             self.stats.batches += 1
             self.stats.pushed += result.pushed
             self.stats.duplicate_pushes += result.already_present

@@ -2,11 +2,22 @@
 
 RQ's keys (``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues``) are RQ's; they are spelled here
 only so hybridq code never builds them ad hoc.
+
+hybridq's own keys:
+
+* ``hybridq:result:<key id>`` -- the stored outcome of an idempotency key (JSON, expires after the
+  key lifetime); a delivery that finds a success here returns it without running the task.
+* ``hybridq:lease:<key id>`` -- held (``SET NX PX``) while a worker runs the task for that key, and
+  renewed by it; its expiry is how a killed worker is noticed.
+* ``hybridq:events:<owner>`` -- a stream of completion events for the forwarder ``owner``, which
+  harvests them into its durable ledger and then deletes them.
+* ``hybridq:epoch:<owner>`` -- a token the forwarder ``owner`` wrote; gone or different means Redis
+  lost state, so everything not durably terminal is forwarded again.
 """
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "rq_job", "rq_queue", "rq_queues"]
+__all__ = ["PREFIX", "epoch", "events", "lease", "result", "rq_job", "rq_queue", "rq_queues"]
 
 #: Prefix of every key hybridq owns.
 PREFIX = "hybridq:"
@@ -25,3 +36,23 @@ def rq_queue(queue: str) -> str:
 def rq_queues() -> str:
     """RQ's set of queue keys (what ``rq info`` lists)."""
     return "rq:queues"
+
+
+def result(key_id: str) -> str:
+    """The stored outcome of an idempotency key (``key_id`` is :attr:`Envelope.key_id`)."""
+    return f"{PREFIX}result:{key_id}"
+
+
+def lease(key_id: str) -> str:
+    """The lease a worker holds while it runs the task of an idempotency key."""
+    return f"{PREFIX}lease:{key_id}"
+
+
+def events(owner: str) -> str:
+    """The completion-event stream of one forwarder."""
+    return f"{PREFIX}events:{owner}"
+
+
+def epoch(owner: str) -> str:
+    """The epoch token of one forwarder (its absence means Redis lost state)."""
+    return f"{PREFIX}epoch:{owner}"

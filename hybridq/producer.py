@@ -26,9 +26,10 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
+from hybridq.errors import EnvelopeError, JournalCorruption, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.ledger import load_compacted, load_index
 from hybridq.nudge import address, nudge
 from hybridq.state import load_checkpoint
 
@@ -100,10 +101,19 @@ class Job:
         return self.envelope.queue
 
     def get_status(self) -> str:
-        """``accepted`` (in the journal), ``scheduled`` (held until its time) or ``forwarded``.
+        """``accepted``, ``scheduled`` (held until its time), ``forwarded``, ``finished`` or ``failed``.
 
-        Read from the forwarder's durable checkpoint, so it works with Redis down.
+        Read from the forwarder's durable checkpoint and the completion ledger (it reads the
+        whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
         """
+        compacted = load_compacted(self.journal)
+        loc = (self.record.writer_id, self.record.segment, self.record.offset)
+        if compacted.is_compacted((loc[0], loc[1])):
+            return "finished"  # only segments whose every job is terminal are compacted
+        index = load_index(self.journal, compacted)
+        done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        if done is not None:
+            return "finished" if done == "succeeded" else "failed"
         checkpoint = load_checkpoint(self.journal)
         if checkpoint is None:
             return "accepted"
@@ -334,13 +344,16 @@ class _PendingCount:
     Counts the journal's records incrementally (only new records are read each time) at most
     once per ``refresh_s``, and adds this process's own enqueues in between. Within a process the
     check is exact (a reservation is taken before the append); across processes it can overshoot
-    by what other processes appended within ``refresh_s``. Terminal outcomes come from the
-    completion ledger; until one exists every accepted job counts as pending.
+    by what other processes appended within ``refresh_s``. The number of terminal jobs is the
+    one the forwarder publishes in its checkpoint (it lags by at most one harvest, so the count
+    errs on the side of "pending").
     """
 
     def __init__(self, journal: str, refresh_s: float = 1.0) -> None:
-        self._reader = JournalReader(journal)
-        self._accepted = 0  # records found in the journal by the last refresh
+        self._journal = journal
+        self._reader: JournalReader | None = None
+        self._accepted = 0  # records accepted (compacted ones included) by the last refresh
+        self._terminal = 0  # terminal jobs, as the forwarder last published
         self._local = 0  # appended by this process since then
         self._inflight = 0  # reserved by this process, being appended
         self._refreshed = -1e9
@@ -351,13 +364,27 @@ class _PendingCount:
         """Take ``n`` places or raise :class:`QueueFull`; follow with :meth:`release`."""
         with self._lock:
             if time.monotonic() - self._refreshed >= self._refresh_s:
-                self._accepted += self._reader.check()
-                self._local = 0
-                self._refreshed = time.monotonic()
-            pending = self._accepted + self._local + self._inflight
+                self._refresh()
+            pending = self._accepted - self._terminal + self._local + self._inflight
             if pending + n > capacity:
                 raise QueueFull(pending, capacity)
             self._inflight += n
+
+    def _refresh(self) -> None:
+        if self._reader is not None:
+            try:
+                self._accepted += self._reader.check()
+            except JournalCorruption:
+                # Compaction deleted the segment this reader was in (it reads as a missing
+                # segment): count afresh. Real corruption raises again just below.
+                self._reader = None
+        if self._reader is None:
+            self._reader = JournalReader(self._journal)
+            self._accepted = load_compacted(self._journal).accepted + self._reader.check()
+        checkpoint = load_checkpoint(self._journal)
+        self._terminal = checkpoint.terminal if checkpoint is not None else 0
+        self._local = 0
+        self._refreshed = time.monotonic()
 
     def release(self, n: int, *, appended: bool) -> None:
         """End a reservation: the records are in the journal (``appended``) or were not written."""

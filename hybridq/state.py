@@ -8,6 +8,7 @@ Stored as one atomic state file (``forwarder.state`` in the journal directory) b
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ class Checkpoint:
     duplicate_pushes: int = 0
     #: Records that were valid journal records but not valid envelopes (skipped, logged).
     invalid: int = 0
+    #: This forwarder's name in Redis (its event stream and epoch key); made once, kept forever.
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    #: The epoch token last stored in Redis, and the Redis run id it was stored under.
+    epoch: str | None = None
+    run_id: str | None = None
+    #: Jobs durably terminal (ledger and compacted segments), as of this save: producers read it
+    #: for their capacity check without reading the ledger.
+    terminal: int = 0
 
     def to_bytes(self) -> bytes:
         """JSON encoding."""
@@ -53,6 +62,10 @@ class Checkpoint:
             "forwarded": self.forwarded,
             "duplicate_pushes": self.duplicate_pushes,
             "invalid": self.invalid,
+            "owner": self.owner,
+            "epoch": self.epoch,
+            "run_id": self.run_id,
+            "terminal": self.terminal,
         }
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -67,6 +80,10 @@ class Checkpoint:
                 forwarded=int(body["forwarded"]),
                 duplicate_pushes=int(body["duplicate_pushes"]),
                 invalid=int(body.get("invalid", 0)),
+                owner=str(body.get("owner") or uuid.uuid4().hex[:16]),
+                epoch=body.get("epoch"),
+                run_id=body.get("run_id"),
+                terminal=int(body.get("terminal", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StateFileCorrupt(path, f"malformed checkpoint: {exc!r}") from exc

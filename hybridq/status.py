@@ -1,4 +1,4 @@
-"""What ``hybridq status`` reports, computed from the journal and the forwarder's checkpoint.
+"""What ``hybridq status`` reports, computed from the journal, the ledger and the checkpoint.
 
 Redis is optional: every contract field comes from durable state on this host, so the answer is
 the same whether Redis is up, down or freshly emptied.
@@ -12,8 +12,10 @@ from typing import Any
 
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import JournalReader
+from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import existing_journal_dir
-from hybridq.journal.reader import segment_usage
+from hybridq.journal.reader import list_chains, segment_usage
+from hybridq.ledger import load_compacted, load_index
 from hybridq.state import load_checkpoint
 
 __all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
@@ -25,13 +27,32 @@ CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "d
 def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, Any]:
     """The status object of ``hybridq status --json``."""
     path = existing_journal_dir(journal)
-    accepted = JournalReader(path).check()
+    compacted = load_compacted(path)
+    live = [
+        (writer_id, index)
+        for writer_id, indices in list_chains(path).items()
+        for index in indices
+        if not compacted.is_compacted((writer_id, index))
+    ]
+    # Segments whose deletion a crash interrupted are counted in `compacted` already.
+    leftover = sum(
+        sealed_data_count(path, w, i) or 0
+        for w, indices in list_chains(path).items()
+        for i in indices
+        if compacted.is_compacted((w, i))
+    )
+    accepted = compacted.accepted + JournalReader(path).check() - leftover
     checkpoint = load_checkpoint(path)
-    waiting = accepted
+    waiting = accepted - compacted.accepted
     if checkpoint is not None:
         waiting = JournalReader(path).check(checkpoint.positions)
     segments, size = segment_usage(path)
-    succeeded = failed = suppressed = 0  # from the completion ledger, once workers report back
+    index = load_index(path, compacted)
+    counts = index.counts(live)
+    succeeded = compacted.succeeded + counts["succeeded"]
+    # Records that are not jobs are terminal too (skipped, logged): they count as failed.
+    failed = compacted.failed + counts["failed"] + compacted.invalid + counts["invalid"]
+    suppressed = compacted.dups + counts["dups"]
     out: dict[str, Any] = {
         "accepted": accepted,
         "forwarded": checkpoint.forwarded if checkpoint else 0,
@@ -43,6 +64,9 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
         "delayed_held": len(checkpoint.held) if checkpoint else 0,
         "duplicate_pushes": checkpoint.duplicate_pushes if checkpoint else 0,
         "invalid_records": checkpoint.invalid if checkpoint else 0,
+        "retrying": len(index.retries),
+        "failed_listed": len(index.failed),
+        "compacted_segments": sum(i + 1 for i in compacted.through.values()),
         "forwarder": _forwarder_holder(path),
         "journal": {"path": path, "segments": segments, "bytes": size},
     }

@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["NAMES", "armed", "enabled", "reached"]
+__all__ = ["COMPACTION_NAMES", "FORWARDER_NAMES", "NAMES", "armed", "enabled", "reached"]
 
 #: The points the journal writer passes, in order, on every append.
 NAMES = ("before_write", "mid_record", "after_write_before_fsync", "after_fsync_before_ack")
+#: The points compaction passes, in order, for each segment it deletes (S13).
+COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
+#: The points the forwarder passes while harvesting completions.
+FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
+_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES
 
 _spec: tuple[str, int] | None = None
 _loaded = False
@@ -26,8 +31,8 @@ def _load() -> tuple[str, int] | None:
         raw = os.environ.get("HYBRIDQ_CRASH_POINT", "")
         if raw:
             name, _, nth = raw.partition(":")
-            if name not in NAMES:
-                raise ValueError(f"HYBRIDQ_CRASH_POINT: unknown point {name!r}; known: {NAMES}")
+            if name not in _ALL:
+                raise ValueError(f"HYBRIDQ_CRASH_POINT: unknown point {name!r}; known: {_ALL}")
             _spec = (name, int(nth or "1"))
         _loaded = True
     return _spec

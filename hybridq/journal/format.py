@@ -156,6 +156,12 @@ def encode_seal(last_data_seq: int, data_count: int) -> bytes:
     return _SEAL_PAYLOAD.pack(last_data_seq, data_count)
 
 
+def decode_seal(payload: bytes) -> tuple[int, int]:
+    """``(last data sequence, data record count)`` from a seal record's payload."""
+    last_seq, count = _SEAL_PAYLOAD.unpack(payload[:SEAL_PAYLOAD_SIZE])
+    return int(last_seq), int(count)
+
+
 def segment_name(writer_id: str, index: int) -> str:
     """File name of segment ``index`` of chain ``writer_id``."""
     return f"{writer_id}-{index:08d}{SEGMENT_SUFFIX}"

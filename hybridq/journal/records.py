@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from .format import FILE_HEADER_SIZE
 
-__all__ = ["ChainPosition", "Later", "Record", "SegmentInfo", "TornTail"]
+__all__ = ["ChainPosition", "Later", "Loc", "Record", "SegmentInfo", "TornTail"]
 
 
 class ChainPosition(NamedTuple):
@@ -29,6 +29,11 @@ class ChainPosition(NamedTuple):
         """Inverse of :meth:`to_json`."""
         segment, offset, next_seq = value
         return cls(int(segment), int(offset), int(next_seq))
+
+
+#: Where a record is: ``(writer id, segment index, offset)``. Unique per record, so the layers
+#: above use it to name one acceptance of a job.
+Loc = tuple[str, int, int]
 
 
 class Record(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import secrets
@@ -59,10 +60,12 @@ class Durability(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RecordId:
-    """Where an appended record lives: its chain (writer id) and sequence number."""
+    """Where an appended record lives: its chain (writer id), sequence number, segment, offset."""
 
     writer_id: str
     seq: int
+    segment: int = -1
+    offset: int = -1
 
 
 _live_writers: weakref.WeakSet[JournalWriter] = weakref.WeakSet()
@@ -135,8 +138,8 @@ class JournalWriter:
         if type(payload) is not bytes:
             payload = bytes(payload)
         _check_batch((payload,), rtype)
-        writer_id, first = self._commit((payload,), rtype, RECORD_HEADER_SIZE + len(payload))
-        return RecordId(writer_id, first)
+        writer_id, first, segment, offset = self._commit((payload,), rtype, RECORD_HEADER_SIZE + len(payload))
+        return RecordId(writer_id, first, segment, offset)
 
     def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
         """Append records as one batch under one fsync; all or none are acknowledged."""
@@ -145,11 +148,16 @@ class JournalWriter:
         if not items:
             return []
         batch_bytes = sum(map(len, items)) + RECORD_HEADER_SIZE * len(items)
-        writer_id, first = self._commit(items, rtype, batch_bytes)
-        return [RecordId(writer_id, first + i) for i in range(len(items))]
+        writer_id, first, segment, offset = self._commit(items, rtype, batch_bytes)
+        offsets = itertools.accumulate((RECORD_HEADER_SIZE + len(p) for p in items[:-1]), initial=offset)
+        return [RecordId(writer_id, first + i, segment, at) for i, at in enumerate(offsets)]
 
-    def _commit(self, items: Sequence[bytes], rtype: int, batch_bytes: int) -> tuple[str, int]:
-        """Write a checked batch and wait until it is durable; the chain and first sequence."""
+    def _commit(self, items: Sequence[bytes], rtype: int, batch_bytes: int) -> tuple[str, int, int, int]:
+        """Write a checked batch and wait until it is durable.
+
+        Returns the chain, the first sequence number, and the segment index and offset of the
+        first record.
+        """
         with self._lock:
             if self._closed:
                 raise JournalClosed
@@ -158,6 +166,7 @@ class JournalWriter:
             # synced_seq may be a moment stale (smaller): that only makes the stated distance
             # larger, which the reader treats as "less was durable" (the safe direction).
             blob = encode_records(seg.seed, first, rtype, items, synced_seq=seg.synced_seq)
+            offset = seg.size
             self._write(seg, blob)
             last = first + len(items) - 1
             seg.next_seq = last + 1
@@ -166,13 +175,13 @@ class JournalWriter:
             with self._cond:
                 seg.written_seq = last
                 gen = seg.open_gen
-            writer_id = seg.writer_id
+            writer_id, index = seg.writer_id, seg.index
         if self._crashpoints:
             crashpoints.reached("after_write_before_fsync")
         self._wait_durable(seg, gen)
         if self._crashpoints:
             crashpoints.reached("after_fsync_before_ack")
-        return writer_id, first
+        return writer_id, first, index, offset
 
     def close(self) -> None:
         """Seal the current segment and release it. Idempotent."""

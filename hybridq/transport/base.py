@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from hybridq.envelope import Envelope
 
-__all__ = ["PushResult", "Transport"]
+__all__ = ["Delivery", "Event", "Loc", "Probe", "PushResult", "StateToken", "Transport", "Verdict"]
+
+#: Where a job's record is in the journal: ``(writer id, segment index, offset)`` (a requeued
+#: job has a new one). Spelled here, not imported, so the port does not depend on the journal.
+Loc = tuple[str, int, int]
+
+#: What Redis says about a forwarded job (see :meth:`Transport.probe`).
+Verdict = Literal["missing", "queued", "running", "done", "orphaned", "stranded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,25 +29,113 @@ class PushResult:
     already_present: int
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One job to deliver: the envelope plus what the worker needs to report back."""
+
+    envelope: Envelope
+    #: The forwarder that owns the job: completion events go to its stream.
+    owner: str
+    loc: Loc
+    #: 1 for the first run; more after a failure (retry) or a lost worker (redelivery).
+    attempt: int = 1
+    #: Replace the job if the backend holds an earlier attempt of it (a retry, a redelivery after
+    #: a lost worker, a requeue); a push of the attempt it already holds does nothing.
+    force: bool = False
+    #: Replace the job whatever the backend holds (it holds a copy no worker will ever take).
+    replace: bool = False
+    #: How long a worker's claim on the idempotency key lasts without renewal (seconds).
+    lease_s: float = 10.0
+    #: How long the outcome stays stored under the idempotency key (seconds).
+    key_ttl_s: float = 86400.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The single argument of the worker's entry point (``hybridq.worker.execute``)."""
+        return {
+            "v": 1,
+            "job": self.envelope.to_dict(),
+            "owner": self.owner,
+            "loc": list(self.loc),
+            "attempt": self.attempt,
+            "lease": self.lease_s,
+            "key_ttl": self.key_ttl_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A forwarded job whose state in the backend the forwarder wants to know."""
+
+    job_id: str
+    key_id: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateToken:
+    """What identifies the backend's current state: the forwarder's epoch and the server run."""
+
+    epoch: str | None
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One completion event from a worker (see ``hybridq.worker``), or ``body=None`` if garbled."""
+
+    event_id: str
+    body: Mapping[str, Any] | None
+
+
 class Transport(abc.ABC):
-    """Delivers envelopes to workers.
+    """Delivers jobs to workers and brings their outcomes back.
 
     Contract (checked by the shared contract tests):
 
-    * :meth:`push` is idempotent per job id: a job the backend still knows is never queued twice.
+    * :meth:`push` is idempotent per job id: a job the backend still knows is never queued twice,
+      unless the delivery says ``force`` (then the old copy is replaced, not added to).
     * It either returns (every job in the batch is then known to the backend, so the caller may
       move its checkpoint past them) or raises :class:`~hybridq.errors.TransportError` (any subset
       may have been queued; the caller pushes the whole batch again).
     * Within one queue, jobs of one batch are queued in batch order.
+    * Every method raises :class:`~hybridq.errors.TransportError` when the backend is unreachable.
     """
 
     @abc.abstractmethod
-    def push(self, jobs: Sequence[Envelope]) -> PushResult:
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Queue ``jobs`` for the workers; see the class docstring for the contract."""
 
     @abc.abstractmethod
     def ping(self) -> None:
         """Raise :class:`~hybridq.errors.TransportError` unless the backend answers."""
+
+    @abc.abstractmethod
+    def harvest(self, owner: str, limit: int) -> list[Event]:
+        """Up to ``limit`` of the oldest completion events for ``owner`` (not removed)."""
+
+    @abc.abstractmethod
+    def ack(self, owner: str, event_ids: Sequence[str]) -> None:
+        """Delete harvested events (only after they are durable in the ledger)."""
+
+    @abc.abstractmethod
+    def state_token(self, owner: str) -> StateToken:
+        """The epoch ``owner`` last set, and the backend's run id (changes on every restart)."""
+
+    @abc.abstractmethod
+    def set_epoch(self, owner: str, epoch: str) -> None:
+        """Store ``owner``'s epoch token."""
+
+    @abc.abstractmethod
+    def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:
+        """Per job, what the backend knows.
+
+        ``missing``: the backend does not have it. ``queued``: waiting for a worker. ``running``:
+        a worker holds its lease (or it changed state less than ``lease_s`` ago). ``done``: its
+        outcome is stored and its completion event awaits harvest. ``orphaned``: it was taken by a
+        worker that no longer holds a lease, and has no outcome (the worker or its work-horse
+        died): deliver it again. ``stranded``: it says "queued" but its queue is gone (evicted):
+        no worker will ever take it.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

@@ -1,35 +1,58 @@
 """An in-memory transport for tests: the forwarder's logic without Redis.
 
 Like dramatiq's ``StubBroker`` or procrastinate's ``InMemoryConnector``, it ships in the package
-so users can test their own code. It can be told to fail, to simulate Redis being down.
+so users can test their own code. It can be told to fail, to simulate Redis being down, to lose
+everything (:meth:`MemoryTransport.forget`), and it has a simulated worker (:meth:`work`,
+:meth:`take`, :meth:`kill`) that follows the same idempotency rules as :mod:`hybridq.worker`.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import TransportError
 
-from .base import PushResult, Transport
+from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
 
 __all__ = ["MemoryTransport"]
 
 
 class MemoryTransport(Transport):
-    """Queues in a dict. ``down = True`` (or :meth:`fail_next`) makes pushes fail."""
+    """Queues in a dict. ``down = True`` (or :meth:`fail_next`) makes calls fail."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         #: Queue name -> job ids, in the order they were queued.
         self.queues: dict[str, list[str]] = {}
         #: Job id -> envelope, for every job the "backend" knows.
         self.jobs: dict[str, Envelope] = {}
+        #: Job id -> the delivery it was pushed with.
+        self.deliveries: dict[str, Delivery] = {}
+        #: Job id -> run number delivered (requeue * 100000 + attempt).
+        self.runs: dict[str, int] = {}
+        #: Job id -> "queued", "started", "finished" or "failed".
+        self.status: dict[str, str] = {}
+        #: Idempotency key id -> stored outcome (as the worker stores it).
+        self.results: dict[str, dict[str, Any]] = {}
+        #: Idempotency key ids whose lease is held.
+        self.leases: set[str] = set()
+        #: Owner -> completion events, oldest first.
+        self.events: dict[str, list[Event]] = {}
+        self.epochs: dict[str, str] = {}
+        self.run_id = uuid.uuid4().hex
+        #: Task runs (the simulated worker called the function), per job id.
+        self.executions: dict[str, int] = {}
         #: While true, every call raises TransportError.
         self.down = False
         self._failures = 0
         self._partial: int | None = None
+        self._event_ids = itertools.count(1)
         #: Number of push calls that reached the backend (failed ones included).
         self.push_calls = 0
 
@@ -42,34 +65,45 @@ class MemoryTransport(Transport):
     def forget(self) -> None:
         """Lose everything, as a Redis restart without persistence would."""
         with self._lock:
-            self.queues.clear()
-            self.jobs.clear()
+            for table in (self.queues, self.jobs, self.deliveries, self.runs, self.status, self.results):
+                table.clear()
+            self.leases.clear()
+            self.events.clear()
+            self.epochs.clear()
+            self.run_id = uuid.uuid4().hex
 
-    def pop(self, queue: str) -> Envelope | None:
-        """Take the next job off ``queue`` (what a worker would do)."""
-        with self._lock:
-            ids = self.queues.get(queue)
-            if not ids:
-                return None
-            return self.jobs[ids.pop(0)]
+    def _check(self) -> None:
+        if self.down:
+            raise TransportError("memory transport is down")
 
-    def push(self, jobs: Sequence[Envelope]) -> PushResult:
-        """Queue the jobs not already known, in order (see :class:`Transport`)."""
+    # -- the port -----------------------------------------------------------------------------
+
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
+        """Queue the jobs not already known (or forced), in order (see :class:`Transport`)."""
         with self._lock:
             self.push_calls += 1
-            if self.down:
-                raise TransportError("memory transport is down")
+            self._check()
             limit = len(jobs)
             failing = self._failures > 0
             if failing:
                 self._failures -= 1
                 limit = min(limit, self._partial or 0)
             pushed = present = 0
-            for env in jobs[:limit]:
+            for delivery in jobs[:limit]:
+                env = delivery.envelope
+                run = env.requeue * 100000 + delivery.attempt
                 if env.id in self.jobs:
-                    present += 1
-                    continue
+                    stale = self.runs.get(env.id, 0) >= run
+                    if not (delivery.replace or (delivery.force and not stale)):
+                        present += 1
+                        continue
+                    for ids in self.queues.values():
+                        if env.id in ids:
+                            ids.remove(env.id)
                 self.jobs[env.id] = env
+                self.deliveries[env.id] = delivery
+                self.runs[env.id] = run
+                self.status[env.id] = "queued"
                 self.queues.setdefault(env.queue, []).append(env.id)
                 pushed += 1
             if failing:
@@ -78,5 +112,148 @@ class MemoryTransport(Transport):
 
     def ping(self) -> None:
         """Raise TransportError while down."""
-        if self.down:
-            raise TransportError("memory transport is down")
+        self._check()
+
+    def harvest(self, owner: str, limit: int) -> list[Event]:
+        """The oldest events of ``owner``."""
+        with self._lock:
+            self._check()
+            return list(self.events.get(owner, [])[:limit])
+
+    def ack(self, owner: str, event_ids: Sequence[str]) -> None:
+        """Delete events."""
+        with self._lock:
+            self._check()
+            gone = set(event_ids)
+            self.events[owner] = [e for e in self.events.get(owner, []) if e.event_id not in gone]
+
+    def state_token(self, owner: str) -> StateToken:
+        """The epoch and this "server's" run id."""
+        with self._lock:
+            self._check()
+            return StateToken(self.epochs.get(owner), self.run_id)
+
+    def set_epoch(self, owner: str, epoch: str) -> None:
+        """Store the epoch."""
+        with self._lock:
+            self._check()
+            self.epochs[owner] = epoch
+
+    def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:  # noqa: ARG002
+        """Verdicts without the grace period (a job no worker holds is orphaned at once)."""
+        with self._lock:
+            self._check()
+            out: list[Verdict] = []
+            for job in jobs:
+                stored = self.results.get(job.key_id)
+                if job.job_id not in self.jobs:
+                    out.append("missing")
+                elif job.key_id in self.leases:
+                    out.append("running")
+                elif stored is not None and stored["job_id"] == job.job_id:
+                    out.append("done")
+                elif self.status.get(job.job_id) == "queued":
+                    out.append("queued")
+                else:
+                    out.append("orphaned")
+            return out
+
+    # -- the simulated worker -----------------------------------------------------------------
+
+    def pop(self, queue: str) -> Envelope | None:
+        """Take the next job off ``queue`` without running it (what a dying worker would do)."""
+        delivery = self.take(queue)
+        return None if delivery is None else delivery.envelope
+
+    def take(self, queue: str) -> Delivery | None:
+        """Dequeue the next job of ``queue`` and mark it started (no lease taken)."""
+        with self._lock:
+            ids = self.queues.get(queue)
+            if not ids:
+                return None
+            job_id = ids.pop(0)
+            self.status[job_id] = "started"
+            return self.deliveries[job_id]
+
+    def work(
+        self,
+        queue: str = "default",
+        func: Callable[[Envelope, int], Any] | None = None,
+        *,
+        limit: int | None = None,
+    ) -> int:
+        """Run up to ``limit`` queued jobs of ``queue`` like ``hybridq.worker.execute`` would.
+
+        ``func(envelope, attempt)`` stands for the task (default: returns ``None``); an exception
+        it raises is the job's failure. Returns the number of deliveries handled.
+        """
+        done = 0
+        while limit is None or done < limit:
+            delivery = self.take(queue)
+            if delivery is None:
+                break
+            self.run(delivery, func)
+            done += 1
+        return done
+
+    def run(self, delivery: Delivery, func: Callable[[Envelope, int], Any] | None = None) -> None:
+        """Handle one taken delivery: suppress a duplicate, or run ``func`` and record it."""
+        env = delivery.envelope
+        with self._lock:
+            stored = self.results.get(env.key_id)
+            # The claim rule of hybridq.worker: a success, or a final failure of this requeue
+            # generation (or a later one), is reported without running the task again.
+            if stored is not None and (
+                stored["outcome"] == "succeeded" or (stored["final"] and stored["requeue"] >= env.requeue)
+            ):
+                self._emit(delivery, stored, dup=True)
+                self.status[env.id] = "finished"
+                return
+            self.leases.add(env.key_id)
+        error: str | None = None
+        value: Any = None
+        try:
+            self.executions[env.id] = self.executions.get(env.id, 0) + 1
+            value = (func or (lambda _env, _attempt: None))(env, delivery.attempt)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            outcome = {
+                "outcome": "succeeded" if error is None else "failed",
+                "result": value,
+                "error": error,
+                "job_id": env.id,
+                "attempt": delivery.attempt,
+                "requeue": env.requeue,
+                "final": error is None or delivery.attempt >= env.max_attempts,
+                "at": time.time(),
+            }
+            self.results[env.key_id] = outcome
+            self.leases.discard(env.key_id)
+            self.status[env.id] = "finished" if error is None else "failed"
+            self._emit(delivery, outcome, dup=False)
+
+    def kill(self, delivery: Delivery) -> None:
+        """The worker running ``delivery`` died: its lease is gone, no outcome was stored."""
+        with self._lock:
+            self.leases.discard(delivery.envelope.key_id)
+            self.status[delivery.envelope.id] = "started"
+
+    def _emit(self, delivery: Delivery, outcome: dict[str, Any], *, dup: bool) -> None:
+        env = delivery.envelope
+        body = {
+            "id": delivery.envelope.id,
+            "loc": list(delivery.loc),
+            "queue": delivery.envelope.queue,
+            "outcome": outcome["outcome"],
+            "final": outcome["final"],
+            "retry_delay": None
+            if outcome["final"] or env.retry is None
+            else env.retry.delay_s(delivery.attempt),
+            "attempt": outcome["attempt"] if dup else delivery.attempt,
+            "dup": dup,
+            "error": outcome["error"],
+            "at": time.time(),
+        }
+        event = Event(f"{next(self._event_ids)}-0", body)
+        self.events.setdefault(delivery.owner, []).append(event)

@@ -3,42 +3,95 @@
 This is the only module through which the forwarder talks to RQ and Redis. What it pushes runs
 under a plain ``rq worker --serializer rq.serializers.JSONSerializer QUEUE``.
 
+Every RQ job runs :func:`hybridq.worker.execute` with the delivery as its one argument; the
+worker side claims the idempotency key, calls the task and reports back (see
+:mod:`hybridq.worker`). The RQ job keeps the envelope's id, so ``rq.job.Job.fetch(job.id)`` works.
+
 A re-push must not queue a job twice: RQ's own ``enqueue`` pushes a reused job id onto the queue
 again. Each job is therefore saved by a small Lua script that does nothing when the job hash
 already exists (the same idea as RQ 3's ``unique=True``, which cannot be pipelined), and a batch is
-sent as one pipeline of script calls.
+sent as one pipeline of script calls. A forced delivery (a redelivery after a lost worker, a
+retry, a requeue) replaces the old hash and queue entry instead.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import redis
 from redis.exceptions import RedisError
 from rq import Queue
-from rq import Retry as RQRetry
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.utils import utcformat
 
 from hybridq import keys
-from hybridq.envelope import Envelope
 from hybridq.errors import TransportError
+from hybridq.worker import ENTRY_POINT
 
-from .base import PushResult, Transport
+from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
 
 __all__ = ["RQTransport"]
 
-# KEYS: job hash, queue list, set of queues. ARGV: job id, then field/value pairs of the hash.
+# KEYS: job hash, queue list, set of queues. ARGV: job id, force ("1": replace a known job that
+# was delivered for an earlier run; "2": replace it whatever it holds), run number (requeue *
+# 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
+# does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
+# retry already running.
 _PUSH_IF_NEW = """
 if redis.call("EXISTS", KEYS[1]) == 1 then
-    return 0
+    if ARGV[2] == "0" then
+        return 0
+    end
+    local run = tonumber(redis.call("HGET", KEYS[1], "hybridq_run")) or 0
+    if ARGV[2] == "1" and run >= tonumber(ARGV[3]) then
+        return 0
+    end
+    redis.call("DEL", KEYS[1])
+    redis.call("LREM", KEYS[2], 0, ARGV[1])
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 2))
+redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
 redis.call("RPUSH", KEYS[2], ARGV[1])
 redis.call("SADD", KEYS[3], KEYS[2])
 return 1
+"""
+
+# KEYS: job hash, result, lease, queue list. ARGV: job id, the cutoff (RQ's timestamp format, lease_s ago).
+# See Transport.probe for the verdicts. RQ's timestamps are fixed-width UTC text, so they compare
+# as strings.
+_PROBE = """
+if redis.call("EXISTS", KEYS[1]) == 0 then
+    return "missing"
+end
+if redis.call("EXISTS", KEYS[3]) == 1 then
+    return "running"
+end
+local stored = redis.call("GET", KEYS[2])
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" and r.job_id == ARGV[1] then
+        return "done"
+    end
+end
+local f = redis.call("HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at")
+local status = f[1]
+if status == "queued" then
+    if redis.call("EXISTS", KEYS[4]) == 0 then
+        return "stranded"
+    end
+    return "queued"
+end
+if status == "deferred" or status == "scheduled" then
+    return "queued"
+end
+local changed = f[2] or f[3] or f[4] or ""
+if changed > ARGV[2] then
+    return "running"
+end
+return "orphaned"
 """
 
 #: Socket timeout: a hung Redis (SIGSTOP, CLIENT PAUSE) surfaces as an error, not a stuck forwarder.
@@ -70,6 +123,7 @@ class RQTransport(Transport):
             )
         self.connection = connection
         self._script = connection.register_script(_PUSH_IF_NEW)
+        self._probe = connection.register_script(_PROBE)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -78,36 +132,49 @@ class RQTransport(Transport):
             queue = self._queues[name] = Queue(name, connection=self.connection, serializer=JSONSerializer)
         return queue
 
-    def to_rq_job(self, env: Envelope) -> Job:
-        """The RQ job for an envelope: same id, JSON-serialized call, the envelope's options."""
+    def to_rq_job(self, delivery: Delivery) -> Job:
+        """The RQ job for a delivery: the envelope's id and options, hybridq's entry point."""
+        env = delivery.envelope
         queue = self._queue(env.queue)
         job = queue.create_job(
-            env.func,
-            args=list(env.args),
-            kwargs=dict(env.kwargs),
+            ENTRY_POINT,
+            args=[delivery.to_json()],
             timeout=_whole_seconds(env.timeout_s),
             result_ttl=_whole_seconds(env.result_ttl_s),
-            description=env.description,
+            description=env.description or _describe(env.func, env.args, env.kwargs),
             job_id=env.id,
-            meta={**env.meta, "hybridq": {"key": env.idempotency_key, "created_at": env.created_at}},
-            retry=_rq_retry(env),
+            meta={
+                **env.meta,
+                "hybridq": {
+                    "func": env.func,
+                    "key": env.idempotency_key,
+                    "created_at": env.created_at,
+                    "attempt": delivery.attempt,
+                },
+            },
         )
         # When the job was accepted, not when it reached Redis (it may have waited out an outage).
         job.created_at = datetime.fromtimestamp(env.created_at, tz=UTC)
         queue._prepare_for_queue(job)  # origin, enqueued_at, default timeout, status "queued"
         return job
 
-    def push(self, jobs: Sequence[Envelope]) -> PushResult:
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Queue every job not already known to Redis, as one pipeline (see :class:`Transport`)."""
         if not jobs:
             return PushResult(0, 0)
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for env in jobs:
-                job = self.to_rq_job(env)
+            for delivery in jobs:
+                env = delivery.envelope
+                job = self.to_rq_job(delivery)
                 self._script(
                     keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
-                    args=[env.id, *_hash_fields(job)],
+                    args=[
+                        env.id,
+                        "2" if delivery.replace else "1" if delivery.force else "0",
+                        env.requeue * 100000 + delivery.attempt,
+                        *_hash_fields(job),
+                    ],
                     client=pipe,
                 )
             results: list[Any] = pipe.execute()
@@ -115,6 +182,64 @@ class RQTransport(Transport):
             raise TransportError(f"Redis: {exc}") from exc
         pushed = sum(1 for r in results if r == 1)
         return PushResult(pushed, len(results) - pushed)
+
+    def harvest(self, owner: str, limit: int) -> list[Event]:
+        """The oldest ``limit`` events of ``owner``'s stream."""
+        try:
+            entries = self.connection.xrange(keys.events(owner), count=limit) or []
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+        return [Event(_text(event_id), _decode_event(fields)) for event_id, fields in entries]
+
+    def ack(self, owner: str, event_ids: Sequence[str]) -> None:
+        """Delete harvested events."""
+        if not event_ids:
+            return
+        try:
+            self.connection.xdel(keys.events(owner), *event_ids)
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+
+    def state_token(self, owner: str) -> StateToken:
+        """``owner``'s epoch and the server's ``run_id`` (one round trip)."""
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.get(keys.epoch(owner))
+            pipe.info("server")
+            epoch, info = pipe.execute()
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+        return StateToken(None if epoch is None else _text(epoch), str(info.get("run_id", "")))
+
+    def set_epoch(self, owner: str, epoch: str) -> None:
+        """Store ``owner``'s epoch (no expiry)."""
+        try:
+            self.connection.set(keys.epoch(owner), epoch)
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+
+    def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:
+        """What Redis knows of each job (see :meth:`Transport.probe`), in one pipeline."""
+        if not jobs:
+            return []
+        cutoff = utcformat(datetime.now(UTC) - timedelta(seconds=lease_s))
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job in jobs:
+                self._probe(
+                    keys=[
+                        keys.rq_job(job.job_id),
+                        keys.result(job.key_id),
+                        keys.lease(job.key_id),
+                        keys.rq_queue(job.queue),
+                    ],
+                    args=[job.job_id, cutoff],
+                    client=pipe,
+                )
+            verdicts: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+        return [cast("Verdict", _text(v)) for v in verdicts]  # the script returns only verdicts
 
     def ping(self) -> None:
         """Raise TransportError unless Redis answers PING."""
@@ -128,20 +253,24 @@ class RQTransport(Transport):
         self.connection.close()
 
 
-def _rq_retry(env: Envelope) -> RQRetry | None:
-    """The envelope's retry policy as RQ's (interim: RQ keeps the attempt count in Redis).
+def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
+    """``func(args...)`` as RQ would describe the call, shortened."""
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
+    text = f"{func}({', '.join(parts)})"
+    return text if len(text) <= 200 else text[:197] + "..."
 
-    Delays are the policy's without jitter. RQ runs a retry with a delay only when a worker
-    runs its scheduler (``rq worker --with-scheduler``); retries with no delay need nothing.
-    """
-    policy = env.retry
-    if policy is None or policy.max_attempts <= 1:
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decode_event(fields: Any) -> dict[str, Any] | None:
+    raw = fields.get(b"e") if isinstance(fields, dict) else None
+    try:
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
-    intervals = [
-        round(min(policy.backoff_max_s, policy.backoff_s * 2**attempt))
-        for attempt in range(policy.max_attempts - 1)
-    ]
-    return RQRetry(max=policy.max_attempts - 1, interval=intervals)
+    return body if isinstance(body, dict) else None
 
 
 def _whole_seconds(value: float | None) -> int | None:

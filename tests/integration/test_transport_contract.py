@@ -10,6 +10,7 @@ from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.errors import TransportError
 from hybridq.transport import MemoryTransport, Transport
+from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue
 from rq import SimpleWorker
@@ -30,6 +31,11 @@ def envelope(queue: str = "default", **overrides) -> Envelope:
     return Envelope(**fields)
 
 
+def delivery(queue: str = "default", *, attempt: int = 1, force: bool = False, **overrides) -> Delivery:
+    env = overrides.pop("env", None) or envelope(queue, **overrides)
+    return Delivery(env, "owner1", ("w", 0, 64), attempt=attempt, force=force)
+
+
 class TransportContract:
     """Every transport must pass these. Subclasses provide the fixtures and two probes."""
 
@@ -40,24 +46,24 @@ class TransportContract:
         raise NotImplementedError
 
     def test_push_queues_new_jobs_in_order(self, transport: Transport) -> None:
-        jobs = [envelope() for _ in range(5)]
+        jobs = [delivery() for _ in range(5)]
         result = transport.push(jobs)
         assert (result.pushed, result.already_present) == (5, 0)
-        assert self.queued(transport, "default") == [j.id for j in jobs]
+        assert self.queued(transport, "default") == [j.envelope.id for j in jobs]
 
     def test_a_repush_never_queues_a_job_twice(self, transport: Transport) -> None:
-        first = [envelope() for _ in range(3)]
+        first = [delivery() for _ in range(3)]
         transport.push(first)
-        extra = envelope()
+        extra = delivery()
         result = transport.push([*first, extra])
         assert (result.pushed, result.already_present) == (1, 3)
-        assert self.queued(transport, "default") == [*(j.id for j in first), extra.id]
+        assert self.queued(transport, "default") == [*(j.envelope.id for j in first), extra.envelope.id]
 
     def test_jobs_go_to_their_queues(self, transport: Transport) -> None:
-        a, b = envelope("alpha"), envelope("beta")
+        a, b = delivery("alpha"), delivery("beta")
         transport.push([a, b])
-        assert self.queued(transport, "alpha") == [a.id]
-        assert self.queued(transport, "beta") == [b.id]
+        assert self.queued(transport, "alpha") == [a.envelope.id]
+        assert self.queued(transport, "beta") == [b.envelope.id]
 
     def test_an_empty_push_does_nothing(self, transport: Transport) -> None:
         result = transport.push([])
@@ -71,7 +77,37 @@ class TransportContract:
         with pytest.raises(TransportError):
             transport.ping()
         with pytest.raises(TransportError):
-            transport.push([envelope()])
+            transport.push([delivery()])
+
+    def test_a_forced_push_replaces_an_earlier_attempt_once(self, transport: Transport) -> None:
+        first = delivery()
+        transport.push([first, delivery()])
+        retry = Delivery(first.envelope, "owner1", first.loc, attempt=2, force=True)
+        assert transport.push([retry]).pushed == 1
+        assert transport.push([retry]).pushed == 0  # the same attempt again: already there
+        assert self.queued(transport, "default").count(first.envelope.id) == 1
+
+    def test_epoch_and_events_round_trip(self, transport: Transport) -> None:
+        assert transport.state_token("owner1").epoch is None
+        transport.set_epoch("owner1", "e1")
+        token = transport.state_token("owner1")
+        assert token.epoch == "e1"
+        assert token.run_id
+        assert transport.harvest("owner1", 10) == []
+        transport.ack("owner1", [])
+
+    def test_probe_tells_missing_from_queued(self, transport: Transport) -> None:
+        known = delivery()
+        transport.push([known])
+        gone = envelope()
+        verdicts = transport.probe(
+            [
+                Probe(known.envelope.id, known.envelope.key_id, "default"),
+                Probe(gone.id, gone.key_id, "default"),
+            ],
+            lease_s=10.0,
+        )
+        assert verdicts == ["queued", "missing"]
 
 
 class TestMemoryTransport(TransportContract):
@@ -102,7 +138,7 @@ class TestRQTransport(TransportContract):
 
     def test_pushed_jobs_run_under_a_plain_rq_worker_with_the_json_serializer(self, transport) -> None:
         env = envelope(args=(20, 22), timeout_s=30.0, description="answer", meta={"team": "x"})
-        transport.push([env])
+        transport.push([delivery(env=env)])
         queue = RQQueue("default", connection=transport.connection, serializer=JSONSerializer)
         worker = SimpleWorker([queue], connection=transport.connection, serializer=JSONSerializer)
         assert worker.work(burst=True)
@@ -113,24 +149,29 @@ class TestRQTransport(TransportContract):
         assert job.description == "answer"
         assert job.meta["team"] == "x"
         assert job.meta["hybridq"]["key"] == "k"
+        assert job.meta["hybridq"]["func"] == "tests.tasks.add"
+        [event] = transport.harvest("owner1", 10)
+        assert event.body is not None
+        assert (event.body["id"], event.body["outcome"], event.body["dup"]) == (env.id, "succeeded", False)
         assert job.created_at.timestamp() == pytest.approx(env.created_at, abs=0.001)  # accepted, not pushed
 
     def test_no_pickle_reaches_redis(self, transport) -> None:
-        env = envelope()
-        transport.push([env])
-        data = zlib.decompress(transport.connection.hget(f"rq:job:{env.id}", "data"))  # RQ compresses
-        assert json.loads(data)[0] == "tests.tasks.add"  # JSON, not pickle
+        d = delivery()
+        transport.push([d])
+        data = zlib.decompress(transport.connection.hget(f"rq:job:{d.envelope.id}", "data"))  # RQ compresses
+        func, _, args, _ = json.loads(data)  # JSON, not pickle
+        assert func == "hybridq.worker.execute"
+        assert args[0]["job"]["func"] == "tests.tasks.add"
 
 
-def test_a_retry_policy_becomes_rqs_until_hybridqs_worker_side_runs_retries(redis_server) -> None:
+def test_retries_are_hybridqs_not_rqs(redis_server) -> None:
     from hybridq.envelope import Retry
 
     transport = RQTransport(redis_server.url)
     try:
         env = envelope(func="tests.tasks.add", retry=Retry(max_attempts=3, backoff_s=0))
-        transport.push([env])
+        transport.push([delivery(env=env)])
         job = RQJob.fetch(env.id, connection=transport.connection, serializer=JSONSerializer)
-        assert job.retries_left == 2
-        assert job.retry_intervals == [0, 0]
+        assert not job.retries_left  # RQ would keep the count in Redis; hybridq keeps it in its ledger
     finally:
         transport.close()

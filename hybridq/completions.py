@@ -1,0 +1,479 @@
+"""The forwarder's second half: outcomes in, redeliveries out, dead segments deleted.
+
+* **Harvest**: completion events from the owner's stream become ledger entries, appended with
+  fsync *before* the events are deleted from Redis (RELIABILITY.md rule 13).
+* **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
+  is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
+* **Epoch**: Redis losing the owner's epoch key, or restarting, re-forwards every forwarded job
+  that is not durably terminal (rule 15; pushes are idempotent per job id, so only what Redis
+  lost is queued again).
+* **Reconcile**: a pass over the forwarded, non-terminal jobs asks Redis about each (a pipelined
+  probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
+  then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
+* **Compaction**: a sealed, fully read journal segment whose every job is terminal is deleted
+  after the counters that replace it are durable (rule 8); ledger segments that only speak of
+  deleted journal segments follow, after carrying forward the failures still listed.
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from hybridq.envelope import Envelope
+from hybridq.errors import EnvelopeError, JournalError
+from hybridq.journal import JournalReader, JournalWriter, Record, RecordType, crashpoints
+from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
+from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.journal.recovery import recover
+from hybridq.ledger import (
+    Compacted,
+    Entry,
+    LedgerIndex,
+    ledger_dir,
+    load_compacted,
+    load_index,
+    open_ledger_writer,
+    read_ledger,
+    save_compacted,
+)
+from hybridq.state import Checkpoint
+from hybridq.transport.base import Delivery, Loc, Probe, Transport
+
+__all__ = ["Completions"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: Events harvested per round trip (and per ledger fsync).
+HARVEST_BATCH = 1000
+#: Jobs probed per round trip during a reconcile pass.
+PROBE_BATCH = 1000
+#: How often compaction looks for dead segments (seconds).
+COMPACT_INTERVAL_S = 5.0
+#: How long a job may stay "done" (outcome stored in Redis, no completion event harvested) before
+#: it is delivered again, in leases (at least a minute): the event may have been evicted. The
+#: delivery finds the stored outcome and reports it without running the task.
+DONE_GRACE_LEASES = 6
+
+
+class Completions:
+    """Harvest, retries, reconciliation and compaction for one forwarder (see module docstring).
+
+    Args:
+        journal: the journal directory (its lock is held by the forwarder).
+        transport: the backend.
+        checkpoint: the forwarder's checkpoint (owner, epoch, positions; shared, not copied).
+        lease_s: how long a worker's lease lasts; a job whose lease lapsed is delivered again.
+        key_ttl_s: how long outcomes stay stored under idempotency keys in Redis.
+        max_lost: a job whose worker vanished this many times fails for good (a task that kills
+            its worker every time must not loop forever).
+        reconcile_interval_s: the least time between the starts of two reconcile passes.
+        clock: wall-clock time.
+    """
+
+    def __init__(
+        self,
+        journal: str,
+        transport: Transport,
+        checkpoint: Checkpoint,
+        *,
+        lease_s: float,
+        key_ttl_s: float,
+        max_lost: int,
+        reconcile_interval_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.journal = journal
+        self.transport = transport
+        self.checkpoint = checkpoint
+        self.lease_s = lease_s
+        self.key_ttl_s = key_ttl_s
+        self.max_lost = max_lost
+        self.reconcile_interval_s = reconcile_interval_s
+        self.clock = clock
+        self.compacted = Compacted()
+        self.index = LedgerIndex()
+        #: Counters since this forwarder started.
+        self.harvested = self.redelivered = self.refilled = self.segments_deleted = 0
+        self._writer: JournalWriter | None = None
+        #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
+        self._pushed_retries: dict[Loc, int] = {}
+        self._pass: Iterator[Record] | None = None
+        self._pass_refill = False
+        self._pass_started = -1e18
+        self._next_compaction = 0.0
+        self._ledger_compacted_once = False
+        #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
+        self._suspects: dict[Loc, tuple[str, float]] = {}
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Finish interrupted deletions, recover the ledger, rebuild the index."""
+        self.compacted = load_compacted(self.journal)
+        self._finish_deletions()
+        if os.path.isdir(ledger_dir(self.journal)):
+            recover(ledger_dir(self.journal))
+        self.index = load_index(self.journal, self.compacted)
+
+    def close(self) -> None:
+        """Close the ledger writer."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _append(self, entries: Sequence[Entry], *, apply: bool = True) -> None:
+        """Append entries to the ledger with one fsync, then (``apply``) fold them into the index."""
+        if not entries:
+            return
+        if self._writer is None:
+            self._writer = open_ledger_writer(self.journal)
+        self._writer.append_many(e.to_bytes() for e in entries)
+        if apply:
+            for entry in entries:
+                self.index.apply(entry)
+
+    def record_invalid(self, record: Record) -> None:
+        """Make a record that is not a job terminal (``invalid``), so its segment can go."""
+        loc = (record.writer_id, record.segment_index, record.offset)
+        self._append([Entry("done", "", loc, outcome="invalid", at=self.clock())])
+
+    @property
+    def terminal_total(self) -> int:
+        """Jobs durably terminal: in compacted segments plus in the ledger's index."""
+        return self.compacted.terminal + self.index.terminal_count
+
+    # -- harvest ------------------------------------------------------------------------------
+
+    def harvest(self) -> int:
+        """Move every waiting completion event into the ledger; returns how many."""
+        total = 0
+        while True:
+            events = self.transport.harvest(self.checkpoint.owner, HARVEST_BATCH)
+            if not events:
+                return total
+            entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            self._append(entries)
+            for entry in entries:
+                if entry.kind == "retry":
+                    self._pushed_retries.pop(entry.loc, None)
+            crashpoints.reached("harvest_after_ledger")
+            # Only now that the ledger has them (fsync'd) may Redis forget them.
+            self.transport.ack(self.checkpoint.owner, [ev.event_id for ev in events])
+            total += len(events)
+            self.harvested += len(events)
+            if len(events) < HARVEST_BATCH:
+                return total
+
+    def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
+        try:
+            if body is None:
+                raise ValueError("not JSON")  # noqa: TRY301 - one handler for every garbled field
+            writer, segment, offset = body["loc"]
+            loc: Loc = (str(writer), int(segment), int(offset))
+            outcome, final = str(body["outcome"]), bool(body.get("final", True))
+            entry = Entry(
+                "done" if outcome == "succeeded" or final else "retry",
+                str(body["id"]),
+                loc,
+                outcome=outcome if outcome == "succeeded" or final else None,
+                attempt=int(body.get("attempt", 1)),
+                dup=bool(body.get("dup", False)),
+                error=body.get("error"),
+                run_at=self.clock() + float(body.get("retry_delay") or 0.0)
+                if outcome != "succeeded" and not final
+                else None,
+                at=float(body.get("at", self.clock())),
+                queue=body.get("queue"),
+                event_id=event_id,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("dropping garbled completion event %s: %r", event_id, exc)
+            return None
+        if self.compacted.is_compacted((loc[0], loc[1])):
+            return None  # a late duplicate of a job long gone: its outcome is already counted
+        if entry.kind == "done" and entry.outcome == "failed" and not self.index.is_terminal(loc):
+            env = self._envelope_at(loc)  # so it can be requeued after its segment is gone
+            if env is not None:
+                entry = dataclasses.replace(entry, job=env.to_dict())
+        return entry
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def due_retries(self) -> list[Delivery]:
+        """Deliveries of the next attempt of every failed job whose retry time has come."""
+        now = self.clock()
+        out: list[Delivery] = []
+        for loc, (run_at, attempt) in list(self.index.retries.items()):
+            if run_at > now or self._pushed_retries.get(loc, 0) > attempt:
+                continue
+            env = self._envelope_at(loc)
+            if env is not None:
+                out.append(self._delivery(env, loc, attempt + 1, force=True))
+        return out
+
+    def pushed(self, deliveries: Sequence[Delivery]) -> None:
+        """Note deliveries the transport accepted (so due retries are not pushed again)."""
+        for d in deliveries:
+            if d.loc in self.index.retries:
+                self._pushed_retries[d.loc] = d.attempt
+
+    # -- epoch and reconciliation -------------------------------------------------------------
+
+    def check_epoch(self) -> None:
+        """Start a refill pass if Redis lost state or restarted since the epoch was set."""
+        token = self.transport.state_token(self.checkpoint.owner)
+        cp = self.checkpoint
+        if cp.epoch is not None and token.epoch == cp.epoch and token.run_id == cp.run_id:
+            return
+        if cp.epoch is None and not cp.positions:
+            log.info("setting this forwarder's epoch in Redis (owner %s)", cp.owner)
+        elif token.epoch != cp.epoch:
+            log.warning(
+                "Redis lost this forwarder's state (epoch key gone): re-forwarding every unfinished job"
+            )
+            self._start_pass(refill=True)
+        else:
+            log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
+            self._start_pass(refill=True)
+        cp.epoch = uuid.uuid4().hex
+        cp.run_id = token.run_id
+        # The new epoch is stored in Redis now, and in the checkpoint by the forwarder's next save;
+        # a crash in between only repeats the refill.
+        self.transport.set_epoch(cp.owner, cp.epoch)
+
+    def _start_pass(self, *, refill: bool) -> None:
+        self._pass = JournalReader(self.journal).records()
+        self._pass_refill = refill or self._pass_refill
+        self._pass_started = time.monotonic()
+
+    def reconcile_step(self) -> list[Delivery]:
+        """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
+        if self._pass is None:
+            if time.monotonic() - self._pass_started < self.reconcile_interval_s:
+                return []
+            self._start_pass(refill=False)
+        assert self._pass is not None
+        batch: list[tuple[Loc, Envelope]] = []
+        for record in self._pass:
+            candidate = self._candidate(record)
+            if candidate is not None:
+                batch.append(candidate)
+                if len(batch) >= PROBE_BATCH:
+                    break
+        else:
+            self._pass = None
+            self._suspects = {loc: s for loc, s in self._suspects.items() if not self.index.is_terminal(loc)}
+        refill = self._pass_refill
+        if self._pass is None:
+            self._pass_refill = False
+        if not batch:
+            return []
+        if refill:
+            self.refilled += len(batch)
+            return [self._delivery(env, loc, self.index.attempts(loc) + 1) for loc, env in batch]
+        verdicts = self.transport.probe(
+            [Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=self.lease_s
+        )
+        return self._redeliveries(batch, verdicts)
+
+    def _candidate(self, record: Record) -> tuple[Loc, Envelope] | None:
+        """A forwarded job that is not terminal and not waiting for its time, else ``None``."""
+        if record.rtype != RecordType.DATA:
+            return None
+        loc = (record.writer_id, record.segment_index, record.offset)
+        pos = self.checkpoint.positions.get(record.writer_id)
+        if pos is None or (record.segment_index, record.end) > (pos.segment, pos.offset):
+            return None  # not forwarded yet
+        if self.index.is_terminal(loc):
+            return None
+        retry = self.index.retries.get(loc)
+        if retry is not None and self._pushed_retries.get(loc, 0) <= retry[1]:
+            return None  # its next attempt is not due (or not pushed) yet
+        try:
+            env = Envelope.from_bytes(record.payload)
+        except EnvelopeError:
+            return None
+        if env.run_at is not None and env.run_at > self.clock():
+            return None  # a delayed job the forwarder still holds
+        return loc, env
+
+    def _redeliveries(self, batch: Sequence[tuple[Loc, Envelope]], verdicts: Sequence[str]) -> list[Delivery]:
+        out: list[Delivery] = []
+        lost: list[Entry] = []
+        now = time.monotonic()
+        for (loc, env), verdict in zip(batch, verdicts, strict=True):
+            attempt = self.index.attempts(loc) + 1  # the attempt delivered now
+            if verdict in ("done", "stranded"):
+                if self._stuck(loc, verdict, now):
+                    log.warning("job %s: %s in Redis for too long; delivering it again", env.id, verdict)
+                    out.append(dataclasses.replace(self._delivery(env, loc, attempt), replace=True))
+                continue
+            self._suspects.pop(loc, None)
+            if verdict == "missing":
+                out.append(self._delivery(env, loc, attempt))
+            elif verdict == "orphaned":
+                times = self.index.lost.get(loc, (0, 0))[1] + 1
+                if times >= self.max_lost:
+                    log.error("job %s: its worker vanished %d times; failing it for good", env.id, times)
+                    error = f"the worker running it vanished {times} times (killed, or lost its lease)"
+                    lost.append(
+                        Entry(
+                            "done",
+                            env.id,
+                            loc,
+                            outcome="failed",
+                            attempt=attempt,
+                            error=error,
+                            at=self.clock(),
+                            queue=env.queue,
+                            job=env.to_dict(),
+                        )
+                    )
+                    continue
+                lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
+                out.append(self._delivery(env, loc, attempt + 1, force=True))
+        # The attempt count is durable before the next attempt is delivered.
+        self._append(lost)
+        if lost:
+            crashpoints.reached("redeliver_after_ledger")
+        self.redelivered += len(out)
+        return out
+
+    def _stuck(self, loc: Loc, verdict: str, now: float) -> bool:
+        """Whether ``loc`` has had ``verdict`` long enough to act on it (then forget it)."""
+        grace = self.lease_s if verdict == "stranded" else max(60.0, DONE_GRACE_LEASES * self.lease_s)
+        seen = self._suspects.get(loc)
+        if seen is None or seen[0] != verdict:
+            self._suspects[loc] = (verdict, now)
+            return False
+        if now - seen[1] < grace:
+            return False
+        del self._suspects[loc]
+        return True
+
+    def _delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
+        return Delivery(
+            env,
+            self.checkpoint.owner,
+            loc,
+            attempt=attempt,
+            force=force,
+            lease_s=self.lease_s,
+            key_ttl_s=self.key_ttl_s,
+        )
+
+    def _envelope_at(self, loc: Loc) -> Envelope | None:
+        try:
+            record = read_record_at(self.journal, loc[0], loc[1], loc[2])
+            return Envelope.from_bytes(record.payload)
+        except (JournalError, EnvelopeError, OSError) as exc:
+            log.error("cannot read job at %s:%d:%d: %s", *loc, exc)
+            return None
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Delete dead journal segments, then dead ledger segments; returns how many went."""
+        now = time.monotonic()
+        if self._pass is not None or now < self._next_compaction:
+            return 0  # never under a pass that may be reading the segment
+        self._next_compaction = now + COMPACT_INTERVAL_S
+        deleted = 0
+        for writer_id, indices in list_chains(self.journal).items():
+            for index in indices:
+                if not self._segment_dead(writer_id, index):
+                    break
+                self._delete(writer_id, index)
+                deleted += 1
+        if deleted or not self._ledger_compacted_once:
+            # The ledger follows the journal; and once after a start, for the chains of earlier
+            # forwarder runs, which recovery has just sealed.
+            self._ledger_compacted_once = True
+            deleted += self._compact_ledger()
+        return deleted
+
+    def _segment_dead(self, writer_id: str, index: int) -> bool:
+        pos = self.checkpoint.positions.get(writer_id)
+        if pos is None or pos.segment <= index:
+            return False  # not fully read (a sealed, read segment moves the position past it)
+        count = sealed_data_count(self.journal, writer_id, index)
+        if count is None:
+            return False
+        return len(self.index.terminal.get((writer_id, index), {})) >= count
+
+    def _delete(self, writer_id: str, index: int) -> None:
+        seg = (writer_id, index)
+        c = self.compacted
+        counts = self.index.counts([seg])
+        c.through[writer_id] = index
+        c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
+        c.succeeded += counts["succeeded"]
+        c.failed += counts["failed"]
+        c.invalid += counts["invalid"]
+        c.dups += counts["dups"]
+        save_compacted(self.journal, c)  # rule 8: the replacement is durable before the delete
+        crashpoints.reached("compact_after_state")
+        remove_oldest_segment(self.journal, writer_id, index)
+        self.index.forget_segment(seg)
+        self.segments_deleted += 1
+
+    def _finish_deletions(self) -> None:
+        """Delete segments a crash left behind after their compaction state was saved."""
+        for writer_id, indices in list_chains(self.journal).items():
+            for index in indices:
+                if not self.compacted.is_compacted((writer_id, index)):
+                    break
+                log.info("finishing the compaction of segment %d of chain %s", index, writer_id)
+                remove_oldest_segment(self.journal, writer_id, index)
+
+    def _compact_ledger(self) -> int:
+        """Delete sealed ledger segments whose entries all concern deleted journal segments."""
+        path = ledger_dir(self.journal)
+        if not os.path.isdir(path):
+            return 0
+        own = self._writer.writer_id if self._writer is not None else None
+        by_segment: dict[tuple[str, int], list[Entry]] = {}
+        for record, entry in read_ledger(self.journal):
+            by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
+        # Requeues appended by other processes since this forwarder started.
+        for entries in by_segment.values():
+            for e in entries:
+                if e.kind == "requeued":
+                    self.index.apply(e)
+        deleted = 0
+        for writer_id, indices in list_chains(path).items():
+            for index in indices:
+                if writer_id == own and index == indices[-1]:
+                    break  # our own open segment
+                if sealed_data_count(path, writer_id, index) is None:
+                    break
+                entries = by_segment.get((writer_id, index), [])
+                if not all(self.compacted.is_compacted((e.loc[0], e.loc[1])) for e in entries):
+                    break
+                # Failures still listed outlive the segment that recorded them; so does a requeue
+                # mark while another segment still holds the failure it cancels.
+                failed_elsewhere = {
+                    e.loc
+                    for seg, others in by_segment.items()
+                    if seg != (writer_id, index)
+                    for e in others
+                    if e.kind == "done" and e.outcome == "failed"
+                }
+                keep = [
+                    e
+                    for e in entries
+                    if (e.kind == "done" and self.index.failed.get(e.loc) == e)
+                    or (e.kind == "requeued" and e.loc in failed_elsewhere)
+                ]
+                self._append(keep, apply=False)  # the index has them already
+                remove_oldest_segment(path, writer_id, index)
+                deleted += 1
+        return deleted

@@ -1,0 +1,97 @@
+"""Jobs that failed for good: list them, and accept them again (``requeue``).
+
+Both read the ledger and need no Redis. A requeue appends the job to the journal again (same job
+id, its ``requeue`` count one higher, a new record), then marks the failure ``requeued`` in the
+ledger. A crash between the two leaves the job both requeued and still listed; requeueing it
+again delivers it twice, and its idempotency key runs it once.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hybridq.envelope import Envelope
+from hybridq.errors import HybridqError
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.records import Loc
+from hybridq.ledger import Entry, load_compacted, load_index, open_ledger_writer
+from hybridq.producer import Job, default_journal, shared_writer
+
+__all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
+
+
+class JobNotFailed(HybridqError):
+    """The job id is not in the list of jobs that failed for good."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is not a failed job (see `hybridq failed list`)")
+        self.job_id = job_id
+
+
+@dataclass(frozen=True, slots=True)
+class FailedJob:
+    """A job that failed for good (out of attempts, or its worker vanished too often)."""
+
+    id: str
+    func: str | None
+    queue: str | None
+    attempts: int
+    error: str | None
+    failed_at: float
+    loc: Loc
+    envelope: Envelope | None
+
+
+def failed_jobs(journal: str | None = None) -> list[FailedJob]:
+    """Every job that failed for good and was not requeued, oldest first."""
+    path = existing_journal_dir(journal or default_journal())
+    index = load_index(path, load_compacted(path))
+    out = [_failed(entry) for entry in index.failed.values()]
+    return sorted(out, key=lambda f: f.failed_at)
+
+
+def requeue(job_ids: Iterable[str], journal: str | None = None) -> list[Job]:
+    """Accept failed jobs again; returns the new jobs.
+
+    Raises :class:`JobNotFailed` before writing anything if any id is not a listed failure.
+    """
+    path = existing_journal_dir(journal or default_journal())
+    by_id = {f.id: f for f in failed_jobs(path)}
+    wanted = list(dict.fromkeys(job_ids))
+    for job_id in wanted:
+        failed = by_id.get(job_id)
+        if failed is None or failed.envelope is None:
+            raise JobNotFailed(job_id)
+    writer = shared_writer(path)
+    jobs: list[Job] = []
+    marks: list[Entry] = []
+    for job_id in wanted:
+        failed = by_id[job_id]
+        assert failed.envelope is not None
+        env = dataclasses.replace(failed.envelope, requeue=failed.envelope.requeue + 1)
+        record = writer.append(env.to_bytes())
+        jobs.append(Job(env, record, path))
+        marks.append(Entry("requeued", job_id, failed.loc, at=time.time(), queue=failed.queue))
+    # Only after the journal has them (fsync'd): a crash before this line lists them still.
+    with open_ledger_writer(path) as ledger:
+        ledger.append_many(m.to_bytes() for m in marks)
+    return jobs
+
+
+def _failed(entry: Entry) -> FailedJob:
+    env = Envelope.from_dict(entry.job) if entry.job is not None else None
+    return FailedJob(
+        id=entry.job_id,
+        func=env.func if env is not None else None,
+        queue=entry.queue or (env.queue if env is not None else None),
+        attempts=entry.attempt,
+        error=entry.error,
+        failed_at=entry.at,
+        loc=entry.loc,
+        envelope=env,
+    )

@@ -1,0 +1,301 @@
+"""The completion ledger: durable outcomes, so Redis losing a result never re-runs a finished job.
+
+The ledger is a second journal (same format, same crash safety) in ``<journal>/ledger/``. The
+forwarder appends what workers report, with fsync, before it deletes the events from Redis
+(RELIABILITY.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
+a kind ``t``:
+
+* ``done`` -- the job at ``loc`` reached a terminal outcome (``succeeded``, ``failed`` out of
+  attempts, or ``invalid``: a record that is not a job); ``dup`` marks a delivery that found the
+  outcome already stored under its idempotency key and did not run the task.
+* ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``.
+* ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
+* ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
+
+Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
+everything, the highest attempt wins), because records of several chains have no global order.
+
+Counters of compacted segments live in ``compaction.state`` (:class:`Compacted`), written before
+any segment is deleted, so ``status`` totals survive compaction.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridq.errors import StateFileCorrupt
+from hybridq.journal import JournalReader, JournalWriter, Record, RecordType
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.records import Loc
+from hybridq.journal.statefile import read_state, write_state
+
+__all__ = [
+    "COMPACTION_NAME",
+    "LEDGER_DIR",
+    "Compacted",
+    "Entry",
+    "LedgerIndex",
+    "ledger_dir",
+    "load_compacted",
+    "load_index",
+    "open_ledger_writer",
+    "read_ledger",
+    "save_compacted",
+]
+
+#: The ledger's directory, inside the journal directory.
+LEDGER_DIR = "ledger"
+#: The state file holding the counters of compacted segments.
+COMPACTION_NAME = "compaction"
+#: Ledger segments are small so that compaction frees space soon.
+LEDGER_SEGMENT_BYTES = 4 << 20
+
+Seg = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One ledger record."""
+
+    kind: str  # "done" | "retry" | "lost" | "requeued"
+    job_id: str
+    loc: Loc
+    outcome: str | None = None
+    attempt: int = 1
+    dup: bool = False
+    error: str | None = None
+    run_at: float | None = None
+    at: float = 0.0
+    queue: str | None = None
+    #: The harvested event's id (a re-harvest after a crash is not counted twice).
+    event_id: str | None = None
+    #: The envelope of a job that failed for good, so it can be requeued after compaction.
+    job: Mapping[str, Any] | None = None
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON, ``None`` fields left out."""
+        body: dict[str, Any] = {"t": self.kind, "id": self.job_id, "loc": list(self.loc), "n": self.attempt}
+        optional = {
+            "o": self.outcome,
+            "err": self.error,
+            "run_at": self.run_at,
+            "q": self.queue,
+            "ev": self.event_id,
+            "job": self.job,
+        }
+        body.update({name: value for name, value in optional.items() if value is not None})
+        if self.dup:
+            body["dup"] = True
+        body["at"] = self.at
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Entry:
+        """Decode; raises ``ValueError`` (or ``KeyError``/``TypeError``) if it is not an entry."""
+        body = json.loads(raw)
+        writer, segment, offset = body["loc"]
+        return cls(
+            kind=str(body["t"]),
+            job_id=str(body["id"]),
+            loc=(str(writer), int(segment), int(offset)),
+            outcome=body.get("o"),
+            attempt=int(body.get("n", 1)),
+            dup=bool(body.get("dup", False)),
+            error=body.get("err"),
+            run_at=body.get("run_at"),
+            at=float(body.get("at", 0.0)),
+            queue=body.get("q"),
+            event_id=body.get("ev"),
+            job=body.get("job"),
+        )
+
+
+@dataclass
+class LedgerIndex:
+    """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
+
+    #: Per journal segment, offset -> terminal outcome of the job recorded there.
+    terminal: dict[Seg, dict[int, str]] = field(default_factory=dict)
+    #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
+    dups: dict[Seg, int] = field(default_factory=dict)
+    #: Non-terminal jobs with a failed attempt: loc -> (run_at, attempt that failed).
+    retries: dict[Loc, tuple[float, int]] = field(default_factory=dict)
+    #: Non-terminal jobs whose worker vanished: loc -> (highest attempt lost, times lost).
+    lost: dict[Loc, tuple[int, int]] = field(default_factory=dict)
+    #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
+    failed: dict[Loc, Entry] = field(default_factory=dict)
+    requeued: set[Loc] = field(default_factory=set)
+    #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
+    terminal_count: int = 0
+    _events: set[str] = field(default_factory=set)
+
+    def is_terminal(self, loc: Loc) -> bool:
+        """Whether the job at ``loc`` reached a terminal outcome."""
+        done = self.terminal.get((loc[0], loc[1]))
+        return done is not None and loc[2] in done
+
+    def attempts(self, loc: Loc) -> int:
+        """The highest attempt known to have started for the job at ``loc`` (0 if none)."""
+        return max(self.retries.get(loc, (0.0, 0))[1], self.lost.get(loc, (0, 0))[0])
+
+    def apply(self, entry: Entry) -> bool:
+        """Fold one entry in; returns ``False`` if it changed nothing (a replayed event)."""
+        if entry.event_id is not None:
+            if entry.event_id in self._events:
+                return False
+            self._events.add(entry.event_id)
+        loc, seg = entry.loc, (entry.loc[0], entry.loc[1])
+        if entry.kind == "requeued":
+            self.requeued.add(loc)
+            self.failed.pop(loc, None)
+            return True
+        if entry.dup:
+            self.dups[seg] = self.dups.get(seg, 0) + 1
+        if entry.kind == "done":
+            done = self.terminal.setdefault(seg, {})
+            if loc[2] in done:
+                return entry.dup
+            done[loc[2]] = entry.outcome or "failed"
+            self.terminal_count += 1
+            self.retries.pop(loc, None)
+            self.lost.pop(loc, None)
+            if entry.outcome == "failed" and loc not in self.requeued:
+                self.failed[loc] = entry
+            return True
+        if self.is_terminal(loc):
+            return False
+        if entry.kind == "retry":
+            known = self.retries.get(loc)
+            if known is None or entry.attempt > known[1]:
+                self.retries[loc] = (float(entry.run_at or 0.0), entry.attempt)
+            return True
+        if entry.kind == "lost":
+            attempt, times = self.lost.get(loc, (0, 0))
+            self.lost[loc] = (max(attempt, entry.attempt), times + 1)
+            return True
+        return False
+
+    def forget_segment(self, seg: Seg) -> None:
+        """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
+        self.terminal_count -= len(self.terminal.pop(seg, {}))
+        self.dups.pop(seg, None)
+
+    def counts(self, live: Iterable[Seg]) -> dict[str, int]:
+        """``succeeded``, ``failed``, ``invalid`` and ``dups`` over the given journal segments."""
+        out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0}
+        for seg in live:
+            for outcome in self.terminal.get(seg, {}).values():
+                if outcome in out:
+                    out[outcome] += 1
+            out["dups"] += self.dups.get(seg, 0)
+        return out
+
+
+@dataclass
+class Compacted:
+    """Totals of compacted journal segments, and how far each chain has been compacted."""
+
+    #: Per writer id, the highest segment index deleted (all lower ones are gone too).
+    through: dict[str, int] = field(default_factory=dict)
+    accepted: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    invalid: int = 0
+    dups: int = 0
+
+    @property
+    def terminal(self) -> int:
+        """Jobs of compacted segments that were terminal (all of them: only those are deleted)."""
+        return self.succeeded + self.failed + self.invalid
+
+    def is_compacted(self, seg: Seg) -> bool:
+        """Whether journal segment ``seg`` is (being) deleted."""
+        through = self.through.get(seg[0])
+        return through is not None and seg[1] <= through
+
+    def to_bytes(self) -> bytes:
+        """JSON."""
+        body = {
+            "v": 1,
+            "through": self.through,
+            "accepted": self.accepted,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "invalid": self.invalid,
+            "dups": self.dups,
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, path: str) -> Compacted:
+        """Decode; a malformed body raises :class:`StateFileCorrupt`."""
+        try:
+            body = json.loads(raw)
+            return cls(
+                through={str(w): int(i) for w, i in body["through"].items()},
+                **{name: int(body[name]) for name in ("accepted", "succeeded", "failed", "invalid", "dups")},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateFileCorrupt(path, f"malformed compaction state: {exc!r}") from exc
+
+
+def ledger_dir(journal: str) -> str:
+    """The ledger directory of a journal directory."""
+    return os.path.join(journal, LEDGER_DIR)
+
+
+def open_ledger_writer(journal: str) -> JournalWriter:
+    """A writer for this process's chain in the ledger (created 0700 when missing)."""
+    path = ensure_journal_dir(ledger_dir(journal))
+    return JournalWriter(path, max_segment_bytes=LEDGER_SEGMENT_BYTES)
+
+
+def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """Every entry of the ledger (none if it does not exist yet). Garbled JSON is skipped."""
+    path = ledger_dir(journal)
+    if not os.path.isdir(path):
+        return
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA:
+            continue
+        try:
+            entry = Entry.from_bytes(record.payload)
+        except (ValueError, KeyError, TypeError):
+            continue  # passed its checksum, so a bug: never a reason to stop counting the rest
+        yield record, entry
+
+
+def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
+    """The index of the whole ledger, ignoring entries for compacted journal segments."""
+    index = LedgerIndex()
+    for _, entry in read_ledger(journal):
+        if compacted.is_compacted((entry.loc[0], entry.loc[1])):
+            # Counted in Compacted already; only a failure still listed matters.
+            if entry.kind == "done" and entry.outcome == "failed":
+                index.failed.setdefault(entry.loc, entry)
+            elif entry.kind == "requeued":
+                index.requeued.add(entry.loc)
+            continue
+        index.apply(entry)
+    for loc in index.requeued:
+        index.failed.pop(loc, None)
+    return index
+
+
+def load_compacted(journal: str) -> Compacted:
+    """The compaction state (empty if nothing was ever compacted)."""
+    raw = read_state(journal, COMPACTION_NAME)
+    if raw is None:
+        return Compacted()
+    return Compacted.from_bytes(raw, os.path.join(journal, f"{COMPACTION_NAME}.state"))
+
+
+def save_compacted(journal: str, compacted: Compacted) -> None:
+    """Durably replace the compaction state."""
+    write_state(journal, COMPACTION_NAME, compacted.to_bytes())

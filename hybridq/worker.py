@@ -1,0 +1,364 @@
+"""The worker side: the entry point RQ workers call, the idempotency store, the worker loop.
+
+The forwarder pushes every job as an RQ job whose function is :func:`execute` and whose single
+argument is the delivery (the envelope, the owning forwarder, the attempt; see
+:class:`hybridq.transport.base.Delivery`). So a plain ``rq worker --serializer
+rq.serializers.JSONSerializer QUEUE`` runs hybridq jobs with every guarantee below, and
+``hybridq worker`` (:func:`run_worker`) is that plus a loop that survives Redis going away.
+
+For each delivery, :func:`execute`:
+
+1. **claims** the idempotency key in one script: a stored success (or a final failure) is
+   returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
+   lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
+   second waits, then finds the first one's result);
+2. **renews** the lease from a thread while the task runs: when the worker or its work-horse is
+   killed, the lease expires within ``lease_s`` and the forwarder delivers the job again;
+3. **records** the outcome and a completion event for the owning forwarder in one atomic step
+   (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
+
+This module is the worker side of DESIGN.md's layers: it must not import the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+from rq import get_current_job
+from rq.serializers import JSONSerializer
+from rq.utils import import_attribute
+
+from hybridq import keys
+from hybridq.context import CurrentJob, _current
+from hybridq.envelope import Envelope
+
+__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "execute", "run_worker"]
+
+log = logging.getLogger("hybridq.worker")
+
+#: The dotted path RQ job hashes name as their function.
+ENTRY_POINT = "hybridq.worker.execute"
+
+#: Longest error text stored with an outcome (a traceback); events carry only its last line.
+MAX_ERROR_CHARS = 8192
+#: How long to keep trying to record an outcome while Redis is unreachable (seconds). Past it,
+#: the lease expires and the forwarder delivers the job again: at-least-once, never lost.
+FINISH_PATIENCE_S = 30.0
+#: How often a delivery that finds its key's lease taken checks again (seconds).
+BUSY_POLL_S = 0.25
+
+# KEYS: result, lease. ARGV: token, lease ms, job id, requeue, attempt.
+# Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (a later
+# attempt of this job already failed: drop silently); {3, holder} busy (another delivery runs it).
+_CLAIM = """
+local stored = redis.call("GET", KEYS[1])
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" then
+        local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
+        local my_rq, my_at = tonumber(ARGV[4]), tonumber(ARGV[5])
+        if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
+            return {1, stored}
+        end
+        if r.job_id == ARGV[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
+            return {2, stored}
+        end
+    end
+end
+if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then
+    return {0, ""}
+end
+return {3, redis.call("GET", KEYS[2]) or ""}
+"""
+
+# KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON.
+# A success already stored (by a delivery that ran while this one had lost its lease) is kept.
+_FINISH = """
+local stored = redis.call("GET", KEYS[1])
+local keep = 0
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" and r.outcome == "succeeded" then keep = 1 end
+end
+if keep == 0 then
+    redis.call("SET", KEYS[1], ARGV[2], "EX", ARGV[3])
+end
+redis.call("XADD", KEYS[3], "*", "e", ARGV[4])
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+    redis.call("DEL", KEYS[2])
+end
+return keep
+"""
+
+# KEYS: lease. ARGV: token, lease ms. 1 if renewed, 0 if the lease is no longer ours.
+_RENEW = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+    return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+class DuplicateOfFailedJob(Exception):
+    """The idempotency key already failed for good: this delivery reports that failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    envelope: Envelope
+    owner: str
+    loc: list[Any]
+    attempt: int
+    lease_s: float
+    key_ttl_s: float
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> _Delivery:
+        return cls(
+            envelope=Envelope.from_dict(raw["job"]),
+            owner=str(raw["owner"]),
+            loc=list(raw["loc"]),
+            attempt=int(raw.get("attempt", 1)),
+            lease_s=float(raw.get("lease", 10.0)),
+            key_ttl_s=float(raw.get("key_ttl", 86400.0)),
+        )
+
+
+def execute(delivery: Mapping[str, Any]) -> Any:
+    """Run one hybridq job under RQ (see the module docstring); RQ calls this, not users."""
+    rq_job = get_current_job()
+    if rq_job is None:
+        raise RuntimeError("hybridq.worker.execute runs only inside an RQ worker")
+    d = _Delivery.parse(delivery)
+    conn: redis.Redis = rq_job.connection
+    env = d.envelope
+    result_key, lease_key = keys.result(env.key_id), keys.lease(env.key_id)
+    token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
+    lease_ms = max(1, int(d.lease_s * 1000))
+    while True:
+        status, stored = conn.eval(
+            _CLAIM, 2, result_key, lease_key, token, lease_ms, env.id, env.requeue, d.attempt
+        )
+        if status == 0:
+            break
+        if status == 1:
+            return _suppressed(conn, d, json.loads(stored))
+        if status == 2:
+            log.info(
+                "job %s attempt %d: a later attempt already ran; dropping this delivery", env.id, d.attempt
+            )
+            return None
+        time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
+
+    renewer = _LeaseRenewer(conn, lease_key, token, d.lease_s)
+    renewer.start()
+    context = _current.set(
+        CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
+    )
+    error: BaseException | None = None
+    value: Any = None
+    try:
+        value = _call(env)
+    except Exception as exc:
+        error = exc
+    finally:
+        _current.reset(context)
+        renewer.stop()
+    final = error is None or d.attempt >= env.max_attempts
+    value = _jsonable(value, env)
+    outcome = {
+        "outcome": "succeeded" if error is None else "failed",
+        "result": value,
+        "error": _format_error(error) if error is not None else None,
+        "job_id": env.id,
+        "attempt": d.attempt,
+        "requeue": env.requeue,
+        "final": final,
+        "at": time.time(),
+    }
+    _finish(conn, d, token, outcome, dup=False)
+    if error is not None:
+        raise error
+    return value
+
+
+def _call(env: Envelope) -> Any:
+    func = import_attribute(env.func)  # a hybridq.task is callable like its function
+    return func(*env.args, **env.kwargs)
+
+
+def _suppressed(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any]) -> Any:
+    """Report a stored outcome for this delivery without running the task."""
+    env = d.envelope
+    log.info(
+        "job %s: idempotency key already %s (by job %s): not running it again",
+        env.id,
+        stored.get("outcome"),
+        stored.get("job_id"),
+    )
+    event = _event(d, stored, dup=True)
+    _retrying(lambda: conn.xadd(keys.events(d.owner), {"e": json.dumps(event)}))
+    if stored.get("outcome") != "succeeded":
+        raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
+    return stored.get("result")
+
+
+def _finish(conn: redis.Redis, d: _Delivery, token: str, outcome: Mapping[str, Any], *, dup: bool) -> None:
+    event = _event(d, outcome, dup=dup)
+    args: list[str | int] = [token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
+    keys_ = [keys.result(d.envelope.key_id), keys.lease(d.envelope.key_id), keys.events(d.owner)]
+    kept = _retrying(lambda: conn.eval(_FINISH, 3, *keys_, *args))
+    if kept:
+        log.warning(
+            "job %s: its key already had a stored success (this run had lost its lease): "
+            "the task ran twice for one key",
+            d.envelope.id,
+        )
+
+
+def _event(d: _Delivery, outcome: Mapping[str, Any], *, dup: bool) -> dict[str, Any]:
+    error = outcome.get("error")
+    final = bool(outcome.get("final", True))
+    # The delay, not a time: the forwarder adds it to its own clock (hosts' clocks may differ).
+    retry_delay = None
+    if not final and d.envelope.retry is not None:
+        retry_delay = d.envelope.retry.delay_s(int(outcome.get("attempt", d.attempt)))
+    return {
+        "id": d.envelope.id,
+        "loc": d.loc,
+        "queue": d.envelope.queue,
+        "outcome": outcome.get("outcome"),
+        "final": final,
+        "retry_delay": retry_delay,
+        "attempt": d.attempt if not dup else outcome.get("attempt", d.attempt),
+        "dup": dup,
+        "error": error.strip().rsplit("\n", 1)[-1][:500] if isinstance(error, str) else None,
+        "at": time.time(),
+    }
+
+
+def _retrying(call: Any) -> Any:
+    """Run a Redis call, retrying while Redis is unreachable, for up to FINISH_PATIENCE_S."""
+    deadline = time.monotonic() + FINISH_PATIENCE_S
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except RedisError as exc:
+            if time.monotonic() >= deadline:
+                log.error("cannot record the outcome in Redis (%s): the job will be delivered again", exc)
+                raise
+            time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
+            delay = min(2.0, delay * 2)
+
+
+def _jsonable(value: Any, env: Envelope) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
+        return repr(value)
+    return value
+
+
+def _format_error(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
+
+
+class _LeaseRenewer(threading.Thread):
+    """Renews the lease every third of its length while the task runs."""
+
+    def __init__(self, conn: redis.Redis, key: str, token: str, lease_s: float) -> None:
+        super().__init__(name="hybridq-lease", daemon=True)
+        self._conn, self._key, self._token = conn, key, token
+        self._lease_ms = max(1, int(lease_s * 1000))
+        self._interval = max(0.05, lease_s / 3)
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        lost = False
+        while not self._done.wait(self._interval):
+            try:
+                renewed = self._conn.eval(_RENEW, 1, self._key, self._token, self._lease_ms)
+            except RedisError as exc:
+                log.warning("cannot renew the lease on %s: %s", self._key, exc)
+                continue
+            if not renewed and not lost:
+                lost = True
+                log.warning("lost the lease on %s: the job may be delivered again while it runs", self._key)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def run_worker(
+    queues: Sequence[str],
+    *,
+    url: str,
+    burst: bool = False,
+    simple: bool = False,
+    name: str | None = None,
+    max_backoff_s: float = 30.0,
+) -> int:
+    """Run an RQ worker on ``queues`` until it is asked to stop; restart it when Redis goes away.
+
+    RQ's own loop quits on a Redis timeout or an unexpected error, and cannot start while Redis
+    is down; this loop starts it again after a backoff (doubling, with jitter, up to
+    ``max_backoff_s``) instead of exiting or spinning. Returns 0 (stopped or, with ``burst``,
+    out of work) or 1 (burst mode could not reach Redis).
+    """
+    from rq import SimpleWorker, Worker  # noqa: PLC0415 - rq's worker module is heavy
+
+    worker_class = SimpleWorker if simple else Worker
+    delay = 1.0
+    down_since: float | None = None
+    while True:
+        conn = redis.Redis.from_url(url)
+        try:
+            worker = worker_class(queues, connection=conn, serializer=JSONSerializer, name=name)
+            worker.work(burst=burst, with_scheduler=False)
+        except RedisError as exc:
+            if down_since is None:
+                down_since = time.monotonic()
+                log.warning("Redis unavailable (%s): retrying, backing off up to %.0f s", exc, max_backoff_s)
+            if burst:
+                return 1
+        else:
+            if burst or worker._stop_requested:
+                return 0
+            log.warning("the RQ worker loop ended on its own (Redis went away?): starting it again")
+        finally:
+            conn.close()
+        time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
+        delay = min(max_backoff_s, delay * 2)
+        if down_since is not None and _reachable(url):
+            log.warning("Redis available again after %.1f s", time.monotonic() - down_since)
+            down_since, delay = None, 1.0
+
+
+def _reachable(url: str) -> bool:
+    conn = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        conn.ping()
+    except RedisError:
+        return False
+    finally:
+        conn.close()
+    return True

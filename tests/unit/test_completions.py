@@ -1,0 +1,365 @@
+"""Outcomes, retries, redelivery and compaction, against the in-memory transport.
+
+The simulated worker of :class:`MemoryTransport` follows the worker's idempotency rules; these
+tests check the forwarder's side: what reaches the ledger, what is delivered again, what is
+never run twice, and which segments may go.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hybridq import Queue, Retry, failed_jobs, requeue
+from hybridq.envelope import Envelope
+from hybridq.errors import HybridqError, QueueFull
+from hybridq.forwarder import Forwarder
+from hybridq.journal import JournalWriter
+from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index
+from hybridq.status import collect_status
+from hybridq.transport import MemoryTransport
+
+from tests import tasks
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_forwarder(journal: Path, transport: MemoryTransport, **kwargs: object) -> Forwarder:
+    kwargs.setdefault("backoff_initial_s", 0.001)
+    kwargs.setdefault("backoff_max_s", 0.002)
+    kwargs.setdefault("reconcile_interval_s", 0.0)
+    forwarder = Forwarder(journal, transport, **kwargs)  # type: ignore[arg-type]
+    forwarder.open()
+    return forwarder
+
+
+def settle(forwarder: Forwarder, steps: int = 5) -> None:
+    """Step until a reconcile pass has run to its end (it advances one batch per step)."""
+    for _ in range(steps):
+        forwarder.step()
+
+
+def status(journal: Path) -> dict[str, int]:
+    out = collect_status(str(journal))
+    return {k: out[k] for k in ("accepted", "succeeded", "failed", "pending", "duplicates_suppressed")}
+
+
+def test_outcomes_reach_the_ledger_and_status_counts_them(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    for i in range(20):
+        queue.enqueue(tasks.add, i, i)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    assert transport.work() == 20
+    forwarder.step()
+    forwarder.close()
+    assert transport.events == {forwarder.checkpoint.owner: []}  # acknowledged after the ledger
+    assert status(journal_dir) == {
+        "accepted": 20,
+        "succeeded": 20,
+        "failed": 0,
+        "pending": 0,
+        "duplicates_suppressed": 0,
+    }
+
+
+def test_a_flushed_redis_does_not_rerun_finished_jobs_but_redelivers_the_rest(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(10)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=4)
+    forwarder.step()  # harvested: 4 jobs are durably terminal
+    transport.forget()  # FLUSHALL: results, events, queues, the epoch: all gone
+    settle(forwarder)
+    assert sorted(transport.queues["default"]) == sorted(j.id for j in jobs[4:])
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert all(transport.executions.get(j.id, 0) == 1 for j in jobs)
+    assert status(journal_dir)["succeeded"] == 10
+
+
+def test_a_job_whose_worker_died_is_delivered_again_with_the_next_attempt(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.kill(delivery)  # the lease is gone, no outcome
+    settle(forwarder)
+    again = transport.deliveries[job.id]
+    assert again.attempt == 2
+    assert transport.queues["default"] == [job.id]
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert status(journal_dir)["succeeded"] == 1
+
+
+def test_a_job_that_keeps_killing_its_worker_fails_for_good(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, max_lost=3)
+    forwarder.step()
+    for _ in range(3):
+        delivery = transport.take("default")
+        assert delivery is not None
+        transport.kill(delivery)
+        settle(forwarder)
+    forwarder.close()
+    assert transport.queues["default"] == []
+    [failed] = failed_jobs(str(journal_dir))
+    assert failed.id == job.id
+    assert "vanished 3 times" in (failed.error or "")
+
+
+def test_retries_follow_the_durable_schedule_and_survive_a_redis_restart(journal_dir: Path) -> None:
+    clock = Clock()
+    job = Queue(journal=journal_dir).enqueue(
+        tasks.add, 1, 2, retry=Retry(max_attempts=3, backoff_s=10, jitter=False)
+    )
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    forwarder.step()
+    attempts: list[int] = []
+
+    def flaky(env: Envelope, attempt: int) -> None:
+        attempts.append(attempt)
+        if attempt < 3:
+            raise RuntimeError(f"attempt {attempt} fails")
+
+    transport.work(func=flaky)
+    settle(forwarder)
+    assert transport.queues["default"] == []  # not due for 10 s
+    forwarder.close()
+    transport.forget()  # Redis restarts empty, the forwarder too: the schedule is in the ledger
+    clock.now += 10
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    settle(forwarder)
+    assert transport.deliveries[job.id].attempt == 2
+    transport.work(func=flaky)
+    settle(forwarder)
+    clock.now += 20  # the second delay doubles
+    settle(forwarder)
+    transport.work(func=flaky)
+    settle(forwarder)
+    forwarder.close()
+    assert attempts == [1, 2, 3]
+    assert status(journal_dir)["succeeded"] == 1
+
+
+def test_a_job_out_of_attempts_is_listed_and_can_be_requeued(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, retry=Retry(max_attempts=2, backoff_s=0))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+
+    def boom(env: Envelope, attempt: int) -> None:
+        raise ValueError("boom")
+
+    for _ in range(2):
+        transport.work(func=boom)
+        settle(forwarder)
+    [failed] = failed_jobs(str(journal_dir))
+    assert (failed.id, failed.attempts, failed.error) == (job.id, 2, "ValueError: boom")
+    assert status(journal_dir)["failed"] == 1
+    with pytest.raises(HybridqError, match="not a failed job"):
+        requeue(["nope", job.id], str(journal_dir))
+    [again] = requeue([job.id], str(journal_dir))
+    assert again.id == job.id
+    assert failed_jobs(str(journal_dir)) == []
+    settle(forwarder)
+    assert transport.queues["default"] == [job.id]
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    counts = status(journal_dir)
+    assert (counts["accepted"], counts["succeeded"], counts["failed"], counts["pending"]) == (2, 1, 1, 0)
+
+
+def test_one_idempotency_key_runs_once_and_both_jobs_report_it(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    first = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-7")
+    second = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-7")
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert transport.executions == {first.id: 1}
+    assert second.id not in transport.executions
+    assert status(journal_dir) == {
+        "accepted": 2,
+        "succeeded": 2,
+        "failed": 0,
+        "pending": 0,
+        "duplicates_suppressed": 1,
+    }
+
+
+def test_ledger_replay_order_does_not_matter() -> None:
+    loc = ("w", 0, 64)
+    entries = [
+        Entry("retry", "j", loc, attempt=1, run_at=5.0),
+        Entry("lost", "j", loc, attempt=2),
+        Entry("done", "j", loc, outcome="succeeded", attempt=3),
+        Entry("done", "j", loc, outcome="succeeded", attempt=3, dup=True, event_id="e1"),
+        Entry("done", "j", loc, outcome="succeeded", attempt=3, dup=True, event_id="e1"),
+    ]
+    forward, backward = LedgerIndex(), LedgerIndex()
+    for e in entries:
+        forward.apply(e)
+    for e in reversed(entries):
+        backward.apply(e)
+    for index in (forward, backward):
+        assert index.is_terminal(loc)
+        assert index.retries == {}
+        assert index.dups == {("w", 0): 1}  # a replayed event is counted once
+
+
+def write_jobs(journal: Path, n: int, *, segment_bytes: int = 4096) -> None:
+    """``n`` jobs through a writer with tiny segments (so there is something to compact)."""
+    queue = Queue(journal=journal)
+    with JournalWriter(journal, max_segment_bytes=segment_bytes) as writer:
+        for start in range(0, n, 10):  # a batch never spans segments: write small ones
+            writer.append_many(
+                queue.prepare(tasks.add, (i, i)).to_bytes() for i in range(start, min(n, start + 10))
+            )
+
+
+def test_compaction_deletes_finished_segments_and_keeps_the_counts(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 400)
+    before = sum(len(i) for i in list_chains(str(journal_dir)).values())
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=200)
+    settle(forwarder)
+    c = forwarder.completions
+    assert c is not None
+    c._next_compaction = 0.0
+    settle(forwarder)
+    middle = sum(len(i) for i in list_chains(str(journal_dir)).values())
+    assert 0 < middle < before  # only the segments whose every job finished
+    transport.work()
+    c._next_compaction = 0.0
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(str(journal_dir)) == {}  # a closed writer's chain is sealed: all gone
+    assert status(journal_dir) == {
+        "accepted": 400,
+        "succeeded": 400,
+        "failed": 0,
+        "pending": 0,
+        "duplicates_suppressed": 0,
+    }
+    assert load_compacted(str(journal_dir)).accepted == 400
+    assert load_index(str(journal_dir), load_compacted(str(journal_dir))).terminal == {}
+
+
+def test_compaction_keeps_a_segment_with_one_unfinished_job(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 100)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    first = transport.take("default")
+    assert first is not None  # taken, never finished: its segment must stay
+    transport.work()
+    c = forwarder.completions
+    assert c is not None
+    c._next_compaction = 0.0
+    settle(forwarder)
+    forwarder.close()
+    [indices] = list_chains(str(journal_dir)).values()
+    assert indices[0] == first.loc[1]
+    assert os.path.exists(journal_dir)
+
+
+def test_job_status_follows_the_ledger(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    good = queue.enqueue(tasks.add, 1, 2)
+    bad = queue.enqueue(tasks.add, "x", 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    assert (good.get_status(), bad.get_status()) == ("forwarded", "forwarded")
+
+    def run(env: Envelope, attempt: int) -> int:
+        return int(env.args[0]) + int(env.args[1])
+
+    transport.work(func=run)
+    forwarder.step()
+    forwarder.close()
+    assert (good.get_status(), bad.get_status()) == ("finished", "failed")
+
+
+def test_capacity_frees_up_as_jobs_finish(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir, capacity=5)
+    for i in range(5):
+        queue.enqueue(tasks.add, i, i)
+    with pytest.raises(QueueFull):
+        queue.enqueue(tasks.add, 9, 9)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=3)
+    forwarder.step()  # harvests, and publishes the terminal count in the checkpoint
+    forwarder.close()
+    assert queue._pending is not None
+    queue._pending._refreshed = -1e9  # as if refresh_s had passed
+    for i in range(3):
+        queue.enqueue(tasks.add, i, i)
+    with pytest.raises(QueueFull):
+        queue.enqueue(tasks.add, 9, 9)
+
+
+def test_record_ids_locate_their_records(journal_dir: Path) -> None:
+    payloads = [b"a" * n for n in (1, 50, 7)]
+    with JournalWriter(journal_dir) as writer:
+        ids = [writer.append(b"first"), *writer.append_many(payloads)]
+    for rid, payload in zip(ids, [b"first", *payloads], strict=True):
+        assert read_record_at(str(journal_dir), rid.writer_id, rid.segment, rid.offset).payload == payload
+
+
+def test_a_failure_stays_listed_and_requeueable_after_its_segments_are_compacted(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 100)
+
+    def fail_zero(env: Envelope, attempt: int) -> None:
+        if env.args[0] == 0:
+            raise ValueError("zero")
+
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=fail_zero)
+    settle(forwarder)
+    forwarder.close()
+    forwarder = make_forwarder(journal_dir, transport)  # a new run: compacts the old ledger chain
+    settle(forwarder)
+    assert list_chains(str(journal_dir)) == {}
+    ledger_chains = list_chains(str(journal_dir / "ledger"))
+    assert list(ledger_chains) == [forwarder.completions._writer.writer_id]  # type: ignore[union-attr]
+    [failed] = failed_jobs(str(journal_dir))
+    assert failed.error == "ValueError: zero"
+    [job] = requeue([failed.id], str(journal_dir))
+    settle(forwarder)
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert failed_jobs(str(journal_dir)) == []
+    counts = status(journal_dir)
+    assert (counts["accepted"], counts["succeeded"], counts["failed"], counts["pending"]) == (101, 100, 1, 0)
+    assert job.get_status() == "finished"
