@@ -363,3 +363,20 @@ def test_a_failure_stays_listed_and_requeueable_after_its_segments_are_compacted
     counts = status(journal_dir)
     assert (counts["accepted"], counts["succeeded"], counts["failed"], counts["pending"]) == (101, 100, 1, 0)
     assert job.get_status() == "finished"
+
+
+def test_a_lost_checkpoint_does_not_push_finished_jobs_again(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(10)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=6)
+    settle(forwarder)
+    forwarder.close()
+    (journal_dir / "forwarder.state").unlink()  # an operator "resets" the forwarder
+    transport.forget()
+    forwarder = make_forwarder(journal_dir, transport)
+    settle(forwarder)
+    forwarder.close()
+    assert sorted(transport.queues["default"]) == sorted(j.id for j in jobs[6:])
