@@ -25,3 +25,56 @@ class Holder:
 
     def method(self, x: int) -> int:
         return x
+
+
+# -- tasks for tests/integration/test_worker_redis.py ------------------------------------------
+# Each appends one line per event to an effects file (fsync'd), so a test counts runs without
+# trusting hybridq. The attempt comes from hybridq.current_job() (0 outside a hybridq job).
+
+
+def _attempt() -> int:
+    from hybridq import current_job
+
+    job = current_job()
+    return job.attempt if job is not None else 0
+
+
+def traced(path: str, token: str, sleep_s: float = 0.0) -> str:
+    """``start <token> <attempt> <pid> <time>``, sleep, then ``done <token> <attempt> <pid> <time>``."""
+    import time
+
+    attempt = _attempt()
+    record(path, f"start {token} {attempt} {os.getpid()} {time.time():.6f}")
+    if sleep_s:
+        time.sleep(sleep_s)
+    record(path, f"done {token} {attempt} {os.getpid()} {time.time():.6f}")
+    return token
+
+
+def flaky(path: str, token: str, failures: int) -> str:
+    """Fail the first ``failures`` runs of ``token`` (counted in the effects file), then succeed.
+
+    Each run appends ``run <token> <attempt> <run number>``; the successful one also appends
+    ``ok <token> <attempt>``.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            runs = sum(1 for line in f if line.startswith(f"run {token} "))
+    except FileNotFoundError:
+        runs = 0
+    attempt = _attempt()
+    record(path, f"run {token} {attempt} {runs + 1}")
+    if runs + 1 <= failures:
+        raise RuntimeError(f"planned failure {runs + 1} of {failures}")
+    record(path, f"ok {token} {attempt}")
+    return token
+
+
+def fail_unless(path: str, token: str, switch: str) -> str:
+    """Append ``run <token> <attempt>``; raise unless the file ``switch`` exists, else ``ok ...``."""
+    attempt = _attempt()
+    record(path, f"run {token} {attempt}")
+    if not os.path.exists(switch):
+        raise RuntimeError(f"{switch} does not exist")
+    record(path, f"ok {token} {attempt}")
+    return token

@@ -53,7 +53,7 @@ def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
         completions._next_compaction = 0.0
         forwarder.step()
     forwarder.close()
-    end_segments, end_bytes = segment_usage(str(journal_dir))
+    end_segments, _ = segment_usage(str(journal_dir))
     ledger_segments, ledger_bytes = segment_usage(ledger_dir(str(journal_dir)))
     out = collect_status(str(journal_dir))
     assert (out["accepted"], out["succeeded"], out["pending"]) == (JOBS, JOBS, 0)
