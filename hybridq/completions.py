@@ -107,9 +107,13 @@ class Completions:
         self._pushed_retries: dict[Loc, int] = {}
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
-        self._pass_started = -1e18
+        self._pass_started = 0.0
+        self._next_pass = 0.0
         self._next_compaction = 0.0
         self._ledger_compacted_once = False
+        #: How long a job may stay "done" or "stranded" in Redis before it is delivered again.
+        self.done_grace_s = max(60.0, DONE_GRACE_LEASES * lease_s)
+        self.stranded_grace_s = lease_s
         #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
         self._suspects: dict[Loc, tuple[str, float]] = {}
 
@@ -249,6 +253,11 @@ class Completions:
         # a crash in between only repeats the refill.
         self.transport.set_epoch(cp.owner, cp.epoch)
 
+    def hurry(self) -> None:
+        """Run the next reconcile pass and compaction at the next step, whatever their timers say."""
+        self._next_pass = 0.0
+        self._next_compaction = 0.0
+
     def _start_pass(self, *, refill: bool) -> None:
         self._pass = JournalReader(self.journal).records()
         self._pass_refill = refill or self._pass_refill
@@ -257,7 +266,7 @@ class Completions:
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
         if self._pass is None:
-            if time.monotonic() - self._pass_started < self.reconcile_interval_s:
+            if time.monotonic() < self._next_pass:
                 return []
             self._start_pass(refill=False)
         assert self._pass is not None
@@ -270,6 +279,9 @@ class Completions:
                     break
         else:
             self._pass = None
+            # A pass over a long backlog takes a while: spend at most a third of the time on them.
+            ended = time.monotonic()
+            self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
             self._suspects = {loc: s for loc, s in self._suspects.items() if not self.index.is_terminal(loc)}
         refill = self._pass_refill
         if self._pass is None:
@@ -349,7 +361,7 @@ class Completions:
 
     def _stuck(self, loc: Loc, verdict: str, now: float) -> bool:
         """Whether ``loc`` has had ``verdict`` long enough to act on it (then forget it)."""
-        grace = self.lease_s if verdict == "stranded" else max(60.0, DONE_GRACE_LEASES * self.lease_s)
+        grace = self.stranded_grace_s if verdict == "stranded" else self.done_grace_s
         seen = self._suspects.get(loc)
         if seen is None or seen[0] != verdict:
             self._suspects[loc] = (verdict, now)

@@ -133,7 +133,9 @@ class LedgerIndex:
     requeued: set[Loc] = field(default_factory=set)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
-    _events: set[str] = field(default_factory=set)
+    #: Ids of the events behind :attr:`dups`, per journal segment (a re-harvest after a crash
+    #: must not count a duplicate twice; everything else in the index is idempotent already).
+    _dup_events: dict[Seg, set[str]] = field(default_factory=dict)
 
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
@@ -146,11 +148,12 @@ class LedgerIndex:
 
     def apply(self, entry: Entry) -> bool:
         """Fold one entry in; returns ``False`` if it changed nothing (a replayed event)."""
-        if entry.event_id is not None:
-            if entry.event_id in self._events:
-                return False
-            self._events.add(entry.event_id)
         loc, seg = entry.loc, (entry.loc[0], entry.loc[1])
+        if entry.dup and entry.event_id is not None:
+            seen = self._dup_events.setdefault(seg, set())
+            if entry.event_id in seen:
+                return False
+            seen.add(entry.event_id)
         if entry.kind == "requeued":
             self.requeued.add(loc)
             self.failed.pop(loc, None)
@@ -185,6 +188,7 @@ class LedgerIndex:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
         self.terminal_count -= len(self.terminal.pop(seg, {}))
         self.dups.pop(seg, None)
+        self._dup_events.pop(seg, None)
 
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
         """``succeeded``, ``failed``, ``invalid`` and ``dups`` over the given journal segments."""

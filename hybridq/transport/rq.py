@@ -206,10 +206,14 @@ class RQTransport(Transport):
             pipe = self.connection.pipeline(transaction=False)
             pipe.get(keys.epoch(owner))
             pipe.info("server")
-            epoch, info = pipe.execute()
+            epoch, info = pipe.execute(raise_on_error=False)
         except RedisError as exc:
             raise TransportError(f"Redis: {exc}") from exc
-        return StateToken(None if epoch is None else _text(epoch), str(info.get("run_id", "")))
+        if isinstance(epoch, RedisError):
+            raise TransportError(f"Redis: {epoch}") from epoch
+        # An ACL may refuse INFO: the epoch key alone still detects lost state.
+        run_id = "" if isinstance(info, RedisError) else str(info.get("run_id", ""))
+        return StateToken(None if epoch is None else _text(epoch), run_id)
 
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store ``owner``'s epoch (no expiry)."""

@@ -43,11 +43,11 @@ forwarder.open()
 forwarder.step()
 transport.work(limit={jobs} // 2)
 for _ in range(20):
-    forwarder.completions._next_compaction = 0.0
+    forwarder.completions.hurry()
     forwarder.step()
 transport.work()
 for _ in range(20):
-    forwarder.completions._next_compaction = 0.0
+    forwarder.completions.hurry()
     forwarder.step()
 forwarder.close()
 """
@@ -79,7 +79,7 @@ def test_s13_a_crash_at_each_step_of_compaction_or_harvest_loses_nothing(
     transport.work()
     for _ in range(10):
         assert forwarder.completions is not None
-        forwarder.completions._next_compaction = 0.0
+        forwarder.completions.hurry()
         forwarder.step()
     forwarder.close()
 
