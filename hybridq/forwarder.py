@@ -14,6 +14,7 @@ This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import logging
 import os
@@ -156,6 +157,8 @@ class Forwarder:
                 clock=self.clock,
             )
             self.completions.open()
+            with contextlib.suppress(TransportError):  # Redis down: the loop checks it later
+                self._check_epoch()  # before the first push, so the checkpoint it saves has the epoch
             self._reader = JournalReader(self.journal)
             self._reader.seek(self.checkpoint.positions)
             try:
@@ -223,10 +226,16 @@ class Forwarder:
     def step(self) -> int:
         """Forward everything available now (due delayed jobs, then new records); return the count.
 
-        First, the completions side: harvest outcomes, deliver due retries, reconcile, compact.
+        Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
+        (after the new records, so that it never delays a new job's push).
         """
-        self._maintain()
-        done = self._forward_due()
+        done = self._forward_due() + self._forward_new()
+        if not self._stopping:
+            self._maintain()
+        return done
+
+    def _forward_new(self) -> int:
+        done = 0
         batch: list[Delivery] = []
         reader = self._require_reader()
         for record in reader.records():
@@ -266,13 +275,8 @@ class Forwarder:
         """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
         c = self._require_completions()
         try:
-            now = time.monotonic()
-            if now >= self._next_epoch_check:
-                epoch = self.checkpoint.epoch
-                c.check_epoch()
-                self._next_epoch_check = now + EPOCH_CHECK_S
-                if self.checkpoint.epoch != epoch:
-                    self._save(0)
+            if time.monotonic() >= self._next_epoch_check:
+                self._check_epoch()
             if c.harvest():
                 self._save(0)  # publishes the terminal count (producers' capacity check)
             retries = c.due_retries()
@@ -286,6 +290,14 @@ class Forwarder:
             self._came_back()
         except TransportError as exc:
             self._went_down(exc, "completions wait")
+
+    def _check_epoch(self) -> None:
+        """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
+        epoch = self.checkpoint.epoch
+        self._require_completions().check_epoch()
+        self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
+        if self.checkpoint.epoch != epoch:
+            self._save(0)
 
     def _require_completions(self) -> Completions:
         if self.completions is None:

@@ -12,8 +12,9 @@ For each delivery, :func:`execute`:
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
    second waits, then finds the first one's result);
-2. **renews** the lease from a thread while the task runs: when the worker or its work-horse is
-   killed, the lease expires within ``lease_s`` and the forwarder delivers the job again;
+2. **renews** the lease from a thread (one per process) while the task runs: when the worker or
+   its work-horse is killed, the lease expires within ``lease_s`` and the forwarder delivers the
+   job again;
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
@@ -30,6 +31,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +60,8 @@ MAX_ERROR_CHARS = 8192
 FINISH_PATIENCE_S = 30.0
 #: How often a delivery that finds its key's lease taken checks again (seconds).
 BUSY_POLL_S = 0.25
+#: The longest wait between two attempts of RQ's own loop to reach a Redis that went away.
+RECONNECT_MAX_S = 5.0
 
 # KEYS: result, lease. ARGV: token, lease ms, job id, requeue, attempt.
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (a later
@@ -148,8 +152,8 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
     lease_ms = max(1, int(d.lease_s * 1000))
     while True:
-        status, stored = conn.eval(
-            _CLAIM, 2, result_key, lease_key, token, lease_ms, env.id, env.requeue, d.attempt
+        status, stored = _script(conn, _CLAIM)(
+            keys=[result_key, lease_key], args=[token, lease_ms, env.id, env.requeue, d.attempt]
         )
         if status == 0:
             break
@@ -162,8 +166,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
             return None
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
-    renewer = _LeaseRenewer(conn, lease_key, token, d.lease_s)
-    renewer.start()
+    renewal = _renewer().add(conn, lease_key, token, d.lease_s)
     context = _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
@@ -175,7 +178,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         error = exc
     finally:
         _current.reset(context)
-        renewer.stop()
+        _renewer().remove(renewal)
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
     outcome = {
@@ -219,7 +222,7 @@ def _finish(conn: redis.Redis, d: _Delivery, token: str, outcome: Mapping[str, A
     event = _event(d, outcome, dup=dup)
     args: list[str | int] = [token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
     keys_ = [keys.result(d.envelope.key_id), keys.lease(d.envelope.key_id), keys.events(d.owner)]
-    kept = _retrying(lambda: conn.eval(_FINISH, 3, *keys_, *args))
+    kept = _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args))
     if kept:
         log.warning(
             "job %s: its key already had a stored success (this run had lost its lease): "
@@ -278,31 +281,94 @@ def _format_error(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
 
 
-class _LeaseRenewer(threading.Thread):
-    """Renews the lease every third of its length while the task runs."""
+def _script(conn: redis.Redis, source: str) -> Any:
+    """``source`` as a script of ``conn``: sent once, then called by its SHA (EVALSHA)."""
+    scripts = _scripts.get(conn)
+    if scripts is None:
+        scripts = _scripts[conn] = {}
+    script = scripts.get(source)
+    if script is None:
+        script = scripts[source] = conn.register_script(source)
+    return script
 
-    def __init__(self, conn: redis.Redis, key: str, token: str, lease_s: float) -> None:
-        super().__init__(name="hybridq-lease", daemon=True)
-        self._conn, self._key, self._token = conn, key, token
-        self._lease_ms = max(1, int(lease_s * 1000))
-        self._interval = max(0.05, lease_s / 3)
-        self._done = threading.Event()
 
-    def run(self) -> None:
-        lost = False
-        while not self._done.wait(self._interval):
-            try:
-                renewed = self._conn.eval(_RENEW, 1, self._key, self._token, self._lease_ms)
-            except RedisError as exc:
-                log.warning("cannot renew the lease on %s: %s", self._key, exc)
-                continue
-            if not renewed and not lost:
-                lost = True
-                log.warning("lost the lease on %s: the job may be delivered again while it runs", self._key)
+_scripts: weakref.WeakKeyDictionary[redis.Redis, dict[str, Any]] = weakref.WeakKeyDictionary()
 
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
+
+@dataclass(eq=False)
+class _Renewal:
+    conn: redis.Redis
+    key: str
+    token: str
+    lease_ms: int
+    interval_s: float
+    due: float
+    lost: bool = False
+
+
+class _LeaseRenewer:
+    """One thread per process renews every lease the process holds, each every third of its length.
+
+    Starting a thread per job cost more than the job's two Redis round trips (W1 profile).
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._renewals: set[_Renewal] = set()
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="hybridq-lease", daemon=True)
+        self._thread.start()
+
+    def add(self, conn: redis.Redis, key: str, token: str, lease_s: float) -> _Renewal:
+        interval = max(0.05, lease_s / 3)
+        renewal = _Renewal(
+            conn, key, token, max(1, int(lease_s * 1000)), interval, time.monotonic() + interval
+        )
+        with self._wake:
+            self._renewals.add(renewal)
+            self._wake.notify()
+        return renewal
+
+    def remove(self, renewal: _Renewal) -> None:
+        with self._wake:
+            self._renewals.discard(renewal)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [r for r in self._renewals if r.due <= now]
+                if not due:
+                    soonest = min((r.due for r in self._renewals), default=now + 60.0)
+                    self._wake.wait(max(0.01, soonest - now))
+                    continue
+                for r in due:
+                    r.due = now + r.interval_s
+            for r in due:
+                self._renew(r)
+
+    def _renew(self, r: _Renewal) -> None:
+        try:
+            renewed = _script(r.conn, _RENEW)(keys=[r.key], args=[r.token, r.lease_ms])
+        except RedisError as exc:
+            log.warning("cannot renew the lease on %s: %s", r.key, exc)
+            return
+        if not renewed and not r.lost:
+            r.lost = True
+            log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
+
+
+_renewer_instance: _LeaseRenewer | None = None
+_renewer_lock = threading.Lock()
+
+
+def _renewer() -> _LeaseRenewer:
+    """This process's renewer (a forked work-horse starts its own: threads do not survive fork)."""
+    global _renewer_instance
+    with _renewer_lock:
+        if _renewer_instance is None or _renewer_instance.pid != os.getpid():
+            _renewer_instance = _LeaseRenewer()
+        return _renewer_instance
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -333,6 +399,9 @@ def run_worker(
         conn = redis.Redis.from_url(url)
         try:
             worker = worker_class(queues, connection=conn, serializer=JSONSerializer, name=name)
+            # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
+            # cap it so that work resumes within seconds of Redis coming back.
+            worker.max_connection_wait_time = RECONNECT_MAX_S
             worker.work(burst=burst, with_scheduler=False)
         except RedisError as exc:
             if down_since is None:
