@@ -10,9 +10,7 @@
 * **Reconcile**: a pass over the forwarded, non-terminal jobs asks Redis about each (a pipelined
   probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
   then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
-* **Compaction**: a sealed, fully read journal segment whose every job is terminal is deleted
-  after the counters that replace it are durable (rule 8); ledger segments that only speak of
-  deleted journal segments follow, after carrying forward the failures still listed.
+* **Compaction** (:mod:`hybridq.compaction`): dead journal segments, then ledger segments.
 
 This module must not import redis or rq (the transport port only).
 """
@@ -27,11 +25,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from hybridq.compaction import Compactor
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalError
 from hybridq.journal import JournalReader, JournalWriter, Record, RecordType, crashpoints
-from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
-from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.journal.reader import read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
     Compacted,
@@ -41,8 +39,6 @@ from hybridq.ledger import (
     load_compacted,
     load_index,
     open_ledger_writer,
-    read_ledger,
-    save_compacted,
 )
 from hybridq.state import Checkpoint
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
@@ -55,8 +51,6 @@ log = logging.getLogger("hybridq.forwarder")
 HARVEST_BATCH = 1000
 #: Jobs probed per round trip during a reconcile pass.
 PROBE_BATCH = 1000
-#: How often compaction looks for dead segments (seconds).
-COMPACT_INTERVAL_S = 5.0
 #: How long a job may stay "done" (outcome stored in Redis, no completion event harvested) before
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
@@ -109,8 +103,7 @@ class Completions:
         self._pass_refill = False
         self._pass_started = 0.0
         self._next_pass = 0.0
-        self._next_compaction = 0.0
-        self._ledger_compacted_once = False
+        self._compactor: Compactor | None = None
         #: How long a job may stay "done" or "stranded" in Redis before it is delivered again.
         self.done_grace_s = max(60.0, DONE_GRACE_LEASES * lease_s)
         self.stranded_grace_s = lease_s
@@ -122,10 +115,18 @@ class Completions:
     def open(self) -> None:
         """Finish interrupted deletions, recover the ledger, rebuild the index."""
         self.compacted = load_compacted(self.journal)
-        self._finish_deletions()
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal))
         self.index = load_index(self.journal, self.compacted)
+        self._compactor = Compactor(
+            self.journal,
+            self.checkpoint,
+            self.index,
+            self.compacted,
+            append=lambda entries: self._append(entries, apply=False),
+            own_chain=lambda: self._writer.writer_id if self._writer is not None else None,
+        )
+        self._compactor.finish_deletions()
 
     def close(self) -> None:
         """Close the ledger writer."""
@@ -253,10 +254,12 @@ class Completions:
         # a crash in between only repeats the refill.
         self.transport.set_epoch(cp.owner, cp.epoch)
 
-    def hurry(self) -> None:
-        """Run the next reconcile pass and compaction at the next step, whatever their timers say."""
-        self._next_pass = 0.0
-        self._next_compaction = 0.0
+    def hurry(self, *, reconcile: bool = True) -> None:
+        """Run compaction (and a reconcile pass) at the next step, whatever their timers say."""
+        if reconcile:
+            self._next_pass = 0.0
+        if self._compactor is not None:
+            self._compactor.hurry()
 
     def _start_pass(self, *, refill: bool) -> None:
         self._pass = JournalReader(self.journal).records()
@@ -393,99 +396,9 @@ class Completions:
     # -- compaction ---------------------------------------------------------------------------
 
     def compact(self) -> int:
-        """Delete dead journal segments, then dead ledger segments; returns how many went."""
-        now = time.monotonic()
-        if self._pass is not None or now < self._next_compaction:
+        """Delete dead journal and ledger segments (see :mod:`hybridq.compaction`); how many went."""
+        if self._pass is not None or self._compactor is None:
             return 0  # never under a pass that may be reading the segment
-        self._next_compaction = now + COMPACT_INTERVAL_S
-        deleted = 0
-        for writer_id, indices in list_chains(self.journal).items():
-            for index in indices:
-                if not self._segment_dead(writer_id, index):
-                    break
-                self._delete(writer_id, index)
-                deleted += 1
-        if deleted or not self._ledger_compacted_once:
-            # The ledger follows the journal; and once after a start, for the chains of earlier
-            # forwarder runs, which recovery has just sealed.
-            self._ledger_compacted_once = True
-            deleted += self._compact_ledger()
-        return deleted
-
-    def _segment_dead(self, writer_id: str, index: int) -> bool:
-        pos = self.checkpoint.positions.get(writer_id)
-        if pos is None or pos.segment <= index:
-            return False  # not fully read (a sealed, read segment moves the position past it)
-        count = sealed_data_count(self.journal, writer_id, index)
-        if count is None:
-            return False
-        return len(self.index.terminal.get((writer_id, index), {})) >= count
-
-    def _delete(self, writer_id: str, index: int) -> None:
-        seg = (writer_id, index)
-        c = self.compacted
-        counts = self.index.counts([seg])
-        c.through[writer_id] = index
-        c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
-        c.succeeded += counts["succeeded"]
-        c.failed += counts["failed"]
-        c.invalid += counts["invalid"]
-        c.dups += counts["dups"]
-        save_compacted(self.journal, c)  # rule 8: the replacement is durable before the delete
-        crashpoints.reached("compact_after_state")
-        remove_oldest_segment(self.journal, writer_id, index)
-        self.index.forget_segment(seg)
-        self.segments_deleted += 1
-
-    def _finish_deletions(self) -> None:
-        """Delete segments a crash left behind after their compaction state was saved."""
-        for writer_id, indices in list_chains(self.journal).items():
-            for index in indices:
-                if not self.compacted.is_compacted((writer_id, index)):
-                    break
-                log.info("finishing the compaction of segment %d of chain %s", index, writer_id)
-                remove_oldest_segment(self.journal, writer_id, index)
-
-    def _compact_ledger(self) -> int:
-        """Delete sealed ledger segments whose entries all concern deleted journal segments."""
-        path = ledger_dir(self.journal)
-        if not os.path.isdir(path):
-            return 0
-        own = self._writer.writer_id if self._writer is not None else None
-        by_segment: dict[tuple[str, int], list[Entry]] = {}
-        for record, entry in read_ledger(self.journal):
-            by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
-        # Requeues appended by other processes since this forwarder started.
-        for entries in by_segment.values():
-            for e in entries:
-                if e.kind == "requeued":
-                    self.index.apply(e)
-        deleted = 0
-        for writer_id, indices in list_chains(path).items():
-            for index in indices:
-                if writer_id == own and index == indices[-1]:
-                    break  # our own open segment
-                if sealed_data_count(path, writer_id, index) is None:
-                    break
-                entries = by_segment.get((writer_id, index), [])
-                if not all(self.compacted.is_compacted((e.loc[0], e.loc[1])) for e in entries):
-                    break
-                # Failures still listed outlive the segment that recorded them; so does a requeue
-                # mark while another segment still holds the failure it cancels.
-                failed_elsewhere = {
-                    e.loc
-                    for seg, others in by_segment.items()
-                    if seg != (writer_id, index)
-                    for e in others
-                    if e.kind == "done" and e.outcome == "failed"
-                }
-                keep = [
-                    e
-                    for e in entries
-                    if (e.kind == "done" and self.index.failed.get(e.loc) == e)
-                    or (e.kind == "requeued" and e.loc in failed_elsewhere)
-                ]
-                self._append(keep, apply=False)  # the index has them already
-                remove_oldest_segment(path, writer_id, index)
-                deleted += 1
+        deleted = self._compactor.compact()
+        self.segments_deleted += deleted
         return deleted

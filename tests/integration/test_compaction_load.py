@@ -42,7 +42,7 @@ def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
                 )
             forwarder.step()
             transport.work()
-            completions._next_compaction = 0.0
+            completions.hurry(reconcile=False)
             forwarder.step()
             segments, size = segment_usage(str(journal_dir))
             peak_segments, peak_bytes = max(peak_segments, segments), max(peak_bytes, size)
@@ -50,7 +50,7 @@ def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
     # The producer exits (its last segment is sealed): the forwarder reads the seal, then the
     # next round deletes that segment too.
     for _ in range(2):
-        completions._next_compaction = 0.0
+        completions.hurry(reconcile=False)
         forwarder.step()
     forwarder.close()
     end_segments, _ = segment_usage(str(journal_dir))

@@ -115,3 +115,75 @@ def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
     from hybridq.status import redact_url
 
     assert redact_url(url) == shown
+
+
+def make_failed_job(journal_dir: Path) -> str:
+    """One job that failed for good, through the in-memory transport."""
+    from hybridq import Queue
+    from hybridq.forwarder import Forwarder
+    from hybridq.transport import MemoryTransport
+
+    from tests import tasks
+
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+
+        def boom(env: object, attempt: int) -> None:
+            raise ValueError("boom")
+
+        transport.work(func=boom)
+        forwarder.step()
+    return job.id
+
+
+def test_failed_list_show_and_requeue(runner: CliRunner, journal_dir: Path) -> None:
+    job_id = make_failed_job(journal_dir)
+    listed = runner.invoke(cli, ["failed", "list", "--json", "--journal", str(journal_dir)])
+    assert listed.exit_code == 0, listed.output
+    [line] = listed.output.splitlines()
+    assert json.loads(line)["id"] == job_id
+    shown = runner.invoke(cli, ["failed", "show", job_id, "--journal", str(journal_dir)])
+    assert json.loads(shown.output)["error"] == "ValueError: boom"
+    assert json.loads(shown.output)["args"] == [1, 2]
+    requeued = runner.invoke(cli, ["failed", "requeue", job_id, "--journal", str(journal_dir)])
+    assert requeued.exit_code == 0, requeued.output
+    assert requeued.stdout.strip() == job_id
+    again = runner.invoke(cli, ["failed", "list", "--journal", str(journal_dir)])
+    assert again.stdout == ""
+
+
+def test_failed_requeue_of_an_unknown_id_writes_nothing(runner: CliRunner, journal_dir: Path) -> None:
+    job_id = make_failed_job(journal_dir)
+    result = runner.invoke(cli, ["failed", "requeue", job_id, "nope", "--journal", str(journal_dir)])
+    assert result.exit_code == EXIT_ERROR
+    assert "job nope is not a failed job" in result.output
+    listed = runner.invoke(cli, ["failed", "list", "--json", "--journal", str(journal_dir)])
+    assert json.loads(listed.output.splitlines()[0])["id"] == job_id  # still listed: nothing requeued
+    usage = runner.invoke(cli, ["failed", "requeue", "--journal", str(journal_dir)])
+    assert usage.exit_code == 2
+    missing = runner.invoke(cli, ["failed", "show", "nope", "--journal", str(journal_dir)])
+    assert missing.exit_code == EXIT_ERROR
+
+
+def test_failed_list_of_a_missing_journal_is_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["failed", "list", "--journal", str(tmp_path / "nope")])
+    assert result.exit_code == EXIT_ERROR
+    assert result.output.count("\n") == 1
+
+
+def test_worker_burst_with_unreachable_redis_exits_1(runner: CliRunner) -> None:
+    result = runner.invoke(cli, ["worker", "--burst", "--redis", "redis://127.0.0.1:1/0", "default"])
+    assert result.exit_code == 1, result.output
+
+
+def test_worker_refuses_a_bad_queue_name(runner: CliRunner) -> None:
+    result = runner.invoke(cli, ["worker", "--burst", "../etc"])
+    assert result.exit_code == EXIT_ERROR
+    assert "invalid queue name" in result.output
+
+
+def test_forward_refuses_a_lease_out_of_range(runner: CliRunner, journal_dir: Path) -> None:
+    result = runner.invoke(cli, ["forward", "--lease", "0", "--journal", str(journal_dir)])
+    assert result.exit_code == 2

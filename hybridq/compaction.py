@@ -1,0 +1,167 @@
+"""Compaction: deleting journal and ledger segments that nothing needs any more.
+
+A journal segment goes only when it is **sealed**, **fully read** by the forwarder and **every
+job in it is durably terminal** in the ledger (RELIABILITY.md rule 8). The counters that replace
+it (accepted, succeeded, failed, ...) are saved to ``compaction.state`` first; a crash between
+that save and the unlink is finished at the next start. Segments go oldest first in each chain
+(a gap in the middle of a chain would be corruption).
+
+A ledger segment follows when every entry in it concerns deleted journal segments. Failures
+still listed (and requeue marks that still cancel a failure written elsewhere) are appended
+again first, so ``failed list`` and ``requeue`` outlive the segments that recorded them.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from hybridq.journal import crashpoints
+from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
+from hybridq.journal.reader import list_chains
+from hybridq.ledger import Compacted, Entry, LedgerIndex, ledger_dir, read_ledger, save_compacted
+from hybridq.state import Checkpoint
+
+__all__ = ["COMPACT_INTERVAL_S", "Compactor"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: How often compaction looks for dead segments (seconds).
+COMPACT_INTERVAL_S = 5.0
+
+
+class Compactor:
+    """Deletes dead segments of one journal directory (the forwarder's lock must be held).
+
+    Args:
+        journal: the journal directory.
+        checkpoint: the forwarder's checkpoint (its positions say what was fully read).
+        index: the ledger index (which jobs are terminal).
+        compacted: the compaction state, updated and saved before each deletion.
+        append: appends entries to the ledger durably, without folding them into ``index``.
+        own_chain: the forwarder's own ledger chain id (its open segment is never deleted).
+    """
+
+    def __init__(
+        self,
+        journal: str,
+        checkpoint: Checkpoint,
+        index: LedgerIndex,
+        compacted: Compacted,
+        *,
+        append: Callable[[Sequence[Entry]], None],
+        own_chain: Callable[[], str | None],
+    ) -> None:
+        self.journal = journal
+        self.checkpoint = checkpoint
+        self.index = index
+        self.compacted = compacted
+        self._append = append
+        self._own_chain = own_chain
+        self._next = 0.0
+        self._ledger_once = False
+
+    def hurry(self) -> None:
+        """Look at the next call, whatever the timer says."""
+        self._next = 0.0
+
+    def compact(self) -> int:
+        """Delete dead journal segments, then dead ledger segments; returns how many went."""
+        now = time.monotonic()
+        if now < self._next:
+            return 0
+        self._next = now + COMPACT_INTERVAL_S
+        deleted = 0
+        for writer_id, indices in list_chains(self.journal).items():
+            for index in indices:
+                if not self._segment_dead(writer_id, index):
+                    break
+                self._delete(writer_id, index)
+                deleted += 1
+        if deleted or not self._ledger_once:
+            # The ledger follows the journal; and once after a start, for the chains of earlier
+            # forwarder runs, which recovery has just sealed.
+            self._ledger_once = True
+            deleted += self._compact_ledger()
+        return deleted
+
+    def finish_deletions(self) -> None:
+        """Delete segments a crash left behind after their compaction state was saved."""
+        for writer_id, indices in list_chains(self.journal).items():
+            for index in indices:
+                if not self.compacted.is_compacted((writer_id, index)):
+                    break
+                log.info("finishing the compaction of segment %d of chain %s", index, writer_id)
+                remove_oldest_segment(self.journal, writer_id, index)
+
+    def _segment_dead(self, writer_id: str, index: int) -> bool:
+        pos = self.checkpoint.positions.get(writer_id)
+        if pos is None or pos.segment <= index:
+            return False  # not fully read (a sealed, read segment moves the position past it)
+        count = sealed_data_count(self.journal, writer_id, index)
+        if count is None:
+            return False
+        return len(self.index.terminal.get((writer_id, index), {})) >= count
+
+    def _delete(self, writer_id: str, index: int) -> None:
+        seg = (writer_id, index)
+        c = self.compacted
+        counts = self.index.counts([seg])
+        c.through[writer_id] = index
+        c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
+        c.succeeded += counts["succeeded"]
+        c.failed += counts["failed"]
+        c.invalid += counts["invalid"]
+        c.dups += counts["dups"]
+        save_compacted(self.journal, c)  # rule 8: the replacement is durable before the delete
+        crashpoints.reached("compact_after_state")
+        remove_oldest_segment(self.journal, writer_id, index)
+        self.index.forget_segment(seg)
+
+    def _compact_ledger(self) -> int:
+        """Delete sealed ledger segments whose entries all concern deleted journal segments."""
+        path = ledger_dir(self.journal)
+        if not os.path.isdir(path):
+            return 0
+        own = self._own_chain()
+        by_segment: dict[tuple[str, int], list[Entry]] = {}
+        for record, entry in read_ledger(self.journal):
+            by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
+        # Requeues appended by other processes since this forwarder started.
+        for entries in by_segment.values():
+            for e in entries:
+                if e.kind == "requeued":
+                    self.index.apply(e)
+        deleted = 0
+        for writer_id, indices in list_chains(path).items():
+            for index in indices:
+                if writer_id == own and index == indices[-1]:
+                    break  # our own open segment
+                if sealed_data_count(path, writer_id, index) is None:
+                    break
+                entries = by_segment.get((writer_id, index), [])
+                if not all(self.compacted.is_compacted((e.loc[0], e.loc[1])) for e in entries):
+                    break
+                # Failures still listed outlive the segment that recorded them; so does a requeue
+                # mark while another segment still holds the failure it cancels.
+                failed_elsewhere = {
+                    e.loc
+                    for seg, others in by_segment.items()
+                    if seg != (writer_id, index)
+                    for e in others
+                    if e.kind == "done" and e.outcome == "failed"
+                }
+                keep = [
+                    e
+                    for e in entries
+                    if (e.kind == "done" and self.index.failed.get(e.loc) == e)
+                    or (e.kind == "requeued" and e.loc in failed_elsewhere)
+                ]
+                self._append(keep)
+                remove_oldest_segment(path, writer_id, index)
+                deleted += 1
+        return deleted
