@@ -1,4 +1,4 @@
-"""Child processes for integration tests: ``hybridq forward`` and ``hybridq status`` as a user runs them.
+"""Child processes for integration tests: ``hybridq forward``, workers and ``hybridq status``.
 
 Every process started here is reaped by its owner (``ForwarderProcess.kill``/``terminate`` or the
 test's fixture): a ``Popen`` that is never waited for raises ``ResourceWarning``, which the test
@@ -7,6 +7,7 @@ suite turns into an error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ForwarderProcess", "run_status", "wait_until"]
+__all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "run_status", "wait_until"]
 
 T = TypeVar("T")
 
@@ -127,3 +128,60 @@ class ForwarderProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"forwarder pid {self.pid} still running after {timeout:g} s") from None
+
+
+class WorkerProcess:
+    """A worker child process (``hybridq worker`` or ``rq worker``), its output in ``log_path``."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path, cwd: Path) -> None:
+        self.args = args
+        self.log_path = log_path
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def assert_alive(self) -> None:
+        rc = self.proc.poll()
+        assert rc is None, f"worker pid {self.pid} exited with {rc}:\n{self.log()[-3000:]}"
+
+    def children(self) -> list[int]:
+        """Pids of this worker's live child processes (a forking worker's work-horse)."""
+        return children_of(self.pid) if self.alive else []
+
+    def kill(self) -> int:
+        """SIGKILL the worker's children (its work-horse), then the worker; reap it."""
+        if self.alive:
+            for pid in self.children():  # still its children: these pids are not reused yet
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.kill()
+        return self.proc.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc/<pid>/stat: Linux)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry))
+    return out
