@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
-from hybridq.journal.reader import list_chains
+from hybridq.journal.reader import list_chains, seal_offset
+from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, Entry, LedgerIndex, ledger_dir, read_ledger, save_compacted
 from hybridq.state import Checkpoint
 
@@ -64,6 +65,8 @@ class Compactor:
         self._own_chain = own_chain
         self._next = 0.0
         self._ledger_once = False
+        #: Set when chains were dropped from the checkpoint (the forwarder's reader must follow).
+        self.forgot_chains = False
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
@@ -87,7 +90,30 @@ class Compactor:
             # forwarder runs, which recovery has just sealed.
             self._ledger_once = True
             deleted += self._compact_ledger()
+            self._forget_gone_chains()
         return deleted
+
+    def _gone(self, loc: Loc, present: set[str]) -> bool:
+        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too)."""
+        return self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in present
+
+    def _forget_gone_chains(self) -> None:
+        """Drop what is kept per writer once its chain is compacted away entirely.
+
+        Every producer process starts a chain; without this, the checkpoint (rewritten after
+        every batch) and the compaction state would grow with every process ever started.
+        """
+        present = list_chains(self.journal)
+        gone = [w for w in self.compacted.through if w not in present]
+        if not gone:
+            return
+        for writer_id in gone:
+            del self.compacted.through[writer_id]
+            self.checkpoint.positions.pop(writer_id, None)
+        self.forgot_chains = True
+        # The compaction state first: a crash before the checkpoint is saved leaves a position
+        # for a chain with no files, which the reader skips.
+        save_compacted(self.journal, self.compacted)
 
     def finish_deletions(self) -> None:
         """Delete segments a crash left behind after their compaction state was saved."""
@@ -103,9 +129,13 @@ class Compactor:
         if pos is None or pos.segment <= index:
             return False  # not fully read (a sealed, read segment moves the position past it)
         count = sealed_data_count(self.journal, writer_id, index)
-        if count is None:
+        seal_at = seal_offset(self.journal, writer_id, index)
+        if count is None or seal_at is None:
             return False
-        return len(self.index.terminal.get((writer_id, index), {})) >= count
+        # Only outcomes of records below the seal count: one for a record that was read before
+        # it was durable, and cut off by recovery since, must not stand in for a live job.
+        done = self.index.terminal.get((writer_id, index), {})
+        return sum(1 for offset in done if offset < seal_at) >= count
 
     def _delete(self, writer_id: str, index: int) -> None:
         seg = (writer_id, index)
@@ -136,6 +166,12 @@ class Compactor:
             for e in entries:
                 if e.kind == "requeued":
                     self.index.apply(e)
+        # How many segments hold a failure of each loc (a requeue mark must outlive all of them).
+        failures: dict[Loc, int] = {}
+        for entries in by_segment.values():
+            for loc in {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}:
+                failures[loc] = failures.get(loc, 0) + 1
+        present = set(list_chains(self.journal))
         deleted = 0
         for writer_id, indices in list_chains(path).items():
             for index in indices:
@@ -144,23 +180,19 @@ class Compactor:
                 if sealed_data_count(path, writer_id, index) is None:
                     break
                 entries = by_segment.get((writer_id, index), [])
-                if not all(self.compacted.is_compacted((e.loc[0], e.loc[1])) for e in entries):
+                if not all(self._gone(e.loc, present) for e in entries):
                     break
+                here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
                 # Failures still listed outlive the segment that recorded them; so does a requeue
                 # mark while another segment still holds the failure it cancels.
-                failed_elsewhere = {
-                    e.loc
-                    for seg, others in by_segment.items()
-                    if seg != (writer_id, index)
-                    for e in others
-                    if e.kind == "done" and e.outcome == "failed"
-                }
                 keep = [
                     e
                     for e in entries
                     if (e.kind == "done" and self.index.failed.get(e.loc) == e)
-                    or (e.kind == "requeued" and e.loc in failed_elsewhere)
+                    or (e.kind == "requeued" and failures.get(e.loc, 0) > (e.loc in here))
                 ]
+                for loc in here:
+                    failures[loc] -= 1
                 self._append(keep)
                 remove_oldest_segment(path, writer_id, index)
                 deleted += 1

@@ -402,3 +402,10 @@ class Completions:
         deleted = self._compactor.compact()
         self.segments_deleted += deleted
         return deleted
+
+    def take_forgotten_chains(self) -> bool:
+        """Whether compaction dropped chains from the checkpoint since the last call."""
+        forgot = self._compactor is not None and self._compactor.forgot_chains
+        if forgot and self._compactor is not None:
+            self._compactor.forgot_chains = False
+        return forgot

@@ -19,7 +19,7 @@ from hybridq.envelope import Envelope
 from hybridq.errors import HybridqError
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
-from hybridq.ledger import Entry, load_compacted, load_index, open_ledger_writer
+from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
 from hybridq.producer import Job, default_journal, shared_writer
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
@@ -50,7 +50,7 @@ class FailedJob:
 def failed_jobs(journal: str | None = None) -> list[FailedJob]:
     """Every job that failed for good and was not requeued, oldest first."""
     path = existing_journal_dir(journal or default_journal())
-    index = load_index(path, load_compacted(path))
+    index = consistent(path, lambda compacted: load_index(path, compacted))
     out = [_failed(entry) for entry in index.failed.values()]
     return sorted(out, key=lambda f: f.failed_at)
 

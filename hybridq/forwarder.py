@@ -269,7 +269,7 @@ class Forwarder:
             if self._listener is not None:
                 self._listener.wait(left)
             else:
-                time.sleep(left)
+                time.sleep(min(left, 0.05))  # no socket to wake it: look at the stop flag often
 
     def _maintain(self) -> None:
         """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
@@ -287,6 +287,10 @@ class Forwarder:
             if redo:
                 self._push(redo)
             c.compact()
+            if c.take_forgotten_chains():
+                # Gone for good: the reader must not put their positions back in the checkpoint.
+                self._require_reader().seek(self.checkpoint.positions)
+                self._save(0)
             self._came_back()
         except TransportError as exc:
             self._went_down(exc, "completions wait")
@@ -325,6 +329,8 @@ class Forwarder:
             timeout = min(timeout, max(0.05, soonest - self.clock()))
         if self._listener is not None:
             self._listener.wait(timeout)
+        else:
+            self._sleep(timeout)  # no nudges: poll (a stop still wakes it within 50 ms)
 
     # -- pieces -------------------------------------------------------------------------------
 

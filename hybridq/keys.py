@@ -17,7 +17,17 @@ hybridq's own keys:
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "epoch", "events", "lease", "result", "rq_job", "rq_queue", "rq_queues"]
+__all__ = [
+    "PREFIX",
+    "epoch",
+    "events",
+    "lease",
+    "result",
+    "rq_intermediate",
+    "rq_job",
+    "rq_queue",
+    "rq_queues",
+]
 
 #: Prefix of every key hybridq owns.
 PREFIX = "hybridq:"
@@ -36,6 +46,11 @@ def rq_queue(queue: str) -> str:
 def rq_queues() -> str:
     """RQ's set of queue keys (what ``rq info`` lists)."""
     return "rq:queues"
+
+
+def rq_intermediate(queue: str) -> str:
+    """RQ's list of job ids a worker took from ``queue`` and has not started yet."""
+    return f"{rq_queue(queue)}:intermediate"
 
 
 def result(key_id: str) -> str:

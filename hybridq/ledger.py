@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from hybridq.errors import StateFileCorrupt
+from hybridq.errors import JournalCorruption, StateFileCorrupt
 from hybridq.journal import JournalReader, JournalWriter, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.reader import list_chains
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import read_state, write_state
 
@@ -41,6 +43,7 @@ __all__ = [
     "Compacted",
     "Entry",
     "LedgerIndex",
+    "consistent",
     "ledger_dir",
     "load_compacted",
     "load_index",
@@ -57,6 +60,7 @@ COMPACTION_NAME = "compaction"
 LEDGER_SEGMENT_BYTES = 4 << 20
 
 Seg = tuple[str, int]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,12 @@ class LedgerIndex:
         if entry.kind == "done":
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
+                if entry.outcome == "succeeded" and done[loc[2]] == "failed":
+                    # A success beats a failure whatever the order the two were read in (the
+                    # forwarder gave up on a lost worker that then reported after all).
+                    done[loc[2]] = "succeeded"
+                    self.failed.pop(loc, None)
+                    return True
                 return entry.dup
             done[loc[2]] = entry.outcome or "failed"
             self.terminal_count += 1
@@ -276,10 +286,12 @@ def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
 
 
 def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
-    """The index of the whole ledger, ignoring entries for compacted journal segments."""
+    """The index of the whole ledger; of compacted journal segments, only failures still listed."""
     index = LedgerIndex()
+    present = set(list_chains(journal))
     for _, entry in read_ledger(journal):
-        if compacted.is_compacted((entry.loc[0], entry.loc[1])):
+        # A chain that is gone was compacted away whole (and may have been forgotten since).
+        if compacted.is_compacted((entry.loc[0], entry.loc[1])) or entry.loc[0] not in present:
             # Counted in Compacted already; only a failure still listed matters.
             if entry.kind == "done" and entry.outcome == "failed":
                 index.failed.setdefault(entry.loc, entry)
@@ -290,6 +302,32 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
     for loc in index.requeued:
         index.failed.pop(loc, None)
     return index
+
+
+def consistent(journal: str, read: Callable[[Compacted], T], *, tries: int = 5) -> T:
+    """``read(compaction state)``, again if a compaction ran meanwhile and got in its way.
+
+    Readers list a directory, then open the files: the forwarder may delete one in between (a
+    ``FileNotFoundError``, or a chain's head reading as missing), and totals read before and
+    after a deletion do not add up. The answer is kept only if the compaction state did not
+    change while it was computed.
+    """
+    for attempt in range(tries):
+        before = load_compacted(journal)
+        try:
+            value = read(before)
+        except (FileNotFoundError, JournalCorruption):
+            if attempt == tries - 1 or (load_compacted(journal) == before and not _vanished()):
+                raise
+            continue
+        if load_compacted(journal) == before or attempt == tries - 1:
+            return value
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _vanished() -> bool:
+    """Whether the exception being handled is a file that vanished (only deletion does that)."""
+    return isinstance(sys.exc_info()[1], FileNotFoundError)
 
 
 def load_compacted(journal: str) -> Compacted:

@@ -29,7 +29,7 @@ from hybridq.envelope import (
 from hybridq.errors import EnvelopeError, JournalCorruption, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
-from hybridq.ledger import load_compacted, load_index
+from hybridq.ledger import consistent, load_compacted, load_index
 from hybridq.nudge import address, nudge
 from hybridq.state import load_checkpoint
 
@@ -106,11 +106,12 @@ class Job:
         Read from the forwarder's durable checkpoint and the completion ledger (it reads the
         whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
         """
-        compacted = load_compacted(self.journal)
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
+        compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
+        if loc in index.failed:
+            return "failed"  # listed failures outlive their compacted segment
         if compacted.is_compacted((loc[0], loc[1])):
             return "finished"  # only segments whose every job is terminal are compacted
-        index = load_index(self.journal, compacted)
         done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
         if done is not None:
             return "finished" if done == "succeeded" else "failed"
@@ -374,13 +375,16 @@ class _PendingCount:
         if self._reader is not None:
             try:
                 self._accepted += self._reader.check()
-            except JournalCorruption:
+            except (JournalCorruption, FileNotFoundError):
                 # Compaction deleted the segment this reader was in (it reads as a missing
                 # segment): count afresh. Real corruption raises again just below.
                 self._reader = None
         if self._reader is None:
             self._reader = JournalReader(self._journal)
-            self._accepted = load_compacted(self._journal).accepted + self._reader.check()
+            # The journal first, then the compaction state: a compaction in between counts a
+            # segment twice (refusing early), never not at all (refusing late).
+            live = self._reader.check()
+            self._accepted = live + load_compacted(self._journal).accepted
         checkpoint = load_checkpoint(self._journal)
         self._terminal = checkpoint.terminal if checkpoint is not None else 0
         self._local = 0

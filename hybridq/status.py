@@ -15,7 +15,7 @@ from hybridq.journal import JournalReader
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
-from hybridq.ledger import load_compacted, load_index
+from hybridq.ledger import Compacted, consistent, load_index
 from hybridq.state import load_checkpoint
 
 __all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
@@ -27,7 +27,17 @@ CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "d
 def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, Any]:
     """The status object of ``hybridq status --json``."""
     path = existing_journal_dir(journal)
-    compacted = load_compacted(path)
+    out = consistent(path, lambda compacted: _counts(path, compacted))
+    out["forwarder"] = _forwarder_holder(path)
+    segments, size = segment_usage(path)
+    out["journal"] = {"path": path, "segments": segments, "bytes": size}
+    if redis_url is not None:
+        out["redis"] = {"url": redact_url(redis_url), "up": _redis_up(redis_url)}
+    return out
+
+
+def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
+    """Every count of the status object, from the journal, the ledger and the checkpoint."""
     live = [
         (writer_id, index)
         for writer_id, indices in list_chains(path).items()
@@ -46,14 +56,13 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
     waiting = accepted - compacted.accepted
     if checkpoint is not None:
         waiting = JournalReader(path).check(checkpoint.positions)
-    segments, size = segment_usage(path)
     index = load_index(path, compacted)
     counts = index.counts(live)
     succeeded = compacted.succeeded + counts["succeeded"]
     # Records that are not jobs are terminal too (skipped, logged): they count as failed.
     failed = compacted.failed + counts["failed"] + compacted.invalid + counts["invalid"]
     suppressed = compacted.dups + counts["dups"]
-    out: dict[str, Any] = {
+    return {
         "accepted": accepted,
         "forwarded": checkpoint.forwarded if checkpoint else 0,
         "succeeded": succeeded,
@@ -67,12 +76,7 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
         "retrying": len(index.retries),
         "failed_listed": len(index.failed),
         "compacted_segments": sum(i + 1 for i in compacted.through.values()),
-        "forwarder": _forwarder_holder(path),
-        "journal": {"path": path, "segments": segments, "bytes": size},
     }
-    if redis_url is not None:
-        out["redis"] = {"url": redact_url(redis_url), "up": _redis_up(redis_url)}
-    return out
 
 
 def _forwarder_holder(path: str) -> str | None:

@@ -62,6 +62,8 @@ FINISH_PATIENCE_S = 30.0
 BUSY_POLL_S = 0.25
 #: The longest wait between two attempts of RQ's own loop to reach a Redis that went away.
 RECONNECT_MAX_S = 5.0
+#: An RQ loop that served this long before it ended starts the restart backoff from scratch.
+STABLE_S = 60.0
 
 # KEYS: result, lease. ARGV: token, lease ms, job id, requeue, attempt.
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (a later
@@ -88,7 +90,8 @@ return {3, redis.call("GET", KEYS[2]) or ""}
 """
 
 # KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON.
-# A success already stored (by a delivery that ran while this one had lost its lease) is kept.
+# A success already stored (by a delivery that ran while this one had lost its lease) is kept,
+# and the event reports it: the key succeeded, whatever this run did.
 _FINISH = """
 local stored = redis.call("GET", KEYS[1])
 local keep = 0
@@ -96,10 +99,15 @@ if stored then
     local ok, r = pcall(cjson.decode, stored)
     if ok and type(r) == "table" and r.outcome == "succeeded" then keep = 1 end
 end
+local event = ARGV[4]
 if keep == 0 then
     redis.call("SET", KEYS[1], ARGV[2], "EX", ARGV[3])
+else
+    local e = cjson.decode(event)
+    e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
+    event = cjson.encode(e)
 end
-redis.call("XADD", KEYS[3], "*", "e", ARGV[4])
+redis.call("XADD", KEYS[3], "*", "e", event)
 if redis.call("GET", KEYS[2]) == ARGV[1] then
     redis.call("DEL", KEYS[2])
 end
@@ -160,9 +168,10 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         if status == 1:
             return _suppressed(conn, d, json.loads(stored))
         if status == 2:
-            log.info(
-                "job %s attempt %d: a later attempt already ran; dropping this delivery", env.id, d.attempt
-            )
+            # An old copy of an attempt that already failed. Its event may be what got lost (the
+            # reason this copy exists): report that outcome again, or the retry never happens.
+            log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
+            _report(conn, d, json.loads(stored), dup=False)
             return None
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
@@ -211,11 +220,16 @@ def _suppressed(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any]) -> A
         stored.get("outcome"),
         stored.get("job_id"),
     )
-    event = _event(d, stored, dup=True)
-    _retrying(lambda: conn.xadd(keys.events(d.owner), {"e": json.dumps(event)}))
+    _report(conn, d, stored, dup=True)
     if stored.get("outcome") != "succeeded":
         raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
     return stored.get("result")
+
+
+def _report(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any], *, dup: bool) -> None:
+    """Send a stored outcome to the owning forwarder again, as this delivery's event."""
+    event = json.dumps(_event(d, stored, dup=dup))
+    _retrying(lambda: conn.xadd(keys.events(d.owner), {"e": event}))
 
 
 def _finish(conn: redis.Redis, d: _Delivery, token: str, outcome: Mapping[str, Any], *, dup: bool) -> None:
@@ -245,7 +259,7 @@ def _event(d: _Delivery, outcome: Mapping[str, Any], *, dup: bool) -> dict[str, 
         "outcome": outcome.get("outcome"),
         "final": final,
         "retry_delay": retry_delay,
-        "attempt": d.attempt if not dup else outcome.get("attempt", d.attempt),
+        "attempt": int(outcome.get("attempt", d.attempt)),
         "dup": dup,
         "error": error.strip().rsplit("\n", 1)[-1][:500] if isinstance(error, str) else None,
         "at": time.time(),
@@ -397,6 +411,7 @@ def run_worker(
     down_since: float | None = None
     while True:
         conn = redis.Redis.from_url(url)
+        started = time.monotonic()
         try:
             worker = worker_class(queues, connection=conn, serializer=JSONSerializer, name=name)
             # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
@@ -413,6 +428,8 @@ def run_worker(
             if burst or worker._stop_requested:
                 return 0
             log.warning("the RQ worker loop ended on its own (Redis went away?): starting it again")
+            if time.monotonic() - started > STABLE_S:
+                delay = 1.0  # it had been serving for a while: this is a new incident
         finally:
             conn.close()
         time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter

@@ -78,3 +78,25 @@ def fail_unless(path: str, token: str, switch: str) -> str:
         raise RuntimeError(f"{switch} does not exist")
     record(path, f"ok {token} {attempt}")
     return token
+
+
+def fail() -> None:
+    """Always fails."""
+    raise RuntimeError("this task always fails")
+
+
+def race_a_success_then_fail() -> None:
+    """Store a success under this job's key (as a concurrent run would), then fail."""
+    import json
+
+    from hybridq import current_job, keys
+    from hybridq.envelope import idempotency_id
+    from rq import get_current_job
+
+    job = current_job()
+    rq_job = get_current_job()
+    assert job is not None
+    assert rq_job is not None
+    stored = {"outcome": "succeeded", "result": "other run", "job_id": job.id, "attempt": 1, "final": True}
+    rq_job.connection.set(keys.result(idempotency_id(job.idempotency_key)), json.dumps(stored))
+    raise RuntimeError("this run failed, but another run of the key succeeded")

@@ -209,6 +209,15 @@ class MemoryTransport(Transport):
                 self._emit(delivery, stored, dup=True)
                 self.status[env.id] = "finished"
                 return
+            # A stale copy of an attempt of this job that already failed: report it, do not run.
+            if (
+                stored is not None
+                and stored["job_id"] == env.id
+                and (stored["requeue"], stored["attempt"]) >= (env.requeue, delivery.attempt)
+            ):
+                self._emit(delivery, stored, dup=False)
+                self.status[env.id] = "finished"
+                return
             self.leases.add(env.key_id)
         error: str | None = None
         value: Any = None
@@ -228,7 +237,12 @@ class MemoryTransport(Transport):
                 "final": error is None or delivery.attempt >= env.max_attempts,
                 "at": time.time(),
             }
-            self.results[env.key_id] = outcome
+            kept = self.results.get(env.key_id)
+            if kept is not None and kept["outcome"] == "succeeded":
+                # A success stored meanwhile is kept, and reported (hybridq.worker's _FINISH).
+                outcome = {**outcome, "outcome": "succeeded", "final": True, "error": None}
+            else:
+                self.results[env.key_id] = outcome
             self.leases.discard(env.key_id)
             self.status[env.id] = "finished" if error is None else "failed"
             self._emit(delivery, outcome, dup=False)
@@ -249,8 +263,8 @@ class MemoryTransport(Transport):
             "final": outcome["final"],
             "retry_delay": None
             if outcome["final"] or env.retry is None
-            else env.retry.delay_s(delivery.attempt),
-            "attempt": outcome["attempt"] if dup else delivery.attempt,
+            else env.retry.delay_s(outcome["attempt"]),
+            "attempt": outcome["attempt"],
             "dup": dup,
             "error": outcome["error"],
             "at": time.time(),

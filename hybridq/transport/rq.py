@@ -59,9 +59,9 @@ redis.call("SADD", KEYS[3], KEYS[2])
 return 1
 """
 
-# KEYS: job hash, result, lease, queue list. ARGV: job id, the cutoff (RQ's timestamp format, lease_s ago).
-# See Transport.probe for the verdicts. RQ's timestamps are fixed-width UTC text, so they compare
-# as strings.
+# KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
+# the cutoff (RQ's timestamp format, lease_s ago). See Transport.probe for the verdicts. RQ's
+# timestamps are fixed-width UTC text, so they compare as strings; RQ writes "" for "not yet".
 _PROBE = """
 if redis.call("EXISTS", KEYS[1]) == 0 then
     return "missing"
@@ -69,17 +69,22 @@ end
 if redis.call("EXISTS", KEYS[3]) == 1 then
     return "running"
 end
+local f = redis.call("HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at", "hybridq_run")
 local stored = redis.call("GET", KEYS[2])
 if stored then
     local ok, r = pcall(cjson.decode, stored)
-    if ok and type(r) == "table" and r.job_id == ARGV[1] then
+    -- "done" only for the run Redis holds: the stored failure of attempt 1 says nothing about
+    -- attempt 2 waiting in the queue.
+    if ok and type(r) == "table" and r.job_id == ARGV[1] and
+            (tonumber(r.requeue) or 0) * 100000 + (tonumber(r.attempt) or 0) >= (tonumber(f[5]) or 0) then
         return "done"
     end
 end
-local f = redis.call("HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at")
 local status = f[1]
 if status == "queued" then
-    if redis.call("EXISTS", KEYS[4]) == 0 then
+    -- No queue list at all (evicted), or taken into RQ's intermediate list by a worker that
+    -- died before it started the job: no worker will take it (the caller waits a lease first).
+    if redis.call("EXISTS", KEYS[4]) == 0 or redis.call("LPOS", KEYS[5], ARGV[1]) then
         return "stranded"
     end
     return "queued"
@@ -87,7 +92,12 @@ end
 if status == "deferred" or status == "scheduled" then
     return "queued"
 end
-local changed = f[2] or f[3] or f[4] or ""
+local changed = ""
+for i = 2, 4 do
+    if f[i] and f[i] > changed then
+        changed = f[i]
+    end
+end
 if changed > ARGV[2] then
     return "running"
 end
@@ -236,6 +246,7 @@ class RQTransport(Transport):
                         keys.result(job.key_id),
                         keys.lease(job.key_id),
                         keys.rq_queue(job.queue),
+                        keys.rq_intermediate(job.queue),
                     ],
                     args=[job.job_id, cutoff],
                     client=pipe,

@@ -394,3 +394,123 @@ def test_a_finished_job_whose_event_was_lost_is_recorded_without_running_again(j
     assert transport.executions == {job.id: 1}
     counts = status(journal_dir)
     assert (counts["succeeded"], counts["pending"], counts["duplicates_suppressed"]) == (1, 0, 1)
+
+
+def test_a_retry_whose_event_was_lost_still_happens(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, retry=Retry(max_attempts=2, backoff_s=0))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert forwarder.completions is not None
+    forwarder.completions.done_grace_s = 0.0
+    forwarder.step()
+    attempts: list[int] = []
+
+    def fail_first(env: Envelope, attempt: int) -> None:
+        attempts.append(attempt)
+        if attempt == 1:
+            raise RuntimeError("first")
+
+    transport.work(func=fail_first)
+    transport.events.clear()  # attempt 1's failure is stored, its event is lost
+    settle(forwarder)  # "done" twice: attempt 1 delivered again, found stale, reported again
+    transport.work(func=fail_first)
+    settle(forwarder)  # now the forwarder knows: attempt 2 is due
+    transport.work(func=fail_first)
+    settle(forwarder)
+    forwarder.close()
+    assert attempts == [1, 2]
+    assert job.get_status() == "finished"
+
+
+def test_a_success_beats_a_failure_in_any_order() -> None:
+    loc = ("w", 0, 64)
+    failed = Entry("done", "j", loc, outcome="failed", attempt=5, error="worker vanished")
+    succeeded = Entry("done", "j", loc, outcome="succeeded", attempt=5)
+    for order in ([failed, succeeded], [succeeded, failed]):
+        index = LedgerIndex()
+        for entry in order:
+            index.apply(entry)
+        assert index.terminal == {("w", 0): {64: "succeeded"}}
+        assert index.failed == {}
+        assert index.terminal_count == 1
+
+
+def test_a_failed_job_still_says_failed_after_its_segment_is_compacted(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 30)
+
+    def fail_zero(env: Envelope, attempt: int) -> None:
+        if env.args[0] == 0:
+            raise ValueError("zero")
+
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    first = transport.deliveries[transport.queues["default"][0]]
+    transport.work(func=fail_zero)
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(str(journal_dir)) == {}
+    from hybridq.journal.writer import RecordId
+    from hybridq.producer import Job
+
+    job = Job(first.envelope, RecordId(first.loc[0], 1, first.loc[1], first.loc[2]), str(journal_dir))
+    assert job.get_status() == "failed"
+
+
+def test_compaction_forgets_chains_that_are_gone(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 50)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(str(journal_dir)) == {}
+    assert forwarder.checkpoint.positions == {}
+    assert load_compacted(str(journal_dir)).through == {}
+    assert status(journal_dir)["succeeded"] == 50
+
+
+def test_consistent_reads_again_when_a_compaction_got_in_the_way(journal_dir: Path) -> None:
+    from hybridq.ledger import Compacted, consistent, save_compacted
+
+    journal_dir.mkdir(mode=0o700)
+    save_compacted(str(journal_dir), Compacted())
+    calls: list[int] = []
+
+    def read(compacted: Compacted) -> int:
+        calls.append(compacted.accepted)
+        if len(calls) == 1:
+            save_compacted(str(journal_dir), Compacted(accepted=10))  # the forwarder compacts...
+            raise FileNotFoundError("segment gone")  # ...under this reader's feet
+        return compacted.accepted
+
+    assert consistent(str(journal_dir), read) == 10
+    assert calls == [0, 10]
+
+
+def test_without_nudges_the_forwarder_polls_instead_of_spinning(journal_dir: Path) -> None:
+    import threading
+    import time
+
+    forwarder = make_forwarder(journal_dir, MemoryTransport(), idle_timeout_s=0.2)
+    assert forwarder._listener is not None
+    forwarder._listener.close()
+    forwarder._listener = None  # as when another process holds the nudge socket's name
+    steps = 0
+    original = forwarder.step
+
+    def counted() -> int:
+        nonlocal steps
+        steps += 1
+        return original()
+
+    forwarder.step = counted  # type: ignore[method-assign]
+    runner = threading.Thread(target=forwarder.run)
+    runner.start()
+    time.sleep(1.0)
+    forwarder.stop()
+    runner.join(timeout=5)
+    forwarder.close()
+    assert not runner.is_alive()
+    assert steps <= 10  # about one per idle timeout (0.2 s), not thousands

@@ -1,0 +1,122 @@
+"""The worker's Redis protocol, step by step, against a real redis-server and RQ's SimpleWorker.
+
+Each test sets up one state Redis can be in (a stored failure of an earlier attempt, a job taken
+by a worker that died, a lost completion event, two runs of one key racing) and checks what the
+Lua scripts and the probe make of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from hybridq import keys
+from hybridq.embedded import RedisServer
+from hybridq.envelope import Envelope, Retry, new_job_id
+from hybridq.transport.base import Delivery, Probe
+from hybridq.transport.rq import RQTransport
+from rq import Queue as RQQueue
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
+from rq.utils import utcformat
+
+OWNER = "owner1"
+
+
+@pytest.fixture
+def transport(redis_server: RedisServer) -> Iterator[RQTransport]:
+    transport = RQTransport(redis_server.url)
+    yield transport
+    transport.close()
+
+
+def envelope(func: str = "tests.tasks.add", **overrides: object) -> Envelope:
+    fields: dict[str, object] = {
+        "id": new_job_id(),
+        "func": func,
+        "queue": "default",
+        "idempotency_key": new_job_id(),
+        "created_at": time.time(),
+        "args": (1, 2) if func == "tests.tasks.add" else (),
+    }
+    fields.update(overrides)
+    return Envelope(**fields)  # type: ignore[arg-type]
+
+
+def deliver(transport: RQTransport, env: Envelope, attempt: int = 1, **options: bool) -> None:
+    transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=attempt, **options)])
+
+
+def work(transport: RQTransport) -> None:
+    conn = transport.connection
+    queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
+    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(
+        burst=True, logging_level="WARNING"
+    )
+
+
+def probe(transport: RQTransport, env: Envelope, lease_s: float = 10.0) -> str:
+    [verdict] = transport.probe([Probe(env.id, env.key_id, env.queue)], lease_s=lease_s)
+    return verdict
+
+
+def events(transport: RQTransport) -> list[dict[str, object]]:
+    return [e.body for e in transport.harvest(OWNER, 100) if e.body is not None]
+
+
+def test_a_stored_failure_of_attempt_1_does_not_make_attempt_2_look_done(transport: RQTransport) -> None:
+    env = envelope("tests.tasks.fail", retry=Retry(max_attempts=2, backoff_s=0))
+    deliver(transport, env)
+    work(transport)
+    assert probe(transport, env) == "done"  # attempt 1's outcome awaits harvest
+    deliver(transport, env, attempt=2, force=True)
+    assert probe(transport, env) == "queued"  # attempt 2 waits for a worker: not "done"
+
+
+def test_a_stale_copy_reports_the_stored_failure_again(transport: RQTransport) -> None:
+    env = envelope("tests.tasks.fail", retry=Retry(max_attempts=2, backoff_s=0))
+    deliver(transport, env)
+    work(transport)
+    transport.connection.delete(keys.events(OWNER))  # the completion event is lost
+    deliver(transport, env, attempt=1, replace=True)  # what the forwarder does after the grace
+    work(transport)  # does not run the task again (it would fail again and store attempt 1)
+    [event] = events(transport)
+    assert (event["outcome"], event["final"], event["attempt"], event["dup"]) == ("failed", False, 1, False)
+
+
+def test_a_job_rq_just_started_is_not_orphaned_before_the_lease(transport: RQTransport) -> None:
+    env = envelope()
+    deliver(transport, env)
+    # What RQ's prepare_job_execution does before our claim: status started, started_at now.
+    transport.connection.hset(
+        keys.rq_job(env.id), mapping={"status": "started", "started_at": utcformat(datetime.now(UTC))}
+    )
+    transport.connection.lrem(keys.rq_queue("default"), 0, env.id)
+    assert probe(transport, env, lease_s=10.0) == "running"
+    assert probe(transport, env, lease_s=0.0) == "orphaned"
+
+
+def test_a_job_a_dead_worker_took_but_never_started_is_stranded(transport: RQTransport) -> None:
+    env = envelope()
+    other = envelope()
+    deliver(transport, env)
+    deliver(transport, other)  # the queue list still exists
+    conn = transport.connection
+    conn.lmove(keys.rq_queue("default"), keys.rq_intermediate("default"), "LEFT", "RIGHT")
+    assert probe(transport, env) == "stranded"
+    assert probe(transport, other) == "queued"
+
+
+def test_a_run_that_fails_after_another_run_of_its_key_succeeded_reports_the_success(
+    transport: RQTransport,
+) -> None:
+    env = envelope("tests.tasks.race_a_success_then_fail")
+    deliver(transport, env)
+    work(transport)
+    [event] = events(transport)
+    assert (event["outcome"], event["final"]) == ("succeeded", True)
+    stored = json.loads(transport.connection.get(keys.result(env.key_id)))
+    assert stored["result"] == "other run"  # the stored success was kept
