@@ -232,6 +232,12 @@ def test_ledger_replay_order_does_not_matter() -> None:
         assert index.dups == {("w", 0): 1}  # a replayed event is counted once
 
 
+def fail_zero(env: Envelope, attempt: int) -> None:
+    """The simulated task: fails for good on the job whose first argument is 0."""
+    if env.args[0] == 0:
+        raise ValueError("zero")
+
+
 def write_jobs(journal: Path, n: int, *, segment_bytes: int = 4096) -> None:
     """``n`` jobs through a writer with tiny segments (so there is something to compact)."""
     queue = Queue(journal=journal)
@@ -331,10 +337,6 @@ def test_record_ids_locate_their_records(journal_dir: Path) -> None:
 
 def test_a_failure_stays_listed_and_requeueable_after_its_segments_are_compacted(journal_dir: Path) -> None:
     write_jobs(journal_dir, 100)
-
-    def fail_zero(env: Envelope, attempt: int) -> None:
-        if env.args[0] == 0:
-            raise ValueError("zero")
 
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
@@ -437,10 +439,6 @@ def test_a_success_beats_a_failure_in_any_order() -> None:
 
 def test_a_failed_job_still_says_failed_after_its_segment_is_compacted(journal_dir: Path) -> None:
     write_jobs(journal_dir, 30)
-
-    def fail_zero(env: Envelope, attempt: int) -> None:
-        if env.args[0] == 0:
-            raise ValueError("zero")
 
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
