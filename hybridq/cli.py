@@ -300,7 +300,7 @@ def forward(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
 @click.pass_context
 def status(ctx: click.Context, journal: str, redis_url: str | None, as_json: bool) -> None:
-    """Show job counts from the journal and the forwarder's checkpoint (works with Redis down).
+    """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
     \b
     Example:

@@ -1,8 +1,9 @@
 """The forwarder: tails the journal and pushes jobs into the transport, one per journal directory.
 
-Loop: harvest completions, deliver due retries and reconcile (:mod:`hybridq.completions`) ->
-read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch -> save the
-checkpoint. The checkpoint is saved only after the transport accepted the batch
+Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch -> save
+the checkpoint -> then the completions side (:mod:`hybridq.completions`): harvest outcomes into
+the ledger, deliver due retries, check the epoch, reconcile, compact.
+The checkpoint is saved only after the transport accepted the batch
 (invariant 5), so a crash in between re-pushes at most that batch, and the deterministic job id
 absorbs it. While the transport is down, the forwarder backs off (exponential, with jitter),
 logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
