@@ -17,8 +17,10 @@ This module must not import redis or rq (the transport port only).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import math
 import os
 import time
 import uuid
@@ -28,7 +30,7 @@ from typing import Any
 from hybridq.compaction import Compactor
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalError
-from hybridq.journal import JournalReader, JournalWriter, Record, RecordType, crashpoints
+from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
 from hybridq.journal.reader import read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
@@ -51,6 +53,8 @@ log = logging.getLogger("hybridq.forwarder")
 HARVEST_BATCH = 1000
 #: Jobs probed per round trip during a reconcile pass.
 PROBE_BATCH = 1000
+#: How often the forwarder notes how far forwarding had got (seconds).
+SNAPSHOT_EVERY_S = 1.0
 #: How long a job may stay "done" (outcome stored in Redis, no completion event harvested) before
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
@@ -103,6 +107,10 @@ class Completions:
         self._pass_refill = False
         self._pass_started = 0.0
         self._next_pass = 0.0
+        self._pass_limit: dict[str, ChainPosition] = {}
+        #: (monotonic time, checkpoint positions then); the first entry stands for "before this
+        #: process started", so jobs forwarded by an earlier run are reconciled at once.
+        self._snapshots: collections.deque[tuple[float, dict[str, ChainPosition]]] = collections.deque()
         self._compactor: Compactor | None = None
         #: How long a job may stay "done" or "stranded" in Redis before it is delivered again.
         self.done_grace_s = max(60.0, DONE_GRACE_LEASES * lease_s)
@@ -114,6 +122,7 @@ class Completions:
 
     def open(self) -> None:
         """Finish interrupted deletions, recover the ledger, rebuild the index."""
+        self._snapshots.append((-math.inf, dict(self.checkpoint.positions)))
         self.compacted = load_compacted(self.journal)
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal))
@@ -265,9 +274,32 @@ class Completions:
         self._pass = JournalReader(self.journal).records()
         self._pass_refill = refill or self._pass_refill
         self._pass_started = time.monotonic()
+        if self._pass_refill:
+            self._pass_limit = dict(self.checkpoint.positions)  # everything forwarded
+        else:
+            self._pass_limit = self._positions_before(self._pass_started - self.lease_s)
+
+    def _snapshot_positions(self) -> None:
+        """Remember where forwarding stood, about every second (what was forwarded when)."""
+        now = time.monotonic()
+        if now - self._snapshots[-1][0] >= min(SNAPSHOT_EVERY_S, self.lease_s / 4):
+            self._snapshots.append((now, dict(self.checkpoint.positions)))
+            # Keep the newest snapshot old enough for any pass, and everything after it.
+            while len(self._snapshots) > 1 and self._snapshots[1][0] <= now - self.lease_s:
+                self._snapshots.popleft()
+
+    def _positions_before(self, when: float) -> dict[str, ChainPosition]:
+        """Positions forwarding had reached by ``when`` (what was forwarded at least that long ago)."""
+        best: dict[str, ChainPosition] = {}
+        for at, positions in self._snapshots:
+            if at > when:
+                break
+            best = positions
+        return best
 
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
+        self._snapshot_positions()
         if self._pass is None:
             if time.monotonic() < self._next_pass:
                 return []
@@ -304,9 +336,11 @@ class Completions:
         if record.rtype != RecordType.DATA:
             return None
         loc = (record.writer_id, record.segment_index, record.offset)
-        pos = self.checkpoint.positions.get(record.writer_id)
+        # Only jobs forwarded at least a lease ago: a younger one cannot have lost its worker's
+        # lease yet, and one Redis lost is the epoch check's (a refill pass takes them all).
+        pos = self._pass_limit.get(record.writer_id)
         if pos is None or (record.segment_index, record.end) > (pos.segment, pos.offset):
-            return None  # not forwarded yet
+            return None
         if self.index.is_terminal(loc):
             return None
         retry = self.index.retries.get(loc)

@@ -17,6 +17,7 @@ retry, a requeue) replaces the old hash and queue entry instead.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -153,37 +154,60 @@ class RQTransport(Transport):
             result_ttl=_whole_seconds(env.result_ttl_s),
             description=env.description or _describe(env.func, env.args, env.kwargs),
             job_id=env.id,
-            meta={
-                **env.meta,
-                "hybridq": {
-                    "func": env.func,
-                    "key": env.idempotency_key,
-                    "created_at": env.created_at,
-                    "attempt": delivery.attempt,
-                },
-            },
+            meta=_meta(delivery),
         )
         # When the job was accepted, not when it reached Redis (it may have waited out an outage).
         job.created_at = datetime.fromtimestamp(env.created_at, tz=UTC)
         queue._prepare_for_queue(job)  # origin, enqueued_at, default timeout, status "queued"
         return job
 
+    def job_hash(self, delivery: Delivery, enqueued_at: str) -> list[Any]:
+        """The fields of the job hash :meth:`to_rq_job` would save, built directly (flattened).
+
+        RQ's ``create_job`` + ``to_dict`` cost about 70 us per job, most of the forwarder's time
+        per job; this writes the same fields (``test_job_hash_is_what_rq_writes`` holds it to
+        RQ's own output) in a fraction of that.
+        """
+        env = delivery.envelope
+        data: list[Any] = [ENTRY_POINT, None, [delivery.to_json()], {}]
+        timeout = _whole_seconds(env.timeout_s) or self._queue(env.queue)._default_timeout
+        fields: list[Any] = [
+            "created_at",
+            utcformat(datetime.fromtimestamp(env.created_at, tz=UTC)),
+            "data",
+            zlib.compress(json.dumps(data).encode()),
+            *_EMPTY_FIELDS,
+            "origin",
+            env.queue,
+            "description",
+            env.description or _describe(env.func, env.args, env.kwargs),
+            "enqueued_at",
+            enqueued_at,
+            "timeout",
+            str(timeout),
+        ]
+        result_ttl = _whole_seconds(env.result_ttl_s)
+        if result_ttl is not None:
+            fields += ["result_ttl", str(result_ttl)]
+        fields += ["status", "queued", "meta", json.dumps(_meta(delivery)).encode()]
+        return fields
+
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Queue every job not already known to Redis, as one pipeline (see :class:`Transport`)."""
         if not jobs:
             return PushResult(0, 0)
+        enqueued_at = utcformat(datetime.now(UTC))
         try:
             pipe = self.connection.pipeline(transaction=False)
             for delivery in jobs:
                 env = delivery.envelope
-                job = self.to_rq_job(delivery)
                 self._script(
                     keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
                     args=[
                         env.id,
                         "2" if delivery.replace else "1" if delivery.force else "0",
                         env.requeue * 100000 + delivery.attempt,
-                        *_hash_fields(job),
+                        *self.job_hash(delivery, enqueued_at),
                     ],
                     client=pipe,
                 )
@@ -268,6 +292,37 @@ class RQTransport(Transport):
         self.connection.close()
 
 
+#: Fields RQ's ``Job.to_dict`` writes as empty strings for a job not yet run.
+_EMPTY_FIELDS = tuple(
+    item
+    for name in (
+        "success_callback_name",
+        "failure_callback_name",
+        "stopped_callback_name",
+        "started_at",
+        "ended_at",
+        "last_heartbeat",
+        "worker_name",
+        "group_id",
+    )
+    for item in (name, "")
+)
+
+
+def _meta(delivery: Delivery) -> dict[str, Any]:
+    """The RQ job's meta: the envelope's, plus what hybridq shows about the job."""
+    env = delivery.envelope
+    return {
+        **env.meta,
+        "hybridq": {
+            "func": env.func,
+            "key": env.idempotency_key,
+            "created_at": env.created_at,
+            "attempt": delivery.attempt,
+        },
+    }
+
+
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
     """``func(args...)`` as RQ would describe the call, shortened."""
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
@@ -290,13 +345,3 @@ def _decode_event(fields: Any) -> dict[str, Any] | None:
 
 def _whole_seconds(value: float | None) -> int | None:
     return None if value is None else max(1, round(value))
-
-
-def _hash_fields(job: Job) -> list[Any]:
-    """The job hash as RQ itself saves it (``Job.to_dict``), flattened for HSET."""
-    fields: list[Any] = []
-    for name, value in job.to_dict().items():
-        if value is not None:
-            fields.append(name)
-            fields.append(value if isinstance(value, bytes | str) else str(value))
-    return fields

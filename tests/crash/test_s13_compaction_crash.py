@@ -38,7 +38,7 @@ with JournalWriter(journal, max_segment_bytes=4096) as writer:
     for start in range(0, {jobs}, 10):
         writer.append_many(queue.prepare("tests.tasks.add", (i, i)).to_bytes() for i in range(start, start + 10))
 transport = MemoryTransport()
-forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, max_lost=100)
+forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0, max_lost=100)
 forwarder.open()
 forwarder.step()
 transport.work(limit={jobs} // 2)
@@ -71,7 +71,7 @@ def test_s13_a_crash_at_each_step_of_compaction_or_harvest_loses_nothing(
     compacted_before = load_compacted(str(journal))
 
     transport = MemoryTransport()  # Redis lost everything as well
-    forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0)
+    forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0)
     forwarder.open()
     for _ in range(10):
         forwarder.step()

@@ -175,3 +175,29 @@ def test_retries_are_hybridqs_not_rqs(redis_server) -> None:
         assert not job.retries_left  # RQ would keep the count in Redis; hybridq keeps it in its ledger
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"timeout_s": 30.0, "result_ttl_s": 600.0, "description": "answer", "meta": {"team": "x"}}],
+)
+def test_job_hash_is_what_rq_writes(redis_server, overrides) -> None:
+    """The fast path that builds the job hash writes exactly the fields RQ's own Job.to_dict does."""
+    transport = RQTransport(redis_server.url)
+    try:
+        d = delivery(**overrides)
+        ours = transport.job_hash(d, "2026-01-01T00:00:00.000000Z")
+        mine = dict(zip(ours[::2], ours[1::2], strict=True))
+        job = transport.to_rq_job(d)
+        theirs = {
+            k: v if isinstance(v, bytes | str) else str(v) for k, v in job.to_dict().items() if v is not None
+        }
+        theirs["enqueued_at"] = "2026-01-01T00:00:00.000000Z"
+        for name in ("data",):  # compressed JSON: compare what it holds
+            assert json.loads(zlib.decompress(mine.pop(name))) == json.loads(
+                zlib.decompress(theirs.pop(name))
+            )
+        assert json.loads(mine.pop("meta")) == json.loads(theirs.pop("meta"))
+        assert mine == theirs
+    finally:
+        transport.close()

@@ -36,6 +36,7 @@ def make_forwarder(journal: Path, transport: MemoryTransport, **kwargs: object) 
     kwargs.setdefault("backoff_initial_s", 0.001)
     kwargs.setdefault("backoff_max_s", 0.002)
     kwargs.setdefault("reconcile_interval_s", 0.0)
+    kwargs.setdefault("lease_s", 0.0)  # reconcile jobs however recently they were forwarded
     forwarder = Forwarder(journal, transport, **kwargs)  # type: ignore[arg-type]
     forwarder.open()
     return forwarder

@@ -60,6 +60,7 @@ class CompletionsModel(RuleBasedStateMachine):
                 backoff_initial_s=0.0001,
                 backoff_max_s=0.0002,
                 reconcile_interval_s=0.0,
+                lease_s=0.0,
                 max_lost=3,
             )
             self.forwarder.open()
