@@ -361,6 +361,7 @@ class Completions:
         for (loc, env), verdict in zip(batch, verdicts, strict=True):
             attempt = self.index.attempts(loc) + 1  # the attempt delivered now
             if verdict in ("done", "stranded"):
+                # The same attempt again: a stranded job never started, a "done" one is reported.
                 if self._stuck(loc, verdict, now):
                     log.warning("job %s: %s in Redis for too long; delivering it again", env.id, verdict)
                     out.append(dataclasses.replace(self._delivery(env, loc, attempt), replace=True))

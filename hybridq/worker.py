@@ -65,10 +65,12 @@ RECONNECT_MAX_S = 5.0
 #: An RQ loop that served this long before it ended starts the restart backoff from scratch.
 STABLE_S = 60.0
 
-# KEYS: result, lease. ARGV: token, lease ms, job id, requeue, attempt.
-# Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (a later
-# attempt of this job already failed: drop silently); {3, holder} busy (another delivery runs it).
+# KEYS: result, lease, RQ's job hash. ARGV: token, lease ms, job id, requeue, attempt.
+# Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
+# attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
+# delivery runs it now).
 _CLAIM = """
+local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
 local stored = redis.call("GET", KEYS[1])
 if stored then
     local ok, r = pcall(cjson.decode, stored)
@@ -84,6 +86,11 @@ if stored then
     end
 end
 if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then
+    -- The task is about to start: from now on this run counts as an attempt (the forwarder
+    -- tells "started, then lost" from "taken, never started" by this field).
+    if redis.call("EXISTS", KEYS[3]) == 1 then
+        redis.call("HSET", KEYS[3], "hybridq_started", my_run)
+    end
     return {0, ""}
 end
 return {3, redis.call("GET", KEYS[2]) or ""}
@@ -161,7 +168,8 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     lease_ms = max(1, int(d.lease_s * 1000))
     while True:
         status, stored = _script(conn, _CLAIM)(
-            keys=[result_key, lease_key], args=[token, lease_ms, env.id, env.requeue, d.attempt]
+            keys=[result_key, lease_key, keys.rq_job(env.id)],
+            args=[token, lease_ms, env.id, env.requeue, d.attempt],
         )
         if status == 0:
             break

@@ -131,10 +131,11 @@ class Transport(abc.ABC):
 
         ``missing``: the backend does not have it. ``queued``: waiting for a worker. ``running``:
         a worker holds its lease (or it changed state less than ``lease_s`` ago). ``done``: its
-        outcome is stored and its completion event awaits harvest. ``orphaned``: it was taken by a
-        worker that no longer holds a lease, and has no outcome (the worker or its work-horse
-        died): deliver it again. ``stranded``: it says "queued" but its queue is gone (evicted):
-        no worker will ever take it.
+        outcome is stored and its completion event awaits harvest. ``orphaned``: a worker claimed
+        it (the task started) and no longer holds the lease, and there is no outcome (the worker
+        or its work-horse died): deliver the next attempt. ``stranded``: no worker will ever run
+        it, and it never started: it says "queued" but its queue is gone (evicted), or a worker
+        took it and died before the task started.
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default

@@ -36,6 +36,8 @@ class MemoryTransport(Transport):
         self.deliveries: dict[str, Delivery] = {}
         #: Job id -> run number delivered (requeue * 100000 + attempt).
         self.runs: dict[str, int] = {}
+        #: Job id -> the run number whose task started (the worker claimed it).
+        self.claimed: dict[str, int] = {}
         #: Job id -> "queued", "started", "finished" or "failed".
         self.status: dict[str, str] = {}
         #: Idempotency key id -> stored outcome (as the worker stores it).
@@ -65,7 +67,15 @@ class MemoryTransport(Transport):
     def forget(self) -> None:
         """Lose everything, as a Redis restart without persistence would."""
         with self._lock:
-            for table in (self.queues, self.jobs, self.deliveries, self.runs, self.status, self.results):
+            for table in (
+                self.queues,
+                self.jobs,
+                self.deliveries,
+                self.runs,
+                self.claimed,
+                self.status,
+                self.results,
+            ):
                 table.clear()
             self.leases.clear()
             self.events.clear()
@@ -103,6 +113,7 @@ class MemoryTransport(Transport):
                 self.jobs[env.id] = env
                 self.deliveries[env.id] = delivery
                 self.runs[env.id] = run
+                self.claimed.pop(env.id, None)
                 self.status[env.id] = "queued"
                 self.queues.setdefault(env.queue, []).append(env.id)
                 pushed += 1
@@ -154,8 +165,10 @@ class MemoryTransport(Transport):
                     out.append("done")
                 elif self.status.get(job.job_id) == "queued":
                     out.append("queued")
+                elif self.claimed.get(job.job_id) == self.runs.get(job.job_id):
+                    out.append("orphaned")  # its task started, its worker is gone
                 else:
-                    out.append("orphaned")
+                    out.append("stranded")  # taken by a worker that died before starting it
             return out
 
     # -- the simulated worker -----------------------------------------------------------------
@@ -219,6 +232,7 @@ class MemoryTransport(Transport):
                 self.status[env.id] = "finished"
                 return
             self.leases.add(env.key_id)
+            self.claimed[env.id] = self.runs.get(env.id, 0)
         error: str | None = None
         value: Any = None
         try:
@@ -247,11 +261,17 @@ class MemoryTransport(Transport):
             self.status[env.id] = "finished" if error is None else "failed"
             self._emit(delivery, outcome, dup=False)
 
-    def kill(self, delivery: Delivery) -> None:
-        """The worker running ``delivery`` died: its lease is gone, no outcome was stored."""
+    def kill(self, delivery: Delivery, *, started: bool = True) -> None:
+        """The worker that took ``delivery`` died: no lease, no outcome.
+
+        ``started``: it had claimed the job and started the task (an attempt), or it died before.
+        """
         with self._lock:
-            self.leases.discard(delivery.envelope.key_id)
-            self.status[delivery.envelope.id] = "started"
+            env = delivery.envelope
+            self.leases.discard(env.key_id)
+            self.status[env.id] = "started"
+            if started:
+                self.claimed[env.id] = self.runs.get(env.id, 0)
 
     def _emit(self, delivery: Delivery, outcome: dict[str, Any], *, dup: bool) -> None:
         env = delivery.envelope

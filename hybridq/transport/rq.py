@@ -70,7 +70,9 @@ end
 if redis.call("EXISTS", KEYS[3]) == 1 then
     return "running"
 end
-local f = redis.call("HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at", "hybridq_run")
+local f = redis.call(
+    "HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at", "hybridq_run", "hybridq_started"
+)
 local stored = redis.call("GET", KEYS[2])
 if stored then
     local ok, r = pcall(cjson.decode, stored)
@@ -102,7 +104,12 @@ end
 if changed > ARGV[2] then
     return "running"
 end
-return "orphaned"
+-- Taken by a worker that is gone: "orphaned" if it had claimed this run (the task started: an
+-- attempt), "stranded" if it died before (no attempt used).
+if f[6] and f[6] == f[5] then
+    return "orphaned"
+end
+return "stranded"
 """
 
 #: Socket timeout: a hung Redis (SIGSTOP, CLIENT PAUSE) surfaces as an error, not a stuck forwarder.

@@ -96,7 +96,18 @@ def test_a_job_rq_just_started_is_not_orphaned_before_the_lease(transport: RQTra
     )
     transport.connection.lrem(keys.rq_queue("default"), 0, env.id)
     assert probe(transport, env, lease_s=10.0) == "running"
+    # Its worker died before the claim: the task never started, no attempt was used.
+    assert probe(transport, env, lease_s=0.0) == "stranded"
+    # Had the claim happened (the task started) and the lease lapsed, it would be an attempt.
+    transport.connection.hset(keys.rq_job(env.id), "hybridq_started", "1")
     assert probe(transport, env, lease_s=0.0) == "orphaned"
+
+
+def test_the_claim_marks_the_run_as_started(transport: RQTransport) -> None:
+    env = envelope()
+    deliver(transport, env)
+    work(transport)
+    assert transport.connection.hget(keys.rq_job(env.id), "hybridq_started") == b"1"
 
 
 def test_a_job_a_dead_worker_took_but_never_started_is_stranded(transport: RQTransport) -> None:

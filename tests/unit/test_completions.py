@@ -513,3 +513,20 @@ def test_without_nudges_the_forwarder_polls_instead_of_spinning(journal_dir: Pat
     forwarder.close()
     assert not runner.is_alive()
     assert steps <= 10  # about one per idle timeout (0.2 s), not thousands
+
+
+def test_a_job_whose_worker_died_before_starting_it_keeps_its_attempt(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.kill(delivery, started=False)  # dequeued, then the worker died: the task never ran
+    settle(forwarder)
+    assert transport.queues["default"] == [job.id]
+    assert transport.deliveries[job.id].attempt == 1  # no attempt was used
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert status(journal_dir)["succeeded"] == 1
