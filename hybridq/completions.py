@@ -211,8 +211,10 @@ class Completions:
         except (KeyError, TypeError, ValueError) as exc:
             log.error("dropping garbled completion event %s: %r", event_id, exc)
             return None
-        if self.compacted.is_compacted((loc[0], loc[1])):
-            return None  # a late duplicate of a job long gone: its outcome is already counted
+        if self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in self.checkpoint.positions:
+            # A late duplicate of a job long gone (its segment, or its whole chain, compacted
+            # and forgotten): its outcome is already counted.
+            return None
         if entry.kind == "done" and entry.outcome == "failed" and not self.index.is_terminal(loc):
             env = self._envelope_at(loc)  # so it can be requeued after its segment is gone
             if env is not None:
