@@ -472,10 +472,11 @@ def _failed_json(job: Any) -> dict[str, Any]:
 def demo(ctx: click.Context, jobs: int, directory: str | None) -> None:
     """Run hybridq end to end on this machine, with faults, and print a tally.
 
-    Starts a private redis-server (from PATH, or the `embedded` extra), the forwarder and two
-    RQ workers; enqueues JOBS jobs while Redis is stopped for a while and the forwarder is
-    killed with SIGKILL once; then counts what ran from an effects file the tasks write.
-    Exit 0 when nothing was lost.
+    Starts a private redis-server (from PATH, or the `embedded` extra; no persistence), the
+    forwarder and two `hybridq worker`s; enqueues JOBS jobs while Redis is stopped for a while,
+    then SIGKILLed and restarted empty, and the forwarder is SIGKILLed once; then counts what ran
+    from an effects file the tasks write. Everything it starts, it stops; everything it writes is
+    under one directory it names. Exit 0 when nothing was lost.
 
     \b
     Example:
@@ -494,10 +495,18 @@ def demo(ctx: click.Context, jobs: int, directory: str | None) -> None:
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     click.echo(
-        f"accepted={result.accepted} ran={result.ran} lost={result.lost} "
-        f"duplicate_runs={result.duplicate_runs} seconds={result.seconds:.1f}"
+        f"accepted={result.accepted} succeeded={result.succeeded} ran={result.ran} lost={result.lost} "
+        f"duplicate_runs={result.duplicate_runs} duplicates_suppressed={result.duplicates_suppressed} "
+        f"seconds={result.seconds:.1f}"
     )
     click.echo(f"files: {result.directory}")
+    if result.duplicate_runs:
+        click.echo(
+            f"{result.duplicate_runs} job(s) ran twice: they had finished, and Redis was wiped before the "
+            "forwarder recorded them in its ledger (the one window where a finished job runs again; see "
+            "docs/guarantees.md). No job recorded as finished ran again.",
+            err=True,
+        )
     if result.lost:
         ctx.exit(EXIT_ERROR)
 

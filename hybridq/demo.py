@@ -1,16 +1,17 @@
-"""``hybridq demo``: a private Redis, a forwarder, two RQ workers, 1,000 jobs and some faults.
+"""``hybridq demo``: a private Redis, a forwarder, two workers, 1,000 jobs and some faults.
 
-Everything runs on this machine from a temporary directory: a private ``redis-server`` (from
-PATH or the ``embedded`` extra), ``hybridq forward`` and two plain ``rq worker`` processes.
-While the jobs are enqueued, Redis is stopped for a few seconds and the forwarder is killed with
-SIGKILL and restarted. Each job appends its token to an effects file of its own, so the final
-tally does not trust hybridq's counts.
+Everything runs on this machine from one temporary directory: a private ``redis-server`` (from
+PATH or the ``embedded`` extra) with no persistence, ``hybridq forward`` and two
+``hybridq worker`` processes. While the jobs are enqueued, Redis is stopped for a few seconds,
+later SIGKILLed and restarted **empty** (every queued job, result and event gone), and the
+forwarder is SIGKILLed and restarted. Each job appends its token to an effects file of its own,
+so the tally's "ran" and "lost" do not trust hybridq's counts; "succeeded" and "duplicates
+suppressed" come from ``hybridq status`` (the journal and the ledger).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import IO
 
 from hybridq.embedded import RedisServer
 from hybridq.producer import Queue
+from hybridq.status import collect_status
 
 __all__ = ["DemoResult", "record", "run_demo"]
 
@@ -42,9 +44,15 @@ class DemoResult:
     """The demo's tally."""
 
     accepted: int
+    #: Distinct jobs whose effect is in the effects file.
     ran: int
     lost: int
+    #: Runs beyond the first (a job that finished, and Redis forgot it before the ledger knew).
     duplicate_runs: int
+    #: From ``hybridq status``: terminal in the ledger.
+    succeeded: int
+    #: From ``hybridq status``: deliveries that found their outcome stored and did not run.
+    duplicates_suppressed: int
     seconds: float
     directory: str
 
@@ -54,20 +62,8 @@ def _start(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)  # noqa: S603
 
 
-def _rq_worker(url: str) -> list[str]:
-    rq = shutil.which("rq", path=os.path.dirname(sys.executable)) or shutil.which("rq")
-    head = [rq] if rq else [sys.executable, "-c", "from rq.cli import main; main()"]
-    return [
-        *head,
-        "worker",
-        "--serializer",
-        "rq.serializers.JSONSerializer",
-        "--worker-class",
-        "rq.worker.SimpleWorker",
-        "-u",
-        url,
-        QUEUE,
-    ]
+def _worker(url: str) -> list[str]:
+    return [sys.executable, "-m", "hybridq", "worker", "--simple", "--redis", url, QUEUE]
 
 
 def run_demo(
@@ -85,21 +81,24 @@ def run_demo(
     journal = os.path.join(root, "journal")
     effects = os.path.join(root, "effects.txt")
     log = open(os.path.join(root, "processes.log"), "a", encoding="utf-8")  # noqa: SIM115
-    # Persistence on, so stopping Redis is an outage, not data loss: re-delivering jobs Redis
-    # forgot needs hybridq's worker side, which this demo does not claim yet.
-    server = RedisServer(directory=os.path.join(root, "redis"), extra_args=["--appendonly", "yes"])
+    # No persistence: a restart loses everything, and hybridq re-delivers from its journal.
+    server = RedisServer(directory=os.path.join(root, "redis"))
     procs: list[subprocess.Popen[str]] = []
-    forward = [sys.executable, "-m", "hybridq", "forward", "--journal", journal, "--redis", server.url]
+    forward = [
+        *(sys.executable, "-m", "hybridq", "forward", "--journal", journal, "--redis", server.url),
+        *("--lease", "3"),
+    ]
     try:
         say(f"demo directory: {root}")
         server.start()
         say(f"redis-server {server.executable} on {server.url} (private, started for this demo)")
         queue = Queue(QUEUE, journal)
         forwarder = _start(forward, log)
-        workers = [_start(_rq_worker(server.url), log) for _ in range(2)]
+        workers = [_start(_worker(server.url), log) for _ in range(2)]
         procs += [forwarder, *workers]
-        say(f"forwarder pid {forwarder.pid}, rq workers {', '.join(str(w.pid) for w in workers)}")
-        outage_at, back_at, kill_at = jobs * 3 // 10, jobs * 5 // 10, jobs * 7 // 10
+        say(f"forwarder pid {forwarder.pid}, workers {', '.join(str(w.pid) for w in workers)}")
+        outage_at, back_at = jobs * 2 // 10, jobs * 3 // 10
+        wipe_at, kill_at = jobs * 5 // 10, jobs * 7 // 10
         down_since = time.monotonic()
         for i in range(jobs):
             if i == outage_at:
@@ -110,6 +109,13 @@ def run_demo(
                 time.sleep(max(0.0, down_since + OUTAGE_S - time.monotonic()))
                 server.start()
                 say(f"[{i}] Redis back: the forwarder catches up by itself")
+            elif i == wipe_at:
+                server.kill()
+                server.start()
+                say(
+                    f"[{i}] Redis SIGKILLed and restarted EMPTY: queued jobs, results and events are "
+                    "gone; the forwarder notices and re-delivers everything not finished in its ledger"
+                )
             elif i == kill_at:
                 forwarder.send_signal(signal.SIGKILL)
                 forwarder.wait()
@@ -121,9 +127,13 @@ def run_demo(
             if progress is not None:
                 progress(1)
             time.sleep(0.002)
-        say(f"{jobs} jobs accepted; waiting for the workers")
+        say(f"{jobs} jobs accepted; waiting for the workers and the ledger")
         deadline = started + timeout_s
-        while len(set(_effects(effects))) < jobs and time.monotonic() < deadline:
+        status = collect_status(journal)
+        while time.monotonic() < deadline:
+            status = collect_status(journal)
+            if status["pending"] == 0 and len(set(_effects(effects))) >= jobs:
+                break
             _keep_alive(workers, server.url, log, procs, say)
             time.sleep(0.2)
         ran = set(_effects(effects))
@@ -133,6 +143,8 @@ def run_demo(
             ran=len(ran),
             lost=jobs - len(ran),
             duplicate_runs=len(lines) - len(set(lines)),
+            succeeded=int(status["succeeded"]),
+            duplicates_suppressed=int(status["duplicates_suppressed"]),
             seconds=time.monotonic() - started,
             directory=root,
         )
@@ -165,9 +177,9 @@ def _keep_alive(
     procs: list[subprocess.Popen[str]],
     say: Callable[[str], None],
 ) -> None:
-    """Restart RQ workers that exited: a plain ``rq worker`` gives up when Redis goes away."""
+    """Restart workers that exited (``hybridq worker`` rides out Redis outages; this is a guard)."""
     for n, worker in enumerate(workers):
         if worker.poll() is not None:
-            workers[n] = _start(_rq_worker(url), log)
+            workers[n] = _start(_worker(url), log)
             procs.append(workers[n])
-            say(f"rq worker {worker.pid} exited (Redis was away); restarted as {workers[n].pid}")
+            say(f"worker {worker.pid} exited (code {worker.returncode}); restarted as {workers[n].pid}")

@@ -433,7 +433,9 @@ def run_worker(
             if burst:
                 return 1
         else:
-            if burst or worker._stop_requested:
+            # A SIGTERM/SIGINT while idle ends RQ's loop without setting _stop_requested (it raises
+            # StopRequested); the shutdown date is set either way. RQ has no public flag.
+            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
                 return 0
             log.warning("the RQ worker loop ended on its own (Redis went away?): starting it again")
             if time.monotonic() - started > STABLE_S:

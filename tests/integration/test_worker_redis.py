@@ -668,3 +668,16 @@ def test_hybridq_worker_keeps_serving_across_redis_restarts(
         f"succeeded={status['succeeded']} mid_job_runs={done['mid']} rq_loop_restarts={loop_restarts} "
         f"served_after_restart_s={max(served_after_s[1:]):.1f}"
     )
+
+
+@pytest.mark.parametrize("simple", [True, False], ids=["simple", "forking"])
+def test_hybridq_worker_stops_on_sigterm(redis_server: RedisServer, stack: Stack, simple: bool) -> None:
+    """A supervisor's SIGTERM ends ``hybridq worker`` (exit 0), rather than restarting RQ's loop."""
+    worker = stack.worker(redis_server.url, simple=simple)
+    wait_until(lambda: "Listening on" in worker.log(), timeout=30, what="the worker to listen")
+    started = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    rc = worker.proc.wait(timeout=15)
+    assert rc == 0, worker.log()[-2000:]
+    assert time.monotonic() - started < 5
+    assert "starting it again" not in worker.log()
