@@ -187,3 +187,64 @@ def test_worker_refuses_a_bad_queue_name(runner: CliRunner) -> None:
 def test_forward_refuses_a_lease_out_of_range(runner: CliRunner, journal_dir: Path) -> None:
     result = runner.invoke(cli, ["forward", "--lease", "0", "--journal", str(journal_dir)])
     assert result.exit_code == 2
+
+
+def test_enqueue_prints_the_job_id_and_writes_the_job(runner: CliRunner, journal_dir: Path) -> None:
+    from hybridq.envelope import Envelope
+    from hybridq.journal import JournalReader
+
+    result = runner.invoke(
+        cli,
+        [
+            *("enqueue", "tests.tasks.add", "1", "2", "--key", "k:1", "--queue", "q", "--retry", "3"),
+            *("--journal", str(journal_dir)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    [record] = list(JournalReader(str(journal_dir)).records())
+    env = Envelope.from_bytes(record.payload)
+    assert env.id == result.stdout.strip()
+    assert (env.func, env.args, env.queue, env.idempotency_key, env.max_attempts) == (
+        "tests.tasks.add",
+        (1, 2),
+        "q",
+        "k:1",
+        3,
+    )
+
+
+def test_enqueue_with_kwargs_and_a_string(runner: CliRunner, journal_dir: Path) -> None:
+    from hybridq.envelope import Envelope
+    from hybridq.journal import JournalReader
+
+    args = ["enqueue", "tests.tasks.record", '"/tmp/x"', "--kwargs", '{"token": "t"}', "--delay", "60"]
+    result = runner.invoke(cli, [*args, "--journal", str(journal_dir)])
+    assert result.exit_code == 0, result.output
+    [record] = list(JournalReader(str(journal_dir)).records())
+    env = Envelope.from_bytes(record.payload)
+    assert (env.args, dict(env.kwargs)) == (("/tmp/x",), {"token": "t"})
+    assert env.run_at is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tests.tasks.add", "bob"], "is not JSON (a string needs double quotes"),
+        (["tests.tasks.add", "--kwargs", "[1]"], "must be a JSON object"),
+        (["tests.tasks.add", "--kwargs", "{nope"], "is not JSON"),
+    ],
+)
+def test_enqueue_refuses_bad_arguments_and_writes_nothing(
+    runner: CliRunner, journal_dir: Path, args: list[str], message: str
+) -> None:
+    result = runner.invoke(cli, ["enqueue", *args, "--journal", str(journal_dir)])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not journal_dir.exists() or list(journal_dir.glob("*.wal")) == []
+
+
+def test_enqueue_refuses_a_function_that_is_not_a_dotted_path(runner: CliRunner, journal_dir: Path) -> None:
+    result = runner.invoke(cli, ["enqueue", "add", "1", "--journal", str(journal_dir)])
+    assert result.exit_code == EXIT_ERROR
+    assert "not a dotted path" in result.output
+    assert result.output.count("\n") == 1
