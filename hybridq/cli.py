@@ -15,6 +15,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -298,23 +299,47 @@ def forward(
     help="Also report whether this Redis answers (optional: counts never need it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
+@click.option("--watch", is_flag=True, help="Print it again every --interval seconds until Ctrl-C.")
+@click.option(
+    "--interval", type=click.FloatRange(0.1, None), default=2.0, show_default=True, help="For --watch."
+)
 @click.pass_context
-def status(ctx: click.Context, journal: str, redis_url: str | None, as_json: bool) -> None:
+def status(
+    ctx: click.Context, journal: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
+) -> None:
     """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
+    Also: pending jobs per queue, the age of the oldest pending job, the forwarding lag (age of
+    the oldest job not yet handed to Redis), the journal's size and, with --redis, whether Redis
+    answers. With --watch --json, one JSON object per line.
+
     \b
-    Example:
+    Examples:
       hybridq status --json --journal ./hybridq-journal
+      hybridq status --watch --redis redis://127.0.0.1:6379/0
     """
     from hybridq.status import collect_status  # noqa: PLC0415
 
-    try:
-        out = collect_status(journal, redis_url=redis_url)
-    except (HybridqError, OSError) as exc:
-        _fail(ctx, exc)
-    if as_json:
-        click.echo(json.dumps(out))
-        return
+    while True:
+        try:
+            out = collect_status(journal, redis_url=redis_url)
+        except (HybridqError, OSError) as exc:
+            _fail(ctx, exc)
+        if as_json:
+            click.echo(json.dumps(out))
+        else:
+            if watch:
+                click.clear()
+            _print_status(out)
+        if not watch:
+            return
+        try:
+            time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+
+
+def _print_status(out: dict[str, Any]) -> None:
     for name in (
         "accepted",
         "forwarded",
@@ -326,8 +351,14 @@ def status(ctx: click.Context, journal: str, redis_url: str | None, as_json: boo
         "delayed_held",
         "duplicate_pushes",
         "invalid_records",
+        "retrying",
+        "failed_listed",
+        "oldest_pending_age_s",
+        "forwarding_lag_s",
     ):
         click.echo(f"{name:>22}: {out[name]}")
+    queues = ", ".join(f"{q}={n}" for q, n in sorted(out["queues"].items())) or "none"
+    click.echo(f"{'pending per queue':>22}: {queues}")
     click.echo(f"{'forwarder':>22}: {out['forwarder'] or 'not running'}")
     click.echo(
         f"{'journal':>22}: {out['journal']['path']} ({out['journal']['segments']} segments, "

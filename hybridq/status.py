@@ -7,15 +7,19 @@ the same whether Redis is up, down or freshly emptied.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.forwarder import LOCK_NAME
-from hybridq.journal import JournalReader
+from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
-from hybridq.ledger import Compacted, consistent, load_index
+from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
 from hybridq.state import load_checkpoint
 
 __all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
@@ -51,12 +55,11 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
         for i in indices
         if compacted.is_compacted((w, i))
     )
-    accepted = compacted.accepted + JournalReader(path).check() - leftover
     checkpoint = load_checkpoint(path)
-    waiting = accepted - compacted.accepted
-    if checkpoint is not None:
-        waiting = JournalReader(path).check(checkpoint.positions)
     index = load_index(path, compacted)
+    scan = _scan_pending(path, compacted, index, checkpoint.positions if checkpoint else {})
+    accepted = compacted.accepted + scan.records - leftover
+    waiting = scan.not_forwarded
     counts = index.counts(live)
     succeeded = compacted.succeeded + counts["succeeded"]
     # Records that are not jobs are terminal too (skipped, logged): they count as failed.
@@ -76,7 +79,57 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
         "retrying": len(index.retries),
         "failed_listed": len(index.failed),
         "compacted_segments": sum(i + 1 for i in compacted.through.values()),
+        "queues": scan.queues,
+        "oldest_pending_age_s": _age(scan.oldest_pending),
+        "forwarding_lag_s": _age(scan.oldest_unforwarded),
     }
+
+
+@dataclass
+class _Scan:
+    records: int = 0
+    not_forwarded: int = 0
+    #: Per queue: pending jobs (accepted, not terminal).
+    queues: dict[str, int] = field(default_factory=dict)
+    oldest_pending: float | None = None
+    oldest_unforwarded: float | None = None
+
+
+def _scan_pending(
+    path: str, compacted: Compacted, index: LedgerIndex, positions: Mapping[str, ChainPosition]
+) -> _Scan:
+    """One pass over the live journal: counts, and what is pending where and since when.
+
+    Only records that are not terminal are decoded, so the cost follows the backlog, not the
+    journal's size.
+    """
+    out = _Scan()
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA or compacted.is_compacted(
+            (record.writer_id, record.segment_index)
+        ):
+            continue
+        out.records += 1
+        pos = positions.get(record.writer_id)
+        forwarded = pos is not None and (record.segment_index, record.end) <= (pos.segment, pos.offset)
+        out.not_forwarded += not forwarded
+        if index.is_terminal((record.writer_id, record.segment_index, record.offset)):
+            continue
+        try:
+            body = json.loads(record.payload)
+            queue, created = str(body["queue"]), float(body["created_at"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a job: the forwarder records it as invalid (terminal) when it reads it
+        out.queues[queue] = out.queues.get(queue, 0) + 1
+        out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)
+        if not forwarded and (out.oldest_unforwarded is None or created < out.oldest_unforwarded):
+            out.oldest_unforwarded = created
+    return out
+
+
+def _age(since: float | None) -> float:
+    """Seconds since ``since`` (0 when there is nothing)."""
+    return 0.0 if since is None else round(max(0.0, time.time() - since), 3)
 
 
 def _forwarder_holder(path: str) -> str | None:

@@ -248,3 +248,30 @@ def test_enqueue_refuses_a_function_that_is_not_a_dotted_path(runner: CliRunner,
     assert result.exit_code == EXIT_ERROR
     assert "not a dotted path" in result.output
     assert result.output.count("\n") == 1
+
+
+def test_status_text_and_watch_json(
+    runner: CliRunner, journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq import Queue
+
+    Queue("emails", journal=journal_dir).enqueue("tests.tasks.add", 1, 2)
+    text = runner.invoke(cli, ["status", "--journal", str(journal_dir)])
+    assert text.exit_code == 0, text.output
+    assert "pending per queue: emails=1" in text.output
+    sleeps: list[float] = []
+
+    def stop_after_two(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt  # Ctrl-C
+
+    monkeypatch.setattr("time.sleep", stop_after_two)
+    watched = runner.invoke(
+        cli, ["status", "--json", "--watch", "--interval", "0.5", "--journal", str(journal_dir)]
+    )
+    assert watched.exit_code == 0, watched.output
+    lines = watched.output.splitlines()
+    assert len(lines) == 2
+    assert all(json.loads(line)["pending"] == 1 for line in lines)
+    assert sleeps == [0.5, 0.5]

@@ -530,3 +530,22 @@ def test_a_job_whose_worker_died_before_starting_it_keeps_its_attempt(journal_di
     settle(forwarder)
     forwarder.close()
     assert status(journal_dir)["succeeded"] == 1
+
+
+def test_status_reports_pending_per_queue_and_ages(journal_dir: Path) -> None:
+    a = Queue("a", journal=journal_dir)
+    b = Queue("b", journal=journal_dir)
+    a.enqueue_many([a.prepare(tasks.add, (i, i)) for i in range(3)])
+    b.enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work("a", limit=1)
+    forwarder.step()
+    forwarder.close()
+    late = b.enqueue(tasks.add, 2, 2)  # accepted after the forwarder stopped: not forwarded
+    out = collect_status(str(journal_dir))
+    assert out["queues"] == {"a": 2, "b": 2}
+    assert out["not_yet_forwarded"] == 1
+    assert 0 <= out["forwarding_lag_s"] <= out["oldest_pending_age_s"] < 60
+    assert late.get_status() == "accepted"
