@@ -51,6 +51,21 @@ journal_option = click.option(
 )
 
 
+class _JsonLogFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message (and the traceback, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
 class _Context:
     def __init__(self, *, debug: bool) -> None:
         self.debug = debug
@@ -70,8 +85,15 @@ def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hybridq")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Logs on stderr: text lines, or one JSON object per line.",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, log_format: str) -> None:
     """hybridq: a task queue whose source of truth is a local, fsync'd journal.
 
     \b
@@ -83,11 +105,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     \b
     Exit codes: 0 ok, 1 error, 2 bad usage, 3 corrupt journal (docs/cli.md).
     """
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonLogFormatter()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
     ctx.obj = _Context(debug=debug)
 
 
@@ -234,6 +258,18 @@ redis_option = click.option(
     type=click.FloatRange(1, None),
     help="Seconds a job's outcome stays stored under its idempotency key in Redis.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (/metrics).",
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address the metrics endpoint listens on.",
+)
 @click.pass_context
 def forward(
     ctx: click.Context,
@@ -243,6 +279,8 @@ def forward(
     idle_timeout: float,
     lease_s: float,
     key_ttl_s: float,
+    metrics_port: int | None,
+    metrics_addr: str,
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -267,6 +305,14 @@ def forward(
             key_ttl_s=key_ttl_s,
         )
         forwarder.open()
+        if metrics_port is not None:
+            from hybridq.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
+
+            forwarder.on_durable_write = FSYNC_SECONDS.observe
+            if forwarder.completions is not None:
+                forwarder.completions.on_durable_write = FSYNC_SECONDS.observe
+            serve_metrics(forwarder, metrics_port, addr=metrics_addr)
+            logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
     except (HybridqError, OSError) as exc:
         transport.close()
         _fail(ctx, exc)

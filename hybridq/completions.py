@@ -74,6 +74,7 @@ class Completions:
             its worker every time must not loop forever).
         reconcile_interval_s: the least time between the starts of two reconcile passes.
         clock: wall-clock time.
+        on_durable_write: called with the seconds each ledger append took (it ends in an fsync).
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class Completions:
         max_lost: int,
         reconcile_interval_s: float,
         clock: Callable[[], float],
+        on_durable_write: Callable[[float], None] | None = None,
     ) -> None:
         self.journal = journal
         self.transport = transport
@@ -96,6 +98,7 @@ class Completions:
         self.max_lost = max_lost
         self.reconcile_interval_s = reconcile_interval_s
         self.clock = clock
+        self.on_durable_write = on_durable_write
         self.compacted = Compacted()
         self.index = LedgerIndex()
         #: Counters since this forwarder started.
@@ -149,7 +152,10 @@ class Completions:
             return
         if self._writer is None:
             self._writer = open_ledger_writer(self.journal)
+        started = time.perf_counter()
         self._writer.append_many(e.to_bytes() for e in entries)
+        if self.on_durable_write is not None:
+            self.on_durable_write(time.perf_counter() - started)
         if apply:
             for entry in entries:
                 self.index.apply(entry)

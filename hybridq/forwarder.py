@@ -58,6 +58,8 @@ class ForwarderStats:
     transport_failures: int = 0
     #: ``time.monotonic()`` when the transport went down, while it is down; else ``None``.
     down_since: float | None = None
+    #: While a batch is being pushed: its oldest job's ``created_at`` (the forwarding lag).
+    oldest_unpushed: float | None = None
 
 
 class _Stopped(Exception):
@@ -82,6 +84,8 @@ class Forwarder:
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
             ``lease_s``, at least 1 s).
         clock: wall-clock time (for delays); replaced in tests.
+        on_durable_write: called with the seconds each durable write took (checkpoint saves,
+            ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class Forwarder:
         max_lost: int = 5,
         reconcile_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        on_durable_write: Callable[[float], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -115,6 +120,7 @@ class Forwarder:
         self.reconcile_interval_s = (
             reconcile_interval_s if reconcile_interval_s is not None else max(1.0, lease_s / 5)
         )
+        self.on_durable_write = on_durable_write
         self.stats = ForwarderStats()
         self.checkpoint = Checkpoint()
         self.completions: Completions | None = None
@@ -156,6 +162,7 @@ class Forwarder:
                 max_lost=self.max_lost,
                 reconcile_interval_s=self.reconcile_interval_s,
                 clock=self.clock,
+                on_durable_write=self.on_durable_write,
             )
             self.completions.open()
             with contextlib.suppress(TransportError):  # Redis down: the loop checks it later
@@ -429,7 +436,10 @@ class Forwarder:
         self.checkpoint.forwarded += forwarded
         if self.completions is not None:
             self.checkpoint.terminal = self.completions.terminal_total
+        started = time.perf_counter()
         save_checkpoint(self.journal, self.checkpoint)
+        if self.on_durable_write is not None:
+            self.on_durable_write(time.perf_counter() - started)
 
     def _went_down(self, exc: TransportError, what: str) -> None:
         """Count a transport failure; log only the first of an outage."""
@@ -447,6 +457,7 @@ class Forwarder:
         """Push until the transport takes the batch; back off while it is down."""
         if not batch:
             return
+        self.stats.oldest_unpushed = min(d.envelope.created_at for d in batch)
         delay = self.backoff_initial_s
         while True:
             try:
@@ -459,6 +470,7 @@ class Forwarder:
                 delay = min(self.backoff_max_s, delay * 2)
                 continue
             self._came_back()
+            self.stats.oldest_unpushed = None
             self.stats.batches += 1
             self.stats.pushed += result.pushed
             self.stats.duplicate_pushes += result.already_present

@@ -137,6 +137,10 @@ class LedgerIndex:
     requeued: set[Loc] = field(default_factory=set)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
+    #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
+    totals: dict[str, int] = field(
+        default_factory=lambda: {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0}
+    )
     #: Ids of the events behind :attr:`dups`, per journal segment (a re-harvest after a crash
     #: must not count a duplicate twice; everything else in the index is idempotent already).
     _dup_events: dict[Seg, set[str]] = field(default_factory=dict)
@@ -164,6 +168,7 @@ class LedgerIndex:
             return True
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
+            self.totals["dups"] += 1
         if entry.kind == "done":
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
@@ -171,11 +176,15 @@ class LedgerIndex:
                     # A success beats a failure whatever the order the two were read in (the
                     # forwarder gave up on a lost worker that then reported after all).
                     done[loc[2]] = "succeeded"
+                    self.totals["failed"] -= 1
+                    self.totals["succeeded"] += 1
                     self.failed.pop(loc, None)
                     return True
                 return entry.dup
-            done[loc[2]] = entry.outcome or "failed"
+            done[loc[2]] = outcome = entry.outcome or "failed"
             self.terminal_count += 1
+            if outcome in self.totals:
+                self.totals[outcome] += 1
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
             if entry.outcome == "failed" and loc not in self.requeued:
@@ -196,6 +205,10 @@ class LedgerIndex:
 
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
+        for outcome in self.terminal.get(seg, {}).values():
+            if outcome in self.totals:
+                self.totals[outcome] -= 1
+        self.totals["dups"] -= self.dups.get(seg, 0)
         self.terminal_count -= len(self.terminal.pop(seg, {}))
         self.dups.pop(seg, None)
         self._dup_events.pop(seg, None)

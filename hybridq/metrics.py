@@ -1,0 +1,129 @@
+"""Prometheus metrics of a running forwarder (``hybridq forward --metrics-port N``).
+
+Values are read on each scrape from the forwarder's own state (no scan of the ledger): durable
+totals (forwarded, succeeded, failed, duplicates suppressed) that survive restarts, counters of
+this process (redelivered), and gauges (pending, Redis up, forwarding lag, journal bytes). The
+forwarder's own fsyncs (checkpoint saves, ledger appends) feed a latency histogram.
+
+The scrape runs in prometheus-client's HTTP thread; it only reads integers the forwarder loop
+updates, plus the journal directory (its size, and the accepted count through its own reader).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hybridq.errors import JournalCorruption
+from hybridq.journal import JournalReader
+from hybridq.journal.reader import segment_usage
+from hybridq.ledger import load_compacted
+
+if TYPE_CHECKING:
+    from hybridq.forwarder import Forwarder
+
+__all__ = ["FSYNC_SECONDS", "ForwarderMetrics", "serve_metrics"]
+
+#: Latency of the forwarder's durable writes (checkpoint saves, ledger appends): each ends in
+#: an fsync, so this is what the disk makes the forwarder wait.
+FSYNC_SECONDS = Histogram(
+    "hybridq_fsync_seconds",
+    "Latency of the forwarder's durable writes (checkpoint saves and ledger appends, each fsync'd).",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    registry=None,
+)
+
+
+class ForwarderMetrics(Collector):
+    """Collects a forwarder's metrics at scrape time."""
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        self.forwarder = forwarder
+        self._reader: JournalReader | None = None
+        self._accepted = 0
+        self._lock = threading.Lock()
+
+    def accepted(self) -> int:
+        """Every job ever accepted into the journal (compacted ones included)."""
+        journal = self.forwarder.journal
+        with self._lock:
+            if self._reader is not None:
+                try:
+                    self._accepted += self._reader.check()
+                except (JournalCorruption, FileNotFoundError):
+                    self._reader = None  # compaction deleted the segment it was in: count afresh
+            if self._reader is None:
+                self._reader = JournalReader(journal)
+                live = self._reader.check()
+                self._accepted = live + load_compacted(journal).accepted
+            return self._accepted
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families (prometheus-client calls this on each scrape)."""
+        f = self.forwarder
+        c = f.completions
+        cp = f.checkpoint
+        totals = dict(c.index.totals) if c is not None else {}
+        compacted = c.compacted if c is not None else None
+        succeeded = totals.get("succeeded", 0) + (compacted.succeeded if compacted else 0)
+        failed = totals.get("failed", 0) + totals.get("invalid", 0)
+        failed += (compacted.failed + compacted.invalid) if compacted else 0
+        dups = totals.get("dups", 0) + (compacted.dups if compacted else 0)
+        accepted = self.accepted()
+        yield _counter("hybridq_accepted", "Jobs accepted into the journal.", accepted)
+        yield _counter(
+            "hybridq_forwarded", "Jobs pushed to Redis (a re-push after a crash counts again).", cp.forwarded
+        )
+        yield _counter("hybridq_succeeded", "Jobs that succeeded (from the ledger).", succeeded)
+        yield _counter("hybridq_failed", "Jobs that failed for good (from the ledger).", failed)
+        yield _counter(
+            "hybridq_duplicates_suppressed",
+            "Deliveries that found their key's outcome stored and did not run the task.",
+            dups,
+        )
+        redelivered = (c.redelivered + c.refilled) if c is not None else 0
+        yield _counter(
+            "hybridq_redelivered",
+            "Jobs this forwarder process delivered again (lost, missing, stranded, refilled).",
+            redelivered,
+        )
+        yield _gauge(
+            "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
+        )
+        yield _gauge(
+            "hybridq_retrying", "Jobs waiting for their next attempt.", len(c.index.retries) if c else 0
+        )
+        yield _gauge(
+            "hybridq_delayed_held", "Delayed jobs the forwarder holds until their time.", len(cp.held)
+        )
+        yield _gauge(
+            "hybridq_redis_up", "1 while the forwarder reaches Redis, else 0.", f.stats.down_since is None
+        )
+        lag = 0.0 if f.stats.oldest_unpushed is None else max(0.0, time.time() - f.stats.oldest_unpushed)
+        yield _gauge("hybridq_forwarding_lag_seconds", "Age of the oldest job waiting to be pushed.", lag)
+        segments, size = segment_usage(f.journal)
+        yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
+        yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def serve_metrics(forwarder: Forwarder, port: int, *, addr: str = "127.0.0.1") -> CollectorRegistry:
+    """Serve ``/metrics`` for ``forwarder`` on ``addr:port`` (a daemon thread); return the registry."""
+    registry = CollectorRegistry()
+    registry.register(ForwarderMetrics(forwarder))
+    registry.register(FSYNC_SECONDS)
+    start_http_server(port, addr=addr, registry=registry)
+    return registry
