@@ -6,6 +6,7 @@ Exit codes (documented in ``docs/cli.md``):
 * 1 — an error (bad path, I/O error); one line on stderr.
 * 2 — bad usage (unknown option, bad value).
 * 3 — the journal is corrupt; the message names file, offset and the records affected.
+* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
+EXIT_FINDINGS = 4
 
 #: Where ``--redis`` points when neither the option nor ``HYBRIDQ_REDIS_URL`` is given.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -103,7 +105,8 @@ def cli(ctx: click.Context, debug: bool, log_format: str) -> None:
       hybridq status --json --journal /var/lib/hybridq/journal
 
     \b
-    Exit codes: 0 ok, 1 error, 2 bad usage, 3 corrupt journal (docs/cli.md).
+    Exit codes: 0 ok, 1 error, 2 bad usage, 3 corrupt journal, 4 doctor found problems
+    (docs/cli.md).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -525,6 +528,68 @@ def worker(
     logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
     code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
     ctx.exit(code)
+
+
+@cli.command()
+@journal_option
+@redis_option
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Deliver again the jobs Redis lost (missing) or no worker will take (stranded).",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(0.5, 3600),
+    default=10.0,
+    show_default=True,
+    help="The forwarder's --lease.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def doctor(
+    ctx: click.Context, journal: str, redis_url: str, fix: bool, lease_s: float, as_json: bool
+) -> None:
+    """Compare the journal and ledger with what Redis holds: is anything lost or stuck?
+
+    Reports forwarded jobs Redis no longer has (missing), jobs no worker will take (stranded),
+    jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
+    duplicate queue entries, jobs in RQ's intermediate lists, and this forwarder's jobs queued in
+    Redis that the journal does not have as pending (unknown). A dry run unless --fix.
+    Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
+
+    \b
+    Examples:
+      hybridq doctor --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+      hybridq doctor --fix
+    """
+    from hybridq.doctor import diagnose  # noqa: PLC0415
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+
+    transport = RQTransport(redis_url)
+    try:
+        report = diagnose(journal, transport, lease_s=lease_s, fix=fix)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    finally:
+        transport.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {report.verdicts or 'none'}")
+        for name in ("missing", "stranded", "orphaned", "intermediate", "unknown"):
+            ids: list[str] = getattr(report, name)
+            if ids:
+                more = f" (+{len(ids) - 10} more)" if len(ids) > 10 else ""
+                click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
+        if report.duplicate_entries:
+            click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+        if fix:
+            click.echo(f"fixed: {report.fixed} job(s) delivered again")
+        click.echo("healthy" if report.healthy else "problems found")
+    if not report.healthy:
+        ctx.exit(EXIT_FINDINGS)
 
 
 @cli.group()

@@ -1,0 +1,191 @@
+"""``hybridq doctor``: compare what the journal and ledger say with what Redis holds.
+
+Answers "is anything lost or stuck?" for one journal directory:
+
+* **missing**: forwarded, not terminal, and Redis has no such job (``--fix`` pushes it again);
+* **stranded**: Redis says queued but it is in no queue, or a worker took it and died before
+  starting it (``--fix`` replaces it and queues it again, the same attempt);
+* **orphaned**: its task started and its worker's lease lapsed (the forwarder delivers the next
+  attempt by itself; the doctor reports it);
+* **duplicate queue entries**: one job id more than once in an RQ queue list;
+* **in RQ's intermediate lists**: taken by a worker and not started (normally for milliseconds);
+* **unknown**: hybridq jobs of this forwarder queued in Redis that the journal does not have
+  as pending (finished already, or from a journal that was replaced).
+
+A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
+meanwhile (pushes are idempotent per job id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from hybridq import keys
+from hybridq.envelope import Envelope
+from hybridq.errors import EnvelopeError, HybridqError, TransportError
+from hybridq.journal import ChainPosition, JournalReader, RecordType
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.records import Loc
+from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.state import load_checkpoint
+from hybridq.transport.base import Delivery, Probe
+from hybridq.transport.rq import RQTransport
+from hybridq.worker import ENTRY_POINT
+
+__all__ = ["DoctorReport", "diagnose"]
+
+#: Jobs probed per round trip.
+BATCH = 1000
+#: Ids listed per finding (the counts are always complete).
+EXAMPLES = 10
+
+
+@dataclass
+class DoctorReport:
+    """What :func:`diagnose` found (and, with ``fix``, did)."""
+
+    checked: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    stranded: list[str] = field(default_factory=list)
+    orphaned: list[str] = field(default_factory=list)
+    duplicate_entries: dict[str, int] = field(default_factory=dict)
+    intermediate: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    fixed: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing missing, stranded, orphaned, duplicated or unknown."""
+        return not (self.missing or self.stranded or self.orphaned or self.duplicate_entries or self.unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as one JSON object (id lists are complete)."""
+        out = dataclasses.asdict(self)
+        out["healthy"] = self.healthy
+        return out
+
+
+def diagnose(
+    journal: str, transport: RQTransport, *, lease_s: float = 10.0, fix: bool = False
+) -> DoctorReport:
+    """Compare ``journal`` with Redis; with ``fix``, re-deliver missing and stranded jobs."""
+    path = existing_journal_dir(journal)
+    checkpoint = load_checkpoint(path)
+    if checkpoint is None:
+        raise HybridqError(f"{path}: no forwarder checkpoint yet: nothing was forwarded")
+    compacted = load_compacted(path)
+    index = load_index(path, compacted)
+    report = DoctorReport()
+    pending: dict[str, tuple[Loc, Envelope]] = {}
+    batch: list[tuple[Loc, Envelope]] = []
+    for loc, env in _forwarded_pending(path, checkpoint.positions, index, compacted):
+        pending[env.id] = (loc, env)
+        batch.append((loc, env))
+        if len(batch) >= BATCH:
+            _probe(transport, batch, lease_s, report)
+            batch = []
+    _probe(transport, batch, lease_s, report)
+    try:
+        _inspect_queues(
+            transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
+        )
+    except RedisError as exc:
+        raise TransportError(f"Redis: {exc}") from exc
+    if fix:
+        redo = [
+            Delivery(
+                env, checkpoint.owner, loc, attempt=index.attempts(loc) + 1, replace=job_id in report.stranded
+            )
+            for job_id in report.missing + report.stranded
+            for loc, env in [pending[job_id]]
+        ]
+        for start in range(0, len(redo), BATCH):
+            result = transport.push(redo[start : start + BATCH])
+            report.fixed += result.pushed
+    return report
+
+
+def _forwarded_pending(
+    path: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
+) -> Iterator[tuple[Loc, Envelope]]:
+    """Forwarded jobs that are not terminal, not waiting for a retry, not held for later."""
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA or compacted.is_compacted(
+            (record.writer_id, record.segment_index)
+        ):
+            continue
+        loc = (record.writer_id, record.segment_index, record.offset)
+        pos = positions.get(record.writer_id)
+        if pos is None or (record.segment_index, record.end) > (pos.segment, pos.offset):
+            continue  # not forwarded yet: the forwarder's backlog, not Redis's business
+        if index.is_terminal(loc) or loc in index.retries:
+            continue
+        try:
+            env = Envelope.from_bytes(record.payload)
+        except EnvelopeError:
+            continue
+        if env.run_at is not None and env.run_at > time.time():
+            continue
+        yield loc, env
+
+
+def _probe(
+    transport: RQTransport, batch: list[tuple[Loc, Envelope]], lease_s: float, report: DoctorReport
+) -> None:
+    if not batch:
+        return
+    verdicts = transport.probe([Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=lease_s)
+    for (_, env), verdict in zip(batch, verdicts, strict=True):
+        report.checked += 1
+        report.verdicts[verdict] = report.verdicts.get(verdict, 0) + 1
+        if verdict in ("missing", "stranded", "orphaned"):
+            getattr(report, verdict).append(env.id)
+
+
+def _inspect_queues(
+    transport: RQTransport,
+    queues: set[str],
+    pending: dict[str, tuple[Loc, Envelope]],
+    owner: str,
+    report: DoctorReport,
+) -> None:
+    conn = transport.connection
+    known = {_text(q) for q in conn.smembers(keys.rq_queues())}
+    names = queues | {q.removeprefix("rq:queue:") for q in known}
+    for name in sorted(names):
+        ids = [_text(i) for i in conn.lrange(keys.rq_queue(name), 0, -1)]
+        seen: dict[str, int] = {}
+        for job_id in ids:
+            seen[job_id] = seen.get(job_id, 0) + 1
+        report.duplicate_entries.update({j: n for j, n in seen.items() if n > 1})
+        report.intermediate += [_text(i) for i in conn.lrange(keys.rq_intermediate(name), 0, -1)]
+        strangers = [j for j in seen if j not in pending]
+        for job_id, raw in zip(strangers, _job_data(conn, strangers), strict=True):
+            if raw is not None and raw[0] == ENTRY_POINT and raw[2] and raw[2][0].get("owner") == owner:
+                report.unknown.append(job_id)
+
+
+def _job_data(conn: Any, job_ids: list[str]) -> list[Any]:
+    pipe = conn.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hget(keys.rq_job(job_id), "data")
+    out: list[Any] = []
+    for blob in pipe.execute():
+        try:
+            out.append(json.loads(zlib.decompress(blob)) if blob else None)
+        except (zlib.error, ValueError):
+            out.append(None)
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,98 @@
+"""``hybridq doctor`` against a private redis-server: what it finds, what --fix does, bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+from hybridq import Queue
+from hybridq.cli import EXIT_ERROR, EXIT_FINDINGS, cli
+from hybridq.embedded import RedisServer
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.forwarder import Forwarder
+from hybridq.transport.base import Delivery
+from hybridq.transport.rq import RQTransport
+
+
+def doctor(journal: Path, server: RedisServer, *extra: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(
+        cli, ["doctor", "--json", "--journal", str(journal), "--redis", server.url, *extra]
+    )
+    return result.exit_code, json.loads(result.stdout)
+
+
+def forward(journal: Path, server: RedisServer, n: int) -> list[str]:
+    queue = Queue("default", journal)
+    ids = [queue.enqueue("tests.tasks.add", i, i).id for i in range(n)]
+    transport = RQTransport(server.url)
+    with Forwarder(journal, transport) as forwarder:
+        forwarder.step()
+    transport.close()
+    return ids
+
+
+def test_a_healthy_journal_and_redis(journal_dir: Path, redis_server: RedisServer) -> None:
+    forward(journal_dir, redis_server, 10)
+    code, report = doctor(journal_dir, redis_server)
+    assert code == 0
+    assert report["healthy"] is True
+    assert report["verdicts"] == {"queued": 10}
+
+
+def test_it_finds_what_redis_lost_and_fix_delivers_it_again(
+    journal_dir: Path, redis_server: RedisServer
+) -> None:
+    ids = forward(journal_dir, redis_server, 10)
+    conn = redis_server.client()
+    conn.delete(f"rq:job:{ids[0]}", f"rq:job:{ids[1]}")  # evicted
+    conn.lrem("rq:queue:default", 0, ids[0])
+    conn.lrem("rq:queue:default", 0, ids[1])
+    conn.rpush("rq:queue:default", ids[2])  # queued twice
+    code, report = doctor(journal_dir, redis_server)
+    assert code == EXIT_FINDINGS
+    assert sorted(report["missing"]) == sorted(ids[:2])
+    assert report["duplicate_entries"] == {ids[2]: 2}
+    assert conn.exists(f"rq:job:{ids[0]}") == 0  # a dry run wrote nothing
+    code, report = doctor(journal_dir, redis_server, "--fix")
+    assert report["fixed"] == 2
+    assert conn.exists(f"rq:job:{ids[0]}") == 1
+    assert conn.lpos("rq:queue:default", ids[1]) is not None
+
+
+def test_it_finds_jobs_of_this_forwarder_the_journal_does_not_know(
+    journal_dir: Path, redis_server: RedisServer
+) -> None:
+    forward(journal_dir, redis_server, 3)
+    from hybridq.state import load_checkpoint
+
+    checkpoint = load_checkpoint(str(journal_dir))
+    assert checkpoint is not None
+    stray = Envelope(new_job_id(), "tests.tasks.add", "default", "k", time.time(), args=(1, 1))
+    transport = RQTransport(redis_server.url)
+    transport.push([Delivery(stray, checkpoint.owner, ("gone", 0, 64))])
+    transport.push(
+        [
+            Delivery(
+                Envelope(new_job_id(), "tests.tasks.add", "default", "k2", time.time()), "other", ("x", 0, 64)
+            )
+        ]
+    )
+    transport.close()
+    code, report = doctor(journal_dir, redis_server)
+    assert code == EXIT_FINDINGS
+    assert report["unknown"] == [stray.id]  # the other forwarder's job is not ours to judge
+
+
+def test_bad_input_is_one_line(journal_dir: Path, tmp_path: Path, redis_server: RedisServer) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["doctor", "--journal", str(tmp_path / "nope"), "--redis", redis_server.url])
+    assert missing.exit_code == EXIT_ERROR
+    assert missing.output.count("\n") == 1
+    forward(journal_dir, redis_server, 1)
+    unreachable = runner.invoke(
+        cli, ["doctor", "--journal", str(journal_dir), "--redis", "redis://127.0.0.1:1/0"]
+    )
+    assert unreachable.exit_code == EXIT_ERROR
+    assert unreachable.output.count("\n") == 1
