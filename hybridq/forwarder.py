@@ -402,11 +402,15 @@ class Forwarder:
     def _read_held(self, held: Held) -> Envelope | None:
         seal_at = seal_offset(self.journal, held.writer_id, held.segment)
         if seal_at is not None and held.offset >= seal_at:
-            # The record was read before it was durable and then dropped as a torn tail:
-            # never acknowledged, so never promised.
-            log.warning("held job %s: its record was never durable (dropped by recovery)", held.job_id)
+            # Cut off since it was read: a torn tail recovery dropped (never acknowledged, so
+            # never promised), or damage an operator dropped with `journal repair --accept-loss`.
+            log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
             return None
-        record = read_record_at(self.journal, held.writer_id, held.segment, held.offset)
+        try:
+            record = read_record_at(self.journal, held.writer_id, held.segment, held.offset)
+        except FileNotFoundError:
+            log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
+            return None
         return self._decode(record)
 
     def _clamp_checkpoint(self) -> None:

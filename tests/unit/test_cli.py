@@ -275,3 +275,32 @@ def test_status_text_and_watch_json(
     assert len(lines) == 2
     assert all(json.loads(line)["pending"] == 1 for line in lines)
     assert sleeps == [0.5, 0.5]
+
+
+def test_journal_repair_dry_run_then_accept_loss(runner: CliRunner, journal_dir: Path) -> None:
+    from hybridq.journal.recovery import verify
+
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        for i in range(60):
+            writer.append(b"x" * 100 + str(i).encode())
+    first = sorted(journal_dir.glob("*.wal"))[0]
+    first.chmod(0o600)
+    data = bytearray(first.read_bytes())
+    data[400] ^= 0xFF  # a flipped bit in a record of a sealed segment
+    first.write_bytes(bytes(data))
+    first.chmod(0o400)
+    before = runner.invoke(cli, ["journal", "verify", "--journal", str(journal_dir)])
+    assert before.exit_code == EXIT_CORRUPT
+    dry = runner.invoke(cli, ["journal", "repair", "--journal", str(journal_dir)])
+    assert dry.exit_code == EXIT_CORRUPT, dry.output
+    assert "would drop" in dry.output
+    assert "dry run: nothing changed" in dry.output
+    assert first.read_bytes() == bytes(data)
+    done = runner.invoke(cli, ["journal", "repair", "--accept-loss", "--journal", str(journal_dir)])
+    assert done.exit_code == 0, done.output
+    assert "dropped" in done.output
+    assert "backup" in done.output
+    verify(journal_dir)
+    again = runner.invoke(cli, ["journal", "repair", "--journal", str(journal_dir)])
+    assert again.exit_code == 0
+    assert "nothing to repair" in again.output
