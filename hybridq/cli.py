@@ -343,6 +343,12 @@ redis_option = click.option(
     show_default=True,
     help="The address the metrics endpoint listens on.",
 )
+@click.option(
+    "--capacity",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Your producers' Queue(capacity=N), exported as the hybridq_capacity gauge (to alert on).",
+)
 @click.pass_context
 def forward(
     ctx: click.Context,
@@ -354,6 +360,7 @@ def forward(
     key_ttl_s: float,
     metrics_port: int | None,
     metrics_addr: str,
+    capacity: int | None,
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -384,7 +391,7 @@ def forward(
             forwarder.on_durable_write = FSYNC_SECONDS.observe
             if forwarder.completions is not None:
                 forwarder.completions.on_durable_write = FSYNC_SECONDS.observe
-            serve_metrics(forwarder, metrics_port, addr=metrics_addr)
+            serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity)
             logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
     except (HybridqError, OSError) as exc:
         transport.close()
@@ -784,6 +791,7 @@ def demo(ctx: click.Context, jobs: int, directory: str | None) -> None:
         _fail(ctx, exc)
     click.echo(
         f"accepted={result.accepted} succeeded={result.succeeded} ran={result.ran} lost={result.lost} "
+        f"duplicate_deliveries={result.duplicate_runs + result.duplicates_suppressed} "
         f"duplicate_runs={result.duplicate_runs} duplicates_suppressed={result.duplicates_suppressed} "
         f"seconds={result.seconds:.1f}"
     )

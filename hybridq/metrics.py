@@ -43,8 +43,9 @@ FSYNC_SECONDS = Histogram(
 class ForwarderMetrics(Collector):
     """Collects a forwarder's metrics at scrape time."""
 
-    def __init__(self, forwarder: Forwarder) -> None:
+    def __init__(self, forwarder: Forwarder, *, capacity: int | None = None) -> None:
         self.forwarder = forwarder
+        self.capacity = capacity
         self._reader: JournalReader | None = None
         self._accepted = 0
         self._lock = threading.Lock()
@@ -96,6 +97,12 @@ class ForwarderMetrics(Collector):
         yield _gauge(
             "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
         )
+        if self.capacity is not None:
+            yield _gauge(
+                "hybridq_capacity",
+                "The producers' Queue(capacity=...), as given to the forwarder.",
+                self.capacity,
+            )
         yield _gauge(
             "hybridq_retrying", "Jobs waiting for their next attempt.", len(c.index.retries) if c else 0
         )
@@ -120,10 +127,12 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=float(value))
 
 
-def serve_metrics(forwarder: Forwarder, port: int, *, addr: str = "127.0.0.1") -> CollectorRegistry:
+def serve_metrics(
+    forwarder: Forwarder, port: int, *, addr: str = "127.0.0.1", capacity: int | None = None
+) -> CollectorRegistry:
     """Serve ``/metrics`` for ``forwarder`` on ``addr:port`` (a daemon thread); return the registry."""
     registry = CollectorRegistry()
-    registry.register(ForwarderMetrics(forwarder))
+    registry.register(ForwarderMetrics(forwarder, capacity=capacity))
     registry.register(FSYNC_SECONDS)
     start_http_server(port, addr=addr, registry=registry)
     return registry

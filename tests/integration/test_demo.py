@@ -19,7 +19,7 @@ def test_demo_loses_nothing(tmp_path: Path, subprocess_env: dict[str, str], figu
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tally = proc.stdout.splitlines()[0]
-    assert tally.startswith("accepted=200 succeeded=200 ran=200 lost=0 "), tally
+    assert tally.startswith("accepted=200 succeeded=200 ran=200 lost=0 duplicate_deliveries="), tally
     assert "Redis stopped" in proc.stderr
     assert "restarted EMPTY" in proc.stderr
     assert "forwarder killed with SIGKILL" in proc.stderr

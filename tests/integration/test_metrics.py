@@ -53,7 +53,7 @@ def test_metrics_endpoint_reports_the_forwarders_numbers(
         redis_server.url,
         env=subprocess_env,
         log_path=tmp_path / "forwarder.log",
-        extra_args=("--metrics-port", str(port)),
+        extra_args=("--metrics-port", str(port), "--capacity", "1000"),
     )
     try:
         queue = Queue("default", journal_dir)
@@ -73,6 +73,7 @@ def test_metrics_endpoint_reports_the_forwarders_numbers(
     assert metrics["hybridq_forwarded_total"] == 20
     assert metrics["hybridq_failed_total"] == 0
     assert metrics["hybridq_pending"] == 0
+    assert metrics["hybridq_capacity"] == 1000
     assert metrics["hybridq_redis_up"] == 1
     assert metrics["hybridq_journal_bytes"] > 0
     assert metrics["hybridq_fsync_seconds_count"] > 0
