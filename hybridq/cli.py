@@ -671,7 +671,12 @@ def doctor(
 
 @cli.group()
 def failed() -> None:
-    """Jobs that failed for good: list, show, requeue (from the ledger; Redis not needed)."""
+    """Jobs that failed for good: list, show, requeue (from the ledger; Redis not needed).
+
+    \b
+    Example:
+      hybridq failed list --journal ./hybridq-journal
+    """
 
 
 @failed.command("list")
@@ -706,7 +711,12 @@ def failed_list(ctx: click.Context, journal: str, as_json: bool) -> None:
 @click.argument("job_id")
 @click.pass_context
 def failed_show(ctx: click.Context, journal: str, job_id: str) -> None:
-    """Show one failed job as JSON: its call, attempts and last error."""
+    """Show one failed job as JSON: its call, attempts and last error.
+
+    \b
+    Example:
+      hybridq failed show 01a22d5981129cc616500e5c84939d91 --journal ./hybridq-journal
+    """
     from hybridq.failures import JobNotFailed, failed_jobs  # noqa: PLC0415
 
     try:
