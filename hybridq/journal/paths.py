@@ -1,4 +1,8 @@
-"""Validating and creating the journal directory (0700, never through a symlink)."""
+"""Validating and creating the journal directory (0700, never through a symlink).
+
+A journal directory that every user may write to, or that another (non-root) user owns, is
+refused: whoever can write it can plant jobs that run, or delete jobs that were acknowledged.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,15 @@ def _check_existing(path: str) -> None:
         raise JournalPathError(path, "is a symlink; give the real directory")
     if not stat.S_ISDIR(st.st_mode):
         raise JournalPathError(path, "exists and is not a directory")
+    if st.st_mode & stat.S_IWOTH:
+        # Anyone could plant a segment (jobs that would run) or delete one (jobs lost).
+        raise JournalPathError(
+            path, f"is writable by every user (mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it"
+        )
+    euid = os.geteuid()
+    if euid not in (0, st.st_uid):
+        # Another user made it: they could read every job, and plant or remove segments.
+        raise JournalPathError(path, f"is owned by uid {st.st_uid}, not by this user (uid {euid})")
     if st.st_mode & 0o077:
         log.warning(
             "journal directory %s is accessible to group/other (mode %o); 0700 is recommended",

@@ -206,3 +206,33 @@ def test_many_writers_share_one_directory(journal_dir: Path) -> None:
         w.close()
     got = sorted(int(r.payload) for r in JournalReader(journal_dir).records())
     assert got == list(range(200))
+
+
+def test_a_world_writable_journal_directory_is_refused(tmp_path: Path) -> None:
+    from hybridq.errors import JournalPathError
+    from hybridq.journal.paths import ensure_journal_dir, existing_journal_dir
+
+    path = tmp_path / "journal"
+    path.mkdir()
+    path.chmod(0o777)
+    with pytest.raises(JournalPathError, match="writable by every user"):
+        ensure_journal_dir(path)
+    with pytest.raises(JournalPathError, match="writable by every user"):
+        existing_journal_dir(path)
+    assert list(path.iterdir()) == []  # nothing written
+
+
+def test_a_journal_directory_owned_by_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.errors import JournalPathError
+    from hybridq.journal.paths import existing_journal_dir
+
+    path = tmp_path / "journal"
+    path.mkdir(mode=0o700)
+    owner = path.stat().st_uid
+    monkeypatch.setattr("os.geteuid", lambda: owner + 1000)  # as another, unprivileged user
+    with pytest.raises(JournalPathError, match=f"owned by uid {owner}"):
+        existing_journal_dir(path)
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # root may look at any user's journal
+    assert existing_journal_dir(path) == str(path)
