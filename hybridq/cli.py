@@ -579,22 +579,52 @@ def _json_arg(what: str, raw: str) -> Any:
     help="Run jobs in the worker process (RQ's SimpleWorker) instead of a forked work-horse per job.",
 )
 @click.option("--name", default=None, help="The RQ worker name (default: RQ's).")
+@click.option(
+    "--allow",
+    "allow",
+    multiple=True,
+    metavar="MODULE",
+    help="Run functions under this module prefix (repeatable; added to $HYBRIDQ_ALLOW). Functions "
+    "registered with @hybridq.task in an imported module run without it.",
+)
+@click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="Import this module at start (repeatable), e.g. the one holding your @hybridq.task functions.",
+)
 @click.argument("queues", nargs=-1)
 @click.pass_context
 def worker(
-    ctx: click.Context, redis_url: str, burst: bool, simple: bool, name: str | None, queues: tuple[str, ...]
+    ctx: click.Context,
+    redis_url: str,
+    burst: bool,
+    simple: bool,
+    name: str | None,
+    allow: tuple[str, ...],
+    imports: tuple[str, ...],
+    queues: tuple[str, ...],
 ) -> None:
     """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
 
     It is `rq worker` with the JSON serializer, restarted when Redis goes away (backoff up to
     30 s, no spinning), so it keeps serving across Redis restarts and outages. A plain
     `rq worker --serializer rq.serializers.JSONSerializer QUEUE` also runs hybridq jobs with
-    every guarantee; only the restarts are this command's.
+    every guarantee (set HYBRIDQ_ALLOW for it); only the restarts are this command's.
+
+    It runs only functions registered with @hybridq.task in a module it imported (--import), or
+    under a module prefix allowed with --allow or HYBRIDQ_ALLOW (comma-separated): a job naming
+    anything else fails for good, and nothing is imported for it.
 
     \b
     Example:
-      hybridq worker --redis redis://127.0.0.1:6379/0 default emails
+      hybridq worker --redis redis://127.0.0.1:6379/0 --allow myapp.tasks default emails
+      hybridq worker --import myapp.tasks default
     """
+    import importlib  # noqa: PLC0415
+
+    from hybridq.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
     from hybridq.envelope import validate_queue_name  # noqa: PLC0415
     from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
 
@@ -602,6 +632,20 @@ def worker(
         names = [validate_queue_name(q) for q in queues] or ["default"]
     except HybridqError as exc:
         _fail(ctx, exc)
+    if allow:
+        # The environment, so forked work-horses (and anything they start) see it too.
+        os.environ[ENV_VAR] = ",".join((*allowed_prefixes(), *allow))
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            _fail(ctx, exc)
+    if not allowed_prefixes() and not imports:
+        logging.getLogger("hybridq").warning(
+            "no --allow, --import or %s: only @hybridq.task functions of modules imported by other "
+            "means will run",
+            ENV_VAR,
+        )
     logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
     code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
     ctx.exit(code)

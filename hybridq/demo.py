@@ -63,7 +63,18 @@ def _start(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
 
 
 def _worker(url: str) -> list[str]:
-    return [sys.executable, "-m", "hybridq", "worker", "--simple", "--redis", url, QUEUE]
+    return [
+        sys.executable,
+        "-m",
+        "hybridq",
+        "worker",
+        "--simple",
+        "--allow",
+        "hybridq.demo",
+        "--redis",
+        url,
+        QUEUE,
+    ]
 
 
 def run_demo(

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from hybridq.allow import register
 from hybridq.envelope import (
     Envelope,
     Retry,
@@ -413,6 +414,7 @@ class Task(Generic[P, R]):
     ) -> None:
         self.func = func
         self.path = function_path(func)  # refuse lambdas / nested functions at decoration time
+        register(self.path)  # a worker that imported this module may run it
         self.options = dict(options)
         self._queue_spec = (queue, journal)
         self._queue: Queue | None = queue if isinstance(queue, Queue) else None

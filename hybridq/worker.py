@@ -43,10 +43,11 @@ from rq.serializers import JSONSerializer
 from rq.utils import import_attribute
 
 from hybridq import keys
+from hybridq.allow import allowed, refusal
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 
-__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "execute", "run_worker"]
+__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "NotAllowed", "execute", "run_worker"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -130,6 +131,10 @@ return 0
 """
 
 
+class NotAllowed(Exception):
+    """The job names a function this worker may not run (see :mod:`hybridq.allow`)."""
+
+
 class DuplicateOfFailedJob(Exception):
     """The idempotency key already failed for good: this delivery reports that failure."""
 
@@ -163,6 +168,14 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     d = _Delivery.parse(delivery)
     conn: redis.Redis = rq_job.connection
     env = d.envelope
+    if not allowed(env.func):
+        # Before anything is imported or claimed: a job naming a function nobody allowed fails
+        # for good (a retry would be refused the same way), and the forwarder records it.
+        message = refusal(env.func)
+        log.error("job %s: %s", env.id, message)
+        refused = {"outcome": "failed", "final": True, "attempt": d.attempt, "error": message}
+        _report(conn, d, refused, dup=False)
+        raise NotAllowed(message)
     result_key, lease_key = keys.result(env.key_id), keys.lease(env.key_id)
     token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
     lease_ms = max(1, int(d.lease_s * 1000))

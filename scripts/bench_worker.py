@@ -66,6 +66,9 @@ PUSH_BATCH = 500
 W2_WARMUP = 5
 W2_TIMEOUT_MS = 30_000
 CHILD_FLAG = "--child-worker"
+# The worker runs only allowed functions (hybridq.allow): this script's tasks. The environment,
+# so the W2 worker subprocesses inherit it.
+os.environ.setdefault("HYBRIDQ_ALLOW", "bench_worker")
 
 
 def noop() -> None:

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# Workers run only functions they are allowed to (hybridq.allow): the suite's tasks live in
+# `tests`. Set here, so every worker the tests start, in-process or as a child, inherits it.
+os.environ.setdefault("HYBRIDQ_ALLOW", "tests")
+
 # Private redis-server fixtures (`redis_server`, `make_redis_server`) for every test module.
 pytest_plugins = ["tests.support.redis"]
 

@@ -220,7 +220,8 @@ def test_env_file_sets_the_redis_url_and_nothing_secret_by_default() -> None:
         for line in (UNITS / "hybridq.env").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     )
-    assert set(assignments) == {"HYBRIDQ_REDIS_URL"}
+    assert set(assignments) == {"HYBRIDQ_REDIS_URL", "HYBRIDQ_ALLOW"}
+    assert assignments["HYBRIDQ_ALLOW"] != "*"  # the example must not allow everything
     url = redis.connection.parse_url(assignments["HYBRIDQ_REDIS_URL"])
     assert (url["username"], url["password"]) == ("hybridq", "CHANGE-ME")
 

@@ -7,6 +7,7 @@ Lua scripts and the probe make of it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Iterator
@@ -131,3 +132,30 @@ def test_a_run_that_fails_after_another_run_of_its_key_succeeded_reports_the_suc
     assert (event["outcome"], event["final"]) == ("succeeded", True)
     stored = json.loads(transport.connection.get(keys.result(env.key_id)))
     assert stored["result"] == "other run"  # the stored success was kept
+
+
+def test_a_function_nobody_allowed_is_refused_without_being_imported(
+    transport: RQTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDQ_ALLOW", "myapp.tasks")  # not `tests`
+    env = envelope("tests.tasks.never_imported_by_a_refusing_worker")
+    deliver(transport, env)
+    work(transport)
+    [event] = events(transport)
+    assert (event["outcome"], event["final"]) == ("failed", True)
+    assert "is not allowed to run on this worker" in str(event["error"])
+    assert transport.connection.get(keys.result(env.key_id)) is None  # nothing claimed or stored
+
+
+def test_allowed_prefixes_match_whole_module_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridq.allow import allowed
+
+    monkeypatch.setenv("HYBRIDQ_ALLOW", "tests.ta, billing")
+    assert not allowed("tests.tasks.add")  # "tests.ta" is not the module "tests.tasks"
+    assert allowed("billing.charge")
+    monkeypatch.setenv("HYBRIDQ_ALLOW", "*")
+    assert allowed("anything.at.all")
+    monkeypatch.delenv("HYBRIDQ_ALLOW")
+    assert not allowed("tests.tasks.add")
+    importlib.import_module("tests.registered_tasks")  # registers its @hybridq.task functions
+    assert allowed("tests.registered_tasks.record")

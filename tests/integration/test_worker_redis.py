@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import Queue, Retry
+from hybridq import Queue, Retry, failed_jobs
 from hybridq.embedded import RedisServer
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger import load_compacted, load_index, read_ledger
@@ -681,3 +681,39 @@ def test_hybridq_worker_stops_on_sigterm(redis_server: RedisServer, stack: Stack
     assert rc == 0, worker.log()[-2000:]
     assert time.monotonic() - started < 5
     assert "starting it again" not in worker.log()
+
+
+def test_hybridq_worker_runs_registered_tasks_and_refuses_the_rest(
+    redis_server: RedisServer, tmp_path: Path, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    """No HYBRIDQ_ALLOW: the worker runs only the @hybridq.task functions of the modules it imports."""
+    effects = tmp_path / "effects.txt"
+    env = {k: v for k, v in subprocess_env.items() if k != "HYBRIDQ_ALLOW"}
+    ensure_journal_dir(journal_dir)
+    forwarder = ForwarderProcess(journal_dir, redis_server.url, env=env, log_path=tmp_path / "forwarder.log")
+    worker = WorkerProcess(
+        [
+            *(sys.executable, "-m", "hybridq", "worker", "--simple", "--import", "tests.registered_tasks"),
+            *("--redis", redis_server.url, "default"),
+        ],
+        env=env,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
+    )
+    try:
+        queue = Queue("default", journal_dir)
+        queue.enqueue("tests.registered_tasks.record", str(effects), "registered")
+        refused = queue.enqueue("tests.tasks.record", str(effects), "not-allowed")
+        status = wait_until(
+            lambda: (s := run_status(journal_dir, env))["pending"] == 0 and s,
+            timeout=60,
+            what="both terminal",
+        )
+    finally:
+        worker.kill()
+        forwarder.kill()
+    assert effects.read_text().split() == ["registered"]
+    assert (status["succeeded"], status["failed"]) == (1, 1)
+    [failed] = failed_jobs(str(journal_dir))
+    assert failed.id == refused.id
+    assert "not allowed to run on this worker" in (failed.error or "")
