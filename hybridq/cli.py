@@ -12,6 +12,7 @@ Exit codes (documented in ``docs/cli.md``):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from hybridq.errors import HybridqError, JournalCorruption
 from hybridq.journal.paths import DEFAULT_JOURNAL
 from hybridq.journal.reader import JournalReader, segment_usage
 from hybridq.journal.recovery import verify
-from hybridq.status import redact_url
+from hybridq.status import read_password, redact_url, with_password
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -286,15 +287,41 @@ def journal_dump(ctx: click.Context, journal: str) -> None:
         _fail(ctx, exc)
 
 
-redis_option = click.option(
+_redis_url_option = click.option(
     "--redis",
     "redis_url",
     envvar="HYBRIDQ_REDIS_URL",
     default=DEFAULT_REDIS_URL,
     show_default=True,
     show_envvar=True,
-    help="Redis URL (put a password in the URL or the environment, never on a shared command line).",
+    help="Redis URL (a password belongs in --redis-password-file or the environment, never on a "
+    "shared command line).",
 )
+
+password_file_option = click.option(
+    "--redis-password-file",
+    "redis_password_file",
+    envvar="HYBRIDQ_REDIS_PASSWORD_FILE",
+    show_envvar=True,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Read the Redis password from this file (its first line), instead of the URL.",
+)
+
+
+def redis_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--redis URL`` and ``--redis-password-file PATH``; the command gets the combined URL."""
+
+    @functools.wraps(command)
+    def run(*args: Any, redis_password_file: str | None = None, **kwargs: Any) -> Any:
+        if redis_password_file is not None and kwargs.get("redis_url") is not None:
+            try:
+                kwargs["redis_url"] = with_password(kwargs["redis_url"], read_password(redis_password_file))
+            except (HybridqError, OSError) as exc:
+                _fail(click.get_current_context(), exc)
+        return command(*args, **kwargs)
+
+    return _redis_url_option(password_file_option(run))
 
 
 @cli.command()
@@ -424,6 +451,7 @@ def forward(
     show_envvar=True,
     help="Also report whether this Redis answers (optional: counts never need it).",
 )
+@password_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
 @click.option("--watch", is_flag=True, help="Print it again every --interval seconds until Ctrl-C.")
 @click.option(
@@ -431,7 +459,13 @@ def forward(
 )
 @click.pass_context
 def status(
-    ctx: click.Context, journal: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
+    ctx: click.Context,
+    journal: str,
+    redis_url: str | None,
+    redis_password_file: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
 ) -> None:
     """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
@@ -446,6 +480,11 @@ def status(
     """
     from hybridq.status import collect_status  # noqa: PLC0415
 
+    if redis_url is not None and redis_password_file is not None:
+        try:
+            redis_url = with_password(redis_url, read_password(redis_password_file))
+        except (HybridqError, OSError) as exc:
+            _fail(ctx, exc)
     while True:
         try:
             out = collect_status(journal, redis_url=redis_url)

@@ -10,10 +10,12 @@ import fcntl
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridq.errors import HybridqError
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
@@ -162,6 +164,31 @@ def _redis_up(url: str) -> bool:
     finally:
         transport.close()
     return True
+
+
+def read_password(path: str) -> str:
+    """The first line of a password file (refused if empty; a warning if others may read it)."""
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        import logging  # noqa: PLC0415
+
+        logging.getLogger("hybridq").warning(
+            "%s is readable by group/other (mode %o): make it 0600", path, st.st_mode & 0o777
+        )
+    with open(path, encoding="utf-8") as f:
+        password = f.readline().rstrip("\r\n")
+    if not password:
+        raise HybridqError(f"{path}: the password file is empty")
+    return password
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` as its credentials' password (the user, if any, is kept)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    netloc = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(password, safe='')}@{host}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def redact_url(url: str) -> str:

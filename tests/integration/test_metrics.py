@@ -117,3 +117,43 @@ def test_logs_are_json_lines_and_never_carry_the_password(
     assert {"ts", "level", "logger", "msg"} <= set(lines[0])
     assert any("transport unavailable" in line["msg"] for line in lines)
     assert "s3cret" not in stderr
+
+
+def test_the_redis_password_can_come_from_a_file(
+    tmp_path: Path, journal_dir: Path, make_redis_server, subprocess_env: dict[str, str]
+) -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+    from hybridq.status import with_password
+
+    secret = "s3cr:et/@pw"  # characters a URL needs escaped
+    server = make_redis_server()
+    server.client().config_set("requirepass", secret)  # not on its command line: ps shows that
+    password_file = tmp_path / "redis-password"
+    password_file.write_text(secret + "\n")
+    password_file.chmod(0o600)
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    runner = CliRunner()
+    without = runner.invoke(cli, ["status", "--json", "--journal", str(journal_dir), "--redis", server.url])
+    assert json.loads(without.stdout)["redis"]["up"] is False  # NOAUTH
+    with_file = runner.invoke(
+        cli,
+        ["status", "--json", "--journal", str(journal_dir), "--redis", server.url],
+        env={"HYBRIDQ_REDIS_PASSWORD_FILE": str(password_file)},
+    )
+    out = json.loads(with_file.stdout)
+    assert out["redis"]["up"] is True
+    assert secret not in with_file.stdout  # the URL is printed redacted
+    worker = runner.invoke(
+        cli,
+        ["worker", "--burst", "--simple", "--redis", server.url, "--redis-password-file", str(password_file)],
+    )
+    assert worker.exit_code == 0, worker.output
+    assert with_password("redis://u@h:1/0", "p@ss") == "redis://u:p%40ss@h:1/0"
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    refused = runner.invoke(
+        cli, ["worker", "--burst", "--redis", server.url, "--redis-password-file", str(empty)]
+    )
+    assert refused.exit_code == 1
+    assert "password file is empty" in refused.output
