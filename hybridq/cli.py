@@ -314,14 +314,20 @@ def redis_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def run(*args: Any, redis_password_file: str | None = None, **kwargs: Any) -> Any:
-        if redis_password_file is not None and kwargs.get("redis_url") is not None:
-            try:
-                kwargs["redis_url"] = with_password(kwargs["redis_url"], read_password(redis_password_file))
-            except (HybridqError, OSError) as exc:
-                _fail(click.get_current_context(), exc)
+        kwargs["redis_url"] = _with_password_file(kwargs["redis_url"], redis_password_file)
         return command(*args, **kwargs)
 
     return _redis_url_option(password_file_option(run))
+
+
+def _with_password_file(url: str | None, password_file: str | None) -> str | None:
+    """``url`` with the password read from ``password_file`` (when both are given)."""
+    if url is None or password_file is None:
+        return url
+    try:
+        return with_password(url, read_password(password_file))
+    except (HybridqError, OSError) as exc:
+        _fail(click.get_current_context(), exc)
 
 
 @cli.command()
@@ -480,11 +486,7 @@ def status(
     """
     from hybridq.status import collect_status  # noqa: PLC0415
 
-    if redis_url is not None and redis_password_file is not None:
-        try:
-            redis_url = with_password(redis_url, read_password(redis_password_file))
-        except (HybridqError, OSError) as exc:
-            _fail(ctx, exc)
+    redis_url = _with_password_file(redis_url, redis_password_file)
     while True:
         try:
             out = collect_status(journal, redis_url=redis_url)

@@ -238,7 +238,7 @@ class Completions:
                 continue
             env = self._envelope_at(loc)
             if env is not None:
-                out.append(self._delivery(env, loc, attempt + 1, force=True))
+                out.append(self.delivery(env, loc, attempt + 1, force=True))
         return out
 
     def pushed(self, deliveries: Sequence[Delivery]) -> None:
@@ -333,7 +333,7 @@ class Completions:
             return []
         if refill:
             self.refilled += len(batch)
-            return [self._delivery(env, loc, self.index.attempts(loc) + 1) for loc, env in batch]
+            return [self.delivery(env, loc, self.index.attempts(loc) + 1) for loc, env in batch]
         verdicts = self.transport.probe(
             [Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=self.lease_s
         )
@@ -346,8 +346,7 @@ class Completions:
         loc = (record.writer_id, record.segment_index, record.offset)
         # Only jobs forwarded at least a lease ago: a younger one cannot have lost its worker's
         # lease yet, and one Redis lost is the epoch check's (a refill pass takes them all).
-        pos = self._pass_limit.get(record.writer_id)
-        if pos is None or (record.segment_index, record.end) > (pos.segment, pos.offset):
+        if not record.consumed_by(self._pass_limit):
             return None
         if self.index.is_terminal(loc):
             return None
@@ -372,11 +371,11 @@ class Completions:
                 # The same attempt again: a stranded job never started, a "done" one is reported.
                 if self._stuck(loc, verdict, now):
                     log.warning("job %s: %s in Redis for too long; delivering it again", env.id, verdict)
-                    out.append(dataclasses.replace(self._delivery(env, loc, attempt), replace=True))
+                    out.append(dataclasses.replace(self.delivery(env, loc, attempt), replace=True))
                 continue
             self._suspects.pop(loc, None)
             if verdict == "missing":
-                out.append(self._delivery(env, loc, attempt))
+                out.append(self.delivery(env, loc, attempt))
             elif verdict == "orphaned":
                 times = self.index.lost.get(loc, (0, 0))[1] + 1
                 if times >= self.max_lost:
@@ -397,7 +396,7 @@ class Completions:
                     )
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
-                out.append(self._delivery(env, loc, attempt + 1, force=True))
+                out.append(self.delivery(env, loc, attempt + 1, force=True))
         # The attempt count is durable before the next attempt is delivered.
         self._append(lost)
         if lost:
@@ -417,7 +416,8 @@ class Completions:
         del self._suspects[loc]
         return True
 
-    def _delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
+    def delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
+        """A delivery of ``env``: this forwarder's owner id, lease and key lifetime."""
         return Delivery(
             env,
             self.checkpoint.owner,

@@ -124,8 +124,7 @@ def _forwarded_pending(
         ):
             continue
         loc = (record.writer_id, record.segment_index, record.offset)
-        pos = positions.get(record.writer_id)
-        if pos is None or (record.segment_index, record.end) > (pos.segment, pos.offset):
+        if not record.consumed_by(positions):
             continue  # not forwarded yet: the forwarder's backlog, not Redis's business
         if index.is_terminal(loc) or loc in index.retries:
             continue

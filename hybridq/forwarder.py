@@ -318,14 +318,7 @@ class Forwarder:
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
         # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
-        return Delivery(
-            env,
-            self.checkpoint.owner,
-            loc,
-            force=env.requeue > 0,
-            lease_s=self.lease_s,
-            key_ttl_s=self.key_ttl_s,
-        )
+        return self._require_completions().delivery(env, loc, 1, force=env.requeue > 0)
 
     def _wait(self) -> None:
         timeout = self.idle_timeout_s

@@ -40,6 +40,7 @@ from hybridq.journal.statefile import read_state, write_state
 __all__ = [
     "COMPACTION_NAME",
     "LEDGER_DIR",
+    "AcceptedCounter",
     "Compacted",
     "Entry",
     "LedgerIndex",
@@ -341,6 +342,34 @@ def consistent(journal: str, read: Callable[[Compacted], T], *, tries: int = 5) 
 def _vanished() -> bool:
     """Whether the exception being handled is a file that vanished (only deletion does that)."""
     return isinstance(sys.exc_info()[1], FileNotFoundError)
+
+
+class AcceptedCounter:
+    """Every job ever accepted into a journal (compacted ones included), counted incrementally.
+
+    Each :meth:`count` reads only the records added since the last one. When compaction deleted
+    the segment the reader stood in (it reads as a missing segment), it counts afresh: the
+    journal first, then the compaction state, so a compaction in between counts a segment
+    twice (the safe side for a capacity check), never not at all. Not thread-safe.
+    """
+
+    def __init__(self, journal: str) -> None:
+        self.journal = journal
+        self._reader: JournalReader | None = None
+        self._accepted = 0
+
+    def count(self) -> int:
+        """The number of jobs accepted so far; real corruption raises."""
+        if self._reader is not None:
+            try:
+                self._accepted += self._reader.check()
+            except (JournalCorruption, FileNotFoundError):
+                self._reader = None  # compacted under it: count afresh (real damage raises below)
+        if self._reader is None:
+            self._reader = JournalReader(self.journal)
+            live = self._reader.check()
+            self._accepted = live + load_compacted(self.journal).accepted
+        return self._accepted
 
 
 def load_compacted(journal: str) -> Compacted:

@@ -20,10 +20,8 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hybridq.errors import JournalCorruption
-from hybridq.journal import JournalReader
 from hybridq.journal.reader import segment_usage
-from hybridq.ledger import load_compacted
+from hybridq.ledger import AcceptedCounter
 
 if TYPE_CHECKING:
     from hybridq.forwarder import Forwarder
@@ -46,24 +44,13 @@ class ForwarderMetrics(Collector):
     def __init__(self, forwarder: Forwarder, *, capacity: int | None = None) -> None:
         self.forwarder = forwarder
         self.capacity = capacity
-        self._reader: JournalReader | None = None
-        self._accepted = 0
+        self._accepted = AcceptedCounter(forwarder.journal)
         self._lock = threading.Lock()
 
     def accepted(self) -> int:
         """Every job ever accepted into the journal (compacted ones included)."""
-        journal = self.forwarder.journal
-        with self._lock:
-            if self._reader is not None:
-                try:
-                    self._accepted += self._reader.check()
-                except (JournalCorruption, FileNotFoundError):
-                    self._reader = None  # compaction deleted the segment it was in: count afresh
-            if self._reader is None:
-                self._reader = JournalReader(journal)
-                live = self._reader.check()
-                self._accepted = live + load_compacted(journal).accepted
-            return self._accepted
+        with self._lock:  # scrapes may overlap
+            return self._accepted.count()
 
     def collect(self) -> Iterator[Metric]:
         """The metric families (prometheus-client calls this on each scrape)."""

@@ -27,10 +27,10 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, JournalCorruption, QueueFull, RecordTooLarge
-from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
+from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
+from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
-from hybridq.ledger import consistent, load_compacted, load_index
+from hybridq.ledger import AcceptedCounter, consistent, load_index
 from hybridq.nudge import address, nudge
 from hybridq.state import load_checkpoint
 
@@ -353,7 +353,7 @@ class _PendingCount:
 
     def __init__(self, journal: str, refresh_s: float = 1.0) -> None:
         self._journal = journal
-        self._reader: JournalReader | None = None
+        self._counter = AcceptedCounter(journal)
         self._accepted = 0  # records accepted (compacted ones included) by the last refresh
         self._terminal = 0  # terminal jobs, as the forwarder last published
         self._local = 0  # appended by this process since then
@@ -373,19 +373,7 @@ class _PendingCount:
             self._inflight += n
 
     def _refresh(self) -> None:
-        if self._reader is not None:
-            try:
-                self._accepted += self._reader.check()
-            except (JournalCorruption, FileNotFoundError):
-                # Compaction deleted the segment this reader was in (it reads as a missing
-                # segment): count afresh. Real corruption raises again just below.
-                self._reader = None
-        if self._reader is None:
-            self._reader = JournalReader(self._journal)
-            # The journal first, then the compaction state: a compaction in between counts a
-            # segment twice (refusing early), never not at all (refusing late).
-            live = self._reader.check()
-            self._accepted = live + load_compacted(self._journal).accepted
+        self._accepted = self._counter.count()
         checkpoint = load_checkpoint(self._journal)
         self._terminal = checkpoint.terminal if checkpoint is not None else 0
         self._local = 0

@@ -44,19 +44,10 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
 
 def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
     """Every count of the status object, from the journal, the ledger and the checkpoint."""
-    live = [
-        (writer_id, index)
-        for writer_id, indices in list_chains(path).items()
-        for index in indices
-        if not compacted.is_compacted((writer_id, index))
-    ]
+    segments = [(w, i) for w, indices in list_chains(path).items() for i in indices]
+    live = [seg for seg in segments if not compacted.is_compacted(seg)]
     # Segments whose deletion a crash interrupted are counted in `compacted` already.
-    leftover = sum(
-        sealed_data_count(path, w, i) or 0
-        for w, indices in list_chains(path).items()
-        for i in indices
-        if compacted.is_compacted((w, i))
-    )
+    leftover = sum(sealed_data_count(path, w, i) or 0 for w, i in segments if compacted.is_compacted((w, i)))
     checkpoint = load_checkpoint(path)
     index = load_index(path, compacted)
     scan = _scan_pending(path, compacted, index, checkpoint.positions if checkpoint else {})
@@ -112,8 +103,7 @@ def _scan_pending(
         ):
             continue
         out.records += 1
-        pos = positions.get(record.writer_id)
-        forwarded = pos is not None and (record.segment_index, record.end) <= (pos.segment, pos.offset)
+        forwarded = record.consumed_by(positions)
         out.not_forwarded += not forwarded
         if index.is_terminal((record.writer_id, record.segment_index, record.offset)):
             continue

@@ -5,6 +5,7 @@ This module must not import redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +53,11 @@ class Record(NamedTuple):
     def position(self) -> ChainPosition:
         """Where reading of this chain resumes after this record."""
         return ChainPosition(self.segment_index, self.end, self.seq + 1)
+
+    def consumed_by(self, positions: Mapping[str, ChainPosition]) -> bool:
+        """Whether a reader standing at ``positions`` has read past this record."""
+        pos = positions.get(self.writer_id)
+        return pos is not None and (self.segment_index, self.end) <= (pos.segment, pos.offset)
 
 
 @dataclass(frozen=True, slots=True)
