@@ -24,6 +24,7 @@ from .errors import (
 from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
 from .journal import Durability
 from .producer import Job, Queue, Task, task
+from .signing import SignatureError, SigningKeyError
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,8 @@ __all__ = [
     "QueueFull",
     "RecordTooLarge",
     "Retry",
+    "SignatureError",
+    "SigningKeyError",
     "StateFileCorrupt",
     "Task",
     "TransportError",

@@ -635,6 +635,14 @@ def _json_arg(what: str, raw: str) -> Any:
     metavar="MODULE",
     help="Import this module at start (repeatable), e.g. the one holding your @hybridq.task functions.",
 )
+@click.option(
+    "--signing-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PATH",
+    help="Run only jobs whose envelope is signed with a key in this file (one per line); sets "
+    "$HYBRIDQ_SIGNING_KEY_FILE. See docs/security.md.",
+)
 @click.argument("queues", nargs=-1)
 @click.pass_context
 def worker(
@@ -645,6 +653,7 @@ def worker(
     name: str | None,
     allow: tuple[str, ...],
     imports: tuple[str, ...],
+    signing_key_file: str | None,
     queues: tuple[str, ...],
 ) -> None:
     """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
@@ -656,7 +665,11 @@ def worker(
 
     It runs only functions registered with @hybridq.task in a module it imported (--import), or
     under a module prefix allowed with --allow or HYBRIDQ_ALLOW (comma-separated): a job naming
-    anything else fails for good, and nothing is imported for it.
+    anything else fails for good, and nothing is imported for it. RQ itself resolves no function
+    but hybridq's entry point (job class hybridq.worker.Job).
+
+    With --signing-key-file or HYBRIDQ_SIGNING_KEY_FILE, it runs only jobs whose envelope carries
+    a valid signature by one of the file's keys: unsigned or altered jobs fail for good.
 
     \b
     Example:
@@ -667,6 +680,7 @@ def worker(
 
     from hybridq.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
     from hybridq.envelope import validate_queue_name  # noqa: PLC0415
+    from hybridq.signing import ENV_KEY_FILE, keyring  # noqa: PLC0415
     from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
 
     try:
@@ -676,6 +690,12 @@ def worker(
     if allow:
         # The environment, so forked work-horses (and anything they start) see it too.
         os.environ[ENV_VAR] = ",".join((*allowed_prefixes(), *allow))
+    if signing_key_file is not None:
+        os.environ[ENV_KEY_FILE] = os.path.abspath(signing_key_file)  # the work-horses read it too
+    try:
+        keyring()  # a key configured but unusable: fail now, not on every job
+    except HybridqError as exc:
+        _fail(ctx, exc)
     for module in imports:
         try:
             importlib.import_module(module)

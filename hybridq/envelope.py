@@ -1,9 +1,10 @@
 """The job envelope: one versioned JSON record per job, as stored in the journal.
 
 An envelope says everything needed to run a job and nothing about where it is: id, function
-(a dotted path), JSON arguments, queue, idempotency key, creation time and options. Fields this
-version does not know are kept in :attr:`Envelope.extra` and written back unchanged, so a newer
-producer's records survive a round trip through an older forwarder.
+(a dotted path), JSON arguments, queue, idempotency key, creation time, options and, when the
+producer holds a signing key, an HMAC of all that (``sig``, see :mod:`hybridq.signing`). Fields
+this version does not know are kept in :attr:`Envelope.extra` and written back unchanged, so a
+newer producer's records survive a round trip through an older forwarder.
 
 This module must not import redis, rq, click or the journal.
 """
@@ -42,7 +43,7 @@ _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _KNOWN = frozenset(
     {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
-    | {"retry", "description", "meta", "requeue"}
+    | {"retry", "description", "meta", "requeue", "sig"}
 )
 
 
@@ -184,6 +185,9 @@ class Envelope:
     meta: Mapping[str, Any] = field(default_factory=dict)
     #: How many times the job was requeued after failing for good (0 for a new job).
     requeue: int = 0
+    #: ``hmac-sha256:<hex>`` over the fields that decide what runs (see :mod:`hybridq.signing`),
+    #: or ``None`` when the producer held no signing key. Journals written before it read as None.
+    signature: str | None = None
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -223,6 +227,8 @@ class Envelope:
             out["meta"] = dict(self.meta)
         if self.requeue:
             out["requeue"] = self.requeue
+        if self.signature is not None:
+            out["sig"] = self.signature
         return out
 
     def to_bytes(self) -> bytes:
@@ -270,6 +276,7 @@ class Envelope:
                 description=obj.get("description"),
                 meta=dict(obj.get("meta") or {}),
                 requeue=int(obj.get("requeue", 0)),
+                signature=_opt_str("sig", obj.get("sig")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -277,6 +284,12 @@ class Envelope:
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def _opt_str(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {value!r}")
+    return value
 
 
 def _opt_float(value: object) -> float | None:

@@ -14,7 +14,9 @@
     ├── EnvelopeError (ValueError)  a job that cannot be enqueued as given; nothing was written
     │   └── NotSerializable (TypeError)  arguments JSON cannot hold
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
-    └── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
+    └── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
 
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.

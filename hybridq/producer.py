@@ -1,7 +1,8 @@
 """The enqueue API: :class:`Queue`, :class:`Job` and the :func:`task` decorator.
 
-``enqueue`` validates the call, commits one envelope to the journal (acknowledged only after an
-fsync covers it), nudges the forwarder and returns. It never touches Redis, so it keeps working
+``enqueue`` validates the call, signs the envelope when a signing key is configured
+(:mod:`hybridq.signing`), commits it to the journal (acknowledged only after an fsync covers it),
+nudges the forwarder and returns. It never touches Redis, so it keeps working
 while Redis is down. Bad input raises before anything is written.
 
 This module must not import redis or rq.
@@ -32,6 +33,7 @@ from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter, Record
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
 from hybridq.ledger import AcceptedCounter, consistent, load_index
 from hybridq.nudge import address, nudge
+from hybridq.signing import keyring
 from hybridq.state import load_checkpoint
 
 __all__ = ["Job", "Queue", "Task", "default_journal", "task"]
@@ -232,12 +234,20 @@ class Queue:
         return self.enqueue_many([self.prepare(func, args, kwargs, **options)])[0]
 
     def enqueue_many(self, jobs: Iterable[Envelope]) -> list[Job]:
-        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are durable, or none."""
+        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are durable, or none.
+
+        With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
+        first, and the returned jobs hold the signed envelopes.
+        """
         envelopes = list(jobs)
-        payloads = []
         for env in envelopes:
             if not isinstance(env, Envelope):
                 raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
+        ring = keyring()  # read per call, not per Queue: a rotated key file applies at once
+        if ring is not None:
+            envelopes = [ring.sign(env) for env in envelopes]
+        payloads = []
+        for env in envelopes:
             payload = env.to_bytes()
             if len(payload) > MAX_PAYLOAD_BYTES:
                 raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)

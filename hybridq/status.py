@@ -15,16 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridq.errors import HybridqError
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
+from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
 
-__all__ = ["CONTRACT_FIELDS", "collect_status", "redact_url"]
+# read_password lives in hybridq.secretfile (the worker side uses it too); kept importable here.
+__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 
 #: The fields DESIGN.md promises in ``status --json`` (integers).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
@@ -154,22 +155,6 @@ def _redis_up(url: str) -> bool:
     finally:
         transport.close()
     return True
-
-
-def read_password(path: str) -> str:
-    """The first line of a password file (refused if empty; a warning if others may read it)."""
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        import logging  # noqa: PLC0415
-
-        logging.getLogger("hybridq").warning(
-            "%s is readable by group/other (mode %o): make it 0600", path, st.st_mode & 0o777
-        )
-    with open(path, encoding="utf-8") as f:
-        password = f.readline().rstrip("\r\n")
-    if not password:
-        raise HybridqError(f"{path}: the password file is empty")
-    return password
 
 
 def with_password(url: str, password: str) -> str:

@@ -6,8 +6,14 @@ argument is the delivery (the envelope, the owning forwarder, the attempt; see
 rq.serializers.JSONSerializer QUEUE`` runs hybridq jobs with every guarantee below, and
 ``hybridq worker`` (:func:`run_worker`) is that plus a loop that survives Redis going away.
 
-For each delivery, :func:`execute`:
+Redis write access must not be code execution. :class:`Job`, the job class every hybridq worker
+uses (``rq worker --job-class hybridq.worker.Job`` for a plain RQ worker), makes RQ resolve no
+function but :func:`execute` (or one :mod:`hybridq.allow` allows, when no signing key is
+configured) before it imports anything. Then, for each delivery, :func:`execute`:
 
+0. **checks** the envelope's signature when this worker holds a signing key
+   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`); a job
+   failing either fails for good, reported to the forwarder, with nothing imported or claimed;
 1. **claims** the idempotency key in one script: a stored success (or a final failure) is
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
@@ -34,7 +40,7 @@ import traceback
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from redis.exceptions import RedisError
@@ -46,13 +52,14 @@ from hybridq import keys
 from hybridq.allow import allowed, refusal
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
+from hybridq.guard import ENTRY_POINT, Job, NotAllowed
+from hybridq.signing import SignatureError, keyring
 
-__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "NotAllowed", "execute", "run_worker"]
+__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
 
 log = logging.getLogger("hybridq.worker")
 
 #: The dotted path RQ job hashes name as their function.
-ENTRY_POINT = "hybridq.worker.execute"
 
 #: Longest error text stored with an outcome (a traceback); events carry only its last line.
 MAX_ERROR_CHARS = 8192
@@ -131,10 +138,6 @@ return 0
 """
 
 
-class NotAllowed(Exception):
-    """The job names a function this worker may not run (see :mod:`hybridq.allow`)."""
-
-
 class DuplicateOfFailedJob(Exception):
     """The idempotency key already failed for good: this delivery reports that failure."""
 
@@ -168,14 +171,19 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     d = _Delivery.parse(delivery)
     conn: redis.Redis = rq_job.connection
     env = d.envelope
+    # Before anything is imported or claimed, the signature first (a job changed in Redis could
+    # name any allowed function), then the allowlist. A job failing either fails for good (a
+    # retry would be refused the same way), and the forwarder records it. A key configured but
+    # unreadable raises SigningKeyError here: nothing runs, nothing is reported, and the
+    # forwarder delivers the job again later (fail closed, never fall back to unsigned).
+    ring = keyring()
+    if ring is not None:
+        try:
+            ring.verify(env)
+        except SignatureError as exc:
+            _refuse(conn, d, exc)
     if not allowed(env.func):
-        # Before anything is imported or claimed: a job naming a function nobody allowed fails
-        # for good (a retry would be refused the same way), and the forwarder records it.
-        message = refusal(env.func)
-        log.error("job %s: %s", env.id, message)
-        refused = {"outcome": "failed", "final": True, "attempt": d.attempt, "error": message}
-        _report(conn, d, refused, dup=False)
-        raise NotAllowed(message)
+        _refuse(conn, d, NotAllowed(refusal(env.func)))
     result_key, lease_key = keys.result(env.key_id), keys.lease(env.key_id)
     token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
     lease_ms = max(1, int(d.lease_s * 1000))
@@ -225,6 +233,14 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if error is not None:
         raise error
     return value
+
+
+def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
+    """Fail a refused job for good: report it to the owning forwarder, then raise ``error``."""
+    log.error("job %s: %s", d.envelope.id, error)
+    refused = {"outcome": "failed", "final": True, "attempt": d.attempt, "error": str(error)}
+    _report(conn, d, refused, dup=False)
+    raise error
 
 
 def _call(env: Envelope) -> Any:
@@ -428,13 +444,19 @@ def run_worker(
     from rq import SimpleWorker, Worker  # noqa: PLC0415 - rq's worker module is heavy
 
     worker_class = SimpleWorker if simple else Worker
+    ring = keyring()  # a key configured but unusable stops the worker here, not on every job
+    if ring is not None:
+        log.info("verifying envelope signatures (%s, %d key(s))", ring.source, len(ring.keys))
     delay = 1.0
     down_since: float | None = None
     while True:
         conn = redis.Redis.from_url(url)
         started = time.monotonic()
         try:
-            worker = worker_class(queues, connection=conn, serializer=JSONSerializer, name=name)
+            # job_class: RQ must not import whatever function a job hash names (see Job).
+            worker = worker_class(
+                queues, connection=conn, serializer=JSONSerializer, name=name, job_class=Job
+            )
             # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
             # cap it so that work resumes within seconds of Redis coming back.
             worker.max_connection_wait_time = RECONNECT_MAX_S
