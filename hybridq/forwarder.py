@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -28,7 +29,7 @@ from typing import Self
 
 from hybridq.completions import Completions
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalLocked, TransportError
+from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
@@ -46,6 +47,10 @@ log = logging.getLogger("hybridq.forwarder")
 LOCK_NAME = "forwarder.lock"
 #: How often the forwarder checks that Redis still has its epoch (seconds).
 EPOCH_CHECK_S = 1.0
+#: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
+#: from the first to the second value (seconds), until its writes succeed again.
+DISK_FULL_BACKOFF_S = (0.5, 10.0)
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass
@@ -56,6 +61,8 @@ class ForwarderStats:
     pushed: int = 0
     duplicate_pushes: int = 0
     transport_failures: int = 0
+    #: Steps retried because the disk was full.
+    disk_full_retries: int = 0
     #: ``time.monotonic()`` when the transport went down, while it is down; else ``None``.
     down_since: float | None = None
     #: While a batch is being pushed: its oldest job's ``created_at`` (the forwarding lag).
@@ -223,12 +230,33 @@ class Forwarder:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Forward until :meth:`stop` is called."""
+        """Forward until :meth:`stop` is called.
+
+        A full disk pauses it: a checkpoint or ledger write that fails with ENOSPC (or EDQUOT)
+        changed nothing durable (the ledger continues in a new segment, completion events stay
+        in Redis until the ledger has them, a checkpoint is replaced atomically or not at all),
+        so the step is simply tried again, with backoff, until space returns.
+        """
+        full_since: float | None = None
+        delay = DISK_FULL_BACKOFF_S[0]
         while not self._stopping:
             try:
                 self.step()
             except _Stopped:
                 break
+            except (JournalIOError, OSError) as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                if full_since is None:
+                    full_since = time.monotonic()
+                    log.error("disk full (%s): forwarding paused, retrying until writes succeed", exc)
+                self.stats.disk_full_retries += 1
+                self._sleep(delay)
+                delay = min(DISK_FULL_BACKOFF_S[1], delay * 2)
+                continue
+            if full_since is not None:
+                log.warning("writing again after %.1f s of a full disk", time.monotonic() - full_since)
+                full_since, delay = None, DISK_FULL_BACKOFF_S[0]
             self._wait()
 
     def step(self) -> int:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.errors import JournalCorruption, JournalLocked
+from hybridq.errors import JournalCorruption, JournalIOError, JournalLocked
 from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalWriter
+from hybridq.journal.fileops import FileOps
 from hybridq.producer import _close_writers
 from hybridq.state import load_checkpoint
+from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -373,3 +378,55 @@ def test_while_the_transport_is_down_memory_holds_one_batch_not_the_backlog(jour
         forwarder.stop()
         runner.join(timeout=10)
         forwarder.close()
+
+
+def test_a_full_disk_pauses_the_forwarder_and_it_resumes_when_space_returns(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every journal, ledger and checkpoint write in this process goes through FileOps.write.
+    full = threading.Event()
+    real_write = FileOps.write
+
+    def write(self: FileOps, fd: int, data: bytes | memoryview) -> int:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, fd, data)
+
+    monkeypatch.setattr(FileOps, "write", write)
+    queue = Queue(journal=journal_dir)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, idle_timeout_s=0.05)
+    monkeypatch.setattr("hybridq.forwarder.DISK_FULL_BACKOFF_S", (0.01, 0.05))
+    runner = threading.Thread(target=forwarder.run)
+    runner.start()
+    try:
+        before = [queue.enqueue(tasks.add, i, 1).id for i in range(5)]
+        wait_for(lambda: len(queued_ids(transport)) == 5)
+        full.set()
+        with pytest.raises(JournalIOError) as refused:  # not acknowledged: nothing was promised
+            queue.enqueue(tasks.add, 99, 1)
+        assert refused.value.errno == errno.ENOSPC
+        assert transport.work() == 5  # the outcomes cannot reach the ledger while the disk is full
+        wait_for(lambda: forwarder.stats.disk_full_retries >= 3)
+        assert runner.is_alive()
+        assert collect_status(str(journal_dir))["succeeded"] == 0
+        full.clear()
+        after = [queue.enqueue(tasks.add, i, 2).id for i in range(5)]
+        wait_for(lambda: transport.work() >= 0 and collect_status(str(journal_dir))["succeeded"] == 10)
+    finally:
+        forwarder.stop()
+        runner.join(timeout=5)
+        forwarder.close()
+    assert not runner.is_alive()
+    status = collect_status(str(journal_dir))
+    assert (status["accepted"], status["succeeded"], status["pending"]) == (10, 10, 0)
+    assert len(set(before + after)) == 10
+    assert "disk full" in caplog.text
+    assert "writing again" in caplog.text
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
