@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hybridq.chaos import children_of
+
 __all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "run_status", "wait_until"]
 
 T = TypeVar("T")
@@ -168,20 +170,3 @@ class WorkerProcess:
                     os.kill(pid, signal.SIGKILL)
             self.proc.kill()
         return self.proc.wait()
-
-
-def children_of(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (from /proc/<pid>/stat: Linux)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry))
-    return out

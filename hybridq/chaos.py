@@ -1,0 +1,736 @@
+"""``hybridq chaos``: the fault-injection harness that checks hybridq's guarantees end to end.
+
+It runs a real topology on this machine, from one temporary directory: a private
+``redis-server`` with no persistence, ``hybridq forward``, N workers (``hybridq worker`` and
+plain ``rq worker`` processes, alternating, both forking a work-horse per job) and M producer
+processes that enqueue jobs at a steady rate. While they run, a seeded schedule injects the
+faults of RELIABILITY.md, one at a time:
+
+====  ==================  ======================================================================
+S1    producer-kill       SIGKILL a producer; it is restarted
+S2    producer-crash      restart a producer armed to SIGKILL itself at a named journal step
+S8    forwarder-kill      SIGKILL the forwarder; restarted after up to a second
+S9    worker-kill         SIGKILL a worker and its work-horse; restarted (a supervisor's job)
+S9    horse-kill          SIGKILL only a work-horse, mid-job
+S10   redis-restart       SIGKILL redis-server and start it again, empty
+S11   flushall            ``FLUSHALL``
+S11   evict               ``maxmemory`` at the current usage with ``allkeys-lru``, for seconds
+S12   redis-outage        stop redis-server for seconds; it comes back empty
+S12   redis-sigstop       SIGSTOP redis-server for seconds, then SIGCONT
+S12   client-pause        ``CLIENT PAUSE`` for seconds
+====  ==================  ======================================================================
+
+Every job runs :func:`task`, which appends a line to an effects file at its start and at its
+end (``B``/``E``, with the attempt, pid and time); producers append every job they got an
+acknowledgement for to an acks file. The verdict is computed from those two files and the fault
+log, not from hybridq's counts:
+
+- **lost**: acknowledged, and no ``E`` line at the end (after a drain period);
+- **dup_execution**: the task started again after a run of the same attempt had ended, and no
+  fault can excuse it. Excused are: a run whose process was killed (its outcome was never
+  stored), and a run that ended at most ``window`` seconds before Redis lost its data (the
+  outcome was in Redis and not yet in the forwarder's ledger: the documented window of
+  docs/guarantees.md). A job that was finished longer before the data loss must not run again;
+- **dup_delivery**: runs beyond the first per attempt, plus the duplicate deliveries the workers
+  suppressed (from ``hybridq status``);
+- **max_redelivery_s**: from a fault to the re-run of a job it interrupted.
+
+The command exits 1 on any loss or unexcused re-execution, and prints the seed to replay it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from hybridq.context import current_job
+from hybridq.envelope import Retry
+from hybridq.journal.crashpoints import NAMES as CRASH_POINTS
+
+__all__ = [
+    "FAULTS",
+    "ChaosConfig",
+    "ChaosResult",
+    "children_of",
+    "run_chaos",
+    "task",
+]
+
+QUEUE = "chaos"
+#: Fault name -> the RELIABILITY.md scenario it belongs to.
+FAULTS: dict[str, str] = {
+    "producer-kill": "S1",
+    "producer-crash": "S2",
+    "forwarder-kill": "S8",
+    "worker-kill": "S9",
+    "horse-kill": "S9",
+    "redis-restart": "S10",
+    "flushall": "S11",
+    "evict": "S11",
+    "redis-outage": "S12",
+    "redis-sigstop": "S12",
+    "client-pause": "S12",
+}
+#: Faults after which Redis no longer holds what it held: stored outcomes may be gone.
+DATA_LOSS = frozenset({"redis-restart", "flushall", "evict", "redis-outage"})
+#: Faults that kill processes running jobs.
+KILLS = frozenset({"worker-kill", "horse-kill"})
+#: A process killed this soon after its task returned may not have stored the outcome yet.
+KILL_WINDOW_S = 1.0
+
+
+class PlannedFailure(Exception):
+    """Raised by :func:`task` on the first attempt of a job planned to fail once."""
+
+
+def task(effects: str, token: str, fail_first: bool = False, sleep_s: float = 0.0) -> str:
+    """The chaos job: note its start and end in ``effects`` (one ``O_APPEND`` write each)."""
+    job = current_job()
+    attempt = job.attempt if job is not None else 0
+    _note(effects, "B", token, attempt)
+    if sleep_s > 0:
+        time.sleep(sleep_s)
+    if fail_first and attempt <= 1:
+        _note(effects, "F", token, attempt)
+        raise PlannedFailure(f"{token}: planned failure on the first attempt")
+    _note(effects, "E", token, attempt)
+    return token
+
+
+def _note(path: str, kind: str, token: str, attempt: int) -> None:
+    line = f"{kind} {token} {attempt} {os.getpid()} {time.time():.6f}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line)  # one write under PIPE_BUF on an O_APPEND file: lines never interleave
+    finally:
+        os.close(fd)
+
+
+# -- producer processes --------------------------------------------------------------------------
+
+
+def produce_main(argv: Sequence[str]) -> None:
+    """A producer process: ``journal acks effects name rate seed``; runs until killed."""
+    from hybridq.producer import Queue  # noqa: PLC0415 - only producer processes need it
+
+    journal, acks, effects, name, rate, seed = argv
+    rng = random.Random(seed)  # noqa: S311 - a test schedule, not a secret
+    queue = Queue(QUEUE, journal)
+    period = 1.0 / float(rate)
+    n = 0
+    next_at = time.monotonic()
+    while True:
+        batch = rng.randint(2, 8) if rng.random() < 0.1 else 1
+        tokens = [f"{name}.{n + i}" for i in range(batch)]
+        n += batch
+        calls = []
+        for token in tokens:
+            fail_first = rng.random() < 0.05
+            options: dict[str, Any] = {"retry": Retry(3, backoff_s=0.5)} if fail_first else {}
+            if rng.random() < 0.05:
+                options["delay"] = rng.uniform(0.2, 2.0)
+            calls.append((token, fail_first, round(rng.uniform(0.0, 0.03), 3), options))
+        if batch == 1:
+            token, fail_first, sleep_s, options = calls[0]
+            queue.enqueue(task, effects, token, fail_first, sleep_s, **options)
+        else:
+            queue.enqueue_many([queue.prepare(task, (effects, t, f, s), **o) for t, f, s, o in calls])
+        fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, "".join(f"{t} {time.time():.6f}\n" for t in tokens).encode())
+        finally:
+            os.close(fd)
+        next_at += period * batch
+        time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+# -- configuration and result --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """What to run (``hybridq chaos --help`` documents each)."""
+
+    duration_s: float = 60.0
+    seed: int = 0
+    faults: tuple[str, ...] = tuple(FAULTS)
+    producers: int = 2
+    workers: int = 3
+    #: Jobs per second per producer.
+    rate: float = 10.0
+    #: Seconds between the end of one fault and the next one (drawn from [gap/2, gap*3/2]).
+    gap_s: float = 3.0
+    #: The forwarder's lease (``hybridq forward --lease``).
+    lease_s: float = 2.0
+    #: How long after the last fault every acknowledged job must have finished.
+    drain_s: float = 120.0
+    #: A run that ended at most this long before Redis lost its data may run again (its outcome
+    #: was in Redis, not yet in the ledger: the forwarder harvests many times a second).
+    window_s: float = 3.0
+    directory: str | None = None
+
+
+@dataclass
+class FaultStats:
+    """Figures for one fault class."""
+
+    name: str
+    injected: int = 0
+    accepted: int = 0
+    lost: int = 0
+    reruns: int = 0
+    dup_execution: int = 0
+    max_redelivery_s: float = 0.0
+
+    def line(self) -> str:
+        """The figure line."""
+        return (
+            f"{FAULTS.get(self.name, '--'):<3} {self.name:<15} injected={self.injected} "
+            f"accepted={self.accepted} lost={self.lost} dup_delivery={self.reruns} "
+            f"dup_execution={self.dup_execution} max_redelivery_s={self.max_redelivery_s:.2f}"
+        )
+
+
+@dataclass
+class ChaosResult:
+    """The verdict of one run."""
+
+    seed: int
+    accepted: int
+    lost: int
+    dup_delivery: int
+    dup_execution: int
+    max_redelivery_s: float
+    #: Of the runs repeated because Redis lost their stored outcome: how long before the loss
+    #: the oldest of them had ended (how far behind the ledger was).
+    max_outcome_age_s: float
+    duplicates_suppressed: int
+    unacknowledged_ran: int
+    #: Runs cut off mid-task in a process no fault killed (and run again): should be 0.
+    unexplained_interruptions: int
+    per_fault: dict[str, FaultStats]
+    lost_tokens: list[str]
+    violations: list[str]
+    seconds: float
+    directory: str
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No loss, no unexcused re-execution."""
+        return self.lost == 0 and self.dup_execution == 0
+
+    def total_line(self) -> str:
+        """The total figure line."""
+        return (
+            f"TOTAL accepted={self.accepted} lost={self.lost} dup_delivery={self.dup_delivery} "
+            f"dup_execution={self.dup_execution} max_redelivery_s={self.max_redelivery_s:.2f}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON report (``--report``)."""
+        return {
+            "seed": self.seed,
+            "ok": self.ok,
+            "accepted": self.accepted,
+            "lost": self.lost,
+            "dup_delivery": self.dup_delivery,
+            "dup_execution": self.dup_execution,
+            "max_redelivery_s": round(self.max_redelivery_s, 3),
+            "max_outcome_age_s": round(self.max_outcome_age_s, 3),
+            "duplicates_suppressed": self.duplicates_suppressed,
+            "unacknowledged_ran": self.unacknowledged_ran,
+            "unexplained_interruptions": self.unexplained_interruptions,
+            "faults": {
+                name: {k: v for k, v in vars(s).items() if k != "name"} for name, s in self.per_fault.items()
+            },
+            "lost_tokens": self.lost_tokens[:100],
+            "violations": self.violations[:100],
+            "seconds": round(self.seconds, 1),
+            "directory": self.directory,
+            "status": self.status,
+        }
+
+
+# -- the topology --------------------------------------------------------------------------------
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc/<pid>/stat: Linux)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+@dataclass
+class _Fault:
+    name: str
+    at: float
+    end: float
+    #: Processes the fault killed (their runs never stored an outcome).
+    pids: tuple[int, ...] = ()
+
+
+class _Topology:
+    """The processes of one run, and the faults that act on them."""
+
+    def __init__(self, cfg: ChaosConfig, root: str, say: Callable[[str], None]) -> None:
+        from hybridq.embedded import RedisServer  # noqa: PLC0415 - imports redis
+
+        self.cfg = cfg
+        self.root = root
+        self.say = say
+        self.journal = os.path.join(root, "journal")
+        self.effects = os.path.join(root, "effects.txt")
+        self.acks_dir = os.path.join(root, "acks")
+        os.makedirs(self.acks_dir, exist_ok=True)
+        self.log: IO[str] = open(os.path.join(root, "processes.log"), "a", encoding="utf-8")  # noqa: SIM115
+        self.server = RedisServer(directory=os.path.join(root, "redis"))
+        self.env = {**os.environ, "HYBRIDQ_ALLOW": "hybridq.chaos", "PYTHONUNBUFFERED": "1"}
+        self.forwarder: subprocess.Popen[str] | None = None
+        self.workers: list[subprocess.Popen[str] | None] = [None] * cfg.workers
+        self.producers: list[subprocess.Popen[str] | None] = [None] * cfg.producers
+        self.generation = 0
+        self.all: list[subprocess.Popen[str]] = []
+        self.restart_at: dict[tuple[str, int], float] = {}
+
+    # processes
+
+    def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        # argv is this interpreter or the rq script beside it, with arguments we built: no shell.
+        proc = subprocess.Popen(  # noqa: S603
+            argv, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env or self.env
+        )
+        self.all.append(proc)
+        return proc
+
+    def start_forwarder(self) -> None:
+        argv = [sys.executable, "-m", "hybridq", "forward", "--journal", self.journal]
+        self.forwarder = self._spawn([*argv, "--redis", self.server.url, "--lease", str(self.cfg.lease_s)])
+
+    def start_worker(self, n: int) -> None:
+        if n % 2 == 0:
+            argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.server.url, QUEUE]
+        else:
+            rq = os.path.join(os.path.dirname(sys.executable), "rq")
+            argv = [rq, "worker", "--serializer", "rq.serializers.JSONSerializer", "--url", self.server.url]
+            argv += ["--job-class", "hybridq.worker.Job"]
+            argv += ["--logging_level", "WARNING", QUEUE]
+        self.workers[n] = self._spawn(argv)
+
+    def start_producer(self, n: int, crash_point: str | None = None) -> None:
+        self.generation += 1
+        name = f"p{n}g{self.generation}"
+        env = dict(self.env)
+        if crash_point is not None:
+            env["HYBRIDQ_CRASH_POINT"] = crash_point
+        code = "import sys; from hybridq.chaos import produce_main; produce_main(sys.argv[1:])"
+        acks = os.path.join(self.acks_dir, f"{name}.txt")
+        seed = f"{self.cfg.seed}/{name}"
+        argv = [sys.executable, "-c", code, self.journal, acks, self.effects, name, str(self.cfg.rate), seed]
+        self.producers[n] = self._spawn(argv, env)
+
+    def start(self) -> None:
+        self.server.start()
+        self.say(f"redis-server {self.server.executable} on {self.server.url} (private to this run)")
+        for n in range(self.cfg.producers):
+            self.start_producer(n)
+        self.start_forwarder()
+        for n in range(self.cfg.workers):
+            self.start_worker(n)
+
+    def keep_alive(self, *, producers: bool = True) -> None:
+        """Restart what exited, like a supervisor would (after a short, seeded pause)."""
+        now = time.monotonic()
+        groups: list[tuple[str, list[subprocess.Popen[str] | None], Callable[[int], None]]] = [
+            ("worker", self.workers, self.start_worker),
+            ("forwarder", [self.forwarder], lambda _n: self.start_forwarder()),
+        ]
+        if producers:
+            groups.append(("producer", self.producers, self.start_producer))
+        for kind, procs, start in groups:
+            for n, proc in enumerate(procs):
+                if proc is not None and proc.poll() is None:
+                    continue
+                due = self.restart_at.setdefault((kind, n), now + 0.5)
+                if now >= due:
+                    del self.restart_at[(kind, n)]
+                    start(n)
+        if not self.server.running:
+            self.server.start()
+
+    def stop_producers(self) -> None:
+        for proc in self.producers:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)  # a producer has no clean stop: it is only killed
+                proc.wait()
+        self.producers = [None] * len(self.producers)
+
+    def close(self) -> None:
+        for proc in self.all:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.all:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(Exception):
+            self.server.resume()
+        self.server.stop()
+        self.log.close()
+
+    # faults
+
+    def inject(self, name: str, rng: random.Random) -> _Fault:
+        """Inject fault ``name`` (blocking for its duration); what it did."""
+        at = time.time()
+        pids: tuple[int, ...] = ()
+        if name == "producer-kill":
+            pids = self._kill_one(self.producers, rng, children=False)
+        elif name == "producer-crash":
+            n = rng.randrange(len(self.producers))
+            proc = self.producers[n]
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self.start_producer(n, f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 40)}")
+        elif name == "forwarder-kill":
+            pids = self._kill_one([self.forwarder], rng, children=False)
+        elif name == "worker-kill":
+            pids = self._kill_one(self.workers, rng, children=True)
+        elif name == "horse-kill":
+            pids = self._kill_horse(rng)
+        elif name == "redis-restart":
+            self.server.restart()
+        elif name == "flushall":
+            self.server.flushall()
+        elif name == "evict":
+            self._evict(rng.uniform(1.0, 4.0))
+        elif name == "redis-outage":
+            self.server.stop()
+            time.sleep(rng.uniform(1.0, 5.0))
+            self.server.start()
+        elif name == "redis-sigstop":
+            self.server.pause()
+            time.sleep(rng.uniform(1.0, 5.0))
+            self.server.resume()
+        elif name == "client-pause":
+            seconds = rng.uniform(1.0, 4.0)
+            self.server.client_pause(seconds)
+            time.sleep(seconds)
+        else:
+            raise ValueError(f"unknown fault {name!r}")
+        return _Fault(name, at, time.time(), pids)
+
+    def _kill_one(
+        self, procs: Sequence[subprocess.Popen[str] | None], rng: random.Random, *, children: bool
+    ) -> tuple[int, ...]:
+        alive = [p for p in procs if p is not None and p.poll() is None]
+        if not alive:
+            return ()
+        proc = rng.choice(alive)
+        pids = [*children_of(proc.pid), proc.pid] if children else [proc.pid]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        return tuple(pids)
+
+    def _kill_horse(self, rng: random.Random) -> tuple[int, ...]:
+        # Wait up to a second for a worker that is running a job right now.
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            horses = [
+                pid for w in self.workers if w is not None and w.poll() is None for pid in children_of(w.pid)
+            ]
+            if horses:
+                pid = rng.choice(horses)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                return (pid,)
+            time.sleep(0.01)
+        return ()
+
+    def _evict(self, seconds: float) -> None:
+        client = self.server.client()
+        try:
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            client.config_set("maxmemory", str(max(used * 3 // 4, 1 << 20)))
+            time.sleep(seconds)
+        finally:
+            with contextlib.suppress(Exception):
+                client.config_set("maxmemory", "0")
+                client.config_set("maxmemory-policy", "noeviction")
+            client.close()
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosResult:
+    """Run the harness described in the module docstring and return its verdict."""
+    unknown = sorted(set(cfg.faults) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    started = time.monotonic()
+    root = cfg.directory or tempfile.mkdtemp(prefix="hybridq-chaos-")
+    os.makedirs(root, exist_ok=True)
+    rng = random.Random(cfg.seed)  # noqa: S311 - a replayable schedule, not a secret
+    topo = _Topology(cfg, root, say)
+    faults: list[_Fault] = []
+    schedule: list[str] = []
+    status: dict[str, Any] = {}
+    try:
+        topo.start()
+        say(f"chaos directory: {root}")
+        end = time.monotonic() + cfg.duration_s
+        next_fault = time.monotonic() + rng.uniform(cfg.gap_s / 2, cfg.gap_s * 1.5)
+        while time.monotonic() < end:
+            topo.keep_alive()
+            if cfg.faults and time.monotonic() >= next_fault:
+                if not schedule:  # rounds of every fault in a seeded order: each class is covered
+                    schedule = rng.sample(cfg.faults, len(cfg.faults))
+                name = schedule.pop()
+                fault = topo.inject(name, rng)
+                faults.append(fault)
+                say(
+                    f"[{time.monotonic() - started:6.1f}s] {FAULTS[name]} {name}"
+                    + (f" (pids {', '.join(map(str, fault.pids))})" if fault.pids else "")
+                    + (f" {fault.end - fault.at:.1f}s" if fault.end - fault.at >= 0.5 else "")
+                )
+                next_fault = time.monotonic() + rng.uniform(cfg.gap_s / 2, cfg.gap_s * 1.5)
+            time.sleep(0.05)
+        topo.stop_producers()
+        acked = _acks(topo.acks_dir)
+        say(f"faults over: {len(acked)} jobs acknowledged; draining (up to {cfg.drain_s:.0f} s)")
+        status = _drain(topo, acked, cfg.drain_s)
+        time.sleep(cfg.lease_s * 2)  # long enough for a late duplicate to show itself
+        return _verdict(cfg, acked, _runs(topo.effects), faults, status, root, time.monotonic() - started)
+    finally:
+        topo.close()
+
+
+def _drain(topo: _Topology, acked: dict[str, float], timeout_s: float) -> dict[str, Any]:
+    from hybridq.status import collect_status  # noqa: PLC0415 - reads the journal
+
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, Any] = {}
+    while True:
+        topo.keep_alive(producers=False)
+        finished = {token for token, runs in _runs(topo.effects).items() if any(r.kind == "E" for r in runs)}
+        status = collect_status(topo.journal)
+        if finished.issuperset(acked) and status["pending"] == 0:
+            return status
+        if time.monotonic() > deadline:
+            return status
+        time.sleep(0.25)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    kind: str  # B (started), E (ended), F (failed as planned)
+    attempt: int
+    pid: int
+    at: float
+
+
+def _runs(path: str) -> dict[str, list[_Run]]:
+    out: dict[str, list[_Run]] = defaultdict(list)
+    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 5:
+                out[parts[1]].append(_Run(parts[0], int(parts[2]), int(parts[3]), float(parts[4])))
+    return out
+
+
+def _acks(directory: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:  # a producer killed mid-write leaves at most a torn last line
+                    out[parts[0]] = float(parts[1])
+    return out
+
+
+def _verdict(
+    cfg: ChaosConfig,
+    acked: dict[str, float],
+    runs: dict[str, list[_Run]],
+    faults: list[_Fault],
+    status: dict[str, Any],
+    root: str,
+    seconds: float,
+) -> ChaosResult:
+    per = {name: FaultStats(name) for name in (*cfg.faults, "none")}
+    for fault in faults:
+        per[fault.name].injected += 1
+
+    def latest_before(t: float) -> str:
+        name = "none"
+        for fault in faults:
+            if fault.at > t:
+                break
+            name = fault.name
+        return name
+
+    killed = {pid: fault for fault in faults for pid in fault.pids if fault.name in KILLS}
+    losses = [f for f in faults if f.name in DATA_LOSS]
+    violations: list[str] = []
+    lost_tokens = []
+    reruns = dup_execution = unexplained = 0
+    max_redelivery = max_age = 0.0
+    for token, at in acked.items():
+        stats = per[latest_before(at)]
+        stats.accepted += 1
+        if not any(r.kind == "E" for r in runs.get(token, ())):
+            stats.lost += 1
+            lost_tokens.append(token)
+    for token, token_runs in runs.items():
+        starts = sorted((r for r in token_runs if r.kind == "B"), key=lambda r: r.at)
+        ends = [r for r in token_runs if r.kind in "EF"]
+        for prev, run in itertools.pairwise(starts):
+            prev_end = next(
+                (e for e in ends if e.pid == prev.pid and e.attempt == prev.attempt and e.at >= prev.at), None
+            )
+            if prev_end is not None and prev_end.kind == "F" and run.attempt > prev.attempt:
+                continue  # the retry of a planned failure
+            reruns += 1
+            cause: _Fault | None
+            if prev_end is None:
+                # Interrupted mid-task: it never finished, so running it again is the guarantee at work.
+                cause = killed.get(prev.pid)
+                if cause is None:
+                    unexplained += 1
+            else:
+                cause = _excuse(prev, prev_end, run, killed, losses, cfg.window_s)
+                if cause is None:
+                    dup_execution += 1
+                    per[latest_before(run.at)].dup_execution += 1
+                    violations.append(
+                        f"{token} attempt {run.attempt} ran again at {run.at:.3f} (pid {run.pid}) after "
+                        f"attempt {prev.attempt} ended at {prev_end.at:.3f} (pid {prev.pid})"
+                    )
+                    continue
+                if cause.name in DATA_LOSS:
+                    max_age = max(max_age, cause.at - prev_end.at)
+            stats = per[cause.name if cause is not None else latest_before(run.at)]
+            stats.reruns += 1
+            if cause is not None:
+                delay = run.at - cause.at
+                stats.max_redelivery_s = max(stats.max_redelivery_s, delay)
+                max_redelivery = max(max_redelivery, delay)
+    suppressed = int(status.get("duplicates_suppressed", 0))
+    return ChaosResult(
+        seed=cfg.seed,
+        accepted=len(acked),
+        lost=len(lost_tokens),
+        dup_delivery=reruns + suppressed,
+        dup_execution=dup_execution,
+        max_redelivery_s=max_redelivery,
+        max_outcome_age_s=max_age,
+        duplicates_suppressed=suppressed,
+        unacknowledged_ran=len(set(runs) - set(acked)),
+        unexplained_interruptions=unexplained,
+        per_fault={k: v for k, v in per.items() if v.injected or v.accepted or k != "none"},
+        lost_tokens=sorted(lost_tokens),
+        violations=violations,
+        seconds=seconds,
+        directory=root,
+        status={
+            k: status.get(k) for k in ("accepted", "succeeded", "failed", "pending", "duplicates_suppressed")
+        },
+    )
+
+
+def _excuse(
+    prev: _Run,
+    prev_end: _Run | None,
+    run: _Run,
+    killed: dict[int, _Fault],
+    losses: list[_Fault],
+    window_s: float,
+) -> _Fault | None:
+    """The fault that explains ``run`` starting again after ``prev``, or ``None``."""
+    kill = killed.get(prev.pid)
+    if (
+        kill is not None
+        and kill.at >= prev.at
+        and (prev_end is None or kill.at - prev_end.at < KILL_WINDOW_S)
+    ):
+        return kill  # killed mid-run, or after the task returned and before its outcome was stored
+    ended = prev_end.at if prev_end is not None else prev.at
+    for loss in losses:
+        # Redis lost the stored outcome before the forwarder's ledger had it.
+        if ended - 1.0 <= loss.end and loss.at - ended <= window_s and loss.at <= run.at:
+            return loss
+    return None
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def main(
+    cfg: ChaosConfig, *, echo: Callable[[str], None], report: str | None = None, keep: bool = False
+) -> int:
+    """Run, print the figure lines, and return the exit code (0 ok, 1 a guarantee broken)."""
+    replay = (
+        f"hybridq chaos --seed {cfg.seed} --duration {cfg.duration_s:g} --producers {cfg.producers} "
+        f"--workers {cfg.workers} --rate {cfg.rate:g} --gap {cfg.gap_s:g} --lease {cfg.lease_s:g} "
+        f"--faults {','.join(cfg.faults)}"
+    )
+    echo(f"hybridq chaos: seed={cfg.seed} (replay: {replay})")
+    result = run_chaos(cfg, say=echo)
+    for stats in result.per_fault.values():
+        echo(stats.line())
+    echo(
+        f"status (hybridq's own counts): succeeded={result.status.get('succeeded')} "
+        f"failed={result.status.get('failed')} pending={result.status.get('pending')} "
+        f"duplicates_suppressed={result.duplicates_suppressed}; re-runs after Redis lost an outcome "
+        f"had ended at most {result.max_outcome_age_s:.2f} s before the loss; "
+        f"jobs that ran without an acknowledgement (producer killed after the fsync)="
+        f"{result.unacknowledged_ran}; runs cut off by no injected fault={result.unexplained_interruptions}"
+    )
+    echo(result.total_line())
+    for violation in result.violations[:20]:
+        echo(f"VIOLATION {violation}")
+    if result.lost_tokens:
+        echo(f"LOST {' '.join(result.lost_tokens[:20])}{' ...' if len(result.lost_tokens) > 20 else ''}")
+    if report is not None:
+        with open(report, "w", encoding="utf-8") as f:
+            json.dump(result.to_json(), f, indent=2)
+    if result.ok:
+        echo(f"OK seed={cfg.seed}: nothing lost, no finished job ran again ({result.seconds:.0f} s)")
+        if not keep and cfg.directory is None:
+            shutil.rmtree(result.directory, ignore_errors=True)
+        return 0
+    echo(f"FAILED seed={cfg.seed}: replay with `{replay}`; processes' logs in {result.directory}")
+    return 1
