@@ -40,7 +40,8 @@ class Delivery:
     #: 1 for the first run; more after a failure (retry) or a lost worker (redelivery).
     attempt: int = 1
     #: Replace the job if the backend holds an earlier attempt of it (a retry, a redelivery after
-    #: a lost worker, a requeue); a push of the attempt it already holds does nothing.
+    #: a lost worker, a requeue); a push of the attempt it already holds does nothing, unless
+    #: RQ ended that attempt without a worker ever claiming it (then it is queued again).
     force: bool = False
     #: Replace the job whatever the backend holds (it holds a copy no worker will ever take).
     replace: bool = False

@@ -42,14 +42,26 @@ __all__ = ["RQTransport"]
 # 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
 # does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
 # retry already running.
+#
+# Unless RQ finished or failed that very run although no worker ever claimed it (its
+# hybridq_started is older): then it can no longer run, and is queued again. That is what the
+# worker of the previous run leaves when it records that run's failure in RQ (RQ saves the whole
+# job hash, the previous run's arguments included) after the forwarder had already harvested
+# the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
+# copy, which reports that run's failure again and runs nothing (tests/integration/
+# test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
 _PUSH_IF_NEW = """
 if redis.call("EXISTS", KEYS[1]) == 1 then
     if ARGV[2] == "0" then
         return 0
     end
-    local run = tonumber(redis.call("HGET", KEYS[1], "hybridq_run")) or 0
-    if ARGV[2] == "1" and run >= tonumber(ARGV[3]) then
-        return 0
+    local f = redis.call("HMGET", KEYS[1], "hybridq_run", "status", "hybridq_started")
+    local run, mine = tonumber(f[1]) or 0, tonumber(ARGV[3])
+    if ARGV[2] == "1" and run >= mine then
+        local ended = f[2] == "finished" or f[2] == "failed"
+        if run > mine or not ended or (tonumber(f[3]) or 0) >= run then
+            return 0
+        end
     end
     redis.call("DEL", KEYS[1])
     redis.call("LREM", KEYS[2], 0, ARGV[1])
