@@ -167,7 +167,7 @@ def with_password(url: str, password: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password (``user:pass@`` or ``?password=``) replaced by ``***``."""
+    """``url`` with any password (``user:pass@``, ``?password=``, ``?ssl_password=``) as ``***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -178,7 +178,7 @@ def redact_url(url: str) -> str:
         rest = f"{user}:***@{host}" if user else f"***@{host}"
     if qsep:
         params = [
-            f"{key}=***" if key.lower() == "password" else f"{key}{eq}{value}"
+            f"{key}=***" if key.lower().endswith("password") else f"{key}{eq}{value}"
             for key, eq, value in (part.partition("=") for part in query.split("&"))
         ]
         rest = rest + "?" + "&".join(params)

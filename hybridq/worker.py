@@ -59,13 +59,16 @@ __all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute"
 
 log = logging.getLogger("hybridq.worker")
 
-#: The dotted path RQ job hashes name as their function.
-
 #: Longest error text stored with an outcome (a traceback); events carry only its last line.
 MAX_ERROR_CHARS = 8192
 #: How long to keep trying to record an outcome while Redis is unreachable (seconds). Past it,
 #: the lease expires and the forwarder delivers the job again: at-least-once, never lost.
 FINISH_PATIENCE_S = 30.0
+#: Socket timeout of a worker's own Redis calls (claim, lease renewal, outcome), in seconds.
+CALL_TIMEOUT_S = 5.0
+#: RQ's worker TTL for ``hybridq worker``: RQ's own socket timeout is this plus 10 s less 15 s
+#: (its blocking dequeue waits TTL - 15 s), so a hung Redis is noticed in 30 s, not 415 s.
+WORKER_TTL_S = 35
 #: How often a delivery that finds its key's lease taken checks again (seconds).
 BUSY_POLL_S = 0.25
 #: The longest wait between two attempts of RQ's own loop to reach a Redis that went away.
@@ -78,6 +81,9 @@ STABLE_S = 60.0
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
 # delivery runs it now).
 _CLAIM = """
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+    return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
+end
 local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
 local stored = redis.call("GET", KEYS[1])
 if stored then
@@ -106,13 +112,22 @@ return {3, redis.call("GET", KEYS[2]) or ""}
 
 # KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON.
 # A success already stored (by a delivery that ran while this one had lost its lease) is kept,
-# and the event reports it: the key succeeded, whatever this run did.
+# and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
+# the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
+# 3 kept the success of a later attempt of this job (this run's outcome was superseded).
 _FINISH = """
 local stored = redis.call("GET", KEYS[1])
 local keep = 0
 if stored then
     local ok, r = pcall(cjson.decode, stored)
-    if ok and type(r) == "table" and r.outcome == "succeeded" then keep = 1 end
+    if ok and type(r) == "table" then
+        if r.token == ARGV[1] then return 2 end
+        if r.outcome == "succeeded" then
+            local mine = cjson.decode(ARGV[2])
+            keep = 1
+            if r.job_id == mine.job_id and (tonumber(r.attempt) or 0) > mine.attempt then keep = 3 end
+        end
+    end
 end
 local event = ARGV[4]
 if keep == 0 then
@@ -169,7 +184,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if rq_job is None:
         raise RuntimeError("hybridq.worker.execute runs only inside an RQ worker")
     d = _Delivery.parse(delivery)
-    conn: redis.Redis = rq_job.connection
+    conn = _client(rq_job.connection)
     env = d.envelope
     # Before anything is imported or claimed, the signature first (a job changed in Redis could
     # name any allowed function), then the allowlist. A job failing either fails for good (a
@@ -187,11 +202,11 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     result_key, lease_key = keys.result(env.key_id), keys.lease(env.key_id)
     token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
     lease_ms = max(1, int(d.lease_s * 1000))
+    claim_keys = [result_key, lease_key, keys.rq_job(env.id)]
+    claim_args = [token, lease_ms, env.id, env.requeue, d.attempt]
     while True:
-        status, stored = _script(conn, _CLAIM)(
-            keys=[result_key, lease_key, keys.rq_job(env.id)],
-            args=[token, lease_ms, env.id, env.requeue, d.attempt],
-        )
+        # Retried with the same token when the reply is lost: a claim that did happen is ours.
+        status, stored = _retrying(lambda: _script(conn, _CLAIM)(keys=claim_keys, args=claim_args))
         if status == 0:
             break
         if status == 1:
@@ -228,6 +243,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         "requeue": env.requeue,
         "final": final,
         "at": time.time(),
+        "token": token,  # tells a retried _FINISH that its first try got through
     }
     _finish(conn, d, token, outcome, dup=False)
     if error is not None:
@@ -274,7 +290,11 @@ def _finish(conn: redis.Redis, d: _Delivery, token: str, outcome: Mapping[str, A
     args: list[str | int] = [token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
     keys_ = [keys.result(d.envelope.key_id), keys.lease(d.envelope.key_id), keys.events(d.owner)]
     kept = _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args))
-    if kept:
+    if kept == 3:
+        # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
+        # or this run lost its lease and the job was delivered again: the success stands.
+        log.info("job %s: a later attempt already succeeded; this run's outcome is superseded", d.envelope.id)
+    elif kept == 1:
         log.warning(
             "job %s: its key already had a stored success (this run had lost its lease): "
             "the task ran twice for one key",
@@ -312,7 +332,7 @@ def _retrying(call: Any) -> Any:
             return call()
         except RedisError as exc:
             if time.monotonic() >= deadline:
-                log.error("cannot record the outcome in Redis (%s): the job will be delivered again", exc)
+                log.error("cannot reach Redis (%s): the job will be delivered again", exc)
                 raise
             time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
             delay = min(2.0, delay * 2)
@@ -330,6 +350,30 @@ def _jsonable(value: Any, env: Envelope) -> Any:
 def _format_error(error: BaseException) -> str:
     text = "".join(traceback.format_exception(error))
     return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
+
+
+def _client(conn: redis.Redis) -> redis.Redis:
+    """A client of ``conn``'s Redis whose calls time out after :data:`CALL_TIMEOUT_S`.
+
+    RQ raises its connection's socket timeout above its blocking dequeue (415 s by default): on
+    that connection, a hung or blackholed Redis would hold a claim or an outcome that long.
+    """
+    pool = conn.connection_pool
+    client = _clients.get(pool)
+    if client is None:
+        options = {
+            **pool.connection_kwargs,
+            "socket_timeout": CALL_TIMEOUT_S,
+            "socket_connect_timeout": CALL_TIMEOUT_S,
+        }
+        client = redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
+        )
+        _clients[pool] = client
+    return client
+
+
+_clients: weakref.WeakKeyDictionary[redis.ConnectionPool, redis.Redis] = weakref.WeakKeyDictionary()
 
 
 def _script(conn: redis.Redis, source: str) -> Any:
@@ -455,7 +499,12 @@ def run_worker(
         try:
             # job_class: RQ must not import whatever function a job hash names (see Job).
             worker = worker_class(
-                queues, connection=conn, serializer=JSONSerializer, name=name, job_class=Job
+                queues,
+                connection=conn,
+                serializer=JSONSerializer,
+                name=name,
+                job_class=Job,
+                worker_ttl=WORKER_TTL_S,
             )
             # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
             # cap it so that work resumes within seconds of Redis coming back.

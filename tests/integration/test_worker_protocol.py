@@ -159,3 +159,34 @@ def test_allowed_prefixes_match_whole_module_names(monkeypatch: pytest.MonkeyPat
     assert not allowed("tests.tasks.add")
     importlib.import_module("tests.registered_tasks")  # registers its @hybridq.task functions
     assert allowed("tests.registered_tasks.record")
+
+
+def test_a_claim_or_an_outcome_sent_again_after_a_lost_reply_finds_itself(transport: RQTransport) -> None:
+    """The unknown outcome: a script ran in Redis but the worker never heard back, and retries."""
+    from hybridq import worker
+
+    conn = transport.connection
+    env = envelope()
+    result_key, lease_key, events = keys.result(env.key_id), keys.lease(env.key_id), keys.events(OWNER)
+    claim = worker._script(conn, worker._CLAIM)
+    claim_args = ["token-1", 10_000, env.id, 0, 1]
+    assert claim(keys=[result_key, lease_key, keys.rq_job(env.id)], args=claim_args)[0] == 0
+    # The same claim again: the lease is its own, so it may run (not "busy" until the lease lapses).
+    assert claim(keys=[result_key, lease_key, keys.rq_job(env.id)], args=claim_args)[0] == 0
+    # Another delivery's claim is still refused.
+    other = ["token-2", 10_000, env.id, 0, 1]
+    assert claim(keys=[result_key, lease_key, keys.rq_job(env.id)], args=other)[0] == 3
+
+    finish = worker._script(conn, worker._FINISH)
+    outcome = {"outcome": "succeeded", "job_id": env.id, "attempt": 1, "token": "token-1"}
+    finish_args = ["token-1", json.dumps(outcome), 60, json.dumps({"job_id": env.id})]
+    assert finish(keys=[result_key, lease_key, events], args=finish_args) == 0
+    # Sent again: its own outcome is there; no second event, no "ran twice" alarm.
+    assert finish(keys=[result_key, lease_key, events], args=finish_args) == 2
+    assert conn.xlen(events) == 1
+    # A different run of the same attempt finding that success: the task did run twice.
+    again = ["token-3", json.dumps({**outcome, "token": "token-3"}), 60, json.dumps({"job_id": env.id})]
+    assert finish(keys=[result_key, lease_key, events], args=again) == 1
+    # An earlier attempt finishing after a later one succeeded: superseded.
+    late = {**outcome, "attempt": 0, "token": "token-4"}
+    assert finish(keys=[result_key, lease_key, events], args=["token-4", json.dumps(late), 60, "{}"]) == 3

@@ -126,6 +126,10 @@ def test_verify_shows_a_progress_bar_on_large_journals(
         ("redis://user:s3cret@h/0?db=1", "redis://user:***@h/0?db=1"),
         ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
         ("redis://h:6379/0", "redis://h:6379/0"),
+        (
+            "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_password=k3y&ssl_cert_reqs=required",
+            "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_password=***&ssl_cert_reqs=required",
+        ),
     ],
 )
 def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
