@@ -446,3 +446,22 @@ def test_a_reply_is_complete_only_when_its_last_byte_is_there() -> None:
     command = b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n0\r\n"
     assert parse_command(bytearray(command), 0) == ([b"EVALSHA", b"ab", b"0"], len(command))
     assert all(parse_command(bytearray(command[:cut]), 0) is None for cut in range(len(command)))
+
+
+def test_a_workers_own_calls_time_out_on_a_blackholed_redis(redis_server: RedisServer) -> None:
+    """RQ sets its connection's socket timeout to 415 s; a claim or an outcome must not wait that."""
+    from hybridq import worker
+
+    assert redis_server.port is not None
+    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        rq_connection = redis.Redis.from_url(proxy.url, socket_timeout=415)
+        client = worker._client(rq_connection)
+        assert client.ping()
+        proxy.blackhole()
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            client.ping()
+        assert time.monotonic() - started < worker.CALL_TIMEOUT_S + 3
+        proxy.clear()
+        client.close()
+        rq_connection.close()
