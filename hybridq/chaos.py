@@ -18,7 +18,14 @@ S11   evict               ``maxmemory`` at the current usage with ``allkeys-lru`
 S12   redis-outage        stop redis-server for seconds; it comes back empty
 S12   redis-sigstop       SIGSTOP redis-server for seconds, then SIGCONT
 S12   client-pause        ``CLIENT PAUSE`` for seconds
+NET   net-latency         20-200 ms each way between the clients and Redis, for seconds
+NET   net-reset           reset every connection between the clients and Redis
+NET   net-blackhole       move no bytes between the clients and Redis for 1-6 s
+NET   net-cut             let Redis run a few commands but cut the connection before the reply
 ====  ==================  ======================================================================
+
+The forwarder and the workers reach Redis through :class:`hybridq.faultproxy.FaultProxy` when
+a ``net-*`` fault is selected; the harness itself talks to Redis directly.
 
 Every job runs :func:`task`, which appends a line to an effects file at its start and at its
 end (``B``/``E``, with the attempt, pid and time); producers append every job they got an
@@ -58,6 +65,7 @@ from typing import IO, Any
 
 from hybridq.context import current_job
 from hybridq.envelope import Retry
+from hybridq.faultproxy import FaultProxy
 from hybridq.journal.crashpoints import NAMES as CRASH_POINTS
 
 __all__ = [
@@ -83,9 +91,18 @@ FAULTS: dict[str, str] = {
     "redis-outage": "S12",
     "redis-sigstop": "S12",
     "client-pause": "S12",
+    "net-latency": "NET",
+    "net-reset": "NET",
+    "net-blackhole": "NET",
+    "net-cut": "NET",
 }
 #: Faults after which Redis no longer holds what it held: stored outcomes may be gone.
 DATA_LOSS = frozenset({"redis-restart", "flushall", "evict", "redis-outage"})
+#: Faults during which the workers cannot reach Redis: a run that ends meanwhile cannot store its
+#: outcome until they can, and may be delivered again first (after its lease lapsed).
+UNREACHABLE = frozenset({"redis-sigstop", "client-pause", "net-blackhole"})
+#: A run that ended this long after such a fault may still have been waiting to store its outcome.
+UNREACHABLE_SLACK_S = 3.0
 #: Faults that kill processes running jobs.
 KILLS = frozenset({"worker-kill", "horse-kill"})
 #: A process killed this soon after its task returned may not have stored the outcome yet.
@@ -223,6 +240,8 @@ class ChaosResult:
     unexplained_interruptions: int
     per_fault: dict[str, FaultStats]
     lost_tokens: list[str]
+    #: Jobs hybridq reports failed for good (token -> error): none of the harness's jobs should.
+    failed: dict[str, str]
     violations: list[str]
     seconds: float
     directory: str
@@ -230,13 +249,14 @@ class ChaosResult:
 
     @property
     def ok(self) -> bool:
-        """No loss, no unexcused re-execution."""
-        return self.lost == 0 and self.dup_execution == 0
+        """No loss, no unexcused re-execution, no job failed for good."""
+        return self.lost == 0 and self.dup_execution == 0 and not self.failed
 
     def total_line(self) -> str:
         """The total figure line."""
         return (
-            f"TOTAL accepted={self.accepted} lost={self.lost} dup_delivery={self.dup_delivery} "
+            f"TOTAL accepted={self.accepted} lost={self.lost} failed={len(self.failed)} "
+            f"dup_delivery={self.dup_delivery} "
             f"dup_execution={self.dup_execution} max_redelivery_s={self.max_redelivery_s:.2f}"
         )
 
@@ -258,6 +278,7 @@ class ChaosResult:
                 name: {k: v for k, v in vars(s).items() if k != "name"} for name, s in self.per_fault.items()
             },
             "lost_tokens": self.lost_tokens[:100],
+            "failed": dict(list(self.failed.items())[:100]),
             "violations": self.violations[:100],
             "seconds": round(self.seconds, 1),
             "directory": self.directory,
@@ -309,6 +330,7 @@ class _Topology:
         os.makedirs(self.acks_dir, exist_ok=True)
         self.log: IO[str] = open(os.path.join(root, "processes.log"), "a", encoding="utf-8")  # noqa: SIM115
         self.server = RedisServer(directory=os.path.join(root, "redis"))
+        self.proxy: FaultProxy | None = None
         self.env = {**os.environ, "HYBRIDQ_ALLOW": "hybridq.chaos", "PYTHONUNBUFFERED": "1"}
         self.forwarder: subprocess.Popen[str] | None = None
         self.workers: list[subprocess.Popen[str] | None] = [None] * cfg.workers
@@ -329,14 +351,14 @@ class _Topology:
 
     def start_forwarder(self) -> None:
         argv = [sys.executable, "-m", "hybridq", "forward", "--journal", self.journal]
-        self.forwarder = self._spawn([*argv, "--redis", self.server.url, "--lease", str(self.cfg.lease_s)])
+        self.forwarder = self._spawn([*argv, "--redis", self.url, "--lease", str(self.cfg.lease_s)])
 
     def start_worker(self, n: int) -> None:
         if n % 2 == 0:
-            argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.server.url, QUEUE]
+            argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.url, QUEUE]
         else:
             rq = os.path.join(os.path.dirname(sys.executable), "rq")
-            argv = [rq, "worker", "--serializer", "rq.serializers.JSONSerializer", "--url", self.server.url]
+            argv = [rq, "worker", "--serializer", "rq.serializers.JSONSerializer", "--url", self.url]
             argv += ["--job-class", "hybridq.worker.Job"]
             argv += ["--logging_level", "WARNING", QUEUE]
         self.workers[n] = self._spawn(argv)
@@ -356,6 +378,11 @@ class _Topology:
     def start(self) -> None:
         self.server.start()
         self.say(f"redis-server {self.server.executable} on {self.server.url} (private to this run)")
+        if any(name.startswith("net-") for name in self.cfg.faults):
+            assert self.server.port is not None
+            self.proxy = FaultProxy("127.0.0.1", self.server.port)
+            self.proxy.start()
+            self.say(f"the forwarder and the workers reach it through a fault proxy at {self.proxy.url}")
         for n in range(self.cfg.producers):
             self.start_producer(n)
         self.start_forwarder()
@@ -389,6 +416,11 @@ class _Topology:
                 proc.wait()
         self.producers = [None] * len(self.producers)
 
+    @property
+    def url(self) -> str:
+        """The Redis URL the forwarder and the workers use (the proxy's, if there is one)."""
+        return self.proxy.url if self.proxy is not None else self.server.url
+
     def close(self) -> None:
         for proc in self.all:
             if proc.poll() is None:
@@ -402,6 +434,8 @@ class _Topology:
         with contextlib.suppress(Exception):
             self.server.resume()
         self.server.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
         self.log.close()
 
     # faults
@@ -443,6 +477,8 @@ class _Topology:
             seconds = rng.uniform(1.0, 4.0)
             self.server.client_pause(seconds)
             time.sleep(seconds)
+        elif name.startswith("net-"):
+            self._net(name, rng)
         else:
             raise ValueError(f"unknown fault {name!r}")
         return _Fault(name, at, time.time(), pids)
@@ -475,6 +511,26 @@ class _Topology:
                 return (pid,)
             time.sleep(0.01)
         return ()
+
+    def _net(self, name: str, rng: random.Random) -> None:
+        proxy = self.proxy
+        assert proxy is not None  # started whenever a net-* fault is selected
+        try:
+            if name == "net-latency":
+                proxy.latency(rng.uniform(0.02, 0.2))
+                time.sleep(rng.uniform(1.0, 5.0))
+            elif name == "net-reset":
+                proxy.reset()
+            elif name == "net-blackhole":
+                proxy.blackhole()
+                time.sleep(rng.uniform(1.0, 6.0))
+            else:  # net-cut: any command's reply (pushes, claims, outcomes, RQ's transactions)
+                proxy.cut_replies(rng.randint(1, 4), None, every=rng.randint(2, 20))
+                deadline = time.monotonic() + 5.0
+                while proxy.cuts_left and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        finally:
+            proxy.clear()
 
     def _evict(self, seconds: float) -> None:
         client = self.server.client()
@@ -531,7 +587,9 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosR
         say(f"faults over: {len(acked)} jobs acknowledged; draining (up to {cfg.drain_s:.0f} s)")
         status = _drain(topo, acked, cfg.drain_s)
         time.sleep(cfg.lease_s * 2)  # long enough for a late duplicate to show itself
-        return _verdict(cfg, acked, _runs(topo.effects), faults, status, root, time.monotonic() - started)
+        failed = _failed_for_good(topo.journal)
+        runs = _runs(topo.effects)
+        return _verdict(cfg, acked, runs, faults, status, failed, root, time.monotonic() - started)
     finally:
         topo.close()
 
@@ -570,6 +628,18 @@ def _runs(path: str) -> dict[str, list[_Run]]:
     return out
 
 
+def _failed_for_good(journal: str) -> dict[str, str]:
+    """Jobs the ledger says failed for good: token -> error (a chaos job should never fail)."""
+    from hybridq.failures import failed_jobs  # noqa: PLC0415 - reads the journal
+
+    out = {}
+    for job in failed_jobs(journal):
+        args = job.envelope.args if job.envelope is not None else ()
+        token = str(args[1]) if len(args) > 1 else job.id
+        out[token] = job.error or "?"
+    return out
+
+
 def _acks(directory: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in sorted(os.listdir(directory)):
@@ -587,6 +657,7 @@ def _verdict(
     runs: dict[str, list[_Run]],
     faults: list[_Fault],
     status: dict[str, Any],
+    failed: dict[str, str],
     root: str,
     seconds: float,
 ) -> ChaosResult:
@@ -604,6 +675,7 @@ def _verdict(
 
     killed = {pid: fault for fault in faults for pid in fault.pids if fault.name in KILLS}
     losses = [f for f in faults if f.name in DATA_LOSS]
+    outages = [f for f in faults if f.name in UNREACHABLE]
     violations: list[str] = []
     lost_tokens = []
     reruns = dup_execution = unexplained = 0
@@ -611,7 +683,7 @@ def _verdict(
     for token, at in acked.items():
         stats = per[latest_before(at)]
         stats.accepted += 1
-        if not any(r.kind == "E" for r in runs.get(token, ())):
+        if not any(r.kind == "E" for r in runs.get(token, ())) and token not in failed:
             stats.lost += 1
             lost_tokens.append(token)
     for token, token_runs in runs.items():
@@ -631,7 +703,7 @@ def _verdict(
                 if cause is None:
                     unexplained += 1
             else:
-                cause = _excuse(prev, prev_end, run, killed, losses, cfg.window_s)
+                cause = _excuse(prev, prev_end, run, killed, losses, outages, cfg.window_s)
                 if cause is None:
                     dup_execution += 1
                     per[latest_before(run.at)].dup_execution += 1
@@ -662,6 +734,7 @@ def _verdict(
         unexplained_interruptions=unexplained,
         per_fault={k: v for k, v in per.items() if v.injected or v.accepted or k != "none"},
         lost_tokens=sorted(lost_tokens),
+        failed={token: failed[token] for token in sorted(failed)},
         violations=violations,
         seconds=seconds,
         directory=root,
@@ -677,6 +750,7 @@ def _excuse(
     run: _Run,
     killed: dict[int, _Fault],
     losses: list[_Fault],
+    outages: list[_Fault],
     window_s: float,
 ) -> _Fault | None:
     """The fault that explains ``run`` starting again after ``prev``, or ``None``."""
@@ -692,6 +766,11 @@ def _excuse(
         # Redis lost the stored outcome before the forwarder's ledger had it.
         if ended - 1.0 <= loss.end and loss.at - ended <= window_s and loss.at <= run.at:
             return loss
+    for outage in outages:
+        # It ended while the workers could not reach Redis: its outcome waited to be stored, and
+        # its lease lapsed meanwhile (the documented window of a Redis outage).
+        if outage.at - 0.5 <= ended <= outage.end + UNREACHABLE_SLACK_S and outage.at <= run.at:
+            return outage
     return None
 
 
@@ -722,6 +801,8 @@ def main(
     echo(result.total_line())
     for violation in result.violations[:20]:
         echo(f"VIOLATION {violation}")
+    for token, error in list(result.failed.items())[:20]:
+        echo(f"FAILED-FOR-GOOD {token}: {error.strip().splitlines()[-1] if error.strip() else error}")
     if result.lost_tokens:
         echo(f"LOST {' '.join(result.lost_tokens[:20])}{' ...' if len(result.lost_tokens) > 20 else ''}")
     if report is not None:

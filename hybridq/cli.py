@@ -1023,14 +1023,17 @@ def chaos(
     worker` and plain `rq worker`, alternating) and PRODUCERS producer processes, then injects a
     seeded schedule of faults (RELIABILITY.md S1, S2, S8-S12): producer kills and crash points,
     forwarder kills, worker and work-horse kills, Redis restarted empty, FLUSHALL, an evicting
-    maxmemory, Redis stopped, SIGSTOPped and CLIENT PAUSEd. Jobs note their runs in a file of
+    maxmemory, Redis stopped, SIGSTOPped and CLIENT PAUSEd, and network faults between the
+    clients and Redis (latency, resets, a blackhole, replies cut). Jobs note their runs in a file of
     their own, so the verdict does not trust hybridq's counts. Prints one figure line per fault
-    class and a total; exits 1 if an acknowledged job was lost or a finished job ran again
-    (and prints the seed to replay it), 0 otherwise. See docs/reliability.md.
+    class and a total; exits 1 if an acknowledged job was lost, failed for good, or ran again
+    after it had finished (and prints the seed to replay it), 0 otherwise. See
+    docs/reliability.md.
 
     \b
     Faults: producer-kill producer-crash forwarder-kill worker-kill horse-kill redis-restart
-            flushall evict redis-outage redis-sigstop client-pause
+            flushall evict redis-outage redis-sigstop client-pause net-latency net-reset
+            net-blackhole net-cut
     \b
     Examples:
       hybridq chaos                                  # a minute of every fault

@@ -27,12 +27,13 @@ def _run(tmp_path: Path, **options: object) -> ChaosResult:
 def test_every_fault_class_loses_nothing_and_reruns_no_finished_job(
     tmp_path: Path, figures: Callable[[str], None]
 ) -> None:
-    result = _run(tmp_path, duration_s=55.0, seed=20261130)
+    result = _run(tmp_path, duration_s=70.0, seed=20261130)
     for stats in result.per_fault.values():
         figures(f"chaos seed={result.seed} {stats.line()}")
     figures(f"chaos seed={result.seed} {result.total_line()}")
     assert result.violations == []
     assert result.lost_tokens == []
+    assert result.failed == {}
     assert result.ok
     assert result.accepted > 300
     missing = [name for name in FAULTS if result.per_fault[name].injected == 0]
