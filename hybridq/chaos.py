@@ -231,6 +231,8 @@ class ChaosResult:
     dup_delivery: int
     dup_execution: int
     max_redelivery_s: float
+    #: Acknowledgement to first start, p50 / p99 / max (the backlog the workers had to catch up).
+    wait_s: tuple[float, float, float]
     #: Of the runs repeated because Redis lost their stored outcome: how long before the loss
     #: the oldest of them had ended (how far behind the ledger was).
     max_outcome_age_s: float
@@ -271,6 +273,11 @@ class ChaosResult:
             "dup_execution": self.dup_execution,
             "max_redelivery_s": round(self.max_redelivery_s, 3),
             "max_outcome_age_s": round(self.max_outcome_age_s, 3),
+            "wait_s": {
+                "p50": round(self.wait_s[0], 3),
+                "p99": round(self.wait_s[1], 3),
+                "max": round(self.wait_s[2], 3),
+            },
             "duplicates_suppressed": self.duplicates_suppressed,
             "unacknowledged_ran": self.unacknowledged_ran,
             "unexplained_interruptions": self.unexplained_interruptions,
@@ -575,6 +582,7 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosR
                 name = schedule.pop()
                 fault = topo.inject(name, rng)
                 faults.append(fault)
+                _log_fault(root, fault)
                 say(
                     f"[{time.monotonic() - started:6.1f}s] {FAULTS[name]} {name}"
                     + (f" (pids {', '.join(map(str, fault.pids))})" if fault.pids else "")
@@ -626,6 +634,21 @@ def _runs(path: str) -> dict[str, list[_Run]]:
             if len(parts) == 5:
                 out[parts[1]].append(_Run(parts[0], int(parts[2]), int(parts[3]), float(parts[4])))
     return out
+
+
+def _log_fault(root: str, fault: _Fault) -> None:
+    """Append ``fault`` to ``faults.jsonl`` in the run's directory (for a post-mortem)."""
+    with open(os.path.join(root, "faults.jsonl"), "a", encoding="utf-8") as f:
+        f.write(
+            json.dumps({"fault": fault.name, "at": fault.at, "end": fault.end, "pids": fault.pids}) + "\n"
+        )
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    if not values:
+        return (0.0, 0.0, 0.0)
+    ordered = sorted(values)
+    return (ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)], ordered[-1])
 
 
 def _failed_for_good(journal: str) -> dict[str, str]:
@@ -729,6 +752,9 @@ def _verdict(
         dup_execution=dup_execution,
         max_redelivery_s=max_redelivery,
         max_outcome_age_s=max_age,
+        wait_s=_percentiles(
+            [min(r.at for r in runs[t] if r.kind == "B") - at for t, at in acked.items() if runs.get(t)]
+        ),
         duplicates_suppressed=suppressed,
         unacknowledged_ran=len(set(runs) - set(acked)),
         unexplained_interruptions=unexplained,
@@ -790,6 +816,11 @@ def main(
     result = run_chaos(cfg, say=echo)
     for stats in result.per_fault.values():
         echo(stats.line())
+    p50, p99, worst = result.wait_s
+    echo(
+        f"from acknowledgement to a worker starting the job: p50={p50:.2f} s p99={p99:.2f} s "
+        f"max={worst:.2f} s (the backlog; a re-delivered job waits behind it too)"
+    )
     echo(
         f"status (hybridq's own counts): succeeded={result.status.get('succeeded')} "
         f"failed={result.status.get('failed')} pending={result.status.get('pending')} "
