@@ -235,10 +235,14 @@ class Envelope:
         """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values."""
         if self._encoded is not None:
             return self._encoded
+        obj = self.to_dict()
         try:
-            raw = _dumps(self.to_dict()).encode()
-        except (TypeError, ValueError) as exc:
+            raw = _dumps(obj).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
+        # A record the reader would refuse must not be acknowledged (see _MAX_NESTING).
+        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING:
+            raise EnvelopeError(f"job {self.func}: arguments are nested deeper than {_MAX_NESTING} levels")
         self._encoded = raw
         return raw
 
@@ -246,9 +250,12 @@ class Envelope:
     def from_bytes(cls, raw: bytes) -> Envelope:
         """Decode a journal record; raises :class:`EnvelopeError` when it is not an envelope."""
         try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+            obj = _loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise EnvelopeError(f"record is not JSON: {exc}") from exc
+        # Each nesting level is one [ or {: only a record with that many is walked.
+        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING:
+            raise EnvelopeError(f"record is nested deeper than {_MAX_NESTING} levels")
         if not isinstance(obj, dict):
             raise EnvelopeError("record is not a JSON object")
         return cls.from_dict(obj)
@@ -260,30 +267,63 @@ class Envelope:
         if not isinstance(version, int) or version < 1:
             raise EnvelopeError(f"envelope version {version!r} is not supported")
         try:
-            retry = obj.get("retry")
             return cls(
                 id=validate_job_id(obj["id"]),
                 func=function_path(obj["func"]),
                 queue=validate_queue_name(obj["queue"]),
                 idempotency_key=str(obj["key"]),
-                created_at=float(obj["created_at"]),
+                created_at=_finite(obj["created_at"]),
                 args=tuple(obj.get("args", ())),
                 kwargs=dict(obj.get("kwargs", {})),
                 timeout_s=_opt_float(obj.get("timeout")),
                 result_ttl_s=_opt_float(obj.get("result_ttl")),
                 run_at=_opt_float(obj.get("run_at")),
-                retry=Retry.from_json(retry) if retry is not None else None,
+                retry=_opt_retry(obj.get("retry")),
                 description=obj.get("description"),
                 meta=dict(obj.get("meta") or {}),
                 requeue=int(obj.get("requeue", 0)),
                 signature=_opt_str("sig", obj.get("sig")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows
             raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+#: Deepest nesting of arrays and objects a record may have. json recurses once per level: a
+#: record nested near the interpreter's recursion limit decodes, then raises RecursionError
+#: (not an EnvelopeError) when it is encoded again a few frames deeper, e.g. for delivery.
+_MAX_NESTING = 100
+
+
+def _nesting(obj: object) -> int:
+    deepest = 0
+    todo: list[tuple[object, int]] = [(obj, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, level)
+            todo.extend((item, level + 1) for item in value)
+    return deepest
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+# NaN, Infinity and numbers out of float range decode with json.loads, but to_bytes() refuses
+# them (strict JSON): refused here, so whatever decodes can be written back. One decoder, built
+# once: json.loads with these options would build a new one per call (+2 us a record).
+_loads = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float).decode
 
 
 def _opt_str(name: str, value: object) -> str | None:
@@ -292,9 +332,21 @@ def _opt_str(name: str, value: object) -> str | None:
     return value
 
 
+def _opt_retry(value: object) -> Retry | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"retry must be an object, not {value!r}")
+    return None if value is None else Retry.from_json(value)
+
+
 def _opt_float(value: object) -> float | None:
-    if value is None:
-        return None
+    return None if value is None else _finite(value)
+
+
+def _finite(value: object) -> float:
+    """A time or duration: a finite number (``float("inf")`` and ``float("nan")`` do not re-encode)."""
     if not isinstance(value, int | float | str):
         raise TypeError(f"expected a number, not {value!r}")
-    return float(value)
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, not {value!r}")
+    return number

@@ -153,3 +153,21 @@ def test_retry_policy_backoff_is_exponential_capped_and_validated() -> None:
         Retry(max_attempts=0)
     with pytest.raises(EnvelopeError):
         Retry(backoff_s=float("inf"))
+
+
+def test_arguments_nested_deeper_than_the_reader_accepts_are_refused_at_enqueue(tmp_path) -> None:
+    from hybridq import Queue
+    from hybridq.status import collect_status
+
+    deep: list[object] = []
+    for _ in range(150):
+        deep = [deep]
+    queue = Queue(journal=tmp_path / "journal")
+    with pytest.raises(EnvelopeError, match="nested deeper"):
+        queue.enqueue("tests.tasks.add", deep, 1)
+    assert collect_status(str(tmp_path / "journal"))["accepted"] == 0  # nothing written
+    shallow: list[object] = []
+    for _ in range(50):
+        shallow = [shallow]
+    job = queue.enqueue("tests.tasks.add", shallow, 1)
+    assert Envelope.from_bytes(job.envelope.to_bytes()).args == (shallow, 1)

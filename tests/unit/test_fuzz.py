@@ -7,6 +7,7 @@ written; the envelope decoder raises only :class:`EnvelopeError`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import shutil
@@ -16,52 +17,30 @@ from pathlib import Path
 import pytest
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalError
-from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal import JournalReader
 from hybridq.journal.format import FILE_HEADER_SIZE, MAX_PAYLOAD_BYTES
 from hybridq.journal.recovery import verify
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzzing import journal_with, make_template_journal, read_all
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _template() -> tuple[Path, dict[int, bytes], str]:
-    """A small sealed journal (built once), its payloads by sequence number, its segment name."""
-    root = Path(tempfile.mkdtemp(prefix="hq-fuzz-"))
-    written: dict[int, bytes] = {}
-    with JournalWriter(root) as writer:
-        for i in range(12):
-            payload = b"payload-%d-" % i + bytes(range(i * 7 % 50))
-            rid = writer.append(payload)
-            written[rid.seq] = payload
-    [segment] = [p.name for p in root.glob("*.wal")]
-    return root, written, segment
-
-
-TEMPLATE, WRITTEN, SEGMENT = _template()
-TEMPLATE_BYTES = (TEMPLATE / SEGMENT).read_bytes()
-
-
-def _journal_with(raw: bytes) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="hq-fuzz-"))
-    path.chmod(0o700)
-    segment = path / SEGMENT
-    segment.write_bytes(raw)
-    segment.chmod(0o400)  # sealed, like the template
-    return path
-
-
-def _read_all(path: Path) -> list[tuple[int, bytes]]:
-    return [(r.seq, r.payload) for r in JournalReader(str(path)).records()]
+_TEMPLATE_DIR = tempfile.mkdtemp(prefix="hq-fuzz-")
+atexit.register(shutil.rmtree, _TEMPLATE_DIR, ignore_errors=True)
+TEMPLATE = make_template_journal(Path(_TEMPLATE_DIR))
+WRITTEN, SEGMENT, TEMPLATE_BYTES = TEMPLATE.written, TEMPLATE.segment, TEMPLATE.raw
 
 
 @FUZZ
 @given(st.binary(max_size=4096))
 def test_arbitrary_bytes_as_a_segment_raise_only_journal_errors(raw: bytes) -> None:
-    path = _journal_with(raw)
+    path = journal_with(raw, SEGMENT)
     try:
         verify(path)
-        records = _read_all(path)
+        records = read_all(path)
     except JournalError:
         return
     finally:
@@ -79,7 +58,7 @@ def test_a_damaged_journal_never_yields_a_record_that_was_not_written(flips: lis
     raw = bytearray(TEMPLATE_BYTES)
     for offset, mask in flips:
         raw[offset] ^= mask
-    path = _journal_with(bytes(raw))
+    path = journal_with(bytes(raw), SEGMENT)
     records: list[tuple[int, bytes]] = []
     try:
         records.extend((record.seq, record.payload) for record in JournalReader(str(path)).records())
@@ -96,9 +75,9 @@ def test_a_damaged_journal_never_yields_a_record_that_was_not_written(flips: lis
 def test_a_truncated_or_extended_journal_never_yields_a_record_that_was_not_written(
     cut: int, tail: bytes
 ) -> None:
-    path = _journal_with(TEMPLATE_BYTES[:cut] + tail)
+    path = journal_with(TEMPLATE_BYTES[:cut] + tail, SEGMENT)
     try:
-        records = _read_all(path)
+        records = read_all(path)
     except JournalError:
         records = []
     finally:
@@ -113,10 +92,10 @@ def test_a_length_over_the_cap_is_refused(length: int) -> None:
     """The length is checked against the cap (and the bytes left) before anything is read."""
     raw = bytearray(TEMPLATE_BYTES)
     raw[FILE_HEADER_SIZE + 4 : FILE_HEADER_SIZE + 8] = length.to_bytes(4, "little")
-    path = _journal_with(bytes(raw))
+    path = journal_with(bytes(raw), SEGMENT)
     try:
         with pytest.raises(JournalError):
-            _read_all(path)
+            read_all(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -160,4 +139,56 @@ def test_envelope_decoder_on_arbitrary_json_objects(obj: dict[str, object]) -> N
     except EnvelopeError:
         return
     # Whatever decodes re-encodes, and decodes to the same envelope.
+    assert Envelope.from_bytes(env.to_bytes()).to_dict() == env.to_dict()
+
+
+# Findings of the atheris tier (scripts/fuzz), kept as regression tests. Each of these decoded
+# into something to_bytes() refuses, or raised past EnvelopeError (the forwarder skips a record
+# that raises EnvelopeError; anything else stops it on that record, restart after restart).
+VALID = {"v": 1, "id": "j", "func": "tasks.add", "queue": "q", "key": "k", "created_at": 17}
+
+
+def _with(**fields: object) -> bytes:
+    return json.dumps({**VALID, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _with(kwargs={"c": 1}).replace(b"1}", b"1e6300}"),  # found by atheris: an infinite float
+        _with(args=[float("nan")]),  # NaN, as json.dumps writes it
+        _with(meta={"x": float("-inf")}),
+        _with(result_ttl="Infinity"),  # found by atheris: a string that float() reads as inf
+        _with(run_at="nan"),
+        _with(created_at=10**400),  # float() of it raises OverflowError
+        _with(retry={"max_attempts": 2, "backoff": 10**400}),
+    ],
+    ids=["1e6300", "NaN", "-Infinity", "string-Infinity", "string-nan", "huge-int", "huge-backoff"],
+)
+def test_an_envelope_number_that_cannot_be_written_back_is_refused(raw: bytes) -> None:
+    with pytest.raises(EnvelopeError):
+        Envelope.from_bytes(raw)
+
+
+@pytest.mark.parametrize("retry", [1, "x", [1, 2], True])
+def test_an_envelope_whose_retry_is_not_an_object_is_refused(retry: object) -> None:
+    """Found by atheris: ``"retry": 1`` raised AttributeError from ``Retry.from_json``."""
+    with pytest.raises(EnvelopeError):
+        Envelope.from_bytes(_with(retry=retry))
+
+
+def _nested(depth: int) -> bytes:
+    return _with(args=[]).replace(b"[]", b"[" * depth + b"]" * depth)
+
+
+@pytest.mark.parametrize("depth", [101, 960, 990, 5000])
+def test_an_envelope_nested_too_deep_is_refused(depth: int) -> None:
+    """990 levels raised RecursionError out of json.loads; 960 decoded, then raised RecursionError
+    (not NotSerializable) when encoded again 60 frames deeper. The cap is 100 levels."""
+    with pytest.raises(EnvelopeError):
+        Envelope.from_bytes(_nested(depth))
+
+
+def test_an_envelope_nested_within_the_cap_round_trips() -> None:
+    env = Envelope.from_bytes(_nested(50))
     assert Envelope.from_bytes(env.to_bytes()).to_dict() == env.to_dict()
