@@ -192,7 +192,8 @@ class ChaosConfig:
     gap_s: float = 3.0
     #: The forwarder's lease (``hybridq forward --lease``).
     lease_s: float = 2.0
-    #: How long after the last fault every acknowledged job must have finished.
+    #: After the last fault, how long the drain may go without one more job finishing before the
+    #: jobs still unfinished are declared lost (a slow machine only drains more slowly).
     drain_s: float = 120.0
     #: A run that ended at most this long before Redis lost its data may run again (its outcome
     #: was in Redis, not yet in the ledger: the forwarder harvests many times a second).
@@ -592,7 +593,10 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosR
             time.sleep(0.05)
         topo.stop_producers()
         acked = _acks(topo.acks_dir)
-        say(f"faults over: {len(acked)} jobs acknowledged; draining (up to {cfg.drain_s:.0f} s)")
+        say(
+            f"faults over: {len(acked)} jobs acknowledged; draining (until none is left, or "
+            f"{cfg.drain_s:.0f} s pass without one finishing)"
+        )
         status = _drain(topo, acked, cfg.drain_s)
         time.sleep(cfg.lease_s * 2)  # long enough for a late duplicate to show itself
         failed = _failed_for_good(topo.journal)
@@ -607,15 +611,18 @@ def _drain(topo: _Topology, acked: dict[str, float], timeout_s: float) -> dict[s
 
     deadline = time.monotonic() + timeout_s
     status: dict[str, Any] = {}
+    done = -1
     while True:
         topo.keep_alive(producers=False)
         finished = {token for token, runs in _runs(topo.effects).items() if any(r.kind == "E" for r in runs)}
         status = collect_status(topo.journal)
         if finished.issuperset(acked) and status["pending"] == 0:
             return status
-        if time.monotonic() > deadline:
+        if len(finished) > done:  # progress: the backlog is still draining
+            done, deadline = len(finished), time.monotonic() + timeout_s
+        elif time.monotonic() > deadline:
             return status
-        time.sleep(0.25)
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True, slots=True)

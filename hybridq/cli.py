@@ -993,7 +993,7 @@ def _fault_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tup
     default=180.0,
     show_default=True,
     type=click.FloatRange(1, 86400),
-    help="Seconds allowed after the last fault for every job to finish.",
+    help="Seconds the drain after the last fault may go without a job finishing; what is left then is lost.",
 )
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the verdict as JSON here.")
 @click.option(

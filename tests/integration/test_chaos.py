@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def _run(tmp_path: Path, **options: object) -> ChaosResult:
-    options = {"gap_s": 1.5, "drain_s": 90.0, **options}
+    options = {"gap_s": 1.5, "drain_s": 60.0, "rate": 6.0, **options}
     cfg = ChaosConfig(directory=str(tmp_path / "chaos"), **options)  # type: ignore[arg-type]
     return run_chaos(cfg, say=lambda _line: None)
 
