@@ -47,17 +47,19 @@ def test_every_journal_file_is_private_whatever_the_umask(tmp_path: Path, open_u
         forwarder.step()
         transport.work()
         forwarder.step()  # harvest: the ledger and the checkpoint are written
+        live = _modes(journal)  # segments still open for appends: 0600
     finally:
         forwarder.close()
         _close_writers()
-    modes = _modes(journal)
-    assert any(name.startswith("ledger/") for name in modes), modes
-    assert "forwarder.state" in modes, modes
-    for name, mode in modes.items():
-        if (journal / name).is_dir():
-            assert mode == 0o700, (name, oct(mode))
-        else:
-            assert mode & 0o077 == 0, (name, oct(mode))  # 0600, or 0400 once sealed
+    closed = _modes(journal)  # segments sealed: 0400
+    assert any(name.startswith("ledger/") for name in live), live
+    assert "forwarder.state" in live, live
+    for modes in (live, closed):
+        for name, mode in modes.items():
+            if (journal / name).is_dir():
+                assert mode == 0o700, (name, oct(mode))
+            else:
+                assert mode & 0o077 == 0, (name, oct(mode))
 
 
 def test_a_segment_planted_as_a_symlink_is_not_followed(tmp_path: Path) -> None:
