@@ -4,7 +4,11 @@ The forwarder pushes every job as an RQ job whose function is :func:`execute` an
 argument is the delivery (the envelope, the owning forwarder, the attempt; see
 :class:`hybridq.transport.base.Delivery`). So a plain ``rq worker --serializer
 rq.serializers.JSONSerializer QUEUE`` runs hybridq jobs with every guarantee below, and
-``hybridq worker`` (:func:`run_worker`) is that plus a loop that survives Redis going away.
+``hybridq worker`` (:func:`run_worker`) is that plus a loop that survives Redis going away. It
+runs hybridq's worker classes (:mod:`hybridq.rqworker`), which send the claim (1.) and the
+record (3.) inside the pipelines RQ sends before and after each job instead of as round trips
+of their own: :func:`_plan` prepares the claim, and :func:`execute` reads its reply where it
+would have made the call, and leaves the record for the worker to send.
 
 Redis write access must not be code execution. :class:`Job`, the job class every hybridq worker
 uses (``rq worker --job-class hybridq.worker.Job`` for a plain RQ worker), makes RQ resolve no
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -45,6 +50,7 @@ from typing import Any, NoReturn
 import redis
 from redis.exceptions import RedisError
 from rq import get_current_job
+from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 from rq.utils import import_attribute
 
@@ -183,43 +189,17 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     rq_job = get_current_job()
     if rq_job is None:
         raise RuntimeError("hybridq.worker.execute runs only inside an RQ worker")
-    d = _Delivery.parse(delivery)
     conn = _client(rq_job.connection)
-    env = d.envelope
-    # Before anything is imported or claimed, the signature first (a job changed in Redis could
-    # name any allowed function), then the allowlist. A job failing either fails for good (a
-    # retry would be refused the same way), and the forwarder records it. A key configured but
-    # unreadable raises SigningKeyError here: nothing runs, nothing is reported, and the
-    # forwarder delivers the job again later (fail closed, never fall back to unsigned).
-    ring = keyring()
-    if ring is not None:
-        try:
-            ring.verify(env)
-        except SignatureError as exc:
-            _refuse(conn, d, exc)
-    if not allowed(env.func):
-        _refuse(conn, d, NotAllowed(refusal(env.func)))
-    result_key, lease_key = keys.result(env.key_id), keys.lease(env.key_id)
-    token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
-    lease_ms = max(1, int(d.lease_s * 1000))
-    claim_keys = [result_key, lease_key, keys.rq_job(env.id)]
-    claim_args = [token, lease_ms, env.id, env.requeue, d.attempt]
-    while True:
-        # Retried with the same token when the reply is lost: a claim that did happen is ours.
-        status, stored = _retrying(lambda: _script(conn, _CLAIM)(keys=claim_keys, args=claim_args))
-        if status == 0:
-            break
-        if status == 1:
-            return _suppressed(conn, d, json.loads(stored))
-        if status == 2:
-            # An old copy of an attempt that already failed. Its event may be what got lost (the
-            # reason this copy exists): report that outcome again, or the retry never happens.
-            log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
-            _report(conn, d, json.loads(stored), dup=False)
-            return None
-        time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
-
-    renewal = _renewer().add(conn, lease_key, token, d.lease_s)
+    run = _run_of(rq_job, delivery)
+    if run is None:
+        d = _Delivery.parse(delivery)
+        _admit(conn, d)
+        run = _Run.new(delivery, d)
+    answer = _claim(conn, run)
+    if answer is not _CLAIMED:
+        return answer
+    d, env = run.d, run.d.envelope
+    renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
     context = _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
@@ -243,12 +223,146 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         "requeue": env.requeue,
         "final": final,
         "at": time.time(),
-        "token": token,  # tells a retried _FINISH that its first try got through
+        "token": run.token,  # tells a retried _FINISH that its first try got through
     }
-    _finish(conn, d, token, outcome, dup=False)
+    run.finish = _finish_call(run, outcome)
+    if not run.deferred:
+        _finish(conn, run)
+    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
     if error is not None:
         raise error
     return value
+
+
+#: What :func:`_claim` returns when the key is claimed: the task may run.
+_CLAIMED: Any = object()
+
+
+def _claim(conn: redis.Redis, run: _Run) -> Any:
+    """Claim ``run``'s key; :data:`_CLAIMED`, or what :func:`execute` returns instead of running."""
+    d, env = run.d, run.d.envelope
+    reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
+    while True:
+        if reply is None:
+            # Retried with the same token when the reply is lost: a claim that did happen is ours.
+            reply = _retrying(lambda: _script(conn, _CLAIM)(keys=run.claim_keys, args=run.claim_args))
+        status, stored = reply
+        reply = None
+        if status == 0:
+            return _CLAIMED
+        if status == 1:
+            return _suppressed(conn, d, json.loads(stored))
+        if status == 2:
+            # An old copy of an attempt that already failed. Its event may be what got lost (the
+            # reason this copy exists): report that outcome again, or the retry never happens.
+            log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
+            _report(conn, d, json.loads(stored), dup=False)
+            return None
+        time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """One delivery's run: its claim, then its outcome script.
+
+    :func:`execute` makes one; a pipelining worker (:mod:`hybridq.rqworker`) makes it before RQ
+    starts the job (:func:`_plan`), sends the claim in RQ's own pipeline and leaves the reply
+    here, and sends the outcome script (``finish``, left by :func:`execute`) in the pipeline RQ
+    sends after the job.
+    """
+
+    #: The delivery as RQ passes it to :func:`execute` (the very object: see :func:`_run_of`).
+    raw: Mapping[str, Any]
+    d: _Delivery
+    #: The lease value, and the mark a retried script recognises as its own.
+    token: str
+    #: The claim script's keys (result, lease, RQ job hash) and arguments.
+    claim_keys: list[str]
+    claim_args: list[str | int]
+    #: The reply of a claim the worker sent already; ``None``: :func:`execute` claims.
+    claim_reply: Any = None
+    #: Whether the worker, not :func:`execute`, sends the outcome script.
+    deferred: bool = False
+    #: The outcome script's keys and arguments, once the task ran.
+    finish: tuple[list[str], list[str | int]] | None = None
+
+    @classmethod
+    def new(cls, raw: Mapping[str, Any], d: _Delivery) -> _Run:
+        env = d.envelope
+        token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
+        key_id = env.key_id
+        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id)]
+        claim_args: list[str | int] = [token, max(1, int(d.lease_s * 1000)), env.id, env.requeue, d.attempt]
+        return cls(raw, d, token, claim_keys, claim_args)
+
+
+#: The attribute of an RQ job under which a pipelining worker leaves its :class:`_Run`.
+_RUN_ATTR = "_hybridq_run"
+
+
+def _plan(rq_job: RQJob) -> _Run | None:
+    """The run of ``rq_job`` if a worker may claim it before RQ starts it, else ``None``.
+
+    ``None`` (then :func:`execute` does everything itself, as under a plain RQ worker) for a job
+    that is not a hybridq delivery RQ will run (another function, an instance, callbacks: the
+    job class refuses those before :func:`execute` runs), a delivery that does not parse, or
+    one whose signature or function is refused (:func:`execute` reports the refusal). Never
+    raises: a key file that cannot be read is :func:`execute`'s to report, too.
+    """
+    try:
+        if (
+            rq_job.func_name != ENTRY_POINT
+            or rq_job.instance is not None
+            or rq_job._success_callback_name
+            or rq_job._failure_callback_name
+            or rq_job._stopped_callback_name
+            or len(rq_job.args) != 1
+            or rq_job.kwargs
+        ):
+            return None
+        raw = rq_job.args[0]
+        d = _Delivery.parse(raw)
+        ring = keyring()
+        if ring is not None:
+            ring.verify(d.envelope)
+        if not allowed(d.envelope.func):
+            return None
+    except Exception:  # execute() meets the same error and deals with it
+        return None
+    run = _Run.new(raw, d)
+    run.deferred = True
+    setattr(rq_job, _RUN_ATTR, run)
+    return run
+
+
+def _run_of(rq_job: RQJob, raw: Mapping[str, Any]) -> _Run | None:
+    """The run a pipelining worker planned for ``rq_job`` (:func:`_plan`); ``None`` if none.
+
+    RQ calls :func:`execute` with the very delivery object :func:`_plan` read from the job;
+    anything else is not that run (and gets one of its own).
+    """
+    run: _Run | None = getattr(rq_job, _RUN_ATTR, None)
+    if run is None or run.raw is not raw:
+        return None
+    return run
+
+
+def _admit(conn: redis.Redis, d: _Delivery) -> None:
+    """Refuse (report, then raise) a delivery whose signature or function this worker refuses."""
+    env = d.envelope
+    # Before anything is imported or claimed, the signature first (a job changed in Redis could
+    # name any allowed function), then the allowlist. A job failing either fails for good (a
+    # retry would be refused the same way), and the forwarder records it. A key configured but
+    # unreadable raises SigningKeyError here: nothing runs, nothing is reported, and the
+    # forwarder delivers the job again later (fail closed, never fall back to unsigned).
+    ring = keyring()
+    if ring is not None:
+        try:
+            ring.verify(env)
+        except SignatureError as exc:
+            _refuse(conn, d, exc)
+    if not allowed(env.func):
+        _refuse(conn, d, NotAllowed(refusal(env.func)))
 
 
 def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
@@ -285,20 +399,35 @@ def _report(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any], *, dup: 
     _retrying(lambda: conn.xadd(keys.events(d.owner), {"e": event}))
 
 
-def _finish(conn: redis.Redis, d: _Delivery, token: str, outcome: Mapping[str, Any], *, dup: bool) -> None:
-    event = _event(d, outcome, dup=dup)
-    args: list[str | int] = [token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
-    keys_ = [keys.result(d.envelope.key_id), keys.lease(d.envelope.key_id), keys.events(d.owner)]
-    kept = _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args))
+def _finish_call(run: _Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of the outcome script (:data:`_FINISH`) for ``outcome``."""
+    d = run.d
+    event = _event(d, outcome, dup=False)
+    args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
+    result_key, lease_key, _ = run.claim_keys
+    return [result_key, lease_key, keys.events(d.owner)], args
+
+
+def _finish(conn: redis.Redis, run: _Run) -> None:
+    """Send ``run``'s outcome script, retried (with its token) while Redis is unreachable."""
+    assert run.finish is not None
+    keys_, args = run.finish
+    _finished(run, _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args)))
+
+
+def _finished(run: _Run, kept: int) -> None:
+    """Log what the outcome script found (its reply)."""
     if kept == 3:
         # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
         # or this run lost its lease and the job was delivered again: the success stands.
-        log.info("job %s: a later attempt already succeeded; this run's outcome is superseded", d.envelope.id)
+        log.info(
+            "job %s: a later attempt already succeeded; this run's outcome is superseded", run.d.envelope.id
+        )
     elif kept == 1:
         log.warning(
             "job %s: its key already had a stored success (this run had lost its lease): "
             "the task ran twice for one key",
-            d.envelope.id,
+            run.d.envelope.id,
         )
 
 
@@ -404,13 +533,18 @@ class _Renewal:
 class _LeaseRenewer:
     """One thread per process renews every lease the process holds, each every third of its length.
 
-    Starting a thread per job cost more than the job's two Redis round trips (W1 profile).
+    Starting a thread per job cost more than the job's two Redis round trips (W1 profile), and
+    waking it for every job costs CPU too: it is woken only for a renewal due before it would
+    look again anyway (a job's first renewal is a third of a lease away; the thread usually
+    already waits less than that).
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._renewals: set[_Renewal] = set()
         self._wake = threading.Condition()
+        #: When the thread looks at the renewals next (monotonic); guarded by ``_wake``.
+        self._wake_at = math.inf
         self._thread = threading.Thread(target=self._run, name="hybridq-lease", daemon=True)
         self._thread.start()
 
@@ -421,7 +555,8 @@ class _LeaseRenewer:
         )
         with self._wake:
             self._renewals.add(renewal)
-            self._wake.notify()
+            if renewal.due < self._wake_at:
+                self._wake.notify()
         return renewal
 
     def remove(self, renewal: _Renewal) -> None:
@@ -435,7 +570,10 @@ class _LeaseRenewer:
                 due = [r for r in self._renewals if r.due <= now]
                 if not due:
                     soonest = min((r.due for r in self._renewals), default=now + 60.0)
-                    self._wake.wait(max(0.01, soonest - now))
+                    timeout = max(0.01, soonest - now)
+                    self._wake_at = now + timeout
+                    self._wake.wait(timeout)
+                    self._wake_at = math.inf  # looking now: add() need not wake it
                     continue
                 for r in due:
                     r.due = now + r.interval_s
@@ -485,7 +623,8 @@ def run_worker(
     ``max_backoff_s``) instead of exiting or spinning. Returns 0 (stopped or, with ``burst``,
     out of work) or 1 (burst mode could not reach Redis).
     """
-    from rq import SimpleWorker, Worker  # noqa: PLC0415 - rq's worker module is heavy
+    # RQ's worker module is heavy; rqworker imports this module.
+    from hybridq.rqworker import SimpleWorker, Worker  # noqa: PLC0415
 
     worker_class = SimpleWorker if simple else Worker
     ring = keyring()  # a key configured but unusable stops the worker here, not on every job

@@ -2,7 +2,9 @@
 
 Each test sets up one state Redis can be in (a stored failure of an earlier attempt, a job taken
 by a worker that died, a lost completion event, two runs of one key racing) and checks what the
-Lua scripts and the probe make of it.
+Lua scripts and the probe make of it. Tests that run jobs run them twice: under RQ's own
+``SimpleWorker`` (a plain ``rq worker``: ``execute`` sends its claim and outcome itself) and under
+hybridq's (``hybridq worker``: both ride in RQ's pipelines, see ``hybridq.rqworker``).
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
 from hybridq import keys
 from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, Retry, new_job_id
+from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue
@@ -51,12 +54,22 @@ def deliver(transport: RQTransport, env: Envelope, attempt: int = 1, **options: 
     transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=attempt, **options)])
 
 
-def work(transport: RQTransport) -> None:
-    conn = transport.connection
-    queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
-    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(
-        burst=True, logging_level="WARNING"
-    )
+Work = Callable[[RQTransport], None]
+
+
+@pytest.fixture(params=[SimpleWorker, HybridqSimpleWorker], ids=["rq-worker", "hybridq-worker"])
+def work(request: pytest.FixtureRequest) -> Work:
+    """Run the queue's jobs in this process: RQ's SimpleWorker, or hybridq's (pipelined)."""
+    worker_class: type[SimpleWorker] = request.param
+
+    def run(transport: RQTransport) -> None:
+        conn = transport.connection
+        queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
+        worker_class([queue], connection=conn, serializer=JSONSerializer).work(
+            burst=True, logging_level="WARNING"
+        )
+
+    return run
 
 
 def probe(transport: RQTransport, env: Envelope, lease_s: float = 10.0) -> str:
@@ -68,7 +81,9 @@ def events(transport: RQTransport) -> list[dict[str, object]]:
     return [e.body for e in transport.harvest(OWNER, 100) if e.body is not None]
 
 
-def test_a_stored_failure_of_attempt_1_does_not_make_attempt_2_look_done(transport: RQTransport) -> None:
+def test_a_stored_failure_of_attempt_1_does_not_make_attempt_2_look_done(
+    transport: RQTransport, work: Work
+) -> None:
     env = envelope("tests.tasks.fail", retry=Retry(max_attempts=2, backoff_s=0))
     deliver(transport, env)
     work(transport)
@@ -77,7 +92,7 @@ def test_a_stored_failure_of_attempt_1_does_not_make_attempt_2_look_done(transpo
     assert probe(transport, env) == "queued"  # attempt 2 waits for a worker: not "done"
 
 
-def test_a_stale_copy_reports_the_stored_failure_again(transport: RQTransport) -> None:
+def test_a_stale_copy_reports_the_stored_failure_again(transport: RQTransport, work: Work) -> None:
     env = envelope("tests.tasks.fail", retry=Retry(max_attempts=2, backoff_s=0))
     deliver(transport, env)
     work(transport)
@@ -104,7 +119,7 @@ def test_a_job_rq_just_started_is_not_orphaned_before_the_lease(transport: RQTra
     assert probe(transport, env, lease_s=0.0) == "orphaned"
 
 
-def test_the_claim_marks_the_run_as_started(transport: RQTransport) -> None:
+def test_the_claim_marks_the_run_as_started(transport: RQTransport, work: Work) -> None:
     env = envelope()
     deliver(transport, env)
     work(transport)
@@ -123,7 +138,7 @@ def test_a_job_a_dead_worker_took_but_never_started_is_stranded(transport: RQTra
 
 
 def test_a_run_that_fails_after_another_run_of_its_key_succeeded_reports_the_success(
-    transport: RQTransport,
+    transport: RQTransport, work: Work
 ) -> None:
     env = envelope("tests.tasks.race_a_success_then_fail")
     deliver(transport, env)
@@ -135,7 +150,7 @@ def test_a_run_that_fails_after_another_run_of_its_key_succeeded_reports_the_suc
 
 
 def test_a_function_nobody_allowed_is_refused_without_being_imported(
-    transport: RQTransport, monkeypatch: pytest.MonkeyPatch
+    transport: RQTransport, monkeypatch: pytest.MonkeyPatch, work: Work
 ) -> None:
     monkeypatch.setenv("HYBRIDQ_ALLOW", "myapp.tasks")  # not `tests`
     env = envelope("tests.tasks.never_imported_by_a_refusing_worker")
