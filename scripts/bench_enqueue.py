@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 import benchlib
 import redis
 import rq
-from benchlib import Contestant, Sample, latency_us, p50, per_rep, verdict_line
+from benchlib import Contestant, Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
 from hybridq.embedded import RedisServer
 from hybridq.producer import shared_writer
@@ -238,22 +237,28 @@ def print_table(results: dict[str, list[Sample]]) -> None:
     benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
-def print_ratios(results: dict[str, list[Sample]]) -> None:
-    p1 = per_rep(results, "hq1", "rq1")
-    p2 = per_rep(results, "hq16", "rq16")
-    p3 = per_rep(results, "hqmany", "rqmany")
-    p4a = per_rep(results, "hq1", "raw1", p50)
-    p4b = [latency_us(s, 99) / 1000 for s in results["hq1"]]
+def print_ratios(results: dict[str, list[Sample]]) -> list[Figure]:
+    """Print the targets (P1-P4) and the context ratios; return them (targets first)."""
+    target = benchlib.target
     print("targets (ratio per repetition, median of the ratios):")
-    ok = [
-        verdict_line("P1 enqueue 1 thread: hybridq / rq", p1, statistics.median(p1) >= 1.5, ">= 1.5x"),
-        verdict_line("P2 enqueue 16 threads: hybridq / rq", p2, statistics.median(p2) >= 5, ">= 5x"),
-        verdict_line("P3 enqueue_many(1,000): hybridq / rq", p3, statistics.median(p3) >= 10, ">= 10x"),
-        verdict_line("P4 hybridq p50 / raw fdatasync p50", p4a, statistics.median(p4a) <= 2, "<= 2x"),
-        verdict_line("P4 hybridq p99 (1 thread)", p4b, statistics.median(p4b) <= 3, "<= 3 ms", " ms"),
+    targets = [
+        target("P1", "P1 enqueue 1 thread: hybridq / rq", per_rep(results, "hq1", "rq1"), 1.5),
+        target("P2", "P2 enqueue 16 threads: hybridq / rq", per_rep(results, "hq16", "rq16"), 5),
+        target("P3", "P3 enqueue_many(1,000): hybridq / rq", per_rep(results, "hqmany", "rqmany"), 10),
+        target(
+            "P4", "P4 hybridq p50 / raw fdatasync p50", per_rep(results, "hq1", "raw1", p50), 2, at_most=True
+        ),
+        target(
+            "P4",
+            "P4 hybridq p99 (1 thread)",
+            [latency_us(s, 99) / 1000 for s in results["hq1"]],
+            3,
+            at_most=True,
+            unit=" ms",
+        ),
     ]
     print()
-    benchlib.print_context(
+    context = benchlib.print_context(
         [
             ("hybridq 1 thread / raw fdatasync loop (jobs/s)", per_rep(results, "hq1", "raw1")),
             ("hybridq 16 threads / hybridq 1 thread", per_rep(results, "hq16", "hq1")),
@@ -263,7 +268,8 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         ],
         48,
     )
-    benchlib.print_result(ok)
+    benchlib.print_result([f.ok for f in targets])
+    return targets + context
 
 
 def profile_hybridq(cfg: Config) -> None:
@@ -298,6 +304,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--dir", default=None, help="parent of the temporary journal directories (default: a new tempdir)"
     )
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the hybridq rows")
+    benchlib.add_json_option(p)
     return p.parse_args(argv)
 
 
@@ -312,13 +319,13 @@ def main(argv: list[str]) -> int:
     try:
         with RedisServer(directory=os.path.join(base, "redis")) as server:
             cfg = Config(base, repeat, n, slices=4 if args.quick else 6, url=server.url, server=server)
-            benchlib.print_redis_machine("hybridq enqueue benchmark", base, server)
-            benchlib.print_field(
-                "run",
+            header = benchlib.print_redis_machine("hybridq enqueue benchmark", base, server)
+            header["run"] = (
                 f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; per "
                 f"repetition each row enqueues {n:,} jobs of {FUNC}(...) in {cfg.slices} round-robin turns; "
-                f"{THREADS} threads in the threaded rows; rq uses the JSON serializer",
+                f"{THREADS} threads in the threaded rows; rq uses the JSON serializer"
             )
+            benchlib.print_field("run", header["run"])
             print()
             results = benchlib.run_repetitions(
                 repeat,
@@ -328,7 +335,12 @@ def main(argv: list[str]) -> int:
                 lambda _key, sample: f"{sample.rate:>10,.0f} jobs/s",
             )
             print_table(results)
-            print_ratios(results)
+            figures = print_ratios(results)
+            if args.json:
+                rows = benchlib.json_rows(results, LABELS, "jobs/s")
+                for key in ("hqmany", "rqmany"):  # their latencies are of one call of 1,000 jobs
+                    rows[key]["latency_per"] = BATCH
+                benchlib.write_json(args.json, "bench-enqueue", header, rows, figures)
             if args.profile:
                 print()
                 profile_hybridq(cfg)

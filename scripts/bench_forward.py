@@ -35,7 +35,7 @@ import benchlib
 import redis
 import rq
 from bench_enqueue import FUNC
-from benchlib import Sample, latency_us, p50, per_rep, verdict_line
+from benchlib import Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
 from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
@@ -252,29 +252,34 @@ def print_tables(results: dict[str, list[Sample]]) -> None:
     benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
-def print_ratios(results: dict[str, list[Sample]]) -> None:
-    f1 = per_rep(results, "fwd500", "rqmany")
-    f1k = per_rep(results, "fwd1000", "rqmany")
-    f2 = [latency_us(s, 50) / 1000 for s in results["f2hq"]]
+def print_ratios(results: dict[str, list[Sample]]) -> list[Figure]:
+    """Print the targets (F1, F2) and the context ratios; return them (targets first)."""
+    target = benchlib.target
     print("targets (ratio per repetition, median of the ratios):")
-    ok = [
-        verdict_line(
-            "F1 forwarder (batch 500) / rq enqueue_many", f1, statistics.median(f1) >= 0.8, ">= 0.8x"
+    targets = [
+        target("F1", "F1 forwarder (batch 500) / rq enqueue_many", per_rep(results, "fwd500", "rqmany"), 0.8),
+        target(
+            "F1", "F1 forwarder (batch 1000) / rq enqueue_many", per_rep(results, "fwd1000", "rqmany"), 0.8
         ),
-        verdict_line(
-            "F1 forwarder (batch 1000) / rq enqueue_many", f1k, statistics.median(f1k) >= 0.8, ">= 0.8x"
+        target(
+            "F2",
+            "F2 enqueue -> visible p50",
+            [latency_us(s, 50) / 1000 for s in results["f2hq"]],
+            5,
+            at_most=True,
+            unit=" ms",
         ),
-        verdict_line("F2 enqueue -> visible p50", f2, statistics.median(f2) <= 5, "<= 5 ms", " ms"),
     ]
     print()
-    benchlib.print_context(
+    context = benchlib.print_context(
         [
             ("forwarder batch 1000 / batch 500", per_rep(results, "fwd1000", "fwd500")),
             ("F2 p50: hybridq enqueue->visible / rq enqueue->visible", per_rep(results, "f2hq", "f2rq", p50)),
         ],
         56,
     )
-    benchlib.print_result(ok)
+    benchlib.print_result([f.ok for f in targets])
+    return targets + context
 
 
 def shown(key: str, sample: Sample) -> str:
@@ -299,6 +304,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--dir", default=None, help="parent of the temporary journal directories (default: a new tempdir)"
     )
     p.add_argument("--profile", action="store_true", help="also print a cProfile of one Forwarder.step()")
+    benchlib.add_json_option(p)
     return p.parse_args(argv)
 
 
@@ -314,13 +320,13 @@ def main(argv: list[str]) -> int:
     try:
         with RedisServer(directory=os.path.join(base, "redis")) as server:
             cfg = Config(base, repeat, n, samples, pause_s=0.005, url=server.url, server=server)
-            benchlib.print_redis_machine("hybridq forwarder benchmark", base, server)
-            benchlib.print_field(
-                "run",
+            header = benchlib.print_redis_machine("hybridq forwarder benchmark", base, server)
+            header["run"] = (
                 f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
                 f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F2 takes {samples} samples "
-                f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep",
+                f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep"
             )
+            benchlib.print_field("run", header["run"])
             print()
             results = benchlib.run_repetitions(
                 repeat,
@@ -330,7 +336,12 @@ def main(argv: list[str]) -> int:
                 shown,
             )
             print_tables(results)
-            print_ratios(results)
+            figures = print_ratios(results)
+            if args.json:
+                # F1 rows are jobs/s; F2 rows are latency samples (their "rate" is samples per pause).
+                rows = benchlib.json_rows(results, dict(F1_ROWS), "jobs/s")
+                rows |= benchlib.json_rows(results, dict(F2_ROWS), "samples/s (latency only)")
+                benchlib.write_json(args.json, "bench-forward", header, rows, figures)
             if args.profile:
                 print()
                 pristine = os.path.join(tempfile.mkdtemp(prefix="profile-", dir=base), "journal")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import benchlib
 import crc32c
-from benchlib import Contestant, Sample, latency_us, p50, per_rep, print_field, rotated, verdict_line
+from benchlib import Contestant, Figure, Sample, latency_us, p50, per_rep, print_field, rotated
 from hybridq.journal import JournalWriter
 from hybridq.journal.recovery import verify
 
@@ -314,22 +314,23 @@ UNITS: list[Callable[[str, Config, int], dict[str, Sample]]] = [
 # -- reporting ----------------------------------------------------------------------------------
 
 
-def print_header(cfg: Config, args: argparse.Namespace) -> None:
+def print_header(cfg: Config, args: argparse.Namespace) -> dict[str, str]:
     version = benchlib.version
-    benchlib.print_machine(
+    header = benchlib.print_machine(
         "hybridq journal benchmark",
         cfg.base,
         f"hybridq {version('hybridq')}, crc32c {version('crc32c')}, sqlite {sqlite3.sqlite_version}",
         fs_note=f" (st_dev={os.stat(cfg.base).st_dev})",
     )
     mode = "quick" if args.quick else "default"
-    print_field(
-        "run",
+    header["run"] = (
         f"mode={mode}, {cfg.repeat} repetitions; per repetition each append/batch row runs "
         f"{cfg.seconds:g} s in round-robin slices of {cfg.slice:g} s; payload 100 B; verify and "
-        f"the peer scan alternate {SCAN_PASSES}x each over one journal of {cfg.verify_records:,} x 200 B",
+        f"the peer scan alternate {SCAN_PASSES}x each over one journal of {cfg.verify_records:,} x 200 B"
     )
+    print_field("run", header["run"])
     print()
+    return header
 
 
 def print_table(results: dict[str, list[Sample]]) -> None:
@@ -353,33 +354,37 @@ def print_table(results: dict[str, list[Sample]]) -> None:
     benchlib.print_rows(rows, {1, 2, 3, 4})
 
 
-def ratio_line(name: str, ratios: list[float], goal: float, what: str) -> bool:
-    ok = statistics.median(ratios) >= goal
-    return verdict_line(name, ratios, ok, f">= {goal:g}x", what=what, widths=(46, 6))
+def ratio_line(target_id: str, name: str, ratios: list[float], goal: float, what: str) -> Figure:
+    return benchlib.target(target_id, name, ratios, goal, what=what, widths=(46, 6))
 
 
-def print_ratios(results: dict[str, list[Sample]]) -> None:
+def print_ratios(results: dict[str, list[Sample]]) -> list[Figure]:
+    """Print the targets and the context ratios; return them (targets first)."""
     print("targets (ratio per repetition, median of the ratios):")
-    ok = [
+    targets = [
         ratio_line(
+            "J1",
             "1-thread durable append / raw fdatasync loop",
             per_rep(results, "hq1", "raw1"),
             0.8,
             "hybridq append 1 thread vs raw write+fdatasync 1 thread",
         ),
         ratio_line(
+            "J2",
             "16-thread append / 1-thread append",
             per_rep(results, "hq16", "hq1"),
             3.0,
             "hybridq append 16 threads vs 1 thread",
         ),
         ratio_line(
+            "J3",
             "append_many(1,000) / 200,000 records/s",
             [s.rate / 200_000 for s in results["hqbatch"]],
             1.0,
             f"median {statistics.median(s.rate for s in results['hqbatch']):,.0f} records/s",
         ),
         ratio_line(
+            "F3",
             "verify / 150 MB/s",
             [s.extra["mb_s"] / 150 for s in results["verify"]],
             1.0,
@@ -387,7 +392,7 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         ),
     ]
     print()
-    benchlib.print_context(
+    context = benchlib.print_context(
         [
             ("hybridq 1 thread / sqlite3 WAL 1 thread", per_rep(results, "hq1", "sqlite1")),
             ("hybridq 16 threads / raw 16 threads shared fd", per_rep(results, "hq16", "raw16")),
@@ -398,7 +403,8 @@ def print_ratios(results: dict[str, list[Sample]]) -> None:
         ],
         46,
     )
-    benchlib.print_result(ok)
+    benchlib.print_result([f.ok for f in targets])
+    return targets + context
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -417,6 +423,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="seconds each append/batch row runs per repetition (default 2.5; 0.4 with --quick)",
     )
+    benchlib.add_json_option(p)
     return p.parse_args(argv)
 
 
@@ -436,7 +443,7 @@ def main(argv: list[str]) -> int:
         verify_records=50_000 if args.quick else 500_000,
     )
     try:
-        print_header(cfg, args)
+        header = print_header(cfg, args)
         results = benchlib.run_repetitions(
             repeat,
             [lambda rep, unit=unit: unit(base, cfg, rep) for unit in UNITS],
@@ -445,7 +452,11 @@ def main(argv: list[str]) -> int:
             lambda _key, sample: f"{sample.rate:>12,.0f} records/s",
         )
         print_table(results)
-        print_ratios(results)
+        figures = print_ratios(results)
+        if args.json:
+            benchlib.write_json(
+                args.json, "bench-journal", header, benchlib.json_rows(results, LABELS, "records/s"), figures
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

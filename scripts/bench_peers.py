@@ -514,6 +514,7 @@ def build_rows(
                 "ratio_min": min(ratios),
                 "ratio_max": max(ratios),
                 "jobs_missing": sum(cfg.lost[key]) if key in cfg.lost else None,
+                "latency_cdf_us": benchlib.latency_cdf(samples),  # [quantile %, us], repetitions pooled
             }
             if "per_fsync" in samples[0].extra:
                 row["jobs_per_fsync"] = statistics.median(x.extra["per_fsync"] for x in samples)

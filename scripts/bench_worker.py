@@ -4,14 +4,18 @@ Run it through ``scripts/bench-worker`` (see ``docs/benchmarks.md``). A private 
 persistence) is started for the run.
 
   * W1: no-op jobs (``bench_worker.noop``) are put into an RQ queue (not timed), then an
-    in-process ``rq.SimpleWorker(...).work(burst=True)`` (JSONSerializer, logging at WARNING) runs
-    them, timed from the call to the end of the last job (``work()`` then spends a fixed ~1 s
-    joining its pubsub thread, which would only dilute the ratio). hybridq's jobs are pushed by
+    in-process worker's ``work(burst=True)`` (JSONSerializer, logging at WARNING) runs them, timed
+    from the call to the end of the last job (``work()`` then spends a fixed ~1 s joining its
+    pubsub thread, which would only dilute the ratio). hybridq's jobs are pushed by
     ``RQTransport.push`` (the forwarder's own path: RQ jobs that run ``hybridq.worker.execute``
-    with a delivery), RQ's by ``rq.Queue.enqueue_many`` of the same function. N jobs per side and
-    repetition, in 4 bursts the two sides take turns at (order rotated each turn); FLUSHALL
-    before each burst; every burst checks that all its jobs finished and none failed (and, for
-    hybridq, that as many completion events were written).
+    with a delivery), RQ's by ``rq.Queue.enqueue_many`` of the same function. Four rows: hybridq's
+    jobs under hybridq's worker class (``hybridq.rqworker.SimpleWorker``, what ``hybridq worker
+    --simple`` runs) and under RQ's ``SimpleWorker`` (a plain ``rq worker``); RQ's jobs under
+    RQ's ``SimpleWorker`` (the peer) and under hybridq's class. N jobs per row and repetition, in
+    4 bursts the rows take turns at (order rotated each turn); FLUSHALL before each burst; every
+    burst checks that all its jobs finished and none failed (and, for hybridq's jobs, that as
+    many completion events were written). Each row's Redis round trips per job are counted once,
+    in an untimed burst, by a connection class that counts what it sends.
   * W2: a forwarder (``python -m hybridq forward``) and one ``rq.SimpleWorker`` subprocess per
     side sit idle. One sample: pause, enqueue a job of ``bench_worker.stamp`` (hybridq:
     ``Queue.enqueue``, durable; RQ: ``rq.Queue.enqueue``), then block in ``XREAD`` on the job's
@@ -49,8 +53,11 @@ from hybridq import Queue, keys
 from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.producer import shared_writer
+from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import Job as HybridqJob
+from redis.connection import Connection
 from rq import SimpleWorker
 from rq.results import Result
 from rq.serializers import JSONSerializer
@@ -90,11 +97,31 @@ class TimedWorker(SimpleWorker):
         self.last_done = time.perf_counter()
 
 
+class TimedHybridqWorker(HybridqSimpleWorker):
+    """hybridq's SimpleWorker (``hybridq worker --simple``), timed like :class:`TimedWorker`."""
+
+    last_done = 0.0
+
+    def execute_job(self, job: rq.job.Job, queue: rq.Queue) -> None:
+        super().execute_job(job, queue)
+        self.last_done = time.perf_counter()
+
+
+class CountingConnection(Connection):
+    """A Redis connection that counts what it sends: one send is one round trip."""
+
+    sends = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        CountingConnection.sends += 1
+        super().send_packed_command(command, check_health)
+
+
 @dataclass
 class Config:
     base: str
     repeat: int
-    n: int  # W1 jobs per side and repetition
+    n: int  # W1 jobs per row and repetition
     turns: int  # W1 bursts per side and repetition (n / turns jobs each)
     samples: int  # W2 samples per side and repetition
     pause_s: float  # W2 idle time before each sample
@@ -144,18 +171,33 @@ def check_w1(conn: redis.Redis, n: int, who: str) -> None:
         )
 
 
-def burst_once(cfg: Config, side: str, n: int, profile: bool = False) -> Sample:
-    """Fill the queue with ``n`` no-op jobs, then time one in-process SimpleWorker burst over it."""
+#: W1 rows: (key, label, hybridq's jobs?, hybridq's worker class?).
+W1_SETUPS = [
+    ("w1hqw", "hybridq jobs, hybridq worker class (hybridq worker)", True, True),
+    ("w1hq", "hybridq jobs, rq SimpleWorker (plain rq worker)", True, False),
+    ("w1rq", "rq jobs, rq SimpleWorker (peer)", False, False),
+    ("w1rqw", "rq jobs, hybridq worker class", False, True),
+]
+W1_JOBS = {key: hq for key, _, hq, _ in W1_SETUPS}
+W1_CLASS = {key: hqw for key, _, _, hqw in W1_SETUPS}
+
+
+def burst_once(
+    cfg: Config, side: str, n: int, profile: bool = False, connection_class: type[Connection] = Connection
+) -> Sample:
+    """Fill the queue with ``n`` no-op jobs, then time one in-process worker burst over it."""
     cfg.server.flushall()
-    conn = redis.Redis.from_url(cfg.url)
+    conn = redis.Redis.from_url(cfg.url, connection_class=connection_class)
     try:
-        if side == "w1hq":
+        if W1_JOBS[side]:
             fill_hybridq(cfg.url, n)
         else:
             fill_rq(conn, n)
         if conn.llen(keys.rq_queue(W1_QUEUE)) != n:
             sys.exit(f"bench-worker: W1 {side}: the queue does not hold {n} jobs")
-        worker = TimedWorker([W1_QUEUE], connection=conn, serializer=JSONSerializer)
+        worker_class = TimedHybridqWorker if W1_CLASS[side] else TimedWorker
+        # hybridq's job class on every row: what hybridq's workers use (it only checks the path).
+        worker = worker_class([W1_QUEUE], connection=conn, serializer=JSONSerializer, job_class=HybridqJob)
         gc.collect()
         work = functools.partial(worker.work, burst=True, logging_level="WARNING", with_scheduler=False)
         if profile:
@@ -165,22 +207,32 @@ def burst_once(cfg: Config, side: str, n: int, profile: bool = False) -> Sample:
         work()
         # Up to the end of the last job: work() then spends a fixed ~1 s joining its pubsub thread.
         elapsed = worker.last_done - t0
-        check_w1(conn, n, "hybridq" if side == "w1hq" else "rq")
+        check_w1(conn, n, "hybridq" if W1_JOBS[side] else "rq")
     finally:
         conn.close()
         cfg.server.flushall()
     return Sample(n, elapsed)
 
 
-W1_ROWS = [
-    ("w1hq", "hybridq jobs (execute + delivery), SimpleWorker burst"),
-    ("w1rq", "rq jobs (enqueue_many), SimpleWorker burst (peer)"),
-]
+def round_trips(cfg: Config, side: str, n: int = 50) -> float:
+    """Redis round trips per job of ``side``: an untimed burst of ``n + 1`` jobs less one of 1."""
+    counts = []
+    for jobs in (1, n + 1):
+        CountingConnection.sends = 0
+        burst_once(cfg, side, jobs, connection_class=CountingConnection)
+        counts.append(CountingConnection.sends)
+    return (counts[1] - counts[0]) / n
+
+
+W1_ROWS = [(key, label) for key, label, _, _ in W1_SETUPS]
 
 
 def run_w1(cfg: Config, rep: int) -> dict[str, Sample]:
     """``cfg.turns`` bursts of ``n / turns`` jobs per side, taking turns (order rotated each turn)."""
     out = {key: Sample(0, 0.0) for key, _ in W1_ROWS}
+    if rep == 0:
+        for key, _ in W1_ROWS:
+            out[key].extra["round_trips"] = round_trips(cfg, key)
     per_turn = max(1, cfg.n // cfg.turns)
     for turn in range(cfg.turns):
         for key, _ in benchlib.rotated(W1_ROWS, turn + rep):
@@ -319,14 +371,31 @@ LABELS = dict(W1_ROWS + W2_ROWS)
 
 def print_tables(results: dict[str, list[Sample]]) -> None:
     rows: list[tuple[str, ...]] = [
-        ("W1 measurement", "jobs/s (median)", "spread (min..max)", "us/job (median)", "seconds (median)")
+        (
+            "W1 measurement",
+            "jobs/s (median)",
+            "spread (min..max)",
+            "us/job (median)",
+            "seconds (median)",
+            "round trips/job",
+        )
     ]
     for key, label in W1_ROWS:
         samples = results[key]
         med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
         us = statistics.median(s.seconds / s.count * 1e6 for s in samples)
-        rows.append((label, med, rng, f"{us:.0f}", f"{statistics.median(s.seconds for s in samples):.2f}"))
-    benchlib.print_rows(rows, {1, 2, 3, 4})
+        trips = samples[0].extra.get("round_trips", float("nan"))
+        rows.append(
+            (
+                label,
+                med,
+                rng,
+                f"{us:.0f}",
+                f"{statistics.median(s.seconds for s in samples):.2f}",
+                f"{trips:.1f}",
+            )
+        )
+    benchlib.print_rows(rows, {1, 2, 3, 4, 5})
     rows = [("W2 latency (per repetition, then median)", "p50 ms", "p95 ms", "p99 ms", "max ms")]
     for key, label in W2_ROWS:
         samples = results[key]
@@ -343,23 +412,37 @@ def diff_ms(results: dict[str, list[Sample]], a: str, b: str, q: float) -> list[
 
 
 def print_ratios(results: dict[str, list[Sample]]) -> None:
-    w1 = per_rep(results, "w1hq", "w1rq")
+    w1 = per_rep(results, "w1hqw", "w1rq")
     w2 = diff_ms(results, "w2hq", "w2rq", 50)
     print("targets (per repetition, median of the per-repetition values):")
     ok = [
-        verdict_line("W1 hybridq jobs/s / rq jobs/s", w1, statistics.median(w1) >= 0.9, ">= 0.9x"),
+        verdict_line(
+            "W1 hybridq worker / rq SimpleWorker, jobs/s", w1, statistics.median(w1) >= 0.9, ">= 0.9x"
+        ),
         verdict_line(
             "W2 p50 hybridq - p50 rq (enqueue -> result)", w2, statistics.median(w2) <= 5, "<= +5 ms", " ms"
         ),
     ]
     print()
-    overhead = [
-        (a.seconds / a.count - b.seconds / b.count) * 1e6
-        for a, b in zip(results["w1hq"], results["w1rq"], strict=True)
-    ]
+    benchlib.print_context(
+        [
+            ("W1 hybridq jobs under a plain rq SimpleWorker / rq", per_rep(results, "w1hq", "w1rq")),
+            ("W1 hybridq worker / plain rq SimpleWorker, hybridq jobs", per_rep(results, "w1hqw", "w1hq")),
+            ("W1 rq jobs: hybridq worker class / rq SimpleWorker", per_rep(results, "w1rqw", "w1rq")),
+        ],
+        56,
+    )
+
+    def overhead(a: str, b: str) -> list[float]:
+        return [
+            (x.seconds / x.count - y.seconds / y.count) * 1e6
+            for x, y in zip(results[a], results[b], strict=True)
+        ]
+
     print("context (no target; same-run figures):")
     for name, values, fmt in (
-        ("W1 hybridq - rq, per job", overhead, " us"),
+        ("W1 hybridq worker - rq, per job", overhead("w1hqw", "w1rq"), " us"),
+        ("W1 plain rq worker on hybridq jobs - rq, per job", overhead("w1hq", "w1rq"), " us"),
         ("W2 p99 hybridq - p99 rq (enqueue -> result)", diff_ms(results, "w2hq", "w2rq", 99), " ms"),
         (
             "W2 p50 hybridq - p50 rq (enqueue -> task ran)",
@@ -390,7 +473,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--n",
         type=int,
         default=None,
-        help="W1 jobs per side and repetition (default 2,000 in 4 bursts; 300 in 2 quick)",
+        help="W1 jobs per row and repetition (default 2,000 in 4 bursts; 300 in 2 quick)",
     )
     p.add_argument(
         "--samples", type=int, default=None, help="W2 samples per side and repetition (default 200; 30 quick)"
@@ -398,9 +481,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--dir", default=None, help="parent of the temporary journal directories (default: a new tempdir)"
     )
-    p.add_argument(
-        "--profile", action="store_true", help="also print a cProfile of one W1 burst of each side"
-    )
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of one W1 burst of each row")
     return p.parse_args(argv)
 
 
@@ -423,7 +504,7 @@ def main(argv: list[str]) -> int:
             benchlib.print_field(
                 "run",
                 f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; W1 runs {n:,} jobs of "
-                f"{NOOP}() per row and repetition in {cfg.turns} in-process SimpleWorker bursts taking "
+                f"{NOOP}() per row and repetition in {cfg.turns} in-process worker bursts taking "
                 "turns (order rotated); "
                 f"W2 takes {samples} samples per side and repetition of {STAMP}(), "
                 f"{cfg.pause_s * 1000:g} ms pause before each, one SimpleWorker subprocess per side, "

@@ -1,8 +1,11 @@
 """What the benchmark scripts share: samples, interleaving, statistics, the machine header, the report.
 
-``bench_journal.py``, ``bench_enqueue.py`` and ``bench_forward.py`` import this module (they run as
-``python scripts/bench_X.py``, so ``scripts/`` is on ``sys.path``). The timing loops themselves
-stay in each script: they measure different things (a time budget, a job count, one call).
+The ``bench_*.py`` scripts import this module (they run as ``python scripts/bench_X.py``, so
+``scripts/`` is on ``sys.path``). The timing loops themselves stay in each script: they measure
+different things (a time budget, a job count, one call). What a script prints it also returns
+(the header's fields, its :class:`Figure` targets and context ratios), and :func:`write_json`
+dumps that with every row's per-repetition values for ``--json``: ``scripts/bench`` reads those
+files, so nothing is computed twice.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import json
 import os
 import platform
 import pstats
@@ -263,30 +267,37 @@ def print_machine(
     extra: Sequence[tuple[str, str]] = (),
     dir_label: str = "dir",
     fs_note: str = "",
-) -> None:
-    """The header: date, machine, kernel, python, ``versions``, ``extra`` lines, commit, directory."""
+) -> dict[str, str]:
+    """The header: date, machine, kernel, python, ``versions``, ``extra`` lines, commit, directory.
+
+    Returns the fields as printed (label -> value), for ``--json``.
+    """
     mnt, dev, fstype = mount_of(base)
+    fields = [
+        ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
+        ("machine", f"nproc={os.cpu_count()}  cpu={cpu_model()}  loadavg={os.getloadavg()[0]:.2f}"),
+        ("kernel", f"{platform.system()} {platform.release()} ({platform.machine()})"),
+        ("python", f"{platform.python_version()} ({platform.python_implementation()})"),
+        ("versions", versions),
+        *extra,
+        ("commit", git_revision()),
+        (dir_label, base),
+        ("filesystem", f"{fstype} on {dev}, mounted at {mnt}{fs_note}"),
+    ]
     print(title)
-    print_field("date", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    print_field("machine", f"nproc={os.cpu_count()}  cpu={cpu_model()}  loadavg={os.getloadavg()[0]:.2f}")
-    print_field("kernel", f"{platform.system()} {platform.release()} ({platform.machine()})")
-    print_field("python", f"{platform.python_version()} ({platform.python_implementation()})")
-    print_field("versions", versions)
-    for label, value in extra:
+    for label, value in fields:
         print_field(label, value)
-    print_field("commit", git_revision())
-    print_field(dir_label, base)
-    print_field("filesystem", f"{fstype} on {dev}, mounted at {mnt}{fs_note}")
+    return {"title": title, **dict(fields)}
 
 
-def print_redis_machine(title: str, base: str, server: RedisServer) -> None:
-    """The header of a benchmark against hybridq, rq and a private redis-server."""
+def print_redis_machine(title: str, base: str, server: RedisServer) -> dict[str, str]:
+    """The header of a benchmark against hybridq, rq and a private redis-server; its fields."""
     with server.client() as client:
         info = client.info("server")
     redis = (
         f"redis-server {info.get('redis_version', '?')} ({server.executable}), {server.url}, no persistence"
     )
-    print_machine(
+    return print_machine(
         title,
         base,
         f"hybridq {version('hybridq')}, rq {version('rq')}, redis-py {version('redis')}",
@@ -340,18 +351,65 @@ def verdict_line(
     return ok
 
 
-def print_context(ratios: Sequence[tuple[str, list[float]]], name_width: int) -> None:
-    """The same-run ratios that have no target, then a blank line."""
+@dataclass
+class Figure:
+    """One figure of the report, per repetition: a target's ratio (or bound) or a context ratio.
+
+    ``goal`` is empty for context figures (no target); ``ok`` is then None.
+    """
+
+    name: str
+    values: list[float]
+    unit: str = "x"
+    goal: str = ""
+    ok: bool | None = None
+    what: str = ""
+    id: str = ""  # the target's name in PERFORMANCE.md (P1, F2, ...), if it has one
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "unit": self.unit.strip(),
+            "goal": self.goal,
+            "ok": self.ok,
+            "what": self.what,
+            **stats(self.values),
+        }
+
+
+def target(
+    target_id: str,
+    name: str,
+    values: list[float],
+    bound: float,
+    *,
+    at_most: bool = False,
+    unit: str = "x",
+    what: str = "",
+    widths: tuple[int, int] = (44, 8),
+) -> Figure:
+    """Print the verdict of ``median(values) >= bound`` (``<=`` with ``at_most``) and return it."""
+    med = statistics.median(values)
+    ok = med <= bound if at_most else med >= bound
+    goal = f"{'<=' if at_most else '>='} {bound:g}{unit}"
+    verdict_line(name, values, ok, goal, unit, what, widths)
+    return Figure(name, values, unit, goal, ok, what, target_id)
+
+
+def print_context(ratios: Sequence[tuple[str, list[float]]], name_width: int) -> list[Figure]:
+    """The same-run ratios that have no target, then a blank line; returns them as figures."""
     print("context (no target; same-run ratios):")
     for name, values in ratios:
         print(
             f"        {name:<{name_width}} {statistics.median(values):6.2f}x  (spread {min(values):.2f}..{max(values):.2f})"
         )
     print()
+    return [Figure(name, values) for name, values in ratios]
 
 
-def print_result(ok: list[bool]) -> None:
-    failed = ok.count(False)
+def print_result(ok: Sequence[bool | None]) -> None:
+    failed = list(ok).count(False)
     if failed:
         print(f"RESULT: {failed} of {len(ok)} targets FAIL (this is a report; exit status stays 0)")
     else:
@@ -368,3 +426,75 @@ def profile_call(title: str, fn: Callable[[], object], top: int = 18) -> None:
     stats = pstats.Stats(prof, stream=sys.stdout).strip_dirs()
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
+
+
+# -- --json -------------------------------------------------------------------------------------
+
+#: The latency quantiles (percent) written for each row with latencies: enough for a CDF plot.
+CDF_QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json", default=None, metavar="PATH", help="also write the rows, samples and ratios to PATH"
+    )
+
+
+def stats(values: Sequence[float]) -> dict[str, object]:
+    """Median, min, max and every per-repetition value."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "per_rep": list(values),
+    }
+
+
+def row_dict(label: str, samples: list[Sample], unit: str) -> dict[str, object]:
+    """One row's figures over its repetitions: rate, latency percentiles, a pooled latency CDF."""
+    row: dict[str, object] = {"label": label, "unit": unit, "rate": stats([s.rate for s in samples])}
+    if all(s.lat_ns for s in samples):
+        for q in (50, 95, 99):
+            row[f"p{q}_us"] = stats([latency_us(s, q) for s in samples])
+        row["cdf_us"] = latency_cdf(samples)
+    for name in samples[0].extra:
+        if all(name in s.extra for s in samples):
+            row[name] = stats([s.extra[name] for s in samples])
+    return row
+
+
+def latency_cdf(samples: Sequence[Sample]) -> list[list[float]]:
+    """``[quantile %, microseconds]`` of all repetitions' latencies pooled, at :data:`CDF_QUANTILES`."""
+    pooled = sorted(x for s in samples for x in s.lat_ns)
+    return [[q, percentile(pooled, q)] for q in CDF_QUANTILES]
+
+
+def write_json(
+    path: str,
+    benchmark: str,
+    header: dict[str, str],
+    rows: dict[str, dict[str, object]],
+    figures: Sequence[Figure],
+    **extra: object,
+) -> None:
+    """Write what a benchmark printed, with every per-repetition value, to ``path``."""
+    doc = {
+        "benchmark": benchmark,
+        "header": header,
+        "rows": rows,
+        "targets": [f.as_dict() for f in figures if f.goal],
+        "context": [f.as_dict() for f in figures if not f.goal],
+        **extra,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def json_rows(
+    results: dict[str, list[Sample]], labels: dict[str, str], unit: str
+) -> dict[str, dict[str, object]]:
+    """Every row of ``results`` as :func:`row_dict`, by key, in the order of ``labels``."""
+    return {key: row_dict(label, results[key], unit) for key, label in labels.items() if results.get(key)}
