@@ -235,7 +235,10 @@ def redis_version(doc: dict[str, Any]) -> str:
 
 def publish(doc: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> None:
     """Render into the run directory; copy into docs/ when the run may be published."""
-    if args.only and (DOCS / "benchmarks.json").exists() and not args.quick and not args.no_docs:
+    # A --render of a merged file is already merged: merging it into the published file (itself)
+    # again would name its own run as the one it was merged into.
+    merge = args.only and not args.render and not args.quick and not args.no_docs
+    if merge and (DOCS / "benchmarks.json").exists():
         published = json.loads((DOCS / "benchmarks.json").read_text())
         merged = published["benchmarks"] | doc["benchmarks"]
         doc = doc | {

@@ -350,6 +350,8 @@ def commits(doc: dict[str, Any]) -> str:
     each = ", ".join(
         f"{name} at {commit_text(e.get('commit', '?'))}" for name, e in doc["benchmarks"].items()
     )
+    if "merged_into" in doc:
+        return f"these commits ({each}; the *run* column repeats it)"
     return f"commits that changed during the run ({each}; the *run* column repeats it)"
 
 
@@ -367,7 +369,12 @@ def generated_block(doc: dict[str, Any], images: list[str]) -> str:
         ),
         "",
         (
-            "Every figure in this section comes from that run. Each benchmark ran side by side with its "
+            (
+                "Each figure comes from the run its *run* column names. "
+                if "merged_into" in doc
+                else "Every figure in this section comes from that run. "
+            )
+            + "Each benchmark ran side by side with its "
             "peers (interleaved repetitions); a ratio is taken per repetition and the median of those is "
             "compared with the target; spreads are min..max over the repetitions. Every per-repetition "
             "value is in [`benchmarks.json`](benchmarks.json); the full outputs are at the end of this section."
@@ -389,7 +396,7 @@ def generated_block(doc: dict[str, Any], images: list[str]) -> str:
         failed = sum(1 for t in rows if not t["ok"])
         lines += ["### Targets", ""]
         lines += target_table(rows)
-        lines += ["", f"{len(rows) - failed} of {len(rows)} targets met in this run.", ""]
+        lines += ["", f"{len(rows) - failed} of {len(rows)} targets met.", ""]
     results = {name: e["result"] for name, e in doc["benchmarks"].items() if "result" in e}
     if "peers" in results:
         lines += ["### Enqueue, side by side with peers (`scripts/bench-peers`)", ""]
