@@ -610,18 +610,18 @@ def _drain(topo: _Topology, acked: dict[str, float], timeout_s: float) -> dict[s
     from hybridq.status import collect_status  # noqa: PLC0415 - reads the journal
 
     deadline = time.monotonic() + timeout_s
-    status: dict[str, Any] = {}
     done = -1
     while True:
         topo.keep_alive(producers=False)
         finished = {token for token, runs in _runs(topo.effects).items() if any(r.kind == "E" for r in runs)}
-        status = collect_status(topo.journal)
-        if finished.issuperset(acked) and status["pending"] == 0:
-            return status
+        if finished.issuperset(acked):  # only then is the journal worth a scan
+            status = collect_status(topo.journal)
+            if status["pending"] == 0:
+                return status
         if len(finished) > done:  # progress: the backlog is still draining
             done, deadline = len(finished), time.monotonic() + timeout_s
         elif time.monotonic() > deadline:
-            return status
+            return collect_status(topo.journal)
         time.sleep(0.5)
 
 

@@ -241,7 +241,7 @@ class Envelope:
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
         # A record the reader would refuse must not be acknowledged (see _MAX_NESTING).
-        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING:
+        if _too_deep(raw, obj):
             raise EnvelopeError(f"job {self.func}: arguments are nested deeper than {_MAX_NESTING} levels")
         self._encoded = raw
         return raw
@@ -253,8 +253,7 @@ class Envelope:
             obj = _loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise EnvelopeError(f"record is not JSON: {exc}") from exc
-        # Each nesting level is one [ or {: only a record with that many is walked.
-        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING:
+        if _too_deep(raw, obj):
             raise EnvelopeError(f"record is nested deeper than {_MAX_NESTING} levels")
         if not isinstance(obj, dict):
             raise EnvelopeError("record is not a JSON object")
@@ -294,6 +293,14 @@ _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 #: record nested near the interpreter's recursion limit decodes, then raises RecursionError
 #: (not an EnvelopeError) when it is encoded again a few frames deeper, e.g. for delivery.
 _MAX_NESTING = 100
+
+
+def _too_deep(raw: bytes, obj: object) -> bool:
+    """Whether ``obj`` (encoded as ``raw``) nests deeper than :data:`_MAX_NESTING`.
+
+    Each level is one ``[`` or ``{``: only a record with that many brackets is walked.
+    """
+    return raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING
 
 
 def _nesting(obj: object) -> int:

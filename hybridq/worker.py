@@ -322,10 +322,7 @@ def _plan(rq_job: RQJob) -> _Run | None:
             return None
         raw = rq_job.args[0]
         d = _Delivery.parse(raw)
-        ring = keyring()
-        if ring is not None:
-            ring.verify(d.envelope)
-        if not allowed(d.envelope.func):
+        if _refusal(d.envelope) is not None:
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
@@ -347,22 +344,35 @@ def _run_of(rq_job: RQJob, raw: Mapping[str, Any]) -> _Run | None:
     return run
 
 
-def _admit(conn: redis.Redis, d: _Delivery) -> None:
-    """Refuse (report, then raise) a delivery whose signature or function this worker refuses."""
-    env = d.envelope
-    # Before anything is imported or claimed, the signature first (a job changed in Redis could
-    # name any allowed function), then the allowlist. A job failing either fails for good (a
-    # retry would be refused the same way), and the forwarder records it. A key configured but
-    # unreadable raises SigningKeyError here: nothing runs, nothing is reported, and the
-    # forwarder delivers the job again later (fail closed, never fall back to unsigned).
+def _refusal(env: Envelope) -> Exception | None:
+    """Why this worker refuses ``env`` (a bad signature, a function not allowed), or ``None``.
+
+    The signature first (a job changed in Redis could name any allowed function), then the
+    allowlist. A key configured but unreadable raises SigningKeyError: fail closed, never fall
+    back to unsigned.
+    """
     ring = keyring()
     if ring is not None:
         try:
             ring.verify(env)
         except SignatureError as exc:
-            _refuse(conn, d, exc)
+            return exc
     if not allowed(env.func):
-        _refuse(conn, d, NotAllowed(refusal(env.func)))
+        return NotAllowed(refusal(env.func))
+    return None
+
+
+def _admit(conn: redis.Redis, d: _Delivery) -> None:
+    """Refuse (report, then raise) a delivery whose signature or function this worker refuses.
+
+    Before anything is imported or claimed. A refused job fails for good (a retry would be
+    refused the same way), and the forwarder records it. A key that cannot be read raises
+    SigningKeyError here: nothing runs, nothing is reported, and the forwarder delivers the job
+    again later.
+    """
+    error = _refusal(d.envelope)
+    if error is not None:
+        _refuse(conn, d, error)
 
 
 def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
