@@ -1,25 +1,49 @@
 """Which functions a worker may run: Redis write access must not mean code execution.
 
 RQ imports whatever dotted path a job hash names. hybridq's worker runs a job's function only if
-it was registered with :func:`hybridq.task` in the worker's process, or its dotted path lies under
-a module prefix the operator allows (``hybridq worker --allow app.tasks``, or the environment
-variable ``HYBRIDQ_ALLOW=app.tasks,billing`` for any worker, a plain ``rq worker`` included). A
-job naming anything else fails for good, with an error that says how to allow it, and nothing
-is imported. ``HYBRIDQ_ALLOW=*`` allows everything (RQ's behaviour; not recommended).
+it was registered with :func:`hybridq.task` in the worker's process, or it is *defined* in a
+module under a prefix the operator allows (``hybridq worker --allow app.tasks``, or the
+environment variable ``HYBRIDQ_ALLOW=app.tasks,billing`` for any worker, a plain ``rq worker``
+included). A job naming anything else fails for good, with an error that says how to allow it.
+
+A prefix allows what its modules define, not what they import: with ``--allow app.tasks``,
+``app.tasks.os.system`` is refused although ``app/tasks.py`` imports ``os``. :func:`resolve`
+finds the function itself, never through RQ's ``import_attribute``:
+
+1. the path must be registered or under an allowed prefix (text), with no ``__dunder__`` part;
+   nothing outside the allowed modules is imported for it;
+2. the module is the longest prefix of the path that imports as a module (``app.tasks``);
+3. the rest is walked with ``getattr`` through classes only: never through a module, an
+   instance or a function, and never to a name starting with ``_``;
+4. what it finds must be a function, a class or a class's ``classmethod`` whose ``__module__``
+   (and that of every class walked through) is under an allowed prefix, or the very task
+   registered under that path.
+
+``HYBRIDQ_ALLOW=*`` allows every callable the walk reaches (RQ's behaviour; not recommended).
 
 This module must not import redis, rq or the journal (producers and workers both use it).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["ENV_VAR", "allowed", "allowed_prefixes", "refusal", "register"]
+__all__ = ["ENV_VAR", "NotAllowed", "allowed", "allowed_prefixes", "refusal", "register", "resolve"]
 
 #: The environment variable holding the allowed module prefixes, comma-separated.
 ENV_VAR = "HYBRIDQ_ALLOW"
 
 _registered: set[str] = set()
+
+
+class NotAllowed(Exception):
+    """The job names a function this worker may not run."""
 
 
 def register(path: str) -> None:
@@ -34,10 +58,17 @@ def allowed_prefixes() -> tuple[str, ...]:
 
 
 def allowed(path: str) -> bool:
-    """Whether a worker may import and run the function at ``path``."""
+    """Whether ``path`` passes the text check (step 1): registered, or under an allowed prefix.
+
+    Passing it is not enough to run: :func:`resolve` also checks what the path leads to.
+    """
     if path in _registered:
         return True
-    return any(prefix in ("*", path) or path.startswith(prefix + ".") for prefix in allowed_prefixes())
+    return _under_prefix(path, allowed_prefixes())
+
+
+def _under_prefix(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(prefix in ("*", name) or name.startswith(prefix + ".") for prefix in prefixes)
 
 
 def refusal(path: str) -> str:
@@ -45,6 +76,91 @@ def refusal(path: str) -> str:
     module = path.rpartition(".")[0]
     return (
         f"{path} is not allowed to run on this worker: decorate it with @hybridq.task and have the "
-        f"worker import its module, or allow its module (hybridq worker --allow {module}, or "
-        f"{ENV_VAR}={module}); see docs/security.md"
+        f"worker import its module, or allow the module that defines it (hybridq worker --allow "
+        f"{module}, or {ENV_VAR}={module}); see docs/security.md"
+    )
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """The function at ``path``, if this worker may run it (see the module docstring).
+
+    Raises:
+        NotAllowed: the path, or what it leads to, is not allowed (nothing outside the allowed
+            modules was imported).
+        ImportError, AttributeError: an allowed module or name does not exist or fails to
+            import (a task error, as for any function that cannot be found).
+    """
+    prefixes = allowed_prefixes()
+    parts = path.split(".") if isinstance(path, str) else []
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise NotAllowed(f"{path!r} is not a dotted path")
+    if not allowed(path) or any(p.startswith("__") for p in parts):
+        raise NotAllowed(refusal(path))
+    everything = "*" in prefixes
+    module, walked = _longest_module(parts)
+    obj: Any = module
+    for name in parts[walked:]:
+        if not everything:
+            if obj is not module and not (
+                isinstance(obj, type) and (path in _registered or _defined_under(obj, prefixes))
+            ):
+                raise NotAllowed(
+                    f"{path}: {name} is looked up on {obj!r}, not on a class of an allowed module"
+                )
+            if name.startswith("_"):
+                raise NotAllowed(f"{path}: {name} is private; {refusal(path)}")
+        obj = getattr(obj, name)
+        if isinstance(obj, types.ModuleType) and not everything:
+            raise NotAllowed(f"{path}: {name} is a module the allowed one imports; {refusal(path)}")
+    if everything or path in _registered:  # registered once the module is imported
+        if not callable(obj):
+            raise NotAllowed(f"{path} is not callable")
+        return obj  # type: ignore[no-any-return]
+    if not (inspect.isfunction(obj) or isinstance(obj, type) or _is_classmethod(obj)):
+        raise NotAllowed(f"{path} is not a function or a class ({type(obj).__name__}); {refusal(path)}")
+    if not _defined_under(obj, prefixes):
+        raise NotAllowed(
+            f"{path} is {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}, "
+            f"defined outside the allowed modules; {refusal(path)}"
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:
+    """The module named by the longest prefix of ``parts`` that is one, and that prefix's length.
+
+    The whole path is never a module (a module is not callable); a shorter prefix is tried only
+    when the longer one is not a module (``ModuleNotFoundError`` for it or a parent of it, which
+    Python imported, or tried to, on the way): nothing but the path's own packages is imported.
+    """
+    for n in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:n])
+        module = sys.modules.get(name)
+        if module is not None:
+            return module, n
+        try:
+            return importlib.import_module(name), n
+        except ModuleNotFoundError as exc:
+            if n == 1 or exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+                raise  # no module at all, or the module exists but something it imports does not
+    raise ModuleNotFoundError(f"no module in {'.'.join(parts)!r}", name=parts[0])
+
+
+def _is_classmethod(obj: object) -> bool:
+    return inspect.ismethod(obj) and isinstance(obj.__self__, type) and inspect.isfunction(obj.__func__)
+
+
+def _defined_under(obj: object, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``obj`` (a function, class or classmethod) was defined under an allowed prefix.
+
+    Its module, or its full name (a prefix may name one function or class:
+    ``HYBRIDQ_ALLOW=app.tasks.send``), must be under one.
+    """
+    target = obj.__func__ if _is_classmethod(obj) else obj  # type: ignore[attr-defined]
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not isinstance(module, str):
+        return False
+    return _under_prefix(module, prefixes) or (
+        isinstance(qualname, str) and _under_prefix(f"{module}.{qualname}", prefixes)
     )

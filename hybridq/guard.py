@@ -2,19 +2,23 @@
 
 RQ imports whatever dotted path a job hash names, as its function or as one of its callbacks,
 before any hybridq code runs: with RQ's own job class, whoever can write a job hash to Redis
-runs ``os.system`` on the workers. :class:`Job` checks each path first. ``hybridq worker`` uses
-it; a plain RQ worker takes it as ``rq worker --job-class hybridq.worker.Job`` (re-exported
-there) or ``RQ_JOB_CLASS=hybridq.worker.Job``.
+runs ``os.system`` on the workers. :class:`Job` resolves each path itself instead, with
+:func:`hybridq.allow.resolve` (what ``execute`` uses too), so RQ's ``import_attribute`` never
+sees a path but hybridq's entry point. ``hybridq worker`` uses it; a plain RQ worker takes it
+as ``rq worker --job-class hybridq.worker.Job`` (re-exported there) or
+``RQ_JOB_CLASS=hybridq.worker.Job``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from rq.job import UNEVALUATED
 from rq.job import Job as RQJob
 
-from hybridq.allow import allowed, refusal
+from hybridq.allow import NotAllowed, resolve
 from hybridq.signing import keyring
 
 __all__ = ["ENTRY_POINT", "Job", "NotAllowed"]
@@ -25,17 +29,14 @@ log = logging.getLogger("hybridq.worker")
 ENTRY_POINT = "hybridq.worker.execute"
 
 
-class NotAllowed(Exception):
-    """The job names a function this worker may not run (see :mod:`hybridq.allow`)."""
-
-
 class Job(RQJob):
     """An RQ job that imports nothing but hybridq's entry point, or a function the worker allows.
 
-    Each path is checked before RQ imports it: :data:`ENTRY_POINT` passes; another path passes
-    only if :func:`hybridq.allow.allowed` says so and this worker holds no signing key (a job
-    naming a task directly would carry no signature). Anything else raises :class:`NotAllowed`,
-    and RQ marks the job failed.
+    Each path is checked before anything is imported for it: :data:`ENTRY_POINT` passes (RQ
+    imports it); another path passes only if this worker holds no signing key (a job naming a
+    task directly would carry no signature), and is then resolved by
+    :func:`hybridq.allow.resolve`, never by RQ. Anything else raises :class:`NotAllowed`, and
+    RQ marks the job failed.
     """
 
     @property
@@ -46,39 +47,47 @@ class Job(RQJob):
         # hybridq jobs never have an instance.
         if self.instance is not None:
             raise NotAllowed(f"job {self.id}: a job with an instance is not allowed on this worker")
-        _check_path(self.id, "function", name)
-        # The callbacks too, before the function runs (RQ imports them only after it).
-        for callback in (
-            self._success_callback_name,
-            self._failure_callback_name,
-            self._stopped_callback_name,
+        func = _check_path(self.id, "function", name)
+        # The callbacks too, before the function runs (RQ would import them only after it).
+        self._resolve_callbacks()
+        return super().func if func is None else func
+
+    def _resolve_callbacks(self) -> None:
+        """Resolve each callback the job names (hybridq's way), so that RQ's lookup never runs."""
+        for attr, name in (
+            ("_success_callback", self._success_callback_name),
+            ("_failure_callback", self._failure_callback_name),
+            ("_stopped_callback", self._stopped_callback_name),
         ):
-            _check_path(self.id, "callback", callback)
-        return super().func
+            if getattr(self, attr) is UNEVALUATED and name:
+                setattr(self, attr, _check_path(self.id, "callback", name))
 
     @property
     def success_callback(self) -> Any:
-        """RQ's, once its path passed the check."""
-        _check_path(self.id, "callback", self._success_callback_name)
+        """RQ's, once resolved by hybridq (RQ then returns it without importing anything)."""
+        self._resolve_callbacks()
         return super().success_callback
 
     @property
     def failure_callback(self) -> Any:
-        """RQ's, once its path passed the check (RQ calls it for a job whose function was refused)."""
-        _check_path(self.id, "callback", self._failure_callback_name)
+        """RQ's, once resolved by hybridq (RQ calls it for a job whose function was refused)."""
+        self._resolve_callbacks()
         return super().failure_callback
 
     @property
     def stopped_callback(self) -> Any:
-        """RQ's, once its path passed the check."""
-        _check_path(self.id, "callback", self._stopped_callback_name)
+        """RQ's, once resolved by hybridq."""
+        self._resolve_callbacks()
         return super().stopped_callback
 
 
-def _check_path(job_id: str, what: str, path: object) -> None:
-    """Raise :class:`NotAllowed` unless RQ may import ``path`` (``None``: nothing to import)."""
+def _check_path(job_id: str, what: str, path: object) -> Callable[..., Any] | None:
+    """What ``path`` names, if this worker may run it; ``None`` for nothing, or the entry point.
+
+    Raises :class:`NotAllowed` otherwise, having imported nothing outside the allowed modules.
+    """
     if path is None or path == "" or (what == "function" and path == ENTRY_POINT):
-        return
+        return None
     if not isinstance(path, str):
         message = f"job {job_id}: its {what} is not a dotted path"
     elif keyring() is not None:
@@ -86,9 +95,10 @@ def _check_path(job_id: str, what: str, path: object) -> None:
             f"job {job_id}: {path} is not hybridq's entry point ({ENTRY_POINT}), and this worker "
             "verifies signatures: it runs only hybridq jobs (see docs/security.md)"
         )
-    elif allowed(path):
-        return
     else:
-        message = f"job {job_id}: {what} {refusal(path)}"
-    log.error("refused RQ job %s without importing anything: %s", job_id, message)
+        try:
+            return resolve(path)
+        except NotAllowed as exc:
+            message = f"job {job_id}: {what} {exc}"
+    log.error("refused RQ job %s without importing anything outside the allowed modules: %s", job_id, message)
     raise NotAllowed(message)

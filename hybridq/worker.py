@@ -52,10 +52,9 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
-from rq.utils import import_attribute
 
 from hybridq import keys
-from hybridq.allow import allowed, refusal
+from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
@@ -348,8 +347,10 @@ def _refusal(env: Envelope) -> Exception | None:
     """Why this worker refuses ``env`` (a bad signature, a function not allowed), or ``None``.
 
     The signature first (a job changed in Redis could name any allowed function), then the
-    allowlist. A key configured but unreadable raises SigningKeyError: fail closed, never fall
-    back to unsigned.
+    allowlist: :func:`hybridq.allow.resolve`, which imports the allowed module to see what the
+    path leads to (this runs in the process that runs the task). A module or name that does not
+    exist is not a refusal: the task fails as before, in :func:`_call`, and is retried. A key
+    configured but unreadable raises SigningKeyError: fail closed, never fall back to unsigned.
     """
     ring = keyring()
     if ring is not None:
@@ -357,8 +358,12 @@ def _refusal(env: Envelope) -> Exception | None:
             ring.verify(env)
         except SignatureError as exc:
             return exc
-    if not allowed(env.func):
-        return NotAllowed(refusal(env.func))
+    try:
+        resolve(env.func)
+    except NotAllowed as exc:
+        return exc
+    except Exception:  # noqa: S110 - _call meets it again, as the task's error
+        pass
     return None
 
 
@@ -384,7 +389,7 @@ def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
 
 
 def _call(env: Envelope) -> Any:
-    func = import_attribute(env.func)  # a hybridq.task is callable like its function
+    func = resolve(env.func)  # the same resolution _refusal checked; a hybridq.task is callable
     return func(*env.args, **env.kwargs)
 
 
