@@ -189,11 +189,17 @@ def keyring() -> Keyring | None:
 
     Read from the environment on each call, and from the key file again whenever the file
     changes (so a rotated file needs no restart); raises :class:`SigningKeyError` when a key is
-    configured but unusable: a worker must not fall back to running unsigned jobs.
+    configured but unusable, a variable set but empty included: a worker must not fall back to
+    running unsigned jobs.
     """
     global _cache
-    path = os.environ.get(ENV_KEY_FILE) or None
-    raw = os.environ.get(ENV_KEY) or None
+    path = os.environ.get(ENV_KEY_FILE)
+    raw = os.environ.get(ENV_KEY)
+    for name, value in ((ENV_KEY_FILE, path), (ENV_KEY, raw)):
+        # Set but empty (``VAR=`` in an env file, ``${VAR:-}`` in compose): a typo or a secret
+        # that did not arrive, not a wish to turn verification off (unset the variable for that).
+        if value is not None and not value.strip():
+            raise SigningKeyError(f"{name} is set but empty: name the keys, or unset it to turn signing off")
     if path is None and raw is None:
         return None
     if path is not None:
