@@ -39,6 +39,30 @@ class Job(RQJob):
     RQ marks the job failed.
     """
 
+    def restore(self, raw_data: Any) -> Any:
+        """RQ's, less what makes a worker reach out or run a job again (hybridq writes none).
+
+        ``webhooks`` (RQ 3: an HTTP request, to a URL and with headers the hash chooses, with a
+        failed job's traceback, and a timeout that holds the worker) and ``repeats_left`` /
+        ``repeat_intervals`` (RQ enqueues the job again after it succeeds: a replay) are
+        dropped, with a warning. Whoever writes to Redis writes these fields, not a producer.
+        """
+        restored = super().restore(raw_data)
+        dropped = [name for name in ("webhooks", "repeats_left", "repeat_intervals") if getattr(self, name)]
+        if dropped:
+            log.warning(
+                "job %s: ignoring %s in its RQ job hash (hybridq never sets them)",
+                self.id,
+                ", ".join(dropped),
+            )
+        self.webhooks = []
+        self.repeats_left = None
+        self.repeat_intervals = None
+        return restored
+
+    def send_webhooks(self, status: Any, *, exc_string: str | None = None) -> None:
+        """Nothing: a hybridq worker sends no webhook, whatever a job hash holds."""
+
     @property
     def func(self) -> Any:
         """The job's function, once every path the job names passed the check."""
