@@ -30,8 +30,10 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from hybridq.envelope import Envelope
@@ -39,16 +41,21 @@ from hybridq.errors import HybridqError
 from hybridq.secretfile import read_secret_file
 
 __all__ = [
+    "DEFAULT_TTL_S",
     "ENV_KEY",
     "ENV_KEY_FILE",
+    "ENV_TTL",
     "MIN_KEY_BYTES",
+    "NOT_AFTER",
     "SCHEME",
     "UNSIGNED_FIELDS",
     "Keyring",
     "SignatureError",
     "SigningKeyError",
     "canonical",
+    "expiry_refusal",
     "keyring",
+    "signature_ttl",
 ]
 
 log = logging.getLogger("hybridq")
@@ -67,6 +74,14 @@ MIN_KEY_BYTES = 16
 #: requeue`` raises on a host that need not hold the key. A changed ``requeue`` can only run a
 #: job that failed for good once more, with the function and arguments its producer signed.
 UNSIGNED_FIELDS = frozenset({"sig", "v", "requeue"})
+
+#: How long a signed job stays valid, in seconds after it was created (or due, for a delayed
+#: job): the variable holding it, and its default (7 days). Producers write the expiry into
+#: each envelope they sign (``not_after``, signed with the rest); workers refuse a job past it.
+ENV_TTL = "HYBRIDQ_SIGNATURE_TTL"
+DEFAULT_TTL_S = 7 * 86400.0
+#: The envelope field holding a signed job's expiry (Unix seconds), in :attr:`Envelope.extra`.
+NOT_AFTER = "not_after"
 
 #: Bumped with any change to :func:`canonical`'s form (old signatures then stop verifying).
 _DOMAIN = b"hybridq-envelope-signature-v1\n"
@@ -153,9 +168,14 @@ class Keyring:
         """``env`` signed with the first key, in the form every reader decodes it to.
 
         Stored in that form too: a reader that does not know a field keeps it verbatim, so the
-        signed bytes and the stored ones must not differ even in how a number is written.
+        signed bytes and the stored ones must not differ even in how a number is written. An
+        envelope without an expiry gets one (``not_after``: :func:`_implicit_not_after`), signed
+        with the rest.
         """
         normalised = _normalised(env)
+        if NOT_AFTER not in normalised.extra:
+            extra = {**normalised.extra, NOT_AFTER: round(_implicit_not_after(normalised), 3)}
+            normalised = _normalised(dataclasses.replace(normalised, extra=extra))
         return dataclasses.replace(normalised, signature=_mac(self.keys[0], _canonical_of(normalised)))
 
     def verify(self, env: Envelope) -> int:
@@ -180,6 +200,45 @@ class Keyring:
         return matched
 
 
+def signature_ttl() -> float:
+    """How long a signed job stays valid (``HYBRIDQ_SIGNATURE_TTL`` seconds, default 7 days)."""
+    raw = os.environ.get(ENV_TTL)
+    if raw is None:
+        return DEFAULT_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = math.nan
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise SigningKeyError(f"{ENV_TTL}={raw!r}: expected a number of seconds > 0")
+    return ttl
+
+
+def _implicit_not_after(env: Envelope) -> float:
+    """The expiry of ``env`` from its signed times: created (or due, if later), plus the TTL."""
+    return max(env.created_at, env.run_at or 0.0) + signature_ttl()
+
+
+def expiry_refusal(env: Envelope, now: float | None = None) -> SignatureError | None:
+    """Why a signed ``env`` may no longer run (it expired), or ``None``; call it once verified.
+
+    The expiry is the envelope's signed ``not_after``. An envelope signed before that field
+    existed has the same bound from its signed creation (or run) time and this process's
+    :func:`signature_ttl`, so an old capture cannot be replayed forever either.
+    """
+    value = env.extra.get(NOT_AFTER)
+    if value is None:
+        not_after = _implicit_not_after(env)
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        not_after = float(value)
+    else:
+        return SignatureError(env.id, f"its {NOT_AFTER} is not a time")
+    if (time.time() if now is None else now) > not_after:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(not_after))
+        return SignatureError(env.id, f"the signed job expired at {when} ({ENV_TTL}, see docs/security.md)")
+    return None
+
+
 _cache: tuple[object, Keyring] | None = None
 _cache_lock = threading.Lock()
 
@@ -202,6 +261,7 @@ def keyring() -> Keyring | None:
             raise SigningKeyError(f"{name} is set but empty: name the keys, or unset it to turn signing off")
     if path is None and raw is None:
         return None
+    signature_ttl()  # a bad HYBRIDQ_SIGNATURE_TTL is a configuration error too, found early
     if path is not None:
         try:
             st = os.stat(path)

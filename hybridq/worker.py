@@ -58,7 +58,7 @@ from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
-from hybridq.signing import SignatureError, keyring
+from hybridq.signing import SignatureError, expiry_refusal, keyring
 
 __all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
 
@@ -192,6 +192,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     run = _run_of(rq_job, delivery)
     if run is None:
         d = _Delivery.parse(delivery)
+        _check_route(rq_job, d.envelope)
         _admit(conn, d)
         run = _Run.new(delivery, d)
     answer = _claim(conn, run)
@@ -321,7 +322,7 @@ def _plan(rq_job: RQJob) -> _Run | None:
             return None
         raw = rq_job.args[0]
         d = _Delivery.parse(raw)
-        if _refusal(d.envelope) is not None:
+        if _misrouted(rq_job, d.envelope) is not None or _refusal(d.envelope) is not None:
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
@@ -358,6 +359,9 @@ def _refusal(env: Envelope) -> Exception | None:
             ring.verify(env)
         except SignatureError as exc:
             return exc
+        expired = expiry_refusal(env)
+        if expired is not None:
+            return expired
     try:
         resolve(env.func)
     except NotAllowed as exc:
@@ -365,6 +369,41 @@ def _refusal(env: Envelope) -> Exception | None:
     except Exception:  # noqa: S110 - _call meets it again, as the task's error
         pass
     return None
+
+
+#: The queues ``hybridq worker`` serves in this process (:func:`run_worker`); ``None`` when not
+#: known (a plain ``rq worker``: then only the job hash's origin is compared).
+_serving: frozenset[str] | None = None
+
+
+def _misrouted(rq_job: RQJob, env: Envelope) -> NotAllowed | None:
+    """Why ``rq_job`` is not where the forwarder put ``env`` (another id, another queue), or ``None``.
+
+    The forwarder pushes each envelope as the RQ job of the same id, on the queue it names (and
+    signs). A copy under another id, or moved to another queue (``origin``, or a worker that
+    does not serve the envelope's queue took it), is someone replaying it from Redis.
+    """
+    if rq_job.id != env.id:
+        return NotAllowed(f"RQ job {rq_job.id} carries the envelope of job {env.id}: a copy, not run")
+    if rq_job.origin != env.queue:
+        return NotAllowed(
+            f"job {env.id} is for queue {env.queue}, but RQ queued it on {rq_job.origin}: not run"
+        )
+    if _serving is not None and env.queue not in _serving:
+        return NotAllowed(f"job {env.id} is for queue {env.queue}, which this worker does not serve: not run")
+    return None
+
+
+def _check_route(rq_job: RQJob, env: Envelope) -> None:
+    """Raise :class:`NotAllowed` for a misrouted job (:func:`_misrouted`), reporting nothing.
+
+    Not reported: the job hash was changed in Redis, and a failure event would end the real job
+    for good; unreported, the forwarder finds it stranded and delivers it again, as pushed.
+    """
+    error = _misrouted(rq_job, env)
+    if error is not None:
+        log.error("%s", error)
+        raise error
 
 
 def _admit(conn: redis.Redis, d: _Delivery) -> None:
@@ -642,6 +681,8 @@ def run_worker(
     from hybridq.rqworker import SimpleWorker, Worker  # noqa: PLC0415
 
     worker_class = SimpleWorker if simple else Worker
+    global _serving
+    _serving = frozenset(queues)  # a job moved onto another queue's list is not run (_misrouted)
     ring = keyring()  # a key configured but unusable stops the worker here, not on every job
     if ring is not None:
         log.info("verifying envelope signatures (%s, %d key(s))", ring.source, len(ring.keys))

@@ -183,8 +183,12 @@ def test_the_canonical_form_is_pinned() -> None:
         b'{"args":[1,[2]],"created_at":1.0,"func":"m.f","id":"j1","key":"k","kwargs":{},"queue":"q",'
         b'"retry":{"backoff":1.0,"backoff_max":9.0,"jitter":true,"max_attempts":2}}'
     )
-    expected = hmac.new(NEW.encode(), canonical(env), "sha256").hexdigest()
-    assert ring(NEW).sign(env).signature == f"hmac-sha256:{expected}"
+    # Signing adds the expiry (created_at + 7 days by default), and signs it with the rest.
+    signed = ring(NEW).sign(env)
+    assert signed.extra == {"not_after": 1.0 + 7 * 86400}
+    assert canonical(signed) == canonical(env).replace(b',"queue"', b',"not_after":604801.0,"queue"')
+    expected = hmac.new(NEW.encode(), canonical(signed), "sha256").hexdigest()
+    assert signed.signature == f"hmac-sha256:{expected}"
 
 
 def test_signatures_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,3 +45,31 @@ def test_an_empty_key_file_variable_stops_the_worker_and_the_enqueue(
     with pytest.raises(SigningKeyError):
         Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 2)
     assert not journal_dir.exists() or list(JournalReader(journal_dir).records()) == []
+
+
+def test_signing_adds_an_expiry_from_the_configured_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridq.envelope import Envelope
+    from hybridq.signing import Keyring, expiry_refusal
+
+    ring = Keyring((b"k" * 32,))
+    env = Envelope(id="j1", func="m.f", queue="q", idempotency_key="k", created_at=1000.0)
+    assert ring.sign(env).extra["not_after"] == 1000.0 + 7 * 86400
+    monkeypatch.setenv("HYBRIDQ_SIGNATURE_TTL", "60")
+    signed = ring.sign(env)
+    assert signed.extra["not_after"] == 1060.0
+    delayed = ring.sign(
+        Envelope(id="j2", func="m.f", queue="q", idempotency_key="k", created_at=1000.0, run_at=5000.0)
+    )
+    assert delayed.extra["not_after"] == 5060.0
+    assert expiry_refusal(signed, now=1060.0) is None
+    refused = expiry_refusal(signed, now=1060.5)
+    assert refused is not None
+    assert "expired at 1970-01-01T00:17:40Z" in str(refused)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf", "nan"])
+def test_a_bad_signature_ttl_is_a_configuration_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_KEY, "k" * 32)
+    monkeypatch.setenv("HYBRIDQ_SIGNATURE_TTL", value)
+    with pytest.raises(SigningKeyError, match="HYBRIDQ_SIGNATURE_TTL="):
+        keyring()
