@@ -42,6 +42,7 @@ from hybridq.ledger import (
     load_index,
     open_ledger_writer,
 )
+from hybridq.signing import admit_event
 from hybridq.state import Checkpoint
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
 
@@ -193,6 +194,10 @@ class Completions:
                 return total
 
     def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
+        if body is not None and not admit_event(
+            self.checkpoint.owner, event_id, body, self.checkpoint.positions
+        ):
+            return None  # forged or unauthenticated (hybridq.signing.admit_event logs and counts)
         try:
             if body is None:
                 raise ValueError("not JSON")  # noqa: TRY301 - one handler for every garbled field

@@ -12,8 +12,8 @@ as ``rq worker --job-class hybridq.worker.Job`` (re-exported there) or
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 from rq.job import UNEVALUATED
 from rq.job import Job as RQJob
@@ -38,6 +38,15 @@ class Job(RQJob):
     :func:`hybridq.allow.resolve`, never by RQ. Anything else raises :class:`NotAllowed`, and
     RQ marks the job failed.
     """
+
+    #: The queues the worker serves, when known (``hybridq worker``: :meth:`serving_only`); a
+    #: job for another queue is not run (``hybridq.worker._misrouted``).
+    serving: ClassVar[frozenset[str] | None] = None
+
+    @classmethod
+    def serving_only(cls, queues: Iterable[str]) -> type[Job]:
+        """This class, for a worker that serves ``queues`` (and knows it)."""
+        return type(cls.__name__, (cls,), {"serving": frozenset(queues), "__module__": cls.__module__})
 
     def restore(self, raw_data: Any) -> Any:
         """RQ's, less what makes a worker reach out or run a job again (hybridq writes none).

@@ -25,6 +25,7 @@ This module must not import redis, rq, click or the journal (producers and worke
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import hmac
@@ -34,7 +35,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import HybridqError
@@ -45,6 +48,7 @@ __all__ = [
     "ENV_KEY",
     "ENV_KEY_FILE",
     "ENV_TTL",
+    "EVENT_MAC",
     "MIN_KEY_BYTES",
     "NOT_AFTER",
     "SCHEME",
@@ -52,9 +56,12 @@ __all__ = [
     "Keyring",
     "SignatureError",
     "SigningKeyError",
+    "admit_event",
     "canonical",
     "expiry_refusal",
     "keyring",
+    "refused_events",
+    "sign_event",
     "signature_ttl",
 ]
 
@@ -178,6 +185,24 @@ class Keyring:
             normalised = _normalised(dataclasses.replace(normalised, extra=extra))
         return dataclasses.replace(normalised, signature=_mac(self.keys[0], _canonical_of(normalised)))
 
+    def sign_event(self, owner: str, event: dict[str, Any]) -> dict[str, Any]:
+        """A completion event for ``owner``'s stream, with a MAC by the first key."""
+        return {**event, EVENT_MAC: _mac(self.keys[0], _event_message(owner, event))}
+
+    def verify_event(self, owner: str, event: Mapping[str, Any]) -> bool:
+        """Whether ``event`` carries a MAC one of the keys made for ``owner`` (constant time)."""
+        given = event.get(EVENT_MAC)
+        if not isinstance(given, str):
+            return False
+        try:
+            message = _event_message(owner, event)
+        except (TypeError, ValueError, RecursionError):  # not JSON this side could have signed
+            return False
+        matched = False
+        for key in self.keys:
+            matched |= hmac.compare_digest(_mac(key, message).encode(), given.encode())
+        return matched
+
     def verify(self, env: Envelope) -> int:
         """Which key signed ``env`` (0 is the current one); :class:`SignatureError` if none did."""
         given = env.signature
@@ -237,6 +262,77 @@ def expiry_refusal(env: Envelope, now: float | None = None) -> SignatureError | 
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(not_after))
         return SignatureError(env.id, f"the signed job expired at {when} ({ENV_TTL}, see docs/security.md)")
     return None
+
+
+# -- completion events ---------------------------------------------------------------------------
+
+#: The event field holding its MAC.
+EVENT_MAC = "mac"
+_EVENT_DOMAIN = b"hybridq-event-mac-v1\n"
+
+#: Events the forwarder dropped since this process started, by reason (``forged``: a MAC that
+#: does not match; ``unauthenticated``: none, with signing on; ``not forwarded``: a success for
+#: a job this forwarder has not forwarded).
+refused_events: collections.Counter[str] = collections.Counter()
+
+
+def _event_message(owner: str, event: Mapping[str, Any]) -> bytes:
+    """What an event's MAC covers: its fields but the MAC, and the stream's owner."""
+    body = {k: v for k, v in event.items() if k != EVENT_MAC}
+    return _EVENT_DOMAIN + _dumps([owner, body]).encode("ascii")
+
+
+def sign_event(owner: str, event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` with a MAC by the first key, when this process holds keys (else as it is)."""
+    ring = keyring()
+    return event if ring is None else ring.sign_event(owner, event)
+
+
+def admit_event(
+    owner: str, event_id: str, event: Mapping[str, Any], forwarded: Mapping[str, Sequence[int]]
+) -> bool:
+    """Whether the forwarder of ``owner`` may take this completion event (logs and counts if not).
+
+    With signing keys, only an event whose MAC one of them made, for this owner. With or without:
+    a ``succeeded`` event only for a job this forwarder has forwarded (``forwarded``: each
+    chain's position, as in the checkpoint); an event whose ``loc`` does not parse is left to
+    the caller's own checks.
+    """
+    ring = keyring()
+    reason = None
+    if ring is not None:
+        given = event.get(EVENT_MAC)
+        if not isinstance(given, str):
+            reason = "unauthenticated"
+        elif not ring.verify_event(owner, event):
+            reason = "forged"
+    if (
+        reason is None
+        and event.get("outcome") == "succeeded"
+        and not _was_forwarded(event.get("loc"), forwarded)
+    ):
+        reason = "not forwarded"
+    if reason is None:
+        return True
+    refused_events[reason] += 1
+    log.error(
+        "dropping completion event %s (job %.40r): %s; %d dropped so far (see docs/security.md)",
+        event_id,
+        event.get("id"),
+        reason,
+        sum(refused_events.values()),
+    )
+    return False
+
+
+def _was_forwarded(loc: object, forwarded: Mapping[str, Sequence[int]]) -> bool:
+    if not isinstance(loc, list) or len(loc) != 3:
+        return True  # garbled: the caller drops it as such
+    writer, segment, offset = loc
+    position = forwarded.get(writer) if isinstance(writer, str) else None
+    if position is None or not isinstance(segment, int) or not isinstance(offset, int):
+        return True  # an unknown chain or a garbled place: the caller's checks decide
+    return (segment, offset) < (position[0], position[1])
 
 
 _cache: tuple[object, Keyring] | None = None

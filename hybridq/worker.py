@@ -58,7 +58,7 @@ from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
-from hybridq.signing import SignatureError, expiry_refusal, keyring
+from hybridq.signing import EVENT_MAC, SignatureError, expiry_refusal, keyring, sign_event
 
 __all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
 
@@ -115,7 +115,8 @@ end
 return {3, redis.call("GET", KEYS[2]) or ""}
 """
 
-# KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON.
+# KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON[, the event
+# to send instead when a success is kept (signed by the worker: Lua cannot sign)].
 # A success already stored (by a delivery that ran while this one had lost its lease) is kept,
 # and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
 # the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
@@ -137,6 +138,8 @@ end
 local event = ARGV[4]
 if keep == 0 then
     redis.call("SET", KEYS[1], ARGV[2], "EX", ARGV[3])
+elseif ARGV[5] then
+    event = ARGV[5]  -- the rewrite below, as the worker made and signed it (signing on)
 else
     local e = cjson.decode(event)
     e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
@@ -371,11 +374,6 @@ def _refusal(env: Envelope) -> Exception | None:
     return None
 
 
-#: The queues ``hybridq worker`` serves in this process (:func:`run_worker`); ``None`` when not
-#: known (a plain ``rq worker``: then only the job hash's origin is compared).
-_serving: frozenset[str] | None = None
-
-
 def _misrouted(rq_job: RQJob, env: Envelope) -> NotAllowed | None:
     """Why ``rq_job`` is not where the forwarder put ``env`` (another id, another queue), or ``None``.
 
@@ -389,7 +387,8 @@ def _misrouted(rq_job: RQJob, env: Envelope) -> NotAllowed | None:
         return NotAllowed(
             f"job {env.id} is for queue {env.queue}, but RQ queued it on {rq_job.origin}: not run"
         )
-    if _serving is not None and env.queue not in _serving:
+    serving = getattr(rq_job, "serving", None)  # known under hybridq worker (Job.serving_only)
+    if serving is not None and env.queue not in serving:
         return NotAllowed(f"job {env.id} is for queue {env.queue}, which this worker does not serve: not run")
     return None
 
@@ -458,6 +457,9 @@ def _finish_call(run: _Run, outcome: Mapping[str, Any]) -> tuple[list[str], list
     d = run.d
     event = _event(d, outcome, dup=False)
     args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
+    if EVENT_MAC in event:  # what _FINISH makes of the event when it keeps a success, signed
+        kept = {k: v for k, v in event.items() if k not in (EVENT_MAC, "error", "retry_delay")}
+        args.append(json.dumps(sign_event(d.owner, {**kept, "outcome": "succeeded", "final": True})))
     result_key, lease_key, _ = run.claim_keys
     return [result_key, lease_key, keys.events(d.owner)], args
 
@@ -492,7 +494,7 @@ def _event(d: _Delivery, outcome: Mapping[str, Any], *, dup: bool) -> dict[str, 
     retry_delay = None
     if not final and d.envelope.retry is not None:
         retry_delay = d.envelope.retry.delay_s(int(outcome.get("attempt", d.attempt)))
-    return {
+    event = {
         "id": d.envelope.id,
         "loc": d.loc,
         "queue": d.envelope.queue,
@@ -504,6 +506,8 @@ def _event(d: _Delivery, outcome: Mapping[str, Any], *, dup: bool) -> dict[str, 
         "error": error.strip().rsplit("\n", 1)[-1][:500] if isinstance(error, str) else None,
         "at": time.time(),
     }
+    # With signing keys, a MAC for the owner's forwarder (it drops events without one).
+    return sign_event(d.owner, event)
 
 
 def _retrying(call: Any) -> Any:
@@ -681,8 +685,6 @@ def run_worker(
     from hybridq.rqworker import SimpleWorker, Worker  # noqa: PLC0415
 
     worker_class = SimpleWorker if simple else Worker
-    global _serving
-    _serving = frozenset(queues)  # a job moved onto another queue's list is not run (_misrouted)
     ring = keyring()  # a key configured but unusable stops the worker here, not on every job
     if ring is not None:
         log.info("verifying envelope signatures (%s, %d key(s))", ring.source, len(ring.keys))
@@ -698,7 +700,7 @@ def run_worker(
                 connection=conn,
                 serializer=JSONSerializer,
                 name=name,
-                job_class=Job,
+                job_class=Job.serving_only(queues),  # and no job moved from another queue
                 worker_ttl=WORKER_TTL_S,
             )
             # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
