@@ -61,13 +61,29 @@ class JournalPathError(JournalError):
 
 
 class JournalIOError(JournalError):
-    """A write or fsync failed: the append was not acknowledged and the segment is abandoned."""
+    """A write or fsync failed: the append was not acknowledged and the segment is abandoned.
+
+    The outcome is *unknown*, not "not accepted": bytes written before a failed fsync may still
+    be read and forwarded. Retry under the same idempotency key (:attr:`idempotency_keys`, set
+    when ``enqueue`` raised it): the task then runs once (``docs/guarantees.md``).
+    """
 
     def __init__(self, path: str, op: str, cause: OSError) -> None:
         self.path = path
         self.op = op
         self.errno = cause.errno
+        #: The job ids and idempotency keys of the failed ``enqueue`` call (empty for a bare
+        #: journal append).
+        self.job_ids: tuple[str, ...] = ()
+        self.idempotency_keys: tuple[str, ...] = ()
         super().__init__(f"{op} failed on {path}: {cause.strerror or cause}")
+
+    def for_jobs(self, job_ids: tuple[str, ...], idempotency_keys: tuple[str, ...]) -> None:
+        """Name the jobs whose enqueue failed, and say what a caller may do."""
+        self.job_ids = job_ids
+        self.idempotency_keys = idempotency_keys
+        advice = "retry with the same idempotency_key and the task runs once"
+        self.args = (f"{self.args[0]}; outcome unknown for job(s) {', '.join(job_ids)}: {advice}",)
 
 
 class JournalCorruption(JournalError):

@@ -28,7 +28,7 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
+from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
 from hybridq.ledger import AcceptedCounter, consistent, load_index
@@ -259,9 +259,15 @@ class Queue:
             writer = self._writer = shared_writer(self.journal, self.durability)
         try:
             ids = writer.append_many(payloads)
-        except BaseException:
+        except BaseException as exc:
             if self._pending is not None:
                 self._pending.release(len(payloads), appended=False)
+            if isinstance(exc, JournalIOError):
+                # Unknown, not refused: the records may be in the file. Say which jobs, so the
+                # caller can retry them under the same keys (docs/guarantees.md, disk full).
+                exc.for_jobs(
+                    tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
+                )
             raise
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)

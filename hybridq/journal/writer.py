@@ -133,7 +133,8 @@ class JournalWriter:
 
         Raises:
             RecordTooLarge: the payload is over ``MAX_PAYLOAD_BYTES``; nothing was written.
-            JournalIOError: a write or fsync failed; the record is not acknowledged.
+            JournalIOError: a write or fsync failed; the record is not acknowledged, and its
+                outcome is unknown (written bytes whose fsync failed may still be read).
         """
         if type(payload) is not bytes:
             payload = bytes(payload)
@@ -334,17 +335,19 @@ class JournalWriter:
         are all covered by its leader's single fsync.
         """
         if self.durability is Durability.NO_FSYNC:
-            with self._cond:
-                if seg.error is not None:
-                    raise seg.error
+            # Our write(2) succeeded, which is this mode's acknowledgement. An error on the
+            # segment now is a later batch's: ours stays in the file (a failed write is cut
+            # back to its own start), so it must not be reported failed.
             return
         lock = self._sync_lock
         with lock:
             while True:
-                if seg.error is not None:
-                    raise seg.error
+                # Durable first: an fsync that covered ``gen`` makes the records durable even
+                # if a later batch's write or fsync poisoned the segment since.
                 if seg.synced_gen >= gen:
                     return
+                if seg.error is not None:
+                    raise seg.error
                 if seg.syncing:
                     waiting = seg.gens.get(gen)
                     if waiting is None:
