@@ -16,6 +16,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -51,6 +52,25 @@ def default_journal() -> str:
 
 _writers: dict[tuple[str, Durability], JournalWriter] = {}
 _writers_lock = threading.Lock()
+#: Every capacity counter alive in this process (their locks are replaced in a forked child).
+_pending_counts: weakref.WeakSet[_PendingCount] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Replace this module's locks in a forked child.
+
+    Only the forking thread exists there: a lock another thread of the parent held at the fork
+    stays held forever (a preforking server's worker would hang in ``enqueue``). The shared
+    writers reset themselves: ``JournalWriter`` registers its own hook, which runs before this
+    one (after-fork hooks run in registration order, and ``hybridq.journal`` is imported first).
+    """
+    global _writers_lock
+    _writers_lock = threading.Lock()
+    for pending in list(_pending_counts):
+        pending._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_writer(journal: str, durability: Durability = Durability.FSYNC) -> JournalWriter:
@@ -377,6 +397,13 @@ class _PendingCount:
         self._refreshed = -1e9
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
+        _pending_counts.add(self)
+
+    def _after_fork(self) -> None:
+        # The parent's in-flight reservations are not ours; recount at the first reserve.
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._refreshed = -1e9
 
     def reserve(self, n: int, capacity: int) -> None:
         """Take ``n`` places or raise :class:`QueueFull`; follow with :meth:`release`."""
