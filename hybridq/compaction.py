@@ -15,6 +15,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -107,13 +108,29 @@ class Compactor:
         gone = [w for w in self.compacted.through if w not in present]
         if not gone:
             return
+        new = self._draft()
         for writer_id in gone:
-            del self.compacted.through[writer_id]
-            self.checkpoint.positions.pop(writer_id, None)
-        self.forgot_chains = True
+            del new.through[writer_id]
         # The compaction state first: a crash before the checkpoint is saved leaves a position
         # for a chain with no files, which the reader skips.
-        save_compacted(self.journal, self.compacted)
+        self._commit(new)
+        for writer_id in gone:
+            self.checkpoint.positions.pop(writer_id, None)
+        self.forgot_chains = True
+
+    def _draft(self) -> Compacted:
+        """A copy of the compaction state to change; :meth:`_commit` makes it the real one."""
+        return dataclasses.replace(self.compacted, through=dict(self.compacted.through))
+
+    def _commit(self, new: Compacted) -> None:
+        """Save ``new``, then (only once it is durable) make it the state in memory.
+
+        Changing the state in memory first would leave it changed after a failed save (a full
+        disk): the retried step would then count the same segment again.
+        """
+        save_compacted(self.journal, new)
+        for f in dataclasses.fields(Compacted):  # in place: Completions holds the same object
+            setattr(self.compacted, f.name, getattr(new, f.name))
 
     def finish_deletions(self) -> None:
         """Delete segments a crash left behind after their compaction state was saved."""
@@ -139,7 +156,7 @@ class Compactor:
 
     def _delete(self, writer_id: str, index: int) -> None:
         seg = (writer_id, index)
-        c = self.compacted
+        c = self._draft()
         counts = self.index.counts([seg])
         c.through[writer_id] = index
         c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
@@ -147,7 +164,7 @@ class Compactor:
         c.failed += counts["failed"]
         c.invalid += counts["invalid"]
         c.dups += counts["dups"]
-        save_compacted(self.journal, c)  # rule 8: the replacement is durable before the delete
+        self._commit(c)  # rule 8: the replacement is durable before the delete
         crashpoints.reached("compact_after_state")
         remove_oldest_segment(self.journal, writer_id, index)
         self.index.forget_segment(seg)

@@ -271,16 +271,28 @@ class Forwarder:
         return done
 
     def _forward_new(self) -> int:
+        reader = self._require_reader()
+        try:
+            return self._read_and_deliver(reader)
+        except BaseException:
+            # The reader has moved past records whose batch was not delivered (a full disk while
+            # recording an invalid record, a failed save, a stop): read them again next time.
+            # Everything before the checkpoint's positions is pushed already.
+            reader.seek(self.checkpoint.positions)
+            raise
+
+    def _read_and_deliver(self, reader: JournalReader) -> int:
         done = 0
         batch: list[Delivery] = []
-        reader = self._require_reader()
         for record in reader.records():
+            loc = (record.writer_id, record.segment_index, record.offset)
+            if self._require_completions().index.is_terminal(loc):
+                # Finished already (a checkpoint lost or older than the ledger), or an invalid
+                # record recorded before a step was retried: never counted twice.
+                continue
             env = self._decode(record, record_invalid=True)
             if env is None:
                 continue
-            loc = (record.writer_id, record.segment_index, record.offset)
-            if self._require_completions().index.is_terminal(loc):
-                continue  # finished already (a checkpoint lost or older than the ledger)
             if env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
                 continue
@@ -396,7 +408,10 @@ class Forwarder:
     def _hold(self, env: Envelope, record: Record) -> None:
         assert env.run_at is not None
         held = Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset)
-        bisect.insort(self.checkpoint.held, held)
+        at = bisect.bisect_left(self.checkpoint.held, held)
+        if at < len(self.checkpoint.held) and self.checkpoint.held[at] == held:
+            return  # read again after a step was retried: held once
+        self.checkpoint.held.insert(at, held)
 
     def _forward_due(self) -> int:
         """Push held jobs whose time has come, then drop them from the checkpoint."""
