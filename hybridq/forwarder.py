@@ -31,7 +31,7 @@ from hybridq.completions import Completions
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
@@ -136,6 +136,7 @@ class Forwarder:
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._reader: JournalReader | None = None
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
@@ -148,7 +149,14 @@ class Forwarder:
         Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
         own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
         """
-        self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME))
+        # Held while it runs: the lock is taken in this very directory, and every step checks
+        # that the path still leads here (a swapped-in journal is never forwarded from).
+        self._dir_fd = open_journal_dir(self.journal)
+        try:
+            self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME), dir_fd=self._dir_fd)
+        except BaseException:
+            self.close()
+            raise
         try:
             report = recover(self.journal)
             for torn in report.repaired:
@@ -204,6 +212,9 @@ class Forwarder:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def __enter__(self) -> Self:
         self.open()
@@ -265,6 +276,8 @@ class Forwarder:
         Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
         (after the new records, so that it never delays a new job's push).
         """
+        if self._dir_fd is not None:
+            check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
@@ -518,13 +531,15 @@ class Forwarder:
             return
 
 
-def _take_lock(path: str, *, patience_s: float = 1.0) -> int:
+def _take_lock(path: str, *, patience_s: float = 1.0, dir_fd: int | None = None) -> int:
     """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it.
 
     Retries for ``patience_s``: ``hybridq status`` probes the lock for an instant, and a
-    forwarder (re)starting at that instant must not give up.
+    forwarder (re)starting at that instant must not give up. With ``dir_fd``, the file is
+    opened by its name in that directory.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    name = os.path.basename(path) if dir_fd is not None else path
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     deadline = time.monotonic() + patience_s
     while True:
         try:
