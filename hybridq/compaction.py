@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
@@ -94,9 +95,13 @@ class Compactor:
             self._forget_gone_chains()
         return deleted
 
-    def _gone(self, loc: Loc, present: set[str]) -> bool:
-        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too)."""
-        return self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in present
+    def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
+        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too).
+
+        ``first``: each present chain's first segment. Below it, a segment was compacted even if
+        its chain was forgotten meanwhile and then grew again (``ledger.load_index``).
+        """
+        return self.compacted.is_compacted((loc[0], loc[1])) or loc[1] < first.get(loc[0], sys.maxsize)
 
     def _forget_gone_chains(self) -> None:
         """Drop what is kept per writer once its chain is compacted away entirely.
@@ -188,7 +193,7 @@ class Compactor:
         for entries in by_segment.values():
             for loc in {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}:
                 failures[loc] = failures.get(loc, 0) + 1
-        present = set(list_chains(self.journal))
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         deleted = 0
         for writer_id, indices in list_chains(path).items():
             for index in indices:
@@ -197,7 +202,7 @@ class Compactor:
                 if sealed_data_count(path, writer_id, index) is None:
                     break
                 entries = by_segment.get((writer_id, index), [])
-                if not all(self._gone(e.loc, present) for e in entries):
+                if not all(self._gone(e.loc, first) for e in entries):
                     break
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
                 # Failures still listed outlive the segment that recorded them; so does a requeue

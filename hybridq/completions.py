@@ -29,7 +29,7 @@ from typing import Any
 
 from hybridq.compaction import Compactor
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
+from hybridq.errors import ConfigError, EnvelopeError, JournalError
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
 from hybridq.journal.reader import read_record_at
 from hybridq.journal.recovery import recover
@@ -45,7 +45,7 @@ from hybridq.ledger import (
 from hybridq.state import Checkpoint
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
 
-__all__ = ["Completions"]
+__all__ = ["Completions", "check_key_ttl"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -59,6 +59,23 @@ SNAPSHOT_EVERY_S = 1.0
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
 DONE_GRACE_LEASES = 6
+
+
+def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
+    """Refuse a key lifetime too short for the "done" grace period (see :data:`DONE_GRACE_LEASES`).
+
+    A job whose completion event was lost stays "done" in Redis (its outcome stored) for up to
+    the grace period before it is delivered again, to report that outcome without running. If the
+    stored outcome expires first, the job reads as "orphaned" instead, and runs again. Twice the
+    grace leaves room for the reconcile passes on either side and a short queue wait.
+    """
+    least = 2 * max(60.0, DONE_GRACE_LEASES * lease_s)
+    if key_ttl_s < least:
+        raise ConfigError(
+            f"key TTL {key_ttl_s:g} s is too short for a {lease_s:g} s lease: it must be at least "
+            f"{least:g} s (twice max(60 s, {DONE_GRACE_LEASES} leases)), or finished jobs whose "
+            "completion event was lost would run again"
+        )
 
 
 class Completions:
@@ -120,6 +137,9 @@ class Completions:
         self.stranded_grace_s = lease_s
         #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
         self._suspects: dict[Loc, tuple[str, float]] = {}
+        #: Jobs whose worker this process found vanished (it wrote, or confirmed, their newest
+        #: ``lost`` entry and pushed the next attempt): a later vanish of theirs is a new one.
+        self._lost_here: set[Loc] = set()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -326,6 +346,7 @@ class Completions:
             ended = time.monotonic()
             self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
             self._suspects = {loc: s for loc, s in self._suspects.items() if not self.index.is_terminal(loc)}
+            self._lost_here = {loc for loc in self._lost_here if not self.index.is_terminal(loc)}
         refill = self._pass_refill
         if self._pass is None:
             self._pass_refill = False
@@ -377,7 +398,17 @@ class Completions:
             if verdict == "missing":
                 out.append(self.delivery(env, loc, attempt))
             elif verdict == "orphaned":
-                times = self.index.lost.get(loc, (0, 0))[1] + 1
+                lost_attempt, times = self.index.lost.get(loc, (0, 0))
+                if lost_attempt and lost_attempt == attempt - 1 and loc not in self._lost_here:
+                    # The newest thing known of this job is a `lost` entry an earlier forwarder
+                    # wrote; it may have died before pushing the attempt that entry promised, so
+                    # this may be the same vanish: push that attempt, count nothing. (Had it been
+                    # pushed and lost too, the push is stale and the next pass counts it.)
+                    self._lost_here.add(loc)
+                    out.append(self.delivery(env, loc, attempt, force=True))
+                    continue
+                self._lost_here.add(loc)
+                times += 1
                 if times >= self.max_lost:
                     log.error("job %s: its worker vanished %d times; failing it for good", env.id, times)
                     error = f"the worker running it vanished {times} times (killed, or lost its lease)"

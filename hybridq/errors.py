@@ -5,7 +5,7 @@
     HybridqError
     ├── JournalError
     │   ├── JournalPathError        the journal path is unusable (not a directory, a symlink, ...)
-    │   ├── JournalIOError          a write or fsync failed; the append was *not* acknowledged
+    │   ├── JournalIOError          a write or fsync failed; *not* acknowledged, outcome unknown
     │   ├── JournalCorruption       damage the journal refuses to repair silently
     │   ├── RecordTooLarge          a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
     │   ├── JournalClosed           the writer was closed
@@ -15,6 +15,7 @@
     │   └── NotSerializable (TypeError)  arguments JSON cannot hold
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    ├── ConfigError (ValueError)    settings that cannot work together; refused at start
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     └── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
+    "ConfigError",
     "EnvelopeError",
     "HybridqError",
     "JournalClosed",
@@ -183,3 +185,7 @@ class QueueFull(HybridqError):
 
 class TransportError(HybridqError):
     """The transport could not deliver (Redis down, hung or refusing); retried with backoff."""
+
+
+class ConfigError(HybridqError, ValueError):
+    """Settings that cannot work together (e.g. ``--key-ttl`` too short for ``--lease``)."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
-from hybridq.completions import Completions
+from hybridq.completions import Completions, check_key_ttl
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError
 from hybridq.journal import JournalReader, Record, RecordType
@@ -113,6 +113,7 @@ class Forwarder:
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        check_key_ttl(lease_s, key_ttl_s)  # ConfigError before anything is created
         # The forwarder may start before any producer has: it creates the directory (0700).
         self.journal = ensure_journal_dir(journal)
         self.transport = transport
