@@ -176,3 +176,22 @@ def test_the_forward_command_refuses_a_short_key_ttl_in_one_line(journal_dir: Pa
     assert result.exit_code == EXIT_ERROR
     assert result.output.strip().count("\n") == 0
     assert "key TTL 30 s is too short for a 10 s lease: it must be at least 120 s" in result.output
+
+
+def test_why_the_key_ttl_floor_an_outcome_expiring_within_the_done_grace_reruns_the_job(
+    journal_dir: Path,
+) -> None:
+    """The hazard the floor above refuses, shown directly (passes on any version: a demonstration)."""
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work()
+    transport.events.clear()  # its completion event was lost: the job is "done" in Redis
+    settle(forwarder, steps=1)  # seen "done": the grace period starts
+    transport.results.clear()  # the key TTL ran out within the grace
+    settle(forwarder)  # now it reads "orphaned": a lost entry and a new attempt
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert transport.executions == {job.id: 2}  # a finished job ran again
