@@ -67,15 +67,30 @@ def _check_existing(path: str) -> None:
 _MAX_LINKS = 40
 
 
-def _check_entry(full: str, parent: str, parent_st: os.stat_result, name: str, st: os.stat_result) -> None:
-    """Refuse when a user other than root and us could replace ``name`` in ``parent``."""
+def _trusted_uids(full: str) -> frozenset[int]:
+    """Root, us, and (when we are root) the journal's owner, who controls its contents anyway.
+
+    So root may still look at any user's journal in that user's home (``hybridq status``).
+    """
     euid = os.geteuid()
-    if parent_st.st_uid not in (0, euid):
+    if euid != 0:
+        return frozenset((0, euid))
+    try:
+        return frozenset((0, os.lstat(full).st_uid))
+    except OSError:
+        return frozenset((0,))
+
+
+def _check_entry(
+    full: str, trusted: frozenset[int], parent: str, parent_st: os.stat_result, name: str, st: os.stat_result
+) -> None:
+    """Refuse when a user we do not trust could replace ``name`` in ``parent``."""
+    if parent_st.st_uid not in trusted:
         raise JournalPathError(
             full, f"its parent {parent} is owned by uid {parent_st.st_uid}, who could replace {name!r} in it"
         )
     mode = parent_st.st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (mode & stat.S_ISVTX and st.st_uid in (0, euid)):
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (mode & stat.S_ISVTX and st.st_uid in trusted):
         raise JournalPathError(
             full,
             f"its parent {parent} is writable by other users (mode {stat.S_IMODE(mode):o}), who could "
@@ -90,6 +105,7 @@ def _check_ancestors(full: str) -> None:
     next), so a link in the middle cannot lead through a directory someone else controls. Stops
     at the first component that does not exist yet (whoever creates it checks again).
     """
+    trusted = _trusted_uids(full)
     todo = [part for part in reversed(full.split("/")) if part]
     current, current_st = "/", os.lstat("/")
     links = 0
@@ -108,7 +124,7 @@ def _check_ancestors(full: str) -> None:
             return
         except OSError as exc:
             raise JournalPathError(full, f"cannot check {entry}: {exc.strerror or exc}") from exc
-        _check_entry(full, current, current_st, name, st)
+        _check_entry(full, trusted, current, current_st, name, st)
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > _MAX_LINKS:

@@ -13,6 +13,7 @@ import pytest
 from hybridq import Queue
 from hybridq.errors import JournalPathError
 from hybridq.forwarder import Forwarder
+from hybridq.journal.paths import existing_journal_dir
 from hybridq.producer import _close_writers
 from hybridq.transport import MemoryTransport
 
@@ -156,3 +157,16 @@ def test_the_forwarder_stops_when_its_journal_directory_is_replaced(tmp_path: Pa
         with pytest.raises(JournalPathError, match="was replaced"):
             forwarder.step()
     assert planted_id not in transport.jobs
+
+
+def test_root_may_still_read_a_journal_in_its_owners_directory(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    journal = home / "journal"
+    Queue(journal=journal).enqueue(tasks.add, 1, 1)
+    _close_writers()
+    for p in [home, *home.rglob("*")]:
+        os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
+    assert existing_journal_dir(journal) == str(journal)  # its owner controls it anyway
