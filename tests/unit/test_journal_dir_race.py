@@ -13,6 +13,7 @@ import pytest
 from hybridq import Queue
 from hybridq.errors import JournalPathError
 from hybridq.forwarder import Forwarder
+from hybridq.journal import JournalWriter
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.producer import _close_writers
 from hybridq.transport import MemoryTransport
@@ -170,3 +171,16 @@ def test_root_may_still_read_a_journal_in_its_owners_directory(tmp_path: Path) -
     for p in [home, *home.rglob("*")]:
         os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     assert existing_journal_dir(journal) == str(journal)  # its owner controls it anyway
+
+
+def test_a_writer_never_creates_a_segment_in_a_directory_swapped_in_at_its_path(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    writer = JournalWriter(journal)
+    try:
+        journal.rename(tmp_path / "journal.old")
+        journal.mkdir(mode=0o700)  # someone else's directory at the path now
+        with pytest.raises(JournalPathError, match="was replaced"):
+            writer.append(b"job")
+        assert list(journal.iterdir()) == []  # nothing of ours went there
+    finally:
+        writer.close()
