@@ -254,7 +254,11 @@ class Queue:
         return self.enqueue_many([self.prepare(func, args, kwargs, **options)])[0]
 
     def enqueue_many(self, jobs: Iterable[Envelope]) -> list[Job]:
-        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are durable, or none.
+        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are acknowledged, or none.
+
+        A :class:`~hybridq.errors.JournalIOError` means none was acknowledged and the outcome is
+        unknown (``docs/journal.md``): retry them under the same idempotency keys (``job_ids``
+        and ``idempotency_keys`` on the error name them).
 
         With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
         first, and the returned jobs hold the signed envelopes.
