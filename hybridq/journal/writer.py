@@ -354,10 +354,11 @@ class JournalWriter:
         with lock:
             while True:
                 # Durable first: an fsync that covered ``gen`` makes the records durable even
-                # if a later batch's write or fsync poisoned the segment since.
+                # if a later batch's write or fsync poisoned the segment since. So does one
+                # still running that covers it (it closed ``gen``): wait for its result.
                 if seg.synced_gen >= gen:
                     return
-                if seg.error is not None:
+                if seg.error is not None and not (seg.syncing and gen < seg.open_gen):
                     raise seg.error
                 if seg.syncing:
                     waiting = seg.gens.get(gen)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,72 @@ def test_a_failed_batch_names_every_job_it_held(journal_dir: Path, monkeypatch: 
     assert failed.value.job_ids == tuple(e.id for e in envs)
     assert failed.value.idempotency_keys == tuple(e.idempotency_key for e in envs)
     assert "outcome unknown" in str(failed.value)
+
+
+class BlockFirstSyncFailLaterWrite(FileOps):
+    """Data fdatasync #1 blocks until released; during #2 another thread's write hits ENOSPC."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.release = threading.Event()
+        self.in_first = threading.Event()
+        self.fail_writes = False
+        self.later: Callable[[], None] | None = None
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.fail_writes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncs += 1
+        if self.syncs == 1:
+            self.in_first.set()
+            assert self.release.wait(10)
+        super().fdatasync(fd)
+        if self.syncs == 2 and self.later is not None:
+            self.fail_writes = True
+            thread = threading.Thread(target=self.later)
+            thread.start()
+            thread.join(5)
+            self.fail_writes = False
+            time.sleep(0.05)  # let the appender the failure woke look before this fsync returns
+
+
+def test_appenders_waiting_on_an_fsync_in_flight_are_acknowledged_when_it_succeeds(
+    journal_dir: Path,
+) -> None:
+    ops = BlockFirstSyncFailLaterWrite()
+    results: dict[str, object] = {}
+    with JournalWriter(journal_dir, fileops=ops) as writer:
+
+        def append(name: str) -> None:
+            try:
+                results[name] = writer.append(name.encode())
+            except JournalIOError as exc:
+                results[name] = exc
+
+        ops.later = lambda: append("failing")
+        first = threading.Thread(target=append, args=("first",))
+        first.start()
+        assert ops.in_first.wait(5)  # "first" leads fsync #1, which blocks
+        group = [threading.Thread(target=append, args=(name,)) for name in ("a", "b")]
+        for t in group:
+            t.start()  # both join the next generation: one leads fsync #2, one waits on it
+        deadline = time.monotonic() + 5
+        while writer._segment is not None and writer._segment.written_seq < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        time.sleep(0.1)  # both are waiting now
+        ops.release.set()
+        for t in (first, *group):
+            t.join(10)
+    assert isinstance(results["failing"], JournalIOError)
+    # Before the fix the one waiting on fsync #2 raised, though fsync #2 covered its record.
+    assert {name: type(r).__name__ for name, r in results.items() if name != "failing"} == {
+        "first": "RecordId",
+        "a": "RecordId",
+        "b": "RecordId",
+    }
+    payloads = sorted(r.payload for r in JournalReader(journal_dir).records())
+    assert payloads == [b"a", b"b", b"first"]
