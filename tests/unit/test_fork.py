@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, producer
+from hybridq import Queue, producer, signing
 from hybridq.journal import JournalReader
 
 from tests import tasks
@@ -73,3 +73,13 @@ def test_a_child_forked_while_a_thread_appends_can_enqueue(journal_dir: Path) ->
     for lock in (lambda: writer._lock, lambda: writer._sync_lock):
         assert fork_while_held(lock, queue) == 0
     assert len(list(JournalReader(journal_dir).records())) == 3
+
+
+def test_a_child_forked_while_a_thread_reads_the_signing_keys_can_enqueue(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(signing.ENV_KEY, "k" * 32)
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 0, 0)  # signed
+    assert fork_while_held(lambda: signing._cache_lock, queue) == 0  # -1 (hung) before the fix
+    assert len(list(JournalReader(journal_dir).records())) == 2
