@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,7 +32,7 @@ from hybridq.compaction import Compactor
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError, EnvelopeError, JournalError
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
-from hybridq.journal.reader import read_record_at
+from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
     Compacted,
@@ -200,6 +201,7 @@ class Completions:
             if not events:
                 return total
             entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            entries = self._drop_compacted(entries)
             self._append(entries)
             for entry in entries:
                 if entry.kind == "retry":
@@ -246,6 +248,17 @@ class Completions:
             if env is not None:
                 entry = dataclasses.replace(entry, job=env.to_dict())
         return entry
+
+    def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
+        """Drop late duplicates for segments below their chain's first present one.
+
+        Such a segment was compacted (its outcomes counted in the compaction state) even when its
+        chain was forgotten and then grew again, so ``is_compacted`` no longer says so.
+        """
+        if not entries:
+            return entries
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        return [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
 
     # -- retries ------------------------------------------------------------------------------
 
