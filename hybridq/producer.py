@@ -32,6 +32,7 @@ from hybridq.envelope import (
 from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.journal.reader import list_chains
 from hybridq.ledger import AcceptedCounter, consistent, load_index
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
@@ -135,6 +136,9 @@ class Job:
             return "failed"  # listed failures outlive their compacted segment
         if compacted.is_compacted((loc[0], loc[1])):
             return "finished"  # only segments whose every job is terminal are compacted
+        present = list_chains(self.journal).get(loc[0])
+        if present is None or loc[1] < present[0]:
+            return "finished"  # its segment was compacted, and its chain forgotten since
         done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
         if done is not None:
             return "finished" if done == "succeeded" else "failed"

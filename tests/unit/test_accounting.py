@@ -13,6 +13,7 @@ from hybridq.errors import ConfigError
 from hybridq.forwarder import Forwarder
 from hybridq.journal import FileOps, JournalWriter, crashpoints
 from hybridq.journal.reader import list_chains
+from hybridq.producer import _close_writers
 from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
 
@@ -201,3 +202,16 @@ def test_why_the_key_ttl_floor_an_outcome_expiring_within_the_done_grace_reruns_
     settle(forwarder)
     forwarder.close()
     assert transport.executions == {job.id: 2}  # a finished job ran again
+
+
+def test_a_finished_job_whose_chain_was_compacted_away_reads_finished(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    _close_writers()  # its segment is sealed: once the job is done, it can be compacted
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(str(journal_dir)) == {}  # compacted, and its chain forgotten
+    assert job.get_status() == "finished"  # "accepted" before the fix
