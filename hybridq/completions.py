@@ -1,7 +1,7 @@
 """The forwarder's second half: outcomes in, redeliveries out, dead segments deleted.
 
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
-  fsync *before* the events are deleted from Redis (RELIABILITY.md rule 13).
+  fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
 * **Epoch**: Redis losing the owner's epoch key, or restarting, re-forwards every forwarded job

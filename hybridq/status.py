@@ -27,7 +27,7 @@ from hybridq.state import load_checkpoint
 # read_password lives in hybridq.secretfile (the worker side uses it too); kept importable here.
 __all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 
-#: The fields DESIGN.md promises in ``status --json`` (integers).
+#: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
