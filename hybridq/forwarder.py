@@ -432,7 +432,8 @@ class Forwarder:
         except FileNotFoundError:
             log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
             return None
-        return self._decode(record)
+        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+        return self._decode(record, record_invalid=True)
 
     def _clamp_checkpoint(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""

@@ -195,3 +195,26 @@ def test_a_dropped_event_is_counted_in_the_metrics(journal_dir: Path) -> None:
     assert values["hybridq_events_dropped"] == 2
     assert transport.events[forwarder.checkpoint.owner] == []
     assert job.get_status() == "forwarded"
+
+
+def test_a_held_job_a_newer_version_refuses_is_recorded_invalid(journal_dir: Path) -> None:
+    """Held (delayed) by a version that accepted it, refused when due: terminal, not pending forever."""
+    clock = [1_000_000.0]
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1, run_at=clock[0] + 60)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport, clock=lambda: clock[0]) as forwarder:
+        forwarder.step()
+        assert len(forwarder.checkpoint.held) == 1
+        clock[0] += 120
+        real = Envelope.from_bytes
+        try:
+            Envelope.from_bytes = classmethod(  # type: ignore[method-assign,assignment]
+                lambda cls, raw: (_ for _ in ()).throw(EnvelopeError("refused by a newer version"))
+            )
+            forwarder.step()
+        finally:
+            Envelope.from_bytes = real  # type: ignore[method-assign]
+        assert forwarder.checkpoint.held == []
+        assert forwarder.checkpoint.invalid == 1
+    assert transport.queues.get("default", []) == []
+    assert job.get_status() == "failed"
