@@ -191,8 +191,11 @@ class Queue:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
         self.durability = Durability(durability)
-        self.default_timeout = default_timeout
-        self.default_result_ttl = default_result_ttl
+        # Checked now (as every call would check them): the error points at the Queue(...) line.
+        self.default_timeout = _seconds("default_timeout", default_timeout, None)
+        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl, None)
+        if default_retry is not None:
+            _check_retry(default_retry)
         self.default_retry = default_retry
         self._pending = _PendingCount(self.journal) if capacity is not None else None
         self._nudge_name = address(self.journal)

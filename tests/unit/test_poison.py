@@ -64,6 +64,14 @@ def test_prepare_refuses_a_field_of_the_wrong_type_or_range(journal_dir: Path, o
     )
 
 
+@pytest.mark.parametrize(
+    "options", [{"default_timeout": 1e300}, {"default_result_ttl": -1}, {"default_retry": 3}]
+)
+def test_queue_defaults_out_of_range_are_refused_at_once(journal_dir: Path, options: dict) -> None:
+    with pytest.raises(EnvelopeError):
+        Queue(journal=journal_dir, **options)
+
+
 def test_prepare_refuses_kwargs_whose_names_are_not_strings(journal_dir: Path) -> None:
     with pytest.raises(EnvelopeError, match="kwargs"):
         Queue(journal=journal_dir).prepare(tasks.add, (), {1: 2})
