@@ -13,7 +13,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,11 @@ from hybridq.envelope import Envelope
 from hybridq.errors import UnencodableJobs
 from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalWriter
+from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
+
+from tests.support.processes import ForwarderProcess, run_status, wait_until
 
 QUEUE_KEY = "rq:queue:default"
 VALID = {"v": 1, "func": "tests.tasks.add", "queue": "default", "args": [1, 2], "created_at": 1.7e9}
@@ -158,3 +161,47 @@ def test_a_poison_event_is_dropped_and_counted(
     assert first.get_status() == "forwarded"  # the forged outcome was not recorded
     with contextlib.closing(redis_server.client(socket_timeout=30)) as client:
         assert client.xlen(keys.events(forwarder.checkpoint.owner)) == 0  # not harvested again
+
+
+def test_the_forward_command_keeps_running_over_poison_and_restarts_cleanly(
+    redis_server: RedisServer,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    """``hybridq forward`` itself: before the fix it exited 1 at each start (created_at=1e18, an
+    event at 10**400) or reported Redis down forever (a description Redis cannot hold)."""
+    queue = Queue("default", journal_dir)
+    plant(journal_dir, description={"a": 1})
+    plant(journal_dir, created_at=1e18)
+    first = queue.enqueue("tests.tasks.add", 1, 1)
+    ids = [first.id]
+    for run in range(2):  # the second start reads the same journal, ledger and stream again
+        forwarder = ForwarderProcess(
+            journal_dir, redis_server.url, env=subprocess_env, log_path=tmp_path / f"forwarder-{run}.log"
+        )
+        try:
+            wait_until(lambda: set(ids) <= set(queued(redis_server)), what="the ordinary jobs to be queued")
+            checkpoint = wait_until(lambda: load_checkpoint(str(journal_dir)), what="a checkpoint")
+            add_event(
+                redis_server,
+                checkpoint.owner,
+                '{"id":"x","loc":["w",0,64],"outcome":"succeeded","at":1' + "0" * 400 + "}",
+            )
+            ids.append(queue.enqueue("tests.tasks.add", 2, run).id)
+            wait_until(lambda: set(ids) <= set(queued(redis_server)), what="the job enqueued after the event")
+            forwarder.assert_alive()
+            assert "transport unavailable" not in forwarder.log()
+            rc, _ = forwarder.terminate()
+            assert rc == 0, forwarder.log()[-3000:]
+        finally:
+            forwarder.kill()
+    status = run_status(journal_dir, subprocess_env)
+    assert status["invalid_records"] == 2
+    assert status["failed"] == 2  # the invalid records are terminal
+    assert sorted(queued(redis_server)) == sorted(ids)
+    figures(
+        f"13.2 poison: 2 poison records and 2 poison events, forwarder restarted once: queued={len(ids)} "
+        f"invalid_records={status['invalid_records']} exits=0,0"
+    )
