@@ -205,3 +205,20 @@ def test_the_forward_command_keeps_running_over_poison_and_restarts_cleanly(
         f"13.2 poison: 2 poison records and 2 poison events, forwarder restarted once: queued={len(ids)} "
         f"invalid_records={status['invalid_records']} exits=0,0"
     )
+
+
+def test_a_lone_surrogate_in_a_description_or_argument_name_is_forwarded(
+    forwarder: Forwarder, redis_server: RedisServer, journal_dir: Path
+) -> None:
+    """JSON holds "\\ud800", redis-py's UTF-8 encoding did not: UnicodeEncodeError (not a RedisError)
+    came out of the push and stopped the forwarder, at every restart. Found by test_fuzz.py."""
+    queue = Queue("default", journal_dir)
+    jobs = [
+        queue.enqueue("tests.tasks.add", 1, 2, description="\ud800"),
+        queue.enqueue_call("tests.tasks.add", (), {"\udfff": 1}),
+    ]
+    forwarder.open()
+    forwarder.step()
+    assert queued(redis_server) == [job.id for job in jobs]
+    with contextlib.closing(redis_server.client(socket_timeout=30)) as client:
+        assert client.hget(f"rq:job:{jobs[0].id}", "description") == b"\\ud800"

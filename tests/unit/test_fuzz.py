@@ -280,3 +280,16 @@ def test_an_envelope_nested_too_deep_is_refused(depth: int) -> None:
 def test_an_envelope_nested_within_the_cap_round_trips() -> None:
     env = Envelope.from_bytes(_nested(50))
     assert Envelope.from_bytes(env.to_bytes()).to_dict() == env.to_dict()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"description": "\ud800"}, {"kwargs": {"\udfff": 1}}, {"timeout": 1e300, "result_ttl": 1e300}],
+    ids=["lone-surrogate-description", "lone-surrogate-kwarg-name", "huge-durations"],
+)
+def test_a_job_hash_is_encodable_whatever_text_or_duration_the_envelope_holds(
+    fields: dict[str, object],
+) -> None:
+    """JSON carries a lone surrogate, redis-py's UTF-8 encoding raised UnicodeEncodeError on it
+    (not a RedisError: the forwarder stopped); an older journal's 1e300 timeout broke RQ."""
+    check_job_hash(Envelope.from_bytes(_with(**fields)))
