@@ -111,7 +111,7 @@ def _scan_pending(
         try:
             body = json.loads(record.payload)
             queue, created = str(body["queue"]), float(body["created_at"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue  # not a job: the forwarder records it as invalid (terminal) when it reads it
         out.queues[queue] = out.queues.get(queue, 0) + 1
         out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue, Retry
 from hybridq.envelope import MAX_SECONDS, MAX_TIMESTAMP, Envelope
-from hybridq.errors import EnvelopeError, UnencodableJobs
+from hybridq.errors import EnvelopeError, HybridqError, UnencodableJobs
 from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.transport import MemoryTransport
@@ -226,3 +226,26 @@ def test_a_held_job_a_newer_version_refuses_is_recorded_invalid(journal_dir: Pat
         assert forwarder.checkpoint.invalid == 1
     assert transport.queues.get("default", []) == []
     assert job.get_status() == "failed"
+
+
+def test_status_counts_a_pending_record_whose_time_overflows_a_float(journal_dir: Path) -> None:
+    """A planted record the forwarder has not read yet must not crash ``hybridq status``."""
+    from hybridq.status import collect_status
+
+    with JournalWriter(journal_dir) as writer:
+        writer.append(json.dumps({**VALID, "queue": "default", "created_at": 10**400}).encode())
+    assert collect_status(str(journal_dir))["accepted"] == 1
+
+
+def test_failed_list_shows_a_ledger_entry_a_stricter_decoder_refuses(journal_dir: Path) -> None:
+    """A failure recorded by an older version whose envelope is now out of range is still listed."""
+    from hybridq.failures import failed_jobs, requeue
+    from hybridq.ledger import Entry, open_ledger_writer
+
+    job = {**VALID, "queue": "default", "retry": {"max_attempts": 10**6}}
+    with open_ledger_writer(str(journal_dir)) as ledger:
+        ledger.append(Entry("done", job["id"], ("w", 0, 0), outcome="failed", job=job).to_bytes())
+    [failed] = failed_jobs(str(journal_dir))
+    assert (failed.id, failed.func, failed.envelope) == (job["id"], job["func"], None)
+    with pytest.raises(HybridqError):
+        requeue([job["id"]], str(journal_dir))
