@@ -22,9 +22,9 @@ configured) before it imports anything. Then, for each delivery, :func:`execute`
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
    second waits, then finds the first one's result);
-2. **renews** the lease from a thread (one per process) while the task runs: when the worker or
-   its work-horse is killed, the lease expires within ``lease_s`` and the forwarder delivers the
-   job again;
+2. **renews** the lease from a thread (one per process) while the task runs and until its
+   outcome is stored or given up: when the worker or its work-horse is killed, the lease expires
+   within ``lease_s`` and the forwarder delivers the job again;
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
@@ -199,7 +199,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not _CLAIMED:
         return answer
     d, env = run.d, run.d.envelope
-    renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
+    run.renewal = renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
     context = _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
@@ -209,9 +209,15 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         value = _call(env)
     except Exception as exc:
         error = exc
+    except BaseException:
+        _release(run)  # no outcome will be stored: let the lease lapse
+        raise
     finally:
         _current.reset(context)
-        _renewer().remove(renewal)
+    # The lease is renewed until the outcome is stored or given up (_release): were it to lapse
+    # while the outcome call fails, another delivery would run the finished task again. The
+    # deadline ends the renewals even if nothing releases them.
+    renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
     outcome = {
@@ -227,7 +233,10 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     }
     run.finish = _finish_call(run, outcome)
     if not run.deferred:
-        _finish(conn, run)
+        try:
+            _finish(conn, run)
+        finally:
+            _release(run)
     # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
     if error is not None:
         raise error
@@ -285,6 +294,8 @@ class _Run:
     deferred: bool = False
     #: The outcome script's keys and arguments, once the task ran.
     finish: tuple[list[str], list[str | int]] | None = None
+    #: The lease's renewal, from the claim until the outcome is stored or given up.
+    renewal: _Renewal | None = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: _Delivery) -> _Run:
@@ -425,6 +436,13 @@ def _finish(conn: redis.Redis, run: _Run) -> None:
     _finished(run, _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args)))
 
 
+def _release(run: _Run) -> None:
+    """Stop renewing ``run``'s lease: its outcome is stored, or was given up."""
+    if run.renewal is not None:
+        _renewer().remove(run.renewal)
+        run.renewal = None
+
+
 def _finished(run: _Run, kept: int) -> None:
     """Log what the outcome script found (its reply)."""
     if kept == 3:
@@ -538,6 +556,8 @@ class _Renewal:
     interval_s: float
     due: float
     lost: bool = False
+    #: When to stop renewing even if nobody removed it (monotonic; set once the task returned).
+    until: float = math.inf
 
 
 class _LeaseRenewer:
@@ -577,6 +597,7 @@ class _LeaseRenewer:
         while True:
             with self._wake:
                 now = time.monotonic()
+                self._renewals -= {r for r in self._renewals if r.until <= now}
                 due = [r for r in self._renewals if r.due <= now]
                 if not due:
                     soonest = min((r.due for r in self._renewals), default=now + 60.0)
@@ -596,6 +617,9 @@ class _LeaseRenewer:
         except RedisError as exc:
             log.warning("cannot renew the lease on %s: %s", r.key, exc)
             return
+        with self._wake:
+            if r not in self._renewals:
+                return  # its outcome was stored meanwhile (which frees the lease)
         if not renewed and not r.lost:
             r.lost = True
             log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
