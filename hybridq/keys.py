@@ -13,6 +13,9 @@ hybridq's own keys:
   harvests them into its durable ledger and then deletes them.
 * ``hybridq:epoch:<owner>`` -- a token the forwarder ``owner`` wrote; gone or different means Redis
   lost state, so everything not durably terminal is forwarded again.
+* ``hybridq:waiting`` and ``hybridq:waiting:info`` -- jobs a worker could not run (it cannot
+  import the task, or is not configured to allow it) and left for another worker, with why
+  (:mod:`hybridq.waiting`); ``status`` and ``doctor`` show them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ __all__ = [
     "rq_job",
     "rq_queue",
     "rq_queues",
+    "waiting",
+    "waiting_info",
 ]
 
 #: Prefix of every key hybridq owns.
@@ -66,6 +71,16 @@ def lease(key_id: str) -> str:
 def events(owner: str) -> str:
     """The completion-event stream of one forwarder."""
     return f"{PREFIX}events:{owner}"
+
+
+def waiting() -> str:
+    """Jobs a worker could not run and left for another one: job id -> until when to list it."""
+    return f"{PREFIX}waiting"
+
+
+def waiting_info() -> str:
+    """What a worker said about each job in :func:`waiting` (JSON per job id)."""
+    return f"{PREFIX}waiting:info"
 
 
 def epoch(owner: str) -> str:

@@ -16,8 +16,11 @@ function but :func:`execute` (or one :mod:`hybridq.allow` allows, when no signin
 configured) before it imports anything. Then, for each delivery, :func:`execute`:
 
 0. **checks** the envelope's signature when this worker holds a signing key
-   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`); a job
-   failing either fails for good, reported to the forwarder, with nothing imported or claimed;
+   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`) and
+   imports; a job failing the signature or refused for security fails for good, reported to
+   the forwarder, with nothing imported or claimed; one this worker is merely not set up for
+   (no ``--allow`` covers it, or its task does not import here) is left for another worker,
+   with no attempt used (:func:`_leave`, :mod:`hybridq.waiting`);
 1. **claims** the idempotency key in one script: a stored success (or a final failure) is
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
@@ -54,14 +57,23 @@ from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 from rq.utils import import_attribute
 
-from hybridq import keys
+from hybridq import keys, waiting
 from hybridq.allow import allowed, refusal
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
 from hybridq.signing import SignatureError, keyring
+from hybridq.waiting import TaskUnavailable
 
-__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
+__all__ = [
+    "ENTRY_POINT",
+    "DuplicateOfFailedJob",
+    "Job",
+    "NotAllowed",
+    "TaskUnavailable",
+    "execute",
+    "run_worker",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -333,7 +345,7 @@ def _plan(rq_job: RQJob) -> _Run | None:
             return None
         raw = rq_job.args[0]
         d = _Delivery.parse(raw)
-        if _refusal(d.envelope) is not None:
+        if _refusal(d.envelope) is not None or waiting.unimportable(d.envelope.func) is not None:
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
@@ -374,16 +386,43 @@ def _refusal(env: Envelope) -> Exception | None:
 
 
 def _admit(conn: redis.Redis, d: _Delivery) -> None:
-    """Refuse (report, then raise) a delivery whose signature or function this worker refuses.
+    """Refuse or leave (raise) a delivery this worker will not or cannot run; before the claim.
 
-    Before anything is imported or claimed. A refused job fails for good (a retry would be
-    refused the same way), and the forwarder records it. A key that cannot be read raises
-    SigningKeyError here: nothing runs, nothing is reported, and the forwarder delivers the job
-    again later.
+    Before anything is imported or claimed. A refused job (a bad signature, a function refused
+    although its module is allowed here, a standard-library function) fails for good (a retry
+    would be refused the same way), and the forwarder records it. A job this worker is merely
+    not set up for (no ``--allow`` covers its module, or its task does not import here: a
+    rolling deploy) is left for a worker that can run it, with no attempt used
+    (:func:`_leave`). A key that cannot be read raises SigningKeyError here: nothing runs,
+    nothing is reported, and the forwarder delivers the job again later.
     """
-    error = _refusal(d.envelope)
+    env = d.envelope
+    error = _refusal(env)
     if error is not None:
+        if waiting.not_set_up_for(env.func, error):
+            _leave(conn, d, str(error))
         _refuse(conn, d, error)
+    reason = waiting.unimportable(env.func)
+    if reason is not None:
+        _leave(conn, d, reason)
+
+
+def _leave(conn: redis.Redis, d: _Delivery, reason: str) -> NoReturn:
+    """Leave the job for a worker that can run it: no claim, no attempt used, nothing reported.
+
+    RQ marks this delivery failed; the task never started, so the forwarder's reconcile pass
+    finds the job stranded and delivers the same attempt again about two leases later. The job
+    is listed in :mod:`hybridq.waiting` meanwhile (``hybridq status``, ``hybridq doctor``).
+    """
+    env = d.envelope
+    message = f"{reason}; left for a worker that can run it (no attempt used)"
+    log.warning("job %s: %s", env.id, message)
+    info = {"func": env.func, "queue": env.queue, "reason": reason, "worker": socket.gethostname()}
+    try:
+        waiting.record(conn, env.id, info, lease_s=d.lease_s)
+    except RedisError as exc:  # visibility only: the job is left either way
+        log.warning("job %s: cannot list it as waiting: %s", env.id, exc)
+    raise TaskUnavailable(message)
 
 
 def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
