@@ -174,7 +174,7 @@ def _inspect_queues(
 ) -> None:
     conn = transport.connection
     known = {_text(q) for q in conn.smembers(keys.rq_queues())}
-    names = queues | {q.removeprefix("rq:queue:") for q in known}
+    names = queues | {q.removeprefix(keys.rq_queue("")) for q in known}
     for name in sorted(names):
         ids = [_text(i) for i in conn.lrange(keys.rq_queue(name), 0, -1)]
         seen: dict[str, int] = {}

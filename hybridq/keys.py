@@ -1,7 +1,8 @@
 """Every Redis key hybridq reads or writes, built in one place. Its own keys start ``hybridq:``.
 
-RQ's keys (``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues``) are RQ's; they are spelled here
-only so hybridq code never builds them ad hoc.
+RQ's keys (``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues``, its registries) are RQ's; they are
+spelled here only so hybridq code never builds them ad hoc. Their ``rq`` is RQ's key prefix:
+``RQ_KEY_PREFIX`` from the environment (RQ 3.0), read as RQ reads it, once, at import.
 
 hybridq's own keys:
 
@@ -20,8 +21,12 @@ hybridq's own keys:
 
 from __future__ import annotations
 
+import os
+import re
+
 __all__ = [
     "PREFIX",
+    "RQ_PREFIX",
     "epoch",
     "events",
     "lease",
@@ -30,6 +35,7 @@ __all__ = [
     "rq_job",
     "rq_queue",
     "rq_queues",
+    "rq_registry",
     "waiting",
     "waiting_info",
 ]
@@ -37,20 +43,33 @@ __all__ = [
 #: Prefix of every key hybridq owns.
 PREFIX = "hybridq:"
 
+#: RQ's key prefix, as ``rq.defaults`` reads it (this module must not import rq: producers use
+#: it): a worker and a forwarder started with the same ``RQ_KEY_PREFIX`` meet in the same keys.
+RQ_PREFIX = os.environ.get("RQ_KEY_PREFIX", "rq")
+if not re.fullmatch(r"[A-Za-z0-9_.:{}-]+", RQ_PREFIX):  # RQ refuses the same (at its import)
+    raise ValueError(
+        f"Invalid RQ_KEY_PREFIX {RQ_PREFIX!r}: only letters, digits, and _ . : - {{ }} are allowed"
+    )
+
 
 def rq_job(job_id: str) -> str:
     """RQ's hash for one job."""
-    return f"rq:job:{job_id}"
+    return f"{RQ_PREFIX}:job:{job_id}"
 
 
 def rq_queue(queue: str) -> str:
     """RQ's list of job ids waiting in ``queue``."""
-    return f"rq:queue:{queue}"
+    return f"{RQ_PREFIX}:queue:{queue}"
 
 
 def rq_queues() -> str:
     """RQ's set of queue keys (what ``rq info`` lists)."""
-    return "rq:queues"
+    return f"{RQ_PREFIX}:queues"
+
+
+def rq_registry(kind: str, queue: str) -> str:
+    """One of RQ's job registries of ``queue`` (``failed``, ``canceled``, ``finished``...)."""
+    return f"{RQ_PREFIX}:{kind}:{queue}"
 
 
 def rq_intermediate(queue: str) -> str:

@@ -70,6 +70,7 @@ __all__ = [
     "DuplicateOfFailedJob",
     "Job",
     "NotAllowed",
+    "StaleDelivery",
     "TaskUnavailable",
     "execute",
     "run_worker",
@@ -175,6 +176,10 @@ class DuplicateOfFailedJob(Exception):
     """The idempotency key already failed for good: this delivery reports that failure."""
 
 
+class StaleDelivery(Exception):
+    """An old copy of an attempt that already failed: this delivery reports that failure again."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     envelope: Envelope
@@ -277,8 +282,10 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
             log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
-            _report(conn, d, json.loads(stored), dup=False)
-            return None
+            failure = json.loads(stored)
+            _report(conn, d, failure, dup=False)
+            # RQ records this copy failed, as hybridq has it (returning would record it finished).
+            raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
 
