@@ -686,7 +686,11 @@ def worker(
     from hybridq.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
     from hybridq.envelope import validate_queue_name  # noqa: PLC0415
     from hybridq.signing import ENV_KEY_FILE, keyring  # noqa: PLC0415
-    from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
+
+    try:
+        from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
+    except ValueError as exc:  # an invalid RQ_KEY_PREFIX: RQ (and hybridq.keys) refuse it
+        _fail(ctx, exc)
 
     try:
         names = [validate_queue_name(q) for q in queues] or ["default"]

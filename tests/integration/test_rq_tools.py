@@ -190,3 +190,25 @@ print(json.dumps({"events": events, "keys": sorted(k.decode() for k in t.connect
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert [e["outcome"] for e in out["events"]] == ["succeeded"], done.stderr
     assert not [k for k in out["keys"] if k.startswith("rq:")], out["keys"]
+
+
+def test_an_invalid_rq_key_prefix_stops_the_worker_with_one_line(subprocess_env: dict[str, str]) -> None:
+    env = {**subprocess_env, "RQ_KEY_PREFIX": "bad prefix!"}
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("hybridq")),
+            "worker",
+            "--burst",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "hybridq: error: Invalid RQ_KEY_PREFIX 'bad prefix!': only letters, digits, and _ . : - { } are allowed"
+    ]
