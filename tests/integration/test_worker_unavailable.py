@@ -12,12 +12,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hybridq import Queue, keys, waiting
 from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.metrics import ForwarderMetrics
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -238,3 +240,15 @@ def cli_json(args: list[str], env: dict[str, str]) -> dict[str, object]:
     assert done.returncode in (0, 4), done.stderr
     out: dict[str, object] = json.loads(done.stdout)
     return out
+
+
+def test_the_forwarders_metrics_count_the_jobs_waiting_for_a_worker(
+    transport: RQTransport, monkeypatch: pytest.MonkeyPatch, work: Work
+) -> None:
+    monkeypatch.setenv("HYBRIDQ_ALLOW", "myapp.tasks")  # not `tests`
+    deliver(transport, "tests.tasks.add", 1, 2)
+    metrics = object.__new__(ForwarderMetrics)  # only the Redis part of a scrape
+    metrics.forwarder = SimpleNamespace(transport=transport, stats=SimpleNamespace(down_since=None))  # type: ignore[assignment]
+    assert metrics.waiting() == 0
+    work(transport)
+    assert metrics.waiting() == 1
