@@ -1037,7 +1037,7 @@ def chaos(
 
     Starts a private redis-server (no persistence), the forwarder, WORKERS workers (`hybridq
     worker` and plain `rq worker`, alternating) and PRODUCERS producer processes, then injects a
-    seeded schedule of faults (RELIABILITY.md S1, S2, S8-S12): producer kills and crash points,
+    seeded schedule of faults (docs/reliability.md S1, S2, S8-S12): producer kills and crash points,
     forwarder kills, worker and work-horse kills, Redis restarted empty, FLUSHALL, an evicting
     maxmemory, Redis stopped, SIGSTOPped and CLIENT PAUSEd, and network faults between the
     clients and Redis (latency, resets, a blackhole, replies cut). Jobs note their runs in a file of

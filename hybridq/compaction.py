@@ -1,7 +1,7 @@
 """Compaction: deleting journal and ledger segments that nothing needs any more.
 
 A journal segment goes only when it is **sealed**, **fully read** by the forwarder and **every
-job in it is durably terminal** in the ledger (RELIABILITY.md rule 8). The counters that replace
+job in it is durably terminal** in the ledger (docs/reliability.md rule 8). The counters that replace
 it (accepted, succeeded, failed, ...) are saved to ``compaction.state`` first; a crash between
 that save and the unlink is finished at the next start. Segments go oldest first in each chain
 (a gap in the middle of a chain would be corruption).

@@ -1,7 +1,7 @@
 """The forwarder's second half: outcomes in, redeliveries out, dead segments deleted.
 
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
-  fsync *before* the events are deleted from Redis (RELIABILITY.md rule 13).
+  fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
 * **Epoch**: Redis losing the owner's epoch key, or restarting, re-forwards every forwarded job
@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hybridq.compaction import Compactor
+from hybridq.completion_event import parse_event
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalError
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
@@ -103,6 +104,8 @@ class Completions:
         self.index = LedgerIndex()
         #: Counters since this forwarder started.
         self.harvested = self.redelivered = self.refilled = self.segments_deleted = 0
+        #: Completion events dropped because they did not parse (garbled, forged, out of range).
+        self.dropped_events = 0
         self._writer: JournalWriter | None = None
         #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
         self._pushed_retries: dict[Loc, int] = {}
@@ -162,7 +165,10 @@ class Completions:
 
     def record_invalid(self, record: Record) -> None:
         """Make a record that is not a job terminal (``invalid``), so its segment can go."""
-        loc = (record.writer_id, record.segment_index, record.offset)
+        self.record_invalid_at((record.writer_id, record.segment_index, record.offset))
+
+    def record_invalid_at(self, loc: Loc) -> None:
+        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self._append([Entry("done", "", loc, outcome="invalid", at=self.clock())])
 
     @property
@@ -194,29 +200,14 @@ class Completions:
 
     def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
         try:
-            if body is None:
-                raise ValueError("not JSON")  # noqa: TRY301 - one handler for every garbled field
-            writer, segment, offset = body["loc"]
-            loc: Loc = (str(writer), int(segment), int(offset))
-            outcome, final = str(body["outcome"]), bool(body.get("final", True))
-            entry = Entry(
-                "done" if outcome == "succeeded" or final else "retry",
-                str(body["id"]),
-                loc,
-                outcome=outcome if outcome == "succeeded" or final else None,
-                attempt=int(body.get("attempt", 1)),
-                dup=bool(body.get("dup", False)),
-                error=body.get("error"),
-                run_at=self.clock() + float(body.get("retry_delay") or 0.0)
-                if outcome != "succeeded" and not final
-                else None,
-                at=float(body.get("at", self.clock())),
-                queue=body.get("queue"),
-                event_id=event_id,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            entry = parse_event(event_id, body, self.clock)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            # Dropped (and deleted from Redis with the batch): raising here would stop the
+            # forwarder on every start, on one bad event (docs/security.md).
+            self.dropped_events += 1
             log.error("dropping garbled completion event %s: %r", event_id, exc)
             return None
+        loc = entry.loc
         if self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in self.checkpoint.positions:
             # A late duplicate of a job long gone (its segment, or its whole chain, compacted
             # and forgotten): its outcome is already counted.

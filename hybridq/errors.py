@@ -15,6 +15,7 @@
     │   └── NotSerializable (TypeError)  arguments JSON cannot hold
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     └── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
 
@@ -25,6 +26,8 @@ This module imports nothing from hybridq, so every layer may import it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "EnvelopeError",
@@ -40,6 +43,7 @@ __all__ = [
     "RecordTooLarge",
     "StateFileCorrupt",
     "TransportError",
+    "UnencodableJobs",
 ]
 
 
@@ -167,3 +171,18 @@ class QueueFull(HybridqError):
 
 class TransportError(HybridqError):
     """The transport could not deliver (Redis down, hung or refusing); retried with backoff."""
+
+
+class UnencodableJobs(HybridqError):
+    """Jobs of a batch the transport cannot encode (a field Redis cannot hold); nothing was sent.
+
+    Not an outage: pushing them again would fail again, forever, and hold back every job behind
+    them. The forwarder records them as invalid and pushes the rest of the batch.
+
+    Attributes:
+        rejected: ``(delivery, reason)`` for each such job.
+    """
+
+    def __init__(self, rejected: Sequence[tuple[Any, str]]) -> None:
+        self.rejected = list(rejected)
+        super().__init__(f"{len(self.rejected)} job(s) cannot be encoded for the transport")

@@ -29,7 +29,7 @@ from typing import Self
 
 from hybridq.completions import Completions
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError
+from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError, UnencodableJobs
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
@@ -432,7 +432,8 @@ class Forwarder:
         except FileNotFoundError:
             log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
             return None
-        return self._decode(record)
+        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+        return self._decode(record, record_invalid=True)
 
     def _clamp_checkpoint(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -487,6 +488,12 @@ class Forwarder:
         while True:
             try:
                 result = self.transport.push(batch)
+            except UnencodableJobs as exc:
+                # Not an outage: these would fail again on every retry, holding back the rest.
+                batch = self._drop_unencodable(batch, exc)
+                if not batch:
+                    return
+                continue
             except TransportError as exc:
                 self._went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))
@@ -501,6 +508,20 @@ class Forwarder:
             self.stats.duplicate_pushes += result.already_present
             self.checkpoint.duplicate_pushes += result.already_present
             return
+
+    def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:
+        """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""
+        refused = {id(delivery) for delivery, _ in exc.rejected}
+        for delivery, reason in exc.rejected:
+            self._require_completions().record_invalid_at(delivery.loc)
+            self.checkpoint.invalid += 1
+            log.error(
+                "skipping job %s (record %s:%d:%d): the transport cannot encode it: %s",
+                delivery.envelope.id,
+                *delivery.loc,
+                reason,
+            )
+        return [d for d in batch if id(d) not in refused]
 
 
 def _take_lock(path: str, *, patience_s: float = 1.0) -> int:

@@ -2,7 +2,7 @@
 
 The ledger is a second journal (same format, same crash safety) in ``<journal>/ledger/``. The
 forwarder appends what workers report, with fsync, before it deletes the events from Redis
-(RELIABILITY.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
+(docs/reliability.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
 a kind ``t``:
 
 * ``done`` -- the job at ``loc`` reached a terminal outcome (``succeeded``, ``failed`` out of

@@ -93,6 +93,11 @@ class ForwarderMetrics(Collector):
             "Jobs this forwarder process delivered again (lost, missing, stranded, refilled).",
             redelivered,
         )
+        yield _counter(
+            "hybridq_events_dropped",
+            "Completion events this forwarder process dropped because they did not parse.",
+            c.dropped_events if c is not None else 0,
+        )
         yield _gauge(
             "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
         )

@@ -21,8 +21,11 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from hybridq.allow import register
 from hybridq.envelope import (
+    MAX_SECONDS,
     Envelope,
     Retry,
+    check_seconds,
+    check_time,
     function_path,
     new_job_id,
     validate_job_id,
@@ -188,8 +191,11 @@ class Queue:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
         self.durability = Durability(durability)
-        self.default_timeout = default_timeout
-        self.default_result_ttl = default_result_ttl
+        # Checked now (as every call would check them): the error points at the Queue(...) line.
+        self.default_timeout = _seconds("default_timeout", default_timeout, None)
+        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl, None)
+        if default_retry is not None:
+            _check_retry(default_retry)
         self.default_retry = default_retry
         self._pending = _PendingCount(self.journal) if capacity is not None else None
         self._nudge_name = address(self.journal)
@@ -296,12 +302,18 @@ class Queue:
             raise EnvelopeError("args must be a list or tuple")
         if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
             raise EnvelopeError("kwargs must be a mapping")
+        if kwargs and any(type(name) is not str for name in kwargs):
+            raise EnvelopeError("kwargs names must be strings")
         if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
             raise EnvelopeError("idempotency_key must be a non-empty string")
+        if description is not None and not isinstance(description, str):
+            raise EnvelopeError("description must be a string")  # Redis could not store it (issue 13)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise EnvelopeError("meta must be a mapping")
         if meta and "hybridq" in meta:
             raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
-        if retry is not None and not isinstance(retry, Retry):
-            raise EnvelopeError("retry must be a hybridq.Retry")
+        if retry is not None:
+            _check_retry(retry)
         now = time.time()
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
         env = Envelope(
@@ -323,11 +335,17 @@ class Queue:
         return env
 
 
+def _check_retry(retry: object) -> None:
+    if not isinstance(retry, Retry):
+        raise EnvelopeError("retry must be a hybridq.Retry")
+    if max(retry.backoff_s, retry.backoff_max_s) > MAX_SECONDS:
+        raise EnvelopeError(f"Retry backoffs must be at most {MAX_SECONDS} seconds (ten years)")
+
+
 def _seconds(name: str, value: float | None, default: float | None) -> float | None:
+    """A positive duration of at most ``MAX_SECONDS`` (larger ones break inside RQ), or ``None``."""
     value = default if value is None else value
-    if value is not None and (not isinstance(value, int | float) or value <= 0):
-        raise EnvelopeError(f"{name} must be a positive number of seconds")
-    return None if value is None else float(value)
+    return None if value is None else check_seconds(name, value)
 
 
 def _run_at(
@@ -338,16 +356,13 @@ def _run_at(
     if isinstance(delay, dt.timedelta):
         delay = delay.total_seconds()
     if delay is not None:
-        if not isinstance(delay, int | float) or delay < 0:
-            raise EnvelopeError("delay must be a number of seconds >= 0 or a timedelta")
-        return now + float(delay) if delay > 0 else None
+        seconds = check_seconds("delay", delay, zero=True)  # a number or a timedelta
+        return now + seconds if seconds > 0 else None
     if isinstance(run_at, dt.datetime):
         if run_at.tzinfo is None:
             raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        return run_at.timestamp()
-    if run_at is not None and not isinstance(run_at, int | float):
-        raise EnvelopeError("run_at must be a datetime or a Unix time")
-    return None if run_at is None else float(run_at)
+        return check_time("run_at", run_at.timestamp())
+    return None if run_at is None else check_time("run_at", run_at)
 
 
 class _PendingCount:

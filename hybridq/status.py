@@ -27,7 +27,7 @@ from hybridq.state import load_checkpoint
 # read_password lives in hybridq.secretfile (the worker side uses it too); kept importable here.
 __all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 
-#: The fields DESIGN.md promises in ``status --json`` (integers).
+#: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
@@ -111,7 +111,7 @@ def _scan_pending(
         try:
             body = json.loads(record.payload)
             queue, created = str(body["queue"]), float(body["created_at"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue  # not a job: the forwarder records it as invalid (terminal) when it reads it
         out.queues[queue] = out.queues.get(queue, 0) + 1
         out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)

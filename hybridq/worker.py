@@ -31,7 +31,7 @@ configured) before it imports anything. Then, for each delivery, :func:`execute`
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
-This module is the worker side of DESIGN.md's layers: it must not import the journal.
+This module is the worker side: it must not import the journal (pyproject.toml's import-linter contracts).
 """
 
 from __future__ import annotations

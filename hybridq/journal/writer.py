@@ -1,6 +1,6 @@
 """The journal writer: durable appends with group commit, rotation and a fatal-error policy.
 
-Format: ``docs/journal-format.md``. Rules: ``RELIABILITY.md`` 1-9. One :class:`JournalWriter` is
+Format: ``docs/journal-format.md``. Rules: docs/reliability.md rules 1-9. One :class:`JournalWriter` is
 meant to be shared by every thread of a process; each writer appends to its own chain of segment
 files, so many processes can share one journal directory without a global lock.
 

@@ -30,7 +30,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from hybridq import keys
-from hybridq.errors import TransportError
+from hybridq.envelope import MAX_SECONDS
+from hybridq.errors import TransportError, UnencodableJobs
 from hybridq.worker import ENTRY_POINT
 
 from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
@@ -190,8 +191,13 @@ class RQTransport(Transport):
         RQ's ``create_job`` + ``to_dict`` cost about 70 us per job, most of the forwarder's time
         per job; this writes the same fields (``test_job_hash_is_what_rq_writes`` holds it to
         RQ's own output) in a fraction of that.
+
+        Raises ``ValueError``, ``TypeError`` or ``OverflowError`` for an envelope whose fields
+        Redis cannot hold (one :meth:`Envelope.from_dict` would refuse): :meth:`push` reports
+        those jobs as :class:`UnencodableJobs`.
         """
         env = delivery.envelope
+        description = env.description or _describe(env.func, env.args, env.kwargs)
         data: list[Any] = [ENTRY_POINT, None, [delivery.to_json()], {}]
         timeout = _whole_seconds(env.timeout_s) or self._queue(env.queue)._default_timeout
         fields: list[Any] = [
@@ -203,7 +209,7 @@ class RQTransport(Transport):
             "origin",
             env.queue,
             "description",
-            env.description or _describe(env.func, env.args, env.kwargs),
+            _redis_text(description),
             "enqueued_at",
             enqueued_at,
             "timeout",
@@ -220,9 +226,20 @@ class RQTransport(Transport):
         if not jobs:
             return PushResult(0, 0)
         enqueued_at = utcformat(datetime.now(UTC))
+        hashes: list[list[Any]] = []
+        rejected: list[tuple[Delivery, str]] = []
+        for delivery in jobs:
+            try:
+                hashes.append(self.job_hash(delivery, enqueued_at))
+            except (ValueError, TypeError, OverflowError, OSError) as exc:
+                rejected.append((delivery, repr(exc)))
+        if rejected:
+            # Before anything is sent: what Redis cannot hold is an invalid job, not an outage
+            # (redis-py's DataError is a RedisError, and was retried forever).
+            raise UnencodableJobs(rejected)
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for delivery in jobs:
+            for delivery, fields in zip(jobs, hashes, strict=True):
                 env = delivery.envelope
                 self._script(
                     keys=[
@@ -236,7 +253,7 @@ class RQTransport(Transport):
                         env.id,
                         "2" if delivery.replace else "1" if delivery.force else "0",
                         env.requeue * 100000 + delivery.attempt,
-                        *self.job_hash(delivery, enqueued_at),
+                        *fields,
                         "failure_ttl",
                         _failure_ttl(delivery.key_ttl_s),
                     ],
@@ -381,10 +398,22 @@ def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
     try:
         body = json.loads(raw) if raw is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None
 
 
 def _whole_seconds(value: float | None) -> int | None:
-    return None if value is None else max(1, round(value))
+    """Whole seconds for RQ, capped at ``MAX_SECONDS``: an older journal may hold more (RQ breaks)."""
+    return None if value is None else min(MAX_SECONDS, max(1, round(value)))
+
+
+def _redis_text(text: object) -> str:
+    """``text`` as redis-py can encode it: a lone surrogate (valid in JSON) is escaped."""
+    if not isinstance(text, str):
+        raise TypeError(f"description must be a string, not {type(text).__name__}")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

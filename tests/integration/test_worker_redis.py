@@ -4,7 +4,7 @@ Every process is real: ``python -m hybridq forward --lease 2``, ``python -m hybr
 (RQ's forking ``Worker``, or ``--simple``), a plain ``rq worker``, and a private redis-server.
 Tasks (``tests.tasks``) append fsync'd lines to an effects file, so what ran is counted without
 trusting hybridq; ``hybridq status --json`` must agree. Scenarios report one figure line each
-(RELIABILITY.md S9, S10, S11, and the worker-side guarantees).
+(docs/reliability.md S9, S10, S11, and the worker-side guarantees).
 """
 
 from __future__ import annotations
