@@ -3,7 +3,7 @@
 A rolling deploy (a task older workers do not have), a missing ``--allow``: such jobs are
 recorded so that ``hybridq status``, ``hybridq doctor`` and the forwarder's metrics show them.
 
-Such a job is neither claimed nor failed: the worker raises :class:`TaskUnavailable`, RQ marks
+Such a job is not claimed, and hybridq does not fail it: the worker raises :class:`TaskUnavailable`, RQ marks
 that delivery failed, and since the task never started (no attempt was used) the forwarder's
 reconcile pass finds it *stranded* and delivers the same attempt again about two leases later,
 for as long as no worker can run it (docs/worker.md, "Workers that cannot run a job").
