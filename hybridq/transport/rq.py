@@ -38,7 +38,8 @@ from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Ver
 
 __all__ = ["RQTransport"]
 
-# KEYS: job hash, queue list, set of queues. ARGV: job id, force ("1": replace a known job that
+# KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
+# ARGV: job id, force ("1": replace a known job that
 # was delivered for an earlier run; "2": replace it whatever it holds), run number (requeue *
 # 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
 # does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
@@ -67,6 +68,9 @@ if redis.call("EXISTS", KEYS[1]) == 1 then
     redis.call("DEL", KEYS[1])
     redis.call("LREM", KEYS[2], 0, ARGV[1])
 end
+-- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+redis.call("ZREM", KEYS[4], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
 redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
 redis.call("RPUSH", KEYS[2], ARGV[1])
 redis.call("SADD", KEYS[3], KEYS[2])
@@ -238,12 +242,20 @@ class RQTransport(Transport):
             for delivery, fields in zip(jobs, hashes, strict=True):
                 env = delivery.envelope
                 self._script(
-                    keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
+                    keys=[
+                        keys.rq_job(env.id),
+                        keys.rq_queue(env.queue),
+                        keys.rq_queues(),
+                        keys.rq_registry("failed", env.queue),
+                        keys.rq_registry("canceled", env.queue),
+                    ],
                     args=[
                         env.id,
                         "2" if delivery.replace else "1" if delivery.force else "0",
                         env.requeue * 100000 + delivery.attempt,
                         *fields,
+                        "failure_ttl",
+                        _failure_ttl(delivery.key_ttl_s),
                     ],
                     client=pipe,
                 )
@@ -357,6 +369,18 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
             "attempt": delivery.attempt,
         },
     }
+
+
+def _failure_ttl(key_ttl_s: float) -> str:
+    """How long RQ keeps a failed delivery: a little less than its key's outcome stays stored.
+
+    RQ keeps a failed job's hash and failed-registry entry for this long (its default: a year).
+
+    ``rq requeue`` and the dashboard's Requeue take jobs from the failed registry: every one
+    they can find still has its outcome stored, so the claim reports that outcome instead of
+    running the task again (docs/worker.md, "Using RQ's tools").
+    """
+    return str(max(1, int(key_ttl_s - min(60.0, key_ttl_s / 2))))
 
 
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
