@@ -284,24 +284,25 @@ class Completions:
                 cp.epoch = f"{cp.generation}:{token.run_id}:{uuid.uuid4().hex}"
                 self.transport.set_epoch(cp.owner, cp.epoch)
             return
-        if cp.epoch is None and not cp.positions:
+        refill = cp.epoch is not None or bool(cp.positions)
+        generation = cp.generation + 1 if refill else cp.generation
+        epoch = f"{generation}:{token.run_id}:{uuid.uuid4().hex}"
+        # Stored in Redis first, in the checkpoint by the forwarder's next save (before anything
+        # is pushed under the new generation): a crash in between only repeats the refill, under
+        # the same generation number; a Redis error changes nothing here (checked again later).
+        self.transport.set_epoch(cp.owner, epoch)
+        if not refill:
             log.info("setting this forwarder's epoch in Redis (owner %s)", cp.owner)
+        elif token.epoch != cp.epoch:
+            log.warning(
+                "Redis lost or rolled back this forwarder's state (epoch key gone or older): "
+                "re-forwarding every unfinished job, purging finished ones it brought back"
+            )
         else:
-            if token.epoch != cp.epoch:
-                log.warning(
-                    "Redis lost or rolled back this forwarder's state (epoch key gone or older): "
-                    "re-forwarding every unfinished job, purging finished ones it brought back"
-                )
-            else:
-                log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
-            cp.generation += 1
+            log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
+        cp.epoch, cp.run_id, cp.generation = epoch, token.run_id, generation
+        if refill:
             self._start_pass(refill=True)
-        cp.epoch = f"{cp.generation}:{token.run_id}:{uuid.uuid4().hex}"
-        cp.run_id = token.run_id
-        # The new epoch is stored in Redis now, and in the checkpoint by the forwarder's next save
-        # (before anything is pushed under the new generation); a crash in between only repeats
-        # the refill, under the same generation number.
-        self.transport.set_epoch(cp.owner, cp.epoch)
 
     def hurry(self, *, reconcile: bool = True) -> None:
         """Run compaction (and a reconcile pass) at the next step, whatever their timers say."""
