@@ -285,7 +285,8 @@ class Completions:
                 self.transport.set_epoch(cp.owner, cp.epoch)
             return
         refill = cp.epoch is not None or bool(cp.positions)
-        generation = cp.generation + 1 if refill else cp.generation
+        # Above the generation Redis holds too (a checkpoint restored from a backup is behind it).
+        generation = max(cp.generation, _generation(token.epoch or "") or 0) + 1 if refill else cp.generation
         epoch = f"{generation}:{token.run_id}:{uuid.uuid4().hex}"
         # Stored in Redis first, in the checkpoint by the forwarder's next save (before anything
         # is pushed under the new generation): a crash in between only repeats the refill, under

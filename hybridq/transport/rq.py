@@ -107,6 +107,16 @@ end
 return 0
 """
 
+# KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a
+# script, as the workers' claim script reads it (hybridq.worker._CLAIM): both see the server that
+# runs the scripts, even behind a proxy that would answer a plain INFO from elsewhere. An ACL
+# that denies INFO gives "" here and in the claim (then only the epoch key detects lost state).
+_STATE = """
+local info = redis.pcall("INFO", "server")
+local run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or ""
+return {redis.call("GET", KEYS[1]) or false, run_id}
+"""
+
 # KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
 # the cutoff (RQ's timestamp format, lease_s ago). See Transport.probe for the verdicts. RQ's
 # timestamps are fixed-width UTC text, so they compare as strings; RQ writes "" for "not yet".
@@ -190,6 +200,7 @@ class RQTransport(Transport):
         self._script = connection.register_script(_PUSH_IF_NEW)
         self._probe = connection.register_script(_PROBE)
         self._refill = connection.register_script(_REFILL)
+        self._state = connection.register_script(_STATE)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -348,19 +359,12 @@ class RQTransport(Transport):
             raise TransportError(f"Redis: {exc}") from exc
 
     def state_token(self, owner: str) -> StateToken:
-        """``owner``'s epoch and the server's ``run_id`` (one round trip)."""
+        """``owner``'s epoch and the server's ``run_id`` (one round trip, see ``_STATE``)."""
         try:
-            pipe = self.connection.pipeline(transaction=False)
-            pipe.get(keys.epoch(owner))
-            pipe.info("server")
-            epoch, info = pipe.execute(raise_on_error=False)
+            epoch, run_id = self._state(keys=[keys.epoch(owner)])
         except RedisError as exc:
             raise TransportError(f"Redis: {exc}") from exc
-        if isinstance(epoch, RedisError):
-            raise TransportError(f"Redis: {epoch}") from epoch
-        # An ACL may refuse INFO: the epoch key alone still detects lost state.
-        run_id = "" if isinstance(info, RedisError) else str(info.get("run_id", ""))
-        return StateToken(None if epoch is None else _text(epoch), run_id)
+        return StateToken(None if epoch is None else _text(epoch), _text(run_id))
 
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store ``owner``'s epoch (no expiry)."""
