@@ -314,14 +314,13 @@ class RQTransport(Transport):
                 )
             for delivery in live:
                 env = delivery.envelope
+                try:
+                    fields = self.job_hash(delivery, enqueued_at)
+                except (ValueError, TypeError, OverflowError, OSError):
+                    continue  # a job Redis cannot hold: the reconcile pass's push records it invalid
                 self._refill(
                     keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
-                    args=[
-                        env.id,
-                        "0",
-                        env.requeue * 100000 + delivery.attempt,
-                        *self.job_hash(delivery, enqueued_at),
-                    ],
+                    args=[env.id, "0", env.requeue * 100000 + delivery.attempt, *fields],
                     client=pipe,
                 )
             results: list[Any] = pipe.execute()
