@@ -19,18 +19,23 @@ Figure line: ``S16 <case>: jobs=N runs=N re-runs=0``.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import Queue
+from hybridq import Queue, keys
 from hybridq.embedded import RedisServer
+from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.transport.base import Delivery, Probe
+from hybridq.transport.rq import RQTransport
 
 from tests.support.processes import ForwarderProcess, run_status, wait_until
 from tests.support.redis import MakeRedisServer
@@ -187,3 +192,82 @@ def test_s16_a_lagging_replica_promoted_runs_no_finished_job_again(
     assert counted == Counter(tokens), counted
     assert succeeded(journal_dir, subprocess_env) == 20
     forwarder.assert_alive()
+
+
+# -- the pieces, one script call at a time -------------------------------------------------------
+
+
+def _envelope() -> Envelope:
+    return Envelope(
+        id=new_job_id(),
+        func="tests.tasks.add",
+        queue="default",
+        idempotency_key=new_job_id(),
+        created_at=time.time(),
+        args=(1, 2),
+    )
+
+
+def test_the_claim_refuses_a_stale_generation_and_an_unchecked_restart(redis_server: RedisServer) -> None:
+    from hybridq import worker
+
+    transport = RQTransport(redis_server.url)
+    conn = transport.connection
+    try:
+        env = _envelope()
+        run_id = transport.state_token("o").run_id
+        claim = worker._script(conn, worker._CLAIM)
+        claim_keys = [keys.result(env.key_id), keys.lease(env.key_id), keys.rq_job(env.id), keys.epoch("o")]
+
+        def attempt(token: str, gen: int) -> list[Any]:
+            reply: list[Any] = claim(keys=claim_keys, args=[token, 10_000, env.id, 0, 1, gen])
+            conn.delete(keys.lease(env.key_id))
+            return [reply[0], reply[1].decode() if isinstance(reply[1], bytes) else reply[1]]
+
+        assert attempt("a", 0)[0] == 0  # no epoch key: nothing to fence against
+        conn.set(keys.epoch("o"), "0123abcdef")  # an older forwarder's epoch token
+        assert attempt("b", 0)[0] == 0
+        conn.set(keys.epoch("o"), f"2:{run_id}:token")
+        assert attempt("c", 1) == [4, "stale"]
+        assert attempt("d", 2)[0] == 0
+        assert attempt("e", 3)[0] == 0
+        conn.set(keys.epoch("o"), "2:0000000000000000000000000000000000000000:token")  # not this server
+        assert attempt("f", 2) == [4, "unchecked"]
+        conn.set(keys.epoch("o"), "2::token")  # the forwarder could not read run_id (ACL)
+        assert attempt("g", 2)[0] == 0
+    finally:
+        transport.close()
+
+
+def test_refill_purges_finished_copies_and_brings_live_ones_up(redis_server: RedisServer) -> None:
+    transport = RQTransport(redis_server.url)
+    conn = transport.connection
+    try:
+        finished, queued, fenced, running, missing, other = (_envelope() for _ in range(6))
+        transport.push([Delivery(e, "o", ("w", 0, 64)) for e in (finished, other, queued, fenced, running)])
+        conn.hset(keys.rq_job(fenced.id), mapping={"status": "finished", "hybridq_fenced": "1"})
+        conn.lrem("rq:queue:default", 0, fenced.id)
+        conn.hset(keys.rq_job(running.id), "status", "started")
+        conn.lrem("rq:queue:default", 0, running.id)
+
+        result = transport.refill(
+            [Probe(finished.id, finished.key_id, "default")],
+            [Delivery(e, "o", ("w", 0, 64), gen=1) for e in (queued, fenced, running, missing)],
+        )
+        assert (result.requeued, result.purged) == (3, 1)
+        assert not conn.exists(keys.rq_job(finished.id))
+        assert [i.decode() for i in conn.lrange("rq:queue:default", 0, -1)] == [
+            other.id,
+            queued.id,  # rewritten in place: it keeps its place
+            fenced.id,
+            missing.id,
+        ]
+        for env in (queued, fenced, missing):
+            job = transport.connection.hgetall(keys.rq_job(env.id))
+            assert job[b"status"] == b"queued"
+            assert b"hybridq_fenced" not in job
+            data = json.loads(zlib.decompress(job[b"data"]))
+            assert data[2][0]["gen"] == 1
+        assert conn.hget(keys.rq_job(running.id), "status") == b"started"  # the reconcile pass's
+    finally:
+        transport.close()
