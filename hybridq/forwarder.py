@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ EPOCH_CHECK_S = 1.0
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: How long the event watcher blocks on the completion stream per call (seconds).
+WATCH_BLOCK_S = 0.5
 
 
 @dataclass
@@ -141,6 +144,10 @@ class Forwarder:
         self._listener: NudgeListener | None = None
         self._reader: JournalReader | None = None
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
+        self._watcher: threading.Thread | None = None
+        #: Set by the loop after each harvest: the watcher waits for it before it looks again.
+        self._harvested = threading.Event()
+        self._watch_stop = threading.Event()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -193,6 +200,11 @@ class Forwarder:
                 log.warning(
                     "cannot listen for producers' nudges (%s): polling every %.1f s", exc, self.idle_timeout_s
                 )
+            if self._listener is not None and self.transport.blocking_events:
+                self._watcher = threading.Thread(
+                    target=self._watch, name="hybridq-event-watcher", daemon=True
+                )
+                self._watcher.start()
         except BaseException:
             self.close()
             raise
@@ -205,6 +217,11 @@ class Forwarder:
 
     def close(self) -> None:
         """Release the socket, the ledger and the lock. Idempotent."""
+        if self._watcher is not None:
+            self._watch_stop.set()
+            self._harvested.set()
+            self._watcher.join(WATCH_BLOCK_S * 2)  # it blocks in Redis for at most that long
+            self._watcher = None
         if self.completions is not None:
             self.completions.close()
         if self._listener is not None:
@@ -339,7 +356,9 @@ class Forwarder:
         try:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
-            if c.harvest():
+            harvested = c.harvest()
+            self._harvested.set()
+            if harvested:
                 self._save(0)  # publishes the terminal count (producers' capacity check)
             retries = c.due_retries()
             if retries:
@@ -386,6 +405,29 @@ class Forwarder:
             self._listener.wait(timeout)
         else:
             self._sleep(timeout)  # no nudges: poll (a stop still wakes it within 50 ms)
+
+    def _watch(self) -> None:
+        """The event watcher (a thread): nudge the loop as soon as a completion event arrives.
+
+        A finished job whose event waits in Redis runs again if Redis loses it before the
+        harvest (the one window in docs/guarantees.md): harvesting only on producers' nudges and
+        the idle timeout left it open up to a second. The watcher blocks on the stream (XREAD
+        BLOCK) and wakes the loop through its own nudge socket, so the loop still sleeps in one
+        place and a producer's nudge wakes it as before. After a nudge it waits until the loop
+        has harvested, so it never spins on events the loop has not taken yet.
+        """
+        completions = self._require_completions()
+        owner = self.checkpoint.owner
+        while not self._watch_stop.is_set():
+            try:
+                found = self.transport.wait_events(owner, completions.last_event_id, WATCH_BLOCK_S)
+            except Exception:  # Redis down, or anything else: the loop's idle timeout still harvests
+                self._watch_stop.wait(WATCH_BLOCK_S)
+                continue
+            if found and not self._watch_stop.is_set() and self._listener is not None:
+                self._harvested.clear()
+                nudge(self.journal, name=self._listener.name)
+                self._harvested.wait(self.idle_timeout_s + WATCH_BLOCK_S)
 
     # -- pieces -------------------------------------------------------------------------------
 

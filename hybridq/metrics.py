@@ -98,6 +98,12 @@ class ForwarderMetrics(Collector):
             "Completion events this forwarder process dropped because they did not parse.",
             c.dropped_events if c is not None else 0,
         )
+        yield _counter(
+            "hybridq_late_events",
+            "Completion events for jobs the ledger already held as finished (a duplicate's report, "
+            "a replay, or a finished job that ran again; each one is logged).",
+            c.late_events if c is not None else 0,
+        )
         yield _gauge(
             "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
         )

@@ -95,13 +95,45 @@ RECONNECT_MAX_S = 5.0
 #: An RQ loop that served this long before it ended starts the restart backoff from scratch.
 STABLE_S = 60.0
 
-# KEYS: result, lease, RQ's job hash. ARGV: token, lease ms, job id, requeue, attempt.
+# KEYS: result, lease, RQ's job hash, the owner's epoch key. ARGV: token, lease ms, job id,
+# requeue, attempt, the delivery's epoch generation.
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
-# delivery runs it now).
+# delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
+# forwarder's current epoch (an older snapshot, a lagging replica promoted), or restarted and
+# the forwarder has not yet noticed; the job may have finished already, so it must not run (the
+# forwarder's refill pass delivers it again if its ledger says it has not finished).
+#
+# The epoch key holds "generation:run_id:token" (Completions.check_epoch). A delivery older than
+# the generation is stale. A run_id that is not the server's own means this server's state is
+# not the one the forwarder last saw (restarted, or a replica promoted): every claim waits for
+# the forwarder to look (within about a second), as its ledger alone knows what finished. INFO
+# costs about 4 us per claim (redis 6.2); an ACL that denies it leaves the generation check.
+# No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
+# KEYS[4] (a caller of the older script's arguments), fences nothing.
 _CLAIM = """
 if redis.call("GET", KEYS[2]) == ARGV[1] then
     return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
+end
+local epoch = KEYS[4] and redis.call("GET", KEYS[4])
+if epoch then
+    local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
+    local why = nil
+    if gen and (tonumber(ARGV[6]) or 0) < tonumber(gen) then
+        why = "stale"
+    elseif gen and run_id ~= "" then
+        local info = redis.pcall("INFO", "server")
+        local current = type(info) == "string" and string.match(info, "run_id:(%x+)")
+        if current and current ~= run_id then
+            why = "unchecked"
+        end
+    end
+    if why then
+        if redis.call("EXISTS", KEYS[3]) == 1 then
+            redis.call("HSET", KEYS[3], "hybridq_fenced", "1")  -- for the refill pass
+        end
+        return {4, why}
+    end
 end
 local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
 local stored = redis.call("GET", KEYS[1])
@@ -188,6 +220,7 @@ class _Delivery:
     attempt: int
     lease_s: float
     key_ttl_s: float
+    gen: int = 0
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> _Delivery:
@@ -198,6 +231,7 @@ class _Delivery:
             attempt=int(raw.get("attempt", 1)),
             lease_s=float(raw.get("lease", 10.0)),
             key_ttl_s=float(raw.get("key_ttl", 86400.0)),
+            gen=int(raw.get("gen", 0)),
         )
 
 
@@ -286,6 +320,16 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             _report(conn, d, failure, dup=False)
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
+        if status == 4:
+            # Not a failure of the job: nothing ran, and nothing is reported.
+            log.warning(
+                "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
+                "the forwarder delivers it again if it has not finished",
+                env.id,
+                d.attempt,
+                stored.decode() if isinstance(stored, bytes) else stored,
+            )
+            return None
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
 
@@ -321,8 +365,15 @@ class _Run:
         env = d.envelope
         token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
-        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id)]
-        claim_args: list[str | int] = [token, max(1, int(d.lease_s * 1000)), env.id, env.requeue, d.attempt]
+        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
+        claim_args: list[str | int] = [
+            token,
+            max(1, int(d.lease_s * 1000)),
+            env.id,
+            env.requeue,
+            d.attempt,
+            d.gen,
+        ]
         return cls(raw, d, token, claim_keys, claim_args)
 
 
@@ -471,7 +522,7 @@ def _finish_call(run: _Run, outcome: Mapping[str, Any]) -> tuple[list[str], list
     d = run.d
     event = _event(d, outcome, dup=False)
     args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
-    result_key, lease_key, _ = run.claim_keys
+    result_key, lease_key = run.claim_keys[:2]
     return [result_key, lease_key, keys.events(d.owner)], args
 
 
