@@ -1,12 +1,15 @@
 """The forwarder's second half: outcomes in, redeliveries out, dead segments deleted.
 
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
-  fsync *before* the events are deleted from Redis (RELIABILITY.md rule 13).
+  fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
-* **Epoch**: Redis losing the owner's epoch key, or restarting, re-forwards every forwarded job
-  that is not durably terminal (rule 15; pushes are idempotent per job id, so only what Redis
-  lost is queued again).
+* **Epoch**: Redis losing the owner's epoch key, or restarting, bumps the epoch *generation*
+  and re-forwards every forwarded job that is not durably terminal (rule 15). Workers refuse a
+  delivery pushed under an older generation, so a queue entry Redis brings back from an older
+  state (a snapshot, a lagging replica) never runs a job the ledger holds as finished; the
+  refill pass deletes such copies of finished jobs and rewrites unfinished ones under the new
+  generation (:meth:`Transport.refill`).
 * **Reconcile**: a pass over the forwarded, non-terminal jobs asks Redis about each (a pipelined
   probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
   then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
@@ -22,16 +25,18 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hybridq.compaction import Compactor
+from hybridq.completion_event import parse_event
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
+from hybridq.errors import ConfigError, EnvelopeError, JournalError
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
-from hybridq.journal.reader import read_record_at
+from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
     Compacted,
@@ -46,7 +51,7 @@ from hybridq.signing import admit_event
 from hybridq.state import Checkpoint
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
 
-__all__ = ["Completions"]
+__all__ = ["Completions", "check_key_ttl"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -60,6 +65,23 @@ SNAPSHOT_EVERY_S = 1.0
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
 DONE_GRACE_LEASES = 6
+
+
+def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
+    """Refuse a key lifetime too short for the "done" grace period (see :data:`DONE_GRACE_LEASES`).
+
+    A job whose completion event was lost stays "done" in Redis (its outcome stored) for up to
+    the grace period before it is delivered again, to report that outcome without running. If the
+    stored outcome expires first, the job reads as "orphaned" instead, and runs again. Twice the
+    grace leaves room for the reconcile passes on either side and a short queue wait.
+    """
+    least = 2 * max(60.0, DONE_GRACE_LEASES * lease_s)
+    if key_ttl_s < least:
+        raise ConfigError(
+            f"key TTL {key_ttl_s:g} s is too short for a {lease_s:g} s lease: it must be at least "
+            f"{least:g} s (twice max(60 s, {DONE_GRACE_LEASES} leases)), or finished jobs whose "
+            "completion event was lost would run again"
+        )
 
 
 class Completions:
@@ -104,6 +126,15 @@ class Completions:
         self.index = LedgerIndex()
         #: Counters since this forwarder started.
         self.harvested = self.redelivered = self.refilled = self.segments_deleted = 0
+        #: Completion events dropped because they did not parse (garbled, forged, out of range).
+        self.dropped_events = 0
+        #: Refill: copies of finished jobs deleted from Redis; events for jobs the ledger already
+        #: held as terminal (a duplicate's report, a replay, or a finished job that ran again).
+        self.purged = self.late_events = 0
+        #: The id of the newest completion event harvested (the event watcher waits for newer).
+        self.last_event_id = "0-0"
+        #: A refill batch Redis has not accepted yet (tried again before the pass goes on).
+        self._refill_batch: tuple[list[Probe], list[Delivery]] | None = None
         self._writer: JournalWriter | None = None
         #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
         self._pushed_retries: dict[Loc, int] = {}
@@ -121,6 +152,9 @@ class Completions:
         self.stranded_grace_s = lease_s
         #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
         self._suspects: dict[Loc, tuple[str, float]] = {}
+        #: Jobs whose worker this process found vanished (it wrote, or confirmed, their newest
+        #: ``lost`` entry and pushed the next attempt): a later vanish of theirs is a new one.
+        self._lost_here: set[Loc] = set()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -159,11 +193,29 @@ class Completions:
             self.on_durable_write(time.perf_counter() - started)
         if apply:
             for entry in entries:
-                self.index.apply(entry)
+                if not self.index.apply(entry) and entry.event_id is not None:
+                    self._late(entry)
+
+    def _late(self, entry: Entry) -> None:
+        """Count (and log) an event that changed nothing: its job was terminal already."""
+        self.late_events += 1
+        if entry.dup:
+            log.info("job %s: duplicate delivery reported after the job had finished", entry.job_id)
+        else:
+            log.warning(
+                "job %s: an outcome (%s, attempt %d) arrived for a job the ledger holds as finished: "
+                "a replay of an event, or the job ran again",
+                entry.job_id,
+                entry.outcome or entry.kind,
+                entry.attempt,
+            )
 
     def record_invalid(self, record: Record) -> None:
         """Make a record that is not a job terminal (``invalid``), so its segment can go."""
-        loc = (record.writer_id, record.segment_index, record.offset)
+        self.record_invalid_at((record.writer_id, record.segment_index, record.offset))
+
+    def record_invalid_at(self, loc: Loc) -> None:
+        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self._append([Entry("done", "", loc, outcome="invalid", at=self.clock())])
 
     @property
@@ -181,6 +233,7 @@ class Completions:
             if not events:
                 return total
             entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            entries = self._drop_compacted(entries)
             self._append(entries)
             for entry in entries:
                 if entry.kind == "retry":
@@ -188,6 +241,7 @@ class Completions:
             crashpoints.reached("harvest_after_ledger")
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(self.checkpoint.owner, [ev.event_id for ev in events])
+            self.last_event_id = events[-1].event_id
             total += len(events)
             self.harvested += len(events)
             if len(events) < HARVEST_BATCH:
@@ -199,29 +253,14 @@ class Completions:
         ):
             return None  # forged or unauthenticated (hybridq.signing.admit_event logs and counts)
         try:
-            if body is None:
-                raise ValueError("not JSON")  # noqa: TRY301 - one handler for every garbled field
-            writer, segment, offset = body["loc"]
-            loc: Loc = (str(writer), int(segment), int(offset))
-            outcome, final = str(body["outcome"]), bool(body.get("final", True))
-            entry = Entry(
-                "done" if outcome == "succeeded" or final else "retry",
-                str(body["id"]),
-                loc,
-                outcome=outcome if outcome == "succeeded" or final else None,
-                attempt=int(body.get("attempt", 1)),
-                dup=bool(body.get("dup", False)),
-                error=body.get("error"),
-                run_at=self.clock() + float(body.get("retry_delay") or 0.0)
-                if outcome != "succeeded" and not final
-                else None,
-                at=float(body.get("at", self.clock())),
-                queue=body.get("queue"),
-                event_id=event_id,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            entry = parse_event(event_id, body, self.clock)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            # Dropped (and deleted from Redis with the batch): raising here would stop the
+            # forwarder on every start, on one bad event (docs/security.md).
+            self.dropped_events += 1
             log.error("dropping garbled completion event %s: %r", event_id, exc)
             return None
+        loc = entry.loc
         if self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in self.checkpoint.positions:
             # A late duplicate of a job long gone (its segment, or its whole chain, compacted
             # and forgotten): its outcome is already counted.
@@ -231,6 +270,17 @@ class Completions:
             if env is not None:
                 entry = dataclasses.replace(entry, job=env.to_dict())
         return entry
+
+    def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
+        """Drop late duplicates for segments below their chain's first present one.
+
+        Such a segment was compacted (its outcomes counted in the compaction state) even when its
+        chain was forgotten and then grew again, so ``is_compacted`` no longer says so.
+        """
+        if not entries:
+            return entries
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        return [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
 
     # -- retries ------------------------------------------------------------------------------
 
@@ -255,26 +305,43 @@ class Completions:
     # -- epoch and reconciliation -------------------------------------------------------------
 
     def check_epoch(self) -> None:
-        """Start a refill pass if Redis lost state or restarted since the epoch was set."""
+        """Start a refill pass if Redis lost state or restarted since the epoch was set.
+
+        Either way the generation goes up, and the epoch key records it with the server's
+        ``run_id``: workers refuse deliveries of an older generation (a snapshot or a lagging
+        replica brings back queue entries of jobs that finished since), and every claim while
+        the server's ``run_id`` is not the one recorded (it restarted, or a replica was promoted,
+        and this forwarder has not looked yet). Why a generation and not only the token: Redis
+        can bring back an older epoch key with its queue entries, and a generation orders them.
+        """
         token = self.transport.state_token(self.checkpoint.owner)
         cp = self.checkpoint
         if cp.epoch is not None and token.epoch == cp.epoch and token.run_id == cp.run_id:
+            if _generation(cp.epoch) is None:
+                # Set by a version without generations: the same epoch, in the fencing format.
+                cp.epoch = f"{cp.generation}:{token.run_id}:{uuid.uuid4().hex}"
+                self.transport.set_epoch(cp.owner, cp.epoch)
             return
-        if cp.epoch is None and not cp.positions:
+        refill = cp.epoch is not None or bool(cp.positions)
+        # Above the generation Redis holds too (a checkpoint restored from a backup is behind it).
+        generation = max(cp.generation, _generation(token.epoch or "") or 0) + 1 if refill else cp.generation
+        epoch = f"{generation}:{token.run_id}:{uuid.uuid4().hex}"
+        # Stored in Redis first, in the checkpoint by the forwarder's next save (before anything
+        # is pushed under the new generation): a crash in between only repeats the refill, under
+        # the same generation number; a Redis error changes nothing here (checked again later).
+        self.transport.set_epoch(cp.owner, epoch)
+        if not refill:
             log.info("setting this forwarder's epoch in Redis (owner %s)", cp.owner)
         elif token.epoch != cp.epoch:
             log.warning(
-                "Redis lost this forwarder's state (epoch key gone): re-forwarding every unfinished job"
+                "Redis lost or rolled back this forwarder's state (epoch key gone or older): "
+                "re-forwarding every unfinished job, purging finished ones it brought back"
             )
-            self._start_pass(refill=True)
         else:
             log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
+        cp.epoch, cp.run_id, cp.generation = epoch, token.run_id, generation
+        if refill:
             self._start_pass(refill=True)
-        cp.epoch = uuid.uuid4().hex
-        cp.run_id = token.run_id
-        # The new epoch is stored in Redis now, and in the checkpoint by the forwarder's next save;
-        # a crash in between only repeats the refill.
-        self.transport.set_epoch(cp.owner, cp.epoch)
 
     def hurry(self, *, reconcile: bool = True) -> None:
         """Run compaction (and a reconcile pass) at the next step, whatever their timers say."""
@@ -313,6 +380,8 @@ class Completions:
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
         self._snapshot_positions()
+        if self._refill_batch is not None:
+            self._send_refill()  # Redis refused the last one: nothing further before it
         if self._pass is None:
             if time.monotonic() < self._next_pass:
                 return []
@@ -320,7 +389,7 @@ class Completions:
         assert self._pass is not None
         batch: list[tuple[Loc, Envelope]] = []
         for record in self._pass:
-            candidate = self._candidate(record)
+            candidate = self._candidate(record, with_terminal=self._pass_refill)
             if candidate is not None:
                 batch.append(candidate)
                 if len(batch) >= PROBE_BATCH:
@@ -331,21 +400,25 @@ class Completions:
             ended = time.monotonic()
             self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
             self._suspects = {loc: s for loc, s in self._suspects.items() if not self.index.is_terminal(loc)}
+            self._lost_here = {loc for loc in self._lost_here if not self.index.is_terminal(loc)}
         refill = self._pass_refill
         if self._pass is None:
             self._pass_refill = False
         if not batch:
             return []
         if refill:
-            self.refilled += len(batch)
-            return [self.delivery(env, loc, self.index.attempts(loc) + 1) for loc, env in batch]
+            self._refill(batch)
+            return []
         verdicts = self.transport.probe(
             [Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=self.lease_s
         )
         return self._redeliveries(batch, verdicts)
 
-    def _candidate(self, record: Record) -> tuple[Loc, Envelope] | None:
-        """A forwarded job that is not terminal and not waiting for its time, else ``None``."""
+    def _candidate(self, record: Record, *, with_terminal: bool = False) -> tuple[Loc, Envelope] | None:
+        """A forwarded job that is not terminal and not waiting for its time, else ``None``.
+
+        ``with_terminal`` (a refill pass): terminal jobs too, so their copies can be purged.
+        """
         if record.rtype != RecordType.DATA:
             return None
         loc = (record.writer_id, record.segment_index, record.offset)
@@ -354,7 +427,12 @@ class Completions:
         if not record.consumed_by(self._pass_limit):
             return None
         if self.index.is_terminal(loc):
-            return None
+            if not with_terminal:
+                return None
+            try:
+                return loc, Envelope.from_bytes(record.payload)
+            except EnvelopeError:
+                return None
         retry = self.index.retries.get(loc)
         if retry is not None and self._pushed_retries.get(loc, 0) <= retry[1]:
             return None  # its next attempt is not due (or not pushed) yet
@@ -365,6 +443,30 @@ class Completions:
         if env.run_at is not None and env.run_at > self.clock():
             return None  # a delayed job the forwarder still holds
         return loc, env
+
+    def _refill(self, batch: Sequence[tuple[Loc, Envelope]]) -> None:
+        """One batch of a refill pass: purge finished jobs' copies, bring the others up to date."""
+        terminal: list[Probe] = []
+        live: list[Delivery] = []
+        for loc, env in batch:
+            if self.index.is_terminal(loc):
+                terminal.append(Probe(env.id, env.key_id, env.queue))
+            else:
+                live.append(self.delivery(env, loc, self.index.attempts(loc) + 1))
+        self._refill_batch = (terminal, live)
+        self._send_refill()
+
+    def _send_refill(self) -> None:
+        assert self._refill_batch is not None
+        terminal, live = self._refill_batch
+        result = self.transport.refill(terminal, live)  # TransportError: kept, tried again
+        self._refill_batch = None
+        self.refilled += result.requeued
+        self.purged += result.purged
+        if result.purged:
+            log.warning(
+                "refill: deleted %d queued copies of finished jobs that Redis brought back", result.purged
+            )
 
     def _redeliveries(self, batch: Sequence[tuple[Loc, Envelope]], verdicts: Sequence[str]) -> list[Delivery]:
         out: list[Delivery] = []
@@ -382,7 +484,17 @@ class Completions:
             if verdict == "missing":
                 out.append(self.delivery(env, loc, attempt))
             elif verdict == "orphaned":
-                times = self.index.lost.get(loc, (0, 0))[1] + 1
+                lost_attempt, times = self.index.lost.get(loc, (0, 0))
+                if lost_attempt and lost_attempt == attempt - 1 and loc not in self._lost_here:
+                    # The newest thing known of this job is a `lost` entry an earlier forwarder
+                    # wrote; it may have died before pushing the attempt that entry promised, so
+                    # this may be the same vanish: push that attempt, count nothing. (Had it been
+                    # pushed and lost too, the push is stale and the next pass counts it.)
+                    self._lost_here.add(loc)
+                    out.append(self.delivery(env, loc, attempt, force=True))
+                    continue
+                self._lost_here.add(loc)
+                times += 1
                 if times >= self.max_lost:
                     log.error("job %s: its worker vanished %d times; failing it for good", env.id, times)
                     error = f"the worker running it vanished {times} times (killed, or lost its lease)"
@@ -422,7 +534,7 @@ class Completions:
         return True
 
     def delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
-        """A delivery of ``env``: this forwarder's owner id, lease and key lifetime."""
+        """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation."""
         return Delivery(
             env,
             self.checkpoint.owner,
@@ -431,6 +543,7 @@ class Completions:
             force=force,
             lease_s=self.lease_s,
             key_ttl_s=self.key_ttl_s,
+            gen=self.checkpoint.generation,
         )
 
     def _envelope_at(self, loc: Loc) -> Envelope | None:
@@ -457,3 +570,9 @@ class Completions:
         if forgot and self._compactor is not None:
             self._compactor.forgot_chains = False
         return forgot
+
+
+def _generation(epoch: str) -> int | None:
+    """The generation an epoch token carries (``"gen:run_id:token"``); ``None`` for an older format."""
+    head = epoch.split(":", 1)[0]
+    return int(head) if ":" in epoch and head.isdigit() else None

@@ -10,7 +10,9 @@ Answers "is anything lost or stuck?" for one journal directory:
 * **duplicate queue entries**: one job id more than once in an RQ queue list;
 * **in RQ's intermediate lists**: taken by a worker and not started (normally for milliseconds);
 * **unknown**: hybridq jobs of this forwarder queued in Redis that the journal does not have
-  as pending (finished already, or from a journal that was replaced).
+  as pending (finished already, or from a journal that was replaced);
+* **waiting for a worker**: pending jobs a worker recently left because it cannot run them (the
+  task does not import there, or no ``--allow`` covers it; :mod:`hybridq.waiting`), with why.
 
 A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
 meanwhile (pushes are idempotent per job id).
@@ -28,7 +30,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from hybridq import keys
+from hybridq import keys, waiting
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, HybridqError, TransportError
 from hybridq.journal import ChainPosition, JournalReader, RecordType
@@ -46,6 +48,8 @@ __all__ = ["DoctorReport", "diagnose"]
 BATCH = 1000
 #: Ids listed per finding (the counts are always complete).
 EXAMPLES = 10
+#: Jobs read from the waiting list (hybridq.waiting).
+WAITING_LIMIT = 1000
 
 
 @dataclass
@@ -60,12 +64,21 @@ class DoctorReport:
     duplicate_entries: dict[str, int] = field(default_factory=dict)
     intermediate: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    #: Pending jobs a worker left because it cannot run them: id, func, queue, reason, worker, at.
+    waiting: list[dict[str, Any]] = field(default_factory=list)
     fixed: int = 0
 
     @property
     def healthy(self) -> bool:
-        """Nothing missing, stranded, orphaned, duplicated or unknown."""
-        return not (self.missing or self.stranded or self.orphaned or self.duplicate_entries or self.unknown)
+        """Nothing missing, stranded, orphaned, duplicated, unknown or waiting for a worker."""
+        return not (
+            self.missing
+            or self.stranded
+            or self.orphaned
+            or self.duplicate_entries
+            or self.unknown
+            or self.waiting
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The report as one JSON object (id lists are complete)."""
@@ -98,8 +111,10 @@ def diagnose(
         _inspect_queues(
             transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
         )
+        listed = waiting.current(transport.connection, limit=WAITING_LIMIT).examples
     except RedisError as exc:
         raise TransportError(f"Redis: {exc}") from exc
+    report.waiting = [w for w in listed if w.get("id") in pending]  # not run by another since
     if fix:
         redo = [
             Delivery(
@@ -159,7 +174,7 @@ def _inspect_queues(
 ) -> None:
     conn = transport.connection
     known = {_text(q) for q in conn.smembers(keys.rq_queues())}
-    names = queues | {q.removeprefix("rq:queue:") for q in known}
+    names = queues | {q.removeprefix(keys.rq_queue("")) for q in known}
     for name in sorted(names):
         ids = [_text(i) for i in conn.lrange(keys.rq_queue(name), 0, -1)]
         seen: dict[str, int] = {}

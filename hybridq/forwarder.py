@@ -22,16 +22,17 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
-from hybridq.completions import Completions
+from hybridq.completions import Completions, check_key_ttl
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError
+from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError, UnencodableJobs
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
@@ -51,6 +52,8 @@ EPOCH_CHECK_S = 1.0
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: How long the event watcher blocks on the completion stream per call (seconds).
+WATCH_BLOCK_S = 0.5
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Forwarder:
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        check_key_ttl(lease_s, key_ttl_s)  # ConfigError before anything is created
         # The forwarder may start before any producer has: it creates the directory (0700).
         self.journal = ensure_journal_dir(journal)
         self.transport = transport
@@ -136,9 +140,14 @@ class Forwarder:
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._reader: JournalReader | None = None
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
+        self._watcher: threading.Thread | None = None
+        #: Set by the loop after each harvest: the watcher waits for it before it looks again.
+        self._harvested = threading.Event()
+        self._watch_stop = threading.Event()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -148,7 +157,14 @@ class Forwarder:
         Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
         own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
         """
-        self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME))
+        # Held while it runs: the lock is taken in this very directory, and every step checks
+        # that the path still leads here (a swapped-in journal is never forwarded from).
+        self._dir_fd = open_journal_dir(self.journal)
+        try:
+            self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME), dir_fd=self._dir_fd)
+        except BaseException:
+            self.close()
+            raise
         try:
             report = recover(self.journal)
             for torn in report.repaired:
@@ -184,6 +200,11 @@ class Forwarder:
                 log.warning(
                     "cannot listen for producers' nudges (%s): polling every %.1f s", exc, self.idle_timeout_s
                 )
+            if self._listener is not None and self.transport.blocking_events:
+                self._watcher = threading.Thread(
+                    target=self._watch, name="hybridq-event-watcher", daemon=True
+                )
+                self._watcher.start()
         except BaseException:
             self.close()
             raise
@@ -196,6 +217,11 @@ class Forwarder:
 
     def close(self) -> None:
         """Release the socket, the ledger and the lock. Idempotent."""
+        if self._watcher is not None:
+            self._watch_stop.set()
+            self._harvested.set()
+            self._watcher.join(WATCH_BLOCK_S * 2)  # it blocks in Redis for at most that long
+            self._watcher = None
         if self.completions is not None:
             self.completions.close()
         if self._listener is not None:
@@ -204,6 +230,9 @@ class Forwarder:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def __enter__(self) -> Self:
         self.open()
@@ -265,22 +294,36 @@ class Forwarder:
         Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
         (after the new records, so that it never delays a new job's push).
         """
+        if self._dir_fd is not None:
+            check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
         return done
 
     def _forward_new(self) -> int:
+        reader = self._require_reader()
+        try:
+            return self._read_and_deliver(reader)
+        except BaseException:
+            # The reader has moved past records whose batch was not delivered (a full disk while
+            # recording an invalid record, a failed save, a stop): read them again next time.
+            # Everything before the checkpoint's positions is pushed already.
+            reader.seek(self.checkpoint.positions)
+            raise
+
+    def _read_and_deliver(self, reader: JournalReader) -> int:
         done = 0
         batch: list[Delivery] = []
-        reader = self._require_reader()
         for record in reader.records():
+            loc = (record.writer_id, record.segment_index, record.offset)
+            if self._require_completions().index.is_terminal(loc):
+                # Finished already (a checkpoint lost or older than the ledger), or an invalid
+                # record recorded before a step was retried: never counted twice.
+                continue
             env = self._decode(record, record_invalid=True)
             if env is None:
                 continue
-            loc = (record.writer_id, record.segment_index, record.offset)
-            if self._require_completions().index.is_terminal(loc):
-                continue  # finished already (a checkpoint lost or older than the ledger)
             if env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
                 continue
@@ -313,7 +356,9 @@ class Forwarder:
         try:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
-            if c.harvest():
+            harvested = c.harvest()
+            self._harvested.set()
+            if harvested:
                 self._save(0)  # publishes the terminal count (producers' capacity check)
             retries = c.due_retries()
             if retries:
@@ -361,6 +406,29 @@ class Forwarder:
         else:
             self._sleep(timeout)  # no nudges: poll (a stop still wakes it within 50 ms)
 
+    def _watch(self) -> None:
+        """The event watcher (a thread): nudge the loop as soon as a completion event arrives.
+
+        A finished job whose event waits in Redis runs again if Redis loses it before the
+        harvest (the one window in docs/guarantees.md): harvesting only on producers' nudges and
+        the idle timeout left it open up to a second. The watcher blocks on the stream (XREAD
+        BLOCK) and wakes the loop through its own nudge socket, so the loop still sleeps in one
+        place and a producer's nudge wakes it as before. After a nudge it waits until the loop
+        has harvested, so it never spins on events the loop has not taken yet.
+        """
+        completions = self._require_completions()
+        owner = self.checkpoint.owner
+        while not self._watch_stop.is_set():
+            try:
+                found = self.transport.wait_events(owner, completions.last_event_id, WATCH_BLOCK_S)
+            except Exception:  # Redis down, or anything else: the loop's idle timeout still harvests
+                self._watch_stop.wait(WATCH_BLOCK_S)
+                continue
+            if found and not self._watch_stop.is_set() and self._listener is not None:
+                self._harvested.clear()
+                nudge(self.journal, name=self._listener.name)
+                self._harvested.wait(self.idle_timeout_s + WATCH_BLOCK_S)
+
     # -- pieces -------------------------------------------------------------------------------
 
     def _require_reader(self) -> JournalReader:
@@ -396,7 +464,10 @@ class Forwarder:
     def _hold(self, env: Envelope, record: Record) -> None:
         assert env.run_at is not None
         held = Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset)
-        bisect.insort(self.checkpoint.held, held)
+        at = bisect.bisect_left(self.checkpoint.held, held)
+        if at < len(self.checkpoint.held) and self.checkpoint.held[at] == held:
+            return  # read again after a step was retried: held once
+        self.checkpoint.held.insert(at, held)
 
     def _forward_due(self) -> int:
         """Push held jobs whose time has come, then drop them from the checkpoint."""
@@ -432,7 +503,8 @@ class Forwarder:
         except FileNotFoundError:
             log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
             return None
-        return self._decode(record)
+        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+        return self._decode(record, record_invalid=True)
 
     def _clamp_checkpoint(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -487,6 +559,12 @@ class Forwarder:
         while True:
             try:
                 result = self.transport.push(batch)
+            except UnencodableJobs as exc:
+                # Not an outage: these would fail again on every retry, holding back the rest.
+                batch = self._drop_unencodable(batch, exc)
+                if not batch:
+                    return
+                continue
             except TransportError as exc:
                 self._went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))
@@ -502,14 +580,30 @@ class Forwarder:
             self.checkpoint.duplicate_pushes += result.already_present
             return
 
+    def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:
+        """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""
+        refused = {id(delivery) for delivery, _ in exc.rejected}
+        for delivery, reason in exc.rejected:
+            self._require_completions().record_invalid_at(delivery.loc)
+            self.checkpoint.invalid += 1
+            log.error(
+                "skipping job %s (record %s:%d:%d): the transport cannot encode it: %s",
+                delivery.envelope.id,
+                *delivery.loc,
+                reason,
+            )
+        return [d for d in batch if id(d) not in refused]
 
-def _take_lock(path: str, *, patience_s: float = 1.0) -> int:
+
+def _take_lock(path: str, *, patience_s: float = 1.0, dir_fd: int | None = None) -> int:
     """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it.
 
     Retries for ``patience_s``: ``hybridq status`` probes the lock for an instant, and a
-    forwarder (re)starting at that instant must not give up.
+    forwarder (re)starting at that instant must not give up. With ``dir_fd``, the file is
+    opened by its name in that directory.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    name = os.path.basename(path) if dir_fd is not None else path
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     deadline = time.monotonic() + patience_s
     while True:
         try:

@@ -49,6 +49,10 @@ class Checkpoint:
     #: The epoch token last stored in Redis, and the Redis run id it was stored under.
     epoch: str | None = None
     run_id: str | None = None
+    #: The epoch generation: bumped each time Redis restarted or lost the epoch key. Every
+    #: delivery carries the generation it was pushed under, and workers refuse one older than
+    #: the generation in the epoch key (see ``Completions.check_epoch``).
+    generation: int = 0
     #: Jobs durably terminal (ledger and compacted segments), as of this save: producers read it
     #: for their capacity check without reading the ledger.
     terminal: int = 0
@@ -65,6 +69,7 @@ class Checkpoint:
             "owner": self.owner,
             "epoch": self.epoch,
             "run_id": self.run_id,
+            "generation": self.generation,
             "terminal": self.terminal,
         }
         return json.dumps(body, separators=(",", ":")).encode()
@@ -83,6 +88,7 @@ class Checkpoint:
                 owner=str(body.get("owner") or uuid.uuid4().hex[:16]),
                 epoch=body.get("epoch"),
                 run_id=body.get("run_id"),
+                generation=int(body.get("generation", 0)),
                 terminal=int(body.get("terminal", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:

@@ -16,19 +16,22 @@ function but :func:`execute` (or one :mod:`hybridq.allow` allows, when no signin
 configured) before it imports anything. Then, for each delivery, :func:`execute`:
 
 0. **checks** the envelope's signature when this worker holds a signing key
-   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`); a job
-   failing either fails for good, reported to the forwarder, with nothing imported or claimed;
+   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`) and
+   imports; a job failing the signature or refused for security fails for good, reported to
+   the forwarder, with nothing imported or claimed; one this worker is merely not set up for
+   (no ``--allow`` covers it, or its task does not import here) is left for another worker,
+   with no attempt used (:func:`_leave`, :mod:`hybridq.waiting`);
 1. **claims** the idempotency key in one script: a stored success (or a final failure) is
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
    second waits, then finds the first one's result);
-2. **renews** the lease from a thread (one per process) while the task runs: when the worker or
-   its work-horse is killed, the lease expires within ``lease_s`` and the forwarder delivers the
-   job again;
+2. **renews** the lease from a thread (one per process) while the task runs and until its
+   outcome is stored or given up: when the worker or its work-horse is killed, the lease expires
+   within ``lease_s`` and the forwarder delivers the job again;
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
-This module is the worker side of DESIGN.md's layers: it must not import the journal.
+This module is the worker side: it must not import the journal (pyproject.toml's import-linter contracts).
 """
 
 from __future__ import annotations
@@ -53,14 +56,24 @@ from rq import get_current_job
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from hybridq import keys
+from hybridq import keys, waiting
 from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
 from hybridq.signing import EVENT_MAC, SignatureError, expiry_refusal, keyring, sign_event
+from hybridq.waiting import TaskUnavailable
 
-__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
+__all__ = [
+    "ENTRY_POINT",
+    "DuplicateOfFailedJob",
+    "Job",
+    "NotAllowed",
+    "StaleDelivery",
+    "TaskUnavailable",
+    "execute",
+    "run_worker",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -81,13 +94,45 @@ RECONNECT_MAX_S = 5.0
 #: An RQ loop that served this long before it ended starts the restart backoff from scratch.
 STABLE_S = 60.0
 
-# KEYS: result, lease, RQ's job hash. ARGV: token, lease ms, job id, requeue, attempt.
+# KEYS: result, lease, RQ's job hash, the owner's epoch key. ARGV: token, lease ms, job id,
+# requeue, attempt, the delivery's epoch generation.
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
-# delivery runs it now).
+# delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
+# forwarder's current epoch (an older snapshot, a lagging replica promoted), or restarted and
+# the forwarder has not yet noticed; the job may have finished already, so it must not run (the
+# forwarder's refill pass delivers it again if its ledger says it has not finished).
+#
+# The epoch key holds "generation:run_id:token" (Completions.check_epoch). A delivery older than
+# the generation is stale. A run_id that is not the server's own means this server's state is
+# not the one the forwarder last saw (restarted, or a replica promoted): every claim waits for
+# the forwarder to look (within about a second), as its ledger alone knows what finished. INFO
+# costs about 4 us per claim (redis 6.2); an ACL that denies it leaves the generation check.
+# No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
+# KEYS[4] (a caller of the older script's arguments), fences nothing.
 _CLAIM = """
 if redis.call("GET", KEYS[2]) == ARGV[1] then
     return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
+end
+local epoch = KEYS[4] and redis.call("GET", KEYS[4])
+if epoch then
+    local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
+    local why = nil
+    if gen and (tonumber(ARGV[6]) or 0) < tonumber(gen) then
+        why = "stale"
+    elseif gen and run_id ~= "" then
+        local info = redis.pcall("INFO", "server")
+        local current = type(info) == "string" and string.match(info, "run_id:(%x+)")
+        if current and current ~= run_id then
+            why = "unchecked"
+        end
+    end
+    if why then
+        if redis.call("EXISTS", KEYS[3]) == 1 then
+            redis.call("HSET", KEYS[3], "hybridq_fenced", "1")  -- for the refill pass
+        end
+        return {4, why}
+    end
 end
 local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
 local stored = redis.call("GET", KEYS[1])
@@ -165,6 +210,10 @@ class DuplicateOfFailedJob(Exception):
     """The idempotency key already failed for good: this delivery reports that failure."""
 
 
+class StaleDelivery(Exception):
+    """An old copy of an attempt that already failed: this delivery reports that failure again."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     envelope: Envelope
@@ -173,6 +222,7 @@ class _Delivery:
     attempt: int
     lease_s: float
     key_ttl_s: float
+    gen: int = 0
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> _Delivery:
@@ -183,6 +233,7 @@ class _Delivery:
             attempt=int(raw.get("attempt", 1)),
             lease_s=float(raw.get("lease", 10.0)),
             key_ttl_s=float(raw.get("key_ttl", 86400.0)),
+            gen=int(raw.get("gen", 0)),
         )
 
 
@@ -202,7 +253,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not _CLAIMED:
         return answer
     d, env = run.d, run.d.envelope
-    renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
+    run.renewal = renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
     context = _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
@@ -212,9 +263,15 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         value = _call(env)
     except Exception as exc:
         error = exc
+    except BaseException:
+        _release(run)  # no outcome will be stored: let the lease lapse
+        raise
     finally:
         _current.reset(context)
-        _renewer().remove(renewal)
+    # The lease is renewed until the outcome is stored or given up (_release): were it to lapse
+    # while the outcome call fails, another delivery would run the finished task again. The
+    # deadline ends the renewals even if nothing releases them.
+    renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
     outcome = {
@@ -230,7 +287,10 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     }
     run.finish = _finish_call(run, outcome)
     if not run.deferred:
-        _finish(conn, run)
+        try:
+            _finish(conn, run)
+        finally:
+            _release(run)
     # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
     if error is not None:
         raise error
@@ -259,7 +319,19 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
             log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
-            _report(conn, d, json.loads(stored), dup=False)
+            failure = json.loads(stored)
+            _report(conn, d, failure, dup=False)
+            # RQ records this copy failed, as hybridq has it (returning would record it finished).
+            raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
+        if status == 4:
+            # Not a failure of the job: nothing ran, and nothing is reported.
+            log.warning(
+                "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
+                "the forwarder delivers it again if it has not finished",
+                env.id,
+                d.attempt,
+                stored.decode() if isinstance(stored, bytes) else stored,
+            )
             return None
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
@@ -288,14 +360,23 @@ class _Run:
     deferred: bool = False
     #: The outcome script's keys and arguments, once the task ran.
     finish: tuple[list[str], list[str | int]] | None = None
+    #: The lease's renewal, from the claim until the outcome is stored or given up.
+    renewal: _Renewal | None = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: _Delivery) -> _Run:
         env = d.envelope
         token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
-        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id)]
-        claim_args: list[str | int] = [token, max(1, int(d.lease_s * 1000)), env.id, env.requeue, d.attempt]
+        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
+        claim_args: list[str | int] = [
+            token,
+            max(1, int(d.lease_s * 1000)),
+            env.id,
+            env.requeue,
+            d.attempt,
+            d.gen,
+        ]
         return cls(raw, d, token, claim_keys, claim_args)
 
 
@@ -325,7 +406,11 @@ def _plan(rq_job: RQJob) -> _Run | None:
             return None
         raw = rq_job.args[0]
         d = _Delivery.parse(raw)
-        if _misrouted(rq_job, d.envelope) is not None or _refusal(d.envelope) is not None:
+        if (
+            _misrouted(rq_job, d.envelope) is not None
+            or _refusal(d.envelope) is not None
+            or waiting.unimportable(d.envelope.func) is not None
+        ):
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
@@ -353,8 +438,9 @@ def _refusal(env: Envelope) -> Exception | None:
     The signature first (a job changed in Redis could name any allowed function), then the
     allowlist: :func:`hybridq.allow.resolve`, which imports the allowed module to see what the
     path leads to (this runs in the process that runs the task). A module or name that does not
-    exist is not a refusal: the task fails as before, in :func:`_call`, and is retried. A key
-    configured but unreadable raises SigningKeyError: fail closed, never fall back to unsigned.
+    import here is not a refusal: :func:`_admit` leaves the job for another worker
+    (:func:`hybridq.waiting.unimportable`). A key configured but unreadable raises
+    SigningKeyError: fail closed, never fall back to unsigned.
     """
     ring = keyring()
     if ring is not None:
@@ -369,7 +455,7 @@ def _refusal(env: Envelope) -> Exception | None:
         resolve(env.func)
     except NotAllowed as exc:
         return exc
-    except Exception:  # noqa: S110 - _call meets it again, as the task's error
+    except Exception:  # noqa: S110 - _admit finds it unimportable and says why
         pass
     return None
 
@@ -406,16 +492,43 @@ def _check_route(rq_job: RQJob, env: Envelope) -> None:
 
 
 def _admit(conn: redis.Redis, d: _Delivery) -> None:
-    """Refuse (report, then raise) a delivery whose signature or function this worker refuses.
+    """Refuse or leave (raise) a delivery this worker will not or cannot run; before the claim.
 
-    Before anything is imported or claimed. A refused job fails for good (a retry would be
-    refused the same way), and the forwarder records it. A key that cannot be read raises
-    SigningKeyError here: nothing runs, nothing is reported, and the forwarder delivers the job
-    again later.
+    Before anything is imported or claimed. A refused job (a bad signature, a function refused
+    although its module is allowed here, a standard-library function) fails for good (a retry
+    would be refused the same way), and the forwarder records it. A job this worker is merely
+    not set up for (no ``--allow`` covers its module, or its task does not import here: a
+    rolling deploy) is left for a worker that can run it, with no attempt used
+    (:func:`_leave`). A key that cannot be read raises SigningKeyError here: nothing runs,
+    nothing is reported, and the forwarder delivers the job again later.
     """
-    error = _refusal(d.envelope)
+    env = d.envelope
+    error = _refusal(env)
     if error is not None:
+        if waiting.not_set_up_for(env.func, error):
+            _leave(conn, d, str(error))
         _refuse(conn, d, error)
+    reason = waiting.unimportable(env.func)
+    if reason is not None:
+        _leave(conn, d, reason)
+
+
+def _leave(conn: redis.Redis, d: _Delivery, reason: str) -> NoReturn:
+    """Leave the job for a worker that can run it: no claim, no attempt used, nothing reported.
+
+    RQ marks this delivery failed; the task never started, so the forwarder's reconcile pass
+    finds the job stranded and delivers the same attempt again about two leases later. The job
+    is listed in :mod:`hybridq.waiting` meanwhile (``hybridq status``, ``hybridq doctor``).
+    """
+    env = d.envelope
+    message = f"{reason}; left for a worker that can run it (no attempt used)"
+    log.warning("job %s: %s", env.id, message)
+    info = {"func": env.func, "queue": env.queue, "reason": reason, "worker": socket.gethostname()}
+    try:
+        waiting.record(conn, env.id, info, lease_s=d.lease_s)
+    except RedisError as exc:  # visibility only: the job is left either way
+        log.warning("job %s: cannot list it as waiting: %s", env.id, exc)
+    raise TaskUnavailable(message)
 
 
 def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
@@ -460,7 +573,7 @@ def _finish_call(run: _Run, outcome: Mapping[str, Any]) -> tuple[list[str], list
     if EVENT_MAC in event:  # what _FINISH makes of the event when it keeps a success, signed
         kept = {k: v for k, v in event.items() if k not in (EVENT_MAC, "error", "retry_delay")}
         args.append(json.dumps(sign_event(d.owner, {**kept, "outcome": "succeeded", "final": True})))
-    result_key, lease_key, _ = run.claim_keys
+    result_key, lease_key = run.claim_keys[:2]
     return [result_key, lease_key, keys.events(d.owner)], args
 
 
@@ -469,6 +582,13 @@ def _finish(conn: redis.Redis, run: _Run) -> None:
     assert run.finish is not None
     keys_, args = run.finish
     _finished(run, _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args)))
+
+
+def _release(run: _Run) -> None:
+    """Stop renewing ``run``'s lease: its outcome is stored, or was given up."""
+    if run.renewal is not None:
+        _renewer().remove(run.renewal)
+        run.renewal = None
 
 
 def _finished(run: _Run, kept: int) -> None:
@@ -586,6 +706,8 @@ class _Renewal:
     interval_s: float
     due: float
     lost: bool = False
+    #: When to stop renewing even if nobody removed it (monotonic; set once the task returned).
+    until: float = math.inf
 
 
 class _LeaseRenewer:
@@ -625,6 +747,7 @@ class _LeaseRenewer:
         while True:
             with self._wake:
                 now = time.monotonic()
+                self._renewals -= {r for r in self._renewals if r.until <= now}
                 due = [r for r in self._renewals if r.due <= now]
                 if not due:
                     soonest = min((r.due for r in self._renewals), default=now + 60.0)
@@ -644,6 +767,9 @@ class _LeaseRenewer:
         except RedisError as exc:
             log.warning("cannot renew the lease on %s: %s", r.key, exc)
             return
+        with self._wake:
+            if r not in self._renewals:
+                return  # its outcome was stored meanwhile (which frees the lease)
         if not renewed and not r.lost:
             r.lost = True
             log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)

@@ -9,7 +9,17 @@ from typing import Any, Literal
 
 from hybridq.envelope import Envelope
 
-__all__ = ["Delivery", "Event", "Loc", "Probe", "PushResult", "StateToken", "Transport", "Verdict"]
+__all__ = [
+    "Delivery",
+    "Event",
+    "Loc",
+    "Probe",
+    "PushResult",
+    "RefillResult",
+    "StateToken",
+    "Transport",
+    "Verdict",
+]
 
 #: Where a job's record is in the journal: ``(writer id, segment index, offset)`` (a requeued
 #: job has a new one). Spelled here, not imported, so the port does not depend on the journal.
@@ -27,6 +37,16 @@ class PushResult:
     pushed: int
     #: Jobs the backend already knew (same job id): not queued a second time.
     already_present: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefillResult:
+    """What one :meth:`Transport.refill` did."""
+
+    #: Unfinished jobs queued again, or whose queued copy was rewritten under the new generation.
+    requeued: int
+    #: Queued copies of finished jobs deleted.
+    purged: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,10 @@ class Delivery:
     lease_s: float = 10.0
     #: How long the outcome stays stored under the idempotency key (seconds).
     key_ttl_s: float = 86400.0
+    #: The forwarder's epoch generation when it made this delivery: a worker refuses a delivery
+    #: older than the generation in the owner's epoch key (Redis brought it back from before
+    #: its state was lost or rolled back; see ``Completions.check_epoch``).
+    gen: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The single argument of the worker's entry point (``hybridq.worker.execute``)."""
@@ -60,6 +84,7 @@ class Delivery:
             "attempt": self.attempt,
             "lease": self.lease_s,
             "key_ttl": self.key_ttl_s,
+            "gen": self.gen,
         }
 
 
@@ -109,6 +134,30 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> None:
         """Raise :class:`~hybridq.errors.TransportError` unless the backend answers."""
+
+    def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:  # noqa: ARG002
+        """After the epoch changed: purge ``terminal`` jobs' queued copies, bring ``live`` ones up.
+
+        ``terminal``: jobs the ledger holds as finished; a copy of one still *queued* (Redis
+        brought it back from an older state) is deleted, hash and queue entry. ``live``: the
+        unfinished jobs, each as a delivery under the new generation: queued again if missing or
+        refused by a worker as stale, its queued copy rewritten in place if it has one (so it keeps
+        its place in the queue), left alone if a worker runs or ran it (the reconcile pass sees to
+        those).
+
+        The default only pushes ``live`` (a transport without epoch fencing).
+        """
+        return RefillResult(self.push(live).pushed, 0)
+
+    #: Whether :meth:`wait_events` blocks until an event arrives (else the forwarder polls).
+    blocking_events: bool = False
+
+    def wait_events(self, owner: str, after: str, timeout_s: float) -> bool:  # noqa: ARG002
+        """Wait up to ``timeout_s`` for an event of ``owner`` newer than ``after``; whether one is there.
+
+        The default waits for nothing (see :attr:`blocking_events`).
+        """
+        return False
 
     @abc.abstractmethod
     def harvest(self, owner: str, limit: int) -> list[Event]:

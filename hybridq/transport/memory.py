@@ -8,6 +8,7 @@ everything (:meth:`MemoryTransport.forget`), and it has a simulated worker (:met
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 from hybridq.envelope import Envelope
 from hybridq.errors import TransportError
 
-from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
+from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
 
 __all__ = ["MemoryTransport"]
 
@@ -50,6 +51,8 @@ class MemoryTransport(Transport):
         self.run_id = uuid.uuid4().hex
         #: Task runs (the simulated worker called the function), per job id.
         self.executions: dict[str, int] = {}
+        #: Job ids whose delivery a worker refused as older than the owner's epoch (never run).
+        self.fenced: set[str] = set()
         #: While true, every call raises TransportError.
         self.down = False
         self._failures = 0
@@ -80,6 +83,34 @@ class MemoryTransport(Transport):
             self.leases.clear()
             self.events.clear()
             self.epochs.clear()
+            self.fenced.clear()
+            self.run_id = uuid.uuid4().hex
+
+    #: What :meth:`snapshot` keeps: everything Redis would have in its dump.
+    _STATE = (
+        "queues",
+        "jobs",
+        "deliveries",
+        "runs",
+        "claimed",
+        "status",
+        "results",
+        "leases",
+        "events",
+        "epochs",
+        "fenced",
+    )
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the whole state, as an RDB snapshot (``SAVE``) would keep it."""
+        with self._lock:
+            return {name: copy.deepcopy(getattr(self, name)) for name in self._STATE}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Restart from ``snapshot`` (a new run id): what happened since is gone."""
+        with self._lock:
+            for name in self._STATE:
+                setattr(self, name, copy.deepcopy(snapshot[name]))
             self.run_id = uuid.uuid4().hex
 
     def _check(self) -> None:
@@ -114,12 +145,43 @@ class MemoryTransport(Transport):
                 self.deliveries[env.id] = delivery
                 self.runs[env.id] = run
                 self.claimed.pop(env.id, None)
+                self.fenced.discard(env.id)
                 self.status[env.id] = "queued"
                 self.queues.setdefault(env.queue, []).append(env.id)
                 pushed += 1
             if failing:
                 raise TransportError(f"injected failure after {limit} jobs")
             return PushResult(pushed, present)
+
+    def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
+        """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""
+        with self._lock:
+            self._check()
+            purged = requeued = 0
+            for job in terminal:
+                if self.status.get(job.job_id) == "queued" and job.job_id not in self.fenced:
+                    self._unqueue(job.job_id)
+                    for table in (self.jobs, self.deliveries, self.runs, self.claimed, self.status):
+                        table.pop(job.job_id, None)
+                    purged += 1
+            for delivery in live:
+                job_id = delivery.envelope.id
+                if job_id in self.fenced or job_id not in self.jobs:
+                    self.fenced.discard(job_id)
+                    self._unqueue(job_id)
+                    self.jobs.pop(job_id, None)
+                    self.push([delivery])
+                    requeued += 1
+                elif self.status.get(job_id) == "queued":
+                    self.deliveries[job_id] = delivery  # rewritten in place: keeps its place
+                    self.runs[job_id] = delivery.envelope.requeue * 100000 + delivery.attempt
+                    requeued += 1
+            return RefillResult(requeued, purged)
+
+    def _unqueue(self, job_id: str) -> None:
+        for ids in self.queues.values():
+            if job_id in ids:
+                ids.remove(job_id)
 
     def ping(self) -> None:
         """Raise TransportError while down."""
@@ -213,6 +275,12 @@ class MemoryTransport(Transport):
         """Handle one taken delivery: suppress a duplicate, or run ``func`` and record it."""
         env = delivery.envelope
         with self._lock:
+            if self._fenced(delivery):
+                # hybridq.worker's _CLAIM: older than the owner's epoch, or a restart the
+                # forwarder has not seen yet: not run, not reported.
+                self.fenced.add(env.id)
+                self.status[env.id] = "finished"
+                return
             stored = self.results.get(env.key_id)
             # The claim rule of hybridq.worker: a success, or a final failure of this requeue
             # generation (or a later one), is reported without running the task again.
@@ -260,6 +328,13 @@ class MemoryTransport(Transport):
             self.leases.discard(env.key_id)
             self.status[env.id] = "finished" if error is None else "failed"
             self._emit(delivery, outcome, dup=False)
+
+    def _fenced(self, delivery: Delivery) -> bool:
+        epoch = self.epochs.get(delivery.owner)
+        parts = epoch.split(":") if epoch is not None else []
+        if len(parts) < 3 or not parts[0].isdigit():
+            return False
+        return delivery.gen < int(parts[0]) or parts[1] not in ("", self.run_id)
 
     def kill(self, delivery: Delivery, *, started: bool = True) -> None:
         """The worker that took ``delivery`` died: no lease, no outcome.

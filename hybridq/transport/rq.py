@@ -30,14 +30,16 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from hybridq import keys
-from hybridq.errors import TransportError
+from hybridq.envelope import MAX_SECONDS
+from hybridq.errors import TransportError, UnencodableJobs
 from hybridq.worker import ENTRY_POINT
 
-from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
+from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
 
 __all__ = ["RQTransport"]
 
-# KEYS: job hash, queue list, set of queues. ARGV: job id, force ("1": replace a known job that
+# KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
+# ARGV: job id, force ("1": replace a known job that
 # was delivered for an earlier run; "2": replace it whatever it holds), run number (requeue *
 # 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
 # does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
@@ -66,10 +68,57 @@ if redis.call("EXISTS", KEYS[1]) == 1 then
     redis.call("DEL", KEYS[1])
     redis.call("LREM", KEYS[2], 0, ARGV[1])
 end
+-- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+redis.call("ZREM", KEYS[4], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
 redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
 redis.call("RPUSH", KEYS[2], ARGV[1])
 redis.call("SADD", KEYS[3], KEYS[2])
 return 1
+"""
+
+# After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one
+# job. KEYS: job hash, queue list, set of queues. ARGV: job id, "1" if the ledger holds the job as
+# finished else "0", run number, then field/value pairs of the hash (a live job only).
+# A finished job's *queued* copy (Redis brought it back from an older state) is deleted, hash and
+# queue entry; its other copies are history RQ's tools show. A live job is queued if Redis does
+# not have it or a worker refused its copy as stale (hybridq_fenced: it left the queue then); a
+# queued copy is rewritten in place under the new generation (it keeps its place in the queue);
+# a copy a worker runs or ran is the reconcile pass's. Returns 1 purged, 2 queued, 3 rewritten,
+# 0 nothing done.
+_REFILL = """
+local f = redis.call("HMGET", KEYS[1], "status", "hybridq_fenced")
+local queued = f[1] == "queued" or f[1] == "deferred" or f[1] == "scheduled"
+if ARGV[2] == "1" then
+    if queued and not f[2] then
+        redis.call("DEL", KEYS[1])
+        redis.call("LREM", KEYS[2], 0, ARGV[1])
+        return 1
+    end
+    return 0
+end
+if f[2] or redis.call("EXISTS", KEYS[1]) == 0 then
+    redis.call("DEL", KEYS[1])
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    redis.call("RPUSH", KEYS[2], ARGV[1])
+    redis.call("SADD", KEYS[3], KEYS[2])
+    return 2
+end
+if queued then
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    return 3
+end
+return 0
+"""
+
+# KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a
+# script, as the workers' claim script reads it (hybridq.worker._CLAIM): both see the server that
+# runs the scripts, even behind a proxy that would answer a plain INFO from elsewhere. An ACL
+# that denies INFO gives "" here and in the claim (then only the epoch key detects lost state).
+_STATE = """
+local info = redis.pcall("INFO", "server")
+local run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or ""
+return {redis.call("GET", KEYS[1]) or false, run_id}
 """
 
 # KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
@@ -154,6 +203,8 @@ class RQTransport(Transport):
         self.connection = connection
         self._script = connection.register_script(_PUSH_IF_NEW)
         self._probe = connection.register_script(_PROBE)
+        self._refill = connection.register_script(_REFILL)
+        self._state = connection.register_script(_STATE)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -186,8 +237,13 @@ class RQTransport(Transport):
         RQ's ``create_job`` + ``to_dict`` cost about 70 us per job, most of the forwarder's time
         per job; this writes the same fields (``test_job_hash_is_what_rq_writes`` holds it to
         RQ's own output) in a fraction of that.
+
+        Raises ``ValueError``, ``TypeError`` or ``OverflowError`` for an envelope whose fields
+        Redis cannot hold (one :meth:`Envelope.from_dict` would refuse): :meth:`push` reports
+        those jobs as :class:`UnencodableJobs`.
         """
         env = delivery.envelope
+        description = env.description or _describe(env.func, env.args, env.kwargs)
         data: list[Any] = [ENTRY_POINT, None, [delivery.to_json()], {}]
         timeout = _whole_seconds(env.timeout_s) or self._queue(env.queue)._default_timeout
         fields: list[Any] = [
@@ -199,7 +255,7 @@ class RQTransport(Transport):
             "origin",
             env.queue,
             "description",
-            env.description or _describe(env.func, env.args, env.kwargs),
+            _redis_text(description),
             "enqueued_at",
             enqueued_at,
             "timeout",
@@ -216,17 +272,36 @@ class RQTransport(Transport):
         if not jobs:
             return PushResult(0, 0)
         enqueued_at = utcformat(datetime.now(UTC))
+        hashes: list[list[Any]] = []
+        rejected: list[tuple[Delivery, str]] = []
+        for delivery in jobs:
+            try:
+                hashes.append(self.job_hash(delivery, enqueued_at))
+            except (ValueError, TypeError, OverflowError, OSError) as exc:
+                rejected.append((delivery, repr(exc)))
+        if rejected:
+            # Before anything is sent: what Redis cannot hold is an invalid job, not an outage
+            # (redis-py's DataError is a RedisError, and was retried forever).
+            raise UnencodableJobs(rejected)
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for delivery in jobs:
+            for delivery, fields in zip(jobs, hashes, strict=True):
                 env = delivery.envelope
                 self._script(
-                    keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
+                    keys=[
+                        keys.rq_job(env.id),
+                        keys.rq_queue(env.queue),
+                        keys.rq_queues(),
+                        keys.rq_registry("failed", env.queue),
+                        keys.rq_registry("canceled", env.queue),
+                    ],
                     args=[
                         env.id,
                         "2" if delivery.replace else "1" if delivery.force else "0",
                         env.requeue * 100000 + delivery.attempt,
-                        *self.job_hash(delivery, enqueued_at),
+                        *fields,
+                        "failure_ttl",
+                        _failure_ttl(delivery.key_ttl_s),
                     ],
                     client=pipe,
                 )
@@ -235,6 +310,47 @@ class RQTransport(Transport):
             raise TransportError(f"Redis: {exc}") from exc
         pushed = sum(1 for r in results if r == 1)
         return PushResult(pushed, len(results) - pushed)
+
+    def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
+        """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""
+        if not terminal and not live:
+            return RefillResult(0, 0)
+        enqueued_at = utcformat(datetime.now(UTC))
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job in terminal:
+                self._refill(
+                    keys=[keys.rq_job(job.job_id), keys.rq_queue(job.queue), keys.rq_queues()],
+                    args=[job.job_id, "1", 0],
+                    client=pipe,
+                )
+            for delivery in live:
+                env = delivery.envelope
+                try:
+                    fields = self.job_hash(delivery, enqueued_at)
+                except (ValueError, TypeError, OverflowError, OSError):
+                    continue  # a job Redis cannot hold: the reconcile pass's push records it invalid
+                self._refill(
+                    keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
+                    args=[env.id, "0", env.requeue * 100000 + delivery.attempt, *fields],
+                    client=pipe,
+                )
+            results: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+        return RefillResult(sum(1 for r in results if r in (2, 3)), sum(1 for r in results if r == 1))
+
+    blocking_events = True
+
+    def wait_events(self, owner: str, after: str, timeout_s: float) -> bool:
+        """Block (``XREAD BLOCK``) up to ``timeout_s`` for an event of ``owner`` newer than ``after``."""
+        try:
+            found = self.connection.xread(
+                {keys.events(owner): after}, count=1, block=max(1, int(timeout_s * 1000))
+            )
+        except RedisError as exc:
+            raise TransportError(f"Redis: {exc}") from exc
+        return bool(found)
 
     def harvest(self, owner: str, limit: int) -> list[Event]:
         """The oldest ``limit`` events of ``owner``'s stream."""
@@ -254,19 +370,12 @@ class RQTransport(Transport):
             raise TransportError(f"Redis: {exc}") from exc
 
     def state_token(self, owner: str) -> StateToken:
-        """``owner``'s epoch and the server's ``run_id`` (one round trip)."""
+        """``owner``'s epoch and the server's ``run_id`` (one round trip, see ``_STATE``)."""
         try:
-            pipe = self.connection.pipeline(transaction=False)
-            pipe.get(keys.epoch(owner))
-            pipe.info("server")
-            epoch, info = pipe.execute(raise_on_error=False)
+            epoch, run_id = self._state(keys=[keys.epoch(owner)])
         except RedisError as exc:
             raise TransportError(f"Redis: {exc}") from exc
-        if isinstance(epoch, RedisError):
-            raise TransportError(f"Redis: {epoch}") from epoch
-        # An ACL may refuse INFO: the epoch key alone still detects lost state.
-        run_id = "" if isinstance(info, RedisError) else str(info.get("run_id", ""))
-        return StateToken(None if epoch is None else _text(epoch), run_id)
+        return StateToken(None if epoch is None else _text(epoch), _text(run_id))
 
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store ``owner``'s epoch (no expiry)."""
@@ -342,6 +451,18 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
     }
 
 
+def _failure_ttl(key_ttl_s: float) -> str:
+    """How long RQ keeps a failed delivery: a little less than its key's outcome stays stored.
+
+    RQ keeps a failed job's hash and failed-registry entry for this long (its default: a year).
+
+    ``rq requeue`` and the dashboard's Requeue take jobs from the failed registry: every one
+    they can find still has its outcome stored, so the claim reports that outcome instead of
+    running the task again (docs/worker.md, "Using RQ's tools").
+    """
+    return str(max(1, int(key_ttl_s - min(60.0, key_ttl_s / 2))))
+
+
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
     """``func(args...)`` as RQ would describe the call, shortened."""
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
@@ -357,10 +478,22 @@ def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
     try:
         body = json.loads(raw) if raw is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None
 
 
 def _whole_seconds(value: float | None) -> int | None:
-    return None if value is None else max(1, round(value))
+    """Whole seconds for RQ, capped at ``MAX_SECONDS``: an older journal may hold more (RQ breaks)."""
+    return None if value is None else min(MAX_SECONDS, max(1, round(value)))
+
+
+def _redis_text(text: object) -> str:
+    """``text`` as redis-py can encode it: a lone surrogate (valid in JSON) is escaped."""
+    if not isinstance(text, str):
+        raise TypeError(f"description must be a string, not {type(text).__name__}")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

@@ -549,3 +549,59 @@ def test_status_reports_pending_per_queue_and_ages(journal_dir: Path) -> None:
     assert out["not_yet_forwarded"] == 1
     assert 0 <= out["forwarding_lag_s"] <= out["oldest_pending_age_s"] < 60
     assert late.get_status() == "accepted"
+
+
+def test_redis_back_from_an_older_snapshot_runs_no_finished_job_again(journal_dir: Path) -> None:
+    """S16 with the in-memory transport: queue entries restored from a snapshot are fenced."""
+    queue = Queue(journal=journal_dir)
+    done = [queue.enqueue(tasks.add, i, i) for i in range(8)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    later = [queue.enqueue(tasks.add, i, i) for i in range(2)]
+    forwarder.step()
+    snapshot = transport.snapshot()  # all 10 queued
+    assert transport.work(limit=8) == 8
+    forwarder.step()
+    assert status(journal_dir)["succeeded"] == 8
+
+    transport.restore(snapshot)
+    # Before the forwarder has looked: the restart (a run id not the epoch's) fences every claim.
+    assert transport.work(limit=3) == 3
+    assert transport.executions == {job.id: 1 for job in done}
+    forwarder._check_epoch()  # what the forwarder does once a second: a new generation
+    assert forwarder.checkpoint.generation == 1
+    settle(forwarder)  # the refill purges finished copies, requeues the rest
+    assert forwarder.completions is not None
+    assert forwarder.completions.purged >= 5  # the finished copies still queued
+    transport.work()
+    settle(forwarder)
+    assert transport.executions == {job.id: 1 for job in done + later}
+    assert status(journal_dir)["succeeded"] == 10
+
+    # A stale copy that escaped the purge is refused by the generation alone.
+    stale = snapshot["deliveries"][done[0].id]
+    transport.run(stale)
+    assert transport.executions[done[0].id] == 1
+    forwarder.close()
+
+
+def test_events_for_finished_jobs_are_counted_and_logged(
+    journal_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.deliveries[job.id]
+    transport.work()
+    forwarder.step()
+    assert forwarder.completions is not None
+    assert forwarder.completions.late_events == 0
+    transport.results.clear()  # the job runs again: its outcome lands on a terminal job
+    transport.run(delivery)
+    forwarder.step()
+    assert forwarder.completions.late_events == 1
+    assert "holds as finished" in caplog.text
+    forwarder.close()
