@@ -251,7 +251,8 @@ class Completions:
         if body is not None and not admit_event(
             self.checkpoint.owner, event_id, body, self.checkpoint.positions
         ):
-            return None  # forged or unauthenticated (hybridq.signing.admit_event logs and counts)
+            self.dropped_events += 1  # forged or unauthenticated: admit_event logged why
+            return None
         try:
             entry = parse_event(event_id, body, self.clock)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:

@@ -180,3 +180,17 @@ def test_events_a_worker_sends_carry_a_mac_the_forwarder_verifies(
         assert not ring.verify_event("owner2", body)  # bound to its owner's stream
     outcomes = sorted((str(b["id"]), str(b["outcome"])) for b in events if b is not None)
     assert "succeeded" in {o for i, o in outcomes if i == envs[2].id}
+
+
+def test_dropped_events_are_counted(
+    journal_dir: Path, transport: RQTransport, forwarder: Forwarder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_KEY, KEY)
+    job = Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    forwarder.step()
+    loc = delivery_of(transport, job.id)["loc"]
+    assert forwarder.completions is not None
+    before = forwarder.completions.dropped_events
+    forge_success(transport, forwarder.checkpoint.owner, job.id, loc)
+    forwarder.step()
+    assert forwarder.completions.dropped_events == before + 1
