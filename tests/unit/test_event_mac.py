@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from hybridq.signing import ENV_KEY, ENV_KEY_FILE, EVENT_MAC, Keyring, admit_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, EVENT_MAC, Keyring, admit_event
 
 KEY = "m" * 64
 RING = Keyring((KEY.encode(),))
