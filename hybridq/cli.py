@@ -282,9 +282,24 @@ def journal_dump(ctx: click.Context, journal: str) -> None:
                 line["payload"] = rec.payload.decode()
             except UnicodeDecodeError:
                 line["payload_b64"] = base64.b64encode(rec.payload).decode()
-            click.echo(json.dumps(line))
+            try:
+                click.echo(json.dumps(line))
+            except BrokenPipeError:
+                _reader_left(ctx)
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
+
+
+def _reader_left(ctx: click.Context) -> NoReturn:
+    """The reader of stdout went away (``| head``): stop quietly, exit 0, as ``cat`` users expect.
+
+    stdout is pointed at /dev/null first, so the interpreter's final flush cannot fail loudly.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    ctx.exit(EXIT_OK)
+    raise AssertionError  # pragma: no cover - ctx.exit raises
 
 
 _redis_url_option = click.option(
@@ -321,11 +336,18 @@ def redis_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _with_password_file(url: str | None, password_file: str | None) -> str | None:
-    """``url`` with the password read from ``password_file`` (when both are given)."""
-    if url is None or password_file is None:
+    """``url`` with the password read from ``password_file`` (when both are given), checked.
+
+    A URL redis-py cannot use is one line and exit 1 here, before anything starts.
+    """
+    from hybridq.redisurl import check_url  # noqa: PLC0415 - imports redis
+
+    if url is None:
         return url
     try:
-        return with_password(url, read_password(password_file))
+        if password_file is not None:
+            url = with_password(url, read_password(password_file))
+        return check_url(url)
     except (HybridqError, OSError) as exc:
         _fail(click.get_current_context(), exc)
 
@@ -708,7 +730,10 @@ def worker(
             ENV_VAR,
         )
     logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
-    code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+    try:
+        code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+    except HybridqError as exc:  # RedisRefused: a wrong password, database or ACL
+        _fail(ctx, exc)
     ctx.exit(code)
 
 

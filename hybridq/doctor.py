@@ -30,11 +30,12 @@ from redis.exceptions import RedisError
 
 from hybridq import keys
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, HybridqError, TransportError
+from hybridq.errors import EnvelopeError, HybridqError
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.redisurl import transport_error
 from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -99,7 +100,7 @@ def diagnose(
             transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
         )
     except RedisError as exc:
-        raise TransportError(f"Redis: {exc}") from exc
+        raise transport_error(exc) from exc
     if fix:
         redo = [
             Delivery(

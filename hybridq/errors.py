@@ -38,6 +38,7 @@ __all__ = [
     "NotSerializable",
     "QueueFull",
     "RecordTooLarge",
+    "RedisRefused",
     "StateFileCorrupt",
     "TransportError",
 ]
@@ -167,3 +168,12 @@ class QueueFull(HybridqError):
 
 class TransportError(HybridqError):
     """The transport could not deliver (Redis down, hung or refusing); retried with backoff."""
+
+
+class RedisRefused(TransportError):
+    """Redis answered but refuses this configuration (login, database, ACL): not retried.
+
+    Retrying cannot fix a wrong password, a database number Redis does not have or an ACL that
+    denies what hybridq needs, so the forwarder and ``hybridq worker`` stop with this error (one
+    line, exit 1) instead of reporting an outage forever.
+    """

@@ -30,7 +30,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from hybridq import keys
-from hybridq.errors import TransportError
+from hybridq.redisurl import transport_error
 from hybridq.worker import ENTRY_POINT
 
 from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Verdict
@@ -232,7 +232,7 @@ class RQTransport(Transport):
                 )
             results: list[Any] = pipe.execute()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         pushed = sum(1 for r in results if r == 1)
         return PushResult(pushed, len(results) - pushed)
 
@@ -241,7 +241,7 @@ class RQTransport(Transport):
         try:
             entries = self.connection.xrange(keys.events(owner), count=limit) or []
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return [Event(_text(event_id), _decode_event(fields)) for event_id, fields in entries]
 
     def ack(self, owner: str, event_ids: Sequence[str]) -> None:
@@ -251,7 +251,7 @@ class RQTransport(Transport):
         try:
             self.connection.xdel(keys.events(owner), *event_ids)
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def state_token(self, owner: str) -> StateToken:
         """``owner``'s epoch and the server's ``run_id`` (one round trip)."""
@@ -261,9 +261,9 @@ class RQTransport(Transport):
             pipe.info("server")
             epoch, info = pipe.execute(raise_on_error=False)
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         if isinstance(epoch, RedisError):
-            raise TransportError(f"Redis: {epoch}") from epoch
+            raise transport_error(epoch) from epoch
         # An ACL may refuse INFO: the epoch key alone still detects lost state.
         run_id = "" if isinstance(info, RedisError) else str(info.get("run_id", ""))
         return StateToken(None if epoch is None else _text(epoch), run_id)
@@ -273,7 +273,7 @@ class RQTransport(Transport):
         try:
             self.connection.set(keys.epoch(owner), epoch)
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:
         """What Redis knows of each job (see :meth:`Transport.probe`), in one pipeline."""
@@ -296,7 +296,7 @@ class RQTransport(Transport):
                 )
             verdicts: list[Any] = pipe.execute()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return [cast("Verdict", _text(v)) for v in verdicts]  # the script returns only verdicts
 
     def ping(self) -> None:
@@ -304,7 +304,7 @@ class RQTransport(Transport):
         try:
             self.connection.ping()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def close(self) -> None:
         """Close the connection pool."""
