@@ -108,7 +108,9 @@ def assert_hardened(unit: dict[str, list[tuple[str, str]]]) -> None:
     for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges", "PrivateDevices", "RestrictSUIDSGID"):
         assert one(unit, svc, key) == "yes", key
     assert one(unit, svc, "CapabilityBoundingSet") == ""
-    assert one(unit, svc, "Restart") == "on-failure"
+    # Always: an exit 0 nobody asked systemd for (RQ's pub/sub shutdown command, sent by anyone
+    # who may PUBLISH on Redis) must not leave the service down. `systemctl stop` still stops it.
+    assert one(unit, svc, "Restart") == "always"
     assert one(unit, svc, "RestartSec").endswith("s")
     assert one(unit, svc, "KillSignal") == "SIGTERM"
     # SIGTERM to the main process only: RQ's work-horse must not get it (it would kill the job).

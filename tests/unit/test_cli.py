@@ -516,3 +516,38 @@ def test_journal_dump_into_head_exits_quietly(journal_dir: Path, subprocess_env:
     )
     assert (proc.returncode, proc.stderr) == (0, "")
     assert json.loads(proc.stdout)["seq"] == 1
+
+
+def test_rq_shutdown_command_stops_the_worker_with_a_warning(
+    redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    """Anyone who may PUBLISH on Redis can stop a worker: it must say so, not exit 0 silently."""
+    import time
+
+    from rq.command import send_shutdown_command
+
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "hybridq", "worker", "--name", "w-shut", "--redis", redis_server.url, "default"],
+        env=subprocess_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    conn = redis_server.client()
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            # Until its pub/sub subscription is up, a command is lost: send it again.
+            if conn.pubsub_numsub("rq:pubsub:w-shut")[0][1]:
+                send_shutdown_command(conn, "w-shut")
+            time.sleep(0.2)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        conn.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line and "shutdown command" in line]
+    assert any("rq:pubsub:w-shut" in line and "Restart=always" in line for line in warnings), stderr
