@@ -551,3 +551,12 @@ def test_rq_shutdown_command_stops_the_worker_with_a_warning(
     assert proc.returncode == 0, stderr
     warnings = [line for line in stderr.splitlines() if "WARNING" in line and "shutdown command" in line]
     assert any("rq:pubsub:w-shut" in line and "Restart=always" in line for line in warnings), stderr
+
+
+@pytest.mark.parametrize("func", ["__main__.f", "__main__.Klass.method"])
+def test_enqueue_refuses_a_function_in_main(runner: CliRunner, journal_dir: Path, func: str) -> None:
+    result = runner.invoke(cli, ["enqueue", func, "1", "--journal", str(journal_dir)])
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "__main__" in result.output
+    assert result.output.count("\n") == 1
+    assert not journal_dir.exists() or list(journal_dir.glob("*.wal")) == []
