@@ -792,6 +792,13 @@ def doctor(
                 click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
         if report.duplicate_entries:
             click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+        if report.unserved:
+            waiting = ", ".join(f"{q} ({n} waiting)" for q, n in report.unserved.items())
+            click.echo(f"queues no worker serves: {waiting}")
+        if report.merged:
+            click.echo(
+                f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
+            )
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
         click.echo("healthy" if report.healthy else "problems found")
