@@ -142,8 +142,10 @@ class Job:
         mine = call_fingerprint(self.envelope)
         for rec in JournalReader(self.journal).records():
             loc = (rec.writer_id, rec.segment_index, rec.offset)
-            if needle not in rec.payload or compacted.is_compacted(loc[:2]) or rec.seq == self.record.seq:
+            if needle not in rec.payload or compacted.is_compacted(loc[:2]):
                 continue
+            if (rec.writer_id, rec.seq) == (self.record.writer_id, self.record.seq):
+                continue  # this job's own record
             try:
                 other = Envelope.from_bytes(rec.payload)
             except EnvelopeError:
