@@ -420,7 +420,9 @@ def forward(
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
     Runs until SIGTERM or SIGINT, then finishes the batch in flight, saves its checkpoint and
-    exits 0. While Redis is down it retries with backoff and logs once per change of state.
+    exits 0. While Redis is down it retries with backoff and logs once per change of state; a
+    configuration Redis refuses (wrong password or user, no such database, an ACL that denies
+    what it needs) is exit 1, not retried.
 
     \b
     Example:
@@ -681,7 +683,9 @@ def worker(
     """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
 
     It is `rq worker` with the JSON serializer, restarted when Redis goes away (backoff up to
-    30 s, no spinning), so it keeps serving across Redis restarts and outages. A plain
+    30 s, no spinning), so it keeps serving across Redis restarts and outages (with --burst it
+    does not wait: exit 1). A configuration Redis refuses (password, database, ACL) is exit 1,
+    not retried. RQ's pub/sub shutdown command stops it with exit 0 and a warning. A plain
     `rq worker --serializer rq.serializers.JSONSerializer QUEUE` also runs hybridq jobs with
     every guarantee (set HYBRIDQ_ALLOW for it); only the restarts are this command's.
 
@@ -762,8 +766,10 @@ def doctor(
 
     Reports forwarded jobs Redis no longer has (missing), jobs no worker will take (stranded),
     jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
-    duplicate queue entries, jobs in RQ's intermediate lists, and this forwarder's jobs queued in
-    Redis that the journal does not have as pending (unknown). A dry run unless --fix.
+    duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
+    Redis that the journal does not have as pending (unknown), queues where jobs wait that no
+    registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
+    the first runs). A dry run unless --fix.
     Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
 
     \b
