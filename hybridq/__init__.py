@@ -1,6 +1,6 @@
 """hybridq: a task queue whose source of truth is a local, fsync'd, append-only journal.
 
-Redis (through RQ) is only a cache and a transport: see ``DESIGN.md``. This package's public
+Redis (through RQ) is only a cache and a transport: see ``docs/guarantees.md``. This package's public
 names are listed in ``__all__``.
 """
 

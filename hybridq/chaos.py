@@ -4,7 +4,7 @@ It runs a real topology on this machine, from one temporary directory: a private
 ``redis-server`` with no persistence, ``hybridq forward``, N workers (``hybridq worker`` and
 plain ``rq worker`` processes, alternating, both forking a work-horse per job) and M producer
 processes that enqueue jobs at a steady rate. While they run, a seeded schedule injects the
-faults of RELIABILITY.md, one at a time:
+faults of docs/reliability.md, one at a time:
 
 ====  ==================  ======================================================================
 S1    producer-kill       SIGKILL a producer; it is restarted
@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 QUEUE = "chaos"
-#: Fault name -> the RELIABILITY.md scenario it belongs to.
+#: Fault name -> the docs/reliability.md scenario it belongs to.
 FAULTS: dict[str, str] = {
     "producer-kill": "S1",
     "producer-crash": "S2",

@@ -557,6 +557,11 @@ def _print_status(out: dict[str, Any]) -> None:
     )
     if "redis" in out:
         click.echo(f"{'redis':>22}: {out['redis']['url']} {'up' if out['redis']['up'] else 'DOWN'}")
+        if out["redis"].get("waiting_for_a_worker"):
+            # Left by workers that cannot import them or are not allowed to run them.
+            click.echo(
+                f"{'waiting for a worker':>22}: {out['redis']['waiting_for_a_worker']} (see hybridq doctor)"
+            )
 
 
 @cli.command()
@@ -707,12 +712,19 @@ def worker(
     from hybridq.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
     from hybridq.envelope import validate_queue_name  # noqa: PLC0415
     from hybridq.signing import ENV_KEY_FILE, keyring  # noqa: PLC0415
-    from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
+
+    try:
+        from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
+    except ValueError as exc:  # an invalid RQ_KEY_PREFIX: RQ (and hybridq.keys) refuse it
+        _fail(ctx, exc)
 
     try:
         names = [validate_queue_name(q) for q in queues] or ["default"]
     except HybridqError as exc:
         _fail(ctx, exc)
+    # Like `rq worker` (its --path defaults to "."): task modules in the current directory import.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     if allow:
         # The environment, so forked work-horses (and anything they start) see it too.
         os.environ[ENV_VAR] = ",".join((*allowed_prefixes(), *allow))
@@ -804,6 +816,10 @@ def doctor(
         if report.merged:
             click.echo(
                 f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
+            )
+        for w in report.waiting[:10]:
+            click.echo(
+                f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
             )
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
@@ -1059,7 +1075,7 @@ def chaos(
 
     Starts a private redis-server (no persistence), the forwarder, WORKERS workers (`hybridq
     worker` and plain `rq worker`, alternating) and PRODUCERS producer processes, then injects a
-    seeded schedule of faults (RELIABILITY.md S1, S2, S8-S12): producer kills and crash points,
+    seeded schedule of faults (docs/reliability.md S1, S2, S8-S12): producer kills and crash points,
     forwarder kills, worker and work-horse kills, Redis restarted empty, FLUSHALL, an evicting
     maxmemory, Redis stopped, SIGSTOPped and CLIENT PAUSEd, and network faults between the
     clients and Redis (latency, resets, a blackhole, replies cut). Jobs note their runs in a file of

@@ -1,7 +1,7 @@
 """Compaction: deleting journal and ledger segments that nothing needs any more.
 
 A journal segment goes only when it is **sealed**, **fully read** by the forwarder and **every
-job in it is durably terminal** in the ledger (RELIABILITY.md rule 8). The counters that replace
+job in it is durably terminal** in the ledger (docs/reliability.md rule 8). The counters that replace
 it (accepted, succeeded, failed, ...) are saved to ``compaction.state`` first; a crash between
 that save and the unlink is finished at the next start. Segments go oldest first in each chain
 (a gap in the middle of a chain would be corruption).
@@ -15,10 +15,12 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
@@ -93,9 +95,13 @@ class Compactor:
             self._forget_gone_chains()
         return deleted
 
-    def _gone(self, loc: Loc, present: set[str]) -> bool:
-        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too)."""
-        return self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in present
+    def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
+        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too).
+
+        ``first``: each present chain's first segment. Below it, a segment was compacted even if
+        its chain was forgotten meanwhile and then grew again (``ledger.load_index``).
+        """
+        return self.compacted.is_compacted((loc[0], loc[1])) or loc[1] < first.get(loc[0], sys.maxsize)
 
     def _forget_gone_chains(self) -> None:
         """Drop what is kept per writer once its chain is compacted away entirely.
@@ -107,13 +113,29 @@ class Compactor:
         gone = [w for w in self.compacted.through if w not in present]
         if not gone:
             return
+        new = self._draft()
         for writer_id in gone:
-            del self.compacted.through[writer_id]
-            self.checkpoint.positions.pop(writer_id, None)
-        self.forgot_chains = True
+            del new.through[writer_id]
         # The compaction state first: a crash before the checkpoint is saved leaves a position
         # for a chain with no files, which the reader skips.
-        save_compacted(self.journal, self.compacted)
+        self._commit(new)
+        for writer_id in gone:
+            self.checkpoint.positions.pop(writer_id, None)
+        self.forgot_chains = True
+
+    def _draft(self) -> Compacted:
+        """A copy of the compaction state to change; :meth:`_commit` makes it the real one."""
+        return dataclasses.replace(self.compacted, through=dict(self.compacted.through))
+
+    def _commit(self, new: Compacted) -> None:
+        """Save ``new``, then (only once it is durable) make it the state in memory.
+
+        Changing the state in memory first would leave it changed after a failed save (a full
+        disk): the retried step would then count the same segment again.
+        """
+        save_compacted(self.journal, new)
+        for f in dataclasses.fields(Compacted):  # in place: Completions holds the same object
+            setattr(self.compacted, f.name, getattr(new, f.name))
 
     def finish_deletions(self) -> None:
         """Delete segments a crash left behind after their compaction state was saved."""
@@ -139,7 +161,7 @@ class Compactor:
 
     def _delete(self, writer_id: str, index: int) -> None:
         seg = (writer_id, index)
-        c = self.compacted
+        c = self._draft()
         counts = self.index.counts([seg])
         c.through[writer_id] = index
         c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
@@ -147,7 +169,7 @@ class Compactor:
         c.failed += counts["failed"]
         c.invalid += counts["invalid"]
         c.dups += counts["dups"]
-        save_compacted(self.journal, c)  # rule 8: the replacement is durable before the delete
+        self._commit(c)  # rule 8: the replacement is durable before the delete
         crashpoints.reached("compact_after_state")
         remove_oldest_segment(self.journal, writer_id, index)
         self.index.forget_segment(seg)
@@ -171,7 +193,7 @@ class Compactor:
         for entries in by_segment.values():
             for loc in {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}:
                 failures[loc] = failures.get(loc, 0) + 1
-        present = set(list_chains(self.journal))
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         deleted = 0
         for writer_id, indices in list_chains(path).items():
             for index in indices:
@@ -180,7 +202,7 @@ class Compactor:
                 if sealed_data_count(path, writer_id, index) is None:
                     break
                 entries = by_segment.get((writer_id, index), [])
-                if not all(self._gone(e.loc, present) for e in entries):
+                if not all(self._gone(e.loc, first) for e in entries):
                     break
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
                 # Failures still listed outlive the segment that recorded them; so does a requeue

@@ -1,7 +1,7 @@
 """The forwarder's second half: outcomes in, redeliveries out, dead segments deleted.
 
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
-  fsync *before* the events are deleted from Redis (RELIABILITY.md rule 13).
+  fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
 * **Epoch**: Redis losing the owner's epoch key, or restarting, re-forwards every forwarded job
@@ -22,16 +22,18 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hybridq.compaction import Compactor
+from hybridq.completion_event import parse_event
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
+from hybridq.errors import ConfigError, EnvelopeError, JournalError
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType, crashpoints
-from hybridq.journal.reader import read_record_at
+from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
     Compacted,
@@ -45,7 +47,7 @@ from hybridq.ledger import (
 from hybridq.state import Checkpoint
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
 
-__all__ = ["Completions"]
+__all__ = ["Completions", "check_key_ttl"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -59,6 +61,23 @@ SNAPSHOT_EVERY_S = 1.0
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
 DONE_GRACE_LEASES = 6
+
+
+def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
+    """Refuse a key lifetime too short for the "done" grace period (see :data:`DONE_GRACE_LEASES`).
+
+    A job whose completion event was lost stays "done" in Redis (its outcome stored) for up to
+    the grace period before it is delivered again, to report that outcome without running. If the
+    stored outcome expires first, the job reads as "orphaned" instead, and runs again. Twice the
+    grace leaves room for the reconcile passes on either side and a short queue wait.
+    """
+    least = 2 * max(60.0, DONE_GRACE_LEASES * lease_s)
+    if key_ttl_s < least:
+        raise ConfigError(
+            f"key TTL {key_ttl_s:g} s is too short for a {lease_s:g} s lease: it must be at least "
+            f"{least:g} s (twice max(60 s, {DONE_GRACE_LEASES} leases)), or finished jobs whose "
+            "completion event was lost would run again"
+        )
 
 
 class Completions:
@@ -103,6 +122,8 @@ class Completions:
         self.index = LedgerIndex()
         #: Counters since this forwarder started.
         self.harvested = self.redelivered = self.refilled = self.segments_deleted = 0
+        #: Completion events dropped because they did not parse (garbled, forged, out of range).
+        self.dropped_events = 0
         self._writer: JournalWriter | None = None
         #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
         self._pushed_retries: dict[Loc, int] = {}
@@ -120,6 +141,9 @@ class Completions:
         self.stranded_grace_s = lease_s
         #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
         self._suspects: dict[Loc, tuple[str, float]] = {}
+        #: Jobs whose worker this process found vanished (it wrote, or confirmed, their newest
+        #: ``lost`` entry and pushed the next attempt): a later vanish of theirs is a new one.
+        self._lost_here: set[Loc] = set()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -162,7 +186,10 @@ class Completions:
 
     def record_invalid(self, record: Record) -> None:
         """Make a record that is not a job terminal (``invalid``), so its segment can go."""
-        loc = (record.writer_id, record.segment_index, record.offset)
+        self.record_invalid_at((record.writer_id, record.segment_index, record.offset))
+
+    def record_invalid_at(self, loc: Loc) -> None:
+        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self._append([Entry("done", "", loc, outcome="invalid", at=self.clock())])
 
     @property
@@ -180,6 +207,7 @@ class Completions:
             if not events:
                 return total
             entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            entries = self._drop_compacted(entries)
             self._append(entries)
             for entry in entries:
                 if entry.kind == "retry":
@@ -194,29 +222,14 @@ class Completions:
 
     def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
         try:
-            if body is None:
-                raise ValueError("not JSON")  # noqa: TRY301 - one handler for every garbled field
-            writer, segment, offset = body["loc"]
-            loc: Loc = (str(writer), int(segment), int(offset))
-            outcome, final = str(body["outcome"]), bool(body.get("final", True))
-            entry = Entry(
-                "done" if outcome == "succeeded" or final else "retry",
-                str(body["id"]),
-                loc,
-                outcome=outcome if outcome == "succeeded" or final else None,
-                attempt=int(body.get("attempt", 1)),
-                dup=bool(body.get("dup", False)),
-                error=body.get("error"),
-                run_at=self.clock() + float(body.get("retry_delay") or 0.0)
-                if outcome != "succeeded" and not final
-                else None,
-                at=float(body.get("at", self.clock())),
-                queue=body.get("queue"),
-                event_id=event_id,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            entry = parse_event(event_id, body, self.clock)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            # Dropped (and deleted from Redis with the batch): raising here would stop the
+            # forwarder on every start, on one bad event (docs/security.md).
+            self.dropped_events += 1
             log.error("dropping garbled completion event %s: %r", event_id, exc)
             return None
+        loc = entry.loc
         if self.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in self.checkpoint.positions:
             # A late duplicate of a job long gone (its segment, or its whole chain, compacted
             # and forgotten): its outcome is already counted.
@@ -226,6 +239,17 @@ class Completions:
             if env is not None:
                 entry = dataclasses.replace(entry, job=env.to_dict())
         return entry
+
+    def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
+        """Drop late duplicates for segments below their chain's first present one.
+
+        Such a segment was compacted (its outcomes counted in the compaction state) even when its
+        chain was forgotten and then grew again, so ``is_compacted`` no longer says so.
+        """
+        if not entries:
+            return entries
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        return [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
 
     # -- retries ------------------------------------------------------------------------------
 
@@ -326,6 +350,7 @@ class Completions:
             ended = time.monotonic()
             self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
             self._suspects = {loc: s for loc, s in self._suspects.items() if not self.index.is_terminal(loc)}
+            self._lost_here = {loc for loc in self._lost_here if not self.index.is_terminal(loc)}
         refill = self._pass_refill
         if self._pass is None:
             self._pass_refill = False
@@ -377,7 +402,17 @@ class Completions:
             if verdict == "missing":
                 out.append(self.delivery(env, loc, attempt))
             elif verdict == "orphaned":
-                times = self.index.lost.get(loc, (0, 0))[1] + 1
+                lost_attempt, times = self.index.lost.get(loc, (0, 0))
+                if lost_attempt and lost_attempt == attempt - 1 and loc not in self._lost_here:
+                    # The newest thing known of this job is a `lost` entry an earlier forwarder
+                    # wrote; it may have died before pushing the attempt that entry promised, so
+                    # this may be the same vanish: push that attempt, count nothing. (Had it been
+                    # pushed and lost too, the push is stale and the next pass counts it.)
+                    self._lost_here.add(loc)
+                    out.append(self.delivery(env, loc, attempt, force=True))
+                    continue
+                self._lost_here.add(loc)
+                times += 1
                 if times >= self.max_lost:
                     log.error("job %s: its worker vanished %d times; failing it for good", env.id, times)
                     error = f"the worker running it vanished {times} times (killed, or lost its lease)"

@@ -11,6 +11,8 @@ Answers "is anything lost or stuck?" for one journal directory:
 * **in RQ's intermediate lists**: taken by a worker and not started (normally for milliseconds);
 * **unknown**: hybridq jobs of this forwarder queued in Redis that the journal does not have
   as pending (finished already, or from a journal that was replaced);
+* **waiting for a worker**: pending jobs a worker recently left because it cannot run them (the
+  task does not import there, or no ``--allow`` covers it; :mod:`hybridq.waiting`), with why.
 * **unserved**: queues where this journal's jobs wait and no registered RQ worker listens;
 * **merged**: job ids that several records share with *different* calls (an explicit
   ``job_id`` reused): the first delivered runs, the others are merged into it and never run.
@@ -32,7 +34,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from hybridq import keys
+from hybridq import keys, waiting
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, HybridqError
 from hybridq.journal import ChainPosition, JournalReader, RecordType
@@ -52,6 +54,8 @@ __all__ = ["DoctorReport", "diagnose"]
 BATCH = 1000
 #: Ids listed per finding (the counts are always complete).
 EXAMPLES = 10
+#: Jobs read from the waiting list (hybridq.waiting).
+WAITING_LIMIT = 1000
 
 
 @dataclass
@@ -68,11 +72,13 @@ class DoctorReport:
     unknown: list[str] = field(default_factory=list)
     unserved: dict[str, int] = field(default_factory=dict)
     merged: list[str] = field(default_factory=list)
+    #: Pending jobs a worker left because it cannot run them: id, func, queue, reason, worker, at.
+    waiting: list[dict[str, Any]] = field(default_factory=list)
     fixed: int = 0
 
     @property
     def healthy(self) -> bool:
-        """Nothing missing, stranded, orphaned, duplicated, unknown, unserved or merged."""
+        """Nothing missing, stranded, orphaned, duplicated, unknown, unserved, merged or waiting."""
         return not (
             self.missing
             or self.stranded
@@ -81,6 +87,7 @@ class DoctorReport:
             or self.unknown
             or self.unserved
             or self.merged
+            or self.waiting
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,9 +121,11 @@ def diagnose(
         _inspect_queues(
             transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
         )
+        listed = waiting.current(transport.connection, limit=WAITING_LIMIT).examples
         report.unserved = _unserved(transport, {env.queue for _, env in pending.values()})
     except RedisError as exc:
         raise transport_error(exc) from exc
+    report.waiting = [w for w in listed if w.get("id") in pending]  # not run by another since
     report.merged = merged_ids(path, compacted, set(pending))
     if fix:
         redo = [
@@ -177,7 +186,7 @@ def _inspect_queues(
 ) -> None:
     conn = transport.connection
     known = {_text(q) for q in conn.smembers(keys.rq_queues())}
-    names = queues | {q.removeprefix("rq:queue:") for q in known}
+    names = queues | {q.removeprefix(keys.rq_queue("")) for q in known}
     for name in sorted(names):
         ids = [_text(i) for i in conn.lrange(keys.rq_queue(name), 0, -1)]
         seen: dict[str, int] = {}

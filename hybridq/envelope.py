@@ -23,11 +23,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.errors import EnvelopeError, NotSerializable
+from hybridq.limits import (
+    MAX_ATTEMPTS,
+    MAX_REQUEUE,
+    MAX_SECONDS,
+    MAX_TIMESTAMP,
+    check_seconds,
+    check_time,
+    is_int,
+    is_number,
+    key_text,
+    opt_duration,
+    opt_finite,
+    opt_str,
+    requeue_count,
+    time_value,
+    to_float,
+    typed,
+)
 
 __all__ = [
     "ENVELOPE_VERSION",
+    "MAX_ATTEMPTS",
+    "MAX_REQUEUE",
+    "MAX_SECONDS",
+    "MAX_TIMESTAMP",
     "Envelope",
     "Retry",
+    "check_seconds",
+    "check_time",
     "function_path",
     "idempotency_id",
     "new_job_id",
@@ -153,16 +177,19 @@ class Retry:
     jitter: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise EnvelopeError("Retry.max_attempts must be an integer >= 1")
+        if not is_int(self.max_attempts) or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise EnvelopeError(f"Retry.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}")
         for name in ("backoff_s", "backoff_max_s"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if not is_number(value) or not math.isfinite(value) or value < 0:
                 raise EnvelopeError(f"Retry.{name} must be a finite number >= 0")
+        if not isinstance(self.jitter, bool):
+            raise EnvelopeError("Retry.jitter must be True or False")
 
     def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        delay = min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
+        # The exponent is capped: 2.0 ** 1100 overflows a float, and any delay is capped anyway.
+        delay = min(self.backoff_max_s, self.backoff_s * (2.0 ** min(64, max(0, attempt - 1))))
         if self.jitter:
             delay = (rng or random).uniform(0, delay)
         return float(delay)
@@ -178,12 +205,12 @@ class Retry:
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Retry:
-        """Inverse of :meth:`to_json`."""
+        """Inverse of :meth:`to_json`; raises :class:`EnvelopeError` for a field of the wrong type."""
         return cls(
-            max_attempts=int(value.get("max_attempts", 1)),
-            backoff_s=float(value.get("backoff", 1.0)),
-            backoff_max_s=float(value.get("backoff_max", 300.0)),
-            jitter=bool(value.get("jitter", True)),
+            max_attempts=value.get("max_attempts", 1),
+            backoff_s=to_float(value.get("backoff", 1.0)),
+            backoff_max_s=to_float(value.get("backoff_max", 300.0)),
+            jitter=value.get("jitter", True),
         )
 
 
@@ -288,27 +315,33 @@ class Envelope:
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Envelope:
-        """Build from the stored JSON object, keeping unknown fields in :attr:`extra`."""
+        """Build from the stored JSON object, keeping unknown fields in :attr:`extra`.
+
+        Every field is checked for type and range: a record that decodes here can be delivered
+        (a record that cannot is refused with :class:`EnvelopeError`, which the forwarder
+        records as invalid instead of stopping on it). Durations above :data:`MAX_SECONDS`
+        that an older version accepted are kept; the transport caps what it hands to RQ.
+        """
         version = obj.get("v")
-        if not isinstance(version, int) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise EnvelopeError(f"envelope version {version!r} is not supported")
         try:
             return cls(
                 id=validate_job_id(obj["id"]),
-                func=function_path(obj["func"]),
+                func=function_path(typed("func", obj["func"], str)),
                 queue=validate_queue_name(obj["queue"]),
-                idempotency_key=str(obj["key"]),
-                created_at=_finite(obj["created_at"]),
-                args=tuple(obj.get("args", ())),
-                kwargs=dict(obj.get("kwargs", {})),
-                timeout_s=_opt_float(obj.get("timeout")),
-                result_ttl_s=_opt_float(obj.get("result_ttl")),
-                run_at=_opt_float(obj.get("run_at")),
+                idempotency_key=key_text(obj["key"]),
+                created_at=time_value("created_at", obj["created_at"]),
+                args=tuple(typed("args", obj.get("args", []), list)),
+                kwargs=typed("kwargs", obj.get("kwargs", {}), dict),
+                timeout_s=opt_duration("timeout", obj.get("timeout")),
+                result_ttl_s=opt_duration("result_ttl", obj.get("result_ttl")),
+                run_at=opt_finite("run_at", obj.get("run_at")),
                 retry=_opt_retry(obj.get("retry")),
-                description=obj.get("description"),
-                meta=dict(obj.get("meta") or {}),
-                requeue=int(obj.get("requeue", 0)),
-                signature=_opt_str("sig", obj.get("sig")),
+                description=opt_str("description", obj.get("description")),
+                meta=typed("meta", obj.get("meta", {}), dict),
+                requeue=requeue_count(obj.get("requeue", 0)),
+                signature=opt_str("sig", obj.get("sig")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows
@@ -360,27 +393,7 @@ def _finite_float(text: str) -> float:
 _loads = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float).decode
 
 
-def _opt_str(name: str, value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, not {value!r}")
-    return value
-
-
 def _opt_retry(value: object) -> Retry | None:
     if value is not None and not isinstance(value, Mapping):
-        raise TypeError(f"retry must be an object, not {value!r}")
+        raise TypeError(f"retry must be an object, not {value!r:.60}")
     return None if value is None else Retry.from_json(value)
-
-
-def _opt_float(value: object) -> float | None:
-    return None if value is None else _finite(value)
-
-
-def _finite(value: object) -> float:
-    """A time or duration: a finite number (``float("inf")`` and ``float("nan")`` do not re-encode)."""
-    if not isinstance(value, int | float | str):
-        raise TypeError(f"expected a number, not {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"expected a finite number, not {value!r}")
-    return number

@@ -5,7 +5,7 @@
     HybridqError
     ├── JournalError
     │   ├── JournalPathError        the journal path is unusable (not a directory, a symlink, ...)
-    │   ├── JournalIOError          a write or fsync failed; the append was *not* acknowledged
+    │   ├── JournalIOError          a write or fsync failed; *not* acknowledged, outcome unknown
     │   ├── JournalCorruption       damage the journal refuses to repair silently
     │   ├── RecordTooLarge          a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
     │   ├── JournalClosed           the writer was closed
@@ -15,6 +15,8 @@
     │   └── NotSerializable (TypeError)  arguments JSON cannot hold
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
+    ├── ConfigError (ValueError)    settings that cannot work together; refused at start
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     └── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
 
@@ -25,8 +27,11 @@ This module imports nothing from hybridq, so every layer may import it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
+    "ConfigError",
     "EnvelopeError",
     "HybridqError",
     "JournalClosed",
@@ -41,6 +46,7 @@ __all__ = [
     "RedisRefused",
     "StateFileCorrupt",
     "TransportError",
+    "UnencodableJobs",
 ]
 
 
@@ -62,13 +68,29 @@ class JournalPathError(JournalError):
 
 
 class JournalIOError(JournalError):
-    """A write or fsync failed: the append was not acknowledged and the segment is abandoned."""
+    """A write or fsync failed: the append was not acknowledged and the segment is abandoned.
+
+    The outcome is *unknown*, not "not accepted": bytes written before a failed fsync may still
+    be read and forwarded. Retry under the same idempotency key (:attr:`idempotency_keys`, set
+    when ``enqueue`` raised it): the task then runs once (``docs/guarantees.md``).
+    """
 
     def __init__(self, path: str, op: str, cause: OSError) -> None:
         self.path = path
         self.op = op
         self.errno = cause.errno
+        #: The job ids and idempotency keys of the failed ``enqueue`` call (empty for a bare
+        #: journal append).
+        self.job_ids: tuple[str, ...] = ()
+        self.idempotency_keys: tuple[str, ...] = ()
         super().__init__(f"{op} failed on {path}: {cause.strerror or cause}")
+
+    def for_jobs(self, job_ids: tuple[str, ...], idempotency_keys: tuple[str, ...]) -> None:
+        """Name the jobs whose enqueue failed, and say what a caller may do."""
+        self.job_ids = job_ids
+        self.idempotency_keys = idempotency_keys
+        advice = "retry with the same idempotency_key and the task runs once"
+        self.args = (f"{self.args[0]}; outcome unknown for job(s) {', '.join(job_ids)}: {advice}",)
 
 
 class JournalCorruption(JournalError):
@@ -168,6 +190,25 @@ class QueueFull(HybridqError):
 
 class TransportError(HybridqError):
     """The transport could not deliver (Redis down, hung or refusing); retried with backoff."""
+
+
+class UnencodableJobs(HybridqError):
+    """Jobs of a batch the transport cannot encode (a field Redis cannot hold); nothing was sent.
+
+    Not an outage: pushing them again would fail again, forever, and hold back every job behind
+    them. The forwarder records them as invalid and pushes the rest of the batch.
+
+    Attributes:
+        rejected: ``(delivery, reason)`` for each such job.
+    """
+
+    def __init__(self, rejected: Sequence[tuple[Any, str]]) -> None:
+        self.rejected = list(rejected)
+        super().__init__(f"{len(self.rejected)} job(s) cannot be encoded for the transport")
+
+
+class ConfigError(HybridqError, ValueError):
+    """Settings that cannot work together (e.g. ``--key-ttl`` too short for ``--lease``)."""
 
 
 class RedisRefused(TransportError):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import HybridqError
+from hybridq.errors import EnvelopeError, HybridqError
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
@@ -84,10 +85,11 @@ def requeue(job_ids: Iterable[str], journal: str | None = None) -> list[Job]:
 
 
 def _failed(entry: Entry) -> FailedJob:
-    env = Envelope.from_dict(entry.job) if entry.job is not None else None
+    env = _envelope(entry.job)
+    func = entry.job.get("func") if entry.job is not None else None
     return FailedJob(
         id=entry.job_id,
-        func=env.func if env is not None else None,
+        func=func if isinstance(func, str) else None,
         queue=entry.queue or (env.queue if env is not None else None),
         attempts=entry.attempt,
         error=entry.error,
@@ -95,3 +97,17 @@ def _failed(entry: Entry) -> FailedJob:
         loc=entry.loc,
         envelope=env,
     )
+
+
+def _envelope(job: Mapping[str, Any] | None) -> Envelope | None:
+    """The failed job's envelope, or ``None`` if there is none or this version refuses it.
+
+    A failure recorded by an older, laxer version is still listed; it cannot be requeued (its
+    envelope would be refused when read back), so ``requeue`` says it is not a listed failure.
+    """
+    if job is None:
+        return None
+    try:
+        return Envelope.from_dict(job)
+    except EnvelopeError:
+        return None

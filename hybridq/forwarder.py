@@ -27,11 +27,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
-from hybridq.completions import Completions
+from hybridq.completions import Completions, check_key_ttl
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, RedisRefused, TransportError
+from hybridq.errors import (
+    EnvelopeError,
+    JournalIOError,
+    JournalLocked,
+    RedisRefused,
+    TransportError,
+    UnencodableJobs,
+)
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
@@ -113,6 +120,7 @@ class Forwarder:
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        check_key_ttl(lease_s, key_ttl_s)  # ConfigError before anything is created
         # The forwarder may start before any producer has: it creates the directory (0700).
         self.journal = ensure_journal_dir(journal)
         self.transport = transport
@@ -136,6 +144,7 @@ class Forwarder:
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._reader: JournalReader | None = None
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
@@ -148,7 +157,14 @@ class Forwarder:
         Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
         own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
         """
-        self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME))
+        # Held while it runs: the lock is taken in this very directory, and every step checks
+        # that the path still leads here (a swapped-in journal is never forwarded from).
+        self._dir_fd = open_journal_dir(self.journal)
+        try:
+            self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME), dir_fd=self._dir_fd)
+        except BaseException:
+            self.close()
+            raise
         try:
             report = recover(self.journal)
             for torn in report.repaired:
@@ -204,6 +220,9 @@ class Forwarder:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def __enter__(self) -> Self:
         self.open()
@@ -265,22 +284,36 @@ class Forwarder:
         Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
         (after the new records, so that it never delays a new job's push).
         """
+        if self._dir_fd is not None:
+            check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
         return done
 
     def _forward_new(self) -> int:
+        reader = self._require_reader()
+        try:
+            return self._read_and_deliver(reader)
+        except BaseException:
+            # The reader has moved past records whose batch was not delivered (a full disk while
+            # recording an invalid record, a failed save, a stop): read them again next time.
+            # Everything before the checkpoint's positions is pushed already.
+            reader.seek(self.checkpoint.positions)
+            raise
+
+    def _read_and_deliver(self, reader: JournalReader) -> int:
         done = 0
         batch: list[Delivery] = []
-        reader = self._require_reader()
         for record in reader.records():
+            loc = (record.writer_id, record.segment_index, record.offset)
+            if self._require_completions().index.is_terminal(loc):
+                # Finished already (a checkpoint lost or older than the ledger), or an invalid
+                # record recorded before a step was retried: never counted twice.
+                continue
             env = self._decode(record, record_invalid=True)
             if env is None:
                 continue
-            loc = (record.writer_id, record.segment_index, record.offset)
-            if self._require_completions().index.is_terminal(loc):
-                continue  # finished already (a checkpoint lost or older than the ledger)
             if env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
                 continue
@@ -396,7 +429,10 @@ class Forwarder:
     def _hold(self, env: Envelope, record: Record) -> None:
         assert env.run_at is not None
         held = Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset)
-        bisect.insort(self.checkpoint.held, held)
+        at = bisect.bisect_left(self.checkpoint.held, held)
+        if at < len(self.checkpoint.held) and self.checkpoint.held[at] == held:
+            return  # read again after a step was retried: held once
+        self.checkpoint.held.insert(at, held)
 
     def _forward_due(self) -> int:
         """Push held jobs whose time has come, then drop them from the checkpoint."""
@@ -432,7 +468,8 @@ class Forwarder:
         except FileNotFoundError:
             log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
             return None
-        return self._decode(record)
+        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+        return self._decode(record, record_invalid=True)
 
     def _clamp_checkpoint(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -493,6 +530,12 @@ class Forwarder:
         while True:
             try:
                 result = self.transport.push(batch)
+            except UnencodableJobs as exc:
+                # Not an outage: these would fail again on every retry, holding back the rest.
+                batch = self._drop_unencodable(batch, exc)
+                if not batch:
+                    return
+                continue
             except TransportError as exc:
                 self._went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))
@@ -508,14 +551,30 @@ class Forwarder:
             self.checkpoint.duplicate_pushes += result.already_present
             return
 
+    def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:
+        """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""
+        refused = {id(delivery) for delivery, _ in exc.rejected}
+        for delivery, reason in exc.rejected:
+            self._require_completions().record_invalid_at(delivery.loc)
+            self.checkpoint.invalid += 1
+            log.error(
+                "skipping job %s (record %s:%d:%d): the transport cannot encode it: %s",
+                delivery.envelope.id,
+                *delivery.loc,
+                reason,
+            )
+        return [d for d in batch if id(d) not in refused]
 
-def _take_lock(path: str, *, patience_s: float = 1.0) -> int:
+
+def _take_lock(path: str, *, patience_s: float = 1.0, dir_fd: int | None = None) -> int:
     """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it.
 
     Retries for ``patience_s``: ``hybridq status`` probes the lock for an instant, and a
-    forwarder (re)starting at that instant must not give up.
+    forwarder (re)starting at that instant must not give up. With ``dir_fd``, the file is
+    opened by its name in that directory.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    name = os.path.basename(path) if dir_fd is not None else path
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     deadline = time.monotonic() + patience_s
     while True:
         try:

@@ -2,7 +2,7 @@
 
 The ledger is a second journal (same format, same crash safety) in ``<journal>/ledger/``. The
 forwarder appends what workers report, with fsync, before it deletes the events from Redis
-(RELIABILITY.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
+(docs/reliability.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
 a kind ``t``:
 
 * ``done`` -- the job at ``loc`` reached a terminal outcome (``succeeded``, ``failed`` out of
@@ -302,10 +302,15 @@ def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
 def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
     """The index of the whole ledger; of compacted journal segments, only failures still listed."""
     index = LedgerIndex()
-    present = set(list_chains(journal))
+    first = {writer: indices[0] for writer, indices in list_chains(journal).items()}
     for _, entry in read_ledger(journal):
-        # A chain that is gone was compacted away whole (and may have been forgotten since).
-        if compacted.is_compacted((entry.loc[0], entry.loc[1])) or entry.loc[0] not in present:
+        # A chain that is gone was compacted away whole (and may have been forgotten since); a
+        # segment below its chain's first one was compacted too, even when the chain was
+        # forgotten and then grew again (its writer sealed its last segment while compaction
+        # ran, then rotated into a new one): its entries are counted in Compacted already.
+        if compacted.is_compacted((entry.loc[0], entry.loc[1])) or entry.loc[1] < first.get(
+            entry.loc[0], sys.maxsize
+        ):
             # Counted in Compacted already; only a failure still listed matters.
             if entry.kind == "done" and entry.outcome == "failed":
                 index.failed.setdefault(entry.loc, entry)

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
+from hybridq import waiting
 from hybridq.journal.reader import segment_usage
 from hybridq.ledger import AcceptedCounter
 
@@ -52,6 +54,16 @@ class ForwarderMetrics(Collector):
         with self._lock:  # scrapes may overlap
             return self._accepted.count()
 
+    def waiting(self) -> int | None:
+        """Jobs workers left for another worker (:mod:`hybridq.waiting`); ``None``: unknown."""
+        conn = getattr(self.forwarder.transport, "connection", None)  # the RQ transport's client
+        if conn is None or self.forwarder.stats.down_since is not None:
+            return None
+        try:
+            return waiting.current(conn, limit=0).count
+        except RedisError:
+            return None
+
     def collect(self) -> Iterator[Metric]:
         """The metric families (prometheus-client calls this on each scrape)."""
         f = self.forwarder
@@ -81,6 +93,11 @@ class ForwarderMetrics(Collector):
             "Jobs this forwarder process delivered again (lost, missing, stranded, refilled).",
             redelivered,
         )
+        yield _counter(
+            "hybridq_events_dropped",
+            "Completion events this forwarder process dropped because they did not parse.",
+            c.dropped_events if c is not None else 0,
+        )
         yield _gauge(
             "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
         )
@@ -101,6 +118,13 @@ class ForwarderMetrics(Collector):
         )
         lag = 0.0 if f.stats.oldest_unpushed is None else max(0.0, time.time() - f.stats.oldest_unpushed)
         yield _gauge("hybridq_forwarding_lag_seconds", "Age of the oldest job waiting to be pushed.", lag)
+        waiting_now = self.waiting()
+        if waiting_now is not None:
+            yield _gauge(
+                "hybridq_waiting_for_a_worker",
+                "Jobs a worker recently left because it cannot import or may not run their task.",
+                waiting_now,
+            )
         segments, size = segment_usage(f.journal)
         yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
         yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)

@@ -17,21 +17,26 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from hybridq.allow import register
 from hybridq.envelope import (
+    MAX_SECONDS,
     Envelope,
     Retry,
+    check_seconds,
+    check_time,
     function_path,
     new_job_id,
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, QueueFull, RecordTooLarge
+from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.journal.reader import list_chains
 from hybridq.ledger import AcceptedCounter, Compacted, LedgerIndex, consistent, load_index
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
@@ -52,6 +57,25 @@ def default_journal() -> str:
 
 _writers: dict[tuple[str, Durability], JournalWriter] = {}
 _writers_lock = threading.Lock()
+#: Every capacity counter alive in this process (their locks are replaced in a forked child).
+_pending_counts: weakref.WeakSet[_PendingCount] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Replace this module's locks in a forked child.
+
+    Only the forking thread exists there: a lock another thread of the parent held at the fork
+    stays held forever (a preforking server's worker would hang in ``enqueue``). The shared
+    writers reset themselves: ``JournalWriter`` registers its own hook, which runs before this
+    one (after-fork hooks run in registration order, and ``hybridq.journal`` is imported first).
+    """
+    global _writers_lock
+    _writers_lock = threading.Lock()
+    for pending in list(_pending_counts):
+        pending._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_writer(journal: str, durability: Durability = Durability.FSYNC) -> JournalWriter:
@@ -119,6 +143,9 @@ class Job:
             return "failed"  # listed failures outlive their compacted segment
         if compacted.is_compacted((loc[0], loc[1])):
             return "finished"  # only segments whose every job is terminal are compacted
+        present = list_chains(self.journal).get(loc[0])
+        if present is None or loc[1] < present[0]:
+            return "finished"  # its segment was compacted, and its chain forgotten since
         done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
         if done is not None:
             return "finished" if done == "succeeded" else "failed"
@@ -227,8 +254,11 @@ class Queue:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
         self.durability = Durability(durability)
-        self.default_timeout = default_timeout
-        self.default_result_ttl = default_result_ttl
+        # Checked now (as every call would check them): the error points at the Queue(...) line.
+        self.default_timeout = _seconds("default_timeout", default_timeout, None)
+        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl, None)
+        if default_retry is not None:
+            _check_retry(default_retry)
         self.default_retry = default_retry
         self._pending = _PendingCount(self.journal) if capacity is not None else None
         self._nudge_name = address(self.journal)
@@ -273,7 +303,11 @@ class Queue:
         return self.enqueue_many([self.prepare(func, args, kwargs, **options)])[0]
 
     def enqueue_many(self, jobs: Iterable[Envelope]) -> list[Job]:
-        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are durable, or none.
+        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are acknowledged, or none.
+
+        A :class:`~hybridq.errors.JournalIOError` means none was acknowledged and the outcome is
+        unknown (``docs/journal.md``): retry them under the same idempotency keys (``job_ids``
+        and ``idempotency_keys`` on the error name them).
 
         With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
         first, and the returned jobs hold the signed envelopes.
@@ -298,9 +332,15 @@ class Queue:
             writer = self._writer = shared_writer(self.journal, self.durability)
         try:
             ids = writer.append_many(payloads)
-        except BaseException:
+        except BaseException as exc:
             if self._pending is not None:
                 self._pending.release(len(payloads), appended=False)
+            if isinstance(exc, JournalIOError):
+                # Unknown, not refused: the records may be in the file. Say which jobs, so the
+                # caller can retry them under the same keys (docs/guarantees.md, disk full).
+                exc.for_jobs(
+                    tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
+                )
             raise
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
@@ -335,12 +375,18 @@ class Queue:
             raise EnvelopeError("args must be a list or tuple")
         if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
             raise EnvelopeError("kwargs must be a mapping")
+        if kwargs and any(type(name) is not str for name in kwargs):
+            raise EnvelopeError("kwargs names must be strings")
         if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
             raise EnvelopeError("idempotency_key must be a non-empty string")
+        if description is not None and not isinstance(description, str):
+            raise EnvelopeError("description must be a string")  # Redis could not store it (issue 13)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise EnvelopeError("meta must be a mapping")
         if meta and "hybridq" in meta:
             raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
-        if retry is not None and not isinstance(retry, Retry):
-            raise EnvelopeError("retry must be a hybridq.Retry")
+        if retry is not None:
+            _check_retry(retry)
         now = time.time()
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
         env = Envelope(
@@ -362,11 +408,17 @@ class Queue:
         return env
 
 
+def _check_retry(retry: object) -> None:
+    if not isinstance(retry, Retry):
+        raise EnvelopeError("retry must be a hybridq.Retry")
+    if max(retry.backoff_s, retry.backoff_max_s) > MAX_SECONDS:
+        raise EnvelopeError(f"Retry backoffs must be at most {MAX_SECONDS} seconds (ten years)")
+
+
 def _seconds(name: str, value: float | None, default: float | None) -> float | None:
+    """A positive duration of at most ``MAX_SECONDS`` (larger ones break inside RQ), or ``None``."""
     value = default if value is None else value
-    if value is not None and (not isinstance(value, int | float) or value <= 0):
-        raise EnvelopeError(f"{name} must be a positive number of seconds")
-    return None if value is None else float(value)
+    return None if value is None else check_seconds(name, value)
 
 
 def _run_at(
@@ -377,16 +429,13 @@ def _run_at(
     if isinstance(delay, dt.timedelta):
         delay = delay.total_seconds()
     if delay is not None:
-        if not isinstance(delay, int | float) or delay < 0:
-            raise EnvelopeError("delay must be a number of seconds >= 0 or a timedelta")
-        return now + float(delay) if delay > 0 else None
+        seconds = check_seconds("delay", delay, zero=True)  # a number or a timedelta
+        return now + seconds if seconds > 0 else None
     if isinstance(run_at, dt.datetime):
         if run_at.tzinfo is None:
             raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        return run_at.timestamp()
-    if run_at is not None and not isinstance(run_at, int | float):
-        raise EnvelopeError("run_at must be a datetime or a Unix time")
-    return None if run_at is None else float(run_at)
+        return check_time("run_at", run_at.timestamp())
+    return None if run_at is None else check_time("run_at", run_at)
 
 
 class _PendingCount:
@@ -410,6 +459,13 @@ class _PendingCount:
         self._refreshed = -1e9
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
+        _pending_counts.add(self)
+
+    def _after_fork(self) -> None:
+        # The parent's in-flight reservations are not ours; recount at the first reserve.
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._refreshed = -1e9
 
     def reserve(self, n: int, capacity: int) -> None:
         """Take ``n`` places or raise :class:`QueueFull`; follow with :meth:`release`."""

@@ -53,7 +53,18 @@ from rq.utils import now
 from rq.worker.base import BaseWorker
 
 from hybridq.guard import Job
-from hybridq.worker import _CLAIM, _FINISH, _RUN_ATTR, _client, _finish, _finished, _plan, _retrying, _Run
+from hybridq.worker import (
+    _CLAIM,
+    _FINISH,
+    _RUN_ATTR,
+    _client,
+    _finish,
+    _finished,
+    _plan,
+    _release,
+    _retrying,
+    _Run,
+)
 
 __all__ = ["HEARTBEAT_GAP_S", "SimpleWorker", "Worker"]
 
@@ -159,12 +170,15 @@ class _Pipelining(BaseWorker):
                 beat, kept = pipe.execute(raise_on_error=False)
         except RedisError:
             pass  # the reply was lost: whether the script ran is unknown; sent again below
-        if isinstance(kept, int):
-            _finished(run, kept)
-        else:
-            # Lost (it may have run: a retry with its token answers 2) or refused (NOSCRIPT: it
-            # did not): sent on its own, retried while Redis is unreachable, as execute() does.
-            _finish(_client(self.connection), run)
+        try:
+            if isinstance(kept, int):
+                _finished(run, kept)
+            else:
+                # Lost (it may have run: a retry with its token answers 2) or refused (NOSCRIPT: it
+                # did not): sent on its own, retried while Redis is unreachable, as execute() does.
+                _finish(_client(self.connection), run)
+        finally:
+            _release(run)  # the lease was renewed until now: stored, or given up
         if beat is None or isinstance(beat, Exception):
             job.heartbeat(now(), heartbeat_ttl)  # RQ's own call, raising as RQ's would
 

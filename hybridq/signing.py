@@ -225,3 +225,13 @@ def _load(path: str | None, raw: str | None) -> Keyring:
     except UnicodeDecodeError:  # its message would quote a byte of the key
         raise SigningKeyError(f"{ENV_KEY_FILE}={path}: not UTF-8 text") from None
     return Keyring.from_text(text, source=f"{ENV_KEY_FILE}={path}")
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread exists in the child: a cache lock another thread held at the fork
+    # would stay held, and every enqueue (which reads the keys) would hang (a preforking server).
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -29,7 +29,7 @@ from hybridq.state import load_checkpoint
 # hybridq.redisurl; both kept importable here.
 __all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 
-#: The fields DESIGN.md promises in ``status --json`` (integers).
+#: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
@@ -41,7 +41,7 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:
-        out["redis"] = {"url": redact_url(redis_url), "up": _redis_up(redis_url)}
+        out["redis"] = {"url": redact_url(redis_url), **_redis_state(redis_url)}
     return out
 
 
@@ -113,7 +113,7 @@ def _scan_pending(
         try:
             body = json.loads(record.payload)
             queue, created = str(body["queue"]), float(body["created_at"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue  # not a job: the forwarder records it as invalid (terminal) when it reads it
         out.queues[queue] = out.queues.get(queue, 0) + 1
         out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)
@@ -145,18 +145,26 @@ def _forwarder_holder(path: str) -> str | None:
         os.close(fd)
 
 
-def _redis_up(url: str) -> bool:
+def _redis_state(url: str) -> dict[str, Any]:
+    """Whether Redis is ``up``, and how many jobs are ``waiting_for_a_worker``.
+
+    The jobs a worker recently left because it cannot run them (not importable there, or not
+    allowed: see :mod:`hybridq.waiting`); ``None`` while Redis is down.
+    """
+    from redis.exceptions import RedisError  # noqa: PLC0415
+
+    from hybridq import waiting  # noqa: PLC0415
     from hybridq.errors import TransportError  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415 - only when Redis is asked for
 
     transport = RQTransport(url, socket_timeout_s=1.0)
     try:
         transport.ping()
-    except TransportError:
-        return False
+        return {"up": True, "waiting_for_a_worker": waiting.current(transport.connection, limit=0).count}
+    except (TransportError, RedisError):
+        return {"up": False, "waiting_for_a_worker": None}
     finally:
         transport.close()
-    return True
 
 
 def with_password(url: str, password: str) -> str:

@@ -16,19 +16,22 @@ function but :func:`execute` (or one :mod:`hybridq.allow` allows, when no signin
 configured) before it imports anything. Then, for each delivery, :func:`execute`:
 
 0. **checks** the envelope's signature when this worker holds a signing key
-   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`); a job
-   failing either fails for good, reported to the forwarder, with nothing imported or claimed;
+   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`) and
+   imports; a job failing the signature or refused for security fails for good, reported to
+   the forwarder, with nothing imported or claimed; one this worker is merely not set up for
+   (no ``--allow`` covers it, or its task does not import here) is left for another worker,
+   with no attempt used (:func:`_leave`, :mod:`hybridq.waiting`);
 1. **claims** the idempotency key in one script: a stored success (or a final failure) is
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
    second waits, then finds the first one's result);
-2. **renews** the lease from a thread (one per process) while the task runs: when the worker or
-   its work-horse is killed, the lease expires within ``lease_s`` and the forwarder delivers the
-   job again;
+2. **renews** the lease from a thread (one per process) while the task runs and until its
+   outcome is stored or given up: when the worker or its work-horse is killed, the lease expires
+   within ``lease_s`` and the forwarder delivers the job again;
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
-This module is the worker side of DESIGN.md's layers: it must not import the journal.
+This module is the worker side: it must not import the journal (pyproject.toml's import-linter contracts).
 """
 
 from __future__ import annotations
@@ -54,14 +57,24 @@ from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 from rq.utils import import_attribute
 
-from hybridq import keys, redisurl
+from hybridq import keys, redisurl, waiting
 from hybridq.allow import allowed, refusal
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
 from hybridq.signing import SignatureError, keyring
+from hybridq.waiting import TaskUnavailable
 
-__all__ = ["ENTRY_POINT", "DuplicateOfFailedJob", "Job", "NotAllowed", "execute", "run_worker"]
+__all__ = [
+    "ENTRY_POINT",
+    "DuplicateOfFailedJob",
+    "Job",
+    "NotAllowed",
+    "StaleDelivery",
+    "TaskUnavailable",
+    "execute",
+    "run_worker",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -163,6 +176,10 @@ class DuplicateOfFailedJob(Exception):
     """The idempotency key already failed for good: this delivery reports that failure."""
 
 
+class StaleDelivery(Exception):
+    """An old copy of an attempt that already failed: this delivery reports that failure again."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     envelope: Envelope
@@ -199,7 +216,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not _CLAIMED:
         return answer
     d, env = run.d, run.d.envelope
-    renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
+    run.renewal = renewal = _renewer().add(conn, run.claim_keys[1], run.token, d.lease_s)
     context = _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
@@ -209,9 +226,15 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         value = _call(env)
     except Exception as exc:
         error = exc
+    except BaseException:
+        _release(run)  # no outcome will be stored: let the lease lapse
+        raise
     finally:
         _current.reset(context)
-        _renewer().remove(renewal)
+    # The lease is renewed until the outcome is stored or given up (_release): were it to lapse
+    # while the outcome call fails, another delivery would run the finished task again. The
+    # deadline ends the renewals even if nothing releases them.
+    renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
     outcome = {
@@ -227,7 +250,10 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     }
     run.finish = _finish_call(run, outcome)
     if not run.deferred:
-        _finish(conn, run)
+        try:
+            _finish(conn, run)
+        finally:
+            _release(run)
     # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
     if error is not None:
         raise error
@@ -256,8 +282,10 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
             log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
-            _report(conn, d, json.loads(stored), dup=False)
-            return None
+            failure = json.loads(stored)
+            _report(conn, d, failure, dup=False)
+            # RQ records this copy failed, as hybridq has it (returning would record it finished).
+            raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
         time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
 
 
@@ -285,6 +313,8 @@ class _Run:
     deferred: bool = False
     #: The outcome script's keys and arguments, once the task ran.
     finish: tuple[list[str], list[str | int]] | None = None
+    #: The lease's renewal, from the claim until the outcome is stored or given up.
+    renewal: _Renewal | None = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: _Delivery) -> _Run:
@@ -322,7 +352,7 @@ def _plan(rq_job: RQJob) -> _Run | None:
             return None
         raw = rq_job.args[0]
         d = _Delivery.parse(raw)
-        if _refusal(d.envelope) is not None:
+        if _refusal(d.envelope) is not None or waiting.unimportable(d.envelope.func) is not None:
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
@@ -363,16 +393,43 @@ def _refusal(env: Envelope) -> Exception | None:
 
 
 def _admit(conn: redis.Redis, d: _Delivery) -> None:
-    """Refuse (report, then raise) a delivery whose signature or function this worker refuses.
+    """Refuse or leave (raise) a delivery this worker will not or cannot run; before the claim.
 
-    Before anything is imported or claimed. A refused job fails for good (a retry would be
-    refused the same way), and the forwarder records it. A key that cannot be read raises
-    SigningKeyError here: nothing runs, nothing is reported, and the forwarder delivers the job
-    again later.
+    Before anything is imported or claimed. A refused job (a bad signature, a function refused
+    although its module is allowed here, a standard-library function) fails for good (a retry
+    would be refused the same way), and the forwarder records it. A job this worker is merely
+    not set up for (no ``--allow`` covers its module, or its task does not import here: a
+    rolling deploy) is left for a worker that can run it, with no attempt used
+    (:func:`_leave`). A key that cannot be read raises SigningKeyError here: nothing runs,
+    nothing is reported, and the forwarder delivers the job again later.
     """
-    error = _refusal(d.envelope)
+    env = d.envelope
+    error = _refusal(env)
     if error is not None:
+        if waiting.not_set_up_for(env.func, error):
+            _leave(conn, d, str(error))
         _refuse(conn, d, error)
+    reason = waiting.unimportable(env.func)
+    if reason is not None:
+        _leave(conn, d, reason)
+
+
+def _leave(conn: redis.Redis, d: _Delivery, reason: str) -> NoReturn:
+    """Leave the job for a worker that can run it: no claim, no attempt used, nothing reported.
+
+    RQ marks this delivery failed; the task never started, so the forwarder's reconcile pass
+    finds the job stranded and delivers the same attempt again about two leases later. The job
+    is listed in :mod:`hybridq.waiting` meanwhile (``hybridq status``, ``hybridq doctor``).
+    """
+    env = d.envelope
+    message = f"{reason}; left for a worker that can run it (no attempt used)"
+    log.warning("job %s: %s", env.id, message)
+    info = {"func": env.func, "queue": env.queue, "reason": reason, "worker": socket.gethostname()}
+    try:
+        waiting.record(conn, env.id, info, lease_s=d.lease_s)
+    except RedisError as exc:  # visibility only: the job is left either way
+        log.warning("job %s: cannot list it as waiting: %s", env.id, exc)
+    raise TaskUnavailable(message)
 
 
 def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
@@ -423,6 +480,13 @@ def _finish(conn: redis.Redis, run: _Run) -> None:
     assert run.finish is not None
     keys_, args = run.finish
     _finished(run, _retrying(lambda: _script(conn, _FINISH)(keys=keys_, args=args)))
+
+
+def _release(run: _Run) -> None:
+    """Stop renewing ``run``'s lease: its outcome is stored, or was given up."""
+    if run.renewal is not None:
+        _renewer().remove(run.renewal)
+        run.renewal = None
 
 
 def _finished(run: _Run, kept: int) -> None:
@@ -538,6 +602,8 @@ class _Renewal:
     interval_s: float
     due: float
     lost: bool = False
+    #: When to stop renewing even if nobody removed it (monotonic; set once the task returned).
+    until: float = math.inf
 
 
 class _LeaseRenewer:
@@ -577,6 +643,7 @@ class _LeaseRenewer:
         while True:
             with self._wake:
                 now = time.monotonic()
+                self._renewals -= {r for r in self._renewals if r.until <= now}
                 due = [r for r in self._renewals if r.due <= now]
                 if not due:
                     soonest = min((r.due for r in self._renewals), default=now + 60.0)
@@ -596,6 +663,9 @@ class _LeaseRenewer:
         except RedisError as exc:
             log.warning("cannot renew the lease on %s: %s", r.key, exc)
             return
+        with self._wake:
+            if r not in self._renewals:
+                return  # its outcome was stored meanwhile (which frees the lease)
         if not renewed and not r.lost:
             r.lost = True
             log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
@@ -705,7 +775,7 @@ def _check_access(conn: redis.Redis, queues: Sequence[str]) -> None:
     pipe.ping()
     for queue in queues:
         pipe.llen(keys.rq_queue(queue))
-    pipe.exists(keys.result("-"), keys.lease("-"), keys.events("-"))
+    pipe.exists(keys.result("-"), keys.lease("-"), keys.events("-"), keys.waiting())
     pipe.execute()
 
 

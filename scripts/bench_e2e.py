@@ -13,7 +13,7 @@ processes:
 Both workers run as their commands ship (logging at INFO to a file, one line or more per job).
 Start-up is not timed: the clock starts at the first enqueue, once every process has registered.
 The registries are polled every 5 ms. The measurements run in an order rotated each repetition;
-FLUSHALL before each. No target of PERFORMANCE.md is this figure (W1 is ``scripts/bench-worker``'s,
+FLUSHALL before each. No target in docs/benchmarks.md is this figure (W1 is ``scripts/bench-worker``'s,
 in-process); it shows how each side scales with worker processes on this machine.
 """
 

@@ -1,4 +1,4 @@
-"""M1, F3 and D1 from PERFORMANCE.md, measured on a journal of N jobs (default 1,000,000).
+"""M1, F3 and D1 (targets: docs/benchmarks.md), measured on a journal of N jobs (default 1,000,000).
 
 * M1: peak RSS (VmHWM) of `hybridq forward` while Redis is unreachable and N jobs wait.
 * F3: seconds from starting `hybridq forward` over that journal to its first push attempt

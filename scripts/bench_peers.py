@@ -4,7 +4,7 @@ Run it through ``scripts/bench-peers`` (it installs the ``bench`` extra; see ``d
 One run measures, at each thread count of ``--threads`` (default 1 and 16):
 
   * hybridq ``Queue.enqueue`` (durable: fsync before it returns) and ``rq.Queue.enqueue`` on a
-    Redis without persistence: the anchors of ``PERFORMANCE.md``, and the ratio's denominator;
+    Redis without persistence: the anchors of the targets in ``docs/benchmarks.md``, and the ratio's denominator;
   * ``rq.Queue.enqueue`` on Redis with ``appendonly yes`` and ``appendfsync everysec``, and with
     ``appendfsync always``;
   * Celery ``.delay()`` and Dramatiq ``.send()`` to the Redis without persistence (broker only: no

@@ -364,7 +364,7 @@ class Figure:
     goal: str = ""
     ok: bool | None = None
     what: str = ""
-    id: str = ""  # the target's name in PERFORMANCE.md (P1, F2, ...), if it has one
+    id: str = ""  # the target's name in docs/benchmarks.md (P1, F2, ...), if it has one
 
     def as_dict(self) -> dict[str, object]:
         return {

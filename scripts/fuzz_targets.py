@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing (atheris, libFuzzer) of the two decoders that read outside bytes.
+"""Coverage-guided fuzzing (atheris, libFuzzer) of the decoders that read outside bytes.
 
 Run it through ``scripts/fuzz`` (see ``docs/security.md``, *Sizes are capped*). The properties are
 those of ``tests/unit/test_fuzz.py`` (Hypothesis), checked on inputs that libFuzzer mutates
@@ -17,9 +17,15 @@ towards new branches of the instrumented ``hybridq`` code:
     a forged record that passes its checksum is indistinguishable from a written one.
 ``envelope``
     ``Envelope.from_bytes`` raises only ``EnvelopeError``; whatever decodes re-encodes and
-    decodes to the same envelope.
+    decodes to the same envelope, and becomes an RQ job hash (``RQTransport.job_hash``) without
+    error, every field one redis-py encodes, every number one RQ takes (issue 13.2).
+``event``
+    A completion event as the forwarder reads it from Redis: it parses into a ledger entry that
+    encodes as strict JSON and decodes to itself, or raises only what the forwarder drops an
+    event for (``tests.support.fuzzing.check_event``).
 
-The seed corpus (valid journals, cut, unsealed, damaged; valid envelopes) is generated at start.
+The seed corpus (valid journals, cut, unsealed, damaged; valid envelopes and events) is
+generated at start.
 The run stops after ``--seconds`` with a summary line on stdout and exit status 0; a finding
 makes libFuzzer write ``crash-*`` (``oom-*``, ``timeout-*``) into ``--artifacts`` and exit non-zero.
 An input file given after the options is run once (to reproduce a finding).
@@ -60,13 +66,17 @@ with atheris.instrument_imports(include=["hybridq"]):
         segment_name,
     )
     from hybridq.journal.records import Record
-    from tests.support.fuzzing import make_template_journal, write_segment
+    from tests.support.fuzzing import check_event, check_job_hash, make_template_journal, write_segment
 
 _RECORD_HEADER = struct.Struct("<IIQI")  # crc, length, sequence, type word (docs/journal-format.md)
 _SEAL_BYTES = SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
 _SHORT_INPUT_WRITER = "0" * 16
 #: libFuzzer options: an input that uses 1 GiB of RSS (oom-*) or 10 s (timeout-*) is a finding.
-_LIBFUZZER_DEFAULTS = {"reader": ["-max_len=16384"], "envelope": ["-max_len=4096"]}
+_LIBFUZZER_DEFAULTS = {
+    "reader": ["-max_len=16384"],
+    "envelope": ["-max_len=4096"],
+    "event": ["-max_len=2048"],
+}
 _COMMON = ["-rss_limit_mb=1024", "-timeout=10"]
 #: The process's address space (it uses under 100 MB). RSS alone would miss the allocation an
 #: unchecked length causes: os.read(fd, 4 GiB) maps pages it never touches. Here it raises.
@@ -318,6 +328,64 @@ class EnvelopeTarget:
         self.stats.add("decoded and round-tripped")
         again = Envelope.from_bytes(env.to_bytes())
         assert again.to_dict() == env.to_dict(), (env, again)
+        check_job_hash(env)
+
+
+# -- completion events --------------------------------------------------------------------------
+
+
+class EventTarget:
+    """Arbitrary bytes as the JSON of a completion event in the forwarder's stream."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    def seeds(self) -> dict[str, bytes]:
+        """Events as workers write them: a success, a failure with a retry, a final failure."""
+        base = {
+            "id": "0190a1b2c3d4e5f60718293a4b5c6d7e",
+            "loc": ["a1b2c3d4e5f60718", 3, 4096],
+            "queue": "default",
+        }
+        seeds = {
+            "succeeded": {
+                **base,
+                "outcome": "succeeded",
+                "final": True,
+                "attempt": 1,
+                "dup": False,
+                "at": 1.7e9,
+            },
+            "retry": {
+                **base,
+                "outcome": "failed",
+                "final": False,
+                "retry_delay": 2.5,
+                "attempt": 2,
+                "error": "E",
+            },
+            "failed": {
+                **base,
+                "outcome": "failed",
+                "final": True,
+                "attempt": 3,
+                "error": "boom",
+                "at": 1.7e9,
+            },
+        }
+        self.stats.add("seeds", len(seeds))
+        return {name: json.dumps(body).encode() for name, body in seeds.items()}
+
+    def __call__(self, data: bytes) -> None:
+        self.stats.tick()
+        self.stats.add("dropped" if check_event(data) is None else "parsed and round-tripped")
+
+
+def _event_dictionary() -> list[bytes]:
+    """JSON tokens and the event's field names, for libFuzzer's -dict."""
+    keys = ["id", "loc", "outcome", "final", "attempt", "dup", "error", "retry_delay", "at", "queue"]
+    tokens = [json.dumps(k).encode() for k in [*keys, "succeeded", "failed"]]
+    return [*tokens, b"true", b"false", b"null", b"NaN", b"Infinity", b"1e400", b"[", b"{", b"e+"]
 
 
 def _envelope_dictionary() -> list[bytes]:
@@ -336,7 +404,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("target", choices=["reader", "envelope"])
+    parser.add_argument("target", choices=["reader", "envelope", "event"])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (default 60)")
     parser.add_argument("--workdir", type=Path, help="corpus and scratch files (default: a temp dir)")
     parser.add_argument("--artifacts", type=Path, help="where a finding is written (default: --workdir)")
@@ -347,8 +415,11 @@ def main(argv: list[str]) -> None:
     artifacts: Path = args.artifacts or workdir
     artifacts.mkdir(parents=True, exist_ok=True)
     stats = Stats(args.target, args.seconds)
-    target: ReaderTarget | EnvelopeTarget
-    target = ReaderTarget(workdir, stats) if args.target == "reader" else EnvelopeTarget(stats)
+    target: ReaderTarget | EnvelopeTarget | EventTarget
+    if args.target == "reader":
+        target = ReaderTarget(workdir, stats)
+    else:
+        target = EnvelopeTarget(stats) if args.target == "envelope" else EventTarget(stats)
     options = [*_COMMON, *_LIBFUZZER_DEFAULTS[args.target], f"-artifact_prefix={artifacts}/"]
     if args.inputs:
         positional = list(args.inputs)
@@ -360,9 +431,10 @@ def main(argv: list[str]) -> None:
         positional = [str(corpus)]
         # A backstop only: Stats.tick ends the run on time with the summary line.
         options.append(f"-max_total_time={int(args.seconds) + 60}")
-        if args.target == "envelope":
-            dictionary = workdir / "envelope.dict"
-            dictionary.write_text("".join(f"{json.dumps(t.decode())}\n" for t in _envelope_dictionary()))
+        if args.target != "reader":
+            tokens = _envelope_dictionary() if args.target == "envelope" else _event_dictionary()
+            dictionary = workdir / f"{args.target}.dict"
+            dictionary.write_text("".join(f"{json.dumps(t.decode())}\n" for t in tokens))
             options.append(f"-dict={dictionary}")
     run: Callable[[bytes], None] = target
     _, hard = resource.getrlimit(resource.RLIMIT_AS)

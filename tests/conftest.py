@@ -1,6 +1,6 @@
 """Shared fixtures. Every file a test makes lives under ``tmp_path``.
 
-Scenario tests (RELIABILITY.md S1-S15) report one figure line each through the ``figures``
+Scenario tests (docs/reliability.md S1-S15) report one figure line each through the ``figures``
 fixture; the lines are printed together at the end of the run, e.g.
 ``S1 producer-kill cycles=40 acked=5210 lost=0``.
 """

@@ -1,4 +1,4 @@
-"""Deleting segments the layer above no longer needs (RELIABILITY.md rule 8).
+"""Deleting segments the layer above no longer needs (docs/reliability.md rule 8).
 
 The journal does not decide *which* segments may go (that needs to know which jobs are durably
 terminal, which only the forwarder knows); it offers the two safe primitives: how many data

@@ -78,7 +78,7 @@ OS_FILEOPS = FileOps()
 
 
 def write_all(ops: FileOps, fd: int, data: bytes | memoryview) -> None:
-    """Write every byte of ``data``, looping over short writes (RELIABILITY.md rule 2).
+    """Write every byte of ``data``, looping over short writes (docs/reliability.md rule 2).
 
     Raises the :class:`OSError` of the call that failed; the caller decides what a partial write
     means for the file (the writer truncates back or abandons the segment).

@@ -2,6 +2,12 @@
 
 A journal directory that every user may write to, or that another (non-root) user owns, is
 refused: whoever can write it can plant jobs that run, or delete jobs that were acknowledged.
+So is a journal path that another user could redirect: every directory on the way to it (each
+symlink followed and its own directory checked too) must belong to root or to this user and be
+writable by nobody else, unless it is sticky (like ``/tmp``) and the entry in it is ours or
+root's. Whoever can write a parent can otherwise rename the journal away and put a planted one
+(or a symlink to one) in its place between two operations that use the path
+(``docs/security.md``, *The journal directory*).
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ from hybridq.errors import JournalPathError
 
 from .fileops import OS_FILEOPS, FileOps
 
-__all__ = ["DEFAULT_JOURNAL", "ensure_journal_dir", "existing_journal_dir"]
+__all__ = [
+    "DEFAULT_JOURNAL",
+    "check_journal_dir",
+    "ensure_journal_dir",
+    "existing_journal_dir",
+    "open_journal_dir",
+]
 
 log = logging.getLogger("hybridq.journal")
 
@@ -51,10 +63,87 @@ def _check_existing(path: str) -> None:
         )
 
 
+#: How many symlinks a journal path may go through (as the kernel's ELOOP limit).
+_MAX_LINKS = 40
+
+
+def _trusted_uids(full: str) -> frozenset[int]:
+    """Root, us, and (when we are root) the journal's owner, who controls its contents anyway.
+
+    So root may still look at any user's journal in that user's home (``hybridq status``).
+    """
+    euid = os.geteuid()
+    if euid != 0:
+        return frozenset((0, euid))
+    try:
+        return frozenset((0, os.lstat(full).st_uid))
+    except OSError:
+        return frozenset((0,))
+
+
+def _check_entry(
+    full: str, trusted: frozenset[int], parent: str, parent_st: os.stat_result, name: str, st: os.stat_result
+) -> None:
+    """Refuse when a user we do not trust could replace ``name`` in ``parent``."""
+    if parent_st.st_uid not in trusted:
+        raise JournalPathError(
+            full, f"its parent {parent} is owned by uid {parent_st.st_uid}, who could replace {name!r} in it"
+        )
+    mode = parent_st.st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (mode & stat.S_ISVTX and st.st_uid in trusted):
+        raise JournalPathError(
+            full,
+            f"its parent {parent} is writable by other users (mode {stat.S_IMODE(mode):o}), who could "
+            f"swap in another journal; chmod go-w {parent}, or choose a directory only you can write",
+        )
+
+
+def _check_ancestors(full: str) -> None:
+    """Walk ``full`` from ``/`` as the kernel resolves it, checking every directory on the way.
+
+    Symlinks are followed (each link's own directory was checked before it, its target is walked
+    next), so a link in the middle cannot lead through a directory someone else controls. Stops
+    at the first component that does not exist yet (whoever creates it checks again).
+    """
+    trusted = _trusted_uids(full)
+    todo = [part for part in reversed(full.split("/")) if part]
+    current, current_st = "/", os.lstat("/")
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            current_st = os.lstat(current)
+            continue
+        entry = os.path.join(current, name)
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise JournalPathError(full, f"cannot check {entry}: {exc.strerror or exc}") from exc
+        _check_entry(full, trusted, current, current_st, name, st)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise JournalPathError(full, "goes through too many symlinks")
+            target = os.readlink(entry)
+            if target.startswith("/"):
+                current, current_st = "/", os.lstat("/")
+            todo.extend(part for part in reversed(target.split("/")) if part)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return  # refused by _check_existing (or by mkdir), with a clearer message
+        current, current_st = entry, st
+
+
 def existing_journal_dir(path: str | os.PathLike[str]) -> str:
     """The absolute path of an existing journal directory, validated; never creates anything."""
     full = os.path.abspath(os.fspath(path))
     _check_existing(full)
+    _check_ancestors(full)
     return full
 
 
@@ -62,9 +151,11 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
     """Validate the journal directory, creating it ``0700`` (and its parents) when missing.
 
     Returns the absolute path. Raises :class:`JournalPathError` when the path is a symlink, is not
-    a directory or is not writable; nothing is written in that case.
+    a directory, is not writable, or goes through a directory another user could change (see the
+    module docstring); nothing is written in that case (but missing parents, created ``0755``).
     """
     full = os.path.abspath(os.fspath(path))
+    _check_ancestors(full)  # before creating anything under them
     if not os.path.lexists(full):
         missing = []
         walk = full
@@ -73,7 +164,9 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
             walk = os.path.dirname(walk)
         for directory in reversed(missing):
             try:
-                os.mkdir(directory, 0o700 if directory == full else 0o777)
+                # Parents 0755 whatever the umask lets through: never writable by others
+                # (0777 & ~umask let any local user swap the journal below them).
+                os.mkdir(directory, 0o700 if directory == full else 0o755)
             except FileExistsError:
                 continue  # another process created it first; validated below
             except OSError as exc:  # e.g. a path component is a file
@@ -81,6 +174,44 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
             # A new directory entry is durable only once its parent is fsync'd (fsync(2)).
             fileops.fsync_dir(os.path.dirname(directory))
     _check_existing(full)
+    _check_ancestors(full)
     if not os.access(full, os.W_OK | os.X_OK):
         raise JournalPathError(full, "is not writable by this user")
     return full
+
+
+def open_journal_dir(full: str) -> int:
+    """Open the (validated) journal directory itself, never through a symlink; returns the fd.
+
+    A long-running process (the forwarder) keeps it: files it opens relative to it
+    (``dir_fd=``) are in this directory whatever happens to the path, and
+    :func:`check_journal_dir` tells it when the path no longer leads here.
+    """
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JournalPathError(full, f"cannot open it: {exc.strerror or exc}") from exc
+    try:
+        check_journal_dir(fd, full)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_journal_dir(fd: int, full: str) -> None:
+    """Raise :class:`JournalPathError` unless ``full`` still names the directory open as ``fd``.
+
+    A different directory or a symlink at the path means someone replaced the journal.
+    """
+    held = os.fstat(fd)
+    try:
+        now = os.lstat(full)
+    except OSError as exc:
+        raise JournalPathError(
+            full, f"is gone ({exc.strerror or exc}) since it was opened; stopping"
+        ) from exc
+    if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        raise JournalPathError(
+            full, "was replaced (another directory or a symlink now stands at that path); stopping"
+        )

@@ -1,6 +1,6 @@
 """Checking a journal, and recovering it on open: torn tails repaired, dead chains sealed.
 
-Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and RELIABILITY.md rules 10-12.
+Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and docs/reliability.md rules 10-12.
 Recovery never starts over damage: it scans everything first and raises
 :class:`~hybridq.errors.JournalCorruption` before touching a byte if anything is corrupt.
 

@@ -1,6 +1,6 @@
 """Explicit, loss-accepting repair of mid-file corruption (``hybridq journal repair --accept-loss``).
 
-Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and RELIABILITY.md rule 11:
+Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and docs/reliability.md rule 11:
 corruption is refused on open; this module is the one way past it, and only when asked. It
 reports exactly what it drops (etcd's ``Repair``, ``redis-check-aof --fix``), keeps a backup of
 every file it changes or removes, and never skips a damaged record silently (LevelDB).
@@ -751,7 +751,7 @@ def _apply_chain(ops: FileOps, directory: str, backup: str, plan: _ChainPlan) ->
 
     Every step leaves a journal that is either repaired or still refused (never one that hides
     a loss): segments go from the chain's end, and a cut segment is replaced atomically by a
-    sealed copy of its good prefix (temp file, fsync, rename, directory fsync; RELIABILITY.md
+    sealed copy of its good prefix (temp file, fsync, rename, directory fsync; docs/reliability.md
     rules 5 and 6) after the original is copied into the backup.
     """
     indices = list_chains(directory).get(plan.writer_id, [])

@@ -1,7 +1,7 @@
 """Atomic, checksummed state files (the forwarder's checkpoint and the like).
 
 Format: ``docs/journal-format.md`` (*State files*). A state file is replaced, never rewritten in
-place (RELIABILITY.md rule 6): temp file, fsync, ``os.replace``, fsync the directory.
+place (docs/reliability.md rule 6): temp file, fsync, ``os.replace``, fsync the directory.
 
 This module must not import redis, rq, click or the job envelope.
 """
@@ -72,7 +72,7 @@ def read_state(directory: str, name: str, *, fileops: FileOps = OS_FILEOPS) -> b
     """The payload of state file ``name``, or ``None`` if it does not exist.
 
     Raises :class:`StateFileCorrupt` when the file exists but is damaged: a damaged state file
-    is never treated as missing (RELIABILITY.md rule 12).
+    is never treated as missing (docs/reliability.md rule 12).
     """
     path = _path(directory, name)
     try:

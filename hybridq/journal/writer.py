@@ -1,6 +1,6 @@
 """The journal writer: durable appends with group commit, rotation and a fatal-error policy.
 
-Format: ``docs/journal-format.md``. Rules: ``RELIABILITY.md`` 1-9. One :class:`JournalWriter` is
+Format: ``docs/journal-format.md``. Rules: docs/reliability.md rules 1-9. One :class:`JournalWriter` is
 meant to be shared by every thread of a process; each writer appends to its own chain of segment
 files, so many processes can share one journal directory without a global lock.
 
@@ -39,7 +39,7 @@ from .format import (
     encode_records,
     segment_name,
 )
-from .paths import ensure_journal_dir
+from .paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from .segment import OpenSegment, SealError, as_oserror, close_quietly, seal_fd
 
 __all__ = ["Durability", "JournalWriter", "RecordId"]
@@ -100,6 +100,9 @@ class JournalWriter:
         if max_segment_bytes < 4096:
             raise ValueError("max_segment_bytes must be at least 4096")
         self.path = ensure_journal_dir(path, fileops)
+        # The directory itself, held open: a segment is created only while the path still
+        # leads to it (a journal swapped in at that path never receives our jobs).
+        self._dir_fd = open_journal_dir(self.path)
         self.durability = Durability(durability)
         self.max_segment_bytes = max_segment_bytes
         self._ops = fileops
@@ -133,7 +136,8 @@ class JournalWriter:
 
         Raises:
             RecordTooLarge: the payload is over ``MAX_PAYLOAD_BYTES``; nothing was written.
-            JournalIOError: a write or fsync failed; the record is not acknowledged.
+            JournalIOError: a write or fsync failed; the record is not acknowledged, and its
+                outcome is unknown (written bytes whose fsync failed may still be read).
         """
         if type(payload) is not bytes:
             payload = bytes(payload)
@@ -190,10 +194,14 @@ class JournalWriter:
                 return
             self._closed = True
             seg, self._segment = self._segment, None
-            if seg is not None and seg.error is None:
-                self._seal(seg)
-            elif seg is not None:
-                close_quietly(self._ops, seg.fd)
+            try:
+                if seg is not None and seg.error is None:
+                    self._seal(seg)
+                elif seg is not None:
+                    close_quietly(self._ops, seg.fd)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.close(self._dir_fd)
         _live_writers.discard(self)
 
     def __enter__(self) -> Self:
@@ -205,6 +213,9 @@ class JournalWriter:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True) and getattr(self, "_segment", None) is not None:
             warnings.warn(f"JournalWriter for {self.path} was not closed", ResourceWarning, stacklevel=1)
+        if not getattr(self, "_closed", True) and hasattr(self, "_dir_fd"):
+            with contextlib.suppress(OSError):
+                os.close(self._dir_fd)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -247,6 +258,7 @@ class JournalWriter:
     def _create_segment(self) -> OpenSegment:
         """Create the chain's next segment: temp file, header, fsync, flock, rename, dir fsync."""
         ops = self._ops
+        check_journal_dir(self._dir_fd, self.path)  # JournalPathError: nothing is written
         name = segment_name(self._writer_id, self._next_index)
         path = os.path.join(self.path, name)
         tmp = path + TMP_SUFFIX
@@ -334,17 +346,20 @@ class JournalWriter:
         are all covered by its leader's single fsync.
         """
         if self.durability is Durability.NO_FSYNC:
-            with self._cond:
-                if seg.error is not None:
-                    raise seg.error
+            # Our write(2) succeeded, which is this mode's acknowledgement. An error on the
+            # segment now is a later batch's: ours stays in the file (a failed write is cut
+            # back to its own start), so it must not be reported failed.
             return
         lock = self._sync_lock
         with lock:
             while True:
-                if seg.error is not None:
-                    raise seg.error
+                # Durable first: an fsync that covered ``gen`` makes the records durable even
+                # if a later batch's write or fsync poisoned the segment since. So does one
+                # still running that covers it (it closed ``gen``): wait for its result.
                 if seg.synced_gen >= gen:
                     return
+                if seg.error is not None and not (seg.syncing and gen < seg.open_gen):
+                    raise seg.error
                 if seg.syncing:
                     waiting = seg.gens.get(gen)
                     if waiting is None:

@@ -30,6 +30,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
 from hybridq import keys
+from hybridq.envelope import MAX_SECONDS
+from hybridq.errors import UnencodableJobs
 from hybridq.redisurl import transport_error
 from hybridq.worker import ENTRY_POINT
 
@@ -37,7 +39,8 @@ from .base import Delivery, Event, Probe, PushResult, StateToken, Transport, Ver
 
 __all__ = ["RQTransport"]
 
-# KEYS: job hash, queue list, set of queues. ARGV: job id, force ("1": replace a known job that
+# KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
+# ARGV: job id, force ("1": replace a known job that
 # was delivered for an earlier run; "2": replace it whatever it holds), run number (requeue *
 # 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
 # does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
@@ -66,6 +69,9 @@ if redis.call("EXISTS", KEYS[1]) == 1 then
     redis.call("DEL", KEYS[1])
     redis.call("LREM", KEYS[2], 0, ARGV[1])
 end
+-- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+redis.call("ZREM", KEYS[4], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
 redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
 redis.call("RPUSH", KEYS[2], ARGV[1])
 redis.call("SADD", KEYS[3], KEYS[2])
@@ -186,8 +192,13 @@ class RQTransport(Transport):
         RQ's ``create_job`` + ``to_dict`` cost about 70 us per job, most of the forwarder's time
         per job; this writes the same fields (``test_job_hash_is_what_rq_writes`` holds it to
         RQ's own output) in a fraction of that.
+
+        Raises ``ValueError``, ``TypeError`` or ``OverflowError`` for an envelope whose fields
+        Redis cannot hold (one :meth:`Envelope.from_dict` would refuse): :meth:`push` reports
+        those jobs as :class:`UnencodableJobs`.
         """
         env = delivery.envelope
+        description = env.description or _describe(env.func, env.args, env.kwargs)
         data: list[Any] = [ENTRY_POINT, None, [delivery.to_json()], {}]
         timeout = _whole_seconds(env.timeout_s) or self._queue(env.queue)._default_timeout
         fields: list[Any] = [
@@ -199,7 +210,7 @@ class RQTransport(Transport):
             "origin",
             env.queue,
             "description",
-            env.description or _describe(env.func, env.args, env.kwargs),
+            _redis_text(description),
             "enqueued_at",
             enqueued_at,
             "timeout",
@@ -216,17 +227,36 @@ class RQTransport(Transport):
         if not jobs:
             return PushResult(0, 0)
         enqueued_at = utcformat(datetime.now(UTC))
+        hashes: list[list[Any]] = []
+        rejected: list[tuple[Delivery, str]] = []
+        for delivery in jobs:
+            try:
+                hashes.append(self.job_hash(delivery, enqueued_at))
+            except (ValueError, TypeError, OverflowError, OSError) as exc:
+                rejected.append((delivery, repr(exc)))
+        if rejected:
+            # Before anything is sent: what Redis cannot hold is an invalid job, not an outage
+            # (redis-py's DataError is a RedisError, and was retried forever).
+            raise UnencodableJobs(rejected)
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for delivery in jobs:
+            for delivery, fields in zip(jobs, hashes, strict=True):
                 env = delivery.envelope
                 self._script(
-                    keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
+                    keys=[
+                        keys.rq_job(env.id),
+                        keys.rq_queue(env.queue),
+                        keys.rq_queues(),
+                        keys.rq_registry("failed", env.queue),
+                        keys.rq_registry("canceled", env.queue),
+                    ],
                     args=[
                         env.id,
                         "2" if delivery.replace else "1" if delivery.force else "0",
                         env.requeue * 100000 + delivery.attempt,
-                        *self.job_hash(delivery, enqueued_at),
+                        *fields,
+                        "failure_ttl",
+                        _failure_ttl(delivery.key_ttl_s),
                     ],
                     client=pipe,
                 )
@@ -342,6 +372,18 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
     }
 
 
+def _failure_ttl(key_ttl_s: float) -> str:
+    """How long RQ keeps a failed delivery: a little less than its key's outcome stays stored.
+
+    RQ keeps a failed job's hash and failed-registry entry for this long (its default: a year).
+
+    ``rq requeue`` and the dashboard's Requeue take jobs from the failed registry: every one
+    they can find still has its outcome stored, so the claim reports that outcome instead of
+    running the task again (docs/worker.md, "Using RQ's tools").
+    """
+    return str(max(1, int(key_ttl_s - min(60.0, key_ttl_s / 2))))
+
+
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
     """``func(args...)`` as RQ would describe the call, shortened."""
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
@@ -357,10 +399,22 @@ def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
     try:
         body = json.loads(raw) if raw is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None
 
 
 def _whole_seconds(value: float | None) -> int | None:
-    return None if value is None else max(1, round(value))
+    """Whole seconds for RQ, capped at ``MAX_SECONDS``: an older journal may hold more (RQ breaks)."""
+    return None if value is None else min(MAX_SECONDS, max(1, round(value)))
+
+
+def _redis_text(text: object) -> str:
+    """``text`` as redis-py can encode it: a lone surrogate (valid in JSON) is escaped."""
+    if not isinstance(text, str):
+        raise TypeError(f"description must be a string, not {type(text).__name__}")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

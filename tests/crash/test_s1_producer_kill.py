@@ -1,4 +1,4 @@
-"""S1 (RELIABILITY.md): producer killed at random.
+"""S1 (docs/reliability.md): producer killed at random.
 
 Each cycle starts a child that appends records in a loop (one or several threads, single appends
 and batches, some cycles with 4 KiB segments so rotation happens all the time) and writes each id

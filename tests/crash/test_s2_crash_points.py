@@ -1,4 +1,4 @@
-"""S2 (RELIABILITY.md): producer killed at named crash points.
+"""S2 (docs/reliability.md): producer killed at named crash points.
 
 A child appends records one at a time with ``HYBRIDQ_CRASH_POINT=<point>:<N>`` set, printing each
 id after its append returned. The child must die by SIGKILL at the Nth append, having acked

@@ -1,4 +1,4 @@
-"""S3 power loss and S13 crash during rotation / close / recovery (RELIABILITY.md).
+"""S3 power loss and S13 crash during rotation / close / recovery (docs/reliability.md).
 
 A writer runs over :class:`PowerLossFileOps`; the power goes out at a random moment (or after
 each step of a small workload); then, with plain OS file operations, ``recover()`` runs and the

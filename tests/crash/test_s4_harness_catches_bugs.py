@@ -1,4 +1,4 @@
-"""S4: the S3 power-loss harness must catch the bugs it claims to catch (RELIABILITY.md).
+"""S4: the S3 power-loss harness must catch the bugs it claims to catch (docs/reliability.md).
 
 Each deliberately broken build below is run through the *same* drivers S3 uses
 (:func:`run_journal_rounds`, :func:`run_state_rounds`), with the same seeds; the harness must report

@@ -1,4 +1,4 @@
-"""S7 (RELIABILITY.md): I/O errors. EIO/ENOSPC on the Nth write/fdatasync/fsync/rename/dir fsync/open,
+"""S7 (docs/reliability.md): I/O errors. EIO/ENOSPC on the Nth write/fdatasync/fsync/rename/dir fsync/open,
 and a real short write (RLIMIT_FSIZE -> EFBIG) in a child process.
 
 Every case checks the same contract: the append that hit the error raised ``JournalIOError``

@@ -744,3 +744,20 @@ def subprocess_env_for_deploy(subprocess_env: dict[str, str]) -> dict[str, str]:
     env = dict(subprocess_env)
     env.pop("HYBRIDQ_ALLOW", None)
     return env
+
+
+def test_the_worker_user_may_write_every_key_a_worker_writes(deployed_redis: DeployedRedis) -> None:
+    """A key a worker writes and the ACL forgot would stop every worker (exit 1: refused)."""
+    from hybridq import keys
+
+    client = deployed_redis.client("hybridq-worker")
+    try:
+        client.set(keys.result("k"), "x")
+        client.set(keys.lease("k"), "x")
+        client.xadd(keys.events("owner"), {"e": "x"})
+        client.zadd(keys.waiting(), {"job": 1.0})
+        client.hset(keys.waiting_info(), "job", "x")
+        client.hset(keys.rq_job("job"), "status", "queued")
+        client.rpush(keys.rq_queue("default"), "job")
+    finally:
+        client.close()

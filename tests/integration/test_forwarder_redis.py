@@ -2,7 +2,7 @@
 
 Every forwarder here is the real CLI in a child process (``python -m hybridq forward``); counts
 come from ``hybridq status --json`` and from Redis itself (``LRANGE rq:queue:default``). Each
-scenario reports one figure line (RELIABILITY.md S8, S12, F2). No assertion depends on timing
+scenario reports one figure line (docs/reliability.md S8, S12, F2). No assertion depends on timing
 except the documented "SIGTERM exits within 5 s"; latencies are measured and reported only.
 """
 

@@ -1,4 +1,4 @@
-"""Network faults between hybridq and Redis (RELIABILITY.md S12, issue 6): nothing lost, nothing re-run.
+"""Network faults between hybridq and Redis (docs/reliability.md S12, issue 6): nothing lost, nothing re-run.
 
 A real ``hybridq forward`` and two ``hybridq worker --simple`` processes reach a private
 redis-server only through a :class:`~hybridq.faultproxy.FaultProxy`, which adds latency, resets

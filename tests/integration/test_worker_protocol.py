@@ -156,9 +156,9 @@ def test_a_function_nobody_allowed_is_refused_without_being_imported(
     env = envelope("tests.tasks.never_imported_by_a_refusing_worker")
     deliver(transport, env)
     work(transport)
-    [event] = events(transport)
-    assert (event["outcome"], event["final"]) == ("failed", True)
-    assert "is not allowed to run on this worker" in str(event["error"])
+    # Left for a worker set up for it (issue 12.11; tests/integration/test_worker_unavailable.py):
+    # no event, no attempt used.
+    assert events(transport) == []
     assert transport.connection.get(keys.result(env.key_id)) is None  # nothing claimed or stored
 
 

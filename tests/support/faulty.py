@@ -1,4 +1,4 @@
-"""A :class:`FileOps` that injects I/O errors, for the S7 tests (RELIABILITY.md).
+"""A :class:`FileOps` that injects I/O errors, for the S7 tests (docs/reliability.md).
 
 :class:`FaultyFileOps` counts every call of the operations below and makes the ``nth`` call of
 one chosen operation raise ``OSError(err)`` (``errno.EIO`` or ``errno.ENOSPC``), then behaves

@@ -1,4 +1,4 @@
-"""Simulated power loss for the journal's file-operations seam (RELIABILITY.md S3, S4, S13).
+"""Simulated power loss for the journal's file-operations seam (docs/reliability.md S3, S4, S13).
 
 :class:`PowerLossFileOps` is modelled on RocksDB's ``FaultInjectionTestFS`` and SQLite's crash
 VFS. Every operation goes through to the real file system, while the class remembers what a real

@@ -1,8 +1,11 @@
-"""Fuzzing the two decoders that read bytes from outside: the journal reader and the envelope.
+"""Fuzzing the decoders that read bytes from outside: the journal reader, the envelope, events.
 
 Whatever the bytes, the reader raises only the journal's typed errors (or reads cleanly), never
 allocates by a length it has not checked, and never yields a record that differs from what was
-written; the envelope decoder raises only :class:`EnvelopeError`.
+written; the envelope decoder raises only :class:`EnvelopeError`, and whatever it accepts
+becomes a job hash Redis and RQ can take; a completion event parses into a ledger entry or
+raises only what the forwarder drops an event for (issue 13.2: one bad record or event must not
+stop forwarding).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from hybridq.journal.recovery import verify
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.fuzzing import journal_with, make_template_journal, read_all
+from tests.support.fuzzing import check_event, check_job_hash, journal_with, make_template_journal, read_all
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -100,8 +103,18 @@ def test_a_length_over_the_cap_is_refused(length: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+#: Text with lone surrogates: JSON carries them, redis-py's UTF-8 encoding does not (issue 13.2).
+SURROGATE_TEXT = st.text(st.characters(categories=["Cs"]) | st.characters(), max_size=6)
+#: Numbers that overflow a float, a C long or datetime's range (findings of issue 13.2).
+EXTREMES = st.sampled_from([10**400, -(10**400), 2**63, 2**31, 1e18, -1e18, 1e300, 253402300800])
 JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | EXTREMES
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20)
+    | SURROGATE_TEXT,
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
@@ -119,6 +132,8 @@ ENVELOPE_KEYS = [
     "timeout",
     "result_ttl",
     "run_at",
+    "description",
+    "sig",
 ]
 
 
@@ -138,8 +153,94 @@ def test_envelope_decoder_on_arbitrary_json_objects(obj: dict[str, object]) -> N
         env = Envelope.from_bytes(json.dumps(obj).encode())
     except EnvelopeError:
         return
-    # Whatever decodes re-encodes, and decodes to the same envelope.
+    # Whatever decodes re-encodes, and decodes to the same envelope, and can be pushed to RQ.
     assert Envelope.from_bytes(env.to_bytes()).to_dict() == env.to_dict()
+    check_job_hash(env)
+
+
+#: Per field, values of the right type (within range and not) or anything, so that most decode.
+NUMBERS = st.floats(0, 1e12) | st.integers(0, 10**12) | EXTREMES
+NEARLY_VALID = {
+    "created_at": NUMBERS | JSONISH,
+    "timeout": NUMBERS | JSONISH,
+    "result_ttl": NUMBERS | JSONISH,
+    "run_at": NUMBERS | JSONISH,
+    "description": SURROGATE_TEXT | JSONISH,
+    "requeue": st.integers(0, 10) | EXTREMES | JSONISH,
+    "args": st.lists(SURROGATE_TEXT | JSONISH, max_size=3) | JSONISH,
+    "kwargs": st.dictionaries(SURROGATE_TEXT, JSONISH, max_size=3) | JSONISH,
+    "meta": st.dictionaries(SURROGATE_TEXT, JSONISH, max_size=3) | JSONISH,
+    "retry": st.fixed_dictionaries(
+        {}, optional={"max_attempts": st.integers(1, 10) | EXTREMES, "backoff": NUMBERS}
+    )
+    | JSONISH,
+}
+
+
+@FUZZ
+@given(
+    st.fixed_dictionaries(
+        {"id": st.just("j"), "func": st.just("tasks.add"), "queue": st.just("q"), "key": st.just("k")},
+        optional=NEARLY_VALID,
+    ),
+    st.integers(1, 2),
+)
+def test_every_envelope_that_decodes_makes_a_job_hash_redis_takes(obj: dict[str, object], v: int) -> None:
+    """Nearly valid envelopes (the four fixed fields valid), so that most decode: ``job_hash`` then
+    raised for ``created_at=1e18`` and made redis-py raise DataError for ``description={}``."""
+    try:
+        env = Envelope.from_bytes(json.dumps({"v": v, "created_at": 17, **obj}).encode())
+    except EnvelopeError:
+        return
+    check_job_hash(env)
+
+
+EVENT_KEYS = ["id", "outcome", "final", "attempt", "dup", "error", "retry_delay", "at", "queue", "x"]
+LOC = st.tuples(st.text(max_size=4) | JSONISH, st.integers(0, 10) | JSONISH, st.integers(0, 10**6) | JSONISH)
+
+
+@FUZZ
+@given(st.binary(max_size=512))
+def test_event_parser_on_arbitrary_bytes(raw: bytes) -> None:
+    check_event(raw)
+
+
+@FUZZ
+@given(
+    st.fixed_dictionaries(
+        {"loc": LOC.map(list) | JSONISH},
+        optional=dict.fromkeys(EVENT_KEYS, JSONISH)
+        | {"outcome": st.sampled_from(["succeeded", "failed"]), "id": st.text(max_size=8)},
+    )
+)
+def test_event_parser_on_arbitrary_json_objects(body: dict[str, object]) -> None:
+    """Dropped, or a ledger entry that encodes as strict JSON and decodes to itself."""
+    check_event(json.dumps(body).encode())  # json.dumps writes NaN and Infinity, as a forger can
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"id":"j","loc":["w",0,64],"outcome":"succeeded","at":1' + b"0" * 400 + b"}",
+        b'{"id":"j","loc":["w",Infinity,64],"outcome":"succeeded"}',
+        b'{"id":"j","loc":["w",0,64],"outcome":"failed","final":false,"attempt":Infinity}',
+        b'{"id":"j","loc":["w",0,64],"outcome":"failed","final":false,"retry_delay":1' + b"0" * 400 + b"}",
+        b'{"id":"j","loc":["w",0,64],"outcome":"succeeded","at":NaN}',
+        b'{"id":"j","loc":["w",0,64],"outcome":"failed","error":{"a":1}}',
+        b"[" * 100_000,
+    ],
+    ids=["at-10**400", "loc-inf", "attempt-inf", "retry_delay-10**400", "at-NaN", "error-object", "deep"],
+)
+def test_an_event_with_a_number_out_of_range_is_dropped(raw: bytes) -> None:
+    """Each of these raised OverflowError or RecursionError (or reached the ledger as NaN): the
+    forwarder stopped on it at every start."""
+    assert check_event(raw) is None
+
+
+def test_a_well_formed_event_parses() -> None:
+    entry = check_event(b'{"id":"j","loc":["w",0,64],"outcome":"failed","final":false,"retry_delay":2.5}')
+    assert entry is not None
+    assert (entry.kind, entry.loc, entry.run_at) == ("retry", ("w", 0, 64), 1_700_000_002.5)
 
 
 # Findings of the atheris tier (scripts/fuzz), kept as regression tests. Each of these decoded
@@ -192,3 +293,16 @@ def test_an_envelope_nested_too_deep_is_refused(depth: int) -> None:
 def test_an_envelope_nested_within_the_cap_round_trips() -> None:
     env = Envelope.from_bytes(_nested(50))
     assert Envelope.from_bytes(env.to_bytes()).to_dict() == env.to_dict()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"description": "\ud800"}, {"kwargs": {"\udfff": 1}}, {"timeout": 1e300, "result_ttl": 1e300}],
+    ids=["lone-surrogate-description", "lone-surrogate-kwarg-name", "huge-durations"],
+)
+def test_a_job_hash_is_encodable_whatever_text_or_duration_the_envelope_holds(
+    fields: dict[str, object],
+) -> None:
+    """JSON carries a lone surrogate, redis-py's UTF-8 encoding raised UnicodeEncodeError on it
+    (not a RedisError: the forwarder stopped); an older journal's 1e300 timeout broke RQ."""
+    check_job_hash(Envelope.from_bytes(_with(**fields)))
