@@ -282,9 +282,24 @@ def journal_dump(ctx: click.Context, journal: str) -> None:
                 line["payload"] = rec.payload.decode()
             except UnicodeDecodeError:
                 line["payload_b64"] = base64.b64encode(rec.payload).decode()
-            click.echo(json.dumps(line))
+            try:
+                click.echo(json.dumps(line))
+            except BrokenPipeError:
+                _reader_left(ctx)
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
+
+
+def _reader_left(ctx: click.Context) -> NoReturn:
+    """The reader of stdout went away (``| head``): stop quietly, exit 0, as ``cat`` users expect.
+
+    stdout is pointed at /dev/null first, so the interpreter's final flush cannot fail loudly.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    ctx.exit(EXIT_OK)
+    raise AssertionError  # pragma: no cover - ctx.exit raises
 
 
 _redis_url_option = click.option(
@@ -321,11 +336,18 @@ def redis_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _with_password_file(url: str | None, password_file: str | None) -> str | None:
-    """``url`` with the password read from ``password_file`` (when both are given)."""
-    if url is None or password_file is None:
+    """``url`` with the password read from ``password_file`` (when both are given), checked.
+
+    A URL redis-py cannot use is one line and exit 1 here, before anything starts.
+    """
+    from hybridq.redisurl import check_url  # noqa: PLC0415 - imports redis
+
+    if url is None:
         return url
     try:
-        return with_password(url, read_password(password_file))
+        if password_file is not None:
+            url = with_password(url, read_password(password_file))
+        return check_url(url)
     except (HybridqError, OSError) as exc:
         _fail(click.get_current_context(), exc)
 
@@ -398,7 +420,9 @@ def forward(
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
     Runs until SIGTERM or SIGINT, then finishes the batch in flight, saves its checkpoint and
-    exits 0. While Redis is down it retries with backoff and logs once per change of state.
+    exits 0. While Redis is down it retries with backoff and logs once per change of state; a
+    configuration Redis refuses (wrong password or user, no such database, an ACL that denies
+    what it needs) is exit 1, not retried.
 
     \b
     Example:
@@ -664,7 +688,9 @@ def worker(
     """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
 
     It is `rq worker` with the JSON serializer, restarted when Redis goes away (backoff up to
-    30 s, no spinning), so it keeps serving across Redis restarts and outages. A plain
+    30 s, no spinning), so it keeps serving across Redis restarts and outages (with --burst it
+    does not wait: exit 1). A configuration Redis refuses (password, database, ACL) is exit 1,
+    not retried. RQ's pub/sub shutdown command stops it with exit 0 and a warning. A plain
     `rq worker --serializer rq.serializers.JSONSerializer QUEUE` also runs hybridq jobs with
     every guarantee (set HYBRIDQ_ALLOW for it); only the restarts are this command's.
 
@@ -720,7 +746,10 @@ def worker(
             ENV_VAR,
         )
     logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
-    code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+    try:
+        code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+    except HybridqError as exc:  # RedisRefused: a wrong password, database or ACL
+        _fail(ctx, exc)
     ctx.exit(code)
 
 
@@ -749,8 +778,10 @@ def doctor(
 
     Reports forwarded jobs Redis no longer has (missing), jobs no worker will take (stranded),
     jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
-    duplicate queue entries, jobs in RQ's intermediate lists, and this forwarder's jobs queued in
-    Redis that the journal does not have as pending (unknown). A dry run unless --fix.
+    duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
+    Redis that the journal does not have as pending (unknown), queues where jobs wait that no
+    registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
+    the first runs). A dry run unless --fix.
     Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
 
     \b
@@ -779,6 +810,13 @@ def doctor(
                 click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
         if report.duplicate_entries:
             click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+        if report.unserved:
+            waiting = ", ".join(f"{q} ({n} waiting)" for q, n in report.unserved.items())
+            click.echo(f"queues no worker serves: {waiting}")
+        if report.merged:
+            click.echo(
+                f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
+            )
         for w in report.waiting[:10]:
             click.echo(
                 f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"

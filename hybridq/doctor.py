@@ -13,6 +13,10 @@ Answers "is anything lost or stuck?" for one journal directory:
   as pending (finished already, or from a journal that was replaced);
 * **waiting for a worker**: pending jobs a worker recently left because it cannot run them (the
   task does not import there, or no ``--allow`` covers it; :mod:`hybridq.waiting`), with why.
+* **unserved**: queues where this journal's jobs wait and no registered RQ worker listens;
+* **merged**: job ids that several records share with *different* calls (an explicit
+  ``job_id`` reused): the first delivered runs, the others are merged into it and never run.
+  The same call under the same id (a retried enqueue) is deduplication, not a finding.
 
 A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
 meanwhile (pushes are idempotent per job id).
@@ -32,11 +36,13 @@ from redis.exceptions import RedisError
 
 from hybridq import keys, waiting
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, HybridqError, TransportError
+from hybridq.errors import EnvelopeError, HybridqError
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.producer import call_fingerprint
+from hybridq.redisurl import transport_error
 from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -64,19 +70,23 @@ class DoctorReport:
     duplicate_entries: dict[str, int] = field(default_factory=dict)
     intermediate: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    unserved: dict[str, int] = field(default_factory=dict)
+    merged: list[str] = field(default_factory=list)
     #: Pending jobs a worker left because it cannot run them: id, func, queue, reason, worker, at.
     waiting: list[dict[str, Any]] = field(default_factory=list)
     fixed: int = 0
 
     @property
     def healthy(self) -> bool:
-        """Nothing missing, stranded, orphaned, duplicated, unknown or waiting for a worker."""
+        """Nothing missing, stranded, orphaned, duplicated, unknown, unserved, merged or waiting."""
         return not (
             self.missing
             or self.stranded
             or self.orphaned
             or self.duplicate_entries
             or self.unknown
+            or self.unserved
+            or self.merged
             or self.waiting
         )
 
@@ -112,9 +122,11 @@ def diagnose(
             transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
         )
         listed = waiting.current(transport.connection, limit=WAITING_LIMIT).examples
+        report.unserved = _unserved(transport, {env.queue for _, env in pending.values()})
     except RedisError as exc:
-        raise TransportError(f"Redis: {exc}") from exc
+        raise transport_error(exc) from exc
     report.waiting = [w for w in listed if w.get("id") in pending]  # not run by another since
+    report.merged = merged_ids(path, compacted, set(pending))
     if fix:
         redo = [
             Delivery(
@@ -186,6 +198,42 @@ def _inspect_queues(
         for job_id, raw in zip(strangers, _job_data(conn, strangers), strict=True):
             if raw is not None and raw[0] == ENTRY_POINT and raw[2] and raw[2][0].get("owner") == owner:
                 report.unknown.append(job_id)
+
+
+def _unserved(transport: RQTransport, queues: set[str]) -> dict[str, int]:
+    """Of ``queues``, those with jobs waiting and no registered RQ worker listening: {queue: n}.
+
+    RQ registers every running worker in Redis (``rq:workers``, with its queue names) and drops
+    the registration when the worker stops or stops sending heartbeats.
+    """
+    from rq import Worker  # noqa: PLC0415
+
+    conn = transport.connection
+    served = {name for worker in Worker.all(connection=conn) for name in worker.queue_names()}
+    waiting = {name: int(conn.llen(keys.rq_queue(name))) for name in sorted(queues - served)}
+    return {name: n for name, n in waiting.items() if n}
+
+
+def merged_ids(path: str, compacted: Compacted, of: set[str]) -> list[str]:
+    """Ids in ``of`` that several journal records share with different calls.
+
+    Jobs that share a job id are one job (docs/enqueue.md): a record whose call differs from an
+    earlier one under the same id never runs. A requeued job (a new record, ``requeue`` one
+    higher) replaces its predecessor and is not merged. Compacted segments are not read.
+    """
+    calls: dict[tuple[str, int], set[str]] = {}
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA or compacted.is_compacted(
+            (record.writer_id, record.segment_index)
+        ):
+            continue
+        try:
+            env = Envelope.from_bytes(record.payload)
+        except EnvelopeError:
+            continue
+        if env.id in of:
+            calls.setdefault((env.id, env.requeue), set()).add(call_fingerprint(env))
+    return sorted({job_id for (job_id, _), seen in calls.items() if len(seen) > 1})
 
 
 def _job_data(conn: Any, job_ids: list[str]) -> list[Any]:

@@ -111,6 +111,9 @@ def function_path(func: object) -> str:
     if isinstance(func, str):
         if not _DOTTED.match(func):
             raise EnvelopeError(f"{func!r} is not a dotted path like 'package.module.function'")
+        if func.startswith("__main__."):
+            # A worker's __main__ is the worker itself, never the module that meant the function.
+            raise EnvelopeError(f"{func!r} names __main__; use the module the workers can import")
         return func
     if not callable(func):
         raise EnvelopeError(f"{func!r} is neither a callable nor a dotted path")
@@ -128,6 +131,29 @@ def function_path(func: object) -> str:
     if module == "__main__":
         raise EnvelopeError(f"{qualname} is defined in __main__; move it to a module the workers can import")
     return f"{module}.{qualname}"
+
+
+def _refuse_non_string_keys(value: object) -> None:
+    """TypeError for a dict key that is not a string anywhere in ``value``.
+
+    JSON would turn ``{1: "a"}`` into ``{"1": "a"}`` (and ``{1: "a", "1": "b"}`` into one
+    key): the task would get other arguments than the caller passed. Tuples becoming lists is
+    documented instead (docs/enqueue.md): refusing them would refuse every ``*args``.
+    """
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue  # a cycle: json.dumps reports it
+        seen.add(id(item))
+        if isinstance(item, Mapping):
+            for key, inner in item.items():
+                if type(key) is not str:
+                    raise TypeError(f"dict key {key!r} is not a string (JSON would turn it into one)")
+                if isinstance(inner, Mapping | list | tuple):
+                    stack.append(inner)
+        elif isinstance(item, list | tuple):
+            stack.extend(inner for inner in item if isinstance(inner, Mapping | list | tuple))
 
 
 def _is_module(obj: object) -> bool:
@@ -264,6 +290,7 @@ class Envelope:
             return self._encoded
         obj = self.to_dict()
         try:
+            _refuse_non_string_keys((self.args, self.kwargs, self.meta))
             raw = _dumps(obj).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc

@@ -43,6 +43,7 @@ __all__ = [
     "NotSerializable",
     "QueueFull",
     "RecordTooLarge",
+    "RedisRefused",
     "StateFileCorrupt",
     "TransportError",
     "UnencodableJobs",
@@ -208,3 +209,12 @@ class UnencodableJobs(HybridqError):
 
 class ConfigError(HybridqError, ValueError):
     """Settings that cannot work together (e.g. ``--key-ttl`` too short for ``--lease``)."""
+
+
+class RedisRefused(TransportError):
+    """Redis answered but refuses this configuration (login, database, ACL): not retried.
+
+    Retrying cannot fix a wrong password, a database number Redis does not have or an ACL that
+    denies what hybridq needs, so the forwarder and ``hybridq worker`` stop with this error (one
+    line, exit 1) instead of reporting an outage forever.
+    """

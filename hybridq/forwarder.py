@@ -30,7 +30,14 @@ from typing import Self
 
 from hybridq.completions import Completions, check_key_ttl
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalIOError, JournalLocked, TransportError, UnencodableJobs
+from hybridq.errors import (
+    EnvelopeError,
+    JournalIOError,
+    JournalLocked,
+    RedisRefused,
+    TransportError,
+    UnencodableJobs,
+)
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
@@ -539,7 +546,13 @@ class Forwarder:
             self.on_durable_write(time.perf_counter() - started)
 
     def _went_down(self, exc: TransportError, what: str) -> None:
-        """Count a transport failure; log only the first of an outage."""
+        """Count a transport failure; log only the first of an outage.
+
+        Raises ``exc`` again if Redis refuses the configuration (RedisRefused): retrying cannot
+        fix a wrong password or a denying ACL, and the journal keeps every job meanwhile.
+        """
+        if isinstance(exc, RedisRefused):
+            raise exc
         self.stats.transport_failures += 1
         if self.stats.down_since is None:
             self.stats.down_since = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import functools
+import json
 import os
 import threading
 import time
@@ -33,10 +34,10 @@ from hybridq.envelope import (
     validate_queue_name,
 )
 from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
-from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter, RecordId
+from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import AcceptedCounter, consistent, load_index
+from hybridq.ledger import AcceptedCounter, Compacted, LedgerIndex, consistent, load_index
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
 from hybridq.state import load_checkpoint
@@ -128,10 +129,13 @@ class Job:
         return self.envelope.queue
 
     def get_status(self) -> str:
-        """``accepted``, ``scheduled`` (held until its time), ``forwarded``, ``finished`` or ``failed``.
+        """``accepted``, ``scheduled``, ``forwarded``, ``merged``, ``finished`` or ``failed``.
 
         Read from the forwarder's durable checkpoint and the completion ledger (it reads the
         whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
+        ``scheduled``: held until its time. ``merged``: another job with this job id and a
+        different call was delivered first (or finished), so this one never runs
+        (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too.
         """
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
         compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
@@ -152,11 +156,46 @@ class Job:
             return "scheduled"
         position = checkpoint.positions.get(self.record.writer_id)
         if position is not None and position.next_seq > self.record.seq:
-            return "forwarded"
+            return "merged" if self._merged(compacted, index) else "forwarded"
         return "accepted"
+
+    def _merged(self, compacted: Compacted, index: LedgerIndex) -> bool:
+        """Whether a record that won this job id holds a different call.
+
+        It won if it is earlier in this record's chain (the forwarder pushes a chain in order,
+        and Redis keeps the first job under an id) or if it has finished.
+        """
+        needle = f'"id":"{self.id}"'.encode()
+        mine = call_fingerprint(self.envelope)
+        for rec in JournalReader(self.journal).records():
+            loc = (rec.writer_id, rec.segment_index, rec.offset)
+            if needle not in rec.payload or compacted.is_compacted(loc[:2]):
+                continue
+            if (rec.writer_id, rec.seq) == (self.record.writer_id, self.record.seq):
+                continue  # this job's own record
+            try:
+                other = Envelope.from_bytes(rec.payload)
+            except EnvelopeError:
+                continue
+            if (
+                other.id != self.id
+                or other.requeue != self.envelope.requeue
+                or call_fingerprint(other) == mine
+            ):
+                continue
+            if (rec.writer_id == self.record.writer_id and rec.seq < self.record.seq) or index.is_terminal(
+                loc
+            ):
+                return True
+        return False
 
     def __repr__(self) -> str:
         return f"<hybridq.Job {self.id} {self.envelope.func} queue={self.queue!r}>"
+
+
+def call_fingerprint(env: Envelope) -> str:
+    """The call a job makes (function, queue, arguments): equal for a retried enqueue."""
+    return json.dumps([env.func, env.queue, env.args, env.kwargs], sort_keys=True)
 
 
 # -- queues -------------------------------------------------------------------------------------

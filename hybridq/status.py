@@ -21,10 +21,12 @@ from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
+from hybridq.redisurl import redact_url
 from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
 
-# read_password lives in hybridq.secretfile (the worker side uses it too); kept importable here.
+# read_password lives in hybridq.secretfile (the worker side uses it too), redact_url in
+# hybridq.redisurl; both kept importable here.
 __all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 
 #: The fields ``status --json`` promises (integers; docs/cli.md).
@@ -172,22 +174,3 @@ def with_password(url: str, password: str) -> str:
     user = parts.username or ""
     netloc = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(password, safe='')}@{host}"
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (``user:pass@``, ``?password=``, ``?ssl_password=``) as ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, qsep, query = rest.partition("?")
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        rest = f"{user}:***@{host}" if user else f"***@{host}"
-    if qsep:
-        params = [
-            f"{key}=***" if key.lower().endswith("password") else f"{key}{eq}{value}"
-            for key, eq, value in (part.partition("=") for part in query.split("&"))
-        ]
-        rest = rest + "?" + "&".join(params)
-    return f"{scheme}://{rest}"

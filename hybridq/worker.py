@@ -56,7 +56,7 @@ from rq import get_current_job
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from hybridq import keys, waiting
+from hybridq import keys, redisurl, waiting
 from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
@@ -811,6 +811,7 @@ def run_worker(
     from hybridq.rqworker import SimpleWorker, Worker  # noqa: PLC0415
 
     worker_class = SimpleWorker if simple else Worker
+    commanded: list[str] = []  # RQ's pub/sub "shutdown" command arrived (see _log_commands)
     ring = keyring()  # a key configured but unusable stops the worker here, not on every job
     if ring is not None:
         log.info("verifying envelope signatures (%s, %d key(s))", ring.source, len(ring.keys))
@@ -820,6 +821,7 @@ def run_worker(
         conn = redis.Redis.from_url(url)
         started = time.monotonic()
         try:
+            _check_access(conn, queues)
             # job_class: RQ must not import whatever function a job hash names (see Job).
             worker = worker_class(
                 queues,
@@ -832,17 +834,28 @@ def run_worker(
             # RQ waits up to 60 s between reconnection attempts while it polls a dead Redis;
             # cap it so that work resumes within seconds of Redis coming back.
             worker.max_connection_wait_time = RECONNECT_MAX_S
+            _log_commands(worker, commanded)
             worker.work(burst=burst, with_scheduler=False)
         except RedisError as exc:
+            if redisurl.refusal(exc) is not None:
+                raise redisurl.transport_error(exc) from exc  # retrying cannot fix it
+            if burst:
+                log.error("Redis unavailable (%s): --burst does not wait for it; exiting 1, nothing run", exc)
+                return 1
             if down_since is None:
                 down_since = time.monotonic()
                 log.warning("Redis unavailable (%s): retrying, backing off up to %.0f s", exc, max_backoff_s)
-            if burst:
-                return 1
         else:
             # A SIGTERM/SIGINT while idle ends RQ's loop without setting _stop_requested (it raises
             # StopRequested); the shutdown date is set either way. RQ has no public flag.
             if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
+                if commanded:
+                    log.warning(
+                        "stopped by RQ's shutdown command (Redis pub/sub channel %s), not by a signal: "
+                        "exiting 0; a supervisor restarts this worker only with Restart=always "
+                        "(docs/deploy.md)",
+                        commanded[0],
+                    )
                 return 0
             log.warning("the RQ worker loop ended on its own (Redis went away?): starting it again")
             if time.monotonic() - started > STABLE_S:
@@ -854,6 +867,41 @@ def run_worker(
         if down_since is not None and _reachable(url):
             log.warning("Redis available again after %.1f s", time.monotonic() - down_since)
             down_since, delay = None, 1.0
+
+
+def _check_access(conn: redis.Redis, queues: Sequence[str]) -> None:
+    """Touch what a worker needs (login, database, its queues' and hybridq's keys).
+
+    RQ's loop logs and swallows what it does not expect, a refusal included, so a wrong password,
+    database or ACL is caught here, before RQ starts: RedisRefused instead of a restart loop.
+    """
+    pipe = conn.pipeline(transaction=False)
+    pipe.ping()
+    for queue in queues:
+        pipe.llen(keys.rq_queue(queue))
+    pipe.exists(keys.result("-"), keys.lease("-"), keys.events("-"), keys.waiting())
+    pipe.execute()
+
+
+def _log_commands(worker: Any, commanded: list[str]) -> None:
+    """Note RQ's pub/sub "shutdown" command, so that run_worker can say why it stopped.
+
+    Anyone who may PUBLISH on Redis can send it (``rq shutdown``); it looks like a SIGINT to RQ.
+    """
+    handle = worker.handle_payload
+
+    def on_payload(message: dict[str, Any]) -> None:
+        try:
+            command = json.loads(message["data"]).get("command")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            command = None  # RQ's own handler reports what it cannot parse
+        if command == "shutdown":
+            channel = message.get("channel")
+            commanded.append(channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel))
+            log.warning("RQ shutdown command received on %s: stopping after the current job", commanded[-1])
+        handle(message)
+
+    worker.handle_payload = on_payload  # RQ subscribes with it when work() starts
 
 
 def _reachable(url: str) -> bool:

@@ -31,7 +31,8 @@ from rq.utils import utcformat
 
 from hybridq import keys
 from hybridq.envelope import MAX_SECONDS
-from hybridq.errors import TransportError, UnencodableJobs
+from hybridq.errors import UnencodableJobs
+from hybridq.redisurl import transport_error
 from hybridq.worker import ENTRY_POINT
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
@@ -307,7 +308,7 @@ class RQTransport(Transport):
                 )
             results: list[Any] = pipe.execute()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         pushed = sum(1 for r in results if r == 1)
         return PushResult(pushed, len(results) - pushed)
 
@@ -337,7 +338,7 @@ class RQTransport(Transport):
                 )
             results: list[Any] = pipe.execute()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return RefillResult(sum(1 for r in results if r in (2, 3)), sum(1 for r in results if r == 1))
 
     blocking_events = True
@@ -349,7 +350,7 @@ class RQTransport(Transport):
                 {keys.events(owner): after}, count=1, block=max(1, int(timeout_s * 1000))
             )
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return bool(found)
 
     def harvest(self, owner: str, limit: int) -> list[Event]:
@@ -357,7 +358,7 @@ class RQTransport(Transport):
         try:
             entries = self.connection.xrange(keys.events(owner), count=limit) or []
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return [Event(_text(event_id), _decode_event(fields)) for event_id, fields in entries]
 
     def ack(self, owner: str, event_ids: Sequence[str]) -> None:
@@ -367,14 +368,14 @@ class RQTransport(Transport):
         try:
             self.connection.xdel(keys.events(owner), *event_ids)
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def state_token(self, owner: str) -> StateToken:
         """``owner``'s epoch and the server's ``run_id`` (one round trip, see ``_STATE``)."""
         try:
             epoch, run_id = self._state(keys=[keys.epoch(owner)])
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return StateToken(None if epoch is None else _text(epoch), _text(run_id))
 
     def set_epoch(self, owner: str, epoch: str) -> None:
@@ -382,7 +383,7 @@ class RQTransport(Transport):
         try:
             self.connection.set(keys.epoch(owner), epoch)
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:
         """What Redis knows of each job (see :meth:`Transport.probe`), in one pipeline."""
@@ -405,7 +406,7 @@ class RQTransport(Transport):
                 )
             verdicts: list[Any] = pipe.execute()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
         return [cast("Verdict", _text(v)) for v in verdicts]  # the script returns only verdicts
 
     def ping(self) -> None:
@@ -413,7 +414,7 @@ class RQTransport(Transport):
         try:
             self.connection.ping()
         except RedisError as exc:
-            raise TransportError(f"Redis: {exc}") from exc
+            raise transport_error(exc) from exc
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -108,7 +108,9 @@ def assert_hardened(unit: dict[str, list[tuple[str, str]]]) -> None:
     for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges", "PrivateDevices", "RestrictSUIDSGID"):
         assert one(unit, svc, key) == "yes", key
     assert one(unit, svc, "CapabilityBoundingSet") == ""
-    assert one(unit, svc, "Restart") == "on-failure"
+    # Always: an exit 0 nobody asked systemd for (RQ's pub/sub shutdown command, sent by anyone
+    # who may PUBLISH on Redis) must not leave the service down. `systemctl stop` still stops it.
+    assert one(unit, svc, "Restart") == "always"
     assert one(unit, svc, "RestartSec").endswith("s")
     assert one(unit, svc, "KillSignal") == "SIGTERM"
     # SIGTERM to the main process only: RQ's work-horse must not get it (it would kill the job).
@@ -214,16 +216,30 @@ def test_sysusers_file_creates_the_hybridq_user(tmp_path: Path) -> None:
         assert "Creating user 'hybridq'" in proc.stdout + proc.stderr
 
 
-def test_env_file_sets_the_redis_url_and_nothing_secret_by_default() -> None:
-    assignments = dict(
+def env_assignments(name: str) -> dict[str, str]:
+    return dict(
         line.split("=", 1)
-        for line in (UNITS / "hybridq.env").read_text(encoding="utf-8").splitlines()
+        for line in (UNITS / name).read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     )
-    assert set(assignments) == {"HYBRIDQ_REDIS_URL", "HYBRIDQ_ALLOW"}
-    assert assignments["HYBRIDQ_ALLOW"] != "*"  # the example must not allow everything
-    url = redis.connection.parse_url(assignments["HYBRIDQ_REDIS_URL"])
-    assert (url["username"], url["password"]) == ("hybridq", "CHANGE-ME")
+
+
+def test_env_files_set_each_role_its_own_redis_user_and_nothing_secret_by_default() -> None:
+    shared = env_assignments("hybridq.env")
+    assert set(shared) == {"HYBRIDQ_ALLOW"}  # no Redis URL: each role has its own ACL user
+    assert shared["HYBRIDQ_ALLOW"] != "*"  # the example must not allow everything
+    for name, user in (("forwarder.env", "hybridq-forwarder"), ("worker.env", "hybridq-worker")):
+        assignments = env_assignments(name)
+        assert set(assignments) == {"HYBRIDQ_REDIS_URL"}
+        url = redis.connection.parse_url(assignments["HYBRIDQ_REDIS_URL"])
+        assert (url["username"], url["password"]) == (user, "CHANGE-ME")
+    # Each unit reads the shared file, then its own role's.
+    forwarder_files = [
+        v.lstrip("-") for v in values(parse_unit(FORWARDER_UNIT), "Service", "EnvironmentFile")
+    ]
+    worker_files = [v.lstrip("-") for v in values(parse_unit(WORKER_UNIT), "Service", "EnvironmentFile")]
+    assert forwarder_files == ["/etc/hybridq/hybridq.env", "/etc/hybridq/forwarder.env"]
+    assert worker_files[:2] == ["/etc/hybridq/hybridq.env", "/etc/hybridq/worker.env"]
 
 
 # -- docker-compose.yml and Procfile -------------------------------------------------------------
@@ -377,10 +393,11 @@ def test_docker_compose_file() -> None:
     assert len(worker["command"]) > 2  # names its queues
     assert "journal:/var/lib/hybridq" in forwarder["volumes"]
     assert forwarder["environment"]["HYBRIDQ_JOURNAL"].startswith("/var/lib/hybridq/")
-    for service in (forwarder, worker):
+    for service, role in ((forwarder, "forwarder"), (worker, "worker")):
         assert_cli_accepts(service["command"])
         url = service["environment"]["HYBRIDQ_REDIS_URL"]
-        assert url.startswith("redis://hybridq:${HYBRIDQ_REDIS_PASSWORD")  # no password in the file
+        # Each role its own ACL user; no password in the file.
+        assert url.startswith(f"redis://hybridq-{role}:${{HYBRIDQ_{role.upper()}_REDIS_PASSWORD"), url
         assert url.endswith("@redis:6379/0")
         assert service["stop_signal"] == "SIGTERM"
         assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
@@ -417,10 +434,10 @@ class DeployedRedis:
     port: int
     passwords: dict[str, str]  # ACL user -> password
 
-    def url(self, user: str = "hybridq") -> str:
+    def url(self, user: str) -> str:
         return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
 
-    def client(self, user: str = "hybridq") -> redis.Redis:
+    def client(self, user: str) -> redis.Redis:
         return redis.Redis.from_url(self.url(user), socket_timeout=5)
 
 
@@ -508,7 +525,7 @@ def acl_with_passwords(tmp_path: Path) -> tuple[Path, dict[str, str]]:
             digest = hashlib.sha256(passwords[words[1]].encode()).hexdigest()
             words[words.index(PLACEHOLDER_HASH)] = "#" + digest
         out.append(" ".join(words))
-    assert set(passwords) == {"hybridq", "admin"}
+    assert set(passwords) == {"hybridq-forwarder", "hybridq-worker", "admin"}
     path = tmp_path / "users.acl"
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path, passwords
@@ -522,9 +539,9 @@ def deployed_redis(tmp_path: Path) -> Iterator[DeployedRedis]:
 
 
 def test_shipped_acl_file_loads_and_lets_nobody_in_until_passwords_are_set(tmp_path: Path) -> None:
-    guesses = {"hybridq": "CHANGE-ME", "admin": ""}
+    guesses = {"hybridq-forwarder": "CHANGE-ME", "hybridq-worker": "CHANGE-ME", "admin": ""}
     with run_deployed_redis(tmp_path / "redis", USERS_ACL, None, guesses) as server:
-        for user, password in [*guesses.items(), ("default", ""), ("hybridq", "")]:
+        for user, password in [*guesses.items(), ("default", ""), ("hybridq-worker", ""), ("hybridq", "")]:
             client = redis.Redis(port=server.port, username=user, password=password or None, retry=NO_RETRY)
             with pytest.raises(redis.exceptions.AuthenticationError):
                 client.ping()
@@ -542,7 +559,7 @@ def test_redis_conf_is_the_one_running(deployed_redis: DeployedRedis) -> None:
         assert config["protected-mode"] == "yes"
         assert config["timeout"] == "0"
         users = {line.split()[1]: line for line in admin.acl_list()}
-        assert set(users) == {"default", "hybridq", "admin"}
+        assert set(users) == {"default", "hybridq-forwarder", "hybridq-worker", "admin"}
         assert " off " in users["default"]
     finally:
         admin.close()
@@ -552,9 +569,12 @@ def test_redis_conf_is_the_one_running(deployed_redis: DeployedRedis) -> None:
     anonymous.close()
 
 
-def test_full_cycle_as_the_hybridq_acl_user(tmp_path: Path, deployed_redis: DeployedRedis) -> None:
+def test_full_cycle_as_the_forwarder_and_worker_acl_users(
+    tmp_path: Path, deployed_redis: DeployedRedis
+) -> None:
     journal = tmp_path / "journal"
-    url = deployed_redis.url("hybridq")
+    url = deployed_redis.url("hybridq-forwarder")
+    worker_url = deployed_redis.url("hybridq-worker")
     queue = Queue("deploy", journal=journal)
     jobs = [queue.enqueue(tasks.add, i, i) for i in range(5)]
     # Two jobs with one idempotency key: the second is a suppressed duplicate (the claim script's
@@ -563,7 +583,7 @@ def test_full_cycle_as_the_hybridq_acl_user(tmp_path: Path, deployed_redis: Depl
     queue.enqueue(tasks.add, 1, 1, idempotency_key="deploy-key")
     forwarder = Forwarder(journal, RQTransport(url))
     forwarder.open()
-    conn = deployed_redis.client("hybridq")
+    conn = deployed_redis.client("hybridq-worker")
     try:
         # INFO is allowed: the forwarder sees Redis's run_id (it detects restarts with it).
         assert forwarder.transport.state_token(forwarder.checkpoint.owner).run_id  # type: ignore[attr-defined]
@@ -584,7 +604,7 @@ def test_full_cycle_as_the_hybridq_acl_user(tmp_path: Path, deployed_redis: Depl
         # `hybridq worker --burst --simple`, the command the units run, on a second batch.
         more = [queue.enqueue(tasks.add, i, 100) for i in range(3)]
         forwarder.step()
-        assert run_worker(["deploy"], url=url, burst=True, simple=True) == 0
+        assert run_worker(["deploy"], url=worker_url, burst=True, simple=True) == 0
         forwarder.step()
         status = collect_status(str(journal))
         assert (status["accepted"], status["succeeded"], status["pending"]) == (10, 10, 0)
@@ -600,7 +620,9 @@ def test_full_cycle_as_the_hybridq_acl_user(tmp_path: Path, deployed_redis: Depl
         admin.close()
     # Nothing hybridq or RQ did was refused, except redis-py's optional CLIENT SETINFO on connect
     # (which Redis 6.2 does not even have; redis-py ignores the error).
-    assert set(refused) <= {("hybridq", "client", "command")}, refused
+    assert set(refused) <= {
+        (user, "client", "command") for user in ("hybridq-forwarder", "hybridq-worker")
+    }, refused
 
 
 @pytest.mark.parametrize(
@@ -625,13 +647,115 @@ def test_full_cycle_as_the_hybridq_acl_user(tmp_path: Path, deployed_redis: Depl
     ],
     ids=" ".join,
 )
-def test_the_hybridq_user_cannot_run_dangerous_commands(
-    deployed_redis: DeployedRedis, command: tuple[str, ...]
+@pytest.mark.parametrize("user", ["hybridq-forwarder", "hybridq-worker"])
+def test_the_hybridq_users_cannot_run_dangerous_commands(
+    deployed_redis: DeployedRedis, command: tuple[str, ...], user: str
 ) -> None:
-    client = deployed_redis.client("hybridq")
+    client = deployed_redis.client(user)
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.execute_command(*command)
         assert client.ping()  # still up
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        # (The forwarders' epoch keys: the worker's claim reads them, and Redis 6.2 cannot grant a
+        # key for reading only; redis.conf says to use %R~ on Redis 7.)
+        # Any hybridq key but the three a worker writes (results, leases, events).
+        ("SET", "hybridq:other", "x"),
+        # RQ's worker commands (shutdown, kill-horse, stop-job) to every other worker.
+        ("PUBLISH", "rq:pubsub:some-worker", '{"command": "shutdown"}'),
+    ],
+    ids=" ".join,
+)
+def test_the_worker_user_cannot_write_what_only_forwarders_write(
+    deployed_redis: DeployedRedis, command: tuple[str, ...]
+) -> None:
+    client = deployed_redis.client("hybridq-worker")
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command(*command)
+    finally:
+        client.close()
+    # ... which the forwarder user may (PUBLISH aside: no hybridq process publishes).
+    if command[0] == "PUBLISH":
+        return
+    forwarder = deployed_redis.client("hybridq-forwarder")
+    try:
+        forwarder.execute_command(*command)
+    finally:
+        forwarder.close()
+
+
+def test_the_forwarder_user_has_no_pubsub(deployed_redis: DeployedRedis) -> None:
+    client = deployed_redis.client("hybridq-forwarder")
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command("PUBLISH", "rq:pubsub:some-worker", '{"command": "shutdown"}')
+    finally:
+        client.close()
+
+
+def test_the_worker_unit_with_the_worker_user_serves_and_a_shutdown_command_needs_admin(
+    tmp_path: Path, deployed_redis: DeployedRedis, subprocess_env_for_deploy: dict[str, str]
+) -> None:
+    """`hybridq worker` as hybridq-worker subscribes to its command channel; only admin can publish."""
+    proc = subprocess.Popen(
+        [HYBRIDQ_BIN, "worker", "--name", "w-acl", "deploy"],
+        env={**subprocess_env_for_deploy, "HYBRIDQ_REDIS_URL": deployed_redis.url("hybridq-worker")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    admin = deployed_redis.client("admin")
+    try:
+        deadline = time.monotonic() + 30
+        while not admin.pubsub_numsub("rq:pubsub:w-acl")[0][1]:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the worker never subscribed"
+            time.sleep(0.1)
+        worker = deployed_redis.client("hybridq-worker")
+        try:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                worker.publish("rq:pubsub:w-acl", json.dumps({"command": "shutdown"}))
+        finally:
+            worker.close()
+        assert proc.poll() is None
+        admin.publish("rq:pubsub:w-acl", json.dumps({"command": "shutdown"}))
+        assert proc.wait(30) == 0
+    finally:
+        admin.close()
+        if proc.poll() is None:
+            proc.kill()
+        _, stderr = proc.communicate(timeout=30)
+    assert "Traceback" not in stderr
+    assert "RQ shutdown command received on rq:pubsub:w-acl" in stderr
+
+
+@pytest.fixture
+def subprocess_env_for_deploy(subprocess_env: dict[str, str]) -> dict[str, str]:
+    env = dict(subprocess_env)
+    env.pop("HYBRIDQ_ALLOW", None)
+    return env
+
+
+def test_the_worker_user_may_write_every_key_a_worker_writes(deployed_redis: DeployedRedis) -> None:
+    """A key a worker writes and the ACL forgot would stop every worker (exit 1: refused)."""
+    from hybridq import keys
+
+    client = deployed_redis.client("hybridq-worker")
+    try:
+        client.set(keys.result("k"), "x")
+        client.set(keys.lease("k"), "x")
+        client.xadd(keys.events("owner"), {"e": "x"})
+        client.zadd(keys.waiting(), {"job": 1.0})
+        client.hset(keys.waiting_info(), "job", "x")
+        client.hset(keys.rq_job("job"), "status", "queued")
+        client.rpush(keys.rq_queue("default"), "job")
     finally:
         client.close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hybridq import Queue
 from hybridq.cli import EXIT_ERROR, EXIT_FINDINGS, cli
@@ -14,6 +17,9 @@ from hybridq.envelope import Envelope, new_job_id
 from hybridq.forwarder import Forwarder
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import run_worker
+from rq import Worker
+from rq.serializers import JSONSerializer
 
 
 def doctor(journal: Path, server: RedisServer, *extra: str) -> tuple[int, dict]:
@@ -33,9 +39,23 @@ def forward(journal: Path, server: RedisServer, n: int) -> list[str]:
     return ids
 
 
+@contextlib.contextmanager
+def registered_worker(server: RedisServer, *queues: str) -> Iterator[None]:
+    """An RQ worker registered in Redis for ``queues`` (as a running one is), not running."""
+    conn = server.client()
+    worker = Worker(list(queues), connection=conn, serializer=JSONSerializer, name=f"w-{'-'.join(queues)}")
+    worker.register_birth()
+    try:
+        yield
+    finally:
+        worker.register_death()
+        conn.close()
+
+
 def test_a_healthy_journal_and_redis(journal_dir: Path, redis_server: RedisServer) -> None:
     forward(journal_dir, redis_server, 10)
-    code, report = doctor(journal_dir, redis_server)
+    with registered_worker(redis_server, "default"):
+        code, report = doctor(journal_dir, redis_server)
     assert code == 0
     assert report["healthy"] is True
     assert report["verdicts"] == {"queued": 10}
@@ -96,3 +116,46 @@ def test_bad_input_is_one_line(journal_dir: Path, tmp_path: Path, redis_server: 
     )
     assert unreachable.exit_code == EXIT_ERROR
     assert unreachable.output.count("\n") == 1
+
+
+def test_it_reports_a_queue_no_worker_serves(journal_dir: Path, redis_server: RedisServer) -> None:
+    Queue("emails", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    forward(journal_dir, redis_server, 2)  # two more on "default"
+    with registered_worker(redis_server, "default"):
+        code, report = doctor(journal_dir, redis_server)
+        assert code == EXIT_FINDINGS
+        assert report["unserved"] == {"emails": 1}  # "default" has a worker
+        text = CliRunner().invoke(cli, ["doctor", "--journal", str(journal_dir), "--redis", redis_server.url])
+        assert "queues no worker serves: emails (1 waiting)" in text.output
+        with registered_worker(redis_server, "emails", "bulk"):
+            code, report = doctor(journal_dir, redis_server)
+    assert (code, report["unserved"]) == (0, {})
+
+
+def test_it_reports_jobs_merged_into_another_with_their_id(
+    journal_dir: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two different calls under one job_id: the second never runs. Not healthy, and named."""
+    queue = Queue("default", journal_dir)
+    first = queue.enqueue("tests.tasks.add", 1, 1, job_id="order-42")
+    second = queue.enqueue("tests.tasks.add", 2, 2, job_id="order-42")
+    # The same call again (a retry of an enqueue whose outcome was unknown): deduplicated, fine.
+    queue.enqueue("tests.tasks.add", 5, 5, job_id="retry-7")
+    queue.enqueue("tests.tasks.add", 5, 5, job_id="retry-7")
+    forward(journal_dir, redis_server, 0)
+    with registered_worker(redis_server, "default"):
+        code, report = doctor(journal_dir, redis_server)
+    assert code == EXIT_FINDINGS
+    assert report["merged"] == ["order-42"]
+    assert (first.get_status(), second.get_status()) == ("forwarded", "merged")
+    # The first runs; the second never does, and keeps saying so.
+    monkeypatch.setenv("HYBRIDQ_ALLOW", "tests.tasks")
+    assert run_worker(["default"], url=redis_server.url, burst=True, simple=True) == 0
+    transport = RQTransport(redis_server.url)
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+    transport.close()
+    assert (first.get_status(), second.get_status()) == ("finished", "merged")
+    assert first.envelope.args == (1, 1)
+    code, report = doctor(journal_dir, redis_server)
+    assert (code, report["merged"]) == (EXIT_FINDINGS, ["order-42"])

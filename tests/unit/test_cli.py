@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hybridq.cli import EXIT_CORRUPT, EXIT_ERROR, cli
+from hybridq.embedded import RedisServer
 from hybridq.journal import JournalWriter
 
 from tests.conftest import PYTHON
@@ -130,6 +131,20 @@ def test_verify_shows_a_progress_bar_on_large_journals(
             "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_password=k3y&ssl_cert_reqs=required",
             "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_password=***&ssl_cert_reqs=required",
         ),
+        # Percent-encoded parameter names are decoded by redis-py: redact by the decoded name.
+        ("redis://h/0?pass%77ord=s3cret", "redis://h/0?pass%77ord=***"),
+        ("redis://h/0?%70%61%73%73%77%6F%72%64=s3cret&db=1", "redis://h/0?%70%61%73%73%77%6F%72%64=***&db=1"),
+        ("redis://h/0?PASSWORD=s3cret", "redis://h/0?PASSWORD=***"),
+        ("redis://h/0?ssl_pass%77ord=s3cret", "redis://h/0?ssl_pass%77ord=***"),
+        ("redis://h/0?pass+word=s3cret&password%00=x", "redis://h/0?pass+word=***&password%00=***"),
+        ("redis://h/0?db=1&&password", "redis://h/0?db=1&&password=***"),
+        ("redis://u:p?ss@h/0", "redis://u:***@h/0"),
+        # Userinfo: whatever follows the user name, however encoded, and a user-less secret.
+        ("redis://us%3Aer:s3cret@h/0", "redis://us%3Aer:***@h/0"),
+        ("redis://s3cret@h/0", "redis://***@h/0"),
+        ("redis://u:p@ss@h/0", "redis://u:***@h/0"),
+        ("REDIS://u:s3cret@h/0", "REDIS://u:***@h/0"),
+        ("redis://h/0#password=s3cret", "redis://h/0#***"),
     ],
 )
 def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
@@ -325,3 +340,223 @@ def test_journal_repair_dry_run_then_accept_loss(runner: CliRunner, journal_dir:
     again = runner.invoke(cli, ["journal", "repair", "--journal", str(journal_dir)])
     assert again.exit_code == 0
     assert "nothing to repair" in again.output
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:1/0?pass%77ord=s3cret",
+        "redis://127.0.0.1:1/0?%70assword=s3cret",
+        "redis://u:s3cret@127.0.0.1:1/0",
+        "redis://s3cret@127.0.0.1:1/0",
+    ],
+)
+def test_an_encoded_password_never_reaches_logs_or_status_json(
+    url: str, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    from hybridq import Queue
+
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    status = subprocess.run(
+        [PYTHON, "-m", "hybridq", "status", "--json", "--journal", str(journal_dir), "--redis", url],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["redis"]["up"] is False
+    worker = subprocess.run(
+        [PYTHON, "-m", "hybridq", "worker", "--burst", "--redis", url, "default"],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "127.0.0.1:1" in worker.stderr  # it did log the URL
+    assert "s3cret" not in status.stdout + status.stderr + worker.stdout + worker.stderr
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``python -m hybridq ARGS`` in a child process (its stderr is what a user sees)."""
+    return subprocess.run(
+        [PYTHON, "-m", "hybridq", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == EXIT_ERROR, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hybridq: error:")]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    assert "s3cret" not in proc.stderr + proc.stdout
+
+
+BAD_REDIS_URLS = [
+    "http://127.0.0.1:6379/0",
+    "redis://127.0.0.1:notaport/0",
+    "redis://127.0.0.1:6379/zero",
+    "redis://127.0.0.1:6379/0/1",
+    "redis://127.0.0.1:6379/0?socket_timeout=soon",
+    "redis://127.0.0.1:6379/0?PASSWORD=s3cret",
+    "redis://127.0.0.1:6379/0?no_such_option=1",
+    "redis://:s3cret@127.0.0.1:99999/0",
+]
+
+
+@pytest.mark.parametrize("url", BAD_REDIS_URLS)
+@pytest.mark.parametrize("command", ["status", "doctor", "worker", "forward"])
+def test_an_invalid_redis_url_is_one_line_and_exit_1(
+    command: str, url: str, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    from hybridq import Queue
+
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    args = {
+        "status": ["status", "--journal", str(journal_dir)],
+        "doctor": ["doctor", "--journal", str(journal_dir)],
+        "worker": ["worker", "--burst"],
+        "forward": ["forward", "--journal", str(journal_dir)],
+    }[command]
+    proc = run_cli(subprocess_env, *args, "--redis", url)
+    assert_one_line_error(proc, "invalid Redis URL")
+    if command != "status":
+        return
+    # The same through the environment variable.
+    proc = run_cli({**subprocess_env, "HYBRIDQ_REDIS_URL": url}, *args)
+    assert_one_line_error(proc, "invalid Redis URL")
+
+
+@pytest.fixture
+def acl_redis(redis_server: RedisServer) -> RedisServer:
+    """The private server with two ACL users: ``hq`` (allowed everything) and ``nokeys``."""
+    admin = redis_server.client()
+    try:
+        admin.execute_command("ACL", "SETUSER", "hq", "on", ">s3cret", "~*", "&*", "+@all")
+        # Logs in, but may touch no key hybridq or RQ uses.
+        admin.execute_command("ACL", "SETUSER", "nokeys", "on", ">s3cret", "~other:*", "&*", "+@all")
+    finally:
+        admin.close()
+    return redis_server
+
+
+def refused_urls(server: RedisServer) -> dict[str, str]:
+    base = f"127.0.0.1:{server.port}"
+    return {
+        "wrong password": f"redis://hq:wrong@{base}/0",
+        "unknown user": f"redis://nobody:s3cret@{base}/0",
+        "database out of range": f"redis://hq:s3cret@{base}/99",
+        "ACL denies the keys": f"redis://nokeys:s3cret@{base}/0",
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["wrong password", "unknown user", "database out of range", "ACL denies the keys"]
+)
+@pytest.mark.parametrize("command", ["forward", "worker", "worker --burst", "doctor"])
+def test_a_configuration_redis_refuses_exits_instead_of_retrying(
+    command: str, case: str, acl_redis: RedisServer, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    from hybridq import Queue
+
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    url = refused_urls(acl_redis)[case]
+    if command == "doctor":
+        # doctor needs a checkpoint: forward once with a user Redis accepts.
+        good = url.replace("nokeys:", "hq:").replace(":wrong@", ":s3cret@").replace("nobody:", "hq:")
+        good = good.rsplit("/", 1)[0] + "/0"
+        from hybridq.forwarder import Forwarder
+        from hybridq.transport.rq import RQTransport
+
+        transport = RQTransport(good)
+        with Forwarder(journal_dir, transport) as forwarder:
+            forwarder.step()
+        transport.close()
+    args = {
+        "forward": ["forward", "--journal", str(journal_dir)],
+        "worker": ["worker", "default"],
+        "worker --burst": ["worker", "--burst", "default"],
+        "doctor": ["doctor", "--journal", str(journal_dir)],
+    }[command]
+    proc = run_cli(subprocess_env, *args, "--redis", url, timeout=30)
+    assert_one_line_error(proc, "Redis refused")
+
+
+def test_worker_burst_with_redis_down_says_it_exits_without_retrying(subprocess_env: dict[str, str]) -> None:
+    proc = run_cli(subprocess_env, "worker", "--burst", "--redis", "redis://127.0.0.1:1/0", "default")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "--burst does not wait for it; exiting 1" in proc.stderr, proc.stderr
+    assert "retrying" not in proc.stderr
+
+
+def test_journal_dump_into_head_exits_quietly(journal_dir: Path, subprocess_env: dict[str, str]) -> None:
+    with JournalWriter(journal_dir) as writer:
+        for n in range(5000):  # far more than a pipe buffer holds
+            writer.append(b'{"job": %d, "pad": "%s"}' % (n, b"x" * 100))
+    proc = subprocess.run(
+        f"'{PYTHON}' -m hybridq journal dump --journal '{journal_dir}' | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert json.loads(proc.stdout)["seq"] == 1
+
+
+def test_rq_shutdown_command_stops_the_worker_with_a_warning(
+    redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    """Anyone who may PUBLISH on Redis can stop a worker: it must say so, not exit 0 silently."""
+    import time
+
+    from rq.command import send_shutdown_command
+
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "hybridq", "worker", "--name", "w-shut", "--redis", redis_server.url, "default"],
+        env=subprocess_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    conn = redis_server.client()
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            # Until its pub/sub subscription is up, a command is lost: send it again.
+            if conn.pubsub_numsub("rq:pubsub:w-shut")[0][1]:
+                send_shutdown_command(conn, "w-shut")
+            time.sleep(0.2)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        conn.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line and "shutdown command" in line]
+    assert any("rq:pubsub:w-shut" in line and "Restart=always" in line for line in warnings), stderr
+
+
+@pytest.mark.parametrize("func", ["__main__.f", "__main__.Klass.method"])
+def test_enqueue_refuses_a_function_in_main(runner: CliRunner, journal_dir: Path, func: str) -> None:
+    result = runner.invoke(cli, ["enqueue", func, "1", "--journal", str(journal_dir)])
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "__main__" in result.output
+    assert result.output.count("\n") == 1
+    assert not journal_dir.exists() or list(journal_dir.glob("*.wal")) == []

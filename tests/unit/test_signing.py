@@ -51,7 +51,7 @@ def envelope(**overrides: Any) -> Envelope:
         "queue": "default",
         "idempotency_key": "order 42 ☃",
         "created_at": 1700000000.25,
-        "args": ("/tmp/effects", "token", {1: "int key"}, (1, 2)),
+        "args": ("/tmp/effects", "token", {"1": "str key"}, (1, 2)),  # int keys: refused (NotSerializable)
         "kwargs": {"z": 1, "a": [1.5, None]},
         "timeout_s": 30.0,
         "result_ttl_s": 60.0,

@@ -1,0 +1,130 @@
+"""Redis URLs from users, checked before use; Redis refusing a configuration told from an outage.
+
+An outage (Redis down, restarting, unreachable) is retried with backoff by the forwarder and the
+workers. A configuration Redis *refuses* -- a wrong password, a disabled user, a DB index out of
+range, an ACL that denies a command or key hybridq needs -- does not get better by retrying, so
+it is reported once and the process exits (:class:`hybridq.errors.RedisRefused`).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import TYPE_CHECKING
+
+from hybridq.errors import HybridqError, RedisRefused, TransportError
+
+if TYPE_CHECKING:
+    from redis.exceptions import RedisError
+
+__all__ = ["InvalidRedisURL", "check_url", "redact_url", "refusal", "transport_error"]
+
+#: Reply texts (lowercase) by which Redis refuses a configuration rather than fails for a while.
+#: A denied command inside a script comes back as a plain ERR with the ACL's wording.
+_REFUSALS = (
+    "db index is out of range",
+    "invalid db index",
+    "noperm",
+    "no permissions to",
+    "can't run this command",
+    "can't access",
+    "wrongpass",
+    "noauth",
+    "invalid username-password pair",
+)
+
+
+class InvalidRedisURL(HybridqError, ValueError):
+    """A Redis URL redis-py cannot use (scheme, port, database, options)."""
+
+
+def check_url(url: str) -> str:
+    """Return ``url`` if redis-py can build a connection from it, else raise InvalidRedisURL.
+
+    Builds the connection object without connecting, so unknown or malformed options are
+    caught here rather than as a traceback on first use. The message shows the URL redacted.
+    """
+    try:
+        _build(url)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRedisURL(f"invalid Redis URL {redact_url(url)}: {_scrub(str(exc), url)}") from None
+    return url
+
+
+def _build(url: str) -> None:
+    """Build (not connect) redis-py's connection for ``url``: ValueError or TypeError if it cannot."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path[1:].isdigit():
+        # redis-py silently ignores a database it cannot parse (and uses database 0).
+        raise ValueError(f"the path must be a database number, not {parts.path!r}")
+    import redis  # noqa: PLC0415 - `hybridq status` and `--help` need no redis-py
+
+    pool = redis.ConnectionPool.from_url(url)
+    try:
+        pool.make_connection()  # the options are applied here (no I/O)
+    finally:
+        pool.disconnect()
+
+
+def _scrub(message: str, url: str) -> str:
+    """``message`` without any secret ``url`` holds (redis-py may quote a bad value)."""
+    parts = urllib.parse.urlsplit(url)
+    secrets = [parts.password or ""]
+    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if "pass" in "".join(c for c in name.lower() if c.isalnum()):
+            secrets.append(value)
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        message = message.replace(secret, "***").replace(urllib.parse.quote(secret, safe=""), "***")
+    return message
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why Redis refuses this configuration (a short reason), or None if ``exc`` may pass."""
+    from redis.exceptions import AuthenticationError, NoPermissionError, RedisError  # noqa: PLC0415
+
+    if isinstance(exc, AuthenticationError):
+        return "login refused: check the user name and password"
+    if isinstance(exc, NoPermissionError):
+        return "the ACL denies a command or key hybridq needs (docs/deploy.md)"
+    if isinstance(exc, RedisError):
+        text = str(exc).lower()
+        if "db index" in text:
+            return "no such database number"
+        if any(needle in text for needle in _REFUSALS):
+            return "the ACL denies a command or key hybridq needs (docs/deploy.md)"
+    return None
+
+
+def transport_error(exc: RedisError) -> TransportError:
+    """The TransportError for ``exc``: :class:`RedisRefused` (not retried) if it is a refusal."""
+    why = refusal(exc)
+    if why is not None:
+        return RedisRefused(f"Redis refused this configuration ({why}): {exc}")
+    return TransportError(f"Redis: {exc}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with every secret it may carry shown as ``***``.
+
+    Redacted: the userinfo's password (``user:pass@``; a lone ``secret@`` entirely), any query
+    parameter whose *decoded* name mentions a password (``password``, ``ssl_password``,
+    ``pass%77ord``, ``PASS+WORD``: redis-py decodes names before it uses them), and the fragment.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # The last "@" ends the userinfo, even where a sloppy password holds "@", "/" or "?".
+    creds, at, rest = rest.rpartition("@")
+    rest, hsep, _fragment = rest.partition("#")
+    rest, qsep, query = rest.partition("?")
+    if at:
+        user, colon, _password = creds.partition(":")
+        rest = f"{user}:***@{rest}" if colon and user else f"***@{rest}"
+    if qsep:
+        rest += "?" + "&".join(_redact_param(part) for part in query.split("&"))
+    return f"{scheme}://{rest}" + ("#***" if hsep else "")
+
+
+def _redact_param(part: str) -> str:
+    key, _eq, _value = part.partition("=")
+    name = "".join(c for c in urllib.parse.unquote_plus(key).lower() if c.isalnum())
+    return f"{key}=***" if "pass" in name else part
