@@ -654,8 +654,9 @@ def _json_arg(what: str, raw: str) -> Any:
     "allow",
     multiple=True,
     metavar="MODULE",
-    help="Run functions under this module prefix (repeatable; added to $HYBRIDQ_ALLOW). Functions "
-    "registered with @hybridq.task in an imported module run without it.",
+    help="Run functions and classes defined in modules under this prefix (repeatable; added to "
+    "$HYBRIDQ_ALLOW); what those modules import from elsewhere is not allowed. Functions registered "
+    "with @hybridq.task in an imported module run without it.",
 )
 @click.option(
     "--import",

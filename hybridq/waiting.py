@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from rq.utils import import_attribute
 
 from hybridq import keys
-from hybridq.allow import allowed_prefixes
+from hybridq.allow import allowed, resolve
 from hybridq.guard import NotAllowed
 
 __all__ = ["TaskUnavailable", "Waiting", "current", "not_set_up_for", "record", "unimportable"]
@@ -97,7 +96,7 @@ def not_set_up_for(path: str, error: Exception) -> bool:
     """
     if not isinstance(error, NotAllowed):
         return False
-    if any(p in ("*", path) or path.startswith(p + ".") for p in allowed_prefixes()):
+    if allowed(path):
         return False
     top = path.partition(".")[0]
     return top not in sys.stdlib_module_names and top not in sys.builtin_module_names
@@ -106,12 +105,14 @@ def not_set_up_for(path: str, error: Exception) -> bool:
 def unimportable(path: str) -> str | None:
     """Why this worker cannot import the (allowed) function at ``path``; ``None`` if it can.
 
-    RQ's resolution (what the worker does before it calls it), and on failure the reason it hides behind
-    "Invalid attribute name": the module that does not import (and its error), or the
-    attribute it lacks.
+    hybridq's resolution (:func:`hybridq.allow.resolve`, what the worker does before it calls
+    it), and on failure the reason: the module that does not import (and its error), or the
+    attribute it lacks. A path the allowlist refuses is not this function's to judge (``None``).
     """
     try:
-        import_attribute(path)
+        resolve(path)
+    except NotAllowed:
+        return None
     except Exception:  # noqa: S110 - any failure to import is explained below
         pass
     else:
