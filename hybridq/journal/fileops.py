@@ -8,10 +8,14 @@ The default is a thin layer over :mod:`os`.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Callable, Sequence
 
-__all__ = ["OS_FILEOPS", "FileOps", "write_all"]
+from hybridq.errors import JournalIOError
+
+__all__ = ["OS_FILEOPS", "FileOpError", "FileOps", "replace_durably", "write_all"]
 
 #: Flags every journal file is opened with: no symlink following, not inherited by children.
 SAFE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -89,3 +93,83 @@ def write_all(ops: FileOps, fd: int, data: bytes | memoryview) -> None:
         if written <= 0:  # pragma: no cover - write(2) returns -1 via OSError, never 0 for files
             raise OSError(5, "write returned 0")
         view = view[written:]
+
+
+class FileOpError(Exception):
+    """File operation ``op`` failed with ``cause``: raised by steps that name their own op."""
+
+    def __init__(self, op: str, cause: OSError) -> None:
+        super().__init__(op, cause)
+        self.op = op
+        self.cause = cause
+
+
+def replace_durably(
+    ops: FileOps,
+    path: str,
+    fill: Callable[[int], object],
+    *,
+    tmp: str | None = None,
+    flags: int = os.O_TRUNC,
+    keep_open: bool = False,
+    also_sync: Sequence[str] = (),
+) -> int:
+    """Durably make ``path`` the file ``fill(fd)`` writes (docs/reliability.md rules 5 and 6).
+
+    Temp file, ``fill``, fsync, rename over ``path``, fsync of ``path``'s directory (then of each
+    directory in ``also_sync``): after a crash at any point ``path`` is either whole and old or
+    whole and new. With ``tmp=path`` the file is created in place (pass ``os.O_EXCL``) and
+    there is no rename. Every step goes through ``ops`` (the fault-injection seam).
+
+    Args:
+        ops: the file-operations seam.
+        path: the file to create or replace.
+        fill: writes the contents to the fd; a :class:`FileOpError` it raises names its op,
+            any other :class:`OSError` is a failed ``write``.
+        tmp: the temp file (default ``path + ".tmp"``).
+        flags: added to ``O_WRONLY | O_CREAT`` when creating the temp file.
+        keep_open: return the fd (the caller closes it) instead of closing it; it is closed
+            when this raises.
+        also_sync: more directories to fsync once the rename is durable.
+
+    Returns:
+        The fd when ``keep_open``, else ``-1``.
+
+    Raises:
+        JournalIOError: a step failed (its ``op`` says which); ``path`` was not replaced unless
+            the op is ``directory fsync``.
+    """
+    tmp = path + ".tmp" if tmp is None else tmp
+    op = "create"
+    try:
+        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+        try:
+            op = "write"
+            fill(fd)
+            op = "fsync"
+            ops.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                ops.close(fd)
+            raise
+        if not keep_open:
+            ops.close(fd)
+            fd = -1
+        try:
+            if tmp != path:
+                op = "rename"
+                ops.replace(tmp, path)
+            op = "directory fsync"
+            ops.fsync_dir(os.path.dirname(path))
+            for directory in also_sync:
+                ops.fsync_dir(directory)
+        except BaseException:
+            if keep_open:
+                with contextlib.suppress(OSError):
+                    ops.close(fd)
+            raise
+    except FileOpError as exc:
+        raise JournalIOError(path, exc.op, exc.cause) from exc.cause
+    except OSError as exc:
+        raise JournalIOError(path, op, exc) from exc
+    return fd

@@ -125,6 +125,31 @@ _RECORD_TAIL = struct.Struct("<IQI")  # the header after its CRC: length, sequen
 _CRC_FIELD = struct.Struct("<I")
 
 
+_SEAL_TYPE = int(RecordType.SEAL)
+_raw_crc32c = _crc32c.crc32c  # the C function itself: one lookup less per record
+
+
+def record_problem(
+    stored_crc: int, length: int, type_word: int, body: bytes | bytearray | memoryview, seed: int
+) -> str | None:
+    """Why a record whose header holds these fields is invalid; ``None`` when it is valid.
+
+    The one record checker: the scanner, the repair, and reads by location all use it, so they
+    refuse the same bytes (``docs/journal-format.md``, *Record*). ``body`` is the record from
+    just after its CRC field to its end; it is only checksummed once the header fields pass.
+    Sequence numbers are the caller's to check: only it knows which one is due.
+    """
+    if length > MAX_PAYLOAD_BYTES:
+        return "impossible record length"
+    if not type_word >> 8:
+        return "unsynced distance is zero"
+    if not 1 <= type_word & 0xFF <= 127 and type_word & 0xFF != _SEAL_TYPE:
+        return "invalid record type"
+    if _raw_crc32c(body, seed) != stored_crc:
+        return "checksum mismatch"
+    return None
+
+
 def encode_records(
     seed: int, first_seq: int, rtype: int, payloads: Iterable[bytes], *, synced_seq: int | None = None
 ) -> bytes:

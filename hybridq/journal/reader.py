@@ -25,9 +25,9 @@ from .format import (
     SEAL_RECORDS,
     HeaderError,
     RecordType,
-    crc32c,
     decode_segment_header,
     parse_segment_name,
+    record_problem,
     salt_seed,
     segment_name,
 )
@@ -238,9 +238,10 @@ class JournalReader:
 def read_record_at(
     path: str, writer_id: str, segment: int, offset: int, *, fileops: FileOps = OS_FILEOPS
 ) -> Record:
-    """Read back one record by its location, checking its checksum (for held, delayed jobs).
+    """Read back one record by its location, checked as the scan checks it (for held, delayed jobs).
 
-    Raises :class:`JournalCorruption` when the bytes there are not a valid record of that segment.
+    Raises :class:`JournalCorruption` when the bytes there are not a valid record of that segment
+    (:func:`~hybridq.journal.format.record_problem` says why).
     """
     seg_path = os.path.join(path, segment_name(writer_id, segment))
     fd = fileops.open(seg_path, os.O_RDONLY)
@@ -253,11 +254,12 @@ def read_record_at(
         if len(head) < RECORD_HEADER_SIZE:
             raise JournalCorruption(seg_path, offset, "no record at this offset")
         crc, length, seq, type_word = unpack_header(head)
-        if length > MAX_PAYLOAD_BYTES:
-            raise JournalCorruption(seg_path, offset, "impossible record length")
-        payload = os.pread(fd, length, offset + RECORD_HEADER_SIZE)
-        if len(payload) != length or crc32c(payload, crc32c(head[4:], salt_seed(header.salt))) != crc:
-            raise JournalCorruption(seg_path, offset, "checksum mismatch", first_seq=seq)
+        payload = os.pread(fd, length, offset + RECORD_HEADER_SIZE) if length <= MAX_PAYLOAD_BYTES else b""
+        problem = record_problem(crc, length, type_word, head[4:] + payload, salt_seed(header.salt))
+        if problem is None and len(payload) != length:
+            problem = "checksum mismatch"  # cut short by the end of the file
+        if problem is not None:
+            raise JournalCorruption(seg_path, offset, problem, first_seq=seq)
         end = offset + RECORD_HEADER_SIZE + length
         return Record(writer_id, seq, type_word & 0xFF, payload, segment, offset, end)
     finally:

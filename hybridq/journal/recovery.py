@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from hybridq.errors import JournalIOError
 
-from .fileops import OS_FILEOPS, FileOps, write_all
+from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
 from .segment import SealError, seal_fd
@@ -82,7 +82,7 @@ def _verify(
 
 
 def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> RecoveryReport:
-    """Make the journal consistent for a new reader (the forwarder runs this on start).
+    """Make the journal consistent for a new reader (its consumer runs this on start).
 
     1. Check everything; on corruption raise before changing anything.
     2. Delete segment temp files left by dead writers.
@@ -102,7 +102,7 @@ def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> R
     for info in reader.chain_ends.values():
         if info.sealed or info.live:
             continue
-        if _close_dead_chain(fileops, directory, info):
+        if _close_dead_chain(fileops, info):
             if info.torn is not None:
                 report.repaired.append(info.torn)
             report.sealed.append(info.path)
@@ -130,7 +130,7 @@ def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
         ops.close(fd)
 
 
-def _close_dead_chain(ops: FileOps, directory: str, info: SegmentInfo) -> bool:
+def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
     """Truncate a torn tail (after a backup) and seal the last segment of a dead chain."""
     try:
         fd = ops.open(info.path, os.O_RDWR | os.O_APPEND)
@@ -152,7 +152,7 @@ def _close_dead_chain(ops: FileOps, directory: str, info: SegmentInfo) -> bool:
         if torn is not None:
             if st.st_size != torn.offset + torn.dropped_bytes:
                 return False  # changed since the scan; the next recovery looks again
-            backup = _back_up(ops, directory, info.path, fd, st.st_size)
+            backup = _back_up(ops, info.path, fd, st.st_size)
             op = "truncate"
             try:
                 ops.ftruncate(fd, torn.offset)
@@ -191,28 +191,18 @@ def _close_dead_chain(ops: FileOps, directory: str, info: SegmentInfo) -> bool:
         ops.close(fd)
 
 
-def _back_up(ops: FileOps, directory: str, path: str, fd: int, size: int) -> str:
+def _back_up(ops: FileOps, path: str, fd: int, size: int) -> str:
     """Copy a segment to ``*.broken`` durably before it is truncated (etcd's ``Repair``)."""
     backup = path + BROKEN_SUFFIX
-    tmp = backup + TMP_SUFFIX
-    op = "backup"
-    try:
-        out = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            done = 0
-            while done < size:
-                chunk = os.pread(fd, min(_COPY_CHUNK, size - done), done)
-                if not chunk:
-                    break
-                write_all(ops, out, chunk)
-                done += len(chunk)
-            ops.fsync(out)
-        finally:
-            ops.close(out)
-        op = "rename"
-        ops.replace(tmp, backup)
-        op = "directory fsync"
-        ops.fsync_dir(directory)
-    except OSError as exc:
-        raise JournalIOError(backup, op, exc) from exc
+
+    def fill(out: int) -> None:
+        done = 0
+        while done < size:
+            chunk = os.pread(fd, min(_COPY_CHUNK, size - done), done)
+            if not chunk:
+                break
+            write_all(ops, out, chunk)
+            done += len(chunk)
+
+    replace_durably(ops, backup, fill, tmp=backup + TMP_SUFFIX)
     return backup

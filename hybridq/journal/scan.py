@@ -14,8 +14,6 @@ import re
 import stat
 from collections.abc import Callable, Generator
 
-import crc32c as _crc32c_module
-
 from hybridq.errors import JournalCorruption
 
 from .fileops import FileOps
@@ -29,25 +27,30 @@ from .format import (
     HeaderError,
     RecordType,
     SegmentHeader,
-    crc32c,
     decode_segment_header,
+    record_problem,
     salt_seed,
 )
 from .records import Later, Record, SegmentInfo, TornTail
 
-__all__ = ["SegmentScan", "unpack_header"]
+__all__ = ["SegmentScan", "candidate_pattern", "unpack_header"]
 
 _SEAL = int(RecordType.SEAL)
 # crc, length, sequence, and one word: type (low byte), unsynced distance (the other 24 bits)
 unpack_header = RECORD_HEADER.unpack_from
-_crc32c_raw = _crc32c_module.crc32c  # the C function itself: one Python call less per record
+# Where a record header could start when no sequence number is expected: a valid type byte and
+# a non-zero unsynced distance.
+_ANY_RECORD = re.compile(b"(?s)(?=.{16}[\\x01-\\x7f\\xff](?!\\x00\\x00\\x00))")
 
 
-def _candidate_pattern(low_seq: int, high_seq: int) -> re.Pattern[bytes]:
+def candidate_pattern(low_seq: int | None, high_seq: int) -> re.Pattern[bytes]:
     """A regex matching where a record header could start: plausible sequence, type, distance.
 
-    Plausible: a sequence number in ``[low_seq, high_seq]``, a valid type, a non-zero distance.
+    Plausible: a sequence number in ``[low_seq, high_seq]`` (any, when ``low_seq`` is ``None``),
+    a valid type, a non-zero distance. Each match still has to pass :func:`record_problem`.
     """
+    if low_seq is None:
+        return _ANY_RECORD
     if low_seq >> 24 == high_seq >> 24:
         # The top five bytes of the little-endian sequence number are fixed by the range.
         seq = b".{3}" + re.escape((low_seq >> 24).to_bytes(5, "little"))
@@ -119,7 +122,7 @@ class SegmentScan:
         on_bytes = self.on_bytes
         last = self.last
         unpack = unpack_header
-        crc = _crc32c_raw
+        problem = record_problem
         os.lseek(fd, offset, os.SEEK_SET)
         buf = b""
         view = memoryview(buf)
@@ -164,15 +167,8 @@ class SegmentScan:
                 else:
                     end = p + need
                     rtype = type_word & 0xFF
-                    if length > MAX_PAYLOAD_BYTES:
-                        bad = "impossible record length"
-                    elif not type_word >> 8:
-                        bad = "unsynced distance is zero"
-                    elif rtype != _SEAL and not 1 <= rtype <= 127:
-                        bad = "invalid record type"
-                    elif crc(view[p + 4 : end], seed) != crc_stored:
-                        bad = "checksum mismatch"
-                    elif seq != expected:
+                    bad = problem(crc_stored, length, type_word, view[p + 4 : end], seed)
+                    if bad is None and seq != expected:
                         if seq > expected:
                             raise self.corruption(off, "sequence gap", expected, seq - 1)
                         raise self.corruption(
@@ -300,7 +296,7 @@ class SegmentScan:
         """
         remaining = self.size - bad_off
         max_seq = expected + remaining // RECORD_HEADER_SIZE + 1
-        pattern = _candidate_pattern(expected, max_seq)
+        pattern = candidate_pattern(expected, max_seq)
         found: Later | None = None
         pos = bad_off + 1
         window, window_at = b"", pos  # a chunk of the file starting at window_at
@@ -315,12 +311,12 @@ class SegmentScan:
                 window = b""
                 continue
             pos = window_at + m.start()
-            _, length, seq, type_word = unpack_header(window, m.start())
+            stored, length, seq, type_word = unpack_header(window, m.start())
             distance = type_word >> 8
             end = pos + RECORD_HEADER_SIZE + length
             if expected <= seq <= max_seq and length <= MAX_PAYLOAD_BYTES and end <= self.size:
                 rec = self._read_at(pos, RECORD_HEADER_SIZE + length)
-                if crc32c(memoryview(rec)[4:], self.seed) == int.from_bytes(rec[:4], "little"):
+                if record_problem(stored, length, type_word, memoryview(rec)[4:], self.seed) is None:
                     if found is None:
                         found = Later(pos, seq, seq - distance, 0)
                     found.count += 1

@@ -1,7 +1,8 @@
-"""Atomic, checksummed state files (the forwarder's checkpoint and the like).
+"""Atomic, checksummed state files (a reader's checkpoint and the like).
 
 Format: ``docs/journal-format.md`` (*State files*). A state file is replaced, never rewritten in
-place (docs/reliability.md rule 6): temp file, fsync, ``os.replace``, fsync the directory.
+place (docs/reliability.md rule 6): temp file, fsync, ``os.replace``, fsync the directory
+(:func:`~hybridq.journal.fileops.replace_durably`).
 
 This module must not import redis, rq, click or the job envelope.
 """
@@ -11,9 +12,9 @@ from __future__ import annotations
 import os
 import struct
 
-from hybridq.errors import JournalIOError, StateFileCorrupt
+from hybridq.errors import StateFileCorrupt
 
-from .fileops import OS_FILEOPS, FileOps, write_all
+from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import crc32c
 
 __all__ = ["MAX_STATE_BYTES", "read_state", "write_state"]
@@ -48,24 +49,8 @@ def write_state(directory: str, name: str, payload: bytes, *, fileops: FileOps =
     """
     if len(payload) > MAX_STATE_BYTES:
         raise ValueError(f"state payload of {len(payload)} bytes is over {MAX_STATE_BYTES}")
-    path = _path(directory, name)
-    tmp = path + ".tmp"
-    op = "create"
-    try:
-        fd = fileops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            op = "write"
-            write_all(fileops, fd, encode_state(payload))
-            op = "fsync"
-            fileops.fsync(fd)
-        finally:
-            fileops.close(fd)
-        op = "rename"
-        fileops.replace(tmp, path)
-        op = "directory fsync"
-        fileops.fsync_dir(directory)
-    except OSError as exc:
-        raise JournalIOError(path, op, exc) from exc
+    data = encode_state(payload)
+    replace_durably(fileops, _path(directory, name), lambda fd: write_all(fileops, fd, data))
 
 
 def read_state(directory: str, name: str, *, fileops: FileOps = OS_FILEOPS) -> bytes | None:

@@ -27,7 +27,7 @@ from typing import Self
 from hybridq.errors import JournalClosed, JournalIOError, RecordTooLarge
 
 from . import crashpoints
-from .fileops import OS_FILEOPS, FileOps, write_all
+from .fileops import OS_FILEOPS, FileOpError, FileOps, replace_durably, write_all
 from .format import (
     DEFAULT_MAX_SEGMENT_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -264,32 +264,27 @@ class JournalWriter:
         tmp = path + TMP_SUFFIX
         salt = secrets.token_bytes(8)
         header = SegmentHeader(self._writer_id, salt, self._prev_salt, self._next_index, self._next_first_seq)
-        try:
-            fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        except OSError as exc:
-            self._new_chain()
-            raise JournalIOError(tmp, "create", exc) from exc
-        op = "flock"
-        try:
+        encoded = header.encode()
+
+        def fill(fd: int) -> None:
             # Lock before the file gets its real name: an unlocked unsealed segment means "its
             # writer is dead" to recovery, so it must never be visible unlocked while we live.
-            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            op = "write"
-            write_all(ops, fd, header.encode())
-            op = "fsync"
-            ops.fsync(fd)
-            op = "rename"
-            ops.replace(tmp, path)
-            op = "directory fsync"
-            # Rule 5: without this the new name can vanish on power loss, taking acked records.
-            ops.fsync_dir(self.path)
-        except OSError as exc:
-            close_quietly(ops, fd)
-            for leftover in (tmp, path) if op == "directory fsync" else (tmp,):
-                with contextlib.suppress(OSError):
-                    ops.unlink(leftover)
+            try:
+                ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                raise FileOpError("flock", exc) from exc
+            write_all(ops, fd, encoded)
+
+        try:
+            # Rule 5: the directory fsync at its end keeps the new name (and acked records) there.
+            fd = replace_durably(ops, path, fill, tmp=tmp, flags=os.O_EXCL | os.O_APPEND, keep_open=True)
+        except JournalIOError as exc:
+            if exc.op != "create":
+                for leftover in (tmp, path) if exc.op == "directory fsync" else (tmp,):
+                    with contextlib.suppress(OSError):
+                        ops.unlink(leftover)
             self._new_chain()
-            raise JournalIOError(path, op, exc) from exc
+            raise
         seg = OpenSegment(
             fd=fd,
             path=path,
@@ -298,7 +293,7 @@ class JournalWriter:
             salt=salt,
             first_seq=self._next_first_seq,
         )
-        seg.size = len(header.encode())
+        seg.size = len(encoded)
         return seg
 
     def _write(self, seg: OpenSegment, blob: bytes) -> None:

@@ -317,3 +317,37 @@ def test_bytes_after_two_valid_seals_are_corruption_even_if_writable(journal_dir
         f.write(b"\x07" * 13)
     with pytest.raises(JournalCorruption, match="bytes after the seal"):
         recover(journal_dir)
+
+
+@pytest.mark.parametrize(
+    ("rtype", "synced", "reason"),
+    [
+        (0, None, "invalid record type"),
+        (200, None, "invalid record type"),
+        (1, 0, "unsynced distance is zero"),
+    ],
+)
+def test_read_record_at_refuses_what_the_scanner_refuses(
+    journal_dir: Path, rtype: int, synced: int | None, reason: str
+) -> None:
+    """One record checker (issue 14.4): a record the scan refuses is never read back by location."""
+    from hybridq.journal.reader import read_record_at
+
+    with JournalWriter(journal_dir) as writer:
+        ids = writer.append_many([b"first", b"second", b"third"])
+        seed = writer._segment.seed if writer._segment is not None else 0
+    bad = ids[1]
+    segment = journal_dir / f"{bad.writer_id}-{bad.segment:08d}.wal"
+    # The same record with a checksum that verifies, but a type or distance the format forbids.
+    frame = encode_records(seed, bad.seq, rtype, [b"second"], synced_seq=bad.seq if synced == 0 else None)
+    raw = bytearray(segment.read_bytes())
+    raw[bad.offset : bad.offset + len(frame)] = frame
+    segment.chmod(0o600)
+    segment.write_bytes(bytes(raw))
+    segment.chmod(0o400)
+    with pytest.raises(JournalCorruption, match=reason):
+        list(JournalReader(journal_dir).records())
+    with pytest.raises(JournalCorruption, match=reason):
+        read_record_at(str(journal_dir), bad.writer_id, bad.segment, bad.offset)
+    good = read_record_at(str(journal_dir), ids[2].writer_id, ids[2].segment, ids[2].offset)
+    assert good.payload == b"third"
