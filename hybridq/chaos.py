@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from hybridq.context import current_job
+from hybridq.crashpoints import NAMES as CRASH_POINTS
 from hybridq.envelope import Retry
 from hybridq.faultproxy import FaultProxy
-from hybridq.journal.crashpoints import NAMES as CRASH_POINTS
 
 __all__ = [
     "FAULTS",

@@ -17,11 +17,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,12 +31,12 @@ from hybridq.envelope import Envelope
 from hybridq.errors import (
     EnvelopeError,
     JournalIOError,
-    JournalLocked,
     RedisRefused,
     TransportError,
     UnencodableJobs,
 )
 from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.reader import clamp_to_seals, read_record_at, seal_offset
 from hybridq.journal.recovery import recover
@@ -168,7 +166,13 @@ class Forwarder:
         # that the path still leads here (a swapped-in journal is never forwarded from).
         self._dir_fd = open_journal_dir(self.journal)
         try:
-            self._lock_fd = _take_lock(os.path.join(self.journal, LOCK_NAME), dir_fd=self._dir_fd)
+            self._lock_fd = take_owner_lock(
+                os.path.join(self.journal, LOCK_NAME),
+                owner="forwarder",
+                busy="one forwarder per journal directory",
+                patience_s=1.0,  # `hybridq status` probes it for an instant: not a reason to give up
+                dir_fd=self._dir_fd,
+            )
         except BaseException:
             self.close()
             raise
@@ -606,29 +610,3 @@ class Forwarder:
                 reason,
             )
         return [d for d in batch if id(d) not in refused]
-
-
-def _take_lock(path: str, *, patience_s: float = 1.0, dir_fd: int | None = None) -> int:
-    """Lock ``path`` (flock, exclusive) for this forwarder and write who holds it.
-
-    Retries for ``patience_s``: ``hybridq status`` probes the lock for an instant, and a
-    forwarder (re)starting at that instant must not give up. With ``dir_fd``, the file is
-    opened by its name in that directory.
-    """
-    name = os.path.basename(path) if dir_fd is not None else path
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() < deadline:
-                time.sleep(0.02)
-                continue
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise JournalLocked(path, f"{holder} (one forwarder per journal directory)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"forwarder pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    return fd

@@ -6,7 +6,6 @@ the same whether Redis is up, down or freshly emptied.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -18,6 +17,7 @@ from typing import Any
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
+from hybridq.journal.ownerlock import lock_owner
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
@@ -129,20 +129,7 @@ def _age(since: float | None) -> float:
 
 def _forwarder_holder(path: str) -> str | None:
     """Who holds the forwarder lock, or ``None`` when no forwarder runs."""
-    lock = os.path.join(path, LOCK_NAME)
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return lock_owner(os.path.join(path, LOCK_NAME))
 
 
 def _redis_state(url: str) -> dict[str, Any]:

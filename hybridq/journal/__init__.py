@@ -4,6 +4,8 @@ Format: ``docs/journal-format.md``. This package must not import redis, rq, clic
 envelope (checked by import-linter).
 """
 
+from hybridq import crashpoints  # kept importable from here (it was hybridq.journal.crashpoints)
+
 from .fileops import OS_FILEOPS, FileOps
 from .format import MAX_PAYLOAD_BYTES, RecordType
 from .reader import ChainPosition, JournalReader, Record, TornTail
@@ -21,4 +23,5 @@ __all__ = [
     "RecordId",
     "RecordType",
     "TornTail",
+    "crashpoints",
 ]

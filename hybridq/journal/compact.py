@@ -1,7 +1,7 @@
 """Deleting segments the layer above no longer needs (docs/reliability.md rule 8).
 
 The journal does not decide *which* segments may go (that needs to know which jobs are durably
-terminal, which only the forwarder knows); it offers the two safe primitives: how many data
+terminal, which only the layer above knows); it offers the two safe primitives: how many data
 records a sealed segment holds (from its seal, without reading it), and deleting the oldest
 segment of a chain durably. Only a chain's oldest segment may go: a gap in the middle of a chain
 is corruption (rule 11), a missing head is compaction.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
+from hybridq import crashpoints
 from hybridq.errors import JournalCorruption
 
-from . import crashpoints
 from .fileops import OS_FILEOPS, FileOps
 from .format import RecordType, decode_seal, segment_name
 from .reader import list_chains, read_record_at, seal_offset

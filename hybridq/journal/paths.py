@@ -183,7 +183,7 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
 def open_journal_dir(full: str) -> int:
     """Open the (validated) journal directory itself, never through a symlink; returns the fd.
 
-    A long-running process (the forwarder) keeps it: files it opens relative to it
+    A long-running process (the journal's reader) keeps it: files it opens relative to it
     (``dir_fd=``) are in this directory whatever happens to the path, and
     :func:`check_journal_dir` tells it when the path no longer leads here.
     """

@@ -12,7 +12,7 @@ import threading
 
 from hybridq.errors import JournalIOError
 
-from .fileops import FileOps, write_all
+from .fileops import FileOpError, FileOps, write_all
 from .format import SEAL_RECORDS, RecordType, encode_records, encode_seal, salt_seed
 
 __all__ = ["OpenSegment", "SealError", "as_oserror", "close_quietly", "seal_fd"]
@@ -72,13 +72,8 @@ def as_oserror(exc: BaseException) -> OSError:
     return exc if isinstance(exc, OSError) else OSError(0, f"{type(exc).__name__}: {exc}")
 
 
-class SealError(Exception):
+class SealError(FileOpError):
     """Sealing failed at ``op`` with ``cause``."""
-
-    def __init__(self, op: str, cause: OSError) -> None:
-        super().__init__(op, cause)
-        self.op = op
-        self.cause = cause
 
 
 def seal_fd(

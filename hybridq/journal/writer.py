@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Self
 
+from hybridq import crashpoints
 from hybridq.errors import JournalClosed, JournalIOError, RecordTooLarge
 
-from . import crashpoints
 from .fileops import OS_FILEOPS, FileOpError, FileOps, replace_durably, write_all
 from .format import (
     DEFAULT_MAX_SEGMENT_BYTES,

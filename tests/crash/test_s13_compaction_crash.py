@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hybridq.crashpoints import COMPACTION_NAMES, FORWARDER_NAMES
 from hybridq.forwarder import Forwarder
-from hybridq.journal.crashpoints import COMPACTION_NAMES, FORWARDER_NAMES
 from hybridq.journal.recovery import verify
 from hybridq.ledger import load_compacted, load_index
 from hybridq.status import collect_status

@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hybridq.crashpoints import NAMES
 from hybridq.journal import JournalReader
-from hybridq.journal.crashpoints import NAMES
 from hybridq.journal.recovery import recover, verify
 
 from tests.conftest import PYTHON

@@ -22,7 +22,7 @@ from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.journal.recovery import recover, verify
-from hybridq.journal.repair import (
+from hybridq.journal_repair import (
     BACKUP_PREFIX,
     FORWARDER_LOCK_NAME,
     REPORT_NAME,

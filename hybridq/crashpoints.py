@@ -1,7 +1,8 @@
 """Named crash points, armed only by the ``HYBRIDQ_CRASH_POINT`` environment variable.
 
-Used by the S2 tests (docs/reliability.md): ``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process
-SIGKILL itself the third time the writer reaches ``mid_record``. Unarmed, a crash point costs
+Used by the crash tests (docs/reliability.md): the journal writer's points (S2), compaction's and
+the forwarder's (S13). ``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process SIGKILL itself the
+third time the writer reaches ``mid_record``. Unarmed, a crash point costs
 one attribute check.
 """
 

@@ -1,0 +1,215 @@
+"""Applying a journal repair plan: back up, remove the chain's dropped segments, cut and seal.
+
+Every file changed or removed is first copied or moved into the backup directory, and every
+step is durable before the next (docs/reliability.md rules 5 and 6), so a repair cut short
+leaves a journal that is either repaired or still refused, never one that hides a loss. This
+module must not import redis, rq, click or the job envelope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+
+from hybridq.errors import JournalIOError, JournalLocked
+
+from .fileops import FileOpError, FileOps, replace_durably, write_all
+from .format import SEGMENT_SUFFIX, TMP_SUFFIX, segment_name
+from .reader import list_chains
+from .recovery import STALE_TMP_S
+from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
+from .repair_report import RepairReport
+from .segment import seal_fd
+
+__all__ = [
+    "BACKUP_PREFIX",
+    "LIVE_WRITER",
+    "REPORT_NAME",
+    "apply_chain",
+    "check_not_live",
+    "make_backup_dir",
+    "write_report",
+]
+
+#: Backups go into ``<journal>/repair-backup-<UTC timestamp>/``: a subdirectory, so the names in
+#: it are never taken for segments (``list_chains`` reads only the journal directory itself).
+BACKUP_PREFIX = "repair-backup-"
+#: The report written into the backup directory.
+REPORT_NAME = "repair-report.json"
+
+
+def _chain_is_live(ops: FileOps, directory: str, writer_id: str, last_index: int) -> bool:
+    """Whether a writer still appends to this chain (how recovery tells, ``scan._settle``).
+
+    Live: its last segment is flock'ed, or a segment temp file of the chain is locked or young
+    (a writer between creating it and locking it, or rotating right now).
+    """
+    candidates = [os.path.join(directory, segment_name(writer_id, last_index))]
+    candidates.extend(
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if name.startswith(writer_id + "-") and name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX)
+    )
+    for path in candidates:
+        try:
+            fd = ops.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            if path.endswith(TMP_SUFFIX) and time.time() - os.fstat(fd).st_mtime < STALE_TMP_S:
+                return True
+            try:
+                ops.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            ops.flock(fd, fcntl.LOCK_UN)
+        finally:
+            ops.close(fd)
+    return False
+
+
+LIVE_WRITER = "a live journal writer (a running producer); stop it, then run the repair again"
+
+
+def check_not_live(ops: FileOps, directory: str, plan: ChainPlan) -> None:
+    """Refuse a plan that would touch a live writer's segment, or its chain's end."""
+    touches_end = bool(plan.removals) or any(c.index == plan.last_index for c in plan.cuts)
+    if touches_end and _chain_is_live(ops, directory, plan.writer_id, plan.last_index):
+        last = os.path.join(directory, segment_name(plan.writer_id, plan.last_index))
+        raise JournalLocked(last, LIVE_WRITER)
+
+
+def _fail(path: str, op: str, exc: OSError) -> JournalIOError:
+    return JournalIOError(path, op, exc)
+
+
+def make_backup_dir(ops: FileOps, directory: str) -> str:
+    """Create a new, empty backup directory in ``directory``, durably; returns its path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for attempt in range(1000):
+        name = BACKUP_PREFIX + stamp + (f"-{attempt}" if attempt else "")
+        backup = os.path.join(directory, name)
+        try:
+            os.mkdir(backup, 0o700)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _fail(backup, "mkdir", exc) from exc
+        try:
+            ops.fsync_dir(directory)  # rule 5: the new directory entry is durable
+        except OSError as exc:
+            raise _fail(directory, "directory fsync", exc) from exc
+        return backup
+    raise JournalIOError(directory, "mkdir", FileExistsError(17, "too many repair backups this second"))
+
+
+def _copier(ops: FileOps, src_fd: int, size: int, *, mode: int | None = None) -> Callable[[int], None]:
+    """Fills a new file with the first ``size`` bytes of ``src_fd`` (then makes it ``mode``)."""
+
+    def fill(out: int) -> None:
+        done = 0
+        while done < size:
+            chunk = os.pread(src_fd, min(CHUNK_BYTES, size - done), done) or _shrank()
+            write_all(ops, out, chunk)
+            done += len(chunk)
+        if mode is not None:
+            try:
+                ops.fchmod(out, mode)
+            except OSError as exc:
+                raise FileOpError("chmod", exc) from exc
+
+    return fill
+
+
+def _shrank() -> bytes:
+    # The source is locked and was checked unchanged: only damage can make it shrink now.
+    raise OSError(5, "file shrank while being copied")
+
+
+def _check_unchanged(ops: FileOps, path: str, fd: int, fid: FileId) -> None:
+    try:
+        ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise JournalLocked(path, LIVE_WRITER) from None
+    if FileId.of(os.fstat(fd)) != fid:
+        raise JournalLocked(path, "a process that changed it during the repair; run the repair again")
+
+
+def _lock_unchanged(ops: FileOps, path: str, fid: FileId) -> int:
+    """Open and exclusively lock a segment that must be as the scan saw it; returns the fd."""
+    try:
+        fd = ops.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise _fail(path, "open", exc) from exc
+    try:
+        _check_unchanged(ops, path, fd, fid)
+    except BaseException:
+        ops.close(fd)
+        raise
+    return fd
+
+
+def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> None:
+    """Move the chain's dropped segments into the backup, last first, then cut and seal.
+
+    Every step leaves a journal that is either repaired or still refused (never one that hides
+    a loss): segments go from the chain's end, and a cut segment is replaced atomically by a
+    sealed copy of its good prefix (temp file, fsync, rename, directory fsync; docs/reliability.md
+    rules 5 and 6) after the original is copied into the backup.
+    """
+    indices = list_chains(directory).get(plan.writer_id, [])
+    if not indices or indices[-1] != plan.last_index:
+        raise JournalLocked(
+            os.path.join(directory, segment_name(plan.writer_id, plan.last_index)),
+            "a writer that changed the chain during the repair; run the repair again",
+        )
+    fds: dict[str, int] = {}
+    try:
+        for path, fid in [*plan.removals, *((c.path, c.fid) for c in plan.cuts)]:
+            fds[path] = _lock_unchanged(ops, path, fid)
+        for path, _ in reversed(plan.removals):
+            dest = os.path.join(backup, os.path.basename(path))
+            op = "rename"
+            try:
+                ops.replace(path, dest)
+                op = "directory fsync"
+                ops.fsync_dir(backup)
+                ops.fsync_dir(directory)
+            except OSError as exc:
+                raise _fail(path, op, exc) from exc
+        for cut in reversed(plan.cuts):
+            _cut(ops, backup, cut, fds[cut.path])
+    finally:
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                ops.close(fd)
+
+
+def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
+    """Copy the segment into the backup, then replace it by a sealed copy of its good prefix."""
+    name = os.path.basename(cut.path)
+    flags = os.O_EXCL | os.O_APPEND
+    original = os.path.join(backup, name)
+    copy = _copier(ops, src, cut.fid.size, mode=stat.S_IMODE(cut.fid.mode))
+    # Created in place (no rename); its directory fsync makes it durable before the cut.
+    replace_durably(ops, original, copy, tmp=original, flags=flags)
+    prefix = _copier(ops, src, cut.offset)
+
+    def sealed_prefix(out: int) -> None:
+        prefix(out)
+        seal_fd(ops, out, cut.seed, cut.seal_seq, cut.last_data_seq, cut.data_count)
+
+    tmp = os.path.join(backup, name + ".new")
+    replace_durably(ops, cut.path, sealed_prefix, tmp=tmp, flags=flags, also_sync=(backup,))
+
+
+def write_report(ops: FileOps, backup: str, report: RepairReport) -> None:
+    """Write the report into the backup directory, durably, before the first change."""
+    path = os.path.join(backup, REPORT_NAME)
+    data = json.dumps(report.to_dict(), indent=1).encode() + b"\n"
+    replace_durably(ops, path, lambda fd: write_all(ops, fd, data), tmp=path, flags=os.O_EXCL)
