@@ -14,28 +14,18 @@ from __future__ import annotations
 import os
 
 from hybridq import crashpoints
-from hybridq.errors import JournalCorruption
 
 from .fileops import OS_FILEOPS, FileOps
-from .format import RecordType, decode_seal, segment_name
-from .reader import list_chains, read_record_at, seal_offset
+from .format import decode_seal, segment_name
+from .reader import list_chains, read_seal
 
 __all__ = ["remove_oldest_segment", "sealed_data_count"]
 
 
 def sealed_data_count(path: str, writer_id: str, segment: int) -> int | None:
     """The number of data records in a sealed segment; ``None`` if it is not sealed (or gone)."""
-    seal_at = seal_offset(path, writer_id, segment)
-    if seal_at is None:
-        return None
-    seal = read_record_at(path, writer_id, segment, seal_at)
-    if seal.rtype != RecordType.SEAL:
-        raise JournalCorruption(
-            os.path.join(path, segment_name(writer_id, segment)),
-            seal_at,
-            "sealed segment does not end with its seal",
-        )
-    return decode_seal(seal.payload)[1]
+    seal = read_seal(path, writer_id, segment)
+    return decode_seal(seal.payload)[1] if seal is not None else None
 
 
 def remove_oldest_segment(path: str, writer_id: str, segment: int, *, fileops: FileOps = OS_FILEOPS) -> None:

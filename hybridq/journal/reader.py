@@ -25,6 +25,7 @@ from .format import (
     SEAL_RECORDS,
     HeaderError,
     RecordType,
+    SegmentHeader,
     decode_segment_header,
     parse_segment_name,
     record_problem,
@@ -43,7 +44,9 @@ __all__ = [
     "TornTail",
     "clamp_to_seals",
     "list_chains",
+    "peek_header",
     "read_record_at",
+    "read_seal",
     "seal_offset",
     "segment_usage",
 ]
@@ -191,16 +194,8 @@ class JournalReader:
 
     def _previous_salt(self, writer_id: str, index: int) -> bytes | None:
         """Salt of an earlier segment if it is still there (it may have been compacted away)."""
-        try:
-            fd = self._ops.open(os.path.join(self.path, segment_name(writer_id, index)), os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            return decode_segment_header(self._ops.read(fd, FILE_HEADER_SIZE)).salt
-        except HeaderError:
-            return None  # reported when that segment itself is read
-        finally:
-            self._ops.close(fd)
+        header = peek_header(os.path.join(self.path, segment_name(writer_id, index)), fileops=self._ops)
+        return header.salt if header is not None else None  # a bad one is reported when read
 
     def _read_segment(
         self,
@@ -233,6 +228,20 @@ class JournalReader:
             return info
         finally:
             self._ops.close(fd)
+
+
+def peek_header(path: str, *, fileops: FileOps = OS_FILEOPS) -> SegmentHeader | None:
+    """The header of segment file ``path``; ``None`` when it is missing or does not decode."""
+    try:
+        fd = fileops.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return decode_segment_header(fileops.read(fd, FILE_HEADER_SIZE))
+    except HeaderError:
+        return None
+    finally:
+        fileops.close(fd)
 
 
 def read_record_at(
@@ -277,6 +286,24 @@ def seal_offset(path: str, writer_id: str, segment: int) -> int | None:
     return st.st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
 
 
+def read_seal(path: str, writer_id: str, segment: int, *, fileops: FileOps = OS_FILEOPS) -> Record | None:
+    """The first seal record of a sealed segment; ``None`` if it is not sealed (or gone).
+
+    Raises :class:`JournalCorruption` when a sealed (read-only) segment does not end with it.
+    """
+    seal_at = seal_offset(path, writer_id, segment)
+    if seal_at is None:
+        return None
+    seal = read_record_at(path, writer_id, segment, seal_at, fileops=fileops)
+    if seal.rtype != RecordType.SEAL:
+        raise JournalCorruption(
+            os.path.join(path, segment_name(writer_id, segment)),
+            seal_at,
+            "sealed segment does not end with its seal",
+        )
+    return seal
+
+
 def clamp_to_seals(
     path: str, positions: Mapping[str, ChainPosition], *, fileops: FileOps = OS_FILEOPS
 ) -> dict[str, ChainPosition]:
@@ -291,12 +318,7 @@ def clamp_to_seals(
         seal_at = seal_offset(path, writer_id, pos.segment)
         if seal_at is None or pos.offset <= seal_at:
             continue
-        seal = read_record_at(path, writer_id, pos.segment, seal_at, fileops=fileops)
-        if seal.rtype != RecordType.SEAL:
-            raise JournalCorruption(
-                os.path.join(path, segment_name(writer_id, pos.segment)),
-                seal_at,
-                "sealed segment does not end with its seal",
-            )
-        moved[writer_id] = ChainPosition(pos.segment, seal_at, seal.seq)
+        seal = read_seal(path, writer_id, pos.segment, fileops=fileops)
+        if seal is not None:  # a moment ago it was sealed; only its removal undoes that
+            moved[writer_id] = ChainPosition(pos.segment, seal.offset, seal.seq)
     return moved

@@ -30,6 +30,7 @@ from .format import (
     salt_seed,
     segment_name,
 )
+from .reader import peek_header
 from .records import SegmentInfo
 from .repair_report import ChainRepair, DropKind, DroppedRecord, RepairReport
 from .scan import SegmentScan, candidate_pattern
@@ -141,19 +142,6 @@ class _Segment:
         if self.map is not None:
             self.map.close()
         self.ops.close(self.fd)
-
-
-def _peek_header(ops: FileOps, path: str) -> SegmentHeader | None:
-    try:
-        fd = ops.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        return decode_segment_header(os.pread(fd, FILE_HEADER_SIZE, 0))
-    except HeaderError:
-        return None
-    finally:
-        ops.close(fd)
 
 
 def _record_at(data: bytes | mmap.mmap, size: int, pos: int, seed: int) -> tuple[int, int, int, int] | None:
@@ -288,7 +276,7 @@ def plan_chain(
                 f"segment index {missing} of the chain is missing",
                 first_seq=expected,
             )
-            after = _peek_header(ops, path)
+            after = peek_header(path, fileops=ops)
             for absent in range(missing, index):
                 first = expected if absent == missing else None
                 last = after.first_seq - 1 if after is not None and absent == index - 1 else None
@@ -330,7 +318,7 @@ def plan_chain(
                     plan.damage = exc
                 has_next = not is_last and indices[n + 1] == index + 1
                 nxt = os.path.join(directory, segment_name(writer_id, index + 1))
-                after = _peek_header(ops, nxt) if has_next else None
+                after = peek_header(nxt, fileops=ops) if has_next else None
                 seg = _Segment(ops, path)
                 try:
                     plan.dropped.extend(
@@ -366,7 +354,7 @@ def plan_chain(
             path = os.path.join(directory, segment_name(writer_id, index))
             next_index = gone[pos + 1] if pos + 1 < len(gone) else None
             after = (
-                _peek_header(ops, os.path.join(directory, segment_name(writer_id, index + 1)))
+                peek_header(os.path.join(directory, segment_name(writer_id, index + 1)), fileops=ops)
                 if next_index == index + 1
                 else None
             )
