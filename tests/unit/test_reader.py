@@ -351,3 +351,20 @@ def test_read_record_at_refuses_what_the_scanner_refuses(
         read_record_at(str(journal_dir), bad.writer_id, bad.segment, bad.offset)
     good = read_record_at(str(journal_dir), ids[2].writer_id, ids[2].segment, ids[2].offset)
     assert good.payload == b"third"
+
+
+def test_the_journal_package_knows_nothing_of_its_consumers() -> None:
+    """The journal is bytes in, bytes out (issue 14.4): the layers above name their own things."""
+    import re
+
+    import hybridq.journal
+
+    package = Path(hybridq.journal.__file__).parent
+    words = re.compile(r"forwarder|ledger", re.IGNORECASE)
+    found = [
+        f"{source.name}:{n}"
+        for source in sorted(package.glob("*.py"))
+        for n, line in enumerate(source.read_text().splitlines(), 1)
+        if words.search(line)
+    ]
+    assert found == []
