@@ -21,33 +21,29 @@ import errno
 import fcntl
 import logging
 import os
-import random
 import socket
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Self
 
 from hybridq.envelope import Envelope
 from hybridq.errors import (
-    EnvelopeError,
     JournalIOError,
     JournalLocked,
-    RedisRefused,
     TransportError,
-    UnencodableJobs,
 )
 from hybridq.forwarder_state import ForwarderConfig, ForwarderState
-from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.job_records import decode_job, read_held
+from hybridq.journal import JournalReader, Record
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
-from hybridq.journal.reader import read_record_at, seal_offset
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
+from hybridq.push import ForwarderStats, Pusher, Stopped
 from hybridq.state import Checkpoint, Held
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
 from hybridq.upkeep import Upkeep
+from hybridq.watcher import EventWatcher
 
 __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats"]
 
@@ -61,28 +57,6 @@ EPOCH_CHECK_S = 1.0
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-#: How long the event watcher blocks on the completion stream per call (seconds).
-WATCH_BLOCK_S = 0.5
-
-
-@dataclass
-class ForwarderStats:
-    """Counters since this forwarder started (the durable totals are in the checkpoint)."""
-
-    batches: int = 0
-    pushed: int = 0
-    duplicate_pushes: int = 0
-    transport_failures: int = 0
-    #: Steps retried because the disk was full.
-    disk_full_retries: int = 0
-    #: ``time.monotonic()`` when the transport went down, while it is down; else ``None``.
-    down_since: float | None = None
-    #: While a batch is being pushed: its oldest job's ``created_at`` (the forwarding lag).
-    oldest_unpushed: float | None = None
-
-
-class _Stopped(Exception):
-    """Stop was requested while a batch could not be delivered; its checkpoint is not moved."""
 
 
 class Forwarder:
@@ -110,23 +84,20 @@ class Forwarder:
         self.journal = ensure_journal_dir(journal)
         self.transport = transport
         self.clock = self.config.clock
-        self.stats = ForwarderStats()
-        #: Everything it keeps on disk, and the parts that run after each forwarding step.
-        self.state = ForwarderState(self.journal, self.config)
-        self.completions = Upkeep(self.state, transport)
-        self._reader = JournalReader(self.journal)
-        self._next_epoch_check = 0.0
         # A plain flag, not an Event: stop() runs in a signal handler, and Event.set() takes a
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
+        self.stats = ForwarderStats()
+        #: Everything it keeps on disk, and the parts that work on it; built here, once.
+        self.state = ForwarderState(self.journal, self.config)
+        self.completions = Upkeep(self.state, transport)
+        self._pusher = Pusher(transport, self.state, self.stats, sleep=self._sleep, stopping=self._stop_asked)
+        self._reader = JournalReader(self.journal)
+        self._next_epoch_check = 0.0
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
-        self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
-        self._watcher: threading.Thread | None = None
-        #: Set by the loop after each harvest: the watcher waits for it before it looks again.
-        self._harvested = threading.Event()
-        self._watch_stop = threading.Event()
+        self._watcher: EventWatcher | None = None
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -178,8 +149,12 @@ class Forwarder:
                     self.config.idle_timeout_s,
                 )
             if self._listener is not None and self.transport.blocking_events:
-                self._watcher = threading.Thread(
-                    target=self._watch, name="hybridq-event-watcher", daemon=True
+                self._watcher = EventWatcher(
+                    self.transport,
+                    self.checkpoint.owner,
+                    last_event_id=lambda: self.completions.harvester.last_event_id,
+                    wake=self._wake,
+                    patience_s=self.config.idle_timeout_s,
                 )
                 self._watcher.start()
         except BaseException:
@@ -195,9 +170,7 @@ class Forwarder:
     def close(self) -> None:
         """Release the socket, the ledger and the lock. Idempotent."""
         if self._watcher is not None:
-            self._watch_stop.set()
-            self._harvested.set()
-            self._watcher.join(WATCH_BLOCK_S * 2)  # it blocks in Redis for at most that long
+            self._watcher.stop()
             self._watcher = None
         self.state.close()
         if self._listener is not None:
@@ -247,7 +220,7 @@ class Forwarder:
         while not self._stopping:
             try:
                 self.step()
-            except _Stopped:
+            except Stopped:
                 break
             except (JournalIOError, OSError) as exc:
                 if exc.errno not in _DISK_FULL:
@@ -297,7 +270,7 @@ class Forwarder:
                 # Finished already (a checkpoint lost or older than the ledger), or an invalid
                 # record recorded before a step was retried: never counted twice.
                 continue
-            env = self._decode(record, record_invalid=True)
+            env = decode_job(self.state, record)
             if env is None:
                 continue
             if env.run_at is not None and env.run_at > self.clock():
@@ -333,7 +306,8 @@ class Forwarder:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
             harvested = harvester.harvest()
-            self._harvested.set()
+            if self._watcher is not None:
+                self._watcher.harvested()
             if harvested:
                 self._save(0)  # publishes the terminal count (producers' capacity check)
             retries = harvester.due_retries()
@@ -347,9 +321,9 @@ class Forwarder:
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)
                 self._save(0)
-            self._came_back()
+            self._pusher.came_back()
         except TransportError as exc:
-            self._went_down(exc, "completions wait")
+            self._pusher.went_down(exc, "completions wait")
 
     def _check_epoch(self) -> None:
         """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
@@ -376,54 +350,15 @@ class Forwarder:
         else:
             self._sleep(timeout)  # no nudges: poll (a stop still wakes it within 50 ms)
 
-    def _watch(self) -> None:
-        """The event watcher (a thread): nudge the loop as soon as a completion event arrives.
-
-        A finished job whose event waits in Redis runs again if Redis loses it before the
-        harvest (the one window in docs/guarantees.md): harvesting only on producers' nudges and
-        the idle timeout left it open up to a second. The watcher blocks on the stream (XREAD
-        BLOCK) and wakes the loop through its own nudge socket, so the loop still sleeps in one
-        place and a producer's nudge wakes it as before. After a nudge it waits until the loop
-        has harvested, so it never spins on events the loop has not taken yet.
-        """
-        harvester = self.completions.harvester
-        owner = self.checkpoint.owner
-        while not self._watch_stop.is_set():
-            try:
-                found = self.transport.wait_events(owner, harvester.last_event_id, WATCH_BLOCK_S)
-            except Exception:  # Redis down, or anything else: the loop's idle timeout still harvests
-                self._watch_stop.wait(WATCH_BLOCK_S)
-                continue
-            if found and not self._watch_stop.is_set() and self._listener is not None:
-                self._harvested.clear()
-                nudge(self.journal, name=self._listener.name)
-                self._harvested.wait(self.config.idle_timeout_s + WATCH_BLOCK_S)
+    def _wake(self) -> None:
+        """Wake the loop through its own nudge socket (the event watcher does, on a new event)."""
+        if self._listener is not None:
+            nudge(self.journal, name=self._listener.name)
 
     # -- pieces -------------------------------------------------------------------------------
 
     def _position_moved(self) -> bool:
         return self._reader.position != self.checkpoint.positions
-
-    def _decode(self, record: Record, *, record_invalid: bool = False) -> Envelope | None:
-        if record.rtype != RecordType.DATA:
-            return None  # a record type this version does not forward
-        try:
-            return Envelope.from_bytes(record.payload)
-        except EnvelopeError as exc:
-            # The record passed its checksum, so these are the bytes a producer wrote: a bug or
-            # a newer, incompatible producer. Skip it loudly rather than stop every other job,
-            # and mark it terminal in the ledger so its segment can be compacted.
-            if record_invalid:
-                self.state.record_invalid((record.writer_id, record.segment_index, record.offset))
-            log.error(
-                "skipping record %s:%d (segment %d offset %d): not a valid job envelope: %s",
-                record.writer_id,
-                record.seq,
-                record.segment_index,
-                record.offset,
-                exc,
-            )
-            return None
 
     def _hold(self, env: Envelope, record: Record) -> None:
         assert env.run_at is not None
@@ -442,7 +377,7 @@ class Forwarder:
         batch_size = self.config.batch_size
         for start in range(0, due, batch_size):
             chunk = held[start : min(due, start + batch_size)]
-            envs = [(h, self._read_held(h)) for h in chunk]
+            envs = [(h, read_held(self.state, h)) for h in chunk]
             self._push(
                 [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
             )
@@ -451,21 +386,6 @@ class Forwarder:
         self.state.release_held(due)
         self._save(done)
         return done
-
-    def _read_held(self, held: Held) -> Envelope | None:
-        seal_at = seal_offset(self.journal, held.writer_id, held.segment)
-        if seal_at is not None and held.offset >= seal_at:
-            # Cut off since it was read: a torn tail recovery dropped (never acknowledged, so
-            # never promised), or damage an operator dropped with `journal repair --accept-loss`.
-            log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
-            return None
-        try:
-            record = read_record_at(self.journal, held.writer_id, held.segment, held.offset)
-        except FileNotFoundError:
-            log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
-            return None
-        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
-        return self._decode(record, record_invalid=True)
 
     def _deliver(self, batch: list[Delivery]) -> int:
         """Push a batch, then move the checkpoint to the reader's position (never before)."""
@@ -478,66 +398,11 @@ class Forwarder:
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)
 
-    def _went_down(self, exc: TransportError, what: str) -> None:
-        """Count a transport failure; log only the first of an outage.
-
-        Raises ``exc`` again if Redis refuses the configuration (RedisRefused): retrying cannot
-        fix a wrong password or a denying ACL, and the journal keeps every job meanwhile.
-        """
-        if isinstance(exc, RedisRefused):
-            raise exc
-        self.stats.transport_failures += 1
-        if self.stats.down_since is None:
-            self.stats.down_since = time.monotonic()
-            log.warning("transport unavailable (%s), retrying: %s", what, exc)
-
-    def _came_back(self) -> None:
-        if self.stats.down_since is not None:
-            log.warning("transport available again after %.1f s", time.monotonic() - self.stats.down_since)
-            self.stats.down_since = None
-
     def _push(self, batch: list[Delivery]) -> None:
-        """Push until the transport takes the batch; back off while it is down."""
-        if not batch:
-            return
-        self.stats.oldest_unpushed = min(d.envelope.created_at for d in batch)
-        delay = self.config.backoff_initial_s
-        while True:
-            try:
-                result = self.transport.push(batch)
-            except UnencodableJobs as exc:
-                # Not an outage: these would fail again on every retry, holding back the rest.
-                batch = self._drop_unencodable(batch, exc)
-                if not batch:
-                    return
-                continue
-            except TransportError as exc:
-                self._went_down(exc, f"holding {len(batch)} jobs")
-                self._sleep(self._rng.uniform(delay / 2, delay))
-                if self._stopping:
-                    raise _Stopped from exc
-                delay = min(self.config.backoff_max_s, delay * 2)
-                continue
-            self._came_back()
-            self.stats.oldest_unpushed = None
-            self.stats.batches += 1
-            self.stats.pushed += result.pushed
-            self.stats.duplicate_pushes += result.already_present
-            self.state.count_duplicates(result.already_present)
-            return
+        self._pusher.push(batch)
 
-    def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:
-        """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""
-        refused = {id(delivery) for delivery, _ in exc.rejected}
-        for delivery, reason in exc.rejected:
-            self.state.record_invalid(delivery.loc)
-            log.error(
-                "skipping job %s (record %s:%d:%d): the transport cannot encode it: %s",
-                delivery.envelope.id,
-                *delivery.loc,
-                reason,
-            )
-        return [d for d in batch if id(d) not in refused]
+    def _stop_asked(self) -> bool:
+        return self._stopping
 
 
 def _take_lock(path: str, *, patience_s: float = 1.0, dir_fd: int | None = None) -> int:

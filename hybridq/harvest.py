@@ -17,16 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hybridq.completion_event import parse_event
-from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
 from hybridq.forwarder_state import ForwarderState
+from hybridq.job_records import envelope_at
 from hybridq.journal import crashpoints
-from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.journal.reader import list_chains
 from hybridq.ledger import Entry
 from hybridq.signing import admit_event
 from hybridq.transport.base import Delivery, Loc, Transport
 
-__all__ = ["HARVEST_BATCH", "Harvester", "envelope_at"]
+__all__ = ["HARVEST_BATCH", "Harvester"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -158,13 +157,3 @@ class Harvester:
     def retry_pushed(self, loc: Loc, failed_attempt: int) -> bool:
         """Whether this process pushed the attempt after ``failed_attempt`` of the job at ``loc``."""
         return self._pushed_retries.get(loc, 0) > failed_attempt
-
-
-def envelope_at(journal: str, loc: Loc) -> Envelope | None:
-    """The job recorded at ``loc``; ``None`` (logged) if it cannot be read or decoded."""
-    try:
-        record = read_record_at(journal, loc[0], loc[1], loc[2])
-        return Envelope.from_bytes(record.payload)
-    except (JournalError, EnvelopeError, OSError) as exc:
-        log.error("cannot read job at %s:%d:%d: %s", *loc, exc)
-        return None
