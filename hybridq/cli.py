@@ -446,8 +446,6 @@ def forward(
             from hybridq.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
 
             forwarder.on_durable_write = FSYNC_SECONDS.observe
-            if forwarder.completions is not None:
-                forwarder.completions.on_durable_write = FSYNC_SECONDS.observe
             serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity)
             logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
     except (HybridqError, OSError) as exc:

@@ -3,7 +3,7 @@
 Anyone who can write to Redis can add an event, so every field is checked for type and range
 before it reaches the ledger: a number that does not fit (``10**400``, ``Infinity``) or a field of
 the wrong type raises here, and the forwarder drops and counts the event instead of stopping on
-it (see ``Completions._entry``).
+it (see ``Harvester._entry``).
 
 This module must not import redis or rq.
 """

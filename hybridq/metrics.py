@@ -69,12 +69,10 @@ class ForwarderMetrics(Collector):
         f = self.forwarder
         c = f.completions
         cp = f.checkpoint
-        totals = dict(c.index.totals) if c is not None else {}
-        compacted = c.compacted if c is not None else None
-        succeeded = totals.get("succeeded", 0) + (compacted.succeeded if compacted else 0)
-        failed = totals.get("failed", 0) + totals.get("invalid", 0)
-        failed += (compacted.failed + compacted.invalid) if compacted else 0
-        dups = totals.get("dups", 0) + (compacted.dups if compacted else 0)
+        outcomes = f.state.outcome_counts()
+        succeeded = outcomes["succeeded"]
+        failed = outcomes["failed"] + outcomes["invalid"]
+        dups = outcomes["dups"]
         accepted = self.accepted()
         yield _counter("hybridq_accepted", "Jobs accepted into the journal.", accepted)
         yield _counter(
@@ -87,7 +85,7 @@ class ForwarderMetrics(Collector):
             "Deliveries that found their key's outcome stored and did not run the task.",
             dups,
         )
-        redelivered = (c.redelivered + c.refilled) if c is not None else 0
+        redelivered = c.redelivered + c.refilled
         yield _counter(
             "hybridq_redelivered",
             "Jobs this forwarder process delivered again (lost, missing, stranded, refilled).",
@@ -96,13 +94,13 @@ class ForwarderMetrics(Collector):
         yield _counter(
             "hybridq_events_dropped",
             "Completion events this forwarder process dropped because they did not parse.",
-            c.dropped_events if c is not None else 0,
+            c.dropped_events,
         )
         yield _counter(
             "hybridq_late_events",
             "Completion events for jobs the ledger already held as finished (a duplicate's report, "
             "a replay, or a finished job that ran again; each one is logged).",
-            c.late_events if c is not None else 0,
+            c.late_events,
         )
         yield _gauge(
             "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
@@ -113,9 +111,7 @@ class ForwarderMetrics(Collector):
                 "The producers' Queue(capacity=...), as given to the forwarder.",
                 self.capacity,
             )
-        yield _gauge(
-            "hybridq_retrying", "Jobs waiting for their next attempt.", len(c.index.retries) if c else 0
-        )
+        yield _gauge("hybridq_retrying", "Jobs waiting for their next attempt.", c.retrying)
         yield _gauge(
             "hybridq_delayed_held", "Delayed jobs the forwarder holds until their time.", len(cp.held)
         )

@@ -51,7 +51,7 @@ class Checkpoint:
     run_id: str | None = None
     #: The epoch generation: bumped each time Redis restarted or lost the epoch key. Every
     #: delivery carries the generation it was pushed under, and workers refuse one older than
-    #: the generation in the epoch key (see ``Completions.check_epoch``).
+    #: the generation in the epoch key (see ``Reconciler.check_epoch``).
     generation: int = 0
     #: Jobs durably terminal (ledger and compacted segments), as of this save: producers read it
     #: for their capacity check without reading the ledger.

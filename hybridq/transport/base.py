@@ -71,7 +71,7 @@ class Delivery:
     key_ttl_s: float = 86400.0
     #: The forwarder's epoch generation when it made this delivery: a worker refuses a delivery
     #: older than the generation in the owner's epoch key (Redis brought it back from before
-    #: its state was lost or rolled back; see ``Completions.check_epoch``).
+    #: its state was lost or rolled back; see ``Reconciler.check_epoch``).
     gen: int = 0
 
     def to_json(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def test_the_harness_sees_a_forwarder_that_loses_jobs(
         tmp_path,
         monkeypatch,
         """
-        from hybridq.completions import Completions
+        from hybridq.reconcile import Reconciler as Completions
         Completions.check_epoch = lambda self: None
         Completions.reconcile_step = lambda self: []
         """,

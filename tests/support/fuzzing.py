@@ -98,7 +98,7 @@ def read_all(path: Path) -> list[tuple[int, bytes]]:
 
 # -- the job hash and completion events ---------------------------------------------------------
 
-#: What ``Completions._entry`` drops an event for; anything else would stop the forwarder.
+#: What ``Harvester._entry`` drops an event for; anything else would stop the forwarder.
 EVENT_ERRORS = (KeyError, TypeError, ValueError, OverflowError)
 _TRANSPORT: RQTransport | None = None
 

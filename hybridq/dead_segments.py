@@ -1,4 +1,4 @@
-"""Compaction: deleting journal and ledger segments that nothing needs any more.
+"""Dead segments: deleting journal and ledger segments that nothing needs any more (compaction).
 
 A journal segment goes only when it is **sealed**, **fully read** by the forwarder and **every
 job in it is durably terminal** in the ledger (docs/reliability.md rule 8). The counters that replace
@@ -20,16 +20,17 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
+from typing import NamedTuple
 
+from hybridq.forwarder_state import ForwarderState
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
 from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
-from hybridq.ledger import Compacted, Entry, LedgerIndex, ledger_dir, read_ledger, save_compacted
-from hybridq.state import Checkpoint
+from hybridq.ledger import Compacted, Entry, ledger_dir, read_ledger
 
-__all__ = ["COMPACT_INTERVAL_S", "Compactor"]
+__all__ = ["COMPACT_INTERVAL_S", "Compactor", "Sweep"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -37,48 +38,40 @@ log = logging.getLogger("hybridq.forwarder")
 COMPACT_INTERVAL_S = 5.0
 
 
+class Sweep(NamedTuple):
+    """What one :meth:`Compactor.compact` did."""
+
+    #: Journal and ledger segments deleted.
+    deleted: int = 0
+    #: Whether chains compacted away whole were dropped from the checkpoint (the forwarder's
+    #: reader must forget them too, or its next position would put them back).
+    forgot_chains: bool = False
+
+
 class Compactor:
     """Deletes dead segments of one journal directory (the forwarder's lock must be held).
 
     Args:
-        journal: the journal directory.
-        checkpoint: the forwarder's checkpoint (its positions say what was fully read).
-        index: the ledger index (which jobs are terminal).
-        compacted: the compaction state, updated and saved before each deletion.
-        append: appends entries to the ledger durably, without folding them into ``index``.
-        own_chain: the forwarder's own ledger chain id (its open segment is never deleted).
+        state: the forwarder's state: its positions say what was fully read, its ledger index
+            which jobs are terminal; the compaction counters are saved through it before each
+            deletion, and entries that must outlive a ledger segment are appended through it.
     """
 
-    def __init__(
-        self,
-        journal: str,
-        checkpoint: Checkpoint,
-        index: LedgerIndex,
-        compacted: Compacted,
-        *,
-        append: Callable[[Sequence[Entry]], None],
-        own_chain: Callable[[], str | None],
-    ) -> None:
-        self.journal = journal
-        self.checkpoint = checkpoint
-        self.index = index
-        self.compacted = compacted
-        self._append = append
-        self._own_chain = own_chain
+    def __init__(self, state: ForwarderState) -> None:
+        self.state = state
+        self.journal = state.journal
         self._next = 0.0
         self._ledger_once = False
-        #: Set when chains were dropped from the checkpoint (the forwarder's reader must follow).
-        self.forgot_chains = False
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
         self._next = 0.0
 
-    def compact(self) -> int:
-        """Delete dead journal segments, then dead ledger segments; returns how many went."""
+    def compact(self) -> Sweep:
+        """Delete dead journal segments, then dead ledger segments; say how many went."""
         now = time.monotonic()
         if now < self._next:
-            return 0
+            return Sweep()
         self._next = now + COMPACT_INTERVAL_S
         deleted = 0
         for writer_id, indices in list_chains(self.journal).items():
@@ -87,13 +80,13 @@ class Compactor:
                     break
                 self._delete(writer_id, index)
                 deleted += 1
-        if deleted or not self._ledger_once:
-            # The ledger follows the journal; and once after a start, for the chains of earlier
-            # forwarder runs, which recovery has just sealed.
-            self._ledger_once = True
-            deleted += self._compact_ledger()
-            self._forget_gone_chains()
-        return deleted
+        if not deleted and self._ledger_once:
+            return Sweep()
+        # The ledger follows the journal; and once after a start, for the chains of earlier
+        # forwarder runs, which recovery has just sealed.
+        self._ledger_once = True
+        deleted += self._compact_ledger()
+        return Sweep(deleted, self._forget_gone_chains())
 
     def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
         """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too).
@@ -101,53 +94,43 @@ class Compactor:
         ``first``: each present chain's first segment. Below it, a segment was compacted even if
         its chain was forgotten meanwhile and then grew again (``ledger.load_index``).
         """
-        return self.compacted.is_compacted((loc[0], loc[1])) or loc[1] < first.get(loc[0], sys.maxsize)
+        return self.state.compacted.is_compacted((loc[0], loc[1])) or loc[1] < first.get(loc[0], sys.maxsize)
 
-    def _forget_gone_chains(self) -> None:
+    def _forget_gone_chains(self) -> bool:
         """Drop what is kept per writer once its chain is compacted away entirely.
 
         Every producer process starts a chain; without this, the checkpoint (rewritten after
         every batch) and the compaction state would grow with every process ever started.
         """
         present = list_chains(self.journal)
-        gone = [w for w in self.compacted.through if w not in present]
+        gone = [w for w in self.state.compacted.through if w not in present]
         if not gone:
-            return
+            return False
         new = self._draft()
         for writer_id in gone:
             del new.through[writer_id]
         # The compaction state first: a crash before the checkpoint is saved leaves a position
         # for a chain with no files, which the reader skips.
-        self._commit(new)
-        for writer_id in gone:
-            self.checkpoint.positions.pop(writer_id, None)
-        self.forgot_chains = True
+        self.state.commit_compacted(new)
+        self.state.forget_chains(gone)
+        return True
 
     def _draft(self) -> Compacted:
-        """A copy of the compaction state to change; :meth:`_commit` makes it the real one."""
-        return dataclasses.replace(self.compacted, through=dict(self.compacted.through))
-
-    def _commit(self, new: Compacted) -> None:
-        """Save ``new``, then (only once it is durable) make it the state in memory.
-
-        Changing the state in memory first would leave it changed after a failed save (a full
-        disk): the retried step would then count the same segment again.
-        """
-        save_compacted(self.journal, new)
-        for f in dataclasses.fields(Compacted):  # in place: Completions holds the same object
-            setattr(self.compacted, f.name, getattr(new, f.name))
+        """A copy of the compaction state to change; ``state.commit_compacted`` makes it the real one."""
+        compacted = self.state.compacted
+        return dataclasses.replace(compacted, through=dict(compacted.through))
 
     def finish_deletions(self) -> None:
         """Delete segments a crash left behind after their compaction state was saved."""
         for writer_id, indices in list_chains(self.journal).items():
             for index in indices:
-                if not self.compacted.is_compacted((writer_id, index)):
+                if not self.state.compacted.is_compacted((writer_id, index)):
                     break
                 log.info("finishing the compaction of segment %d of chain %s", index, writer_id)
                 remove_oldest_segment(self.journal, writer_id, index)
 
     def _segment_dead(self, writer_id: str, index: int) -> bool:
-        pos = self.checkpoint.positions.get(writer_id)
+        pos = self.state.checkpoint.positions.get(writer_id)
         if pos is None or pos.segment <= index:
             return False  # not fully read (a sealed, read segment moves the position past it)
         count = sealed_data_count(self.journal, writer_id, index)
@@ -156,30 +139,30 @@ class Compactor:
             return False
         # Only outcomes of records below the seal count: one for a record that was read before
         # it was durable, and cut off by recovery since, must not stand in for a live job.
-        done = self.index.terminal.get((writer_id, index), {})
+        done = self.state.index.terminal.get((writer_id, index), {})
         return sum(1 for offset in done if offset < seal_at) >= count
 
     def _delete(self, writer_id: str, index: int) -> None:
         seg = (writer_id, index)
         c = self._draft()
-        counts = self.index.counts([seg])
+        counts = self.state.index.counts([seg])
         c.through[writer_id] = index
         c.accepted += sealed_data_count(self.journal, writer_id, index) or 0
         c.succeeded += counts["succeeded"]
         c.failed += counts["failed"]
         c.invalid += counts["invalid"]
         c.dups += counts["dups"]
-        self._commit(c)  # rule 8: the replacement is durable before the delete
+        self.state.commit_compacted(c)  # rule 8: the replacement is durable before the delete
         crashpoints.reached("compact_after_state")
         remove_oldest_segment(self.journal, writer_id, index)
-        self.index.forget_segment(seg)
+        self.state.index.forget_segment(seg)
 
     def _compact_ledger(self) -> int:
         """Delete sealed ledger segments whose entries all concern deleted journal segments."""
         path = ledger_dir(self.journal)
         if not os.path.isdir(path):
             return 0
-        own = self._own_chain()
+        own = self.state.own_chain
         by_segment: dict[tuple[str, int], list[Entry]] = {}
         for record, entry in read_ledger(self.journal):
             by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
@@ -187,7 +170,7 @@ class Compactor:
         for entries in by_segment.values():
             for e in entries:
                 if e.kind == "requeued":
-                    self.index.apply(e)
+                    self.state.index.apply(e)
         # How many segments hold a failure of each loc (a requeue mark must outlive all of them).
         failures: dict[Loc, int] = {}
         for entries in by_segment.values():
@@ -210,12 +193,12 @@ class Compactor:
                 keep = [
                     e
                     for e in entries
-                    if (e.kind == "done" and self.index.failed.get(e.loc) == e)
+                    if (e.kind == "done" and self.state.index.failed.get(e.loc) == e)
                     or (e.kind == "requeued" and failures.get(e.loc, 0) > (e.loc in here))
                 ]
                 for loc in here:
                     failures[loc] -= 1
-                self._append(keep)
+                self.state.append(keep, apply=False)
                 remove_oldest_segment(path, writer_id, index)
                 deleted += 1
         return deleted

@@ -1,0 +1,274 @@
+"""The forwarder's settings and its durable state, in one place each.
+
+:class:`ForwarderConfig` holds every option (frozen, checked once, before anything is created).
+:class:`ForwarderState` owns what the forwarder keeps on disk: the checkpoint
+(:mod:`hybridq.state`), the completion ledger and its index (:mod:`hybridq.ledger`) and the
+compaction counters. It is the one place that changes them and writes them: the forwarding loop,
+the harvest, the reconcile passes and the compactor all go through its methods, so each durable
+write happens (and is timed for ``on_durable_write``) in one spot.
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hybridq.envelope import Envelope
+from hybridq.errors import ConfigError
+from hybridq.journal import ChainPosition, JournalWriter
+from hybridq.journal.reader import clamp_to_seals
+from hybridq.journal.recovery import recover
+from hybridq.ledger import (
+    Compacted,
+    Entry,
+    LedgerIndex,
+    ledger_dir,
+    load_compacted,
+    load_index,
+    open_ledger_writer,
+    save_compacted,
+)
+from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.transport.base import Delivery, Loc
+
+__all__ = ["DONE_GRACE_LEASES", "ForwarderConfig", "ForwarderState", "check_key_ttl"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: How long a job may stay "done" (outcome stored in Redis, no completion event harvested) before
+#: it is delivered again, in leases (at least a minute): the event may have been evicted. The
+#: delivery finds the stored outcome and reports it without running the task.
+DONE_GRACE_LEASES = 6
+
+
+def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
+    """Refuse a key lifetime too short for the "done" grace period (see :data:`DONE_GRACE_LEASES`).
+
+    A job whose completion event was lost stays "done" in Redis (its outcome stored) for up to
+    the grace period before it is delivered again, to report that outcome without running. If the
+    stored outcome expires first, the job reads as "orphaned" instead, and runs again. Twice the
+    grace leaves room for the reconcile passes on either side and a short queue wait.
+    """
+    least = 2 * max(60.0, DONE_GRACE_LEASES * lease_s)
+    if key_ttl_s < least:
+        raise ConfigError(
+            f"key TTL {key_ttl_s:g} s is too short for a {lease_s:g} s lease: it must be at least "
+            f"{least:g} s (twice max(60 s, {DONE_GRACE_LEASES} leases)), or finished jobs whose "
+            "completion event was lost would run again"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForwarderConfig:
+    """A forwarder's options (checked when made: :class:`ConfigError` or ``ValueError``).
+
+    Attributes:
+        batch_size: the most jobs per push (one pipeline, one checkpoint write).
+        idle_timeout_s: the longest sleep without a nudge (a missed nudge costs at most this).
+        backoff_initial_s: first wait after a transport failure; doubles up to ``backoff_max_s``.
+        lease_s: how long a worker's claim on a job lasts without renewal; a job whose worker
+            stopped renewing it is delivered again about this long after the worker died.
+        key_ttl_s: how long a job's outcome stays stored under its idempotency key in Redis
+            (duplicates within this window return the stored result; the ledger covers the
+            forwarder's own jobs forever).
+        max_lost: a job whose worker vanished this many times fails for good (a task that kills
+            its worker every time must not loop forever).
+        reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
+            ``lease_s``, at least 1 s; see :attr:`reconcile_every_s`).
+        clock: wall-clock time (for delays and retry times); replaced in tests.
+        on_durable_write: called with the seconds each durable write took (checkpoint saves,
+            ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
+    """
+
+    batch_size: int = 500
+    idle_timeout_s: float = 1.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 5.0
+    lease_s: float = 10.0
+    key_ttl_s: float = 86400.0
+    max_lost: int = 5
+    reconcile_interval_s: float | None = None
+    clock: Callable[[], float] = time.time
+    on_durable_write: Callable[[float], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        check_key_ttl(self.lease_s, self.key_ttl_s)
+
+    @property
+    def reconcile_every_s(self) -> float:
+        """The least time between two reconcile passes, the default filled in."""
+        if self.reconcile_interval_s is not None:
+            return self.reconcile_interval_s
+        return max(1.0, self.lease_s / 5)
+
+
+class ForwarderState:
+    """The checkpoint, the ledger and the compaction counters of one journal (see module docstring).
+
+    Empty until :meth:`load`; the forwarder's lock must be held before it is loaded.
+    """
+
+    def __init__(self, journal: str, config: ForwarderConfig) -> None:
+        self.journal = journal
+        self.config = config
+        #: Called with the seconds each durable write took (replaceable after start, for metrics).
+        self.on_durable_write = config.on_durable_write
+        self.checkpoint = Checkpoint()
+        self.compacted = Compacted()
+        self.index = LedgerIndex()
+        self._writer: JournalWriter | None = None
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the checkpoint (made and saved when missing), then the ledger and its index."""
+        saved = load_checkpoint(self.journal)
+        if saved is None:
+            log.info("no checkpoint in %s: forwarding the journal from its start", self.journal)
+        self.checkpoint = saved or Checkpoint()
+        if saved is None:
+            save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
+        self._clamp()
+        self.compacted = load_compacted(self.journal)
+        if os.path.isdir(ledger_dir(self.journal)):
+            recover(ledger_dir(self.journal))
+        self.index = load_index(self.journal, self.compacted)
+
+    def _clamp(self) -> None:
+        """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
+        moved = clamp_to_seals(self.journal, self.checkpoint.positions)
+        for writer_id, position in moved.items():
+            log.warning(
+                "checkpoint for writer %s pointed past the durable end of segment %d (records "
+                "read before they were durable, dropped since as a torn tail); resuming at %d",
+                writer_id,
+                position.segment,
+                position.offset,
+            )
+            self.checkpoint.positions[writer_id] = position
+        if moved:
+            save_checkpoint(self.journal, self.checkpoint)
+
+    def close(self) -> None:
+        """Close the ledger writer."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def terminal_total(self) -> int:
+        """Jobs durably terminal: in compacted segments plus in the ledger's index."""
+        return self.compacted.terminal + self.index.terminal_count
+
+    @property
+    def own_chain(self) -> str | None:
+        """This forwarder's ledger chain, once it wrote to the ledger (its open segment stays)."""
+        return self._writer.writer_id if self._writer is not None else None
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Outcomes ever recorded (ledger plus compacted segments): succeeded, failed, invalid, dups."""
+        totals = self.index.totals
+        c = self.compacted
+        compacted = {"succeeded": c.succeeded, "failed": c.failed, "invalid": c.invalid, "dups": c.dups}
+        return {name: totals.get(name, 0) + n for name, n in compacted.items()}
+
+    def delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
+        """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation."""
+        return Delivery(
+            env,
+            self.checkpoint.owner,
+            loc,
+            attempt=attempt,
+            force=force,
+            lease_s=self.config.lease_s,
+            key_ttl_s=self.config.key_ttl_s,
+            gen=self.checkpoint.generation,
+        )
+
+    # -- the checkpoint -----------------------------------------------------------------------
+
+    def save(self, forwarded: int) -> None:
+        """Count ``forwarded`` more pushed jobs and durably replace the checkpoint."""
+        self.checkpoint.forwarded += forwarded
+        self.checkpoint.terminal = self.terminal_total
+        started = time.perf_counter()
+        save_checkpoint(self.journal, self.checkpoint)
+        self._timed(started)
+
+    def advance(self, positions: dict[str, ChainPosition]) -> None:
+        """Note how far the journal was read (everything before it accepted by the transport)."""
+        self.checkpoint.positions = positions
+
+    def hold(self, held: Held) -> None:
+        """Hold a delayed job until its time (once, however often its record is read)."""
+        queue = self.checkpoint.held
+        at = bisect.bisect_left(queue, held)
+        if at < len(queue) and queue[at] == held:
+            return  # read again after a step was retried: held once
+        queue.insert(at, held)
+
+    def release_held(self, count: int) -> None:
+        """Drop the first ``count`` held jobs (the transport has them now)."""
+        del self.checkpoint.held[:count]
+
+    def count_duplicates(self, count: int) -> None:
+        """Count pushes the transport already knew (the duplicates job ids absorbed)."""
+        self.checkpoint.duplicate_pushes += count
+
+    def set_epoch(self, epoch: str, run_id: str | None, generation: int) -> None:
+        """Record the epoch stored in Redis (saved with the next :meth:`save`)."""
+        cp = self.checkpoint
+        cp.epoch, cp.run_id, cp.generation = epoch, run_id, generation
+
+    def forget_chains(self, writers: Sequence[str]) -> None:
+        """Drop the positions of chains compacted away whole (saved with the next :meth:`save`)."""
+        for writer_id in writers:
+            self.checkpoint.positions.pop(writer_id, None)
+
+    # -- the ledger ---------------------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry], *, apply: bool = True) -> list[Entry]:
+        """Append entries to the ledger with one fsync, then (``apply``) fold them into the index.
+
+        Returns the applied entries that changed nothing (their job was terminal already).
+        """
+        if not entries:
+            return []
+        if self._writer is None:
+            self._writer = open_ledger_writer(self.journal)
+        started = time.perf_counter()
+        self._writer.append_many(e.to_bytes() for e in entries)
+        self._timed(started)
+        if not apply:
+            return []
+        return [entry for entry in entries if not self.index.apply(entry)]
+
+    def record_invalid(self, loc: Loc) -> None:
+        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
+        self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
+        self.checkpoint.invalid += 1
+
+    def commit_compacted(self, new: Compacted) -> None:
+        """Save ``new`` compaction counters, then (only once durable) make them the ones in memory.
+
+        Changing them in memory first would leave them changed after a failed save (a full
+        disk): the retried step would then count the same segment again.
+        """
+        save_compacted(self.journal, new)
+        for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
+            setattr(self.compacted, f.name, getattr(new, f.name))
+
+    def _timed(self, started: float) -> None:
+        if self.on_durable_write is not None:
+            self.on_durable_write(time.perf_counter() - started)

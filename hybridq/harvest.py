@@ -1,0 +1,159 @@
+"""Outcomes in: completion events into the ledger, and the retries the ledger schedules.
+
+* **Harvest**: completion events from the owner's stream become ledger entries, appended with
+  fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
+* **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
+  is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hybridq.completion_event import parse_event
+from hybridq.forwarder_state import ForwarderState
+from hybridq.job_records import envelope_at
+from hybridq.journal import crashpoints
+from hybridq.journal.reader import list_chains
+from hybridq.ledger import Entry
+from hybridq.signing import admit_event
+from hybridq.transport.base import Delivery, Loc, Transport
+
+__all__ = ["HARVEST_BATCH", "Harvester"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: Events harvested per round trip (and per ledger fsync).
+HARVEST_BATCH = 1000
+
+
+class Harvester:
+    """Moves completion events into the ledger and delivers due retries (see module docstring).
+
+    Args:
+        state: the forwarder's state (owner, positions, ledger).
+        transport: the backend.
+    """
+
+    def __init__(self, state: ForwarderState, transport: Transport) -> None:
+        self.state = state
+        self.transport = transport
+        self.clock = state.config.clock
+        self.journal = state.journal
+        #: Counters since this forwarder started.
+        self.harvested = 0
+        #: Completion events dropped because they did not parse (garbled, forged, out of range).
+        self.dropped_events = 0
+        #: Events for jobs the ledger already held as terminal (a duplicate's report, a replay,
+        #: or a finished job that ran again).
+        self.late_events = 0
+        #: The id of the newest completion event harvested (the event watcher waits for newer).
+        self.last_event_id = "0-0"
+        #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
+        self._pushed_retries: dict[Loc, int] = {}
+
+    # -- harvest ------------------------------------------------------------------------------
+
+    def harvest(self) -> int:
+        """Move every waiting completion event into the ledger; returns how many."""
+        owner = self.state.checkpoint.owner
+        total = 0
+        while True:
+            events = self.transport.harvest(owner, HARVEST_BATCH)
+            if not events:
+                return total
+            entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            entries = self._drop_compacted(entries)
+            for entry in self.state.append(entries):
+                if entry.event_id is not None:
+                    self._late(entry)
+            for entry in entries:
+                if entry.kind == "retry":
+                    self._pushed_retries.pop(entry.loc, None)
+            crashpoints.reached("harvest_after_ledger")
+            # Only now that the ledger has them (fsync'd) may Redis forget them.
+            self.transport.ack(owner, [ev.event_id for ev in events])
+            self.last_event_id = events[-1].event_id
+            total += len(events)
+            self.harvested += len(events)
+            if len(events) < HARVEST_BATCH:
+                return total
+
+    def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
+        checkpoint = self.state.checkpoint
+        if body is not None and not admit_event(checkpoint.owner, event_id, body, checkpoint.positions):
+            self.dropped_events += 1  # forged or unauthenticated: admit_event logged why
+            return None
+        try:
+            entry = parse_event(event_id, body, self.clock)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            # Dropped (and deleted from Redis with the batch): raising here would stop the
+            # forwarder on every start, on one bad event (docs/security.md).
+            self.dropped_events += 1
+            log.error("dropping garbled completion event %s: %r", event_id, exc)
+            return None
+        loc = entry.loc
+        if self.state.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in checkpoint.positions:
+            # A late duplicate of a job long gone (its segment, or its whole chain, compacted
+            # and forgotten): its outcome is already counted.
+            return None
+        if entry.kind == "done" and entry.outcome == "failed" and not self.state.index.is_terminal(loc):
+            env = envelope_at(self.journal, loc)  # so it can be requeued after its segment is gone
+            if env is not None:
+                entry = dataclasses.replace(entry, job=env.to_dict())
+        return entry
+
+    def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
+        """Drop late duplicates for segments below their chain's first present one.
+
+        Such a segment was compacted (its outcomes counted in the compaction state) even when its
+        chain was forgotten and then grew again, so ``is_compacted`` no longer says so.
+        """
+        if not entries:
+            return entries
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        return [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
+
+    def _late(self, entry: Entry) -> None:
+        """Count (and log) an event that changed nothing: its job was terminal already."""
+        self.late_events += 1
+        if entry.dup:
+            log.info("job %s: duplicate delivery reported after the job had finished", entry.job_id)
+        else:
+            log.warning(
+                "job %s: an outcome (%s, attempt %d) arrived for a job the ledger holds as finished: "
+                "a replay of an event, or the job ran again",
+                entry.job_id,
+                entry.outcome or entry.kind,
+                entry.attempt,
+            )
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def due_retries(self) -> list[Delivery]:
+        """Deliveries of the next attempt of every failed job whose retry time has come."""
+        now = self.clock()
+        out: list[Delivery] = []
+        for loc, (run_at, attempt) in list(self.state.index.retries.items()):
+            if run_at > now or self._pushed_retries.get(loc, 0) > attempt:
+                continue
+            env = envelope_at(self.journal, loc)
+            if env is not None:
+                out.append(self.state.delivery(env, loc, attempt + 1, force=True))
+        return out
+
+    def pushed(self, deliveries: Sequence[Delivery]) -> None:
+        """Note deliveries the transport accepted (so due retries are not pushed again)."""
+        for d in deliveries:
+            if d.loc in self.state.index.retries:
+                self._pushed_retries[d.loc] = d.attempt
+
+    def retry_pushed(self, loc: Loc, failed_attempt: int) -> bool:
+        """Whether this process pushed the attempt after ``failed_attempt`` of the job at ``loc``."""
+        return self._pushed_retries.get(loc, 0) > failed_attempt

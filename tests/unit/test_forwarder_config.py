@@ -1,0 +1,48 @@
+"""The forwarder's options: one frozen ForwarderConfig, or the same options as keywords."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hybridq import Queue
+from hybridq.errors import ConfigError
+from hybridq.forwarder import Forwarder, ForwarderConfig
+from hybridq.state import load_checkpoint
+from hybridq.transport import MemoryTransport
+
+from tests import tasks
+
+
+def test_a_config_object_and_keywords_make_the_same_forwarder(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(5)]
+    transport = MemoryTransport()
+    config = ForwarderConfig(batch_size=2, lease_s=30.0)
+    with Forwarder(journal_dir, transport, config) as forwarder:
+        assert forwarder.config is config
+        assert forwarder.config == Forwarder(journal_dir, transport, batch_size=2, lease_s=30.0).config
+        assert forwarder.step() == 5
+        assert forwarder.stats.batches == 3  # of two jobs at most
+    assert list(transport.queues["default"]) == [j.id for j in jobs]
+    assert load_checkpoint(str(journal_dir)).forwarded == 5
+
+
+def test_the_config_is_frozen_and_checked_when_made(journal_dir: Path) -> None:
+    config = ForwarderConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.lease_s = 1.0  # type: ignore[misc]
+    assert config.reconcile_every_s == 2.0  # a fifth of the lease, at least 1 s
+    with pytest.raises(ValueError, match="batch_size"):
+        ForwarderConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="too short"):
+        ForwarderConfig(lease_s=10.0, key_ttl_s=60.0)
+
+
+def test_a_config_and_keywords_together_are_refused(journal_dir: Path) -> None:
+    with pytest.raises(TypeError, match="not both"):
+        Forwarder(journal_dir, MemoryTransport(), ForwarderConfig(), lease_s=30.0)
+    with pytest.raises(TypeError):
+        Forwarder(journal_dir, MemoryTransport(), lease=30.0)  # a misspelt option
+    assert not journal_dir.exists()  # refused before anything is created
