@@ -978,7 +978,7 @@ def demo(ctx: click.Context, jobs: int, directory: str | None) -> None:
 
 
 def _fault_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
-    from hybridq.chaos import FAULTS  # noqa: PLC0415
+    from hybridq.testing.chaos import FAULTS  # noqa: PLC0415
 
     names = tuple(n.strip() for n in value.split(",") if n.strip())
     if value.strip() == "all":
@@ -1097,8 +1097,8 @@ def chaos(
     """
     import random  # noqa: PLC0415
 
-    from hybridq.chaos import ChaosConfig  # noqa: PLC0415
-    from hybridq.chaos import main as chaos_main  # noqa: PLC0415
+    from hybridq.testing.chaos import ChaosConfig  # noqa: PLC0415
+    from hybridq.testing.chaos import main as chaos_main  # noqa: PLC0415
 
     cfg = ChaosConfig(
         duration_s=duration,

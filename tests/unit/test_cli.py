@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hybridq.cli import EXIT_CORRUPT, EXIT_ERROR, cli
-from hybridq.embedded import RedisServer
 from hybridq.journal import JournalWriter
+from hybridq.testing.embedded import RedisServer
 
 from tests.conftest import PYTHON
 
