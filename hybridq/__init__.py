@@ -4,27 +4,33 @@ Redis (through RQ) is only a cache and a transport: see ``docs/guarantees.md``. 
 names are listed in ``__all__``.
 """
 
-from .context import CurrentJob, current_job
-from .envelope import Envelope, Retry
-from .errors import (
-    EnvelopeError,
-    HybridqError,
-    JournalClosed,
-    JournalCorruption,
-    JournalError,
-    JournalIOError,
-    JournalLocked,
-    JournalPathError,
-    NotSerializable,
-    QueueFull,
-    RecordTooLarge,
-    StateFileCorrupt,
-    TransportError,
-)
-from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
-from .journal import Durability
-from .producer import Job, Queue, Task, task
-from .signing import SignatureError, SigningKeyError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import CurrentJob, current_job
+    from .envelope import Envelope, Retry
+    from .errors import (
+        EnvelopeError,
+        HybridqError,
+        JournalClosed,
+        JournalCorruption,
+        JournalError,
+        JournalIOError,
+        JournalLocked,
+        JournalPathError,
+        NotSerializable,
+        QueueFull,
+        RecordTooLarge,
+        StateFileCorrupt,
+        TransportError,
+    )
+    from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
+    from .journal import Durability
+    from .producer import Job, Queue, Task, task
+    from .signing import SignatureError, SigningKeyError
 
 __version__ = "0.1.0"
 
@@ -59,3 +65,51 @@ __all__ = [
     "requeue",
     "task",
 ]
+
+# Where each public name lives. They load on first use (PEP 562), so that importing one part of the
+# package (``hybridq.worker`` in a worker process) does not load the others (the producer, the
+# journal writer): a module imports what it uses from its own module, never through this one.
+_LAZY = {
+    "CurrentJob": ".context",
+    "Durability": ".journal",
+    "Envelope": ".envelope",
+    "EnvelopeError": ".errors",
+    "FailedJob": ".failures",
+    "HybridqError": ".errors",
+    "Job": ".producer",
+    "JobNotFailed": ".failures",
+    "JournalClosed": ".errors",
+    "JournalCorruption": ".errors",
+    "JournalError": ".errors",
+    "JournalIOError": ".errors",
+    "JournalLocked": ".errors",
+    "JournalPathError": ".errors",
+    "NotSerializable": ".errors",
+    "Queue": ".producer",
+    "QueueFull": ".errors",
+    "RecordTooLarge": ".errors",
+    "Retry": ".envelope",
+    "SignatureError": ".signing",
+    "SigningKeyError": ".signing",
+    "StateFileCorrupt": ".errors",
+    "Task": ".producer",
+    "TransportError": ".errors",
+    "current_job": ".context",
+    "failed_jobs": ".failures",
+    "requeue": ".failures",
+    "task": ".producer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use and cache the name here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

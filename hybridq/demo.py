@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
-from hybridq.embedded import RedisServer
 from hybridq.producer import Queue
 from hybridq.status import collect_status
+from hybridq.testing.embedded import RedisServer
 
 __all__ = ["DemoResult", "record", "run_demo"]
 

@@ -37,8 +37,8 @@ import redis
 import rq
 from benchlib import Figure, Sample, per_rep
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.producer import shared_writer
+from hybridq.testing.embedded import RedisServer
 from rq.serializers import JSONSerializer
 
 NOOP = "bench_e2e.noop"

@@ -31,8 +31,8 @@ import redis
 import rq
 from benchlib import Contestant, Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.producer import shared_writer
+from hybridq.testing.embedded import RedisServer
 from rq.serializers import JSONSerializer
 
 #: Only the dotted path is recorded at enqueue time (neither side imports it).

@@ -37,9 +37,9 @@ import rq
 from bench_enqueue import FUNC
 from benchlib import Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
 from hybridq.producer import shared_writer
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from rq.serializers import JSONSerializer
 

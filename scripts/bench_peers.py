@@ -12,7 +12,7 @@ One run measures, at each thread count of ``--threads`` (default 1 and 16):
   * persist-queue's ``SQLiteQueue`` and its file ``Queue``, huey's ``SqliteHuey(fsync=True)``, and
     plain sqlite3 (WAL, ``synchronous=FULL``, one commit per job).
 
-The three redis-server processes are private (``hybridq.embedded.RedisServer``), started in the
+The three redis-server processes are private (``hybridq.testing.embedded.RedisServer``), started in the
 run's temporary directory and stopped at its end. Each repetition runs one group per thread count,
 in an order rotated each repetition; within a group every row enqueues ``--n`` jobs in slices,
 taking turns round-robin (the order rotated by one each repetition), so a burst of load from
@@ -53,8 +53,8 @@ import rq
 from bench_enqueue import counted_loop, setup_hq, threaded_counted
 from benchlib import Contestant, Sample, latency_us, per_rep, version
 from dramatiq.brokers.redis import RedisBroker
-from hybridq.embedded import RedisServer
 from hybridq.journal import JournalReader
+from hybridq.testing.embedded import RedisServer
 from rq.serializers import JSONSerializer
 
 #: Only the dotted path is recorded at enqueue time (no system imports it: no worker runs).

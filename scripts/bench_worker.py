@@ -50,10 +50,10 @@ import redis
 import rq
 from benchlib import Sample, latency_us, per_rep, verdict_line
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.producer import shared_writer
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job as HybridqJob

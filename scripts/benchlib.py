@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from hybridq.embedded import RedisServer
+    from hybridq.testing.embedded import RedisServer
 
 T = TypeVar("T")
 C = TypeVar("C")  # a script's Config

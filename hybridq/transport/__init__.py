@@ -1,13 +1,28 @@
 """Transports: how the forwarder hands jobs to workers. The forwarder knows only :class:`Transport`.
 
-* :class:`~hybridq.transport.memory.MemoryTransport` — in-process, for unit tests (yours too).
+* :class:`~hybridq.testing.memory.MemoryTransport` — in-process, for unit tests (yours too); also
+  importable from here, loaded only when first asked for.
 * :class:`~hybridq.transport.rq.RQTransport` — RQ queues on Redis; the only module that talks to
   RQ and Redis for the forwarder.
 
-Both pass one contract test class (``tests/unit/test_transport_contract.py``).
+Both pass one contract test class (``tests/integration/test_transport_contract.py``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import PushResult, Transport
-from .memory import MemoryTransport
+
+if TYPE_CHECKING:
+    from hybridq.testing.memory import MemoryTransport
 
 __all__ = ["MemoryTransport", "PushResult", "Transport"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the test double on first use: production code never imports it (PEP 562)."""
+    if name == "MemoryTransport":
+        return importlib.import_module("hybridq.testing.memory").MemoryTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hybridq.chaos import FAULTS, ChaosConfig, ChaosResult, run_chaos
+from hybridq.testing.chaos import FAULTS, ChaosConfig, ChaosResult, run_chaos
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 import redis
 from hybridq import Queue
-from hybridq.embedded import find_redis_server
 from hybridq.forwarder import Forwarder
 from hybridq.status import collect_status
+from hybridq.testing.embedded import find_redis_server
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import run_worker
 from redis.backoff import NoBackoff

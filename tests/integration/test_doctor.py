@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from hybridq import Queue
 from hybridq.cli import EXIT_ERROR, EXIT_FINDINGS, cli
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.forwarder import Forwarder
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import run_worker

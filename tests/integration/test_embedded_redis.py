@@ -1,4 +1,4 @@
-"""The private redis-server the test suite and ``hybridq demo`` run (hybridq/embedded.py)."""
+"""The private redis-server the test suite and ``hybridq demo`` run (hybridq/testing/embedded.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 import redis
-from hybridq import embedded
-from hybridq.embedded import RedisServer, RedisServerFailed, RedisServerNotFound, find_redis_server
 from hybridq.errors import HybridqError
+from hybridq.testing import embedded
+from hybridq.testing.embedded import RedisServer, RedisServerFailed, RedisServerNotFound, find_redis_server
 
 
 @pytest.fixture

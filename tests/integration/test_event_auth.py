@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job
 from rq import Queue as RQQueue

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
 
 from tests.support.processes import ForwarderProcess, run_status, wait_until
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 
 from tests.support.processes import wait_until

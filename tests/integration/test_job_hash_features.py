@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 import pytest
 from hybridq import keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue as RQQueue
 from rq import SimpleWorker

@@ -1,7 +1,7 @@
 """Network faults between hybridq and Redis (docs/reliability.md S12, issue 6): nothing lost, nothing re-run.
 
 A real ``hybridq forward`` and two ``hybridq worker --simple`` processes reach a private
-redis-server only through a :class:`~hybridq.faultproxy.FaultProxy`, which adds latency, resets
+redis-server only through a :class:`~hybridq.testing.faultproxy.FaultProxy`, which adds latency, resets
 connections, blackholes them, or lets a command run in Redis and then resets the connection
 instead of delivering its reply (the *unknown outcome*: the write happened, the client never
 heard). Each scenario enqueues jobs while its fault is on, clears it, enqueues a few more (the
@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import redis
 from hybridq import Queue, Retry
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
-from hybridq.faultproxy import FaultProxy, parse_command, reply_end, script_call
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
+from hybridq.testing.faultproxy import FaultProxy, parse_command, reply_end, script_call
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import _PUSH_IF_NEW, RQTransport
 from hybridq.worker import _CLAIM, _FINISH

@@ -15,8 +15,8 @@ import zlib
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue
 from rq import SimpleWorker

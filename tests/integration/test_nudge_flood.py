@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
 from hybridq.nudge import MIN_INTERVAL_S, NudgeListener, address, nudge
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 
 WINDOW_S = 1.5

@@ -18,8 +18,8 @@ import pytest
 import redis
 import rq
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.producer import _close_writers
+from hybridq.testing.embedded import RedisServer
 from rq.serializers import JSONSerializer
 
 FUNC = "tests.tasks.add"

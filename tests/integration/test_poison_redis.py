@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope
 from hybridq.errors import UnencodableJobs
 from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.state import load_checkpoint
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from hybridq import keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring, _mac, canonical
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job

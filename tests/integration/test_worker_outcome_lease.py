@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from hybridq import rqworker, worker
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from redis.exceptions import ConnectionError as RedisConnectionError

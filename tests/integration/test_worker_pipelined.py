@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 import pytest
 import redis
 from hybridq import keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import _CLAIM, _FINISH, Job

@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 
 import pytest
 from hybridq import keys
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, Retry, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue

@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 from hybridq import Queue, keys, waiting
-from hybridq.embedded import RedisServer
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.metrics import ForwarderMetrics
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
+from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue

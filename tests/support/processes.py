@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hybridq.chaos import children_of
+from hybridq.testing.chaos import children_of
 
 __all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "run_status", "wait_until"]
 

@@ -1,7 +1,7 @@
 """Fixtures giving each test its own private redis-server (never the developer's Redis on 6379).
 
 Registered for every test module by ``pytest_plugins`` in ``tests/conftest.py``.
-``redis_server`` is a fresh, running :class:`~hybridq.embedded.RedisServer` on a free loopback
+``redis_server`` is a fresh, running :class:`~hybridq.testing.embedded.RedisServer` on a free loopback
 port under ``tmp_path``, stopped after the test. ``make_redis_server(**options)`` starts as many
 as a test needs (``unix_socket=True`` for a socket in a short temporary directory) and stops
 every one of them at teardown.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq.embedded import RedisServer
+from hybridq.testing.embedded import RedisServer
 
 __all__ = ["make_redis_server", "redis_server"]
 

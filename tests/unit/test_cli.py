@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hybridq.cli import EXIT_CORRUPT, EXIT_ERROR, cli
-from hybridq.embedded import RedisServer
 from hybridq.journal import JournalWriter
+from hybridq.testing.embedded import RedisServer
 
 from tests.conftest import PYTHON
 
@@ -114,7 +114,7 @@ def test_python_dash_m_is_the_same_command(journal: Path, subprocess_env: dict[s
 def test_verify_shows_a_progress_bar_on_large_journals(
     runner: CliRunner, journal: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hybridq.cli.PROGRESS_THRESHOLD_BYTES", 1)
+    monkeypatch.setattr("hybridq.cli.journal.PROGRESS_THRESHOLD_BYTES", 1)
     result = runner.invoke(cli, ["journal", "verify", "--journal", str(journal)])
     assert result.exit_code == 0, result.output
     assert "scanning" in result.output

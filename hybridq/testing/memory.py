@@ -18,8 +18,16 @@ from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import TransportError
-
-from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
+from hybridq.transport.base import (
+    Delivery,
+    Event,
+    Probe,
+    PushResult,
+    RefillResult,
+    StateToken,
+    Transport,
+    Verdict,
+)
 
 __all__ = ["MemoryTransport"]
 

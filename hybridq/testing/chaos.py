@@ -24,7 +24,7 @@ NET   net-blackhole       move no bytes between the clients and Redis for 1-6 s
 NET   net-cut             let Redis run a few commands but cut the connection before the reply
 ====  ==================  ======================================================================
 
-The forwarder and the workers reach Redis through :class:`hybridq.faultproxy.FaultProxy` when
+The forwarder and the workers reach Redis through :class:`hybridq.testing.faultproxy.FaultProxy` when
 a ``net-*`` fault is selected; the harness itself talks to Redis directly.
 
 Every job runs :func:`task`, which appends a line to an effects file at its start and at its
@@ -66,7 +66,7 @@ from typing import IO, Any
 from hybridq.context import current_job
 from hybridq.crashpoints import NAMES as CRASH_POINTS
 from hybridq.envelope import Retry
-from hybridq.faultproxy import FaultProxy
+from hybridq.testing.faultproxy import FaultProxy
 
 __all__ = [
     "FAULTS",
@@ -327,7 +327,7 @@ class _Topology:
     """The processes of one run, and the faults that act on them."""
 
     def __init__(self, cfg: ChaosConfig, root: str, say: Callable[[str], None]) -> None:
-        from hybridq.embedded import RedisServer  # noqa: PLC0415 - imports redis
+        from hybridq.testing.embedded import RedisServer  # noqa: PLC0415 - imports redis
 
         self.cfg = cfg
         self.root = root
@@ -339,7 +339,7 @@ class _Topology:
         self.log: IO[str] = open(os.path.join(root, "processes.log"), "a", encoding="utf-8")  # noqa: SIM115
         self.server = RedisServer(directory=os.path.join(root, "redis"))
         self.proxy: FaultProxy | None = None
-        self.env = {**os.environ, "HYBRIDQ_ALLOW": "hybridq.chaos", "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, "HYBRIDQ_ALLOW": "hybridq.testing.chaos", "PYTHONUNBUFFERED": "1"}
         self.forwarder: subprocess.Popen[str] | None = None
         self.workers: list[subprocess.Popen[str] | None] = [None] * cfg.workers
         self.producers: list[subprocess.Popen[str] | None] = [None] * cfg.producers
@@ -377,7 +377,7 @@ class _Topology:
         env = dict(self.env)
         if crash_point is not None:
             env["HYBRIDQ_CRASH_POINT"] = crash_point
-        code = "import sys; from hybridq.chaos import produce_main; produce_main(sys.argv[1:])"
+        code = "import sys; from hybridq.testing.chaos import produce_main; produce_main(sys.argv[1:])"
         acks = os.path.join(self.acks_dir, f"{name}.txt")
         seed = f"{self.cfg.seed}/{name}"
         argv = [sys.executable, "-c", code, self.journal, acks, self.effects, name, str(self.cfg.rate), seed]

@@ -1,0 +1,106 @@
+"""The ``hybridq`` command (also ``python -m hybridq``): wiring only, no business logic.
+
+The group and its global options live here; each command group is a module beside this one
+(``journal``, ``forward``, ``status`` with ``doctor``, ``enqueue``, ``worker``, ``failed``,
+``demo`` with ``chaos``), and what they share (the exit codes, ``--journal``, ``--redis``) is in
+``options``. The exit codes are documented there and in ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from hybridq import __version__
+from hybridq.cli import demo, enqueue, failed, forward, journal, status, worker
+from hybridq.cli.options import (
+    DEFAULT_REDIS_URL,
+    EXIT_CORRUPT,
+    EXIT_ERROR,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    _Context,
+)
+
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "EXIT_CORRUPT",
+    "EXIT_ERROR",
+    "EXIT_FINDINGS",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "cli",
+    "main",
+]
+
+
+class _JsonLogFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message (and the traceback, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hybridq")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Logs on stderr: text lines, or one JSON object per line.",
+)
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, log_format: str) -> None:
+    """hybridq: a task queue whose source of truth is a local, fsync'd journal.
+
+    \b
+    Example:
+      hybridq demo
+      hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+      hybridq status --json --journal /var/lib/hybridq/journal
+
+    \b
+    Exit codes: 0 ok, 1 error, 2 bad usage, 3 corrupt journal, 4 doctor found problems
+    (docs/cli.md).
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonLogFormatter()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
+    ctx.obj = _Context(debug=debug)
+
+
+for _command in (
+    journal.journal,
+    forward.forward,
+    status.status,
+    enqueue.enqueue,
+    worker.worker,
+    status.doctor,
+    failed.failed,
+    demo.demo,
+    demo.chaos,
+):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Entry point of the ``hybridq`` script."""
+    cli(prog_name="hybridq")

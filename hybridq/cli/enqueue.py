@@ -1,0 +1,90 @@
+"""``hybridq enqueue``: append one job to the journal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from hybridq.cli.options import (
+    _fail,
+    journal_option,
+)
+from hybridq.errors import HybridqError
+
+
+@click.command()
+@journal_option
+@click.option("--queue", "queue_name", default="default", show_default=True, help="The queue.")
+@click.option("--key", default=None, help="The idempotency key (default: the job id).")
+@click.option(
+    "--delay",
+    type=click.FloatRange(0, None),
+    default=None,
+    help="Run no sooner than this many seconds from now.",
+)
+@click.option(
+    "--kwargs", "kwargs_json", default=None, metavar="JSON", help="Keyword arguments, as a JSON object."
+)
+@click.option(
+    "--retry",
+    type=click.IntRange(1, 1000),
+    default=None,
+    metavar="N",
+    help="Up to N attempts (backoff 1 s, doubling).",
+)
+@click.argument("func")
+@click.argument("args", nargs=-1)
+@click.pass_context
+def enqueue(
+    ctx: click.Context,
+    journal: str,
+    queue_name: str,
+    key: str | None,
+    delay: float | None,
+    kwargs_json: str | None,
+    retry: int | None,
+    func: str,
+    args: tuple[str, ...],
+) -> None:
+    """Enqueue FUNC(ARGS...) durably (Redis not needed) and print the job id.
+
+    FUNC is a dotted path the workers can import. Each ARG is JSON: numbers, true/false/null,
+    lists, objects, and strings in double quotes (quote them for the shell too). Nothing is
+    written if any argument is not valid.
+
+    \b
+    Examples:
+      hybridq enqueue tasks.add 1 2
+      hybridq enqueue emails.send '"ada@example.com"' --key welcome:ada --queue emails
+      hybridq enqueue reports.build --kwargs '{"month": "2026-11"}' --delay 60 --retry 3
+    """
+    from hybridq.envelope import Retry  # noqa: PLC0415
+    from hybridq.producer import Queue  # noqa: PLC0415
+
+    values = [_json_arg(f"argument {n}", raw) for n, raw in enumerate(args, 1)]
+    kwargs = _json_arg("--kwargs", kwargs_json) if kwargs_json is not None else {}
+    if not isinstance(kwargs, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--kwargs")
+    try:
+        queue = Queue(queue_name, journal)
+        job = queue.enqueue_call(
+            func,
+            values,
+            kwargs,
+            idempotency_key=key,
+            delay=delay,
+            retry=Retry(max_attempts=retry) if retry else None,
+        )
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    click.echo(job.id)
+
+
+def _json_arg(what: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        hint = " (a string needs double quotes: '\"text\"')" if raw[:1] not in '[{"' else ""
+        raise click.BadParameter(f"{raw!r} is not JSON{hint}", param_hint=what) from None

@@ -1,0 +1,133 @@
+"""``hybridq forward``: run the forwarder (journal → Redis, completions → ledger)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import click
+
+from hybridq.cli.options import (
+    _fail,
+    journal_option,
+    redis_option,
+)
+from hybridq.errors import HybridqError
+from hybridq.status import redact_url
+
+
+@click.command()
+@journal_option
+@redis_option
+@click.option(
+    "--batch-size",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Most jobs per Redis pipeline (and per checkpoint write).",
+)
+@click.option(
+    "--idle-timeout",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.01, 60),
+    help="Seconds to sleep without a nudge from a producer before looking anyway.",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 3600),
+    help="Seconds a worker's claim on a job lasts unrenewed; a killed worker's job is delivered "
+    "again about this long after it died.",
+)
+@click.option(
+    "--key-ttl",
+    "key_ttl_s",
+    default=86400.0,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="Seconds a job's outcome stays stored under its idempotency key in Redis.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (/metrics).",
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address the metrics endpoint listens on.",
+)
+@click.option(
+    "--capacity",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Your producers' Queue(capacity=N), exported as the hybridq_capacity gauge (to alert on).",
+)
+@click.pass_context
+def forward(
+    ctx: click.Context,
+    journal: str,
+    redis_url: str,
+    batch_size: int,
+    idle_timeout: float,
+    lease_s: float,
+    key_ttl_s: float,
+    metrics_port: int | None,
+    metrics_addr: str,
+    capacity: int | None,
+) -> None:
+    """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
+
+    Runs until SIGTERM or SIGINT, then finishes the batch in flight, saves its checkpoint and
+    exits 0. While Redis is down it retries with backoff and logs once per change of state; a
+    configuration Redis refuses (wrong password or user, no such database, an ACL that denies
+    what it needs) is exit 1, not retried.
+
+    \b
+    Example:
+      hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+    """
+    from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+
+    transport = RQTransport(redis_url)
+    try:
+        forwarder = Forwarder(
+            journal,
+            transport,
+            batch_size=batch_size,
+            idle_timeout_s=idle_timeout,
+            lease_s=lease_s,
+            key_ttl_s=key_ttl_s,
+        )
+        forwarder.open()
+        if metrics_port is not None:
+            from hybridq.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
+
+            forwarder.on_durable_write = FSYNC_SECONDS.observe
+            serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity)
+            logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
+    except (HybridqError, OSError) as exc:
+        transport.close()
+        _fail(ctx, exc)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: forwarder.stop())
+    logging.getLogger("hybridq").info("forwarding to %s", redact_url(redis_url))
+    try:
+        forwarder.run()
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    finally:
+        forwarder.close()
+        transport.close()
+    if forwarder.stats.down_since is not None:
+        logging.getLogger("hybridq").warning(
+            "stopped while Redis was unavailable; the undelivered jobs stay in the journal"
+        )
+    else:
+        logging.getLogger("hybridq").info("stopped; checkpoint saved")

@@ -1,0 +1,125 @@
+"""What the commands share: exit codes, the journal and Redis options, how a command fails.
+
+The options are ``--journal``, ``--redis`` and ``--redis-password-file``; a command fails with one
+line on stderr (a traceback only with ``--debug``) and the exit code below.
+
+Exit codes (documented in ``docs/cli.md``):
+
+* 0 — success; for ``journal verify``: the journal is healthy (a torn tail is healthy).
+* 1 — an error (bad path, I/O error); one line on stderr.
+* 2 — bad usage (unknown option, bad value).
+* 3 — the journal is corrupt; the message names file, offset and the records affected.
+* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from hybridq.errors import HybridqError, JournalCorruption
+from hybridq.journal.paths import DEFAULT_JOURNAL
+from hybridq.status import read_password, with_password
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CORRUPT = 3
+EXIT_FINDINGS = 4
+
+#: Where ``--redis`` points when neither the option nor ``HYBRIDQ_REDIS_URL`` is given.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+journal_option = click.option(
+    "--journal",
+    "journal",
+    envvar="HYBRIDQ_JOURNAL",
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    show_envvar=True,
+    type=click.Path(file_okay=False),
+    help="Journal directory (relative paths are relative to the working directory).",
+)
+
+
+class _Context:
+    def __init__(self, *, debug: bool) -> None:
+        self.debug = debug
+
+
+def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
+    """One clear line on stderr (a traceback only with --debug), and the right exit code."""
+    obj = ctx.find_object(_Context)
+    if obj is not None and obj.debug:
+        raise exc
+    code = EXIT_CORRUPT if isinstance(exc, JournalCorruption) else EXIT_ERROR
+    click.echo(f"hybridq: error: {exc}", err=True)
+    ctx.exit(code)
+    raise AssertionError  # pragma: no cover - ctx.exit raises
+
+
+def _reader_left(ctx: click.Context) -> NoReturn:
+    """The reader of stdout went away (``| head``): stop quietly, exit 0, as ``cat`` users expect.
+
+    stdout is pointed at /dev/null first, so the interpreter's final flush cannot fail loudly.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    ctx.exit(EXIT_OK)
+    raise AssertionError  # pragma: no cover - ctx.exit raises
+
+
+_redis_url_option = click.option(
+    "--redis",
+    "redis_url",
+    envvar="HYBRIDQ_REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL (a password belongs in --redis-password-file or the environment, never on a "
+    "shared command line).",
+)
+
+password_file_option = click.option(
+    "--redis-password-file",
+    "redis_password_file",
+    envvar="HYBRIDQ_REDIS_PASSWORD_FILE",
+    show_envvar=True,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Read the Redis password from this file (its first line), instead of the URL.",
+)
+
+
+def redis_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--redis URL`` and ``--redis-password-file PATH``; the command gets the combined URL."""
+
+    @functools.wraps(command)
+    def run(*args: Any, redis_password_file: str | None = None, **kwargs: Any) -> Any:
+        kwargs["redis_url"] = _with_password_file(kwargs["redis_url"], redis_password_file)
+        return command(*args, **kwargs)
+
+    return _redis_url_option(password_file_option(run))
+
+
+def _with_password_file(url: str | None, password_file: str | None) -> str | None:
+    """``url`` with the password read from ``password_file`` (when both are given), checked.
+
+    A URL redis-py cannot use is one line and exit 1 here, before anything starts.
+    """
+    from hybridq.redisurl import check_url  # noqa: PLC0415 - imports redis
+
+    if url is None:
+        return url
+    try:
+        if password_file is not None:
+            url = with_password(url, read_password(password_file))
+        return check_url(url)
+    except (HybridqError, OSError) as exc:
+        _fail(click.get_current_context(), exc)

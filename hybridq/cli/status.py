@@ -1,0 +1,187 @@
+"""``hybridq status`` and ``hybridq doctor``: what the journal, the ledger and Redis say."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from hybridq.cli.options import (
+    EXIT_FINDINGS,
+    _fail,
+    _with_password_file,
+    journal_option,
+    password_file_option,
+    redis_option,
+)
+from hybridq.errors import HybridqError
+
+
+@click.command()
+@journal_option
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="HYBRIDQ_REDIS_URL",
+    default=None,
+    show_envvar=True,
+    help="Also report whether this Redis answers (optional: counts never need it).",
+)
+@password_file_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
+@click.option("--watch", is_flag=True, help="Print it again every --interval seconds until Ctrl-C.")
+@click.option(
+    "--interval", type=click.FloatRange(0.1, None), default=2.0, show_default=True, help="For --watch."
+)
+@click.pass_context
+def status(
+    ctx: click.Context,
+    journal: str,
+    redis_url: str | None,
+    redis_password_file: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+) -> None:
+    """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
+
+    Also: pending jobs per queue, the age of the oldest pending job, the forwarding lag (age of
+    the oldest job not yet handed to Redis), the journal's size and, with --redis, whether Redis
+    answers. With --watch --json, one JSON object per line.
+
+    \b
+    Examples:
+      hybridq status --json --journal ./hybridq-journal
+      hybridq status --watch --redis redis://127.0.0.1:6379/0
+    """
+    from hybridq.status import collect_status  # noqa: PLC0415
+
+    redis_url = _with_password_file(redis_url, redis_password_file)
+    while True:
+        try:
+            out = collect_status(journal, redis_url=redis_url)
+        except (HybridqError, OSError) as exc:
+            _fail(ctx, exc)
+        if as_json:
+            click.echo(json.dumps(out))
+        else:
+            if watch:
+                click.clear()
+            _print_status(out)
+        if not watch:
+            return
+        try:
+            time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+
+
+def _print_status(out: dict[str, Any]) -> None:
+    for name in (
+        "accepted",
+        "forwarded",
+        "succeeded",
+        "failed",
+        "pending",
+        "duplicates_suppressed",
+        "not_yet_forwarded",
+        "delayed_held",
+        "duplicate_pushes",
+        "invalid_records",
+        "retrying",
+        "failed_listed",
+        "oldest_pending_age_s",
+        "forwarding_lag_s",
+    ):
+        click.echo(f"{name:>22}: {out[name]}")
+    queues = ", ".join(f"{q}={n}" for q, n in sorted(out["queues"].items())) or "none"
+    click.echo(f"{'pending per queue':>22}: {queues}")
+    click.echo(f"{'forwarder':>22}: {out['forwarder'] or 'not running'}")
+    click.echo(
+        f"{'journal':>22}: {out['journal']['path']} ({out['journal']['segments']} segments, "
+        f"{out['journal']['bytes']} bytes)"
+    )
+    if "redis" in out:
+        click.echo(f"{'redis':>22}: {out['redis']['url']} {'up' if out['redis']['up'] else 'DOWN'}")
+        if out["redis"].get("waiting_for_a_worker"):
+            # Left by workers that cannot import them or are not allowed to run them.
+            click.echo(
+                f"{'waiting for a worker':>22}: {out['redis']['waiting_for_a_worker']} (see hybridq doctor)"
+            )
+
+
+@click.command()
+@journal_option
+@redis_option
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Deliver again the jobs Redis lost (missing) or no worker will take (stranded).",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(0.5, 3600),
+    default=10.0,
+    show_default=True,
+    help="The forwarder's --lease.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def doctor(
+    ctx: click.Context, journal: str, redis_url: str, fix: bool, lease_s: float, as_json: bool
+) -> None:
+    """Compare the journal and ledger with what Redis holds: is anything lost or stuck?
+
+    Reports forwarded jobs Redis no longer has (missing), jobs no worker will take (stranded),
+    jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
+    duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
+    Redis that the journal does not have as pending (unknown), queues where jobs wait that no
+    registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
+    the first runs). A dry run unless --fix.
+    Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
+
+    \b
+    Examples:
+      hybridq doctor --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+      hybridq doctor --fix
+    """
+    from hybridq.doctor import diagnose  # noqa: PLC0415
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+
+    transport = RQTransport(redis_url)
+    try:
+        report = diagnose(journal, transport, lease_s=lease_s, fix=fix)
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    finally:
+        transport.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {report.verdicts or 'none'}")
+        for name in ("missing", "stranded", "orphaned", "intermediate", "unknown"):
+            ids: list[str] = getattr(report, name)
+            if ids:
+                more = f" (+{len(ids) - 10} more)" if len(ids) > 10 else ""
+                click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
+        if report.duplicate_entries:
+            click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+        if report.unserved:
+            waiting = ", ".join(f"{q} ({n} waiting)" for q, n in report.unserved.items())
+            click.echo(f"queues no worker serves: {waiting}")
+        if report.merged:
+            click.echo(
+                f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
+            )
+        for w in report.waiting[:10]:
+            click.echo(
+                f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
+            )
+        if fix:
+            click.echo(f"fixed: {report.fixed} job(s) delivered again")
+        click.echo("healthy" if report.healthy else "problems found")
+    if not report.healthy:
+        ctx.exit(EXIT_FINDINGS)

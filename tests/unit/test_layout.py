@@ -1,0 +1,49 @@
+"""What a process loads: a worker does not load the producer or the journal (issue 14.5)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import hybridq
+import pytest
+
+
+def _loaded_after(statement: str) -> set[str]:
+    """The hybridq modules a fresh interpreter has in ``sys.modules`` after ``statement``."""
+    code = f"{statement}; import sys, json; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return {name for name in json.loads(out) if name == "hybridq" or name.startswith("hybridq.")}
+
+
+def test_importing_the_worker_loads_neither_the_producer_nor_the_journal() -> None:
+    loaded = _loaded_after("import hybridq.worker")
+    assert "hybridq.worker" in loaded
+    assert "hybridq.journal.writer" not in loaded
+    assert "hybridq.producer" not in loaded
+    assert not any(name == "hybridq.journal" or name.startswith("hybridq.journal.") for name in loaded)
+
+
+def test_importing_the_package_root_loads_nothing_else() -> None:
+    assert _loaded_after("import hybridq") == {"hybridq"}
+
+
+@pytest.mark.parametrize("name", hybridq.__all__)
+def test_every_public_name_is_importable_from_the_root(name: str) -> None:
+    assert getattr(hybridq, name) is not None
+    assert name in dir(hybridq)
+
+
+def test_the_memory_transport_is_still_importable_from_hybridq_transport() -> None:
+    from hybridq.testing.memory import MemoryTransport
+    from hybridq.transport import MemoryTransport as Reexported
+
+    assert Reexported is MemoryTransport
+    with pytest.raises(AttributeError):
+        _ = hybridq.transport.NoSuchTransport  # type: ignore[attr-defined]
+
+
+def test_nothing_outside_hybridq_testing_imports_it() -> None:
+    loaded = _loaded_after("import hybridq.cli, hybridq.forwarder, hybridq.transport.rq, hybridq.worker")
+    assert not any(name.startswith("hybridq.testing") for name in loaded)
