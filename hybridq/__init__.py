@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context import CurrentJob, current_job
+    from .decorator import Task, task
     from .envelope import Envelope, Retry
     from .errors import (
         EnvelopeError,
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
         TransportError,
     )
     from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
+    from .job import Job
     from .journal import Durability
-    from .producer import Job, Queue, Task, task
+    from .producer import Queue
     from .signing import SignatureError, SigningKeyError
 
 __version__ = "0.1.0"
@@ -76,7 +78,7 @@ _LAZY = {
     "EnvelopeError": ".errors",
     "FailedJob": ".failures",
     "HybridqError": ".errors",
-    "Job": ".producer",
+    "Job": ".job",
     "JobNotFailed": ".failures",
     "JournalClosed": ".errors",
     "JournalCorruption": ".errors",
@@ -92,12 +94,12 @@ _LAZY = {
     "SignatureError": ".signing",
     "SigningKeyError": ".signing",
     "StateFileCorrupt": ".errors",
-    "Task": ".producer",
+    "Task": ".decorator",
     "TransportError": ".errors",
     "current_job": ".context",
     "failed_jobs": ".failures",
     "requeue": ".failures",
-    "task": ".producer",
+    "task": ".decorator",
 }
 
 

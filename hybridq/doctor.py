@@ -37,11 +37,11 @@ from redis.exceptions import RedisError
 from hybridq import keys, waiting
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.job import call_fingerprint
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
-from hybridq.producer import call_fingerprint
 from hybridq.redisurl import transport_error
 from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery, Probe

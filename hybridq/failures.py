@@ -18,10 +18,11 @@ from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.job import Job
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
-from hybridq.producer import Job, default_journal, shared_writer
+from hybridq.producer import default_journal, shared_writer
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
 

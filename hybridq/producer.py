@@ -1,4 +1,7 @@
-"""The enqueue API: :class:`Queue`, :class:`Job` and the :func:`task` decorator.
+"""The enqueue API: :class:`Queue`.
+
+The :class:`~hybridq.job.Job` handle it returns is in :mod:`hybridq.job`, the ``task``
+decorator in :mod:`hybridq.decorator`.
 
 ``enqueue`` validates the call, signs the envelope when a signing key is configured
 (:mod:`hybridq.signing`), commits it to the journal (acknowledged only after an fsync covers it),
@@ -12,16 +15,13 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
-import functools
-import json
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any
 
-from hybridq.allow import register
+from hybridq.capacity import PendingCount
 from hybridq.envelope import (
     MAX_SECONDS,
     Envelope,
@@ -33,19 +33,14 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
-from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalReader, JournalWriter, RecordId
+from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
+from hybridq.job import Job
+from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
-from hybridq.journal.reader import list_chains
-from hybridq.ledger import AcceptedCounter, Compacted, LedgerIndex, consistent, load_index
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
-from hybridq.state import load_checkpoint
 
-__all__ = ["Job", "Queue", "Task", "default_journal", "task"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
+__all__ = ["Job", "Queue", "default_journal", "shared_writer"]
 
 
 def default_journal() -> str:
@@ -57,8 +52,6 @@ def default_journal() -> str:
 
 _writers: dict[tuple[str, Durability], JournalWriter] = {}
 _writers_lock = threading.Lock()
-#: Every capacity counter alive in this process (their locks are replaced in a forked child).
-_pending_counts: weakref.WeakSet[_PendingCount] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -71,8 +64,6 @@ def _after_fork_in_child() -> None:
     """
     global _writers_lock
     _writers_lock = threading.Lock()
-    for pending in list(_pending_counts):
-        pending._after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -98,104 +89,6 @@ def _close_writers() -> None:
         for writer in _writers.values():
             writer.close()
         _writers.clear()
-
-
-# -- jobs ---------------------------------------------------------------------------------------
-
-
-class Job:
-    """A job that ``enqueue`` acknowledged: it is in the journal and will run (G1)."""
-
-    __slots__ = ("envelope", "journal", "record")
-
-    def __init__(self, envelope: Envelope, record: RecordId, journal: str) -> None:
-        self.envelope = envelope
-        self.record = record
-        self.journal = journal
-
-    @property
-    def id(self) -> str:
-        """The job id (also its RQ job id)."""
-        return self.envelope.id
-
-    @property
-    def idempotency_key(self) -> str:
-        """The idempotency key, verbatim."""
-        return self.envelope.idempotency_key
-
-    @property
-    def queue(self) -> str:
-        """The queue name."""
-        return self.envelope.queue
-
-    def get_status(self) -> str:
-        """``accepted``, ``scheduled``, ``forwarded``, ``merged``, ``finished`` or ``failed``.
-
-        Read from the forwarder's durable checkpoint and the completion ledger (it reads the
-        whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
-        ``scheduled``: held until its time. ``merged``: another job with this job id and a
-        different call was delivered first (or finished), so this one never runs
-        (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too.
-        """
-        loc = (self.record.writer_id, self.record.segment, self.record.offset)
-        compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
-        if loc in index.failed:
-            return "failed"  # listed failures outlive their compacted segment
-        if compacted.is_compacted((loc[0], loc[1])):
-            return "finished"  # only segments whose every job is terminal are compacted
-        present = list_chains(self.journal).get(loc[0])
-        if present is None or loc[1] < present[0]:
-            return "finished"  # its segment was compacted, and its chain forgotten since
-        done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
-        if done is not None:
-            return "finished" if done == "succeeded" else "failed"
-        checkpoint = load_checkpoint(self.journal)
-        if checkpoint is None:
-            return "accepted"
-        if any(h.job_id == self.id for h in checkpoint.held):
-            return "scheduled"
-        position = checkpoint.positions.get(self.record.writer_id)
-        if position is not None and position.next_seq > self.record.seq:
-            return "merged" if self._merged(compacted, index) else "forwarded"
-        return "accepted"
-
-    def _merged(self, compacted: Compacted, index: LedgerIndex) -> bool:
-        """Whether a record that won this job id holds a different call.
-
-        It won if it is earlier in this record's chain (the forwarder pushes a chain in order,
-        and Redis keeps the first job under an id) or if it has finished.
-        """
-        needle = f'"id":"{self.id}"'.encode()
-        mine = call_fingerprint(self.envelope)
-        for rec in JournalReader(self.journal).records():
-            loc = (rec.writer_id, rec.segment_index, rec.offset)
-            if needle not in rec.payload or compacted.is_compacted(loc[:2]):
-                continue
-            if (rec.writer_id, rec.seq) == (self.record.writer_id, self.record.seq):
-                continue  # this job's own record
-            try:
-                other = Envelope.from_bytes(rec.payload)
-            except EnvelopeError:
-                continue
-            if (
-                other.id != self.id
-                or other.requeue != self.envelope.requeue
-                or call_fingerprint(other) == mine
-            ):
-                continue
-            if (rec.writer_id == self.record.writer_id and rec.seq < self.record.seq) or index.is_terminal(
-                loc
-            ):
-                return True
-        return False
-
-    def __repr__(self) -> str:
-        return f"<hybridq.Job {self.id} {self.envelope.func} queue={self.queue!r}>"
-
-
-def call_fingerprint(env: Envelope) -> str:
-    """The call a job makes (function, queue, arguments): equal for a retried enqueue."""
-    return json.dumps([env.func, env.queue, env.args, env.kwargs], sort_keys=True)
 
 
 # -- queues -------------------------------------------------------------------------------------
@@ -260,7 +153,7 @@ class Queue:
         if default_retry is not None:
             _check_retry(default_retry)
         self.default_retry = default_retry
-        self._pending = _PendingCount(self.journal) if capacity is not None else None
+        self._pending = PendingCount(self.journal) if capacity is not None else None
         self._nudge_name = address(self.journal)
         self._writer: JournalWriter | None = None
 
@@ -436,118 +329,3 @@ def _run_at(
             raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
         return check_time("run_at", run_at.timestamp())
     return None if run_at is None else check_time("run_at", run_at)
-
-
-class _PendingCount:
-    """Pending jobs (accepted, not yet terminal) for the capacity check.
-
-    Counts the journal's records incrementally (only new records are read each time) at most
-    once per ``refresh_s``, and adds this process's own enqueues in between. Within a process the
-    check is exact (a reservation is taken before the append); across processes it can overshoot
-    by what other processes appended within ``refresh_s``. The number of terminal jobs is the
-    one the forwarder publishes in its checkpoint (it lags by at most one harvest, so the count
-    errs on the side of "pending").
-    """
-
-    def __init__(self, journal: str, refresh_s: float = 1.0) -> None:
-        self._journal = journal
-        self._counter = AcceptedCounter(journal)
-        self._accepted = 0  # records accepted (compacted ones included) by the last refresh
-        self._terminal = 0  # terminal jobs, as the forwarder last published
-        self._local = 0  # appended by this process since then
-        self._inflight = 0  # reserved by this process, being appended
-        self._refreshed = -1e9
-        self._refresh_s = refresh_s
-        self._lock = threading.Lock()
-        _pending_counts.add(self)
-
-    def _after_fork(self) -> None:
-        # The parent's in-flight reservations are not ours; recount at the first reserve.
-        self._lock = threading.Lock()
-        self._inflight = 0
-        self._refreshed = -1e9
-
-    def reserve(self, n: int, capacity: int) -> None:
-        """Take ``n`` places or raise :class:`QueueFull`; follow with :meth:`release`."""
-        with self._lock:
-            if time.monotonic() - self._refreshed >= self._refresh_s:
-                self._refresh()
-            pending = self._accepted - self._terminal + self._local + self._inflight
-            if pending + n > capacity:
-                raise QueueFull(pending, capacity)
-            self._inflight += n
-
-    def _refresh(self) -> None:
-        self._accepted = self._counter.count()
-        checkpoint = load_checkpoint(self._journal)
-        self._terminal = checkpoint.terminal if checkpoint is not None else 0
-        self._local = 0
-        self._refreshed = time.monotonic()
-
-    def release(self, n: int, *, appended: bool) -> None:
-        """End a reservation: the records are in the journal (``appended``) or were not written."""
-        with self._lock:
-            self._inflight -= n
-            if appended:
-                self._local += n
-
-
-# -- the task decorator -------------------------------------------------------------------------
-
-
-class Task(Generic[P, R]):
-    """A function that can still be called directly, and enqueued with :meth:`delay`."""
-
-    def __init__(
-        self,
-        func: Callable[P, R],
-        queue: str | Queue,
-        journal: str | os.PathLike[str] | None,
-        options: Mapping[str, Any],
-    ) -> None:
-        self.func = func
-        self.path = function_path(func)  # refuse lambdas / nested functions at decoration time
-        register(self.path)  # a worker that imported this module may run it
-        self.options = dict(options)
-        self._queue_spec = (queue, journal)
-        self._queue: Queue | None = queue if isinstance(queue, Queue) else None
-        functools.update_wrapper(self, func)
-
-    @property
-    def queue(self) -> Queue:
-        """The queue, made on first use (so importing a module of tasks writes nothing)."""
-        if self._queue is None:
-            name, journal = self._queue_spec
-            self._queue = Queue(str(name), journal)
-        return self._queue
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call the function directly, here and now (what a worker does)."""
-        return self.func(*args, **kwargs)
-
-    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """Enqueue a call with the decorator's options; return once it is durable."""
-        return self.queue.enqueue_call(self.path, args, kwargs, **self.options)
-
-    def enqueue_call(
-        self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any
-    ) -> Job:
-        """Enqueue with per-call options (``idempotency_key``, ``delay``, ...)."""
-        return self.queue.enqueue_call(self.path, args, kwargs, **{**self.options, **options})
-
-
-def task(
-    queue: str | Queue = "default", *, journal: str | os.PathLike[str] | None = None, **options: Any
-) -> Callable[[Callable[P, R]], Task[P, R]]:
-    """Decorate a module-level function so ``f.delay(...)`` enqueues it.
-
-    ``options`` are :meth:`Queue.prepare` options applied to every call (``job_timeout``,
-    ``retry``, ...). The journal is resolved on the first ``delay``, not at import.
-    """
-    if isinstance(queue, str):
-        validate_queue_name(queue)
-
-    def wrap(func: Callable[P, R]) -> Task[P, R]:
-        return Task(func, queue, journal, options)
-
-    return wrap
