@@ -1,5 +1,8 @@
 """A TCP proxy between hybridq's clients and Redis that injects network faults (tests, chaos).
 
+Why it is over 450 lines: the RESP framing, the per-connection pump and the fault switches share
+one lock and one connection state; split, each half would need the other's internals.
+
 Clients (the forwarder, workers, ``hybridq status``) connect to the proxy's :attr:`FaultProxy.url`
 instead of Redis; every connection gets its own connection to the upstream Redis and its own
 thread, which moves bytes both ways with non-blocking sockets. Faults are switched at runtime,
