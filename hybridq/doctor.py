@@ -42,11 +42,11 @@ from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite
 from hybridq.redisurl import transport_error
 from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import ENTRY_POINT
 
 __all__ = ["DoctorReport", "diagnose"]
 
@@ -98,7 +98,7 @@ class DoctorReport:
 
 
 def diagnose(
-    journal: str, transport: RQTransport, *, lease_s: float = 10.0, fix: bool = False
+    journal: str, transport: RQTransport, *, lease_s: float = DEFAULT_LEASE_S, fix: bool = False
 ) -> DoctorReport:
     """Compare ``journal`` with Redis; with ``fix``, re-deliver missing and stranded jobs."""
     path = existing_journal_dir(journal)
@@ -130,7 +130,11 @@ def diagnose(
     if fix:
         redo = [
             Delivery(
-                env, checkpoint.owner, loc, attempt=index.attempts(loc) + 1, replace=job_id in report.stranded
+                env,
+                checkpoint.owner,
+                loc,
+                attempt=index.attempts(loc) + 1,
+                overwrite=Overwrite.ALWAYS if job_id in report.stranded else Overwrite.NEVER,
             )
             for job_id in report.missing + report.stranded
             for loc, env in [pending[job_id]]

@@ -25,8 +25,8 @@
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     ├── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
     ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
-    ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.embedded)
-    ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.embedded)
+    ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.testing.embedded)
+    ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.testing.embedded)
     └── (raised by a worker; RQ's failed registry shows them under the job)
         ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
         ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
@@ -34,9 +34,11 @@
         └── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
 
 Each class is defined here and re-exported by the module named beside it, where it used to live.
-Private control-flow signals that never leave their module (``forwarder._Stopped``) and a
-chaos task's own failure (``PlannedFailure``: it stands for a user task's exception) are not
-hybridq errors; ``tests/unit/test_errors_tree.py`` pins the rest to this tree.
+Control-flow signals that never reach a caller (``push.Stopped``, caught by the forwarder loop;
+private ones inside one module) and a chaos task's own failure (``PlannedFailure``: it stands
+for a user task's exception) are not hybridq errors; ``tests/unit/test_errors_tree.py`` pins
+the rest to this tree.
+
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.
 """

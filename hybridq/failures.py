@@ -23,6 +23,7 @@ from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
 from hybridq.producer import default_journal, shared_writer
+from hybridq.protocol import EntryKind
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
 
@@ -70,7 +71,7 @@ def requeue(job_ids: Iterable[str], journal: str | None = None) -> list[Job]:
         env = dataclasses.replace(failed.envelope, requeue=failed.envelope.requeue + 1)
         record = writer.append(env.to_bytes())
         jobs.append(Job(env, record, path))
-        marks.append(Entry("requeued", job_id, failed.loc, at=time.time(), queue=failed.queue))
+        marks.append(Entry(EntryKind.REQUEUED, job_id, failed.loc, at=time.time(), queue=failed.queue))
     # Only after the journal has them (fsync'd): a crash before this line lists them still.
     with open_ledger_writer(path) as ledger:
         ledger.append_many(m.to_bytes() for m in marks)

@@ -36,6 +36,7 @@ from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
 from hybridq.nudge import NudgeListener, nudge
+from hybridq.protocol import Overwrite
 from hybridq.push import ForwarderStats, Pusher, Stopped
 from hybridq.state import Checkpoint, Held
 from hybridq.transport import Transport
@@ -339,7 +340,8 @@ class Forwarder:
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
         # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
-        return self.state.delivery(env, loc, 1, force=env.requeue > 0)
+        overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
+        return self.state.delivery(env, loc, 1, overwrite=overwrite)
 
     def _wait(self) -> None:
         timeout = self.config.idle_timeout_s

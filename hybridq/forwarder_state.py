@@ -35,6 +35,7 @@ from hybridq.ledger import (
     open_ledger_writer,
     save_compacted,
 )
+from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
 from hybridq.transport.base import Delivery, Loc
 
@@ -91,8 +92,8 @@ class ForwarderConfig:
     idle_timeout_s: float = 1.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 5.0
-    lease_s: float = 10.0
-    key_ttl_s: float = 86400.0
+    lease_s: float = DEFAULT_LEASE_S
+    key_ttl_s: float = DEFAULT_KEY_TTL_S
     max_lost: int = 5
     reconcile_interval_s: float | None = None
     clock: Callable[[], float] = time.time
@@ -183,14 +184,16 @@ class ForwarderState:
         compacted = {"succeeded": c.succeeded, "failed": c.failed, "invalid": c.invalid, "dups": c.dups}
         return {name: totals.get(name, 0) + n for name, n in compacted.items()}
 
-    def delivery(self, env: Envelope, loc: Loc, attempt: int, *, force: bool = False) -> Delivery:
+    def delivery(
+        self, env: Envelope, loc: Loc, attempt: int, *, overwrite: Overwrite = Overwrite.NEVER
+    ) -> Delivery:
         """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation."""
         return Delivery(
             env,
             self.checkpoint.owner,
             loc,
             attempt=attempt,
-            force=force,
+            overwrite=overwrite,
             lease_s=self.config.lease_s,
             key_ttl_s=self.config.key_ttl_s,
             gen=self.checkpoint.generation,

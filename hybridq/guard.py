@@ -18,15 +18,14 @@ from typing import Any, ClassVar
 from rq.job import UNEVALUATED
 from rq.job import Job as RQJob
 
-from hybridq.allow import NotAllowed, resolve
+from hybridq.allow import resolve
+from hybridq.errors import NotAllowed
+from hybridq.protocol import ENTRY_POINT
 from hybridq.signing import keyring
 
 __all__ = ["ENTRY_POINT", "Job", "NotAllowed"]
 
 log = logging.getLogger("hybridq.worker")
-
-#: The function of every RQ job the forwarder pushes.
-ENTRY_POINT = "hybridq.worker.execute"
 
 
 class Job(RQJob):

@@ -16,12 +16,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hybridq.completion_event import parse_event
 from hybridq.forwarder_state import ForwarderState
 from hybridq.job_records import envelope_at
 from hybridq.journal import crashpoints
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import Entry
+from hybridq.ledger import Entry, parse_event
+from hybridq.protocol import Overwrite
 from hybridq.signing import admit_event
 from hybridq.transport.base import Delivery, Loc, Transport
 
@@ -145,7 +145,7 @@ class Harvester:
                 continue
             env = envelope_at(self.journal, loc)
             if env is not None:
-                out.append(self.state.delivery(env, loc, attempt + 1, force=True))
+                out.append(self.state.delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER))
         return out
 
     def pushed(self, deliveries: Sequence[Delivery]) -> None:

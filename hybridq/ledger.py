@@ -36,6 +36,8 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import read_state, write_state
+from hybridq.limits import finite
+from hybridq.protocol import CompletionEvent, EntryKind
 
 __all__ = [
     "COMPACTION_NAME",
@@ -49,6 +51,7 @@ __all__ = [
     "load_compacted",
     "load_index",
     "open_ledger_writer",
+    "parse_event",
     "read_ledger",
     "save_compacted",
 ]
@@ -68,7 +71,7 @@ T = TypeVar("T")
 class Entry:
     """One ledger record."""
 
-    kind: str  # "done" | "retry" | "lost" | "requeued"
+    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" (any other is skipped)
     job_id: str
     loc: Loc
     outcome: str | None = None
@@ -121,6 +124,29 @@ class Entry:
         )
 
 
+def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[], float]) -> Entry:
+    """The ledger entry a completion event stands for (``done`` or ``retry``).
+
+    Raises:
+        ValueError, TypeError, KeyError: the event is garbled (see :meth:`CompletionEvent.from_json`).
+    """
+    event = CompletionEvent.from_json(body)
+    terminal = event.terminal
+    return Entry(
+        EntryKind.DONE if terminal else EntryKind.RETRY,
+        event.id,
+        event.loc,
+        outcome=event.outcome if terminal else None,
+        attempt=event.attempt,
+        dup=event.dup,
+        error=event.error,
+        run_at=None if terminal else clock() + finite("retry_delay", event.retry_delay or 0.0),
+        at=clock() if event.at is None else event.at,
+        queue=event.queue,
+        event_id=event_id,
+    )
+
+
 @dataclass
 class LedgerIndex:
     """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
@@ -163,14 +189,14 @@ class LedgerIndex:
             if entry.event_id in seen:
                 return False
             seen.add(entry.event_id)
-        if entry.kind == "requeued":
+        if entry.kind == EntryKind.REQUEUED:
             self.requeued.add(loc)
             self.failed.pop(loc, None)
             return True
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
-        if entry.kind == "done":
+        if entry.kind == EntryKind.DONE:
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
                 if entry.outcome == "succeeded" and done[loc[2]] == "failed":
@@ -193,12 +219,12 @@ class LedgerIndex:
             return True
         if self.is_terminal(loc):
             return False
-        if entry.kind == "retry":
+        if entry.kind == EntryKind.RETRY:
             known = self.retries.get(loc)
             if known is None or entry.attempt > known[1]:
                 self.retries[loc] = (float(entry.run_at or 0.0), entry.attempt)
             return True
-        if entry.kind == "lost":
+        if entry.kind == EntryKind.LOST:
             attempt, times = self.lost.get(loc, (0, 0))
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
@@ -312,9 +338,9 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
             entry.loc[0], sys.maxsize
         ):
             # Counted in Compacted already; only a failure still listed matters.
-            if entry.kind == "done" and entry.outcome == "failed":
+            if entry.kind == EntryKind.DONE and entry.outcome == "failed":
                 index.failed.setdefault(entry.loc, entry)
-            elif entry.kind == "requeued":
+            elif entry.kind == EntryKind.REQUEUED:
                 index.requeued.add(entry.loc)
             continue
         index.apply(entry)

@@ -16,7 +16,6 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import time
@@ -29,6 +28,7 @@ from hybridq.forwarder_state import DONE_GRACE_LEASES, ForwarderState
 from hybridq.harvest import Harvester
 from hybridq.journal import ChainPosition, JournalReader, Record, RecordType, crashpoints
 from hybridq.ledger import Entry
+from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
 
 __all__ = ["PROBE_BATCH", "Reconciler"]
@@ -269,7 +269,7 @@ class Reconciler:
                 # The same attempt again: a stranded job never started, a "done" one is reported.
                 if self._stuck(loc, verdict, now):
                     log.warning("job %s: %s in Redis for too long; delivering it again", env.id, verdict)
-                    out.append(dataclasses.replace(delivery(env, loc, attempt), replace=True))
+                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.ALWAYS))
                 continue
             self._suspects.pop(loc, None)
             if verdict == "missing":
@@ -282,7 +282,7 @@ class Reconciler:
                     # this may be the same vanish: push that attempt, count nothing. (Had it been
                     # pushed and lost too, the push is stale and the next pass counts it.)
                     self._lost_here.add(loc)
-                    out.append(delivery(env, loc, attempt, force=True))
+                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER))
                     continue
                 self._lost_here.add(loc)
                 times += 1
@@ -304,7 +304,7 @@ class Reconciler:
                     )
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
-                out.append(delivery(env, loc, attempt + 1, force=True))
+                out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER))
         # The attempt count is durable before the next attempt is delivered.
         self.state.append(lost)
         if lost:

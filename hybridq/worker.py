@@ -2,7 +2,7 @@
 
 The forwarder pushes every job as an RQ job whose function is :func:`execute` and whose single
 argument is the delivery (the envelope, the owning forwarder, the attempt; see
-:class:`hybridq.transport.base.Delivery`). So a plain ``rq worker --serializer
+:class:`hybridq.protocol.Delivery`). So a plain ``rq worker --serializer
 rq.serializers.JSONSerializer QUEUE`` runs hybridq jobs with every guarantee below, and
 ``hybridq worker`` (:func:`run_worker`) is that plus a loop that survives Redis going away. It
 runs hybridq's worker classes (:mod:`hybridq.rqworker`), which send the claim (1.) and the
@@ -61,7 +61,16 @@ from hybridq.allow import resolve
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
-from hybridq.guard import ENTRY_POINT, Job, NotAllowed
+from hybridq.guard import Job, NotAllowed
+from hybridq.protocol import (
+    ENTRY_POINT,
+    ClaimStatus,
+    CompletionEvent,
+    Delivery,
+    FinishReply,
+    Outcome,
+    StoredOutcome,
+)
 from hybridq.signing import EVENT_MAC, SignatureError, expiry_refusal, keyring, sign_event
 from hybridq.waiting import TaskUnavailable
 
@@ -207,29 +216,6 @@ return 0
 """
 
 
-@dataclass(frozen=True, slots=True)
-class _Delivery:
-    envelope: Envelope
-    owner: str
-    loc: list[Any]
-    attempt: int
-    lease_s: float
-    key_ttl_s: float
-    gen: int = 0
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> _Delivery:
-        return cls(
-            envelope=Envelope.from_dict(raw["job"]),
-            owner=str(raw["owner"]),
-            loc=list(raw["loc"]),
-            attempt=int(raw.get("attempt", 1)),
-            lease_s=float(raw.get("lease", 10.0)),
-            key_ttl_s=float(raw.get("key_ttl", 86400.0)),
-            gen=int(raw.get("gen", 0)),
-        )
-
-
 def execute(delivery: Mapping[str, Any]) -> Any:
     """Run one hybridq job under RQ (see the module docstring); RQ calls this, not users."""
     rq_job = get_current_job()
@@ -238,7 +224,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     conn = _client(rq_job.connection)
     run = _run_of(rq_job, delivery)
     if run is None:
-        d = _Delivery.parse(delivery)
+        d = Delivery.from_json(delivery)
         _check_route(rq_job, d.envelope)
         _admit(conn, d)
         run = _Run.new(delivery, d)
@@ -267,18 +253,18 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
-    outcome = {
-        "outcome": "succeeded" if error is None else "failed",
-        "result": value,
-        "error": _format_error(error) if error is not None else None,
-        "job_id": env.id,
-        "attempt": d.attempt,
-        "requeue": env.requeue,
-        "final": final,
-        "at": time.time(),
-        "token": run.token,  # tells a retried _FINISH that its first try got through
-    }
-    run.finish = _finish_call(run, outcome)
+    outcome = StoredOutcome(
+        outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
+        result=value,
+        error=_format_error(error) if error is not None else None,
+        job_id=env.id,
+        attempt=d.attempt,
+        requeue=env.requeue,
+        final=final,
+        at=time.time(),
+        token=run.token,  # tells a retried _FINISH that its first try got through
+    )
+    run.finish = _finish_call(run, outcome.to_json())
     if not run.deferred:
         try:
             _finish(conn, run)
@@ -304,11 +290,11 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             reply = _retrying(lambda: _script(conn, _CLAIM)(keys=run.claim_keys, args=run.claim_args))
         status, stored = reply
         reply = None
-        if status == 0:
+        if status == ClaimStatus.CLAIMED:
             return _CLAIMED
-        if status == 1:
+        if status == ClaimStatus.SUPPRESSED:
             return _suppressed(conn, d, json.loads(stored))
-        if status == 2:
+        if status == ClaimStatus.STALE:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
             log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
@@ -316,7 +302,7 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
             _report(conn, d, failure, dup=False)
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
-        if status == 4:
+        if status == ClaimStatus.FENCED:
             # Not a failure of the job: nothing ran, and nothing is reported.
             log.warning(
                 "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
@@ -326,7 +312,8 @@ def _claim(conn: redis.Redis, run: _Run) -> Any:
                 stored.decode() if isinstance(stored, bytes) else stored,
             )
             return None
-        time.sleep(BUSY_POLL_S)  # another delivery of this key runs the task now: wait for it
+        # ClaimStatus.BUSY: another delivery of this key runs the task now: wait for it.
+        time.sleep(BUSY_POLL_S)
 
 
 @dataclass(eq=False, slots=True)
@@ -341,7 +328,7 @@ class _Run:
 
     #: The delivery as RQ passes it to :func:`execute` (the very object: see :func:`_run_of`).
     raw: Mapping[str, Any]
-    d: _Delivery
+    d: Delivery
     #: The lease value, and the mark a retried script recognises as its own.
     token: str
     #: The claim script's keys (result, lease, RQ job hash) and arguments.
@@ -357,7 +344,7 @@ class _Run:
     renewal: _Renewal | None = None
 
     @classmethod
-    def new(cls, raw: Mapping[str, Any], d: _Delivery) -> _Run:
+    def new(cls, raw: Mapping[str, Any], d: Delivery) -> _Run:
         env = d.envelope
         token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
@@ -398,7 +385,7 @@ def _plan(rq_job: RQJob) -> _Run | None:
         ):
             return None
         raw = rq_job.args[0]
-        d = _Delivery.parse(raw)
+        d = Delivery.from_json(raw)
         if (
             _misrouted(rq_job, d.envelope) is not None
             or _refusal(d.envelope) is not None
@@ -484,7 +471,7 @@ def _check_route(rq_job: RQJob, env: Envelope) -> None:
         raise error
 
 
-def _admit(conn: redis.Redis, d: _Delivery) -> None:
+def _admit(conn: redis.Redis, d: Delivery) -> None:
     """Refuse or leave (raise) a delivery this worker will not or cannot run; before the claim.
 
     Before anything is imported or claimed. A refused job (a bad signature, a function refused
@@ -506,7 +493,7 @@ def _admit(conn: redis.Redis, d: _Delivery) -> None:
         _leave(conn, d, reason)
 
 
-def _leave(conn: redis.Redis, d: _Delivery, reason: str) -> NoReturn:
+def _leave(conn: redis.Redis, d: Delivery, reason: str) -> NoReturn:
     """Leave the job for a worker that can run it: no claim, no attempt used, nothing reported.
 
     RQ marks this delivery failed; the task never started, so the forwarder's reconcile pass
@@ -524,10 +511,10 @@ def _leave(conn: redis.Redis, d: _Delivery, reason: str) -> NoReturn:
     raise TaskUnavailable(message)
 
 
-def _refuse(conn: redis.Redis, d: _Delivery, error: Exception) -> NoReturn:
+def _refuse(conn: redis.Redis, d: Delivery, error: Exception) -> NoReturn:
     """Fail a refused job for good: report it to the owning forwarder, then raise ``error``."""
     log.error("job %s: %s", d.envelope.id, error)
-    refused = {"outcome": "failed", "final": True, "attempt": d.attempt, "error": str(error)}
+    refused = {"outcome": Outcome.FAILED.value, "final": True, "attempt": d.attempt, "error": str(error)}
     _report(conn, d, refused, dup=False)
     raise error
 
@@ -537,7 +524,7 @@ def _call(env: Envelope) -> Any:
     return func(*env.args, **env.kwargs)
 
 
-def _suppressed(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any]) -> Any:
+def _suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any:
     """Report a stored outcome for this delivery without running the task."""
     env = d.envelope
     log.info(
@@ -547,25 +534,25 @@ def _suppressed(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any]) -> A
         stored.get("job_id"),
     )
     _report(conn, d, stored, dup=True)
-    if stored.get("outcome") != "succeeded":
+    if stored.get("outcome") != Outcome.SUCCEEDED:
         raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
     return stored.get("result")
 
 
-def _report(conn: redis.Redis, d: _Delivery, stored: Mapping[str, Any], *, dup: bool) -> None:
+def _report(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any], *, dup: bool) -> None:
     """Send a stored outcome to the owning forwarder again, as this delivery's event."""
-    event = json.dumps(_event(d, stored, dup=dup))
+    event = json.dumps(sign_event(d.owner, _event(d, stored, dup=dup).to_json()))
     _retrying(lambda: conn.xadd(keys.events(d.owner), {"e": event}))
 
 
 def _finish_call(run: _Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[str | int]]:
     """The keys and arguments of the outcome script (:data:`_FINISH`) for ``outcome``."""
     d = run.d
-    event = _event(d, outcome, dup=False)
+    plain = _event(d, outcome, dup=False)
+    event = sign_event(d.owner, plain.to_json())
     args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(event)]
     if EVENT_MAC in event:  # what _FINISH makes of the event when it keeps a success, signed
-        kept = {k: v for k, v in event.items() if k not in (EVENT_MAC, "error", "retry_delay")}
-        args.append(json.dumps(sign_event(d.owner, {**kept, "outcome": "succeeded", "final": True})))
+        args.append(json.dumps(sign_event(d.owner, plain.kept_success_json())))
     result_key, lease_key = run.claim_keys[:2]
     return [result_key, lease_key, keys.events(d.owner)], args
 
@@ -586,13 +573,13 @@ def _release(run: _Run) -> None:
 
 def _finished(run: _Run, kept: int) -> None:
     """Log what the outcome script found (its reply)."""
-    if kept == 3:
+    if kept == FinishReply.SUPERSEDED:
         # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
         # or this run lost its lease and the job was delivered again: the success stands.
         log.info(
             "job %s: a later attempt already succeeded; this run's outcome is superseded", run.d.envelope.id
         )
-    elif kept == 1:
+    elif kept == FinishReply.KEPT:
         log.warning(
             "job %s: its key already had a stored success (this run had lost its lease): "
             "the task ran twice for one key",
@@ -600,27 +587,9 @@ def _finished(run: _Run, kept: int) -> None:
         )
 
 
-def _event(d: _Delivery, outcome: Mapping[str, Any], *, dup: bool) -> dict[str, Any]:
-    error = outcome.get("error")
-    final = bool(outcome.get("final", True))
-    # The delay, not a time: the forwarder adds it to its own clock (hosts' clocks may differ).
-    retry_delay = None
-    if not final and d.envelope.retry is not None:
-        retry_delay = d.envelope.retry.delay_s(int(outcome.get("attempt", d.attempt)))
-    event = {
-        "id": d.envelope.id,
-        "loc": d.loc,
-        "queue": d.envelope.queue,
-        "outcome": outcome.get("outcome"),
-        "final": final,
-        "retry_delay": retry_delay,
-        "attempt": int(outcome.get("attempt", d.attempt)),
-        "dup": dup,
-        "error": error.strip().rsplit("\n", 1)[-1][:500] if isinstance(error, str) else None,
-        "at": time.time(),
-    }
-    # With signing keys, a MAC for the owner's forwarder (it drops events without one).
-    return sign_event(d.owner, event)
+def _event(d: Delivery, outcome: Mapping[str, Any], *, dup: bool) -> CompletionEvent:
+    """The event reporting ``outcome`` for ``d`` (the caller signs it, with signing keys)."""
+    return CompletionEvent.of(d, outcome, dup=dup, at=time.time())
 
 
 def _retrying(call: Any) -> Any:

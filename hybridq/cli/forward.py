@@ -13,6 +13,7 @@ from hybridq.cli.options import (
     redis_option,
 )
 from hybridq.errors import HybridqError
+from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.status import redact_url
 
 
@@ -36,7 +37,7 @@ from hybridq.status import redact_url
 @click.option(
     "--lease",
     "lease_s",
-    default=10.0,
+    default=DEFAULT_LEASE_S,
     show_default=True,
     type=click.FloatRange(0.5, 3600),
     help="Seconds a worker's claim on a job lasts unrenewed; a killed worker's job is delivered "
@@ -45,7 +46,7 @@ from hybridq.status import redact_url
 @click.option(
     "--key-ttl",
     "key_ttl_s",
-    default=86400.0,
+    default=DEFAULT_KEY_TTL_S,
     show_default=True,
     type=click.FloatRange(1, None),
     help="Seconds a job's outcome stays stored under its idempotency key in Redis.",

@@ -17,6 +17,7 @@ from hybridq.cli.options import (
     redis_option,
 )
 from hybridq.errors import HybridqError
+from hybridq.protocol import DEFAULT_LEASE_S
 
 
 @click.command()
@@ -124,7 +125,7 @@ def _print_status(out: dict[str, Any]) -> None:
     "--lease",
     "lease_s",
     type=click.FloatRange(0.5, 3600),
-    default=10.0,
+    default=DEFAULT_LEASE_S,
     show_default=True,
     help="The forwarder's --lease.",
 )

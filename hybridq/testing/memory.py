@@ -18,6 +18,7 @@ from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import TransportError
+from hybridq.protocol import CompletionEvent, Overwrite
 from hybridq.transport.base import (
     Delivery,
     Event,
@@ -143,7 +144,8 @@ class MemoryTransport(Transport):
                 run = env.requeue * 100000 + delivery.attempt
                 if env.id in self.jobs:
                     stale = self.runs.get(env.id, 0) >= run
-                    if not (delivery.replace or (delivery.force and not stale)):
+                    mode = delivery.overwrite
+                    if not (mode is Overwrite.ALWAYS or (mode is Overwrite.EARLIER and not stale)):
                         present += 1
                         continue
                     for ids in self.queues.values():
@@ -228,17 +230,17 @@ class MemoryTransport(Transport):
             for job in jobs:
                 stored = self.results.get(job.key_id)
                 if job.job_id not in self.jobs:
-                    out.append("missing")
+                    out.append(Verdict.MISSING)
                 elif job.key_id in self.leases:
-                    out.append("running")
+                    out.append(Verdict.RUNNING)
                 elif stored is not None and stored["job_id"] == job.job_id:
-                    out.append("done")
+                    out.append(Verdict.DONE)
                 elif self.status.get(job.job_id) == "queued":
-                    out.append("queued")
+                    out.append(Verdict.QUEUED)
                 elif self.claimed.get(job.job_id) == self.runs.get(job.job_id):
-                    out.append("orphaned")  # its task started, its worker is gone
+                    out.append(Verdict.ORPHANED)  # its task started, its worker is gone
                 else:
-                    out.append("stranded")  # taken by a worker that died before starting it
+                    out.append(Verdict.STRANDED)  # taken by a worker that died before starting it
             return out
 
     # -- the simulated worker -----------------------------------------------------------------
@@ -357,20 +359,6 @@ class MemoryTransport(Transport):
                 self.claimed[env.id] = self.runs.get(env.id, 0)
 
     def _emit(self, delivery: Delivery, outcome: dict[str, Any], *, dup: bool) -> None:
-        env = delivery.envelope
-        body = {
-            "id": delivery.envelope.id,
-            "loc": list(delivery.loc),
-            "queue": delivery.envelope.queue,
-            "outcome": outcome["outcome"],
-            "final": outcome["final"],
-            "retry_delay": None
-            if outcome["final"] or env.retry is None
-            else env.retry.delay_s(outcome["attempt"]),
-            "attempt": outcome["attempt"],
-            "dup": dup,
-            "error": outcome["error"],
-            "at": time.time(),
-        }
+        body = CompletionEvent.of(delivery, outcome, dup=dup, at=time.time()).to_json()
         event = Event(f"{next(self._event_ids)}-0", body)
         self.events.setdefault(delivery.owner, []).append(event)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from hybridq.envelope import Envelope
+# The messages and enums of the wire live in hybridq.protocol; re-exported here, where the
+# transport port always named them.
+from hybridq.protocol import Delivery, Loc, Verdict
 
 __all__ = [
     "Delivery",
@@ -20,13 +22,6 @@ __all__ = [
     "Transport",
     "Verdict",
 ]
-
-#: Where a job's record is in the journal: ``(writer id, segment index, offset)`` (a requeued
-#: job has a new one). Spelled here, not imported, so the port does not depend on the journal.
-Loc = tuple[str, int, int]
-
-#: What Redis says about a forwarded job (see :meth:`Transport.probe`).
-Verdict = Literal["missing", "queued", "running", "done", "orphaned", "stranded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,45 +45,6 @@ class RefillResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
-    """One job to deliver: the envelope plus what the worker needs to report back."""
-
-    envelope: Envelope
-    #: The forwarder that owns the job: completion events go to its stream.
-    owner: str
-    loc: Loc
-    #: 1 for the first run; more after a failure (retry) or a lost worker (redelivery).
-    attempt: int = 1
-    #: Replace the job if the backend holds an earlier attempt of it (a retry, a redelivery after
-    #: a lost worker, a requeue); a push of the attempt it already holds does nothing, unless
-    #: RQ ended that attempt without a worker ever claiming it (then it is queued again).
-    force: bool = False
-    #: Replace the job whatever the backend holds (it holds a copy no worker will ever take).
-    replace: bool = False
-    #: How long a worker's claim on the idempotency key lasts without renewal (seconds).
-    lease_s: float = 10.0
-    #: How long the outcome stays stored under the idempotency key (seconds).
-    key_ttl_s: float = 86400.0
-    #: The forwarder's epoch generation when it made this delivery: a worker refuses a delivery
-    #: older than the generation in the owner's epoch key (Redis brought it back from before
-    #: its state was lost or rolled back; see ``Reconciler.check_epoch``).
-    gen: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """The single argument of the worker's entry point (``hybridq.worker.execute``)."""
-        return {
-            "v": 1,
-            "job": self.envelope.to_dict(),
-            "owner": self.owner,
-            "loc": list(self.loc),
-            "attempt": self.attempt,
-            "lease": self.lease_s,
-            "key_ttl": self.key_ttl_s,
-            "gen": self.gen,
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class Probe:
     """A forwarded job whose state in the backend the forwarder wants to know."""
 
@@ -107,7 +63,7 @@ class StateToken:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One completion event from a worker (see ``hybridq.worker``), or ``body=None`` if garbled."""
+    """One completion event (``hybridq.protocol.CompletionEvent``), or ``body=None`` if garbled."""
 
     event_id: str
     body: Mapping[str, Any] | None
@@ -119,7 +75,8 @@ class Transport(abc.ABC):
     Contract (checked by the shared contract tests):
 
     * :meth:`push` is idempotent per job id: a job the backend still knows is never queued twice,
-      unless the delivery says ``force`` (then the old copy is replaced, not added to).
+      unless the delivery's ``overwrite`` says otherwise (then the old copy is replaced, not
+      added to).
     * It either returns (every job in the batch is then known to the backend, so the caller may
       move its checkpoint past them) or raises :class:`~hybridq.errors.TransportError` (any subset
       may have been queued; the caller pushes the whole batch again).

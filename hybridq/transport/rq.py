@@ -20,7 +20,7 @@ import json
 import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
@@ -32,16 +32,16 @@ from rq.utils import utcformat
 from hybridq import keys
 from hybridq.envelope import MAX_SECONDS
 from hybridq.errors import UnencodableJobs
+from hybridq.protocol import ENTRY_POINT
 from hybridq.redisurl import transport_error
-from hybridq.worker import ENTRY_POINT
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
 
 __all__ = ["RQTransport"]
 
 # KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
-# ARGV: job id, force ("1": replace a known job that
-# was delivered for an earlier run; "2": replace it whatever it holds), run number (requeue *
+# ARGV: job id, the delivery's overwrite (hybridq.protocol.Overwrite: "1" replace a known job that
+# was delivered for an earlier run; "2" replace it whatever it holds), run number (requeue *
 # 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
 # does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
 # retry already running.
@@ -298,7 +298,7 @@ class RQTransport(Transport):
                     ],
                     args=[
                         env.id,
-                        "2" if delivery.replace else "1" if delivery.force else "0",
+                        delivery.overwrite.value,
                         env.requeue * 100000 + delivery.attempt,
                         *fields,
                         "failure_ttl",
@@ -407,7 +407,7 @@ class RQTransport(Transport):
             verdicts: list[Any] = pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return [cast("Verdict", _text(v)) for v in verdicts]  # the script returns only verdicts
+        return [Verdict(_text(v)) for v in verdicts]  # the script returns only verdicts
 
     def ping(self) -> None:
         """Raise TransportError unless Redis answers PING."""

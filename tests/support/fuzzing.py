@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from hybridq.completion_event import parse_event
 from hybridq.envelope import MAX_SECONDS, MAX_TIMESTAMP, Envelope
 from hybridq.journal import JournalReader, JournalWriter
-from hybridq.ledger import Entry
+from hybridq.ledger import Entry, parse_event
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport, _decode_event
 

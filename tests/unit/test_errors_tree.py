@@ -11,8 +11,9 @@ import pytest
 from hybridq import errors
 from hybridq.errors import HybridqError
 
-#: Not hybridq errors, on purpose: a chaos task's own failure stands for a user task's exception.
-_NOT_ERRORS = {"PlannedFailure"}
+#: Not hybridq errors, on purpose: a chaos task's own failure stands for a user task's exception;
+#: Stopped is the pusher's signal to the forwarder loop, which catches it (never a caller).
+_NOT_ERRORS = {"PlannedFailure", "Stopped"}
 
 #: Where each moved class used to live: the old import keeps working.
 _REEXPORTED = {
