@@ -39,7 +39,7 @@ class Job(RQJob):
     """
 
     #: The queues the worker serves, when known (``hybridq worker``: :meth:`serving_only`); a
-    #: job for another queue is not run (``hybridq.worker._misrouted``).
+    #: job for another queue is not run (``hybridq.worker.admit.misrouted``).
     serving: ClassVar[frozenset[str] | None] = None
 
     @classmethod

@@ -30,7 +30,7 @@ claims on its own, or the outcome is sent on its own, and either call loads the 
 
 RQ's job statuses, registries and results are written by RQ's own code, unchanged; only where
 hybridq's two scripts travel differs. Both pipelines use hybridq's own client of the worker's
-Redis (calls time out in :data:`~hybridq.worker.CALL_TIMEOUT_S`, not after RQ's socket timeout).
+Redis (calls time out in :data:`~hybridq.worker.scripts.CALL_TIMEOUT_S`, not after RQ's socket timeout).
 
 The claim and the outcome ride along for hybridq deliveries only: any other job, and a delivery
 that RQ or hybridq will refuse, runs as under RQ's classes (with the heartbeat change above).
@@ -39,7 +39,6 @@ Like :mod:`hybridq.worker`, this module must not import the journal.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -53,26 +52,17 @@ from rq.utils import now
 from rq.worker.base import BaseWorker
 
 from hybridq.guard import Job
-from hybridq.worker import (
-    _CLAIM,
-    _FINISH,
-    _RUN_ATTR,
-    _client,
-    _finish,
-    _finished,
-    _plan,
-    _release,
-    _retrying,
-    _Run,
-)
+from hybridq.worker.run import RUN_ATTR, Run, finish, finished, plan, release
+from hybridq.worker.scripts import CLAIM_SHA, FINISH_SHA, client, retrying
 
 __all__ = ["HEARTBEAT_GAP_S", "SimpleWorker", "Worker"]
 
 #: A worker heartbeat with the TTL of one sent or queued less than this long before is skipped.
 HEARTBEAT_GAP_S = 1.0
 
-_CLAIM_SHA = hashlib.sha1(_CLAIM.encode()).hexdigest()  # noqa: S324 - Redis names scripts so
-_FINISH_SHA = hashlib.sha1(_FINISH.encode()).hexdigest()  # noqa: S324
+# Module globals, read at each call (a test replaces _FINISH_SHA to force the fallback).
+_CLAIM_SHA = CLAIM_SHA
+_FINISH_SHA = FINISH_SHA
 
 
 class _Pipelining(BaseWorker):
@@ -119,22 +109,22 @@ class _Pipelining(BaseWorker):
 
     def prepare_job_execution(self, job: RQJob, remove_from_intermediate_queue: bool = False) -> None:
         """RQ's bookkeeping before the job starts, with a hybridq delivery's claim in its pipeline."""
-        run = _plan(job)
+        run = plan(job)
         if run is None:
             super().prepare_job_execution(job, remove_from_intermediate_queue)
             return
         self.log.debug("Worker %s: preparing for execution of job ID %s", self.name, job.id)
-        conn = _client(self.connection)
+        conn = client(self.connection)
         # Sent again, with the same token, when the reply is lost: RQ's part is idempotent, and
         # a claim that did run finds the lease its own.
-        reply = _retrying(lambda: self._prepare_and_claim(conn, job, run, remove_from_intermediate_queue))
+        reply = retrying(lambda: self._prepare_and_claim(conn, job, run, remove_from_intermediate_queue))
         # An error reply (NOSCRIPT: the script is not loaded) means the claim did not run:
         # execute() claims on its own, before the task, as under a plain RQ worker.
         run.claim_reply = None if isinstance(reply, Exception) else reply
         self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")  # type: ignore[no-untyped-call]
 
     def _prepare_and_claim(
-        self, conn: Any, job: RQJob, run: _Run, remove_from_intermediate_queue: bool
+        self, conn: Any, job: RQJob, run: Run, remove_from_intermediate_queue: bool
     ) -> Any:
         """The pipeline of RQ's ``prepare_job_execution`` (rq 3.0), then the claim; its reply."""
         with conn.pipeline() as pipe:
@@ -155,7 +145,7 @@ class _Pipelining(BaseWorker):
 
     def handle_execution_ended(self, job: RQJob, queue: Queue, heartbeat_ttl: int) -> None:
         """RQ's job heartbeat after the job, with a hybridq delivery's outcome script beside it."""
-        run: _Run | None = job.__dict__.pop(_RUN_ATTR, None)  # once, whichever path calls this
+        run: Run | None = job.__dict__.pop(RUN_ATTR, None)  # once, whichever path calls this
         if run is None or run.finish is None:  # not a pipelined delivery, or its task never ran
             super().handle_execution_ended(job, queue, heartbeat_ttl)
             return
@@ -164,7 +154,7 @@ class _Pipelining(BaseWorker):
         beat: Any = None
         kept: Any = None
         try:
-            with _client(self.connection).pipeline(transaction=False) as pipe:
+            with client(self.connection).pipeline(transaction=False) as pipe:
                 job.heartbeat(now(), heartbeat_ttl, pipeline=pipe)
                 pipe.evalsha(_FINISH_SHA, len(keys_), *keys_, *args)
                 beat, kept = pipe.execute(raise_on_error=False)
@@ -172,13 +162,13 @@ class _Pipelining(BaseWorker):
             pass  # the reply was lost: whether the script ran is unknown; sent again below
         try:
             if isinstance(kept, int):
-                _finished(run, kept)
+                finished(run, kept)
             else:
                 # Lost (it may have run: a retry with its token answers 2) or refused (NOSCRIPT: it
                 # did not): sent on its own, retried while Redis is unreachable, as execute() does.
-                _finish(_client(self.connection), run)
+                finish(client(self.connection), run)
         finally:
-            _release(run)  # the lease was renewed until now: stored, or given up
+            release(run)  # the lease was renewed until now: stored, or given up
         if beat is None or isinstance(beat, Exception):
             job.heartbeat(now(), heartbeat_ttl)  # RQ's own call, raising as RQ's would
 

@@ -113,7 +113,7 @@ return 0
 """
 
 # KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a
-# script, as the workers' claim script reads it (hybridq.worker._CLAIM): both see the server that
+# script, as the workers' claim script reads it (hybridq.worker.scripts): both see the server that
 # runs the scripts, even behind a proxy that would answer a plain INFO from elsewhere. An ACL
 # that denies INFO gives "" here and in the claim (then only the epoch key detects lost state).
 _STATE = """

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import rqworker, worker
+from hybridq import rqworker
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import scripts as worker
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue as RQQueue
 from rq import SimpleWorker

@@ -1,0 +1,128 @@
+"""The lease renewer: one thread per process keeps every lease the process holds alive.
+
+A delivery's claim takes its idempotency key's lease for ``lease_s``; while the task runs, and
+until its outcome is stored or given up, :func:`hold` renews it every third of its length. When
+the worker or its work-horse is killed the renewals stop, the lease expires within ``lease_s``,
+and the forwarder delivers the job again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from redis.exceptions import RedisError
+
+from hybridq.worker.scripts import renew
+
+__all__ = ["Renewal", "hold", "release"]
+
+log = logging.getLogger("hybridq.worker")
+
+
+@dataclass(eq=False)
+class Renewal:
+    """One lease being renewed (:func:`hold`), until :func:`release` or :attr:`until`."""
+
+    conn: redis.Redis
+    key: str
+    token: str
+    lease_ms: int
+    interval_s: float
+    due: float
+    lost: bool = False
+    #: When to stop renewing even if nobody removed it (monotonic; set once the task returned).
+    until: float = math.inf
+
+
+class _LeaseRenewer:
+    """One thread per process renews every lease the process holds, each every third of its length.
+
+    Starting a thread per job cost more than the job's two Redis round trips (W1 profile), and
+    waking it for every job costs CPU too: it is woken only for a renewal due before it would
+    look again anyway (a job's first renewal is a third of a lease away; the thread usually
+    already waits less than that).
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._renewals: set[Renewal] = set()
+        self._wake = threading.Condition()
+        #: When the thread looks at the renewals next (monotonic); guarded by ``_wake``.
+        self._wake_at = math.inf
+        self._thread = threading.Thread(target=self._run, name="hybridq-lease", daemon=True)
+        self._thread.start()
+
+    def add(self, conn: redis.Redis, key: str, token: str, lease_s: float) -> Renewal:
+        interval = max(0.05, lease_s / 3)
+        renewal = Renewal(
+            conn, key, token, max(1, int(lease_s * 1000)), interval, time.monotonic() + interval
+        )
+        with self._wake:
+            self._renewals.add(renewal)
+            if renewal.due < self._wake_at:
+                self._wake.notify()
+        return renewal
+
+    def remove(self, renewal: Renewal) -> None:
+        with self._wake:
+            self._renewals.discard(renewal)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                self._renewals -= {r for r in self._renewals if r.until <= now}
+                due = [r for r in self._renewals if r.due <= now]
+                if not due:
+                    soonest = min((r.due for r in self._renewals), default=now + 60.0)
+                    timeout = max(0.01, soonest - now)
+                    self._wake_at = now + timeout
+                    self._wake.wait(timeout)
+                    self._wake_at = math.inf  # looking now: add() need not wake it
+                    continue
+                for r in due:
+                    r.due = now + r.interval_s
+            for r in due:
+                self._renew(r)
+
+    def _renew(self, r: Renewal) -> None:
+        try:
+            renewed = renew(r.conn, r.key, r.token, r.lease_ms)
+        except RedisError as exc:
+            log.warning("cannot renew the lease on %s: %s", r.key, exc)
+            return
+        with self._wake:
+            if r not in self._renewals:
+                return  # its outcome was stored meanwhile (which frees the lease)
+        if not renewed and not r.lost:
+            r.lost = True
+            log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
+
+
+_renewer_instance: _LeaseRenewer | None = None
+_renewer_lock = threading.Lock()
+
+
+def _renewer() -> _LeaseRenewer:
+    """This process's renewer (a forked work-horse starts its own: threads do not survive fork)."""
+    global _renewer_instance
+    with _renewer_lock:
+        if _renewer_instance is None or _renewer_instance.pid != os.getpid():
+            _renewer_instance = _LeaseRenewer()
+        return _renewer_instance
+
+
+def hold(conn: redis.Redis, key: str, token: str, lease_s: float) -> Renewal:
+    """Renew the lease ``key`` (``token`` holds it) every third of ``lease_s`` until :func:`release`."""
+    return _renewer().add(conn, key, token, lease_s)
+
+
+def release(renewal: Renewal) -> None:
+    """Stop renewing ``renewal``'s lease."""
+    _renewer().remove(renewal)

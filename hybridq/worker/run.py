@@ -1,0 +1,328 @@
+"""One delivery's run: :func:`execute` (the entry point RQ calls), the claim, the outcome.
+
+:func:`execute` admits the delivery (:mod:`hybridq.worker.admit`), claims its idempotency key,
+holds the lease while the task runs (:mod:`hybridq.worker.lease`) and stores the outcome with
+its completion event (:mod:`hybridq.worker.scripts`). A pipelining worker
+(:mod:`hybridq.rqworker`) plans the run before RQ starts the job (:func:`plan`), sends the claim
+and the outcome script in RQ's own pipelines, and then calls :func:`finished` and
+:func:`release`, or :func:`finish` when its pipeline's reply was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rq import get_current_job
+from rq.job import Job as RQJob
+
+from hybridq import keys, waiting
+from hybridq.allow import resolve
+from hybridq.context import CurrentJob, _current
+from hybridq.envelope import Envelope
+from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
+from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
+from hybridq.signing import EVENT_MAC, sign_event
+from hybridq.worker import lease, scripts
+from hybridq.worker.admit import admit, check_route, event, misrouted, refusal, report
+from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
+
+__all__ = [
+    "BUSY_POLL_S",
+    "MAX_ERROR_CHARS",
+    "RUN_ATTR",
+    "Run",
+    "execute",
+    "finish",
+    "finished",
+    "plan",
+    "release",
+]
+
+log = logging.getLogger("hybridq.worker")
+
+#: Longest error text stored with an outcome (a traceback); events carry only its last line.
+MAX_ERROR_CHARS = 8192
+#: How often a delivery that finds its key's lease taken checks again (seconds).
+BUSY_POLL_S = 0.25
+
+
+def execute(delivery: Mapping[str, Any]) -> Any:
+    """Run one hybridq job under RQ (see the module docstring); RQ calls this, not users."""
+    rq_job = get_current_job()
+    if rq_job is None:
+        raise RuntimeError("hybridq.worker.execute runs only inside an RQ worker")
+    conn = scripts.client(rq_job.connection)
+    run = _run_of(rq_job, delivery)
+    if run is None:
+        d = Delivery.from_json(delivery)
+        check_route(rq_job, d.envelope)
+        admit(conn, d)
+        run = Run.new(delivery, d)
+    answer = _claim(conn, run)
+    if answer is not _CLAIMED:
+        return answer
+    d, env = run.d, run.d.envelope
+    run.renewal = renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+    context = _current.set(
+        CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
+    )
+    error: BaseException | None = None
+    value: Any = None
+    try:
+        value = _call(env)
+    except Exception as exc:
+        error = exc
+    except BaseException:
+        release(run)  # no outcome will be stored: let the lease lapse
+        raise
+    finally:
+        _current.reset(context)
+    # The lease is renewed until the outcome is stored or given up (release): were it to lapse
+    # while the outcome call fails, another delivery would run the finished task again. The
+    # deadline ends the renewals even if nothing releases them.
+    renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
+    final = error is None or d.attempt >= env.max_attempts
+    value = _jsonable(value, env)
+    outcome = StoredOutcome(
+        outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
+        result=value,
+        error=_format_error(error) if error is not None else None,
+        job_id=env.id,
+        attempt=d.attempt,
+        requeue=env.requeue,
+        final=final,
+        at=time.time(),
+        token=run.token,  # tells a retried outcome script that its first try got through
+    )
+    run.finish = _finish_call(run, outcome.to_json())
+    if not run.deferred:
+        try:
+            finish(conn, run)
+        finally:
+            release(run)
+    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
+    if error is not None:
+        raise error
+    return value
+
+
+#: What :func:`_claim` returns when the key is claimed: the task may run.
+_CLAIMED: Any = object()
+
+
+def _claim(conn: redis.Redis, run: Run) -> Any:
+    """Claim ``run``'s key; :data:`_CLAIMED`, or what :func:`execute` returns instead of running."""
+    d, env = run.d, run.d.envelope
+    reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
+    while True:
+        if reply is None:
+            # Retried with the same token when the reply is lost: a claim that did happen is ours.
+            reply = scripts.retrying(lambda: scripts.claim(conn, run.claim_keys, run.claim_args))
+        status, stored = reply
+        reply = None
+        if status == ClaimStatus.CLAIMED:
+            return _CLAIMED
+        if status == ClaimStatus.SUPPRESSED:
+            return _suppressed(conn, d, json.loads(stored))
+        if status == ClaimStatus.STALE:
+            # An old copy of an attempt that already failed. Its event may be what got lost (the
+            # reason this copy exists): report that outcome again, or the retry never happens.
+            log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
+            failure = json.loads(stored)
+            report(conn, d, failure, dup=False)
+            # RQ records this copy failed, as hybridq has it (returning would record it finished).
+            raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
+        if status == ClaimStatus.FENCED:
+            # Not a failure of the job: nothing ran, and nothing is reported.
+            log.warning(
+                "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
+                "the forwarder delivers it again if it has not finished",
+                env.id,
+                d.attempt,
+                stored.decode() if isinstance(stored, bytes) else stored,
+            )
+            return None
+        # ClaimStatus.BUSY: another delivery of this key runs the task now: wait for it.
+        time.sleep(BUSY_POLL_S)
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """One delivery's run: its claim, then its outcome script.
+
+    :func:`execute` makes one; a pipelining worker (:mod:`hybridq.rqworker`) makes it before RQ
+    starts the job (:func:`plan`), sends the claim in RQ's own pipeline and leaves the reply
+    here, and sends the outcome script (``finish``, left by :func:`execute`) in the pipeline RQ
+    sends after the job.
+    """
+
+    #: The delivery as RQ passes it to :func:`execute` (the very object: see :func:`_run_of`).
+    raw: Mapping[str, Any]
+    d: Delivery
+    #: The lease value, and the mark a retried script recognises as its own.
+    token: str
+    #: The claim script's keys (result, lease, RQ job hash) and arguments.
+    claim_keys: list[str]
+    claim_args: list[str | int]
+    #: The reply of a claim the worker sent already; ``None``: :func:`execute` claims.
+    claim_reply: Any = None
+    #: Whether the worker, not :func:`execute`, sends the outcome script.
+    deferred: bool = False
+    #: The outcome script's keys and arguments, once the task ran.
+    finish: tuple[list[str], list[str | int]] | None = None
+    #: The lease's renewal, from the claim until the outcome is stored or given up.
+    renewal: lease.Renewal | None = None
+
+    @classmethod
+    def new(cls, raw: Mapping[str, Any], d: Delivery) -> Run:
+        """A run of ``d`` with a fresh token (the lease value: unique per run)."""
+        env = d.envelope
+        token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
+        key_id = env.key_id
+        claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
+        claim_args: list[str | int] = [
+            token,
+            max(1, int(d.lease_s * 1000)),
+            env.id,
+            env.requeue,
+            d.attempt,
+            d.gen,
+        ]
+        return cls(raw, d, token, claim_keys, claim_args)
+
+
+#: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.
+RUN_ATTR = "_hybridq_run"
+
+
+def plan(rq_job: RQJob) -> Run | None:
+    """The run of ``rq_job`` if a worker may claim it before RQ starts it, else ``None``.
+
+    ``None`` (then :func:`execute` does everything itself, as under a plain RQ worker) for a job
+    that is not a hybridq delivery RQ will run (another function, an instance, callbacks: the
+    job class refuses those before :func:`execute` runs), a delivery that does not parse, or
+    one whose signature or function is refused (:func:`execute` reports the refusal). Never
+    raises: a key file that cannot be read is :func:`execute`'s to report, too.
+    """
+    try:
+        if (
+            rq_job.func_name != ENTRY_POINT
+            or rq_job.instance is not None
+            or rq_job._success_callback_name
+            or rq_job._failure_callback_name
+            or rq_job._stopped_callback_name
+            or len(rq_job.args) != 1
+            or rq_job.kwargs
+        ):
+            return None
+        raw = rq_job.args[0]
+        d = Delivery.from_json(raw)
+        if (
+            misrouted(rq_job, d.envelope) is not None
+            or refusal(d.envelope) is not None
+            or waiting.unimportable(d.envelope.func) is not None
+        ):
+            return None
+    except Exception:  # execute() meets the same error and deals with it
+        return None
+    run = Run.new(raw, d)
+    run.deferred = True
+    setattr(rq_job, RUN_ATTR, run)
+    return run
+
+
+def _run_of(rq_job: RQJob, raw: Mapping[str, Any]) -> Run | None:
+    """The run a pipelining worker planned for ``rq_job`` (:func:`plan`); ``None`` if none.
+
+    RQ calls :func:`execute` with the very delivery object :func:`plan` read from the job;
+    anything else is not that run (and gets one of its own).
+    """
+    run: Run | None = getattr(rq_job, RUN_ATTR, None)
+    if run is None or run.raw is not raw:
+        return None
+    return run
+
+
+def _call(env: Envelope) -> Any:
+    func = resolve(env.func)  # the same resolution refusal checked; a hybridq.task is callable
+    return func(*env.args, **env.kwargs)
+
+
+def _suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any:
+    """Report a stored outcome for this delivery without running the task."""
+    env = d.envelope
+    log.info(
+        "job %s: idempotency key already %s (by job %s): not running it again",
+        env.id,
+        stored.get("outcome"),
+        stored.get("job_id"),
+    )
+    report(conn, d, stored, dup=True)
+    if stored.get("outcome") != Outcome.SUCCEEDED:
+        raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
+    return stored.get("result")
+
+
+def _finish_call(run: Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of the outcome script (:func:`.scripts.finish`) for ``outcome``."""
+    d = run.d
+    plain = event(d, outcome, dup=False)
+    signed = sign_event(d.owner, plain.to_json())
+    args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(signed)]
+    if EVENT_MAC in signed:  # what the script makes of the event when it keeps a success, signed
+        args.append(json.dumps(sign_event(d.owner, plain.kept_success_json())))
+    result_key, lease_key = run.claim_keys[:2]
+    return [result_key, lease_key, keys.events(d.owner)], args
+
+
+def finish(conn: redis.Redis, run: Run) -> None:
+    """Send ``run``'s outcome script, retried (with its token) while Redis is unreachable."""
+    assert run.finish is not None
+    keys_, args = run.finish
+    finished(run, scripts.retrying(lambda: scripts.finish(conn, keys_, args)))
+
+
+def release(run: Run) -> None:
+    """Stop renewing ``run``'s lease: its outcome is stored, or was given up."""
+    if run.renewal is not None:
+        lease.release(run.renewal)
+        run.renewal = None
+
+
+def finished(run: Run, kept: int) -> None:
+    """Log what the outcome script found (its reply)."""
+    if kept == FinishReply.SUPERSEDED:
+        # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
+        # or this run lost its lease and the job was delivered again: the success stands.
+        log.info(
+            "job %s: a later attempt already succeeded; this run's outcome is superseded", run.d.envelope.id
+        )
+    elif kept == FinishReply.KEPT:
+        log.warning(
+            "job %s: its key already had a stored success (this run had lost its lease): "
+            "the task ran twice for one key",
+            run.d.envelope.id,
+        )
+
+
+def _jsonable(value: Any, env: Envelope) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
+        return repr(value)
+    return value
+
+
+def _format_error(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]

@@ -1,0 +1,223 @@
+"""The worker's own Redis calls: the claim, outcome and renewal scripts, and the client they use.
+
+Each script is atomic in Redis (all or nothing, like MULTI/EXEC) and sent by its SHA after its
+first use (EVALSHA). Their replies are :class:`hybridq.protocol.ClaimStatus` and
+:class:`hybridq.protocol.FinishReply`. Only this module sends them (:func:`claim`,
+:func:`finish`, :func:`renew`); a pipelining worker (:mod:`hybridq.rqworker`) queues them by
+:data:`CLAIM_SHA` and :data:`FINISH_SHA` in RQ's own pipelines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+import weakref
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "CLAIM_SHA",
+    "FINISH_PATIENCE_S",
+    "FINISH_SHA",
+    "claim",
+    "client",
+    "finish",
+    "renew",
+    "retrying",
+]
+
+log = logging.getLogger("hybridq.worker")
+
+#: How long to keep trying to record an outcome while Redis is unreachable (seconds). Past it,
+#: the lease expires and the forwarder delivers the job again: at-least-once, never lost.
+FINISH_PATIENCE_S = 30.0
+#: Socket timeout of a worker's own Redis calls (claim, lease renewal, outcome), in seconds.
+CALL_TIMEOUT_S = 5.0
+
+# KEYS: result, lease, RQ's job hash, the owner's epoch key. ARGV: token, lease ms, job id,
+# requeue, attempt, the delivery's epoch generation.
+# Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
+# attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
+# delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
+# forwarder's current epoch (an older snapshot, a lagging replica promoted), or restarted and
+# the forwarder has not yet noticed; the job may have finished already, so it must not run (the
+# forwarder's refill pass delivers it again if its ledger says it has not finished).
+#
+# The epoch key holds "generation:run_id:token" (Completions.check_epoch). A delivery older than
+# the generation is stale. A run_id that is not the server's own means this server's state is
+# not the one the forwarder last saw (restarted, or a replica promoted): every claim waits for
+# the forwarder to look (within about a second), as its ledger alone knows what finished. INFO
+# costs about 4 us per claim (redis 6.2); an ACL that denies it leaves the generation check.
+# No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
+# KEYS[4] (a caller of the older script's arguments), fences nothing.
+_CLAIM = """
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+    return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
+end
+local epoch = KEYS[4] and redis.call("GET", KEYS[4])
+if epoch then
+    local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
+    local why = nil
+    if gen and (tonumber(ARGV[6]) or 0) < tonumber(gen) then
+        why = "stale"
+    elseif gen and run_id ~= "" then
+        local info = redis.pcall("INFO", "server")
+        local current = type(info) == "string" and string.match(info, "run_id:(%x+)")
+        if current and current ~= run_id then
+            why = "unchecked"
+        end
+    end
+    if why then
+        if redis.call("EXISTS", KEYS[3]) == 1 then
+            redis.call("HSET", KEYS[3], "hybridq_fenced", "1")  -- for the refill pass
+        end
+        return {4, why}
+    end
+end
+local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
+local stored = redis.call("GET", KEYS[1])
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" then
+        local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
+        local my_rq, my_at = tonumber(ARGV[4]), tonumber(ARGV[5])
+        if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
+            return {1, stored}
+        end
+        if r.job_id == ARGV[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
+            return {2, stored}
+        end
+    end
+end
+if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then
+    -- The task is about to start: from now on this run counts as an attempt (the forwarder
+    -- tells "started, then lost" from "taken, never started" by this field).
+    if redis.call("EXISTS", KEYS[3]) == 1 then
+        redis.call("HSET", KEYS[3], "hybridq_started", my_run)
+    end
+    return {0, ""}
+end
+return {3, redis.call("GET", KEYS[2]) or ""}
+"""
+
+# KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON[, the event
+# to send instead when a success is kept (signed by the worker: Lua cannot sign)].
+# A success already stored (by a delivery that ran while this one had lost its lease) is kept,
+# and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
+# the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
+# 3 kept the success of a later attempt of this job (this run's outcome was superseded).
+_FINISH = """
+local stored = redis.call("GET", KEYS[1])
+local keep = 0
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" then
+        if r.token == ARGV[1] then return 2 end
+        if r.outcome == "succeeded" then
+            local mine = cjson.decode(ARGV[2])
+            keep = 1
+            if r.job_id == mine.job_id and (tonumber(r.attempt) or 0) > mine.attempt then keep = 3 end
+        end
+    end
+end
+local event = ARGV[4]
+if keep == 0 then
+    redis.call("SET", KEYS[1], ARGV[2], "EX", ARGV[3])
+elseif ARGV[5] then
+    event = ARGV[5]  -- the rewrite below, as the worker made and signed it (signing on)
+else
+    local e = cjson.decode(event)
+    e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
+    event = cjson.encode(e)
+end
+redis.call("XADD", KEYS[3], "*", "e", event)
+if redis.call("GET", KEYS[2]) == ARGV[1] then
+    redis.call("DEL", KEYS[2])
+end
+return keep
+"""
+
+# KEYS: lease. ARGV: token, lease ms. 1 if renewed, 0 if the lease is no longer ours.
+_RENEW = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+    return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+CLAIM_SHA = hashlib.sha1(_CLAIM.encode()).hexdigest()  # noqa: S324 - Redis names scripts so
+FINISH_SHA = hashlib.sha1(_FINISH.encode()).hexdigest()  # noqa: S324
+
+
+def claim(conn: redis.Redis, keys: list[str], args: list[str | int]) -> Any:
+    """Send the claim script; its reply ``[ClaimStatus, stored or why]``."""
+    return _script(conn, _CLAIM)(keys=keys, args=args)
+
+
+def finish(conn: redis.Redis, keys: list[str], args: list[str | int]) -> Any:
+    """Send the outcome script; its reply, a :class:`~hybridq.protocol.FinishReply`."""
+    return _script(conn, _FINISH)(keys=keys, args=args)
+
+
+def renew(conn: redis.Redis, key: str, token: str, lease_ms: int) -> Any:
+    """Extend the lease ``key`` if ``token`` still holds it; 1 if renewed, 0 if not."""
+    return _script(conn, _RENEW)(keys=[key], args=[token, lease_ms])
+
+
+def retrying(call: Any) -> Any:
+    """Run a Redis call, retrying while Redis is unreachable, for up to FINISH_PATIENCE_S."""
+    deadline = time.monotonic() + FINISH_PATIENCE_S
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except RedisError as exc:
+            if time.monotonic() >= deadline:
+                log.error("cannot reach Redis (%s): the job will be delivered again", exc)
+                raise
+            time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
+            delay = min(2.0, delay * 2)
+
+
+def client(conn: redis.Redis) -> redis.Redis:
+    """A client of ``conn``'s Redis whose calls time out after :data:`CALL_TIMEOUT_S`.
+
+    RQ raises its connection's socket timeout above its blocking dequeue (415 s by default): on
+    that connection, a hung or blackholed Redis would hold a claim or an outcome that long.
+    """
+    pool = conn.connection_pool
+    made = _clients.get(pool)
+    if made is None:
+        options = {
+            **pool.connection_kwargs,
+            "socket_timeout": CALL_TIMEOUT_S,
+            "socket_connect_timeout": CALL_TIMEOUT_S,
+        }
+        made = redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
+        )
+        _clients[pool] = made
+    return made
+
+
+_clients: weakref.WeakKeyDictionary[redis.ConnectionPool, redis.Redis] = weakref.WeakKeyDictionary()
+
+
+def _script(conn: redis.Redis, source: str) -> Any:
+    """``source`` as a script of ``conn``: sent once, then called by its SHA (EVALSHA)."""
+    scripts = _scripts.get(conn)
+    if scripts is None:
+        scripts = _scripts[conn] = {}
+    script = scripts.get(source)
+    if script is None:
+        script = scripts[source] = conn.register_script(source)
+    return script
+
+
+_scripts: weakref.WeakKeyDictionary[redis.Redis, dict[str, Any]] = weakref.WeakKeyDictionary()
