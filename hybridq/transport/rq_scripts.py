@@ -1,0 +1,144 @@
+"""The Lua scripts the RQ transport sends (each one round trip, all or nothing).
+
+Their replies are read in :mod:`hybridq.transport.rq`; the worker's own scripts (claim, outcome,
+lease) are in :mod:`hybridq.worker.scripts`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
+
+# KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
+# ARGV: job id, the delivery's overwrite (hybridq.protocol.Overwrite: "1" replace a known job that
+# was delivered for an earlier run; "2" replace it whatever it holds), run number (requeue *
+# 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
+# does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
+# retry already running.
+#
+# Unless RQ finished or failed that very run although no worker ever claimed it (its
+# hybridq_started is older): then it can no longer run, and is queued again. That is what the
+# worker of the previous run leaves when it records that run's failure in RQ (RQ saves the whole
+# job hash, the previous run's arguments included) after the forwarder had already harvested
+# the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
+# copy, which reports that run's failure again and runs nothing (tests/integration/
+# test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
+_PUSH_IF_NEW = """
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    if ARGV[2] == "0" then
+        return 0
+    end
+    local f = redis.call("HMGET", KEYS[1], "hybridq_run", "status", "hybridq_started")
+    local run, mine = tonumber(f[1]) or 0, tonumber(ARGV[3])
+    if ARGV[2] == "1" and run >= mine then
+        local ended = f[2] == "finished" or f[2] == "failed"
+        if run > mine or not ended or (tonumber(f[3]) or 0) >= run then
+            return 0
+        end
+    end
+    redis.call("DEL", KEYS[1])
+    redis.call("LREM", KEYS[2], 0, ARGV[1])
+end
+-- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+redis.call("ZREM", KEYS[4], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
+redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+redis.call("RPUSH", KEYS[2], ARGV[1])
+redis.call("SADD", KEYS[3], KEYS[2])
+return 1
+"""
+
+# After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one
+# job. KEYS: job hash, queue list, set of queues. ARGV: job id, "1" if the ledger holds the job as
+# finished else "0", run number, then field/value pairs of the hash (a live job only).
+# A finished job's *queued* copy (Redis brought it back from an older state) is deleted, hash and
+# queue entry; its other copies are history RQ's tools show. A live job is queued if Redis does
+# not have it or a worker refused its copy as stale (hybridq_fenced: it left the queue then); a
+# queued copy is rewritten in place under the new generation (it keeps its place in the queue);
+# a copy a worker runs or ran is the reconcile pass's. Returns 1 purged, 2 queued, 3 rewritten,
+# 0 nothing done.
+_REFILL = """
+local f = redis.call("HMGET", KEYS[1], "status", "hybridq_fenced")
+local queued = f[1] == "queued" or f[1] == "deferred" or f[1] == "scheduled"
+if ARGV[2] == "1" then
+    if queued and not f[2] then
+        redis.call("DEL", KEYS[1])
+        redis.call("LREM", KEYS[2], 0, ARGV[1])
+        return 1
+    end
+    return 0
+end
+if f[2] or redis.call("EXISTS", KEYS[1]) == 0 then
+    redis.call("DEL", KEYS[1])
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    redis.call("RPUSH", KEYS[2], ARGV[1])
+    redis.call("SADD", KEYS[3], KEYS[2])
+    return 2
+end
+if queued then
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    return 3
+end
+return 0
+"""
+
+# KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a
+# script, as the workers' claim script reads it (hybridq.worker.scripts): both see the server that
+# runs the scripts, even behind a proxy that would answer a plain INFO from elsewhere. An ACL
+# that denies INFO gives "" here and in the claim (then only the epoch key detects lost state).
+_STATE = """
+local info = redis.pcall("INFO", "server")
+local run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or ""
+return {redis.call("GET", KEYS[1]) or false, run_id}
+"""
+
+# KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
+# the cutoff (RQ's timestamp format, lease_s ago). See Transport.probe for the verdicts. RQ's
+# timestamps are fixed-width UTC text, so they compare as strings; RQ writes "" for "not yet".
+_PROBE = """
+if redis.call("EXISTS", KEYS[1]) == 0 then
+    return "missing"
+end
+if redis.call("EXISTS", KEYS[3]) == 1 then
+    return "running"
+end
+local f = redis.call(
+    "HMGET", KEYS[1], "status", "ended_at", "started_at", "enqueued_at", "hybridq_run", "hybridq_started"
+)
+local stored = redis.call("GET", KEYS[2])
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    -- "done" only for the run Redis holds: the stored failure of attempt 1 says nothing about
+    -- attempt 2 waiting in the queue.
+    if ok and type(r) == "table" and r.job_id == ARGV[1] and
+            (tonumber(r.requeue) or 0) * 100000 + (tonumber(r.attempt) or 0) >= (tonumber(f[5]) or 0) then
+        return "done"
+    end
+end
+local status = f[1]
+if status == "queued" then
+    -- No queue list at all (evicted), or taken into RQ's intermediate list by a worker that
+    -- died before it started the job: no worker will take it (the caller waits a lease first).
+    if redis.call("EXISTS", KEYS[4]) == 0 or redis.call("LPOS", KEYS[5], ARGV[1]) then
+        return "stranded"
+    end
+    return "queued"
+end
+if status == "deferred" or status == "scheduled" then
+    return "queued"
+end
+local changed = ""
+for i = 2, 4 do
+    if f[i] and f[i] > changed then
+        changed = f[i]
+    end
+end
+if changed > ARGV[2] then
+    return "running"
+end
+-- Taken by a worker that is gone: "orphaned" if it had claimed this run (the task started: an
+-- attempt), "stranded" if it died before (no attempt used).
+if f[6] and f[6] == f[5] then
+    return "orphaned"
+end
+return "stranded"
+"""
