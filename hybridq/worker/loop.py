@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
 
 from hybridq import keys, redisurl
 from hybridq.guard import Job
@@ -79,6 +82,7 @@ def run_worker(
             # cap it so that work resumes within seconds of Redis coming back.
             worker.max_connection_wait_time = RECONNECT_MAX_S
             _log_commands(worker, commanded)
+            _stop_warmly_until_rq_listens(worker)
             worker.work(burst=burst, with_scheduler=False)
         except RedisError as exc:
             if redisurl.refusal(exc) is not None:
@@ -125,6 +129,25 @@ def _check_access(conn: redis.Redis, queues: Sequence[str]) -> None:
         pipe.llen(keys.rq_queue(queue))
     pipe.exists(keys.result("-"), keys.lease("-"), keys.events("-"), keys.waiting())
     pipe.execute()
+
+
+def _stop_warmly_until_rq_listens(worker: Any) -> None:
+    """Make SIGINT and SIGTERM a warm stop until RQ installs its own handlers.
+
+    RQ subscribes to its command channel before it installs them: a shutdown command (a SIGINT
+    to itself) or a supervisor's SIGTERM in between met Python's defaults, a KeyboardInterrupt
+    (exit 1) or death. This asks RQ's loop to stop at its first turn instead, as its handler
+    would (RQ has no public flag for it).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (and receives the signals)
+
+    def early(_signum: int, _frame: object) -> None:
+        worker._stop_requested = True
+        worker._shutdown_requested_date = rq_now()
+
+    signal.signal(signal.SIGINT, early)
+    signal.signal(signal.SIGTERM, early)
 
 
 def _log_commands(worker: Any, commanded: list[str]) -> None:

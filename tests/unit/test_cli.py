@@ -560,3 +560,59 @@ def test_enqueue_refuses_a_function_in_main(runner: CliRunner, journal_dir: Path
     assert "__main__" in result.output
     assert result.output.count("\n") == 1
     assert not journal_dir.exists() or list(journal_dir.glob("*.wal")) == []
+
+
+#: ``hybridq worker`` with RQ's signal handlers installed a second late: RQ subscribes to its
+#: command channel before it installs them, and a command in between met Python's own SIGINT
+#: handler (KeyboardInterrupt: "Aborted!", exit 1). The delay makes that window certain.
+_LATE_SIGNAL_HANDLERS = """
+import sys, time
+from rq.worker.base import BaseWorker
+install = BaseWorker._install_signal_handlers
+def late(self):
+    time.sleep(1.0)
+    install(self)
+BaseWorker._install_signal_handlers = late
+from hybridq.cli import main
+sys.argv = ["hybridq", *sys.argv[1:]]
+main()
+"""
+
+
+def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warmly(
+    redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    import json
+    import time
+
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            _LATE_SIGNAL_HANDLERS,
+            "worker",
+            "--name",
+            "w-early",
+            "--redis",
+            redis_server.url,
+            "q",
+        ],
+        env=subprocess_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    conn = redis_server.client()
+    try:
+        deadline = time.monotonic() + 30
+        while not conn.pubsub_numsub("rq:pubsub:w-early")[0][1] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        conn.publish("rq:pubsub:w-early", json.dumps({"command": "shutdown"}))
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        conn.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
