@@ -388,7 +388,8 @@ def print_report(results: Results, rows: list[Row], errors: dict[str, str]) -> l
         if r:
             figures.append(benchlib.target(tid, name, r, bound))
         else:
-            print(f"  n/a   {name:<44} no repetition where both ran; target >= {bound:g}x")
+            why = "no repetition where both ran" if workload in results else "workload not selected"
+            print(f"  n/a   {name:<44} {why}; target >= {bound:g}x")
     print()
     verdicts = [f.ok for f in figures if f.goal]
     if verdicts:
@@ -411,8 +412,39 @@ def pick_list(value: str | None, known: list[str], what: str) -> list[str]:
     return chosen
 
 
+EPILOG = """\
+each measurement: FLUSHALL; N jobs queued (untimed; hybridq's through the journal, with a
+forwarder running); the clock starts and ONE worker command starts; done when every job has
+appended its byte to a file (polled every 10 ms); every process group killed. jobs/s = N / time.
+
+rows (--peers takes a system or a row key):
+  hq          hybridq worker                          (defaults: a forked work-horse per job)
+  hq_simple2  hybridq worker --simple, 2 processes
+  dramatiq    dramatiq burn.dramatiq_app              (defaults: a process per core, 8 threads)
+  huey        huey_consumer burn.huey_app.huey        (defaults: 1 thread)
+  huey_p2     huey_consumer -w 2 -k process ...
+  celery      celery -A burn.celery_app worker        (defaults: prefork, a process per core)
+  celery_c2   celery -A burn.celery_app worker -c 2
+  rq          rq worker                               (defaults: a forked work-horse per job)
+  rq_simple2  rq worker -w rq.worker.SimpleWorker, 2 processes
+
+targets (issue 15), printed as PASS/FAIL; the exit status is 0 either way (a report):
+  B1  hybridq defaults / dramatiq defaults, no-op jobs     >= 1.0x
+  B2  hybridq defaults / dramatiq defaults, 20 ms I/O jobs >= 0.9x
+
+see docs/benchmarks.md ("Burn-down").
+"""
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = benchlib.arg_parser("scripts/bench-burn", __doc__)
+    for action in p._actions:
+        if action.dest == "repeat":
+            action.help = "interleaved repetitions (default 3; 1 with --quick)"
+        elif action.dest == "quick":
+            action.help = "no-op jobs only, small counts, 1 repetition: a smoke run (~20 s)"
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
     p.add_argument(
         "--n", type=int, default=None, help="no-op jobs per measurement (default 5,000; 200 with --quick)"
     )
