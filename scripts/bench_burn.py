@@ -388,7 +388,13 @@ def print_report(results: Results, rows: list[Row], errors: dict[str, str]) -> l
         if r:
             figures.append(benchlib.target(tid, name, r, bound))
         else:
-            why = "no repetition where both ran" if workload in results else "workload not selected"
+            why = (
+                "workload not selected"
+                if workload not in results
+                else "a row not selected"
+                if "hq" not in by_row
+                else "no repetition where both ran"
+            )
             print(f"  n/a   {name:<44} {why}; target >= {bound:g}x")
     print()
     verdicts = [f.ok for f in figures if f.goal]
