@@ -9,21 +9,20 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hybridq import keys
 from hybridq.envelope import Envelope, Retry, new_job_id
-from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
-from rq import Queue as RQQueue
-from rq import SimpleWorker
 from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
+
+from tests.support.rqwork import Work
 
 OWNER = "owner1"
 RQ = str(Path(sys.executable).with_name("rq"))
@@ -50,23 +49,6 @@ def envelope(func: str, *args: object, attempts: int = 1) -> Envelope:
 
 def deliver(transport: RQTransport, env: Envelope, attempt: int = 1, **options: object) -> None:
     transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=attempt, **options)])  # type: ignore[arg-type]
-
-
-Work = Callable[[RQTransport], None]
-
-
-@pytest.fixture(params=[SimpleWorker, HybridqSimpleWorker], ids=["rq-worker", "hybridq-worker"])
-def work(request: pytest.FixtureRequest) -> Work:
-    worker_class: type[SimpleWorker] = request.param
-
-    def run(transport: RQTransport) -> None:
-        conn = transport.connection
-        queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
-        worker_class([queue], connection=conn, serializer=JSONSerializer).work(
-            burst=True, logging_level="WARNING"
-        )
-
-    return run
 
 
 def failed_registry(transport: RQTransport) -> FailedJobRegistry:

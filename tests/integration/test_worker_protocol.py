@@ -12,20 +12,18 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
 from hybridq import keys
 from hybridq.envelope import Envelope, Retry, new_job_id
-from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
-from rq import Queue as RQQueue
-from rq import SimpleWorker
-from rq.serializers import JSONSerializer
 from rq.utils import utcformat
+
+from tests.support.rqwork import Work
 
 OWNER = "owner1"
 
@@ -52,24 +50,6 @@ def envelope(func: str = "tests.tasks.add", **overrides: object) -> Envelope:
 
 def deliver(transport: RQTransport, env: Envelope, attempt: int = 1, **options: bool) -> None:
     transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=attempt, **options)])
-
-
-Work = Callable[[RQTransport], None]
-
-
-@pytest.fixture(params=[SimpleWorker, HybridqSimpleWorker], ids=["rq-worker", "hybridq-worker"])
-def work(request: pytest.FixtureRequest) -> Work:
-    """Run the queue's jobs in this process: RQ's SimpleWorker, or hybridq's (pipelined)."""
-    worker_class: type[SimpleWorker] = request.param
-
-    def run(transport: RQTransport) -> None:
-        conn = transport.connection
-        queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
-        worker_class([queue], connection=conn, serializer=JSONSerializer).work(
-            burst=True, logging_level="WARNING"
-        )
-
-    return run
 
 
 def probe(transport: RQTransport, env: Envelope, lease_s: float = 10.0) -> str:

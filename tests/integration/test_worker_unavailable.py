@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,16 +19,14 @@ from hybridq import Queue, keys, waiting
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.metrics import ForwarderMetrics
-from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
-from rq import Queue as RQQueue
-from rq import SimpleWorker
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
 from tests.support.processes import ForwarderProcess, WorkerProcess, wait_until
+from tests.support.rqwork import Work
 
 OWNER = "owner1"
 #: The console script of this checkout's venv: ``python -m`` would put the cwd on sys.path itself.
@@ -53,23 +51,6 @@ def deliver(transport: RQTransport, func: str, *args: object, lease_s: float = 1
     )
     transport.push([Delivery(env, OWNER, ("w", 0, 64), lease_s=lease_s)])
     return env
-
-
-Work = Callable[[RQTransport], None]
-
-
-@pytest.fixture(params=[SimpleWorker, HybridqSimpleWorker], ids=["rq-worker", "hybridq-worker"])
-def work(request: pytest.FixtureRequest) -> Work:
-    worker_class: type[SimpleWorker] = request.param
-
-    def run(transport: RQTransport) -> None:
-        conn = transport.connection
-        queue = RQQueue("default", connection=conn, serializer=JSONSerializer)
-        worker_class([queue], connection=conn, serializer=JSONSerializer).work(
-            burst=True, logging_level="WARNING"
-        )
-
-    return run
 
 
 def events(transport: RQTransport) -> list[dict[str, object]]:
