@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from hybridq import keys
-from hybridq.allow import allowed, resolve
+from hybridq.allow import allowed
 from hybridq.errors import NotAllowed, TaskUnavailable
 
 __all__ = ["TaskUnavailable", "Waiting", "current", "not_set_up_for", "record", "unimportable"]
@@ -95,21 +95,12 @@ def not_set_up_for(path: str, error: Exception) -> bool:
     return top not in sys.stdlib_module_names and top not in sys.builtin_module_names
 
 
-def unimportable(path: str) -> str | None:
-    """Why this worker cannot import the (allowed) function at ``path``; ``None`` if it can.
+def unimportable(path: str) -> str:
+    """Why this worker cannot import the (allowed) function at ``path``.
 
-    hybridq's resolution (:func:`hybridq.allow.resolve`, what the worker does before it calls
-    it), and on failure the reason: the module that does not import (and its error), or the
-    attribute it lacks. A path the allowlist refuses is not this function's to judge (``None``).
+    Called once :func:`hybridq.allow.resolve` failed on it with an import error: the module that
+    does not import (and its error), or the attribute it lacks.
     """
-    try:
-        resolve(path)
-    except NotAllowed:
-        return None
-    except Exception:  # noqa: S110 - any failure to import is explained below
-        pass
-    else:
-        return None
     parts = path.split(".")
     missing: str | None = None  # the longest dotted prefix that is no module
     for n in range(len(parts) - 1, 0, -1):

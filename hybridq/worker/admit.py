@@ -12,7 +12,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import redis
@@ -27,37 +27,44 @@ from hybridq.protocol import CompletionEvent, Delivery, Outcome
 from hybridq.signing import expiry_refusal, keyring, sign_event
 from hybridq.worker.scripts import retrying
 
-__all__ = ["admit", "check_route", "event", "misrouted", "refusal", "report"]
+__all__ = ["admit", "check", "check_route", "event", "misrouted", "refusal", "report"]
 
 log = logging.getLogger("hybridq.worker")
 
 
-def refusal(env: Envelope) -> Exception | None:
-    """Why this worker refuses ``env`` (a bad signature, a function not allowed), or ``None``.
+def check(env: Envelope) -> tuple[Callable[..., Any] | None, Exception | None]:
+    """The function this worker would run for ``env``, or why it will not.
+
+    ``(func, None)``: signed as required and allowed, and it imports here. ``(None, error)``:
+    refused (a bad signature, a function not allowed). ``(None, None)``: allowed, but it does
+    not import here (:func:`admit` leaves the job, :func:`hybridq.waiting.unimportable` says
+    why). The function is resolved once per delivery: its module's import-time code runs once.
 
     The signature first (a job changed in Redis could name any allowed function), then the
-    allowlist: :func:`hybridq.allow.resolve`, which imports the allowed module to see what the
-    path leads to (this runs in the process that runs the task). A module or name that does not
-    import here is not a refusal: :func:`admit` leaves the job for another worker
-    (:func:`hybridq.waiting.unimportable`). A key configured but unreadable raises
-    SigningKeyError: fail closed, never fall back to unsigned.
+    allowlist, applied to what the path leads to (:func:`hybridq.allow.resolve`, in the process
+    that runs the task). A key configured but
+    unreadable raises SigningKeyError: fail closed, never fall back to unsigned.
     """
     ring = keyring()
     if ring is not None:
         try:
             ring.verify(env)
         except SignatureError as exc:
-            return exc
+            return None, exc
         expired = expiry_refusal(env)
         if expired is not None:
-            return expired
+            return None, expired
     try:
-        resolve(env.func)
+        return resolve(env.func), None
     except NotAllowed as exc:
-        return exc
-    except Exception:  # noqa: S110 - admit finds it unimportable and says why
-        pass
-    return None
+        return None, exc
+    except Exception:  # admit finds it unimportable and says why
+        return None, None
+
+
+def refusal(env: Envelope) -> Exception | None:
+    """Why this worker refuses ``env`` (a bad signature, a function not allowed), or ``None``."""
+    return check(env)[1]
 
 
 def misrouted(rq_job: RQJob, env: Envelope) -> NotAllowed | None:
@@ -91,8 +98,8 @@ def check_route(rq_job: RQJob, env: Envelope) -> None:
         raise error
 
 
-def admit(conn: redis.Redis, d: Delivery) -> None:
-    """Refuse or leave (raise) a delivery this worker will not or cannot run; before the claim.
+def admit(conn: redis.Redis, d: Delivery) -> Callable[..., Any]:
+    """The function to run for ``d``; or refuse or leave (raise) it. Before the claim.
 
     Before anything is imported or claimed. A refused job (a bad signature, a function refused
     although its module is allowed here, a standard-library function) fails for good (a retry
@@ -103,14 +110,14 @@ def admit(conn: redis.Redis, d: Delivery) -> None:
     nothing is reported, and the forwarder delivers the job again later.
     """
     env = d.envelope
-    error = refusal(env)
+    func, error = check(env)
     if error is not None:
         if waiting.not_set_up_for(env.func, error):
             _leave(conn, d, str(error))
         _refuse(conn, d, error)
-    reason = waiting.unimportable(env.func)
-    if reason is not None:
-        _leave(conn, d, reason)
+    if func is None:
+        _leave(conn, d, waiting.unimportable(env.func))
+    return func
 
 
 def _leave(conn: redis.Redis, d: Delivery, reason: str) -> NoReturn:

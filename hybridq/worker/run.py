@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +24,14 @@ import redis
 from rq import get_current_job
 from rq.job import Job as RQJob
 
-from hybridq import keys, waiting
-from hybridq.allow import resolve
+from hybridq import keys
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
 from hybridq.signing import EVENT_MAC, sign_event
 from hybridq.worker import lease, scripts
-from hybridq.worker.admit import admit, check_route, event, misrouted, refusal, report
+from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 
 __all__ = [
@@ -65,8 +64,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if run is None:
         d = Delivery.from_json(delivery)
         check_route(rq_job, d.envelope)
-        admit(conn, d)
-        run = Run.new(delivery, d)
+        run = Run.new(delivery, d, admit(conn, d))
     answer = _claim(conn, run)
     if answer is not _CLAIMED:
         return answer
@@ -78,7 +76,7 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     error: BaseException | None = None
     value: Any = None
     try:
-        value = _call(env)
+        value = run.func(*env.args, **env.kwargs)  # a hybridq.task is callable too
     except Exception as exc:
         error = exc
     except BaseException:
@@ -173,6 +171,8 @@ class Run:
     #: The claim script's keys (result, lease, RQ job hash) and arguments.
     claim_keys: list[str]
     claim_args: list[str | int]
+    #: The task's function, resolved and admitted once (:func:`hybridq.worker.admit.check`).
+    func: Callable[..., Any]
     #: The reply of a claim the worker sent already; ``None``: :func:`execute` claims.
     claim_reply: Any = None
     #: Whether the worker, not :func:`execute`, sends the outcome script.
@@ -183,7 +183,7 @@ class Run:
     renewal: lease.Renewal | None = None
 
     @classmethod
-    def new(cls, raw: Mapping[str, Any], d: Delivery) -> Run:
+    def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (the lease value: unique per run)."""
         env = d.envelope
         token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
@@ -197,7 +197,7 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        return cls(raw, d, token, claim_keys, claim_args)
+        return cls(raw, d, token, claim_keys, claim_args, func)
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.
@@ -226,15 +226,14 @@ def plan(rq_job: RQJob) -> Run | None:
             return None
         raw = rq_job.args[0]
         d = Delivery.from_json(raw)
-        if (
-            misrouted(rq_job, d.envelope) is not None
-            or refusal(d.envelope) is not None
-            or waiting.unimportable(d.envelope.func) is not None
-        ):
+        if misrouted(rq_job, d.envelope) is not None:
+            return None
+        func, _ = check(d.envelope)
+        if func is None:  # refused, or it does not import here
             return None
     except Exception:  # execute() meets the same error and deals with it
         return None
-    run = Run.new(raw, d)
+    run = Run.new(raw, d, func)
     run.deferred = True
     setattr(rq_job, RUN_ATTR, run)
     return run
@@ -250,11 +249,6 @@ def _run_of(rq_job: RQJob, raw: Mapping[str, Any]) -> Run | None:
     if run is None or run.raw is not raw:
         return None
     return run
-
-
-def _call(env: Envelope) -> Any:
-    func = resolve(env.func)  # the same resolution refusal checked; a hybridq.task is callable
-    return func(*env.args, **env.kwargs)
 
 
 def _suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any:
