@@ -92,7 +92,7 @@ def resolve(path: str) -> Callable[..., Any]:
     parts = path.split(".") if isinstance(path, str) else []
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise NotAllowed(f"{path!r} is not a dotted path")
-    if not allowed(path) or any(p.startswith("__") for p in parts):
+    if not (path in _registered or _under_prefix(path, prefixes)) or any(p.startswith("__") for p in parts):
         raise NotAllowed(refusal(path))
     everything = "*" in prefixes
     module, walked = _longest_module(parts)

@@ -21,7 +21,6 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from hybridq.forwarder_state import ForwarderState
 from hybridq.journal import crashpoints
@@ -30,22 +29,12 @@ from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, Entry, ledger_dir, read_ledger
 
-__all__ = ["COMPACT_INTERVAL_S", "Compactor", "Sweep"]
+__all__ = ["COMPACT_INTERVAL_S", "Compactor"]
 
 log = logging.getLogger("hybridq.forwarder")
 
 #: How often compaction looks for dead segments (seconds).
 COMPACT_INTERVAL_S = 5.0
-
-
-class Sweep(NamedTuple):
-    """What one :meth:`Compactor.compact` did."""
-
-    #: Journal and ledger segments deleted.
-    deleted: int = 0
-    #: Whether chains compacted away whole were dropped from the checkpoint (the forwarder's
-    #: reader must forget them too, or its next position would put them back).
-    forgot_chains: bool = False
 
 
 class Compactor:
@@ -67,11 +56,15 @@ class Compactor:
         """Look at the next call, whatever the timer says."""
         self._next = 0.0
 
-    def compact(self) -> Sweep:
-        """Delete dead journal segments, then dead ledger segments; say how many went."""
+    def compact(self) -> bool:
+        """Delete dead journal segments, then dead ledger segments.
+
+        Returns whether chains compacted away whole were dropped from the checkpoint (the
+        forwarder's reader must forget them too, or its next position would put them back).
+        """
         now = time.monotonic()
         if now < self._next:
-            return Sweep()
+            return False
         self._next = now + COMPACT_INTERVAL_S
         deleted = 0
         for writer_id, indices in list_chains(self.journal).items():
@@ -81,12 +74,12 @@ class Compactor:
                 self._delete(writer_id, index)
                 deleted += 1
         if not deleted and self._ledger_once:
-            return Sweep()
+            return False
         # The ledger follows the journal; and once after a start, for the chains of earlier
         # forwarder runs, which recovery has just sealed.
         self._ledger_once = True
-        deleted += self._compact_ledger()
-        return Sweep(deleted, self._forget_gone_chains())
+        self._compact_ledger()
+        return self._forget_gone_chains()
 
     def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
         """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too).

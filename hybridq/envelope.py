@@ -20,7 +20,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from hybridq.errors import EnvelopeError, NotSerializable
 from hybridq.limits import (
@@ -146,14 +146,26 @@ def _refuse_non_string_keys(value: object) -> None:
         if id(item) in seen:
             continue  # a cycle: json.dumps reports it
         seen.add(id(item))
-        if isinstance(item, Mapping):
+        if type(item) is dict or isinstance(item, Mapping):
             for key, inner in item.items():
                 if type(key) is not str:
                     raise TypeError(f"dict key {key!r} is not a string (JSON would turn it into one)")
-                if isinstance(inner, Mapping | list | tuple):
+                if _nested(inner):
                     stack.append(inner)
-        elif isinstance(item, list | tuple):
-            stack.extend(inner for inner in item if isinstance(inner, Mapping | list | tuple))
+        else:
+            stack.extend(inner for inner in cast("list[object]", item) if _nested(inner))  # list or tuple
+
+
+#: Types that hold nothing to walk (checked by exact type: an ABC check costs a microsecond).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _nested(value: object) -> bool:
+    """Whether ``value`` is a container the key check walks into (on every enqueue: keep it fast)."""
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        return True
+    return kind not in _SCALARS and isinstance(value, Mapping | list | tuple)
 
 
 def _is_module(obj: object) -> bool:

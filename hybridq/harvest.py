@@ -22,7 +22,7 @@ from hybridq.journal import crashpoints
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import Entry, parse_event
 from hybridq.protocol import Overwrite
-from hybridq.signing import admit_event
+from hybridq.signing import Keyring, admit_event, keyring
 from hybridq.transport.base import Delivery, Loc, Transport
 
 __all__ = ["HARVEST_BATCH", "Harvester"]
@@ -47,7 +47,6 @@ class Harvester:
         self.clock = state.config.clock
         self.journal = state.journal
         #: Counters since this forwarder started.
-        self.harvested = 0
         #: Completion events dropped because they did not parse (garbled, forged, out of range).
         self.dropped_events = 0
         #: Events for jobs the ledger already held as terminal (a duplicate's report, a replay,
@@ -68,7 +67,8 @@ class Harvester:
             events = self.transport.harvest(owner, HARVEST_BATCH)
             if not events:
                 return total
-            entries = [e for e in (self._entry(ev.event_id, ev.body) for ev in events) if e is not None]
+            ring = keyring()  # once per batch: it stats the key file
+            entries = [e for e in (self._entry(ev.event_id, ev.body, ring) for ev in events) if e is not None]
             entries = self._drop_compacted(entries)
             for entry in self.state.append(entries):
                 if entry.event_id is not None:
@@ -81,13 +81,14 @@ class Harvester:
             self.transport.ack(owner, [ev.event_id for ev in events])
             self.last_event_id = events[-1].event_id
             total += len(events)
-            self.harvested += len(events)
             if len(events) < HARVEST_BATCH:
                 return total
 
-    def _entry(self, event_id: str, body: Mapping[str, Any] | None) -> Entry | None:
+    def _entry(self, event_id: str, body: Mapping[str, Any] | None, ring: Keyring | None) -> Entry | None:
         checkpoint = self.state.checkpoint
-        if body is not None and not admit_event(checkpoint.owner, event_id, body, checkpoint.positions):
+        if body is not None and not admit_event(
+            checkpoint.owner, event_id, body, checkpoint.positions, ring=ring
+        ):
             self.dropped_events += 1  # forged or unauthenticated: admit_event logged why
             return None
         try:
@@ -141,7 +142,7 @@ class Harvester:
         now = self.clock()
         out: list[Delivery] = []
         for loc, (run_at, attempt) in list(self.state.index.retries.items()):
-            if run_at > now or self._pushed_retries.get(loc, 0) > attempt:
+            if run_at > now or self.retry_pushed(loc, attempt):
                 continue
             env = envelope_at(self.journal, loc)
             if env is not None:

@@ -94,7 +94,6 @@ class NudgeListener:
         self.min_interval_s = min_interval_s
         self.accepted = 0
         self.refused = 0
-        self.wakes = 0
         self._clock = clock
         self._uid = os.geteuid()
         self._pending = False  # a nudge was taken and not yet reported by wait()
@@ -126,7 +125,6 @@ class NudgeListener:
                 if now >= due:
                     self._drain()  # what arrived meanwhile is part of this wake
                     self._pending, self._last_wake = False, now
-                    self.wakes += 1
                     return True
                 if now >= deadline:
                     return False

@@ -148,8 +148,8 @@ class Queue:
         self.capacity = capacity
         self.durability = Durability(durability)
         # Checked now (as every call would check them): the error points at the Queue(...) line.
-        self.default_timeout = _seconds("default_timeout", default_timeout, None)
-        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl, None)
+        self.default_timeout = _seconds("default_timeout", default_timeout)
+        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl)
         if default_retry is not None:
             _check_retry(default_retry)
         self.default_retry = default_retry
@@ -290,8 +290,10 @@ class Queue:
             created_at=now,
             args=tuple(args),
             kwargs=dict(kwargs or {}),
-            timeout_s=_seconds("job_timeout", job_timeout, self.default_timeout),
-            result_ttl_s=_seconds("result_ttl", result_ttl, self.default_result_ttl),
+            timeout_s=self.default_timeout if job_timeout is None else _seconds("job_timeout", job_timeout),
+            result_ttl_s=(
+                self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl)
+            ),
             run_at=_run_at(now, delay, run_at),
             retry=retry if retry is not None else self.default_retry,
             description=description,
@@ -308,9 +310,11 @@ def _check_retry(retry: object) -> None:
         raise EnvelopeError(f"Retry backoffs must be at most {MAX_SECONDS} seconds (ten years)")
 
 
-def _seconds(name: str, value: float | None, default: float | None) -> float | None:
-    """A positive duration of at most ``MAX_SECONDS`` (larger ones break inside RQ), or ``None``."""
-    value = default if value is None else value
+def _seconds(name: str, value: float | None) -> float | None:
+    """A positive duration of at most ``MAX_SECONDS`` (larger ones break inside RQ), or ``None``.
+
+    A queue's defaults are checked once, when it is made, not again at every enqueue.
+    """
     return None if value is None else check_seconds(name, value)
 
 

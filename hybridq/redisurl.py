@@ -21,8 +21,6 @@ __all__ = ["InvalidRedisURL", "check_url", "redact_url", "refusal", "transport_e
 #: Reply texts (lowercase) by which Redis refuses a configuration rather than fails for a while.
 #: A denied command inside a script comes back as a plain ERR with the ACL's wording.
 _REFUSALS = (
-    "db index is out of range",
-    "invalid db index",
     "noperm",
     "no permissions to",
     "can't run this command",

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any
 
 from hybridq.envelope import Envelope
@@ -268,16 +269,23 @@ def sign_event(owner: str, event: dict[str, Any]) -> dict[str, Any]:
 
 
 def admit_event(
-    owner: str, event_id: str, event: Mapping[str, Any], forwarded: Mapping[str, Sequence[int]]
+    owner: str,
+    event_id: str,
+    event: Mapping[str, Any],
+    forwarded: Mapping[str, Sequence[int]],
+    *,
+    ring: Keyring | EllipsisType | None = ...,
 ) -> bool:
     """Whether the forwarder of ``owner`` may take this completion event (logs and counts if not).
 
     With signing keys, only an event whose MAC one of them made, for this owner. With or without:
     a ``succeeded`` event only for a job this forwarder has forwarded (``forwarded``: each
     chain's position, as in the checkpoint); an event whose ``loc`` does not parse is left to
-    the caller's own checks.
+    the caller's own checks. ``ring``: the keys, when the caller looked them up once for a
+    batch (by default they are looked up here).
     """
-    ring = keyring()
+    if ring is ...:
+        ring = keyring()
     reason = None
     if ring is not None:
         given = event.get(EVENT_MAC)

@@ -33,8 +33,6 @@ class Upkeep:
         self.harvester = Harvester(state, transport)
         self.reconciler = Reconciler(state, transport, self.harvester)
         self.compactor = Compactor(state)
-        #: Journal and ledger segments this process deleted.
-        self.segments_deleted = 0
 
     def open(self) -> None:
         """Once the state is loaded: note its positions, finish deletions a crash interrupted."""
@@ -46,11 +44,7 @@ class Upkeep:
 
         Returns whether chains compacted away whole were dropped from the checkpoint.
         """
-        if self.reconciler.passing:
-            return False
-        sweep = self.compactor.compact()
-        self.segments_deleted += sweep.deleted
-        return sweep.forgot_chains
+        return not self.reconciler.passing and self.compactor.compact()
 
     def hurry(self, *, reconcile: bool = True) -> None:
         """Run compaction (and a reconcile pass) at the next step, whatever their timers say."""
@@ -74,11 +68,6 @@ class Upkeep:
     def retrying(self) -> int:
         """Jobs waiting for their next attempt."""
         return len(self.state.index.retries)
-
-    @property
-    def harvested(self) -> int:
-        """Completion events this process moved into the ledger."""
-        return self.harvester.harvested
 
     @property
     def dropped_events(self) -> int:

@@ -173,8 +173,10 @@ def ensure_journal_dir(path: str | os.PathLike[str], fileops: FileOps = OS_FILEO
                 raise JournalPathError(full, f"cannot create {directory}: {exc.strerror or exc}") from exc
             # A new directory entry is durable only once its parent is fsync'd (fsync(2)).
             fileops.fsync_dir(os.path.dirname(directory))
-    _check_existing(full)
-    _check_ancestors(full)
+        _check_existing(full)
+        _check_ancestors(full)  # again: the directories just made, and what raced with them
+    else:
+        _check_existing(full)
     if not os.access(full, os.W_OK | os.X_OK):
         raise JournalPathError(full, "is not writable by this user")
     return full

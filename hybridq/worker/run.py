@@ -29,7 +29,7 @@ from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
 from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
-from hybridq.signing import EVENT_MAC, sign_event
+from hybridq.signing import keyring
 from hybridq.worker import lease, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
@@ -270,10 +270,11 @@ def _finish_call(run: Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[
     """The keys and arguments of the outcome script (:func:`.scripts.finish`) for ``outcome``."""
     d = run.d
     plain = event(d, outcome, dup=False)
-    signed = sign_event(d.owner, plain.to_json())
+    ring = keyring()
+    signed = plain.to_json() if ring is None else ring.sign_event(d.owner, plain.to_json())
     args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(signed)]
-    if EVENT_MAC in signed:  # what the script makes of the event when it keeps a success, signed
-        args.append(json.dumps(sign_event(d.owner, plain.kept_success_json())))
+    if ring is not None:  # what the script makes of the event when it keeps a success, signed
+        args.append(json.dumps(ring.sign_event(d.owner, plain.kept_success_json())))
     result_key, lease_key = run.claim_keys[:2]
     return [result_key, lease_key, keys.events(d.owner)], args
 
