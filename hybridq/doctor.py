@@ -135,6 +135,9 @@ def diagnose(
                 loc,
                 attempt=index.attempts(loc) + 1,
                 overwrite=Overwrite.ALWAYS if job_id in report.stranded else Overwrite.NEVER,
+                lease_s=lease_s,
+                # The forwarder's current generation: claims refuse an older one (the epoch fence).
+                gen=checkpoint.generation,
             )
             for job_id in report.missing + report.stranded
             for loc, env in [pending[job_id]]

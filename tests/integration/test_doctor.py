@@ -159,3 +159,28 @@ def test_it_reports_jobs_merged_into_another_with_their_id(
     assert first.envelope.args == (1, 1)
     code, report = doctor(journal_dir, redis_server)
     assert (code, report["merged"]) == (EXIT_FINDINGS, ["order-42"])
+
+
+def test_fix_pushes_under_the_forwarders_current_generation(
+    journal_dir: Path, redis_server: RedisServer
+) -> None:
+    """A --fix delivery of generation 0 after the epoch moved on would be refused by every claim."""
+    from hybridq.state import load_checkpoint
+    from rq.job import Job as RQJob
+
+    ids = forward(journal_dir, redis_server, 3)
+    conn = redis_server.client()
+    conn.flushall()  # Redis lost everything: the forwarder's next epoch check moves the generation
+    transport = RQTransport(redis_server.url)
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+    transport.close()
+    checkpoint = load_checkpoint(str(journal_dir))
+    assert checkpoint is not None
+    assert checkpoint.generation >= 1
+    conn.delete(f"rq:job:{ids[0]}")  # evicted since
+    conn.lrem("rq:queue:default", 0, ids[0])
+    _, report = doctor(journal_dir, redis_server, "--fix")
+    assert report["fixed"] >= 1
+    job = RQJob.fetch(ids[0], connection=conn, serializer=JSONSerializer)
+    assert job.args[0]["gen"] == checkpoint.generation
