@@ -20,9 +20,59 @@ from hybridq.status import redact_url
 @redis_option
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Worker processes, each running many jobs (default: one per CPU core).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    metavar="N",
+    help="Threads per process, each running one job at a time.",
+)
+@click.option(
+    "--async-concurrency",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="Most `async def` tasks running at once per process, on its event loop.",
+)
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Replace a process by a fresh one after it ran N jobs (a task that leaks).",
+)
+@click.option(
+    "--max-memory",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="MB",
+    help="Replace a process by a fresh one once its peak memory (RSS) passes MB.",
+)
+@click.option(
+    "--with-scheduler",
+    is_flag=True,
+    help="Also run RQ's scheduler, for plain RQ jobs scheduled on these queues (hybridq's own "
+    "delays and retries are the forwarder's and need no scheduler).",
+)
+@click.option(
+    "--rq",
+    "rq_classes",
+    is_flag=True,
+    help="Run RQ's worker loop instead of the pool: one job at a time, a forked work-horse per job.",
+)
+@click.option(
     "--simple",
     is_flag=True,
-    help="Run jobs in the worker process (RQ's SimpleWorker) instead of a forked work-horse per job.",
+    help="With RQ's worker loop (implies --rq): run jobs in the worker process (RQ's SimpleWorker), "
+    "not a forked work-horse per job.",
 )
 @click.option("--name", default=None, help="The RQ worker name (default: RQ's).")
 @click.option(
@@ -55,6 +105,13 @@ def worker(
     ctx: click.Context,
     redis_url: str,
     burst: bool,
+    processes: int | None,
+    threads: int,
+    async_concurrency: int,
+    max_jobs: int | None,
+    max_memory: float | None,
+    with_scheduler: bool,
+    rq_classes: bool,
     simple: bool,
     name: str | None,
     allow: tuple[str, ...],
@@ -62,14 +119,20 @@ def worker(
     signing_key_file: str | None,
     queues: tuple[str, ...],
 ) -> None:
-    """Run an RQ worker for hybridq jobs on QUEUES (default: "default").
+    """Run a worker for hybridq jobs on QUEUES (default: "default").
 
-    It is `rq worker` with the JSON serializer, restarted when Redis goes away (backoff up to
-    30 s, no spinning), so it keeps serving across Redis restarts and outages (with --burst it
-    does not wait: exit 1). A configuration Redis refuses (password, database, ACL) is exit 1,
-    not retried. RQ's pub/sub shutdown command stops it with exit 0 and a warning. A plain
+    By default a pool: one process per CPU core (--processes), each running up to --threads jobs
+    at once (and up to --async-concurrency `async def` tasks on an event loop), taking, starting
+    and recording jobs in batches (docs/worker.md). A process is replaced when it dies, after
+    --max-jobs jobs, past --max-memory, or when a job ignores its timeout. The jobs stay RQ jobs
+    (rq info, rq-dashboard and RQ's registries show them). It keeps serving across Redis restarts
+    and outages (with --burst it does not wait: exit 1). A configuration Redis refuses (password,
+    database, ACL) is exit 1, not retried. SIGTERM or SIGINT stops it warmly (a second: at once).
+
+    --rq runs RQ's own worker loop instead (one job at a time; --simple: without a fork per job),
+    restarted when Redis goes away; RQ's pub/sub shutdown command stops it with exit 0. A plain
     `rq worker --serializer rq.serializers.JSONSerializer QUEUE` also runs hybridq jobs with
-    every guarantee (set HYBRIDQ_ALLOW for it); only the restarts are this command's.
+    every guarantee (set HYBRIDQ_ALLOW for it).
 
     It runs only functions registered with @hybridq.task in a module it imported (--import), or
     under a module prefix allowed with --allow or HYBRIDQ_ALLOW (comma-separated): a job naming
@@ -124,7 +187,22 @@ def worker(
         )
     logging.getLogger("hybridq").info("worker on %s at %s", ", ".join(names), redact_url(redis_url))
     try:
-        code = run_worker(names, url=redis_url, burst=burst, simple=simple, name=name)
+        if rq_classes or simple:
+            code = run_worker(
+                names, url=redis_url, burst=burst, simple=simple, name=name, with_scheduler=with_scheduler
+            )
+        else:
+            from hybridq.worker.pool import PoolOptions, run_pool  # noqa: PLC0415
+
+            options = PoolOptions(
+                processes=processes or os.cpu_count() or 1,
+                threads=threads,
+                async_concurrency=async_concurrency,
+                max_jobs=max_jobs,
+                max_memory_mb=max_memory,
+                with_scheduler=with_scheduler,
+            )
+            code = run_pool(names, url=redis_url, options=options, burst=burst, name=name)
     except HybridqError as exc:  # RedisRefused: a wrong password, database or ACL
         _fail(ctx, exc)
     ctx.exit(code)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import redis
 from redis.exceptions import RedisError
 
-from hybridq.worker.scripts import renew
+from hybridq.worker.scripts import renew_many
 
 __all__ = ["Renewal", "hold", "release"]
 
@@ -42,6 +42,8 @@ class Renewal:
 
 class _LeaseRenewer:
     """One thread per process renews every lease the process holds, each every third of its length.
+
+    The leases due together are renewed in one script call (:func:`.scripts.renew_many`).
 
     Starting a thread per job cost more than the job's two Redis round trips (W1 profile), and
     waking it for every job costs CPU too: it is woken only for a renewal due before it would
@@ -88,21 +90,26 @@ class _LeaseRenewer:
                     continue
                 for r in due:
                     r.due = now + r.interval_s
+            by_conn: dict[int, list[Renewal]] = {}
             for r in due:
-                self._renew(r)
+                by_conn.setdefault(id(r.conn), []).append(r)
+            for group in by_conn.values():
+                self._renew(group)
 
-    def _renew(self, r: Renewal) -> None:
+    def _renew(self, group: list[Renewal]) -> None:
+        """Renew the leases of ``group`` (one Redis client) in one call."""
         try:
-            renewed = renew(r.conn, r.key, r.token, r.lease_ms)
+            renewed = renew_many(group[0].conn, [(r.key, r.token, r.lease_ms) for r in group])
         except RedisError as exc:
-            log.warning("cannot renew the lease on %s: %s", r.key, exc)
+            log.warning("cannot renew %d lease(s) (%s, ...): %s", len(group), group[0].key, exc)
             return
-        with self._wake:
-            if r not in self._renewals:
-                return  # its outcome was stored meanwhile (which frees the lease)
-        if not renewed and not r.lost:
-            r.lost = True
-            log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
+        for r, ok in zip(group, renewed, strict=True):
+            with self._wake:
+                if r not in self._renewals:
+                    continue  # its outcome was stored meanwhile (which frees the lease)
+            if not ok and not r.lost:
+                r.lost = True
+                log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
 
 
 _renewer_instance: _LeaseRenewer | None = None

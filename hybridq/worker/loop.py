@@ -25,7 +25,7 @@ from hybridq import keys, redisurl
 from hybridq.guard import Job
 from hybridq.signing import keyring
 
-__all__ = ["RECONNECT_MAX_S", "STABLE_S", "WORKER_TTL_S", "run_worker"]
+__all__ = ["RECONNECT_MAX_S", "STABLE_S", "WORKER_TTL_S", "check_access", "run_worker"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -46,6 +46,7 @@ def run_worker(
     simple: bool = False,
     name: str | None = None,
     max_backoff_s: float = 30.0,
+    with_scheduler: bool = False,
 ) -> int:
     """Run an RQ worker on ``queues`` until it is asked to stop; restart it when Redis goes away.
 
@@ -68,7 +69,7 @@ def run_worker(
         conn = redis.Redis.from_url(url)
         started = time.monotonic()
         try:
-            _check_access(conn, queues)
+            check_access(conn, queues)
             # job_class: RQ must not import whatever function a job hash names (see Job).
             worker = worker_class(
                 queues,
@@ -83,7 +84,7 @@ def run_worker(
             worker.max_connection_wait_time = RECONNECT_MAX_S
             _log_commands(worker, commanded)
             _stop_warmly_until_rq_listens(worker)
-            worker.work(burst=burst, with_scheduler=False)
+            worker.work(burst=burst, with_scheduler=with_scheduler)
         except RedisError as exc:
             if redisurl.refusal(exc) is not None:
                 raise redisurl.transport_error(exc) from exc  # retrying cannot fix it
@@ -117,7 +118,7 @@ def run_worker(
             down_since, delay = None, 1.0
 
 
-def _check_access(conn: redis.Redis, queues: Sequence[str]) -> None:
+def check_access(conn: redis.Redis, queues: Sequence[str]) -> None:
     """Touch what a worker needs (login, database, its queues' and hybridq's keys).
 
     RQ's loop logs and swallows what it does not expect, a refusal included, so a wrong password,

@@ -10,6 +10,7 @@ and the outcome script in RQ's own pipelines, and then calls :func:`finished` an
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -36,12 +37,17 @@ from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 
 __all__ = [
     "BUSY_POLL_S",
+    "CLAIMED",
     "MAX_ERROR_CHARS",
     "RUN_ATTR",
     "Run",
+    "begin",
+    "claim",
+    "conclude",
     "execute",
     "finish",
     "finished",
+    "perform",
     "plan",
     "release",
 ]
@@ -65,18 +71,35 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         d = Delivery.from_json(delivery)
         check_route(rq_job, d.envelope)
         run = Run.new(delivery, d, admit(conn, d))
-    answer = _claim(conn, run)
-    if answer is not _CLAIMED:
+    answer = claim(conn, run)
+    if answer is not CLAIMED:
         return answer
-    d, env = run.d, run.d.envelope
-    run.renewal = renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
-    context = _current.set(
-        CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
-    )
-    error: BaseException | None = None
+    value, error = perform(conn, run)
+    if not run.deferred:
+        try:
+            finish(conn, run)
+        finally:
+            release(run)
+    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
+    if error is not None:
+        raise error
+    return value
+
+
+def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
+    """Run ``run``'s claimed task; its (JSON-able) value and error.
+
+    Its outcome script is left in ``run.finish``, and its lease is renewed until the outcome is
+    stored (:func:`release`).
+
+    A ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) stores no outcome: the lease is
+    let go (it lapses, and the forwarder delivers the job again) and the exception propagates.
+    """
+    context = begin(conn, run)
+    error: Exception | None = None
     value: Any = None
     try:
-        value = run.func(*env.args, **env.kwargs)  # a hybridq.task is callable too
+        value = run.func(*run.d.envelope.args, **run.d.envelope.kwargs)  # a hybridq.task is callable too
     except Exception as exc:
         error = exc
     except BaseException:
@@ -84,10 +107,26 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         raise
     finally:
         _current.reset(context)
+    return conclude(run, value, error)
+
+
+def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
+    """Start holding ``run``'s lease and make it the current job (:func:`hybridq.current_job`)."""
+    d, env = run.d, run.d.envelope
+    run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+    return _current.set(
+        CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
+    )
+
+
+def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Exception | None]:
+    """Make ``run``'s outcome script (into ``run.finish``) for what its task returned or raised."""
+    d, env = run.d, run.d.envelope
     # The lease is renewed until the outcome is stored or given up (release): were it to lapse
     # while the outcome call fails, another delivery would run the finished task again. The
     # deadline ends the renewals even if nothing releases them.
-    renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
+    if run.renewal is not None:
+        run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
     outcome = StoredOutcome(
@@ -102,23 +141,21 @@ def execute(delivery: Mapping[str, Any]) -> Any:
         token=run.token,  # tells a retried outcome script that its first try got through
     )
     run.finish = _finish_call(run, outcome.to_json())
-    if not run.deferred:
-        try:
-            finish(conn, run)
-        finally:
-            release(run)
-    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
-    if error is not None:
-        raise error
-    return value
+    run.error_text = outcome.error
+    return value, error
 
 
-#: What :func:`_claim` returns when the key is claimed: the task may run.
-_CLAIMED: Any = object()
+#: What :func:`claim` returns when the key is claimed: the task may run.
+CLAIMED: Any = object()
 
 
-def _claim(conn: redis.Redis, run: Run) -> Any:
-    """Claim ``run``'s key; :data:`_CLAIMED`, or what :func:`execute` returns instead of running."""
+def claim(conn: redis.Redis, run: Run) -> Any:
+    """Claim ``run``'s key: :data:`CLAIMED`, or what :func:`execute` returns instead of running.
+
+    Uses ``run.claim_reply`` if the claim was sent already. A suppressed duplicate returns the
+    stored result (or raises DuplicateOfFailedJob), a stale copy raises StaleDelivery, a fenced
+    one returns ``None``; a busy key is polled until it is one of those, or claimed.
+    """
     d, env = run.d, run.d.envelope
     reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
     while True:
@@ -128,7 +165,7 @@ def _claim(conn: redis.Redis, run: Run) -> Any:
         status, stored = reply
         reply = None
         if status == ClaimStatus.CLAIMED:
-            return _CLAIMED
+            return CLAIMED
         if status == ClaimStatus.SUPPRESSED:
             return _suppressed(conn, d, json.loads(stored))
         if status == ClaimStatus.STALE:
@@ -181,6 +218,8 @@ class Run:
     finish: tuple[list[str], list[str | int]] | None = None
     #: The lease's renewal, from the claim until the outcome is stored or given up.
     renewal: lease.Renewal | None = None
+    #: The stored error text (a traceback) of a failed run, once the task raised.
+    error_text: str | None = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:

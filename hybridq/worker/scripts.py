@@ -21,13 +21,17 @@ from redis.exceptions import RedisError
 
 __all__ = [
     "CALL_TIMEOUT_S",
+    "CLAIM_LUA",
     "CLAIM_SHA",
+    "FINISH_LUA",
     "FINISH_PATIENCE_S",
     "FINISH_SHA",
+    "call",
     "claim",
     "client",
     "finish",
     "renew",
+    "renew_many",
     "retrying",
 ]
 
@@ -55,55 +59,64 @@ CALL_TIMEOUT_S = 5.0
 # costs about 4 us per claim (redis 6.2); an ACL that denies it leaves the generation check.
 # No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
 # KEYS[4] (a caller of the older script's arguments), fences nothing.
-_CLAIM = """
-if redis.call("GET", KEYS[2]) == ARGV[1] then
-    return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
-end
-local epoch = KEYS[4] and redis.call("GET", KEYS[4])
-if epoch then
-    local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
-    local why = nil
-    if gen and (tonumber(ARGV[6]) or 0) < tonumber(gen) then
-        why = "stale"
-    elseif gen and run_id ~= "" then
-        local info = redis.pcall("INFO", "server")
-        local current = type(info) == "string" and string.match(info, "run_id:(%x+)")
-        if current and current ~= run_id then
-            why = "unchecked"
+# The claim, as a Lua function (K: the keys, A: the arguments below; ``server`` caches what INFO
+# said, for a script that claims several deliveries).
+CLAIM_LUA = """
+local function claim(K, A, server)
+    if redis.call("GET", K[2]) == A[1] then
+        return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
+    end
+    local epoch = K[4] and redis.call("GET", K[4])
+    if epoch then
+        local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
+        local why = nil
+        if gen and (tonumber(A[6]) or 0) < tonumber(gen) then
+            why = "stale"
+        elseif gen and run_id ~= "" then
+            if server.run_id == nil then  -- INFO once per script call, however many claims it makes
+                local info = redis.pcall("INFO", "server")
+                server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+            end
+            local current = server.run_id
+            if current and current ~= run_id then
+                why = "unchecked"
+            end
+        end
+        if why then
+            if redis.call("EXISTS", K[3]) == 1 then
+                redis.call("HSET", K[3], "hybridq_fenced", "1")  -- for the refill pass
+            end
+            return {4, why}
         end
     end
-    if why then
-        if redis.call("EXISTS", KEYS[3]) == 1 then
-            redis.call("HSET", KEYS[3], "hybridq_fenced", "1")  -- for the refill pass
-        end
-        return {4, why}
-    end
-end
-local my_run = tonumber(ARGV[4]) * 100000 + tonumber(ARGV[5])
-local stored = redis.call("GET", KEYS[1])
-if stored then
-    local ok, r = pcall(cjson.decode, stored)
-    if ok and type(r) == "table" then
-        local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
-        local my_rq, my_at = tonumber(ARGV[4]), tonumber(ARGV[5])
-        if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
-            return {1, stored}
-        end
-        if r.job_id == ARGV[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
-            return {2, stored}
+    local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
+    local stored = redis.call("GET", K[1])
+    if stored then
+        local ok, r = pcall(cjson.decode, stored)
+        if ok and type(r) == "table" then
+            local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
+            local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
+            if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
+                return {1, stored}
+            end
+            if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
+                return {2, stored}
+            end
         end
     end
-end
-if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then
-    -- The task is about to start: from now on this run counts as an attempt (the forwarder
-    -- tells "started, then lost" from "taken, never started" by this field).
-    if redis.call("EXISTS", KEYS[3]) == 1 then
-        redis.call("HSET", KEYS[3], "hybridq_started", my_run)
+    if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
+        -- The task is about to start: from now on this run counts as an attempt (the forwarder
+        -- tells "started, then lost" from "taken, never started" by this field).
+        if redis.call("EXISTS", K[3]) == 1 then
+            redis.call("HSET", K[3], "hybridq_started", my_run)
+        end
+        return {0, ""}
     end
-    return {0, ""}
+    return {3, redis.call("GET", K[2]) or ""}
 end
-return {3, redis.call("GET", KEYS[2]) or ""}
 """
+_CLAIM = CLAIM_LUA + "return claim(KEYS, ARGV, {})\n"
+
 
 # KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON[, the event
 # to send instead when a success is kept (signed by the worker: Lua cannot sign)].
@@ -111,43 +124,55 @@ return {3, redis.call("GET", KEYS[2]) or ""}
 # and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
 # the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
 # 3 kept the success of a later attempt of this job (this run's outcome was superseded).
-_FINISH = """
-local stored = redis.call("GET", KEYS[1])
-local keep = 0
-if stored then
-    local ok, r = pcall(cjson.decode, stored)
-    if ok and type(r) == "table" then
-        if r.token == ARGV[1] then return 2 end
-        if r.outcome == "succeeded" then
-            local mine = cjson.decode(ARGV[2])
-            keep = 1
-            if r.job_id == mine.job_id and (tonumber(r.attempt) or 0) > mine.attempt then keep = 3 end
+# The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none).
+FINISH_LUA = """
+local function finish(K, A)
+    local stored = redis.call("GET", K[1])
+    local keep = 0
+    if stored then
+        local ok, r = pcall(cjson.decode, stored)
+        if ok and type(r) == "table" then
+            if r.token == A[1] then return 2 end
+            if r.outcome == "succeeded" then
+                local mine = cjson.decode(A[2])
+                keep = 1
+                if r.job_id == mine.job_id and (tonumber(r.attempt) or 0) > mine.attempt then keep = 3 end
+            end
         end
     end
+    local event = A[4]
+    if keep == 0 then
+        redis.call("SET", K[1], A[2], "EX", A[3])
+    elseif A[5] and A[5] ~= "" then
+        event = A[5]  -- the rewrite below, as the worker made and signed it (signing on)
+    else
+        local e = cjson.decode(event)
+        e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
+        event = cjson.encode(e)
+    end
+    redis.call("XADD", K[3], "*", "e", event)
+    if redis.call("GET", K[2]) == A[1] then
+        redis.call("DEL", K[2])
+    end
+    return keep
 end
-local event = ARGV[4]
-if keep == 0 then
-    redis.call("SET", KEYS[1], ARGV[2], "EX", ARGV[3])
-elseif ARGV[5] then
-    event = ARGV[5]  -- the rewrite below, as the worker made and signed it (signing on)
-else
-    local e = cjson.decode(event)
-    e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
-    event = cjson.encode(e)
-end
-redis.call("XADD", KEYS[3], "*", "e", event)
-if redis.call("GET", KEYS[2]) == ARGV[1] then
-    redis.call("DEL", KEYS[2])
-end
-return keep
 """
+_FINISH = FINISH_LUA + "return finish(KEYS, ARGV)\n"
 
-# KEYS: lease. ARGV: token, lease ms. 1 if renewed, 0 if the lease is no longer ours.
+
+# KEYS: leases. ARGV: for each lease its token and lease ms. For each, 1 if renewed, 0 if the
+# lease is no longer ours: every lease a process holds, renewed in one call.
 _RENEW = """
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-    return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+local renewed = {}
+for i, key in ipairs(KEYS) do
+    local token, ms = ARGV[2 * i - 1], ARGV[2 * i]
+    if redis.call("GET", key) == token then
+        renewed[i] = redis.call("PEXPIRE", key, ms)
+    else
+        renewed[i] = 0
+    end
 end
-return 0
+return renewed
 """
 
 
@@ -167,7 +192,21 @@ def finish(conn: redis.Redis, keys: list[str], args: list[str | int]) -> Any:
 
 def renew(conn: redis.Redis, key: str, token: str, lease_ms: int) -> Any:
     """Extend the lease ``key`` if ``token`` still holds it; 1 if renewed, 0 if not."""
-    return _script(conn, _RENEW)(keys=[key], args=[token, lease_ms])
+    return renew_many(conn, [(key, token, lease_ms)])[0]
+
+
+def renew_many(conn: redis.Redis, leases: list[tuple[str, str, int]]) -> list[int]:
+    """Extend each lease ``(key, token, lease ms)`` that its token still holds, in one call.
+
+    Returns, for each, 1 if renewed and 0 if the lease is no longer ours.
+    """
+    args: list[str | int] = [item for _, token, ms in leases for item in (token, ms)]
+    return list(_script(conn, _RENEW)(keys=[key for key, _, _ in leases], args=args))
+
+
+def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any]) -> Any:
+    """Send the script ``source`` (by its SHA once Redis knows it); its reply."""
+    return _script(conn, source)(keys=keys, args=args)
 
 
 def retrying(call: Any) -> Any:

@@ -64,10 +64,11 @@ class Stack:
         self.forwarders.append(proc)
         return proc
 
-    def worker(self, redis_url: str, *, simple: bool = False) -> WorkerProcess:
-        """``python -m hybridq worker [--simple] default``."""
+    def worker(self, redis_url: str, *, simple: bool = False, rq: bool = False) -> WorkerProcess:
+        """``python -m hybridq worker [--simple | --rq] default`` (the pool by default)."""
         args = [sys.executable, "-m", "hybridq", "worker", "--redis", redis_url]
-        return self._start([*args, *(["--simple"] if simple else []), "default"])
+        mode = ["--simple"] if simple else ["--rq"] if rq else []
+        return self._start([*args, *mode, "default"])
 
     def rq_worker(self, redis_url: str, *extra_args: str) -> WorkerProcess:
         """A plain ``rq worker --serializer rq.serializers.JSONSerializer default`` (forking)."""
@@ -234,7 +235,7 @@ def listening(worker: WorkerProcess) -> bool:
 # -- S9: a worker or its work-horse SIGKILLed mid-job -------------------------------------------
 
 
-@pytest.mark.parametrize("victim", ["simple-worker", "work-horse"])
+@pytest.mark.parametrize("victim", ["simple-worker", "work-horse", "pool-process"])
 def test_s9_worker_killed_mid_job_is_delivered_again(
     victim: str,
     redis_server: RedisServer,
@@ -246,8 +247,9 @@ def test_s9_worker_killed_mid_job_is_delivered_again(
 ) -> None:
     effects = tmp_path / "effects.txt"
     simple = victim == "simple-worker"
+    rq = victim == "work-horse"  # RQ's forking worker: a work-horse per job
     forwarder = stack.forwarder(redis_server.url)
-    first = stack.worker(redis_server.url, simple=simple)
+    first = stack.worker(redis_server.url, simple=simple, rq=rq)
     queue = Queue("default", journal_dir)
     queue.enqueue("tests.tasks.traced", str(effects), "slow", 3.0)
 
@@ -255,18 +257,18 @@ def test_s9_worker_killed_mid_job_is_delivered_again(
     if simple:
         assert started.pid == first.pid, "a --simple worker must run the job in its own process"
     else:
-        assert started.pid != first.pid, "the forking worker ran the job itself"
-        assert started.pid in first.children(), "the job does not run in the worker's work-horse"
+        assert started.pid != first.pid, "the worker ran the job in its main process"
+        assert started.pid in first.children(), "the job does not run in the worker's child process"
     # A second worker takes the redelivery (a killed --simple worker cannot); started only now,
     # so it could not take the first delivery.
-    stack.worker(redis_server.url, simple=simple)
+    stack.worker(redis_server.url, simple=simple, rq=rq)
     assert not lines_of(effects, "done", "slow"), "the job finished before it could be killed"
     os.kill(started.pid, signal.SIGKILL)
     killed_at = time.time()
     if simple:
         assert first.proc.wait(timeout=10) == -signal.SIGKILL
     else:
-        first.assert_alive()  # only its work-horse died
+        first.assert_alive()  # only its work-horse, or one process of the pool, died
     tokens = ["slow"] + [f"fast-{i}" for i in range(8)]
     for token in tokens[1:]:
         queue.enqueue("tests.tasks.traced", str(effects), token)
@@ -670,10 +672,10 @@ def test_hybridq_worker_keeps_serving_across_redis_restarts(
     )
 
 
-@pytest.mark.parametrize("simple", [True, False], ids=["simple", "forking"])
-def test_hybridq_worker_stops_on_sigterm(redis_server: RedisServer, stack: Stack, simple: bool) -> None:
+@pytest.mark.parametrize("mode", ["simple", "rq", "pool"])
+def test_hybridq_worker_stops_on_sigterm(redis_server: RedisServer, stack: Stack, mode: str) -> None:
     """A supervisor's SIGTERM ends ``hybridq worker`` (exit 0), rather than restarting RQ's loop."""
-    worker = stack.worker(redis_server.url, simple=simple)
+    worker = stack.worker(redis_server.url, simple=mode == "simple", rq=mode == "rq")
     wait_until(lambda: "Listening on" in worker.log(), timeout=30, what="the worker to listen")
     started = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,183 @@
+"""The pool worker's batched Redis calls: take, start + claim, and end, each for many jobs at once.
+
+A pool worker (:mod:`hybridq.worker.engine`) makes three script calls per *batch* of jobs where
+RQ's worker makes about a dozen round trips per job. Each script does, for every job of its
+batch, what RQ's own worker writes (so ``rq info``, rq-dashboard and RQ's registries show the
+jobs as RQ would: queued, started with an execution, finished or failed with a result) and what
+hybridq's single-job scripts do (:mod:`hybridq.worker.scripts`: the claim and the outcome are the
+same Lua functions, so their rules cannot drift apart):
+
+* :data:`TAKE`: move up to N job ids from the queues into RQ's intermediate lists (what RQ's
+  ``LMOVE`` dequeue does, one id at a time) and return their hashes' fields. A worker killed
+  after it leaves them there as RQ's would: RQ's maintenance and the forwarder's reconcile pass
+  find them (``stranded``: no attempt used);
+* :data:`START`: for each job, RQ's execution (hash, registries, job status ``started``) and
+  hybridq's claim, in one atomic step per batch. Its reply lost, it is sent again with the same
+  tokens: RQ's part is idempotent and a claim that did run finds the lease its own;
+* :data:`END`: for each job, hybridq's outcome script (outcome + completion event) and RQ's
+  ending (job ``finished`` or ``failed``, its result in RQ's results stream, the finished or
+  failed registry, the execution removed). Sent again after a lost reply: hybridq's part
+  recognises its token, RQ's part runs only while the execution it ends still exists.
+
+Every job's part is independent of the others': one job's failure is never another's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from hybridq.worker import scripts
+from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
+
+__all__ = ["END", "END_ARITY", "START", "START_ARITY", "TAKE", "TAKE_FIELDS", "call"]
+
+#: The job hash fields :data:`TAKE` returns for each job, in this order.
+TAKE_FIELDS = (
+    "data",
+    "origin",
+    "hybridq_run",
+    "success_callback_name",
+    "failure_callback_name",
+    "stopped_callback_name",
+    "timeout",
+    "result_ttl",
+    "failure_ttl",
+)
+
+# KEYS: the queues' lists, in the order they are served. ARGV: most jobs to take, RQ's key
+# prefix, then TAKE_FIELDS. Returns {id, queue index, {fields}} per job taken. An id whose job
+# hash is gone is dropped (as RQ's dequeue drops it).
+TAKE = """
+local want = tonumber(ARGV[1])
+local taken = {}
+for q, queue in ipairs(KEYS) do
+    if want <= 0 then break end
+    local ids = redis.call("LPOP", queue, want)
+    if ids then
+        for _, id in ipairs(ids) do
+            local f = redis.call("HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
+            if f[1] then
+                redis.call("RPUSH", queue .. ":intermediate", id)
+                taken[#taken + 1] = {id, q, f}
+                want = want - 1
+            end
+        end
+    end
+end
+return taken
+"""
+
+#: Arguments per job of :data:`START`.
+START_ARITY = 13
+
+# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), the execution
+# TTL (seconds), then per job (START_ARITY): job id, queue, execution id, then the claim's keys
+# (result, lease, job hash, epoch) and arguments (token, lease ms, job id, requeue, attempt,
+# epoch generation). Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
+START = (
+    CLAIM_LUA
+    + """
+local rq, name, stamp, now, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local server = {}
+local replies = {}
+local executions = rq .. ":worker:" .. name .. ":executions"
+for i = 6, #ARGV, 13 do
+    local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local job = rq .. ":job:" .. id
+    local member = id .. ":" .. exec
+    -- RQ's prepare_execution, then its prepare_job_execution.
+    local ek = rq .. ":execution:" .. member
+    redis.call("HSET", ek, "id", exec, "job_id", id, "created_at", now, "last_heartbeat", now,
+        "worker_name", name)
+    redis.call("EXPIRE", ek, ttl)
+    redis.call("ZADD", rq .. ":executions:" .. id, now + ttl + 60, exec)
+    redis.call("EXPIRE", rq .. ":executions:" .. id, ttl + 60)
+    redis.call("ZADD", rq .. ":wip:" .. queue, now + ttl, member)
+    redis.call("SADD", executions, member)
+    redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
+        "worker_name", name)
+    redis.call("PERSIST", job)
+    redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
+    replies[#replies + 1] = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]},
+        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12]}, server)
+end
+redis.call("EXPIRE", executions, ttl + 60)
+redis.call("HSET", rq .. ":worker:" .. name, "state", "busy", "last_heartbeat", stamp)
+return replies
+"""
+)
+
+#: Arguments per job of :data:`END`.
+END_ARITY = 16
+
+# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), then per job
+# (END_ARITY): job id, queue, execution id, when it started (seconds), "1" finished or "0"
+# failed (in RQ), the TTL of RQ's result (result_ttl if finished, failure_ttl if failed; -1
+# keeps it, 0 deletes a finished job), RQ's result fields (return_value or exc_string, base64 as
+# RQ writes them; "" none), then hybridq's outcome script's keys (result, lease, events; "" if
+# this job stores no outcome) and arguments (token, outcome, key lifetime, event, kept event).
+# Returns per job what the outcome script returned (hybridq.protocol.FinishReply), -1 if none.
+END = (
+    FINISH_LUA
+    + """
+local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local worker = rq .. ":worker:" .. name
+local replies = {}
+for i = 5, #ARGV, 16 do
+    local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    local ok, ttl, field, value = ARGV[i + 4] == "1", tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]
+    local reply = -1
+    if ARGV[i + 8] ~= "" then
+        reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
+            {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]})
+    end
+    replies[#replies + 1] = reply
+    local member = id .. ":" .. exec
+    local ek = rq .. ":execution:" .. member
+    if redis.call("DEL", ek) == 1 then  -- RQ's part once, even if this call is sent again
+        local job = rq .. ":job:" .. id
+        local results = rq .. ":results:" .. id
+        redis.call("ZREM", rq .. ":wip:" .. queue, member)
+        redis.call("ZREM", rq .. ":executions:" .. id, exec)
+        redis.call("SREM", worker .. ":executions", member)
+        redis.call("HINCRBYFLOAT", worker, "total_working_time", math.max(0, now - tonumber(started)))
+        local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
+            "execution_started_at", started, "execution_ended_at", ARGV[4]}
+        if field ~= "" then
+            entry[#entry + 1] = field
+            entry[#entry + 1] = value
+        end
+        if ok then
+            redis.call("HINCRBY", worker, "successful_job_count", 1)
+            redis.call("HSET", job, "status", "finished", "ended_at", stamp)
+        else
+            redis.call("HINCRBY", worker, "failed_job_count", 1)
+            redis.call("HSET", job, "status", "failed", "ended_at", stamp)
+        end
+        if ok and ttl == 0 then
+            redis.call("DEL", job, results)
+        else
+            redis.call("XADD", results, "MAXLEN", "~", "10", "*", unpack(entry))
+            local registry = rq .. (ok and ":finished:" or ":failed:") .. queue
+            if ttl < 0 then
+                redis.call("PERSIST", job)
+                redis.call("PERSIST", results)
+                redis.call("ZADD", registry, "+inf", id)
+            else
+                redis.call("EXPIRE", job, ttl)
+                redis.call("EXPIRE", results, ttl)
+                redis.call("ZADD", registry, now + ttl, id)
+            end
+        end
+    end
+end
+return replies
+"""
+)
+
+
+def call(conn: redis.Redis, script: str, keys: list[str], args: list[Any]) -> Any:
+    """Send one of this module's scripts (by its SHA once Redis knows it)."""
+    return scripts.call(conn, script, keys, args)

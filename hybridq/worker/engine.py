@@ -1,0 +1,370 @@
+"""One process of the pool worker: jobs taken, started and ended in batches, run on a Runner.
+
+:class:`Engine` is the loop of one ``hybridq worker`` process (:mod:`hybridq.worker.pool` starts
+one per core). Each turn it ends the jobs its :class:`~hybridq.worker.runner.Runner` finished
+(one :data:`~hybridq.worker.batch_scripts.END` call), takes as many queued jobs as it has room
+for (one :data:`~hybridq.worker.batch_scripts.TAKE`), and starts and claims them (one
+:data:`~hybridq.worker.batch_scripts.START`): three round trips per batch instead of about a
+dozen per job. What runs each job is :mod:`hybridq.worker.run`'s, as under an RQ worker: the
+same claim, lease renewal, task call and outcome (docs/worker.md).
+
+A job that is not a well-formed hybridq delivery this worker can run (a plain RQ job sharing the
+queue, a hand-written hash, a task refused or not importable here) is run by RQ's own code
+(hybridq's :class:`~hybridq.rqworker.SimpleWorker`, in this process's main thread), which refuses,
+leaves or runs it exactly as ``hybridq worker --rq`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import signal
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from queue import Empty
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+from rq.utils import now, utcformat
+
+from hybridq import keys, redisurl
+from hybridq.guard import Job
+from hybridq.protocol import ClaimStatus
+from hybridq.worker import batch_scripts, scripts
+from hybridq.worker.loop import WORKER_TTL_S, check_access
+from hybridq.worker.perform import Performer, Resolver, is_async, prepare
+from hybridq.worker.run import finished, release
+from hybridq.worker.runner import Runner, Taken
+
+__all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
+
+log = logging.getLogger("hybridq.worker")
+
+#: The exit status of a process that ends to be replaced (max jobs, max memory, a stuck job).
+EXIT_RECYCLE = 3
+#: The exit status of a process Redis refuses (password, database, ACL): not restarted.
+EXIT_REFUSED = 4
+#: How long RQ's records of a running job's execution last without a heartbeat (seconds).
+EXEC_TTL_S = 120
+#: How long one wait for a job on an idle single queue blocks in Redis (seconds).
+IDLE_BLOCK_S = 1.0
+#: How often the process's RQ heartbeats are sent and its limits checked (seconds).
+BEAT_S = 10.0
+
+
+class Engine:
+    """The loop of one pool worker process (see the module docstring).
+
+    Args:
+        url: the Redis URL.
+        queues: the queue names, served in this order.
+        threads: worker threads; async_concurrency: most ``async def`` jobs at once.
+        burst: return once the queues are empty and every job taken has ended.
+        name: the RQ worker name of this process.
+        max_jobs: end (for a fresh process) after this many jobs; ``None``: never.
+        max_memory_mb: end after the process's peak RSS passes this; ``None``: never.
+        stamp: the runner's liveness stamp (shared with the pool).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queues: Sequence[str],
+        *,
+        threads: int,
+        async_concurrency: int,
+        burst: bool = False,
+        name: str | None = None,
+        max_jobs: int | None = None,
+        max_memory_mb: float | None = None,
+        stamp: Callable[[float], None] = lambda _now: None,
+    ) -> None:
+        from hybridq.rqworker import SimpleWorker  # noqa: PLC0415 - RQ's worker module is heavy
+
+        self.queues = list(queues)
+        self.burst = burst
+        self.name = name or uuid.uuid4().hex
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.conn = redis.Redis.from_url(url)
+        self.client = scripts.client(self.conn)
+        job_class = Job.serving_only(self.queues)
+        self.rq_queues = {
+            q: Queue(q, connection=self.conn, serializer=JSONSerializer, job_class=job_class)
+            for q in self.queues
+        }
+        self.rq_worker = SimpleWorker(
+            list(self.rq_queues.values()),
+            connection=self.conn,
+            serializer=JSONSerializer,
+            name=self.name,
+            job_class=job_class,
+            worker_ttl=WORKER_TTL_S,
+        )
+        self.performer = performer = Performer(self.client)
+        self.runner = Runner(
+            threads, async_concurrency, performer.work, performer.work_async, performer.stuck, stamp
+        )
+        performer.runner = self.runner
+        self.stopping = False
+        self.ended = 0
+        self._queue_keys = [keys.rq_queue(q) for q in self.queues]
+        self._resolve = Resolver()
+        self._exec_prefix = uuid.uuid4().hex[:16]
+        self._exec_count = 0
+        self._running: dict[str, Taken] = {}
+        self._next_beat = 0.0
+        self._idle_s = 0.0
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until stopped (0), out of work in burst mode (0), or due for replacement."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._stop)
+        try:
+            self._connect()
+        except _Refused:
+            return EXIT_REFUSED
+        except RedisError:
+            return 1  # burst mode, Redis unreachable (logged)
+        log.info(
+            "Listening on %s (worker %s, %d threads)", ", ".join(self.queues), self.name, self.runner.threads
+        )
+        try:
+            return self._serve()
+        except _Refused:
+            return EXIT_REFUSED
+        finally:
+            self.runner.close()
+            with contextlib.suppress(RedisError):
+                self.rq_worker.register_death()  # type: ignore[no-untyped-call]
+
+    def _serve(self) -> int:
+        code = 0
+        while True:
+            self._end_done(block_s=0.0)
+            self._beat()
+            reason = self._leaving()
+            if reason is not None:
+                if self.runner.pending() == 0:
+                    if reason != "stopped":
+                        log.info("worker %s: %s: exiting for a fresh process", self.name, reason)
+                        code = EXIT_RECYCLE
+                    return code
+                self._end_done(block_s=0.2)
+                continue
+            room = self.runner.room()
+            pending = self.runner.pending()
+            if room >= self.runner.threads or (room and pending == 0):
+                try:
+                    taken = self._take(room)
+                except RedisError as exc:
+                    if self._unavailable(exc):
+                        return 1
+                    continue
+                if taken:
+                    self._start(taken)
+                    continue
+                if pending == 0:
+                    if self.burst:
+                        return 0
+                    self._wait_for_work()
+                    continue
+            self._end_done(block_s=0.05 if room else 0.5)
+
+    def _leaving(self) -> str | None:
+        if self.stopping:
+            return "stopped"
+        if self.runner.poisoned:
+            return "a job is stuck past its timeout"
+        if self.max_jobs is not None and self.ended >= self.max_jobs:
+            return f"ran {self.ended} jobs (--max-jobs)"
+        if self.max_memory_mb is not None:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if peak >= self.max_memory_mb:
+                return f"peak memory {peak:.0f} MB (--max-memory {self.max_memory_mb:g})"
+        return None
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def _connect(self) -> None:
+        """Check access and register with RQ; retry while Redis is unreachable (not in burst)."""
+        delay = 0.5
+        while True:
+            try:
+                check_access(self.conn, self.queues)
+                self.rq_worker.register_birth()  # type: ignore[no-untyped-call]
+                self.rq_worker.set_state("idle")
+            except RedisError as exc:
+                if self._unavailable(exc, delay):
+                    raise
+                delay = min(5.0, delay * 2)
+            else:
+                return
+
+    def _unavailable(self, exc: RedisError, delay: float = 1.0) -> bool:
+        """Deal with Redis failing a call of the loop; True if the loop must end."""
+        if redisurl.refusal(exc) is not None:
+            log.error("%s", redisurl.transport_error(exc))
+            raise _Refused from exc
+        if self.burst:
+            log.error("Redis unavailable (%s): --burst does not wait for it; exiting 1", exc)
+            return True
+        if not self._idle_s:
+            log.warning("Redis unavailable (%s): retrying", exc)
+        self._idle_s = delay
+        time.sleep(delay)
+        return self.stopping
+
+    # -- taking and starting ----------------------------------------------------------------------
+
+    def _take(self, room: int) -> list[Any]:
+        taken: list[Any] = batch_scripts.call(
+            self.client,
+            batch_scripts.TAKE,
+            self._queue_keys,
+            [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS],
+        )
+        if self._idle_s and taken is not None:
+            log.warning("Redis available again")
+        self._idle_s = 0.0
+        return taken
+
+    def _wait_for_work(self) -> None:
+        """Block until a queue may hold work: BLMOVE on a single queue, a short sleep on several."""
+        if len(self.queues) > 1:
+            time.sleep(0.05)
+            return
+        key = self._queue_keys[0]
+        client: Any = self.client
+        try:
+            job_id = client.blmove(key, key + ":intermediate", IDLE_BLOCK_S, "LEFT", "RIGHT")
+            if job_id is None:
+                return
+            fields = client.hmget(keys.rq_job(job_id.decode()), list(batch_scripts.TAKE_FIELDS))
+            if fields[0] is None:
+                client.lrem(key + ":intermediate", 1, job_id)  # its hash is gone: as RQ drops it
+                return
+        except RedisError as exc:
+            self._unavailable(exc)
+            return
+        self._start([[job_id, 1, fields]])
+
+    def _start(self, taken: list[Any]) -> None:
+        """Start and claim the hybridq deliveries of ``taken`` in one call; others go to RQ's code."""
+        items: list[Taken] = []
+        for job_id, index, fields in taken:
+            queue = self.queues[int(index) - 1]
+            item = prepare(job_id.decode(), queue, fields, self._resolve)
+            if item is None:
+                self._run_by_rq(job_id.decode(), queue)
+            else:
+                items.append(item)
+        if not items:
+            return
+        at = time.time()
+        args: list[Any] = [keys.RQ_PREFIX, self.name, utcformat(now()), at, EXEC_TTL_S]
+        for item in items:
+            self._exec_count += 1
+            item.exec_id = f"{self._exec_prefix}{self._exec_count:x}"
+            item.started = at
+            args += [item.job_id, item.queue, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+        try:
+            replies = scripts.retrying(lambda: batch_scripts.call(self.client, batch_scripts.START, [], args))
+        except RedisError:
+            # Left where the take put them: RQ's intermediate list, or started and claimed (if the
+            # call ran): the forwarder finds them stranded or orphaned and delivers them again.
+            log.error("cannot start %d job(s): left for the forwarder to deliver again", len(items))
+            return
+        for item, reply in zip(items, replies, strict=True):
+            item.run.claim_reply = reply
+            self._running[f"{item.job_id}:{item.exec_id}"] = item
+            if reply[0] == ClaimStatus.CLAIMED and is_async(item.run.func):
+                self.runner.start_async(item)
+            else:
+                self.runner.submit(item)
+
+    def _run_by_rq(self, job_id: str, queue: str) -> None:
+        """Run one job with RQ's own worker code (hybridq's pipelining SimpleWorker)."""
+        rq_queue = self.rq_queues[queue]
+        try:
+            job = rq_queue.job_class.fetch(job_id, connection=self.conn, serializer=JSONSerializer)
+            self.rq_worker.execute_job(job, rq_queue)
+        except Exception:  # RQ logs and records what a job does; this is what it did not catch
+            log.exception("job %s: RQ's worker code failed on it", job_id)
+        finally:
+            if len(self.queues) > 1:  # RQ removes it from its intermediate list only for one queue
+                self.conn.lrem(keys.rq_intermediate(queue), 1, job_id)
+        self.ended += 1
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    def _end_done(self, block_s: float) -> None:
+        """End every job the runner has finished, in one call; wait up to ``block_s`` for one."""
+        done: list[Taken] = []
+        with contextlib.suppress(Empty):
+            if block_s > 0:
+                done.append(self.runner.done.get(timeout=block_s))
+            while True:
+                done.append(self.runner.done.get_nowait())
+        if done:
+            self._end(done)
+
+    def _end(self, done: list[Taken]) -> None:
+        items = [i for i in done if not i.dropped]
+        for item in done:
+            self._running.pop(f"{item.job_id}:{item.exec_id}", None)
+        self.ended += len(done)
+        if not items:
+            return
+        args: list[Any] = [keys.RQ_PREFIX, self.name, utcformat(now()), time.time()]
+        for item in items:
+            ttl = item.result_ttl if item.ok else item.failure_ttl
+            args += [item.job_id, item.queue, item.exec_id, item.started, "1" if item.ok else "0"]
+            args += [ttl, item.rq_field, item.rq_value]
+            call = item.run.finish
+            if call is None:
+                args += [""] * 8
+            else:
+                keys_, call_args = call
+                args += [*keys_, *call_args, *[""] * (5 - len(call_args))]
+        try:
+            replies = scripts.retrying(lambda: batch_scripts.call(self.client, batch_scripts.END, [], args))
+        except RedisError:
+            replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
+        for item, reply in zip(items, replies, strict=True):
+            if reply >= 0:
+                finished(item.run, reply)
+            release(item.run)
+
+    # -- upkeep -----------------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Every BEAT_S: RQ's worker heartbeat and the running jobs' executions kept alive."""
+        at = time.monotonic()
+        if at < self._next_beat:
+            return
+        self._next_beat = at + BEAT_S
+        try:
+            self.rq_worker.heartbeat()
+            if self._running:
+                ttl = EXEC_TTL_S
+                score = time.time() + ttl
+                with self.conn.pipeline(transaction=False) as pipe:
+                    for member, item in list(self._running.items()):
+                        pipe.expire(f"{keys.RQ_PREFIX}:execution:{member}", ttl)
+                        pipe.zadd(keys.rq_registry("wip", item.queue), {member: score}, xx=True)
+                    pipe.execute()
+        except RedisError as exc:
+            log.warning("cannot send RQ's heartbeats: %s", exc)
+
+
+class _Refused(Exception):
+    """Redis refuses this worker's configuration (logged): the process ends with EXIT_REFUSED."""

@@ -1,0 +1,192 @@
+"""What runs one job a pool worker took: decoding its hash, the claim and task, RQ's record of it.
+
+:func:`prepare` makes a :class:`~hybridq.worker.runner.Taken` of a job hash's fields (or says the
+job is RQ's code's to run); :class:`Performer` runs it on a runner thread (:meth:`~Performer.work`)
+or, for an ``async def`` task, on the runner's event loop (:meth:`~Performer.work_async`), with
+:mod:`hybridq.worker.run`'s claim, lease, task call and outcome, and notes what RQ records of it
+(finished with its return value, or failed with its error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import zlib
+from base64 import b64encode
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+from rq.queue import Queue
+from rq.timeouts import JobTimeoutException
+
+from hybridq.context import _current
+from hybridq.envelope import Envelope
+from hybridq.protocol import ENTRY_POINT, Delivery
+from hybridq.signing import keyring
+from hybridq.worker.admit import check
+from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
+from hybridq.worker.runner import Runner, Taken
+
+__all__ = ["Performer", "Resolver", "is_async", "prepare"]
+
+log = logging.getLogger("hybridq.worker")
+
+
+def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envelope], Any]) -> Taken | None:
+    """The job to run from its hash's fields, or ``None`` if RQ's code must run it."""
+    data, origin, run_no, on_success, on_failure, on_stopped, timeout, result_ttl, failure_ttl = fields
+    if run_no is None or on_success or on_failure or on_stopped or origin is None or origin.decode() != queue:
+        return None
+    try:
+        with contextlib.suppress(zlib.error):  # RQ reads uncompressed data too
+            data = zlib.decompress(data)
+        func_name, instance, args, kwargs = json.loads(data)
+        if func_name != ENTRY_POINT or instance is not None or len(args) != 1 or kwargs:
+            return None
+        d = Delivery.from_json(args[0])
+        env = d.envelope
+        if env.id != job_id or env.queue != queue:
+            return None  # a copy of another job: RQ's code refuses it, unreported
+        func = resolve(env)
+        if func is None:
+            return None  # refused or not importable here: RQ's code reports or leaves it
+        item = Taken(job_id, queue, Run.new(args[0], d, func))
+        seconds = int(timeout) if timeout else Queue.DEFAULT_TIMEOUT
+        item.timeout = None if seconds < 0 else float(seconds)
+        item.result_ttl = int(result_ttl) if result_ttl else 500
+        item.failure_ttl = int(failure_ttl) if failure_ttl else 31536000
+    except Exception:
+        return None
+    return item
+
+
+class Resolver:
+    """The function to run for an envelope (:func:`~hybridq.worker.admit.check`).
+
+    Resolved once per path when no signing key is configured (a signature is each envelope's own).
+    """
+
+    def __init__(self) -> None:
+        self._funcs: dict[str, Callable[..., Any]] = {}
+
+    def __call__(self, env: Envelope) -> Callable[..., Any] | None:
+        """The function for ``env``; ``None`` if refused or not importable here."""
+        if keyring() is not None:
+            return check(env)[0]
+        func = self._funcs.get(env.func)
+        if func is None:
+            func = check(env)[0]
+            if func is not None:
+                self._funcs[env.func] = func
+        return func
+
+
+class Performer:
+    """Runs the jobs of one pool worker process (see the module docstring).
+
+    Args:
+        client: the Redis client of the worker's own calls (claims, leases, outcomes).
+        runner: the runner whose loop takes ``async def`` tasks.
+    """
+
+    def __init__(self, client: redis.Redis, runner: Runner | None = None) -> None:
+        self.client = client
+        self.runner = runner
+
+    def work(self, item: Taken) -> bool:
+        """Claim and run one job on a runner thread; False if it went on to the event loop."""
+        run = item.run
+        try:
+            answer = claim(self.client, run)
+        except RedisError as exc:
+            log.error(
+                "job %s: cannot claim it (%s): left for the forwarder to deliver again", item.job_id, exc
+            )
+            item.dropped = True
+            return True
+        except Exception as exc:
+            failed(item, text(exc))
+            return True
+        if answer is not CLAIMED:
+            succeeded(item, answer)
+            return True
+        if is_async(run.func):
+            self.runner.start_async(item)  # type: ignore[union-attr]
+            return False
+        try:
+            value, error = perform(self.client, run)
+        except BaseException as exc:
+            run.finish = None
+            failed(item, text(exc))
+            return True
+        if error is None:
+            succeeded(item, value)
+        else:
+            failed(item, run.error_text or text(error))
+        return True
+
+    async def work_async(self, item: Taken) -> None:
+        """Run one claimed ``async def`` task on the runner's event loop."""
+        run = item.run
+        env = run.d.envelope
+        context = begin(self.client, run)
+        value: Any = None
+        error: Exception | None = None
+        try:
+            coro = run.func(*env.args, **env.kwargs)
+            value = await (asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro)
+        except TimeoutError:
+            error = JobTimeoutException(f"Task exceeded maximum timeout value ({item.timeout:g} seconds)")
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:  # cancelled: no outcome, the lease lapses
+            release(run)
+            run.finish = None
+            failed(item, text(exc))
+            return
+        finally:
+            _current.reset(context)
+        value, error = conclude(run, value, error)
+        if error is None:
+            succeeded(item, value)
+        else:
+            failed(item, run.error_text or text(error))
+
+    def stuck(self, item: Taken) -> None:
+        """Record the timeout of a job stuck past it (on the watchdog's thread)."""
+        error = JobTimeoutException(
+            f"Task exceeded maximum timeout value ({item.timeout:g} seconds) and did not stop; "
+            "its worker process was replaced"
+        )
+        conclude(item.run, None, error)
+        failed(item, item.run.error_text or text(error))
+
+
+def is_async(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` (or the function a ``hybridq.task`` wraps) is an ``async def``."""
+    return inspect.iscoroutinefunction(inspect.unwrap(func))
+
+
+def succeeded(item: Taken, value: Any) -> None:
+    """Note that RQ records ``item`` finished, with ``value`` as its return value."""
+    item.ok = True
+    if value is not None:
+        item.rq_field = "return_value"
+        item.rq_value = b64encode(json.dumps(value).encode()).decode()
+
+
+def failed(item: Taken, text: str) -> None:
+    """Note that RQ records ``item`` failed, with ``text`` as its error."""
+    item.ok = False
+    item.rq_field = "exc_string"
+    item.rq_value = b64encode(zlib.compress(text.encode())).decode()
+
+
+def text(error: BaseException) -> str:
+    """One line naming ``error``'s class and message."""
+    return f"{type(error).__module__}.{type(error).__qualname__}: {error}"

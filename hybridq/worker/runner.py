@@ -1,0 +1,259 @@
+"""How a pool worker's process runs its jobs: worker threads, an event loop, and the timeouts.
+
+:class:`Runner` runs each job it is given on one of its threads (``--threads``), or, for an
+``async def`` task, on its event loop thread (at most ``--async-concurrency`` at once), and puts
+the job on its ``done`` queue once it ran. Its watchdog thread enforces each job's timeout:
+
+* at the deadline, a job on a thread gets :class:`~rq.timeouts.JobTimeoutException` raised in
+  it (at its next Python instruction; an ``async def`` task is cancelled by ``asyncio.wait_for``);
+  the job fails as any job that raised does (its retries apply);
+* a job still running :data:`STUCK_S` later is stuck where no exception reaches it (a blocking
+  C call): the watchdog records its timeout itself, hands it over as done, and marks the
+  runner *poisoned*: the process takes no more jobs, lets its other jobs finish, and exits, so
+  that the stuck thread dies with it (the pool starts a fresh process). No other job is lost;
+* the watchdog stamps :attr:`Runner.alive` in shared memory every :data:`TICK_S`: a process
+  wedged so badly that its watchdog cannot run (a C call holding the GIL) is killed by the pool
+  (:mod:`hybridq.worker.pool`), and its jobs are delivered again once their leases lapse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rq.timeouts import JobTimeoutException
+
+__all__ = ["STUCK_S", "TICK_S", "Runner", "Taken"]
+
+log = logging.getLogger("hybridq.worker")
+
+#: How long past its deadline a job may ignore its timeout before it counts as stuck (seconds).
+STUCK_S = 2.0
+#: How often the watchdog looks at the running jobs and stamps its heartbeat (seconds).
+TICK_S = 0.2
+
+_PENDING, _RUNNING, _DONE = 0, 1, 2
+
+
+@dataclass(eq=False, slots=True)
+class Taken:
+    """One job a pool worker process took: what it runs and what it reports to Redis after."""
+
+    job_id: str
+    queue: str
+    #: Set by the engine: its run (:class:`hybridq.worker.run.Run`), execution id, etc.
+    run: Any = None
+    exec_id: str = ""
+    #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
+    timeout: float | None = None
+    started: float = 0.0
+    result_ttl: int = 500
+    failure_ttl: int = 31536000
+    is_async: bool = False
+    #: What RQ records: finished (True) or failed, and its result field ("return_value" or
+    #: "exc_string", base64 as RQ writes it; "" for none).
+    ok: bool = True
+    rq_field: str = ""
+    rq_value: str = ""
+    #: The claim could not be sent (Redis unreachable): nothing is recorded for this job.
+    dropped: bool = False
+    #: The runner's bookkeeping.
+    deadline: float = 0.0
+    state: int = _PENDING
+    thread: int = 0
+    signalled: bool = False
+    abandoned: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Runner:
+    """Threads and an event loop that run jobs, and a watchdog for their timeouts (module doc).
+
+    Args:
+        threads: worker threads (at least 1).
+        async_concurrency: most ``async def`` jobs running at once.
+        work: runs one job on a thread (claim, task, outcome); may hand an async job back by
+            returning ``False`` after :meth:`start_async`.
+        work_async: the same for an ``async def`` task, on the event loop.
+        on_stuck: records the timeout of a stuck job (called on the watchdog thread).
+        stamp: called with ``time.monotonic()`` every :data:`TICK_S` (the pool's liveness check).
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        async_concurrency: int,
+        work: Callable[[Taken], bool],
+        work_async: Callable[[Taken], Awaitable[None]],
+        on_stuck: Callable[[Taken], None],
+        stamp: Callable[[float], None] = lambda _now: None,
+    ) -> None:
+        self.threads = max(1, threads)
+        self.async_concurrency = max(1, async_concurrency)
+        self.done: queue.SimpleQueue[Taken] = queue.SimpleQueue()
+        self._work = work
+        self._work_async = work_async
+        self._on_stuck = on_stuck
+        self._stamp = stamp
+        self._todo: queue.SimpleQueue[Taken | None] = queue.SimpleQueue()
+        self._running: set[Taken] = set()
+        self._lock = threading.Lock()
+        #: Jobs given to the threads (or the loop) and not yet done.
+        self.sync_pending = 0
+        self.async_pending = 0
+        #: A job is stuck: this process must take nothing more and exit once the rest are done.
+        self.poisoned = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._pool = [
+            threading.Thread(target=self._serve, name=f"hybridq-run-{i}", daemon=True)
+            for i in range(self.threads)
+        ]
+        for t in self._pool:
+            t.start()
+        self._watchdog = threading.Thread(target=self._watch, name="hybridq-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # -- giving jobs ------------------------------------------------------------------------------
+
+    def submit(self, item: Taken) -> None:
+        """Run ``item`` on a thread (an async task is passed on to the loop from there)."""
+        with self._lock:
+            self.sync_pending += 1
+        self._todo.put(item)
+
+    def start_async(self, item: Taken) -> None:
+        """Run ``item``'s coroutine function on the event loop (called by ``work`` on a thread)."""
+        loop = self._event_loop()
+        with self._lock:
+            self.async_pending += 1
+        item.is_async = True
+        asyncio.run_coroutine_threadsafe(self._run_async(item), loop)
+
+    def room(self) -> int:
+        """How many more jobs to take now: the free threads and prefetch, within the async limit."""
+        with self._lock:
+            sync_room = 2 * self.threads - self.sync_pending
+            async_room = self.async_concurrency - self.async_pending
+        return max(0, min(sync_room, async_room))
+
+    def pending(self) -> int:
+        """Jobs given and not yet done."""
+        with self._lock:
+            return self.sync_pending + self.async_pending
+
+    def close(self) -> None:
+        """Stop the threads (after the jobs given to them) and the loop."""
+        self._stop.set()
+        for _ in self._pool:
+            self._todo.put(None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    # -- the threads ------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                item = self._todo.get()
+                if item is None:
+                    return
+                self._one(item)
+            except JobTimeoutException:
+                continue  # a timeout that arrived after its job ended (see _one): nothing to do
+
+    def _one(self, item: Taken) -> None:
+        item.thread = threading.get_ident()
+        if item.timeout is not None:
+            item.deadline = time.monotonic() + item.timeout
+        with item.lock:
+            item.state = _RUNNING
+        with self._lock:
+            self._running.add(item)
+        handed_over = False
+        try:
+            handed_over = not self._work(item)
+        except JobTimeoutException:
+            pass  # landed after the task returned: its outcome stands (work() concluded it)
+        finally:
+            with item.lock:
+                item.state = _DONE
+                abandoned = item.abandoned
+                if item.signalled:  # a timeout raised but not yet delivered must not hit the next job
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(item.thread), None)
+            if not abandoned:  # else the watchdog let it go already
+                with self._lock:
+                    self._running.discard(item)
+                    self.sync_pending -= 1
+        if not handed_over and not abandoned:
+            self.done.put(item)
+
+    # -- the event loop ---------------------------------------------------------------------------
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="hybridq-async", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    async def _run_async(self, item: Taken) -> None:
+        try:
+            await self._work_async(item)
+        except BaseException:  # work_async records what the task raised: this is a bug's trace
+            log.exception("job %s: the async runner failed", item.job_id)
+            item.dropped = True
+        finally:
+            with self._lock:
+                self.async_pending -= 1
+            self.done.put(item)
+
+    # -- the watchdog -----------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(TICK_S):
+            now = time.monotonic()
+            self._stamp(now)
+            with self._lock:
+                late = [i for i in self._running if i.deadline and now >= i.deadline]
+            for item in late:
+                self._expire(item, now)
+
+    def _expire(self, item: Taken, now: float) -> None:
+        with item.lock:
+            if item.state != _RUNNING or item.abandoned:
+                return
+            if not item.signalled:
+                item.signalled = True
+                log.warning(
+                    "job %s: past its timeout (%s s): raising JobTimeoutException in it",
+                    item.job_id,
+                    item.timeout,
+                )
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(item.thread), ctypes.py_object(JobTimeoutException)
+                )
+                return
+            if now < item.deadline + STUCK_S:
+                return
+            item.abandoned = True
+        self.poisoned = True
+        log.error(
+            "job %s: still running %.0f s past its timeout (a blocking call no exception reaches): "
+            "recording its timeout; this process takes no more jobs and exits once its others are done",
+            item.job_id,
+            now - item.deadline,
+        )
+        with self._lock:
+            self._running.discard(item)
+            self.sync_pending -= 1  # its thread is lost to this process, which is ending
+        self._on_stuck(item)
+        self.done.put(item)
