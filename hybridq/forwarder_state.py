@@ -185,9 +185,18 @@ class ForwarderState:
         return {name: totals.get(name, 0) + n for name, n in compacted.items()}
 
     def delivery(
-        self, env: Envelope, loc: Loc, attempt: int, *, overwrite: Overwrite = Overwrite.NEVER
+        self,
+        env: Envelope,
+        loc: Loc,
+        attempt: int,
+        *,
+        overwrite: Overwrite = Overwrite.NEVER,
+        lost: int | None = None,
     ) -> Delivery:
-        """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation."""
+        """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation.
+
+        ``lost``: how many of its runs vanished so far (default: as the ledger counts them).
+        """
         return Delivery(
             env,
             self.checkpoint.owner,
@@ -197,6 +206,7 @@ class ForwarderState:
             lease_s=self.config.lease_s,
             key_ttl_s=self.config.key_ttl_s,
             gen=self.checkpoint.generation,
+            lost=self.index.lost.get(loc, (0, 0))[1] if lost is None else lost,
         )
 
     # -- the checkpoint -----------------------------------------------------------------------

@@ -159,6 +159,9 @@ class Delivery:
     #: older than the generation in the owner's epoch key (Redis brought it back from before
     #: its state was lost or rolled back; see ``Reconciler.check_epoch``).
     gen: int
+    #: How many runs of this job vanished (their worker died, or lost its lease) before this
+    #: delivery: a pool worker runs such a delivery alone in its process (it may be what kills it).
+    lost: int
 
     def __init__(
         self,
@@ -171,6 +174,7 @@ class Delivery:
         lease_s: float = DEFAULT_LEASE_S,
         key_ttl_s: float = DEFAULT_KEY_TTL_S,
         gen: int = 0,
+        lost: int = 0,
         force: bool = False,
         replace: bool = False,
     ) -> None:
@@ -188,6 +192,7 @@ class Delivery:
             ("lease_s", lease_s),
             ("key_ttl_s", key_ttl_s),
             ("gen", gen),
+            ("lost", lost),
         ):
             object.__setattr__(self, name, value)
 
@@ -202,6 +207,7 @@ class Delivery:
             "lease": self.lease_s,
             "key_ttl": self.key_ttl_s,
             "gen": self.gen,
+            **({"lost": self.lost} if self.lost else {}),
         }
 
     @classmethod
@@ -219,6 +225,7 @@ class Delivery:
             lease_s=float(raw.get("lease", DEFAULT_LEASE_S)),
             key_ttl_s=float(raw.get("key_ttl", DEFAULT_KEY_TTL_S)),
             gen=int(raw.get("gen", 0)),
+            lost=int(raw.get("lost", 0)),
         )
 
 

@@ -282,7 +282,7 @@ class Reconciler:
                     # this may be the same vanish: push that attempt, count nothing. (Had it been
                     # pushed and lost too, the push is stale and the next pass counts it.)
                     self._lost_here.add(loc)
-                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER))
+                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER, lost=times))
                     continue
                 self._lost_here.add(loc)
                 times += 1
@@ -304,7 +304,7 @@ class Reconciler:
                     )
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
-                out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER))
+                out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
         # The attempt count is durable before the next attempt is delivered.
         self.state.append(lost)
         if lost:

@@ -100,3 +100,57 @@ def race_a_success_then_fail() -> None:
     stored = {"outcome": "succeeded", "result": "other run", "job_id": job.id, "attempt": 1, "final": True}
     rq_job.connection.set(keys.result(idempotency_id(job.idempotency_key)), json.dumps(stored))
     raise RuntimeError("this run failed, but another run of the key succeeded")
+
+
+# -- tasks for tests/integration/test_worker_pool.py -------------------------------------------
+
+_HELD: list[bytearray] = []
+
+
+def crash(path: str, token: str) -> None:
+    """``start ...``, then kill the process running it (a task that crashes the interpreter)."""
+    import signal
+    import time
+
+    record(path, f"start {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stuck(path: str, token: str) -> None:
+    """``start ...``, then block in one C call no exception interrupts (for an hour)."""
+    import time
+
+    record(path, f"start {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    time.sleep(3600)
+
+
+def spin(path: str, token: str) -> None:
+    """``start ...``, then loop in Python forever (an exception raised in the thread ends it)."""
+    import time
+
+    record(path, f"start {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    while True:
+        time.monotonic()
+
+
+def hog(path: str, token: str, mb: int) -> str:
+    """Keep ``mb`` MB allocated for the life of the process (a task that leaks), then ``done ...``."""
+    import time
+
+    block = bytearray(mb * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touched: resident, not just reserved
+    _HELD.append(block)
+    record(path, f"done {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    return token
+
+
+async def atraced(path: str, token: str, sleep_s: float = 0.0) -> str:
+    """``traced`` as an ``async def``: the sleep is the event loop's."""
+    import asyncio
+    import time
+
+    attempt = _attempt()
+    record(path, f"start {token} {attempt} {os.getpid()} {time.time():.6f}")
+    await asyncio.sleep(sleep_s)
+    record(path, f"done {token} {attempt} {os.getpid()} {time.time():.6f}")
+    return token

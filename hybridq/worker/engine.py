@@ -16,6 +16,7 @@ leaves or runs it exactly as ``hybridq worker --rq`` would.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import resource
@@ -118,6 +119,8 @@ class Engine:
         self._exec_prefix = uuid.uuid4().hex[:16]
         self._exec_count = 0
         self._running: dict[str, Taken] = {}
+        #: Started jobs whose earlier run vanished, waiting to run alone (_run_isolated).
+        self._isolated: collections.deque[Taken] = collections.deque()
         self._next_beat = 0.0
         self._idle_s = 0.0
 
@@ -159,8 +162,13 @@ class Engine:
                     return code
                 self._end_done(block_s=0.2)
                 continue
+            if self._isolated:
+                self._run_isolated()
+                continue
             room = self.runner.room()
             pending = self.runner.pending()
+            if self.max_jobs is not None:  # no more than --max-jobs taken in this process's life
+                room = min(room, self.max_jobs - self.ended - pending)
             if room >= self.runner.threads or (room and pending == 0):
                 try:
                     taken = self._take(room)
@@ -286,10 +294,27 @@ class Engine:
         for item, reply in zip(items, replies, strict=True):
             item.run.claim_reply = reply
             self._running[f"{item.job_id}:{item.exec_id}"] = item
-            if reply[0] == ClaimStatus.CLAIMED and is_async(item.run.func):
+            if item.run.d.lost:
+                self._isolated.append(item)  # run alone: it may be what killed its last process
+            elif reply[0] == ClaimStatus.CLAIMED and is_async(item.run.func):
                 self.runner.start_async(item)
             else:
                 self.runner.submit(item)
+
+    def _run_isolated(self) -> None:
+        """Run the next job whose earlier run vanished once nothing else runs; take nothing meanwhile.
+
+        A job that kills its process (a crash in C code, the OOM killer) would take the jobs
+        running beside it down with it, at every delivery: alone, it takes only itself.
+        """
+        if self.runner.pending():
+            self._end_done(block_s=0.2)
+            return
+        item = self._isolated.popleft()
+        log.info("job %s: its last run vanished (%d so far): running it alone", item.job_id, item.run.d.lost)
+        self.runner.submit(item)
+        while self.runner.pending():
+            self._end_done(block_s=0.2)
 
     def _run_by_rq(self, job_id: str, queue: str) -> None:
         """Run one job with RQ's own worker code (hybridq's pipelining SimpleWorker)."""

@@ -114,6 +114,8 @@ class _Pool:
         #: RQ's pub/sub command channels of the pool and its processes (see _commands).
         self.pubsub: Any = None
         self.channels: set[str] = {f"{RQ_PUBSUB}{self.name}"}
+        #: The channel of the shutdown command that stopped the pool, if one did.
+        self.commanded: str | None = None
         self.size = max(1, options.processes)
         self.alive = mmap.mmap(-1, 8 * self.size)  # shared with the children: their liveness stamps
         self.children: dict[int, _Child] = {}
@@ -152,6 +154,12 @@ class _Pool:
         if self.pubsub is not None:
             with contextlib.suppress(RedisError):
                 self.pubsub.close()
+        if self.commanded is not None and self.code == 0:
+            log.warning(
+                "stopped by RQ's shutdown command (Redis pub/sub channel %s), not by a signal: "
+                "exiting 0; a supervisor restarts this worker only with Restart=always (docs/deploy.md)",
+                self.commanded,
+            )
         return self.code
 
     def _commands(self) -> None:
@@ -178,11 +186,8 @@ class _Pool:
         if command == "shutdown":
             channel = message.get("channel")
             channel = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
-            log.warning(
-                "stopped by RQ's shutdown command (Redis pub/sub channel %s), not by a signal: "
-                "exiting 0; a supervisor restarts this worker only with Restart=always (docs/deploy.md)",
-                channel,
-            )
+            log.warning("RQ shutdown command received on %s: stopping after the current jobs", channel)
+            self.commanded = channel
             self._signal(signal.SIGTERM, None)
 
     def _signal(self, _signum: int, _frame: object) -> None:
@@ -259,8 +264,12 @@ class _Pool:
             self._spawn(child.index)
             return
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        young = time.monotonic() - child.started < YOUNG_S
-        self.delay = min(RESTART_MAX_S, self.delay * 2) if young else 1.0
+        (stamp,) = struct.unpack_from("d", self.alive, 8 * child.index)
+        if stamp:  # it was serving (its watchdog ran): a job killed it; replace it at once
+            self.delay = 0.0
+        else:  # it died starting: back off while that keeps happening
+            young = time.monotonic() - child.started < YOUNG_S
+            self.delay = min(RESTART_MAX_S, max(1.0, self.delay * 2)) if young else 1.0
         log.warning(
             "worker process %d died (%s): its jobs are delivered again once their leases lapse; "
             "starting another in %.0f s",

@@ -1,0 +1,295 @@
+"""``hybridq worker``'s pool (its default): concurrency, isolation, timeouts, recycling, RQ's view.
+
+Real processes, as in test_worker_redis.py: ``python -m hybridq forward --lease 2``, ``python -m
+hybridq worker`` (the pool) and a private redis-server; tasks (``tests.tasks``) append fsync'd
+lines to an effects file, so what ran is counted without trusting hybridq.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import rq
+from hybridq import Queue, Retry, failed_jobs
+from hybridq.testing.embedded import RedisServer
+from rq.serializers import JSONSerializer
+
+from tests.integration.test_worker_redis import (
+    LEASE_S,
+    Stack,
+    alive,
+    all_succeeded,
+    duplicate_executions,
+    read_effects,
+    redis_client,
+    stack,
+    wait_line,
+    wait_status,
+)
+from tests.support.processes import WorkerProcess, wait_until
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+
+def pool(stack: Stack, redis_url: str, *options: str) -> WorkerProcess:
+    """``python -m hybridq worker OPTIONS... default`` (the pool), once it listens."""
+    worker = stack._start(
+        [sys.executable, "-m", "hybridq", "worker", "--redis", redis_url, *options, "default"]
+    )
+    wait_until(lambda: "Listening on" in worker.log(), timeout=30, what="the pool to listen")
+    return worker
+
+
+def starts_and_dones(effects: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    lines = read_effects(effects)
+    return (
+        collections.Counter(x.token for x in lines if x.kind == "start"),
+        collections.Counter(x.token for x in lines if x.kind == "done"),
+    )
+
+
+def test_the_pool_runs_a_process_per_core_and_jobs_concurrently_on_threads(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
+    queue = Queue("default", journal_dir)
+    tokens = [f"t{i}" for i in range(8)]
+    started = time.monotonic()
+    for token in tokens:
+        queue.enqueue("tests.tasks.traced", str(effects), token, 1.0)
+    wait_status(journal_dir, subprocess_env, all_succeeded(8), what="8 jobs", alive=alive(forwarder, worker))
+    took = time.monotonic() - started
+    lines = read_effects(effects)
+    assert {x.pid for x in lines} == set(worker.children()), "the jobs ran in the pool's one process"
+    first_done = min(x.at for x in lines if x.kind == "done")
+    overlapping = sum(1 for x in lines if x.kind == "start" and x.at < first_done)
+    assert overlapping >= 4, f"only {overlapping} of 8 one-second jobs ran at once on 8 threads"
+    assert took < 8, f"8 one-second jobs on 8 threads took {took:.1f} s"
+
+
+def test_a_task_that_kills_its_process_costs_the_others_one_lease_at_most(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    queue = Queue("default", journal_dir)
+    queue.enqueue("tests.tasks.traced", str(effects), "before", 0.5)
+    victim = wait_line(effects, "start", "before").pid
+    queue.enqueue("tests.tasks.crash", str(effects), "crash", retry=Retry(max_attempts=1))
+    wait_line(effects, "start", "crash")
+    crashed_at = time.time()
+    tokens = [f"after-{i}" for i in range(6)]
+    for token in tokens:
+        queue.enqueue("tests.tasks.traced", str(effects), token)
+    for token in [*tokens, "before"]:  # "before" ran beside the crash: delivered again
+        wait_line(effects, "done", token, timeout=30)
+    worker.assert_alive()  # the pool survived; it replaced the process
+    assert "died (killed by signal 9)" in worker.log()
+    assert victim not in worker.children()
+    served = max(x.at for x in read_effects(effects) if x.kind == "done") - crashed_at
+    assert served < LEASE_S * 3 + 10, f"the other jobs waited {served:.1f} s"
+    _starts, dones = starts_and_dones(effects)
+    assert all(dones[t] == 1 for t in [*tokens, "before"]), dones
+    assert duplicate_executions(read_effects(effects)) == 0
+    del forwarder
+
+
+def test_a_task_past_its_timeout_fails_with_jobtimeoutexception_and_the_process_stays(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
+    queue = Queue("default", journal_dir)
+    queue.enqueue("tests.tasks.spin", str(effects), "spin", job_timeout=1, retry=Retry(max_attempts=1))
+    pid = wait_line(effects, "start", "spin").pid
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["failed"] == 1,
+        what="the timeout",
+        alive=alive(forwarder, worker),
+    )
+    assert status["succeeded"] == 0
+    (failure,) = failed_jobs(str(journal_dir))
+    assert "JobTimeoutException" in (failure.error or ""), failure.error
+    assert "did not stop" not in (failure.error or "")
+    assert worker.children() == [pid], "an exception stopped the task: its process keeps serving"
+
+
+def test_a_task_stuck_past_its_timeout_is_recorded_and_its_process_replaced_after_its_other_jobs(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    queue = Queue("default", journal_dir)
+    queue.enqueue("tests.tasks.stuck", str(effects), "stuck", job_timeout=1, retry=Retry(max_attempts=1))
+    pid = wait_line(effects, "start", "stuck").pid
+    queue.enqueue("tests.tasks.traced", str(effects), "neighbour", 4.0)  # runs beside it, past it
+    wait_line(effects, "start", "neighbour")
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["failed"] == 1 and s["succeeded"] == 1,
+        what="the stuck job's timeout and its neighbour's success",
+        timeout=30,
+        alive=alive(forwarder, worker),
+    )
+    assert status["pending"] == 0
+    (failure,) = failed_jobs(str(journal_dir))
+    assert "did not stop" in (failure.error or ""), failure.error
+    starts, dones = starts_and_dones(effects)
+    assert (starts["neighbour"], dones["neighbour"]) == (1, 1), "its neighbour ran once, to its end"
+    wait_until(lambda: worker.children() and pid not in worker.children(), timeout=15, what="a fresh process")
+    assert "exiting for a fresh process" in worker.log()
+    queue.enqueue("tests.tasks.traced", str(effects), "after")
+    wait_line(effects, "done", "after", timeout=30)
+
+
+def test_max_jobs_and_max_memory_replace_processes(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "1", "--max-jobs", "3")
+    queue = Queue("default", journal_dir)
+    for i in range(7):
+        queue.enqueue("tests.tasks.traced", str(effects), f"j{i}")
+    wait_status(journal_dir, subprocess_env, all_succeeded(7), what="7 jobs", alive=alive(forwarder, worker))
+    pids = collections.Counter(x.pid for x in read_effects(effects) if x.kind == "done")
+    assert len(pids) >= 3, pids
+    assert max(pids.values()) <= 3, pids
+    worker.kill()
+
+    hogs = pool(stack, redis_server.url, "--processes", "1", "--threads", "1", "--max-memory", "150")
+    for i in range(3):
+        queue.enqueue("tests.tasks.hog", str(effects), f"hog{i}", 200)
+    wait_status(journal_dir, subprocess_env, all_succeeded(10), what="3 hogs", alive=alive(forwarder, hogs))
+    hog_pids = {x.pid for x in read_effects(effects) if x.token.startswith("hog")}
+    assert len(hog_pids) >= 2, f"the hogs' process was replaced: {hog_pids}"
+    assert "(--max-memory 150)" in hogs.log()
+
+
+def test_async_tasks_run_concurrently_on_the_event_loop(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "1", "--async-concurrency", "20")
+    queue = Queue("default", journal_dir)
+    ids = [queue.enqueue("tests.tasks.atraced", str(effects), f"a{i}", 1.0).id for i in range(20)]
+    queue.enqueue(
+        "tests.tasks.atraced", str(effects), "late", 5.0, job_timeout=1, retry=Retry(max_attempts=1)
+    )
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["succeeded"] == 20 and s["failed"] == 1,
+        what="20 async jobs and a timeout",
+        alive=alive(forwarder, worker),
+    )
+    lines = read_effects(effects)
+    first_done = min(x.at for x in lines if x.kind == "done")
+    overlapping = sum(1 for x in lines if x.kind == "start" and x.at < first_done)
+    assert overlapping >= 10, f"only {overlapping} of 20 one-second async jobs ran at once"
+    assert all(x.attempt == 1 for x in lines), "current_job() is set inside an async task"
+    (failure,) = failed_jobs(str(journal_dir))
+    assert "JobTimeoutException" in (failure.error or "")
+    with redis_client(redis_server) as client:
+        job = rq.job.Job.fetch(ids[0], connection=client, serializer=JSONSerializer)
+        assert job.return_value() == "a0"
+
+
+def test_rq_sees_pool_jobs_as_its_own_and_plain_rq_jobs_share_the_queue(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Jobs stay RQ jobs: statuses, registries, results, executions; a plain RQ job runs too."""
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4", "--name", "pw")
+    queue = Queue("default", journal_dir)
+    slow = queue.enqueue("tests.tasks.traced", str(effects), "slow", 3.0).id
+    wait_line(effects, "start", "slow")
+    with redis_client(redis_server) as client:
+        started = rq.registry.StartedJobRegistry("default", connection=client)
+        assert started.get_job_ids() == [slow]
+        job = rq.job.Job.fetch(slow, connection=client, serializer=JSONSerializer)
+        assert job.get_status() == "started"
+        assert job.worker_name
+        assert job.worker_name.startswith("pw.0.")
+        workers = rq.Worker.all(connection=client)
+        assert [w.name for w in workers] == [job.worker_name]
+        plain = rq.Queue("default", connection=client, serializer=JSONSerializer).enqueue(
+            "tests.tasks.add", 2, 3
+        )
+    ok = queue.enqueue("tests.tasks.add", 1, 2).id
+    bad = queue.enqueue("tests.tasks.fail", retry=Retry(max_attempts=1)).id
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["succeeded"] == 2 and s["failed"] == 1,
+        what="the jobs",
+        alive=alive(forwarder, worker),
+    )
+    with redis_client(redis_server) as client:
+
+        def get(job_id: str) -> rq.job.Job:
+            return rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+
+        wait_until(lambda: get(plain.id).get_status() == "finished", timeout=10, what="the plain RQ job")
+        assert get(plain.id).return_value() == 5
+        assert get(ok).get_status() == "finished"
+        assert get(ok).return_value() == 3
+        assert get(slow).get_status() == "finished"
+        assert get(slow).ended_at is not None
+        failed_job = get(bad)
+        assert failed_job.get_status() == "failed"
+        result = failed_job.latest_result()
+        assert result is not None
+        assert "this task always fails" in (result.exc_string or "")
+        assert set(rq.registry.FinishedJobRegistry("default", connection=client).get_job_ids()) >= {ok, slow}
+        assert rq.registry.FailedJobRegistry("default", connection=client).get_job_ids() == [bad]
+        assert rq.registry.StartedJobRegistry("default", connection=client).get_job_ids() == []
+        assert not client.keys("rq:execution:*"), "every execution ended"
+        stats: dict[str, Any] = {w.name: w for w in rq.Worker.all(connection=client)}
+        (w,) = stats.values()
+        assert w.successful_job_count >= 3
+        assert w.failed_job_count >= 1
+
+
+def test_one_jobs_failure_in_a_batch_is_not_anothers(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Jobs queued before the pool starts go in batches; each ends as its own task did."""
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    queue = Queue("default", journal_dir)
+    kinds = ["ok" if i % 3 else "bad" for i in range(30)]
+    for i, kind in enumerate(kinds):
+        if kind == "ok":
+            queue.enqueue("tests.tasks.traced", str(effects), f"ok{i}")
+        else:
+            queue.enqueue("tests.tasks.fail", retry=Retry(max_attempts=1))
+    with redis_client(redis_server) as client:
+        wait_until(lambda: client.llen("rq:queue:default") == 30, what="30 queued jobs")
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["pending"] == 0 and s["accepted"] == 30,
+        what="every job",
+        alive=alive(forwarder, worker),
+    )
+    assert status["succeeded"] == kinds.count("ok")
+    assert status["failed"] == kinds.count("bad")
+    _starts, dones = starts_and_dones(effects)
+    assert all(n == 1 for n in dones.values())
+    assert len(dones) == kinds.count("ok")
