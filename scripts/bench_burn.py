@@ -465,7 +465,10 @@ targets (issue 15), printed as PASS/FAIL; the exit status is 0 either way (a rep
   B1  hybridq defaults / dramatiq defaults, no-op jobs     >= 1.0x
   B2  hybridq defaults / dramatiq defaults, 20 ms I/O jobs >= 0.9x
 
-see docs/benchmarks.md ("Burn-down").
+--faults switches to throughput under faults: the same burn-down while the worker, Redis and
+the forwarder are killed or flushed (scripts/bench-burn --faults --help).
+
+see docs/benchmarks.md ("Burn-down", "Throughput under faults").
 """
 
 
@@ -511,6 +514,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    if "--faults" in argv:  # throughput under faults: a mode of its own
+        import bench_burn_faults  # noqa: PLC0415
+
+        return bench_burn_faults.main([a for a in argv if a != "--faults"])
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep order with stderr
     repeat = benchlib.pick(args.repeat, args.quick, 1, 3)
