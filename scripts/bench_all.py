@@ -3,12 +3,13 @@
 Runs, one after the other (each is side by side with its peers inside, interleaved, and prints
 its machine header, medians, spreads and ratios): ``bench_journal``, ``bench_enqueue``,
 ``bench_forward``, ``bench_memory``, ``bench_worker``, ``bench_peers`` (at 1, 4 and 16 producer
-threads) and ``bench_e2e`` (jobs/s vs worker processes). Each runs as a subprocess, its output
-shown and kept; each writes its own ``--json``, except ``bench_worker`` (it has none), whose
-printed report is parsed. The results go into one file, ``bench-results.json`` in the run
-directory (``--json`` to put it elsewhere), with each benchmark's output, duration, date and
-commit; then :mod:`bench_report` draws the plots and renders the generated part of
-``docs/benchmarks.md``.
+threads), ``bench_e2e`` (jobs/s vs worker processes) and ``bench_burn`` (issue 15's burn-down:
+queued jobs, one worker command, time to done, against Dramatiq, Huey, Celery and RQ). Each runs
+as a subprocess, its output shown and kept; each writes its own ``--json``, except
+``bench_worker`` (it has none), whose printed report is parsed. The results go into one file,
+``bench-results.json`` in the run directory (``--json`` to put it elsewhere), with each
+benchmark's output, duration, date and commit; then :mod:`bench_report` draws the plots and
+renders the generated part of ``docs/benchmarks.md``.
 
 ``docs/`` (``benchmarks.md`` between its markers, ``benchmarks.json``, ``img/``) is written only
 by a complete, default run: a ``--quick`` run is a smoke test, and a run with ``--only`` is
@@ -58,6 +59,7 @@ BENCHES = [
     Bench("worker", "bench_worker.py", "scripts/bench-worker", has_json=False),
     Bench("peers", "bench_peers.py", "scripts/bench-peers", args=("--threads", "1,4,16")),
     Bench("e2e", "bench_e2e.py", "python scripts/bench_e2e.py"),
+    Bench("burn", "bench_burn.py", "scripts/bench-burn"),
 ]
 NAMES = [b.name for b in BENCHES]
 

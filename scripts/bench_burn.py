@@ -75,13 +75,22 @@ def _rq(url: str, extra: list[str], procs: int) -> list[list[str]]:
 
 
 ROWS = [
-    Row("hq", "hybridq", "hybridq worker (defaults: fork per job)", lambda u: _hq(u, [], 1)),
+    Row("hq", "hybridq", "hybridq worker (defaults)", lambda u: _hq(u, [], 1)),
+    # The old default (RQ's Worker: a forked work-horse per job), so old and new stay comparable.
+    # A flag the installed hybridq lacks makes the command exit: that row is reported as failed.
+    Row("hq_rq", "hybridq", "hybridq worker --rq (fork per job)", lambda u: _hq(u, ["--rq"], 1)),
     Row("hq_simple2", "hybridq", "hybridq worker --simple x 2 processes", lambda u: _hq(u, ["--simple"], 2)),
     Row(
         "dramatiq",
         "dramatiq",
         "dramatiq (defaults: a process per core, 8 threads)",
         lambda _u: [[str(BIN / "dramatiq"), "burn.dramatiq_app"]],
+    ),
+    Row(
+        "dramatiq_p2",
+        "dramatiq",
+        "dramatiq -p 2 -t 8",
+        lambda _u: [[str(BIN / "dramatiq"), "-p", "2", "-t", "8", "burn.dramatiq_app"]],
     ),
     Row(
         "huey",
@@ -96,6 +105,12 @@ ROWS = [
         lambda _u: [[str(BIN / "huey_consumer"), "-w", "2", "-k", "process", "burn.huey_app.huey"]],
     ),
     Row(
+        "huey_t16",
+        "huey",
+        "huey_consumer -w 16 -k thread",
+        lambda _u: [[str(BIN / "huey_consumer"), "-w", "16", "-k", "thread", "burn.huey_app.huey"]],
+    ),
+    Row(
         "celery",
         "celery",
         "celery worker (defaults: prefork, a process per core)",
@@ -106,6 +121,12 @@ ROWS = [
         "celery",
         "celery worker -c 2 (prefork)",
         lambda _u: [[str(BIN / "celery"), "-A", "burn.celery_app", "worker", "-c", "2"]],
+    ),
+    Row(
+        "celery_t16",
+        "celery",
+        "celery worker -P threads -c 16",
+        lambda _u: [[str(BIN / "celery"), "-A", "burn.celery_app", "worker", "-P", "threads", "-c", "16"]],
     ),
     Row("rq", "rq", "rq worker (defaults: fork per job)", lambda u: _rq(u, [], 1)),
     Row(
@@ -424,21 +445,30 @@ forwarder running); the clock starts and ONE worker command starts; done when ev
 appended its byte to a file (polled every 10 ms); every process group killed. jobs/s = N / time.
 
 rows (--peers takes a system or a row key):
-  hq          hybridq worker                          (defaults: a forked work-horse per job)
+  hq          hybridq worker                          (defaults)
+  hq_rq       hybridq worker --rq                     (RQ's Worker: a forked work-horse per job)
   hq_simple2  hybridq worker --simple, 2 processes
   dramatiq    dramatiq burn.dramatiq_app              (defaults: a process per core, 8 threads)
+  dramatiq_p2 dramatiq -p 2 -t 8 ...                  (2 cores, whatever the machine has)
   huey        huey_consumer burn.huey_app.huey        (defaults: 1 thread)
   huey_p2     huey_consumer -w 2 -k process ...
+  huey_t16    huey_consumer -w 16 -k thread ...
   celery      celery -A burn.celery_app worker        (defaults: prefork, a process per core)
   celery_c2   celery -A burn.celery_app worker -c 2
+  celery_t16  celery -A burn.celery_app worker -P threads -c 16
   rq          rq worker                               (defaults: a forked work-horse per job)
   rq_simple2  rq worker -w rq.worker.SimpleWorker, 2 processes
+a row whose command exits (a flag this hybridq does not have yet, say) is reported as failed,
+with the last line of its log, and the run goes on.
 
 targets (issue 15), printed as PASS/FAIL; the exit status is 0 either way (a report):
   B1  hybridq defaults / dramatiq defaults, no-op jobs     >= 1.0x
   B2  hybridq defaults / dramatiq defaults, 20 ms I/O jobs >= 0.9x
 
-see docs/benchmarks.md ("Burn-down").
+--faults switches to throughput under faults: the same burn-down while the worker, Redis and
+the forwarder are killed or flushed (scripts/bench-burn --faults --help).
+
+see docs/benchmarks.md ("Burn-down", "Throughput under faults").
 """
 
 
@@ -484,6 +514,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    if "--faults" in argv:  # throughput under faults: a mode of its own
+        import bench_burn_faults  # noqa: PLC0415
+
+        return bench_burn_faults.main([a for a in argv if a != "--faults"])
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep order with stderr
     repeat = benchlib.pick(args.repeat, args.quick, 1, 3)

@@ -47,12 +47,15 @@ TARGETS: list[tuple[str, str, str, str]] = [
     ("memory", "D1 journal bytes", "D1", "journal bytes per job over the envelope's"),
     ("memory", "D1 segments", "D1", "segments left once the jobs completed"),
     ("memory", "M1 ", "M1", "forwarder peak RSS, Redis down, backlog waiting"),
+    ("burn", "B1 ", "B1", "burn-down, no-op jobs/s: `hybridq worker` defaults / Dramatiq defaults"),
+    ("burn", "B2 ", "B2", "burn-down, 20 ms I/O jobs/s: `hybridq worker` defaults / Dramatiq defaults"),
 ]
 
 IMAGES = {
     "threads": "bench-enqueue-threads.png",
     "latency": "bench-enqueue-latency.png",
     "workers": "bench-e2e-workers.png",
+    "burn": "bench-burn.png",
 }
 
 
@@ -202,6 +205,44 @@ def e2e_table(e2e: dict[str, Any]) -> list[str]:
     return out
 
 
+#: The burn-down's workloads as the table and the plot name them.
+BURN_WORKLOADS = {"noop": "no-op", "io": "20 ms I/O", "cpu": "~5 ms CPU"}
+
+
+def _burn_rows(burn: dict[str, Any]) -> tuple[list[str], dict[str, str], dict[tuple[str, str], Any]]:
+    """The burn-down's workloads, its rows (key -> label) and each (workload, row)'s JSON row."""
+    by = {tuple(k.split("/", 1)): r for k, r in burn["rows"].items()}
+    workloads = list(dict.fromkeys(w for w, _ in by))
+    labels = {key: r["label"] for (_, key), r in by.items()}
+    return workloads, labels, by
+
+
+def burn_table(burn: dict[str, Any]) -> list[str]:
+    """jobs/s per row and workload, with its spread and its ratio to Dramatiq's defaults."""
+    workloads, labels, by = _burn_rows(burn)
+    ratios = {c["name"]: c for c in burn["context"]}
+    out = [
+        "| worker command | "
+        + " | ".join(f"{BURN_WORKLOADS.get(w, w)} jobs/s (spread; {X} dramatiq)" for w in workloads)
+        + " |",
+        "|---|" + "---|" * len(workloads),
+    ]
+    for key, label in labels.items():
+        cells = []
+        for w in workloads:
+            r = by.get((w, key), {})
+            if "rate" not in r:
+                cells.append("failed" if r else "—")
+                continue
+            rate = r["rate"]
+            cell = f"{rate['median']:,.0f}{'*' if r.get('capped_reps') else ''} ({rate['min']:,.0f}..{rate['max']:,.0f}"
+            c = ratios.get(f"{w}: {label} / dramatiq defaults")
+            cells.append(cell + (f"; {c['median']:.2f}{X})" if c else ")"))
+        name = f"**{label}**" if key == "hq" else label
+        out.append(f"| {name} | {' | '.join(cells)} |")
+    return out
+
+
 # -- the plots ----------------------------------------------------------------------------------
 
 
@@ -220,11 +261,12 @@ def plot_all(doc: dict[str, Any], img_dir: Path) -> list[str]:
         ("threads", "peers", plot_threads),
         ("latency", "peers", plot_latency),
         ("workers", "e2e", plot_workers),
+        ("burn", "burn", plot_burn),
     ]
     for key, bench, draw in plots:
         if bench not in results:
             continue
-        fig = plt.figure(figsize=(15 if key == "latency" else 10, 5.6), dpi=100)
+        fig = plt.figure(figsize=(15 if key in {"latency", "burn"} else 10, 5.6), dpi=100)
         draw(fig, results[bench])
         fig.text(0.99, 0.01, stamp, ha="right", va="bottom", fontsize=7, color="grey")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -339,6 +381,37 @@ def plot_workers(fig: Any, e2e: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
+def plot_burn(fig: Any, burn: dict[str, Any]) -> None:
+    """One panel per workload: each row's jobs/s (median; bars: min..max), failed rows left empty."""
+    from matplotlib.ticker import NullFormatter  # noqa: PLC0415 - the bench extra; only here
+
+    workloads, labels, by = _burn_rows(burn)
+    keys = list(labels)
+    for i, w in enumerate(workloads):
+        ax = fig.add_subplot(1, len(workloads), i + 1)
+        ys = range(len(keys))
+        med, low, high = [], [], []
+        for key in keys:
+            rate = by.get((w, key), {}).get("rate")
+            med.append(rate["median"] if rate else 0.0)
+            low.append(rate["median"] - rate["min"] if rate else 0.0)
+            high.append(rate["max"] - rate["median"] if rate else 0.0)
+        colors = ["tab:red" if k.startswith("hq") else "tab:blue" for k in keys]
+        ax.barh(list(ys), med, xerr=[low, high], capsize=3, color=colors)
+        floor = min((m for m in med if m > 0), default=1.0)
+        for y, m in zip(ys, med, strict=True):
+            if m == 0:
+                ax.text(floor, y, " failed", va="center", fontsize=7, color="grey")
+        ax.set_yticks(list(ys), [labels[k] for k in keys] if i == 0 else [""] * len(keys), fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # the minor ticks' labels overlap
+        ax.set_xlabel("jobs/s (median; bars: min..max)")
+        ax.set_title(f"{BURN_WORKLOADS.get(w, w)} jobs", fontsize=10)
+        ax.grid(visible=True, axis="x", which="both", alpha=0.3)
+    fig.suptitle("Burn-down: queued jobs, one worker command, time to done (scripts/bench-burn)")
+
+
 # -- the markdown -------------------------------------------------------------------------------
 
 
@@ -416,6 +489,20 @@ def generated_block(doc: dict[str, Any], images: list[str]) -> str:
         lines += e2e_table(results["e2e"])
         lines += ["", sentence(results["e2e"]["header"]["run"].split("; ", 1)[-1]), ""]
         lines += [f"![{name}](img/{name})" for name in images if "e2e" in name]
+        lines.append("")
+    if "burn" in results:
+        lines += ["### Burn-down: queued jobs, one worker command (`scripts/bench-burn`)", ""]
+        lines += burn_table(results["burn"])
+        lines += [
+            "",
+            (
+                "`*`: stopped at `--max-seconds` in at least one repetition (jobs done / time taken); "
+                "`failed`: the command did not run (its error is in the full output below). "
+                + sentence(results["burn"]["header"]["run"])
+            ),
+            "",
+        ]
+        lines += [f"![{name}](img/{name})" for name in images if "burn" in name]
         lines.append("")
     lines += ["### Full outputs", ""]
     for entry in doc["benchmarks"].values():
