@@ -92,7 +92,9 @@ class Engine:
         self.name = name or uuid.uuid4().hex
         self.max_jobs = max_jobs
         self.max_memory_mb = max_memory_mb
-        self.conn = redis.Redis.from_url(url)
+        # RQ's code (registration, heartbeats, jobs run by RQ's code) uses this connection: a hung
+        # Redis must time out, as RQ's own worker makes it (it sets its socket timeout in work()).
+        self.conn = redis.Redis.from_url(url, socket_timeout=WORKER_TTL_S + 10, socket_connect_timeout=10)
         self.client = scripts.client(self.conn)
         job_class = Job.serving_only(self.queues)
         self.rq_queues = {
@@ -382,7 +384,7 @@ class Engine:
             if self._running:
                 ttl = EXEC_TTL_S
                 score = time.time() + ttl
-                with self.conn.pipeline(transaction=False) as pipe:
+                with self.client.pipeline(transaction=False) as pipe:
                     for member, item in list(self._running.items()):
                         pipe.expire(f"{keys.RQ_PREFIX}:execution:{member}", ttl)
                         pipe.zadd(keys.rq_registry("wip", item.queue), {member: score}, xx=True)

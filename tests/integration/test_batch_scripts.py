@@ -1,0 +1,110 @@
+"""The pool worker's batch scripts against a real Redis: lost replies, NOSCRIPT, one job per part.
+
+A reply lost after a script ran is answered by sending the same call again (the pool does, with
+``scripts.retrying``): that must neither claim twice nor record RQ's ending twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import rq
+from hybridq import keys
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.protocol import Delivery
+from hybridq.testing.embedded import RedisServer
+from hybridq.transport.rq import RQTransport
+from hybridq.worker import batch_scripts
+from hybridq.worker.perform import Resolver, prepare
+from hybridq.worker.run import conclude
+from hybridq.worker.runner import Taken
+from rq.serializers import JSONSerializer
+
+QUEUE = "batch"
+OWNER = "batch-owner"
+
+
+def push(url: str, n: int) -> list[str]:
+    transport = RQTransport(url)
+    try:
+        now = time.time()
+        ids = [new_job_id(now) for _ in range(n)]
+        envs = [
+            Envelope(
+                id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now
+            )
+            for i, j in enumerate(ids)
+        ]
+        transport.push([Delivery(env, OWNER, ("w", 0, i)) for i, env in enumerate(envs)])
+    finally:
+        transport.close()
+    return [env.id for env in envs]
+
+
+def take(client: redis.Redis, n: int) -> list[Taken]:
+    taken = batch_scripts.call(
+        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
+    )
+    items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
+    assert all(item is not None for item in items)
+    return [item for item in items if item is not None]
+
+
+def start_args(items: list[Taken]) -> list[Any]:
+    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z", time.time(), 120]
+    for i, item in enumerate(items):
+        item.exec_id = f"e{i}"
+        item.started = time.time()
+        args += [item.job_id, QUEUE, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+    return args
+
+
+def end_args(items: list[Taken]) -> list[Any]:
+    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:01.000000Z", time.time()]
+    for item in items:
+        conclude(item.run, 1, None)
+        keys_, call = item.run.finish
+        args += [item.job_id, QUEUE, item.exec_id, item.started, "1", 500, "", ""]
+        args += [*keys_, *call, *[""] * (5 - len(call))]
+    return args
+
+
+def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: RedisServer) -> None:
+    ids = push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 10)
+    assert [i.job_id for i in items] == ids
+    assert client.llen(keys.rq_intermediate(QUEUE)) == 3, "taken: in RQ's intermediate list, as RQ's dequeue"
+    args = start_args(items)
+    first = batch_scripts.call(client, batch_scripts.START, [], args)
+    again = batch_scripts.call(client, batch_scripts.START, [], args)  # the first reply was lost
+    assert [r[0] for r in first] == [0, 0, 0]
+    assert [r[0] for r in again] == [0, 0, 0], "a claim that ran finds the lease its own"
+    assert client.llen(keys.rq_intermediate(QUEUE)) == 0
+    started = rq.registry.StartedJobRegistry(QUEUE, connection=client)
+    assert sorted(started.get_job_ids()) == sorted(ids)
+    client.script_flush()  # Redis restarted without losing data: NOSCRIPT is answered by loading it
+    args = end_args(items)
+    assert batch_scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
+    assert batch_scripts.call(client, batch_scripts.END, [], args) == [2, 2, 2], "already stored, mine"
+    assert client.xlen(keys.events(OWNER)) == 3, "one completion event per job"
+    for job_id in ids:
+        assert client.xlen(f"rq:results:{job_id}") == 1, "RQ's result recorded once"
+        job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+        assert job.get_status() == "finished"
+    assert started.get_job_ids() == []
+    assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_a_stored_outcome_in_a_batch_suppresses_that_job_only(redis_server: RedisServer) -> None:
+    push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 3)
+    done = items[1]
+    client.set(done.run.claim_keys[0], '{"outcome": "succeeded", "result": 7, "job_id": "x", "attempt": 1}')
+    replies = batch_scripts.call(client, batch_scripts.START, [], start_args(items))
+    assert [r[0] for r in replies] == [0, 1, 0]
+    assert client.exists(items[0].run.claim_keys[1]) == 1, "the others hold their leases"
+    assert client.exists(done.run.claim_keys[1]) == 0, "the suppressed one takes none"
