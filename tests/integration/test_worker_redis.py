@@ -197,6 +197,12 @@ def queue_length(server: RedisServer) -> int:
         return int(client.llen(QUEUE_KEY))
 
 
+def in_flight(server: RedisServer) -> int:
+    """Jobs Redis holds queued or running (a pool worker takes a burst from the queue at once)."""
+    with redis_client(server) as client:
+        return int(client.llen(QUEUE_KEY)) + int(client.zcard("rq:wip:default"))
+
+
 def rq_job(server: RedisServer, job_id: str) -> Job:
     with redis_client(server) as client:
         job = Job.fetch(job_id, connection=client, serializer=JSONSerializer)
@@ -333,7 +339,10 @@ def test_s10_redis_restarted_empty_mid_stream_loses_nothing(
             queue.enqueue_many([queue.prepare("tests.tasks.record", (str(effects), t)) for t in burst])
             i += len(burst)
             queued = wait_until(
-                lambda: queue_length(redis_server), timeout=30, interval=0.01, what="jobs queued in Redis"
+                lambda: in_flight(redis_server),
+                timeout=30,
+                interval=0.01,
+                what="jobs queued or running in Redis",
             )
             in_redis_at_kill.append(queued)
             redis_server.restart()  # SIGKILL, then the same port with no data
