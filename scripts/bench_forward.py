@@ -39,7 +39,7 @@ import benchlib
 import redis
 import rq
 from bench_enqueue import FUNC
-from bench_harvest import F4_ROWS, harvest_once, run_f4
+from bench_harvest import F4_PACED, F4_ROWS, harvest_once, paced_cells, run_f4
 from benchlib import Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
 from hybridq.forwarder import Forwarder
@@ -49,7 +49,7 @@ from hybridq.transport.rq import RQTransport
 from rq.serializers import JSONSerializer
 
 PEER_BATCH = 1000
-#: F4's bound: twice the ~5,000 no-op jobs/s the concurrent worker aims at (issue 15), rounded up.
+#: F4's bound, events/s: the concurrent worker aims at 4,000-8,000 no-op jobs/s on 2 cores.
 HARVEST_TARGET = 10_000
 RQ_QUEUE_KEY = "rq:queue:default"
 
@@ -234,7 +234,7 @@ F2_ROWS = [
     ("f2ack", "  of which: enqueue returned -> in rq:queue:default"),
     ("f2rq", "rq Queue.enqueue -> in its queue (peer, context)"),
 ]
-LABELS = dict(F1_ROWS + F4_ROWS + F2_ROWS)
+LABELS = dict([*F1_ROWS, *F4_ROWS, F4_PACED, *F2_ROWS])
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -256,6 +256,18 @@ def print_tables(results: dict[str, list[Sample]]) -> None:
         fsyncs = samples[0].extra.get("fsyncs")
         rows.append((label, med, rng, "-" if fsyncs is None else f"{fsyncs:.0f}"))
     benchlib.print_rows(rows, {1, 2, 3})
+    rows = [
+        (
+            "F4 paced (per repetition)",
+            "offered events/s",
+            "harvested events/s",
+            "CPU us/event",
+            "of a core",
+            "events/fsync",
+        )
+    ]
+    rows += [(F4_PACED[1], *paced_cells(s)) for s in results[F4_PACED[0]]]
+    benchlib.print_rows(rows, {1, 2, 3, 4, 5})
     rows = [("F2 latency (per repetition, then median)", "p50 ms", "p95 ms", "p99 ms", "max ms")]
     for key, label in F2_ROWS:
         samples = results[key]
@@ -309,6 +321,8 @@ def shown(key: str, sample: Sample) -> str:
     """A sample on the progress line (stderr)."""
     if key.startswith("f2"):
         return f"p50 {latency_us(sample, 50) / 1000:8.2f} ms"
+    if key == F4_PACED[0]:
+        return f"{sample.rate:>10,.0f} events/s, {paced_cells(sample)[2]} us CPU/event"
     if key.startswith("f4"):
         return f"{sample.rate:>10,.0f} events/s"
     return f"{sample.rate:>10,.0f} jobs/s"
@@ -321,6 +335,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = benchlib.arg_parser("scripts/bench-forward", __doc__)
     p.add_argument(
         "--n", type=int, default=None, help="jobs forwarded per F1 measurement (default 20,000; 2,000 quick)"
+    )
+    p.add_argument(
+        "--harvest-rate",
+        type=float,
+        default=8000.0,
+        help="events/s the paced F4 row writes (default 8,000: the top of the workers' aim)",
     )
     p.add_argument(
         "--samples", type=int, default=None, help="F2 samples per repetition (default 200; 40 quick)"
@@ -353,7 +373,7 @@ def main(argv: list[str]) -> int:
             header["run"] = (
                 f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
                 f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F4 harvests {n:,} "
-                f"completion events; F2 takes {samples} samples "
+                f"completion events, then the same paced at {args.harvest_rate:,.0f}/s; F2 takes {samples} samples "
                 f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep"
             )
             benchlib.print_field("run", header["run"])
@@ -362,7 +382,7 @@ def main(argv: list[str]) -> int:
                 repeat,
                 [
                     functools.partial(run_f1, cfg),
-                    functools.partial(run_f4, server, base, n, prefill),
+                    functools.partial(run_f4, server, base, n, args.harvest_rate, prefill),
                     functools.partial(run_f2, cfg),
                 ],
                 LABELS,
@@ -374,7 +394,7 @@ def main(argv: list[str]) -> int:
             if args.json:
                 # F1 rows are jobs/s; F2 rows are latency samples (their "rate" is samples per pause).
                 rows = benchlib.json_rows(results, dict(F1_ROWS), "jobs/s")
-                rows |= benchlib.json_rows(results, dict(F4_ROWS), "events/s")
+                rows |= benchlib.json_rows(results, dict([*F4_ROWS, F4_PACED]), "events/s")
                 rows |= benchlib.json_rows(results, dict(F2_ROWS), "samples/s (latency only)")
                 benchlib.write_json(args.json, "bench-forward", header, rows, figures)
             if args.profile:

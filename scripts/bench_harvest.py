@@ -6,19 +6,26 @@ hybridq:events:<owner> * e <CompletionEvent JSON>``, pipelined, not timed). Time
 forwarder's ``step()`` calls until its ledger holds all N outcomes (fsync'd) and the stream is
 empty. Next to it, in the same Redis and the same run, the floor any harvester pays: a bare loop
 of ``XRANGE COUNT 1000`` + ``XDEL`` of the same events (no parsing, no ledger, no fsync).
+
+Paced: the same N events written by another process at a steady rate (workers finishing jobs)
+while the forwarder runs its loop (``Forwarder.run()`` in a thread, woken by its event watcher).
+Reported: whether it keeps up, the forwarder process's CPU per event and share of a core, and
+events per ledger fsync (the batches it forms by itself).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import benchlib
 import redis
@@ -42,6 +49,10 @@ F4_ROWS = [
     ("f4hq", "Forwarder.step() harvest: events -> ledger (fsync) -> XDEL"),
     ("f4ref", "bare XRANGE COUNT 1000 + XDEL loop, same events (reference)"),
 ]
+#: The paced row's label (its figures are CPU per event, not a rate to compare).
+F4_PACED = ("f4paced", "Forwarder.run(), events arriving at a steady rate")
+#: Events the paced writer adds per pipeline at most (a worker's batch).
+PACED_CHUNK = 100
 
 
 def fill_events(url: str, owner: str, journal: str) -> int:
@@ -161,7 +172,12 @@ def reference_once(url: str, owner: str, n: int) -> Sample:
 
 
 def run_f4(
-    server: RedisServer, base: str, n: int, prefill: Callable[[str, int], None], rep: int
+    server: RedisServer,
+    base: str,
+    n: int,
+    rate: float,
+    prefill: Callable[[str, int], None],
+    rep: int,
 ) -> dict[str, Sample]:
     """One repetition of F4 (``rep`` is unused: the reference always follows on the same events)."""
     del rep
@@ -171,7 +187,89 @@ def run_f4(
         server.flushall()
         hq, ref = harvest_once(server.url, base, pristine, n)
         server.flushall()
+        paced = paced_once(server.url, base, pristine, n, rate)
+        server.flushall()
     finally:
         shutil.rmtree(os.path.dirname(pristine), ignore_errors=True)
     assert ref is not None
-    return {"f4hq": hq, "f4ref": ref}
+    return {"f4hq": hq, "f4ref": ref, "f4paced": paced}
+
+
+def _write_paced(url: str, stream: str, bodies: list[bytes], rate: float, go: Any) -> None:
+    """In a child process: XADD ``bodies`` at ``rate`` per second once ``go`` is set."""
+    conn = redis.Redis.from_url(url)
+    conn.ping()
+    go.wait()
+    t0 = time.perf_counter()
+    sent = 0
+    while sent < len(bodies):
+        due = min(len(bodies), int((time.perf_counter() - t0) * rate), sent + PACED_CHUNK)
+        if due <= sent:
+            time.sleep(0.0005)
+            continue
+        pipe = conn.pipeline(transaction=False)
+        for body in bodies[sent:due]:
+            pipe.xadd(stream, {"e": body})
+        pipe.execute()
+        sent = due
+    conn.close()
+
+
+def paced_once(url: str, base: str, pristine: str, n: int, rate: float) -> Sample:
+    """N events at ``rate``/s into a running forwarder: wall time, its CPU, its ledger fsyncs."""
+    journal = tempfile.mkdtemp(prefix="paced-", dir=base)
+    shutil.rmtree(journal)
+    shutil.copytree(pristine, journal)
+    transport = RQTransport(url)
+    fwd = Forwarder(journal, transport)
+    thread: threading.Thread | None = None
+    child = None
+    try:
+        fwd.open()
+        fwd.step()
+        owner = fwd.checkpoint.owner
+        fill_events(url, owner, journal)  # the bodies, as the worker writes them
+        conn = redis.Redis.from_url(url)
+        stream = keys.events(owner)
+        bodies = [fields[b"e"] for _, fields in conn.xrange(stream)]
+        conn.delete(stream)
+        conn.close()
+        context = multiprocessing.get_context("spawn")
+        go = context.Event()
+        child = context.Process(target=_write_paced, args=(url, stream, bodies, rate, go), daemon=True)
+        child.start()
+        thread = threading.Thread(target=fwd.run, name="forwarder", daemon=True)
+        thread.start()
+        index = fwd.completions.index
+        before = index.terminal_count
+        time.sleep(0.5)  # the child connected, the loop idle
+        fsyncs = _ledger_fsyncs(fwd)
+        gc.collect()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        go.set()
+        while index.terminal_count - before < n:
+            time.sleep(0.002)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        fsyncs = _ledger_fsyncs(fwd) - fsyncs
+    finally:
+        fwd.stop()
+        if thread is not None:
+            thread.join(10)
+        if child is not None:
+            child.join(10)
+        fwd.close()
+        transport.close()
+        shutil.rmtree(journal, ignore_errors=True)
+    return Sample(n, elapsed, extra={"cpu_s": cpu, "fsyncs": fsyncs, "rate": rate})
+
+
+def paced_cells(sample: Sample) -> tuple[str, ...]:
+    """Offered rate, achieved rate, CPU per event, share of a core, events per fsync."""
+    cpu, fsyncs = sample.extra["cpu_s"], sample.extra["fsyncs"]
+    return (
+        f"{sample.extra['rate']:,.0f}",
+        f"{sample.rate:,.0f}",
+        f"{cpu / sample.count * 1e6:.1f}",
+        f"{cpu / sample.seconds * 100:.0f}%",
+        f"{sample.count / max(1.0, fsyncs):.0f}",
+    )
