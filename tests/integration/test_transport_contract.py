@@ -87,6 +87,20 @@ class TransportContract:
         assert transport.push([retry]).pushed == 0  # the same attempt again: already there
         assert self.queued(transport, "default").count(first.envelope.id) == 1
 
+    def test_a_large_mixed_batch_counts_and_queues_each_job_once(self, transport: Transport) -> None:
+        """Hundreds of jobs (several script calls for RQ), some known, some forced, two queues."""
+        known = [
+            delivery("alpha" if i % 3 else "beta", result_ttl_s=60.0 * (i % 2) or None) for i in range(120)
+        ]
+        transport.push(known)
+        fresh = [delivery("alpha" if i % 4 else "beta", timeout_s=5.0 * (i % 3) or None) for i in range(130)]
+        forced = [Delivery(d.envelope, "owner1", d.loc, attempt=2, force=True) for d in known[::10]]
+        batch = [job for pair in zip(known, fresh, strict=False) for job in pair] + fresh[120:] + forced
+        result = transport.push(batch)
+        assert (result.pushed, result.already_present) == (130 + 12, 120)
+        queued = self.queued(transport, "alpha") + self.queued(transport, "beta")
+        assert sorted(queued) == sorted(d.envelope.id for d in known + fresh)
+
     def test_epoch_and_events_round_trip(self, transport: Transport) -> None:
         assert transport.state_token("owner1").epoch is None
         transport.set_epoch("owner1", "e1")
@@ -154,6 +168,29 @@ class TestRQTransport(TransportContract):
         assert event.body is not None
         assert (event.body["id"], event.body["outcome"], event.body["dup"]) == (env.id, "succeeded", False)
         assert job.created_at.timestamp() == pytest.approx(env.created_at, abs=0.001)  # accepted, not pushed
+
+    def test_each_job_of_a_large_batch_gets_its_own_fields(self, transport) -> None:
+        """Jobs with different numbers of hash fields, over several script calls: none shifted."""
+        jobs = [
+            delivery(
+                "alpha" if i % 2 else "beta",
+                result_ttl_s=float(i + 1) if i % 3 else None,
+                description=f"d{i}",
+            )
+            for i in range(230)
+        ]
+        assert transport.push(jobs).pushed == 230
+        for d in jobs:
+            job = RQJob.fetch(d.envelope.id, connection=transport.connection, serializer=JSONSerializer)
+            assert (job.origin, job.description, job.get_status()) == (
+                d.envelope.queue,
+                d.envelope.description,
+                "queued",
+            )
+            assert job.result_ttl == (
+                None if d.envelope.result_ttl_s is None else int(d.envelope.result_ttl_s)
+            )
+            assert job.args[0]["job"]["id"] == d.envelope.id
 
     def test_no_pickle_reaches_redis(self, transport) -> None:
         d = delivery()
