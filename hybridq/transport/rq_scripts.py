@@ -30,8 +30,8 @@ QUEUED_FIELDS = (
 #: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``).
 _QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
 
-# Pushes several jobs (one call per chunk of a batch: a script call costs the client more than
-# the job's own fields). KEYS: per job, five: job hash, queue list, set of queues, RQ's failed
+# Pushes several jobs (one call per chunk of a batch: a script call costs the client about as much
+# as the job's own fields). KEYS: per job, five: job hash, queue list, set of queues, RQ's failed
 # and canceled registries of the queue. ARGV: per job: job id, the delivery's overwrite
 # (hybridq.protocol.Overwrite: "1" replace a known job that was delivered for an earlier run; "2"
 # replace it whatever it holds), run number (requeue * 100000 + attempt), the number of
