@@ -64,6 +64,7 @@ COMPACTION_NAME = "compaction"
 LEDGER_SEGMENT_BYTES = 4 << 20
 
 Seg = tuple[str, int]
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 T = TypeVar("T")
 
 
@@ -88,20 +89,25 @@ class Entry:
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
+        # Field by field, with one encoder built once: the forwarder encodes one entry per
+        # completion event (``json.dumps`` with options builds a new encoder per call).
         body: dict[str, Any] = {"t": self.kind, "id": self.job_id, "loc": list(self.loc), "n": self.attempt}
-        optional = {
-            "o": self.outcome,
-            "err": self.error,
-            "run_at": self.run_at,
-            "q": self.queue,
-            "ev": self.event_id,
-            "job": self.job,
-        }
-        body.update({name: value for name, value in optional.items() if value is not None})
+        if self.outcome is not None:
+            body["o"] = self.outcome
+        if self.error is not None:
+            body["err"] = self.error
+        if self.run_at is not None:
+            body["run_at"] = self.run_at
+        if self.queue is not None:
+            body["q"] = self.queue
+        if self.event_id is not None:
+            body["ev"] = self.event_id
+        if self.job is not None:
+            body["job"] = self.job
         if self.dup:
             body["dup"] = True
         body["at"] = self.at
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _encode(body).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Entry:

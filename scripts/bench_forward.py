@@ -8,6 +8,10 @@ persistence) is started for the run.
     ``rq.Queue.enqueue_many`` of the same N jobs in batches of 1,000 (one pipeline each) into the
     same Redis. FLUSHALL before each; the three run in an order rotated each repetition; every
     run checks that ``rq:queue:default`` then holds exactly N jobs.
+  * F4 (harvest): N completion events already in the forwarder's stream, as the worker writes
+    them; timed: ``Forwarder.step()`` until the ledger holds all N outcomes (fsync per batch)
+    and the stream is empty, next to a bare ``XRANGE COUNT 1000`` + ``XDEL`` loop of the same
+    events as the reference (``bench_harvest.py``).
   * F2: with a forwarder idle in a background thread (``Forwarder.run()``), enqueue one job and
     poll LLEN of ``rq:queue:default`` in a tight loop (no sleeps) until it appears; a short pause
     between samples keeps the system idle. Interleaved with it, the same for ``rq.Queue.enqueue``
@@ -35,6 +39,7 @@ import benchlib
 import redis
 import rq
 from bench_enqueue import FUNC
+from bench_harvest import F4_PACED, F4_ROWS, harvest_once, paced_cells, run_f4
 from benchlib import Figure, Sample, latency_us, p50, per_rep
 from hybridq import Queue
 from hybridq.forwarder import Forwarder
@@ -44,6 +49,8 @@ from hybridq.transport.rq import RQTransport
 from rq.serializers import JSONSerializer
 
 PEER_BATCH = 1000
+#: F4's bound, events/s: the concurrent worker aims at 4,000-8,000 no-op jobs/s on 2 cores.
+HARVEST_TARGET = 10_000
 RQ_QUEUE_KEY = "rq:queue:default"
 
 
@@ -227,7 +234,7 @@ F2_ROWS = [
     ("f2ack", "  of which: enqueue returned -> in rq:queue:default"),
     ("f2rq", "rq Queue.enqueue -> in its queue (peer, context)"),
 ]
-LABELS = dict(F1_ROWS + F2_ROWS)
+LABELS = dict([*F1_ROWS, *F4_ROWS, F4_PACED, *F2_ROWS])
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -242,6 +249,25 @@ def print_tables(results: dict[str, list[Sample]]) -> None:
         med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
         rows.append((label, med, rng, f"{statistics.median(s.seconds for s in samples):.2f}"))
     benchlib.print_rows(rows, {1, 2, 3})
+    rows = [("F4 measurement", "events/s (median)", "spread (min..max)", "ledger fsyncs")]
+    for key, label in F4_ROWS:
+        samples = results[key]
+        med, rng = benchlib.spread([s.rate for s in samples], ",.0f")
+        fsyncs = samples[0].extra.get("fsyncs")
+        rows.append((label, med, rng, "-" if fsyncs is None else f"{fsyncs:.0f}"))
+    benchlib.print_rows(rows, {1, 2, 3})
+    rows = [
+        (
+            "F4 paced (per repetition)",
+            "offered events/s",
+            "harvested events/s",
+            "CPU us/event",
+            "of a core",
+            "events/fsync",
+        )
+    ]
+    rows += [(F4_PACED[1], *paced_cells(s)) for s in results[F4_PACED[0]]]
+    benchlib.print_rows(rows, {1, 2, 3, 4, 5})
     rows = [("F2 latency (per repetition, then median)", "p50 ms", "p95 ms", "p99 ms", "max ms")]
     for key, label in F2_ROWS:
         samples = results[key]
@@ -262,6 +288,14 @@ def print_ratios(results: dict[str, list[Sample]]) -> list[Figure]:
             "F1", "F1 forwarder (batch 1000) / rq enqueue_many", per_rep(results, "fwd1000", "rqmany"), 0.8
         ),
         target(
+            "F4",
+            "F4 harvest into the ledger, events/s",
+            [s.rate for s in results["f4hq"]],
+            HARVEST_TARGET,
+            unit=" events/s",
+            widths=(44, 10),
+        ),
+        target(
             "F2",
             "F2 enqueue -> visible p50",
             [latency_us(s, 50) / 1000 for s in results["f2hq"]],
@@ -274,6 +308,7 @@ def print_ratios(results: dict[str, list[Sample]]) -> list[Figure]:
     context = benchlib.print_context(
         [
             ("forwarder batch 1000 / batch 500", per_rep(results, "fwd1000", "fwd500")),
+            ("F4 harvest into the ledger / bare XRANGE+XDEL", per_rep(results, "f4hq", "f4ref")),
             ("F2 p50: hybridq enqueue->visible / rq enqueue->visible", per_rep(results, "f2hq", "f2rq", p50)),
         ],
         56,
@@ -286,6 +321,10 @@ def shown(key: str, sample: Sample) -> str:
     """A sample on the progress line (stderr)."""
     if key.startswith("f2"):
         return f"p50 {latency_us(sample, 50) / 1000:8.2f} ms"
+    if key == F4_PACED[0]:
+        return f"{sample.rate:>10,.0f} events/s, {paced_cells(sample)[2]} us CPU/event"
+    if key.startswith("f4"):
+        return f"{sample.rate:>10,.0f} events/s"
     return f"{sample.rate:>10,.0f} jobs/s"
 
 
@@ -298,12 +337,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--n", type=int, default=None, help="jobs forwarded per F1 measurement (default 20,000; 2,000 quick)"
     )
     p.add_argument(
+        "--harvest-rate",
+        type=float,
+        default=8000.0,
+        help="events/s the paced F4 row writes (default 8,000: the top of the workers' aim)",
+    )
+    p.add_argument(
         "--samples", type=int, default=None, help="F2 samples per repetition (default 200; 40 quick)"
     )
     p.add_argument(
         "--dir", default=None, help="parent of the temporary journal directories (default: a new tempdir)"
     )
-    p.add_argument("--profile", action="store_true", help="also print a cProfile of one Forwarder.step()")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a cProfile of one Forwarder.step() forwarding, and one harvesting (F4)",
+    )
     benchlib.add_json_option(p)
     return p.parse_args(argv)
 
@@ -323,14 +372,19 @@ def main(argv: list[str]) -> int:
             header = benchlib.print_redis_machine("hybridq forwarder benchmark", base, server)
             header["run"] = (
                 f"mode={'quick' if args.quick else 'default'}, {repeat} repetitions; F1 forwards "
-                f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F2 takes {samples} samples "
+                f"{n:,} jobs of {FUNC}(i) per row and repetition (order rotated); F4 harvests {n:,} "
+                f"completion events, then the same paced at {args.harvest_rate:,.0f}/s; F2 takes {samples} samples "
                 f"per repetition, {cfg.pause_s * 1000:g} ms pause between, polling LLEN with no sleep"
             )
             benchlib.print_field("run", header["run"])
             print()
             results = benchlib.run_repetitions(
                 repeat,
-                [functools.partial(run_f1, cfg), functools.partial(run_f2, cfg)],
+                [
+                    functools.partial(run_f1, cfg),
+                    functools.partial(run_f4, server, base, n, args.harvest_rate, prefill),
+                    functools.partial(run_f2, cfg),
+                ],
                 LABELS,
                 68,
                 shown,
@@ -340,6 +394,7 @@ def main(argv: list[str]) -> int:
             if args.json:
                 # F1 rows are jobs/s; F2 rows are latency samples (their "rate" is samples per pause).
                 rows = benchlib.json_rows(results, dict(F1_ROWS), "jobs/s")
+                rows |= benchlib.json_rows(results, dict([*F4_ROWS, F4_PACED]), "events/s")
                 rows |= benchlib.json_rows(results, dict(F2_ROWS), "samples/s (latency only)")
                 benchlib.write_json(args.json, "bench-forward", header, rows, figures)
             if args.profile:
@@ -348,6 +403,9 @@ def main(argv: list[str]) -> int:
                 prefill(pristine, n)
                 server.flushall()
                 forward_once(cfg, pristine, 500, profile=True)
+                print()
+                server.flushall()
+                harvest_once(server.url, base, pristine, n, profile=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -40,6 +40,12 @@ TARGETS: list[tuple[str, str, str, str]] = [
     ("forward", "F1 forwarder (batch 500)", "F1", "forwarder (batch 500) / `rq.Queue.enqueue_many(1000)`"),
     ("forward", "F1 forwarder (batch 1000)", "F1", "forwarder (batch 1000) / `rq.Queue.enqueue_many(1000)`"),
     ("forward", "F2 ", "F2", "enqueue → visible in the RQ queue, idle, p50"),
+    (
+        "forward",
+        "F4 harvest",
+        "F4",
+        "completion events harvested into the ledger (fsync per batch), events/s",
+    ),
     ("memory", "F3 ", "F3", "forwarder start over the backlog → first push attempt"),
     ("journal", "verify", "F3", "a full verify, MB/s / 150 MB/s"),
     ("worker", "W1 ", "W1", "no-op jobs/s, hybridq's worker / plain RQ `SimpleWorker`"),

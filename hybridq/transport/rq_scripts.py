@@ -6,14 +6,39 @@ lease) are in :mod:`hybridq.worker.scripts`.
 
 from __future__ import annotations
 
-__all__ = ["_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
+__all__ = ["QUEUED_FIELDS", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 
-# KEYS: job hash, queue list, set of queues, RQ's failed and canceled registries of the queue.
-# ARGV: job id, the delivery's overwrite (hybridq.protocol.Overwrite: "1" replace a known job that
-# was delivered for an earlier run; "2" replace it whatever it holds), run number (requeue *
-# 100000 + attempt), then field/value pairs of the hash. A forced push of a run already delivered
-# does nothing, so a forwarder that restarts and pushes a due retry again does not disturb the
-# retry already running.
+#: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
+#: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
+#: Lua, below) so the client does not pack them into every call.
+QUEUED_FIELDS = (
+    ("status", "queued"),
+    *(
+        (name, "")
+        for name in (
+            "success_callback_name",
+            "failure_callback_name",
+            "stopped_callback_name",
+            "started_at",
+            "ended_at",
+            "last_heartbeat",
+            "worker_name",
+            "group_id",
+        )
+    ),
+)
+#: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``).
+_QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
+
+# Pushes several jobs (one call per chunk of a batch: a script call costs the client about as much
+# as the job's own fields). KEYS: per job, five: job hash, queue list, set of queues, RQ's failed
+# and canceled registries of the queue. ARGV: per job: job id, the delivery's overwrite
+# (hybridq.protocol.Overwrite: "1" replace a known job that was delivered for an earlier run; "2"
+# replace it whatever it holds), run number (requeue * 100000 + attempt), the number of
+# field/value arguments that follow, then those fields of the hash (the script adds
+# QUEUED_FIELDS). Returns {jobs queued, jobs left as they were}. A forced push of a run already
+# delivered does nothing, so a forwarder that restarts and pushes a due retry again does not
+# disturb the retry already running.
 #
 # Unless RQ finished or failed that very run although no worker ever claimed it (its
 # hybridq_started is older): then it can no longer run, and is queued again. That is what the
@@ -22,41 +47,50 @@ __all__ = ["_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 # the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
 # copy, which reports that run's failure again and runs nothing (tests/integration/
 # test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
-_PUSH_IF_NEW = """
-if redis.call("EXISTS", KEYS[1]) == 1 then
-    if ARGV[2] == "0" then
-        return 0
-    end
-    local f = redis.call("HMGET", KEYS[1], "hybridq_run", "status", "hybridq_started")
-    local run, mine = tonumber(f[1]) or 0, tonumber(ARGV[3])
-    if ARGV[2] == "1" and run >= mine then
-        local ended = f[2] == "finished" or f[2] == "failed"
-        if run > mine or not ended or (tonumber(f[3]) or 0) >= run then
+_PUSH_IF_NEW = f"""
+local function push(k, id, overwrite, run, first, last)
+    if redis.call("EXISTS", KEYS[k]) == 1 then
+        if overwrite == "0" then
             return 0
         end
+        local f = redis.call("HMGET", KEYS[k], "hybridq_run", "status", "hybridq_started")
+        local known, mine = tonumber(f[1]) or 0, tonumber(run)
+        if overwrite == "1" and known >= mine then
+            local ended = f[2] == "finished" or f[2] == "failed"
+            if known > mine or not ended or (tonumber(f[3]) or 0) >= known then
+                return 0
+            end
+        end
+        redis.call("DEL", KEYS[k])
+        redis.call("LREM", KEYS[k + 1], 0, id)
     end
-    redis.call("DEL", KEYS[1])
-    redis.call("LREM", KEYS[2], 0, ARGV[1])
+    -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+    redis.call("ZREM", KEYS[k + 3], id)
+    redis.call("ZREM", KEYS[k + 4], id)
+    redis.call("HSET", KEYS[k], "hybridq_run", run, {_QUEUED_LUA}unpack(ARGV, first, last))
+    redis.call("RPUSH", KEYS[k + 1], id)
+    redis.call("SADD", KEYS[k + 2], KEYS[k + 1])
+    return 1
 end
--- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
-redis.call("ZREM", KEYS[4], ARGV[1])
-redis.call("ZREM", KEYS[5], ARGV[1])
-redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
-redis.call("RPUSH", KEYS[2], ARGV[1])
-redis.call("SADD", KEYS[3], KEYS[2])
-return 1
+local queued, a = 0, 1
+for k = 1, #KEYS, 5 do
+    local last = a + 3 + tonumber(ARGV[a + 3])
+    queued = queued + push(k, ARGV[a], ARGV[a + 1], ARGV[a + 2], a + 4, last)
+    a = last + 1
+end
+return {{queued, #KEYS / 5 - queued}}
 """
 
 # After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one
 # job. KEYS: job hash, queue list, set of queues. ARGV: job id, "1" if the ledger holds the job as
-# finished else "0", run number, then field/value pairs of the hash (a live job only).
-# A finished job's *queued* copy (Redis brought it back from an older state) is deleted, hash and
-# queue entry; its other copies are history RQ's tools show. A live job is queued if Redis does
-# not have it or a worker refused its copy as stale (hybridq_fenced: it left the queue then); a
-# queued copy is rewritten in place under the new generation (it keeps its place in the queue);
-# a copy a worker runs or ran is the reconcile pass's. Returns 1 purged, 2 queued, 3 rewritten,
-# 0 nothing done.
-_REFILL = """
+# finished else "0", run number, then field/value pairs of the hash (a live job only; the script
+# adds QUEUED_FIELDS). A finished job's *queued* copy (Redis brought it back from an older state)
+# is deleted, hash and queue entry; its other copies are history RQ's tools show. A live job is
+# queued if Redis does not have it or a worker refused its copy as stale (hybridq_fenced: it left
+# the queue then); a queued copy is rewritten in place under the new generation (it keeps its
+# place in the queue); a copy a worker runs or ran is the reconcile pass's. Returns 1 purged,
+# 2 queued, 3 rewritten, 0 nothing done.
+_REFILL = f"""
 local f = redis.call("HMGET", KEYS[1], "status", "hybridq_fenced")
 local queued = f[1] == "queued" or f[1] == "deferred" or f[1] == "scheduled"
 if ARGV[2] == "1" then
@@ -69,13 +103,13 @@ if ARGV[2] == "1" then
 end
 if f[2] or redis.call("EXISTS", KEYS[1]) == 0 then
     redis.call("DEL", KEYS[1])
-    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], {_QUEUED_LUA}unpack(ARGV, 4))
     redis.call("RPUSH", KEYS[2], ARGV[1])
     redis.call("SADD", KEYS[3], KEYS[2])
     return 2
 end
 if queued then
-    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], unpack(ARGV, 4))
+    redis.call("HSET", KEYS[1], "hybridq_run", ARGV[3], {_QUEUED_LUA}unpack(ARGV, 4))
     return 3
 end
 return 0

@@ -87,6 +87,20 @@ class TransportContract:
         assert transport.push([retry]).pushed == 0  # the same attempt again: already there
         assert self.queued(transport, "default").count(first.envelope.id) == 1
 
+    def test_a_large_mixed_batch_counts_and_queues_each_job_once(self, transport: Transport) -> None:
+        """Hundreds of jobs (several script calls for RQ), some known, some forced, two queues."""
+        known = [
+            delivery("alpha" if i % 3 else "beta", result_ttl_s=60.0 * (i % 2) or None) for i in range(120)
+        ]
+        transport.push(known)
+        fresh = [delivery("alpha" if i % 4 else "beta", timeout_s=5.0 * (i % 3) or None) for i in range(130)]
+        forced = [Delivery(d.envelope, "owner1", d.loc, attempt=2, force=True) for d in known[::10]]
+        batch = [job for pair in zip(known, fresh, strict=False) for job in pair] + fresh[120:] + forced
+        result = transport.push(batch)
+        assert (result.pushed, result.already_present) == (130 + 12, 120)
+        queued = self.queued(transport, "alpha") + self.queued(transport, "beta")
+        assert sorted(queued) == sorted(d.envelope.id for d in known + fresh)
+
     def test_epoch_and_events_round_trip(self, transport: Transport) -> None:
         assert transport.state_token("owner1").epoch is None
         transport.set_epoch("owner1", "e1")
@@ -155,6 +169,29 @@ class TestRQTransport(TransportContract):
         assert (event.body["id"], event.body["outcome"], event.body["dup"]) == (env.id, "succeeded", False)
         assert job.created_at.timestamp() == pytest.approx(env.created_at, abs=0.001)  # accepted, not pushed
 
+    def test_each_job_of_a_large_batch_gets_its_own_fields(self, transport) -> None:
+        """Jobs with different numbers of hash fields, over several script calls: none shifted."""
+        jobs = [
+            delivery(
+                "alpha" if i % 2 else "beta",
+                result_ttl_s=float(i + 1) if i % 3 else None,
+                description=f"d{i}",
+            )
+            for i in range(230)
+        ]
+        assert transport.push(jobs).pushed == 230
+        for d in jobs:
+            job = RQJob.fetch(d.envelope.id, connection=transport.connection, serializer=JSONSerializer)
+            assert (job.origin, job.description, job.get_status()) == (
+                d.envelope.queue,
+                d.envelope.description,
+                "queued",
+            )
+            assert job.result_ttl == (
+                None if d.envelope.result_ttl_s is None else int(d.envelope.result_ttl_s)
+            )
+            assert job.args[0]["job"]["id"] == d.envelope.id
+
     def test_no_pickle_reaches_redis(self, transport) -> None:
         d = delivery()
         transport.push([d])
@@ -182,17 +219,20 @@ def test_retries_are_hybridqs_not_rqs(redis_server) -> None:
     [{}, {"timeout_s": 30.0, "result_ttl_s": 600.0, "description": "answer", "meta": {"team": "x"}}],
 )
 def test_job_hash_is_what_rq_writes(redis_server, overrides) -> None:
-    """The fast path that builds the job hash writes exactly the fields RQ's own Job.to_dict does."""
+    """The job hash a push writes (the fast path's fields and the script's) is RQ's own Job.to_dict."""
     transport = RQTransport(redis_server.url)
     try:
         d = delivery(**overrides)
-        ours = transport.job_hash(d, "2026-01-01T00:00:00.000000Z")
-        mine = dict(zip(ours[::2], ours[1::2], strict=True))
+        transport.push([d])
+        stored = transport.connection.hgetall(f"rq:job:{d.envelope.id}")
+        mine = {k.decode(): v if k == b"data" else v.decode() for k, v in stored.items()}
+        for name in ("hybridq_run", "failure_ttl", "enqueued_at"):  # hybridq's own, and the push time
+            mine.pop(name)
         job = transport.to_rq_job(d)
         theirs = {
             k: v if isinstance(v, bytes | str) else str(v) for k, v in job.to_dict().items() if v is not None
         }
-        theirs["enqueued_at"] = "2026-01-01T00:00:00.000000Z"
+        theirs.pop("enqueued_at")
         for name in ("data",):  # compressed JSON: compare what it holds
             assert json.loads(zlib.decompress(mine.pop(name))) == json.loads(
                 zlib.decompress(theirs.pop(name))

@@ -605,3 +605,27 @@ def test_events_for_finished_jobs_are_counted_and_logged(
     assert forwarder.completions.late_events == 1
     assert "holds as finished" in caplog.text
     forwarder.close()
+
+
+@pytest.mark.parametrize(
+    ("entry", "raw"),
+    [
+        (
+            Entry("done", "j1", ("w", 1, 2), outcome="succeeded", at=1.5, queue="q", event_id="1-0"),
+            b'{"t":"done","id":"j1","loc":["w",1,2],"n":1,"o":"succeeded","q":"q","ev":"1-0","at":1.5}',
+        ),
+        (
+            Entry(
+                "retry", "j\u00e9", ("w", 0, 9), attempt=2, error="boom", run_at=7.0, dup=True, job={"a": [1]}
+            ),
+            (
+                b'{"t":"retry","id":"j\\u00e9","loc":["w",0,9],"n":2,"err":"boom","run_at":7.0,"job":{"a":[1]},'
+                b'"dup":true,"at":0.0}'
+            ),
+        ),
+    ],
+)
+def test_ledger_entries_keep_their_encoding(entry: Entry, raw: bytes) -> None:
+    """The bytes of a ledger record (what older versions read back), and the round trip."""
+    assert entry.to_bytes() == raw
+    assert Entry.from_bytes(raw) == entry
