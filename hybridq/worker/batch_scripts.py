@@ -178,6 +178,9 @@ return replies
 )
 
 
-def call(conn: redis.Redis, script: str, keys: list[str], args: list[Any]) -> Any:
-    """Send one of this module's scripts (by its SHA once Redis knows it)."""
-    return scripts.call(conn, script, keys, args)
+def call(conn: redis.Redis, script: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    """Send one of this module's scripts (by its SHA once Redis knows it).
+
+    With ``client`` (a pipeline of ``conn``), it is queued there.
+    """
+    return scripts.call(conn, script, keys, args, client=client)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import resource
 import signal
 import time
@@ -70,6 +71,7 @@ class Engine:
         max_jobs: end (for a fresh process) after this many jobs; ``None``: never.
         max_memory_mb: end after the process's peak RSS passes this; ``None``: never.
         stamp: the runner's liveness stamp (shared with the pool).
+        parent: the pid of the pool process; this one stops if it is gone.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Engine:
         max_jobs: int | None = None,
         max_memory_mb: float | None = None,
         stamp: Callable[[float], None] = lambda _now: None,
+        parent: int | None = None,
     ) -> None:
         from hybridq.rqworker import SimpleWorker  # noqa: PLC0415 - RQ's worker module is heavy
 
@@ -115,6 +118,8 @@ class Engine:
         )
         performer.runner = self.runner
         self.stopping = False
+        #: The pool process that started this one (it stops when that one is gone); or None.
+        self.parent = parent
         self.ended = 0
         self._queue_keys = [keys.rq_queue(q) for q in self.queues]
         self._resolve = Resolver()
@@ -173,7 +178,7 @@ class Engine:
                 room = min(room, self.max_jobs - self.ended - pending)
             if room >= self.runner.threads or (room and pending == 0):
                 try:
-                    taken = self._take(room)
+                    taken = self._end(self._done(0.0), take=room)  # one round trip for both
                 except RedisError as exc:
                     if self._unavailable(exc):
                         return 1
@@ -190,6 +195,10 @@ class Engine:
 
     def _leaving(self) -> str | None:
         if self.stopping:
+            return "stopped"
+        if self.parent is not None and os.getppid() != self.parent:
+            log.warning("worker %s: its pool process is gone: stopping", self.name)
+            self.stopping = True
             return "stopped"
         if self.runner.poisoned:
             return "a job is stuck past its timeout"
@@ -235,13 +244,17 @@ class Engine:
 
     # -- taking and starting ----------------------------------------------------------------------
 
-    def _take(self, room: int) -> list[Any]:
+    def _take(self, room: int, client: Any = None) -> list[Any]:
+        """Take up to ``room`` jobs (with ``client``, a pipeline: queued there, ``[]`` returned)."""
         taken: list[Any] = batch_scripts.call(
             self.client,
             batch_scripts.TAKE,
             self._queue_keys,
             [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS],
+            client=client,
         )
+        if client is not None:
+            return []
         if self._idle_s and taken is not None:
             log.warning("Redis available again")
         self._idle_s = 0.0
@@ -333,24 +346,30 @@ class Engine:
 
     # -- ending -----------------------------------------------------------------------------------
 
-    def _end_done(self, block_s: float) -> None:
-        """End every job the runner has finished, in one call; wait up to ``block_s`` for one."""
+    def _done(self, block_s: float) -> list[Taken]:
+        """The jobs the runner has finished; waits up to ``block_s`` for one."""
         done: list[Taken] = []
         with contextlib.suppress(Empty):
             if block_s > 0:
                 done.append(self.runner.done.get(timeout=block_s))
             while True:
                 done.append(self.runner.done.get_nowait())
+        return done
+
+    def _end_done(self, block_s: float) -> None:
+        """End every job the runner has finished, in one call; wait up to ``block_s`` for one."""
+        done = self._done(block_s)
         if done:
             self._end(done)
 
-    def _end(self, done: list[Taken]) -> None:
+    def _end(self, done: list[Taken], take: int = 0) -> list[Any]:
+        """End ``done`` in one call; with ``take``, take that many jobs in the same round trip."""
         items = [i for i in done if not i.dropped]
         for item in done:
             self._running.pop(f"{item.job_id}:{item.exec_id}", None)
         self.ended += len(done)
         if not items:
-            return
+            return self._take(take) if take else []
         args: list[Any] = [keys.RQ_PREFIX, self.name, utcformat(now()), time.time()]
         for item in items:
             ttl = item.result_ttl if item.ok else item.failure_ttl
@@ -362,14 +381,29 @@ class Engine:
             else:
                 keys_, call_args = call
                 args += [*keys_, *call_args, *[""] * (5 - len(call_args))]
+        taken: list[Any] = []
         try:
-            replies = scripts.retrying(lambda: batch_scripts.call(self.client, batch_scripts.END, [], args))
+            if take:
+                with self.client.pipeline(transaction=False) as pipe:
+                    batch_scripts.call(self.client, batch_scripts.END, [], args, client=pipe)
+                    self._take(take, client=pipe)
+                    replies, taken = pipe.execute()
+            else:
+                replies = batch_scripts.call(self.client, batch_scripts.END, [], args)
         except RedisError:
-            replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
+            # Sent again on its own (a copy that ran is recognised); jobs a lost take moved wait
+            # in RQ's intermediate list, where the forwarder finds them stranded.
+            try:
+                replies = scripts.retrying(
+                    lambda: batch_scripts.call(self.client, batch_scripts.END, [], args)
+                )
+            except RedisError:
+                replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
         for item, reply in zip(items, replies, strict=True):
             if reply >= 0:
                 finished(item.run, reply)
             release(item.run)
+        return taken or []
 
     # -- upkeep -----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ each an :class:`~hybridq.worker.engine.Engine` with its own threads, and supervi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import mmap
@@ -201,12 +202,14 @@ class _Pool:
 
     def _spawn(self, index: int) -> None:
         struct.pack_into("d", self.alive, 8 * index, 0.0)
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child
             code = 2
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _term_with_parent()
                 name = f"{self.name}.{index}.{self.spawns[index]}"
                 engine = Engine(
                     self.url,
@@ -218,6 +221,7 @@ class _Pool:
                     max_jobs=self.options.max_jobs,
                     max_memory_mb=self.options.max_memory_mb,
                     stamp=lambda at: struct.pack_into("d", self.alive, 8 * index, at),
+                    parent=parent,
                 )
                 code = engine.run()
             except BaseException:
@@ -319,3 +323,16 @@ class _Pool:
                 self.scheduler.acquire_locks(auto_start=True)
         except RedisError as exc:
             log.warning("RQ's scheduler: %s", exc)
+
+
+def _term_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent dies.
+
+    Linux only; elsewhere the engine notices its parent is gone on its next turn.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1

@@ -225,7 +225,7 @@ class Run:
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (the lease value: unique per run)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
+        token = f"{env.id}/{d.attempt}/{_host_pid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [
@@ -237,6 +237,18 @@ class Run:
             d.gen,
         ]
         return cls(raw, d, token, claim_keys, claim_args, func)
+
+
+_HOST_PID: tuple[int, str] = (0, "")
+
+
+def _host_pid() -> str:
+    """``host/pid`` of this process, for lease tokens (looked up once per process)."""
+    global _HOST_PID
+    pid = os.getpid()
+    if _HOST_PID[0] != pid:
+        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
+    return _HOST_PID[1]
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.

@@ -204,9 +204,12 @@ def renew_many(conn: redis.Redis, leases: list[tuple[str, str, int]]) -> list[in
     return list(_script(conn, _RENEW)(keys=[key for key, _, _ in leases], args=args))
 
 
-def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any]) -> Any:
-    """Send the script ``source`` (by its SHA once Redis knows it); its reply."""
-    return _script(conn, source)(keys=keys, args=args)
+def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    """Send the script ``source`` (by its SHA once Redis knows it); its reply.
+
+    With ``client`` (a pipeline of ``conn``), it is queued there; the pipeline loads it if need be.
+    """
+    return _script(conn, source)(keys=keys, args=args, client=client)
 
 
 def retrying(call: Any) -> Any:

@@ -293,3 +293,22 @@ def test_one_jobs_failure_in_a_batch_is_not_anothers(
     _starts, dones = starts_and_dones(effects)
     assert all(n == 1 for n in dones.values())
     assert len(dones) == kinds.count("ok")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_pools_processes_stop_when_the_pool_process_is_killed(
+    redis_server: RedisServer, stack: Stack
+) -> None:
+    """A supervisor's SIGKILL of the pool leaves no orphan taking jobs."""
+    worker = pool(stack, redis_server.url, "--processes", "2")
+    children = wait_until(lambda: len(worker.children()) == 2 and worker.children(), what="2 processes")
+    worker.proc.kill()
+    worker.proc.wait()
+    wait_until(lambda: not any(_running(pid) for pid in children), timeout=15, what="the orphans to stop")
