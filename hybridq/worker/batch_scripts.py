@@ -1,8 +1,8 @@
 """The pool worker's batched Redis calls: take, start + claim, and end, each for many jobs at once.
 
-A pool worker (:mod:`hybridq.worker.engine`) makes three script calls per *batch* of jobs where
-RQ's worker makes about a dozen round trips per job. Each script does, for every job of its
-batch, what RQ's own worker writes (so ``rq info``, rq-dashboard and RQ's registries show the
+A pool worker (:mod:`hybridq.worker.engine`) makes three script calls, in two round trips, per
+*batch* of jobs where RQ's worker makes about a dozen round trips per job. Each script does, for
+every job of its batch, what RQ's own worker writes (so ``rq info``, rq-dashboard and RQ's registries show the
 jobs as RQ would: queued, started with an execution, finished or failed with a result) and what
 hybridq's single-job scripts do (:mod:`hybridq.worker.scripts`: the claim and the outcome are the
 same Lua functions, so their rules cannot drift apart):
@@ -19,19 +19,36 @@ same Lua functions, so their rules cannot drift apart):
   failed registry, the execution removed). Sent again after a lost reply: hybridq's part
   recognises its token, RQ's part runs only while the execution it ends still exists.
 
-Every job's part is independent of the others': one job's failure is never another's.
+Every job's part is independent of the others': one job's failure is never another's. The
+helpers below build the scripts' arguments (:func:`start_args`, :func:`end_args`), wait for a
+job on an idle queue (:func:`wait_one`) and extend running jobs' executions (:func:`keep_alive`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
+from rq.utils import now, utcformat
 
+from hybridq import keys
 from hybridq.worker import scripts
+from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
 
-__all__ = ["END", "END_ARITY", "START", "START_ARITY", "TAKE", "TAKE_FIELDS", "call"]
+__all__ = [
+    "END",
+    "END_ARITY",
+    "START",
+    "START_ARITY",
+    "TAKE",
+    "TAKE_FIELDS",
+    "call",
+    "end_args",
+    "start_args",
+]
 
 #: The job hash fields :data:`TAKE` returns for each job, in this order.
 TAKE_FIELDS = (
@@ -176,6 +193,58 @@ end
 return replies
 """
 )
+
+
+def start_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]:
+    """The arguments of :data:`START` for ``items`` (their execution ids set), started now."""
+    at = time.time()
+    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), at, exec_ttl_s]
+    for item in items:
+        item.started = at
+        args += [item.job_id, item.queue, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+    return args
+
+
+def end_args(name: str, items: Sequence[Taken]) -> list[Any]:
+    """The arguments of :data:`END` for ``items``: RQ's record of each, and its outcome script if any."""
+    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), time.time()]
+    for item in items:
+        ttl = item.result_ttl if item.ok else item.failure_ttl
+        args += [item.job_id, item.queue, item.exec_id, item.started, "1" if item.ok else "0"]
+        args += [ttl, item.rq_field, item.rq_value]
+        call = item.run.finish
+        if call is None:
+            args += [""] * 8
+        else:
+            keys_, call_args = call
+            args += [*keys_, *call_args, *[""] * (5 - len(call_args))]
+    return args
+
+
+def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:
+    """Block up to ``block_s`` for a job on one queue; taken as :data:`TAKE` takes it (or ``[]``)."""
+    intermediate = queue_key + ":intermediate"
+    job_id = client.blmove(queue_key, intermediate, block_s, "LEFT", "RIGHT")
+    if job_id is None:
+        return []
+    fields = client.hmget(keys.rq_job(job_id.decode()), list(TAKE_FIELDS))
+    if fields[0] is None:
+        client.lrem(intermediate, 1, job_id)  # its hash is gone: as RQ drops it
+        return []
+    return [[job_id, 1, fields]]
+
+
+def keep_alive(client: redis.Redis, running: Sequence[Taken], ttl: int) -> None:
+    """Extend RQ's records of the ``running`` jobs' executions by ``ttl`` (RQ's job heartbeat)."""
+    if not running:
+        return
+    score = time.time() + ttl
+    with client.pipeline(transaction=False) as pipe:
+        for item in running:
+            member = f"{item.job_id}:{item.exec_id}"
+            pipe.expire(f"{keys.RQ_PREFIX}:execution:{member}", ttl)
+            pipe.zadd(keys.rq_registry("wip", item.queue), {member: score}, xx=True)
+        pipe.execute()
 
 
 def call(conn: redis.Redis, script: str, keys: list[str], args: list[Any], client: Any = None) -> Any:

@@ -2,16 +2,13 @@
 
 :class:`Engine` is the loop of one ``hybridq worker`` process (:mod:`hybridq.worker.pool` starts
 one per core). Each turn it ends the jobs its :class:`~hybridq.worker.runner.Runner` finished
-(one :data:`~hybridq.worker.batch_scripts.END` call), takes as many queued jobs as it has room
-for (one :data:`~hybridq.worker.batch_scripts.TAKE`), and starts and claims them (one
-:data:`~hybridq.worker.batch_scripts.START`): three round trips per batch instead of about a
-dozen per job. What runs each job is :mod:`hybridq.worker.run`'s, as under an RQ worker: the
-same claim, lease renewal, task call and outcome (docs/worker.md).
-
-A job that is not a well-formed hybridq delivery this worker can run (a plain RQ job sharing the
-queue, a hand-written hash, a task refused or not importable here) is run by RQ's own code
-(hybridq's :class:`~hybridq.rqworker.SimpleWorker`, in this process's main thread), which refuses,
-leaves or runs it exactly as ``hybridq worker --rq`` would.
+and takes as many queued jobs as it has room for (:data:`~hybridq.worker.batch_scripts.END` and
+:data:`~hybridq.worker.batch_scripts.TAKE`, one round trip), then starts and claims them
+(:data:`~hybridq.worker.batch_scripts.START`): two round trips per batch, not a dozen per job.
+Each job runs as under an RQ worker (:mod:`hybridq.worker.run`: docs/worker.md). A job that is
+not a hybridq delivery this worker can run (a plain RQ job, a hand-written hash, a task refused
+or not importable here) is run by RQ's own code (:class:`~hybridq.rqworker.SimpleWorker`, in the
+main thread), which refuses, leaves or runs it exactly as ``hybridq worker --simple`` would.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ import redis
 from redis.exceptions import RedisError
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.utils import now, utcformat
 
 from hybridq import keys, redisurl
 from hybridq.guard import Job
@@ -265,20 +261,12 @@ class Engine:
         if len(self.queues) > 1:
             time.sleep(0.05)
             return
-        key = self._queue_keys[0]
-        client: Any = self.client
         try:
-            job_id = client.blmove(key, key + ":intermediate", IDLE_BLOCK_S, "LEFT", "RIGHT")
-            if job_id is None:
-                return
-            fields = client.hmget(keys.rq_job(job_id.decode()), list(batch_scripts.TAKE_FIELDS))
-            if fields[0] is None:
-                client.lrem(key + ":intermediate", 1, job_id)  # its hash is gone: as RQ drops it
-                return
+            taken = batch_scripts.wait_one(self.client, self._queue_keys[0], IDLE_BLOCK_S)
         except RedisError as exc:
             self._unavailable(exc)
             return
-        self._start([[job_id, 1, fields]])
+        self._start(taken)
 
     def _start(self, taken: list[Any]) -> None:
         """Start and claim the hybridq deliveries of ``taken`` in one call; others go to RQ's code."""
@@ -292,13 +280,10 @@ class Engine:
                 items.append(item)
         if not items:
             return
-        at = time.time()
-        args: list[Any] = [keys.RQ_PREFIX, self.name, utcformat(now()), at, EXEC_TTL_S]
         for item in items:
             self._exec_count += 1
             item.exec_id = f"{self._exec_prefix}{self._exec_count:x}"
-            item.started = at
-            args += [item.job_id, item.queue, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+        args = batch_scripts.start_args(self.name, items, EXEC_TTL_S)
         try:
             replies = scripts.retrying(lambda: batch_scripts.call(self.client, batch_scripts.START, [], args))
         except RedisError:
@@ -370,17 +355,7 @@ class Engine:
         self.ended += len(done)
         if not items:
             return self._take(take) if take else []
-        args: list[Any] = [keys.RQ_PREFIX, self.name, utcformat(now()), time.time()]
-        for item in items:
-            ttl = item.result_ttl if item.ok else item.failure_ttl
-            args += [item.job_id, item.queue, item.exec_id, item.started, "1" if item.ok else "0"]
-            args += [ttl, item.rq_field, item.rq_value]
-            call = item.run.finish
-            if call is None:
-                args += [""] * 8
-            else:
-                keys_, call_args = call
-                args += [*keys_, *call_args, *[""] * (5 - len(call_args))]
+        args = batch_scripts.end_args(self.name, items)
         taken: list[Any] = []
         try:
             if take:
@@ -415,14 +390,7 @@ class Engine:
         self._next_beat = at + BEAT_S
         try:
             self.rq_worker.heartbeat()
-            if self._running:
-                ttl = EXEC_TTL_S
-                score = time.time() + ttl
-                with self.client.pipeline(transaction=False) as pipe:
-                    for member, item in list(self._running.items()):
-                        pipe.expire(f"{keys.RQ_PREFIX}:execution:{member}", ttl)
-                        pipe.zadd(keys.rq_registry("wip", item.queue), {member: score}, xx=True)
-                    pipe.execute()
+            batch_scripts.keep_alive(self.client, list(self._running.values()), EXEC_TTL_S)
         except RedisError as exc:
             log.warning("cannot send RQ's heartbeats: %s", exc)
 
