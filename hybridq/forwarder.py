@@ -344,6 +344,12 @@ class Forwarder:
         return self.state.delivery(env, loc, 1, overwrite=overwrite)
 
     def _wait(self) -> None:
+        refilling = self.completions is not None and self.completions.reconciler.refilling
+        if refilling and self._pusher.stats.down_since is None:
+            # Redis lost its state: every unfinished job goes back, a batch per step, at once;
+            # nothing else would wake the loop (the queues are empty, no worker sends events).
+            # While Redis is down, the idle wait below paces the attempts.
+            return
         timeout = self.config.idle_timeout_s
         if self.checkpoint.held:
             timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))

@@ -137,6 +137,11 @@ class Reconciler:
         if refill:
             self._start_pass(refill=True)
 
+    @property
+    def refilling(self) -> bool:
+        """Whether a refill pass is under way (the loop goes on without waiting until it ends)."""
+        return self._pass is not None and self._pass_refill
+
     # -- passes ---------------------------------------------------------------------------------
 
     def _start_pass(self, *, refill: bool) -> None:

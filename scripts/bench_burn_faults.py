@@ -80,6 +80,7 @@ class Config:
     lease_s: float
     drain_s: float
     kinds: tuple[str, ...]
+    keep: bool = False
 
 
 @dataclass
@@ -260,7 +261,8 @@ def measure(cfg: Config, faults: int, rng: random.Random, say: Any) -> dict[str,
         }
     finally:
         burn.close()
-        shutil.rmtree(d, ignore_errors=True)
+        if not cfg.keep:
+            shutil.rmtree(d, ignore_errors=True)
         with contextlib.suppress(Exception):
             cfg.server.flushall()
 
@@ -376,6 +378,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     baseline.add_argument("--no-baseline", dest="baseline", action="store_false", help="do not")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: a new tempdir)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the run's directory (journal, logs) to look into"
+    )
     benchlib.add_json_option(p)
     args = p.parse_args(argv)
     args.n = benchlib.pick(args.n, args.quick, 2000, 50_000)
@@ -407,7 +412,14 @@ def main(argv: list[str]) -> int:
             )
             benchlib.print_field("run", header["run"])
             cfg = Config(
-                base, server, args.n, shlex.split(args.worker_args), args.lease, args.drain, args.kinds
+                base,
+                server,
+                args.n,
+                shlex.split(args.worker_args),
+                args.lease,
+                args.drain,
+                args.kinds,
+                args.keep,
             )
             rng = random.Random(seed)  # an order of faults, not a secret
             results: dict[str, dict[str, Any]] = {}
@@ -424,7 +436,10 @@ def main(argv: list[str]) -> int:
                     args.json, "bench-burn-faults", header, results, figures, seed=seed, ok=ok(results)
                 )
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if args.keep:
+            print(f"kept {base} (journal, logs)")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     return 0 if ok(results) else 1
 
 

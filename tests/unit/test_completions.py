@@ -629,3 +629,30 @@ def test_ledger_entries_keep_their_encoding(entry: Entry, raw: bytes) -> None:
     """The bytes of a ledger record (what older versions read back), and the round trip."""
     assert entry.to_bytes() == raw
     assert Entry.from_bytes(raw) == entry
+
+
+def test_a_refill_after_redis_lost_everything_does_not_idle_between_batches(journal_dir: Path) -> None:
+    """The refill pass goes on at once: no idle wait (here 30 s) between its batches of 1,000."""
+    import threading
+    import time
+
+    queue = Queue(journal=journal_dir)
+    for start in range(0, 2500, 500):
+        queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(start, start + 500)])
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, idle_timeout_s=30.0)
+    forwarder.step()
+    assert len(transport.queues["default"]) == 2500
+    transport.forget()  # FLUSHALL: nothing left in Redis, no worker will send an event to wake it
+    forwarder._next_epoch_check = 0.0
+    thread = threading.Thread(target=forwarder.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while len(transport.queues.get("default", [])) < 2500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(transport.queues.get("default", [])) == 2500, "the refill idled between batches"
+    finally:
+        forwarder.stop()
+        thread.join(timeout=40)
+        forwarder.close()
