@@ -308,7 +308,23 @@ def test_the_pools_processes_stop_when_the_pool_process_is_killed(
 ) -> None:
     """A supervisor's SIGKILL of the pool leaves no orphan taking jobs."""
     worker = pool(stack, redis_server.url, "--processes", "2")
-    children = wait_until(lambda: len(worker.children()) == 2 and worker.children(), what="2 processes")
+    children: list[int] = wait_until(
+        lambda: worker.children() if len(worker.children()) == 2 else [], what="2 processes"
+    )
     worker.proc.kill()
     worker.proc.wait()
     wait_until(lambda: not any(_running(pid) for pid in children), timeout=15, what="the orphans to stop")
+
+
+def test_with_scheduler_runs_rqs_scheduler_for_plain_rq_jobs(redis_server: RedisServer, stack: Stack) -> None:
+    """``--with-scheduler`` is RQ's: a plain RQ job scheduled on the queue is queued, then run."""
+    import datetime as dt
+
+    worker = pool(stack, redis_server.url, "--processes", "1", "--with-scheduler")
+    with redis_client(redis_server) as client:
+        rq_queue = rq.Queue("default", connection=client, serializer=JSONSerializer)
+        job = rq_queue.enqueue_in(dt.timedelta(seconds=1), "tests.tasks.add", 20, 22)
+        assert job.get_status() == "scheduled"
+        wait_until(lambda: job.get_status(refresh=True) == "finished", timeout=30, what="the scheduled job")
+        assert job.return_value() == 42
+    worker.assert_alive()
