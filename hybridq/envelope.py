@@ -458,10 +458,9 @@ def _fast_json(env: Envelope) -> str | None:
 
 def _number(value: object) -> str | None:
     """A finite float or an int as JSON (as the C encoder writes it); ``None`` for anything else."""
-    kind = type(value)
-    if kind is float and math.isfinite(cast("float", value)):
-        return float.__repr__(cast("float", value))
-    return int.__repr__(cast("int", value)) if kind is int else None
+    if type(value) is float:
+        return float.__repr__(value) if math.isfinite(value) else None
+    return int.__repr__(value) if type(value) is int else None
 
 
 #: Deepest nesting of arrays and objects a record may have. json recurses once per level: a

@@ -294,7 +294,7 @@ class Queue:
             result_ttl_s=(
                 self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl)
             ),
-            run_at=_run_at(now, delay, run_at),
+            run_at=None if delay is None and run_at is None else _run_at(now, delay, run_at),
             retry=retry if retry is not None else self.default_retry,
             description=description,
             meta=dict(meta or {}),
