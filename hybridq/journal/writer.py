@@ -157,6 +157,15 @@ class JournalWriter:
         """The id of the chain the next append goes to."""
         return self._writer_id
 
+    @property
+    def written(self) -> tuple[str, int]:
+        """The chain and the sequence number through which its records are written.
+
+        Read without a lock: at most a moment stale, and then smaller, never ahead of the file.
+        """
+        seg = self._segment
+        return (seg.writer_id, seg.written_seq) if seg is not None else (self._writer_id, 0)
+
     def append(self, payload: bytes, rtype: int = RecordType.DATA) -> RecordId:
         """Append one record; return once it is durable (per :attr:`durability`).
 
