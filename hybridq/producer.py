@@ -172,6 +172,8 @@ class Queue:
         ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
+        if not kwargs:
+            return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
         unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
         if unsupported:
             raise EnvelopeError(

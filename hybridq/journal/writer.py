@@ -188,6 +188,8 @@ class JournalWriter:
             return []
         batch_bytes = sum(map(len, items)) + RECORD_HEADER_SIZE * len(items)
         writer_id, first, segment, offset = self._commit(items, rtype, batch_bytes)
+        if len(items) == 1:  # enqueue's case: no offsets to add up
+            return [RecordId(writer_id, first, segment, offset)]
         offsets = itertools.accumulate((RECORD_HEADER_SIZE + len(p) for p in items[:-1]), initial=offset)
         return [RecordId(writer_id, first + i, segment, at) for i, at in enumerate(offsets)]
 
