@@ -218,7 +218,11 @@ class JournalWriter:
                 self._writing = True
         last: tuple[OpenSegment, int] | None = None
         if queued:
-            slot.lock.acquire()  # type: ignore[union-attr]  # written and durable, failed, or our turn
+            try:
+                slot.lock.acquire()  # type: ignore[union-attr]  # written and durable, failed, or our turn
+            except BaseException:  # KeyboardInterrupt: never leave the others without a writer
+                self._abandon(slot)
+                raise
             if slot.write_next:
                 last = self._write_queued(slot)
         else:
@@ -242,6 +246,18 @@ class JournalWriter:
         if self._crashpoints:
             crashpoints.reached("after_fsync_before_ack")
         return slot.result
+
+    def _abandon(self, slot: _Slot) -> None:
+        """A queued appender interrupted while asleep: leave the queue, or pass on its role."""
+        with self._cond:
+            if slot in self._queued:
+                self._queued.remove(slot)
+                return
+        slot.lock.acquire()  # type: ignore[union-attr]  # taken from the queue: its release is due
+        last = self._write_queued(slot) if slot.write_next else (slot.seg, slot.gen)
+        if last is not None and last[0] is not None and last[0].synced_gen < last[1]:
+            with self._cond:
+                self._wake(last[0])  # another sleeper leads the fsync we will not wait for
 
     def _write_queued(self, own: _Slot) -> tuple[OpenSegment, int] | None:
         """As the writer: write ``own``, then what was queued meanwhile (a few rounds at most).

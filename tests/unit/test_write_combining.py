@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hybridq.errors import JournalClosed, JournalIOError
 from hybridq.journal import Durability, FileOps, JournalReader, JournalWriter, RecordId
 
@@ -229,4 +231,58 @@ def test_close_while_appenders_are_queued_fails_them_cleanly(journal_dir: Path) 
     closer.join()
     assert errors, "close came after every append"
     assert all(isinstance(e, JournalClosed) for e in errors)
+    check_acked_records(journal_dir, acked)
+
+
+def test_a_queued_appender_interrupted_in_its_sleep_leaves_no_one_waiting(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KeyboardInterrupt reaches a queued appender while it sleeps, before or after the writer
+    # took its batch: it must leave the queue, or pass on the writer's role or the fsync's lead
+    # it was given, so the other appenders still finish.
+    from hybridq.journal import writer as writer_module
+
+    budget = [12]
+    budget_lock = threading.Lock()
+    real_allocate = writer_module._allocate_lock
+
+    class Interruptible:
+        def __init__(self) -> None:
+            self.lock = real_allocate()
+            self.queued = sys._getframe(1).f_code.co_name == "_commit"
+            self.calls = 0
+
+        def acquire(self, *args, **kwargs) -> bool:
+            self.calls += 1
+            if self.queued and self.calls == 2:
+                with budget_lock:
+                    interrupt = budget[0] > 0
+                    budget[0] -= interrupt
+                if interrupt:
+                    if budget[0] % 2 and self.lock.acquire(timeout=0.002):
+                        return True  # woken in time: nothing to interrupt
+                    raise KeyboardInterrupt
+            return self.lock.acquire(*args, **kwargs)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    monkeypatch.setattr(writer_module, "_allocate_lock", Interruptible)
+    monkeypatch.setattr(writer_module, "_WRITER_ROUNDS", 1)  # hand the role on often
+    interrupted = []
+    with JournalWriter(journal_dir, fileops=SlowOps(write_delay=0.001, sync_delay=0.001)) as writer:
+        original = writer.append
+
+        def append(data: bytes) -> RecordId:
+            try:
+                return original(data)
+            except KeyboardInterrupt:
+                interrupted.append(data)
+                raise JournalIOError(str(journal_dir), "write", OSError(errno.EINTR, "interrupted")) from None
+
+        writer.append = append  # type: ignore[method-assign]
+        acked, errors = hammer(writer, 20)
+    assert interrupted, "no appender was interrupted"
+    assert len(errors) == len(interrupted)
+    assert len(acked) + len(interrupted) == THREADS * 20
     check_acked_records(journal_dir, acked)
