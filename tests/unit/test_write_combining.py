@@ -240,7 +240,7 @@ def test_a_queued_appender_interrupted_in_its_sleep_leaves_no_one_waiting(
     # KeyboardInterrupt reaches a queued appender while it sleeps, before or after the writer
     # took its batch: it must leave the queue, or pass on the writer's role or the fsync's lead
     # it was given, so the other appenders still finish.
-    from hybridq.journal import writer as writer_module
+    from hybridq.journal import commit as writer_module
 
     budget = [12]
     budget_lock = threading.Lock()
