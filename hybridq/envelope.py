@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, cast
 
 from hybridq.errors import EnvelopeError, NotSerializable
@@ -158,6 +159,19 @@ def _refuse_non_string_keys(value: object) -> None:
 
 #: Types that hold nothing to walk (checked by exact type: an ABC check costs a microsecond).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat(args: tuple[Any, ...], kwargs: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether the arguments and meta hold only scalars under string keys (nothing to walk)."""
+    scalars = _SCALARS
+    for value in args:
+        if type(value) not in scalars:
+            return False
+    for mapping in (kwargs, meta) if meta else (kwargs,):
+        for key, value in mapping.items():
+            if type(key) is not str or type(value) not in scalars:
+                return False
+    return True
 
 
 def _nested(value: object) -> bool:
@@ -300,14 +314,14 @@ class Envelope:
         """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values."""
         if self._encoded is not None:
             return self._encoded
-        obj = self.to_dict()
         try:
-            _refuse_non_string_keys((self.args, self.kwargs, self.meta))
-            raw = _dumps(obj).encode()
+            if not _flat(self.args, self.kwargs, self.meta):
+                _refuse_non_string_keys((self.args, self.kwargs, self.meta))
+            raw = (_fast_json(self) or _dumps(self.to_dict())).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
         # A record the reader would refuse must not be acknowledged (see _MAX_NESTING).
-        if _too_deep(raw, obj):
+        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(self.to_dict()) > _MAX_NESTING:
             raise EnvelopeError(f"job {self.func}: arguments are nested deeper than {_MAX_NESTING} levels")
         self._encoded = raw
         return raw
@@ -360,7 +374,95 @@ class Envelope:
             raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_dumps = _ENCODER.encode
+#: The same encoder's C core, made once (``_dumps`` makes one per call), for :func:`_fast_json`.
+#: No cycle check (``markers`` is None): a cycle ends in RecursionError, which ``to_bytes``
+#: reports as NotSerializable too.
+_values = (
+    c_make_encoder(
+        None,
+        _ENCODER.default,
+        encode_basestring_ascii,
+        _ENCODER.indent,
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        _ENCODER.sort_keys,
+        _ENCODER.skipkeys,
+        _ENCODER.allow_nan,
+    )
+    if c_make_encoder is not None
+    else None
+)
+_str = encode_basestring_ascii
+_PREFIX = f'{{"v":{ENVELOPE_VERSION},"id":'
+
+
+def _fast_json(env: Envelope) -> str | None:
+    """``_dumps(env.to_dict())``, byte for byte, built field by field (about twice as fast).
+
+    ``None`` when ``env`` has anything the fast path does not cover (unknown fields, a field of
+    an unexpected type, no C encoder): the caller then takes the generic path, which also
+    raises the errors.
+    """
+    values = _values
+    if values is None or env.extra or type(env.id) is not str or type(env.func) is not str:
+        return None
+    if type(env.queue) is not str or type(env.idempotency_key) is not str:
+        return None
+    created = _number(env.created_at)
+    if created is None:
+        return None
+    kwargs = env.kwargs
+    parts = [
+        _PREFIX,
+        _str(env.id),
+        ',"func":',
+        _str(env.func),
+        ',"args":',
+        *values(list(env.args), 0),
+        ',"kwargs":',
+        *(("{}",) if not kwargs else values(dict(kwargs), 0)),
+        ',"queue":',
+        _str(env.queue),
+        ',"key":',
+        _str(env.idempotency_key),
+        ',"created_at":',
+        created,
+    ]
+    for name, value in (("timeout", env.timeout_s), ("result_ttl", env.result_ttl_s), ("run_at", env.run_at)):
+        if value is not None:
+            text = _number(value)
+            if text is None:
+                return None
+            parts += (f',"{name}":', text)
+    if env.retry is not None:
+        parts += (',"retry":', *values(env.retry.to_json(), 0))
+    if env.description is not None:
+        if type(env.description) is not str:
+            return None
+        parts += (',"description":', _str(env.description))
+    if env.meta:
+        parts += (',"meta":', *values(dict(env.meta), 0))
+    if env.requeue:
+        if type(env.requeue) is not int:
+            return None
+        parts += (',"requeue":', int.__repr__(env.requeue))
+    if env.signature is not None:
+        if type(env.signature) is not str:
+            return None
+        parts += (',"sig":', _str(env.signature))
+    parts.append("}")
+    return "".join(parts)
+
+
+def _number(value: object) -> str | None:
+    """A finite float or an int as JSON (as the C encoder writes it); ``None`` for anything else."""
+    if type(value) is float:
+        return float.__repr__(value) if math.isfinite(value) else None
+    return int.__repr__(value) if type(value) is int else None
+
+
 #: Deepest nesting of arrays and objects a record may have. json recurses once per level: a
 #: record nested near the interpreter's recursion limit decodes, then raises RecursionError
 #: (not an EnvelopeError) when it is encoded again a few frames deeper, e.g. for delivery.

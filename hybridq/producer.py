@@ -155,6 +155,8 @@ class Queue:
         self.default_retry = default_retry
         self._pending = PendingCount(self.journal) if capacity is not None else None
         self._nudge_name = address(self.journal)
+        #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
+        self._nudged: tuple[str, int] = ("", 0)
         self._writer: JournalWriter | None = None
 
     def __repr__(self) -> str:
@@ -170,6 +172,8 @@ class Queue:
         ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
+        if not kwargs:
+            return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
         unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
         if unsupported:
             raise EnvelopeError(
@@ -237,7 +241,14 @@ class Queue:
             raise
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
-        nudge(self.journal, name=self._nudge_name)
+        # Wake the forwarder with a nudge sent after our records were written. Another thread's
+        # nudge does, if it read the writer's position only once they were written: threads
+        # that one fsync acknowledged together then send one nudge, not one each.
+        last, nudged = ids[-1], self._nudged
+        if nudged[1] < last.seq or nudged[0] != last.writer_id:
+            written = writer.written
+            nudge(self.journal, name=self._nudge_name)
+            self._nudged = written
         return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
 
     def prepare(
@@ -294,7 +305,7 @@ class Queue:
             result_ttl_s=(
                 self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl)
             ),
-            run_at=_run_at(now, delay, run_at),
+            run_at=None if delay is None and run_at is None else _run_at(now, delay, run_at),
             retry=retry if retry is not None else self.default_retry,
             description=description,
             meta=dict(meta or {}),

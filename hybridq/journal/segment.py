@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
+from _thread import LockType
 
 from hybridq.errors import JournalIOError, SealError
 
@@ -60,11 +60,12 @@ class OpenSegment:
         self.error: JournalIOError | None = None  # set once: the segment is poisoned
         # Group commit by generation: appends join ``open_gen``; the fsync that covers them
         # starts by closing it (``open_gen += 1``); ``synced_gen`` is the last one completed.
-        # Each waiting generation has its own condition, so an fsync wakes only the appenders
-        # it covered, plus one appender of the next generation to lead its fsync.
+        # Each waiting appender parks on a lock of its own, listed under its generation, so an
+        # fsync wakes only the appenders it covered (they return without taking the sync lock
+        # again), plus one appender of the next generation to lead its fsync.
         self.open_gen = 1
         self.synced_gen = 0
-        self.gens: dict[int, threading.Condition] = {}
+        self.gens: dict[int, list[LockType]] = {}
 
 
 def as_oserror(exc: BaseException) -> OSError:

@@ -16,17 +16,16 @@ import logging
 import os
 import secrets
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Self
 
 from hybridq import crashpoints
-from hybridq.errors import JournalClosed, JournalIOError, RecordTooLarge
+from hybridq.errors import JournalIOError, RecordTooLarge
 
+from .commit import Durability, GroupCommit, _Slot
 from .fileops import OS_FILEOPS, FileOpError, FileOps, replace_durably, write_all
 from .format import (
     DEFAULT_MAX_SEGMENT_BYTES,
@@ -36,7 +35,6 @@ from .format import (
     TMP_SUFFIX,
     RecordType,
     SegmentHeader,
-    encode_records,
     segment_name,
 )
 from .paths import check_journal_dir, ensure_journal_dir, open_journal_dir
@@ -47,15 +45,6 @@ __all__ = ["Durability", "JournalWriter", "RecordId"]
 log = logging.getLogger("hybridq.journal")
 
 _ZERO_SALT = bytes(8)
-
-
-class Durability(StrEnum):
-    """What an acknowledged append survives."""
-
-    #: Acknowledge after an fdatasync covering the record: survives power loss. The default.
-    FSYNC = "fsync"
-    #: Acknowledge after write(2): survives a crash of the process, **not** of the machine.
-    NO_FSYNC = "no-fsync"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +68,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class JournalWriter:
+class JournalWriter(GroupCommit):
     """Appends records to a journal directory; thread-safe; ack only after fsync.
 
     Args:
@@ -111,6 +100,8 @@ class JournalWriter:
         self._cond = threading.Condition(self._sync_lock)  # "an fsync or seal ended"
         self._segment: OpenSegment | None = None
         self._closed = False
+        self._writing = False  # an appender is writing queued batches (guarded by _sync_lock)
+        self._queued: list[_Slot] = []  # batches waiting for it, in arrival order
         self._new_chain()
         #: Number of fsyncs that covered appended records (group commit makes this < appends).
         self.fsync_count = 0
@@ -130,6 +121,15 @@ class JournalWriter:
     def writer_id(self) -> str:
         """The id of the chain the next append goes to."""
         return self._writer_id
+
+    @property
+    def written(self) -> tuple[str, int]:
+        """The chain and the sequence number through which its records are written.
+
+        Read without a lock: at most a moment stale, and then smaller, never ahead of the file.
+        """
+        seg = self._segment
+        return (seg.writer_id, seg.written_seq) if seg is not None else (self._writer_id, 0)
 
     def append(self, payload: bytes, rtype: int = RecordType.DATA) -> RecordId:
         """Append one record; return once it is durable (per :attr:`durability`).
@@ -153,39 +153,10 @@ class JournalWriter:
             return []
         batch_bytes = sum(map(len, items)) + RECORD_HEADER_SIZE * len(items)
         writer_id, first, segment, offset = self._commit(items, rtype, batch_bytes)
+        if len(items) == 1:  # enqueue's case: no offsets to add up
+            return [RecordId(writer_id, first, segment, offset)]
         offsets = itertools.accumulate((RECORD_HEADER_SIZE + len(p) for p in items[:-1]), initial=offset)
         return [RecordId(writer_id, first + i, segment, at) for i, at in enumerate(offsets)]
-
-    def _commit(self, items: Sequence[bytes], rtype: int, batch_bytes: int) -> tuple[str, int, int, int]:
-        """Write a checked batch and wait until it is durable.
-
-        Returns the chain, the first sequence number, and the segment index and offset of the
-        first record.
-        """
-        with self._lock:
-            if self._closed:
-                raise JournalClosed
-            seg = self._writable_segment(batch_bytes)
-            first = seg.next_seq
-            # synced_seq may be a moment stale (smaller): that only makes the stated distance
-            # larger, which the reader treats as "less was durable" (the safe direction).
-            blob = encode_records(seg.seed, first, rtype, items, synced_seq=seg.synced_seq)
-            offset = seg.size
-            self._write(seg, blob)
-            last = first + len(items) - 1
-            seg.next_seq = last + 1
-            seg.data_count += len(items)
-            seg.last_data_seq = last
-            with self._cond:
-                seg.written_seq = last
-                gen = seg.open_gen
-            writer_id, index = seg.writer_id, seg.index
-        if self._crashpoints:
-            crashpoints.reached("after_write_before_fsync")
-        self._wait_durable(seg, gen)
-        if self._crashpoints:
-            crashpoints.reached("after_fsync_before_ack")
-        return writer_id, first, index, offset
 
     def close(self) -> None:
         """Seal the current segment and release it. Idempotent."""
@@ -233,6 +204,8 @@ class JournalWriter:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._cond = threading.Condition(self._sync_lock)
+        self._writing = False
+        self._queued = []
         seg, self._segment = self._segment, None
         if seg is not None:
             close_quietly(self._ops, seg.fd)  # our copy only; the parent's fd and lock stay
@@ -315,78 +288,6 @@ class JournalWriter:
             self._poison(seg, err)
             raise err from exc
         seg.size += len(blob)
-
-    def _poison(self, seg: OpenSegment, err: JournalIOError) -> None:
-        with self._cond:
-            if seg.error is None:
-                seg.error = err
-                log.error("journal segment %s abandoned after %s error: %s", seg.path, err.op, err)
-            self._wake(seg)
-
-    def _wake(self, seg: OpenSegment) -> None:
-        """After an fsync, seal or error (holding the sync lock): wake whoever must act."""
-        done = list(seg.gens) if seg.error is not None else [g for g in seg.gens if g <= seg.synced_gen]
-        for g in done:
-            seg.gens.pop(g).notify_all()
-        nxt = seg.gens.get(seg.open_gen)
-        if nxt is not None and not seg.syncing:
-            nxt.notify()  # one appender of the next generation leads its fsync
-        self._cond.notify_all()  # a seal waiting for the fsync to end
-
-    def _wait_durable(self, seg: OpenSegment, gen: int) -> None:
-        """Group commit: return once an fsync covering generation ``gen`` has completed.
-
-        An appender that finds no fsync running leads: it closes the open generation and fsyncs
-        everything written so far. Appenders arriving meanwhile join the next generation and
-        are all covered by its leader's single fsync.
-        """
-        if self.durability is Durability.NO_FSYNC:
-            # Our write(2) succeeded, which is this mode's acknowledgement. An error on the
-            # segment now is a later batch's: ours stays in the file (a failed write is cut
-            # back to its own start), so it must not be reported failed.
-            return
-        lock = self._sync_lock
-        with lock:
-            while True:
-                # Durable first: an fsync that covered ``gen`` makes the records durable even
-                # if a later batch's write or fsync poisoned the segment since. So does one
-                # still running that covers it (it closed ``gen``): wait for its result.
-                if seg.synced_gen >= gen:
-                    return
-                if seg.error is not None and not (seg.syncing and gen < seg.open_gen):
-                    raise seg.error
-                if seg.syncing:
-                    waiting = seg.gens.get(gen)
-                    if waiting is None:
-                        waiting = seg.gens[gen] = threading.Condition(lock)
-                    waiting.wait()
-                    continue
-                # Lead. No fsync is running, so ``gen`` is the open generation: close it.
-                leading = seg.open_gen
-                seg.open_gen += 1
-                seg.syncing = True
-                target = seg.written_seq
-                lock.release()
-                failure: OSError | None = None
-                started = time.perf_counter()
-                try:
-                    self._ops.fdatasync(seg.fd)
-                except OSError as exc:
-                    failure = exc
-                finally:
-                    lock.acquire()
-                seg.syncing = False
-                if failure is None:
-                    self.fsync_count += 1
-                    self.last_fsync_seconds = time.perf_counter() - started
-                    seg.synced_seq = max(seg.synced_seq, target)
-                    seg.synced_gen = max(seg.synced_gen, leading)
-                elif seg.error is None:
-                    # Rule 9: after a failed fsync the kernel may have dropped the dirty pages;
-                    # a retry could "succeed" over lost data. Fail everything pending.
-                    seg.error = JournalIOError(seg.path, "fsync", failure)
-                    log.error("journal segment %s abandoned after fsync error: %s", seg.path, failure)
-                self._wake(seg)
 
     def _seal(self, seg: OpenSegment) -> None:
         """Seal ``seg`` (two seal records, fsync, read-only, fsync) and close it. Holds _lock.

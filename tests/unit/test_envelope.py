@@ -122,6 +122,62 @@ def test_round_trip(args: list[object], kwargs: dict[str, object]) -> None:
     assert Envelope.from_bytes(env.to_bytes()) == env
 
 
+_numbers = st.none() | st.integers(0, 10**6) | st.floats(0, 1e9, allow_nan=False) | st.just(True)  # noqa: FBT003 - a bool where a number belongs
+
+
+@given(
+    args=st.lists(json_values, max_size=4),
+    kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+    meta=st.dictionaries(st.text(max_size=8), json_values, max_size=2),
+    text=st.text(max_size=12),
+    created_at=st.floats(0, 4e9, allow_nan=False) | st.integers(0, 4 * 10**9),
+    timeout=_numbers,
+    run_at=_numbers,
+    requeue=st.integers(0, 3),
+    retry=st.none() | st.just(Retry(4, 0.5, 10, jitter=False)),
+    extra=st.sampled_from([{}, {"later": [1, {"x": None}]}]),
+)
+def test_the_fast_encoding_is_the_generic_one_byte_for_byte(
+    args, kwargs, meta, text, created_at, timeout, run_at, requeue, retry, extra
+) -> None:
+    # to_bytes builds the common envelope field by field; what it writes must stay exactly what
+    # the generic encoder writes for to_dict() (the journal, signing and readers rely on it).
+    from hybridq.envelope import _dumps
+
+    env = make(
+        args=tuple(args),
+        kwargs=kwargs,
+        meta=meta,
+        idempotency_key=text,
+        description=text or None,
+        signature=text or None,
+        created_at=created_at,
+        timeout_s=timeout,
+        result_ttl_s=timeout,
+        run_at=run_at,
+        requeue=requeue,
+        retry=retry,
+        extra=extra,
+    )
+    try:
+        expected = _dumps(env.to_dict()).encode()
+    except (TypeError, ValueError):
+        with pytest.raises(NotSerializable):
+            env.to_bytes()
+        return
+    assert env.to_bytes() == expected
+
+
+def test_the_fast_encoding_refuses_what_the_generic_one_refuses() -> None:
+    cycle: list[object] = []
+    cycle.append(cycle)
+    for bad in ({"args": (cycle,)}, {"kwargs": {"k": {1: "int key"}}}, {"meta": {"m": float("inf")}}):
+        with pytest.raises(NotSerializable):
+            make(**bad).to_bytes()
+    with pytest.raises(NotSerializable):
+        make(kwargs={"k": [{"deep": {2: 0}}]}).to_bytes()
+
+
 def test_unknown_fields_survive_a_round_trip() -> None:
     raw = json.loads(make().to_bytes())
     raw["priority_from_the_future"] = {"level": 3}
