@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from tests.integration.test_worker_redis import (
     wait_line,
     wait_status,
 )
-from tests.support.processes import WorkerProcess, wait_until
+from tests.support.processes import ForwarderProcess, WorkerProcess, wait_until
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
@@ -44,6 +45,24 @@ def pool(stack: Stack, redis_url: str, *options: str) -> WorkerProcess:
     return worker
 
 
+@dataclass
+class Setup:
+    """What most tests here start with: an effects file, a forwarder, a pool, a queue."""
+
+    effects: Path
+    forwarder: ForwarderProcess
+    worker: WorkerProcess
+    queue: Queue
+
+
+def setup(stack: Stack, server: RedisServer, journal_dir: Path, tmp_path: Path, *options: str) -> Setup:
+    """A forwarder and ``hybridq worker OPTIONS...`` (the pool) on ``server``; a queue of ``journal_dir``."""
+    forwarder = stack.forwarder(server.url)
+    return Setup(
+        tmp_path / "effects.txt", forwarder, pool(stack, server.url, *options), Queue("default", journal_dir)
+    )
+
+
 def starts_and_dones(effects: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
     lines = read_effects(effects)
     return (
@@ -55,10 +74,8 @@ def starts_and_dones(effects: Path) -> tuple[collections.Counter[str], collectio
 def test_the_pool_runs_a_process_per_core_and_jobs_concurrently_on_threads(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
-    queue = Queue("default", journal_dir)
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "8")
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     tokens = [f"t{i}" for i in range(8)]
     started = time.monotonic()
     for token in tokens:
@@ -76,10 +93,8 @@ def test_the_pool_runs_a_process_per_core_and_jobs_concurrently_on_threads(
 def test_a_task_that_kills_its_process_costs_the_others_one_lease_at_most(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
-    queue = Queue("default", journal_dir)
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "4")
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     queue.enqueue("tests.tasks.traced", str(effects), "before", 0.5)
     victim = wait_line(effects, "start", "before").pid
     queue.enqueue("tests.tasks.crash", str(effects), "crash", retry=Retry(max_attempts=1))
@@ -104,10 +119,8 @@ def test_a_task_that_kills_its_process_costs_the_others_one_lease_at_most(
 def test_a_task_past_its_timeout_fails_with_jobtimeoutexception_and_the_process_stays(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
-    queue = Queue("default", journal_dir)
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "2")
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     queue.enqueue("tests.tasks.spin", str(effects), "spin", job_timeout=1, retry=Retry(max_attempts=1))
     pid = wait_line(effects, "start", "spin").pid
     status = wait_status(
@@ -127,10 +140,8 @@ def test_a_task_past_its_timeout_fails_with_jobtimeoutexception_and_the_process_
 def test_a_task_stuck_past_its_timeout_is_recorded_and_its_process_replaced_after_its_other_jobs(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
-    queue = Queue("default", journal_dir)
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "4")
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     queue.enqueue("tests.tasks.stuck", str(effects), "stuck", job_timeout=1, retry=Retry(max_attempts=1))
     pid = wait_line(effects, "start", "stuck").pid
     queue.enqueue("tests.tasks.traced", str(effects), "neighbour", 4.0)  # runs beside it, past it
@@ -157,10 +168,10 @@ def test_a_task_stuck_past_its_timeout_is_recorded_and_its_process_replaced_afte
 def test_max_jobs_and_max_memory_replace_processes(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "1", "--max-jobs", "3")
-    queue = Queue("default", journal_dir)
+    run = setup(
+        stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "1", "--max-jobs", "3"
+    )
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     for i in range(7):
         queue.enqueue("tests.tasks.traced", str(effects), f"j{i}")
     wait_status(journal_dir, subprocess_env, all_succeeded(7), what="7 jobs", alive=alive(forwarder, worker))
@@ -181,10 +192,19 @@ def test_max_jobs_and_max_memory_replace_processes(
 def test_async_tasks_run_concurrently_on_the_event_loop(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "1", "--async-concurrency", "20")
-    queue = Queue("default", journal_dir)
+    run = setup(
+        stack,
+        redis_server,
+        journal_dir,
+        tmp_path,
+        "--processes",
+        "1",
+        "--threads",
+        "1",
+        "--async-concurrency",
+        "20",
+    )
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     ids = [queue.enqueue("tests.tasks.atraced", str(effects), f"a{i}", 1.0).id for i in range(20)]
     queue.enqueue(
         "tests.tasks.atraced", str(effects), "late", 5.0, job_timeout=1, retry=Retry(max_attempts=1)
@@ -212,10 +232,10 @@ def test_rq_sees_pool_jobs_as_its_own_and_plain_rq_jobs_share_the_queue(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     """Jobs stay RQ jobs: statuses, registries, results, executions; a plain RQ job runs too."""
-    effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4", "--name", "pw")
-    queue = Queue("default", journal_dir)
+    run = setup(
+        stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "4", "--name", "pw"
+    )
+    effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
     slow = queue.enqueue("tests.tasks.traced", str(effects), "slow", 3.0).id
     wait_line(effects, "start", "slow")
     with redis_client(redis_server) as client:
