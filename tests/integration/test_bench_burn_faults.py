@@ -1,7 +1,7 @@
 """``scripts/bench-burn --faults`` (throughput under faults): a short run, and its verdict's rules.
 
 The benchmark itself is a separate command (docs/benchmarks.md, "Throughput under faults"); this
-is its smoke test (300 jobs, one fault of each kind: about 15 s here) and a check that its
+is its smoke test (1,000 jobs, one fault of each kind: about 10 s here) and a check that its
 verdict counts a lost job and a finished job run again, and excuses only what ``hybridq chaos``
 excuses.
 """
@@ -57,7 +57,7 @@ def test_a_short_burn_down_under_every_fault_loses_nothing_and_reruns_nothing(
     tmp_path: Path, figures: Callable[[str], None]
 ) -> None:
     out = tmp_path / "faults.json"
-    argv = [sys.executable, str(SCRIPTS / "bench_burn.py"), "--faults", "--n", "300", "--count", "4"]
+    argv = [sys.executable, str(SCRIPTS / "bench_burn.py"), "--faults", "--n", "1000", "--count", "4"]
     argv += [
         "--no-baseline",
         "--seed",
@@ -74,11 +74,11 @@ def test_a_short_burn_down_under_every_fault_loses_nothing_and_reruns_nothing(
     doc = json.loads(out.read_text())
     run = doc["rows"]["faults"]
     figures(
-        f"bench-burn --faults n=300 jobs_per_s={run['jobs_per_s']} lost={run['lost']} "
+        f"bench-burn --faults n=1000 jobs_per_s={run['jobs_per_s']} lost={run['lost']} "
         f"dup_execution={run['dup_execution']} excused={run['excused_reruns']} faults={run['faults']}"
     )
     assert doc["ok"]
     assert run["faults"] == {"worker-kill": 1, "redis-restart": 1, "flushall": 1, "forwarder-kill": 1}
     assert (run["lost"], run["never_ran"], run["dup_execution"], run["unknown_ran"]) == (0, 0, 0, 0)
-    assert run["ledger"]["succeeded"] == 300
+    assert run["ledger"]["succeeded"] == 1000
     assert run["ledger"]["pending"] == 0
