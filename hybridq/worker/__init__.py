@@ -34,7 +34,12 @@ configured) before it imports anything. Then, for each delivery, :func:`execute`
 The package, one job per module: :mod:`~hybridq.worker.run` (:func:`execute`, the claim and the
 outcome), :mod:`~hybridq.worker.admit` (what is checked before the claim, and the events),
 :mod:`~hybridq.worker.lease` (the renewer thread), :mod:`~hybridq.worker.scripts` (the Lua
-scripts and the client they go through), :mod:`~hybridq.worker.loop` (:func:`run_worker`).
+scripts and the client they go through), :mod:`~hybridq.worker.loop` (:func:`run_worker`: RQ's
+loop, ``hybridq worker --rq``); and ``hybridq worker``'s default, a pool of processes that run
+many jobs each with the same claim, lease and outcome: :mod:`~hybridq.worker.pool` (the
+supervisor), :mod:`~hybridq.worker.engine` (one process's loop), :mod:`~hybridq.worker.runner`
+(threads, event loop, timeouts), :mod:`~hybridq.worker.perform` (one job of a batch) and
+:mod:`~hybridq.worker.batch_scripts` (the batched Lua).
 :data:`ENTRY_POINT` (``hybridq.worker.execute``) and :class:`Job` (``hybridq.worker.Job``) are
 paths RQ imports, from job hashes already in Redis and from ``rq worker --job-class``: they stay
 here. The worker side must not import the journal (pyproject.toml's import-linter contracts).
