@@ -104,6 +104,11 @@ for i = 6, #ARGV, 13 do
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
     local member = id .. ":" .. exec
+    if redis.call("EXISTS", job) == 0 then
+        -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
+        redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
+        replies[#replies + 1] = {4, "gone"}
+    else
     -- RQ's prepare_execution, then its prepare_job_execution.
     local ek = rq .. ":execution:" .. member
     redis.call("HSET", ek, "id", exec, "job_id", id, "created_at", now, "last_heartbeat", now,
@@ -119,6 +124,7 @@ for i = 6, #ARGV, 13 do
     redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
     replies[#replies + 1] = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]},
         {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12]}, server)
+    end
 end
 redis.call("EXPIRE", executions, ttl + 60)
 redis.call("HSET", rq .. ":worker:" .. name, "state", "busy", "last_heartbeat", stamp)
@@ -234,16 +240,19 @@ def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:
     return [[job_id, 1, fields]]
 
 
-def keep_alive(client: redis.Redis, running: Sequence[Taken], ttl: int) -> None:
+def keep_alive(client: redis.Redis, name: str, running: Sequence[Taken], ttl: int) -> None:
     """Extend RQ's records of the ``running`` jobs' executions by ``ttl`` (RQ's job heartbeat)."""
     if not running:
         return
-    score = time.time() + ttl
+    now = time.time()
     with client.pipeline(transaction=False) as pipe:
         for item in running:
             member = f"{item.job_id}:{item.exec_id}"
             pipe.expire(f"{keys.RQ_PREFIX}:execution:{member}", ttl)
-            pipe.zadd(keys.rq_registry("wip", item.queue), {member: score}, xx=True)
+            pipe.zadd(keys.rq_registry("wip", item.queue), {member: now + ttl}, xx=True)
+            pipe.zadd(f"{keys.RQ_PREFIX}:executions:{item.job_id}", {item.exec_id: now + ttl + 60}, xx=True)
+            pipe.expire(f"{keys.RQ_PREFIX}:executions:{item.job_id}", ttl + 60)
+        pipe.expire(f"{keys.RQ_PREFIX}:worker:{name}:executions", ttl + 60)
         pipe.execute()
 
 

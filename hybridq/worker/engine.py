@@ -35,8 +35,8 @@ from hybridq.guard import Job
 from hybridq.protocol import ClaimStatus
 from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.loop import WORKER_TTL_S, check_access
-from hybridq.worker.perform import Performer, Resolver, is_async, prepare
-from hybridq.worker.run import finished, release
+from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
+from hybridq.worker.run import finished, hold_claimed, release
 from hybridq.worker.runner import Runner, Taken
 
 __all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
@@ -122,8 +122,9 @@ class Engine:
         self._exec_prefix = uuid.uuid4().hex[:16]
         self._exec_count = 0
         self._running: dict[str, Taken] = {}
-        #: Started jobs whose earlier run vanished, waiting to run alone (_run_isolated).
-        self._isolated: collections.deque[Taken] = collections.deque()
+        #: Jobs waiting to run alone (_run_isolated): started ones whose earlier run vanished, and
+        #: (job id, queue) of those RQ's code runs.
+        self._isolated: collections.deque[Taken | tuple[str, str]] = collections.deque()
         self._next_beat = 0.0
         self._idle_s = 0.0
 
@@ -158,6 +159,9 @@ class Engine:
             self._beat()
             reason = self._leaving()
             if reason is not None:
+                if self._isolated:  # taken (and claimed): run them before leaving
+                    self._run_isolated()
+                    continue
                 if self.runner.pending() == 0:
                     if reason != "stopped":
                         log.info("worker %s: %s: exiting for a fresh process", self.name, reason)
@@ -176,9 +180,9 @@ class Engine:
                 try:
                     taken = self._end(self._done(0.0), take=room)  # one round trip for both
                 except RedisError as exc:
-                    if self._unavailable(exc):
+                    if self._unavailable(exc) and self.burst:
                         return 1
-                    continue
+                    continue  # stopping: the jobs running still finish (_leaving)
                 if taken:
                     self._start(taken)
                     continue
@@ -242,12 +246,9 @@ class Engine:
 
     def _take(self, room: int, client: Any = None) -> list[Any]:
         """Take up to ``room`` jobs (with ``client``, a pipeline: queued there, ``[]`` returned)."""
+        args = [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
         taken: list[Any] = batch_scripts.call(
-            self.client,
-            batch_scripts.TAKE,
-            self._queue_keys,
-            [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS],
-            client=client,
+            self.client, batch_scripts.TAKE, self._queue_keys, args, client=client
         )
         if client is not None:
             return []
@@ -274,8 +275,8 @@ class Engine:
         for job_id, index, fields in taken:
             queue = self.queues[int(index) - 1]
             item = prepare(job_id.decode(), queue, fields, self._resolve)
-            if item is None:
-                self._run_by_rq(job_id.decode(), queue)
+            if item is None:  # RQ's code runs it here, once nothing else runs (_run_isolated)
+                self._isolated.append((job_id.decode(), queue))
             else:
                 items.append(item)
         if not items:
@@ -293,6 +294,9 @@ class Engine:
             return
         for item, reply in zip(items, replies, strict=True):
             item.run.claim_reply = reply
+            item.run.deferred_end = True
+            if reply[0] == ClaimStatus.CLAIMED:
+                hold_claimed(self.client, item.run)  # it may wait for a thread: keep the lease
             self._running[f"{item.job_id}:{item.exec_id}"] = item
             if item.run.d.lost:
                 self._isolated.append(item)  # run alone: it may be what killed its last process
@@ -311,23 +315,18 @@ class Engine:
             self._end_done(block_s=0.2)
             return
         item = self._isolated.popleft()
-        log.info("job %s: its last run vanished (%d so far): running it alone", item.job_id, item.run.d.lost)
+        if isinstance(item, tuple):
+            job_id, queue = item
+            run_by_rq(self.rq_worker, self.rq_queues[queue], job_id, several_queues=len(self.queues) > 1)
+            self.ended += 1
+            return
+        log.info(
+            "job %s: a run of it vanished before (%d so far): running it alone", item.job_id, item.run.d.lost
+        )
         self.runner.submit(item)
         while self.runner.pending():
             self._end_done(block_s=0.2)
-
-    def _run_by_rq(self, job_id: str, queue: str) -> None:
-        """Run one job with RQ's own worker code (hybridq's pipelining SimpleWorker)."""
-        rq_queue = self.rq_queues[queue]
-        try:
-            job = rq_queue.job_class.fetch(job_id, connection=self.conn, serializer=JSONSerializer)
-            self.rq_worker.execute_job(job, rq_queue)
-        except Exception:  # RQ logs and records what a job does; this is what it did not catch
-            log.exception("job %s: RQ's worker code failed on it", job_id)
-        finally:
-            if len(self.queues) > 1:  # RQ removes it from its intermediate list only for one queue
-                self.conn.lrem(keys.rq_intermediate(queue), 1, job_id)
-        self.ended += 1
+            self._beat()
 
     # -- ending -----------------------------------------------------------------------------------
 
@@ -390,7 +389,7 @@ class Engine:
         self._next_beat = at + BEAT_S
         try:
             self.rq_worker.heartbeat()
-            batch_scripts.keep_alive(self.client, list(self._running.values()), EXEC_TTL_S)
+            batch_scripts.keep_alive(self.client, self.name, list(self._running.values()), EXEC_TTL_S)
         except RedisError as exc:
             log.warning("cannot send RQ's heartbeats: %s", exc)
 

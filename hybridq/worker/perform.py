@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import json
 import logging
+import time
 import zlib
 from base64 import b64encode
 from collections.abc import Callable
@@ -22,8 +23,10 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 from rq.queue import Queue
+from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 
+from hybridq import keys
 from hybridq.context import _current
 from hybridq.envelope import Envelope
 from hybridq.protocol import ENTRY_POINT, Delivery
@@ -32,7 +35,7 @@ from hybridq.worker.admit import check
 from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
 from hybridq.worker.runner import Runner, Taken
 
-__all__ = ["Performer", "Resolver", "is_async", "prepare"]
+__all__ = ["Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -135,13 +138,19 @@ class Performer:
         run = item.run
         env = run.d.envelope
         context = begin(self.client, run)
+        started = time.monotonic()
         value: Any = None
         error: Exception | None = None
         try:
             coro = run.func(*env.args, **env.kwargs)
             value = await (asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro)
-        except TimeoutError:
-            error = JobTimeoutException(f"Task exceeded maximum timeout value ({item.timeout:g} seconds)")
+        except TimeoutError as exc:  # wait_for's, or the task's own
+            timed_out = item.timeout is not None and time.monotonic() - started >= item.timeout
+            error = (
+                JobTimeoutException(f"Task exceeded maximum timeout value ({item.timeout:g} seconds)")
+                if timed_out
+                else exc
+            )
         except Exception as exc:
             error = exc
         except BaseException as exc:  # cancelled: no outcome, the lease lapses
@@ -158,13 +167,27 @@ class Performer:
             failed(item, run.error_text or text(error))
 
     def stuck(self, item: Taken) -> None:
-        """Record the timeout of a job stuck past it (on the watchdog's thread)."""
-        error = JobTimeoutException(
-            f"Task exceeded maximum timeout value ({item.timeout:g} seconds) and did not stop; "
-            "its worker process was replaced"
-        )
-        conclude(item.run, None, error)
-        failed(item, item.run.error_text or text(error))
+        """A job stuck past its timeout (on the watchdog's thread): nothing is recorded for it.
+
+        Its thread may still act; its lease stays renewed until this process exits, then lapses,
+        and the forwarder delivers it again (a ``lost`` run). A recorded timeout would let the
+        retry run while this run still does.
+        """
+        item.dropped = True
+
+
+def run_by_rq(rq_worker: Any, rq_queue: Queue, job_id: str, *, several_queues: bool) -> None:
+    """Run one job with RQ's own worker code (hybridq's pipelining SimpleWorker), in this thread."""
+    conn = rq_worker.connection
+    try:
+        job = rq_queue.job_class.fetch(job_id, connection=conn, serializer=JSONSerializer)
+        rq_worker.execute_job(job, rq_queue)
+    except Exception:  # RQ logs and records what a job does; this is what it did not catch
+        log.exception("job %s: RQ's worker code failed on it", job_id)
+    finally:
+        if several_queues:  # RQ removes it from its intermediate list only when it serves one queue
+            with contextlib.suppress(RedisError):
+                conn.lrem(keys.rq_intermediate(rq_queue.name), 1, job_id)
 
 
 def is_async(func: Callable[..., Any]) -> bool:

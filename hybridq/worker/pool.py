@@ -72,6 +72,8 @@ class _Child:
     index: int
     pid: int
     started: float
+    #: Its RQ pub/sub command channel (dropped when it ends).
+    channel: str
 
 
 def run_pool(
@@ -123,7 +125,7 @@ class _Pool:
         self.stopping = 0
         self.code = 0
         self.finished: set[int] = set()
-        self.delay = 1.0
+        self.delay = 0.25  # the first restart of a young process waits 0.5 s (1 s: one dying at start)
         #: Children to start again: (when, index).
         self.restarts: list[tuple[float, int]] = []
         self.scheduler: Any = None
@@ -176,6 +178,9 @@ class _Pool:
                 self.pubsub.subscribe(*self.channels)
             message = self.pubsub.get_message(timeout=0)
         except RedisError:
+            if self.pubsub is not None:
+                with contextlib.suppress(RedisError):
+                    self.pubsub.close()
             self.pubsub = None  # subscribed again next turn
             return
         if message is None or self.stopping:
@@ -203,12 +208,16 @@ class _Pool:
     def _spawn(self, index: int) -> None:
         struct.pack_into("d", self.alive, 8 * index, 0.0)
         parent = os.getpid()
+        # No signal between the fork and the child's registration (it would not be passed on),
+        # nor in the child before it drops the parent's handlers.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         pid = os.fork()
         if pid == 0:  # the child
             code = 2
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 _term_with_parent()
                 name = f"{self.name}.{index}.{self.spawns[index]}"
                 engine = Engine(
@@ -230,8 +239,11 @@ class _Pool:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        self.children[pid] = _Child(index, pid, time.monotonic())
-        self.channels.add(f"{RQ_PUBSUB}{self.name}.{index}.{self.spawns[index]}")
+        self.children[pid] = _Child(
+            index, pid, time.monotonic(), f"{RQ_PUBSUB}{self.name}.{index}.{self.spawns[index]}"
+        )
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self.channels.add(self.children[pid].channel)
         self.spawns[index] += 1
         if self.pubsub is not None:
             with contextlib.suppress(RedisError):
@@ -246,6 +258,10 @@ class _Pool:
             if done == 0:
                 continue
             del self.children[pid]
+            self.channels.discard(child.channel)
+            if self.pubsub is not None:
+                with contextlib.suppress(RedisError):
+                    self.pubsub.unsubscribe(child.channel)
             code = os.waitstatus_to_exitcode(status)
             self._after(child, code)
 
@@ -269,11 +285,13 @@ class _Pool:
             return
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         (stamp,) = struct.unpack_from("d", self.alive, 8 * child.index)
-        if stamp:  # it was serving (its watchdog ran): a job killed it; replace it at once
-            self.delay = 0.0
+        young = time.monotonic() - child.started < YOUNG_S
+        if not young:
+            self.delay = 0.0  # it had been serving: a job killed it, replace it at once
+        elif stamp:  # serving, but dying young again and again: back off, from 0.5 s
+            self.delay = min(RESTART_MAX_S, max(0.5, self.delay * 2))
         else:  # it died starting: back off while that keeps happening
-            young = time.monotonic() - child.started < YOUNG_S
-            self.delay = min(RESTART_MAX_S, max(1.0, self.delay * 2)) if young else 1.0
+            self.delay = min(RESTART_MAX_S, max(1.0, self.delay * 2))
         log.warning(
             "worker process %d died (%s): its jobs are delivered again once their leases lapse; "
             "starting another in %.0f s",
@@ -315,7 +333,7 @@ class _Pool:
 
         try:
             if self.scheduler is None:
-                conn = redis.Redis.from_url(self.url)
+                conn = redis.Redis.from_url(self.url, socket_timeout=10.0, socket_connect_timeout=10.0)
                 qs = [Queue(q, connection=conn, serializer=JSONSerializer) for q in self.queues]
                 self.scheduler = RQScheduler(qs, connection=conn, serializer=JSONSerializer)
             process = self.scheduler._process

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "execute",
     "finish",
     "finished",
+    "hold_claimed",
     "perform",
     "plan",
     "release",
@@ -113,10 +115,21 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
 def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     """Start holding ``run``'s lease and make it the current job (:func:`hybridq.current_job`)."""
     d, env = run.d, run.d.envelope
-    run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+    if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
     return _current.set(
         CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
     )
+
+
+def hold_claimed(conn: redis.Redis, run: Run) -> None:
+    """Renew ``run``'s lease from its claim on, until :func:`release`.
+
+    A pool worker's job may wait for a thread, and for its batch's end: its lease must not lapse.
+    """
+    if run.renewal is None:
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s)
+        run.renewal.until = math.inf
 
 
 def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Exception | None]:
@@ -125,7 +138,7 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     # The lease is renewed until the outcome is stored or given up (release): were it to lapse
     # while the outcome call fails, another delivery would run the finished task again. The
     # deadline ends the renewals even if nothing releases them.
-    if run.renewal is not None:
+    if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
     value = _jsonable(value, env)
@@ -220,6 +233,9 @@ class Run:
     renewal: lease.Renewal | None = None
     #: The stored error text (a traceback) of a failed run, once the task raised.
     error_text: str | None = None
+    #: A pool worker ends the run in a batch, later, and always releases it then: the lease is
+    #: renewed until that release, however long the batch waits.
+    deferred_end: bool = False
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:

@@ -8,9 +8,11 @@ the job on its ``done`` queue once it ran. Its watchdog thread enforces each job
   it (at its next Python instruction; an ``async def`` task is cancelled by ``asyncio.wait_for``);
   the job fails as any job that raised does (its retries apply);
 * a job still running :data:`STUCK_S` later is stuck where no exception reaches it (a blocking
-  C call): the watchdog records its timeout itself, hands it over as done, and marks the
-  runner *poisoned*: the process takes no more jobs, lets its other jobs finish, and exits, so
-  that the stuck thread dies with it (the pool starts a fresh process). No other job is lost;
+  C call): the watchdog marks the runner *poisoned*: the process takes no more jobs, lets its
+  other jobs finish, and exits, so that the stuck thread dies with it (the pool starts a fresh
+  process). Nothing is recorded for the stuck job while its thread may still act: its lease is
+  renewed until the process exits, then lapses, and the forwarder delivers it again (a ``lost``
+  run; alone in its process). No other job is lost;
 * the watchdog stamps :attr:`Runner.alive` in shared memory every :data:`TICK_S`: a process
   wedged so badly that its watchdog cannot run (a C call holding the GIL) is killed by the pool
   (:mod:`hybridq.worker.pool`), and its jobs are delivered again once their leases lapse.
@@ -189,11 +191,11 @@ class Runner:
                 if item.signalled:  # a timeout raised but not yet delivered must not hit the next job
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(item.thread), None)
             if not abandoned:  # else the watchdog let it go already
+                if not handed_over:
+                    self.done.put(item)  # before it stops counting as pending: never in neither
                 with self._lock:
                     self._running.discard(item)
                     self.sync_pending -= 1
-        if not handed_over and not abandoned:
-            self.done.put(item)
 
     # -- the event loop ---------------------------------------------------------------------------
 
@@ -212,9 +214,9 @@ class Runner:
             log.exception("job %s: the async runner failed", item.job_id)
             item.dropped = True
         finally:
+            self.done.put(item)  # before it stops counting as pending: never in neither
             with self._lock:
                 self.async_pending -= 1
-            self.done.put(item)
 
     # -- the watchdog -----------------------------------------------------------------------------
 
@@ -248,12 +250,13 @@ class Runner:
         self.poisoned = True
         log.error(
             "job %s: still running %.0f s past its timeout (a blocking call no exception reaches): "
-            "recording its timeout; this process takes no more jobs and exits once its others are done",
+            "this process takes no more jobs and exits once its others are done; the job's lease "
+            "lapses then, and the forwarder delivers it again",
             item.job_id,
             now - item.deadline,
         )
+        self._on_stuck(item)
+        self.done.put(item)
         with self._lock:
             self._running.discard(item)
             self.sync_pending -= 1  # its thread is lost to this process, which is ending
-        self._on_stuck(item)
-        self.done.put(item)

@@ -137,32 +137,71 @@ def test_a_task_past_its_timeout_fails_with_jobtimeoutexception_and_the_process_
     assert worker.children() == [pid], "an exception stopped the task: its process keeps serving"
 
 
-def test_a_task_stuck_past_its_timeout_is_recorded_and_its_process_replaced_after_its_other_jobs(
+def test_a_task_stuck_past_its_timeout_runs_again_only_once_its_process_is_gone(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
+    """Nothing is recorded while the stuck thread may still act: no retry runs beside it."""
     run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "4")
     effects, forwarder, worker, queue = run.effects, run.forwarder, run.worker, run.queue
-    queue.enqueue("tests.tasks.stuck", str(effects), "stuck", job_timeout=1, retry=Retry(max_attempts=1))
+    retry = Retry(max_attempts=3, backoff_s=0.1, jitter=False)
+    queue.enqueue("tests.tasks.stuck", str(effects), "stuck", job_timeout=1, retry=retry)
     pid = wait_line(effects, "start", "stuck").pid
-    queue.enqueue("tests.tasks.traced", str(effects), "neighbour", 4.0)  # runs beside it, past it
+    queue.enqueue("tests.tasks.traced", str(effects), "neighbour", 6.0)  # runs beside it, past it
     wait_line(effects, "start", "neighbour")
+    pool(stack, redis_server.url, "--processes", "1")  # free to take a retry at once
+    wait_line(effects, "done", "neighbour", timeout=30)
+    wait_until(lambda: worker.children() and pid not in worker.children(), timeout=15, what="a fresh process")
+    gone_at = time.time()
+    assert "exiting for a fresh process" in worker.log()
+    again = wait_line(effects, "start", "stuck", attempt=2, timeout=30)  # its lease lapsed: a lost run
+    assert again.pid != pid
+    assert again.at > gone_at - 0.5, "the next run started while the stuck one could still act"
     status = wait_status(
         journal_dir,
         subprocess_env,
-        lambda s: s["failed"] == 1 and s["succeeded"] == 1,
-        what="the stuck job's timeout and its neighbour's success",
-        timeout=30,
+        lambda s: s["succeeded"] == 1,
+        what="the neighbour",
         alive=alive(forwarder, worker),
     )
-    assert status["pending"] == 0
-    (failure,) = failed_jobs(str(journal_dir))
-    assert "did not stop" in (failure.error or ""), failure.error
+    assert status["failed"] == 0, "no timeout recorded while the stuck thread ran"
     starts, dones = starts_and_dones(effects)
     assert (starts["neighbour"], dones["neighbour"]) == (1, 1), "its neighbour ran once, to its end"
-    wait_until(lambda: worker.children() and pid not in worker.children(), timeout=15, what="a fresh process")
-    assert "exiting for a fresh process" in worker.log()
-    queue.enqueue("tests.tasks.traced", str(effects), "after")
-    wait_line(effects, "done", "after", timeout=30)
+
+
+def test_a_job_waiting_for_a_thread_keeps_its_lease(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A job the pool took ahead (up to twice its threads) waits longer than the lease: not lost."""
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "1")
+    tokens = ["a", "b", "c"]
+    for token in tokens:
+        run.queue.enqueue("tests.tasks.traced", str(run.effects), token, LEASE_S * 2)
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(3),
+        what="3 jobs",
+        timeout=60,
+        alive=alive(run.forwarder, run.worker),
+    )
+    starts, dones = starts_and_dones(run.effects)
+    assert starts == dones == collections.Counter(tokens), (starts, dones)
+    assert "vanished" not in run.worker.log()
+
+
+def test_a_plain_rq_job_waits_until_nothing_else_runs_in_its_process(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """RQ's code runs it in the main thread: meanwhile no job that finished would be ended."""
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "2")
+    run.queue.enqueue("tests.tasks.traced", str(run.effects), "first", 2.0)
+    wait_line(run.effects, "start", "first")
+    with redis_client(redis_server) as client:
+        rq_queue = rq.Queue("default", connection=client, serializer=JSONSerializer)
+        rq_queue.enqueue("tests.tasks.traced", str(run.effects), "plain")
+    plain = wait_line(run.effects, "start", "plain", timeout=30)
+    first_done = wait_line(run.effects, "done", "first")
+    assert plain.at >= first_done.at, "RQ's code ran while a pool job was still running"
 
 
 def test_max_jobs_and_max_memory_replace_processes(
