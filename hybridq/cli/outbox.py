@@ -20,6 +20,9 @@ _table_option = click.option(
 )
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _usage(ctx: click.Context, message: str) -> None:
     """Bad input: one line on stderr, exit 2, nothing written."""
     click.echo(f"hybridq: error: {message}", err=True)
@@ -116,9 +119,13 @@ def relay(
     appended but not deleted are found in the journal on restart and deleted. The forwarder
     (`hybridq forward` on the same journal) delivers the jobs as any others.
 
+    An empty outbox is looked at again every --poll seconds: a job reaches the journal about
+    that long after its commit. One relay per outbox (it locks DATABASE.relay.lock; a second
+    one exits 2). SQLite only in this version (PostgreSQL: not yet).
+
     Runs until SIGTERM or SIGINT (finishes the batch in flight, exits 0); logs its progress
-    every few seconds while busy. With --once, relays what is there and exits. Bad DSN or no
-    outbox table: one line, exit 2.
+    every few seconds while busy. With --once, relays what is there and exits. Bad DSN, no
+    database or no outbox table (create it with `hybridq outbox init`): one line, exit 2.
 
     \b
     Example:
@@ -138,15 +145,16 @@ def relay(
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     log = logging.getLogger("hybridq.relay")
+    previous = {signum: signal.signal(signum, lambda *_: worker.stop()) for signum in _STOP_SIGNALS}
     try:
         if once:
             moved = worker.run_once()
             log.info("relayed %d jobs; backlog %d", moved, worker.backlog())
         else:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: worker.stop())
             worker.run()
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     finally:
         worker.close()
+        for signum, handler in previous.items():  # when called in-process (tests, embedding)
+            signal.signal(signum, handler)

@@ -316,3 +316,12 @@ def test_outbox_commands_have_help_with_an_example(args: list[str]) -> None:
     assert result.exit_code == 0
     assert "Example" in result.output
     assert "sqlite:///" in result.output
+
+
+def test_relay_restores_the_signal_handlers_it_replaced(db: Path, journal_dir: Path) -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(cli, ["relay", "--outbox", dsn(db), "--journal", str(journal_dir), "--once"])
+    assert result.exit_code == 0, result.output
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
