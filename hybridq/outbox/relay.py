@@ -32,6 +32,7 @@ from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.ledger import consistent
 from hybridq.nudge import address, nudge
 from hybridq.outbox.schema import DEFAULT_TABLE, connect, sqlite_path, table_exists, validate_table
 
@@ -192,7 +193,8 @@ class Relay:
         if not job_ids:
             return set()
         wanted = set(job_ids)
-        found = wanted.intersection(_journal_job_ids(self.journal))
+        # Read again if the forwarder's compaction deleted a segment under the reader meanwhile.
+        found = consistent(self.journal, lambda _: wanted.intersection(_journal_job_ids(self.journal)))
         log.info(
             "%d rows were being relayed when a relay stopped; %d of them are in the journal "
             "already (deleted, not appended again)",

@@ -325,3 +325,37 @@ def test_relay_restores_the_signal_handlers_it_replaced(db: Path, journal_dir: P
     result = CliRunner().invoke(cli, ["relay", "--outbox", dsn(db), "--journal", str(journal_dir), "--once"])
     assert result.exit_code == 0, result.output
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_relayed_jobs_are_forwarded_and_run_like_any_other(
+    db: Path, journal_dir: Path, tmp_path: Path
+) -> None:
+    from hybridq.forwarder import Forwarder
+    from hybridq.status import collect_status
+    from hybridq.transport import MemoryTransport
+
+    from tests.tasks import record
+
+    effects = tmp_path / "effects"
+    conn = sqlite3.connect(db)
+    with conn:
+        for n in range(5):
+            Outbox().enqueue(
+                conn, "tests.tasks.record", str(effects), f"sms-{n}", idempotency_key=f"order:{n}"
+            )
+    conn.close()
+    relay_once(db, journal_dir)
+    transport = MemoryTransport()
+    forwarder = Forwarder(journal_dir, transport, reconcile_interval_s=0.0)
+    forwarder.open()
+    try:
+        forwarder.step()
+        transport.work(func=lambda env, _attempt: record(*env.args))
+        for _ in range(5):
+            forwarder.completions.hurry()
+            forwarder.step()
+    finally:
+        forwarder.close()
+    assert sorted(effects.read_text().split()) == [f"sms-{n}" for n in range(5)]
+    status = collect_status(str(journal_dir))
+    assert (status["accepted"], status["succeeded"], status["pending"]) == (5, 5, 0)
