@@ -46,8 +46,9 @@ DEFAULT_POLL_S = 0.05
 #: Seconds between two progress lines while rows are being relayed.
 PROGRESS_EVERY_S = 5.0
 
-#: The job id at the start of an envelope's bytes (``Envelope.to_bytes`` writes it first).
-_ID_PREFIX = re.compile(rb'\A\{"v":\d+,"id":"([A-Za-z0-9_-]{1,128})"')
+#: The job id near the start of an envelope's bytes: ``Envelope.to_bytes`` writes it first, a
+#: signed envelope after its ``not_after``. Anything else is decoded in full.
+_ID_PREFIX = re.compile(rb'\A\{(?:"not_after":[0-9.eE+-]+,)?"v":\d+,"id":"([A-Za-z0-9_-]{1,128})"')
 
 
 class RelayBusy(RuntimeError):

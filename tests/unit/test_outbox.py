@@ -359,3 +359,30 @@ def test_relayed_jobs_are_forwarded_and_run_like_any_other(
     assert sorted(effects.read_text().split()) == [f"sms-{n}" for n in range(5)]
     status = collect_status(str(journal_dir))
     assert (status["accepted"], status["succeeded"], status["pending"]) == (5, 5, 0)
+
+
+def test_with_a_signing_key_the_row_holds_the_signed_envelope(
+    db: Path, journal_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from hybridq.outbox.relay import _ID_PREFIX
+    from hybridq.signing import ENV_KEY_FILE, keyring
+
+    key = tmp_path / "key"
+    key.write_text("k" * 40 + "\n", encoding="utf-8")
+    os.chmod(key, 0o600)
+    monkeypatch.setenv(ENV_KEY_FILE, str(key))
+    conn = sqlite3.connect(db)
+    with conn:
+        job_id = Outbox().enqueue(conn, TASK, 1, 2)
+        [(payload,)] = conn.execute("SELECT envelope FROM hybridq_outbox").fetchall()
+    conn.close()
+    ring = keyring()
+    assert ring is not None
+    ring.verify(Envelope.from_bytes(payload))  # raises if unsigned or tampered
+    match = _ID_PREFIX.match(payload)  # the relay's after-crash lookup reads signed ids too
+    assert match is not None
+    assert match.group(1).decode() == job_id
+    relay_once(db, journal_dir)
+    assert [env.signature for env in journal_jobs(journal_dir)] == [Envelope.from_bytes(payload).signature]
