@@ -91,7 +91,15 @@ class Outbox:
         payload = env.to_bytes()
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
-        conn.execute(self._insert, (env.id, env.idempotency_key, env.queue, payload, time.time()))
+        try:
+            conn.execute(self._insert, (env.id, env.idempotency_key, env.queue, payload, time.time()))
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            raise sqlite3.OperationalError(
+                f"{exc}: create it with `hybridq outbox init --dsn sqlite:///PATH --table {self.table}` "
+                "or Outbox.create_table(conn)"
+            ) from exc
         return env.id
 
     def prepare(

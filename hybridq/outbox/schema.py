@@ -96,7 +96,8 @@ def connect(dsn: str, *, create: bool = False) -> sqlite3.Connection:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"directory {parent!r} of the outbox database does not exist")
-    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+    # check_same_thread off: a relay may be opened in one thread and run in another (one at a time).
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout = 30000")
     return conn
 

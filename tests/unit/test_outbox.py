@@ -386,3 +386,42 @@ def test_with_a_signing_key_the_row_holds_the_signed_envelope(
     assert match.group(1).decode() == job_id
     relay_once(db, journal_dir)
     assert [env.signature for env in journal_jobs(journal_dir)] == [Envelope.from_bytes(payload).signature]
+
+
+def test_a_missing_table_says_how_to_create_it(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "empty.db")
+    with pytest.raises(sqlite3.OperationalError, match="no such table: hybridq_outbox: create it with"):
+        Outbox().enqueue(conn, TASK, 1, 2)
+    conn.close()
+
+
+def test_the_running_relay_logs_its_progress_and_its_stop(
+    db: Path, journal_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+    import time
+
+    from hybridq.outbox import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level("INFO", logger="hybridq.relay")
+    relay = Relay(dsn(db), str(journal_dir), poll_s=0.01)
+    relay.open()
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        conn = sqlite3.connect(db)
+        with conn:
+            Outbox().enqueue(conn, TASK, 1, 2)
+        conn.close()
+        deadline = time.monotonic() + 10
+        while relay.relayed < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        relay.stop()
+        thread.join(timeout=10)
+        relay.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("relaying ")
+    assert any(m.startswith("relayed 1 jobs in the last") and m.endswith("backlog 0") for m in messages)
+    assert messages[-1] == "stopped; relayed 1 jobs"
