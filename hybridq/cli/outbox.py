@@ -8,8 +8,8 @@ import signal
 import click
 
 from hybridq.cli.options import EXIT_USAGE, _fail, journal_option
-from hybridq.errors import HybridqError
-from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_POLL_S, Relay, RelayBusy
+from hybridq.errors import HybridqError, JournalLocked
+from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_POLL_S, Relay
 from hybridq.outbox.schema import DEFAULT_TABLE, SUPPORTED_DSNS, connect, create_table, ddl, validate_table
 
 _table_option = click.option(
@@ -139,7 +139,7 @@ def relay(
         return
     try:
         worker.open()
-    except (FileNotFoundError, RelayBusy) as exc:
+    except (FileNotFoundError, JournalLocked) as exc:
         _usage(ctx, str(exc))
         return
     except (HybridqError, OSError) as exc:

@@ -29,14 +29,14 @@ from collections.abc import Iterable
 
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError
+from hybridq.errors import EnvelopeError, JournalLocked
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger import consistent
 from hybridq.nudge import address, nudge
 from hybridq.outbox.schema import DEFAULT_TABLE, connect, sqlite_path, table_exists, validate_table
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_POLL_S", "PROGRESS_EVERY_S", "Relay", "RelayBusy"]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_POLL_S", "PROGRESS_EVERY_S", "Relay"]
 
 log = logging.getLogger("hybridq.relay")
 
@@ -49,10 +49,6 @@ PROGRESS_EVERY_S = 5.0
 #: The job id near the start of an envelope's bytes: ``Envelope.to_bytes`` writes it first, a
 #: signed envelope after its ``not_after``. Anything else is decoded in full.
 _ID_PREFIX = re.compile(rb'\A\{(?:"not_after":[0-9.eE+-]+,)?"v":\d+,"id":"([A-Za-z0-9_-]{1,128})"')
-
-
-class RelayBusy(RuntimeError):
-    """Another relay holds this outbox's lock."""
 
 
 class Relay:
@@ -237,11 +233,11 @@ def _in_transaction(conn: sqlite3.Connection, sql: str, params: list[tuple[int]]
 
 
 def _lock(path: str) -> int:
-    """Hold an exclusive lock on ``path`` (created if missing); RelayBusy if another holds it."""
+    """Hold an exclusive lock on ``path`` (created if missing); JournalLocked if another holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RelayBusy(f"another relay is running on {path[: -len('.relay.lock')]!r}") from None
+        raise JournalLocked(path, "another relay (one relay per outbox)") from None
     return fd

@@ -7,11 +7,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hybridq import EnvelopeError, NotSerializable, Queue, RecordTooLarge, Retry
+from hybridq import EnvelopeError, JournalLocked, NotSerializable, Queue, RecordTooLarge, Retry
 from hybridq.envelope import Envelope
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.outbox import Outbox
-from hybridq.outbox.relay import Relay, RelayBusy
+from hybridq.outbox.relay import Relay
 from hybridq.outbox.schema import connect, sqlite_path
 
 TASK = "tests.tasks.add"
@@ -229,7 +229,7 @@ def test_one_relay_per_outbox(db: Path, journal_dir: Path) -> None:
     first.open()
     try:
         second = Relay(dsn(db), str(journal_dir))
-        with pytest.raises(RelayBusy, match="another relay"):
+        with pytest.raises(JournalLocked, match="locked by another relay"):
             second.open()
     finally:
         first.close()
