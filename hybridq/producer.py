@@ -40,7 +40,7 @@ from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
 
-__all__ = ["Job", "Queue", "default_journal", "shared_writer"]
+__all__ = ["Job", "Queue", "default_journal", "shared_writer", "split_call"]
 
 
 def default_journal() -> str:
@@ -174,20 +174,8 @@ class Queue:
         """
         if not kwargs:
             return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
-        unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
-        if unsupported:
-            raise EnvelopeError(
-                f"enqueue option(s) {', '.join(unsupported)} are RQ's and not supported by hybridq; "
-                "if they are your function's arguments, use enqueue_call(f, args, kwargs)"
-            )
-        options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
-        if "args" in kwargs or "kwargs" in kwargs:
-            # rq's explicit form: enqueue(f, args=(...), kwargs={...}, **options)
-            if args or set(kwargs) - {"args", "kwargs"}:
-                raise EnvelopeError("with explicit args=/kwargs=, pass no other arguments")
-            args = tuple(kwargs.pop("args", None) or ())
-            kwargs = dict(kwargs.pop("kwargs", None) or {})
-        return self.enqueue_call(f, args, kwargs, idempotency_key=idempotency_key, **options)
+        args, call_kwargs, options = split_call(args, kwargs)
+        return self.enqueue_call(f, args, call_kwargs, idempotency_key=idempotency_key, **options)
 
     def enqueue_call(
         self,
@@ -312,6 +300,30 @@ class Queue:
         )
         env.to_bytes()  # raises NotSerializable now, not in enqueue_many
         return env
+
+
+def split_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """Split ``enqueue(f, *args, **kwargs)``'s keywords into the function's and the options.
+
+    Shared by :meth:`Queue.enqueue` and ``hybridq.outbox.Outbox.enqueue``: RQ's own options are
+    refused, and RQ's explicit form ``enqueue(f, args=(...), kwargs={...}, **options)`` works.
+    """
+    unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
+    if unsupported:
+        raise EnvelopeError(
+            f"enqueue option(s) {', '.join(unsupported)} are RQ's and not supported by hybridq; "
+            "if they are your function's arguments, use enqueue_call(f, args, kwargs)"
+        )
+    options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+    if "args" in kwargs or "kwargs" in kwargs:
+        # rq's explicit form: enqueue(f, args=(...), kwargs={...}, **options)
+        if args or set(kwargs) - {"args", "kwargs"}:
+            raise EnvelopeError("with explicit args=/kwargs=, pass no other arguments")
+        args = tuple(kwargs.pop("args", None) or ())
+        kwargs = dict(kwargs.pop("kwargs", None) or {})
+    return args, kwargs, options
 
 
 def _check_retry(retry: object) -> None:

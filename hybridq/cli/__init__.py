@@ -2,8 +2,8 @@
 
 The group and its global options live here; each command group is a module beside this one
 (``journal``, ``forward``, ``status`` with ``doctor``, ``enqueue``, ``worker``, ``failed``,
-``demo`` with ``chaos``), and what they share (the exit codes, ``--journal``, ``--redis``) is in
-``options``. The exit codes are documented there and in ``docs/cli.md``.
+``demo`` with ``chaos``, ``outbox`` with ``relay``), and what they share (the exit codes,
+``--journal``, ``--redis``) is in ``options``. The exit codes are documented there and in ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import click
 
 from hybridq import __version__
-from hybridq.cli import demo, enqueue, failed, forward, journal, status, worker
+from hybridq.cli import demo, enqueue, failed, forward, journal, outbox, status, worker
 from hybridq.cli.options import (
     DEFAULT_REDIS_URL,
     EXIT_CORRUPT,
@@ -97,6 +97,8 @@ for _command in (
     failed.failed,
     demo.demo,
     demo.chaos,
+    outbox.outbox,
+    outbox.relay,
 ):
     cli.add_command(_command)
 

@@ -1,0 +1,243 @@
+"""The relay: committed outbox rows → journal records, in batches; then the rows are deleted.
+
+One batch: read the oldest rows; mark those not yet marked ``relaying`` (committed); append
+their envelopes to the journal under one fsync; nudge the forwarder; delete the rows
+(committed). The envelope, and so the job id and idempotency key, was fixed when the
+application inserted the row, so a relay killed anywhere in between never makes another job:
+
+* killed before the append: the rows are still there and are appended on restart;
+* killed after the append, before the delete: the rows are still there, marked ``relaying``;
+  a marked row is appended again only if the journal does not already hold a record with its
+  job id (the journal is read once for the marked rows, which only a crash leaves behind).
+
+One relay per SQLite outbox: a lock file beside the database (``<db>.relay.lock``) refuses a
+second one. ``docs/outbox.md`` describes the whole.
+
+This module must not import redis, rq or click.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+
+from hybridq import crashpoints
+from hybridq.envelope import Envelope
+from hybridq.errors import EnvelopeError, JournalLocked
+from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.ledger import consistent
+from hybridq.nudge import address, nudge
+from hybridq.outbox.schema import DEFAULT_TABLE, connect, sqlite_path, table_exists, validate_table
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_POLL_S", "PROGRESS_EVERY_S", "Relay"]
+
+log = logging.getLogger("hybridq.relay")
+
+DEFAULT_BATCH = 500
+#: Seconds an idle relay sleeps before looking at the SQLite outbox again.
+DEFAULT_POLL_S = 0.05
+#: Seconds between two progress lines while rows are being relayed.
+PROGRESS_EVERY_S = 5.0
+
+#: The job id near the start of an envelope's bytes: ``Envelope.to_bytes`` writes it first, a
+#: signed envelope after its ``not_after``. Anything else is decoded in full.
+_ID_PREFIX = re.compile(rb'\A\{(?:"not_after":[0-9.eE+-]+,)?"v":\d+,"id":"([A-Za-z0-9_-]{1,128})"')
+
+
+class Relay:
+    """Moves an SQLite outbox's committed rows into a journal.
+
+    Args:
+        dsn: ``sqlite:///path`` of the application's database.
+        journal: the journal directory (created if missing).
+        table: the outbox table.
+        batch_size: most rows per journal append (one fsync) and per delete.
+        poll_s: seconds :meth:`run` sleeps when the outbox is empty.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        journal: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        batch_size: int = DEFAULT_BATCH,
+        poll_s: float = DEFAULT_POLL_S,
+    ) -> None:
+        self.path = sqlite_path(dsn)  # ValueError for a bad DSN, before anything is opened
+        self.table = validate_table(table)
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.dsn = dsn
+        self.journal = journal
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        #: Rows moved into the journal (appended, or found there already) and deleted.
+        self.relayed = 0
+        #: Rows a crashed relay had appended already: deleted without a second record.
+        self.skipped_present = 0
+        self._stop = threading.Event()
+        self._conn: sqlite3.Connection | None = None
+        self._writer: JournalWriter | None = None
+        self._lock_fd: int | None = None
+
+    def open(self) -> None:
+        """Open the database (it and the table must exist), take the lock, open the journal."""
+        conn = connect(self.dsn)
+        if not table_exists(conn, self.table):
+            conn.close()
+            raise FileNotFoundError(
+                f"no table {self.table!r} in {self.path!r} (hybridq outbox init creates it)"
+            )
+        try:
+            self._lock_fd = _lock(self.path + ".relay.lock")
+            self.journal = ensure_journal_dir(self.journal)
+            self._writer = JournalWriter(self.journal, durability=Durability.FSYNC)
+        except BaseException:
+            conn.close()
+            self._release()
+            raise
+        self._conn = conn
+        table = self.table
+        self._select = f"SELECT id, job_id, envelope, relaying FROM {table} ORDER BY id LIMIT ?"  # noqa: S608
+        self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
+        self._delete = f"DELETE FROM {table} WHERE id = ?"  # noqa: S608
+        self._nudge_name = address(self.journal)
+
+    def close(self) -> None:
+        """Seal the journal segment, close the database and release the lock. Idempotent."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._release()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in flight (safe from a signal handler)."""
+        self._stop.set()
+
+    def backlog(self) -> int:
+        """Rows in the outbox now (committed, not yet relayed)."""
+        assert self._conn is not None, "open() first"
+        return int(self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])  # noqa: S608
+
+    def run_once(self) -> int:
+        """Relay until the outbox is empty (or :meth:`stop`); return the rows relayed."""
+        total = 0
+        while not self._stop.is_set():
+            moved = self.step()
+            total += moved
+            if moved < self.batch_size:
+                break
+        return total
+
+    def run(self) -> None:
+        """Relay until :meth:`stop`, polling the outbox every ``poll_s`` when it is empty."""
+        log.info("relaying %s table %s -> journal %s", self.path, self.table, self.journal)
+        window_start, window_rows = time.monotonic(), 0
+        while not self._stop.is_set():
+            moved = self.step()
+            window_rows += moved
+            now = time.monotonic()
+            if window_rows and now - window_start >= PROGRESS_EVERY_S:
+                log.info(
+                    "relayed %d jobs in the last %.1f s; backlog %d",
+                    window_rows,
+                    now - window_start,
+                    self.backlog(),
+                )
+                window_start, window_rows = now, 0
+            elif not window_rows:
+                window_start = now
+            if moved < self.batch_size:
+                self._stop.wait(self.poll_s)
+        log.info("stopped; relayed %d jobs", self.relayed)
+
+    def step(self) -> int:
+        """Relay one batch of the oldest rows; return how many rows it moved (0: empty)."""
+        conn, writer = self._conn, self._writer
+        assert conn is not None, "open() first"
+        assert writer is not None
+        rows: list[tuple[int, str, bytes, int]] = conn.execute(self._select, (self.batch_size,)).fetchall()
+        if not rows:
+            return 0
+        present = self._already_appended([job for _, job, _, relaying in rows if relaying])
+        fresh = [(row_id,) for row_id, _, _, relaying in rows if not relaying]
+        if fresh:
+            _in_transaction(conn, self._mark, fresh)
+        payloads = [bytes(env) for _, job, env, _ in rows if job not in present]
+        if payloads:
+            writer.append_many(payloads)
+            nudge(self.journal, name=self._nudge_name)
+        # A relay killed here has appended the batch but not deleted it (the crash tests).
+        crashpoints.reached("relay_after_append")
+        _in_transaction(conn, self._delete, [(row_id,) for row_id, _, _, _ in rows])
+        self.relayed += len(rows)
+        self.skipped_present += len(rows) - len(payloads)
+        return len(rows)
+
+    def _already_appended(self, job_ids: list[str]) -> set[str]:
+        """Which of ``job_ids`` (rows marked ``relaying``) the journal holds a record of."""
+        if not job_ids:
+            return set()
+        wanted = set(job_ids)
+        # Read again if the forwarder's compaction deleted a segment under the reader meanwhile.
+        found = consistent(self.journal, lambda _: wanted.intersection(_journal_job_ids(self.journal)))
+        log.info(
+            "%d rows were being relayed when a relay stopped; %d of them are in the journal "
+            "already (deleted, not appended again)",
+            len(wanted),
+            len(found),
+        )
+        return found
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _journal_job_ids(journal: str) -> Iterable[str]:
+    """The job id of every job record in the journal (a full read: used only after a crash)."""
+    for record in JournalReader(journal).records():
+        if record.rtype != RecordType.DATA:
+            continue
+        match = _ID_PREFIX.match(record.payload)
+        if match is not None:
+            yield match.group(1).decode("ascii")
+            continue
+        try:
+            yield Envelope.from_bytes(record.payload).id
+        except EnvelopeError:
+            continue  # not a job: the forwarder skips it loudly
+
+
+def _in_transaction(conn: sqlite3.Connection, sql: str, params: list[tuple[int]]) -> None:
+    """Run ``sql`` for every parameter tuple in one write transaction, committed."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(sql, params)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _lock(path: str) -> int:
+    """Hold an exclusive lock on ``path`` (created if missing); JournalLocked if another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLocked(path, "another relay (one relay per outbox)") from None
+    return fd
