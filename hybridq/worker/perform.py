@@ -121,6 +121,8 @@ class Performer:
         if is_async(run.func):
             self.runner.start_async(item)  # type: ignore[union-attr]
             return False
+        if self.runner is not None:
+            run.func = self.runner.guard(item, run.func)
         try:
             value, error = perform(self.client, run)
         except BaseException as exc:

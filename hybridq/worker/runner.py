@@ -70,6 +70,8 @@ class Taken:
     deadline: float = 0.0
     state: int = _PENDING
     thread: int = 0
+    #: Inside the task's own call (:meth:`Runner.guard`): only there may a timeout be raised.
+    in_task: bool = False
     signalled: bool = False
     abandoned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -171,10 +173,30 @@ class Runner:
             except JobTimeoutException:
                 continue  # a timeout that arrived after its job ended (see _one): nothing to do
 
+    def guard(self, item: Taken, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``func`` (the task), marked as the one place ``item``'s timeout may be raised.
+
+        Its timeout counts from the call; a timeout raised but not yet delivered when it
+        returns is taken back, so it never lands in the claim, the outcome or the next job.
+        """
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with item.lock:
+                item.in_task = True
+                if item.timeout is not None:
+                    item.deadline = time.monotonic() + item.timeout
+            try:
+                return func(*args, **kwargs)
+            finally:
+                with item.lock:
+                    item.in_task = False
+                    if item.signalled:
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(item.thread), None)
+
+        return call
+
     def _one(self, item: Taken) -> None:
         item.thread = threading.get_ident()
-        if item.timeout is not None:
-            item.deadline = time.monotonic() + item.timeout
         with item.lock:
             item.state = _RUNNING
         with self._lock:
@@ -231,8 +253,8 @@ class Runner:
 
     def _expire(self, item: Taken, now: float) -> None:
         with item.lock:
-            if item.state != _RUNNING or item.abandoned:
-                return
+            if item.state != _RUNNING or item.abandoned or not item.in_task:
+                return  # only the task's own call is timed out (see guard)
             if not item.signalled:
                 item.signalled = True
                 log.warning(

@@ -1,0 +1,65 @@
+"""The pool worker's runner: a job's timeout is raised only inside the task's own call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hybridq.worker.runner import Runner, Taken
+
+
+def _runner(work: Any) -> Runner:
+    async def no_async(_item: Taken) -> None:
+        raise AssertionError("no async job here")
+
+    return Runner(1, 1, work, no_async, lambda _item: None)
+
+
+def test_a_timeout_is_not_raised_in_the_code_around_the_task() -> None:
+    """The claim and the outcome around a task must never be cut by its timeout."""
+    finished: list[str] = []
+    runner: Runner
+
+    def work(item: Taken) -> bool:
+        task = runner.guard(item, lambda: time.sleep(0.01))
+        task()  # well within its timeout
+        deadline = time.monotonic() + 0.6  # then slow code of the run's own (past the timeout)
+        while time.monotonic() < deadline:
+            pass
+        finished.append(item.job_id)
+        return True
+
+    runner = _runner(work)
+    try:
+        item = Taken("j1", "q", timeout=0.05)
+        runner.submit(item)
+        done = runner.done.get(timeout=5)
+        assert done is item
+        assert finished == ["j1"], "the code after the task was interrupted"
+        assert not item.signalled
+    finally:
+        runner.close()
+
+
+def test_a_task_past_its_timeout_gets_jobtimeoutexception() -> None:
+    raised: list[BaseException] = []
+    runner: Runner
+
+    def spin() -> None:
+        while True:
+            time.monotonic()
+
+    def work(item: Taken) -> bool:
+        try:
+            runner.guard(item, spin)()
+        except Exception as exc:
+            raised.append(exc)
+        return True
+
+    runner = _runner(work)
+    try:
+        runner.submit(Taken("j2", "q", timeout=0.1))
+        runner.done.get(timeout=5)
+        assert [type(e).__name__ for e in raised] == ["JobTimeoutException"]
+    finally:
+        runner.close()
