@@ -34,7 +34,6 @@ import redis
 from rq.utils import now, utcformat
 
 from hybridq import keys
-from hybridq.worker import scripts
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
 
@@ -45,9 +44,10 @@ __all__ = [
     "START_ARITY",
     "TAKE",
     "TAKE_FIELDS",
-    "call",
     "end_args",
+    "keep_alive",
     "start_args",
+    "wait_one",
 ]
 
 #: The job hash fields :data:`TAKE` returns for each job, in this order.
@@ -254,11 +254,3 @@ def keep_alive(client: redis.Redis, name: str, running: Sequence[Taken], ttl: in
             pipe.expire(f"{keys.RQ_PREFIX}:executions:{item.job_id}", ttl + 60)
         pipe.expire(f"{keys.RQ_PREFIX}:worker:{name}:executions", ttl + 60)
         pipe.execute()
-
-
-def call(conn: redis.Redis, script: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
-    """Send one of this module's scripts (by its SHA once Redis knows it).
-
-    With ``client`` (a pipeline of ``conn``), it is queued there.
-    """
-    return scripts.call(conn, script, keys, args, client=client)

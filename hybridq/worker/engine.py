@@ -108,7 +108,7 @@ class Engine:
             job_class=job_class,
             worker_ttl=WORKER_TTL_S,
         )
-        self.performer = performer = Performer(self.client)
+        performer = Performer(self.client)
         self.runner = Runner(
             threads, async_concurrency, performer.work, performer.work_async, performer.stuck, stamp
         )
@@ -247,7 +247,7 @@ class Engine:
     def _take(self, room: int, client: Any = None) -> list[Any]:
         """Take up to ``room`` jobs (with ``client``, a pipeline: queued there, ``[]`` returned)."""
         args = [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-        taken: list[Any] = batch_scripts.call(
+        taken: list[Any] = scripts.call(
             self.client, batch_scripts.TAKE, self._queue_keys, args, client=client
         )
         if client is not None:
@@ -286,7 +286,7 @@ class Engine:
             item.exec_id = f"{self._exec_prefix}{self._exec_count:x}"
         args = batch_scripts.start_args(self.name, items, EXEC_TTL_S)
         try:
-            replies = scripts.retrying(lambda: batch_scripts.call(self.client, batch_scripts.START, [], args))
+            replies = scripts.retrying(lambda: scripts.call(self.client, batch_scripts.START, [], args))
         except RedisError:
             # Left where the take put them: RQ's intermediate list, or started and claimed (if the
             # call ran): the forwarder finds them stranded or orphaned and delivers them again.
@@ -355,22 +355,24 @@ class Engine:
         if not items:
             return self._take(take) if take else []
         args = batch_scripts.end_args(self.name, items)
+
+        def end(client: Any = None) -> Any:
+            return scripts.call(self.client, batch_scripts.END, [], args, client=client)
+
         taken: list[Any] = []
         try:
             if take:
                 with self.client.pipeline(transaction=False) as pipe:
-                    batch_scripts.call(self.client, batch_scripts.END, [], args, client=pipe)
+                    end(pipe)
                     self._take(take, client=pipe)
                     replies, taken = pipe.execute()
             else:
-                replies = batch_scripts.call(self.client, batch_scripts.END, [], args)
+                replies = end()
         except RedisError:
             # Sent again on its own (a copy that ran is recognised); jobs a lost take moved wait
             # in RQ's intermediate list, where the forwarder finds them stranded.
             try:
-                replies = scripts.retrying(
-                    lambda: batch_scripts.call(self.client, batch_scripts.END, [], args)
-                )
+                replies = scripts.retrying(end)
             except RedisError:
                 replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
         for item, reply in zip(items, replies, strict=True):

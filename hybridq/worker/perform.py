@@ -129,10 +129,7 @@ class Performer:
             run.finish = None
             failed(item, text(exc))
             return True
-        if error is None:
-            succeeded(item, value)
-        else:
-            failed(item, run.error_text or text(error))
+        _record(item, value, error)
         return True
 
     async def work_async(self, item: Taken) -> None:
@@ -163,10 +160,7 @@ class Performer:
         finally:
             _current.reset(context)
         value, error = conclude(run, value, error)
-        if error is None:
-            succeeded(item, value)
-        else:
-            failed(item, run.error_text or text(error))
+        _record(item, value, error)
 
     def stuck(self, item: Taken) -> None:
         """A job stuck past its timeout (on the watchdog's thread): nothing is recorded for it.
@@ -197,12 +191,21 @@ def is_async(func: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(inspect.unwrap(func))
 
 
-def succeeded(item: Taken, value: Any) -> None:
-    """Note that RQ records ``item`` finished, with ``value`` as its return value."""
+def _record(item: Taken, value: Any, error: Exception | None) -> None:
+    """Note what RQ records of a run whose task returned ``value`` or raised ``error``."""
+    run = item.run
+    if error is None:
+        succeeded(item, value, run.result_json)
+    else:
+        failed(item, run.error_text or text(error))
+
+
+def succeeded(item: Taken, value: Any, text: str | None = None) -> None:
+    """Note that RQ records ``item`` finished, with ``value`` (JSON ``text``, if made) as its result."""
     item.ok = True
     if value is not None:
         item.rq_field = "return_value"
-        item.rq_value = b64encode(json.dumps(value).encode()).decode()
+        item.rq_value = b64encode((text if text is not None else json.dumps(value)).encode()).decode()
 
 
 def failed(item: Taken, text: str) -> None:

@@ -141,7 +141,7 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     final = error is None or d.attempt >= env.max_attempts
-    value = _jsonable(value, env)
+    value, run.result_json = _jsonable(value, env)
     outcome = StoredOutcome(
         outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
         result=value,
@@ -233,6 +233,8 @@ class Run:
     renewal: lease.Renewal | None = None
     #: The stored error text (a traceback) of a failed run, once the task raised.
     error_text: str | None = None
+    #: The JSON text of what the task returned, once it did (made once, for every record of it).
+    result_json: str | None = None
     #: A pool worker ends the run in a batch, later, and always releases it then: the lease is
     #: renewed until that release, however long the batch waits.
     deferred_end: bool = False
@@ -376,13 +378,13 @@ def finished(run: Run, kept: int) -> None:
         )
 
 
-def _jsonable(value: Any, env: Envelope) -> Any:
+def _jsonable(value: Any, env: Envelope) -> tuple[Any, str]:
+    """``value`` if JSON holds it, else its ``repr()``; and its JSON text."""
     try:
-        json.dumps(value)
+        return value, json.dumps(value)
     except (TypeError, ValueError):
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
-        return repr(value)
-    return value
+        return repr(value), json.dumps(repr(value))
 
 
 def _format_error(error: BaseException) -> str:

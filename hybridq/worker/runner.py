@@ -58,7 +58,6 @@ class Taken:
     started: float = 0.0
     result_ttl: int = 500
     failure_ttl: int = 31536000
-    is_async: bool = False
     #: What RQ records: finished (True) or failed, and its result field ("return_value" or
     #: "exc_string", base64 as RQ writes it; "" for none).
     ok: bool = True
@@ -138,7 +137,6 @@ class Runner:
         loop = self._event_loop()
         with self._lock:
             self.async_pending += 1
-        item.is_async = True
         asyncio.run_coroutine_threadsafe(self._run_async(item), loop)
 
     def room(self) -> int:
@@ -205,7 +203,7 @@ class Runner:
         try:
             handed_over = not self._work(item)
         except JobTimeoutException:
-            pass  # landed after the task returned: its outcome stands (work() concluded it)
+            pass  # raised in the task's call (guard) as it returned: the run concluded already
         finally:
             with item.lock:
                 item.state = _DONE

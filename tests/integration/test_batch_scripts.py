@@ -16,7 +16,7 @@ from hybridq.envelope import Envelope, new_job_id
 from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_scripts
+from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.perform import Resolver, prepare
 from hybridq.worker.run import conclude
 from hybridq.worker.runner import Taken
@@ -44,7 +44,7 @@ def push(url: str, n: int) -> list[str]:
 
 
 def take(client: redis.Redis, n: int) -> list[Taken]:
-    taken = batch_scripts.call(
+    taken = scripts.call(
         client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
     )
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
@@ -78,8 +78,8 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert [i.job_id for i in items] == ids
     assert client.llen(keys.rq_intermediate(QUEUE)) == 3, "taken: in RQ's intermediate list, as RQ's dequeue"
     args = start_args(items)
-    first = batch_scripts.call(client, batch_scripts.START, [], args)
-    again = batch_scripts.call(client, batch_scripts.START, [], args)  # the first reply was lost
+    first = scripts.call(client, batch_scripts.START, [], args)
+    again = scripts.call(client, batch_scripts.START, [], args)  # the first reply was lost
     assert [r[0] for r in first] == [0, 0, 0]
     assert [r[0] for r in again] == [0, 0, 0], "a claim that ran finds the lease its own"
     assert client.llen(keys.rq_intermediate(QUEUE)) == 0
@@ -87,8 +87,8 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert sorted(started.get_job_ids()) == sorted(ids)
     client.script_flush()  # Redis restarted without losing data: NOSCRIPT is answered by loading it
     args = end_args(items)
-    assert batch_scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
-    assert batch_scripts.call(client, batch_scripts.END, [], args) == [2, 2, 2], "already stored, mine"
+    assert scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
+    assert scripts.call(client, batch_scripts.END, [], args) == [2, 2, 2], "already stored, mine"
     assert client.xlen(keys.events(OWNER)) == 3, "one completion event per job"
     for job_id in ids:
         assert client.xlen(f"rq:results:{job_id}") == 1, "RQ's result recorded once"
@@ -104,7 +104,7 @@ def test_a_stored_outcome_in_a_batch_suppresses_that_job_only(redis_server: Redi
     items = take(client, 3)
     done = items[1]
     client.set(done.run.claim_keys[0], '{"outcome": "succeeded", "result": 7, "job_id": "x", "attempt": 1}')
-    replies = batch_scripts.call(client, batch_scripts.START, [], start_args(items))
+    replies = scripts.call(client, batch_scripts.START, [], start_args(items))
     assert [r[0] for r in replies] == [0, 1, 0]
     assert client.exists(items[0].run.claim_keys[1]) == 1, "the others hold their leases"
     assert client.exists(done.run.claim_keys[1]) == 0, "the suppressed one takes none"
