@@ -116,6 +116,7 @@ class _Pool:
         self.spawns = [0] * max(1, options.processes)
         #: RQ's pub/sub command channels of the pool and its processes (see _commands).
         self.pubsub: Any = None
+        self.pubsub_client: Any = None
         self.channels: set[str] = {f"{RQ_PUBSUB}{self.name}"}
         #: The channel of the shutdown command that stopped the pool, if one did.
         self.commanded: str | None = None
@@ -173,8 +174,10 @@ class _Pool:
         """
         try:
             if self.pubsub is None:
-                conn: Any = redis.Redis.from_url(self.url, socket_timeout=5.0)
-                self.pubsub = conn.pubsub(ignore_subscribe_messages=True)
+                # The client is kept: redis-py closes its connections, the subscription's
+                # included, when the client object is collected (a command sent then was lost).
+                self.pubsub_client = redis.Redis.from_url(self.url, socket_timeout=5.0)
+                self.pubsub = self.pubsub_client.pubsub(ignore_subscribe_messages=True)
                 self.pubsub.subscribe(*self.channels)
             message = self.pubsub.get_message(timeout=0)
         except RedisError:

@@ -387,3 +387,25 @@ def test_with_scheduler_runs_rqs_scheduler_for_plain_rq_jobs(redis_server: Redis
         wait_until(lambda: job.get_status(refresh=True) == "finished", timeout=30, what="the scheduled job")
         assert job.return_value() == 42
     worker.assert_alive()
+
+
+def test_the_pool_stays_subscribed_to_its_command_channel(redis_server: RedisServer) -> None:
+    """The pool's subscription outlives the call that made it: a shutdown command sent any time after is heard.
+
+    It was lost when sent between the pool's first two turns: redis-py closed the subscription's
+    connection with the client object that made it, and resubscribed a turn later (CI failure).
+    """
+    import gc
+    import json
+
+    from hybridq.worker.pool import PoolOptions, _Pool
+
+    pool_ = _Pool(["default"], redis_server.url, PoolOptions(processes=1), burst=False, name="w-sub")
+    pool_._commands()  # subscribes
+    gc.collect()
+    with redis_client(redis_server) as client:
+        assert client.pubsub_numsub("rq:pubsub:w-sub") == [(b"rq:pubsub:w-sub", 1)]
+        assert client.publish("rq:pubsub:w-sub", json.dumps({"command": "shutdown"})) == 1
+    wait_until(lambda: pool_._commands() or pool_.commanded, timeout=5, what="the command")
+    assert pool_.stopping == 1
+    pool_.pubsub.close()

@@ -547,7 +547,7 @@ def test_rq_shutdown_command_stops_the_worker_with_a_warning(
         conn.close()
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()  # closes its pipe (left open, it failed a later test at collection)
     assert proc.returncode == 0, stderr
     warnings = [line for line in stderr.splitlines() if "WARNING" in line and "shutdown command" in line]
     assert any("rq:pubsub:w-shut" in line and "Restart=always" in line for line in warnings), stderr
@@ -579,8 +579,9 @@ main()
 """
 
 
+@pytest.mark.parametrize("mode", [[], ["--rq"]], ids=["pool", "rq"])
 def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warmly(
-    redis_server: RedisServer, subprocess_env: dict[str, str]
+    redis_server: RedisServer, subprocess_env: dict[str, str], mode: list[str]
 ) -> None:
     import json
     import time
@@ -591,6 +592,7 @@ def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warm
             "-c",
             _LATE_SIGNAL_HANDLERS,
             "worker",
+            *mode,
             "--name",
             "w-early",
             "--redis",
@@ -614,5 +616,5 @@ def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warm
         conn.close()
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()  # closes its pipe (left open, it failed a later test at collection)
     assert proc.returncode == 0, stderr
