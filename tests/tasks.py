@@ -189,3 +189,8 @@ def not_until(path: str, token: str, switch: str, seconds: float, deadline_s: fl
         raise hybridq.RetryLater(seconds, f"{switch} does not exist yet", deadline_s=deadline_s)
     record(path, f"ok {token} {attempt}")
     return token
+
+
+async def not_yet_async(path: str, token: str, laters: int, seconds: float = 0.3) -> str:
+    """:func:`not_yet` as an ``async def`` task (the pool runs it on its event loop)."""
+    return not_yet(path, token, laters, 0, seconds)
