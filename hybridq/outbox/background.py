@@ -21,6 +21,7 @@ import time
 from hybridq.outbox.backlog import Backlog, read_backlog
 from hybridq.outbox.relay import DEFAULT_POLL_S, PROGRESS_EVERY_S, Relay
 from hybridq.outbox.schema import DEFAULT_TABLE
+from hybridq.redisurl import redact_url
 
 __all__ = ["RETRY_BACKOFF_S", "BackgroundRelay"]
 
@@ -114,7 +115,10 @@ class BackgroundRelay:
 
     def _run(self) -> None:
         log.info(
-            "relaying %s table %s -> journal %s (inside the forwarder)", self.dsn, self.table, self.journal
+            "relaying %s table %s -> journal %s (inside the forwarder)",
+            redact_url(self.dsn),
+            self.table,
+            self.journal,
         )
         delay = self.backoff_s[0]
         while not self._stop.is_set():

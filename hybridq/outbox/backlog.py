@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq.outbox.schema import connect, table_exists, validate_table
+from hybridq.redisurl import redact_url
 
 __all__ = ["Backlog", "check_outbox", "query_backlog", "read_backlog"]
 
@@ -83,6 +84,8 @@ def check_outbox(dsn: str, table: str) -> None:
     conn = connect(dsn)
     try:
         if not table_exists(conn, table):
-            raise FileNotFoundError(f"no outbox table {table!r} in {dsn!r} (hybridq outbox init creates it)")
+            raise FileNotFoundError(
+                f"no outbox table {table!r} in {redact_url(dsn)!r} (hybridq outbox init creates it)"
+            )
     finally:
         conn.close()
