@@ -179,6 +179,8 @@ def _open_relay(ctx: click.Context, dsn: str, table: str, journal: str) -> Backg
         _bad_usage(ctx, str(exc))
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
+    except Exception as exc:  # the database driver's own error: not a database, locked, ...
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
     return relay
 
 

@@ -100,6 +100,10 @@ def _check_outbox(ctx: click.Context, dsn: str, table: str) -> None:
         check_outbox(dsn, table)
     except (ValueError, FileNotFoundError) as exc:
         _bad_usage(ctx, str(exc))
+    except Exception as exc:  # the database driver's own error: not a database, locked, ...
+        from hybridq.status import redact_url  # noqa: PLC0415
+
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
 
 
 def _print_status(out: dict[str, Any]) -> None:

@@ -126,6 +126,22 @@ def test_a_bad_outbox_is_one_line_exit_2_and_writes_nothing(
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no journal, no lock file
 
 
+@pytest.mark.parametrize("command", ["status", "forward"])
+def test_a_file_that_is_not_a_database_is_one_line_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.db").write_text("not a database\n")
+    journal = tmp_path / "journal"
+    if command == "status":
+        ensure_journal_dir(journal)
+    args = [command, "--journal", str(journal), "--outbox", "sqlite:///notes.db"]
+    result = CliRunner().invoke(cli, [*args, "--redis", "redis://127.0.0.1:1/0"])
+    assert result.exit_code == 1, result.output
+    assert result.output == "hybridq: error: outbox sqlite:///notes.db: file is not a database\n"
+    assert (command == "status") == journal.exists()
+
+
 def test_a_failing_relay_is_logged_once_retried_and_works_again(
     db: Path, journal_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
