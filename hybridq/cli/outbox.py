@@ -9,6 +9,7 @@ import click
 
 from hybridq.cli.options import EXIT_USAGE, _fail, journal_option
 from hybridq.errors import HybridqError, JournalLocked
+from hybridq.outbox.once import DEFAULT_DONE_TABLE, create_done_table, done_ddl
 from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_POLL_S, Relay
 from hybridq.outbox.schema import DEFAULT_TABLE, SUPPORTED_DSNS, connect, create_table, ddl, validate_table
 
@@ -48,10 +49,19 @@ def outbox() -> None:
 @outbox.command("init")
 @click.option("--dsn", default=None, metavar="DSN", help=f"The database: {SUPPORTED_DSNS}.")
 @_table_option
-@click.option("--print-sql", is_flag=True, help="Print the CREATE TABLE statement; touch no database.")
+@click.option(
+    "--done-table",
+    default=DEFAULT_DONE_TABLE,
+    show_default=True,
+    help="The table of outbox.once(conn) (exactly-once effects), created too.",
+)
+@click.option("--print-sql", is_flag=True, help="Print the CREATE TABLE statements; touch no database.")
 @click.pass_context
-def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool) -> None:
+def outbox_init(ctx: click.Context, dsn: str | None, table: str, done_table: str, print_sql: bool) -> None:
     """Create the outbox table in the database DSN names (idempotent: an existing one is kept).
+
+    The done table of outbox.once(conn) (exactly-once effects in this database) is created
+    alongside it.
 
     The database file is created if missing (its directory must exist). With --print-sql, print
     the DDL instead, for migrations you manage yourself.
@@ -64,10 +74,11 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
     """
     try:
         validate_table(table)
+        validate_table(done_table)
     except ValueError as exc:
         _usage(ctx, str(exc))
     if print_sql:
-        click.echo(ddl(table), nl=False)
+        click.echo(ddl(table) + done_ddl(done_table), nl=False)
         return
     if dsn is None:
         _usage(ctx, f"--dsn is required (or --print-sql); use {SUPPORTED_DSNS}")
@@ -79,6 +90,7 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
         return
     try:
         created = create_table(conn, table)
+        done_created = create_done_table(conn, done_table)
     except (OSError, HybridqError) as exc:
         _fail(ctx, exc)
     except Exception as exc:  # sqlite3.Error: not a database, read-only, ...
@@ -86,6 +98,7 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
     finally:
         conn.close()
     click.echo(f"{'created' if created else 'exists:'} table {table} in {dsn}")
+    click.echo(f"{'created' if done_created else 'exists:'} table {done_table} in {dsn}")
 
 
 @click.command()
