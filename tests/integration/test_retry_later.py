@@ -136,7 +136,7 @@ def test_retry_later_past_its_deadline_fails_for_good(
 
 
 @pytest.mark.parametrize("mode", ["pool", "rq"])
-def test_a_flushall_while_a_job_waits_in_retry_later_does_not_lose_it(
+def test_a_flushall_and_a_worker_kill_while_a_job_waits_in_retry_later_do_not_lose_it(
     mode: str,
     redis_server: RedisServer,
     stack: Stack,
@@ -154,8 +154,10 @@ def test_a_flushall_while_a_job_waits_in_retry_later_does_not_lose_it(
     )
     wait_until(functools.partial(waiting_later, journal_dir), timeout=30, what="the RetryLater in the ledger")
     assert job.get_status() == "retrying"
+    worker.kill()  # SIGKILL, with its children
     redis_server.flushall()  # every key: the queue, the stored outcome, the epoch
     switch.write_text("yes")
+    worker = start_worker(stack, redis_server.url, mode)
     status = wait_status(
         journal_dir,
         subprocess_env,
