@@ -8,7 +8,9 @@ that save and the unlink is finished at the next start. Segments go oldest first
 
 A ledger segment follows when every entry in it concerns deleted journal segments. Failures
 still listed (and requeue marks that still cancel a failure written elsewhere) are appended
-again first, so ``failed list`` and ``requeue`` outlive the segments that recorded them.
+again first, so ``failed list`` and ``requeue`` outlive the segments that recorded them; so does
+the ``key`` entry of a job that owns an idempotency key, with its outcome and the end of its key
+window (``until``: now + ``key_window_s``), until that window ends (hybridq.admission).
 
 This module must not import redis or rq.
 """
@@ -150,12 +152,36 @@ class Compactor:
         remove_oldest_segment(self.journal, writer_id, index)
         self.state.index.forget_segment(seg)
 
+    def _kept_keys(self, entries: list[Entry]) -> list[Entry]:
+        """The ``key`` entries of a ledger segment about to go that must outlive it.
+
+        The current owner's entry, until its window ends; the first time, with the job's
+        outcome and the window's end (its journal segment is gone: the job is terminal).
+        """
+        index, now = self.state.index, self.state.config.clock()
+        until = now + self.state.config.key_window_s
+        out: list[Entry] = []
+        for e in entries:
+            known = index.keys.get(e.key) if e.kind == "key" and e.key is not None else None
+            if known is None or e.key is None or (known.loc, known.at) != (e.loc, e.at):
+                continue  # not a key entry, or its key was taken over (or forgotten) since
+            if known.until is None:
+                outcome = index.owner_outcome(known, lambda _loc: True)
+                known = dataclasses.replace(known, outcome=outcome, until=until)
+            elif known.until < now:
+                index.forget_key(e.key)
+                continue
+            index.apply(known)
+            out.append(known)
+        return out
+
     def _compact_ledger(self) -> int:
         """Delete sealed ledger segments whose entries all concern deleted journal segments."""
         path = ledger_dir(self.journal)
         if not os.path.isdir(path):
             return 0
         own = self.state.own_chain
+        self.state.forget_keys()
         by_segment: dict[tuple[str, int], list[Entry]] = {}
         for record, entry in read_ledger(self.journal):
             by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
@@ -189,6 +215,7 @@ class Compactor:
                     if (e.kind == "done" and self.state.index.failed.get(e.loc) == e)
                     or (e.kind == "requeued" and failures.get(e.loc, 0) > (e.loc in here))
                 ]
+                keep += self._kept_keys(entries)
                 for loc in here:
                     failures[loc] -= 1
                 self.state.append(keep, apply=False)

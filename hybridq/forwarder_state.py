@@ -39,7 +39,14 @@ from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
 from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["DONE_GRACE_LEASES", "ForwarderConfig", "ForwarderState", "check_key_ttl"]
+__all__ = [
+    "DEFAULT_KEY_WINDOW_MAX",
+    "DEFAULT_KEY_WINDOW_S",
+    "DONE_GRACE_LEASES",
+    "ForwarderConfig",
+    "ForwarderState",
+    "check_key_ttl",
+]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -47,6 +54,10 @@ log = logging.getLogger("hybridq.forwarder")
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
 DONE_GRACE_LEASES = 6
+#: How long the key of a finished job stays known to the forwarder (enqueue-if-absent), at least.
+DEFAULT_KEY_WINDOW_S = 7 * 86400.0
+#: The most keys of finished jobs the forwarder keeps in their window (about 0.5 KB each).
+DEFAULT_KEY_WINDOW_MAX = 200_000
 
 
 def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
@@ -79,6 +90,12 @@ class ForwarderConfig:
         key_ttl_s: how long a job's outcome stays stored under its idempotency key in Redis
             (duplicates within this window return the stored result; the ledger covers the
             forwarder's own jobs forever).
+        key_window_s: how long, at least, the forwarder remembers the explicit idempotency key of
+            a finished job once its journal segment is compacted: a job with that key is not
+            pushed meanwhile (docs/enqueue.md, "Enqueue-if-absent"). Keys of pending jobs, and of
+            finished jobs whose segment is still in the journal, are always remembered.
+        key_window_max: the most keys kept in their window; beyond it, the oldest are forgotten
+            early (the memory bound: about 0.5 KB a key).
         max_lost: a job whose worker vanished this many times fails for good (a task that kills
             its worker every time must not loop forever).
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
@@ -94,6 +111,8 @@ class ForwarderConfig:
     backoff_max_s: float = 5.0
     lease_s: float = DEFAULT_LEASE_S
     key_ttl_s: float = DEFAULT_KEY_TTL_S
+    key_window_s: float = DEFAULT_KEY_WINDOW_S
+    key_window_max: int = DEFAULT_KEY_WINDOW_MAX
     max_lost: int = 5
     reconcile_interval_s: float | None = None
     clock: Callable[[], float] = time.time
@@ -103,6 +122,10 @@ class ForwarderConfig:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         check_key_ttl(self.lease_s, self.key_ttl_s)
+        if not self.key_window_s >= 0:
+            raise ValueError("key_window_s must be a number of seconds, at least 0")
+        if self.key_window_max < 0:
+            raise ValueError("key_window_max must be at least 0")
 
     @property
     def reconcile_every_s(self) -> float:
@@ -143,6 +166,7 @@ class ForwarderState:
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal))
         self.index = load_index(self.journal, self.compacted)
+        self.forget_keys()
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -271,6 +295,10 @@ class ForwarderState:
         """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
         self.checkpoint.invalid += 1
+
+    def forget_keys(self) -> None:
+        """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""
+        self.index.forget_keys(self.config.clock(), self.config.key_window_max)
 
     def commit_compacted(self, new: Compacted) -> None:
         """Save ``new`` compaction counters, then (only once durable) make them the ones in memory.

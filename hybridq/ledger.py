@@ -11,6 +11,12 @@ a kind ``t``:
 * ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``.
 * ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
 * ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
+* ``key`` -- the forwarder pushed (or held) the job at ``loc``, which has an explicit idempotency
+  key ``k`` (its hash): the job owns the key. Kept past compaction for the key window
+  (``until``), so a later job with the key is not pushed (docs/enqueue.md, "Enqueue-if-absent").
+* ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
+  Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
+  with the owner's outcome.
 
 Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
 everything, the highest attempt wins), because records of several chains have no global order.
@@ -72,7 +78,7 @@ T = TypeVar("T")
 class Entry:
     """One ledger record."""
 
-    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" (any other is skipped)
+    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate"
     job_id: str
     loc: Loc
     outcome: str | None = None
@@ -86,6 +92,12 @@ class Entry:
     event_id: str | None = None
     #: The envelope of a job that failed for good, so it can be requeued after compaction.
     job: Mapping[str, Any] | None = None
+    #: ``key`` and ``duplicate`` entries: the hash of the job's idempotency key (Envelope.key_id).
+    key: str | None = None
+    #: ``duplicate`` entries, and ``done`` entries settling one: the job id of the key's owner.
+    dup_of: str | None = None
+    #: ``key`` entries of a job whose segment is compacted: when the key may be forgotten.
+    until: float | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -104,6 +116,12 @@ class Entry:
             body["ev"] = self.event_id
         if self.job is not None:
             body["job"] = self.job
+        if self.key is not None:
+            body["k"] = self.key
+        if self.dup_of is not None:
+            body["of"] = self.dup_of
+        if self.until is not None:
+            body["until"] = self.until
         if self.dup:
             body["dup"] = True
         body["at"] = self.at
@@ -127,6 +145,9 @@ class Entry:
             queue=body.get("q"),
             event_id=body.get("ev"),
             job=body.get("job"),
+            key=body.get("k"),
+            dup_of=body.get("of"),
+            until=body.get("until"),
         )
 
 
@@ -168,6 +189,12 @@ class LedgerIndex:
     #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
     failed: dict[Loc, Entry] = field(default_factory=dict)
     requeued: set[Loc] = field(default_factory=set)
+    #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each.
+    keys: dict[str, Entry] = field(default_factory=dict)
+    #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
+    duplicates: dict[Loc, Entry] = field(default_factory=dict)
+    #: The keys in :attr:`keys` whose window has an end (``until``), roughly oldest first.
+    _windowed: dict[str, float] = field(default_factory=dict)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
@@ -199,6 +226,13 @@ class LedgerIndex:
             self.requeued.add(loc)
             self.failed.pop(loc, None)
             return True
+        if entry.kind == EntryKind.KEY:
+            return self._own_key(entry)
+        if entry.kind == EntryKind.DUPLICATE:
+            if self.is_terminal(loc):
+                return False
+            self.duplicates[loc] = entry
+            return True
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
@@ -220,7 +254,9 @@ class LedgerIndex:
                 self.totals[outcome] += 1
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
-            if entry.outcome == "failed" and loc not in self.requeued:
+            self.duplicates.pop(loc, None)
+            # A settled duplicate is not listed: its owner is (requeue that one).
+            if entry.outcome == "failed" and loc not in self.requeued and entry.dup_of is None:
                 self.failed[loc] = entry
             return True
         if self.is_terminal(loc):
@@ -235,6 +271,63 @@ class LedgerIndex:
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
         return False
+
+    def _own_key(self, entry: Entry) -> bool:
+        """Make the job of a ``key`` entry its key's owner if it is the newest (any replay order).
+
+        Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
+        the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
+        """
+        if entry.key is None:
+            return False
+        known = self.keys.get(entry.key)
+        if known is not None and (known.at, known.loc, known.until or 0.0) >= (
+            entry.at,
+            entry.loc,
+            entry.until or 0.0,
+        ):
+            return False
+        self.keys[entry.key] = entry
+        self._windowed.pop(entry.key, None)
+        if entry.until is not None:
+            self._windowed[entry.key] = entry.until
+        return True
+
+    def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:
+        """The outcome of the job owning a key (``owner``: its ``key`` entry); ``None`` if pending.
+
+        ``gone(loc)``: whether the journal segment of ``loc`` was compacted (its jobs all terminal,
+        their outcomes forgotten but for listed failures).
+        """
+        loc = owner.loc
+        done = self.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        if done is not None:
+            return done
+        if owner.outcome is not None:
+            return owner.outcome
+        if gone(loc):
+            return "failed" if loc in self.failed else "succeeded"
+        return None
+
+    def forget_keys(self, now: float, most: int | None = None) -> int:
+        """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
+
+        Only keys with a window count (those of pending jobs, or of jobs whose segment is still
+        in the journal, have none). Returns how many were forgotten.
+        """
+        expired = [k for k, until in self._windowed.items() if until < now]
+        if most is not None and len(self._windowed) - len(expired) > most:
+            gone = set(expired)
+            excess = len(self._windowed) - len(expired) - most
+            expired += [k for k in self._windowed if k not in gone][:excess]
+        for k in expired:
+            self.forget_key(k)
+        return len(expired)
+
+    def forget_key(self, key: str) -> None:
+        """Forget who owns ``key``."""
+        self.keys.pop(key, None)
+        self._windowed.pop(key, None)
 
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
@@ -344,10 +437,12 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
             entry.loc[0], sys.maxsize
         ):
             # Counted in Compacted already; only a failure still listed matters.
-            if entry.kind == EntryKind.DONE and entry.outcome == "failed":
+            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
             elif entry.kind == EntryKind.REQUEUED:
                 index.requeued.add(entry.loc)
+            elif entry.kind == EntryKind.KEY:
+                index.apply(entry)  # a finished job's key outlives its segment (its window)
             continue
         index.apply(entry)
     for loc in index.requeued:
