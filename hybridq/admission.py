@@ -9,7 +9,8 @@ window after the job's segment is compacted (``ForwarderConfig.key_window_s``).
 
 Jobs without an explicit key (the key is the job id) are not looked at: equal job ids are
 already one job (docs/enqueue.md, "Job ids"). A requeued job (``hybridq failed requeue``) takes
-its key over from the failure it replaces: it runs again.
+its key over, whoever has it now (the failure it replaces, or a job that took the key once the
+failure's window ended): a requeue always runs again.
 
 Entries are durable (:meth:`Admission.flush`, one fsync) before the forwarder's checkpoint moves
 past their records; a crash before that reads the records again and decides the same way.
@@ -62,7 +63,7 @@ class Admission:
         owner = self._taken.get(key) or self.state.index.keys.get(key)
         if owner is not None and owner.loc == loc:
             return True  # read again (a retried step, a lost checkpoint): it owns the key already
-        if owner is not None and not (env.requeue > 0 and owner.job_id == env.id):
+        if owner is not None and env.requeue == 0:
             self._entries.append(
                 Entry(
                     EntryKind.DUPLICATE,

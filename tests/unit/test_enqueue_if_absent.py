@@ -232,3 +232,33 @@ def test_beyond_key_window_max_the_oldest_finished_keys_are_forgotten_early(jour
     settle(forwarder)
     forwarder.close()
     assert again.id in transport.deliveries  # within the window, but past the memory bound
+
+
+def test_a_requeue_runs_even_after_another_job_took_its_key(journal_dir: Path) -> None:
+    clock = Clock()
+    queue = Queue(journal=journal_dir)
+    first = queue.enqueue(tasks.add, 1, 2, idempotency_key=KEY, retry=Retry(max_attempts=1))
+    _close_writers()
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock, key_window_s=60.0)
+
+    def boom(env: Envelope, attempt: int) -> None:
+        raise ValueError("boom")
+
+    forwarder.step()
+    transport.work(func=boom)
+    settle(forwarder)
+    forwarder.close()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock, key_window_s=60.0)  # compacts
+    settle(forwarder)
+    clock.now += 61  # the failure's key window ends: a new job takes the key
+    forwarder.close()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock, key_window_s=60.0)
+    other = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, idempotency_key=KEY)
+    settle(forwarder)
+    assert other.id in transport.deliveries
+    [again] = requeue([first.id], str(journal_dir))
+    settle(forwarder)
+    forwarder.close()
+    assert again.duplicate_of is None
+    assert transport.queues["default"] == [other.id, first.id]
