@@ -29,10 +29,13 @@ from hybridq.ledger import (
     Compacted,
     Entry,
     LedgerIndex,
+    keys_dir,
     ledger_dir,
     load_compacted,
     load_index,
+    open_keys_writer,
     open_ledger_writer,
+    read_keys,
     save_compacted,
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
@@ -150,6 +153,10 @@ class ForwarderState:
         self.compacted = Compacted()
         self.index = LedgerIndex()
         self._writer: JournalWriter | None = None
+        self._keys_writer: JournalWriter | None = None
+        #: Per segment of the key store: the latest end of a window in it, and its entries (the
+        #: compactor deletes a segment once every window in it ended, or far beyond the bound).
+        self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -166,6 +173,11 @@ class ForwarderState:
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal))
         self.index = load_index(self.journal, self.compacted)
+        if os.path.isdir(keys_dir(self.journal)):
+            recover(keys_dir(self.journal))
+            for record, entry in read_keys(self.journal):
+                self.index.apply(entry)
+                self._note_key_segment((record.writer_id, record.segment_index), entry)
         self.forget_keys()
 
     def _clamp(self) -> None:
@@ -184,10 +196,13 @@ class ForwarderState:
             save_checkpoint(self.journal, self.checkpoint)
 
     def close(self) -> None:
-        """Close the ledger writer."""
+        """Close the ledger and key store writers."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._keys_writer is not None:
+            self._keys_writer.close()
+            self._keys_writer = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -200,6 +215,11 @@ class ForwarderState:
     def own_chain(self) -> str | None:
         """This forwarder's ledger chain, once it wrote to the ledger (its open segment stays)."""
         return self._writer.writer_id if self._writer is not None else None
+
+    @property
+    def own_keys_chain(self) -> str | None:
+        """This forwarder's key store chain, once it wrote to it (its open segment stays)."""
+        return self._keys_writer.writer_id if self._keys_writer is not None else None
 
     def outcome_counts(self) -> dict[str, int]:
         """Outcomes ever recorded (ledger plus compacted segments): succeeded, failed, invalid, dups."""
@@ -295,6 +315,23 @@ class ForwarderState:
         """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
         self.checkpoint.invalid += 1
+
+    def store_keys(self, entries: Sequence[Entry]) -> None:
+        """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
+        if not entries:
+            return
+        if self._keys_writer is None:
+            self._keys_writer = open_keys_writer(self.journal)
+        started = time.perf_counter()
+        ids = self._keys_writer.append_many(e.to_bytes() for e in entries)
+        self._timed(started)
+        for rid, entry in zip(ids, entries, strict=True):
+            self.index.apply(entry)
+            self._note_key_segment((rid.writer_id, rid.segment), entry)
+
+    def _note_key_segment(self, seg: tuple[str, int], entry: Entry) -> None:
+        until, count = self.key_segments.get(seg, (0.0, 0))
+        self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
 
     def forget_keys(self) -> None:
         """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""

@@ -12,8 +12,10 @@ a kind ``t``:
 * ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
 * ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
 * ``key`` -- the forwarder pushed (or held) the job at ``loc``, which has an explicit idempotency
-  key ``k`` (its hash): the job owns the key. Kept past compaction for the key window
-  (``until``), so a later job with the key is not pushed (docs/enqueue.md, "Enqueue-if-absent").
+  key ``k`` (its hash): the job owns the key, so a later job with the key is not pushed
+  (docs/enqueue.md, "Enqueue-if-absent"). When the ledger segment holding it goes, the entry
+  moves, with its outcome and the end of its window (``until``), to the **key store**
+  (``<journal>/keys/``, the same format), which only the forwarder reads, when it starts.
 * ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
   Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
   with the owner's outcome.
@@ -53,11 +55,14 @@ __all__ = [
     "Entry",
     "LedgerIndex",
     "consistent",
+    "keys_dir",
     "ledger_dir",
     "load_compacted",
     "load_index",
+    "open_keys_writer",
     "open_ledger_writer",
     "parse_event",
+    "read_keys",
     "read_ledger",
     "save_compacted",
 ]
@@ -68,6 +73,9 @@ LEDGER_DIR = "ledger"
 COMPACTION_NAME = "compaction"
 #: Ledger segments are small so that compaction frees space soon.
 LEDGER_SEGMENT_BYTES = 4 << 20
+#: The key store's directory, inside the journal directory, and its segment size.
+KEYS_DIR = "keys"
+KEYS_SEGMENT_BYTES = 1 << 20
 
 Seg = tuple[str, int]
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -409,9 +417,27 @@ def open_ledger_writer(journal: str) -> JournalWriter:
     return JournalWriter(path, max_segment_bytes=LEDGER_SEGMENT_BYTES)
 
 
+def keys_dir(journal: str) -> str:
+    """The key store directory of a journal directory (keys of finished jobs, in their window)."""
+    return os.path.join(journal, KEYS_DIR)
+
+
+def open_keys_writer(journal: str) -> JournalWriter:
+    """A writer for this process's chain in the key store (created 0700 when missing)."""
+    return JournalWriter(ensure_journal_dir(keys_dir(journal)), max_segment_bytes=KEYS_SEGMENT_BYTES)
+
+
+def read_keys(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """Every entry of the key store (none if it does not exist yet)."""
+    return _read_entries(keys_dir(journal))
+
+
 def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
     """Every entry of the ledger (none if it does not exist yet). Garbled JSON is skipped."""
-    path = ledger_dir(journal)
+    return _read_entries(ledger_dir(journal))
+
+
+def _read_entries(path: str) -> Iterator[tuple[Record, Entry]]:
     if not os.path.isdir(path):
         return
     for record in JournalReader(path).records():

@@ -11,7 +11,8 @@ from pathlib import Path
 from hybridq import Queue, Retry, failed_jobs, requeue
 from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
-from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index
+from hybridq.journal.reader import list_chains
+from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index, read_keys, read_ledger
 from hybridq.producer import _close_writers
 from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
@@ -262,3 +263,21 @@ def test_a_requeue_runs_even_after_another_job_took_its_key(journal_dir: Path) -
     forwarder.close()
     assert again.duplicate_of is None
     assert transport.queues["default"] == [other.id, first.id]
+
+
+def test_the_key_store_keeps_a_key_out_of_the_ledger_and_drops_its_segment_after_the_window(
+    journal_dir: Path,
+) -> None:
+    clock = Clock()
+    first, forwarder = finish_and_compact(journal_dir, clock, 3600.0, KEY)
+    transport = forwarder.transport
+    forwarder.close()
+    keys = str(journal_dir / "keys")
+    assert [e.key for _, e in read_ledger(str(journal_dir)) if e.kind == "key"] == []  # moved out
+    [(_, stored)] = list(read_keys(str(journal_dir)))
+    assert (stored.job_id, stored.outcome, stored.until) == (first, "succeeded", clock.now + 3600.0)
+    clock.now += 3601
+    forwarder = make_forwarder(journal_dir, transport, clock=clock, key_window_s=3600.0)
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(keys) == {}  # its window ended: the segment that held it is gone
