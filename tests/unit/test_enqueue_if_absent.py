@@ -6,8 +6,11 @@ not Redis, must know that a key is pending or finished (docs/enqueue.md, "Enqueu
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
+import pytest
+from hybridq import forwarder_state
 from hybridq import Queue, Retry, failed_jobs, requeue
 from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
@@ -281,3 +284,33 @@ def test_the_key_store_keeps_a_key_out_of_the_ledger_and_drops_its_segment_after
     settle(forwarder)
     forwarder.close()
     assert list_chains(keys) == {}  # its window ended: the segment that held it is gone
+
+
+def test_a_step_that_failed_after_the_ledger_write_decides_the_same_way_again(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint save fails (a full disk) after the key and duplicate entries are durable:
+    the records are read again, and nothing is recorded or pushed twice."""
+    queue = Queue(journal=journal_dir)
+    first = queue.enqueue(tasks.add, 1, 2, idempotency_key=KEY)
+    second = queue.enqueue(tasks.add, 1, 2, idempotency_key=KEY)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    real_save = forwarder_state.save_checkpoint
+    fail = [True]
+
+    def save(journal: str, checkpoint: object) -> None:
+        if fail:
+            fail.pop()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(journal, checkpoint)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(forwarder_state, "save_checkpoint", save)
+    with pytest.raises(OSError, match="No space"):
+        forwarder.step()
+    forwarder.step()
+    forwarder.close()
+    kinds = [(e.kind, e.job_id) for _, e in read_ledger(str(journal_dir))]
+    assert kinds == [("key", first.id), ("duplicate", second.id)]
+    assert pushed(transport) == [first.id]
+    assert second.duplicate_of == first.id
