@@ -10,8 +10,7 @@ import errno
 from pathlib import Path
 
 import pytest
-from hybridq import forwarder_state
-from hybridq import Queue, Retry, failed_jobs, requeue
+from hybridq import Queue, Retry, failed_jobs, forwarder_state, requeue
 from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
 from hybridq.journal.reader import list_chains
