@@ -15,6 +15,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import time
 from types import TracebackType
@@ -30,8 +31,9 @@ DEFAULT_DONE_TABLE = "hybridq_done"
 SUPPORTED_CONNECTIONS = "sqlite3.Connection or psycopg.Connection (psycopg 3)"
 
 _SAVEPOINT = "hybridq_once"
-#: psycopg's ``TransactionStatus.IDLE``: no transaction open (kept as a number: no psycopg import).
-_PG_IDLE = 0
+#: psycopg's ``TransactionStatus`` values (kept as numbers: no psycopg import): no transaction
+#: open; one open; one open that an error aborted.
+_PG_IDLE, _PG_INTRANS, _PG_INERROR = 0, 2, 3
 
 
 def done_ddl(table: str = DEFAULT_DONE_TABLE) -> str:
@@ -55,6 +57,11 @@ def _dialect(conn: Any) -> str:
     if isinstance(conn, sqlite3.Connection):
         return "sqlite"
     if any(cls.__module__.partition(".")[0] == "psycopg" for cls in type(conn).__mro__):
+        if inspect.iscoroutinefunction(getattr(conn, "execute", None)):
+            raise TypeError(
+                "outbox.once needs a psycopg.Connection, not an AsyncConnection (in an async task, "
+                "run the block in a thread: await asyncio.to_thread(...))"
+            )
         return "postgresql"
     raise TypeError(
         f"outbox.once supports {SUPPORTED_CONNECTIONS}, not {type(conn).__module__}.{type(conn).__qualname__}"
@@ -155,8 +162,10 @@ class Once:
         mark = "?" if self._dialect == "sqlite" else "%s"
         self._insert = (
             f"INSERT INTO {self.table} (idempotency_key, job_id, done_at) "  # noqa: S608 - validated identifier
-            f"VALUES ({mark}, {mark}, {mark}) ON CONFLICT (idempotency_key) DO NOTHING"
+            f"VALUES ({mark}, {mark}, {mark}) ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
         )
+        #: PostgreSQL: the id of the transaction the block's savepoint is in (see _same_transaction).
+        self._txid: int | None = None
 
     def __repr__(self) -> str:
         return f"<hybridq.outbox.Once key={self.key!r} table={self.table!r} first={self.first}>"
@@ -185,8 +194,11 @@ class Once:
                     f"or hybridq.outbox.once.create_done_table(conn, {self.table!r})"
                 ) from exc
             raise
-        # 1: inserted now; 0: the key's row was there (committed, or by this very transaction).
-        self.first = cur.rowcount == 1
+        # A row back: inserted now; none: the key's row was there (committed, or by this very
+        # transaction). Read from the reply, not rowcount (unknown yet in psycopg's pipeline mode).
+        self.first = cur.fetchone() is not None
+        if self._dialect == "postgresql" and not self._own:
+            self._txid = int(conn.execute("SELECT txid_current()").fetchone()[0])
         return self.first
 
     def __exit__(
@@ -198,16 +210,45 @@ class Once:
         if exc_type is not None:
             self._undo()
             return
-        if not _in_transaction(self.conn, self._dialect):
+        if not self._same_transaction():
             return  # the caller committed (or rolled back) inside the block: nothing left to end
-        self.conn.execute("COMMIT" if self._own else f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        if self._own:
+            self.conn.execute("COMMIT")
+        else:
+            self._savepoint_gone_is_fine(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+
+    def _same_transaction(self) -> bool:
+        """Whether the transaction the block began in is still open (the savepoint with it).
+
+        A caller may commit or roll back inside the block, and go on with more statements (a new
+        transaction): the effect and the key ended together then, and there is nothing to end.
+        """
+        if not _in_transaction(self.conn, self._dialect):
+            return False
+        if self._txid is None or int(self.conn.info.transaction_status) != _PG_INTRANS:
+            return True  # SQLite: told by RELEASE itself (_savepoint_gone_is_fine)
+        return int(self.conn.execute("SELECT txid_current()").fetchone()[0]) == self._txid
+
+    def _savepoint_gone_is_fine(self, sql: str) -> None:
+        """Run ``sql`` on the block's savepoint; that it is gone means the block's transaction ended."""
+        try:
+            self.conn.execute(sql)
+        except Exception as exc:
+            # SQLite says it in the message; PostgreSQL by SQLSTATE 3B001 (invalid savepoint).
+            if "no such savepoint" not in str(exc) and getattr(exc, "sqlstate", None) != "3B001":
+                raise
 
     def _undo(self) -> None:
         """Roll back what the block did on the connection (its savepoint, or its own transaction)."""
-        if not _in_transaction(self.conn, self._dialect):
-            return  # already rolled back (by the caller, or by the database after an error)
         if self._own:
-            self.conn.execute("ROLLBACK")
-        else:
-            self.conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            if _in_transaction(self.conn, self._dialect):
+                self.conn.execute("ROLLBACK")
+            return
+        if (
+            self._dialect == "postgresql"
+            and int(self.conn.info.transaction_status) != _PG_INERROR  # aborted: only ROLLBACK TO works
+            and not self._same_transaction()
+        ):
+            return  # already ended (by the caller, or by the database after an error)
+        self._savepoint_gone_is_fine(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        self._savepoint_gone_is_fine(f"RELEASE SAVEPOINT {_SAVEPOINT}")

@@ -293,3 +293,26 @@ def test_outbox_init_creates_the_done_table_too(tmp_path: Path) -> None:
     assert done_ddl() in printed.output
     bad = runner.invoke(cli, ["outbox", "init", "--dsn", url, "--done-table", "bad-name"])
     assert bad.exit_code == 2
+
+
+def test_a_commit_inside_the_block_then_more_statements_does_not_fail_the_block(tmp_path: Path) -> None:
+    """The effect and its key committed together inside the block; later statements are the caller's.
+
+    Leaving the block released a savepoint that the commit had ended (``no such savepoint``):
+    the task failed after its effect committed (found in review).
+    """
+    conn = sqlite3.connect(tmp_path / "app.db")
+    create_done_table(conn)
+    conn.execute("CREATE TABLE eff (k TEXT)")
+    conn.commit()
+    with Outbox().once(conn, key="order:1") as first:
+        assert first
+        conn.execute("INSERT INTO eff VALUES ('sms')")
+        conn.commit()
+        conn.execute("UPDATE eff SET k = k")
+    conn.commit()
+    assert conn.execute(
+        "SELECT (SELECT count(*) FROM hybridq_done), (SELECT count(*) FROM eff)"
+    ).fetchone() == (1, 1)
+    with Outbox().once(conn, key="order:1") as first:
+        assert not first
