@@ -361,9 +361,17 @@ class Forwarder:
         timeout = self.config.idle_timeout_s
         if self.checkpoint.held:
             timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))
-        retries = self.state.index.retries
-        if retries:
-            soonest = min(run_at for run_at, _ in retries.values())
+        # Retries still to push; one pushed waits for its worker's event, which wakes the loop.
+        harvester = self.completions.harvester if self.completions is not None else None
+        soonest = min(
+            (
+                run_at
+                for loc, (run_at, attempt) in self.state.index.retries.items()
+                if harvester is None or not harvester.retry_pushed(loc, attempt)
+            ),
+            default=None,
+        )
+        if soonest is not None:
             timeout = min(timeout, max(0.05, soonest - self.clock()))
         if self._listener is not None:
             self._listener.wait(timeout)

@@ -656,3 +656,38 @@ def test_a_refill_after_redis_lost_everything_does_not_idle_between_batches(jour
         forwarder.stop()
         thread.join(timeout=40)
         forwarder.close()
+
+
+def test_a_retry_already_pushed_does_not_keep_the_forwarder_awake(journal_dir: Path) -> None:
+    """The idle wait counts only retries still to push: a pushed one waits for its worker.
+
+    It spun at 20 Hz (a 50 ms wait, two scans of every retry a turn) while any pushed retry was
+    outstanding, the usual state with RetryLater (found in review).
+    """
+    clock = Clock()
+    Queue(journal=journal_dir).enqueue(
+        tasks.add, 1, 2, retry=Retry(max_attempts=3, backoff_s=10, jitter=False)
+    )
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock, idle_timeout_s=7.0)
+
+    def boom(env: Envelope, attempt: int) -> None:
+        raise RuntimeError("boom")
+
+    waits: list[float] = []
+    forwarder._sleep = waits.append  # type: ignore[method-assign]
+    if forwarder._listener is not None:
+        forwarder._listener.wait = waits.append  # type: ignore[method-assign]
+    try:
+        forwarder.step()
+        transport.work(func=boom)
+        settle(forwarder)
+        forwarder._wait()
+        assert waits[-1] == 7.0  # the retry is due in 10 s: the idle timeout comes first
+        clock.now += 10
+        settle(forwarder)  # the retry is pushed; nothing left to do until its worker reports
+        assert transport.queues["default"]
+        forwarder._wait()
+        assert waits[-1] == 7.0
+    finally:
+        forwarder.close()
