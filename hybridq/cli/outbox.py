@@ -10,7 +10,16 @@ import click
 from hybridq.cli.options import EXIT_USAGE, _fail, journal_option
 from hybridq.errors import HybridqError, JournalLocked
 from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_POLL_S, Relay
-from hybridq.outbox.schema import DEFAULT_TABLE, SUPPORTED_DSNS, connect, create_table, ddl, validate_table
+from hybridq.outbox.schema import (
+    DEFAULT_TABLE,
+    SUPPORTED_DSNS,
+    connect,
+    create_table,
+    ddl,
+    dialect_of,
+    redact,
+    validate_table,
+)
 
 _table_option = click.option(
     "--table",
@@ -33,14 +42,16 @@ def _usage(ctx: click.Context, message: str) -> None:
 def outbox() -> None:
     """Set up the transactional outbox (enqueue inside your database transaction).
 
-    Your application calls Outbox().enqueue(conn, f, *args) inside its own transaction; the row
-    becomes a job when the transaction commits, and `hybridq relay` moves it into the journal.
-    This version supports SQLite (sqlite3) only; see docs/outbox.md.
+    Your application calls Outbox().enqueue(conn, f, *args) inside its own transaction (sqlite3,
+    psycopg 3, or SQLAlchemy over either); the row becomes a job when the transaction commits,
+    and `hybridq relay` moves it into the journal. See docs/outbox.md.
 
     \b
     Example:
       hybridq outbox init --dsn sqlite:///app.db
+      hybridq outbox init --dsn postgresql://app@db.internal/shop
       hybridq outbox init --print-sql > migrations/0007_hybridq_outbox.sql
+      hybridq outbox init --print-sql --dsn postgresql://   (PostgreSQL's DDL, no connection)
       hybridq relay --outbox sqlite:///app.db --journal /var/lib/hybridq/journal
     """
 
@@ -48,26 +59,36 @@ def outbox() -> None:
 @outbox.command("init")
 @click.option("--dsn", default=None, metavar="DSN", help=f"The database: {SUPPORTED_DSNS}.")
 @_table_option
-@click.option("--print-sql", is_flag=True, help="Print the CREATE TABLE statement; touch no database.")
+@click.option(
+    "--print-sql",
+    is_flag=True,
+    help="Print the DDL (for --dsn's database kind; SQLite's without --dsn); connect to nothing.",
+)
 @click.pass_context
 def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool) -> None:
     """Create the outbox table in the database DSN names (idempotent: an existing one is kept).
 
-    The database file is created if missing (its directory must exist). With --print-sql, print
-    the DDL instead, for migrations you manage yourself.
+    SQLite: the database file is created if missing (its directory must exist). PostgreSQL: the
+    database must exist; the table (bigserial id, bytea envelope), an index of the rows relays
+    hold, and the trigger whose NOTIFY wakes the relays are created in one transaction. With
+    --print-sql, print the DDL instead, for migrations you manage yourself.
 
     \b
     Examples:
       hybridq outbox init --dsn sqlite:///app.db            (relative to the working directory)
       hybridq outbox init --dsn sqlite:////var/lib/app/app.db
+      hybridq outbox init --dsn postgresql://app:secret@db.internal:5432/shop
       hybridq outbox init --print-sql --table my_outbox
+      hybridq outbox init --print-sql --dsn postgresql://
     """
     try:
         validate_table(table)
+        dialect = dialect_of(dsn) if dsn is not None else "sqlite"
     except ValueError as exc:
         _usage(ctx, str(exc))
+        return
     if print_sql:
-        click.echo(ddl(table), nl=False)
+        click.echo(ddl(table, dialect=dialect), nl=False)
         return
     if dsn is None:
         _usage(ctx, f"--dsn is required (or --print-sql); use {SUPPORTED_DSNS}")
@@ -77,15 +98,23 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
     except (ValueError, FileNotFoundError) as exc:
         _usage(ctx, str(exc))
         return
+    except ConnectionError as exc:
+        _fail(ctx, exc)
     try:
         created = create_table(conn, table)
     except (OSError, HybridqError) as exc:
         _fail(ctx, exc)
-    except Exception as exc:  # sqlite3.Error: not a database, read-only, ...
-        _fail(ctx, exc)
+    except Exception as exc:  # sqlite3.Error, psycopg.Error: not a database, read-only, no right, ...
+        _fail(ctx, _one_line(exc))
     finally:
         conn.close()
-    click.echo(f"{'created' if created else 'exists:'} table {table} in {dsn}")
+    click.echo(f"{'created' if created else 'exists:'} table {table} in {redact(dsn)}")
+
+
+def _one_line(exc: Exception) -> Exception:
+    """``exc`` as one line (PostgreSQL's messages add DETAIL and HINT lines)."""
+    lines = str(exc).strip().splitlines()
+    return RuntimeError(lines[0] if lines else type(exc).__name__)
 
 
 @click.command()
