@@ -9,7 +9,7 @@ import click
 
 from hybridq.cli.options import EXIT_USAGE, _fail, journal_option
 from hybridq.errors import HybridqError, JournalLocked
-from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_POLL_S, Relay
+from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_PG_POLL_S, DEFAULT_POLL_S, Relay
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
     SUPPORTED_DSNS,
@@ -131,35 +131,39 @@ def _one_line(exc: Exception) -> Exception:
 @click.option(
     "--poll",
     "poll_s",
-    default=DEFAULT_POLL_S,
-    show_default=True,
+    default=None,
     type=click.FloatRange(0.001, 60),
-    help="Seconds to wait before looking again when the outbox is empty.",
+    help=f"Seconds to wait before looking again when the outbox is empty [default: {DEFAULT_POLL_S} on "
+    f"SQLite; on PostgreSQL a NOTIFY wakes the relay, and this fallback is {DEFAULT_PG_POLL_S}].",
 )
 @click.option("--once", is_flag=True, help="Relay until the outbox is empty, then exit.")
 @click.pass_context
 def relay(
-    ctx: click.Context, dsn: str, journal: str, table: str, batch_size: int, poll_s: float, once: bool
+    ctx: click.Context, dsn: str, journal: str, table: str, batch_size: int, poll_s: float | None, once: bool
 ) -> None:
-    """Move committed outbox rows into the journal, then delete them (one relay per outbox).
+    """Move committed outbox rows into the journal, then delete them.
 
     Each row already holds its job (id and idempotency key fixed when your application inserted
     it), so a relay killed at any point makes neither a lost nor a second job: rows it had
     appended but not deleted are found in the journal on restart and deleted. The forwarder
     (`hybridq forward` on the same journal) delivers the jobs as any others.
 
-    An empty outbox is looked at again every --poll seconds: a job reaches the journal about
-    that long after its commit. One relay per outbox (it locks DATABASE.relay.lock; a second
-    one exits 2). SQLite only in this version (PostgreSQL: not yet).
+    SQLite: an empty outbox is looked at again every --poll seconds; one relay per outbox (it
+    locks DATABASE.relay.lock; a second one exits 2). PostgreSQL (psycopg 3): several relays may
+    run at once (FOR UPDATE SKIP LOCKED; up to 16 on one journal); each commit's NOTIFY wakes
+    them, --poll is the fallback; if PostgreSQL goes away (a restart), the relay logs one line,
+    reconnects with backoff and goes on.
 
     Runs until SIGTERM or SIGINT (finishes the batch in flight, exits 0); logs its progress
     every few seconds while busy. With --once, relays what is there and exits. Bad DSN, no
-    database or no outbox table (create it with `hybridq outbox init`): one line, exit 2.
+    database or no outbox table (create it with `hybridq outbox init`): one line, exit 2; a
+    PostgreSQL that cannot be reached at start: one line, exit 1.
 
     \b
     Example:
       hybridq relay --outbox sqlite:///app.db --journal /var/lib/hybridq/journal
       hybridq relay --outbox sqlite:///app.db --journal ./hybridq-journal --once
+      hybridq relay --outbox postgresql://relay@db.internal/shop --journal /var/lib/hybridq/journal
     """
     try:
         worker = Relay(dsn, journal, table=table, batch_size=batch_size, poll_s=poll_s)
