@@ -16,6 +16,7 @@ power under a test; a killed or restarted server still keeps every committed tra
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import itertools
@@ -182,6 +183,7 @@ def _start_or_skip() -> PostgresServer:
     if bindir is None:
         pytest.skip("no PostgreSQL: neither a postgres on PATH nor the pgserver wheel (hybridq[postgres])")
     server = PostgresServer(bindir)
+    atexit.register(server.destroy)  # a run that ends without its teardown leaves no server behind
     try:
         server.start()
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
