@@ -169,6 +169,10 @@ class Relay:
         """Seconds an idle relay waits before looking again (unless woken)."""
         return self.store.poll_s
 
+    @poll_s.setter
+    def poll_s(self, value: float) -> None:
+        self.store.poll_s = value
+
     def open(self) -> None:
         """Open the database (it and the table must exist), take the relay's place, open the journal."""
         try:

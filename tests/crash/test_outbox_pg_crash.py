@@ -186,29 +186,34 @@ def test_an_application_killed_after_its_commit_still_gets_its_jobs(
     assert (lost, dup) == (0, 0)
 
 
+@pytest.mark.parametrize("relays", [1, 2])
 def test_postgresql_restarted_mid_relay_loses_and_doubles_nothing(
     make_postgres_server: Callable[[], PostgresServer],
     tmp_path: Path,
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
+    relays: int,
 ) -> None:
     server = make_postgres_server()
     dsn, journal = make_db(server.create_database()), tmp_path / "journal"
     app(dsn, subprocess_env, kill_at=0, start=0, last=20_000)
-    relay = subprocess.Popen(
-        [
-            *hybridq("relay", "--outbox", dsn, "--journal", str(journal)),
-            "--batch-size",
-            "100",
-            "--poll",
-            "0.2",
-        ],
-        env=subprocess_env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [
+        *hybridq("relay", "--outbox", dsn, "--journal", str(journal)),
+        "--batch-size",
+        "100",
+        "--poll",
+        "0.2",
+    ]
+    # Several on one journal: each takes its own slot back after the restart.
+    running = [
+        subprocess.Popen(command, env=subprocess_env, stderr=subprocess.PIPE, text=True)
+        for _ in range(relays)
+    ]
     restarts = 0
     try:
+        for relay in running:  # each one is running (a relay that cannot connect at start exits 1)
+            assert relay.stderr is not None
+            assert "relaying " in relay.stderr.readline()
         for below in (17_000, 9_000):  # restart twice, while rows are being relayed
             deadline = time.monotonic() + 60
             while outbox_rows(dsn) > below and time.monotonic() < deadline:
@@ -220,13 +225,16 @@ def test_postgresql_restarted_mid_relay_loses_and_doubles_nothing(
         app(dsn, subprocess_env, kill_at=0, start=20_000, last=20_100)  # and rows after the restarts
         wait_empty(dsn)
     finally:
-        stderr = stop(relay)
-    lost_lines = [line for line in stderr.splitlines() if "lost the outbox database" in line]
-    assert len(lost_lines) == restarts, stderr[-3000:]
-    assert stderr.count("reconnected to the outbox after") == restarts
+        stderrs = [stop(relay) for relay in running]
     jobs, lost, dup = check(dsn, subprocess_env, journal)
-    figures(f"outbox pg restart-mid-relay restarts={restarts} orders=20100 jobs={jobs} lost={lost} dup={dup}")
+    figures(
+        f"outbox pg restart-mid-relay relays={relays} restarts={restarts} orders=20100 jobs={jobs} lost={lost} dup={dup}"
+    )
     assert (jobs, lost, dup) == (20_100, 0, 0)
+    for stderr in stderrs:  # one line per restart, and back
+        lost_lines = [line for line in stderr.splitlines() if "lost the outbox database" in line]
+        assert len(lost_lines) == restarts, stderr[-3000:]
+        assert stderr.count("reconnected to the outbox after") == restarts
 
 
 @pytest.mark.parametrize("journals", ["one journal", "two journals"])
