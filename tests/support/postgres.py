@@ -182,7 +182,10 @@ def _start_or_skip() -> PostgresServer:
     bindir = find_bin()
     if bindir is None:
         pytest.skip("no PostgreSQL: neither a postgres on PATH nor the pgserver wheel (hybridq[postgres])")
-    server = PostgresServer(bindir)
+    try:
+        server = PostgresServer(bindir)  # as root: needs the user nobody
+    except (KeyError, OSError) as exc:
+        pytest.skip(f"PostgreSQL from {bindir} cannot be set up: {exc}")
     atexit.register(server.destroy)  # a run that ends without its teardown leaves no server behind
     try:
         server.start()
