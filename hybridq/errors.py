@@ -27,11 +27,13 @@
     ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
     ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.testing.embedded)
     ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.testing.embedded)
-    └── (raised by a worker; RQ's failed registry shows them under the job)
-        ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
-        ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
-        ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
-        └── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
+    ├── (raised by a worker; RQ's failed registry shows them under the job)
+    │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
+    │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
+    │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
+    │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
+    │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
+    └── RetryLater                  raised by a task: run me again in N s, no attempt used (hybridq)
 
 Each class is defined here and re-exported by the module named beside it, where it used to live.
 Control-flow signals that never reach a caller (``push.Stopped``, caught by the forwarder loop;
@@ -45,6 +47,7 @@ This module imports nothing from hybridq, so every layer may import it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +74,8 @@ __all__ = [
     "RedisRefused",
     "RedisServerFailed",
     "RedisServerNotFound",
+    "RetryLater",
+    "RetryLaterExpired",
     "SealError",
     "SignatureError",
     "SigningKeyError",
@@ -355,3 +360,62 @@ class DuplicateOfFailedJob(HybridqError):
 
 class StaleDelivery(HybridqError):
     """An old copy of an attempt that already failed: this delivery reports that failure again."""
+
+
+#: How long, from a job's first RetryLater, it may keep saying RetryLater (``deadline_s``'s default).
+RETRY_LATER_DEADLINE_S = 3600.0
+#: The longest ``deadline_s``: a week (a signed envelope expires after a week by default, too).
+RETRY_LATER_MAX_DEADLINE_S = 7 * 86400.0
+#: The longest wait one RetryLater may ask for (a day).
+RETRY_LATER_MAX_S = 86400.0
+#: A job that says RetryLater this many times fails for good, whatever its deadline (a task that
+#: says ``RetryLater(0)`` in a loop must not run forever: each one is a run and a ledger entry).
+RETRY_LATER_MAX_TIMES = 10000
+
+
+class RetryLater(HybridqError):
+    """Raised by a task: "what I act on is not committed yet: run me again in ``seconds``".
+
+    The job is delivered again after ``seconds`` (scheduled in the forwarder's durable ledger,
+    like a retry), **without using an attempt**: ``current_job().attempt`` stays the same and
+    the retry policy's budget is untouched. The worker logs one INFO line, records the run as
+    finished in RQ (not failed) and counts no failure. A job that says RetryLater at or past
+    ``deadline_s`` after its first RetryLater fails for good with :class:`RetryLaterExpired`
+    (the last wait is shortened to end at the deadline, for one last try).
+
+    Args:
+        seconds: how long to wait: a finite number from 0 to :data:`RETRY_LATER_MAX_S`.
+        reason: what is not ready yet (logged, and kept with a failure at the deadline).
+        deadline_s: how long, counted from the job's first RetryLater, it may keep waiting:
+            more than 0 and at most :data:`RETRY_LATER_MAX_DEADLINE_S`.
+
+    Raises:
+        ValueError: an argument out of range (raised inside the task, it fails the attempt like
+            any error of the task's own).
+    """
+
+    def __init__(
+        self, seconds: float, reason: str = "", *, deadline_s: float = RETRY_LATER_DEADLINE_S
+    ) -> None:
+        self.seconds = _in_range("seconds", seconds, 0.0, RETRY_LATER_MAX_S, "from 0 to")
+        self.deadline_s = _in_range(
+            "deadline_s", deadline_s, 0.0, RETRY_LATER_MAX_DEADLINE_S, "more than 0 and at most"
+        )
+        if self.deadline_s == 0:
+            raise ValueError(f"RetryLater: deadline_s must be more than 0, not {deadline_s!r}")
+        self.reason = str(reason)
+        super().__init__(
+            f"not yet, again in {self.seconds:g} s" + (f": {self.reason}" if self.reason else "")
+        )
+
+
+def _in_range(name: str, value: object, low: float, high: float, words: str) -> float:
+    """``value`` as a float if it is a finite real number in ``[low, high]``, else ValueError."""
+    number = math.nan if isinstance(value, bool) or not isinstance(value, int | float) else value
+    if not math.isfinite(number) or not low <= number <= high:
+        raise ValueError(f"RetryLater: {name} must be a finite number {words} {high:g}, not {value!r:.60}")
+    return float(number)
+
+
+class RetryLaterExpired(HybridqError):
+    """A job still said :class:`RetryLater` at its deadline (or too many times): it failed for good."""

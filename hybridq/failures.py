@@ -85,7 +85,7 @@ def _failed(entry: Entry) -> FailedJob:
         id=entry.job_id,
         func=func if isinstance(func, str) else None,
         queue=entry.queue or (env.queue if env is not None else None),
-        attempts=entry.attempt,
+        attempts=max(1, entry.attempt - entry.later),  # runs that said RetryLater used no attempt
         error=entry.error,
         failed_at=entry.at,
         loc=entry.loc,

@@ -195,8 +195,10 @@ class ForwarderState:
     ) -> Delivery:
         """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation.
 
-        ``lost``: how many of its runs vanished so far (default: as the ledger counts them).
+        ``lost``: how many of its runs vanished so far (default: as the ledger counts them). Its
+        RetryLaters so far, and since when, are the ledger's too (:attr:`LedgerIndex.later`).
         """
+        later, later_since = self.index.later.get(loc, (0, None))
         return Delivery(
             env,
             self.checkpoint.owner,
@@ -207,6 +209,8 @@ class ForwarderState:
             key_ttl_s=self.config.key_ttl_s,
             gen=self.checkpoint.generation,
             lost=self.index.lost.get(loc, (0, 0))[1] if lost is None else lost,
+            later=later,
+            later_since=later_since,
         )
 
     # -- the checkpoint -----------------------------------------------------------------------

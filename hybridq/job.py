@@ -46,13 +46,14 @@ class Job:
         return self.envelope.queue
 
     def get_status(self) -> str:
-        """``accepted``, ``scheduled``, ``forwarded``, ``merged``, ``finished`` or ``failed``.
+        """``accepted``, ``scheduled``, ``forwarded``, ``retrying``, ``merged``, ``finished`` or ``failed``.
 
         Read from the forwarder's durable checkpoint and the completion ledger (it reads the
         whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
-        ``scheduled``: held until its time. ``merged``: another job with this job id and a
-        different call was delivered first (or finished), so this one never runs
-        (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too.
+        ``scheduled``: held until its time. ``retrying``: a run failed with attempts left, or said
+        ``RetryLater``, and the next one is waiting for its time (or runs). ``merged``: another
+        job with this job id and a different call was delivered first (or finished), so this one
+        never runs (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too.
         """
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
         compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
@@ -66,6 +67,8 @@ class Job:
         done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
         if done is not None:
             return "finished" if done == "succeeded" else "failed"
+        if loc in index.retries:
+            return "retrying"
         checkpoint = load_checkpoint(self.journal)
         if checkpoint is None:
             return "accepted"

@@ -8,7 +8,10 @@ a kind ``t``:
 * ``done`` -- the job at ``loc`` reached a terminal outcome (``succeeded``, ``failed`` out of
   attempts, or ``invalid``: a record that is not a job); ``dup`` marks a delivery that found the
   outcome already stored under its idempotency key and did not run the task.
-* ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``.
+* ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``. With
+  ``lt`` (the job's RetryLaters so far) and ``ls`` (when the first was said), the run said
+  ``RetryLater`` instead, or came after one: ``attempt`` numbers runs, and the job's own attempt
+  is ``attempt - lt`` (a RetryLater uses none).
 * ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
 * ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
 
@@ -86,6 +89,9 @@ class Entry:
     event_id: str | None = None
     #: The envelope of a job that failed for good, so it can be requeued after compaction.
     job: Mapping[str, Any] | None = None
+    #: The job's RetryLaters so far (its runs that used no attempt), and when the first was said.
+    later: int = 0
+    later_since: float | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -106,6 +112,9 @@ class Entry:
             body["job"] = self.job
         if self.dup:
             body["dup"] = True
+        if self.later:
+            body["lt"] = self.later
+            body["ls"] = self.later_since
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -127,6 +136,8 @@ class Entry:
             queue=body.get("q"),
             event_id=body.get("ev"),
             job=body.get("job"),
+            later=int(body.get("lt", 0)),
+            later_since=body.get("ls"),
         )
 
 
@@ -150,6 +161,8 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
         at=clock() if event.at is None else event.at,
         queue=event.queue,
         event_id=event_id,
+        later=event.later,
+        later_since=event.later_since,
     )
 
 
@@ -165,6 +178,9 @@ class LedgerIndex:
     retries: dict[Loc, tuple[float, int]] = field(default_factory=dict)
     #: Non-terminal jobs whose worker vanished: loc -> (highest attempt lost, times lost).
     lost: dict[Loc, tuple[int, int]] = field(default_factory=dict)
+    #: Non-terminal jobs that said RetryLater: loc -> (how many times, when first). A delivery
+    #: carries them: the job's attempt is the run's minus them, the deadline counts from then.
+    later: dict[Loc, tuple[int, float]] = field(default_factory=dict)
     #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
     failed: dict[Loc, Entry] = field(default_factory=dict)
     requeued: set[Loc] = field(default_factory=set)
@@ -220,6 +236,7 @@ class LedgerIndex:
                 self.totals[outcome] += 1
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
+            self.later.pop(loc, None)
             if entry.outcome == "failed" and loc not in self.requeued:
                 self.failed[loc] = entry
             return True
@@ -229,6 +246,9 @@ class LedgerIndex:
             known = self.retries.get(loc)
             if known is None or entry.attempt > known[1]:
                 self.retries[loc] = (float(entry.run_at or 0.0), entry.attempt)
+            if entry.later:  # counts only grow, the first time only goes back: any order folds alike
+                count, since = self.later.get(loc, (0, float(entry.later_since or 0.0)))
+                self.later[loc] = (max(count, entry.later), min(since, float(entry.later_since or since)))
             return True
         if entry.kind == EntryKind.LOST:
             attempt, times = self.lost.get(loc, (0, 0))

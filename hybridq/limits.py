@@ -96,6 +96,14 @@ def to_float(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
+def _float_or_nan(value: object) -> float:
+    """A number as a float; NaN (refused by every range check) for a non-number or one past a float."""
+    try:
+        return to_float(value) if is_number(value) else math.nan
+    except OverflowError:
+        return math.nan
+
+
 def finite(name: str, value: object) -> float:
     """A finite number (``inf`` and ``nan`` do not re-encode)."""
     number = to_float(value)
@@ -132,7 +140,7 @@ def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
 
     For what a producer asks for (``prepare``): more than :data:`MAX_SECONDS` is refused.
     """
-    number = to_float(value) if is_number(value) else math.nan  # NaN fails every comparison
+    number = _float_or_nan(value)  # NaN fails every comparison
     if not (number >= 0 if zero else number > 0) or not number <= MAX_SECONDS:
         raise EnvelopeError(
             f"{name} must be a number of seconds {'>= 0' if zero else 'above 0'} and at most "
@@ -143,7 +151,7 @@ def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
 
 def check_time(name: str, value: object) -> float:
     """``value`` as a float if it is a Unix time from 0 to :data:`MAX_TIMESTAMP`, else raise."""
-    number = to_float(value) if is_number(value) else math.nan
+    number = _float_or_nan(value)
     if not 0 <= number <= MAX_TIMESTAMP:
         raise EnvelopeError(
             f"{name} must be a Unix time from 0 to {MAX_TIMESTAMP:.0f} (year 9999), not {value!r:.60}"

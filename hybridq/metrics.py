@@ -3,7 +3,9 @@
 Values are read on each scrape from the forwarder's own state (no scan of the ledger): durable
 totals (forwarded, succeeded, failed, duplicates suppressed) that survive restarts, counters of
 this process (redelivered), and gauges (pending, Redis up, forwarding lag, journal bytes). The
-forwarder's own fsyncs (checkpoint saves, ledger appends) feed a latency histogram.
+forwarder's own fsyncs (checkpoint saves, ledger appends) feed a latency histogram. With
+``--outbox``, the outbox's backlog (rows, oldest age: one SQL count per scrape, on a connection
+of its own) and the rows its relay moved.
 
 The scrape runs in prometheus-client's HTTP thread; it only reads integers the forwarder loop
 updates, plus the journal directory (its size, and the accepted count through its own reader).
@@ -24,9 +26,11 @@ from redis.exceptions import RedisError
 from hybridq import waiting
 from hybridq.journal.reader import segment_usage
 from hybridq.ledger import AcceptedCounter
+from hybridq.outbox.backlog import Backlog
 
 if TYPE_CHECKING:
     from hybridq.forwarder import Forwarder
+    from hybridq.outbox.background import BackgroundRelay
 
 __all__ = ["FSYNC_SECONDS", "ForwarderMetrics", "serve_metrics"]
 
@@ -43,9 +47,12 @@ FSYNC_SECONDS = Histogram(
 class ForwarderMetrics(Collector):
     """Collects a forwarder's metrics at scrape time."""
 
-    def __init__(self, forwarder: Forwarder, *, capacity: int | None = None) -> None:
+    def __init__(
+        self, forwarder: Forwarder, *, capacity: int | None = None, outbox: BackgroundRelay | None = None
+    ) -> None:
         self.forwarder = forwarder
         self.capacity = capacity
+        self.outbox = outbox
         self._accepted = AcceptedCounter(forwarder.journal)
         self._lock = threading.Lock()
 
@@ -62,6 +69,15 @@ class ForwarderMetrics(Collector):
         try:
             return waiting.current(conn, limit=0).count
         except RedisError:
+            return None
+
+    def outbox_backlog(self) -> Backlog | None:
+        """The outbox's backlog, read now; ``None`` when it cannot be read (the gauges are left out)."""
+        if self.outbox is None:
+            return None
+        try:
+            return self.outbox.backlog()
+        except Exception:  # any driver's error: the relay logs its own failures
             return None
 
     def collect(self) -> Iterator[Metric]:
@@ -130,6 +146,26 @@ class ForwarderMetrics(Collector):
         segments, size = segment_usage(f.journal)
         yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
         yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
+        yield from self._outbox_metrics()
+
+    def _outbox_metrics(self) -> Iterator[Metric]:
+        """With ``forward --outbox``: the relay's count, and the outbox's backlog when readable."""
+        if self.outbox is None:
+            return
+        yield _counter(
+            "hybridq_outbox_relayed",
+            "Outbox rows this forwarder process moved into the journal (its relay, --outbox).",
+            self.outbox.relayed,
+        )
+        backlog = self.outbox_backlog()
+        if backlog is None:
+            return
+        yield _gauge("hybridq_outbox_rows", "Committed outbox rows not yet relayed.", backlog.rows)
+        yield _gauge(
+            "hybridq_outbox_oldest_age_seconds",
+            "Age of the oldest committed outbox row not yet relayed (0 when none).",
+            backlog.oldest_age_s(),
+        )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -141,11 +177,16 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def serve_metrics(
-    forwarder: Forwarder, port: int, *, addr: str = "127.0.0.1", capacity: int | None = None
+    forwarder: Forwarder,
+    port: int,
+    *,
+    addr: str = "127.0.0.1",
+    capacity: int | None = None,
+    outbox: BackgroundRelay | None = None,
 ) -> CollectorRegistry:
-    """Serve ``/metrics`` for ``forwarder`` on ``addr:port`` (a daemon thread); return the registry."""
+    """Serve ``/metrics`` for ``forwarder`` (and its outbox relay) on ``addr:port`` (a daemon thread)."""
     registry = CollectorRegistry()
-    registry.register(ForwarderMetrics(forwarder, capacity=capacity))
+    registry.register(ForwarderMetrics(forwarder, capacity=capacity, outbox=outbox))
     registry.register(FSYNC_SECONDS)
     start_http_server(port, addr=addr, registry=registry)
     return registry

@@ -72,6 +72,9 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     #: Ledger only: a journal record that is not a job (it never reaches a worker).
     INVALID = "invalid"
+    #: Stored and sent only: the task raised ``hybridq.RetryLater``; it runs again after a delay,
+    #: with no attempt used (the ledger makes it a ``retry`` entry).
+    LATER = "later"
 
 
 class EntryKind(enum.StrEnum):
@@ -162,6 +165,12 @@ class Delivery:
     #: How many runs of this job vanished (their worker died, or lost its lease) before this
     #: delivery: a pool worker runs such a delivery alone in its process (it may be what kills it).
     lost: int
+    #: How many runs of this job said ``RetryLater`` before this delivery. Each such run took an
+    #: ``attempt`` number (a run's identity on the wire) but used no attempt: the job's own
+    #: attempt is :attr:`job_attempt`.
+    later: int
+    #: When the first of those said it (the worker's clock): the RetryLater deadline counts from it.
+    later_since: float | None
 
     def __init__(
         self,
@@ -175,6 +184,8 @@ class Delivery:
         key_ttl_s: float = DEFAULT_KEY_TTL_S,
         gen: int = 0,
         lost: int = 0,
+        later: int = 0,
+        later_since: float | None = None,
         force: bool = False,
         replace: bool = False,
     ) -> None:
@@ -193,6 +204,8 @@ class Delivery:
             ("key_ttl_s", key_ttl_s),
             ("gen", gen),
             ("lost", lost),
+            ("later", later),
+            ("later_since", later_since if later else None),
         ):
             object.__setattr__(self, name, value)
 
@@ -208,7 +221,13 @@ class Delivery:
             "key_ttl": self.key_ttl_s,
             "gen": self.gen,
             **({"lost": self.lost} if self.lost else {}),
+            **({"later": self.later, "later_since": self.later_since} if self.later else {}),
         }
+
+    @property
+    def job_attempt(self) -> int:
+        """The job's attempt: runs that said ``RetryLater`` do not count (``current_job().attempt``)."""
+        return max(1, self.attempt - self.later)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Delivery:
@@ -226,6 +245,8 @@ class Delivery:
             key_ttl_s=float(raw.get("key_ttl", DEFAULT_KEY_TTL_S)),
             gen=int(raw.get("gen", 0)),
             lost=int(raw.get("lost", 0)),
+            later=int(raw.get("later", 0)),
+            later_since=opt_finite("later_since", raw.get("later_since")),
         )
 
 
@@ -247,6 +268,11 @@ class StoredOutcome:
     #: The lease value of the run, so that a retried outcome script knows its first try got
     #: through; ``None`` (left out) where no lease was taken (the memory transport).
     token: str | None = None
+    #: A ``later`` outcome's wait (seconds), its RetryLater count (this one included) and when
+    #: the first was said: the event reports them (left out of other outcomes).
+    retry_delay: float | None = None
+    later: int = 0
+    later_since: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object."""
@@ -262,6 +288,8 @@ class StoredOutcome:
         }
         if self.token is not None:
             body["token"] = self.token
+        if self.outcome is Outcome.LATER:
+            body.update(retry_delay=self.retry_delay, later=self.later, later_since=self.later_since)
         return body
 
     @classmethod
@@ -281,6 +309,9 @@ class StoredOutcome:
             bool(body["final"]),
             float(body["at"]),
             opt_str("token", body.get("token")),
+            opt_finite("retry_delay", body.get("retry_delay")),
+            int(body.get("later", 0)),
+            opt_finite("later_since", body.get("later_since")),
         )
 
 
@@ -305,6 +336,10 @@ class CompletionEvent:
     error: str | None
     #: When the worker sent it; ``None`` if the event does not say (the forwarder's clock then).
     at: float | None
+    #: How many runs of the job said ``RetryLater`` so far (this one included if its outcome is
+    #: ``later``), and when the first did: the next delivery carries them (see Delivery.later).
+    later: int = 0
+    later_since: float | None = None
 
     @classmethod
     def of(cls, delivery: Delivery, outcome: Mapping[str, Any], *, dup: bool, at: float) -> CompletionEvent:
@@ -313,17 +348,24 @@ class CompletionEvent:
         final = bool(outcome.get("final", True))
         attempt = int(outcome.get("attempt", delivery.attempt))
         error = outcome.get("error")
+        later = int(outcome.get("later", delivery.later))
+        if outcome.get("outcome") == Outcome.LATER:
+            retry_delay = outcome.get("retry_delay")
+        else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
+            retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
         return cls(
             id=env.id,
             loc=delivery.loc,
             queue=env.queue,
             outcome=outcome.get("outcome"),
             final=final,
-            retry_delay=None if final or env.retry is None else env.retry.delay_s(attempt),
+            retry_delay=retry_delay,
             attempt=attempt,
             dup=dup,
             error=error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
             at=at,
+            later=later,
+            later_since=outcome.get("later_since", delivery.later_since) if later else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -339,6 +381,7 @@ class CompletionEvent:
             "dup": self.dup,
             "error": self.error,
             "at": self.at,
+            **({"later": self.later, "later_since": self.later_since} if self.later else {}),
         }
 
     def kept_success_json(self) -> dict[str, Any]:
@@ -386,6 +429,8 @@ class CompletionEvent:
             error=opt_str("error", body.get("error")),
             at=at,
             queue=opt_str("queue", body.get("queue")),
+            later=_count("later", body.get("later", 0)),
+            later_since=opt_finite("later_since", body.get("later_since")),
         )
 
     @property

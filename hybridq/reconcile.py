@@ -305,6 +305,7 @@ class Reconciler:
                             at=self.clock(),
                             queue=env.queue,
                             job=env.to_dict(),
+                            later=index.later.get(loc, (0, 0.0))[0],  # runs that used no attempt
                         )
                     )
                     continue

@@ -21,6 +21,8 @@ from hybridq.journal.ownerlock import lock_owner
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
+from hybridq.outbox.backlog import read_backlog
+from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url
 from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
@@ -33,8 +35,18 @@ __all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
-def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, Any]:
-    """The status object of ``hybridq status --json``."""
+def collect_status(
+    journal: str,
+    *,
+    redis_url: str | None = None,
+    outbox: str | None = None,
+    outbox_table: str = DEFAULT_TABLE,
+) -> dict[str, Any]:
+    """The status object of ``hybridq status --json``.
+
+    With ``outbox`` (a DSN), also the transactional outbox's backlog: its committed rows the
+    relay has not moved into the journal yet, and the oldest one's age (``docs/outbox.md``).
+    """
     path = existing_journal_dir(journal)
     out = consistent(path, lambda compacted: _counts(path, compacted))
     out["forwarder"] = _forwarder_holder(path)
@@ -42,6 +54,14 @@ def collect_status(journal: str, *, redis_url: str | None = None) -> dict[str, A
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:
         out["redis"] = {"url": redact_url(redis_url), **_redis_state(redis_url)}
+    if outbox is not None:
+        backlog = read_backlog(outbox, outbox_table)
+        out["outbox"] = {
+            "dsn": redact_url(outbox),
+            "table": outbox_table,
+            "rows": backlog.rows,
+            "oldest_age_s": backlog.oldest_age_s(),
+        }
     return out
 
 

@@ -154,3 +154,43 @@ async def atraced(path: str, token: str, sleep_s: float = 0.0) -> str:
     await asyncio.sleep(sleep_s)
     record(path, f"done {token} {attempt} {os.getpid()} {time.time():.6f}")
     return token
+
+
+def not_yet(path: str, token: str, laters: int, failures: int = 0, seconds: float = 0.5) -> str:
+    """Raise ``hybridq.RetryLater(seconds)`` in the first ``laters`` runs of ``token``, then fail
+    the next ``failures`` runs (RuntimeError), then succeed.
+
+    Each run appends ``run <token> <attempt> <run number>``; the successful one also ``ok``.
+    """
+    import hybridq
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            runs = sum(1 for line in f if line.startswith(f"run {token} "))
+    except FileNotFoundError:
+        runs = 0
+    attempt = _attempt()
+    record(path, f"run {token} {attempt} {runs + 1}")
+    if runs + 1 <= laters:
+        raise hybridq.RetryLater(seconds, f"{token} is not committed yet")
+    if runs + 1 <= laters + failures:
+        raise RuntimeError(f"planned failure of {token}")
+    record(path, f"ok {token} {attempt}")
+    return token
+
+
+def not_until(path: str, token: str, switch: str, seconds: float, deadline_s: float = 3600.0) -> str:
+    """``run <token> <attempt>``; ``RetryLater(seconds, deadline_s=...)`` until ``switch`` exists."""
+    import hybridq
+
+    attempt = _attempt()
+    record(path, f"run {token} {attempt}")
+    if not os.path.exists(switch):
+        raise hybridq.RetryLater(seconds, f"{switch} does not exist yet", deadline_s=deadline_s)
+    record(path, f"ok {token} {attempt}")
+    return token
+
+
+async def not_yet_async(path: str, token: str, laters: int, seconds: float = 0.3) -> str:
+    """:func:`not_yet` as an ``async def`` task (the pool runs it on its event loop)."""
+    return not_yet(path, token, laters, 0, seconds)

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
 from hybridq.cli.options import (
+    _bad_usage,
     _fail,
     journal_option,
+    outbox_options,
     redis_option,
 )
-from hybridq.errors import HybridqError
+from hybridq.errors import HybridqError, JournalLocked
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.status import redact_url
+
+if TYPE_CHECKING:
+    from hybridq.outbox.background import BackgroundRelay
+
+#: Seconds a stopping forwarder waits for its outbox relay (SQLite waits up to 30 s for a lock).
+RELAY_STOP_TIMEOUT_S = 45.0
 
 
 @click.command()
@@ -69,6 +78,7 @@ from hybridq.status import redact_url
     default=None,
     help="Your producers' Queue(capacity=N), exported as the hybridq_capacity gauge (to alert on).",
 )
+@outbox_options
 @click.pass_context
 def forward(
     ctx: click.Context,
@@ -81,6 +91,8 @@ def forward(
     metrics_port: int | None,
     metrics_addr: str,
     capacity: int | None,
+    outbox_dsn: str | None,
+    outbox_table: str,
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -89,13 +101,20 @@ def forward(
     configuration Redis refuses (wrong password or user, no such database, an ACL that denies
     what it needs) is exit 1, not retried.
 
+    With --outbox, it also runs the transactional outbox's relay (as `hybridq relay` does, in a
+    thread, into this journal): one daemon for both. A relay failure is logged once and retried
+    with backoff while forwarding goes on; a bad DSN, a missing database or table, or another
+    relay on that outbox is one line and exit 2 at start, nothing written.
+
     \b
     Example:
       hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
+      hybridq forward --journal /var/lib/hybridq/journal --outbox sqlite:////var/lib/app/app.db
     """
     from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
+    relay = None if outbox_dsn is None else _open_relay(ctx, outbox_dsn, outbox_table, journal)
     transport = RQTransport(redis_url)
     try:
         forwarder = Forwarder(
@@ -111,19 +130,31 @@ def forward(
             from hybridq.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
 
             forwarder.on_durable_write = FSYNC_SECONDS.observe
-            serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity)
+            serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity, outbox=relay)
             logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
     except (HybridqError, OSError) as exc:
         transport.close()
+        if relay is not None:
+            relay.close()
         _fail(ctx, exc)
+
+    def stop(*_: object) -> None:
+        forwarder.stop()
+        if relay is not None:
+            relay.stop()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: forwarder.stop())
+        signal.signal(signum, stop)
     logging.getLogger("hybridq").info("forwarding to %s", redact_url(redis_url))
+    if relay is not None:
+        relay.start()
     try:
         forwarder.run()
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     finally:
+        if relay is not None:
+            _stop_relay(relay)
         forwarder.close()
         transport.close()
     if forwarder.stats.down_since is not None:
@@ -132,3 +163,35 @@ def forward(
         )
     else:
         logging.getLogger("hybridq").info("stopped; checkpoint saved")
+
+
+def _open_relay(ctx: click.Context, dsn: str, table: str, journal: str) -> BackgroundRelay:
+    """The outbox relay, opened: a bad outbox is exit 2 now, before the forwarder starts."""
+    from hybridq.outbox.background import BackgroundRelay  # noqa: PLC0415
+
+    try:
+        relay = BackgroundRelay(dsn, journal, table=table)
+    except ValueError as exc:  # a bad DSN or table name
+        _bad_usage(ctx, str(exc))
+    try:
+        relay.open()
+    except (FileNotFoundError, JournalLocked) as exc:  # no database or table; another relay
+        _bad_usage(ctx, str(exc))
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    except Exception as exc:  # the database driver's own error: not a database, locked, ...
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
+    return relay
+
+
+def _stop_relay(relay: BackgroundRelay) -> None:
+    """Stop the relay after its batch in flight; close it unless it is stuck (then it is left)."""
+    relay.stop()
+    if relay.join(RELAY_STOP_TIMEOUT_S):
+        relay.close()
+    else:
+        # Stuck in the database (a lock held past its timeout): exiting is a crash for it,
+        # which loses nothing and makes no second job (docs/outbox.md).
+        logging.getLogger("hybridq.relay").warning(
+            "the outbox relay did not stop within %.0f s; exiting without it", RELAY_STOP_TIMEOUT_S
+        )

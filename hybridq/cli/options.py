@@ -123,3 +123,38 @@ def _with_password_file(url: str | None, password_file: str | None) -> str | Non
         return check_url(url)
     except (HybridqError, OSError) as exc:
         _fail(click.get_current_context(), exc)
+
+
+def outbox_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--outbox DSN`` and ``--outbox-table NAME`` (``HYBRIDQ_OUTBOX``, ``HYBRIDQ_OUTBOX_TABLE``).
+
+    The command gets ``outbox_dsn`` (``None``: no outbox) and ``outbox_table``.
+    """
+    from hybridq.outbox.schema import DEFAULT_TABLE, SUPPORTED_DSNS  # noqa: PLC0415
+
+    dsn = click.option(
+        "--outbox",
+        "outbox_dsn",
+        envvar="HYBRIDQ_OUTBOX",
+        show_envvar=True,
+        default=None,
+        metavar="DSN",
+        help=f"The transactional outbox's database ({SUPPORTED_DSNS}); see docs/outbox.md.",
+    )
+    table = click.option(
+        "--outbox-table",
+        "outbox_table",
+        envvar="HYBRIDQ_OUTBOX_TABLE",
+        show_envvar=True,
+        default=DEFAULT_TABLE,
+        show_default=True,
+        help="The outbox table (as in Outbox(table=...)).",
+    )
+    return dsn(table(command))
+
+
+def _bad_usage(ctx: click.Context, message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit 2, nothing written."""
+    click.echo(f"hybridq: error: {message}", err=True)
+    ctx.exit(EXIT_USAGE)
+    raise AssertionError  # pragma: no cover - ctx.exit raises

@@ -9,6 +9,7 @@ import click
 
 from hybridq.cli.options import EXIT_USAGE, _fail, journal_option
 from hybridq.errors import HybridqError, JournalLocked
+from hybridq.outbox.once import DEFAULT_DONE_TABLE, create_done_table, done_ddl
 from hybridq.outbox.relay import DEFAULT_BATCH, DEFAULT_PG_POLL_S, DEFAULT_POLL_S, Relay
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
@@ -60,13 +61,22 @@ def outbox() -> None:
 @click.option("--dsn", default=None, metavar="DSN", help=f"The database: {SUPPORTED_DSNS}.")
 @_table_option
 @click.option(
+    "--done-table",
+    default=DEFAULT_DONE_TABLE,
+    show_default=True,
+    help="The table of outbox.once(conn) (exactly-once effects), created too.",
+)
+@click.option(
     "--print-sql",
     is_flag=True,
     help="Print the DDL (for --dsn's database kind; SQLite's without --dsn); connect to nothing.",
 )
 @click.pass_context
-def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool) -> None:
+def outbox_init(ctx: click.Context, dsn: str | None, table: str, done_table: str, print_sql: bool) -> None:
     """Create the outbox table in the database DSN names (idempotent: an existing one is kept).
+
+    The done table of outbox.once(conn) (exactly-once effects in this database) is created
+    alongside it.
 
     SQLite: the database file is created if missing (its directory must exist). PostgreSQL: the
     database must exist; the table (bigserial id, bytea envelope), an index of the rows relays
@@ -83,12 +93,13 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
     """
     try:
         validate_table(table)
+        validate_table(done_table)
         dialect = dialect_of(dsn) if dsn is not None else "sqlite"
     except ValueError as exc:
         _usage(ctx, str(exc))
         return
     if print_sql:
-        click.echo(ddl(table, dialect=dialect), nl=False)
+        click.echo(ddl(table, dialect=dialect) + done_ddl(done_table), nl=False)
         return
     if dsn is None:
         _usage(ctx, f"--dsn is required (or --print-sql); use {SUPPORTED_DSNS}")
@@ -102,6 +113,7 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
         _fail(ctx, exc)
     try:
         created = create_table(conn, table)
+        done_created = create_done_table(conn, done_table)
     except (OSError, HybridqError) as exc:
         _fail(ctx, exc)
     except Exception as exc:  # sqlite3.Error, psycopg.Error: not a database, read-only, no right, ...
@@ -109,6 +121,7 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, print_sql: bool
     finally:
         conn.close()
     click.echo(f"{'created' if created else 'exists:'} table {table} in {redact(dsn)}")
+    click.echo(f"{'created' if done_created else 'exists:'} table {done_table} in {redact(dsn)}")
 
 
 def _one_line(exc: Exception) -> Exception:

@@ -10,9 +10,11 @@ import click
 
 from hybridq.cli.options import (
     EXIT_FINDINGS,
+    _bad_usage,
     _fail,
     _with_password_file,
     journal_option,
+    outbox_options,
     password_file_option,
     redis_option,
 )
@@ -36,6 +38,7 @@ from hybridq.protocol import DEFAULT_LEASE_S
 @click.option(
     "--interval", type=click.FloatRange(0.1, None), default=2.0, show_default=True, help="For --watch."
 )
+@outbox_options
 @click.pass_context
 def status(
     ctx: click.Context,
@@ -45,26 +48,36 @@ def status(
     as_json: bool,
     watch: bool,
     interval: float,
+    outbox_dsn: str | None,
+    outbox_table: str,
 ) -> None:
     """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
     Also: pending jobs per queue, the age of the oldest pending job, the forwarding lag (age of
-    the oldest job not yet handed to Redis), the journal's size and, with --redis, whether Redis
-    answers. With --watch --json, one JSON object per line.
+    the oldest job not yet handed to Redis), the journal's size, with --redis whether Redis
+    answers, and with --outbox the transactional outbox's backlog (rows not yet relayed into the
+    journal, and the oldest one's age). With --watch --json, one JSON object per line.
 
     \b
     Examples:
       hybridq status --json --journal ./hybridq-journal
       hybridq status --watch --redis redis://127.0.0.1:6379/0
+      hybridq status --outbox sqlite:////var/lib/app/app.db
     """
     from hybridq.status import collect_status  # noqa: PLC0415
 
     redis_url = _with_password_file(redis_url, redis_password_file)
+    if outbox_dsn is not None:
+        _check_outbox(ctx, outbox_dsn, outbox_table)
     while True:
         try:
-            out = collect_status(journal, redis_url=redis_url)
+            out = collect_status(journal, redis_url=redis_url, outbox=outbox_dsn, outbox_table=outbox_table)
         except (HybridqError, OSError) as exc:
             _fail(ctx, exc)
+        except Exception as exc:  # the outbox database's driver error (locked, ...)
+            if outbox_dsn is None:
+                raise
+            _fail(ctx, RuntimeError(f"reading the outbox backlog: {exc}"))
         if as_json:
             click.echo(json.dumps(out))
         else:
@@ -77,6 +90,20 @@ def status(
             time.sleep(interval)
         except KeyboardInterrupt:
             return
+
+
+def _check_outbox(ctx: click.Context, dsn: str, table: str) -> None:
+    """A bad DSN, a missing database or table: one line, exit 2 (before anything is read)."""
+    from hybridq.outbox.backlog import check_outbox  # noqa: PLC0415
+
+    try:
+        check_outbox(dsn, table)
+    except (ValueError, FileNotFoundError) as exc:
+        _bad_usage(ctx, str(exc))
+    except Exception as exc:  # the database driver's own error: not a database, locked, ...
+        from hybridq.status import redact_url  # noqa: PLC0415
+
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
 
 
 def _print_status(out: dict[str, Any]) -> None:
@@ -111,6 +138,12 @@ def _print_status(out: dict[str, Any]) -> None:
             click.echo(
                 f"{'waiting for a worker':>22}: {out['redis']['waiting_for_a_worker']} (see hybridq doctor)"
             )
+    if "outbox" in out:
+        box = out["outbox"]
+        click.echo(
+            f"{'outbox':>22}: {box['rows']} rows not yet relayed, oldest {box['oldest_age_s']} s "
+            f"(table {box['table']} in {box['dsn']})"
+        )
 
 
 @click.command()

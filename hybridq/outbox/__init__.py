@@ -23,11 +23,12 @@ from typing import Any
 from hybridq.envelope import Envelope, validate_queue_name
 from hybridq.errors import RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
 from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, validate_table
 from hybridq.producer import Queue, split_call
 from hybridq.signing import keyring
 
-__all__ = ["DEFAULT_TABLE", "Outbox"]
+__all__ = ["DEFAULT_DONE_TABLE", "DEFAULT_TABLE", "Outbox"]
 
 #: The connection types ``Outbox.enqueue`` accepts (said when it refuses one).
 SUPPORTED_CONNECTIONS = (
@@ -166,6 +167,15 @@ class Outbox:
     def ddl(self, dialect: Dialect = "sqlite") -> str:
         """The SQL that creates this outbox's table (``sqlite`` or ``postgresql``), for your migrations."""
         return ddl(self.table, dialect=dialect)
+
+    def once(self, conn: Any, key: str | None = None, *, table: str = DEFAULT_DONE_TABLE) -> Once:
+        """``with outbox.once(conn) as first: if first: <effect on conn>``: an effect once per key.
+
+        Records ``key`` (default: the running job's idempotency key) in the done table inside
+        ``conn``'s transaction; ``first`` is False when it was already there, and the effect is
+        skipped. See :class:`hybridq.outbox.once.Once` and ``docs/outbox.md``.
+        """
+        return Once(conn, key, table=table)
 
 
 def _kind(conn: Any) -> str:

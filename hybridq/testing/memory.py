@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import TransportError
+from hybridq.errors import RetryLater, RetryLaterExpired, TransportError
+from hybridq.later import Later, resolve
 from hybridq.protocol import CompletionEvent, Overwrite
 from hybridq.transport.base import (
     Delivery,
@@ -69,6 +70,8 @@ class MemoryTransport(Transport):
         self._event_ids = itertools.count(1)
         #: Number of push calls that reached the backend (failed ones included).
         self.push_calls = 0
+        #: The simulated worker's clock (RetryLater deadlines); replaced in tests.
+        self.clock: Callable[[], float] = time.time
 
     def fail_next(self, times: int = 1, *, after: int | None = None) -> None:
         """Make the next ``times`` pushes fail; with ``after``, each queues ``after`` jobs first."""
@@ -270,7 +273,9 @@ class MemoryTransport(Transport):
         """Run up to ``limit`` queued jobs of ``queue`` like ``hybridq.worker.execute`` would.
 
         ``func(envelope, attempt)`` stands for the task (default: returns ``None``); an exception
-        it raises is the job's failure. Returns the number of deliveries handled.
+        it raises is the job's failure, except ``hybridq.RetryLater`` (the job runs again later,
+        no attempt used). ``attempt`` is the job's (``current_job().attempt``). Returns the
+        number of deliveries handled.
         """
         done = 0
         while limit is None or done < limit:
@@ -313,9 +318,16 @@ class MemoryTransport(Transport):
             self.claimed[env.id] = self.runs.get(env.id, 0)
         error: str | None = None
         value: Any = None
+        later: Later | None = None
+        expired = False
         try:
             self.executions[env.id] = self.executions.get(env.id, 0) + 1
-            value = (func or (lambda _env, _attempt: None))(env, delivery.attempt)
+            value = (func or (lambda _env, _attempt: None))(env, delivery.job_attempt)
+        except RetryLater as exc:  # as hybridq.worker.run.conclude decides
+            failure, later = resolve(delivery, exc, self.clock())
+            if failure is not None:
+                error = f"{type(failure).__name__}: {failure}"
+                expired = isinstance(failure, RetryLaterExpired)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         with self._lock:
@@ -326,9 +338,18 @@ class MemoryTransport(Transport):
                 "job_id": env.id,
                 "attempt": delivery.attempt,
                 "requeue": env.requeue,
-                "final": error is None or delivery.attempt >= env.max_attempts,
-                "at": time.time(),
+                "final": error is None or delivery.job_attempt >= env.max_attempts or expired,
+                "at": self.clock(),
             }
+            if later is not None:
+                outcome.update(
+                    outcome="later",
+                    result=None,
+                    final=False,
+                    retry_delay=later.delay,
+                    later=later.count,
+                    later_since=later.since,
+                )
             kept = self.results.get(env.key_id)
             if kept is not None and kept["outcome"] == "succeeded":
                 # A success stored meanwhile is kept, and reported (hybridq.worker's _FINISH).

@@ -303,7 +303,7 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
             "func": env.func,
             "key": env.idempotency_key,
             "created_at": env.created_at,
-            "attempt": delivery.attempt,
+            "attempt": delivery.job_attempt,  # runs that said RetryLater are not attempts
         },
     }
 

@@ -29,7 +29,8 @@ from rq.job import Job as RQJob
 from hybridq import keys
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
-from hybridq.errors import DuplicateOfFailedJob, StaleDelivery
+from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
+from hybridq.later import resolve
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
 from hybridq.signing import keyring
 from hybridq.worker import lease, scripts
@@ -118,7 +119,7 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
         run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
     return _current.set(
-        CurrentJob(env.id, env.idempotency_key, d.attempt, env.max_attempts, env.queue, env.func)
+        CurrentJob(env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
     )
 
 
@@ -140,7 +141,8 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     # deadline ends the renewals even if nothing releases them.
     if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
-    final = error is None or d.attempt >= env.max_attempts
+    error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
+    final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
     value, run.result_json = _jsonable(value, env)
     outcome = StoredOutcome(
         outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
@@ -153,6 +155,8 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
         at=time.time(),
         token=run.token,  # tells a retried outcome script that its first try got through
     )
+    if later is not None:  # RQ records the run finished: not a failure, no traceback
+        outcome = later.stored(outcome)
     run.finish = _finish_call(run, outcome.to_json())
     run.error_text = outcome.error
     return value, error
@@ -184,9 +188,13 @@ def claim(conn: redis.Redis, run: Run) -> Any:
         if status == ClaimStatus.STALE:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
-            log.info("job %s attempt %d already ran and failed: reporting that instead", env.id, d.attempt)
             failure = json.loads(stored)
+            later = failure.get("outcome") == Outcome.LATER  # not a failure: RQ records it finished
+            what = "said RetryLater" if later else "ran and failed"
+            log.info("job %s attempt %d already %s: reporting that instead", env.id, d.attempt, what)
             report(conn, d, failure, dup=False)
+            if later:
+                return None
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
         if status == ClaimStatus.FENCED:

@@ -75,6 +75,9 @@ def test_delay_and_run_at_become_an_absolute_time(journal_dir: Path) -> None:
         (lambda q: q.enqueue(tasks.add, delay=5, run_at=9), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, run_at=dt.datetime(2030, 1, 1)), EnvelopeError),  # noqa: DTZ001 - naive on purpose  # noqa: DTZ001
         (lambda q: q.enqueue(tasks.add, retry=3), EnvelopeError),
+        (lambda q: q.enqueue(tasks.add, delay=10**400), EnvelopeError),  # was OverflowError
+        (lambda q: q.enqueue(tasks.add, run_at=10**400), EnvelopeError),
+        (lambda q: q.enqueue(tasks.add, job_timeout=10**400), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, idempotency_key=""), EnvelopeError),
         (lambda q: q.enqueue(tasks.add, "x" * (2 << 20)), RecordTooLarge),
         (lambda q: q.enqueue_many([q.prepare(tasks.add, (1,)), ("not", "an envelope")]), TypeError),

@@ -1,0 +1,91 @@
+"""The outbox backlog: how many committed rows wait for the relay, and since when.
+
+``hybridq status --outbox DSN`` and the forwarder's metrics (``hybridq forward --outbox DSN``)
+read it with one plain SQL statement, ``SELECT count(*), min(created_at) FROM <table>``, on any
+DB-API connection :func:`hybridq.outbox.schema.connect` returns. A row's ``created_at`` is the
+insert's time in seconds since the epoch, so the oldest row's age is how long the relay has
+kept the application's oldest committed job waiting (``docs/outbox.md``).
+
+This module must not import redis, rq or click.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq.outbox.schema import connect, table_exists, validate_table
+from hybridq.redisurl import redact_url
+
+__all__ = ["Backlog", "check_outbox", "query_backlog", "read_backlog"]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The outbox's committed rows not yet relayed.
+
+    Attributes:
+        rows: how many there are.
+        oldest_created_at: the oldest one's ``created_at`` (seconds since the epoch), or
+            ``None`` when there are none.
+    """
+
+    rows: int
+    oldest_created_at: float | None
+
+    def oldest_age_s(self, now: float | None = None) -> float:
+        """Seconds since the oldest row was inserted (0 when there is none; never negative)."""
+        if self.oldest_created_at is None:
+            return 0.0
+        now = time.time() if now is None else now
+        return round(max(0.0, now - self.oldest_created_at), 3)
+
+
+def query_backlog(conn: Any, table: str) -> Backlog:
+    """The backlog of ``table``, read on ``conn`` (a DB-API 2.0 connection).
+
+    A cursor, not ``conn.execute``: that is SQLite's shortcut, not DB-API. Raises the driver's
+    own error when the table is missing or the database cannot be read.
+    """
+    sql = f"SELECT count(*), min(created_at) FROM {validate_table(table)}"  # noqa: S608 - validated identifier
+    cursor = conn.cursor()
+    try:
+        cursor.execute(sql)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    count, oldest = (0, None) if row is None else row
+    # float(): a driver may hand back a Decimal for a NUMERIC column.
+    return Backlog(int(count or 0), None if oldest is None else float(oldest))
+
+
+def read_backlog(dsn: str, table: str) -> Backlog:
+    """Open the database ``dsn`` names, read the backlog of ``table``, close it.
+
+    A connection of its own, closed at once: no transaction is left open on the database (the
+    read is a single statement), and nothing is shared with a relay working on it meanwhile.
+    Raises ValueError (bad DSN), FileNotFoundError (no database), or the driver's error.
+    """
+    conn = connect(dsn)
+    try:
+        return query_backlog(conn, table)
+    finally:
+        conn.close()
+
+
+def check_outbox(dsn: str, table: str) -> None:
+    """Check that the database ``dsn`` names exists and has ``table``; change nothing.
+
+    Raises ValueError (a bad DSN or table name) or FileNotFoundError (no database, no table),
+    each with a one-line message.
+    """
+    validate_table(table)
+    conn = connect(dsn)
+    try:
+        if not table_exists(conn, table):
+            raise FileNotFoundError(
+                f"no outbox table {table!r} in {redact_url(dsn)!r} (hybridq outbox init creates it)"
+            )
+    finally:
+        conn.close()

@@ -1,0 +1,203 @@
+"""The intent-first upload pipeline (examples/upload_pipeline, docs/recipes/intent-first.md).
+
+Real processes: a private redis-server, ``python -m hybridq forward``, ``python -m hybridq worker
+--allow uploads`` and four uploader processes (``examples/upload_pipeline/uploader.py``), each
+SIGKILLed four times between its enqueue and its move (``UPLOADS_DIE_AFTER_ENQUEUE``) and
+restarted: after odd crashes its client sends the unacknowledged upload again (the same key is
+enqueued a second time), after even ones it gives up (only the job can finish that upload).
+What happened is counted from the pipeline's own files: ``processed.log`` has a line per
+processing, ``ready/`` and ``incoming/`` hold the files.
+
+The same harness with the uploader's two steps swapped (move, then enqueue: what users write
+first) loses exactly the files whose clients gave up: the test can fail. The example's own
+command (``run.py``, its README) runs too, smaller.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.testing.embedded import RedisServer
+
+from tests.conftest import ROOT
+from tests.integration.test_worker_redis import wait_status
+from tests.support.processes import ForwarderProcess, WorkerProcess
+
+EXAMPLE = ROOT / "examples" / "upload_pipeline"
+UPLOADERS, FILES, CRASHES = 4, 60, 4
+
+#: The uploader with its steps in the order users write first: publish, then enqueue.
+MOVE_FIRST = """
+import sys
+import uploader, uploads
+
+def upload(root, name, data):
+    uploads._write_durably(f"{root}/incoming/{name}", data)
+    uploads.publish(root, name)
+    uploads._crash_point(name)
+    uploads.process_upload.enqueue_call((root, name), idempotency_key=f"upload:{name}")
+
+uploads.upload = upload
+uploader.main(sys.argv[1:])
+"""
+
+
+class Uploader:
+    """One uploader's files, run to the end through its crashes (see the module docstring)."""
+
+    def __init__(
+        self, prefix: str, die_at: set[str], root: Path, env: dict[str, str], code: str | None
+    ) -> None:
+        self.prefix, self.die_at, self.root, self.env, self.code = prefix, die_at, root, env, code
+        self.first = self.crashes = self.gave_up = 0
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        script = ["-c", self.code] if self.code else [str(EXAMPLE / "uploader.py")]
+        args = [str(self.root), self.prefix, str(self.first), str(FILES - self.first)]
+        env = {**self.env, "UPLOADS_DIE_AFTER_ENQUEUE": ",".join(sorted(self.die_at))}
+        self.proc = subprocess.Popen(
+            [sys.executable, *script, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def step(self) -> bool:
+        """Reap the process if it exited (restarting it when files remain); True once all are done."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            return False
+        out, err = self.proc.communicate()
+        self.first += sum(1 for line in out.splitlines() if line.startswith("acked "))
+        if self.proc.returncode != -9:
+            assert self.proc.returncode == 0, err[-2000:]
+            return True
+        self.crashes += 1
+        self.die_at.discard(f"{self.prefix}-{self.first:04d}")
+        if self.crashes % 2 == 0:  # the client gives up; otherwise it sends the upload again
+            self.gave_up += 1
+            self.first += 1
+        if self.first >= FILES:
+            return True
+        self.start()
+        return False
+
+
+def run_pipeline(
+    tmp_path: Path, server: RedisServer, env: dict[str, str], code: str | None = None
+) -> dict[str, int]:
+    """Run every uploader to the end with a forwarder and a worker; the figures, from the files."""
+    root, journal = tmp_path / "pipeline", tmp_path / "journal"
+    ensure_journal_dir(journal)
+    env = {
+        **env,
+        "HYBRIDQ_JOURNAL": str(journal),
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), env["PYTHONPATH"]]),
+    }
+    forwarder = ForwarderProcess(journal, server.url, env=env, log_path=tmp_path / "forwarder.log")
+    worker_args = ["-m", "hybridq", "worker", "--redis", server.url, "--allow", "uploads"]
+    worker = WorkerProcess(
+        [sys.executable, *worker_args, "--processes", "1", "uploads"],
+        env=env,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
+    )
+    rng = random.Random(16)
+    uploaders = []
+    for u in range(UPLOADERS):
+        names = [f"u{u}-{i:04d}" for i in range(FILES)]
+        uploaders.append(Uploader(f"u{u}", set(rng.sample(names, CRASHES)), root, env, code))
+    try:
+        for uploader in uploaders:
+            uploader.start()
+        running = list(uploaders)
+        deadline = time.monotonic() + 60
+        while running:
+            assert time.monotonic() < deadline, "the uploaders took over 60 s"
+            forwarder.assert_alive()
+            worker.assert_alive()
+            running = [u for u in running if not u.step()]
+            time.sleep(0.02)
+        status = wait_status(journal, env, lambda s: s["pending"] == 0, what="every job finished", timeout=30)
+    finally:
+        for uploader in uploaders:
+            if uploader.proc is not None and uploader.proc.poll() is None:
+                uploader.proc.kill()
+                uploader.proc.communicate()
+        worker.kill()
+        forwarder.kill()
+    runs = collections.Counter(line.split()[0] for line in (root / "processed.log").read_text().splitlines())
+    files = {f"u{u}-{i:04d}" for u in range(UPLOADERS) for i in range(FILES)}
+    assert set(runs) <= files
+    return {
+        "files": len(files),
+        "crashes": sum(u.crashes for u in uploaders),
+        "gave_up": sum(u.gave_up for u in uploaders),
+        "jobs": status["accepted"],
+        "suppressed": status["duplicates_suppressed"],
+        "failed": status["failed"],
+        "never_processed": len(files - set(runs)),
+        "processed_twice": sum(n - 1 for n in runs.values()),
+        "in_incoming": sum(1 for name in (root / "incoming").iterdir() if not name.name.startswith(".")),
+        "in_ready": sum(1 for _ in (root / "ready").iterdir()),
+    }
+
+
+def line(name: str, f: dict[str, int], seconds: float) -> str:
+    return (
+        f"{name} uploaders={UPLOADERS} files={f['files']} crashes={f['crashes']} gave_up={f['gave_up']} "
+        f"jobs={f['jobs']} suppressed={f['suppressed']} never_processed={f['never_processed']} "
+        f"processed_twice={f['processed_twice']} seconds={seconds:.1f}"
+    )
+
+
+def test_uploaders_killed_between_enqueue_and_move_lose_no_file_and_process_none_twice(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str], figures: Callable[[str], None]
+) -> None:
+    started = time.monotonic()
+    f = run_pipeline(tmp_path, redis_server, subprocess_env)
+    figures(line("upload-pipeline intent-first", f, time.monotonic() - started))
+    assert f["crashes"] == UPLOADERS * CRASHES
+    assert (f["never_processed"], f["processed_twice"], f["failed"]) == (0, 0, 0)
+    assert f["jobs"] <= f["files"] + f["crashes"]
+    # Every client that sent its upload again enqueued its key a second time: one run, one suppressed.
+    assert f["jobs"] - f["files"] == f["crashes"] - f["gave_up"]
+    assert f["suppressed"] >= f["jobs"] - f["files"]
+    assert (f["in_incoming"], f["in_ready"]) == (0, f["files"])
+
+
+def test_the_same_crashes_with_move_then_enqueue_lose_the_files_whose_clients_gave_up(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str], figures: Callable[[str], None]
+) -> None:
+    started = time.monotonic()
+    f = run_pipeline(tmp_path, redis_server, subprocess_env, MOVE_FIRST)
+    figures(line("upload-pipeline move-then-enqueue", f, time.monotonic() - started))
+    assert f["crashes"] == UPLOADERS * CRASHES
+    assert f["never_processed"] == f["gave_up"] > 0
+    assert f["processed_twice"] == 0
+
+
+def test_the_examples_one_command_runs_and_tallies(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    options = ["--uploaders", "2", "--files", "10", "--crashes", "2", "--dir", str(tmp_path / "run")]
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "run.py"), *options],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    tally = done.stdout.splitlines()[-1]
+    assert tally.startswith("files=20 crashes=4 jobs=22 (at most 24) "), tally
+    assert " processed=20 never_processed=0 processed_twice=0 left_in_incoming=0 " in tally
