@@ -234,11 +234,18 @@ class Relay:
                 elif not window_rows:
                     window_start = now
                 if moved < self.batch_size and not self._stop.is_set():
-                    self.store.wait(self.poll_s)
-                    self.store.housekeeping()
+                    self.wait()
             except ConnectionError as exc:
                 self._reconnect(exc)
         log.info("stopped; relayed %d jobs", self.relayed)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait ``timeout`` (default ``poll_s``) seconds, less if rows come (NOTIFY) or :meth:`stop`.
+
+        Then the store's upkeep (PostgreSQL: take over the rows of relays that are gone).
+        """
+        self.store.wait(self.poll_s if timeout is None else timeout)
+        self.store.housekeeping()
 
     def _reconnect(self, exc: ConnectionError) -> None:
         """Connect again, backing off up to MAX_BACKOFF_S, until connected or stopped."""

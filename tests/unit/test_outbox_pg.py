@@ -472,3 +472,33 @@ def test_relay_cli_on_postgresql(
     assert down.exit_code == 1
     assert down.output.count("\n") == 1
     assert "secret" not in down.output
+
+
+def test_the_relay_inside_the_forwarder_is_woken_by_notify_too(
+    pg: str, journal_dir: Path, figures: Callable[[str], None]
+) -> None:
+    from hybridq.outbox.background import BackgroundRelay
+
+    relay = BackgroundRelay(pg, str(journal_dir), poll_s=30.0)  # the poll never fires in this test
+    relay.open()
+    relay.start()
+    latencies = []
+    try:
+        with psycopg.connect(pg) as conn:
+            for n in range(10):
+                with conn.transaction():
+                    Outbox().enqueue(conn, TASK, n, 0)
+                committed = time.perf_counter()
+                while relay.relayed <= n and time.perf_counter() - committed < 5:
+                    time.sleep(0.001)
+                latencies.append(time.perf_counter() - committed)
+    finally:
+        relay.stop()
+        assert relay.join(timeout=10)
+        relay.close()
+    latencies.sort()
+    figures(
+        f"outbox pg forward --outbox commit->journal n=10 p50={latencies[5] * 1000:.1f}ms max={latencies[-1] * 1000:.1f}ms"
+    )
+    assert len(journal_ids(journal_dir)) == 10
+    assert latencies[-1] < 5
