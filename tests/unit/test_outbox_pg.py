@@ -502,3 +502,19 @@ def test_the_relay_inside_the_forwarder_is_woken_by_notify_too(
     )
     assert len(journal_ids(journal_dir)) == 10
     assert latencies[-1] < 5
+
+
+def test_status_shows_a_postgresql_outboxs_backlog_and_its_age(pg: str, journal_dir: Path) -> None:
+    import json
+
+    from hybridq.journal.paths import ensure_journal_dir
+
+    ensure_journal_dir(journal_dir)
+    enqueue_many(pg, 3)
+    with psycopg.connect(pg) as conn:
+        conn.execute("UPDATE hybridq_outbox SET created_at = created_at - 90")
+    result = CliRunner().invoke(cli, ["status", "--json", "--journal", str(journal_dir), "--outbox", pg])
+    assert result.exit_code == 0, result.output
+    outbox = json.loads(result.output)["outbox"]
+    assert outbox["rows"] == 3
+    assert 90 <= outbox["oldest_age_s"] < 150
