@@ -38,8 +38,8 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from hybridq.errors import JournalLocked
-from hybridq.outbox.relay import DEFAULT_PG_POLL_S, Row
 from hybridq.outbox.schema import redact, table_exists
+from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row
 
 __all__ = ["ADOPT_AFTER_S", "SLOTS", "PgStore", "token"]
 

@@ -10,7 +10,7 @@ application inserted the row, so a relay killed anywhere in between never makes 
   a marked row is appended again only if the journal does not already hold a record with its
   job id (the journal is read once for the marked rows, which only a crash leaves behind).
 
-The database side is a store: :class:`SqliteStore` here (one relay per SQLite outbox: a lock
+The database side is a store: :class:`hybridq.outbox.store.SqliteStore` (one relay per SQLite outbox: a lock
 file beside the database, ``<db>.relay.lock``, refuses a second one) or
 :class:`hybridq.outbox.pg.PgStore` (several relays, ``FOR UPDATE SKIP LOCKED``, woken by
 ``LISTEN/NOTIFY``, reconnecting when PostgreSQL goes away). ``docs/outbox.md`` describes the whole.
@@ -20,19 +20,16 @@ This module must not import redis, rq or click.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable
-from typing import Protocol
 
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalLocked
+from hybridq.errors import EnvelopeError
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger import consistent
@@ -40,12 +37,10 @@ from hybridq.nudge import address, nudge
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
     PSYCOPG_MISSING,
-    connect,
     is_postgres,
-    sqlite_path,
-    table_exists,
     validate_table,
 )
+from hybridq.outbox.store import DEFAULT_PG_POLL_S, DEFAULT_POLL_S, Row, SqliteStore, Store
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -61,55 +56,10 @@ __all__ = [
 log = logging.getLogger("hybridq.relay")
 
 DEFAULT_BATCH = 500
-#: Seconds an idle relay sleeps before looking at an SQLite outbox again.
-DEFAULT_POLL_S = 0.05
-#: Seconds between two looks at a PostgreSQL outbox when no NOTIFY came (the fallback poll).
-DEFAULT_PG_POLL_S = 2.0
 #: Seconds between two progress lines while rows are being relayed.
 PROGRESS_EVERY_S = 5.0
 #: Longest wait between two attempts at reconnecting to a database that went away.
 MAX_BACKOFF_S = 5.0
-
-#: One claimed row: its id, its job id, its envelope, and whether it was marked already (by a
-#: relay that stopped before deleting it: it may be in the journal).
-Row = tuple[int, str, bytes, bool]
-
-
-class Store(Protocol):
-    """The relay's side of one outbox table (SQLite or PostgreSQL)."""
-
-    #: Where the outbox is, for logs (no password).
-    where: str
-    #: Seconds :meth:`wait` waits when nothing wakes it (the poll, or PostgreSQL's fallback poll).
-    poll_s: float
-
-    def open(self, journal: str) -> None:
-        """Connect; FileNotFoundError without the table, JournalLocked if refused a place."""
-
-    def claim(self, limit: int) -> list[Row]:
-        """Up to ``limit`` of the oldest rows this relay may take, the fresh ones marked (committed)."""
-
-    def delete(self, ids: list[int]) -> None:
-        """Delete relayed rows (committed)."""
-
-    def backlog(self) -> int:
-        """Rows in the outbox now."""
-
-    def wait(self, timeout: float) -> None:
-        """Return after ``timeout`` seconds, or sooner when rows may have come or :meth:`wake`."""
-
-    def wake(self) -> None:
-        """Make a :meth:`wait` in progress return (safe from a signal handler)."""
-
-    def housekeeping(self) -> None:
-        """Periodic upkeep while idle (PostgreSQL: take over rows of relays gone)."""
-
-    def reconnect(self) -> None:
-        """Connect again after a ConnectionError (raises ConnectionError while it cannot)."""
-
-    def close(self) -> None:
-        """Release everything; idempotent."""
-
 
 #: The job id near the start of an envelope's bytes: ``Envelope.to_bytes`` writes it first, a
 #: signed envelope after its ``not_after``. Anything else is decoded in full.
@@ -296,78 +246,6 @@ class Relay:
         return found
 
 
-class SqliteStore:
-    """An SQLite outbox: one relay (a lock file beside the database), polled."""
-
-    def __init__(self, dsn: str, table: str) -> None:
-        self.path = sqlite_path(dsn)  # ValueError for a bad DSN
-        self.dsn, self.table, self.where = dsn, table, self.path
-        self.poll_s = DEFAULT_POLL_S
-        self._conn: sqlite3.Connection | None = None
-        self._lock_fd: int | None = None
-        self._wake = threading.Event()
-        self._select = f"SELECT id, job_id, envelope, relaying FROM {table} ORDER BY id LIMIT ?"  # noqa: S608
-        self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
-        self._delete = f"DELETE FROM {table} WHERE id = ?"  # noqa: S608
-
-    def open(self, journal: str) -> None:  # noqa: ARG002 - one relay per SQLite outbox, whatever the journal
-        """Connect; check the table; take the lock beside the database (JournalLocked if held)."""
-        conn = connect(self.dsn)
-        if not table_exists(conn, self.table):
-            conn.close()
-            raise FileNotFoundError(
-                f"no table {self.table!r} in {self.path!r} (hybridq outbox init creates it)"
-            )
-        try:
-            self._lock_fd = _lock(self.path + ".relay.lock")
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-
-    def claim(self, limit: int) -> list[Row]:
-        """The oldest rows (marked or not); the fresh ones marked in one committed transaction."""
-        assert self._conn is not None, "open() first"
-        rows: list[tuple[int, str, bytes, int]] = self._conn.execute(self._select, (limit,)).fetchall()
-        fresh = [(row_id,) for row_id, _, _, relaying in rows if not relaying]
-        if fresh:
-            _in_transaction(self._conn, self._mark, fresh)
-        return [(row_id, job, bytes(env), bool(relaying)) for row_id, job, env, relaying in rows]
-
-    def delete(self, ids: list[int]) -> None:
-        """Delete relayed rows in one committed transaction."""
-        assert self._conn is not None, "open() first"
-        _in_transaction(self._conn, self._delete, [(row_id,) for row_id in ids])
-
-    def backlog(self) -> int:
-        """Rows in the outbox now."""
-        assert self._conn is not None, "open() first"
-        return int(self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])  # noqa: S608
-
-    def wait(self, timeout: float) -> None:
-        """Sleep ``timeout`` seconds, or until :meth:`wake`."""
-        self._wake.wait(timeout)
-
-    def wake(self) -> None:
-        """Make a :meth:`wait` in progress return."""
-        self._wake.set()
-
-    def housekeeping(self) -> None:
-        """Nothing: one relay per SQLite outbox."""
-
-    def reconnect(self) -> None:
-        """Never needed: SQLite does not go away."""
-
-    def close(self) -> None:
-        """Close the database, release the lock; idempotent."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-
 def _journal_job_ids(journal: str) -> Iterable[str]:
     """The job id of every job record in the journal (a full read: used only after a crash)."""
     for record in JournalReader(journal).records():
@@ -381,25 +259,3 @@ def _journal_job_ids(journal: str) -> Iterable[str]:
             yield Envelope.from_bytes(record.payload).id
         except EnvelopeError:
             continue  # not a job: the forwarder skips it loudly
-
-
-def _in_transaction(conn: sqlite3.Connection, sql: str, params: list[tuple[int]]) -> None:
-    """Run ``sql`` for every parameter tuple in one write transaction, committed."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.executemany(sql, params)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _lock(path: str) -> int:
-    """Hold an exclusive lock on ``path`` (created if missing); JournalLocked if another holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise JournalLocked(path, "another relay (one relay per outbox)") from None
-    return fd
