@@ -8,7 +8,10 @@ that save and the unlink is finished at the next start. Segments go oldest first
 
 A ledger segment follows when every entry in it concerns deleted journal segments. Failures
 still listed (and requeue marks that still cancel a failure written elsewhere) are appended
-again first, so ``failed list`` and ``requeue`` outlive the segments that recorded them.
+again first, so ``failed list`` and ``requeue`` outlive the segments that recorded them; so does
+the ``key`` entry of a job that owns an idempotency key: it moves to the key store, with its
+outcome and the end of its key window (``until``: now + ``key_window_s``); a key store segment
+goes once every window in it ended (hybridq.admission).
 
 This module must not import redis or rq.
 """
@@ -27,7 +30,7 @@ from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
 from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
-from hybridq.ledger import Compacted, Entry, ledger_dir, read_ledger
+from hybridq.ledger import Compacted, Entry, keys_dir, ledger_dir, read_ledger
 
 __all__ = ["COMPACT_INTERVAL_S", "Compactor"]
 
@@ -79,6 +82,7 @@ class Compactor:
         # forwarder runs, which recovery has just sealed.
         self._ledger_once = True
         self._compact_ledger()
+        self._compact_keys()
         return self._forget_gone_chains()
 
     def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
@@ -150,12 +154,57 @@ class Compactor:
         remove_oldest_segment(self.journal, writer_id, index)
         self.state.index.forget_segment(seg)
 
+    def _stamped_keys(self, entries: list[Entry]) -> list[Entry]:
+        """The ``key`` entries of a ledger segment about to go that the key store must keep.
+
+        The current owner's, with its outcome (its journal segment is gone: the job is terminal)
+        and the end of its window: now + ``key_window_s``.
+        """
+        index = self.state.index
+        until = self.state.config.clock() + self.state.config.key_window_s
+        out: list[Entry] = []
+        for e in entries:
+            known = index.keys.get(e.key) if e.kind == "key" and e.key is not None else None
+            if known is None or known.until is not None or (known.loc, known.at) != (e.loc, e.at):
+                continue  # not a key entry, taken over or forgotten since, or stored already
+            outcome = index.owner_outcome(known, lambda _loc: True)
+            out.append(dataclasses.replace(known, outcome=outcome, until=until))
+        return out
+
+    def _compact_keys(self) -> None:
+        """Delete key store segments whose windows all ended (or far beyond ``key_window_max``).
+
+        Entries are appended in window order, so the oldest segments go first.
+        """
+        path = keys_dir(self.journal)
+        segments = self.state.key_segments
+        if not segments or not os.path.isdir(path):
+            return
+        now, most = self.state.config.clock(), self.state.config.key_window_max
+        chains = list_chains(path)
+        after = sum(count for _, count in segments.values())
+        for seg, (until, count) in sorted(segments.items(), key=lambda item: item[1][0]):
+            after -= count
+            # Twice the bound: stale entries (keys taken over since) count too.
+            if until >= now and after < 2 * most:
+                break
+            writer_id, index = seg
+            first = chains.get(writer_id, [])
+            if writer_id == self.state.own_keys_chain and first and index == first[-1]:
+                continue  # our own open segment
+            if not first or first[0] != index or sealed_data_count(path, writer_id, index) is None:
+                continue
+            remove_oldest_segment(path, writer_id, index)
+            del segments[seg]
+            first.pop(0)
+
     def _compact_ledger(self) -> int:
         """Delete sealed ledger segments whose entries all concern deleted journal segments."""
         path = ledger_dir(self.journal)
         if not os.path.isdir(path):
             return 0
         own = self.state.own_chain
+        self.state.forget_keys()
         by_segment: dict[tuple[str, int], list[Entry]] = {}
         for record, entry in read_ledger(self.journal):
             by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
@@ -189,9 +238,11 @@ class Compactor:
                     if (e.kind == "done" and self.state.index.failed.get(e.loc) == e)
                     or (e.kind == "requeued" and failures.get(e.loc, 0) > (e.loc in here))
                 ]
+                stamped = self._stamped_keys(entries)
                 for loc in here:
                     failures[loc] -= 1
                 self.state.append(keep, apply=False)
+                self.state.store_keys(stamped)  # durable before the segment that had them goes
                 remove_oldest_segment(path, writer_id, index)
                 deleted += 1
         return deleted

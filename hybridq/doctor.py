@@ -160,8 +160,8 @@ def _forwarded_pending(
         loc = (record.writer_id, record.segment_index, record.offset)
         if not record.consumed_by(positions):
             continue  # not forwarded yet: the forwarder's backlog, not Redis's business
-        if index.is_terminal(loc) or loc in index.retries:
-            continue
+        if index.is_terminal(loc) or loc in index.retries or loc in index.duplicates:
+            continue  # a duplicate is never pushed: it waits for its key's owner
         try:
             env = Envelope.from_bytes(record.payload)
         except EnvelopeError:

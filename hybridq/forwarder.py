@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Self
 
+from hybridq.admission import Admission
 from hybridq.envelope import Envelope
 from hybridq.errors import (
     JournalIOError,
@@ -90,6 +91,8 @@ class Forwarder:
         #: Everything it keeps on disk, and the parts that work on it; built here, once.
         self.state = ForwarderState(self.journal, self.config)
         self.completions = Upkeep(self.state, transport)
+        #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
+        self.admission = Admission(self.state)
         self._pusher = Pusher(transport, self.state, self.stats, sleep=self._sleep, stopping=self._stop_asked)
         self._reader = JournalReader(self.journal)
         self._next_epoch_check = 0.0
@@ -264,6 +267,7 @@ class Forwarder:
             # recording an invalid record, a failed save, a stop): read them again next time.
             # Everything before the checkpoint's positions is pushed already.
             reader.seek(self.checkpoint.positions)
+            self.admission.reset()
             raise
 
     def _read_and_deliver(self, reader: JournalReader) -> int:
@@ -271,24 +275,27 @@ class Forwarder:
         batch: list[Delivery] = []
         for record in reader.records():
             loc = (record.writer_id, record.segment_index, record.offset)
-            if self.state.index.is_terminal(loc):
+            if self.state.index.is_terminal(loc) or loc in self.state.index.duplicates:
                 # Finished already (a checkpoint lost or older than the ledger), or an invalid
-                # record recorded before a step was retried: never counted twice.
+                # record recorded before a step was retried: never counted twice. A duplicate
+                # waits for its key's owner, never pushed.
                 continue
             env = decode_job(self.state, record)
             if env is None:
                 continue
-            if env.run_at is not None and env.run_at > self.clock():
+            if not self.admission.admit(env, loc):
+                pass  # a duplicate: recorded, never pushed
+            elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
-                continue
-            batch.append(self._delivery(env, loc))
-            if len(batch) >= self.config.batch_size:
+            else:
+                batch.append(self._delivery(env, loc))
+            if max(len(batch), self.admission.waiting) >= self.config.batch_size:
                 done += self._deliver(batch)
                 batch = []
                 done += self._forward_due()  # a long backlog must not hold back due jobs
                 if self._stopping:
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
-        if batch or self._position_moved():
+        if batch or self._position_moved() or self.admission.waiting:
             done += self._deliver(batch)
         return done
 
@@ -313,6 +320,7 @@ class Forwarder:
             harvested = harvester.harvest()
             if self._watcher is not None:
                 self._watcher.harvested()
+            self.admission.settle()  # duplicates whose key's owner finished now
             if harvested:
                 self._save(0)  # publishes the terminal count (producers' capacity check)
             retries = harvester.due_retries()
@@ -401,6 +409,8 @@ class Forwarder:
 
     def _deliver(self, batch: list[Delivery]) -> int:
         """Push a batch, then move the checkpoint to the reader's position (never before)."""
+        # The admission's entries are durable before the checkpoint moves past their records.
+        self.admission.flush()
         if batch:
             self._push(batch)
         self.state.advance(self._reader.position)

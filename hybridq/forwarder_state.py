@@ -29,17 +29,27 @@ from hybridq.ledger import (
     Compacted,
     Entry,
     LedgerIndex,
+    keys_dir,
     ledger_dir,
     load_compacted,
     load_index,
+    open_keys_writer,
     open_ledger_writer,
+    read_keys,
     save_compacted,
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
 from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["DONE_GRACE_LEASES", "ForwarderConfig", "ForwarderState", "check_key_ttl"]
+__all__ = [
+    "DEFAULT_KEY_WINDOW_MAX",
+    "DEFAULT_KEY_WINDOW_S",
+    "DONE_GRACE_LEASES",
+    "ForwarderConfig",
+    "ForwarderState",
+    "check_key_ttl",
+]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -47,6 +57,10 @@ log = logging.getLogger("hybridq.forwarder")
 #: it is delivered again, in leases (at least a minute): the event may have been evicted. The
 #: delivery finds the stored outcome and reports it without running the task.
 DONE_GRACE_LEASES = 6
+#: How long the key of a finished job stays known to the forwarder (enqueue-if-absent), at least.
+DEFAULT_KEY_WINDOW_S = 7 * 86400.0
+#: The most keys of finished jobs the forwarder keeps in their window (about 0.5 KB each).
+DEFAULT_KEY_WINDOW_MAX = 200_000
 
 
 def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
@@ -79,6 +93,12 @@ class ForwarderConfig:
         key_ttl_s: how long a job's outcome stays stored under its idempotency key in Redis
             (duplicates within this window return the stored result; the ledger covers the
             forwarder's own jobs forever).
+        key_window_s: how long, at least, the forwarder remembers the explicit idempotency key of
+            a finished job once its journal segment is compacted: a job with that key is not
+            pushed meanwhile (docs/enqueue.md, "Enqueue-if-absent"). Keys of pending jobs, and of
+            finished jobs whose segment is still in the journal, are always remembered.
+        key_window_max: the most keys kept in their window; beyond it, the oldest are forgotten
+            early (the memory bound: about 0.5 KB a key).
         max_lost: a job whose worker vanished this many times fails for good (a task that kills
             its worker every time must not loop forever).
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
@@ -94,6 +114,8 @@ class ForwarderConfig:
     backoff_max_s: float = 5.0
     lease_s: float = DEFAULT_LEASE_S
     key_ttl_s: float = DEFAULT_KEY_TTL_S
+    key_window_s: float = DEFAULT_KEY_WINDOW_S
+    key_window_max: int = DEFAULT_KEY_WINDOW_MAX
     max_lost: int = 5
     reconcile_interval_s: float | None = None
     clock: Callable[[], float] = time.time
@@ -103,6 +125,10 @@ class ForwarderConfig:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         check_key_ttl(self.lease_s, self.key_ttl_s)
+        if not self.key_window_s >= 0:
+            raise ValueError("key_window_s must be a number of seconds, at least 0")
+        if self.key_window_max < 0:
+            raise ValueError("key_window_max must be at least 0")
 
     @property
     def reconcile_every_s(self) -> float:
@@ -127,6 +153,10 @@ class ForwarderState:
         self.compacted = Compacted()
         self.index = LedgerIndex()
         self._writer: JournalWriter | None = None
+        self._keys_writer: JournalWriter | None = None
+        #: Per segment of the key store: the latest end of a window in it, and its entries (the
+        #: compactor deletes a segment once every window in it ended, or far beyond the bound).
+        self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -143,6 +173,12 @@ class ForwarderState:
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal))
         self.index = load_index(self.journal, self.compacted)
+        if os.path.isdir(keys_dir(self.journal)):
+            recover(keys_dir(self.journal))
+            for record, entry in read_keys(self.journal):
+                self.index.apply(entry)
+                self._note_key_segment((record.writer_id, record.segment_index), entry)
+        self.forget_keys()
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -160,10 +196,13 @@ class ForwarderState:
             save_checkpoint(self.journal, self.checkpoint)
 
     def close(self) -> None:
-        """Close the ledger writer."""
+        """Close the ledger and key store writers."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._keys_writer is not None:
+            self._keys_writer.close()
+            self._keys_writer = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -176,6 +215,11 @@ class ForwarderState:
     def own_chain(self) -> str | None:
         """This forwarder's ledger chain, once it wrote to the ledger (its open segment stays)."""
         return self._writer.writer_id if self._writer is not None else None
+
+    @property
+    def own_keys_chain(self) -> str | None:
+        """This forwarder's key store chain, once it wrote to it (its open segment stays)."""
+        return self._keys_writer.writer_id if self._keys_writer is not None else None
 
     def outcome_counts(self) -> dict[str, int]:
         """Outcomes ever recorded (ledger plus compacted segments): succeeded, failed, invalid, dups."""
@@ -275,6 +319,27 @@ class ForwarderState:
         """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
         self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
         self.checkpoint.invalid += 1
+
+    def store_keys(self, entries: Sequence[Entry]) -> None:
+        """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
+        if not entries:
+            return
+        if self._keys_writer is None:
+            self._keys_writer = open_keys_writer(self.journal)
+        started = time.perf_counter()
+        ids = self._keys_writer.append_many(e.to_bytes() for e in entries)
+        self._timed(started)
+        for rid, entry in zip(ids, entries, strict=True):
+            self.index.apply(entry)
+            self._note_key_segment((rid.writer_id, rid.segment), entry)
+
+    def _note_key_segment(self, seg: tuple[str, int], entry: Entry) -> None:
+        until, count = self.key_segments.get(seg, (0.0, 0))
+        self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
+
+    def forget_keys(self) -> None:
+        """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""
+        self.index.forget_keys(self.config.clock(), self.config.key_window_max)
 
     def commit_compacted(self, new: Compacted) -> None:
         """Save ``new`` compaction counters, then (only once durable) make them the ones in memory.

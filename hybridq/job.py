@@ -14,7 +14,7 @@ from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError
 from hybridq.journal import JournalReader, RecordId
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
+from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index, read_ledger
 from hybridq.state import load_checkpoint
 
 __all__ = ["Job", "call_fingerprint"]
@@ -53,7 +53,9 @@ class Job:
         ``scheduled``: held until its time. ``retrying``: a run failed with attempts left, or said
         ``RetryLater``, and the next one is waiting for its time (or runs). ``merged``: another
         job with this job id and a different call was delivered first (or finished), so this one
-        never runs (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too.
+        never runs (docs/enqueue.md, "Job ids"); to tell, a forwarded job reads the journal too. A
+        job whose idempotency key another job owned (:attr:`duplicate_of`) reports that job's
+        status (``forwarded`` or ``scheduled``) until it ends, then its outcome.
         """
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
         compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
@@ -70,6 +72,10 @@ class Job:
         if loc in index.retries:
             return "retrying"
         checkpoint = load_checkpoint(self.journal)
+        dup = index.duplicates.get(loc)
+        if dup is not None:  # never pushed: it follows the job that owns its key
+            held = checkpoint is not None and any(h.job_id == dup.dup_of for h in checkpoint.held)
+            return "scheduled" if held else "forwarded"
         if checkpoint is None:
             return "accepted"
         if any(h.job_id == self.id for h in checkpoint.held):
@@ -78,6 +84,24 @@ class Job:
         if position is not None and position.next_seq > self.record.seq:
             return "merged" if self._merged(compacted, index) else "forwarded"
         return "accepted"
+
+    @property
+    def duplicate_of(self) -> str | None:
+        """The id of the job that owned this job's idempotency key when the forwarder read it.
+
+        Set for a job the forwarder did not push because a pending or finished job had the same
+        explicit key (docs/enqueue.md, "Enqueue-if-absent"); ``None`` otherwise, and once the
+        ledger entries saying so were compacted away. It reads the ledger (no Redis).
+        """
+        loc = (self.record.writer_id, self.record.segment, self.record.offset)
+
+        def find(_: Compacted) -> str | None:
+            for _record, entry in read_ledger(self.journal):
+                if entry.dup_of is not None and entry.loc == loc:
+                    return entry.dup_of
+            return None
+
+        return consistent(self.journal, find)  # read again if a compaction got in the way
 
     def _merged(self, compacted: Compacted, index: LedgerIndex) -> bool:
         """Whether a record that won this job id holds a different call.

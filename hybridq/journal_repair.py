@@ -2,7 +2,8 @@
 
 :func:`hybridq.journal.repair.repair` does the work and knows nothing of who reads a journal;
 this module names the owner locks it must hold: the journal's forwarder lock, and for a ledger
-directory (written by its journal's forwarder) the parent journal's forwarder lock too.
+or key store directory (written by its journal's forwarder) the parent journal's forwarder lock
+too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hybridq.journal.repair import (
     RepairReport,
 )
 from hybridq.journal.repair import repair as repair_journal
-from hybridq.ledger import LEDGER_DIR
+from hybridq.ledger import KEYS_DIR, LEDGER_DIR
 
 __all__ = [
     "BACKUP_PREFIX",
@@ -62,7 +63,7 @@ def repair(
     """
     directory = existing_journal_dir(path)
     locks = [os.path.join(directory, LOCK_NAME)]
-    if os.path.basename(directory) == LEDGER_DIR:
+    if os.path.basename(directory) in (LEDGER_DIR, KEYS_DIR):
         locks.append(os.path.join(os.path.dirname(directory), LOCK_NAME))
     return repair_journal(
         directory,

@@ -14,6 +14,14 @@ a kind ``t``:
   is ``attempt - lt`` (a RetryLater uses none).
 * ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
 * ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
+* ``key`` -- the forwarder pushed (or held) the job at ``loc``, which has an explicit idempotency
+  key ``k`` (its hash): the job owns the key, so a later job with the key is not pushed
+  (docs/enqueue.md, "Enqueue-if-absent"). When the ledger segment holding it goes, the entry
+  moves, with its outcome and the end of its window (``until``), to the **key store**
+  (``<journal>/keys/``, the same format), which only the forwarder reads, when it starts.
+* ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
+  Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
+  with the owner's outcome.
 
 Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
 everything, the highest attempt wins), because records of several chains have no global order.
@@ -50,11 +58,14 @@ __all__ = [
     "Entry",
     "LedgerIndex",
     "consistent",
+    "keys_dir",
     "ledger_dir",
     "load_compacted",
     "load_index",
+    "open_keys_writer",
     "open_ledger_writer",
     "parse_event",
+    "read_keys",
     "read_ledger",
     "save_compacted",
 ]
@@ -65,6 +76,9 @@ LEDGER_DIR = "ledger"
 COMPACTION_NAME = "compaction"
 #: Ledger segments are small so that compaction frees space soon.
 LEDGER_SEGMENT_BYTES = 4 << 20
+#: The key store's directory, inside the journal directory, and its segment size.
+KEYS_DIR = "keys"
+KEYS_SEGMENT_BYTES = 1 << 20
 
 Seg = tuple[str, int]
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -75,7 +89,7 @@ T = TypeVar("T")
 class Entry:
     """One ledger record."""
 
-    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" (any other is skipped)
+    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate"
     job_id: str
     loc: Loc
     outcome: str | None = None
@@ -92,6 +106,12 @@ class Entry:
     #: The job's RetryLaters so far (its runs that used no attempt), and when the first was said.
     later: int = 0
     later_since: float | None = None
+    #: ``key`` and ``duplicate`` entries: the hash of the job's idempotency key (Envelope.key_id).
+    key: str | None = None
+    #: ``duplicate`` entries, and ``done`` entries settling one: the job id of the key's owner.
+    dup_of: str | None = None
+    #: ``key`` entries of a job whose segment is compacted: when the key may be forgotten.
+    until: float | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -110,6 +130,12 @@ class Entry:
             body["ev"] = self.event_id
         if self.job is not None:
             body["job"] = self.job
+        if self.key is not None:
+            body["k"] = self.key
+        if self.dup_of is not None:
+            body["of"] = self.dup_of
+        if self.until is not None:
+            body["until"] = self.until
         if self.dup:
             body["dup"] = True
         if self.later:
@@ -138,6 +164,9 @@ class Entry:
             job=body.get("job"),
             later=int(body.get("lt", 0)),
             later_since=body.get("ls"),
+            key=body.get("k"),
+            dup_of=body.get("of"),
+            until=body.get("until"),
         )
 
 
@@ -184,6 +213,12 @@ class LedgerIndex:
     #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
     failed: dict[Loc, Entry] = field(default_factory=dict)
     requeued: set[Loc] = field(default_factory=set)
+    #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each.
+    keys: dict[str, Entry] = field(default_factory=dict)
+    #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
+    duplicates: dict[Loc, Entry] = field(default_factory=dict)
+    #: The keys in :attr:`keys` whose window has an end (``until``), roughly oldest first.
+    _windowed: dict[str, float] = field(default_factory=dict)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
@@ -215,6 +250,13 @@ class LedgerIndex:
             self.requeued.add(loc)
             self.failed.pop(loc, None)
             return True
+        if entry.kind == EntryKind.KEY:
+            return self._own_key(entry)
+        if entry.kind == EntryKind.DUPLICATE:
+            if self.is_terminal(loc):
+                return False
+            self.duplicates[loc] = entry
+            return True
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
@@ -237,7 +279,9 @@ class LedgerIndex:
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
             self.later.pop(loc, None)
-            if entry.outcome == "failed" and loc not in self.requeued:
+            self.duplicates.pop(loc, None)
+            # A settled duplicate is not listed: its owner is (requeue that one).
+            if entry.outcome == "failed" and loc not in self.requeued and entry.dup_of is None:
                 self.failed[loc] = entry
             return True
         if self.is_terminal(loc):
@@ -255,6 +299,63 @@ class LedgerIndex:
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
         return False
+
+    def _own_key(self, entry: Entry) -> bool:
+        """Make the job of a ``key`` entry its key's owner if it is the newest (any replay order).
+
+        Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
+        the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
+        """
+        if entry.key is None:
+            return False
+        known = self.keys.get(entry.key)
+        if known is not None and (known.at, known.loc, known.until or 0.0) >= (
+            entry.at,
+            entry.loc,
+            entry.until or 0.0,
+        ):
+            return False
+        self.keys[entry.key] = entry
+        self._windowed.pop(entry.key, None)
+        if entry.until is not None:
+            self._windowed[entry.key] = entry.until
+        return True
+
+    def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:
+        """The outcome of the job owning a key (``owner``: its ``key`` entry); ``None`` if pending.
+
+        ``gone(loc)``: whether the journal segment of ``loc`` was compacted (its jobs all terminal,
+        their outcomes forgotten but for listed failures).
+        """
+        loc = owner.loc
+        done = self.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        if done is not None:
+            return done
+        if owner.outcome is not None:
+            return owner.outcome
+        if gone(loc):
+            return "failed" if loc in self.failed else "succeeded"
+        return None
+
+    def forget_keys(self, now: float, most: int | None = None) -> int:
+        """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
+
+        Only keys with a window count (those of pending jobs, or of jobs whose segment is still
+        in the journal, have none). Returns how many were forgotten.
+        """
+        expired = [k for k, until in self._windowed.items() if until < now]
+        if most is not None and len(self._windowed) - len(expired) > most:
+            gone = set(expired)
+            excess = len(self._windowed) - len(expired) - most
+            expired += [k for k in self._windowed if k not in gone][:excess]
+        for k in expired:
+            self.forget_key(k)
+        return len(expired)
+
+    def forget_key(self, key: str) -> None:
+        """Forget who owns ``key``."""
+        self.keys.pop(key, None)
+        self._windowed.pop(key, None)
 
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
@@ -336,9 +437,27 @@ def open_ledger_writer(journal: str) -> JournalWriter:
     return JournalWriter(path, max_segment_bytes=LEDGER_SEGMENT_BYTES)
 
 
+def keys_dir(journal: str) -> str:
+    """The key store directory of a journal directory (keys of finished jobs, in their window)."""
+    return os.path.join(journal, KEYS_DIR)
+
+
+def open_keys_writer(journal: str) -> JournalWriter:
+    """A writer for this process's chain in the key store (created 0700 when missing)."""
+    return JournalWriter(ensure_journal_dir(keys_dir(journal)), max_segment_bytes=KEYS_SEGMENT_BYTES)
+
+
+def read_keys(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """Every entry of the key store (none if it does not exist yet)."""
+    return _read_entries(keys_dir(journal))
+
+
 def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
     """Every entry of the ledger (none if it does not exist yet). Garbled JSON is skipped."""
-    path = ledger_dir(journal)
+    return _read_entries(ledger_dir(journal))
+
+
+def _read_entries(path: str) -> Iterator[tuple[Record, Entry]]:
     if not os.path.isdir(path):
         return
     for record in JournalReader(path).records():
@@ -364,10 +483,12 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
             entry.loc[0], sys.maxsize
         ):
             # Counted in Compacted already; only a failure still listed matters.
-            if entry.kind == EntryKind.DONE and entry.outcome == "failed":
+            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
             elif entry.kind == EntryKind.REQUEUED:
                 index.requeued.add(entry.loc)
+            elif entry.kind == EntryKind.KEY:
+                index.apply(entry)  # a finished job's key outlives its segment (its window)
             continue
         index.apply(entry)
     for loc in index.requeued:

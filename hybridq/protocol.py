@@ -88,6 +88,11 @@ class EntryKind(enum.StrEnum):
     LOST = "lost"
     #: A job that failed for good was queued again (``hybridq failed requeue``).
     REQUEUED = "requeued"
+    #: The forwarder pushed a job with an explicit idempotency key: it owns the key (enqueue-if-absent).
+    KEY = "key"
+    #: A job whose idempotency key was pending or finished: never pushed, settled (a ``done``
+    #: entry with ``dup_of``) with its original's outcome once that one is terminal.
+    DUPLICATE = "duplicate"
 
 
 class Verdict(enum.StrEnum):

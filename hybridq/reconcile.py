@@ -221,6 +221,8 @@ class Reconciler:
         # lease yet, and one Redis lost is the epoch check's (a refill pass takes them all).
         if not record.consumed_by(self._pass_limit):
             return None
+        if loc in self.state.index.duplicates:
+            return None  # never pushed: it waits for its key's owner (hybridq.admission)
         if self.state.index.is_terminal(loc):
             if not with_terminal:
                 return None

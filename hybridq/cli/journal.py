@@ -110,7 +110,8 @@ def journal_repair(ctx: click.Context, journal: str, accept_loss: bool, as_json:
     journal is healthy). With --accept-loss it backs up every file it changes or removes into
     repair-backup-<time>/ (with repair-report.json listing every dropped record), cuts the
     damaged segment after its last good record, seals it, and moves what follows aside. The
-    ledger (ledger/) is checked the same way. A running forwarder must be stopped first.
+    ledger (ledger/) and the key store (keys/) are checked the same way. A running forwarder
+    must be stopped first.
 
     \b
     Examples:
@@ -120,7 +121,7 @@ def journal_repair(ctx: click.Context, journal: str, accept_loss: bool, as_json:
     from hybridq.journal_repair import repair  # noqa: PLC0415
 
     reports = []
-    for path in (journal, os.path.join(journal, "ledger")):
+    for path in (journal, os.path.join(journal, "ledger"), os.path.join(journal, "keys")):
         if path != journal and not os.path.isdir(path):
             continue
         on_bytes, done = _progress(segment_usage(path)[1])

@@ -578,26 +578,35 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
     queue = Queue("deploy", journal=journal)
     jobs = [queue.enqueue(tasks.add, i, i) for i in range(5)]
     # Two jobs with one idempotency key: the second is a suppressed duplicate (the claim script's
-    # other path, and its completion event).
+    # other path, and its completion event). One journal's forwarder would not push the second
+    # (enqueue-if-absent): it comes from another producer's journal, through its own forwarder.
     queue.enqueue(tasks.add, 1, 1, idempotency_key="deploy-key")
-    queue.enqueue(tasks.add, 1, 1, idempotency_key="deploy-key")
+    other = tmp_path / "journal-b"
+    Queue("deploy", journal=other).enqueue(tasks.add, 1, 1, idempotency_key="deploy-key")
     forwarder = Forwarder(journal, RQTransport(url))
     forwarder.open()
+    forwarder_b = Forwarder(other, RQTransport(url))
+    forwarder_b.open()
     conn = deployed_redis.client("hybridq-worker")
     try:
         # INFO is allowed: the forwarder sees Redis's run_id (it detects restarts with it).
         assert forwarder.transport.state_token(forwarder.checkpoint.owner).run_id  # type: ignore[attr-defined]
         forwarder.step()
-        assert collect_status(str(journal))["forwarded"] == 7
+        forwarder_b.step()
+        assert collect_status(str(journal))["forwarded"] == 6
         rq_queue = RQQueue("deploy", connection=conn, serializer=JSONSerializer)
         SimpleWorker([rq_queue], connection=conn, serializer=JSONSerializer).work(
             burst=True, logging_level="WARNING"
         )
         forwarder.step()
+        forwarder_b.step()
         status = collect_status(str(journal), redis_url=url)
-        assert status["accepted"] == 7
+        status_b = collect_status(str(other))
+        assert status["accepted"] == 6
         assert status["succeeded"] == status["accepted"]
-        assert (status["failed"], status["pending"], status["duplicates_suppressed"]) == (0, 0, 1)
+        assert (status["failed"], status["pending"]) == (0, 0)
+        assert (status_b["accepted"], status_b["succeeded"]) == (1, 1)
+        assert status["duplicates_suppressed"] + status_b["duplicates_suppressed"] == 1
         assert status["redis"]["up"] is True
         assert [job.get_status() for job in jobs] == ["finished"] * 5
 
@@ -607,11 +616,12 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
         assert run_worker(["deploy"], url=worker_url, burst=True, simple=True) == 0
         forwarder.step()
         status = collect_status(str(journal))
-        assert (status["accepted"], status["succeeded"], status["pending"]) == (10, 10, 0)
+        assert (status["accepted"], status["succeeded"], status["pending"]) == (9, 9, 0)
         assert [job.get_status() for job in more] == ["finished"] * 3
     finally:
-        forwarder.close()
-        forwarder.transport.close()  # type: ignore[attr-defined]
+        for f in (forwarder, forwarder_b):
+            f.close()
+            f.transport.close()  # type: ignore[attr-defined]
         conn.close()
     admin = deployed_redis.client("admin")
     try:

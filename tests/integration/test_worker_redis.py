@@ -52,10 +52,12 @@ class Stack:
         self.forwarders: list[ForwarderProcess] = []
         self.workers: list[WorkerProcess] = []
 
-    def forwarder(self, redis_url: str, *extra_args: str) -> ForwarderProcess:
-        ensure_journal_dir(self.journal)  # what the first Queue(...) does; forward needs it to exist
+    def forwarder(self, redis_url: str, *extra_args: str, journal: Path | None = None) -> ForwarderProcess:
+        """``hybridq forward`` on the test's journal (or on ``journal``: another producer's)."""
+        journal = journal or self.journal
+        ensure_journal_dir(journal)  # what the first Queue(...) does; forward needs it to exist
         proc = ForwarderProcess(
-            self.journal,
+            journal,
             redis_url,
             env=self.env,
             log_path=self.tmp_path / f"forwarder-{len(self.forwarders)}.log",
@@ -438,7 +440,7 @@ def test_s11_flushall_does_not_rerun_jobs_the_ledger_has(
 # -- idempotency keys ---------------------------------------------------------------------------
 
 
-def test_same_idempotency_key_twice_runs_once_under_a_plain_rq_worker(
+def test_same_idempotency_key_from_two_journals_runs_once_under_a_plain_rq_worker(
     redis_server: RedisServer,
     stack: Stack,
     journal_dir: Path,
@@ -446,29 +448,81 @@ def test_same_idempotency_key_twice_runs_once_under_a_plain_rq_worker(
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
 ) -> None:
+    """Two producers' journals, two forwarders, one Redis: neither forwarder knows the other's
+    keys (each pushes its job), so the worker's claim is what runs the key once."""
     effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
-    queue = Queue("default", journal_dir)
-    ids = [queue.enqueue("tests.tasks.traced", str(effects), "K", idempotency_key="K").id for _ in range(2)]
+    journals = [journal_dir, tmp_path / "journal-b"]
+    forwarders = [stack.forwarder(redis_server.url, journal=j) for j in journals]
+    ids = [
+        Queue("default", j).enqueue("tests.tasks.traced", str(effects), "K", idempotency_key="K").id
+        for j in journals
+    ]
     assert ids[0] != ids[1]
     wait_until(lambda: queue_length(redis_server) == 2, what="both jobs in Redis")
 
     worker = stack.rq_worker(redis_server.url, "--burst")
     assert worker.proc.wait(timeout=120) == 0, worker.log()
-    status = wait_status(
-        journal_dir, subprocess_env, all_succeeded(2), what="both jobs to succeed", alive=alive(forwarder)
-    )
+    statuses = [
+        wait_status(j, subprocess_env, all_succeeded(1), what="the job to succeed", alive=alive(*forwarders))
+        for j in journals
+    ]
     assert [x.attempt for x in lines_of(effects, "start", "K")] == [1], "the task ran more than once"
     assert len(lines_of(effects, "done", "K")) == 1
-    assert status["failed"] == 0
-    assert status["duplicates_suppressed"] >= 1
+    assert sum(s["failed"] for s in statuses) == 0
+    suppressed = sum(s["duplicates_suppressed"] for s in statuses)
+    assert suppressed >= 1
     for job_id in ids:  # the suppressed duplicate returns the stored result, like the run did
         job = rq_job(redis_server, job_id)
         assert job.get_status(refresh=False) == "finished"
         assert job.return_value() == "K"
     figures(
-        f"IDEM same-key-twice jobs=2 executions=1 succeeded={status['succeeded']} "
-        f"duplicates_suppressed={status['duplicates_suppressed']}"
+        f"IDEM same-key-twice journals=2 jobs=2 executions=1 "
+        f"succeeded={sum(s['succeeded'] for s in statuses)} duplicates_suppressed={suppressed}"
+    )
+
+
+def test_a_finished_key_enqueued_again_after_flushall_is_not_pushed_and_does_not_run(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    """Enqueue-if-absent (docs/enqueue.md): the forwarder's ledger, not Redis, knows the key."""
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = stack.worker(redis_server.url)
+    queue = Queue("default", journal_dir)
+    first = queue.enqueue("tests.tasks.traced", str(effects), "A", idempotency_key="upload:a")
+    pending = queue.enqueue("tests.tasks.traced", str(effects), "A", idempotency_key="upload:a")
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(2),
+        what="the job and its duplicate to succeed",
+        alive=alive(forwarder, worker),
+    )
+    redis_server.flushall()  # the stored outcome under the key is gone with everything else
+    again = queue.enqueue("tests.tasks.traced", str(effects), "A", idempotency_key="upload:a")
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(3),
+        what="the enqueue after FLUSHALL to finish",
+        alive=alive(forwarder, worker),
+    )
+    time.sleep(1.0)  # a run, had there been one, has time to write its effects line
+    executions = len(lines_of(effects, "start", "A"))
+    assert executions == 1, read_effects(effects)
+    assert (pending.duplicate_of, again.duplicate_of) == (first.id, first.id)
+    assert again.get_status() == "finished"
+    with redis_client(redis_server) as client:
+        assert not client.exists(f"rq:job:{again.id}"), "the duplicate was pushed"
+    assert status["duplicates_suppressed"] == 2
+    figures(
+        f"IDEM finished-key-after-flushall jobs=3 executions={executions} pushed=1 "
+        f"succeeded={status['succeeded']} duplicates_suppressed={status['duplicates_suppressed']}"
     )
 
 
@@ -480,27 +534,30 @@ def test_concurrent_deliveries_of_one_key_run_it_once(
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
 ) -> None:
+    """One key from two journals (one journal pushes it once): both deliveries in workers at once."""
     effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(redis_server.url)
+    journals = [journal_dir, tmp_path / "journal-b"]
+    forwarders = [stack.forwarder(redis_server.url, journal=j) for j in journals]
     workers = [stack.worker(redis_server.url, simple=True), stack.rq_worker(redis_server.url)]
     for worker in workers:  # both wait for work (else one would run both jobs, one after the other)
         wait_until(functools.partial(listening, worker), what=f"worker {worker.pid} to listen")
-    queue = Queue("default", journal_dir)
-    envs = [
-        queue.prepare("tests.tasks.traced", (str(effects), "C", 1.0), idempotency_key="C") for _ in range(2)
+    queues = [Queue("default", j) for j in journals]
+    ids = [q.enqueue("tests.tasks.traced", str(effects), "C", 1.0, idempotency_key="C").id for q in queues]
+    statuses = [
+        wait_status(
+            j,
+            subprocess_env,
+            all_succeeded(1),
+            what="the job to succeed",
+            alive=alive(*forwarders, *workers),
+        )
+        for j in journals
     ]
-    ids = [job.id for job in queue.enqueue_many(envs)]  # one record batch: pushed together
-    status = wait_status(
-        journal_dir,
-        subprocess_env,
-        all_succeeded(2),
-        what="both jobs to succeed",
-        alive=alive(forwarder, *workers),
-    )
     executions = len(lines_of(effects, "start", "C"))
     assert executions == 1, read_effects(effects)
     assert len(lines_of(effects, "done", "C")) == 1
-    assert status["duplicates_suppressed"] >= 1
+    suppressed = sum(s["duplicates_suppressed"] for s in statuses)
+    assert suppressed >= 1
     jobs = [rq_job(redis_server, job_id) for job_id in ids]
     # Both deliveries were in workers at the same time (else this test proves nothing).
     assert jobs[0].worker_name != jobs[1].worker_name
@@ -511,8 +568,8 @@ def test_concurrent_deliveries_of_one_key_run_it_once(
     overlap = min(e for e in ended if e) - max(s for s in started if s)
     assert overlap.total_seconds() > 0, "the two deliveries did not overlap in time"
     figures(
-        f"IDEM concurrent-same-key workers=2 jobs=2 executions={executions} "
-        f"overlap_s={overlap.total_seconds():.2f} duplicates_suppressed={status['duplicates_suppressed']}"
+        f"IDEM concurrent-same-key workers=2 journals=2 jobs=2 executions={executions} "
+        f"overlap_s={overlap.total_seconds():.2f} duplicates_suppressed={suppressed}"
     )
 
 
@@ -571,7 +628,10 @@ def test_a_job_out_of_attempts_is_listed_and_requeued(
     worker = stack.worker(redis_server.url, simple=True)
     queue = Queue("default", journal_dir)
     retry = Retry(max_attempts=2, backoff_s=0.5, jitter=False)
-    job = queue.enqueue("tests.tasks.fail_unless", str(effects), "F", str(switch), retry=retry)
+    # Keyed: the forwarder knows the key as finished (failed), and the requeue must run it all the same.
+    job = queue.enqueue(
+        "tests.tasks.fail_unless", str(effects), "F", str(switch), retry=retry, idempotency_key="report:F"
+    )
 
     def hybridq(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

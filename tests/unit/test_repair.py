@@ -393,8 +393,9 @@ def test_refuses_while_a_forwarder_holds_the_lock(tmp_path: Path) -> None:
     assert repair(tmp_path, accept_loss=True).applied
 
 
-def test_refuses_a_ledger_while_its_journals_forwarder_holds_the_lock(tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger"
+@pytest.mark.parametrize("name", ["ledger", "keys"])
+def test_refuses_a_ledger_while_its_journals_forwarder_holds_the_lock(tmp_path: Path, name: str) -> None:
+    ledger = tmp_path / name  # the ledger, or the key store
     chain = write_chain(ledger)
     flip(chain.segment(ledger, 1), 300)
     fd = os.open(tmp_path / FORWARDER_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
