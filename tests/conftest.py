@@ -18,8 +18,9 @@ import pytest
 # `tests`. Set here, so every worker the tests start, in-process or as a child, inherits it.
 os.environ.setdefault("HYBRIDQ_ALLOW", "tests")
 
-# Private redis-server fixtures (`redis_server`, `make_redis_server`) for every test module.
-pytest_plugins = ["tests.support.redis"]
+# Private redis-server fixtures (`redis_server`, `make_redis_server`) for every test module, and
+# a private PostgreSQL (`postgres_server`, `pg_dsn`, `make_postgres_server`) for the outbox's.
+pytest_plugins = ["tests.support.redis", "tests.support.postgres"]
 
 _FIGURES: list[str] = []
 

@@ -6,13 +6,16 @@ builds its envelope (job id and idempotency key fixed now), and INSERTs it as on
 job; committed, the job is accepted. The relay (:mod:`hybridq.outbox.relay`, ``hybridq relay``)
 moves committed rows into the journal. ``docs/outbox.md`` says what is guaranteed.
 
-This version supports ``sqlite3`` connections only (PostgreSQL and SQLAlchemy come later).
-This module must not import redis or rq.
+``conn`` is a ``sqlite3`` connection, a psycopg 3 connection, or a SQLAlchemy ``Connection`` or
+``Session`` (over SQLite or PostgreSQL). psycopg and SQLAlchemy are never imported here: an
+object is recognised as theirs only when their modules are already loaded (they must be, for
+the application to hold one). This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,14 +24,17 @@ from hybridq.envelope import Envelope, validate_queue_name
 from hybridq.errors import RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
-from hybridq.outbox.schema import DEFAULT_TABLE, create_table, ddl, validate_table
+from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, validate_table
 from hybridq.producer import Queue, split_call
 from hybridq.signing import keyring
 
 __all__ = ["DEFAULT_DONE_TABLE", "DEFAULT_TABLE", "Outbox"]
 
-#: The connection types ``Outbox.enqueue`` accepts in this version (said when it refuses one).
-SUPPORTED_CONNECTIONS = "sqlite3.Connection"
+#: The connection types ``Outbox.enqueue`` accepts (said when it refuses one).
+SUPPORTED_CONNECTIONS = (
+    "a sqlite3.Connection, a psycopg.Connection (psycopg 3), or a SQLAlchemy Connection or Session"
+)
+_COLUMNS = "(job_id, idempotency_key, queue, envelope, created_at)"
 
 
 class _Validator(Queue):
@@ -55,10 +61,10 @@ class Outbox:
 
     def __init__(self, table: str = DEFAULT_TABLE) -> None:
         self.table = validate_table(table)
-        self._insert = (
-            f"INSERT INTO {self.table} (job_id, idempotency_key, queue, envelope, created_at) "  # noqa: S608 - validated identifier
-            "VALUES (?, ?, ?, ?, ?)"
-        )
+        # The same INSERT in each driver's parameter style (the table name is a validated identifier).
+        self._insert = f"INSERT INTO {self.table} {_COLUMNS} VALUES (?, ?, ?, ?, ?)"  # noqa: S608
+        self._insert_pg = f"INSERT INTO {self.table} {_COLUMNS} VALUES (%s, %s, %s, %s, %s)"  # noqa: S608
+        self._insert_sa: Any = None  # a sqlalchemy TextClause, made on first use
         self._validators: dict[str, _Validator] = {}
 
     def __repr__(self) -> str:
@@ -81,27 +87,56 @@ class Outbox:
         before anything is written. The row commits or rolls back with the caller's transaction.
 
         Raises:
-            TypeError: ``conn`` is not a connection type this version supports.
+            TypeError: ``conn`` is none of the connection types supported (``SUPPORTED_CONNECTIONS``).
         """
-        if not isinstance(conn, sqlite3.Connection):
-            raise TypeError(
-                f"Outbox.enqueue supports {SUPPORTED_CONNECTIONS} only in this version, not "
-                f"{type(conn).__module__}.{type(conn).__qualname__} (PostgreSQL and SQLAlchemy: not yet)"
-            )
+        kind = _kind(conn)  # TypeError before anything else
         env = self.prepare(f, args, kwargs, idempotency_key=idempotency_key, queue=queue)
         payload = env.to_bytes()
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
+        row = (env.id, env.idempotency_key, env.queue, payload, time.time())
+        if kind == "sqlite3":
+            self._insert_sqlite(conn, row)
+        elif kind == "psycopg":
+            try:
+                conn.execute(self._insert_pg, row)
+            except sys.modules["psycopg"].errors.UndefinedTable as exc:
+                exc.add_note(self._missing_table_hint("postgresql://..."))
+                raise
+        else:
+            self._insert_sqlalchemy(conn, row)
+        return env.id
+
+    def _insert_sqlite(self, conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
         try:
-            conn.execute(self._insert, (env.id, env.idempotency_key, env.queue, payload, time.time()))
+            conn.execute(self._insert, row)
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
-            raise sqlite3.OperationalError(
-                f"{exc}: create it with `hybridq outbox init --dsn sqlite:///PATH --table {self.table}` "
-                "or Outbox.create_table(conn)"
-            ) from exc
-        return env.id
+            raise sqlite3.OperationalError(f"{exc}: {self._missing_table_hint('sqlite:///PATH')}") from exc
+
+    def _insert_sqlalchemy(self, conn: Any, row: tuple[Any, ...]) -> None:
+        """Through SQLAlchemy: its Connection or Session runs it in the transaction it has open."""
+        if self._insert_sa is None:
+            from sqlalchemy import text  # noqa: PLC0415 - loaded already: conn is one of its objects
+
+            names = ("job_id", "idempotency_key", "queue", "envelope", "created_at")
+            values = ", ".join(f":{name}" for name in names)
+            self._insert_sa = text(f"INSERT INTO {self.table} {_COLUMNS} VALUES ({values})")  # noqa: S608
+        job_id, key, queue, payload, created_at = row
+        params = {"job_id": job_id, "idempotency_key": key, "queue": queue, "envelope": payload}
+        try:
+            conn.execute(self._insert_sa, {**params, "created_at": created_at})
+        except sys.modules["sqlalchemy.exc"].DBAPIError as exc:
+            if "no such table" in str(exc) or "does not exist" in str(exc):
+                exc.add_note(self._missing_table_hint("DSN"))
+            raise
+
+    def _missing_table_hint(self, dsn: str) -> str:
+        return (
+            f"create it with `hybridq outbox init --dsn {dsn} --table {self.table}` "
+            "or Outbox.create_table(conn)"
+        )
 
     def prepare(
         self,
@@ -125,13 +160,13 @@ class Outbox:
         ring = keyring()  # as Queue.enqueue_many: the application is the producer, it signs
         return ring.sign(env) if ring is not None else env
 
-    def create_table(self, conn: sqlite3.Connection) -> bool:
-        """Create this outbox's table on ``conn`` if missing (as ``hybridq outbox init``)."""
+    def create_table(self, conn: Any) -> bool:
+        """Create this outbox's table on a sqlite3 or psycopg ``conn`` if missing (as ``outbox init``)."""
         return create_table(conn, self.table)
 
-    def ddl(self) -> str:
-        """The SQL that creates this outbox's table, for migrations you manage yourself."""
-        return ddl(self.table)
+    def ddl(self, dialect: Dialect = "sqlite") -> str:
+        """The SQL that creates this outbox's table (``sqlite`` or ``postgresql``), for your migrations."""
+        return ddl(self.table, dialect=dialect)
 
     def once(self, conn: Any, key: str | None = None, *, table: str = DEFAULT_DONE_TABLE) -> Once:
         """``with outbox.once(conn) as first: if first: <effect on conn>``: an effect once per key.
@@ -141,3 +176,21 @@ class Outbox:
         skipped. See :class:`hybridq.outbox.once.Once` and ``docs/outbox.md``.
         """
         return Once(conn, key, table=table)
+
+
+def _kind(conn: Any) -> str:
+    """``sqlite3``, ``psycopg`` or ``sqlalchemy``: which driver ``conn`` belongs to; TypeError if none."""
+    if isinstance(conn, sqlite3.Connection):
+        return "sqlite3"
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(conn, psycopg.Connection):
+        return "psycopg"
+    engine, orm = sys.modules.get("sqlalchemy.engine"), sys.modules.get("sqlalchemy.orm")
+    if (engine is not None and isinstance(conn, engine.Connection)) or (
+        orm is not None and isinstance(conn, orm.Session)
+    ):
+        return "sqlalchemy"
+    raise TypeError(
+        f"Outbox.enqueue supports {SUPPORTED_CONNECTIONS}, not "
+        f"{type(conn).__module__}.{type(conn).__qualname__}"
+    )

@@ -19,7 +19,7 @@ import threading
 import time
 
 from hybridq.outbox.backlog import Backlog, read_backlog
-from hybridq.outbox.relay import DEFAULT_POLL_S, PROGRESS_EVERY_S, Relay
+from hybridq.outbox.relay import PROGRESS_EVERY_S, Relay
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url
 
@@ -35,10 +35,11 @@ class BackgroundRelay:
     """A relay run by a supervising thread: failures are logged once and retried with backoff.
 
     Args:
-        dsn: the outbox database (``sqlite:///path``).
+        dsn: the outbox database (``sqlite:///path`` or ``postgresql://...``).
         journal: the journal directory the relay appends to (the forwarder's).
         table: the outbox table.
-        poll_s: seconds between two looks at an empty outbox.
+        poll_s: seconds between two looks at an empty outbox (default: the relay's, 0.05 on
+            SQLite; on PostgreSQL a NOTIFY wakes it and this is a 2 s fallback).
         backoff_s: the first and the longest wait before a failed relay is opened again.
     """
 
@@ -48,7 +49,7 @@ class BackgroundRelay:
         journal: str,
         *,
         table: str = DEFAULT_TABLE,
-        poll_s: float = DEFAULT_POLL_S,
+        poll_s: float | None = None,
         backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
     ) -> None:
         self.dsn = dsn
@@ -154,7 +155,7 @@ class BackgroundRelay:
                 window_start, window_rows = now, 0
             elif not window_rows:
                 window_start = now
-            self._stop.wait(self.poll_s)
+            relay.wait()  # poll_s, or less: a NOTIFY (PostgreSQL) or stop() wakes it
 
     def _failed(self, exc: Exception) -> None:
         """Log the first failure of a run of them (the rest at DEBUG), close the relay."""

@@ -10,41 +10,56 @@ application inserted the row, so a relay killed anywhere in between never makes 
   a marked row is appended again only if the journal does not already hold a record with its
   job id (the journal is read once for the marked rows, which only a crash leaves behind).
 
-One relay per SQLite outbox: a lock file beside the database (``<db>.relay.lock``) refuses a
-second one. ``docs/outbox.md`` describes the whole.
+The database side is a store: :class:`hybridq.outbox.store.SqliteStore` (one relay per SQLite outbox: a lock
+file beside the database, ``<db>.relay.lock``, refuses a second one) or
+:class:`hybridq.outbox.pg.PgStore` (several relays, ``FOR UPDATE SKIP LOCKED``, woken by
+``LISTEN/NOTIFY``, reconnecting when PostgreSQL goes away). ``docs/outbox.md`` describes the whole.
 
 This module must not import redis, rq or click.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable
 
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalLocked
+from hybridq.errors import EnvelopeError
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger import consistent
 from hybridq.nudge import address, nudge
-from hybridq.outbox.schema import DEFAULT_TABLE, connect, sqlite_path, table_exists, validate_table
+from hybridq.outbox.schema import (
+    DEFAULT_TABLE,
+    PSYCOPG_MISSING,
+    is_postgres,
+    validate_table,
+)
+from hybridq.outbox.store import DEFAULT_PG_POLL_S, DEFAULT_POLL_S, Row, SqliteStore, Store
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_POLL_S", "PROGRESS_EVERY_S", "Relay"]
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_PG_POLL_S",
+    "DEFAULT_POLL_S",
+    "PROGRESS_EVERY_S",
+    "Relay",
+    "Row",
+    "SqliteStore",
+    "Store",
+]
 
 log = logging.getLogger("hybridq.relay")
 
 DEFAULT_BATCH = 500
-#: Seconds an idle relay sleeps before looking at the SQLite outbox again.
-DEFAULT_POLL_S = 0.05
 #: Seconds between two progress lines while rows are being relayed.
 PROGRESS_EVERY_S = 5.0
+#: Longest wait between two attempts at reconnecting to a database that went away.
+MAX_BACKOFF_S = 5.0
 
 #: The job id near the start of an envelope's bytes: ``Envelope.to_bytes`` writes it first, a
 #: signed envelope after its ``not_after``. Anything else is decoded in full.
@@ -52,14 +67,16 @@ _ID_PREFIX = re.compile(rb'\A\{(?:"not_after":[0-9.eE+-]+,)?"v":\d+,"id":"([A-Za
 
 
 class Relay:
-    """Moves an SQLite outbox's committed rows into a journal.
+    """Moves an outbox's committed rows (SQLite or PostgreSQL) into a journal.
 
     Args:
-        dsn: ``sqlite:///path`` of the application's database.
+        dsn: ``sqlite:///path`` or ``postgresql://...`` of the application's database.
         journal: the journal directory (created if missing).
         table: the outbox table.
         batch_size: most rows per journal append (one fsync) and per delete.
-        poll_s: seconds :meth:`run` sleeps when the outbox is empty.
+        poll_s: seconds :meth:`run` waits when the outbox is empty before looking again
+            (default: 0.05 on SQLite; on PostgreSQL a ``NOTIFY`` wakes it, this is the fallback,
+            2 s by default).
     """
 
     def __init__(
@@ -69,66 +86,69 @@ class Relay:
         *,
         table: str = DEFAULT_TABLE,
         batch_size: int = DEFAULT_BATCH,
-        poll_s: float = DEFAULT_POLL_S,
+        poll_s: float | None = None,
     ) -> None:
-        self.path = sqlite_path(dsn)  # ValueError for a bad DSN, before anything is opened
         self.table = validate_table(table)
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if is_postgres(dsn):
+            try:
+                from hybridq.outbox.pg import PgStore  # noqa: PLC0415 - psycopg only for PostgreSQL
+            except ImportError:
+                raise ValueError(PSYCOPG_MISSING) from None
+            self.store: Store = PgStore(dsn, self.table)
+        else:
+            self.store = SqliteStore(dsn, self.table)  # ValueError for a bad DSN, before anything opens
+        if poll_s is not None:
+            self.store.poll_s = poll_s
+        self.path = self.store.where
         self.dsn = dsn
         self.journal = journal
         self.batch_size = batch_size
-        self.poll_s = poll_s
         #: Rows moved into the journal (appended, or found there already) and deleted.
         self.relayed = 0
         #: Rows a crashed relay had appended already: deleted without a second record.
         self.skipped_present = 0
+        #: Times the database went away and the relay reconnected.
+        self.reconnects = 0
         self._stop = threading.Event()
-        self._conn: sqlite3.Connection | None = None
         self._writer: JournalWriter | None = None
-        self._lock_fd: int | None = None
+
+    @property
+    def poll_s(self) -> float:
+        """Seconds an idle relay waits before looking again (unless woken)."""
+        return self.store.poll_s
+
+    @poll_s.setter
+    def poll_s(self, value: float) -> None:
+        self.store.poll_s = value
 
     def open(self) -> None:
-        """Open the database (it and the table must exist), take the lock, open the journal."""
-        conn = connect(self.dsn)
-        if not table_exists(conn, self.table):
-            conn.close()
-            raise FileNotFoundError(
-                f"no table {self.table!r} in {self.path!r} (hybridq outbox init creates it)"
-            )
+        """Open the database (it and the table must exist), take the relay's place, open the journal."""
         try:
-            self._lock_fd = _lock(self.path + ".relay.lock")
+            self.store.open(os.path.abspath(self.journal))  # first: refused, no journal is made
             self.journal = ensure_journal_dir(self.journal)
             self._writer = JournalWriter(self.journal, durability=Durability.FSYNC)
         except BaseException:
-            conn.close()
-            self._release()
+            self.store.close()
             raise
-        self._conn = conn
-        table = self.table
-        self._select = f"SELECT id, job_id, envelope, relaying FROM {table} ORDER BY id LIMIT ?"  # noqa: S608
-        self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
-        self._delete = f"DELETE FROM {table} WHERE id = ?"  # noqa: S608
         self._nudge_name = address(self.journal)
 
     def close(self) -> None:
-        """Seal the journal segment, close the database and release the lock. Idempotent."""
+        """Seal the journal segment, close the database and release the relay's place. Idempotent."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self._release()
+        self.store.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the batch in flight (safe from a signal handler)."""
         self._stop.set()
+        self.store.wake()
 
     def backlog(self) -> int:
         """Rows in the outbox now (committed, not yet relayed)."""
-        assert self._conn is not None, "open() first"
-        return int(self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])  # noqa: S608
+        return self.store.backlog()
 
     def run_once(self) -> int:
         """Relay until the outbox is empty (or :meth:`stop`); return the rows relayed."""
@@ -141,46 +161,71 @@ class Relay:
         return total
 
     def run(self) -> None:
-        """Relay until :meth:`stop`, polling the outbox every ``poll_s`` when it is empty."""
+        """Relay until :meth:`stop`; wait ``poll_s`` (or for a NOTIFY) when the outbox is empty.
+
+        A database that goes away (``ConnectionError``: PostgreSQL restarted) is logged in one
+        line and reconnected to with backoff; the batch in flight is finished by the next one.
+        """
         log.info("relaying %s table %s -> journal %s", self.path, self.table, self.journal)
         window_start, window_rows = time.monotonic(), 0
         while not self._stop.is_set():
-            moved = self.step()
-            window_rows += moved
-            now = time.monotonic()
-            if window_rows and now - window_start >= PROGRESS_EVERY_S:
-                log.info(
-                    "relayed %d jobs in the last %.1f s; backlog %d",
-                    window_rows,
-                    now - window_start,
-                    self.backlog(),
-                )
-                window_start, window_rows = now, 0
-            elif not window_rows:
-                window_start = now
-            if moved < self.batch_size:
-                self._stop.wait(self.poll_s)
+            try:
+                moved = self.step()
+                window_rows += moved
+                now = time.monotonic()
+                if window_rows and now - window_start >= PROGRESS_EVERY_S:
+                    log.info(
+                        "relayed %d jobs in the last %.1f s; backlog %d",
+                        window_rows,
+                        now - window_start,
+                        self.backlog(),
+                    )
+                    window_start, window_rows = now, 0
+                elif not window_rows:
+                    window_start = now
+                if moved < self.batch_size and not self._stop.is_set():
+                    self.wait()
+            except ConnectionError as exc:
+                self._reconnect(exc)
         log.info("stopped; relayed %d jobs", self.relayed)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait ``timeout`` (default ``poll_s``) seconds, less if rows come (NOTIFY) or :meth:`stop`.
+
+        Then the store's upkeep (PostgreSQL: take over the rows of relays that are gone).
+        """
+        self.store.wait(self.poll_s if timeout is None else timeout)
+        self.store.housekeeping()
+
+    def _reconnect(self, exc: ConnectionError) -> None:
+        """Connect again, backing off up to MAX_BACKOFF_S, until connected or stopped."""
+        log.warning("lost the outbox database (%s); reconnecting", exc)
+        started, delay = time.monotonic(), 0.05
+        while not self._stop.wait(delay):
+            try:
+                self.store.reconnect()
+            except ConnectionError:
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
+            self.reconnects += 1
+            log.info("reconnected to the outbox after %.1f s", time.monotonic() - started)
+            return
 
     def step(self) -> int:
         """Relay one batch of the oldest rows; return how many rows it moved (0: empty)."""
-        conn, writer = self._conn, self._writer
-        assert conn is not None, "open() first"
-        assert writer is not None
-        rows: list[tuple[int, str, bytes, int]] = conn.execute(self._select, (self.batch_size,)).fetchall()
+        writer = self._writer
+        assert writer is not None, "open() first"
+        rows = self.store.claim(self.batch_size)
         if not rows:
             return 0
-        present = self._already_appended([job for _, job, _, relaying in rows if relaying])
-        fresh = [(row_id,) for row_id, _, _, relaying in rows if not relaying]
-        if fresh:
-            _in_transaction(conn, self._mark, fresh)
-        payloads = [bytes(env) for _, job, env, _ in rows if job not in present]
+        present = self._already_appended([job for _, job, _, marked in rows if marked])
+        payloads = [env for _, job, env, _ in rows if job not in present]
         if payloads:
             writer.append_many(payloads)
             nudge(self.journal, name=self._nudge_name)
         # A relay killed here has appended the batch but not deleted it (the crash tests).
         crashpoints.reached("relay_after_append")
-        _in_transaction(conn, self._delete, [(row_id,) for row_id, _, _, _ in rows])
+        self.store.delete([row_id for row_id, _, _, _ in rows])
         self.relayed += len(rows)
         self.skipped_present += len(rows) - len(payloads)
         return len(rows)
@@ -200,11 +245,6 @@ class Relay:
         )
         return found
 
-    def _release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
 
 def _journal_job_ids(journal: str) -> Iterable[str]:
     """The job id of every job record in the journal (a full read: used only after a crash)."""
@@ -219,25 +259,3 @@ def _journal_job_ids(journal: str) -> Iterable[str]:
             yield Envelope.from_bytes(record.payload).id
         except EnvelopeError:
             continue  # not a job: the forwarder skips it loudly
-
-
-def _in_transaction(conn: sqlite3.Connection, sql: str, params: list[tuple[int]]) -> None:
-    """Run ``sql`` for every parameter tuple in one write transaction, committed."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.executemany(sql, params)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _lock(path: str) -> int:
-    """Hold an exclusive lock on ``path`` (created if missing); JournalLocked if another holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise JournalLocked(path, "another relay (one relay per outbox)") from None
-    return fd

@@ -163,8 +163,13 @@ def test_options_and_the_explicit_args_form_are_those_of_queue_enqueue(db: Path,
 
 
 def test_an_unsupported_connection_is_a_type_error_that_names_what_is_supported() -> None:
-    with pytest.raises(TypeError, match=r"supports sqlite3\.Connection only .*not builtins\.object"):
+    supported = r"supports a sqlite3\.Connection, a psycopg\.Connection \(psycopg 3\), or a SQLAlchemy Connection or Session"
+    with pytest.raises(TypeError, match=rf"{supported}, not builtins\.object\Z"):
         Outbox().enqueue(object(), TASK, 1)
+    cursor = sqlite3.connect(":memory:").cursor()
+    with pytest.raises(TypeError, match=r"not sqlite3\.Cursor\Z"):
+        Outbox().enqueue(cursor, TASK, 1)
+    cursor.connection.close()
 
 
 def test_a_table_name_must_be_an_identifier() -> None:

@@ -34,7 +34,8 @@ def test_outbox_init_creates_the_table_once_and_prints_its_sql(tmp_path: Path) -
 @pytest.mark.parametrize(
     "args",
     [
-        ["outbox", "init", "--dsn", "postgresql://u:pw@h/db"],
+        ["outbox", "init", "--dsn", "mysql://u:pw@h/db"],
+        ["outbox", "init", "--print-sql", "--dsn", "mysql://u:pw@h/db"],
         ["outbox", "init", "--dsn", "app.db"],
         ["outbox", "init", "--dsn", "sqlite:///missing-dir/app.db"],
         ["outbox", "init"],

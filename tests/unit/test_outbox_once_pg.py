@@ -1,14 +1,12 @@
 """``outbox.once`` on PostgreSQL through psycopg 3 (docs/outbox.md, "Exactly-once effects: once()").
 
-Needs psycopg and a server: ``HYBRIDQ_TEST_POSTGRES_DSN`` (a libpq DSN of a throwaway database);
-skipped without them. The ``pg_dsn`` fixture is the one place to point at the suite's own
-PostgreSQL server.
+Runs against the suite's own PostgreSQL server (``pg_dsn``: a fresh database per test,
+tests/support/postgres.py); skipped only when no server can be started.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +20,6 @@ psycopg = pytest.importorskip("psycopg")
 
 outbox = Outbox()
 TABLE = "hybridq_done_test"
-
-
-@pytest.fixture
-def pg_dsn() -> str:
-    dsn = os.environ.get("HYBRIDQ_TEST_POSTGRES_DSN")
-    if not dsn:
-        pytest.skip("HYBRIDQ_TEST_POSTGRES_DSN is not set")
-    return dsn
 
 
 @pytest.fixture
