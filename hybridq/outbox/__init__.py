@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridq.envelope import Envelope, validate_queue_name
+from hybridq.envelope import Envelope, new_job_id, validate_queue_name
 from hybridq.errors import RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
@@ -28,13 +28,17 @@ from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, val
 from hybridq.producer import Queue, split_call
 from hybridq.signing import keyring
 
-__all__ = ["DEFAULT_DONE_TABLE", "DEFAULT_TABLE", "Outbox"]
+__all__ = ["DEFAULT_DONE_TABLE", "DEFAULT_KEY_PREFIX", "DEFAULT_TABLE", "Outbox"]
 
 #: The connection types ``Outbox.enqueue`` accepts (said when it refuses one).
 SUPPORTED_CONNECTIONS = (
     "a sqlite3.Connection, a psycopg.Connection (psycopg 3), or a SQLAlchemy Connection or Session"
 )
 _COLUMNS = "(job_id, idempotency_key, queue, envelope, created_at)"
+
+
+#: The idempotency key of an outbox job enqueued without one: this prefix and its job id.
+DEFAULT_KEY_PREFIX = "outbox:"
 
 
 class _Validator(Queue):
@@ -156,6 +160,15 @@ class Outbox:
         call_kwargs: dict[str, Any] | None = None
         if kwargs:
             args, call_kwargs, options = split_call(args, kwargs)
+        if idempotency_key is None:
+            # An explicit key, so that the forwarder remembers it (enqueue-if-absent) past the
+            # compaction of the job's record: a row that a relay appends again after a crash or
+            # a failed delete is then never a second job (docs/outbox.md, "What it guarantees").
+            job_id = options.get("job_id")
+            if job_id is None:
+                job_id = options["job_id"] = new_job_id()
+            if isinstance(job_id, str):  # anything else: refused by prepare below
+                idempotency_key = f"{DEFAULT_KEY_PREFIX}{job_id}"
         env = validator.prepare(f, args, call_kwargs, idempotency_key=idempotency_key, **options)
         ring = keyring()  # as Queue.enqueue_many: the application is the producer, it signs
         return ring.sign(env) if ring is not None else env
