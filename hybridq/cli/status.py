@@ -94,10 +94,10 @@ def status(
 
 def _check_outbox(ctx: click.Context, dsn: str, table: str) -> None:
     """A bad DSN, a missing database or table: one line, exit 2 (before anything is read)."""
-    from hybridq.outbox.backlog import check_outbox  # noqa: PLC0415
+    from hybridq.outbox.backlog import READ_TIMEOUT_S, check_outbox  # noqa: PLC0415
 
     try:
-        check_outbox(dsn, table)
+        check_outbox(dsn, table, timeout_s=READ_TIMEOUT_S)  # a locked database: said in 2 s, not 30
     except (ValueError, FileNotFoundError) as exc:
         _bad_usage(ctx, str(exc))
     except Exception as exc:  # the database driver's own error: not a database, locked, ...

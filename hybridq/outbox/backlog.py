@@ -60,6 +60,11 @@ def query_backlog(conn: Any, table: str) -> Backlog:
     return Backlog(int(count or 0), None if oldest is None else float(oldest))
 
 
+#: Seconds a backlog read waits for a lock (a migration, a VACUUM) before it gives up: a metrics
+#: scrape must answer within Prometheus's timeout (10 s by default), with the other metrics.
+READ_TIMEOUT_S = 2.0
+
+
 def read_backlog(dsn: str, table: str) -> Backlog:
     """Open the database ``dsn`` names, read the backlog of ``table``, close it.
 
@@ -67,21 +72,21 @@ def read_backlog(dsn: str, table: str) -> Backlog:
     read is a single statement), and nothing is shared with a relay working on it meanwhile.
     Raises ValueError (bad DSN), FileNotFoundError (no database), or the driver's error.
     """
-    conn = connect(dsn)
+    conn = connect(dsn, timeout_s=READ_TIMEOUT_S)
     try:
         return query_backlog(conn, table)
     finally:
         conn.close()
 
 
-def check_outbox(dsn: str, table: str) -> None:
+def check_outbox(dsn: str, table: str, *, timeout_s: float = 30.0) -> None:
     """Check that the database ``dsn`` names exists and has ``table``; change nothing.
 
     Raises ValueError (a bad DSN or table name) or FileNotFoundError (no database, no table),
     each with a one-line message.
     """
     validate_table(table)
-    conn = connect(dsn)
+    conn = connect(dsn, timeout_s=timeout_s)
     try:
         if not table_exists(conn, table):
             raise FileNotFoundError(

@@ -11,6 +11,7 @@ users need nothing beyond the standard library. This module must not import redi
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -147,17 +148,19 @@ def sqlite_path(dsn: str) -> str:
     return path
 
 
-def connect(dsn: str, *, create: bool = False) -> Any:
+def connect(dsn: str, *, create: bool = False, timeout_s: float = 30.0) -> Any:
     """Open the database a DSN names, in autocommit mode (the caller says BEGIN and COMMIT).
 
     Returns a DB-API connection: ``sqlite3.Connection``, or a ``psycopg.Connection`` for a
     PostgreSQL DSN. SQLite: without ``create`` the file must exist (a typo must not make an
     empty database); with it, its directory must. Raises ValueError for a bad DSN (or psycopg
     missing), FileNotFoundError for a missing SQLite file, ConnectionError when PostgreSQL
-    cannot be reached (one line, no password).
+    cannot be reached (one line, no password). ``timeout_s``: how long a statement waits for a
+    lock on SQLite (the busy timeout), and for the connection and each statement on PostgreSQL
+    when below the 10 s connect timeout (a monitoring read must not hang on a migration's lock).
     """
     if is_postgres(dsn):
-        return _connect_pg(dsn)
+        return _connect_pg(dsn, timeout_s)
     path = sqlite_path(dsn)
     if not create and not os.path.isfile(path):
         raise FileNotFoundError(f"outbox database {path!r} does not exist (hybridq outbox init creates it)")
@@ -165,18 +168,26 @@ def connect(dsn: str, *, create: bool = False) -> Any:
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"directory {parent!r} of the outbox database does not exist")
     # check_same_thread off: a relay may be opened in one thread and run in another (one at a time).
-    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 30000")
+    conn = sqlite3.connect(path, isolation_level=None, timeout=timeout_s, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
     return conn
 
 
-def _connect_pg(dsn: str) -> Any:
+def _connect_pg(dsn: str, timeout_s: float) -> Any:
     try:
         import psycopg  # noqa: PLC0415 - an optional dependency, loaded for PostgreSQL only
     except ImportError:
         raise ValueError(PSYCOPG_MISSING) from None
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        if timeout_s >= 10:
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        ms = max(1, int(timeout_s * 1000))
+        return psycopg.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(timeout_s)),
+            options=f"-c statement_timeout={ms}",
+        )
     except psycopg.ProgrammingError as exc:  # a DSN psycopg cannot parse
         raise ValueError(f"outbox DSN {redact(dsn)!r}: {_first_line(exc)}") from None
     except psycopg.OperationalError as exc:

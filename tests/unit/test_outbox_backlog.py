@@ -196,3 +196,29 @@ def wait_for(predicate: Any, timeout: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_backlog_read_gives_up_on_a_locked_database_within_a_scrape(tmp_path: Path) -> None:
+    """A migration's exclusive lock costs the backlog read 2 s, not a 30 s busy timeout.
+
+    The whole metrics scrape waited 30 s behind it (Prometheus gives up after 10 s by default:
+    every forwarder metric was lost; found in review).
+    """
+    from hybridq.outbox.backlog import READ_TIMEOUT_S, read_backlog
+    from hybridq.outbox.schema import connect, create_table
+
+    dsn = f"sqlite:///{tmp_path / 'app.db'}"
+    conn = connect(dsn, create=True)
+    create_table(conn)
+    conn.close()
+    app = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
+    app.execute("BEGIN EXCLUSIVE")
+    started = time.monotonic()
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            read_backlog(dsn, "hybridq_outbox")
+    finally:
+        app.execute("ROLLBACK")
+        app.close()
+    assert READ_TIMEOUT_S <= 2.0
+    assert time.monotonic() - started < 10.0  # the scrape's budget; it was 30 s

@@ -518,3 +518,17 @@ def test_status_shows_a_postgresql_outboxs_backlog_and_its_age(pg: str, journal_
     outbox = json.loads(result.output)["outbox"]
     assert outbox["rows"] == 3
     assert 90 <= outbox["oldest_age_s"] < 150
+
+
+def test_a_backlog_read_gives_up_on_a_locked_table_within_a_scrape(pg: str) -> None:
+    """A migration's ACCESS EXCLUSIVE lock costs the backlog read its 2 s statement timeout."""
+    from hybridq.outbox.backlog import read_backlog
+
+    with psycopg.connect(pg) as migration:
+        migration.execute("LOCK TABLE hybridq_outbox IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            read_backlog(pg, "hybridq_outbox")
+        assert time.monotonic() - started < 10.0  # the scrape's budget
+        migration.rollback()
+    assert read_backlog(pg, "hybridq_outbox").rows == 0
