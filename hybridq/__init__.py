@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from .errors import (
         EnvelopeError,
         HybridqError,
+        JobFailed,
+        JobWaitTimeout,
         JournalClosed,
         JournalCorruption,
         JournalError,
@@ -25,13 +27,14 @@ if TYPE_CHECKING:
         NotSerializable,
         QueueFull,
         RecordTooLarge,
+        ResultNotKept,
         RetryLater,
         RetryLaterExpired,
         StateFileCorrupt,
         TransportError,
     )
     from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
-    from .job import Job
+    from .job import Job, fetch_job
     from .journal import Durability
     from .producer import Queue
     from .signing import SignatureError, SigningKeyError
@@ -46,7 +49,9 @@ __all__ = [
     "FailedJob",
     "HybridqError",
     "Job",
+    "JobFailed",
     "JobNotFailed",
+    "JobWaitTimeout",
     "JournalClosed",
     "JournalCorruption",
     "JournalError",
@@ -57,6 +62,7 @@ __all__ = [
     "Queue",
     "QueueFull",
     "RecordTooLarge",
+    "ResultNotKept",
     "Retry",
     "RetryLater",
     "RetryLaterExpired",
@@ -68,6 +74,7 @@ __all__ = [
     "__version__",
     "current_job",
     "failed_jobs",
+    "fetch_job",
     "requeue",
     "task",
 ]
@@ -83,7 +90,9 @@ _LAZY = {
     "FailedJob": ".failures",
     "HybridqError": ".errors",
     "Job": ".job",
+    "JobFailed": ".errors",
     "JobNotFailed": ".failures",
+    "JobWaitTimeout": ".errors",
     "JournalClosed": ".errors",
     "JournalCorruption": ".errors",
     "JournalError": ".errors",
@@ -94,6 +103,7 @@ _LAZY = {
     "Queue": ".producer",
     "QueueFull": ".errors",
     "RecordTooLarge": ".errors",
+    "ResultNotKept": ".errors",
     "Retry": ".envelope",
     "RetryLater": ".errors",
     "RetryLaterExpired": ".errors",
@@ -104,6 +114,7 @@ _LAZY = {
     "TransportError": ".errors",
     "current_job": ".context",
     "failed_jobs": ".failures",
+    "fetch_job": ".job",
     "requeue": ".failures",
     "task": ".decorator",
 }

@@ -27,6 +27,9 @@
     ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
     ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.testing.embedded)
     ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.testing.embedded)
+    ├── JobFailed                   ``job.wait()`` on a job that failed for good, with ``exc_info`` (hybridq)
+    ├── JobWaitTimeout (TimeoutError)  ``job.wait(timeout)`` ran out of time (hybridq)
+    ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
     │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
     │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
@@ -60,7 +63,9 @@ __all__ = [
     "HeaderError",
     "HybridqError",
     "InvalidRedisURL",
+    "JobFailed",
     "JobNotFailed",
+    "JobWaitTimeout",
     "JournalClosed",
     "JournalCorruption",
     "JournalError",
@@ -74,6 +79,7 @@ __all__ = [
     "RedisRefused",
     "RedisServerFailed",
     "RedisServerNotFound",
+    "ResultNotKept",
     "RetryLater",
     "RetryLaterExpired",
     "SealError",
@@ -419,3 +425,46 @@ def _in_range(name: str, value: object, low: float, high: float, words: str) -> 
 
 class RetryLaterExpired(HybridqError):
     """A job still said :class:`RetryLater` at its deadline (or too many times): it failed for good."""
+
+
+class JobFailed(HybridqError):
+    """``job.wait()`` on a job that failed for good.
+
+    Attributes:
+        job_id: the job's id.
+        exc_info: the last line of the error its last run reported (``None`` if none was kept).
+    """
+
+    def __init__(self, job_id: str, exc_info: str | None) -> None:
+        self.job_id = job_id
+        self.exc_info = exc_info
+        super().__init__(f"job {job_id} failed" + (f": {exc_info}" if exc_info else ""))
+
+
+class JobWaitTimeout(HybridqError, TimeoutError):
+    """``job.wait(timeout)`` ran out of time before the job finished (it may still run)."""
+
+    def __init__(self, job_id: str, timeout: float, status: str) -> None:
+        self.job_id = job_id
+        self.timeout = timeout
+        self.status = status
+        super().__init__(f"job {job_id} still {status} after {timeout:g} s")
+
+
+class ResultNotKept(HybridqError):
+    """The job finished, but the ledger does not hold its result.
+
+    Attributes:
+        job_id: the job's id.
+        reason: ``too_large`` (its JSON was over the cap: ``size`` bytes), ``not_reported`` (the
+            worker that ran it, or the event that reported it, carried no result: an older
+            worker, or a success kept from another run of its key).
+        size: the size of the result's JSON in bytes, for ``too_large``.
+    """
+
+    def __init__(self, job_id: str, reason: str, size: int | None = None) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        self.size = size
+        why = f"its JSON is {size} bytes, over the cap" if reason == "too_large" else "no result was reported"
+        super().__init__(f"job {job_id} finished, but its result was not kept ({why})")

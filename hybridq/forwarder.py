@@ -36,6 +36,7 @@ from hybridq.journal import JournalReader, Record
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
+from hybridq.lookup import LookupIndex
 from hybridq.nudge import NudgeListener, nudge
 from hybridq.protocol import Overwrite
 from hybridq.push import ForwarderStats, Pusher, Stopped
@@ -53,6 +54,9 @@ log = logging.getLogger("hybridq.forwarder")
 LOCK_NAME = "forwarder.lock"
 #: How often the forwarder checks that Redis still has its epoch (seconds).
 EPOCH_CHECK_S = 1.0
+#: How often an idle forwarder brings the lookup index up to date (records appended by others:
+#: a requeue's ledger entries, jobs the forwarder has not read yet).
+LOOKUP_IDLE_S = 1.0
 #: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
@@ -100,6 +104,10 @@ class Forwarder:
         self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._watcher: EventWatcher | None = None
+        #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
+        self.lookup = LookupIndex(self.journal, self.clock)
+        self._lookup_due = True
+        self._next_lookup = 0.0
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -146,6 +154,7 @@ class Forwarder:
             with contextlib.suppress(TransportError):  # Redis down: the loop checks it later
                 self._check_epoch()  # before the first push, so the checkpoint it saves has the epoch
             self._reader.seek(self.checkpoint.positions)
+            self.lookup.open()
             try:
                 self._listener = NudgeListener(self.journal)
             except OSError as exc:
@@ -181,6 +190,7 @@ class Forwarder:
             self._watcher.stop()
             self._watcher = None
         self.state.close()
+        self.lookup.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -256,6 +266,11 @@ class Forwarder:
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
+        if done or self._lookup_due or time.monotonic() >= self._next_lookup:
+            # After the journal was read and the ledger written: every entry's job is indexed.
+            self.lookup.catch_up()
+            self._lookup_due = False
+            self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
         return done
 
     def _forward_new(self) -> int:
@@ -318,6 +333,7 @@ class Forwarder:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
             harvested = harvester.harvest()
+            self._lookup_due |= harvested > 0
             if self._watcher is not None:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now

@@ -8,16 +8,29 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import time
+from typing import Any
 
+from hybridq import lookup
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError
-from hybridq.journal import JournalReader, RecordId
-from hybridq.journal.reader import list_chains
+from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, ResultNotKept
+from hybridq.journal import JournalReader, Record, RecordId
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index, read_ledger
-from hybridq.state import load_checkpoint
+from hybridq.state import Checkpoint, load_checkpoint
 
-__all__ = ["Job", "call_fingerprint"]
+__all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
+
+#: What :attr:`Job.status` may say.
+STATUSES = ("queued", "scheduled", "forwarded", "retrying", "merged", "finished", "failed")
+#: :meth:`Job.get_status`'s words that :attr:`Job.status` says otherwise.
+_STATUS_OF = {"accepted": "queued"}
+#: :meth:`Job.wait`'s polls: the first after this long, then twice as long, up to the most.
+_POLL_FIRST_S, _POLL_MOST_S = 0.002, 0.1
 
 
 class Job:
@@ -91,8 +104,12 @@ class Job:
 
         Set for a job the forwarder did not push because a pending or finished job had the same
         explicit key (docs/enqueue.md, "Enqueue-if-absent"); ``None`` otherwise, and once the
-        ledger entries saying so were compacted away. It reads the ledger (no Redis).
+        ledger entries saying so were compacted away (and the lookup index forgot the job). It
+        reads the lookup index, else the ledger (no Redis).
         """
+        row = self._row()
+        if row is not None:  # the lookup index (it may lag the ledger by a forwarder step)
+            return row.dup_of
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
 
         def find(_: Compacted) -> str | None:
@@ -136,7 +153,206 @@ class Job:
     def __repr__(self) -> str:
         return f"<hybridq.Job {self.id} {self.envelope.func} queue={self.queue!r}>"
 
+    # -- looked up by id: the forwarder's lookup index (docs/api.md, "Looking a job up") --------
+
+    def _row(self) -> lookup.Row | None:
+        """The index's row for this very record (``None``: not indexed, or another record's)."""
+        row = lookup.find(self.journal, self.id)
+        if row is None or row.loc != (self.record.writer_id, self.record.segment, self.record.offset):
+            return None
+        return row
+
+    @property
+    def status(self) -> str:
+        """``queued``, ``scheduled``, ``forwarded``, ``retrying``, ``merged``, ``finished`` or ``failed``.
+
+        :meth:`get_status`'s answer (``accepted`` is ``queued``), read from the forwarder's lookup
+        index instead of the whole ledger: one primary-key read, plus the checkpoint for a job
+        with no outcome yet. It may lag the ledger by one forwarder step (docs/api.md).
+        """
+        row = self._row()
+        if row is None:
+            marks = lookup.journal_marks(self.journal)
+            mark = marks.get(self.record.writer_id) if marks is not None else None
+            if marks is None or (mark is not None and self.record.seq < mark.next_seq):
+                # No index (no forwarder ran since this version), or read by it yet not this
+                # id's row (merged, or forgotten long after compaction): the ledger says.
+                status = self.get_status()
+                return _STATUS_OF.get(status, status)
+            return self._pending_status(load_checkpoint(self.journal), self.id)
+        if row.state == "done":
+            return "finished" if row.outcome == "succeeded" else "failed"
+        if row.state == "retry":
+            return "retrying"
+        if lookup.segment_gone(self.journal, row.loc):
+            return "finished"  # only segments whose every job is terminal are compacted
+        checkpoint = load_checkpoint(self.journal)
+        if row.state == "dup" and row.dup_of is not None:  # never pushed: it follows the key's owner
+            held = checkpoint is not None and any(h.job_id == row.dup_of for h in checkpoint.held)
+            return "scheduled" if held else "forwarded"
+        return self._pending_status(checkpoint, self.id)
+
+    def _pending_status(self, checkpoint: Checkpoint | None, job_id: str) -> str:
+        if checkpoint is None:
+            return "queued"
+        if any(h.job_id == job_id for h in checkpoint.held):
+            return "scheduled"
+        position = checkpoint.positions.get(self.record.writer_id)
+        return "forwarded" if position is not None and position.next_seq > self.record.seq else "queued"
+
+    @property
+    def attempt(self) -> int:
+        """The job's attempt (as ``current_job().attempt``) of its latest run reported; 0 before."""
+        row = self._row()
+        return row.attempt if row is not None else 0
+
+    @property
+    def result(self) -> Any:
+        """The task's return value (JSON: lists, dicts, ...); ``None`` until it has finished.
+
+        Kept in the ledger, so a Redis wipe does not lose it. A suppressed duplicate gives its
+        original's result. ``None`` for a failed job (see :attr:`exc_info`).
+
+        Raises:
+            ResultNotKept: it finished, but its result is not held: too large
+                (``protocol.RESULT_MAX_BYTES``), or reported by a worker that sends none.
+        """
+        return _result_of(self.journal, self._row(), self.id)
+
+    @property
+    def exc_info(self) -> str | None:
+        """The error of its last failed run (the last line of the traceback); ``None`` if none."""
+        row = self._row()
+        return row.error if row is not None and (row.state == "retry" or row.outcome == "failed") else None
+
+    @property
+    def enqueued_at(self) -> float:
+        """When it was enqueued (Unix time, the producer's clock)."""
+        return self.envelope.created_at
+
+    @property
+    def started_at(self) -> float | None:
+        """When its latest reported run started (the worker's clock); ``None`` before one reported."""
+        row = self._row()
+        return row.started if row is not None else None
+
+    @property
+    def ended_at(self) -> float | None:
+        """When it finished or failed for good (the worker's clock); ``None`` before."""
+        row = self._row()
+        return row.ended if row is not None and row.state == "done" else None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job ends; its :attr:`result`.
+
+        Polls the lookup index (a primary-key read) every 2 ms at first, backing off to 100 ms.
+
+        Raises:
+            JobFailed: it failed for good (or was merged into another job with its id).
+            JobWaitTimeout: still not ended after ``timeout`` seconds.
+            ResultNotKept: it finished, but its result was not kept.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_FIRST_S
+        while True:
+            status = self.status
+            if status in ("finished", "failed", "merged"):
+                return self._ended(status)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobWaitTimeout(self.id, timeout or 0.0, status)
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(_POLL_MOST_S, delay * 2)
+
+    async def wait_async(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - as wait()
+        """:meth:`wait` for a coroutine: polls with ``asyncio.sleep``, never blocking the event loop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_FIRST_S
+        while True:
+            status = self.status
+            if status in ("finished", "failed", "merged"):
+                return self._ended(status)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobWaitTimeout(self.id, timeout or 0.0, status)
+            await asyncio.sleep(
+                delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            )
+            delay = min(_POLL_MOST_S, delay * 2)
+
+    def _ended(self, status: str) -> Any:
+        if status == "finished":
+            return self.result
+        if status == "merged":
+            raise JobFailed(self.id, "merged: another job with this id and a different call ran instead")
+        raise JobFailed(self.id, self.exc_info)
+
 
 def call_fingerprint(env: Envelope) -> str:
     """The call a job makes (function, queue, arguments): equal for a retried enqueue."""
     return json.dumps([env.func, env.queue, env.args, env.kwargs], sort_keys=True)
+
+
+def _result_of(journal: str, row: lookup.Row | None, job_id: str) -> Any:
+    """The result a row holds (its original's, for a settled duplicate)."""
+    if row is None or row.state != "done" or row.outcome != "succeeded":
+        return None
+    if row.rkept:
+        return json.loads(row.result) if row.result is not None else None
+    if row.dup_of is not None and row.dup_of != job_id:
+        original = lookup.find(journal, row.dup_of)
+        if original is not None and original.state == "done":
+            return _result_of(journal, original, row.dup_of)
+    if row.rbytes is not None:
+        raise ResultNotKept(job_id, "too_large", row.rbytes)
+    raise ResultNotKept(job_id, "not_reported")
+
+
+def fetch_job(job_id: str, journal: str | os.PathLike[str] | None = None) -> Job | None:
+    """The job with id ``job_id`` in ``journal``; ``None`` if the journal holds none.
+
+    One read of the forwarder's lookup index (and one of the journal, for the job's envelope);
+    a job the index has not read yet (just enqueued, or the forwarder is behind) is looked for
+    in the journal past the index. A job whose segment was compacted stays found for
+    ``lookup.RETENTION_S`` after it ended, with its status and result, and an envelope without
+    its arguments. With several records under one id, the job is the first (or its latest
+    requeue). Creates nothing.
+
+    Args:
+        job_id: the id ``enqueue`` gave (``job.id``).
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL`` or ``./hybridq-journal``.
+
+    Raises:
+        JournalPathError: ``journal`` is not a usable journal directory.
+    """
+    path = existing_journal_dir(
+        journal if journal is not None else os.environ.get("HYBRIDQ_JOURNAL") or "hybridq-journal"
+    )
+    row = lookup.find(path, job_id)
+    if row is not None and row.outcome == "failed":
+        # A failure may have been requeued since the index read the journal: a newer record.
+        newer = lookup.scan_tail(path, job_id, lookup.journal_marks(path))
+        if newer is not None:
+            return _job_at(path, newer)
+    if row is not None:
+        try:
+            record = read_record_at(path, row.writer, row.seg, row.off)
+            env = Envelope.from_bytes(record.payload)
+        except (OSError, EnvelopeError, ValueError):
+            env = _bare_envelope(row)  # its segment was compacted: its arguments are gone
+        return Job(env, RecordId(row.writer, row.seq, row.seg, row.off), path)
+    found = lookup.scan_tail(path, job_id, lookup.journal_marks(path))
+    return _job_at(path, found) if found is not None else None
+
+
+def _job_at(journal: str, record: Record) -> Job | None:
+    try:
+        env = Envelope.from_bytes(record.payload)
+    except EnvelopeError:
+        return None
+    return Job(env, RecordId(record.writer_id, record.seq, record.segment_index, record.offset), journal)
+
+
+def _bare_envelope(row: lookup.Row) -> Envelope:
+    """The envelope of a compacted job: its id, function, queue and key, without its arguments."""
+    return Envelope(
+        row.id, row.func or "", row.queue or "", row.ikey or "", row.enq or 0.0, requeue=row.requeue
+    )

@@ -112,6 +112,12 @@ class Entry:
     dup_of: str | None = None
     #: ``key`` entries of a job whose segment is compacted: when the key may be forgotten.
     until: float | None = None
+    #: ``done`` entries of a success: its return value, if the event carried it (``result_kept``),
+    #: or the size of a result too large to carry (``result_bytes``); when the run started.
+    result: Any = None
+    result_kept: bool = False
+    result_bytes: int | None = None
+    started: float | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -141,6 +147,12 @@ class Entry:
         if self.later:
             body["lt"] = self.later
             body["ls"] = self.later_since
+        if self.result_kept:
+            body["r"] = self.result
+        if self.result_bytes is not None:
+            body["rb"] = self.result_bytes
+        if self.started is not None:
+            body["st"] = self.started
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -167,6 +179,10 @@ class Entry:
             key=body.get("k"),
             dup_of=body.get("of"),
             until=body.get("until"),
+            result=body.get("r"),
+            result_kept="r" in body,
+            result_bytes=body.get("rb"),
+            started=body.get("st"),
         )
 
 
@@ -192,6 +208,10 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
         event_id=event_id,
         later=event.later,
         later_since=event.later_since,
+        result=event.result if terminal else None,
+        result_kept=event.result_kept and terminal,
+        result_bytes=event.result_bytes if terminal else None,
+        started=event.started,
     )
 
 

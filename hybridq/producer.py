@@ -34,7 +34,7 @@ from hybridq.envelope import (
     validate_queue_name,
 )
 from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
-from hybridq.job import Job
+from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
 from hybridq.nudge import address, nudge
@@ -300,6 +300,13 @@ class Queue:
         )
         env.to_bytes()  # raises NotSerializable now, not in enqueue_many
         return env
+
+    def fetch_job(self, job_id: str) -> Job | None:
+        """The job with id ``job_id`` in this queue's journal; ``None`` if it holds none.
+
+        See :func:`hybridq.fetch_job` (any queue of the journal: the id names one job).
+        """
+        return fetch_job(job_id, self.journal)
 
 
 def split_call(

@@ -22,6 +22,7 @@ This module imports neither redis nor rq nor the journal: every process may impo
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "DELIVERY_VERSION",
     "ENTRY_POINT",
+    "RESULT_MAX_BYTES",
     "ClaimStatus",
     "CompletionEvent",
     "Delivery",
@@ -57,6 +59,9 @@ DEFAULT_LEASE_S = 10.0
 DEFAULT_KEY_TTL_S = 86400.0
 #: The longest error text an event carries (the last line of the stored traceback).
 EVENT_ERROR_CHARS = 500
+#: The largest result (its JSON, in bytes) a completion event carries, and so the ledger keeps:
+#: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
+RESULT_MAX_BYTES = 64 * 1024
 #: The largest segment index, offset or attempt number an event may name (a C ``long``).
 _MAX_INT = 2**63 - 1
 
@@ -345,10 +350,31 @@ class CompletionEvent:
     #: ``later``), and when the first did: the next delivery carries them (see Delivery.later).
     later: int = 0
     later_since: float | None = None
+    #: A success's return value (JSON), if carried (:attr:`result_kept`): a newer worker sends
+    #: it when its JSON is at most :data:`RESULT_MAX_BYTES`; an older one never does.
+    result: Any = None
+    result_kept: bool = False
+    #: The size of a result's JSON that was too large to carry (bytes); ``None`` otherwise.
+    result_bytes: int | None = None
+    #: When the run started (the worker's clock); ``None`` if not said (a duplicate, an older worker).
+    started: float | None = None
 
     @classmethod
-    def of(cls, delivery: Delivery, outcome: Mapping[str, Any], *, dup: bool, at: float) -> CompletionEvent:
-        """The event reporting ``outcome`` (a stored outcome's JSON, or a refusal) for ``delivery``."""
+    def of(
+        cls,
+        delivery: Delivery,
+        outcome: Mapping[str, Any],
+        *,
+        dup: bool,
+        at: float,
+        result_json: str | None = None,
+        started: float | None = None,
+    ) -> CompletionEvent:
+        """The event reporting ``outcome`` (a stored outcome's JSON, or a refusal) for ``delivery``.
+
+        ``result_json``: the stored result's JSON text when the caller made it already (its size
+        decides whether the event carries the result); ``started``: when the task started.
+        """
         env = delivery.envelope
         final = bool(outcome.get("final", True))
         attempt = int(outcome.get("attempt", delivery.attempt))
@@ -371,6 +397,8 @@ class CompletionEvent:
             at=at,
             later=later,
             later_since=outcome.get("later_since", delivery.later_since) if later else None,
+            started=started,
+            **_carried(outcome, result_json),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -387,6 +415,9 @@ class CompletionEvent:
             "error": self.error,
             "at": self.at,
             **({"later": self.later, "later_since": self.later_since} if self.later else {}),
+            **({"result": self.result} if self.result_kept else {}),
+            **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
+            **({"started": self.started} if self.started is not None else {}),
         }
 
     def kept_success_json(self) -> dict[str, Any]:
@@ -436,12 +467,32 @@ class CompletionEvent:
             queue=opt_str("queue", body.get("queue")),
             later=_count("later", body.get("later", 0)),
             later_since=opt_finite("later_since", body.get("later_since")),
+            result=body.get("result"),
+            result_kept="result" in body and outcome == Outcome.SUCCEEDED,
+            result_bytes=_count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None,
+            started=opt_finite("started", body.get("started")),
         )
 
     @property
     def terminal(self) -> bool:
         """The job is done: it succeeded, or failed for good."""
         return self.outcome == Outcome.SUCCEEDED or self.final
+
+
+def _carried(outcome: Mapping[str, Any], result_json: str | None) -> dict[str, Any]:
+    """The result fields of an event reporting ``outcome``: the result if it is small enough."""
+    if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
+        return {}
+    value = outcome["result"]
+    if result_json is None:
+        try:
+            result_json = json.dumps(value)
+        except (TypeError, ValueError):
+            return {}
+    size = len(result_json.encode()) if not result_json.isascii() else len(result_json)
+    if size > RESULT_MAX_BYTES:
+        return {"result_bytes": size}
+    return {"result": value, "result_kept": True}
 
 
 def _count(name: str, value: object) -> int:

@@ -152,6 +152,16 @@ def report(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any], *, dup: bo
     retrying(lambda: conn.xadd(keys.events(d.owner), {"e": body}))
 
 
-def event(d: Delivery, outcome: Mapping[str, Any], *, dup: bool) -> CompletionEvent:
-    """The event reporting ``outcome`` for ``d`` (the caller signs it, with signing keys)."""
-    return CompletionEvent.of(d, outcome, dup=dup, at=time.time())
+def event(
+    d: Delivery,
+    outcome: Mapping[str, Any],
+    *,
+    dup: bool,
+    result_json: str | None = None,
+    started: float | None = None,
+) -> CompletionEvent:
+    """The event reporting ``outcome`` for ``d`` (the caller signs it, with signing keys).
+
+    ``result_json``: the result's JSON text if made already; ``started``: when the task started.
+    """
+    return CompletionEvent.of(d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started)

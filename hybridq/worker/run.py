@@ -118,6 +118,7 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     d, env = run.d, run.d.envelope
     if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
         run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+    run.started = time.time()
     return _current.set(
         CurrentJob(env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
     )
@@ -246,6 +247,8 @@ class Run:
     #: A pool worker ends the run in a batch, later, and always releases it then: the lease is
     #: renewed until that release, however long the batch waits.
     deferred_end: bool = False
+    #: When the task started (wall clock): the completion event reports it.
+    started: float | None = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
@@ -346,7 +349,7 @@ def _suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> An
 def _finish_call(run: Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[str | int]]:
     """The keys and arguments of the outcome script (:func:`.scripts.finish`) for ``outcome``."""
     d = run.d
-    plain = event(d, outcome, dup=False)
+    plain = event(d, outcome, dup=False, result_json=run.result_json, started=run.started)
     ring = keyring()
     signed = plain.to_json() if ring is None else ring.sign_event(d.owner, plain.to_json())
     args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(signed)]

@@ -1,0 +1,441 @@
+"""Jobs by id: the lookup index the forwarder keeps, and the reads behind ``hybridq.fetch_job``.
+
+The index is a SQLite file, ``<journal>/lookup/index.sqlite`` (WAL mode), with one row per job
+id: where its record is in the journal, and what the ledger says of it (state, attempt, times,
+the result or its size, the error, the original of a duplicate). It is derived data: the
+forwarder (:class:`LookupIndex`) brings it up to date from the journal and the ledger after each
+step that moved something, reading only what was added since (per chain, a mark where it
+stopped, saved in the same transaction as the rows). A lost or damaged index file is rebuilt from
+the journal and the ledger, which stay the durable truth; it is never fsync'd.
+
+A lookup is a primary-key read (O(log n)). It lags the ledger by at most one forwarder step;
+a record the index has not read yet (the forwarder is behind, or down) is found by reading the
+journal past the index's marks (:func:`scan_tail`).
+
+Retention: a row outlives its journal segment's compaction by :data:`RETENTION_S`, counted from
+the job's end; the result, status and times stay readable from the index alone meanwhile (the
+ledger entry that carried the result is compacted with its segment).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq.errors import JournalCorruption
+from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.format import segment_name
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.reader import list_chains
+from hybridq.journal.records import ChainPosition
+from hybridq.ledger import Entry, ledger_dir
+from hybridq.protocol import EntryKind
+
+__all__ = [
+    "INDEX_DIR",
+    "RETENTION_S",
+    "LookupIndex",
+    "Row",
+    "find",
+    "journal_marks",
+    "scan_tail",
+    "segment_gone",
+]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The index's directory inside the journal directory, and its file.
+INDEX_DIR = "lookup"
+INDEX_FILE = "index.sqlite"
+#: How long a job stays found by id after its journal segment was compacted, from its end (s).
+RETENTION_S = 7 * 86400.0
+#: How often the forwarder drops rows past their retention (seconds).
+PRUNE_EVERY_S = 600.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, writer TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
+    seq INTEGER NOT NULL, requeue INTEGER NOT NULL, enq REAL, func TEXT, queue TEXT, ikey TEXT,
+    state TEXT, outcome TEXT, attempt INTEGER NOT NULL DEFAULT 0, started REAL, ended REAL,
+    result TEXT, rkept INTEGER NOT NULL DEFAULT 0, rbytes INTEGER, error TEXT, dup_of TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks (chain TEXT PRIMARY KEY, seg INTEGER, off INTEGER, seq INTEGER);
+"""
+_SELECT = (
+    "SELECT id, writer, seg, off, seq, requeue, enq, func, queue, ikey, state, outcome, attempt, started,"
+    " ended, result, rkept, rbytes, error, dup_of FROM jobs WHERE id = ?"
+)
+# A record read from the journal: a new id, or a requeue (a higher requeue count) taking the id
+# over with a clean slate. The first record under an id keeps it against later ones (merged).
+_UPSERT_JOB = """
+INSERT INTO jobs (id, writer, seg, off, seq, requeue, enq, func, queue, ikey)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off = excluded.off,
+    seq = excluded.seq, requeue = excluded.requeue, enq = excluded.enq, func = excluded.func,
+    queue = excluded.queue, ikey = excluded.ikey, state = NULL,
+    outcome = NULL, attempt = 0, started = NULL, ended = NULL, result = NULL, rkept = 0,
+    rbytes = NULL, error = NULL, dup_of = NULL
+WHERE excluded.requeue > jobs.requeue
+"""
+# A terminal outcome: the first one wins, but a success beats a failure (hybridq.ledger).
+_DONE = """
+UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
+    ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
+WHERE id = ? AND writer = ? AND seg = ? AND off = ?
+    AND (state IS NOT 'done' OR (outcome = 'failed' AND ? = 'succeeded'))
+"""
+_RETRY = """
+UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?, started), error = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+_LOST = """
+UPDATE jobs SET attempt = max(attempt, ?)
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+_DUPLICATE = """
+UPDATE jobs SET state = 'dup', dup_of = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """What the index holds of one job id."""
+
+    id: str
+    writer: str
+    seg: int
+    off: int
+    seq: int
+    requeue: int
+    enq: float | None
+    func: str | None
+    queue: str | None
+    ikey: str | None
+    #: ``None`` (no ledger entry yet), ``retry``, ``dup`` (waiting for its key's owner) or ``done``.
+    state: str | None
+    outcome: str | None
+    attempt: int
+    started: float | None
+    ended: float | None
+    #: The result's JSON text, if kept (``rkept``); else the size of one too large (``rbytes``).
+    result: str | None
+    rkept: int
+    rbytes: int | None
+    error: str | None
+    dup_of: str | None
+
+    @property
+    def loc(self) -> tuple[str, int, int]:
+        """The job's record in the journal."""
+        return (self.writer, self.seg, self.off)
+
+
+def index_path(journal: str) -> str:
+    """The index file of a journal directory."""
+    return os.path.join(journal, INDEX_DIR, INDEX_FILE)
+
+
+# -- the forwarder's side -------------------------------------------------------------------------
+
+
+class LookupIndex:
+    """Keeps a journal's lookup index up to date (the forwarder owns the only one).
+
+    Args:
+        journal: the journal directory.
+        clock: wall clock (retention).
+    """
+
+    def __init__(self, journal: str, clock: Callable[[], float] = time.time) -> None:
+        self.journal = journal
+        self.clock = clock
+        self._db: sqlite3.Connection | None = None
+        self._next_prune = 0.0
+
+    def open(self) -> None:
+        """Open (or create) the index; a damaged file is replaced and rebuilt."""
+        path = index_path(self.journal)
+        ensure_journal_dir(os.path.dirname(path))
+        try:
+            self._db = _connect(path)
+            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            log.warning("lookup index %s unusable (%s): rebuilding it", path, exc)
+            self.close()
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.unlink(path + suffix)
+            self._db = _connect(path)
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        """Close the index file."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def catch_up(self) -> int:
+        """Index what the journal, then the ledger, gained since the last call; rows touched.
+
+        The journal first: every ledger entry is about a record the forwarder read before it,
+        so its row exists by then. Never raises for the index's own trouble (logged): lookups
+        lag, forwarding goes on.
+        """
+        if self._db is None:
+            return 0
+        try:
+            done = self._catch_up(self._db)
+            now = self.clock()
+            if now >= self._next_prune:
+                self._next_prune = now + PRUNE_EVERY_S
+                done += self.prune(now)
+        except (sqlite3.Error, OSError, JournalCorruption) as exc:
+            log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
+            return 0
+        return done
+
+    def _catch_up(self, db: sqlite3.Connection) -> int:
+        marks = _load_marks(db)
+        jobs, journal_to = _read_new(self.journal, {w[2:]: p for w, p in marks.items() if w[:2] == "j:"})
+        rows = [r for r in (_job_row(rec) for rec in jobs) if r is not None]
+        entries, ledger_to = _read_new_ledger(
+            self.journal, {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
+        )
+        if not rows and not entries and not _moved(marks, journal_to, ledger_to):
+            return 0
+        with db:
+            db.executemany(_UPSERT_JOB, rows)
+            for entry in entries:
+                _apply(db, entry)
+            db.execute("DELETE FROM marks")
+            db.executemany(
+                "INSERT INTO marks VALUES (?, ?, ?, ?)",
+                [(f"j:{w}", *p) for w, p in journal_to.items()]
+                + [(f"l:{w}", *p) for w, p in ledger_to.items()],
+            )
+        return len(rows) + len(entries)
+
+    def prune(self, now: float) -> int:
+        """Drop rows whose journal segment is gone and whose job ended over RETENTION_S ago."""
+        if self._db is None:
+            return 0
+        first = {w: i[0] for w, i in list_chains(self.journal).items() if i}
+        cutoff = now - RETENTION_S
+        with self._db as db:
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS live (writer TEXT PRIMARY KEY, first INTEGER)")
+            db.execute("DELETE FROM live")
+            db.executemany("INSERT INTO live VALUES (?, ?)", first.items())
+            cur = db.execute(
+                "DELETE FROM jobs WHERE coalesce(ended, enq, 0) < ? AND seg < coalesce("
+                "(SELECT first FROM live WHERE live.writer = jobs.writer), 9223372036854775807)",
+                (cutoff,),
+            )
+            return cur.rowcount
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=OFF")  # derived data: rebuilt, never trusted over the ledger
+    db.isolation_level = "DEFERRED"
+    return db
+
+
+def _moved(marks: Mapping[str, tuple[int, int, int]], *ends: Mapping[str, ChainPosition]) -> bool:
+    now = {f"{k}:{w}": tuple(p) for k, end in zip("jl", ends, strict=True) for w, p in end.items()}
+    return now != dict(marks)
+
+
+def _load_marks(db: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
+    return {chain: (seg, off, seq) for chain, seg, off, seq in db.execute("SELECT * FROM marks")}
+
+
+def _since(path: str, marks: Mapping[str, tuple[int, int, int]]) -> dict[str, ChainPosition]:
+    """The marks of chains still there, from where they are still readable (compaction cuts heads)."""
+    chains = list_chains(path)
+    out: dict[str, ChainPosition] = {}
+    for writer, (seg, off, seq) in marks.items():
+        indices = chains.get(writer)
+        if indices and seg >= indices[0]:
+            out[writer] = ChainPosition(seg, off, seq)
+    return out
+
+
+def _read_new(
+    path: str, marks: Mapping[str, tuple[int, int, int]]
+) -> tuple[list[Record], dict[str, ChainPosition]]:
+    if not os.path.isdir(path):
+        return [], {}
+    reader = JournalReader(path)
+    records = [r for r in reader.records(_since(path, marks)) if r.rtype == RecordType.DATA]
+    chains = list_chains(path)
+    return records, {w: p for w, p in reader.position.items() if w in chains}
+
+
+def _read_new_ledger(
+    journal: str, marks: Mapping[str, tuple[int, int, int]]
+) -> tuple[list[Entry], dict[str, ChainPosition]]:
+    records, to = _read_new(ledger_dir(journal), marks)
+    entries = []
+    for record in records:
+        try:
+            entries.append(Entry.from_bytes(record.payload))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return entries, to
+
+
+def _job_row(record: Record) -> tuple[Any, ...] | None:
+    """The row of a journal record (id, loc, seq, requeue, enqueue time); ``None``: not a job."""
+    try:
+        body = json.loads(record.payload)
+        job_id = body["id"]
+        if not isinstance(job_id, str):
+            return None
+        requeue = int(body.get("requeue", 0))
+        created = body.get("created_at")
+        enq = float(created) if isinstance(created, int | float) else None
+        func, queue, key = (
+            v if isinstance(v, str) else None for v in (body.get("func"), body.get("queue"), body.get("key"))
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (
+        job_id,
+        record.writer_id,
+        record.segment_index,
+        record.offset,
+        record.seq,
+        requeue,
+        enq,
+        func,
+        queue,
+        key,
+    )
+
+
+def _apply(db: sqlite3.Connection, e: Entry) -> None:
+    where = (e.job_id, *e.loc)
+    if e.kind == EntryKind.DONE:
+        result = json.dumps(e.result) if e.result_kept else None
+        db.execute(
+            _DONE,
+            (
+                e.outcome or "failed",
+                max(0, e.attempt - e.later),
+                e.started,
+                e.at,
+                result,
+                int(e.result_kept),
+                e.result_bytes,
+                e.error,
+                e.dup_of,
+                *where,
+                e.outcome,
+            ),
+        )
+    elif e.kind == EntryKind.RETRY:
+        db.execute(_RETRY, (max(0, e.attempt - e.later), e.started, e.error, *where))
+    elif e.kind == EntryKind.LOST:
+        db.execute(_LOST, (e.attempt, *where))
+    elif e.kind == EntryKind.DUPLICATE:
+        db.execute(_DUPLICATE, (e.dup_of, *where))
+
+
+# -- the readers' side ----------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _reader(journal: str) -> sqlite3.Connection | None:
+    """This thread's connection to ``journal``'s index (``None`` while there is no index).
+
+    A connection is made again when the file was replaced (a rebuild) or after a fork.
+    """
+    conns: dict[tuple[int, str], tuple[sqlite3.Connection, int]] = _local.__dict__.setdefault("conns", {})
+    key = (os.getpid(), journal)
+    path = index_path(journal)
+    try:
+        inode = os.stat(path).st_ino
+    except FileNotFoundError:
+        inode = -1
+    known = conns.get(key)
+    if known is not None and known[1] == inode:
+        return known[0]
+    if known is not None:
+        known[0].close()
+        del conns[key]
+    if inode == -1:
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
+    conns[key] = (db, inode)
+    return db
+
+
+def _drop(journal: str) -> None:
+    known = _local.__dict__.get("conns", {}).pop((os.getpid(), journal), None)
+    if known is not None:
+        known[0].close()
+
+
+def find(journal: str, job_id: str) -> Row | None:
+    """The index's row for ``job_id``; ``None`` if it has none (or there is no index yet)."""
+    db = _reader(journal)
+    if db is None:
+        return None
+    try:
+        found = db.execute(_SELECT, (job_id,)).fetchone()
+    except sqlite3.Error:
+        _drop(journal)
+        return None  # being rebuilt, or not there yet: the caller reads the journal instead
+    return Row(*found) if found is not None else None
+
+
+def journal_marks(journal: str) -> dict[str, ChainPosition] | None:
+    """Per journal chain, where the index stopped reading it; ``None`` if there is no index."""
+    db = _reader(journal)
+    if db is None:
+        return None
+    try:
+        rows = db.execute("SELECT chain, seg, off, seq FROM marks WHERE chain LIKE 'j:%'").fetchall()
+    except sqlite3.Error:
+        _drop(journal)
+        return None
+    return {chain[2:]: ChainPosition(seg, off, seq) for chain, seg, off, seq in rows}
+
+
+def scan_tail(journal: str, job_id: str, marks: Mapping[str, ChainPosition] | None) -> Record | None:
+    """The newest record of ``job_id`` past ``marks`` (what the index has not read yet).
+
+    It costs as much as the journal holds past the marks: little while the forwarder keeps up.
+    """
+    needle = f'"id":"{job_id}"'.encode()
+    found: Record | None = None
+    for record in JournalReader(journal).records(_since(journal, marks or {})):
+        if record.rtype == RecordType.DATA and needle in record.payload:
+            row = _job_row(record)
+            if row is not None and row[0] == job_id and (found is None or row[5] > _requeue(found)):
+                found = record
+    return found
+
+
+def _requeue(record: Record) -> int:
+    row = _job_row(record)
+    return row[5] if row is not None else 0
+
+
+def segment_gone(journal: str, loc: Iterable[Any]) -> bool:
+    """Whether the journal segment holding ``loc`` is gone (compacted)."""
+    writer, seg, _ = loc
+    return not os.path.exists(os.path.join(journal, segment_name(writer, seg)))

@@ -1,0 +1,229 @@
+"""Jobs by id and their results (issue 17 item 1), against the in-memory transport.
+
+``MemoryTransport.forget()`` is a Redis FLUSHALL. The simulated worker reports results as the
+worker does (the completion event carries the return value), so these check the forwarder's
+side: the ledger keeps the result, the lookup index finds a job from its id alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import hybridq
+import pytest
+from hybridq import JobFailed, JobWaitTimeout, Queue, ResultNotKept, Retry, fetch_job, requeue
+from hybridq.envelope import Envelope
+from hybridq.ledger import read_ledger
+from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.transport import MemoryTransport
+
+from tests import tasks
+from tests.unit.test_completions import make_forwarder, settle
+
+
+def add(env: Envelope, _attempt: int) -> Any:
+    """The simulated task: ``tasks.add`` on the job's arguments."""
+    return tasks.add(*env.args)
+
+
+def boom(_env: Envelope, _attempt: int) -> Any:
+    raise ValueError("no such order")
+
+
+def test_fetch_job_by_id_alone_follows_the_job_to_its_result(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 2, 3)
+    # No forwarder ever ran: no index; the journal has it.
+    found = fetch_job(job.id, journal=journal_dir)
+    assert found is not None
+    assert found.id == job.id
+    assert found.envelope.args == (2, 3)
+    assert (found.status, found.get_status(), found.result, found.attempt) == ("queued", "accepted", None, 0)
+    assert fetch_job("no-such-job", journal=journal_dir) is None
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    found = queue.fetch_job(job.id)
+    assert found is not None
+    assert (found.status, found.get_status(), found.result) == ("forwarded", "forwarded", None)
+    assert transport.work(func=add) == 1
+    forwarder.step()
+    assert (found.status, found.get_status(), found.result, found.attempt) == ("finished", "finished", 5, 1)
+    assert found.exc_info is None
+    assert found.ended_at is not None
+    assert found.enqueued_at == job.envelope.created_at
+    assert found.wait(timeout=0) == 5
+    # Redis loses everything: the result is the ledger's.
+    transport.forget()
+    settle(forwarder)
+    forwarder.close()
+    again = hybridq.fetch_job(job.id, journal=str(journal_dir))
+    assert again is not None
+    assert (again.status, again.result) == ("finished", 5)
+    assert [e.result for _, e in read_ledger(str(journal_dir)) if e.kind == "done"] == [5]
+
+
+def test_a_lookup_does_not_read_the_ledger(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=add)
+    forwarder.step()
+    forwarder.close()
+
+    def no_scan(*_: object) -> None:
+        raise AssertionError("read the whole ledger")
+
+    monkeypatch.setattr("hybridq.job.read_ledger", no_scan)
+    monkeypatch.setattr("hybridq.job.load_index", no_scan)
+    found = fetch_job(job.id, journal=journal_dir)
+    assert found is not None
+    assert (found.status, found.result, found.duplicate_of, found.wait(1.0)) == ("finished", 2, None, 2)
+
+
+def test_failures_retries_and_wait(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 1, retry=Retry(max_attempts=2, backoff_s=0.0, jitter=False))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=boom)
+    forwarder.step()
+    assert (job.status, job.get_status(), job.attempt) == ("retrying", "retrying", 1)
+    assert job.exc_info == "ValueError: no such order"
+    with pytest.raises(JobWaitTimeout) as timed_out:
+        job.wait(timeout=0.05)
+    assert (timed_out.value.job_id, timed_out.value.status) == (job.id, "retrying")
+    assert isinstance(timed_out.value, TimeoutError)
+    settle(forwarder)  # the retry is due: delivered
+    transport.work(func=boom)
+    forwarder.step()
+    forwarder.close()
+    assert (job.status, job.get_status(), job.attempt, job.result) == ("failed", "failed", 2, None)
+    with pytest.raises(JobFailed) as failed:
+        job.wait(timeout=1.0)
+    assert failed.value.exc_info == "ValueError: no such order"
+    assert str(failed.value) == f"job {job.id} failed: ValueError: no such order"
+    # Requeued: the id names the new record, which starts afresh.
+    requeue([job.id], journal=str(journal_dir))
+    again = fetch_job(job.id, journal=journal_dir)
+    assert again is not None
+    assert again.envelope.requeue == 1
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    assert (again.status, again.attempt, again.exc_info) == ("forwarded", 0, None)
+    transport.work(func=add)
+    forwarder.step()
+    forwarder.close()
+    found = fetch_job(job.id, journal=journal_dir)
+    assert found is not None
+    assert (found.status, found.result) == ("finished", 2)
+
+
+def test_a_result_over_the_cap_is_not_kept_and_says_so(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    big, small = queue.enqueue(tasks.add, 1, 1), queue.enqueue(tasks.add, 2, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    huge = "x" * RESULT_MAX_BYTES  # its JSON has two quotes more
+    transport.work(func=lambda env, _: huge if env.id == big.id else {"n": [1, 2]})
+    forwarder.step()
+    forwarder.close()
+    assert small.result == {"n": [1, 2]}
+    assert big.status == "finished"
+    with pytest.raises(ResultNotKept) as not_kept:
+        _ = big.result
+    assert (not_kept.value.reason, not_kept.value.size) == ("too_large", RESULT_MAX_BYTES + 2)
+    with pytest.raises(ResultNotKept):
+        big.wait(1.0)
+
+
+def test_an_event_from_an_older_worker_has_no_result(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=add)
+    for event in transport.events[forwarder.checkpoint.owner]:
+        assert event.body is not None
+        event.body.pop("result")  # what a worker of an earlier version sends
+    forwarder.step()
+    forwarder.close()
+    assert job.status == "finished"
+    with pytest.raises(ResultNotKept) as not_kept:
+        _ = job.result
+    assert not_kept.value.reason == "not_reported"
+
+
+def test_a_suppressed_duplicate_reports_its_originals_result(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    first = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-7")
+    second = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-7")
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    assert second.status == "forwarded"
+    transport.work(func=add)
+    settle(forwarder)
+    forwarder.close()
+    found = fetch_job(second.id, journal=journal_dir)
+    assert found is not None
+    assert (found.duplicate_of, found.status, found.result, found.wait(1.0)) == (first.id, "finished", 3, 3)
+    assert transport.executions == {first.id: 1}
+
+
+def test_wait_async_does_not_block_the_loop(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 4, 4)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+
+    async def main() -> tuple[Any, int]:
+        ticks = 0
+
+        async def finish_later() -> None:
+            nonlocal ticks
+            for _ in range(5):
+                ticks += 1
+                await asyncio.sleep(0.005)
+            transport.work(func=add)
+            forwarder.step()
+
+        waiter = asyncio.ensure_future(job.wait_async(timeout=5.0))
+        await finish_later()
+        return await waiter, ticks
+
+    assert asyncio.run(main()) == (8, 5)
+    with pytest.raises(JobWaitTimeout):
+        asyncio.run(queue.enqueue(tasks.add, 0, 0).wait_async(timeout=0.01))
+    forwarder.close()
+
+
+def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    jobs = [queue.enqueue(tasks.add, i, i) for i in range(5)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=add)
+    forwarder.step()
+    forwarder.close()
+    shutil.rmtree(journal_dir / "lookup")
+    assert [j.status for j in jobs] == ["finished"] * 5  # no index: the slow path still answers
+    (journal_dir / "lookup").mkdir()
+    (journal_dir / "lookup" / "index.sqlite").write_bytes(b"not a database" * 100)
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    forwarder.close()
+    assert [json.dumps(fetch_job(j.id, journal=journal_dir).result) for j in jobs] == [  # type: ignore[union-attr]
+        str(2 * i) for i in range(5)
+    ]
