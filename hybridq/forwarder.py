@@ -106,6 +106,7 @@ class Forwarder:
         self._watcher: EventWatcher | None = None
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
+        self.state.on_append = self.lookup.note_entries
         self._lookup_due = True
         self._next_lookup = 0.0
 
@@ -268,7 +269,7 @@ class Forwarder:
             self._maintain()
         if done or self._lookup_due or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
-            self.lookup.catch_up()
+            self.lookup.catch_up(self._reader.position)
             self._lookup_due = False
             self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
         return done
@@ -298,6 +299,7 @@ class Forwarder:
             env = decode_job(self.state, record)
             if env is None:
                 continue
+            self.lookup.note_job(record, env)
             if not self.admission.admit(env, loc):
                 pass  # a duplicate: recorded, never pushed
             elif env.run_at is not None and env.run_at > self.clock():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError
 from hybridq.journal import ChainPosition, JournalWriter
+from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
@@ -157,6 +158,9 @@ class ForwarderState:
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
         #: compactor deletes a segment once every window in it ended, or far beyond the bound).
         self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
+        #: Called with the entries of each ledger append, once durable, and where its chain ends
+        #: (the lookup index).
+        self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -309,8 +313,13 @@ class ForwarderState:
         if self._writer is None:
             self._writer = open_ledger_writer(self.journal)
         started = time.perf_counter()
-        self._writer.append_many(e.to_bytes() for e in entries)
+        payloads = [e.to_bytes() for e in entries]
+        ids = self._writer.append_many(payloads)
         self._timed(started)
+        if self.on_append is not None:
+            last = ids[-1]
+            end = last.offset + RECORD_HEADER_SIZE + len(payloads[-1])
+            self.on_append(entries, last.writer_id, ChainPosition(last.segment, end, last.seq + 1))
         if not apply:
             return []
         return [entry for entry in entries if not self.index.apply(entry)]

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridq.envelope import Envelope
 from hybridq.errors import JournalCorruption
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.format import segment_name
@@ -161,6 +162,15 @@ class LookupIndex:
         self.clock = clock
         self._db: sqlite3.Connection | None = None
         self._next_prune = 0.0
+        #: What the forwarder read and wrote since the last flush (no file read, no parse).
+        self._jobs: list[tuple[Any, ...]] = []
+        self._entries: list[Entry] = []
+        #: Read the journal itself at the next :meth:`catch_up` (at start, and after a failure).
+        self._read_journal = True
+        #: Whether the forwarder's own ledger entries come through :meth:`note_entries`, and
+        #: where its chain ends (its entries are not read back from the file).
+        self._fed = True
+        self._own: dict[str, ChainPosition] = {}
 
     def open(self) -> None:
         """Open (or create) the index; a damaged file is replaced and rebuilt."""
@@ -178,6 +188,7 @@ class LookupIndex:
                     os.unlink(path + suffix)
             self._db = _connect(path)
             self._db.executescript(_SCHEMA)
+        self._read_journal = True
 
     def close(self) -> None:
         """Close the index file."""
@@ -185,45 +196,87 @@ class LookupIndex:
             self._db.close()
             self._db = None
 
-    def catch_up(self) -> int:
-        """Index what the journal, then the ledger, gained since the last call; rows touched.
+    def note_job(self, record: Record, env: Envelope) -> None:
+        """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""
+        self._jobs.append(
+            (
+                env.id,
+                record.writer_id,
+                record.segment_index,
+                record.offset,
+                record.seq,
+                env.requeue,
+                env.created_at,
+                env.func,
+                env.queue,
+                env.idempotency_key,
+            )
+        )
 
-        The journal first: every ledger entry is about a record the forwarder read before it,
-        so its row exists by then. Never raises for the index's own trouble (logged): lookups
-        lag, forwarding goes on.
+    def note_entries(self, entries: Iterable[Entry], chain: str, end: ChainPosition) -> None:
+        """The forwarder appended ``entries`` to its ledger chain ``chain``, which ends at ``end``.
+
+        Indexed at the next :meth:`catch_up`, which reads that chain from ``end`` on only.
+        """
+        if self._fed:
+            self._entries.extend(e for e in entries if e.kind != EntryKind.KEY)
+            self._own[chain] = end
+
+    def catch_up(self, read_to: Mapping[str, ChainPosition] | None = None) -> int:
+        """Index what was noted, and what the files gained that was not; rows touched.
+
+        Args:
+            read_to: the forwarder's reader position: every job before it was noted (or indexed).
+
+        The journal before the ledger: every ledger entry is about a record the forwarder read
+        before it, so its row exists by then. Never raises for the index's own trouble (logged):
+        lookups lag, forwarding goes on, and the next call reads the files again.
         """
         if self._db is None:
             return 0
         try:
-            done = self._catch_up(self._db)
+            done = self._catch_up(self._db, read_to or {})
             now = self.clock()
             if now >= self._next_prune:
                 self._next_prune = now + PRUNE_EVERY_S
                 done += self.prune(now)
         except (sqlite3.Error, OSError, JournalCorruption) as exc:
             log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
+            self._read_journal, self._fed = True, False  # what was noted is lost: read the files
+            self._jobs, self._entries, self._own = [], [], {}
             return 0
         return done
 
-    def _catch_up(self, db: sqlite3.Connection) -> int:
+    def _catch_up(self, db: sqlite3.Connection, read_to: Mapping[str, ChainPosition]) -> int:
         marks = _load_marks(db)
-        jobs, journal_to = _read_new(self.journal, {w[2:]: p for w, p in marks.items() if w[:2] == "j:"})
-        rows = [r for r in (_job_row(rec) for rec in jobs) if r is not None]
-        entries, ledger_to = _read_new_ledger(
-            self.journal, {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
-        )
+        journal_marks = {w[2:]: p for w, p in marks.items() if w[:2] == "j:"}
+        rows, self._jobs = self._jobs, []
+        if self._read_journal:
+            records, journal_to = _read_new(self.journal, journal_marks)
+            rows += [r for r in (_job_row(rec) for rec in records) if r is not None]
+        else:
+            journal_to = {w: ChainPosition(*p) for w, p in journal_marks.items()}
+        for writer, pos in read_to.items():  # marks only move forward
+            if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
+                journal_to[writer] = pos
+        ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
+        ledger_marks.update(self._own)  # its entries were noted: not read back
+        entries, ledger_to = _read_new_ledger(self.journal, ledger_marks)
+        entries += self._entries
+        self._entries = []
         if not rows and not entries and not _moved(marks, journal_to, ledger_to):
+            self._read_journal = False
             return 0
         with db:
             db.executemany(_UPSERT_JOB, rows)
-            for entry in entries:
-                _apply(db, entry)
+            _apply(db, entries)
             db.execute("DELETE FROM marks")
             db.executemany(
                 "INSERT INTO marks VALUES (?, ?, ?, ?)",
                 [(f"j:{w}", *p) for w, p in journal_to.items()]
                 + [(f"l:{w}", *p) for w, p in ledger_to.items()],
             )
+        self._read_journal = False
         return len(rows) + len(entries)
 
     def prune(self, now: float) -> int:
@@ -286,9 +339,12 @@ def _read_new(
 def _read_new_ledger(
     journal: str, marks: Mapping[str, tuple[int, int, int]]
 ) -> tuple[list[Entry], dict[str, ChainPosition]]:
+    """Ledger entries past ``marks``."""
     records, to = _read_new(ledger_dir(journal), marks)
     entries = []
     for record in records:
+        if b'"t":"key"' in record.payload[:12]:
+            continue  # nothing for the index
         try:
             entries.append(Entry.from_bytes(record.payload))
         except (ValueError, KeyError, TypeError):
@@ -299,7 +355,7 @@ def _read_new_ledger(
 def _job_row(record: Record) -> tuple[Any, ...] | None:
     """The row of a journal record (id, loc, seq, requeue, enqueue time); ``None``: not a job."""
     try:
-        body = json.loads(record.payload)
+        body = _decode(record.payload.decode())
         job_id = body["id"]
         if not isinstance(job_id, str):
             return None
@@ -325,37 +381,44 @@ def _job_row(record: Record) -> tuple[Any, ...] | None:
     )
 
 
-def _apply(db: sqlite3.Connection, e: Entry) -> None:
-    where = (e.job_id, *e.loc)
-    if e.kind == EntryKind.DONE:
-        result = json.dumps(e.result) if e.result_kept else None
-        db.execute(
-            _DONE,
-            (
-                e.outcome or "failed",
-                max(0, e.attempt - e.later),
-                e.started,
-                e.at,
-                result,
-                int(e.result_kept),
-                e.result_bytes,
-                e.error,
-                e.dup_of,
-                *where,
-                e.outcome,
-            ),
-        )
-    elif e.kind == EntryKind.RETRY:
-        db.execute(_RETRY, (max(0, e.attempt - e.later), e.started, e.error, *where))
-    elif e.kind == EntryKind.LOST:
-        db.execute(_LOST, (e.attempt, *where))
-    elif e.kind == EntryKind.DUPLICATE:
-        db.execute(_DUPLICATE, (e.dup_of, *where))
+def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
+    """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
+    done, retry, lost, dup = [], [], [], []
+    for e in entries:
+        where = (e.job_id, *e.loc)
+        if e.kind == EntryKind.DONE:
+            result = json.dumps(e.result) if e.result_kept else None
+            outcome = e.outcome or "failed"
+            done.append(
+                (
+                    outcome,
+                    max(0, e.attempt - e.later),
+                    e.started,
+                    e.at,
+                    result,
+                    int(e.result_kept),
+                    e.result_bytes,
+                    e.error,
+                    e.dup_of,
+                    *where,
+                    outcome,
+                )
+            )
+        elif e.kind == EntryKind.RETRY:
+            retry.append((max(0, e.attempt - e.later), e.started, e.error, *where))
+        elif e.kind == EntryKind.LOST:
+            lost.append((e.attempt, *where))
+        elif e.kind == EntryKind.DUPLICATE:
+            dup.append((e.dup_of, *where))
+    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup), (_DONE, done)):
+        if rows:
+            db.executemany(sql, rows)
 
 
 # -- the readers' side ----------------------------------------------------------------------------
 
 _local = threading.local()
+_decode = json.JSONDecoder().decode
 
 
 def _reader(journal: str) -> sqlite3.Connection | None:
