@@ -45,7 +45,8 @@ def test_results_by_id_survive_a_redis_wipe(
     found = fetch_job(job.id, journal=journal_dir)
     assert found is not None
     assert (found.status, found.result, found.attempt, found.exc_info) == ("finished", 5, 1, None)
-    assert found.started_at is not None and found.ended_at is not None
+    assert found.started_at is not None
+    assert found.ended_at is not None
     assert found.enqueued_at <= found.started_at <= found.ended_at
     assert fetch_job("no-such-job", journal=journal_dir) is None
     failed_job = fetch_job(failing.id, journal=journal_dir)
