@@ -294,6 +294,10 @@ class LookupIndex:
                 "(SELECT first FROM live WHERE live.writer = jobs.writer), 9223372036854775807)",
                 (cutoff,),
             )
+            # Chains gone whole: their marks go too (else they grow with every producer ever run).
+            db.execute(
+                "DELETE FROM marks WHERE chain LIKE 'j:%' AND substr(chain, 3) NOT IN (SELECT writer FROM live)"
+            )
             return cur.rowcount
 
 

@@ -17,12 +17,14 @@ import hybridq
 import pytest
 from hybridq import JobFailed, JobWaitTimeout, Queue, ResultNotKept, Retry, fetch_job, requeue
 from hybridq.envelope import Envelope
+from hybridq.journal.reader import list_chains
 from hybridq.ledger import read_ledger
+from hybridq.lookup import RETENTION_S, LookupIndex
 from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
-from tests.unit.test_completions import make_forwarder, settle
+from tests.unit.test_completions import make_forwarder, settle, write_jobs
 
 
 def add(env: Envelope, _attempt: int) -> Any:
@@ -227,3 +229,27 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path)
     assert [json.dumps(fetch_job(j.id, journal=journal_dir).result) for j in jobs] == [  # type: ignore[union-attr]
         str(2 * i) for i in range(5)
     ]
+
+
+def test_a_job_is_found_after_compaction_for_the_retention_window(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 40)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    ids = sorted(transport.deliveries)
+    transport.work(func=add)
+    settle(forwarder)
+    settle(forwarder)
+    forwarder.close()
+    assert list_chains(str(journal_dir)) == {}  # every journal segment was compacted
+    found = fetch_job(ids[0], journal=journal_dir)
+    assert found is not None
+    assert (found.status, found.envelope.func, found.envelope.args) == ("finished", "tests.tasks.add", ())
+    assert found.result in {2 * i for i in range(40)}  # its record is gone: the index keeps it
+    assert found.ended_at is not None
+    index = LookupIndex(str(journal_dir), clock=lambda: found.ended_at + RETENTION_S - 1)  # type: ignore[operator]
+    index.open()
+    assert index.prune(found.ended_at + RETENTION_S - 1) == 0  # type: ignore[operator]
+    assert index.prune(found.ended_at + RETENTION_S + 1) == 40  # type: ignore[operator]
+    index.close()
+    assert fetch_job(ids[0], journal=journal_dir) is None
