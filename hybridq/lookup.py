@@ -296,7 +296,8 @@ class LookupIndex:
             )
             # Chains gone whole: their marks go too (else they grow with every producer ever run).
             db.execute(
-                "DELETE FROM marks WHERE chain LIKE 'j:%' AND substr(chain, 3) NOT IN (SELECT writer FROM live)"
+                "DELETE FROM marks WHERE chain LIKE 'j:%'"
+                " AND substr(chain, 3) NOT IN (SELECT writer FROM live)"
             )
             return cur.rowcount
 
