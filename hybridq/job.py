@@ -223,7 +223,12 @@ class Job:
     def exc_info(self) -> str | None:
         """The error of its last failed run (the last line of the traceback); ``None`` if none."""
         row = self._row()
-        return row.error if row is not None and (row.state == "retry" or row.outcome == "failed") else None
+        if row is None or (row.state != "retry" and row.outcome != "failed"):
+            return None
+        if row.error is None and row.dup_of is not None and row.dup_of != self.id:
+            original = lookup.find(self.journal, row.dup_of)  # a settled duplicate: its original's
+            return original.error if original is not None and original.outcome == "failed" else None
+        return row.error
 
     @property
     def enqueued_at(self) -> float:

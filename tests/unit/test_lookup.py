@@ -253,3 +253,19 @@ def test_a_job_is_found_after_compaction_for_the_retention_window(journal_dir: P
     assert index.prune(found.ended_at + RETENTION_S + 1) == 40  # type: ignore[operator]
     index.close()
     assert fetch_job(ids[0], journal=journal_dir) is None
+
+
+def test_a_duplicate_of_a_failed_job_fails_with_its_originals_error(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    first = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-8")
+    second = queue.enqueue(tasks.add, 1, 2, idempotency_key="order-8")
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=boom)
+    settle(forwarder)
+    forwarder.close()
+    assert (second.duplicate_of, second.status, second.get_status()) == (first.id, "failed", "failed")
+    with pytest.raises(JobFailed) as failed:
+        second.wait(1.0)
+    assert failed.value.exc_info == "ValueError: no such order"
