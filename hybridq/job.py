@@ -29,6 +29,10 @@ __all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
 STATUSES = ("queued", "scheduled", "forwarded", "retrying", "merged", "finished", "failed")
 #: :meth:`Job.get_status`'s words that :attr:`Job.status` says otherwise.
 _STATUS_OF = {"accepted": "queued"}
+#: Terminal outcomes in the ledger, as :attr:`Job.status` says them (another outcome as it is).
+_ENDED = {"succeeded": "finished", "failed": "failed", "invalid": "failed"}
+#: What :attr:`Job.status` says of a job that has not ended.
+_PENDING = frozenset({"queued", "scheduled", "forwarded", "retrying"})
 #: :meth:`Job.wait`'s polls: the first after this long, then twice as long, up to the most.
 _POLL_FIRST_S, _POLL_MOST_S = 0.002, 0.1
 
@@ -181,7 +185,7 @@ class Job:
                 return _STATUS_OF.get(status, status)
             return self._pending_status(load_checkpoint(self.journal), self.id)
         if row.state == "done":
-            return "finished" if row.outcome == "succeeded" else "failed"
+            return _ENDED.get(row.outcome or "failed", row.outcome or "failed")
         if row.state == "retry":
             return "retrying"
         if lookup.segment_gone(self.journal, row.loc):
@@ -261,7 +265,7 @@ class Job:
         delay = _POLL_FIRST_S
         while True:
             status = self.status
-            if status in ("finished", "failed", "merged"):
+            if status not in _PENDING:
                 return self._ended(status)
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobWaitTimeout(self.id, timeout or 0.0, status)
@@ -274,7 +278,7 @@ class Job:
         delay = _POLL_FIRST_S
         while True:
             status = self.status
-            if status in ("finished", "failed", "merged"):
+            if status not in _PENDING:
                 return self._ended(status)
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobWaitTimeout(self.id, timeout or 0.0, status)
@@ -288,6 +292,8 @@ class Job:
             return self.result
         if status == "merged":
             raise JobFailed(self.id, "merged: another job with this id and a different call ran instead")
+        if status != "failed":  # another terminal outcome (a newer version's): it did not succeed
+            raise JobFailed(self.id, self.exc_info or status)
         raise JobFailed(self.id, self.exc_info)
 
 
