@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -59,8 +60,11 @@ INDEX_DIR = "lookup"
 INDEX_FILE = "index.sqlite"
 #: How long a job stays found by id after its journal segment was compacted, from its end (s).
 RETENTION_S = 7 * 86400.0
-#: How often the forwarder drops rows past their retention (seconds).
+#: How often the forwarder sweeps the index for rows past their retention (seconds), and how
+#: many rows it looks at per step of a sweep, a step at most every PRUNE_STEP_S.
 PRUNE_EVERY_S = 600.0
+PRUNE_CHUNK = 2000
+PRUNE_STEP_S = 1.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -161,7 +165,8 @@ class LookupIndex:
         self.journal = journal
         self.clock = clock
         self._db: sqlite3.Connection | None = None
-        self._next_prune = 0.0
+        self._next_prune = clock() + PRUNE_STEP_S
+        self._prune_from = ""  # where the retention sweep goes on (ids in order)
         #: What the forwarder read and wrote since the last flush (no file read, no parse).
         self._jobs: list[tuple[Any, ...]] = []
         self._entries: list[Entry] = []
@@ -238,8 +243,9 @@ class LookupIndex:
             done = self._catch_up(self._db, read_to or {})
             now = self.clock()
             if now >= self._next_prune:
-                self._next_prune = now + PRUNE_EVERY_S
-                done += self.prune(now)
+                n, more = self._prune_some(now)
+                done += n
+                self._next_prune = now + (PRUNE_STEP_S if more else PRUNE_EVERY_S)
         except (sqlite3.Error, OSError, JournalCorruption) as exc:
             log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
             self._read_journal, self._fed = True, False  # what was noted is lost: read the files
@@ -280,26 +286,37 @@ class LookupIndex:
         return len(rows) + len(entries)
 
     def prune(self, now: float) -> int:
-        """Drop rows whose journal segment is gone and whose job ended over RETENTION_S ago."""
+        """Drop every row past its retention (:data:`RETENTION_S`); how many."""
+        self._prune_from = ""
+        dropped, more = 0, True
+        while more:
+            n, more = self._prune_some(now)
+            dropped += n
+        return dropped
+
+    def _prune_some(self, now: float) -> tuple[int, bool]:
+        """Drop rows past their retention among the next :data:`PRUNE_CHUNK` ids of the sweep.
+
+        A sweep goes through the ids in order, a chunk per call, so no call holds the forwarder
+        for a full table scan. Returns how many went, and whether the sweep goes on.
+        """
         if self._db is None:
-            return 0
+            return 0, False
         first = {w: i[0] for w, i in list_chains(self.journal).items() if i}
         cutoff = now - RETENTION_S
+        rows = self._db.execute(
+            "SELECT id, writer, seg, coalesce(ended, enq, 0) FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
+            (self._prune_from, PRUNE_CHUNK),
+        ).fetchall()
+        # Gone: its segment is compacted (below its chain's first one, or its chain is gone).
+        gone = [(i,) for i, w, seg, at in rows if at < cutoff and seg < first.get(w, sys.maxsize)]
         with self._db as db:
-            db.execute("CREATE TEMP TABLE IF NOT EXISTS live (writer TEXT PRIMARY KEY, first INTEGER)")
-            db.execute("DELETE FROM live")
-            db.executemany("INSERT INTO live VALUES (?, ?)", first.items())
-            cur = db.execute(
-                "DELETE FROM jobs WHERE coalesce(ended, enq, 0) < ? AND seg < coalesce("
-                "(SELECT first FROM live WHERE live.writer = jobs.writer), 9223372036854775807)",
-                (cutoff,),
-            )
-            # Chains gone whole: their marks go too (else they grow with every producer ever run).
-            db.execute(
-                "DELETE FROM marks WHERE chain LIKE 'j:%'"
-                " AND substr(chain, 3) NOT IN (SELECT writer FROM live)"
-            )
-            return cur.rowcount
+            db.executemany("DELETE FROM jobs WHERE id = ?", gone)
+            if len(rows) < PRUNE_CHUNK:  # the sweep ends: chains gone whole lose their marks
+                stale = [(f"j:{w}",) for w in _load_marks(db) if w[:2] == "j:" and w[2:] not in first]
+                db.executemany("DELETE FROM marks WHERE chain = ?", stale)
+        self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
+        return len(gone), len(rows) == PRUNE_CHUNK
 
 
 def _connect(path: str) -> sqlite3.Connection:

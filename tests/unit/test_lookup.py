@@ -231,7 +231,10 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path)
     ]
 
 
-def test_a_job_is_found_after_compaction_for_the_retention_window(journal_dir: Path) -> None:
+def test_a_job_is_found_after_compaction_for_the_retention_window(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hybridq.lookup.PRUNE_CHUNK", 7)  # the sweep takes several chunks
     write_jobs(journal_dir, 40)
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
