@@ -423,11 +423,13 @@ class CompletionEvent:
     def kept_success_json(self) -> dict[str, Any]:
         """What the outcome script makes of this event when it keeps an earlier success.
 
-        The script sets ``outcome`` and ``final`` and drops ``error`` and ``retry_delay`` (Lua's
-        ``nil``); with signing keys the worker sends this version, signed, with the script.
+        The script sets ``outcome`` and ``final`` and drops ``error``, ``retry_delay`` and
+        ``result`` (Lua's ``nil``: the kept success is another run's, whose own event reported
+        its result); with signing keys the worker sends this version, signed, with the script.
         """
         body = self.to_json()
         del body["error"], body["retry_delay"]
+        body.pop("result", None)
         return {**body, "outcome": Outcome.SUCCEEDED.value, "final": True}
 
     @classmethod

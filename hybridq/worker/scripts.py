@@ -147,7 +147,8 @@ local function finish(K, A)
         event = A[5]  -- the rewrite below, as the worker made and signed it (signing on)
     else
         local e = cjson.decode(event)
-        e.outcome, e.final, e.error, e.retry_delay = "succeeded", true, nil, nil
+        -- The result goes too: it is this run's, and cjson would not give it back intact.
+        e.outcome, e.final, e.error, e.retry_delay, e.result = "succeeded", true, nil, nil, nil
         event = cjson.encode(e)
     end
     redis.call("XADD", K[3], "*", "e", event)

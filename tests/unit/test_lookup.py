@@ -272,3 +272,39 @@ def test_a_duplicate_of_a_failed_job_fails_with_its_originals_error(journal_dir:
     with pytest.raises(JobFailed) as failed:
         second.wait(1.0)
     assert failed.value.exc_info == "ValueError: no such order"
+
+
+def test_the_completion_event_carries_a_success_result_up_to_the_cap() -> None:
+    from hybridq.ledger import Entry, parse_event
+    from hybridq.protocol import CompletionEvent, Delivery
+
+    envelope = Envelope("j1", "tests.tasks.add", "default", "j1", 1.0)
+    d = Delivery(envelope, "owner1", ("w", 0, 64), 1)
+    ok = {"outcome": "succeeded", "final": True, "attempt": 1, "result": {"n": [1, 2]}}
+    event = CompletionEvent.of(d, ok, dup=False, at=2.0, started=1.5)
+    body = event.to_json()
+    assert (body["result"], body["started"]) == ({"n": [1, 2]}, 1.5)
+    assert CompletionEvent.from_json(body) == event
+    entry = parse_event("1-0", body, lambda: 3.0)
+    assert (entry.result, entry.result_kept, entry.started) == ({"n": [1, 2]}, True, 1.5)
+    assert Entry.from_bytes(entry.to_bytes()) == entry
+    # None is a result too (kept), unlike no result at all (an older worker's event).
+    none = CompletionEvent.of(d, {**ok, "result": None}, dup=False, at=2.0).to_json()
+    assert "result" in none
+    assert parse_event("1-0", none, lambda: 3.0).result_kept
+    older = {k: v for k, v in none.items() if k != "result"}
+    assert not parse_event("1-0", older, lambda: 3.0).result_kept
+    # Over the cap: its size instead (the worker passes the JSON it made; else it is made here).
+    text = '"' + "x" * RESULT_MAX_BYTES + '"'
+    big = CompletionEvent.of(d, {**ok, "result": "x" * RESULT_MAX_BYTES}, dup=False, at=2.0, result_json=text)
+    assert "result" not in big.to_json()
+    assert big.to_json()["result_bytes"] == RESULT_MAX_BYTES + 2
+    assert CompletionEvent.of(
+        d, {**ok, "result": "é" * (RESULT_MAX_BYTES // 2)}, dup=False, at=2.0
+    ).result_bytes
+    # A failure carries none, and neither does the success the outcome script keeps from another run.
+    failed = CompletionEvent.of(
+        d, {"outcome": "failed", "final": True, "attempt": 1, "error": "E"}, dup=False, at=2.0
+    )
+    assert "result" not in failed.to_json()
+    assert "result" not in event.kept_success_json()
