@@ -18,7 +18,7 @@ import pytest
 from hybridq import JobFailed, JobWaitTimeout, Queue, ResultNotKept, Retry, fetch_job, requeue
 from hybridq.envelope import Envelope
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import read_ledger
+from hybridq.ledger import Entry, open_ledger_writer, read_ledger
 from hybridq.lookup import RETENTION_S, LookupIndex
 from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.transport import MemoryTransport
@@ -163,6 +163,17 @@ def test_an_event_from_an_older_worker_has_no_result(journal_dir: Path) -> None:
     with pytest.raises(ResultNotKept) as not_kept:
         _ = job.result
     assert not_kept.value.reason == "not_reported"
+    # Another event of the job's success, with the result (a run whose success the outcome script
+    # kept carries none; the run that stored it does): the index takes it.
+    loc = (job.record.writer_id, job.record.segment, job.record.offset)
+    with open_ledger_writer(str(journal_dir)) as ledger:
+        ledger.append(
+            Entry("done", job.id, loc, outcome="succeeded", at=1.0, result=2, result_kept=True).to_bytes()
+        )
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    forwarder.close()
+    assert job.result == 2
 
 
 def test_a_suppressed_duplicate_reports_its_originals_result(journal_dir: Path) -> None:
@@ -275,7 +286,7 @@ def test_a_duplicate_of_a_failed_job_fails_with_its_originals_error(journal_dir:
 
 
 def test_the_completion_event_carries_a_success_result_up_to_the_cap() -> None:
-    from hybridq.ledger import Entry, parse_event
+    from hybridq.ledger import parse_event
     from hybridq.protocol import CompletionEvent, Delivery
 
     envelope = Envelope("j1", "tests.tasks.add", "default", "j1", 1.0)
