@@ -28,9 +28,9 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from hybridq.envelope import Envelope
 from hybridq.errors import JournalCorruption
@@ -65,6 +65,9 @@ RETENTION_S = 7 * 86400.0
 PRUNE_EVERY_S = 600.0
 PRUNE_CHUNK = 2000
 PRUNE_STEP_S = 1.0
+#: Rows (or ledger entries) per transaction when the index reads the files.
+CHUNK = 10000
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -259,25 +262,38 @@ class LookupIndex:
     def _catch_up(self, db: sqlite3.Connection, read_to: Mapping[str, ChainPosition]) -> int:
         marks = _load_marks(db)
         journal_marks = {w[2:]: p for w, p in marks.items() if w[:2] == "j:"}
-        rows, self._jobs = self._jobs, []
+        touched = 0
+        # In chunks, each its own transaction: a first build of a large journal holds one chunk
+        # in memory. The marks move last: a crash in between reads again (rows are idempotent).
+        for rows in _chunks(self._jobs):
+            with db:
+                db.executemany(_UPSERT_JOB, rows)
+            touched += len(rows)
+        self._jobs = []
+        journal_to = {w: ChainPosition(*p) for w, p in journal_marks.items()}
         if self._read_journal:
-            records, journal_to = _read_new(self.journal, journal_marks)
-            rows += [r for r in (_job_row(rec) for rec in records) if r is not None]
-        else:
-            journal_to = {w: ChainPosition(*p) for w, p in journal_marks.items()}
+            tail = _Tail(self.journal, journal_marks)
+            for rows in _chunks(r for r in map(_job_row, tail) if r is not None):
+                with db:
+                    db.executemany(_UPSERT_JOB, rows)
+                touched += len(rows)
+            journal_to = tail.end()
         for writer, pos in read_to.items():  # marks only move forward
             if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
                 journal_to[writer] = pos
         ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
         ledger_marks.update(self._own)  # its entries were noted: not read back
-        entries, ledger_to = _read_new_ledger(self.journal, ledger_marks)
-        entries += self._entries
-        self._entries = []
-        if not rows and not entries and not _moved(marks, journal_to, ledger_to):
+        ledger = _Tail(ledger_dir(self.journal), ledger_marks)
+        for entries in _chunks(_entries(ledger)):
+            with db:
+                _apply(db, entries)
+            touched += len(entries)
+        ledger_to = ledger.end()
+        entries, self._entries = self._entries, []
+        if not touched and not entries and not _moved(marks, journal_to, ledger_to):
             self._read_journal = False
             return 0
         with db:
-            db.executemany(_UPSERT_JOB, rows)
             _apply(db, entries)
             db.execute("DELETE FROM marks")
             db.executemany(
@@ -286,7 +302,7 @@ class LookupIndex:
                 + [(f"l:{w}", *p) for w, p in ledger_to.items()],
             )
         self._read_journal = False
-        return len(rows) + len(entries)
+        return touched + len(entries)
 
     def prune(self, now: float) -> int:
         """Drop every row past its retention (:data:`RETENTION_S`); how many."""
@@ -350,31 +366,49 @@ def _since(path: str, marks: Mapping[str, tuple[int, int, int]]) -> dict[str, Ch
     return out
 
 
-def _read_new(
-    path: str, marks: Mapping[str, tuple[int, int, int]]
-) -> tuple[list[Record], dict[str, ChainPosition]]:
-    if not os.path.isdir(path):
-        return [], {}
-    reader = JournalReader(path)
-    records = [r for r in reader.records(_since(path, marks)) if r.rtype == RecordType.DATA]
-    chains = list_chains(path)
-    return records, {w: p for w, p in reader.position.items() if w in chains}
+class _Tail:
+    """The records of a journal directory past ``marks``, read as they are iterated."""
+
+    def __init__(self, path: str, marks: Mapping[str, tuple[int, int, int]]) -> None:
+        self.path = path
+        self.marks = marks
+        self.reader = JournalReader(path) if os.path.isdir(path) else None
+
+    def __iter__(self) -> Iterator[Record]:
+        if self.reader is None:
+            return
+        for record in self.reader.records(_since(self.path, self.marks)):
+            if record.rtype == RecordType.DATA:
+                yield record
+
+    def end(self) -> dict[str, ChainPosition]:
+        """Per chain still there, where the iteration stopped."""
+        if self.reader is None:
+            return {}
+        chains = list_chains(self.path)
+        return {w: p for w, p in self.reader.position.items() if w in chains}
 
 
-def _read_new_ledger(
-    journal: str, marks: Mapping[str, tuple[int, int, int]]
-) -> tuple[list[Entry], dict[str, ChainPosition]]:
-    """Ledger entries past ``marks``."""
-    records, to = _read_new(ledger_dir(journal), marks)
-    entries = []
+def _entries(records: Iterable[Record]) -> Iterator[Entry]:
+    """The ledger entries of ``records`` the index uses."""
     for record in records:
         if b'"t":"key"' in record.payload[:12]:
             continue  # nothing for the index
         try:
-            entries.append(Entry.from_bytes(record.payload))
+            yield Entry.from_bytes(record.payload)
         except (ValueError, KeyError, TypeError):
             continue
-    return entries, to
+
+
+def _chunks(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _job_row(record: Record) -> tuple[Any, ...] | None:
