@@ -36,7 +36,7 @@ from hybridq.journal import JournalReader, Record
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
-from hybridq.lookup import LookupIndex
+from hybridq.lookup_index import LookupIndex
 from hybridq.nudge import NudgeListener, nudge
 from hybridq.protocol import Overwrite
 from hybridq.push import ForwarderStats, Pusher, Stopped

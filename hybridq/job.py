@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridq import lookup
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, ResultNotKept
+from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, read_record_at
@@ -347,7 +347,7 @@ def fetch_job(job_id: str, journal: str | os.PathLike[str] | None = None) -> Job
         try:
             record = read_record_at(path, row.writer, row.seg, row.off)
             env = Envelope.from_bytes(record.payload)
-        except (OSError, EnvelopeError, ValueError):
+        except (OSError, JournalError, EnvelopeError, ValueError):
             env = _bare_envelope(row)  # its segment was compacted: its arguments are gone
         return Job(env, RecordId(row.writer, row.seq, row.seg, row.off), path)
     found = lookup.scan_tail(path, job_id, lookup.journal_marks(path))

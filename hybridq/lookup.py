@@ -1,12 +1,13 @@
-"""Jobs by id: the lookup index the forwarder keeps, and the reads behind ``hybridq.fetch_job``.
+"""Jobs by id: the reads behind ``hybridq.fetch_job`` of the index the forwarder keeps.
 
 The index is a SQLite file, ``<journal>/lookup/index.sqlite`` (WAL mode), with one row per job
 id: where its record is in the journal, and what the ledger says of it (state, attempt, times,
 the result or its size, the error, the original of a duplicate). It is derived data: the
-forwarder (:class:`LookupIndex`) brings it up to date from the journal and the ledger after each
-step that moved something, reading only what was added since (per chain, a mark where it
-stopped, saved in the same transaction as the rows). A lost or damaged index file is rebuilt from
-the journal and the ledger, which stay the durable truth; it is never fsync'd.
+forwarder (:class:`hybridq.lookup_index.LookupIndex`) brings it up to date from what it read
+from the journal and appended to the ledger after each step that moved something, and reads
+the files for the rest (at start, other writers' ledger chains), from marks saved with the rows.
+A lost or damaged index file is rebuilt from the journal and the ledger, which stay the durable
+truth; it is never fsync'd.
 
 A lookup is a primary-key read (O(log n)). It lags the ledger by at most one forwarder step;
 a record the index has not read yet (the forwarder is behind, or down) is found by reading the
@@ -22,100 +23,44 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from hybridq.envelope import Envelope
-from hybridq.errors import JournalCorruption
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.format import segment_name
-from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
-from hybridq.ledger import Entry, ledger_dir
-from hybridq.protocol import EntryKind
 
 __all__ = [
     "INDEX_DIR",
+    "INDEX_FILE",
     "RETENTION_S",
-    "LookupIndex",
     "Row",
     "find",
+    "index_path",
+    "job_row",
     "journal_marks",
+    "readable_marks",
     "scan_tail",
     "segment_gone",
 ]
-
-log = logging.getLogger("hybridq.forwarder")
 
 #: The index's directory inside the journal directory, and its file.
 INDEX_DIR = "lookup"
 INDEX_FILE = "index.sqlite"
 #: How long a job stays found by id after its journal segment was compacted, from its end (s).
 RETENTION_S = 7 * 86400.0
-#: How often the forwarder sweeps the index for rows past their retention (seconds), and how
-#: many rows it looks at per step of a sweep, a step at most every PRUNE_STEP_S.
-PRUNE_EVERY_S = 600.0
-PRUNE_CHUNK = 2000
-PRUNE_STEP_S = 1.0
-#: Rows (or ledger entries) per transaction when the index reads the files.
-CHUNK = 10000
-T = TypeVar("T")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, writer TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
-    seq INTEGER NOT NULL, requeue INTEGER NOT NULL, enq REAL, func TEXT, queue TEXT, ikey TEXT,
-    state TEXT, outcome TEXT, attempt INTEGER NOT NULL DEFAULT 0, started REAL, ended REAL,
-    result TEXT, rkept INTEGER NOT NULL DEFAULT 0, rbytes INTEGER, error TEXT, dup_of TEXT
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS marks (chain TEXT PRIMARY KEY, seg INTEGER, off INTEGER, seq INTEGER);
-"""
+_decode = json.JSONDecoder().decode
+
 _SELECT = (
     "SELECT id, writer, seg, off, seq, requeue, enq, func, queue, ikey, state, outcome, attempt, started,"
     " ended, result, rkept, rbytes, error, dup_of FROM jobs WHERE id = ?"
 )
-# A record read from the journal: a new id, or a requeue (a higher requeue count) taking the id
-# over with a clean slate. The first record under an id keeps it against later ones (merged).
-_UPSERT_JOB = """
-INSERT INTO jobs (id, writer, seg, off, seq, requeue, enq, func, queue, ikey)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off = excluded.off,
-    seq = excluded.seq, requeue = excluded.requeue, enq = excluded.enq, func = excluded.func,
-    queue = excluded.queue, ikey = excluded.ikey, state = NULL,
-    outcome = NULL, attempt = 0, started = NULL, ended = NULL, result = NULL, rkept = 0,
-    rbytes = NULL, error = NULL, dup_of = NULL
-WHERE excluded.requeue > jobs.requeue
-"""
-# A terminal outcome: the first one wins, but a success beats a failure (hybridq.ledger), and
-# a success with its result beats one without (a run's event whose success was kept from
-# another run carries none).
-_DONE = """
-UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
-    ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
-WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
-    OR (outcome = 'failed' AND ? = 'succeeded')
-    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
-"""
-_RETRY = """
-UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?, started), error = ?
-WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
-"""
-_LOST = """
-UPDATE jobs SET attempt = max(attempt, ?)
-WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
-"""
-_DUPLICATE = """
-UPDATE jobs SET state = 'dup', dup_of = ?
-WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,206 +101,7 @@ def index_path(journal: str) -> str:
     return os.path.join(journal, INDEX_DIR, INDEX_FILE)
 
 
-# -- the forwarder's side -------------------------------------------------------------------------
-
-
-class LookupIndex:
-    """Keeps a journal's lookup index up to date (the forwarder owns the only one).
-
-    Args:
-        journal: the journal directory.
-        clock: wall clock (retention).
-    """
-
-    def __init__(self, journal: str, clock: Callable[[], float] = time.time) -> None:
-        self.journal = journal
-        self.clock = clock
-        self._db: sqlite3.Connection | None = None
-        self._next_prune = clock() + PRUNE_STEP_S
-        self._prune_from = ""  # where the retention sweep goes on (ids in order)
-        #: What the forwarder read and wrote since the last flush (no file read, no parse).
-        self._jobs: list[tuple[Any, ...]] = []
-        self._entries: list[Entry] = []
-        #: Read the journal itself at the next :meth:`catch_up` (at start, and after a failure).
-        self._read_journal = True
-        #: Whether the forwarder's own ledger entries come through :meth:`note_entries`, and
-        #: where its chain ends (its entries are not read back from the file).
-        self._fed = True
-        self._own: dict[str, ChainPosition] = {}
-
-    def open(self) -> None:
-        """Open (or create) the index; a damaged file is replaced and rebuilt."""
-        path = index_path(self.journal)
-        ensure_journal_dir(os.path.dirname(path))
-        try:
-            self._db = _connect(path)
-            self._db.executescript(_SCHEMA)
-            self._db.execute("PRAGMA quick_check").fetchone()
-        except sqlite3.DatabaseError as exc:
-            log.warning("lookup index %s unusable (%s): rebuilding it", path, exc)
-            self.close()
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(path + suffix):
-                    os.unlink(path + suffix)
-            self._db = _connect(path)
-            self._db.executescript(_SCHEMA)
-        self._read_journal = True
-
-    def close(self) -> None:
-        """Close the index file."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    def note_job(self, record: Record, env: Envelope) -> None:
-        """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""
-        self._jobs.append(
-            (
-                env.id,
-                record.writer_id,
-                record.segment_index,
-                record.offset,
-                record.seq,
-                env.requeue,
-                env.created_at,
-                env.func,
-                env.queue,
-                env.idempotency_key,
-            )
-        )
-
-    def note_entries(self, entries: Iterable[Entry], chain: str, end: ChainPosition) -> None:
-        """The forwarder appended ``entries`` to its ledger chain ``chain``, which ends at ``end``.
-
-        Indexed at the next :meth:`catch_up`, which reads that chain from ``end`` on only.
-        """
-        if self._fed:
-            self._entries.extend(e for e in entries if e.kind != EntryKind.KEY)
-            self._own[chain] = end
-
-    def catch_up(self, read_to: Mapping[str, ChainPosition] | None = None) -> int:
-        """Index what was noted, and what the files gained that was not; rows touched.
-
-        Args:
-            read_to: the forwarder's reader position: every job before it was noted (or indexed).
-
-        The journal before the ledger: every ledger entry is about a record the forwarder read
-        before it, so its row exists by then. Never raises for the index's own trouble (logged):
-        lookups lag, forwarding goes on, and the next call reads the files again.
-        """
-        if self._db is None:
-            return 0
-        try:
-            done = self._catch_up(self._db, read_to or {})
-            now = self.clock()
-            if now >= self._next_prune:
-                n, more = self._prune_some(now)
-                done += n
-                self._next_prune = now + (PRUNE_STEP_S if more else PRUNE_EVERY_S)
-        except (sqlite3.Error, OSError, JournalCorruption) as exc:
-            log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
-            self._read_journal, self._fed = True, False  # what was noted is lost: read the files
-            self._jobs, self._entries, self._own = [], [], {}
-            return 0
-        return done
-
-    def _catch_up(self, db: sqlite3.Connection, read_to: Mapping[str, ChainPosition]) -> int:
-        marks = _load_marks(db)
-        journal_marks = {w[2:]: p for w, p in marks.items() if w[:2] == "j:"}
-        touched = 0
-        # In chunks, each its own transaction: a first build of a large journal holds one chunk
-        # in memory. The marks move last: a crash in between reads again (rows are idempotent).
-        for rows in _chunks(self._jobs):
-            with db:
-                db.executemany(_UPSERT_JOB, rows)
-            touched += len(rows)
-        self._jobs = []
-        journal_to = {w: ChainPosition(*p) for w, p in journal_marks.items()}
-        if self._read_journal:
-            tail = _Tail(self.journal, journal_marks)
-            for rows in _chunks(r for r in map(_job_row, tail) if r is not None):
-                with db:
-                    db.executemany(_UPSERT_JOB, rows)
-                touched += len(rows)
-            journal_to = tail.end()
-        for writer, pos in read_to.items():  # marks only move forward
-            if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
-                journal_to[writer] = pos
-        ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
-        ledger_marks.update(self._own)  # its entries were noted: not read back
-        ledger = _Tail(ledger_dir(self.journal), ledger_marks)
-        for entries in _chunks(_entries(ledger)):
-            with db:
-                _apply(db, entries)
-            touched += len(entries)
-        ledger_to = ledger.end()
-        entries, self._entries = self._entries, []
-        if not touched and not entries and not _moved(marks, journal_to, ledger_to):
-            self._read_journal = False
-            return 0
-        with db:
-            _apply(db, entries)
-            db.execute("DELETE FROM marks")
-            db.executemany(
-                "INSERT INTO marks VALUES (?, ?, ?, ?)",
-                [(f"j:{w}", *p) for w, p in journal_to.items()]
-                + [(f"l:{w}", *p) for w, p in ledger_to.items()],
-            )
-        self._read_journal = False
-        return touched + len(entries)
-
-    def prune(self, now: float) -> int:
-        """Drop every row past its retention (:data:`RETENTION_S`); how many."""
-        self._prune_from = ""
-        dropped, more = 0, True
-        while more:
-            n, more = self._prune_some(now)
-            dropped += n
-        return dropped
-
-    def _prune_some(self, now: float) -> tuple[int, bool]:
-        """Drop rows past their retention among the next :data:`PRUNE_CHUNK` ids of the sweep.
-
-        A sweep goes through the ids in order, a chunk per call, so no call holds the forwarder
-        for a full table scan. Returns how many went, and whether the sweep goes on.
-        """
-        if self._db is None:
-            return 0, False
-        first = {w: i[0] for w, i in list_chains(self.journal).items() if i}
-        cutoff = now - RETENTION_S
-        rows = self._db.execute(
-            "SELECT id, writer, seg, coalesce(ended, enq, 0) FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
-            (self._prune_from, PRUNE_CHUNK),
-        ).fetchall()
-        # Gone: its segment is compacted (below its chain's first one, or its chain is gone).
-        gone = [(i,) for i, w, seg, at in rows if at < cutoff and seg < first.get(w, sys.maxsize)]
-        with self._db as db:
-            db.executemany("DELETE FROM jobs WHERE id = ?", gone)
-            if len(rows) < PRUNE_CHUNK:  # the sweep ends: chains gone whole lose their marks
-                stale = [(f"j:{w}",) for w in _load_marks(db) if w[:2] == "j:" and w[2:] not in first]
-                db.executemany("DELETE FROM marks WHERE chain = ?", stale)
-        self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
-        return len(gone), len(rows) == PRUNE_CHUNK
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=OFF")  # derived data: rebuilt, never trusted over the ledger
-    db.isolation_level = "DEFERRED"
-    return db
-
-
-def _moved(marks: Mapping[str, tuple[int, int, int]], *ends: Mapping[str, ChainPosition]) -> bool:
-    now = {f"{k}:{w}": tuple(p) for k, end in zip("jl", ends, strict=True) for w, p in end.items()}
-    return now != dict(marks)
-
-
-def _load_marks(db: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
-    return {chain: (seg, off, seq) for chain, seg, off, seq in db.execute("SELECT * FROM marks")}
-
-
-def _since(path: str, marks: Mapping[str, tuple[int, int, int]]) -> dict[str, ChainPosition]:
+def readable_marks(path: str, marks: Mapping[str, tuple[int, int, int]]) -> dict[str, ChainPosition]:
     """The marks of chains still there, from where they are still readable (compaction cuts heads)."""
     chains = list_chains(path)
     out: dict[str, ChainPosition] = {}
@@ -366,52 +112,7 @@ def _since(path: str, marks: Mapping[str, tuple[int, int, int]]) -> dict[str, Ch
     return out
 
 
-class _Tail:
-    """The records of a journal directory past ``marks``, read as they are iterated."""
-
-    def __init__(self, path: str, marks: Mapping[str, tuple[int, int, int]]) -> None:
-        self.path = path
-        self.marks = marks
-        self.reader = JournalReader(path) if os.path.isdir(path) else None
-
-    def __iter__(self) -> Iterator[Record]:
-        if self.reader is None:
-            return
-        for record in self.reader.records(_since(self.path, self.marks)):
-            if record.rtype == RecordType.DATA:
-                yield record
-
-    def end(self) -> dict[str, ChainPosition]:
-        """Per chain still there, where the iteration stopped."""
-        if self.reader is None:
-            return {}
-        chains = list_chains(self.path)
-        return {w: p for w, p in self.reader.position.items() if w in chains}
-
-
-def _entries(records: Iterable[Record]) -> Iterator[Entry]:
-    """The ledger entries of ``records`` the index uses."""
-    for record in records:
-        if b'"t":"key"' in record.payload[:12]:
-            continue  # nothing for the index
-        try:
-            yield Entry.from_bytes(record.payload)
-        except (ValueError, KeyError, TypeError):
-            continue
-
-
-def _chunks(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
-    chunk: list[T] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _job_row(record: Record) -> tuple[Any, ...] | None:
+def job_row(record: Record) -> tuple[Any, ...] | None:
     """The row of a journal record (id, loc, seq, requeue, enqueue time); ``None``: not a job."""
     try:
         body = _decode(record.payload.decode())
@@ -440,46 +141,9 @@ def _job_row(record: Record) -> tuple[Any, ...] | None:
     )
 
 
-def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
-    """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
-    done, retry, lost, dup = [], [], [], []
-    for e in entries:
-        where = (e.job_id, *e.loc)
-        if e.kind == EntryKind.DONE:
-            result = json.dumps(e.result) if e.result_kept else None
-            outcome = e.outcome or "failed"
-            done.append(
-                (
-                    outcome,
-                    max(0, e.attempt - e.later),
-                    e.started,
-                    e.at,
-                    result,
-                    int(e.result_kept),
-                    e.result_bytes,
-                    e.error,
-                    e.dup_of,
-                    *where,
-                    outcome,
-                    outcome,
-                    int(e.result_kept),
-                )
-            )
-        elif e.kind == EntryKind.RETRY:
-            retry.append((max(0, e.attempt - e.later), e.started, e.error, *where))
-        elif e.kind == EntryKind.LOST:
-            lost.append((e.attempt, *where))
-        elif e.kind == EntryKind.DUPLICATE:
-            dup.append((e.dup_of, *where))
-    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup), (_DONE, done)):
-        if rows:
-            db.executemany(sql, rows)
-
-
 # -- the readers' side ----------------------------------------------------------------------------
 
 _local = threading.local()
-_decode = json.JSONDecoder().decode
 
 
 def _reader(journal: str) -> sqlite3.Connection | None:
@@ -546,16 +210,16 @@ def scan_tail(journal: str, job_id: str, marks: Mapping[str, ChainPosition] | No
     """
     needle = f'"id":"{job_id}"'.encode()
     found: Record | None = None
-    for record in JournalReader(journal).records(_since(journal, marks or {})):
+    for record in JournalReader(journal).records(readable_marks(journal, marks or {})):
         if record.rtype == RecordType.DATA and needle in record.payload:
-            row = _job_row(record)
+            row = job_row(record)
             if row is not None and row[0] == job_id and (found is None or row[5] > _requeue(found)):
                 found = record
     return found
 
 
 def _requeue(record: Record) -> int:
-    row = _job_row(record)
+    row = job_row(record)
     return row[5] if row is not None else 0
 
 

@@ -19,7 +19,8 @@ from hybridq import JobFailed, JobWaitTimeout, Queue, ResultNotKept, Retry, fetc
 from hybridq.envelope import Envelope
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import Entry, open_ledger_writer, read_ledger
-from hybridq.lookup import RETENTION_S, LookupIndex
+from hybridq.lookup import RETENTION_S
+from hybridq.lookup_index import LookupIndex
 from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.transport import MemoryTransport
 
@@ -245,7 +246,7 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path)
 def test_a_job_is_found_after_compaction_for_the_retention_window(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hybridq.lookup.PRUNE_CHUNK", 7)  # the sweep takes several chunks
+    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
     write_jobs(journal_dir, 40)
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
