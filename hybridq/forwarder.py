@@ -270,7 +270,7 @@ class Forwarder:
         if done or self._lookup_due or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self.lookup.catch_up(self._reader.position)
-            self._lookup_due = False
+            self._lookup_due = self.lookup.building  # a first build goes on at every step
             self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
         return done
 

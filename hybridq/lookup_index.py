@@ -12,6 +12,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from hybridq.ledger import Entry, ledger_dir
 from hybridq.lookup import RETENTION_S, index_path, job_row, readable_marks
 from hybridq.protocol import EntryKind
 
-__all__ = ["CHUNK", "PRUNE_CHUNK", "PRUNE_EVERY_S", "LookupIndex"]
+__all__ = ["BUILD_STEP", "CHUNK", "PRUNE_CHUNK", "PRUNE_EVERY_S", "LookupIndex"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -40,8 +41,10 @@ log = logging.getLogger("hybridq.forwarder")
 PRUNE_EVERY_S = 600.0
 PRUNE_CHUNK = 2000
 PRUNE_STEP_S = 1.0
-#: Rows (or ledger entries) per transaction when the index reads the files.
+#: Rows (or ledger entries) per transaction when the index reads the files, and journal records
+#: it reads per forwarder step while it builds.
 CHUNK = 10000
+BUILD_STEP = 20000
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -106,11 +109,13 @@ class LookupIndex:
         #: What the forwarder read and wrote since the last flush (no file read, no parse).
         self._jobs: list[tuple[Any, ...]] = []
         self._entries: list[Entry] = []
-        #: Read the journal itself at the next :meth:`catch_up` (at start, and after a failure).
-        self._read_journal = True
+        #: Reading the journal itself (from the start, and after a failure), BUILD_STEP records
+        #: per :meth:`catch_up`, until the index has read it all.
+        self._building = True
         #: Whether the forwarder's own ledger entries come through :meth:`note_entries`, and
-        #: where its chain ends (its entries are not read back from the file).
-        self._fed = True
+        #: where its chain ends (its entries are not read back from the file): once the files
+        #: were read to their end.
+        self._fed = False
         self._own: dict[str, ChainPosition] = {}
 
     def open(self) -> None:
@@ -129,13 +134,18 @@ class LookupIndex:
                     os.unlink(path + suffix)
             self._db = _connect(path)
             self._db.executescript(_SCHEMA)
-        self._read_journal = True
+        self._building, self._fed = True, False
 
     def close(self) -> None:
         """Close the index file."""
         if self._db is not None:
             self._db.close()
             self._db = None
+
+    @property
+    def building(self) -> bool:
+        """Whether the index has not read the whole journal yet (at start, or after a failure)."""
+        return self._building
 
     def note_job(self, record: Record, env: Envelope) -> None:
         """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""
@@ -184,54 +194,55 @@ class LookupIndex:
                 self._next_prune = now + (PRUNE_STEP_S if more else PRUNE_EVERY_S)
         except (sqlite3.Error, OSError, JournalCorruption) as exc:
             log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
-            self._read_journal, self._fed = True, False  # what was noted is lost: read the files
+            self._building, self._fed = True, False  # what was noted is lost: read the files
             self._jobs, self._entries, self._own = [], [], {}
             return 0
         return done
 
     def _catch_up(self, db: sqlite3.Connection, read_to: Mapping[str, ChainPosition]) -> int:
         marks = _load_marks(db)
-        journal_marks = {w[2:]: p for w, p in marks.items() if w[:2] == "j:"}
+        journal_to = {w[2:]: ChainPosition(*p) for w, p in marks.items() if w[:2] == "j:"}
+        ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
         touched = 0
-        # In chunks, each its own transaction: a first build of a large journal holds one chunk
-        # in memory. The marks move last: a crash in between reads again (rows are idempotent).
         for rows in _chunks(self._jobs):
             with db:
                 db.executemany(_UPSERT_JOB, rows)
             touched += len(rows)
         self._jobs = []
-        journal_to = {w: ChainPosition(*p) for w, p in journal_marks.items()}
-        if self._read_journal:
-            tail = _Tail(self.journal, journal_marks)
-            for rows in _chunks(r for r in map(job_row, tail) if r is not None):
-                with db:
-                    db.executemany(_UPSERT_JOB, rows)
-                touched += len(rows)
+        if self._building:
+            # The journal past the marks, BUILD_STEP records per step: a first build over a
+            # large journal does not hold forwarding up. The ledger waits for its end (its
+            # entries are about these jobs); lookups meanwhile read the journal past the marks.
+            tail = _Tail(self.journal, journal_to)
+            rows = [r for r in map(job_row, itertools.islice(tail, BUILD_STEP)) if r is not None]
+            with db:
+                db.executemany(_UPSERT_JOB, rows)
+                _save_marks(db, tail.end(), ledger_marks)
+            touched += len(rows)
             journal_to = tail.end()
-        for writer, pos in read_to.items():  # marks only move forward
-            if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
-                journal_to[writer] = pos
-        ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
-        ledger_marks.update(self._own)  # its entries were noted: not read back
+            if tail.count == BUILD_STEP:
+                return touched
+            self._building = False
+        else:
+            for writer, pos in read_to.items():  # marks only move forward
+                if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
+                    journal_to[writer] = pos
+        if self._fed:
+            ledger_marks.update(self._own)  # its entries were noted: not read back
         ledger = _Tail(ledger_dir(self.journal), ledger_marks)
+        # In chunks, each its own transaction (the first read of a long ledger holds one chunk in
+        # memory); the marks move last: a crash in between reads again (entries are idempotent).
         for entries in _chunks(_entries(ledger)):
             with db:
                 _apply(db, entries)
             touched += len(entries)
         ledger_to = ledger.end()
         entries, self._entries = self._entries, []
-        if not touched and not entries and not _moved(marks, journal_to, ledger_to):
-            self._read_journal = False
-            return 0
-        with db:
-            _apply(db, entries)
-            db.execute("DELETE FROM marks")
-            db.executemany(
-                "INSERT INTO marks VALUES (?, ?, ?, ?)",
-                [(f"j:{w}", *p) for w, p in journal_to.items()]
-                + [(f"l:{w}", *p) for w, p in ledger_to.items()],
-            )
-        self._read_journal = False
+        if touched or entries or _moved(marks, journal_to, ledger_to):
+            with db:
+                _apply(db, entries)
+                _save_marks(db, journal_to, ledger_to)
+        self._fed = True  # every entry of its chain so far is in: from now on they are noted
         return touched + len(entries)
 
     def prune(self, now: float) -> int:
@@ -281,6 +292,18 @@ def _moved(marks: Mapping[str, tuple[int, int, int]], *ends: Mapping[str, ChainP
     return now != dict(marks)
 
 
+def _save_marks(
+    db: sqlite3.Connection,
+    journal: Mapping[str, tuple[int, int, int]],
+    ledger: Mapping[str, tuple[int, int, int]],
+) -> None:
+    db.execute("DELETE FROM marks")
+    db.executemany(
+        "INSERT INTO marks VALUES (?, ?, ?, ?)",
+        [(f"j:{w}", *p) for w, p in journal.items()] + [(f"l:{w}", *p) for w, p in ledger.items()],
+    )
+
+
 def _load_marks(db: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
     return {chain: (seg, off, seq) for chain, seg, off, seq in db.execute("SELECT * FROM marks")}
 
@@ -292,12 +315,15 @@ class _Tail:
         self.path = path
         self.marks = marks
         self.reader = JournalReader(path) if os.path.isdir(path) else None
+        #: Records yielded so far.
+        self.count = 0
 
     def __iter__(self) -> Iterator[Record]:
         if self.reader is None:
             return
         for record in self.reader.records(readable_marks(self.path, self.marks)):
             if record.rtype == RecordType.DATA:
+                self.count += 1
                 yield record
 
     def end(self) -> dict[str, ChainPosition]:

@@ -222,7 +222,9 @@ def test_wait_async_does_not_block_the_loop(journal_dir: Path) -> None:
     forwarder.close()
 
 
-def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path) -> None:
+def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     queue = Queue(journal=journal_dir)
     jobs = [queue.enqueue(tasks.add, i, i) for i in range(5)]
     transport = MemoryTransport()
@@ -235,8 +237,15 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(journal_dir: Path)
     assert [j.status for j in jobs] == ["finished"] * 5  # no index: the slow path still answers
     (journal_dir / "lookup").mkdir()
     (journal_dir / "lookup" / "index.sqlite").write_bytes(b"not a database" * 100)
+    monkeypatch.setattr("hybridq.lookup_index.BUILD_STEP", 2)  # a step reads two records
     forwarder = make_forwarder(journal_dir, transport)
     forwarder.step()
+    assert forwarder.lookup.building
+    # Building: the ledger is read once the journal is; meanwhile the checkpoint's word.
+    assert [j.status for j in jobs] == ["forwarded"] * 5
+    for _ in range(3):
+        forwarder.step()
+    assert not forwarder.lookup.building
     forwarder.close()
     assert [json.dumps(fetch_job(j.id, journal=journal_dir).result) for j in jobs] == [  # type: ignore[union-attr]
         str(2 * i) for i in range(5)
