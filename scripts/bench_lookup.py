@@ -86,6 +86,8 @@ def build(journal: str, jobs: int) -> tuple[list[str], float]:
     started = time.perf_counter()
     index.open()
     index.catch_up()
+    while index.building:  # as the forwarder does, a step at a time
+        index.catch_up()
     index.close()
     return ids, time.perf_counter() - started
 
