@@ -166,7 +166,10 @@ def _reader(journal: str) -> sqlite3.Connection | None:
         del conns[key]
     if inode == -1:
         return None
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
+    except sqlite3.Error:
+        return None  # not readable here: the callers read the journal and the ledger instead
     conns[key] = (db, inode)
     return db
 
