@@ -280,6 +280,10 @@ class LookupIndex:
 
 
 def _connect(path: str) -> sqlite3.Connection:
+    # Private, as every journal file (it holds results): SQLite makes its -wal and -shm files
+    # with the database file's mode, whatever the umask.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
     db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=OFF")  # derived data: rebuilt, never trusted over the ledger
