@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from hybridq.capacity import PendingCount
 from hybridq.envelope import (
@@ -33,19 +33,33 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
+from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, RecordTooLarge
 from hybridq.job import Job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
-from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
 
-__all__ = ["Job", "Queue", "default_journal", "shared_writer", "split_call"]
+__all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
+
+#: What :func:`default_journal` raises without ``HYBRIDQ_JOURNAL``: no journal is created in the
+#: working directory unless someone asked for one (a test run, a script started in ``$HOME``).
+NO_JOURNAL = (
+    "no journal configured: pass journal=PATH (Queue(name, journal=...) or @hybridq.task(journal=...)), "
+    "set HYBRIDQ_JOURNAL, or in tests use hybridq.testing (docs/testing.md)"
+)
 
 
 def default_journal() -> str:
-    """``$HYBRIDQ_JOURNAL``, else ``./hybridq-journal`` (read when called, not at import)."""
-    return os.environ.get("HYBRIDQ_JOURNAL") or DEFAULT_JOURNAL
+    """``$HYBRIDQ_JOURNAL`` (read when called, not at import).
+
+    Raises:
+        ConfigError: it is not set (:data:`NO_JOURNAL` says how to set one).
+    """
+    journal = os.environ.get("HYBRIDQ_JOURNAL")
+    if not journal:
+        raise ConfigError(NO_JOURNAL)
+    return journal
 
 
 # -- one writer per process and journal -----------------------------------------------------------
@@ -91,6 +105,30 @@ def _close_writers() -> None:
         _writers.clear()
 
 
+# -- the testing hook ---------------------------------------------------------------------------
+
+
+class Sink(Protocol):
+    """What takes every enqueue of this process instead of the journal (:mod:`hybridq.testing`)."""
+
+    def accept(self, queue: Queue, envelopes: list[Envelope]) -> list[Job]:
+        """The jobs for ``envelopes``, validated, encoded and signed as for the journal."""
+        ...
+
+
+_sink: Sink | None = None
+
+
+def install_sink(sink: Sink | None) -> Sink | None:
+    """Have ``sink`` take every enqueue in this process (``None``: the journal again).
+
+    Returns the sink it replaces, for the caller to put back (``hybridq.testing`` nests them).
+    """
+    global _sink
+    previous, _sink = _sink, sink
+    return previous
+
+
 # -- queues -------------------------------------------------------------------------------------
 
 _OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
@@ -121,7 +159,9 @@ class Queue:
 
     Args:
         name: the queue (and RQ queue) name.
-        journal: the journal directory; default ``$HYBRIDQ_JOURNAL`` or ``./hybridq-journal``.
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL``. Without either, the first
+            enqueue raises :class:`~hybridq.errors.ConfigError` (nothing is created in the
+            working directory), unless :mod:`hybridq.testing` takes the jobs.
         capacity: the most pending jobs (accepted, not yet terminal) the journal may hold; over
             it, ``enqueue`` raises :class:`QueueFull` and writes nothing. ``None``: no limit.
         durability: :attr:`Durability.FSYNC` unless a weaker mode is asked for by name.
@@ -142,7 +182,6 @@ class Queue:
         default_retry: Retry | None = None,
     ) -> None:
         self.name = validate_queue_name(name)
-        self.journal = ensure_journal_dir(journal if journal is not None else default_journal())
         if capacity is not None and capacity < 1:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
@@ -153,14 +192,29 @@ class Queue:
         if default_retry is not None:
             _check_retry(default_retry)
         self.default_retry = default_retry
-        self._pending = PendingCount(self.journal) if capacity is not None else None
-        self._nudge_name = address(self.journal)
+        self._pending: PendingCount | None = None
+        self._nudge_name = ""
         #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
         self._nudged: tuple[str, int] = ("", 0)
         self._writer: JournalWriter | None = None
+        self._journal: str | None = None
+        if journal is not None or os.environ.get("HYBRIDQ_JOURNAL"):
+            self._bind(journal if journal is not None else default_journal())
+        # else bound on first use: a module-level Queue() imports in a test under hybridq.testing
+
+    def _bind(self, journal: str | os.PathLike[str]) -> str:
+        self._journal = path = ensure_journal_dir(journal)
+        self._pending = PendingCount(path) if self.capacity is not None else None
+        self._nudge_name = address(path)
+        return path
+
+    @property
+    def journal(self) -> str:
+        """The journal directory (``$HYBRIDQ_JOURNAL`` when none was given; ConfigError without)."""
+        return self._journal if self._journal is not None else self._bind(default_journal())
 
     def __repr__(self) -> str:
-        return f"<hybridq.Queue {self.name!r} journal={self.journal!r}>"
+        return f"<hybridq.Queue {self.name!r} journal={self._journal!r}>"
 
     def enqueue(
         self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
@@ -210,11 +264,15 @@ class Queue:
             if len(payload) > MAX_PAYLOAD_BYTES:
                 raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
             payloads.append(payload)
+        sink = _sink
+        if sink is not None:
+            return sink.accept(self, envelopes)
+        journal = self.journal  # ConfigError when none is configured
         if self._pending is not None and self.capacity is not None:
             self._pending.reserve(len(payloads), self.capacity)  # raises QueueFull
         writer = self._writer
         if writer is None or writer.closed:
-            writer = self._writer = shared_writer(self.journal, self.durability)
+            writer = self._writer = shared_writer(journal, self.durability)
         try:
             ids = writer.append_many(payloads)
         except BaseException as exc:
@@ -235,9 +293,9 @@ class Queue:
         last, nudged = ids[-1], self._nudged
         if nudged[1] < last.seq or nudged[0] != last.writer_id:
             written = writer.written
-            nudge(self.journal, name=self._nudge_name)
+            nudge(journal, name=self._nudge_name)
             self._nudged = written
-        return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
+        return [Job(env, rid, journal) for env, rid in zip(envelopes, ids, strict=True)]
 
     def prepare(
         self,
