@@ -198,20 +198,37 @@ class Queue:
         self._nudged: tuple[str, int] = ("", 0)
         self._writer: JournalWriter | None = None
         self._journal: str | None = None
-        if journal is not None or os.environ.get("HYBRIDQ_JOURNAL"):
-            self._bind(journal if journal is not None else default_journal())
-        # else bound on first use: a module-level Queue() imports in a test under hybridq.testing
+        #: Without ``journal``: the ``$HYBRIDQ_JOURNAL`` the journal was resolved from.
+        self._from_env: str | None = None
+        if journal is not None:
+            self._bind(journal)
+        elif os.environ.get("HYBRIDQ_JOURNAL"):
+            _ = self.journal
+        # else resolved on first use: a module-level Queue() imports in a test (hybridq.testing)
 
     def _bind(self, journal: str | os.PathLike[str]) -> str:
-        self._journal = path = ensure_journal_dir(journal)
+        path = ensure_journal_dir(journal)
         self._pending = PendingCount(path) if self.capacity is not None else None
         self._nudge_name = address(path)
+        self._writer = None
+        self._nudged = ("", 0)
+        self._journal = path
         return path
 
     @property
     def journal(self) -> str:
-        """The journal directory (``$HYBRIDQ_JOURNAL`` when none was given; ConfigError without)."""
-        return self._journal if self._journal is not None else self._bind(default_journal())
+        """The journal directory: the one given, else ``$HYBRIDQ_JOURNAL`` (ConfigError without).
+
+        Without ``journal=``, the variable is read again at each enqueue (a test may change it).
+        """
+        if self._journal is not None and self._from_env is None:
+            return self._journal  # given
+        env = os.environ.get("HYBRIDQ_JOURNAL")
+        if env and env == self._from_env and self._journal is not None:
+            return self._journal
+        path = self._bind(default_journal())
+        self._from_env = env
+        return path
 
     def __repr__(self) -> str:
         return f"<hybridq.Queue {self.name!r} journal={self._journal!r}>"

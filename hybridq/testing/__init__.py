@@ -6,6 +6,8 @@ For testing your own code (docs/testing.md), importable from here:
   process runs its job here, at ``enqueue`` or at ``drain()``; no journal, no Redis. The pytest
   fixtures ``hybridq_queue`` and ``hybridq_eager`` (:mod:`hybridq.testing.pytest_plugin`,
   registered with pytest by the package) give one per test.
+* :func:`fake_stack` (:mod:`hybridq.testing.fakestack`) — the real forwarder, RQ and worker
+  code on an in-process fakeredis (the ``testing`` extra: ``fakeredis[lua]``).
 
 And the project's own:
 
@@ -25,11 +27,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hybridq.testing.fakestack import FakeStack, fake_stack
     from hybridq.testing.local import LocalJob, LocalQueue, eager
 
-__all__ = ["LocalJob", "LocalQueue", "eager"]
+__all__ = ["FakeStack", "LocalJob", "LocalQueue", "eager", "fake_stack"]
 
 _LAZY = {
+    "FakeStack": ".fakestack",
+    "fake_stack": ".fakestack",
     "LocalJob": ".local",
     "LocalQueue": ".local",
     "eager": ".local",
