@@ -72,3 +72,13 @@ def test_retry_later_runs_again(tmp_path: Path) -> None:
         READY.add("x")
         stack.run()
         assert stack.result(job.id) == "x"
+
+
+def test_a_redis_wipe_is_recovered_from(tmp_path: Path) -> None:
+    with fake_stack(tmp_path / "journal", queues=["mail"]) as stack:
+        job = welcome.delay(3)
+        stack.forwarder.step()  # pushed to RQ ...
+        stack.redis.flushall()  # ... and lost with Redis's memory
+        status = stack.run()
+        assert stack.result(job.id) == [3, 1, "mail"]
+    assert (status["succeeded"], status["pending"]) == (1, 0)
