@@ -191,8 +191,9 @@ class LocalQueue:
             for job in jobs:
                 if job.duplicate_of is None:
                     self._run_to_end(job)
-                if self.propagate and job.status == "failed" and job.exception is not None:
-                    raise job.exception
+            failed = [j.exception for j in jobs if j.status == "failed" and j.exception is not None]
+            if self.propagate and failed:
+                raise failed[0]  # every job of the call ran first, as each would have
         return list(jobs)
 
     def _take(self, env: Envelope) -> LocalJob:

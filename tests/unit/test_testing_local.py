@@ -238,3 +238,10 @@ def test_the_mode_ends_with_the_block(tmp_path: Path, monkeypatch: pytest.Monkey
     job = hybridq.Queue("mail").enqueue(send, 3)  # the journal again
     assert type(job) is hybridq.Job
     assert os.path.isdir(tmp_path / "journal")
+
+
+def test_eager_enqueue_many_runs_every_job_before_raising_the_first_failure() -> None:
+    queue = hybridq.Queue()
+    with eager() as local, pytest.raises(ValueError, match="attempt 1 failed"):  # no Retry given
+        queue.enqueue_many([queue.prepare(flaky, (9,)), queue.prepare(send, (1,))])
+    assert [j.status for j in local.jobs] == ["failed", "finished"]
