@@ -245,3 +245,18 @@ def test_eager_enqueue_many_runs_every_job_before_raising_the_first_failure() ->
     with eager() as local, pytest.raises(ValueError, match="attempt 1 failed"):  # no Retry given
         queue.enqueue_many([queue.prepare(flaky, (9,)), queue.prepare(send, (1,))])
     assert [j.status for j in local.jobs] == ["failed", "finished"]
+
+
+def test_with_a_signing_key_jobs_are_signed_and_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.signing import ENV_KEY_FILE
+
+    key = tmp_path / "keys"
+    key.write_text("k" * 64 + "\n")
+    key.chmod(0o600)
+    monkeypatch.setenv(ENV_KEY_FILE, str(key))
+    with eager():
+        job = send.delay(5)
+    assert job.envelope.signature is not None
+    assert job.result == {"user": 5, "tags": None}
