@@ -10,7 +10,9 @@ and the outcome script in RQ's own pipelines, and then calls :func:`finished` an
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import json
 import logging
 import math
@@ -103,6 +105,8 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     value: Any = None
     try:
         value = run.func(*run.d.envelope.args, **run.d.envelope.kwargs)  # a hybridq.task is callable too
+        if inspect.iscoroutine(value):  # an async def task, run by RQ's loop: on a loop of its own
+            value = asyncio.run(value)
     except Exception as exc:
         error = exc
     except BaseException:
