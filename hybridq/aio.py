@@ -82,6 +82,7 @@ class Committer(Generic[T, R]):
         self._budget = budget
         self._pending: list[_Request[T, R]] = []
         self._inflight = 0
+        self._scheduled = False  # a _start is due on the loop
         self.pid = os.getpid()  # a committer never crosses a fork (its futures are the parent's)
         #: Commits run so far (each one journal batch; tests and the benchmark read it).
         self.commits = 0
@@ -95,7 +96,7 @@ class Committer(Generic[T, R]):
         loop = asyncio.get_running_loop()
         request: _Request[T, R] = _Request(item, size, loop.create_future())
         self._pending.append(request)
-        self._start(loop)
+        self._schedule(loop)
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -103,8 +104,19 @@ class Committer(Generic[T, R]):
                 self._pending.remove(request)  # still waiting: nothing was written
             raise
 
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a commit once the callbacks ready now have run, not at once.
+
+        The coroutines that the last commit woke then submit their next items first, and the
+        commit takes them all (started at the first submit, it would take one).
+        """
+        if not self._scheduled and self._inflight < MAX_INFLIGHT:
+            self._scheduled = True
+            loop.call_soon(self._start, loop)
+
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start commits while items wait and fewer than :data:`MAX_INFLIGHT` run."""
+        self._scheduled = False
         while self._pending and self._inflight < MAX_INFLIGHT:
             taken, size = 0, 0
             for request in self._pending:
@@ -146,5 +158,5 @@ class Committer(Generic[T, R]):
                 request.future.set_exception(outcome)
             else:
                 request.future.set_result(outcome)
-        if not loop.is_closed():
-            self._start(loop)
+        if self._pending and not loop.is_closed():
+            self._schedule(loop)
