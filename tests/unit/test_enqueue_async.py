@@ -280,3 +280,29 @@ def test_coroutines_and_threads_share_one_journal(journal_dir: Path) -> None:
     for t in threads:
         t.join()
     assert len({r["id"] for r in jobs_in(journal_dir)}) == 160
+
+
+def test_without_a_journal_enqueue_async_raises_config_error_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYBRIDQ_JOURNAL", raising=False)
+    queue = Queue("default")
+    with pytest.raises(ConfigError, match="HYBRIDQ_JOURNAL"):
+        run(lambda: queue.enqueue_async(tasks.add, 1, 2))
+    assert list(tmp_path.iterdir()) == []
+    assert not queue._committers
+
+
+def test_hybridq_testing_takes_enqueue_async_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridq.testing import eager
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYBRIDQ_JOURNAL", raising=False)
+    queue = Queue("default")
+    with eager() as local:
+        job = run(lambda: queue.enqueue_async(tasks.add, 1, 2))
+    assert [(j.id, j.status, j.result) for j in local.jobs] == [(job.id, "finished", 3)]
+    assert list(tmp_path.iterdir()) == []
