@@ -117,6 +117,8 @@ class Committer(Generic[T, R]):
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start commits while items wait and fewer than :data:`MAX_INFLIGHT` run."""
         self._scheduled = False
+        # A cancelled coroutine's future is cancelled at once, its withdrawal runs later: skip it.
+        self._pending = [r for r in self._pending if not r.future.done()]
         while self._pending and self._inflight < MAX_INFLIGHT:
             taken, size = 0, 0
             for request in self._pending:

@@ -306,3 +306,18 @@ def test_hybridq_testing_takes_enqueue_async_too(tmp_path: Path, monkeypatch: py
         job = run(lambda: queue.enqueue_async(tasks.add, 1, 2))
     assert [(j.id, j.status, j.result) for j in local.jobs] == [(job.id, "finished", 3)]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_call_cancelled_before_its_commit_started_writes_nothing(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+
+    async def cancel_at_once() -> None:
+        call = asyncio.create_task(queue.enqueue_async(tasks.add, 1, 1))
+        await asyncio.sleep(0)  # it has submitted; the commit is due after the ready callbacks
+        call.cancel()  # its future is cancelled now, its coroutine sees it after the commit started
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0.2)
+
+    run(cancel_at_once)
+    assert jobs_in(journal_dir) == []
