@@ -181,13 +181,15 @@ class Scheduler:
         self._ticks = ticks
         self._next = {s.key: s.next_fire(ticks[s.key].through) for s in self.schedules}
         for s in self.schedules:
+            due = self._next[s.key]
             log.info(
-                "schedule %s (%s, %s, catchup=%s): next tick %s",
+                "schedule %s (%s, %s, catchup=%s): %s %s",
                 s.key,
                 s.cron.expression,
                 s.tz,
                 s.catchup,
-                fire_time_iso(self._next[s.key]),
+                "next tick" if due > now else "missed ticks since",
+                fire_time_iso(due),
             )
 
     def _prepare(self, s: Schedule, fire: float) -> Envelope:
