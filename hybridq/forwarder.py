@@ -310,6 +310,7 @@ class Forwarder:
                 done += self._deliver(batch)
                 batch = []
                 done += self._forward_due()  # a long backlog must not hold back due jobs
+                self._fire_between()  # nor a schedule's tick
                 if self._stopping:
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
         if batch or self._position_moved() or self.admission.waiting:
@@ -453,7 +454,7 @@ class Forwarder:
         self._pusher.push(batch)
 
     def _fire_between(self) -> None:
-        """Journal due ticks while the loop waits out an outage or a full disk (best effort).
+        """Journal due ticks during a long step: a backlog, an outage, a full disk (best effort).
 
         A tick is appended to the journal, not pushed: Redis being down must not delay it. A
         failure here (the disk is full) is left for the next step, which retries it.

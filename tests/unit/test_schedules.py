@@ -321,6 +321,27 @@ def test_a_tick_due_while_redis_is_down_is_journaled_meanwhile(journal_dir: Path
     assert collect_status(str(journal_dir))["succeeded"] == 3
 
 
+def test_a_tick_due_while_a_long_backlog_is_forwarded_is_journaled_meanwhile(journal_dir: Path) -> None:
+    clock, transport = Clock(at(10, 2)), MemoryTransport()
+    forwarder, scheduler = start(journal_dir, transport, clock, batch_size=2)
+    forwarder.step()
+    queue = hybridq.Queue(journal=journal_dir)
+    for n in range(6):
+        queue.enqueue("tests.tasks.add", n, n)
+    clock.now = at(10, 4, 59)
+    push = transport.push
+
+    def slow(jobs: Any) -> Any:
+        clock.now += 1.0  # each batch takes a second
+        return push(jobs)
+
+    transport.push = slow  # type: ignore[method-assign]
+    forwarder.step()  # three batches: the tick at 10:05 comes due during the second
+    assert scheduler.ticks["report"].last == at(10, 5)
+    settle(forwarder)
+    forwarder.close()
+
+
 def test_a_schedule_seen_first_after_a_restart_starts_then_and_a_removed_one_is_forgotten(
     journal_dir: Path,
 ) -> None:
