@@ -68,6 +68,9 @@ class Ticks(Protocol):
     def next_fire(self) -> float | None:
         """When the soonest tick is due (Unix time), if known."""
 
+    def close(self) -> None:
+        """Release what it holds (the forwarder closes it with itself)."""
+
 
 class Forwarder:
     """Forwards one journal directory into a transport.
@@ -191,7 +194,9 @@ class Forwarder:
         )
 
     def close(self) -> None:
-        """Release the socket, the ledger and the lock. Idempotent."""
+        """Release the socket, the ledger, the schedules and the lock. Idempotent."""
+        if self.schedules is not None:
+            self.schedules.close()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None

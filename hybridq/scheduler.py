@@ -29,6 +29,7 @@ from typing import Any
 
 from hybridq.envelope import Envelope
 from hybridq.errors import StateFileCorrupt
+from hybridq.journal import JournalWriter
 from hybridq.journal.statefile import read_state, write_state
 from hybridq.producer import Queue
 from hybridq.schedules import Schedule, ScheduleError, fire_time_iso, tick_key
@@ -39,6 +40,10 @@ log = logging.getLogger("hybridq.schedules")
 
 #: The scheduler's state file in the journal directory (``schedules.state``).
 STATE_NAME = "schedules"
+#: The segment size of the ticks' own journal chain. A segment is compacted only once sealed,
+#: and the forwarder keeps the keys of a segment's jobs in memory while it is on disk: ticks
+#: trickle in, so a producer's 64 MiB would hold ~150,000 of them (~75 MB of keys) for months.
+TICK_SEGMENT_BYTES = 1 << 20
 
 
 @dataclass
@@ -115,6 +120,13 @@ class Scheduler:
         self._save = save
         self._ticks: dict[str, TickState] | None = None
         self._next: dict[str, float] = {}
+        self._writer: JournalWriter | None = None
+
+    def close(self) -> None:
+        """Seal the ticks' journal chain (the forwarder's ``close`` does). Idempotent."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     @property
     def ticks(self) -> dict[str, TickState]:
@@ -160,7 +172,11 @@ class Scheduler:
         if envelopes:
             # Durable first: a crash before the state is saved appends the same keys again,
             # which the forwarder records as duplicates (never pushed).
-            jobs = next(iter(self._queues.values())).enqueue_many(envelopes)
+            queue = next(iter(self._queues.values()))
+            if self._writer is None or self._writer.closed:
+                self._writer = JournalWriter(self.journal, max_segment_bytes=TICK_SEGMENT_BYTES)
+            queue._writer = self._writer  # its own chain, not the process's shared one
+            jobs = queue.enqueue_many(envelopes)
             for job in jobs:
                 log.info("schedule tick %s: job %s", job.envelope.idempotency_key, job.id)
         if moved:

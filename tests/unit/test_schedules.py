@@ -20,7 +20,7 @@ from hybridq.envelope import Envelope
 from hybridq.errors import JournalLocked, TransportError
 from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalReader
-from hybridq.scheduler import Scheduler, TickState, load_ticks, save_ticks
+from hybridq.scheduler import TICK_SEGMENT_BYTES, Scheduler, TickState, load_ticks, save_ticks
 from hybridq.schedules import Schedule, ScheduleError
 from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
@@ -340,6 +340,24 @@ def test_a_tick_due_while_a_long_backlog_is_forwarded_is_journaled_meanwhile(jou
     assert scheduler.ticks["report"].last == at(10, 5)
     settle(forwarder)
     forwarder.close()
+
+
+def test_ticks_have_their_own_small_journal_chain_so_their_segments_seal_and_go(journal_dir: Path) -> None:
+    clock, transport = Clock(at(10, 2)), MemoryTransport()
+    forwarder, scheduler = start(journal_dir, transport, clock)
+    forwarder.step()
+    job = hybridq.Queue(journal=journal_dir).enqueue("tests.tasks.add", 1, 1)  # the process's chain
+    clock.now = at(10, 5)
+    forwarder.step()
+    assert scheduler._writer is not None
+    assert scheduler._writer.max_segment_bytes == TICK_SEGMENT_BYTES == 1 << 20
+    forwarder.close()
+    chains = {
+        Envelope.from_bytes(r.payload).id: (r.writer_id, r.segment_index)
+        for r in JournalReader(journal_dir).records()
+    }
+    [tick] = [c for job_id, c in chains.items() if job_id != job.id]
+    assert tick[0] != chains[job.id][0]
 
 
 def test_a_schedule_seen_first_after_a_restart_starts_then_and_a_removed_one_is_forgotten(
