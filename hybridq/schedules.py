@@ -31,6 +31,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "load_schedules",
+    "parse_tick_key",
     "registered",
     "schedule",
     "tick_key",
@@ -56,6 +57,22 @@ def fire_time_iso(fire: float) -> str:
 def tick_key(key: str, fire: float) -> str:
     """The idempotency key of schedule ``key``'s tick at Unix time ``fire``."""
     return f"schedule:{key}:{fire_time_iso(fire)}"
+
+
+def parse_tick_key(idempotency_key: str) -> tuple[str, dt.datetime] | None:
+    """The schedule key and fire time (UTC) of a tick's idempotency key; ``None`` if it is not one.
+
+    In a task: ``parse_tick_key(hybridq.current_job().idempotency_key)``.
+    """
+    prefix, _, rest = idempotency_key.partition(":")
+    key, _, when = rest.partition(":")
+    if prefix != "schedule" or not _KEY.match(key):
+        return None
+    try:
+        fired = dt.datetime.strptime(when, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return key, fired
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 
 import hybridq
+from hybridq.schedules import parse_tick_key
 
 
 def record_tick(path: str) -> str:
     """Append this tick's key (``schedule:minutely:<fire time>``) to ``path``."""
     job = hybridq.current_job()
     key = job.idempotency_key if job is not None else "outside a job"
+    assert parse_tick_key(key) is not None
     with open(path, "a", encoding="utf-8") as f:
         f.write(key + "\n")
         f.flush()

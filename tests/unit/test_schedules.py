@@ -443,6 +443,13 @@ def test_a_tick_runs_with_its_options_and_a_time_zone(journal_dir: Path) -> None
     forwarder.close()
 
 
+def test_a_tick_key_parses_back_and_other_keys_do_not() -> None:
+    fired = dt.datetime(2026, 1, 1, 10, 5, tzinfo=dt.UTC)
+    assert schedules.parse_tick_key(schedules.tick_key("digest", fired.timestamp())) == ("digest", fired)
+    for other in ("upload:a.jpg", "schedule:bad key:2026-01-01T10:05:00Z", "schedule:digest:soon", "x"):
+        assert schedules.parse_tick_key(other) is None
+
+
 def test_a_damaged_state_file_is_an_error_not_a_fresh_start(journal_dir: Path) -> None:
     clock, transport = Clock(at(10, 2)), MemoryTransport()
     forwarder, _ = start(journal_dir, transport, clock)
