@@ -461,3 +461,31 @@ def test_a_damaged_state_file_is_an_error_not_a_fresh_start(journal_dir: Path) -
     with pytest.raises(hybridq.StateFileCorrupt):
         forwarder.step()
     forwarder.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        (None, "cannot import schedules module"),
+        ("import hybridq\nhybridq.schedule(cron='* * *', func='tests.tasks.add', key='k')\n", "3 fields"),
+        ("x = 1\n", "registered no schedule"),
+        ("raise RuntimeError('boom')\n", "failed: RuntimeError: boom"),
+    ],
+)
+def test_forward_with_a_bad_schedules_module_is_one_line_exit_2_and_forwards_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str | None, says: str
+) -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    name = f"sched_{tmp_path.name.replace('-', '_')}"
+    if source is not None:
+        (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    journal = tmp_path / "journal"
+    result = CliRunner().invoke(cli, ["forward", "--journal", str(journal), "--schedules", name])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("hybridq: error: ")
+    assert says in line
+    assert not journal.exists()
