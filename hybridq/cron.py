@@ -11,7 +11,8 @@ week 0 and 7 are both Sunday. When both day fields are restricted, a day matches
 does (cron's rule). Macros: ``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily``
 (``@midnight``), ``@hourly``.
 
-This module imports nothing of hybridq but its errors.
+This module imports nothing of hybridq but its errors (:class:`~hybridq.errors.CronError`, a
+``ScheduleError``, is re-exported here).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import calendar
 import datetime as dt
 from dataclasses import dataclass
 
-from hybridq.errors import HybridqError
+from hybridq.errors import CronError
 
 __all__ = ["Cron", "CronError"]
 
@@ -47,10 +48,6 @@ _FIELDS = (
 #: How far ahead a next tick is looked for (Feb 29 comes at least every 8 years).
 _HORIZON_YEARS = 9
 _MINUTE = dt.timedelta(minutes=1)
-
-
-class CronError(HybridqError, ValueError):
-    """A cron expression that cannot be parsed, or that never fires (one line)."""
 
 
 def _number(text: str, field: str, names: tuple[str, ...], expr: str) -> int:

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hybridq.cron import Cron, CronError
+from hybridq.cron import Cron
 from hybridq.envelope import Envelope, Retry, check_seconds, function_path, validate_queue_name
-from hybridq.errors import HybridqError
+from hybridq.errors import HybridqError, ScheduleError
 
 __all__ = [
     "CATCHUP_POLICIES",
@@ -43,10 +43,6 @@ _KEY = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\Z")
 _OPTIONS = frozenset({"job_timeout", "result_ttl", "description", "meta", "retry"})
 #: Meta keys hybridq sets on every tick's job.
 META_KEYS = ("schedule", "fire_time")
-
-
-class ScheduleError(HybridqError, ValueError):
-    """A schedule that cannot be kept as declared (one line)."""
 
 
 def fire_time_iso(fire: float) -> str:
@@ -168,8 +164,8 @@ def schedule(
     """
     try:
         declared = _build(cron, func, key, args, kwargs, queue, catchup, max_catchup, grace_s, tz, options)
-    except (CronError, HybridqError, TypeError, ValueError) as exc:
-        if isinstance(exc, ScheduleError):
+    except (HybridqError, TypeError, ValueError) as exc:
+        if type(exc) is ScheduleError:  # says which already (a CronError does not)
             raise
         raise ScheduleError(f"schedule {key!r}: {exc}") from None
     known = _registry.get(declared.key)
