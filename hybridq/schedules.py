@@ -101,7 +101,7 @@ class Schedule:
 
         ``all``: every one, the latest ``max_catchup`` if there are more. ``latest``: the latest
         one. ``none``: the latest one if it is at most ``grace_s`` late (a forwarder that was up
-        fires each within a second or so; one that was down skips what it missed).
+        fires each within tens of milliseconds; one that was down skips what it missed).
         """
         if now <= through:
             return [], False
