@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridq import crashpoints
 from hybridq.envelope import Envelope
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import JournalWriter
@@ -177,6 +178,7 @@ class Scheduler:
                 self._writer = JournalWriter(self.journal, max_segment_bytes=TICK_SEGMENT_BYTES)
             queue._writer = self._writer  # its own chain, not the process's shared one
             jobs = queue.enqueue_many(envelopes)
+            crashpoints.reached("schedule_after_append")
             for job in jobs:
                 log.info("schedule tick %s: job %s", job.envelope.idempotency_key, job.id)
         if moved:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hybridq.envelope import Envelope
+from hybridq.journal import JournalReader
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.scheduler import TickState, load_ticks, save_ticks
 from hybridq.schedules import parse_tick_key
@@ -85,3 +88,52 @@ def test_a_schedules_ticks_run_once_each_across_a_kill_and_a_redis_flush(
     assert last is not None
     assert last - fired[-1] <= 60  # at most a tick that came due after the drain, not run yet
     figures(f"SCHEDULES forward --schedules caught_up={caught_up} ticks={len(ran)} runs={sum(ran.values())}")
+
+
+def test_a_forwarder_killed_between_a_ticks_append_and_its_record_runs_the_tick_once(
+    tmp_path: Path,
+    journal_dir: Path,
+    redis_server: RedisServer,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    ticks = tmp_path / "ticks"
+    env = {**subprocess_env, "HYBRIDQ_TEST_TICKS": str(ticks)}
+    ensure_journal_dir(journal_dir)
+    behind = time.time() - 600
+    save_ticks(str(journal_dir), {"minutely": TickState(through=behind)})
+    args = ("--schedules", "tests.scheduled")
+    log = tmp_path / "forwarder.log"
+    crashing = ForwarderProcess(
+        journal_dir,
+        redis_server.url,
+        env={**env, "HYBRIDQ_CRASH_POINT": "schedule_after_append"},
+        log_path=log,
+        extra_args=args,
+    )
+    assert crashing.wait(60) == -signal.SIGKILL, crashing.log()[-3000:]
+    appended = [Envelope.from_bytes(r.payload).idempotency_key for r in JournalReader(journal_dir).records()]
+    assert len(appended) >= 10
+    assert load_ticks(str(journal_dir))["minutely"].through == behind  # its record was not saved
+
+    def drained() -> bool:
+        run_jobs(redis_server)
+        return bool(run_status(journal_dir, env)["pending"] == 0)
+
+    restarted = ForwarderProcess(journal_dir, redis_server.url, env=env, log_path=log, extra_args=args)
+    try:
+        wait_until(lambda: load_ticks(str(journal_dir))["minutely"].fired > 0, what="the ticks recorded")
+        wait_until(drained, timeout=60, interval=0.2, what="nothing pending")
+        restarted.assert_alive()
+    finally:
+        rc, _ = restarted.terminate()
+    assert rc == 0, restarted.log()[-3000:]
+    ran = collections.Counter(ticks.read_text().split())
+    assert set(appended) <= set(ran)  # every tick the crashed forwarder appended ran...
+    assert set(ran.values()) == {1}  # ...once: its second append was a duplicate, never pushed
+    status = run_status(journal_dir, env)
+    assert status["duplicates_suppressed"] >= len(appended)
+    figures(
+        f"SCHEDULES crash after append: appended={len(appended)} ran={sum(ran.values())} "
+        f"suppressed={status['duplicates_suppressed']}"
+    )
