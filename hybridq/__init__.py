@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .job import Job
     from .journal import Durability
     from .producer import Queue
+    from .schedules import schedule
     from .signing import SignatureError, SigningKeyError
 
 __version__ = "0.1.0"
@@ -69,6 +70,7 @@ __all__ = [
     "current_job",
     "failed_jobs",
     "requeue",
+    "schedule",
     "task",
 ]
 
@@ -105,6 +107,7 @@ _LAZY = {
     "current_job": ".context",
     "failed_jobs": ".failures",
     "requeue": ".failures",
+    "schedule": ".schedules",
     "task": ".decorator",
 }
 
