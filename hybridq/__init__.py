@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .job import Job, fetch_job
     from .journal import Durability
     from .producer import Queue
+    from .schedules import schedule
     from .signing import SignatureError, SigningKeyError
 
 __version__ = "0.1.0"
@@ -76,6 +77,7 @@ __all__ = [
     "failed_jobs",
     "fetch_job",
     "requeue",
+    "schedule",
     "task",
 ]
 
@@ -116,6 +118,7 @@ _LAZY = {
     "failed_jobs": ".failures",
     "fetch_job": ".job",
     "requeue": ".failures",
+    "schedule": ".schedules",
     "task": ".decorator",
 }
 

@@ -22,6 +22,8 @@
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
+    ├── ScheduleError (ValueError)  a periodic job that cannot be kept as declared (hybridq.schedules)
+    │   └── CronError               a cron expression that does not parse, or never fires (hybridq.cron)
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     ├── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
     ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
@@ -57,6 +59,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "CronError",
     "DuplicateOfFailedJob",
     "EnvelopeError",
     "FileOpError",
@@ -82,6 +85,7 @@ __all__ = [
     "ResultNotKept",
     "RetryLater",
     "RetryLaterExpired",
+    "ScheduleError",
     "SealError",
     "SignatureError",
     "SigningKeyError",
@@ -468,3 +472,11 @@ class ResultNotKept(HybridqError):
         self.size = size
         why = f"its JSON is {size} bytes, over the cap" if reason == "too_large" else "no result was reported"
         super().__init__(f"job {job_id} finished, but its result was not kept ({why})")
+
+
+class ScheduleError(HybridqError, ValueError):
+    """A periodic job that cannot be kept as declared (``hybridq.schedule``); one line."""
+
+
+class CronError(ScheduleError):
+    """A cron expression that does not parse, or that can never fire; one line."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridq import lookup
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
+from hybridq.errors import ConfigError, EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, read_record_at
@@ -329,14 +329,19 @@ def fetch_job(job_id: str, journal: str | os.PathLike[str] | None = None) -> Job
 
     Args:
         job_id: the id ``enqueue`` gave (``job.id``).
-        journal: the journal directory; default ``$HYBRIDQ_JOURNAL`` or ``./hybridq-journal``.
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL``.
 
     Raises:
+        ConfigError: no ``journal`` and no ``$HYBRIDQ_JOURNAL``.
         JournalPathError: ``journal`` is not a usable journal directory.
     """
-    path = existing_journal_dir(
-        journal if journal is not None else os.environ.get("HYBRIDQ_JOURNAL") or "hybridq-journal"
-    )
+    if journal is None:
+        journal = os.environ.get("HYBRIDQ_JOURNAL") or None
+        if journal is None:
+            raise ConfigError(
+                "no journal configured: pass fetch_job(job_id, journal=PATH) or set HYBRIDQ_JOURNAL"
+            )
+    path = existing_journal_dir(journal)
     row = lookup.find(path, job_id)
     if row is not None and row.outcome == "failed":
         # A failure may have been requeued since the index read the journal: a newer record.
