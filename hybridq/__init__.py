@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .journal import Durability
     from .producer import Queue
     from .signing import SignatureError, SigningKeyError
+    from .status import stats
 
 __version__ = "0.1.0"
 
@@ -69,6 +70,7 @@ __all__ = [
     "current_job",
     "failed_jobs",
     "requeue",
+    "stats",
     "task",
 ]
 
@@ -105,6 +107,7 @@ _LAZY = {
     "current_job": ".context",
     "failed_jobs": ".failures",
     "requeue": ".failures",
+    "stats": ".status",
     "task": ".decorator",
 }
 

@@ -256,6 +256,7 @@ class Forwarder:
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
+        self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         return done
 
     def _forward_new(self) -> int:
@@ -268,6 +269,7 @@ class Forwarder:
             # Everything before the checkpoint's positions is pushed already.
             reader.seek(self.checkpoint.positions)
             self.admission.reset()
+            self.state.pending.rewind(self.checkpoint.positions)
             raise
 
     def _read_and_deliver(self, reader: JournalReader) -> int:
@@ -279,8 +281,10 @@ class Forwarder:
                 # Finished already (a checkpoint lost or older than the ledger), or an invalid
                 # record recorded before a step was retried: never counted twice. A duplicate
                 # waits for its key's owner, never pushed.
+                self.state.saw(record, None)
                 continue
             env = decode_job(self.state, record)
+            self.state.saw(record, env)
             if env is None:
                 continue
             if not self.admission.admit(env, loc):

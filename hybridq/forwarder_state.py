@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError
-from hybridq.journal import ChainPosition, JournalWriter
+from hybridq.journal import ChainPosition, JournalWriter, Record, RecordType
 from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
@@ -40,6 +41,7 @@ from hybridq.ledger import (
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.stats_state import PendingTracker, Snapshot, job_fields, ledger_chains, save_snapshot
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -157,6 +159,12 @@ class ForwarderState:
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
         #: compactor deletes a segment once every window in it ended, or far beyond the bound).
         self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
+        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
+        self.pending = PendingTracker()
+        #: The ledger chains loaded into the index when it started (plus its own, once written).
+        self._ledger_known: set[str] = set()
+        #: Whether the ledger or the compaction state changed since the last snapshot.
+        self._stale = False
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -179,6 +187,10 @@ class ForwarderState:
                 self.index.apply(entry)
                 self._note_key_segment((record.writer_id, record.segment_index), entry)
         self.forget_keys()
+        self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
+        self.pending = PendingTracker.rebuild(
+            self.journal, self.checkpoint.positions, self.index, self.compacted
+        )
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -266,6 +278,50 @@ class ForwarderState:
         started = time.perf_counter()
         save_checkpoint(self.journal, self.checkpoint)
         self._timed(started)
+        self._save_snapshot()
+
+    def saw(self, record: Record, env: Envelope | None) -> None:
+        """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
+        if record.rtype != RecordType.DATA:
+            return  # not counted by status either
+        loc = (record.writer_id, record.segment_index, record.offset)
+        if env is not None:
+            self.pending.saw(loc, (env.queue, env.created_at))
+        elif self.index.is_terminal(loc):
+            self.pending.saw(loc, None)
+        else:  # a duplicate waiting for its key's owner (read again after a restart)
+            self.pending.saw(loc, job_fields(record.payload))
+
+    def refresh_snapshot(self) -> None:
+        """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
+        if self._stale:
+            self._save_snapshot()
+
+    def _save_snapshot(self) -> None:
+        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
+        self._stale = False
+        cp, index = self.checkpoint, self.index
+        self.pending.forget(self.compacted, cp.positions)
+        known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
+        snapshot = Snapshot(
+            positions=dict(cp.positions),
+            compacted=json.loads(self.compacted.to_bytes()),
+            ledger_chains=sorted(known),
+            consumed=self.pending.consumed,
+            forwarded=cp.forwarded,
+            duplicate_pushes=cp.duplicate_pushes,
+            invalid=cp.invalid,
+            delayed_held=len(cp.held),
+            outcomes=dict(index.totals),
+            retrying=len(index.retries),
+            failed_listed=len(index.failed),
+            queues=dict(self.pending.pending),
+            oldest_pending=self.pending.oldest(),
+        )
+        try:
+            save_snapshot(self.journal, snapshot)
+        except OSError as exc:
+            log.debug("cannot write the stats snapshot (hybridq.stats scans instead): %s", exc)
 
     def advance(self, positions: dict[str, ChainPosition]) -> None:
         """Note how far the journal was read (everything before it accepted by the transport)."""
@@ -313,7 +369,12 @@ class ForwarderState:
         self._timed(started)
         if not apply:
             return []
-        return [entry for entry in entries if not self.index.apply(entry)]
+        unchanged = [entry for entry in entries if not self.index.apply(entry)]
+        self._stale = True
+        for entry in entries:
+            if entry.kind == "done" and self.index.is_terminal(entry.loc):
+                self.pending.done(entry.loc)
+        return unchanged
 
     def record_invalid(self, loc: Loc) -> None:
         """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
@@ -348,6 +409,7 @@ class ForwarderState:
         disk): the retried step would then count the same segment again.
         """
         save_compacted(self.journal, new)
+        self._stale = True
         for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
             setattr(self.compacted, f.name, getattr(new, f.name))
 
