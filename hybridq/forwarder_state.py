@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError
-from hybridq.journal import ChainPosition, JournalWriter, Record, RecordType
+from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
 from hybridq.ledger import (
@@ -41,7 +40,7 @@ from hybridq.ledger import (
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
-from hybridq.stats_state import PendingTracker, Snapshot, job_fields, ledger_chains, save_snapshot
+from hybridq.stats_state import PendingTracker, Snapshot, ledger_chains, save_snapshot
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -282,15 +281,7 @@ class ForwarderState:
 
     def saw(self, record: Record, env: Envelope | None) -> None:
         """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
-        if record.rtype != RecordType.DATA:
-            return  # not counted by status either
-        loc = (record.writer_id, record.segment_index, record.offset)
-        if env is not None:
-            self.pending.saw(loc, (env.queue, env.created_at))
-        elif self.index.is_terminal(loc):
-            self.pending.saw(loc, None)
-        else:  # a duplicate waiting for its key's owner (read again after a restart)
-            self.pending.saw(loc, job_fields(record.payload))
+        self.pending.saw_record(record, env, self.index)
 
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
@@ -300,24 +291,8 @@ class ForwarderState:
     def _save_snapshot(self) -> None:
         """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
         self._stale = False
-        cp, index = self.checkpoint, self.index
-        self.pending.forget(self.compacted, cp.positions)
         known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
-        snapshot = Snapshot(
-            positions=dict(cp.positions),
-            compacted=json.loads(self.compacted.to_bytes()),
-            ledger_chains=sorted(known),
-            consumed=self.pending.consumed,
-            forwarded=cp.forwarded,
-            duplicate_pushes=cp.duplicate_pushes,
-            invalid=cp.invalid,
-            delayed_held=len(cp.held),
-            outcomes=dict(index.totals),
-            retrying=len(index.retries),
-            failed_listed=len(index.failed),
-            queues=dict(self.pending.pending),
-            oldest_pending=self.pending.oldest(),
-        )
+        snapshot = Snapshot.of(self.checkpoint, self.index, self.compacted, self.pending, known)
         try:
             save_snapshot(self.journal, snapshot)
         except OSError as exc:

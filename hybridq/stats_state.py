@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridq.journal import ChainPosition, JournalReader, RecordType
+from hybridq.envelope import Envelope
+from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.fileops import OS_FILEOPS, write_all
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
@@ -33,6 +34,7 @@ from hybridq.journal.reader import list_chains, peek_header
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import encode_state, read_state
 from hybridq.ledger import Compacted, LedgerIndex
+from hybridq.state import Checkpoint
 
 __all__ = ["STATS_NAME", "PendingTracker", "Snapshot", "job_fields", "load_snapshot", "save_snapshot"]
 
@@ -114,6 +116,18 @@ class PendingTracker:
         seg.queues.append(qid)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
+
+    def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
+        """:meth:`saw` for a record the forwarder read (``env``: the job in it, when it is one)."""
+        if record.rtype != RecordType.DATA:
+            return  # not counted by status either
+        loc = (record.writer_id, record.segment_index, record.offset)
+        if env is not None:
+            self.saw(loc, (env.queue, env.created_at))
+        elif index.is_terminal(loc):
+            self.saw(loc, None)
+        else:  # a duplicate waiting for its key's owner (read again after a restart)
+            self.saw(loc, job_fields(record.payload))
 
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is terminal now (idempotent; unknown locations are ignored)."""
@@ -241,6 +255,33 @@ class Snapshot:
     #: Pending jobs read, per queue, and the oldest one's creation time.
     queues: dict[str, int] = field(default_factory=dict)
     oldest_pending: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        checkpoint: Checkpoint,
+        index: LedgerIndex,
+        compacted: Compacted,
+        tracker: PendingTracker,
+        ledger_chains: Iterable[str],
+    ) -> Snapshot:
+        """The forwarder's figures now (its compacted segments dropped from ``tracker`` first)."""
+        tracker.forget(compacted, checkpoint.positions)
+        return cls(
+            positions=dict(checkpoint.positions),
+            compacted=json.loads(compacted.to_bytes()),
+            ledger_chains=sorted(ledger_chains),
+            consumed=tracker.consumed,
+            forwarded=checkpoint.forwarded,
+            duplicate_pushes=checkpoint.duplicate_pushes,
+            invalid=checkpoint.invalid,
+            delayed_held=len(checkpoint.held),
+            outcomes=dict(index.totals),
+            retrying=len(index.retries),
+            failed_listed=len(index.failed),
+            queues=dict(tracker.pending),
+            oldest_pending=tracker.oldest(),
+        )
 
     def to_bytes(self) -> bytes:
         """JSON."""

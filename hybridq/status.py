@@ -1,4 +1,7 @@
-"""What ``hybridq status`` reports, computed from the journal, the ledger and the checkpoint.
+"""What ``hybridq status`` reports (:func:`stats`), from the journal, the ledger and the checkpoint.
+
+:func:`stats` reads the figures the forwarder saves with each step (:mod:`hybridq.stats_state`)
+and the journal after them; :func:`collect_status` (``stats(exact=True)``) scans everything.
 
 Redis is optional: every contract field comes from durable state on this host, so the answer is
 the same whether Redis is up, down or freshly emptied.

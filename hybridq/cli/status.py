@@ -64,6 +64,9 @@ def status(
     answers, and with --outbox the transactional outbox's backlog (rows not yet relayed into the
     journal, and the oldest one's age). With --watch --json, one JSON object per line.
 
+    The counts are hybridq.stats(): the figures the forwarder saved at its last step, plus the
+    journal records it has not read yet; --exact scans the journal and the ledger instead.
+
     \b
     Examples:
       hybridq status --json --journal ./hybridq-journal
