@@ -20,9 +20,24 @@ from hybridq.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
-from tests.unit.test_completions import make_forwarder, settle, write_jobs
+from tests.unit import test_completions
+from tests.unit.test_completions import Clock, settle, write_jobs
 
 AGES = ("oldest_pending_age_s", "forwarding_lag_s")
+_opened: list[Forwarder] = []
+
+
+def make_forwarder(journal: Path, transport: MemoryTransport, **kwargs: Any) -> Forwarder:
+    forwarder = test_completions.make_forwarder(journal, transport, **kwargs)
+    _opened.append(forwarder)
+    return forwarder
+
+
+@pytest.fixture(autouse=True)
+def _close_forwarders() -> Any:
+    yield
+    while _opened:
+        _opened.pop().close()  # a failed assertion must not leak one (idempotent)
 
 
 def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
@@ -216,3 +231,49 @@ def test_the_forwarder_works_without_writing_its_snapshot(journal_dir: Path, mon
 def test_stats_of_a_missing_journal_is_an_error(tmp_path: Path, exact: bool) -> None:
     with pytest.raises(hybridq.JournalPathError):
         stats(tmp_path / "nope", exact=exact)
+
+
+def test_delayed_jobs_held_then_released(journal_dir: Path) -> None:
+    clock = Clock()
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 1, 1, run_at=clock.now + 60)
+    queue.enqueue(tasks.add, 2, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["forwarded"], out["delayed_held"], out["pending"]) == (1, 1, 2)
+    clock.now += 61
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["forwarded"], out["delayed_held"], out["pending"]) == (2, 0, 2)
+    transport.work()
+    forwarder.step()
+    forwarder.close()
+    out = same(journal_dir)
+    assert (out["succeeded"], out["pending"], out["queues"]) == (2, 0, {})
+
+
+def test_a_step_that_failed_is_not_counted_until_it_is_read_again(
+    journal_dir: Path, monkeypatch: Any
+) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(5)])
+
+    def broken(batch: object) -> None:
+        raise RuntimeError("push failed")
+
+    monkeypatch.setattr(forwarder, "_push", broken)
+    with pytest.raises(RuntimeError, match="push failed"):
+        forwarder.step()  # the 5 records were read, not pushed: read again at the next step
+    monkeypatch.undo()
+    # A save before they are read again (a held job falling due first) writes a snapshot.
+    forwarder.state.save(0)
+    out = same(journal_dir)
+    assert (out["accepted"], out["not_yet_forwarded"], out["queues"]) == (6, 5, {"default": 6})
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["accepted"], out["not_yet_forwarded"], out["forwarded"]) == (6, 0, 6)
