@@ -13,6 +13,7 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import logging
 import os
@@ -40,7 +41,7 @@ from hybridq.ledger import (
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
-from hybridq.stats_state import PendingTracker, Snapshot, ledger_chains, save_snapshot
+from hybridq.stats_state import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -164,6 +165,7 @@ class ForwarderState:
         self._ledger_known: set[str] = set()
         #: Whether the ledger or the compaction state changed since the last snapshot.
         self._stale = False
+        self._snapshot: Snapshot | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -187,6 +189,7 @@ class ForwarderState:
                 self._note_key_segment((record.writer_id, record.segment_index), entry)
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
+        self._stale = True  # the first step writes the snapshot of what was just loaded
         self.pending = PendingTracker.rebuild(
             self.journal, self.checkpoint.positions, self.index, self.compacted
         )
@@ -211,6 +214,7 @@ class ForwarderState:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._sealed_ledger()
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
@@ -290,13 +294,33 @@ class ForwarderState:
 
     def _save_snapshot(self) -> None:
         """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
-        self._stale = False
         known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
-        snapshot = Snapshot.of(self.checkpoint, self.index, self.compacted, self.pending, known)
         try:
+            snapshot = Snapshot.of(
+                self.checkpoint,
+                self.index,
+                self.compacted,
+                self.pending,
+                known,
+                journal=self.journal,
+                own_chain=self.own_chain,
+            )
             save_snapshot(self.journal, snapshot)
         except OSError as exc:
+            # Tried again at the end of each step; meanwhile the old one is stale.
+            self._snapshot, self._stale = None, True
             log.debug("cannot write the stats snapshot (hybridq.stats scans instead): %s", exc)
+            return
+        self._snapshot, self._stale = snapshot, False
+
+    def _sealed_ledger(self) -> None:
+        """Closing sealed the ledger segment the snapshot names: say so, if nothing else changed."""
+        snap = self._snapshot
+        if snap is None or self._stale or snap.ledger_tail is None:
+            return  # an older snapshot, or none: readers scan while no forwarder runs
+        snap.ledger_tail = ledger_tail(self.journal, snap.ledger_tail[0])
+        with contextlib.suppress(OSError):
+            save_snapshot(self.journal, snap)
 
     def advance(self, positions: dict[str, ChainPosition]) -> None:
         """Note how far the journal was read (everything before it accepted by the transport)."""

@@ -33,8 +33,8 @@ from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, peek_header
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import encode_state, read_state
-from hybridq.ledger import Compacted, LedgerIndex
-from hybridq.state import Checkpoint
+from hybridq.ledger import Compacted, LedgerIndex, ledger_dir
+from hybridq.state import CHECKPOINT_NAME, Checkpoint
 
 __all__ = ["STATS_NAME", "PendingTracker", "Snapshot", "job_fields", "load_snapshot", "save_snapshot"]
 
@@ -255,6 +255,12 @@ class Snapshot:
     #: Pending jobs read, per queue, and the oldest one's creation time.
     queues: dict[str, int] = field(default_factory=dict)
     oldest_pending: float | None = None
+    #: What the forwarder had written when it wrote this: its checkpoint file (inode, size,
+    #: mtime) and its own ledger chain's last segment (chain, index, size). A forwarder that
+    #: died after writing more never writes the snapshot that goes with it: a reader that sees
+    #: them differ while no forwarder runs scans instead.
+    checkpoint_file: list[int] | None = None
+    ledger_tail: list[Any] | None = None
 
     @classmethod
     def of(
@@ -264,10 +270,15 @@ class Snapshot:
         compacted: Compacted,
         tracker: PendingTracker,
         ledger_chains: Iterable[str],
+        *,
+        journal: str,
+        own_chain: str | None,
     ) -> Snapshot:
         """The forwarder's figures now (its compacted segments dropped from ``tracker`` first)."""
         tracker.forget(compacted, checkpoint.positions)
         return cls(
+            checkpoint_file=checkpoint_file(journal),
+            ledger_tail=ledger_tail(journal, own_chain),
             positions=dict(checkpoint.positions),
             compacted=json.loads(compacted.to_bytes()),
             ledger_chains=sorted(ledger_chains),
@@ -320,6 +331,28 @@ def load_snapshot(journal: str) -> Snapshot | None:
         raw = read_state(journal, STATS_NAME)
         return None if raw is None else Snapshot.from_bytes(raw)
     return None
+
+
+def checkpoint_file(journal: str) -> list[int] | None:
+    """The forwarder's checkpoint file as it is now (inode, size, mtime); ``None`` if missing."""
+    try:
+        st = os.stat(os.path.join(journal, f"{CHECKPOINT_NAME}.state"))
+    except FileNotFoundError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def ledger_tail(journal: str, chain: str | None) -> list[Any] | None:
+    """Chain ``chain``'s last ledger segment as it is now (chain, index, size); ``None``: none."""
+    path = ledger_dir(journal)
+    indices = list_chains(path).get(chain or "") if chain is not None and os.path.isdir(path) else None
+    if not indices:
+        return None
+    try:
+        size = os.stat(os.path.join(path, segment_name(chain or "", indices[-1]))).st_size
+    except FileNotFoundError:
+        return None
+    return [chain, indices[-1], size]
 
 
 def ledger_chains(path: str) -> Iterable[str]:

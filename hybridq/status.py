@@ -29,8 +29,8 @@ from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url
 from hybridq.secretfile import read_password
-from hybridq.state import CHECKPOINT_NAME, load_checkpoint
-from hybridq.stats_state import job_fields, ledger_chains, load_snapshot
+from hybridq.state import load_checkpoint
+from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 
 # read_password lives in hybridq.secretfile (the worker side uses it too), redact_url in
 # hybridq.redisurl; both kept importable here.
@@ -64,10 +64,11 @@ def stats(
         exact: always scan (what ``hybridq status --exact`` does).
     """
     path = existing_journal_dir(journal)
-    out = None if exact else _from_snapshot(path)
+    holder = _forwarder_holder(path)
+    out = None if exact else _from_snapshot(path, running=holder is not None)
     if out is None:
         out = consistent(path, lambda compacted: _counts(path, compacted))
-    out["forwarder"] = _forwarder_holder(path)
+    out["forwarder"] = holder
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:
@@ -98,10 +99,19 @@ def collect_status(
     return stats(journal, redis_url=redis_url, outbox=outbox, outbox_table=outbox_table, exact=True)
 
 
-def _from_snapshot(path: str) -> dict[str, Any] | None:
-    """The counts from the forwarder's snapshot and the journal after it; ``None``: scan instead."""
+def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None:
+    """The counts from the forwarder's snapshot and the journal after it; ``None``: scan instead.
+
+    ``running``: whether a forwarder holds the journal (it writes a new snapshot at its next
+    step; one that stopped after writing its checkpoint or ledger but not the snapshot never will).
+    """
     snap = load_snapshot(path)
-    if snap is None or not os.path.exists(os.path.join(path, f"{CHECKPOINT_NAME}.state")):
+    if snap is None or checkpoint_file(path) is None:
+        return None
+    if not running and (
+        checkpoint_file(path) != snap.checkpoint_file
+        or (snap.ledger_tail is not None and ledger_tail(path, snap.ledger_tail[0]) != snap.ledger_tail)
+    ):
         return None
     compacted = load_compacted(path)
     if json.loads(compacted.to_bytes()) != snap.compacted:

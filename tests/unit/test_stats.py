@@ -16,7 +16,7 @@ from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
 from hybridq.journal import ChainPosition
 from hybridq.stats_state import STATS_NAME, PendingTracker, load_snapshot
-from hybridq.status import _from_snapshot, collect_status, stats
+from hybridq.status import _forwarder_holder, _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -42,7 +42,8 @@ def _close_forwarders() -> Any:
 
 def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
     """stats() and the full scan agree (ages to within a second); returns stats()."""
-    assert (_from_snapshot(str(journal)) is not None) == cheap
+    running = _forwarder_holder(str(journal)) is not None
+    assert (_from_snapshot(str(journal), running=running) is not None) == cheap
     fast = stats(journal)
     slow = collect_status(str(journal))
     assert list(fast) == list(slow)
@@ -277,3 +278,32 @@ def test_a_step_that_failed_is_not_counted_until_it_is_read_again(
     forwarder.step()
     out = same(journal_dir)
     assert (out["accepted"], out["not_yet_forwarded"], out["forwarded"]) == (6, 0, 6)
+
+
+def test_a_forwarder_that_stopped_before_its_snapshot_caught_up_means_the_scan(
+    journal_dir: Path, monkeypatch: Any
+) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(4)])
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=2)
+    forwarder.step()  # its ledger chain is in the snapshot now
+    same(journal_dir)
+    transport.work()
+
+    def refuse(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    # Dies (stops) after recording outcomes and saving its checkpoint, before the snapshot.
+    monkeypatch.setattr("hybridq.forwarder_state.save_snapshot", refuse)
+    forwarder.step()
+    forwarder.close()
+    monkeypatch.undo()
+    out = same(journal_dir, cheap=False)
+    assert (out["succeeded"], out["pending"]) == (4, 0)
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()  # a running forwarder writes it again
+    out = same(journal_dir)
+    assert (out["succeeded"], out["pending"]) == (4, 0)
