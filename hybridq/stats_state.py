@@ -91,6 +91,8 @@ class PendingTracker:
         self.pending: dict[str, int] = {}
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
+        #: Blocks whose least creation time became terminal: (writer, segment, block).
+        self._dirty: set[tuple[str, int, int]] = set()
 
     def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
         """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
@@ -145,9 +147,8 @@ class PendingTracker:
             self.pending[queue] = left
         else:
             del self.pending[queue]
-        block = i // _BLOCK
-        if seg.mins[block] == created:
-            seg.mins[block] = min(seg.created[block * _BLOCK : (block + 1) * _BLOCK])
+        if seg.mins[i // _BLOCK] == created:
+            self._dirty.add((loc[0], loc[1], i // _BLOCK))  # its block's least: found again when asked
 
     def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
         """Forget the records after ``positions`` (read by a step that failed: read again next)."""
@@ -175,6 +176,11 @@ class PendingTracker:
 
     def oldest(self) -> float | None:
         """The creation time of the oldest pending job read, ``None`` when there is none."""
+        for writer, index_, block in self._dirty:
+            seg = self.segments.get((writer, index_))
+            if seg is not None and block < len(seg.mins):
+                seg.mins[block] = min(seg.created[block * _BLOCK : (block + 1) * _BLOCK])
+        self._dirty.clear()
         least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=_DONE)
         return None if least == _DONE else least
 
