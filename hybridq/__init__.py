@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .job import Job
     from .journal import Durability
     from .producer import Queue
+    from .schedules import schedule
     from .signing import SignatureError, SigningKeyError
     from .status import stats
 
@@ -70,6 +71,7 @@ __all__ = [
     "current_job",
     "failed_jobs",
     "requeue",
+    "schedule",
     "stats",
     "task",
 ]
@@ -107,6 +109,7 @@ _LAZY = {
     "current_job": ".context",
     "failed_jobs": ".failures",
     "requeue": ".failures",
+    "schedule": ".schedules",
     "stats": ".status",
     "task": ".decorator",
 }

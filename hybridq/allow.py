@@ -79,8 +79,10 @@ def refusal(path: str) -> str:
     )
 
 
-def resolve(path: str) -> Callable[..., Any]:
+def resolve(path: str, extra: tuple[str, ...] = ()) -> Callable[..., Any]:
     """The function at ``path``, if this worker may run it (see the module docstring).
+
+    ``extra``: prefixes allowed besides ``HYBRIDQ_ALLOW``'s (``hybridq.testing``'s ``allow=``).
 
     Raises:
         NotAllowed: the path, or what it leads to, is not allowed (nothing outside the allowed
@@ -88,7 +90,7 @@ def resolve(path: str) -> Callable[..., Any]:
         ImportError, AttributeError: an allowed module or name does not exist or fails to
             import (a task error, as for any function that cannot be found).
     """
-    prefixes = allowed_prefixes()
+    prefixes = allowed_prefixes() + extra
     parts = path.split(".") if isinstance(path, str) else []
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise NotAllowed(f"{path!r} is not a dotted path")

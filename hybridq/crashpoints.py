@@ -1,9 +1,9 @@
 """Named crash points, armed only by the ``HYBRIDQ_CRASH_POINT`` environment variable.
 
 Used by the crash tests (docs/reliability.md): the journal writer's points (S2), compaction's and
-the forwarder's (S13), the outbox relay's (docs/outbox.md). ``HYBRIDQ_CRASH_POINT=mid_record:3``
-makes the process SIGKILL itself the third time the writer reaches ``mid_record``. Unarmed, a
-crash point costs one attribute check.
+the forwarder's (S13), the outbox relay's (docs/outbox.md), the scheduler's (docs/schedules.md).
+``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process SIGKILL itself the third time the writer
+reaches ``mid_record``. Unarmed, a crash point costs one attribute check.
 """
 
 from __future__ import annotations
@@ -11,7 +11,16 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["COMPACTION_NAMES", "FORWARDER_NAMES", "NAMES", "RELAY_NAMES", "armed", "enabled", "reached"]
+__all__ = [
+    "COMPACTION_NAMES",
+    "FORWARDER_NAMES",
+    "NAMES",
+    "RELAY_NAMES",
+    "SCHEDULE_NAMES",
+    "armed",
+    "enabled",
+    "reached",
+]
 
 #: The points the journal writer passes, in order, on every append.
 NAMES = ("before_write", "mid_record", "after_write_before_fsync", "after_fsync_before_ack")
@@ -21,7 +30,9 @@ COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
 FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 #: The outbox relay's point: its batch is in the journal, its rows not yet deleted.
 RELAY_NAMES = ("relay_after_append",)
-_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES
+#: The scheduler's point: its ticks are in the journal, its record of them not yet saved.
+SCHEDULE_NAMES = ("schedule_after_append",)
+_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES
 
 _spec: tuple[str, int] | None = None
 _loaded = False

@@ -22,6 +22,8 @@
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
+    ├── ScheduleError (ValueError)  a periodic job that cannot be kept as declared (hybridq.schedules)
+    │   └── CronError               a cron expression that does not parse, or never fires (hybridq.cron)
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
     ├── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
     ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
@@ -54,6 +56,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "CronError",
     "DuplicateOfFailedJob",
     "EnvelopeError",
     "FileOpError",
@@ -76,6 +79,7 @@ __all__ = [
     "RedisServerNotFound",
     "RetryLater",
     "RetryLaterExpired",
+    "ScheduleError",
     "SealError",
     "SignatureError",
     "SigningKeyError",
@@ -419,3 +423,11 @@ def _in_range(name: str, value: object, low: float, high: float, words: str) -> 
 
 class RetryLaterExpired(HybridqError):
     """A job still said :class:`RetryLater` at its deadline (or too many times): it failed for good."""
+
+
+class ScheduleError(HybridqError, ValueError):
+    """A periodic job that cannot be kept as declared (``hybridq.schedule``); one line."""
+
+
+class CronError(ScheduleError):
+    """A cron expression that does not parse, or that can never fire; one line."""

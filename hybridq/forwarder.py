@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from hybridq.admission import Admission
 from hybridq.envelope import Envelope
@@ -45,7 +45,7 @@ from hybridq.transport.base import Delivery
 from hybridq.upkeep import Upkeep
 from hybridq.watcher import EventWatcher
 
-__all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats"]
+__all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -59,6 +59,19 @@ DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
+class Ticks(Protocol):
+    """Periodic jobs the forwarder keeps (``hybridq.scheduler.Scheduler``; docs/schedules.md)."""
+
+    def fire(self, now: float) -> int:
+        """Append the jobs of the ticks due at ``now`` to the journal; return how many."""
+
+    def next_fire(self) -> float | None:
+        """When the soonest tick is due (Unix time), if known."""
+
+    def close(self) -> None:
+        """Release what it holds (the forwarder closes it with itself)."""
+
+
 class Forwarder:
     """Forwards one journal directory into a transport.
 
@@ -67,6 +80,8 @@ class Forwarder:
         transport: where jobs go.
         config: the options (see :class:`ForwarderConfig`); or give them as keywords instead,
             e.g. ``Forwarder(journal, transport, lease_s=30.0)``.
+        schedules: periodic jobs to keep (a ``hybridq.scheduler.Scheduler``): each step first
+            appends the ticks due to the journal, under the forwarder's lock.
     """
 
     def __init__(
@@ -74,6 +89,8 @@ class Forwarder:
         journal: str | os.PathLike[str],
         transport: Transport,
         config: ForwarderConfig | None = None,
+        *,
+        schedules: Ticks | None = None,
         **options: Any,
     ) -> None:
         if config is not None and options:
@@ -100,6 +117,7 @@ class Forwarder:
         self._dir_fd: int | None = None
         self._listener: NudgeListener | None = None
         self._watcher: EventWatcher | None = None
+        self.schedules = schedules
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -176,7 +194,9 @@ class Forwarder:
         )
 
     def close(self) -> None:
-        """Release the socket, the ledger and the lock. Idempotent."""
+        """Release the socket, the ledger, the schedules and the lock. Idempotent."""
+        if self.schedules is not None:
+            self.schedules.close()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -253,6 +273,8 @@ class Forwarder:
         """
         if self._dir_fd is not None:
             check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
+        if self.schedules is not None:
+            self.schedules.fire(self.clock())  # a full disk: retried with the step
         done = self._forward_due() + self._forward_new()
         if not self._stopping:
             self._maintain()
@@ -297,6 +319,7 @@ class Forwarder:
                 done += self._deliver(batch)
                 batch = []
                 done += self._forward_due()  # a long backlog must not hold back due jobs
+                self._fire_between()  # nor a schedule's tick
                 if self._stopping:
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
         if batch or self._position_moved() or self.admission.waiting:
@@ -305,6 +328,7 @@ class Forwarder:
 
     def _sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early only for a stop (producers' nudges do not cut it short)."""
+        self._fire_between()
         deadline = time.monotonic() + seconds
         while not self._stopping:
             left = deadline - time.monotonic()
@@ -363,6 +387,9 @@ class Forwarder:
             # While Redis is down, the idle wait below paces the attempts.
             return
         timeout = self.config.idle_timeout_s
+        tick = self.schedules.next_fire() if self.schedules is not None else None
+        if tick is not None:
+            timeout = min(timeout, max(0.0, tick - self.clock()))
         if self.checkpoint.held:
             timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))
         # Retries still to push; one pushed waits for its worker's event, which wakes the loop.
@@ -434,6 +461,19 @@ class Forwarder:
 
     def _push(self, batch: list[Delivery]) -> None:
         self._pusher.push(batch)
+
+    def _fire_between(self) -> None:
+        """Journal due ticks during a long step: a backlog, an outage, a full disk (best effort).
+
+        A tick is appended to the journal, not pushed: Redis being down must not delay it. A
+        failure here (the disk is full) is left for the next step, which retries it.
+        """
+        if self.schedules is None or self._stopping:
+            return
+        try:
+            self.schedules.fire(self.clock())
+        except (JournalIOError, OSError) as exc:
+            log.debug("schedule ticks not appended yet: %s", exc)
 
     def _stop_asked(self) -> bool:
         return self._stopping

@@ -13,14 +13,17 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import datetime as dt
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+from hybridq.aio import Committer
 from hybridq.capacity import PendingCount
 from hybridq.envelope import (
     MAX_SECONDS,
@@ -33,19 +36,33 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
+from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.job import Job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
-from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
 
-__all__ = ["Job", "Queue", "default_journal", "shared_writer", "split_call"]
+__all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
+
+#: What :func:`default_journal` raises without ``HYBRIDQ_JOURNAL``: no journal is created in the
+#: working directory unless someone asked for one (a test run, a script started in ``$HOME``).
+NO_JOURNAL = (
+    "no journal configured: pass journal=PATH (Queue(name, journal=...) or @hybridq.task(journal=...)), "
+    "set HYBRIDQ_JOURNAL, or in tests use hybridq.testing (docs/testing.md)"
+)
 
 
 def default_journal() -> str:
-    """``$HYBRIDQ_JOURNAL``, else ``./hybridq-journal`` (read when called, not at import)."""
-    return os.environ.get("HYBRIDQ_JOURNAL") or DEFAULT_JOURNAL
+    """``$HYBRIDQ_JOURNAL`` (read when called, not at import).
+
+    Raises:
+        ConfigError: it is not set (:data:`NO_JOURNAL` says how to set one).
+    """
+    journal = os.environ.get("HYBRIDQ_JOURNAL")
+    if not journal:
+        raise ConfigError(NO_JOURNAL)
+    return journal
 
 
 # -- one writer per process and journal -----------------------------------------------------------
@@ -91,6 +108,30 @@ def _close_writers() -> None:
         _writers.clear()
 
 
+# -- the testing hook ---------------------------------------------------------------------------
+
+
+class Sink(Protocol):
+    """What takes every enqueue of this process instead of the journal (:mod:`hybridq.testing`)."""
+
+    def accept(self, queue: Queue, envelopes: list[Envelope]) -> list[Job]:
+        """The jobs for ``envelopes``, validated, encoded and signed as for the journal."""
+        ...
+
+
+_sink: Sink | None = None
+
+
+def install_sink(sink: Sink | None) -> Sink | None:
+    """Have ``sink`` take every enqueue in this process (``None``: the journal again).
+
+    Returns the sink it replaces, for the caller to put back (``hybridq.testing`` nests them).
+    """
+    global _sink
+    previous, _sink = _sink, sink
+    return previous
+
+
 # -- queues -------------------------------------------------------------------------------------
 
 _OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
@@ -121,7 +162,9 @@ class Queue:
 
     Args:
         name: the queue (and RQ queue) name.
-        journal: the journal directory; default ``$HYBRIDQ_JOURNAL`` or ``./hybridq-journal``.
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL``. Without either, the first
+            enqueue raises :class:`~hybridq.errors.ConfigError` (nothing is created in the
+            working directory), unless :mod:`hybridq.testing` takes the jobs.
         capacity: the most pending jobs (accepted, not yet terminal) the journal may hold; over
             it, ``enqueue`` raises :class:`QueueFull` and writes nothing. ``None``: no limit.
         durability: :attr:`Durability.FSYNC` unless a weaker mode is asked for by name.
@@ -142,7 +185,6 @@ class Queue:
         default_retry: Retry | None = None,
     ) -> None:
         self.name = validate_queue_name(name)
-        self.journal = ensure_journal_dir(journal if journal is not None else default_journal())
         if capacity is not None and capacity < 1:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
@@ -153,14 +195,50 @@ class Queue:
         if default_retry is not None:
             _check_retry(default_retry)
         self.default_retry = default_retry
-        self._pending = PendingCount(self.journal) if capacity is not None else None
-        self._nudge_name = address(self.journal)
+        self._pending: PendingCount | None = None
+        self._nudge_name = ""
         #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
         self._nudged: tuple[str, int] = ("", 0)
         self._writer: JournalWriter | None = None
+        #: enqueue_async's group commit, one per event loop (see hybridq.aio).
+        self._committers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, Committer[_Call, list[Job]]
+        ] = weakref.WeakKeyDictionary()
+        self._journal: str | None = None
+        #: Without ``journal``: the ``$HYBRIDQ_JOURNAL`` the journal was resolved from.
+        self._from_env: str | None = None
+        if journal is not None:
+            self._bind(journal)
+        elif os.environ.get("HYBRIDQ_JOURNAL"):
+            _ = self.journal
+        # else resolved on first use: a module-level Queue() imports in a test (hybridq.testing)
+
+    def _bind(self, journal: str | os.PathLike[str]) -> str:
+        path = ensure_journal_dir(journal)
+        self._pending = PendingCount(path) if self.capacity is not None else None
+        self._nudge_name = address(path)
+        self._writer = None
+        self._nudged = ("", 0)
+        self._journal = path
+        return path
+
+    @property
+    def journal(self) -> str:
+        """The journal directory: the one given, else ``$HYBRIDQ_JOURNAL`` (ConfigError without).
+
+        Without ``journal=``, the variable is read again at each enqueue (a test may change it).
+        """
+        if self._journal is not None and self._from_env is None:
+            return self._journal  # given
+        env = os.environ.get("HYBRIDQ_JOURNAL")
+        if env and env == self._from_env and self._journal is not None:
+            return self._journal
+        path = self._bind(default_journal())
+        self._from_env = env
+        return path
 
     def __repr__(self) -> str:
-        return f"<hybridq.Queue {self.name!r} journal={self.journal!r}>"
+        return f"<hybridq.Queue {self.name!r} journal={self._journal!r}>"
 
     def enqueue(
         self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
@@ -197,6 +275,53 @@ class Queue:
         With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
         first, and the returned jobs hold the signed envelopes.
         """
+        call = self._encode(jobs)
+        sink = _sink
+        if sink is not None:
+            return sink.accept(self, call[0])
+        (outcome,) = self._commit([call])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def enqueue_async(
+        self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
+    ) -> Job:
+        """:meth:`enqueue` for coroutines: return once the job is durable, never blocking the loop.
+
+        The same arguments, validation (bad input raises here, before anything is written) and
+        result. The fsync is waited for off the event loop, and the jobs of coroutines that
+        enqueue meanwhile share it (docs/api.md, "asyncio").
+        """
+        if kwargs:
+            args, call_kwargs, options = split_call(args, kwargs)
+            env = self.prepare(f, args, call_kwargs, idempotency_key=idempotency_key, **options)
+        else:
+            env = self.prepare(f, args, None, idempotency_key=idempotency_key)
+        return (await self.enqueue_many_async([env]))[0]
+
+    async def enqueue_many_async(self, jobs: Iterable[Envelope]) -> list[Job]:
+        """:meth:`enqueue_many` for coroutines: one fsync, all acknowledged or none, off the loop.
+
+        Cancelled while it waits, the jobs may or may not have been written (as after a
+        :class:`~hybridq.errors.JournalIOError`): enqueue them again under the same idempotency
+        keys if it matters.
+        """
+        envelopes, payloads = self._encode(jobs)
+        sink = _sink
+        if sink is not None:
+            return sink.accept(self, envelopes)  # hybridq.testing: in process, as enqueue_many does
+        if not envelopes:
+            return []
+        _ = self.journal  # ConfigError when none is configured: raised here, for this call alone
+        loop = asyncio.get_running_loop()
+        committer = self._committers.get(loop)
+        if committer is None or committer.pid != os.getpid():
+            committer = self._committers[loop] = Committer(self._commit, budget=MAX_PAYLOAD_BYTES)
+        return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
+
+    def _encode(self, jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[bytes]]:
+        """Check, sign and serialize envelopes for :meth:`_commit` (raises before anything is written)."""
         envelopes = list(jobs)
         for env in envelopes:
             if not isinstance(env, Envelope):
@@ -210,23 +335,51 @@ class Queue:
             if len(payload) > MAX_PAYLOAD_BYTES:
                 raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
             payloads.append(payload)
-        if self._pending is not None and self.capacity is not None:
-            self._pending.reserve(len(payloads), self.capacity)  # raises QueueFull
+        return envelopes, payloads
+
+    def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
+        """Append the calls' records as one journal batch under one fsync; each call's outcome.
+
+        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). The others
+        are acknowledged together, or none is: each then gets a :class:`JournalIOError` naming
+        its own jobs. Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async
+        committer in a worker thread.
+        """
+        journal = self.journal  # ConfigError when none is configured
+        outcomes: list[list[Job] | BaseException] = []
+        taken: list[tuple[int, list[Envelope]]] = []  # (its place in outcomes, its envelopes)
+        payloads: list[bytes] = []
+        for envelopes, call_payloads in calls:
+            if self._pending is not None and self.capacity is not None:
+                try:
+                    self._pending.reserve(len(call_payloads), self.capacity)
+                except QueueFull as exc:
+                    outcomes.append(exc)
+                    continue
+            taken.append((len(outcomes), envelopes))
+            outcomes.append([])
+            payloads.extend(call_payloads)
+        if not payloads:
+            return outcomes
         writer = self._writer
         if writer is None or writer.closed:
-            writer = self._writer = shared_writer(self.journal, self.durability)
+            writer = self._writer = shared_writer(journal, self.durability)
         try:
             ids = writer.append_many(payloads)
         except BaseException as exc:
             if self._pending is not None:
                 self._pending.release(len(payloads), appended=False)
-            if isinstance(exc, JournalIOError):
-                # Unknown, not refused: the records may be in the file. Say which jobs, so the
-                # caller can retry them under the same keys (docs/guarantees.md, disk full).
-                exc.for_jobs(
+            if not isinstance(exc, JournalIOError):
+                raise
+            # Unknown, not refused: the records may be in the file. Say which jobs, so each
+            # caller can retry its own under the same keys (docs/guarantees.md, disk full).
+            errors = [exc, *(_copy_io_error(exc) for _ in taken[1:])]
+            for err, (place, envelopes) in zip(errors, taken, strict=True):
+                err.for_jobs(
                     tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
                 )
-            raise
+                outcomes[place] = err
+            return outcomes
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
         # Wake the forwarder with a nudge sent after our records were written. Another thread's
@@ -235,9 +388,21 @@ class Queue:
         last, nudged = ids[-1], self._nudged
         if nudged[1] < last.seq or nudged[0] != last.writer_id:
             written = writer.written
-            nudge(self.journal, name=self._nudge_name)
+            nudge(journal, name=self._nudge_name)
             self._nudged = written
-        return [Job(env, rid, self.journal) for env, rid in zip(envelopes, ids, strict=True)]
+        if len(taken) == 1:  # enqueue's case
+            outcomes[taken[0][0]] = [
+                Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)
+            ]
+            return outcomes
+        at = 0
+        for place, envelopes in taken:
+            end = at + len(envelopes)
+            outcomes[place] = [
+                Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)
+            ]
+            at = end
+        return outcomes
 
     def prepare(
         self,
@@ -356,3 +521,17 @@ def _run_at(
             raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
         return check_time("run_at", run_at.timestamp())
     return None if run_at is None else check_time("run_at", run_at)
+
+
+#: One call's envelopes and their serialized records, as ``Queue._commit`` takes them.
+_Call = tuple[list[Envelope], list[bytes]]
+
+
+def _copy_io_error(exc: JournalIOError) -> JournalIOError:
+    """The same failure for another caller of the same journal batch (each names its own jobs)."""
+    cause = exc.__cause__
+    if not isinstance(cause, OSError):
+        cause = OSError(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
+    copy = JournalIOError(exc.path, exc.op, cause)
+    copy.__cause__ = cause
+    return copy

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -21,6 +23,7 @@ from hybridq.status import redact_url
 
 if TYPE_CHECKING:
     from hybridq.outbox.background import BackgroundRelay
+    from hybridq.scheduler import Scheduler
 
 #: Seconds a stopping forwarder waits for its outbox relay (SQLite waits up to 30 s for a lock).
 RELAY_STOP_TIMEOUT_S = 45.0
@@ -78,6 +81,14 @@ RELAY_STOP_TIMEOUT_S = 45.0
     default=None,
     help="Your producers' Queue(capacity=N), exported as the hybridq_capacity gauge (to alert on).",
 )
+@click.option(
+    "--schedules",
+    "schedule_modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Keep the periodic jobs this module declares with hybridq.schedule(...) (repeatable; "
+    "imported from the current directory too). See docs/schedules.md.",
+)
 @outbox_options
 @click.pass_context
 def forward(
@@ -91,6 +102,7 @@ def forward(
     metrics_port: int | None,
     metrics_addr: str,
     capacity: int | None,
+    schedule_modules: tuple[str, ...],
     outbox_dsn: str | None,
     outbox_table: str,
 ) -> None:
@@ -110,10 +122,16 @@ def forward(
     Example:
       hybridq forward --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
       hybridq forward --journal /var/lib/hybridq/journal --outbox sqlite:////var/lib/app/app.db
+      hybridq forward --journal /var/lib/hybridq/journal --schedules myapp.schedules
+
+    With --schedules, it imports the module(s) and journals each tick of the schedules they
+    declare as a job (one per tick, across restarts and Redis losses); a module that cannot be
+    imported or a bad schedule is one line and exit 2, before anything is forwarded.
     """
     from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
+    scheduler = _load_schedules(ctx, schedule_modules, journal) if schedule_modules else None
     relay = None if outbox_dsn is None else _open_relay(ctx, outbox_dsn, outbox_table, journal)
     transport = RQTransport(redis_url)
     try:
@@ -124,6 +142,7 @@ def forward(
             idle_timeout_s=idle_timeout,
             lease_s=lease_s,
             key_ttl_s=key_ttl_s,
+            schedules=scheduler,
         )
         forwarder.open()
         if metrics_port is not None:
@@ -163,6 +182,21 @@ def forward(
         )
     else:
         logging.getLogger("hybridq").info("stopped; checkpoint saved")
+
+
+def _load_schedules(ctx: click.Context, modules: tuple[str, ...], journal: str) -> Scheduler:
+    """The schedules the modules declare, checked: a bad one is exit 2 now, nothing written."""
+    from hybridq.scheduler import Scheduler  # noqa: PLC0415
+    from hybridq.schedules import load_schedules  # noqa: PLC0415
+
+    # Like `hybridq worker` (and `rq worker`): modules in the current directory import.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        declared = load_schedules(modules)
+        return Scheduler(journal, declared)
+    except ValueError as exc:  # ScheduleError, EnvelopeError: the schedule, not the system
+        _bad_usage(ctx, str(exc))
 
 
 def _open_relay(ctx: click.Context, dsn: str, table: str, journal: str) -> BackgroundRelay:

@@ -1,12 +1,48 @@
 """Test support shipped in the package: not the product, and nothing in the product imports it.
 
+For testing your own code (docs/testing.md), importable from here:
+
+* :class:`LocalQueue`, :func:`eager` (:mod:`hybridq.testing.local`) — every enqueue of the
+  process runs its job here, at ``enqueue`` or at ``drain()``; no journal, no Redis. The pytest
+  fixtures ``hybridq_queue`` and ``hybridq_eager`` (:mod:`hybridq.testing.pytest_plugin`,
+  registered with pytest by the package) give one per test.
+* :func:`fake_stack` (:mod:`hybridq.testing.fakestack`) — the real forwarder, RQ and worker
+  code on an in-process fakeredis (the ``testing`` extra: ``fakeredis[lua]``).
+
+And the project's own:
+
 * :mod:`hybridq.testing.memory` — :class:`MemoryTransport`, an in-memory transport with a
-  simulated worker, for testing your own code without Redis (also importable as
-  ``hybridq.transport.MemoryTransport``).
+  simulated worker (also importable as ``hybridq.transport.MemoryTransport``).
 * :mod:`hybridq.testing.embedded` — a private redis-server process (the test suite, benchmarks
   and ``hybridq demo``).
 * :mod:`hybridq.testing.chaos` and :mod:`hybridq.testing.faultproxy` — the project's own
   fault-injection harness behind ``hybridq chaos`` (``docs/reliability.md``); not an API.
 
-Importing this package imports none of them.
+Importing this package imports none of them: a name loads its module when first used.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridq.testing.fakestack import FakeStack, fake_stack
+    from hybridq.testing.local import LocalJob, LocalQueue, eager
+
+__all__ = ["FakeStack", "LocalJob", "LocalQueue", "eager", "fake_stack"]
+
+_LAZY = {
+    "FakeStack": ".fakestack",
+    "fake_stack": ".fakestack",
+    "LocalJob": ".local",
+    "LocalQueue": ".local",
+    "eager": ".local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

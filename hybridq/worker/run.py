@@ -17,7 +17,6 @@ import math
 import os
 import socket
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,6 @@ from rq.job import Job as RQJob
 
 from hybridq import keys
 from hybridq.context import CurrentJob, _current
-from hybridq.envelope import Envelope
 from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
 from hybridq.later import resolve
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
@@ -36,6 +34,7 @@ from hybridq.signing import keyring
 from hybridq.worker import lease, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
+from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
 __all__ = [
     "BUSY_POLL_S",
@@ -57,8 +56,6 @@ __all__ = [
 
 log = logging.getLogger("hybridq.worker")
 
-#: Longest error text stored with an outcome (a traceback); events carry only its last line.
-MAX_ERROR_CHARS = 8192
 #: How often a delivery that finds its key's lease taken checks again (seconds).
 BUSY_POLL_S = 0.25
 
@@ -102,7 +99,7 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     error: Exception | None = None
     value: Any = None
     try:
-        value = run.func(*run.d.envelope.args, **run.d.envelope.kwargs)  # a hybridq.task is callable too
+        value = call(run.func, run.d.envelope)  # a hybridq.task is callable too
     except Exception as exc:
         error = exc
     except BaseException:
@@ -143,11 +140,11 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
     final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
-    value, run.result_json = _jsonable(value, env)
+    value, run.result_json = jsonable(value, env)
     outcome = StoredOutcome(
         outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
         result=value,
-        error=_format_error(error) if error is not None else None,
+        error=format_error(error) if error is not None else None,
         job_id=env.id,
         attempt=d.attempt,
         requeue=env.requeue,
@@ -384,17 +381,3 @@ def finished(run: Run, kept: int) -> None:
             "the task ran twice for one key",
             run.d.envelope.id,
         )
-
-
-def _jsonable(value: Any, env: Envelope) -> tuple[Any, str]:
-    """``value`` if JSON holds it, else its ``repr()``; and its JSON text."""
-    try:
-        return value, json.dumps(value)
-    except (TypeError, ValueError):
-        log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
-        return repr(value), json.dumps(repr(value))
-
-
-def _format_error(error: BaseException) -> str:
-    text = "".join(traceback.format_exception(error))
-    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]

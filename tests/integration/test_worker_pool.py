@@ -409,3 +409,23 @@ def test_the_pool_stays_subscribed_to_its_command_channel(redis_server: RedisSer
     wait_until(lambda: pool_._commands() or pool_.commanded, timeout=5, what="the command")
     assert pool_.stopping == 1
     pool_.pubsub.close()
+
+
+def test_async_tasks_are_awaited_by_rqs_loop_too(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``--rq``, ``--simple`` and a plain ``rq worker`` run an ``async def`` task on an event loop of its own.
+
+    They called it and stored the coroutine's repr() as its result: the task never ran.
+    """
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(redis_server.url)
+    worker = stack.worker(redis_server.url, simple=True)
+    queue = Queue("default", journal_dir)
+    job = queue.enqueue("tests.tasks.atraced", str(effects), "a1", 0.1)
+    wait_status(
+        journal_dir, subprocess_env, all_succeeded(1), what="the async job", alive=alive(forwarder, worker)
+    )
+    assert [x.token for x in read_effects(effects) if x.kind == "done"] == ["a1"]
+    with redis_client(redis_server) as client:
+        assert rq.job.Job.fetch(job.id, connection=client, serializer=JSONSerializer).return_value() == "a1"

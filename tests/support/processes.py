@@ -135,12 +135,26 @@ class ForwarderProcess:
 class WorkerProcess:
     """A worker child process (``hybridq worker`` or ``rq worker``), its output in ``log_path``."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path, cwd: Path) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        log_path: Path,
+        cwd: Path,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         self.args = args
         self.log_path = log_path
         with open(log_path, "ab") as log:  # the child keeps its own copy of the fd
             self.proc = subprocess.Popen(
-                args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                args,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=pass_fds,
             )
 
     @property

@@ -27,6 +27,8 @@ _REEXPORTED = {
     "hybridq.journal.format": ["HeaderError"],
     "hybridq.journal.segment": ["SealError"],
     "hybridq.journal.fileops": ["FileOpError"],
+    "hybridq.cron": ["CronError"],
+    "hybridq.schedules": ["ScheduleError"],
 }
 
 

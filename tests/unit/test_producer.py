@@ -9,6 +9,7 @@ from pathlib import Path
 import hybridq
 import pytest
 from hybridq import EnvelopeError, NotSerializable, Queue, QueueFull, RecordTooLarge, Retry, task
+from hybridq.errors import ConfigError
 from hybridq.journal import JournalReader
 
 from tests import tasks
@@ -101,7 +102,9 @@ def test_the_journal_defaults_to_the_environment(tmp_path: Path, monkeypatch: py
     assert Queue().journal == str(tmp_path / "from-env")
     monkeypatch.delenv("HYBRIDQ_JOURNAL")
     monkeypatch.chdir(tmp_path)
-    assert Queue().journal == str(tmp_path / "hybridq-journal")
+    with pytest.raises(ConfigError, match="no journal configured"):  # none in the cwd (issue 17)
+        _ = Queue().journal
+    assert not (tmp_path / "hybridq-journal").exists()
 
 
 def test_over_capacity_enqueue_raises_queue_full_and_writes_nothing(journal_dir: Path) -> None:
