@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .producer import Queue
     from .schedules import schedule
     from .signing import SignatureError, SigningKeyError
+    from .status import stats
 
 __version__ = "0.1.0"
 
@@ -78,6 +79,7 @@ __all__ = [
     "fetch_job",
     "requeue",
     "schedule",
+    "stats",
     "task",
 ]
 
@@ -119,6 +121,7 @@ _LAZY = {
     "fetch_job": ".job",
     "requeue": ".failures",
     "schedule": ".schedules",
+    "stats": ".status",
     "task": ".decorator",
 }
 

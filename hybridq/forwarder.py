@@ -294,6 +294,7 @@ class Forwarder:
             self.lookup.catch_up(self._reader.position)
             self._lookup_due = self.lookup.building  # a first build goes on at every step
             self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
+        self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         return done
 
     def _forward_new(self) -> int:
@@ -306,6 +307,7 @@ class Forwarder:
             # Everything before the checkpoint's positions is pushed already.
             reader.seek(self.checkpoint.positions)
             self.admission.reset()
+            self.state.pending.rewind(self.checkpoint.positions)
             raise
 
     def _read_and_deliver(self, reader: JournalReader) -> int:
@@ -317,8 +319,10 @@ class Forwarder:
                 # Finished already (a checkpoint lost or older than the ledger), or an invalid
                 # record recorded before a step was retried: never counted twice. A duplicate
                 # waits for its key's owner, never pushed.
+                self.state.saw(record, None)
                 continue
             env = decode_job(self.state, record)
+            self.state.saw(record, env)
             if env is None:
                 continue
             self.lookup.note_job(record, env)

@@ -13,6 +13,7 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError
-from hybridq.journal import ChainPosition, JournalWriter
+from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
@@ -41,6 +42,7 @@ from hybridq.ledger import (
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
 from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.stats_state import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -161,6 +163,13 @@ class ForwarderState:
         #: Called with the entries of each ledger append, once durable, and where its chain ends
         #: (the lookup index).
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
+        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
+        self.pending = PendingTracker()
+        #: The ledger chains loaded into the index when it started (plus its own, once written).
+        self._ledger_known: set[str] = set()
+        #: Whether the ledger or the compaction state changed since the last snapshot.
+        self._stale = False
+        self._snapshot: Snapshot | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -183,6 +192,11 @@ class ForwarderState:
                 self.index.apply(entry)
                 self._note_key_segment((record.writer_id, record.segment_index), entry)
         self.forget_keys()
+        self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
+        self._stale = True  # the first step writes the snapshot of what was just loaded
+        self.pending = PendingTracker.rebuild(
+            self.journal, self.checkpoint.positions, self.index, self.compacted
+        )
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -204,6 +218,7 @@ class ForwarderState:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._sealed_ledger()
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
@@ -270,6 +285,46 @@ class ForwarderState:
         started = time.perf_counter()
         save_checkpoint(self.journal, self.checkpoint)
         self._timed(started)
+        self._save_snapshot()
+
+    def saw(self, record: Record, env: Envelope | None) -> None:
+        """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
+        self.pending.saw_record(record, env, self.index)
+
+    def refresh_snapshot(self) -> None:
+        """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
+        if self._stale:
+            self._save_snapshot()
+
+    def _save_snapshot(self) -> None:
+        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
+        known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
+        try:
+            snapshot = Snapshot.of(
+                self.checkpoint,
+                self.index,
+                self.compacted,
+                self.pending,
+                known,
+                journal=self.journal,
+                own_chain=self.own_chain,
+            )
+            save_snapshot(self.journal, snapshot)
+        except OSError as exc:
+            # Tried again at the end of each step; meanwhile the old one is stale.
+            self._snapshot, self._stale = None, True
+            log.debug("cannot write the stats snapshot (hybridq.stats scans instead): %s", exc)
+            return
+        self._snapshot, self._stale = snapshot, False
+
+    def _sealed_ledger(self) -> None:
+        """Closing sealed the ledger segment the snapshot names: say so, if nothing else changed."""
+        snap = self._snapshot
+        if snap is None or self._stale or snap.ledger_tail is None:
+            return  # an older snapshot, or none: readers scan while no forwarder runs
+        snap.ledger_tail = ledger_tail(self.journal, snap.ledger_tail[0])
+        with contextlib.suppress(OSError):
+            save_snapshot(self.journal, snap)
 
     def advance(self, positions: dict[str, ChainPosition]) -> None:
         """Note how far the journal was read (everything before it accepted by the transport)."""
@@ -322,7 +377,12 @@ class ForwarderState:
             self.on_append(entries, last.writer_id, ChainPosition(last.segment, end, last.seq + 1))
         if not apply:
             return []
-        return [entry for entry in entries if not self.index.apply(entry)]
+        unchanged = [entry for entry in entries if not self.index.apply(entry)]
+        self._stale = True
+        for entry in entries:
+            if entry.kind == "done" and self.index.is_terminal(entry.loc):
+                self.pending.done(entry.loc)
+        return unchanged
 
     def record_invalid(self, loc: Loc) -> None:
         """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
@@ -357,6 +417,7 @@ class ForwarderState:
         disk): the retried step would then count the same segment again.
         """
         save_compacted(self.journal, new)
+        self._stale = True
         for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
             setattr(self.compacted, f.name, getattr(new, f.name))
 

@@ -1,4 +1,7 @@
-"""What ``hybridq status`` reports, computed from the journal, the ledger and the checkpoint.
+"""What ``hybridq status`` reports (:func:`stats`), from the journal, the ledger and the checkpoint.
+
+:func:`stats` reads the figures the forwarder saves with each step (:mod:`hybridq.stats_state`)
+and the journal after them; :func:`collect_status` (``stats(exact=True)``) scans everything.
 
 Redis is optional: every contract field comes from durable state on this host, so the answer is
 the same whether Redis is up, down or freshly emptied.
@@ -14,42 +17,58 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridq.errors import JournalCorruption
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.ownerlock import lock_owner
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
-from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
+from hybridq.ledger import Compacted, LedgerIndex, consistent, ledger_dir, load_compacted, load_index
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url
 from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
+from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 
 # read_password lives in hybridq.secretfile (the worker side uses it too), redact_url in
 # hybridq.redisurl; both kept importable here.
-__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url"]
+__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url", "stats"]
 
 #: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
-def collect_status(
-    journal: str,
+def stats(
+    journal: str | os.PathLike[str],
     *,
     redis_url: str | None = None,
     outbox: str | None = None,
     outbox_table: str = DEFAULT_TABLE,
+    exact: bool = False,
 ) -> dict[str, Any]:
-    """The status object of ``hybridq status --json``.
+    """What ``hybridq status --json`` prints, cheaply enough for a health endpoint.
 
-    With ``outbox`` (a DSN), also the transactional outbox's backlog: its committed rows the
-    relay has not moved into the journal yet, and the oldest one's age (``docs/outbox.md``).
+    The counts come from the figures the forwarder saves with each checkpoint, plus the journal
+    records it has not read yet; without them (no forwarder ever ran here, or a compaction or
+    another process's ledger write since), or with ``exact``, from a full scan of the journal
+    and the ledger. Both give the same answer once the forwarder has taken its step (docs/api.md,
+    "Stats for a health endpoint").
+
+    Args:
+        journal: the journal directory.
+        redis_url: also report whether this Redis answers (the ``redis`` key).
+        outbox: a transactional outbox's DSN: also its backlog (the ``outbox`` key).
+        outbox_table: the outbox's table.
+        exact: always scan (what ``hybridq status --exact`` does).
     """
     path = existing_journal_dir(journal)
-    out = consistent(path, lambda compacted: _counts(path, compacted))
-    out["forwarder"] = _forwarder_holder(path)
+    holder = _forwarder_holder(path)
+    out = None if exact else _from_snapshot(path, running=holder is not None)
+    if out is None:
+        out = consistent(path, lambda compacted: _counts(path, compacted))
+    out["forwarder"] = holder
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:
@@ -63,6 +82,81 @@ def collect_status(
             "oldest_age_s": backlog.oldest_age_s(),
         }
     return out
+
+
+def collect_status(
+    journal: str,
+    *,
+    redis_url: str | None = None,
+    outbox: str | None = None,
+    outbox_table: str = DEFAULT_TABLE,
+) -> dict[str, Any]:
+    """The status object of ``hybridq status --json``, from a full scan (``stats(exact=True)``).
+
+    With ``outbox`` (a DSN), also the transactional outbox's backlog: its committed rows the
+    relay has not moved into the journal yet, and the oldest one's age (``docs/outbox.md``).
+    """
+    return stats(journal, redis_url=redis_url, outbox=outbox, outbox_table=outbox_table, exact=True)
+
+
+def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None:
+    """The counts from the forwarder's snapshot and the journal after it; ``None``: scan instead.
+
+    ``running``: whether a forwarder holds the journal (it writes a new snapshot at its next
+    step; one that stopped after writing its checkpoint or ledger but not the snapshot never will).
+    """
+    snap = load_snapshot(path)
+    if snap is None or checkpoint_file(path) is None:
+        return None
+    if not running and (
+        checkpoint_file(path) != snap.checkpoint_file
+        or (snap.ledger_tail is not None and ledger_tail(path, snap.ledger_tail[0]) != snap.ledger_tail)
+    ):
+        return None
+    compacted = load_compacted(path)
+    if json.loads(compacted.to_bytes()) != snap.compacted:
+        return None  # compacted since: its counts moved (the next step writes a new snapshot)
+    if not set(ledger_chains(ledger_dir(path))) <= set(snap.ledger_chains):
+        return None  # another process wrote to the ledger (a requeue): only a scan knows what
+    chains = list_chains(path)
+    try:
+        tail = _scan_pending(path, compacted, LedgerIndex(), snap.positions, since=snap.positions)
+    except (FileNotFoundError, JournalCorruption):
+        return None  # compacted under it: the scan retries, and reports real damage
+    if load_compacted(path) != compacted:
+        return None
+    leftover = sum(
+        sealed_data_count(path, w, i) or 0
+        for w, indices in chains.items()
+        for i in indices
+        if compacted.is_compacted((w, i))
+    )
+    accepted = compacted.accepted + snap.consumed + tail.records - leftover
+    done = snap.outcomes
+    succeeded = compacted.succeeded + done.get("succeeded", 0)
+    failed = compacted.failed + done.get("failed", 0) + compacted.invalid + done.get("invalid", 0)
+    queues = dict(snap.queues)
+    for queue, n in tail.queues.items():
+        queues[queue] = queues.get(queue, 0) + n
+    oldest = min((t for t in (snap.oldest_pending, tail.oldest_pending) if t is not None), default=None)
+    return {
+        "accepted": accepted,
+        "forwarded": snap.forwarded,
+        "succeeded": succeeded,
+        "failed": failed,
+        "pending": accepted - succeeded - failed,
+        "duplicates_suppressed": compacted.dups + done.get("dups", 0),
+        "not_yet_forwarded": tail.not_forwarded,
+        "delayed_held": snap.delayed_held,
+        "duplicate_pushes": snap.duplicate_pushes,
+        "invalid_records": snap.invalid,
+        "retrying": snap.retrying,
+        "failed_listed": snap.failed_listed,
+        "compacted_segments": sum(i + 1 for i in compacted.through.values()),
+        "queues": queues,
+        "oldest_pending_age_s": _age(oldest),
+        "forwarding_lag_s": _age(tail.oldest_unforwarded),
+    }
 
 
 def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
@@ -112,15 +206,20 @@ class _Scan:
 
 
 def _scan_pending(
-    path: str, compacted: Compacted, index: LedgerIndex, positions: Mapping[str, ChainPosition]
+    path: str,
+    compacted: Compacted,
+    index: LedgerIndex,
+    positions: Mapping[str, ChainPosition],
+    *,
+    since: Mapping[str, ChainPosition] | None = None,
 ) -> _Scan:
-    """One pass over the live journal: counts, and what is pending where and since when.
+    """One pass over the live journal (after ``since``): counts, what is pending where and since when.
 
     Only records that are not terminal are decoded, so the cost follows the backlog, not the
     journal's size.
     """
     out = _Scan()
-    for record in JournalReader(path).records():
+    for record in JournalReader(path).records(since):
         if record.rtype != RecordType.DATA or compacted.is_compacted(
             (record.writer_id, record.segment_index)
         ):
@@ -130,11 +229,10 @@ def _scan_pending(
         out.not_forwarded += not forwarded
         if index.is_terminal((record.writer_id, record.segment_index, record.offset)):
             continue
-        try:
-            body = json.loads(record.payload)
-            queue, created = str(body["queue"]), float(body["created_at"])
-        except (ValueError, KeyError, TypeError, OverflowError):
+        job = job_fields(record.payload)
+        if job is None:
             continue  # not a job: the forwarder records it as invalid (terminal) when it reads it
+        queue, created = job
         out.queues[queue] = out.queues.get(queue, 0) + 1
         out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)
         if not forwarded and (out.oldest_unforwarded is None or created < out.oldest_unforwarded):

@@ -38,6 +38,11 @@ from hybridq.protocol import DEFAULT_LEASE_S
 @click.option(
     "--interval", type=click.FloatRange(0.1, None), default=2.0, show_default=True, help="For --watch."
 )
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Scan the journal and the ledger instead of reading the forwarder's figures (slower).",
+)
 @outbox_options
 @click.pass_context
 def status(
@@ -48,6 +53,7 @@ def status(
     as_json: bool,
     watch: bool,
     interval: float,
+    exact: bool,
     outbox_dsn: str | None,
     outbox_table: str,
 ) -> None:
@@ -58,20 +64,25 @@ def status(
     answers, and with --outbox the transactional outbox's backlog (rows not yet relayed into the
     journal, and the oldest one's age). With --watch --json, one JSON object per line.
 
+    The counts are hybridq.stats(): the figures the forwarder saved at its last step, plus the
+    journal records it has not read yet; --exact scans the journal and the ledger instead.
+
     \b
     Examples:
       hybridq status --json --journal ./hybridq-journal
       hybridq status --watch --redis redis://127.0.0.1:6379/0
       hybridq status --outbox sqlite:////var/lib/app/app.db
     """
-    from hybridq.status import collect_status  # noqa: PLC0415
+    from hybridq.status import stats  # noqa: PLC0415
 
     redis_url = _with_password_file(redis_url, redis_password_file)
     if outbox_dsn is not None:
         _check_outbox(ctx, outbox_dsn, outbox_table)
     while True:
         try:
-            out = collect_status(journal, redis_url=redis_url, outbox=outbox_dsn, outbox_table=outbox_table)
+            out = stats(
+                journal, redis_url=redis_url, outbox=outbox_dsn, outbox_table=outbox_table, exact=exact
+            )
         except (HybridqError, OSError) as exc:
             _fail(ctx, exc)
         except Exception as exc:  # the outbox database's driver error (locked, ...)

@@ -1,0 +1,309 @@
+"""``hybridq.stats``: the ``status --json`` object from the forwarder's snapshot, equal to the scan."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import hybridq
+import pytest
+from click.testing import CliRunner
+from hybridq import Queue, Retry, requeue
+from hybridq.cli import cli
+from hybridq.envelope import Envelope
+from hybridq.forwarder import Forwarder
+from hybridq.journal import ChainPosition
+from hybridq.stats_state import STATS_NAME, PendingTracker, load_snapshot
+from hybridq.status import _forwarder_holder, _from_snapshot, collect_status, stats
+from hybridq.transport import MemoryTransport
+
+from tests import tasks
+from tests.unit import test_completions
+from tests.unit.test_completions import Clock, settle, write_jobs
+
+AGES = ("oldest_pending_age_s", "forwarding_lag_s")
+_opened: list[Forwarder] = []
+
+
+def make_forwarder(journal: Path, transport: MemoryTransport, **kwargs: Any) -> Forwarder:
+    forwarder = test_completions.make_forwarder(journal, transport, **kwargs)
+    _opened.append(forwarder)
+    return forwarder
+
+
+@pytest.fixture(autouse=True)
+def _close_forwarders() -> Any:
+    yield
+    while _opened:
+        _opened.pop().close()  # a failed assertion must not leak one (idempotent)
+
+
+def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
+    """stats() and the full scan agree (ages to within a second); returns stats()."""
+    running = _forwarder_holder(str(journal)) is not None
+    assert (_from_snapshot(str(journal), running=running) is not None) == cheap
+    fast = stats(journal)
+    slow = collect_status(str(journal))
+    assert list(fast) == list(slow)
+    for age in AGES:
+        assert abs(fast.pop(age) - slow.pop(age)) < 1.0
+    assert fast == slow
+    return fast
+
+
+def fail_zero(env: Envelope, attempt: int) -> None:
+    if env.args[0] == 0:
+        raise ValueError("zero")
+
+
+def fail_all(env: Envelope, attempt: int) -> None:
+    raise ValueError("no")
+
+
+def test_fresh_journal_without_a_forwarder_scans(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    for i in range(5):
+        queue.enqueue(tasks.add, i, i)
+    out = same(journal_dir, cheap=False)
+    assert out["accepted"] == 5
+    assert out["not_yet_forwarded"] == 5
+
+
+def test_forwarded_finished_failed_and_stopped(journal_dir: Path) -> None:
+    a = Queue("a", journal=journal_dir)
+    b = Queue("b", journal=journal_dir)
+    for i in range(6):
+        a.enqueue(tasks.add, i, i)
+    b.enqueue(tasks.add, 1, 1, retry=Retry(max_attempts=3, backoff_s=100, jitter=False))
+    b.enqueue(tasks.add, 2, 2, delay=3600)  # held by the forwarder
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["forwarded"], out["delayed_held"], out["queues"]) == (7, 1, {"a": 6, "b": 2})
+    transport.work("a", func=fail_zero, limit=4)  # one failure, three successes
+    transport.work("b", func=fail_all)  # a retry
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["succeeded"], out["failed"], out["retrying"], out["failed_listed"]) == (3, 1, 1, 1)
+    assert out["queues"] == {"a": 2, "b": 2}
+    forwarder.close()
+    late = [a.enqueue(tasks.add, 9, 9) for _ in range(3)]  # the forwarder is not running
+    out = same(journal_dir)
+    assert out["not_yet_forwarded"] == 3
+    assert out["queues"] == {"a": 5, "b": 2}
+    assert out["forwarder"] is None
+    assert len(late) == 3
+
+
+def test_compacted_journal(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 300)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=150, func=fail_zero)
+    settle(forwarder)
+    settle(forwarder)
+    out = same(journal_dir)
+    assert out["compacted_segments"] > 0
+    assert (out["accepted"], out["pending"]) == (300, 150)
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    out = same(journal_dir)
+    assert (out["accepted"], out["succeeded"], out["failed"], out["pending"]) == (300, 299, 1, 0)
+
+
+def test_a_restarted_forwarder_rebuilds_the_same_figures(journal_dir: Path) -> None:
+    write_jobs(journal_dir, 120)
+    Queue("other", journal=journal_dir).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=70)
+    settle(forwarder)
+    forwarder.close()
+    before = load_snapshot(str(journal_dir))
+    assert before is not None
+    Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)  # after the position: not read
+    forwarder = make_forwarder(journal_dir, transport)
+    rebuilt = forwarder.state.pending
+    assert (rebuilt.consumed, rebuilt.pending, rebuilt.oldest()) == (
+        before.consumed,
+        before.queues,
+        before.oldest_pending,
+    )
+    out = same(journal_dir)
+    assert out["not_yet_forwarded"] == 1
+    forwarder.step()
+    forwarder.close()
+    after = load_snapshot(str(journal_dir))
+    assert after is not None
+    assert (after.consumed, after.queues) == (before.consumed + 1, {"default": 50, "other": 2})
+    same(journal_dir)
+
+
+def test_a_requeue_by_another_process_falls_back_to_the_scan(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 0, 0)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=fail_zero)
+    forwarder.step()
+    same(journal_dir)
+    requeue([job.id], journal=str(journal_dir))
+    out = same(journal_dir, cheap=False)  # the forwarder has not read that ledger chain
+    assert out["failed_listed"] == 0
+    forwarder.close()
+
+
+def test_a_missing_or_damaged_snapshot_means_the_scan(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    forwarder.close()
+    same(journal_dir)
+    path = journal_dir / f"{STATS_NAME}.state"
+    path.write_bytes(b"garbage")
+    same(journal_dir, cheap=False)
+    path.unlink()
+    same(journal_dir, cheap=False)
+
+
+def test_exact_scans_and_optional_keys(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    forwarder.close()
+    out = hybridq.stats(journal_dir, exact=True)
+    assert "redis" not in out
+    assert "outbox" not in out
+    down = hybridq.stats(str(journal_dir), redis_url="redis://127.0.0.1:1/0")
+    assert down["redis"] == {"url": "redis://127.0.0.1:1/0", "up": False, "waiting_for_a_worker": None}
+
+
+def test_the_cli_prints_what_stats_returns(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    forwarder.close()
+    runner = CliRunner()
+    for extra in ([], ["--exact"]):
+        result = runner.invoke(cli, ["status", "--json", "--journal", str(journal_dir), *extra])
+        assert result.exit_code == 0, result.output
+        printed = json.loads(result.output)
+        expected = stats(journal_dir)
+        for age in AGES:
+            assert abs(printed.pop(age) - expected.pop(age)) < 1.0
+        assert printed == expected
+
+
+def test_the_tracker_forgets_records_of_a_step_that_failed() -> None:
+    tracker = PendingTracker()
+    for offset in range(64, 64 + 100 * 10, 10):
+        tracker.saw(("w", 0, offset), ("q", float(offset)))
+    tracker.done(("w", 0, 64))
+    assert (tracker.consumed, tracker.pending, tracker.oldest()) == (100, {"q": 99}, 74.0)
+    tracker.rewind({"w": ChainPosition(0, 64 + 10 * 50, 51)})
+    assert (tracker.consumed, tracker.pending, tracker.oldest()) == (50, {"q": 49}, 74.0)
+    tracker.saw(("w", 0, 64 + 10 * 50), ("q", 1.0))
+    assert (tracker.consumed, tracker.pending, tracker.oldest()) == (51, {"q": 50}, 1.0)
+    tracker.rewind({})
+    assert (tracker.consumed, tracker.pending, tracker.oldest()) == (0, {}, None)
+
+
+def test_the_forwarder_works_without_writing_its_snapshot(journal_dir: Path, monkeypatch: Any) -> None:
+    def refuse(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hybridq.forwarder_state.save_snapshot", refuse)
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder: Forwarder = make_forwarder(journal_dir, transport)
+    assert forwarder.step() == 1
+    forwarder.close()
+    assert not os.path.exists(journal_dir / f"{STATS_NAME}.state")
+    same(journal_dir, cheap=False)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_stats_of_a_missing_journal_is_an_error(tmp_path: Path, exact: bool) -> None:
+    with pytest.raises(hybridq.JournalPathError):
+        stats(tmp_path / "nope", exact=exact)
+
+
+def test_delayed_jobs_held_then_released(journal_dir: Path) -> None:
+    clock = Clock()
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 1, 1, run_at=clock.now + 60)
+    queue.enqueue(tasks.add, 2, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["forwarded"], out["delayed_held"], out["pending"]) == (1, 1, 2)
+    clock.now += 61
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["forwarded"], out["delayed_held"], out["pending"]) == (2, 0, 2)
+    transport.work()
+    forwarder.step()
+    forwarder.close()
+    out = same(journal_dir)
+    assert (out["succeeded"], out["pending"], out["queues"]) == (2, 0, {})
+
+
+def test_a_step_that_failed_is_not_counted_until_it_is_read_again(
+    journal_dir: Path, monkeypatch: Any
+) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(5)])
+
+    def broken(batch: object) -> None:
+        raise RuntimeError("push failed")
+
+    monkeypatch.setattr(forwarder, "_push", broken)
+    with pytest.raises(RuntimeError, match="push failed"):
+        forwarder.step()  # the 5 records were read, not pushed: read again at the next step
+    monkeypatch.undo()
+    # A save before they are read again (a held job falling due first) writes a snapshot.
+    forwarder.state.save(0)
+    out = same(journal_dir)
+    assert (out["accepted"], out["not_yet_forwarded"], out["queues"]) == (6, 5, {"default": 6})
+    forwarder.step()
+    out = same(journal_dir)
+    assert (out["accepted"], out["not_yet_forwarded"], out["forwarded"]) == (6, 0, 6)
+
+
+def test_a_forwarder_that_stopped_before_its_snapshot_caught_up_means_the_scan(
+    journal_dir: Path, monkeypatch: Any
+) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(4)])
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=2)
+    forwarder.step()  # its ledger chain is in the snapshot now
+    same(journal_dir)
+    transport.work()
+
+    def refuse(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    # Dies (stops) after recording outcomes and saving its checkpoint, before the snapshot.
+    monkeypatch.setattr("hybridq.forwarder_state.save_snapshot", refuse)
+    forwarder.step()
+    forwarder.close()
+    monkeypatch.undo()
+    out = same(journal_dir, cheap=False)
+    assert (out["succeeded"], out["pending"]) == (4, 0)
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()  # a running forwarder writes it again
+    out = same(journal_dir)
+    assert (out["succeeded"], out["pending"]) == (4, 0)
