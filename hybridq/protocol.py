@@ -75,6 +75,8 @@ class Outcome(enum.StrEnum):
     #: Stored and sent only: the task raised ``hybridq.RetryLater``; it runs again after a delay,
     #: with no attempt used (the ledger makes it a ``retry`` entry).
     LATER = "later"
+    #: The job was cancelled (``hybridq cancel``): it never ran, or its run was stopped.
+    CANCELLED = "cancelled"
 
 
 class EntryKind(enum.StrEnum):
@@ -93,6 +95,9 @@ class EntryKind(enum.StrEnum):
     #: A job whose idempotency key was pending or finished: never pushed, settled (a ``done``
     #: entry with ``dup_of``) with its original's outcome once that one is terminal.
     DUPLICATE = "duplicate"
+    #: A cancel was asked for the job (``hybridq cancel``): never delivered again; settled by a
+    #: ``done`` entry with the outcome ``cancelled`` (or the outcome its run reported).
+    CANCEL = "cancel"
 
 
 class Verdict(enum.StrEnum):
@@ -119,6 +124,8 @@ class ClaimStatus(enum.IntEnum):
     BUSY = 3
     #: The delivery is from before the forwarder's current epoch: run nothing, report nothing.
     FENCED = 4
+    #: The job was cancelled (its RQ job hash carries ``hybridq_cancel``): run nothing, report nothing.
+    CANCELLED = 5
 
 
 class FinishReply(enum.IntEnum):

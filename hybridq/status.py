@@ -81,12 +81,13 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
     # Records that are not jobs are terminal too (skipped, logged): they count as failed.
     failed = compacted.failed + counts["failed"] + compacted.invalid + counts["invalid"]
     suppressed = compacted.dups + counts["dups"]
+    cancelled = compacted.cancelled + counts["cancelled"]
     return {
         "accepted": accepted,
         "forwarded": checkpoint.forwarded if checkpoint else 0,
         "succeeded": succeeded,
         "failed": failed,
-        "pending": accepted - succeeded - failed,
+        "pending": accepted - succeeded - failed - cancelled,
         "duplicates_suppressed": suppressed,
         "not_yet_forwarded": waiting,
         "delayed_held": len(checkpoint.held) if checkpoint else 0,
@@ -98,6 +99,8 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
         "queues": scan.queues,
         "oldest_pending_age_s": _age(scan.oldest_pending),
         "forwarding_lag_s": _age(scan.oldest_unforwarded),
+        "cancelled": cancelled,
+        "cancels_pending": len(index.cancels),
     }
 
 
