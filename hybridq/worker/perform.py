@@ -29,6 +29,7 @@ from rq.timeouts import JobTimeoutException
 from hybridq import keys
 from hybridq.context import _current
 from hybridq.envelope import Envelope
+from hybridq.errors import Cancelled
 from hybridq.protocol import ENTRY_POINT, Delivery
 from hybridq.signing import keyring
 from hybridq.worker.admit import check
@@ -121,6 +122,14 @@ class Performer:
         if is_async(run.func):
             self.runner.start_async(item)  # type: ignore[union-attr]
             return False
+        if run.renewal is not None:
+            if run.renewal.cancelled.is_set():  # cancelled while it waited for a thread: not started
+                value, error = conclude(
+                    run, None, Cancelled(f"job {item.job_id} was cancelled before it started")
+                )
+                _record(item, value, error)
+                return True
+            item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
         if self.runner is not None:
             run.func = self.runner.guard(item, run.func)
         try:

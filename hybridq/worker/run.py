@@ -29,7 +29,7 @@ from rq.job import Job as RQJob
 from hybridq import keys
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope import Envelope
-from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
+from hybridq.errors import Cancelled, DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
 from hybridq.later import resolve
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
 from hybridq.signing import keyring
@@ -117,9 +117,17 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     """Start holding ``run``'s lease and make it the current job (:func:`hybridq.current_job`)."""
     d, env = run.d, run.d.envelope
     if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
-        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s, run.claim_keys[2])
     return _current.set(
-        CurrentJob(env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
+        CurrentJob(
+            env.id,
+            env.idempotency_key,
+            d.job_attempt,
+            env.max_attempts,
+            env.queue,
+            env.func,
+            cancel_flag=run.renewal.cancelled,
+        )
     )
 
 
@@ -129,7 +137,7 @@ def hold_claimed(conn: redis.Redis, run: Run) -> None:
     A pool worker's job may wait for a thread, and for its batch's end: its lease must not lapse.
     """
     if run.renewal is None:
-        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s)
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2])
         run.renewal.until = math.inf
 
 
@@ -142,10 +150,16 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
-    final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
+    cancelled = isinstance(error, Cancelled)  # asked to stop (hybridq cancel): no retry
+    final = (
+        error is None
+        or cancelled
+        or d.job_attempt >= env.max_attempts
+        or isinstance(error, RetryLaterExpired)
+    )
     value, run.result_json = _jsonable(value, env)
     outcome = StoredOutcome(
-        outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
+        outcome=Outcome.SUCCEEDED if error is None else Outcome.CANCELLED if cancelled else Outcome.FAILED,
         result=value,
         error=_format_error(error) if error is not None else None,
         job_id=env.id,
@@ -197,6 +211,10 @@ def claim(conn: redis.Redis, run: Run) -> Any:
                 return None
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
+        if status == ClaimStatus.CANCELLED:
+            # Cancelled before it started (hybridq cancel): the forwarder settles it; nothing runs.
+            log.info("job %s attempt %d: cancelled before it started: not run", env.id, d.attempt)
+            return None
         if status == ClaimStatus.FENCED:
             # Not a failure of the job: nothing ran, and nothing is reported.
             log.warning(

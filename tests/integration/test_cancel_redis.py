@@ -1,0 +1,101 @@
+"""Cancellation with real processes (issue 17, item 6): ``hybridq forward --lease 2``, the pool
+worker and a private redis-server, as in test_worker_pool.py. Tasks append fsync'd lines to an
+effects file (tests.tasks), so what ran is counted without trusting hybridq.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hybridq import cancel, failed_jobs
+from hybridq.testing.embedded import RedisServer
+
+from tests.integration.test_worker_pool import Setup, pool, setup, starts_and_dones
+from tests.integration.test_worker_redis import Stack, alive, lines_of, stack, wait_line, wait_status
+from tests.support.processes import wait_until
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+
+def cancelled(n: int):
+    return lambda s: s.get("cancelled") == n and s["cancels_pending"] == 0
+
+
+def test_a_running_cooperative_task_stops_with_cancelled(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run: Setup = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "2")
+    job = run.queue.enqueue("tests.tasks.cooperative", str(run.effects), "coop")
+    wait_line(run.effects, "start", "coop")
+    asked = time.monotonic()
+    assert [r.state for r in cancel([job.id], journal_dir)] == ["requested"]
+    status = wait_status(
+        journal_dir, subprocess_env, cancelled(1), what="the cancel", alive=alive(run.forwarder, run.worker)
+    )
+    took = time.monotonic() - asked
+    assert (status["succeeded"], status["failed"], status["pending"]) == (0, 0, 0)
+    assert lines_of(run.effects, "stopped", "coop"), "the task saw the cancel and stopped itself"
+    assert not lines_of(run.effects, "done", "coop")
+    assert job.get_status() == "cancelled"
+    assert failed_jobs(str(journal_dir)) == []
+    assert took < 10, f"the cancel took {took:.1f} s to stop a cooperative task"
+    assert [r.state for r in cancel([job.id], journal_dir)] == ["cancelled"]  # twice: fine
+
+
+def test_a_task_ignoring_the_cancel_is_stopped_after_the_grace_and_the_pool_keeps_serving(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run = setup(
+        stack,
+        redis_server,
+        journal_dir,
+        tmp_path,
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        "--cancel-grace",
+        "1",
+    )
+    job = run.queue.enqueue("tests.tasks.spin", str(run.effects), "spin")  # loops, never looks
+    pid = wait_line(run.effects, "start", "spin").pid
+    cancel([job.id], journal_dir)
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        cancelled(1),
+        what="the hard stop",
+        alive=alive(run.forwarder, run.worker),
+    )
+    assert job.get_status() == "cancelled"
+    assert "cancelled, still running after its grace period" in run.worker.log()
+    after = run.queue.enqueue("tests.tasks.traced", str(run.effects), "after")
+    wait_line(run.effects, "done", "after", timeout=30)
+    assert after.get_status() in ("forwarded", "finished")
+    assert run.worker.children() == [pid], "an exception stopped the task: its process keeps serving"
+    assert failed_jobs(str(journal_dir)) == []
+
+
+def test_a_queued_job_never_runs_and_a_redis_wipe_does_not_bring_it_back(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "1")
+    run.queue.enqueue("tests.tasks.traced", str(run.effects), "blocker", 4.0)
+    wait_line(run.effects, "start", "blocker")
+    waiting = [run.queue.enqueue("tests.tasks.traced", str(run.effects), f"w{i}") for i in range(4)]
+    # Some wait in Redis's queue, some were taken ahead by the pool (claimed, waiting for a thread).
+    assert {r.state for r in cancel([j.id for j in waiting], journal_dir)} == {"requested"}
+    wait_status(
+        journal_dir, subprocess_env, cancelled(4), what="the cancels", alive=alive(run.forwarder, run.worker)
+    )
+    wait_line(run.effects, "done", "blocker", timeout=30)
+    redis_server.flushall()  # Redis loses everything, the cancel marks with it
+    late = run.queue.enqueue("tests.tasks.traced", str(run.effects), "late")
+    wait_line(run.effects, "done", "late", timeout=30)
+    pool(stack, redis_server.url, "--processes", "1")  # one more, to take anything brought back
+    time.sleep(3)
+    starts, _dones = starts_and_dones(run.effects)
+    assert all(starts[f"w{i}"] == 0 for i in range(4)), starts
+    assert [j.get_status() for j in waiting] == ["cancelled"] * 4
+    wait_until(lambda: late.get_status() == "finished", timeout=30, what="the late job's outcome")
