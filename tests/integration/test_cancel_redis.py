@@ -6,14 +6,20 @@ effects file (tests.tasks), so what ran is counted without trusting hybridq.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from hybridq import cancel, failed_jobs
+import pytest
+from hybridq import cancel, failed_jobs, keys
 from hybridq.testing.embedded import RedisServer
+from hybridq.transport.base import Probe
+from hybridq.transport.rq import RQTransport
 
 from tests.integration.test_worker_pool import Setup, pool, setup, starts_and_dones
+from tests.integration.test_worker_protocol import deliver, envelope, events
 from tests.integration.test_worker_redis import Stack, alive, lines_of, stack, wait_line, wait_status
 from tests.support.processes import wait_until
+from tests.support.rqwork import Work
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
@@ -99,3 +105,63 @@ def test_a_queued_job_never_runs_and_a_redis_wipe_does_not_bring_it_back(
     assert all(starts[f"w{i}"] == 0 for i in range(4)), starts
     assert [j.get_status() for j in waiting] == ["cancelled"] * 4
     wait_until(lambda: late.get_status() == "finished", timeout=30, what="the late job's outcome")
+
+
+def test_an_async_task_ignoring_the_cancel_is_cancelled_after_the_grace(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--cancel-grace", "1")
+    job = run.queue.enqueue("tests.tasks.atraced", str(run.effects), "asleep", 60.0)
+    wait_line(run.effects, "start", "asleep")
+    cancel([job.id], journal_dir)
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        cancelled(1),
+        what="the async stop",
+        alive=alive(run.forwarder, run.worker),
+    )
+    assert job.get_status() == "cancelled"
+    assert not lines_of(run.effects, "done", "asleep")
+    assert failed_jobs(str(journal_dir)) == []
+
+
+# -- the Redis side, step by step (RQ's SimpleWorker and hybridq's, as in test_worker_protocol) --
+
+
+@pytest.fixture
+def transport(redis_server: RedisServer) -> Iterator[RQTransport]:
+    transport = RQTransport(redis_server.url)
+    yield transport
+    transport.close()
+
+
+def test_a_job_marked_cancelled_is_off_its_queue_and_a_worker_that_took_it_runs_nothing(
+    transport: RQTransport, work: Work, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.txt"
+    env = envelope("tests.tasks.record", args=(str(effects), "x"))
+    deliver(transport, env)
+    conn = transport.connection
+    assert transport.cancel([Probe(env.id, env.key_id, env.queue)], key_ttl_s=60) == [False]
+    assert conn.llen(keys.rq_queue("default")) == 0
+    assert conn.hget(keys.rq_job(env.id), "status") == b"canceled"
+    conn.rpush(keys.rq_queue("default"), env.id)  # a worker that had taken it anyway
+    work(transport)
+    assert not effects.exists(), "the claim found the mark: the task did not run"
+    assert events(transport) == []  # the forwarder settles it; the worker reports nothing
+
+
+def test_a_lease_renewal_sees_the_cancel_mark(transport: RQTransport) -> None:
+    from hybridq.worker.scripts import renew_many
+
+    env = envelope()
+    deliver(transport, env)
+    conn = transport.connection
+    lease, job = keys.lease(env.key_id), keys.rq_job(env.id)
+    conn.set(lease, "token", px=10_000)
+    assert renew_many(conn, [(lease, "token", 10_000)], [job]) == [1]
+    assert transport.cancel([Probe(env.id, env.key_id, env.queue)], key_ttl_s=60) == [True]  # running
+    assert renew_many(conn, [(lease, "token", 10_000)], [job]) == [3]  # renewed, and cancelled
+    assert renew_many(conn, [(lease, "other", 10_000)], [job]) == [2]
+    assert renew_many(conn, [(lease, "token", 10_000)]) == [1]  # without job keys: as before
