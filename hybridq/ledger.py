@@ -22,7 +22,7 @@ a kind ``t``:
 * ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
   Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
   with the owner's outcome.
-* ``cancel`` -- a cancel was asked for the job at ``loc`` (:mod:`hybridq.cancel`): it is never
+* ``cancel`` -- a cancel was asked for the job at ``loc`` (:mod:`hybridq.cancels`): it is never
   delivered again; a ``done`` entry with the outcome ``cancelled`` settles it (or the outcome its
   run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
   ``cancelled``, whatever order they are read in: what a run really did beats the cancel.
