@@ -83,8 +83,8 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     """
     path = existing_journal_dir(journal or os.environ.get("HYBRIDQ_JOURNAL") or DEFAULT_JOURNAL)
     wanted = list(dict.fromkeys(job_ids))
-    index = consistent(path, lambda compacted: _Known(compacted, load_index(path, compacted)))
-    locs = _records(path, set(wanted), index.compacted)
+    # Read again if a compaction deleted a segment under either read (hybridq.ledger.consistent).
+    index, locs = consistent(path, lambda c: (_Known(c, load_index(path, c)), _records(path, set(wanted), c)))
     results: list[CancelResult] = []
     request: list[tuple[str, Loc]] = []
     for job_id in wanted:

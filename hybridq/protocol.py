@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from hybridq.envelope import Envelope
@@ -285,6 +285,10 @@ class StoredOutcome:
     retry_delay: float | None = None
     later: int = 0
     later_since: float | None = None
+
+    def cancelled(self) -> StoredOutcome:
+        """This outcome as a cancelled run's: ``cancelled``, final (no retry)."""
+        return replace(self, outcome=Outcome.CANCELLED, final=True)
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object."""

@@ -37,7 +37,7 @@ from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.loop import WORKER_TTL_S, check_access
 from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
 from hybridq.worker.run import finished, hold_claimed, release
-from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
+from hybridq.worker.runner import Runner, Taken
 
 __all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
 
@@ -68,7 +68,6 @@ class Engine:
         max_memory_mb: end after the process's peak RSS passes this; ``None``: never.
         stamp: the runner's liveness stamp (shared with the pool).
         parent: the pid of the pool process; this one stops if it is gone.
-        cancel_grace_s: how long a cancelled job may run on before it is stopped.
     """
 
     def __init__(
@@ -84,7 +83,6 @@ class Engine:
         max_memory_mb: float | None = None,
         stamp: Callable[[float], None] = lambda _now: None,
         parent: int | None = None,
-        cancel_grace_s: float = CANCEL_GRACE_S,
     ) -> None:
         from hybridq.rqworker import SimpleWorker  # noqa: PLC0415 - RQ's worker module is heavy
 
@@ -112,13 +110,7 @@ class Engine:
         )
         performer = Performer(self.client)
         self.runner = Runner(
-            threads,
-            async_concurrency,
-            performer.work,
-            performer.work_async,
-            performer.stuck,
-            stamp,
-            cancel_grace_s=cancel_grace_s,
+            threads, async_concurrency, performer.work, performer.work_async, performer.stuck, stamp
         )
         performer.runner = self.runner
         self.stopping = False

@@ -237,8 +237,8 @@ class _Pool:
                     max_memory_mb=self.options.max_memory_mb,
                     stamp=lambda at: struct.pack_into("d", self.alive, 8 * index, at),
                     parent=parent,
-                    cancel_grace_s=self.options.cancel_grace_s,
                 )
+                engine.runner.cancel_grace_s = self.options.cancel_grace_s
                 code = engine.run()
             except BaseException:
                 log.exception("worker process %d failed", os.getpid())

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -118,17 +117,8 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     d, env = run.d, run.d.envelope
     if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
         run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s, run.claim_keys[2])
-    return _current.set(
-        CurrentJob(
-            env.id,
-            env.idempotency_key,
-            d.job_attempt,
-            env.max_attempts,
-            env.queue,
-            env.func,
-            cancel_flag=run.renewal.cancelled,
-        )
-    )
+    job = (env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
+    return _current.set(CurrentJob(*job, cancel_flag=run.renewal.cancelled))
 
 
 def hold_claimed(conn: redis.Redis, run: Run) -> None:
@@ -150,16 +140,10 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
-    cancelled = isinstance(error, Cancelled)  # asked to stop (hybridq cancel): no retry
-    final = (
-        error is None
-        or cancelled
-        or d.job_attempt >= env.max_attempts
-        or isinstance(error, RetryLaterExpired)
-    )
+    final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
     value, run.result_json = _jsonable(value, env)
     outcome = StoredOutcome(
-        outcome=Outcome.SUCCEEDED if error is None else Outcome.CANCELLED if cancelled else Outcome.FAILED,
+        outcome=Outcome.SUCCEEDED if error is None else Outcome.FAILED,
         result=value,
         error=_format_error(error) if error is not None else None,
         job_id=env.id,
@@ -171,6 +155,8 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     )
     if later is not None:  # RQ records the run finished: not a failure, no traceback
         outcome = later.stored(outcome)
+    if isinstance(error, Cancelled):  # asked to stop (hybridq cancel): the end, no retry
+        outcome = outcome.cancelled()
     run.finish = _finish_call(run, outcome.to_json())
     run.error_text = outcome.error
     return value, error
@@ -185,7 +171,7 @@ def claim(conn: redis.Redis, run: Run) -> Any:
 
     Uses ``run.claim_reply`` if the claim was sent already. A suppressed duplicate returns the
     stored result (or raises DuplicateOfFailedJob), a stale copy raises StaleDelivery, a fenced
-    one returns ``None``; a busy key is polled until it is one of those, or claimed.
+    (or cancelled) one returns ``None``; a busy key is polled until it is one of those, or claimed.
     """
     d, env = run.d, run.d.envelope
     reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
@@ -211,8 +197,7 @@ def claim(conn: redis.Redis, run: Run) -> Any:
                 return None
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
-        if status == ClaimStatus.CANCELLED:
-            # Cancelled before it started (hybridq cancel): the forwarder settles it; nothing runs.
+        if status == ClaimStatus.CANCELLED:  # before it started (hybridq cancel): the forwarder settles it
             log.info("job %s attempt %d: cancelled before it started: not run", env.id, d.attempt)
             return None
         if status == ClaimStatus.FENCED:
@@ -269,7 +254,7 @@ class Run:
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (the lease value: unique per run)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{_host_pid()}/{os.urandom(4).hex()}"
+        token = f"{env.id}/{d.attempt}/{lease.host_pid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [
@@ -281,18 +266,6 @@ class Run:
             d.gen,
         ]
         return cls(raw, d, token, claim_keys, claim_args, func)
-
-
-_HOST_PID: tuple[int, str] = (0, "")
-
-
-def _host_pid() -> str:
-    """``host/pid`` of this process, for lease tokens (looked up once per process)."""
-    global _HOST_PID
-    pid = os.getpid()
-    if _HOST_PID[0] != pid:
-        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
-    return _HOST_PID[1]
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.
