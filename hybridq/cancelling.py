@@ -21,6 +21,7 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -55,7 +56,8 @@ class Canceller:
         self.cancelled = 0
         #: How often a job a worker still runs is looked at again (tests shorten it).
         self.recheck_s = RECHECK_S
-        self._next: dict[Loc, float] = {}
+        #: When each job a worker still ran was last asked about (monotonic).
+        self._asked: dict[Loc, float] = {}
         self._down = False
 
     def step(self) -> None:
@@ -91,7 +93,7 @@ class Canceller:
             pushed = self._pushed(loc)
             if not pushed:
                 settled.append(entry)  # never pushed: it never runs
-            elif now < self._next.get(loc, 0.0):
+            elif now < self._asked.get(loc, -math.inf) + self.recheck_s:
                 continue
             env = envelope_at(self.state.journal, loc)
             if env is None:
@@ -109,14 +111,14 @@ class Canceller:
                     log.warning("cannot mark %d cancelled job(s) in the backend yet: %s", len(ask), exc)
                 self._down = True
                 for entry, _, _ in ask:
-                    self._next[entry.loc] = now + self.recheck_s
+                    self._asked[entry.loc] = now
             else:
                 self._down = False
                 for (entry, _, pushed), busy in zip(ask, running, strict=True):
                     if not pushed:
                         continue
                     if busy:
-                        self._next[entry.loc] = now + self.recheck_s
+                        self._asked[entry.loc] = now
                     else:
                         settled.append(entry)
         self._settle(settled)
@@ -134,7 +136,7 @@ class Canceller:
         held = self.state.checkpoint.held
         held[:] = [h for h in held if (h.writer_id, h.segment, h.offset) not in gone]
         for e in entries:
-            self._next.pop(e.loc, None)
+            self._asked.pop(e.loc, None)
             log.info("job %s: cancelled", e.job_id)
         self.cancelled += len(entries)
 

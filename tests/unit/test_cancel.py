@@ -11,7 +11,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from hybridq import Queue, cancel, failed_jobs
+from hybridq import Queue, Retry, cancel, failed_jobs
 from hybridq.cancels import cancel_dir
 from hybridq.journal import JournalWriter
 from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index
@@ -19,7 +19,7 @@ from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
-from tests.unit.test_completions import make_forwarder, settle
+from tests.unit.test_completions import Clock, make_forwarder, settle
 
 
 def states(results: list) -> list[str]:
@@ -189,3 +189,90 @@ def test_compaction_keeps_the_cancelled_count(journal_dir: Path) -> None:
     status = collect_status(str(journal_dir))
     assert (status["cancelled"], status["succeeded"], status["pending"]) == (30, 30, 0)
     assert len(transport.executions) == 30
+
+
+def test_a_cancel_between_a_redis_wipe_and_the_refill_is_not_pushed_again(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.forget()  # FLUSHALL before the forwarder noticed
+    job.cancel()
+    settle(forwarder, steps=10)  # the epoch check's refill pass, and the cancel
+    transport.work()
+    forwarder.close()
+    assert job.id not in transport.deliveries, "the refill pushed a cancelled job again"
+    assert transport.executions == {}
+    assert job.get_status() == "cancelled"
+
+
+def test_a_cancel_asked_while_the_job_runs_outlives_a_forwarder_restart(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.kill(delivery)  # claimed, then its worker died: the lease is gone, no outcome
+    transport.leases.add(delivery.envelope.key_id)  # ... but not yet when the cancel is looked at
+    job.cancel()
+    settle(forwarder)
+    forwarder.close()
+    assert job.get_status() == "forwarded"
+    transport.leases.clear()  # the lease lapses
+    forwarder = make_forwarder(journal_dir, transport)  # a new process: the request is in the ledger
+    settle(forwarder, steps=10)  # an orphaned job would be delivered again; a cancelled one is not
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert transport.executions == {}
+    assert transport.runs[job.id] == 1, "delivered again after its worker vanished"
+    assert job.get_status() == "cancelled"
+
+
+def test_a_cancelled_job_whose_worker_vanished_is_not_delivered_again(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.add, 1, 2, retry=Retry(max_attempts=3, backoff_s=0.0, jitter=False))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.leases.add(delivery.envelope.key_id)  # running
+    job.cancel()
+    forwarder.cancels.recheck_s = 3600.0  # the cancel is not looked at again for a while
+    settle(forwarder)
+    transport.kill(delivery)  # its worker vanishes: orphaned, which reconcile would deliver again
+    settle(forwarder, steps=10)
+    assert transport.runs[job.id] == 1, "a cancelled job was delivered again"
+    assert load_index(str(journal_dir), load_compacted(str(journal_dir))).lost == {}
+    forwarder.cancels.recheck_s = 0.0
+    settle(forwarder)
+    forwarder.close()
+    assert job.get_status() == "cancelled"
+
+
+def test_a_cancelled_job_waiting_for_a_retry_is_not_retried(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    job = queue.enqueue(tasks.fail, retry=Retry(max_attempts=3, backoff_s=60.0, jitter=False))
+    transport = MemoryTransport()
+    clock = Clock()
+    forwarder = make_forwarder(journal_dir, transport, clock=clock)
+    forwarder.step()
+    transport.work(func=lambda _env, _attempt: tasks.fail())
+    settle(forwarder)  # attempt 1 failed: a retry in 60 s
+    job.cancel()
+    forwarder.cancels.recheck_s = 3600.0
+    transport.down = True  # the cancel cannot be marked in Redis yet
+    forwarder.step()
+    transport.down = False
+    clock.now += 120  # the retry is due
+    settle(forwarder)
+    assert transport.runs[job.id] == 1, "a cancelled job was retried"
+    forwarder.cancels.recheck_s = 0.0
+    settle(forwarder)
+    forwarder.close()
+    assert job.get_status() == "cancelled"
+    assert failed_jobs(str(journal_dir)) == []
