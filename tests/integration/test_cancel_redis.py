@@ -10,14 +10,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hybridq import cancel, failed_jobs, keys
+from hybridq import Queue, cancel, failed_jobs, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Probe
 from hybridq.transport.rq import RQTransport
 
 from tests.integration.test_worker_pool import Setup, pool, setup, starts_and_dones
 from tests.integration.test_worker_protocol import deliver, envelope, events
-from tests.integration.test_worker_redis import Stack, alive, lines_of, stack, wait_line, wait_status
+from tests.integration.test_worker_redis import (
+    Stack,
+    alive,
+    lines_of,
+    redis_client,
+    stack,
+    wait_line,
+    wait_status,
+)
 from tests.support.processes import wait_until
 from tests.support.rqwork import Work
 
@@ -165,3 +173,39 @@ def test_a_lease_renewal_sees_the_cancel_mark(transport: RQTransport) -> None:
     assert renew_many(conn, [(lease, "token", 10_000)], [job]) == [3]  # renewed, and cancelled
     assert renew_many(conn, [(lease, "other", 10_000)], [job]) == [2]
     assert renew_many(conn, [(lease, "token", 10_000)]) == [1]  # without job keys: as before
+
+
+def test_under_rqs_worker_loop_a_cooperative_task_stops_with_cancelled(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``hybridq worker --rq``: a forked work-horse per job; its own lease renewal sees the cancel."""
+    forwarder = stack.forwarder(redis_server.url)
+    worker = stack.worker(redis_server.url, rq=True)
+    effects = tmp_path / "effects.txt"
+    job = Queue("default", journal_dir).enqueue("tests.tasks.cooperative", str(effects), "coop")
+    wait_line(effects, "start", "coop")
+    cancel([job.id], journal_dir)
+    wait_status(journal_dir, subprocess_env, cancelled(1), what="the cancel", alive=alive(forwarder, worker))
+    assert lines_of(effects, "stopped", "coop")
+    assert job.get_status() == "cancelled"
+    assert failed_jobs(str(journal_dir)) == []
+
+
+def test_under_rqs_worker_loop_rqs_stop_job_command_ends_a_cancelled_job(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """No grace-period stop under ``--rq``: RQ's stop-job command kills the work-horse by hand."""
+    from rq.command import send_stop_job_command
+
+    forwarder = stack.forwarder(redis_server.url)
+    worker = stack.worker(redis_server.url, rq=True)
+    effects = tmp_path / "effects.txt"
+    job = Queue("default", journal_dir).enqueue("tests.tasks.spin", str(effects), "spin")
+    wait_line(effects, "start", "spin")
+    cancel([job.id], journal_dir)
+    time.sleep(1.5)  # the forwarder marked it; the task ignores the mark
+    with redis_client(redis_server) as client:
+        send_stop_job_command(client, job.id)
+    wait_status(journal_dir, subprocess_env, cancelled(1), what="the cancel", alive=alive(forwarder, worker))
+    assert job.get_status() == "cancelled"
+    assert failed_jobs(str(journal_dir)) == []
