@@ -1,7 +1,8 @@
 """The lease renewer: one thread per process keeps every lease the process holds alive.
 
 A delivery's claim takes its idempotency key's lease for ``lease_s``; while the task runs, and
-until its outcome is stored or given up, :func:`hold` renews it every third of its length. When
+until its outcome is stored or given up, :func:`hold` renews it every third of its length (at
+most every :data:`CANCEL_POLL_S`). When
 the worker or its work-horse is killed the renewals stop, the lease expires within ``lease_s``,
 and the forwarder delivers the job again.
 
