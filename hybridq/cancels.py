@@ -37,7 +37,7 @@ from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
 from hybridq.nudge import nudge
 
-__all__ = ["CANCEL_DIR", "CancelResult", "cancel", "cancel_dir", "read_requests"]
+__all__ = ["CANCEL_DIR", "CancelResult", "cancel", "cancel_dir", "pending_cancels", "read_requests"]
 
 #: The directory of cancel requests not yet taken in by the forwarder, inside the journal.
 CANCEL_DIR = "cancel"
@@ -176,3 +176,11 @@ def _loc(value: object) -> Loc:
         raise ValueError(f"not a loc: {value!r:.60}")
     writer, segment, offset = value
     return (str(writer), int(segment), int(offset))
+
+
+def pending_cancels(journal: str, index: LedgerIndex) -> int:
+    """Jobs a cancel was asked for that are not terminal yet: in the ledger, or still in a request file."""
+    locs = set(index.cancels)
+    for _path, jobs in read_requests(journal):
+        locs.update(loc for _id, loc in jobs if not index.is_terminal(loc))
+    return len(locs)

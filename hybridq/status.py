@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridq.cancels import pending_cancels
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
@@ -100,7 +101,7 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
         "oldest_pending_age_s": _age(scan.oldest_pending),
         "forwarding_lag_s": _age(scan.oldest_unforwarded),
         "cancelled": cancelled,
-        "cancels_pending": len(index.cancels),
+        "cancels_pending": pending_cancels(path, index),
     }
 
 

@@ -276,3 +276,15 @@ def test_a_cancelled_job_waiting_for_a_retry_is_not_retried(journal_dir: Path) -
     forwarder.close()
     assert job.get_status() == "cancelled"
     assert failed_jobs(str(journal_dir)) == []
+
+
+def test_status_counts_a_cancel_the_forwarder_has_not_taken_in_yet(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    job.cancel()
+    job.cancel()  # twice: one job
+    assert collect_status(str(journal_dir))["cancels_pending"] == 1
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.step()
+    forwarder.close()
+    status = collect_status(str(journal_dir))
+    assert (status["cancels_pending"], status["cancelled"], status["pending"]) == (0, 1, 0)
