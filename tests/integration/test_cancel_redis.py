@@ -6,7 +6,7 @@ effects file (tests.tasks), so what ran is counted without trusting hybridq.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,12 @@ def cancelled(n: int):
 
 
 def test_a_running_cooperative_task_stops_with_cancelled(
-    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
 ) -> None:
     run: Setup = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "2")
     job = run.queue.enqueue("tests.tasks.cooperative", str(run.effects), "coop")
@@ -48,6 +53,7 @@ def test_a_running_cooperative_task_stops_with_cancelled(
         journal_dir, subprocess_env, cancelled(1), what="the cancel", alive=alive(run.forwarder, run.worker)
     )
     took = time.monotonic() - asked
+    figures(f"CANCEL cooperative: settled {took:.2f} s after the request (lease 2 s)")
     assert (status["succeeded"], status["failed"], status["pending"]) == (0, 0, 0)
     assert lines_of(run.effects, "stopped", "coop"), "the task saw the cancel and stopped itself"
     assert not lines_of(run.effects, "done", "coop")
@@ -58,7 +64,12 @@ def test_a_running_cooperative_task_stops_with_cancelled(
 
 
 def test_a_task_ignoring_the_cancel_is_stopped_after_the_grace_and_the_pool_keeps_serving(
-    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
 ) -> None:
     run = setup(
         stack,
@@ -74,6 +85,7 @@ def test_a_task_ignoring_the_cancel_is_stopped_after_the_grace_and_the_pool_keep
     )
     job = run.queue.enqueue("tests.tasks.spin", str(run.effects), "spin")  # loops, never looks
     pid = wait_line(run.effects, "start", "spin").pid
+    asked = time.monotonic()
     cancel([job.id], journal_dir)
     wait_status(
         journal_dir,
@@ -82,6 +94,7 @@ def test_a_task_ignoring_the_cancel_is_stopped_after_the_grace_and_the_pool_keep
         what="the hard stop",
         alive=alive(run.forwarder, run.worker),
     )
+    figures(f"CANCEL hard stop: settled {time.monotonic() - asked:.2f} s after the request (grace 1 s)")
     assert job.get_status() == "cancelled"
     assert "cancelled, still running after its grace period" in run.worker.log()
     after = run.queue.enqueue("tests.tasks.traced", str(run.effects), "after")
