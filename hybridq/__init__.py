@@ -10,10 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .cancels import CancelResult, cancel
     from .context import CurrentJob, current_job
     from .decorator import Task, task
     from .envelope import Envelope, Retry
     from .errors import (
+        Cancelled,
         EnvelopeError,
         HybridqError,
         JobFailed,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CancelResult",
+    "Cancelled",
     "CurrentJob",
     "Durability",
     "Envelope",
@@ -74,6 +78,7 @@ __all__ = [
     "Task",
     "TransportError",
     "__version__",
+    "cancel",
     "current_job",
     "failed_jobs",
     "fetch_job",
@@ -87,7 +92,10 @@ __all__ = [
 # package (``hybridq.worker`` in a worker process) does not load the others (the producer, the
 # journal writer): a module imports what it uses from its own module, never through this one.
 _LAZY = {
+    "CancelResult": ".cancels",
+    "Cancelled": ".errors",
     "CurrentJob": ".context",
+    "cancel": ".cancels",
     "Durability": ".journal",
     "Envelope": ".envelope",
     "EnvelopeError": ".errors",

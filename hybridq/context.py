@@ -6,7 +6,10 @@ Kept apart from :mod:`hybridq.worker` so that importing :mod:`hybridq` never imp
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+
+from hybridq.errors import Cancelled
 
 __all__ = ["CurrentJob", "current_job"]
 
@@ -33,6 +36,25 @@ class CurrentJob:
     queue: str
     #: The dotted path of the function.
     func: str
+    #: Set by the worker once it sees the job cancelled (``None``: nothing can cancel this run).
+    cancel_flag: threading.Event | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled (``hybridq cancel``) while it runs: stop soon.
+
+        The worker sees a cancel within about a second (docs/worker.md, "Cancelling a running
+        job"); a task that does not stop on its own is stopped after a grace period.
+        """
+        return self.cancel_flag is not None and self.cancel_flag.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`hybridq.Cancelled` if the job was cancelled (call it between steps).
+
+        Let it propagate: the run then ends with the outcome ``cancelled`` (no retry).
+        """
+        if self.cancelled:
+            raise Cancelled(f"job {self.id} was cancelled")
 
 
 _current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar("hybridq_job", default=None)

@@ -149,6 +149,7 @@ class Compactor:
         c.failed += counts["failed"]
         c.invalid += counts["invalid"]
         c.dups += counts["dups"]
+        c.cancelled += counts["cancelled"]
         self.state.commit_compacted(c)  # rule 8: the replacement is durable before the delete
         crashpoints.reached("compact_after_state")
         remove_oldest_segment(self.journal, writer_id, index)

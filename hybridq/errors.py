@@ -38,7 +38,8 @@
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
     │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
-    └── RetryLater                  raised by a task: run me again in N s, no attempt used (hybridq)
+    ├── RetryLater                  raised by a task: run me again in N s, no attempt used (hybridq)
+    └── Cancelled                   raised in a running task whose job was cancelled (hybridq.cancel)
 
 Each class is defined here and re-exported by the module named beside it, where it used to live.
 Control-flow signals that never reach a caller (``push.Stopped``, caught by the forwarder loop;
@@ -58,6 +59,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "Cancelled",
     "ConfigError",
     "CronError",
     "DuplicateOfFailedJob",
@@ -480,3 +482,13 @@ class ScheduleError(HybridqError, ValueError):
 
 class CronError(ScheduleError):
     """A cron expression that does not parse, or that can never fire; one line."""
+
+
+class Cancelled(HybridqError):
+    """Raised in a running task whose job was cancelled (``hybridq cancel``, ``job.cancel()``).
+
+    ``current_job().check_cancelled()`` raises it once the worker has seen the request; a task
+    that does not look is stopped by the worker after its grace period, by this exception raised
+    in its thread (docs/worker.md, "Cancelling a running job"). A run that ends with it records
+    the outcome ``cancelled``: no retry, not listed by ``hybridq failed``.
+    """

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, Self
 
 from hybridq.admission import Admission
+from hybridq.cancelling import Canceller
 from hybridq.envelope import Envelope
 from hybridq.errors import (
     JournalIOError,
@@ -114,6 +115,8 @@ class Forwarder:
         self.completions = Upkeep(self.state, transport)
         #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
         self.admission = Admission(self.state)
+        #: Cancellation: requests in, jobs settled ``cancelled`` (hybridq.cancelling).
+        self.cancels = Canceller(self.state, transport)
         self._pusher = Pusher(transport, self.state, self.stats, sleep=self._sleep, stopping=self._stop_asked)
         self._reader = JournalReader(self.journal)
         self._next_epoch_check = 0.0
@@ -284,6 +287,7 @@ class Forwarder:
         """
         if self._dir_fd is not None:
             check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
+        self.cancels.step()  # before anything is pushed: a cancelled job is not
         if self.schedules is not None:
             self.schedules.fire(self.clock())  # a full disk: retried with the step
         done = self._forward_due() + self._forward_new()
@@ -454,7 +458,16 @@ class Forwarder:
         batch_size = self.config.batch_size
         for start in range(0, due, batch_size):
             chunk = held[start : min(due, start + batch_size)]
-            envs = [(h, read_held(self.state, h)) for h in chunk]
+            index = self.state.index
+            envs = [
+                (
+                    h,
+                    None
+                    if index.is_terminal((h.writer_id, h.segment, h.offset))
+                    else read_held(self.state, h),
+                )
+                for h in chunk
+            ]
             self._push(
                 [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
             )

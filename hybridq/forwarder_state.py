@@ -241,10 +241,16 @@ class ForwarderState:
         return self._keys_writer.writer_id if self._keys_writer is not None else None
 
     def outcome_counts(self) -> dict[str, int]:
-        """Outcomes ever recorded (ledger plus compacted segments): succeeded, failed, invalid, dups."""
+        """Outcomes ever recorded (ledger plus compacted segments), by name (``dups``, ``cancelled``...)."""
         totals = self.index.totals
         c = self.compacted
-        compacted = {"succeeded": c.succeeded, "failed": c.failed, "invalid": c.invalid, "dups": c.dups}
+        compacted = {
+            "succeeded": c.succeeded,
+            "failed": c.failed,
+            "invalid": c.invalid,
+            "dups": c.dups,
+            "cancelled": c.cancelled,
+        }
         return {name: totals.get(name, 0) + n for name, n in compacted.items()}
 
     def delivery(

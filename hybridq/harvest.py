@@ -142,8 +142,8 @@ class Harvester:
         now = self.clock()
         out: list[Delivery] = []
         for loc, (run_at, attempt) in list(self.state.index.retries.items()):
-            if run_at > now or self.retry_pushed(loc, attempt):
-                continue
+            if run_at > now or self.retry_pushed(loc, attempt) or loc in self.state.index.cancels:
+                continue  # not due, pushed already, or cancelled (hybridq.cancelling settles it)
             env = envelope_at(self.journal, loc)
             if env is not None:
                 out.append(self.state.delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER))

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from hybridq import lookup
+from hybridq.cancels import cancel
 from hybridq.envelope import Envelope
 from hybridq.errors import ConfigError, EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
@@ -63,9 +64,10 @@ class Job:
         return self.envelope.queue
 
     def get_status(self) -> str:
-        """``accepted``, ``scheduled``, ``forwarded``, ``retrying``, ``merged``, ``finished`` or ``failed``.
+        """``accepted``, ``scheduled``, ``forwarded``, ``retrying``, ``merged``, ``finished``, ``failed``...
 
-        Read from the forwarder's durable checkpoint and the completion ledger (it reads the
+        ... or ``cancelled`` (a cancel settled it: docs/api.md, "Cancelling jobs"). Read from the
+        forwarder's durable checkpoint and the completion ledger (it reads the
         whole ledger: for an occasional look, not a polling loop), so it works with Redis down.
         ``scheduled``: held until its time. ``retrying``: a run failed with attempts left, or said
         ``RetryLater``, and the next one is waiting for its time (or runs). ``merged``: another
@@ -85,6 +87,8 @@ class Job:
             return "finished"  # its segment was compacted, and its chain forgotten since
         done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
         if done is not None:
+            if done == "cancelled":
+                return "cancelled"
             return "finished" if done == "succeeded" else "failed"
         if loc in index.retries:
             return "retrying"
@@ -153,6 +157,15 @@ class Job:
             ):
                 return True
         return False
+
+    def cancel(self) -> str:
+        """Cancel this job (every pending record of its id); what :func:`hybridq.cancel` said.
+
+        ``"requested"`` (it had not ended: it never runs, or, running, is asked to stop),
+        ``"cancelled"`` (already), ``"succeeded"`` or ``"failed"`` (it ended before: nothing
+        done). Durable when it returns; needs neither Redis nor the forwarder (docs/api.md).
+        """
+        return cancel([self.id], self.journal)[0].state
 
     def __repr__(self) -> str:
         return f"<hybridq.Job {self.id} {self.envelope.func} queue={self.queue!r}>"

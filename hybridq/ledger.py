@@ -22,6 +22,10 @@ a kind ``t``:
 * ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
   Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
   with the owner's outcome.
+* ``cancel`` -- a cancel was asked for the job at ``loc`` (:mod:`hybridq.cancels`): it is never
+  delivered again; a ``done`` entry with the outcome ``cancelled`` settles it (or the outcome its
+  run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
+  ``cancelled``, whatever order they are read in: what a run really did beats the cancel.
 
 Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
 everything, the highest attempt wins), because records of several chains have no global order.
@@ -81,6 +85,8 @@ KEYS_DIR = "keys"
 KEYS_SEGMENT_BYTES = 1 << 20
 
 Seg = tuple[str, int]
+#: Which outcome of one job wins when several are recorded (see the module docstring).
+_RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 T = TypeVar("T")
 
@@ -89,7 +95,7 @@ T = TypeVar("T")
 class Entry:
     """One ledger record."""
 
-    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate"
+    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate" | "cancel"
     job_id: str
     loc: Loc
     outcome: str | None = None
@@ -243,11 +249,13 @@ class LedgerIndex:
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
     totals: dict[str, int] = field(
-        default_factory=lambda: {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0}
+        default_factory=lambda: {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}
     )
     #: Ids of the events behind :attr:`dups`, per journal segment (a re-harvest after a crash
     #: must not count a duplicate twice; everything else in the index is idempotent already).
     _dup_events: dict[Seg, set[str]] = field(default_factory=dict)
+    #: Jobs a cancel was asked for that are not terminal yet: loc -> their ``cancel`` entry.
+    cancels: dict[Loc, Entry] = field(default_factory=dict)
 
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
@@ -277,19 +285,28 @@ class LedgerIndex:
                 return False
             self.duplicates[loc] = entry
             return True
+        if entry.kind == EntryKind.CANCEL:
+            if self.is_terminal(loc) or loc in self.cancels:
+                return False
+            self.cancels[loc] = entry
+            return True
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
         if entry.kind == EntryKind.DONE:
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
-                if entry.outcome == "succeeded" and done[loc[2]] == "failed":
+                old, new = done[loc[2]], entry.outcome or "failed"
+                if _RANK.get(new, 0) > _RANK.get(old, 0) > 0:
                     # A success beats a failure whatever the order the two were read in (the
-                    # forwarder gave up on a lost worker that then reported after all).
-                    done[loc[2]] = "succeeded"
-                    self.totals["failed"] -= 1
-                    self.totals["succeeded"] += 1
+                    # forwarder gave up on a lost worker that then reported after all), and
+                    # what a run reported beats a cancel the forwarder settled meanwhile.
+                    done[loc[2]] = new
+                    self.totals[old] -= 1
+                    self.totals[new] += 1
                     self.failed.pop(loc, None)
+                    if new == "failed" and loc not in self.requeued and entry.dup_of is None:
+                        self.failed[loc] = entry
                     return True
                 return entry.dup
             done[loc[2]] = outcome = entry.outcome or "failed"
@@ -300,6 +317,7 @@ class LedgerIndex:
             self.lost.pop(loc, None)
             self.later.pop(loc, None)
             self.duplicates.pop(loc, None)
+            self.cancels.pop(loc, None)
             # A settled duplicate is not listed: its owner is (requeue that one).
             if entry.outcome == "failed" and loc not in self.requeued and entry.dup_of is None:
                 self.failed[loc] = entry
@@ -388,8 +406,8 @@ class LedgerIndex:
         self._dup_events.pop(seg, None)
 
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
-        """``succeeded``, ``failed``, ``invalid`` and ``dups`` over the given journal segments."""
-        out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0}
+        """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""
+        out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}
         for seg in live:
             for outcome in self.terminal.get(seg, {}).values():
                 if outcome in out:
@@ -409,11 +427,12 @@ class Compacted:
     failed: int = 0
     invalid: int = 0
     dups: int = 0
+    cancelled: int = 0
 
     @property
     def terminal(self) -> int:
         """Jobs of compacted segments that were terminal (all of them: only those are deleted)."""
-        return self.succeeded + self.failed + self.invalid
+        return self.succeeded + self.failed + self.invalid + self.cancelled
 
     def is_compacted(self, seg: Seg) -> bool:
         """Whether journal segment ``seg`` is (being) deleted."""
@@ -431,6 +450,8 @@ class Compacted:
             "invalid": self.invalid,
             "dups": self.dups,
         }
+        if self.cancelled:  # left out while 0: an older version reads the state unchanged
+            body["cancelled"] = self.cancelled
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -441,6 +462,7 @@ class Compacted:
             return cls(
                 through={str(w): int(i) for w, i in body["through"].items()},
                 **{name: int(body[name]) for name in ("accepted", "succeeded", "failed", "invalid", "dups")},
+                cancelled=int(body.get("cancelled", 0)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StateFileCorrupt(path, f"malformed compaction state: {exc!r}") from exc

@@ -89,6 +89,7 @@ class ForwarderMetrics(Collector):
         succeeded = outcomes["succeeded"]
         failed = outcomes["failed"] + outcomes["invalid"]
         dups = outcomes["dups"]
+        cancelled = outcomes["cancelled"]
         accepted = self.accepted()
         yield _counter("hybridq_accepted", "Jobs accepted into the journal.", accepted)
         yield _counter(
@@ -119,8 +120,11 @@ class ForwarderMetrics(Collector):
             c.late_events,
         )
         yield _gauge(
-            "hybridq_pending", "Jobs accepted and not yet terminal.", max(0, accepted - succeeded - failed)
+            "hybridq_pending",
+            "Jobs accepted and not yet terminal.",
+            max(0, accepted - succeeded - failed - cancelled),
         )
+        yield _counter("hybridq_cancelled", "Jobs cancelled (hybridq cancel), from the ledger.", cancelled)
         if self.capacity is not None:
             yield _gauge(
                 "hybridq_capacity",

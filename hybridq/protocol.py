@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from hybridq.envelope import Envelope
@@ -80,6 +80,8 @@ class Outcome(enum.StrEnum):
     #: Stored and sent only: the task raised ``hybridq.RetryLater``; it runs again after a delay,
     #: with no attempt used (the ledger makes it a ``retry`` entry).
     LATER = "later"
+    #: The job was cancelled (``hybridq cancel``): it never ran, or its run was stopped.
+    CANCELLED = "cancelled"
 
 
 class EntryKind(enum.StrEnum):
@@ -98,6 +100,9 @@ class EntryKind(enum.StrEnum):
     #: A job whose idempotency key was pending or finished: never pushed, settled (a ``done``
     #: entry with ``dup_of``) with its original's outcome once that one is terminal.
     DUPLICATE = "duplicate"
+    #: A cancel was asked for the job (``hybridq cancel``): never delivered again; settled by a
+    #: ``done`` entry with the outcome ``cancelled`` (or the outcome its run reported).
+    CANCEL = "cancel"
 
 
 class Verdict(enum.StrEnum):
@@ -124,6 +129,8 @@ class ClaimStatus(enum.IntEnum):
     BUSY = 3
     #: The delivery is from before the forwarder's current epoch: run nothing, report nothing.
     FENCED = 4
+    #: The job was cancelled (its RQ job hash carries ``hybridq_cancel``): run nothing, report nothing.
+    CANCELLED = 5
 
 
 class FinishReply(enum.IntEnum):
@@ -283,6 +290,10 @@ class StoredOutcome:
     retry_delay: float | None = None
     later: int = 0
     later_since: float | None = None
+
+    def cancelled(self) -> StoredOutcome:
+        """This outcome as a cancelled run's: ``cancelled``, final (no retry)."""
+        return replace(self, outcome=Outcome.CANCELLED, final=True)
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object."""

@@ -223,6 +223,8 @@ class Reconciler:
             return None
         if loc in self.state.index.duplicates:
             return None  # never pushed: it waits for its key's owner (hybridq.admission)
+        if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
+            return None  # cancelled: never delivered again (hybridq.cancelling settles it)
         if self.state.index.is_terminal(loc):
             if not with_terminal:
                 return None

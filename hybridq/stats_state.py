@@ -261,6 +261,8 @@ class Snapshot:
     #: Pending jobs read, per queue, and the oldest one's creation time.
     queues: dict[str, int] = field(default_factory=dict)
     oldest_pending: float | None = None
+    #: Cancels taken into the ledger whose jobs are not terminal yet.
+    cancels: int = 0
     #: What the forwarder had written when it wrote this: its checkpoint file (inode, size,
     #: mtime) and its own ledger chain's last segment (chain, index, size). A forwarder that
     #: died after writing more never writes the snapshot that goes with it: a reader that sees
@@ -298,6 +300,7 @@ class Snapshot:
             failed_listed=len(index.failed),
             queues=dict(tracker.pending),
             oldest_pending=tracker.oldest(),
+            cancels=len(index.cancels),
         )
 
     def to_bytes(self) -> bytes:

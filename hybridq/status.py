@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridq.cancels import pending_cancels, read_requests
 from hybridq.errors import JournalCorruption
 from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
@@ -118,6 +119,8 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
         return None  # compacted since: its counts moved (the next step writes a new snapshot)
     if not set(ledger_chains(ledger_dir(path))) <= set(snap.ledger_chains):
         return None  # another process wrote to the ledger (a requeue): only a scan knows what
+    if any(True for _ in read_requests(path)):
+        return None  # a cancel the forwarder has not taken in yet (its next step does)
     chains = list_chains(path)
     try:
         tail = _scan_pending(path, compacted, LedgerIndex(), snap.positions, since=snap.positions)
@@ -135,6 +138,7 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
     done = snap.outcomes
     succeeded = compacted.succeeded + done.get("succeeded", 0)
     failed = compacted.failed + done.get("failed", 0) + compacted.invalid + done.get("invalid", 0)
+    cancelled = compacted.cancelled + done.get("cancelled", 0)
     queues = dict(snap.queues)
     for queue, n in tail.queues.items():
         queues[queue] = queues.get(queue, 0) + n
@@ -144,7 +148,7 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
         "forwarded": snap.forwarded,
         "succeeded": succeeded,
         "failed": failed,
-        "pending": accepted - succeeded - failed,
+        "pending": accepted - succeeded - failed - cancelled,
         "duplicates_suppressed": compacted.dups + done.get("dups", 0),
         "not_yet_forwarded": tail.not_forwarded,
         "delayed_held": snap.delayed_held,
@@ -156,6 +160,8 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
         "queues": queues,
         "oldest_pending_age_s": _age(oldest),
         "forwarding_lag_s": _age(tail.oldest_unforwarded),
+        "cancelled": cancelled,
+        "cancels_pending": snap.cancels,
     }
 
 
@@ -175,12 +181,13 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
     # Records that are not jobs are terminal too (skipped, logged): they count as failed.
     failed = compacted.failed + counts["failed"] + compacted.invalid + counts["invalid"]
     suppressed = compacted.dups + counts["dups"]
+    cancelled = compacted.cancelled + counts["cancelled"]
     return {
         "accepted": accepted,
         "forwarded": checkpoint.forwarded if checkpoint else 0,
         "succeeded": succeeded,
         "failed": failed,
-        "pending": accepted - succeeded - failed,
+        "pending": accepted - succeeded - failed - cancelled,
         "duplicates_suppressed": suppressed,
         "not_yet_forwarded": waiting,
         "delayed_held": len(checkpoint.held) if checkpoint else 0,
@@ -192,6 +199,8 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
         "queues": scan.queues,
         "oldest_pending_age_s": _age(scan.oldest_pending),
         "forwarding_lag_s": _age(scan.oldest_unforwarded),
+        "cancelled": cancelled,
+        "cancels_pending": pending_cancels(path, index),
     }
 
 

@@ -194,3 +194,27 @@ def not_until(path: str, token: str, switch: str, seconds: float, deadline_s: fl
 async def not_yet_async(path: str, token: str, laters: int, seconds: float = 0.3) -> str:
     """:func:`not_yet` as an ``async def`` task (the pool runs it on its event loop)."""
     return not_yet(path, token, laters, 0, seconds)
+
+
+def cooperative(path: str, token: str, limit_s: float = 60.0) -> str:
+    """``start ...``, then check ``current_job().check_cancelled()`` every 50 ms for ``limit_s``.
+
+    Cancelled: appends ``stopped <token> ...`` and lets :class:`hybridq.Cancelled` propagate.
+    """
+    import time
+
+    from hybridq import Cancelled, current_job
+
+    record(path, f"start {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    job = current_job()
+    assert job is not None
+    end = time.monotonic() + limit_s
+    try:
+        while time.monotonic() < end:
+            job.check_cancelled()
+            time.sleep(0.05)
+    except Cancelled:
+        record(path, f"stopped {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+        raise
+    record(path, f"done {token} {_attempt()} {os.getpid()} {time.time():.6f}")
+    return token

@@ -15,7 +15,7 @@ import sys
 import click
 
 from hybridq import __version__
-from hybridq.cli import demo, enqueue, failed, forward, journal, outbox, status, worker
+from hybridq.cli import cancel, demo, enqueue, failed, forward, journal, outbox, status, worker
 from hybridq.cli.options import (
     DEFAULT_REDIS_URL,
     EXIT_CORRUPT,
@@ -95,6 +95,7 @@ for _command in (
     worker.worker,
     status.doctor,
     failed.failed,
+    cancel.cancel,
     demo.demo,
     demo.chaos,
     outbox.outbox,

@@ -131,6 +131,8 @@ def _print_status(out: dict[str, Any]) -> None:
         "invalid_records",
         "retrying",
         "failed_listed",
+        "cancelled",
+        "cancels_pending",
         "oldest_pending_age_s",
         "forwarding_lag_s",
     ):

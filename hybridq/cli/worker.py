@@ -57,6 +57,15 @@ from hybridq.status import redact_url
     help="Replace a process by a fresh one once its peak memory (RSS) passes MB.",
 )
 @click.option(
+    "--cancel-grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="A job cancelled while it runs (hybridq cancel) is stopped this long after the worker saw "
+    "the cancel, unless it stopped on its own (current_job().check_cancelled()).",
+)
+@click.option(
     "--with-scheduler",
     is_flag=True,
     help="Also run RQ's scheduler, for plain RQ jobs scheduled on these queues (hybridq's own "
@@ -110,6 +119,7 @@ def worker(
     async_concurrency: int,
     max_jobs: int | None,
     max_memory: float | None,
+    cancel_grace: float,
     with_scheduler: bool,
     rq_classes: bool,
     simple: bool,
@@ -201,6 +211,7 @@ def worker(
                 max_jobs=max_jobs,
                 max_memory_mb=max_memory,
                 with_scheduler=with_scheduler,
+                cancel_grace_s=cancel_grace,
             )
             code = run_pool(names, url=redis_url, options=options, burst=burst, name=name)
     except HybridqError as exc:  # RedisRefused: a wrong password, database or ACL

@@ -63,6 +63,8 @@ class MemoryTransport(Transport):
         self.executions: dict[str, int] = {}
         #: Job ids whose delivery a worker refused as older than the owner's epoch (never run).
         self.fenced: set[str] = set()
+        #: Job ids marked cancelled (``hybridq_cancel`` in the RQ job hash): a claim runs nothing.
+        self.cancelled: set[str] = set()
         #: While true, every call raises TransportError.
         self.down = False
         self._failures = 0
@@ -96,6 +98,7 @@ class MemoryTransport(Transport):
             self.events.clear()
             self.epochs.clear()
             self.fenced.clear()
+            self.cancelled.clear()
             self.run_id = uuid.uuid4().hex
 
     #: What :meth:`snapshot` keeps: everything Redis would have in its dump.
@@ -111,6 +114,7 @@ class MemoryTransport(Transport):
         "events",
         "epochs",
         "fenced",
+        "cancelled",
     )
 
     def snapshot(self) -> dict[str, Any]:
@@ -159,6 +163,7 @@ class MemoryTransport(Transport):
                 self.runs[env.id] = run
                 self.claimed.pop(env.id, None)
                 self.fenced.discard(env.id)
+                self.cancelled.discard(env.id)  # a new hash, as the push script writes it
                 self.status[env.id] = "queued"
                 self.queues.setdefault(env.queue, []).append(env.id)
                 pushed += 1
@@ -195,6 +200,20 @@ class MemoryTransport(Transport):
         for ids in self.queues.values():
             if job_id in ids:
                 ids.remove(job_id)
+
+    def cancel(self, jobs: Sequence[Probe], *, key_ttl_s: float) -> list[bool]:  # noqa: ARG002
+        """Mark known jobs cancelled and unqueue them; whether each one's lease is held."""
+        with self._lock:
+            self._check()
+            out: list[bool] = []
+            for job in jobs:
+                if job.job_id in self.jobs:
+                    self.cancelled.add(job.job_id)
+                    if self.status.get(job.job_id) == "queued":
+                        self._unqueue(job.job_id)
+                        self.status[job.job_id] = "canceled"
+                out.append(job.key_id in self.leases)
+            return out
 
     def ping(self) -> None:
         """Raise TransportError while down."""
@@ -290,6 +309,10 @@ class MemoryTransport(Transport):
         """Handle one taken delivery: suppress a duplicate, or run ``func`` and record it."""
         env = delivery.envelope
         with self._lock:
+            if env.id in self.cancelled:
+                # hybridq.worker's claim: the job hash says cancelled: not run, not reported.
+                self.status[env.id] = "canceled"
+                return
             if self._fenced(delivery):
                 # hybridq.worker's _CLAIM: older than the owner's epoch, or a restart the
                 # forwarder has not seen yet: not run, not reported.

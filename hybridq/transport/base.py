@@ -9,6 +9,7 @@ from typing import Any
 
 # The messages and enums of the wire live in hybridq.protocol; re-exported here, where the
 # transport port always named them.
+from hybridq.errors import TransportError
 from hybridq.protocol import Delivery, Loc, Verdict
 
 __all__ = [
@@ -144,6 +145,16 @@ class Transport(abc.ABC):
         it, and it never started: it says "queued" but its queue is gone (evicted), or a worker
         took it and died before the task started.
         """
+
+    def cancel(self, jobs: Sequence[Probe], *, key_ttl_s: float) -> list[bool]:  # noqa: ARG002
+        """Mark ``jobs`` cancelled, take them off their queues; per job, whether a worker runs it.
+
+        A worker that takes a marked job finds the mark at its claim and runs nothing; one that
+        runs it sees the mark and stops it (docs/worker.md). The mark lasts ``key_ttl_s``.
+        ``True``: a worker holds the job's lease (ask again later); ``False``: none does, and
+        none will run it. The default cannot cancel: it raises (the forwarder keeps asking).
+        """
+        raise TransportError(f"{type(self).__name__} cannot cancel jobs")
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

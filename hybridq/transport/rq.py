@@ -36,7 +36,7 @@ from hybridq.protocol import ENTRY_POINT
 from hybridq.redisurl import transport_error
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
-from .rq_scripts import _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
+from .rq_scripts import _CANCEL, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
 
 __all__ = ["RQTransport"]
 
@@ -75,6 +75,7 @@ class RQTransport(Transport):
         self._probe = connection.register_script(_PROBE)
         self._refill = connection.register_script(_REFILL)
         self._state = connection.register_script(_STATE)
+        self._cancel = connection.register_script(_CANCEL)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -281,6 +282,29 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         return [Verdict(_text(v)) for v in verdicts]  # the script returns only verdicts
+
+    def cancel(self, jobs: Sequence[Probe], *, key_ttl_s: float) -> list[bool]:
+        """Mark jobs cancelled in their hashes, off their queues (see :meth:`Transport.cancel`)."""
+        if not jobs:
+            return []
+        ttl = max(1, int(key_ttl_s))
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job in jobs:
+                self._cancel(
+                    keys=[
+                        keys.rq_job(job.job_id),
+                        keys.rq_queue(job.queue),
+                        keys.lease(job.key_id),
+                        keys.rq_registry("canceled", job.queue),
+                    ],
+                    args=[job.job_id, ttl],
+                    client=pipe,
+                )
+            replies: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        return [bool(int(r)) for r in replies]
 
     def ping(self) -> None:
         """Raise TransportError unless Redis answers PING."""

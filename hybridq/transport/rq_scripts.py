@@ -176,3 +176,23 @@ if f[6] and f[6] == f[5] then
 end
 return "stranded"
 """
+
+# KEYS: RQ's job hash, its queue list, the key's lease, RQ's canceled registry of the queue.
+# ARGV: job id, mark lifetime (s). Marks the job cancelled (a claim that finds the mark runs
+# nothing), takes it off its queue (RQ shows it canceled), and says whether a worker holds the
+# lease (1: the job may be running; 0: no worker runs it, and none will).
+_CANCEL = """
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    redis.call("HSET", KEYS[1], "hybridq_cancel", "1")
+    if redis.call("LREM", KEYS[2], 0, ARGV[1]) > 0 then
+        local now = tonumber(redis.call("TIME")[1])
+        redis.call("HSET", KEYS[1], "status", "canceled")
+        redis.call("ZADD", KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+        redis.call("EXPIRE", KEYS[1], ARGV[2])
+    end
+end
+if redis.call("EXISTS", KEYS[3]) == 1 then
+    return 1
+end
+return 0
+"""

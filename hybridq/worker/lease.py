@@ -1,9 +1,15 @@
 """The lease renewer: one thread per process keeps every lease the process holds alive.
 
 A delivery's claim takes its idempotency key's lease for ``lease_s``; while the task runs, and
-until its outcome is stored or given up, :func:`hold` renews it every third of its length. When
+until its outcome is stored or given up, :func:`hold` renews it every third of its length (at
+most every :data:`CANCEL_POLL_S`). When
 the worker or its work-horse is killed the renewals stop, the lease expires within ``lease_s``,
 and the forwarder delivers the job again.
+
+The same call tells whether the job was cancelled (its RQ job hash marked by the forwarder:
+:mod:`hybridq.cancelling`): :attr:`Renewal.cancelled` is set, which the running task reads
+(``current_job().cancelled``) and the pool's watchdog acts on. So that a cancel is seen soon,
+a lease with its job named is renewed at least every :data:`CANCEL_POLL_S`.
 """
 
 from __future__ import annotations
@@ -11,18 +17,23 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from redis.exceptions import RedisError
 
 from hybridq.worker.scripts import renew_many
 
-__all__ = ["Renewal", "hold", "release"]
+__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "host_pid", "release"]
 
 log = logging.getLogger("hybridq.worker")
+
+#: The longest a running job's cancel goes unseen by its worker (seconds): one renewal call per
+#: process at most this often while it runs jobs (all its leases in that call).
+CANCEL_POLL_S = 1.0
 
 
 @dataclass(eq=False)
@@ -38,6 +49,10 @@ class Renewal:
     lost: bool = False
     #: When to stop renewing even if nobody removed it (monotonic; set once the task returned).
     until: float = math.inf
+    #: The RQ job hash of the lease's job: each renewal looks for its cancel mark there.
+    job_key: str | None = None
+    #: Set once a renewal found the job marked cancelled.
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class _LeaseRenewer:
@@ -60,10 +75,18 @@ class _LeaseRenewer:
         self._thread = threading.Thread(target=self._run, name="hybridq-lease", daemon=True)
         self._thread.start()
 
-    def add(self, conn: redis.Redis, key: str, token: str, lease_s: float) -> Renewal:
-        interval = max(0.05, lease_s / 3)
+    def add(
+        self, conn: redis.Redis, key: str, token: str, lease_s: float, job_key: str | None = None
+    ) -> Renewal:
+        interval = max(0.05, lease_s / 3 if job_key is None else min(lease_s / 3, CANCEL_POLL_S))
         renewal = Renewal(
-            conn, key, token, max(1, int(lease_s * 1000)), interval, time.monotonic() + interval
+            conn,
+            key,
+            token,
+            max(1, int(lease_s * 1000)),
+            interval,
+            time.monotonic() + interval,
+            job_key=job_key,
         )
         with self._wake:
             self._renewals.add(renewal)
@@ -98,15 +121,24 @@ class _LeaseRenewer:
 
     def _renew(self, group: list[Renewal]) -> None:
         """Renew the leases of ``group`` (one Redis client) in one call."""
+        jobs = [r.job_key for r in group]
         try:
-            renewed = renew_many(group[0].conn, [(r.key, r.token, r.lease_ms) for r in group])
+            renewed = renew_many(
+                group[0].conn,
+                [(r.key, r.token, r.lease_ms) for r in group],
+                None if None in jobs else [j for j in jobs if j is not None],
+            )
         except RedisError as exc:
             log.warning("cannot renew %d lease(s) (%s, ...): %s", len(group), group[0].key, exc)
             return
-        for r, ok in zip(group, renewed, strict=True):
+        for r, reply in zip(group, renewed, strict=True):
             with self._wake:
                 if r not in self._renewals:
                     continue  # its outcome was stored meanwhile (which frees the lease)
+            ok = int(reply) & 1
+            if int(reply) & 2 and not r.cancelled.is_set():
+                log.info("job of %s: cancelled (hybridq cancel): asking it to stop", r.key)
+                r.cancelled.set()
             if not ok and not r.lost:
                 r.lost = True
                 log.warning("lost the lease on %s: the job may be delivered again while it runs", r.key)
@@ -125,11 +157,27 @@ def _renewer() -> _LeaseRenewer:
         return _renewer_instance
 
 
-def hold(conn: redis.Redis, key: str, token: str, lease_s: float) -> Renewal:
-    """Renew the lease ``key`` (``token`` holds it) every third of ``lease_s`` until :func:`release`."""
-    return _renewer().add(conn, key, token, lease_s)
+def hold(conn: redis.Redis, key: str, token: str, lease_s: float, job_key: str | None = None) -> Renewal:
+    """Renew the lease ``key`` (``token`` holds it) every third of ``lease_s`` until :func:`release`.
+
+    With ``job_key`` (the job's RQ hash), also every :data:`CANCEL_POLL_S` at least, and each
+    renewal looks for the job's cancel mark (:attr:`Renewal.cancelled`).
+    """
+    return _renewer().add(conn, key, token, lease_s, job_key)
 
 
 def release(renewal: Renewal) -> None:
     """Stop renewing ``renewal``'s lease."""
     _renewer().remove(renewal)
+
+
+_HOST_PID: tuple[int, str] = (0, "")
+
+
+def host_pid() -> str:
+    """``host/pid`` of this process, for lease tokens (looked up once per process)."""
+    global _HOST_PID
+    pid = os.getpid()
+    if _HOST_PID[0] != pid:
+        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
+    return _HOST_PID[1]

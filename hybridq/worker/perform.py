@@ -29,15 +29,19 @@ from rq.timeouts import JobTimeoutException
 from hybridq import keys
 from hybridq.context import _current
 from hybridq.envelope import Envelope
+from hybridq.errors import Cancelled
 from hybridq.protocol import ENTRY_POINT, Delivery
 from hybridq.signing import keyring
 from hybridq.worker.admit import check
 from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
-from hybridq.worker.runner import Runner, Taken
+from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
 
 __all__ = ["Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
 
 log = logging.getLogger("hybridq.worker")
+
+#: How often a running ``async def`` task's cancel flag is looked at (seconds).
+ASYNC_POLL_S = 0.5
 
 
 def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envelope], Any]) -> Taken | None:
@@ -121,6 +125,14 @@ class Performer:
         if is_async(run.func):
             self.runner.start_async(item)  # type: ignore[union-attr]
             return False
+        if run.renewal is not None:
+            if run.renewal.cancelled.is_set():  # cancelled while it waited for a thread: not started
+                value, error = conclude(
+                    run, None, Cancelled(f"job {item.job_id} was cancelled before it started")
+                )
+                _record(item, value, error)
+                return True
+            item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
         if self.runner is not None:
             run.func = self.runner.guard(item, run.func)
         try:
@@ -142,7 +154,9 @@ class Performer:
         error: Exception | None = None
         try:
             coro = run.func(*env.args, **env.kwargs)
-            value = await (asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro)
+            value = await self._stoppable(
+                item, asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro
+            )
         except TimeoutError as exc:  # wait_for's, or the task's own
             timed_out = item.timeout is not None and time.monotonic() - started >= item.timeout
             error = (
@@ -161,6 +175,39 @@ class Performer:
             _current.reset(context)
         value, error = conclude(run, value, error)
         _record(item, value, error)
+
+    async def _stoppable(self, item: Taken, coro: Any) -> Any:
+        """Await ``coro``; cancelled (hybridq cancel) and still running after the grace, stop it.
+
+        The asyncio form of the watchdog's stop: the task is cancelled (``CancelledError`` in
+        it, its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`.
+        """
+        task = asyncio.ensure_future(coro)
+        renewal = item.run.renewal
+        if renewal is None:
+            return await task
+        flag = renewal.cancelled
+        grace = self.runner.cancel_grace_s if self.runner is not None else CANCEL_GRACE_S
+        stopped = False
+
+        async def watch() -> None:
+            nonlocal stopped
+            while not flag.is_set():  # noqa: ASYNC110 - a threading.Event, set by the lease thread
+                await asyncio.sleep(ASYNC_POLL_S)
+            await asyncio.sleep(grace)
+            log.warning("job %s: cancelled, still running after its grace period: stopping it", item.job_id)
+            stopped = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if stopped:
+                raise Cancelled(f"job {item.job_id} was cancelled: stopped after its grace period") from None
+            raise
+        finally:
+            watcher.cancel()
 
     def stuck(self, item: Taken) -> None:
         """A job stuck past its timeout (on the watchdog's thread): nothing is recorded for it.

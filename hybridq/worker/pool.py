@@ -39,6 +39,7 @@ from hybridq import keys, redisurl
 from hybridq.signing import keyring
 from hybridq.worker.engine import EXIT_RECYCLE, EXIT_REFUSED, Engine
 from hybridq.worker.loop import check_access
+from hybridq.worker.runner import CANCEL_GRACE_S
 
 __all__ = ["HANG_S", "PoolOptions", "run_pool"]
 
@@ -65,6 +66,8 @@ class PoolOptions:
     max_jobs: int | None = None
     max_memory_mb: float | None = None
     with_scheduler: bool = False
+    #: How long a cancelled job may run on before it is stopped (seconds).
+    cancel_grace_s: float = CANCEL_GRACE_S
 
 
 @dataclass
@@ -235,6 +238,7 @@ class _Pool:
                     stamp=lambda at: struct.pack_into("d", self.alive, 8 * index, at),
                     parent=parent,
                 )
+                engine.runner.cancel_grace_s = self.options.cancel_grace_s
                 code = engine.run()
             except BaseException:
                 log.exception("worker process %d failed", os.getpid())

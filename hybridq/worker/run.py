@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from rq.job import Job as RQJob
 
 from hybridq import keys
 from hybridq.context import CurrentJob, _current
-from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
+from hybridq.errors import Cancelled, DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
 from hybridq.later import resolve
 from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
 from hybridq.signing import keyring
@@ -114,11 +113,10 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     """Start holding ``run``'s lease and make it the current job (:func:`hybridq.current_job`)."""
     d, env = run.d, run.d.envelope
     if run.renewal is None:  # a pool worker holds it from the claim (hold_claimed)
-        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s)
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s, run.claim_keys[2])
     run.started = time.time()
-    return _current.set(
-        CurrentJob(env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
-    )
+    job = (env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
+    return _current.set(CurrentJob(*job, cancel_flag=run.renewal.cancelled))
 
 
 def hold_claimed(conn: redis.Redis, run: Run) -> None:
@@ -127,7 +125,7 @@ def hold_claimed(conn: redis.Redis, run: Run) -> None:
     A pool worker's job may wait for a thread, and for its batch's end: its lease must not lapse.
     """
     if run.renewal is None:
-        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s)
+        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2])
         run.renewal.until = math.inf
 
 
@@ -155,6 +153,8 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     )
     if later is not None:  # RQ records the run finished: not a failure, no traceback
         outcome = later.stored(outcome)
+    if isinstance(error, Cancelled):  # asked to stop (hybridq cancel): the end, no retry
+        outcome = outcome.cancelled()
     run.finish = _finish_call(run, outcome.to_json())
     run.error_text = outcome.error
     return value, error
@@ -169,7 +169,7 @@ def claim(conn: redis.Redis, run: Run) -> Any:
 
     Uses ``run.claim_reply`` if the claim was sent already. A suppressed duplicate returns the
     stored result (or raises DuplicateOfFailedJob), a stale copy raises StaleDelivery, a fenced
-    one returns ``None``; a busy key is polled until it is one of those, or claimed.
+    (or cancelled) one returns ``None``; a busy key is polled until it is one of those, or claimed.
     """
     d, env = run.d, run.d.envelope
     reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
@@ -195,6 +195,9 @@ def claim(conn: redis.Redis, run: Run) -> Any:
                 return None
             # RQ records this copy failed, as hybridq has it (returning would record it finished).
             raise StaleDelivery(f"job {env.id}: attempt {failure.get('attempt')} already ran and failed")
+        if status == ClaimStatus.CANCELLED:  # before it started (hybridq cancel): the forwarder settles it
+            log.info("job %s attempt %d: cancelled before it started: not run", env.id, d.attempt)
+            return None
         if status == ClaimStatus.FENCED:
             # Not a failure of the job: nothing ran, and nothing is reported.
             log.warning(
@@ -251,7 +254,7 @@ class Run:
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (the lease value: unique per run)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{_host_pid()}/{os.urandom(4).hex()}"
+        token = f"{env.id}/{d.attempt}/{lease.host_pid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [
@@ -263,18 +266,6 @@ class Run:
             d.gen,
         ]
         return cls(raw, d, token, claim_keys, claim_args, func)
-
-
-_HOST_PID: tuple[int, str] = (0, "")
-
-
-def _host_pid() -> str:
-    """``host/pid`` of this process, for lease tokens (looked up once per process)."""
-    global _HOST_PID
-    pid = os.getpid()
-    if _HOST_PID[0] != pid:
-        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
-    return _HOST_PID[1]
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.

@@ -13,6 +13,13 @@ the job on its ``done`` queue once it ran. Its watchdog thread enforces each job
   process). Nothing is recorded for the stuck job while its thread may still act: its lease is
   renewed until the process exits, then lapses, and the forwarder delivers it again (a ``lost``
   run; alone in its process). No other job is lost;
+* a job **cancelled** while it runs (its lease renewal found the mark: :mod:`hybridq.worker.lease`)
+  is first asked (``current_job().cancelled``); :attr:`Runner.cancel_grace_s` later, the
+  watchdog stops it as it stops a timeout: :class:`hybridq.Cancelled` raised in its thread (the
+  run ends ``cancelled``), then, still running :data:`STUCK_S` after that, the process is
+  poisoned as above (the lease lapses, and the forwarder settles the job ``cancelled``: it is
+  never delivered again). An exception in the thread, not the process killed at once, so
+  that the other jobs of the process go on and the task's ``finally`` blocks run;
 * the watchdog stamps :attr:`Runner.alive` in shared memory every :data:`TICK_S`: a process
   wedged so badly that its watchdog cannot run (a C call holding the GIL) is killed by the pool
   (:mod:`hybridq.worker.pool`), and its jobs are delivered again once their leases lapse.
@@ -32,7 +39,9 @@ from typing import Any
 
 from rq.timeouts import JobTimeoutException
 
-__all__ = ["STUCK_S", "TICK_S", "Runner", "Taken"]
+from hybridq.errors import Cancelled
+
+__all__ = ["CANCEL_GRACE_S", "STUCK_S", "TICK_S", "Runner", "Taken"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -40,6 +49,8 @@ log = logging.getLogger("hybridq.worker")
 STUCK_S = 2.0
 #: How often the watchdog looks at the running jobs and stamps its heartbeat (seconds).
 TICK_S = 0.2
+#: How long a cancelled job may run on after its worker saw the cancel, before it is stopped (s).
+CANCEL_GRACE_S = 10.0
 
 _PENDING, _RUNNING, _DONE = 0, 1, 2
 
@@ -74,6 +85,9 @@ class Taken:
     signalled: bool = False
     abandoned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Set once the job is seen cancelled (its lease renewal's flag), and when to stop it then.
+    cancel_flag: threading.Event | None = None
+    cancel_at: float = 0.0
 
 
 class Runner:
@@ -87,6 +101,7 @@ class Runner:
         work_async: the same for an ``async def`` task, on the event loop.
         on_stuck: records the timeout of a stuck job (called on the watchdog thread).
         stamp: called with ``time.monotonic()`` every :data:`TICK_S` (the pool's liveness check).
+        cancel_grace_s: how long a cancelled job may run on before it is stopped.
     """
 
     def __init__(
@@ -97,8 +112,10 @@ class Runner:
         work_async: Callable[[Taken], Awaitable[None]],
         on_stuck: Callable[[Taken], None],
         stamp: Callable[[float], None] = lambda _now: None,
+        cancel_grace_s: float = CANCEL_GRACE_S,
     ) -> None:
         self.threads = max(1, threads)
+        self.cancel_grace_s = cancel_grace_s
         self.async_concurrency = max(1, async_concurrency)
         self.done: queue.SimpleQueue[Taken] = queue.SimpleQueue()
         self._work = work
@@ -168,8 +185,8 @@ class Runner:
                 if item is None:
                     return
                 self._one(item)
-            except JobTimeoutException:
-                continue  # a timeout that arrived after its job ended (see _one): nothing to do
+            except (JobTimeoutException, Cancelled):
+                continue  # a stop that arrived after its job ended (see _one): nothing to do
 
     def guard(self, item: Taken, func: Callable[..., Any]) -> Callable[..., Any]:
         """``func`` (the task), marked as the one place ``item``'s timeout may be raised.
@@ -202,7 +219,7 @@ class Runner:
         handed_over = False
         try:
             handed_over = not self._work(item)
-        except JobTimeoutException:
+        except (JobTimeoutException, Cancelled):
             pass  # raised in the task's call (guard) as it returned: the run concluded already
         finally:
             with item.lock:
@@ -245,38 +262,67 @@ class Runner:
             now = time.monotonic()
             self._stamp(now)
             with self._lock:
-                late = [i for i in self._running if i.deadline and now >= i.deadline]
-            for item in late:
-                self._expire(item, now)
+                running = list(self._running)
+            for item in running:
+                self._note_cancel(item, now)
+            for item in running:
+                if now >= _due(item)[0]:
+                    self._expire(item, now)
+
+    def _note_cancel(self, item: Taken, now: float) -> None:
+        """Start the grace period of a job seen cancelled (once)."""
+        flag = item.cancel_flag
+        if item.cancel_at or flag is None or not flag.is_set():
+            return
+        item.cancel_at = now + self.cancel_grace_s
+        log.info(
+            "job %s: cancelled; stopping it in %g s unless it ends first", item.job_id, self.cancel_grace_s
+        )
 
     def _expire(self, item: Taken, now: float) -> None:
         with item.lock:
             if item.state != _RUNNING or item.abandoned or not item.in_task:
                 return  # only the task's own call is timed out (see guard)
+            due, stop = _due(item)
             if not item.signalled:
                 item.signalled = True
-                log.warning(
-                    "job %s: past its timeout (%s s): raising JobTimeoutException in it",
-                    item.job_id,
-                    item.timeout,
-                )
+                if stop is Cancelled:
+                    log.warning(
+                        "job %s: cancelled, still running after its grace period: stopping it", item.job_id
+                    )
+                else:
+                    log.warning(
+                        "job %s: past its timeout (%s s): raising JobTimeoutException in it",
+                        item.job_id,
+                        item.timeout,
+                    )
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(item.thread), ctypes.py_object(JobTimeoutException)
+                    ctypes.c_ulong(item.thread), ctypes.py_object(stop)
                 )
                 return
-            if now < item.deadline + STUCK_S:
+            if now < due + STUCK_S:
                 return
             item.abandoned = True
         self.poisoned = True
         log.error(
-            "job %s: still running %.0f s past its timeout (a blocking call no exception reaches): "
+            "job %s: still running %.0f s past its %s (a blocking call no exception reaches): "
             "this process takes no more jobs and exits once its others are done; the job's lease "
-            "lapses then, and the forwarder delivers it again",
+            "lapses then, and the forwarder delivers it again (or, cancelled, settles it)",
             item.job_id,
-            now - item.deadline,
+            now - due,
+            "stop" if stop is Cancelled else "timeout",
         )
         self._on_stuck(item)
         self.done.put(item)
         with self._lock:
             self._running.discard(item)
             self.sync_pending -= 1  # its thread is lost to this process, which is ending
+
+
+def _due(item: Taken) -> tuple[float, type[BaseException]]:
+    """When ``item`` is to be stopped, and with what: its timeout, or its cancel's grace end."""
+    timeout_at = item.deadline or float("inf")
+    cancel_at = item.cancel_at or float("inf")
+    if cancel_at < timeout_at:
+        return cancel_at, Cancelled
+    return timeout_at, JobTimeoutException

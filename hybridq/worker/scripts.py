@@ -66,6 +66,9 @@ local function claim(K, A, server)
     if redis.call("GET", K[2]) == A[1] then
         return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
     end
+    if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
+        return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.cancelling)
+    end
     local epoch = K[4] and redis.call("GET", K[4])
     if epoch then
         local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
@@ -161,17 +164,23 @@ end
 _FINISH = FINISH_LUA + "return finish(KEYS, ARGV)\n"
 
 
-# KEYS: leases. ARGV: for each lease its token and lease ms. For each, 1 if renewed, 0 if the
-# lease is no longer ours: every lease a process holds, renewed in one call.
+# KEYS: leases, then (optional) the RQ job hash of each. ARGV: for each lease its token and lease
+# ms. For each, 1 if renewed, 0 if the lease is no longer ours, plus 2 if the job is marked
+# cancelled (hybridq.cancelling): every lease a process holds, renewed in one call.
 _RENEW = """
+local n = #ARGV / 2
 local renewed = {}
-for i, key in ipairs(KEYS) do
-    local token, ms = ARGV[2 * i - 1], ARGV[2 * i]
+for i = 1, n do
+    local key, token, ms = KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]
+    local r = 0
     if redis.call("GET", key) == token then
-        renewed[i] = redis.call("PEXPIRE", key, ms)
-    else
-        renewed[i] = 0
+        r = redis.call("PEXPIRE", key, ms)
     end
+    local job = KEYS[n + i]
+    if job and redis.call("HEXISTS", job, "hybridq_cancel") == 1 then
+        r = r + 2
+    end
+    renewed[i] = r
 end
 return renewed
 """
@@ -196,13 +205,17 @@ def renew(conn: redis.Redis, key: str, token: str, lease_ms: int) -> Any:
     return renew_many(conn, [(key, token, lease_ms)])[0]
 
 
-def renew_many(conn: redis.Redis, leases: list[tuple[str, str, int]]) -> list[int]:
+def renew_many(
+    conn: redis.Redis, leases: list[tuple[str, str, int]], jobs: list[str] | None = None
+) -> list[int]:
     """Extend each lease ``(key, token, lease ms)`` that its token still holds, in one call.
 
-    Returns, for each, 1 if renewed and 0 if the lease is no longer ours.
+    Returns, for each, 1 if renewed and 0 if the lease is no longer ours; with ``jobs`` (the RQ
+    job hash of each lease's job), plus 2 if that job is marked cancelled.
     """
     args: list[str | int] = [item for _, token, ms in leases for item in (token, ms)]
-    return list(_script(conn, _RENEW)(keys=[key for key, _, _ in leases], args=args))
+    keys = [key for key, _, _ in leases] + (list(jobs) if jobs is not None else [])
+    return list(_script(conn, _RENEW)(keys=keys, args=args))
 
 
 def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any], client: Any = None) -> Any:

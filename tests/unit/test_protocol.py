@@ -179,9 +179,9 @@ def test_a_garbled_event_raises(body: dict[str, Any] | None) -> None:
 
 def test_enums_are_the_wire_values() -> None:
     assert [v.value for v in Verdict] == ["missing", "queued", "running", "done", "orphaned", "stranded"]
-    assert [k.value for k in EntryKind] == ["done", "retry", "lost", "requeued", "key", "duplicate"]
+    assert [k.value for k in EntryKind] == ["done", "retry", "lost", "requeued", "key", "duplicate", "cancel"]
     assert json.dumps([Outcome.SUCCEEDED, EntryKind.DONE]) == '["succeeded", "done"]'
-    assert [int(s) for s in ClaimStatus] == [0, 1, 2, 3, 4]
+    assert [int(s) for s in ClaimStatus] == [0, 1, 2, 3, 4, 5]
     assert [int(r) for r in FinishReply] == [0, 1, 2, 3]
     assert protocol.ENTRY_POINT == "hybridq.worker.execute"
     assert (protocol.DEFAULT_LEASE_S, protocol.DEFAULT_KEY_TTL_S) == (10.0, 86400.0)

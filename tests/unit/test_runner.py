@@ -63,3 +63,40 @@ def test_a_task_past_its_timeout_gets_jobtimeoutexception() -> None:
         assert [type(e).__name__ for e in raised] == ["JobTimeoutException"]
     finally:
         runner.close()
+
+
+def test_a_cancelled_task_is_stopped_with_cancelled_after_the_grace() -> None:
+    import threading
+
+    raised: list[BaseException] = []
+    stopped_after: list[float] = []
+    runner: Runner
+    flag = threading.Event()
+
+    def spin() -> None:
+        flag.set()  # the lease renewal saw the cancel mark
+        while True:
+            time.monotonic()
+
+    def work(item: Taken) -> bool:
+        item.cancel_flag = flag
+        started = time.monotonic()
+        try:
+            runner.guard(item, spin)()
+        except Exception as exc:
+            raised.append(exc)
+        stopped_after.append(time.monotonic() - started)
+        return True
+
+    async def no_async(_item: Taken) -> None:
+        raise AssertionError("no async job here")
+
+    runner = Runner(1, 1, work, no_async, lambda _item: None, cancel_grace_s=0.3)
+    try:
+        runner.submit(Taken("j3", "q", timeout=60.0))
+        runner.done.get(timeout=5)
+        assert [type(e).__name__ for e in raised] == ["Cancelled"]
+        assert 0.3 <= stopped_after[0] < 2.0, stopped_after
+        assert not runner.poisoned, "an exception stopped it: the process goes on"
+    finally:
+        runner.close()

@@ -307,3 +307,24 @@ def test_a_forwarder_that_stopped_before_its_snapshot_caught_up_means_the_scan(
     forwarder.step()  # a running forwarder writes it again
     out = same(journal_dir)
     assert (out["succeeded"], out["pending"]) == (4, 0)
+
+
+def test_cancelled_jobs_count_the_same_in_stats_and_the_scan(journal_dir: Path) -> None:
+    """A cancel settles a job as ``cancelled``: not pending any more, in the snapshot as in the scan."""
+    queue = Queue(journal=journal_dir)
+    pushed = queue.enqueue(tasks.add, 1, 2)
+    kept = queue.enqueue(tasks.add, 3, 4)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    settle(forwarder)
+    assert pushed.cancel() == "requested"
+    assert same(journal_dir, cheap=False)["cancelled"] == 0  # a request file not taken in: the scan
+    held = queue.enqueue(tasks.add, 5, 6, delay=3600)
+    settle(forwarder)
+    assert held.cancel() == "requested"
+    settle(forwarder)
+    transport.work()
+    settle(forwarder)
+    out = same(journal_dir)
+    assert (out["cancelled"], out["succeeded"], out["pending"], out["cancels_pending"]) == (2, 1, 0, 0)
+    assert kept.get_status() == "finished"
