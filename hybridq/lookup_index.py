@@ -68,14 +68,16 @@ ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off
     rbytes = NULL, error = NULL, dup_of = NULL
 WHERE excluded.requeue > jobs.requeue
 """
-# A terminal outcome: the first one wins, but a success beats a failure (hybridq.ledger), and
-# a success with its result beats one without (a run's event whose success was kept from
-# another run carries none).
+# A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger._RANK) a success
+# beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
+# after all), and a success with its result beats one without (a run's event whose success was
+# kept from another run carries none).
 _DONE = """
 UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
     ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
     OR (outcome = 'failed' AND ? = 'succeeded')
+    OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
     OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
 """
 _RETRY = """
@@ -380,6 +382,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
                     e.error,
                     e.dup_of,
                     *where,
+                    outcome,
                     outcome,
                     outcome,
                     int(e.result_kept),

@@ -329,3 +329,45 @@ def test_the_completion_event_carries_a_success_result_up_to_the_cap() -> None:
     )
     assert "result" not in failed.to_json()
     assert "result" not in event.kept_success_json()
+
+
+def test_a_run_reported_after_a_settled_cancel_wins_in_the_index_as_in_the_ledger(tmp_path: Path) -> None:
+    """The forwarder settled a cancel (no lease held) before it harvested the run's success.
+
+    The ledger ranks succeeded > failed > cancelled in any order; the index kept the cancel: the
+    job read ``cancelled`` for good and ``wait()`` raised JobFailed (found in review).
+    """
+    from hybridq.ledger import Entry, LedgerIndex
+    from hybridq.lookup_index import LookupIndex, _apply
+    from hybridq.protocol import EntryKind
+
+    journal = str(tmp_path / "j")
+    job = Queue(journal=journal).enqueue("builtins.print", "x")
+    index = LookupIndex(journal)
+    index.open()
+    try:
+        index.catch_up()
+        index.catch_up()
+        loc = (job.record.writer_id, job.record.segment, job.record.offset)
+        cancelled = Entry(EntryKind.DONE, job.id, loc, outcome="cancelled", at=1.0)
+        succeeded = Entry(
+            EntryKind.DONE,
+            job.id,
+            loc,
+            outcome="succeeded",
+            at=2.0,
+            attempt=1,
+            result={"v": 1},
+            result_kept=True,
+        )
+        ledger = LedgerIndex()
+        for entry in (cancelled, succeeded):
+            ledger.apply(entry)
+            with index._db:
+                _apply(index._db, [entry])
+        assert ledger.terminal[(loc[0], loc[1])][loc[2]] == "succeeded"
+        fetched = hybridq.fetch_job(job.id, journal=journal)
+        assert fetched is not None
+        assert (fetched.status, fetched.result) == ("finished", {"v": 1})
+    finally:
+        index.close()
