@@ -35,6 +35,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from hybridq import keys, waiting
+from hybridq.cancels import read_requests
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, HybridqError
 from hybridq.job import call_fingerprint
@@ -151,7 +152,10 @@ def diagnose(
 def _forwarded_pending(
     path: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
 ) -> Iterator[tuple[Loc, Envelope]]:
-    """Forwarded jobs that are not terminal, not waiting for a retry, not held for later."""
+    """Forwarded jobs that are not terminal, not waiting for a retry, not held, not cancelled."""
+    # A cancel in the ledger or still in a request file: never delivered again (the forwarder
+    # settles it once no worker holds its lease).
+    cancelled = set(index.cancels) | {loc for _path, jobs in read_requests(path) for _id, loc in jobs}
     for record in JournalReader(path).records():
         if record.rtype != RecordType.DATA or compacted.is_compacted(
             (record.writer_id, record.segment_index)
@@ -160,7 +164,7 @@ def _forwarded_pending(
         loc = (record.writer_id, record.segment_index, record.offset)
         if not record.consumed_by(positions):
             continue  # not forwarded yet: the forwarder's backlog, not Redis's business
-        if index.is_terminal(loc) or loc in index.retries or loc in index.duplicates:
+        if index.is_terminal(loc) or loc in index.retries or loc in index.duplicates or loc in cancelled:
             continue  # a duplicate is never pushed: it waits for its key's owner
         try:
             env = Envelope.from_bytes(record.payload)

@@ -288,3 +288,25 @@ def test_status_counts_a_cancel_the_forwarder_has_not_taken_in_yet(journal_dir: 
     forwarder.close()
     status = collect_status(str(journal_dir))
     assert (status["cancels_pending"], status["cancelled"], status["pending"]) == (0, 1, 0)
+
+
+def test_doctor_fix_never_delivers_a_cancelled_job_again(tmp_path: Path) -> None:
+    """A cancel taken into the ledger, not settled yet, then Redis lost its state: doctor --fix skips it.
+
+    It pushed the job again with a fresh hash (no cancel mark) and a worker ran it (found in review).
+    """
+    from hybridq import cancel as cancel_jobs
+    from hybridq.doctor import diagnose
+    from hybridq.testing import fake_stack
+
+    effects = tmp_path / "ran.txt"
+    with fake_stack(tmp_path / "j", allow="tests.tasks") as stack:
+        job = stack.queue().enqueue("tests.tasks.record", str(effects), "ran")
+        stack.forwarder.step()  # pushed
+        assert cancel_jobs([job.id], stack.journal)[0].state == "requested"
+        stack.forwarder.cancels.intake()  # in the ledger; not settled (Redis down, or a stop)
+        stack.redis.flushall()
+        report = diagnose(stack.journal, stack.transport, fix=True)
+        assert report.fixed == 0
+        stack.worker.work(burst=True, logging_level="WARNING")
+    assert not effects.exists(), "the cancelled job ran"
