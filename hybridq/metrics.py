@@ -90,13 +90,16 @@ class ForwarderMetrics(Collector):
         failed = outcomes["failed"] + outcomes["invalid"]
         dups = outcomes["dups"]
         cancelled = outcomes["cancelled"]
+        failed += cancelled  # as status --json counts them: pending is what has not ended
         accepted = self.accepted()
         yield _counter("hybridq_accepted", "Jobs accepted into the journal.", accepted)
         yield _counter(
             "hybridq_forwarded", "Jobs pushed to Redis (a re-push after a crash counts again).", cp.forwarded
         )
         yield _counter("hybridq_succeeded", "Jobs that succeeded (from the ledger).", succeeded)
-        yield _counter("hybridq_failed", "Jobs that failed for good (from the ledger).", failed)
+        yield _counter(
+            "hybridq_failed", "Jobs that failed for good or were cancelled (from the ledger).", failed
+        )
         yield _counter(
             "hybridq_duplicates_suppressed",
             "Deliveries that found their key's outcome stored and did not run the task.",
@@ -122,7 +125,7 @@ class ForwarderMetrics(Collector):
         yield _gauge(
             "hybridq_pending",
             "Jobs accepted and not yet terminal.",
-            max(0, accepted - succeeded - failed - cancelled),
+            max(0, accepted - succeeded - failed),
         )
         yield _counter("hybridq_cancelled", "Jobs cancelled (hybridq cancel), from the ledger.", cancelled)
         if self.capacity is not None:

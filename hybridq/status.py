@@ -139,6 +139,7 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
     succeeded = compacted.succeeded + done.get("succeeded", 0)
     failed = compacted.failed + done.get("failed", 0) + compacted.invalid + done.get("invalid", 0)
     cancelled = compacted.cancelled + done.get("cancelled", 0)
+    failed += cancelled  # ended without success, as records that are not jobs: pending stays the rest
     queues = dict(snap.queues)
     for queue, n in tail.queues.items():
         queues[queue] = queues.get(queue, 0) + n
@@ -148,7 +149,7 @@ def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None
         "forwarded": snap.forwarded,
         "succeeded": succeeded,
         "failed": failed,
-        "pending": accepted - succeeded - failed - cancelled,
+        "pending": accepted - succeeded - failed,
         "duplicates_suppressed": compacted.dups + done.get("dups", 0),
         "not_yet_forwarded": tail.not_forwarded,
         "delayed_held": snap.delayed_held,
@@ -182,12 +183,13 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
     failed = compacted.failed + counts["failed"] + compacted.invalid + counts["invalid"]
     suppressed = compacted.dups + counts["dups"]
     cancelled = compacted.cancelled + counts["cancelled"]
+    failed += cancelled  # ended without success, as records that are not jobs: pending stays the rest
     return {
         "accepted": accepted,
         "forwarded": checkpoint.forwarded if checkpoint else 0,
         "succeeded": succeeded,
         "failed": failed,
-        "pending": accepted - succeeded - failed - cancelled,
+        "pending": accepted - succeeded - failed,
         "duplicates_suppressed": suppressed,
         "not_yet_forwarded": waiting,
         "delayed_held": len(checkpoint.held) if checkpoint else 0,

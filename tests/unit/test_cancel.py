@@ -43,7 +43,11 @@ def test_a_queued_job_cancelled_before_the_forwarder_reads_it_never_runs(journal
     assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
     assert os.listdir(cancel_dir(str(journal_dir))) == []  # taken into the ledger
     status = collect_status(str(journal_dir))
-    assert (status["pending"], status["cancelled"], status["failed"]) == (0, 1, 0)
+    assert (status["pending"], status["cancelled"], status["failed"]) == (
+        0,
+        1,
+        1,
+    )  # failed: ended without success
     assert failed_jobs(str(journal_dir)) == []
     assert states(cancel([doomed.id], journal_dir)) == ["cancelled"]  # twice is fine
 
