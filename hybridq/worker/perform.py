@@ -122,16 +122,17 @@ class Performer:
         if answer is not CLAIMED:
             succeeded(item, answer)
             return True
+        if run.renewal is not None and run.renewal.cancelled.is_set():
+            # Cancelled while it waited for a thread or the loop: not started (sync or async).
+            value, error = conclude(
+                run, None, Cancelled(f"job {item.job_id} was cancelled before it started")
+            )
+            _record(item, value, error)
+            return True
         if is_async(run.func):
             self.runner.start_async(item)  # type: ignore[union-attr]
             return False
         if run.renewal is not None:
-            if run.renewal.cancelled.is_set():  # cancelled while it waited for a thread: not started
-                value, error = conclude(
-                    run, None, Cancelled(f"job {item.job_id} was cancelled before it started")
-                )
-                _record(item, value, error)
-                return True
             item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
         if self.runner is not None:
             run.func = self.runner.guard(item, run.func)
@@ -182,8 +183,11 @@ class Performer:
         The asyncio form of the watchdog's stop: the task is cancelled (``CancelledError`` in
         it, its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`.
         """
-        task = asyncio.ensure_future(coro)
         renewal = item.run.renewal
+        if renewal is not None and renewal.cancelled.is_set():  # cancelled while it waited for the loop
+            coro.close()
+            raise Cancelled(f"job {item.job_id} was cancelled before it started")
+        task = asyncio.ensure_future(coro)
         if renewal is None:
             return await task
         flag = renewal.cancelled

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from hybridq.worker.runner import Runner, Taken
 
 
@@ -100,3 +101,28 @@ def test_a_cancelled_task_is_stopped_with_cancelled_after_the_grace() -> None:
         assert not runner.poisoned, "an exception stopped it: the process goes on"
     finally:
         runner.close()
+
+
+def test_an_async_task_cancelled_while_it_waited_for_the_loop_never_starts() -> None:
+    """It started once the loop had room and ran on for the whole grace (found in review)."""
+    import asyncio
+    import threading
+    import types
+
+    from hybridq.errors import Cancelled
+    from hybridq.worker.perform import Performer
+
+    started: list[bool] = []
+
+    async def task() -> None:
+        started.append(True)
+
+    flag = threading.Event()
+    flag.set()
+    item: Any = types.SimpleNamespace(
+        job_id="j1", run=types.SimpleNamespace(renewal=types.SimpleNamespace(cancelled=flag))
+    )
+    performer = Performer(client=None)  # type: ignore[arg-type]
+    with pytest.raises(Cancelled, match="before it started"):
+        asyncio.run(performer._stoppable(item, task()))
+    assert started == []
