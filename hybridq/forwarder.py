@@ -128,6 +128,7 @@ class Forwarder:
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.state.on_append = self.lookup.note_entries
+        self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         self._lookup_due = True
         self._next_lookup = 0.0
 
