@@ -368,7 +368,7 @@ class Forwarder:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
             harvested = harvester.harvest()
-            self._lookup_due |= harvested > 0
+            self._lookup_due |= harvested > 0 or harvester.started_harvested > 0
             if self._watcher is not None:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now

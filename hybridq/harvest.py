@@ -60,13 +60,20 @@ class Harvester:
         self._pushed_retries: dict[Loc, int] = {}
         #: Where started events go (the forwarder's lookup index); ``None``: dropped.
         self.on_started: Callable[[list[StartedEvent]], None] | None = None
+        #: Started events the last :meth:`harvest` took (the lookup index has news).
+        self.started_harvested = 0
 
     # -- harvest ------------------------------------------------------------------------------
 
     def harvest(self) -> int:
-        """Move every waiting completion event into the ledger; returns how many."""
+        """Move every waiting completion event into the ledger; returns how many.
+
+        Started events are not counted there (they change no outcome: nothing to save or
+        publish), but in :attr:`started_harvested`.
+        """
         owner = self.state.checkpoint.owner
         total = 0
+        self.started_harvested = 0
         while True:
             events = self.transport.harvest(owner, HARVEST_BATCH)
             if not events:
@@ -90,7 +97,8 @@ class Harvester:
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(owner, [ev.event_id for ev in events])
             self.last_event_id = events[-1].event_id
-            total += len(events)
+            total += len(events) - len(started)
+            self.started_harvested += len(started)
             if len(events) < HARVEST_BATCH:
                 return total
 

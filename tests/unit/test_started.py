@@ -42,6 +42,8 @@ def test_a_claimed_job_reads_started_while_it_runs_then_finished(journal_dir: Pa
         stats.append(hybridq.stats(journal_dir))
         forwarder.step()  # the forwarder harvests the started event while the task runs
         seen.append(_status(job.id, journal_dir))
+        # Not an outcome: harvest() counts none (nothing to save), the lookup index has news.
+        assert forwarder.completions.harvester.started_harvested == 1
         stats.append(hybridq.stats(journal_dir))
         return tasks.add(*env.args)
 
