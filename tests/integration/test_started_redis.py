@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue, fetch_job
+from hybridq.signing import ENV_KEY
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_redis import Stack, stack
@@ -19,11 +20,19 @@ from tests.integration.test_worker_redis import Stack, stack
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
 
-@pytest.mark.parametrize("mode", ["pool", "rq"])
+@pytest.mark.parametrize("mode", ["pool", "rq", "pool-signed"])
 def test_a_running_job_reads_started_then_finished(
-    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, mode: str
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    stack.forwarder(redis_server.url)
+    if mode == "pool-signed":  # the started event carries a MAC, which the forwarder checks
+        monkeypatch.setenv(ENV_KEY, "s" * 64)
+        stack.env[ENV_KEY] = "s" * 64
+    forwarder = stack.forwarder(redis_server.url)
     stack.worker(redis_server.url, rq=mode == "rq")
     trace = tmp_path / "trace"
     job = Queue("default", journal_dir).enqueue("tests.tasks.traced", str(trace), "t1", 4.0)
@@ -48,3 +57,4 @@ def test_a_running_job_reads_started_then_finished(
     assert (found.status, found.attempt) == ("finished", 1)
     assert found.ended_at is not None
     assert found.started_at <= found.ended_at
+    assert "dropping" not in forwarder.log_path.read_text()  # no event refused or garbled
