@@ -128,6 +128,7 @@ class Forwarder:
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.state.on_append = self.lookup.note_entries
+        self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         self._lookup_due = True
         self._next_lookup = 0.0
 
@@ -367,7 +368,7 @@ class Forwarder:
             if time.monotonic() >= self._next_epoch_check:
                 self._check_epoch()
             harvested = harvester.harvest()
-            self._lookup_due |= harvested > 0
+            self._lookup_due |= harvested > 0 or harvester.started_harvested > 0
             if self._watcher is not None:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now

@@ -280,6 +280,7 @@ class ForwarderState:
             lost=self.index.lost.get(loc, (0, 0))[1] if lost is None else lost,
             later=later,
             later_since=later_since,
+            report_start=True,  # its claim sends a started event (job.status "started")
         )
 
     # -- the checkpoint -----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
   fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
+* **Started events** (a worker claimed a run: ``protocol.StartedEvent``) go to the lookup index
+  only (``job.status`` ``started``), never to the ledger.
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hybridq.forwarder_state import ForwarderState
@@ -21,9 +23,9 @@ from hybridq.job_records import envelope_at
 from hybridq.journal import crashpoints
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import Entry, parse_event
-from hybridq.protocol import Overwrite
+from hybridq.protocol import Overwrite, StartedEvent
 from hybridq.signing import Keyring, admit_event, keyring
-from hybridq.transport.base import Delivery, Loc, Transport
+from hybridq.transport.base import Delivery, Event, Loc, Transport
 
 __all__ = ["HARVEST_BATCH", "Harvester"]
 
@@ -56,19 +58,32 @@ class Harvester:
         self.last_event_id = "0-0"
         #: Retries pushed by this process (loc -> attempt), so a due retry is pushed once.
         self._pushed_retries: dict[Loc, int] = {}
+        #: Where started events go (the forwarder's lookup index); ``None``: dropped.
+        self.on_started: Callable[[list[StartedEvent]], None] | None = None
+        #: Started events the last :meth:`harvest` took (the lookup index has news).
+        self.started_harvested = 0
 
     # -- harvest ------------------------------------------------------------------------------
 
     def harvest(self) -> int:
-        """Move every waiting completion event into the ledger; returns how many."""
+        """Move every waiting completion event into the ledger; returns how many.
+
+        Started events are not counted there (they change no outcome: nothing to save or
+        publish), but in :attr:`started_harvested`.
+        """
         owner = self.state.checkpoint.owner
         total = 0
+        self.started_harvested = 0
         while True:
             events = self.transport.harvest(owner, HARVEST_BATCH)
             if not events:
                 return total
             ring = keyring()  # once per batch: it stats the key file
-            entries = [e for e in (self._entry(ev.event_id, ev.body, ring) for ev in events) if e is not None]
+            started = [i for i, ev in enumerate(events) if StartedEvent.is_one(ev.body)]
+            outcomes = [ev for ev in events if not StartedEvent.is_one(ev.body)] if started else events
+            entries = [
+                e for e in (self._entry(ev.event_id, ev.body, ring) for ev in outcomes) if e is not None
+            ]
             entries = self._drop_compacted(entries)
             for entry in self.state.append(entries):
                 if entry.event_id is not None:
@@ -76,11 +91,14 @@ class Harvester:
             for entry in entries:
                 if entry.kind == "retry":
                     self._pushed_retries.pop(entry.loc, None)
+            if started:
+                self._started(events, started, ring)
             crashpoints.reached("harvest_after_ledger")
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(owner, [ev.event_id for ev in events])
             self.last_event_id = events[-1].event_id
-            total += len(events)
+            total += len(events) - len(started)
+            self.started_harvested += len(started)
             if len(events) < HARVEST_BATCH:
                 return total
 
@@ -109,6 +127,35 @@ class Harvester:
             if env is not None:
                 entry = dataclasses.replace(entry, job=env.to_dict())
         return entry
+
+    def _started(self, events: Sequence[Event], which: Sequence[int], ring: Keyring | None) -> None:
+        """Pass the started events (``events[i]`` for ``i`` in ``which``) to :attr:`on_started`.
+
+        The lookup index only, never the ledger: a started event changes no outcome and counts
+        as none. One whose job has an outcome event later in ``events`` is moot (that is newer);
+        one that does not parse, or that signing refuses, is dropped as a garbled event would be.
+        """
+        checkpoint = self.state.checkpoint
+        last_outcome = {
+            _loc_of(ev.body): i for i, ev in enumerate(events) if not StartedEvent.is_one(ev.body)
+        }
+        started: list[StartedEvent] = []
+        for i in which:
+            ev = events[i]
+            if last_outcome.get(_loc_of(ev.body), -1) > i:
+                continue
+            if ev.body is None or not admit_event(
+                checkpoint.owner, ev.event_id, ev.body, checkpoint.positions, ring=ring
+            ):
+                self.dropped_events += 1
+                continue
+            try:
+                started.append(StartedEvent.from_json(ev.body))
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                self.dropped_events += 1
+                log.error("dropping garbled started event %s: %r", ev.event_id, exc)
+        if started and self.on_started is not None:
+            self.on_started(started)
 
     def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
         """Drop late duplicates for segments below their chain's first present one.
@@ -158,3 +205,11 @@ class Harvester:
     def retry_pushed(self, loc: Loc, failed_attempt: int) -> bool:
         """Whether this process pushed the attempt after ``failed_attempt`` of the job at ``loc``."""
         return self._pushed_retries.get(loc, 0) > failed_attempt
+
+
+def _loc_of(body: Mapping[str, Any] | None) -> object:
+    """An event's ``loc`` as a hashable value (``None`` if it has none that is a list)."""
+    loc = body.get("loc") if body is not None else None
+    if not isinstance(loc, list) or not all(isinstance(x, str | int) for x in loc):
+        return None  # garbled: the event's own checks drop it
+    return tuple(loc)

@@ -27,13 +27,13 @@ from hybridq.state import Checkpoint, load_checkpoint
 __all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
 
 #: What :attr:`Job.status` may say.
-STATUSES = ("queued", "scheduled", "forwarded", "retrying", "merged", "finished", "failed")
+STATUSES = ("queued", "scheduled", "forwarded", "retrying", "merged", "finished", "failed", "started")
 #: :meth:`Job.get_status`'s words that :attr:`Job.status` says otherwise.
 _STATUS_OF = {"accepted": "queued"}
 #: Terminal outcomes in the ledger, as :attr:`Job.status` says them (another outcome as it is).
 _ENDED = {"succeeded": "finished", "failed": "failed", "invalid": "failed"}
 #: What :attr:`Job.status` says of a job that has not ended.
-_PENDING = frozenset({"queued", "scheduled", "forwarded", "retrying"})
+_PENDING = frozenset({"queued", "scheduled", "forwarded", "retrying", "started"})
 #: :meth:`Job.wait`'s polls: the first after this long, then twice as long, up to the most.
 _POLL_FIRST_S, _POLL_MOST_S = 0.002, 0.1
 
@@ -181,11 +181,14 @@ class Job:
 
     @property
     def status(self) -> str:
-        """``queued``, ``scheduled``, ``forwarded``, ``retrying``, ``merged``, ``finished`` or ``failed``.
+        """``queued``, ``scheduled``, ``forwarded``, ``started``, ``retrying``, ``merged``, ``finished``...
 
-        :meth:`get_status`'s answer (``accepted`` is ``queued``), read from the forwarder's lookup
-        index instead of the whole ledger: one primary-key read, plus the checkpoint for a job
-        with no outcome yet. It may lag the ledger by one forwarder step (docs/api.md).
+        ... or ``failed``: :meth:`get_status`'s answer (``accepted`` is ``queued``), read from the
+        forwarder's lookup index instead of the whole ledger: one primary-key read, plus the
+        checkpoint for a job with no outcome yet. It may lag the ledger by one forwarder step
+        (docs/api.md). ``started``: a worker claimed its run (:attr:`attempt`, :attr:`started_at`)
+        and the forwarder heard of it; a job whose worker sends no started event (an older one)
+        reads ``forwarded`` until it ends.
         """
         row = self._row()
         if row is None:
@@ -201,6 +204,8 @@ class Job:
             return _ENDED.get(row.outcome or "failed", row.outcome or "failed")
         if row.state == "retry":
             return "retrying"
+        if row.state == "started":  # a worker claimed its run (a started event): no outcome yet
+            return "started"
         if lookup.segment_gone(self.journal, row.loc):
             return "finished"  # only segments whose every job is terminal are compacted
         checkpoint = load_checkpoint(self.journal)

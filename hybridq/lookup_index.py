@@ -2,7 +2,8 @@
 
 See :mod:`hybridq.lookup` for what the index holds and who reads it. The forwarder notes the
 jobs it decoded (:meth:`LookupIndex.note_job`) and the ledger entries it appended
-(:meth:`LookupIndex.note_entries`), and :meth:`LookupIndex.catch_up` writes them after each step
+(:meth:`LookupIndex.note_entries`) and the started events it harvested
+(:meth:`LookupIndex.note_started`), and :meth:`LookupIndex.catch_up` writes them after each step
 that moved something, with what the files gained that was not noted: the whole journal past the
 index's marks when the forwarder starts (a first build, or a rebuild), and the ledger chains of
 other writers. Rows past their retention are swept out a chunk at a time.
@@ -30,7 +31,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger import Entry, ledger_dir
 from hybridq.lookup import RETENTION_S, index_path, job_row, readable_marks
-from hybridq.protocol import EntryKind
+from hybridq.protocol import EntryKind, StartedEvent
 
 __all__ = ["BUILD_STEP", "CHUNK", "PRUNE_CHUNK", "PRUNE_EVERY_S", "LookupIndex"]
 
@@ -85,8 +86,15 @@ UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
 """
 _LOST = """
-UPDATE jobs SET attempt = max(attempt, ?)
+UPDATE jobs SET attempt = max(attempt, ?), state = nullif(state, 'started')
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+# A run claimed (a started event): a job with no outcome yet, or waiting for the run after a
+# failed one. Never over an outcome: it changes none. Applied after the ledger entries noted
+# with it, none of them newer (a newer entry for its job drops it: LookupIndex.note_entries).
+_STARTED = """
+UPDATE jobs SET state = 'started', attempt = max(attempt, ?), started = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NULL OR state IN ('retry', 'started'))
 """
 _DUPLICATE = """
 UPDATE jobs SET state = 'dup', dup_of = ?
@@ -111,6 +119,9 @@ class LookupIndex:
         #: What the forwarder read and wrote since the last flush (no file read, no parse).
         self._jobs: list[tuple[Any, ...]] = []
         self._entries: list[Entry] = []
+        #: Started events harvested since the last flush, by job record (state ``started``:
+        #: derived from no file, so a rebuild loses it until the job's next event).
+        self._started: dict[tuple[str, int, int], tuple[Any, ...]] = {}
         #: Reading the journal itself (from the start, and after a failure), BUILD_STEP records
         #: per :meth:`catch_up`, until the index has read it all.
         self._building = True
@@ -172,8 +183,21 @@ class LookupIndex:
         Indexed at the next :meth:`catch_up`, which reads that chain from ``end`` on only.
         """
         if self._fed:
-            self._entries.extend(e for e in entries if e.kind != EntryKind.KEY)
+            for e in entries:
+                if e.kind != EntryKind.KEY:
+                    self._entries.append(e)
+                    self._started.pop(e.loc, None)  # the run's outcome (or a later one) is newer
             self._own[chain] = end
+
+    def note_started(self, events: Iterable[StartedEvent]) -> None:
+        """Workers claimed these runs (indexed at the next :meth:`catch_up`, after the entries).
+
+        Each must be newer than every entry noted for its job (the harvester drops one whose
+        outcome came in the same batch); one noted while the index reads the files is dropped.
+        """
+        if self._fed:
+            for e in events:
+                self._started[e.loc] = (e.job_attempt, e.at, e.id, *e.loc)
 
     def catch_up(self, read_to: Mapping[str, ChainPosition] | None = None) -> int:
         """Index what was noted, and what the files gained that was not; rows touched.
@@ -197,7 +221,7 @@ class LookupIndex:
         except (sqlite3.Error, OSError, JournalCorruption) as exc:
             log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
             self._building, self._fed = True, False  # what was noted is lost: read the files
-            self._jobs, self._entries, self._own = [], [], {}
+            self._jobs, self._entries, self._own, self._started = [], [], {}, {}
             return 0
         return done
 
@@ -240,9 +264,11 @@ class LookupIndex:
             touched += len(entries)
         ledger_to = ledger.end()
         entries, self._entries = self._entries, []
-        if touched or entries or _moved(marks, journal_to, ledger_to):
+        started, self._started = list(self._started.values()), {}
+        if touched or entries or started or _moved(marks, journal_to, ledger_to):
             with db:
                 _apply(db, entries)
+                db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
                 _save_marks(db, journal_to, ledger_to)
         self._fed = True  # every entry of its chain so far is in: from now on they are noted
         return touched + len(entries)

@@ -36,6 +36,7 @@ __all__ = [
     "DELIVERY_VERSION",
     "ENTRY_POINT",
     "RESULT_MAX_BYTES",
+    "STARTED",
     "ClaimStatus",
     "CompletionEvent",
     "Delivery",
@@ -44,6 +45,7 @@ __all__ = [
     "Loc",
     "Outcome",
     "Overwrite",
+    "StartedEvent",
     "StoredOutcome",
     "Verdict",
 ]
@@ -188,6 +190,9 @@ class Delivery:
     later: int
     #: When the first of those said it (the worker's clock): the RetryLater deadline counts from it.
     later_since: float | None
+    #: The forwarder takes ``started`` events (:class:`StartedEvent`): the worker's claim adds
+    #: one to the owner's stream. An older forwarder does not ask, and gets none.
+    report_start: bool
 
     def __init__(
         self,
@@ -205,6 +210,7 @@ class Delivery:
         later_since: float | None = None,
         force: bool = False,
         replace: bool = False,
+        report_start: bool = False,
     ) -> None:
         """``force`` and ``replace`` are the older spellings of ``overwrite`` EARLIER and ALWAYS."""
         if replace:
@@ -223,6 +229,7 @@ class Delivery:
             ("lost", lost),
             ("later", later),
             ("later_since", later_since if later else None),
+            ("report_start", report_start),
         ):
             object.__setattr__(self, name, value)
 
@@ -239,6 +246,7 @@ class Delivery:
             "gen": self.gen,
             **({"lost": self.lost} if self.lost else {}),
             **({"later": self.later, "later_since": self.later_since} if self.later else {}),
+            **({"report_start": 1} if self.report_start else {}),
         }
 
     @property
@@ -264,6 +272,7 @@ class Delivery:
             lost=int(raw.get("lost", 0)),
             later=int(raw.get("later", 0)),
             later_since=opt_finite("later_since", raw.get("later_since")),
+            report_start=bool(raw.get("report_start", False)),
         )
 
 
@@ -512,3 +521,78 @@ def _count(name: str, value: object) -> int:
     if not is_int(value) or not 0 <= value <= _MAX_INT:  # type: ignore[operator]
         raise ValueError(f"{name} must be an integer from 0 to 2**63-1, not {value!r:.60}")
     return value  # type: ignore[return-value]
+
+
+#: The ``kind`` of a :class:`StartedEvent` (a completion event has no ``kind``).
+STARTED = "started"
+
+
+@dataclass(frozen=True, slots=True)
+class StartedEvent:
+    """A worker claimed a delivery's run: sent by the claim script, to the owner's stream.
+
+    Only when the delivery asks (:attr:`Delivery.report_start`). It carries no ``outcome``: a
+    forwarder that does not know it drops it as garbled (``CompletionEvent.from_json`` needs an
+    outcome), so it can never reach an older ledger as an outcome. The forwarder passes it to
+    its lookup index only (``job.status`` ``started``): it changes no outcome, counts as none,
+    and a lost one means the job reads ``forwarded`` until it ends.
+    """
+
+    id: str
+    loc: Loc
+    #: The run's attempt (as a completion event's), and the RetryLater runs before it.
+    attempt: int
+    later: int
+    #: When the worker claimed the run (its clock).
+    at: float
+
+    @classmethod
+    def of(cls, delivery: Delivery, at: float) -> StartedEvent:
+        """The event of ``delivery``'s run claimed at ``at``."""
+        return cls(delivery.envelope.id, delivery.loc, delivery.attempt, delivery.later, at)
+
+    @property
+    def job_attempt(self) -> int:
+        """The job's attempt (``job.attempt``): runs that said ``RetryLater`` do not count."""
+        return max(1, self.attempt - self.later)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event's JSON object (the stream entry's ``e`` field, as a completion event's)."""
+        body: dict[str, Any] = {
+            "kind": STARTED,
+            "id": self.id,
+            "loc": list(self.loc),
+            "attempt": self.attempt,
+        }
+        if self.later:
+            body["later"] = self.later
+        body["at"] = self.at
+        return body
+
+    @staticmethod
+    def is_one(body: Mapping[str, Any] | None) -> bool:
+        """Whether a stream entry's body is a started event (not a completion event)."""
+        return body is not None and body.get("kind") == STARTED
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> StartedEvent:
+        """The event ``body`` holds, checked as :meth:`CompletionEvent.from_json` checks.
+
+        Raises:
+            ValueError, TypeError, KeyError: the event is garbled.
+        """
+        writer, segment, offset = typed("loc", body["loc"], list)
+        at = opt_finite("at", body.get("at"))
+        if at is None:
+            raise ValueError("a started event needs its time")
+        return cls(
+            id=typed("id", body["id"], str),
+            loc=(
+                typed("loc writer", writer, str),
+                _count("loc segment", segment),
+                _count("loc offset", offset),
+            ),
+            attempt=_count("attempt", body.get("attempt", 1)),
+            later=_count("later", body.get("later", 0)),
+            at=at,
+        )

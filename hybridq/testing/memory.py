@@ -19,7 +19,7 @@ from typing import Any
 from hybridq.envelope import Envelope
 from hybridq.errors import RetryLater, RetryLaterExpired, TransportError
 from hybridq.later import Later, resolve
-from hybridq.protocol import CompletionEvent, Overwrite
+from hybridq.protocol import CompletionEvent, Overwrite, StartedEvent
 from hybridq.transport.base import (
     Delivery,
     Event,
@@ -339,6 +339,9 @@ class MemoryTransport(Transport):
                 return
             self.leases.add(env.key_id)
             self.claimed[env.id] = self.runs.get(env.id, 0)
+            if delivery.report_start:  # hybridq.worker's claim adds a started event
+                event = Event(f"{next(self._event_ids)}-0", StartedEvent.of(delivery, self.clock()).to_json())
+                self.events.setdefault(delivery.owner, []).append(event)
         error: str | None = None
         value: Any = None
         later: Later | None = None

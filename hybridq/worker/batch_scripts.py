@@ -44,6 +44,7 @@ __all__ = [
     "START_ARITY",
     "TAKE",
     "TAKE_FIELDS",
+    "claim_part",
     "end_args",
     "keep_alive",
     "start_args",
@@ -87,12 +88,13 @@ return taken
 """
 
 #: Arguments per job of :data:`START`.
-START_ARITY = 13
+START_ARITY = 15
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), the execution
 # TTL (seconds), then per job (START_ARITY): job id, queue, execution id, then the claim's keys
 # (result, lease, job hash, epoch) and arguments (token, lease ms, job id, requeue, attempt,
-# epoch generation). Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
+# epoch generation), then the owner's event stream and the started event ("" "": none).
+# Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
 START = (
     CLAIM_LUA
     + """
@@ -100,7 +102,7 @@ local rq, name, stamp, now, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), 
 local server = {}
 local replies = {}
 local executions = rq .. ":worker:" .. name .. ":executions"
-for i = 6, #ARGV, 13 do
+for i = 6, #ARGV, 15 do
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
     local member = id .. ":" .. exec
@@ -122,8 +124,9 @@ for i = 6, #ARGV, 13 do
         "worker_name", name)
     redis.call("PERSIST", job)
     redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
-    replies[#replies + 1] = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]},
-        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12]}, server)
+    replies[#replies + 1] = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
+        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
+        server)
     end
 end
 redis.call("EXPIRE", executions, ttl + 60)
@@ -207,8 +210,15 @@ def start_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]:
     args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), at, exec_ttl_s]
     for item in items:
         item.started = at
-        args += [item.job_id, item.queue, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+        args += [item.job_id, item.queue, item.exec_id, *claim_part(item)]
     return args
+
+
+def claim_part(item: Taken) -> list[Any]:
+    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``)."""
+    claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
+    extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
+    return [*claim_keys[:4], *claim_args[:6], *extra]
 
 
 def end_args(name: str, items: Sequence[Taken]) -> list[Any]:

@@ -28,8 +28,16 @@ from hybridq import keys
 from hybridq.context import CurrentJob, _current
 from hybridq.errors import Cancelled, DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
 from hybridq.later import resolve
-from hybridq.protocol import ENTRY_POINT, ClaimStatus, Delivery, FinishReply, Outcome, StoredOutcome
-from hybridq.signing import keyring
+from hybridq.protocol import (
+    ENTRY_POINT,
+    ClaimStatus,
+    Delivery,
+    FinishReply,
+    Outcome,
+    StartedEvent,
+    StoredOutcome,
+)
+from hybridq.signing import keyring, sign_event
 from hybridq.worker import lease, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
@@ -227,7 +235,7 @@ class Run:
     d: Delivery
     #: The lease value, and the mark a retried script recognises as its own.
     token: str
-    #: The claim script's keys (result, lease, RQ job hash) and arguments.
+    #: The claim script's keys (result, lease, RQ job hash, epoch[, events]) and arguments.
     claim_keys: list[str]
     claim_args: list[str | int]
     #: The task's function, resolved and admitted once (:func:`hybridq.worker.admit.check`).
@@ -265,6 +273,9 @@ class Run:
             d.attempt,
             d.gen,
         ]
+        if d.report_start:  # the forwarder takes started events: the claim sends one
+            claim_keys.append(keys.events(d.owner))
+            claim_args.append(json.dumps(sign_event(d.owner, StartedEvent.of(d, time.time()).to_json())))
         return cls(raw, d, token, claim_keys, claim_args, func)
 
 

@@ -43,8 +43,9 @@ FINISH_PATIENCE_S = 30.0
 #: Socket timeout of a worker's own Redis calls (claim, lease renewal, outcome), in seconds.
 CALL_TIMEOUT_S = 5.0
 
-# KEYS: result, lease, RQ's job hash, the owner's epoch key. ARGV: token, lease ms, job id,
-# requeue, attempt, the delivery's epoch generation.
+# KEYS: result, lease, RQ's job hash, the owner's epoch key[, the owner's event stream]. ARGV:
+# token, lease ms, job id, requeue, attempt, the delivery's epoch generation[, the started event
+# (protocol.StartedEvent, signed by the worker; "" none) added to that stream by a new claim].
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
 # delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
@@ -112,6 +113,9 @@ local function claim(K, A, server)
         -- tells "started, then lost" from "taken, never started" by this field).
         if redis.call("EXISTS", K[3]) == 1 then
             redis.call("HSET", K[3], "hybridq_started", my_run)
+        end
+        if K[5] and A[7] and A[7] ~= "" then
+            redis.call("XADD", K[5], "*", "e", A[7])  -- the started event (lookup index only)
         end
         return {0, ""}
     end

@@ -57,7 +57,7 @@ def start_args(items: list[Taken]) -> list[Any]:
     for i, item in enumerate(items):
         item.exec_id = f"e{i}"
         item.started = time.time()
-        args += [item.job_id, QUEUE, item.exec_id, *item.run.claim_keys, *item.run.claim_args]
+        args += [item.job_id, QUEUE, item.exec_id, *batch_scripts.claim_part(item)]
     return args
 
 

@@ -21,7 +21,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.ledger import Entry, open_ledger_writer, read_ledger
 from hybridq.lookup import RETENTION_S
 from hybridq.lookup_index import LookupIndex
-from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.protocol import RESULT_MAX_BYTES, StartedEvent
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -155,7 +155,9 @@ def test_an_event_from_an_older_worker_has_no_result(journal_dir: Path) -> None:
     forwarder = make_forwarder(journal_dir, transport)
     forwarder.step()
     transport.work(func=add)
-    for event in transport.events[forwarder.checkpoint.owner]:
+    owner = forwarder.checkpoint.owner  # a worker of an earlier version sends no started event
+    transport.events[owner] = [e for e in transport.events[owner] if not StartedEvent.is_one(e.body)]
+    for event in transport.events[owner]:
         assert event.body is not None
         event.body.pop("result")  # what a worker of an earlier version sends
     forwarder.step()
