@@ -161,3 +161,46 @@ def test_prune(connect: Any, admin: Any) -> None:
     assert prune_done(conn, 30 * 86400, table=TABLE) == 1
     conn.commit()
     assert count(admin)[1] == 1
+
+
+def _counts(admin: Any) -> tuple[int, int]:
+    row = admin.execute(f"SELECT (SELECT count(*) FROM {TABLE}), (SELECT count(*) FROM once_sms)").fetchone()
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_in_pipeline_mode_the_first_run_does_the_effect(connect: Any, admin: Any, autocommit: bool) -> None:
+    """psycopg's pipeline mode has no rowcount yet: the key was recorded and the effect skipped for good."""
+    conn = connect(autocommit=autocommit)
+    with conn.pipeline():
+        assert send(conn, "order:1") is True
+    conn.commit()
+    assert _counts(admin) == (1, 1)
+
+
+def test_a_commit_inside_the_block_then_more_statements_leaves_both_committed(
+    connect: Any, admin: Any
+) -> None:
+    """Leaving the block released a savepoint the commit had ended: the task failed after its effect."""
+    conn = connect()
+    with outbox.once(conn, "order:2", table=TABLE) as first:
+        assert first
+        conn.execute("INSERT INTO once_sms (order_id) VALUES (2)")
+        conn.commit()
+        conn.execute("SELECT 1")
+    conn.commit()
+    assert _counts(admin) == (1, 1)
+
+
+def test_an_async_connection_is_refused_up_front(pg_dsn: str) -> None:
+    async def check() -> None:
+        aconn = await psycopg.AsyncConnection.connect(pg_dsn)
+        try:
+            with pytest.raises(TypeError, match="AsyncConnection"):
+                outbox.once(aconn, "order:3", table=TABLE)
+        finally:
+            await aconn.close()
+
+    import asyncio
+
+    asyncio.run(check())
