@@ -18,9 +18,9 @@ from hybridq.outbox.schema import (
     create_table,
     ddl,
     dialect_of,
-    redact,
     validate_table,
 )
+from hybridq.redisurl import redact_url
 
 _table_option = click.option(
     "--table",
@@ -120,8 +120,8 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, done_table: str
         _fail(ctx, _one_line(exc))
     finally:
         conn.close()
-    click.echo(f"{'created' if created else 'exists:'} table {table} in {redact(dsn)}")
-    click.echo(f"{'created' if done_created else 'exists:'} table {done_table} in {redact(dsn)}")
+    click.echo(f"{'created' if created else 'exists:'} table {table} in {redact_url(dsn)}")
+    click.echo(f"{'created' if done_created else 'exists:'} table {done_table} in {redact_url(dsn)}")
 
 
 def _one_line(exc: Exception) -> Exception:

@@ -38,8 +38,9 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from hybridq.errors import JournalLocked
-from hybridq.outbox.schema import redact, table_exists
+from hybridq.outbox.schema import table_exists
 from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row
+from hybridq.redisurl import redact_url
 
 __all__ = ["ADOPT_AFTER_S", "SLOTS", "PgStore", "token"]
 
@@ -72,7 +73,7 @@ class PgStore:
     """A PostgreSQL outbox table, as one of possibly several relays sees it."""
 
     def __init__(self, dsn: str, table: str) -> None:
-        self.dsn, self.table, self.where = dsn, table, redact(dsn)
+        self.dsn, self.table, self.where = dsn, table, redact_url(dsn)
         self.poll_s = DEFAULT_PG_POLL_S
         self.token = 0
         self._slots: list[int] = []

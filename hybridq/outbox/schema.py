@@ -17,6 +17,8 @@ import re
 import sqlite3
 from typing import Any, Literal
 
+from hybridq.redisurl import redact_url
+
 __all__ = [
     "DEFAULT_TABLE",
     "SUPPORTED_DSNS",
@@ -26,7 +28,6 @@ __all__ = [
     "ddl",
     "dialect_of",
     "is_postgres",
-    "redact",
     "sqlite_path",
     "table_exists",
     "validate_table",
@@ -125,11 +126,6 @@ def is_postgres(dsn: str) -> bool:
     return isinstance(dsn, str) and dsn.lower().startswith(("postgresql://", "postgres://"))
 
 
-def redact(dsn: str) -> str:
-    """``dsn`` without its password (for messages and logs)."""
-    return re.sub(r"(://[^:/@?]*):[^@/?]*@", r"\1:***@", dsn)
-
-
 def sqlite_path(dsn: str) -> str:
     """The database file a ``sqlite:///...`` DSN names; ValueError (one line) for anything else.
 
@@ -139,9 +135,9 @@ def sqlite_path(dsn: str) -> str:
     if not isinstance(dsn, str) or not dsn:
         raise ValueError(f"empty outbox DSN; use {SUPPORTED_DSNS}")
     if is_postgres(dsn):
-        raise ValueError(f"outbox DSN {redact(dsn)!r} is not an SQLite one (sqlite:///PATH)")
+        raise ValueError(f"outbox DSN {redact_url(dsn)!r} is not an SQLite one (sqlite:///PATH)")
     if not dsn.startswith(_PREFIX):
-        raise ValueError(f"outbox DSN {redact(dsn)!r} is not supported; use {SUPPORTED_DSNS}")
+        raise ValueError(f"outbox DSN {redact_url(dsn)!r} is not supported; use {SUPPORTED_DSNS}")
     path = dsn[len(_PREFIX) :]
     if not path or path.endswith("/") or "?" in path or path == ":memory:":
         raise ValueError(f"outbox DSN {dsn!r} names no database file; use {SUPPORTED_DSNS}")
@@ -189,9 +185,11 @@ def _connect_pg(dsn: str, timeout_s: float) -> Any:
             options=f"-c statement_timeout={ms}",
         )
     except psycopg.ProgrammingError as exc:  # a DSN psycopg cannot parse
-        raise ValueError(f"outbox DSN {redact(dsn)!r}: {_first_line(exc)}") from None
+        raise ValueError(f"outbox DSN {redact_url(dsn)!r}: {_first_line(exc)}") from None
     except psycopg.OperationalError as exc:
-        raise ConnectionError(f"cannot connect to PostgreSQL {redact(dsn)!r}: {_first_line(exc)}") from None
+        raise ConnectionError(
+            f"cannot connect to PostgreSQL {redact_url(dsn)!r}: {_first_line(exc)}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -26,7 +26,8 @@ from hybridq.outbox import Outbox
 from hybridq.outbox import pg as pg_module
 from hybridq.outbox.pg import token
 from hybridq.outbox.relay import Relay
-from hybridq.outbox.schema import connect, create_table, dialect_of, redact
+from hybridq.outbox.schema import connect, create_table, dialect_of
+from hybridq.redisurl import redact_url as redact
 
 from tests.support.postgres import PostgresServer
 from tests.unit.test_outbox import TASK
