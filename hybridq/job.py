@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Generator
 from typing import Any
 
 from hybridq import lookup
@@ -279,19 +280,27 @@ class Job:
             JobWaitTimeout: still not ended after ``timeout`` seconds.
             ResultNotKept: it finished, but its result was not kept.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = _POLL_FIRST_S
-        while True:
-            status = self.status
-            if status not in _PENDING:
-                return self._ended(status)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobWaitTimeout(self.id, timeout or 0.0, status)
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(_POLL_MOST_S, delay * 2)
+        pauses = self._pauses(timeout)
+        try:
+            while True:
+                time.sleep(next(pauses))
+        except StopIteration as ended:
+            return ended.value
 
     async def wait_async(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - as wait()
         """:meth:`wait` for a coroutine: polls with ``asyncio.sleep``, never blocking the event loop."""
+        pauses = self._pauses(timeout)
+        try:
+            while True:  # noqa: ASYNC110 - polls an index another process writes
+                await asyncio.sleep(next(pauses))
+        except StopIteration as ended:
+            return ended.value
+
+    def _pauses(self, timeout: float | None) -> Generator[float, None, Any]:
+        """The pauses between two looks at the job (2 ms, doubling to 100 ms); returns its result.
+
+        Shared by :meth:`wait` and :meth:`wait_async`, which only sleep differently.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = _POLL_FIRST_S
         while True:
@@ -300,9 +309,7 @@ class Job:
                 return self._ended(status)
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobWaitTimeout(self.id, timeout or 0.0, status)
-            await asyncio.sleep(
-                delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            )
+            yield delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
             delay = min(_POLL_MOST_S, delay * 2)
 
     def _ended(self, status: str) -> Any:
