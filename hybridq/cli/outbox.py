@@ -18,6 +18,7 @@ from hybridq.outbox.schema import (
     create_table,
     ddl,
     dialect_of,
+    first_line,
     validate_table,
 )
 from hybridq.redisurl import redact_url
@@ -117,17 +118,11 @@ def outbox_init(ctx: click.Context, dsn: str | None, table: str, done_table: str
     except (OSError, HybridqError) as exc:
         _fail(ctx, exc)
     except Exception as exc:  # sqlite3.Error, psycopg.Error: not a database, read-only, no right, ...
-        _fail(ctx, _one_line(exc))
+        _fail(ctx, RuntimeError(first_line(exc)))
     finally:
         conn.close()
     click.echo(f"{'created' if created else 'exists:'} table {table} in {redact_url(dsn)}")
     click.echo(f"{'created' if done_created else 'exists:'} table {done_table} in {redact_url(dsn)}")
-
-
-def _one_line(exc: Exception) -> Exception:
-    """``exc`` as one line (PostgreSQL's messages add DETAIL and HINT lines)."""
-    lines = str(exc).strip().splitlines()
-    return RuntimeError(lines[0] if lines else type(exc).__name__)
 
 
 @click.command()

@@ -27,6 +27,7 @@ __all__ = [
     "create_table",
     "ddl",
     "dialect_of",
+    "first_line",
     "is_postgres",
     "sqlite_path",
     "table_exists",
@@ -185,14 +186,15 @@ def _connect_pg(dsn: str, timeout_s: float) -> Any:
             options=f"-c statement_timeout={ms}",
         )
     except psycopg.ProgrammingError as exc:  # a DSN psycopg cannot parse
-        raise ValueError(f"outbox DSN {redact_url(dsn)!r}: {_first_line(exc)}") from None
+        raise ValueError(f"outbox DSN {redact_url(dsn)!r}: {first_line(exc)}") from None
     except psycopg.OperationalError as exc:
         raise ConnectionError(
-            f"cannot connect to PostgreSQL {redact_url(dsn)!r}: {_first_line(exc)}"
+            f"cannot connect to PostgreSQL {redact_url(dsn)!r}: {first_line(exc)}"
         ) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """A driver error's first line (PostgreSQL's messages add DETAIL and HINT lines)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
