@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.journal import JournalReader, RecordType
-from hybridq.journal.paths import DEFAULT_JOURNAL, ensure_journal_dir, existing_journal_dir
+from hybridq.journal.paths import default_journal, ensure_journal_dir, existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
@@ -81,7 +81,7 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     Every pending record of an id is cancelled (an id enqueued twice is one job). The request is
     durable when this returns (see the module docstring); cancelling twice is harmless.
     """
-    path = existing_journal_dir(journal or os.environ.get("HYBRIDQ_JOURNAL") or DEFAULT_JOURNAL)
+    path = existing_journal_dir(journal or default_journal())
     wanted = list(dict.fromkeys(job_ids))
     # Read again if a compaction deleted a segment under either read (hybridq.ledger.consistent).
     index, locs = consistent(path, lambda c: (_Known(c, load_index(path, c)), _records(path, set(wanted), c)))

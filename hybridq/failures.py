@@ -19,10 +19,10 @@ from typing import Any
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JobNotFailed
 from hybridq.job import Job
-from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
-from hybridq.producer import default_journal, shared_writer
+from hybridq.producer import shared_writer
 from hybridq.protocol import EntryKind
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]

@@ -18,9 +18,9 @@ from typing import Any
 from hybridq import lookup
 from hybridq.cancels import cancel
 from hybridq.envelope import Envelope
-from hybridq.errors import ConfigError, EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
+from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
-from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index, read_ledger
 from hybridq.state import Checkpoint, load_checkpoint
@@ -360,13 +360,7 @@ def fetch_job(job_id: str, journal: str | os.PathLike[str] | None = None) -> Job
         ConfigError: no ``journal`` and no ``$HYBRIDQ_JOURNAL``.
         JournalPathError: ``journal`` is not a usable journal directory.
     """
-    if journal is None:
-        journal = os.environ.get("HYBRIDQ_JOURNAL") or None
-        if journal is None:
-            raise ConfigError(
-                "no journal configured: pass fetch_job(job_id, journal=PATH) or set HYBRIDQ_JOURNAL"
-            )
-    path = existing_journal_dir(journal)
+    path = existing_journal_dir(default_journal() if journal is None else journal)
     row = lookup.find(path, job_id)
     if row is not None and row.outcome == "failed":
         # A failure may have been requeued since the index read the journal: a newer record.

@@ -36,34 +36,14 @@ from hybridq.envelope import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
+from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
-from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.nudge import address, nudge
 from hybridq.signing import keyring
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
-
-#: What :func:`default_journal` raises without ``HYBRIDQ_JOURNAL``: no journal is created in the
-#: working directory unless someone asked for one (a test run, a script started in ``$HOME``).
-NO_JOURNAL = (
-    "no journal configured: pass journal=PATH (Queue(name, journal=...) or @hybridq.task(journal=...)), "
-    "set HYBRIDQ_JOURNAL, or in tests use hybridq.testing (docs/testing.md)"
-)
-
-
-def default_journal() -> str:
-    """``$HYBRIDQ_JOURNAL`` (read when called, not at import).
-
-    Raises:
-        ConfigError: it is not set (:data:`NO_JOURNAL` says how to set one).
-    """
-    journal = os.environ.get("HYBRIDQ_JOURNAL")
-    if not journal:
-        raise ConfigError(NO_JOURNAL)
-    return journal
-
 
 # -- one writer per process and journal -----------------------------------------------------------
 

@@ -16,13 +16,15 @@ import logging
 import os
 import stat
 
-from hybridq.errors import JournalPathError
+from hybridq.errors import ConfigError, JournalPathError
 
 from .fileops import OS_FILEOPS, FileOps
 
 __all__ = [
     "DEFAULT_JOURNAL",
+    "NO_JOURNAL",
     "check_journal_dir",
+    "default_journal",
     "ensure_journal_dir",
     "existing_journal_dir",
     "open_journal_dir",
@@ -32,6 +34,25 @@ log = logging.getLogger("hybridq.journal")
 
 #: Used when neither ``--journal`` nor ``HYBRIDQ_JOURNAL`` is given; relative to the working directory.
 DEFAULT_JOURNAL = "hybridq-journal"
+
+#: What :func:`default_journal` raises without ``HYBRIDQ_JOURNAL``: no journal is created in the
+#: working directory unless someone asked for one (a test run, a script started in ``$HOME``).
+NO_JOURNAL = (
+    "no journal configured: pass journal=PATH (Queue(name, journal=...) or @hybridq.task(journal=...)), "
+    "set HYBRIDQ_JOURNAL, or in tests use hybridq.testing (docs/testing.md)"
+)
+
+
+def default_journal() -> str:
+    """``$HYBRIDQ_JOURNAL`` (read when called, not at import).
+
+    Raises:
+        ConfigError: it is not set (:data:`NO_JOURNAL` says how to set one).
+    """
+    journal = os.environ.get("HYBRIDQ_JOURNAL")
+    if not journal:
+        raise ConfigError(NO_JOURNAL)
+    return journal
 
 
 def _check_existing(path: str) -> None:

@@ -11,6 +11,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+import pytest
 from hybridq import Queue, Retry, cancel, failed_jobs
 from hybridq.cancels import cancel_dir
 from hybridq.journal import JournalWriter
@@ -314,3 +315,16 @@ def test_doctor_fix_never_delivers_a_cancelled_job_again(tmp_path: Path) -> None
         assert report.fixed == 0
         stack.worker.work(burst=True, logging_level="WARNING")
     assert not effects.exists(), "the cancelled job ran"
+
+
+def test_cancel_without_a_configured_journal_says_how_to_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As enqueue, fetch_job and failed_jobs do: no fallback to ./hybridq-journal in the working directory."""
+    from hybridq.errors import ConfigError
+
+    monkeypatch.delenv("HYBRIDQ_JOURNAL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    Queue(journal=tmp_path / "hybridq-journal").enqueue(tasks.add, 1, 2)  # a journal that is not configured
+    with pytest.raises(ConfigError, match="no journal configured"):
+        cancel(["0190c3"])
