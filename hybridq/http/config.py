@@ -1,0 +1,33 @@
+"""What one ``hybridq serve`` process is started with (docs/http.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ServeConfig"]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The settings of one HTTP server over one journal directory.
+
+    Attributes:
+        journal: The journal directory jobs are appended to (and read back from).
+        redis_url: The Redis the forwarder pushes to, for the parts of a job's trace only Redis
+            holds (claims, redeliveries); None where the server runs without one.
+        host: The address the server binds.
+        port: The port the server binds (0: a free one).
+        tokens_file: A file of bearer tokens, one per line (several: rotation); None means no
+            authentication, which only a loopback bind allows.
+        allow: Dotted prefixes of task paths a POST may name besides registered tasks.
+        max_body: The largest request body accepted, in bytes (larger: 413).
+    """
+
+    journal: Path
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokens_file: Path | None = None
+    allow: tuple[str, ...] = field(default_factory=tuple)
+    max_body: int = 1 << 20
