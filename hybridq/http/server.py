@@ -8,8 +8,12 @@ and status of each request, never a header (so never a token).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -44,6 +48,31 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, stopped by SIGTERM or SIGINT with exit 0 (uvicorn re-raises the signal).
+
+    A second signal stops it at once, as in uvicorn.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # in a thread (forward --serve): its owner calls Server.stop
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        del sig, frame
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+
 class Server:
     """uvicorn serving ``app`` on ``config.host:config.port``.
 
@@ -71,7 +100,7 @@ class Server:
             "backlog": BACKLOG,
             **uvicorn_options,
         }
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, **options))
+        self.uvicorn = _Uvicorn(uvicorn.Config(app, **options))
         self._thread: threading.Thread | None = None
 
     @property
