@@ -41,7 +41,12 @@ def journal_ids(journal: Path) -> Counter[str]:
 
 def serve_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hybridq", "serve", *args], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hybridq", "serve", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
