@@ -74,6 +74,16 @@ def fingerprint(env: Envelope) -> bytes:
 _UNKNOWN = b""
 
 
+class _Held:
+    """One key's lock and the POSTs holding or awaiting it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class KeyStore:
     """Which keyed jobs the journal holds, and their calls (see the module docstring).
 
@@ -88,19 +98,21 @@ class KeyStore:
         self._complete = True  # _known holds every keyed id past the index (else: read the journal)
         self._loaded = False
         self._load_lock = threading.Lock()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _Held] = {}
 
     @asynccontextmanager
     async def hold(self, job_id: str) -> AsyncIterator[None]:
         """Serialize the POSTs of one key (on the server's event loop)."""
-        lock = self._locks.get(job_id)
-        if lock is None:
-            lock = self._locks[job_id] = asyncio.Lock()
+        held = self._locks.get(job_id)
+        if held is None:
+            held = self._locks[job_id] = _Held()
+        held.users += 1  # dropped when the last POST holding or awaiting it is done, not before
         try:
-            async with lock:
+            async with held.lock:
                 yield
         finally:
-            if not lock.locked() and self._locks.get(job_id) is lock:
+            held.users -= 1
+            if not held.users:
                 del self._locks[job_id]
 
     def _load(self) -> None:

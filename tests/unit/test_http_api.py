@@ -356,3 +356,39 @@ def test_stats_and_metrics(journal_dir: Path) -> None:
     assert 'hybridq_http_posts_total{code="400"} 1.0' in text
     assert 'hybridq_queue_pending{queue="a"} 2.0' in text
     assert "hybridq_capacity 50.0" in text
+
+
+def test_one_key_is_never_held_twice_when_a_holder_comes_back_at_once(journal_dir: Path) -> None:
+    """A POST that ends and one of the same key that starts in the same loop step, while another
+    waits: the waiter and the newcomer must not both hold the key (each would write the job)."""
+    import asyncio
+
+    from hybridq.http.idempotency import KeyStore
+
+    store = KeyStore(str(journal_dir))
+    inside = [0]
+    most = [0]
+
+    async def held(pause: float) -> None:
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        await asyncio.sleep(pause)
+        inside[0] -= 1
+
+    async def first() -> None:
+        async with store.hold("http-x"):
+            await asyncio.sleep(0.01)
+        async with store.hold("http-x"):  # again at once, before the waiter below has run
+            await held(0.01)
+
+    async def waiter() -> None:
+        await asyncio.sleep(0.001)
+        async with store.hold("http-x"):
+            await held(0.01)
+
+    async def main() -> None:
+        await asyncio.gather(first(), waiter())
+
+    asyncio.run(main())
+    assert most[0] == 1
+    assert store._locks == {}
