@@ -58,9 +58,10 @@ def serve_config(
     imports: tuple[str, ...] = (),
 ) -> ServeConfig:
     """The server's checked settings (a ``ServeConfig``); bad input is one line and exit 1."""
-    from hybridq.http.auth import is_loopback  # noqa: PLC0415 - keep `hybridq --help` fast
+    from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
     from hybridq.http.config import ServeConfig  # noqa: PLC0415
     from hybridq.journal.paths import ensure_journal_dir  # noqa: PLC0415
+    from hybridq.signing import keyring  # noqa: PLC0415
 
     try:
         host, port = parse_bind(bind)
@@ -68,6 +69,11 @@ def serve_config(
         _fail(ctx, exc)
     if tokens_file is None and not is_loopback(host):
         _fail(ctx, ValueError(f"--bind {bind} is not a loopback address: give --tokens-file (docs/http.md)"))
+    if tokens_file is not None:
+        try:
+            Tokens(Path(tokens_file))  # unreadable or empty: now, before anything is created
+        except TokensError as exc:
+            _fail(ctx, exc)
     if os.getcwd() not in sys.path:  # like `hybridq worker --import`: modules here import
         sys.path.append(os.getcwd())
     for module in imports:
@@ -77,6 +83,7 @@ def serve_config(
             _fail(ctx, exc)
     try:
         path = ensure_journal_dir(journal)
+        keyring()  # a signing key configured but unusable: now, not at every POST
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     return ServeConfig(

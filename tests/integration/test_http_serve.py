@@ -39,35 +39,6 @@ def journal_ids(journal: Path) -> Counter[str]:
     )
 
 
-def serve_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hybridq", "serve", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def test_bad_command_lines_are_one_line_and_exit_1(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    journal = str(tmp_path / "journal")
-    cases = [
-        (["--bind", "0.0.0.0:0"], "not a loopback address: give --tokens-file"),
-        (["--bind", "nonsense"], "give HOST:PORT"),
-        (["--bind", "127.0.0.1:0", "--tokens-file", str(tmp_path / "missing")], "tokens file"),
-        (["--bind", "127.0.0.1:0", "--import", "no_such_module_here"], "no_such_module_here"),
-    ]
-    (tmp_path / "empty").write_text("# nothing\n")
-    cases.append((["--bind", "0.0.0.0:0", "--tokens-file", str(tmp_path / "empty")], "no token in it"))
-    for args, words in cases:
-        done = serve_cli("--journal", journal, *args, env=subprocess_env)
-        assert done.returncode == 1, (args, done.stderr)
-        assert done.stderr.count("\n") == 1, done.stderr
-        assert words in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
-
-
 def test_the_access_log_never_shows_a_token_and_sigterm_stops_it(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
