@@ -217,6 +217,9 @@ class AuthMiddleware:
         if ok or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+            return
         await _refusal(scope)(scope, receive, send)
 
 
