@@ -124,6 +124,37 @@ def test_a_full_queue_is_429_with_retry_after(journal_dir: Path) -> None:
     assert len(job_ids(journal_dir)) == 2
 
 
+def test_the_202_waits_for_the_fsync(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the journal's fdatasync is held, the POST gets no answer; released, it gets 202."""
+    import threading
+
+    from hybridq.journal.fileops import FileOps
+
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldSync(FileOps):
+        def fdatasync(self, fd: int) -> None:
+            entered.set()
+            assert release.wait(30)
+            super().fdatasync(fd)
+
+    monkeypatch.setattr(
+        "hybridq.producer.JournalWriter", functools.partial(writer_module.JournalWriter, fileops=HeldSync())
+    )
+    answers: list[int] = []
+    with served(config(journal_dir)) as base:
+        poster = threading.Thread(
+            target=lambda: answers.append(request(base, "POST", "/v1/jobs", ADD).status)
+        )
+        poster.start()
+        assert entered.wait(30)
+        poster.join(0.3)
+        assert answers == []  # written, not yet fsync'd: no answer
+        release.set()
+        poster.join(30)
+    assert answers == [202]
+
+
 def test_an_unwritable_journal_is_503_and_a_retry_with_the_key_gets_one_job(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
