@@ -90,20 +90,20 @@ def test_sigkill_under_load_loses_no_accepted_job_and_retried_keys_make_no_secon
     def client(n: int) -> None:
         host, port = server.url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            posts(n, conn)
+        finally:
+            conn.close()
+
+    def posts(n: int, conn: http.client.HTTPConnection) -> None:
         i = 0
         while not stop.is_set():
             key, args = f"c{n}-{i}", [n, i]
             with lock:
                 sent[key] = args
+            body = {"task": "tests.tasks.add", "args": args}
             try:
-                got = request(
-                    server.url,
-                    "POST",
-                    "/v1/jobs",
-                    {"task": "tests.tasks.add", "args": args},
-                    {"Idempotency-Key": key},
-                    conn=conn,
-                )
+                got = request(server.url, "POST", "/v1/jobs", body, {"Idempotency-Key": key}, conn=conn)
             except (OSError, http.client.HTTPException):
                 return  # the server was killed
             assert got.status == 202, got
@@ -129,18 +129,20 @@ def test_sigkill_under_load_loses_no_accepted_job_and_retried_keys_make_no_secon
         again: dict[str, str] = {}
         host, port = restarted.url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        for key, args in sent.items():
-            got = request(
-                restarted.url,
-                "POST",
-                "/v1/jobs",
-                {"task": "tests.tasks.add", "args": args},
-                {"Idempotency-Key": key},
-                conn=conn,
-            )
-            assert got.status == 202, got
-            again[key] = got.json["id"]
-        conn.close()
+        try:
+            for key, args in sent.items():
+                got = request(
+                    restarted.url,
+                    "POST",
+                    "/v1/jobs",
+                    {"task": "tests.tasks.add", "args": args},
+                    {"Idempotency-Key": key},
+                    conn=conn,
+                )
+                assert got.status == 202, got
+                again[key] = got.json["id"]
+        finally:
+            conn.close()
         assert restarted.terminate() == 0
     finally:
         restarted.kill()
