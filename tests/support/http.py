@@ -94,8 +94,7 @@ class ServeProcess:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
         if not line.startswith("listening on "):
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
             raise AssertionError(f"hybridq serve did not start: {line!r}\n{self.log()[-3000:]}")
         self.url = line.split()[-1]
 
