@@ -148,11 +148,11 @@ def main() -> int:
     )
     p.add_argument("--processes", type=int, default=1, help="worker processes per queue (default 1)")
     p.add_argument("--max-seconds", type=float, default=300.0, help="stop a measurement after this long")
-    p.add_argument("--base", default=None, help="parent directory for the run's files")
+    p.add_argument("--dir", default=None, help="parent directory for the run's files")
     args = p.parse_args()
     n = benchlib.pick(args.n, args.quick, 2000, 20000)
     repeat = benchlib.pick(args.repeat, args.quick, 1, 3)
-    base = benchlib.make_base("bench-shards", args.base)
+    base = benchlib.make_base("bench-shards", args.dir)
     servers = (RedisServer(directory=Path(base) / "redis-1"), RedisServer(directory=Path(base) / "redis-2"))
     try:
         for s in servers:
