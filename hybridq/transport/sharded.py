@@ -109,6 +109,7 @@ class ShardedTransport(Transport):
         self._waited_after = ["0-0"] * len(self.shards)  # the cursor each waiter was given
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._first = 0  # the Redis harvested first (rotates, so none waits behind another)
+        self._closed = False
 
     def shard_of(self, queue: str) -> int:
         """The index (in :attr:`urls`) of the Redis that holds ``queue``."""
@@ -221,6 +222,8 @@ class ShardedTransport(Transport):
         is waited on again, never doubled; one that saw only events acknowledged since is not
         taken for news.
         """
+        if self._closed:
+            raise TransportError("the transport is closed")
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=len(self.shards), thread_name_prefix="hybridq-shard-events"
@@ -255,6 +258,7 @@ class ShardedTransport(Transport):
 
     def close(self) -> None:
         """Stop the waiters (each ends within its block time) and close every Redis's transport."""
+        self._closed = True
         pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -4,8 +4,9 @@ Queue ``alpha`` lives on the first Redis (the default, ``--redis``), ``beta`` on
 (``--redis-for beta=URL``). Jobs run ``tests.tasks.record``, which appends its token to an
 effects file (fsync'd), so runs are counted without trusting hybridq. The second Redis alone is
 hit by each fault in turn: FLUSHALL, a restart from an older snapshot (its queue entries of
-finished jobs come back), a restart empty. Each time: no job lost, none run twice, and the
-first Redis's queue is untouched (the same entries, in the same order).
+finished jobs come back), a restart empty, an outage (the forwarder waits, then goes on). Each
+time: no job lost, none run twice, and the first Redis's queue is untouched (the same entries,
+in the same order).
 
 Figure line: ``SHARDS <case>: jobs=N runs=N re-runs=0 lost=0``.
 """
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -263,3 +265,19 @@ def test_two_redis_each_fault_of_one_loses_nothing_reruns_nothing_and_spares_the
     )
     assert doc.returncode == 1, doc.stderr
     assert len(doc.stderr.strip().splitlines()) == 1, doc.stderr
+
+    # While the second is down the forwarder waits as a whole (one checkpoint), alive; back, it
+    # goes on: the jobs of both queues enqueued meanwhile run once.
+    a5, b5 = [f"a5-{i}" for i in range(3)], [f"b5-{i}" for i in range(3)]
+    enqueue(journal_dir, effects, "beta", b5)
+    enqueue(journal_dir, effects, "alpha", a5)
+    expected += a5 + b5
+    time.sleep(1.5)
+    forwarder.assert_alive()
+    second.start()
+    wait_until(lambda: len(entries(second, "beta")) == 3, timeout=15, what="pushed after the outage")
+    burst(env, tmp_path, first, second, "beta")
+    burst(env, tmp_path, first, second, "alpha")
+    wait_until(lambda: succeeded(journal_dir, env) == 61, what="outcomes harvested")
+    check("one down, then back", effects, expected)
+    forwarder.assert_alive()
