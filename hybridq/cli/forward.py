@@ -15,12 +15,14 @@ from hybridq.cli.options import (
     _fail,
     journal_option,
     outbox_options,
+    redis_for_option,
     redis_option,
 )
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.status import redact_url
+from hybridq.transport.routes import Routes
 
 if TYPE_CHECKING:
     from hybridq.forwarder import Forwarder
@@ -36,6 +38,7 @@ RELAY_STOP_TIMEOUT_S = 45.0
 @click.command()
 @journal_option
 @redis_option
+@redis_for_option
 @click.option(
     "--batch-size",
     default=500,
@@ -126,6 +129,7 @@ def forward(
     serve_bind: str | None,
     tokens_file: str | None,
     serve_allow: tuple[str, ...],
+    redis_for: dict[str, str],
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -151,6 +155,8 @@ def forward(
 
     With --serve HOST:PORT, it also serves the HTTP API of `hybridq serve` (its /metrics: this
     forwarder's) in a thread; SIGTERM stops both.
+    With --redis-for QUEUE=URL (repeatable, or HYBRIDQ_REDIS_FOR), those queues go to their own
+    Redis; the others to --redis (docs/deploy.md, "Sharded: queues over several Redis").
     """
     from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
@@ -168,7 +174,11 @@ def forward(
         )
     scheduler = _load_schedules(ctx, schedule_modules, journal) if schedule_modules else None
     relay = None if outbox_dsn is None else _open_relay(ctx, outbox_dsn, outbox_table, journal)
-    transport = RQTransport(redis_url)
+    from hybridq.transport.base import Transport  # noqa: PLC0415
+    from hybridq.transport.sharded import ShardedTransport  # noqa: PLC0415
+
+    routes = Routes(redis_url, redis_for)
+    transport: Transport = ShardedTransport(routes) if routes.sharded else RQTransport(redis_url)
     server: Server | None = None
     try:
         forwarder = Forwarder(
@@ -202,7 +212,9 @@ def forward(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
-    logging.getLogger("hybridq").info("forwarding to %s", redact_url(redis_url))
+    logging.getLogger("hybridq").info(
+        "forwarding to %s", ", ".join(_describe_route(routes, url) for url in routes.urls)
+    )
     if relay is not None:
         relay.start()
     try:
@@ -243,6 +255,14 @@ def _start_server(
     server = start_server(ctx, config, registry)
     server.start()
     return server
+
+
+def _describe_route(routes: Routes, url: str) -> str:
+    """``URL`` (redacted), with the queues mapped to it when there are several Redis."""
+    queues = routes.queues_on(url)
+    if url == routes.default and routes.sharded:
+        queues = [*queues, "every other queue"]
+    return redact_url(url) + (f" ({', '.join(queues)})" if routes.sharded else "")
 
 
 def _load_schedules(ctx: click.Context, modules: tuple[str, ...], journal: str) -> Scheduler:
