@@ -28,6 +28,7 @@ from hybridq.admission import Admission
 from hybridq.cancelling import Canceller
 from hybridq.envelope import Envelope
 from hybridq.errors import (
+    HybridqError,
     JournalIOError,
     TransportError,
 )
@@ -217,7 +218,7 @@ class Forwarder:
     def close(self) -> None:
         """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
         if self._publish_due and self._lock_fd is not None:
-            with contextlib.suppress(OSError):  # a full disk: producers keep the older count
+            with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
                 self._publish_terminal(now=True)
         if self.schedules is not None:
             self.schedules.close()
