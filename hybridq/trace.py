@@ -1,0 +1,375 @@
+"""One job's history from the durable records alone: the dashboard's trace (docs/http.md).
+
+Every step comes from a file in the journal directory, so the trace is the same after Redis
+lost everything (``FLUSHALL``):
+
+* **accepted** -- the job's journal record: its segment, offset and sequence number, and the
+  time the producer gave it (``created_at``); one per acceptance (a requeue is a new record).
+* **forwarded** -- the forwarder's checkpoint is past the record (``forwarder.state``): it was
+  pushed, under the epoch generation the checkpoint holds now (the push time is Redis's only);
+  or it is held there until its ``run_at`` (a delayed job).
+* **claimed / ran** -- each attempt's ledger entry (``retry`` or ``done``) names the worker
+  process (``host/pid``) and when the run started; a claim not reported yet is in the lookup
+  index (the ``started`` event the forwarder harvested), which is derived data, not fsync'd.
+* **redeliveries** -- ``retry`` entries (a failed attempt and its error, or a ``RetryLater``),
+  ``lost`` entries (the worker vanished: its lease expired), ``cancel`` entries, ``requeued``
+  entries (the failed job was accepted again, under a new record), ``duplicate`` entries.
+* **outcome** -- the ``done`` entry.
+
+:class:`RecentOutcomes` counts the ledger's ``done`` entries of the last minutes, per queue: the
+dashboard's throughput. This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridq.envelope import Envelope
+from hybridq.errors import EnvelopeError, JournalCorruption, JournalError
+from hybridq.job import fetch_job
+from hybridq.journal import JournalReader, RecordType
+from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.reader import read_record_at
+from hybridq.journal.records import Loc
+from hybridq.ledger import Entry, ledger_dir
+from hybridq.lookup import find
+from hybridq.protocol import EntryKind
+from hybridq.state import Checkpoint, load_checkpoint
+
+__all__ = ["Acceptance", "RecentOutcomes", "Step", "Trace", "job_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One thing that happened to a job.
+
+    Attributes:
+        kind: ``accepted``, ``forwarded``, ``held``, ``waiting``, ``claimed``, ``retry``,
+            ``later``, ``lost``, ``cancel``, ``duplicate``, ``requeued`` or ``done``.
+        at: When (Unix seconds); ``None`` where no record says.
+        title: What happened, one line.
+        reason: Why (a redelivery's cause, an error's last line), if any.
+        details: Further facts, label -> value, in order.
+        source: The record it comes from (``journal``, ``checkpoint``, ``ledger``, ``lookup index``).
+    """
+
+    kind: str
+    at: float | None
+    title: str
+    reason: str | None = None
+    details: tuple[tuple[str, str], ...] = ()
+    source: str = "ledger"
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """One journal record of the job (its first acceptance, or a requeue)."""
+
+    loc: Loc
+    seq: int | None
+    envelope: Envelope | None
+
+
+@dataclass
+class Trace:
+    """A job's history (see the module docstring)."""
+
+    job_id: str
+    func: str | None = None
+    queue: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: ``pending``, ``forwarded``, ``started``, ``retrying``, or the terminal outcome.
+    status: str = "pending"
+    attempts: int = 0
+    steps: list[Step] = field(default_factory=list)
+    acceptances: list[Acceptance] = field(default_factory=list)
+    #: The epoch generation in the checkpoint (how many times Redis lost or rolled back state).
+    generation: int = 0
+
+
+def job_trace(journal: str, job_id: str) -> Trace | None:
+    """The trace of ``job_id`` from the journal, the checkpoint and the ledger; ``None``: unknown.
+
+    Reads the whole ledger (its records of other jobs are skipped before they are decoded).
+    """
+    path = existing_journal_dir(journal)
+    entries = list(_ledger_entries(path, job_id))
+    locs: list[Loc] = []
+    job = fetch_job(job_id, path)
+    found = [(job.record.writer_id, job.record.segment, job.record.offset)] if job is not None else []
+    for loc in [e.loc for e in entries] + found:
+        if loc not in locs:
+            locs.append(loc)
+    if not locs:
+        return None
+    trace = Trace(job_id)
+    checkpoint = load_checkpoint(path)
+    trace.generation = checkpoint.generation if checkpoint is not None else 0
+    # In logical order, one acceptance after the other: its record, the checkpoint's word on it,
+    # then the ledger's entries of it by time (the push has no durable time of its own).
+    for loc in sorted(locs, key=lambda loc: _acceptance_order(path, loc)):
+        acc = _acceptance(path, loc)
+        trace.acceptances.append(acc)
+        trace.steps.extend(_record_steps(acc, checkpoint))
+        env = acc.envelope
+        if env is not None:
+            trace.func, trace.queue = env.func, env.queue
+            trace.args, trace.kwargs = tuple(env.args), dict(env.kwargs)
+        later, trace.attempts = 0, 0  # a requeue's attempts start over
+        for entry in sorted((e for e in entries if e.loc == loc), key=lambda e: (e.at, e.attempt)):
+            trace.steps.extend(_entry_steps(entry, later))
+            if entry.kind == EntryKind.RETRY:
+                later = max(later, entry.later)
+            if entry.kind in {EntryKind.RETRY, EntryKind.DONE, EntryKind.LOST}:
+                trace.attempts = max(trace.attempts, entry.attempt - entry.later)
+    _in_flight(path, job_id, entries, trace)
+    trace.status = _status(entries, trace)
+    return trace
+
+
+def _ledger_entries(path: str, job_id: str) -> Iterator[Entry]:
+    """The ledger's entries of ``job_id`` (others are skipped on a byte search, undecoded)."""
+    directory = ledger_dir(path)
+    if not os.path.isdir(directory):
+        return
+    needle = f'"id":"{job_id}"'.encode()
+    for record in JournalReader(directory).records():
+        if record.rtype != RecordType.DATA or needle not in record.payload:
+            continue
+        try:
+            entry = Entry.from_bytes(record.payload)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if entry.job_id == job_id:
+            yield entry
+
+
+def _acceptance_order(path: str, loc: Loc) -> tuple[int, float]:
+    acc = _acceptance(path, loc)
+    env = acc.envelope
+    return (env.requeue, env.created_at) if env is not None else (0, 0.0)
+
+
+def _acceptance(path: str, loc: Loc) -> Acceptance:
+    try:
+        record = read_record_at(path, *loc)
+    except (OSError, JournalError):
+        return Acceptance(loc, None, None)  # its segment was compacted (or moved aside)
+    try:
+        env: Envelope | None = Envelope.from_bytes(record.payload)
+    except EnvelopeError:
+        env = None
+    return Acceptance(loc, record.seq, env)
+
+
+def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
+    """The accepted step of one record, and what the checkpoint says of it."""
+    writer, segment, offset = acc.loc
+    env = acc.envelope
+    where = (("writer", writer), ("segment", str(segment)), ("offset", str(offset)))
+    if acc.seq is None:
+        return [
+            Step("accepted", None, "accepted (its journal segment was compacted)", None, where, "journal")
+        ]
+    title = "accepted" if env is None or env.requeue == 0 else f"accepted again (requeue {env.requeue})"
+    steps = [
+        Step(
+            "accepted",
+            env.created_at if env else None,
+            title,
+            None,
+            (*where, ("seq", str(acc.seq))),
+            "journal",
+        )
+    ]
+    if checkpoint is None:
+        return steps
+    held = next(
+        (h for h in checkpoint.held if (h.writer_id, h.segment, h.offset) == acc.loc),
+        None,
+    )
+    position = checkpoint.positions.get(writer)
+    gen = (("epoch generation", str(checkpoint.generation)),)
+    if held is not None:
+        steps.append(
+            Step(
+                "held",
+                None,
+                "read by the forwarder, held until its time",
+                None,
+                (("run at", _utc(held.run_at)), *gen),
+                "checkpoint",
+            )
+        )
+    elif position is not None and (segment, offset) < (position.segment, position.offset):
+        run_at = env.run_at if env is not None else None
+        steps.append(
+            Step(
+                "forwarded",
+                run_at,
+                "forwarded to Redis (the checkpoint is past this record)",
+                None,
+                gen,
+                "checkpoint",
+            )
+        )
+    else:
+        steps.append(Step("waiting", None, "not forwarded yet", None, (), "checkpoint"))
+    return steps
+
+
+def _entry_steps(entry: Entry, later_before: int) -> list[Step]:
+    """The steps one ledger entry stands for: the run it reports (claimed), then what it says."""
+    steps: list[Step] = []
+    attempt = str(max(1, entry.attempt - entry.later))
+    run = (("attempt", attempt), ("run", str(entry.attempt)))
+    worker = entry.worker or "not recorded (an older worker)"
+    ran = entry.kind in {EntryKind.RETRY, EntryKind.DONE} and not entry.dup and entry.outcome != "cancelled"
+    if ran and (entry.started is not None or entry.worker is not None):
+        steps.append(Step("claimed", entry.started, f"claimed by {worker}", None, (*run, ("worker", worker))))
+    if entry.kind == EntryKind.RETRY:
+        if entry.later > later_before:
+            steps.append(
+                Step(
+                    "later",
+                    entry.at,
+                    "said RetryLater: runs again, no attempt used",
+                    None,
+                    (*run, ("next run at", _utc(entry.run_at))),
+                )
+            )
+        else:
+            steps.append(
+                Step(
+                    "retry",
+                    entry.at,
+                    f"attempt {attempt} failed: retried",
+                    entry.error,
+                    (*run, ("next run at", _utc(entry.run_at))),
+                )
+            )
+    elif entry.kind == EntryKind.LOST:
+        steps.append(
+            Step("lost", entry.at, "worker vanished (its lease expired): delivered again", None, run)
+        )
+    elif entry.kind == EntryKind.CANCEL:
+        steps.append(Step("cancel", entry.at, "cancel asked: never delivered again"))
+    elif entry.kind == EntryKind.REQUEUED:
+        steps.append(Step("requeued", entry.at, "requeued after failing for good (a new journal record)"))
+    elif entry.kind == EntryKind.DUPLICATE:
+        steps.append(
+            Step(
+                "duplicate",
+                entry.at,
+                "not pushed: its idempotency key belongs to another job",
+                None,
+                (("owner", entry.dup_of or "?"),),
+            )
+        )
+    elif entry.kind == EntryKind.DONE:
+        outcome = entry.outcome or "failed"
+        details: list[tuple[str, str]] = [*run, ("outcome", outcome)]
+        if entry.worker is not None:
+            details.append(("worker", entry.worker))
+        if entry.result_kept:
+            details.append(("result", _short(repr(entry.result))))
+        if entry.dup_of is not None:
+            details.append(("settled as a duplicate of", entry.dup_of))
+        title = f"{outcome}" + (" (outcome already stored: not run again)" if entry.dup else "")
+        steps.append(Step("done", entry.at, title, entry.error, tuple(details)))
+    return steps
+
+
+def _in_flight(path: str, job_id: str, entries: list[Entry], trace: Trace) -> None:
+    """A claim the lookup index knows of that no ledger entry reports yet (a run in progress)."""
+    row = find(path, job_id)
+    if row is None or row.state != "started":
+        return
+    if any(e.attempt >= row.attempt and e.kind in {EntryKind.RETRY, EntryKind.DONE} for e in entries):
+        return
+    trace.steps.append(
+        Step(
+            "claimed",
+            row.started,
+            "claimed: running (no outcome yet)",
+            None,
+            (("run", str(row.attempt)),),
+            "lookup index",
+        )
+    )
+
+
+def _status(entries: list[Entry], trace: Trace) -> str:
+    done = [e for e in entries if e.kind == EntryKind.DONE and e.loc == trace.acceptances[-1].loc]
+    if done:
+        rank = {"cancelled": 1, "failed": 2, "succeeded": 3}
+        return max((e.outcome or "failed" for e in done), key=lambda o: rank.get(o, 0))
+    kinds = [s.kind for s in trace.steps]
+    if kinds and kinds[-1] == "claimed":
+        return "started"
+    if any(e.kind == EntryKind.RETRY and e.loc == trace.acceptances[-1].loc for e in entries):
+        return "retrying"
+    return "forwarded" if "forwarded" in kinds else "pending"
+
+
+def _utc(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d} UTC"
+
+
+def _short(text: str, most: int = 300) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+class RecentOutcomes:
+    """Outcomes in the ledger over the last ``window_s`` seconds, per queue (throughput).
+
+    Tails the ledger: each :meth:`counts` reads only what was appended since the last, and starts
+    again when compaction deleted a segment under it. Not thread-safe (the caller locks).
+    """
+
+    def __init__(self, journal: str, window_s: float = 300.0) -> None:
+        self.journal = journal
+        self.window_s = window_s
+        self._reader: JournalReader | None = None
+        self._recent: deque[tuple[float, str, str]] = deque()
+
+    def counts(self, now: float | None = None) -> dict[str, dict[str, int]]:
+        """Per queue, ``succeeded``/``failed``/``cancelled`` outcomes in the window."""
+        now = time.time() if now is None else now
+        directory = ledger_dir(self.journal)
+        if os.path.isdir(directory):
+            try:
+                self._tail(directory)
+            except (JournalCorruption, FileNotFoundError):
+                self._reader, self._recent = None, deque()
+                self._tail(directory)
+        cutoff = now - self.window_s
+        recent = sorted(r for r in self._recent if r[0] >= cutoff)
+        self._recent = deque(recent)
+        out: dict[str, dict[str, int]] = {}
+        for _, queue, outcome in recent:
+            per = out.setdefault(queue, {"succeeded": 0, "failed": 0, "cancelled": 0})
+            per[outcome] = per.get(outcome, 0) + 1
+        return out
+
+    def _tail(self, directory: str) -> None:
+        if self._reader is None:
+            self._reader = JournalReader(directory)
+        cutoff = time.time() - self.window_s
+        for record in self._reader.records():
+            if record.rtype != RecordType.DATA or b'"t":"done"' not in record.payload:
+                continue
+            try:
+                entry = Entry.from_bytes(record.payload)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if entry.at >= cutoff and not entry.dup:
+                self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))
