@@ -382,6 +382,8 @@ class CompletionEvent:
     started: float | None = None
     #: The worker process that sent it (``host/pid``); ``None`` if not said (an older worker).
     worker: str | None = None
+    #: The epoch generation the delivery was pushed under (:attr:`Delivery.gen`; 0: left out).
+    gen: int = 0
 
     @classmethod
     def of(
@@ -425,6 +427,7 @@ class CompletionEvent:
             later_since=outcome.get("later_since", delivery.later_since) if later else None,
             started=started,
             worker=worker,
+            gen=delivery.gen,
             **_carried(outcome, result_json),
         )
 
@@ -446,6 +449,7 @@ class CompletionEvent:
             **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
             **({"started": self.started} if self.started is not None else {}),
             **({"worker": self.worker} if self.worker is not None else {}),
+            **({"gen": self.gen} if self.gen else {}),
         }
 
     def kept_success_json(self) -> dict[str, Any]:
@@ -502,6 +506,7 @@ class CompletionEvent:
             result_bytes=_count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None,
             started=opt_finite("started", body.get("started")),
             worker=_worker(body.get("worker")),
+            gen=_count("gen", body.get("gen", 0)),
         )
 
     @property

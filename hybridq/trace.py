@@ -22,6 +22,7 @@ dashboard's throughput. This module must not import redis or rq.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -113,19 +114,28 @@ def job_trace(journal: str, job_id: str) -> Trace | None:
     trace.generation = checkpoint.generation if checkpoint is not None else 0
     # In logical order, one acceptance after the other: its record, the checkpoint's word on it,
     # then the ledger's entries of it by time (the push has no durable time of its own).
+    requeued_at: float | None = None
     for loc in sorted(locs, key=lambda loc: _acceptance_order(path, loc)):
         acc = _acceptance(path, loc)
         trace.acceptances.append(acc)
-        trace.steps.extend(_record_steps(acc, checkpoint))
+        record_steps = _record_steps(acc, checkpoint)
+        if acc.envelope is not None and acc.envelope.requeue and requeued_at is not None:
+            # A requeue keeps the job's creation time: it was accepted again when it was requeued.
+            record_steps[0] = dataclasses.replace(record_steps[0], at=requeued_at)
+        trace.steps.extend(record_steps)
         env = acc.envelope
         if env is not None:
             trace.func, trace.queue = env.func, env.queue
             trace.args, trace.kwargs = tuple(env.args), dict(env.kwargs)
-        later, trace.attempts = 0, 0  # a requeue's attempts start over
+        later, gen, trace.attempts = 0, None, 0  # a requeue's attempts start over
         for entry in sorted((e for e in entries if e.loc == loc), key=lambda e: (e.at, e.attempt)):
-            trace.steps.extend(_entry_steps(entry, later))
+            trace.steps.extend(_entry_steps(entry, later, gen))
             if entry.kind == EntryKind.RETRY:
                 later = max(later, entry.later)
+            if entry.kind in {EntryKind.RETRY, EntryKind.DONE} and not entry.dup:
+                gen = entry.gen if gen is None else max(gen, entry.gen)
+            if entry.kind == EntryKind.REQUEUED:
+                requeued_at = entry.at
             if entry.kind in {EntryKind.RETRY, EntryKind.DONE, EntryKind.LOST}:
                 trace.attempts = max(trace.attempts, entry.attempt - entry.later)
     _in_flight(path, job_id, entries, trace)
@@ -189,13 +199,15 @@ def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
         )
     ]
     if checkpoint is None:
+        steps.append(
+            Step("waiting", None, "not forwarded yet (no forwarder has run here)", None, (), "checkpoint")
+        )
         return steps
     held = next(
         (h for h in checkpoint.held if (h.writer_id, h.segment, h.offset) == acc.loc),
         None,
     )
     position = checkpoint.positions.get(writer)
-    gen = (("epoch generation", str(checkpoint.generation)),)
     if held is not None:
         steps.append(
             Step(
@@ -203,7 +215,7 @@ def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
                 None,
                 "read by the forwarder, held until its time",
                 None,
-                (("run at", _utc(held.run_at)), *gen),
+                (("run at", _utc(held.run_at)),),
                 "checkpoint",
             )
         )
@@ -215,7 +227,7 @@ def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
                 run_at,
                 "forwarded to Redis (the checkpoint is past this record)",
                 None,
-                gen,
+                (),
                 "checkpoint",
             )
         )
@@ -224,15 +236,27 @@ def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
     return steps
 
 
-def _entry_steps(entry: Entry, later_before: int) -> list[Step]:
-    """The steps one ledger entry stands for: the run it reports (claimed), then what it says."""
+def _entry_steps(entry: Entry, later_before: int, gen_before: int | None) -> list[Step]:
+    """The steps one ledger entry stands for: the run it reports (claimed), then what it says.
+
+    ``later_before``: the RetryLaters of the runs before it; ``gen_before``: the highest epoch
+    generation an earlier run of this record was pushed under (``None``: none ran before).
+    """
     steps: list[Step] = []
     attempt = str(max(1, entry.attempt - entry.later))
     run = (("attempt", attempt), ("run", str(entry.attempt)))
     worker = entry.worker or "not recorded (an older worker)"
-    ran = entry.kind in {EntryKind.RETRY, EntryKind.DONE} and not entry.dup and entry.outcome != "cancelled"
-    if ran and (entry.started is not None or entry.worker is not None):
-        steps.append(Step("claimed", entry.started, f"claimed by {worker}", None, (*run, ("worker", worker))))
+    ran = entry.kind in {EntryKind.RETRY, EntryKind.DONE} and entry.outcome != "cancelled"
+    if ran and (entry.started is not None or entry.worker is not None or entry.dup):
+        why = None
+        if gen_before is not None and entry.gen > gen_before:
+            why = (
+                f"delivered again after Redis lost or rolled back its state (epoch generation "
+                f"{gen_before} -> {entry.gen}): the forwarder pushed every unfinished job again"
+            )
+        title = f"delivered to {worker}" if entry.dup else f"claimed by {worker}"
+        claim = (*run, ("worker", worker), ("epoch generation", str(entry.gen)))
+        steps.append(Step("claimed", entry.started, title, why, claim))
     if entry.kind == EntryKind.RETRY:
         if entry.later > later_before:
             steps.append(
@@ -347,10 +371,10 @@ class RecentOutcomes:
         directory = ledger_dir(self.journal)
         if os.path.isdir(directory):
             try:
-                self._tail(directory)
+                self._tail(directory, now - self.window_s)
             except (JournalCorruption, FileNotFoundError):
                 self._reader, self._recent = None, deque()
-                self._tail(directory)
+                self._tail(directory, now - self.window_s)
         cutoff = now - self.window_s
         recent = sorted(r for r in self._recent if r[0] >= cutoff)
         self._recent = deque(recent)
@@ -360,10 +384,9 @@ class RecentOutcomes:
             per[outcome] = per.get(outcome, 0) + 1
         return out
 
-    def _tail(self, directory: str) -> None:
+    def _tail(self, directory: str, cutoff: float) -> None:
         if self._reader is None:
             self._reader = JournalReader(directory)
-        cutoff = time.time() - self.window_s
         for record in self._reader.records():
             if record.rtype != RecordType.DATA or b'"t":"done"' not in record.payload:
                 continue

@@ -242,7 +242,7 @@ class Pages:
             ("attempts", trace.attempts),
             ("args", as_json(list(trace.args))),
             ("kwargs", as_json(trace.kwargs)),
-            ("epoch generation", trace.generation),
+            ("epoch generation now", trace.generation),
         ]
         dl = "".join(f'<dt>{esc(k)}</dt><dd class="{esc(k)}"><code>{esc(v)}</code></dd>' for k, v in summary)
         steps = []

@@ -1,0 +1,188 @@
+"""The dashboard in a real browser: Debian's headless Chromium, driven by Selenium + chromium-driver.
+
+A real forwarder and pool worker on a private redis-server run a few jobs, one of which fails for
+good; the dashboard is served by uvicorn on a free loopback port. The browser loads each page,
+finds the data, requeues the failure (which then succeeds: its task is fixed meanwhile), and
+loads the job's trace again after Redis lost everything (FLUSHALL): it is the same.
+
+Chromium and its driver come from Debian (``apt-get install chromium chromium-driver``, which
+``scripts/test`` runs as root when they are missing), or from ``$HYBRIDQ_CHROMIUM`` and
+``$HYBRIDQ_CHROMEDRIVER``. Their paths are given to Selenium, so Selenium Manager never runs (and
+never downloads a browser). Screenshots go to the test's tmp dir; with
+``HYBRIDQ_DOCS_SCREENSHOTS=1`` they are copied to ``docs/img/dashboard-*.png`` too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hybridq import Queue, Retry, failed_jobs, fetch_job
+from hybridq.http.config import ServeConfig
+from hybridq.http.dashboard import routes
+from hybridq.state import load_checkpoint
+from hybridq.testing.embedded import RedisServer
+from starlette.applications import Starlette
+
+from tests.conftest import ROOT
+from tests.integration.test_worker_redis import Stack, redis_client, stack
+from tests.support.processes import wait_until
+from tests.support.webserver import serving
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+EVIL = "<script>alert('x')</script>"
+
+
+def _chromium() -> tuple[str, str]:
+    """The Chromium binary and its driver, or skip saying why."""
+    browser = (
+        os.environ.get("HYBRIDQ_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
+    driver = os.environ.get("HYBRIDQ_CHROMEDRIVER") or shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip(
+            "no Chromium here (need `chromium` and `chromedriver` on PATH: scripts/test installs "
+            "Debian's as root with apt-get; or set HYBRIDQ_CHROMIUM and HYBRIDQ_CHROMEDRIVER)"
+        )
+    return browser, driver
+
+
+@pytest.fixture
+def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
+    binary, driver_path = _chromium()
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager, if it ever ran, downloads nothing
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
+        options.add_argument(arg)
+    service = webdriver.ChromeService(
+        executable_path=driver_path, log_output=str(tmp_path / "chromedriver.log")
+    )
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _trace_text(driver: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [li.text for li in driver.find_elements(By.CSS_SELECTOR, "ol.trace li")]
+
+
+def test_the_dashboard_in_chromium(
+    browser: Any, redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
+) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    stack.forwarder(redis_server.url)
+    stack.worker(redis_server.url)
+    effects, switch = tmp_path / "effects", tmp_path / "fixed"
+    queue = Queue("default", journal_dir)
+    ok = [queue.enqueue("tests.tasks.add", n, 1) for n in range(3)]
+    doomed = queue.enqueue(
+        "tests.tasks.fail_unless", str(effects), EVIL, str(switch), retry=Retry(max_attempts=2, backoff_s=0.2)
+    )
+    for job in ok:
+        assert job.wait(timeout=60) is not None
+    wait_until(
+        lambda: [f.id for f in failed_jobs(journal_dir)] == [doomed.id], timeout=60, what="the failure"
+    )
+
+    app = Starlette(routes=routes(ServeConfig(journal=journal_dir, redis_url=redis_server.url)))
+    wait = WebDriverWait(browser, 20)
+    with serving(app) as base:
+        # Overview: the queue's row.
+        browser.get(base + "/")
+        row = browser.find_element(By.XPATH, "//table[@class='queues']//tr[td/span[text()='default']]")
+        assert row.find_elements(By.TAG_NAME, "td")[2].text == "3"  # succeeded in the window
+        _shot(browser, str(shots / "dashboard-overview.png"))
+
+        # Failed jobs: the failure, its hostile argument shown as text (no script ran).
+        browser.get(base + "/failed")
+        cell = browser.find_element(By.XPATH, f"//table[@class='failed']//tr[td/a[text()='{doomed.id}']]")
+        assert EVIL in cell.text
+        with pytest.raises(NoAlertPresentException):
+            browser.switch_to.alert.text  # noqa: B018
+        _shot(browser, str(shots / "dashboard-failed.png"))
+
+        # Its trace: accepted -> forwarded -> claimed -> retry -> claimed -> failed for good.
+        browser.find_element(By.CSS_SELECTOR, "form.search input[name=id]").send_keys(doomed.id)
+        browser.find_element(By.CSS_SELECTOR, "form.search button").click()
+        wait.until(expected_conditions.url_contains(f"/jobs/{doomed.id}"))
+        kinds = [
+            li.get_attribute("data-kind") for li in browser.find_elements(By.CSS_SELECTOR, "ol.trace li")
+        ]
+        assert kinds == ["accepted", "forwarded", "claimed", "retry", "claimed", "done"]
+        assert "does not exist" in browser.find_element(By.CSS_SELECTOR, "li.step-retry .reason").text
+
+        # Requeue it, fixed: it runs again and succeeds.
+        switch.touch()
+        browser.get(base + "/failed")
+        browser.find_element(By.CSS_SELECTOR, f"button.requeue[data-job='{doomed.id}']").click()
+        flash = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "p.flash")))
+        assert doomed.id in flash.text
+        assert failed_jobs(journal_dir) == []
+        wait_until(lambda: (j := fetch_job(doomed.id, journal_dir)) and j.status == "finished", timeout=60,
+                   what="the requeued job to succeed")  # fmt: skip
+        browser.get(base + f"/jobs/{doomed.id}")
+        wait_until(lambda: _trace_settled(browser, base, doomed.id), timeout=30, what="the trace's outcome")
+        before = _trace_text(browser)
+        kinds = [
+            li.get_attribute("data-kind") for li in browser.find_elements(By.CSS_SELECTOR, "ol.trace li")
+        ]
+        assert kinds[-5:] == ["requeued", "accepted", "forwarded", "claimed", "done"]
+        assert browser.find_element(By.CSS_SELECTOR, "dd.status").text == "succeeded"
+        assert any("claimed by" in text and "/" in text for text in before)
+        _shot(browser, str(shots / "dashboard-trace.png"))
+
+        # Redis loses everything: the trace is the same (Redis's side box says what it lost).
+        with redis_client(redis_server) as client:
+            client.flushall()
+        browser.get(base + f"/jobs/{doomed.id}")
+        assert _trace_text(browser) == before
+        assert browser.find_element(By.CSS_SELECTOR, "dd.status").text == "succeeded"
+        assert "none in Redis" in browser.find_element(By.CSS_SELECTOR, "table.redis").text
+        # The forwarder notices (a new epoch generation, everything unfinished pushed again).
+        wait_until(lambda: (cp := load_checkpoint(str(journal_dir))) and cp.generation >= 1, timeout=30,
+                   what="the forwarder to see the flush")  # fmt: skip
+        browser.get(base + f"/jobs/{doomed.id}")
+        assert _trace_text(browser) == before
+        assert browser.find_element(By.CSS_SELECTOR, "dd.epoch").text == "1"
+        _shot(browser, str(shots / "dashboard-trace-after-flushall.png"))
+
+    if os.environ.get("HYBRIDQ_DOCS_SCREENSHOTS") == "1":
+        for shot in shots.iterdir():
+            shutil.copy(shot, ROOT / "docs" / "img" / shot.name)
+
+
+def _shot(driver: Any, path: str) -> None:
+    """A screenshot of the whole page (the window grown to the page's height)."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, max(600, min(int(height) + 40, 4000)))
+    driver.save_screenshot(path)
+    driver.set_window_size(1280, 900)
+
+
+def _trace_settled(driver: Any, base: str, job_id: str) -> bool:
+    """Whether the trace shows the requeued run's outcome (the forwarder harvests it in a step)."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(base + f"/jobs/{job_id}")
+    time.sleep(0.05)
+    return driver.find_element(By.CSS_SELECTOR, "dd.status").text == "succeeded"

@@ -1,0 +1,115 @@
+"""hybridq.trace: one job's steps and the reason for each redelivery, from the files alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hybridq
+from hybridq.journal import ChainPosition
+from hybridq.ledger import Entry, open_ledger_writer
+from hybridq.protocol import EntryKind
+from hybridq.state import Checkpoint, Held, save_checkpoint
+from hybridq.trace import RecentOutcomes, job_trace
+
+
+def _ledger(journal: Path, *entries: Entry) -> None:
+    with open_ledger_writer(str(journal)) as writer:
+        writer.append_many(e.to_bytes() for e in entries)
+
+
+def _forwarded(journal: Path, job: hybridq.Job, *, generation: int = 0, held: bool = False) -> None:
+    rec = job.record
+    position = ChainPosition(rec.segment, rec.offset + 1, rec.seq + 1)
+    cp = Checkpoint(positions={rec.writer_id: position}, generation=generation)
+    if held:
+        cp.held.append(Held(9e9, job.id, rec.writer_id, rec.segment, rec.offset))
+    save_checkpoint(str(journal), cp)
+
+
+def _loc(job: hybridq.Job) -> tuple[str, int, int]:
+    return (job.record.writer_id, job.record.segment, job.record.offset)
+
+
+def test_every_redelivery_has_its_reason(journal_dir: Path) -> None:
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    loc, jid = _loc(job), job.id
+    _forwarded(journal_dir, job, generation=1)
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.RETRY, jid, loc, attempt=1, error="ValueError: no", run_at=11.0, at=10.0, started=9.0,
+              worker="h/1", queue="q"),
+        Entry(EntryKind.RETRY, jid, loc, attempt=2, run_at=21.0, at=20.0, started=19.0, worker="h/2",
+              later=1, later_since=20.0, queue="q"),
+        Entry(EntryKind.LOST, jid, loc, attempt=3, at=30.0, queue="q"),
+        Entry(EntryKind.DONE, jid, loc, outcome="succeeded", attempt=4, at=40.0, started=39.0, worker="h/3",
+              gen=1, later=1, result=3, result_kept=True, queue="q"),
+    )  # fmt: skip
+    trace = job_trace(str(journal_dir), jid)
+    assert trace is not None
+    kinds = [s.kind for s in trace.steps]
+    assert kinds == [
+        "accepted",
+        "forwarded",
+        "claimed",
+        "retry",
+        "claimed",
+        "later",
+        "lost",
+        "claimed",
+        "done",
+    ]
+    steps = trace.steps
+    assert steps[3].reason == "ValueError: no"
+    assert steps[3].title == "attempt 1 failed: retried"
+    assert steps[5].title.startswith("said RetryLater")
+    assert steps[6].title.startswith("worker vanished")
+    assert steps[7].reason is not None
+    assert "epoch generation 0 -> 1" in steps[7].reason
+    assert steps[7].title == "claimed by h/3"
+    assert ("result", "3") in steps[8].details
+    assert (trace.status, trace.attempts, trace.generation) == ("succeeded", 3, 1)
+    assert dict(steps[0].details)["offset"] == str(loc[2])
+
+
+def test_a_requeued_job_shows_both_acceptances(journal_dir: Path) -> None:
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.fail")
+    loc, jid = _loc(job), job.id
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.DONE, jid, loc, outcome="failed", attempt=1, error="RuntimeError: x", at=10.0,
+              worker="h/1", job=job.envelope.to_dict(), queue="q"),
+    )  # fmt: skip
+    (again,) = hybridq.requeue([jid], journal_dir)
+    trace = job_trace(str(journal_dir), jid)
+    assert trace is not None
+    kinds = [s.kind for s in trace.steps]
+    assert kinds == ["accepted", "waiting", "claimed", "done", "requeued", "accepted", "waiting"]
+    assert trace.steps[5].title == "accepted again (requeue 1)"
+    assert trace.steps[5].at == trace.steps[4].at  # when it was requeued, not its creation time
+    assert trace.status == "pending"
+    assert [a.loc for a in trace.acceptances] == [loc, _loc(again)]
+
+
+def test_held_cancelled_and_unknown(journal_dir: Path) -> None:
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    _forwarded(journal_dir, job, held=True)
+    _ledger(journal_dir, Entry(EntryKind.CANCEL, job.id, _loc(job), at=5.0))
+    trace = job_trace(str(journal_dir), job.id)
+    assert trace is not None
+    assert [s.kind for s in trace.steps] == ["accepted", "held", "cancel"]
+    assert job_trace(str(journal_dir), "no-such-job") is None
+
+
+def test_recent_outcomes_per_queue(journal_dir: Path) -> None:
+    hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    recent = RecentOutcomes(str(journal_dir), window_s=60)
+    assert recent.counts(now=100.0) == {}
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.DONE, "a", ("w", 0, 1), outcome="succeeded", at=95.0, queue="q"),
+        Entry(EntryKind.DONE, "b", ("w", 0, 2), outcome="failed", at=96.0, queue="q"),
+        Entry(EntryKind.DONE, "c", ("w", 0, 3), outcome="succeeded", at=10.0, queue="q"),
+        Entry(EntryKind.RETRY, "d", ("w", 0, 4), at=97.0, queue="q"),
+    )
+    assert recent.counts(now=100.0) == {"q": {"succeeded": 1, "failed": 1, "cancelled": 0}}
+    assert recent.counts(now=200.0) == {}
