@@ -89,6 +89,10 @@ def test_requeue_needs_a_valid_csrf_token(site) -> None:
         ),
     ]
     assert [r.status for r in refused] == [403, 403, 403, 403]
+    huge = request(
+        base + "/failed/requeue", "POST", body={"job_id": "x" * (1 << 20), "csrf": token}, headers=cookie
+    )
+    assert huge.status == 413
     assert [j.id for j in hybridq.failed_jobs(journal)] == [bad]
     done = request(base + "/failed/requeue", "POST", body={"job_id": bad, "csrf": token}, headers=cookie)
     assert done.status == 303

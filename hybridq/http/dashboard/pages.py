@@ -178,6 +178,9 @@ class Pages:
 
     async def requeue(self, request: Request) -> Response:
         """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
+        declared = request.headers.get("content-length", "0")
+        if not declared.isdigit() or int(declared) > self.config.max_body:
+            return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
         raw = await request.body()
         if len(raw) > self.config.max_body:
             return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
