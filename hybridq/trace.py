@@ -127,20 +127,56 @@ def job_trace(journal: str, job_id: str) -> Trace | None:
         if env is not None:
             trace.func, trace.queue = env.func, env.queue
             trace.args, trace.kwargs = tuple(env.args), dict(env.kwargs)
-        later, gen, trace.attempts = 0, None, 0  # a requeue's attempts start over
-        for entry in sorted((e for e in entries if e.loc == loc), key=lambda e: (e.at, e.attempt)):
-            trace.steps.extend(_entry_steps(entry, later, gen))
-            if entry.kind == EntryKind.RETRY:
-                later = max(later, entry.later)
-            if entry.kind in {EntryKind.RETRY, EntryKind.DONE} and not entry.dup:
-                gen = entry.gen if gen is None else max(gen, entry.gen)
-            if entry.kind == EntryKind.REQUEUED:
-                requeued_at = entry.at
-            if entry.kind in {EntryKind.RETRY, EntryKind.DONE, EntryKind.LOST}:
-                trace.attempts = max(trace.attempts, entry.attempt - entry.later)
+        mine = [e for e in entries if e.loc == loc]
+        forwarded = any(step.kind in {"forwarded", "held"} for step in record_steps)
+        refills = _refills(checkpoint, record_steps[0].at, mine) if forwarded else []
+        trace.steps.extend(_run_steps(mine, refills))
+        trace.attempts = max(
+            (e.attempt - e.later for e in mine if e.kind in _RUNS | {EntryKind.LOST}), default=0
+        )
+        requeued_at = max((e.at for e in mine if e.kind == EntryKind.REQUEUED), default=requeued_at)
     _in_flight(path, job_id, entries, trace)
     trace.status = _status(entries, trace)
     return trace
+
+
+_RUNS = {EntryKind.RETRY, EntryKind.DONE}
+
+
+def _run_steps(mine: list[Entry], refills: list[Step]) -> list[Step]:
+    """The steps of one record's ledger entries and of the epoch changes it lived through."""
+    # Runs in the order they started (a run's claim and outcome stay together), the rest by time.
+    timed: list[tuple[float, float, int, list[Step]]] = [(s.at or 0.0, s.at or 0.0, 0, [s]) for s in refills]
+    # The generation of the record's first delivery, as far as runs tell: a run pushed under a
+    # higher one was pushed again after Redis lost its state (whatever order runs ended in).
+    gens = {e.gen for e in mine if e.kind in _RUNS}
+    first_gen = min(gens) if len(gens) > 1 else None
+    later = 0
+    for entry in sorted(mine, key=lambda e: (e.at, e.attempt)):
+        start = entry.at if entry.started is None else min(entry.started, entry.at)
+        timed.append((start, entry.at, entry.attempt, _entry_steps(entry, later, first_gen)))
+        if entry.kind == EntryKind.RETRY:
+            later = max(later, entry.later)
+    return [step for *_, steps in sorted(timed, key=lambda t: t[:3]) for step in steps]
+
+
+def _refills(checkpoint: Checkpoint | None, accepted: float | None, mine: list[Entry]) -> list[Step]:
+    """The epoch changes while the record was unfinished: the forwarder pushed it again then."""
+    if checkpoint is None or accepted is None:
+        return []
+    ended = min((e.at for e in mine if e.kind == EntryKind.DONE), default=None)
+    return [
+        Step(
+            "refill",
+            at,
+            "Redis lost or rolled back its state: the forwarder pushed every unfinished job again",
+            None,
+            (("epoch generation", str(generation)),),
+            "checkpoint",
+        )
+        for generation, at in checkpoint.epochs
+        if accepted < at and (ended is None or at < ended)
+    ]
 
 
 def _ledger_entries(path: str, job_id: str) -> Iterator[Entry]:
@@ -239,8 +275,8 @@ def _record_steps(acc: Acceptance, checkpoint: Checkpoint | None) -> list[Step]:
 def _entry_steps(entry: Entry, later_before: int, gen_before: int | None) -> list[Step]:
     """The steps one ledger entry stands for: the run it reports (claimed), then what it says.
 
-    ``later_before``: the RetryLaters of the runs before it; ``gen_before``: the highest epoch
-    generation an earlier run of this record was pushed under (``None``: none ran before).
+    ``later_before``: the RetryLaters of the runs before it; ``gen_before``: the epoch generation
+    of the record's first delivery, where its runs were pushed under more than one (else ``None``).
     """
     steps: list[Step] = []
     attempt = str(max(1, entry.attempt - entry.later))

@@ -74,6 +74,12 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         driver.quit()
 
 
+def _kinds(driver: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [li.get_attribute("data-kind") for li in driver.find_elements(By.CSS_SELECTOR, "ol.trace li")]
+
+
 def _trace_text(driver: Any) -> list[str]:
     from selenium.webdriver.common.by import By
 
@@ -122,7 +128,6 @@ def test_the_dashboard_in_chromium(
                    what="the held job's claim in the trace")  # fmt: skip
         assert browser.find_element(By.CSS_SELECTOR, "dd.status").text == "started"
         assert "claim in flight" in browser.find_element(By.CSS_SELECTOR, "table.redis").text
-        release.touch()
 
         # Failed jobs: the failure, its hostile argument shown as text (no script ran).
         browser.get(base + "/failed")
@@ -136,9 +141,7 @@ def test_the_dashboard_in_chromium(
         browser.find_element(By.CSS_SELECTOR, "form.search input[name=id]").send_keys(doomed.id)
         browser.find_element(By.CSS_SELECTOR, "form.search button").click()
         wait.until(expected_conditions.url_contains(f"/jobs/{doomed.id}"))
-        kinds = [
-            li.get_attribute("data-kind") for li in browser.find_elements(By.CSS_SELECTOR, "ol.trace li")
-        ]
+        kinds = _kinds(browser)
         assert kinds == ["accepted", "forwarded", "claimed", "retry", "claimed", "done"]
         assert "does not exist" in browser.find_element(By.CSS_SELECTOR, "li.step-retry .reason").text
 
@@ -154,9 +157,7 @@ def test_the_dashboard_in_chromium(
         browser.get(base + f"/jobs/{doomed.id}")
         wait_until(lambda: _trace_settled(browser, base, doomed.id), timeout=30, what="the trace's outcome")
         before = _trace_text(browser)
-        kinds = [
-            li.get_attribute("data-kind") for li in browser.find_elements(By.CSS_SELECTOR, "ol.trace li")
-        ]
+        kinds = _kinds(browser)
         assert kinds[-5:] == ["requeued", "accepted", "forwarded", "claimed", "done"]
         assert browser.find_element(By.CSS_SELECTOR, "dd.status").text == "succeeded"
         assert any("claimed by" in text and "/" in text for text in before)
@@ -165,12 +166,9 @@ def test_the_dashboard_in_chromium(
         # The job that said RetryLater until the fix: its runs that used no attempt, then success.
         assert waiting.wait(timeout=60) == "later"
         browser.get(base + f"/jobs/{waiting.id}")
-        kinds = [
-            li.get_attribute("data-kind") for li in browser.find_elements(By.CSS_SELECTOR, "ol.trace li")
-        ]
+        kinds = _kinds(browser)
         assert "later" in kinds
         assert kinds[-1] == "done"
-        assert held.wait(timeout=60) == "released"
 
         # Redis loses everything: the trace is the same (Redis's side box says what it lost).
         with redis_client(redis_server) as client:
@@ -186,6 +184,22 @@ def test_the_dashboard_in_chromium(
         assert _trace_text(browser) == before
         assert browser.find_element(By.CSS_SELECTOR, "dd.epoch").text == "1"
         _shot(browser, str(shots / "dashboard-trace-after-flushall.png"))
+
+        # The run that was in flight across the flush: pushed again under the new generation.
+        release.touch()
+        assert held.wait(timeout=60) == "released"
+        wait_until(lambda: _trace_has(browser, base, held.id, "epoch generation 1"), timeout=30,
+                   what="a run of the held job under the new generation")  # fmt: skip
+        wait_until(lambda: _trace_settled(browser, base, held.id), timeout=30, what="its outcome")
+        kinds = _kinds(browser)
+        assert kinds[:3] == ["accepted", "forwarded", "claimed"]
+        assert "refill" in kinds  # the epoch change it lived through, from the checkpoint
+        steps = _trace_text(browser)
+        claims = [text for text in steps if text.startswith("CLAIMED") or "claimed by" in text]
+        print("held job's trace after the flush:", *steps, sep="\n  ")
+        if len({"generation 0" in c for c in claims}) > 1:  # both runs reported: the later one says why
+            assert any("Redis lost or rolled back its state" in c for c in claims)
+        _shot(browser, str(shots / "dashboard-trace-redis-lost.png"))
 
     if os.environ.get("HYBRIDQ_DOCS_SCREENSHOTS") == "1":
         for shot in shots.iterdir():

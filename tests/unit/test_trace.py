@@ -17,10 +17,12 @@ def _ledger(journal: Path, *entries: Entry) -> None:
         writer.append_many(e.to_bytes() for e in entries)
 
 
-def _forwarded(journal: Path, job: hybridq.Job, *, generation: int = 0, held: bool = False) -> None:
+def _forwarded(
+    journal: Path, job: hybridq.Job, *, generation: int = 0, held: bool = False, epochs=()
+) -> None:
     rec = job.record
     position = ChainPosition(rec.segment, rec.offset + 1, rec.seq + 1)
-    cp = Checkpoint(positions={rec.writer_id: position}, generation=generation)
+    cp = Checkpoint(positions={rec.writer_id: position}, generation=generation, epochs=list(epochs))
     if held:
         cp.held.append(Held(9e9, job.id, rec.writer_id, rec.segment, rec.offset))
     save_checkpoint(str(journal), cp)
@@ -113,3 +115,44 @@ def test_recent_outcomes_per_queue(journal_dir: Path) -> None:
     )
     assert recent.counts(now=100.0) == {"q": {"succeeded": 1, "failed": 1, "cancelled": 0}}
     assert recent.counts(now=200.0) == {}
+
+
+def test_an_epoch_change_while_the_job_was_unfinished_is_a_refill(journal_dir: Path) -> None:
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    accepted = job.envelope.created_at
+    # Redis lost state after the job was accepted and before it ended (and once after it ended).
+    _forwarded(journal_dir, job, generation=2, epochs=[(1, accepted + 5), (2, accepted + 50)])
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.DONE, job.id, _loc(job), outcome="succeeded", attempt=1, at=accepted + 10,
+              started=accepted + 9, worker="h/1", gen=1, queue="q"),
+    )  # fmt: skip
+    trace = job_trace(str(journal_dir), job.id)
+    assert trace is not None
+    assert [s.kind for s in trace.steps] == ["accepted", "forwarded", "refill", "claimed", "done"]
+    assert dict(trace.steps[2].details) == {"epoch generation": "1"}
+    assert trace.steps[2].source == "checkpoint"
+
+
+def test_the_checkpoint_remembers_when_the_generation_went_up(tmp_path: Path) -> None:
+    from hybridq.forwarder_state import ForwarderConfig, ForwarderState
+    from hybridq.state import EPOCHS_KEPT, load_checkpoint
+
+    journal = tmp_path / "journal"
+    hybridq.Queue("q", journal).enqueue("tests.tasks.add", 1, 2)
+    now = [100.0]
+    state = ForwarderState(str(journal), ForwarderConfig(clock=lambda: now[0]))
+    state.load()
+    state.set_epoch("0:r:a", "r", 0)  # the first epoch: no change of generation
+    state.set_epoch("1:r:b", "r", 1)
+    now[0] = 200.0
+    state.set_epoch("1:r:c", "r", 1)  # the same generation (an upgrade of the token)
+    state.set_epoch("2:r:d", "r", 2)
+    state.save(0)
+    loaded = load_checkpoint(str(journal))
+    assert loaded is not None
+    assert loaded.epochs == [(1, 100.0), (2, 200.0)]
+    for generation in range(3, 3 + EPOCHS_KEPT):
+        state.set_epoch(f"{generation}:r:x", "r", generation)
+    assert len(state.checkpoint.epochs) == EPOCHS_KEPT
+    state.close()
