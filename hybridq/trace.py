@@ -16,8 +16,7 @@ lost everything (``FLUSHALL``):
   entries (the failed job was accepted again, under a new record), ``duplicate`` entries.
 * **outcome** -- the ``done`` entry.
 
-:class:`RecentOutcomes` counts the ledger's ``done`` entries of the last minutes, per queue: the
-dashboard's throughput. This module must not import redis or rq.
+This module must not import redis or rq.
 """
 
 from __future__ import annotations
@@ -25,13 +24,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalCorruption, JournalError
+from hybridq.errors import EnvelopeError, JournalError
 from hybridq.job import fetch_job
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
@@ -42,7 +40,7 @@ from hybridq.lookup import find
 from hybridq.protocol import EntryKind
 from hybridq.state import Checkpoint, load_checkpoint
 
-__all__ = ["Acceptance", "RecentOutcomes", "Step", "Trace", "job_trace"]
+__all__ = ["Acceptance", "Step", "Trace", "job_trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,49 +384,3 @@ def _utc(at: float | None) -> str:
 
 def _short(text: str, most: int = 300) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
-
-
-class RecentOutcomes:
-    """Outcomes in the ledger over the last ``window_s`` seconds, per queue (throughput).
-
-    Tails the ledger: each :meth:`counts` reads only what was appended since the last, and starts
-    again when compaction deleted a segment under it. Not thread-safe (the caller locks).
-    """
-
-    def __init__(self, journal: str, window_s: float = 300.0) -> None:
-        self.journal = journal
-        self.window_s = window_s
-        self._reader: JournalReader | None = None
-        self._recent: deque[tuple[float, str, str]] = deque()
-
-    def counts(self, now: float | None = None) -> dict[str, dict[str, int]]:
-        """Per queue, ``succeeded``/``failed``/``cancelled`` outcomes in the window."""
-        now = time.time() if now is None else now
-        directory = ledger_dir(self.journal)
-        if os.path.isdir(directory):
-            try:
-                self._tail(directory, now - self.window_s)
-            except (JournalCorruption, FileNotFoundError):
-                self._reader, self._recent = None, deque()
-                self._tail(directory, now - self.window_s)
-        cutoff = now - self.window_s
-        recent = sorted(r for r in self._recent if r[0] >= cutoff)
-        self._recent = deque(recent)
-        out: dict[str, dict[str, int]] = {}
-        for _, queue, outcome in recent:
-            per = out.setdefault(queue, {"succeeded": 0, "failed": 0, "cancelled": 0})
-            per[outcome] = per.get(outcome, 0) + 1
-        return out
-
-    def _tail(self, directory: str, cutoff: float) -> None:
-        if self._reader is None:
-            self._reader = JournalReader(directory)
-        for record in self._reader.records():
-            if record.rtype != RecordType.DATA or b'"t":"done"' not in record.payload:
-                continue
-            try:
-                entry = Entry.from_bytes(record.payload)
-            except (ValueError, KeyError, TypeError):
-                continue
-            if entry.at >= cutoff and not entry.dup:
-                self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))

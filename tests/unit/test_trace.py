@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import hybridq
+from hybridq.http.dashboard.throughput import RecentOutcomes
 from hybridq.journal import ChainPosition
 from hybridq.ledger import Entry, open_ledger_writer
 from hybridq.protocol import EntryKind
 from hybridq.state import Checkpoint, Held, save_checkpoint
-from hybridq.trace import RecentOutcomes, job_trace
+from hybridq.trace import job_trace
 
 
 def _ledger(journal: Path, *entries: Entry) -> None:

@@ -21,9 +21,10 @@ from hybridq.failures import failed_jobs, requeue
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.render import age, as_json, esc, page, table, url_id, when
+from hybridq.http.dashboard.throughput import RecentOutcomes
 from hybridq.state import load_checkpoint
 from hybridq.status import stats
-from hybridq.trace import RecentOutcomes, Trace, job_trace
+from hybridq.trace import Trace, job_trace
 
 __all__ = ["Pages"]
 
