@@ -345,22 +345,34 @@ def _entry_steps(entry: Entry, later_before: int, gen_before: int | None) -> lis
 
 
 def _in_flight(path: str, job_id: str, entries: list[Entry], trace: Trace) -> None:
-    """A claim the lookup index knows of that no ledger entry reports yet (a run in progress)."""
+    """What the lookup index knows that the ledger does not say (any more).
+
+    A claim no ledger entry reports yet (a run in progress: the ``started`` event), and the
+    outcome of a job whose journal segment, and so its ledger entries, were compacted (the index
+    keeps it for ``lookup.RETENTION_S``).
+    """
     row = find(path, job_id)
-    if row is None or row.state != "started":
+    if row is None:
         return
-    if any(e.attempt >= row.attempt and e.kind in {EntryKind.RETRY, EntryKind.DONE} for e in entries):
-        return
-    trace.steps.append(
-        Step(
-            "claimed",
-            row.started,
-            "claimed: running (no outcome yet)",
-            None,
-            (("run", str(row.attempt)),),
-            "lookup index",
+    mine = [e for e in entries if e.loc == row.loc and e.kind in _RUNS]
+    if row.state == "started" and row.started is not None and not any(e.at >= row.started for e in mine):
+        trace.steps.append(
+            Step(
+                "claimed",
+                row.started,
+                "claimed: running (no outcome yet)",
+                None,
+                (("attempt", str(row.attempt)),),
+                "lookup index",
+            )
         )
-    )
+    elif row.state == "done" and not any(e.kind == EntryKind.DONE for e in mine):
+        details = [("attempt", str(row.attempt)), ("outcome", str(row.outcome))]
+        if row.started is not None:
+            details.append(("started", _utc(row.started)))
+        title = f"{row.outcome} (its ledger entries were compacted with its journal segment)"
+        trace.steps.append(Step("done", row.ended, title, row.error, tuple(details), "lookup index"))
+        trace.attempts = max(trace.attempts, row.attempt)
 
 
 def _status(entries: list[Entry], trace: Trace) -> str:
@@ -369,6 +381,8 @@ def _status(entries: list[Entry], trace: Trace) -> str:
         rank = {"cancelled": 1, "failed": 2, "succeeded": 3}
         return max((e.outcome or "failed" for e in done), key=lambda o: rank.get(o, 0))
     kinds = [s.kind for s in trace.steps]
+    if kinds and kinds[-1] == "done" and trace.steps[-1].source == "lookup index":
+        return dict(trace.steps[-1].details).get("outcome", "done")
     if kinds and kinds[-1] == "claimed":
         return "started"
     if any(e.kind == EntryKind.RETRY and e.loc == trace.acceptances[-1].loc for e in entries):

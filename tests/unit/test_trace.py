@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hybridq
+import pytest
 from hybridq.http.dashboard.throughput import RecentOutcomes
 from hybridq.journal import ChainPosition
 from hybridq.ledger import Entry, open_ledger_writer
@@ -157,3 +158,29 @@ def test_the_checkpoint_remembers_when_the_generation_went_up(tmp_path: Path) ->
         state.set_epoch(f"{generation}:r:x", "r", generation)
     assert len(state.checkpoint.epochs) == EPOCHS_KEPT
     state.close()
+
+
+def test_a_compacted_job_reads_its_outcome_from_the_lookup_index(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq import trace as trace_module
+    from hybridq.lookup import Row
+
+    hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)  # the journal exists
+    gone = ("0123456789abcdef", 7, 64)  # a segment compaction deleted, with its ledger entries
+    row = Row("j1", *gone, 3, 0, 1.0, "tests.tasks.add", "q", "k", "done", "succeeded", 2, 5.0, 6.0,
+              "3", 1, None, None, None)  # fmt: skip
+    monkeypatch.setattr(trace_module, "find", lambda path, job_id: row if job_id == "j1" else None)
+    monkeypatch.setattr(trace_module, "fetch_job", lambda job_id, path: None)
+    trace = job_trace(str(journal_dir), "j1")
+    assert trace is None  # no record and no entry: fetch_job is what finds it (below)
+
+    class Found:
+        record = type("R", (), {"writer_id": gone[0], "segment": gone[1], "offset": gone[2]})()
+
+    monkeypatch.setattr(trace_module, "fetch_job", lambda job_id, path: Found())
+    trace = job_trace(str(journal_dir), "j1")
+    assert trace is not None
+    assert [(s.kind, s.source) for s in trace.steps] == [("accepted", "journal"), ("done", "lookup index")]
+    assert trace.steps[0].title == "accepted (its journal segment was compacted)"
+    assert (trace.status, trace.attempts) == ("succeeded", 2)
