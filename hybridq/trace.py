@@ -370,7 +370,7 @@ def _in_flight(path: str, job_id: str, entries: list[Entry], trace: Trace) -> No
         details = [("attempt", str(row.attempt)), ("outcome", str(row.outcome))]
         if row.started is not None:
             details.append(("started", _utc(row.started)))
-        title = f"{row.outcome} (its ledger entries were compacted with its journal segment)"
+        title = f"{row.outcome} (its journal segment and ledger entries were compacted)"
         trace.steps.append(Step("done", row.ended, title, row.error, tuple(details), "lookup index"))
         trace.attempts = max(trace.attempts, row.attempt)
 
