@@ -28,8 +28,8 @@ from hybridq.testing.embedded import RedisServer
 
 from tests.conftest import ROOT
 from tests.integration.test_worker_redis import Stack, redis_client, stack
-from tests.support.processes import wait_until
 from tests.support.http import ServeProcess
+from tests.support.processes import wait_until
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
