@@ -47,7 +47,8 @@ def network() -> Iterator[netns.Network]:
 @pytest.fixture
 def cluster(
     tmp_path: Path, subprocess_env: dict[str, str], network: netns.Network, make_redis_server: MakeRedisServer
-) -> Cluster:
+) -> Iterator[Cluster]:
     # Reachable from every host through the bridge; 127.0.0.1 too, for the test's own reads.
     server = make_redis_server(extra_args=("--bind", "127.0.0.1", network.gateway, "--protected-mode", "no"))
-    return Cluster(tmp_path, subprocess_env, network, server)
+    yield Cluster(tmp_path, subprocess_env, network, server)
+    network.close()  # the hosts' processes go before their Redis does

@@ -10,14 +10,21 @@ file, the producers' acknowledgements and each forwarder's ledger.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import shutil
+import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from hybridq import keys
 
+from tests.support import netns
 from tests.support.multihost import LEASE_S, Cluster, line, since, wait_exit
-from tests.support.processes import run_status
+from tests.support.processes import run_status, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -195,3 +202,151 @@ def test_partitioned_worker_host_mid_job_another_takes_over(
         assert 1 <= starts[token] <= 2, (token, starts[token])
     assert all(starts[t] == 1 for t in tokens if t not in long_tokens)
     assert w2.proc.poll() is None
+
+
+def qdisc_figures(host_stats: str) -> tuple[int, int]:
+    """(packets sent, packets dropped) summed over the ``tc -s qdisc`` lines given."""
+    sent = dropped = 0
+    for match in re.finditer(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", host_stats):
+        sent += int(match.group(1))
+        dropped += int(match.group(2))
+    return sent, dropped
+
+
+SHAPES = {
+    # What the issue asks for: 100 ms ± 20 ms and 5 % loss, each way.
+    "netem": ("netem", "delay", "100ms", "20ms", "loss", "5%"),
+    # Where the kernel has no netem (this machine's): a slow link, 128 kbit/s each way, whose queue
+    # holds one packet (what comes while it is full is dropped): real delay and real loss.
+    "tbf": ("tbf", "rate", "128kbit", "burst", "1600", "limit", "1600"),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_shaped_worker_host_still_works_slower(
+    cluster: Cluster, figures: Callable[[str], None], shape: str
+) -> None:
+    if shape == "netem" and (reason := netns.netem_missing()) is not None:
+        pytest.skip(reason)
+    per_host, per_s = 100, 20
+    p1, p2 = cluster.producer_host("p1"), cluster.producer_host("p2")
+    w1 = cluster.worker_host("w1")
+    cluster.worker_host("w2")
+    cluster.wait_workers(2)
+    w1.host.shape(*SHAPES[shape])
+    start = time.monotonic()
+    producers = [cluster.produce(ph, per_host, rate=per_s, sleep=0.02) for ph in (p1, p2)]
+    for proc in producers:
+        wait_exit(proc)
+    tokens = [t for ph in (p1, p2) for t in ph.accepted()]
+    cluster.wait_finished(tokens, timeout=120)
+    cluster.wait_ledgers([p1, p2], timeout=120)
+    elapsed = time.monotonic() - start
+    stats = w1.host.exec_("tc", "-s", "qdisc", "show", "dev", "eth0")
+    stats += subprocess.run(
+        ["tc", "-s", "qdisc", "show", "dev", w1.host.link], capture_output=True, text=True, check=True
+    ).stdout
+    sent, dropped = qdisc_figures(stats)
+
+    accepted = {t: at for ph in (p1, p2) for t, (_, at) in ph.accepted().items()}
+    latency: dict[str, list[float]] = {"w1": [], "w2": []}
+    for r in cluster.runs():
+        if r.kind == "done":
+            latency[r.host].append(r.at - accepted[r.token])
+    tally = cluster.tally([p1, p2])
+    figures(
+        line(
+            f"shaped-{shape}",
+            {
+                **tally,
+                "shape": "_".join(SHAPES[shape]),
+                "w1_done": len(latency["w1"]),
+                "w1_p50_s": f"{statistics.median(latency['w1']):.2f}" if latency["w1"] else "-",
+                "w2_p50_s": f"{statistics.median(latency['w2']):.2f}" if latency["w2"] else "-",
+                "w1_packets": sent,
+                "w1_dropped": dropped,
+                "elapsed_s": f"{elapsed:.1f}",
+            },
+        )
+    )
+    assert tally["lost"] == 0
+    assert tally["dup_execution"] == 0
+    assert latency["w1"], "the shaped host ran nothing"
+
+
+def test_producer_host_that_never_returns_and_its_journal_on_a_new_host(
+    cluster: Cluster, figures: Callable[[str], None]
+) -> None:
+    forwarded_n, unforwarded_n, other_n = 20, 10, 20
+    p1, p2 = cluster.producer_host("p1"), cluster.producer_host("p2")
+    wait_exit(cluster.produce(p1, forwarded_n, sleep=0.02))
+    queue_key = f"{keys.RQ_PREFIX}:queue:default"
+    with contextlib.closing(cluster.client()) as client:
+        wait_until(lambda: client.llen(queue_key) == forwarded_n, what="p1's jobs in Redis")
+        owner = p1.owner()
+        # The host is cut off, its application accepts more jobs into its journal, then it dies.
+        p1.host.cut()
+        wait_exit(cluster.produce(p1, unforwarded_n, first=forwarded_n, sleep=0.02))
+        assert p1.forwarder is not None
+        cluster.network.kill(p1.forwarder)
+        died_at = time.time()
+        forwarded = {t for t in p1.accepted() if int(t.split("-")[1]) < forwarded_n}
+        unforwarded = set(p1.accepted()) - forwarded
+
+        # The worker hosts come up after it died; p2 goes on as usual.
+        cluster.worker_host("w1")
+        cluster.worker_host("w2")
+        cluster.wait_workers(2)
+        wait_exit(cluster.produce(p2, other_n, sleep=0.02))
+        cluster.wait_finished(forwarded | set(p2.accepted()), what="p1's forwarded jobs and p2's")
+        cluster.wait_ledgers([p2])
+        time.sleep(6 * LEASE_S)  # nobody redelivers p1's jobs, or harvests their outcomes
+        stranded_events = client.xlen(keys.events(owner))
+        stranded_bytes = client.memory_usage(keys.events(owner))
+        runs_while_dead = Counter(r.token for r in cluster.runs() if r.kind == "start")
+        ledger_while_dead = len(p1.ledger_done())
+
+        # Its disk is brought back on another machine: the journal directory, moved whole.
+        moved = cluster.tmp_path / "p1-disk" / "journal"
+        moved.parent.mkdir()
+        shutil.move(p1.journal, moved)
+        recovered_at = time.monotonic()
+        p3 = cluster.producer_host("p3", journal=moved)
+        p3.acks = p1.acks  # the same jobs, accepted by p1's application
+        cluster.wait_finished(unforwarded, what="p1's unforwarded jobs, from its moved journal")
+        cluster.wait_ledgers([p3])
+        recovered_s = time.monotonic() - recovered_at
+        events_after = client.xlen(keys.events(owner))
+        p3_owner = p3.owner()
+    time.sleep(2 * LEASE_S)
+    status = run_status(p3.journal, cluster.env)
+    tally = cluster.tally([p3, p2])
+    figures(
+        line(
+            "host-never-returns",
+            {
+                **tally,
+                "p1_forwarded": len(forwarded),
+                "p1_unforwarded": len(unforwarded),
+                "forwarded_ran_while_dead": sum(1 for t in forwarded if runs_while_dead[t]),
+                "unforwarded_ran_while_dead": sum(1 for t in unforwarded if runs_while_dead[t]),
+                "events_waiting_in_redis": stranded_events,
+                "their_bytes": stranded_bytes,
+                "p1_ledger_while_dead": ledger_while_dead,
+                "dead_for_s": f"{time.time() - died_at:.0f}",
+                "recovered_in_s": f"{recovered_s:.1f}",
+                "events_after_recovery": events_after,
+                "same_owner": p3_owner == owner,
+                "status_succeeded": status["succeeded"],
+            },
+        )
+    )
+    assert tally["lost"] == 0
+    assert tally["dup_execution"] == 0
+    assert all(runs_while_dead[t] == 1 for t in forwarded)
+    assert not any(runs_while_dead[t] for t in unforwarded)
+    assert ledger_while_dead == 0
+    assert stranded_events >= forwarded_n  # an outcome each (and the runs' started events)
+    assert p3_owner == owner
+    assert events_after == 0
+    assert status["succeeded"] == forwarded_n + unforwarded_n
