@@ -350,3 +350,57 @@ def test_producer_host_that_never_returns_and_its_journal_on_a_new_host(
     assert p3_owner == owner
     assert events_after == 0
     assert status["succeeded"] == forwarded_n + unforwarded_n
+
+
+def test_idle_worker_host_cut_off_strands_a_job_that_still_runs_behind_a_backlog(
+    cluster: Cluster, figures: Callable[[str], None]
+) -> None:
+    # An idle worker waits in a blocking pop (BLMOVE). Cut off there, it still "takes" the next
+    # job: Redis moves it into RQ's intermediate list and the reply never arrives. The forwarder
+    # finds it stranded after a lease and queues it again, behind whatever backlog there is.
+    p1 = cluster.producer_host("p1")
+    w1 = cluster.worker_host("w1")
+    cluster.wait_workers(1)
+    wait_exit(cluster.produce(p1, 1, sleep=0.01))
+    cluster.wait_finished(p1.accepted())
+    go = cluster.tmp_path / "go"
+    producer = cluster.produce(p1, 1, first=1, sleep=0.01, wait_for=go)
+    time.sleep(1.0)  # the producer is up
+    cluster.cut_in_blocking_pop(w1)
+    cut_at = time.time()
+    go.touch()
+    wait_exit(producer)
+    [ghost] = set(p1.accepted()) - cluster.finished(p1.accepted())
+    # A backlog on another worker host that lasts longer than a lease: 40 jobs queued at once,
+    # then 12 jobs/s for 15 s, run by 2 threads of 0.2 s each (10 jobs/s).
+    wait_exit(cluster.produce(p1, 40, first=2, sleep=0.2))
+    backlog = cluster.produce(p1, 180, first=42, rate=12, sleep=0.2)
+    cluster.worker_host("w2", threads=2)
+    wait_exit(backlog)
+    backlog_done_at = time.time()
+    cluster.wait_finished(p1.accepted(), timeout=120)
+    w1.host.heal()
+    cluster.wait_ledgers([p1])
+
+    assert p1.forwarder is not None
+    log = (cluster.tmp_path / "p1-forward.log").read_text()
+    ghost_id = p1.accepted()[ghost][0]
+    requeued = log.count(f"job {ghost_id}: stranded in Redis for too long")
+    [ran] = [r for r in cluster.runs() if r.kind == "start" and r.token == ghost]
+    tally = cluster.tally([p1])
+    figures(
+        line(
+            "idle-worker-cut",
+            {
+                **tally,
+                "stranded_requeues": requeued,
+                "stranded_job_ran_after_s": f"{ran.at - cut_at:.1f}",
+                "producers_stopped_after_s": f"{backlog_done_at - cut_at:.1f}",
+                "ran_on": ran.host,
+            },
+        )
+    )
+    assert tally["lost"] == 0
+    assert tally["dup_execution"] == 0
+    assert requeued == 1  # queued again once, not moved to the back of the queue every lease
+    assert ran.at < backlog_done_at  # it ran while the backlog lasted, not after it

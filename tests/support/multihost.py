@@ -118,12 +118,23 @@ class Cluster:
         ph.forwarder = ph.host.popen(args, env=self.env, log_path=self.tmp_path / f"{ph.name}-forward.log")
 
     def produce(
-        self, ph: ProducerHost, count: int, *, rate: float = 0.0, first: int = 0, sleep: float = 0.0
+        self,
+        ph: ProducerHost,
+        count: int,
+        *,
+        rate: float = 0.0,
+        first: int = 0,
+        sleep: float = 0.0,
+        wait_for: Path | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start the host's application enqueueing ``count`` jobs (``rate`` per second)."""
+        """Start the host's application enqueueing ``count`` jobs (``rate`` per second).
+
+        With ``wait_for``, it starts (Python loaded, journal open) and enqueues once that file exists.
+        """
         args = [sys.executable, "-m", "tests.support.netns_producer", "--journal", str(ph.journal)]
         args += ["--host", ph.name, "--effects", str(self.effects), "--acks", str(ph.acks)]
         args += ["--count", str(count), "--rate", str(rate), "--first", str(first), "--sleep", str(sleep)]
+        args += ["--wait-for", str(wait_for)] if wait_for is not None else []
         proc = ph.host.popen(args, env=self.env, log_path=self.tmp_path / f"{ph.name}-produce.log")
         ph.producers.append(proc)
         return proc
@@ -139,6 +150,27 @@ class Cluster:
     def wait_workers(self, n: int) -> None:
         """Until ``n`` RQ workers are registered in Redis (the pools are serving)."""
         wait_until(lambda: len(self.client().smembers(f"{keys.RQ_PREFIX}:workers")) >= n, what="workers")
+
+    def cut_in_blocking_pop(self, wh: WorkerHost) -> None:
+        """Cut ``wh`` off just after its idle worker sent a blocking pop (it waits up to 1 s).
+
+        Redis keeps that pop waiting after the cut: a job pushed meanwhile is moved into RQ's
+        intermediate list for a worker that never hears of it.
+        """
+        prefix = f"{wh.host.address}:"
+        with contextlib.closing(self.client()) as client:
+
+            def blocked() -> bool:
+                return any(c["addr"].startswith(prefix) and "b" in c["flags"] for c in client.client_list())
+
+            deadline = time.monotonic() + 30
+            while True:
+                assert time.monotonic() < deadline, f"{wh.name} never waited in a blocking pop"
+                while blocked():
+                    pass
+                if wait_until(blocked, timeout=5, interval=0.0005, what="a blocking pop"):
+                    wh.host.cut()
+                    return
 
     def client(self) -> redis.Redis:
         return self.server.client()

@@ -8,6 +8,7 @@ Run on a host (``python -m tests.support.netns_producer --journal J --host p0 ..
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from hybridq import Queue
@@ -23,8 +24,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="jobs/s; 0: as fast as possible")
     parser.add_argument("--first", type=int, default=0, help="number of the first job")
     parser.add_argument("--sleep", type=float, default=0.0, help="how long each job's task sleeps")
+    parser.add_argument("--wait-for", help="start once this file exists")
     args = parser.parse_args()
     queue = Queue("default", args.journal)
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.002)
     start = time.monotonic()
     with open(args.acks, "a", encoding="utf-8") as acks:
         for i in range(args.count):
