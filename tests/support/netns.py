@@ -13,8 +13,9 @@ connections hang, then time out; nothing is reset), :meth:`Host.heal` brings it 
 host's link.
 
 Names are unique per run: namespaces carry the creating process's pid and a counter, links
-``hqn<pid:06x><seq:02x><role>`` (at most 15 bytes). :meth:`Network.close` removes everything,
-also after a failed test (the fixture's teardown) and at interpreter exit (``atexit``);
+``hqn<pid:06x><seq:02x>`` and ``br`` (the bridge) or the role's first letter and the host's index
+(at most 15 bytes). :meth:`Network.close` removes everything, also after a failed or interrupted
+(Ctrl-C) test (the fixture's teardown) and at interpreter exit (``atexit``);
 :func:`sweep_stale` removes what runs whose process died (SIGKILL, a killed CI job) left behind.
 :func:`unavailable` says why the harness cannot run here (not root, no ``ip``, namespaces refused),
 for a ``pytest.skip``.
