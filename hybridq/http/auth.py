@@ -393,8 +393,8 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
 
     async def logout(request: Request) -> Response:
         cookie = request.cookies.get(COOKIE)
-        if tokens is not None and cookie is not None:
-            tokens.revoke(cookie)
+        if tokens is not None and cookie is not None and tokens.valid_session(cookie):
+            tokens.revoke(cookie)  # only a live session: /logout is open, junk must not pile up
         response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response

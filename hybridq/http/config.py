@@ -49,6 +49,6 @@ class ServeConfig:
     forwarded_allow_ips: str = "127.0.0.1"
     access_log: bool = True
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = 10.0
     limit_concurrency: int = 1000
     keep_alive_s: int = 5

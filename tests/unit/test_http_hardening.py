@@ -41,8 +41,16 @@ def _raw(base: str, head: bytes, body: bytes = b"") -> socket.socket:
 
 def _answer(sock: socket.socket, within: float) -> bytes:
     """What the server sent within ``within`` seconds (b"" if nothing)."""
-    ready, _, _ = select.select([sock], [], [], within)
-    return sock.recv(4096) if ready else b""
+    out = b""
+    while select.select([sock], [], [], within if not out else 0.5)[0]:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 # -- HIGH 1: cross-site requests, DNS rebinding, the cookie on the API ---------------------------
