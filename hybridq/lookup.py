@@ -41,6 +41,7 @@ __all__ = [
     "RETENTION_S",
     "Row",
     "find",
+    "find_checked",
     "index_path",
     "job_row",
     "journal_marks",
@@ -191,6 +192,30 @@ def find(journal: str, job_id: str) -> Row | None:
         _drop(journal)
         return None  # being rebuilt, or not there yet: the caller reads the journal instead
     return Row(*found) if found is not None else None
+
+
+def find_checked(journal: str, job_id: str) -> tuple[dict[str, ChainPosition], Row | None] | None:
+    """Like :func:`find`, telling a miss from an index that could not be read.
+
+    The marks are read before the row, on one connection: the row's answer covers at least the
+    journal up to those marks (an index only moves its marks forward).
+
+    Returns:
+        ``(marks, row)``: per journal chain where the index stopped reading it, and its row for
+        ``job_id`` (``None``: it has none); ``None``: no index, or it could not be read (being
+        rebuilt, busy, damaged).
+    """
+    db = _reader(journal)
+    if db is None:
+        return None
+    try:
+        rows = db.execute("SELECT chain, seg, off, seq FROM marks WHERE chain LIKE 'j:%'").fetchall()
+        found = db.execute(_SELECT, (job_id,)).fetchone()
+    except sqlite3.Error:
+        _drop(journal)
+        return None
+    marks = {chain[2:]: ChainPosition(seg, off, seq) for chain, seg, off, seq in rows}
+    return marks, Row(*found) if found is not None else None
 
 
 def journal_marks(journal: str) -> dict[str, ChainPosition] | None:

@@ -56,6 +56,8 @@ def serve_config(
     max_body: int = 1 << 20,
     forwarded_allow_ips: str = "127.0.0.1",
     imports: tuple[str, ...] = (),
+    allowed_hosts: tuple[str, ...] = (),
+    limit_concurrency: int = 1000,
 ) -> ServeConfig:
     """The server's checked settings (a ``ServeConfig``); bad input is one line and exit 1."""
     from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
@@ -96,6 +98,8 @@ def serve_config(
         max_body=max_body,
         capacity=capacity,
         forwarded_allow_ips=forwarded_allow_ips,
+        allowed_hosts=allowed_hosts,
+        limit_concurrency=limit_concurrency,
     )
 
 
@@ -181,6 +185,22 @@ tokens_option = click.option(
     show_default=True,
     help="Proxies whose X-Forwarded-For/-Proto headers are trusted (comma-separated, or *).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Without --tokens-file, also answer requests whose Host header is NAME (a proxy's name; "
+    "repeatable). Other than localhost, 127.0.0.1, [::1] and the bind address: 421.",
+)
+@click.option(
+    "--limit-concurrency",
+    type=click.IntRange(1, None),
+    default=1000,
+    show_default=True,
+    metavar="N",
+    help="The most connections served at once; more are answered 503 at once.",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -193,6 +213,8 @@ def serve(
     capacity: int | None,
     max_body: int,
     forwarded_allow_ips: str,
+    allowed_hosts: tuple[str, ...],
+    limit_concurrency: int,
 ) -> None:
     """Serve the HTTP API (and the dashboard) for one journal, until SIGTERM or SIGINT.
 
@@ -217,6 +239,8 @@ def serve(
         max_body=max_body,
         forwarded_allow_ips=forwarded_allow_ips,
         imports=imports,
+        allowed_hosts=allowed_hosts,
+        limit_concurrency=limit_concurrency,
     )
     server = start_server(ctx, config)
     server.run()

@@ -9,12 +9,15 @@
 * ``GET /v1/stats`` is :func:`hybridq.stats` (the forwarder's saved figures and the journal
   after them), ``GET /metrics`` the Prometheus text, ``GET /healthz`` a liveness answer.
 
-Blocking reads (the lookup, the stats) run in threads, off the loop.
+Blocking reads (the lookup, the stats) run in threads, off the loop. A POST's body must say
+``Content-Type: application/json`` (a cross-site form or ``no-cors`` fetch cannot, without a
+CORS preflight), arrive within ``body_timeout_s`` (408) and stay under ``max_body`` (413).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -23,23 +26,25 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from hybridq import allow
-from hybridq.envelope import Envelope, Retry, function_path, validate_job_id
+from hybridq.envelope import Envelope, Retry, function_path, validate_job_id, validate_queue_name
 from hybridq.errors import (
     EnvelopeError,
     HybridqError,
-    JournalError,
     JournalIOError,
     QueueFull,
+    RecordTooLarge,
     ResultNotKept,
 )
+from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
 from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, key_job_id, valid_key
 from hybridq.job import Job, fetch_job
+from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.producer import Queue
 from hybridq.status import stats
 
@@ -49,12 +54,6 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
-#: Queues whose ``prepare`` is kept (a name outside them gets a fresh one).
-_QUEUES_KEPT = 256
-
-
-class BodyTooLarge(Exception):
-    """The request body is over ``ServeConfig.max_body``."""
 
 
 class BadRequest(ValueError):
@@ -84,7 +83,6 @@ class Api:
         #: Commits every POST's job: one committer, so all queues share its fsyncs.
         self.committer = Queue("default", self.journal, capacity=config.capacity)
         self.keys = KeyStore(self.journal)
-        self._queues: dict[str, Queue] = {}
         #: POST outcomes by status code, for /metrics.
         self.posts: Counter[int] = Counter()
         self.registry = registry
@@ -109,17 +107,26 @@ class Api:
         return response
 
     async def _post(self, request: Request) -> Response:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            return _error(415, "unsupported_media_type", "send the body as Content-Type: application/json")
         key = request.headers.get("idempotency-key")
         if key is not None and not valid_key(key):
             return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
         try:
-            body = await self._body(request)
-            env = self._envelope(body, key)
+            env = self._envelope(await self._body(request), key)
+            _check_size(env)
         except BodyTooLarge:
             return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
-        except (BadRequest, EnvelopeError) as exc:  # EnvelopeError: NotSerializable, RecordTooLarge too
+        except BodyTimeout:
+            return _error(408, "timeout", f"the body did not arrive within {self.config.body_timeout_s:g} s")
+        except ClientDisconnect:
+            return Response(status_code=400)  # the client is gone: nobody reads it, nothing logged
+        except RecordTooLarge as exc:  # a JournalError, but the client's to fix: not a retry
+            return _error(413, "too_large", str(exc))
+        except (BadRequest, EnvelopeError) as exc:  # EnvelopeError: NotSerializable too
             return _error(400, "bad_request", str(exc))
-        except JournalError as exc:  # the journal directory cannot be used
+        except HybridqError as exc:  # the journal directory cannot be used (a JournalError)
             return self._unavailable(exc)
         try:
             if key is None:
@@ -128,6 +135,8 @@ class Api:
                 job, replay = await self._commit_keyed(env)
         except KeyReused as exc:
             return _error(422, "idempotency_key_reused", str(exc))
+        except RecordTooLarge as exc:  # signing made it larger; raised before anything is written
+            return _error(413, "too_large", str(exc))
         except QueueFull as exc:
             return _error(
                 429,
@@ -135,7 +144,7 @@ class Api:
                 f"{exc.pending} jobs pending, capacity {exc.capacity}: retry later",
                 {"Retry-After": str(self.config.retry_after_s)},
             )
-        except (JournalError, OSError) as exc:
+        except (HybridqError, OSError) as exc:  # a JournalError, a SigningKeyError: 503, not a 500
             return self._unavailable(exc)
         location = f"{request.scope.get('root_path', '')}/v1/jobs/{job}"
         headers = {"Location": location}
@@ -150,18 +159,9 @@ class Api:
 
     async def _body(self, request: Request) -> Any:
         """The JSON body, read up to ``max_body`` (413 as soon as it is over, not after)."""
-        limit = self.config.max_body
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise BodyTooLarge
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge
-            chunks.append(chunk)
+        raw = await read_body(request, self.config.max_body, self.config.body_timeout_s)
         try:
-            return json.loads(b"".join(chunks), parse_constant=_refuse_constant)
+            return json.loads(raw, parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as exc:
             if isinstance(exc, BadRequest):
                 raise
@@ -197,7 +197,7 @@ class Api:
             isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay)
         ):
             raise BadRequest('"delay" must be a number of seconds')
-        return self._queue(queue).prepare(
+        env = self.committer.prepare(
             path,
             args,
             kwargs,
@@ -206,20 +206,16 @@ class Api:
             delay=delay,
             retry=_retry(body.get("retry")),
         )
+        # One validated path for every queue name (no Queue object per name: its checks are
+        # the name's, the rest are the committer's defaults).
+        if queue != env.queue:
+            env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
+        return env
 
     def _allowed(self, path: str) -> bool:
         if allow.allowed(path):
             return True
         return any(p in ("*", path) or path.startswith(p + ".") for p in self.config.allow)
-
-    def _queue(self, name: str) -> Queue:
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = Queue(name, self.journal)  # validates the name (EnvelopeError: 400)
-            if len(self._queues) >= _QUEUES_KEPT:
-                self._queues.clear()
-            self._queues[name] = queue
-        return queue
 
     async def _commit(self, env: Envelope) -> str:
         (job,) = await self.committer.enqueue_many_async([env])
@@ -251,7 +247,7 @@ class Api:
             return _error(404, "not_found", "no job with this id")
         try:
             state = await asyncio.to_thread(self._job_state, job_id)
-        except (JournalError, OSError) as exc:
+        except (HybridqError, OSError) as exc:
             return _error(503, "journal_unavailable", str(exc))
         if state is None:
             return _error(404, "not_found", "no job with this id")
@@ -288,6 +284,13 @@ class Api:
         """Liveness: the process answers (no auth, no disk)."""
         del request
         return JSONResponse({"ok": True})
+
+
+def _check_size(env: Envelope) -> None:
+    """Raise :class:`RecordTooLarge` for a job whose record the journal would refuse (a 413)."""
+    size = len(env.to_bytes())  # checked before anything is written, as the journal checks it
+    if size > MAX_PAYLOAD_BYTES:
+        raise RecordTooLarge(size, MAX_PAYLOAD_BYTES)
 
 
 def _retry(value: Any) -> Retry | None:

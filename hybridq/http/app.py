@@ -24,7 +24,7 @@ from starlette.routing import Route
 from hybridq import __version__
 from hybridq.http import dashboard
 from hybridq.http.api import Api
-from hybridq.http.auth import AuthMiddleware, Tokens, login_routes
+from hybridq.http.auth import AuthMiddleware, Tokens, allowed_hosts, login_routes
 from hybridq.http.config import ServeConfig
 from hybridq.http.openapi import document
 
@@ -44,6 +44,7 @@ def create_app(config: ServeConfig, *, registry: CollectorRegistry | None = None
     """
     tokens = Tokens(config.tokens_file) if config.tokens_file is not None else None
     api = Api(config, registry)
+    hosts = allowed_hosts(config.host, config.allowed_hosts) if tokens is None else None
     spec = document(__version__)
 
     async def openapi(request: Request) -> JSONResponse:
@@ -57,7 +58,9 @@ def create_app(config: ServeConfig, *, registry: CollectorRegistry | None = None
             *login_routes(tokens),
             *dashboard.routes(config),
         ],
-        middleware=[Middleware(AuthMiddleware, tokens=tokens)],
+        # Without tokens, only this machine's names: a page whose name resolves here (DNS
+        # rebinding) must not reach the API. With tokens, the token is the check.
+        middleware=[Middleware(AuthMiddleware, tokens=tokens, hosts=hosts)],
     )
     app.state.config = config
     app.state.api = api

@@ -4,13 +4,18 @@ The contract the other parts of the server (the dashboard) rely on:
 
 * :class:`AuthMiddleware` runs before every route. It sets ``request.state.authenticated``
   (``scope["state"]["authenticated"]``) to ``True`` when the request carries a valid token, as
-  ``Authorization: Bearer <token>`` or as the session cookie :data:`COOKIE` that ``POST /login``
-  sets, and always when the server runs without a tokens file (a loopback bind only). Every path
+  ``Authorization: Bearer <token>`` or, for the dashboard's routes only, as the session cookie
+  :data:`COOKIE` that ``POST /login`` sets (a browser sends a cookie on a cross-site request:
+  ``/v1/*`` and ``/metrics`` take the bearer header only), and always when the server runs
+  without a tokens file (a loopback bind only). Without a tokens file it also refuses a ``Host``
+  header that is not this machine's (DNS rebinding: :func:`allowed_hosts`). Every path
   but :data:`OPEN_PATHS` (``/healthz``, ``/login``, ``/logout``) is refused unless authenticated:
   ``401`` with a JSON error for API clients, a ``303`` to ``/login?next=...`` for a browser's
   ``GET`` of an HTML page. A route therefore never sees an unauthenticated request.
-* The cookie holds no token: it is an HMAC of one (:func:`session_value`), so a token removed
-  from the file ends its sessions too. It is ``HttpOnly``, ``SameSite=Strict``, ``Path=/``, and
+* The cookie holds no token: it is its issue time and an HMAC of that time under one token
+  (:func:`session_value`), so a token removed from the file ends its sessions too, a cookie
+  older than :data:`SESSION_S` is refused whatever the browser keeps, and ``POST /logout``
+  revokes the cookie it clears (in this process). It is ``HttpOnly``, ``SameSite=Strict``, ``Path=/``, and
   ``Secure`` when the request came over HTTPS (directly or through a trusted proxy).
 
 Tokens are compared with :func:`hmac.compare_digest` and never logged. The file is read again
@@ -28,14 +33,17 @@ import json
 import logging
 import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
+
+from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 
 __all__ = [
     "COOKIE",
@@ -43,6 +51,7 @@ __all__ = [
     "AuthMiddleware",
     "Tokens",
     "TokensError",
+    "allowed_hosts",
     "is_loopback",
     "login_routes",
     "session_value",
@@ -56,8 +65,15 @@ COOKIE = "hybridq_session"
 OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})
 #: Longest token accepted (a file of longer lines is refused at start).
 MAX_TOKEN = 512
-#: How long a login lasts (the cookie's Max-Age), seconds.
+#: How long a login lasts (the cookie's Max-Age, and checked by the server), seconds.
 SESSION_S = 12 * 3600
+#: The largest ``POST /login`` body (a token, the ``next`` path and the form's encoding).
+LOGIN_BODY = 8 * MAX_TOKEN
+#: Seconds a ``POST /login`` body may take to arrive.
+LOGIN_TIMEOUT_S = 10.0
+#: Paths the session cookie does not authenticate: a browser sends cookies with cross-site
+#: requests, and these have no CSRF check (the bearer header is not sent cross-site).
+BEARER_ONLY = ("/v1/", "/metrics")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -103,9 +119,38 @@ def _read_tokens(path: Path) -> tuple[bytes, ...]:
     return tuple(tokens)
 
 
-def session_value(token: bytes) -> str:
-    """The cookie value for a login with ``token`` (an HMAC of it: the cookie never holds it)."""
-    return hmac.new(token, b"hybridq-session-v1", hashlib.sha256).hexdigest()
+def _session_mac(token: bytes, issued: int) -> str:
+    return hmac.new(token, b"hybridq-session-v2:%d" % issued, hashlib.sha256).hexdigest()
+
+
+def session_value(token: bytes, issued: int | None = None) -> str:
+    """The cookie value for a login with ``token`` at ``issued`` (default: now).
+
+    ``<issued>.<HMAC(token, issued)>``: the cookie never holds the token, and the server knows
+    when it was issued without keeping any state.
+    """
+    at = int(time.time()) if issued is None else issued
+    return f"{at}.{_session_mac(token, at)}"
+
+
+def allowed_hosts(bound: str, extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """The ``Host`` names (without port) a server without tokens answers to.
+
+    ``localhost``, ``127.0.0.1``, ``[::1]``, the bound address and ``extra`` (``--allowed-host``):
+    a web page that made its own name resolve to 127.0.0.1 (DNS rebinding) sends its name.
+    """
+    names = {"localhost", "127.0.0.1", "[::1]", *(_host_name(h) for h in extra)}
+    names.add(f"[{bound}]" if ":" in bound else bound.lower())
+    return frozenset(names)
+
+
+def _host_name(host: str) -> str:
+    """A ``Host`` header's name, lower case, without its port (``[::1]:8080``: ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() else host
 
 
 class Tokens:
@@ -124,7 +169,8 @@ class Tokens:
         self._lock = threading.Lock()
         self._stamp = self._stat()
         self._tokens = _read_tokens(path)
-        self._sessions = tuple(session_value(t).encode() for t in self._tokens)
+        #: Cookies ``POST /logout`` cleared, with when they would expire anyway.
+        self._revoked: dict[str, float] = {}
 
     def _stat(self) -> tuple[int, int, int]:
         try:
@@ -133,7 +179,7 @@ class Tokens:
             return (-1, -1, -1)
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def _current(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    def _current(self) -> tuple[bytes, ...]:
         stamp = self._stat()
         if stamp != self._stamp:
             with self._lock:
@@ -144,26 +190,40 @@ class Tokens:
                         log.warning("%s; keeping the tokens read before", exc)
                     else:
                         self._tokens = tokens
-                        self._sessions = tuple(session_value(t).encode() for t in tokens)
                         log.info("tokens file %s read again: %d token(s)", self.path, len(tokens))
                     self._stamp = stamp
-        return self._tokens, self._sessions
+        return self._tokens
 
     def valid_token(self, candidate: str) -> bool:
         """Whether ``candidate`` is one of the tokens (each compared in constant time)."""
         given = candidate.encode("utf-8", "replace")
         ok = False
-        for token in self._current()[0]:
+        for token in self._current():
             ok |= hmac.compare_digest(given, token)  # no early exit: every token is compared
         return ok
 
-    def valid_session(self, cookie: str) -> bool:
-        """Whether ``cookie`` is the session value of one of the tokens."""
-        given = cookie.encode("utf-8", "replace")
+    def valid_session(self, cookie: str, now: float | None = None) -> bool:
+        """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked."""
+        issued_text, _, mac = cookie.partition(".")
+        if not issued_text.isdigit() or len(issued_text) > 12 or cookie in self._revoked:
+            return False
+        issued = int(issued_text)
+        age = (time.time() if now is None else now) - issued
+        if not -60 <= age <= SESSION_S:  # a minute of clock skew
+            return False
+        given = mac.encode("utf-8", "replace")
         ok = False
-        for value in self._current()[1]:
-            ok |= hmac.compare_digest(given, value)
+        for token in self._current():
+            ok |= hmac.compare_digest(given, _session_mac(token, issued).encode())
         return ok
+
+    def revoke(self, cookie: str) -> None:
+        """Refuse ``cookie`` from now on (``POST /logout``; this process only, until it expires)."""
+        now = time.time()
+        self._revoked = {c: t for c, t in self._revoked.items() if t > now}  # drop the expired
+        issued, _, _ = cookie.partition(".")
+        if issued.isdigit() and len(issued) <= 12 and len(self._revoked) < 100_000:
+            self._revoked[cookie] = int(issued) + SESSION_S
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -190,27 +250,44 @@ class AuthMiddleware:
     Args:
         app: the application it guards.
         tokens: the valid tokens; ``None``: no authentication (every request is authenticated).
+        hosts: the ``Host`` names answered (:func:`allowed_hosts`); ``None``: any.
     """
 
-    def __init__(self, app: ASGIApp, tokens: Tokens | None) -> None:
+    def __init__(self, app: ASGIApp, tokens: Tokens | None, hosts: frozenset[str] | None = None) -> None:
         self.app = app
         self.tokens = tokens
+        self.hosts = hosts
 
     def authenticated(self, scope: Scope) -> bool:
-        """Whether the request carries a valid bearer token or session cookie."""
+        """Whether the request carries a valid bearer token, or a session cookie where it counts."""
         if self.tokens is None:
             return True
         authorization = _header(scope, b"authorization")
         if authorization is not None:
             scheme, _, token = authorization.partition(" ")
             return scheme.lower() == "bearer" and self.tokens.valid_token(token.strip())
+        path = str(scope.get("path", ""))
+        if path.startswith(BEARER_ONLY) or path == "/v1":
+            return False
         cookie = _cookie(scope, COOKIE)
         return cookie is not None and self.tokens.valid_session(cookie)
+
+    def host_allowed(self, scope: Scope) -> bool:
+        """Whether the ``Host`` header names this server (always, with tokens or no header)."""
+        host = _header(scope, b"host")
+        return self.hosts is None or host is None or _host_name(host) in self.hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Mark the request authenticated or not; pass it on, or refuse it."""
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
+            return
+        if not self.host_allowed(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            detail = "this Host is not served (hybridq serve --allowed-host NAME adds one)"
+            await _json(421, "misdirected_request", detail)(scope, receive, send)
             return
         ok = self.authenticated(scope)
         scope.setdefault("state", {})["authenticated"] = ok
@@ -230,11 +307,20 @@ def _refusal(scope: Scope) -> Response:
     if scope.get("method") == "GET" and "text/html" in accept and not path.startswith("/v1/"):
         query = urllib.parse.urlencode({"next": path})
         return RedirectResponse(f"{scope.get('root_path', '')}/login?{query}", status_code=303)
+    return _json(
+        401,
+        "unauthorized",
+        "send Authorization: Bearer <token>",
+        {"WWW-Authenticate": 'Bearer realm="hybridq"'},
+    )
+
+
+def _json(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        json.dumps({"error": "unauthorized", "detail": "send Authorization: Bearer <token>"}),
-        status_code=401,
+        json.dumps({"error": error, "detail": detail}),
+        status_code=status,
         media_type="application/json",
-        headers={"WWW-Authenticate": 'Bearer realm="hybridq"'},
+        headers=headers,
     )
 
 
@@ -277,9 +363,14 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
         return form(request)
 
     async def login(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > 4 * MAX_TOKEN:
-            return form(request, "That is not a token.", 400)
+        try:  # capped and streamed: an unauthenticated client must not make the server buffer
+            body = await read_body(request, LOGIN_BODY, LOGIN_TIMEOUT_S)
+        except BodyTooLarge:
+            return _json(413, "too_large", f"a login body is at most {LOGIN_BODY} bytes")
+        except BodyTimeout:
+            return _json(408, "timeout", "the body did not arrive in time")
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody reads it
         fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
         token = (fields.get("token") or [""])[0].strip()
         target = request.scope.get("root_path", "") + _safe_next((fields.get("next") or ["/"])[0])
@@ -301,6 +392,9 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
         return response
 
     async def logout(request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE)
+        if tokens is not None and cookie is not None and tokens.valid_session(cookie):
+            tokens.revoke(cookie)  # only a live session: /logout is open, junk must not pile up
         response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response

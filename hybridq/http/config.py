@@ -28,6 +28,13 @@ class ServeConfig:
         forwarded_allow_ips: The proxies whose ``X-Forwarded-For``/``-Proto`` headers are trusted
             (uvicorn's ``forwarded_allow_ips``: comma-separated addresses, or ``*``).
         access_log: Log one line per request (method, path, status: never a header).
+        allowed_hosts: Host names accepted in the ``Host`` header besides the bound address,
+            ``localhost``, ``127.0.0.1`` and ``[::1]`` when the server runs without tokens (a
+            proxy's name); with tokens the ``Host`` header is not checked.
+        body_timeout_s: The longest a request body may take to arrive (slower: 408).
+        limit_concurrency: The most connections and requests served at once (uvicorn's
+            ``limit_concurrency``; more: 503).
+        keep_alive_s: How long an idle keep-alive connection is kept open, in seconds.
     """
 
     journal: Path
@@ -41,3 +48,7 @@ class ServeConfig:
     retry_after_s: int = 1
     forwarded_allow_ips: str = "127.0.0.1"
     access_log: bool = True
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
+    body_timeout_s: float = 10.0
+    limit_concurrency: int = 1000
+    keep_alive_s: int = 5

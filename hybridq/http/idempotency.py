@@ -10,10 +10,14 @@ writing a second record. The lookups are cheap:
   (:func:`hybridq.lookup.find`) and one record read.
 
 So nothing but the index and this process's memory is asked, and a missed id is one the journal
-does not hold. A key whose write failed (the outcome unknown: the record may be in the file) is
-looked up in the journal itself (:func:`hybridq.fetch_job`) from then on. A retried key with a
-different call (task, queue, arguments) is refused (:class:`KeyReused`, a 422); a job whose
-arguments were compacted away is taken as the same call.
+does not hold, as long as the index is at least as far as it was when the tail was read: a miss
+from an index that is gone, being rebuilt, busy or behind those marks proves nothing, and the
+journal itself is read instead (every chain, from its first segment). A journal that cannot be
+read raises (the POST answers 503): never taken as "absent". A key whose write failed (the
+outcome unknown: the record may be in the file) is looked up in the journal itself
+(:func:`hybridq.fetch_job`) from then on. A retried key with a different call (task, queue,
+arguments) is refused (:class:`KeyReused`, a 422); a job whose arguments were compacted away is
+taken as the same call.
 
 The same key on two POSTs at once: the second waits for the first (a lock per key) and answers
 with its id.
@@ -29,9 +33,9 @@ from contextlib import asynccontextmanager
 
 from hybridq import lookup
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
+from hybridq.errors import EnvelopeError
 from hybridq.job import call_fingerprint, fetch_job
-from hybridq.journal import JournalReader, RecordType
+from hybridq.journal import ChainPosition, JournalReader, RecordType
 
 __all__ = ["ID_PREFIX", "MAX_KEY", "KeyReused", "KeyStore", "fingerprint", "key_job_id", "valid_key"]
 
@@ -97,6 +101,9 @@ class KeyStore:
         self._uncertain: set[str] = set()
         self._complete = True  # _known holds every keyed id past the index (else: read the journal)
         self._loaded = False
+        #: The index's journal marks when the tail was read (``None``: there was no index, so
+        #: the whole journal was read and every keyed id is in memory).
+        self._marks: dict[str, ChainPosition] | None = None
         self._load_lock = threading.Lock()
         self._locks: dict[str, _Held] = {}
 
@@ -132,23 +139,31 @@ class KeyStore:
                     continue
                 if env.id.startswith(ID_PREFIX):
                     self._known[env.id] = fingerprint(env)
+            self._marks = marks
             self._loaded = True
 
     def find(self, job_id: str) -> bytes | None:
         """The fingerprint of the journal's job ``job_id`` (``b""``: unknown); ``None``: no such job.
 
         Blocking (reads files): call from a thread.
+
+        Raises:
+            JournalError: the journal cannot be read (not known to be absent: a 503).
         """
         self._load()
         known = self._known.get(job_id)
         if known is not None:
             return known
-        if self._complete and job_id not in self._uncertain and lookup.find(self.journal, job_id) is None:
-            return None
-        try:
-            job = fetch_job(job_id, self.journal)
-        except JournalError:
-            return None
+        if self._complete and job_id not in self._uncertain:
+            if self._marks is None:
+                return None  # the whole journal was read at start: the miss is exact
+            checked = lookup.find_checked(self.journal, job_id)
+            if checked is not None and _covers(checked[0], self._marks):
+                if checked[1] is None:
+                    return None
+            else:  # no index, or one behind the start's: its miss proves nothing
+                return self._scan(job_id)
+        job = fetch_job(job_id, self.journal)
         if job is None:
             return None
         self._uncertain.discard(job_id)
@@ -156,6 +171,16 @@ class KeyStore:
         if lookup.segment_gone(self.journal, (record.writer_id, record.segment, record.offset)):
             return _UNKNOWN  # compacted: its arguments are gone
         return fingerprint(job.envelope)
+
+    def _scan(self, job_id: str) -> bytes | None:
+        """The fingerprint of ``job_id`` read from the whole journal (the index cannot say)."""
+        record = lookup.scan_tail(self.journal, job_id, None)
+        if record is None:
+            return None
+        try:
+            return fingerprint(Envelope.from_bytes(record.payload))
+        except (EnvelopeError, ValueError):
+            return _UNKNOWN
 
     def remember(self, job_id: str, print_: bytes) -> None:
         """``job_id`` is durable now, for the call ``print_``."""
@@ -176,3 +201,12 @@ class KeyStore:
         if found not in (_UNKNOWN, print_):
             raise KeyReused(job_id)
         return True
+
+
+def _covers(now: dict[str, ChainPosition], start: dict[str, ChainPosition]) -> bool:
+    """Whether an index at marks ``now`` has read every chain at least as far as ``start``."""
+    for chain, mark in start.items():
+        at = now.get(chain)
+        if at is None or (at.segment, at.offset) < (mark.segment, mark.offset):
+            return False
+    return True

@@ -17,18 +17,21 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}}
-_UNAUTHORIZED = _json(_ERROR, "No valid bearer token (or session cookie).")
+_UNAUTHORIZED = _json(_ERROR, "No valid bearer token (the login cookie opens the dashboard only).")
 
 
 def document(version: str) -> dict[str, Any]:
     """The OpenAPI document, for the server of hybridq ``version``."""
-    secured: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
+    # The API takes the bearer header only: the session cookie (a browser sends it cross-site)
+    # authenticates the dashboard's pages, which check a CSRF token on their POST.
+    secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.0.3",
         "info": {
             "title": "hybridq serve",
             "version": version,
-            "description": "Enqueue jobs into a hybridq journal over HTTP; see docs/http.md.",
+            "description": "Enqueue jobs into a hybridq journal over HTTP; see docs/http.md. "
+            "Without a tokens file, a request whose Host is not this machine's gets 421.",
         },
         "security": secured,
         "paths": {
@@ -58,7 +61,14 @@ def document(version: str) -> dict[str, Any]:
                         },
                         "400": _json(_ERROR, "Bad input (nothing was written)."),
                         "401": _UNAUTHORIZED,
-                        "413": _json(_ERROR, "The body is over the server's --max-body."),
+                        "408": _json(_ERROR, "The body did not arrive in time (nothing was written)."),
+                        "413": _json(
+                            _ERROR,
+                            "The body is over --max-body, or the job's record over 1 MiB (nothing written).",
+                        ),
+                        "415": _json(
+                            _ERROR, "The Content-Type is not application/json (nothing was written)."
+                        ),
                         "422": _json(_ERROR, "The Idempotency-Key was used for another call."),
                         "429": {
                             **_json(_ERROR, "The journal holds --capacity pending jobs."),
@@ -145,8 +155,9 @@ def document(version: str) -> dict[str, Any]:
                     },
                     "responses": {
                         "303": {"description": "Logged in: to `next`."},
-                        "400": {"description": "Not a token.", "content": {"text/html": {}}},
                         "401": {"description": "Wrong token.", "content": {"text/html": {}}},
+                        "408": _json(_ERROR, "The body did not arrive within 10 s."),
+                        "413": _json(_ERROR, "The body is over 4 KiB (refused before it is read)."),
                     },
                 },
             },

@@ -98,6 +98,9 @@ class Server:
             "timeout_graceful_shutdown": GRACEFUL_S,
             "lifespan": "off",
             "backlog": BACKLOG,
+            # Slow or idle clients: a bound on what they hold (the body deadline is the API's).
+            "limit_concurrency": config.limit_concurrency,
+            "timeout_keep_alive": config.keep_alive_s,
             **uvicorn_options,
         }
         self.uvicorn = _Uvicorn(uvicorn.Config(app, **options))

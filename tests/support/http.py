@@ -51,8 +51,11 @@ def request(
     own = conn is None
     c = conn or http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = dict(headers or {})
+    if data is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # what POST /v1/jobs requires (docs/http.md)
     try:
-        c.request(method, path, body=data, headers=dict(headers or {}))
+        c.request(method, path, body=data, headers=headers)
         resp = c.getresponse()
         raw = resp.read()
         return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, raw)

@@ -29,6 +29,7 @@ from tests.support.http import request, served
 from tests.unit.test_forwarder import make_forwarder
 
 ADD = {"task": "tests.tasks.add", "args": [1, 2]}
+JSON = {"Content-Type": "application/json"}
 
 
 def config(journal: Path, **kw: object) -> ServeConfig:
@@ -105,7 +106,7 @@ def test_too_large_is_413_by_length_or_while_streaming(journal_dir: Path) -> Non
         url = base.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(url[0], int(url[1]), timeout=30)
         chunks = iter([json.dumps(big).encode()[i : i + 300] for i in range(0, 2100, 300)])
-        conn.request("POST", "/v1/jobs", body=chunks, encode_chunked=True)
+        conn.request("POST", "/v1/jobs", body=chunks, headers=JSON, encode_chunked=True)
         resp = conn.getresponse()
         assert resp.status == 413
         assert json.loads(resp.read())["error"] == "too_large"
@@ -305,14 +306,17 @@ def test_login_form_sets_a_strict_httponly_cookie_that_authenticates(
         assert ok.status == 303
         assert ok.headers["location"] == "/"  # never to another site
         cookie = ok.headers["set-cookie"]
-        assert cookie.startswith(f"{COOKIE}={session_value(b's3cret-token')};")
+        issued = int(cookie.split("=", 1)[1].split(".", 1)[0])
+        assert cookie.startswith(f"{COOKIE}={session_value(b's3cret-token', issued)};")
         assert "s3cret-token" not in cookie
         low = cookie.lower()
         assert "httponly" in low
         assert "samesite=strict" in low
         value = cookie.split(";")[0]
-        assert request(base, "GET", "/v1/stats", None, {"Cookie": value}).status == 200
-        assert request(base, "GET", "/v1/stats", None, {"Cookie": f"{COOKIE}=forged"}).status == 401
+        # The cookie opens the dashboard (CSRF-protected), never the API (no CSRF check there).
+        assert request(base, "GET", "/", None, {"Cookie": value}).status == 200
+        assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}=forged"}).status == 401
+        assert request(base, "GET", "/v1/stats", None, {"Cookie": value}).status == 401
 
 
 def test_routes_see_request_state_authenticated(journal_dir: Path, tmp_path: Path) -> None:
@@ -365,7 +369,7 @@ def test_openapi_lists_every_route_and_status_code(journal_dir: Path) -> None:
     documented = {(path, method) for path, ops in doc["paths"].items() for method in ops}
     assert served_paths == documented
     codes = set(doc["paths"]["/v1/jobs"]["post"]["responses"])
-    assert codes == {"202", "400", "401", "413", "422", "429", "503"}
+    assert codes == {"202", "400", "401", "408", "413", "415", "422", "429", "503"}
     assert set(doc["paths"]["/v1/jobs/{id}"]["get"]["responses"]) >= {"200", "401", "404"}
     assert doc["paths"]["/healthz"]["get"]["security"] == []
 

@@ -64,3 +64,29 @@ def test_parse_bind() -> None:
     for bad in ("", ":80", "host", "host:port", "[::1]", "1.2.3.4:70000"):
         with pytest.raises(ValueError, match="HOST:PORT"):
             parse_bind(bad)
+
+
+def test_allowed_host_and_limit_concurrency_reach_the_server_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.cli import serve as serve_module
+
+    seen = []
+
+    class Stub:
+        def run(self) -> None:
+            pass
+
+    def start(ctx: object, config: object, registry: object = None) -> Stub:
+        seen.append(config)
+        return Stub()
+
+    monkeypatch.setattr(serve_module, "start_server", start)
+    args = ["serve", "--journal", str(tmp_path / "journal"), "--bind", "127.0.0.1:0"]
+    extra = ["--allowed-host", "jobs.internal", "--allowed-host", "proxy", "--limit-concurrency", "5"]
+    result = CliRunner().invoke(cli, [*args, *extra])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    assert config.allowed_hosts == ("jobs.internal", "proxy")
+    assert config.limit_concurrency == 5
+    assert CliRunner().invoke(cli, [*args, "--limit-concurrency", "0"]).exit_code == 2
