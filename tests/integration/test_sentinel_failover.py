@@ -1,0 +1,168 @@
+"""Redis Sentinel: a failover to a lagging replica mid-stream loses nothing and re-runs nothing finished.
+
+Every process is real: a master, a replica and three Sentinels (``redis-server --sentinel``, see
+tests/support/sentinel.py), ``python -m hybridq forward`` and ``python -m hybridq worker`` (the
+pool), both given only the ``redis+sentinel://`` URL. Jobs run ``tests.tasks.traced``, which
+appends fsync'd ``start``/``done`` lines to an effects file, so runs are counted without trusting
+hybridq.
+
+How the replica is made to lag: it is frozen (SIGSTOP, as a VM pause or a stalled host would)
+and the master drops its replication link (``CLIENT KILL TYPE replica``), so the replica holds the
+master's state of that moment and nothing after; jobs keep running and being harvested on the
+master for :data:`LAG_S`; then the master is SIGKILLed and the replica thawed at once. It is
+frozen for less than the Sentinels' ``down-after-milliseconds``, so they still count it healthy
+and promote it: the new master brings back queue entries of jobs that finished since, and lacks
+their results. The fencing (docs/guarantees.md) must keep those from running again.
+
+Figure line: ``S17 sentinel-failover jobs=N ... lost=0 reran_finished=0`` with the delays.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hybridq import Queue
+
+from tests.integration.test_worker_pool import pool
+from tests.integration.test_worker_redis import (
+    Line,
+    Stack,
+    alive,
+    all_succeeded,
+    ledger_succeeded_ids,
+    read_effects,
+    stack,
+    wait_status,
+)
+from tests.support.processes import wait_until
+from tests.support.sentinel import SentinelTopology
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+#: Seconds the master runs on while the replica no longer follows it (below down-after-milliseconds).
+LAG_S = 1.0
+#: Jobs enqueued at once just before the replica stops following: the master holds them queued
+#: at that moment, so the replica brings back entries of jobs that finish during the lag.
+BURST = 60
+
+
+class Producer:
+    """Enqueues ``tests.tasks.traced`` jobs at a steady pace on a thread until stopped."""
+
+    def __init__(self, queue: Queue, effects: Path, per_s: float = 25.0) -> None:
+        self.queue, self.effects, self.period = queue, effects, 1.0 / per_s
+        self.tokens: list[str] = []
+        #: Job id -> token, of every accepted job.
+        self.token_of: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.enqueue(1)
+            time.sleep(self.period)
+
+    def enqueue(self, n: int) -> None:
+        tokens = [f"j{len(self.tokens) + i}" for i in range(n)]
+        envelopes = [self.queue.prepare("tests.tasks.traced", (str(self.effects), t)) for t in tokens]
+        jobs = self.queue.enqueue_many(envelopes)
+        self.tokens.extend(tokens)
+        self.token_of.update((job.id, t) for job, t in zip(jobs, tokens, strict=True))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_s17_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_nothing_finished(
+    sentinel_topology: SentinelTopology,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    topo = sentinel_topology
+    effects = tmp_path / "effects.txt"
+    forwarder = stack.forwarder(topo.url)
+    worker = pool(stack, topo.url, "--processes", "1", "--threads", "4")
+    producer = Producer(Queue("default", journal_dir), effects)
+    try:
+        wait_until(lambda: len(ledger_succeeded_ids(journal_dir)) >= 30, timeout=60, what="30 jobs harvested")
+        producer.enqueue(BURST)
+        wait_until(lambda: _queued(topo) >= BURST // 2, timeout=30, what="the burst queued")
+
+        # The lag: the replica stops following (frozen, its link dropped by the master).
+        topo.replica.pause()
+        with contextlib.closing(topo.master.client()) as client:
+            client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        time.sleep(LAG_S)
+        killed_at = time.time()
+        topo.master.kill()
+        topo.replica.resume()
+        finished = ledger_succeeded_ids(journal_dir)  # nothing more can be harvested from the dead master
+        killed_mono = time.monotonic()
+        promoted_s = topo.wait_promoted(topo.replica) - killed_mono
+        # What the promoted replica brought back: queue entries of jobs the ledger holds as finished.
+        stale = _stale(topo, finished)
+        time.sleep(2.0)  # jobs keep coming after the failover
+    finally:
+        producer.stop()
+    n = len(producer.tokens)
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(n),
+        what=f"all {n} jobs",
+        timeout=120,
+        alive=alive(forwarder, worker),
+    )
+    assert status["failed"] == 0
+
+    lines = read_effects(effects)
+    starts = collections.Counter(x.token for x in lines if x.kind == "start")
+    done = {x.token for x in lines if x.kind == "done"}
+    lost = [t for t in producer.tokens if t not in done]
+    finished_tokens = {producer.token_of[job_id] for job_id in finished}
+    reran_finished = sorted(t for t in finished_tokens if starts[t] > 1)
+    reruns = sum(c - 1 for c in starts.values())  # finished on the dead master, never harvested
+    before = [x.at for x in lines if x.kind == "done" and x.at <= killed_at]
+    after = sorted(x.at for x in lines if x.kind == "done" and _started(lines, x) > killed_at)
+    first_job_s = after[0] - killed_at
+    stall_s = after[0] - max(before)
+    # The fencing at work: deliveries the worker refused, queued copies the refill deleted.
+    fenced = worker.log().count("delivery from before the forwarder's current epoch")
+    purged = sum(int(m) for m in re.findall(r"refill: deleted (\d+) queued copies", forwarder.log()))
+    figures(
+        f"S17 sentinel-failover jobs={n} harvested_at_kill={len(finished)} stale_entries={stale} "
+        f"fenced={fenced} purged={purged} promoted_s={promoted_s:.2f} first_job_s={first_job_s:.2f} stall_s={stall_s:.2f} "
+        f"lost={len(lost)} reran_finished={len(reran_finished)} reruns_unharvested={reruns}"
+    )
+    assert not lost, f"{len(lost)} accepted jobs never ran, e.g. {lost[:5]}"
+    assert not reran_finished, f"finished jobs ran again: {reran_finished[:5]}"
+    assert stale > 0, "the replica did not lag: nothing finished was queued on it"
+
+
+def _queued(topo: SentinelTopology) -> int:
+    with contextlib.closing(topo.master.client()) as client:
+        return int(client.llen("rq:queue:default")) + int(client.zcard("rq:wip:default"))
+
+
+def _stale(topo: SentinelTopology, finished: set[str]) -> int:
+    """Jobs of ``finished`` the promoted replica still holds queued (or taken by a worker)."""
+    with contextlib.closing(topo.replica.client()) as client:
+        held = {e.decode() for e in client.lrange("rq:queue:default", 0, -1)}
+        held |= {e.decode() for e in client.zrange("rq:wip:default", 0, -1)}
+    return len(held & finished)
+
+
+def _started(lines: list[Line], done: Line) -> float:
+    """When the run that wrote ``done`` started (its token's last start before it)."""
+    return max(x.at for x in lines if x.kind == "start" and x.token == done.token and x.at <= done.at)
