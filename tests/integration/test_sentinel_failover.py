@@ -14,13 +14,14 @@ frozen for less than the Sentinels' ``down-after-milliseconds``, so they still c
 and promote it: the new master brings back queue entries of jobs that finished since, and lacks
 their results. The fencing (docs/guarantees.md) must keep those from running again.
 
-Figure line: ``S17 sentinel-failover jobs=N ... lost=0 reran_finished=0`` with the delays.
+Figure line: ``S18 sentinel-failover jobs=N ... lost=0 reran_finished=0`` with the delays.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import re
 import threading
 import time
@@ -38,6 +39,7 @@ from tests.integration.test_worker_redis import (
     ledger_succeeded_ids,
     read_effects,
     stack,
+    wait_line,
     wait_status,
 )
 from tests.support.processes import wait_until
@@ -50,6 +52,8 @@ LAG_S = 1.0
 #: Jobs enqueued at once just before the replica stops following: the master holds them queued
 #: at that moment, so the replica brings back entries of jobs that finish during the lag.
 BURST = 60
+#: Jobs running across the failover (seconds each): longer than the lease, renewed through it.
+LONG, LONG_S = 2, 5.0
 
 
 class Producer:
@@ -61,6 +65,7 @@ class Producer:
         #: Job id -> token, of every accepted job.
         self.token_of: dict[str, str] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -69,19 +74,21 @@ class Producer:
             self.enqueue(1)
             time.sleep(self.period)
 
-    def enqueue(self, n: int) -> None:
-        tokens = [f"j{len(self.tokens) + i}" for i in range(n)]
-        envelopes = [self.queue.prepare("tests.tasks.traced", (str(self.effects), t)) for t in tokens]
-        jobs = self.queue.enqueue_many(envelopes)
-        self.tokens.extend(tokens)
-        self.token_of.update((job.id, t) for job, t in zip(jobs, tokens, strict=True))
+    def enqueue(self, n: int, *, prefix: str = "j", sleep_s: float = 0.0) -> list[str]:
+        with self._lock:
+            tokens = [f"{prefix}{len(self.tokens) + i}" for i in range(n)]
+            args = [(str(self.effects), t, sleep_s) for t in tokens]
+            jobs = self.queue.enqueue_many([self.queue.prepare("tests.tasks.traced", a) for a in args])
+            self.tokens.extend(tokens)
+            self.token_of.update((job.id, t) for job, t in zip(jobs, tokens, strict=True))
+        return tokens
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
 
 
-def test_s17_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_nothing_finished(
+def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_nothing_finished(
     sentinel_topology: SentinelTopology,
     stack: Stack,
     journal_dir: Path,
@@ -96,6 +103,10 @@ def test_s17_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     producer = Producer(Queue("default", journal_dir), effects)
     try:
         wait_until(lambda: len(ledger_succeeded_ids(journal_dir)) >= 30, timeout=60, what="30 jobs harvested")
+        # Jobs still running when the master dies: their lease renewals and outcomes cross the failover.
+        long = producer.enqueue(LONG, prefix="long", sleep_s=LONG_S)
+        for token in long:
+            wait_line(effects, "start", token, timeout=30)
         producer.enqueue(BURST)
         wait_until(lambda: _queued(topo) >= BURST // 2, timeout=30, what="the burst queued")
 
@@ -141,11 +152,19 @@ def test_s17_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     fenced = worker.log().count("delivery from before the forwarder's current epoch")
     purged = sum(int(m) for m in re.findall(r"refill: deleted (\d+) queued copies", forwarder.log()))
     figures(
-        f"S17 sentinel-failover jobs={n} harvested_at_kill={len(finished)} stale_entries={stale} "
+        f"S18 sentinel-failover jobs={n} harvested_at_kill={len(finished)} stale_entries={stale} "
         f"fenced={fenced} purged={purged} promoted_s={promoted_s:.2f} first_job_s={first_job_s:.2f} stall_s={stall_s:.2f} "
-        f"lost={len(lost)} reran_finished={len(reran_finished)} reruns_unharvested={reruns}"
+        f"long_runs={sum(starts[t] for t in long)}/{LONG} lost={len(lost)} reran_finished={len(reran_finished)} reruns_unharvested={reruns}"
     )
     assert not lost, f"{len(lost)} accepted jobs never ran, e.g. {lost[:5]}"
+    assert all(x.at > killed_at for x in lines if x.kind == "done" and x.token in long), "ran across it"
+    # The pool's supervisor subscribed again (RQ's pub/sub commands) on the new master: it obeys.
+    with contextlib.closing(topo.replica.client()) as client:
+        channels = wait_until(lambda: client.pubsub_channels("rq:pubsub:*"), what="the pool subscribed again")
+        for channel in channels:
+            client.publish(channel, json.dumps({"command": "shutdown"}))
+    assert worker.proc.wait(30) == 0
+    assert "RQ shutdown command received" in worker.log()
     assert not reran_finished, f"finished jobs ran again: {reran_finished[:5]}"
     assert stale > 0, "the replica did not lag: nothing finished was queued on it"
 
