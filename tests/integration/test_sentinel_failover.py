@@ -26,9 +26,11 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hybridq import Queue
+from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_pool import pool
 from tests.integration.test_worker_redis import (
@@ -52,8 +54,12 @@ LAG_S = 1.0
 #: Jobs enqueued at once just before the replica stops following: the master holds them queued
 #: at that moment, so the replica brings back entries of jobs that finish during the lag.
 BURST = 60
-#: Jobs running across the failover (seconds each): longer than the lease, renewed through it.
+#: Seconds each job of the burst takes: the pool must not have run half of it before it is seen queued.
+BURST_JOB_S = 0.03
+#: Jobs running across the failover (seconds each): their lease is renewed through it.
 LONG, LONG_S = 2, 5.0
+#: The forwarder's --lease (hybridq's default).
+LEASE_S = 10.0
 
 
 class Producer:
@@ -88,6 +94,52 @@ class Producer:
         self._thread.join(10)
 
 
+@dataclass
+class Failover:
+    """One failover of :func:`fail_over`: what was finished at the kill, and when things happened."""
+
+    killed_at: float  # wall clock, as the effects file's
+    finished: set[str]  # job ids the ledger held as succeeded when the master died
+    promoted_s: float
+    stale: int  # of those, how many the promoted replica still held queued or taken
+
+
+def fail_over(
+    topo: SentinelTopology, producer: Producer, journal: Path, old: RedisServer, new: RedisServer
+) -> Failover:
+    """A burst queued on ``old``; ``new`` made to lag it; ``old`` SIGKILLed; ``new`` promoted by the Sentinels."""
+    producer.enqueue(BURST, sleep_s=BURST_JOB_S)
+    wait_until(lambda: _queued(old) >= BURST // 2, timeout=30, interval=0.01, what="the burst queued")
+    # The lag: the replica stops following (frozen, its link dropped by the master).
+    new.pause()
+    with contextlib.closing(old.client()) as client:
+        client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+    time.sleep(LAG_S)
+    killed_at = time.time()
+    old.kill()
+    new.resume()
+    finished = ledger_succeeded_ids(journal)  # nothing more can be harvested from the dead master
+    killed_mono = time.monotonic()
+    promoted_s = topo.wait_promoted(new) - killed_mono
+    # What the promoted replica brought back: queue entries of jobs the ledger holds as finished.
+    return Failover(killed_at, finished, promoted_s, _stale(new, finished))
+
+
+def delays(
+    lines: list[Line], failover: Failover, ignore: frozenset[str] = frozenset()
+) -> tuple[float, float]:
+    """(kill to the first ``done`` of a run started after the promotion, the stall around it).
+
+    The stall: from the last ``done`` before that one to it (the pool had taken some jobs from
+    Redis before the kill, and runs them meanwhile). Jobs in ``ignore`` (running across the
+    failover) are left out of it.
+    """
+    promoted_at = failover.killed_at + failover.promoted_s
+    first = min(x.at for x in lines if x.kind == "done" and _started(lines, x) > promoted_at)
+    before = [x.at for x in lines if x.kind == "done" and x.at < first and x.token not in ignore]
+    return first - failover.killed_at, first - max(before)
+
+
 def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_nothing_finished(
     sentinel_topology: SentinelTopology,
     stack: Stack,
@@ -98,7 +150,10 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
 ) -> None:
     topo = sentinel_topology
     effects = tmp_path / "effects.txt"
-    forwarder = stack.forwarder(topo.url)
+    # The default lease (10 s), longer than the failover's stall: a job running across the
+    # failover keeps it, and runs once (with a lease shorter than the stall it may run twice:
+    # docs/guarantees.md, "Redis down or hung").
+    forwarder = stack.forwarder(topo.url, "--lease", str(LEASE_S))
     worker = pool(stack, topo.url, "--processes", "1", "--threads", "4")
     producer = Producer(Queue("default", journal_dir), effects)
     try:
@@ -107,22 +162,7 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
         long = producer.enqueue(LONG, prefix="long", sleep_s=LONG_S)
         for token in long:
             wait_line(effects, "start", token, timeout=30)
-        producer.enqueue(BURST)
-        wait_until(lambda: _queued(topo) >= BURST // 2, timeout=30, what="the burst queued")
-
-        # The lag: the replica stops following (frozen, its link dropped by the master).
-        topo.replica.pause()
-        with contextlib.closing(topo.master.client()) as client:
-            client.execute_command("CLIENT", "KILL", "TYPE", "replica")
-        time.sleep(LAG_S)
-        killed_at = time.time()
-        topo.master.kill()
-        topo.replica.resume()
-        finished = ledger_succeeded_ids(journal_dir)  # nothing more can be harvested from the dead master
-        killed_mono = time.monotonic()
-        promoted_s = topo.wait_promoted(topo.replica) - killed_mono
-        # What the promoted replica brought back: queue entries of jobs the ledger holds as finished.
-        stale = _stale(topo, finished)
+        failover = fail_over(topo, producer, journal_dir, topo.master, topo.replica)
         time.sleep(2.0)  # jobs keep coming after the failover
     finally:
         producer.stop()
@@ -141,23 +181,21 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     starts = collections.Counter(x.token for x in lines if x.kind == "start")
     done = {x.token for x in lines if x.kind == "done"}
     lost = [t for t in producer.tokens if t not in done]
-    finished_tokens = {producer.token_of[job_id] for job_id in finished}
+    finished_tokens = {producer.token_of[job_id] for job_id in failover.finished}
     reran_finished = sorted(t for t in finished_tokens if starts[t] > 1)
     reruns = sum(c - 1 for c in starts.values())  # finished on the dead master, never harvested
-    before = [x.at for x in lines if x.kind == "done" and x.at <= killed_at]
-    after = sorted(x.at for x in lines if x.kind == "done" and _started(lines, x) > killed_at)
-    first_job_s = after[0] - killed_at
-    stall_s = after[0] - max(before)
-    # The fencing at work: deliveries the worker refused, queued copies the refill deleted.
-    fenced = worker.log().count("delivery from before the forwarder's current epoch")
-    purged = sum(int(m) for m in re.findall(r"refill: deleted (\d+) queued copies", forwarder.log()))
+    first_job_s, stall_s = delays(lines, failover, frozenset(long))
+    fenced, purged = fencing(worker.log(), forwarder.log())
     figures(
-        f"S18 sentinel-failover jobs={n} harvested_at_kill={len(finished)} stale_entries={stale} "
-        f"fenced={fenced} purged={purged} promoted_s={promoted_s:.2f} first_job_s={first_job_s:.2f} stall_s={stall_s:.2f} "
-        f"long_runs={sum(starts[t] for t in long)}/{LONG} lost={len(lost)} reran_finished={len(reran_finished)} reruns_unharvested={reruns}"
+        f"S18 sentinel-failover jobs={n} harvested_at_kill={len(failover.finished)} "
+        f"stale_entries={failover.stale} fenced={fenced} purged={purged} promoted_s={failover.promoted_s:.2f} "
+        f"first_job_s={first_job_s:.2f} stall_s={stall_s:.2f} long_runs={sum(starts[t] for t in long)}/{LONG} "
+        f"lost={len(lost)} reran_finished={len(reran_finished)} reruns_unharvested={reruns}"
     )
     assert not lost, f"{len(lost)} accepted jobs never ran, e.g. {lost[:5]}"
-    assert all(x.at > killed_at for x in lines if x.kind == "done" and x.token in long), "ran across it"
+    assert all(x.at > failover.killed_at for x in lines if x.kind == "done" and x.token in long), (
+        "ran across it"
+    )
     # The pool's supervisor subscribed again (RQ's pub/sub commands) on the new master: it obeys.
     with contextlib.closing(topo.replica.client()) as client:
         channels = wait_until(lambda: client.pubsub_channels("rq:pubsub:*"), what="the pool subscribed again")
@@ -166,17 +204,24 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     assert worker.proc.wait(30) == 0
     assert "RQ shutdown command received" in worker.log()
     assert not reran_finished, f"finished jobs ran again: {reran_finished[:5]}"
-    assert stale > 0, "the replica did not lag: nothing finished was queued on it"
+    assert failover.stale > 0, "the replica did not lag: nothing finished was queued on it"
 
 
-def _queued(topo: SentinelTopology) -> int:
-    with contextlib.closing(topo.master.client()) as client:
+def fencing(worker_log: str, forwarder_log: str) -> tuple[int, int]:
+    """The fencing at work: (deliveries workers refused, queued copies the refill deleted)."""
+    fenced = worker_log.count("delivery from before the forwarder's current epoch")
+    purged = sum(int(m) for m in re.findall(r"refill: deleted (\d+) queued copies", forwarder_log))
+    return fenced, purged
+
+
+def _queued(server: RedisServer) -> int:
+    with contextlib.closing(server.client()) as client:
         return int(client.llen("rq:queue:default")) + int(client.zcard("rq:wip:default"))
 
 
-def _stale(topo: SentinelTopology, finished: set[str]) -> int:
-    """Jobs of ``finished`` the promoted replica still holds queued (or taken by a worker)."""
-    with contextlib.closing(topo.replica.client()) as client:
+def _stale(server: RedisServer, finished: set[str]) -> int:
+    """Jobs of ``finished`` ``server`` holds queued (or taken by a worker)."""
+    with contextlib.closing(server.client()) as client:
         held = {e.decode() for e in client.lrange("rq:queue:default", 0, -1)}
         held |= {e.decode() for e in client.zrange("rq:wip:default", 0, -1)}
     return len(held & finished)

@@ -162,6 +162,46 @@ class SentinelTopology:
                 raise AssertionError(f"no failover to {server} within {timeout:g} s: {self.logs()}")
             time.sleep(0.02)
 
+    def wait_following(self, server: RedisServer, master: RedisServer, timeout: float = 60.0) -> None:
+        """Until ``server`` replicates ``master`` in sync and every Sentinel counts it a healthy replica.
+
+        A restarted old master comes back as a master (with no data: no persistence) until the
+        Sentinels turn it into a replica of the new one (they look every 10 s at most).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with (
+                contextlib.suppress(redis.RedisError, KeyError),
+                contextlib.closing(server.client()) as client,
+            ):
+                info = client.info("replication")
+                synced = info["role"] == "slave" and info["master_port"] == master.port
+                if (
+                    synced
+                    and info["master_link_status"] == "up"
+                    and all(self._healthy_replica(s, server, master) for s in self.sentinels)
+                ):
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{server} did not follow {master} within {timeout:g} s: {self.logs()}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def _healthy_replica(sentinel: SentinelProcess, server: RedisServer, master: RedisServer) -> bool:
+        with contextlib.closing(sentinel.client()) as client:
+            replicas = client.execute_command("SENTINEL", "REPLICAS", SERVICE)
+        for replica in replicas:
+            fields = {_text(k): _text(v) for k, v in replica.items()}
+            if fields.get("port") == str(server.port):
+                flags = fields.get("flags", "").split(",")
+                healthy = "s_down" not in flags and "disconnected" not in flags
+                return (
+                    healthy
+                    and fields.get("master-link-status") == "ok"
+                    and fields.get("master-port") == str(master.port)
+                )
+        return False
+
     def logs(self) -> str:
         return "\n".join(f"--- sentinel {i}\n{s.log()[-2000:]}" for i, s in enumerate(self.sentinels))
 
