@@ -144,3 +144,15 @@ def test_the_commands_refuse_a_malformed_sentinel_url_in_one_line(
         "forward": ["forward", "--journal", str(journal_dir)],
     }[command]
     assert_one_line_error(run_cli({**subprocess_env, "HYBRIDQ_REDIS_URL": url}, *args), "invalid Redis URL")
+
+
+def test_a_password_file_fills_in_the_redis_servers_password() -> None:
+    from hybridq.status import with_password
+
+    url = with_password("redis+sentinel://hq@h1:26379,h2:26379/mymaster/0?sentinel_password=sp", "p@ss/w")
+    parsed = parse_sentinel(redisurl.check_url(url))
+    assert parsed.sentinels == (("h1", 26379), ("h2", 26379))
+    assert (parsed.master_kwargs()["username"], parsed.master_kwargs()["password"]) == ("hq", "p@ss/w")
+    assert parsed.sentinel_password == "sp"
+    assert "p@ss" not in redisurl.redact_url(url)
+    assert "sp" not in redisurl.redact_url(url).split("?")[1]
