@@ -184,11 +184,9 @@ def _host_port(part: str) -> tuple[str, int]:
 
 def master_client(parsed: SentinelURL, redis_kwargs: dict[str, Any]) -> redis.Redis:
     """A client of ``parsed.service``'s current master; ``redis_kwargs`` yield to the URL's options."""
-    from redis.sentinel import Sentinel  # noqa: PLC0415
-
-    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=parsed.sentinel_kwargs())  # type: ignore[no-untyped-call]
+    sentinel = _sentinel_class()(list(parsed.sentinels), sentinel_kwargs=parsed.sentinel_kwargs())
     kwargs = {**redis_kwargs, **parsed.master_kwargs(), "connection_class": _connection_class()}
-    made: redis.Redis = sentinel.master_for(parsed.service, **kwargs)  # type: ignore[no-untyped-call]
+    made: redis.Redis = sentinel.master_for(parsed.service, **kwargs)
     return made
 
 
@@ -240,3 +238,40 @@ def _connection_class() -> type[Any]:
 
 
 _following: type[Any] | None = None
+
+
+def _sentinel_class() -> type[Any]:
+    """redis-py's Sentinel manager, whose "no master" error is one short line.
+
+    redis-py's own message holds the repr of every Sentinel client (kilobytes per outage log
+    line); this one names the service and, per Sentinel, its address and why it did not answer.
+    """
+    global _sentinel  # built once, on first use (it subclasses redis-py's class)
+    if _sentinel is None:
+        from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
+        from redis.exceptions import TimeoutError as RedisTimeoutError  # noqa: PLC0415
+        from redis.sentinel import MasterNotFoundError, Sentinel  # noqa: PLC0415
+
+        class _Sentinels(Sentinel):
+            def discover_master(self, service_name: str) -> tuple[str, int]:
+                errors: list[str] = []
+                for i, sentinel in enumerate(self.sentinels):
+                    kwargs = sentinel.connection_pool.connection_kwargs
+                    try:
+                        masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+                    except (RedisConnectionError, RedisTimeoutError) as exc:
+                        errors.append(f"{kwargs.get('host')}:{kwargs.get('port')}: {exc}")
+                        continue
+                    state = masters.get(service_name)
+                    if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                        # The one that answered is asked first next time (as redis-py does).
+                        self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
+                        return state["ip"], state["port"]
+                why = f" ({'; '.join(errors)})" if errors else ""
+                raise MasterNotFoundError(f"no Sentinel names a healthy master for {service_name!r}{why}")
+
+        _sentinel = _Sentinels
+    return _sentinel
+
+
+_sentinel: type[Any] | None = None

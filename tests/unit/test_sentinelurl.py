@@ -156,3 +156,31 @@ def test_a_password_file_fills_in_the_redis_servers_password() -> None:
     assert parsed.sentinel_password == "sp"
     assert "p@ss" not in redisurl.redact_url(url)
     assert "sp" not in redisurl.redact_url(url).split("?")[1]
+
+
+def test_no_sentinel_answering_is_one_short_line_naming_each() -> None:
+    from redis.sentinel import MasterNotFoundError
+
+    ports = [_closed_port(), _closed_port()]
+    url = f"redis+sentinel://:s3cret@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/mymaster/0?sentinel_password=s3cret"
+    client = redisurl.client(url)
+    try:
+        with pytest.raises(MasterNotFoundError) as caught:
+            client.ping()
+    finally:
+        client.close()
+    message = str(caught.value)
+    assert message.startswith("no Sentinel names a healthy master for 'mymaster' (127.0.0.1:")
+    assert all(f"127.0.0.1:{port}: " in message for port in ports)
+    assert "\n" not in message
+    assert "s3cret" not in message
+    assert len(message) < 400  # redis-py's own message: the repr of every Sentinel client (kB)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
