@@ -95,10 +95,18 @@ class SentinelURL:
         return kwargs
 
     def sentinel_kwargs(self) -> dict[str, Any]:
-        """redis-py connection options for the Sentinels."""
+        """redis-py connection options for the Sentinels.
+
+        No retries: redis-py's default (3, with backoff of seconds) would make a dead Sentinel
+        cost seconds before the next is asked; asking the next one is the retry.
+        """
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
+
         kwargs: dict[str, Any] = {
             "socket_timeout": self.sentinel_timeout,
             "socket_connect_timeout": self.sentinel_timeout,
+            "retry": Retry(NoBackoff(), 0),
         }
         if self.sentinel_username is not None:
             kwargs["username"] = self.sentinel_username
@@ -248,6 +256,7 @@ def _sentinel_class() -> type[Any]:
     """
     global _sentinel  # built once, on first use (it subclasses redis-py's class)
     if _sentinel is None:
+        from redis.exceptions import AuthenticationError  # noqa: PLC0415
         from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
         from redis.exceptions import TimeoutError as RedisTimeoutError  # noqa: PLC0415
         from redis.sentinel import MasterNotFoundError, Sentinel  # noqa: PLC0415
@@ -255,11 +264,13 @@ def _sentinel_class() -> type[Any]:
         class _Sentinels(Sentinel):
             def discover_master(self, service_name: str) -> tuple[str, int]:
                 errors: list[str] = []
+                refused = False
                 for i, sentinel in enumerate(self.sentinels):
                     kwargs = sentinel.connection_pool.connection_kwargs
                     try:
                         masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
                     except (RedisConnectionError, RedisTimeoutError) as exc:
+                        refused = refused or isinstance(exc, AuthenticationError)
                         errors.append(f"{kwargs.get('host')}:{kwargs.get('port')}: {exc}")
                         continue
                     state = masters.get(service_name)
@@ -268,6 +279,12 @@ def _sentinel_class() -> type[Any]:
                         self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
                         return state["ip"], state["port"]
                 why = f" ({'; '.join(errors)})" if errors else ""
+                if refused:
+                    # A login the Sentinels refuse is a configuration to fix, not an outage to
+                    # wait out (hybridq.redisurl.refusal: the processes exit and say so).
+                    raise AuthenticationError(
+                        f"the Sentinels refused the login (sentinel_username, sentinel_password){why}"
+                    )
                 raise MasterNotFoundError(f"no Sentinel names a healthy master for {service_name!r}{why}")
 
         _sentinel = _Sentinels

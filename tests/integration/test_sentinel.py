@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from hybridq import Queue, redisurl
 from hybridq.testing.embedded import RedisServer
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from tests.integration.test_worker_redis import Stack, all_succeeded, stack, wait_status
 from tests.support.processes import wait_until
 from tests.support.redis import MakeRedisServer
-from tests.support.sentinel import SentinelTopology
+from tests.support.sentinel import SentinelProcess, SentinelTopology
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
@@ -114,6 +116,15 @@ def test_forward_status_doctor_and_worker_through_a_sentinel_url(
     tmp_path: Path,
     subprocess_env: dict[str, str],
 ) -> None:
+    # A dead Sentinel listed first is skipped at once (redis-py's default retries: 4.4 s each time).
+    hosts = ",".join(
+        [f"127.0.0.1:{_closed_port()}", *(f"127.0.0.1:{s.port}" for s in sentinel_topology.sentinels)]
+    )
+    client = redisurl.client(f"redis+sentinel://{hosts}/mymaster/0")
+    started = time.monotonic()
+    assert client.ping()
+    client.close()
+    assert time.monotonic() - started < 1.0
     env = {**subprocess_env, "HYBRIDQ_REDIS_URL": sentinel_topology.url}  # the environment's form
     queue = Queue("default", journal_dir)
     for i in range(5):
@@ -131,3 +142,50 @@ def test_forward_status_doctor_and_worker_through_a_sentinel_url(
     doctor = hybridq(env, "doctor", "--journal", str(journal_dir))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert (tmp_path / "effects.txt").read_text().split() == [f"t{i}" for i in range(5)]
+
+
+def test_a_login_the_sentinels_refuse_is_a_refusal_not_an_outage(
+    tmp_path: Path, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A Sentinel with ``requirepass``: a wrong or missing ``sentinel_password`` makes the commands
+    exit with one line (as a wrong Redis password does); the right one gets past the Sentinel."""
+    sentinel = SentinelProcess(tmp_path / "sentinel", _closed_port(), extra=("requirepass s3cret",))
+    try:
+        wait_until(lambda: _answers(sentinel), what="the Sentinel to answer")
+        base = f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0"
+        for url in (base, base + "?sentinel_password=wrong"):
+            client = redisurl.client(url)
+            with pytest.raises(AuthenticationError) as caught:
+                client.ping()
+            client.close()
+            assert redisurl.refusal(caught.value) == "login refused: check the user name and password"
+        client = redisurl.client(base + "?sentinel_password=s3cret&sentinel_timeout=0.5", socket_timeout=0.5)
+        with pytest.raises(RedisConnectionError) as other:
+            client.ping()  # past the Sentinel: the master it names is not there
+        client.close()
+        assert redisurl.refusal(other.value) is None
+        env = {**subprocess_env, "HYBRIDQ_REDIS_URL": base + "?sentinel_password=wrong"}
+        done = hybridq(env, "worker", "default")  # not --burst: an outage would be waited out
+        assert done.returncode == 1, done.stderr
+        assert "hybridq: error: Redis refused this configuration (login refused" in done.stderr
+        assert "wrong" not in done.stderr
+    finally:
+        sentinel.stop()
+
+
+def _answers(sentinel: SentinelProcess) -> bool:
+    with contextlib.closing(sentinel.client()) as client:
+        try:
+            client.ping()
+        except AuthenticationError:
+            return True  # it answers, and wants a password
+        except RedisError:
+            return False
+    return True
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

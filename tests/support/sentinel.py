@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 from hybridq.testing.embedded import RedisServer, find_redis_server
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = ["DOWN_AFTER_MS", "SERVICE", "SentinelTopology", "sentinel_topology"]
 
@@ -49,7 +51,7 @@ def _text(value: object) -> str:
 class SentinelProcess:
     """One ``redis-server --sentinel`` on a free loopback port, its log in its directory."""
 
-    def __init__(self, directory: Path, master_port: int) -> None:
+    def __init__(self, directory: Path, master_port: int, *, extra: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self.port = _free_port()
         directory.mkdir(parents=True, exist_ok=True)
@@ -64,6 +66,7 @@ class SentinelProcess:
                     f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
                     f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
                     f"sentinel parallel-syncs {SERVICE} 1",
+                    *extra,
                     "",
                 ]
             )
@@ -78,7 +81,14 @@ class SentinelProcess:
             )
 
     def client(self) -> redis.Redis:
-        return redis.Redis("127.0.0.1", self.port, socket_timeout=2.0, socket_connect_timeout=2.0)
+        # No retries (redis-py's default retries a refused login or connection for seconds).
+        return redis.Redis(
+            "127.0.0.1",
+            self.port,
+            socket_timeout=2.0,
+            socket_connect_timeout=2.0,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     def master(self) -> dict[str, str]:
         """``SENTINEL MASTER SERVICE`` as a dict (text keys and values)."""
