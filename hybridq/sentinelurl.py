@@ -11,7 +11,8 @@ The form (docs/deploy.md, "Sentinel and replicas")::
 * Options for the Sentinels themselves: ``sentinel_username`` and ``sentinel_password`` (when the
   Sentinels have ``requirepass``; by default they are asked without credentials) and
   ``sentinel_timeout`` (seconds one Sentinel may take to connect or answer, default
-  :data:`SENTINEL_TIMEOUT_S`: a dead one is skipped for the next after that long).
+  :data:`SENTINEL_TIMEOUT_S`; one that refuses the connection is skipped at once: no retries).
+  A login every Sentinel asked refuses raises ``AuthenticationError`` (a refusal, not an outage).
 * Every other option is redis-py's, as in a ``redis://`` URL (``socket_timeout``,
   ``socket_connect_timeout``, ``health_check_interval``, ``client_name``, ...), and applies to the
   connections to the master; like there, it wins over the caller's own timeouts.
