@@ -25,10 +25,11 @@ meanwhile (pushes are idempotent per job id).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +45,11 @@ from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite
-from hybridq.redisurl import transport_error
+from hybridq.redisurl import redact_url, transport_error
 from hybridq.state import load_checkpoint
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
+from hybridq.transport.sharded import ShardedTransport
 
 __all__ = ["DoctorReport", "diagnose"]
 
@@ -76,6 +78,8 @@ class DoctorReport:
     #: Pending jobs a worker left because it cannot run them: id, func, queue, reason, worker, at.
     waiting: list[dict[str, Any]] = field(default_factory=list)
     fixed: int = 0
+    #: With several Redis: per instance (URL, redacted), its queues of checked jobs and their count.
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -99,9 +103,18 @@ class DoctorReport:
 
 
 def diagnose(
-    journal: str, transport: RQTransport, *, lease_s: float = DEFAULT_LEASE_S, fix: bool = False
+    journal: str,
+    transport: RQTransport | ShardedTransport,
+    *,
+    lease_s: float = DEFAULT_LEASE_S,
+    fix: bool = False,
 ) -> DoctorReport:
-    """Compare ``journal`` with Redis; with ``fix``, re-deliver missing and stranded jobs."""
+    """Compare ``journal`` with Redis; with ``fix``, re-deliver missing and stranded jobs.
+
+    ``transport``: one Redis, or several (:class:`ShardedTransport`): each is inspected for the
+    queues that live on it; ``report.instances`` says, per Redis, which queues it holds and how
+    many of the checked jobs are there.
+    """
     path = existing_journal_dir(journal)
     checkpoint = load_checkpoint(path)
     if checkpoint is None:
@@ -118,14 +131,21 @@ def diagnose(
             _probe(transport, batch, lease_s, report)
             batch = []
     _probe(transport, batch, lease_s, report)
-    try:
-        _inspect_queues(
-            transport, {env.queue for _, env in pending.values()}, pending, checkpoint.owner, report
-        )
-        listed = waiting.current(transport.connection, limit=WAITING_LIMIT).examples
-        report.unserved = _unserved(transport, {env.queue for _, env in pending.values()})
-    except RedisError as exc:
-        raise transport_error(exc) from exc
+    listed: list[dict[str, Any]] = []
+    for url, part, owns in _instances(transport):
+        queues = {env.queue for _, env in pending.values() if owns(env.queue)}
+        try:
+            _inspect_queues(part, queues, pending, checkpoint.owner, report, owns=owns)
+            listed += waiting.current(part.connection, limit=WAITING_LIMIT).examples
+            report.unserved.update(_unserved(part, queues))
+        except RedisError as exc:
+            error = transport_error(exc)
+            raise type(error)(f"{redact_url(url)}: {error}") from exc
+        if isinstance(transport, ShardedTransport):
+            report.instances[redact_url(url)] = {
+                "queues": sorted(queues),
+                "checked": sum(1 for _, env in pending.values() if owns(env.queue)),
+            }
     report.waiting = [w for w in listed if w.get("id") in pending]  # not run by another since
     report.merged = merged_ids(path, compacted, set(pending))
     if fix:
@@ -176,7 +196,10 @@ def _forwarded_pending(
 
 
 def _probe(
-    transport: RQTransport, batch: list[tuple[Loc, Envelope]], lease_s: float, report: DoctorReport
+    transport: RQTransport | ShardedTransport,
+    batch: list[tuple[Loc, Envelope]],
+    lease_s: float,
+    report: DoctorReport,
 ) -> None:
     if not batch:
         return
@@ -194,10 +217,12 @@ def _inspect_queues(
     pending: dict[str, tuple[Loc, Envelope]],
     owner: str,
     report: DoctorReport,
+    *,
+    owns: Callable[[str], bool] = lambda _queue: True,
 ) -> None:
     conn = transport.connection
     known = {_text(q) for q in conn.smembers(keys.rq_queues())}
-    names = queues | {q.removeprefix(keys.rq_queue("")) for q in known}
+    names = queues | {name for q in known if owns(name := q.removeprefix(keys.rq_queue("")))}
     for name in sorted(names):
         ids = [_text(i) for i in conn.lrange(keys.rq_queue(name), 0, -1)]
         seen: dict[str, int] = {}
@@ -209,6 +234,23 @@ def _inspect_queues(
         for job_id, raw in zip(strangers, _job_data(conn, strangers), strict=True):
             if raw is not None and raw[0] == ENTRY_POINT and raw[2] and raw[2][0].get("owner") == owner:
                 report.unknown.append(job_id)
+
+
+def _instances(
+    transport: RQTransport | ShardedTransport,
+) -> list[tuple[str, RQTransport, Callable[[str], bool]]]:
+    """Per Redis: its URL, its transport, and which queues live there."""
+    if not isinstance(transport, ShardedTransport):
+        return [("", transport, lambda _queue: True)]
+    out: list[tuple[str, RQTransport, Callable[[str], bool]]] = []
+    for i, (url, part) in enumerate(zip(transport.urls, transport.shards, strict=True)):
+        assert isinstance(part, RQTransport)
+        out.append((url, part, functools.partial(_on_shard, transport, i)))
+    return out
+
+
+def _on_shard(transport: ShardedTransport, index: int, queue: str) -> bool:
+    return transport.shard_of(queue) == index
 
 
 def _unserved(transport: RQTransport, queues: set[str]) -> dict[str, int]:

@@ -28,6 +28,7 @@ from hybridq.admission import Admission
 from hybridq.cancelling import Canceller
 from hybridq.envelope import Envelope
 from hybridq.errors import (
+    HybridqError,
     JournalIOError,
     TransportError,
 )
@@ -58,6 +59,11 @@ EPOCH_CHECK_S = 1.0
 #: How often an idle forwarder brings the lookup index up to date (records appended by others:
 #: a requeue's ledger entries, jobs the forwarder has not read yet).
 LOOKUP_IDLE_S = 1.0
+#: While completions stream in, the checkpoint that publishes the terminal count (the producers'
+#: capacity check) is saved at most this often (seconds). The ledger holds the outcomes durably;
+#: the published count is a hint that errs towards "pending", and producers read it at most once
+#: a second. A save per harvest cost three fsyncs per batch of events (docs/worker.md).
+PUBLISH_TERMINAL_S = 0.25
 #: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
@@ -131,6 +137,8 @@ class Forwarder:
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         self._lookup_due = True
         self._next_lookup = 0.0
+        self._publish_due = False  # outcomes harvested since the terminal count was last published
+        self._next_publish = 0.0
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -208,7 +216,10 @@ class Forwarder:
         )
 
     def close(self) -> None:
-        """Release the socket, the ledger, the schedules and the lock. Idempotent."""
+        """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
+        if self._publish_due and self._lock_fd is not None:
+            with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
+                self._publish_terminal(now=True)
         if self.schedules is not None:
             self.schedules.close()
         if self._watcher is not None:
@@ -372,8 +383,8 @@ class Forwarder:
             if self._watcher is not None:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
-            if harvested:
-                self._save(0)  # publishes the terminal count (producers' capacity check)
+            self._publish_due |= harvested > 0
+            self._publish_terminal()
             retries = harvester.due_retries()
             if retries:
                 self._push(retries)
@@ -388,6 +399,13 @@ class Forwarder:
             self._pusher.came_back()
         except TransportError as exc:
             self._pusher.went_down(exc, "completions wait")
+
+    def _publish_terminal(self, *, now: bool = False) -> None:
+        """Save the checkpoint for its terminal count, at most every :data:`PUBLISH_TERMINAL_S`."""
+        if self._publish_due and (now or time.monotonic() >= self._next_publish):
+            self._save(0)
+            self._publish_due = False
+            self._next_publish = time.monotonic() + PUBLISH_TERMINAL_S
 
     def _check_epoch(self) -> None:
         """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
@@ -427,6 +445,8 @@ class Forwarder:
         )
         if soonest is not None:
             timeout = min(timeout, max(0.05, soonest - self.clock()))
+        if self._publish_due:
+            timeout = min(timeout, max(0.0, self._next_publish - time.monotonic()))
         if self._listener is not None:
             self._listener.wait(timeout)
         else:

@@ -41,7 +41,7 @@ from hybridq.ledger import (
     save_compacted,
 )
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S, Overwrite
-from hybridq.state import Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.state import EPOCHS_KEPT, Checkpoint, Held, load_checkpoint, save_checkpoint
 from hybridq.stats_state import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.transport.base import Delivery, Loc
 
@@ -356,6 +356,8 @@ class ForwarderState:
     def set_epoch(self, epoch: str, run_id: str | None, generation: int) -> None:
         """Record the epoch stored in Redis (saved with the next :meth:`save`)."""
         cp = self.checkpoint
+        if generation > cp.generation:  # Redis lost or rolled back state: noted for job traces
+            cp.epochs = [*cp.epochs, (generation, self.config.clock())][-EPOCHS_KEPT:]
         cp.epoch, cp.run_id, cp.generation = epoch, run_id, generation
 
     def forget_chains(self, writers: Sequence[str]) -> None:

@@ -11,7 +11,10 @@ a kind ``t``:
 * ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``. With
   ``lt`` (the job's RetryLaters so far) and ``ls`` (when the first was said), the run said
   ``RetryLater`` instead, or came after one: ``attempt`` numbers runs, and the job's own attempt
-  is ``attempt - lt`` (a RetryLater uses none).
+  is ``attempt - lt`` (a RetryLater uses none). ``done`` and ``retry`` entries name the worker
+  process that ran the attempt (``w``, ``host/pid``), when it started (``st``) and the epoch
+  generation its delivery was pushed under (``g``, left out while 0), where the event said
+  (older records lack them).
 * ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
 * ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
 * ``key`` -- the forwarder pushed (or held) the job at ``loc``, which has an explicit idempotency
@@ -124,6 +127,12 @@ class Entry:
     result_kept: bool = False
     result_bytes: int | None = None
     started: float | None = None
+    #: ``done`` and ``retry`` entries: the worker process that ran (or reported) the attempt
+    #: (``host/pid``), if its event said (``w``; older records have none).
+    worker: str | None = None
+    #: ``done`` and ``retry`` entries: the epoch generation the run's delivery was pushed under
+    #: (``g``, left out while 0): a higher one than an earlier run's means Redis lost its state.
+    gen: int = 0
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -159,6 +168,10 @@ class Entry:
             body["rb"] = self.result_bytes
         if self.started is not None:
             body["st"] = self.started
+        if self.worker is not None:
+            body["w"] = self.worker
+        if self.gen:
+            body["g"] = self.gen
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -189,6 +202,8 @@ class Entry:
             result_kept="r" in body,
             result_bytes=body.get("rb"),
             started=body.get("st"),
+            worker=body.get("w"),
+            gen=int(body.get("g", 0)),
         )
 
 
@@ -218,6 +233,8 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
         result_kept=event.result_kept and terminal,
         result_bytes=event.result_bytes if terminal else None,
         started=event.started,
+        worker=event.worker,
+        gen=event.gen,
     )
 
 

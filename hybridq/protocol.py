@@ -61,6 +61,8 @@ DEFAULT_LEASE_S = 10.0
 DEFAULT_KEY_TTL_S = 86400.0
 #: The longest error text an event carries (the last line of the stored traceback).
 EVENT_ERROR_CHARS = 500
+#: The longest worker name (``host/pid``) an event carries into the ledger.
+WORKER_MAX_CHARS = 200
 #: The largest result (its JSON, in bytes) a completion event carries, and so the ledger keeps:
 #: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
 RESULT_MAX_BYTES = 64 * 1024
@@ -378,6 +380,10 @@ class CompletionEvent:
     result_bytes: int | None = None
     #: When the run started (the worker's clock); ``None`` if not said (a duplicate, an older worker).
     started: float | None = None
+    #: The worker process that sent it (``host/pid``); ``None`` if not said (an older worker).
+    worker: str | None = None
+    #: The epoch generation the delivery was pushed under (:attr:`Delivery.gen`; 0: left out).
+    gen: int = 0
 
     @classmethod
     def of(
@@ -389,11 +395,13 @@ class CompletionEvent:
         at: float,
         result_json: str | None = None,
         started: float | None = None,
+        worker: str | None = None,
     ) -> CompletionEvent:
         """The event reporting ``outcome`` (a stored outcome's JSON, or a refusal) for ``delivery``.
 
         ``result_json``: the stored result's JSON text when the caller made it already (its size
-        decides whether the event carries the result); ``started``: when the task started.
+        decides whether the event carries the result); ``started``: when the task started;
+        ``worker``: the reporting worker process (``host/pid``).
         """
         env = delivery.envelope
         final = bool(outcome.get("final", True))
@@ -418,6 +426,8 @@ class CompletionEvent:
             later=later,
             later_since=outcome.get("later_since", delivery.later_since) if later else None,
             started=started,
+            worker=worker,
+            gen=delivery.gen,
             **_carried(outcome, result_json),
         )
 
@@ -438,6 +448,8 @@ class CompletionEvent:
             **({"result": self.result} if self.result_kept else {}),
             **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
             **({"started": self.started} if self.started is not None else {}),
+            **({"worker": self.worker} if self.worker is not None else {}),
+            **({"gen": self.gen} if self.gen else {}),
         }
 
     def kept_success_json(self) -> dict[str, Any]:
@@ -493,6 +505,8 @@ class CompletionEvent:
             result_kept="result" in body and outcome == Outcome.SUCCEEDED,
             result_bytes=_count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None,
             started=opt_finite("started", body.get("started")),
+            worker=_worker(body.get("worker")),
+            gen=_count("gen", body.get("gen", 0)),
         )
 
     @property
@@ -515,6 +529,12 @@ def _carried(outcome: Mapping[str, Any], result_json: str | None) -> dict[str, A
     if size > RESULT_MAX_BYTES:
         return {"result_bytes": size}
     return {"result": value, "result_kept": True}
+
+
+def _worker(value: object) -> str | None:
+    """An event's ``worker`` (``host/pid``), cut to a sane length: it is only shown, never parsed."""
+    worker = opt_str("worker", value)
+    return None if worker is None else worker[:WORKER_MAX_CHARS]
 
 
 def _count(name: str, value: object) -> int:

@@ -16,9 +16,11 @@ from hybridq.errors import StateFileCorrupt
 from hybridq.journal import ChainPosition
 from hybridq.journal.statefile import read_state, write_state
 
-__all__ = ["CHECKPOINT_NAME", "Checkpoint", "Held", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "EPOCHS_KEPT", "Checkpoint", "Held", "load_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_NAME = "forwarder"
+#: How many generation changes the checkpoint remembers (:attr:`Checkpoint.epochs`).
+EPOCHS_KEPT = 32
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -56,6 +58,9 @@ class Checkpoint:
     #: Jobs durably terminal (ledger and compacted segments), as of this save: producers read it
     #: for their capacity check without reading the ledger.
     terminal: int = 0
+    #: When the generation went up (Redis lost or rolled back state: every unfinished job was
+    #: pushed again), as ``(generation, time)``, the last :data:`EPOCHS_KEPT`; for job traces.
+    epochs: list[tuple[int, float]] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         """JSON encoding."""
@@ -72,6 +77,8 @@ class Checkpoint:
             "generation": self.generation,
             "terminal": self.terminal,
         }
+        if self.epochs:  # left out while empty: an older version reads the state unchanged
+            body["epochs"] = [list(e) for e in self.epochs]
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -90,6 +97,7 @@ class Checkpoint:
                 run_id=body.get("run_id"),
                 generation=int(body.get("generation", 0)),
                 terminal=int(body.get("terminal", 0)),
+                epochs=[(int(g), float(t)) for g, t in body.get("epochs", [])],
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StateFileCorrupt(path, f"malformed checkpoint: {exc!r}") from exc

@@ -28,7 +28,6 @@ from typing import Any
 from hybridq.envelope import Envelope
 from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.fileops import OS_FILEOPS, write_all
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, peek_header
 from hybridq.journal.records import Loc
@@ -323,15 +322,24 @@ class Snapshot:
 
 
 def save_snapshot(journal: str, snapshot: Snapshot) -> None:
-    """Replace ``stats.state`` atomically (not fsync'd: a cache, rebuilt at the next step)."""
+    """Rewrite ``stats.state`` in place (not fsync'd, not renamed: a cache, rebuilt each step).
+
+    Replacing it by a rename made ext4 flush the new file's data at every step (its
+    ``auto_da_alloc`` for a rename over an existing file: about 0.25 ms, most of a step's cost
+    while completions stream in). A reader that catches the file mid-write, or after a crash
+    mid-write, finds a length or checksum that does not match: :func:`load_snapshot` gives
+    ``None`` and ``hybridq.stats`` scans instead, once.
+    """
     path = os.path.join(journal, STATS_NAME + ".state")
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    data = encode_state(snapshot.to_bytes())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        write_all(OS_FILEOPS, fd, encode_state(snapshot.to_bytes()))
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], written)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
-    os.replace(tmp, path)
 
 
 def load_snapshot(journal: str) -> Snapshot | None:

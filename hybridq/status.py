@@ -9,11 +9,12 @@ the same whether Redis is up, down or freshly emptied.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from hybridq.redisurl import redact_url
 from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
 from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
+from hybridq.transport.routes import Routes
 
 # read_password lives in hybridq.secretfile (the worker side uses it too), redact_url in
 # hybridq.redisurl; both kept importable here.
@@ -48,6 +50,7 @@ def stats(
     outbox: str | None = None,
     outbox_table: str = DEFAULT_TABLE,
     exact: bool = False,
+    redis_for: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """What ``hybridq status --json`` prints, cheaply enough for a health endpoint.
 
@@ -63,6 +66,8 @@ def stats(
         outbox: a transactional outbox's DSN: also its backlog (the ``outbox`` key).
         outbox_table: the outbox's table.
         exact: always scan (what ``hybridq status --exact`` does).
+        redis_for: queues kept on other Redis instances (queue → URL, ``--redis-for``): also
+            each instance's state and queue lengths (the ``redis_instances`` key).
     """
     path = existing_journal_dir(journal)
     holder = _forwarder_holder(path)
@@ -74,6 +79,8 @@ def stats(
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:
         out["redis"] = {"url": redact_url(redis_url), **_redis_state(redis_url)}
+    if redis_for:
+        out["redis_instances"] = _instances(redis_url, redis_for)
     if outbox is not None:
         backlog = read_backlog(outbox, outbox_table)
         out["outbox"] = {
@@ -261,11 +268,32 @@ def _forwarder_holder(path: str) -> str | None:
     return lock_owner(os.path.join(path, LOCK_NAME))
 
 
-def _redis_state(url: str) -> dict[str, Any]:
+def _instances(default: str | None, redis_for: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Per Redis instance: its URL, the queues it holds, whether it is up, its queues' lengths.
+
+    ``queues``: the queues mapped to it, and ``"*"`` (every other queue) for the default one;
+    ``queued``: the length of each of its RQ queues that belongs there (``None`` while down).
+    """
+    routes = Routes(default or "", redis_for)
+    urls = routes.urls if default is not None else sorted(set(redis_for.values()))
+    out: list[dict[str, Any]] = []
+    for url in urls:
+        queues = routes.queues_on(url) + (["*"] if url == default else [])
+        state = _redis_state(url, owns=functools.partial(_lives_on, routes, url))
+        out.append({"url": redact_url(url), "queues": queues, **state})
+    return out
+
+
+def _lives_on(routes: Routes, url: str, queue: str) -> bool:
+    return routes.url_for(queue) == url
+
+
+def _redis_state(url: str, *, owns: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Whether Redis is ``up``, and how many jobs are ``waiting_for_a_worker``.
 
     The jobs a worker recently left because it cannot run them (not importable there, or not
-    allowed: see :mod:`hybridq.waiting`); ``None`` while Redis is down.
+    allowed: see :mod:`hybridq.waiting`); ``None`` while Redis is down. With ``owns`` (which
+    queues live on this Redis), also ``queued``: the length of each of those RQ queues.
     """
     from redis.exceptions import RedisError  # noqa: PLC0415
 
@@ -276,11 +304,33 @@ def _redis_state(url: str) -> dict[str, Any]:
     transport = RQTransport(url, socket_timeout_s=1.0)
     try:
         transport.ping()
-        return {"up": True, "waiting_for_a_worker": waiting.current(transport.connection, limit=0).count}
+        state: dict[str, Any] = {
+            "up": True,
+            "waiting_for_a_worker": waiting.current(transport.connection, limit=0).count,
+        }
+        if owns is not None:
+            state["queued"] = _queue_lengths(transport.connection, owns)
     except (TransportError, RedisError):
-        return {"up": False, "waiting_for_a_worker": None}
+        state = {"up": False, "waiting_for_a_worker": None}
+        if owns is not None:
+            state["queued"] = None
     finally:
         transport.close()
+    return state
+
+
+def _queue_lengths(conn: Any, owns: Callable[[str], bool]) -> dict[str, int]:
+    """The length of every RQ queue Redis knows that ``owns`` says lives there."""
+    from hybridq import keys  # noqa: PLC0415
+
+    prefix = keys.rq_queue("")
+    names = sorted(
+        name
+        for raw in conn.smembers(keys.rq_queues())
+        if (name := (raw.decode() if isinstance(raw, bytes) else str(raw)).removeprefix(prefix))
+        and owns(name)
+    )
+    return {name: int(conn.llen(keys.rq_queue(name))) for name in names}
 
 
 def with_password(url: str, password: str) -> str:

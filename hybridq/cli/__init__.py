@@ -15,7 +15,7 @@ import sys
 import click
 
 from hybridq import __version__
-from hybridq.cli import cancel, demo, enqueue, failed, forward, journal, outbox, status, worker
+from hybridq.cli import cancel, demo, enqueue, failed, forward, journal, outbox, serve, status, worker
 from hybridq.cli.options import (
     DEFAULT_REDIS_URL,
     EXIT_CORRUPT,
@@ -100,6 +100,7 @@ for _command in (
     demo.chaos,
     outbox.outbox,
     outbox.relay,
+    serve.serve,
 ):
     cli.add_command(_command)
 

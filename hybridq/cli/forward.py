@@ -15,13 +15,19 @@ from hybridq.cli.options import (
     _fail,
     journal_option,
     outbox_options,
+    redis_for_option,
     redis_option,
 )
+from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.status import redact_url
+from hybridq.transport.routes import Routes
 
 if TYPE_CHECKING:
+    from hybridq.forwarder import Forwarder
+    from hybridq.http.config import ServeConfig
+    from hybridq.http.server import Server
     from hybridq.outbox.background import BackgroundRelay
     from hybridq.scheduler import Scheduler
 
@@ -32,6 +38,7 @@ RELAY_STOP_TIMEOUT_S = 45.0
 @click.command()
 @journal_option
 @redis_option
+@redis_for_option
 @click.option(
     "--batch-size",
     default=500,
@@ -90,6 +97,20 @@ RELAY_STOP_TIMEOUT_S = 45.0
     "imported from the current directory too). See docs/schedules.md.",
 )
 @outbox_options
+@click.option(
+    "--serve",
+    "serve_bind",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also serve the HTTP API (hybridq serve) on this address, in this process (docs/http.md).",
+)
+@tokens_option
+@click.option(
+    "--serve-allow",
+    multiple=True,
+    metavar="PREFIX",
+    help="With --serve: accept tasks under this dotted prefix (as hybridq serve --allow).",
+)
 @click.pass_context
 def forward(
     ctx: click.Context,
@@ -105,6 +126,10 @@ def forward(
     schedule_modules: tuple[str, ...],
     outbox_dsn: str | None,
     outbox_table: str,
+    serve_bind: str | None,
+    tokens_file: str | None,
+    serve_allow: tuple[str, ...],
+    redis_for: dict[str, str],
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -127,13 +152,34 @@ def forward(
     With --schedules, it imports the module(s) and journals each tick of the schedules they
     declare as a job (one per tick, across restarts and Redis losses); a module that cannot be
     imported or a bad schedule is one line and exit 2, before anything is forwarded.
+
+    With --serve HOST:PORT, it also serves the HTTP API of `hybridq serve` (its /metrics: this
+    forwarder's) in a thread; SIGTERM stops both.
+    With --redis-for QUEUE=URL (repeatable, or HYBRIDQ_REDIS_FOR), those queues go to their own
+    Redis; the others to --redis (docs/deploy.md, "Sharded: queues over several Redis").
     """
     from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
+    config = None
+    if serve_bind is not None:
+        config = serve_config(
+            ctx,
+            journal=journal,
+            bind=serve_bind,
+            tokens_file=tokens_file,
+            allow=serve_allow,
+            redis_url=redis_url,
+            capacity=capacity,
+        )
     scheduler = _load_schedules(ctx, schedule_modules, journal) if schedule_modules else None
     relay = None if outbox_dsn is None else _open_relay(ctx, outbox_dsn, outbox_table, journal)
-    transport = RQTransport(redis_url)
+    from hybridq.transport.base import Transport  # noqa: PLC0415
+    from hybridq.transport.sharded import ShardedTransport  # noqa: PLC0415
+
+    routes = Routes(redis_url, redis_for)
+    transport: Transport = ShardedTransport(routes) if routes.sharded else RQTransport(redis_url)
+    server: Server | None = None
     try:
         forwarder = Forwarder(
             journal,
@@ -151,6 +197,8 @@ def forward(
             forwarder.on_durable_write = FSYNC_SECONDS.observe
             serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity, outbox=relay)
             logging.getLogger("hybridq").info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
+        if config is not None:
+            server = _start_server(ctx, forwarder, config, capacity, relay)
     except (HybridqError, OSError) as exc:
         transport.close()
         if relay is not None:
@@ -164,7 +212,9 @@ def forward(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
-    logging.getLogger("hybridq").info("forwarding to %s", redact_url(redis_url))
+    logging.getLogger("hybridq").info(
+        "forwarding to %s", ", ".join(_describe_route(routes, url) for url in routes.urls)
+    )
     if relay is not None:
         relay.start()
     try:
@@ -172,6 +222,8 @@ def forward(
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     finally:
+        if server is not None:
+            server.stop()
         if relay is not None:
             _stop_relay(relay)
         forwarder.close()
@@ -182,6 +234,35 @@ def forward(
         )
     else:
         logging.getLogger("hybridq").info("stopped; checkpoint saved")
+
+
+def _start_server(
+    ctx: click.Context,
+    forwarder: Forwarder,
+    config: ServeConfig,
+    capacity: int | None,
+    relay: BackgroundRelay | None,
+) -> Server:
+    """``--serve``: the HTTP API in a thread, its /metrics this forwarder's."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from hybridq.metrics import FSYNC_SECONDS, ForwarderMetrics  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    registry.register(ForwarderMetrics(forwarder, capacity=capacity, outbox=relay))
+    forwarder.on_durable_write = FSYNC_SECONDS.observe
+    registry.register(FSYNC_SECONDS)
+    server = start_server(ctx, config, registry)
+    server.start()
+    return server
+
+
+def _describe_route(routes: Routes, url: str) -> str:
+    """``URL`` (redacted), with the queues mapped to it when there are several Redis."""
+    queues = routes.queues_on(url)
+    if url == routes.default and routes.sharded:
+        queues = [*queues, "every other queue"]
+    return redact_url(url) + (f" ({', '.join(queues)})" if routes.sharded else "")
 
 
 def _load_schedules(ctx: click.Context, modules: tuple[str, ...], journal: str) -> Scheduler:

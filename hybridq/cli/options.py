@@ -158,3 +158,32 @@ def _bad_usage(ctx: click.Context, message: str) -> NoReturn:
     click.echo(f"hybridq: error: {message}", err=True)
     ctx.exit(EXIT_USAGE)
     raise AssertionError  # pragma: no cover - ctx.exit raises
+
+
+def redis_for_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--redis-for QUEUE=URL`` (repeatable; else ``HYBRIDQ_REDIS_FOR``): queues on other Redis.
+
+    The command gets ``redis_for``, the checked queue → URL map (empty: every queue on
+    ``--redis``); a bad entry is one line and exit 1, before anything starts.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, redis_for: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        from hybridq.transport.routes import ENV_VAR, parse_redis_for, split_env  # noqa: PLC0415
+
+        entries = list(redis_for) or split_env(os.environ.get(ENV_VAR, ""))
+        try:
+            kwargs["redis_for"] = parse_redis_for(entries)
+        except HybridqError as exc:
+            _fail(click.get_current_context(), exc)
+        return command(*args, **kwargs)
+
+    option = click.option(
+        "--redis-for",
+        "redis_for",
+        multiple=True,
+        metavar="QUEUE=URL",
+        help="Keep QUEUE on this Redis instead of --redis (repeatable; or $HYBRIDQ_REDIS_FOR, "
+        "'q1=URL,q2=URL'). See docs/deploy.md, 'Sharded'.",
+    )
+    return option(run)

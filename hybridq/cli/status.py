@@ -16,6 +16,7 @@ from hybridq.cli.options import (
     journal_option,
     outbox_options,
     password_file_option,
+    redis_for_option,
     redis_option,
 )
 from hybridq.errors import HybridqError
@@ -33,6 +34,7 @@ from hybridq.protocol import DEFAULT_LEASE_S
     help="Also report whether this Redis answers (optional: counts never need it).",
 )
 @password_file_option
+@redis_for_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract in docs/cli.md).")
 @click.option("--watch", is_flag=True, help="Print it again every --interval seconds until Ctrl-C.")
 @click.option(
@@ -56,6 +58,7 @@ def status(
     exact: bool,
     outbox_dsn: str | None,
     outbox_table: str,
+    redis_for: dict[str, str],
 ) -> None:
     """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
@@ -66,6 +69,9 @@ def status(
 
     The counts are hybridq.stats(): the figures the forwarder saved at its last step, plus the
     journal records it has not read yet; --exact scans the journal and the ledger instead.
+
+    With --redis-for QUEUE=URL (queues on other Redis instances), each instance's state and
+    queue lengths too (the redis_instances key).
 
     \b
     Examples:
@@ -81,7 +87,12 @@ def status(
     while True:
         try:
             out = stats(
-                journal, redis_url=redis_url, outbox=outbox_dsn, outbox_table=outbox_table, exact=exact
+                journal,
+                redis_url=redis_url,
+                outbox=outbox_dsn,
+                outbox_table=outbox_table,
+                exact=exact,
+                redis_for=redis_for,
             )
         except (HybridqError, OSError) as exc:
             _fail(ctx, exc)
@@ -151,6 +162,14 @@ def _print_status(out: dict[str, Any]) -> None:
             click.echo(
                 f"{'waiting for a worker':>22}: {out['redis']['waiting_for_a_worker']} (see hybridq doctor)"
             )
+    for instance in out.get("redis_instances", []):
+        queued = instance["queued"]
+        lengths = (
+            "DOWN"
+            if queued is None
+            else "up, " + (", ".join(f"{q}={n}" for q, n in queued.items()) or "no queues")
+        )
+        click.echo(f"{'redis instance':>22}: {instance['url']} [{', '.join(instance['queues'])}] {lengths}")
     if "outbox" in out:
         box = out["outbox"]
         click.echo(
@@ -162,6 +181,7 @@ def _print_status(out: dict[str, Any]) -> None:
 @click.command()
 @journal_option
 @redis_option
+@redis_for_option
 @click.option(
     "--fix",
     is_flag=True,
@@ -178,7 +198,13 @@ def _print_status(out: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def doctor(
-    ctx: click.Context, journal: str, redis_url: str, fix: bool, lease_s: float, as_json: bool
+    ctx: click.Context,
+    journal: str,
+    redis_url: str,
+    fix: bool,
+    lease_s: float,
+    as_json: bool,
+    redis_for: dict[str, str],
 ) -> None:
     """Compare the journal and ledger with what Redis holds: is anything lost or stuck?
 
@@ -187,7 +213,8 @@ def doctor(
     duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
     Redis that the journal does not have as pending (unknown), queues where jobs wait that no
     registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
-    the first runs). A dry run unless --fix.
+    the first runs). A dry run unless --fix. With --redis-for QUEUE=URL, every Redis instance is
+    checked, each for its own queues (an unreachable one: exit 1, naming it).
     Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
 
     \b
@@ -196,9 +223,12 @@ def doctor(
       hybridq doctor --fix
     """
     from hybridq.doctor import diagnose  # noqa: PLC0415
+    from hybridq.transport.routes import Routes  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+    from hybridq.transport.sharded import ShardedTransport  # noqa: PLC0415
 
-    transport = RQTransport(redis_url)
+    routes = Routes(redis_url, redis_for)
+    transport = ShardedTransport(routes) if routes.sharded else RQTransport(redis_url)
     try:
         report = diagnose(journal, transport, lease_s=lease_s, fix=fix)
     except (HybridqError, OSError) as exc:

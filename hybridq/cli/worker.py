@@ -10,6 +10,7 @@ import click
 
 from hybridq.cli.options import (
     _fail,
+    redis_for_option,
     redis_option,
 )
 from hybridq.errors import HybridqError
@@ -18,6 +19,7 @@ from hybridq.status import redact_url
 
 @click.command()
 @redis_option
+@redis_for_option
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option(
     "--processes",
@@ -128,6 +130,7 @@ def worker(
     imports: tuple[str, ...],
     signing_key_file: str | None,
     queues: tuple[str, ...],
+    redis_for: dict[str, str],
 ) -> None:
     """Run a worker for hybridq jobs on QUEUES (default: "default").
 
@@ -152,6 +155,9 @@ def worker(
     With --signing-key-file or HYBRIDQ_SIGNING_KEY_FILE, it runs only jobs whose envelope carries
     a valid signature by one of the file's keys: unsigned or altered jobs fail for good.
 
+    With --redis-for QUEUE=URL (or HYBRIDQ_REDIS_FOR, as given to the forwarder), it connects to
+    the Redis that holds its queues; queues on different Redis need one worker per Redis.
+
     \b
     Example:
       hybridq worker --redis redis://127.0.0.1:6379/0 --allow myapp.tasks default emails
@@ -172,6 +178,7 @@ def worker(
         names = [validate_queue_name(q) for q in queues] or ["default"]
     except HybridqError as exc:
         _fail(ctx, exc)
+    redis_url = _redis_of(ctx, redis_url, redis_for, names)
     # Like `rq worker` (its --path defaults to "."): task modules in the current directory import.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
@@ -217,3 +224,20 @@ def worker(
     except HybridqError as exc:  # RedisRefused: a wrong password, database or ACL
         _fail(ctx, exc)
     ctx.exit(code)
+
+
+def _redis_of(ctx: click.Context, default: str, redis_for: dict[str, str], queues: list[str]) -> str:
+    """The one Redis that holds ``queues`` (``--redis-for``); several: one line, exit 1."""
+    from hybridq.transport.routes import Routes  # noqa: PLC0415
+
+    routes = Routes(default, redis_for)
+    urls = {routes.url_for(q): q for q in queues}
+    if len(urls) > 1:
+        where = ", ".join(f"{q} on {redact_url(u)}" for u, q in urls.items())
+        _fail(
+            ctx,
+            HybridqError(
+                f"these queues live on different Redis instances ({where}): run one worker per Redis"
+            ),
+        )
+    return next(iter(urls))

@@ -22,6 +22,12 @@ class ServeConfig:
             authentication, which only a loopback bind allows.
         allow: Dotted prefixes of task paths a POST may name besides registered tasks.
         max_body: The largest request body accepted, in bytes (larger: 413).
+        capacity: The most pending jobs (accepted, not yet terminal) the journal may hold; a POST
+            over it is answered 429 with ``Retry-After``. None: no limit.
+        retry_after_s: The ``Retry-After`` a 429 or a 503 answers with, in seconds.
+        forwarded_allow_ips: The proxies whose ``X-Forwarded-For``/``-Proto`` headers are trusted
+            (uvicorn's ``forwarded_allow_ips``: comma-separated addresses, or ``*``).
+        access_log: Log one line per request (method, path, status: never a header).
     """
 
     journal: Path
@@ -31,3 +37,7 @@ class ServeConfig:
     tokens_file: Path | None = None
     allow: tuple[str, ...] = field(default_factory=tuple)
     max_body: int = 1 << 20
+    capacity: int | None = None
+    retry_after_s: int = 1
+    forwarded_allow_ips: str = "127.0.0.1"
+    access_log: bool = True

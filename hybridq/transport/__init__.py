@@ -4,6 +4,8 @@
   importable from here, loaded only when first asked for.
 * :class:`~hybridq.transport.rq.RQTransport` — RQ queues on Redis; the only module that talks to
   RQ and Redis for the forwarder.
+* :class:`~hybridq.transport.sharded.ShardedTransport` — queues over several Redis instances
+  (``--redis-for``): one ``RQTransport`` per Redis, each queue routed to its own.
 
 Both pass one contract test class (``tests/integration/test_transport_contract.py``).
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -164,4 +165,18 @@ def event(
 
     ``result_json``: the result's JSON text if made already; ``started``: when the task started.
     """
-    return CompletionEvent.of(d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started)
+    return CompletionEvent.of(
+        d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=worker_name()
+    )
+
+
+_WORKER_NAME: tuple[int, str] = (0, "")
+
+
+def worker_name() -> str:
+    """This worker process as events name it (``host/pid``, as in its lease tokens; once a process)."""
+    global _WORKER_NAME
+    pid = os.getpid()
+    if _WORKER_NAME[0] != pid:
+        _WORKER_NAME = (pid, f"{socket.gethostname()}/{pid}")
+    return _WORKER_NAME[1]

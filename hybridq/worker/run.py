@@ -38,7 +38,7 @@ from hybridq.protocol import (
     StoredOutcome,
 )
 from hybridq.signing import keyring, sign_event
-from hybridq.worker import lease, scripts
+from hybridq.worker import lease, quick, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
@@ -114,6 +114,7 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
         raise
     finally:
         _current.reset(context)
+        quick.ran(run.d.envelope.func, time.time() - (run.started or 0.0))
     return conclude(run, value, error)
 
 
@@ -273,7 +274,7 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        if d.report_start:  # the forwarder takes started events: the claim sends one
+        if d.report_start and not quick.is_quick(env.func):  # the claim sends a started event
             claim_keys.append(keys.events(d.owner))
             claim_args.append(json.dumps(sign_event(d.owner, StartedEvent.of(d, time.time()).to_json())))
         return cls(raw, d, token, claim_keys, claim_args, func)

@@ -7,6 +7,7 @@ redis-server: the claim script adds a started event to the forwarder's stream, a
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -58,3 +59,43 @@ def test_a_running_job_reads_started_then_finished(
     assert found.ended_at is not None
     assert found.started_at <= found.ended_at
     assert "dropping" not in forwarder.log_path.read_text()  # no event refused or garbled
+
+
+def test_a_task_whose_runs_are_quick_stops_sending_started_events(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path
+) -> None:
+    """After STREAK quick runs in a worker process its claims send none (docs/worker.md)."""
+    from hybridq import keys
+    from hybridq.state import load_checkpoint
+    from hybridq.worker.quick import STREAK
+
+    jobs = 120
+    queue = Queue("default", journal_dir)
+    for i in range(jobs):
+        queue.enqueue("tests.tasks.add", i, i)
+    forwarder = stack.forwarder(redis_server.url)
+    conn = redis_server.client()
+    deadline = time.monotonic() + 30
+    while conn.llen("rq:queue:default") < jobs:
+        assert time.monotonic() < deadline, "the forwarder did not push the jobs"
+        time.sleep(0.05)
+    forwarder.terminate()  # the events stay in the stream, to be counted
+    checkpoint = load_checkpoint(str(journal_dir))
+    assert checkpoint is not None
+    stream = keys.events(checkpoint.owner)
+    stack.worker(redis_server.url)  # the pool: 2 processes here, each counting its own runs
+    while time.monotonic() < deadline + 30:
+        kinds = [_kind(fields) for _, fields in conn.xrange(stream)]
+        if sum(1 for k in kinds if k != "started") >= jobs:
+            break
+        time.sleep(0.05)
+    started = sum(1 for _, fields in conn.xrange(stream) if _kind(fields) == "started")
+    outcomes = conn.xlen(stream) - started
+    print(f"quick task: jobs={jobs} outcome_events={outcomes} started_events={started}")
+    assert outcomes == jobs
+    assert 1 <= started <= 4 * STREAK  # two processes, a few threads claiming before a run ends
+
+
+def _kind(fields: dict[bytes, bytes]) -> str | None:
+    kind = json.loads(fields[b"e"]).get("kind")  # the MAC, when signed, is a field beside it
+    return kind if isinstance(kind, str) else None

@@ -241,3 +241,67 @@ def test_job_hash_is_what_rq_writes(redis_server, overrides) -> None:
         assert mine == theirs
     finally:
         transport.close()
+
+
+class TestShardedTransport(TransportContract):
+    """Two private redis-servers: "beta" lives on the second, every other queue on the first."""
+
+    @pytest.fixture
+    def transport(self, make_redis_server):
+        from hybridq.transport.routes import Routes
+        from hybridq.transport.sharded import ShardedTransport
+
+        first, second = make_redis_server(), make_redis_server()
+        transport = ShardedTransport(
+            Routes(first.url, {"beta": second.url}),
+            make=lambda url: RQTransport(url, socket_timeout_s=1.0),
+        )
+        transport.servers = (first, second)
+        yield transport
+        transport.close()
+
+    def queued(self, transport, queue):
+        shard = transport.shards[transport.shard_of(queue)]
+        return [raw.decode() for raw in shard.connection.lrange(f"rq:queue:{queue}", 0, -1)]
+
+    def take_down(self, transport):
+        transport.servers[0].kill()
+
+    def test_each_queue_lands_on_its_own_redis_only(self, transport) -> None:
+        a, b = delivery("alpha"), delivery("beta")
+        transport.push([a, b])
+        first, second = transport.shards
+        assert first.connection.lrange("rq:queue:beta", 0, -1) == []
+        assert second.connection.lrange("rq:queue:alpha", 0, -1) == []
+        assert second.connection.exists(f"rq:job:{b.envelope.id}")
+        assert not first.connection.exists(f"rq:job:{b.envelope.id}")
+
+    def test_one_redis_down_is_a_transport_error_naming_it(self, transport) -> None:
+        transport.servers[1].kill()
+        with pytest.raises(TransportError, match=transport.servers[1].url.split("//")[1]):
+            transport.ping()
+        with pytest.raises(TransportError):
+            transport.state_token("owner1")
+
+    def test_events_of_every_redis_wake_the_watcher_and_are_harvested(self, transport) -> None:
+        import threading
+        import time
+
+        from hybridq import keys
+
+        first, second = transport.shards
+        assert transport.wait_events("owner1", "0-0", 0.2) is False
+        timer = threading.Timer(0.3, lambda: second.connection.xadd(keys.events("owner1"), {"e": "{}"}))
+        timer.start()
+        started = time.monotonic()
+        assert transport.wait_events("owner1", "0-0", 5.0) is True
+        woke = time.monotonic() - started
+        timer.join()
+        assert woke < 2.0, woke  # not the whole block time: its own Redis's waiter returned
+        first.connection.xadd(keys.events("owner1"), {"e": "{}"})
+        events = transport.harvest("owner1", 10)
+        assert sorted(e.event_id.split("/")[0] for e in events) == ["0", "1"]
+        transport.ack("owner1", [e.event_id for e in events])
+        assert first.connection.xlen(keys.events("owner1")) == 0
+        assert second.connection.xlen(keys.events("owner1")) == 0
+        assert transport.wait_events("owner1", "0-0", 0.2) is False  # nothing newer than the acked

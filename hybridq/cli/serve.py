@@ -1,0 +1,223 @@
+"""``hybridq serve``: the HTTP API (and the dashboard) over one journal (docs/http.md).
+
+The options shared with ``hybridq forward --serve`` (the bind, the tokens file) and the checks
+made before anything starts are here too (:func:`serve_config`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from hybridq.cli.options import _fail, journal_option
+from hybridq.errors import HybridqError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from hybridq.http.config import ServeConfig
+    from hybridq.http.server import Server
+
+__all__ = ["parse_bind", "serve", "serve_config"]
+
+log = logging.getLogger("hybridq")
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: a free one) as (host, port).
+
+    Raises:
+        ValueError: not of that form.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--bind {value!r}: give HOST:PORT, e.g. 127.0.0.1:8080 ([::1]:8080 for IPv6)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or (":" in host and not value.startswith("[")):
+        raise ValueError(f"--bind {value!r}: give HOST:PORT, e.g. 127.0.0.1:8080 ([::1]:8080 for IPv6)")
+    return host, int(port)
+
+
+def serve_config(
+    ctx: click.Context,
+    *,
+    journal: str,
+    bind: str,
+    tokens_file: str | None,
+    allow: tuple[str, ...] = (),
+    redis_url: str | None = None,
+    capacity: int | None = None,
+    max_body: int = 1 << 20,
+    forwarded_allow_ips: str = "127.0.0.1",
+    imports: tuple[str, ...] = (),
+) -> ServeConfig:
+    """The server's checked settings (a ``ServeConfig``); bad input is one line and exit 1."""
+    from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
+    from hybridq.http.config import ServeConfig  # noqa: PLC0415
+    from hybridq.journal.paths import ensure_journal_dir  # noqa: PLC0415
+    from hybridq.signing import keyring  # noqa: PLC0415
+
+    try:
+        host, port = parse_bind(bind)
+    except ValueError as exc:
+        _fail(ctx, exc)
+    if tokens_file is None and not is_loopback(host):
+        _fail(ctx, ValueError(f"--bind {bind} is not a loopback address: give --tokens-file (docs/http.md)"))
+    if tokens_file is not None:
+        try:
+            Tokens(Path(tokens_file))  # unreadable or empty: now, before anything is created
+        except TokensError as exc:
+            _fail(ctx, exc)
+    if os.getcwd() not in sys.path:  # like `hybridq worker --import`: modules here import
+        sys.path.append(os.getcwd())
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            _fail(ctx, exc)
+    try:
+        path = ensure_journal_dir(journal)
+        keyring()  # a signing key configured but unusable: now, not at every POST
+    except (HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    return ServeConfig(
+        journal=Path(path),
+        redis_url=redis_url,
+        host=host,
+        port=port,
+        tokens_file=Path(tokens_file) if tokens_file is not None else None,
+        allow=allow,
+        max_body=max_body,
+        capacity=capacity,
+        forwarded_allow_ips=forwarded_allow_ips,
+    )
+
+
+def start_server(
+    ctx: click.Context, config: ServeConfig, registry: CollectorRegistry | None = None
+) -> Server:
+    """The app built and its socket bound (a ``Server``); the address is printed on stdout."""
+    from hybridq.http.app import create_app  # noqa: PLC0415
+    from hybridq.http.auth import TokensError  # noqa: PLC0415
+    from hybridq.http.server import Server  # noqa: PLC0415
+
+    try:
+        app = create_app(config, registry=registry)
+        server = Server(app, config)
+    except (TokensError, HybridqError, OSError) as exc:
+        _fail(ctx, exc)
+    # The one line on stdout (tests and scripts read the port from it), also logged.
+    click.echo(f"listening on {server.url}")
+    sys.stdout.flush()
+    log.info("serving %s on %s", config.journal, server.url)
+    return server
+
+
+tokens_option = click.option(
+    "--tokens-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="HYBRIDQ_TOKENS_FILE",
+    show_envvar=True,
+    help="Bearer tokens, one per line (several: rotation; read again when it changes). Required "
+    "unless --bind is a loopback address.",
+)
+
+
+@click.command()
+@journal_option
+@click.option(
+    "--bind",
+    default="127.0.0.1:8080",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="The address to listen on (port 0: a free one, printed at start).",
+)
+@tokens_option
+@click.option(
+    "--allow",
+    multiple=True,
+    metavar="PREFIX",
+    help="Accept tasks under this dotted prefix besides registered ones (repeatable; "
+    "$HYBRIDQ_ALLOW's prefixes are accepted too).",
+)
+@click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="Import this module at start (repeatable): its @hybridq.task functions are accepted.",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="HYBRIDQ_REDIS_URL",
+    show_envvar=True,
+    default=None,
+    help="The forwarder's Redis, for what only Redis knows (stats' redis key, the dashboard).",
+)
+@click.option(
+    "--capacity",
+    type=click.IntRange(1, None),
+    default=None,
+    help="The most pending jobs the journal may hold; a POST over it gets 429 with Retry-After.",
+)
+@click.option(
+    "--max-body",
+    type=click.IntRange(1, 64 << 20),
+    default=1 << 20,
+    show_default=True,
+    help="The largest request body, in bytes (larger: 413).",
+)
+@click.option(
+    "--forwarded-allow-ips",
+    default="127.0.0.1",
+    show_default=True,
+    help="Proxies whose X-Forwarded-For/-Proto headers are trusted (comma-separated, or *).",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    journal: str,
+    bind: str,
+    tokens_file: str | None,
+    allow: tuple[str, ...],
+    imports: tuple[str, ...],
+    redis_url: str | None,
+    capacity: int | None,
+    max_body: int,
+    forwarded_allow_ips: str,
+) -> None:
+    """Serve the HTTP API (and the dashboard) for one journal, until SIGTERM or SIGINT.
+
+    POST /v1/jobs enqueues (202 once durable), GET /v1/jobs/{id} reports a job from durable
+    state, GET /v1/stats, /metrics, /healthz; /v1/openapi.json describes them (docs/http.md).
+    Run it alongside `hybridq forward` on the same journal (or use `hybridq forward --serve`).
+
+    \b
+    Example:
+      hybridq serve --journal /var/lib/hybridq/journal --bind 127.0.0.1:8080 --allow myapp.tasks
+      hybridq serve --journal /var/lib/hybridq/journal --bind 0.0.0.0:8080 \\
+          --tokens-file /etc/hybridq/tokens --import myapp.tasks
+    """
+    config = serve_config(
+        ctx,
+        journal=journal,
+        bind=bind,
+        tokens_file=tokens_file,
+        allow=allow,
+        redis_url=redis_url,
+        capacity=capacity,
+        max_body=max_body,
+        forwarded_allow_ips=forwarded_allow_ips,
+        imports=imports,
+    )
+    server = start_server(ctx, config)
+    server.run()
+    log.info("stopped")

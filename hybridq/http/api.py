@@ -1,0 +1,343 @@
+"""The API of ``hybridq serve`` (docs/http.md): enqueue over HTTP, look jobs up, stats, metrics.
+
+* ``POST /v1/jobs`` validates the body, builds the job's envelope with :meth:`Queue.prepare`
+  and commits it with ``enqueue_many_async`` on one committer queue for the whole server, so
+  concurrent POSTs share the journal's group commits (one fsync for all) and the event loop
+  never waits for the disk. It answers ``202`` only once the job is durable.
+* ``GET /v1/jobs/{id}`` reads :func:`hybridq.fetch_job` (the journal, the ledger and the
+  forwarder's lookup index: never Redis, so it is right after a Redis wipe).
+* ``GET /v1/stats`` is :func:`hybridq.stats` (the forwarder's saved figures and the journal
+  after them), ``GET /metrics`` the Prometheus text, ``GET /healthz`` a liveness answer.
+
+Blocking reads (the lookup, the stats) run in threads, off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections import Counter
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from hybridq import allow
+from hybridq.envelope import Envelope, Retry, function_path, validate_job_id
+from hybridq.errors import (
+    EnvelopeError,
+    HybridqError,
+    JournalError,
+    JournalIOError,
+    QueueFull,
+    ResultNotKept,
+)
+from hybridq.http.config import ServeConfig
+from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, key_job_id, valid_key
+from hybridq.job import Job, fetch_job
+from hybridq.producer import Queue
+from hybridq.status import stats
+
+__all__ = ["FIELDS", "Api", "BodyTooLarge"]
+
+log = logging.getLogger("hybridq.http")
+
+#: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
+FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
+#: Queues whose ``prepare`` is kept (a name outside them gets a fresh one).
+_QUEUES_KEPT = 256
+
+
+class BodyTooLarge(Exception):
+    """The request body is over ``ServeConfig.max_body``."""
+
+
+class BadRequest(ValueError):
+    """A body the API refuses (400); nothing is written."""
+
+
+def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not a JSON number")
+
+
+class Api:
+    """The API's state and endpoints over one journal.
+
+    Args:
+        config: the server's settings.
+        registry: the Prometheus registry ``/metrics`` serves (``hybridq forward --serve``: the
+            forwarder's); ``None``: the journal's figures from :func:`hybridq.stats`.
+    """
+
+    def __init__(self, config: ServeConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.journal = str(config.journal)
+        #: Commits every POST's job: one committer, so all queues share its fsyncs.
+        self.committer = Queue("default", self.journal, capacity=config.capacity)
+        self.keys = KeyStore(self.journal)
+        self._queues: dict[str, Queue] = {}
+        #: POST outcomes by status code, for /metrics.
+        self.posts: Counter[int] = Counter()
+        self.registry = registry
+        self._stats_registry: CollectorRegistry | None = None
+
+    def routes(self) -> list[BaseRoute]:
+        """The API's routes."""
+        return [
+            Route("/v1/jobs", self.post_job, methods=["POST"]),
+            Route("/v1/jobs/{job_id}", self.get_job, methods=["GET"]),
+            Route("/v1/stats", self.get_stats, methods=["GET"]),
+            Route("/metrics", self.get_metrics, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+        ]
+
+    # -- POST /v1/jobs ------------------------------------------------------------------------
+
+    async def post_job(self, request: Request) -> Response:
+        """Enqueue one job; 202 once it is durable (see docs/http.md for every answer)."""
+        response = await self._post(request)
+        self.posts[response.status_code] += 1
+        return response
+
+    async def _post(self, request: Request) -> Response:
+        key = request.headers.get("idempotency-key")
+        if key is not None and not valid_key(key):
+            return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
+        try:
+            body = await self._body(request)
+            env = self._envelope(body, key)
+        except BodyTooLarge:
+            return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
+        except (BadRequest, EnvelopeError) as exc:  # EnvelopeError: NotSerializable, RecordTooLarge too
+            return _error(400, "bad_request", str(exc))
+        except JournalError as exc:  # the journal directory cannot be used
+            return self._unavailable(exc)
+        try:
+            if key is None:
+                job, replay = await self._commit(env), False
+            else:
+                job, replay = await self._commit_keyed(env)
+        except KeyReused as exc:
+            return _error(422, "idempotency_key_reused", str(exc))
+        except QueueFull as exc:
+            return _error(
+                429,
+                "queue_full",
+                f"{exc.pending} jobs pending, capacity {exc.capacity}: retry later",
+                {"Retry-After": str(self.config.retry_after_s)},
+            )
+        except (JournalError, OSError) as exc:
+            return self._unavailable(exc)
+        location = f"{request.scope.get('root_path', '')}/v1/jobs/{job}"
+        headers = {"Location": location}
+        if replay:
+            headers["Idempotent-Replayed"] = "true"
+        return JSONResponse({"id": job}, status_code=202, headers=headers)
+
+    def _unavailable(self, exc: BaseException) -> JSONResponse:
+        log.warning("POST /v1/jobs: the journal cannot be written: %s", exc)
+        detail = "the journal cannot be written; retry (with the same Idempotency-Key)"
+        return _error(503, "journal_unavailable", detail, {"Retry-After": str(self.config.retry_after_s)})
+
+    async def _body(self, request: Request) -> Any:
+        """The JSON body, read up to ``max_body`` (413 as soon as it is over, not after)."""
+        limit = self.config.max_body
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise BodyTooLarge
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks), parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, BadRequest):
+                raise
+            raise BadRequest("the body must be a JSON object") from None
+
+    def _envelope(self, body: Any, key: str | None) -> Envelope:
+        """The job a body asks for, validated (raises :class:`BadRequest` or EnvelopeError)."""
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        unknown = sorted(set(body) - FIELDS)
+        if unknown:
+            raise BadRequest(f"unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(FIELDS))})")
+        task = body.get("task")
+        if not isinstance(task, str):
+            raise BadRequest('"task" must be a string: a registered task or a path under --allow')
+        path = function_path(task)  # a dotted path, not in __main__
+        if not self._allowed(path):
+            raise BadRequest(
+                f"task {path!r} is not registered with @hybridq.task in this server nor under "
+                "--allow (docs/http.md)"
+            )
+        args = body.get("args", [])
+        kwargs = body.get("kwargs", {})
+        if not isinstance(args, list):
+            raise BadRequest('"args" must be a JSON array')
+        if not isinstance(kwargs, dict):
+            raise BadRequest('"kwargs" must be a JSON object')
+        queue = body.get("queue", "default")
+        if not isinstance(queue, str):
+            raise BadRequest('"queue" must be a string')
+        delay = body.get("delay")
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay)
+        ):
+            raise BadRequest('"delay" must be a number of seconds')
+        return self._queue(queue).prepare(
+            path,
+            args,
+            kwargs,
+            idempotency_key=key,
+            job_id=None if key is None else key_job_id(key),
+            delay=delay,
+            retry=_retry(body.get("retry")),
+        )
+
+    def _allowed(self, path: str) -> bool:
+        if allow.allowed(path):
+            return True
+        return any(p in ("*", path) or path.startswith(p + ".") for p in self.config.allow)
+
+    def _queue(self, name: str) -> Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = Queue(name, self.journal)  # validates the name (EnvelopeError: 400)
+            if len(self._queues) >= _QUEUES_KEPT:
+                self._queues.clear()
+            self._queues[name] = queue
+        return queue
+
+    async def _commit(self, env: Envelope) -> str:
+        (job,) = await self.committer.enqueue_many_async([env])
+        return job.id
+
+    async def _commit_keyed(self, env: Envelope) -> tuple[str, bool]:
+        """Commit a keyed job unless the journal holds it already; (its id, whether it did)."""
+        print_ = fingerprint(env)
+        async with self.keys.hold(env.id):
+            found = await asyncio.to_thread(self.keys.find, env.id)
+            if self.keys.check(env.id, found, print_):
+                return env.id, True
+            try:
+                job_id = await self._commit(env)
+            except JournalIOError:
+                self.keys.unsure(env.id)
+                raise
+            self.keys.remember(job_id, print_)
+            return job_id, False
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def get_job(self, request: Request) -> Response:
+        """A job's status, attempt, result or error; 404 for an unknown id."""
+        job_id = request.path_params["job_id"]
+        try:
+            validate_job_id(job_id)
+        except EnvelopeError:
+            return _error(404, "not_found", "no job with this id")
+        try:
+            state = await asyncio.to_thread(self._job_state, job_id)
+        except (JournalError, OSError) as exc:
+            return _error(503, "journal_unavailable", str(exc))
+        if state is None:
+            return _error(404, "not_found", "no job with this id")
+        return JSONResponse(state)
+
+    def _job_state(self, job_id: str) -> dict[str, Any] | None:
+        job = fetch_job(job_id, self.journal)
+        if job is None:
+            return None
+        return job_state(job)
+
+    async def get_stats(self, request: Request) -> Response:
+        """The journal's counts (:func:`hybridq.stats`) with the server's capacity."""
+        del request
+        try:
+            out = await asyncio.to_thread(stats, self.journal, redis_url=self.config.redis_url)
+        except (HybridqError, OSError) as exc:
+            return _error(503, "journal_unavailable", str(exc))
+        return JSONResponse(stats_body(out, self.config.capacity))
+
+    async def get_metrics(self, request: Request) -> Response:
+        """The Prometheus text exposition."""
+        del request
+        if self._stats_registry is None:
+            from hybridq.http.metrics import StatsCollector  # noqa: PLC0415
+
+            self._stats_registry = CollectorRegistry()
+            self._stats_registry.register(StatsCollector(self, journal=self.registry is None))
+        registries = [r for r in (self.registry, self._stats_registry) if r is not None]
+        texts = await asyncio.to_thread(lambda: [generate_latest(r) for r in registries])
+        return Response(b"".join(texts), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(self, request: Request) -> Response:
+        """Liveness: the process answers (no auth, no disk)."""
+        del request
+        return JSONResponse({"ok": True})
+
+
+def _retry(value: Any) -> Retry | None:
+    """``retry``: a number of attempts, or ``{"max_attempts", "backoff", "backoff_max", "jitter"}``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadRequest('"retry" must be a number of attempts or an object')
+    if isinstance(value, int):
+        return Retry(max_attempts=value)
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"max_attempts", "backoff", "backoff_max", "jitter"})
+        if unknown:
+            raise BadRequest(f'"retry": unknown field(s) {", ".join(unknown)}')
+        try:
+            return Retry.from_json(value)
+        except (TypeError, KeyError) as exc:
+            raise BadRequest(f'"retry": {exc}') from None
+    raise BadRequest('"retry" must be a number of attempts or an object')
+
+
+def job_state(job: Job) -> dict[str, Any]:
+    """What ``GET /v1/jobs/{id}`` answers for ``job``."""
+    status = job.status
+    env = job.envelope
+    out: dict[str, Any] = {
+        "id": job.id,
+        "status": status,
+        "attempt": job.attempt,
+        "task": env.func,
+        "queue": env.queue,
+        "enqueued_at": job.enqueued_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+    }
+    if status == "finished":
+        try:
+            out["result"] = job.result
+        except ResultNotKept as exc:
+            out["result"] = None
+            out["result_not_kept"] = exc.reason
+    elif status in ("failed", "retrying", "merged"):
+        out["error"] = job.exc_info
+    return out
+
+
+def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
+    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``."""
+    body = dict(out)
+    body["queued"] = out.get("not_yet_forwarded", 0)
+    body["capacity"] = capacity
+    body["pending_by_queue"] = out.get("queues", {})
+    return body

@@ -1,0 +1,231 @@
+"""The OpenAPI 3 document of ``hybridq serve``'s API (``GET /v1/openapi.json``, docs/http.md).
+
+Written by hand next to the routes it describes: ``tests/unit/test_http_api.py`` checks that it
+lists every route and every status code the API answers with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["document"]
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}}
+_UNAUTHORIZED = _json(_ERROR, "No valid bearer token (or session cookie).")
+
+
+def document(version: str) -> dict[str, Any]:
+    """The OpenAPI document, for the server of hybridq ``version``."""
+    secured: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "hybridq serve",
+            "version": version,
+            "description": "Enqueue jobs into a hybridq journal over HTTP; see docs/http.md.",
+        },
+        "security": secured,
+        "paths": {
+            "/v1/jobs": {
+                "post": {
+                    "summary": "Enqueue a job; answered once it is durable in the journal.",
+                    "parameters": [
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                            "description": "Retries with the same key get the same job id, never a "
+                            "second job (across server restarts).",
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewJob"}}},
+                    },
+                    "responses": {
+                        "202": {
+                            **_json({"$ref": "#/components/schemas/Accepted"}, "Durable in the journal."),
+                            "headers": {
+                                "Location": {"schema": {"type": "string"}, "description": "/v1/jobs/{id}"}
+                            },
+                        },
+                        "400": _json(_ERROR, "Bad input (nothing was written)."),
+                        "401": _UNAUTHORIZED,
+                        "413": _json(_ERROR, "The body is over the server's --max-body."),
+                        "422": _json(_ERROR, "The Idempotency-Key was used for another call."),
+                        "429": {
+                            **_json(_ERROR, "The journal holds --capacity pending jobs."),
+                            "headers": _RETRY_AFTER,
+                        },
+                        "503": {
+                            **_json(
+                                _ERROR,
+                                "The journal cannot be written (outcome unknown: retry "
+                                "with the same Idempotency-Key).",
+                            ),
+                            "headers": _RETRY_AFTER,
+                        },
+                    },
+                }
+            },
+            "/v1/jobs/{id}": {
+                "get": {
+                    "summary": "A job's status, attempt, result or error (from durable state).",
+                    "parameters": [
+                        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Job"}, "The job."),
+                        "401": _UNAUTHORIZED,
+                        "404": _json(_ERROR, "No job with this id."),
+                        "503": _json(_ERROR, "The journal cannot be read."),
+                    },
+                }
+            },
+            "/v1/stats": {
+                "get": {
+                    "summary": "The journal's counts (hybridq.stats) and the server's capacity.",
+                    "responses": {
+                        "200": _json({"type": "object", "additionalProperties": True}, "The counts."),
+                        "401": _UNAUTHORIZED,
+                        "503": _json(_ERROR, "The journal cannot be read."),
+                    },
+                }
+            },
+            "/v1/openapi.json": {
+                "get": {
+                    "summary": "This document.",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3."), "401": _UNAUTHORIZED},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text exposition format).",
+                    "responses": {
+                        "200": {
+                            "description": "Metrics.",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        "401": _UNAUTHORIZED,
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness (never authenticated).",
+                    "security": [],
+                    "responses": {"200": _json({"type": "object"}, '{"ok": true}')},
+                }
+            },
+            "/login": {
+                "get": {
+                    "summary": "The login form (browsers).",
+                    "security": [],
+                    "responses": {"200": {"description": "HTML form.", "content": {"text/html": {}}}},
+                },
+                "post": {
+                    "summary": "Log in with a token: sets the HttpOnly, SameSite=Strict session cookie.",
+                    "security": [],
+                    "requestBody": {
+                        "content": {
+                            "application/x-www-form-urlencoded": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {"token": {"type": "string"}, "next": {"type": "string"}},
+                                }
+                            }
+                        }
+                    },
+                    "responses": {
+                        "303": {"description": "Logged in: to `next`."},
+                        "400": {"description": "Not a token.", "content": {"text/html": {}}},
+                        "401": {"description": "Wrong token.", "content": {"text/html": {}}},
+                    },
+                },
+            },
+            "/logout": {
+                "post": {
+                    "summary": "Clear the session cookie.",
+                    "security": [],
+                    "responses": {"303": {"description": "To the login form."}},
+                }
+            },
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "hybridq_session"},
+            },
+            "schemas": {
+                "NewJob": {
+                    "type": "object",
+                    "required": ["task"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "task": {
+                            "type": "string",
+                            "description": "A registered task or a path under --allow.",
+                        },
+                        "args": {"type": "array", "default": []},
+                        "kwargs": {"type": "object", "default": {}},
+                        "queue": {"type": "string", "default": "default"},
+                        "delay": {"type": "number", "minimum": 0, "description": "Seconds before it runs."},
+                        "retry": {
+                            "oneOf": [
+                                {"type": "integer", "minimum": 1, "description": "Total attempts."},
+                                {
+                                    "type": "object",
+                                    "properties": {
+                                        "max_attempts": {"type": "integer"},
+                                        "backoff": {"type": "number"},
+                                        "backoff_max": {"type": "number"},
+                                        "jitter": {"type": "boolean"},
+                                    },
+                                },
+                            ]
+                        },
+                    },
+                },
+                "Accepted": {"type": "object", "properties": {"id": {"type": "string"}}},
+                "Job": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "status": {
+                            "type": "string",
+                            "enum": [
+                                "queued",
+                                "scheduled",
+                                "forwarded",
+                                "started",
+                                "retrying",
+                                "merged",
+                                "finished",
+                                "failed",
+                            ],
+                        },
+                        "attempt": {"type": "integer"},
+                        "task": {"type": "string"},
+                        "queue": {"type": "string"},
+                        "enqueued_at": {"type": "number"},
+                        "started_at": {"type": "number", "nullable": True},
+                        "ended_at": {"type": "number", "nullable": True},
+                        "result": {"description": "The task's return value (finished jobs)."},
+                        "result_not_kept": {"type": "string"},
+                        "error": {"type": "string", "nullable": True},
+                    },
+                },
+                "Error": {
+                    "type": "object",
+                    "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+                },
+            },
+        },
+    }

@@ -1,0 +1,36 @@
+"""Tasks quick enough that their claim sends no started event (docs/worker.md#the-started-event).
+
+A started event costs a run an ``XADD`` in its claim, and the forwarder a harvest, a parse and a
+delete: about 12% of a no-op job's cost on two cores (issue 15's burn-down). For a task that
+ends within a fraction of a second the ``started`` state is never seen anyway: its lookup goes
+from ``forwarded`` to its outcome. So a worker process stops asking for it for a task whose last
+:data:`STREAK` runs in this process each took under :data:`QUICK_S`, and asks again from the
+first run that takes longer (that run itself was claimed without one).
+"""
+
+from __future__ import annotations
+
+__all__ = ["QUICK_S", "STREAK", "is_quick", "ran"]
+
+#: A run shorter than this (seconds, wall clock from the task's start to its end) is quick.
+QUICK_S = 0.1
+#: Consecutive quick runs of a task after which its claims send no started event.
+STREAK = 16
+
+#: Consecutive quick runs per task path in this process (plain dict operations: thread-safe
+#: enough under the GIL, and a lost count only costs one more started event).
+_streaks: dict[str, int] = {}
+
+
+def is_quick(func: str) -> bool:
+    """Whether ``func``'s recent runs in this process were all quick (no started event)."""
+    return _streaks.get(func, 0) >= STREAK
+
+
+def ran(func: str, seconds: float) -> None:
+    """Record that a run of ``func`` took ``seconds``."""
+    if seconds < QUICK_S:
+        if _streaks.get(func, 0) < STREAK:
+            _streaks[func] = _streaks.get(func, 0) + 1
+    else:
+        _streaks.pop(func, None)

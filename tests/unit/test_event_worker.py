@@ -1,0 +1,46 @@
+"""The worker that ran a job travels in its completion event into the ledger (the dashboard's trace)."""
+
+from __future__ import annotations
+
+import json
+
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.ledger import Entry, parse_event
+from hybridq.protocol import CompletionEvent, Delivery
+from hybridq.worker.admit import event
+
+
+def _delivery(gen: int = 0) -> Delivery:
+    env = Envelope(
+        id=new_job_id(), func="tests.tasks.add", queue="default", idempotency_key="k", created_at=1.0
+    )
+    return Delivery(env, "owner1", ("w", 2, 64), 3, gen=gen)
+
+
+def test_the_worker_event_names_its_worker_and_the_ledger_keeps_it() -> None:
+    stored = {"outcome": "failed", "final": False, "attempt": 3, "error": "boom"}
+    ev = event(_delivery(gen=4), stored, dup=False, started=5.0)
+    body = json.loads(json.dumps(ev.to_json()))
+    assert body["worker"] == ev.worker
+    host, pid = str(ev.worker).rsplit("/", 1)
+    assert host
+    assert pid.isdigit()
+    assert CompletionEvent.from_json(body) == ev
+    entry = parse_event("1-0", body, lambda: 10.0)
+    assert (entry.worker, entry.attempt, entry.started, entry.gen) == (ev.worker, 3, 5.0, 4)
+    assert body["gen"] == 4
+    assert json.loads(entry.to_bytes())["w"] == ev.worker
+    assert json.loads(entry.to_bytes())["g"] == 4
+    assert Entry.from_bytes(entry.to_bytes()) == entry
+
+
+def test_an_older_event_and_an_older_ledger_record_still_read() -> None:
+    d = _delivery()
+    body = CompletionEvent.of(d, {"outcome": "succeeded", "attempt": 3}, dup=False, at=2.0).to_json()
+    assert "worker" not in body  # nothing said: the wire is what it was
+    assert "gen" not in body  # generation 0 is left out
+    entry = parse_event("1-0", body, lambda: 10.0)
+    assert (entry.worker, entry.gen) == (None, 0)
+    old = b'{"t":"done","id":"abc","loc":["w",0,64],"n":2,"o":"succeeded","at":3.0}'
+    assert (Entry.from_bytes(old).worker, Entry.from_bytes(old).gen) == (None, 0)
+    assert b'"w":' not in Entry.from_bytes(old).to_bytes()
