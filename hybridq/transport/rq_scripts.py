@@ -47,6 +47,9 @@ _QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
 # the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
 # copy, which reports that run's failure again and runs nothing (tests/integration/
 # test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
+#
+# A job replaced is also taken out of the queue's intermediate list (tests/integration/
+# test_worker_protocol.py, a stranded job delivered again).
 _PUSH_IF_NEW = f"""
 local function push(k, id, overwrite, run, first, last)
     if redis.call("EXISTS", KEYS[k]) == 1 then
@@ -63,6 +66,9 @@ local function push(k, id, overwrite, run, first, last)
         end
         redis.call("DEL", KEYS[k])
         redis.call("LREM", KEYS[k + 1], 0, id)
+        -- Out of RQ's intermediate list too (keys.rq_intermediate): a worker that took the job
+        -- and vanished left it there, where the probe would find it "stranded" again and again.
+        redis.call("LREM", KEYS[k + 1] .. ":intermediate", 0, id)
     end
     -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
     redis.call("ZREM", KEYS[k + 3], id)

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 import pytest
 from hybridq import keys
 from hybridq.envelope import Envelope, Retry, new_job_id
+from hybridq.protocol import Overwrite
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -115,6 +116,29 @@ def test_a_job_a_dead_worker_took_but_never_started_is_stranded(transport: RQTra
     conn.lmove(keys.rq_queue("default"), keys.rq_intermediate("default"), "LEFT", "RIGHT")
     assert probe(transport, env) == "stranded"
     assert probe(transport, other) == "queued"
+
+
+def test_a_stranded_job_delivered_again_is_queued_and_no_longer_stranded(
+    transport: RQTransport, work: Work
+) -> None:
+    # A worker took the job into RQ's intermediate list and vanished before starting it: killed,
+    # or its host cut off while it waited in BLMOVE (Redis moved the job; the reply was lost).
+    env, other = envelope(), envelope()
+    deliver(transport, env)
+    deliver(transport, other)
+    conn = transport.connection
+    conn.lmove(keys.rq_queue("default"), keys.rq_intermediate("default"), "LEFT", "RIGHT")
+    assert probe(transport, env, lease_s=0.0) == "stranded"
+    # The reconcile pass delivers the same attempt again, replacing the stranded copy.
+    transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=1, overwrite=Overwrite.ALWAYS)])
+    # Queued, once: were it still "stranded", every later pass would delete it and queue it at
+    # the back again, a lease apart, so behind a backlog longer than a lease it would never run
+    # (found by the multihost tier: tests/multihost, a worker host cut off while idle).
+    assert probe(transport, env, lease_s=0.0) == "queued"
+    assert conn.lrange(keys.rq_intermediate("default"), 0, -1) == []
+    assert conn.lrange(keys.rq_queue("default"), 0, -1) == [other.id.encode(), env.id.encode()]
+    work(transport)
+    assert sorted(e["id"] for e in events(transport)) == sorted([env.id, other.id])
 
 
 def test_a_run_that_fails_after_another_run_of_its_key_succeeded_reports_the_success(
