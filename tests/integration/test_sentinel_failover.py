@@ -181,8 +181,7 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     starts = collections.Counter(x.token for x in lines if x.kind == "start")
     done = {x.token for x in lines if x.kind == "done"}
     lost = [t for t in producer.tokens if t not in done]
-    finished_tokens = {producer.token_of[job_id] for job_id in failover.finished}
-    reran_finished = sorted(t for t in finished_tokens if starts[t] > 1)
+    reran_finished = ran_after(lines, failover, producer.token_of)
     reruns = sum(c - 1 for c in starts.values())  # finished on the dead master, never harvested
     first_job_s, stall_s = delays(lines, failover, frozenset(long))
     fenced, purged = fencing(worker.log(), forwarder.log())
@@ -205,6 +204,14 @@ def test_s18_sentinel_failover_to_a_lagging_replica_loses_nothing_and_reruns_not
     assert "RQ shutdown command received" in worker.log()
     assert not reran_finished, f"finished jobs ran again: {reran_finished[:5]}"
     assert failover.stale > 0, "the replica did not lag: nothing finished was queued on it"
+
+
+def ran_after(lines: list[Line], failover: Failover, token_of: dict[str, str]) -> list[str]:
+    """Jobs the ledger held as finished when the master died that started a run after that."""
+    finished = {token_of[job_id] for job_id in failover.finished}
+    return sorted(
+        {x.token for x in lines if x.kind == "start" and x.token in finished and x.at > failover.killed_at}
+    )
 
 
 def fencing(worker_log: str, forwarder_log: str) -> tuple[int, int]:
