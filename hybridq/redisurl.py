@@ -1,5 +1,9 @@
 """Redis URLs from users, checked before use; Redis refusing a configuration told from an outage.
 
+:func:`client` is the one place a user's Redis URL becomes a client: a plain ``redis://``,
+``rediss://`` or ``unix://`` URL, or a Sentinel one (``redis+sentinel://``, below), whose client
+asks the Sentinels for the current master on every new connection and so follows a failover.
+
 An outage (Redis down, restarting, unreachable) is retried with backoff by the forwarder and the
 workers. A configuration Redis *refuses* -- a wrong password, a disabled user, a DB index out of
 range, an ACL that denies a command or key hybridq needs -- does not get better by retrying, so
@@ -9,14 +13,26 @@ it is reported once and the process exits (:class:`hybridq.errors.RedisRefused`)
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hybridq.errors import InvalidRedisURL, RedisRefused, TransportError
+from hybridq.sentinelurl import SENTINEL_SCHEME, is_sentinel, parse_sentinel, sibling
 
 if TYPE_CHECKING:
+    import redis
     from redis.exceptions import RedisError
 
-__all__ = ["InvalidRedisURL", "check_url", "redact_url", "refusal", "transport_error"]
+__all__ = [
+    "SENTINEL_SCHEME",
+    "InvalidRedisURL",
+    "check_url",
+    "client",
+    "is_sentinel",
+    "redact_url",
+    "refusal",
+    "sibling",
+    "transport_error",
+]
 
 #: Reply texts (lowercase) by which Redis refuses a configuration rather than fails for a while.
 #: A denied command inside a script comes back as a plain ERR with the ACL's wording.
@@ -29,6 +45,29 @@ _REFUSALS = (
     "noauth",
     "invalid username-password pair",
 )
+
+
+def client(url: str, **redis_kwargs: Any) -> redis.Redis:
+    """A client of the Redis ``url`` names: every user-given URL becomes a client here.
+
+    Args:
+        url: ``redis://``, ``rediss://`` or ``unix://`` (redis-py's forms), or
+            ``redis+sentinel://[user:pass@]host:port,host:port/SERVICE[/DB][?options]``: a client
+            of SERVICE's current master, found through those Sentinels on every new connection
+            (so it follows a failover); options in docs/deploy.md ("Sentinel and replicas").
+        **redis_kwargs: connection options (``socket_timeout``, ...); the URL's own query options
+            win over them, as with :meth:`redis.Redis.from_url`.
+
+    No I/O: the connection is made on first use. Raises ValueError for a URL redis-py cannot
+    use (:func:`check_url` turns that into a one-line :class:`InvalidRedisURL`).
+    """
+    import redis  # noqa: PLC0415 - `hybridq status` and `--help` need no redis-py
+
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, **redis_kwargs)
+    from hybridq.sentinelurl import master_client  # noqa: PLC0415 - imports redis.sentinel
+
+    return master_client(parse_sentinel(url), redis_kwargs)
 
 
 def check_url(url: str) -> str:
@@ -46,6 +85,9 @@ def check_url(url: str) -> str:
 
 def _build(url: str) -> None:
     """Build (not connect) redis-py's connection for ``url``: ValueError or TypeError if it cannot."""
+    if is_sentinel(url):
+        parse_sentinel(url).check()
+        return
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path[1:].isdigit():
         # redis-py silently ignores a database it cannot parse (and uses database 0).
@@ -61,9 +103,12 @@ def _build(url: str) -> None:
 
 def _scrub(message: str, url: str) -> str:
     """``message`` without any secret ``url`` holds (redis-py may quote a bad value)."""
-    parts = urllib.parse.urlsplit(url)
-    secrets = [parts.password or ""]
-    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+    # Split as redact_url does, not with urlsplit: that raises on some malformed hosts ("[::1").
+    creds, _at, rest = url.partition("://")[2].rpartition("@")
+    query = rest.partition("#")[0].partition("?")[2]
+    password = creds.partition(":")[2]
+    secrets = [password, urllib.parse.unquote(password)]
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
         if "pass" in "".join(c for c in name.lower() if c.isalnum()):
             secrets.append(value)
     for secret in sorted(filter(None, secrets), key=len, reverse=True):

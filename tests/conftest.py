@@ -20,7 +20,7 @@ os.environ.setdefault("HYBRIDQ_ALLOW", "tests")
 
 # Private redis-server fixtures (`redis_server`, `make_redis_server`) for every test module, and
 # a private PostgreSQL (`postgres_server`, `pg_dsn`, `make_postgres_server`) for the outbox's.
-pytest_plugins = ["tests.support.redis", "tests.support.postgres"]
+pytest_plugins = ["tests.support.redis", "tests.support.postgres", "tests.support.sentinel"]
 
 _FIGURES: list[str] = []
 

@@ -29,7 +29,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
-from hybridq import keys
+from hybridq import keys, redisurl
 from hybridq.envelope import MAX_SECONDS
 from hybridq.errors import UnencodableJobs
 from hybridq.protocol import ENTRY_POINT
@@ -67,7 +67,7 @@ class RQTransport(Transport):
         if connection is None:
             if url is None:
                 raise ValueError("RQTransport needs a url or a connection")
-            connection = redis.Redis.from_url(
+            connection = redisurl.client(
                 url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
             )
         self.connection = connection

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from queue import Empty
 from typing import Any
 
-import redis
 from redis.exceptions import RedisError
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -93,7 +92,7 @@ class Engine:
         self.max_memory_mb = max_memory_mb
         # RQ's code (registration, heartbeats, jobs run by RQ's code) uses this connection: a hung
         # Redis must time out, as RQ's own worker makes it (it sets its socket timeout in work()).
-        self.conn = redis.Redis.from_url(url, socket_timeout=WORKER_TTL_S + 10, socket_connect_timeout=10)
+        self.conn = redisurl.client(url, socket_timeout=WORKER_TTL_S + 10, socket_connect_timeout=10)
         self.client = scripts.client(self.conn)
         job_class = Job.serving_only(self.queues)
         self.rq_queues = {

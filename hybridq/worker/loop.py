@@ -22,6 +22,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
 from hybridq import keys, redisurl
+from hybridq.errors import ConfigError
 from hybridq.guard import Job
 from hybridq.signing import keyring
 
@@ -55,6 +56,12 @@ def run_worker(
     ``max_backoff_s``) instead of exiting or spinning. Returns 0 (stopped or, with ``burst``,
     out of work) or 1 (burst mode could not reach Redis).
     """
+    if not simple and redisurl.is_sentinel(url):
+        # RQ's work-horse rebuilds its client from the parent's connection options, which cannot
+        # describe a Sentinel-managed connection (it would fail on the first job, not here).
+        raise ConfigError(
+            "--rq forks a work-horse RQ cannot connect through Sentinel: add --simple, or use the pool"
+        )
     # RQ's worker module is heavy: loaded only by a process that runs a worker loop.
     from hybridq.rqworker import SimpleWorker, Worker  # noqa: PLC0415
 
@@ -66,7 +73,7 @@ def run_worker(
     delay = 1.0
     down_since: float | None = None
     while True:
-        conn = redis.Redis.from_url(url)
+        conn = redisurl.client(url)
         started = time.monotonic()
         try:
             check_access(conn, queues)
@@ -173,7 +180,7 @@ def _log_commands(worker: Any, commanded: list[str]) -> None:
 
 
 def _reachable(url: str) -> bool:
-    conn = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    conn = redisurl.client(url, socket_timeout=2.0, socket_connect_timeout=2.0)
     try:
         conn.ping()
     except RedisError:

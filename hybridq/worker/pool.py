@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from redis.exceptions import RedisError
 
 from hybridq import keys, redisurl
@@ -90,7 +89,7 @@ def run_pool(
     ring = keyring()  # a key configured but unusable stops the worker here, not in each child
     if ring is not None:
         log.info("verifying envelope signatures (%s, %d key(s))", ring.source, len(ring.keys))
-    conn = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    conn = redisurl.client(url, socket_timeout=5.0, socket_connect_timeout=5.0)
     try:
         check_access(conn, queues)
     except RedisError as exc:
@@ -179,7 +178,7 @@ class _Pool:
             if self.pubsub is None:
                 # The client is kept: redis-py closes its connections, the subscription's
                 # included, when the client object is collected (a command sent then was lost).
-                self.pubsub_client = redis.Redis.from_url(self.url, socket_timeout=5.0)
+                self.pubsub_client = redisurl.client(self.url, socket_timeout=5.0)
                 self.pubsub = self.pubsub_client.pubsub(ignore_subscribe_messages=True)
                 self.pubsub.subscribe(*self.channels)
             message = self.pubsub.get_message(timeout=0)
@@ -340,7 +339,7 @@ class _Pool:
 
         try:
             if self.scheduler is None:
-                conn = redis.Redis.from_url(self.url, socket_timeout=10.0, socket_connect_timeout=10.0)
+                conn = redisurl.client(self.url, socket_timeout=10.0, socket_connect_timeout=10.0)
                 qs = [Queue(q, connection=conn, serializer=JSONSerializer) for q in self.queues]
                 self.scheduler = RQScheduler(qs, connection=conn, serializer=JSONSerializer)
             process = self.scheduler._process

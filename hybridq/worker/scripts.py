@@ -19,6 +19,8 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
+from hybridq import redisurl
+
 __all__ = [
     "CALL_TIMEOUT_S",
     "CLAIM_LUA",
@@ -254,14 +256,8 @@ def client(conn: redis.Redis) -> redis.Redis:
     pool = conn.connection_pool
     made = _clients.get(pool)
     if made is None:
-        options = {
-            **pool.connection_kwargs,
-            "socket_timeout": CALL_TIMEOUT_S,
-            "socket_connect_timeout": CALL_TIMEOUT_S,
-        }
-        made = redis.Redis(
-            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
-        )
+        # A sibling, not a copy of the pool's options: a Sentinel client's pool is its own kind.
+        made = redisurl.sibling(conn, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S)
         _clients[pool] = made
     return made
 
