@@ -357,3 +357,39 @@ def test_moving_a_queue_between_two_kept_redis_runs_each_job_once_and_leaves_not
         left = [key for key in client.scan_iter("rq:job:*") if client.hget(key, "origin") == b"beta"]
     assert left == []
     assert entries(second, "beta") == []
+
+
+def test_status_gives_each_instance_its_own_waiting_count_and_refusal(
+    tmp_path: Path, journal_dir: Path, make_redis_server: MakeRedisServer
+) -> None:
+    """Per instance: its own waiting_for_a_worker; one whose password is missing is refused, not DOWN."""
+    from click.testing import CliRunner
+    from hybridq import waiting
+    from hybridq.cli import cli
+    from hybridq.status import stats
+
+    first, second = make_redis_server(), make_redis_server()
+    ensure_journal_dir(journal_dir)
+    with contextlib.closing(second.client()) as client:
+        waiting.record(client, "j1", {"func": "x.y", "queue": "beta", "reason": "r"}, lease_s=60)
+        waiting.record(client, "j2", {"func": "x.y", "queue": "beta", "reason": "r"}, lease_s=60)
+    out = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": second.url})
+    assert out["redis"]["waiting_for_a_worker"] == 0  # the default instance's
+    assert [i["waiting_for_a_worker"] for i in out["redis_instances"]] == [0, 2]
+
+    with contextlib.closing(second.client()) as client:
+        client.config_set("requirepass", "s3cret")
+    out = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": second.url})
+    refused = out["redis_instances"][1]
+    assert refused["up"] is False
+    assert "login refused" in refused["refused"], refused
+    assert "refused" not in out["redis_instances"][0]
+    text = CliRunner().invoke(
+        cli,
+        ["status", "--journal", str(journal_dir), "--redis", first.url, "--redis-for", f"beta={second.url}"],
+    )
+    assert text.exit_code == 0, text.output
+    assert "REFUSED (login refused" in text.output, text.output
+    host = second.url.split("//", 1)[1]
+    fixed = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": f"redis://:s3cret@{host}"})
+    assert fixed["redis_instances"][1]["up"] is True
