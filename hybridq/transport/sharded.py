@@ -28,6 +28,7 @@ single-Redis transport does: the forwarder backs off as a whole (its journal che
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, 
 from .routes import Routes
 
 __all__ = ["ShardedTransport", "compose_epoch", "split_epoch"]
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _PART = re.compile(r"^(\d+):([0-9a-f]*):(.+)$")
@@ -154,6 +157,14 @@ class ShardedTransport(Transport):
             )
             purged += removed
             elsewhere |= here
+            if removed or here:
+                log.warning(
+                    "refill: %s held jobs of queues that now live on another Redis (the map "
+                    "changed): %d copies removed, %d left there (run or ran there: not delivered again)",
+                    redact_url(self.urls[i]),
+                    removed,
+                    len(here),
+                )
         live = [d for d in live if d.envelope.id not in elsewhere]
         dead = self._split(terminal, lambda p: p.queue)
         alive = self._split(live, lambda d: d.envelope.queue)

@@ -340,7 +340,7 @@ def test_moving_a_queue_between_two_kept_redis_runs_each_job_once_and_leaves_not
         for job_id in done_ids:
             client.hset(f"rq:job:{job_id}", "status", "queued")
             client.rpush("rq:queue:beta", job_id)
-    old.kill()
+    old.terminate()  # stopped as an operator does (SIGTERM: its checkpoint saved)
 
     forward("forwarder-new.log", new_map)
     wait_until(
