@@ -118,14 +118,14 @@ return 0
 # A job whose queue now lives on another Redis (the queue -> Redis map changed): its copy here is
 # removed, hash and queue entry, unless it runs or ran here. KEYS: job hash, queue list, lease,
 # result. ARGV: job id, the run the forwarder would deliver elsewhere (requeue * 100000 + attempt;
-# -1: the job finished). Returns 2: a worker holds its lease here, or stored this very run's
-# outcome here (its completion event is harvested from here: the run is not delivered elsewhere);
-# 1: a copy removed; 0: none here. A copy queued under an older generation is fenced by any
-# worker's claim meanwhile (hybridq.worker.scripts), so only a claim made before the epoch
-# changed can run here, and it holds the lease.
+# -1: the job finished). Returns 2: a worker holds the lease here (and the job's hash is here),
+# or stored this very run's outcome here (its completion event is harvested from here: the run
+# is not delivered elsewhere); 1: a copy removed; 0: none here. A copy queued under an older
+# generation is fenced by any worker's claim meanwhile (hybridq.worker.scripts), so only a claim
+# made before the epoch changed can run here, and it holds the lease.
 _EVICT = """
-if redis.call("EXISTS", KEYS[3]) == 1 then
-    return 2
+if redis.call("EXISTS", KEYS[3]) == 1 and redis.call("EXISTS", KEYS[1]) == 1 then
+    return 2  -- (the hash too: another job may share the idempotency key, and run elsewhere)
 end
 local stored = tonumber(ARGV[2]) >= 0 and redis.call("GET", KEYS[4])
 if stored then

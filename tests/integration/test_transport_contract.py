@@ -337,20 +337,23 @@ def test_moving_a_queue_between_two_kept_redis_changes_the_epoch_and_the_refill_
         old.push(done + waiting + running + other)
         b = old.shards[1].connection
         b.set(keys.lease(running[0].envelope.key_id), "a-worker", px=60_000)
+        # A gamma job runs on the second Redis; a beta job not yet pushed shares its key: moved.
+        b.set(keys.lease(other[0].envelope.key_id), "a-worker", px=60_000)
+        shared = delivery("beta", idempotency_key="g0")
 
         moved = new.state_token("owner1")
         assert (moved.epoch, moved.run_id) != (epoch, token.run_id)  # the forwarder refills
 
         new.set_epoch("owner1", f"6:{moved.run_id}:beef")
         terminal = [Probe(d.envelope.id, d.envelope.key_id, "beta") for d in done]
-        result = new.refill(terminal, waiting + running)
+        result = new.refill(terminal, [*waiting, *running, shared])
         a = new.shards[0].connection
         on_first = [raw.decode() for raw in a.lrange("rq:queue:beta", 0, -1)]
-        assert on_first == [d.envelope.id for d in waiting + running[1:]]
+        assert on_first == [d.envelope.id for d in [*waiting, *running[1:], shared]]
         assert [raw.decode() for raw in b.lrange("rq:queue:beta", 0, -1)] == [running[0].envelope.id]
         for d in done + waiting + running[1:]:
             assert not b.exists(keys.rq_job(d.envelope.id))
-        assert result.requeued == 5
+        assert result.requeued == 6
         assert len(b.lrange("rq:queue:gamma", 0, -1)) == 3  # the queue that stays is untouched
     finally:
         old.close()
