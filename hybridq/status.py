@@ -291,6 +291,8 @@ def _lives_on(routes: Routes, url: str, queue: str) -> bool:
 def _redis_state(url: str, *, owns: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Whether Redis is ``up``, and how many jobs are ``waiting_for_a_worker``.
 
+    ``refused``, only when Redis answers but refuses this URL: why (``redisurl.refusal``).
+
     The jobs a worker recently left because it cannot run them (not importable there, or not
     allowed: see :mod:`hybridq.waiting`); ``None`` while Redis is down. With ``owns`` (which
     queues live on this Redis), also ``queued``: the length of each of those RQ queues.
@@ -299,6 +301,7 @@ def _redis_state(url: str, *, owns: Callable[[str], bool] | None = None) -> dict
 
     from hybridq import waiting  # noqa: PLC0415
     from hybridq.errors import TransportError  # noqa: PLC0415
+    from hybridq.redisurl import refusal  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415 - only when Redis is asked for
 
     transport = RQTransport(url, socket_timeout_s=1.0)
@@ -310,8 +313,11 @@ def _redis_state(url: str, *, owns: Callable[[str], bool] | None = None) -> dict
         }
         if owns is not None:
             state["queued"] = _queue_lengths(transport.connection, owns)
-    except (TransportError, RedisError):
+    except (TransportError, RedisError) as exc:
         state = {"up": False, "waiting_for_a_worker": None}
+        why = refusal(exc.__cause__ or exc)
+        if why is not None:  # it answered, but refuses this URL (a password missing from it, ...)
+            state["refused"] = why
         if owns is not None:
             state["queued"] = None
     finally:

@@ -156,7 +156,9 @@ def _print_status(out: dict[str, Any]) -> None:
         f"{out['journal']['bytes']} bytes)"
     )
     if "redis" in out:
-        click.echo(f"{'redis':>22}: {out['redis']['url']} {'up' if out['redis']['up'] else 'DOWN'}")
+        redis = out["redis"]
+        down = f"REFUSED ({redis['refused']})" if redis.get("refused") else "DOWN"
+        click.echo(f"{'redis':>22}: {redis['url']} {'up' if redis['up'] else down}")
         if out["redis"].get("waiting_for_a_worker"):
             # Left by workers that cannot import them or are not allowed to run them.
             click.echo(
@@ -164,8 +166,9 @@ def _print_status(out: dict[str, Any]) -> None:
             )
     for instance in out.get("redis_instances", []):
         queued = instance["queued"]
+        down = f"REFUSED ({instance['refused']})" if instance.get("refused") else "DOWN"
         lengths = (
-            "DOWN"
+            down
             if queued is None
             else "up, " + (", ".join(f"{q}={n}" for q, n in queued.items()) or "no queues")
         )

@@ -107,6 +107,20 @@ class Transport(abc.ABC):
         """
         return RefillResult(self.push(live).pushed, 0)
 
+    def evict(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> tuple[int, set[str]]:  # noqa: ARG002
+        """Remove copies of jobs whose queue now lives on another backend (the map changed).
+
+        Called by a refill of several backends (:mod:`hybridq.transport.sharded`) with the jobs
+        of queues that do not live here. Each copy is deleted, hash and queue entry, unless a
+        worker runs it here (holds its lease) or stored the outcome of the run in ``live`` here.
+
+        Returns:
+            The number of copies deleted, and the ids of ``live`` jobs that run or ran here
+            (not to be delivered elsewhere: their completion events come from here).
+            The default (one backend: nothing moves) does nothing.
+        """
+        return 0, set()
+
     #: Whether :meth:`wait_events` blocks until an event arrives (else the forwarder polls).
     blocking_events: bool = False
 

@@ -7,6 +7,8 @@ No redis-py import at module level (``hybridq status`` and ``--help`` need none)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,18 @@ class Routes:
     def sharded(self) -> bool:
         """Whether any queue lives on a Redis other than the default."""
         return len(self.urls) > 1
+
+    @property
+    def digest(self) -> str:
+        """A short hash of which queue lives on which Redis (of :attr:`urls`, by position).
+
+        Part of the composed epoch (:mod:`hybridq.transport.sharded`): moving a queue to another
+        Redis changes it, so the forwarder refills. By position, not URL: a URL written
+        differently (a new password) moves nothing.
+        """
+        urls = self.urls
+        moved = sorted((q, urls.index(u)) for q, u in self.queues.items() if u != self.default)
+        return hashlib.sha256(json.dumps(moved).encode()).hexdigest()[:12]
 
     def queues_on(self, url: str) -> list[str]:
         """The queues mapped to ``url`` (the default Redis also holds every unmapped queue)."""

@@ -36,7 +36,7 @@ from hybridq.protocol import ENTRY_POINT
 from hybridq.redisurl import transport_error
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
-from .rq_scripts import _CANCEL, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
+from .rq_scripts import _CANCEL, _EVICT, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
 
 __all__ = ["RQTransport"]
 
@@ -214,6 +214,29 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         return RefillResult(sum(1 for r in results if r in (2, 3)), sum(1 for r in results if r == 1))
+
+    def evict(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> tuple[int, set[str]]:
+        """Remove copies of jobs whose queue moved elsewhere (see :meth:`Transport.evict`)."""
+        jobs = [(p.job_id, p.key_id, p.queue, -1) for p in terminal]
+        for d in live:
+            env = d.envelope
+            jobs.append((env.id, env.key_id, env.queue, env.requeue * 100000 + d.attempt))
+        if not jobs:
+            return 0, set()
+        script = self.connection.register_script(_EVICT)
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job_id, key_id, queue, run in jobs:
+                script(
+                    keys=[keys.rq_job(job_id), keys.rq_queue(queue), keys.lease(key_id), keys.result(key_id)],
+                    args=[job_id, run],
+                    client=pipe,
+                )
+            results: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        here = {job[0] for job, r in zip(jobs, results, strict=True) if r == 2 and job[3] >= 0}
+        return sum(1 for r in results if r == 1), here
 
     blocking_events = True
 

@@ -6,7 +6,7 @@ lease) are in :mod:`hybridq.worker.scripts`.
 
 from __future__ import annotations
 
-__all__ = ["QUEUED_FIELDS", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
+__all__ = ["QUEUED_FIELDS", "_EVICT", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
 #: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
@@ -119,6 +119,30 @@ if queued then
     return 3
 end
 return 0
+"""
+
+# A job whose queue now lives on another Redis (the queue -> Redis map changed): its copy here is
+# removed, hash and queue entry, unless it runs or ran here. KEYS: job hash, queue list, lease,
+# result. ARGV: job id, the run the forwarder would deliver elsewhere (requeue * 100000 + attempt;
+# -1: the job finished). Returns 2: a worker holds the lease here (and the job's hash is here),
+# or stored this very run's outcome here (its completion event is harvested from here: the run
+# is not delivered elsewhere); 1: a copy removed; 0: none here. A copy queued under an older
+# generation is fenced by any worker's claim meanwhile (hybridq.worker.scripts), so only a claim
+# made before the epoch changed can run here, and it holds the lease.
+_EVICT = """
+if redis.call("EXISTS", KEYS[3]) == 1 and redis.call("EXISTS", KEYS[1]) == 1 then
+    return 2  -- (the hash too: another job may share the idempotency key, and run elsewhere)
+end
+local stored = tonumber(ARGV[2]) >= 0 and redis.call("GET", KEYS[4])
+if stored then
+    local ok, r = pcall(cjson.decode, stored)
+    if ok and type(r) == "table" and r.job_id == ARGV[1]
+        and (tonumber(r.requeue) or 0) * 100000 + (tonumber(r.attempt) or 0) >= tonumber(ARGV[2]) then
+        return 2
+    end
+end
+local n = redis.call("LREM", KEYS[2], 0, ARGV[1]) + redis.call("DEL", KEYS[1])
+return n > 0 and 1 or 0
 """
 
 # KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a

@@ -7,13 +7,15 @@ outcome, lease and cancel mark) live on its queue's Redis, where that queue's wo
 each Redis keeps the forwarder's completion stream of the jobs it ran.
 
 The epoch fence holds per Redis. The forwarder keeps one epoch; here it is *composed*: the
-run ids of every Redis (``"gen:run1,run2:token"``), and each Redis stores its own part
-(``"gen:run_i:token"``, the form its workers' claims check against its own run id). The token
-read back is the composition again only while every Redis still holds its part under the same
-generation and token: one Redis restarted (new run id), flushed (part gone) or brought back
-from an older snapshot (an older part) changes it, and the forwarder bumps the generation and
-refills: finished jobs' copies purged, unfinished ones rewritten, on every Redis (docs/deploy.md,
-"Sharded: queues over several Redis").
+run ids of every Redis and a digest of the queue → Redis map (``"gen:run1,run2@digest:token"``),
+and each Redis stores its own part (``"gen:run_i:token"``, the form its workers' claims check
+against its own run id). The token read back is the composition again only while every Redis
+still holds its part under the same generation and token, and the map is the same: one Redis
+restarted (new run id), flushed (part gone) or brought back from an older snapshot (an older
+part), or a queue moved to another Redis, changes it, and the forwarder bumps the generation
+and refills: finished jobs' copies purged, unfinished ones rewritten, on every Redis, and every
+Redis's copies of jobs of queues that no longer live there removed (docs/deploy.md, "Sharded:
+queues over several Redis").
 
 Completion events are read from every Redis (event ids become ``"i/<id>"``, ``i`` the Redis's
 index in :attr:`Routes.urls`), and :meth:`wait_events` blocks on all of them at once, one thread
@@ -26,6 +28,7 @@ single-Redis transport does: the forwarder backs off as a whole (its journal che
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -39,9 +42,11 @@ from .routes import Routes
 
 __all__ = ["ShardedTransport", "compose_epoch", "split_epoch"]
 
+log = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
 _PART = re.compile(r"^(\d+):([0-9a-f]*):(.+)$")
-_WHOLE = re.compile(r"^(\d+):([0-9a-f,]*):(.+)$")
+_WHOLE = re.compile(r"^(\d+):([0-9a-f,]*)(?:@[0-9a-f]*)?:(.+)$")
 
 
 def split_epoch(epoch: str, count: int) -> list[str] | None:
@@ -55,10 +60,11 @@ def split_epoch(epoch: str, count: int) -> list[str] | None:
     return [f"{m.group(1)}:{run}:{m.group(3)}" for run in runs]
 
 
-def compose_epoch(parts: Sequence[str | None]) -> str | None:
+def compose_epoch(parts: Sequence[str | None], digest: str = "") -> str | None:
     """The epoch the parts stand for: the composition, or a value no forwarder ever set.
 
-    Every part present, of one generation and token: ``"gen:run1,...:token"``. All the same
+    Every part present, of one generation and token: ``"gen:run1,...:token"`` (with
+    ``digest``, the map's: ``"gen:run1,...@digest:token"``). All the same
     value (one not in the composed form, e.g. set by a test): that value. None present: ``None``.
     Otherwise (one Redis lost or rolled back its part) a value that equals no stored epoch and
     carries the highest generation seen, so the forwarder's new generation is above every one.
@@ -70,7 +76,8 @@ def compose_epoch(parts: Sequence[str | None]) -> str | None:
         heads = {(m.group(1), m.group(3)) for m in matches if m is not None}
         if len(heads) == 1:
             gen, token = heads.pop()
-            return f"{gen}:{','.join(m.group(2) for m in matches if m is not None)}:{token}"
+            runs = ",".join(m.group(2) for m in matches if m is not None)
+            return f"{gen}:{runs}{'@' if digest else ''}{digest}:{token}"
     if len(set(parts)) == 1:
         return parts[0]
     top = max((int(m.group(1)) for m in matches if m is not None), default=0)
@@ -134,10 +141,34 @@ class ShardedTransport(Transport):
         return PushResult(pushed, present)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
-        """Refill each Redis with its own queues' jobs (see :meth:`Transport.refill`)."""
+        """Refill each Redis with its own queues' jobs (see :meth:`Transport.refill`).
+
+        First every Redis drops its copies of the jobs of queues that live elsewhere (a queue
+        moved: :meth:`Transport.evict`); a job that runs or ran on its old Redis is not
+        delivered on its new one (its outcome is harvested from the old one). Costs one more
+        call per job on each other Redis, in each refill pass.
+        """
+        purged = 0
+        elsewhere: set[str] = set()
+        for i, backend in enumerate(self.shards):
+            removed, here = backend.evict(
+                [p for p in terminal if self.shard_of(p.queue) != i],
+                [d for d in live if self.shard_of(d.envelope.queue) != i],
+            )
+            purged += removed
+            elsewhere |= here
+            if removed or here:
+                log.warning(
+                    "refill: %s held jobs of queues that now live on another Redis (the map "
+                    "changed): %d copies removed, %d left there (run or ran there: not delivered again)",
+                    redact_url(self.urls[i]),
+                    removed,
+                    len(here),
+                )
+        live = [d for d in live if d.envelope.id not in elsewhere]
         dead = self._split(terminal, lambda p: p.queue)
         alive = self._split(live, lambda d: d.envelope.queue)
-        requeued = purged = 0
+        requeued = 0
         for shard in sorted(dead.keys() | alive.keys()):
             result = self.shards[shard].refill(
                 [terminal[p] for p in dead.get(shard, [])], [live[p] for p in alive.get(shard, [])]
@@ -175,9 +206,11 @@ class ShardedTransport(Transport):
     # -- the epoch ------------------------------------------------------------------------------
 
     def state_token(self, owner: str) -> StateToken:
-        """The composed epoch and the run ids of every Redis (see the module docstring)."""
+        """The composed epoch and the run ids of every Redis with the map's digest (module docstring)."""
         tokens = [shard.state_token(owner) for shard in self.shards]
-        return StateToken(compose_epoch([t.epoch for t in tokens]), ",".join(t.run_id for t in tokens))
+        digest = self.routes.digest
+        runs = ",".join(t.run_id for t in tokens)
+        return StateToken(compose_epoch([t.epoch for t in tokens], digest), f"{runs}@{digest}")
 
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store each Redis's part of ``epoch`` (a value not in the composed form: on every one)."""

@@ -281,3 +281,115 @@ def test_two_redis_each_fault_of_one_loses_nothing_reruns_nothing_and_spares_the
     wait_until(lambda: succeeded(journal_dir, env) == 61, what="outcomes harvested")
     check("one down, then back", effects, expected)
     forwarder.assert_alive()
+
+
+def test_moving_a_queue_between_two_kept_redis_runs_each_job_once_and_leaves_nothing_behind(
+    tmp_path: Path,
+    journal_dir: Path,
+    subprocess_env: dict[str, str],
+    make_redis_server: MakeRedisServer,
+    forwarders: list[ForwarderProcess],
+) -> None:
+    """{beta: second, gamma: second} -> {gamma: second}: beta moves to the first Redis.
+
+    Figure line: ``SHARDS move: jobs=N runs=N re-runs=0 lost=0``.
+    """
+    first, second = make_redis_server(), make_redis_server()
+    env, effects = subprocess_env, tmp_path / "effects.txt"
+    ensure_journal_dir(journal_dir)
+    old_map = ("--redis-for", f"beta={second.url}", "--redis-for", f"gamma={second.url}")
+    new_map = ("--redis-for", f"gamma={second.url}")
+
+    def forward(name: str, redis_for: tuple[str, ...]) -> ForwarderProcess:
+        # A long lease: the reconcile pass (a lease later) is not what moves the jobs.
+        proc = ForwarderProcess(
+            journal_dir,
+            first.url,
+            env=env,
+            log_path=tmp_path / name,
+            extra_args=("--lease", "60", *redis_for),
+        )
+        forwarders.append(proc)
+        return proc
+
+    def work(queue: str, redis_for: tuple[str, ...]) -> None:
+        done = hybridq(
+            env, tmp_path, "worker", "--burst", "--simple", "--redis", first.url, *redis_for, queue
+        )
+        assert done.returncode == 0, done.stderr
+
+    old = forward("forwarder-old.log", old_map)
+    finished = [f"done-{i}" for i in range(6)]
+    enqueue(journal_dir, effects, "beta", finished)
+    wait_until(lambda: len(entries(second, "beta")) == 6, what="pushed")
+    work("beta", old_map)
+    wait_until(lambda: succeeded(journal_dir, env) == 6, what="outcomes harvested")
+    waiting, other = [f"wait-{i}" for i in range(6)], [f"gamma-{i}" for i in range(3)]
+    enqueue(journal_dir, effects, "beta", waiting)
+    enqueue(journal_dir, effects, "gamma", other)
+    wait_until(
+        lambda: len(entries(second, "beta")) == 6 and len(entries(second, "gamma")) == 3, what="pushed"
+    )
+    with contextlib.closing(second.client()) as client:
+        # Copies of two finished jobs queued again (as a lagging replica or a snapshot brings back).
+        done_ids = [
+            key.decode().removeprefix("rq:job:")
+            for key in client.scan_iter("rq:job:*")
+            if client.hget(key, "status") == b"finished"
+        ][:2]
+        for job_id in done_ids:
+            client.hset(f"rq:job:{job_id}", "status", "queued")
+            client.rpush("rq:queue:beta", job_id)
+    old.terminate()  # stopped as an operator does (SIGTERM: its checkpoint saved)
+
+    forward("forwarder-new.log", new_map)
+    wait_until(
+        lambda: entries(second, "beta") == [] and len(entries(first, "beta")) == 6,
+        timeout=15,
+        what="beta's jobs moved to the first Redis",
+    )
+    work("beta", old_map)  # a worker still on the old map: nothing of beta is left there
+    work("beta", new_map)
+    work("gamma", new_map)
+    wait_until(lambda: succeeded(journal_dir, env) == 15, what="outcomes harvested")
+    check("move", effects, finished + waiting + other)
+    with contextlib.closing(second.client()) as client:
+        left = [key for key in client.scan_iter("rq:job:*") if client.hget(key, "origin") == b"beta"]
+    assert left == []
+    assert entries(second, "beta") == []
+
+
+def test_status_gives_each_instance_its_own_waiting_count_and_refusal(
+    tmp_path: Path, journal_dir: Path, make_redis_server: MakeRedisServer
+) -> None:
+    """Per instance: its own waiting_for_a_worker; one whose password is missing is refused, not DOWN."""
+    from click.testing import CliRunner
+    from hybridq import waiting
+    from hybridq.cli import cli
+    from hybridq.status import stats
+
+    first, second = make_redis_server(), make_redis_server()
+    ensure_journal_dir(journal_dir)
+    with contextlib.closing(second.client()) as client:
+        waiting.record(client, "j1", {"func": "x.y", "queue": "beta", "reason": "r"}, lease_s=60)
+        waiting.record(client, "j2", {"func": "x.y", "queue": "beta", "reason": "r"}, lease_s=60)
+    out = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": second.url})
+    assert out["redis"]["waiting_for_a_worker"] == 0  # the default instance's
+    assert [i["waiting_for_a_worker"] for i in out["redis_instances"]] == [0, 2]
+
+    with contextlib.closing(second.client()) as client:
+        client.config_set("requirepass", "s3cret")
+    out = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": second.url})
+    refused = out["redis_instances"][1]
+    assert refused["up"] is False
+    assert "login refused" in refused["refused"], refused
+    assert "refused" not in out["redis_instances"][0]
+    text = CliRunner().invoke(
+        cli,
+        ["status", "--journal", str(journal_dir), "--redis", first.url, "--redis-for", f"beta={second.url}"],
+    )
+    assert text.exit_code == 0, text.output
+    assert "REFUSED (login refused" in text.output, text.output
+    host = second.url.split("//", 1)[1]
+    fixed = stats(str(journal_dir), redis_url=first.url, redis_for={"beta": f"redis://:s3cret@{host}"})
+    assert fixed["redis_instances"][1]["up"] is True

@@ -305,3 +305,56 @@ class TestShardedTransport(TransportContract):
         assert first.connection.xlen(keys.events("owner1")) == 0
         assert second.connection.xlen(keys.events("owner1")) == 0
         assert transport.wait_events("owner1", "0-0", 0.2) is False  # nothing newer than the acked
+
+
+def test_moving_a_queue_between_two_kept_redis_changes_the_epoch_and_the_refill_moves_it(
+    make_redis_server,
+) -> None:
+    """{beta: second, gamma: second} -> {gamma: second}: beta moves to the first Redis.
+
+    The composed epoch changes (the forwarder refills); the refill queues beta's unfinished jobs
+    on the first Redis and removes every copy of beta's jobs from the second, except a job whose
+    worker still holds its lease there (it runs there; its outcome is harvested from there).
+    """
+    from hybridq import keys
+    from hybridq.transport.routes import Routes
+    from hybridq.transport.sharded import ShardedTransport
+
+    first, second = make_redis_server(), make_redis_server()
+    make = lambda url: RQTransport(url, socket_timeout_s=1.0)  # noqa: E731
+    old = ShardedTransport(Routes(first.url, {"beta": second.url, "gamma": second.url}), make=make)
+    new = ShardedTransport(Routes(first.url, {"gamma": second.url}), make=make)
+    try:
+        token = old.state_token("owner1")
+        epoch = f"5:{token.run_id}:cafe"
+        old.set_epoch("owner1", epoch)
+        assert old.state_token("owner1") == type(token)(epoch, token.run_id)
+        done, waiting, running = (
+            [delivery("beta", idempotency_key=f"{name}{i}") for i in range(3)]
+            for name in ("done", "waiting", "running")
+        )
+        other = [delivery("gamma", idempotency_key=f"g{i}") for i in range(3)]
+        old.push(done + waiting + running + other)
+        b = old.shards[1].connection
+        b.set(keys.lease(running[0].envelope.key_id), "a-worker", px=60_000)
+        # A gamma job runs on the second Redis; a beta job not yet pushed shares its key: moved.
+        b.set(keys.lease(other[0].envelope.key_id), "a-worker", px=60_000)
+        shared = delivery("beta", idempotency_key="g0")
+
+        moved = new.state_token("owner1")
+        assert (moved.epoch, moved.run_id) != (epoch, token.run_id)  # the forwarder refills
+
+        new.set_epoch("owner1", f"6:{moved.run_id}:beef")
+        terminal = [Probe(d.envelope.id, d.envelope.key_id, "beta") for d in done]
+        result = new.refill(terminal, [*waiting, *running, shared])
+        a = new.shards[0].connection
+        on_first = [raw.decode() for raw in a.lrange("rq:queue:beta", 0, -1)]
+        assert on_first == [d.envelope.id for d in [*waiting, *running[1:], shared]]
+        assert [raw.decode() for raw in b.lrange("rq:queue:beta", 0, -1)] == [running[0].envelope.id]
+        for d in done + waiting + running[1:]:
+            assert not b.exists(keys.rq_job(d.envelope.id))
+        assert result.requeued == 6
+        assert len(b.lrange("rq:queue:gamma", 0, -1)) == 3  # the queue that stays is untouched
+    finally:
+        old.close()
+        new.close()

@@ -98,3 +98,16 @@ def test_a_worker_given_queues_of_two_redis_is_told_to_run_one_per_redis() -> No
     assert result.exit_code == 1
     assert "run one worker per Redis" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_map_is_part_of_the_composed_epoch() -> None:
+    before = Routes("redis://a/0", {"emails": "redis://b/0", "reports": "redis://b/0"})
+    moved = Routes("redis://a/0", {"reports": "redis://b/0"})  # emails: from b to a, b kept
+    repassworded = Routes("redis://a/0", {"emails": "redis://:pw@b/0", "reports": "redis://:pw@b/0"})
+    assert before.digest != moved.digest
+    assert before.digest == repassworded.digest  # nothing moved
+    epoch = f"4:aa,bb@{before.digest}:0123"
+    parts = split_epoch(epoch, 2)
+    assert parts == ["4:aa:0123", "4:bb:0123"]
+    assert compose_epoch(parts, before.digest) == epoch
+    assert compose_epoch(parts, moved.digest) != epoch
