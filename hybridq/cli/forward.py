@@ -111,6 +111,13 @@ RELAY_STOP_TIMEOUT_S = 45.0
     metavar="PREFIX",
     help="With --serve: accept tasks under this dotted prefix (as hybridq serve --allow).",
 )
+@click.option(
+    "--serve-allowed-host",
+    "serve_allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="With --serve and no --tokens-file: also answer this Host (as hybridq serve --allowed-host).",
+)
 @click.pass_context
 def forward(
     ctx: click.Context,
@@ -129,6 +136,7 @@ def forward(
     serve_bind: str | None,
     tokens_file: str | None,
     serve_allow: tuple[str, ...],
+    serve_allowed_hosts: tuple[str, ...],
     redis_for: dict[str, str],
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
@@ -169,6 +177,7 @@ def forward(
             bind=serve_bind,
             tokens_file=tokens_file,
             allow=serve_allow,
+            allowed_hosts=serve_allowed_hosts,
             redis_url=redis_url,
             capacity=capacity,
         )

@@ -63,10 +63,13 @@ def serve_config(
     from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
     from hybridq.http.config import ServeConfig  # noqa: PLC0415
     from hybridq.journal.paths import ensure_journal_dir  # noqa: PLC0415
+    from hybridq.redisurl import check_url  # noqa: PLC0415
     from hybridq.signing import keyring  # noqa: PLC0415
 
     try:
         host, port = parse_bind(bind)
+        if redis_url is not None:
+            check_url(redis_url)  # a malformed URL is one line now, not at the first page
     except ValueError as exc:
         _fail(ctx, exc)
     if tokens_file is None and not is_loopback(host):

@@ -22,6 +22,8 @@ from hybridq.cli.serve import parse_bind
         (["--bind", "0.0.0.0:0", "--tokens-file", "{tmp}/empty"], "no token in it"),
         (["--tokens-file", "{tmp}/spaced"], "line 1 is not a token"),
         (["--import", "no_such_module_here"], "no_such_module_here"),
+        (["--redis", "http://127.0.0.1:6379/0"], "invalid Redis URL"),
+        (["--redis", "redis+sentinel://h:26379/"], "invalid Redis URL"),
     ],
 )
 def test_bad_command_lines_are_one_line_and_exit_1(tmp_path: Path, args: list[str], words: str) -> None:
@@ -90,3 +92,19 @@ def test_allowed_host_and_limit_concurrency_reach_the_server_config(
     assert config.allowed_hosts == ("jobs.internal", "proxy")
     assert config.limit_concurrency == 5
     assert CliRunner().invoke(cli, [*args, "--limit-concurrency", "0"]).exit_code == 2
+
+
+def test_forward_serve_takes_allowed_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridq.cli import forward as forward_module
+
+    seen = []
+
+    def config(ctx: object, **kwargs: object) -> None:
+        seen.append(kwargs)
+        raise SystemExit(0)  # the server's settings are all this test looks at
+
+    monkeypatch.setattr(forward_module, "serve_config", config)
+    args = ["forward", "--journal", str(tmp_path / "journal"), "--redis", "redis://127.0.0.1:1/0"]
+    result = CliRunner().invoke(cli, [*args, "--serve", "127.0.0.1:0", "--serve-allowed-host", "proxy"])
+    assert result.exit_code == 0, result.output
+    assert seen[0]["allowed_hosts"] == ("proxy",)
