@@ -3,16 +3,21 @@
 Both read the ledger and need no Redis. A requeue appends the job to the journal again (same job
 id, its ``requeue`` count one higher, a new record), then marks the failure ``requeued`` in the
 ledger. A crash between the two leaves the job both requeued and still listed; requeueing it
-again delivers it twice, and its idempotency key runs it once.
+again delivers it twice, and its idempotency key runs it once. Requeues exclude one another (a
+``flock`` on ``requeue.lock`` in the journal directory, across processes): two at once (a double
+click, two operators) accept the job once, the second finds it no longer listed.
 
 This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +31,9 @@ from hybridq.producer import shared_writer
 from hybridq.protocol import EntryKind
 
 __all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
+
+#: The lock file requeues hold while they read the list, append and mark (in the journal directory).
+LOCK_NAME = "requeue.lock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,23 @@ def requeue(job_ids: Iterable[str], journal: str | None = None) -> list[Job]:
     Raises :class:`JobNotFailed` before writing anything if any id is not a listed failure.
     """
     path = existing_journal_dir(journal or default_journal())
+    with _requeue_lock(path):
+        return _requeue(path, job_ids)
+
+
+@contextlib.contextmanager
+def _requeue_lock(path: str) -> Iterator[None]:
+    """Exclusive across threads and processes (``flock`` is per open file, not per process)."""
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _requeue(path: str, job_ids: Iterable[str]) -> list[Job]:
+    # Under the lock: the list read here is the one a concurrent requeue left behind.
     by_id = {f.id: f for f in failed_jobs(path)}
     wanted = list(dict.fromkeys(job_ids))
     for job_id in wanted:
