@@ -152,7 +152,7 @@ def test_the_requeued_notice_only_names_a_requeued_job(site) -> None:
     assert "Requeued" not in forged.body
     assert "Requeued" not in request(base + f"/failed?requeued={ok}").body
     hybridq.requeue([bad], site[3])
-    assert f"Requeued <a href=\"/jobs/{bad}\">" in request(base + f"/failed?requeued={bad}").body
+    assert f'Requeued <a href="/jobs/{bad}">' in request(base + f"/failed?requeued={bad}").body
 
 
 def test_a_503_carries_the_security_headers(site, monkeypatch: pytest.MonkeyPatch) -> None:

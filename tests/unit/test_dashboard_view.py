@@ -88,7 +88,9 @@ def test_one_page_is_built_at_a_time(journal_dir: Path, monkeypatch: pytest.Monk
         assert busy.headers["retry-after"] == "2"
         assert busy.headers["x-content-type-options"] == "nosniff"
         replies: list[int] = []
-        threads = [threading.Thread(target=lambda: replies.append(request(base + "/").status)) for _ in range(3)]
+        threads = [
+            threading.Thread(target=lambda: replies.append(request(base + "/").status)) for _ in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:
