@@ -96,3 +96,38 @@ def test_one_page_is_built_at_a_time(journal_dir: Path, monkeypatch: pytest.Monk
         for t in threads:
             t.join()
         assert replies == [200, 200, 200]  # quick pages only wait their turn
+
+
+def test_a_requeue_waits_for_the_lock_another_process_holds(journal_dir: Path) -> None:
+    """``flock`` is per open file: a holder elsewhere (another process, here another open) blocks it."""
+    import fcntl
+    import os
+
+    (job,) = _failures(journal_dir, 1)
+    fd = os.open(journal_dir / "requeue.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (hybridq.requeue([job.id], journal_dir), done.set()))
+    thread.start()
+    try:
+        assert not done.wait(0.5)
+    finally:
+        os.close(fd)
+    thread.join(10)
+    assert done.is_set()
+    assert hybridq.failed_jobs(journal_dir) == []
+
+
+def test_a_vanished_ledger_segment_is_read_again(journal_dir: Path) -> None:
+    import shutil
+
+    from hybridq.ledger import ledger_dir
+
+    _failures(journal_dir, 2)
+    view = LedgerView(str(journal_dir))
+    assert len(view.failed()) == 2
+    shutil.rmtree(ledger_dir(str(journal_dir)))  # what a compaction of the ledger does, all at once
+    assert view.failed() == []
+    (new,) = _failures(journal_dir, 1, start=5)  # (the compaction state is the same)
+    assert [f.id for f in view.failed()] == [new.id]
+    assert [e.kind for e in view.entries(new.id)] == ["done"]

@@ -5,7 +5,7 @@ the renders held the GIL against the API). This view keeps what it parsed -- a
 :class:`~hybridq.ledger.LedgerIndex` (the failed list, folded exactly as ``failed_jobs`` folds
 it), where each job's entries are in the ledger (for its trace), and the outcomes of the last
 minutes (throughput) -- and reads only the records appended since. Ledger chains only grow;
-when a segment vanishes under the reader (compaction) or the compaction state changes, it reads
+when a segment it read was deleted (compaction) or the compaction state changed, it reads
 everything again.
 """
 
@@ -43,6 +43,8 @@ class LedgerView:
         self._where: dict[str, list[Loc]] = {}
         self._requeued: set[str] = set()
         self._recent: deque[tuple[float, str, str]] = deque()
+        #: Per ledger chain, the first segment read: once it is gone, what it said is stale.
+        self._read_from: dict[str, int] = {}
         #: Full reads so far (the first one, and one per compaction or vanished segment).
         self.rebuilds = 0
 
@@ -93,7 +95,7 @@ class LedgerView:
         now = time.time() if now is None else now
         for attempt in range(3):
             compacted = load_compacted(self.journal)
-            if compacted != self._compacted:
+            if compacted != self._compacted or self._vanished():
                 self._restart(compacted)
             try:
                 self._tail(now - self.window_s)
@@ -104,6 +106,16 @@ class LedgerView:
             else:
                 return
 
+    def _vanished(self) -> bool:
+        """Whether a ledger segment read before was deleted since (the ledger's own compaction)."""
+        directory = ledger_dir(self.journal)
+        if not self._read_from:
+            return False
+        if not os.path.isdir(directory):
+            return True
+        chains = list_chains(directory)
+        return any(w not in chains or chains[w][0] > first for w, first in self._read_from.items())
+
     def _restart(self, compacted: Compacted) -> None:
         self.rebuilds += 1
         self._compacted = compacted
@@ -113,6 +125,7 @@ class LedgerView:
         self._where = {}
         self._requeued = set()
         self._recent = deque()
+        self._read_from = {}
 
     def _tail(self, cutoff: float) -> None:
         if self._reader is None:
@@ -132,6 +145,7 @@ class LedgerView:
         self._where.setdefault(entry.job_id, []).append(
             (record.writer_id, record.segment_index, record.offset)
         )
+        self._read_from.setdefault(record.writer_id, record.segment_index)
         if entry.kind == EntryKind.REQUEUED:
             self._requeued.add(entry.job_id)
         if entry.kind == EntryKind.DONE and not entry.dup and entry.at >= cutoff:
