@@ -3,16 +3,21 @@
 Both read the ledger and need no Redis. A requeue appends the job to the journal again (same job
 id, its ``requeue`` count one higher, a new record), then marks the failure ``requeued`` in the
 ledger. A crash between the two leaves the job both requeued and still listed; requeueing it
-again delivers it twice, and its idempotency key runs it once.
+again delivers it twice, and its idempotency key runs it once. Requeues exclude one another (a
+``flock`` on ``requeue.lock`` in the journal directory, across processes): two at once (a double
+click, two operators) accept the job once, the second finds it no longer listed.
 
 This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +26,14 @@ from hybridq.errors import EnvelopeError, JobNotFailed
 from hybridq.job import Job
 from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.records import Loc
-from hybridq.ledger import Entry, consistent, load_index, open_ledger_writer
+from hybridq.ledger import Entry, LedgerIndex, consistent, load_index, open_ledger_writer
 from hybridq.producer import shared_writer
 from hybridq.protocol import EntryKind
 
-__all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "requeue"]
+__all__ = ["FailedJob", "JobNotFailed", "failed_jobs", "listed", "requeue"]
+
+#: The lock file requeues hold while they read the list, append and mark (in the journal directory).
+LOCK_NAME = "requeue.lock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +54,46 @@ def failed_jobs(journal: str | None = None) -> list[FailedJob]:
     """Every job that failed for good and was not requeued, oldest first."""
     path = existing_journal_dir(journal or default_journal())
     index = consistent(path, lambda compacted: load_index(path, compacted))
-    out = [_failed(entry) for entry in index.failed.values()]
+    return listed(index)
+
+
+def listed(index: LedgerIndex) -> list[FailedJob]:
+    """The failures a ledger index lists (not requeued), oldest first."""
+    out = [_failed(entry) for loc, entry in index.failed.items() if loc not in index.requeued]
     return sorted(out, key=lambda f: f.failed_at)
 
 
-def requeue(job_ids: Iterable[str], journal: str | None = None) -> list[Job]:
+def requeue(
+    job_ids: Iterable[str],
+    journal: str | None = None,
+    *,
+    failed: Callable[[str], list[FailedJob]] | None = None,
+) -> list[Job]:
     """Accept failed jobs again; returns the new jobs.
 
     Raises :class:`JobNotFailed` before writing anything if any id is not a listed failure.
+    ``failed(journal)`` reads the list (default :func:`failed_jobs`; the dashboard passes its
+    incremental view of the ledger); it is called under the requeue lock.
     """
     path = existing_journal_dir(journal or default_journal())
-    by_id = {f.id: f for f in failed_jobs(path)}
+    with _requeue_lock(path):
+        return _requeue(path, job_ids, failed or failed_jobs)
+
+
+@contextlib.contextmanager
+def _requeue_lock(path: str) -> Iterator[None]:
+    """Exclusive across threads and processes (``flock`` is per open file, not per process)."""
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _requeue(path: str, job_ids: Iterable[str], read: Callable[[str], list[FailedJob]]) -> list[Job]:
+    # Under the lock: the list read here is the one a concurrent requeue left behind.
+    by_id = {f.id: f for f in read(path)}
     wanted = list(dict.fromkeys(job_ids))
     for job_id in wanted:
         failed = by_id.get(job_id)

@@ -92,13 +92,16 @@ class Trace:
     generation: int = 0
 
 
-def job_trace(journal: str, job_id: str) -> Trace | None:
+def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> Trace | None:
     """The trace of ``job_id`` from the journal, the checkpoint and the ledger; ``None``: unknown.
 
-    Reads the whole ledger (its records of other jobs are skipped before they are decoded).
+    ``entries``: the job's ledger entries, if the caller has them (the dashboard keeps an
+    incremental view of the ledger); without them, reads the whole ledger (its records of
+    other jobs are skipped before they are decoded).
     """
     path = existing_journal_dir(journal)
-    entries = list(_ledger_entries(path, job_id))
+    if entries is None:
+        entries = list(_ledger_entries(path, job_id))
     locs: list[Loc] = []
     job = fetch_job(job_id, path)
     found = [(job.record.writer_id, job.record.segment, job.record.offset)] if job is not None else []
@@ -130,7 +133,7 @@ def job_trace(journal: str, job_id: str) -> Trace | None:
         refills = _refills(checkpoint, record_steps[0].at, mine) if forwarded else []
         trace.steps.extend(_run_steps(mine, refills))
         trace.attempts = max(
-            (e.attempt - e.later for e in mine if e.kind in _RUNS | {EntryKind.LOST}), default=0
+            (e.attempt - _laters(mine, e) for e in mine if e.kind in _RUNS | {EntryKind.LOST}), default=0
         )
         requeued_at = max((e.at for e in mine if e.kind == EntryKind.REQUEUED), default=requeued_at)
     _in_flight(path, job_id, entries, trace)
@@ -141,13 +144,26 @@ def job_trace(journal: str, job_id: str) -> Trace | None:
 _RUNS = {EntryKind.RETRY, EntryKind.DONE}
 
 
+def _laters(mine: list[Entry], entry: Entry) -> int:
+    """The RetryLaters before ``entry``'s run (runs that used no attempt).
+
+    A run's own entry carries the count; a ``lost`` entry (written by the forwarder) does not:
+    it takes the count of the runs before it, as the delivery it stands for carried it.
+    """
+    if entry.kind != EntryKind.LOST:
+        return entry.later
+    return max((e.later for e in mine if e.kind == EntryKind.RETRY and e.attempt < entry.attempt), default=0)
+
+
 def _run_steps(mine: list[Entry], refills: list[Step]) -> list[Step]:
     """The steps of one record's ledger entries and of the epoch changes it lived through."""
     # Runs in the order they started (a run's claim and outcome stay together), the rest by time.
     timed: list[tuple[float, float, int, list[Step]]] = [(s.at or 0.0, s.at or 0.0, 0, [s]) for s in refills]
     # The generation of the record's first delivery, as far as runs tell: a run pushed under a
     # higher one was pushed again after Redis lost its state (whatever order runs ended in).
-    gens = {e.gen for e in mine if e.kind in _RUNS}
+    # Only entries of the current format (they name their worker: ``w``) tell their generation;
+    # an older worker's entry has no ``g`` and reads as 0 whatever it was (a rolling upgrade).
+    gens = {e.gen for e in mine if e.kind in _RUNS and e.worker is not None}
     first_gen = min(gens) if len(gens) > 1 else None
     later = 0
     for entry in sorted(mine, key=lambda e: (e.at, e.attempt)):
@@ -277,13 +293,15 @@ def _entry_steps(entry: Entry, later_before: int, gen_before: int | None) -> lis
     of the record's first delivery, where its runs were pushed under more than one (else ``None``).
     """
     steps: list[Step] = []
-    attempt = str(max(1, entry.attempt - entry.later))
+    # A lost entry carries no RetryLater count: the runs before it tell it (``later_before``).
+    laters = later_before if entry.kind == EntryKind.LOST else entry.later
+    attempt = str(max(1, entry.attempt - laters))
     run = (("attempt", attempt), ("run", str(entry.attempt)))
     worker = entry.worker or "not recorded (an older worker)"
     ran = entry.kind in {EntryKind.RETRY, EntryKind.DONE} and entry.outcome != "cancelled"
     if ran and (entry.started is not None or entry.worker is not None or entry.dup):
         why = None
-        if gen_before is not None and entry.gen > gen_before:
+        if gen_before is not None and entry.worker is not None and entry.gen > gen_before:
             why = (
                 f"delivered again after Redis lost or rolled back its state (epoch generation "
                 f"{gen_before} -> {entry.gen}): the forwarder pushed every unfinished job again"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import re
+import urllib.parse
 from pathlib import Path
 
 import hybridq
@@ -121,3 +123,49 @@ def test_the_trace_of_a_failed_job(site) -> None:
     assert (search.status, search.headers["location"]) == (303, f"/jobs/{ok}")
     assert request(base + "/_dashboard/dashboard.js").status == 200
     assert request(base + "/_dashboard/passwd").status == 404
+
+
+def test_a_chunked_requeue_body_is_refused_while_it_is_read(site) -> None:
+    """No Content-Length: the body is read up to the cap, then 413 (not read whole first)."""
+    base, *_ = site
+    parts = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    conn.putrequest("POST", "/failed/requeue")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.putheader("Content-Type", "application/x-www-form-urlencoded")
+    conn.endheaders()
+    chunk = b"a" * (256 << 10)
+    for _ in range(8):  # 2 MiB, over the 1 MiB cap, and the body never ends
+        conn.send(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+    try:
+        reply = conn.getresponse()
+        assert reply.status == 413
+        assert reply.getheader("x-content-type-options") == "nosniff"
+    finally:
+        conn.close()
+
+
+def test_the_requeued_notice_only_names_a_requeued_job(site) -> None:
+    base, ok, bad, _ = site
+    forged = request(base + "/failed?requeued=Your+account+is+suspended")
+    assert forged.status == 200
+    assert "Requeued" not in forged.body
+    assert "Requeued" not in request(base + f"/failed?requeued={ok}").body
+    hybridq.requeue([bad], site[3])
+    assert f'Requeued <a href="/jobs/{bad}">' in request(base + f"/failed?requeued={bad}").body
+
+
+def test_a_503_carries_the_security_headers(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    base, _, bad, _ = site
+    page = request(base + "/failed")
+    token, _ = _form(page)
+    cookie = {"Cookie": f"hybridq_csrf={page.cookies['hybridq_csrf']}"}
+
+    def broken(*_: object, **__: object) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr("hybridq.http.dashboard.pages.requeue", broken)
+    reply = request(base + "/failed/requeue", "POST", body={"job_id": bad, "csrf": token}, headers=cookie)
+    assert reply.status == 503
+    assert "script-src 'self'" in reply.headers["content-security-policy"]
+    assert reply.headers["x-content-type-options"] == "nosniff"

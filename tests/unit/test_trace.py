@@ -184,3 +184,41 @@ def test_a_compacted_job_reads_its_outcome_from_the_lookup_index(
     assert [(s.kind, s.source) for s in trace.steps] == [("accepted", "journal"), ("done", "lookup index")]
     assert trace.steps[0].title == "accepted (its journal segment was compacted)"
     assert (trace.status, trace.attempts) == ("succeeded", 2)
+
+
+def test_a_rolling_upgrade_is_not_a_redis_loss(journal_dir: Path) -> None:
+    """Run 1 by an older worker (no ``w``, no ``g``), run 2 by a new one at generation 3."""
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    loc, jid = _loc(job), job.id
+    _forwarded(journal_dir, job, generation=3)
+    now = job.envelope.created_at
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.RETRY, jid, loc, attempt=1, error="E: x", run_at=now + 2, at=now + 1, queue="q"),
+        Entry(EntryKind.DONE, jid, loc, outcome="succeeded", attempt=2, at=now + 4, started=now + 3,
+              worker="h/2", gen=3, queue="q"),
+    )  # fmt: skip
+    trace = job_trace(str(journal_dir), jid)
+    assert trace is not None
+    assert [s.reason for s in trace.steps if s.kind == "claimed"] == [None]
+    assert not any("lost or rolled back" in (s.reason or "") for s in trace.steps)
+    assert (trace.status, trace.attempts) == ("succeeded", 2)
+
+
+def test_retry_laters_then_a_vanished_worker_use_one_attempt(journal_dir: Path) -> None:
+    job = hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    loc, jid = _loc(job), job.id
+    _forwarded(journal_dir, job)
+    now = job.envelope.created_at
+    laters = [
+        Entry(EntryKind.RETRY, jid, loc, attempt=k, run_at=now + k + 1, at=now + k, started=now + k - 0.5,
+              worker="h/1", later=k, later_since=now + 1, queue="q")
+        for k in range(1, 5)
+    ]  # fmt: skip
+    _ledger(journal_dir, *laters, Entry(EntryKind.LOST, jid, loc, attempt=5, at=now + 10, queue="q"))
+    trace = job_trace(str(journal_dir), jid)
+    assert trace is not None
+    lost = next(s for s in trace.steps if s.kind == "lost")
+    assert dict(lost.details)["attempt"] == "1"
+    assert dict(lost.details)["run"] == "5"
+    assert trace.attempts == 1

@@ -2,11 +2,17 @@
 
 Plain (sync) endpoints: Starlette runs them in its thread pool, so the journal and ledger reads
 never block the event loop. The POST is CSRF-protected (:mod:`hybridq.http.dashboard.csrf`).
+
+The ledger is read incrementally, once per server (:class:`LedgerView`), and one page is built at
+a time: a render holds the GIL, and pages piling up (several tabs on a big journal) would starve
+the API served by the same process. A page that cannot start within ``HEAVY_WAIT_S`` gets 503
+with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from hybridq.errors import HybridqError, JobNotFailed
-from hybridq.failures import failed_jobs, requeue
+from hybridq.failures import requeue
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
+from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.render import age, as_json, esc, page, table, url_id, when
-from hybridq.http.dashboard.throughput import RecentOutcomes
 from hybridq.state import load_checkpoint
 from hybridq.status import stats
 from hybridq.trace import Trace, job_trace
@@ -41,6 +47,12 @@ _HEADERS = {
 }
 #: The throughput window (seconds).
 WINDOW_S = 300.0
+#: Failed jobs per page of ``/failed``.
+PER_PAGE = 50
+#: How long a page waits for the one before it to be built, before answering 503 (seconds).
+HEAVY_WAIT_S = 2.0
+#: A ``stats()`` that had to scan (no forwarder snapshot) is reused for this many times its cost.
+STATS_REUSE = 10.0
 
 
 class Pages:
@@ -49,8 +61,9 @@ class Pages:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.journal = str(config.journal)
-        self._recent: RecentOutcomes | None = None
-        self._lock = threading.Lock()
+        self.view = LedgerView(self.journal, WINDOW_S)
+        self._heavy = threading.BoundedSemaphore(1)
+        self._stats: tuple[float, float, dict[str, Any]] | None = None  # (when, cost, figures)
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -72,12 +85,19 @@ class Pages:
         return response
 
     def _guarded(self, request: Request, title: str, build: Callable[[str], str], **kw: Any) -> Response:
-        """A page whose body ``build(session id)`` makes; a journal that cannot be read: 503."""
+        """A page whose body ``build(session id)`` makes; a journal that cannot be read: 503.
+
+        One page is built at a time; one that waited ``HEAVY_WAIT_S`` for its turn: 503.
+        """
         sid, _ = csrf.session(request)
+        if not self._heavy.acquire(timeout=HEAVY_WAIT_S):
+            return _busy()
         try:
             body = build(sid)
         except (HybridqError, OSError) as exc:
             return self._html(request, "Unavailable", f'<p class="error">{esc(exc)}</p>', status=503, sid=sid)
+        finally:
+            self._heavy.release()
         return self._html(request, title, body, sid=sid, **kw)
 
     # -- overview ----------------------------------------------------------------------------
@@ -86,12 +106,18 @@ class Pages:
         """Queues: pending, oldest pending age, throughput, capacity; the forwarder's figures."""
         return self._guarded(request, "Overview", lambda _: self._overview(), active="/", refresh=True)
 
-    def _overview(self) -> str:
+    def _figures(self) -> dict[str, Any]:
+        """``stats()``; one that had to scan (no forwarder snapshot) is reused a while."""
+        now = time.monotonic()
+        if self._stats is not None and now - self._stats[0] < self._stats[1] * STATS_REUSE:
+            return self._stats[2]
         s = stats(self.journal)
-        with self._lock:
-            if self._recent is None:
-                self._recent = RecentOutcomes(self.journal, WINDOW_S)
-            recent = self._recent.counts()
+        self._stats = (now, time.monotonic() - now, s)
+        return s
+
+    def _overview(self) -> str:
+        s = self._figures()
+        recent = self.view.recent()
         capacity = getattr(self.config, "capacity", None)
         queues = sorted(set(s.get("queues", {})) | set(recent))
         rows = []
@@ -137,12 +163,20 @@ class Pages:
     def failed(self, request: Request) -> Response:
         """Jobs that failed for good (``hybridq failed list``), each with a requeue button."""
         done = request.query_params.get("requeued")
-        return self._guarded(request, "Failed jobs", lambda sid: self._failed(sid, done), active="/failed")
+        number = request.query_params.get("page", "1")
+        at = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
+        return self._guarded(
+            request, "Failed jobs", lambda sid: self._failed(sid, done, max(1, at)), active="/failed"
+        )
 
-    def _failed(self, sid: str, requeued: str | None) -> str:
+    def _failed(self, sid: str, requeued: str | None, at: int = 1) -> str:
         token = csrf.token(self.journal, sid)
+        everyone = self.view.failed()
+        pages = max(1, -(-len(everyone) // PER_PAGE))
+        at = min(at, pages)
+        shown = everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE]  # newest first
         rows = []
-        for job in failed_jobs(self.journal):
+        for job in shown:
             env = job.envelope
             call = as_json({"args": list(env.args), "kwargs": dict(env.kwargs)}) if env is not None else "-"
             error = (job.error or "").strip().splitlines()[-1:] or [""]
@@ -167,7 +201,7 @@ class Pages:
                 ]
             )
         note = ""
-        if requeued:
+        if requeued and self.view.was_requeued(requeued):  # not any text a link may carry
             note = (
                 f'<p class="flash">Requeued <a href="/jobs/{esc(url_id(requeued))}">{esc(requeued)}</a>: '
                 "accepted again, it runs with its attempts starting over.</p>"
@@ -175,18 +209,24 @@ class Pages:
         if not rows:
             return note + '<p class="empty">No job failed for good.</p>'
         headers = ["job", "queue", "task", "call", "attempts", "failed at (UTC)", "error", ""]
-        return note + table(headers, rows, cls="failed")
+        return note + _pager(len(everyone), at, pages) + table(headers, rows, cls="failed")
 
     async def requeue(self, request: Request) -> Response:
         """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
-        declared = request.headers.get("content-length", "0")
-        if not declared.isdigit() or int(declared) > self.config.max_body:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.config.max_body):
             return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
-        raw = await request.body()
-        if len(raw) > self.config.max_body:
-            return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
+        raw = bytearray()
+        async for chunk in request.stream():  # capped while read (a chunked body has no length)
+            raw += chunk
+            if len(raw) > self.config.max_body:
+                return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
         form = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode(errors="replace")).items()}
-        if not await run_in_threadpool(csrf.allowed, self.journal, request, form):
+        try:
+            allowed = await run_in_threadpool(csrf.allowed, self.journal, request, form)
+        except OSError as exc:
+            return _unavailable(exc)
+        if not allowed:
             return HTMLResponse(
                 page(
                     "Forbidden",
@@ -197,7 +237,7 @@ class Pages:
             )
         job_id = form.get("job_id", "")
         try:
-            await run_in_threadpool(requeue, [job_id], self.journal)
+            await run_in_threadpool(lambda: requeue([job_id], self.journal, failed=self.view.failed))
         except JobNotFailed:
             return HTMLResponse(
                 page("Not requeued", f'<p class="error">{esc(job_id)} is not a listed failure.</p>'),
@@ -205,7 +245,7 @@ class Pages:
                 headers=_HEADERS,
             )
         except (HybridqError, OSError) as exc:
-            return HTMLResponse(page("Unavailable", f'<p class="error">{esc(exc)}</p>'), status_code=503)
+            return _unavailable(exc)
         return RedirectResponse(f"/failed?requeued={urllib.parse.quote(job_id)}", status_code=303)
 
     # -- one job's trace ---------------------------------------------------------------------
@@ -221,7 +261,7 @@ class Pages:
         found: list[Trace] = []
 
         def build(_: str) -> str:
-            trace = job_trace(self.journal, job_id)
+            trace = job_trace(self.journal, job_id, self.view.entries(job_id))
             if trace is None:
                 return ""
             found.append(trace)
@@ -291,3 +331,28 @@ class Pages:
         if media is None:
             return Response("not found", status_code=404)
         return FileResponse(_STATIC / name, media_type=media, headers={"Cache-Control": "max-age=300"})
+
+
+def _pager(total: int, at: int, pages: int) -> str:
+    """Where this page of the failed list is, and links to its neighbours."""
+    links = []
+    if at > 1:
+        links.append(f'<a class="newer" href="/failed?page={at - 1}">newer</a>')
+    if at < pages:
+        links.append(f'<a class="older" href="/failed?page={at + 1}">older</a>')
+    return (
+        f'<p class="pager">{esc(total)} failed jobs, newest first: page {esc(at)} of {esc(pages)} '
+        f"{' '.join(links)}</p>"
+    )
+
+
+def _busy() -> Response:
+    """503: another page is being built (the client tries again after ``Retry-After``)."""
+    body = page("Busy", '<p class="error">Another page is being built: try again in a moment.</p>')
+    return HTMLResponse(body, status_code=503, headers={**_HEADERS, "Retry-After": "2"})
+
+
+def _unavailable(exc: BaseException) -> Response:
+    return HTMLResponse(
+        page("Unavailable", f'<p class="error">{esc(exc)}</p>'), status_code=503, headers=_HEADERS
+    )

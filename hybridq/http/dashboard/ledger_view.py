@@ -1,0 +1,173 @@
+"""The dashboard's view of the ledger, read incrementally: one per server, shared by every page.
+
+Each page used to read the whole ledger (5 s for the failed list of a 200,000-job journal, and
+the renders held the GIL against the API). This view keeps what it parsed -- a
+:class:`~hybridq.ledger.LedgerIndex` (the failed list, folded exactly as ``failed_jobs`` folds
+it), where each job's entries are in the ledger (for its trace), and the outcomes of the last
+minutes (throughput) -- and reads only the records appended since. Ledger chains only grow;
+when a segment it read was deleted (compaction) or the compaction state changed, it reads
+everything again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from hybridq.errors import JournalCorruption, JournalError
+from hybridq.failures import FailedJob, listed
+from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.journal.records import Loc
+from hybridq.ledger import Compacted, Entry, LedgerIndex, ledger_dir, load_compacted
+from hybridq.protocol import EntryKind
+
+__all__ = ["LedgerView"]
+
+
+class LedgerView:
+    """The ledger as the dashboard needs it; thread-safe (one lock around reading and asking)."""
+
+    def __init__(self, journal: str, window_s: float = 300.0) -> None:
+        self.journal = journal
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._reader: JournalReader | None = None
+        self._compacted: Compacted | None = None
+        self._first: dict[str, int] = {}
+        self._index = LedgerIndex()
+        #: Job id -> where its entries are in the ledger (chain, segment, offset).
+        self._where: dict[str, list[Loc]] = {}
+        self._requeued: set[str] = set()
+        self._recent: deque[tuple[float, str, str]] = deque()
+        #: Per ledger chain, the first segment read: once it is gone, what it said is stale.
+        self._read_from: dict[str, int] = {}
+        #: Full reads so far (the first one, and one per compaction or vanished segment).
+        self.rebuilds = 0
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def failed(self, _journal: str | None = None) -> list[FailedJob]:
+        """The failures listed now, oldest first (what :func:`hybridq.failed_jobs` returns)."""
+        with self._lock:
+            self._refresh()
+            return listed(self._index)
+
+    def entries(self, job_id: str) -> list[Entry]:
+        """The ledger entries of ``job_id``, in ledger order (read back by their location)."""
+        with self._lock:
+            for attempt in range(2):
+                self._refresh()
+                try:
+                    return [self._read(at) for at in self._where.get(job_id, [])]
+                except (OSError, JournalError):
+                    if attempt:
+                        raise
+                    self._compacted = None  # a ledger segment vanished since: read it all again
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def was_requeued(self, job_id: str) -> bool:
+        """Whether a ``requeued`` entry names ``job_id``."""
+        with self._lock:
+            self._refresh()
+            return job_id in self._requeued
+
+    def recent(self, now: float | None = None) -> dict[str, dict[str, int]]:
+        """Per queue, ``succeeded``/``failed``/``cancelled`` outcomes in the last ``window_s``."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._refresh(now)
+            cutoff = now - self.window_s
+            self._recent = deque(sorted(r for r in self._recent if r[0] >= cutoff))
+            out: dict[str, dict[str, int]] = {}
+            for _, queue, outcome in self._recent:
+                per = out.setdefault(queue, {"succeeded": 0, "failed": 0, "cancelled": 0})
+                per[outcome] = per.get(outcome, 0) + 1
+            return out
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _refresh(self, now: float | None = None) -> None:
+        """Fold in what was appended since; everything again after a compaction."""
+        now = time.time() if now is None else now
+        for attempt in range(3):
+            compacted = load_compacted(self.journal)
+            if compacted != self._compacted or self._vanished():
+                self._restart(compacted)
+            try:
+                self._tail(now - self.window_s)
+            except (JournalCorruption, FileNotFoundError):
+                if attempt == 2:
+                    raise
+                self._compacted = None  # a segment vanished under the reader: read it all again
+            else:
+                return
+
+    def _vanished(self) -> bool:
+        """Whether a ledger segment read before was deleted since (the ledger's own compaction)."""
+        directory = ledger_dir(self.journal)
+        if not self._read_from:
+            return False
+        if not os.path.isdir(directory):
+            return True
+        chains = list_chains(directory)
+        return any(w not in chains or chains[w][0] > first for w, first in self._read_from.items())
+
+    def _restart(self, compacted: Compacted) -> None:
+        self.rebuilds += 1
+        self._compacted = compacted
+        self._first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        self._reader = None
+        self._index = LedgerIndex()
+        self._where = {}
+        self._requeued = set()
+        self._recent = deque()
+        self._read_from = {}
+
+    def _tail(self, cutoff: float) -> None:
+        if self._reader is None:
+            directory = ledger_dir(self.journal)
+            if not os.path.isdir(directory):
+                return
+            self._reader = JournalReader(directory)
+        for record in self._reader.records():
+            if record.rtype == RecordType.DATA:
+                self._fold(record, cutoff)
+
+    def _fold(self, record: Record, cutoff: float) -> None:
+        try:
+            entry = Entry.from_bytes(record.payload)
+        except (ValueError, KeyError, TypeError):
+            return  # passed its checksum, so a bug: skipped as read_ledger skips it
+        self._where.setdefault(entry.job_id, []).append(
+            (record.writer_id, record.segment_index, record.offset)
+        )
+        self._read_from.setdefault(record.writer_id, record.segment_index)
+        if entry.kind == EntryKind.REQUEUED:
+            self._requeued.add(entry.job_id)
+        if entry.kind == EntryKind.DONE and not entry.dup and entry.at >= cutoff:
+            self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))
+        writer, segment = entry.loc[0], entry.loc[1]
+        if writer not in self._first:  # a chain that appeared since the last full read?
+            chains = list_chains(self.journal)
+            if writer in chains:
+                self._first[writer] = chains[writer][0]
+        assert self._compacted is not None
+        if self._compacted.is_compacted((writer, segment)) or segment < self._first.get(writer, sys.maxsize):
+            # As load_index folds an entry of a compacted journal segment: only a failure, a
+            # requeue and a key still matter.
+            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
+                self._index.failed.setdefault(entry.loc, entry)
+            elif entry.kind == EntryKind.REQUEUED:
+                self._index.requeued.add(entry.loc)
+            elif entry.kind == EntryKind.KEY:
+                self._index.apply(entry)
+            return
+        self._index.apply(entry)
+
+    def _read(self, at: Loc) -> Entry:
+        record = read_record_at(ledger_dir(self.journal), *at)
+        return Entry.from_bytes(record.payload)
