@@ -131,3 +131,20 @@ def test_a_vanished_ledger_segment_is_read_again(journal_dir: Path) -> None:
     (new,) = _failures(journal_dir, 1, start=5)  # (the compaction state is the same)
     assert [f.id for f in view.failed()] == [new.id]
     assert [e.kind for e in view.entries(new.id)] == ["done"]
+
+
+def test_recent_outcomes_per_queue(journal_dir: Path) -> None:
+    from tests.unit.test_trace import _ledger
+
+    hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    view = LedgerView(str(journal_dir), window_s=60)
+    assert view.recent(now=100.0) == {}
+    _ledger(
+        journal_dir,
+        Entry(EntryKind.DONE, "a", ("w", 0, 1), outcome="succeeded", at=95.0, queue="q"),
+        Entry(EntryKind.DONE, "b", ("w", 0, 2), outcome="failed", at=96.0, queue="q"),
+        Entry(EntryKind.DONE, "c", ("w", 0, 3), outcome="succeeded", at=10.0, queue="q"),
+        Entry(EntryKind.RETRY, "d", ("w", 0, 4), at=97.0, queue="q"),
+    )
+    assert view.recent(now=100.0) == {"q": {"succeeded": 1, "failed": 1, "cancelled": 0}}
+    assert view.recent(now=200.0) == {}

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import hybridq
 import pytest
-from hybridq.http.dashboard.throughput import RecentOutcomes
 from hybridq.journal import ChainPosition
 from hybridq.ledger import Entry, open_ledger_writer
 from hybridq.protocol import EntryKind
@@ -102,21 +101,6 @@ def test_held_cancelled_and_unknown(journal_dir: Path) -> None:
     assert trace is not None
     assert [s.kind for s in trace.steps] == ["accepted", "held", "cancel"]
     assert job_trace(str(journal_dir), "no-such-job") is None
-
-
-def test_recent_outcomes_per_queue(journal_dir: Path) -> None:
-    hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)
-    recent = RecentOutcomes(str(journal_dir), window_s=60)
-    assert recent.counts(now=100.0) == {}
-    _ledger(
-        journal_dir,
-        Entry(EntryKind.DONE, "a", ("w", 0, 1), outcome="succeeded", at=95.0, queue="q"),
-        Entry(EntryKind.DONE, "b", ("w", 0, 2), outcome="failed", at=96.0, queue="q"),
-        Entry(EntryKind.DONE, "c", ("w", 0, 3), outcome="succeeded", at=10.0, queue="q"),
-        Entry(EntryKind.RETRY, "d", ("w", 0, 4), at=97.0, queue="q"),
-    )
-    assert recent.counts(now=100.0) == {"q": {"succeeded": 1, "failed": 1, "cancelled": 0}}
-    assert recent.counts(now=200.0) == {}
 
 
 def test_an_epoch_change_while_the_job_was_unfinished_is_a_refill(journal_dir: Path) -> None:
