@@ -303,15 +303,22 @@ class Forwarder:
         if self.schedules is not None:
             self.schedules.fire(self.clock())  # a full disk: retried with the step
         done = self._forward_due() + self._forward_new()
+        if self.lookup.building:
+            # Before the harvest too while the index is on its first read: it takes started
+            # events only once fed, and a fast worker claims a job this step pushed at once.
+            self._catch_up_lookup()
         if not self._stopping:
             self._maintain()
         if done or self._lookup_due or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
-            self.lookup.catch_up(self._reader.position)
-            self._lookup_due = self.lookup.building  # a first build goes on at every step
-            self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
+            self._catch_up_lookup()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         return done
+
+    def _catch_up_lookup(self) -> None:
+        self.lookup.catch_up(self._reader.position)
+        self._lookup_due = self.lookup.building  # a first build goes on at every step
+        self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
 
     def _forward_new(self) -> int:
         reader = self._reader
@@ -384,7 +391,6 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
-            self._publish_terminal()
             retries = harvester.due_retries()
             if retries:
                 self._push(retries)
@@ -399,6 +405,7 @@ class Forwarder:
             self._pusher.came_back()
         except TransportError as exc:
             self._pusher.went_down(exc, "completions wait")
+        self._publish_terminal()  # local state only: an outage must not hold it back
 
     def _publish_terminal(self, *, now: bool = False) -> None:
         """Save the checkpoint for its terminal count, at most every :data:`PUBLISH_TERMINAL_S`."""
@@ -446,7 +453,7 @@ class Forwarder:
         if soonest is not None:
             timeout = min(timeout, max(0.05, soonest - self.clock()))
         if self._publish_due:
-            timeout = min(timeout, max(0.0, self._next_publish - time.monotonic()))
+            timeout = min(timeout, max(0.01, self._next_publish - time.monotonic()))
         if self._listener is not None:
             self._listener.wait(timeout)
         else:

@@ -119,11 +119,14 @@ def _scrub(message: str, url: str) -> str:
 def refusal(exc: BaseException) -> str | None:
     """Why Redis refuses this configuration (a short reason), or None if ``exc`` may pass."""
     from redis.exceptions import AuthenticationError, NoPermissionError, RedisError  # noqa: PLC0415
+    from redis.sentinel import MasterNotFoundError  # noqa: PLC0415
 
     if isinstance(exc, AuthenticationError):
         return "login refused: check the user name and password"
     if isinstance(exc, NoPermissionError):
         return "the ACL denies a command or key hybridq needs (docs/deploy.md)"
+    if isinstance(exc, MasterNotFoundError):
+        return None  # no Sentinel names a master now (it may quote one Sentinel's refusal): wait
     if isinstance(exc, RedisError):
         text = str(exc).lower()
         if "db index" in text:
@@ -151,8 +154,15 @@ def redact_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    # The last "@" ends the userinfo, even where a sloppy password holds "@", "/" or "?".
-    creds, at, rest = rest.rpartition("@")
+    # The last "@" ends the userinfo, even where a sloppy password holds "@", "/" or "?";
+    # unless a query with a parameter comes before it: then the "@" is in a query value
+    # (``?sentinel_password=a@b``), and the userinfo can only end before that query.
+    head, q, tail = rest.partition("?")
+    if q and "@" in tail and "=" in tail.partition("@")[0]:
+        creds, at, rest = head.rpartition("@")
+        rest += q + tail
+    else:
+        creds, at, rest = rest.rpartition("@")
     rest, hsep, _fragment = rest.partition("#")
     rest, qsep, query = rest.partition("?")
     if at:

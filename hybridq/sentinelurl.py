@@ -265,13 +265,13 @@ def _sentinel_class() -> type[Any]:
         class _Sentinels(Sentinel):
             def discover_master(self, service_name: str) -> tuple[str, int]:
                 errors: list[str] = []
-                refused = False
+                refusals = 0
                 for i, sentinel in enumerate(self.sentinels):
                     kwargs = sentinel.connection_pool.connection_kwargs
                     try:
                         masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
                     except (RedisConnectionError, RedisTimeoutError) as exc:
-                        refused = refused or isinstance(exc, AuthenticationError)
+                        refusals += isinstance(exc, AuthenticationError)
                         errors.append(f"{kwargs.get('host')}:{kwargs.get('port')}: {exc}")
                         continue
                     state = masters.get(service_name)
@@ -280,9 +280,11 @@ def _sentinel_class() -> type[Any]:
                         self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
                         return state["ip"], state["port"]
                 why = f" ({'; '.join(errors)})" if errors else ""
-                if refused:
-                    # A login the Sentinels refuse is a configuration to fix, not an outage to
-                    # wait out (hybridq.redisurl.refusal: the processes exit and say so).
+                if refusals == len(self.sentinels):
+                    # A login every Sentinel refuses is a configuration to fix, not an outage to
+                    # wait out (hybridq.redisurl.refusal: the processes exit and say so). One
+                    # that refuses while others answer (a password being rotated) during a
+                    # failover is an outage: the others will name the new master.
                     raise AuthenticationError(
                         f"the Sentinels refused the login (sentinel_username, sentinel_password){why}"
                     )

@@ -178,7 +178,9 @@ class _Pool:
             if self.pubsub is None:
                 # The client is kept: redis-py closes its connections, the subscription's
                 # included, when the client object is collected (a command sent then was lost).
-                self.pubsub_client = redisurl.client(self.url, socket_timeout=5.0)
+                # health_check_interval: a master gone without a reset (a host crash, a
+                # partition, a failover) is noticed by a PING, and the pool subscribes anew.
+                self.pubsub_client = redisurl.client(self.url, socket_timeout=5.0, health_check_interval=15)
                 self.pubsub = self.pubsub_client.pubsub(ignore_subscribe_messages=True)
                 self.pubsub.subscribe(*self.channels)
             message = self.pubsub.get_message(timeout=0)

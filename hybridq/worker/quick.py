@@ -5,12 +5,16 @@ delete: about 12% of a no-op job's cost on two cores (issue 15's burn-down). For
 ends within a fraction of a second the ``started`` state is never seen anyway: its lookup goes
 from ``forwarded`` to its outcome. So a worker process stops asking for it for a task whose last
 :data:`STREAK` runs in this process each took under :data:`QUICK_S`, and asks again from the
-first run that takes longer (that run itself was claimed without one).
+first run that takes longer, and from the moment a run of it has been going for longer than
+that (claims made ahead while a long run is in flight send the event again).
 """
 
 from __future__ import annotations
 
-__all__ = ["QUICK_S", "STREAK", "is_quick", "ran"]
+import itertools
+import time
+
+__all__ = ["QUICK_S", "STREAK", "is_quick", "ran", "started"]
 
 #: A run shorter than this (seconds, wall clock from the task's start to its end) is quick.
 QUICK_S = 0.1
@@ -20,15 +24,30 @@ STREAK = 16
 #: Consecutive quick runs per task path in this process (plain dict operations: thread-safe
 #: enough under the GIL, and a lost count only costs one more started event).
 _streaks: dict[str, int] = {}
+#: Runs in flight per task path: their start (monotonic seconds) by a token of :func:`started`.
+_running: dict[str, dict[int, float]] = {}
+_tokens = itertools.count()
 
 
 def is_quick(func: str) -> bool:
-    """Whether ``func``'s recent runs in this process were all quick (no started event)."""
-    return _streaks.get(func, 0) >= STREAK
+    """Whether ``func``'s recent runs in this process were all quick, and none runs long now."""
+    if _streaks.get(func, 0) < STREAK:
+        return False
+    now = time.monotonic()
+    return all(now - at < QUICK_S for at in list(_running.get(func, {}).values()))
 
 
-def ran(func: str, seconds: float) -> None:
-    """Record that a run of ``func`` took ``seconds``."""
+def started(func: str) -> int:
+    """Note that a run of ``func`` starts; the token for :func:`ran`."""
+    token = next(_tokens)
+    _running.setdefault(func, {})[token] = time.monotonic()
+    return token
+
+
+def ran(func: str, token: int) -> None:
+    """Note that the run of ``func`` :func:`started` gave ``token`` to has ended."""
+    at = _running.get(func, {}).pop(token, None)
+    seconds = time.monotonic() - at if at is not None else 0.0
     if seconds < QUICK_S:
         if _streaks.get(func, 0) < STREAK:
             _streaks[func] = _streaks.get(func, 0) + 1

@@ -103,6 +103,7 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     let go (it lapses, and the forwarder delivers the job again) and the exception propagates.
     """
     context = begin(conn, run)
+    token = quick.started(run.d.envelope.func)
     error: Exception | None = None
     value: Any = None
     try:
@@ -114,7 +115,7 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
         raise
     finally:
         _current.reset(context)
-        quick.ran(run.d.envelope.func, time.time() - (run.started or 0.0))
+        quick.ran(run.d.envelope.func, token)
     return conclude(run, value, error)
 
 

@@ -145,6 +145,13 @@ def test_verify_shows_a_progress_bar_on_large_journals(
         ("redis://u:p@ss@h/0", "redis://u:***@h/0"),
         ("REDIS://u:s3cret@h/0", "REDIS://u:***@h/0"),
         ("redis://h/0#password=s3cret", "redis://h/0#***"),
+        # An "@" in a query value is not the end of a userinfo (it showed what followed it).
+        ("redis://h:6379/0?password=abc@TOPSECRET", "redis://h:6379/0?password=***"),
+        ("redis://u:pw@h/0?password=a@b&db=1", "redis://u:***@h/0?password=***&db=1"),
+        (
+            "redis+sentinel://h1:26379,h2/mymaster/0?sentinel_password=abc@TOPSECRET",
+            "redis+sentinel://h1:26379,h2/mymaster/0?sentinel_password=***",
+        ),
     ],
 )
 def test_redis_passwords_are_redacted(url: str, shown: str) -> None:

@@ -97,3 +97,43 @@ def test_the_stats_snapshot_is_rewritten_in_place(journal_dir: Path) -> None:
     assert snapshot is not None
     assert snapshot.outcomes.get("succeeded") == 1
     assert not any(name.startswith(STATS_NAME) and name.endswith(".tmp") for name in os.listdir(journal_dir))
+
+
+def test_a_pending_publication_is_made_while_redis_is_down_and_the_loop_does_not_spin(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count is local state: an outage must neither hold it back nor make the wait zero."""
+    import threading
+    import time
+
+    queue = Queue(journal=journal_dir)
+    for i in range(4):
+        queue.enqueue(tasks.add, i, i)
+    transport = MemoryTransport()
+    forwarder = Forwarder(
+        journal_dir, transport, backoff_initial_s=0.5, backoff_max_s=5.0, reconcile_interval_s=3600.0
+    )
+    forwarder.open()
+    forwarder.step()
+    transport.work(limit=1)
+    forwarder.step()  # the first harvest publishes at once
+    transport.work(limit=3)
+    forwarder.step()  # the second waits for the interval
+    assert load_checkpoint(str(journal_dir)).terminal == 1  # type: ignore[union-attr]
+    transport.down = True  # Redis goes away while the publication is pending
+    steps: list[int] = []
+    real = Forwarder.step
+
+    def counted(self: Forwarder) -> int:
+        steps.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Forwarder, "step", counted)
+    thread = threading.Thread(target=forwarder.run)
+    thread.start()
+    time.sleep(1.0)
+    forwarder.stop()
+    thread.join(10)
+    assert load_checkpoint(str(journal_dir)).terminal == 4  # type: ignore[union-attr]
+    assert len(steps) < 50, len(steps)  # before: thousands (the wait was zero)
+    forwarder.close()

@@ -180,3 +180,42 @@ def _closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+class _FakeSentinel:
+    def __init__(self, host: str, result: object) -> None:
+        from types import SimpleNamespace
+
+        self.connection_pool = SimpleNamespace(connection_kwargs={"host": host, "port": 26379})
+        self.result = result
+
+    def sentinel_masters(self) -> object:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize("others", ["master_down", "unreachable"])
+def test_one_sentinel_refusing_the_login_is_an_outage_not_a_refusal(others: str) -> None:
+    """A password rotation half done during a failover must not make every process exit."""
+    from hybridq import redisurl
+    from hybridq.sentinelurl import _sentinel_class
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.sentinel import MasterNotFoundError
+
+    down = {"mymaster": {"ip": "10.0.0.1", "port": 6379, "is_master": True, "is_sdown": True,
+                         "is_odown": True, "num-other-sentinels": 2}}  # fmt: skip
+    other: object = down if others == "master_down" else RedisConnectionError("refused")
+    sentinels = _sentinel_class()([("x", 1)])
+    sentinels.sentinels = [
+        _FakeSentinel("s1", other),
+        _FakeSentinel("s2", other),
+        _FakeSentinel("s3", AuthenticationError("WRONGPASS invalid username-password pair")),
+    ]
+    with pytest.raises(MasterNotFoundError) as caught:
+        sentinels.discover_master("mymaster")
+    assert redisurl.refusal(caught.value) is None  # retried as an outage
+    sentinels.sentinels = [_FakeSentinel(f"s{i}", AuthenticationError("WRONGPASS")) for i in range(3)]
+    with pytest.raises(AuthenticationError):  # every one refuses: a configuration to fix
+        sentinels.discover_master("mymaster")

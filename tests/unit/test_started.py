@@ -156,3 +156,27 @@ def test_a_garbled_started_event_is_dropped(journal_dir: Path) -> None:
     assert forwarder.completions.harvester.dropped_events == 1
     assert transport.events[owner] == []
     forwarder.close()
+
+
+def test_a_claim_harvested_in_the_forwarders_first_step_reads_started(journal_dir: Path) -> None:
+    """A fast worker claims a job between its push and the harvest of the same step, while the
+    lookup index is still on its first read: the started event must not be dropped."""
+    import itertools
+
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    ids = itertools.count(1)
+    push = transport.push
+
+    def push_then_claim(deliveries: list[Delivery]) -> Any:
+        done = push(deliveries)
+        for d in deliveries:  # what the worker's claim script adds to the stream at once
+            body = StartedEvent.of(d, 1.0).to_json()
+            transport.events.setdefault(d.owner, []).append(Event(f"{next(ids)}-1", body))
+        return done
+
+    transport.push = push_then_claim  # type: ignore[method-assign]
+    forwarder.step()
+    assert _status(job.id, journal_dir)[:2] == ("started", 1)
+    forwarder.close()

@@ -11,24 +11,44 @@ from hybridq.worker import quick
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
     quick._streaks.clear()
+    quick._running.clear()
     yield
     quick._streaks.clear()
+    quick._running.clear()
 
 
-def test_a_task_is_quick_after_a_streak_of_quick_runs() -> None:
-    for _ in range(quick.STREAK - 1):
-        quick.ran("m.f", 0.001)
+def _runs(func: str, n: int, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(quick.time, "monotonic", lambda: clock[0])
+    for _ in range(n):
+        token = quick.started(func)
+        clock[0] += seconds
+        quick.ran(func, token)
+
+
+def test_a_task_is_quick_after_a_streak_of_quick_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    _runs("m.f", quick.STREAK - 1, 0.001, monkeypatch)
     assert not quick.is_quick("m.f")
-    quick.ran("m.f", 0.001)
+    _runs("m.f", 1, 0.001, monkeypatch)
     assert quick.is_quick("m.f")
     assert not quick.is_quick("m.g")  # per task
 
 
-def test_one_slow_run_makes_it_report_again() -> None:
-    for _ in range(quick.STREAK):
-        quick.ran("m.f", 0.001)
-    quick.ran("m.f", quick.QUICK_S)
+def test_one_slow_run_makes_it_report_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    _runs("m.f", quick.STREAK, 0.001, monkeypatch)
+    _runs("m.f", 1, quick.QUICK_S, monkeypatch)
     assert not quick.is_quick("m.f")
-    for _ in range(quick.STREAK):
-        quick.ran("m.f", 0.001)
+    _runs("m.f", quick.STREAK, 0.001, monkeypatch)
     assert quick.is_quick("m.f")
+
+
+def test_a_long_run_in_flight_makes_claims_report_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    _runs("m.f", quick.STREAK, 0.001, monkeypatch)
+    clock = [2000.0]
+    monkeypatch.setattr(quick.time, "monotonic", lambda: clock[0])
+    token = quick.started("m.f")
+    assert quick.is_quick("m.f")  # just started: may still be quick
+    clock[0] += 2 * quick.QUICK_S
+    assert not quick.is_quick("m.f")  # running long: jobs claimed meanwhile say "started"
+    quick.ran("m.f", token)
+    assert not quick.is_quick("m.f")
