@@ -8,6 +8,7 @@ The group and its global options live here; each command group is a module besid
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -15,7 +16,6 @@ import sys
 import click
 
 from hybridq import __version__
-from hybridq.cli import cancel, demo, enqueue, failed, forward, journal, outbox, serve, status, worker
 from hybridq.cli.options import (
     DEFAULT_REDIS_URL,
     EXIT_CORRUPT,
@@ -53,7 +53,40 @@ class _JsonLogFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Each command: the module of this package that defines it, and its function's name there.
+#: Loaded when used: ``hybridq worker`` does not import the forwarder, the journal reader, the
+#: status code or the HTTP server (about 0.15 s of start-up, timed by the burn-down benchmark).
+_COMMANDS = {
+    "journal": ("journal", "journal"),
+    "forward": ("forward", "forward"),
+    "status": ("status", "status"),
+    "enqueue": ("enqueue", "enqueue"),
+    "worker": ("worker", "worker"),
+    "doctor": ("status", "doctor"),
+    "failed": ("failed", "failed"),
+    "cancel": ("cancel", "cancel"),
+    "demo": ("demo", "demo"),
+    "chaos": ("demo", "chaos"),
+    "outbox": ("outbox", "outbox"),
+    "relay": ("outbox", "relay"),
+    "serve": ("serve", "serve"),
+}
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported when first looked up (``--help`` looks up all)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _COMMANDS and cmd_name not in self.commands:
+            module, name = _COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(f"hybridq.cli.{module}"), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hybridq")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option(
@@ -85,24 +118,6 @@ def cli(ctx: click.Context, debug: bool, log_format: str) -> None:
     )
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
     ctx.obj = _Context(debug=debug)
-
-
-for _command in (
-    journal.journal,
-    forward.forward,
-    status.status,
-    enqueue.enqueue,
-    worker.worker,
-    status.doctor,
-    failed.failed,
-    cancel.cancel,
-    demo.demo,
-    demo.chaos,
-    outbox.outbox,
-    outbox.relay,
-    serve.serve,
-):
-    cli.add_command(_command)
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import click
 
 from hybridq.errors import HybridqError, JournalCorruption
 from hybridq.journal.paths import DEFAULT_JOURNAL
-from hybridq.status import read_password, with_password
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -114,6 +113,7 @@ def _with_password_file(url: str | None, password_file: str | None) -> str | Non
     A URL redis-py cannot use is one line and exit 1 here, before anything starts.
     """
     from hybridq.redisurl import check_url  # noqa: PLC0415 - imports redis
+    from hybridq.status import read_password, with_password  # noqa: PLC0415 - a heavy import
 
     if url is None:
         return url

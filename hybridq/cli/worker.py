@@ -14,7 +14,7 @@ from hybridq.cli.options import (
     redis_option,
 )
 from hybridq.errors import HybridqError
-from hybridq.status import redact_url
+from hybridq.redisurl import redact_url
 
 
 @click.command()

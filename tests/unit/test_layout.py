@@ -25,6 +25,18 @@ def test_importing_the_worker_loads_neither_the_producer_nor_the_journal() -> No
     assert not any(name == "hybridq.journal" or name.startswith("hybridq.journal.") for name in loaded)
 
 
+def test_the_worker_command_loads_no_other_command() -> None:
+    """``hybridq worker`` starts without the forwarder, the status code or the HTTP server."""
+    loaded = _loaded_after(
+        "import hybridq.cli as c, click; c.cli.get_command(click.Context(c.cli), 'worker')"
+    )
+    assert "hybridq.cli.worker" in loaded
+    for heavy in ("hybridq.forwarder", "hybridq.status", "hybridq.http", "hybridq.cli.forward"):
+        assert heavy not in loaded, heavy
+    every = _loaded_after("import hybridq.cli as c, click; c.cli.list_commands(click.Context(c.cli))")
+    assert "hybridq.cli.worker" not in every  # listing names loads nothing
+
+
 def test_importing_the_package_root_loads_nothing_else() -> None:
     assert _loaded_after("import hybridq") == {"hybridq"}
 
