@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -48,6 +50,7 @@ __all__ = [
     "StartedEvent",
     "StoredOutcome",
     "Verdict",
+    "host_pid",
 ]
 
 #: The function of every RQ job the forwarder pushes. RQ imports it by this path from job
@@ -616,3 +619,18 @@ class StartedEvent:
             later=_count("later", body.get("later", 0)),
             at=at,
         )
+
+
+_HOST_PID: tuple[int, str] = (0, "")
+
+
+def host_pid() -> str:
+    """``host/pid`` of this process: how lease tokens and completion events name a worker.
+
+    Looked up once per process (again after a fork).
+    """
+    global _HOST_PID
+    pid = os.getpid()
+    if _HOST_PID[0] != pid:
+        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
+    return _HOST_PID[1]

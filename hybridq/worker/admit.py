@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ from hybridq import keys, waiting
 from hybridq.allow import resolve
 from hybridq.envelope import Envelope
 from hybridq.errors import NotAllowed, SignatureError, TaskUnavailable
-from hybridq.protocol import CompletionEvent, Delivery, Outcome
+from hybridq.protocol import CompletionEvent, Delivery, Outcome, host_pid
 from hybridq.signing import expiry_refusal, keyring, sign_event
 from hybridq.worker.scripts import retrying
 
@@ -166,17 +165,5 @@ def event(
     ``result_json``: the result's JSON text if made already; ``started``: when the task started.
     """
     return CompletionEvent.of(
-        d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=worker_name()
+        d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=host_pid()
     )
-
-
-_WORKER_NAME: tuple[int, str] = (0, "")
-
-
-def worker_name() -> str:
-    """This worker process as events name it (``host/pid``, as in its lease tokens; once a process)."""
-    global _WORKER_NAME
-    pid = os.getpid()
-    if _WORKER_NAME[0] != pid:
-        _WORKER_NAME = (pid, f"{socket.gethostname()}/{pid}")
-    return _WORKER_NAME[1]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from redis.exceptions import RedisError
 
 from hybridq.worker.scripts import renew_many
 
-__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "host_pid", "release"]
+__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "release"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -169,15 +168,3 @@ def hold(conn: redis.Redis, key: str, token: str, lease_s: float, job_key: str |
 def release(renewal: Renewal) -> None:
     """Stop renewing ``renewal``'s lease."""
     _renewer().remove(renewal)
-
-
-_HOST_PID: tuple[int, str] = (0, "")
-
-
-def host_pid() -> str:
-    """``host/pid`` of this process, for lease tokens (looked up once per process)."""
-    global _HOST_PID
-    pid = os.getpid()
-    if _HOST_PID[0] != pid:
-        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
-    return _HOST_PID[1]

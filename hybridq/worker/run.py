@@ -36,6 +36,7 @@ from hybridq.protocol import (
     Outcome,
     StartedEvent,
     StoredOutcome,
+    host_pid,
 )
 from hybridq.signing import keyring, sign_event
 from hybridq.worker import lease, quick, scripts
@@ -264,7 +265,7 @@ class Run:
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (the lease value: unique per run)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{lease.host_pid()}/{os.urandom(4).hex()}"
+        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [
