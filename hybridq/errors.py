@@ -38,6 +38,12 @@
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
     │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
+    ├── (answered by hybridq serve with a 4xx; hybridq.http)
+    │   ├── BadRequest (ValueError) a POST body the API refuses (400); nothing was written
+    │   ├── BodyTooLarge            a request body over the server's cap (413)
+    │   ├── BodyTimeout             a request body that did not arrive in time (408)
+    │   ├── KeyReused (ValueError)  an Idempotency-Key used before for another call (422)
+    │   └── TokensError (ValueError)  a tokens file that cannot be used (at start: exit 1)
     ├── RetryLater                  raised by a task: run me again in N s, no attempt used (hybridq)
     └── Cancelled                   raised in a running task whose job was cancelled (hybridq.cancel)
 
@@ -59,6 +65,9 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "BadRequest",
+    "BodyTimeout",
+    "BodyTooLarge",
     "Cancelled",
     "ConfigError",
     "CronError",
@@ -77,6 +86,7 @@ __all__ = [
     "JournalIOError",
     "JournalLocked",
     "JournalPathError",
+    "KeyReused",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -94,6 +104,7 @@ __all__ = [
     "StaleDelivery",
     "StateFileCorrupt",
     "TaskUnavailable",
+    "TokensError",
     "TransportError",
     "UnencodableJobs",
 ]
@@ -492,3 +503,33 @@ class Cancelled(HybridqError):
     in its thread (docs/worker.md, "Cancelling a running job"). A run that ends with it records
     the outcome ``cancelled``: no retry, not listed by ``hybridq failed``.
     """
+
+
+# -- hybridq serve (hybridq.http) ---------------------------------------------------------------
+
+
+class BadRequest(HybridqError, ValueError):
+    """A body the API refuses (400); nothing is written."""
+
+
+class BodyTooLarge(HybridqError):
+    """The request body is over the cap (413)."""
+
+
+class BodyTimeout(HybridqError):
+    """The request body did not arrive within the deadline (408)."""
+
+
+class KeyReused(HybridqError, ValueError):
+    """The key was used before for another call; its job's id is :attr:`job_id`."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(
+            f"this Idempotency-Key was used for another call (job {job_id}): "
+            "a retry must send the same task, queue, args and kwargs"
+        )
+
+
+class TokensError(HybridqError, ValueError):
+    """A tokens file that cannot be used (missing, unreadable, empty, a bad line)."""

@@ -121,6 +121,8 @@ def job_row(record: Record) -> tuple[Any, ...] | None:
         if not isinstance(job_id, str):
             return None
         requeue = int(body.get("requeue", 0))
+        if not 0 <= requeue < 2**31:  # what an envelope may hold (and SQLite can store)
+            return None
         created = body.get("created_at")
         enq = float(created) if isinstance(created, int | float) else None
         func, queue, key = (

@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 from hybridq import allow
 from hybridq.envelope import Envelope, Retry, function_path, validate_job_id, validate_queue_name
 from hybridq.errors import (
+    BadRequest,
     EnvelopeError,
     HybridqError,
     JournalIOError,
@@ -54,10 +55,6 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
-
-
-class BadRequest(ValueError):
-    """A body the API refuses (400); nothing is written."""
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:

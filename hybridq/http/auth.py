@@ -43,6 +43,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from hybridq.errors import TokensError
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 
 __all__ = [
@@ -80,10 +81,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class TokensError(ValueError):
-    """A tokens file that cannot be used (missing, unreadable, empty, a bad line)."""
 
 
 def is_loopback(host: str) -> bool:

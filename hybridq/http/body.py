@@ -12,15 +12,9 @@ import asyncio
 
 from starlette.requests import Request
 
+from hybridq.errors import BodyTimeout, BodyTooLarge
+
 __all__ = ["BodyTimeout", "BodyTooLarge", "read_body"]
-
-
-class BodyTooLarge(Exception):
-    """The request body is over the cap (413)."""
-
-
-class BodyTimeout(Exception):
-    """The request body did not arrive within the deadline (408)."""
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:

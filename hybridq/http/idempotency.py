@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager
 
 from hybridq import lookup
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError
+from hybridq.errors import EnvelopeError, KeyReused
 from hybridq.job import call_fingerprint, fetch_job
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 
@@ -45,17 +45,6 @@ ID_PREFIX = "http-"
 MAX_KEY = 255
 #: Ids held in memory before the store falls back to reading the journal for misses.
 MAX_REMEMBERED = 200_000
-
-
-class KeyReused(ValueError):
-    """The key was used before for another call; its job's id is :attr:`job_id`."""
-
-    def __init__(self, job_id: str) -> None:
-        self.job_id = job_id
-        super().__init__(
-            f"this Idempotency-Key was used for another call (job {job_id}): "
-            "a retry must send the same task, queue, args and kwargs"
-        )
 
 
 def valid_key(key: str) -> bool:
