@@ -32,6 +32,7 @@ __all__ = [
     "refusal",
     "sibling",
     "transport_error",
+    "with_password",
 ]
 
 #: Reply texts (lowercase) by which Redis refuses a configuration rather than fails for a while.
@@ -142,6 +143,15 @@ def transport_error(exc: RedisError) -> TransportError:
     if why is not None:
         return RedisRefused(f"Redis refused this configuration ({why}): {exc}")
     return TransportError(f"Redis: {exc}")
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` as its credentials' password (the user, if any, is kept)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    netloc = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(password, safe='')}@{host}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def redact_url(url: str) -> str:

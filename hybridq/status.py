@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,15 +28,15 @@ from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, ledger_dir, load_compacted, load_index
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
-from hybridq.redisurl import redact_url
+from hybridq.redisurl import redact_url, with_password
 from hybridq.secretfile import read_password
 from hybridq.state import load_checkpoint
 from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 from hybridq.transport.routes import Routes
 
-# read_password lives in hybridq.secretfile (the worker side uses it too), redact_url in
-# hybridq.redisurl; both kept importable here.
-__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url", "stats"]
+# read_password lives in hybridq.secretfile (the worker side uses it too), redact_url and
+# with_password in hybridq.redisurl; all kept importable here.
+__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url", "stats", "with_password"]
 
 #: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
@@ -337,12 +336,3 @@ def _queue_lengths(conn: Any, owns: Callable[[str], bool]) -> dict[str, int]:
         and owns(name)
     )
     return {name: int(conn.llen(keys.rq_queue(name))) for name in names}
-
-
-def with_password(url: str, password: str) -> str:
-    """``url`` with ``password`` as its credentials' password (the user, if any, is kept)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    netloc = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(password, safe='')}@{host}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

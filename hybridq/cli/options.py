@@ -112,8 +112,8 @@ def _with_password_file(url: str | None, password_file: str | None) -> str | Non
 
     A URL redis-py cannot use is one line and exit 1 here, before anything starts.
     """
-    from hybridq.redisurl import check_url  # noqa: PLC0415 - imports redis
-    from hybridq.status import read_password, with_password  # noqa: PLC0415 - a heavy import
+    from hybridq.redisurl import check_url, with_password  # noqa: PLC0415 - imports redis
+    from hybridq.secretfile import read_password  # noqa: PLC0415
 
     if url is None:
         return url

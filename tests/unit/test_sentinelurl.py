@@ -143,7 +143,7 @@ def test_the_commands_refuse_a_malformed_sentinel_url_in_one_line(
 
 
 def test_a_password_file_fills_in_the_redis_servers_password() -> None:
-    from hybridq.status import with_password
+    from hybridq.redisurl import with_password
 
     url = with_password("redis+sentinel://hq@h1:26379,h2:26379/mymaster/0?sentinel_password=sp", "p@ss/w")
     parsed = parse_sentinel(redisurl.check_url(url))
