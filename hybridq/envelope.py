@@ -78,7 +78,21 @@ def new_job_id(now: float | None = None) -> str:
     Sortable by creation time, unique without coordination, and a valid RQ job id.
     """
     ms = int((time.time() if now is None else now) * 1000) & 0xFFFFFFFFFFFF
-    return f"{ms:012x}{os.urandom(10).hex()}"
+    try:
+        tail = _RANDOM_TAILS.pop()  # atomic: threads never share one
+    except IndexError:
+        raw = os.urandom(10 * _TAILS_PER_READ).hex()
+        _RANDOM_TAILS.extend([raw[i : i + 20] for i in range(0, len(raw), 20)])
+        tail = _RANDOM_TAILS.pop()
+    return f"{ms:012x}{tail}"
+
+
+#: Random parts of job ids, 20 hex digits each, read from the OS in batches (a ``getrandom``
+#: call per id cost a third of a microsecond); emptied in a forked child, whose ids must not
+#: repeat its parent's.
+_RANDOM_TAILS: list[str] = []
+_TAILS_PER_READ = 256
+os.register_at_fork(after_in_child=_RANDOM_TAILS.clear)
 
 
 def validate_job_id(job_id: str) -> str:
@@ -110,11 +124,15 @@ def function_path(func: object) -> str:
     dotted paths.
     """
     if isinstance(func, str):
+        if func in _CHECKED_PATHS:
+            return func
         if not _DOTTED.match(func):
             raise EnvelopeError(f"{func!r} is not a dotted path like 'package.module.function'")
         if func.startswith("__main__."):
             # A worker's __main__ is the worker itself, never the module that meant the function.
             raise EnvelopeError(f"{func!r} names __main__; use the module the workers can import")
+        if len(_CHECKED_PATHS) < _CHECKED_PATHS_MAX:
+            _CHECKED_PATHS.add(func)
         return func
     if not callable(func):
         raise EnvelopeError(f"{func!r} is neither a callable nor a dotted path")
@@ -132,6 +150,11 @@ def function_path(func: object) -> str:
     if module == "__main__":
         raise EnvelopeError(f"{qualname} is defined in __main__; move it to a module the workers can import")
     return f"{module}.{qualname}"
+
+
+#: Dotted-path strings found valid (a producer names the same few functions again and again).
+_CHECKED_PATHS: set[str] = set()
+_CHECKED_PATHS_MAX = 4096
 
 
 def _refuse_non_string_keys(value: object) -> None:
@@ -414,19 +437,20 @@ def _fast_json(env: Envelope) -> str | None:
     if created is None:
         return None
     kwargs = env.kwargs
+    job_id = _str(env.id)
     parts = [
         _PREFIX,
-        _str(env.id),
+        job_id,
         ',"func":',
-        _str(env.func),
+        _name(env.func),
         ',"args":',
         *values(list(env.args), 0),
         ',"kwargs":',
         *(("{}",) if not kwargs else values(dict(kwargs), 0)),
         ',"queue":',
-        _str(env.queue),
+        _name(env.queue),
         ',"key":',
-        _str(env.idempotency_key),
+        job_id if env.idempotency_key == env.id else _str(env.idempotency_key),
         ',"created_at":',
         created,
     ]
@@ -454,6 +478,19 @@ def _fast_json(env: Envelope) -> str | None:
         parts += (',"sig":', _str(env.signature))
     parts.append("}")
     return "".join(parts)
+
+
+def _name(text: str) -> str:
+    """``text`` (a function path or a queue name: a few, used again and again) as a JSON string."""
+    encoded = _NAMES.get(text)
+    if encoded is None:
+        encoded = _str(text)
+        if len(_NAMES) < _CHECKED_PATHS_MAX:
+            _NAMES[text] = encoded
+    return encoded
+
+
+_NAMES: dict[str, str] = {}
 
 
 def _number(value: object) -> str | None:

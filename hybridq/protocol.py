@@ -621,16 +621,22 @@ class StartedEvent:
         )
 
 
-_HOST_PID: tuple[int, str] = (0, "")
+_HOST_PID: list[str] = []
 
 
 def host_pid() -> str:
     """``host/pid`` of this process: how lease tokens and completion events name a worker.
 
-    Looked up once per process (again after a fork).
+    Looked up once per process (again after a fork: ``os.getpid()`` is a system call, and this
+    is asked a few times per job).
     """
-    global _HOST_PID
-    pid = os.getpid()
-    if _HOST_PID[0] != pid:
-        _HOST_PID = (pid, f"{socket.gethostname()}/{pid}")
-    return _HOST_PID[1]
+    if not _HOST_PID:
+        _HOST_PID.append(f"{socket.gethostname()}/{os.getpid()}")
+    return _HOST_PID[0]
+
+
+def _forget_host_pid() -> None:
+    _HOST_PID.clear()
+
+
+os.register_at_fork(after_in_child=_forget_host_pid)

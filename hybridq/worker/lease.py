@@ -66,7 +66,6 @@ class _LeaseRenewer:
     """
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self._renewals: set[Renewal] = set()
         self._wake = threading.Condition()
         #: When the thread looks at the renewals next (monotonic); guarded by ``_wake``.
@@ -150,10 +149,22 @@ _renewer_lock = threading.Lock()
 def _renewer() -> _LeaseRenewer:
     """This process's renewer (a forked work-horse starts its own: threads do not survive fork)."""
     global _renewer_instance
+    renewer = _renewer_instance
+    if renewer is not None:
+        return renewer
     with _renewer_lock:
-        if _renewer_instance is None or _renewer_instance.pid != os.getpid():
+        if _renewer_instance is None:
             _renewer_instance = _LeaseRenewer()
         return _renewer_instance
+
+
+def _after_fork_in_child() -> None:
+    global _renewer_instance, _renewer_lock
+    _renewer_instance = None  # its thread is not in this process
+    _renewer_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def hold(conn: redis.Redis, key: str, token: str, lease_s: float, job_key: str | None = None) -> Renewal:

@@ -1,0 +1,70 @@
+"""Per-process caches are dropped in a forked child (the pool forks its worker processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from hybridq.protocol import host_pid
+from hybridq.worker import lease
+
+
+def _in_child(fn: object) -> str:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, str(fn()).encode())  # type: ignore[operator]
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    return f"{pid}|{out}"
+
+
+def test_host_pid_names_the_forked_child_not_its_parent() -> None:
+    assert host_pid() == f"{socket.gethostname()}/{os.getpid()}"
+    pid, out = _in_child(host_pid).split("|")
+    assert out == f"{socket.gethostname()}/{pid}"
+    assert host_pid() == f"{socket.gethostname()}/{os.getpid()}"
+
+
+def test_a_forked_child_starts_its_own_lease_renewer() -> None:
+    parent = lease._renewer()
+    assert lease._renewer() is parent
+
+    def child() -> str:
+        mine = lease._renewer()
+        return f"{mine is not parent} {mine._thread.is_alive()}"
+
+    assert _in_child(child).split("|")[1] == "True True"
+
+
+def test_a_forked_child_never_makes_the_job_ids_its_parent_makes() -> None:
+    from hybridq.envelope import new_job_id
+
+    new_job_id()  # the parent has random parts read ahead
+    child = _in_child(lambda: ",".join(new_job_id(1.0) for _ in range(300))).split("|")[1].split(",")
+    parent = [new_job_id(1.0) for _ in range(300)]
+    assert len(set(child)) == 300
+    assert not set(child) & set(parent)
+
+
+def test_threads_never_share_a_job_id() -> None:
+    import threading
+
+    from hybridq.envelope import new_job_id
+
+    made: list[str] = []
+
+    def make() -> None:
+        made.extend(new_job_id(1.0) for _ in range(2000))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == len(made) == 16000
