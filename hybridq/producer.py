@@ -426,22 +426,20 @@ class Queue:
             _check_retry(retry)
         now = time.time()
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
-        env = Envelope(
-            id=job,
-            func=function_path(func),
-            queue=self.name,
-            idempotency_key=idempotency_key if idempotency_key is not None else job,
-            created_at=now,
-            args=tuple(args),
-            kwargs=dict(kwargs or {}),
-            timeout_s=self.default_timeout if job_timeout is None else _seconds("job_timeout", job_timeout),
-            result_ttl_s=(
-                self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl)
-            ),
-            run_at=None if delay is None and run_at is None else _run_at(now, delay, run_at),
-            retry=retry if retry is not None else self.default_retry,
-            description=description,
-            meta=dict(meta or {}),
+        env = Envelope(  # positionally: keywords cost ~0.3 us per job here
+            job,
+            function_path(func),
+            self.name,
+            idempotency_key if idempotency_key is not None else job,
+            now,
+            args if type(args) is tuple else tuple(args),
+            dict(kwargs) if kwargs else {},
+            self.default_timeout if job_timeout is None else _seconds("job_timeout", job_timeout),
+            self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl),
+            None if delay is None and run_at is None else _run_at(now, delay, run_at),
+            retry if retry is not None else self.default_retry,
+            description,
+            dict(meta) if meta else {},
         )
         env.to_bytes()  # raises NotSerializable now, not in enqueue_many
         return env

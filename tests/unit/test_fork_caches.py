@@ -1,11 +1,13 @@
-"""Per-process caches are dropped in a forked child (the pool forks its worker processes)."""
+"""Per-process caches: dropped in a forked child (the pool forks its workers), never stale."""
 
 from __future__ import annotations
 
 import os
 import socket
 
+import pytest
 from hybridq.protocol import host_pid
+from hybridq.signing import _getenv
 from hybridq.worker import lease
 
 
@@ -68,3 +70,13 @@ def test_threads_never_share_a_job_id() -> None:
     for t in threads:
         t.join()
     assert len(set(made)) == len(made) == 16000
+
+
+def test_the_signing_configuration_is_read_from_the_live_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """keyring() reads the environment's own dict: a variable set or unset now is seen now."""
+    monkeypatch.delenv("HYBRIDQ_SIGNING_KEY", raising=False)
+    assert _getenv("HYBRIDQ_SIGNING_KEY") is None
+    monkeypatch.setenv("HYBRIDQ_SIGNING_KEY", "clé,k2")
+    assert _getenv("HYBRIDQ_SIGNING_KEY") == "clé,k2" == os.environ["HYBRIDQ_SIGNING_KEY"]
+    monkeypatch.delenv("HYBRIDQ_SIGNING_KEY")
+    assert _getenv("HYBRIDQ_SIGNING_KEY") is None
