@@ -7,14 +7,19 @@ from ``forwarded`` to its outcome. So a worker process stops asking for it for a
 :data:`STREAK` runs in this process each took under :data:`QUICK_S`, and asks again from the
 first run that takes longer, and from the moment a run of it has been going for longer than
 that (claims made ahead while a long run is in flight send the event again).
+
+The same record tells the runner how far ahead to take (:func:`all_quick`): a process whose
+last :data:`WINDOW` runs were all quick takes twice as many jobs ahead of its threads, since a
+batch of quick jobs is gone before the next round trip would bring more (docs/worker.md).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 
-__all__ = ["QUICK_S", "STREAK", "is_quick", "ran", "started"]
+__all__ = ["QUICK_S", "STREAK", "WINDOW", "all_quick", "is_quick", "ran", "started"]
 
 #: A run shorter than this (seconds, wall clock from the task's start to its end) is quick.
 QUICK_S = 0.1
@@ -27,6 +32,9 @@ _streaks: dict[str, int] = {}
 #: Runs in flight per task path: their start (monotonic seconds) by a token of :func:`started`.
 _running: dict[str, dict[int, float]] = {}
 _tokens = itertools.count()
+#: Runs of any task in this process, newest last: whether each was quick.
+WINDOW = 32
+_recent: collections.deque[bool] = collections.deque(maxlen=WINDOW)
 
 
 def is_quick(func: str) -> bool:
@@ -35,6 +43,14 @@ def is_quick(func: str) -> bool:
         return False
     now = time.monotonic()
     return all(now - at < QUICK_S for at in list(_running.get(func, {}).values()))
+
+
+def all_quick() -> bool:
+    """Whether this process's last :data:`WINDOW` runs were all quick, and none runs long now."""
+    if len(_recent) < WINDOW or not all(_recent):
+        return False
+    now = time.monotonic()
+    return all(now - at < QUICK_S for runs in list(_running.values()) for at in list(runs.values()))
 
 
 def started(func: str) -> int:
@@ -48,6 +64,7 @@ def ran(func: str, token: int) -> None:
     """Note that the run of ``func`` :func:`started` gave ``token`` to has ended."""
     at = _running.get(func, {}).pop(token, None)
     seconds = time.monotonic() - at if at is not None else 0.0
+    _recent.append(seconds < QUICK_S)
     if seconds < QUICK_S:
         if _streaks.get(func, 0) < STREAK:
             _streaks[func] = _streaks.get(func, 0) + 1

@@ -40,8 +40,9 @@ from typing import Any
 from rq.timeouts import JobTimeoutException
 
 from hybridq.errors import Cancelled
+from hybridq.worker import quick
 
-__all__ = ["CANCEL_GRACE_S", "STUCK_S", "TICK_S", "Runner", "Taken"]
+__all__ = ["AHEAD", "AHEAD_QUICK", "CANCEL_GRACE_S", "STUCK_S", "TICK_S", "Runner", "Taken"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -51,6 +52,11 @@ STUCK_S = 2.0
 TICK_S = 0.2
 #: How long a cancelled job may run on after its worker saw the cancel, before it is stopped (s).
 CANCEL_GRACE_S = 10.0
+#: Jobs a process holds (running and taken ahead), per thread; while its runs are quick. With
+#: no-op jobs on 2 cores, 4 per thread ran a burn-down 10-15 % faster than 2 (fewer, larger
+#: batches per round trip); jobs that take longer keep 2, so none waits long behind them.
+AHEAD = 2
+AHEAD_QUICK = 4
 
 _PENDING, _RUNNING, _DONE = 0, 1, 2
 
@@ -157,9 +163,16 @@ class Runner:
         asyncio.run_coroutine_threadsafe(self._run_async(item), loop)
 
     def room(self) -> int:
-        """How many more jobs to take now: the free threads and prefetch, within the async limit."""
+        """How many more jobs to take now: the free threads and prefetch, within the async limit.
+
+        Jobs are taken ahead up to twice the threads, four times while the process's recent
+        runs are all quick (:func:`.quick.all_quick`): more jobs per round trip where a round
+        trip costs more than the jobs it brings, and no long queue of waiting jobs where they
+        are slow.
+        """
+        depth = AHEAD_QUICK if quick.all_quick() else AHEAD
         with self._lock:
-            sync_room = 2 * self.threads - self.sync_pending
+            sync_room = depth * self.threads - self.sync_pending
             async_room = self.async_concurrency - self.async_pending
         return max(0, min(sync_room, async_room))
 

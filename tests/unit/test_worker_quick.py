@@ -12,9 +12,11 @@ from hybridq.worker import quick
 def _fresh() -> Iterator[None]:
     quick._streaks.clear()
     quick._running.clear()
+    quick._recent.clear()
     yield
     quick._streaks.clear()
     quick._running.clear()
+    quick._recent.clear()
 
 
 def _runs(func: str, n: int, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,3 +54,46 @@ def test_a_long_run_in_flight_makes_claims_report_again(monkeypatch: pytest.Monk
     assert not quick.is_quick("m.f")  # running long: jobs claimed meanwhile say "started"
     quick.ran("m.f", token)
     assert not quick.is_quick("m.f")
+
+
+def test_a_process_whose_last_runs_were_all_quick_takes_further_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _runs("m.f", quick.WINDOW - 1, 0.001, monkeypatch)
+    assert not quick.all_quick()  # not enough runs seen yet
+    _runs("m.g", 1, 0.001, monkeypatch)
+    assert quick.all_quick()  # any task: the window is the process's
+    _runs("m.f", 1, quick.QUICK_S, monkeypatch)
+    assert not quick.all_quick()  # one slow run in the window
+    _runs("m.g", quick.WINDOW - 1, 0.001, monkeypatch)
+    assert not quick.all_quick()
+    _runs("m.g", 1, 0.001, monkeypatch)
+    assert quick.all_quick()  # the slow run left the window
+
+
+def test_a_long_run_in_flight_stops_taking_further_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    _runs("m.f", quick.WINDOW, 0.001, monkeypatch)
+    clock = [2000.0]
+    monkeypatch.setattr(quick.time, "monotonic", lambda: clock[0])
+    token = quick.started("m.h")
+    assert quick.all_quick()
+    clock[0] += 2 * quick.QUICK_S
+    assert not quick.all_quick()
+    quick.ran("m.h", token)
+    assert not quick.all_quick()
+
+
+def test_the_runner_takes_ahead_two_jobs_per_thread_four_while_runs_are_quick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hybridq.worker.runner import AHEAD, AHEAD_QUICK, Runner
+
+    runner = Runner(3, 100, lambda _item: True, None, lambda _item: None, lambda _at: None)  # type: ignore[arg-type]
+    try:
+        assert runner.room() == AHEAD * 3 == 6
+        _runs("m.f", quick.WINDOW, 0.001, monkeypatch)
+        assert runner.room() == AHEAD_QUICK * 3 == 12
+        _runs("m.f", 1, 1.0, monkeypatch)
+        assert runner.room() == 6
+    finally:
+        runner.close()
