@@ -151,6 +151,7 @@ END = (
 local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local worker = rq .. ":worker:" .. name
 local replies = {}
+local worked, succeeded, failed = 0, 0, 0  -- the worker's counters, added once per call
 for i = 5, #ARGV, 16 do
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     local ok, ttl, field, value = ARGV[i + 4] == "1", tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]
@@ -168,7 +169,7 @@ for i = 5, #ARGV, 16 do
         redis.call("ZREM", rq .. ":wip:" .. queue, member)
         redis.call("ZREM", rq .. ":executions:" .. id, exec)
         redis.call("SREM", worker .. ":executions", member)
-        redis.call("HINCRBYFLOAT", worker, "total_working_time", math.max(0, now - tonumber(started)))
+        worked = worked + math.max(0, now - tonumber(started))
         local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
             "execution_started_at", started, "execution_ended_at", ARGV[4]}
         if field ~= "" then
@@ -176,10 +177,10 @@ for i = 5, #ARGV, 16 do
             entry[#entry + 1] = value
         end
         if ok then
-            redis.call("HINCRBY", worker, "successful_job_count", 1)
+            succeeded = succeeded + 1
             redis.call("HSET", job, "status", "finished", "ended_at", stamp)
         else
-            redis.call("HINCRBY", worker, "failed_job_count", 1)
+            failed = failed + 1
             redis.call("HSET", job, "status", "failed", "ended_at", stamp)
         end
         if ok and ttl == 0 then
@@ -198,6 +199,11 @@ for i = 5, #ARGV, 16 do
             end
         end
     end
+end
+if succeeded + failed > 0 then
+    redis.call("HINCRBYFLOAT", worker, "total_working_time", worked)
+    if succeeded > 0 then redis.call("HINCRBY", worker, "successful_job_count", succeeded) end
+    if failed > 0 then redis.call("HINCRBY", worker, "failed_job_count", failed) end
 end
 return replies
 """

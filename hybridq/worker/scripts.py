@@ -63,7 +63,7 @@ CALL_TIMEOUT_S = 5.0
 # No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
 # KEYS[4] (a caller of the older script's arguments), fences nothing.
 # The claim, as a Lua function (K: the keys, A: the arguments below; ``server`` caches what INFO
-# said, for a script that claims several deliveries).
+# said and the epochs read, for a script that claims several deliveries).
 CLAIM_LUA = """
 local function claim(K, A, server)
     if redis.call("GET", K[2]) == A[1] then
@@ -72,7 +72,15 @@ local function claim(K, A, server)
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.cancelling)
     end
-    local epoch = K[4] and redis.call("GET", K[4])
+    local epoch = false
+    if K[4] then  -- read once per script call, however many claims it makes (it cannot change)
+        server.epochs = server.epochs or {}
+        epoch = server.epochs[K[4]]
+        if epoch == nil then
+            epoch = redis.call("GET", K[4])
+            server.epochs[K[4]] = epoch
+        end
+    end
     if epoch then
         local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
         local why = nil

@@ -61,12 +61,13 @@ def start_args(items: list[Taken]) -> list[Any]:
     return args
 
 
-def end_args(items: list[Taken]) -> list[Any]:
+def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
     args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:01.000000Z", time.time()]
-    for item in items:
+    for n, item in enumerate(items):
         conclude(item.run, 1, None)
         keys_, call = item.run.finish
-        args += [item.job_id, QUEUE, item.exec_id, item.started, "1", 500, "", ""]
+        good = ok is None or ok[n]
+        args += [item.job_id, QUEUE, item.exec_id, item.started, "1" if good else "0", 500, "", ""]
         args += [*keys_, *call, *[""] * (5 - len(call))]
     return args
 
@@ -96,6 +97,23 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
         assert job.get_status() == "finished"
     assert started.get_job_ids() == []
     assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: RedisServer) -> None:
+    """RQ's worker counters (rq info, rq-dashboard): one increment per job, sent twice or not."""
+    push(redis_server.url, 4)
+    client = redis_server.client()
+    items = take(client, 4)
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    for item in items:
+        item.started = time.time() - 2.0  # each ran for about 2 s
+    args = end_args(items, ok=[True, False, True, True])
+    scripts.call(client, batch_scripts.END, [], args)
+    scripts.call(client, batch_scripts.END, [], args)  # the first reply was lost
+    worker = client.hgetall("rq:worker:w1")
+    assert int(worker[b"successful_job_count"]) == 3
+    assert int(worker[b"failed_job_count"]) == 1
+    assert 7.9 < float(worker[b"total_working_time"]) < 8.5
 
 
 def test_a_stored_outcome_in_a_batch_suppresses_that_job_only(redis_server: RedisServer) -> None:
