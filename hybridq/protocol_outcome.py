@@ -1,0 +1,85 @@
+"""The stored outcome, worker → worker (part of :mod:`hybridq.protocol`).
+
+A :class:`StoredOutcome` is what a run stores under its idempotency key, read by the claim and
+outcome scripts (``hybridq.worker.scripts``) of every later delivery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hybridq.limits import opt_finite, opt_str, typed
+from hybridq.protocol_enums import Outcome
+
+__all__ = ["StoredOutcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOutcome:
+    """What a run stores under its idempotency key (read back by the claim and outcome scripts)."""
+
+    outcome: Outcome
+    #: The task's return value (JSON), ``None`` for a failure.
+    result: Any
+    #: The traceback of a failure.
+    error: str | None
+    job_id: str
+    attempt: int
+    requeue: int
+    #: No further attempt follows: a success, or the last attempt's failure.
+    final: bool
+    at: float
+    #: The lease value of the run, so that a retried outcome script knows its first try got
+    #: through; ``None`` (left out) where no lease was taken (the memory transport).
+    token: str | None = None
+    #: A ``later`` outcome's wait (seconds), its RetryLater count (this one included) and when
+    #: the first was said: the event reports them (left out of other outcomes).
+    retry_delay: float | None = None
+    later: int = 0
+    later_since: float | None = None
+
+    def cancelled(self) -> StoredOutcome:
+        """This outcome as a cancelled run's: ``cancelled``, final (no retry)."""
+        return replace(self, outcome=Outcome.CANCELLED, final=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored JSON object."""
+        body: dict[str, Any] = {
+            "outcome": self.outcome.value,
+            "result": self.result,
+            "error": self.error,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "requeue": self.requeue,
+            "final": self.final,
+            "at": self.at,
+        }
+        if self.token is not None:
+            body["token"] = self.token
+        if self.outcome is Outcome.LATER:
+            body.update(retry_delay=self.retry_delay, later=self.later, later_since=self.later_since)
+        return body
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> StoredOutcome:
+        """The outcome :meth:`to_json` stored.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``body`` is not a stored outcome.
+        """
+        return cls(
+            Outcome(body["outcome"]),
+            body.get("result"),
+            opt_str("error", body.get("error")),
+            typed("job_id", body["job_id"], str),
+            int(body["attempt"]),
+            int(body.get("requeue", 0)),
+            bool(body["final"]),
+            float(body["at"]),
+            opt_str("token", body.get("token")),
+            opt_finite("retry_delay", body.get("retry_delay")),
+            int(body.get("later", 0)),
+            opt_finite("later_since", body.get("later_since")),
+        )
