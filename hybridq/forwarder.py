@@ -11,6 +11,11 @@ absorbs it. While the transport is down, the forwarder backs off (exponential, w
 logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
 current batch: the backlog stays on disk.
 
+This module keeps the life cycle (lock, recovery, open and close), the loop (:meth:`Forwarder.run`
+with its full-disk pauses, :meth:`Forwarder.step` and its order) and the completions side's
+timers; the step's delivery side (journal, admission, delayed jobs, batches) is
+:mod:`hybridq.forwarder_delivery`, the loop's waits and wakes :mod:`hybridq.forwarder_wait`.
+
 This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 """
 
@@ -22,27 +27,26 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 from hybridq.admission import Admission
 from hybridq.cancelling import Canceller
-from hybridq.envelope import Envelope
 from hybridq.errors import (
     HybridqError,
     JournalIOError,
     TransportError,
 )
+from hybridq.forwarder_delivery import DeliveryMixin
 from hybridq.forwarder_state import ForwarderConfig, ForwarderState
-from hybridq.job_records import decode_job, read_held
-from hybridq.journal import JournalReader, Record
+from hybridq.forwarder_wait import Ticks, WaitMixin
+from hybridq.journal import JournalReader
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
 from hybridq.lookup_index import LookupIndex
 from hybridq.nudge import NudgeListener, nudge
-from hybridq.protocol import Overwrite
 from hybridq.push import ForwarderStats, Pusher, Stopped
-from hybridq.state import Checkpoint, Held
+from hybridq.state import Checkpoint
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
 from hybridq.upkeep import Upkeep
@@ -70,20 +74,7 @@ DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-class Ticks(Protocol):
-    """Periodic jobs the forwarder keeps (``hybridq.scheduler.Scheduler``; docs/schedules.md)."""
-
-    def fire(self, now: float) -> int:
-        """Append the jobs of the ticks due at ``now`` to the journal; return how many."""
-
-    def next_fire(self) -> float | None:
-        """When the soonest tick is due (Unix time), if known."""
-
-    def close(self) -> None:
-        """Release what it holds (the forwarder closes it with itself)."""
-
-
-class Forwarder:
+class Forwarder(DeliveryMixin, WaitMixin):
     """Forwards one journal directory into a transport.
 
     Args:
@@ -320,65 +311,6 @@ class Forwarder:
         self._lookup_due = self.lookup.building  # a first build goes on at every step
         self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
 
-    def _forward_new(self) -> int:
-        reader = self._reader
-        try:
-            return self._read_and_deliver(reader)
-        except BaseException:
-            # The reader has moved past records whose batch was not delivered (a full disk while
-            # recording an invalid record, a failed save, a stop): read them again next time.
-            # Everything before the checkpoint's positions is pushed already.
-            reader.seek(self.checkpoint.positions)
-            self.admission.reset()
-            self.state.pending.rewind(self.checkpoint.positions)
-            raise
-
-    def _read_and_deliver(self, reader: JournalReader) -> int:
-        done = 0
-        batch: list[Delivery] = []
-        for record in reader.records():
-            loc = (record.writer_id, record.segment_index, record.offset)
-            if self.state.index.is_terminal(loc) or loc in self.state.index.duplicates:
-                # Finished already (a checkpoint lost or older than the ledger), or an invalid
-                # record recorded before a step was retried: never counted twice. A duplicate
-                # waits for its key's owner, never pushed.
-                self.state.saw(record, None)
-                continue
-            env = decode_job(self.state, record)
-            self.state.saw(record, env)
-            if env is None:
-                continue
-            self.lookup.note_job(record, env)
-            if not self.admission.admit(env, loc):
-                pass  # a duplicate: recorded, never pushed
-            elif env.run_at is not None and env.run_at > self.clock():
-                self._hold(env, record)
-            else:
-                batch.append(self._delivery(env, loc))
-            if max(len(batch), self.admission.waiting) >= self.config.batch_size:
-                done += self._deliver(batch)
-                batch = []
-                done += self._forward_due()  # a long backlog must not hold back due jobs
-                self._fire_between()  # nor a schedule's tick
-                if self._stopping:
-                    return done  # SIGTERM: the batch in flight is delivered and checkpointed
-        if batch or self._position_moved() or self.admission.waiting:
-            done += self._deliver(batch)
-        return done
-
-    def _sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``, waking early only for a stop (producers' nudges do not cut it short)."""
-        self._fire_between()
-        deadline = time.monotonic() + seconds
-        while not self._stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._listener is not None:
-                self._listener.wait(left)
-            else:
-                time.sleep(min(left, 0.05))  # no socket to wake it: look at the stop flag often
-
     def _maintain(self) -> None:
         """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
         harvester, reconciler = self.completions.harvester, self.completions.reconciler
@@ -422,117 +354,13 @@ class Forwarder:
         if self.checkpoint.epoch != epoch:
             self._save(0)
 
-    def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
-        # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
-        overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
-        return self.state.delivery(env, loc, 1, overwrite=overwrite)
-
-    def _wait(self) -> None:
-        refilling = self.completions is not None and self.completions.reconciler.refilling
-        if refilling and self._pusher.stats.down_since is None:
-            # Redis lost its state: every unfinished job goes back, a batch per step, at once;
-            # nothing else would wake the loop (the queues are empty, no worker sends events).
-            # While Redis is down, the idle wait below paces the attempts.
-            return
-        timeout = self.config.idle_timeout_s
-        tick = self.schedules.next_fire() if self.schedules is not None else None
-        if tick is not None:
-            timeout = min(timeout, max(0.0, tick - self.clock()))
-        if self.checkpoint.held:
-            timeout = min(timeout, max(0.0, self.checkpoint.held[0].run_at - self.clock()))
-        # Retries still to push; one pushed waits for its worker's event, which wakes the loop.
-        harvester = self.completions.harvester if self.completions is not None else None
-        soonest = min(
-            (
-                run_at
-                for loc, (run_at, attempt) in self.state.index.retries.items()
-                if harvester is None or not harvester.retry_pushed(loc, attempt)
-            ),
-            default=None,
-        )
-        if soonest is not None:
-            timeout = min(timeout, max(0.05, soonest - self.clock()))
-        if self._publish_due:
-            timeout = min(timeout, max(0.01, self._next_publish - time.monotonic()))
-        if self._listener is not None:
-            self._listener.wait(timeout)
-        else:
-            self._sleep(timeout)  # no nudges: poll (a stop still wakes it within 50 ms)
-
-    def _wake(self) -> None:
-        """Wake the loop through its own nudge socket (the event watcher does, on a new event)."""
-        if self._listener is not None:
-            nudge(self.journal, name=self._listener.name)
-
     # -- pieces -------------------------------------------------------------------------------
-
-    def _position_moved(self) -> bool:
-        return self._reader.position != self.checkpoint.positions
-
-    def _hold(self, env: Envelope, record: Record) -> None:
-        assert env.run_at is not None
-        self.state.hold(Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset))
-
-    def _forward_due(self) -> int:
-        """Push held jobs whose time has come, then drop them from the checkpoint."""
-        now = self.clock()
-        held = self.checkpoint.held
-        due = 0
-        while due < len(held) and held[due].run_at <= now:
-            due += 1
-        if not due:
-            return 0
-        done = 0
-        batch_size = self.config.batch_size
-        for start in range(0, due, batch_size):
-            chunk = held[start : min(due, start + batch_size)]
-            index = self.state.index
-            envs = [
-                (
-                    h,
-                    None
-                    if index.is_terminal((h.writer_id, h.segment, h.offset))
-                    else read_held(self.state, h),
-                )
-                for h in chunk
-            ]
-            self._push(
-                [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
-            )
-            done += len(chunk)
-        # Only now that Redis has them may they leave the durable checkpoint.
-        self.state.release_held(due)
-        self._save(done)
-        return done
-
-    def _deliver(self, batch: list[Delivery]) -> int:
-        """Push a batch, then move the checkpoint to the reader's position (never before)."""
-        # The admission's entries are durable before the checkpoint moves past their records.
-        self.admission.flush()
-        if batch:
-            self._push(batch)
-        self.state.advance(self._reader.position)
-        self._save(len(batch))
-        return len(batch)
 
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)
 
     def _push(self, batch: list[Delivery]) -> None:
         self._pusher.push(batch)
-
-    def _fire_between(self) -> None:
-        """Journal due ticks during a long step: a backlog, an outage, a full disk (best effort).
-
-        A tick is appended to the journal, not pushed: Redis being down must not delay it. A
-        failure here (the disk is full) is left for the next step, which retries it.
-        """
-        if self.schedules is None or self._stopping:
-            return
-        try:
-            self.schedules.fire(self.clock())
-        except (JournalIOError, OSError) as exc:
-            log.debug("schedule ticks not appended yet: %s", exc)
 
     def _stop_asked(self) -> bool:
         return self._stopping
