@@ -6,6 +6,10 @@ producer holds a signing key, an HMAC of all that (``sig``, see :mod:`hybridq.si
 this version does not know are kept in :attr:`Envelope.extra` and written back unchanged, so a
 newer producer's records survive a round trip through an older forwarder.
 
+Here: the :class:`Envelope` and :class:`Retry` classes, job ids, and the checks of names and
+paths. The JSON encoding and decoding (and :data:`ENVELOPE_VERSION`) live in
+:mod:`hybridq.envelope_json` and are re-exported here.
+
 This module must not import redis, rq, click or the journal.
 """
 
@@ -20,9 +24,33 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, cast
+from typing import Any
 
+# Imported by name, not through the module: to_bytes and from_bytes run once per job, and a
+# module-level name costs no attribute lookup. The names this module does not use are imported
+# too, so that everything it held before the JSON code moved out stays importable from here.
+from hybridq.envelope_json import (
+    _ENCODER,  # noqa: F401
+    _MAX_NESTING,
+    _NAMES,  # noqa: F401
+    _PREFIX,  # noqa: F401
+    _SCALARS,  # noqa: F401
+    ENVELOPE_VERSION,
+    _dumps,
+    _fast_json,
+    _finite_float,  # noqa: F401
+    _flat,
+    _loads,
+    _name,  # noqa: F401
+    _nested,  # noqa: F401
+    _nesting,
+    _number,  # noqa: F401
+    _refuse_constant,  # noqa: F401
+    _refuse_non_string_keys,
+    _str,  # noqa: F401
+    _too_deep,
+    _values,  # noqa: F401
+)
 from hybridq.errors import EnvelopeError, NotSerializable
 from hybridq.limits import (
     MAX_ATTEMPTS,
@@ -59,9 +87,6 @@ __all__ = [
     "validate_job_id",
     "validate_queue_name",
 ]
-
-#: Bumped when a field changes meaning; new optional fields do not need a bump.
-ENVELOPE_VERSION = 1
 
 _JOB_ID = re.compile(r"\A[A-Za-z0-9_-]{1,128}\Z")
 _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -155,54 +180,6 @@ def function_path(func: object) -> str:
 #: Dotted-path strings found valid (a producer names the same few functions again and again).
 _CHECKED_PATHS: set[str] = set()
 _CHECKED_PATHS_MAX = 4096
-
-
-def _refuse_non_string_keys(value: object) -> None:
-    """TypeError for a dict key that is not a string anywhere in ``value``.
-
-    JSON would turn ``{1: "a"}`` into ``{"1": "a"}`` (and ``{1: "a", "1": "b"}`` into one
-    key): the task would get other arguments than the caller passed. Tuples becoming lists is
-    documented instead (docs/enqueue.md): refusing them would refuse every ``*args``.
-    """
-    stack, seen = [value], set()
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue  # a cycle: json.dumps reports it
-        seen.add(id(item))
-        if type(item) is dict or isinstance(item, Mapping):
-            for key, inner in item.items():
-                if type(key) is not str:
-                    raise TypeError(f"dict key {key!r} is not a string (JSON would turn it into one)")
-                if _nested(inner):
-                    stack.append(inner)
-        else:
-            stack.extend(inner for inner in cast("list[object]", item) if _nested(inner))  # list or tuple
-
-
-#: Types that hold nothing to walk (checked by exact type: an ABC check costs a microsecond).
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _flat(args: tuple[Any, ...], kwargs: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
-    """Whether the arguments and meta hold only scalars under string keys (nothing to walk)."""
-    scalars = _SCALARS
-    for value in args:
-        if type(value) not in scalars:
-            return False
-    for mapping in (kwargs, meta) if meta else (kwargs,):
-        for key, value in mapping.items():
-            if type(key) is not str or type(value) not in scalars:
-                return False
-    return True
-
-
-def _nested(value: object) -> bool:
-    """Whether ``value`` is a container the key check walks into (on every enqueue: keep it fast)."""
-    kind = type(value)
-    if kind is dict or kind is list or kind is tuple:
-        return True
-    return kind not in _SCALARS and isinstance(value, Mapping | list | tuple)
 
 
 def _is_module(obj: object) -> bool:
@@ -395,153 +372,6 @@ class Envelope:
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows
             raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_dumps = _ENCODER.encode
-#: The same encoder's C core, made once (``_dumps`` makes one per call), for :func:`_fast_json`.
-#: No cycle check (``markers`` is None): a cycle ends in RecursionError, which ``to_bytes``
-#: reports as NotSerializable too.
-_values = (
-    c_make_encoder(
-        None,
-        _ENCODER.default,
-        encode_basestring_ascii,
-        _ENCODER.indent,
-        _ENCODER.key_separator,
-        _ENCODER.item_separator,
-        _ENCODER.sort_keys,
-        _ENCODER.skipkeys,
-        _ENCODER.allow_nan,
-    )
-    if c_make_encoder is not None
-    else None
-)
-_str = encode_basestring_ascii
-_PREFIX = f'{{"v":{ENVELOPE_VERSION},"id":'
-
-
-def _fast_json(env: Envelope) -> str | None:
-    """``_dumps(env.to_dict())``, byte for byte, built field by field (about twice as fast).
-
-    ``None`` when ``env`` has anything the fast path does not cover (unknown fields, a field of
-    an unexpected type, no C encoder): the caller then takes the generic path, which also
-    raises the errors.
-    """
-    values = _values
-    if values is None or env.extra or type(env.id) is not str or type(env.func) is not str:
-        return None
-    if type(env.queue) is not str or type(env.idempotency_key) is not str:
-        return None
-    created = _number(env.created_at)
-    if created is None:
-        return None
-    kwargs = env.kwargs
-    job_id = _str(env.id)
-    parts = [
-        _PREFIX,
-        job_id,
-        ',"func":',
-        _name(env.func),
-        ',"args":',
-        *values(list(env.args), 0),
-        ',"kwargs":',
-        *(("{}",) if not kwargs else values(dict(kwargs), 0)),
-        ',"queue":',
-        _name(env.queue),
-        ',"key":',
-        job_id if env.idempotency_key == env.id else _str(env.idempotency_key),
-        ',"created_at":',
-        created,
-    ]
-    for name, value in (("timeout", env.timeout_s), ("result_ttl", env.result_ttl_s), ("run_at", env.run_at)):
-        if value is not None:
-            text = _number(value)
-            if text is None:
-                return None
-            parts += (f',"{name}":', text)
-    if env.retry is not None:
-        parts += (',"retry":', *values(env.retry.to_json(), 0))
-    if env.description is not None:
-        if type(env.description) is not str:
-            return None
-        parts += (',"description":', _str(env.description))
-    if env.meta:
-        parts += (',"meta":', *values(dict(env.meta), 0))
-    if env.requeue:
-        if type(env.requeue) is not int:
-            return None
-        parts += (',"requeue":', int.__repr__(env.requeue))
-    if env.signature is not None:
-        if type(env.signature) is not str:
-            return None
-        parts += (',"sig":', _str(env.signature))
-    parts.append("}")
-    return "".join(parts)
-
-
-def _name(text: str) -> str:
-    """``text`` (a function path or a queue name: a few, used again and again) as a JSON string."""
-    encoded = _NAMES.get(text)
-    if encoded is None:
-        encoded = _str(text)
-        if len(_NAMES) < _CHECKED_PATHS_MAX:
-            _NAMES[text] = encoded
-    return encoded
-
-
-_NAMES: dict[str, str] = {}
-
-
-def _number(value: object) -> str | None:
-    """A finite float or an int as JSON (as the C encoder writes it); ``None`` for anything else."""
-    if type(value) is float:
-        return float.__repr__(value) if math.isfinite(value) else None
-    return int.__repr__(value) if type(value) is int else None
-
-
-#: Deepest nesting of arrays and objects a record may have. json recurses once per level: a
-#: record nested near the interpreter's recursion limit decodes, then raises RecursionError
-#: (not an EnvelopeError) when it is encoded again a few frames deeper, e.g. for delivery.
-_MAX_NESTING = 100
-
-
-def _too_deep(raw: bytes, obj: object) -> bool:
-    """Whether ``obj`` (encoded as ``raw``) nests deeper than :data:`_MAX_NESTING`.
-
-    Each level is one ``[`` or ``{``: only a record with that many brackets is walked.
-    """
-    return raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(obj) > _MAX_NESTING
-
-
-def _nesting(obj: object) -> int:
-    deepest = 0
-    todo: list[tuple[object, int]] = [(obj, 1)]
-    while todo:
-        value, level = todo.pop()
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, list):
-            deepest = max(deepest, level)
-            todo.extend((item, level + 1) for item in value)
-    return deepest
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range")
-    return value
-
-
-# NaN, Infinity and numbers out of float range decode with json.loads, but to_bytes() refuses
-# them (strict JSON): refused here, so whatever decodes can be written back. One decoder, built
-# once: json.loads with these options would build a new one per call (+2 us a record).
-_loads = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float).decode
 
 
 def _opt_retry(value: object) -> Retry | None:
