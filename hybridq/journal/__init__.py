@@ -10,12 +10,12 @@ reader, the writer and the CRC library (whose import alone costs ~25 ms).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hybridq import crashpoints  # kept importable from here (it was hybridq.journal.crashpoints)
+from hybridq.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from hybridq import crashpoints
-
     from .fileops import OS_FILEOPS, FileOps
     from .format import MAX_PAYLOAD_BYTES, RecordType
     from .reader import ChainPosition, JournalReader, Record, TornTail
@@ -36,7 +36,6 @@ __all__ = [
     "crashpoints",
 ]
 
-# Where each name lives (crashpoints is kept importable from here: it was hybridq.journal.crashpoints).
 _LAZY = {
     "MAX_PAYLOAD_BYTES": ".format",
     "OS_FILEOPS": ".fileops",
@@ -51,18 +50,4 @@ _LAZY = {
     "TornTail": ".reader",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name == "crashpoints":
-        value: Any = importlib.import_module("hybridq.crashpoints")
-    else:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
