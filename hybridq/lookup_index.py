@@ -69,7 +69,7 @@ ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off
     rbytes = NULL, error = NULL, dup_of = NULL
 WHERE excluded.requeue > jobs.requeue
 """
-# A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger._RANK) a success
+# A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger_index._RANK) a success
 # beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
 # after all), and a success with its result beats one without (a run's event whose success was
 # kept from another run carries none).

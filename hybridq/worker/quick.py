@@ -47,7 +47,8 @@ def is_quick(func: str) -> bool:
 
 def all_quick() -> bool:
     """Whether this process's last :data:`WINDOW` runs were all quick, and none runs long now."""
-    if len(_recent) < WINDOW or not all(_recent):
+    recent = tuple(_recent)  # runner threads append meanwhile
+    if len(recent) < WINDOW or not all(recent):
         return False
     now = time.monotonic()
     return all(now - at < QUICK_S for runs in list(_running.values()) for at in list(runs.values()))

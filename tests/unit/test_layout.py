@@ -96,3 +96,14 @@ def test_the_memory_transport_is_still_importable_from_hybridq_transport() -> No
 def test_nothing_outside_hybridq_testing_imports_it() -> None:
     loaded = _loaded_after("import hybridq.cli, hybridq.forwarder, hybridq.transport.rq, hybridq.worker")
     assert not any(name.startswith("hybridq.testing") for name in loaded)
+
+
+def test_a_packages_submodules_and_lazy_names_are_its_attributes() -> None:
+    """``hybridq.journal`` loads on first use, yet reads as a package that imported everything."""
+    code = (
+        "import hybridq.journal as j, json, sys; "
+        "print(json.dumps([j.reader.JournalReader is j.JournalReader, j.writer.__name__, "
+        "j.crashpoints.__name__, hasattr(j, 'nope'), hasattr(j, '_nope'), 'RecordType' in dir(j)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == [True, "hybridq.journal.writer", "hybridq.crashpoints", False, False, True]
