@@ -304,13 +304,19 @@ class Envelope:
         if self._encoded is not None:
             return self._encoded
         try:
-            if not _flat(self.args, self.kwargs, self.meta):
+            flat = _flat(self.args, self.kwargs, self.meta)
+            if not flat:
                 _refuse_non_string_keys((self.args, self.kwargs, self.meta))
             raw = (_fast_json(self) or _dumps(self.to_dict())).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
-        # A record the reader would refuse must not be acknowledged (see _MAX_NESTING).
-        if raw.count(b"[") + raw.count(b"{") > _MAX_NESTING and _nesting(self.to_dict()) > _MAX_NESTING:
+        # A record the reader would refuse must not be acknowledged (see _MAX_NESTING). Scalar
+        # arguments, kwargs and meta nest two levels deep at most: only other fields are counted.
+        if (
+            (not flat or self.extra)
+            and raw.count(b"[") + raw.count(b"{") > _MAX_NESTING
+            and _nesting(self.to_dict()) > _MAX_NESTING
+        ):
             raise EnvelopeError(f"job {self.func}: arguments are nested deeper than {_MAX_NESTING} levels")
         self._encoded = raw
         return raw

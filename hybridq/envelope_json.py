@@ -116,6 +116,9 @@ def _fast_json(env: Envelope) -> str | None:
     if created is None:
         return None
     kwargs = env.kwargs
+    args: object = env.args
+    if type(args) is not tuple and type(args) is not list:
+        args = list(env.args)  # the C encoder writes a tuple or a list as a JSON array, nothing else
     job_id = _str(env.id)
     parts = [
         _PREFIX,
@@ -123,9 +126,9 @@ def _fast_json(env: Envelope) -> str | None:
         ',"func":',
         _name(env.func),
         ',"args":',
-        *values(list(env.args), 0),
+        *values(args, 0),
         ',"kwargs":',
-        *(("{}",) if not kwargs else values(dict(kwargs), 0)),
+        *(("{}",) if not kwargs else values(kwargs if type(kwargs) is dict else dict(kwargs), 0)),
         ',"queue":',
         _name(env.queue),
         ',"key":',
@@ -146,7 +149,8 @@ def _fast_json(env: Envelope) -> str | None:
             return None
         parts += (',"description":', _str(env.description))
     if env.meta:
-        parts += (',"meta":', *values(dict(env.meta), 0))
+        meta = env.meta
+        parts += (',"meta":', *values(meta if type(meta) is dict else dict(meta), 0))
     if env.requeue:
         if type(env.requeue) is not int:
             return None

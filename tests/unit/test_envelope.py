@@ -211,6 +211,16 @@ def test_retry_policy_backoff_is_exponential_capped_and_validated() -> None:
         Retry(backoff_s=float("inf"))
 
 
+def test_an_unknown_field_nested_too_deep_is_refused_even_with_scalar_arguments() -> None:
+    """Scalar arguments skip the nesting count; a field of a newer version read back does not."""
+    deep: list[object] = []
+    for _ in range(150):
+        deep = [deep]
+    env = Envelope("j1", "m.f", "default", "j1", 1.0, (1, "a"), {"k": 2}, extra={"later": deep})
+    with pytest.raises(EnvelopeError, match="nested deeper"):
+        env.to_bytes()
+
+
 def test_arguments_nested_deeper_than_the_reader_accepts_are_refused_at_enqueue(tmp_path) -> None:
     from hybridq import Queue
     from hybridq.status import collect_status
