@@ -39,19 +39,19 @@ _recent: collections.deque[bool] = collections.deque(maxlen=WINDOW)
 
 def is_quick(func: str) -> bool:
     """Whether ``func``'s recent runs in this process were all quick, and none runs long now."""
-    if _streaks.get(func, 0) < STREAK:
-        return False
-    now = time.monotonic()
-    return all(now - at < QUICK_S for at in list(_running.get(func, {}).values()))
+    return _streaks.get(func, 0) >= STREAK and _none_long([_running.get(func, {})])
 
 
 def all_quick() -> bool:
     """Whether this process's last :data:`WINDOW` runs were all quick, and none runs long now."""
     recent = tuple(_recent)  # runner threads append meanwhile
-    if len(recent) < WINDOW or not all(recent):
-        return False
+    return len(recent) == WINDOW and all(recent) and _none_long(list(_running.values()))
+
+
+def _none_long(in_flight: list[dict[int, float]]) -> bool:
+    """Whether none of these runs in flight (start times by token) has gone on for QUICK_S yet."""
     now = time.monotonic()
-    return all(now - at < QUICK_S for runs in list(_running.values()) for at in list(runs.values()))
+    return all(now - at < QUICK_S for runs in in_flight for at in list(runs.values()))
 
 
 def started(func: str) -> int:
@@ -64,9 +64,9 @@ def started(func: str) -> int:
 def ran(func: str, token: int) -> None:
     """Note that the run of ``func`` :func:`started` gave ``token`` to has ended."""
     at = _running.get(func, {}).pop(token, None)
-    seconds = time.monotonic() - at if at is not None else 0.0
-    _recent.append(seconds < QUICK_S)
-    if seconds < QUICK_S:
+    quick = at is None or time.monotonic() - at < QUICK_S
+    _recent.append(quick)
+    if quick:
         if _streaks.get(func, 0) < STREAK:
             _streaks[func] = _streaks.get(func, 0) + 1
     else:
