@@ -52,6 +52,37 @@ def test_job_ids_are_valid_rq_ids_and_sort_by_time() -> None:
     assert len({new_job_id() for _ in range(1000)}) == 1000
 
 
+def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hybridq import envelope
+
+    calls: list[tuple[int, int]] = []
+
+    def getrandom(n: int, flags: int) -> bytes:
+        calls.append((n, flags))
+        return bytes(range(n))
+
+    monkeypatch.setattr(envelope, "_getrandom", getrandom)
+    assert new_job_id(now=0.0) == "000000000000" + bytes(range(10)).hex()
+    assert calls == [(10, envelope._GRND_NONBLOCK)]
+
+
+@pytest.mark.parametrize("failure", [BlockingIOError, InterruptedError, None])
+def test_job_ids_fall_back_to_urandom_while_getrandom_would_block_or_is_missing(
+    monkeypatch: pytest.MonkeyPatch, failure: type[OSError] | None
+) -> None:
+    from hybridq import envelope
+
+    def getrandom(n: int, flags: int) -> bytes:
+        assert failure is not None
+        raise failure
+
+    monkeypatch.setattr(envelope, "_getrandom", None if failure is None else getrandom)
+    monkeypatch.setattr(envelope.os, "urandom", lambda n: b"\xab" * n)
+    assert new_job_id(now=0.0) == "000000000000" + "ab" * 10
+
+
 @pytest.mark.parametrize("bad", ["", "a b", "a/b", "x" * 129, "é", "a:b"])
 def test_invalid_job_ids_are_refused(bad: str) -> None:
     with pytest.raises(EnvelopeError):
