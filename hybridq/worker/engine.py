@@ -171,11 +171,9 @@ class Engine:
             if self._isolated:
                 self._run_isolated()
                 continue
-            room = self.runner.room()
+            # No more than --max-jobs taken in this process's life.
+            room = self.runner.room(None if self.max_jobs is None else self.max_jobs - self.ended)
             pending = self.runner.pending()
-            if self.max_jobs is not None:  # no more than --max-jobs taken in this process's life
-                # Finished jobs not ended yet count too (read after pending: at worst twice).
-                room = min(room, self.max_jobs - self.ended - pending - self.runner.done.qsize())
             if room >= self.runner.threads or (room and pending == 0):
                 try:
                     taken = self._end(self._done(0.0), take=room)  # one round trip for both

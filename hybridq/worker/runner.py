@@ -162,19 +162,29 @@ class Runner:
             self.async_pending += 1
         asyncio.run_coroutine_threadsafe(self._run_async(item), loop)
 
-    def room(self) -> int:
+    def room(self, lifetime_left: int | None = None) -> int:
         """How many more jobs to take now: the free threads and prefetch, within the async limit.
 
         Jobs are taken ahead up to twice the threads, four times while the process's recent
         runs are all quick (:func:`.quick.all_quick`): more jobs per round trip where a round
         trip costs more than the jobs it brings, and no long queue of waiting jobs where they
         are slow.
+
+        Args:
+            lifetime_left: jobs the process may still take in its life (``--max-jobs`` minus
+                those it ended), or None. The jobs given and not done count against it, and so
+                do those done but not yet ended (:attr:`done`), which are read second: a job
+                finishing meanwhile counts twice at worst, never not at all.
         """
         depth = AHEAD_QUICK if quick.all_quick() else AHEAD
         with self._lock:
             sync_room = depth * self.threads - self.sync_pending
             async_room = self.async_concurrency - self.async_pending
-        return max(0, min(sync_room, async_room))
+            given = self.sync_pending + self.async_pending
+        room = min(sync_room, async_room)
+        if lifetime_left is not None:
+            room = min(room, lifetime_left - given - self.done.qsize())
+        return max(0, room)
 
     def pending(self) -> int:
         """Jobs given and not yet done."""

@@ -97,3 +97,21 @@ def test_the_runner_takes_ahead_two_jobs_per_thread_four_while_runs_are_quick(
         assert runner.room() == 6
     finally:
         runner.close()
+
+
+def test_max_jobs_counts_the_jobs_given_and_those_done_but_not_yet_ended() -> None:
+    # A process could run --max-jobs + 1 when finished jobs not yet ended were left out
+    # (CI saw a process run 4 jobs with --max-jobs 3).
+    from hybridq.worker.runner import Runner
+
+    runner = Runner(3, 100, lambda _item: True, None, lambda _item: None, lambda _at: None)  # type: ignore[arg-type]
+    try:
+        assert runner.room(3) == 3
+        runner.sync_pending = 1  # one job running
+        runner.done.put(object())  # type: ignore[arg-type]  # one finished, its end not sent yet
+        assert runner.room(3) == 1
+        assert runner.room(2) == 0
+        assert runner.room() == 5  # no --max-jobs: only the take-ahead depth (2 x 3 - 1)
+    finally:
+        runner.sync_pending = 0
+        runner.close()
