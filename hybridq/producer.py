@@ -1,7 +1,8 @@
 """The enqueue API: :class:`Queue`.
 
 The :class:`~hybridq.job.Job` handle it returns is in :mod:`hybridq.job`, the ``task``
-decorator in :mod:`hybridq.decorator`.
+decorator in :mod:`hybridq.decorator`, the checks of a call's options (``split_call``, importable
+from here too) in :mod:`hybridq.producer_calls`.
 
 ``enqueue`` validates the call, signs the envelope when a signing key is configured
 (:mod:`hybridq.signing`), commits it to the journal (acknowledged only after an fsync covers it),
@@ -26,11 +27,8 @@ from typing import Any, Protocol
 from hybridq.aio import Committer
 from hybridq.capacity import PendingCount
 from hybridq.envelope import (
-    MAX_SECONDS,
     Envelope,
     Retry,
-    check_seconds,
-    check_time,
     function_path,
     new_job_id,
     validate_job_id,
@@ -41,6 +39,9 @@ from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.nudge import address, nudge
+from hybridq.producer_calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
+from hybridq.producer_calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
+from hybridq.producer_calls import _Call, _check_retry, _copy_io_error, _run_at, _seconds, split_call
 from hybridq.signing import keyring
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
@@ -113,28 +114,6 @@ def install_sink(sink: Sink | None) -> Sink | None:
 
 
 # -- queues -------------------------------------------------------------------------------------
-
-_OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
-#: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
-#: the function (which would then fail in the worker).
-_RQ_ONLY_OPTIONS = frozenset(
-    {
-        "ttl",
-        "failure_ttl",
-        "at_front",
-        "depends_on",
-        "on_success",
-        "on_failure",
-        "on_stopped",
-        "pipeline",
-        "timeout",
-        "group_id",
-        "repeat",
-        "rate_limit",
-        "webhooks",
-        "unique",
-    }
-)
 
 
 class Queue:
@@ -450,73 +429,3 @@ class Queue:
         See :func:`hybridq.fetch_job` (any queue of the journal: the id names one job).
         """
         return fetch_job(job_id, self.journal)
-
-
-def split_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
-    """Split ``enqueue(f, *args, **kwargs)``'s keywords into the function's and the options.
-
-    Shared by :meth:`Queue.enqueue` and ``hybridq.outbox.Outbox.enqueue``: RQ's own options are
-    refused, and RQ's explicit form ``enqueue(f, args=(...), kwargs={...}, **options)`` works.
-    """
-    unsupported = sorted(_RQ_ONLY_OPTIONS.intersection(kwargs))
-    if unsupported:
-        raise EnvelopeError(
-            f"enqueue option(s) {', '.join(unsupported)} are RQ's and not supported by hybridq; "
-            "if they are your function's arguments, use enqueue_call(f, args, kwargs)"
-        )
-    options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
-    if "args" in kwargs or "kwargs" in kwargs:
-        # rq's explicit form: enqueue(f, args=(...), kwargs={...}, **options)
-        if args or set(kwargs) - {"args", "kwargs"}:
-            raise EnvelopeError("with explicit args=/kwargs=, pass no other arguments")
-        args = tuple(kwargs.pop("args", None) or ())
-        kwargs = dict(kwargs.pop("kwargs", None) or {})
-    return args, kwargs, options
-
-
-def _check_retry(retry: object) -> None:
-    if not isinstance(retry, Retry):
-        raise EnvelopeError("retry must be a hybridq.Retry")
-    if max(retry.backoff_s, retry.backoff_max_s) > MAX_SECONDS:
-        raise EnvelopeError(f"Retry backoffs must be at most {MAX_SECONDS} seconds (ten years)")
-
-
-def _seconds(name: str, value: float | None) -> float | None:
-    """A positive duration of at most ``MAX_SECONDS`` (larger ones break inside RQ), or ``None``.
-
-    A queue's defaults are checked once, when it is made, not again at every enqueue.
-    """
-    return None if value is None else check_seconds(name, value)
-
-
-def _run_at(
-    now: float, delay: float | dt.timedelta | None, run_at: float | dt.datetime | None
-) -> float | None:
-    if delay is not None and run_at is not None:
-        raise EnvelopeError("give delay or run_at, not both")
-    if isinstance(delay, dt.timedelta):
-        delay = delay.total_seconds()
-    if delay is not None:
-        seconds = check_seconds("delay", delay, zero=True)  # a number or a timedelta
-        return now + seconds if seconds > 0 else None
-    if isinstance(run_at, dt.datetime):
-        if run_at.tzinfo is None:
-            raise EnvelopeError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        return check_time("run_at", run_at.timestamp())
-    return None if run_at is None else check_time("run_at", run_at)
-
-
-#: One call's envelopes and their serialized records, as ``Queue._commit`` takes them.
-_Call = tuple[list[Envelope], list[bytes]]
-
-
-def _copy_io_error(exc: JournalIOError) -> JournalIOError:
-    """The same failure for another caller of the same journal batch (each names its own jobs)."""
-    cause = exc.__cause__
-    if not isinstance(cause, OSError):
-        cause = OSError(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
-    copy = JournalIOError(exc.path, exc.op, cause)
-    copy.__cause__ = cause
-    return copy
