@@ -122,11 +122,16 @@ def _random_bytes(n: int) -> bytes:
     keeps that from ever blocking (it only could before the kernel's pool is first seeded,
     early at boot), and ``os.urandom`` takes over then and where there is no ``getrandom``.
     """
+    global _getrandom  # dropped for good where the kernel refuses the call
     if _getrandom is not None:
         try:
             data = _getrandom(n, _GRND_NONBLOCK)
-        except (BlockingIOError, InterruptedError):
-            pass
+        except BlockingIOError:
+            pass  # not seeded yet: os.urandom waits for it, the GIL let go
+        except OSError:
+            # ENOSYS (a kernel before 3.17) or EPERM (a seccomp filter): os.urandom reads
+            # /dev/urandom there, and so does every later id.
+            _getrandom = None
         else:
             if len(data) == n:
                 return data

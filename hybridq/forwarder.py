@@ -4,7 +4,7 @@ Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push 
 the checkpoint -> then the completions side (:mod:`hybridq.upkeep`): harvest outcomes into
 the ledger, deliver due retries, check the epoch, reconcile, compact. Everything the forwarder
 keeps on disk goes through its one :class:`~hybridq.forwarder_state.ForwarderState`; its options
-are one frozen :class:`~hybridq.forwarder_state.ForwarderConfig`.
+are one frozen :class:`~hybridq.forwarder_config.ForwarderConfig`.
 The checkpoint is saved only after the transport accepted the batch
 (invariant 5), so a crash in between re-pushes at most that batch, and the deterministic job id
 absorbs it. While the transport is down, the forwarder backs off (exponential, with jitter),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 
 import pytest
@@ -57,6 +59,9 @@ def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
 ) -> None:
     from hybridq import envelope
 
+    if hasattr(os, "getrandom"):  # Linux: the real call, never blocking
+        assert envelope._getrandom is os.getrandom
+        assert envelope._GRND_NONBLOCK == os.GRND_NONBLOCK != 0
     calls: list[tuple[int, int]] = []
 
     def getrandom(n: int, flags: int) -> bytes:
@@ -68,19 +73,31 @@ def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
     assert calls == [(10, envelope._GRND_NONBLOCK)]
 
 
-@pytest.mark.parametrize("failure", [BlockingIOError, InterruptedError, None])
-def test_job_ids_fall_back_to_urandom_while_getrandom_would_block_or_is_missing(
-    monkeypatch: pytest.MonkeyPatch, failure: type[OSError] | None
+@pytest.mark.parametrize(
+    ("failure", "kept"),
+    [
+        (BlockingIOError(errno.EAGAIN, "not seeded yet"), True),
+        (OSError(errno.ENOSYS, "no getrandom in this kernel"), False),
+        (PermissionError(errno.EPERM, "refused by a seccomp filter"), False),
+        (b"short", True),
+        (None, False),
+    ],
+)
+def test_job_ids_fall_back_to_urandom_where_getrandom_would_block_or_is_refused(
+    monkeypatch: pytest.MonkeyPatch, failure: OSError | bytes | None, kept: bool
 ) -> None:
     from hybridq import envelope
 
     def getrandom(n: int, flags: int) -> bytes:
+        if isinstance(failure, bytes):
+            return failure[:n]  # a short read
         assert failure is not None
         raise failure
 
     monkeypatch.setattr(envelope, "_getrandom", None if failure is None else getrandom)
     monkeypatch.setattr(envelope.os, "urandom", lambda n: b"\xab" * n)
     assert new_job_id(now=0.0) == "000000000000" + "ab" * 10
+    assert (envelope._getrandom is getrandom) is kept  # a refusing kernel is not asked again
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "a/b", "x" * 129, "é", "a:b"])
