@@ -40,6 +40,8 @@ from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
 __all__ = [
     "END",
     "END_ARITY",
+    "GIVE_BACK",
+    "ISOLATE_LUA",
     "START",
     "START_ARITY",
     "TAKE",
@@ -50,6 +52,26 @@ __all__ = [
     "start_args",
     "wait_one",
 ]
+
+# One job's part of a batch script runs under pcall: an error of its own (a key of the wrong
+# type, a value Lua cannot read) is that job's reply, "error: ..." (its part may have run up
+# to the error: Redis does not roll a script back), and never another job's; the same error
+# would come back if the call were sent again. Redis's transient refusals (out of memory, a
+# read-only replica, still loading...) fail the whole call instead, which is sent again.
+ISOLATE_LUA = """
+local TRANSIENT = {"OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "NOREPLICAS",
+    "CLUSTERDOWN"}
+local function isolate(ok, result)
+    if ok then return true, result end
+    local message = type(result) == "table" and tostring(result.err) or tostring(result)
+    for _, prefix in ipairs(TRANSIENT) do
+        if string.sub(message, 1, #prefix) == prefix or string.find(message, ": " .. prefix, 1, true) then
+            error(result)
+        end
+    end
+    return false, "error: " .. message
+end
+"""
 
 #: The job hash fields :data:`TAKE` returns for each job, in this order.
 TAKE_FIELDS = (
@@ -87,6 +109,25 @@ end
 return taken
 """
 
+# Gives reservations back: jobs TAKE moved into RQ's intermediate lists that this worker will not
+# start (it stops, or they waited too long: hybridq.worker.starter). ARGV: RQ's key prefix, then
+# per job its id and queue, in the order they were taken. Each goes back to the head of its
+# queue, unless it left the intermediate list meanwhile (the forwarder delivered it again, and
+# that put it back in the queue) or its hash is gone (a refill purged it). Returns how many went
+# back.
+GIVE_BACK = """
+local back = 0
+for i = #ARGV - 1, 2, -2 do
+    local id, queue = ARGV[i], ARGV[1] .. ":queue:" .. ARGV[i + 1]
+    if redis.call("LREM", queue .. ":intermediate", 1, id) == 1 and
+            redis.call("EXISTS", ARGV[1] .. ":job:" .. id) == 1 then
+        redis.call("LPUSH", queue, id)
+        back = back + 1
+    end
+end
+return back
+"""
+
 #: Arguments per job of :data:`START`.
 START_ARITY = 15
 
@@ -97,20 +138,21 @@ START_ARITY = 15
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
 START = (
     CLAIM_LUA
+    + ISOLATE_LUA
     + """
 local rq, name, stamp, now, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local server = {}
 local replies = {}
 local executions = rq .. ":worker:" .. name .. ":executions"
-for i = 6, #ARGV, 15 do
+local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
     local member = id .. ":" .. exec
     if redis.call("EXISTS", job) == 0 then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
         redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
-        replies[#replies + 1] = {4, "gone"}
-    else
+        return {4, "gone"}
+    end
     -- RQ's prepare_execution, then its prepare_job_execution.
     local ek = rq .. ":execution:" .. member
     redis.call("HSET", ek, "id", exec, "job_id", id, "created_at", now, "last_heartbeat", now,
@@ -124,10 +166,13 @@ for i = 6, #ARGV, 15 do
         "worker_name", name)
     redis.call("PERSIST", job)
     redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
-    replies[#replies + 1] = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
+    return claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
         {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
         server)
-    end
+end
+for i = 6, #ARGV, 15 do
+    local ok, reply = isolate(pcall(start, i))
+    replies[#replies + 1] = ok and reply or {-1, reply}
 end
 redis.call("EXPIRE", executions, ttl + 60)
 redis.call("HSET", rq .. ":worker:" .. name, "state", "busy", "last_heartbeat", stamp)
@@ -147,12 +192,13 @@ END_ARITY = 16
 # Returns per job what the outcome script returned (hybridq.protocol.FinishReply), -1 if none.
 END = (
     FINISH_LUA
+    + ISOLATE_LUA
     + """
 local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local worker = rq .. ":worker:" .. name
 local replies = {}
 local worked, succeeded, failed = 0, 0, 0  -- the worker's counters, added once per call
-for i = 5, #ARGV, 16 do
+local function finish_one(i)
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     local ok, ttl, field, value = ARGV[i + 4] == "1", tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]
     local reply = -1
@@ -160,7 +206,6 @@ for i = 5, #ARGV, 16 do
         reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
             {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]})
     end
-    replies[#replies + 1] = reply
     local member = id .. ":" .. exec
     local ek = rq .. ":execution:" .. member
     if redis.call("DEL", ek) == 1 then  -- RQ's part once, even if this call is sent again
@@ -199,6 +244,11 @@ for i = 5, #ARGV, 16 do
             end
         end
     end
+    return reply
+end
+for i = 5, #ARGV, 16 do
+    local ok, reply = isolate(pcall(finish_one, i))
+    replies[#replies + 1] = reply
 end
 if succeeded + failed > 0 then
     redis.call("HINCRBYFLOAT", worker, "total_working_time", worked)

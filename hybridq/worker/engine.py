@@ -3,17 +3,19 @@
 :class:`Engine` is the loop of one ``hybridq worker`` process (:mod:`hybridq.worker.pool` starts
 one per core). Each turn it ends the jobs its :class:`~hybridq.worker.runner.Runner` finished
 and takes as many queued jobs as it has room for (:data:`~hybridq.worker.batch_scripts.END` and
-:data:`~hybridq.worker.batch_scripts.TAKE`, one round trip), then starts and claims them
-(:data:`~hybridq.worker.batch_scripts.START`): two round trips per batch, not a dozen per job.
-Each job runs as under an RQ worker (:mod:`hybridq.worker.run`: docs/worker.md). A job that is
-not a hybridq delivery this worker can run (a plain RQ job, a hand-written hash, a task refused
-or not importable here) is run by RQ's own code (:class:`~hybridq.rqworker.SimpleWorker`, in the
-main thread), which refuses, leaves or runs it exactly as ``hybridq worker --simple`` would.
+:data:`~hybridq.worker.batch_scripts.TAKE`, one round trip): a job taken is only reserved. It is
+claimed when a thread is about to run it, with the other jobs starting then
+(:data:`~hybridq.worker.batch_scripts.START`, :mod:`hybridq.worker.starter`); a reservation that
+waits half a lease, and every one a stopping process holds, is given back to its queue. A few
+round trips per batch, not a dozen per job. Each job runs as under an RQ worker
+(:mod:`hybridq.worker.run`: docs/worker.md). A job that is not a hybridq delivery this worker
+can run (a plain RQ job, a hand-written hash, a task refused or not importable here) is run by
+RQ's own code (:class:`~hybridq.rqworker.SimpleWorker`, in the main thread), which refuses,
+leaves or runs it exactly as ``hybridq worker --simple`` would.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -31,12 +33,12 @@ from rq.serializers import JSONSerializer
 
 from hybridq import keys, redisurl
 from hybridq.guard import Job
-from hybridq.protocol import ClaimStatus
 from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.loop import WORKER_TTL_S, check_access
 from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
-from hybridq.worker.run import finished, hold_claimed, release
+from hybridq.worker.run import finished, release_all
 from hybridq.worker.runner import Runner, Taken
+from hybridq.worker.starter import Reservations, Starter
 
 __all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
 
@@ -107,7 +109,8 @@ class Engine:
             job_class=job_class,
             worker_ttl=WORKER_TTL_S,
         )
-        performer = Performer(self.client)
+        self.starter = Starter(self.client, self.name, EXEC_TTL_S)
+        performer = Performer(self.client, starter=self.starter)
         self.runner = Runner(
             threads, async_concurrency, performer.work, performer.work_async, performer.stuck, stamp
         )
@@ -118,12 +121,9 @@ class Engine:
         self.ended = 0
         self._queue_keys = [keys.rq_queue(q) for q in self.queues]
         self._resolve = Resolver()
-        self._exec_prefix = uuid.uuid4().hex[:16]
-        self._exec_count = 0
-        self._running: dict[str, Taken] = {}
-        #: Jobs waiting to run alone (_run_isolated): started ones whose earlier run vanished, and
-        #: (job id, queue) of those RQ's code runs.
-        self._isolated: collections.deque[Taken | tuple[str, str]] = collections.deque()
+        #: The jobs taken and not yet ended, and those waiting to run alone (_run_isolated).
+        self.reserved = Reservations(self.client, self.runner)
+        self._isolated = self.reserved.isolated
         self._next_beat = 0.0
         self._idle_s = 0.0
 
@@ -156,12 +156,14 @@ class Engine:
         while True:
             self._end_done(block_s=0.0)
             self._beat()
+            self.reserved.expire()
             reason = self._leaving()
             if reason is not None:
-                if self._isolated:  # taken (and claimed): run them before leaving
-                    self._run_isolated()
-                    continue
+                self.reserved.give_back(everything=True)  # nothing more starts here
                 if self.runner.pending() == 0:
+                    # A job may have finished between the drain above and the count: it is on
+                    # `done` (put there before it stopped counting), and is ended before the exit.
+                    self._end_done(block_s=0.0)
                     if reason != "stopped":
                         log.info("worker %s: %s: exiting for a fresh process", self.name, reason)
                         code = EXIT_RECYCLE
@@ -174,7 +176,7 @@ class Engine:
             # No more than --max-jobs taken in this process's life.
             room = self.runner.room(None if self.max_jobs is None else self.max_jobs - self.ended)
             pending = self.runner.pending()
-            if room >= self.runner.threads or (room and pending == 0):
+            if room >= self.runner.batch() or (room and pending == 0):
                 try:
                     taken = self._end(self._done(0.0), take=room)  # one round trip for both
                 except RedisError as exc:
@@ -268,37 +270,24 @@ class Engine:
         self._start(taken)
 
     def _start(self, taken: list[Any]) -> None:
-        """Start and claim the hybridq deliveries of ``taken`` in one call; others go to RQ's code."""
-        items: list[Taken] = []
+        """Hand the jobs ``taken`` (reserved) to the runner; each is claimed as it starts.
+
+        :mod:`hybridq.worker.starter`: a thread about to run a job claims it then, with the
+        other threads starting theirs; a job that waits is not claimed meanwhile.
+        """
+        now = time.monotonic()
         for job_id, index, fields in taken:
             queue = self.queues[int(index) - 1]
             item = prepare(job_id.decode(), queue, fields, self._resolve)
             if item is None:  # RQ's code runs it here, once nothing else runs (_run_isolated)
-                self._isolated.append((job_id.decode(), queue))
-            else:
-                items.append(item)
-        if not items:
-            return
-        for item in items:
-            self._exec_count += 1
-            item.exec_id = f"{self._exec_prefix}{self._exec_count:x}"
-        args = batch_scripts.start_args(self.name, items, EXEC_TTL_S)
-        try:
-            replies = scripts.retrying(lambda: scripts.call(self.client, batch_scripts.START, [], args))
-        except RedisError:
-            # Left where the take put them: RQ's intermediate list, or started and claimed (if the
-            # call ran): the forwarder finds them stranded or orphaned and delivers them again.
-            log.error("cannot start %d job(s): left for the forwarder to deliver again", len(items))
-            return
-        for item, reply in zip(items, replies, strict=True):
-            item.run.claim_reply = reply
+                self._isolated.append(Taken(job_id.decode(), queue, taken_at=now))
+                continue
+            item.taken_at = now
             item.run.deferred_end = True
-            if reply[0] == ClaimStatus.CLAIMED:
-                hold_claimed(self.client, item.run)  # it may wait for a thread: keep the lease
-            self._running[f"{item.job_id}:{item.exec_id}"] = item
+            self.reserved.held.add(item)
             if item.run.d.lost:
                 self._isolated.append(item)  # run alone: it may be what killed its last process
-            elif reply[0] == ClaimStatus.CLAIMED and is_async(item.run.func):
+            elif is_async(item.run.func):
                 self.runner.start_async(item)
             else:
                 self.runner.submit(item)
@@ -307,15 +296,18 @@ class Engine:
         """Run the next job whose earlier run vanished once nothing else runs; take nothing meanwhile.
 
         A job that kills its process (a crash in C code, the OOM killer) would take the jobs
-        running beside it down with it, at every delivery: alone, it takes only itself.
+        running beside it down with it, at every delivery: alone, it takes only itself. It is
+        only reserved while it waits (claimed when it starts), so nothing it shares a key with
+        waits for it.
         """
         if self.runner.pending():
             self._end_done(block_s=0.2)
             return
         item = self._isolated.popleft()
-        if isinstance(item, tuple):
-            job_id, queue = item
-            run_by_rq(self.rq_worker, self.rq_queues[queue], job_id, several_queues=len(self.queues) > 1)
+        if item.run is None:
+            run_by_rq(
+                self.rq_worker, self.rq_queues[item.queue], item.job_id, several_queues=len(self.queues) > 1
+            )
             self.ended += 1
             return
         log.info(
@@ -347,8 +339,7 @@ class Engine:
     def _end(self, done: list[Taken], take: int = 0) -> list[Any]:
         """End ``done`` in one call; with ``take``, take that many jobs in the same round trip."""
         items = [i for i in done if not i.dropped]
-        for item in done:
-            self._running.pop(f"{item.job_id}:{item.exec_id}", None)
+        self.reserved.held.difference_update(done)
         self.ended += len(done)
         if not items:
             return self._take(take) if take else []
@@ -374,9 +365,16 @@ class Engine:
             except RedisError:
                 replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
         for item, reply in zip(items, replies, strict=True):
-            if reply >= 0:
+            if isinstance(reply, bytes):  # a script error of this job's own (batch_scripts.ISOLATE_LUA)
+                log.error(
+                    "job %s: its outcome could not be recorded (%s): its lease lapses and the "
+                    "forwarder delivers it again",
+                    item.job_id,
+                    reply.decode(errors="replace"),
+                )
+            elif reply >= 0:
                 finished(item.run, reply)
-            release(item.run)
+        release_all([item.run for item in items])
         return taken or []
 
     # -- upkeep -----------------------------------------------------------------------------------
@@ -389,7 +387,8 @@ class Engine:
         self._next_beat = at + BEAT_S
         try:
             self.rq_worker.heartbeat()
-            batch_scripts.keep_alive(self.client, self.name, list(self._running.values()), EXEC_TTL_S)
+            started = [item for item in self.reserved.held if item.exec_id]
+            batch_scripts.keep_alive(self.client, self.name, started, EXEC_TTL_S)
         except RedisError as exc:
             log.warning("cannot send RQ's heartbeats: %s", exc)
 

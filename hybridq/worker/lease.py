@@ -6,6 +6,10 @@ most every :data:`CANCEL_POLL_S`). When
 the worker or its work-horse is killed the renewals stop, the lease expires within ``lease_s``,
 and the forwarder delivers the job again.
 
+In a pool process the supervisor renews the same leases too (:mod:`hybridq.worker.keeper`): a
+task holding the GIL stops this thread, not the supervisor. :func:`supervise` connects the two;
+:func:`hold_all` and :func:`release_all` tell it about a batch of leases in one message.
+
 The same call tells whether the job was cancelled (its RQ job hash marked by the forwarder:
 :mod:`hybridq.cancelling`): :attr:`Renewal.cancelled` is set, which the running task reads
 (``current_job().cancelled``) and the pool's watchdog acts on. So that a cancel is seen soon,
@@ -24,9 +28,10 @@ from dataclasses import dataclass, field
 import redis
 from redis.exceptions import RedisError
 
+from hybridq.worker.keeper import Channel
 from hybridq.worker.scripts import renew_many
 
-__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "release"]
+__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "hold_all", "release", "release_all", "supervise"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -158,10 +163,21 @@ def _renewer() -> _LeaseRenewer:
         return _renewer_instance
 
 
+#: The pool's supervisor, told of every lease this process holds (None: not a pool process).
+_channel: Channel | None = None
+
+
+def supervise(channel: Channel | None) -> None:
+    """Have the pool's supervisor renew this process's leases too (:mod:`hybridq.worker.keeper`)."""
+    global _channel
+    _channel = channel
+
+
 def _after_fork_in_child() -> None:
-    global _renewer_instance, _renewer_lock
+    global _renewer_instance, _renewer_lock, _channel
     _renewer_instance = None  # its thread is not in this process
     _renewer_lock = threading.Lock()  # another thread may have held it at the fork
+    _channel = None  # the parent's, not this process's
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -173,9 +189,33 @@ def hold(conn: redis.Redis, key: str, token: str, lease_s: float, job_key: str |
     With ``job_key`` (the job's RQ hash), also every :data:`CANCEL_POLL_S` at least, and each
     renewal looks for the job's cancel mark (:attr:`Renewal.cancelled`).
     """
-    return _renewer().add(conn, key, token, lease_s, job_key)
+    return hold_all(conn, [(key, token, lease_s, job_key)])[0]
+
+
+def hold_all(conn: redis.Redis, leases: list[tuple[str, str, float, str | None]]) -> list[Renewal]:
+    """:func:`hold` each ``(key, token, lease_s, job_key)``; the supervisor is told in one message.
+
+    The message is written before this returns: before the task starts, so a task that then holds
+    the GIL does not keep it from the supervisor.
+    """
+    renewer = _renewer()
+    renewals = [renewer.add(conn, key, token, lease_s, job_key) for key, token, lease_s, job_key in leases]
+    channel = _channel
+    if channel is not None:
+        channel.hold([(r.key, r.token, r.lease_ms) for r in renewals])
+    return renewals
 
 
 def release(renewal: Renewal) -> None:
     """Stop renewing ``renewal``'s lease."""
-    _renewer().remove(renewal)
+    release_all([renewal])
+
+
+def release_all(renewals: list[Renewal]) -> None:
+    """Stop renewing these leases (the supervisor is told in one message)."""
+    renewer = _renewer()
+    for renewal in renewals:
+        renewer.remove(renewal)
+    channel = _channel
+    if channel is not None:
+        channel.release([r.token for r in renewals])

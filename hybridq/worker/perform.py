@@ -33,8 +33,9 @@ from hybridq.errors import Cancelled
 from hybridq.protocol import ENTRY_POINT, Delivery
 from hybridq.signing import keyring
 from hybridq.worker.admit import check
-from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
+from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, hold_claimed, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
+from hybridq.worker.starter import Starter
 
 __all__ = ["Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
 
@@ -99,39 +100,24 @@ class Performer:
     Args:
         client: the Redis client of the worker's own calls (claims, leases, outcomes).
         runner: the runner whose loop takes ``async def`` tasks.
+        starter: claims jobs as they start, batched across threads (None: each claims alone).
     """
 
-    def __init__(self, client: redis.Redis, runner: Runner | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, runner: Runner | None = None, starter: Starter | None = None
+    ) -> None:
         self.client = client
         self.runner = runner
+        self.starter = starter
 
     def work(self, item: Taken) -> bool:
         """Claim and run one job on a runner thread; False if it went on to the event loop."""
         run = item.run
-        try:
-            answer = claim(self.client, run)
-        except RedisError as exc:
-            log.error(
-                "job %s: cannot claim it (%s): left for the forwarder to deliver again", item.job_id, exc
-            )
-            item.dropped = True
-            return True
-        except Exception as exc:
-            failed(item, text(exc))
-            return True
-        if answer is not CLAIMED:
-            succeeded(item, answer)
-            return True
-        if run.renewal is not None and run.renewal.cancelled.is_set():
-            # Cancelled while it waited for a thread or the loop: not started (sync or async).
-            value, error = conclude(
-                run, None, Cancelled(f"job {item.job_id} was cancelled before it started")
-            )
-            _record(item, value, error)
-            return True
         if is_async(run.func):
-            self.runner.start_async(item)  # type: ignore[union-attr]
+            self.runner.start_async(item)  # type: ignore[union-attr]  # claimed there, as it starts
             return False
+        if not self._claimed(item):
+            return True
         if run.renewal is not None:
             item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
         if self.runner is not None:
@@ -145,10 +131,42 @@ class Performer:
         _record(item, value, error)
         return True
 
+    def _claimed(self, item: Taken) -> bool:
+        """Claim ``item`` now, as its task is about to start; whether the task may run.
+
+        The claim goes with those of the other threads starting now (:class:`.Starter`); a key
+        another delivery holds is polled until it is claimed or has an outcome (each poll a
+        claim at that moment). What RQ records of a job that does not run is noted here.
+        """
+        run = item.run
+        try:
+            if run.claim_reply is None and (self.starter is None or self.starter.start(item) is None):
+                item.dropped = True  # could not be sent (logged): left for the forwarder
+                return False
+            answer = claim(self.client, run)
+        except RedisError as exc:
+            log.error(
+                "job %s: cannot claim it (%s): left for the forwarder to deliver again", item.job_id, exc
+            )
+            item.dropped = True
+            return False
+        except Exception as exc:
+            failed(item, text(exc))
+            return False
+        if answer is not CLAIMED:
+            succeeded(item, answer)
+            return False
+        hold_claimed(self.client, [run])  # claimed by a poll (a claim the starter made is held)
+        return True
+
     async def work_async(self, item: Taken) -> None:
-        """Run one claimed ``async def`` task on the runner's event loop."""
+        """Claim, then run, one ``async def`` task on the runner's event loop."""
         run = item.run
         env = run.d.envelope
+        # The claim is made here, as the coroutine starts (not when the engine gave it to the
+        # loop): the loop may be busy first. Off the loop's thread: it waits for Redis.
+        if not await asyncio.get_running_loop().run_in_executor(None, self._claimed, item):
+            return
         context = begin(self.client, run)
         started = time.monotonic()
         value: Any = None

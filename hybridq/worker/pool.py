@@ -9,6 +9,8 @@ each an :class:`~hybridq.worker.engine.Engine` with its own threads, and supervi
   delivered again by the forwarder once their leases lapse (docs/worker.md);
 * a child whose watchdog stopped stamping its liveness for :data:`HANG_S` (a C call holding the
   GIL) is killed, and replaced;
+* it renews the leases its children hold, as they do themselves (:mod:`hybridq.worker.keeper`):
+  a task holding the GIL for longer than its lease does not lose it;
 * SIGTERM or SIGINT asks every child to stop warmly (take nothing more, finish, record, exit); a
   second one kills them. A child Redis refuses (password, database, ACL) stops the pool (exit 1);
 * with ``--burst``, the pool ends once every child found the queues empty;
@@ -36,7 +38,9 @@ from redis.exceptions import RedisError
 
 from hybridq import keys, redisurl
 from hybridq.signing import keyring
+from hybridq.worker import lease
 from hybridq.worker.engine import EXIT_RECYCLE, EXIT_REFUSED, Engine
+from hybridq.worker.keeper import Channel, Keeper
 from hybridq.worker.loop import check_access
 from hybridq.worker.runner import CANCEL_GRACE_S
 
@@ -132,6 +136,8 @@ class _Pool:
         #: Children to start again: (when, index).
         self.restarts: list[tuple[float, int]] = []
         self.scheduler: Any = None
+        #: Renews the leases the children hold (they tell it through a pipe each).
+        self.keeper = Keeper(url)
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -154,7 +160,7 @@ class _Pool:
             if time.monotonic() >= next_upkeep and not self.stopping:
                 next_upkeep = time.monotonic() + 10.0
                 self._scheduler_upkeep()
-            time.sleep(_TICK_S)
+            self.keeper.wait(_TICK_S)  # and renew the children's leases that are due
         if self.scheduler is not None and self.scheduler._process is not None:
             self.scheduler._process.terminate()
         if self.pubsub is not None:
@@ -218,6 +224,7 @@ class _Pool:
         # No signal between the fork and the child's registration (it would not be passed on),
         # nor in the child before it drops the parent's handlers.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        leases_read, leases_write = os.pipe()  # the child's leases, to self.keeper
         pid = os.fork()
         if pid == 0:  # the child
             code = 2
@@ -226,6 +233,9 @@ class _Pool:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 _term_with_parent()
+                os.close(leases_read)
+                self.keeper.close_in_child()
+                lease.supervise(Channel(leases_write))
                 name = f"{self.name}.{index}.{self.spawns[index]}"
                 engine = Engine(
                     self.url,
@@ -247,6 +257,8 @@ class _Pool:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(leases_write)
+        self.keeper.add(pid, leases_read)
         self.children[pid] = _Child(
             index, pid, time.monotonic(), f"{RQ_PUBSUB}{self.name}.{index}.{self.spawns[index]}"
         )
@@ -265,6 +277,7 @@ class _Pool:
                 done, status = pid, 0
             if done == 0:
                 continue
+            self.keeper.drop(pid)  # its leases lapse within a lease: its jobs are delivered again
             del self.children[pid]
             self.channels.discard(child.channel)
             if self.pubsub is not None:

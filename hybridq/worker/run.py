@@ -60,6 +60,7 @@ __all__ = [
     "perform",
     "plan",
     "release",
+    "release_all",
 ]
 
 log = logging.getLogger("hybridq.worker")
@@ -130,14 +131,20 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     return _current.set(CurrentJob(*job, cancel_flag=run.renewal.cancelled))
 
 
-def hold_claimed(conn: redis.Redis, run: Run) -> None:
-    """Renew ``run``'s lease from its claim on, until :func:`release`.
+def hold_claimed(conn: redis.Redis, runs: list[Run]) -> None:
+    """Renew the leases of ``runs`` (just claimed) from their claims on, until :func:`release_all`.
 
-    A pool worker's job may wait for a thread, and for its batch's end: its lease must not lapse.
+    A pool worker's job waits for its batch's end once its task returned: its lease must not
+    lapse meanwhile. In a pool process the supervisor is told of them in one message, before
+    the tasks start (:mod:`hybridq.worker.keeper`).
     """
-    if run.renewal is None:
-        run.renewal = lease.hold(conn, run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2])
-        run.renewal.until = math.inf
+    runs = [run for run in runs if run.renewal is None]
+    held = lease.hold_all(
+        conn, [(run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2]) for run in runs]
+    )
+    for run, renewal in zip(runs, held, strict=True):
+        renewal.until = math.inf
+        run.renewal = renewal
 
 
 def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Exception | None]:
@@ -370,9 +377,16 @@ def finish(conn: redis.Redis, run: Run) -> None:
 
 def release(run: Run) -> None:
     """Stop renewing ``run``'s lease: its outcome is stored, or was given up."""
-    if run.renewal is not None:
-        lease.release(run.renewal)
+    release_all([run])
+
+
+def release_all(runs: list[Run]) -> None:
+    """:func:`release` each of ``runs`` (the pool's supervisor is told in one message)."""
+    renewals = [run.renewal for run in runs if run.renewal is not None]
+    for run in runs:
         run.renewal = None
+    if renewals:
+        lease.release_all(renewals)
 
 
 def finished(run: Run, kept: int) -> None:

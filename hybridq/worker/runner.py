@@ -54,11 +54,13 @@ TICK_S = 0.2
 CANCEL_GRACE_S = 10.0
 #: Jobs a process holds (running and taken ahead), per thread; while its runs are quick. With
 #: no-op jobs on 2 cores, 4 per thread ran a burn-down 10-15 % faster than 2 (fewer, larger
-#: batches per round trip); jobs that take longer keep 2, so none waits long behind them.
-AHEAD = 2
+#: batches per round trip). A job taken ahead is only reserved (claimed when it starts:
+#: :mod:`hybridq.worker.starter`), and a reservation that waits long is given back; so jobs that
+#: take longer are taken only for free threads: none waits behind them.
+AHEAD = 1
 AHEAD_QUICK = 4
 
-_PENDING, _RUNNING, _DONE = 0, 1, 2
+_PENDING, _RUNNING, _DONE, _WITHDRAWN = 0, 1, 2, 3
 
 
 @dataclass(eq=False, slots=True)
@@ -69,7 +71,10 @@ class Taken:
     queue: str
     #: Set by the engine: its run (:class:`hybridq.worker.run.Run`), execution id, etc.
     run: Any = None
+    #: RQ's execution id, given when the job starts (:mod:`hybridq.worker.starter`); "" before.
     exec_id: str = ""
+    #: When the job was taken (reserved: monotonic seconds); it is claimed only when it starts.
+    taken_at: float = 0.0
     #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
     timeout: float | None = None
     started: float = 0.0
@@ -186,10 +191,31 @@ class Runner:
             room = min(room, lifetime_left - given - self.done.qsize())
         return max(0, room)
 
+    def batch(self) -> int:
+        """The fewest jobs worth a take while jobs run: a thread's worth while runs are quick.
+
+        Quick jobs are taken in batches (the round trip costs more than they do); slower ones
+        as soon as a thread is free, since none is taken ahead of a free thread.
+        """
+        return self.threads if quick.all_quick() else 1
+
     def pending(self) -> int:
         """Jobs given and not yet done."""
         with self._lock:
             return self.sync_pending + self.async_pending
+
+    def withdraw(self, item: Taken) -> bool:
+        """Take back ``item`` if no thread (nor the loop) started it yet; whether it was.
+
+        A withdrawn job is never started here: the engine gives its reservation back
+        (:mod:`hybridq.worker.starter`). It stops counting as pending when a thread (or the
+        loop) meets it and skips it.
+        """
+        with item.lock:
+            if item.state != _PENDING:
+                return False
+            item.state = _WITHDRAWN
+            return True
 
     def close(self) -> None:
         """Stop the threads (after the jobs given to them) and the loop."""
@@ -236,7 +262,12 @@ class Runner:
     def _one(self, item: Taken) -> None:
         item.thread = threading.get_ident()
         with item.lock:
-            item.state = _RUNNING
+            withdrawn = item.state == _WITHDRAWN
+            item.state = _DONE if withdrawn else _RUNNING
+        if withdrawn:  # given back by the engine: never started here, never ended here
+            with self._lock:
+                self.sync_pending -= 1
+            return
         with self._lock:
             self._running.add(item)
         handed_over = False
@@ -268,6 +299,13 @@ class Runner:
             return self._loop
 
     async def _run_async(self, item: Taken) -> None:
+        with item.lock:
+            withdrawn = item.state == _WITHDRAWN
+            item.state = _DONE if withdrawn else _RUNNING
+        if withdrawn:  # given back by the engine (see withdraw)
+            with self._lock:
+                self.async_pending -= 1
+            return
         try:
             await self._work_async(item)
         except BaseException:  # work_async records what the task raised: this is a bug's trace

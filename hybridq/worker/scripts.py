@@ -17,7 +17,7 @@ import weakref
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
 from hybridq import redisurl
 
@@ -35,6 +35,7 @@ __all__ = [
     "renew",
     "renew_many",
     "retrying",
+    "transient",
 ]
 
 log = logging.getLogger("hybridq.worker")
@@ -66,9 +67,6 @@ CALL_TIMEOUT_S = 5.0
 # said and the epochs read, for a script that claims several deliveries).
 CLAIM_LUA = """
 local function claim(K, A, server)
-    if redis.call("GET", K[2]) == A[1] then
-        return {0, ""}  -- this very claim already ran (its reply was lost): the lease is ours
-    end
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.cancelling)
     end
@@ -102,6 +100,11 @@ local function claim(K, A, server)
             end
             return {4, why}
         end
+    end
+    if redis.call("GET", K[2]) == A[1] then
+        -- This very claim already ran (its reply was lost): the lease is ours. After the fences:
+        -- a Redis back from a snapshot holding it is not the server the claim was made on.
+        return {0, ""}
     end
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
     local stored = redis.call("GET", K[1])
@@ -241,18 +244,52 @@ def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any], clien
 
 
 def retrying(call: Any) -> Any:
-    """Run a Redis call, retrying while Redis is unreachable, for up to FINISH_PATIENCE_S."""
+    """Run a Redis call, retrying while Redis is unreachable, for up to FINISH_PATIENCE_S.
+
+    An error that would come back the same (a script's own error: :func:`transient`) is raised
+    at once.
+    """
     deadline = time.monotonic() + FINISH_PATIENCE_S
     delay = 0.1
     while True:
         try:
             return call()
         except RedisError as exc:
+            if not transient(exc):
+                raise
             if time.monotonic() >= deadline:
                 log.error("cannot reach Redis (%s): the job will be delivered again", exc)
                 raise
             time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
             delay = min(2.0, delay * 2)
+
+
+#: Redis's error codes that a later try may not meet (memory, a replica, loading, failover).
+_TRANSIENT_CODES = (
+    "OOM",
+    "READONLY",
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "NOREPLICAS",
+    "CLUSTERDOWN",
+)
+
+
+def transient(exc: RedisError) -> bool:
+    """Whether a call that failed with ``exc`` may succeed if sent again.
+
+    Connection errors and timeouts may; so may Redis's refusals of the moment (out of memory, a
+    read-only replica, a script Redis does not know yet), also when a script met them. Another
+    error reply (a key of the wrong type, a script's own error) would come back the same.
+    """
+    if not isinstance(exc, ResponseError) or isinstance(
+        exc, (OutOfMemoryError, ReadOnlyError, NoScriptError)
+    ):
+        return True
+    text = str(exc)
+    return any(text.startswith(f"{code} ") or f": {code} " in text for code in _TRANSIENT_CODES)
 
 
 def client(conn: redis.Redis) -> redis.Redis:

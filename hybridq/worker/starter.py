@@ -1,0 +1,207 @@
+"""A pool process's claims, made at the moment each task starts, batched across its threads.
+
+The engine takes jobs ahead of its threads (:data:`~hybridq.worker.batch_scripts.TAKE`), but a
+job taken is only **reserved**: moved into RQ's intermediate list, as RQ's own dequeue does. Its
+claim (the idempotency key's lease, fenced by the forwarder's epoch and Redis's ``run_id``:
+:mod:`hybridq.worker.scripts`) is made by :meth:`Starter.start` when a thread (or the event
+loop) is about to call the task, and the task starts only if that claim says it may. A claim made
+at take time and read seconds later could be gone by then (Redis restarted from an older
+snapshot, this host cut off past the lease, a task holding the GIL), and the job could finish
+elsewhere meanwhile: proving the claim at the start leaves only a task already running when its
+lease was lost (docs/guarantees.md).
+
+The threads that start a job at about the same moment share one
+:data:`~hybridq.worker.batch_scripts.START` call (RQ's execution and hybridq's claim, per job),
+as a journal's group commit shares an fsync: the first sends it for every job waiting, the
+others wait for its reply, and the ones arriving meanwhile go in the next call.
+
+A reservation that waits too long is given back (:func:`give_back`): the forwarder counts a job
+left in an intermediate list for a lease as stranded and delivers it again; so is every
+reservation of a process that stops.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+from hybridq import keys
+from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus
+from hybridq.worker import batch_scripts, scripts
+from hybridq.worker.run import hold_claimed
+from hybridq.worker.runner import Runner, Taken
+
+__all__ = ["EXPIRY_CHECK_S", "GIVE_BACK_LEASES", "Reservations", "Starter", "give_back"]
+
+log = logging.getLogger("hybridq.worker")
+
+#: A job taken ahead and not started within this many of its leases is given back to its queue.
+GIVE_BACK_LEASES = 0.5
+#: How often the reservations are looked at for that (seconds).
+EXPIRY_CHECK_S = 0.5
+
+
+class Starter:
+    """Claims the jobs a process's threads are about to start, in shared calls (module docstring).
+
+    Args:
+        client: the Redis client of the worker's own calls.
+        name: the RQ worker name of the process.
+        exec_ttl_s: how long RQ's records of an execution last without a heartbeat.
+    """
+
+    def __init__(self, client: redis.Redis, name: str, exec_ttl_s: int) -> None:
+        self.client = client
+        self.name = name
+        self.exec_ttl_s = exec_ttl_s
+        self._prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._waiting: list[Taken] = []
+        self._sending = False
+        #: Calls made, and jobs claimed in them (the batching's measure).
+        self.calls = 0
+        self.sent = 0
+
+    def start(self, item: Taken) -> Any:
+        """Claim ``item`` now; the claim's reply, or ``None`` if it could not be sent.
+
+        A claimed job's lease is renewed from this moment (the pool's supervisor is told before
+        this returns). Called by the thread that runs the task right after, if it may.
+        """
+        with self._cond:
+            self._waiting.append(item)
+            while self._sending and not _answered(item):
+                self._cond.wait()
+            if _answered(item):  # another thread's call carried it
+                return item.run.claim_reply
+            batch, self._waiting = self._waiting, []
+            self._sending = True
+        try:
+            self._send(batch)
+        finally:
+            with self._cond:
+                self._sending = False
+                for job in batch:
+                    if not _answered(job):
+                        job.dropped = True
+                self._cond.notify_all()
+        return item.run.claim_reply
+
+    def _send(self, batch: list[Taken]) -> None:
+        for item in batch:
+            item.exec_id = f"{self._prefix}{next(self._ids):x}"
+        args = batch_scripts.start_args(self.name, batch, self.exec_ttl_s)
+        try:
+            # Sent again with the same tokens if its reply is lost: RQ's part is idempotent, and
+            # a claim that did run finds the lease its own (after the same fences).
+            replies = scripts.retrying(lambda: scripts.call(self.client, batch_scripts.START, [], args))
+        except RedisError as exc:
+            # Left where the take put them (or started and claimed, if the call ran): the
+            # forwarder finds them stranded or orphaned and delivers them again. Never started.
+            log.error("cannot start %d job(s) (%s): left for the forwarder to deliver again", len(batch), exc)
+            return
+        self.calls += 1
+        self.sent += len(batch)
+        claimed = []
+        for item, reply in zip(batch, replies, strict=True):
+            if int(reply[0]) < 0:  # a script error of this job's own (batch_scripts.ISOLATE_LUA)
+                log.error(
+                    "job %s: its claim failed (%s): not started; left for the forwarder",
+                    item.job_id,
+                    _text(reply[1]),
+                )
+                continue
+            if reply[0] == ClaimStatus.CLAIMED:
+                claimed.append(item)
+        # Before any of them starts: the leases are renewed, by the supervisor too.
+        hold_claimed(self.client, [item.run for item in claimed])
+        for item, reply in zip(batch, replies, strict=True):
+            if int(reply[0]) >= 0:
+                item.run.claim_reply = reply
+
+
+def _answered(item: Taken) -> bool:
+    return item.run.claim_reply is not None or item.dropped
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def give_back(client: redis.Redis, items: Sequence[tuple[str, str]]) -> None:
+    """Put reserved jobs ``(job id, queue)`` back at the head of their queues (best effort).
+
+    Not started, so nothing else is undone. If Redis cannot be reached they stay in RQ's
+    intermediate lists, where the forwarder finds them stranded and delivers them again (the
+    same attempt: none was used).
+    """
+    if not items:
+        return
+    args: list[Any] = [keys.RQ_PREFIX]
+    for job_id, queue in items:
+        args += [job_id, queue]
+    try:
+        back = scripts.call(client, batch_scripts.GIVE_BACK, [], args)
+    except RedisError as exc:
+        log.warning(
+            "cannot give back %d job(s) taken ahead (%s): the forwarder delivers them again", len(items), exc
+        )
+        return
+    log.debug("gave back %d of %d job(s) taken ahead", back, len(items))
+
+
+class Reservations:
+    """The jobs a pool process took and has not ended, and which of them wait to run alone.
+
+    Args:
+        client: the Redis client of the worker's own calls.
+        runner: the runner the jobs were given to (a job not started yet is withdrawn from it).
+    """
+
+    def __init__(self, client: redis.Redis, runner: Runner) -> None:
+        self.client = client
+        self.runner = runner
+        #: Taken and not yet ended: reserved, running, or done and not yet ended.
+        self.held: set[Taken] = set()
+        #: Waiting to run alone (reserved): deliveries whose earlier run vanished, and jobs RQ's
+        #: code runs (``run`` None).
+        self.isolated: collections.deque[Taken] = collections.deque()
+        self._next_expiry = 0.0
+
+    def expire(self) -> None:
+        """Give back the reservations that waited half a lease (looked at twice a second).
+
+        The forwarder counts a job left in RQ's intermediate list for a lease as stranded and
+        delivers it again; a job waiting behind a long one is better run by another worker.
+        """
+        now = time.monotonic()
+        if now >= self._next_expiry:
+            self._next_expiry = now + EXPIRY_CHECK_S
+            self.give_back(everything=False)
+
+    def give_back(self, *, everything: bool) -> None:
+        """Give back the reservations not started yet: all of them, or those that waited too long."""
+        now = time.monotonic()
+
+        def due(item: Taken) -> bool:
+            lease_s = item.run.d.lease_s if item.run is not None else DEFAULT_LEASE_S
+            return everything or now - item.taken_at > lease_s * GIVE_BACK_LEASES
+
+        back = [i for i in self.isolated if due(i)]
+        for item in back:
+            self.isolated.remove(item)
+        back += [i for i in self.held if i not in back and due(i) and self.runner.withdraw(i)]
+        self.held.difference_update(back)
+        if back:
+            log.info("giving back %d job(s) taken ahead and not started", len(back))
+            give_back(self.client, [(i.job_id, i.queue) for i in back])
