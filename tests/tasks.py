@@ -218,3 +218,23 @@ def cooperative(path: str, token: str, limit_s: float = 60.0) -> str:
         raise
     record(path, f"done {token} {_attempt()} {os.getpid()} {time.time():.6f}")
     return token
+
+
+def gil(path: str, token: str, seconds: int) -> str:
+    """``start ...``, then hold the GIL for ``seconds`` in one C call, then ``done ...``.
+
+    A C call made through ``ctypes.PyDLL`` keeps the GIL (as a regex backtracking, or any tight
+    C loop, does): no other thread of the process runs meanwhile, its lease renewer included.
+    """
+    import ctypes
+    import time
+
+    attempt = _attempt()
+    record(path, f"start {token} {attempt} {os.getpid()} {time.time():.6f}")
+    libc = ctypes.PyDLL(None)
+    libc.sleep.argtypes = [ctypes.c_uint]
+    left = seconds
+    while left > 0:  # sleep(3) returns early (what is left) only if a signal arrives
+        left = libc.sleep(left)
+    record(path, f"done {token} {attempt} {os.getpid()} {time.time():.6f}")
+    return token

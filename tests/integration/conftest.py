@@ -13,3 +13,17 @@ from tests.support.rqwork import Work, burst_runner
 def work(request: pytest.FixtureRequest) -> Work:
     """Run the queue's jobs in this process: RQ's SimpleWorker, or hybridq's (pipelined)."""
     return burst_runner(request.param)
+
+
+#: Tiers of this directory left out of the default run: each runs when ``-m`` names it.
+TIERS = ("pool",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests of a tier (``pool``) unless the ``-m`` expression names it."""
+    asked = config.option.markexpr or ""
+    left = [t for t in TIERS if t not in asked]
+    out = [i for i in items if any(i.get_closest_marker(t) is not None for t in left)]
+    if out:
+        config.hook.pytest_deselected(items=out)
+        items[:] = [i for i in items if i not in out]

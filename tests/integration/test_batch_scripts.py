@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import redis
 import rq
 from hybridq import keys
@@ -126,3 +127,73 @@ def test_a_stored_outcome_in_a_batch_suppresses_that_job_only(redis_server: Redi
     assert [r[0] for r in replies] == [0, 1, 0]
     assert client.exists(items[0].run.claim_keys[1]) == 1, "the others hold their leases"
     assert client.exists(done.run.claim_keys[1]) == 0, "the suppressed one takes none"
+
+
+def test_one_jobs_script_error_in_end_is_its_own_and_the_others_are_recorded(
+    redis_server: RedisServer,
+) -> None:
+    """A job whose outcome cannot be written (its key holds a list) spoils no other's (issue 26, 7)."""
+    ids = push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 3)
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    broken = items[1]
+    client.delete(broken.run.claim_keys[0])
+    client.rpush(broken.run.claim_keys[0], "not an outcome")  # GET on it: WRONGTYPE
+    replies = scripts.call(client, batch_scripts.END, [], end_args(items))
+    assert replies[0] == 0 and replies[2] == 0, replies
+    assert isinstance(replies[1], bytes) and replies[1].startswith(b"error: "), replies
+    assert b"WRONGTYPE" in replies[1]
+    assert client.xlen(keys.events(OWNER)) == 2, "the two others' events"
+    for n in (0, 2):
+        assert client.exists(items[n].run.claim_keys[1]) == 0, "their leases freed"
+        job = rq.job.Job.fetch(ids[n], connection=client, serializer=JSONSerializer)
+        assert job.get_status() == "finished"
+
+
+def test_one_jobs_script_error_in_start_is_its_own(redis_server: RedisServer) -> None:
+    push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 3)
+    client.rpush(items[0].run.claim_keys[0], "not an outcome")  # its claim's GET: WRONGTYPE
+    replies = scripts.call(client, batch_scripts.START, [], start_args(items))
+    assert replies[0][0] == -1 and b"WRONGTYPE" in replies[0][1], replies
+    assert [r[0] for r in replies[1:]] == [0, 0], "the others claimed"
+
+
+def test_a_script_error_is_not_sent_again_but_a_transient_refusal_is() -> None:
+    calls: list[int] = []
+
+    def wrong_type() -> None:
+        calls.append(1)
+        raise redis.exceptions.ResponseError(
+            "Error running script (call to f_1): @user_script:9: WRONGTYPE Operation against a key"
+        )
+
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.ResponseError):
+        scripts.retrying(wrong_type)
+    assert calls == [1] and time.monotonic() - started < 1.0, "a deterministic error: raised at once"
+    out_of_memory = redis.exceptions.ResponseError(
+        "Error running script (call to f_1): @user_script:3: OOM command not allowed when used memory"
+    )
+    assert scripts.transient(out_of_memory)
+    assert scripts.transient(redis.exceptions.OutOfMemoryError("command not allowed"))
+    assert scripts.transient(redis.exceptions.ConnectionError("gone"))
+    assert not scripts.transient(redis.exceptions.ResponseError("WRONGTYPE Operation against a key"))
+
+
+def test_a_claim_sent_again_after_redis_restarted_is_fenced_even_if_its_lease_came_back(
+    redis_server: RedisServer,
+) -> None:
+    """A lost START reply, then Redis back from a snapshot holding the lease: not claimed unchecked."""
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    run_id = client.info("server")["run_id"]
+    client.set(keys.epoch(OWNER), f"0:{run_id}:token")
+    args = start_args(items)
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0
+    client.set(keys.epoch(OWNER), "0:" + "0" * 40 + ":token")  # as after a restart: another run_id
+    again = scripts.call(client, batch_scripts.START, [], args)  # the first reply was lost
+    assert again[0][0] == 4, f"the lease is there, but this server is not the one checked: {again}"

@@ -16,7 +16,10 @@ from typing import Any
 
 import rq
 from hybridq import Queue, Retry, failed_jobs
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
+from hybridq.transport.rq import RQTransport
 from rq.serializers import JSONSerializer
 
 from tests.integration.test_worker_redis import (
@@ -429,3 +432,39 @@ def test_async_tasks_are_awaited_by_rqs_loop_too(
     assert [x.token for x in read_effects(effects) if x.kind == "done"] == ["a1"]
     with redis_client(redis_server) as client:
         assert rq.job.Job.fetch(job.id, connection=client, serializer=JSONSerializer).return_value() == "a1"
+
+
+def test_a_job_that_must_run_alone_sharing_a_key_with_one_beside_it_does_not_deadlock(
+    redis_server: RedisServer, stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 26, item 3: it was claimed ahead, and its neighbour polled for that lease forever.
+
+    I (a run of it vanished before: it runs alone) and Y share an idempotency key and are taken
+    together; Z comes later. Before the fix, I held the key's lease while it waited for the
+    process to empty, and Y, polling for that lease in a thread, kept it from emptying.
+    """
+    effects = tmp_path / "effects.txt"
+
+    def delivery(token: str, key: str, *, lost: int = 0, sleep_s: float = 0.0) -> Delivery:
+        job_id = new_job_id(time.time())
+        env = Envelope(
+            id=job_id,
+            func="tests.tasks.traced",
+            args=(str(effects), token, sleep_s),
+            queue="default",
+            idempotency_key=key,
+            created_at=time.time(),
+        )
+        return Delivery(env, "deadlock-owner", ("w", 0, 0), lease_s=LEASE_S, lost=lost)
+
+    transport = RQTransport(redis_server.url)
+    try:
+        transport.push([delivery("I", "K", lost=1), delivery("Y", "K", sleep_s=1.0)])
+        pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
+        wait_line(effects, "done", "Y", timeout=30)
+        transport.push([delivery("Z", "Z")])
+        wait_line(effects, "done", "Z", timeout=30)
+    finally:
+        transport.close()
+    starts, _dones = starts_and_dones(effects)
+    assert starts["Y"] + starts["I"] == 1, f"one run for the key K: {starts}"

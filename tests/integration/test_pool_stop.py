@@ -1,0 +1,96 @@
+"""S23: a pool process that stops as its jobs finish records every one of them (issue 26, item 2).
+
+A process leaves on SIGTERM, ``--max-memory``, a job stuck past its timeout or its pool process
+gone: it takes nothing more, lets its jobs finish, ends them and exits once none is pending. A job
+that finished between the engine's last drain of its runner's ``done`` queue and its count of the
+pending jobs was left unrecorded before the fix: its lease lapsed and it ran again. Here the
+engine runs in this process and that moment is made to happen every time: the count waits for the
+job to finish. Cheap (about a second per case).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hybridq import keys
+from hybridq.envelope import Envelope, new_job_id
+from hybridq.protocol import Delivery
+from hybridq.testing.embedded import RedisServer
+from hybridq.transport.rq import RQTransport
+from hybridq.worker.engine import Engine
+
+from tests.support.processes import wait_until
+
+QUEUE = "stop"
+OWNER = "stop-owner"
+
+
+def push_traced(url: str, effects: Path, token: str, sleep_s: float) -> Envelope:
+    transport = RQTransport(url)
+    try:
+        job_id = new_job_id(time.time())
+        env = Envelope(
+            id=job_id,
+            func="tests.tasks.traced",
+            args=(str(effects), token, sleep_s),
+            queue=QUEUE,
+            idempotency_key=job_id,
+            created_at=time.time(),
+        )
+        transport.push([Delivery(env, OWNER, ("w", 0, 0), lease_s=2.0)])
+    finally:
+        transport.close()
+    return env
+
+
+def leave(engine: Engine, reason: str) -> None:
+    if reason == "stopped":
+        engine.stopping = True
+    elif reason == "max-memory":
+        engine.max_memory_mb = 1.0
+    elif reason == "poisoned":
+        engine.runner.poisoned = True
+    else:  # its pool process gone
+        engine.parent = -1
+
+
+@pytest.mark.parametrize("reason", ["stopped", "max-memory", "poisoned", "parent-gone"])
+def test_a_job_that_finishes_as_its_process_leaves_is_recorded(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: str
+) -> None:
+    effects = tmp_path / "effects.txt"
+    env = push_traced(redis_server.url, effects, "T", 0.5)
+    engine = Engine(redis_server.url, [QUEUE], threads=1, async_concurrency=1, name=f"stop-{os.getpid()}")
+    runner = engine.runner
+    real_leaving, real_pending = engine._leaving, runner.pending
+    armed: list[bool] = []
+
+    def leaving() -> str | None:
+        if not armed and effects.exists() and "start T" in effects.read_text():
+            leave(engine, reason)  # the job runs: the process is to leave now
+            armed.append(True)
+        return real_leaving()
+
+    def pending() -> int:
+        if armed:  # the count comes after the job finished, and after the engine's drain
+            wait_until(lambda: runner.done.qsize() > 0 and real_pending() == 0, what="the job to end")
+        return real_pending()
+
+    monkeypatch.setattr(engine, "_leaving", leaving)
+    monkeypatch.setattr(runner, "pending", pending)
+    engine._connect()
+    try:
+        code: Any = engine._serve()
+    finally:
+        runner.close()
+    assert code in (0, 3)
+    assert "done T" in effects.read_text()
+    with redis_server.client() as client:
+        events = client.xrange(keys.events(OWNER))
+        assert len(events) == 1, "the finished job's outcome was recorded before the exit"
+        assert env.id.encode() in events[0][1][b"e"]
+        assert client.get(keys.lease(env.key_id)) is None, "its lease freed, not left to lapse"
