@@ -141,8 +141,9 @@ def test_one_jobs_script_error_in_end_is_its_own_and_the_others_are_recorded(
     client.delete(broken.run.claim_keys[0])
     client.rpush(broken.run.claim_keys[0], "not an outcome")  # GET on it: WRONGTYPE
     replies = scripts.call(client, batch_scripts.END, [], end_args(items))
-    assert replies[0] == 0 and replies[2] == 0, replies
-    assert isinstance(replies[1], bytes) and replies[1].startswith(b"error: "), replies
+    assert [replies[0], replies[2]] == [0, 0], replies
+    assert isinstance(replies[1], bytes), replies
+    assert replies[1].startswith(b"error: "), replies
     assert b"WRONGTYPE" in replies[1]
     assert client.xlen(keys.events(OWNER)) == 2, "the two others' events"
     for n in (0, 2):
@@ -157,7 +158,8 @@ def test_one_jobs_script_error_in_start_is_its_own(redis_server: RedisServer) ->
     items = take(client, 3)
     client.rpush(items[0].run.claim_keys[0], "not an outcome")  # its claim's GET: WRONGTYPE
     replies = scripts.call(client, batch_scripts.START, [], start_args(items))
-    assert replies[0][0] == -1 and b"WRONGTYPE" in replies[0][1], replies
+    assert replies[0][0] == -1, replies
+    assert b"WRONGTYPE" in replies[0][1], replies
     assert [r[0] for r in replies[1:]] == [0, 0], "the others claimed"
 
 
@@ -173,7 +175,8 @@ def test_a_script_error_is_not_sent_again_but_a_transient_refusal_is() -> None:
     started = time.monotonic()
     with pytest.raises(redis.exceptions.ResponseError):
         scripts.retrying(wrong_type)
-    assert calls == [1] and time.monotonic() - started < 1.0, "a deterministic error: raised at once"
+    assert calls == [1], "a deterministic error: raised at once"
+    assert time.monotonic() - started < 1.0
     out_of_memory = redis.exceptions.ResponseError(
         "Error running script (call to f_1): @user_script:3: OOM command not allowed when used memory"
     )

@@ -135,7 +135,7 @@ def test_a_task_holding_the_gil_past_its_lease_runs_once_and_so_does_the_job_bes
     counted = runs(effects)
     assert counted["G"] == 1, f"G ran {counted['G']} times: its lease lapsed while it held the GIL"
     assert counted["Q"] == 1, f"Q ran {counted['Q']} times"
-    assert [x.pid for x in read_effects(effects) if x.token == "G"][0] in a.children()
+    assert next(x.pid for x in read_effects(effects) if x.token == "G") in a.children()
 
 
 def _epoch_set(server: RedisServer) -> bool:
