@@ -36,9 +36,8 @@ from hybridq.guard import Job
 from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.loop import WORKER_TTL_S, check_access
 from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
-from hybridq.worker.run import finished, release_all
 from hybridq.worker.runner import Runner, Taken
-from hybridq.worker.starter import Reservations, Starter
+from hybridq.worker.starter import Reservations, Starter, end
 
 __all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
 
@@ -69,6 +68,7 @@ class Engine:
         max_memory_mb: end after the process's peak RSS passes this; ``None``: never.
         stamp: the runner's liveness stamp (shared with the pool).
         parent: the pid of the pool process; this one stops if it is gone.
+        quiet: the pool logged that Redis is unavailable: wait for it without a line of its own.
     """
 
     def __init__(
@@ -84,8 +84,8 @@ class Engine:
         max_memory_mb: float | None = None,
         stamp: Callable[[float], None] = lambda _now: None,
         parent: int | None = None,
+        quiet: bool = False,
     ) -> None:
-        from hybridq.rqworker import SimpleWorker  # noqa: PLC0415 - RQ's worker module is heavy
 
         self.queues = list(queues)
         self.burst = burst
@@ -101,14 +101,10 @@ class Engine:
             q: Queue(q, connection=self.conn, serializer=JSONSerializer, job_class=job_class)
             for q in self.queues
         }
-        self.rq_worker = SimpleWorker(
-            list(self.rq_queues.values()),
-            connection=self.conn,
-            serializer=JSONSerializer,
-            name=self.name,
-            job_class=job_class,
-            worker_ttl=WORKER_TTL_S,
-        )
+        self._job_class = job_class
+        self.rq_worker: Any = None
+        #: Started by a pool that said already that Redis is unavailable: wait for it silently.
+        self.quiet = quiet
         self.starter = Starter(self.client, self.name, EXEC_TTL_S)
         performer = Performer(self.client, starter=self.starter)
         self.runner = Runner(
@@ -148,8 +144,9 @@ class Engine:
             return EXIT_REFUSED
         finally:
             self.runner.close()
-            with contextlib.suppress(RedisError):
-                self.rq_worker.register_death()  # type: ignore[no-untyped-call]
+            if self.rq_worker is not None:
+                with contextlib.suppress(RedisError):
+                    self.rq_worker.register_death()
 
     def _serve(self) -> int:
         code = 0
@@ -219,14 +216,30 @@ class Engine:
         while True:
             try:
                 check_access(self.conn, self.queues)
-                self.rq_worker.register_birth()  # type: ignore[no-untyped-call]
+                if self.rq_worker is None:
+                    self.rq_worker = self._new_rq_worker()
+                self.rq_worker.register_birth()
                 self.rq_worker.set_state("idle")
             except RedisError as exc:
                 if self._unavailable(exc, delay):
                     raise
                 delay = min(5.0, delay * 2)
             else:
+                self._idle_s = 0.0  # "Listening on" says it is back
                 return
+
+    def _new_rq_worker(self) -> Any:
+        """RQ's worker object of this process; it talks to Redis as it is made (so: once it answers)."""
+        from hybridq.rqworker import SimpleWorker  # noqa: PLC0415 - RQ's worker module is heavy
+
+        return SimpleWorker(
+            list(self.rq_queues.values()),
+            connection=self.conn,
+            serializer=JSONSerializer,
+            name=self.name,
+            job_class=self._job_class,
+            worker_ttl=WORKER_TTL_S,
+        )
 
     def _unavailable(self, exc: RedisError, delay: float = 1.0) -> bool:
         """Deal with Redis failing a call of the loop; True if the loop must end."""
@@ -237,7 +250,7 @@ class Engine:
             log.error("Redis unavailable (%s): --burst does not wait for it; exiting 1", exc)
             return True
         if not self._idle_s:
-            log.warning("Redis unavailable (%s): retrying", exc)
+            log.log(logging.DEBUG if self.quiet else logging.WARNING, "Redis unavailable (%s): retrying", exc)
         self._idle_s = delay
         time.sleep(delay)
         return self.stopping
@@ -343,39 +356,9 @@ class Engine:
         self.ended += len(done)
         if not items:
             return self._take(take) if take else []
-        args = batch_scripts.end_args(self.name, items)
-
-        def end(client: Any = None) -> Any:
-            return scripts.call(self.client, batch_scripts.END, [], args, client=client)
-
-        taken: list[Any] = []
-        try:
-            if take:
-                with self.client.pipeline(transaction=False) as pipe:
-                    end(pipe)
-                    self._take(take, client=pipe)
-                    replies, taken = pipe.execute()
-            else:
-                replies = end()
-        except RedisError:
-            # Sent again on its own (a copy that ran is recognised); jobs a lost take moved wait
-            # in RQ's intermediate list, where the forwarder finds them stranded.
-            try:
-                replies = scripts.retrying(end)
-            except RedisError:
-                replies = [-1] * len(items)  # given up: their leases lapse, and they are delivered again
-        for item, reply in zip(items, replies, strict=True):
-            if isinstance(reply, bytes):  # a script error of this job's own (batch_scripts.ISOLATE_LUA)
-                log.error(
-                    "job %s: its outcome could not be recorded (%s): its lease lapses and the "
-                    "forwarder delivers it again",
-                    item.job_id,
-                    reply.decode(errors="replace"),
-                )
-            elif reply >= 0:
-                finished(item.run, reply)
-        release_all([item.run for item in items])
-        return taken or []
+        return end(
+            self.client, self.name, items, (lambda pipe: self._take(take, client=pipe)) if take else None
+        )
 
     # -- upkeep -----------------------------------------------------------------------------------
 

@@ -33,9 +33,9 @@ from hybridq.errors import Cancelled
 from hybridq.protocol import ENTRY_POINT, Delivery
 from hybridq.signing import keyring
 from hybridq.worker.admit import check
-from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, hold_claimed, perform, release
+from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
-from hybridq.worker.starter import Starter
+from hybridq.worker.starter import Starter, hold_claimed
 
 __all__ = ["Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
 

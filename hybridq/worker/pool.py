@@ -103,9 +103,14 @@ def run_pool(
             log.error("Redis unavailable (%s): --burst does not wait for it; exiting 1, nothing run", exc)
             return 1
         log.warning("Redis unavailable (%s): the worker processes wait for it", exc)
+        down = True
+    else:
+        down = False
     finally:
         conn.close()
-    return _Pool(list(queues), url, options, burst, name).run()
+    pool = _Pool(list(queues), url, options, burst, name)
+    pool.redis_down = down
+    return pool.run()
 
 
 class _Pool:
@@ -138,6 +143,8 @@ class _Pool:
         self.scheduler: Any = None
         #: Renews the leases the children hold (they tell it through a pipe each).
         self.keeper = Keeper(url)
+        #: Redis was unavailable at start (said once): the first children wait for it silently.
+        self.redis_down = False
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -248,6 +255,7 @@ class _Pool:
                     max_memory_mb=self.options.max_memory_mb,
                     stamp=lambda at: struct.pack_into("d", self.alive, 8 * index, at),
                     parent=parent,
+                    quiet=self.redis_down and self.spawns[index] == 0,
                 )
                 engine.runner.cancel_grace_s = self.options.cancel_grace_s
                 code = engine.run()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -56,7 +55,6 @@ __all__ = [
     "execute",
     "finish",
     "finished",
-    "hold_claimed",
     "perform",
     "plan",
     "release",
@@ -129,22 +127,6 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
     run.started = time.time()
     job = (env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
     return _current.set(CurrentJob(*job, cancel_flag=run.renewal.cancelled))
-
-
-def hold_claimed(conn: redis.Redis, runs: list[Run]) -> None:
-    """Renew the leases of ``runs`` (just claimed) from their claims on, until :func:`release_all`.
-
-    A pool worker's job waits for its batch's end once its task returned: its lease must not
-    lapse meanwhile. In a pool process the supervisor is told of them in one message, before
-    the tasks start (:mod:`hybridq.worker.keeper`).
-    """
-    runs = [run for run in runs if run.renewal is None]
-    held = lease.hold_all(
-        conn, [(run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2]) for run in runs]
-    )
-    for run, renewal in zip(runs, held, strict=True):
-        renewal.until = math.inf
-        run.renewal = renewal
 
 
 def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Exception | None]:

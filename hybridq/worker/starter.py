@@ -25,10 +25,11 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -36,11 +37,19 @@ from redis.exceptions import RedisError
 
 from hybridq import keys
 from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus
-from hybridq.worker import batch_scripts, scripts
-from hybridq.worker.run import hold_claimed
+from hybridq.worker import batch_scripts, lease, scripts
+from hybridq.worker.run import Run, finished, release_all
 from hybridq.worker.runner import Runner, Taken
 
-__all__ = ["EXPIRY_CHECK_S", "GIVE_BACK_LEASES", "Reservations", "Starter", "give_back"]
+__all__ = [
+    "EXPIRY_CHECK_S",
+    "GIVE_BACK_LEASES",
+    "Reservations",
+    "Starter",
+    "end",
+    "give_back",
+    "hold_claimed",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -205,3 +214,63 @@ class Reservations:
         if back:
             log.info("giving back %d job(s) taken ahead and not started", len(back))
             give_back(self.client, [(i.job_id, i.queue) for i in back])
+
+
+def end(
+    client: redis.Redis, name: str, items: list[Taken], take: Callable[[Any], Any] | None = None
+) -> list[Any]:
+    """End ``items`` (their outcomes and RQ's records) in one END call, and release their leases.
+
+    With ``take`` (it queues a TAKE on the pipeline it is given), both go in one round trip; what
+    the take returned is returned. A reply lost is sent again on its own (a copy that ran is
+    recognised); jobs a lost take moved wait in RQ's intermediate list, where the forwarder
+    finds them stranded. Given up after :data:`~hybridq.worker.scripts.FINISH_PATIENCE_S`, the
+    leases lapse, and the jobs are delivered again.
+    """
+    args = batch_scripts.end_args(name, items)
+
+    def send(pipe: Any = None) -> Any:
+        return scripts.call(client, batch_scripts.END, [], args, client=pipe)
+
+    taken: list[Any] = []
+    try:
+        if take is not None:
+            with client.pipeline(transaction=False) as pipe:
+                send(pipe)
+                take(pipe)
+                replies, taken = pipe.execute()
+        else:
+            replies = send()
+    except RedisError:
+        try:
+            replies = scripts.retrying(send)
+        except RedisError:
+            replies = [-1] * len(items)
+    for item, reply in zip(items, replies, strict=True):
+        if isinstance(reply, bytes):  # a script error of this job's own (batch_scripts.ISOLATE_LUA)
+            log.error(
+                "job %s: its outcome could not be recorded (%s): its lease lapses and the forwarder "
+                "delivers it again",
+                item.job_id,
+                reply.decode(errors="replace"),
+            )
+        elif reply >= 0:
+            finished(item.run, reply)
+    release_all([item.run for item in items])
+    return taken or []
+
+
+def hold_claimed(conn: redis.Redis, runs: list[Run]) -> None:
+    """Renew the leases of ``runs`` (just claimed) from their claims on, until :func:`release_all`.
+
+    A pool worker's job waits for its batch's end once its task returned: its lease must not
+    lapse meanwhile. In a pool process the supervisor is told of them in one message, before
+    the tasks start (:mod:`hybridq.worker.keeper`).
+    """
+    runs = [run for run in runs if run.renewal is None]
+    held = lease.hold_all(
+        conn, [(run.claim_keys[1], run.token, run.d.lease_s, run.claim_keys[2]) for run in runs]
+    )
+    for run, renewal in zip(runs, held, strict=True):
+        renewal.until = math.inf
+        run.renewal = renewal

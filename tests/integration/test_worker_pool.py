@@ -468,3 +468,34 @@ def test_a_job_that_must_run_alone_sharing_a_key_with_one_beside_it_does_not_dea
         transport.close()
     starts, _dones = starts_and_dones(effects)
     assert starts["Y"] + starts["I"] == 1, f"one run for the key K: {starts}"
+
+
+def test_a_pool_started_before_redis_waits_quietly_then_serves(
+    make_redis_server: Any, stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 27: its processes died with tracebacks, again and again, backing off to 30 s."""
+    server = make_redis_server(start=False)  # its port chosen, nothing listening yet
+    worker = stack._start([sys.executable, "-m", "hybridq", "worker", "--redis", server.url, "default"])
+    time.sleep(6.0)
+    log = worker.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert "died" not in log, log[-3000:]
+    said = [line for line in log.splitlines() if "Redis unavailable" in line]
+    assert len(said) == 1, f"one line says it waits for Redis: {said}"
+    server.start()
+    effects = tmp_path / "effects.txt"
+    transport = RQTransport(server.url)
+    try:
+        env = Envelope(
+            id=new_job_id(time.time()),
+            func="tests.tasks.record",
+            args=(str(effects), "after"),
+            queue="default",
+            idempotency_key="after",
+            created_at=time.time(),
+        )
+        transport.push([Delivery(env, "early-owner", ("w", 0, 0), lease_s=LEASE_S)])
+        wait_until(lambda: effects.exists() and "after" in effects.read_text(), timeout=30, what="the job")
+    finally:
+        transport.close()
+    worker.assert_alive()
