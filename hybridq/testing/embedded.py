@@ -183,6 +183,11 @@ class RedisServer:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def directory(self) -> str:
+        """The server's working directory (its dump file is there)."""
+        return self._directory
+
+    @property
     def log_path(self) -> str:
         """The server's log file (appended to by every start)."""
         name = os.path.basename(self._unix_socket) if self._unix_socket is not None else str(self._port)

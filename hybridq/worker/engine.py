@@ -37,7 +37,7 @@ from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.loop import WORKER_TTL_S, check_access
 from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
 from hybridq.worker.runner import Runner, Taken
-from hybridq.worker.starter import Reservations, Starter, end
+from hybridq.worker.starter import Reservations, Starter
 
 __all__ = ["EXEC_TTL_S", "EXIT_RECYCLE", "EXIT_REFUSED", "Engine"]
 
@@ -120,6 +120,8 @@ class Engine:
         #: The jobs taken and not yet ended, and those waiting to run alone (_run_isolated).
         self.reserved = Reservations(self.client, self.runner)
         self._isolated = self.reserved.isolated
+        #: Jobs done (or dropped) to end in the next turn's round trip.
+        self._later: list[Taken] = []
         self._next_beat = 0.0
         self._idle_s = 0.0
 
@@ -151,14 +153,13 @@ class Engine:
     def _serve(self) -> int:
         code = 0
         while True:
-            self._end_done(block_s=0.0)
             self._beat()
             self.reserved.expire()
             reason = self._leaving()
             if reason is not None:
                 self.reserved.give_back(everything=True)  # nothing more starts here
                 if self.runner.pending() == 0:
-                    # A job may have finished between the drain above and the count: it is on
+                    # A job may have finished between the last drain and the count: it is on
                     # `done` (put there before it stopped counting), and is ended before the exit.
                     self._end_done(block_s=0.0)
                     if reason != "stopped":
@@ -170,25 +171,54 @@ class Engine:
             if self._isolated:
                 self._run_isolated()
                 continue
-            # No more than --max-jobs taken in this process's life.
-            room = self.runner.room(None if self.max_jobs is None else self.max_jobs - self.ended)
-            pending = self.runner.pending()
-            if room >= self.runner.batch() or (room and pending == 0):
-                try:
-                    taken = self._end(self._done(0.0), take=room)  # one round trip for both
-                except RedisError as exc:
-                    if self._unavailable(exc) and self.burst:
-                        return 1
-                    continue  # stopping: the jobs running still finish (_leaving)
-                if taken:
-                    self._start(taken)
-                    continue
-                if pending == 0:
-                    if self.burst:
-                        return 0
-                    self._wait_for_work()
-                    continue
-            self._end_done(block_s=0.05 if room else 0.5)
+            try:
+                ended = self._turn()
+            except RedisError as exc:
+                if self._unavailable(exc) and self.burst:
+                    return 1
+                continue  # stopping: the jobs running still finish (_leaving)
+            if ended is not None:
+                return ended
+
+    def _turn(self) -> int | None:
+        """One round trip: end what finished, start what threads are free for, take what fits.
+
+        The jobs started are exactly those the free threads run next: their claims are made
+        now, and the threads start them as the reply comes. Returns an exit status to end with
+        (burst mode, out of work), else None.
+        """
+        ready, runner = self.reserved.ready, self.runner
+        pending = runner.pending()  # before the drain: if none was pending, the drain gets them all
+        done = self._done(0.0)
+        self.ended += len(done)  # counted now: --max-jobs's room below
+        starting = [ready.popleft() for _ in range(min(runner.threads - runner.sync_pending, len(ready)))]
+        # No more than --max-jobs taken in this process's life.
+        lifetime = None if self.max_jobs is None else self.max_jobs - self.ended
+        room = runner.room(lifetime, waiting=len(ready) + len(starting) + len(self._isolated))
+        idle = pending == 0 and not ready and not starting
+        take = room if room >= runner.batch() or (room and idle) else 0
+        if not (done or starting or take):
+            self._later = self._done(0.05 if room or ready else 0.5)  # ended in the next turn
+            return None
+        self.reserved.held.difference_update(done)
+        try:
+            taken = self.starter.exchange([i for i in done if not i.dropped], starting, self._taker(take))
+        finally:
+            for item in starting:
+                if item.dropped:  # its claim could not be sent (logged): never started here
+                    self._later.append(item)
+                else:
+                    runner.submit(item)  # claimed (or its answer is there): a free thread starts it now
+        if take and self._idle_s:
+            log.warning("Redis available again")
+            self._idle_s = 0.0
+        if taken:
+            self._reserve(taken)
+        elif idle and take:
+            if self.burst:
+                return 0
+            self._wait_for_work()
+        return None
 
     def _leaving(self) -> str | None:
         if self.stopping:
@@ -257,18 +287,9 @@ class Engine:
 
     # -- taking and starting ----------------------------------------------------------------------
 
-    def _take(self, room: int, client: Any = None) -> list[Any]:
-        """Take up to ``room`` jobs (with ``client``, a pipeline: queued there, ``[]`` returned)."""
-        args = [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-        taken: list[Any] = scripts.call(
-            self.client, batch_scripts.TAKE, self._queue_keys, args, client=client
-        )
-        if client is not None:
-            return []
-        if self._idle_s and taken is not None:
-            log.warning("Redis available again")
-        self._idle_s = 0.0
-        return taken
+    def _taker(self, room: int) -> tuple[list[str], list[Any]] | None:
+        """The keys and arguments of a take of up to ``room`` jobs (None: none to take)."""
+        return (self._queue_keys, [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]) if room else None
 
     def _wait_for_work(self) -> None:
         """Block until a queue may hold work: BLMOVE on a single queue, a short sleep on several."""
@@ -280,13 +301,13 @@ class Engine:
         except RedisError as exc:
             self._unavailable(exc)
             return
-        self._start(taken)
+        self._reserve(taken)
 
-    def _start(self, taken: list[Any]) -> None:
-        """Hand the jobs ``taken`` (reserved) to the runner; each is claimed as it starts.
+    def _reserve(self, taken: list[Any]) -> None:
+        """Keep the jobs ``taken`` (reserved, not claimed) until they start (:meth:`_turn`).
 
-        :mod:`hybridq.worker.starter`: a thread about to run a job claims it then, with the
-        other threads starting theirs; a job that waits is not claimed meanwhile.
+        An ``async def`` task goes to the event loop at once; its coroutine claims it as it
+        starts there (:mod:`hybridq.worker.starter`).
         """
         now = time.monotonic()
         for job_id, index, fields in taken:
@@ -303,7 +324,7 @@ class Engine:
             elif is_async(item.run.func):
                 self.runner.start_async(item)
             else:
-                self.runner.submit(item)
+                self.reserved.ready.append(item)
 
     def _run_isolated(self) -> None:
         """Run the next job whose earlier run vanished once nothing else runs; take nothing meanwhile.
@@ -334,10 +355,10 @@ class Engine:
     # -- ending -----------------------------------------------------------------------------------
 
     def _done(self, block_s: float) -> list[Taken]:
-        """The jobs the runner has finished; waits up to ``block_s`` for one."""
-        done: list[Taken] = []
+        """The jobs the runner has finished (and those kept for this turn); waits up to ``block_s``."""
+        done, self._later = self._later, []
         with contextlib.suppress(Empty):
-            if block_s > 0:
+            if block_s > 0 and not done:
                 done.append(self.runner.done.get(timeout=block_s))
             while True:
                 done.append(self.runner.done.get_nowait())
@@ -346,19 +367,11 @@ class Engine:
     def _end_done(self, block_s: float) -> None:
         """End every job the runner has finished, in one call; wait up to ``block_s`` for one."""
         done = self._done(block_s)
-        if done:
-            self._end(done)
-
-    def _end(self, done: list[Taken], take: int = 0) -> list[Any]:
-        """End ``done`` in one call; with ``take``, take that many jobs in the same round trip."""
-        items = [i for i in done if not i.dropped]
         self.reserved.held.difference_update(done)
         self.ended += len(done)
-        if not items:
-            return self._take(take) if take else []
-        return end(
-            self.client, self.name, items, (lambda pipe: self._take(take, client=pipe)) if take else None
-        )
+        items = [i for i in done if not i.dropped]
+        if items:
+            self.starter.exchange(items, [], None)
 
     # -- upkeep -----------------------------------------------------------------------------------
 

@@ -44,6 +44,8 @@ log = logging.getLogger("hybridq.worker")
 
 #: Leases due within this long of the earliest due one are renewed in the same call (seconds).
 COALESCE_S = 0.2
+#: A process lets go of freed leases at the latest once it has this many to say.
+FREED_BATCH = 256
 
 
 class Channel:
@@ -51,28 +53,44 @@ class Channel:
 
     Written before the task starts, so a task that then holds the GIL does not delay it. A
     supervisor that is gone (a broken pipe) is not an error: the process renews its leases itself.
+    A lease its outcome freed in Redis is let go of in the next message (the supervisor's renewal
+    of it would find it gone and stop anyway); one given up while Redis holds it, at once.
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._lock = threading.Lock()
+        self._freed: list[str] = []
         self.broken = False
 
     def hold(self, leases: list[tuple[str, str, int]]) -> None:
         """The supervisor renews each ``(lease key, token, lease ms)`` from now on."""
         if leases:
-            self._send({"h": leases})
+            self._send(leases, [])
 
-    def release(self, tokens: list[str]) -> None:
-        """The supervisor stops renewing the leases of ``tokens`` (outcome stored or given up)."""
+    def release(self, tokens: list[str], *, freed: bool = False) -> None:
+        """The supervisor stops renewing the leases of ``tokens``.
+
+        ``freed``: Redis no longer holds them under these tokens (their outcomes deleted them):
+        said with the next message. Otherwise (given up: they are to lapse) said now.
+        """
+        if freed:
+            with self._lock:
+                self._freed += tokens
+                if len(self._freed) < FREED_BATCH:
+                    return
         if tokens:
-            self._send({"r": tokens})
+            self._send([], tokens)
 
-    def _send(self, message: dict[str, object]) -> None:
-        data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+    def _send(self, holds: list[tuple[str, str, int]], releases: list[str]) -> None:
         with self._lock:  # one writer at a time: a line longer than PIPE_BUF is written in parts
             if self.broken:
                 return
+            releases, self._freed = [*releases, *self._freed], []
+            message: dict[str, object] = {"h": holds} if holds else {}
+            if releases:
+                message["r"] = releases
+            data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
             try:
                 while data:
                     data = data[os.write(self.fd, data) :]

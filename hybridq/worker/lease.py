@@ -211,11 +211,14 @@ def release(renewal: Renewal) -> None:
     release_all([renewal])
 
 
-def release_all(renewals: list[Renewal]) -> None:
-    """Stop renewing these leases (the supervisor is told in one message)."""
+def release_all(renewals: list[Renewal], *, freed: bool = False) -> None:
+    """Stop renewing these leases (the supervisor is told in one message).
+
+    ``freed``: their outcomes deleted them in Redis (the supervisor may hear it later).
+    """
     renewer = _renewer()
     for renewal in renewals:
         renewer.remove(renewal)
     channel = _channel
     if channel is not None:
-        channel.release([r.token for r in renewals])
+        channel.release([r.token for r in renewals], freed=freed)

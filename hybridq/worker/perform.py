@@ -37,12 +37,15 @@ from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, re
 from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
 
-__all__ = ["Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
+__all__ = ["FRESH_S", "Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
 
 log = logging.getLogger("hybridq.worker")
 
 #: How often a running ``async def`` task's cancel flag is looked at (seconds).
 ASYNC_POLL_S = 0.5
+#: A claim older than this when its task is about to start is made again first (seconds): the
+#: thread (or event loop) was held up since, and the claim may be gone (:meth:`Performer._fresh`).
+FRESH_S = 0.1
 
 
 def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envelope], Any]) -> Taken | None:
@@ -122,6 +125,8 @@ class Performer:
             item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
         if self.runner is not None:
             run.func = self.runner.guard(item, run.func)
+        if not self._fresh(item):
+            return True
         try:
             value, error = perform(self.client, run)
         except BaseException as exc:
@@ -131,16 +136,20 @@ class Performer:
         _record(item, value, error)
         return True
 
-    def _claimed(self, item: Taken) -> bool:
+    def _claimed(self, item: Taken, *, again: bool = False) -> bool:
         """Claim ``item`` now, as its task is about to start; whether the task may run.
 
-        The claim goes with those of the other threads starting now (:class:`.Starter`); a key
-        another delivery holds is polled until it is claimed or has an outcome (each poll a
-        claim at that moment). What RQ records of a job that does not run is noted here.
+        The claim goes with those of the other threads starting now (:class:`.Starter`), or
+        was made by the engine's turn for this thread; ``again``: a plain claim now, of a claim
+        made too long ago (:meth:`_fresh`). A key another delivery holds is polled until it is
+        claimed or has an outcome (each poll a claim at that moment). What RQ records of a job
+        that does not run is noted here.
         """
         run = item.run
         try:
-            if run.claim_reply is None and (self.starter is None or self.starter.start(item) is None):
+            if again:
+                run.claim_reply = None  # claim() sends one (the same token: the lease is ours if kept)
+            elif run.claim_reply is None and (self.starter is None or self.starter.start(item) is None):
                 item.dropped = True  # could not be sent (logged): left for the forwarder
                 return False
             answer = claim(self.client, run)
@@ -156,8 +165,24 @@ class Performer:
         if answer is not CLAIMED:
             succeeded(item, answer)
             return False
+        if again or not item.claimed_at:  # claimed by this call, or by a poll
+            item.claimed_at = time.monotonic()
         hold_claimed(self.client, [run])  # claimed by a poll (a claim the starter made is held)
         return True
+
+    def _fresh(self, item: Taken) -> bool:
+        """Whether ``item``'s task may start now: its claim is fresh, or still ours when asked again.
+
+        The last check before the task's call. A claim made more than :data:`FRESH_S` ago (its
+        thread or the event loop was held up: a task holding the GIL, a busy loop) may be gone
+        by now (Redis back from a snapshot, this host cut off past the lease): it is made again,
+        now, with the same token (the lease is ours if it was kept, after the epoch fences).
+        """
+        waited = time.monotonic() - item.claimed_at
+        if waited <= FRESH_S:
+            return True
+        log.info("job %s: claimed %.2f s ago and not started yet: claiming it again", item.job_id, waited)
+        return self._claimed(item, again=True)
 
     async def work_async(self, item: Taken) -> None:
         """Claim, then run, one ``async def`` task on the runner's event loop."""
@@ -165,8 +190,13 @@ class Performer:
         env = run.d.envelope
         # The claim is made here, as the coroutine starts (not when the engine gave it to the
         # loop): the loop may be busy first. Off the loop's thread: it waits for Redis.
-        if not await asyncio.get_running_loop().run_in_executor(None, self._claimed, item):
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, self._claimed, item):
             return
+        if time.monotonic() - item.claimed_at > FRESH_S and not await loop.run_in_executor(
+            None, self._fresh, item
+        ):
+            return  # the loop was held up after the claim, and the claim is gone
         context = begin(self.client, run)
         started = time.monotonic()
         value: Any = None

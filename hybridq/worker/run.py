@@ -362,13 +362,13 @@ def release(run: Run) -> None:
     release_all([run])
 
 
-def release_all(runs: list[Run]) -> None:
-    """:func:`release` each of ``runs`` (the pool's supervisor is told in one message)."""
+def release_all(runs: list[Run], *, freed: bool = False) -> None:
+    """:func:`release` each of ``runs`` (``freed``: their outcomes deleted their leases)."""
     renewals = [run.renewal for run in runs if run.renewal is not None]
     for run in runs:
         run.renewal = None
     if renewals:
-        lease.release_all(renewals)
+        lease.release_all(renewals, freed=freed)
 
 
 def finished(run: Run, kept: int) -> None:

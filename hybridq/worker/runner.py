@@ -75,6 +75,8 @@ class Taken:
     exec_id: str = ""
     #: When the job was taken (reserved: monotonic seconds); it is claimed only when it starts.
     taken_at: float = 0.0
+    #: When its claim's reply came (monotonic seconds; 0: not claimed).
+    claimed_at: float = 0.0
     #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
     timeout: float | None = None
     started: float = 0.0
@@ -167,7 +169,7 @@ class Runner:
             self.async_pending += 1
         asyncio.run_coroutine_threadsafe(self._run_async(item), loop)
 
-    def room(self, lifetime_left: int | None = None) -> int:
+    def room(self, lifetime_left: int | None = None, waiting: int = 0) -> int:
         """How many more jobs to take now: the free threads and prefetch, within the async limit.
 
         Jobs are taken ahead up to twice the threads, four times while the process's recent
@@ -180,12 +182,13 @@ class Runner:
                 those it ended), or None. The jobs given and not done count against it, and so
                 do those done but not yet ended (:attr:`done`), which are read second: a job
                 finishing meanwhile counts twice at worst, never not at all.
+            waiting: jobs taken and not given to a thread yet (reserved for one).
         """
         depth = AHEAD_QUICK if quick.all_quick() else AHEAD
         with self._lock:
-            sync_room = depth * self.threads - self.sync_pending
+            sync_room = depth * self.threads - self.sync_pending - waiting
             async_room = self.async_concurrency - self.async_pending
-            given = self.sync_pending + self.async_pending
+            given = self.sync_pending + self.async_pending + waiting
         room = min(sync_room, async_room)
         if lifetime_left is not None:
             room = min(room, lifetime_left - given - self.done.qsize())
@@ -212,8 +215,8 @@ class Runner:
         loop) meets it and skips it.
         """
         with item.lock:
-            if item.state != _PENDING:
-                return False
+            if item.state != _PENDING or (item.run is not None and item.run.claim_reply is not None):
+                return False  # started, or claimed to start now: never taken back
             item.state = _WITHDRAWN
             return True
 

@@ -35,6 +35,7 @@ __all__ = [
     "renew",
     "renew_many",
     "retrying",
+    "sha",
     "transient",
 ]
 
@@ -241,6 +242,11 @@ def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any], clien
     With ``client`` (a pipeline of ``conn``), it is queued there; the pipeline loads it if need be.
     """
     return _script(conn, source)(keys=keys, args=args, client=client)
+
+
+def sha(conn: redis.Redis, source: str) -> str:
+    """The SHA1 Redis names the script ``source`` by (EVALSHA), as :func:`call` sends it."""
+    return str(_script(conn, source).sha)
 
 
 def retrying(call: Any) -> Any:

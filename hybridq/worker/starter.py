@@ -23,6 +23,7 @@ reservation of a process that stops.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import math
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from hybridq import keys
 from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus
@@ -46,7 +47,6 @@ __all__ = [
     "GIVE_BACK_LEASES",
     "Reservations",
     "Starter",
-    "end",
     "give_back",
     "hold_claimed",
 ]
@@ -107,17 +107,94 @@ class Starter:
         return item.run.claim_reply
 
     def _send(self, batch: list[Taken]) -> None:
+        args = self._start_args(batch)
+        self._started(
+            batch, self._resend(batch, lambda: scripts.call(self.client, batch_scripts.START, [], args))
+        )
+
+    def exchange(
+        self, ending: list[Taken], starting: list[Taken], take: tuple[list[str], list[Any]] | None
+    ) -> list[Any]:
+        """End ``ending``, start (claim) ``starting`` and take, in one round trip; what was taken.
+
+        Raises the take's error if it failed (Redis away), once the other parts are dealt with.
+
+        ``take``: the keys and arguments of a TAKE. Each part whose reply is lost (or that
+        Redis refused for the moment) is sent again on its own, with the same arguments: a copy
+        that ran is recognised (END's tokens, START's tokens and execution ids). A take whose
+        reply is lost is not: the jobs it moved wait in RQ's intermediate list, where the
+        forwarder finds them stranded and delivers them again. ``starting`` jobs whose claims
+        could not be sent are marked ``dropped``; the others have their claim reply, and their
+        leases are held, before this returns.
+        """
+        parts: list[tuple[str, list[str], list[Any]]] = []
+        if ending:
+            parts.append((batch_scripts.END, [], batch_scripts.end_args(self.name, ending)))
+        if starting:
+            parts.append((batch_scripts.START, [], self._start_args(starting)))
+        if take is not None:
+            parts.append((batch_scripts.TAKE, *take))
+        replies = self._pipeline(parts)
+
+        def again(n: int) -> Callable[[], Any]:
+            source, keys_, args = parts[n]
+            return lambda: scripts.call(self.client, source, keys_, args)
+
+        if ending:
+            reply = replies.pop(0)
+            _ended(ending, _resend(ending, again(0)) if isinstance(reply, Exception) else reply)
+        if starting:
+            reply = replies.pop(0)
+            resent = isinstance(reply, Exception)
+            self._started(starting, self._resend(starting, again(1 if ending else 0)) if resent else reply)
+        taken = replies.pop(0) if take is not None else []
+        if isinstance(taken, NoScriptError):  # it did not run: sent again, now that it is loaded
+            taken = scripts.call(self.client, batch_scripts.TAKE, *take)  # type: ignore[misc]
+        if isinstance(taken, Exception):
+            raise taken  # nothing is known of the take: Redis away (the loop waits for it)
+        return list(taken)
+
+    def _pipeline(self, parts: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Send the scripts ``parts`` in one round trip; each one's reply, or the error it met.
+
+        By their SHAs, without redis-py's SCRIPT EXISTS round trip before each pipeline: a
+        script Redis does not know (it restarted) did not run, is loaded here, and its part is
+        sent again by the caller.
+        """
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for source, keys_, args in parts:
+                    sha = scripts.sha(self.client, source)
+                    pipe.execute_command("EVALSHA", sha, len(keys_), *keys_, *args)  # type: ignore[no-untyped-call]
+                replies: list[Any] = list(pipe.execute(raise_on_error=False))
+        except RedisError as exc:
+            return [exc] * len(parts)
+        for (source, _keys, _args), reply in zip(parts, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                with contextlib.suppress(RedisError):
+                    self.client.script_load(source)
+        return replies
+
+    def _start_args(self, batch: list[Taken]) -> list[Any]:
         for item in batch:
             item.exec_id = f"{self._prefix}{next(self._ids):x}"
-        args = batch_scripts.start_args(self.name, batch, self.exec_ttl_s)
+        return batch_scripts.start_args(self.name, batch, self.exec_ttl_s)
+
+    def _resend(self, batch: list[Taken], call: Callable[[], Any]) -> Any:
+        """START again (with the same tokens: a claim that ran finds its lease); None if given up."""
         try:
-            # Sent again with the same tokens if its reply is lost: RQ's part is idempotent, and
-            # a claim that did run finds the lease its own (after the same fences).
-            replies = scripts.retrying(lambda: scripts.call(self.client, batch_scripts.START, [], args))
+            return scripts.retrying(call)
         except RedisError as exc:
             # Left where the take put them (or started and claimed, if the call ran): the
             # forwarder finds them stranded or orphaned and delivers them again. Never started.
             log.error("cannot start %d job(s) (%s): left for the forwarder to deliver again", len(batch), exc)
+            return None
+
+    def _started(self, batch: list[Taken], replies: Any) -> None:
+        """Note the claims' replies (``None``: not sent) and hold the leases taken, before any start."""
+        if replies is None:
+            for item in batch:
+                item.dropped = True
             return
         self.calls += 1
         self.sent += len(batch)
@@ -129,11 +206,14 @@ class Starter:
                     item.job_id,
                     _text(reply[1]),
                 )
-                continue
-            if reply[0] == ClaimStatus.CLAIMED:
+                item.dropped = True
+            elif reply[0] == ClaimStatus.CLAIMED:
                 claimed.append(item)
         # Before any of them starts: the leases are renewed, by the supervisor too.
         hold_claimed(self.client, [item.run for item in claimed])
+        now = time.monotonic()
+        for item in claimed:
+            item.claimed_at = now
         for item, reply in zip(batch, replies, strict=True):
             if int(reply[0]) >= 0:
                 item.run.claim_reply = reply
@@ -182,6 +262,8 @@ class Reservations:
         self.runner = runner
         #: Taken and not yet ended: reserved, running, or done and not yet ended.
         self.held: set[Taken] = set()
+        #: Reserved, waiting for a free thread (claimed as one takes it: the engine's turn).
+        self.ready: collections.deque[Taken] = collections.deque()
         #: Waiting to run alone (reserved): deliveries whose earlier run vanished, and jobs RQ's
         #: code runs (``run`` None).
         self.isolated: collections.deque[Taken] = collections.deque()
@@ -206,46 +288,37 @@ class Reservations:
             lease_s = item.run.d.lease_s if item.run is not None else DEFAULT_LEASE_S
             return everything or now - item.taken_at > lease_s * GIVE_BACK_LEASES
 
-        back = [i for i in self.isolated if due(i)]
-        for item in back:
-            self.isolated.remove(item)
-        back += [i for i in self.held if i not in back and due(i) and self.runner.withdraw(i)]
+        back = []
+        for waiting in (self.ready, self.isolated):
+            out = [i for i in waiting if due(i)]
+            for item in out:
+                waiting.remove(item)
+            back += out
+        # Those given to the event loop or to a thread and not started there yet, if not claimed
+        # already (a claimed job is started: a free thread runs it now; its coroutine claimed it).
+        back += [
+            i
+            for i in self.held
+            if i not in back and i.run.claim_reply is None and due(i) and self.runner.withdraw(i)
+        ]
         self.held.difference_update(back)
         if back:
             log.info("giving back %d job(s) taken ahead and not started", len(back))
             give_back(self.client, [(i.job_id, i.queue) for i in back])
 
 
-def end(
-    client: redis.Redis, name: str, items: list[Taken], take: Callable[[Any], Any] | None = None
-) -> list[Any]:
-    """End ``items`` (their outcomes and RQ's records) in one END call, and release their leases.
-
-    With ``take`` (it queues a TAKE on the pipeline it is given), both go in one round trip; what
-    the take returned is returned. A reply lost is sent again on its own (a copy that ran is
-    recognised); jobs a lost take moved wait in RQ's intermediate list, where the forwarder
-    finds them stranded. Given up after :data:`~hybridq.worker.scripts.FINISH_PATIENCE_S`, the
-    leases lapse, and the jobs are delivered again.
-    """
-    args = batch_scripts.end_args(name, items)
-
-    def send(pipe: Any = None) -> Any:
-        return scripts.call(client, batch_scripts.END, [], args, client=pipe)
-
-    taken: list[Any] = []
+def _resend(items: list[Taken], call: Callable[[], Any]) -> Any:
+    """END again on its own (a copy that ran is recognised); -1 each if given up (leases lapse)."""
     try:
-        if take is not None:
-            with client.pipeline(transaction=False) as pipe:
-                send(pipe)
-                take(pipe)
-                replies, taken = pipe.execute()
-        else:
-            replies = send()
+        return scripts.retrying(call)
     except RedisError:
-        try:
-            replies = scripts.retrying(send)
-        except RedisError:
-            replies = [-1] * len(items)
+        return [-1] * len(items)
+
+
+def _ended(items: list[Taken], replies: list[Any]) -> None:
+    """Note what END said of each of ``items``, and release their leases."""
+    freed: list[Run] = []
+    lapsing: list[Run] = []
     for item, reply in zip(items, replies, strict=True):
         if isinstance(reply, bytes):  # a script error of this job's own (batch_scripts.ISOLATE_LUA)
             log.error(
@@ -256,8 +329,10 @@ def end(
             )
         elif reply >= 0:
             finished(item.run, reply)
-    release_all([item.run for item in items])
-    return taken or []
+        # A stored outcome deleted the lease (or found it no longer this run's): freed.
+        (freed if isinstance(reply, int) and reply >= 0 else lapsing).append(item.run)
+    release_all(freed, freed=True)
+    release_all(lapsing)
 
 
 def hold_claimed(conn: redis.Redis, runs: list[Run]) -> None:

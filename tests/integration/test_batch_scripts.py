@@ -6,6 +6,7 @@ A reply lost after a script ran is answered by sending the same call again (the 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -18,9 +19,10 @@ from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import batch_scripts, scripts
-from hybridq.worker.perform import Resolver, prepare
-from hybridq.worker.run import conclude
+from hybridq.worker.perform import FRESH_S, Performer, Resolver, prepare
+from hybridq.worker.run import conclude, release
 from hybridq.worker.runner import Taken
+from hybridq.worker.starter import Starter
 from rq.serializers import JSONSerializer
 
 QUEUE = "batch"
@@ -200,3 +202,27 @@ def test_a_claim_sent_again_after_redis_restarted_is_fenced_even_if_its_lease_ca
     client.set(keys.epoch(OWNER), "0:" + "0" * 40 + ":token")  # as after a restart: another run_id
     again = scripts.call(client, batch_scripts.START, [], args)  # the first reply was lost
     assert again[0][0] == 4, f"the lease is there, but this server is not the one checked: {again}"
+
+
+def test_a_claim_that_waited_is_made_again_before_its_task_starts(redis_server: RedisServer) -> None:
+    """S22: claimed for a free thread, then held up (a task holding the GIL): asked again first."""
+    push(redis_server.url, 2)
+    client = redis_server.client()
+    items = take(client, 2)
+    starter = Starter(scripts.client(client), "w1", 120)
+    starter.exchange([], items, None)
+    assert [i.run.claim_reply[0] for i in items] == [0, 0]
+    ran: list[int] = []
+    performer = Performer(scripts.client(client), starter=starter)
+    for item in items:
+        item.run.func = lambda a, b: ran.append(a) or a + b
+        item.claimed_at -= FRESH_S * 10  # the thread started it that much later
+    # The first one's claim is gone meanwhile (its lease lost, another run finished the job).
+    gone = items[0]
+    client.delete(gone.run.claim_keys[1])
+    client.set(gone.run.claim_keys[0], json.dumps({"outcome": "succeeded", "result": 7, "job_id": "x"}))
+    assert performer.work(gone)
+    assert performer.work(items[1])
+    assert ran == [1], "only the job whose claim was still its own ran"
+    for item in items:
+        release(item.run)

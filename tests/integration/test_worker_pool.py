@@ -461,7 +461,11 @@ def test_a_job_that_must_run_alone_sharing_a_key_with_one_beside_it_does_not_dea
     try:
         transport.push([delivery("I", "K", lost=1), delivery("Y", "K", sleep_s=1.0)])
         pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
-        wait_line(effects, "done", "Y", timeout=30)
+        wait_until(
+            lambda: {"done I", "done Y"} & {" ".join(line.split()[:2]) for line in _lines(effects)},
+            timeout=30,
+            what="a run for the key K",
+        )
         transport.push([delivery("Z", "Z")])
         wait_line(effects, "done", "Z", timeout=30)
     finally:
@@ -499,3 +503,7 @@ def test_a_pool_started_before_redis_waits_quietly_then_serves(
     finally:
         transport.close()
     worker.assert_alive()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
