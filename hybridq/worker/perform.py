@@ -45,7 +45,7 @@ log = logging.getLogger("hybridq.worker")
 ASYNC_POLL_S = 0.5
 #: A claim older than this when its task is about to start is made again first (seconds): the
 #: thread (or event loop) was held up since, and the claim may be gone (:meth:`Performer._fresh`).
-FRESH_S = 0.1
+FRESH_S = 0.05
 
 
 def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envelope], Any]) -> Taken | None:
@@ -193,10 +193,9 @@ class Performer:
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(None, self._claimed, item):
             return
-        if time.monotonic() - item.claimed_at > FRESH_S and not await loop.run_in_executor(
-            None, self._fresh, item
-        ):
-            return  # the loop was held up after the claim, and the claim is gone
+        while time.monotonic() - item.claimed_at > FRESH_S:  # the loop was held up since the claim
+            if not await loop.run_in_executor(None, self._fresh, item):
+                return  # and the claim is gone
         context = begin(self.client, run)
         started = time.monotonic()
         value: Any = None
