@@ -38,7 +38,7 @@ from hybridq.ledger import ledger_dir
 from hybridq.ledger_entries import Entry
 from hybridq.protocol import EntryKind
 
-__all__ = ["LedgerWatch", "Progress", "Run", "Verdict", "judge", "read_runs"]
+__all__ = ["EffectsTail", "LedgerWatch", "Progress", "Run", "Verdict", "judge", "read_runs"]
 
 #: How often the watch reads the ledger (seconds).
 WATCH_S = 0.2
@@ -96,18 +96,21 @@ class LedgerWatch:
         """Read what the ledger gained since the last poll (all of it, after a compaction)."""
         if not os.path.isdir(self.path):
             return
-        seen = time.time()
         reader = JournalReader(self.path)
+        done: list[str] = []
         try:
             for record in reader.records(since=self._since):
                 if record.rtype != RecordType.DATA:
                     continue
                 entry = Entry.from_bytes(record.payload)
                 if entry.kind == EntryKind.DONE:
-                    self.finished.setdefault(entry.job_id, seen)
+                    done.append(entry.job_id)
             self._since = dict(reader.position)
         except Exception:  # a segment compacted away under the reader: read it all again next time
             self._since = None
+        seen = time.time()  # after the read: every entry read was written before now
+        for job in done:
+            self.finished.setdefault(job, seen)
 
 
 @dataclass
@@ -159,6 +162,27 @@ def judge(acked: Iterable[str], runs: dict[str, list[Run]], finished: dict[str, 
                 repeats["finished, not yet in the ledger when Redis lost its outcome"] += 1
     verdict.repeats = dict(repeats)
     return verdict
+
+
+class EffectsTail:
+    """The jobs the effects file says ended, read incrementally (the harness asks every second)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ended: set[str] = set()
+        self._offset = 0
+
+    def poll(self) -> set[str]:
+        """Read the lines written since the last poll; the jobs ended so far."""
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+            whole = data.rfind(b"\n") + 1  # a line being written is read next time
+            self._offset += whole
+            for line in data[:whole].split(b"\n"):
+                if line.startswith(b"E "):
+                    self.ended.add(line.split()[1].decode())
+        return self.ended
 
 
 class Progress:

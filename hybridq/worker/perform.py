@@ -34,7 +34,7 @@ from hybridq.protocol import ENTRY_POINT, Delivery
 from hybridq.signing import keyring
 from hybridq.worker.admit import check
 from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
-from hybridq.worker.runner import CANCEL_GRACE_S, Runner, Taken
+from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
 
 __all__ = ["FRESH_S", "Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
@@ -123,12 +123,15 @@ class Performer:
             return True
         if run.renewal is not None:
             item.cancel_flag = run.renewal.cancelled  # the watchdog stops it after a cancel's grace
-        if self.runner is not None:
-            run.func = self.runner.guard(item, run.func)
-        if not self._fresh(item):
+        if self.runner is not None:  # the claim's last check is in the guard, right before the call
+            run.func = self.runner.guard(item, run.func, ready=lambda: self._fresh(item))
+        elif not self._fresh(item):
             return True
         try:
             value, error = perform(self.client, run)
+        except NotStarted:
+            run.finish = None  # not run: what the claim made again found is noted (_claimed)
+            return True
         except BaseException as exc:
             run.finish = None
             failed(item, text(exc))
@@ -193,15 +196,21 @@ class Performer:
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(None, self._claimed, item):
             return
-        while time.monotonic() - item.claimed_at > FRESH_S:  # the loop was held up since the claim
-            if not await loop.run_in_executor(None, self._fresh, item):
-                return  # and the claim is gone
+
+        async def task() -> Any:
+            # The claim's last check, in the step that calls the task: the loop may have been
+            # held up since the claim (a blocking coroutine, a thread holding the GIL).
+            while time.monotonic() - item.claimed_at > FRESH_S:
+                if not await loop.run_in_executor(None, self._fresh, item):
+                    raise NotStarted(item.job_id)  # the claim is gone: not called
+            return await run.func(*env.args, **env.kwargs)
+
         context = begin(self.client, run)
         started = time.monotonic()
         value: Any = None
         error: Exception | None = None
         try:
-            coro = run.func(*env.args, **env.kwargs)
+            coro = task()
             value = await self._stoppable(
                 item, asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro
             )
@@ -214,6 +223,10 @@ class Performer:
             )
         except Exception as exc:
             error = exc
+        except NotStarted:
+            release(run)
+            run.finish = None  # not run: what the claim made again found is noted (_claimed)
+            return
         except BaseException as exc:  # cancelled: no outcome, the lease lapses
             release(run)
             run.finish = None

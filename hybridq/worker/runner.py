@@ -42,7 +42,7 @@ from rq.timeouts import JobTimeoutException
 from hybridq.errors import Cancelled
 from hybridq.worker import quick
 
-__all__ = ["AHEAD", "AHEAD_QUICK", "CANCEL_GRACE_S", "STUCK_S", "TICK_S", "Runner", "Taken"]
+__all__ = ["AHEAD", "AHEAD_QUICK", "CANCEL_GRACE_S", "STUCK_S", "TICK_S", "NotStarted", "Runner", "Taken"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -73,9 +73,8 @@ class Taken:
     run: Any = None
     #: RQ's execution id, given when the job starts (:mod:`hybridq.worker.starter`); "" before.
     exec_id: str = ""
-    #: When the job was taken (reserved: monotonic seconds); it is claimed only when it starts.
+    #: When the job was taken (reserved), and when its claim's reply came (monotonic; 0: not).
     taken_at: float = 0.0
-    #: When its claim's reply came (monotonic seconds; 0: not claimed).
     claimed_at: float = 0.0
     #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
     timeout: float | None = None
@@ -197,8 +196,7 @@ class Runner:
     def batch(self) -> int:
         """The fewest jobs worth a take while jobs run: a thread's worth while runs are quick.
 
-        Quick jobs are taken in batches (the round trip costs more than they do); slower ones
-        as soon as a thread is free, since none is taken ahead of a free thread.
+        Quick jobs in batches (a round trip costs more than they do); slower ones one by one.
         """
         return self.threads if quick.all_quick() else 1
 
@@ -208,11 +206,10 @@ class Runner:
             return self.sync_pending + self.async_pending
 
     def withdraw(self, item: Taken) -> bool:
-        """Take back ``item`` if no thread (nor the loop) started it yet; whether it was.
+        """Take back ``item`` if it is neither started nor claimed; whether it was.
 
-        A withdrawn job is never started here: the engine gives its reservation back
-        (:mod:`hybridq.worker.starter`). It stops counting as pending when a thread (or the
-        loop) meets it and skips it.
+        Never started here then (its reservation is given back: :mod:`hybridq.worker.starter`);
+        it stops counting as pending when a thread (or the loop) meets it and skips it.
         """
         with item.lock:
             if item.state != _PENDING or (item.run is not None and item.run.claim_reply is not None):
@@ -240,14 +237,21 @@ class Runner:
             except (JobTimeoutException, Cancelled):
                 continue  # a stop that arrived after its job ended (see _one): nothing to do
 
-    def guard(self, item: Taken, func: Callable[..., Any]) -> Callable[..., Any]:
+    def guard(
+        self, item: Taken, func: Callable[..., Any], ready: Callable[[], bool] | None = None
+    ) -> Callable[..., Any]:
         """``func`` (the task), marked as the one place ``item``'s timeout may be raised.
 
         Its timeout counts from the call; a timeout raised but not yet delivered when it
         returns is taken back, so it never lands in the claim, the outcome or the next job.
+        ``ready``: asked last before the call (is its claim still its own? if not,
+        :class:`NotStarted` instead of the call): a thread can be held up between any two of its
+        instructions (another one holding the GIL), so the fewer there are after it, the better.
         """
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if ready is not None and not ready():
+                raise NotStarted(item.job_id)
             with item.lock:
                 item.in_task = True
                 if item.timeout is not None:
@@ -381,6 +385,10 @@ class Runner:
         with self._lock:
             self._running.discard(item)
             self.sync_pending -= 1  # its thread is lost to this process, which is ending
+
+
+class NotStarted(BaseException):
+    """A job's task was not called: its claim, checked just before, is gone (not a failure)."""
 
 
 def _due(item: Taken) -> tuple[float, type[BaseException]]:
