@@ -13,7 +13,9 @@ free slot: a relay restarted on the same journal finds its own marked rows (or a
 same journal, so the journal check holds for them too) and takes them over at once. Rows
 marked by a relay on **another** journal whose lock has been free for ``ADOPT_AFTER_S``
 (its host gone for good) are taken over too, logged: if that relay had appended them, the job
-is then in two journals, with one job id and one idempotency key (docs/outbox.md).
+is then in two journals, with one job id and one idempotency key (docs/outbox.md). "Free for
+60 s" is what this relay watched: free at every look, the looks at most ``WATCH_GAP_S`` apart;
+a look that finds the lock held, or no rows of that relay, or a gap, starts the clock again.
 
 Each inserting transaction's commit sends a ``NOTIFY`` (the table's trigger); the relay
 ``LISTEN``s on a second connection and waits for it, or for ``poll_s`` (the fallback poll).
@@ -42,7 +44,7 @@ from hybridq.outbox.schema import table_exists
 from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row
 from hybridq.redisurl import redact_url
 
-__all__ = ["ADOPT_AFTER_S", "SLOTS", "PgStore", "token"]
+__all__ = ["ADOPT_AFTER_S", "SLOTS", "WATCH_GAP_S", "PgStore", "token"]
 
 log = logging.getLogger("hybridq.relay")
 
@@ -50,6 +52,9 @@ log = logging.getLogger("hybridq.relay")
 SLOTS = 16
 #: Seconds the lock of another journal's relay must stay free before its rows are taken over.
 ADOPT_AFTER_S = 60.0
+#: Most seconds between two looks that both found such a lock free for the time between them to
+#: count as free: a relay can come back and die again between looks further apart.
+WATCH_GAP_S = ADOPT_AFTER_S / 4
 
 
 def token(journal: str, table: str, slot: int) -> int:
@@ -80,7 +85,8 @@ class PgStore:
         self._siblings: set[int] = set()
         self._conn: psycopg.Connection[TupleRow] | None = None
         self._listen: psycopg.Connection[TupleRow] | None = None
-        self._free_since: dict[int, float] = {}
+        #: Per token of another relay seen free: when first seen free, and when last seen free.
+        self._free_since: dict[int, tuple[float, float]] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         t = table
         self._claim = (
@@ -176,6 +182,10 @@ class PgStore:
         """Take over rows marked by relays that are gone: this journal's at once, others' later."""
         assert self._conn is not None, "open() first"
         now = time.monotonic()
+        # Only what is seen free in this pass carries over: a lock found held, or a relay with no
+        # marked rows left (it came back and relayed them), may die again later, and must then
+        # get the whole grace again, not the time since its earlier death (issue 26, item 6).
+        watched, self._free_since = self._free_since, {}
         with _connection_errors():
             others = [int(row[0]) for row in self._conn.execute(self._others, (self.token,))]
             for other in others:
@@ -183,12 +193,14 @@ class PgStore:
                 with self._conn.transaction():
                     free = self._conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (other,)).fetchone()
                     if not (free and free[0]):
-                        self._free_since.pop(other, None)  # its relay lives
-                        continue
-                    if not sibling and now - self._free_since.setdefault(other, now) < ADOPT_AFTER_S:
+                        continue  # its relay lives
+                    first, last = watched.get(other, (now, now))
+                    if now - last > WATCH_GAP_S:
+                        first = now  # not watched in between: it may have lived meanwhile
+                    if not sibling and now - first < ADOPT_AFTER_S:
+                        self._free_since[other] = (first, now)
                         continue
                     taken = self._conn.execute(self._adopt, (self.token, other)).rowcount
-                self._free_since.pop(other, None)
                 if taken:
                     log.warning(
                         "took over %d rows marked by a relay that is gone (%s); they are checked "
