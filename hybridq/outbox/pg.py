@@ -95,6 +95,7 @@ class PgStore:
         )
         self._mark = f"UPDATE {t} SET relaying = %s WHERE id = ANY(%s)"  # noqa: S608
         self._delete = f"DELETE FROM {t} WHERE id = ANY(%s)"  # noqa: S608
+        self._unmark = f"UPDATE {t} SET relaying = 0 WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
         self._others = f"SELECT DISTINCT relaying FROM {t} WHERE relaying <> 0 AND relaying <> %s"  # noqa: S608
         self._adopt = f"UPDATE {t} SET relaying = %s WHERE relaying = %s"  # noqa: S608
 
@@ -147,6 +148,12 @@ class PgStore:
         assert self._conn is not None, "open() first"
         with _connection_errors(), self._conn.transaction():
             self._conn.execute(self._delete, (ids,))
+
+    def unmark(self, ids: list[int]) -> None:
+        """Mark this relay's claimed rows fresh again, in one committed transaction."""
+        assert self._conn is not None, "open() first"
+        with _connection_errors(), self._conn.transaction():
+            self._conn.execute(self._unmark, (ids, self.token))
 
     def backlog(self) -> int:
         """Rows in the outbox now."""

@@ -47,6 +47,9 @@ class Store(Protocol):
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows (committed)."""
 
+    def unmark(self, ids: list[int]) -> None:
+        """Mark claimed rows fresh again (committed): their journal append failed."""
+
     def backlog(self) -> int:
         """Rows in the outbox now."""
 
@@ -78,6 +81,7 @@ class SqliteStore:
         self._wake = threading.Event()
         self._select = f"SELECT id, job_id, envelope, relaying FROM {table} ORDER BY id LIMIT ?"  # noqa: S608
         self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
+        self._unmark = f"UPDATE {table} SET relaying = 0 WHERE id = ?"  # noqa: S608
         self._delete = f"DELETE FROM {table} WHERE id = ?"  # noqa: S608
 
     def open(self, journal: str) -> None:  # noqa: ARG002 - one relay per SQLite outbox, whatever the journal
@@ -108,6 +112,11 @@ class SqliteStore:
         """Delete relayed rows in one committed transaction."""
         assert self._conn is not None, "open() first"
         _in_transaction(self._conn, self._delete, [(row_id,) for row_id in ids])
+
+    def unmark(self, ids: list[int]) -> None:
+        """Mark claimed rows fresh again, in one committed transaction."""
+        assert self._conn is not None, "open() first"
+        _in_transaction(self._conn, self._unmark, [(row_id,) for row_id in ids])
 
     def backlog(self) -> int:
         """Rows in the outbox now."""
