@@ -134,6 +134,8 @@ def test_a_stored_outcome_no_script_can_read_never_counts_as_nothing_stored(
     assert not transport.connection.exists(keys.lease(env.key_id))  # nothing started
     [verdict] = transport.probe([Probe(env.id, env.key_id, env.queue)], lease_s=10.0)
     assert verdict == "done"  # not "queued": it is delivered again only after the done grace
+    delivery = Delivery(env, OWNER, ("w", 0, 64), attempt=1)
+    assert transport.evict([], [delivery]) == (0, {env.id})  # kept here, not delivered elsewhere
 
 
 def test_the_outcome_script_reads_this_runs_outcome_and_event_holding_a_lone_surrogate(
