@@ -17,6 +17,8 @@ Answers "is anything lost or stuck?" for one journal directory:
 * **merged**: job ids that several records share with *different* calls (an explicit
   ``job_id`` reused): the first delivered runs, the others are merged into it and never run.
   The same call under the same id (a retried enqueue) is deduplication, not a finding.
+* **outbox rows set aside** (with an outbox, :func:`check_outbox`): bad rows the relay could not
+  append to the journal, which wait for an operator (``docs/outbox.md``, "Bad rows").
 
 A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
 meanwhile (pushes are idempotent per job id).
@@ -44,6 +46,7 @@ from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.outbox.backlog import read_set_aside
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite
 from hybridq.redisurl import redact_url, transport_error
 from hybridq.state import load_checkpoint
@@ -51,7 +54,7 @@ from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from hybridq.transport.sharded import ShardedTransport
 
-__all__ = ["DoctorReport", "diagnose"]
+__all__ = ["DoctorReport", "check_outbox", "diagnose"]
 
 #: Jobs probed per round trip.
 BATCH = 1000
@@ -80,6 +83,9 @@ class DoctorReport:
     fixed: int = 0
     #: With several Redis: per instance (URL, redacted), its queues of checked jobs and their count.
     instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: With an outbox: its rows the relay set aside, and the first few (id, job_id, created_at, why).
+    outbox_set_aside: int = 0
+    outbox_set_aside_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +99,7 @@ class DoctorReport:
             or self.unserved
             or self.merged
             or self.waiting
+            or self.outbox_set_aside
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -167,6 +174,16 @@ def diagnose(
             result = transport.push(redo[start : start + BATCH])
             report.fixed += result.pushed
     return report
+
+
+def check_outbox(report: DoctorReport, dsn: str, table: str) -> None:
+    """Add the outbox's rows set aside to ``report`` (a finding: they wait for an operator).
+
+    Raises what :func:`hybridq.outbox.backlog.read_set_aside` raises (a bad DSN, no database).
+    """
+    aside = read_set_aside(dsn, table, limit=EXAMPLES)
+    report.outbox_set_aside = aside.count
+    report.outbox_set_aside_rows = aside.rows
 
 
 def _forwarded_pending(

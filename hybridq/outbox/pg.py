@@ -40,8 +40,9 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from hybridq.errors import JournalLocked
-from hybridq.outbox.schema import table_exists
-from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row
+from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.outbox.schema import SET_ASIDE, table_exists
+from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row, bad_envelope
 from hybridq.redisurl import redact_url
 
 __all__ = ["ADOPT_AFTER_S", "SLOTS", "WATCH_GAP_S", "PgStore", "token"]
@@ -89,14 +90,19 @@ class PgStore:
         self._free_since: dict[int, tuple[float, float]] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         t = table
+        # The envelope only when it is bytes within the journal's limit (bad_envelope).
         self._claim = (
-            f"SELECT id, job_id, envelope, relaying FROM {t} WHERE relaying = 0 OR relaying = %s "  # noqa: S608
-            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+            "SELECT id, job_id, CASE WHEN pg_typeof(envelope) = 'bytea'::regtype "  # noqa: S608
+            "AND octet_length(envelope) <= %s THEN envelope END, relaying, "
+            f"pg_typeof(envelope)::text, octet_length(envelope) FROM {t} "
+            "WHERE relaying = 0 OR relaying = %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         self._mark = f"UPDATE {t} SET relaying = %s WHERE id = ANY(%s)"  # noqa: S608
         self._delete = f"DELETE FROM {t} WHERE id = ANY(%s)"  # noqa: S608
         self._unmark = f"UPDATE {t} SET relaying = 0 WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
-        self._others = f"SELECT DISTINCT relaying FROM {t} WHERE relaying <> 0 AND relaying <> %s"  # noqa: S608
+        self._set_aside = f"UPDATE {t} SET relaying = {SET_ASIDE} WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
+        # Other relays' tokens (SET_ASIDE is none: tokens are positive).
+        self._others = f"SELECT DISTINCT relaying FROM {t} WHERE relaying > 0 AND relaying <> %s"  # noqa: S608
         self._adopt = f"UPDATE {t} SET relaying = %s WHERE relaying = %s"  # noqa: S608
 
     def open(self, journal: str) -> None:
@@ -137,11 +143,11 @@ class PgStore:
         """Lock the oldest free rows (and this relay's own marked ones), mark the fresh ones, commit."""
         assert self._conn is not None, "open() first"
         with _connection_errors(), self._conn.transaction():
-            rows = self._conn.execute(self._claim, (self.token, limit)).fetchall()
+            rows = self._conn.execute(self._claim, (MAX_PAYLOAD_BYTES, self.token, limit)).fetchall()
             fresh = [row[0] for row in rows if row[3] == 0]
             if fresh:
                 self._conn.execute(self._mark, (self.token, fresh))
-        return [(int(r[0]), str(r[1]), bytes(r[2]), r[3] != 0) for r in rows]
+        return [Row(int(r[0]), str(r[1]), r[2], r[3] != 0, bad_envelope(r[4], r[5])) for r in rows]
 
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows in one committed transaction."""
@@ -155,11 +161,18 @@ class PgStore:
         with _connection_errors(), self._conn.transaction():
             self._conn.execute(self._unmark, (ids, self.token))
 
-    def backlog(self) -> int:
-        """Rows in the outbox now."""
+    def set_aside(self, ids: list[int]) -> None:
+        """Mark this relay's claimed bad rows ``SET_ASIDE``, in one committed transaction."""
         assert self._conn is not None, "open() first"
+        with _connection_errors(), self._conn.transaction():
+            self._conn.execute(self._set_aside, (ids, self.token))
+
+    def backlog(self) -> int:
+        """Rows in the outbox now (those set aside not counted)."""
+        assert self._conn is not None, "open() first"
+        sql = f"SELECT count(*) FROM {self.table} WHERE relaying >= 0"  # noqa: S608
         with _connection_errors():
-            row = self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()  # noqa: S608
+            row = self._conn.execute(sql).fetchone()
         return int(row[0]) if row is not None else 0
 
     def wait(self, timeout: float) -> None:

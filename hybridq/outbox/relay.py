@@ -122,6 +122,8 @@ class Relay:
         self.relayed = 0
         #: Rows a crashed relay had appended already: deleted without a second record.
         self.skipped_present = 0
+        #: Bad rows set aside (``SET_ASIDE``): they cannot be appended to the journal.
+        self.set_aside = 0
         #: Times the database went away and the relay reconnected.
         self.reconnects = 0
         self._stop = threading.Event()
@@ -165,13 +167,11 @@ class Relay:
 
     def run_once(self) -> int:
         """Relay until the outbox is empty (or :meth:`stop`); return the rows relayed."""
-        total = 0
+        before = self.relayed
         while not self._stop.is_set():
-            moved = self.step()
-            total += moved
-            if moved < self.batch_size:
+            if self.step() < self.batch_size:
                 break
-        return total
+        return self.relayed - before
 
     def run(self) -> None:
         """Relay until :meth:`stop`; wait ``poll_s`` (or for a NOTIFY) when the outbox is empty.
@@ -183,8 +183,9 @@ class Relay:
         window_start, window_rows = time.monotonic(), 0
         while not self._stop.is_set():
             try:
+                before = self.relayed
                 moved = self.step()
-                window_rows += moved
+                window_rows += self.relayed - before
                 now = time.monotonic()
                 if window_rows and now - window_start >= PROGRESS_EVERY_S:
                     log.info(
@@ -225,27 +226,54 @@ class Relay:
             return
 
     def step(self) -> int:
-        """Relay one batch of the oldest rows; return how many rows it moved (0: empty)."""
+        """Relay one batch of the oldest rows; return how many rows it took (0: empty).
+
+        Bad rows (:func:`~hybridq.outbox.store.bad_envelope`) are set aside, not relayed: they
+        count among the rows taken, not in :attr:`relayed`.
+        """
         writer = self._writer
         assert writer is not None, "open() first"
-        rows = self.store.claim(self.batch_size)
-        if not rows:
+        taken = self.store.claim(self.batch_size)
+        if not taken:
             return 0
-        present = self._already_appended([job for _, job, _, marked in rows if marked])
-        todo = [(row_id, env) for row_id, job, env, _ in rows if job not in present]
+        rows = [row for row in taken if row.why is None]
+        if len(rows) < len(taken):
+            self._set_aside([row for row in taken if row.why is not None])
+        present = self._already_appended([row.job_id for row in rows if row.marked])
+        todo = [row for row in rows if row.job_id not in present]
         if todo:
+            payloads = [row.envelope for row in todo if row.envelope is not None]
+            assert len(payloads) == len(todo), "a good row carries its envelope"
             try:
-                writer.append_many([env for _, env in todo])
+                writer.append_many(payloads)
             except Exception as exc:
-                self._append_failed(exc, [row_id for row_id, _ in todo])
+                self._append_failed(exc, [row.id for row in todo])
                 raise
             nudge(self.journal, name=self._nudge_name)
         # A relay killed here has appended the batch but not deleted it (the crash tests).
         crashpoints.reached("relay_after_append")
-        self.store.delete([row_id for row_id, _, _, _ in rows])
+        if rows:
+            self.store.delete([row.id for row in rows])
         self.relayed += len(rows)
         self.skipped_present += len(rows) - len(todo)
-        return len(rows)
+        return len(taken)
+
+    def _set_aside(self, bad: list[Row]) -> None:
+        """Set bad rows aside (``relaying = SET_ASIDE``, committed), each logged: the rest flows.
+
+        Appended, one would fail the whole batch at every pass, and stop the outbox for good
+        (issue 27, finding 5). ``docs/outbox.md`` ("Bad rows") says how to look at them.
+        """
+        self.store.set_aside([row.id for row in bad])
+        self.set_aside += len(bad)
+        for row in bad:
+            log.error(
+                "outbox row %d (job %s) set aside: %s; the other rows are relayed "
+                "(hybridq doctor --outbox lists it; docs/outbox.md, 'Bad rows')",
+                row.id,
+                row.job_id[:128],
+                row.why,
+            )
 
     def _append_failed(self, exc: Exception, row_ids: list[int]) -> None:
         """Unmark the rows of a failed append: their records, if written, are not durable.

@@ -14,20 +14,47 @@ import fcntl
 import os
 import sqlite3
 import threading
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from hybridq.errors import JournalLocked
-from hybridq.outbox.schema import connect, sqlite_path, table_exists
+from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.outbox.schema import SET_ASIDE, connect, sqlite_path, table_exists
 
-__all__ = ["DEFAULT_PG_POLL_S", "DEFAULT_POLL_S", "Row", "SqliteStore", "Store"]
+__all__ = ["DEFAULT_PG_POLL_S", "DEFAULT_POLL_S", "Row", "SqliteStore", "Store", "bad_envelope"]
 
 #: Seconds an idle relay sleeps before looking at an SQLite outbox again.
 DEFAULT_POLL_S = 0.05
 #: Seconds between two looks at a PostgreSQL outbox when no NOTIFY came (the fallback poll).
 DEFAULT_PG_POLL_S = 2.0
-#: One claimed row: its id, its job id, its envelope, and whether it was marked already (by a
-#: relay that stopped before deleting it: it may be in the journal).
-Row = tuple[int, str, bytes, bool]
+
+
+class Row(NamedTuple):
+    """One claimed row."""
+
+    id: int
+    job_id: str
+    #: Its envelope's bytes; ``None`` for a bad row (never read: it may be huge).
+    envelope: bytes | None
+    #: Marked already (by a relay that stopped before deleting it: it may be in the journal).
+    marked: bool
+    #: Why the relay cannot append it (:func:`bad_envelope`); ``None`` for a good row.
+    why: str | None = None
+
+
+def bad_envelope(kind: str, size: int | None) -> str | None:
+    """Why an envelope of SQL type ``kind`` and ``size`` bytes cannot be relayed; ``None`` if it can.
+
+    The database says both (SQLite's ``typeof``/``length``, PostgreSQL's ``pg_typeof``/
+    ``octet_length``) before the envelope is fetched: a bad one is never read into memory, and
+    an INTEGER one is never taken for a length (``bytes(2**31)`` allocates 2 GiB).
+    """
+    if size is None or kind == "null":
+        return "envelope is NULL"
+    if kind not in ("blob", "bytea"):
+        return f"envelope is {kind}, not bytes (BLOB/bytea)"
+    if size > MAX_PAYLOAD_BYTES:
+        return f"envelope is {size} bytes, over the journal's record limit of {MAX_PAYLOAD_BYTES}"
+    return None
 
 
 class Store(Protocol):
@@ -49,6 +76,9 @@ class Store(Protocol):
 
     def unmark(self, ids: list[int]) -> None:
         """Mark claimed rows fresh again (committed): their journal append failed."""
+
+    def set_aside(self, ids: list[int]) -> None:
+        """Mark claimed bad rows ``SET_ASIDE`` (committed): no relay claims them again."""
 
     def backlog(self) -> int:
         """Rows in the outbox now."""
@@ -79,9 +109,15 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._wake = threading.Event()
-        self._select = f"SELECT id, job_id, envelope, relaying FROM {table} ORDER BY id LIMIT ?"  # noqa: S608
+        # The envelope only when it is a BLOB within the journal's limit (bad_envelope).
+        self._select = (
+            "SELECT id, job_id, CASE WHEN typeof(envelope) = 'blob' AND length(envelope) <= ? "  # noqa: S608
+            f"THEN envelope END, relaying, typeof(envelope), length(envelope) FROM {table} "
+            "WHERE relaying >= 0 ORDER BY id LIMIT ?"
+        )
         self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
         self._unmark = f"UPDATE {table} SET relaying = 0 WHERE id = ?"  # noqa: S608
+        self._set_aside = f"UPDATE {table} SET relaying = {SET_ASIDE} WHERE id = ?"  # noqa: S608
         self._delete = f"DELETE FROM {table} WHERE id = ?"  # noqa: S608
 
     def open(self, journal: str) -> None:  # noqa: ARG002 - one relay per SQLite outbox, whatever the journal
@@ -102,11 +138,14 @@ class SqliteStore:
     def claim(self, limit: int) -> list[Row]:
         """The oldest rows (marked or not); the fresh ones marked in one committed transaction."""
         assert self._conn is not None, "open() first"
-        rows: list[tuple[int, str, bytes, int]] = self._conn.execute(self._select, (limit,)).fetchall()
-        fresh = [(row_id,) for row_id, _, _, relaying in rows if not relaying]
+        rows = self._conn.execute(self._select, (MAX_PAYLOAD_BYTES, limit)).fetchall()
+        fresh = [(row[0],) for row in rows if not row[3]]
         if fresh:
             _in_transaction(self._conn, self._mark, fresh)
-        return [(row_id, job, bytes(env), bool(relaying)) for row_id, job, env, relaying in rows]
+        return [
+            Row(row_id, str(job), env, bool(relaying), bad_envelope(kind, size))
+            for row_id, job, env, relaying, kind, size in rows
+        ]
 
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows in one committed transaction."""
@@ -118,10 +157,16 @@ class SqliteStore:
         assert self._conn is not None, "open() first"
         _in_transaction(self._conn, self._unmark, [(row_id,) for row_id in ids])
 
-    def backlog(self) -> int:
-        """Rows in the outbox now."""
+    def set_aside(self, ids: list[int]) -> None:
+        """Mark bad rows ``SET_ASIDE``, in one committed transaction."""
         assert self._conn is not None, "open() first"
-        return int(self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])  # noqa: S608
+        _in_transaction(self._conn, self._set_aside, [(row_id,) for row_id in ids])
+
+    def backlog(self) -> int:
+        """Rows in the outbox now (those set aside not counted)."""
+        assert self._conn is not None, "open() first"
+        sql = f"SELECT count(*) FROM {self.table} WHERE relaying >= 0"  # noqa: S608
+        return int(self._conn.execute(sql).fetchone()[0])
 
     def wait(self, timeout: float) -> None:
         """Sleep ``timeout`` seconds, or until :meth:`wake`."""
