@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -23,7 +24,10 @@ from hybridq import Queue
 from hybridq.cli import EXIT_FINDINGS, cli
 from hybridq.forwarder import Forwarder
 from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.outbox import Outbox
+from hybridq.outbox import pg as pg_module
+from hybridq.outbox.background import BackgroundRelay
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.relay import Relay
 from hybridq.outbox.schema import SET_ASIDE
@@ -143,9 +147,29 @@ def test_doctor_reports_the_rows_set_aside(db: Path, journal_dir: Path, redis_se
     assert f"outbox rows set aside: 1: id {row['id']} job {bad}: envelope is text" in text
 
 
+def test_the_relay_inside_the_forwarder_relays_past_a_bad_row(db: Path, journal_dir: Path) -> None:
+    good, _ = with_a_bad_row(db, 2**40)
+    ensure_journal_dir(journal_dir)
+    relay = BackgroundRelay(dsn(db), str(journal_dir), poll_s=0.01)
+    relay.open()
+    relay.start()
+    try:
+        deadline = time.monotonic() + 10
+        while relay.relayed < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        relay.stop()
+        assert relay.join(timeout=10)
+        relay.close()
+    assert (relay.relayed, relay.failures) == (2, 0)  # relayed=0 and a failure per pass before
+    assert [env.id for env in journal_jobs(journal_dir)] == good
+    assert relay.backlog().set_aside == 1
+
+
 def test_postgresql_a_row_over_the_limit_is_set_aside_and_the_rest_flow(
     pg: str,  # noqa: F811 - the fixture
     journal_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     good = enqueue_many(pg, 1)
     with psycopg.connect(pg) as conn:
@@ -160,6 +184,8 @@ def test_postgresql_a_row_over_the_limit_is_set_aside_and_the_rest_flow(
         assert relay.run_once() == 2
         assert relay.run_once() == 0
         assert relay.backlog() == 0
+        monkeypatch.setattr(pg_module, "ADOPT_AFTER_S", 0.0)
+        relay.store.housekeeping()  # -1 is no relay's token: never taken over
     finally:
         relay.close()
     assert journal_ids(journal_dir) == good
