@@ -90,13 +90,14 @@ class PgStore:
         self._free_since: dict[int, tuple[float, float]] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         t = table
-        # The envelope only when it is bytes within the journal's limit (bad_envelope).
+        # The envelope only when it is bytes within the journal's limit; why not, for the few
+        # rows it is not (bad_envelope), in a second query.
         self._claim = (
             "SELECT id, job_id, CASE WHEN pg_typeof(envelope) = 'bytea'::regtype "  # noqa: S608
-            "AND octet_length(envelope) <= %s THEN envelope END, relaying, "
-            f"pg_typeof(envelope)::text, octet_length(envelope) FROM {t} "
+            f"AND octet_length(envelope) <= %s THEN envelope END, relaying FROM {t} "
             "WHERE relaying = 0 OR relaying = %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
+        self._why = f"SELECT pg_typeof(envelope)::text, octet_length(envelope) FROM {t} WHERE id = %s"  # noqa: S608
         self._mark = f"UPDATE {t} SET relaying = %s WHERE id = ANY(%s)"  # noqa: S608
         self._delete = f"DELETE FROM {t} WHERE id = ANY(%s)"  # noqa: S608
         self._unmark = f"UPDATE {t} SET relaying = 0 WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
@@ -147,7 +148,16 @@ class PgStore:
             fresh = [row[0] for row in rows if row[3] == 0]
             if fresh:
                 self._conn.execute(self._mark, (self.token, fresh))
-        return [Row(int(r[0]), str(r[1]), r[2], r[3] != 0, bad_envelope(r[4], r[5])) for r in rows]
+            return [
+                (int(r[0]), str(r[1]), r[2], r[3] != 0, None if r[2] is not None else self._bad(r[0]))
+                for r in rows
+            ]
+
+    def _bad(self, row_id: int) -> str | None:
+        """Why the row ``row_id`` cannot be relayed (its envelope's type and size, not its bytes)."""
+        assert self._conn is not None
+        row = self._conn.execute(self._why, (row_id,)).fetchone()
+        return bad_envelope(*row) if row is not None else "gone"
 
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows in one committed transaction."""

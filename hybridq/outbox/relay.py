@@ -30,6 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable
+from typing import cast
 
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
@@ -236,24 +237,25 @@ class Relay:
         taken = self.store.claim(self.batch_size)
         if not taken:
             return 0
-        rows = [row for row in taken if row.why is None]
-        if len(rows) < len(taken):
-            self._set_aside([row for row in taken if row.why is not None])
-        present = self._already_appended([row.job_id for row in rows if row.marked])
-        todo = [row for row in rows if row.job_id not in present]
+        bad = [row for row in taken if row[4] is not None]
+        rows = [row for row in taken if row[4] is None] if bad else taken
+        if bad:
+            self._set_aside(bad)
+        present = self._already_appended([job for _, job, _, marked, _ in rows if marked])
+        todo = [row for row in rows if row[1] not in present] if present else rows
         if todo:
-            payloads = [row.envelope for row in todo if row.envelope is not None]
-            assert len(payloads) == len(todo), "a good row carries its envelope"
+            # A good row carries its envelope (None only in a bad one, set aside above).
+            payloads = cast("list[bytes]", [env for _, _, env, _, _ in todo])
             try:
                 writer.append_many(payloads)
             except Exception as exc:
-                self._append_failed(exc, [row.id for row in todo])
+                self._append_failed(exc, [row_id for row_id, _, _, _, _ in todo])
                 raise
             nudge(self.journal, name=self._nudge_name)
         # A relay killed here has appended the batch but not deleted it (the crash tests).
         crashpoints.reached("relay_after_append")
         if rows:
-            self.store.delete([row.id for row in rows])
+            self.store.delete([row_id for row_id, _, _, _, _ in rows])
         self.relayed += len(rows)
         self.skipped_present += len(rows) - len(todo)
         return len(taken)
@@ -264,15 +266,15 @@ class Relay:
         Appended, one would fail the whole batch at every pass, and stop the outbox for good
         (issue 27, finding 5). ``docs/outbox.md`` ("Bad rows") says how to look at them.
         """
-        self.store.set_aside([row.id for row in bad])
+        self.store.set_aside([row_id for row_id, _, _, _, _ in bad])
         self.set_aside += len(bad)
-        for row in bad:
+        for row_id, job_id, _, _, why in bad:
             log.error(
                 "outbox row %d (job %s) set aside: %s; the other rows are relayed "
                 "(hybridq doctor --outbox lists it; docs/outbox.md, 'Bad rows')",
-                row.id,
-                row.job_id[:128],
-                row.why,
+                row_id,
+                job_id[:128],
+                why,
             )
 
     def _append_failed(self, exc: Exception, row_ids: list[int]) -> None:

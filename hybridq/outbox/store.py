@@ -14,7 +14,7 @@ import fcntl
 import os
 import sqlite3
 import threading
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from hybridq.errors import JournalLocked
 from hybridq.journal import MAX_PAYLOAD_BYTES
@@ -28,17 +28,11 @@ DEFAULT_POLL_S = 0.05
 DEFAULT_PG_POLL_S = 2.0
 
 
-class Row(NamedTuple):
-    """One claimed row."""
-
-    id: int
-    job_id: str
-    #: Its envelope's bytes; ``None`` for a bad row (never read: it may be huge).
-    envelope: bytes | None
-    #: Marked already (by a relay that stopped before deleting it: it may be in the journal).
-    marked: bool
-    #: Why the relay cannot append it (:func:`bad_envelope`); ``None`` for a good row.
-    why: str | None = None
+#: One claimed row: its id, its job id, its envelope (``None`` for a bad row: never read, it may
+#: be huge), whether it was marked already (by a relay that stopped before deleting it: it may be
+#: in the journal), and why the relay cannot append it (:func:`bad_envelope`; ``None``: it can).
+#: A plain tuple: one is made per relayed row.
+Row = tuple[int, str, bytes | None, bool, str | None]
 
 
 def bad_envelope(kind: str, size: int | None) -> str | None:
@@ -109,12 +103,13 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._wake = threading.Event()
-        # The envelope only when it is a BLOB within the journal's limit (bad_envelope).
+        # The envelope only when it is a BLOB within the journal's limit; why not, for the few
+        # rows it is not (bad_envelope), in a second query.
         self._select = (
             "SELECT id, job_id, CASE WHEN typeof(envelope) = 'blob' AND length(envelope) <= ? "  # noqa: S608
-            f"THEN envelope END, relaying, typeof(envelope), length(envelope) FROM {table} "
-            "WHERE relaying >= 0 ORDER BY id LIMIT ?"
+            f"THEN envelope END, relaying FROM {table} WHERE relaying >= 0 ORDER BY id LIMIT ?"
         )
+        self._why = f"SELECT typeof(envelope), length(envelope) FROM {table} WHERE id = ?"  # noqa: S608
         self._mark = f"UPDATE {table} SET relaying = 1 WHERE id = ?"  # noqa: S608
         self._unmark = f"UPDATE {table} SET relaying = 0 WHERE id = ?"  # noqa: S608
         self._set_aside = f"UPDATE {table} SET relaying = {SET_ASIDE} WHERE id = ?"  # noqa: S608
@@ -138,14 +133,20 @@ class SqliteStore:
     def claim(self, limit: int) -> list[Row]:
         """The oldest rows (marked or not); the fresh ones marked in one committed transaction."""
         assert self._conn is not None, "open() first"
-        rows = self._conn.execute(self._select, (MAX_PAYLOAD_BYTES, limit)).fetchall()
+        conn = self._conn
+        rows = conn.execute(self._select, (MAX_PAYLOAD_BYTES, limit)).fetchall()
         fresh = [(row[0],) for row in rows if not row[3]]
         if fresh:
-            _in_transaction(self._conn, self._mark, fresh)
+            _in_transaction(conn, self._mark, fresh)
         return [
-            Row(row_id, str(job), env, bool(relaying), bad_envelope(kind, size))
-            for row_id, job, env, relaying, kind, size in rows
+            (row_id, str(job), env, relaying != 0, None if env is not None else self._bad(row_id))
+            for row_id, job, env, relaying in rows
         ]
+
+    def _bad(self, row_id: int) -> str | None:
+        """Why the row ``row_id`` cannot be relayed (its envelope's type and size, not its bytes)."""
+        assert self._conn is not None, "open() first"
+        return bad_envelope(*self._conn.execute(self._why, (row_id,)).fetchone())
 
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows in one committed transaction."""

@@ -88,7 +88,7 @@ def test_a_relay_that_came_back_and_died_again_is_given_the_whole_grace_again(
         later = enqueue_many(pg, 2, start=2)
         rows = back.store.claim(2)
         with JournalWriter(str(tmp_path / "b")) as writer:  # appended, then killed before the delete
-            writer.append_many([row.envelope for row in rows])
+            writer.append_many([env for _, _, env, _, _ in rows])
         back.store.close()
         back.close()
         seen_free(pg, relay, b_token)
