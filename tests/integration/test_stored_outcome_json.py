@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from hybridq import Queue, fetch_job, keys
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope import Envelope
 from hybridq.protocol import ClaimStatus, FinishReply
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import scripts
 
+from tests.integration.test_worker_protocol import envelope, transport  # noqa: F401 - the fixture
 from tests.integration.test_worker_redis import (  # noqa: F401 - the stack fixture
     Stack,
     alive,
@@ -80,32 +80,14 @@ def test_a_key_that_finished_with_a_lone_surrogate_does_not_run_again_from_anoth
 # -- the scripts, one state at a time --------------------------------------------------------------
 
 
-@pytest.fixture
-def transport(redis_server: RedisServer) -> Iterator[RQTransport]:
-    transport = RQTransport(redis_server.url)
-    yield transport
-    transport.close()
+def _store(rq: RQTransport, env: Envelope, raw: bytes) -> None:
+    rq.push([Delivery(env, OWNER, ("w", 0, 64), attempt=1)])
+    rq.connection.set(keys.result(env.key_id), raw)
 
 
-def _envelope() -> Envelope:
-    return Envelope(
-        id=new_job_id(),
-        func="tests.tasks.add",
-        queue="default",
-        idempotency_key=new_job_id(),
-        created_at=time.time(),
-        args=(1, 2),
-    )
-
-
-def _store(transport: RQTransport, env: Envelope, raw: bytes) -> None:
-    transport.push([Delivery(env, OWNER, ("w", 0, 64), attempt=1)])
-    transport.connection.set(keys.result(env.key_id), raw)
-
-
-def _claim(transport: RQTransport, env: Envelope) -> list[object]:
+def _claim(rq: RQTransport, env: Envelope) -> list[object]:
     claim_keys = [keys.result(env.key_id), keys.lease(env.key_id), keys.rq_job(env.id), keys.epoch(OWNER)]
-    return list(scripts.claim(transport.connection, claim_keys, ["token", 10_000, env.id, 0, 1, 0]))
+    return list(scripts.claim(rq.connection, claim_keys, ["token", 10_000, env.id, 0, 1, 0]))
 
 
 def _outcome(env: Envelope, **fields: object) -> bytes:
@@ -115,20 +97,20 @@ def _outcome(env: Envelope, **fields: object) -> bytes:
 
 
 def test_the_claim_reads_a_stored_success_or_failure_holding_a_lone_surrogate(
-    transport: RQTransport,
+    transport: RQTransport,  # noqa: F811 - the fixture
 ) -> None:
     for fields in ({}, {"outcome": "failed", "result": None, "error": f"ValueError: {NAME}"}):
-        env = _envelope()
+        env = envelope()
         stored = _outcome(env, **fields)
         _store(transport, env, stored)
         assert _claim(transport, env) == [ClaimStatus.SUPPRESSED, stored]
 
 
 def test_a_stored_outcome_no_script_can_read_never_counts_as_nothing_stored(
-    transport: RQTransport,
+    transport: RQTransport,  # noqa: F811 - the fixture
 ) -> None:
     """Fail closed: the claim runs nothing, the probe says done, the eviction keeps the copy."""
-    env = _envelope()
+    env = envelope()
     _store(transport, env, b"\x00 not JSON")
     assert _claim(transport, env)[0] == ClaimStatus.FENCED
     assert not transport.connection.exists(keys.lease(env.key_id))  # nothing started
@@ -139,11 +121,11 @@ def test_a_stored_outcome_no_script_can_read_never_counts_as_nothing_stored(
 
 
 def test_the_outcome_script_reads_this_runs_outcome_and_event_holding_a_lone_surrogate(
-    transport: RQTransport,
+    transport: RQTransport,  # noqa: F811 - the fixture
 ) -> None:
     """A success already stored, and this run's failure with the surrogate: the script keeps the
     success and rewrites this run's event into it (cjson.decode raised on both before)."""
-    env = _envelope()
+    env = envelope()
     _store(transport, env, _outcome(env, token="first"))
     mine = _outcome(env, outcome="failed", result=None, error=f"ValueError: {NAME}", attempt=2, token="t2")
     event = json.dumps({"id": env.id, "outcome": "failed", "error": f"ValueError: {NAME}", "attempt": 2})

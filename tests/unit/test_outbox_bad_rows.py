@@ -34,7 +34,7 @@ from hybridq.outbox.schema import SET_ASIDE
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 
-from tests.unit.test_outbox import TASK, journal_jobs
+from tests.unit.test_outbox import TASK, db, dsn, journal_jobs  # noqa: F401 - the fixture
 from tests.unit.test_outbox_pg import enqueue_many, journal_ids, opened, pg  # noqa: F401 - the fixture
 
 #: Each bad envelope SQLite lets in, and the start of what the relay says of it.
@@ -46,21 +46,9 @@ BAD = {
 }
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "app.db"
-    with sqlite3.connect(path) as conn:
-        Outbox().create_table(conn)
-    return path
-
-
-def dsn(db: Path) -> str:
-    return f"sqlite:///{db}"
-
-
-def with_a_bad_row(db: Path, envelope: object) -> tuple[list[str], str]:
+def with_a_bad_row(path: Path, envelope: object) -> tuple[list[str], str]:
     """A good row, a bad one, a good one; the good rows' job ids and the bad one's."""
-    with sqlite3.connect(db) as conn:
+    with sqlite3.connect(path) as conn:
         first = Outbox().enqueue(conn, TASK, 1, 0)
         conn.execute(
             "INSERT INTO hybridq_outbox (job_id, idempotency_key, queue, envelope, created_at) "
@@ -71,14 +59,17 @@ def with_a_bad_row(db: Path, envelope: object) -> tuple[list[str], str]:
     return [first, last], "bad-job"
 
 
-def marks(db: Path) -> dict[str, int]:
-    with sqlite3.connect(db) as conn:
+def marks(path: Path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
         return dict(conn.execute("SELECT job_id, relaying FROM hybridq_outbox").fetchall())
 
 
 @pytest.mark.parametrize("kind", list(BAD))
 def test_a_bad_row_is_set_aside_and_the_rows_after_it_are_relayed(
-    db: Path, journal_dir: Path, kind: str, caplog: pytest.LogCaptureFixture
+    db: Path,  # noqa: F811 - the fixture
+    journal_dir: Path,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     envelope, why = BAD[kind]
     good, bad = with_a_bad_row(db, envelope)
@@ -104,14 +95,20 @@ def test_a_bad_row_is_set_aside_and_the_rows_after_it_are_relayed(
     assert (backlog.rows, backlog.oldest_created_at, backlog.set_aside) == (0, None, 1)
 
 
-def test_relay_cli_relays_past_a_bad_row_and_exits_0(db: Path, journal_dir: Path) -> None:
+def test_relay_cli_relays_past_a_bad_row_and_exits_0(
+    db: Path,  # noqa: F811 - the fixture
+    journal_dir: Path,
+) -> None:
     good, _ = with_a_bad_row(db, BAD["too-large"][0])
     result = CliRunner().invoke(cli, ["relay", "--outbox", dsn(db), "--journal", str(journal_dir), "--once"])
     assert result.exit_code == 0, result.output
     assert [env.id for env in journal_jobs(journal_dir)] == good
 
 
-def test_status_counts_the_rows_set_aside(db: Path, journal_dir: Path) -> None:
+def test_status_counts_the_rows_set_aside(
+    db: Path,  # noqa: F811 - the fixture
+    journal_dir: Path,
+) -> None:
     with_a_bad_row(db, 2**40)
     relay = Relay(dsn(db), str(journal_dir))
     relay.open()
@@ -125,7 +122,11 @@ def test_status_counts_the_rows_set_aside(db: Path, journal_dir: Path) -> None:
     assert "1 set aside" in text
 
 
-def test_doctor_reports_the_rows_set_aside(db: Path, journal_dir: Path, redis_server: RedisServer) -> None:
+def test_doctor_reports_the_rows_set_aside(
+    db: Path,  # noqa: F811 - the fixture
+    journal_dir: Path,
+    redis_server: RedisServer,
+) -> None:
     Queue("default", journal_dir).enqueue(TASK, 1, 1)
     transport = RQTransport(redis_server.url)
     with Forwarder(journal_dir, transport) as forwarder:
@@ -147,7 +148,10 @@ def test_doctor_reports_the_rows_set_aside(db: Path, journal_dir: Path, redis_se
     assert f"outbox rows set aside: 1: id {row['id']} job {bad}: envelope is text" in text
 
 
-def test_the_relay_inside_the_forwarder_relays_past_a_bad_row(db: Path, journal_dir: Path) -> None:
+def test_the_relay_inside_the_forwarder_relays_past_a_bad_row(
+    db: Path,  # noqa: F811 - the fixture
+    journal_dir: Path,
+) -> None:
     good, _ = with_a_bad_row(db, 2**40)
     ensure_journal_dir(journal_dir)
     relay = BackgroundRelay(dsn(db), str(journal_dir), poll_s=0.01)

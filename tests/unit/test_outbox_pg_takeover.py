@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 import types
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -59,6 +61,15 @@ def seen_free(dsn: str, relay: Relay, other: int) -> None:
     relay.store.housekeeping()
 
 
+def marked_by_a_dead_relay(dsn: str, journal: Path) -> int:
+    """A relay on ``journal`` marks the two oldest rows and dies; its token."""
+    other = opened(dsn, journal, batch_size=2)
+    token: int = other.store.token  # type: ignore[attr-defined]
+    assert len(other.store.claim(2)) == 2
+    other.close()
+    return token
+
+
 def watch(relay: Relay, clock: Clock) -> None:
     """Housekeeping passes every ``WATCH_GAP_S`` for the whole grace (as an idle relay's polls)."""
     for _ in range(int(pg_module.ADOPT_AFTER_S / pg_module.WATCH_GAP_S) + 1):
@@ -66,62 +77,61 @@ def watch(relay: Relay, clock: Clock) -> None:
         relay.store.housekeeping()
 
 
-def test_a_relay_that_came_back_and_died_again_is_given_the_whole_grace_again(
-    pg: str,  # noqa: F811 - the fixture
-    tmp_path: Path,
-    clock: Clock,
-) -> None:
-    first = enqueue_many(pg, 2)
-    other = opened(pg, tmp_path / "b", batch_size=2)
-    b_token = other.store.token  # type: ignore[attr-defined]
-    assert len(other.store.claim(2)) == 2  # marked, then its relay dies
-    other.close()
-    relay = opened(pg, tmp_path / "a")
-    try:
-        seen_free(pg, relay, b_token)  # its clock starts now
-        assert marks(pg, first) == {b_token}
-        back = opened(pg, tmp_path / "b")  # restarted on its journal: its own rows at once
-        assert back.store.token == b_token  # type: ignore[attr-defined]
-        back.run_once()
-        relay.store.housekeeping()  # nothing of its rows left to look at
-        clock.now += pg_module.ADOPT_AFTER_S + 1  # it has lived all along since
-        later = enqueue_many(pg, 2, start=2)
-        rows = back.store.claim(2)
-        with JournalWriter(str(tmp_path / "b")) as writer:  # appended, then killed before the delete
-            writer.append_many([env for _, _, env, _, _ in rows])
-        back.store.close()
-        back.close()
-        seen_free(pg, relay, b_token)
-        relay.run_once()
-        assert marks(pg, later) == {b_token}, "taken over at the first look, not after the grace"
-        assert set(journal_ids(tmp_path / "a")).isdisjoint(later)
-        watch(relay, clock)  # the whole grace, watched: taken over
-        relay.run_once()
-    finally:
-        relay.close()
-    assert set(later) <= set(journal_ids(tmp_path / "a"))  # in both journals, as documented
+@dataclass
+class Scene:
+    """Two rows marked by a relay on journal ``b`` that died, and a relay on journal ``a``."""
+
+    dsn: str
+    tmp_path: Path
+    ids: list[str]
+    token: int
+    relay: Relay
 
 
-def test_a_relay_not_looked_at_for_long_gets_its_grace_again(
-    pg: str,  # noqa: F811 - the fixture
-    tmp_path: Path,
-    clock: Clock,
-) -> None:
-    """Free at two looks far apart says nothing of the time between: it may have lived then."""
+@pytest.fixture
+def scene(pg: str, tmp_path: Path) -> Iterator[Scene]:  # noqa: F811 - the fixture
     ids = enqueue_many(pg, 2)
-    other = opened(pg, tmp_path / "b", batch_size=2)
-    b_token = other.store.token  # type: ignore[attr-defined]
-    other.store.claim(2)
-    other.close()
+    token = marked_by_a_dead_relay(pg, tmp_path / "b")
     relay = opened(pg, tmp_path / "a")
     try:
-        seen_free(pg, relay, b_token)
-        clock.now += pg_module.ADOPT_AFTER_S + 1  # no look in between (a busy relay)
-        relay.store.housekeeping()
-        relay.run_once()
-        assert marks(pg, ids) == {b_token}
-        watch(relay, clock)
-        relay.run_once()
+        yield Scene(pg, tmp_path, ids, token, relay)
     finally:
         relay.close()
-    assert sorted(journal_ids(tmp_path / "a")) == sorted(ids)
+
+
+def test_a_relay_that_came_back_and_died_again_is_given_the_whole_grace_again(
+    scene: Scene, clock: Clock
+) -> None:
+    dsn, relay, b_token = scene.dsn, scene.relay, scene.token
+    seen_free(dsn, relay, b_token)  # its clock starts now
+    assert marks(dsn, scene.ids) == {b_token}
+    back = opened(dsn, scene.tmp_path / "b")  # restarted on its journal: its own rows at once
+    assert back.store.token == b_token  # type: ignore[attr-defined]
+    back.run_once()
+    relay.store.housekeeping()  # nothing of its rows left to look at
+    clock.now += pg_module.ADOPT_AFTER_S + 1  # it has lived all along since
+    later = enqueue_many(dsn, 2, start=2)
+    rows = back.store.claim(2)
+    with JournalWriter(str(scene.tmp_path / "b")) as writer:  # appended, then killed before the delete
+        writer.append_many([env for _, _, env, _, _ in rows])
+    back.store.close()
+    back.close()
+    seen_free(dsn, relay, b_token)
+    relay.run_once()
+    assert marks(dsn, later) == {b_token}, "taken over at the first look, not after the grace"
+    assert set(journal_ids(scene.tmp_path / "a")).isdisjoint(later)
+    watch(relay, clock)  # the whole grace, watched: taken over
+    relay.run_once()
+    assert set(later) <= set(journal_ids(scene.tmp_path / "a"))  # in both journals, as documented
+
+
+def test_a_relay_not_looked_at_for_long_gets_its_grace_again(scene: Scene, clock: Clock) -> None:
+    """Free at two looks far apart says nothing of the time between: it may have lived then."""
+    seen_free(scene.dsn, scene.relay, scene.token)
+    clock.now += pg_module.ADOPT_AFTER_S + 1  # no look in between (a busy relay)
+    scene.relay.store.housekeeping()
+    scene.relay.run_once()
+    assert marks(scene.dsn, scene.ids) == {scene.token}
+    watch(scene.relay, clock)
+    scene.relay.run_once()
+    assert sorted(journal_ids(scene.tmp_path / "a")) == sorted(scene.ids)
