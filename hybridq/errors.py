@@ -19,6 +19,7 @@
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
     │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
+    ├── Stopped                     a stop asked for while Redis was down: the loop ends (hybridq.push)
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
@@ -48,10 +49,10 @@
     └── Cancelled                   raised in a running task whose job was cancelled (hybridq.cancel)
 
 Each class is defined here and re-exported by the module named beside it, where it used to live.
-Control-flow signals that never reach a caller (``push.Stopped``, caught by the forwarder loop;
-private ones inside one module) and a chaos task's own failure (``PlannedFailure``: it stands
-for a user task's exception) are not hybridq errors; ``tests/unit/test_errors_tree.py`` pins
-the rest to this tree.
+Only private control-flow signals that never leave their module (``_Refused``) and a chaos
+task's own failure (``PlannedFailure``: it stands for a user task's exception) are not hybridq
+errors; ``tests/unit/test_errors_tree.py`` pins every other exception class of the package, at
+module level or not, to this tree.
 
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.
@@ -103,6 +104,7 @@ __all__ = [
     "SigningKeyError",
     "StaleDelivery",
     "StateFileCorrupt",
+    "Stopped",
     "TaskUnavailable",
     "TokensError",
     "TransportError",
@@ -297,6 +299,14 @@ class RedisRefused(TransportError):
     Retrying cannot fix a wrong password, a database number Redis does not have or an ACL that
     denies what hybridq needs, so the forwarder and ``hybridq worker`` stop with this error (one
     line, exit 1) instead of reporting an outage forever.
+    """
+
+
+class Stopped(HybridqError):
+    """A stop was asked for while a batch could not be delivered; its checkpoint is not moved.
+
+    The pusher raises it out of its wait for Redis; the forwarder's loop catches it and returns
+    (``Forwarder.run``), so it reaches a caller only through ``Forwarder.step`` called by hand.
     """
 
 
