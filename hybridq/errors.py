@@ -497,13 +497,28 @@ class JobFailed(HybridqError):
 
 
 class JobWaitTimeout(HybridqError, TimeoutError):
-    """``job.wait(timeout)`` ran out of time before the job finished (it may still run)."""
+    """``job.wait(timeout)`` ran out of time before the job finished (it may still run).
 
-    def __init__(self, job_id: str, timeout: float, status: str) -> None:
+    Attributes:
+        job_id: the job's id.
+        timeout: the seconds waited.
+        status: where it stood (``job.status``).
+        unattended: its journal, when no forwarder held it at the timeout: the job stays where
+            it is until one runs (``None`` when a forwarder held it).
+    """
+
+    def __init__(self, job_id: str, timeout: float, status: str, *, unattended: str | None = None) -> None:
         self.job_id = job_id
         self.timeout = timeout
         self.status = status
-        super().__init__(f"job {job_id} still {status} after {timeout:g} s")
+        self.unattended = unattended
+        why = (
+            f": it is in the journal {unattended}, which no forwarder holds (start "
+            f"`hybridq forward --journal {unattended}`; docs/forwarder.md)"
+            if unattended is not None
+            else ""
+        )
+        super().__init__(f"job {job_id} still {status} after {timeout:g} s{why}")
 
 
 class ResultNotKept(HybridqError):

@@ -19,10 +19,8 @@ from typing import Any
 
 from hybridq.cancels import pending_cancels, read_requests
 from hybridq.errors import JournalCorruption
-from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.ownerlock import lock_owner
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, ledger_dir, load_compacted, load_index
@@ -30,7 +28,7 @@ from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url, with_password
 from hybridq.secretfile import read_password
-from hybridq.state import load_checkpoint
+from hybridq.state import forwarder_holder, load_checkpoint
 from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 from hybridq.transport.routes import Routes
 
@@ -69,7 +67,7 @@ def stats(
             each instance's state and queue lengths (the ``redis_instances`` key).
     """
     path = existing_journal_dir(journal)
-    holder = _forwarder_holder(path)
+    holder = forwarder_holder(path)
     out = None if exact else _from_snapshot(path, running=holder is not None)
     if out is None:
         out = consistent(path, lambda compacted: _counts(path, compacted))
@@ -260,11 +258,6 @@ def _scan_pending(
 def _age(since: float | None) -> float:
     """Seconds since ``since`` (0 when there is nothing)."""
     return 0.0 if since is None else round(max(0.0, time.time() - since), 3)
-
-
-def _forwarder_holder(path: str) -> str | None:
-    """Who holds the forwarder lock, or ``None`` when no forwarder runs."""
-    return lock_owner(os.path.join(path, LOCK_NAME))
 
 
 def _instances(default: str | None, redis_for: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ Exit codes (documented in ``docs/cli.md``):
 * 1 — an error (bad path, I/O error); one line on stderr.
 * 2 — bad usage (unknown option, bad value, no ``--journal`` where one is needed).
 * 3 — the journal is corrupt; the message names file, offset and the records affected.
-* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs).
+* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs,
+  unfinished jobs while no forwarder runs).
 """
 
 from __future__ import annotations

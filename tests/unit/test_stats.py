@@ -15,8 +15,9 @@ from hybridq.cli import cli
 from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
 from hybridq.journal import ChainPosition
+from hybridq.state import forwarder_holder
 from hybridq.stats_state import STATS_NAME, PendingTracker, load_snapshot
-from hybridq.status import _forwarder_holder, _from_snapshot, collect_status, stats
+from hybridq.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -42,7 +43,7 @@ def _close_forwarders() -> Any:
 
 def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
     """stats() and the full scan agree (ages to within a second); returns stats()."""
-    running = _forwarder_holder(str(journal)) is not None
+    running = forwarder_holder(str(journal)) is not None
     assert (_from_snapshot(str(journal), running=running) is not None) == cheap
     fast = stats(journal)
     slow = collect_status(str(journal))
