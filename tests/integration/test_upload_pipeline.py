@@ -93,10 +93,8 @@ class Uploader:
         return False
 
 
-def run_pipeline(
-    tmp_path: Path, server: RedisServer, env: dict[str, str], code: str | None = None
-) -> dict[str, int]:
-    """Run every uploader to the end with a forwarder and a worker; the figures, from the files."""
+def pipeline(tmp_path: Path, env: dict[str, str]) -> tuple[Path, Path, dict[str, str]]:
+    """The pipeline's root, its journal (created) and the environment its processes get."""
     root, journal = tmp_path / "pipeline", tmp_path / "journal"
     ensure_journal_dir(journal)
     env = {
@@ -104,6 +102,13 @@ def run_pipeline(
         "HYBRIDQ_JOURNAL": str(journal),
         "PYTHONPATH": os.pathsep.join([str(EXAMPLE), env["PYTHONPATH"]]),
     }
+    return root, journal, env
+
+
+def services(
+    tmp_path: Path, journal: Path, server: RedisServer, env: dict[str, str]
+) -> tuple[ForwarderProcess, WorkerProcess]:
+    """``hybridq forward`` and ``hybridq worker --allow uploads`` (one process) for the pipeline."""
     forwarder = ForwarderProcess(journal, server.url, env=env, log_path=tmp_path / "forwarder.log")
     worker_args = ["-m", "hybridq", "worker", "--redis", server.url, "--allow", "uploads"]
     worker = WorkerProcess(
@@ -112,6 +117,15 @@ def run_pipeline(
         log_path=tmp_path / "worker.log",
         cwd=tmp_path,
     )
+    return forwarder, worker
+
+
+def run_pipeline(
+    tmp_path: Path, server: RedisServer, env: dict[str, str], code: str | None = None
+) -> dict[str, int]:
+    """Run every uploader to the end with a forwarder and a worker; the figures, from the files."""
+    root, journal, env = pipeline(tmp_path, env)
+    forwarder, worker = services(tmp_path, journal, server, env)
     rng = random.Random(16)
     uploaders = []
     for u in range(UPLOADERS):
@@ -207,13 +221,7 @@ def test_a_file_stored_by_an_uploader_that_died_before_its_enqueue_is_swept_and_
     tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str]
 ) -> None:
     """The recipe's sweep of incoming/ (docs/recipes/intent-first.md, "What it does not guarantee")."""
-    root, journal = tmp_path / "pipeline", tmp_path / "journal"
-    ensure_journal_dir(journal)
-    env = {
-        **subprocess_env,
-        "HYBRIDQ_JOURNAL": str(journal),
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), subprocess_env["PYTHONPATH"]]),
-    }
+    root, journal, env = pipeline(tmp_path, subprocess_env)
 
     def uploader(*args: str, die: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -238,14 +246,7 @@ def test_a_file_stored_by_an_uploader_that_died_before_its_enqueue_is_swept_and_
     started = uploader("next", "0", "0")  # an uploader starting: it sweeps first
     assert started.returncode == 0, started.stderr
     assert sorted(started.stdout.split()) == ["crashed-0001", "lost-0001", "swept", "swept"]
-    forwarder = ForwarderProcess(journal, redis_server.url, env=env, log_path=tmp_path / "forwarder.log")
-    worker_args = ["-m", "hybridq", "worker", "--redis", redis_server.url, "--allow", "uploads"]
-    worker = WorkerProcess(
-        [sys.executable, *worker_args, "--processes", "1", "uploads"],
-        env=env,
-        log_path=tmp_path / "worker.log",
-        cwd=tmp_path,
-    )
+    forwarder, worker = services(tmp_path, journal, redis_server, env)
     try:
         status = wait_status(journal, env, lambda s: s["pending"] == 0, what="every job finished", timeout=30)
     finally:
