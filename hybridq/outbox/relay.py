@@ -30,13 +30,14 @@ from collections.abc import Iterable
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError
+from hybridq.extras import missing
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger import consistent
 from hybridq.nudge import address, nudge
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
-    PSYCOPG_MISSING,
+    PG_FEATURE,
     is_postgres,
     validate_table,
 )
@@ -95,7 +96,7 @@ class Relay:
             try:
                 from hybridq.outbox.pg import PgStore  # noqa: PLC0415 - psycopg only for PostgreSQL
             except ImportError:
-                raise ValueError(PSYCOPG_MISSING) from None
+                raise missing("postgres", PG_FEATURE) from None
             self.store: Store = PgStore(dsn, self.table)
         else:
             self.store = SqliteStore(dsn, self.table)  # ValueError for a bad DSN, before anything opens
