@@ -221,10 +221,12 @@ def doctor(
     jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
     duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
     Redis that the journal does not have as pending (unknown), queues where jobs wait that no
-    registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
-    the first runs). With --outbox, also the outbox rows the relay set aside (bad rows it cannot
-    append; docs/outbox.md). A dry run unless --fix. With --redis-for QUEUE=URL, every Redis
-    instance is checked, each for its own queues (an unreachable one: exit 1, naming it).
+    registered RQ worker serves (unserved), job ids shared by different calls (merged: only
+    the first runs), and unfinished jobs while no forwarder holds the journal (unattended:
+    nothing moves them on until one starts). With --outbox, also the outbox rows the relay set
+    aside (bad rows it cannot append; docs/outbox.md). A dry run unless --fix. With --redis-for
+    QUEUE=URL, every Redis instance is checked, each for its own queues (an unreachable one:
+    exit 1, naming it).
     Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
 
     \b
@@ -252,14 +254,17 @@ def doctor(
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
-        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {report.verdicts or 'none'}")
+        if report.unattended:
+            click.echo(_unattended_line(report.unattended, journal))
+        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {_counted(report.verdicts)}")
         for name in ("missing", "stranded", "orphaned", "intermediate", "unknown"):
             ids: list[str] = getattr(report, name)
             if ids:
                 more = f" (+{len(ids) - 10} more)" if len(ids) > 10 else ""
                 click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
         if report.duplicate_entries:
-            click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+            entries = ", ".join(f"{job_id} ({n} times)" for job_id, n in report.duplicate_entries.items())
+            click.echo(f"duplicate queue entries: {entries}")
         if report.unserved:
             waiting = ", ".join(f"{q} ({n} waiting)" for q, n in report.unserved.items())
             click.echo(f"queues no worker serves: {waiting}")
@@ -283,6 +288,19 @@ def doctor(
         click.echo("healthy" if report.healthy else "problems found")
     if not report.healthy:
         ctx.exit(EXIT_FINDINGS)
+
+
+def _counted(counts: dict[str, int]) -> str:
+    """``{"queued": 9, "stranded": 1}`` in words: ``9 queued, 1 stranded`` (``none`` if empty)."""
+    return ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def _unattended_line(jobs: int, journal: str) -> str:
+    """What ``doctor`` says when no forwarder holds the journal while jobs in it are unfinished."""
+    return (
+        f"no forwarder holds this journal: {jobs} unfinished job(s) wait until one runs "
+        f"(hybridq forward --journal {journal}; docs/forwarder.md)"
+    )
 
 
 def _doctor_outbox(ctx: click.Context, report: Any, dsn: str, table: str) -> None:

@@ -260,7 +260,9 @@ class Api:
         """The journal's counts (:func:`hybridq.stats`) with the server's capacity."""
         del request
         try:
-            out = await asyncio.to_thread(stats, self.journal, redis_url=self.config.redis_url)
+            out = await asyncio.to_thread(
+                stats, self.journal, redis_url=self.config.redis_url, outbox=None, redis_for=None
+            )
         except (HybridqError, OSError) as exc:
             return _error(503, "journal_unavailable", str(exc))
         return JSONResponse(stats_body(out, self.config.capacity))

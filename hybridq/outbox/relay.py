@@ -35,6 +35,7 @@ from typing import cast
 from hybridq import crashpoints
 from hybridq.envelope import Envelope
 from hybridq.errors import EnvelopeError, JournalIOError
+from hybridq.extras import missing
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
 from hybridq.journal.format import segment_name
@@ -43,7 +44,7 @@ from hybridq.ledger import consistent
 from hybridq.nudge import address, nudge
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
-    PSYCOPG_MISSING,
+    PG_FEATURE,
     is_postgres,
     validate_table,
 )
@@ -108,7 +109,7 @@ class Relay:
             try:
                 from hybridq.outbox.pg import PgStore  # noqa: PLC0415 - psycopg only for PostgreSQL
             except ImportError:
-                raise ValueError(PSYCOPG_MISSING) from None
+                raise missing("postgres", PG_FEATURE) from None
             self.store: Store = PgStore(dsn, self.table)
         else:
             self.store = SqliteStore(dsn, self.table)  # ValueError for a bad DSN, before anything opens

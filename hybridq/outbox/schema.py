@@ -17,6 +17,7 @@ import re
 import sqlite3
 from typing import Any, Literal
 
+from hybridq.extras import missing
 from hybridq.redisurl import redact_url
 
 __all__ = [
@@ -43,8 +44,8 @@ DEFAULT_TABLE = "hybridq_outbox"
 SET_ASIDE = -1
 #: What ``--dsn`` / ``--outbox`` accept (said in every refusal).
 SUPPORTED_DSNS = "sqlite:///relative/path, sqlite:////absolute/path or postgresql://[user[:password]@][host][:port]/database"
-#: What PostgreSQL needs installed (said when it is missing).
-PSYCOPG_MISSING = "PostgreSQL outboxes need psycopg 3: pip install 'hybridq[postgres]'"
+#: What needs psycopg 3: without it, MissingExtra says so and names the postgres extra.
+PG_FEATURE = "an outbox on PostgreSQL"
 
 Dialect = Literal["sqlite", "postgresql"]
 
@@ -181,7 +182,7 @@ def _connect_pg(dsn: str, timeout_s: float) -> Any:
     try:
         import psycopg  # noqa: PLC0415 - an optional dependency, loaded for PostgreSQL only
     except ImportError:
-        raise ValueError(PSYCOPG_MISSING) from None
+        raise missing("postgres", PG_FEATURE) from None
     try:
         if timeout_s >= 10:
             return psycopg.connect(dsn, autocommit=True, connect_timeout=10)

@@ -90,6 +90,25 @@ def test_a_lookup_does_not_read_the_ledger(journal_dir: Path, monkeypatch: pytes
     assert (found.status, found.result, found.duplicate_of, found.wait(1.0)) == ("finished", 2, None, 2)
 
 
+def test_a_wait_that_times_out_says_when_no_forwarder_holds_the_journal(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    for wait in (job.wait, lambda timeout: asyncio.run(job.wait_async(timeout=timeout))):
+        with pytest.raises(JobWaitTimeout) as timed_out:
+            wait(timeout=0.01)
+        assert timed_out.value.unattended == job.journal
+        assert str(timed_out.value) == (
+            f"job {job.id} still queued after 0.01 s: it is in the journal {job.journal}, which no "
+            f"forwarder holds (start `hybridq forward --journal {job.journal}`; docs/forwarder.md)"
+        )
+    forwarder = make_forwarder(journal_dir, MemoryTransport())  # holds the journal's forwarder lock
+    forwarder.step()
+    with pytest.raises(JobWaitTimeout) as timed_out:
+        job.wait(timeout=0.01)
+    forwarder.close()
+    assert timed_out.value.unattended is None
+    assert str(timed_out.value) == f"job {job.id} still forwarded after 0.01 s"
+
+
 def test_failures_retries_and_wait(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir)
     job = queue.enqueue(tasks.add, 1, 1, retry=Retry(max_attempts=2, backoff_s=0.0, jitter=False))

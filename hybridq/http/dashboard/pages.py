@@ -111,7 +111,7 @@ class Pages:
         now = time.monotonic()
         if self._stats is not None and now - self._stats[0] < self._stats[1] * STATS_REUSE:
             return self._stats[2]
-        s = stats(self.journal)
+        s = stats(self.journal, redis_url=None, outbox=None, redis_for=None)  # the journal only
         self._stats = (now, time.monotonic() - now, s)
         return s
 
