@@ -20,6 +20,8 @@ Answers "is anything lost or stuck?" for one journal directory:
 * **unattended**: no forwarder holds the journal (stopped, killed, never started) while jobs in
   it are unfinished: nothing forwards them, delivers their retries or records their outcomes
   until one starts. Without a checkpoint (no forwarder ever ran) it is the only check.
+* **outbox rows set aside** (with an outbox, :func:`check_outbox`): bad rows the relay could not
+  append to the journal, which wait for an operator (``docs/outbox.md``, "Bad rows").
 
 A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
 meanwhile (pushes are idempotent per job id).
@@ -47,6 +49,7 @@ from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.outbox.backlog import read_set_aside
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite
 from hybridq.redisurl import redact_url, transport_error
 from hybridq.state import forwarder_holder, load_checkpoint
@@ -54,7 +57,7 @@ from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from hybridq.transport.sharded import ShardedTransport
 
-__all__ = ["DoctorReport", "diagnose"]
+__all__ = ["DoctorReport", "check_outbox", "diagnose"]
 
 #: Jobs probed per round trip.
 BATCH = 1000
@@ -87,6 +90,9 @@ class DoctorReport:
     forwarder: str | None = None
     #: While no forwarder runs: the unfinished jobs in the journal (nothing moves them on).
     unattended: int = 0
+    #: With an outbox: its rows the relay set aside, and the first few (id, job_id, created_at, why).
+    outbox_set_aside: int = 0
+    outbox_set_aside_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -101,6 +107,7 @@ class DoctorReport:
             or self.unserved
             or self.merged
             or self.waiting
+            or self.outbox_set_aside
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -193,6 +200,16 @@ def _find_unattended(path: str, compacted: Compacted, index: LedgerIndex, report
         segment = (record.writer_id, record.segment_index)
         if record.rtype == RecordType.DATA and not compacted.is_compacted(segment):
             report.unattended += not index.is_terminal((*segment, record.offset))
+
+
+def check_outbox(report: DoctorReport, dsn: str, table: str) -> None:
+    """Add the outbox's rows set aside to ``report`` (a finding: they wait for an operator).
+
+    Raises what :func:`hybridq.outbox.backlog.read_set_aside` raises (a bad DSN, no database).
+    """
+    aside = read_set_aside(dsn, table, limit=EXAMPLES)
+    report.outbox_set_aside = aside.count
+    report.outbox_set_aside_rows = aside.rows
 
 
 def _forwarded_pending(

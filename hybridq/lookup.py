@@ -48,6 +48,7 @@ __all__ = [
     "readable_marks",
     "scan_tail",
     "segment_gone",
+    "sql_text",
 ]
 
 #: The index's directory inside the journal directory, and its file.
@@ -57,6 +58,23 @@ INDEX_FILE = "index.sqlite"
 RETENTION_S = 7 * 86400.0
 
 _decode = json.JSONDecoder().decode
+
+
+def sql_text(text: str | None) -> str | None:
+    """``text`` as SQLite can hold it: a lone surrogate escaped (``\\udcff``, six characters).
+
+    JSON carries a lone surrogate (``os.fsdecode`` of a file name that is not UTF-8 gives one),
+    and an idempotency key or an error may hold one; sqlite3 encodes every str as strict UTF-8,
+    so the index's update raised, and the forwarder exited at every start (issue 26, item 4).
+    """
+    if text is None or text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
 
 _SELECT = (
     "SELECT id, writer, seg, off, seq, requeue, enq, func, queue, ikey, state, outcome, attempt, started,"
@@ -140,7 +158,7 @@ def job_row(record: Record) -> tuple[Any, ...] | None:
         enq,
         func,
         queue,
-        key,
+        sql_text(key),
     )
 
 

@@ -123,6 +123,7 @@ def stats(
             "table": outbox_table,
             "rows": backlog.rows,
             "oldest_age_s": backlog.oldest_age_s(),
+            "set_aside": backlog.set_aside,
         }
     return out
 
