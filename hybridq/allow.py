@@ -17,7 +17,13 @@ finds the function itself, never through RQ's ``import_attribute``:
    instance or a function, and never to a name starting with ``_``;
 4. what it finds must be a function, a class or a class's ``classmethod`` whose ``__module__``
    (and that of every class walked through) is under an allowed prefix, or the very task
-   registered under that path.
+   registered under that path;
+5. a class must also be *constructed* by code of the allowed modules: what calling it runs, the
+   ``__new__`` and ``__init__`` it has through its MRO and its metaclass's ``__call__``, must each
+   be ``object``'s or ``type``'s own, or a function defined under an allowed prefix. A class
+   defined here that inherits its constructor (``class Proc(subprocess.Popen): pass``) would
+   run the standard library with the job's arguments: the class form of
+   ``staticmethod(os.system)``, refused as that is.
 
 ``HYBRIDQ_ALLOW=*`` allows every callable the walk reaches (RQ's behaviour; not recommended).
 
@@ -123,7 +129,40 @@ def resolve(path: str, extra: tuple[str, ...] = ()) -> Callable[..., Any]:
             f"{path} is {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}, "
             f"defined outside the allowed modules; {refusal(path)}"
         )
+    if isinstance(obj, type):
+        foreign = _foreign_constructor(obj, prefixes)
+        if foreign is not None:
+            raise NotAllowed(
+                f"{path} is not allowed to run on this worker: it is a class whose call runs {foreign}, "
+                "defined outside the allowed modules (give the class an __init__ of its own, or "
+                "enqueue a function that builds it; see docs/security.md)"
+            )
     return obj  # type: ignore[no-any-return]
+
+
+#: What calling a class runs, and the harmless default of each: ``type.__call__`` runs the
+#: class's ``__new__`` and ``__init__``; ``object``'s do nothing with the arguments.
+_CONSTRUCTION = (("__new__", object, False), ("__init__", object, False), ("__call__", type, True))
+
+
+def _foreign_constructor(cls: type, prefixes: tuple[str, ...]) -> str | None:
+    """The name of what calling ``cls`` runs that is defined outside ``prefixes``; ``None``: none.
+
+    Each of ``__new__``, ``__init__`` (found through the class's MRO) and its metaclass's
+    ``__call__`` (through the metaclass's MRO) must be the harmless default or a Python function
+    whose ``__module__`` is allowed. A builtin's slot (``dict.__init__``), another module's
+    function or a callable object is foreign.
+    """
+    for name, default, on_metaclass in _CONSTRUCTION:
+        owner = next(k for k in (type(cls) if on_metaclass else cls).__mro__ if name in vars(k))
+        if owner is default:
+            continue
+        attr = vars(owner)[name]
+        func = attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr
+        if not (inspect.isfunction(func) and _defined_under(func, prefixes)):
+            module = getattr(func, "__module__", None) or owner.__module__
+            return f"{module}.{getattr(func, '__qualname__', f'{owner.__qualname__}.{name}')}"
+    return None
 
 
 def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:

@@ -88,3 +88,24 @@ def test_a_prefix_may_name_one_function_or_class(monkeypatch: pytest.MonkeyPatch
     for path in ("tests.guarded_tasks.Tools.shell", "tests.guarded_tasks.touch_other"):
         with pytest.raises(NotAllowed):
             resolve(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests.guarded_tasks.Proc",  # subprocess.Popen's constructor, inherited
+        "tests.guarded_tasks.Log",  # logging.FileHandler's
+        "tests.guarded_tasks.Archive",  # zipfile.ZipFile's
+        "tests.guarded_tasks.Held",  # Popen.__init__ held under the class's own name
+        "tests.guarded_tasks.Color",  # enum's metaclass __call__
+    ],
+)
+def test_a_class_whose_call_runs_a_constructor_defined_elsewhere_is_refused(path: str) -> None:
+    """Issue 27 (HIGH): ``class Proc(subprocess.Popen): pass`` ran a shell command for a Redis writer."""
+    with pytest.raises(NotAllowed, match="defined outside the allowed modules"):
+        resolve(path)
+
+
+def test_a_class_whose_constructor_and_metaclass_call_are_defined_here_resolves() -> None:
+    for name in ("Note", "ChildNote", "MadeNote", "Record", "Tools"):
+        assert resolve(f"tests.guarded_tasks.{name}") is getattr(guarded_tasks, name)
