@@ -58,6 +58,7 @@ def serve_config(
     imports: tuple[str, ...] = (),
     allowed_hosts: tuple[str, ...] = (),
     limit_concurrency: int = 1000,
+    client_connections: int = 100,
 ) -> ServeConfig:
     """The server's checked settings (a ``ServeConfig``); bad input is one line and exit 1."""
     from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
@@ -103,6 +104,7 @@ def serve_config(
         forwarded_allow_ips=forwarded_allow_ips,
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
+        client_connections=client_connections,
     )
 
 
@@ -202,7 +204,15 @@ tokens_option = click.option(
     default=1000,
     show_default=True,
     metavar="N",
-    help="The most connections served at once; more are answered 503 at once.",
+    help="The most connections served at once; the oldest idle one makes room for a new one, else 503.",
+)
+@click.option(
+    "--client-connections",
+    type=click.IntRange(1, None),
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="The most connections of one client address (raise it behind a busy proxy).",
 )
 @click.pass_context
 def serve(
@@ -218,6 +228,7 @@ def serve(
     forwarded_allow_ips: str,
     allowed_hosts: tuple[str, ...],
     limit_concurrency: int,
+    client_connections: int,
 ) -> None:
     """Serve the HTTP API (and the dashboard) for one journal, until SIGTERM or SIGINT.
 
@@ -244,6 +255,7 @@ def serve(
         imports=imports,
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
+        client_connections=client_connections,
     )
     server = start_server(ctx, config)
     server.run()

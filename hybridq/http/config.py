@@ -35,6 +35,10 @@ class ServeConfig:
         limit_concurrency: The most connections and requests served at once (uvicorn's
             ``limit_concurrency``; more: 503).
         keep_alive_s: How long an idle keep-alive connection is kept open, in seconds.
+        header_timeout_s: How long a connection may take to send a request's headers, from its
+            opening or its previous response (slower: closed; :mod:`hybridq.http.connections`).
+        client_connections: The most connections of one client address (more: the client's
+            oldest idle one is closed, or the new one refused).
     """
 
     journal: Path
@@ -52,3 +56,5 @@ class ServeConfig:
     body_timeout_s: float = 10.0
     limit_concurrency: int = 1000
     keep_alive_s: int = 5
+    header_timeout_s: float = 10.0
+    client_connections: int = 100

@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 
 from hybridq.http.config import ServeConfig
+from hybridq.http.connections import Guard, protocol_for
 
 __all__ = ["Server", "bind_socket"]
 
@@ -98,9 +99,13 @@ class Server:
             "timeout_graceful_shutdown": GRACEFUL_S,
             "lifespan": "off",
             "backlog": BACKLOG,
-            # Slow or idle clients: a bound on what they hold (the body deadline is the API's).
+            # Slow or idle clients: a bound on what they hold (the body deadline is the API's):
+            # a deadline for headers, idle connections closed to make room, a share per client.
             "limit_concurrency": config.limit_concurrency,
             "timeout_keep_alive": config.keep_alive_s,
+            "http": protocol_for(
+                Guard(config.limit_concurrency, config.client_connections, config.header_timeout_s)
+            ),
             **uvicorn_options,
         }
         self.uvicorn = _Uvicorn(uvicorn.Config(app, **options))
