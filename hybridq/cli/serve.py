@@ -28,6 +28,9 @@ __all__ = ["parse_bind", "serve", "serve_config"]
 
 log = logging.getLogger("hybridq")
 
+#: The longest path a unix socket may have, with its terminating NUL (Linux's ``sun_path``).
+UNIX_PATH_MAX = 108
+
 
 def parse_bind(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: a free one) as (host, port).
@@ -42,6 +45,15 @@ def parse_bind(value: str) -> tuple[str, int]:
     if not host or (":" in host and not value.startswith("[")):
         raise ValueError(f"--bind {value!r}: give HOST:PORT, e.g. 127.0.0.1:8080 ([::1]:8080 for IPv6)")
     return host, int(port)
+
+
+def check_unix_path(path: str) -> None:
+    """Raise ValueError unless ``path`` can name a unix socket (absolute, under 108 bytes)."""
+    if not os.path.isabs(path) or len(os.fsencode(path)) >= UNIX_PATH_MAX:
+        raise ValueError(
+            f"--bind unix:{path}: give an absolute path under {UNIX_PATH_MAX} bytes, e.g. "
+            "unix:/run/hybridq/api.sock"
+        )
 
 
 def serve_config(
@@ -67,13 +79,16 @@ def serve_config(
     from hybridq.redisurl import check_url  # noqa: PLC0415
     from hybridq.signing import keyring  # noqa: PLC0415
 
+    unix = bind.removeprefix("unix:") if bind.startswith("unix:") else None
     try:
-        host, port = parse_bind(bind)
+        host, port = ("localhost", 0) if unix is not None else parse_bind(bind)
+        if unix is not None:
+            check_unix_path(unix)
         if redis_url is not None:
             check_url(redis_url)  # a malformed URL is one line now, not at the first page
     except ValueError as exc:
         _fail(ctx, exc)
-    if tokens_file is None and not is_loopback(host):
+    if tokens_file is None and unix is None and not is_loopback(host):
         _fail(ctx, ValueError(f"--bind {bind} is not a loopback address: give --tokens-file (docs/http.md)"))
     if tokens_file is not None:
         try:
@@ -97,6 +112,7 @@ def serve_config(
         redis_url=redis_url,
         host=host,
         port=port,
+        unix_path=Path(unix) if unix is not None else None,
         tokens_file=Path(tokens_file) if tokens_file is not None else None,
         allow=allow,
         max_body=max_body,
@@ -125,6 +141,12 @@ def start_server(
     click.echo(f"listening on {server.url}")
     sys.stdout.flush()
     log.info("serving %s on %s", config.journal, server.url)
+    if config.tokens_file is None and config.unix_path is None:
+        log.warning(
+            "serving without --tokens-file: every user and process of this host can read jobs and "
+            "enqueue them at %s; give --tokens-file, or --bind unix:PATH (docs/http.md)",
+            server.url,
+        )
     return server
 
 
@@ -146,7 +168,8 @@ tokens_option = click.option(
     default="127.0.0.1:8080",
     show_default=True,
     metavar="HOST:PORT",
-    help="The address to listen on (port 0: a free one, printed at start).",
+    help="The address to listen on (port 0: a free one, printed at start), or unix:PATH (a unix "
+    "socket, mode 0660: its owner and group may connect).",
 )
 @tokens_option
 @click.option(

@@ -18,6 +18,8 @@ class ServeConfig:
             holds (claims, redeliveries); None where the server runs without one.
         host: The address the server binds.
         port: The port the server binds (0: a free one).
+        unix_path: A unix socket to listen on instead of ``host:port`` (``--bind unix:PATH``,
+            mode 0660: its file permissions and directory decide who may connect).
         tokens_file: A file of bearer tokens, one per line (several: rotation); None means no
             authentication, which only a loopback bind allows.
         allow: Dotted prefixes of task paths a POST may name besides registered tasks.
@@ -45,6 +47,7 @@ class ServeConfig:
     redis_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    unix_path: Path | None = None
     tokens_file: Path | None = None
     allow: tuple[str, ...] = field(default_factory=tuple)
     max_body: int = 1 << 20
