@@ -200,11 +200,16 @@ class Tokens:
         return ok
 
     def valid_session(self, cookie: str, now: float | None = None) -> bool:
-        """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked."""
-        issued_text, _, mac = cookie.partition(".")
-        if not issued_text.isdigit() or len(issued_text) > 12 or cookie in self._revoked:
+        """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked.
+
+        Only the form :func:`session_value` writes is taken (an issue time of ASCII digits without
+        a leading zero): another spelling of the same time (``0<time>``) is not the cookie that
+        ``/logout`` revoked, and ``"²".isdigit()`` is true but ``int("²")`` raises.
+        """
+        issued = _issued(cookie)
+        if issued is None or cookie in self._revoked:
             return False
-        issued = int(issued_text)
+        mac = cookie.partition(".")[2]
         age = (time.time() if now is None else now) - issued
         if not -60 <= age <= SESSION_S:  # a minute of clock skew
             return False
@@ -218,9 +223,17 @@ class Tokens:
         """Refuse ``cookie`` from now on (``POST /logout``; this process only, until it expires)."""
         now = time.time()
         self._revoked = {c: t for c, t in self._revoked.items() if t > now}  # drop the expired
-        issued, _, _ = cookie.partition(".")
-        if issued.isdigit() and len(issued) <= 12 and len(self._revoked) < 100_000:
-            self._revoked[cookie] = int(issued) + SESSION_S
+        issued = _issued(cookie)
+        if issued is not None and len(self._revoked) < 100_000:
+            self._revoked[cookie] = issued + SESSION_S
+
+
+def _issued(cookie: str) -> int | None:
+    """The issue time of a session cookie in the one form it is written in; ``None``: not that form."""
+    text = cookie.partition(".")[0]
+    if not (0 < len(text) <= 12 and text.isascii() and text.isdigit()) or text[0] == "0":
+        return None
+    return int(text)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -21,7 +21,7 @@ import pytest
 from hybridq.errors import JournalError
 from hybridq.http import idempotency
 from hybridq.http.app import create_app
-from hybridq.http.auth import COOKIE, SESSION_S, session_value
+from hybridq.http.auth import COOKIE, SESSION_S, Tokens, session_value
 from hybridq.http.server import Server
 from hybridq.transport import MemoryTransport
 
@@ -359,3 +359,42 @@ def test_an_old_or_logged_out_session_cookie_is_refused(journal_dir: Path, tmp_p
         assert request(base, "GET", "/", None, cookie).status == 200
         assert request(base, "POST", "/logout", b"", {**cookie, **form}).status == 303
         assert request(base, "GET", "/", None, cookie).status == 401  # revoked, not only cleared
+
+
+def test_a_logged_out_cookie_stays_out_whatever_zeros_lead_its_time(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: the revocation list held the cookie's text, and ``0<time>.<mac>`` is the same
+    session under another text: logged out, it was accepted again."""
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        login = request(base, "POST", "/login", b"token=s3cret-token-0123456789", form)
+        value = login.headers["set-cookie"].split(";")[0].partition("=")[2]
+        cookie = {"Cookie": f"{COOKIE}={value}"}
+        assert request(base, "GET", "/", None, cookie).status == 200
+        assert request(base, "POST", "/logout", b"", {**cookie, **form}).status == 303
+        for variant in (f"0{value}", f"00{value}", f"+{value}", f" {value}"):
+            assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={variant}"}).status == 401, variant
+
+
+def test_digits_that_are_not_ascii_are_refused_not_a_500(journal_dir: Path, tmp_path: Path) -> None:
+    """``"²".isdigit()`` is true and ``int("²")`` raises: a cookie or a page number of it was a 500."""
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        for value in ("²", "²³.abc", "١٢٣.abc", "12²."):
+            got = request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={value}".encode().decode("latin-1")})
+            assert got.status == 401, (value, got)
+        auth = {"Authorization": "Bearer s3cret-token-0123456789"}
+        for page in ("%C2%B2", "%D9%A1", "-1", "1e3", ""):
+            got = request(base, "GET", f"/failed?page={page}", None, auth)
+            assert got.status == 200, (page, got)
+        form = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"{COOKIE}=²".encode().decode("latin-1"),
+        }
+        assert request(base, "POST", "/logout", b"", form).status == 303
+    checker = Tokens(tokens)
+    for value in ("²", "²³.abc", "0", "01.abc", ""):
+        assert not checker.valid_session(value)
+        checker.revoke(value)  # nothing raised, nothing kept

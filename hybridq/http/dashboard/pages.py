@@ -164,7 +164,7 @@ class Pages:
         """Jobs that failed for good (``hybridq failed list``), each with a requeue button."""
         done = request.query_params.get("requeued")
         number = request.query_params.get("page", "1")
-        at = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
+        at = int(number) if number.isascii() and number.isdigit() and 0 < len(number) < 7 else 1
         return self._guarded(
             request, "Failed jobs", lambda sid: self._failed(sid, done, max(1, at)), active="/failed"
         )
@@ -214,7 +214,9 @@ class Pages:
     async def requeue(self, request: Request) -> Response:
         """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.config.max_body):
+        if declared is not None and (
+            not (declared.isascii() and declared.isdigit()) or int(declared) > self.config.max_body
+        ):
             return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
         raw = bytearray()
         async for chunk in request.stream():  # capped while read (a chunked body has no length)
