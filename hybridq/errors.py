@@ -527,7 +527,7 @@ class KeyReused(HybridqError, ValueError):
         self.job_id = job_id
         super().__init__(
             f"this Idempotency-Key was used for another call (job {job_id}): "
-            "a retry must send the same task, queue, args and kwargs"
+            "a retry must send the same task, queue, args, kwargs, delay and retry"
         )
 
 

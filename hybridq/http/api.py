@@ -110,8 +110,9 @@ class Api:
         key = request.headers.get("idempotency-key")
         if key is not None and not valid_key(key):
             return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
+        scope = str(getattr(request.state, "token_scope", ""))  # whose key: the token's (auth.py)
         try:
-            env = self._envelope(await self._body(request), key)
+            env = self._envelope(await self._body(request), key, scope)
             _check_size(env)
         except BodyTooLarge:
             return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
@@ -164,7 +165,7 @@ class Api:
                 raise
             raise BadRequest("the body must be a JSON object") from None
 
-    def _envelope(self, body: Any, key: str | None) -> Envelope:
+    def _envelope(self, body: Any, key: str | None, scope: str = "") -> Envelope:
         """The job a body asks for, validated (raises :class:`BadRequest` or EnvelopeError)."""
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
@@ -198,8 +199,9 @@ class Api:
             path,
             args,
             kwargs,
-            idempotency_key=key,
-            job_id=None if key is None else key_job_id(key),
+            # Scoped like the id: the forwarder merges jobs of one key, and two tokens' keys differ.
+            idempotency_key=key if key is None or not scope else f"token-{scope[:16]}:{key}",
+            job_id=None if key is None else key_job_id(key, scope),
             delay=delay,
             retry=_retry(body.get("retry")),
         )

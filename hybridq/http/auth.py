@@ -56,6 +56,7 @@ __all__ = [
     "is_loopback",
     "login_routes",
     "session_value",
+    "token_scope",
 ]
 
 log = logging.getLogger("hybridq.http")
@@ -118,6 +119,11 @@ def _read_tokens(path: Path) -> tuple[bytes, ...]:
 
 def _session_mac(token: bytes, issued: int) -> str:
     return hmac.new(token, b"hybridq-session-v2:%d" % issued, hashlib.sha256).hexdigest()
+
+
+def token_scope(token: bytes) -> str:
+    """A name for ``token`` that does not reveal it: whose ``Idempotency-Key`` a POST's is."""
+    return hashlib.blake2b(token, digest_size=16, person=b"hybridq-keyscope").hexdigest()
 
 
 def session_value(token: bytes, issued: int | None = None) -> str:
@@ -193,11 +199,16 @@ class Tokens:
 
     def valid_token(self, candidate: str) -> bool:
         """Whether ``candidate`` is one of the tokens (each compared in constant time)."""
+        return self.matching(candidate) is not None
+
+    def matching(self, candidate: str) -> bytes | None:
+        """The token ``candidate`` is, or ``None`` (every token compared, in constant time)."""
         given = candidate.encode("utf-8", "replace")
-        ok = False
+        found = None
         for token in self._current():
-            ok |= hmac.compare_digest(given, token)  # no early exit: every token is compared
-        return ok
+            if hmac.compare_digest(given, token):  # no early exit: every token is compared
+                found = token
+        return found
 
     def valid_session(self, cookie: str, now: float | None = None) -> bool:
         """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked.
@@ -269,13 +280,19 @@ class AuthMiddleware:
         self.hosts = hosts
 
     def authenticated(self, scope: Scope) -> bool:
-        """Whether the request carries a valid bearer token, or a session cookie where it counts."""
+        """Whether the request carries a valid bearer token, or a session cookie where it counts.
+
+        A bearer token's :func:`token_scope` goes into ``scope["state"]["token_scope"]``.
+        """
         if self.tokens is None:
             return True
         authorization = _header(scope, b"authorization")
         if authorization is not None:
             scheme, _, token = authorization.partition(" ")
-            return scheme.lower() == "bearer" and self.tokens.valid_token(token.strip())
+            found = self.tokens.matching(token.strip()) if scheme.lower() == "bearer" else None
+            if found is not None:
+                scope.setdefault("state", {})["token_scope"] = token_scope(found)
+            return found is not None
         path = str(scope.get("path", ""))
         if path.startswith(BEARER_ONLY) or path == "/v1":
             return False

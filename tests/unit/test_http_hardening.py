@@ -7,6 +7,7 @@ clients, a session cookie's age. Real HTTP over a socket, as in ``test_http_api.
 
 from __future__ import annotations
 
+import json
 import logging
 import select
 import shutil
@@ -22,6 +23,7 @@ from hybridq.errors import JournalError
 from hybridq.http import idempotency
 from hybridq.http.app import create_app
 from hybridq.http.auth import COOKIE, SESSION_S, Tokens, session_value
+from hybridq.http.auth import token_scope as _token_scope
 from hybridq.http.server import Server
 from hybridq.transport import MemoryTransport
 
@@ -158,7 +160,7 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
                     "curl",
                     "-sS",
                     *auth,
-                    f"{base}/v1/jobs/{idempotency.key_job_id('welcome:42')}",
+                    f"{base}/v1/jobs/{json.loads(post.stdout.splitlines()[0])['id']}",
                     "-w",
                     "\n%{http_code}",
                 ],
@@ -168,7 +170,15 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
                 timeout=30,
             )
             assert got.stdout.endswith("\n200"), got.stdout
-    assert len(job_ids(journal_dir)) == 1  # the same key twice: one job
+    # The key without a token names the job it always did; with one, that token's own job.
+    assert job_ids(journal_dir) == [
+        idempotency.key_job_id("welcome:42"),
+        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token")),
+    ]
+
+
+def auth_scope(token: str) -> str:
+    return _token_scope(token.encode())
 
 
 # -- MEDIUM 2: idempotency after the lookup index is lost ----------------------------------------
@@ -398,3 +408,39 @@ def test_digits_that_are_not_ascii_are_refused_not_a_500(journal_dir: Path, tmp_
     for value in ("²", "²³.abc", "0", "01.abc", ""):
         assert not checker.valid_session(value)
         checker.revoke(value)  # nothing raised, nothing kept
+
+
+def test_an_idempotency_key_belongs_to_its_token_and_covers_delay_and_retry(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: a key was shared across tokens (another token holder's POST with the same key got
+    the first one's job id, and its status), and a retry with another ``delay`` or ``retry`` was
+    taken as the same call."""
+    tokens = write_tokens(tmp_path / "tokens", "alice-token-0123456789", "bob-token-0123456789ab")
+    alice = {"Authorization": "Bearer alice-token-0123456789", "Idempotency-Key": "order-42"}
+    bob = {**alice, "Authorization": "Bearer bob-token-0123456789ab"}
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        first = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 3}, alice)
+        again = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 3}, alice)
+        theirs = request(base, "POST", "/v1/jobs", {**ADD, "args": [5, 5]}, bob)
+        sooner = request(base, "POST", "/v1/jobs", {**ADD, "delay": 1, "retry": 3}, alice)
+        fewer = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 1}, alice)
+        backoff = request(
+            base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": {"max_attempts": 3, "backoff": 9}}, alice
+        )
+    assert (first.status, again.status, again.json["id"]) == (202, 202, first.json["id"])
+    assert theirs.status == 202  # before: 422, their key
+    assert theirs.json["id"] != first.json["id"]
+    assert (sooner.status, fewer.status, backoff.status) == (422, 422, 422)  # before: 202, replayed
+    assert Counter(job_ids(journal_dir)) == {first.json["id"]: 1, theirs.json["id"]: 1}
+
+
+def test_a_key_without_tokens_derives_the_id_it_always_did(journal_dir: Path) -> None:
+    """No tokens file: one scope, and the same job id as before keys were scoped (upgrades)."""
+    with served(config(journal_dir)) as base:
+        got = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "order-42"})
+    assert (
+        got.json["id"]
+        == "http-"
+        + __import__("hashlib").blake2b(b"order-42", digest_size=16, person=b"hybridq-http-key").hexdigest()
+    )
