@@ -625,3 +625,52 @@ def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warm
             proc.kill()
         proc.communicate()  # closes its pipe (left open, it failed a later test at collection)
     assert proc.returncode == 0, stderr
+
+
+#: Passwords with an unencoded "/", "?" or "#" (issue 27: a piece of each reached the error line).
+MISPLACED = [
+    "redis://user:se/cretPIECE@127.0.0.1:1/0",
+    "redis://user:se?cretPIECE@127.0.0.1:1/0",
+    "redis://user:se#cretPIECE@127.0.0.1:1/0",
+    "rediss://user:se?a=cretPIECE@127.0.0.1:1/0",
+    "redis://:se/cretPIECE@127.0.0.1:1/0",
+    "redis+sentinel://user:se/cretPIECE@127.0.0.1:1/svc",
+    "redis+sentinel://user:se?a=cretPIECE@127.0.0.1:1/svc",
+]
+
+
+@pytest.mark.parametrize("url", MISPLACED)
+def test_a_password_with_an_unencoded_slash_query_or_hash_is_never_shown(url: str) -> None:
+    from hybridq.errors import InvalidRedisURL
+    from hybridq.redisurl import check_url, redact_url
+
+    with pytest.raises(InvalidRedisURL) as caught:
+        check_url(url)
+    for shown in (str(caught.value), redact_url(url)):
+        assert "cret" not in shown, shown
+        assert "PIECE" not in shown, shown
+        assert "'se'" not in shown, shown
+    assert "percent-encoded" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h:6379/0?password=abc@TOPSECRET",
+        "redis://u:pw@h/0?password=a@b&db=1",
+        "redis+sentinel://h1:26379,h2/mymaster/0?sentinel_password=abc@TOPSECRET",
+        "redis://u:p%2Fw%3Fo%23rd@h:6379/0",
+    ],
+)
+def test_an_at_in_a_query_value_or_an_encoded_password_is_still_a_url(url: str) -> None:
+    from hybridq.redisurl import check_url
+
+    assert check_url(url) == url
+
+
+def test_a_misplaced_password_through_the_command_line_is_one_line(
+    journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    proc = run_cli(subprocess_env, "doctor", "--journal", str(journal_dir), "--redis", MISPLACED[0])
+    assert_one_line_error(proc, "percent-encoded")
+    assert "cret" not in proc.stdout + proc.stderr
