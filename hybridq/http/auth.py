@@ -31,6 +31,7 @@ import html
 import ipaddress
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -45,11 +46,13 @@ from starlette.routing import BaseRoute, Route
 
 from hybridq.errors import TokensError
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
+from hybridq.secretfile import read_secret_file
 
 __all__ = [
     "COOKIE",
     "OPEN_PATHS",
     "AuthMiddleware",
+    "Guesses",
     "Tokens",
     "TokensError",
     "allowed_hosts",
@@ -67,6 +70,11 @@ COOKIE = "hybridq_session"
 OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})
 #: Longest token accepted (a file of longer lines is refused at start).
 MAX_TOKEN = 512
+#: Shortest token accepted, and how many different characters it must have at least.
+MIN_TOKEN, MIN_DISTINCT = 16, 6
+#: Failed authentications (a wrong bearer token, a wrong login) one client may make per window;
+#: past them, every request of it that tries a token is answered 429 until the window ends.
+MAX_FAILURES, FAILURE_WINDOW_S = 20, 60.0
 #: How long a login lasts (the cookie's Max-Age, and checked by the server), seconds.
 SESSION_S = 12 * 3600
 #: The largest ``POST /login`` body (a token, the ``next`` path and the form's encoding).
@@ -95,9 +103,14 @@ def is_loopback(host: str) -> bool:
 
 
 def _read_tokens(path: Path) -> tuple[bytes, ...]:
-    """The tokens in ``path``: one per line; blank lines and ``#`` comments are skipped."""
+    """The tokens in ``path``: one per line; blank lines and ``#`` comments are skipped.
+
+    A token must have at least :data:`MIN_TOKEN` characters, :data:`MIN_DISTINCT` of them
+    different (a 2-letter token fell in 442 guesses); a file group or other may read is warned
+    about (never refused: a deployment's group may need it).
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_secret_file(str(path))
     except OSError as exc:
         raise TokensError(f"tokens file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -110,6 +123,11 @@ def _read_tokens(path: Path) -> tuple[bytes, ...]:
         if len(line) > MAX_TOKEN or not line.isascii() or not line.isprintable() or " " in line:
             raise TokensError(
                 f"tokens file {path}: line {number} is not a token (printable ASCII, no spaces)"
+            )
+        if len(line) < MIN_TOKEN or len(set(line)) < MIN_DISTINCT:
+            raise TokensError(
+                f"tokens file {path}: line {number} is too weak a token (at least {MIN_TOKEN} "
+                f"characters, {MIN_DISTINCT} of them different; make one with openssl rand -hex 32)"
             )
         tokens.append(line.encode())
     if not tokens:
@@ -247,6 +265,62 @@ def _issued(cookie: str) -> int | None:
     return int(text)
 
 
+class Guesses:
+    """Failed authentications per client, to stop guessing (:data:`MAX_FAILURES` per window).
+
+    While a client is over the limit no token of it is tried at all, the right one included:
+    answering a right guess would leave the guessing unlimited. A client is its address as the
+    server sees it (a trusted proxy's ``X-Forwarded-For`` included): clients sharing an address
+    share a count.
+    """
+
+    def __init__(self, limit: int = MAX_FAILURES, window_s: float = FAILURE_WINDOW_S) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._failures: dict[str, tuple[int, float]] = {}
+
+    def wait(self, client: str) -> float:
+        """Seconds ``client`` must wait before a token of it is tried again (0: none)."""
+        count, since = self._failures.get(client, (0, 0.0))
+        left = since + self.window_s - time.monotonic()
+        return left if count >= self.limit and left > 0 else 0.0
+
+    def failed(self, client: str) -> None:
+        """One more failed authentication of ``client``."""
+        now = time.monotonic()
+        if len(self._failures) >= 10_000:  # bounded: the expired go first, then everyone
+            self._failures = {c: f for c, f in self._failures.items() if f[1] + self.window_s > now}
+            if len(self._failures) >= 10_000:
+                self._failures.clear()
+        count, since = self._failures.get(client, (0, now))
+        if since + self.window_s <= now:
+            count, since = 0, now
+        self._failures[client] = (count + 1, since)
+        if count + 1 == self.limit:
+            log.warning(
+                "%d failed authentications from %s within %g s: its tokens are not tried until then",
+                self.limit,
+                client,
+                self.window_s,
+            )
+
+
+def client_of(scope: Scope) -> str:
+    """The client a request comes from, for :class:`Guesses` (``local`` on a unix socket)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "local"
+
+
+def too_many(wait: float) -> Response:
+    """429: this client failed too many authentications; ``Retry-After`` says until when."""
+    return _json(
+        429,
+        "too_many_failures",
+        "too many failed authentications from this address: retry later",
+        {"Retry-After": str(max(1, math.ceil(wait)))},
+    )
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -274,10 +348,17 @@ class AuthMiddleware:
         hosts: the ``Host`` names answered (:func:`allowed_hosts`); ``None``: any.
     """
 
-    def __init__(self, app: ASGIApp, tokens: Tokens | None, hosts: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: Tokens | None,
+        hosts: frozenset[str] | None = None,
+        guesses: Guesses | None = None,
+    ) -> None:
         self.app = app
         self.tokens = tokens
         self.hosts = hosts
+        self.guesses = guesses or Guesses()
 
     def authenticated(self, scope: Scope) -> bool:
         """Whether the request carries a valid bearer token, or a session cookie where it counts.
@@ -316,15 +397,28 @@ class AuthMiddleware:
             detail = "this Host is not served (hybridq serve --allowed-host NAME adds one)"
             await _json(421, "misdirected_request", detail)(scope, receive, send)
             return
+        bearer = self.tokens is not None and _header(scope, b"authorization") is not None
+        if bearer:
+            wait = self.guesses.wait(client_of(scope))
+            if wait > 0:
+                await _refuse(scope, receive, send, too_many(wait))
+                return
         ok = self.authenticated(scope)
+        if bearer and not ok:
+            self.guesses.failed(client_of(scope))
         scope.setdefault("state", {})["authenticated"] = ok
         if ok or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # policy violation
-            return
-        await _refusal(scope)(scope, receive, send)
+        await _refuse(scope, receive, send, _refusal(scope))
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, response: Response) -> None:
+    """Send ``response`` (a websocket is closed instead: policy violation)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await response(scope, receive, send)
 
 
 def _refusal(scope: Scope) -> Response:
@@ -373,8 +467,12 @@ def _safe_next(value: str | None) -> str:
     return value
 
 
-def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
-    """``GET /login`` (the form), ``POST /login`` (sets the cookie), ``POST /logout``."""
+def login_routes(tokens: Tokens | None, guesses: Guesses | None = None) -> list[BaseRoute]:
+    """``GET /login`` (the form), ``POST /login`` (sets the cookie), ``POST /logout``.
+
+    ``guesses``: the failed authentications the API's bearer tokens count too (one per client).
+    """
+    guesses = guesses or Guesses()
 
     def form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
         return HTMLResponse(
@@ -390,6 +488,9 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
         return form(request)
 
     async def login(request: Request) -> Response:
+        wait = guesses.wait(client_of(request.scope)) if tokens is not None else 0.0
+        if wait > 0:
+            return form(request, "Too many failed logins from this address: try again later.", 429)
         try:  # capped and streamed: an unauthenticated client must not make the server buffer
             body = await read_body(request, LOGIN_BODY, LOGIN_TIMEOUT_S)
         except BodyTooLarge:
@@ -405,6 +506,7 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
             return RedirectResponse(target, status_code=303)  # nothing to log in to
         if not tokens.valid_token(token):
             log.warning("a login with a wrong token from %s", request.client.host if request.client else "?")
+            guesses.failed(client_of(request.scope))
             return form(request, "Wrong token.", 401)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(

@@ -108,10 +108,10 @@ def test_without_tokens_a_foreign_host_is_421_and_allowed_hosts_add_names(journa
 def test_with_tokens_the_host_is_not_checked_and_the_cookie_never_opens_the_api(
     journal_dir: Path, tmp_path: Path
 ) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
-    bearer = {"Authorization": "Bearer s3cret-token"}
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    bearer = {"Authorization": "Bearer s3cret-token-0123456789"}
     with served(config(journal_dir, tokens_file=tokens)) as base:
-        cookie = {"Cookie": f"{COOKIE}={session_value(b's3cret-token')}"}
+        cookie = {"Cookie": f"{COOKIE}={session_value(b's3cret-token-0123456789')}"}
         # The reviewer's request: the login cookie, a text/plain body, another site's Origin.
         csrf = {**cookie, "Content-Type": "text/plain", "Origin": "https://evil.example.com"}
         assert request(base, "POST", "/v1/jobs", BODY, csrf).status == 401
@@ -126,10 +126,10 @@ def test_with_tokens_the_host_is_not_checked_and_the_cookie_never_opens_the_api(
 
 def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: Path) -> None:
     """docs/http.md's POST (Content-Type: application/json) and GET, with and without a token."""
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     for cfg, auth in (
         (config(journal_dir), []),
-        (config(journal_dir, tokens_file=tokens), ["-H", "Authorization: Bearer s3cret-token"]),
+        (config(journal_dir, tokens_file=tokens), ["-H", "Authorization: Bearer s3cret-token-0123456789"]),
     ):
         with served(cfg) as base:
             post = subprocess.run(
@@ -173,7 +173,7 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
     # The key without a token names the job it always did; with one, that token's own job.
     assert job_ids(journal_dir) == [
         idempotency.key_job_id("welcome:42"),
-        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token")),
+        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token-0123456789")),
     ]
 
 
@@ -243,7 +243,7 @@ def test_a_record_over_the_journal_maximum_is_413_keyed_or_not(journal_dir: Path
 
 
 def test_a_large_login_body_is_refused_before_it_is_read(journal_dir: Path, tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     form = b"Content-Type: application/x-www-form-urlencoded\r\n"
     with served(config(journal_dir, tokens_file=tokens)) as base:
         # Declared 200 MiB, 1 KiB sent: the answer comes at once, without the rest.
@@ -270,7 +270,7 @@ def test_a_large_login_body_is_refused_before_it_is_read(journal_dir: Path, tmp_
             base,
             "POST",
             "/login",
-            b"token=s3cret-token",
+            b"token=s3cret-token-0123456789",
             {"Content-Type": "application/x-www-form-urlencoded"},
         )
         assert ok.status == 303
@@ -355,16 +355,16 @@ def test_a_signing_key_error_while_serving_is_a_json_503(
 
 
 def test_an_old_or_logged_out_session_cookie_is_refused(journal_dir: Path, tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     with served(config(journal_dir, tokens_file=tokens)) as base:
-        old = session_value(b"s3cret-token", int(time.time()) - SESSION_S - 60)
+        old = session_value(b"s3cret-token-0123456789", int(time.time()) - SESSION_S - 60)
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={old}"}).status == 401
-        first = session_value(b"s3cret-token", int(time.time()) - 100)
+        first = session_value(b"s3cret-token-0123456789", int(time.time()) - 100)
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={first}"}).status == 200
         forged = f"{int(time.time())}.{first.split('.')[1]}"  # a newer time under the old MAC
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={forged}"}).status == 401
         form = {"Content-Type": "application/x-www-form-urlencoded"}
-        login = request(base, "POST", "/login", b"token=s3cret-token", form)
+        login = request(base, "POST", "/login", b"token=s3cret-token-0123456789", form)
         cookie = {"Cookie": login.headers["set-cookie"].split(";")[0]}
         assert request(base, "GET", "/", None, cookie).status == 200
         assert request(base, "POST", "/logout", b"", {**cookie, **form}).status == 303
@@ -444,3 +444,63 @@ def test_a_key_without_tokens_derives_the_id_it_always_did(journal_dir: Path) ->
         == "http-"
         + __import__("hashlib").blake2b(b"order-42", digest_size=16, person=b"hybridq-http-key").hexdigest()
     )
+
+
+# -- tokens: length, file mode, guesses (issue 27: a 2-letter token fell in 442 tries) ------------
+
+
+@pytest.mark.parametrize(
+    "weak", ["ab", "x", "0123456789abcde", "aaaaaaaaaaaaaaaaaaaa", "abababababababababab"]
+)
+def test_a_short_or_repetitive_token_is_refused_at_start(tmp_path: Path, weak: str) -> None:
+    from hybridq.errors import TokensError
+
+    path = write_tokens(tmp_path / "tokens", "a-good-token-0123456789", weak)
+    with pytest.raises(TokensError, match="line 3 is too weak a token"):
+        Tokens(path)
+
+
+def test_a_tokens_file_others_may_read_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    Tokens(path)
+    assert "readable by group/other" not in caplog.text
+    path.chmod(0o644)
+    Tokens(path)
+    assert f"{path} is readable by group/other (mode 644)" in caplog.text
+    assert "a-good-token" not in caplog.text
+
+
+def _from(base: str, source: str, method: str, path: str, body: bytes | None, headers: dict[str, str]):
+    import http.client
+
+    url = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10, source_address=(source, 0))
+    try:
+        return request(base, method, path, body, headers, conn=conn)
+    finally:
+        conn.close()
+
+
+def test_failed_authentications_are_limited_per_client(journal_dir: Path, tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    good = {"Authorization": "Bearer a-good-token-0123456789"}
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        answers = [
+            _from(base, "127.0.0.2", "GET", "/v1/stats", None, {"Authorization": f"Bearer guess-{n}"}).status
+            for n in range(25)
+        ]
+        assert answers[:20] == [401] * 20
+        assert answers[20:] == [429] * 5  # before: 401 every time, however many
+        blocked = _from(base, "127.0.0.2", "GET", "/v1/stats", None, good)
+        assert blocked.status == 429  # while blocked no token is tried, the right one included
+        assert int(blocked.headers["retry-after"]) > 0
+        login = _from(base, "127.0.0.2", "POST", "/login", b"token=a-good-token-0123456789", form)
+        assert login.status == 429
+        assert _from(base, "127.0.0.3", "GET", "/v1/stats", None, good).status == 200  # another client
+        for n in range(20):
+            assert _from(base, "127.0.0.4", "POST", "/login", f"token=guess-{n}".encode(), form).status == 401
+        assert _from(base, "127.0.0.4", "POST", "/login", b"token=guess", form).status == 429
+        assert request(base, "GET", "/v1/stats", None, good).status == 200  # 127.0.0.1: its own count
