@@ -337,8 +337,16 @@ def job_state(job: Job) -> dict[str, Any]:
 
 
 def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
-    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``."""
+    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``.
+
+    Without the journal's path and the Redis URL (its user, host and port): a token lets its
+    holder enqueue and read jobs, not learn where the server's files and Redis are.
+    """
     body = dict(out)
+    if isinstance(body.get("journal"), dict):
+        body["journal"] = {k: v for k, v in body["journal"].items() if k != "path"}
+    if isinstance(body.get("redis"), dict):
+        body["redis"] = {k: v for k, v in body["redis"].items() if k != "url"}
     body["queued"] = out.get("not_yet_forwarded", 0)
     body["capacity"] = capacity
     body["pending_by_queue"] = out.get("queues", {})

@@ -25,6 +25,7 @@ remove the old one).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import html
@@ -447,10 +448,24 @@ def _json(status: int, error: str, detail: str, headers: dict[str, str] | None =
 
 # -- the login form -------------------------------------------------------------------------------
 
+_STYLE = "body { font-family: sans-serif; max-width: 24rem; margin: 4rem auto }"
+#: The login form's headers: those of the dashboard's pages (no script, no frame: clickjacking
+#: the token field), its one stylesheet allowed by its hash.
+LOGIN_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'sha256-"
+        + base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+        + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 _FORM = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hybridq: log in</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"></head>
-<body style="font-family: sans-serif; max-width: 24rem; margin: 4rem auto">
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{style}</style></head>
+<body>
 <h1>hybridq</h1>{error}
 <form method="post" action="{action}">
 <input type="hidden" name="next" value="{next}">
@@ -477,11 +492,13 @@ def login_routes(tokens: Tokens | None, guesses: Guesses | None = None) -> list[
     def form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
         return HTMLResponse(
             _FORM.format(
+                style=_STYLE,
                 error=f'<p role="alert">{html.escape(error)}</p>' if error else "",
                 action=html.escape(f"{request.scope.get('root_path', '')}/login"),
                 next=html.escape(_safe_next(request.query_params.get("next"))),
             ),
             status_code=status,
+            headers=LOGIN_HEADERS,
         )
 
     async def show(request: Request) -> Response:

@@ -504,3 +504,36 @@ def test_failed_authentications_are_limited_per_client(journal_dir: Path, tmp_pa
             assert _from(base, "127.0.0.4", "POST", "/login", f"token=guess-{n}".encode(), form).status == 401
         assert _from(base, "127.0.0.4", "POST", "/login", b"token=guess", form).status == 429
         assert request(base, "GET", "/v1/stats", None, good).status == 200  # 127.0.0.1: its own count
+
+
+def test_the_login_form_has_the_dashboards_security_headers(journal_dir: Path, tmp_path: Path) -> None:
+    """Issue 27: ``/login`` had no CSP, no ``frame-ancestors`` (clickjacking the token field)."""
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        for got in (
+            request(base, "GET", "/login?next=/failed"),
+            request(base, "POST", "/login", b"token=wrong-but-long-enough", form),
+        ):
+            policy = got.headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in policy, got.headers
+            assert "default-src 'none'" in policy
+            assert "form-action 'self'" in policy
+            assert got.headers.get("x-frame-options") == "DENY"
+            assert got.headers.get("x-content-type-options") == "nosniff"
+            assert got.headers.get("cache-control") == "no-store"
+
+
+def test_stats_over_http_show_neither_the_journal_path_nor_the_redis_url(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: every token holder saw the journal's path and the Redis user in ``/v1/stats``."""
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    redis_url = "redis://hybridq-forwarder:s3cret@127.0.0.1:1/0"
+    with served(config(journal_dir, tokens_file=tokens, redis_url=redis_url)) as base:
+        got = request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer a-good-token-0123456789"})
+    assert got.status == 200, got
+    assert str(journal_dir) not in got.raw.decode()
+    assert "hybridq-forwarder" not in got.raw.decode()
+    assert "segments" in got.json["journal"]
+    assert got.json["redis"]["up"] is False
