@@ -18,6 +18,7 @@ from hybridq.cli.options import (
     password_file_option,
     redis_for_option,
     redis_option,
+    shown,
 )
 from hybridq.errors import HybridqError
 from hybridq.protocol import DEFAULT_LEASE_S
@@ -257,9 +258,8 @@ def doctor(
                 f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
             )
         for w in report.waiting[:10]:
-            click.echo(
-                f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
-            )
+            line = f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
+            click.echo(shown(line.replace("\n", " ")))  # a worker wrote it, or anyone who writes to Redis
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
         click.echo("healthy" if report.healthy else "problems found")
