@@ -40,9 +40,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from hybridq.errors import NotAllowed
+from hybridq.errors import NoSuchTask, NotAllowed
 
-__all__ = ["ENV_VAR", "NotAllowed", "allowed", "allowed_prefixes", "refusal", "register", "resolve"]
+__all__ = [
+    "ENV_VAR",
+    "NoSuchTask",
+    "NotAllowed",
+    "allowed",
+    "allowed_prefixes",
+    "check_name",
+    "refusal",
+    "register",
+    "resolve",
+]
 
 #: The environment variable holding the allowed module prefixes, comma-separated.
 ENV_VAR = "HYBRIDQ_ALLOW"
@@ -76,8 +86,18 @@ def _under_prefix(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def refusal(path: str) -> str:
-    """The error for a refused function: what it is, and how to allow it."""
+    """The error for a refused function: what it is, and how to allow it.
+
+    Never a hint to allow the standard library (``--allow os`` would let every job run
+    ``os.system``): such a function is to be called from a task of one's own.
+    """
     module = path.rpartition(".")[0]
+    top = path.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return (
+            f"{path} is not allowed to run on this worker: it is in Python's standard library "
+            f"({top}); enqueue a task of your own that calls it (see docs/security.md)"
+        )
     return (
         f"{path} is not allowed to run on this worker: decorate it with @hybridq.task and have the "
         f"worker import its module, or allow the module that defines it (hybridq worker --allow "
@@ -93,8 +113,9 @@ def resolve(path: str, extra: tuple[str, ...] = ()) -> Callable[..., Any]:
     Raises:
         NotAllowed: the path, or what it leads to, is not allowed (nothing outside the allowed
             modules was imported).
-        ImportError, AttributeError: an allowed module or name does not exist or fails to
-            import (a task error, as for any function that cannot be found).
+        NoSuchTask: the module imports, but lacks the name (:func:`_attribute`).
+        ImportError, AttributeError: an allowed module does not exist here or fails to import,
+            or a package lacks a module (it may be a newer deploy's).
     """
     prefixes = allowed_prefixes() + extra
     parts = path.split(".") if isinstance(path, str) else []
@@ -105,7 +126,7 @@ def resolve(path: str, extra: tuple[str, ...] = ()) -> Callable[..., Any]:
     everything = "*" in prefixes
     module, walked = _longest_module(parts)
     obj: Any = module
-    for name in parts[walked:]:
+    for i, name in enumerate(parts[walked:], start=walked):
         if not everything:
             if obj is not module and not (
                 isinstance(obj, type) and (path in _registered or _defined_under(obj, prefixes))
@@ -115,7 +136,7 @@ def resolve(path: str, extra: tuple[str, ...] = ()) -> Callable[..., Any]:
                 )
             if name.startswith("_"):
                 raise NotAllowed(f"{path}: {name} is private; {refusal(path)}")
-        obj = getattr(obj, name)
+        obj = _attribute(obj, ".".join(parts[:i]), name, path, last=i == len(parts) - 1, hint=_WORKER_HINT)
         if isinstance(obj, types.ModuleType) and not everything:
             raise NotAllowed(f"{path}: {name} is a module the allowed one imports; {refusal(path)}")
     if everything or path in _registered:  # registered once the module is imported
@@ -163,6 +184,57 @@ def _foreign_constructor(cls: type, prefixes: tuple[str, ...]) -> str | None:
             module = getattr(func, "__module__", None) or owner.__module__
             return f"{module}.{getattr(func, '__qualname__', f'{owner.__qualname__}.{name}')}"
     return None
+
+
+#: What a worker that finds no such function says to do.
+_WORKER_HINT = (
+    "a typo, or a task newer than this code: deploy workers before the producers that use it, "
+    "then hybridq failed requeue"
+)
+
+
+def check_name(path: str) -> bool:
+    """Whether ``path`` names something, as far as the modules imported in this process tell.
+
+    For producers, which need not have the task code: nothing is imported here. ``True``: found;
+    ``False``: no module of the path is imported here (or a package lacks a module on it), so
+    only a worker can tell. Raises :class:`NoSuchTask` when an imported module (or a class of
+    it) lacks the name: the job could never run. Not the allowlist: producers do not know it.
+    """
+    parts = path.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:n]))
+        if module is not None:
+            break
+    else:
+        return False
+    obj: Any = module
+    try:
+        for i in range(n, len(parts)):
+            hint = "nothing was enqueued"
+            obj = _attribute(obj, ".".join(parts[:i]), parts[i], path, last=i == len(parts) - 1, hint=hint)
+    except NoSuchTask:
+        raise
+    except AttributeError:
+        return False  # a package's module that is not imported here
+    return True
+
+
+def _attribute(obj: Any, owner: str, name: str, path: str, *, last: bool, hint: str) -> Any:
+    """``getattr(obj, name)``; a name ``obj`` lacks is :class:`NoSuchTask`, unless it may be a module.
+
+    ``obj`` (named ``owner``) imported here, so the name is a typo or a task newer than this
+    code: the job can never run here. But a package may lack a *module* this worker's version
+    does not have yet (a rolling deploy): a name missing from a package, that is not the path's
+    last (a module is not what a job calls), stays an ``AttributeError`` (the job is left for
+    another worker: :mod:`hybridq.waiting`).
+    """
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        if isinstance(obj, types.ModuleType) and hasattr(obj, "__path__") and not last:
+            raise
+        raise NoSuchTask(f"no such function {path}: {owner} has no attribute {name!r} ({hint})") from None
 
 
 def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:

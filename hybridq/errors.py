@@ -34,6 +34,7 @@
     ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
     │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
+    │   ├── NoSuchTask (AttributeError)  the job's module imports, but has no such function (hybridq.allow)
     │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
@@ -87,6 +88,7 @@ __all__ = [
     "JournalLocked",
     "JournalPathError",
     "KeyReused",
+    "NoSuchTask",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -368,6 +370,14 @@ class RedisServerFailed(HybridqError):
 
 class NotAllowed(HybridqError):
     """The job names a function this worker may not run."""
+
+
+class NoSuchTask(HybridqError, AttributeError):
+    """The job names a function its module (or class) does not have.
+
+    A typo, or a task newer than this code. Raised where the module imports: a worker fails the
+    job for good, a producer that imported the module refuses the name.
+    """
 
 
 class TaskUnavailable(HybridqError):

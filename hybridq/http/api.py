@@ -37,6 +37,8 @@ from hybridq.errors import (
     EnvelopeError,
     HybridqError,
     JournalIOError,
+    NoSuchTask,
+    NotAllowed,
     QueueFull,
     RecordTooLarge,
     ResultNotKept,
@@ -55,6 +57,8 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
+#: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
+MAX_CHECKED_TASKS = 4096
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -84,6 +88,8 @@ class Api:
         self.posts: Counter[int] = Counter()
         self.registry = registry
         self._stats_registry: CollectorRegistry | None = None
+        #: Task paths :meth:`_check_task` found runnable (a bounded cache).
+        self._tasks_checked: set[str] = set()
 
     def routes(self) -> list[BaseRoute]:
         """The API's routes."""
@@ -122,7 +128,7 @@ class Api:
             return Response(status_code=400)  # the client is gone: nobody reads it, nothing logged
         except RecordTooLarge as exc:  # a JournalError, but the client's to fix: not a retry
             return _error(413, "too_large", str(exc))
-        except (BadRequest, EnvelopeError) as exc:  # EnvelopeError: NotSerializable too
+        except (BadRequest, EnvelopeError, NoSuchTask) as exc:  # EnvelopeError: NotSerializable too
             return _error(400, "bad_request", str(exc))
         except HybridqError as exc:  # the journal directory cannot be used (a JournalError)
             return self._unavailable(exc)
@@ -181,6 +187,7 @@ class Api:
                 f"task {path!r} is not registered with @hybridq.task in this server nor under "
                 "--allow (docs/http.md)"
             )
+        self._check_task(path)
         args = body.get("args", [])
         kwargs = body.get("kwargs", {})
         if not isinstance(args, list):
@@ -210,6 +217,25 @@ class Api:
         if queue != env.queue:
             env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
         return env
+
+    def _check_task(self, path: str) -> None:
+        """Refuse (400) a task the server can tell no worker would run; else leave it to them.
+
+        Where its module is imported here (``--import``, a registered task), the name must exist
+        and pass the workers' own rules (:func:`hybridq.allow.resolve`, with this server's
+        prefixes): a typo, or a class whose call runs another module's constructor, would only
+        fail on a worker, or wait there for good. Nothing is imported for the check.
+        """
+        if path in self._tasks_checked:
+            return
+        try:
+            if not allow.check_name(path):
+                return  # no module of it here: the workers decide
+            allow.resolve(path, self.config.allow)
+        except (NoSuchTask, NotAllowed) as exc:
+            raise BadRequest(str(exc)) from None
+        if len(self._tasks_checked) < MAX_CHECKED_TASKS:
+            self._tasks_checked.add(path)
 
     def _allowed(self, path: str) -> bool:
         if allow.allowed(path):
