@@ -151,6 +151,14 @@ def test_the_dashboard_in_chromium(
             browser.switch_to.alert.text  # noqa: B018
         _shot(browser, str(shots / "dashboard-failed.png"))
 
+        # Recent jobs: the failure listed with its error, as text (no script ran).
+        browser.get(base + "/jobs")
+        row = browser.find_element(By.XPATH, f"//table[@class='jobs']//tr[td/a[text()='{doomed.id}']]")
+        assert "failed" in row.text
+        with pytest.raises(NoAlertPresentException):
+            browser.switch_to.alert.text  # noqa: B018
+        _shot(browser, str(shots / "dashboard-jobs.png"))
+
         # Its trace: accepted -> forwarded -> claimed -> retry -> claimed -> failed for good.
         browser.find_element(By.CSS_SELECTOR, "form.search input[name=id]").send_keys(doomed.id)
         browser.find_element(By.CSS_SELECTOR, "form.search button").click()

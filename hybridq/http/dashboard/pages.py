@@ -1,4 +1,4 @@
-"""The dashboard's pages: overview, failed jobs (with requeue), one job's trace.
+"""The dashboard's pages: overview, recent jobs, failed jobs (with requeue), one job's trace.
 
 Plain (sync) endpoints: Starlette runs them in its thread pool, so the journal and ledger reads
 never block the event loop. The POST is CSRF-protected (:mod:`hybridq.http.dashboard.csrf`).
@@ -26,8 +26,9 @@ from hybridq.errors import HybridqError, JobNotFailed
 from hybridq.failures import requeue
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
+from hybridq.http.dashboard.jobs_list import recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.http.dashboard.render import age, as_json, esc, page, table, url_id, when
+from hybridq.http.dashboard.render import age, as_json, esc, page, page_number, pager, table, url_id, when
 from hybridq.state import load_checkpoint
 from hybridq.status import stats
 from hybridq.trace import Trace, job_trace
@@ -164,10 +165,9 @@ class Pages:
     def failed(self, request: Request) -> Response:
         """Jobs that failed for good (``hybridq failed list``), each with a requeue button."""
         done = request.query_params.get("requeued")
-        number = request.query_params.get("page", "1")
-        at = int(number) if number.isascii() and number.isdigit() and 0 < len(number) < 7 else 1
+        at = page_number(request.query_params.get("page"))
         return self._guarded(
-            request, "Failed jobs", lambda sid: self._failed(sid, done, max(1, at)), active="/failed"
+            request, "Failed jobs", lambda sid: self._failed(sid, done, at), active="/failed"
         )
 
     def _failed(self, sid: str, requeued: str | None, at: int = 1) -> str:
@@ -210,7 +210,11 @@ class Pages:
         if not rows:
             return note + '<p class="empty">No job failed for good.</p>'
         headers = ["job", "queue", "task", "call", "attempts", "failed at (UTC)", "error", ""]
-        return note + _pager(len(everyone), at, pages) + table(headers, rows, cls="failed")
+        return (
+            note
+            + pager("/failed", len(everyone), at, pages, "failed jobs")
+            + table(headers, rows, cls="failed")
+        )
 
     async def requeue(self, request: Request) -> Response:
         """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
@@ -254,9 +258,15 @@ class Pages:
     # -- one job's trace ---------------------------------------------------------------------
 
     def search(self, request: Request) -> Response:
-        """The search box: ``/jobs?id=...`` goes to that job's trace."""
+        """``/jobs``: the recent jobs (:mod:`~hybridq.http.dashboard.jobs_list`).
+
+        The search box's ``/jobs?id=...`` goes to that job's trace.
+        """
         job_id = request.query_params.get("id", "").strip()
-        return RedirectResponse(f"/jobs/{url_id(job_id)}" if job_id else "/", status_code=303)
+        if job_id:
+            return RedirectResponse(f"/jobs/{url_id(job_id)}", status_code=303)
+        at = page_number(request.query_params.get("page"))
+        return self._guarded(request, "Jobs", lambda _: recent_jobs(self.journal, at), active="/jobs")
 
     def job(self, request: Request) -> Response:
         """One job's trace, from the journal, the checkpoint and the ledger (Redis: a side box)."""
@@ -282,15 +292,20 @@ class Pages:
         return response
 
     def _trace(self, trace: Trace) -> str:
+        gone = "not kept (its journal segment was compacted)"
         summary = [
             ("status", trace.status),
             ("task", trace.func or "-"),
             ("queue", trace.queue or "-"),
             ("attempts", trace.attempts),
-            ("args", as_json(list(trace.args))),
-            ("kwargs", as_json(trace.kwargs)),
-            ("epoch generation now", trace.generation),
+            ("args", as_json(list(trace.args)) if trace.args_known else gone),
+            ("kwargs", as_json(trace.kwargs) if trace.args_known else gone),
         ]
+        if trace.result_note is None or trace.status == "succeeded":
+            summary.append(
+                ("result", as_json(trace.result) if trace.result_note is None else trace.result_note)
+            )
+        summary.append(("epoch generation now", trace.generation))
         dl = "".join(f'<dt>{esc(k)}</dt><dd class="{esc(k)}"><code>{esc(v)}</code></dd>' for k, v in summary)
         steps = []
         for step in trace.steps:
@@ -334,19 +349,6 @@ class Pages:
         if media is None:
             return Response("not found", status_code=404)
         return FileResponse(_STATIC / name, media_type=media, headers={"Cache-Control": "max-age=300"})
-
-
-def _pager(total: int, at: int, pages: int) -> str:
-    """Where this page of the failed list is, and links to its neighbours."""
-    links = []
-    if at > 1:
-        links.append(f'<a class="newer" href="/failed?page={at - 1}">newer</a>')
-    if at < pages:
-        links.append(f'<a class="older" href="/failed?page={at + 1}">older</a>')
-    return (
-        f'<p class="pager">{esc(total)} failed jobs, newest first: page {esc(at)} of {esc(pages)} '
-        f"{' '.join(links)}</p>"
-    )
 
 
 def _busy() -> Response:
