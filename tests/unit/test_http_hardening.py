@@ -537,3 +537,83 @@ def test_stats_over_http_show_neither_the_journal_path_nor_the_redis_url(
     assert "hybridq-forwarder" not in got.raw.decode()
     assert "segments" in got.json["journal"]
     assert got.json["redis"]["up"] is False
+
+
+# -- what held in issue 27's review, kept held ----------------------------------------------------
+
+#: Paths that must need a token, however spelled (issue 27: 21 variants held).
+GUARDED = [
+    "/v1/stats", "/v1/stats/", "//v1/stats", "/v1//stats", "/v1/./stats", "/v1/x/../stats",
+    "/v1%2Fstats", "/V1/stats", "/v1/stats%00", "/v1/stats?x=/healthz", "/v1/stats#/healthz",
+    "/%76%31/stats", "/v1/jobs", "/v1/jobs/abc", "/v1/openapi.json", "/metrics", "/metrics/",
+    "/healthz/", "/healthz/../v1/stats", "/", "/failed", "/jobs", "/jobs/abc", "/_dashboard/dashboard.js",
+    "/_dashboard/..%2F..%2Fpages.py", "/_dashboard/%2e%2e/pages.py",
+]  # fmt: skip
+
+
+def test_every_spelling_of_a_path_and_every_method_needs_a_token(journal_dir: Path, tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        for path in GUARDED:
+            for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+                head = (
+                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                sock = _raw(base, head.encode())
+                head = _answer(sock, 10).split(b"\r\n", 1)[0]
+                sock.close()
+                assert head in (b"HTTP/1.1 401 Unauthorized", b"HTTP/1.1 400 Bad Request"), (
+                    method,
+                    path,
+                    head,
+                )
+        assert request(base, "HEAD", "/v1/stats").status == 401
+        assert request(base, "GET", "/healthz").status == 200  # the one open path
+    assert job_ids(journal_dir) == []
+
+
+def test_json_bombs_and_huge_numbers_are_400_and_write_nothing(journal_dir: Path) -> None:
+    with served(config(journal_dir)) as base:
+        for body in (
+            b'{"task": "tests.tasks.add", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            b'{"task": "tests.tasks.add", "args": [1' + b"0" * 5000 + b"]}",  # over int's 4300 digits
+            b'{"task": "tests.tasks.add", "args": [1e999999]}',
+            b'{"task": "tests.tasks.add", "args": [NaN]}',
+            b'{"task": "tests.tasks.add", "kwargs": {"a": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}}",
+        ):
+            got = request(base, "POST", "/v1/jobs", body)
+            assert got.status in (400, 413), (got, body[:60])
+        assert request(base, "POST", "/v1/jobs", ADD).status == 202  # still serving
+    assert len(job_ids(journal_dir)) == 1
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: 10\r\nTransfer-Encoding: chunked\r\n",
+        b"Content-Length: 10\r\nContent-Length: 44\r\n",
+        b"Transfer-Encoding: chunked, identity\r\n",
+        b"Transfer-Encoding: xchunked\r\n",
+        b"Transfer-Encoding : chunked\r\n",
+        b"Content-Length: +44\r\n",
+    ],
+)
+def test_request_smuggling_framings_are_refused(journal_dir: Path, framing: bytes) -> None:
+    """Ambiguous framings a proxy and the server could read differently: refused, nothing written."""
+    body = b'{"task": "tests.tasks.add", "args": [1, 2]}'
+    smuggled = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 44\r\n\r\n"
+        + body
+    )
+    with served(config(journal_dir)) as base:
+        head = (
+            b"POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + framing
+            + b"\r\n"
+        )
+        sock = _raw(base, head, b"0\r\n\r\n" + smuggled)
+        answer = _answer(sock, 10)
+        sock.close()
+    assert answer.count(b"HTTP/1.1 202") == 0, answer
+    assert answer.startswith(b"HTTP/1.1 400") or answer == b"", answer
+    assert job_ids(journal_dir) == []
