@@ -15,17 +15,14 @@ import hybridq
 import pytest
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import routes
-from hybridq.journal.reader import list_chains
 from hybridq.testing import fake_stack
-from hybridq.transport import MemoryTransport
 from starlette.applications import Starlette
 
 from tests.support.http import request as api_request
 from tests.support.http import served
 from tests.support.webserver import request, serving
-from tests.unit.test_completions import make_forwarder, settle, write_jobs
 from tests.unit.test_http_api import config, write_tokens
-from tests.unit.test_lookup import add
+from tests.unit.test_lookup import compacted_jobs
 
 EVIL = "<script>alert(1)</script>"
 
@@ -41,17 +38,7 @@ def broken(note: str) -> None:
 
 
 def test_the_trace_of_a_compacted_job_keeps_its_task_and_result(journal_dir: Path) -> None:
-    write_jobs(journal_dir, 40)
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    ids = sorted(transport.deliveries)
-    transport.work(func=add)
-    settle(forwarder)
-    settle(forwarder)
-    forwarder.close()
-    assert list_chains(str(journal_dir)) == {}  # every journal segment was compacted
-    job_id = ids[0]
+    job_id = compacted_jobs(journal_dir, 40)[0]
     with served(config(journal_dir)) as base:
         api = api_request(base, "GET", f"/v1/jobs/{job_id}").json
         page = api_request(base, "GET", f"/jobs/{job_id}").raw.decode()

@@ -9,7 +9,7 @@ escaped (:func:`~hybridq.http.dashboard.render.esc`): an error is a task's text.
 from __future__ import annotations
 
 from hybridq import lookup
-from hybridq.http.dashboard.render import esc, pager, table, url_id, when
+from hybridq.http.dashboard.render import error_cell, esc, job_link, pager, table, when
 from hybridq.state import load_checkpoint
 
 __all__ = ["PER_PAGE", "recent_jobs"]
@@ -41,17 +41,16 @@ def recent_jobs(journal: str, at: int) -> str:
     out = []
     for row in rows:
         status = _status(row, held)
-        error = (row.error or "").strip().splitlines()[-1:] or [""]
         out.append(
             [
-                f'<a class="job" href="/jobs/{esc(url_id(row.id))}">{esc(row.id)}</a>',
+                job_link(row.id),
                 esc(row.queue or "-"),
                 esc(row.func or "-"),
                 f'<span class="status status-{esc(status)}">{esc(status)}</span>',
                 esc(row.attempt),
                 esc(when(row.enq)),
                 esc(when(row.ended)),
-                f'<span class="error">{esc(error[0][:200])}</span>',
+                error_cell(row.error, 200),
             ]
         )
     headers = ["job", "queue", "task", "status", "attempt", "accepted (UTC)", "ended (UTC)", "error"]

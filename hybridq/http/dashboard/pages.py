@@ -28,7 +28,19 @@ from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.jobs_list import recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.http.dashboard.render import age, as_json, esc, page, page_number, pager, table, url_id, when
+from hybridq.http.dashboard.render import (
+    age,
+    as_json,
+    error_cell,
+    esc,
+    job_link,
+    page,
+    page_number,
+    pager,
+    table,
+    url_id,
+    when,
+)
 from hybridq.state import load_checkpoint
 from hybridq.status import stats
 from hybridq.trace import Trace, job_trace
@@ -180,7 +192,6 @@ class Pages:
         for job in shown:
             env = job.envelope
             call = as_json({"args": list(env.args), "kwargs": dict(env.kwargs)}) if env is not None else "-"
-            error = (job.error or "").strip().splitlines()[-1:] or [""]
             button = (
                 f'<form method="post" action="/failed/requeue">'
                 f'<input type="hidden" name="{csrf.FIELD}" value="{esc(token)}">'
@@ -191,13 +202,13 @@ class Pages:
             )
             rows.append(
                 [
-                    f'<a class="job" href="/jobs/{esc(url_id(job.id))}">{esc(job.id)}</a>',
+                    job_link(job.id),
                     esc(job.queue or "-"),
                     esc(job.func or "-"),
                     f"<code>{esc(call[:300])}</code>",
                     esc(job.attempts),
                     esc(when(job.failed_at)),
-                    f'<span class="error">{esc(error[0][:300])}</span>',
+                    error_cell(job.error),
                     button,
                 ]
             )

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["age", "esc", "page", "page_number", "pager", "table", "when"]
+__all__ = ["age", "error_cell", "esc", "job_link", "page", "page_number", "pager", "table", "when"]
 
 _NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/failed", "Failed jobs"))
 
@@ -26,6 +26,17 @@ def esc(value: object) -> str:
 def url_id(job_id: str) -> str:
     """A job id as a path segment (ids are hex, but a typed search may be anything)."""
     return urllib.parse.quote(job_id, safe="")
+
+
+def job_link(job_id: str) -> str:
+    """A job's id as a link to its trace (HTML)."""
+    return f'<a class="job" href="/jobs/{esc(url_id(job_id))}">{esc(job_id)}</a>'
+
+
+def error_cell(error: str | None, width: int = 300) -> str:
+    """An error's last line, cut to ``width`` characters (HTML; a task wrote it: escaped)."""
+    last = (error or "").strip().splitlines()[-1:] or [""]
+    return f'<span class="error">{esc(last[0][:width])}</span>'
 
 
 def when(at: float | None) -> str:
