@@ -36,6 +36,7 @@
     ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
     │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
+    │   ├── NoSuchTask (AttributeError)  the job's module imports, but has no such function (hybridq.allow)
     │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
@@ -90,6 +91,7 @@ __all__ = [
     "JournalPathError",
     "KeyReused",
     "MissingExtra",
+    "NoSuchTask",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -408,6 +410,14 @@ class NotAllowed(HybridqError):
     """The job names a function this worker may not run."""
 
 
+class NoSuchTask(HybridqError, AttributeError):
+    """The job names a function its module (or class) does not have.
+
+    A typo, or a task newer than this code. Raised where the module imports: a worker fails the
+    job for good, a producer that imported the module refuses the name.
+    """
+
+
 class TaskUnavailable(HybridqError):
     """This worker cannot run the job's task (not importable, or not allowed here).
 
@@ -580,7 +590,7 @@ class KeyReused(HybridqError, ValueError):
         self.job_id = job_id
         super().__init__(
             f"this Idempotency-Key was used for another call (job {job_id}): "
-            "a retry must send the same task, queue, args and kwargs"
+            "a retry must send the same task, queue, args, kwargs, delay and retry"
         )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -62,13 +63,34 @@ class _Context:
         self.debug = debug
 
 
+def shown(text: object) -> str:
+    """``text`` safe for a terminal: control and format characters escaped (``\\x1b``, ``\\u202e``).
+
+    Error texts come from tasks, and waiting reasons from whoever writes to Redis: printed raw,
+    an escape sequence clears the screen, retitles the terminal or hides a link, and a
+    right-to-left override reverses what follows. Tabs stay; so do newlines, unless ``text`` is
+    meant to be one line (escape them before).
+    """
+    out = str(text)
+    if out.isprintable():
+        return out
+    return "".join(
+        c if c in "\n\t" or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
+        for c in out
+    )
+
+
+#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
     """One clear line on stderr (a traceback only with --debug), and the right exit code."""
     obj = ctx.find_object(_Context)
     if obj is not None and obj.debug:
         raise exc
     code = EXIT_CORRUPT if isinstance(exc, JournalCorruption) else EXIT_ERROR
-    click.echo(f"hybridq: error: {exc}", err=True)
+    click.echo(f"hybridq: error: {shown(exc)}", err=True)
     ctx.exit(code)
     raise AssertionError  # pragma: no cover - ctx.exit raises
 

@@ -18,6 +18,7 @@ from hybridq.cli.options import (
     password_file_option,
     redis_for_option,
     redis_option,
+    shown,
 )
 from hybridq.errors import HybridqError
 from hybridq.protocol import DEFAULT_LEASE_S
@@ -273,15 +274,16 @@ def doctor(
                 f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
             )
         for w in report.waiting[:10]:
-            click.echo(
-                f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
-            )
+            line = f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
+            click.echo(shown(line.replace("\n", " ")))  # a worker wrote it, or anyone who writes to Redis
         if report.outbox_set_aside:
             rows = "; ".join(
                 f"id {r['id']} job {r['job_id']}: {r['why']}" for r in report.outbox_set_aside_rows
             )
             click.echo(
-                f"outbox rows set aside: {report.outbox_set_aside}: {rows} (docs/outbox.md, 'Bad rows')"
+                shown(
+                    f"outbox rows set aside: {report.outbox_set_aside}: {rows} (docs/outbox.md, 'Bad rows')"
+                )
             )
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")

@@ -273,20 +273,26 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(
     ]
 
 
-def test_a_job_is_found_after_compaction_for_the_retention_window(
-    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
-    write_jobs(journal_dir, 40)
+def compacted_jobs(journal: Path, n: int) -> list[str]:
+    """``n`` jobs of ``tasks.add`` that succeeded and whose journal segments were all compacted."""
+    write_jobs(journal, n)
     transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
+    forwarder = make_forwarder(journal, transport)
     forwarder.step()
     ids = sorted(transport.deliveries)
     transport.work(func=add)
     settle(forwarder)
     settle(forwarder)
     forwarder.close()
-    assert list_chains(str(journal_dir)) == {}  # every journal segment was compacted
+    assert list_chains(str(journal)) == {}  # every journal segment was compacted
+    return ids
+
+
+def test_a_job_is_found_after_compaction_for_the_retention_window(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
+    ids = compacted_jobs(journal_dir, 40)
     found = fetch_job(ids[0], journal=journal_dir)
     assert found is not None
     assert (found.status, found.envelope.func, found.envelope.args) == ("finished", "tests.tasks.add", ())
