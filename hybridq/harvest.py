@@ -122,11 +122,39 @@ class Harvester:
             # A late duplicate of a job long gone (its segment, or its whole chain, compacted
             # and forgotten): its outcome is already counted.
             return None
+        if entry.outcome == "cancelled" and loc not in self.state.index.cancels:
+            entry = self._unasked_cancel(entry)
         if entry.kind == "done" and entry.outcome == "failed" and not self.state.index.is_terminal(loc):
             env = envelope_at(self.journal, loc)  # so it can be requeued after its segment is gone
             if env is not None:
                 entry = dataclasses.replace(entry, job=env.to_dict())
         return entry
+
+    def _unasked_cancel(self, entry: Entry) -> Entry:
+        """A ``cancelled`` outcome for a job this forwarder holds no cancel for: ``failed`` instead.
+
+        Only :mod:`hybridq.cancelling` marks a job cancelled in Redis, and only after the
+        ``cancel`` entry is in the ledger (fsync'd): a mark without one was written by someone
+        else (a Redis writer: ``HSET rq:job:ID hybridq_cancel 1``). Its worker stopped the task
+        and reported ``cancelled`` truthfully (signed, too), but settling it would end a job
+        nobody cancelled, for good and out of ``hybridq failed list``. It is recorded failed
+        (final: the stored outcome in Redis suppresses another delivery), so it is listed, with
+        why, and ``hybridq failed requeue`` runs it again. A job already terminal keeps its
+        outcome (a late event: cancelled ranks below any other).
+        """
+        if self.state.index.is_terminal(entry.loc):
+            return entry
+        log.warning(
+            "job %s: its worker stopped it for a forged cancel mark (no cancel was asked for): "
+            "recorded failed; hybridq failed requeue %s runs it again",
+            entry.job_id,
+            entry.job_id,
+        )
+        why = (
+            "stopped by a cancel mark in Redis, but no cancel was asked for (hybridq cancel): "
+            "someone wrote the mark; requeue the job to run it again"
+        )
+        return dataclasses.replace(entry, outcome="failed", error=f"{why}\n{entry.error or ''}".rstrip())
 
     def _started(self, events: Sequence[Event], which: Sequence[int], ring: Keyring | None) -> None:
         """Pass the started events (``events[i]`` for ``i`` in ``which``) to :attr:`on_started`.

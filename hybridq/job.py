@@ -23,7 +23,7 @@ from hybridq.journal import JournalReader, Record, RecordId
 from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index, read_ledger
-from hybridq.state import Checkpoint, load_checkpoint
+from hybridq.state import Checkpoint, forwarder_holder, load_checkpoint
 
 __all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
 
@@ -277,7 +277,8 @@ class Job:
 
         Raises:
             JobFailed: it failed for good (or was merged into another job with its id).
-            JobWaitTimeout: still not ended after ``timeout`` seconds.
+            JobWaitTimeout: still not ended after ``timeout`` seconds (its message says so when
+                no forwarder holds the journal: then nothing moves the job on).
             ResultNotKept: it finished, but its result was not kept.
         """
         pauses = self._pauses(timeout)
@@ -308,7 +309,8 @@ class Job:
             if status not in _PENDING:
                 return self._ended(status)
             if deadline is not None and time.monotonic() >= deadline:
-                raise JobWaitTimeout(self.id, timeout or 0.0, status)
+                unattended = self.journal if forwarder_holder(self.journal) is None else None
+                raise JobWaitTimeout(self.id, timeout or 0.0, status, unattended=unattended)
             yield delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
             delay = min(_POLL_MOST_S, delay * 2)
 

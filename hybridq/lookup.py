@@ -46,8 +46,10 @@ __all__ = [
     "job_row",
     "journal_marks",
     "readable_marks",
+    "recent",
     "scan_tail",
     "segment_gone",
+    "sql_text",
 ]
 
 #: The index's directory inside the journal directory, and its file.
@@ -58,10 +60,31 @@ RETENTION_S = 7 * 86400.0
 
 _decode = json.JSONDecoder().decode
 
-_SELECT = (
+
+def sql_text(text: str | None) -> str | None:
+    """``text`` as SQLite can hold it: a lone surrogate escaped (``\\udcff``, six characters).
+
+    JSON carries a lone surrogate (``os.fsdecode`` of a file name that is not UTF-8 gives one),
+    and an idempotency key or an error may hold one; sqlite3 encodes every str as strict UTF-8,
+    so the index's update raised, and the forwarder exited at every start (issue 26, item 4).
+    """
+    if text is None or text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+_COLUMNS = (
     "SELECT id, writer, seg, off, seq, requeue, enq, func, queue, ikey, state, outcome, attempt, started,"
-    " ended, result, rkept, rbytes, error, dup_of FROM jobs WHERE id = ?"
+    " ended, result, rkept, rbytes, error, dup_of FROM jobs"
 )
+_SELECT = _COLUMNS + " WHERE id = ?"
+# Newest first: a scan with a top-N sort (no index on enq: the forwarder's writes stay as they
+# are); about 20 ms for the first page of 200,000 rows, 35 ms 5,000 rows in.
+_RECENT = _COLUMNS + " ORDER BY enq DESC, id DESC LIMIT ? OFFSET ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +163,7 @@ def job_row(record: Record) -> tuple[Any, ...] | None:
         enq,
         func,
         queue,
-        key,
+        sql_text(key),
     )
 
 
@@ -194,6 +217,25 @@ def find(journal: str, job_id: str) -> Row | None:
         _drop(journal)
         return None  # being rebuilt, or not there yet: the caller reads the journal instead
     return Row(*found) if found is not None else None
+
+
+def recent(journal: str, limit: int, offset: int = 0) -> tuple[int, list[Row]] | None:
+    """How many jobs the index holds, and ``limit`` of them from ``offset``, newest first.
+
+    By acceptance time (``created_at``): what the forwarder has read, and not yet forgotten
+    (:data:`RETENTION_S` after a compacted job ended). ``None``: no index (yet), or it cannot be
+    read now (being rebuilt).
+    """
+    db = _reader(journal)
+    if db is None:
+        return None
+    try:
+        (total,) = db.execute("SELECT count(*) FROM jobs").fetchone()
+        rows = db.execute(_RECENT, (limit, offset)).fetchall()
+    except sqlite3.Error:
+        _drop(journal)
+        return None
+    return int(total), [Row(*row) for row in rows]
 
 
 def find_checked(journal: str, job_id: str) -> tuple[dict[str, ChainPosition], Row | None] | None:

@@ -31,7 +31,7 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger import Entry, ledger_dir
-from hybridq.lookup import RETENTION_S, index_path, job_row
+from hybridq.lookup import RETENTION_S, index_path, job_row, sql_text
 from hybridq.lookup_store import (
     _SCHEMA,
     _STARTED,
@@ -132,7 +132,7 @@ class LookupIndex:
                 env.created_at,
                 env.func,
                 env.queue,
-                env.idempotency_key,
+                sql_text(env.idempotency_key),
             )
         )
 

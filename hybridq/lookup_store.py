@@ -20,7 +20,7 @@ from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger import Entry
-from hybridq.lookup import readable_marks
+from hybridq.lookup import readable_marks, sql_text
 from hybridq.protocol import EntryKind
 
 __all__ = ["CHUNK"]
@@ -181,7 +181,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
                     result,
                     int(e.result_kept),
                     e.result_bytes,
-                    e.error,
+                    sql_text(e.error),
                     e.dup_of,
                     *where,
                     outcome,
@@ -191,7 +191,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
                 )
             )
         elif e.kind == EntryKind.RETRY:
-            retry.append((max(0, e.attempt - e.later), e.started, e.error, *where))
+            retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), *where))
         elif e.kind == EntryKind.LOST:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:

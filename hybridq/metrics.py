@@ -173,6 +173,11 @@ class ForwarderMetrics(Collector):
             "Age of the oldest committed outbox row not yet relayed (0 when none).",
             backlog.oldest_age_s(),
         )
+        yield _gauge(
+            "hybridq_outbox_set_aside_rows",
+            "Bad outbox rows the relay set aside: they cannot be relayed (hybridq doctor --outbox).",
+            backlog.set_aside,
+        )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

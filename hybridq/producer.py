@@ -29,7 +29,6 @@ from hybridq.capacity import PendingCount
 from hybridq.envelope import (
     Envelope,
     Retry,
-    function_path,
     new_job_id,
     validate_job_id,
     validate_queue_name,
@@ -41,7 +40,15 @@ from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.nudge import address, nudge
 from hybridq.producer_calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
 from hybridq.producer_calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
-from hybridq.producer_calls import _Call, _check_retry, _copy_io_error, _run_at, _seconds, split_call
+from hybridq.producer_calls import (
+    _Call,
+    _check_retry,
+    _copy_io_error,
+    _run_at,
+    _seconds,
+    split_call,
+    task_path,
+)
 from hybridq.signing import keyring
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
@@ -407,7 +414,7 @@ class Queue:
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
         env = Envelope(  # positionally: keywords cost ~0.3 us per job here
             job,
-            function_path(func),
+            task_path(func),
             self.name,
             idempotency_key if idempotency_key is not None else job,
             now,

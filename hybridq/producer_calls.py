@@ -1,7 +1,8 @@
 """The enqueue call's checks, apart from :class:`hybridq.producer.Queue` that uses them.
 
 ``split_call`` splits ``enqueue(f, *args, **kwargs)``'s keywords into the function's and the
-options (shared with ``hybridq.outbox``); the ``_`` helpers check a queue's defaults and a call's
+options (shared with ``hybridq.outbox``); ``task_path`` is the function's dotted path, a name
+that a module imported here lacks refused; the ``_`` helpers check a queue's defaults and a call's
 options (retry policy, durations, delay or run time) and copy a journal error for each caller of a
 batch. :mod:`hybridq.producer` imports them all, so every name stays importable from there.
 
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
-from hybridq.envelope import MAX_SECONDS, Envelope, Retry, check_seconds, check_time
+from hybridq import allow
+from hybridq.envelope import MAX_SECONDS, Envelope, Retry, check_seconds, check_time, function_path
 from hybridq.errors import EnvelopeError, JournalIOError
 
-__all__ = ["split_call"]
+__all__ = ["split_call", "task_path"]
 
 _OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
 #: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
@@ -110,3 +114,29 @@ def _copy_io_error(exc: JournalIOError) -> JournalIOError:
     copy = JournalIOError(exc.path, exc.op, cause)
     copy.__cause__ = cause
     return copy
+
+
+#: Dotted-path names checked by :func:`task_path`: ``True`` found, else how many modules this
+#: process had imported when none of the name's could be looked at (checked again once it has
+#: imported more). Bounded: past it, names are checked at every enqueue.
+_NAMES: dict[str, bool | int] = {}
+_NAMES_MAX = 4096
+
+
+def task_path(func: Callable[..., Any] | str) -> str:
+    """The dotted path of ``func`` (:func:`~hybridq.envelope.function_path`), checked to exist.
+
+    A name given as a string whose module this process has imported, and that the module lacks
+    (``tasks.sendd``), raises :class:`~hybridq.errors.NoSuchTask`: no worker could ever run it
+    (docs/enqueue.md). Nothing is imported for the check; a name checked before costs a lookup.
+    """
+    if type(func) is not str:
+        return function_path(func)  # a function or class object: it exists
+    seen = _NAMES.get(func)
+    if seen is True or seen == len(sys.modules):
+        return func  # checked before (function_path too): one lookup per enqueue, as before
+    path = function_path(func)
+    found = allow.check_name(path)
+    if len(_NAMES) < _NAMES_MAX:
+        _NAMES[path] = True if found else len(sys.modules)
+    return path

@@ -13,7 +13,25 @@ from typing import Any
 from hybridq.limits import opt_finite, opt_str, typed
 from hybridq.protocol_enums import Outcome
 
-__all__ = ["StoredOutcome"]
+__all__ = ["DECODE_STORED_LUA", "StoredOutcome"]
+
+# The Lua function every script that reads a stored outcome (or an event, or this run's outcome)
+# decodes it with: ``ok, value`` as ``pcall(cjson.decode, s)`` gives, ``ok`` false unless the
+# value is a JSON object. Python's ``json.dumps`` writes a lone surrogate (``os.fsdecode`` of a
+# file name that is not UTF-8 gives one) as the escape ``\udcff``: valid JSON, which Redis's
+# cjson refuses. Such escapes (and, harmlessly, pairs) are read as U+FFFD, only in the copy the
+# script reads: they can only be in the result or the error, which no script looks into, and the
+# text stored and sent on is untouched (issue 26, item 4). A value still unreadable (not JSON at
+# all: not written by hybridq) must never count as "nothing stored" in the caller.
+DECODE_STORED_LUA = r"""
+local function decode_stored(text)
+    local ok, value = pcall(cjson.decode, text)
+    if not ok then
+        ok, value = pcall(cjson.decode, (string.gsub(text, "\\u[dD][89a-fA-F]%x%x", "\\ufffd")))
+    end
+    return ok and type(value) == "table", value
+end
+"""
 
 
 @dataclass(frozen=True, slots=True)

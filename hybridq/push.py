@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridq.errors import RedisRefused, TransportError, UnencodableJobs
+from hybridq.errors import RedisRefused, Stopped, TransportError, UnencodableJobs
 from hybridq.forwarder_state import ForwarderState
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
@@ -38,10 +38,6 @@ class ForwarderStats:
     down_since: float | None = None
     #: While a batch is being pushed: its oldest job's ``created_at`` (the forwarding lag).
     oldest_unpushed: float | None = None
-
-
-class Stopped(Exception):
-    """Stop was requested while a batch could not be delivered; its checkpoint is not moved."""
 
 
 class Pusher:

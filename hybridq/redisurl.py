@@ -77,11 +77,46 @@ def check_url(url: str) -> str:
     Builds the connection object without connecting, so unknown or malformed options are
     caught here rather than as a traceback on first use. The message shows the URL redacted.
     """
+    if _misplaced_credentials(url):
+        raise InvalidRedisURL(
+            f"invalid Redis URL ({url.partition('://')[0]}://..., not shown): its user name or password "
+            "holds '/', '?' or '#', which must be percent-encoded (%2F, %3F, %23); or give the "
+            "password in a file (HYBRIDQ_REDIS_PASSWORD_FILE, docs/security.md)"
+        )
     try:
         _build(url)
     except (ValueError, TypeError) as exc:
         raise InvalidRedisURL(f"invalid Redis URL {redact_url(url)}: {_scrub(str(exc), url)}") from None
     return url
+
+
+def _misplaced_credentials(url: str) -> bool:
+    """Whether ``url``'s user name or password holds an unencoded ``/``, ``?`` or ``#``.
+
+    URL parsers end the host part at the first of those: a password ``se/cret`` made redis-py
+    read ``se`` as a port and ``/cret@host`` as the path, and quote them in its errors. The last
+    ``@`` ends the userinfo, unless what comes before the first ``/``, ``?`` or ``#`` is a whole
+    host part by itself (hosts with numeric ports): then that ``@`` is in a query value
+    (``?password=a@b``) or the fragment.
+    """
+    _scheme, sep, rest = url.partition("://")
+    creds, at, _after = rest.rpartition("@")
+    if not sep or not at or not any(c in creds for c in "/?#"):
+        return False
+    head = creds
+    for stop in "/?#":
+        head = head.partition(stop)[0]
+    hosts = head.rpartition("@")[2]
+    return not all(_host_with_port(h) for h in hosts.split(","))
+
+
+def _host_with_port(host: str) -> bool:
+    """``name``, ``name:digits``, ``[v6]`` or ``[v6]:digits`` (or empty, as in ``unix:///``)."""
+    if host.startswith("["):
+        _, close, port = host.partition("]")
+        return bool(close) and (not port or (port[0] == ":" and port[1:].isascii() and port[1:].isdigit()))
+    name, colon, port = host.partition(":")
+    return not colon or (port.isascii() and port.isdigit() and ":" not in name)
 
 
 def _build(url: str) -> None:
@@ -92,7 +127,7 @@ def _build(url: str) -> None:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path[1:].isdigit():
         # redis-py silently ignores a database it cannot parse (and uses database 0).
-        raise ValueError(f"the path must be a database number, not {parts.path!r}")
+        raise ValueError("the path must be a database number")  # not quoted: a password may be in it
     import redis  # noqa: PLC0415 - `hybridq status` and `--help` need no redis-py
 
     pool = redis.ConnectionPool.from_url(url)
@@ -168,7 +203,7 @@ def redact_url(url: str) -> str:
     # unless a query with a parameter comes before it: then the "@" is in a query value
     # (``?sentinel_password=a@b``), and the userinfo can only end before that query.
     head, q, tail = rest.partition("?")
-    if q and "@" in tail and "=" in tail.partition("@")[0]:
+    if q and "@" in tail and "=" in tail.partition("@")[0] and not _misplaced_credentials(url):
         creds, at, rest = head.rpartition("@")
         rest += q + tail
     else:

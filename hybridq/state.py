@@ -8,17 +8,30 @@ Stored as one atomic state file (``forwarder.state`` in the journal directory) b
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import ChainPosition
+from hybridq.journal.ownerlock import lock_owner
 from hybridq.journal.statefile import read_state, write_state
 
-__all__ = ["CHECKPOINT_NAME", "EPOCHS_KEPT", "Checkpoint", "Held", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "EPOCHS_KEPT",
+    "LOCK_NAME",
+    "Checkpoint",
+    "Held",
+    "forwarder_holder",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 CHECKPOINT_NAME = "forwarder"
+#: The forwarder's owner lock in the journal directory: held (``flock``) while one runs.
+LOCK_NAME = "forwarder.lock"
 #: How many generation changes the checkpoint remembers (:attr:`Checkpoint.epochs`).
 EPOCHS_KEPT = 32
 
@@ -114,3 +127,12 @@ def load_checkpoint(journal: str) -> Checkpoint | None:
 def save_checkpoint(journal: str, checkpoint: Checkpoint) -> None:
     """Durably replace the checkpoint (temp file, fsync, rename, directory fsync)."""
     write_state(journal, CHECKPOINT_NAME, checkpoint.to_bytes())
+
+
+def forwarder_holder(journal: str) -> str | None:
+    """Who holds ``journal``'s forwarder lock (``"forwarder pid N on HOST"``); ``None``: no forwarder runs.
+
+    The kernel drops the lock when its holder dies, so ``None`` also means a forwarder that was
+    killed: nothing moves the journal's jobs on until one starts.
+    """
+    return lock_owner(os.path.join(journal, LOCK_NAME))

@@ -9,49 +9,75 @@ the same whether Redis is up, down or freshly emptied.
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from hybridq.cancels import pending_cancels, read_requests
 from hybridq.errors import JournalCorruption
-from hybridq.forwarder import LOCK_NAME
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.ownerlock import lock_owner
-from hybridq.journal.paths import existing_journal_dir
+from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.ledger import Compacted, LedgerIndex, consistent, ledger_dir, load_compacted, load_index
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.redisurl import redact_url, with_password
 from hybridq.secretfile import read_password
-from hybridq.state import load_checkpoint
+from hybridq.state import forwarder_holder, load_checkpoint
 from hybridq.stats_state import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
-from hybridq.transport.routes import Routes
+from hybridq.transport.routes import ENV_VAR as REDIS_FOR_VAR
+from hybridq.transport.routes import Routes, parse_redis_for, split_env
 
 # read_password lives in hybridq.secretfile (the worker side uses it too), redact_url and
 # with_password in hybridq.redisurl; all kept importable here.
-__all__ = ["CONTRACT_FIELDS", "collect_status", "read_password", "redact_url", "stats", "with_password"]
+__all__ = [
+    "CONTRACT_FIELDS",
+    "FROM_ENV",
+    "collect_status",
+    "read_password",
+    "redact_url",
+    "stats",
+    "with_password",
+]
 
 #: The fields ``status --json`` promises (integers; docs/cli.md).
 CONTRACT_FIELDS = ("accepted", "forwarded", "succeeded", "failed", "pending", "duplicates_suppressed")
 
 
+class _Env(enum.Enum):
+    """The default of an argument :func:`stats` takes from the environment when it is left out."""
+
+    FROM_ENV = "as hybridq status: from the environment"
+
+
+#: :func:`stats`'s default for ``redis_url``, ``outbox`` and ``redis_for``: what ``hybridq status``
+#: would take (``HYBRIDQ_REDIS_URL`` and ``HYBRIDQ_REDIS_PASSWORD_FILE``, ``HYBRIDQ_OUTBOX``,
+#: ``HYBRIDQ_REDIS_FOR``), so that ``stats()`` and ``status --json`` agree in one environment.
+FROM_ENV: Final = _Env.FROM_ENV
+
+
 def stats(
-    journal: str | os.PathLike[str],
+    journal: str | os.PathLike[str] | None = None,
     *,
-    redis_url: str | None = None,
-    outbox: str | None = None,
-    outbox_table: str = DEFAULT_TABLE,
+    redis_url: str | _Env | None = FROM_ENV,
+    outbox: str | _Env | None = FROM_ENV,
+    outbox_table: str | None = None,
     exact: bool = False,
-    redis_for: Mapping[str, str] | None = None,
+    redis_for: Mapping[str, str] | _Env | None = FROM_ENV,
 ) -> dict[str, Any]:
     """What ``hybridq status --json`` prints, cheaply enough for a health endpoint.
+
+    What is left out comes from the environment, as ``hybridq status`` takes it: the journal
+    from ``HYBRIDQ_JOURNAL``, the Redis to ask from ``HYBRIDQ_REDIS_URL`` (and its password from
+    ``HYBRIDQ_REDIS_PASSWORD_FILE``), the outbox from ``HYBRIDQ_OUTBOX`` (``HYBRIDQ_OUTBOX_TABLE``),
+    the other Redis instances from ``HYBRIDQ_REDIS_FOR``. ``None`` leaves a part out whatever the
+    environment says (``redis_url=None``: Redis is never asked).
 
     The counts come from the figures the forwarder saves with each checkpoint, plus the journal
     records it has not read yet; without them (no forwarder ever ran here, or a compaction or
@@ -67,9 +93,19 @@ def stats(
         exact: always scan (what ``hybridq status --exact`` does).
         redis_for: queues kept on other Redis instances (queue → URL, ``--redis-for``): also
             each instance's state and queue lengths (the ``redis_instances`` key).
+
+    Raises:
+        ConfigError: no ``journal`` and no ``HYBRIDQ_JOURNAL``.
     """
-    path = existing_journal_dir(journal)
-    holder = _forwarder_holder(path)
+    path = existing_journal_dir(default_journal() if journal is None else journal)
+    if redis_url is FROM_ENV:
+        redis_url = _env_redis_url()
+    if outbox is FROM_ENV:
+        outbox = os.environ.get("HYBRIDQ_OUTBOX") or None
+    outbox_table = outbox_table or os.environ.get("HYBRIDQ_OUTBOX_TABLE") or DEFAULT_TABLE
+    if redis_for is FROM_ENV:
+        redis_for = parse_redis_for(split_env(os.environ.get(REDIS_FOR_VAR, "")))
+    holder = forwarder_holder(path)
     out = None if exact else _from_snapshot(path, running=holder is not None)
     if out is None:
         out = consistent(path, lambda compacted: _counts(path, compacted))
@@ -87,6 +123,7 @@ def stats(
             "table": outbox_table,
             "rows": backlog.rows,
             "oldest_age_s": backlog.oldest_age_s(),
+            "set_aside": backlog.set_aside,
         }
     return out
 
@@ -103,7 +140,9 @@ def collect_status(
     With ``outbox`` (a DSN), also the transactional outbox's backlog: its committed rows the
     relay has not moved into the journal yet, and the oldest one's age (``docs/outbox.md``).
     """
-    return stats(journal, redis_url=redis_url, outbox=outbox, outbox_table=outbox_table, exact=True)
+    return stats(
+        journal, redis_url=redis_url, outbox=outbox, outbox_table=outbox_table, exact=True, redis_for=None
+    )
 
 
 def _from_snapshot(path: str, *, running: bool = False) -> dict[str, Any] | None:
@@ -257,14 +296,16 @@ def _scan_pending(
     return out
 
 
+def _env_redis_url() -> str | None:
+    """``HYBRIDQ_REDIS_URL`` with the password in ``HYBRIDQ_REDIS_PASSWORD_FILE``, as ``--redis`` takes it."""
+    url = os.environ.get("HYBRIDQ_REDIS_URL") or None
+    password_file = os.environ.get("HYBRIDQ_REDIS_PASSWORD_FILE")
+    return with_password(url, read_password(password_file)) if url and password_file else url
+
+
 def _age(since: float | None) -> float:
     """Seconds since ``since`` (0 when there is nothing)."""
     return 0.0 if since is None else round(max(0.0, time.time() - since), 3)
-
-
-def _forwarder_holder(path: str) -> str | None:
-    """Who holds the forwarder lock, or ``None`` when no forwarder runs."""
-    return lock_owner(os.path.join(path, LOCK_NAME))
 
 
 def _instances(default: str | None, redis_for: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.envelope import Envelope
-from hybridq.errors import EnvelopeError, JournalError
-from hybridq.job import fetch_job
+from hybridq.errors import EnvelopeError, JournalError, ResultNotKept
+from hybridq.job import Job, fetch_job
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.reader import read_record_at
@@ -59,6 +59,9 @@ from hybridq.trace_steps import (
 
 __all__ = ["Acceptance", "Step", "Trace", "job_trace"]
 
+#: Outcomes that have no result to show (the error is in the steps).
+_ENDED_WITHOUT_RESULT = frozenset({"failed", "cancelled", "invalid"})
+
 
 @dataclass
 class Trace:
@@ -76,6 +79,11 @@ class Trace:
     acceptances: list[Acceptance] = field(default_factory=list)
     #: The epoch generation in the checkpoint (how many times Redis lost or rolled back state).
     generation: int = 0
+    #: Whether :attr:`args` and :attr:`kwargs` are known (a compacted job's are gone).
+    args_known: bool = True
+    #: A finished job's result (``result_note`` says why there is none: not kept, not finished).
+    result: Any = None
+    result_note: str | None = "not finished"
 
 
 def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> Trace | None:
@@ -124,7 +132,26 @@ def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> 
         requeued_at = max((e.at for e in mine if e.kind == EntryKind.REQUEUED), default=requeued_at)
     _in_flight(path, job_id, entries, trace)
     trace.status = _status(entries, trace)
+    _from_lookup(job, trace)
     return trace
+
+
+def _from_lookup(job: Job | None, trace: Trace) -> None:
+    """What :func:`hybridq.fetch_job` knows that the records may not say any more.
+
+    A compacted job's task and queue (the lookup index keeps them), and a finished job's result.
+    """
+    env = job.envelope if job is not None else None
+    if trace.func is None and env is not None:
+        trace.func, trace.queue = env.func or None, env.queue or None
+    trace.args_known = any(a.envelope is not None for a in trace.acceptances)
+    if job is None or trace.status != "succeeded":
+        trace.result_note = None if trace.status in _ENDED_WITHOUT_RESULT else "not finished"
+        return
+    try:
+        trace.result, trace.result_note = job.result, None
+    except ResultNotKept as exc:
+        trace.result_note = f"not kept ({exc.reason})"
 
 
 def _ledger_entries(path: str, job_id: str) -> Iterator[Entry]:

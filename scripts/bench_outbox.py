@@ -1,7 +1,7 @@
 """Outbox benchmark: what ``Outbox.enqueue`` costs inside a transaction, and the PostgreSQL relay.
 
 Run it through ``scripts/bench-outbox`` (short by default; ``--n``/``--rows``/``--commits`` for
-more). A private PostgreSQL is started for the run (``tests/support/postgres.py``: a
+more). A private PostgreSQL is started for the run (``hybridq.testing.postgres``: a
 ``postgres`` on PATH or the ``pgserver`` wheel; ``fsync=off``, so the database side is not
 bounded by this disk: the journal's fsync is real). Three parts:
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg
 from hybridq.outbox import Outbox
 from hybridq.outbox.relay import Relay
-from tests.support.postgres import PostgresServer, find_bin
+from hybridq.testing.postgres import PostgresServer, find_bin
 
 FUNC = "tests.tasks.add"
 COLUMNS = "(job_id, idempotency_key, queue, envelope, created_at)"

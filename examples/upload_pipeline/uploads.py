@@ -11,6 +11,10 @@ the enqueue. The order that loses nothing and runs nothing for a move that never
 The task does step 3 itself if it is still pending. Whichever of the uploader and the task
 renames the file first wins; the other finds it gone, which is fine.
 
+An uploader that dies between steps 1 and 2 leaves a file in ``incoming/`` with no job (its
+client got no acknowledgement, and may never send it again): :func:`sweep`, run when an
+uploader starts, enqueues every file left there longer than a few minutes.
+
 The journal is ``$HYBRIDQ_JOURNAL``; a worker runs the task with ``hybridq worker --allow
 uploads uploads``, started in this directory.
 """
@@ -20,10 +24,15 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import time
 
 import hybridq
 
-__all__ = ["process_upload", "publish", "upload"]
+__all__ = ["SWEEP_AFTER_S", "process_upload", "publish", "sweep", "upload"]
+
+#: How long a file waits in ``incoming/`` before :func:`sweep` takes it for a dead uploader's: far
+#: longer than an upload takes between its write and its enqueue (milliseconds).
+SWEEP_AFTER_S = 300.0
 
 
 @hybridq.task(queue="uploads")
@@ -45,6 +54,26 @@ def upload(root: str, name: str, data: bytes) -> None:
     process_upload.enqueue_call((root, name), idempotency_key=f"upload:{name}")
     _crash_point(name)  # the intent is recorded, the move not done: tests kill uploaders here
     publish(root, name)
+
+
+def sweep(root: str, older_than_s: float = SWEEP_AFTER_S) -> list[str]:
+    """Enqueue the processing of every file in ``incoming/`` older than ``older_than_s``; their names.
+
+    Such a file was stored by an uploader that died before its enqueue returned. Nothing is
+    checked first: a file whose job exists already (its uploader died after the enqueue, before
+    the move) is enqueued again under the same key, and the forwarder records that second job
+    as a duplicate and never delivers it (enqueue-if-absent, docs/enqueue.md). A temporary
+    file (``.NAME.PID.tmp``: a write cut short) is no upload and is left alone.
+    """
+    cutoff = time.time() - older_than_s
+    swept = []
+    with os.scandir(os.path.join(root, "incoming")) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_file() or entry.stat().st_mtime > cutoff:
+                continue
+            process_upload.enqueue_call((root, entry.name), idempotency_key=f"upload:{entry.name}")
+            swept.append(entry.name)
+    return swept
 
 
 def publish(root: str, name: str) -> None:

@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -24,7 +25,9 @@ from hybridq.cli.options import (
     EXIT_OK,
     EXIT_USAGE,
     _Context,
+    _fail,
 )
+from hybridq.errors import MissingExtra
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -78,6 +81,13 @@ class _LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_COMMANDS})
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a feature whose extra is not installed is one line, exit 1."""
+        try:
+            return super().invoke(ctx)
+        except MissingExtra as exc:
+            _fail(ctx, exc)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in _COMMANDS and cmd_name not in self.commands:

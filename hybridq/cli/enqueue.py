@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 from typing import Any
 
 import click
@@ -10,8 +13,10 @@ import click
 from hybridq.cli.options import (
     _fail,
     journal_option,
+    shown,
 )
-from hybridq.errors import HybridqError
+from hybridq.envelope import function_path
+from hybridq.errors import EnvelopeError, HybridqError
 
 
 @click.command()
@@ -64,6 +69,14 @@ def enqueue(
     from hybridq.producer import Queue  # noqa: PLC0415
 
     values = [_json_arg(f"argument {n}", raw) for n, raw in enumerate(args, 1)]
+    unchecked = _import_module_of(func)  # so that the enqueue below can check the name
+    if unchecked is not None:
+        click.echo(
+            f"hybridq: note: cannot check that {shown(func)} exists here ({shown(unchecked)}); a worker "
+            "that imports its module fails the job if it lacks the name, one that cannot leaves it "
+            "waiting (hybridq doctor lists it)",
+            err=True,
+        )
     kwargs = _json_arg("--kwargs", kwargs_json) if kwargs_json is not None else {}
     if not isinstance(kwargs, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--kwargs")
@@ -80,6 +93,39 @@ def enqueue(
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)
     click.echo(job.id)
+
+
+def _import_module_of(func: str) -> str | None:
+    """Import the module ``func`` names, as a worker would (the current directory on the path).
+
+    The current directory only if it is ours and no one else may write to it (a module planted
+    there would run here).
+
+    ``None`` once imported: the enqueue then checks the name (``hybridq.producer_calls``). Else
+    why not: the module is not on this host's path (a producer without the task code), or
+    importing it failed. The longest prefix that is a module is the one imported, as a worker's.
+    """
+    try:
+        function_path(func)
+    except EnvelopeError:
+        return None  # not a dotted path: the enqueue says so
+    cwd = os.getcwd()
+    st = os.stat(cwd)
+    if cwd not in sys.path and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+        sys.path.append(cwd)  # only a directory no one else can plant a module in
+    parts = func.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:n])
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+                continue  # not a module: a shorter prefix may be
+            return f"importing {name} failed: {exc}"
+        except Exception as exc:  # the module's own code raised
+            return f"importing {name} failed: {exc!r}"
+        return None
+    return f"no module {parts[0]!r} on this host's path"
 
 
 def _json_arg(what: str, raw: str) -> Any:

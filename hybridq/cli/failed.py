@@ -10,6 +10,7 @@ import click
 from hybridq.cli.options import (
     _fail,
     journal_option,
+    shown,
 )
 from hybridq.errors import HybridqError
 
@@ -46,7 +47,7 @@ def failed_list(ctx: click.Context, journal: str, as_json: bool) -> None:
             click.echo(json.dumps(_failed_json(job)))
         else:
             error = (job.error or "").strip().splitlines()[-1:] or [""]
-            click.echo(f"{job.id}  {job.queue}  {job.func}  attempts={job.attempts}  {error[0][:120]}")
+            click.echo(shown(f"{job.id}  {job.queue}  {job.func}  attempts={job.attempts}  {error[0][:120]}"))
     if not as_json:
         click.echo(f"{len(jobs)} failed job(s)", err=True)
 

@@ -102,7 +102,8 @@ RELAY_STOP_TIMEOUT_S = 45.0
     "serve_bind",
     default=None,
     metavar="HOST:PORT",
-    help="Also serve the HTTP API (hybridq serve) on this address, in this process (docs/http.md).",
+    help="Also serve the HTTP API (hybridq serve) on this address (or unix:PATH), in this process "
+    "(docs/http.md).",
 )
 @tokens_option
 @click.option(

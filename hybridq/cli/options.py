@@ -7,9 +7,10 @@ Exit codes (documented in ``docs/cli.md``):
 
 * 0 — success; for ``journal verify``: the journal is healthy (a torn tail is healthy).
 * 1 — an error (bad path, I/O error); one line on stderr.
-* 2 — bad usage (unknown option, bad value).
+* 2 — bad usage (unknown option, bad value, no ``--journal`` where one is needed).
 * 3 — the journal is corrupt; the message names file, offset and the records affected.
-* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs).
+* 4 — ``doctor`` found something (missing, stranded or orphaned jobs, duplicates, unknown jobs,
+  unfinished jobs while no forwarder runs).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
 
 from hybridq.errors import HybridqError, JournalCorruption
-from hybridq.journal.paths import DEFAULT_JOURNAL
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -34,15 +35,26 @@ EXIT_FINDINGS = 4
 #: Where ``--redis`` points when neither the option nor ``HYBRIDQ_REDIS_URL`` is given.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
+#: What a command that needs a journal says when given none (exit 2): as the Python API
+#: (``hybridq.journal.paths.NO_JOURNAL``), the command line never guesses one. A forwarder
+#: started in the wrong directory would otherwise forward an empty journal without a word.
+NO_JOURNAL = "no journal given: pass --journal PATH or set HYBRIDQ_JOURNAL (docs/cli.md)"
+
+
+def _given_journal(ctx: click.Context, _param: click.Parameter, value: str | None) -> str:
+    if not value:
+        _bad_usage(ctx, NO_JOURNAL)
+    return value
+
+
 journal_option = click.option(
     "--journal",
     "journal",
     envvar="HYBRIDQ_JOURNAL",
-    default=DEFAULT_JOURNAL,
-    show_default=True,
     show_envvar=True,
     type=click.Path(file_okay=False),
-    help="Journal directory (relative paths are relative to the working directory).",
+    callback=_given_journal,
+    help="Journal directory, required (relative paths are relative to the working directory).",
 )
 
 
@@ -51,13 +63,34 @@ class _Context:
         self.debug = debug
 
 
+def shown(text: object) -> str:
+    """``text`` safe for a terminal: control and format characters escaped (``\\x1b``, ``\\u202e``).
+
+    Error texts come from tasks, and waiting reasons from whoever writes to Redis: printed raw,
+    an escape sequence clears the screen, retitles the terminal or hides a link, and a
+    right-to-left override reverses what follows. Tabs stay; so do newlines, unless ``text`` is
+    meant to be one line (escape them before).
+    """
+    out = str(text)
+    if out.isprintable():
+        return out
+    return "".join(
+        c if c in "\n\t" or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
+        for c in out
+    )
+
+
+#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:
     """One clear line on stderr (a traceback only with --debug), and the right exit code."""
     obj = ctx.find_object(_Context)
     if obj is not None and obj.debug:
         raise exc
     code = EXIT_CORRUPT if isinstance(exc, JournalCorruption) else EXIT_ERROR
-    click.echo(f"hybridq: error: {exc}", err=True)
+    click.echo(f"hybridq: error: {shown(exc)}", err=True)
     ctx.exit(code)
     raise AssertionError  # pragma: no cover - ctx.exit raises
 

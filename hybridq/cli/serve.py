@@ -28,6 +28,9 @@ __all__ = ["parse_bind", "serve", "serve_config"]
 
 log = logging.getLogger("hybridq")
 
+#: The longest path a unix socket may have, with its terminating NUL (Linux's ``sun_path``).
+UNIX_PATH_MAX = 108
+
 
 def parse_bind(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: a free one) as (host, port).
@@ -44,6 +47,15 @@ def parse_bind(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_unix_path(path: str) -> None:
+    """Raise ValueError unless ``path`` can name a unix socket (absolute, under 108 bytes)."""
+    if not os.path.isabs(path) or len(os.fsencode(path)) >= UNIX_PATH_MAX:
+        raise ValueError(
+            f"--bind unix:{path}: give an absolute path under {UNIX_PATH_MAX} bytes, e.g. "
+            "unix:/run/hybridq/api.sock"
+        )
+
+
 def serve_config(
     ctx: click.Context,
     *,
@@ -58,6 +70,7 @@ def serve_config(
     imports: tuple[str, ...] = (),
     allowed_hosts: tuple[str, ...] = (),
     limit_concurrency: int = 1000,
+    client_connections: int = 100,
 ) -> ServeConfig:
     """The server's checked settings (a ``ServeConfig``); bad input is one line and exit 1."""
     from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
@@ -66,13 +79,16 @@ def serve_config(
     from hybridq.redisurl import check_url  # noqa: PLC0415
     from hybridq.signing import keyring  # noqa: PLC0415
 
+    unix = bind.removeprefix("unix:") if bind.startswith("unix:") else None
     try:
-        host, port = parse_bind(bind)
+        host, port = ("localhost", 0) if unix is not None else parse_bind(bind)
+        if unix is not None:
+            check_unix_path(unix)
         if redis_url is not None:
             check_url(redis_url)  # a malformed URL is one line now, not at the first page
     except ValueError as exc:
         _fail(ctx, exc)
-    if tokens_file is None and not is_loopback(host):
+    if tokens_file is None and unix is None and not is_loopback(host):
         _fail(ctx, ValueError(f"--bind {bind} is not a loopback address: give --tokens-file (docs/http.md)"))
     if tokens_file is not None:
         try:
@@ -96,6 +112,7 @@ def serve_config(
         redis_url=redis_url,
         host=host,
         port=port,
+        unix_path=Path(unix) if unix is not None else None,
         tokens_file=Path(tokens_file) if tokens_file is not None else None,
         allow=allow,
         max_body=max_body,
@@ -103,6 +120,7 @@ def serve_config(
         forwarded_allow_ips=forwarded_allow_ips,
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
+        client_connections=client_connections,
     )
 
 
@@ -123,6 +141,12 @@ def start_server(
     click.echo(f"listening on {server.url}")
     sys.stdout.flush()
     log.info("serving %s on %s", config.journal, server.url)
+    if config.tokens_file is None and config.unix_path is None:
+        log.warning(
+            "serving without --tokens-file: every user and process of this host can read jobs and "
+            "enqueue them at %s; give --tokens-file, or --bind unix:PATH (docs/http.md)",
+            server.url,
+        )
     return server
 
 
@@ -144,7 +168,8 @@ tokens_option = click.option(
     default="127.0.0.1:8080",
     show_default=True,
     metavar="HOST:PORT",
-    help="The address to listen on (port 0: a free one, printed at start).",
+    help="The address to listen on (port 0: a free one, printed at start), or unix:PATH (a unix "
+    "socket, mode 0660: its owner and group may connect).",
 )
 @tokens_option
 @click.option(
@@ -202,7 +227,15 @@ tokens_option = click.option(
     default=1000,
     show_default=True,
     metavar="N",
-    help="The most connections served at once; more are answered 503 at once.",
+    help="The most connections served at once; the oldest idle one makes room for a new one, else 503.",
+)
+@click.option(
+    "--client-connections",
+    type=click.IntRange(1, None),
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="The most connections of one client address (raise it behind a busy proxy).",
 )
 @click.pass_context
 def serve(
@@ -218,6 +251,7 @@ def serve(
     forwarded_allow_ips: str,
     allowed_hosts: tuple[str, ...],
     limit_concurrency: int,
+    client_connections: int,
 ) -> None:
     """Serve the HTTP API (and the dashboard) for one journal, until SIGTERM or SIGINT.
 
@@ -244,6 +278,7 @@ def serve(
         imports=imports,
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
+        client_connections=client_connections,
     )
     server = start_server(ctx, config)
     server.run()

@@ -18,6 +18,7 @@ from hybridq.cli.options import (
     password_file_option,
     redis_for_option,
     redis_option,
+    shown,
 )
 from hybridq.errors import HybridqError
 from hybridq.protocol import DEFAULT_LEASE_S
@@ -175,8 +176,11 @@ def _print_status(out: dict[str, Any]) -> None:
         click.echo(f"{'redis instance':>22}: {instance['url']} [{', '.join(instance['queues'])}] {lengths}")
     if "outbox" in out:
         box = out["outbox"]
+        aside = (
+            f"; {box['set_aside']} set aside (bad rows: hybridq doctor --outbox)" if box["set_aside"] else ""
+        )
         click.echo(
-            f"{'outbox':>22}: {box['rows']} rows not yet relayed, oldest {box['oldest_age_s']} s "
+            f"{'outbox':>22}: {box['rows']} rows not yet relayed, oldest {box['oldest_age_s']} s{aside} "
             f"(table {box['table']} in {box['dsn']})"
         )
 
@@ -199,6 +203,7 @@ def _print_status(out: dict[str, Any]) -> None:
     help="The forwarder's --lease.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@outbox_options
 @click.pass_context
 def doctor(
     ctx: click.Context,
@@ -208,6 +213,8 @@ def doctor(
     lease_s: float,
     as_json: bool,
     redis_for: dict[str, str],
+    outbox_dsn: str | None,
+    outbox_table: str,
 ) -> None:
     """Compare the journal and ledger with what Redis holds: is anything lost or stuck?
 
@@ -215,9 +222,12 @@ def doctor(
     jobs whose worker died mid-task (orphaned: the forwarder re-delivers them by itself),
     duplicate queue entries, jobs in RQ's intermediate lists, this forwarder's jobs queued in
     Redis that the journal does not have as pending (unknown), queues where jobs wait that no
-    registered RQ worker serves (unserved), and job ids shared by different calls (merged: only
-    the first runs). A dry run unless --fix. With --redis-for QUEUE=URL, every Redis instance is
-    checked, each for its own queues (an unreachable one: exit 1, naming it).
+    registered RQ worker serves (unserved), job ids shared by different calls (merged: only
+    the first runs), and unfinished jobs while no forwarder holds the journal (unattended:
+    nothing moves them on until one starts). With --outbox, also the outbox rows the relay set
+    aside (bad rows it cannot append; docs/outbox.md). A dry run unless --fix. With --redis-for
+    QUEUE=URL, every Redis instance is checked, each for its own queues (an unreachable one:
+    exit 1, naming it).
     Exit 0 when healthy, 4 when it found something (after fixing it, with --fix).
 
     \b
@@ -230,6 +240,8 @@ def doctor(
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
     from hybridq.transport.sharded import ShardedTransport  # noqa: PLC0415
 
+    if outbox_dsn is not None:
+        _check_outbox(ctx, outbox_dsn, outbox_table)
     routes = Routes(redis_url, redis_for)
     transport = ShardedTransport(routes) if routes.sharded else RQTransport(redis_url)
     try:
@@ -238,17 +250,22 @@ def doctor(
         _fail(ctx, exc)
     finally:
         transport.close()
+    if outbox_dsn is not None:
+        _doctor_outbox(ctx, report, outbox_dsn, outbox_table)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
-        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {report.verdicts or 'none'}")
+        if report.unattended:
+            click.echo(_unattended_line(report.unattended, journal))
+        click.echo(f"checked {report.checked} forwarded, unfinished job(s): {_counted(report.verdicts)}")
         for name in ("missing", "stranded", "orphaned", "intermediate", "unknown"):
             ids: list[str] = getattr(report, name)
             if ids:
                 more = f" (+{len(ids) - 10} more)" if len(ids) > 10 else ""
                 click.echo(f"{name}: {len(ids)}: {' '.join(ids[:10])}{more}")
         if report.duplicate_entries:
-            click.echo(f"duplicate queue entries: {report.duplicate_entries}")
+            entries = ", ".join(f"{job_id} ({n} times)" for job_id, n in report.duplicate_entries.items())
+            click.echo(f"duplicate queue entries: {entries}")
         if report.unserved:
             waiting = ", ".join(f"{q} ({n} waiting)" for q, n in report.unserved.items())
             click.echo(f"queues no worker serves: {waiting}")
@@ -257,11 +274,43 @@ def doctor(
                 f"job ids shared by different calls (only the first runs): {' '.join(report.merged[:10])}"
             )
         for w in report.waiting[:10]:
+            line = f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
+            click.echo(shown(line.replace("\n", " ")))  # a worker wrote it, or anyone who writes to Redis
+        if report.outbox_set_aside:
+            rows = "; ".join(
+                f"id {r['id']} job {r['job_id']}: {r['why']}" for r in report.outbox_set_aside_rows
+            )
             click.echo(
-                f"waiting for a worker that can run it: {w.get('id')} ({w.get('func')}): {w.get('reason')}"
+                shown(
+                    f"outbox rows set aside: {report.outbox_set_aside}: {rows} (docs/outbox.md, 'Bad rows')"
+                )
             )
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
         click.echo("healthy" if report.healthy else "problems found")
     if not report.healthy:
         ctx.exit(EXIT_FINDINGS)
+
+
+def _counted(counts: dict[str, int]) -> str:
+    """``{"queued": 9, "stranded": 1}`` in words: ``9 queued, 1 stranded`` (``none`` if empty)."""
+    return ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def _unattended_line(jobs: int, journal: str) -> str:
+    """What ``doctor`` says when no forwarder holds the journal while jobs in it are unfinished."""
+    return (
+        f"no forwarder holds this journal: {jobs} unfinished job(s) wait until one runs "
+        f"(hybridq forward --journal {journal}; docs/forwarder.md)"
+    )
+
+
+def _doctor_outbox(ctx: click.Context, report: Any, dsn: str, table: str) -> None:
+    """The outbox part of ``doctor`` (hybridq.doctor.check_outbox); its driver's error in one line."""
+    from hybridq.doctor import check_outbox  # noqa: PLC0415
+    from hybridq.status import redact_url  # noqa: PLC0415
+
+    try:
+        check_outbox(report, dsn, table)
+    except Exception as exc:  # the database driver's own error: locked, no right, ...
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))

@@ -37,6 +37,8 @@ from hybridq.errors import (
     EnvelopeError,
     HybridqError,
     JournalIOError,
+    NoSuchTask,
+    NotAllowed,
     QueueFull,
     RecordTooLarge,
     ResultNotKept,
@@ -55,6 +57,8 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
+#: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
+MAX_CHECKED_TASKS = 4096
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -84,6 +88,8 @@ class Api:
         self.posts: Counter[int] = Counter()
         self.registry = registry
         self._stats_registry: CollectorRegistry | None = None
+        #: Task paths :meth:`_check_task` found runnable (a bounded cache).
+        self._tasks_checked: set[str] = set()
 
     def routes(self) -> list[BaseRoute]:
         """The API's routes."""
@@ -110,8 +116,9 @@ class Api:
         key = request.headers.get("idempotency-key")
         if key is not None and not valid_key(key):
             return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
+        scope = str(getattr(request.state, "token_scope", ""))  # whose key: the token's (auth.py)
         try:
-            env = self._envelope(await self._body(request), key)
+            env = self._envelope(await self._body(request), key, scope)
             _check_size(env)
         except BodyTooLarge:
             return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
@@ -121,7 +128,7 @@ class Api:
             return Response(status_code=400)  # the client is gone: nobody reads it, nothing logged
         except RecordTooLarge as exc:  # a JournalError, but the client's to fix: not a retry
             return _error(413, "too_large", str(exc))
-        except (BadRequest, EnvelopeError) as exc:  # EnvelopeError: NotSerializable too
+        except (BadRequest, EnvelopeError, NoSuchTask) as exc:  # EnvelopeError: NotSerializable too
             return _error(400, "bad_request", str(exc))
         except HybridqError as exc:  # the journal directory cannot be used (a JournalError)
             return self._unavailable(exc)
@@ -164,7 +171,7 @@ class Api:
                 raise
             raise BadRequest("the body must be a JSON object") from None
 
-    def _envelope(self, body: Any, key: str | None) -> Envelope:
+    def _envelope(self, body: Any, key: str | None, scope: str = "") -> Envelope:
         """The job a body asks for, validated (raises :class:`BadRequest` or EnvelopeError)."""
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
@@ -180,6 +187,7 @@ class Api:
                 f"task {path!r} is not registered with @hybridq.task in this server nor under "
                 "--allow (docs/http.md)"
             )
+        self._check_task(path)
         args = body.get("args", [])
         kwargs = body.get("kwargs", {})
         if not isinstance(args, list):
@@ -198,8 +206,9 @@ class Api:
             path,
             args,
             kwargs,
-            idempotency_key=key,
-            job_id=None if key is None else key_job_id(key),
+            # Scoped like the id: the forwarder merges jobs of one key, and two tokens' keys differ.
+            idempotency_key=key if key is None or not scope else f"token-{scope[:16]}:{key}",
+            job_id=None if key is None else key_job_id(key, scope),
             delay=delay,
             retry=_retry(body.get("retry")),
         )
@@ -208,6 +217,25 @@ class Api:
         if queue != env.queue:
             env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
         return env
+
+    def _check_task(self, path: str) -> None:
+        """Refuse (400) a task the server can tell no worker would run; else leave it to them.
+
+        Where its module is imported here (``--import``, a registered task), the name must exist
+        and pass the workers' own rules (:func:`hybridq.allow.resolve`, with this server's
+        prefixes): a typo, or a class whose call runs another module's constructor, would only
+        fail on a worker, or wait there for good. Nothing is imported for the check.
+        """
+        if path in self._tasks_checked:
+            return
+        try:
+            if not allow.check_name(path):
+                return  # no module of it here: the workers decide
+            allow.resolve(path, self.config.allow)
+        except (NoSuchTask, NotAllowed) as exc:
+            raise BadRequest(str(exc)) from None
+        if len(self._tasks_checked) < MAX_CHECKED_TASKS:
+            self._tasks_checked.add(path)
 
     def _allowed(self, path: str) -> bool:
         if allow.allowed(path):
@@ -260,7 +288,9 @@ class Api:
         """The journal's counts (:func:`hybridq.stats`) with the server's capacity."""
         del request
         try:
-            out = await asyncio.to_thread(stats, self.journal, redis_url=self.config.redis_url)
+            out = await asyncio.to_thread(
+                stats, self.journal, redis_url=self.config.redis_url, outbox=None, redis_for=None
+            )
         except (HybridqError, OSError) as exc:
             return _error(503, "journal_unavailable", str(exc))
         return JSONResponse(stats_body(out, self.config.capacity))
@@ -335,8 +365,16 @@ def job_state(job: Job) -> dict[str, Any]:
 
 
 def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
-    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``."""
+    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``.
+
+    Without the journal's path and the Redis URL (its user, host and port): a token lets its
+    holder enqueue and read jobs, not learn where the server's files and Redis are.
+    """
     body = dict(out)
+    if isinstance(body.get("journal"), dict):
+        body["journal"] = {k: v for k, v in body["journal"].items() if k != "path"}
+    if isinstance(body.get("redis"), dict):
+        body["redis"] = {k: v for k, v in body["redis"].items() if k != "url"}
     body["queued"] = out.get("not_yet_forwarded", 0)
     body["capacity"] = capacity
     body["pending_by_queue"] = out.get("queues", {})

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from hybridq import __version__
 from hybridq.http import dashboard
 from hybridq.http.api import Api
-from hybridq.http.auth import AuthMiddleware, Tokens, allowed_hosts, login_routes
+from hybridq.http.auth import AuthMiddleware, Guesses, Tokens, allowed_hosts, login_routes
 from hybridq.http.config import ServeConfig
 from hybridq.http.openapi import document
 
@@ -43,6 +43,7 @@ def create_app(config: ServeConfig, *, registry: CollectorRegistry | None = None
         TokensError: ``config.tokens_file`` cannot be read or holds no token.
     """
     tokens = Tokens(config.tokens_file) if config.tokens_file is not None else None
+    guesses = Guesses()  # failed authentications per client: the API's and the login form's
     api = Api(config, registry)
     hosts = allowed_hosts(config.host, config.allowed_hosts) if tokens is None else None
     spec = document(__version__)
@@ -55,12 +56,12 @@ def create_app(config: ServeConfig, *, registry: CollectorRegistry | None = None
         routes=[
             *api.routes(),
             Route("/v1/openapi.json", openapi, methods=["GET"]),
-            *login_routes(tokens),
+            *login_routes(tokens, guesses),
             *dashboard.routes(config),
         ],
         # Without tokens, only this machine's names: a page whose name resolves here (DNS
         # rebinding) must not reach the API. With tokens, the token is the check.
-        middleware=[Middleware(AuthMiddleware, tokens=tokens, hosts=hosts)],
+        middleware=[Middleware(AuthMiddleware, tokens=tokens, hosts=hosts, guesses=guesses)],
     )
     app.state.config = config
     app.state.api = api

@@ -25,12 +25,14 @@ remove the old one).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import html
 import ipaddress
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -45,17 +47,20 @@ from starlette.routing import BaseRoute, Route
 
 from hybridq.errors import TokensError
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
+from hybridq.secretfile import read_secret_file
 
 __all__ = [
     "COOKIE",
     "OPEN_PATHS",
     "AuthMiddleware",
+    "Guesses",
     "Tokens",
     "TokensError",
     "allowed_hosts",
     "is_loopback",
     "login_routes",
     "session_value",
+    "token_scope",
 ]
 
 log = logging.getLogger("hybridq.http")
@@ -66,6 +71,11 @@ COOKIE = "hybridq_session"
 OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})
 #: Longest token accepted (a file of longer lines is refused at start).
 MAX_TOKEN = 512
+#: Shortest token accepted, and how many different characters it must have at least.
+MIN_TOKEN, MIN_DISTINCT = 16, 6
+#: Failed authentications (a wrong bearer token, a wrong login) one client may make per window;
+#: past them, every request of it that tries a token is answered 429 until the window ends.
+MAX_FAILURES, FAILURE_WINDOW_S = 20, 60.0
 #: How long a login lasts (the cookie's Max-Age, and checked by the server), seconds.
 SESSION_S = 12 * 3600
 #: The largest ``POST /login`` body (a token, the ``next`` path and the form's encoding).
@@ -94,9 +104,14 @@ def is_loopback(host: str) -> bool:
 
 
 def _read_tokens(path: Path) -> tuple[bytes, ...]:
-    """The tokens in ``path``: one per line; blank lines and ``#`` comments are skipped."""
+    """The tokens in ``path``: one per line; blank lines and ``#`` comments are skipped.
+
+    A token must have at least :data:`MIN_TOKEN` characters, :data:`MIN_DISTINCT` of them
+    different (a 2-letter token fell in 442 guesses); a file group or other may read is warned
+    about (never refused: a deployment's group may need it).
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_secret_file(str(path))
     except OSError as exc:
         raise TokensError(f"tokens file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -110,6 +125,11 @@ def _read_tokens(path: Path) -> tuple[bytes, ...]:
             raise TokensError(
                 f"tokens file {path}: line {number} is not a token (printable ASCII, no spaces)"
             )
+        if len(line) < MIN_TOKEN or len(set(line)) < MIN_DISTINCT:
+            raise TokensError(
+                f"tokens file {path}: line {number} is too weak a token (at least {MIN_TOKEN} "
+                f"characters, {MIN_DISTINCT} of them different; make one with openssl rand -hex 32)"
+            )
         tokens.append(line.encode())
     if not tokens:
         raise TokensError(f"tokens file {path}: no token in it (one per line)")
@@ -118,6 +138,11 @@ def _read_tokens(path: Path) -> tuple[bytes, ...]:
 
 def _session_mac(token: bytes, issued: int) -> str:
     return hmac.new(token, b"hybridq-session-v2:%d" % issued, hashlib.sha256).hexdigest()
+
+
+def token_scope(token: bytes) -> str:
+    """A name for ``token`` that does not reveal it: whose ``Idempotency-Key`` a POST's is."""
+    return hashlib.blake2b(token, digest_size=16, person=b"hybridq-keyscope").hexdigest()
 
 
 def session_value(token: bytes, issued: int | None = None) -> str:
@@ -193,18 +218,28 @@ class Tokens:
 
     def valid_token(self, candidate: str) -> bool:
         """Whether ``candidate`` is one of the tokens (each compared in constant time)."""
+        return self.matching(candidate) is not None
+
+    def matching(self, candidate: str) -> bytes | None:
+        """The token ``candidate`` is, or ``None`` (every token compared, in constant time)."""
         given = candidate.encode("utf-8", "replace")
-        ok = False
+        found = None
         for token in self._current():
-            ok |= hmac.compare_digest(given, token)  # no early exit: every token is compared
-        return ok
+            if hmac.compare_digest(given, token):  # no early exit: every token is compared
+                found = token
+        return found
 
     def valid_session(self, cookie: str, now: float | None = None) -> bool:
-        """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked."""
-        issued_text, _, mac = cookie.partition(".")
-        if not issued_text.isdigit() or len(issued_text) > 12 or cookie in self._revoked:
+        """Whether ``cookie`` is a session value of one of the tokens, not expired nor revoked.
+
+        Only the form :func:`session_value` writes is taken (an issue time of ASCII digits without
+        a leading zero): another spelling of the same time (``0<time>``) is not the cookie that
+        ``/logout`` revoked, and ``"²".isdigit()`` is true but ``int("²")`` raises.
+        """
+        issued = _issued(cookie)
+        if issued is None or cookie in self._revoked:
             return False
-        issued = int(issued_text)
+        mac = cookie.partition(".")[2]
         age = (time.time() if now is None else now) - issued
         if not -60 <= age <= SESSION_S:  # a minute of clock skew
             return False
@@ -218,9 +253,73 @@ class Tokens:
         """Refuse ``cookie`` from now on (``POST /logout``; this process only, until it expires)."""
         now = time.time()
         self._revoked = {c: t for c, t in self._revoked.items() if t > now}  # drop the expired
-        issued, _, _ = cookie.partition(".")
-        if issued.isdigit() and len(issued) <= 12 and len(self._revoked) < 100_000:
-            self._revoked[cookie] = int(issued) + SESSION_S
+        issued = _issued(cookie)
+        if issued is not None and len(self._revoked) < 100_000:
+            self._revoked[cookie] = issued + SESSION_S
+
+
+def _issued(cookie: str) -> int | None:
+    """The issue time of a session cookie in the one form it is written in; ``None``: not that form."""
+    text = cookie.partition(".")[0]
+    if not (0 < len(text) <= 12 and text.isascii() and text.isdigit()) or text[0] == "0":
+        return None
+    return int(text)
+
+
+class Guesses:
+    """Failed authentications per client, to stop guessing (:data:`MAX_FAILURES` per window).
+
+    While a client is over the limit no token of it is tried at all, the right one included:
+    answering a right guess would leave the guessing unlimited. A client is its address as the
+    server sees it (a trusted proxy's ``X-Forwarded-For`` included): clients sharing an address
+    share a count.
+    """
+
+    def __init__(self, limit: int = MAX_FAILURES, window_s: float = FAILURE_WINDOW_S) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._failures: dict[str, tuple[int, float]] = {}
+
+    def wait(self, client: str) -> float:
+        """Seconds ``client`` must wait before a token of it is tried again (0: none)."""
+        count, since = self._failures.get(client, (0, 0.0))
+        left = since + self.window_s - time.monotonic()
+        return left if count >= self.limit and left > 0 else 0.0
+
+    def failed(self, client: str) -> None:
+        """One more failed authentication of ``client``."""
+        now = time.monotonic()
+        if len(self._failures) >= 10_000:  # bounded: the expired go first, then everyone
+            self._failures = {c: f for c, f in self._failures.items() if f[1] + self.window_s > now}
+            if len(self._failures) >= 10_000:
+                self._failures.clear()
+        count, since = self._failures.get(client, (0, now))
+        if since + self.window_s <= now:
+            count, since = 0, now
+        self._failures[client] = (count + 1, since)
+        if count + 1 == self.limit:
+            log.warning(
+                "%d failed authentications from %s within %g s: its tokens are not tried until then",
+                self.limit,
+                client,
+                self.window_s,
+            )
+
+
+def client_of(scope: Scope) -> str:
+    """The client a request comes from, for :class:`Guesses` (``local`` on a unix socket)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "local"
+
+
+def too_many(wait: float) -> Response:
+    """429: this client failed too many authentications; ``Retry-After`` says until when."""
+    return _json(
+        429,
+        "too_many_failures",
+        "too many failed authentications from this address: retry later",
+        {"Retry-After": str(max(1, math.ceil(wait)))},
+    )
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -250,19 +349,32 @@ class AuthMiddleware:
         hosts: the ``Host`` names answered (:func:`allowed_hosts`); ``None``: any.
     """
 
-    def __init__(self, app: ASGIApp, tokens: Tokens | None, hosts: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: Tokens | None,
+        hosts: frozenset[str] | None = None,
+        guesses: Guesses | None = None,
+    ) -> None:
         self.app = app
         self.tokens = tokens
         self.hosts = hosts
+        self.guesses = guesses or Guesses()
 
     def authenticated(self, scope: Scope) -> bool:
-        """Whether the request carries a valid bearer token, or a session cookie where it counts."""
+        """Whether the request carries a valid bearer token, or a session cookie where it counts.
+
+        A bearer token's :func:`token_scope` goes into ``scope["state"]["token_scope"]``.
+        """
         if self.tokens is None:
             return True
         authorization = _header(scope, b"authorization")
         if authorization is not None:
             scheme, _, token = authorization.partition(" ")
-            return scheme.lower() == "bearer" and self.tokens.valid_token(token.strip())
+            found = self.tokens.matching(token.strip()) if scheme.lower() == "bearer" else None
+            if found is not None:
+                scope.setdefault("state", {})["token_scope"] = token_scope(found)
+            return found is not None
         path = str(scope.get("path", ""))
         if path.startswith(BEARER_ONLY) or path == "/v1":
             return False
@@ -286,15 +398,28 @@ class AuthMiddleware:
             detail = "this Host is not served (hybridq serve --allowed-host NAME adds one)"
             await _json(421, "misdirected_request", detail)(scope, receive, send)
             return
+        bearer = self.tokens is not None and _header(scope, b"authorization") is not None
+        if bearer:
+            wait = self.guesses.wait(client_of(scope))
+            if wait > 0:
+                await _refuse(scope, receive, send, too_many(wait))
+                return
         ok = self.authenticated(scope)
+        if bearer and not ok:
+            self.guesses.failed(client_of(scope))
         scope.setdefault("state", {})["authenticated"] = ok
         if ok or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # policy violation
-            return
-        await _refusal(scope)(scope, receive, send)
+        await _refuse(scope, receive, send, _refusal(scope))
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, response: Response) -> None:
+    """Send ``response`` (a websocket is closed instead: policy violation)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await response(scope, receive, send)
 
 
 def _refusal(scope: Scope) -> Response:
@@ -323,10 +448,24 @@ def _json(status: int, error: str, detail: str, headers: dict[str, str] | None =
 
 # -- the login form -------------------------------------------------------------------------------
 
+_STYLE = "body { font-family: sans-serif; max-width: 24rem; margin: 4rem auto }"
+#: The login form's headers: those of the dashboard's pages (no script, no frame: clickjacking
+#: the token field), its one stylesheet allowed by its hash.
+LOGIN_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'sha256-"
+        + base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+        + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 _FORM = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hybridq: log in</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"></head>
-<body style="font-family: sans-serif; max-width: 24rem; margin: 4rem auto">
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{style}</style></head>
+<body>
 <h1>hybridq</h1>{error}
 <form method="post" action="{action}">
 <input type="hidden" name="next" value="{next}">
@@ -343,23 +482,32 @@ def _safe_next(value: str | None) -> str:
     return value
 
 
-def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
-    """``GET /login`` (the form), ``POST /login`` (sets the cookie), ``POST /logout``."""
+def login_routes(tokens: Tokens | None, guesses: Guesses | None = None) -> list[BaseRoute]:
+    """``GET /login`` (the form), ``POST /login`` (sets the cookie), ``POST /logout``.
+
+    ``guesses``: the failed authentications the API's bearer tokens count too (one per client).
+    """
+    guesses = guesses or Guesses()
 
     def form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
         return HTMLResponse(
             _FORM.format(
+                style=_STYLE,
                 error=f'<p role="alert">{html.escape(error)}</p>' if error else "",
                 action=html.escape(f"{request.scope.get('root_path', '')}/login"),
                 next=html.escape(_safe_next(request.query_params.get("next"))),
             ),
             status_code=status,
+            headers=LOGIN_HEADERS,
         )
 
     async def show(request: Request) -> Response:
         return form(request)
 
     async def login(request: Request) -> Response:
+        wait = guesses.wait(client_of(request.scope)) if tokens is not None else 0.0
+        if wait > 0:
+            return form(request, "Too many failed logins from this address: try again later.", 429)
         try:  # capped and streamed: an unauthenticated client must not make the server buffer
             body = await read_body(request, LOGIN_BODY, LOGIN_TIMEOUT_S)
         except BodyTooLarge:
@@ -375,6 +523,7 @@ def login_routes(tokens: Tokens | None) -> list[BaseRoute]:
             return RedirectResponse(target, status_code=303)  # nothing to log in to
         if not tokens.valid_token(token):
             log.warning("a login with a wrong token from %s", request.client.host if request.client else "?")
+            guesses.failed(client_of(request.scope))
             return form(request, "Wrong token.", 401)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(

@@ -26,7 +26,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         starlette.requests.ClientDisconnect: the client went away mid-body.
     """
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise BodyTooLarge
 
     async def read() -> bytes:

@@ -18,6 +18,8 @@ class ServeConfig:
             holds (claims, redeliveries); None where the server runs without one.
         host: The address the server binds.
         port: The port the server binds (0: a free one).
+        unix_path: A unix socket to listen on instead of ``host:port`` (``--bind unix:PATH``,
+            mode 0660: its file permissions and directory decide who may connect).
         tokens_file: A file of bearer tokens, one per line (several: rotation); None means no
             authentication, which only a loopback bind allows.
         allow: Dotted prefixes of task paths a POST may name besides registered tasks.
@@ -35,12 +37,17 @@ class ServeConfig:
         limit_concurrency: The most connections and requests served at once (uvicorn's
             ``limit_concurrency``; more: 503).
         keep_alive_s: How long an idle keep-alive connection is kept open, in seconds.
+        header_timeout_s: How long a connection may take to send a request's headers, from its
+            opening or its previous response (slower: closed; :mod:`hybridq.http.connections`).
+        client_connections: The most connections of one client address (more: the client's
+            oldest idle one is closed, or the new one refused).
     """
 
     journal: Path
     redis_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    unix_path: Path | None = None
     tokens_file: Path | None = None
     allow: tuple[str, ...] = field(default_factory=tuple)
     max_body: int = 1 << 20
@@ -52,3 +59,5 @@ class ServeConfig:
     body_timeout_s: float = 10.0
     limit_concurrency: int = 1000
     keep_alive_s: int = 5
+    header_timeout_s: float = 10.0
+    client_connections: int = 100

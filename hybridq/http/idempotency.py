@@ -16,8 +16,9 @@ journal itself is read instead (every chain, from its first segment). A journal 
 read raises (the POST answers 503): never taken as "absent". A key whose write failed (the
 outcome unknown: the record may be in the file) is looked up in the journal itself
 (:func:`hybridq.fetch_job`) from then on. A retried key with a different call (task, queue,
-arguments) is refused (:class:`KeyReused`, a 422); a job whose arguments were compacted away is
-taken as the same call.
+arguments, delay, retry) is refused (:class:`KeyReused`, a 422); a job whose arguments were
+compacted away is taken as the same call. Keys are per token: the job id is derived from the key
+and the token the POST carried, so two token holders' keys never meet.
 
 The same key on two POSTs at once: the second waits for the first (a lock per key) and answers
 with its id.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -52,15 +54,28 @@ def valid_key(key: str) -> bool:
     return 0 < len(key) <= MAX_KEY and key.isascii() and key.isprintable()
 
 
-def key_job_id(key: str) -> str:
-    """The job id of the job a POST with ``key`` makes (the same for every retry)."""
-    digest = hashlib.blake2b(key.encode(), digest_size=16, person=b"hybridq-http-key").hexdigest()
+def key_job_id(key: str, scope: str = "") -> str:
+    """The job id of the job a POST with ``key`` makes (the same for every retry).
+
+    ``scope``: whose key it is (:func:`hybridq.http.auth.token_scope` of the token the POST
+    carried; ``""`` without tokens, which derives the id as before keys had scopes): one token's
+    key never names another token's job.
+    """
+    material = key.encode() if not scope else b"%s\0%s" % (scope.encode(), key.encode())
+    digest = hashlib.blake2b(material, digest_size=16, person=b"hybridq-http-key").hexdigest()
     return ID_PREFIX + digest
 
 
 def fingerprint(env: Envelope) -> bytes:
-    """What a retry must repeat: the call (function, queue, arguments), hashed."""
-    return hashlib.blake2b(call_fingerprint(env).encode(), digest_size=16).digest()
+    """What a retry must repeat: the call (function, queue, arguments), its delay and retry, hashed.
+
+    The delay is read back from the envelope (``run_at - created_at``, to the millisecond): the
+    journal keeps when the job may run, not the number the POST sent.
+    """
+    delay = 0 if env.run_at is None else max(0, round((env.run_at - env.created_at) * 1000))
+    retry = None if env.retry is None else env.retry.to_json()
+    whole = json.dumps([call_fingerprint(env), delay, retry], sort_keys=True)
+    return hashlib.blake2b(whole.encode(), digest_size=16).digest()
 
 
 #: A compacted job's call is unknown: any retry matches it.

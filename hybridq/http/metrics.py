@@ -54,7 +54,7 @@ class StatsCollector(Collector):
         if not self.journal:
             return
         try:
-            out = stats(self.api.journal)
+            out = stats(self.api.journal, redis_url=None, outbox=None, redis_for=None)  # the journal only
         except (HybridqError, OSError):
             yield GaugeMetricFamily("hybridq_journal_readable", "1 if the journal could be read.", 0.0)
             return

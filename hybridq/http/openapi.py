@@ -71,7 +71,11 @@ def document(version: str) -> dict[str, Any]:
                         ),
                         "422": _json(_ERROR, "The Idempotency-Key was used for another call."),
                         "429": {
-                            **_json(_ERROR, "The journal holds --capacity pending jobs."),
+                            **_json(
+                                _ERROR,
+                                "The journal holds --capacity pending jobs (queue_full), or this "
+                                "client failed too many authentications (too_many_failures).",
+                            ),
                             "headers": _RETRY_AFTER,
                         },
                         "503": {

@@ -9,8 +9,11 @@ and status of each request, never a header (so never a token).
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import signal
 import socket
+import stat
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -19,8 +22,9 @@ from typing import Any
 import uvicorn
 
 from hybridq.http.config import ServeConfig
+from hybridq.http.connections import Guard, protocol_for
 
-__all__ = ["Server", "bind_socket"]
+__all__ = ["Server", "bind_socket", "bind_unix"]
 
 #: Seconds a stopping server gives requests in flight to finish.
 GRACEFUL_S = 10
@@ -41,6 +45,43 @@ def bind_socket(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+#: The mode of a unix socket ``--bind unix:PATH`` makes: its owner and group may connect.
+UNIX_MODE = 0o660
+
+
+def bind_unix(path: str) -> socket.socket:
+    """A unix stream socket bound at ``path``, mode :data:`UNIX_MODE`, not listening yet.
+
+    A socket file left at ``path`` by a server that is gone is replaced; anything else there
+    (a live server's socket, a file, a link) is not.
+
+    Raises:
+        OSError: ``path`` is in use, is not a socket, or cannot be bound.
+    """
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket: not replaced")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)  # left by a server that is gone
+        else:
+            raise OSError(errno.EADDRINUSE, f"{path}: another server is listening there")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # Before listen(): until then a connect is refused, whatever mode the umask gave the file.
+        os.chmod(path, UNIX_MODE)
     except OSError:
         sock.close()
         raise
@@ -86,7 +127,10 @@ class Server:
     """
 
     def __init__(self, app: Any, config: ServeConfig, **uvicorn_options: Any) -> None:
-        self.sock = bind_socket(config.host, config.port)
+        self.unix_path = None if config.unix_path is None else str(config.unix_path)
+        self.sock = (
+            bind_socket(config.host, config.port) if self.unix_path is None else bind_unix(self.unix_path)
+        )
         # Listening now: a client that connects before uvicorn's loop runs waits in the backlog.
         self.sock.listen(BACKLOG)
         options: dict[str, Any] = {
@@ -98,9 +142,13 @@ class Server:
             "timeout_graceful_shutdown": GRACEFUL_S,
             "lifespan": "off",
             "backlog": BACKLOG,
-            # Slow or idle clients: a bound on what they hold (the body deadline is the API's).
+            # Slow or idle clients: a bound on what they hold (the body deadline is the API's):
+            # a deadline for headers, idle connections closed to make room, a share per client.
             "limit_concurrency": config.limit_concurrency,
             "timeout_keep_alive": config.keep_alive_s,
+            "http": protocol_for(
+                Guard(config.limit_concurrency, config.client_connections, config.header_timeout_s)
+            ),
             **uvicorn_options,
         }
         self.uvicorn = _Uvicorn(uvicorn.Config(app, **options))
@@ -114,16 +162,24 @@ class Server:
 
     @property
     def url(self) -> str:
-        """``http://host:port`` of the bound address."""
+        """``http://host:port`` of the bound address (``unix:PATH`` for a unix socket)."""
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
         host, port = self.address
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (in the main thread: uvicorn handles both)."""
+        bound = os.stat(self.unix_path) if self.unix_path is not None else None
         try:
             self.uvicorn.run(sockets=[self.sock])
         finally:
             self.sock.close()
+            if self.unix_path is not None and bound is not None:
+                with contextlib.suppress(OSError):  # only our own socket file, not a successor's
+                    now = os.stat(self.unix_path)
+                    if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
+                        os.unlink(self.unix_path)
 
     def start(self) -> None:
         """Serve in a thread of this process (signals stay the caller's: call :meth:`stop`)."""

@@ -21,7 +21,6 @@ from hybridq.errors import ConfigError, JournalPathError
 from .fileops import OS_FILEOPS, FileOps
 
 __all__ = [
-    "DEFAULT_JOURNAL",
     "NO_JOURNAL",
     "check_journal_dir",
     "default_journal",
@@ -31,9 +30,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("hybridq.journal")
-
-#: Used when neither ``--journal`` nor ``HYBRIDQ_JOURNAL`` is given; relative to the working directory.
-DEFAULT_JOURNAL = "hybridq-journal"
 
 #: What :func:`default_journal` raises without ``HYBRIDQ_JOURNAL``: no journal is created in the
 #: working directory unless someone asked for one (a test run, a script started in ``$HOME``).

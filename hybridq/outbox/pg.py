@@ -13,7 +13,9 @@ free slot: a relay restarted on the same journal finds its own marked rows (or a
 same journal, so the journal check holds for them too) and takes them over at once. Rows
 marked by a relay on **another** journal whose lock has been free for ``ADOPT_AFTER_S``
 (its host gone for good) are taken over too, logged: if that relay had appended them, the job
-is then in two journals, with one job id and one idempotency key (docs/outbox.md).
+is then in two journals, with one job id and one idempotency key (docs/outbox.md). "Free for
+60 s" is what this relay watched: free at every look, the looks at most ``WATCH_GAP_S`` apart;
+a look that finds the lock held, or no rows of that relay, or a gap, starts the clock again.
 
 Each inserting transaction's commit sends a ``NOTIFY`` (the table's trigger); the relay
 ``LISTEN``s on a second connection and waits for it, or for ``poll_s`` (the fallback poll).
@@ -38,11 +40,12 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from hybridq.errors import JournalLocked
-from hybridq.outbox.schema import table_exists
-from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row
+from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.outbox.schema import SET_ASIDE, table_exists
+from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row, bad_envelope
 from hybridq.redisurl import redact_url
 
-__all__ = ["ADOPT_AFTER_S", "SLOTS", "PgStore", "token"]
+__all__ = ["ADOPT_AFTER_S", "SLOTS", "WATCH_GAP_S", "PgStore", "token"]
 
 log = logging.getLogger("hybridq.relay")
 
@@ -50,6 +53,9 @@ log = logging.getLogger("hybridq.relay")
 SLOTS = 16
 #: Seconds the lock of another journal's relay must stay free before its rows are taken over.
 ADOPT_AFTER_S = 60.0
+#: Most seconds between two looks that both found such a lock free for the time between them to
+#: count as free: a relay can come back and die again between looks further apart.
+WATCH_GAP_S = ADOPT_AFTER_S / 4
 
 
 def token(journal: str, table: str, slot: int) -> int:
@@ -80,16 +86,24 @@ class PgStore:
         self._siblings: set[int] = set()
         self._conn: psycopg.Connection[TupleRow] | None = None
         self._listen: psycopg.Connection[TupleRow] | None = None
-        self._free_since: dict[int, float] = {}
+        #: Per token of another relay seen free: when first seen free, and when last seen free.
+        self._free_since: dict[int, tuple[float, float]] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         t = table
+        # The envelope only when it is bytes within the journal's limit; why not, for the few
+        # rows it is not (bad_envelope), in a second query.
         self._claim = (
-            f"SELECT id, job_id, envelope, relaying FROM {t} WHERE relaying = 0 OR relaying = %s "  # noqa: S608
-            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+            "SELECT id, job_id, CASE WHEN pg_typeof(envelope) = 'bytea'::regtype "  # noqa: S608
+            f"AND octet_length(envelope) <= %s THEN envelope END, relaying FROM {t} "
+            "WHERE relaying = 0 OR relaying = %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
+        self._why = f"SELECT pg_typeof(envelope)::text, octet_length(envelope) FROM {t} WHERE id = %s"  # noqa: S608
         self._mark = f"UPDATE {t} SET relaying = %s WHERE id = ANY(%s)"  # noqa: S608
         self._delete = f"DELETE FROM {t} WHERE id = ANY(%s)"  # noqa: S608
-        self._others = f"SELECT DISTINCT relaying FROM {t} WHERE relaying <> 0 AND relaying <> %s"  # noqa: S608
+        self._unmark = f"UPDATE {t} SET relaying = 0 WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
+        self._set_aside = f"UPDATE {t} SET relaying = {SET_ASIDE} WHERE id = ANY(%s) AND relaying = %s"  # noqa: S608
+        # Other relays' tokens (SET_ASIDE is none: tokens are positive).
+        self._others = f"SELECT DISTINCT relaying FROM {t} WHERE relaying > 0 AND relaying <> %s"  # noqa: S608
         self._adopt = f"UPDATE {t} SET relaying = %s WHERE relaying = %s"  # noqa: S608
 
     def open(self, journal: str) -> None:
@@ -130,11 +144,20 @@ class PgStore:
         """Lock the oldest free rows (and this relay's own marked ones), mark the fresh ones, commit."""
         assert self._conn is not None, "open() first"
         with _connection_errors(), self._conn.transaction():
-            rows = self._conn.execute(self._claim, (self.token, limit)).fetchall()
+            rows = self._conn.execute(self._claim, (MAX_PAYLOAD_BYTES, self.token, limit)).fetchall()
             fresh = [row[0] for row in rows if row[3] == 0]
             if fresh:
                 self._conn.execute(self._mark, (self.token, fresh))
-        return [(int(r[0]), str(r[1]), bytes(r[2]), r[3] != 0) for r in rows]
+            return [
+                (int(r[0]), str(r[1]), r[2], r[3] != 0, None if r[2] is not None else self._bad(r[0]))
+                for r in rows
+            ]
+
+    def _bad(self, row_id: int) -> str | None:
+        """Why the row ``row_id`` cannot be relayed (its envelope's type and size, not its bytes)."""
+        assert self._conn is not None
+        row = self._conn.execute(self._why, (row_id,)).fetchone()
+        return bad_envelope(*row) if row is not None else "gone"
 
     def delete(self, ids: list[int]) -> None:
         """Delete relayed rows in one committed transaction."""
@@ -142,11 +165,24 @@ class PgStore:
         with _connection_errors(), self._conn.transaction():
             self._conn.execute(self._delete, (ids,))
 
-    def backlog(self) -> int:
-        """Rows in the outbox now."""
+    def unmark(self, ids: list[int]) -> None:
+        """Mark this relay's claimed rows fresh again, in one committed transaction."""
         assert self._conn is not None, "open() first"
+        with _connection_errors(), self._conn.transaction():
+            self._conn.execute(self._unmark, (ids, self.token))
+
+    def set_aside(self, ids: list[int]) -> None:
+        """Mark this relay's claimed bad rows ``SET_ASIDE``, in one committed transaction."""
+        assert self._conn is not None, "open() first"
+        with _connection_errors(), self._conn.transaction():
+            self._conn.execute(self._set_aside, (ids, self.token))
+
+    def backlog(self) -> int:
+        """Rows in the outbox now (those set aside not counted)."""
+        assert self._conn is not None, "open() first"
+        sql = f"SELECT count(*) FROM {self.table} WHERE relaying >= 0"  # noqa: S608
         with _connection_errors():
-            row = self._conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()  # noqa: S608
+            row = self._conn.execute(sql).fetchone()
         return int(row[0]) if row is not None else 0
 
     def wait(self, timeout: float) -> None:
@@ -176,6 +212,10 @@ class PgStore:
         """Take over rows marked by relays that are gone: this journal's at once, others' later."""
         assert self._conn is not None, "open() first"
         now = time.monotonic()
+        # Only what is seen free in this pass carries over: a lock found held, or a relay with no
+        # marked rows left (it came back and relayed them), may die again later, and must then
+        # get the whole grace again, not the time since its earlier death (issue 26, item 6).
+        watched, self._free_since = self._free_since, {}
         with _connection_errors():
             others = [int(row[0]) for row in self._conn.execute(self._others, (self.token,))]
             for other in others:
@@ -183,12 +223,14 @@ class PgStore:
                 with self._conn.transaction():
                     free = self._conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (other,)).fetchone()
                     if not (free and free[0]):
-                        self._free_since.pop(other, None)  # its relay lives
-                        continue
-                    if not sibling and now - self._free_since.setdefault(other, now) < ADOPT_AFTER_S:
+                        continue  # its relay lives
+                    first, last = watched.get(other, (now, now))
+                    if now - last > WATCH_GAP_S:
+                        first = now  # not watched in between: it may have lived meanwhile
+                    if not sibling and now - first < ADOPT_AFTER_S:
+                        self._free_since[other] = (first, now)
                         continue
                     taken = self._conn.execute(self._adopt, (self.token, other)).rowcount
-                self._free_since.pop(other, None)
                 if taken:
                     log.warning(
                         "took over %d rows marked by a relay that is gone (%s); they are checked "

@@ -17,10 +17,12 @@ import re
 import sqlite3
 from typing import Any, Literal
 
+from hybridq.extras import missing
 from hybridq.redisurl import redact_url
 
 __all__ = [
     "DEFAULT_TABLE",
+    "SET_ASIDE",
     "SUPPORTED_DSNS",
     "Dialect",
     "connect",
@@ -35,10 +37,15 @@ __all__ = [
 ]
 
 DEFAULT_TABLE = "hybridq_outbox"
+#: ``relaying`` of a row the relay set aside: it cannot be appended to the journal (its envelope
+#: is not bytes, or over the journal's record limit), so it stays, out of every relay's way,
+#: for an operator (docs/outbox.md, "Bad rows"). A value, not a column: tables made before
+#: need no migration, and a relay needs no more than its UPDATE right.
+SET_ASIDE = -1
 #: What ``--dsn`` / ``--outbox`` accept (said in every refusal).
 SUPPORTED_DSNS = "sqlite:///relative/path, sqlite:////absolute/path or postgresql://[user[:password]@][host][:port]/database"
-#: What PostgreSQL needs installed (said when it is missing).
-PSYCOPG_MISSING = "PostgreSQL outboxes need psycopg 3: pip install 'hybridq[postgres]'"
+#: What needs psycopg 3: without it, MissingExtra says so and names the postgres extra.
+PG_FEATURE = "an outbox on PostgreSQL"
 
 Dialect = Literal["sqlite", "postgresql"]
 
@@ -60,7 +67,7 @@ def ddl(table: str = DEFAULT_TABLE, *, dialect: Dialect = "sqlite") -> str:
 
     ``id`` orders the rows (AUTOINCREMENT: never reused, so commit order on SQLite);
     ``relaying`` is set by the relay before it appends a row to the journal, so that after a
-    crash only those rows need checking against the journal.
+    crash only those rows need checking against the journal (``SET_ASIDE``: a bad row).
     """
     validate_table(table)
     if dialect == "postgresql":
@@ -87,10 +94,11 @@ def _pg_ddl(table: str) -> str:
     """PostgreSQL's table, the index of rows a relay holds, and the trigger that wakes relays.
 
     The primary key's index serves the relay's ``ORDER BY id ... FOR UPDATE SKIP LOCKED``.
-    ``relaying`` holds the token of the relay that marked the row (0: none); the partial index
-    finds the few marked rows. The envelope is ``bytea``: its exact bytes (and so a signature
-    over them) go to the journal unchanged. The statement-level trigger sends one ``NOTIFY``
-    per inserting transaction (PostgreSQL folds identical notifications), delivered at commit.
+    ``relaying`` holds the token of the relay that marked the row (0: none; ``SET_ASIDE``: a
+    bad row); the partial index finds the few marked rows. The envelope is ``bytea``: its exact
+    bytes (and so a signature over them) go to the journal unchanged. The statement-level
+    trigger sends one ``NOTIFY`` per inserting transaction (PostgreSQL folds identical
+    notifications), delivered at commit.
     """
     notify = _pg_name(table, "_notify")
     return (
@@ -174,7 +182,7 @@ def _connect_pg(dsn: str, timeout_s: float) -> Any:
     try:
         import psycopg  # noqa: PLC0415 - an optional dependency, loaded for PostgreSQL only
     except ImportError:
-        raise ValueError(PSYCOPG_MISSING) from None
+        raise missing("postgres", PG_FEATURE) from None
     try:
         if timeout_s >= 10:
             return psycopg.connect(dsn, autocommit=True, connect_timeout=10)

@@ -15,6 +15,8 @@ And the project's own:
   simulated worker (also importable as ``hybridq.transport.MemoryTransport``).
 * :mod:`hybridq.testing.embedded` — a private redis-server process (the test suite, benchmarks
   and ``hybridq demo``).
+* :mod:`hybridq.testing.postgres` — a private PostgreSQL (the test suite, ``scripts/bench-outbox``,
+  and ``python -m hybridq.testing.postgres`` to try the outbox on: docs/outbox.md).
 * :mod:`hybridq.testing.chaos` and :mod:`hybridq.testing.faultproxy` — the project's own
   fault-injection harness behind ``hybridq chaos`` (``docs/reliability.md``); not an API.
 

@@ -24,7 +24,7 @@ from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
 from hybridq.allow import ENV_VAR as ALLOW_VAR
-from hybridq.errors import ConfigError
+from hybridq.extras import require
 from hybridq.forwarder import Forwarder
 from hybridq.producer import Queue
 from hybridq.rqworker import SimpleWorker
@@ -55,10 +55,9 @@ class FakeStack:
         allow: str | Iterable[str] = (),
         **forwarder_options: Any,
     ) -> None:
-        try:
-            import fakeredis  # noqa: PLC0415 - an optional dependency
-        except ImportError as exc:
-            raise ConfigError("fake_stack needs fakeredis: pip install 'hybridq[testing]'") from exc
+        require("testing", "fake_stack")
+        import fakeredis  # noqa: PLC0415 - an optional dependency
+
         self.server = fakeredis.FakeServer()
         #: The client of everything here; look at RQ's keys with it.
         self.redis = fakeredis.FakeRedis(server=self.server)

@@ -6,6 +6,8 @@ lease) are in :mod:`hybridq.worker.scripts`.
 
 from __future__ import annotations
 
+from hybridq.protocol_outcome import DECODE_STORED_LUA
+
 __all__ = ["QUEUED_FIELDS", "_EVICT", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
@@ -129,14 +131,16 @@ return 0
 # is not delivered elsewhere); 1: a copy removed; 0: none here. A copy queued under an older
 # generation is fenced by any worker's claim meanwhile (hybridq.worker.scripts), so only a claim
 # made before the epoch changed can run here, and it holds the lease.
-_EVICT = """
+_EVICT = (
+    DECODE_STORED_LUA
+    + """
 if redis.call("EXISTS", KEYS[3]) == 1 and redis.call("EXISTS", KEYS[1]) == 1 then
     return 2  -- (the hash too: another job may share the idempotency key, and run elsewhere)
 end
 local stored = tonumber(ARGV[2]) >= 0 and redis.call("GET", KEYS[4])
 if stored then
-    local ok, r = pcall(cjson.decode, stored)
-    if ok and type(r) == "table" and r.job_id == ARGV[1]
+    local ok, r = decode_stored(stored)
+    if not ok or r.job_id == ARGV[1]
         and (tonumber(r.requeue) or 0) * 100000 + (tonumber(r.attempt) or 0) >= tonumber(ARGV[2]) then
         return 2
     end
@@ -144,6 +148,7 @@ end
 local n = redis.call("LREM", KEYS[2], 0, ARGV[1]) + redis.call("DEL", KEYS[1])
 return n > 0 and 1 or 0
 """
+)
 
 # KEYS: the owner's epoch key. Returns {epoch or nil, run_id or ""}. The run_id is read inside a
 # script, as the workers' claim script reads it (hybridq.worker.scripts): both see the server that
@@ -158,7 +163,9 @@ return {redis.call("GET", KEYS[1]) or false, run_id}
 # KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
 # the cutoff (RQ's timestamp format, lease_s ago). See Transport.probe for the verdicts. RQ's
 # timestamps are fixed-width UTC text, so they compare as strings; RQ writes "" for "not yet".
-_PROBE = """
+_PROBE = (
+    DECODE_STORED_LUA
+    + """
 if redis.call("EXISTS", KEYS[1]) == 0 then
     return "missing"
 end
@@ -170,10 +177,13 @@ local f = redis.call(
 )
 local stored = redis.call("GET", KEYS[2])
 if stored then
-    local ok, r = pcall(cjson.decode, stored)
+    local ok, r = decode_stored(stored)
+    if not ok then
+        return "done"  -- unreadable is not "nothing stored": after the done grace, delivered again
+    end
     -- "done" only for the run Redis holds: the stored failure of attempt 1 says nothing about
     -- attempt 2 waiting in the queue.
-    if ok and type(r) == "table" and r.job_id == ARGV[1] and
+    if r.job_id == ARGV[1] and
             (tonumber(r.requeue) or 0) * 100000 + (tonumber(r.attempt) or 0) >= (tonumber(f[5]) or 0) then
         return "done"
     end
@@ -206,6 +216,7 @@ if f[6] and f[6] == f[5] then
 end
 return "stranded"
 """
+)
 
 # KEYS: RQ's job hash, its queue list, the key's lease, RQ's canceled registry of the queue.
 # ARGV: job id, mark lifetime (s). Marks the job cancelled (a claim that finds the mark runs

@@ -22,7 +22,7 @@ from rq.job import Job as RQJob
 from hybridq import keys, waiting
 from hybridq.allow import resolve
 from hybridq.envelope import Envelope
-from hybridq.errors import NotAllowed, SignatureError, TaskUnavailable
+from hybridq.errors import NoSuchTask, NotAllowed, SignatureError, TaskUnavailable
 from hybridq.protocol import CompletionEvent, Delivery, Outcome, host_pid
 from hybridq.signing import expiry_refusal, keyring, sign_event
 from hybridq.worker.scripts import retrying
@@ -56,7 +56,7 @@ def check(env: Envelope) -> tuple[Callable[..., Any] | None, Exception | None]:
             return None, expired
     try:
         return resolve(env.func), None
-    except NotAllowed as exc:
+    except (NotAllowed, NoSuchTask) as exc:  # NoSuchTask: its module imports here, without it
         return None, exc
     except Exception:  # admit finds it unimportable and says why
         return None, None
@@ -102,10 +102,10 @@ def admit(conn: redis.Redis, d: Delivery) -> Callable[..., Any]:
     """The function to run for ``d``; or refuse or leave (raise) it. Before the claim.
 
     Before anything is imported or claimed. A refused job (a bad signature, a function refused
-    although its module is allowed here, a standard-library function) fails for good (a retry
-    would be refused the same way), and the forwarder records it. A job this worker is merely
-    not set up for (no ``--allow`` covers its module, or its task does not import here: a
-    rolling deploy) is left for a worker that can run it, with no attempt used
+    although its module is allowed here, a standard-library function, a name its module lacks)
+    fails for good (a retry would be refused the same way), and the forwarder records it. A job
+    this worker is merely not set up for (no ``--allow`` covers its module, or its module does
+    not import here: a rolling deploy) is left for a worker that can run it, with no attempt used
     (:func:`_leave`). A key that cannot be read raises SigningKeyError here: nothing runs,
     nothing is reported, and the forwarder delivers the job again later.
     """

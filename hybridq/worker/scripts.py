@@ -20,6 +20,7 @@ import redis
 from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
 from hybridq import redisurl
+from hybridq.protocol_outcome import DECODE_STORED_LUA
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -55,7 +56,9 @@ CALL_TIMEOUT_S = 5.0
 # delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
 # forwarder's current epoch (an older snapshot, a lagging replica promoted), or restarted and
 # the forwarder has not yet noticed; the job may have finished already, so it must not run (the
-# forwarder's refill pass delivers it again if its ledger says it has not finished).
+# forwarder's refill pass delivers it again if its ledger says it has not finished), or {4,
+# "unreadable"}: the key holds a value no script can read (not hybridq's), so it may have
+# finished: nothing runs (fail closed) until the value expires with the key lifetime.
 #
 # The epoch key holds "generation:run_id:token" (Completions.check_epoch). A delivery older than
 # the generation is stale. A run_id that is not the server's own means this server's state is
@@ -66,7 +69,9 @@ CALL_TIMEOUT_S = 5.0
 # KEYS[4] (a caller of the older script's arguments), fences nothing.
 # The claim, as a Lua function (K: the keys, A: the arguments below; ``server`` caches what INFO
 # said and the epochs read, for a script that claims several deliveries).
-CLAIM_LUA = """
+CLAIM_LUA = (
+    DECODE_STORED_LUA
+    + """
 local function claim(K, A, server)
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.cancelling)
@@ -110,16 +115,17 @@ local function claim(K, A, server)
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
     local stored = redis.call("GET", K[1])
     if stored then
-        local ok, r = pcall(cjson.decode, stored)
-        if ok and type(r) == "table" then
-            local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
-            local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
-            if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
-                return {1, stored}
-            end
-            if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
-                return {2, stored}
-            end
+        local ok, r = decode_stored(stored)
+        if not ok then
+            return {4, "unreadable"}  -- not "nothing stored": its key may have finished
+        end
+        local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
+        local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
+        if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
+            return {1, stored}
+        end
+        if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
+            return {2, stored}
         end
     end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
@@ -136,6 +142,7 @@ local function claim(K, A, server)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """
+)
 _CLAIM = CLAIM_LUA + "return claim(KEYS, ARGV, {})\n"
 
 
@@ -146,16 +153,18 @@ _CLAIM = CLAIM_LUA + "return claim(KEYS, ARGV, {})\n"
 # the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
 # 3 kept the success of a later attempt of this job (this run's outcome was superseded).
 # The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none).
-FINISH_LUA = """
+FINISH_LUA = (
+    DECODE_STORED_LUA
+    + """
 local function finish(K, A)
     local stored = redis.call("GET", K[1])
     local keep = 0
     if stored then
-        local ok, r = pcall(cjson.decode, stored)
-        if ok and type(r) == "table" then
+        local ok, r = decode_stored(stored)
+        if ok then
             if r.token == A[1] then return 2 end
             if r.outcome == "succeeded" then
-                local mine = cjson.decode(A[2])
+                local _, mine = decode_stored(A[2])
                 keep = 1
                 if r.job_id == mine.job_id and (tonumber(r.attempt) or 0) > mine.attempt then keep = 3 end
             end
@@ -167,7 +176,7 @@ local function finish(K, A)
     elseif A[5] and A[5] ~= "" then
         event = A[5]  -- the rewrite below, as the worker made and signed it (signing on)
     else
-        local e = cjson.decode(event)
+        local _, e = decode_stored(event)
         -- The result goes too: it is this run's, and cjson would not give it back intact.
         e.outcome, e.final, e.error, e.retry_delay, e.result = "succeeded", true, nil, nil, nil
         event = cjson.encode(e)
@@ -179,6 +188,7 @@ local function finish(K, A)
     return keep
 end
 """
+)
 _FINISH = FINISH_LUA + "return finish(KEYS, ARGV)\n"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, cancel, failed_jobs, keys
+from hybridq import Queue, cancel, failed_jobs, keys, requeue
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Probe
 from hybridq.transport.rq import RQTransport
@@ -226,3 +226,34 @@ def test_under_rqs_worker_loop_rqs_stop_job_command_ends_a_cancelled_job(
     wait_status(journal_dir, subprocess_env, cancelled(1), what="the cancel", alive=alive(forwarder, worker))
     assert job.get_status() == "cancelled"
     assert failed_jobs(str(journal_dir)) == []
+
+
+def test_a_cancel_mark_no_cancel_asked_for_fails_the_job_for_requeue_instead_of_ending_it(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Issue 27 (MEDIUM): ``HSET rq:job:ID hybridq_cancel 1`` by a Redis writer stopped a running
+    job, and its worker's genuine ``cancelled`` event ended it for good (not listed, not
+    requeueable). The forwarder settles ``cancelled`` only for a cancel it holds: this one is
+    recorded failed, listed with why, and a requeue runs it to the end."""
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1", "--threads", "2")
+    job = run.queue.enqueue("tests.tasks.cooperative", str(run.effects), "forged", 3.0)
+    wait_line(run.effects, "start", "forged")
+    with redis_client(redis_server) as client:  # a Redis writer, not hybridq cancel
+        client.hset(keys.rq_job(job.id), "hybridq_cancel", "1")
+    status = wait_status(
+        journal_dir,
+        subprocess_env,
+        lambda s: s["failed"] == 1 and s["pending"] == 0,
+        what="the stopped job's outcome",
+        alive=alive(run.forwarder, run.worker),
+    )
+    assert status["cancelled"] == 0
+    assert lines_of(run.effects, "stopped", "forged"), "the worker stopped it (the mark is in Redis)"
+    assert job.get_status() == "failed"
+    [failed] = failed_jobs(str(journal_dir))
+    assert failed.id == job.id
+    assert "no cancel was asked for" in (failed.error or "")
+    assert "forged cancel mark" in run.forwarder.log()
+    [again] = requeue([job.id], str(journal_dir))
+    wait_line(run.effects, "done", "forged", timeout=60)
+    wait_until(lambda: again.get_status() == "finished", timeout=30, what="the requeued job's outcome")

@@ -114,7 +114,7 @@ def test_the_dashboard_in_chromium(
     # The real command, behind a token: the browser logs in through /login (its cookie and the
     # dashboard's CSRF cookie side by side), as an operator would.
     tokens = tmp_path / "tokens"
-    tokens.write_text("t" * 40 + "\n")
+    tokens.write_text("browser-test-token-0123456789abcdef\n")
     tokens.chmod(0o600)
     wait = WebDriverWait(browser, 20)
     server = ServeProcess(
@@ -125,7 +125,9 @@ def test_the_dashboard_in_chromium(
         base = server.url
         browser.get(base + "/")  # no session: the login page
         wait.until(expected_conditions.url_contains("/login"))
-        browser.find_element(By.CSS_SELECTOR, "input[name=token]").send_keys("t" * 40)
+        browser.find_element(By.CSS_SELECTOR, "input[name=token]").send_keys(
+            "browser-test-token-0123456789abcdef"
+        )
         browser.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
         wait.until(lambda d: "/login" not in d.current_url)
         # Overview: the queue's row.
@@ -148,6 +150,14 @@ def test_the_dashboard_in_chromium(
         with pytest.raises(NoAlertPresentException):
             browser.switch_to.alert.text  # noqa: B018
         _shot(browser, str(shots / "dashboard-failed.png"))
+
+        # Recent jobs: the failure listed with its error, as text (no script ran).
+        browser.get(base + "/jobs")
+        row = browser.find_element(By.XPATH, f"//table[@class='jobs']//tr[td/a[text()='{doomed.id}']]")
+        assert "failed" in row.text
+        with pytest.raises(NoAlertPresentException):
+            browser.switch_to.alert.text  # noqa: B018
+        _shot(browser, str(shots / "dashboard-jobs.png"))
 
         # Its trace: accepted -> forwarded -> claimed -> retry -> claimed -> failed for good.
         browser.find_element(By.CSS_SELECTOR, "form.search input[name=id]").send_keys(doomed.id)
@@ -221,7 +231,9 @@ def test_the_dashboard_in_chromium(
         _shot(browser, str(shots / "dashboard-trace-redis-lost.png"))
     finally:
         server.terminate()
-    assert "t" * 40 not in server.log()  # the token never reaches the server's log
+    assert (
+        "browser-test-token-0123456789abcdef" not in server.log()
+    )  # the token never reaches the server's log
 
     if os.environ.get("HYBRIDQ_DOCS_SCREENSHOTS") == "1":
         for shot in shots.iterdir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from hybridq import Queue
 from hybridq.cli import EXIT_ERROR, EXIT_FINDINGS, cli
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.forwarder import Forwarder
+from hybridq.journal.ownerlock import take_owner_lock
+from hybridq.state import LOCK_NAME
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
@@ -22,10 +25,22 @@ from rq import Worker
 from rq.serializers import JSONSerializer
 
 
-def doctor(journal: Path, server: RedisServer, *extra: str) -> tuple[int, dict]:
-    result = CliRunner().invoke(
-        cli, ["doctor", "--json", "--journal", str(journal), "--redis", server.url, *extra]
-    )
+@contextlib.contextmanager
+def forwarder_running(journal: Path) -> Iterator[None]:
+    """The journal's forwarder lock held, as a running forwarder holds it."""
+    fd = take_owner_lock(os.path.join(journal, LOCK_NAME), owner="forwarder", busy="test")
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def doctor(journal: Path, server: RedisServer, *extra: str, running: bool = True) -> tuple[int, dict]:
+    """``hybridq doctor --json``, by default while a forwarder holds the journal."""
+    with forwarder_running(journal) if running else contextlib.nullcontext():
+        result = CliRunner().invoke(
+            cli, ["doctor", "--json", "--journal", str(journal), "--redis", server.url, *extra]
+        )
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -59,6 +74,44 @@ def test_a_healthy_journal_and_redis(journal_dir: Path, redis_server: RedisServe
     assert code == 0
     assert report["healthy"] is True
     assert report["verdicts"] == {"queued": 10}
+    assert report["forwarder"].startswith("forwarder pid ")
+    assert report["unattended"] == 0
+
+
+def test_unfinished_jobs_while_no_forwarder_runs_are_not_healthy(
+    journal_dir: Path, redis_server: RedisServer
+) -> None:
+    """The forwarder stopped (or was killed): 10 jobs wait and nothing moves them on."""
+    forward(journal_dir, redis_server, 10)
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)  # and one not forwarded yet
+    with registered_worker(redis_server, "default"):
+        code, report = doctor(journal_dir, redis_server, running=False)
+        text = CliRunner().invoke(cli, ["doctor", "--journal", str(journal_dir), "--redis", redis_server.url])
+    assert code == EXIT_FINDINGS
+    assert (report["forwarder"], report["unattended"], report["healthy"]) == (None, 11, False)
+    assert report["verdicts"] == {"queued": 10}  # Redis still has the forwarded ones
+    assert text.exit_code == EXIT_FINDINGS
+    assert text.stdout.splitlines() == [
+        (
+            f"no forwarder holds this journal: 11 unfinished job(s) wait until one runs "
+            f"(hybridq forward --journal {journal_dir}; docs/forwarder.md)"
+        ),
+        "checked 10 forwarded, unfinished job(s): 10 queued",  # words, not a Python repr
+        "problems found",
+    ]
+
+
+def test_a_journal_no_forwarder_ever_ran_on(journal_dir: Path, redis_server: RedisServer) -> None:
+    """No checkpoint: the jobs wait for a first forwarder (it used to be exit 1, 'no checkpoint')."""
+    journal_dir.mkdir(mode=0o700)
+    code, report = doctor(journal_dir, redis_server, running=False)
+    assert (code, report["healthy"], report["checked"]) == (0, True, 0)  # empty: nothing waits
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 1)
+    Queue("default", journal_dir).enqueue("tests.tasks.add", 2, 2)
+    code, report = doctor(journal_dir, redis_server, running=False)
+    assert (code, report["unattended"], report["checked"]) == (EXIT_FINDINGS, 2, 0)
+    code, report = doctor(journal_dir, redis_server)  # a forwarder starting: fine
+    assert (code, report["unattended"]) == (0, 0)
 
 
 def test_it_finds_what_redis_lost_and_fix_delivers_it_again(

@@ -46,12 +46,18 @@ ATTACKS: dict[str, tuple[str, Callable[[str], list[Any]]]] = {
     "class-held-os-system": (f"{MODULE}.Tools.shell", lambda p: [f"touch {p}"]),
     "class-held-subprocess-run": (f"{MODULE}.Tools.run", lambda p: [["touch", p]]),
     "private-function": (f"{MODULE}._private", lambda p: [p]),
+    # Issue 27 (HIGH): a class of the module whose call runs the standard library's constructor.
+    "inherited-popen": (f"{MODULE}.Proc", lambda p: [["touch", p]]),
+    "inherited-file-handler": (f"{MODULE}.Log", lambda p: [p]),
+    "inherited-zipfile": (f"{MODULE}.Archive", lambda p: [p, "w"]),
 }
 ALLOWED = [
     f"{MODULE}.touch",
     f"{MODULE}.Tools.touch",
     f"{MODULE}.Tools.touch_cls",
     f"{MODULE}.registered_touch",
+    f"{MODULE}.Note",  # classes whose constructor is defined in the allowed module
+    f"{MODULE}.Record",
 ]
 
 
@@ -119,6 +125,7 @@ def events(transport: RQTransport) -> list[dict[str, Any]]:
 
 
 def no_effect(effect: Path) -> bool:
+    time.sleep(0.2)  # a spawned process (Popen) has had time to create its file
     return not effect.exists() and not hasattr(builtins, PLANTED)
 
 

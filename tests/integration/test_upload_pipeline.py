@@ -93,10 +93,8 @@ class Uploader:
         return False
 
 
-def run_pipeline(
-    tmp_path: Path, server: RedisServer, env: dict[str, str], code: str | None = None
-) -> dict[str, int]:
-    """Run every uploader to the end with a forwarder and a worker; the figures, from the files."""
+def pipeline(tmp_path: Path, env: dict[str, str]) -> tuple[Path, Path, dict[str, str]]:
+    """The pipeline's root, its journal (created) and the environment its processes get."""
     root, journal = tmp_path / "pipeline", tmp_path / "journal"
     ensure_journal_dir(journal)
     env = {
@@ -104,6 +102,13 @@ def run_pipeline(
         "HYBRIDQ_JOURNAL": str(journal),
         "PYTHONPATH": os.pathsep.join([str(EXAMPLE), env["PYTHONPATH"]]),
     }
+    return root, journal, env
+
+
+def services(
+    tmp_path: Path, journal: Path, server: RedisServer, env: dict[str, str]
+) -> tuple[ForwarderProcess, WorkerProcess]:
+    """``hybridq forward`` and ``hybridq worker --allow uploads`` (one process) for the pipeline."""
     forwarder = ForwarderProcess(journal, server.url, env=env, log_path=tmp_path / "forwarder.log")
     worker_args = ["-m", "hybridq", "worker", "--redis", server.url, "--allow", "uploads"]
     worker = WorkerProcess(
@@ -112,6 +117,15 @@ def run_pipeline(
         log_path=tmp_path / "worker.log",
         cwd=tmp_path,
     )
+    return forwarder, worker
+
+
+def run_pipeline(
+    tmp_path: Path, server: RedisServer, env: dict[str, str], code: str | None = None
+) -> dict[str, int]:
+    """Run every uploader to the end with a forwarder and a worker; the figures, from the files."""
+    root, journal, env = pipeline(tmp_path, env)
+    forwarder, worker = services(tmp_path, journal, server, env)
     rng = random.Random(16)
     uploaders = []
     for u in range(UPLOADERS):
@@ -201,3 +215,44 @@ def test_the_examples_one_command_runs_and_tallies(tmp_path: Path, subprocess_en
     tally = done.stdout.splitlines()[-1]
     assert tally.startswith("files=20 crashes=4 jobs=22 (at most 24) "), tally
     assert " processed=20 never_processed=0 processed_twice=0 left_in_incoming=0 " in tally
+
+
+def test_a_file_stored_by_an_uploader_that_died_before_its_enqueue_is_swept_and_processed(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    """The recipe's sweep of incoming/ (docs/recipes/intent-first.md, "What it does not guarantee")."""
+    root, journal, env = pipeline(tmp_path, subprocess_env)
+
+    def uploader(*args: str, die: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE / "uploader.py"), str(root), *args],
+            env={**env, "UPLOADS_DIE_AFTER_ENQUEUE": die},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    # Died after its enqueue, before its move: in incoming/ with a job.
+    assert uploader("crashed", "1", "1", die="crashed-0001").returncode == -9
+    # Died before its enqueue returned: in incoming/ with no job, its client gave up.
+    incoming = root / "incoming"
+    (incoming / "lost-0001").write_bytes(b"an upload nobody enqueued\n")
+    (incoming / ".lost-0002.4242.tmp").write_bytes(b"a write cut short")  # not an upload
+    old = time.time() - 600
+    for name in ("crashed-0001", "lost-0001", ".lost-0002.4242.tmp"):
+        os.utime(incoming / name, (old, old))
+    (incoming / "fresh-0001").write_bytes(b"an upload in flight\n")  # its uploader is still at it
+    started = uploader("next", "0", "0")  # an uploader starting: it sweeps first
+    assert started.returncode == 0, started.stderr
+    assert sorted(started.stdout.split()) == ["crashed-0001", "lost-0001", "swept", "swept"]
+    forwarder, worker = services(tmp_path, journal, redis_server, env)
+    try:
+        status = wait_status(journal, env, lambda s: s["pending"] == 0, what="every job finished", timeout=30)
+    finally:
+        worker.kill()
+        forwarder.kill()
+    runs = collections.Counter(line.split()[0] for line in (root / "processed.log").read_text().splitlines())
+    assert runs == {"crashed-0001": 1, "lost-0001": 1}
+    assert (status["accepted"], status["duplicates_suppressed"]) == (3, 1)  # crashed-0001 twice, once run
+    assert sorted(p.name for p in incoming.iterdir()) == [".lost-0002.4242.tmp", "fresh-0001"]

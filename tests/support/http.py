@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -19,7 +20,7 @@ from hybridq.http.app import create_app
 from hybridq.http.config import ServeConfig
 from hybridq.http.server import Server
 
-__all__ = ["Answer", "ServeProcess", "request", "served"]
+__all__ = ["Answer", "ServeProcess", "UnixHTTPConnection", "request", "served"]
 
 
 class Answer:
@@ -62,6 +63,20 @@ def request(
     finally:
         if own:
             c.close()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over the unix socket at ``path`` (``hybridq serve --bind unix:PATH``); Host: localhost."""
+
+    def __init__(self, path: str, timeout: float = 30.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
 
 
 @contextmanager

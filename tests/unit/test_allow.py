@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from hybridq.allow import NotAllowed, resolve
+from hybridq.allow import NoSuchTask, NotAllowed, resolve
 
 from tests import guarded_tasks
 
@@ -88,3 +88,47 @@ def test_a_prefix_may_name_one_function_or_class(monkeypatch: pytest.MonkeyPatch
     for path in ("tests.guarded_tasks.Tools.shell", "tests.guarded_tasks.touch_other"):
         with pytest.raises(NotAllowed):
             resolve(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests.guarded_tasks.Proc",  # subprocess.Popen's constructor, inherited
+        "tests.guarded_tasks.Log",  # logging.FileHandler's
+        "tests.guarded_tasks.Archive",  # zipfile.ZipFile's
+        "tests.guarded_tasks.Held",  # Popen.__init__ held under the class's own name
+        "tests.guarded_tasks.Color",  # enum's metaclass __call__
+    ],
+)
+def test_a_class_whose_call_runs_a_constructor_defined_elsewhere_is_refused(path: str) -> None:
+    """Issue 27 (HIGH): ``class Proc(subprocess.Popen): pass`` ran a shell command for a Redis writer."""
+    with pytest.raises(NotAllowed, match="defined outside the allowed modules"):
+        resolve(path)
+
+
+def test_a_class_whose_constructor_and_metaclass_call_are_defined_here_resolves() -> None:
+    for name in ("Note", "ChildNote", "MadeNote", "Record", "Tools"):
+        assert resolve(f"tests.guarded_tasks.{name}") is getattr(guarded_tasks, name)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests.guarded_tasks.touch_partial",  # functools.partial(os.system)
+        "tests.guarded_tasks.caller",  # an instance with __call__
+        "tests.guarded_tasks.caller.__call__",
+        "tests..guarded_tasks.touch",  # empty parts
+        "tests.guarded_tasks.touch.",
+        ".tests.guarded_tasks.touch",
+        "tests.guarded_tasks:touch",  # the module:attribute form
+        "tests.guarded_tasks.ｔｏｕｃｈ",  # fullwidth letters: an identifier, another name  # noqa: RUF001
+        "ｔｅｓｔｓ.guarded_tasks.touch",  # noqa: RUF001
+        "",
+    ],
+)
+def test_what_held_in_the_review_stays_refused(path: str) -> None:
+    """Issue 27's "what held": partials, callable instances, empty parts, ``module:attr``,
+    fullwidth names (Python folds them in source, not in ``getattr``) are refused (or, under
+    the allowed prefix, no such function): nothing runs."""
+    with pytest.raises((NotAllowed, NoSuchTask)):
+        resolve(path)

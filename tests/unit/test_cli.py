@@ -625,3 +625,112 @@ def test_an_rq_shutdown_command_before_rqs_signal_handlers_stops_the_worker_warm
             proc.kill()
         proc.communicate()  # closes its pipe (left open, it failed a later test at collection)
     assert proc.returncode == 0, stderr
+
+
+#: Passwords with an unencoded "/", "?" or "#" (issue 27: a piece of each reached the error line).
+MISPLACED = [
+    "redis://user:se/cretPIECE@127.0.0.1:1/0",
+    "redis://user:se?cretPIECE@127.0.0.1:1/0",
+    "redis://user:se#cretPIECE@127.0.0.1:1/0",
+    "rediss://user:se?a=cretPIECE@127.0.0.1:1/0",
+    "redis://:se/cretPIECE@127.0.0.1:1/0",
+    "redis+sentinel://user:se/cretPIECE@127.0.0.1:1/svc",
+    "redis+sentinel://user:se?a=cretPIECE@127.0.0.1:1/svc",
+]
+
+
+@pytest.mark.parametrize("url", MISPLACED)
+def test_a_password_with_an_unencoded_slash_query_or_hash_is_never_shown(url: str) -> None:
+    from hybridq.errors import InvalidRedisURL
+    from hybridq.redisurl import check_url, redact_url
+
+    with pytest.raises(InvalidRedisURL) as caught:
+        check_url(url)
+    for shown in (str(caught.value), redact_url(url)):
+        assert "cret" not in shown, shown
+        assert "PIECE" not in shown, shown
+        assert "'se'" not in shown, shown
+    assert "percent-encoded" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h:6379/0?password=abc@TOPSECRET",
+        "redis://u:pw@h/0?password=a@b&db=1",
+        "redis+sentinel://h1:26379,h2/mymaster/0?sentinel_password=abc@TOPSECRET",
+        "redis://u:p%2Fw%3Fo%23rd@h:6379/0",
+    ],
+)
+def test_an_at_in_a_query_value_or_an_encoded_password_is_still_a_url(url: str) -> None:
+    from hybridq.redisurl import check_url
+
+    assert check_url(url) == url
+
+
+def test_a_misplaced_password_through_the_command_line_is_one_line(
+    journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    proc = run_cli(subprocess_env, "doctor", "--journal", str(journal_dir), "--redis", MISPLACED[0])
+    assert_one_line_error(proc, "percent-encoded")
+    assert "cret" not in proc.stdout + proc.stderr
+
+
+#: What a task's error (or anyone writing to Redis) may hold: clear the screen, retitle the
+#: terminal, a hyperlink, a right-to-left override that reverses what follows.
+ESCAPES = "\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil.example\x1b\\click\x1b]8;;\x1b\\ \u202etxt.exe\x9b31m"
+
+
+def _no_control_characters(text: str) -> None:
+    import unicodedata
+
+    bad = [c for c in text if c not in "\n\t" and unicodedata.category(c) in ("Cc", "Cf")]
+    assert not bad, [hex(ord(c)) for c in bad]
+
+
+def test_failed_list_shows_control_characters_escaped(runner: CliRunner, journal_dir: Path) -> None:
+    """Issue 27: ``failed list`` printed a task's error text raw: escape sequences reached the terminal."""
+    from hybridq import Queue
+    from hybridq.forwarder import Forwarder
+    from hybridq.transport import MemoryTransport
+
+    from tests import tasks
+
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder:
+        forwarder.step()
+
+        def hostile(env: object, attempt: int) -> None:
+            raise ValueError(ESCAPES)
+
+        transport.work(func=hostile)
+        forwarder.step()
+    listed = runner.invoke(cli, ["failed", "list", "--journal", str(journal_dir)])
+    assert listed.exit_code == 0, listed.output
+    _no_control_characters(listed.stdout)
+    assert "\\x1b[2J" in listed.stdout  # shown, escaped: what the error said stays readable
+
+
+def test_doctor_shows_a_waiting_reason_with_control_characters_escaped(
+    runner: CliRunner, journal_dir: Path, redis_server: RedisServer
+) -> None:
+    from hybridq import Queue, waiting
+    from hybridq.forwarder import Forwarder
+    from hybridq.transport.rq import RQTransport
+
+    job = Queue(journal=journal_dir).enqueue("tests.tasks.add", 1, 2)
+    transport = RQTransport(redis_server.url)
+    try:
+        with Forwarder(journal_dir, transport) as forwarder:
+            forwarder.step()
+    finally:
+        transport.close()
+    conn = redis_server.client()
+    try:  # what a worker (or anyone who writes to Redis) lists
+        waiting.record(conn, job.id, {"func": f"tasks.{ESCAPES}", "reason": ESCAPES}, lease_s=30)
+    finally:
+        conn.close()
+    out = runner.invoke(cli, ["doctor", "--journal", str(journal_dir), "--redis", redis_server.url])
+    assert "waiting for a worker" in out.stdout, out.output
+    _no_control_characters(out.stdout)

@@ -261,11 +261,12 @@ def test_concurrent_posts_share_group_commits(journal_dir: Path, monkeypatch: py
 
 def write_tokens(path: Path, *tokens: str) -> Path:
     path.write_text("# tokens\n" + "".join(t + "\n" for t in tokens))
+    path.chmod(0o600)  # others may not read it (a warning otherwise)
     return path
 
 
 def test_bearer_tokens_rotation_and_open_paths(journal_dir: Path, tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "old-token-1", "new-token-2")
+    tokens = write_tokens(tmp_path / "tokens", "old-token-0123456789", "new-token-0123456789")
     with served(config(journal_dir, tokens_file=tokens)) as base:
         assert request(base, "GET", "/healthz").status == 200  # never behind auth
         for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic b2xkLXRva2VuLTE="}):
@@ -276,20 +277,24 @@ def test_bearer_tokens_rotation_and_open_paths(journal_dir: Path, tmp_path: Path
         for path in ("/v1/stats", "/metrics", "/v1/openapi.json", "/v1/jobs/abc"):
             assert request(base, "GET", path).status == 401, path
         assert job_ids(journal_dir) == []
-        for token in ("old-token-1", "new-token-2"):
+        for token in ("old-token-0123456789", "new-token-0123456789"):
             got = request(base, "POST", "/v1/jobs", ADD, {"Authorization": f"Bearer {token}"})
             assert got.status == 202
-        write_tokens(tokens, "new-token-2", "third-token-3")  # rotated: read again
-        assert request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer old-token-1"}).status == 401
+        write_tokens(tokens, "new-token-0123456789", "third-token-0123456789")  # rotated: read again
         assert (
-            request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer third-token-3"}).status == 200
+            request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer old-token-0123456789"}).status
+            == 401
+        )
+        assert (
+            request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer third-token-0123456789"}).status
+            == 200
         )
 
 
 def test_login_form_sets_a_strict_httponly_cookie_that_authenticates(
     journal_dir: Path, tmp_path: Path
 ) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     with served(config(journal_dir, tokens_file=tokens)) as base:
         page = request(base, "GET", "/login?next=/queues")
@@ -302,13 +307,13 @@ def test_login_form_sets_a_strict_httponly_cookie_that_authenticates(
         wrong = request(base, "POST", "/login", b"token=guess&next=/", form)
         assert wrong.status == 401
         assert "set-cookie" not in wrong.headers
-        ok = request(base, "POST", "/login", b"token=s3cret-token&next=//evil.example/", form)
+        ok = request(base, "POST", "/login", b"token=s3cret-token-0123456789&next=//evil.example/", form)
         assert ok.status == 303
         assert ok.headers["location"] == "/"  # never to another site
         cookie = ok.headers["set-cookie"]
         issued = int(cookie.split("=", 1)[1].split(".", 1)[0])
-        assert cookie.startswith(f"{COOKIE}={session_value(b's3cret-token', issued)};")
-        assert "s3cret-token" not in cookie
+        assert cookie.startswith(f"{COOKIE}={session_value(b's3cret-token-0123456789', issued)};")
+        assert "s3cret-token-0123456789" not in cookie
         low = cookie.lower()
         assert "httponly" in low
         assert "samesite=strict" in low
@@ -330,7 +335,7 @@ def test_routes_see_request_state_authenticated(journal_dir: Path, tmp_path: Pat
         seen.append(request.state.authenticated)
         return JSONResponse({})
 
-    tokens = write_tokens(tmp_path / "tokens", "tok")
+    tokens = write_tokens(tmp_path / "tokens", "tok-0123456789abcdef")
     app = create_app(config(journal_dir, tokens_file=tokens))
     app.router.routes.append(Route("/probe", page))
     from hybridq.http.server import Server
@@ -340,7 +345,12 @@ def test_routes_see_request_state_authenticated(journal_dir: Path, tmp_path: Pat
     server.start()
     try:
         assert request(server.url, "GET", "/probe").status == 401
-        assert request(server.url, "GET", "/probe", None, {"Authorization": "Bearer tok"}).status == 200
+        assert (
+            request(
+                server.url, "GET", "/probe", None, {"Authorization": "Bearer tok-0123456789abcdef"}
+            ).status
+            == 200
+        )
     finally:
         server.stop()
     assert seen == [True]

@@ -7,6 +7,7 @@ clients, a session cookie's age. Real HTTP over a socket, as in ``test_http_api.
 
 from __future__ import annotations
 
+import json
 import logging
 import select
 import shutil
@@ -21,7 +22,8 @@ import pytest
 from hybridq.errors import JournalError
 from hybridq.http import idempotency
 from hybridq.http.app import create_app
-from hybridq.http.auth import COOKIE, SESSION_S, session_value
+from hybridq.http.auth import COOKIE, SESSION_S, Tokens, session_value
+from hybridq.http.auth import token_scope as _token_scope
 from hybridq.http.server import Server
 from hybridq.transport import MemoryTransport
 
@@ -106,10 +108,10 @@ def test_without_tokens_a_foreign_host_is_421_and_allowed_hosts_add_names(journa
 def test_with_tokens_the_host_is_not_checked_and_the_cookie_never_opens_the_api(
     journal_dir: Path, tmp_path: Path
 ) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
-    bearer = {"Authorization": "Bearer s3cret-token"}
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    bearer = {"Authorization": "Bearer s3cret-token-0123456789"}
     with served(config(journal_dir, tokens_file=tokens)) as base:
-        cookie = {"Cookie": f"{COOKIE}={session_value(b's3cret-token')}"}
+        cookie = {"Cookie": f"{COOKIE}={session_value(b's3cret-token-0123456789')}"}
         # The reviewer's request: the login cookie, a text/plain body, another site's Origin.
         csrf = {**cookie, "Content-Type": "text/plain", "Origin": "https://evil.example.com"}
         assert request(base, "POST", "/v1/jobs", BODY, csrf).status == 401
@@ -124,10 +126,10 @@ def test_with_tokens_the_host_is_not_checked_and_the_cookie_never_opens_the_api(
 
 def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: Path) -> None:
     """docs/http.md's POST (Content-Type: application/json) and GET, with and without a token."""
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     for cfg, auth in (
         (config(journal_dir), []),
-        (config(journal_dir, tokens_file=tokens), ["-H", "Authorization: Bearer s3cret-token"]),
+        (config(journal_dir, tokens_file=tokens), ["-H", "Authorization: Bearer s3cret-token-0123456789"]),
     ):
         with served(cfg) as base:
             post = subprocess.run(
@@ -158,7 +160,7 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
                     "curl",
                     "-sS",
                     *auth,
-                    f"{base}/v1/jobs/{idempotency.key_job_id('welcome:42')}",
+                    f"{base}/v1/jobs/{json.loads(post.stdout.splitlines()[0])['id']}",
                     "-w",
                     "\n%{http_code}",
                 ],
@@ -168,7 +170,15 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
                 timeout=30,
             )
             assert got.stdout.endswith("\n200"), got.stdout
-    assert len(job_ids(journal_dir)) == 1  # the same key twice: one job
+    # The key without a token names the job it always did; with one, that token's own job.
+    assert job_ids(journal_dir) == [
+        idempotency.key_job_id("welcome:42"),
+        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token-0123456789")),
+    ]
+
+
+def auth_scope(token: str) -> str:
+    return _token_scope(token.encode())
 
 
 # -- MEDIUM 2: idempotency after the lookup index is lost ----------------------------------------
@@ -233,7 +243,7 @@ def test_a_record_over_the_journal_maximum_is_413_keyed_or_not(journal_dir: Path
 
 
 def test_a_large_login_body_is_refused_before_it_is_read(journal_dir: Path, tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     form = b"Content-Type: application/x-www-form-urlencoded\r\n"
     with served(config(journal_dir, tokens_file=tokens)) as base:
         # Declared 200 MiB, 1 KiB sent: the answer comes at once, without the rest.
@@ -260,7 +270,7 @@ def test_a_large_login_body_is_refused_before_it_is_read(journal_dir: Path, tmp_
             base,
             "POST",
             "/login",
-            b"token=s3cret-token",
+            b"token=s3cret-token-0123456789",
             {"Content-Type": "application/x-www-form-urlencoded"},
         )
         assert ok.status == 303
@@ -345,17 +355,265 @@ def test_a_signing_key_error_while_serving_is_a_json_503(
 
 
 def test_an_old_or_logged_out_session_cookie_is_refused(journal_dir: Path, tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "tokens", "s3cret-token")
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
     with served(config(journal_dir, tokens_file=tokens)) as base:
-        old = session_value(b"s3cret-token", int(time.time()) - SESSION_S - 60)
+        old = session_value(b"s3cret-token-0123456789", int(time.time()) - SESSION_S - 60)
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={old}"}).status == 401
-        first = session_value(b"s3cret-token", int(time.time()) - 100)
+        first = session_value(b"s3cret-token-0123456789", int(time.time()) - 100)
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={first}"}).status == 200
         forged = f"{int(time.time())}.{first.split('.')[1]}"  # a newer time under the old MAC
         assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={forged}"}).status == 401
         form = {"Content-Type": "application/x-www-form-urlencoded"}
-        login = request(base, "POST", "/login", b"token=s3cret-token", form)
+        login = request(base, "POST", "/login", b"token=s3cret-token-0123456789", form)
         cookie = {"Cookie": login.headers["set-cookie"].split(";")[0]}
         assert request(base, "GET", "/", None, cookie).status == 200
         assert request(base, "POST", "/logout", b"", {**cookie, **form}).status == 303
         assert request(base, "GET", "/", None, cookie).status == 401  # revoked, not only cleared
+
+
+def test_a_logged_out_cookie_stays_out_whatever_zeros_lead_its_time(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: the revocation list held the cookie's text, and ``0<time>.<mac>`` is the same
+    session under another text: logged out, it was accepted again."""
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        login = request(base, "POST", "/login", b"token=s3cret-token-0123456789", form)
+        value = login.headers["set-cookie"].split(";")[0].partition("=")[2]
+        cookie = {"Cookie": f"{COOKIE}={value}"}
+        assert request(base, "GET", "/", None, cookie).status == 200
+        assert request(base, "POST", "/logout", b"", {**cookie, **form}).status == 303
+        for variant in (f"0{value}", f"00{value}", f"+{value}", f" {value}"):
+            assert request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={variant}"}).status == 401, variant
+
+
+def test_digits_that_are_not_ascii_are_refused_not_a_500(journal_dir: Path, tmp_path: Path) -> None:
+    """``"²".isdigit()`` is true and ``int("²")`` raises: a cookie or a page number of it was a 500."""
+    tokens = write_tokens(tmp_path / "tokens", "s3cret-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        for value in ("²", "²³.abc", "١٢٣.abc", "12²."):
+            got = request(base, "GET", "/", None, {"Cookie": f"{COOKIE}={value}".encode().decode("latin-1")})
+            assert got.status == 401, (value, got)
+        auth = {"Authorization": "Bearer s3cret-token-0123456789"}
+        for page in ("%C2%B2", "%D9%A1", "-1", "1e3", ""):
+            got = request(base, "GET", f"/failed?page={page}", None, auth)
+            assert got.status == 200, (page, got)
+        form = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"{COOKIE}=²".encode().decode("latin-1"),
+        }
+        assert request(base, "POST", "/logout", b"", form).status == 303
+    checker = Tokens(tokens)
+    for value in ("²", "²³.abc", "0", "01.abc", ""):
+        assert not checker.valid_session(value)
+        checker.revoke(value)  # nothing raised, nothing kept
+
+
+def test_an_idempotency_key_belongs_to_its_token_and_covers_delay_and_retry(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: a key was shared across tokens (another token holder's POST with the same key got
+    the first one's job id, and its status), and a retry with another ``delay`` or ``retry`` was
+    taken as the same call."""
+    tokens = write_tokens(tmp_path / "tokens", "alice-token-0123456789", "bob-token-0123456789ab")
+    alice = {"Authorization": "Bearer alice-token-0123456789", "Idempotency-Key": "order-42"}
+    bob = {**alice, "Authorization": "Bearer bob-token-0123456789ab"}
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        first = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 3}, alice)
+        again = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 3}, alice)
+        theirs = request(base, "POST", "/v1/jobs", {**ADD, "args": [5, 5]}, bob)
+        sooner = request(base, "POST", "/v1/jobs", {**ADD, "delay": 1, "retry": 3}, alice)
+        fewer = request(base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": 1}, alice)
+        backoff = request(
+            base, "POST", "/v1/jobs", {**ADD, "delay": 60, "retry": {"max_attempts": 3, "backoff": 9}}, alice
+        )
+    assert (first.status, again.status, again.json["id"]) == (202, 202, first.json["id"])
+    assert theirs.status == 202  # before: 422, their key
+    assert theirs.json["id"] != first.json["id"]
+    assert (sooner.status, fewer.status, backoff.status) == (422, 422, 422)  # before: 202, replayed
+    assert Counter(job_ids(journal_dir)) == {first.json["id"]: 1, theirs.json["id"]: 1}
+
+
+def test_a_key_without_tokens_derives_the_id_it_always_did(journal_dir: Path) -> None:
+    """No tokens file: one scope, and the same job id as before keys were scoped (upgrades)."""
+    with served(config(journal_dir)) as base:
+        got = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "order-42"})
+    assert (
+        got.json["id"]
+        == "http-"
+        + __import__("hashlib").blake2b(b"order-42", digest_size=16, person=b"hybridq-http-key").hexdigest()
+    )
+
+
+# -- tokens: length, file mode, guesses (issue 27: a 2-letter token fell in 442 tries) ------------
+
+
+@pytest.mark.parametrize(
+    "weak", ["ab", "x", "0123456789abcde", "aaaaaaaaaaaaaaaaaaaa", "abababababababababab"]
+)
+def test_a_short_or_repetitive_token_is_refused_at_start(tmp_path: Path, weak: str) -> None:
+    from hybridq.errors import TokensError
+
+    path = write_tokens(tmp_path / "tokens", "a-good-token-0123456789", weak)
+    with pytest.raises(TokensError, match="line 3 is too weak a token"):
+        Tokens(path)
+
+
+def test_a_tokens_file_others_may_read_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    Tokens(path)
+    assert "readable by group/other" not in caplog.text
+    path.chmod(0o644)
+    Tokens(path)
+    assert f"{path} is readable by group/other (mode 644)" in caplog.text
+    assert "a-good-token" not in caplog.text
+
+
+def _from(base: str, source: str, method: str, path: str, body: bytes | None, headers: dict[str, str]):
+    import http.client
+
+    url = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10, source_address=(source, 0))
+    try:
+        return request(base, method, path, body, headers, conn=conn)
+    finally:
+        conn.close()
+
+
+def test_failed_authentications_are_limited_per_client(journal_dir: Path, tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    good = {"Authorization": "Bearer a-good-token-0123456789"}
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        answers = [
+            _from(base, "127.0.0.2", "GET", "/v1/stats", None, {"Authorization": f"Bearer guess-{n}"}).status
+            for n in range(25)
+        ]
+        assert answers[:20] == [401] * 20
+        assert answers[20:] == [429] * 5  # before: 401 every time, however many
+        blocked = _from(base, "127.0.0.2", "GET", "/v1/stats", None, good)
+        assert blocked.status == 429  # while blocked no token is tried, the right one included
+        assert int(blocked.headers["retry-after"]) > 0
+        login = _from(base, "127.0.0.2", "POST", "/login", b"token=a-good-token-0123456789", form)
+        assert login.status == 429
+        assert _from(base, "127.0.0.3", "GET", "/v1/stats", None, good).status == 200  # another client
+        for n in range(20):
+            assert _from(base, "127.0.0.4", "POST", "/login", f"token=guess-{n}".encode(), form).status == 401
+        assert _from(base, "127.0.0.4", "POST", "/login", b"token=guess", form).status == 429
+        assert request(base, "GET", "/v1/stats", None, good).status == 200  # 127.0.0.1: its own count
+
+
+def test_the_login_form_has_the_dashboards_security_headers(journal_dir: Path, tmp_path: Path) -> None:
+    """Issue 27: ``/login`` had no CSP, no ``frame-ancestors`` (clickjacking the token field)."""
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        for got in (
+            request(base, "GET", "/login?next=/failed"),
+            request(base, "POST", "/login", b"token=wrong-but-long-enough", form),
+        ):
+            policy = got.headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in policy, got.headers
+            assert "default-src 'none'" in policy
+            assert "form-action 'self'" in policy
+            assert got.headers.get("x-frame-options") == "DENY"
+            assert got.headers.get("x-content-type-options") == "nosniff"
+            assert got.headers.get("cache-control") == "no-store"
+
+
+def test_stats_over_http_show_neither_the_journal_path_nor_the_redis_url(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: every token holder saw the journal's path and the Redis user in ``/v1/stats``."""
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    redis_url = "redis://hybridq-forwarder:s3cret@127.0.0.1:1/0"
+    with served(config(journal_dir, tokens_file=tokens, redis_url=redis_url)) as base:
+        got = request(base, "GET", "/v1/stats", None, {"Authorization": "Bearer a-good-token-0123456789"})
+    assert got.status == 200, got
+    assert str(journal_dir) not in got.raw.decode()
+    assert "hybridq-forwarder" not in got.raw.decode()
+    assert "segments" in got.json["journal"]
+    assert got.json["redis"]["up"] is False
+
+
+# -- what held in issue 27's review, kept held ----------------------------------------------------
+
+#: Paths that must need a token, however spelled (issue 27: 21 variants held).
+GUARDED = [
+    "/v1/stats", "/v1/stats/", "//v1/stats", "/v1//stats", "/v1/./stats", "/v1/x/../stats",
+    "/v1%2Fstats", "/V1/stats", "/v1/stats%00", "/v1/stats?x=/healthz", "/v1/stats#/healthz",
+    "/%76%31/stats", "/v1/jobs", "/v1/jobs/abc", "/v1/openapi.json", "/metrics", "/metrics/",
+    "/healthz/", "/healthz/../v1/stats", "/", "/failed", "/jobs", "/jobs/abc", "/_dashboard/dashboard.js",
+    "/_dashboard/..%2F..%2Fpages.py", "/_dashboard/%2e%2e/pages.py",
+]  # fmt: skip
+
+
+def test_every_spelling_of_a_path_and_every_method_needs_a_token(journal_dir: Path, tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        for path in GUARDED:
+            for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+                head = (
+                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                sock = _raw(base, head.encode())
+                head = _answer(sock, 10).split(b"\r\n", 1)[0]
+                sock.close()
+                assert head in (b"HTTP/1.1 401 Unauthorized", b"HTTP/1.1 400 Bad Request"), (
+                    method,
+                    path,
+                    head,
+                )
+        assert request(base, "HEAD", "/v1/stats").status == 401
+        assert request(base, "GET", "/healthz").status == 200  # the one open path
+    assert job_ids(journal_dir) == []
+
+
+def test_json_bombs_and_huge_numbers_are_400_and_write_nothing(journal_dir: Path) -> None:
+    with served(config(journal_dir)) as base:
+        for body in (
+            b'{"task": "tests.tasks.add", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            b'{"task": "tests.tasks.add", "args": [1' + b"0" * 5000 + b"]}",  # over int's 4300 digits
+            b'{"task": "tests.tasks.add", "args": [1e999999]}',
+            b'{"task": "tests.tasks.add", "args": [NaN]}',
+            b'{"task": "tests.tasks.add", "kwargs": {"a": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}}",
+        ):
+            got = request(base, "POST", "/v1/jobs", body)
+            assert got.status in (400, 413), (got, body[:60])
+        assert request(base, "POST", "/v1/jobs", ADD).status == 202  # still serving
+    assert len(job_ids(journal_dir)) == 1
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: 10\r\nTransfer-Encoding: chunked\r\n",
+        b"Content-Length: 10\r\nContent-Length: 44\r\n",
+        b"Transfer-Encoding: chunked, identity\r\n",
+        b"Transfer-Encoding: xchunked\r\n",
+        b"Transfer-Encoding : chunked\r\n",
+        b"Content-Length: +44\r\n",
+    ],
+)
+def test_request_smuggling_framings_are_refused(journal_dir: Path, framing: bytes) -> None:
+    """Ambiguous framings a proxy and the server could read differently: refused, nothing written."""
+    body = b'{"task": "tests.tasks.add", "args": [1, 2]}'
+    smuggled = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 44\r\n\r\n"
+        + body
+    )
+    with served(config(journal_dir)) as base:
+        head = (
+            b"POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + framing
+            + b"\r\n"
+        )
+        sock = _raw(base, head, b"0\r\n\r\n" + smuggled)
+        answer = _answer(sock, 10)
+        sock.close()
+    assert answer.count(b"HTTP/1.1 202") == 0, answer
+    assert answer.startswith(b"HTTP/1.1 400") or answer == b"", answer
+    assert job_ids(journal_dir) == []

@@ -90,6 +90,25 @@ def test_a_lookup_does_not_read_the_ledger(journal_dir: Path, monkeypatch: pytes
     assert (found.status, found.result, found.duplicate_of, found.wait(1.0)) == ("finished", 2, None, 2)
 
 
+def test_a_wait_that_times_out_says_when_no_forwarder_holds_the_journal(journal_dir: Path) -> None:
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    for wait in (job.wait, lambda timeout: asyncio.run(job.wait_async(timeout=timeout))):
+        with pytest.raises(JobWaitTimeout) as timed_out:
+            wait(timeout=0.01)
+        assert timed_out.value.unattended == job.journal
+        assert str(timed_out.value) == (
+            f"job {job.id} still queued after 0.01 s: it is in the journal {job.journal}, which no "
+            f"forwarder holds (start `hybridq forward --journal {job.journal}`; docs/forwarder.md)"
+        )
+    forwarder = make_forwarder(journal_dir, MemoryTransport())  # holds the journal's forwarder lock
+    forwarder.step()
+    with pytest.raises(JobWaitTimeout) as timed_out:
+        job.wait(timeout=0.01)
+    forwarder.close()
+    assert timed_out.value.unattended is None
+    assert str(timed_out.value) == f"job {job.id} still forwarded after 0.01 s"
+
+
 def test_failures_retries_and_wait(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir)
     job = queue.enqueue(tasks.add, 1, 1, retry=Retry(max_attempts=2, backoff_s=0.0, jitter=False))
@@ -254,20 +273,26 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(
     ]
 
 
-def test_a_job_is_found_after_compaction_for_the_retention_window(
-    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
-    write_jobs(journal_dir, 40)
+def compacted_jobs(journal: Path, n: int) -> list[str]:
+    """``n`` jobs of ``tasks.add`` that succeeded and whose journal segments were all compacted."""
+    write_jobs(journal, n)
     transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
+    forwarder = make_forwarder(journal, transport)
     forwarder.step()
     ids = sorted(transport.deliveries)
     transport.work(func=add)
     settle(forwarder)
     settle(forwarder)
     forwarder.close()
-    assert list_chains(str(journal_dir)) == {}  # every journal segment was compacted
+    assert list_chains(str(journal)) == {}  # every journal segment was compacted
+    return ids
+
+
+def test_a_job_is_found_after_compaction_for_the_retention_window(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
+    ids = compacted_jobs(journal_dir, 40)
     found = fetch_job(ids[0], journal=journal_dir)
     assert found is not None
     assert (found.status, found.envelope.func, found.envelope.args) == ("finished", "tests.tasks.add", ())

@@ -86,11 +86,13 @@ def test_allowed_host_and_limit_concurrency_reach_the_server_config(
     monkeypatch.setattr(serve_module, "start_server", start)
     args = ["serve", "--journal", str(tmp_path / "journal"), "--bind", "127.0.0.1:0"]
     extra = ["--allowed-host", "jobs.internal", "--allowed-host", "proxy", "--limit-concurrency", "5"]
+    extra += ["--client-connections", "3"]
     result = CliRunner().invoke(cli, [*args, *extra])
     assert result.exit_code == 0, result.output
     (config,) = seen
     assert config.allowed_hosts == ("jobs.internal", "proxy")
     assert config.limit_concurrency == 5
+    assert config.client_connections == 3
     assert CliRunner().invoke(cli, [*args, "--limit-concurrency", "0"]).exit_code == 2
 
 

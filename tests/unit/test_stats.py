@@ -15,8 +15,9 @@ from hybridq.cli import cli
 from hybridq.envelope import Envelope
 from hybridq.forwarder import Forwarder
 from hybridq.journal import ChainPosition
+from hybridq.state import forwarder_holder
 from hybridq.stats_state import STATS_NAME, PendingTracker, load_snapshot
-from hybridq.status import _forwarder_holder, _from_snapshot, collect_status, stats
+from hybridq.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -42,7 +43,7 @@ def _close_forwarders() -> Any:
 
 def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
     """stats() and the full scan agree (ages to within a second); returns stats()."""
-    running = _forwarder_holder(str(journal)) is not None
+    running = forwarder_holder(str(journal)) is not None
     assert (_from_snapshot(str(journal), running=running) is not None) == cheap
     fast = stats(journal)
     slow = collect_status(str(journal))
@@ -198,6 +199,48 @@ def test_the_cli_prints_what_stats_returns(journal_dir: Path) -> None:
         for age in AGES:
             assert abs(printed.pop(age) - expected.pop(age)) < 1.0
         assert printed == expected
+
+
+def test_stats_and_the_cli_agree_in_the_same_environment(
+    journal_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HYBRIDQ_REDIS_URL (and the other variables status reads) set: the same object (issue 27)."""
+    import sqlite3
+
+    from hybridq.outbox.schema import create_table
+
+    Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
+    make_forwarder(journal_dir, MemoryTransport()).step()
+    password = tmp_path / "redis-password"
+    password.write_text("s3cret\n")
+    password.chmod(0o600)
+    conn = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
+    create_table(conn, "hybridq_outbox")
+    conn.close()
+    env = {
+        "HYBRIDQ_JOURNAL": str(journal_dir),
+        "HYBRIDQ_REDIS_URL": "redis://127.0.0.1:1/0",  # nothing listens: down, at once
+        "HYBRIDQ_REDIS_PASSWORD_FILE": str(password),
+        "HYBRIDQ_REDIS_FOR": "emails=redis://127.0.0.1:2/0",
+        "HYBRIDQ_OUTBOX": f"sqlite:///{tmp_path / 'app.db'}",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert {"redis", "redis_instances", "outbox"} <= set(printed)
+    assert printed["redis"]["url"] == "redis://***@127.0.0.1:1/0"  # the password file's, hidden
+    for out in (hybridq.stats(), hybridq.stats(journal_dir)):
+        for age in AGES:
+            assert abs(printed[age] - out.pop(age)) < 1.0
+        out["outbox"].pop("oldest_age_s")
+        assert out == {k: v for k, v in printed.items() if k not in AGES} | {
+            "outbox": {k: v for k, v in printed["outbox"].items() if k != "oldest_age_s"}
+        }
+    # None leaves a part out whatever the environment says.
+    bare = hybridq.stats(journal_dir, redis_url=None, outbox=None, redis_for=None)
+    assert not {"redis", "redis_instances", "outbox"} & set(bare)
 
 
 def test_the_tracker_forgets_records_of_a_step_that_failed() -> None:

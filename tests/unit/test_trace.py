@@ -159,8 +159,10 @@ def test_a_compacted_job_reads_its_outcome_from_the_lookup_index(
     trace = job_trace(str(journal_dir), "j1")
     assert trace is None  # no record and no entry: fetch_job is what finds it (below)
 
-    class Found:
+    class Found:  # what fetch_job finds of a compacted job: its row's task and result
         record = type("R", (), {"writer_id": gone[0], "segment": gone[1], "offset": gone[2]})()
+        envelope = type("E", (), {"func": "tests.tasks.add", "queue": "q"})()
+        result = 3
 
     monkeypatch.setattr(trace_module, "fetch_job", lambda job_id, path: Found())
     trace = job_trace(str(journal_dir), "j1")
@@ -168,6 +170,7 @@ def test_a_compacted_job_reads_its_outcome_from_the_lookup_index(
     assert [(s.kind, s.source) for s in trace.steps] == [("accepted", "journal"), ("done", "lookup index")]
     assert trace.steps[0].title == "accepted (its journal segment was compacted)"
     assert (trace.status, trace.attempts) == ("succeeded", 2)
+    assert (trace.func, trace.queue, trace.args_known, trace.result) == ("tests.tasks.add", "q", False, 3)
 
 
 def test_a_rolling_upgrade_is_not_a_redis_loss(journal_dir: Path) -> None:

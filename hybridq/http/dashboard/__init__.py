@@ -1,4 +1,4 @@
-"""The dashboard under ``/`` (docs/http.md): queues, failed jobs with requeue, one job's trace."""
+"""The dashboard under ``/`` (docs/http.md): queues, recent jobs, failed jobs with requeue, traces."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def routes(config: ServeConfig) -> list[BaseRoute]:
     """The dashboard's routes, mounted by the server's application.
 
     ``GET /`` (overview), ``GET /failed``, ``POST /failed/requeue`` (CSRF-protected),
-    ``GET /jobs?id=`` (the search box), ``GET /jobs/{job_id}`` (the trace) and
+    ``GET /jobs`` (the recent jobs; ``?id=``: the search box), ``GET /jobs/{job_id}`` (the trace) and
     ``GET /_dashboard/{name}`` (its script and stylesheet).
     """
     pages = Pages(config)

@@ -1,4 +1,4 @@
-"""The dashboard's pages: overview, failed jobs (with requeue), one job's trace.
+"""The dashboard's pages: overview, recent jobs, failed jobs (with requeue), one job's trace.
 
 Plain (sync) endpoints: Starlette runs them in its thread pool, so the journal and ledger reads
 never block the event loop. The POST is CSRF-protected (:mod:`hybridq.http.dashboard.csrf`).
@@ -26,8 +26,21 @@ from hybridq.errors import HybridqError, JobNotFailed
 from hybridq.failures import requeue
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
+from hybridq.http.dashboard.jobs_list import recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.http.dashboard.render import age, as_json, esc, page, table, url_id, when
+from hybridq.http.dashboard.render import (
+    age,
+    as_json,
+    error_cell,
+    esc,
+    job_link,
+    page,
+    page_number,
+    pager,
+    table,
+    url_id,
+    when,
+)
 from hybridq.state import load_checkpoint
 from hybridq.status import stats
 from hybridq.trace import Trace, job_trace
@@ -41,6 +54,7 @@ _HEADERS = {
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
+    "X-Frame-Options": "DENY",  # what frame-ancestors says, for browsers without CSP 2
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
@@ -111,7 +125,7 @@ class Pages:
         now = time.monotonic()
         if self._stats is not None and now - self._stats[0] < self._stats[1] * STATS_REUSE:
             return self._stats[2]
-        s = stats(self.journal)
+        s = stats(self.journal, redis_url=None, outbox=None, redis_for=None)  # the journal only
         self._stats = (now, time.monotonic() - now, s)
         return s
 
@@ -163,10 +177,9 @@ class Pages:
     def failed(self, request: Request) -> Response:
         """Jobs that failed for good (``hybridq failed list``), each with a requeue button."""
         done = request.query_params.get("requeued")
-        number = request.query_params.get("page", "1")
-        at = int(number) if number.isdigit() and 0 < len(number) < 7 else 1
+        at = page_number(request.query_params.get("page"))
         return self._guarded(
-            request, "Failed jobs", lambda sid: self._failed(sid, done, max(1, at)), active="/failed"
+            request, "Failed jobs", lambda sid: self._failed(sid, done, at), active="/failed"
         )
 
     def _failed(self, sid: str, requeued: str | None, at: int = 1) -> str:
@@ -179,7 +192,6 @@ class Pages:
         for job in shown:
             env = job.envelope
             call = as_json({"args": list(env.args), "kwargs": dict(env.kwargs)}) if env is not None else "-"
-            error = (job.error or "").strip().splitlines()[-1:] or [""]
             button = (
                 f'<form method="post" action="/failed/requeue">'
                 f'<input type="hidden" name="{csrf.FIELD}" value="{esc(token)}">'
@@ -190,13 +202,13 @@ class Pages:
             )
             rows.append(
                 [
-                    f'<a class="job" href="/jobs/{esc(url_id(job.id))}">{esc(job.id)}</a>',
+                    job_link(job.id),
                     esc(job.queue or "-"),
                     esc(job.func or "-"),
                     f"<code>{esc(call[:300])}</code>",
                     esc(job.attempts),
                     esc(when(job.failed_at)),
-                    f'<span class="error">{esc(error[0][:300])}</span>',
+                    error_cell(job.error),
                     button,
                 ]
             )
@@ -209,12 +221,18 @@ class Pages:
         if not rows:
             return note + '<p class="empty">No job failed for good.</p>'
         headers = ["job", "queue", "task", "call", "attempts", "failed at (UTC)", "error", ""]
-        return note + _pager(len(everyone), at, pages) + table(headers, rows, cls="failed")
+        return (
+            note
+            + pager("/failed", len(everyone), at, pages, "failed jobs")
+            + table(headers, rows, cls="failed")
+        )
 
     async def requeue(self, request: Request) -> Response:
         """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.config.max_body):
+        if declared is not None and (
+            not (declared.isascii() and declared.isdigit()) or int(declared) > self.config.max_body
+        ):
             return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
         raw = bytearray()
         async for chunk in request.stream():  # capped while read (a chunked body has no length)
@@ -251,9 +269,15 @@ class Pages:
     # -- one job's trace ---------------------------------------------------------------------
 
     def search(self, request: Request) -> Response:
-        """The search box: ``/jobs?id=...`` goes to that job's trace."""
+        """``/jobs``: the recent jobs (:mod:`~hybridq.http.dashboard.jobs_list`).
+
+        The search box's ``/jobs?id=...`` goes to that job's trace.
+        """
         job_id = request.query_params.get("id", "").strip()
-        return RedirectResponse(f"/jobs/{url_id(job_id)}" if job_id else "/", status_code=303)
+        if job_id:
+            return RedirectResponse(f"/jobs/{url_id(job_id)}", status_code=303)
+        at = page_number(request.query_params.get("page"))
+        return self._guarded(request, "Jobs", lambda _: recent_jobs(self.journal, at), active="/jobs")
 
     def job(self, request: Request) -> Response:
         """One job's trace, from the journal, the checkpoint and the ledger (Redis: a side box)."""
@@ -279,15 +303,20 @@ class Pages:
         return response
 
     def _trace(self, trace: Trace) -> str:
+        gone = "not kept (its journal segment was compacted)"
         summary = [
             ("status", trace.status),
             ("task", trace.func or "-"),
             ("queue", trace.queue or "-"),
             ("attempts", trace.attempts),
-            ("args", as_json(list(trace.args))),
-            ("kwargs", as_json(trace.kwargs)),
-            ("epoch generation now", trace.generation),
+            ("args", as_json(list(trace.args)) if trace.args_known else gone),
+            ("kwargs", as_json(trace.kwargs) if trace.args_known else gone),
         ]
+        if trace.result_note is None or trace.status == "succeeded":
+            summary.append(
+                ("result", as_json(trace.result) if trace.result_note is None else trace.result_note)
+            )
+        summary.append(("epoch generation now", trace.generation))
         dl = "".join(f'<dt>{esc(k)}</dt><dd class="{esc(k)}"><code>{esc(v)}</code></dd>' for k, v in summary)
         steps = []
         for step in trace.steps:
@@ -331,19 +360,6 @@ class Pages:
         if media is None:
             return Response("not found", status_code=404)
         return FileResponse(_STATIC / name, media_type=media, headers={"Cache-Control": "max-age=300"})
-
-
-def _pager(total: int, at: int, pages: int) -> str:
-    """Where this page of the failed list is, and links to its neighbours."""
-    links = []
-    if at > 1:
-        links.append(f'<a class="newer" href="/failed?page={at - 1}">newer</a>')
-    if at < pages:
-        links.append(f'<a class="older" href="/failed?page={at + 1}">older</a>')
-    return (
-        f'<p class="pager">{esc(total)} failed jobs, newest first: page {esc(at)} of {esc(pages)} '
-        f"{' '.join(links)}</p>"
-    )
 
 
 def _busy() -> Response:

@@ -13,9 +13,9 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["age", "esc", "page", "table", "when"]
+__all__ = ["age", "error_cell", "esc", "job_link", "page", "page_number", "pager", "table", "when"]
 
-_NAV = (("/", "Overview"), ("/failed", "Failed jobs"))
+_NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/failed", "Failed jobs"))
 
 
 def esc(value: object) -> str:
@@ -26,6 +26,17 @@ def esc(value: object) -> str:
 def url_id(job_id: str) -> str:
     """A job id as a path segment (ids are hex, but a typed search may be anything)."""
     return urllib.parse.quote(job_id, safe="")
+
+
+def job_link(job_id: str) -> str:
+    """A job's id as a link to its trace (HTML)."""
+    return f'<a class="job" href="/jobs/{esc(url_id(job_id))}">{esc(job_id)}</a>'
+
+
+def error_cell(error: str | None, width: int = 300) -> str:
+    """An error's last line, cut to ``width`` characters (HTML; a task wrote it: escaped)."""
+    last = (error or "").strip().splitlines()[-1:] or [""]
+    return f'<span class="error">{esc(last[0][:width])}</span>'
 
 
 def when(at: float | None) -> str:
@@ -52,6 +63,26 @@ def as_json(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def page_number(text: str | None) -> int:
+    """A ``?page=`` value as a page number (1 for anything that is not one: ``"²".isdigit()``)."""
+    if text is None or not (text.isascii() and text.isdigit() and 0 < len(text) < 7):
+        return 1
+    return max(1, int(text))
+
+
+def pager(path: str, total: int, at: int, pages: int, noun: str) -> str:
+    """Where page ``at`` of a list at ``path`` is, and links to its neighbours."""
+    links = []
+    if at > 1:
+        links.append(f'<a class="newer" href="{esc(path)}?page={at - 1}">newer</a>')
+    if at < pages:
+        links.append(f'<a class="older" href="{esc(path)}?page={at + 1}">older</a>')
+    return (
+        f'<p class="pager">{esc(total)} {esc(noun)}, newest first: page {esc(at)} of {esc(pages)} '
+        f"{' '.join(links)}</p>"
+    )
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[str]], *, cls: str = "") -> str:
