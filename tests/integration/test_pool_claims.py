@@ -67,6 +67,13 @@ def enqueue_l_and_q(queue: Queue, effects: Path, server: RedisServer, long_s: fl
     wait_until(lambda: queued(server) == 2, what="L and Q pushed")
 
 
+def both_done(journal: Path, env: dict[str, str], effects: Path, check: Callable[[], None]) -> None:
+    """L and Q succeeded (pool B), A's own run of L ended; then long enough for A to start Q."""
+    wait_status(journal, env, succeeded(2), what="L and Q", alive=check)
+    wait_line(effects, "done", "L", timeout=30)
+    time.sleep(LEASE_S * 2)  # where A started Q from its old claim
+
+
 def test_a_job_taken_ahead_does_not_start_once_redis_came_back_from_a_snapshot(
     make_redis_server: MakeRedisServer,
     stack: Stack,
@@ -85,9 +92,7 @@ def test_a_job_taken_ahead_does_not_start_once_redis_came_back_from_a_snapshot(
     wait_line(effects, "start", "L")
     server.restart()  # SIGKILL, then the snapshot: neither L nor Q, nor A's claims
     b = pool(stack, server.url)  # runs what the forwarder's refill queues again
-    wait_status(journal_dir, subprocess_env, succeeded(2), what="L and Q", alive=alive(forwarder, b))
-    wait_line(effects, "done", "L", timeout=30)  # A's own run of L ends (its lease was lost)
-    time.sleep(LEASE_S * 2)  # where A started Q from its old claim
+    both_done(journal_dir, subprocess_env, effects, alive(forwarder, b))  # A's L too: it lost its lease
     counted = runs(effects)
     assert counted["Q"] == 1, f"Q ran {counted['Q']} times: A started it on a claim Redis had lost"
     a.assert_alive()
@@ -105,9 +110,7 @@ def test_a_job_taken_ahead_does_not_start_after_its_worker_was_cut_off_past_the_
         wait_line(effects, "start", "L")
         proxy.blackhole()  # A alone is cut off, for longer than the lease and than L
         b = pool(stack, redis_server.url)
-        wait_status(journal_dir, subprocess_env, succeeded(2), what="L and Q", alive=alive(forwarder, b))
-        wait_line(effects, "done", "L", timeout=30)  # A's own run of L, cut off
-        time.sleep(LEASE_S * 2)  # where A started Q from its old claim, still cut off
+        both_done(journal_dir, subprocess_env, effects, alive(forwarder, b))  # A's L too, cut off
         proxy.blackhole(on=False)
         proxy.reset()
         time.sleep(LEASE_S * 2)  # and once it can reach Redis again
