@@ -25,9 +25,10 @@ configured) before it imports anything. Then, for each delivery, :func:`execute`
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
    second waits, then finds the first one's result);
-2. **renews** the lease from a thread (one per process) while the task runs and until its
-   outcome is stored or given up: when the worker or its work-horse is killed, the lease expires
-   within ``lease_s`` and the forwarder delivers the job again;
+2. **renews** the lease from a thread (one per process; in the pool, its supervisor renews it
+   too: :mod:`~hybridq.worker.keeper`) while the task runs and until its outcome is stored or
+   given up: when the worker or its work-horse is killed, the lease expires within ``lease_s``
+   and the forwarder delivers the job again;
 3. **records** the outcome and a completion event for the owning forwarder in one atomic step
    (a Lua script: all or nothing, like MULTI/EXEC), and frees the lease.
 
@@ -38,7 +39,8 @@ scripts and the client they go through), :mod:`~hybridq.worker.loop` (:func:`run
 loop, ``hybridq worker --rq``); and ``hybridq worker``'s default, a pool of processes that run
 many jobs each with the same claim, lease and outcome: :mod:`~hybridq.worker.pool` (the
 supervisor), :mod:`~hybridq.worker.engine` (one process's loop), :mod:`~hybridq.worker.runner`
-(threads, event loop, timeouts), :mod:`~hybridq.worker.perform` (one job of a batch) and
+(threads, event loop, timeouts), :mod:`~hybridq.worker.perform` (one job of a batch),
+:mod:`~hybridq.worker.starter` (claims made as tasks start, reservations given back) and
 :mod:`~hybridq.worker.batch_scripts` (the batched Lua).
 :data:`ENTRY_POINT` (``hybridq.worker.execute``) and :class:`Job` (``hybridq.worker.Job``) are
 paths RQ imports, from job hashes already in Redis and from ``rq worker --job-class``: they stay
