@@ -83,9 +83,10 @@ def unsubscribe_promptly(worker: BaseWorker) -> None:
         thread.stop(timeout=0)  # redis-py >= 8.2: the flag, without the unbounded join
     else:
         thread.stop()  # earlier redis-py: stop() only clears the flag
-    worker.pubsub.unsubscribe()
+    pubsub: Any = worker.pubsub
+    pubsub.unsubscribe()
     thread.join(timeout=1)
-    worker.pubsub.close()
+    pubsub.close()
 
 
 class _Pipelining(BaseWorker):
