@@ -39,6 +39,7 @@ Like :mod:`hybridq.worker`, this module must not import the journal.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -55,7 +56,7 @@ from hybridq.guard import Job
 from hybridq.worker.run import RUN_ATTR, Run, finish, finished, plan, release
 from hybridq.worker.scripts import CLAIM_SHA, FINISH_SHA, client, retrying
 
-__all__ = ["HEARTBEAT_GAP_S", "SimpleWorker", "Worker"]
+__all__ = ["HEARTBEAT_GAP_S", "SimpleWorker", "Worker", "unsubscribe_promptly"]
 
 #: A worker heartbeat with the TTL of one sent or queued less than this long before is skipped.
 HEARTBEAT_GAP_S = 1.0
@@ -63,6 +64,29 @@ HEARTBEAT_GAP_S = 1.0
 # Module globals, read at each call (a test replaces _FINISH_SHA to force the fallback).
 _CLAIM_SHA = CLAIM_SHA
 _FINISH_SHA = FINISH_SHA
+
+
+def unsubscribe_promptly(worker: BaseWorker) -> None:
+    """RQ's ``unsubscribe``, with the pub/sub thread told to stop *before* the UNSUBSCRIBE goes.
+
+    RQ sends UNSUBSCRIBE, then ``PubSubWorkerThread.stop()``, which joins the thread with no
+    time limit since redis-py 8.2. A thread that handled the UNSUBSCRIBE reply before ``stop()``
+    cleared its flag is back in ``get_message(timeout=60)``, waiting the whole minute for a
+    subscription (the join RQ follows it with, ``timeout=1``, never comes first): a burst or
+    stopped worker then took 60 s to exit. Clearing the flag first, the reply ends the thread's
+    loop; the join is bounded; the thread is a daemon, so one still waiting ends with the process.
+    """
+    thread: Any = worker.pubsub_thread  # RQ declares it None until subscribe()
+    if not thread:
+        return
+    if "timeout" in inspect.signature(thread.stop).parameters:
+        thread.stop(timeout=0)  # redis-py >= 8.2: the flag, without the unbounded join
+    else:
+        thread.stop()  # earlier redis-py: stop() only clears the flag
+    pubsub: Any = worker.pubsub
+    pubsub.unsubscribe()
+    thread.join(timeout=1)
+    pubsub.close()
 
 
 class _Pipelining(BaseWorker):
@@ -100,6 +124,10 @@ class _Pipelining(BaseWorker):
             super().heartbeat(timeout, pipeline=pipe)
             pipe.execute()
         self._last_beat = (at, ttl)
+
+    def unsubscribe(self) -> None:
+        """RQ's, without its minute-long wait at exit (:func:`unsubscribe_promptly`)."""
+        unsubscribe_promptly(self)
 
     def execute_job(self, job: RQJob, queue: Queue) -> None:
         """RQ's; then the next heartbeat is sent whatever came before (it shortens the TTL)."""

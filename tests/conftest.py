@@ -45,6 +45,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _rq_workers_exit_promptly() -> Iterator[None]:
+    """RQ's own worker classes, run in-process by tests, stop as hybridq's do at exit.
+
+    RQ's ``unsubscribe`` can wait 60 s for its pub/sub thread under redis-py 8.2
+    (tests/integration/test_worker_shutdown.py): a third-party race at exit, not what any test
+    checks, and it cost the suite minutes under load.
+    """
+    from hybridq.rqworker import unsubscribe_promptly
+    from rq.worker.base import BaseWorker
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(BaseWorker, "unsubscribe", unsubscribe_promptly)
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def _close_shared_writers() -> Iterator[None]:
     """Seal the producer's per-process writers after each test (no fd or lock outlives it)."""

@@ -69,8 +69,13 @@ def sweep(root: str, older_than_s: float = SWEEP_AFTER_S) -> list[str]:
     swept = []
     with os.scandir(os.path.join(root, "incoming")) as entries:
         for entry in entries:
-            if entry.name.startswith(".") or not entry.is_file() or entry.stat().st_mtime > cutoff:
+            if entry.name.startswith(".") or not entry.is_file():
                 continue
+            try:
+                if entry.stat().st_mtime > cutoff:
+                    continue
+            except FileNotFoundError:
+                continue  # another uploader (or the task) published it while this one listed
             process_upload.enqueue_call((root, entry.name), idempotency_key=f"upload:{entry.name}")
             swept.append(entry.name)
     return swept

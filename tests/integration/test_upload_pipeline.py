@@ -16,14 +16,17 @@ command (``run.py``, its README) runs too, smaller.
 from __future__ import annotations
 
 import collections
+import contextlib
+import importlib
 import os
 import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
 
@@ -256,3 +259,28 @@ def test_a_file_stored_by_an_uploader_that_died_before_its_enqueue_is_swept_and_
     assert runs == {"crashed-0001": 1, "lost-0001": 1}
     assert (status["accepted"], status["duplicates_suppressed"]) == (3, 1)  # crashed-0001 twice, once run
     assert sorted(p.name for p in incoming.iterdir()) == [".lost-0002.4242.tmp", "fresh-0001"]
+
+
+def test_a_sweep_skips_a_file_another_uploader_moves_while_it_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several uploaders sweep at once: a file listed by one and moved by another is not an error.
+
+    Seen in CI: an uploader's sweep died with FileNotFoundError on ``stat()`` of a file that a
+    second uploader had just published.
+    """
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    uploads = importlib.import_module("uploads")
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "moved-0001").write_bytes(b"published by another uploader while listed\n")
+    listing = os.scandir
+
+    def moved_while_listed(path: str) -> Iterator[os.DirEntry[str]]:
+        with listing(path) as entries:
+            listed = list(entries)
+        (incoming / "moved-0001").unlink()  # another uploader's publish, between listing and stat
+        return contextlib.nullcontext(iter(listed))  # type: ignore[return-value]
+
+    monkeypatch.setattr(uploads.os, "scandir", moved_while_listed)
+    assert uploads.sweep(str(tmp_path), older_than_s=0) == []
