@@ -13,13 +13,13 @@ from hybridq.lazy import lazy_names
 if TYPE_CHECKING:
     from .cancels import CancelResult, cancel
     from .context import CurrentJob, current_job
-    from .decorator import Task, task
-    from .envelope import Envelope, Retry
+    from .envelope.model import Envelope, Retry
     from .errors import (
         Cancelled,
         EnvelopeError,
         HybridqError,
         JobFailed,
+        JobNotFailed,
         JobWaitTimeout,
         JournalClosed,
         JournalCorruption,
@@ -34,16 +34,18 @@ if TYPE_CHECKING:
         ResultNotKept,
         RetryLater,
         RetryLaterExpired,
+        SignatureError,
+        SigningKeyError,
         StateFileCorrupt,
         TransportError,
     )
-    from .failures import FailedJob, JobNotFailed, failed_jobs, requeue
     from .job import Job, fetch_job
     from .journal import Durability
-    from .producer import Queue
+    from .ops.failures import FailedJob, failed_jobs, requeue
+    from .ops.status import stats
+    from .producer.queue import Queue
+    from .producer.task import Task, task
     from .schedules import schedule
-    from .signing import SignatureError, SigningKeyError
-    from .status import stats
 
 __version__ = "0.1.0"
 
@@ -100,13 +102,13 @@ _LAZY = {
     "CurrentJob": ".context",
     "cancel": ".cancels",
     "Durability": ".journal",
-    "Envelope": ".envelope",
+    "Envelope": ".envelope.model",
     "EnvelopeError": ".errors",
-    "FailedJob": ".failures",
+    "FailedJob": ".ops.failures",
     "HybridqError": ".errors",
     "Job": ".job",
     "JobFailed": ".errors",
-    "JobNotFailed": ".failures",
+    "JobNotFailed": ".ops.failures",
     "JobWaitTimeout": ".errors",
     "JournalClosed": ".errors",
     "JournalCorruption": ".errors",
@@ -116,25 +118,25 @@ _LAZY = {
     "JournalPathError": ".errors",
     "MissingExtra": ".errors",
     "NotSerializable": ".errors",
-    "Queue": ".producer",
+    "Queue": ".producer.queue",
     "QueueFull": ".errors",
     "RecordTooLarge": ".errors",
     "ResultNotKept": ".errors",
-    "Retry": ".envelope",
+    "Retry": ".envelope.model",
     "RetryLater": ".errors",
     "RetryLaterExpired": ".errors",
-    "SignatureError": ".signing",
-    "SigningKeyError": ".signing",
+    "SignatureError": ".security.signing",
+    "SigningKeyError": ".security.signing",
     "StateFileCorrupt": ".errors",
-    "Task": ".decorator",
+    "Task": ".producer.task",
     "TransportError": ".errors",
     "current_job": ".context",
-    "failed_jobs": ".failures",
+    "failed_jobs": ".ops.failures",
     "fetch_job": ".job",
-    "requeue": ".failures",
+    "requeue": ".ops.failures",
     "schedule": ".schedules",
-    "stats": ".status",
-    "task": ".decorator",
+    "stats": ".ops.status",
+    "task": ".producer.task",
 }
 
 

@@ -3,7 +3,7 @@
 A cancel is **durable before it returns**, and needs neither Redis nor the forwarder's lock (as
 :func:`hybridq.requeue` does not): :func:`cancel` finds the job's records in the journal, then
 writes one request file into ``<journal>/cancel/`` (a state file: temp file, fsync, rename, fsync
-of the directory) and nudges the forwarder. The forwarder (:mod:`hybridq.cancelling`) takes each
+of the directory) and nudges the forwarder. The forwarder (:mod:`hybridq.forwarder.cancelling`) takes each
 request into its ledger as ``cancel`` entries (one fsync), then deletes the file; a crash in
 between takes the same request in again, which changes nothing. From then on:
 
@@ -28,14 +28,16 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import default_journal, ensure_journal_dir, existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
-from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index
-from hybridq.nudge import nudge
+from hybridq.ledger.compacted import Compacted, consistent
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index
+from hybridq.protocol.nudge import nudge
 
 __all__ = ["CANCEL_DIR", "CancelResult", "cancel", "cancel_dir", "pending_cancels", "read_requests"]
 
@@ -83,7 +85,7 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     """
     path = existing_journal_dir(journal or default_journal())
     wanted = list(dict.fromkeys(job_ids))
-    # Read again if a compaction deleted a segment under either read (hybridq.ledger.consistent).
+    # Read again if a compaction deleted a segment under either read (hybridq.ledger.store.consistent).
     index, locs = consistent(path, lambda c: (_Known(c, load_index(path, c)), _records(path, set(wanted), c)))
     results: list[CancelResult] = []
     request: list[tuple[str, Loc]] = []

@@ -19,25 +19,25 @@
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
     │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
-    ├── Stopped                     a stop asked for while Redis was down: the loop ends (hybridq.push)
-    ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.redisurl)
+    ├── Stopped                     a stop asked while Redis was down: the loop ends (hybridq.forwarder.push)
+    ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.transport.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
     ├── ConfigError (ValueError)    settings that cannot work together; refused at start
     ├── MissingExtra (ModuleNotFoundError)  a feature whose optional extra is not installed (hybridq.extras)
     ├── ScheduleError (ValueError)  a periodic job that cannot be kept as declared (hybridq.schedules)
     │   └── CronError               a cron expression that does not parse, or never fires (hybridq.cron)
-    ├── SigningKeyError             a signing key is configured but unusable (hybridq.signing)
-    ├── SignatureError              an envelope's signature is missing or wrong (hybridq.signing)
-    ├── JobNotFailed                ``hybridq failed requeue`` of a job that did not fail (hybridq.failures)
+    ├── SigningKeyError             a signing key is configured but unusable (hybridq.security.signing)
+    ├── SignatureError              an envelope's signature is missing or wrong (hybridq.security.signing)
+    ├── JobNotFailed                ``hybridq failed requeue`` of a job not failed (hybridq.ops.failures)
     ├── RedisServerNotFound         no redis-server binary for a private server (hybridq.testing.embedded)
     ├── RedisServerFailed           a private redis-server exited or did not answer (hybridq.testing.embedded)
     ├── JobFailed                   ``job.wait()`` on a job that failed for good, with ``exc_info`` (hybridq)
     ├── JobWaitTimeout (TimeoutError)  ``job.wait(timeout)`` ran out of time (hybridq)
     ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
-    │   ├── NotAllowed              the job names a function this worker may not run (hybridq.allow)
-    │   ├── NoSuchTask (AttributeError)  the job's module imports, but has no such function (hybridq.allow)
-    │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.waiting)
+    │   ├── NotAllowed              the job names a function this worker may not run (hybridq.security.allow)
+    │   ├── NoSuchTask (AttributeError)  its module imports, but has no such function (hybridq.security.allow)
+    │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.worker.waiting)
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
     │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good

@@ -15,15 +15,17 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from hybridq import lookup
 from hybridq.cancels import cancel
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
 from hybridq.journal.paths import default_journal, existing_journal_dir
 from hybridq.journal.reader import list_chains, read_record_at
-from hybridq.ledger import Compacted, LedgerIndex, consistent, load_index, read_ledger
-from hybridq.state import Checkpoint, forwarder_holder, load_checkpoint
+from hybridq.ledger.checkpoint import Checkpoint, forwarder_holder, load_checkpoint
+from hybridq.ledger.compacted import Compacted, consistent
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index, read_ledger
+from hybridq.lookup import reads as lookup
 
 __all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
 

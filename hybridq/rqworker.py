@@ -52,7 +52,7 @@ from rq.queue import Queue
 from rq.utils import now
 from rq.worker.base import BaseWorker
 
-from hybridq.guard import Job
+from hybridq.worker.guard import Job
 from hybridq.worker.run import RUN_ATTR, Run, finish, finished, plan, release
 from hybridq.worker.scripts import CLAIM_SHA, FINISH_SHA, client, retrying
 

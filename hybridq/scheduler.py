@@ -8,7 +8,7 @@ journal directory, that every tick up to now is decided. So:
 
 * a crash after the append and before that record appends the tick again on restart: the same
   key, so the forwarder records it as a duplicate and never pushes it (enqueue-if-absent,
-  :mod:`hybridq.admission`);
+  :mod:`hybridq.forwarder.admission`);
 * a crash before the append loses nothing: the tick is still due, and the catch-up policy
   fires it;
 * a tick in the journal is a job like any other: pushed again if Redis loses it, never run
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq import crashpoints
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import JournalWriter
 from hybridq.journal.statefile import read_state, write_state
-from hybridq.producer import Queue
+from hybridq.producer.queue import Queue
 from hybridq.schedules import Schedule, ScheduleError, fire_time_iso, tick_key
 
 __all__ = ["STATE_NAME", "Scheduler", "TickState", "load_ticks", "save_ticks"]

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridq.cron import Cron
-from hybridq.envelope import Envelope, Retry, check_seconds, function_path, validate_queue_name
+from hybridq.envelope.limits import check_seconds
+from hybridq.envelope.model import Envelope, Retry, function_path, validate_queue_name
 from hybridq.errors import HybridqError, ScheduleError
 
 __all__ = [

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the template journal shared with test_fuzz.py
 
 with atheris.instrument_imports(include=["hybridq"]):
-    from hybridq.envelope import Envelope, Retry
+    from hybridq.envelope.model import Envelope, Retry
     from hybridq.errors import EnvelopeError, JournalError
     from hybridq.journal import JournalReader
     from hybridq.journal.format import (

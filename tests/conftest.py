@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# Workers run only functions they are allowed to (hybridq.allow): the suite's tasks live in
+# Workers run only functions they are allowed to (hybridq.security.allow): the suite's tasks live in
 # `tests`. Set here, so every worker the tests start, in-process or as a child, inherits it.
 os.environ.setdefault("HYBRIDQ_ALLOW", "tests")
 
@@ -66,7 +66,7 @@ def _rq_workers_exit_promptly() -> Iterator[None]:
 def _close_shared_writers() -> Iterator[None]:
     """Seal the producer's per-process writers after each test (no fd or lock outlives it)."""
     yield
-    from hybridq.producer import _close_writers
+    from hybridq.producer.queue import _close_writers
 
     _close_writers()
 

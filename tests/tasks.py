@@ -89,8 +89,9 @@ def race_a_success_then_fail() -> None:
     """Store a success under this job's key (as a concurrent run would), then fail."""
     import json
 
-    from hybridq import current_job, keys
-    from hybridq.envelope import idempotency_id
+    from hybridq import current_job
+    from hybridq.envelope.model import idempotency_id
+    from hybridq.protocol import keys
     from rq import get_current_job
 
     job = current_job()

@@ -30,7 +30,7 @@ def demo(ctx: click.Context, jobs: int, directory: str | None) -> None:
     Example:
       hybridq demo --jobs 1000
     """
-    from hybridq.demo import run_demo  # noqa: PLC0415
+    from hybridq.testing.demo import run_demo  # noqa: PLC0415
 
     try:
         with click.progressbar(length=jobs, label="enqueue", file=sys.stderr) as bar:

@@ -15,7 +15,7 @@ from hybridq.cli.options import (
     journal_option,
     shown,
 )
-from hybridq.envelope import function_path
+from hybridq.envelope.model import function_path
 from hybridq.errors import EnvelopeError, HybridqError
 
 
@@ -65,8 +65,8 @@ def enqueue(
       hybridq enqueue emails.send '"ada@example.com"' --key welcome:ada --queue emails
       hybridq enqueue reports.build --kwargs '{"month": "2026-11"}' --delay 60 --retry 3
     """
-    from hybridq.envelope import Retry  # noqa: PLC0415
-    from hybridq.producer import Queue  # noqa: PLC0415
+    from hybridq.envelope.model import Retry  # noqa: PLC0415
+    from hybridq.producer.queue import Queue  # noqa: PLC0415
 
     values = [_json_arg(f"argument {n}", raw) for n, raw in enumerate(args, 1)]
     unchecked = _import_module_of(func)  # so that the enqueue below can check the name
@@ -101,7 +101,7 @@ def _import_module_of(func: str) -> str | None:
     The current directory only if it is ours and no one else may write to it (a module planted
     there would run here).
 
-    ``None`` once imported: the enqueue then checks the name (``hybridq.producer_calls``). Else
+    ``None`` once imported: the enqueue then checks the name (``hybridq.producer.calls``). Else
     why not: the module is not on this host's path (a producer without the task code), or
     importing it failed. The longest prefix that is a module is the one imported, as a worker's.
     """

@@ -36,7 +36,7 @@ def failed_list(ctx: click.Context, journal: str, as_json: bool) -> None:
     Example:
       hybridq failed list --journal ./hybridq-journal
     """
-    from hybridq.failures import failed_jobs  # noqa: PLC0415
+    from hybridq.ops.failures import failed_jobs  # noqa: PLC0415
 
     try:
         jobs = failed_jobs(journal)
@@ -63,7 +63,8 @@ def failed_show(ctx: click.Context, journal: str, job_id: str) -> None:
     Example:
       hybridq failed show 01a22d5981129cc616500e5c84939d91 --journal ./hybridq-journal
     """
-    from hybridq.failures import JobNotFailed, failed_jobs  # noqa: PLC0415
+    from hybridq.errors import JobNotFailed  # noqa: PLC0415
+    from hybridq.ops.failures import failed_jobs  # noqa: PLC0415
 
     try:
         match = [j for j in failed_jobs(journal) if j.id == job_id]
@@ -89,7 +90,7 @@ def failed_requeue(ctx: click.Context, journal: str, requeue_all: bool, job_ids:
       hybridq failed requeue 01a22d5981129cc616500e5c84939d91
       hybridq failed requeue --all
     """
-    from hybridq.failures import failed_jobs, requeue  # noqa: PLC0415
+    from hybridq.ops.failures import failed_jobs, requeue  # noqa: PLC0415
 
     if bool(job_ids) == requeue_all:
         raise click.UsageError("give job ids or --all (not both)")

@@ -21,11 +21,11 @@ from hybridq.cli.options import (
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
-from hybridq.status import redact_url
+from hybridq.transport.redisurl import redact_url
 from hybridq.transport.routes import Routes
 
 if TYPE_CHECKING:
-    from hybridq.forwarder import Forwarder
+    from hybridq.forwarder.loop import Forwarder
     from hybridq.http.config import ServeConfig
     from hybridq.http.server import Server
     from hybridq.outbox.background import BackgroundRelay
@@ -167,7 +167,7 @@ def forward(
     With --redis-for QUEUE=URL (repeatable, or HYBRIDQ_REDIS_FOR), those queues go to their own
     Redis; the others to --redis (docs/deploy.md, "Sharded: queues over several Redis").
     """
-    from hybridq.forwarder import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
+    from hybridq.forwarder.loop import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
     config = None
@@ -202,7 +202,7 @@ def forward(
         )
         forwarder.open()
         if metrics_port is not None:
-            from hybridq.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
+            from hybridq.ops.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
 
             forwarder.on_durable_write = FSYNC_SECONDS.observe
             serve_metrics(forwarder, metrics_port, addr=metrics_addr, capacity=capacity, outbox=relay)
@@ -256,7 +256,7 @@ def _start_server(
     """``--serve``: the HTTP API in a thread, its /metrics this forwarder's."""
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from hybridq.metrics import FSYNC_SECONDS, ForwarderMetrics  # noqa: PLC0415
+    from hybridq.ops.metrics import FSYNC_SECONDS, ForwarderMetrics  # noqa: PLC0415
 
     registry = CollectorRegistry()
     registry.register(ForwarderMetrics(forwarder, capacity=capacity, outbox=relay))

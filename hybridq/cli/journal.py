@@ -118,7 +118,7 @@ def journal_repair(ctx: click.Context, journal: str, accept_loss: bool, as_json:
       hybridq journal repair --journal /var/lib/hybridq/journal
       hybridq journal repair --accept-loss --journal /var/lib/hybridq/journal
     """
-    from hybridq.journal_repair import repair  # noqa: PLC0415
+    from hybridq.ops.journal_repair import repair  # noqa: PLC0415
 
     reports = []
     for path in (journal, os.path.join(journal, "ledger"), os.path.join(journal, "keys")):

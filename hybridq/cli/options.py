@@ -145,8 +145,8 @@ def _with_password_file(url: str | None, password_file: str | None) -> str | Non
 
     A URL redis-py cannot use is one line and exit 1 here, before anything starts.
     """
-    from hybridq.redisurl import check_url, with_password  # noqa: PLC0415 - imports redis
-    from hybridq.secretfile import read_password  # noqa: PLC0415
+    from hybridq.security.secretfile import read_password  # noqa: PLC0415
+    from hybridq.transport.redisurl import check_url, with_password  # noqa: PLC0415 - imports redis
 
     if url is None:
         return url

@@ -21,7 +21,7 @@ from hybridq.outbox.schema import (
     first_line,
     validate_table,
 )
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 _table_option = click.option(
     "--table",

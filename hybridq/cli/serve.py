@@ -76,8 +76,8 @@ def serve_config(
     from hybridq.http.auth import Tokens, TokensError, is_loopback  # noqa: PLC0415 - keep --help fast
     from hybridq.http.config import ServeConfig  # noqa: PLC0415
     from hybridq.journal.paths import ensure_journal_dir  # noqa: PLC0415
-    from hybridq.redisurl import check_url  # noqa: PLC0415
-    from hybridq.signing import keyring  # noqa: PLC0415
+    from hybridq.security.signing import keyring  # noqa: PLC0415
+    from hybridq.transport.redisurl import check_url  # noqa: PLC0415
 
     unix = bind.removeprefix("unix:") if bind.startswith("unix:") else None
     try:

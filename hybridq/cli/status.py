@@ -80,7 +80,7 @@ def status(
       hybridq status --watch --redis redis://127.0.0.1:6379/0
       hybridq status --outbox sqlite:////var/lib/app/app.db
     """
-    from hybridq.status import stats  # noqa: PLC0415
+    from hybridq.ops.status import stats  # noqa: PLC0415
 
     redis_url = _with_password_file(redis_url, redis_password_file)
     if outbox_dsn is not None:
@@ -124,7 +124,7 @@ def _check_outbox(ctx: click.Context, dsn: str, table: str) -> None:
     except (ValueError, FileNotFoundError) as exc:
         _bad_usage(ctx, str(exc))
     except Exception as exc:  # the database driver's own error: not a database, locked, ...
-        from hybridq.status import redact_url  # noqa: PLC0415
+        from hybridq.transport.redisurl import redact_url  # noqa: PLC0415
 
         _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
 
@@ -235,7 +235,7 @@ def doctor(
       hybridq doctor --journal /var/lib/hybridq/journal --redis redis://127.0.0.1:6379/0
       hybridq doctor --fix
     """
-    from hybridq.doctor import diagnose  # noqa: PLC0415
+    from hybridq.ops.doctor import diagnose  # noqa: PLC0415
     from hybridq.transport.routes import Routes  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
     from hybridq.transport.sharded import ShardedTransport  # noqa: PLC0415
@@ -306,9 +306,9 @@ def _unattended_line(jobs: int, journal: str) -> str:
 
 
 def _doctor_outbox(ctx: click.Context, report: Any, dsn: str, table: str) -> None:
-    """The outbox part of ``doctor`` (hybridq.doctor.check_outbox); its driver's error in one line."""
-    from hybridq.doctor import check_outbox  # noqa: PLC0415
-    from hybridq.status import redact_url  # noqa: PLC0415
+    """The outbox part of ``doctor`` (hybridq.ops.doctor.check_outbox); its driver's error in one line."""
+    from hybridq.ops.doctor import check_outbox  # noqa: PLC0415
+    from hybridq.transport.redisurl import redact_url  # noqa: PLC0415
 
     try:
         check_outbox(report, dsn, table)

@@ -14,7 +14,7 @@ from hybridq.cli.options import (
     redis_option,
 )
 from hybridq.errors import HybridqError
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 
 @click.command()
@@ -165,13 +165,13 @@ def worker(
     """
     import importlib  # noqa: PLC0415
 
-    from hybridq.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
-    from hybridq.envelope import validate_queue_name  # noqa: PLC0415
-    from hybridq.signing import ENV_KEY_FILE, keyring  # noqa: PLC0415
+    from hybridq.envelope.model import validate_queue_name  # noqa: PLC0415
+    from hybridq.security.allow import ENV_VAR, allowed_prefixes  # noqa: PLC0415
+    from hybridq.security.signing import ENV_KEY_FILE, keyring  # noqa: PLC0415
 
     try:
         from hybridq.worker import run_worker  # noqa: PLC0415 - imports rq
-    except ValueError as exc:  # an invalid RQ_KEY_PREFIX: RQ (and hybridq.keys) refuse it
+    except ValueError as exc:  # an invalid RQ_KEY_PREFIX: RQ (and hybridq.protocol.keys) refuse it
         _fail(ctx, exc)
 
     try:

@@ -30,8 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from hybridq import allow
-from hybridq.envelope import Envelope, Retry, function_path, validate_job_id, validate_queue_name
+from hybridq.envelope.model import Envelope, Retry, function_path, validate_job_id, validate_queue_name
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
@@ -48,8 +47,9 @@ from hybridq.http.config import ServeConfig
 from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, key_job_id, valid_key
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES
-from hybridq.producer import Queue
-from hybridq.status import stats
+from hybridq.ops.status import stats
+from hybridq.producer.queue import Queue
+from hybridq.security import allow
 
 __all__ = ["FIELDS", "Api", "BodyTooLarge"]
 
@@ -222,7 +222,7 @@ class Api:
         """Refuse (400) a task the server can tell no worker would run; else leave it to them.
 
         Where its module is imported here (``--import``, a registered task), the name must exist
-        and pass the workers' own rules (:func:`hybridq.allow.resolve`, with this server's
+        and pass the workers' own rules (:func:`hybridq.security.allow.resolve`, with this server's
         prefixes): a typo, or a class whose call runs another module's constructor, would only
         fail on a worker, or wait there for good. Nothing is imported for the check.
         """

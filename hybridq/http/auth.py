@@ -47,7 +47,7 @@ from starlette.routing import BaseRoute, Route
 
 from hybridq.errors import TokensError
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
-from hybridq.secretfile import read_secret_file
+from hybridq.security.secretfile import read_secret_file
 
 __all__ = [
     "COOKIE",

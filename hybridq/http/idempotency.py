@@ -7,7 +7,7 @@ writing a second record. The lookups are cheap:
 * ids this process wrote, and those in the journal past the lookup index's marks when the server
   started (read once, at the first keyed POST), are held in memory with the call's fingerprint;
 * anything older is one primary-key read of the forwarder's lookup index
-  (:func:`hybridq.lookup.find`) and one record read.
+  (:func:`hybridq.lookup.reads.find`) and one record read.
 
 So nothing but the index and this process's memory is asked, and a missed id is one the journal
 does not hold, as long as the index is at least as far as it was when the tail was read: a miss
@@ -33,11 +33,11 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from hybridq import lookup
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, KeyReused
 from hybridq.job import call_fingerprint, fetch_job
 from hybridq.journal import ChainPosition, JournalReader, RecordType
+from hybridq.lookup import reads as lookup
 
 __all__ = ["ID_PREFIX", "MAX_KEY", "KeyReused", "KeyStore", "fingerprint", "key_job_id", "valid_key"]
 

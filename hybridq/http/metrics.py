@@ -1,6 +1,6 @@
 """``GET /metrics`` of a standalone ``hybridq serve``: the journal's figures and the server's own.
 
-With ``hybridq forward --serve`` the forwarder's own collector (:mod:`hybridq.metrics`) is served
+With ``hybridq forward --serve`` the forwarder's own collector (:mod:`hybridq.ops.metrics`) is served
 instead, which has everything the forwarder knows; this one reads :func:`hybridq.stats` (what
 the forwarder saved with its last step, and the journal after it) at each scrape, under the same
 metric names, and adds the POSTs this server answered, by status code.
@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hybridq.errors import HybridqError
-from hybridq.status import stats
+from hybridq.ops.status import stats
 
 if TYPE_CHECKING:
     from hybridq.http.api import Api

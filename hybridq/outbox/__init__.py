@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridq.envelope import Envelope, new_job_id, validate_queue_name
+from hybridq.envelope.model import Envelope, new_job_id, validate_queue_name
 from hybridq.errors import RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
 from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, validate_table
-from hybridq.producer import Queue, split_call
-from hybridq.signing import keyring
+from hybridq.producer.calls import split_call
+from hybridq.producer.queue import Queue
+from hybridq.security.signing import keyring
 
 __all__ = ["DEFAULT_DONE_TABLE", "DEFAULT_KEY_PREFIX", "DEFAULT_TABLE", "Outbox"]
 

@@ -21,7 +21,7 @@ import time
 from hybridq.outbox.backlog import Backlog, read_backlog
 from hybridq.outbox.relay import PROGRESS_EVERY_S, Relay
 from hybridq.outbox.schema import DEFAULT_TABLE
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 __all__ = ["RETRY_BACKOFF_S", "BackgroundRelay"]
 

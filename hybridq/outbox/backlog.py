@@ -19,7 +19,7 @@ from typing import Any
 
 from hybridq.outbox.schema import SET_ASIDE, connect, is_postgres, table_exists, validate_table
 from hybridq.outbox.store import bad_envelope
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 __all__ = ["Backlog", "SetAside", "check_outbox", "query_backlog", "read_backlog", "read_set_aside"]
 

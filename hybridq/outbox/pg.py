@@ -43,7 +43,7 @@ from hybridq.errors import JournalLocked
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.schema import SET_ASIDE, table_exists
 from hybridq.outbox.store import DEFAULT_PG_POLL_S, Row, bad_envelope
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 __all__ = ["ADOPT_AFTER_S", "SLOTS", "WATCH_GAP_S", "PgStore", "token"]
 

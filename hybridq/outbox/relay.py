@@ -33,15 +33,14 @@ from collections.abc import Iterable
 from typing import cast
 
 from hybridq import crashpoints
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, JournalIOError
 from hybridq.extras import missing
 from hybridq.journal import Durability, JournalReader, JournalWriter, RecordType
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
 from hybridq.journal.format import segment_name
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.ledger import consistent
-from hybridq.nudge import address, nudge
+from hybridq.ledger.compacted import consistent
 from hybridq.outbox.schema import (
     DEFAULT_TABLE,
     PG_FEATURE,
@@ -49,6 +48,7 @@ from hybridq.outbox.schema import (
     validate_table,
 )
 from hybridq.outbox.store import DEFAULT_PG_POLL_S, DEFAULT_POLL_S, Row, SqliteStore, Store
+from hybridq.protocol.nudge import address, nudge
 
 __all__ = [
     "DEFAULT_BATCH",

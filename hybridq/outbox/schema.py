@@ -18,7 +18,7 @@ import sqlite3
 from typing import Any, Literal
 
 from hybridq.extras import missing
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 __all__ = [
     "DEFAULT_TABLE",

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.context import current_job
-from hybridq.envelope import Retry
+from hybridq.envelope.model import Retry
 from hybridq.testing.topology import QUEUE, Fault, Topology, children_of
 
 __all__ = [
@@ -139,7 +139,7 @@ def _note(path: str, kind: str, token: str, attempt: int) -> None:
 
 def produce_main(argv: Sequence[str]) -> None:
     """A producer process: ``journal acks effects name rate seed``; runs until killed."""
-    from hybridq.producer import Queue  # noqa: PLC0415 - only producer processes need it
+    from hybridq.producer.queue import Queue  # noqa: PLC0415 - only producer processes need it
 
     journal, acks, effects, name, rate, seed = argv
     rng = random.Random(seed)  # noqa: S311 - a test schedule, not a secret
@@ -345,7 +345,7 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosR
 
 
 def _drain(topo: Topology, acked: dict[str, float], timeout_s: float) -> dict[str, Any]:
-    from hybridq.status import collect_status  # noqa: PLC0415 - reads the journal
+    from hybridq.ops.status import collect_status  # noqa: PLC0415 - reads the journal
 
     deadline = time.monotonic() + timeout_s
     done = -1
@@ -398,7 +398,7 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
 
 def _failed_for_good(journal: str) -> dict[str, str]:
     """Jobs the ledger says failed for good: token -> error (a chaos job should never fail)."""
-    from hybridq.failures import failed_jobs  # noqa: PLC0415 - reads the journal
+    from hybridq.ops.failures import failed_jobs  # noqa: PLC0415 - reads the journal
 
     out = {}
     for job in failed_jobs(journal):

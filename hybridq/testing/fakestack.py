@@ -1,6 +1,6 @@
 """The real forward → RQ → worker path in one process, on fakeredis: no redis-server needed.
 
-:func:`fake_stack` runs hybridq's own :class:`~hybridq.forwarder.Forwarder` (its Lua scripts
+:func:`fake_stack` runs hybridq's own :class:`~hybridq.forwarder.loop.Forwarder` (its Lua scripts
 included) against an in-process `fakeredis <https://pypi.org/project/fakeredis/>`_ server with
 Lua support, and hybridq's RQ worker class (:class:`hybridq.rqworker.SimpleWorker`, the one
 ``hybridq worker --rq`` runs, with the claim and outcome scripts) in burst mode, in the calling
@@ -23,12 +23,12 @@ from typing import Any, Self
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from hybridq.allow import ENV_VAR as ALLOW_VAR
 from hybridq.extras import require
-from hybridq.forwarder import Forwarder
-from hybridq.producer import Queue
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import Queue
 from hybridq.rqworker import SimpleWorker
-from hybridq.status import collect_status
+from hybridq.security.allow import ENV_VAR as ALLOW_VAR
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job as WorkerJob
 

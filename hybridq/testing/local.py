@@ -32,16 +32,16 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
-from hybridq.allow import resolve as resolve_function
 from hybridq.context import CurrentJob, _current
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired
 from hybridq.job import Job
 from hybridq.journal import RecordId
-from hybridq.later import resolve as resolve_later
-from hybridq.producer import Queue, Sink, install_sink
+from hybridq.producer.queue import Queue, Sink, install_sink
 from hybridq.protocol import Delivery
-from hybridq.signing import expiry_refusal, keyring
+from hybridq.protocol.later import resolve as resolve_later
+from hybridq.security.allow import resolve as resolve_function
+from hybridq.security.signing import expiry_refusal, keyring
 
 __all__ = ["LocalJob", "LocalQueue", "eager"]
 

@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import RetryLater, RetryLaterExpired, TransportError
-from hybridq.later import Later, resolve
 from hybridq.protocol import CompletionEvent, Overwrite, StartedEvent
+from hybridq.protocol.later import Later, resolve
 from hybridq.transport.base import (
     Delivery,
     Event,

@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hybridq.journal import ChainPosition, JournalReader, RecordType
-from hybridq.ledger import ledger_dir
-from hybridq.ledger_entries import Entry
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import ledger_dir
 from hybridq.protocol import EntryKind
 
 __all__ = ["EffectsTail", "LedgerWatch", "Progress", "Run", "Verdict", "judge", "read_runs"]

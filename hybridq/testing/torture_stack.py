@@ -67,7 +67,7 @@ class Stack:
     """The processes and servers of one run (see the module docstring)."""
 
     def __init__(self, cfg: TortureConfig, root: str, say: Callable[[str], None]) -> None:
-        from hybridq.producer import Queue  # noqa: PLC0415 - only the harness enqueues
+        from hybridq.producer.queue import Queue  # noqa: PLC0415 - only the harness enqueues
 
         self.cfg, self.root, self.say = cfg, root, say
         self.journal = os.path.join(root, "journal")

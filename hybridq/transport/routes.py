@@ -13,9 +13,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hybridq.envelope import validate_queue_name
+from hybridq.envelope.model import validate_queue_name
 from hybridq.errors import ConfigError, HybridqError
-from hybridq.redisurl import check_url, redact_url
+from hybridq.transport.redisurl import check_url, redact_url
 
 __all__ = ["ENV_VAR", "Routes", "parse_redis_for", "split_env"]
 

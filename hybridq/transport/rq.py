@@ -31,10 +31,10 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
-from hybridq import keys, redisurl
 from hybridq.errors import UnencodableJobs
-from hybridq.protocol import ENTRY_POINT
-from hybridq.redisurl import transport_error
+from hybridq.protocol import ENTRY_POINT, keys
+from hybridq.transport import redisurl
+from hybridq.transport.redisurl import transport_error
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
 from .rq_codec import (

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from hybridq.envelope import MAX_SECONDS
+from hybridq.envelope.limits import MAX_SECONDS
 
 from .base import Delivery
 

@@ -6,7 +6,7 @@ lease) are in :mod:`hybridq.worker.scripts`.
 
 from __future__ import annotations
 
-from hybridq.protocol_outcome import DECODE_STORED_LUA
+from hybridq.protocol.outcome import DECODE_STORED_LUA
 
 __all__ = ["QUEUED_FIELDS", "_EVICT", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from hybridq.errors import TransportError
-from hybridq.redisurl import redact_url
+from hybridq.transport.redisurl import redact_url
 
 from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
 from .routes import Routes

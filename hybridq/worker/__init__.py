@@ -12,15 +12,15 @@ reply where it would have made the call, and leaves the record for the worker to
 
 Redis write access must not be code execution. :class:`Job`, the job class every hybridq worker
 uses (``rq worker --job-class hybridq.worker.Job`` for a plain RQ worker), makes RQ resolve no
-function but :func:`execute` (or one :mod:`hybridq.allow` allows, when no signing key is
+function but :func:`execute` (or one :mod:`hybridq.security.allow` allows, when no signing key is
 configured) before it imports anything. Then, for each delivery, :func:`execute`:
 
 0. **checks** the envelope's signature when this worker holds a signing key
-   (:mod:`hybridq.signing`), then that its function is allowed (:mod:`hybridq.allow`) and
+   (:mod:`hybridq.security.signing`), then that its function is allowed (:mod:`hybridq.security.allow`) and
    imports; a job failing the signature or refused for security fails for good, reported to
    the forwarder, with nothing imported or claimed; one this worker is merely not set up for
    (no ``--allow`` covers it, or its task does not import here) is left for another worker,
-   with no attempt used (:mod:`hybridq.waiting`);
+   with no attempt used (:mod:`hybridq.worker.waiting`);
 1. **claims** the idempotency key in one script: a stored success (or a final failure) is
    returned without calling the task (a *suppressed duplicate*); otherwise it takes the key's
    lease (``SET NX PX``), so two deliveries of one key never run the task at the same time (the
@@ -50,8 +50,8 @@ here. The worker side must not import the journal (pyproject.toml's import-linte
 from __future__ import annotations
 
 from hybridq.errors import DuplicateOfFailedJob, NotAllowed, StaleDelivery, TaskUnavailable
-from hybridq.guard import Job
 from hybridq.protocol import ENTRY_POINT
+from hybridq.worker.guard import Job
 
 # Private names of the single-module worker (hybridq 0.1) that tests read through this module.
 # Nothing in hybridq uses them here; to change their behaviour, patch the defining module.

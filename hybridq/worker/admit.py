@@ -2,7 +2,7 @@
 
 A refused job (a bad signature, a function refused) fails for good and is reported to the
 owning forwarder; a job this worker is merely not set up for is left for another worker, with
-no attempt used (:mod:`hybridq.waiting`); a misrouted copy is refused and not reported. Also
+no attempt used (:mod:`hybridq.worker.waiting`); a misrouted copy is refused and not reported. Also
 how a worker reports a stored outcome as a delivery's completion event (:func:`report`).
 """
 
@@ -19,12 +19,12 @@ import redis
 from redis.exceptions import RedisError
 from rq.job import Job as RQJob
 
-from hybridq import keys, waiting
-from hybridq.allow import resolve
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import NoSuchTask, NotAllowed, SignatureError, TaskUnavailable
-from hybridq.protocol import CompletionEvent, Delivery, Outcome, host_pid
-from hybridq.signing import expiry_refusal, keyring, sign_event
+from hybridq.protocol import CompletionEvent, Delivery, Outcome, host_pid, keys
+from hybridq.security.allow import resolve
+from hybridq.security.signing import expiry_refusal, keyring, sign_event
+from hybridq.worker import waiting
 from hybridq.worker.scripts import retrying
 
 __all__ = ["admit", "check", "check_route", "event", "misrouted", "refusal", "report"]
@@ -37,11 +37,11 @@ def check(env: Envelope) -> tuple[Callable[..., Any] | None, Exception | None]:
 
     ``(func, None)``: signed as required and allowed, and it imports here. ``(None, error)``:
     refused (a bad signature, a function not allowed). ``(None, None)``: allowed, but it does
-    not import here (:func:`admit` leaves the job, :func:`hybridq.waiting.unimportable` says
+    not import here (:func:`admit` leaves the job, :func:`hybridq.worker.waiting.unimportable` says
     why). The function is resolved once per delivery: its module's import-time code runs once.
 
     The signature first (a job changed in Redis could name any allowed function), then the
-    allowlist, applied to what the path leads to (:func:`hybridq.allow.resolve`, in the process
+    allowlist, applied to what the path leads to (:func:`hybridq.security.allow.resolve`, in the process
     that runs the task). A key configured but
     unreadable raises SigningKeyError: fail closed, never fall back to unsigned.
     """
@@ -125,7 +125,7 @@ def _leave(conn: redis.Redis, d: Delivery, reason: str) -> NoReturn:
 
     RQ marks this delivery failed; the task never started, so the forwarder's reconcile pass
     finds the job stranded and delivers the same attempt again about two leases later. The job
-    is listed in :mod:`hybridq.waiting` meanwhile (``hybridq status``, ``hybridq doctor``).
+    is listed in :mod:`hybridq.worker.waiting` meanwhile (``hybridq status``, ``hybridq doctor``).
     """
     env = d.envelope
     message = f"{reason}; left for a worker that can run it (no attempt used)"

@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from rq.utils import now, utcformat
 
-from hybridq import keys
+from hybridq.protocol import keys
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
 

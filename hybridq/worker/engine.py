@@ -31,9 +31,10 @@ from redis.exceptions import RedisError
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from hybridq import keys, redisurl
-from hybridq.guard import Job
+from hybridq.protocol import keys
+from hybridq.transport import redisurl
 from hybridq.worker import batch_scripts, scripts
+from hybridq.worker.guard import Job
 from hybridq.worker.loop import WORKER_TTL_S, check_access
 from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
 from hybridq.worker.runner import Runner, Taken

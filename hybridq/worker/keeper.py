@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import redis
 from redis.exceptions import RedisError
 
-from hybridq import redisurl
+from hybridq.transport import redisurl
 from hybridq.worker.scripts import CALL_TIMEOUT_S, renew_many
 
 __all__ = ["Channel", "Keeper"]

@@ -11,7 +11,7 @@ task holding the GIL stops this thread, not the supervisor. :func:`supervise` co
 :func:`hold_all` and :func:`release_all` tell it about a batch of leases in one message.
 
 The same call tells whether the job was cancelled (its RQ job hash marked by the forwarder:
-:mod:`hybridq.cancelling`): :attr:`Renewal.cancelled` is set, which the running task reads
+:mod:`hybridq.forwarder.cancelling`): :attr:`Renewal.cancelled` is set, which the running task reads
 (``current_job().cancelled``) and the pool's watchdog acts on. So that a cancel is seen soon,
 a lease with its job named is renewed at least every :data:`CANCEL_POLL_S`.
 """

@@ -1,7 +1,7 @@
 """``hybridq worker``: an RQ worker loop that survives Redis going away.
 
 :func:`run_worker` runs hybridq's pipelining worker classes (:mod:`hybridq.rqworker`) with
-hybridq's job class (:class:`hybridq.guard.Job`), checks its access to Redis before RQ starts
+hybridq's job class (:class:`hybridq.worker.guard.Job`), checks its access to Redis before RQ starts
 (a refusal is not retried), and starts RQ's loop again after a backoff when it ends on its own.
 """
 
@@ -21,10 +21,11 @@ from redis.exceptions import RedisError
 from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
-from hybridq import keys, redisurl
 from hybridq.errors import ConfigError
-from hybridq.guard import Job
-from hybridq.signing import keyring
+from hybridq.protocol import keys
+from hybridq.security.signing import keyring
+from hybridq.transport import redisurl
+from hybridq.worker.guard import Job
 
 __all__ = ["RECONNECT_MAX_S", "STABLE_S", "WORKER_TTL_S", "check_access", "run_worker"]
 

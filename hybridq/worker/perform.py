@@ -26,12 +26,11 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 
-from hybridq import keys
 from hybridq.context import _current
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import Cancelled
-from hybridq.protocol import ENTRY_POINT, Delivery
-from hybridq.signing import keyring
+from hybridq.protocol import ENTRY_POINT, Delivery, keys
+from hybridq.security.signing import keyring
 from hybridq.worker.admit import check
 from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken

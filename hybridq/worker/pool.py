@@ -36,8 +36,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from hybridq import keys, redisurl
-from hybridq.signing import keyring
+from hybridq.protocol import keys
+from hybridq.security.signing import keyring
+from hybridq.transport import redisurl
 from hybridq.worker import lease
 from hybridq.worker.engine import EXIT_RECYCLE, EXIT_REFUSED, Engine
 from hybridq.worker.keeper import Channel, Keeper

@@ -23,10 +23,8 @@ import redis
 from rq import get_current_job
 from rq.job import Job as RQJob
 
-from hybridq import keys
 from hybridq.context import CurrentJob, _current
 from hybridq.errors import Cancelled, DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
-from hybridq.later import resolve
 from hybridq.protocol import (
     ENTRY_POINT,
     ClaimStatus,
@@ -36,8 +34,10 @@ from hybridq.protocol import (
     StartedEvent,
     StoredOutcome,
     host_pid,
+    keys,
 )
-from hybridq.signing import keyring, sign_event
+from hybridq.protocol.later import resolve
+from hybridq.security.signing import keyring, sign_event
 from hybridq.worker import lease, quick, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S

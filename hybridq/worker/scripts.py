@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
-from hybridq import redisurl
-from hybridq.protocol_outcome import DECODE_STORED_LUA
+from hybridq.protocol.outcome import DECODE_STORED_LUA
+from hybridq.transport import redisurl
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -74,7 +74,7 @@ CLAIM_LUA = (
     + """
 local function claim(K, A, server)
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
-        return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.cancelling)
+        return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
     if K[4] then  -- read once per script call, however many claims it makes (it cannot change)
@@ -194,7 +194,7 @@ _FINISH = FINISH_LUA + "return finish(KEYS, ARGV)\n"
 
 # KEYS: leases, then (optional) the RQ job hash of each. ARGV: for each lease its token and lease
 # ms. For each, 1 if renewed, 0 if the lease is no longer ours, plus 2 if the job is marked
-# cancelled (hybridq.cancelling): every lease a process holds, renewed in one call.
+# cancelled (hybridq.forwarder.cancelling): every lease a process holds, renewed in one call.
 _RENEW = """
 local n = #ARGV / 2
 local renewed = {}

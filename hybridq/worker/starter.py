@@ -36,8 +36,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, RedisError
 
-from hybridq import keys
-from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus
+from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus, keys
 from hybridq.worker import batch_scripts, lease, scripts
 from hybridq.worker.run import Run, finished, release_all
 from hybridq.worker.runner import Runner, Taken

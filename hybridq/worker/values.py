@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 
 __all__ = ["MAX_ERROR_CHARS", "call", "format_error", "jsonable"]
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader
 from hybridq.outbox import Outbox
 

@@ -21,7 +21,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError
 from hybridq.journal import JournalReader
 from hybridq.outbox import Outbox

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader
 from hybridq.outbox import Outbox
 

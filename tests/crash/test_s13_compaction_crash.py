@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 from hybridq.crashpoints import COMPACTION_NAMES, FORWARDER_NAMES
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal.recovery import verify
-from hybridq.ledger import load_compacted, load_index
-from hybridq.status import collect_status
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.store import load_index
+from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 JOBS = 300
@@ -29,7 +30,7 @@ JOBS = 300
 CHILD = """
 import sys
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.transport import MemoryTransport
 journal = sys.argv[1]

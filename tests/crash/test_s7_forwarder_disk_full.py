@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import JournalIOError
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import FileOps, JournalWriter
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import load_compacted
-from hybridq.producer import _close_writers
-from hybridq.state import load_checkpoint
-from hybridq.status import collect_status
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import redis
 import rq
-from hybridq import keys
-from hybridq.envelope import Envelope, new_job_id
-from hybridq.protocol import Delivery
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import Delivery, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import batch_scripts, scripts

@@ -20,17 +20,17 @@ import pytest
 from hybridq.testing.topology import Fault
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SCRIPTS = ROOT / "scripts"
+BENCH = ROOT / "bench"
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
 def faults_module(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import bench_burn_faults
+    monkeypatch.syspath_prepend(str(BENCH))
+    import burndown_faults
 
-    return bench_burn_faults
+    return burndown_faults
 
 
 def test_the_verdict_counts_losses_and_unexcused_reruns(faults_module: Any) -> None:
@@ -57,7 +57,7 @@ def test_a_short_burn_down_under_every_fault_loses_nothing_and_reruns_nothing(
     tmp_path: Path, figures: Callable[[str], None]
 ) -> None:
     out = tmp_path / "faults.json"
-    argv = [sys.executable, str(SCRIPTS / "bench_burn.py"), "--faults", "--n", "1000", "--count", "4"]
+    argv = [sys.executable, str(BENCH / "burndown.py"), "--faults", "--n", "1000", "--count", "4"]
     argv += [
         "--no-baseline",
         "--seed",

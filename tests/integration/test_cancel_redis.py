@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, cancel, failed_jobs, keys, requeue
+from hybridq import Queue, cancel, failed_jobs, requeue
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Probe
 from hybridq.transport.rq import RQTransport

@@ -58,7 +58,7 @@ def test_the_harness_sees_a_forwarder_that_loses_jobs(
         tmp_path,
         monkeypatch,
         """
-        from hybridq.reconcile import Reconciler as Completions
+        from hybridq.forwarder.reconcile import Reconciler as Completions
         Completions.check_epoch = lambda self: None
         Completions.reconcile_step = lambda self: []
         """,
@@ -78,7 +78,7 @@ def test_the_harness_sees_a_forwarder_that_reruns_finished_jobs(
         tmp_path,
         monkeypatch,
         """
-        from hybridq.ledger import LedgerIndex
+        from hybridq.ledger.store import LedgerIndex
         LedgerIndex.is_terminal = lambda self, loc: False
         """,
     )

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.reader import list_chains, segment_usage
-from hybridq.ledger import ledger_dir
-from hybridq.status import collect_status
+from hybridq.ledger.store import ledger_dir
+from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 JOBS = 100_000

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from hybridq import Queue, Retry, failed_jobs, fetch_job
-from hybridq.state import load_checkpoint
+from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.testing.embedded import RedisServer
 
 from tests.conftest import ROOT

@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 import redis
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
-from hybridq.status import collect_status
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ops.status import collect_status
 from hybridq.testing.embedded import find_redis_server
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import run_worker
@@ -756,7 +756,7 @@ def subprocess_env_for_deploy(subprocess_env: dict[str, str]) -> dict[str, str]:
 
 def test_the_worker_user_may_write_every_key_a_worker_writes(deployed_redis: DeployedRedis) -> None:
     """A key a worker writes and the ACL forgot would stop every worker (exit 1: refused)."""
-    from hybridq import keys
+    from hybridq.protocol import keys
 
     client = deployed_redis.client("hybridq-worker")
     try:

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from hybridq import Queue
 from hybridq.cli import EXIT_ERROR, EXIT_FINDINGS, cli
-from hybridq.envelope import Envelope, new_job_id
-from hybridq.forwarder import Forwarder
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal.ownerlock import take_owner_lock
-from hybridq.state import LOCK_NAME
+from hybridq.ledger.checkpoint import LOCK_NAME
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
@@ -138,7 +138,7 @@ def test_it_finds_jobs_of_this_forwarder_the_journal_does_not_know(
     journal_dir: Path, redis_server: RedisServer
 ) -> None:
     forward(journal_dir, redis_server, 3)
-    from hybridq.state import load_checkpoint
+    from hybridq.ledger.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(str(journal_dir))
     assert checkpoint is not None
@@ -218,7 +218,7 @@ def test_fix_pushes_under_the_forwarders_current_generation(
     journal_dir: Path, redis_server: RedisServer
 ) -> None:
     """A --fix delivery of generation 0 after the epoch moved on would be refused by every claim."""
-    from hybridq.state import load_checkpoint
+    from hybridq.ledger.checkpoint import load_checkpoint
     from rq.job import Job as RQJob
 
     ids = forward(journal_dir, redis_server, 3)

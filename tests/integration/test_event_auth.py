@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import Queue, keys
-from hybridq.forwarder import Forwarder
+from hybridq import Queue
+from hybridq.forwarder.loop import Forwarder
+from hybridq.protocol import keys
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, Keyring
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import Job
@@ -140,7 +141,7 @@ def test_events_a_worker_sends_carry_a_mac_the_forwarder_verifies(
     transport: RQTransport, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every event path: a success, a failure, and a kept earlier success (rewritten in Lua)."""
-    from hybridq.envelope import Envelope, new_job_id
+    from hybridq.envelope.model import Envelope, new_job_id
     from hybridq.transport.base import Delivery
 
     monkeypatch.setenv(ENV_KEY, KEY)

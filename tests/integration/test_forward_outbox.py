@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader
 from hybridq.outbox import Outbox
 from hybridq.rqworker import SimpleWorker

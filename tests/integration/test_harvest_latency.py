@@ -13,8 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from hybridq import Queue, keys
-from hybridq.forwarder import Forwarder
+from hybridq import Queue
+from hybridq.forwarder.loop import Forwarder
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 

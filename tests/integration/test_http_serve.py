@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import pytest
-from hybridq import keys
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import keys
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery

@@ -124,7 +124,7 @@ def test_the_redis_password_can_come_from_a_file(
 ) -> None:
     from click.testing import CliRunner
     from hybridq.cli import cli
-    from hybridq.redisurl import with_password
+    from hybridq.transport.redisurl import with_password
 
     secret = "s3cr:et/@pw"  # characters a URL needs escaped
     server = make_redis_server()

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import redis
 from hybridq import Queue, Retry
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
 from hybridq.testing.faultproxy import FaultProxy, parse_command, reply_end, script_call

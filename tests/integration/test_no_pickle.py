@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue

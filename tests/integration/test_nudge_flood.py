@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
-from hybridq.nudge import MIN_INTERVAL_S, NudgeListener, address, nudge
+from hybridq.forwarder.loop import Forwarder
+from hybridq.protocol.nudge import MIN_INTERVAL_S, NudgeListener, address, nudge
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 

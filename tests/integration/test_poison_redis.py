@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, keys
-from hybridq.envelope import Envelope
+from hybridq import Queue
+from hybridq.envelope.model import Envelope
 from hybridq.errors import UnencodableJobs
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
-from hybridq.state import load_checkpoint
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport

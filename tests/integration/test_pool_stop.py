@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import keys
-from hybridq.envelope import Envelope, new_job_id
-from hybridq.protocol import Delivery
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import Delivery, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker.engine import Engine

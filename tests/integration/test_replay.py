@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import keys
-from hybridq.envelope import Envelope, new_job_id
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring, _mac, canonical
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import keys
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, Keyring, _mac, canonical
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport

@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, Retry, failed_jobs, keys
-from hybridq.ledger import load_compacted, load_index
+from hybridq import Queue, Retry, failed_jobs
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.store import load_index
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 

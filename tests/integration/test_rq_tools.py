@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hybridq import keys
-from hybridq.envelope import Envelope, Retry, new_job_id
+from hybridq.envelope.model import Envelope, Retry, new_job_id
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -142,7 +142,7 @@ def test_rq_key_prefix_is_followed(redis_server: RedisServer, subprocess_env: di
     """RQ_KEY_PREFIX (RQ 3.0): the forwarder pushes where workers with that prefix look."""
     script = """
 import json, sys, time
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport

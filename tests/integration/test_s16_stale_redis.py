@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import Queue, keys
-from hybridq.envelope import Envelope, new_job_id
+from hybridq import Queue
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport

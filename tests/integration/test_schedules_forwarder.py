@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.scheduler import TickState, load_ticks, save_ticks

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, redisurl
+from hybridq import Queue
 from hybridq.testing.embedded import RedisServer
+from hybridq.transport import redisurl
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection

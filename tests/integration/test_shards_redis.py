@@ -364,9 +364,9 @@ def test_status_gives_each_instance_its_own_waiting_count_and_refusal(
 ) -> None:
     """Per instance: its own waiting_for_a_worker; one whose password is missing is refused, not DOWN."""
     from click.testing import CliRunner
-    from hybridq import waiting
     from hybridq.cli import cli
-    from hybridq.status import stats
+    from hybridq.ops.status import stats
+    from hybridq.worker import waiting
 
     first, second = make_redis_server(), make_redis_server()
     ensure_journal_dir(journal_dir)

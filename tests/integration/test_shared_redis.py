@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
-from hybridq.status import collect_status
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ops.status import collect_status
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue

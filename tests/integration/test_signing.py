@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybridq import Queue, failed_jobs, keys
-from hybridq.envelope import Envelope, new_job_id
+from hybridq import Queue, failed_jobs
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, Keyring
+from hybridq.protocol import keys
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, Keyring
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport

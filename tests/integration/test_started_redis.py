@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue, fetch_job
-from hybridq.signing import ENV_KEY
+from hybridq.security.signing import ENV_KEY
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_redis import Stack, stack
@@ -65,8 +65,8 @@ def test_a_task_whose_runs_are_quick_stops_sending_started_events(
     redis_server: RedisServer, stack: Stack, journal_dir: Path
 ) -> None:
     """After STREAK quick runs in a worker process its claims send none (docs/worker.md)."""
-    from hybridq import keys
-    from hybridq.state import load_checkpoint
+    from hybridq.ledger.checkpoint import load_checkpoint
+    from hybridq.protocol import keys
     from hybridq.worker.quick import STREAK
 
     jobs = 120

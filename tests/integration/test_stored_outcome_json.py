@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridq import Queue, fetch_job, keys
-from hybridq.envelope import Envelope
-from hybridq.protocol import ClaimStatus, FinishReply
+from hybridq import Queue, fetch_job
+from hybridq.envelope.model import Envelope
+from hybridq.protocol import ClaimStatus, FinishReply, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport

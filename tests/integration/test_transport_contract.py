@@ -6,7 +6,7 @@ import json
 import zlib
 
 import pytest
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.errors import TransportError
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport import MemoryTransport, Transport
@@ -202,7 +202,7 @@ class TestRQTransport(TransportContract):
 
 
 def test_retries_are_hybridqs_not_rqs(redis_server) -> None:
-    from hybridq.envelope import Retry
+    from hybridq.envelope.model import Retry
 
     transport = RQTransport(redis_server.url)
     try:
@@ -287,7 +287,7 @@ class TestShardedTransport(TransportContract):
         import threading
         import time
 
-        from hybridq import keys
+        from hybridq.protocol import keys
 
         first, second = transport.shards
         assert transport.wait_events("owner1", "0-0", 0.2) is False
@@ -316,7 +316,7 @@ def test_moving_a_queue_between_two_kept_redis_changes_the_epoch_and_the_refill_
     on the first Redis and removes every copy of beta's jobs from the second, except a job whose
     worker still holds its lease there (it runs there; its outcome is harvested from there).
     """
-    from hybridq import keys
+    from hybridq.protocol import keys
     from hybridq.transport.routes import Routes
     from hybridq.transport.sharded import ShardedTransport
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from hybridq import rqworker
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
-from hybridq import keys
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import keys
 from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery

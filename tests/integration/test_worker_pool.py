@@ -16,7 +16,7 @@ from typing import Any
 
 import rq
 from hybridq import Queue, Retry, failed_jobs
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport

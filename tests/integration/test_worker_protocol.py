@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from hybridq import keys
-from hybridq.envelope import Envelope, Retry, new_job_id
-from hybridq.protocol import Overwrite
+from hybridq.envelope.model import Envelope, Retry, new_job_id
+from hybridq.protocol import Overwrite, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
@@ -167,7 +166,7 @@ def test_a_function_nobody_allowed_is_refused_without_being_imported(
 
 
 def test_allowed_prefixes_match_whole_module_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hybridq.allow import allowed
+    from hybridq.security.allow import allowed
 
     monkeypatch.setenv("HYBRIDQ_ALLOW", "tests.ta, billing")
     assert not allowed("tests.tasks.add")  # "tests.ta" is not the module "tests.tasks"

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 from hybridq import Queue, Retry, failed_jobs
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.ledger import load_compacted, load_index, read_ledger
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.store import load_index, read_ledger
 from hybridq.testing.embedded import RedisServer
 from rq.job import Job
 from rq.serializers import JSONSerializer

@@ -15,13 +15,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hybridq import Queue, keys, waiting
-from hybridq.envelope import Envelope, new_job_id
+from hybridq import Queue
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.metrics import ForwarderMetrics
+from hybridq.ops.metrics import ForwarderMetrics
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import waiting
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 

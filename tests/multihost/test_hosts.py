@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from hybridq import keys
+from hybridq.protocol import keys
 
 from tests.support import netns
 from tests.support.multihost import LEASE_S, Cluster, line, since, wait_exit

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from hybridq import keys
+from hybridq.protocol import keys
 
 from tests.support.multihost import Cluster, ProducerHost, WorkerHost, line, wait_exit
 

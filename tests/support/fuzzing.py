@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from hybridq.envelope import MAX_SECONDS, MAX_TIMESTAMP, Envelope
+from hybridq.envelope.limits import MAX_SECONDS, MAX_TIMESTAMP
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader, JournalWriter
-from hybridq.ledger import Entry, parse_event
+from hybridq.ledger.entries import Entry, parse_event
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport, _decode_event
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from hybridq import keys
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.ledger import read_ledger
-from hybridq.state import load_checkpoint
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.ledger.store import read_ledger
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 
 from tests.support.netns import Host, Network

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from hybridq import Queue, failed_jobs
 from hybridq.cli import EXIT_ERROR, cli
 from hybridq.errors import ConfigError
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import FileOps, JournalWriter, crashpoints
 from hybridq.journal.reader import list_chains
-from hybridq.producer import _close_writers
-from hybridq.status import collect_status
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -1,4 +1,4 @@
-"""hybridq.allow.resolve: what an allowed prefix lets a job name (issue 13.1), without Redis."""
+"""hybridq.security.allow.resolve: what an allowed prefix lets a job name (issue 13.1), without Redis."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from hybridq.allow import NoSuchTask, NotAllowed, resolve
+from hybridq.errors import NoSuchTask, NotAllowed
+from hybridq.security.allow import resolve
 
 from tests import guarded_tasks
 

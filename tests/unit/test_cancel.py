@@ -15,8 +15,11 @@ import pytest
 from hybridq import Queue, Retry, cancel, failed_jobs
 from hybridq.cancels import cancel_dir
 from hybridq.journal import JournalWriter
-from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index
-from hybridq.status import collect_status
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index
+from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -301,7 +304,7 @@ def test_doctor_fix_never_delivers_a_cancelled_job_again(tmp_path: Path) -> None
     It pushed the job again with a fresh hash (no cancel mark) and a worker ran it (found in review).
     """
     from hybridq import cancel as cancel_jobs
-    from hybridq.doctor import diagnose
+    from hybridq.ops.doctor import diagnose
     from hybridq.testing import fake_stack
 
     effects = tmp_path / "ran.txt"

@@ -155,7 +155,7 @@ def test_verify_shows_a_progress_bar_on_large_journals(
     ],
 )
 def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
-    from hybridq.status import redact_url
+    from hybridq.transport.redisurl import redact_url
 
     assert redact_url(url) == shown
 
@@ -163,7 +163,7 @@ def test_redis_passwords_are_redacted(url: str, shown: str) -> None:
 def make_failed_job(journal_dir: Path) -> str:
     """One job that failed for good, through the in-memory transport."""
     from hybridq import Queue
-    from hybridq.forwarder import Forwarder
+    from hybridq.forwarder.loop import Forwarder
     from hybridq.transport import MemoryTransport
 
     from tests import tasks
@@ -233,7 +233,7 @@ def test_forward_refuses_a_lease_out_of_range(runner: CliRunner, journal_dir: Pa
 
 
 def test_enqueue_prints_the_job_id_and_writes_the_job(runner: CliRunner, journal_dir: Path) -> None:
-    from hybridq.envelope import Envelope
+    from hybridq.envelope.model import Envelope
     from hybridq.journal import JournalReader
 
     result = runner.invoke(
@@ -257,7 +257,7 @@ def test_enqueue_prints_the_job_id_and_writes_the_job(runner: CliRunner, journal
 
 
 def test_enqueue_with_kwargs_and_a_string(runner: CliRunner, journal_dir: Path) -> None:
-    from hybridq.envelope import Envelope
+    from hybridq.envelope.model import Envelope
     from hybridq.journal import JournalReader
 
     args = ["enqueue", "tests.tasks.record", '"/tmp/x"', "--kwargs", '{"token": "t"}', "--delay", "60"]
@@ -482,7 +482,7 @@ def test_a_configuration_redis_refuses_exits_instead_of_retrying(
         # doctor needs a checkpoint: forward once with a user Redis accepts.
         good = url.replace("nokeys:", "hq:").replace(":wrong@", ":s3cret@").replace("nobody:", "hq:")
         good = good.rsplit("/", 1)[0] + "/0"
-        from hybridq.forwarder import Forwarder
+        from hybridq.forwarder.loop import Forwarder
         from hybridq.transport.rq import RQTransport
 
         transport = RQTransport(good)
@@ -642,7 +642,7 @@ MISPLACED = [
 @pytest.mark.parametrize("url", MISPLACED)
 def test_a_password_with_an_unencoded_slash_query_or_hash_is_never_shown(url: str) -> None:
     from hybridq.errors import InvalidRedisURL
-    from hybridq.redisurl import check_url, redact_url
+    from hybridq.transport.redisurl import check_url, redact_url
 
     with pytest.raises(InvalidRedisURL) as caught:
         check_url(url)
@@ -663,7 +663,7 @@ def test_a_password_with_an_unencoded_slash_query_or_hash_is_never_shown(url: st
     ],
 )
 def test_an_at_in_a_query_value_or_an_encoded_password_is_still_a_url(url: str) -> None:
-    from hybridq.redisurl import check_url
+    from hybridq.transport.redisurl import check_url
 
     assert check_url(url) == url
 
@@ -691,7 +691,7 @@ def _no_control_characters(text: str) -> None:
 def test_failed_list_shows_control_characters_escaped(runner: CliRunner, journal_dir: Path) -> None:
     """Issue 27: ``failed list`` printed a task's error text raw: escape sequences reached the terminal."""
     from hybridq import Queue
-    from hybridq.forwarder import Forwarder
+    from hybridq.forwarder.loop import Forwarder
     from hybridq.transport import MemoryTransport
 
     from tests import tasks
@@ -715,9 +715,10 @@ def test_failed_list_shows_control_characters_escaped(runner: CliRunner, journal
 def test_doctor_shows_a_waiting_reason_with_control_characters_escaped(
     runner: CliRunner, journal_dir: Path, redis_server: RedisServer
 ) -> None:
-    from hybridq import Queue, waiting
-    from hybridq.forwarder import Forwarder
+    from hybridq import Queue
+    from hybridq.forwarder.loop import Forwarder
     from hybridq.transport.rq import RQTransport
+    from hybridq.worker import waiting
 
     job = Queue(journal=journal_dir).enqueue("tests.tasks.add", 1, 2)
     transport = RQTransport(redis_server.url)

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue, Retry, failed_jobs, requeue
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import HybridqError, QueueFull
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.reader import list_chains, read_record_at
-from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index
-from hybridq.status import collect_status
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index
+from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -449,8 +452,8 @@ def test_a_failed_job_still_says_failed_after_its_segment_is_compacted(journal_d
     settle(forwarder)
     forwarder.close()
     assert list_chains(str(journal_dir)) == {}
+    from hybridq.job import Job
     from hybridq.journal.writer import RecordId
-    from hybridq.producer import Job
 
     job = Job(first.envelope, RecordId(first.loc[0], 1, first.loc[1], first.loc[2]), str(journal_dir))
     assert job.get_status() == "failed"
@@ -471,7 +474,7 @@ def test_compaction_forgets_chains_that_are_gone(journal_dir: Path) -> None:
 
 
 def test_consistent_reads_again_when_a_compaction_got_in_the_way(journal_dir: Path) -> None:
-    from hybridq.ledger import Compacted, consistent, save_compacted
+    from hybridq.ledger.compacted import Compacted, consistent, save_compacted
 
     journal_dir.mkdir(mode=0o700)
     save_compacted(str(journal_dir), Compacted())

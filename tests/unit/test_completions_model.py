@@ -17,12 +17,13 @@ import tempfile
 from pathlib import Path
 
 from hybridq import Queue, Retry
-from hybridq.envelope import Envelope
-from hybridq.forwarder import Forwarder
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import load_compacted, load_index
-from hybridq.producer import _close_writers
-from hybridq.status import collect_status
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.store import load_index
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 from hypothesis import settings
 from hypothesis import strategies as st

@@ -12,7 +12,9 @@ from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import routes
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.pages import PER_PAGE, Pages
-from hybridq.ledger import Compacted, Entry, open_ledger_writer, save_compacted
+from hybridq.ledger.compacted import Compacted, save_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import open_ledger_writer
 from hybridq.protocol import EntryKind
 from starlette.applications import Starlette
 
@@ -49,7 +51,7 @@ def test_the_view_reads_only_what_was_appended(journal_dir: Path, monkeypatch: p
     assert len(view.failed()) == 4
     assert view.rebuilds == 2
     # The trace by id comes from the view: the whole ledger is not scanned per request.
-    monkeypatch.setattr("hybridq.trace._ledger_entries", None)
+    monkeypatch.setattr("hybridq.ops.trace._ledger_entries", None)
     app = Starlette(routes=routes(ServeConfig(journal=journal_dir)))
     with serving(app) as base:
         page = request(base + f"/jobs/{more[1].id}")
@@ -121,7 +123,7 @@ def test_a_requeue_waits_for_the_lock_another_process_holds(journal_dir: Path) -
 def test_a_vanished_ledger_segment_is_read_again(journal_dir: Path) -> None:
     import shutil
 
-    from hybridq.ledger import ledger_dir
+    from hybridq.ledger.store import ledger_dir
 
     _failures(journal_dir, 2)
     view = LedgerView(str(journal_dir))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.producer import _close_writers
+from hybridq.producer.queue import _close_writers
 
 FUNC = "tests.tasks.add"
 THREADS = 16

@@ -10,13 +10,17 @@ import errno
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, Retry, failed_jobs, forwarder_state, requeue
-from hybridq.envelope import Envelope
-from hybridq.forwarder import Forwarder
+from hybridq import Queue, Retry, failed_jobs, requeue
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder import state as forwarder_state
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index, read_keys, read_ledger
-from hybridq.producer import _close_writers
-from hybridq.status import collect_status
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index, read_keys, read_ledger
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from hybridq import NotSerializable, Queue
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader
 
 

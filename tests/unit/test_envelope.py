@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from hybridq.envelope import (
+from hybridq.envelope.model import (
     Envelope,
     Retry,
     function_path,
@@ -57,7 +57,7 @@ def test_job_ids_are_valid_rq_ids_and_sort_by_time() -> None:
 def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hybridq import envelope
+    from hybridq.envelope import model as envelope
 
     if hasattr(os, "getrandom"):  # Linux: the real call, never blocking
         assert envelope._getrandom is os.getrandom
@@ -86,7 +86,7 @@ def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
 def test_job_ids_fall_back_to_urandom_where_getrandom_would_block_or_is_refused(
     monkeypatch: pytest.MonkeyPatch, failure: OSError | bytes | None, kept: bool
 ) -> None:
-    from hybridq import envelope
+    from hybridq.envelope import model as envelope
 
     def getrandom(n: int, flags: int) -> bytes:
         if isinstance(failure, bytes):
@@ -190,7 +190,7 @@ def test_the_fast_encoding_is_the_generic_one_byte_for_byte(
 ) -> None:
     # to_bytes builds the common envelope field by field; what it writes must stay exactly what
     # the generic encoder writes for to_dict() (the journal, signing and readers rely on it).
-    from hybridq.envelope import _dumps
+    from hybridq.envelope.codec import _dumps
 
     env = make(
         args=tuple(args),
@@ -271,7 +271,7 @@ def test_an_unknown_field_nested_too_deep_is_refused_even_with_scalar_arguments(
 
 def test_arguments_nested_deeper_than_the_reader_accepts_are_refused_at_enqueue(tmp_path) -> None:
     from hybridq import Queue
-    from hybridq.status import collect_status
+    from hybridq.ops.status import collect_status
 
     deep: list[object] = []
     for _ in range(150):

@@ -18,19 +18,19 @@ _NOT_ERRORS = {"hybridq.testing.chaos.PlannedFailure"}
 
 #: Where each moved class used to live: the old import keeps working.
 _REEXPORTED = {
-    "hybridq.allow": ["NotAllowed"],
-    "hybridq.guard": ["NotAllowed"],
-    "hybridq.waiting": ["TaskUnavailable"],
+    "hybridq.security.allow": ["NotAllowed"],
+    "hybridq.worker.guard": ["NotAllowed"],
+    "hybridq.worker.waiting": ["TaskUnavailable"],
     "hybridq.worker": ["NotAllowed", "DuplicateOfFailedJob", "StaleDelivery", "TaskUnavailable"],
-    "hybridq.failures": ["JobNotFailed"],
-    "hybridq.signing": ["SigningKeyError", "SignatureError"],
-    "hybridq.redisurl": ["InvalidRedisURL"],
+    "hybridq.ops.failures": ["JobNotFailed"],
+    "hybridq.security.signing": ["SigningKeyError", "SignatureError"],
+    "hybridq.transport.redisurl": ["InvalidRedisURL"],
     "hybridq.journal.format": ["HeaderError"],
     "hybridq.journal.segment": ["SealError"],
     "hybridq.journal.fileops": ["FileOpError"],
     "hybridq.cron": ["CronError"],
     "hybridq.schedules": ["ScheduleError"],
-    "hybridq.push": ["Stopped"],
+    "hybridq.forwarder.push": ["Stopped"],
 }
 
 

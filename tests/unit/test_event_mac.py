@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, EVENT_MAC, Keyring, admit_event
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, EVENT_MAC, Keyring, admit_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from hybridq.envelope import Envelope, new_job_id
-from hybridq.ledger import Entry, parse_event
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.ledger.entries import Entry, parse_event
 from hybridq.protocol import CompletionEvent, Delivery
 from hybridq.worker.admit import event
 

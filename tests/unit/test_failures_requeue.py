@@ -8,9 +8,9 @@ from pathlib import Path
 
 import hybridq
 import pytest
-from hybridq import failures
 from hybridq.errors import JobNotFailed
 from hybridq.journal import JournalReader, RecordType
+from hybridq.ops import failures
 from hybridq.testing import fake_stack
 
 

@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, producer, signing
+from hybridq import Queue
 from hybridq.journal import JournalReader
+from hybridq.producer import queue as producer
+from hybridq.security import signing
 
 from tests import tasks
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 from hybridq.protocol import host_pid
-from hybridq.signing import _getenv
+from hybridq.security.signing import _getenv
 from hybridq.worker import lease
 
 
@@ -45,7 +45,7 @@ def test_a_forked_child_starts_its_own_lease_renewer() -> None:
 
 
 def test_a_forked_child_never_makes_the_job_ids_its_parent_makes() -> None:
-    from hybridq.envelope import new_job_id
+    from hybridq.envelope.model import new_job_id
 
     new_job_id()  # the parent has random parts read ahead
     child = _in_child(lambda: ",".join(new_job_id(1.0) for _ in range(300))).split("|")[1].split(",")
@@ -57,7 +57,7 @@ def test_a_forked_child_never_makes_the_job_ids_its_parent_makes() -> None:
 def test_threads_never_share_a_job_id() -> None:
     import threading
 
-    from hybridq.envelope import new_job_id
+    from hybridq.envelope.model import new_job_id
 
     made: list[str] = []
 

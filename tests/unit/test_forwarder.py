@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import JournalCorruption, JournalIOError, JournalLocked
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.fileops import FileOps
-from hybridq.producer import _close_writers
-from hybridq.state import load_checkpoint
-from hybridq.status import collect_status
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -225,7 +225,7 @@ def test_a_nudge_wakes_the_forwarder_without_waiting_for_the_idle_timeout(journa
 
 
 def test_status_counts_come_from_the_journal_and_checkpoint(journal_dir: Path) -> None:
-    from hybridq.status import CONTRACT_FIELDS, collect_status
+    from hybridq.ops.status import CONTRACT_FIELDS, collect_status
 
     queue = Queue(journal=journal_dir)
     for i in range(7):
@@ -333,7 +333,7 @@ def test_a_status_probe_at_the_moment_a_forwarder_starts_does_not_refuse_it(jour
 def test_a_squatted_nudge_socket_degrades_to_polling(journal_dir: Path, caplog) -> None:
     import socket
 
-    from hybridq.nudge import address
+    from hybridq.protocol.nudge import address
 
     Queue(journal=journal_dir)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -396,7 +396,7 @@ def test_a_full_disk_pauses_the_forwarder_and_it_resumes_when_space_returns(
     queue = Queue(journal=journal_dir)
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport, idle_timeout_s=0.05)
-    monkeypatch.setattr("hybridq.forwarder.DISK_FULL_BACKOFF_S", (0.01, 0.05))
+    monkeypatch.setattr("hybridq.forwarder.loop.DISK_FULL_BACKOFF_S", (0.01, 0.05))
     runner = threading.Thread(target=forwarder.run)
     runner.start()
     try:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import ConfigError
-from hybridq.forwarder import Forwarder, ForwarderConfig
-from hybridq.state import load_checkpoint
+from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
-from hybridq.producer import _close_writers
-from hybridq.state import load_checkpoint
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 from hypothesis import settings
 from hypothesis import strategies as st

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq import forwarder as forwarder_mod
-from hybridq.forwarder import Forwarder
-from hybridq.state import load_checkpoint
-from hybridq.stats_state import STATS_NAME, load_snapshot
+from hybridq.forwarder import loop as forwarder_mod
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.lookup.stats import STATS_NAME, load_snapshot
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, JournalError
 from hybridq.journal import JournalReader
 from hybridq.journal.format import FILE_HEADER_SIZE, MAX_PAYLOAD_BYTES

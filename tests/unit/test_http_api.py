@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.http import api as api_module
 from hybridq.http.app import create_app
 from hybridq.http.auth import COOKIE, session_value
@@ -140,7 +140,8 @@ def test_the_202_waits_for_the_fsync(journal_dir: Path, monkeypatch: pytest.Monk
             super().fdatasync(fd)
 
     monkeypatch.setattr(
-        "hybridq.producer.JournalWriter", functools.partial(writer_module.JournalWriter, fileops=HeldSync())
+        "hybridq.producer.queue.JournalWriter",
+        functools.partial(writer_module.JournalWriter, fileops=HeldSync()),
     )
     answers: list[int] = []
     with served(config(journal_dir)) as base:
@@ -162,7 +163,7 @@ def test_an_unwritable_journal_is_503_and_a_retry_with_the_key_gets_one_job(
     """Every fdatasync fails (a full disk): 503; the disk back, the retried key gives one job."""
     faulty = FaultyFileOps("fdatasync", nth=1, count=1_000_000, err=errno.ENOSPC)
     real = writer_module.JournalWriter
-    monkeypatch.setattr("hybridq.producer.JournalWriter", functools.partial(real, fileops=faulty))
+    monkeypatch.setattr("hybridq.producer.queue.JournalWriter", functools.partial(real, fileops=faulty))
     with served(config(journal_dir)) as base:
         got = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "disk-full"})
         assert got.status == 503, got
@@ -170,7 +171,7 @@ def test_an_unwritable_journal_is_503_and_a_retry_with_the_key_gets_one_job(
         assert got.headers["retry-after"] == "1"
         assert faulty.injected >= 1
         faulty.count = 0  # the disk has room again
-        from hybridq.producer import _close_writers
+        from hybridq.producer.queue import _close_writers
 
         _close_writers()
         again = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "disk-full"})

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import JournalIOError
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import FileOps, JournalReader, JournalWriter
-from hybridq.producer import _close_writers
-from hybridq.status import collect_status
+from hybridq.ops.status import collect_status
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import JournalPathError
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.paths import existing_journal_dir
-from hybridq.producer import _close_writers
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader
-from hybridq.producer import _close_writers
+from hybridq.producer.queue import _close_writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -32,7 +32,7 @@ def test_the_worker_command_loads_no_other_command() -> None:
         "import hybridq.cli as c, click; c.cli.get_command(click.Context(c.cli), 'worker')"
     )
     assert "hybridq.cli.worker" in loaded
-    for heavy in ("hybridq.forwarder", "hybridq.status", "hybridq.http", "hybridq.cli.forward"):
+    for heavy in ("hybridq.forwarder", "hybridq.ops.status", "hybridq.http", "hybridq.cli.forward"):
         assert heavy not in loaded, heavy
     every = _loaded_after("import hybridq.cli as c, click; c.cli.list_commands(click.Context(c.cli))")
     assert "hybridq.cli.worker" not in every  # listing names loads nothing
@@ -64,7 +64,7 @@ def test_starting_the_worker_command_loads_neither_the_journal_nor_the_status_co
     assert proc.returncode == 1, err
     assert "hybridq.worker.pool" in loaded
     for heavy in (
-        "hybridq.status",
+        "hybridq.ops.status",
         "hybridq.journal.reader",
         "hybridq.journal.writer",
         "crc32c",
@@ -94,7 +94,7 @@ def test_the_memory_transport_is_still_importable_from_hybridq_transport() -> No
 
 
 def test_nothing_outside_hybridq_testing_imports_it() -> None:
-    loaded = _loaded_after("import hybridq.cli, hybridq.forwarder, hybridq.transport.rq, hybridq.worker")
+    loaded = _loaded_after("import hybridq.cli, hybridq.forwarder.loop, hybridq.transport.rq, hybridq.worker")
     assert not any(name.startswith("hybridq.testing") for name in loaded)
 
 

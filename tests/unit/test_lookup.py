@@ -16,11 +16,12 @@ from typing import Any
 import hybridq
 import pytest
 from hybridq import JobFailed, JobWaitTimeout, Queue, ResultNotKept, Retry, fetch_job, requeue
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import Entry, open_ledger_writer, read_ledger
-from hybridq.lookup import RETENTION_S
-from hybridq.lookup_index import LookupIndex
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import open_ledger_writer, read_ledger
+from hybridq.lookup.index import LookupIndex
+from hybridq.lookup.reads import RETENTION_S
 from hybridq.protocol import RESULT_MAX_BYTES, StartedEvent
 from hybridq.transport import MemoryTransport
 
@@ -258,7 +259,7 @@ def test_the_index_is_rebuilt_from_the_journal_and_the_ledger(
     assert [j.status for j in jobs] == ["finished"] * 5  # no index: the slow path still answers
     (journal_dir / "lookup").mkdir()
     (journal_dir / "lookup" / "index.sqlite").write_bytes(b"not a database" * 100)
-    monkeypatch.setattr("hybridq.lookup_index.BUILD_STEP", 2)  # a step reads two records
+    monkeypatch.setattr("hybridq.lookup.index.BUILD_STEP", 2)  # a step reads two records
     forwarder = make_forwarder(journal_dir, transport)
     forwarder.step()
     assert forwarder.lookup.building
@@ -291,7 +292,7 @@ def compacted_jobs(journal: Path, n: int) -> list[str]:
 def test_a_job_is_found_after_compaction_for_the_retention_window(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hybridq.lookup_index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
+    monkeypatch.setattr("hybridq.lookup.index.PRUNE_CHUNK", 7)  # the sweep takes several chunks
     ids = compacted_jobs(journal_dir, 40)
     found = fetch_job(ids[0], journal=journal_dir)
     assert found is not None
@@ -323,7 +324,7 @@ def test_a_duplicate_of_a_failed_job_fails_with_its_originals_error(journal_dir:
 
 
 def test_the_completion_event_carries_a_success_result_up_to_the_cap() -> None:
-    from hybridq.ledger import parse_event
+    from hybridq.ledger.entries import parse_event
     from hybridq.protocol import CompletionEvent, Delivery
 
     envelope = Envelope("j1", "tests.tasks.add", "default", "j1", 1.0)
@@ -364,8 +365,10 @@ def test_a_run_reported_after_a_settled_cancel_wins_in_the_index_as_in_the_ledge
     The ledger ranks succeeded > failed > cancelled in any order; the index kept the cancel: the
     job read ``cancelled`` for good and ``wait()`` raised JobFailed (found in review).
     """
-    from hybridq.ledger import Entry, LedgerIndex
-    from hybridq.lookup_index import LookupIndex, _apply
+    from hybridq.ledger.entries import Entry
+    from hybridq.ledger.index import LedgerIndex
+    from hybridq.lookup.index import LookupIndex
+    from hybridq.lookup.store import _apply
     from hybridq.protocol import EntryKind
 
     journal = str(tmp_path / "j")

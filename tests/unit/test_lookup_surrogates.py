@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from hybridq import JobFailed, Queue, fetch_job
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.transport import MemoryTransport
 
 from tests import tasks

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, producer
+from hybridq import Queue
 from hybridq.journal import FileOps
 from hybridq.journal.writer import JournalWriter
+from hybridq.producer import queue as producer
 
 THREADS = 16
 

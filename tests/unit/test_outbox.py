@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hybridq import EnvelopeError, JournalLocked, NotSerializable, Queue, RecordTooLarge, Retry
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.outbox import Outbox
 from hybridq.outbox.relay import Relay
@@ -250,8 +250,8 @@ def test_connect_does_not_create_a_database_unless_asked(tmp_path: Path) -> None
 def test_relayed_jobs_are_forwarded_and_run_like_any_other(
     db: Path, journal_dir: Path, tmp_path: Path
 ) -> None:
-    from hybridq.forwarder import Forwarder
-    from hybridq.status import collect_status
+    from hybridq.forwarder.loop import Forwarder
+    from hybridq.ops.status import collect_status
     from hybridq.transport import MemoryTransport
 
     from tests.tasks import record
@@ -287,7 +287,7 @@ def test_with_a_signing_key_the_row_holds_the_signed_envelope(
     import os
 
     from hybridq.outbox.relay import _ID_PREFIX
-    from hybridq.signing import ENV_KEY_FILE, keyring
+    from hybridq.security.signing import ENV_KEY_FILE, keyring
 
     key = tmp_path / "key"
     key.write_text("k" * 40 + "\n", encoding="utf-8")

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from hybridq import Queue
 from hybridq.cli import EXIT_FINDINGS, cli
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.outbox import Outbox

@@ -20,14 +20,14 @@ import sqlalchemy.orm
 from click.testing import CliRunner
 from hybridq import JournalLocked, NotSerializable
 from hybridq.cli import cli
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.outbox import Outbox
 from hybridq.outbox import pg as pg_module
 from hybridq.outbox.pg import token
 from hybridq.outbox.relay import Relay
 from hybridq.outbox.schema import connect, create_table, dialect_of
-from hybridq.redisurl import redact_url as redact
+from hybridq.transport.redisurl import redact_url as redact
 
 from tests.support.postgres import PostgresServer
 from tests.unit.test_outbox import TASK

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue, Retry
-from hybridq.envelope import MAX_SECONDS, MAX_TIMESTAMP, Envelope
+from hybridq.envelope.limits import MAX_SECONDS, MAX_TIMESTAMP
+from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, HybridqError, UnencodableJobs
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.transport import MemoryTransport
 from hybridq.transport.base import Delivery, PushResult
@@ -188,7 +189,7 @@ def test_a_forwarder_restart_after_an_unencodable_job_does_not_push_it_again(jou
 
 
 def test_a_dropped_event_is_counted_in_the_metrics(journal_dir: Path) -> None:
-    from hybridq.metrics import ForwarderMetrics
+    from hybridq.ops.metrics import ForwarderMetrics
     from hybridq.transport.base import Event
 
     job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
@@ -230,7 +231,7 @@ def test_a_held_job_a_newer_version_refuses_is_recorded_invalid(journal_dir: Pat
 
 def test_status_counts_a_pending_record_whose_time_overflows_a_float(journal_dir: Path) -> None:
     """A planted record the forwarder has not read yet must not crash ``hybridq status``."""
-    from hybridq.status import collect_status
+    from hybridq.ops.status import collect_status
 
     with JournalWriter(journal_dir) as writer:
         writer.append(json.dumps({**VALID, "queue": "default", "created_at": 10**400}).encode())
@@ -239,8 +240,9 @@ def test_status_counts_a_pending_record_whose_time_overflows_a_float(journal_dir
 
 def test_failed_list_shows_a_ledger_entry_a_stricter_decoder_refuses(journal_dir: Path) -> None:
     """A failure recorded by an older version whose envelope is now out of range is still listed."""
-    from hybridq.failures import failed_jobs, requeue
-    from hybridq.ledger import Entry, open_ledger_writer
+    from hybridq.ledger.entries import Entry
+    from hybridq.ledger.store import open_ledger_writer
+    from hybridq.ops.failures import failed_jobs, requeue
 
     job = {**VALID, "queue": "default", "retry": {"max_attempts": 10**6}}
     with open_ledger_writer(str(journal_dir)) as ledger:

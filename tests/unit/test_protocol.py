@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from hybridq import protocol
-from hybridq.envelope import Envelope, Retry, new_job_id
-from hybridq.ledger import Entry, parse_event
+from hybridq.envelope.model import Envelope, Retry, new_job_id
+from hybridq.ledger.entries import Entry, parse_event
 from hybridq.protocol import (
     ClaimStatus,
     CompletionEvent,
@@ -20,7 +20,7 @@ from hybridq.protocol import (
     StoredOutcome,
     Verdict,
 )
-from hybridq.signing import Keyring
+from hybridq.security.signing import Keyring
 from hybridq.transport import base
 from hypothesis import given
 from hypothesis import strategies as st

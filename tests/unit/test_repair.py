@@ -22,14 +22,8 @@ from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, segment_usage
 from hybridq.journal.recovery import recover, verify
-from hybridq.journal_repair import (
-    BACKUP_PREFIX,
-    FORWARDER_LOCK_NAME,
-    REPORT_NAME,
-    DropKind,
-    RepairReport,
-    repair,
-)
+from hybridq.journal.repair import BACKUP_PREFIX, REPORT_NAME, DropKind, RepairReport
+from hybridq.ops.journal_repair import FORWARDER_LOCK_NAME, repair
 
 from tests.support.writers import abandon_writer
 
@@ -374,7 +368,7 @@ def test_progress_counts_every_byte_of_every_segment(tmp_path: Path) -> None:
 
 
 def test_refuses_while_a_forwarder_holds_the_lock(tmp_path: Path) -> None:
-    from hybridq.forwarder import LOCK_NAME
+    from hybridq.ledger.checkpoint import LOCK_NAME
 
     assert LOCK_NAME == FORWARDER_LOCK_NAME  # the journal package spells it out on its own
     chain = write_chain(tmp_path)

@@ -18,12 +18,16 @@ from typing import Any
 import hybridq
 import pytest
 from hybridq import Queue, Retry, failed_jobs
-from hybridq.envelope import Envelope, new_job_id
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.errors import RetryLater, RetryLaterExpired
-from hybridq.forwarder_state import ForwarderConfig, ForwarderState
-from hybridq.ledger import Entry, LedgerIndex, load_compacted, load_index, parse_event
+from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.state import ForwarderState
+from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.entries import Entry, parse_event
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import load_index
+from hybridq.ops.status import collect_status
 from hybridq.protocol import CompletionEvent, Delivery
-from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
 from hybridq.worker.run import Run, conclude
 

@@ -16,13 +16,13 @@ from typing import Any
 import hybridq
 import pytest
 from hybridq import schedules
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalLocked, TransportError
-from hybridq.forwarder import Forwarder
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader
+from hybridq.ops.status import collect_status
 from hybridq.scheduler import TICK_SEGMENT_BYTES, Scheduler, TickState, load_ticks, save_ticks
 from hybridq.schedules import Schedule, ScheduleError
-from hybridq.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests.unit.test_completions import Clock, make_forwarder, settle

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from hybridq import redisurl
 from hybridq.errors import InvalidRedisURL
-from hybridq.sentinelurl import SENTINEL_PORT, SENTINEL_TIMEOUT_S, parse_sentinel
+from hybridq.transport import redisurl
+from hybridq.transport.sentinel import SENTINEL_PORT, SENTINEL_TIMEOUT_S, parse_sentinel
 from redis.sentinel import SentinelConnectionPool
 
 from tests.unit.test_cli import assert_one_line_error, run_cli
@@ -143,7 +143,7 @@ def test_the_commands_refuse_a_malformed_sentinel_url_in_one_line(
 
 
 def test_a_password_file_fills_in_the_redis_servers_password() -> None:
-    from hybridq.redisurl import with_password
+    from hybridq.transport.redisurl import with_password
 
     url = with_password("redis+sentinel://hq@h1:26379,h2:26379/mymaster/0?sentinel_password=sp", "p@ss/w")
     parsed = parse_sentinel(redisurl.check_url(url))
@@ -198,8 +198,8 @@ class _FakeSentinel:
 @pytest.mark.parametrize("others", ["master_down", "unreachable"])
 def test_one_sentinel_refusing_the_login_is_an_outage_not_a_refusal(others: str) -> None:
     """A password rotation half done during a failover must not make every process exit."""
-    from hybridq import redisurl
-    from hybridq.sentinelurl import _sentinel_class
+    from hybridq.transport import redisurl
+    from hybridq.transport.sentinel import _sentinel_class
     from redis.exceptions import AuthenticationError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.sentinel import MasterNotFoundError

@@ -17,17 +17,10 @@ import pytest
 from click.testing import CliRunner
 from hybridq import EnvelopeError, Queue, Retry
 from hybridq.cli import cli
-from hybridq.envelope import Envelope
+from hybridq.envelope.model import Envelope
+from hybridq.errors import SignatureError, SigningKeyError
 from hybridq.journal import JournalReader
-from hybridq.signing import (
-    ENV_KEY,
-    ENV_KEY_FILE,
-    Keyring,
-    SignatureError,
-    SigningKeyError,
-    canonical,
-    keyring,
-)
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, Keyring, canonical, keyring
 from hybridq.transport.base import Delivery
 
 NEW = "n" * 40

@@ -8,8 +8,9 @@ import pytest
 from click.testing import CliRunner
 from hybridq import Queue
 from hybridq.cli import cli
+from hybridq.errors import SigningKeyError
 from hybridq.journal import JournalReader
-from hybridq.signing import ENV_KEY, ENV_KEY_FILE, SigningKeyError, keyring
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, keyring
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +49,8 @@ def test_an_empty_key_file_variable_stops_the_worker_and_the_enqueue(
 
 
 def test_signing_adds_an_expiry_from_the_configured_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hybridq.envelope import Envelope
-    from hybridq.signing import Keyring, expiry_refusal
+    from hybridq.envelope.model import Envelope
+    from hybridq.security.signing import Keyring, expiry_refusal
 
     ring = Keyring((b"k" * 32,))
     env = Envelope(id="j1", func="m.f", queue="q", idempotency_key="k", created_at=1000.0)

@@ -12,9 +12,10 @@ from typing import Any
 import hybridq
 import pytest
 from hybridq import Queue, Retry, fetch_job
-from hybridq.envelope import Envelope
-from hybridq.forwarder import Forwarder
-from hybridq.ledger import Entry, parse_event, read_ledger
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ledger.entries import Entry, parse_event
+from hybridq.ledger.store import read_ledger
 from hybridq.protocol import Delivery, StartedEvent
 from hybridq.transport import MemoryTransport
 from hybridq.transport.base import Event

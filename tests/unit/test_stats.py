@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from hybridq import Queue, Retry, requeue
 from hybridq.cli import cli
-from hybridq.envelope import Envelope
-from hybridq.forwarder import Forwarder
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
-from hybridq.state import forwarder_holder
-from hybridq.stats_state import STATS_NAME, PendingTracker, load_snapshot
-from hybridq.status import _from_snapshot, collect_status, stats
+from hybridq.ledger.checkpoint import forwarder_holder
+from hybridq.lookup.stats import STATS_NAME, PendingTracker, load_snapshot
+from hybridq.ops.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -261,7 +261,7 @@ def test_the_forwarder_works_without_writing_its_snapshot(journal_dir: Path, mon
     def refuse(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hybridq.forwarder_state.save_snapshot", refuse)
+    monkeypatch.setattr("hybridq.forwarder.state.save_snapshot", refuse)
     Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
     transport = MemoryTransport()
     forwarder: Forwarder = make_forwarder(journal_dir, transport)
@@ -340,7 +340,7 @@ def test_a_forwarder_that_stopped_before_its_snapshot_caught_up_means_the_scan(
         raise OSError(28, "No space left on device")
 
     # Dies (stops) after recording outcomes and saving its checkpoint, before the snapshot.
-    monkeypatch.setattr("hybridq.forwarder_state.save_snapshot", refuse)
+    monkeypatch.setattr("hybridq.forwarder.state.save_snapshot", refuse)
     forwarder.step()
     forwarder.close()
     monkeypatch.undo()

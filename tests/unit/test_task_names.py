@@ -119,7 +119,7 @@ def test_jobs_that_can_never_run_do_not_fill_the_capacity(journal_dir: Path) -> 
 
 def test_the_check_costs_nothing_for_a_name_seen_before(journal_dir: Path) -> None:
     """Checked once per name: the module's attributes are not walked at every enqueue."""
-    from hybridq import allow
+    from hybridq.security import allow
 
     queue = Queue(journal=journal_dir)
     queue.enqueue("tests.tasks.add", 1, 2)

@@ -250,7 +250,7 @@ def test_eager_enqueue_many_runs_every_job_before_raising_the_first_failure() ->
 def test_with_a_signing_key_jobs_are_signed_and_verified(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hybridq.signing import ENV_KEY_FILE
+    from hybridq.security.signing import ENV_KEY_FILE
 
     key = tmp_path / "keys"
     key.write_text("k" * 64 + "\n")

@@ -1,4 +1,4 @@
-"""hybridq.trace: one job's steps and the reason for each redelivery, from the files alone."""
+"""hybridq.ops.trace: one job's steps and the reason for each redelivery, from the files alone."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from pathlib import Path
 import hybridq
 import pytest
 from hybridq.journal import ChainPosition
-from hybridq.ledger import Entry, open_ledger_writer
+from hybridq.ledger.checkpoint import Checkpoint, Held, save_checkpoint
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import open_ledger_writer
+from hybridq.ops.trace import job_trace
 from hybridq.protocol import EntryKind
-from hybridq.state import Checkpoint, Held, save_checkpoint
-from hybridq.trace import job_trace
 
 
 def _ledger(journal: Path, *entries: Entry) -> None:
@@ -121,8 +122,9 @@ def test_an_epoch_change_while_the_job_was_unfinished_is_a_refill(journal_dir: P
 
 
 def test_the_checkpoint_remembers_when_the_generation_went_up(tmp_path: Path) -> None:
-    from hybridq.forwarder_state import ForwarderConfig, ForwarderState
-    from hybridq.state import EPOCHS_KEPT, load_checkpoint
+    from hybridq.forwarder.config import ForwarderConfig
+    from hybridq.forwarder.state import ForwarderState
+    from hybridq.ledger.checkpoint import EPOCHS_KEPT, load_checkpoint
 
     journal = tmp_path / "journal"
     hybridq.Queue("q", journal).enqueue("tests.tasks.add", 1, 2)
@@ -147,8 +149,8 @@ def test_the_checkpoint_remembers_when_the_generation_went_up(tmp_path: Path) ->
 def test_a_compacted_job_reads_its_outcome_from_the_lookup_index(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hybridq import trace as trace_module
-    from hybridq.lookup import Row
+    from hybridq.lookup.reads import Row
+    from hybridq.ops import trace as trace_module
 
     hybridq.Queue("q", journal_dir).enqueue("tests.tasks.add", 1, 2)  # the journal exists
     gone = ("0123456789abcdef", 7, 64)  # a segment compaction deleted, with its ledger entries

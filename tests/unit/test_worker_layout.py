@@ -14,8 +14,8 @@ WORKER_SIDE = sorted([*(ROOT / "worker").glob("*.py"), ROOT / "rqworker.py"])
 
 
 def test_the_paths_rq_imports_still_resolve() -> None:
-    from hybridq import guard, protocol, worker
-    from hybridq.worker import run
+    from hybridq import protocol, worker
+    from hybridq.worker import guard, run
 
     # Job hashes already in Redis name this function; `rq worker --job-class` names this class.
     assert import_attribute(protocol.ENTRY_POINT) is run.execute

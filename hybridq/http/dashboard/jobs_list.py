@@ -1,6 +1,6 @@
 """The dashboard's list of recent jobs (``GET /jobs``), newest first, a page at a time.
 
-From the forwarder's lookup index (:func:`hybridq.lookup.recent`): every job it has read, until
+From the forwarder's lookup index (:func:`hybridq.lookup.reads.recent`): every job it has read, until
 it forgets a compacted one (``lookup.RETENTION_S``). A job accepted since the forwarder's last
 step is not listed yet (its trace, ``/jobs/ID``, finds it in the journal). Every value is
 escaped (:func:`~hybridq.http.dashboard.render.esc`): an error is a task's text.
@@ -8,9 +8,9 @@ escaped (:func:`~hybridq.http.dashboard.render.esc`): an error is a task's text.
 
 from __future__ import annotations
 
-from hybridq import lookup
 from hybridq.http.dashboard.render import error_cell, esc, job_link, pager, table, when
-from hybridq.state import load_checkpoint
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.lookup import reads as lookup
 
 __all__ = ["PER_PAGE", "recent_jobs"]
 

@@ -2,7 +2,7 @@
 
 Each page used to read the whole ledger (5 s for the failed list of a 200,000-job journal, and
 the renders held the GIL against the API). This view keeps what it parsed -- a
-:class:`~hybridq.ledger.LedgerIndex` (the failed list, folded exactly as ``failed_jobs`` folds
+:class:`~hybridq.ledger.store.LedgerIndex` (the failed list, folded exactly as ``failed_jobs`` folds
 it), where each job's entries are in the ledger (for its trace), and the outcomes of the last
 minutes (throughput) -- and reads only the records appended since. Ledger chains only grow;
 when a segment it read was deleted (compaction) or the compaction state changed, it reads
@@ -18,11 +18,14 @@ import time
 from collections import deque
 
 from hybridq.errors import JournalCorruption, JournalError
-from hybridq.failures import FailedJob, listed
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.records import Loc
-from hybridq.ledger import Compacted, Entry, LedgerIndex, ledger_dir, load_compacted
+from hybridq.ledger.compacted import Compacted, load_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import ledger_dir
+from hybridq.ops.failures import FailedJob, listed
 from hybridq.protocol import EntryKind
 
 __all__ = ["LedgerView"]

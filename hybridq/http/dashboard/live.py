@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from redis.exceptions import RedisError
 
-from hybridq import keys
 from hybridq.errors import TransportError
+from hybridq.protocol import keys
 from hybridq.transport.rq import RQTransport
 
 __all__ = ["redis_view"]

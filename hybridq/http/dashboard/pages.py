@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from hybridq.errors import HybridqError, JobNotFailed
-from hybridq.failures import requeue
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.jobs_list import recent_jobs
@@ -41,9 +40,10 @@ from hybridq.http.dashboard.render import (
     url_id,
     when,
 )
-from hybridq.state import load_checkpoint
-from hybridq.status import stats
-from hybridq.trace import Trace, job_trace
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.ops.failures import requeue
+from hybridq.ops.status import stats
+from hybridq.ops.trace import Trace, job_trace
 
 __all__ = ["Pages"]
 

@@ -1,0 +1,159 @@
+"""Types and ranges of the job envelope's fields: what a record must hold to be deliverable.
+
+:mod:`hybridq.envelope.model` decodes with these (a record that fails is invalid: the forwarder records
+it so and goes on) and :meth:`hybridq.Queue.prepare` refuses with them (one clear error, nothing
+written). The caps keep every number inside what RQ, Redis and Python's ``datetime`` take.
+
+This module must not import redis, rq, click or the journal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hybridq.errors import EnvelopeError
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "MAX_REQUEUE",
+    "MAX_SECONDS",
+    "MAX_TIMESTAMP",
+    "check_seconds",
+    "check_time",
+    "finite",
+    "is_int",
+    "is_number",
+    "key_text",
+    "opt_duration",
+    "opt_finite",
+    "opt_str",
+    "requeue_count",
+    "time_value",
+    "to_float",
+    "typed",
+]
+
+#: The longest duration a job may ask for (``job_timeout``, ``result_ttl``, ``delay``, a retry's
+#: backoff): ten years. RQ hands a timeout to ``signal.alarm`` (a C int: 68 years) and a result
+#: lifetime to Redis's EXPIRE; far larger values broke there, in the worker, after the job ran.
+MAX_SECONDS = 10 * 365 * 86400
+#: The latest time an envelope may carry (``created_at``, ``run_at``): 9999-12-31T23:59:59Z, the
+#: last second Python's datetime (and so RQ's timestamps) can represent.
+MAX_TIMESTAMP = 253402300799.0
+#: The most runs a retry policy may allow (the run number ``requeue * 100000 + attempt`` that
+#: orders deliveries in Redis needs attempts below 100000).
+MAX_ATTEMPTS = 10000
+#: The most times one job may be requeued (run numbers stay exact in Redis's Lua doubles).
+MAX_REQUEUE = 2**31 - 1
+
+
+def is_int(value: object) -> bool:
+    """An integer, and not a bool (``True`` is an ``int`` to Python, not to a reader of JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, and not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_JSON_NAMES: dict[type, str] = {list: "an array", dict: "an object", str: "a string"}
+
+
+def typed(name: str, value: Any, kind: type) -> Any:
+    """``value`` if it is a ``kind`` (list, dict or str: a JSON array, object or string), else raise."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {_JSON_NAMES.get(kind, kind.__name__)}, not {value!r:.60}")
+    return value
+
+
+def key_text(value: object) -> str:
+    """An idempotency key: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"key must be a non-empty string, not {value!r:.60}")
+    return value
+
+
+def requeue_count(value: object) -> int:
+    """How many times a job was requeued: an integer from 0 to :data:`MAX_REQUEUE`."""
+    if not is_int(value) or not 0 <= value <= MAX_REQUEUE:  # type: ignore[operator]
+        raise ValueError(f"requeue must be an integer from 0 to {MAX_REQUEUE}, not {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+def opt_str(name: str, value: object) -> str | None:
+    """A string or ``None``."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {value!r:.60}")
+    return value
+
+
+def to_float(value: object) -> float:
+    """A JSON number as a float (``float(10**400)`` raises OverflowError, as it should here)."""
+    if not is_number(value):
+        raise TypeError(f"expected a number, not {value!r:.60}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _float_or_nan(value: object) -> float:
+    """A number as a float; NaN (refused by every range check) for a non-number or one past a float."""
+    try:
+        return to_float(value) if is_number(value) else math.nan
+    except OverflowError:
+        return math.nan
+
+
+def finite(name: str, value: object) -> float:
+    """A finite number (``inf`` and ``nan`` do not re-encode)."""
+    number = to_float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, not {value!r:.60}")
+    return number
+
+
+def opt_finite(name: str, value: object) -> float | None:
+    """A finite number or ``None``."""
+    return None if value is None else finite(name, value)
+
+
+def time_value(name: str, value: object) -> float:
+    """A Unix time from 1970 to :data:`MAX_TIMESTAMP` (RQ formats it as a date)."""
+    number = finite(name, value)
+    if not 0 <= number <= MAX_TIMESTAMP:
+        raise ValueError(f"{name} must be a Unix time from 0 to {MAX_TIMESTAMP:.0f}, not {value!r:.60}")
+    return number
+
+
+def opt_duration(name: str, value: object) -> float | None:
+    """A duration >= 0 (no upper bound here: see :meth:`Envelope.from_dict`)."""
+    if value is None:
+        return None
+    number = finite(name, value)
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, not {value!r:.60}")
+    return number
+
+
+def check_seconds(name: str, value: object, *, zero: bool = False) -> float:
+    """``value`` as a float if it is a number of seconds above 0 (or ``zero``) up to :data:`MAX_SECONDS`.
+
+    For what a producer asks for (``prepare``): more than :data:`MAX_SECONDS` is refused.
+    """
+    number = _float_or_nan(value)  # NaN fails every comparison
+    if not (number >= 0 if zero else number > 0) or not number <= MAX_SECONDS:
+        raise EnvelopeError(
+            f"{name} must be a number of seconds {'>= 0' if zero else 'above 0'} and at most "
+            f"{MAX_SECONDS} (ten years), not {value!r:.60}"
+        )
+    return number
+
+
+def check_time(name: str, value: object) -> float:
+    """``value`` as a float if it is a Unix time from 0 to :data:`MAX_TIMESTAMP`, else raise."""
+    number = _float_or_nan(value)
+    if not 0 <= number <= MAX_TIMESTAMP:
+        raise EnvelopeError(
+            f"{name} must be a Unix time from 0 to {MAX_TIMESTAMP:.0f} (year 9999), not {value!r:.60}"
+        )
+    return number

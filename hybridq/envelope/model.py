@@ -1,0 +1,404 @@
+"""The job envelope: one versioned JSON record per job, as stored in the journal.
+
+An envelope says everything needed to run a job and nothing about where it is: id, function
+(a dotted path), JSON arguments, queue, idempotency key, creation time, options and, when the
+producer holds a signing key, an HMAC of all that (``sig``, see :mod:`hybridq.security.signing`). Fields
+this version does not know are kept in :attr:`Envelope.extra` and written back unchanged, so a
+newer producer's records survive a round trip through an older forwarder.
+
+Here: the :class:`Envelope` and :class:`Retry` classes, job ids, and the checks of names and
+paths. The JSON encoding and decoding (and :data:`ENVELOPE_VERSION`) live in
+:mod:`hybridq.envelope.codec` and are re-exported here.
+
+This module must not import redis, rq, click or the journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Imported by name, not through the module: to_bytes and from_bytes run once per job, and a
+# module-level name costs no attribute lookup. The names this module does not use are imported
+# too, so that everything it held before the JSON code moved out stays importable from here.
+from hybridq.envelope.codec import (
+    _ENCODER,  # noqa: F401
+    _MAX_NESTING,
+    _NAMES,  # noqa: F401
+    _PREFIX,  # noqa: F401
+    _SCALARS,  # noqa: F401
+    ENVELOPE_VERSION,
+    _dumps,
+    _fast_json,
+    _finite_float,  # noqa: F401
+    _flat,
+    _loads,
+    _name,  # noqa: F401
+    _nested,  # noqa: F401
+    _nesting,
+    _number,  # noqa: F401
+    _refuse_constant,  # noqa: F401
+    _refuse_non_string_keys,
+    _str,  # noqa: F401
+    _too_deep,
+    _values,  # noqa: F401
+)
+from hybridq.envelope.limits import (
+    MAX_ATTEMPTS,
+    MAX_REQUEUE,
+    MAX_SECONDS,
+    MAX_TIMESTAMP,
+    check_seconds,
+    check_time,
+    is_int,
+    is_number,
+    key_text,
+    opt_duration,
+    opt_finite,
+    opt_str,
+    requeue_count,
+    time_value,
+    to_float,
+    typed,
+)
+from hybridq.errors import EnvelopeError, NotSerializable
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "MAX_ATTEMPTS",
+    "MAX_REQUEUE",
+    "MAX_SECONDS",
+    "MAX_TIMESTAMP",
+    "Envelope",
+    "Retry",
+    "check_seconds",
+    "check_time",
+    "function_path",
+    "idempotency_id",
+    "new_job_id",
+    "validate_job_id",
+    "validate_queue_name",
+]
+
+_JOB_ID = re.compile(r"\A[A-Za-z0-9_-]{1,128}\Z")
+_QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+_DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+_KNOWN = frozenset(
+    {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
+    | {"retry", "description", "meta", "requeue", "sig"}
+)
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A new job id: 32 hex digits, 48 bits of milliseconds then 80 random bits.
+
+    Sortable by creation time, unique without coordination, and a valid RQ job id.
+    """
+    ms = int((time.time() if now is None else now) * 1000) & 0xFFFFFFFFFFFF
+    # A getrandom call per id (~0.3 us), not a batch read ahead: a process copied other than by
+    # fork (a VM or container snapshot restored twice) would repeat read-ahead bytes, and the
+    # id is the default idempotency key (a repeat silently drops the second job).
+    return f"{ms:012x}{_random_bytes(10).hex()}"
+
+
+_getrandom: Callable[[int, int], bytes] | None = getattr(os, "getrandom", None)
+_GRND_NONBLOCK = getattr(os, "GRND_NONBLOCK", 0)
+
+
+def _random_bytes(n: int) -> bytes:
+    """``n`` bytes from the kernel's random source, the GIL kept where the platform allows.
+
+    ``os.urandom`` lets the GIL go around its getrandom(2) call: with 16 threads enqueueing, the
+    thread then waits to get it back, ~1.5 context switches and ~10 % of the enqueue rate
+    (docs/benchmarks.md). ``os.getrandom`` makes the same call holding it; ``GRND_NONBLOCK``
+    keeps that from ever blocking (it only could before the kernel's pool is first seeded,
+    early at boot), and ``os.urandom`` takes over then and where there is no ``getrandom``.
+    """
+    global _getrandom  # dropped for good where the kernel refuses the call
+    if _getrandom is not None:
+        try:
+            data = _getrandom(n, _GRND_NONBLOCK)
+        except BlockingIOError:
+            pass  # not seeded yet: os.urandom waits for it, the GIL let go
+        except OSError:
+            # ENOSYS (a kernel before 3.17) or EPERM (a seccomp filter): os.urandom reads
+            # /dev/urandom there, and so does every later id.
+            _getrandom = None
+        else:
+            if len(data) == n:
+                return data
+    return os.urandom(n)
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is a valid RQ job id (``[A-Za-z0-9_-]``, at most 128), else raise."""
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise EnvelopeError(f"invalid job id {job_id!r}: use 1-128 of [A-Za-z0-9_-]")
+    return job_id
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`EnvelopeError`."""
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise EnvelopeError(
+            f"invalid queue name {name!r}: use 1-128 of [A-Za-z0-9_.-], not starting with . or -"
+        )
+    return name
+
+
+def idempotency_id(key: str) -> str:
+    """An RQ-safe id for an idempotency key of any text (a hash; the key itself is kept verbatim)."""
+    return "k" + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def function_path(func: object) -> str:
+    """The importable dotted path of ``func`` (a callable or a dotted-path string).
+
+    Refuses what a worker in another process could not import: lambdas, nested functions,
+    functions defined in ``__main__``, bound methods of instances, and strings that are not
+    dotted paths.
+    """
+    if isinstance(func, str):
+        if func in _CHECKED_PATHS:
+            return func
+        if not _DOTTED.match(func):
+            raise EnvelopeError(f"{func!r} is not a dotted path like 'package.module.function'")
+        if func.startswith("__main__."):
+            # A worker's __main__ is the worker itself, never the module that meant the function.
+            raise EnvelopeError(f"{func!r} names __main__; use the module the workers can import")
+        if len(_CHECKED_PATHS) < _CHECKED_PATHS_MAX:
+            _CHECKED_PATHS.add(func)
+        return func
+    if not callable(func):
+        raise EnvelopeError(f"{func!r} is neither a callable nor a dotted path")
+    self_obj = getattr(func, "__self__", None)
+    if self_obj is not None and not isinstance(self_obj, type) and not _is_module(self_obj):
+        raise EnvelopeError(f"{func!r} is a method bound to an instance; enqueue a module-level function")
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None)
+    if not module or not qualname:
+        raise EnvelopeError(f"{func!r} has no importable name")
+    if "<lambda>" in qualname:
+        raise EnvelopeError("lambdas cannot be enqueued: a worker could not import them")
+    if "<locals>" in qualname:
+        raise EnvelopeError(f"{qualname} is defined inside a function; workers cannot import it")
+    if module == "__main__":
+        raise EnvelopeError(f"{qualname} is defined in __main__; move it to a module the workers can import")
+    return f"{module}.{qualname}"
+
+
+#: Dotted-path strings found valid (a producer names the same few functions again and again).
+_CHECKED_PATHS: set[str] = set()
+_CHECKED_PATHS_MAX = 4096
+
+
+def _is_module(obj: object) -> bool:
+    return type(obj).__name__ == "module"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A retry policy: up to ``max_attempts`` runs, exponential backoff with full jitter.
+
+    Args:
+        max_attempts: total runs, the first included (1 = no retry).
+        backoff_s: the delay before the second attempt; doubled for each attempt after it.
+        backoff_max_s: the cap on one delay.
+        jitter: draw each delay uniformly from ``[0, delay]`` (spreads retries after an outage).
+    """
+
+    max_attempts: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 300.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if not is_int(self.max_attempts) or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise EnvelopeError(f"Retry.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}")
+        for name in ("backoff_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if not is_number(value) or not math.isfinite(value) or value < 0:
+                raise EnvelopeError(f"Retry.{name} must be a finite number >= 0")
+        if not isinstance(self.jitter, bool):
+            raise EnvelopeError("Retry.jitter must be True or False")
+
+    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        # The exponent is capped: 2.0 ** 1100 overflows a float, and any delay is capped anyway.
+        delay = min(self.backoff_max_s, self.backoff_s * (2.0 ** min(64, max(0, attempt - 1))))
+        if self.jitter:
+            delay = (rng or random).uniform(0, delay)
+        return float(delay)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff_s,
+            "backoff_max": self.backoff_max_s,
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Retry:
+        """Inverse of :meth:`to_json`; raises :class:`EnvelopeError` for a field of the wrong type."""
+        return cls(
+            max_attempts=value.get("max_attempts", 1),
+            backoff_s=to_float(value.get("backoff", 1.0)),
+            backoff_max_s=to_float(value.get("backoff_max", 300.0)),
+            jitter=value.get("jitter", True),
+        )
+
+
+@dataclass(slots=True)
+class Envelope:
+    """One job, as committed to the journal. Treat it as immutable (use ``dataclasses.replace``).
+
+    ``idempotency_key`` is kept verbatim (any text); :attr:`key_id` is its RQ-safe hash.
+    Times are Unix seconds; durations are seconds. Not ``frozen``: a frozen dataclass's
+    ``__init__`` costs about 2 us more per job, a fifth of ``enqueue_many``'s CPU per job.
+    """
+
+    id: str
+    func: str
+    queue: str
+    idempotency_key: str
+    created_at: float
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    result_ttl_s: float | None = None
+    run_at: float | None = None
+    retry: Retry | None = None
+    description: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    #: How many times the job was requeued after failing for good (0 for a new job).
+    requeue: int = 0
+    #: ``hmac-sha256:<hex>`` over the fields that decide what runs (see :mod:`hybridq.security.signing`),
+    #: or ``None`` when the producer held no signing key. Journals written before it read as None.
+    signature: str | None = None
+    #: Fields written by a newer version, kept as they were.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def key_id(self) -> str:
+        """The RQ-safe id derived from the idempotency key."""
+        return idempotency_id(self.idempotency_key)
+
+    @property
+    def max_attempts(self) -> int:
+        """Total runs allowed by the retry policy (1 without one)."""
+        return self.retry.max_attempts if self.retry is not None else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in the journal (``None`` options are left out)."""
+        out: dict[str, Any] = dict(self.extra) if self.extra else {}
+        out["v"] = ENVELOPE_VERSION
+        out["id"] = self.id
+        out["func"] = self.func
+        out["args"] = list(self.args)
+        out["kwargs"] = dict(self.kwargs)
+        out["queue"] = self.queue
+        out["key"] = self.idempotency_key
+        out["created_at"] = self.created_at
+        if self.timeout_s is not None:
+            out["timeout"] = self.timeout_s
+        if self.result_ttl_s is not None:
+            out["result_ttl"] = self.result_ttl_s
+        if self.run_at is not None:
+            out["run_at"] = self.run_at
+        if self.retry is not None:
+            out["retry"] = self.retry.to_json()
+        if self.description is not None:
+            out["description"] = self.description
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        if self.requeue:
+            out["requeue"] = self.requeue
+        if self.signature is not None:
+            out["sig"] = self.signature
+        return out
+
+    def to_bytes(self) -> bytes:
+        """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values."""
+        if self._encoded is not None:
+            return self._encoded
+        try:
+            flat = _flat(self.args, self.kwargs, self.meta)
+            if not flat:
+                _refuse_non_string_keys((self.args, self.kwargs, self.meta))
+            raw = (_fast_json(self) or _dumps(self.to_dict())).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
+        # A record the reader would refuse must not be acknowledged (see _MAX_NESTING). Scalar
+        # arguments, kwargs and meta nest two levels deep at most: only other fields are counted.
+        if (
+            (not flat or self.extra)
+            and raw.count(b"[") + raw.count(b"{") > _MAX_NESTING
+            and _nesting(self.to_dict()) > _MAX_NESTING
+        ):
+            raise EnvelopeError(f"job {self.func}: arguments are nested deeper than {_MAX_NESTING} levels")
+        self._encoded = raw
+        return raw
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Envelope:
+        """Decode a journal record; raises :class:`EnvelopeError` when it is not an envelope."""
+        try:
+            obj = _loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise EnvelopeError(f"record is not JSON: {exc}") from exc
+        if _too_deep(raw, obj):
+            raise EnvelopeError(f"record is nested deeper than {_MAX_NESTING} levels")
+        if not isinstance(obj, dict):
+            raise EnvelopeError("record is not a JSON object")
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Envelope:
+        """Build from the stored JSON object, keeping unknown fields in :attr:`extra`.
+
+        Every field is checked for type and range: a record that decodes here can be delivered
+        (a record that cannot is refused with :class:`EnvelopeError`, which the forwarder
+        records as invalid instead of stopping on it). Durations above :data:`MAX_SECONDS`
+        that an older version accepted are kept; the transport caps what it hands to RQ.
+        """
+        version = obj.get("v")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise EnvelopeError(f"envelope version {version!r} is not supported")
+        try:
+            return cls(
+                id=validate_job_id(obj["id"]),
+                func=function_path(typed("func", obj["func"], str)),
+                queue=validate_queue_name(obj["queue"]),
+                idempotency_key=key_text(obj["key"]),
+                created_at=time_value("created_at", obj["created_at"]),
+                args=tuple(typed("args", obj.get("args", []), list)),
+                kwargs=typed("kwargs", obj.get("kwargs", {}), dict),
+                timeout_s=opt_duration("timeout", obj.get("timeout")),
+                result_ttl_s=opt_duration("result_ttl", obj.get("result_ttl")),
+                run_at=opt_finite("run_at", obj.get("run_at")),
+                retry=_opt_retry(obj.get("retry")),
+                description=opt_str("description", obj.get("description")),
+                meta=typed("meta", obj.get("meta", {}), dict),
+                requeue=requeue_count(obj.get("requeue", 0)),
+                signature=opt_str("sig", obj.get("sig")),
+                extra={k: v for k, v in obj.items() if k not in _KNOWN},
+            )
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows
+            raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
+
+
+def _opt_retry(value: object) -> Retry | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"retry must be an object, not {value!r:.60}")
+    return None if value is None else Retry.from_json(value)

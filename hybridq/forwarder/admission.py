@@ -1,0 +1,131 @@
+"""Enqueue-if-absent: the forwarder pushes one job per explicit idempotency key.
+
+A job enqueued with ``idempotency_key=`` whose key a **pending** job (accepted, not terminal) or
+a **finished** job already owns is never pushed: the forwarder records it in the ledger as a
+``duplicate`` of the owner, and once the owner is terminal, settles it with the owner's outcome
+(a ``done`` entry with ``dup_of``), counted like any suppressed duplicate. The first job with a
+key gets a ``key`` entry: that is what the forwarder remembers, across restarts, and for the key
+window after the job's segment is compacted (``ForwarderConfig.key_window_s``).
+
+Jobs without an explicit key (the key is the job id) are not looked at: equal job ids are
+already one job (docs/enqueue.md, "Job ids"). A requeued job (``hybridq failed requeue``) takes
+its key over, whoever has it now (the failure it replaces, or a job that took the key once the
+failure's window ended): a requeue always runs again.
+
+Entries are durable (:meth:`Admission.flush`, one fsync) before the forwarder's checkpoint moves
+past their records; a crash before that reads the records again and decides the same way.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal.reader import list_chains
+from hybridq.ledger.entries import Entry
+from hybridq.protocol import EntryKind
+from hybridq.transport.base import Loc
+
+__all__ = ["Admission"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+
+class Admission:
+    """Decides, record by record, whether the forwarder pushes a job (see module docstring).
+
+    Args:
+        state: the forwarder's state (its ledger index knows the keys and the duplicates).
+    """
+
+    def __init__(self, state: ForwarderState) -> None:
+        self.state = state
+        #: Jobs recorded as duplicates (never pushed) by this process.
+        self.suppressed = 0
+        self._entries: list[Entry] = []
+        #: Keys taken by records read since the last flush (not in the index yet).
+        self._taken: dict[str, Entry] = {}
+
+    @property
+    def waiting(self) -> int:
+        """Entries not written yet (the forwarder flushes before its checkpoint moves)."""
+        return len(self._entries)
+
+    def admit(self, env: Envelope, loc: Loc) -> bool:
+        """Whether to push (or hold) the job at ``loc``; ``False``: recorded as a duplicate."""
+        if env.idempotency_key == env.id:
+            return True
+        key = env.key_id
+        owner = self._taken.get(key) or self.state.index.keys.get(key)
+        if owner is not None and owner.loc == loc:
+            return True  # read again (a retried step, a lost checkpoint): it owns the key already
+        if owner is not None and env.requeue == 0:
+            self._entries.append(
+                Entry(
+                    EntryKind.DUPLICATE,
+                    env.id,
+                    loc,
+                    key=key,
+                    dup_of=owner.job_id,
+                    at=self.state.config.clock(),
+                    queue=env.queue,
+                )
+            )
+            self.suppressed += 1
+            log.info("job %s: its idempotency key is job %s's: recorded as a duplicate", env.id, owner.job_id)
+            return False
+        entry = Entry(EntryKind.KEY, env.id, loc, key=key, at=self.state.config.clock(), queue=env.queue)
+        self._taken[key] = entry
+        self._entries.append(entry)
+        return True
+
+    def flush(self) -> None:
+        """Write the entries of the records admitted so far (one fsync), then settle duplicates."""
+        entries, self._entries, self._taken = self._entries, [], {}
+        self.state.append(entries)
+        self.settle()
+
+    def reset(self) -> None:
+        """Drop unwritten entries (their records are read again)."""
+        self._entries, self._taken = [], {}
+
+    def settle(self) -> None:
+        """Settle the duplicates whose key's owner is terminal now, with its outcome."""
+        index = self.state.index
+        if not index.duplicates:
+            return
+        first: dict[str, int] | None = None
+
+        def gone(loc: Loc) -> bool:
+            nonlocal first
+            if self.state.compacted.is_compacted((loc[0], loc[1])):
+                return True
+            if first is None:
+                first = {w: indices[0] for w, indices in list_chains(self.state.journal).items()}
+            return loc[1] < first.get(loc[0], sys.maxsize)
+
+        now = self.state.config.clock()
+        done: list[Entry] = []
+        for loc, dup in index.duplicates.items():
+            owner = index.keys.get(dup.key or "")
+            # No owner cannot happen: a key is forgotten only a window after its job finished, and
+            # its duplicates are settled the step it finishes.
+            outcome = "succeeded" if owner is None else index.owner_outcome(owner, gone)
+            if outcome is not None:
+                done.append(
+                    Entry(
+                        EntryKind.DONE,
+                        dup.job_id,
+                        loc,
+                        outcome=outcome,
+                        dup=True,
+                        dup_of=dup.dup_of,
+                        at=now,
+                        queue=dup.queue,
+                    )
+                )
+        self.state.append(done)

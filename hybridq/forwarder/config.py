@@ -1,0 +1,108 @@
+"""The forwarder's settings: :class:`ForwarderConfig` holds every option (frozen, checked once).
+
+It is checked when made, before anything is created; :mod:`hybridq.forwarder.state` (which owns
+the forwarder's durable state) re-exports every name of this module.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hybridq.errors import ConfigError
+from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
+
+__all__ = [
+    "DEFAULT_KEY_WINDOW_MAX",
+    "DEFAULT_KEY_WINDOW_S",
+    "DONE_GRACE_LEASES",
+    "ForwarderConfig",
+    "check_key_ttl",
+]
+
+#: How long a job may stay "done" (outcome stored in Redis, no completion event harvested) before
+#: it is delivered again, in leases (at least a minute): the event may have been evicted. The
+#: delivery finds the stored outcome and reports it without running the task.
+DONE_GRACE_LEASES = 6
+#: How long the key of a finished job stays known to the forwarder (enqueue-if-absent), at least.
+DEFAULT_KEY_WINDOW_S = 7 * 86400.0
+#: The most keys of finished jobs the forwarder keeps in their window (about 0.5 KB each).
+DEFAULT_KEY_WINDOW_MAX = 200_000
+
+
+def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
+    """Refuse a key lifetime too short for the "done" grace period (see :data:`DONE_GRACE_LEASES`).
+
+    A job whose completion event was lost stays "done" in Redis (its outcome stored) for up to
+    the grace period before it is delivered again, to report that outcome without running. If the
+    stored outcome expires first, the job reads as "orphaned" instead, and runs again. Twice the
+    grace leaves room for the reconcile passes on either side and a short queue wait.
+    """
+    least = 2 * max(60.0, DONE_GRACE_LEASES * lease_s)
+    if key_ttl_s < least:
+        raise ConfigError(
+            f"key TTL {key_ttl_s:g} s is too short for a {lease_s:g} s lease: it must be at least "
+            f"{least:g} s (twice max(60 s, {DONE_GRACE_LEASES} leases)), or finished jobs whose "
+            "completion event was lost would run again"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForwarderConfig:
+    """A forwarder's options (checked when made: :class:`ConfigError` or ``ValueError``).
+
+    Attributes:
+        batch_size: the most jobs per push (one pipeline, one checkpoint write).
+        idle_timeout_s: the longest sleep without a nudge (a missed nudge costs at most this).
+        backoff_initial_s: first wait after a transport failure; doubles up to ``backoff_max_s``.
+        lease_s: how long a worker's claim on a job lasts without renewal; a job whose worker
+            stopped renewing it is delivered again about this long after the worker died.
+        key_ttl_s: how long a job's outcome stays stored under its idempotency key in Redis
+            (duplicates within this window return the stored result; the ledger covers the
+            forwarder's own jobs forever).
+        key_window_s: how long, at least, the forwarder remembers the explicit idempotency key of
+            a finished job once its journal segment is compacted: a job with that key is not
+            pushed meanwhile (docs/enqueue.md, "Enqueue-if-absent"). Keys of pending jobs, and of
+            finished jobs whose segment is still in the journal, are always remembered.
+        key_window_max: the most keys kept in their window; beyond it, the oldest are forgotten
+            early (the memory bound: about 0.5 KB a key).
+        max_lost: a job whose worker vanished this many times fails for good (a task that kills
+            its worker every time must not loop forever).
+        reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
+            ``lease_s``, at least 1 s; see :attr:`reconcile_every_s`).
+        clock: wall-clock time (for delays and retry times); replaced in tests.
+        on_durable_write: called with the seconds each durable write took (checkpoint saves,
+            ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
+    """
+
+    batch_size: int = 500
+    idle_timeout_s: float = 1.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 5.0
+    lease_s: float = DEFAULT_LEASE_S
+    key_ttl_s: float = DEFAULT_KEY_TTL_S
+    key_window_s: float = DEFAULT_KEY_WINDOW_S
+    key_window_max: int = DEFAULT_KEY_WINDOW_MAX
+    max_lost: int = 5
+    reconcile_interval_s: float | None = None
+    clock: Callable[[], float] = time.time
+    on_durable_write: Callable[[float], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        check_key_ttl(self.lease_s, self.key_ttl_s)
+        if not self.key_window_s >= 0:
+            raise ValueError("key_window_s must be a number of seconds, at least 0")
+        if self.key_window_max < 0:
+            raise ValueError("key_window_max must be at least 0")
+
+    @property
+    def reconcile_every_s(self) -> float:
+        """The least time between two reconcile passes, the default filled in."""
+        if self.reconcile_interval_s is not None:
+            return self.reconcile_interval_s
+        return max(1.0, self.lease_s / 5)

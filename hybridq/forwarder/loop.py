@@ -1,0 +1,369 @@
+"""The forwarder: tails the journal and pushes jobs into the transport, one per journal directory.
+
+Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch -> save
+the checkpoint -> then the completions side (:mod:`hybridq.forwarder.upkeep`): harvest outcomes into
+the ledger, deliver due retries, check the epoch, reconcile, compact. Everything the forwarder
+keeps on disk goes through its one :class:`~hybridq.forwarder.state.ForwarderState`; its options
+are one frozen :class:`~hybridq.forwarder.config.ForwarderConfig`.
+The checkpoint is saved only after the transport accepted the batch
+(invariant 5), so a crash in between re-pushes at most that batch, and the deterministic job id
+absorbs it. While the transport is down, the forwarder backs off (exponential, with jitter),
+logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
+current batch: the backlog stays on disk.
+
+This module keeps the life cycle (lock, recovery, open and close), the loop (:meth:`Forwarder.run`
+with its full-disk pauses, :meth:`Forwarder.step` and its order) and the completions side's
+timers; the step's delivery side (journal, admission, delayed jobs, batches) is
+:mod:`hybridq.forwarder.delivery`, the loop's waits and wakes :mod:`hybridq.forwarder.wait`.
+
+This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Self
+
+from hybridq.errors import (
+    HybridqError,
+    JournalIOError,
+    Stopped,
+    TransportError,
+)
+from hybridq.forwarder.admission import Admission
+from hybridq.forwarder.cancelling import Canceller
+from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.delivery import DeliveryMixin
+from hybridq.forwarder.push import ForwarderStats, Pusher
+from hybridq.forwarder.state import ForwarderState
+from hybridq.forwarder.upkeep import Upkeep
+from hybridq.forwarder.wait import Ticks, WaitMixin
+from hybridq.forwarder.watcher import EventWatcher
+from hybridq.journal import JournalReader
+from hybridq.journal.ownerlock import take_owner_lock
+from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
+from hybridq.journal.recovery import recover
+from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file, kept importable here
+    LOCK_NAME,
+    Checkpoint,
+)
+from hybridq.lookup.index import LookupIndex
+from hybridq.protocol.nudge import NudgeListener, nudge
+from hybridq.transport import Transport
+from hybridq.transport.base import Delivery
+
+__all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: How often the forwarder checks that Redis still has its epoch (seconds).
+EPOCH_CHECK_S = 1.0
+#: How often an idle forwarder brings the lookup index up to date (records appended by others:
+#: a requeue's ledger entries, jobs the forwarder has not read yet).
+LOOKUP_IDLE_S = 1.0
+#: While completions stream in, the checkpoint that publishes the terminal count (the producers'
+#: capacity check) is saved at most this often (seconds). The ledger holds the outcomes durably;
+#: the published count is a hint that errs towards "pending", and producers read it at most once
+#: a second. A save per harvest cost three fsyncs per batch of events (docs/worker.md).
+PUBLISH_TERMINAL_S = 0.25
+#: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
+#: from the first to the second value (seconds), until its writes succeed again.
+DISK_FULL_BACKOFF_S = (0.5, 10.0)
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class Forwarder(DeliveryMixin, WaitMixin):
+    """Forwards one journal directory into a transport.
+
+    Args:
+        journal: the journal directory (created 0700 when missing).
+        transport: where jobs go.
+        config: the options (see :class:`ForwarderConfig`); or give them as keywords instead,
+            e.g. ``Forwarder(journal, transport, lease_s=30.0)``.
+        schedules: periodic jobs to keep (a ``hybridq.scheduler.Scheduler``): each step first
+            appends the ticks due to the journal, under the forwarder's lock.
+    """
+
+    def __init__(
+        self,
+        journal: str | os.PathLike[str],
+        transport: Transport,
+        config: ForwarderConfig | None = None,
+        *,
+        schedules: Ticks | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None and options:
+            raise TypeError("give the options either as a ForwarderConfig or as keywords, not both")
+        # ConfigError or ValueError before anything is created.
+        self.config = config if config is not None else ForwarderConfig(**options)
+        # The forwarder may start before any producer has: it creates the directory (0700).
+        self.journal = ensure_journal_dir(journal)
+        self.transport = transport
+        self.clock = self.config.clock
+        # A plain flag, not an Event: stop() runs in a signal handler, and Event.set() takes a
+        # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
+        self._stopping = False
+        self.stats = ForwarderStats()
+        #: Everything it keeps on disk, and the parts that work on it; built here, once.
+        self.state = ForwarderState(self.journal, self.config)
+        self.completions = Upkeep(self.state, transport)
+        #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
+        self.admission = Admission(self.state)
+        #: Cancellation: requests in, jobs settled ``cancelled`` (hybridq.forwarder.cancelling).
+        self.cancels = Canceller(self.state, transport)
+        self._pusher = Pusher(transport, self.state, self.stats, sleep=self._sleep, stopping=self._stop_asked)
+        self._reader = JournalReader(self.journal)
+        self._next_epoch_check = 0.0
+        self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
+        self._listener: NudgeListener | None = None
+        self._watcher: EventWatcher | None = None
+        self.schedules = schedules
+        #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
+        self.lookup = LookupIndex(self.journal, self.clock)
+        self.state.on_append = self.lookup.note_entries
+        self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
+        self._lookup_due = True
+        self._next_lookup = 0.0
+        self._publish_due = False  # outcomes harvested since the terminal count was last published
+        self._next_publish = 0.0
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """Where forwarding stands (read it; :attr:`state` changes and saves it)."""
+        return self.state.checkpoint
+
+    @property
+    def on_durable_write(self) -> Callable[[float], None] | None:
+        """Called with the seconds each durable write took (e.g. a metrics histogram's ``observe``)."""
+        return self.state.on_durable_write
+
+    @on_durable_write.setter
+    def on_durable_write(self, observe: Callable[[float], None] | None) -> None:
+        self.state.on_durable_write = observe
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Take the journal's forwarder lock, recover the journal, load the checkpoint.
+
+        Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
+        own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
+        """
+        # Held while it runs: the lock is taken in this very directory, and every step checks
+        # that the path still leads here (a swapped-in journal is never forwarded from).
+        self._dir_fd = open_journal_dir(self.journal)
+        try:
+            self._lock_fd = take_owner_lock(
+                os.path.join(self.journal, LOCK_NAME),
+                owner="forwarder",
+                busy="one forwarder per journal directory",
+                patience_s=1.0,  # `hybridq status` probes it for an instant: not a reason to give up
+                dir_fd=self._dir_fd,
+            )
+        except BaseException:
+            self.close()
+            raise
+        try:
+            report = recover(self.journal)
+            for torn in report.repaired:
+                log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+            self.state.load()
+            self.completions.open()
+            with contextlib.suppress(TransportError):  # Redis down: the loop checks it later
+                self._check_epoch()  # before the first push, so the checkpoint it saves has the epoch
+            self._reader.seek(self.checkpoint.positions)
+            self.lookup.open()
+            try:
+                self._listener = NudgeListener(self.journal)
+            except OSError as exc:
+                # Someone else holds the name (abstract sockets have no permissions): run
+                # without nudges; new records are still picked up within the idle timeout.
+                log.warning(
+                    "cannot listen for producers' nudges (%s): polling every %.1f s",
+                    exc,
+                    self.config.idle_timeout_s,
+                )
+            if self._listener is not None and self.transport.blocking_events:
+                self._watcher = EventWatcher(
+                    self.transport,
+                    self.checkpoint.owner,
+                    last_event_id=lambda: self.completions.harvester.last_event_id,
+                    wake=self._wake,
+                    patience_s=self.config.idle_timeout_s,
+                )
+                self._watcher.start()
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "forwarding %s (%d delayed jobs held, %d forwarded so far)",
+            self.journal,
+            len(self.checkpoint.held),
+            self.checkpoint.forwarded,
+        )
+
+    def close(self) -> None:
+        """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
+        if self._publish_due and self._lock_fd is not None:
+            with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
+                self._publish_terminal(now=True)
+        if self.schedules is not None:
+            self.schedules.close()
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        self.state.close()
+        self.lookup.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish the batch in flight, save the checkpoint and return.
+
+        Safe in a signal handler: it sets a flag and sends one datagram, taking no lock.
+        """
+        self._stopping = True
+        if self._listener is not None:
+            # Wake the loop if it is waiting for a nudge (or backing off).
+            nudge(self.journal, name=self._listener.name)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopping
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Forward until :meth:`stop` is called.
+
+        A full disk pauses it: a checkpoint or ledger write that fails with ENOSPC (or EDQUOT)
+        changed nothing durable (the ledger continues in a new segment, completion events stay
+        in Redis until the ledger has them, a checkpoint is replaced atomically or not at all),
+        so the step is simply tried again, with backoff, until space returns.
+        """
+        full_since: float | None = None
+        delay = DISK_FULL_BACKOFF_S[0]
+        while not self._stopping:
+            try:
+                self.step()
+            except Stopped:
+                break
+            except (JournalIOError, OSError) as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                if full_since is None:
+                    full_since = time.monotonic()
+                    log.error("disk full (%s): forwarding paused, retrying until writes succeed", exc)
+                self.stats.disk_full_retries += 1
+                self._sleep(delay)
+                delay = min(DISK_FULL_BACKOFF_S[1], delay * 2)
+                continue
+            if full_since is not None:
+                log.warning("writing again after %.1f s of a full disk", time.monotonic() - full_since)
+                full_since, delay = None, DISK_FULL_BACKOFF_S[0]
+            self._wait()
+
+    def step(self) -> int:
+        """Forward everything available now (due delayed jobs, then new records); return the count.
+
+        Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
+        (after the new records, so that it never delays a new job's push).
+        """
+        if self._dir_fd is not None:
+            check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
+        self.cancels.step()  # before anything is pushed: a cancelled job is not
+        if self.schedules is not None:
+            self.schedules.fire(self.clock())  # a full disk: retried with the step
+        done = self._forward_due() + self._forward_new()
+        if self.lookup.building:
+            # Before the harvest too while the index is on its first read: it takes started
+            # events only once fed, and a fast worker claims a job this step pushed at once.
+            self._catch_up_lookup()
+        if not self._stopping:
+            self._maintain()
+        if done or self._lookup_due or time.monotonic() >= self._next_lookup:
+            # After the journal was read and the ledger written: every entry's job is indexed.
+            self._catch_up_lookup()
+        self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
+        return done
+
+    def _catch_up_lookup(self) -> None:
+        self.lookup.catch_up(self._reader.position)
+        self._lookup_due = self.lookup.building  # a first build goes on at every step
+        self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
+
+    def _maintain(self) -> None:
+        """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
+        harvester, reconciler = self.completions.harvester, self.completions.reconciler
+        try:
+            if time.monotonic() >= self._next_epoch_check:
+                self._check_epoch()
+            harvested = harvester.harvest()
+            self._lookup_due |= harvested > 0 or harvester.started_harvested > 0
+            if self._watcher is not None:
+                self._watcher.harvested()
+            self.admission.settle()  # duplicates whose key's owner finished now
+            self._publish_due |= harvested > 0
+            retries = harvester.due_retries()
+            if retries:
+                self._push(retries)
+                harvester.pushed(retries)
+            redo = reconciler.reconcile_step()
+            if redo:
+                self._push(redo)
+            if self.completions.compact():
+                # Gone for good: the reader must not put their positions back in the checkpoint.
+                self._reader.seek(self.checkpoint.positions)
+                self._save(0)
+            self._pusher.came_back()
+        except TransportError as exc:
+            self._pusher.went_down(exc, "completions wait")
+        self._publish_terminal()  # local state only: an outage must not hold it back
+
+    def _publish_terminal(self, *, now: bool = False) -> None:
+        """Save the checkpoint for its terminal count, at most every :data:`PUBLISH_TERMINAL_S`."""
+        if self._publish_due and (now or time.monotonic() >= self._next_publish):
+            self._save(0)
+            self._publish_due = False
+            self._next_publish = time.monotonic() + PUBLISH_TERMINAL_S
+
+    def _check_epoch(self) -> None:
+        """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
+        epoch = self.checkpoint.epoch
+        self.completions.reconciler.check_epoch()
+        self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
+        if self.checkpoint.epoch != epoch:
+            self._save(0)
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _save(self, forwarded: int) -> None:
+        self.state.save(forwarded)
+
+    def _push(self, batch: list[Delivery]) -> None:
+        self._pusher.push(batch)
+
+    def _stop_asked(self) -> bool:
+        return self._stopping

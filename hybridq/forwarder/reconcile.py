@@ -1,0 +1,342 @@
+"""Jobs Redis lost or stranded: the epoch check, refill passes and reconcile passes.
+
+* **Epoch**: Redis losing the owner's epoch key, or restarting, bumps the epoch *generation*
+  and re-forwards every forwarded job that is not durably terminal (docs/reliability.md rule 15).
+  Workers refuse a delivery pushed under an older generation, so a queue entry Redis brings back
+  from an older state (a snapshot, a lagging replica) never runs a job the ledger holds as
+  finished; the refill pass deletes such copies of finished jobs and rewrites unfinished ones
+  under the new generation (:meth:`Transport.refill`).
+* **Reconcile**: a pass over the forwarded, non-terminal jobs asks Redis about each (a pipelined
+  probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
+  then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError
+from hybridq.forwarder.config import DONE_GRACE_LEASES
+from hybridq.forwarder.harvest import Harvester
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal import ChainPosition, JournalReader, Record, RecordType, crashpoints
+from hybridq.ledger.entries import Entry
+from hybridq.protocol import Overwrite
+from hybridq.transport.base import Delivery, Loc, Probe, Transport
+
+__all__ = ["PROBE_BATCH", "Reconciler"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: Jobs probed per round trip during a reconcile pass.
+PROBE_BATCH = 1000
+#: How often the forwarder notes how far forwarding had got (seconds).
+SNAPSHOT_EVERY_S = 1.0
+
+
+class Reconciler:
+    """The epoch check and the refill and reconcile passes of one forwarder (see module docstring).
+
+    Args:
+        state: the forwarder's state (checkpoint, ledger index; its epoch is set through it).
+        transport: the backend.
+        retries: the harvester, which knows which retries this process pushed already.
+    """
+
+    def __init__(self, state: ForwarderState, transport: Transport, retries: Harvester) -> None:
+        config = state.config
+        self.state = state
+        self.journal = state.journal
+        self.transport = transport
+        self.retries = retries
+        self.clock = config.clock
+        self.lease_s = config.lease_s
+        self.max_lost = config.max_lost
+        self.reconcile_interval_s = config.reconcile_every_s
+        #: Counters since this forwarder started: deliveries made again; refilled; copies of
+        #: finished jobs deleted from Redis by a refill.
+        self.redelivered = self.refilled = self.purged = 0
+        #: How long a job may stay "done" or "stranded" in Redis before it is delivered again.
+        self.done_grace_s = max(60.0, DONE_GRACE_LEASES * config.lease_s)
+        self.stranded_grace_s = config.lease_s
+        #: A refill batch Redis has not accepted yet (tried again before the pass goes on).
+        self._refill_batch: tuple[list[Probe], list[Delivery]] | None = None
+        self._pass: Iterator[Record] | None = None
+        self._pass_refill = False
+        self._pass_started = 0.0
+        self._next_pass = 0.0
+        self._pass_limit: dict[str, ChainPosition] = {}
+        #: (monotonic time, checkpoint positions then); the first entry stands for "before this
+        #: process started", so jobs forwarded by an earlier run are reconciled at once.
+        self._snapshots: collections.deque[tuple[float, dict[str, ChainPosition]]] = collections.deque()
+        #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
+        self._suspects: dict[Loc, tuple[str, float]] = {}
+        #: Jobs whose worker this process found vanished (it wrote, or confirmed, their newest
+        #: ``lost`` entry and pushed the next attempt): a later vanish of theirs is a new one.
+        self._lost_here: set[Loc] = set()
+
+    def open(self) -> None:
+        """Note the loaded checkpoint's positions as forwarded "before this process started"."""
+        self._snapshots.append((-math.inf, dict(self.state.checkpoint.positions)))
+
+    @property
+    def passing(self) -> bool:
+        """Whether a pass is under way (it may be reading any segment)."""
+        return self._pass is not None
+
+    def hurry(self) -> None:
+        """Start a reconcile pass at the next step, whatever the timer says."""
+        self._next_pass = 0.0
+
+    # -- epoch ----------------------------------------------------------------------------------
+
+    def check_epoch(self) -> None:
+        """Start a refill pass if Redis lost state or restarted since the epoch was set.
+
+        Either way the generation goes up, and the epoch key records it with the server's
+        ``run_id``: workers refuse deliveries of an older generation (a snapshot or a lagging
+        replica brings back queue entries of jobs that finished since), and every claim while
+        the server's ``run_id`` is not the one recorded (it restarted, or a replica was promoted,
+        and this forwarder has not looked yet). Why a generation and not only the token: Redis
+        can bring back an older epoch key with its queue entries, and a generation orders them.
+        """
+        cp = self.state.checkpoint
+        token = self.transport.state_token(cp.owner)
+        if cp.epoch is not None and token.epoch == cp.epoch and token.run_id == cp.run_id:
+            if _generation(cp.epoch) is None:
+                # Set by a version without generations: the same epoch, in the fencing format.
+                upgraded = f"{cp.generation}:{token.run_id}:{uuid.uuid4().hex}"
+                self.state.set_epoch(upgraded, cp.run_id, cp.generation)
+                self.transport.set_epoch(cp.owner, upgraded)
+            return
+        refill = cp.epoch is not None or bool(cp.positions)
+        # Above the generation Redis holds too (a checkpoint restored from a backup is behind it).
+        generation = max(cp.generation, _generation(token.epoch or "") or 0) + 1 if refill else cp.generation
+        epoch = f"{generation}:{token.run_id}:{uuid.uuid4().hex}"
+        # Stored in Redis first, in the checkpoint by the forwarder's next save (before anything
+        # is pushed under the new generation): a crash in between only repeats the refill, under
+        # the same generation number; a Redis error changes nothing here (checked again later).
+        self.transport.set_epoch(cp.owner, epoch)
+        if not refill:
+            log.info("setting this forwarder's epoch in Redis (owner %s)", cp.owner)
+        elif token.epoch != cp.epoch:
+            log.warning(
+                "Redis lost or rolled back this forwarder's state (epoch key gone or older): "
+                "re-forwarding every unfinished job, purging finished ones it brought back"
+            )
+        else:
+            log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
+        self.state.set_epoch(epoch, token.run_id, generation)
+        if refill:
+            self._start_pass(refill=True)
+
+    @property
+    def refilling(self) -> bool:
+        """Whether a refill pass is under way (the loop goes on without waiting until it ends)."""
+        return self._pass is not None and self._pass_refill
+
+    # -- passes ---------------------------------------------------------------------------------
+
+    def _start_pass(self, *, refill: bool) -> None:
+        self._pass = JournalReader(self.journal).records()
+        self._pass_refill = refill or self._pass_refill
+        self._pass_started = time.monotonic()
+        if self._pass_refill:
+            self._pass_limit = dict(self.state.checkpoint.positions)  # everything forwarded
+        else:
+            self._pass_limit = self._positions_before(self._pass_started - self.lease_s)
+
+    def _snapshot_positions(self) -> None:
+        """Remember where forwarding stood, about every second (what was forwarded when)."""
+        now = time.monotonic()
+        if now - self._snapshots[-1][0] >= min(SNAPSHOT_EVERY_S, self.lease_s / 4):
+            self._snapshots.append((now, dict(self.state.checkpoint.positions)))
+            # Keep the newest snapshot old enough for any pass, and everything after it.
+            while len(self._snapshots) > 1 and self._snapshots[1][0] <= now - self.lease_s:
+                self._snapshots.popleft()
+
+    def _positions_before(self, when: float) -> dict[str, ChainPosition]:
+        """Positions forwarding had reached by ``when`` (what was forwarded at least that long ago)."""
+        best: dict[str, ChainPosition] = {}
+        for at, positions in self._snapshots:
+            if at > when:
+                break
+            best = positions
+        return best
+
+    def reconcile_step(self) -> list[Delivery]:
+        """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
+        self._snapshot_positions()
+        if self._refill_batch is not None:
+            self._send_refill()  # Redis refused the last one: nothing further before it
+        if self._pass is None:
+            if time.monotonic() < self._next_pass:
+                return []
+            self._start_pass(refill=False)
+        assert self._pass is not None
+        index = self.state.index
+        batch: list[tuple[Loc, Envelope]] = []
+        for record in self._pass:
+            candidate = self._candidate(record, with_terminal=self._pass_refill)
+            if candidate is not None:
+                batch.append(candidate)
+                if len(batch) >= PROBE_BATCH:
+                    break
+        else:
+            self._pass = None
+            # A pass over a long backlog takes a while: spend at most a third of the time on them.
+            ended = time.monotonic()
+            self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
+            self._suspects = {loc: s for loc, s in self._suspects.items() if not index.is_terminal(loc)}
+            self._lost_here = {loc for loc in self._lost_here if not index.is_terminal(loc)}
+        refill = self._pass_refill
+        if self._pass is None:
+            self._pass_refill = False
+        if not batch:
+            return []
+        if refill:
+            self._refill(batch)
+            return []
+        verdicts = self.transport.probe(
+            [Probe(env.id, env.key_id, env.queue) for _, env in batch], lease_s=self.lease_s
+        )
+        return self._redeliveries(batch, verdicts)
+
+    def _candidate(self, record: Record, *, with_terminal: bool = False) -> tuple[Loc, Envelope] | None:
+        """A forwarded job that is not terminal and not waiting for its time, else ``None``.
+
+        ``with_terminal`` (a refill pass): terminal jobs too, so their copies can be purged.
+        """
+        if record.rtype != RecordType.DATA:
+            return None
+        loc = (record.writer_id, record.segment_index, record.offset)
+        # Only jobs forwarded at least a lease ago: a younger one cannot have lost its worker's
+        # lease yet, and one Redis lost is the epoch check's (a refill pass takes them all).
+        if not record.consumed_by(self._pass_limit):
+            return None
+        if loc in self.state.index.duplicates:
+            return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
+        if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
+            return None  # cancelled: never delivered again (hybridq.forwarder.cancelling settles it)
+        if self.state.index.is_terminal(loc):
+            if not with_terminal:
+                return None
+            try:
+                return loc, Envelope.from_bytes(record.payload)
+            except EnvelopeError:
+                return None
+        retry = self.state.index.retries.get(loc)
+        if retry is not None and not self.retries.retry_pushed(loc, retry[1]):
+            return None  # its next attempt is not due (or not pushed) yet
+        try:
+            env = Envelope.from_bytes(record.payload)
+        except EnvelopeError:
+            return None
+        if env.run_at is not None and env.run_at > self.clock():
+            return None  # a delayed job the forwarder still holds
+        return loc, env
+
+    def _refill(self, batch: Sequence[tuple[Loc, Envelope]]) -> None:
+        """One batch of a refill pass: purge finished jobs' copies, bring the others up to date."""
+        terminal: list[Probe] = []
+        live: list[Delivery] = []
+        for loc, env in batch:
+            if self.state.index.is_terminal(loc):
+                terminal.append(Probe(env.id, env.key_id, env.queue))
+            else:
+                live.append(self.state.delivery(env, loc, self.state.index.attempts(loc) + 1))
+        self._refill_batch = (terminal, live)
+        self._send_refill()
+
+    def _send_refill(self) -> None:
+        assert self._refill_batch is not None
+        terminal, live = self._refill_batch
+        result = self.transport.refill(terminal, live)  # TransportError: kept, tried again
+        self._refill_batch = None
+        self.refilled += result.requeued
+        self.purged += result.purged
+        if result.purged:
+            log.warning(
+                "refill: deleted %d queued copies of finished jobs that Redis brought back", result.purged
+            )
+
+    def _redeliveries(self, batch: Sequence[tuple[Loc, Envelope]], verdicts: Sequence[str]) -> list[Delivery]:
+        out: list[Delivery] = []
+        lost: list[Entry] = []
+        now = time.monotonic()
+        index, delivery = self.state.index, self.state.delivery
+        for (loc, env), verdict in zip(batch, verdicts, strict=True):
+            attempt = index.attempts(loc) + 1  # the attempt delivered now
+            if verdict in ("done", "stranded"):
+                # The same attempt again: a stranded job never started, a "done" one is reported.
+                if self._stuck(loc, verdict, now):
+                    log.warning("job %s: %s in Redis for too long; delivering it again", env.id, verdict)
+                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.ALWAYS))
+                continue
+            self._suspects.pop(loc, None)
+            if verdict == "missing":
+                out.append(delivery(env, loc, attempt))
+            elif verdict == "orphaned":
+                lost_attempt, times = index.lost.get(loc, (0, 0))
+                if lost_attempt and lost_attempt == attempt - 1 and loc not in self._lost_here:
+                    # The newest thing known of this job is a `lost` entry an earlier forwarder
+                    # wrote; it may have died before pushing the attempt that entry promised, so
+                    # this may be the same vanish: push that attempt, count nothing. (Had it been
+                    # pushed and lost too, the push is stale and the next pass counts it.)
+                    self._lost_here.add(loc)
+                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER, lost=times))
+                    continue
+                self._lost_here.add(loc)
+                times += 1
+                if times >= self.max_lost:
+                    log.error("job %s: its worker vanished %d times; failing it for good", env.id, times)
+                    error = f"the worker running it vanished {times} times (killed, or lost its lease)"
+                    lost.append(
+                        Entry(
+                            "done",
+                            env.id,
+                            loc,
+                            outcome="failed",
+                            attempt=attempt,
+                            error=error,
+                            at=self.clock(),
+                            queue=env.queue,
+                            job=env.to_dict(),
+                            later=index.later.get(loc, (0, 0.0))[0],  # runs that used no attempt
+                        )
+                    )
+                    continue
+                lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
+                out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
+        # The attempt count is durable before the next attempt is delivered.
+        self.state.append(lost)
+        if lost:
+            crashpoints.reached("redeliver_after_ledger")
+        self.redelivered += len(out)
+        return out
+
+    def _stuck(self, loc: Loc, verdict: str, now: float) -> bool:
+        """Whether ``loc`` has had ``verdict`` long enough to act on it (then forget it)."""
+        grace = self.stranded_grace_s if verdict == "stranded" else self.done_grace_s
+        seen = self._suspects.get(loc)
+        if seen is None or seen[0] != verdict:
+            self._suspects[loc] = (verdict, now)
+            return False
+        if now - seen[1] < grace:
+            return False
+        del self._suspects[loc]
+        return True
+
+
+def _generation(epoch: str) -> int | None:
+    """The generation an epoch token carries (``"gen:run_id:token"``); ``None`` for an older format."""
+    head = epoch.split(":", 1)[0]
+    return int(head) if ":" in epoch and head.isdigit() else None

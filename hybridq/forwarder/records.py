@@ -1,0 +1,73 @@
+"""Jobs read back from journal records by the forwarder: decoded, or skipped loudly.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError, JournalError
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal import Record, RecordType
+from hybridq.journal.reader import read_record_at, seal_offset
+from hybridq.ledger.checkpoint import Held
+from hybridq.transport.base import Loc
+
+__all__ = ["decode_job", "envelope_at", "read_held"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+
+def decode_job(state: ForwarderState, record: Record) -> Envelope | None:
+    """The job ``record`` holds; ``None`` for another record type or a record that is not a job.
+
+    A record that is not a job is made terminal (``invalid``) in the ledger through ``state``.
+    """
+    if record.rtype != RecordType.DATA:
+        return None  # a record type this version does not forward
+    try:
+        return Envelope.from_bytes(record.payload)
+    except EnvelopeError as exc:
+        # The record passed its checksum, so these are the bytes a producer wrote: a bug or
+        # a newer, incompatible producer. Skip it loudly rather than stop every other job,
+        # and mark it terminal in the ledger so its segment can be compacted.
+        state.record_invalid((record.writer_id, record.segment_index, record.offset))
+        log.error(
+            "skipping record %s:%d (segment %d offset %d): not a valid job envelope: %s",
+            record.writer_id,
+            record.seq,
+            record.segment_index,
+            record.offset,
+            exc,
+        )
+        return None
+
+
+def read_held(state: ForwarderState, held: Held) -> Envelope | None:
+    """The job a held entry points to, read again now that it is due; ``None`` if it is gone."""
+    journal = state.journal
+    seal_at = seal_offset(journal, held.writer_id, held.segment)
+    if seal_at is not None and held.offset >= seal_at:
+        # Cut off since it was read: a torn tail recovery dropped (never acknowledged, so
+        # never promised), or damage an operator dropped with `journal repair --accept-loss`.
+        log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
+        return None
+    try:
+        record = read_record_at(journal, held.writer_id, held.segment, held.offset)
+    except FileNotFoundError:
+        log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
+        return None
+    # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+    return decode_job(state, record)
+
+
+def envelope_at(journal: str, loc: Loc) -> Envelope | None:
+    """The job recorded at ``loc``; ``None`` (logged) if it cannot be read or decoded."""
+    try:
+        record = read_record_at(journal, loc[0], loc[1], loc[2])
+        return Envelope.from_bytes(record.payload)
+    except (JournalError, EnvelopeError, OSError) as exc:
+        log.error("cannot read job at %s:%d:%d: %s", *loc, exc)
+        return None

@@ -1,0 +1,355 @@
+"""The forwarder's settings and its durable state, in one place each.
+
+:class:`ForwarderConfig` holds every option (frozen, checked once, before anything is created);
+it lives in :mod:`hybridq.forwarder.config`, and every name of that module is importable from
+here too. :class:`ForwarderState` owns what the forwarder keeps on disk: the checkpoint
+(:mod:`hybridq.ledger.checkpoint`), the completion ledger and its index (:mod:`hybridq.ledger.store`) and the
+compaction counters. It is the one place that changes them and writes them: the forwarding loop,
+the harvest, the reconcile passes and the compactor all go through its methods, so each durable
+write happens (and is timed for ``on_durable_write``) in one spot.
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.config import (
+    DEFAULT_KEY_WINDOW_MAX,
+    DEFAULT_KEY_WINDOW_S,
+    DONE_GRACE_LEASES,
+    ForwarderConfig,
+    check_key_ttl,
+)
+from hybridq.journal import ChainPosition, JournalWriter, Record
+from hybridq.journal.format import RECORD_HEADER_SIZE
+from hybridq.journal.reader import clamp_to_seals
+from hybridq.journal.recovery import recover
+from hybridq.ledger.checkpoint import EPOCHS_KEPT, Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.store import (
+    keys_dir,
+    ledger_dir,
+    load_index,
+    open_keys_writer,
+    open_ledger_writer,
+    read_keys,
+)
+from hybridq.lookup.stats import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
+from hybridq.protocol import Overwrite
+from hybridq.transport.base import Delivery, Loc
+
+__all__ = [
+    "DEFAULT_KEY_WINDOW_MAX",
+    "DEFAULT_KEY_WINDOW_S",
+    "DONE_GRACE_LEASES",
+    "ForwarderConfig",
+    "ForwarderState",
+    "check_key_ttl",
+]
+
+log = logging.getLogger("hybridq.forwarder")
+
+
+class ForwarderState:
+    """The checkpoint, the ledger and the compaction counters of one journal (see module docstring).
+
+    Empty until :meth:`load`; the forwarder's lock must be held before it is loaded.
+    """
+
+    def __init__(self, journal: str, config: ForwarderConfig) -> None:
+        self.journal = journal
+        self.config = config
+        #: Called with the seconds each durable write took (replaceable after start, for metrics).
+        self.on_durable_write = config.on_durable_write
+        self.checkpoint = Checkpoint()
+        self.compacted = Compacted()
+        self.index = LedgerIndex()
+        self._writer: JournalWriter | None = None
+        self._keys_writer: JournalWriter | None = None
+        #: Per segment of the key store: the latest end of a window in it, and its entries (the
+        #: compactor deletes a segment once every window in it ended, or far beyond the bound).
+        self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
+        #: Called with the entries of each ledger append, once durable, and where its chain ends
+        #: (the lookup index).
+        self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
+        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
+        self.pending = PendingTracker()
+        #: The ledger chains loaded into the index when it started (plus its own, once written).
+        self._ledger_known: set[str] = set()
+        #: Whether the ledger or the compaction state changed since the last snapshot.
+        self._stale = False
+        self._snapshot: Snapshot | None = None
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the checkpoint (made and saved when missing), then the ledger and its index."""
+        saved = load_checkpoint(self.journal)
+        if saved is None:
+            log.info("no checkpoint in %s: forwarding the journal from its start", self.journal)
+        self.checkpoint = saved or Checkpoint()
+        if saved is None:
+            save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
+        self._clamp()
+        self.compacted = load_compacted(self.journal)
+        if os.path.isdir(ledger_dir(self.journal)):
+            recover(ledger_dir(self.journal))
+        self.index = load_index(self.journal, self.compacted)
+        if os.path.isdir(keys_dir(self.journal)):
+            recover(keys_dir(self.journal))
+            for record, entry in read_keys(self.journal):
+                self.index.apply(entry)
+                self._note_key_segment((record.writer_id, record.segment_index), entry)
+        self.forget_keys()
+        self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
+        self._stale = True  # the first step writes the snapshot of what was just loaded
+        self.pending = PendingTracker.rebuild(
+            self.journal, self.checkpoint.positions, self.index, self.compacted
+        )
+
+    def _clamp(self) -> None:
+        """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
+        moved = clamp_to_seals(self.journal, self.checkpoint.positions)
+        for writer_id, position in moved.items():
+            log.warning(
+                "checkpoint for writer %s pointed past the durable end of segment %d (records "
+                "read before they were durable, dropped since as a torn tail); resuming at %d",
+                writer_id,
+                position.segment,
+                position.offset,
+            )
+            self.checkpoint.positions[writer_id] = position
+        if moved:
+            save_checkpoint(self.journal, self.checkpoint)
+
+    def close(self) -> None:
+        """Close the ledger and key store writers."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._sealed_ledger()
+        if self._keys_writer is not None:
+            self._keys_writer.close()
+            self._keys_writer = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def terminal_total(self) -> int:
+        """Jobs durably terminal: in compacted segments plus in the ledger's index."""
+        return self.compacted.terminal + self.index.terminal_count
+
+    @property
+    def own_chain(self) -> str | None:
+        """This forwarder's ledger chain, once it wrote to the ledger (its open segment stays)."""
+        return self._writer.writer_id if self._writer is not None else None
+
+    @property
+    def own_keys_chain(self) -> str | None:
+        """This forwarder's key store chain, once it wrote to it (its open segment stays)."""
+        return self._keys_writer.writer_id if self._keys_writer is not None else None
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Outcomes ever recorded (ledger plus compacted segments), by name (``dups``, ``cancelled``...)."""
+        totals = self.index.totals
+        c = self.compacted
+        compacted = {
+            "succeeded": c.succeeded,
+            "failed": c.failed,
+            "invalid": c.invalid,
+            "dups": c.dups,
+            "cancelled": c.cancelled,
+        }
+        return {name: totals.get(name, 0) + n for name, n in compacted.items()}
+
+    def delivery(
+        self,
+        env: Envelope,
+        loc: Loc,
+        attempt: int,
+        *,
+        overwrite: Overwrite = Overwrite.NEVER,
+        lost: int | None = None,
+    ) -> Delivery:
+        """A delivery of ``env``: this forwarder's owner id, lease, key lifetime and generation.
+
+        ``lost``: how many of its runs vanished so far (default: as the ledger counts them). Its
+        RetryLaters so far, and since when, are the ledger's too (:attr:`LedgerIndex.later`).
+        """
+        later, later_since = self.index.later.get(loc, (0, None))
+        return Delivery(
+            env,
+            self.checkpoint.owner,
+            loc,
+            attempt=attempt,
+            overwrite=overwrite,
+            lease_s=self.config.lease_s,
+            key_ttl_s=self.config.key_ttl_s,
+            gen=self.checkpoint.generation,
+            lost=self.index.lost.get(loc, (0, 0))[1] if lost is None else lost,
+            later=later,
+            later_since=later_since,
+            report_start=True,  # its claim sends a started event (job.status "started")
+        )
+
+    # -- the checkpoint -----------------------------------------------------------------------
+
+    def save(self, forwarded: int) -> None:
+        """Count ``forwarded`` more pushed jobs and durably replace the checkpoint."""
+        self.checkpoint.forwarded += forwarded
+        self.checkpoint.terminal = self.terminal_total
+        started = time.perf_counter()
+        save_checkpoint(self.journal, self.checkpoint)
+        self._timed(started)
+        self._save_snapshot()
+
+    def saw(self, record: Record, env: Envelope | None) -> None:
+        """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
+        self.pending.saw_record(record, env, self.index)
+
+    def refresh_snapshot(self) -> None:
+        """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
+        if self._stale:
+            self._save_snapshot()
+
+    def _save_snapshot(self) -> None:
+        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
+        known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
+        try:
+            snapshot = Snapshot.of(
+                self.checkpoint,
+                self.index,
+                self.compacted,
+                self.pending,
+                known,
+                journal=self.journal,
+                own_chain=self.own_chain,
+            )
+            save_snapshot(self.journal, snapshot)
+        except OSError as exc:
+            # Tried again at the end of each step; meanwhile the old one is stale.
+            self._snapshot, self._stale = None, True
+            log.debug("cannot write the stats snapshot (hybridq.stats scans instead): %s", exc)
+            return
+        self._snapshot, self._stale = snapshot, False
+
+    def _sealed_ledger(self) -> None:
+        """Closing sealed the ledger segment the snapshot names: say so, if nothing else changed."""
+        snap = self._snapshot
+        if snap is None or self._stale or snap.ledger_tail is None:
+            return  # an older snapshot, or none: readers scan while no forwarder runs
+        snap.ledger_tail = ledger_tail(self.journal, snap.ledger_tail[0])
+        with contextlib.suppress(OSError):
+            save_snapshot(self.journal, snap)
+
+    def advance(self, positions: dict[str, ChainPosition]) -> None:
+        """Note how far the journal was read (everything before it accepted by the transport)."""
+        self.checkpoint.positions = positions
+
+    def hold(self, held: Held) -> None:
+        """Hold a delayed job until its time (once, however often its record is read)."""
+        queue = self.checkpoint.held
+        at = bisect.bisect_left(queue, held)
+        if at < len(queue) and queue[at] == held:
+            return  # read again after a step was retried: held once
+        queue.insert(at, held)
+
+    def release_held(self, count: int) -> None:
+        """Drop the first ``count`` held jobs (the transport has them now)."""
+        del self.checkpoint.held[:count]
+
+    def count_duplicates(self, count: int) -> None:
+        """Count pushes the transport already knew (the duplicates job ids absorbed)."""
+        self.checkpoint.duplicate_pushes += count
+
+    def set_epoch(self, epoch: str, run_id: str | None, generation: int) -> None:
+        """Record the epoch stored in Redis (saved with the next :meth:`save`)."""
+        cp = self.checkpoint
+        if generation > cp.generation:  # Redis lost or rolled back state: noted for job traces
+            cp.epochs = [*cp.epochs, (generation, self.config.clock())][-EPOCHS_KEPT:]
+        cp.epoch, cp.run_id, cp.generation = epoch, run_id, generation
+
+    def forget_chains(self, writers: Sequence[str]) -> None:
+        """Drop the positions of chains compacted away whole (saved with the next :meth:`save`)."""
+        for writer_id in writers:
+            self.checkpoint.positions.pop(writer_id, None)
+
+    # -- the ledger ---------------------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry], *, apply: bool = True) -> list[Entry]:
+        """Append entries to the ledger with one fsync, then (``apply``) fold them into the index.
+
+        Returns the applied entries that changed nothing (their job was terminal already).
+        """
+        if not entries:
+            return []
+        if self._writer is None:
+            self._writer = open_ledger_writer(self.journal)
+        started = time.perf_counter()
+        payloads = [e.to_bytes() for e in entries]
+        ids = self._writer.append_many(payloads)
+        self._timed(started)
+        if self.on_append is not None:
+            last = ids[-1]
+            end = last.offset + RECORD_HEADER_SIZE + len(payloads[-1])
+            self.on_append(entries, last.writer_id, ChainPosition(last.segment, end, last.seq + 1))
+        if not apply:
+            return []
+        unchanged = [entry for entry in entries if not self.index.apply(entry)]
+        self._stale = True
+        for entry in entries:
+            if entry.kind == "done" and self.index.is_terminal(entry.loc):
+                self.pending.done(entry.loc)
+        return unchanged
+
+    def record_invalid(self, loc: Loc) -> None:
+        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
+        self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
+        self.checkpoint.invalid += 1
+
+    def store_keys(self, entries: Sequence[Entry]) -> None:
+        """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
+        if not entries:
+            return
+        if self._keys_writer is None:
+            self._keys_writer = open_keys_writer(self.journal)
+        started = time.perf_counter()
+        ids = self._keys_writer.append_many(e.to_bytes() for e in entries)
+        self._timed(started)
+        for rid, entry in zip(ids, entries, strict=True):
+            self.index.apply(entry)
+            self._note_key_segment((rid.writer_id, rid.segment), entry)
+
+    def _note_key_segment(self, seg: tuple[str, int], entry: Entry) -> None:
+        until, count = self.key_segments.get(seg, (0.0, 0))
+        self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
+
+    def forget_keys(self) -> None:
+        """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""
+        self.index.forget_keys(self.config.clock(), self.config.key_window_max)
+
+    def commit_compacted(self, new: Compacted) -> None:
+        """Save ``new`` compaction counters, then (only once durable) make them the ones in memory.
+
+        Changing them in memory first would leave them changed after a failed save (a full
+        disk): the retried step would then count the same segment again.
+        """
+        save_compacted(self.journal, new)
+        self._stale = True
+        for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
+            setattr(self.compacted, f.name, getattr(new, f.name))
+
+    def _timed(self, started: float) -> None:
+        if self.on_durable_write is not None:
+            self.on_durable_write(time.perf_counter() - started)

@@ -1,0 +1,191 @@
+"""The ledger's entry format: one :class:`Entry` per record, its JSON encoding, and events as entries.
+
+The ledger (:mod:`hybridq.ledger.store`) is a second journal; its records are JSON objects with a kind
+``t``:
+
+* ``done`` -- the job at ``loc`` reached a terminal outcome (``succeeded``, ``failed`` out of
+  attempts, or ``invalid``: a record that is not a job); ``dup`` marks a delivery that found the
+  outcome already stored under its idempotency key and did not run the task.
+* ``retry`` -- attempt ``attempt`` failed; the forwarder delivers attempt + 1 at ``run_at``. With
+  ``lt`` (the job's RetryLaters so far) and ``ls`` (when the first was said), the run said
+  ``RetryLater`` instead, or came after one: ``attempt`` numbers runs, and the job's own attempt
+  is ``attempt - lt`` (a RetryLater uses none). ``done`` and ``retry`` entries name the worker
+  process that ran the attempt (``w``, ``host/pid``), when it started (``st``) and the epoch
+  generation its delivery was pushed under (``g``, left out while 0), where the event said
+  (older records lack them).
+* ``lost`` -- the worker running attempt ``attempt`` vanished (lease expired); delivered again.
+* ``requeued`` -- a failed job was accepted again (under a new loc); it leaves the failed list.
+* ``key`` -- the forwarder pushed (or held) the job at ``loc``, which has an explicit idempotency
+  key ``k`` (its hash): the job owns the key, so a later job with the key is not pushed
+  (docs/enqueue.md, "Enqueue-if-absent"). When the ledger segment holding it goes, the entry
+  moves, with its outcome and the end of its window (``until``), to the **key store**
+  (``<journal>/keys/``, the same format), which only the forwarder reads, when it starts.
+* ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
+  Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
+  with the owner's outcome.
+* ``cancel`` -- a cancel was asked for the job at ``loc`` (:mod:`hybridq.cancels`): it is never
+  delivered again; a ``done`` entry with the outcome ``cancelled`` settles it (or the outcome its
+  run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
+  ``cancelled``, whatever order they are read in: what a run really did beats the cancel.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq.envelope.limits import finite
+from hybridq.journal.records import Loc
+from hybridq.protocol import CompletionEvent, EntryKind
+
+#: A journal segment, as an entry's ``loc`` names it: (writer id, segment index).
+Seg = tuple[str, int]
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One ledger record."""
+
+    kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate" | "cancel"
+    job_id: str
+    loc: Loc
+    outcome: str | None = None
+    attempt: int = 1
+    dup: bool = False
+    error: str | None = None
+    run_at: float | None = None
+    at: float = 0.0
+    queue: str | None = None
+    #: The harvested event's id (a re-harvest after a crash is not counted twice).
+    event_id: str | None = None
+    #: The envelope of a job that failed for good, so it can be requeued after compaction.
+    job: Mapping[str, Any] | None = None
+    #: The job's RetryLaters so far (its runs that used no attempt), and when the first was said.
+    later: int = 0
+    later_since: float | None = None
+    #: ``key`` and ``duplicate`` entries: the hash of the job's idempotency key (Envelope.key_id).
+    key: str | None = None
+    #: ``duplicate`` entries, and ``done`` entries settling one: the job id of the key's owner.
+    dup_of: str | None = None
+    #: ``key`` entries of a job whose segment is compacted: when the key may be forgotten.
+    until: float | None = None
+    #: ``done`` entries of a success: its return value, if the event carried it (``result_kept``),
+    #: or the size of a result too large to carry (``result_bytes``); when the run started.
+    result: Any = None
+    result_kept: bool = False
+    result_bytes: int | None = None
+    started: float | None = None
+    #: ``done`` and ``retry`` entries: the worker process that ran (or reported) the attempt
+    #: (``host/pid``), if its event said (``w``; older records have none).
+    worker: str | None = None
+    #: ``done`` and ``retry`` entries: the epoch generation the run's delivery was pushed under
+    #: (``g``, left out while 0): a higher one than an earlier run's means Redis lost its state.
+    gen: int = 0
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON, ``None`` fields left out."""
+        # Field by field, with one encoder built once: the forwarder encodes one entry per
+        # completion event (``json.dumps`` with options builds a new encoder per call).
+        body: dict[str, Any] = {"t": self.kind, "id": self.job_id, "loc": list(self.loc), "n": self.attempt}
+        if self.outcome is not None:
+            body["o"] = self.outcome
+        if self.error is not None:
+            body["err"] = self.error
+        if self.run_at is not None:
+            body["run_at"] = self.run_at
+        if self.queue is not None:
+            body["q"] = self.queue
+        if self.event_id is not None:
+            body["ev"] = self.event_id
+        if self.job is not None:
+            body["job"] = self.job
+        if self.key is not None:
+            body["k"] = self.key
+        if self.dup_of is not None:
+            body["of"] = self.dup_of
+        if self.until is not None:
+            body["until"] = self.until
+        if self.dup:
+            body["dup"] = True
+        if self.later:
+            body["lt"] = self.later
+            body["ls"] = self.later_since
+        if self.result_kept:
+            body["r"] = self.result
+        if self.result_bytes is not None:
+            body["rb"] = self.result_bytes
+        if self.started is not None:
+            body["st"] = self.started
+        if self.worker is not None:
+            body["w"] = self.worker
+        if self.gen:
+            body["g"] = self.gen
+        body["at"] = self.at
+        return _encode(body).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Entry:
+        """Decode; raises ``ValueError`` (or ``KeyError``/``TypeError``) if it is not an entry."""
+        body = json.loads(raw)
+        writer, segment, offset = body["loc"]
+        return cls(
+            kind=str(body["t"]),
+            job_id=str(body["id"]),
+            loc=(str(writer), int(segment), int(offset)),
+            outcome=body.get("o"),
+            attempt=int(body.get("n", 1)),
+            dup=bool(body.get("dup", False)),
+            error=body.get("err"),
+            run_at=body.get("run_at"),
+            at=float(body.get("at", 0.0)),
+            queue=body.get("q"),
+            event_id=body.get("ev"),
+            job=body.get("job"),
+            later=int(body.get("lt", 0)),
+            later_since=body.get("ls"),
+            key=body.get("k"),
+            dup_of=body.get("of"),
+            until=body.get("until"),
+            result=body.get("r"),
+            result_kept="r" in body,
+            result_bytes=body.get("rb"),
+            started=body.get("st"),
+            worker=body.get("w"),
+            gen=int(body.get("g", 0)),
+        )
+
+
+def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[], float]) -> Entry:
+    """The ledger entry a completion event stands for (``done`` or ``retry``).
+
+    Raises:
+        ValueError, TypeError, KeyError: the event is garbled (see :meth:`CompletionEvent.from_json`).
+    """
+    event = CompletionEvent.from_json(body)
+    terminal = event.terminal
+    return Entry(
+        EntryKind.DONE if terminal else EntryKind.RETRY,
+        event.id,
+        event.loc,
+        outcome=event.outcome if terminal else None,
+        attempt=event.attempt,
+        dup=event.dup,
+        error=event.error,
+        run_at=None if terminal else clock() + finite("retry_delay", event.retry_delay or 0.0),
+        at=clock() if event.at is None else event.at,
+        queue=event.queue,
+        event_id=event_id,
+        later=event.later,
+        later_since=event.later_since,
+        result=event.result if terminal else None,
+        result_kept=event.result_kept and terminal,
+        result_bytes=event.result_bytes if terminal else None,
+        started=event.started,
+        worker=event.worker,
+        gen=event.gen,
+    )

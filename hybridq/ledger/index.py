@@ -1,0 +1,216 @@
+"""The ledger's in-memory index (:class:`LedgerIndex`): terminal jobs, duplicates, retries, keys.
+
+Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
+everything, the highest attempt wins), because records of several chains have no global order.
+Outcomes of one job rank ``succeeded`` > ``failed`` > ``cancelled``, whatever order they are read
+in: what a run really did beats the cancel. The entry format is :mod:`hybridq.ledger.entries`.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from hybridq.journal.records import Loc
+from hybridq.ledger.entries import Entry, Seg
+from hybridq.protocol import EntryKind
+
+#: Which outcome of one job wins when several are recorded (see the module docstring).
+_RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
+
+
+@dataclass
+class LedgerIndex:
+    """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
+
+    #: Per journal segment, offset -> terminal outcome of the job recorded there.
+    terminal: dict[Seg, dict[int, str]] = field(default_factory=dict)
+    #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
+    dups: dict[Seg, int] = field(default_factory=dict)
+    #: Non-terminal jobs with a failed attempt: loc -> (run_at, attempt that failed).
+    retries: dict[Loc, tuple[float, int]] = field(default_factory=dict)
+    #: Non-terminal jobs whose worker vanished: loc -> (highest attempt lost, times lost).
+    lost: dict[Loc, tuple[int, int]] = field(default_factory=dict)
+    #: Non-terminal jobs that said RetryLater: loc -> (how many times, when first). A delivery
+    #: carries them: the job's attempt is the run's minus them, the deadline counts from then.
+    later: dict[Loc, tuple[int, float]] = field(default_factory=dict)
+    #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
+    failed: dict[Loc, Entry] = field(default_factory=dict)
+    requeued: set[Loc] = field(default_factory=set)
+    #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each.
+    keys: dict[str, Entry] = field(default_factory=dict)
+    #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
+    duplicates: dict[Loc, Entry] = field(default_factory=dict)
+    #: The keys in :attr:`keys` whose window has an end (``until``), roughly oldest first.
+    _windowed: dict[str, float] = field(default_factory=dict)
+    #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
+    terminal_count: int = 0
+    #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
+    totals: dict[str, int] = field(
+        default_factory=lambda: {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}
+    )
+    #: Ids of the events behind :attr:`dups`, per journal segment (a re-harvest after a crash
+    #: must not count a duplicate twice; everything else in the index is idempotent already).
+    _dup_events: dict[Seg, set[str]] = field(default_factory=dict)
+    #: Jobs a cancel was asked for that are not terminal yet: loc -> their ``cancel`` entry.
+    cancels: dict[Loc, Entry] = field(default_factory=dict)
+
+    def is_terminal(self, loc: Loc) -> bool:
+        """Whether the job at ``loc`` reached a terminal outcome."""
+        done = self.terminal.get((loc[0], loc[1]))
+        return done is not None and loc[2] in done
+
+    def attempts(self, loc: Loc) -> int:
+        """The highest attempt known to have started for the job at ``loc`` (0 if none)."""
+        return max(self.retries.get(loc, (0.0, 0))[1], self.lost.get(loc, (0, 0))[0])
+
+    def apply(self, entry: Entry) -> bool:
+        """Fold one entry in; returns ``False`` if it changed nothing (a replayed event)."""
+        loc, seg = entry.loc, (entry.loc[0], entry.loc[1])
+        if entry.dup and entry.event_id is not None:
+            seen = self._dup_events.setdefault(seg, set())
+            if entry.event_id in seen:
+                return False
+            seen.add(entry.event_id)
+        if entry.kind == EntryKind.REQUEUED:
+            self.requeued.add(loc)
+            self.failed.pop(loc, None)
+            return True
+        if entry.kind == EntryKind.KEY:
+            return self._own_key(entry)
+        if entry.kind == EntryKind.DUPLICATE:
+            if self.is_terminal(loc):
+                return False
+            self.duplicates[loc] = entry
+            return True
+        if entry.kind == EntryKind.CANCEL:
+            if self.is_terminal(loc) or loc in self.cancels:
+                return False
+            self.cancels[loc] = entry
+            return True
+        if entry.dup:
+            self.dups[seg] = self.dups.get(seg, 0) + 1
+            self.totals["dups"] += 1
+        if entry.kind == EntryKind.DONE:
+            done = self.terminal.setdefault(seg, {})
+            if loc[2] in done:
+                old, new = done[loc[2]], entry.outcome or "failed"
+                if _RANK.get(new, 0) > _RANK.get(old, 0) > 0:
+                    # A success beats a failure whatever the order the two were read in (the
+                    # forwarder gave up on a lost worker that then reported after all), and
+                    # what a run reported beats a cancel the forwarder settled meanwhile.
+                    done[loc[2]] = new
+                    self.totals[old] -= 1
+                    self.totals[new] += 1
+                    self.failed.pop(loc, None)
+                    if new == "failed" and loc not in self.requeued and entry.dup_of is None:
+                        self.failed[loc] = entry
+                    return True
+                return entry.dup
+            done[loc[2]] = outcome = entry.outcome or "failed"
+            self.terminal_count += 1
+            if outcome in self.totals:
+                self.totals[outcome] += 1
+            self.retries.pop(loc, None)
+            self.lost.pop(loc, None)
+            self.later.pop(loc, None)
+            self.duplicates.pop(loc, None)
+            self.cancels.pop(loc, None)
+            # A settled duplicate is not listed: its owner is (requeue that one).
+            if entry.outcome == "failed" and loc not in self.requeued and entry.dup_of is None:
+                self.failed[loc] = entry
+            return True
+        if self.is_terminal(loc):
+            return False
+        if entry.kind == EntryKind.RETRY:
+            known = self.retries.get(loc)
+            if known is None or entry.attempt > known[1]:
+                self.retries[loc] = (float(entry.run_at or 0.0), entry.attempt)
+            if entry.later:  # counts only grow, the first time only goes back: any order folds alike
+                count, since = self.later.get(loc, (0, float(entry.later_since or 0.0)))
+                self.later[loc] = (max(count, entry.later), min(since, float(entry.later_since or since)))
+            return True
+        if entry.kind == EntryKind.LOST:
+            attempt, times = self.lost.get(loc, (0, 0))
+            self.lost[loc] = (max(attempt, entry.attempt), times + 1)
+            return True
+        return False
+
+    def _own_key(self, entry: Entry) -> bool:
+        """Make the job of a ``key`` entry its key's owner if it is the newest (any replay order).
+
+        Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
+        the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
+        """
+        if entry.key is None:
+            return False
+        known = self.keys.get(entry.key)
+        if known is not None and (known.at, known.loc, known.until or 0.0) >= (
+            entry.at,
+            entry.loc,
+            entry.until or 0.0,
+        ):
+            return False
+        self.keys[entry.key] = entry
+        self._windowed.pop(entry.key, None)
+        if entry.until is not None:
+            self._windowed[entry.key] = entry.until
+        return True
+
+    def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:
+        """The outcome of the job owning a key (``owner``: its ``key`` entry); ``None`` if pending.
+
+        ``gone(loc)``: whether the journal segment of ``loc`` was compacted (its jobs all terminal,
+        their outcomes forgotten but for listed failures).
+        """
+        loc = owner.loc
+        done = self.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        if done is not None:
+            return done
+        if owner.outcome is not None:
+            return owner.outcome
+        if gone(loc):
+            return "failed" if loc in self.failed else "succeeded"
+        return None
+
+    def forget_keys(self, now: float, most: int | None = None) -> int:
+        """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
+
+        Only keys with a window count (those of pending jobs, or of jobs whose segment is still
+        in the journal, have none). Returns how many were forgotten.
+        """
+        expired = [k for k, until in self._windowed.items() if until < now]
+        if most is not None and len(self._windowed) - len(expired) > most:
+            gone = set(expired)
+            excess = len(self._windowed) - len(expired) - most
+            expired += [k for k in self._windowed if k not in gone][:excess]
+        for k in expired:
+            self.forget_key(k)
+        return len(expired)
+
+    def forget_key(self, key: str) -> None:
+        """Forget who owns ``key``."""
+        self.keys.pop(key, None)
+        self._windowed.pop(key, None)
+
+    def forget_segment(self, seg: Seg) -> None:
+        """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
+        for outcome in self.terminal.get(seg, {}).values():
+            if outcome in self.totals:
+                self.totals[outcome] -= 1
+        self.totals["dups"] -= self.dups.get(seg, 0)
+        self.terminal_count -= len(self.terminal.pop(seg, {}))
+        self.dups.pop(seg, None)
+        self._dup_events.pop(seg, None)
+
+    def counts(self, live: Iterable[Seg]) -> dict[str, int]:
+        """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""
+        out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}
+        for seg in live:
+            for outcome in self.terminal.get(seg, {}).values():
+                if outcome in out:
+                    out[outcome] += 1
+            out["dups"] += self.dups.get(seg, 0)
+        return out

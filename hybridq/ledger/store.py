@@ -1,0 +1,134 @@
+"""The completion ledger: durable outcomes, so Redis losing a result never re-runs a finished job.
+
+The ledger is a second journal (same format, same crash safety) in ``<journal>/ledger/``. The
+forwarder appends what workers report, with fsync, before it deletes the events from Redis
+(docs/reliability.md rule 13); :func:`requeue` appends from any process. Records are JSON objects with
+a kind ``t``: :class:`Entry`, in :mod:`hybridq.ledger.entries` (the entry format, the kinds).
+
+This module is the ledger's directories, writers and readers, and :func:`load_index`, which
+replays the whole ledger into a :class:`LedgerIndex` (:mod:`hybridq.ledger.index`, the in-memory
+index); counters of compacted segments are :class:`Compacted` (:mod:`hybridq.ledger.compacted`).
+Every name of those modules that callers use is importable from here too.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+from hybridq.journal import JournalReader, JournalWriter, Record, RecordType
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.reader import list_chains
+from hybridq.ledger.compacted import (
+    COMPACTION_NAME,
+    AcceptedCounter,
+    Compacted,
+    consistent,
+    load_compacted,
+    save_compacted,
+)
+from hybridq.ledger.entries import Entry, Seg, parse_event
+from hybridq.ledger.index import LedgerIndex
+from hybridq.protocol import EntryKind
+
+__all__ = [
+    "COMPACTION_NAME",
+    "LEDGER_DIR",
+    "AcceptedCounter",
+    "Compacted",
+    "Entry",
+    "LedgerIndex",
+    "Seg",
+    "consistent",
+    "keys_dir",
+    "ledger_dir",
+    "load_compacted",
+    "load_index",
+    "open_keys_writer",
+    "open_ledger_writer",
+    "parse_event",
+    "read_keys",
+    "read_ledger",
+    "save_compacted",
+]
+
+#: The ledger's directory, inside the journal directory.
+LEDGER_DIR = "ledger"
+#: Ledger segments are small so that compaction frees space soon.
+LEDGER_SEGMENT_BYTES = 4 << 20
+#: The key store's directory, inside the journal directory, and its segment size.
+KEYS_DIR = "keys"
+KEYS_SEGMENT_BYTES = 1 << 20
+
+
+def ledger_dir(journal: str) -> str:
+    """The ledger directory of a journal directory."""
+    return os.path.join(journal, LEDGER_DIR)
+
+
+def open_ledger_writer(journal: str) -> JournalWriter:
+    """A writer for this process's chain in the ledger (created 0700 when missing)."""
+    path = ensure_journal_dir(ledger_dir(journal))
+    return JournalWriter(path, max_segment_bytes=LEDGER_SEGMENT_BYTES)
+
+
+def keys_dir(journal: str) -> str:
+    """The key store directory of a journal directory (keys of finished jobs, in their window)."""
+    return os.path.join(journal, KEYS_DIR)
+
+
+def open_keys_writer(journal: str) -> JournalWriter:
+    """A writer for this process's chain in the key store (created 0700 when missing)."""
+    return JournalWriter(ensure_journal_dir(keys_dir(journal)), max_segment_bytes=KEYS_SEGMENT_BYTES)
+
+
+def read_keys(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """Every entry of the key store (none if it does not exist yet)."""
+    return _read_entries(keys_dir(journal))
+
+
+def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """Every entry of the ledger (none if it does not exist yet). Garbled JSON is skipped."""
+    return _read_entries(ledger_dir(journal))
+
+
+def _read_entries(path: str) -> Iterator[tuple[Record, Entry]]:
+    if not os.path.isdir(path):
+        return
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA:
+            continue
+        try:
+            entry = Entry.from_bytes(record.payload)
+        except (ValueError, KeyError, TypeError):
+            continue  # passed its checksum, so a bug: never a reason to stop counting the rest
+        yield record, entry
+
+
+def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
+    """The index of the whole ledger; of compacted journal segments, only failures still listed."""
+    index = LedgerIndex()
+    first = {writer: indices[0] for writer, indices in list_chains(journal).items()}
+    for _, entry in read_ledger(journal):
+        # A chain that is gone was compacted away whole (and may have been forgotten since); a
+        # segment below its chain's first one was compacted too, even when the chain was
+        # forgotten and then grew again (its writer sealed its last segment while compaction
+        # ran, then rotated into a new one): its entries are counted in Compacted already.
+        if compacted.is_compacted((entry.loc[0], entry.loc[1])) or entry.loc[1] < first.get(
+            entry.loc[0], sys.maxsize
+        ):
+            # Counted in Compacted already; only a failure still listed matters.
+            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
+                index.failed.setdefault(entry.loc, entry)
+            elif entry.kind == EntryKind.REQUEUED:
+                index.requeued.add(entry.loc)
+            elif entry.kind == EntryKind.KEY:
+                index.apply(entry)  # a finished job's key outlives its segment (its window)
+            continue
+        index.apply(entry)
+    for loc in index.requeued:
+        index.failed.pop(loc, None)
+    return index

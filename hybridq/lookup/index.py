@@ -1,0 +1,267 @@
+"""The lookup index's writer: the forwarder keeps ``<journal>/lookup/index.sqlite`` up to date.
+
+See :mod:`hybridq.lookup.reads` for what the index holds and who reads it. The forwarder notes the
+jobs it decoded (:meth:`LookupIndex.note_job`) and the ledger entries it appended
+(:meth:`LookupIndex.note_entries`) and the started events it harvested
+(:meth:`LookupIndex.note_started`), and :meth:`LookupIndex.catch_up` writes them after each step
+that moved something, with what the files gained that was not noted: the whole journal past the
+index's marks when the forwarder starts (a first build, or a rebuild), and the ledger chains of
+other writers. Rows past their retention are swept out a chunk at a time.
+The index file itself (its schema and statements, the marks, reading the files past them) is
+:mod:`hybridq.lookup.store`.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalCorruption
+from hybridq.journal import Record
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.reader import list_chains
+from hybridq.journal.records import ChainPosition
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import ledger_dir
+from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
+from hybridq.lookup.store import (
+    _SCHEMA,
+    _STARTED,
+    _UPSERT_JOB,
+    CHUNK,
+    _apply,
+    _chunks,
+    _connect,
+    _entries,
+    _load_marks,
+    _moved,
+    _save_marks,
+    _Tail,
+)
+from hybridq.protocol import EntryKind, StartedEvent
+
+__all__ = ["BUILD_STEP", "CHUNK", "PRUNE_CHUNK", "PRUNE_EVERY_S", "LookupIndex"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: How often the forwarder sweeps the index for rows past their retention (seconds), and how
+#: many rows it looks at per step of a sweep, a step at most every PRUNE_STEP_S.
+PRUNE_EVERY_S = 600.0
+PRUNE_CHUNK = 2000
+PRUNE_STEP_S = 1.0
+#: Journal records the index reads per forwarder step while it builds.
+BUILD_STEP = 20000
+
+
+class LookupIndex:
+    """Keeps a journal's lookup index up to date (the forwarder owns the only one).
+
+    Args:
+        journal: the journal directory.
+        clock: wall clock (retention).
+    """
+
+    def __init__(self, journal: str, clock: Callable[[], float] = time.time) -> None:
+        self.journal = journal
+        self.clock = clock
+        self._db: sqlite3.Connection | None = None
+        self._next_prune = clock() + PRUNE_STEP_S
+        self._prune_from = ""  # where the retention sweep goes on (ids in order)
+        #: What the forwarder read and wrote since the last flush (no file read, no parse).
+        self._jobs: list[tuple[Any, ...]] = []
+        self._entries: list[Entry] = []
+        #: Started events harvested since the last flush, by job record (state ``started``:
+        #: derived from no file, so a rebuild loses it until the job's next event).
+        self._started: dict[tuple[str, int, int], tuple[Any, ...]] = {}
+        #: Reading the journal itself (from the start, and after a failure), BUILD_STEP records
+        #: per :meth:`catch_up`, until the index has read it all.
+        self._building = True
+        #: Whether the forwarder's own ledger entries come through :meth:`note_entries`, and
+        #: where its chain ends (its entries are not read back from the file): once the files
+        #: were read to their end.
+        self._fed = False
+        self._own: dict[str, ChainPosition] = {}
+
+    def open(self) -> None:
+        """Open (or create) the index; a damaged file is replaced and rebuilt."""
+        path = index_path(self.journal)
+        ensure_journal_dir(os.path.dirname(path))
+        try:
+            self._db = _connect(path)
+            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            log.warning("lookup index %s unusable (%s): rebuilding it", path, exc)
+            self.close()
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.unlink(path + suffix)
+            self._db = _connect(path)
+            self._db.executescript(_SCHEMA)
+        self._building, self._fed = True, False
+
+    def close(self) -> None:
+        """Close the index file."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def building(self) -> bool:
+        """Whether the index has not read the whole journal yet (at start, or after a failure)."""
+        return self._building
+
+    def note_job(self, record: Record, env: Envelope) -> None:
+        """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""
+        self._jobs.append(
+            (
+                env.id,
+                record.writer_id,
+                record.segment_index,
+                record.offset,
+                record.seq,
+                env.requeue,
+                env.created_at,
+                env.func,
+                env.queue,
+                sql_text(env.idempotency_key),
+            )
+        )
+
+    def note_entries(self, entries: Iterable[Entry], chain: str, end: ChainPosition) -> None:
+        """The forwarder appended ``entries`` to its ledger chain ``chain``, which ends at ``end``.
+
+        Indexed at the next :meth:`catch_up`, which reads that chain from ``end`` on only.
+        """
+        if self._fed:
+            for e in entries:
+                if e.kind != EntryKind.KEY:
+                    self._entries.append(e)
+                    self._started.pop(e.loc, None)  # the run's outcome (or a later one) is newer
+            self._own[chain] = end
+
+    def note_started(self, events: Iterable[StartedEvent]) -> None:
+        """Workers claimed these runs (indexed at the next :meth:`catch_up`, after the entries).
+
+        Each must be newer than every entry noted for its job (the harvester drops one whose
+        outcome came in the same batch); one noted while the index reads the files is dropped.
+        """
+        if self._fed:
+            for e in events:
+                self._started[e.loc] = (e.job_attempt, e.at, e.id, *e.loc)
+
+    def catch_up(self, read_to: Mapping[str, ChainPosition] | None = None) -> int:
+        """Index what was noted, and what the files gained that was not; rows touched.
+
+        Args:
+            read_to: the forwarder's reader position: every job before it was noted (or indexed).
+
+        The journal before the ledger: every ledger entry is about a record the forwarder read
+        before it, so its row exists by then. Never raises for the index's own trouble (logged):
+        lookups lag, forwarding goes on, and the next call reads the files again.
+        """
+        if self._db is None:
+            return 0
+        try:
+            done = self._catch_up(self._db, read_to or {})
+            now = self.clock()
+            if now >= self._next_prune:
+                n, more = self._prune_some(now)
+                done += n
+                self._next_prune = now + (PRUNE_STEP_S if more else PRUNE_EVERY_S)
+        except (sqlite3.Error, OSError, JournalCorruption) as exc:
+            log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
+            self._building, self._fed = True, False  # what was noted is lost: read the files
+            self._jobs, self._entries, self._own, self._started = [], [], {}, {}
+            return 0
+        return done
+
+    def _catch_up(self, db: sqlite3.Connection, read_to: Mapping[str, ChainPosition]) -> int:
+        marks = _load_marks(db)
+        journal_to = {w[2:]: ChainPosition(*p) for w, p in marks.items() if w[:2] == "j:"}
+        ledger_marks: dict[str, tuple[int, int, int]] = {w[2:]: p for w, p in marks.items() if w[:2] == "l:"}
+        touched = 0
+        for rows in _chunks(self._jobs):
+            with db:
+                db.executemany(_UPSERT_JOB, rows)
+            touched += len(rows)
+        self._jobs = []
+        if self._building:
+            # The journal past the marks, BUILD_STEP records per step: a first build over a
+            # large journal does not hold forwarding up. The ledger waits for its end (its
+            # entries are about these jobs); lookups meanwhile read the journal past the marks.
+            tail = _Tail(self.journal, journal_to)
+            rows = [r for r in map(job_row, itertools.islice(tail, BUILD_STEP)) if r is not None]
+            with db:
+                db.executemany(_UPSERT_JOB, rows)
+                _save_marks(db, tail.end(), ledger_marks)
+            touched += len(rows)
+            journal_to = tail.end()
+            if tail.count == BUILD_STEP:
+                return touched
+            self._building = False
+        else:
+            for writer, pos in read_to.items():  # marks only move forward
+                if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
+                    journal_to[writer] = pos
+        if self._fed:
+            ledger_marks.update(self._own)  # its entries were noted: not read back
+        ledger = _Tail(ledger_dir(self.journal), ledger_marks)
+        # In chunks, each its own transaction (the first read of a long ledger holds one chunk in
+        # memory); the marks move last: a crash in between reads again (entries are idempotent).
+        for entries in _chunks(_entries(ledger)):
+            with db:
+                _apply(db, entries)
+            touched += len(entries)
+        ledger_to = ledger.end()
+        entries, self._entries = self._entries, []
+        started, self._started = list(self._started.values()), {}
+        if touched or entries or started or _moved(marks, journal_to, ledger_to):
+            with db:
+                _apply(db, entries)
+                db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
+                _save_marks(db, journal_to, ledger_to)
+        self._fed = True  # every entry of its chain so far is in: from now on they are noted
+        return touched + len(entries)
+
+    def prune(self, now: float) -> int:
+        """Drop every row past its retention (:data:`RETENTION_S`); how many."""
+        self._prune_from = ""
+        dropped, more = 0, True
+        while more:
+            n, more = self._prune_some(now)
+            dropped += n
+        return dropped
+
+    def _prune_some(self, now: float) -> tuple[int, bool]:
+        """Drop rows past their retention among the next :data:`PRUNE_CHUNK` ids of the sweep.
+
+        A sweep goes through the ids in order, a chunk per call, so no call holds the forwarder
+        for a full table scan. Returns how many went, and whether the sweep goes on.
+        """
+        if self._db is None:
+            return 0, False
+        first = {w: i[0] for w, i in list_chains(self.journal).items() if i}
+        cutoff = now - RETENTION_S
+        rows = self._db.execute(
+            "SELECT id, writer, seg, coalesce(ended, enq, 0) FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
+            (self._prune_from, PRUNE_CHUNK),
+        ).fetchall()
+        # Gone: its segment is compacted (below its chain's first one, or its chain is gone).
+        gone = [(i,) for i, w, seg, at in rows if at < cutoff and seg < first.get(w, sys.maxsize)]
+        with self._db as db:
+            db.executemany("DELETE FROM jobs WHERE id = ?", gone)
+            if len(rows) < PRUNE_CHUNK:  # the sweep ends: chains gone whole lose their marks
+                stale = [(f"j:{w}",) for w in _load_marks(db) if w[:2] == "j:" and w[2:] not in first]
+                db.executemany("DELETE FROM marks WHERE chain = ?", stale)
+        self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
+        return len(gone), len(rows) == PRUNE_CHUNK

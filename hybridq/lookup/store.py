@@ -1,0 +1,201 @@
+"""The lookup index's file, for its writer (:mod:`hybridq.lookup.index`).
+
+The schema and the statements that fold journal records and ledger entries into rows, the
+connection, the marks (how far each journal and ledger chain was read into the index) and the
+reading of the files past them. The names :mod:`hybridq.lookup.index` uses (``CHUNK``, the
+statements it runs, the helpers) are importable from it too.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
+
+from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.reader import list_chains
+from hybridq.journal.records import ChainPosition
+from hybridq.ledger.entries import Entry
+from hybridq.lookup.reads import readable_marks, sql_text
+from hybridq.protocol import EntryKind
+
+__all__ = ["CHUNK"]
+
+#: Rows (or ledger entries) per transaction when the index reads the files.
+CHUNK = 10000
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, writer TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
+    seq INTEGER NOT NULL, requeue INTEGER NOT NULL, enq REAL, func TEXT, queue TEXT, ikey TEXT,
+    state TEXT, outcome TEXT, attempt INTEGER NOT NULL DEFAULT 0, started REAL, ended REAL,
+    result TEXT, rkept INTEGER NOT NULL DEFAULT 0, rbytes INTEGER, error TEXT, dup_of TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks (chain TEXT PRIMARY KEY, seg INTEGER, off INTEGER, seq INTEGER);
+"""
+# A record read from the journal: a new id, or a requeue (a higher requeue count) taking the id
+# over with a clean slate. The first record under an id keeps it against later ones (merged).
+_UPSERT_JOB = """
+INSERT INTO jobs (id, writer, seg, off, seq, requeue, enq, func, queue, ikey)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off = excluded.off,
+    seq = excluded.seq, requeue = excluded.requeue, enq = excluded.enq, func = excluded.func,
+    queue = excluded.queue, ikey = excluded.ikey, state = NULL,
+    outcome = NULL, attempt = 0, started = NULL, ended = NULL, result = NULL, rkept = 0,
+    rbytes = NULL, error = NULL, dup_of = NULL
+WHERE excluded.requeue > jobs.requeue
+"""
+# A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger.index._RANK) a success
+# beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
+# after all), and a success with its result beats one without (a run's event whose success was
+# kept from another run carries none).
+_DONE = """
+UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
+    ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
+    OR (outcome = 'failed' AND ? = 'succeeded')
+    OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
+    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
+"""
+_RETRY = """
+UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?, started), error = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+_LOST = """
+UPDATE jobs SET attempt = max(attempt, ?), state = nullif(state, 'started')
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+# A run claimed (a started event): a job with no outcome yet, or waiting for the run after a
+# failed one. Never over an outcome: it changes none. Applied after the ledger entries noted
+# with it, none of them newer (a newer entry for its job drops it: LookupIndex.note_entries).
+_STARTED = """
+UPDATE jobs SET state = 'started', attempt = max(attempt, ?), started = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NULL OR state IN ('retry', 'started'))
+"""
+_DUPLICATE = """
+UPDATE jobs SET state = 'dup', dup_of = ?
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
+"""
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # Private, as every journal file (it holds results): SQLite makes its -wal and -shm files
+    # with the database file's mode, whatever the umask.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=OFF")  # derived data: rebuilt, never trusted over the ledger
+    db.isolation_level = "DEFERRED"
+    return db
+
+
+def _moved(marks: Mapping[str, tuple[int, int, int]], *ends: Mapping[str, ChainPosition]) -> bool:
+    now = {f"{k}:{w}": tuple(p) for k, end in zip("jl", ends, strict=True) for w, p in end.items()}
+    return now != dict(marks)
+
+
+def _save_marks(
+    db: sqlite3.Connection,
+    journal: Mapping[str, tuple[int, int, int]],
+    ledger: Mapping[str, tuple[int, int, int]],
+) -> None:
+    db.execute("DELETE FROM marks")
+    db.executemany(
+        "INSERT INTO marks VALUES (?, ?, ?, ?)",
+        [(f"j:{w}", *p) for w, p in journal.items()] + [(f"l:{w}", *p) for w, p in ledger.items()],
+    )
+
+
+def _load_marks(db: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
+    return {chain: (seg, off, seq) for chain, seg, off, seq in db.execute("SELECT * FROM marks")}
+
+
+class _Tail:
+    """The records of a journal directory past ``marks``, read as they are iterated."""
+
+    def __init__(self, path: str, marks: Mapping[str, tuple[int, int, int]]) -> None:
+        self.path = path
+        self.marks = marks
+        self.reader = JournalReader(path) if os.path.isdir(path) else None
+        #: Records yielded so far.
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Record]:
+        if self.reader is None:
+            return
+        for record in self.reader.records(readable_marks(self.path, self.marks)):
+            if record.rtype == RecordType.DATA:
+                self.count += 1
+                yield record
+
+    def end(self) -> dict[str, ChainPosition]:
+        """Per chain still there, where the iteration stopped."""
+        if self.reader is None:
+            return {}
+        chains = list_chains(self.path)
+        return {w: p for w, p in self.reader.position.items() if w in chains}
+
+
+def _entries(records: Iterable[Record]) -> Iterator[Entry]:
+    """The ledger entries of ``records`` the index uses."""
+    for record in records:
+        if b'"t":"key"' in record.payload[:12]:
+            continue  # nothing for the index
+        try:
+            yield Entry.from_bytes(record.payload)
+        except (ValueError, KeyError, TypeError):
+            continue
+
+
+def _chunks(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
+    """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
+    done, retry, lost, dup = [], [], [], []
+    for e in entries:
+        where = (e.job_id, *e.loc)
+        if e.kind == EntryKind.DONE:
+            result = json.dumps(e.result) if e.result_kept else None
+            outcome = e.outcome or "failed"
+            done.append(
+                (
+                    outcome,
+                    max(0, e.attempt - e.later),
+                    e.started,
+                    e.at,
+                    result,
+                    int(e.result_kept),
+                    e.result_bytes,
+                    sql_text(e.error),
+                    e.dup_of,
+                    *where,
+                    outcome,
+                    outcome,
+                    outcome,
+                    int(e.result_kept),
+                )
+            )
+        elif e.kind == EntryKind.RETRY:
+            retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), *where))
+        elif e.kind == EntryKind.LOST:
+            lost.append((e.attempt, *where))
+        elif e.kind == EntryKind.DUPLICATE:
+            dup.append((e.dup_of, *where))
+    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup), (_DONE, done)):
+        if rows:
+            db.executemany(sql, rows)

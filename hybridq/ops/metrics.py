@@ -1,0 +1,204 @@
+"""Prometheus metrics of a running forwarder (``hybridq forward --metrics-port N``).
+
+Values are read on each scrape from the forwarder's own state (no scan of the ledger): durable
+totals (forwarded, succeeded, failed, duplicates suppressed) that survive restarts, counters of
+this process (redelivered), and gauges (pending, Redis up, forwarding lag, journal bytes). The
+forwarder's own fsyncs (checkpoint saves, ledger appends) feed a latency histogram. With
+``--outbox``, the outbox's backlog (rows, oldest age: one SQL count per scrape, on a connection
+of its own) and the rows its relay moved.
+
+The scrape runs in prometheus-client's HTTP thread; it only reads integers the forwarder loop
+updates, plus the journal directory (its size, and the accepted count through its own reader).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+
+from hybridq.journal.reader import segment_usage
+from hybridq.ledger.compacted import AcceptedCounter
+from hybridq.outbox.backlog import Backlog
+from hybridq.worker import waiting
+
+if TYPE_CHECKING:
+    from hybridq.forwarder.loop import Forwarder
+    from hybridq.outbox.background import BackgroundRelay
+
+__all__ = ["FSYNC_SECONDS", "ForwarderMetrics", "serve_metrics"]
+
+#: Latency of the forwarder's durable writes (checkpoint saves, ledger appends): each ends in
+#: an fsync, so this is what the disk makes the forwarder wait.
+FSYNC_SECONDS = Histogram(
+    "hybridq_fsync_seconds",
+    "Latency of the forwarder's durable writes (checkpoint saves and ledger appends, each fsync'd).",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    registry=None,
+)
+
+
+class ForwarderMetrics(Collector):
+    """Collects a forwarder's metrics at scrape time."""
+
+    def __init__(
+        self, forwarder: Forwarder, *, capacity: int | None = None, outbox: BackgroundRelay | None = None
+    ) -> None:
+        self.forwarder = forwarder
+        self.capacity = capacity
+        self.outbox = outbox
+        self._accepted = AcceptedCounter(forwarder.journal)
+        self._lock = threading.Lock()
+
+    def accepted(self) -> int:
+        """Every job ever accepted into the journal (compacted ones included)."""
+        with self._lock:  # scrapes may overlap
+            return self._accepted.count()
+
+    def waiting(self) -> int | None:
+        """Jobs workers left for another worker (:mod:`hybridq.worker.waiting`); ``None``: unknown."""
+        conn = getattr(self.forwarder.transport, "connection", None)  # the RQ transport's client
+        if conn is None or self.forwarder.stats.down_since is not None:
+            return None
+        try:
+            return waiting.current(conn, limit=0).count
+        except RedisError:
+            return None
+
+    def outbox_backlog(self) -> Backlog | None:
+        """The outbox's backlog, read now; ``None`` when it cannot be read (the gauges are left out)."""
+        if self.outbox is None:
+            return None
+        try:
+            return self.outbox.backlog()
+        except Exception:  # any driver's error: the relay logs its own failures
+            return None
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families (prometheus-client calls this on each scrape)."""
+        f = self.forwarder
+        c = f.completions
+        cp = f.checkpoint
+        outcomes = f.state.outcome_counts()
+        succeeded = outcomes["succeeded"]
+        failed = outcomes["failed"] + outcomes["invalid"]
+        dups = outcomes["dups"]
+        cancelled = outcomes["cancelled"]
+        failed += cancelled  # as status --json counts them: pending is what has not ended
+        accepted = self.accepted()
+        yield _counter("hybridq_accepted", "Jobs accepted into the journal.", accepted)
+        yield _counter(
+            "hybridq_forwarded", "Jobs pushed to Redis (a re-push after a crash counts again).", cp.forwarded
+        )
+        yield _counter("hybridq_succeeded", "Jobs that succeeded (from the ledger).", succeeded)
+        yield _counter(
+            "hybridq_failed", "Jobs that failed for good or were cancelled (from the ledger).", failed
+        )
+        yield _counter(
+            "hybridq_duplicates_suppressed",
+            "Deliveries that found their key's outcome stored and did not run the task.",
+            dups,
+        )
+        redelivered = c.redelivered + c.refilled
+        yield _counter(
+            "hybridq_redelivered",
+            "Jobs this forwarder process delivered again (lost, missing, stranded, refilled).",
+            redelivered,
+        )
+        yield _counter(
+            "hybridq_events_dropped",
+            "Completion events this forwarder process dropped because they did not parse.",
+            c.dropped_events,
+        )
+        yield _counter(
+            "hybridq_late_events",
+            "Completion events for jobs the ledger already held as finished (a duplicate's report, "
+            "a replay, or a finished job that ran again; each one is logged).",
+            c.late_events,
+        )
+        yield _gauge(
+            "hybridq_pending",
+            "Jobs accepted and not yet terminal.",
+            max(0, accepted - succeeded - failed),
+        )
+        yield _counter("hybridq_cancelled", "Jobs cancelled (hybridq cancel), from the ledger.", cancelled)
+        if self.capacity is not None:
+            yield _gauge(
+                "hybridq_capacity",
+                "The producers' Queue(capacity=...), as given to the forwarder.",
+                self.capacity,
+            )
+        yield _gauge("hybridq_retrying", "Jobs waiting for their next attempt.", c.retrying)
+        yield _gauge(
+            "hybridq_delayed_held", "Delayed jobs the forwarder holds until their time.", len(cp.held)
+        )
+        yield _gauge(
+            "hybridq_redis_up", "1 while the forwarder reaches Redis, else 0.", f.stats.down_since is None
+        )
+        lag = 0.0 if f.stats.oldest_unpushed is None else max(0.0, time.time() - f.stats.oldest_unpushed)
+        yield _gauge("hybridq_forwarding_lag_seconds", "Age of the oldest job waiting to be pushed.", lag)
+        waiting_now = self.waiting()
+        if waiting_now is not None:
+            yield _gauge(
+                "hybridq_waiting_for_a_worker",
+                "Jobs a worker recently left because it cannot import or may not run their task.",
+                waiting_now,
+            )
+        segments, size = segment_usage(f.journal)
+        yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
+        yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
+        yield from self._outbox_metrics()
+
+    def _outbox_metrics(self) -> Iterator[Metric]:
+        """With ``forward --outbox``: the relay's count, and the outbox's backlog when readable."""
+        if self.outbox is None:
+            return
+        yield _counter(
+            "hybridq_outbox_relayed",
+            "Outbox rows this forwarder process moved into the journal (its relay, --outbox).",
+            self.outbox.relayed,
+        )
+        backlog = self.outbox_backlog()
+        if backlog is None:
+            return
+        yield _gauge("hybridq_outbox_rows", "Committed outbox rows not yet relayed.", backlog.rows)
+        yield _gauge(
+            "hybridq_outbox_oldest_age_seconds",
+            "Age of the oldest committed outbox row not yet relayed (0 when none).",
+            backlog.oldest_age_s(),
+        )
+        yield _gauge(
+            "hybridq_outbox_set_aside_rows",
+            "Bad outbox rows the relay set aside: they cannot be relayed (hybridq doctor --outbox).",
+            backlog.set_aside,
+        )
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def serve_metrics(
+    forwarder: Forwarder,
+    port: int,
+    *,
+    addr: str = "127.0.0.1",
+    capacity: int | None = None,
+    outbox: BackgroundRelay | None = None,
+) -> CollectorRegistry:
+    """Serve ``/metrics`` for ``forwarder`` (and its outbox relay) on ``addr:port`` (a daemon thread)."""
+    registry = CollectorRegistry()
+    registry.register(ForwarderMetrics(forwarder, capacity=capacity, outbox=outbox))
+    registry.register(FSYNC_SECONDS)
+    start_http_server(port, addr=addr, registry=registry)
+    return registry

@@ -1,0 +1,438 @@
+"""The enqueue API: :class:`Queue`.
+
+The :class:`~hybridq.job.Job` handle it returns is in :mod:`hybridq.job`, the ``task``
+decorator in :mod:`hybridq.producer.task`, the checks of a call's options (``split_call``, importable
+from here too) in :mod:`hybridq.producer.calls`.
+
+``enqueue`` validates the call, signs the envelope when a signing key is configured
+(:mod:`hybridq.security.signing`), commits it to the journal (acknowledged only after an fsync covers it),
+nudges the forwarder and returns. It never touches Redis, so it keeps working
+while Redis is down. Bad input raises before anything is written.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import datetime as dt
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from hybridq.envelope.model import (
+    Envelope,
+    Retry,
+    new_job_id,
+    validate_job_id,
+    validate_queue_name,
+)
+from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
+from hybridq.job import Job, fetch_job
+from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
+from hybridq.journal.paths import default_journal, ensure_journal_dir
+from hybridq.producer.aio import Committer
+from hybridq.producer.calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
+from hybridq.producer.calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
+from hybridq.producer.calls import (
+    _Call,
+    _check_retry,
+    _copy_io_error,
+    _run_at,
+    _seconds,
+    split_call,
+    task_path,
+)
+from hybridq.producer.capacity import PendingCount
+from hybridq.protocol.nudge import address, nudge
+from hybridq.security.signing import keyring
+
+__all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
+
+# -- one writer per process and journal -----------------------------------------------------------
+
+_writers: dict[tuple[str, Durability], JournalWriter] = {}
+_writers_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Replace this module's locks in a forked child.
+
+    Only the forking thread exists there: a lock another thread of the parent held at the fork
+    stays held forever (a preforking server's worker would hang in ``enqueue``). The shared
+    writers reset themselves: ``JournalWriter`` registers its own hook, which runs before this
+    one (after-fork hooks run in registration order, and ``hybridq.journal`` is imported first).
+    """
+    global _writers_lock
+    _writers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def shared_writer(journal: str, durability: Durability = Durability.FSYNC) -> JournalWriter:
+    """The process's writer for ``journal`` (created on first use, sealed at exit).
+
+    Writers are thread-safe and fork-safe (a child starts a chain of its own), so every
+    :class:`Queue` on the same journal shares one: its group commit then covers all of them.
+    """
+    key = (os.path.realpath(ensure_journal_dir(journal)), Durability(durability))
+    with _writers_lock:
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = JournalWriter(key[0], durability=key[1])
+        return writer
+
+
+@atexit.register
+def _close_writers() -> None:
+    with _writers_lock:
+        for writer in _writers.values():
+            writer.close()
+        _writers.clear()
+
+
+# -- the testing hook ---------------------------------------------------------------------------
+
+
+class Sink(Protocol):
+    """What takes every enqueue of this process instead of the journal (:mod:`hybridq.testing`)."""
+
+    def accept(self, queue: Queue, envelopes: list[Envelope]) -> list[Job]:
+        """The jobs for ``envelopes``, validated, encoded and signed as for the journal."""
+        ...
+
+
+_sink: Sink | None = None
+
+
+def install_sink(sink: Sink | None) -> Sink | None:
+    """Have ``sink`` take every enqueue in this process (``None``: the journal again).
+
+    Returns the sink it replaces, for the caller to put back (``hybridq.testing`` nests them).
+    """
+    global _sink
+    previous, _sink = _sink, sink
+    return previous
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+
+class Queue:
+    """A named queue on a journal, shaped like ``rq.Queue``.
+
+    Args:
+        name: the queue (and RQ queue) name.
+        journal: the journal directory; default ``$HYBRIDQ_JOURNAL``. Without either, the first
+            enqueue raises :class:`~hybridq.errors.ConfigError` (nothing is created in the
+            working directory), unless :mod:`hybridq.testing` takes the jobs.
+        capacity: the most pending jobs (accepted, not yet terminal) the journal may hold; over
+            it, ``enqueue`` raises :class:`QueueFull` and writes nothing. ``None``: no limit.
+        durability: :attr:`Durability.FSYNC` unless a weaker mode is asked for by name.
+        default_timeout: job timeout in seconds when a call does not give one.
+        default_result_ttl: seconds RQ keeps a result when a call does not say.
+        default_retry: retry policy when a call does not give one.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        journal: str | os.PathLike[str] | None = None,
+        *,
+        capacity: int | None = None,
+        durability: Durability = Durability.FSYNC,
+        default_timeout: float | None = None,
+        default_result_ttl: float | None = None,
+        default_retry: Retry | None = None,
+    ) -> None:
+        self.name = validate_queue_name(name)
+        if capacity is not None and capacity < 1:
+            raise ValueError("capacity must be a positive number of jobs, or None")
+        self.capacity = capacity
+        self.durability = Durability(durability)
+        # Checked now (as every call would check them): the error points at the Queue(...) line.
+        self.default_timeout = _seconds("default_timeout", default_timeout)
+        self.default_result_ttl = _seconds("default_result_ttl", default_result_ttl)
+        if default_retry is not None:
+            _check_retry(default_retry)
+        self.default_retry = default_retry
+        self._pending: PendingCount | None = None
+        self._nudge_name = ""
+        #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
+        self._nudged: tuple[str, int] = ("", 0)
+        self._writer: JournalWriter | None = None
+        #: enqueue_async's group commit, one per event loop (see hybridq.producer.aio).
+        self._committers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, Committer[_Call, list[Job]]
+        ] = weakref.WeakKeyDictionary()
+        self._journal: str | None = None
+        #: Without ``journal``: the ``$HYBRIDQ_JOURNAL`` the journal was resolved from.
+        self._from_env: str | None = None
+        if journal is not None:
+            self._bind(journal)
+        elif os.environ.get("HYBRIDQ_JOURNAL"):
+            _ = self.journal
+        # else resolved on first use: a module-level Queue() imports in a test (hybridq.testing)
+
+    def _bind(self, journal: str | os.PathLike[str]) -> str:
+        path = ensure_journal_dir(journal)
+        self._pending = PendingCount(path) if self.capacity is not None else None
+        self._nudge_name = address(path)
+        self._writer = None
+        self._nudged = ("", 0)
+        self._journal = path
+        return path
+
+    @property
+    def journal(self) -> str:
+        """The journal directory: the one given, else ``$HYBRIDQ_JOURNAL`` (ConfigError without).
+
+        Without ``journal=``, the variable is read again at each enqueue (a test may change it).
+        """
+        if self._journal is not None and self._from_env is None:
+            return self._journal  # given
+        env = os.environ.get("HYBRIDQ_JOURNAL")
+        if env and env == self._from_env and self._journal is not None:
+            return self._journal
+        path = self._bind(default_journal())
+        self._from_env = env
+        return path
+
+    def __repr__(self) -> str:
+        return f"<hybridq.Queue {self.name!r} journal={self._journal!r}>"
+
+    def enqueue(
+        self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
+    ) -> Job:
+        """Enqueue ``f(*args, **kwargs)``; return once the job is durable.
+
+        Like ``rq.Queue.enqueue``, these keyword arguments are options, not the function's:
+        ``job_timeout``, ``result_ttl``, ``description``, ``meta``, ``retry``, ``job_id``,
+        ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
+        :meth:`enqueue_call` when the function itself takes one of those names.
+        """
+        if not kwargs:
+            return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
+        args, call_kwargs, options = split_call(args, kwargs)
+        return self.enqueue_call(f, args, call_kwargs, idempotency_key=idempotency_key, **options)
+
+    def enqueue_call(
+        self,
+        func: Callable[..., Any] | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
+        """Enqueue with the call's arguments and options given separately (see :meth:`prepare`)."""
+        return self.enqueue_many([self.prepare(func, args, kwargs, **options)])[0]
+
+    def enqueue_many(self, jobs: Iterable[Envelope]) -> list[Job]:
+        """Enqueue envelopes made by :meth:`prepare` under one fsync: all are acknowledged, or none.
+
+        A :class:`~hybridq.errors.JournalIOError` means none was acknowledged and the outcome is
+        unknown (``docs/journal.md``): retry them under the same idempotency keys (``job_ids``
+        and ``idempotency_keys`` on the error name them).
+
+        With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
+        first, and the returned jobs hold the signed envelopes.
+        """
+        call = self._encode(jobs)
+        sink = _sink
+        if sink is not None:
+            return sink.accept(self, call[0])
+        (outcome,) = self._commit([call])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def enqueue_async(
+        self, f: Callable[..., Any] | str, *args: Any, idempotency_key: str | None = None, **kwargs: Any
+    ) -> Job:
+        """:meth:`enqueue` for coroutines: return once the job is durable, never blocking the loop.
+
+        The same arguments, validation (bad input raises here, before anything is written) and
+        result. The fsync is waited for off the event loop, and the jobs of coroutines that
+        enqueue meanwhile share it (docs/api.md, "asyncio").
+        """
+        if kwargs:
+            args, call_kwargs, options = split_call(args, kwargs)
+            env = self.prepare(f, args, call_kwargs, idempotency_key=idempotency_key, **options)
+        else:
+            env = self.prepare(f, args, None, idempotency_key=idempotency_key)
+        return (await self.enqueue_many_async([env]))[0]
+
+    async def enqueue_many_async(self, jobs: Iterable[Envelope]) -> list[Job]:
+        """:meth:`enqueue_many` for coroutines: one fsync, all acknowledged or none, off the loop.
+
+        Cancelled while it waits, the jobs may or may not have been written (as after a
+        :class:`~hybridq.errors.JournalIOError`): enqueue them again under the same idempotency
+        keys if it matters.
+        """
+        envelopes, payloads = self._encode(jobs)
+        sink = _sink
+        if sink is not None:
+            return sink.accept(self, envelopes)  # hybridq.testing: in process, as enqueue_many does
+        if not envelopes:
+            return []
+        _ = self.journal  # ConfigError when none is configured: raised here, for this call alone
+        loop = asyncio.get_running_loop()
+        committer = self._committers.get(loop)
+        if committer is None or committer.pid != os.getpid():
+            committer = self._committers[loop] = Committer(self._commit, budget=MAX_PAYLOAD_BYTES)
+        return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
+
+    def _encode(self, jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[bytes]]:
+        """Check, sign and serialize envelopes for :meth:`_commit` (raises before anything is written)."""
+        envelopes = list(jobs)
+        for env in envelopes:
+            if not isinstance(env, Envelope):
+                raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
+        ring = keyring()  # read per call, not per Queue: a rotated key file applies at once
+        if ring is not None:
+            envelopes = [ring.sign(env) for env in envelopes]
+        payloads = []
+        for env in envelopes:
+            payload = env.to_bytes()
+            if len(payload) > MAX_PAYLOAD_BYTES:
+                raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
+            payloads.append(payload)
+        return envelopes, payloads
+
+    def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
+        """Append the calls' records as one journal batch under one fsync; each call's outcome.
+
+        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). The others
+        are acknowledged together, or none is: each then gets a :class:`JournalIOError` naming
+        its own jobs. Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async
+        committer in a worker thread.
+        """
+        journal = self.journal  # ConfigError when none is configured
+        outcomes: list[list[Job] | BaseException] = []
+        taken: list[tuple[int, list[Envelope]]] = []  # (its place in outcomes, its envelopes)
+        payloads: list[bytes] = []
+        for envelopes, call_payloads in calls:
+            if self._pending is not None and self.capacity is not None:
+                try:
+                    self._pending.reserve(len(call_payloads), self.capacity)
+                except QueueFull as exc:
+                    outcomes.append(exc)
+                    continue
+            taken.append((len(outcomes), envelopes))
+            outcomes.append([])
+            payloads.extend(call_payloads)
+        if not payloads:
+            return outcomes
+        writer = self._writer
+        if writer is None or writer.closed:
+            writer = self._writer = shared_writer(journal, self.durability)
+        try:
+            ids = writer.append_many(payloads)
+        except BaseException as exc:
+            if self._pending is not None:
+                self._pending.release(len(payloads), appended=False)
+            if not isinstance(exc, JournalIOError):
+                raise
+            # Unknown, not refused: the records may be in the file. Say which jobs, so each
+            # caller can retry its own under the same keys (docs/guarantees.md, disk full).
+            errors = [exc, *(_copy_io_error(exc) for _ in taken[1:])]
+            for err, (place, envelopes) in zip(errors, taken, strict=True):
+                err.for_jobs(
+                    tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
+                )
+                outcomes[place] = err
+            return outcomes
+        if self._pending is not None:
+            self._pending.release(len(ids), appended=True)
+        # Wake the forwarder with a nudge sent after our records were written. Another thread's
+        # nudge does, if it read the writer's position only once they were written: threads
+        # that one fsync acknowledged together then send one nudge, not one each.
+        last, nudged = ids[-1], self._nudged
+        if nudged[1] < last.seq or nudged[0] != last.writer_id:
+            written = writer.written
+            nudge(journal, name=self._nudge_name)
+            self._nudged = written
+        if len(taken) == 1:  # enqueue's case
+            outcomes[taken[0][0]] = [
+                Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)
+            ]
+            return outcomes
+        at = 0
+        for place, envelopes in taken:
+            end = at + len(envelopes)
+            outcomes[place] = [
+                Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)
+            ]
+            at = end
+        return outcomes
+
+    def prepare(
+        self,
+        func: Callable[..., Any] | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        job_timeout: float | None = None,
+        result_ttl: float | None = None,
+        description: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+        job_id: str | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: float | dt.datetime | None = None,
+    ) -> Envelope:
+        """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
+
+        Raises :class:`EnvelopeError` (a ``ValueError``) or :class:`NotSerializable` (a
+        ``TypeError``) for input a worker could not run.
+        """
+        # type() checks first: isinstance against the ABCs costs a microsecond per call.
+        if type(args) not in (tuple, list) and (
+            isinstance(args, str | bytes) or not isinstance(args, Sequence)
+        ):
+            raise EnvelopeError("args must be a list or tuple")
+        if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
+            raise EnvelopeError("kwargs must be a mapping")
+        if kwargs and any(type(name) is not str for name in kwargs):
+            raise EnvelopeError("kwargs names must be strings")
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+            raise EnvelopeError("idempotency_key must be a non-empty string")
+        if description is not None and not isinstance(description, str):
+            raise EnvelopeError("description must be a string")  # Redis could not store it (issue 13)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise EnvelopeError("meta must be a mapping")
+        if meta and "hybridq" in meta:
+            raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
+        if retry is not None:
+            _check_retry(retry)
+        now = time.time()
+        job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
+        env = Envelope(  # positionally: keywords cost ~0.3 us per job here
+            job,
+            task_path(func),
+            self.name,
+            idempotency_key if idempotency_key is not None else job,
+            now,
+            args if type(args) is tuple else tuple(args),
+            dict(kwargs) if kwargs else {},
+            self.default_timeout if job_timeout is None else _seconds("job_timeout", job_timeout),
+            self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl),
+            None if delay is None and run_at is None else _run_at(now, delay, run_at),
+            retry if retry is not None else self.default_retry,
+            description,
+            dict(meta) if meta else {},
+        )
+        env.to_bytes()  # raises NotSerializable now, not in enqueue_many
+        return env
+
+    def fetch_job(self, job_id: str) -> Job | None:
+        """The job with id ``job_id`` in this queue's journal; ``None`` if it holds none.
+
+        See :func:`hybridq.fetch_job` (any queue of the journal: the id names one job).
+        """
+        return fetch_job(job_id, self.journal)

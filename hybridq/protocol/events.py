@@ -1,0 +1,309 @@
+"""The events a worker adds to the owning forwarder's stream (part of :mod:`hybridq.protocol`).
+
+* a :class:`CompletionEvent` (worker → forwarder): one delivery's outcome, built by
+  :meth:`CompletionEvent.of` (by the workers and by the memory transport's simulated worker
+  alike) and checked field by field by :meth:`CompletionEvent.from_json` before it reaches the
+  forwarder's ledger;
+* a :class:`StartedEvent`: a worker claimed a delivery's run (only when the delivery asks).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq.envelope.limits import is_int, opt_finite, opt_str, typed
+from hybridq.protocol.delivery import Delivery, Loc
+from hybridq.protocol.enums import Outcome
+
+__all__ = [
+    "EVENT_ERROR_CHARS",
+    "RESULT_MAX_BYTES",
+    "STARTED",
+    "WORKER_MAX_CHARS",
+    "CompletionEvent",
+    "StartedEvent",
+]
+
+#: The longest error text an event carries (the last line of the stored traceback).
+EVENT_ERROR_CHARS = 500
+#: The longest worker name (``host/pid``) an event carries into the ledger.
+WORKER_MAX_CHARS = 200
+#: The largest result (its JSON, in bytes) a completion event carries, and so the ledger keeps:
+#: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
+RESULT_MAX_BYTES = 64 * 1024
+#: The largest segment index, offset or attempt number an event may name (a C ``long``).
+_MAX_INT = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionEvent:
+    """A worker's report of one delivery's outcome, sent to the owning forwarder's stream."""
+
+    id: str
+    loc: Loc
+    queue: str | None
+    #: ``succeeded`` or ``failed`` (an :class:`Outcome`; kept as sent).
+    outcome: str | None
+    #: No further attempt follows.
+    final: bool
+    #: Seconds until the next attempt of a non-final failure: a delay, not a time, as the
+    #: forwarder adds it to its own clock (hosts' clocks may differ).
+    retry_delay: float | None
+    attempt: int
+    #: The key's stored outcome reported for a duplicate delivery (the task did not run).
+    dup: bool
+    #: The last line of the error, at most :data:`EVENT_ERROR_CHARS` characters.
+    error: str | None
+    #: When the worker sent it; ``None`` if the event does not say (the forwarder's clock then).
+    at: float | None
+    #: How many runs of the job said ``RetryLater`` so far (this one included if its outcome is
+    #: ``later``), and when the first did: the next delivery carries them (see Delivery.later).
+    later: int = 0
+    later_since: float | None = None
+    #: A success's return value (JSON), if carried (:attr:`result_kept`): a newer worker sends
+    #: it when its JSON is at most :data:`RESULT_MAX_BYTES`; an older one never does.
+    result: Any = None
+    result_kept: bool = False
+    #: The size of a result's JSON that was too large to carry (bytes); ``None`` otherwise.
+    result_bytes: int | None = None
+    #: When the run started (the worker's clock); ``None`` if not said (a duplicate, an older worker).
+    started: float | None = None
+    #: The worker process that sent it (``host/pid``); ``None`` if not said (an older worker).
+    worker: str | None = None
+    #: The epoch generation the delivery was pushed under (:attr:`Delivery.gen`; 0: left out).
+    gen: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        delivery: Delivery,
+        outcome: Mapping[str, Any],
+        *,
+        dup: bool,
+        at: float,
+        result_json: str | None = None,
+        started: float | None = None,
+        worker: str | None = None,
+    ) -> CompletionEvent:
+        """The event reporting ``outcome`` (a stored outcome's JSON, or a refusal) for ``delivery``.
+
+        ``result_json``: the stored result's JSON text when the caller made it already (its size
+        decides whether the event carries the result); ``started``: when the task started;
+        ``worker``: the reporting worker process (``host/pid``).
+        """
+        env = delivery.envelope
+        final = bool(outcome.get("final", True))
+        attempt = int(outcome.get("attempt", delivery.attempt))
+        error = outcome.get("error")
+        later = int(outcome.get("later", delivery.later))
+        if outcome.get("outcome") == Outcome.LATER:
+            retry_delay = outcome.get("retry_delay")
+        else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
+            retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
+        return cls(
+            id=env.id,
+            loc=delivery.loc,
+            queue=env.queue,
+            outcome=outcome.get("outcome"),
+            final=final,
+            retry_delay=retry_delay,
+            attempt=attempt,
+            dup=dup,
+            error=error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
+            at=at,
+            later=later,
+            later_since=outcome.get("later_since", delivery.later_since) if later else None,
+            started=started,
+            worker=worker,
+            gen=delivery.gen,
+            **_carried(outcome, result_json),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The event's JSON object (the stream entry's ``e`` field holds it, encoded)."""
+        return {
+            "id": self.id,
+            "loc": list(self.loc),
+            "queue": self.queue,
+            "outcome": self.outcome,
+            "final": self.final,
+            "retry_delay": self.retry_delay,
+            "attempt": self.attempt,
+            "dup": self.dup,
+            "error": self.error,
+            "at": self.at,
+            **({"later": self.later, "later_since": self.later_since} if self.later else {}),
+            **({"result": self.result} if self.result_kept else {}),
+            **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
+            **({"started": self.started} if self.started is not None else {}),
+            **({"worker": self.worker} if self.worker is not None else {}),
+            **({"gen": self.gen} if self.gen else {}),
+        }
+
+    def kept_success_json(self) -> dict[str, Any]:
+        """What the outcome script makes of this event when it keeps an earlier success.
+
+        The script sets ``outcome`` and ``final`` and drops ``error``, ``retry_delay`` and
+        ``result`` (Lua's ``nil``: the kept success is another run's, whose own event reported
+        its result); with signing keys the worker sends this version, signed, with the script.
+        """
+        body = self.to_json()
+        del body["error"], body["retry_delay"]
+        body.pop("result", None)
+        return {**body, "outcome": Outcome.SUCCEEDED.value, "final": True}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any] | None) -> CompletionEvent:
+        """The event ``body`` holds, every field checked for type and range.
+
+        Anyone who can write to Redis can add an event to a stream: a number that does not fit
+        (``10**400``, ``Infinity``) or a field of the wrong type raises, so that the forwarder
+        drops the event instead of stopping on it. Fields it does not know (the MAC) are ignored.
+
+        Raises:
+            ValueError, TypeError, KeyError: the event is garbled (not JSON, a field missing, of the
+                wrong type or out of range).
+        """
+        if body is None:
+            raise ValueError("not JSON")
+        writer, segment, offset = typed("loc", body["loc"], list)
+        loc: Loc = (
+            typed("loc writer", writer, str),
+            _count("loc segment", segment),
+            _count("loc offset", offset),
+        )
+        # In the order the forwarder always checked them: the first bad field is the one named.
+        outcome, final = str(body["outcome"]), bool(body.get("final", True))
+        retry_delay = opt_finite("retry_delay", body.get("retry_delay"))
+        at = opt_finite("at", body.get("at"))
+        return cls(
+            id=typed("id", body["id"], str),
+            loc=loc,
+            outcome=outcome,
+            final=final,
+            retry_delay=retry_delay,
+            attempt=_count("attempt", body.get("attempt", 1)),
+            dup=bool(body.get("dup", False)),
+            error=opt_str("error", body.get("error")),
+            at=at,
+            queue=opt_str("queue", body.get("queue")),
+            later=_count("later", body.get("later", 0)),
+            later_since=opt_finite("later_since", body.get("later_since")),
+            result=body.get("result"),
+            result_kept="result" in body and outcome == Outcome.SUCCEEDED,
+            result_bytes=_count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None,
+            started=opt_finite("started", body.get("started")),
+            worker=_worker(body.get("worker")),
+            gen=_count("gen", body.get("gen", 0)),
+        )
+
+    @property
+    def terminal(self) -> bool:
+        """The job is done: it succeeded, or failed for good."""
+        return self.outcome == Outcome.SUCCEEDED or self.final
+
+
+def _carried(outcome: Mapping[str, Any], result_json: str | None) -> dict[str, Any]:
+    """The result fields of an event reporting ``outcome``: the result if it is small enough."""
+    if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
+        return {}
+    value = outcome["result"]
+    if result_json is None:
+        try:
+            result_json = json.dumps(value)
+        except (TypeError, ValueError):
+            return {}
+    size = len(result_json.encode()) if not result_json.isascii() else len(result_json)
+    if size > RESULT_MAX_BYTES:
+        return {"result_bytes": size}
+    return {"result": value, "result_kept": True}
+
+
+def _worker(value: object) -> str | None:
+    """An event's ``worker`` (``host/pid``), cut to a sane length: it is only shown, never parsed."""
+    worker = opt_str("worker", value)
+    return None if worker is None else worker[:WORKER_MAX_CHARS]
+
+
+def _count(name: str, value: object) -> int:
+    if not is_int(value) or not 0 <= value <= _MAX_INT:  # type: ignore[operator]
+        raise ValueError(f"{name} must be an integer from 0 to 2**63-1, not {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+#: The ``kind`` of a :class:`StartedEvent` (a completion event has no ``kind``).
+STARTED = "started"
+
+
+@dataclass(frozen=True, slots=True)
+class StartedEvent:
+    """A worker claimed a delivery's run: sent by the claim script, to the owner's stream.
+
+    Only when the delivery asks (:attr:`Delivery.report_start`). It carries no ``outcome``: a
+    forwarder that does not know it drops it as garbled (``CompletionEvent.from_json`` needs an
+    outcome), so it can never reach an older ledger as an outcome. The forwarder passes it to
+    its lookup index only (``job.status`` ``started``): it changes no outcome, counts as none,
+    and a lost one means the job reads ``forwarded`` until it ends.
+    """
+
+    id: str
+    loc: Loc
+    #: The run's attempt (as a completion event's), and the RetryLater runs before it.
+    attempt: int
+    later: int
+    #: When the worker claimed the run (its clock).
+    at: float
+
+    @classmethod
+    def of(cls, delivery: Delivery, at: float) -> StartedEvent:
+        """The event of ``delivery``'s run claimed at ``at``."""
+        return cls(delivery.envelope.id, delivery.loc, delivery.attempt, delivery.later, at)
+
+    @property
+    def job_attempt(self) -> int:
+        """The job's attempt (``job.attempt``): runs that said ``RetryLater`` do not count."""
+        return max(1, self.attempt - self.later)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event's JSON object (the stream entry's ``e`` field, as a completion event's)."""
+        body: dict[str, Any] = {
+            "kind": STARTED,
+            "id": self.id,
+            "loc": list(self.loc),
+            "attempt": self.attempt,
+        }
+        if self.later:
+            body["later"] = self.later
+        body["at"] = self.at
+        return body
+
+    @staticmethod
+    def is_one(body: Mapping[str, Any] | None) -> bool:
+        """Whether a stream entry's body is a started event (not a completion event)."""
+        return body is not None and body.get("kind") == STARTED
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> StartedEvent:
+        """The event ``body`` holds, checked as :meth:`CompletionEvent.from_json` checks.
+
+        Raises:
+            ValueError, TypeError, KeyError: the event is garbled.
+        """
+        writer, segment, offset = typed("loc", body["loc"], list)
+        at = opt_finite("at", body.get("at"))
+        if at is None:
+            raise ValueError("a started event needs its time")
+        return cls(
+            id=typed("id", body["id"], str),
+            loc=(
+                typed("loc writer", writer, str),
+                _count("loc segment", segment),
+                _count("loc offset", offset),
+            ),
+            attempt=_count("attempt", body.get("attempt", 1)),
+            later=_count("later", body.get("later", 0)),
+            at=at,
+        )

@@ -1,0 +1,107 @@
+"""Every Redis key hybridq reads or writes, built in one place. Its own keys start ``hybridq:``.
+
+RQ's keys (``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues``, its registries) are RQ's; they are
+spelled here only so hybridq code never builds them ad hoc. Their ``rq`` is RQ's key prefix:
+``RQ_KEY_PREFIX`` from the environment (RQ 3.0), read as RQ reads it, once, at import.
+
+hybridq's own keys:
+
+* ``hybridq:result:<key id>`` -- the stored outcome of an idempotency key (JSON, expires after the
+  key lifetime); a delivery that finds a success here returns it without running the task.
+* ``hybridq:lease:<key id>`` -- held (``SET NX PX``) while a worker runs the task for that key, and
+  renewed by it; its expiry is how a killed worker is noticed.
+* ``hybridq:events:<owner>`` -- a stream of completion events for the forwarder ``owner``, which
+  harvests them into its durable ledger and then deletes them.
+* ``hybridq:epoch:<owner>`` -- a token the forwarder ``owner`` wrote; gone or different means Redis
+  lost state, so everything not durably terminal is forwarded again.
+* ``hybridq:waiting`` and ``hybridq:waiting:info`` -- jobs a worker could not run (it cannot
+  import the task, or is not configured to allow it) and left for another worker, with why
+  (:mod:`hybridq.worker.waiting`); ``status`` and ``doctor`` show them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = [
+    "PREFIX",
+    "RQ_PREFIX",
+    "epoch",
+    "events",
+    "lease",
+    "result",
+    "rq_intermediate",
+    "rq_job",
+    "rq_queue",
+    "rq_queues",
+    "rq_registry",
+    "waiting",
+    "waiting_info",
+]
+
+#: Prefix of every key hybridq owns.
+PREFIX = "hybridq:"
+
+#: RQ's key prefix, as ``rq.defaults`` reads it (this module must not import rq: producers use
+#: it): a worker and a forwarder started with the same ``RQ_KEY_PREFIX`` meet in the same keys.
+RQ_PREFIX = os.environ.get("RQ_KEY_PREFIX", "rq")
+if not re.fullmatch(r"[A-Za-z0-9_.:{}-]+", RQ_PREFIX):  # RQ refuses the same (at its import)
+    raise ValueError(
+        f"Invalid RQ_KEY_PREFIX {RQ_PREFIX!r}: only letters, digits, and _ . : - {{ }} are allowed"
+    )
+
+
+def rq_job(job_id: str) -> str:
+    """RQ's hash for one job."""
+    return f"{RQ_PREFIX}:job:{job_id}"
+
+
+def rq_queue(queue: str) -> str:
+    """RQ's list of job ids waiting in ``queue``."""
+    return f"{RQ_PREFIX}:queue:{queue}"
+
+
+def rq_queues() -> str:
+    """RQ's set of queue keys (what ``rq info`` lists)."""
+    return f"{RQ_PREFIX}:queues"
+
+
+def rq_registry(kind: str, queue: str) -> str:
+    """One of RQ's job registries of ``queue`` (``failed``, ``canceled``, ``finished``...)."""
+    return f"{RQ_PREFIX}:{kind}:{queue}"
+
+
+def rq_intermediate(queue: str) -> str:
+    """RQ's list of job ids a worker took from ``queue`` and has not started yet."""
+    return f"{rq_queue(queue)}:intermediate"
+
+
+def result(key_id: str) -> str:
+    """The stored outcome of an idempotency key (``key_id`` is :attr:`Envelope.key_id`)."""
+    return f"{PREFIX}result:{key_id}"
+
+
+def lease(key_id: str) -> str:
+    """The lease a worker holds while it runs the task of an idempotency key."""
+    return f"{PREFIX}lease:{key_id}"
+
+
+def events(owner: str) -> str:
+    """The completion-event stream of one forwarder."""
+    return f"{PREFIX}events:{owner}"
+
+
+def waiting() -> str:
+    """Jobs a worker could not run and left for another one: job id -> until when to list it."""
+    return f"{PREFIX}waiting"
+
+
+def waiting_info() -> str:
+    """What a worker said about each job in :func:`waiting` (JSON per job id)."""
+    return f"{PREFIX}waiting:info"
+
+
+def epoch(owner: str) -> str:
+    """The epoch token of one forwarder (its absence means Redis lost state)."""
+    return f"{PREFIX}epoch:{owner}"
