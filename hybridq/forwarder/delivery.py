@@ -1,15 +1,15 @@
 """The forwarder's delivery side: journal records in, batches pushed, the checkpoint moved after.
 
 One step of :class:`~hybridq.forwarder.loop.Forwarder` first forwards: held delayed jobs whose time has
-come (:meth:`DeliveryMixin._forward_due`), then the new records (:meth:`DeliveryMixin._forward_new`):
-each is decoded, admitted (enqueue-if-absent: :mod:`hybridq.forwarder.admission`), held when it is due
+come (:meth:`Deliverer.forward_due`), then the new records (:meth:`Deliverer.forward_new`): each
+is decoded, admitted (enqueue-if-absent: :mod:`hybridq.forwarder.admission`), held when it is due
 later, or put in the batch; a full batch is pushed and only then does the checkpoint move past its
 records (invariant 5: a crash in between re-pushes at most that batch).
 
-These are the forwarder's own methods, kept in a mixin so that they work on its attributes as
-they did in :mod:`hybridq.forwarder.loop`: ``_push`` and ``_save`` stay there (tests replace them on
-the forwarder), ``_fire_between`` is in :mod:`hybridq.forwarder.wait`. The step that calls them,
-in order, is :meth:`hybridq.forwarder.loop.Forwarder.step`.
+The forwarder holds one :class:`Deliverer` and hands it what it calls: the push and the
+checkpoint save stay the loop's (``Forwarder._push`` and ``Forwarder._save``, which tests
+replace), the ticks fired during a long step are the loop's waits'
+(:meth:`hybridq.forwarder.wait.Waits.fire_between`).
 
 This module must not import redis or rq (the transport port only).
 """
@@ -17,7 +17,7 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import KW_ONLY, dataclass
 
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
@@ -30,38 +30,43 @@ from hybridq.lookup.index import LookupIndex
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery
 
-__all__ = ["DeliveryMixin"]
+__all__ = ["Deliverer"]
 
 
-class DeliveryMixin:
+@dataclass(eq=False)
+class Deliverer:
     """Reading the journal, admission, holding delayed jobs, delivering a batch (see module docstring)."""
 
-    # The forwarder's, set in Forwarder.__init__.
+    #: The forwarder's durable state (checkpoint, ledger index, pending jobs).
     state: ForwarderState
+    #: The forwarder's options (its batch size).
     config: ForwarderConfig
-    clock: Callable[[], float]
+    #: Enqueue-if-absent, one job per explicit idempotency key.
     admission: Admission
+    #: The lookup index, told of each job read.
     lookup: LookupIndex
-    _reader: JournalReader
-    _stopping: bool
+    #: The journal reader, positioned at the checkpoint.
+    reader: JournalReader
+    _: KW_ONLY
+    #: The forwarder's clock (delayed jobs' ``run_at``).
+    clock: Callable[[], float]
+    #: Pushes a batch into the transport (backing off while it is down).
+    push: Callable[[list[Delivery]], None]
+    #: Saves the checkpoint, ``forwarded`` jobs more.
+    save: Callable[[int], None]
+    #: Journals the schedules' ticks due during a long step.
+    fire_between: Callable[[], None]
+    #: Whether the forwarder was asked to stop.
+    stopping: Callable[[], bool]
 
-    if TYPE_CHECKING:  # the forwarder's own (hybridq.forwarder.loop, hybridq.forwarder.wait)
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """Where forwarding stands."""
+        return self.state.checkpoint
 
-        @property
-        def checkpoint(self) -> Checkpoint:
-            """Where forwarding stands."""
-
-        def _push(self, batch: list[Delivery]) -> None:
-            """Push a batch (backoff while the transport is down)."""
-
-        def _save(self, forwarded: int) -> None:
-            """Save the checkpoint."""
-
-        def _fire_between(self) -> None:
-            """Journal due ticks during a long step."""
-
-    def _forward_new(self) -> int:
-        reader = self._reader
+    def forward_new(self) -> int:
+        """Forward the records appended since the checkpoint; return how many jobs were pushed."""
+        reader = self.reader
         try:
             return self._read_and_deliver(reader)
         except BaseException:
@@ -98,22 +103,22 @@ class DeliveryMixin:
             if max(len(batch), self.admission.waiting) >= self.config.batch_size:
                 done += self._deliver(batch)
                 batch = []
-                done += self._forward_due()  # a long backlog must not hold back due jobs
-                self._fire_between()  # nor a schedule's tick
-                if self._stopping:
+                done += self.forward_due()  # a long backlog must not hold back due jobs
+                self.fire_between()  # nor a schedule's tick
+                if self.stopping():
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
         if batch or self._position_moved() or self.admission.waiting:
             done += self._deliver(batch)
         return done
 
     def _position_moved(self) -> bool:
-        return self._reader.position != self.checkpoint.positions
+        return self.reader.position != self.checkpoint.positions
 
     def _hold(self, env: Envelope, record: Record) -> None:
         assert env.run_at is not None
         self.state.hold(Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset))
 
-    def _forward_due(self) -> int:
+    def forward_due(self) -> int:
         """Push held jobs whose time has come, then drop them from the checkpoint."""
         now = self.clock()
         held = self.checkpoint.held
@@ -136,13 +141,13 @@ class DeliveryMixin:
                 )
                 for h in chunk
             ]
-            self._push(
+            self.push(
                 [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
             )
             done += len(chunk)
         # Only now that Redis has them may they leave the durable checkpoint.
         self.state.release_held(due)
-        self._save(done)
+        self.save(done)
         return done
 
     def _deliver(self, batch: list[Delivery]) -> int:
@@ -150,9 +155,9 @@ class DeliveryMixin:
         # The admission's entries are durable before the checkpoint moves past their records.
         self.admission.flush()
         if batch:
-            self._push(batch)
-        self.state.advance(self._reader.position)
-        self._save(len(batch))
+            self.push(batch)
+        self.state.advance(self.reader.position)
+        self.save(len(batch))
         return len(batch)
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:

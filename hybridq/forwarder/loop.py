@@ -13,8 +13,10 @@ current batch: the backlog stays on disk.
 
 This module keeps the life cycle (lock, recovery, open and close), the loop (:meth:`Forwarder.run`
 with its full-disk pauses, :meth:`Forwarder.step` and its order) and the completions side's
-timers; the step's delivery side (journal, admission, delayed jobs, batches) is
-:mod:`hybridq.forwarder.delivery`, the loop's waits and wakes :mod:`hybridq.forwarder.wait`.
+timers. It holds the parts it calls, each built once in ``__init__``: the step's delivery side
+(journal, admission, delayed jobs, batches: :class:`~hybridq.forwarder.delivery.Deliverer`), the
+loop's waits and wakes (:class:`~hybridq.forwarder.wait.Waits`), the completions side
+(:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation and the lookup index.
 
 This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 """
@@ -38,11 +40,11 @@ from hybridq.errors import (
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
-from hybridq.forwarder.delivery import DeliveryMixin
+from hybridq.forwarder.delivery import Deliverer
 from hybridq.forwarder.push import ForwarderStats, Pusher
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
-from hybridq.forwarder.wait import Ticks, WaitMixin
+from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.forwarder.watcher import EventWatcher
 from hybridq.journal import JournalReader
 from hybridq.journal.ownerlock import take_owner_lock
@@ -53,7 +55,6 @@ from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file,
     Checkpoint,
 )
 from hybridq.lookup.index import LookupIndex
-from hybridq.protocol.nudge import NudgeListener, nudge
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
 
@@ -77,8 +78,12 @@ DISK_FULL_BACKOFF_S = (0.5, 10.0)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-class Forwarder(DeliveryMixin, WaitMixin):
+class Forwarder:
     """Forwards one journal directory into a transport.
+
+    The loop and the life cycle are here; it holds the parts it calls: :attr:`delivery` (journal
+    records to batches), :attr:`waits` (the idle wait and its wakes), :attr:`completions`
+    (harvest, reconcile, compaction), :attr:`admission`, :attr:`cancels` and :attr:`lookup`.
 
     Args:
         journal: the journal directory (created 0700 when missing).
@@ -117,18 +122,45 @@ class Forwarder(DeliveryMixin, WaitMixin):
         self.admission = Admission(self.state)
         #: Cancellation: requests in, jobs settled ``cancelled`` (hybridq.forwarder.cancelling).
         self.cancels = Canceller(self.state, transport)
-        self._pusher = Pusher(transport, self.state, self.stats, sleep=self._sleep, stopping=self._stop_asked)
+        #: The idle wait between steps, the backoffs' sleeps, and the nudge socket that wakes them.
+        self.waits = Waits(
+            self.journal,
+            self.config,
+            self.state,
+            self.completions,
+            self.stats,
+            schedules,
+            clock=self.clock,
+            stopping=self._stop_asked,
+            publish_at=self._publish_at,
+        )
+        self._pusher = Pusher(
+            transport, self.state, self.stats, sleep=self.waits.sleep, stopping=self._stop_asked
+        )
         self._reader = JournalReader(self.journal)
         self._next_epoch_check = 0.0
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None
-        self._listener: NudgeListener | None = None
         self._watcher: EventWatcher | None = None
         self.schedules = schedules
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.state.on_append = self.lookup.note_entries
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
+        #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
+        #: go through the loop's _push and _save, looked up at each call (tests replace them).
+        self.delivery = Deliverer(
+            self.state,
+            self.config,
+            self.admission,
+            self.lookup,
+            self._reader,
+            clock=self.clock,
+            push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as said above
+            save=lambda forwarded: self._save(forwarded),  # noqa: PLW0108 - the same
+            fire_between=self.waits.fire_between,
+            stopping=self._stop_asked,
+        )
         self._lookup_due = True
         self._next_lookup = 0.0
         self._publish_due = False  # outcomes harvested since the terminal count was last published
@@ -180,22 +212,13 @@ class Forwarder(DeliveryMixin, WaitMixin):
                 self._check_epoch()  # before the first push, so the checkpoint it saves has the epoch
             self._reader.seek(self.checkpoint.positions)
             self.lookup.open()
-            try:
-                self._listener = NudgeListener(self.journal)
-            except OSError as exc:
-                # Someone else holds the name (abstract sockets have no permissions): run
-                # without nudges; new records are still picked up within the idle timeout.
-                log.warning(
-                    "cannot listen for producers' nudges (%s): polling every %.1f s",
-                    exc,
-                    self.config.idle_timeout_s,
-                )
-            if self._listener is not None and self.transport.blocking_events:
+            self.waits.listen()
+            if self.waits.listener is not None and self.transport.blocking_events:
                 self._watcher = EventWatcher(
                     self.transport,
                     self.checkpoint.owner,
                     last_event_id=lambda: self.completions.harvester.last_event_id,
-                    wake=self._wake,
+                    wake=self.waits.wake,
                     patience_s=self.config.idle_timeout_s,
                 )
                 self._watcher.start()
@@ -221,9 +244,7 @@ class Forwarder(DeliveryMixin, WaitMixin):
             self._watcher = None
         self.state.close()
         self.lookup.close()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        self.waits.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -244,9 +265,7 @@ class Forwarder(DeliveryMixin, WaitMixin):
         Safe in a signal handler: it sets a flag and sends one datagram, taking no lock.
         """
         self._stopping = True
-        if self._listener is not None:
-            # Wake the loop if it is waiting for a nudge (or backing off).
-            nudge(self.journal, name=self._listener.name)
+        self.waits.wake()  # the loop may be waiting for a nudge (or backing off)
 
     @property
     def stopping(self) -> bool:
@@ -296,7 +315,7 @@ class Forwarder(DeliveryMixin, WaitMixin):
         self.cancels.step()  # before anything is pushed: a cancelled job is not
         if self.schedules is not None:
             self.schedules.fire(self.clock())  # a full disk: retried with the step
-        done = self._forward_due() + self._forward_new()
+        done = self.delivery.forward_due() + self.delivery.forward_new()
         if self.lookup.building:
             # Before the harvest too while the index is on its first read: it takes started
             # events only once fed, and a fast worker claims a job this step pushed at once.
@@ -358,6 +377,15 @@ class Forwarder(DeliveryMixin, WaitMixin):
             self._save(0)
 
     # -- pieces -------------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        self.waits.wait()
+
+    def _sleep(self, seconds: float) -> None:
+        self.waits.sleep(seconds)
+
+    def _publish_at(self) -> float | None:
+        return self._next_publish if self._publish_due else None
 
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)

@@ -496,9 +496,9 @@ def test_without_nudges_the_forwarder_polls_instead_of_spinning(journal_dir: Pat
     import time
 
     forwarder = make_forwarder(journal_dir, MemoryTransport(), idle_timeout_s=0.2)
-    assert forwarder._listener is not None
-    forwarder._listener.close()
-    forwarder._listener = None  # as when another process holds the nudge socket's name
+    assert forwarder.waits.listener is not None
+    forwarder.waits.listener.close()
+    forwarder.waits.listener = None  # as when another process holds the nudge socket's name
     steps = 0
     original = forwarder.step
 
@@ -679,8 +679,8 @@ def test_a_retry_already_pushed_does_not_keep_the_forwarder_awake(journal_dir: P
 
     waits: list[float] = []
     forwarder._sleep = waits.append  # type: ignore[method-assign]
-    if forwarder._listener is not None:
-        forwarder._listener.wait = waits.append  # type: ignore[method-assign]
+    if forwarder.waits.listener is not None:
+        forwarder.waits.listener.wait = waits.append  # type: ignore[method-assign]
     try:
         forwarder.step()
         transport.work(func=boom)
