@@ -1,5 +1,9 @@
 """The ``hybridq`` command (also ``python -m hybridq``): wiring only, no business logic.
 
+It owns the commands, their options, messages and exit codes, and is the only package that
+imports click; it may use every other package (loading each only when its command runs), and
+nothing imports it but ``hybridq.__main__``.
+
 The group and its global options live here; each command group is a module beside this one
 (``journal``, ``forward``, ``status`` with ``doctor``, ``enqueue``, ``worker``, ``failed``,
 ``demo`` with ``chaos``, ``outbox`` with ``relay``), and what they share (the exit codes,

@@ -1,7 +1,13 @@
 """The append-only journal: hybridq's source of truth. Bytes in, bytes out.
 
-Format: ``docs/journal-format.md``. This package must not import redis, rq, click or the job
-envelope (checked by import-linter).
+It owns the segment files and their record framing (``format``, ``records``), the group commit
+that acknowledges only after an fsync (``writer``, ``commit``, ``segment``), streaming reads and
+the torn-tail policy (``reader``, ``scan``, ``recovery``), atomic state files (``statefile``),
+the directory's checks and owner locks (``paths``, ``ownerlock``), and repair (``repair*``). It
+may use only the standard library, the CRC library, :mod:`hybridq.errors` and
+:mod:`hybridq.crashpoints`: it must not import redis, rq, click or the job envelope (checked by
+import-linter), and it names nothing of the layers above it: what the bytes mean, and who else
+locks a directory, are its callers' business. Format: ``docs/journal-format.md``.
 
 The names below load on first use (PEP 562): importing one module of the package
 (``hybridq.journal.paths`` for a command's default, in ``hybridq worker``) does not load the

@@ -1,5 +1,10 @@
 """Enqueue inside the application's own database transaction: the transactional outbox.
 
+The package owns :class:`Outbox` (here), its table (``schema``, ``store``), the relay that moves
+committed rows into the journal (``relay``, ``pg``, ``background``), its backlog figures
+(``backlog``) and exactly-once side effects in the same transaction (``once``). It may use the
+producer's checks, the journal, the envelope and the signing keys; never Redis or a transport.
+
 ``Outbox.enqueue(conn, f, *args, ...)`` validates the call exactly as ``Queue.enqueue`` does,
 builds its envelope (job id and idempotency key fixed now), and INSERTs it as one row on
 ``conn``, inside whatever transaction the application has open there: rolled back, there is no

@@ -1,5 +1,11 @@
 """The wire contract between hybridq's processes, which may run on different hosts and versions.
 
+The package owns what processes say to each other and where they meet: the messages below, the
+Redis keys they are stored under (:mod:`~hybridq.protocol.keys`), the datagram that wakes the
+forwarder (:mod:`~hybridq.protocol.nudge`) and what a run that raised ``RetryLater`` comes to
+for every kind of worker (:mod:`~hybridq.protocol.later`). It may use only the envelope and
+:mod:`hybridq.errors`: never redis, rq or the journal, so that every process may import it.
+
 Three messages cross Redis:
 
 * a :class:`Delivery` (forwarder → worker): the single argument of the RQ job whose function is
@@ -16,8 +22,7 @@ Three messages cross Redis:
 The enums are ``str`` (or ``int``) enums whose values are the very strings (numbers) on the
 wire, so the JSON, the Lua scripts' replies and the ledger records are what they were.
 
-This module imports neither redis nor rq nor the journal: every process may import it. It is
-the one import path for all of these names; each part lives in its own module:
+This module is the one import path for the messages' names; each part lives in its own module:
 :mod:`~hybridq.protocol.enums` (the enums), :mod:`~hybridq.protocol.delivery` (the delivery, the
 entry point and the defaults), :mod:`~hybridq.protocol.outcome` (the stored outcome),
 :mod:`~hybridq.protocol.events` (the completion and started events) and

@@ -1,5 +1,9 @@
 """Test support shipped in the package: not the product, and nothing in the product imports it.
 
+It owns the fakes and harnesses below and ``hybridq demo`` (:mod:`hybridq.testing.demo`, a
+showcase on a private Redis); it may use every other package, and only the command line imports
+it (for ``hybridq demo`` and ``hybridq chaos``).
+
 For testing your own code (docs/testing.md), importable from here:
 
 * :class:`LocalQueue`, :func:`eager` (:mod:`hybridq.testing.local`) — every enqueue of the

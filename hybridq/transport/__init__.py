@@ -1,5 +1,12 @@
 """Transports: how the forwarder hands jobs to workers. The forwarder knows only :class:`Transport`.
 
+It owns the port (``base``: :class:`Transport`), its RQ adapter on Redis (``rq``, with its Lua
+scripts in ``rq_scripts`` and its job-hash fields in ``rq_codec``), queues over several Redis
+instances (``sharded``, ``routes``), and the Redis URLs and clients every role connects with
+(``redisurl``, ``sentinel``). It may use the protocol, the envelope and :mod:`hybridq.errors`;
+never the journal, the ledger or the worker side (import-linter checks it), and only ``rq``,
+``redisurl`` and ``sentinel`` import redis.
+
 * :class:`~hybridq.testing.memory.MemoryTransport` — in-process, for unit tests (yours too); also
   importable from here, loaded only when first asked for.
 * :class:`~hybridq.transport.rq.RQTransport` — RQ queues on Redis; the only module that talks to

@@ -1,5 +1,11 @@
 """The worker side: the entry point RQ workers call, the idempotency store, the worker loop.
 
+It owns everything a worker process does with a delivery (below), the RQ job class that keeps
+RQ from importing anything a job hash names (``guard``) and the records of jobs a worker left for
+another one (``waiting``). It may use the protocol, the envelope, the security checks, Redis and
+RQ; never the journal, the ledger or the forwarder (import-linter checks it): a worker runs on
+any host that reaches Redis.
+
 The forwarder pushes every job as an RQ job whose function is :func:`execute` and whose single
 argument is the delivery (the envelope, the owning forwarder, the attempt; see
 :class:`hybridq.protocol.Delivery`). So a plain ``rq worker --serializer
@@ -41,7 +47,8 @@ many jobs each with the same claim, lease and outcome: :mod:`~hybridq.worker.poo
 supervisor), :mod:`~hybridq.worker.engine` (one process's loop), :mod:`~hybridq.worker.runner`
 (threads, event loop, timeouts), :mod:`~hybridq.worker.perform` (one job of a batch),
 :mod:`~hybridq.worker.starter` (claims made as tasks start, reservations given back) and
-:mod:`~hybridq.worker.batch_scripts` (the batched Lua).
+:mod:`~hybridq.worker.batch_scripts` (the batched Lua); :mod:`~hybridq.worker.guard` (the job
+class) and :mod:`~hybridq.worker.waiting` (jobs left for another worker).
 :data:`ENTRY_POINT` (``hybridq.worker.execute``) and :class:`Job` (``hybridq.worker.Job``) are
 paths RQ imports, from job hashes already in Redis and from ``rq worker --job-class``: they stay
 here. The worker side must not import the journal (pyproject.toml's import-linter contracts).
