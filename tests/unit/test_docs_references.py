@@ -47,3 +47,18 @@ def test_every_cited_rule_exists_in_docs_reliability() -> None:
     }
     assert cited, "no code cites docs/reliability.md's rules any more: drop this test"
     assert cited <= rules
+
+
+def test_every_module_path_the_docs_name_exists() -> None:
+    """A module the docs name is a real file: ``hybridq/forwarder/loop.py`` anywhere, and in the pages
+    that map the code (README, docs/architecture.md) a backticked ``forwarder/delivery.py`` or
+    ``job.py``, relative to the repository or to ``hybridq/``."""
+    named = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        named |= {m.group(0) for m in re.finditer(r"(?<![\w/.-])hybridq/[\w/]+\.py\b", text)}
+        if path.name in {"README.md", "architecture.md"}:
+            named |= set(re.findall(r"`([\w/]+\.py)`", text))
+    assert len(named) > 50, "the docs name no module paths any more: drop this test"
+    missing = [n for n in named if not (ROOT / n).is_file() and not (ROOT / "hybridq" / n).is_file()]
+    assert sorted(missing) == []
