@@ -1,7 +1,8 @@
 """What the benchmark scripts share: samples, interleaving, statistics, the machine header, the report.
 
-The ``bench_*.py`` scripts import this module (they run as ``python scripts/bench_X.py``, so
-``scripts/`` is on ``sys.path``). The timing loops themselves stay in each script: they measure
+Every benchmark in ``bench/`` imports this module (they run as ``python bench/X.py``, through
+``scripts/bench*``, so ``bench/`` is on ``sys.path``). The timing loops themselves stay in each
+script: they measure
 different things (a time budget, a job count, one call). What a script prints it also returns
 (the header's fields, its :class:`Figure` targets and context ratios), and :func:`write_json`
 dumps that with every row's per-repetition values for ``--json``: ``scripts/bench`` reads those
@@ -50,12 +51,23 @@ class Sample:
         return self.count / self.seconds if self.seconds else float("nan")
 
 
+def _rank(n: int, q: float) -> int:
+    """The index of the nearest-rank percentile ``q`` (0 to 100) among ``n`` sorted values."""
+    return max(0, min(n - 1, round(q / 100 * n) - 1))
+
+
 def percentile(sorted_ns: list[int], q: float) -> float:
     """Nearest-rank percentile of sorted nanosecond latencies, in microseconds."""
     if not sorted_ns:
         return float("nan")
-    rank = max(0, min(len(sorted_ns) - 1, round(q / 100 * len(sorted_ns)) - 1))
-    return sorted_ns[rank] / 1000
+    return sorted_ns[_rank(len(sorted_ns), q)] / 1000
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0 to 100) of ``values`` in any order, in their own unit."""
+    if not values:
+        return float("nan")
+    return sorted(values)[_rank(len(values), q)]
 
 
 def latency_us(s: Sample, q: float) -> float:

@@ -32,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import benchlib
 from hybridq.http.app import create_app
 from hybridq.http.config import ServeConfig
 from hybridq.http.server import Server
@@ -121,10 +122,6 @@ def fsync_count(url: str) -> int:
         return int(json.loads(resp.read())["fsyncs"])
 
 
-def pct(sorted_ns: list[int], q: float) -> float:
-    return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * q))] / 1e6 if sorted_ns else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -186,11 +183,11 @@ def main() -> None:
     figures: dict[str, dict[str, float]] = {}
     for mode in MODES:
         rates = results[mode]["rate"]
-        lat = sorted(latencies[mode])
-        figures[mode] = {"rate": statistics.median(rates), "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)}
+        p50, p99 = (benchlib.quantile(latencies[mode], q) / 1e6 for q in (50, 99))  # ns -> ms
+        figures[mode] = {"rate": statistics.median(rates), "p50_ms": p50, "p99_ms": p99}
         print(
             f"{mode:<10}{statistics.median(rates):>16.0f}{f'{min(rates):.0f}..{max(rates):.0f}':>18}"
-            f"{pct(lat, 0.5):>9.2f}{pct(lat, 0.99):>9.2f}"
+            f"{p50:>9.2f}{p99:>9.2f}"
         )
     ratio = statistics.median(ratios)
     print(

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import benchlib
 from hybridq import Job, Queue, fetch_job
 from hybridq.journal import Durability
 from hybridq.journal.records import ChainPosition
@@ -103,8 +104,8 @@ def timed(fn: Callable[[], object], n: int) -> list[float]:
 
 
 def p(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))] * 1e6
+    """Percentile ``q`` (0 to 100) of the samples (seconds), in microseconds."""
+    return benchlib.quantile(samples, q) * 1e6
 
 
 def main() -> None:
@@ -145,13 +146,13 @@ def main() -> None:
         print(f"statuses of the first 200 sampled: {statuses}")
         print(f"{'operation':<24}{'n':>6}{'p50 us':>12}{'p99 us':>12}")
         for name, samples in rows.items():
-            print(f"{name:<24}{len(samples):>6}{p(samples, 0.5):>12.1f}{p(samples, 0.99):>12.1f}")
+            print(f"{name:<24}{len(samples):>6}{p(samples, 50):>12.1f}{p(samples, 99):>12.1f}")
         ratio = statistics.median(rows["Job.get_status()"]) / statistics.median(rows["job.status"])
         print(f"Job.get_status() / job.status (medians): {ratio:,.0f}x")
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"peak RSS of this process (the build included): {peak:,.0f} MiB")
         if args.json:
-            figures = {k: {"n": len(v), "p50_us": p(v, 0.5), "p99_us": p(v, 0.99)} for k, v in rows.items()}
+            figures = {k: {"n": len(v), "p50_us": p(v, 50), "p99_us": p(v, 99)} for k, v in rows.items()}
             print(json.dumps({"jobs": args.jobs, "index_build_s": index_s, "ops": figures}, indent=1))
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import benchlib
 from hybridq import Queue
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.loop import Forwarder
@@ -75,11 +76,6 @@ def timed(fn: Callable[[], Any], times: list[float]) -> Any:
     out = fn()
     times.append((time.perf_counter() - t0) * 1000)
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def compare(journal: str) -> None:
@@ -140,7 +136,9 @@ def main() -> None:
             ("collect_status() (the full scan)", scan),
         ]
         for name, values in rows:
-            print(f"{name:38} {pct(values, 0.5):9.3f} {pct(values, 0.99):9.3f} {len(values):6}")
+            print(
+                f"{name:38} {benchlib.quantile(values, 50):9.3f} {benchlib.quantile(values, 99):9.3f} {len(values):6}"
+            )
         ratio = statistics.median(scan) / statistics.median(caught_up)
         print(f"\nscan p50 / stats() p50 (caught up): {ratio:,.0f}x; figures identical: yes")
     finally:

@@ -63,7 +63,7 @@ from rq import SimpleWorker
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-#: The tasks, by dotted path: ``scripts/`` is on the workers' ``sys.path`` (they run this file).
+#: The tasks, by dotted path: ``bench/`` is on the workers' ``sys.path`` (they run this file).
 NOOP = "worker.noop"
 STAMP = "worker.stamp"
 W1_QUEUE = "w1"
