@@ -23,6 +23,11 @@ And the project's own:
   and ``python -m hybridq.testing.postgres`` to try the outbox on: docs/outbox.md).
 * :mod:`hybridq.testing.chaos` and :mod:`hybridq.testing.faultproxy` — the project's own
   fault-injection harness behind ``hybridq chaos`` (``docs/reliability.md``); not an API.
+* :mod:`hybridq.testing.torture` (with :mod:`~hybridq.testing.torture_stack`, its processes and
+  faults, and :mod:`~hybridq.testing.torture_check`, its independent checker) — the pool
+  worker's torture tier, ``python -m hybridq.testing.torture`` (``scripts/torture``,
+  ``docs/torture.md``); :mod:`hybridq.testing.ahead` makes a pool under test take jobs ahead
+  whatever runs. Not an API.
 
 Importing this package imports none of them: a name loads its module when first used.
 """
