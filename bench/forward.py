@@ -11,7 +11,7 @@ persistence) is started for the run.
   * F4 (harvest): N completion events already in the forwarder's stream, as the worker writes
     them; timed: ``Forwarder.step()`` until the ledger holds all N outcomes (fsync per batch)
     and the stream is empty, next to a bare ``XRANGE COUNT 1000`` + ``XDEL`` loop of the same
-    events as the reference (``harvest.py``).
+    events as the reference (``hybridq/forwarder/harvest.py``).
   * F2: with a forwarder idle in a background thread (``Forwarder.run()``), enqueue one job and
     poll LLEN of ``rq:queue:default`` in a tight loop (no sleeps) until it appears; a short pause
     between samples keeps the system idle. Interleaved with it, the same for ``rq.Queue.enqueue``

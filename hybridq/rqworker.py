@@ -92,7 +92,7 @@ def unsubscribe_promptly(worker: BaseWorker) -> None:
 class _Pipelining(BaseWorker):
     """What :class:`SimpleWorker` and :class:`Worker` add to RQ's classes (module docstring)."""
 
-    #: Job class: hybridq's (RQ imports no function but hybridq's entry point, see guard.py).
+    #: Job class: hybridq's (RQ imports no function but hybridq's entry point, see hybridq/worker/guard.py).
     job_class = Job
     #: RQ logs "result is kept for N seconds" after every job at INFO: one line per job that says
     #: nothing about hybridq's outcome (the forwarder's ledger keeps that).
