@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ STORED = {
 
 _DOTTED = re.compile(r"(?<![\w./-])hybridq(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 _FROM = re.compile(r"^\s*from (hybridq(?:\.\w+)*) import \(?([\w, ]+)\)?", re.MULTILINE)
+_RUN_AS = re.compile(r"-m (hybridq(?:\.\w+)*)")
 
 
 def _documented() -> dict[str, str]:
@@ -77,7 +80,13 @@ DOCUMENTED = _documented()
 
 def test_the_docs_name_the_api() -> None:
     """The scan finds what the docs show (an empty scan would pass every case below)."""
-    for name in ("hybridq.worker.Job", "hybridq.outbox.Outbox", "hybridq.testing.eager", "hybridq.fetch_job"):
+    for name in (
+        "hybridq.worker.Job",
+        "hybridq.outbox.Outbox",
+        "hybridq.testing.eager",
+        "hybridq.fetch_job",
+        "hybridq.testing.torture",
+    ):
         assert name in DOCUMENTED, name
 
 
@@ -108,3 +117,25 @@ def test_every_entry_point_of_the_package_imports() -> None:
     for target in targets:
         module, _, attr = target.partition(":")
         assert resolve(f"{module}.{attr}" if attr else module) is not None, target
+
+
+def _run_as_programs() -> list[str]:
+    """Each ``python -m hybridq...`` module the docs and the commands in scripts/ and bench/ run."""
+    paths = [*DOCS, *sorted(p for p in (ROOT / "scripts").iterdir() if p.is_file())]
+    paths += sorted((ROOT / "bench").rglob("*.py"))
+    return sorted({m for path in paths for m in _RUN_AS.findall(path.read_text(encoding="utf-8"))})
+
+
+def test_the_docs_and_scripts_run_modules() -> None:
+    """The scan finds the programs (an empty one would pass the case below)."""
+    assert {"hybridq", "hybridq.testing.postgres", "hybridq.testing.torture"} <= set(_run_as_programs())
+
+
+@pytest.mark.parametrize("module", _run_as_programs())
+def test_every_module_run_with_python_m_answers_help(module: str) -> None:
+    """``python -m hybridq.testing.torture`` (scripts/torture, docs/torture.md) and the others run."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage" in done.stdout.lower(), done.stdout
