@@ -13,8 +13,11 @@ from hybridq import errors
 from hybridq.errors import HybridqError
 
 #: Not hybridq errors, on purpose (by where they are defined, so a new class of the same name
-#: elsewhere is still caught): a chaos task's own failure stands for a user task's exception.
-_NOT_ERRORS = {"hybridq.testing.chaos.PlannedFailure"}
+#: elsewhere is still caught): a chaos task's own failure stands for a user task's exception;
+#: NotStarted is the pool's signal that a task was not called (its claim is gone), a
+#: BaseException so that the outcome's recording of the task's exceptions cannot take it for
+#: the task's own failure, and caught inside the worker package (hybridq.worker.perform).
+_NOT_ERRORS = {"hybridq.testing.chaos.PlannedFailure", "hybridq.worker.runner.NotStarted"}
 
 #: Where each moved class used to live: the old import keeps working.
 _REEXPORTED = {
