@@ -71,6 +71,22 @@ def _close_shared_writers() -> Iterator[None]:
     _close_writers()
 
 
+@pytest.fixture(autouse=True)
+def _take_ahead_depth_kept() -> Iterator[None]:
+    """The pool's take-ahead depth in this process is the default again after each test.
+
+    hybridq.testing.ahead (what a pool under test imports: ``--import``) sets it when imported,
+    and the tests that import every module (test_errors_tree, test_public_api) import it too:
+    without this, every test after them in the process would take four jobs per thread ahead
+    whatever runs (tests/unit/test_worker_quick.py, in-process engines).
+    """
+    from hybridq.worker import runner
+
+    depth = runner.AHEAD
+    yield
+    runner.AHEAD = depth
+
+
 @pytest.fixture
 def journal_dir(tmp_path: Path) -> Path:
     """A path for a journal directory (not yet created)."""
