@@ -155,6 +155,7 @@ class Performer:
             elif run.claim_reply is None and (self.starter is None or self.starter.start(item) is None):
                 item.dropped = True  # could not be sent (logged): left for the forwarder
                 return False
+            sent = time.monotonic()  # before the claim: Redis may run it long before its reply is read
             answer = claim(self.client, run)
         except RedisError as exc:
             log.error(
@@ -169,20 +170,23 @@ class Performer:
             succeeded(item, answer)
             return False
         if again or not item.claimed_at:  # claimed by this call, or by a poll
-            item.claimed_at = time.monotonic()
+            item.claimed_at = sent
+            if run.renewal is not None:
+                run.renewal.lost = False  # the lease is this run's again, as of `sent`
         hold_claimed(self.client, [run])  # claimed by a poll (a claim the starter made is held)
         return True
 
     def _fresh(self, item: Taken) -> bool:
         """Whether ``item``'s task may start now: its claim is fresh, or still ours when asked again.
 
-        The last check before the task's call. A claim made more than :data:`FRESH_S` ago (its
-        thread or the event loop was held up: a task holding the GIL, a busy loop) may be gone
-        by now (Redis back from a snapshot, this host cut off past the lease): it is made again,
-        now, with the same token (the lease is ours if it was kept, after the epoch fences).
+        The last check before the task's call. A claim sent more than :data:`FRESH_S` ago (its
+        thread or the event loop was held up: a task holding the GIL, a busy loop), or whose
+        lease's renewal found it gone, may be gone by now (Redis back from a snapshot, this
+        host cut off past the lease): it is made again, now, with the same token (the lease is
+        ours if it was kept, after the epoch fences).
         """
         waited = time.monotonic() - item.claimed_at
-        if waited <= FRESH_S:
+        if not _stale(item):
             return True
         log.info("job %s: claimed %.2f s ago and not started yet: claiming it again", item.job_id, waited)
         return self._claimed(item, again=True)
@@ -200,7 +204,7 @@ class Performer:
         async def task() -> Any:
             # The claim's last check, in the step that calls the task: the loop may have been
             # held up since the claim (a blocking coroutine, a thread holding the GIL).
-            while time.monotonic() - item.claimed_at > FRESH_S:
+            while _stale(item):
                 if not await loop.run_in_executor(None, self._fresh, item):
                     raise NotStarted(item.job_id)  # the claim is gone: not called
             return await run.func(*env.args, **env.kwargs)
@@ -281,6 +285,15 @@ class Performer:
         retry run while this run still does.
         """
         item.dropped = True
+
+
+def _stale(item: Taken) -> bool:
+    """Whether ``item``'s claim must be made again before its task starts (:meth:`Performer._fresh`).
+
+    Sent more than :data:`FRESH_S` ago, or its lease's renewal already found it gone.
+    """
+    renewal = item.run.renewal
+    return time.monotonic() - item.claimed_at > FRESH_S or (renewal is not None and renewal.lost)
 
 
 def run_by_rq(rq_worker: Any, rq_queue: Queue, job_id: str, *, several_queues: bool) -> None:

@@ -18,7 +18,7 @@ from hybridq.envelope import Envelope, new_job_id
 from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_scripts, scripts
+from hybridq.worker import batch_scripts, perform, scripts
 from hybridq.worker.perform import FRESH_S, Performer, Resolver, prepare
 from hybridq.worker.run import conclude, release
 from hybridq.worker.runner import Taken
@@ -226,3 +226,87 @@ def test_a_claim_that_waited_is_made_again_before_its_task_starts(redis_server: 
     assert ran == [1], "only the job whose claim was still its own ran"
     for item in items:
         release(item.run)
+
+
+def _lose_claim(client: redis.Redis, item: Taken) -> None:
+    """What a lapsed lease lets happen meanwhile: the lease gone, another run's success stored."""
+    client.delete(item.run.claim_keys[1])
+    client.set(item.run.claim_keys[0], json.dumps({"outcome": "succeeded", "result": 7, "job_id": "x"}))
+
+
+def test_a_claims_age_counts_from_when_it_was_sent_not_from_its_reply(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """START ran in Redis, then its reply waited past the lease (a task holding the GIL): asked again.
+
+    The engine thread waits in the pipeline's read while Redis already ran the claim; the lease
+    lapses and another run finishes the job before the reply is read. A claim stamped when the
+    reply was read looks fresh, and the task would run a second time.
+    """
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    starter = Starter(scripts.client(client), "w1", 120)
+    client.script_load(batch_scripts.START)  # known: the first call is not sent again (NOSCRIPT)
+    real = Starter._pipeline
+
+    def late(self: Starter, parts: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        replies = real(self, parts)
+        _lose_claim(client, items[0])
+        time.sleep(0.2)
+        return replies
+
+    monkeypatch.setattr(Starter, "_pipeline", late)
+    starter.exchange([], items, None)
+    assert items[0].run.claim_reply[0] == 0, "claimed, as Redis ran it"
+    ran: list[int] = []
+    items[0].run.func = lambda a, b: ran.append(a) or a + b
+    Performer(scripts.client(client), starter=starter).work(items[0])
+    release(items[0].run)
+    assert ran == [], "started on a claim older than its lease"
+
+
+def test_a_claim_whose_lease_renewal_failed_is_made_again_before_its_task_starts(
+    redis_server: RedisServer,
+) -> None:
+    """A fresh claim whose renewer already found the lease gone: not trusted for its age."""
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    starter = Starter(scripts.client(client), "w1", 120)
+    starter.exchange([], items, None)
+    _lose_claim(client, items[0])
+    items[0].run.renewal.lost = True
+    ran: list[int] = []
+    items[0].run.func = lambda a, b: ran.append(a) or a + b
+    Performer(scripts.client(client), starter=starter).work(items[0])
+    release(items[0].run)
+    assert ran == [], "started on a lease its renewal found lost"
+
+
+def test_a_claim_made_by_a_busy_poll_counts_its_age_from_when_it_was_sent(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the claim a thread's poll makes (its key was busy): not its reply's time."""
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    client.set(items[0].run.claim_keys[1], "another run", px=300)  # busy until it lapses
+    starter = Starter(scripts.client(client), "w1", 120)
+    starter.exchange([], items, None)
+    assert items[0].run.claim_reply[0] == 3, "busy"
+    real = perform.claim
+
+    def late(conn: redis.Redis, run: Any) -> Any:
+        answer = real(conn, run)  # polled until the other lease lapsed: claimed
+        monkeypatch.setattr(perform, "claim", real)
+        _lose_claim(client, items[0])
+        time.sleep(0.2)
+        return answer
+
+    monkeypatch.setattr(perform, "claim", late)
+    ran: list[int] = []
+    items[0].run.func = lambda a, b: ran.append(a) or a + b
+    Performer(scripts.client(client), starter=starter).work(items[0])
+    release(items[0].run)
+    assert ran == [], "started on a claim older than its lease"
