@@ -150,6 +150,7 @@ class Starter:
             resent = isinstance(reply, Exception)
             reply = self._resend(starting, again(1 if ending else 0)) if resent else reply
             self._started(starting, reply, sent)
+        lease.flush()  # the leases END freed, if START's claims did not carry them (keeper.Channel)
         taken = replies.pop(0) if take is not None else []
         if isinstance(taken, NoScriptError):  # it did not run: sent again, now that it is loaded
             taken = scripts.call(self.client, batch_scripts.TAKE, *take)  # type: ignore[misc]

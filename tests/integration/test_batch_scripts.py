@@ -7,6 +7,8 @@ A reply lost after a script ran is answered by sending the same call again (the 
 from __future__ import annotations
 
 import json
+import os
+import select
 import time
 from typing import Any
 
@@ -18,7 +20,8 @@ from hybridq.envelope import Envelope, new_job_id
 from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_scripts, perform, scripts
+from hybridq.worker import batch_scripts, lease, perform, scripts
+from hybridq.worker.keeper import Channel
 from hybridq.worker.perform import FRESH_S, Performer, Resolver, prepare
 from hybridq.worker.run import conclude, release
 from hybridq.worker.runner import Taken
@@ -310,3 +313,31 @@ def test_a_claim_made_by_a_busy_poll_counts_its_age_from_when_it_was_sent(
     Performer(scripts.client(client), starter=starter).work(items[0])
     release(items[0].run)
     assert ran == [], "started on a claim older than its lease"
+
+
+def test_the_supervisor_hears_at_once_of_the_leases_a_turns_outcomes_freed(redis_server: RedisServer) -> None:
+    """A freed lease is let go of in the turn that freed it, not once 256 pile up (review, item 2).
+
+    Redis back from a snapshot (or a lagging replica promoted) can bring back a lease an outcome
+    deleted, under the same token: a supervisor still holding the token renews it for good, the
+    job looks running, and a later delivery of its key waits for it forever.
+    """
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    starter = Starter(scripts.client(client), "w1", 120)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    lease.supervise(Channel(write_fd))
+    try:
+        starter.exchange([], items, None)
+        assert items[0].run.token in os.read(read_fd, 65536).decode(), "held"
+        conclude(items[0].run, 1, None)
+        starter.exchange(items, [], None)  # a turn that ends jobs and starts none
+        said = os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
+    finally:
+        lease.supervise(None)
+        os.close(read_fd)
+        os.close(write_fd)
+    assert said, "the supervisor was not told: it renews a lease the outcome deleted"
+    assert json.loads(said) == {"r": [items[0].run.token]}, f"told: {said!r}"
