@@ -69,11 +69,10 @@ class Taken:
 
     job_id: str
     queue: str
-    #: Set by the engine: its run (:class:`hybridq.worker.run.Run`), execution id, etc.
-    run: Any = None
+    run: Any = None  # set by the engine: its hybridq.worker.run.Run
     #: RQ's execution id, given when the job starts (:mod:`hybridq.worker.starter`); "" before.
     exec_id: str = ""
-    #: When the job was taken (reserved), and when its claim's reply came (monotonic; 0: not).
+    #: When the job was taken (reserved), and when its claim was sent (monotonic; 0: not).
     taken_at: float = 0.0
     claimed_at: float = 0.0
     #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
@@ -142,6 +141,7 @@ class Runner:
         self.async_pending = 0
         #: A job is stuck: this process must take nothing more and exit once the rest are done.
         self.poisoned = False
+        self.leaving = False  # set by the engine as the process leaves: nothing polls a busy key
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._pool = [

@@ -6,10 +6,13 @@ A reply lost after a script ran is answered by sending the same call again (the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import select
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -21,10 +24,11 @@ from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import batch_scripts, lease, perform, scripts
+from hybridq.worker.intake import Resolver, prepare
 from hybridq.worker.keeper import Channel
-from hybridq.worker.perform import FRESH_S, Performer, Resolver, prepare
+from hybridq.worker.perform import FRESH_S, Performer
 from hybridq.worker.run import conclude, release
-from hybridq.worker.runner import Taken
+from hybridq.worker.runner import Runner, Taken
 from hybridq.worker.starter import Starter
 from rq.serializers import JSONSerializer
 
@@ -32,14 +36,19 @@ QUEUE = "batch"
 OWNER = "batch-owner"
 
 
-def push(url: str, n: int) -> list[str]:
+def push(url: str, n: int, key: str | None = None) -> list[str]:
     transport = RQTransport(url)
     try:
         now = time.time()
         ids = [new_job_id(now) for _ in range(n)]
         envs = [
             Envelope(
-                id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now
+                id=j,
+                func="tests.tasks.add",
+                args=(i, 1),
+                queue=QUEUE,
+                idempotency_key=key or j,
+                created_at=now,
             )
             for i, j in enumerate(ids)
         ]
@@ -341,3 +350,60 @@ def test_the_supervisor_hears_at_once_of_the_leases_a_turns_outcomes_freed(redis
         os.close(write_fd)
     assert said, "the supervisor was not told: it renews a lease the outcome deleted"
     assert json.loads(said) == {"r": [items[0].run.token]}, f"told: {said!r}"
+
+
+def test_async_deliveries_of_one_key_do_not_take_every_executor_thread_polling(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of i26-pool, item 3: the key's holder must claim again and finds no thread for it.
+
+    Three ``async def`` deliveries of one key on a loop whose default executor has two threads;
+    the holder's claim is read 0.1 s late (so it is made again before its call). Before the fix
+    the two others polled the busy key on both executor threads for good, and nothing ran.
+    """
+    push(redis_server.url, 3, key="K")
+    client = redis_server.client()
+    items = take(client, 3)
+    conn = scripts.client(client)
+    starter = Starter(conn, "w1", 120)
+    performer = Performer(conn, starter=starter)
+    runner = Runner(2, 10, performer.work, performer.work_async, performer.stuck)
+    performer.runner = runner
+    ran: list[str] = []
+
+    async def task(a: int, _b: int) -> int:
+        ran.append(str(a))
+        return a
+
+    real, late = perform.claim, []
+
+    def claim_read_late(conn_: redis.Redis, run: Any, poll: Any = None) -> Any:
+        answer = real(conn_, run, *([poll] if poll is not None else []))
+        if answer is perform.CLAIMED and not late:
+            late.append(run)
+            time.sleep(0.1)  # the reply read late: the claim is made again before the call
+        return answer
+
+    monkeypatch.setattr(perform, "claim", claim_read_late)
+    loop, executor = runner._event_loop(), ThreadPoolExecutor(2)
+    loop.call_soon_threadsafe(loop.set_default_executor, executor)
+    try:
+        for item in items:
+            item.run.func = task
+            item.run.deferred_end = True
+            runner.start_async(item)
+        done: list[Taken] = []
+        deadline = time.monotonic() + 2 * items[0].run.d.lease_s
+        while len(done) < 3 and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                ended = runner.done.get(timeout=0.1)
+                done.append(ended)
+                starter.exchange([ended] if not ended.dropped else [], [], None)  # the engine's END
+    finally:
+        runner.close()
+        executor.shutdown(wait=False, cancel_futures=True)  # before the fix: its threads poll for good
+        while loop.is_running():
+            time.sleep(0.01)
+        loop.close()
+    assert len(done) == 3, f"{len(done)} of 3 done; ran: {ran}"
+    assert len(ran) == 1, f"the key ran once: {ran}"
