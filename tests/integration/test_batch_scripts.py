@@ -407,3 +407,16 @@ def test_async_deliveries_of_one_key_do_not_take_every_executor_thread_polling(
         loop.close()
     assert len(done) == 3, f"{len(done)} of 3 done; ran: {ran}"
     assert len(ran) == 1, f"the key ran once: {ran}"
+
+
+def test_a_claim_made_again_that_finds_its_own_lease_extends_it(redis_server: RedisServer) -> None:
+    """Review of i26-pool, item 5b: made again (held up, or its reply lost), it counts from now."""
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    args = start_args(items)
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0
+    lease_key = items[0].run.claim_keys[1]
+    client.pexpire(lease_key, 100)  # most of the lease gone by the time it is made again
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0, "its own lease"
+    assert client.pttl(lease_key) > 1000, "the claim made again counts from now"
