@@ -31,7 +31,17 @@ from redis.exceptions import RedisError
 from hybridq.worker.keeper import Channel
 from hybridq.worker.scripts import renew_many
 
-__all__ = ["CANCEL_POLL_S", "Renewal", "flush", "hold", "hold_all", "release", "release_all", "supervise"]
+__all__ = [
+    "CANCEL_POLL_S",
+    "Renewal",
+    "flush",
+    "hold",
+    "hold_again",
+    "hold_all",
+    "release",
+    "release_all",
+    "supervise",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -204,6 +214,18 @@ def hold_all(conn: redis.Redis, leases: list[tuple[str, str, float, str | None]]
     if channel is not None:
         channel.hold([(r.key, r.token, r.lease_ms) for r in renewals])
     return renewals
+
+
+def hold_again(renewal: Renewal) -> None:
+    """``renewal``'s lease was claimed again: renewed as if new, by the supervisor too.
+
+    The supervisor forgets a lease the first time its renewal finds it gone; a claim made
+    again may have taken it anew (the same token), and the task that now starts may hold the GIL.
+    """
+    renewal.lost = False
+    channel = _channel
+    if channel is not None:
+        channel.hold([(renewal.key, renewal.token, renewal.lease_ms)])
 
 
 def flush() -> None:

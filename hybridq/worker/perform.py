@@ -26,6 +26,7 @@ from rq.timeouts import JobTimeoutException
 
 from hybridq.context import _current
 from hybridq.errors import Cancelled
+from hybridq.worker import lease
 from hybridq.worker.run import BUSY, BUSY_POLL_S, CLAIMED, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
@@ -122,8 +123,8 @@ class Performer:
             return False
         if again or not item.claimed_at:  # claimed by this call, or by a poll
             item.claimed_at = sent
-            if run.renewal is not None:
-                run.renewal.lost = False  # the lease is this run's again, as of `sent`
+            if run.renewal is not None:  # held since an earlier claim: the supervisor may have let go
+                lease.hold_again(run.renewal)
         hold_claimed(self.client, [run])  # claimed by a poll (a claim the starter made is held)
         return True
 

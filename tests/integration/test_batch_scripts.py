@@ -420,3 +420,30 @@ def test_a_claim_made_again_that_finds_its_own_lease_extends_it(redis_server: Re
     client.pexpire(lease_key, 100)  # most of the lease gone by the time it is made again
     assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0, "its own lease"
     assert client.pttl(lease_key) > 1000, "the claim made again counts from now"
+
+
+def test_a_claim_made_again_is_held_by_the_supervisor_again(redis_server: RedisServer) -> None:
+    """Review of i26-pool, item 5c: the supervisor forgets a lease the first time it finds it gone.
+
+    A claim made again (its thread held up; the lease may have lapsed and been taken again)
+    is a lease the supervisor must renew again: the task that now starts may hold the GIL.
+    """
+    push(redis_server.url, 1)
+    client = redis_server.client()
+    items = take(client, 1)
+    starter = Starter(scripts.client(client), "w1", 120)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    lease.supervise(Channel(write_fd))
+    try:
+        starter.exchange([], items, None)
+        os.read(read_fd, 65536)  # held (test_the_supervisor_hears_...)
+        items[0].claimed_at -= FRESH_S * 10  # its thread held up: made again before the call
+        Performer(scripts.client(client), starter=starter).work(items[0])
+        said = os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
+    finally:
+        release(items[0].run)
+        lease.supervise(None)
+        os.close(read_fd)
+        os.close(write_fd)
+    assert items[0].run.token in said, f"the supervisor was not told again: {said!r}"
