@@ -12,6 +12,7 @@ import os
 import queue
 import select
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,6 +66,13 @@ def take(client: redis.Redis, n: int) -> list[Taken]:
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     assert all(item is not None for item in items)
     return [item for item in items if item is not None]
+
+
+def take_one(server: RedisServer) -> tuple[redis.Redis, list[Taken]]:
+    """A client of ``server``, and the one job pushed there, taken."""
+    push(server.url, 1)
+    client = server.client()
+    return client, take(client, 1)
 
 
 def start_args(items: list[Taken]) -> list[Any]:
@@ -204,9 +212,7 @@ def test_a_claim_sent_again_after_redis_restarted_is_fenced_even_if_its_lease_ca
     redis_server: RedisServer,
 ) -> None:
     """A lost START reply, then Redis back from a snapshot holding the lease: not claimed unchecked."""
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     run_id = client.info("server")["run_id"]
     client.set(keys.epoch(OWNER), f"0:{run_id}:token")
     args = start_args(items)
@@ -240,6 +246,15 @@ def test_a_claim_that_waited_is_made_again_before_its_task_starts(redis_server: 
         release(item.run)
 
 
+def runs(client: redis.Redis, starter: Starter, item: Taken) -> bool:
+    """Whether a thread given ``item`` (claimed) calls its task."""
+    ran: list[int] = []
+    item.run.func = lambda a, b: ran.append(a) or a + b
+    Performer(scripts.client(client), starter=starter).work(item)
+    release(item.run)
+    return bool(ran)
+
+
 def _lose_claim(client: redis.Redis, item: Taken) -> None:
     """What a lapsed lease lets happen meanwhile: the lease gone, another run's success stored."""
     client.delete(item.run.claim_keys[1])
@@ -255,9 +270,7 @@ def test_a_claims_age_counts_from_when_it_was_sent_not_from_its_reply(
     lapses and another run finishes the job before the reply is read. A claim stamped when the
     reply was read looks fresh, and the task would run a second time.
     """
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     starter = Starter(scripts.client(client), "w1", 120)
     client.script_load(batch_scripts.START)  # known: the first call is not sent again (NOSCRIPT)
     real = Starter._pipeline
@@ -271,57 +284,59 @@ def test_a_claims_age_counts_from_when_it_was_sent_not_from_its_reply(
     monkeypatch.setattr(Starter, "_pipeline", late)
     starter.exchange([], items, None)
     assert items[0].run.claim_reply[0] == 0, "claimed, as Redis ran it"
-    ran: list[int] = []
-    items[0].run.func = lambda a, b: ran.append(a) or a + b
-    Performer(scripts.client(client), starter=starter).work(items[0])
-    release(items[0].run)
-    assert ran == [], "started on a claim older than its lease"
+    assert not runs(client, starter, items[0]), "started on a claim older than its lease"
 
 
 def test_a_claim_whose_lease_renewal_failed_is_made_again_before_its_task_starts(
     redis_server: RedisServer,
 ) -> None:
     """A fresh claim whose renewer already found the lease gone: not trusted for its age."""
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     starter = Starter(scripts.client(client), "w1", 120)
     starter.exchange([], items, None)
     _lose_claim(client, items[0])
     items[0].run.renewal.lost = True
-    ran: list[int] = []
-    items[0].run.func = lambda a, b: ran.append(a) or a + b
-    Performer(scripts.client(client), starter=starter).work(items[0])
-    release(items[0].run)
-    assert ran == [], "started on a lease its renewal found lost"
+    assert not runs(client, starter, items[0]), "started on a lease its renewal found lost"
 
 
 def test_a_claim_made_by_a_busy_poll_counts_its_age_from_when_it_was_sent(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same for the claim a thread's poll makes (its key was busy): not its reply's time."""
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     client.set(items[0].run.claim_keys[1], "another run", px=300)  # busy until it lapses
     starter = Starter(scripts.client(client), "w1", 120)
     starter.exchange([], items, None)
     assert items[0].run.claim_reply[0] == 3, "busy"
     real = perform.claim
 
-    def late(conn: redis.Redis, run: Any) -> Any:
-        answer = real(conn, run)  # polled until the other lease lapsed: claimed
+    def late(conn: redis.Redis, run: Any, *poll: Any) -> Any:
+        answer = real(conn, run, *poll)  # polled until the other lease lapsed: claimed
         monkeypatch.setattr(perform, "claim", real)
         _lose_claim(client, items[0])
         time.sleep(0.2)
         return answer
 
     monkeypatch.setattr(perform, "claim", late)
-    ran: list[int] = []
-    items[0].run.func = lambda a, b: ran.append(a) or a + b
-    Performer(scripts.client(client), starter=starter).work(items[0])
-    release(items[0].run)
-    assert ran == [], "started on a claim older than its lease"
+    assert not runs(client, starter, items[0]), "started on a claim older than its lease"
+
+
+@contextlib.contextmanager
+def supervisor() -> Iterator[Callable[[], str]]:
+    """This process's leases told to a pipe, as to the pool's supervisor; what it said since last asked."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    lease.supervise(Channel(write_fd))
+
+    def told() -> str:
+        return os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
+
+    try:
+        yield told
+    finally:
+        lease.supervise(None)
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_the_supervisor_hears_at_once_of_the_leases_a_turns_outcomes_freed(redis_server: RedisServer) -> None:
@@ -331,23 +346,14 @@ def test_the_supervisor_hears_at_once_of_the_leases_a_turns_outcomes_freed(redis
     deleted, under the same token: a supervisor still holding the token renews it for good, the
     job looks running, and a later delivery of its key waits for it forever.
     """
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     starter = Starter(scripts.client(client), "w1", 120)
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    lease.supervise(Channel(write_fd))
-    try:
+    with supervisor() as told:
         starter.exchange([], items, None)
-        assert items[0].run.token in os.read(read_fd, 65536).decode(), "held"
+        assert items[0].run.token in told(), "held"
         conclude(items[0].run, 1, None)
         starter.exchange(items, [], None)  # a turn that ends jobs and starts none
-        said = os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
-    finally:
-        lease.supervise(None)
-        os.close(read_fd)
-        os.close(write_fd)
+        said = told()
     assert said, "the supervisor was not told: it renews a lease the outcome deleted"
     assert json.loads(said) == {"r": [items[0].run.token]}, f"told: {said!r}"
 
@@ -411,9 +417,7 @@ def test_async_deliveries_of_one_key_do_not_take_every_executor_thread_polling(
 
 def test_a_claim_made_again_that_finds_its_own_lease_extends_it(redis_server: RedisServer) -> None:
     """Review of i26-pool, item 5b: made again (held up, or its reply lost), it counts from now."""
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     args = start_args(items)
     assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0
     lease_key = items[0].run.claim_keys[1]
@@ -428,22 +432,13 @@ def test_a_claim_made_again_is_held_by_the_supervisor_again(redis_server: RedisS
     A claim made again (its thread held up; the lease may have lapsed and been taken again)
     is a lease the supervisor must renew again: the task that now starts may hold the GIL.
     """
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     starter = Starter(scripts.client(client), "w1", 120)
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    lease.supervise(Channel(write_fd))
-    try:
+    with supervisor() as told:
         starter.exchange([], items, None)
-        os.read(read_fd, 65536)  # held (test_the_supervisor_hears_...)
+        told()  # held (test_the_supervisor_hears_...)
         items[0].claimed_at -= FRESH_S * 10  # its thread held up: made again before the call
         Performer(scripts.client(client), starter=starter).work(items[0])
-        said = os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
-    finally:
+        said = told()
         release(items[0].run)
-        lease.supervise(None)
-        os.close(read_fd)
-        os.close(write_fd)
     assert items[0].run.token in said, f"the supervisor was not told again: {said!r}"
