@@ -171,10 +171,10 @@ class Runner:
     def room(self, lifetime_left: int | None = None, waiting: int = 0) -> int:
         """How many more jobs to take now: the free threads and prefetch, within the async limit.
 
-        Jobs are taken ahead up to twice the threads, four times while the process's recent
-        runs are all quick (:func:`.quick.all_quick`): more jobs per round trip where a round
-        trip costs more than the jobs it brings, and no long queue of waiting jobs where they
-        are slow.
+        A job per thread, and four per thread while the process's recent runs are all quick
+        (:func:`.quick.all_quick`): more jobs per round trip where a round trip costs more than
+        the jobs it brings, and none waiting behind a busy thread where runs are slow. A job
+        taken ahead is only reserved; it is claimed when a thread starts it (docs/worker.md).
 
         Args:
             lifetime_left: jobs the process may still take in its life (``--max-jobs`` minus

@@ -14,7 +14,17 @@ from hybridq.errors import HybridqError
 
 #: Not hybridq errors, on purpose (by where they are defined, so a new class of the same name
 #: elsewhere is still caught): a chaos task's own failure stands for a user task's exception.
-_NOT_ERRORS = {"hybridq.testing.chaos.PlannedFailure"}
+_NOT_ERRORS = {
+    "hybridq.testing.chaos.PlannedFailure",
+    # The pool's signal from a task's guard to its performer that the task was not called (its
+    # claim is gone): a BaseException, so that no ``except Exception`` on its way reads it as the
+    # task's failure; it never reaches a user.
+    "hybridq.worker.runner.NotStarted",
+}
+
+#: Modules imported only for their effect (``hybridq worker --import ...``): not imported here,
+#: or the rest of the test session would run with their effect.
+_IMPORTED_FOR_THEIR_EFFECT = {"hybridq.testing.ahead"}
 
 #: Where each moved class used to live: the old import keeps working.
 _REEXPORTED = {
@@ -47,7 +57,8 @@ def _exception_classes() -> dict[str, type[BaseException]]:
     another, defined in a function or kept under another name counts too.
     """
     for info in pkgutil.walk_packages(hybridq.__path__, "hybridq."):
-        importlib.import_module(info.name)
+        if info.name not in _IMPORTED_FOR_THEIR_EFFECT:
+            importlib.import_module(info.name)
     found: dict[str, type[BaseException]] = {}
     for cls in _subclasses(BaseException):
         path = f"{cls.__module__}.{cls.__qualname__}"

@@ -83,18 +83,18 @@ def test_a_long_run_in_flight_stops_taking_further_ahead(monkeypatch: pytest.Mon
     assert not quick.all_quick()
 
 
-def test_the_runner_takes_ahead_two_jobs_per_thread_four_while_runs_are_quick(
+def test_the_runner_takes_a_job_per_thread_four_ahead_while_runs_are_quick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from hybridq.worker.runner import AHEAD, AHEAD_QUICK, Runner
 
     runner = Runner(3, 100, lambda _item: True, None, lambda _item: None, lambda _at: None)  # type: ignore[arg-type]
     try:
-        assert runner.room() == AHEAD * 3 == 6
+        assert runner.room() == AHEAD * 3 == 3
         _runs("m.f", quick.WINDOW, 0.001, monkeypatch)
         assert runner.room() == AHEAD_QUICK * 3 == 12
         _runs("m.f", 1, 1.0, monkeypatch)
-        assert runner.room() == 6
+        assert runner.room() == 3
     finally:
         runner.close()
 
@@ -111,7 +111,7 @@ def test_max_jobs_counts_the_jobs_given_and_those_done_but_not_yet_ended() -> No
         runner.done.put(object())  # type: ignore[arg-type]  # one finished, its end not sent yet
         assert runner.room(3) == 1
         assert runner.room(2) == 0
-        assert runner.room() == 5  # no --max-jobs: only the take-ahead depth (2 x 3 - 1)
+        assert runner.room() == 2  # no --max-jobs: only the free threads (1 x 3 - 1)
     finally:
         runner.sync_pending = 0
         runner.close()
