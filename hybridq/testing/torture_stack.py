@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from hybridq.context import current_job
 from hybridq.testing.faultproxy import FaultProxy
 from hybridq.testing.torture_check import EffectsTail, read_runs
@@ -179,9 +181,10 @@ class Stack:
 
     def promote(self) -> None:
         """SIGKILL the master; promote the replica (behind by its link's lag); move every client."""
-        old, self.master = self.master, self.replica
-        old.kill()
-        with contextlib.closing(self.master.client()) as client:
+        with contextlib.closing(self.replica.client()) as client:
+            _wait_synced(client)  # a replica still loading its first sync refuses REPLICAOF NO ONE
+            old, self.master = self.master, self.replica
+            old.kill()
             client.execute_command("REPLICAOF", "NO", "ONE")
         for proxy in self.proxies:
             proxy.upstream = ("127.0.0.1", self.master.port)
@@ -248,3 +251,19 @@ def post_mortem(stack: Stack) -> None:
             queue, inter = f"rq:queue:{QUEUE}", f"rq:queue:{QUEUE}:intermediate"
             where = (client.lpos(queue, job), client.lpos(inter, job))
             f.write(f"{job} queue/intermediate={where} hash={fields}\n")
+
+
+def _wait_synced(client: Any, timeout_s: float = 30.0) -> None:
+    """Wait until a replica has loaded its master's data (its link up, no load in progress).
+
+    The long run died on a promotion of a replica started a few seconds earlier, still loading
+    its first full sync (``BusyLoadingError``). A promoted replica that is behind is the fault;
+    one that has nothing yet is a different one (a Redis that lost everything), covered elsewhere.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError):
+            info = client.info()
+            if info.get("master_link_status") == "up" and not info.get("loading"):
+                return
+        time.sleep(0.1)

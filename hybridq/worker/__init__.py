@@ -46,6 +46,7 @@ loop, ``hybridq worker --rq``); and ``hybridq worker``'s default, a pool of proc
 many jobs each with the same claim, lease and outcome: :mod:`~hybridq.worker.pool` (the
 supervisor), :mod:`~hybridq.worker.engine` (one process's loop), :mod:`~hybridq.worker.runner`
 (threads, event loop, timeouts), :mod:`~hybridq.worker.perform` (one job of a batch),
+:mod:`~hybridq.worker.intake` (what a job taken is: one to run here, or RQ's code's),
 :mod:`~hybridq.worker.starter` (claims made as tasks start, reservations given back) and
 :mod:`~hybridq.worker.batch_scripts` (the batched Lua); :mod:`~hybridq.worker.guard` (the job
 class) and :mod:`~hybridq.worker.waiting` (jobs left for another worker).

@@ -35,8 +35,9 @@ from hybridq.protocol import keys
 from hybridq.transport import redisurl
 from hybridq.worker import batch_scripts, scripts
 from hybridq.worker.guard import Job
+from hybridq.worker.intake import Resolver, prepare, run_by_rq
 from hybridq.worker.loop import WORKER_TTL_S, check_access
-from hybridq.worker.perform import Performer, Resolver, is_async, prepare, run_by_rq
+from hybridq.worker.perform import Performer, is_async
 from hybridq.worker.runner import Runner, Taken
 from hybridq.worker.starter import Reservations, Starter
 
@@ -158,6 +159,7 @@ class Engine:
             self.reserved.expire()
             reason = self._leaving()
             if reason is not None:
+                self.runner.leaving = True  # a job polling for a busy key gives up (it waits for good)
                 self.reserved.give_back(everything=True)  # nothing more starts here
                 if self.runner.pending() == 0:
                     # A job may have finished between the last drain and the count: it is on

@@ -44,8 +44,6 @@ log = logging.getLogger("hybridq.worker")
 
 #: Leases due within this long of the earliest due one are renewed in the same call (seconds).
 COALESCE_S = 0.2
-#: A process lets go of freed leases at the latest once it has this many to say.
-FREED_BATCH = 256
 
 
 class Channel:
@@ -53,8 +51,10 @@ class Channel:
 
     Written before the task starts, so a task that then holds the GIL does not delay it. A
     supervisor that is gone (a broken pipe) is not an error: the process renews its leases itself.
-    A lease its outcome freed in Redis is let go of in the next message (the supervisor's renewal
-    of it would find it gone and stop anyway); one given up while Redis holds it, at once.
+    A lease its outcome freed in Redis is let go of with the leases its turn claims, or by
+    :meth:`flush` at the end of the turn; one given up while Redis holds it, at once. Never
+    later: a Redis back from a snapshot (or a lagging replica promoted) can bring a freed lease
+    back under the same token, and a supervisor still holding the token would renew it for good.
     """
 
     def __init__(self, fd: int) -> None:
@@ -72,15 +72,19 @@ class Channel:
         """The supervisor stops renewing the leases of ``tokens``.
 
         ``freed``: Redis no longer holds them under these tokens (their outcomes deleted them):
-        said with the next message. Otherwise (given up: they are to lapse) said now.
+        said with the next message, at the latest at the turn's :meth:`flush`. Otherwise (given
+        up: they are to lapse) said now.
         """
         if freed:
             with self._lock:
                 self._freed += tokens
-                if len(self._freed) < FREED_BATCH:
-                    return
-        if tokens:
+        elif tokens:
             self._send([], tokens)
+
+    def flush(self) -> None:
+        """Say now the freed leases not said yet (the end of a pool process's turn)."""
+        if self._freed:
+            self._send([], [])
 
     def _send(self, holds: list[tuple[str, str, int]], releases: list[str]) -> None:
         with self._lock:  # one writer at a time: a line longer than PIPE_BUF is written in parts

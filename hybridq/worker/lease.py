@@ -31,7 +31,17 @@ from redis.exceptions import RedisError
 from hybridq.worker.keeper import Channel
 from hybridq.worker.scripts import renew_many
 
-__all__ = ["CANCEL_POLL_S", "Renewal", "hold", "hold_all", "release", "release_all", "supervise"]
+__all__ = [
+    "CANCEL_POLL_S",
+    "Renewal",
+    "flush",
+    "hold",
+    "hold_again",
+    "hold_all",
+    "release",
+    "release_all",
+    "supervise",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -206,6 +216,25 @@ def hold_all(conn: redis.Redis, leases: list[tuple[str, str, float, str | None]]
     return renewals
 
 
+def hold_again(renewal: Renewal) -> None:
+    """``renewal``'s lease was claimed again: renewed as if new, by the supervisor too.
+
+    The supervisor forgets a lease the first time its renewal finds it gone; a claim made
+    again may have taken it anew (the same token), and the task that now starts may hold the GIL.
+    """
+    renewal.lost = False
+    channel = _channel
+    if channel is not None:
+        channel.hold([(renewal.key, renewal.token, renewal.lease_ms)])
+
+
+def flush() -> None:
+    """Tell the supervisor now of the freed leases :func:`release_all` kept for its next message."""
+    channel = _channel
+    if channel is not None:
+        channel.flush()
+
+
 def release(renewal: Renewal) -> None:
     """Stop renewing ``renewal``'s lease."""
     release_all([renewal])
@@ -214,7 +243,8 @@ def release(renewal: Renewal) -> None:
 def release_all(renewals: list[Renewal], *, freed: bool = False) -> None:
     """Stop renewing these leases (the supervisor is told in one message).
 
-    ``freed``: their outcomes deleted them in Redis (the supervisor may hear it later).
+    ``freed``: their outcomes deleted them in Redis (the supervisor hears it with the next
+    message, at the latest at :func:`flush`).
     """
     renewer = _renewer()
     for renewal in renewals:

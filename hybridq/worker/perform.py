@@ -1,7 +1,7 @@
-"""What runs one job a pool worker took: decoding its hash, the claim and task, RQ's record of it.
+"""What runs one job a pool worker took: the claim and task, RQ's record of it.
 
-:func:`prepare` makes a :class:`~hybridq.worker.runner.Taken` of a job hash's fields (or says the
-job is RQ's code's to run); :class:`Performer` runs it on a runner thread (:meth:`~Performer.work`)
+:func:`hybridq.worker.intake.prepare` makes a :class:`~hybridq.worker.runner.Taken` of a job
+hash's fields; :class:`Performer` runs it on a runner thread (:meth:`~Performer.work`)
 or, for an ``async def`` task, on the runner's event loop (:meth:`~Performer.work_async`), with
 :mod:`hybridq.worker.run`'s claim, lease, task call and outcome, and notes what RQ records of it
 (finished with its return value, or failed with its error).
@@ -10,7 +10,7 @@ or, for an ``async def`` task, on the runner's event loop (:meth:`~Performer.wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -22,21 +22,16 @@ from typing import Any
 
 import redis
 from redis.exceptions import RedisError
-from rq.queue import Queue
-from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 
 from hybridq.context import _current
-from hybridq.envelope.model import Envelope
 from hybridq.errors import Cancelled
-from hybridq.protocol import ENTRY_POINT, Delivery, keys
-from hybridq.security.signing import keyring
-from hybridq.worker.admit import check
-from hybridq.worker.run import CLAIMED, Run, begin, claim, conclude, perform, release
+from hybridq.worker import lease
+from hybridq.worker.run import BUSY, BUSY_POLL_S, CLAIMED, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
 
-__all__ = ["FRESH_S", "Performer", "Resolver", "is_async", "prepare", "run_by_rq"]
+__all__ = ["FRESH_S", "Performer", "is_async"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -45,55 +40,6 @@ ASYNC_POLL_S = 0.5
 #: A claim older than this when its task is about to start is made again first (seconds): the
 #: thread (or event loop) was held up since, and the claim may be gone (:meth:`Performer._fresh`).
 FRESH_S = 0.05
-
-
-def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envelope], Any]) -> Taken | None:
-    """The job to run from its hash's fields, or ``None`` if RQ's code must run it."""
-    data, origin, run_no, on_success, on_failure, on_stopped, timeout, result_ttl, failure_ttl = fields
-    if run_no is None or on_success or on_failure or on_stopped or origin is None or origin.decode() != queue:
-        return None
-    try:
-        with contextlib.suppress(zlib.error):  # RQ reads uncompressed data too
-            data = zlib.decompress(data)
-        func_name, instance, args, kwargs = json.loads(data)
-        if func_name != ENTRY_POINT or instance is not None or len(args) != 1 or kwargs:
-            return None
-        d = Delivery.from_json(args[0])
-        env = d.envelope
-        if env.id != job_id or env.queue != queue:
-            return None  # a copy of another job: RQ's code refuses it, unreported
-        func = resolve(env)
-        if func is None:
-            return None  # refused or not importable here: RQ's code reports or leaves it
-        item = Taken(job_id, queue, Run.new(args[0], d, func))
-        seconds = int(timeout) if timeout else Queue.DEFAULT_TIMEOUT
-        item.timeout = None if seconds < 0 else float(seconds)
-        item.result_ttl = int(result_ttl) if result_ttl else 500
-        item.failure_ttl = int(failure_ttl) if failure_ttl else 31536000
-    except Exception:
-        return None
-    return item
-
-
-class Resolver:
-    """The function to run for an envelope (:func:`~hybridq.worker.admit.check`).
-
-    Resolved once per path when no signing key is configured (a signature is each envelope's own).
-    """
-
-    def __init__(self) -> None:
-        self._funcs: dict[str, Callable[..., Any]] = {}
-
-    def __call__(self, env: Envelope) -> Callable[..., Any] | None:
-        """The function for ``env``; ``None`` if refused or not importable here."""
-        if keyring() is not None:
-            return check(env)[0]
-        func = self._funcs.get(env.func)
-        if func is None:
-            func = check(env)[0]
-            if func is not None:
-                self._funcs[env.func] = func
-        return func
 
 
 class Performer:
@@ -138,14 +84,16 @@ class Performer:
         _record(item, value, error)
         return True
 
-    def _claimed(self, item: Taken, *, again: bool = False) -> bool:
+    def _claimed(self, item: Taken, *, again: bool = False, wait: bool = True) -> bool | None:
         """Claim ``item`` now, as its task is about to start; whether the task may run.
 
         The claim goes with those of the other threads starting now (:class:`.Starter`), or
         was made by the engine's turn for this thread; ``again``: a plain claim now, of a claim
-        made too long ago (:meth:`_fresh`). A key another delivery holds is polled until it is
-        claimed or has an outcome (each poll a claim at that moment). What RQ records of a job
-        that does not run is noted here.
+        made too long ago (:meth:`_fresh`), or a poll. A key another delivery holds is polled
+        until it is claimed or has an outcome (each poll a claim at that moment), or this
+        process is leaving (:meth:`_poll`); ``wait`` False: not polled, ``None`` returned (the
+        event loop waits between polls: :meth:`_claim_async`). What RQ records of a job that
+        does not run is noted here.
         """
         run = item.run
         try:
@@ -154,7 +102,8 @@ class Performer:
             elif run.claim_reply is None and (self.starter is None or self.starter.start(item) is None):
                 item.dropped = True  # could not be sent (logged): left for the forwarder
                 return False
-            answer = claim(self.client, run)
+            sent = time.monotonic()  # before the claim: Redis may run it long before its reply is read
+            answer = claim(self.client, run, self._poll if wait else _once)
         except RedisError as exc:
             log.error(
                 "job %s: cannot claim it (%s): left for the forwarder to deliver again", item.job_id, exc
@@ -164,43 +113,97 @@ class Performer:
         except Exception as exc:
             failed(item, text(exc))
             return False
+        if answer is BUSY:
+            if not wait:
+                return None
+            self._give_up(item)
+            return False
         if answer is not CLAIMED:
             succeeded(item, answer)
             return False
         if again or not item.claimed_at:  # claimed by this call, or by a poll
-            item.claimed_at = time.monotonic()
+            item.claimed_at = sent
+            if run.renewal is not None:  # held since an earlier claim: the supervisor may have let go
+                lease.hold_again(run.renewal)
         hold_claimed(self.client, [run])  # claimed by a poll (a claim the starter made is held)
         return True
 
     def _fresh(self, item: Taken) -> bool:
         """Whether ``item``'s task may start now: its claim is fresh, or still ours when asked again.
 
-        The last check before the task's call. A claim made more than :data:`FRESH_S` ago (its
-        thread or the event loop was held up: a task holding the GIL, a busy loop) may be gone
-        by now (Redis back from a snapshot, this host cut off past the lease): it is made again,
-        now, with the same token (the lease is ours if it was kept, after the epoch fences).
+        The last check before the task's call. A claim sent more than :data:`FRESH_S` ago (its
+        thread or the event loop was held up: a task holding the GIL, a busy loop), or whose
+        lease's renewal found it gone, may be gone by now (Redis back from a snapshot, this
+        host cut off past the lease): it is made again, now, with the same token (the lease is
+        ours if it was kept, after the epoch fences).
         """
-        waited = time.monotonic() - item.claimed_at
-        if waited <= FRESH_S:
+        if not _stale(item):
             return True
-        log.info("job %s: claimed %.2f s ago and not started yet: claiming it again", item.job_id, waited)
-        return self._claimed(item, again=True)
+        _claiming_again(item)
+        return bool(self._claimed(item, again=True))
+
+    def _poll(self) -> bool:
+        """Whether to claim a busy key again (after :data:`BUSY_POLL_S`): not if this process is leaving.
+
+        A process that is leaving (stopped, recycled, a job stuck in it) waits for its jobs to
+        end: one polling for a key that a stuck job holds (its lease renewed until the process
+        exits) would keep it for good.
+        """
+        if not self._leaving():
+            time.sleep(BUSY_POLL_S)
+        return not self._leaving()
+
+    def _leaving(self) -> bool:
+        return self.runner is not None and self.runner.leaving
+
+    def _give_up(self, item: Taken) -> None:
+        """Leave ``item`` unstarted (its key busy, this process leaving): the forwarder delivers it again."""
+        log.info(
+            "job %s: its key is held by another run and this process is leaving: not started; "
+            "delivered again",
+            item.job_id,
+        )
+        release(item.run)  # a lease it held before (claimed, then lost) is not renewed any more
+        item.dropped = True
+
+    async def _claim_async(self, item: Taken, *, again: bool = False) -> bool:
+        """:meth:`_claimed` from the event loop: each try on an executor thread, the polls' waits on the loop.
+
+        Off the loop's thread, as a claim waits for Redis; but the loop's shared executor (a few
+        threads) never holds a thread polling a busy key: as many deliveries of one key as it
+        has threads would take them all, and the delivery holding the key could not get one to
+        claim it again (a deadlock).
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            claimed = await loop.run_in_executor(
+                None, functools.partial(self._claimed, item, again=again, wait=False)
+            )
+            if claimed is not None:
+                return claimed
+            if self._leaving():
+                self._give_up(item)
+                return False
+            await asyncio.sleep(BUSY_POLL_S)
+            again = True  # a poll: a plain claim now
 
     async def work_async(self, item: Taken) -> None:
         """Claim, then run, one ``async def`` task on the runner's event loop."""
         run = item.run
         env = run.d.envelope
         # The claim is made here, as the coroutine starts (not when the engine gave it to the
-        # loop): the loop may be busy first. Off the loop's thread: it waits for Redis.
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, self._claimed, item):
+        # loop): the loop may be busy first.
+        if not await self._claim_async(item):
             return
 
         async def task() -> Any:
             # The claim's last check, in the step that calls the task: the loop may have been
-            # held up since the claim (a blocking coroutine, a thread holding the GIL).
-            while time.monotonic() - item.claimed_at > FRESH_S:
-                if not await loop.run_in_executor(None, self._fresh, item):
+            # held up since the claim (a blocking coroutine, a thread holding the GIL). A claim
+            # made again is trusted, as a thread's is (a loop always late would otherwise
+            # claim again for good).
+            if _stale(item):
+                _claiming_again(item)
+                if not await self._claim_async(item, again=True):
                     raise NotStarted(item.job_id)  # the claim is gone: not called
             return await run.func(*env.args, **env.kwargs)
 
@@ -282,18 +285,23 @@ class Performer:
         item.dropped = True
 
 
-def run_by_rq(rq_worker: Any, rq_queue: Queue, job_id: str, *, several_queues: bool) -> None:
-    """Run one job with RQ's own worker code (hybridq's pipelining SimpleWorker), in this thread."""
-    conn = rq_worker.connection
-    try:
-        job = rq_queue.job_class.fetch(job_id, connection=conn, serializer=JSONSerializer)
-        rq_worker.execute_job(job, rq_queue)
-    except Exception:  # RQ logs and records what a job does; this is what it did not catch
-        log.exception("job %s: RQ's worker code failed on it", job_id)
-    finally:
-        if several_queues:  # RQ removes it from its intermediate list only when it serves one queue
-            with contextlib.suppress(RedisError):
-                conn.lrem(keys.rq_intermediate(rq_queue.name), 1, job_id)
+def _once() -> bool:
+    """A busy key is not polled (:func:`~hybridq.worker.run.claim`'s ``poll``)."""
+    return False
+
+
+def _claiming_again(item: Taken) -> None:
+    waited = time.monotonic() - item.claimed_at
+    log.info("job %s: claimed %.2f s ago and not started yet: claiming it again", item.job_id, waited)
+
+
+def _stale(item: Taken) -> bool:
+    """Whether ``item``'s claim must be made again before its task starts (:meth:`Performer._fresh`).
+
+    Sent more than :data:`FRESH_S` ago, or its lease's renewal already found it gone.
+    """
+    renewal = item.run.renewal
+    return time.monotonic() - item.claimed_at > FRESH_S or (renewal is not None and renewal.lost)
 
 
 def is_async(func: Callable[..., Any]) -> bool:

@@ -44,6 +44,7 @@ from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
 __all__ = [
+    "BUSY",
     "BUSY_POLL_S",
     "CLAIMED",
     "MAX_ERROR_CHARS",
@@ -162,14 +163,18 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
 
 #: What :func:`claim` returns when the key is claimed: the task may run.
 CLAIMED: Any = object()
+#: What :func:`claim` returns when it stopped polling a key another delivery holds: not claimed.
+BUSY: Any = object()
 
 
-def claim(conn: redis.Redis, run: Run) -> Any:
+def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -> Any:
     """Claim ``run``'s key: :data:`CLAIMED`, or what :func:`execute` returns instead of running.
 
     Uses ``run.claim_reply`` if the claim was sent already. A suppressed duplicate returns the
     stored result (or raises DuplicateOfFailedJob), a stale copy raises StaleDelivery, a fenced
-    (or cancelled) one returns ``None``; a busy key is polled until it is one of those, or claimed.
+    (or cancelled) one returns ``None``; a busy key is polled until it is one of those, or claimed,
+    every :data:`BUSY_POLL_S`; with ``poll``, while ``poll()`` (which waits between polls) says
+    so, and :data:`BUSY` once it does not: not claimed, another delivery holds the key.
     """
     d, env = run.d, run.d.envelope
     reply = run.claim_reply  # the claim a pipelining worker already sent (hybridq.rqworker)
@@ -209,7 +214,10 @@ def claim(conn: redis.Redis, run: Run) -> Any:
             )
             return None
         # ClaimStatus.BUSY: another delivery of this key runs the task now: wait for it.
-        time.sleep(BUSY_POLL_S)
+        if poll is None:
+            time.sleep(BUSY_POLL_S)
+        elif not poll():
+            return BUSY
 
 
 @dataclass(eq=False, slots=True)

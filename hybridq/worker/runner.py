@@ -69,11 +69,10 @@ class Taken:
 
     job_id: str
     queue: str
-    #: Set by the engine: its run (:class:`hybridq.worker.run.Run`), execution id, etc.
-    run: Any = None
+    run: Any = None  # set by the engine: its hybridq.worker.run.Run
     #: RQ's execution id, given when the job starts (:mod:`hybridq.worker.starter`); "" before.
     exec_id: str = ""
-    #: When the job was taken (reserved), and when its claim's reply came (monotonic; 0: not).
+    #: When the job was taken (reserved), and when its claim was sent (monotonic; 0: not).
     taken_at: float = 0.0
     claimed_at: float = 0.0
     #: The job's timeout in seconds (``None``: none), and when it started (time.time()).
@@ -142,6 +141,7 @@ class Runner:
         self.async_pending = 0
         #: A job is stuck: this process must take nothing more and exit once the rest are done.
         self.poisoned = False
+        self.leaving = False  # set by the engine as the process leaves: nothing polls a busy key
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._pool = [
@@ -171,10 +171,10 @@ class Runner:
     def room(self, lifetime_left: int | None = None, waiting: int = 0) -> int:
         """How many more jobs to take now: the free threads and prefetch, within the async limit.
 
-        Jobs are taken up to one per thread, four per thread while the process's recent
-        runs are all quick (:func:`.quick.all_quick`): more jobs per round trip where a round
-        trip costs more than the jobs it brings, and no long queue of waiting jobs where they
-        are slow.
+        A job per thread, and four per thread while the process's recent runs are all quick
+        (:func:`.quick.all_quick`): more jobs per round trip where a round trip costs more than
+        the jobs it brings, and none waiting behind a busy thread where runs are slow. A job
+        taken ahead is only reserved; it is claimed when a thread starts it (docs/worker.md).
 
         Args:
             lifetime_left: jobs the process may still take in its life (``--max-jobs`` minus

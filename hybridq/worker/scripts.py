@@ -108,8 +108,10 @@ local function claim(K, A, server)
         end
     end
     if redis.call("GET", K[2]) == A[1] then
-        -- This very claim already ran (its reply was lost): the lease is ours. After the fences:
-        -- a Redis back from a snapshot holding it is not the server the claim was made on.
+        -- This very claim already ran (its reply was lost), or it is made again before its task
+        -- starts: the lease is ours, for a whole lease from now. After the fences: a Redis back
+        -- from a snapshot holding it is not the server the claim was made on.
+        redis.call("PEXPIRE", K[2], A[2])
         return {0, ""}
     end
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])

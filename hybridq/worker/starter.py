@@ -107,8 +107,9 @@ class Starter:
 
     def _send(self, batch: list[Taken]) -> None:
         args = self._start_args(batch)
+        sent = time.monotonic()
         self._started(
-            batch, self._resend(batch, lambda: scripts.call(self.client, batch_scripts.START, [], args))
+            batch, self._resend(batch, lambda: scripts.call(self.client, batch_scripts.START, [], args)), sent
         )
 
     def exchange(
@@ -133,6 +134,7 @@ class Starter:
             parts.append((batch_scripts.START, [], self._start_args(starting)))
         if take is not None:
             parts.append((batch_scripts.TAKE, *take))
+        sent = time.monotonic()  # the claims' age counts from here (_started)
         replies = self._pipeline(parts)
 
         def again(n: int) -> Callable[[], Any]:
@@ -145,7 +147,9 @@ class Starter:
         if starting:
             reply = replies.pop(0)
             resent = isinstance(reply, Exception)
-            self._started(starting, self._resend(starting, again(1 if ending else 0)) if resent else reply)
+            reply = self._resend(starting, again(1 if ending else 0)) if resent else reply
+            self._started(starting, reply, sent)
+        lease.flush()  # the leases END freed, if START's claims did not carry them (keeper.Channel)
         taken = replies.pop(0) if take is not None else []
         if isinstance(taken, NoScriptError):  # it did not run: sent again, now that it is loaded
             taken = scripts.call(self.client, batch_scripts.TAKE, *take)  # type: ignore[misc]
@@ -189,8 +193,13 @@ class Starter:
             log.error("cannot start %d job(s) (%s): left for the forwarder to deliver again", len(batch), exc)
             return None
 
-    def _started(self, batch: list[Taken], replies: Any) -> None:
-        """Note the claims' replies (``None``: not sent) and hold the leases taken, before any start."""
+    def _started(self, batch: list[Taken], replies: Any, sent: float) -> None:
+        """Note the claims' replies (``None``: not sent) and hold the leases taken, before any start.
+
+        ``sent``: when the claims were sent (monotonic), their age's start: Redis may have run
+        them long before their reply is read (the thread reading it held up by another holding
+        the GIL), and their leases were renewed by nobody meanwhile.
+        """
         if replies is None:
             for item in batch:
                 item.dropped = True
@@ -210,9 +219,8 @@ class Starter:
                 claimed.append(item)
         # Before any of them starts: the leases are renewed, by the supervisor too.
         hold_claimed(self.client, [item.run for item in claimed])
-        now = time.monotonic()
         for item in claimed:
-            item.claimed_at = now
+            item.claimed_at = sent
         for item, reply in zip(batch, replies, strict=True):
             if int(reply[0]) >= 0:
                 item.run.claim_reply = reply

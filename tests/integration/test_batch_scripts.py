@@ -6,8 +6,14 @@ A reply lost after a script ran is answered by sending the same call again (the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
+import select
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -17,10 +23,12 @@ from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.protocol import Delivery, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_scripts, scripts
-from hybridq.worker.perform import FRESH_S, Performer, Resolver, prepare
+from hybridq.worker import batch_scripts, lease, perform, scripts
+from hybridq.worker.intake import Resolver, prepare
+from hybridq.worker.keeper import Channel
+from hybridq.worker.perform import FRESH_S, Performer
 from hybridq.worker.run import conclude, release
-from hybridq.worker.runner import Taken
+from hybridq.worker.runner import Runner, Taken
 from hybridq.worker.starter import Starter
 from rq.serializers import JSONSerializer
 
@@ -28,14 +36,19 @@ QUEUE = "batch"
 OWNER = "batch-owner"
 
 
-def push(url: str, n: int) -> list[str]:
+def push(url: str, n: int, key: str | None = None) -> list[str]:
     transport = RQTransport(url)
     try:
         now = time.time()
         ids = [new_job_id(now) for _ in range(n)]
         envs = [
             Envelope(
-                id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now
+                id=j,
+                func="tests.tasks.add",
+                args=(i, 1),
+                queue=QUEUE,
+                idempotency_key=key or j,
+                created_at=now,
             )
             for i, j in enumerate(ids)
         ]
@@ -52,6 +65,13 @@ def take(client: redis.Redis, n: int) -> list[Taken]:
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     assert all(item is not None for item in items)
     return [item for item in items if item is not None]
+
+
+def take_one(server: RedisServer) -> tuple[redis.Redis, list[Taken]]:
+    """A client of ``server``, and the one job pushed there, taken."""
+    push(server.url, 1)
+    client = server.client()
+    return client, take(client, 1)
 
 
 def start_args(items: list[Taken]) -> list[Any]:
@@ -191,9 +211,7 @@ def test_a_claim_sent_again_after_redis_restarted_is_fenced_even_if_its_lease_ca
     redis_server: RedisServer,
 ) -> None:
     """A lost START reply, then Redis back from a snapshot holding the lease: not claimed unchecked."""
-    push(redis_server.url, 1)
-    client = redis_server.client()
-    items = take(client, 1)
+    client, items = take_one(redis_server)
     run_id = client.info("server")["run_id"]
     client.set(keys.epoch(OWNER), f"0:{run_id}:token")
     args = start_args(items)
@@ -225,3 +243,201 @@ def test_a_claim_that_waited_is_made_again_before_its_task_starts(redis_server: 
     assert ran == [1], "only the job whose claim was still its own ran"
     for item in items:
         release(item.run)
+
+
+def runs(client: redis.Redis, starter: Starter, item: Taken) -> bool:
+    """Whether a thread given ``item`` (claimed) calls its task."""
+    ran: list[int] = []
+    item.run.func = lambda a, b: ran.append(a) or a + b
+    Performer(scripts.client(client), starter=starter).work(item)
+    release(item.run)
+    return bool(ran)
+
+
+def _lose_claim(client: redis.Redis, item: Taken) -> None:
+    """What a lapsed lease lets happen meanwhile: the lease gone, another run's success stored."""
+    client.delete(item.run.claim_keys[1])
+    client.set(item.run.claim_keys[0], json.dumps({"outcome": "succeeded", "result": 7, "job_id": "x"}))
+
+
+def test_a_claims_age_counts_from_when_it_was_sent_not_from_its_reply(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """START ran in Redis, then its reply waited past the lease (a task holding the GIL): asked again.
+
+    The engine thread waits in the pipeline's read while Redis already ran the claim; the lease
+    lapses and another run finishes the job before the reply is read. A claim stamped when the
+    reply was read looks fresh, and the task would run a second time.
+    """
+    client, items = take_one(redis_server)
+    starter = Starter(scripts.client(client), "w1", 120)
+    client.script_load(batch_scripts.START)  # known: the first call is not sent again (NOSCRIPT)
+    real = Starter._pipeline
+
+    def late(self: Starter, parts: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        replies = real(self, parts)
+        _lose_claim(client, items[0])
+        time.sleep(0.2)
+        return replies
+
+    monkeypatch.setattr(Starter, "_pipeline", late)
+    starter.exchange([], items, None)
+    assert items[0].run.claim_reply[0] == 0, "claimed, as Redis ran it"
+    assert not runs(client, starter, items[0]), "started on a claim older than its lease"
+
+
+def test_a_claim_whose_lease_renewal_failed_is_made_again_before_its_task_starts(
+    redis_server: RedisServer,
+) -> None:
+    """A fresh claim whose renewer already found the lease gone: not trusted for its age."""
+    client, items = take_one(redis_server)
+    starter = Starter(scripts.client(client), "w1", 120)
+    starter.exchange([], items, None)
+    _lose_claim(client, items[0])
+    items[0].run.renewal.lost = True
+    assert not runs(client, starter, items[0]), "started on a lease its renewal found lost"
+
+
+def test_a_claim_made_by_a_busy_poll_counts_its_age_from_when_it_was_sent(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the claim a thread's poll makes (its key was busy): not its reply's time."""
+    client, items = take_one(redis_server)
+    client.set(items[0].run.claim_keys[1], "another run", px=300)  # busy until it lapses
+    starter = Starter(scripts.client(client), "w1", 120)
+    starter.exchange([], items, None)
+    assert items[0].run.claim_reply[0] == 3, "busy"
+    real = perform.claim
+
+    def late(conn: redis.Redis, run: Any, *poll: Any) -> Any:
+        answer = real(conn, run, *poll)  # polled until the other lease lapsed: claimed
+        monkeypatch.setattr(perform, "claim", real)
+        _lose_claim(client, items[0])
+        time.sleep(0.2)
+        return answer
+
+    monkeypatch.setattr(perform, "claim", late)
+    assert not runs(client, starter, items[0]), "started on a claim older than its lease"
+
+
+@contextlib.contextmanager
+def supervisor() -> Iterator[Callable[[], str]]:
+    """This process's leases told to a pipe, as to the pool's supervisor; what it said since last asked."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    lease.supervise(Channel(write_fd))
+
+    def told() -> str:
+        return os.read(read_fd, 65536).decode() if select.select([read_fd], [], [], 0)[0] else ""
+
+    try:
+        yield told
+    finally:
+        lease.supervise(None)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_the_supervisor_hears_at_once_of_the_leases_a_turns_outcomes_freed(redis_server: RedisServer) -> None:
+    """A freed lease is let go of in the turn that freed it, not once 256 pile up (review, item 2).
+
+    Redis back from a snapshot (or a lagging replica promoted) can bring back a lease an outcome
+    deleted, under the same token: a supervisor still holding the token renews it for good, the
+    job looks running, and a later delivery of its key waits for it forever.
+    """
+    client, items = take_one(redis_server)
+    starter = Starter(scripts.client(client), "w1", 120)
+    with supervisor() as told:
+        starter.exchange([], items, None)
+        assert items[0].run.token in told(), "held"
+        conclude(items[0].run, 1, None)
+        starter.exchange(items, [], None)  # a turn that ends jobs and starts none
+        said = told()
+    assert said, "the supervisor was not told: it renews a lease the outcome deleted"
+    assert json.loads(said) == {"r": [items[0].run.token]}, f"told: {said!r}"
+
+
+def test_async_deliveries_of_one_key_do_not_take_every_executor_thread_polling(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of i26-pool, item 3: the key's holder must claim again and finds no thread for it.
+
+    Three ``async def`` deliveries of one key on a loop whose default executor has two threads;
+    the holder's claim is read 0.1 s late (so it is made again before its call). Before the fix
+    the two others polled the busy key on both executor threads for good, and nothing ran.
+    """
+    push(redis_server.url, 3, key="K")
+    client = redis_server.client()
+    items = take(client, 3)
+    conn = scripts.client(client)
+    starter = Starter(conn, "w1", 120)
+    performer = Performer(conn, starter=starter)
+    runner = Runner(2, 10, performer.work, performer.work_async, performer.stuck)
+    performer.runner = runner
+    ran: list[str] = []
+
+    async def task(a: int, _b: int) -> int:
+        ran.append(str(a))
+        return a
+
+    real, late = perform.claim, []
+
+    def claim_read_late(conn_: redis.Redis, run: Any, poll: Any = None) -> Any:
+        answer = real(conn_, run, *([poll] if poll is not None else []))
+        if answer is perform.CLAIMED and not late:
+            late.append(run)
+            time.sleep(0.1)  # the reply read late: the claim is made again before the call
+        return answer
+
+    monkeypatch.setattr(perform, "claim", claim_read_late)
+    loop, executor = runner._event_loop(), ThreadPoolExecutor(2)
+    loop.call_soon_threadsafe(loop.set_default_executor, executor)
+    try:
+        for item in items:
+            item.run.func = task
+            item.run.deferred_end = True
+            runner.start_async(item)
+        done: list[Taken] = []
+        deadline = time.monotonic() + 2 * items[0].run.d.lease_s
+        while len(done) < 3 and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                ended = runner.done.get(timeout=0.1)
+                done.append(ended)
+                starter.exchange([ended] if not ended.dropped else [], [], None)  # the engine's END
+    finally:
+        runner.close()
+        executor.shutdown(wait=False, cancel_futures=True)  # before the fix: its threads poll for good
+        while loop.is_running():
+            time.sleep(0.01)
+        loop.close()
+    assert len(done) == 3, f"{len(done)} of 3 done; ran: {ran}"
+    assert len(ran) == 1, f"the key ran once: {ran}"
+
+
+def test_a_claim_made_again_that_finds_its_own_lease_extends_it(redis_server: RedisServer) -> None:
+    """Review of i26-pool, item 5b: made again (held up, or its reply lost), it counts from now."""
+    client, items = take_one(redis_server)
+    args = start_args(items)
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0
+    lease_key = items[0].run.claim_keys[1]
+    client.pexpire(lease_key, 100)  # most of the lease gone by the time it is made again
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == 0, "its own lease"
+    assert client.pttl(lease_key) > 1000, "the claim made again counts from now"
+
+
+def test_a_claim_made_again_is_held_by_the_supervisor_again(redis_server: RedisServer) -> None:
+    """Review of i26-pool, item 5c: the supervisor forgets a lease the first time it finds it gone.
+
+    A claim made again (its thread held up; the lease may have lapsed and been taken again)
+    is a lease the supervisor must renew again: the task that now starts may hold the GIL.
+    """
+    client, items = take_one(redis_server)
+    starter = Starter(scripts.client(client), "w1", 120)
+    with supervisor() as told:
+        starter.exchange([], items, None)
+        told()  # held (test_the_supervisor_hears_...)
+        items[0].claimed_at -= FRESH_S * 10  # its thread held up: made again before the call
+        Performer(scripts.client(client), starter=starter).work(items[0])
+        said = told()
+        release(items[0].run)
+    assert items[0].run.token in said, f"the supervisor was not told again: {said!r}"

@@ -144,3 +144,29 @@ def test_a_task_holding_the_gil_past_its_lease_runs_once_and_so_does_the_job_bes
 def _epoch_set(server: RedisServer) -> bool:
     with contextlib.closing(server.client()) as client:
         return bool(client.keys("hybridq:epoch:*"))
+
+
+def test_a_job_polling_for_a_stuck_jobs_key_does_not_keep_its_process_from_exiting(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
+) -> None:
+    """Review of i26-pool, item 4: X stuck past its timeout, Y (X's key) polling X's lease.
+
+    The process is poisoned (it exits once its other jobs end, and X's lease lapses then), but
+    Y's poll never ended: X's lease was renewed until the process exits. Y now gives up (not
+    started: delivered again), the process exits, and X is delivered again.
+    """
+    effects = tmp_path / "effects.txt"
+    journals = [journal_dir, tmp_path / "journal-b"]
+    forwarders = [stack.forwarder(redis_server.url, journal=j) for j in journals]
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
+    Queue("default", journals[0]).enqueue(
+        "tests.tasks.stuck", str(effects), "X", idempotency_key="K", job_timeout=1
+    )
+    x = wait_line(effects, "start", "X", timeout=30)
+    Queue("default", journals[1]).enqueue("tests.tasks.traced", str(effects), "Y", idempotency_key="K")
+    again = wait_line(effects, "start", "X", attempt=2, timeout=1 + 2 + LEASE_S + 15)
+    assert again.pid != x.pid, "delivered again once its process was gone"
+    assert x.pid not in worker.children()
+    assert "exiting for a fresh process" in worker.log()
+    assert runs(effects)["Y"] == 0, "Y never started beside X"
+    del forwarders
