@@ -11,6 +11,8 @@ job to finish. Cheap (about a second per case).
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ QUEUE = "stop"
 OWNER = "stop-owner"
 
 
-def push_traced(url: str, effects: Path, token: str, sleep_s: float) -> Envelope:
+def push_traced(
+    url: str, effects: Path, token: str, sleep_s: float, key: str | None = None, lost: int = 0
+) -> Envelope:
     transport = RQTransport(url)
     try:
         job_id = new_job_id(time.time())
@@ -38,10 +42,10 @@ def push_traced(url: str, effects: Path, token: str, sleep_s: float) -> Envelope
             func="tests.tasks.traced",
             args=(str(effects), token, sleep_s),
             queue=QUEUE,
-            idempotency_key=job_id,
+            idempotency_key=key or job_id,
             created_at=time.time(),
         )
-        transport.push([Delivery(env, OWNER, ("w", 0, 0), lease_s=2.0)])
+        transport.push([Delivery(env, OWNER, ("w", 0, 0), lease_s=2.0, lost=lost)])
     finally:
         transport.close()
     return env
@@ -94,3 +98,37 @@ def test_a_job_that_finishes_as_its_process_leaves_is_recorded(
         assert len(events) == 1, "the finished job's outcome was recorded before the exit"
         assert env.id.encode() in events[0][1][b"e"]
         assert client.get(keys.lease(env.key_id)) is None, "its lease freed, not left to lapse"
+
+
+def test_a_job_run_alone_polling_a_busy_key_does_not_keep_a_stopped_process(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Review of i26-fix, item 4: SIGTERM while a job whose earlier run vanished polls its busy key.
+
+    Such a job runs alone (``Engine._run_isolated``), whose wait did not tell the runner the
+    process is leaving: the poll went on for as long as the key's holder renews its lease (here
+    a minute), and the stopped process with it. It now gives the job up (delivered again).
+    """
+    effects = tmp_path / "effects.txt"
+    env = push_traced(redis_server.url, effects, "Y", 0.0, key="K", lost=1)
+    with redis_server.client() as client:
+        client.set(keys.lease(env.key_id), "another run, renewed", px=60_000)
+    engine = Engine(redis_server.url, [QUEUE], threads=1, async_concurrency=1, name=f"stop-{os.getpid()}")
+    engine._connect()
+    codes: list[Any] = []
+    serving = threading.Thread(target=lambda: codes.append(engine._serve()), daemon=True)
+    serving.start()
+    try:
+        wait_until(lambda: engine.runner.pending() > 0, what="the job to start alone")
+        time.sleep(0.5)  # polling its key
+        engine._stop(signal.SIGTERM, None)
+        serving.join(timeout=5.0)
+        stopped = not serving.is_alive()
+    finally:
+        with redis_server.client() as client:
+            client.delete(keys.lease(env.key_id))  # before the fix: the poll claims it now, and ends
+        serving.join(timeout=10.0)
+        engine.runner.close()
+    assert stopped, "the stopped process kept polling its isolated job's busy key"
+    assert codes == [0]
+    assert not effects.exists(), "Y did not start"
