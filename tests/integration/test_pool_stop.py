@@ -22,9 +22,16 @@ from hybridq import keys
 from hybridq.envelope import Envelope, new_job_id
 from hybridq.protocol import Delivery
 from hybridq.testing.embedded import RedisServer
+from hybridq.transport.base import Probe
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import scripts
 from hybridq.worker.engine import Engine
+from hybridq.worker.perform import Performer
+from hybridq.worker.run import release
+from hybridq.worker.runner import Runner
+from hybridq.worker.starter import Starter
 
+from tests.integration.test_batch_scripts import take_one
 from tests.support.processes import wait_until
 
 QUEUE = "stop"
@@ -132,3 +139,42 @@ def test_a_job_run_alone_polling_a_busy_key_does_not_keep_a_stopped_process(
     assert stopped, "the stopped process kept polling its isolated job's busy key"
     assert codes == [0]
     assert not effects.exists(), "Y did not start"
+
+
+def test_a_job_given_up_after_an_earlier_claim_counts_as_a_vanished_run(redis_server: RedisServer) -> None:
+    """Review of i26-fix, item 3: what docs/worker.md says of a job given up by a leaving process.
+
+    Claimed at its start (the claim marks the job hash started), held up, its claim made again
+    finds another run holding the key, and its process is leaving: given up, not run. The mark
+    stays (the other run may be a delivery of this very run, whose vanishing must count), so
+    once that lease is gone the forwarder's probe says ``orphaned`` (a ``lost`` entry, an attempt
+    used), not ``stranded``: the docs said "taken, never started" before.
+    """
+    client, items = take_one(redis_server)
+    item = items[0]
+    conn = scripts.client(client)
+    starter = Starter(conn, "w1", 120)
+    performer = Performer(conn, starter=starter)
+    runner = Runner(1, 1, performer.work, performer.work_async, performer.stuck)
+    performer.runner = runner
+    try:
+        starter.exchange([], items, None)
+        item.claimed_at -= 1.0  # held up since: made again before the call
+        client.set(item.run.claim_keys[1], "another run", px=60_000)
+        runner.leaving = True
+        ran: list[int] = []
+        item.run.func = lambda a, _b: ran.append(a)
+        performer.work(item)
+    finally:
+        runner.close()
+        release(item.run)
+    assert item.dropped, "given up"
+    assert ran == [], "not run"
+    client.delete(item.run.claim_keys[1])  # the other run's lease lapsed
+    transport = RQTransport(redis_server.url)
+    try:
+        env = item.run.d.envelope
+        [verdict] = transport.probe([Probe(env.id, env.key_id, env.queue)], lease_s=0.0)
+    finally:
+        transport.close()
+    assert verdict == "orphaned", verdict
