@@ -42,7 +42,7 @@ from typing import Any
 
 from hybridq.testing.faultproxy import FaultProxy
 from hybridq.testing.torture_check import LedgerWatch, Progress, Verdict, judge, read_runs
-from hybridq.testing.torture_stack import Stack, post_mortem, task
+from hybridq.testing.torture_stack import HarnessError, Stack, post_mortem, task
 
 __all__ = ["FAULTS", "TortureConfig", "TortureResult", "main", "run_torture", "task"]  # task: the job
 
@@ -251,7 +251,10 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hybridq.testing.torture``: run, print the figure lines; exit 1 on a violation."""
+    """``python -m hybridq.testing.torture``: run, print the figure lines; exit 1 on a violation.
+
+    Exit 2 if the harness could not set up a fault (:class:`HarnessError`): no verdict.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m hybridq.testing.torture", description=__doc__.split("\n")[0]
     )
@@ -272,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
     )
     _say(f"torture: seed={seed} (replay: --seed {seed} --duration {args.duration:g})")
-    result = run_torture(cfg, say=_say)
+    try:
+        result = run_torture(cfg, say=_say)
+    except HarnessError as exc:
+        _say(f"HARNESS FAILURE seed={seed}: {exc} (no verdict on hybridq: run it again)")
+        return 2
     for line in result.lines():
         _say(line)
     if args.report:

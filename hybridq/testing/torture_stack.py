@@ -26,7 +26,7 @@ from hybridq.testing.torture_check import EffectsTail, read_runs
 if TYPE_CHECKING:
     from hybridq.testing.torture import TortureConfig
 
-__all__ = ["KINDS", "QUEUE", "REPLICA_LAG_S", "TASK", "Stack", "post_mortem", "task"]
+__all__ = ["KINDS", "QUEUE", "REPLICA_LAG_S", "TASK", "HarnessError", "Stack", "post_mortem", "task"]
 
 QUEUE = "torture"
 #: The task, by path (``python -m`` runs this module as ``__main__``).
@@ -253,17 +253,29 @@ def post_mortem(stack: Stack) -> None:
             f.write(f"{job} queue/intermediate={where} hash={fields}\n")
 
 
+class HarnessError(RuntimeError):
+    """The harness could not set up a fault (not a finding about hybridq): the run is void."""
+
+
 def _wait_synced(client: Any, timeout_s: float = 30.0) -> None:
     """Wait until a replica has loaded its master's data (its link up, no load in progress).
 
     The long run died on a promotion of a replica started a few seconds earlier, still loading
     its first full sync (``BusyLoadingError``). A promoted replica that is behind is the fault;
-    one that has nothing yet is a different one (a Redis that lost everything), covered elsewhere.
+    one that has nothing yet is a different one (a Redis that lost everything), covered elsewhere:
+    a replica still not synced after ``timeout_s`` is the harness's failure (:class:`HarnessError`),
+    not a promotion to make anyway.
     """
     deadline = time.monotonic() + timeout_s
+    info: dict[str, Any] = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError):
             info = client.info()
             if info.get("master_link_status") == "up" and not info.get("loading"):
                 return
         time.sleep(0.1)
+    raise HarnessError(
+        f"the replica did not load its master's data in {timeout_s:g} s "
+        f"(master_link_status={info.get('master_link_status')}, loading={info.get('loading')}): "
+        "not promoting it"
+    )

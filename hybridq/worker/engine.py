@@ -354,6 +354,8 @@ class Engine:
         while self.runner.pending():
             self._end_done(block_s=0.2)
             self._beat()
+            if self._leaving() is not None:  # a job polling for a busy key gives up (_serve)
+                self.runner.leaving = True
 
     # -- ending -----------------------------------------------------------------------------------
 

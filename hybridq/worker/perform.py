@@ -40,6 +40,10 @@ ASYNC_POLL_S = 0.5
 #: A claim older than this when its task is about to start is made again first (seconds): the
 #: thread (or event loop) was held up since, and the claim may be gone (:meth:`Performer._fresh`).
 FRESH_S = 0.05
+#: How many times an ``async def`` task's claim is made again while the event loop keeps being
+#: held up past :data:`FRESH_S` between the claim and the call; then the job is given up
+#: (:meth:`Performer.work_async`).
+LATE_TRIES = 5
 
 
 class Performer:
@@ -188,56 +192,92 @@ class Performer:
             again = True  # a poll: a plain claim now
 
     async def work_async(self, item: Taken) -> None:
-        """Claim, then run, one ``async def`` task on the runner's event loop."""
-        run = item.run
-        env = run.d.envelope
-        # The claim is made here, as the coroutine starts (not when the engine gave it to the
-        # loop): the loop may be busy first.
+        """Claim, then run, one ``async def`` task on the runner's event loop.
+
+        The claim is made here, as the coroutine starts (not when the engine gave it to the
+        loop: the loop may be busy first), and made again while it is stale (:meth:`_ready_async`),
+        before the task's timeout starts: a claim that waits for a busy key or for Redis is not
+        the task running. Its last check is in the very step that calls the task
+        (:meth:`_call_async`); a loop held up past :data:`FRESH_S` after each of
+        :data:`LATE_TRIES` claims made again gives the job up (not started: delivered again).
+        """
         if not await self._claim_async(item):
             return
+        for _ in range(LATE_TRIES):
+            if not await self._ready_async(item):
+                return
+            try:
+                ran = await self._call_async(item)
+            except _Late:
+                continue  # held up between the claim and the call: made again first
+            if ran is not None:
+                _record(item, *conclude(item.run, *ran))
+            return
+        log.warning(
+            "job %s: its event loop was held up after each of %d claims made again: not started; "
+            "delivered again",
+            item.job_id,
+            LATE_TRIES,
+        )
+        release(item.run)
+        item.dropped = True
+
+    async def _ready_async(self, item: Taken) -> bool:
+        """:meth:`_fresh` for the event loop: a stale claim made again (off the loop's thread)."""
+        if not _stale(item):
+            return True
+        _claiming_again(item)
+        return await self._claim_async(item, again=True)
+
+    async def _call_async(self, item: Taken) -> tuple[Any, Exception | None] | None:
+        """Call ``item``'s task, within its timeout; what it returned or raised.
+
+        ``None``: no outcome (the run cancelled from outside: noted here). Raises :class:`_Late`
+        if its claim went stale before the call (the task not called).
+        """
+        run = item.run
+        env = run.d.envelope
+        called = False
 
         async def task() -> Any:
-            # The claim's last check, in the step that calls the task: the loop may have been
-            # held up since the claim (a blocking coroutine, a thread holding the GIL). A claim
-            # made again is trusted, as a thread's is (a loop always late would otherwise
-            # claim again for good).
+            # The claim's last check, in the step that calls the task: no await between the two,
+            # so no other coroutine holds the loop up in between.
+            nonlocal called
             if _stale(item):
-                _claiming_again(item)
-                if not await self._claim_async(item, again=True):
-                    raise NotStarted(item.job_id)  # the claim is gone: not called
+                raise _Late(item.job_id)
+            called = True
             return await run.func(*env.args, **env.kwargs)
 
         context = begin(self.client, run)
         started = time.monotonic()
-        value: Any = None
-        error: Exception | None = None
         try:
             coro = task()
-            value = await self._stoppable(
+            return await self._stoppable(
                 item, asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro
-            )
+            ), None
         except TimeoutError as exc:  # wait_for's, or the task's own
+            if not called:
+                raise _Late(item.job_id) from None  # the loop held up past the timeout, before the call
             timed_out = item.timeout is not None and time.monotonic() - started >= item.timeout
-            error = (
-                JobTimeoutException(f"Task exceeded maximum timeout value ({item.timeout:g} seconds)")
-                if timed_out
-                else exc
-            )
+            if timed_out:
+                return None, JobTimeoutException(
+                    f"Task exceeded maximum timeout value ({item.timeout:g} seconds)"
+                )
+            return None, exc
         except Exception as exc:
-            error = exc
-        except NotStarted:
-            release(run)
-            run.finish = None  # not run: what the claim made again found is noted (_claimed)
-            return
+            return None, exc
+        except _Late:
+            raise
         except BaseException as exc:  # cancelled: no outcome, the lease lapses
             release(run)
             run.finish = None
-            failed(item, text(exc))
-            return
+            if called:
+                failed(item, text(exc))
+            else:  # never started: nothing recorded, delivered again
+                item.dropped = True
+            return None
         finally:
             _current.reset(context)
-        value, error = conclude(run, value, error)
-        _record(item, value, error)
 
     async def _stoppable(self, item: Taken, coro: Any) -> Any:
         """Await ``coro``; cancelled (hybridq cancel) and still running after the grace, stop it.
@@ -283,6 +323,10 @@ class Performer:
         retry run while this run still does.
         """
         item.dropped = True
+
+
+class _Late(NotStarted):
+    """An ``async def`` task's claim went stale before its call (the loop held up): made again first."""
 
 
 def _once() -> bool:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+from hybridq.testing import torture
 from hybridq.testing.torture_check import Progress, Run, judge
+from hybridq.testing.torture_stack import HarnessError, _wait_synced
 
 
 def run(kind: str, job: str, at: float, pid: int = 1) -> Run:
@@ -50,3 +53,29 @@ def test_a_stall_is_noted_once_per_stretch() -> None:
     assert len(progress.stalls) == 1
     progress.check(ended=4, waiting=4)  # progress again
     assert len(progress.stalls) == 1
+
+
+def test_a_replica_that_never_syncs_is_a_harness_failure_not_a_promotion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review of i26-fix, item 5: it returned quietly after its wait, and the master was killed anyway."""
+
+    class Loading:
+        def info(self) -> dict[str, object]:
+            return {"master_link_status": "down", "loading": 1}
+
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    with pytest.raises(HarnessError, match="did not load its master's data"):
+        _wait_synced(Loading(), timeout_s=0.05)
+
+
+def test_the_torture_command_says_a_harness_failure_in_one_line_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(*_a: object, **_k: object) -> None:
+        raise HarnessError("the replica did not load its master's data in 30 s")
+
+    monkeypatch.setattr(torture, "run_torture", fail)
+    assert torture.main(["--seed", "7", "--duration", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "HARNESS FAILURE seed=7: the replica did not load" in out
