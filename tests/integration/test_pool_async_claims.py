@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from hybridq import keys
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.worker import scripts
 from hybridq.worker.perform import Performer
