@@ -17,7 +17,11 @@ from hybridq.errors import HybridqError
 #: NotStarted is the pool's signal that a task was not called (its claim is gone), a
 #: BaseException so that the outcome's recording of the task's exceptions cannot take it for
 #: the task's own failure, and caught inside the worker package (hybridq.worker.perform).
-_NOT_ERRORS = {"hybridq.testing.chaos.PlannedFailure", "hybridq.worker.runner.NotStarted"}
+_NOT_ERRORS = {
+    "hybridq.testing.chaos.PlannedFailure",
+    "hybridq.worker.runner.NotStarted",
+    "hybridq.testing.torture_stack.HarnessError",  # the torture harness's own failure: no verdict on hybridq
+}
 
 #: Where each moved class used to live: the old import keeps working.
 _REEXPORTED = {
