@@ -20,7 +20,7 @@ __all__ = ["HOUR_S", "Chart", "hour_chart"]
 HOUR_S = 3600
 _BUCKET_S = 60
 #: The drawing's size (SVG units; it scales to the page's width).
-WIDTH, HEIGHT, LEFT = 760.0, 130.0, 50.0
+WIDTH, HEIGHT, LEFT = 760.0, 100.0, 50.0
 
 
 @dataclass(frozen=True, slots=True)
