@@ -272,3 +272,14 @@ def test_the_new_pages_need_the_same_auth_as_every_page(journal_dir: Path, tmp_p
         good = api_request(base, "GET", "/queues", None, {"Authorization": "Bearer a-good-token-0123456789"})
         assert good.status == 200
         assert "no forwarder has built here yet" in good.raw.decode()  # no index yet: said, not a 500
+
+
+def test_the_login_form_is_a_template_that_escapes_next(journal_dir: Path, tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", "a-good-token-0123456789")
+    with served(config(journal_dir, tokens_file=tokens)) as base:
+        page = api_request(base, "GET", "/login?next=/" + Q_ATTR)
+        body = page.raw.decode()
+        assert page.status == 200
+        assert EVIL_ATTR not in body
+        assert 'name="next" value="/&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"' in body
+        assert "style-src 'sha256-" in page.headers["content-security-policy"]  # its one style, by hash
