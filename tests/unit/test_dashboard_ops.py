@@ -277,3 +277,23 @@ def test_the_login_form_is_a_template_that_escapes_next(journal_dir: Path, tmp_p
         assert EVIL_ATTR not in body
         assert 'name="next" value="/&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"' in body
         assert "style-src 'sha256-" in page.headers["content-security-policy"]  # its one style, by hash
+
+
+def test_a_requeue_by_someone_else_meanwhile_writes_nothing(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the digest's check and the requeue, another operator requeues one of the jobs."""
+    from hybridq.http.dashboard import failed as failed_module
+
+    base, journal = site["base"], site["journal"]
+    real = failed_module.requeue
+
+    def racing(job_ids: list[str], path: str, **kw: object) -> object:
+        real([job_ids[0]], path)  # the other operator, first
+        return real(job_ids, path, **kw)  # type: ignore[arg-type]
+
+    _, cookie, token = _session(base)
+    fields = {"csrf": token, "action": "requeue", "task": "flaky"}
+    ask = request(base + "/failed/bulk", "POST", body=fields, headers=cookie)
+    monkeypatch.setattr(failed_module, "requeue", racing)
+    done = request(base + "/failed/bulk", "POST", body={**fields, "confirm": _digest(ask)}, headers=cookie)
+    assert (done.status, _count(done)) == (409, 3)  # the new count, to confirm again
+    assert len(hybridq.failed_jobs(journal)) == 4  # only the other operator's requeue happened

@@ -160,19 +160,19 @@ class FailedPages:
         except (HybridqError, OSError) as exc:
             return unavailable(exc)
 
-    def _bulk(self, sid: str, kind: str, chosen: Filter, confirm: str) -> Response:
+    def _bulk(self, sid: str, kind: str, chosen: Filter, confirm: str, *, changed: bool = False) -> Response:
+        """Ask (no ``confirm``, or one that no longer matches), else act on the selection."""
         everyone = [j for j in self.listing(kind, chosen) if j.call is not None or kind == "retrying"]
         chosen_ids = [j.id for j in everyone[:BULK_MAX]]  # the oldest first
         digest = selection(chosen_ids)
         if confirm != digest:  # the first POST, or the list changed since the count was shown
-            return self._confirm(
-                sid, kind, chosen, len(everyone), len(chosen_ids), digest, changed=bool(confirm)
-            )
+            changed = changed or bool(confirm)
+            return self._confirm(sid, kind, chosen, len(everyone), len(chosen_ids), digest, changed=changed)
         if kind == "failed":
             try:
                 requeue(chosen_ids, self.journal, failed=self.pages.view.failed)
             except JobNotFailed:  # requeued by someone else since the check: nothing was written
-                return self._confirm(sid, kind, chosen, len(everyone), len(chosen_ids), "", changed=True)
+                return self._bulk(sid, kind, chosen, "", changed=True)  # the new count, to confirm
             acted = len(chosen_ids)
         else:
             acted = sum(r.state == REQUESTED for r in cancel(chosen_ids, self.journal))

@@ -204,11 +204,11 @@ class Pages:
         def build(_: str) -> Body:
             trace = job_trace(self.journal, job_id, self.view.entries(job_id))
             if trace is None:
-                return "message.html", {}
+                return "message.html", {"message": ""}  # not sent: the 404 below is
             found.append(trace)
             return "job.html", {"trace": trace, "redis": self._redis_box(trace)}
 
-        response = self.guarded(request, build, title=f"Job {job_id}", search=job_id, message="")
+        response = self.guarded(request, build, title=f"Job {job_id}", search=job_id)
         if response.status_code == 200 and not found:
             unknown = {
                 "title": "Unknown job",
