@@ -281,9 +281,11 @@ def test_the_dashboard_in_chromium(
 
 
 def _shot(driver: Any, path: str) -> None:
-    """A screenshot of the whole page (the window grown to the page's height)."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(600, min(int(height) + 40, 4000)))
+    """A screenshot of the whole page (the window grown to the page's height, and its own frame's)."""
+    height = driver.execute_script(
+        "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight"
+    )
+    driver.set_window_size(1280, max(600, min(int(height) + 10, 4000)))
     driver.save_screenshot(path)
     driver.set_window_size(1280, 900)
     print(f"screenshot: {path}")  # named in the test's log (shown with -s, -rA, or on a failure)

@@ -47,7 +47,8 @@ class Chart:
     mean_path: str = ""
     max_path: str = ""
     top_latency: str = "-"
-    points: list[tuple[float, float, str]] = field(default_factory=list)
+    #: Per minute with outcomes: x, the longest's y, the mean's y, what its tooltip says.
+    points: list[tuple[float, float, float, str]] = field(default_factory=list)
     total: int = 0
     failed: int = 0
 
@@ -110,12 +111,12 @@ def _latency(chart: Chart) -> None:
             continue
         x = round(_x(chart, i) + step / 2, 2)
         top_y = round(chart.height * (1 - m.latency_max / scale), 2)
-        mean.append((x, round(chart.height * (1 - m.latency_mean / scale), 2)))
+        mean_y = round(chart.height * (1 - m.latency_mean / scale), 2)
+        mean.append((x, mean_y))
         longest.append((x, top_y))
         when = time.strftime("%H:%M", time.gmtime(m.start))
-        chart.points.append(
-            (x, top_y, f"{when} UTC: mean {age(m.latency_mean)}, longest {age(m.latency_max)}")
-        )
+        label = f"{when} UTC: mean {age(m.latency_mean)}, longest {age(m.latency_max)}"
+        chart.points.append((x, top_y, mean_y, label))
     chart.mean_path, chart.max_path = _path(mean), _path(longest)
 
 
