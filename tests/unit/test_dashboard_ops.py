@@ -311,3 +311,15 @@ def test_a_filter_reads_utc_offsets_and_survives_its_own_round_trip() -> None:
     for bad in ({"since": "2026-13-01"}, {"until": "1" * 33}, {"error": "e" * 201}):
         with pytest.raises(BadFilter):
             Filter.parse(bad)
+
+
+def test_no_template_turns_escaping_off() -> None:
+    """Autoescape holds only if no template marks a value safe or switches it off."""
+    from hybridq.http.dashboard import templating
+
+    templates = sorted((Path(templating.__file__).parent / "templates").rglob("*.html"))
+    assert len(templates) > 10
+    for template in templates:
+        text = template.read_text()
+        assert not re.search(r"\|\s*safe\b|autoescape\s+false|Markup", text), template.name
+    assert templating._ENV.autoescape is True
