@@ -108,6 +108,7 @@ class Row:
     outcome: str | None
     attempt: int
     started: float | None
+    #: When it ended (``done``), or when its last run failed (``retry``: a retry to come).
     ended: float | None
     #: The result's JSON text, if kept (``rkept``); else the size of one too large (``rbytes``).
     result: str | None
@@ -198,8 +199,17 @@ def _reader(journal: str) -> sqlite3.Connection | None:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
     except sqlite3.Error:
         return None  # not readable here: the callers read the journal and the ledger instead
+    db.create_function("casefold_in", 2, _casefold_in, deterministic=True)
     conns[key] = (db, inode)
     return db
+
+
+def _casefold_in(needle: str, text: str | None) -> bool:
+    """SQL ``casefold_in(needle, text)``: ``needle`` (casefolded already) is in ``text``, in any case.
+
+    What the dashboard's error filter means (SQLite's own ``lower`` folds ASCII letters only).
+    """
+    return needle in (text or "").casefold()
 
 
 def _drop(journal: str) -> None:

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from hybridq.lookup.reads import COLUMNS, Row, query
 
-__all__ = ["STATUSES", "Minute", "QueueFigures", "activity", "queue_figures", "search"]
+__all__ = [
+    "STATUSES",
+    "Minute",
+    "QueueFigures",
+    "Retrying",
+    "activity",
+    "queue_figures",
+    "retrying",
+    "search",
+]
 
 #: A status as :attr:`hybridq.Job.status` (and the dashboard) names it -> its condition on a row.
 #: ``waiting``: read by the forwarder, no outcome and no run yet (forwarded, or held until its time).
@@ -70,6 +79,85 @@ def _where(task: str, status: str) -> tuple[str, tuple[str, ...]]:
         conditions.append("instr(func, ?) > 0")
         params = (task,)
     return " AND ".join(conditions) or "1", params
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """A job whose last run failed, waiting for its next one: what the dashboard lists and cancels."""
+
+    id: str
+    queue: str | None
+    func: str | None
+    attempt: int
+    #: When its last run failed (a row indexed by a version that did not keep it: its acceptance).
+    at: float
+    #: ``None`` when not asked for (``errors=False``).
+    error: str | None
+    #: Its record in the journal (a cancel's target), and how far it got: together, its current run.
+    loc: tuple[str, int, int]
+
+    @property
+    def run(self) -> tuple[str, str, int, int, int]:
+        """The job and its current run: another failure of it (a new attempt) is another one."""
+        return (self.id, *self.loc, self.attempt)
+
+
+#: A retrying row's last failure (``ended``, kept by the index while it retries).
+_FAILED_AT = "coalesce(ended, enq, 0)"
+
+
+def retrying(
+    journal: str,
+    *,
+    task: str = "",
+    error: str = "",
+    between: tuple[float | None, float | None] = (None, None),
+    limit: int = 50,
+    offset: int = 0,
+    oldest_first: bool = False,
+    errors: bool = True,
+) -> tuple[int, list[Retrying]] | None:
+    """How many retrying jobs match, and ``limit`` of them from ``offset``, by last failure.
+
+    Filtered and ordered by SQLite, so only the rows asked for are read into memory (a bulk
+    action asks for ids and locations only: ``errors=False``).
+
+    Args:
+        journal: the journal directory.
+        task: a part of the task's dotted path (case-sensitive; empty: any task).
+        error: a part of the error text, in any case (empty: any).
+        between: ``[since, until)`` of the last failure (``None``: open).
+        limit: rows to return.
+        offset: rows to skip.
+        oldest_first: the oldest failure first (else the newest).
+        errors: whether to read each row's error text.
+
+    Returns:
+        ``None``: no index (yet), or it cannot be read now.
+    """
+    where, task_params = _where(task, "retrying")
+    params: list[object] = list(task_params)
+    if error:
+        where += " AND casefold_in(?, error)"
+        params.append(error.casefold())
+    for bound, op in zip(between, (">=", "<"), strict=True):
+        if bound is not None:
+            where += f" AND {_FAILED_AT} {op} ?"
+            params.append(bound)
+    order = "ASC" if oldest_first else "DESC"
+    counted = query(journal, f"SELECT count(*) FROM jobs WHERE {where}", tuple(params))  # noqa: S608 - constants
+    rows = query(
+        journal,
+        f"SELECT id, queue, func, attempt, {_FAILED_AT}, {'error' if errors else 'NULL'}, writer, seg, off"  # noqa: S608
+        f" FROM jobs WHERE {where} ORDER BY {_FAILED_AT} {order}, id {order} LIMIT ? OFFSET ?",
+        (*params, limit, offset),
+    )
+    if counted is None or rows is None:
+        return None
+    return int(counted[0][0]), [
+        Retrying(job_id, queue, func, attempt, at, text, (writer, seg, off))
+        for job_id, queue, func, attempt, at, text, writer, seg, off in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)

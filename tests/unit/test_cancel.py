@@ -331,3 +331,29 @@ def test_cancel_without_a_configured_journal_says_how_to_set_one(
     Queue(journal=tmp_path / "hybridq-journal").enqueue(tasks.add, 1, 2)  # a journal that is not configured
     with pytest.raises(ConfigError, match="no journal configured"):
         cancel(["0190c3"])
+
+
+def test_a_cancel_at_known_records_cancels_those_and_reads_no_journal(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cancel_at: the dashboard's bulk cancel, with the records' locations the lookup index holds."""
+    from hybridq import cancels
+    from hybridq.cancels import cancel_at, read_requests
+    from hybridq.journal import JournalReader, RecordType
+
+    queue = Queue(journal=journal_dir)
+    doomed, kept = queue.enqueue(tasks.add, 1, 2), queue.enqueue(tasks.add, 3, 4)
+    records = [r for r in JournalReader(str(journal_dir)).records() if r.rtype == RecordType.DATA]
+    where = [(r.writer_id, r.segment_index, r.offset) for r in records]
+    monkeypatch.setattr(cancels, "_records", lambda *_: pytest.fail("read the journal"))
+    assert states(cancel_at([(doomed.id, where[0])], journal_dir)) == ["requested"]
+    assert [jobs for _, jobs in read_requests(str(journal_dir))] == [[(doomed.id, where[0])]]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    settle(forwarder)
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
+    assert states(cancel_at([(kept.id, where[1])], journal_dir)) == ["succeeded"]  # ended: nothing
+    assert list(read_requests(str(journal_dir))) == []

@@ -7,7 +7,9 @@ text in filters and pages, ranges and texts out of bounds, the count a confirmat
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -54,10 +56,14 @@ def site(tmp_path: Path):
         many = [flaky.delay(n) for n in range(4)]
         stack.run()
         retrying = [stubborn.delay(n) for n in range(2)]
+        time.sleep(0.01)
+        accepted = time.time()  # after the retrying jobs' acceptance, before their failure
+        time.sleep(0.01)
         stack.forwarder.step()  # one attempt each, then the retry an hour away: retrying
         stack.worker.work(burst=True, logging_level="WARNING")
         stack.forwarder.step()
-        app = Starlette(routes=routes(ServeConfig(journal=journal)))
+        served = routes(ServeConfig(journal=journal))
+        app = Starlette(routes=served)
         with serving(app) as base:
             yield {
                 "base": base,
@@ -67,6 +73,8 @@ def site(tmp_path: Path):
                 "many": many,
                 "retrying": retrying,
                 "stack": stack,
+                "accepted": accepted,
+                "pages": served[0].endpoint.__self__,  # type: ignore[attr-defined]
             }
 
 
@@ -146,10 +154,14 @@ def test_a_bulk_requeue_asks_with_the_count_then_acts(site) -> None:
     assert done.status == 200
     assert "Requeued 4 jobs" in done.body
     assert [j.id for j in hybridq.failed_jobs(journal)] == [site["bad"].id]
-    # The same confirmation again: the selection changed (now empty), nothing is done twice.
+    site["stack"].run()  # the requeued jobs fail again: the same ids are listed again
+    failed_again = {j.id for j in hybridq.failed_jobs(journal)}
+    assert {j.id for j in site["many"]} <= failed_again
+    # The same confirmation again (a reload, a second tab): it acted once, it asks again.
     again = request(base + "/failed/bulk", "POST", body={**fields, "confirm": _digest(ask)}, headers=cookie)
-    assert (again.status, _count(again)) == (409, 0)
+    assert (again.status, _count(again)) == (409, 4)
     assert "changed since the count you saw" in again.body
+    assert {j.id for j in hybridq.failed_jobs(journal)} == failed_again  # nothing requeued twice
 
 
 def test_a_bulk_action_needs_the_csrf_token_and_its_cookie(site) -> None:
@@ -209,6 +221,8 @@ def test_hostile_filters_are_text_and_bad_ones_a_one_line_400(site) -> None:
         ("since=2026-01-02T00:00&until=2026-01-01T00:00", "since is after until"),
         ("task=" + "x" * 201, "task is longer than 200 characters"),
         ("list=" + Q_EVIL, "list is failed or retrying"),
+        ("since=0001-01-01T00:00:00%2B14:00", "since is out of range"),  # before year 1 in UTC
+        ("until=9999-12-31T23:59:59-14:00", "until is out of range"),  # after year 9999 in UTC
     ]:
         bad = request(base + "/failed?" + query)
         assert bad.status == 400, query
@@ -216,6 +230,9 @@ def test_hostile_filters_are_text_and_bad_ones_a_one_line_400(site) -> None:
         assert bad.headers["x-content-type-options"] == "nosniff"
     odd = request(base + "/failed/bulk", "POST", body={"csrf": token, "action": EVIL}, headers=cookie)
     assert odd.status == 400
+    late = {"csrf": token, "action": "requeue", "until": "9999-12-31T23:59:59-14:00"}
+    beyond = request(base + "/failed/bulk", "POST", body=late, headers=cookie)
+    assert (beyond.status, beyond.body.count("until is out of range")) == (400, 1)
     assert EVIL not in odd.body
     assert len(hybridq.failed_jobs(journal)) == 5  # nothing done by any of them
 
@@ -255,6 +272,50 @@ def test_a_bulk_cancel_stops_retrying_jobs(site) -> None:
         site["stack"].forwarder.step()
     assert site["stack"].forwarder.cancels.cancelled == 2
     assert hybridq.stats(journal, redis_url=None)["cancelled"] == 2  # the ledger's (the index lags a step)
+
+
+def test_the_retrying_list_is_by_the_last_failure_and_acts_once(site) -> None:
+    """Its time is the failed attempt's, not the acceptance; a cancel's confirmation acts once."""
+    base = site["base"]
+    since = urllib.parse.quote(_utc(site["accepted"]))
+    listed = request(base + f"/failed?list=retrying&since={since}")  # accepted before, failed after
+    assert sorted(re.findall(r'<a class="job" href="/jobs/([^"]+)">', listed.body)) == sorted(
+        j.id for j in site["retrying"]
+    )
+    assert "No job is retrying" in request(base + f"/failed?list=retrying&until={since}").body
+    _, cookie, token = _session(base)
+    fields = {"csrf": token, "action": "cancel", "since": _utc(site["accepted"])}
+    ask = request(base + "/failed/bulk", "POST", body=fields, headers=cookie)
+    assert _count(ask) == 2
+    done = request(base + "/failed/bulk", "POST", body={**fields, "confirm": _digest(ask)}, headers=cookie)
+    assert "Asked to cancel 2 jobs" in done.body
+    for _ in range(3):  # the forwarder takes the cancel in; the index learns it (at once, not idle)
+        site["stack"].forwarder.step()
+    site["stack"].forwarder.lookup.catch_up()
+    again = request(base + "/failed/bulk", "POST", body={**fields, "confirm": _digest(ask)}, headers=cookie)
+    assert (again.status, _count(again)) == (409, 0)
+
+
+def test_a_bulk_action_waits_its_turn_like_every_page(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bulk POST is built one page at a time too: while another is built, 503 Busy."""
+    monkeypatch.setattr("hybridq.http.dashboard.pages.HEAVY_WAIT_S", 0.05)
+    base, heavy = site["base"], site["pages"]._heavy
+    _, cookie, token = _session(base)
+    fields = {"csrf": token, "action": "requeue", "task": "flaky"}
+    ask = request(base + "/failed/bulk", "POST", body=fields, headers=cookie)
+    assert heavy.acquire(timeout=5)
+    try:
+        busy = request(
+            base + "/failed/bulk", "POST", body={**fields, "confirm": _digest(ask)}, headers=cookie
+        )
+    finally:
+        heavy.release()
+    assert (busy.status, busy.headers.get("retry-after")) == (503, "2")
+    assert len(hybridq.failed_jobs(site["journal"])) == 5  # nothing done
+
+
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).replace(tzinfo=None).isoformat()
 
 
 def test_the_new_pages_need_the_same_auth_as_every_page(journal_dir: Path, tmp_path: Path) -> None:

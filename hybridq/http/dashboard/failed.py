@@ -24,14 +24,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from hybridq.cancels import REQUESTED, cancel
+from hybridq.cancels import REQUESTED, cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.errors import HybridqError, JobNotFailed
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.filters import BadFilter, Filter, selection
 from hybridq.http.dashboard.pages import HEADERS, Body, Pages, message, redirect, unavailable
 from hybridq.http.dashboard.templating import as_json, page_number, render
-from hybridq.lookup.search import search
+from hybridq.lookup.search import retrying
 from hybridq.ops.failures import requeue
 
 __all__ = ["BULK_MAX", "PER_PAGE", "FailedPages"]
@@ -40,8 +40,6 @@ __all__ = ["BULK_MAX", "PER_PAGE", "FailedPages"]
 PER_PAGE = 50
 #: The most jobs one bulk action touches (the oldest selected; the page says how many are left).
 BULK_MAX = 1000
-#: The most retrying jobs read from the index for one list or action.
-_RETRYING_MAX = 100_000
 #: Per list: the action its bulk form offers.
 ACTIONS = {"failed": "requeue", "retrying": "cancel"}
 
@@ -57,6 +55,9 @@ class Listed:
     at: float
     error: str | None
     call: str | None  # the failed job's arguments as text (``None``: it cannot be requeued)
+    #: The job and where its current run is recorded (what a confirmation's digest covers).
+    run: tuple[object, ...]
+    loc: tuple[str, int, int]
 
 
 class FailedPages:
@@ -68,22 +69,42 @@ class FailedPages:
 
     # -- the lists ---------------------------------------------------------------------------
 
-    def listing(self, kind: str, chosen: Filter) -> list[Listed]:
-        """The jobs of list ``kind`` the filter selects, oldest first."""
-        if kind == "failed":
-            return [
-                Listed(f.id, f.queue, f.func, f.attempts, f.failed_at, f.error, _call(f.envelope))
-                for f in self.pages.view.failed()
-                if chosen.matches(f.func, f.error, f.failed_at)
-            ]
-        got = search(self.journal, task=chosen.task, status="retrying", limit=_RETRYING_MAX)
-        rows = got[1] if got is not None else []
-        out = [
-            Listed(r.id, r.queue, r.func, r.attempt, at, r.error, None)
-            for r in rows
-            if chosen.matches(r.func, r.error, at := r.ended or r.enq or 0.0)
+    def failures(self, chosen: Filter) -> list[Listed]:
+        """The jobs that failed for good the filter selects, oldest first (the ledger's list, in memory)."""
+        return [
+            Listed(
+                f.id,
+                f.queue,
+                f.func,
+                f.attempts,
+                f.failed_at,
+                f.error,
+                _call(f.envelope),
+                (f.id, *f.loc),
+                f.loc,
+            )
+            for f in self.pages.view.failed()
+            if chosen.matches(f.func, f.error, f.failed_at)
         ]
-        return sorted(out, key=lambda j: j.at)
+
+    def retrying(
+        self, chosen: Filter, *, limit: int, offset: int = 0, oldest_first: bool = False, errors: bool = True
+    ) -> tuple[int, list[Listed]]:
+        """How many retrying jobs the filter selects, and ``limit`` of them (SQL does the filtering)."""
+        got = retrying(
+            self.journal,
+            task=chosen.task,
+            error=chosen.error,
+            between=(chosen.since, chosen.until),
+            limit=limit,
+            offset=offset,
+            oldest_first=oldest_first,
+            errors=errors,
+        )
+        total, rows = got if got is not None else (0, [])
+        return total, [
+            Listed(r.id, r.queue, r.func, r.attempt, r.at, r.error, None, r.run, r.loc) for r in rows
+        ]
 
     def failed(self, request: Request) -> Response:
         """The jobs that failed for good (or, ``?list=retrying``, that are retrying), filtered."""
@@ -105,21 +126,29 @@ class FailedPages:
         )
 
     def _failed(self, sid: str, kind: str, chosen: Filter, at: int, requeued: str | None) -> Body:
-        everyone = self.listing(kind, chosen)
-        pages = max(1, -(-len(everyone) // PER_PAGE))
-        at = min(at, pages)
+        if kind == "failed":
+            everyone = self.failures(chosen)
+            total, actionable = len(everyone), sum(j.call is not None for j in everyone)
+            at = min(at, _pages(total))
+            jobs = everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE]  # newest first
+        else:
+            total, jobs = self.retrying(chosen, limit=PER_PAGE, offset=(at - 1) * PER_PAGE)
+            if at > _pages(total):  # past the last page: the last one
+                at = _pages(total)
+                total, jobs = self.retrying(chosen, limit=PER_PAGE, offset=(at - 1) * PER_PAGE)
+            actionable = total
         return "failed.html", {
             "token": csrf.token(self.journal, sid),
             "kind": kind,
             "action": ACTIONS[kind],
             "filter": chosen.params(),
             "query": {"list": kind if kind != "failed" else "", **chosen.params()},
-            "jobs": everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE],  # newest first
-            "total": len(everyone),
-            "actionable": sum(j.call is not None or kind == "retrying" for j in everyone),
+            "jobs": jobs,
+            "total": total,
+            "actionable": actionable,
             "bulk_max": BULK_MAX,
             "at": at,
-            "pages": pages,
+            "pages": _pages(total),
             "requeued": requeued if requeued and self.pages.view.was_requeued(requeued) else None,
         }
 
@@ -142,7 +171,10 @@ class FailedPages:
     # -- bulk actions ------------------------------------------------------------------------
 
     async def bulk(self, request: Request) -> Response:
-        """POST: requeue (or cancel) what a filter selects: first the count and a question, then it."""
+        """POST: requeue (or cancel) what a filter selects: first the count and a question, then it.
+
+        Built in its turn, one page at a time as every page (503 Busy after ``HEAVY_WAIT_S``).
+        """
         form = await self._form(request)
         if isinstance(form, Response):
             return form
@@ -155,33 +187,44 @@ class FailedPages:
         except BadFilter as exc:
             return message("Bad filter", str(exc), status=400, active="/failed")
         sid, _ = csrf.session(request)
-        try:
-            return await run_in_threadpool(self._bulk, sid, kind, chosen, form.get("confirm", ""))
-        except (HybridqError, OSError) as exc:
-            return unavailable(exc)
+        confirm = form.get("confirm", "")
+        return await run_in_threadpool(self.pages.in_turn, lambda: self._bulk(sid, kind, chosen, confirm))
+
+    def _selected(self, kind: str, chosen: Filter) -> tuple[int, list[Listed]]:
+        """How many jobs a bulk action's filter selects, and the oldest :data:`BULK_MAX` (no error text)."""
+        if kind == "retrying":
+            return self.retrying(chosen, limit=BULK_MAX, oldest_first=True, errors=False)
+        everyone = [j for j in self.failures(chosen) if j.call is not None]
+        return len(everyone), everyone[:BULK_MAX]
 
     def _bulk(self, sid: str, kind: str, chosen: Filter, confirm: str, *, changed: bool = False) -> Response:
         """Ask (no ``confirm``, or one that no longer matches), else act on the selection."""
-        everyone = [j for j in self.listing(kind, chosen) if j.call is not None or kind == "retrying"]
-        chosen_ids = [j.id for j in everyone[:BULK_MAX]]  # the oldest first
-        digest = selection(chosen_ids)
+        try:
+            total, acting = self._selected(kind, chosen)
+        except (HybridqError, OSError) as exc:
+            return unavailable(exc)
+        digest = selection(j.run for j in acting)
         if confirm != digest:  # the first POST, or the list changed since the count was shown
             changed = changed or bool(confirm)
-            return self._confirm(sid, kind, chosen, len(everyone), len(chosen_ids), digest, changed=changed)
-        if kind == "failed":
-            try:
-                requeue(chosen_ids, self.journal, failed=self.pages.view.failed)
-            except JobNotFailed:  # requeued by someone else since the check: nothing was written
-                return self._bulk(sid, kind, chosen, "", changed=True)  # the new count, to confirm
-            acted = len(chosen_ids)
-        else:
-            acted = sum(r.state == REQUESTED for r in cancel(chosen_ids, self.journal))
+            return self._confirm(sid, kind, chosen, total, len(acting), digest, changed=changed)
+        try:
+            if kind == "failed":
+                requeue([j.id for j in acting], self.journal, failed=self.pages.view.failed)
+                acted = len(acting)
+            else:
+                acted = sum(
+                    r.state == REQUESTED for r in cancel_at(((j.id, j.loc) for j in acting), self.journal)
+                )
+        except JobNotFailed:  # requeued by someone else since the check: nothing was written
+            return self._bulk(sid, kind, chosen, "", changed=True)  # the new count, to confirm
+        except (HybridqError, OSError) as exc:
+            return unavailable(exc)
         return self._page(
             "bulk_done.html",
             title="Requeued" if kind == "failed" else "Cancelled",
             action=ACTIONS[kind],
             acted=acted,
-            left=len(everyone) - len(chosen_ids),
+            left=total - len(acting),
             query=urllib.parse.urlencode({"list": kind, **chosen.params()}),
         )
 
@@ -233,6 +276,10 @@ class FailedPages:
                 "Forbidden", "Missing or invalid CSRF token: reload the page and try again.", status=403
             )
         return form
+
+
+def _pages(total: int) -> int:
+    return max(1, -(-total // PER_PAGE))
 
 
 def _call(env: Envelope | None) -> str | None:

@@ -71,13 +71,18 @@ class Filter:
         }
 
 
-def selection(job_ids: Iterable[str]) -> str:
-    """A short digest of a set of job ids: the confirmation carries it, the action checks it.
+def selection(jobs: Iterable[tuple[object, ...]]) -> str:
+    """A short digest of a selection: the confirmation carries it, the action checks it.
 
-    The action recomputes the jobs its filter matches; a different digest means the list changed
-    since the operator saw the count (a job failed or was requeued meanwhile): it asks again.
+    Each job is its id and where its current run is recorded (a failed job: its record's location,
+    which a requeue changes, as it writes a new record; a retrying one: its record and attempt).
+    The action recomputes what its filter selects; a different digest means the list changed
+    since the operator saw the count (a job failed, was requeued, or failed again meanwhile): it
+    asks again. So a confirmation acts once: replayed (a reload, a second tab) after its jobs
+    failed again under the same ids, it no longer matches.
     """
-    return hashlib.sha256("\n".join(sorted(job_ids)).encode()).hexdigest()[:32]
+    lines = sorted("\t".join(map(str, job)) for job in jobs)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
 
 
 def _text(params: Mapping[str, str], name: str) -> str:
@@ -100,8 +105,8 @@ def _time(params: Mapping[str, str], name: str) -> float | None:
         raise BadFilter(f"{name} is not a time (YYYY-MM-DDTHH:MM, UTC)") from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=dt.UTC)
-    try:
-        return at.timestamp()
+    try:  # in UTC too, it must be a time the form can show (years 1 to 9999): an offset may move it out
+        return at.astimezone(dt.UTC).timestamp()
     except (OverflowError, ValueError):
         raise BadFilter(f"{name} is out of range") from None
 

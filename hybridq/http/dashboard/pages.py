@@ -106,14 +106,26 @@ class Pages:
         One page is built at a time; one that waited ``HEAVY_WAIT_S`` for its turn: 503.
         """
         sid, _ = csrf.session(request)
+
+        def page() -> Response:
+            try:
+                template, values = build(sid)
+                return self.html(request, template, {**context, **values}, sid=sid)
+            except (HybridqError, OSError) as exc:
+                failure = {"title": "Unavailable", "message": str(exc)}
+                return self.html(request, "message.html", failure, status=503, sid=sid)
+
+        return self.in_turn(page)
+
+    def in_turn(self, respond: Callable[[], Response]) -> Response:
+        """``respond()`` once no other page is being built (a POST that reads as much as a page too).
+
+        One at a time; one that waited ``HEAVY_WAIT_S`` for its turn: 503 Busy, nothing done.
+        """
         if not self._heavy.acquire(timeout=HEAVY_WAIT_S):
             return busy()
         try:
-            template, values = build(sid)
-            return self.html(request, template, {**context, **values}, sid=sid)
-        except (HybridqError, OSError) as exc:
-            failure = {"title": "Unavailable", "message": str(exc)}
-            return self.html(request, "message.html", failure, status=503, sid=sid)
+            return respond()
         finally:
             self._heavy.release()
 
