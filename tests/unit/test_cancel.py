@@ -30,18 +30,24 @@ def states(results: list) -> list[str]:
     return [r.state for r in results]
 
 
-def test_a_queued_job_cancelled_before_the_forwarder_reads_it_never_runs(journal_dir: Path) -> None:
-    queue = Queue(journal=journal_dir)
-    doomed = queue.enqueue(tasks.add, 1, 2)
-    kept = queue.enqueue(tasks.add, 3, 4)
-    assert doomed.cancel() == "requested"  # no forwarder running: the request waits on disk
-    assert os.listdir(cancel_dir(str(journal_dir)))
+def run_once(journal_dir: Path) -> MemoryTransport:
+    """A forwarder's steps, the jobs run once, its steps again (the outcomes taken in), stopped."""
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
     settle(forwarder)
     transport.work()
     settle(forwarder)
     forwarder.close()
+    return transport
+
+
+def test_a_queued_job_cancelled_before_the_forwarder_reads_it_never_runs(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    doomed = queue.enqueue(tasks.add, 1, 2)
+    kept = queue.enqueue(tasks.add, 3, 4)
+    assert doomed.cancel() == "requested"  # no forwarder running: the request waits on disk
+    assert os.listdir(cancel_dir(str(journal_dir)))
+    transport = run_once(journal_dir)
     assert doomed.id not in transport.deliveries
     assert transport.executions == {kept.id: 1}
     assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
@@ -348,12 +354,7 @@ def test_a_cancel_at_known_records_cancels_those_and_reads_no_journal(
     monkeypatch.setattr(cancels, "_records", lambda *_: pytest.fail("read the journal"))
     assert states(cancel_at([(doomed.id, where[0])], journal_dir)) == ["requested"]
     assert [jobs for _, jobs in read_requests(str(journal_dir))] == [[(doomed.id, where[0])]]
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    settle(forwarder)
-    transport.work()
-    settle(forwarder)
-    forwarder.close()
+    run_once(journal_dir)
     assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
     assert states(cancel_at([(kept.id, where[1])], journal_dir)) == ["succeeded"]  # ended: nothing
     assert list(read_requests(str(journal_dir))) == []
