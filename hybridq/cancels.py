@@ -39,7 +39,15 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index
 from hybridq.protocol.nudge import nudge
 
-__all__ = ["CANCEL_DIR", "CancelResult", "cancel", "cancel_dir", "pending_cancels", "read_requests"]
+__all__ = [
+    "CANCEL_DIR",
+    "CancelResult",
+    "cancel",
+    "cancel_at",
+    "cancel_dir",
+    "pending_cancels",
+    "read_requests",
+]
 
 #: The directory of cancel requests not yet taken in by the forwarder, inside the journal.
 CANCEL_DIR = "cancel"
@@ -87,17 +95,43 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     wanted = list(dict.fromkeys(job_ids))
     # Read again if a compaction deleted a segment under either read (hybridq.ledger.store.consistent).
     index, locs = consistent(path, lambda c: (_Known(c, load_index(path, c)), _records(path, set(wanted), c)))
+    return _ask(path, wanted, locs, index.index)
+
+
+def cancel_at(
+    jobs: Iterable[tuple[str, Loc]], journal: str | os.PathLike[str] | None = None
+) -> list[CancelResult]:
+    """Cancel jobs whose records the caller located (``(job id, loc)``), as :func:`cancel` does.
+
+    No journal scan: the lookup index knows where a job's record is (the dashboard's bulk cancel
+    of retrying jobs passes its rows'). Each location must be that job's record, as the index
+    holds it (a location is never reused: segments are numbered on). Only the records given are
+    cancelled; one whose segment was compacted (it ended) is not.
+    """
+    path = existing_journal_dir(journal or default_journal())
+    given: dict[str, list[Loc]] = {}
+    for job_id, loc in jobs:
+        given.setdefault(job_id, []).append(loc)
+    known = consistent(path, lambda c: _Known(c, load_index(path, c)))
+    live = {
+        i: [loc for loc in locs if not known.compacted.is_compacted(loc[:2])] for i, locs in given.items()
+    }
+    return _ask(path, list(given), live, known.index)
+
+
+def _ask(path: str, wanted: list[str], locs: dict[str, list[Loc]], index: LedgerIndex) -> list[CancelResult]:
+    """Per job id, what a cancel does (the ledger ``index`` says which of its records ``locs`` ended)."""
     results: list[CancelResult] = []
     request: list[tuple[str, Loc]] = []
     for job_id in wanted:
         mine = locs.get(job_id, [])
-        pending = [loc for loc in mine if not index.index.is_terminal(loc)]
+        pending = [loc for loc in mine if not index.is_terminal(loc)]
         if pending:
             request += [(job_id, loc) for loc in pending]
             results.append(CancelResult(job_id, REQUESTED))
         elif mine:
-            results.append(CancelResult(job_id, _ended(index.index, mine)))
-        elif any(e.job_id == job_id for e in index.index.failed.values()):
+            results.append(CancelResult(job_id, _ended(index, mine)))
+        elif any(e.job_id == job_id for e in index.failed.values()):
             results.append(CancelResult(job_id, FAILED))
         else:
             results.append(CancelResult(job_id, UNKNOWN))

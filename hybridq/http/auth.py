@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import html
 import ipaddress
 import json
 import logging
@@ -47,6 +46,7 @@ from starlette.routing import BaseRoute, Route
 
 from hybridq.errors import TokensError
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
+from hybridq.http.dashboard.templating import render
 from hybridq.security.secretfile import read_secret_file
 
 __all__ = [
@@ -462,17 +462,6 @@ LOGIN_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-_FORM = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>hybridq: log in</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>{style}</style></head>
-<body>
-<h1>hybridq</h1>{error}
-<form method="post" action="{action}">
-<input type="hidden" name="next" value="{next}">
-<label>Token <input type="password" name="token" autocomplete="current-password" autofocus required></label>
-<button type="submit">Log in</button>
-</form></body></html>
-"""
 
 
 def _safe_next(value: str | None) -> str:
@@ -491,11 +480,12 @@ def login_routes(tokens: Tokens | None, guesses: Guesses | None = None) -> list[
 
     def form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
         return HTMLResponse(
-            _FORM.format(
+            render(  # the style is a constant: its hash is in the CSP, and escaping leaves it as is
+                "login.html",
                 style=_STYLE,
-                error=f'<p role="alert">{html.escape(error)}</p>' if error else "",
-                action=html.escape(f"{request.scope.get('root_path', '')}/login"),
-                next=html.escape(_safe_next(request.query_params.get("next"))),
+                error=error,
+                action=f"{request.scope.get('root_path', '')}/login",
+                next=_safe_next(request.query_params.get("next")),
             ),
             status_code=status,
             headers=LOGIN_HEADERS,

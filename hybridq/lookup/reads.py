@@ -36,6 +36,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 
 __all__ = [
+    "COLUMNS",
     "INDEX_DIR",
     "INDEX_FILE",
     "RETENTION_S",
@@ -45,6 +46,7 @@ __all__ = [
     "index_path",
     "job_row",
     "journal_marks",
+    "query",
     "readable_marks",
     "recent",
     "scan_tail",
@@ -77,14 +79,14 @@ def sql_text(text: str | None) -> str | None:
     return text
 
 
-_COLUMNS = (
+COLUMNS = (
     "SELECT id, writer, seg, off, seq, requeue, enq, func, queue, ikey, state, outcome, attempt, started,"
     " ended, result, rkept, rbytes, error, dup_of FROM jobs"
 )
-_SELECT = _COLUMNS + " WHERE id = ?"
+_SELECT = COLUMNS + " WHERE id = ?"
 # Newest first: a scan with a top-N sort (no index on enq: the forwarder's writes stay as they
 # are); about 20 ms for the first page of 200,000 rows, 35 ms 5,000 rows in.
-_RECENT = _COLUMNS + " ORDER BY enq DESC, id DESC LIMIT ? OFFSET ?"
+_RECENT = COLUMNS + " ORDER BY enq DESC, id DESC LIMIT ? OFFSET ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,7 @@ class Row:
     outcome: str | None
     attempt: int
     started: float | None
+    #: When it ended (``done``), or when its last run failed (``retry``: a retry to come).
     ended: float | None
     #: The result's JSON text, if kept (``rkept``); else the size of one too large (``rbytes``).
     result: str | None
@@ -196,8 +199,17 @@ def _reader(journal: str) -> sqlite3.Connection | None:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
     except sqlite3.Error:
         return None  # not readable here: the callers read the journal and the ledger instead
+    db.create_function("casefold_in", 2, _casefold_in, deterministic=True)
     conns[key] = (db, inode)
     return db
+
+
+def _casefold_in(needle: str, text: str | None) -> bool:
+    """SQL ``casefold_in(needle, text)``: ``needle`` (casefolded already) is in ``text``, in any case.
+
+    What the dashboard's error filter means (SQLite's own ``lower`` folds ASCII letters only).
+    """
+    return needle in (text or "").casefold()
 
 
 def _drop(journal: str) -> None:
@@ -236,6 +248,21 @@ def recent(journal: str, limit: int, offset: int = 0) -> tuple[int, list[Row]] |
         _drop(journal)
         return None
     return int(total), [Row(*row) for row in rows]
+
+
+def query(journal: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]] | None:
+    """The rows of a read-only ``sql`` over the index (its columns as :data:`COLUMNS` names them).
+
+    ``None``: no index (yet), or it cannot be read now (being rebuilt): the caller says so.
+    """
+    db = _reader(journal)
+    if db is None:
+        return None
+    try:
+        return db.execute(sql, params).fetchall()
+    except sqlite3.Error:
+        _drop(journal)
+        return None
 
 
 def find_checked(journal: str, job_id: str) -> tuple[dict[str, ChainPosition], Row | None] | None:

@@ -62,8 +62,11 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
     OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
     OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
 """
+# A failed run with a retry to come: ``ended`` holds when it failed (the retrying list's "last
+# failed at", docs/dashboard.md) until a run starts or an outcome is known.
 _RETRY = """
-UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?, started), error = ?
+UPDATE jobs SET state = 'retry', attempt = max(attempt, ?), started = coalesce(?, started), error = ?,
+    ended = ?
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
 """
 _LOST = """
@@ -74,7 +77,7 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
 # failed one. Never over an outcome: it changes none. Applied after the ledger entries noted
 # with it, none of them newer (a newer entry for its job drops it: LookupIndex.note_entries).
 _STARTED = """
-UPDATE jobs SET state = 'started', attempt = max(attempt, ?), started = ?
+UPDATE jobs SET state = 'started', attempt = max(attempt, ?), started = ?, ended = NULL
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NULL OR state IN ('retry', 'started'))
 """
 _DUPLICATE = """
@@ -191,7 +194,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
                 )
             )
         elif e.kind == EntryKind.RETRY:
-            retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), *where))
+            retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:

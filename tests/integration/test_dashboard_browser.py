@@ -2,13 +2,15 @@
 
 A real forwarder and pool worker on a private redis-server run a few jobs, one of which fails for
 good; the dashboard is served by uvicorn on a free loopback port. The browser loads each page,
-finds the data, requeues the failure (which then succeeds: its task is fixed meanwhile), and
-loads the job's trace again after Redis lost everything (FLUSHALL): it is the same.
+finds the data, reads the queues page and its chart (inline SVG, no CSP violation in the
+console), requeues the failure in bulk through the filter and its confirmation (it then
+succeeds: its task is fixed meanwhile), and loads the job's trace again after Redis lost
+everything (FLUSHALL): it is the same.
 
 Chromium and its driver come from Debian (``apt-get install chromium chromium-driver``, which
 ``scripts/test`` runs as root when they are missing), or from ``$HYBRIDQ_CHROMIUM`` and
 ``$HYBRIDQ_CHROMEDRIVER``. Their paths are given to Selenium, so Selenium Manager never runs (and
-never downloads a browser). Screenshots go to the test's tmp dir; with
+never downloads a browser). Screenshots go to the test's tmp dir (each path printed in its log); with
 ``HYBRIDQ_DOCS_SCREENSHOTS=1`` they are copied to ``docs/img/dashboard-*.png`` too.
 """
 
@@ -60,6 +62,7 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for CSP violations
     service = webdriver.ChromeService(
         executable_path=driver_path, log_output=str(tmp_path / "chromedriver.log")
     )
@@ -137,6 +140,28 @@ def test_the_dashboard_in_chromium(
         wait.until(lambda d: _queue_cell(d, "default", 2) == "3")  # succeeded in the window
         _shot(browser, str(shots / "dashboard-overview.png"))
 
+        # Queues: the default queue's row (Redis's column from the server's --redis), and the
+        # last hour drawn as inline SVG: the three successes and the failure in its bars.
+        browser.find_element(By.LINK_TEXT, "Queues").click()
+        wait.until(expected_conditions.url_contains("/queues"))
+        wait.until(lambda d: _queues_cell(d, "default", "done_per_min") not in (None, "0.0"))
+        browser.get(base + "/queues")  # afresh: what follows is read before its refresh (5 s)
+        assert _queues_cell(browser, "default", "in_redis") not in (None, "-")  # Redis answered
+        chart = browser.find_element(By.CSS_SELECTOR, "figure.chart.throughput")
+        assert int(chart.get_attribute("data-total")) >= 4
+        assert int(chart.get_attribute("data-failed")) >= 1
+        assert len(chart.find_elements(By.CSS_SELECTOR, "g.minute")) == 60
+        drawn = chart.find_element(By.TAG_NAME, "svg").rect
+        assert drawn["width"] > 600  # laid out, not blocked by the CSP
+        assert drawn["height"] > 100
+        bars = [
+            r for r in chart.find_elements(By.CSS_SELECTOR, "rect.ok") if float(r.get_attribute("height"))
+        ]
+        assert bars  # this minute's successes have a bar
+        assert browser.find_elements(By.CSS_SELECTOR, "figure.chart.latency path.mean[d^='M']")
+        assert _console_errors(browser) == []  # no CSP violation, no script error
+        _shot(browser, str(shots / "dashboard-queues.png"))
+
         # A run in flight: the lookup index has its claim (the started event), Redis its lease.
         wait_until(lambda: _trace_has(browser, base, held.id, "claimed: running"), timeout=30,
                    what="the held job's claim in the trace")  # fmt: skip
@@ -168,13 +193,28 @@ def test_the_dashboard_in_chromium(
         assert kinds == ["accepted", "forwarded", "claimed", "retry", "claimed", "done"]
         assert "does not exist" in browser.find_element(By.CSS_SELECTOR, "li.step-retry .reason").text
 
-        # Requeue it, fixed: it runs again and succeeds.
+        # Requeue it, fixed, in bulk: filter by task and error text, see the count, confirm. It
+        # runs again and succeeds.
         switch.touch()
         browser.get(base + "/failed")
-        browser.find_element(By.CSS_SELECTOR, f"button.requeue[data-job='{doomed.id}']").click()
+        browser.find_element(By.CSS_SELECTOR, "form.filter input[name=task]").send_keys("fail_unless")
+        browser.find_element(By.CSS_SELECTOR, "form.filter input[name=error]").send_keys("DOES NOT EXIST")
+        browser.find_element(By.CSS_SELECTOR, "form.filter button").click()
+        wait.until(expected_conditions.url_contains("task=fail_unless"))
+        assert [
+            b.get_attribute("data-job") for b in browser.find_elements(By.CSS_SELECTOR, "button.requeue")
+        ] == [doomed.id]
+        _shot(browser, str(shots / "dashboard-failed-filtered.png"))
+        browser.find_element(By.CSS_SELECTOR, "form.bulk button.bulk-requeue").click()
+        count = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "p.count")))
+        assert count.get_attribute("data-count") == "1"
+        assert failed_jobs(journal_dir) != []  # asking did nothing
+        _shot(browser, str(shots / "dashboard-bulk-confirm.png"))
+        browser.find_element(By.CSS_SELECTOR, "button.confirm").click()
         flash = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "p.flash")))
-        assert doomed.id in flash.text
+        assert "Requeued 1 job" in flash.text
         assert failed_jobs(journal_dir) == []
+        _shot(browser, str(shots / "dashboard-bulk-done.png"))
         wait_until(lambda: (j := fetch_job(doomed.id, journal_dir)) and j.status == "finished", timeout=60,
                    what="the requeued job to succeed")  # fmt: skip
         browser.get(base + f"/jobs/{doomed.id}")
@@ -241,11 +281,35 @@ def test_the_dashboard_in_chromium(
 
 
 def _shot(driver: Any, path: str) -> None:
-    """A screenshot of the whole page (the window grown to the page's height)."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(600, min(int(height) + 40, 4000)))
+    """A screenshot of the whole page (the window grown to the page's height, and its own frame's)."""
+    height = driver.execute_script(
+        "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight"
+    )
+    driver.set_window_size(1280, max(600, min(int(height) + 10, 4000)))
     driver.save_screenshot(path)
     driver.set_window_size(1280, 900)
+    print(f"screenshot: {path}")  # named in the test's log (shown with -s, -rA, or on a failure)
+
+
+def _queues_cell(driver: Any, queue: str, key: str) -> str | None:
+    """The queues page's cell ``key`` of ``queue``'s row, read now (``None`` if it is not there)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        cells = driver.find_elements(By.CSS_SELECTOR, f"tr[data-queue='{queue}'] td[data-key='{key}']")
+        return str(cells[0].text) if cells else None
+    except StaleElementReferenceException:
+        return None  # refreshed under us: read it again
+
+
+def _console_errors(driver: Any) -> list[str]:
+    """The browser console's errors so far (a CSP violation is one; the favicon we have not is not)."""
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e.get("level") == "SEVERE" and "/favicon.ico" not in e["message"]
+    ]
 
 
 def _queue_cell(driver: Any, queue: str, column: int) -> str | None:

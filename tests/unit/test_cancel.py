@@ -30,18 +30,24 @@ def states(results: list) -> list[str]:
     return [r.state for r in results]
 
 
-def test_a_queued_job_cancelled_before_the_forwarder_reads_it_never_runs(journal_dir: Path) -> None:
-    queue = Queue(journal=journal_dir)
-    doomed = queue.enqueue(tasks.add, 1, 2)
-    kept = queue.enqueue(tasks.add, 3, 4)
-    assert doomed.cancel() == "requested"  # no forwarder running: the request waits on disk
-    assert os.listdir(cancel_dir(str(journal_dir)))
+def run_once(journal_dir: Path) -> MemoryTransport:
+    """A forwarder's steps, the jobs run once, its steps again (the outcomes taken in), stopped."""
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport)
     settle(forwarder)
     transport.work()
     settle(forwarder)
     forwarder.close()
+    return transport
+
+
+def test_a_queued_job_cancelled_before_the_forwarder_reads_it_never_runs(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    doomed = queue.enqueue(tasks.add, 1, 2)
+    kept = queue.enqueue(tasks.add, 3, 4)
+    assert doomed.cancel() == "requested"  # no forwarder running: the request waits on disk
+    assert os.listdir(cancel_dir(str(journal_dir)))
+    transport = run_once(journal_dir)
     assert doomed.id not in transport.deliveries
     assert transport.executions == {kept.id: 1}
     assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
@@ -331,3 +337,24 @@ def test_cancel_without_a_configured_journal_says_how_to_set_one(
     Queue(journal=tmp_path / "hybridq-journal").enqueue(tasks.add, 1, 2)  # a journal that is not configured
     with pytest.raises(ConfigError, match="no journal configured"):
         cancel(["0190c3"])
+
+
+def test_a_cancel_at_known_records_cancels_those_and_reads_no_journal(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cancel_at: the dashboard's bulk cancel, with the records' locations the lookup index holds."""
+    from hybridq import cancels
+    from hybridq.cancels import cancel_at, read_requests
+    from hybridq.journal import JournalReader, RecordType
+
+    queue = Queue(journal=journal_dir)
+    doomed, kept = queue.enqueue(tasks.add, 1, 2), queue.enqueue(tasks.add, 3, 4)
+    records = [r for r in JournalReader(str(journal_dir)).records() if r.rtype == RecordType.DATA]
+    where = [(r.writer_id, r.segment_index, r.offset) for r in records]
+    monkeypatch.setattr(cancels, "_records", lambda *_: pytest.fail("read the journal"))
+    assert states(cancel_at([(doomed.id, where[0])], journal_dir)) == ["requested"]
+    assert [jobs for _, jobs in read_requests(str(journal_dir))] == [[(doomed.id, where[0])]]
+    run_once(journal_dir)
+    assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
+    assert states(cancel_at([(kept.id, where[1])], journal_dir)) == ["succeeded"]  # ended: nothing
+    assert list(read_requests(str(journal_dir))) == []

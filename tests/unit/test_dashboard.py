@@ -164,7 +164,7 @@ def test_a_503_carries_the_security_headers(site, monkeypatch: pytest.MonkeyPatc
     def broken(*_: object, **__: object) -> None:
         raise OSError("disk on fire")
 
-    monkeypatch.setattr("hybridq.http.dashboard.pages.requeue", broken)
+    monkeypatch.setattr("hybridq.http.dashboard.failed.requeue", broken)
     reply = request(base + "/failed/requeue", "POST", body={"job_id": bad, "csrf": token}, headers=cookie)
     assert reply.status == 503
     assert "script-src 'self'" in reply.headers["content-security-policy"]

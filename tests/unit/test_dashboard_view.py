@@ -10,8 +10,9 @@ import hybridq
 import pytest
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import routes
+from hybridq.http.dashboard.failed import PER_PAGE
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.http.dashboard.pages import PER_PAGE, Pages
+from hybridq.http.dashboard.pages import Pages
 from hybridq.ledger.compacted import Compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import open_ledger_writer

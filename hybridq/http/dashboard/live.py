@@ -12,7 +12,7 @@ from hybridq.errors import TransportError
 from hybridq.protocol import keys
 from hybridq.transport.rq import RQTransport
 
-__all__ = ["redis_view"]
+__all__ = ["queue_lengths", "redis_view"]
 
 _RQ_FIELDS = ("status", "enqueued_at", "started_at", "ended_at", "worker_name", "origin")
 
@@ -51,6 +51,26 @@ def redis_view(url: str, job_id: str, key_id: str | None, owner: str | None) -> 
         return None
     else:
         return out
+    finally:
+        transport.close()
+
+
+def queue_lengths(url: str) -> dict[str, int] | None:
+    """The length of every RQ queue this Redis knows (jobs pushed, no worker took them yet).
+
+    ``None`` if Redis does not answer: the page shows ``-``, never a stale number.
+    """
+    transport = RQTransport(url, socket_timeout_s=1.0)
+    try:
+        conn = transport.connection
+        prefix = keys.rq_queue("")
+        names = sorted(_text(raw).removeprefix(prefix) for raw in conn.smembers(keys.rq_queues()))
+        pipe = conn.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(keys.rq_queue(name))
+        return {name: int(n) for name, n in zip(names, pipe.execute(), strict=True) if name}
+    except (RedisError, TransportError, OSError):
+        return None
     finally:
         transport.close()
 

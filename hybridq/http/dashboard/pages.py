@@ -1,7 +1,8 @@
-"""The dashboard's pages: overview, recent jobs, failed jobs (with requeue), one job's trace.
+"""The dashboard's pages: overview, recent jobs and search, one job's trace; the shared responses.
 
 Plain (sync) endpoints: Starlette runs them in its thread pool, so the journal and ledger reads
-never block the event loop. The POST is CSRF-protected (:mod:`hybridq.http.dashboard.csrf`).
+never block the event loop. The POSTs are CSRF-protected (:mod:`hybridq.http.dashboard.csrf`).
+Every page is a Jinja2 template (:mod:`hybridq.http.dashboard.templating`, autoescape on).
 
 The ledger is read incrementally, once per server (:class:`LedgerView`), and one page is built at
 a time: a render holds the GIL, and pages piling up (several tabs on a big journal) would starve
@@ -14,42 +15,31 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from hybridq.errors import HybridqError, JobNotFailed
+from hybridq.errors import HybridqError
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
-from hybridq.http.dashboard.jobs_list import recent_jobs
+from hybridq.http.dashboard.filters import MAX_TEXT
+from hybridq.http.dashboard.jobs_list import STATUSES, recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.http.dashboard.render import (
-    age,
-    as_json,
-    error_cell,
-    esc,
-    job_link,
-    page,
-    page_number,
-    pager,
-    table,
-    url_id,
-    when,
-)
+from hybridq.http.dashboard.templating import page_number, render, url_id
 from hybridq.ledger.checkpoint import load_checkpoint
-from hybridq.ops.failures import requeue
 from hybridq.ops.status import stats
 from hybridq.ops.trace import Trace, job_trace
 
-__all__ = ["Pages"]
+__all__ = ["HEADERS", "Pages"]
 
 _STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-_HEADERS = {
+#: Every dashboard response's headers. The chart is inline SVG drawn by the server: it needs
+#: no script and no inline style (its colours are classes of dashboard.css), so the policy stays.
+HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -61,16 +51,22 @@ _HEADERS = {
 }
 #: The throughput window (seconds).
 WINDOW_S = 300.0
-#: Failed jobs per page of ``/failed``.
-PER_PAGE = 50
 #: How long a page waits for the one before it to be built, before answering 503 (seconds).
 HEAVY_WAIT_S = 2.0
 #: A ``stats()`` that had to scan (no forwarder snapshot) is reused for this many times its cost.
 STATS_REUSE = 10.0
+#: A page's body: the template, and what it is filled with.
+Body = tuple[str, Mapping[str, Any]]
+
+
+def message(title: str, text: str, *, status: int, **extra: Any) -> Response:
+    """A page that only says ``text`` (an error), with the dashboard's headers."""
+    body = render("message.html", title=title, message=text, **extra)
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
 
 
 class Pages:
-    """The dashboard's endpoints over one server's configuration."""
+    """The dashboard's endpoints over one server's configuration, and what its pages share."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -81,12 +77,18 @@ class Pages:
 
     # -- responses ---------------------------------------------------------------------------
 
-    def _html(
-        self, request: Request, title: str, body: str, *, status: int = 200, sid: str | None = None, **kw: Any
+    def html(
+        self,
+        request: Request,
+        template: str,
+        context: Mapping[str, Any],
+        *,
+        status: int = 200,
+        sid: str | None = None,
     ) -> Response:
         """A page; sets the session cookie if the browser has none (``sid``: the one its forms use)."""
         known, new = csrf.session(request)
-        response = HTMLResponse(page(title, body, **kw), status_code=status, headers=_HEADERS)
+        response = HTMLResponse(render(template, **context), status_code=status, headers=HEADERS)
         if new:
             response.set_cookie(
                 csrf.COOKIE,
@@ -98,29 +100,36 @@ class Pages:
             )
         return response
 
-    def _guarded(self, request: Request, title: str, build: Callable[[str], str], **kw: Any) -> Response:
-        """A page whose body ``build(session id)`` makes; a journal that cannot be read: 503.
+    def guarded(self, request: Request, build: Callable[[str], Body], **context: Any) -> Response:
+        """A page whose template and values ``build(session id)`` gives; an unreadable journal: 503.
 
         One page is built at a time; one that waited ``HEAVY_WAIT_S`` for its turn: 503.
         """
         sid, _ = csrf.session(request)
+
+        def page() -> Response:
+            try:
+                template, values = build(sid)
+                return self.html(request, template, {**context, **values}, sid=sid)
+            except (HybridqError, OSError) as exc:
+                failure = {"title": "Unavailable", "message": str(exc)}
+                return self.html(request, "message.html", failure, status=503, sid=sid)
+
+        return self.in_turn(page)
+
+    def in_turn(self, respond: Callable[[], Response]) -> Response:
+        """``respond()`` once no other page is being built (a POST that reads as much as a page too).
+
+        One at a time; one that waited ``HEAVY_WAIT_S`` for its turn: 503 Busy, nothing done.
+        """
         if not self._heavy.acquire(timeout=HEAVY_WAIT_S):
-            return _busy()
+            return busy()
         try:
-            body = build(sid)
-        except (HybridqError, OSError) as exc:
-            return self._html(request, "Unavailable", f'<p class="error">{esc(exc)}</p>', status=503, sid=sid)
+            return respond()
         finally:
             self._heavy.release()
-        return self._html(request, title, body, sid=sid, **kw)
 
-    # -- overview ----------------------------------------------------------------------------
-
-    def overview(self, request: Request) -> Response:
-        """Queues: pending, oldest pending age, throughput, capacity; the forwarder's figures."""
-        return self._guarded(request, "Overview", lambda _: self._overview(), active="/", refresh=True)
-
-    def _figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         """``stats()``; one that had to scan (no forwarder snapshot) is reused a while."""
         now = time.monotonic()
         if self._stats is not None and now - self._stats[0] < self._stats[1] * STATS_REUSE:
@@ -129,35 +138,30 @@ class Pages:
         self._stats = (now, time.monotonic() - now, s)
         return s
 
-    def _overview(self) -> str:
-        s = self._figures()
-        recent = self.view.recent()
+    # -- overview ----------------------------------------------------------------------------
+
+    def overview(self, request: Request) -> Response:
+        """The forwarder's figures, then the queues' recent throughput: one section each."""
+        return self.guarded(request, lambda _: self._overview(), title="Overview", active="/", refresh=True)
+
+    def _overview(self) -> Body:
+        """The overview's sections, in order: each a template under ``sections/`` and its values.
+
+        A new section (a fleet of journals, say) is one more entry here and one template.
+        """
+        s = self.figures()
+        return "overview.html", {"sections": [self._cards(s), self._rates(s)]}
+
+    def _cards(self, s: Mapping[str, Any]) -> dict[str, Any]:
         capacity = getattr(self.config, "capacity", None)
-        queues = sorted(set(s.get("queues", {})) | set(recent))
-        rows = []
-        for name in queues:
-            done = recent.get(name, {})
-            ok, bad = done.get("succeeded", 0), done.get("failed", 0)
-            rows.append(
-                [
-                    f'<span class="queue">{esc(name)}</span>',
-                    esc(s.get("queues", {}).get(name, 0)),
-                    esc(ok),
-                    esc(bad),
-                    esc(f"{(ok + bad) / (WINDOW_S / 60):.1f}"),
-                ]
-            )
-        queue_table = table(
-            ["queue", "pending", "succeeded (5 min)", "failed (5 min)", "jobs / min"], rows, cls="queues"
-        )
         forwarder = s.get("forwarder")
         cards = [
             ("accepted", s.get("accepted")),
             ("pending", s.get("pending")),
             ("capacity", "unbounded" if capacity is None else f"{s.get('pending', 0)} / {capacity}"),
-            ("oldest pending", age(s.get("oldest_pending_age_s"))),
+            ("oldest pending", ("age", s.get("oldest_pending_age_s"))),
             ("forwarded", s.get("forwarded")),
-            ("forwarding lag", age(s.get("forwarding_lag_s"))),
+            ("forwarding lag", ("age", s.get("forwarding_lag_s"))),
             ("succeeded", s.get("succeeded")),
             ("failed", s.get("failed")),
             ("retrying", s.get("retrying")),
@@ -165,111 +169,22 @@ class Pages:
             ("cancelled", s.get("cancelled")),
             ("forwarder", "not running" if forwarder is None else forwarder),
         ]
-        card_html = "".join(
-            f'<div class="card" data-name="{esc(k)}"><div class="k">{esc(k)}</div>'
-            f'<div class="v">{esc(v)}</div></div>'
-            for k, v in cards
-        )
-        return f'<section class="cards">{card_html}</section><h2>Queues</h2>{queue_table}'
+        return {"template": "sections/cards.html", "cards": cards}
 
-    # -- failed jobs -------------------------------------------------------------------------
-
-    def failed(self, request: Request) -> Response:
-        """Jobs that failed for good (``hybridq failed list``), each with a requeue button."""
-        done = request.query_params.get("requeued")
-        at = page_number(request.query_params.get("page"))
-        return self._guarded(
-            request, "Failed jobs", lambda sid: self._failed(sid, done, at), active="/failed"
-        )
-
-    def _failed(self, sid: str, requeued: str | None, at: int = 1) -> str:
-        token = csrf.token(self.journal, sid)
-        everyone = self.view.failed()
-        pages = max(1, -(-len(everyone) // PER_PAGE))
-        at = min(at, pages)
-        shown = everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE]  # newest first
+    def _rates(self, s: Mapping[str, Any]) -> dict[str, Any]:
+        recent = self.view.recent()
+        pending = s.get("queues", {})
         rows = []
-        for job in shown:
-            env = job.envelope
-            call = as_json({"args": list(env.args), "kwargs": dict(env.kwargs)}) if env is not None else "-"
-            button = (
-                f'<form method="post" action="/failed/requeue">'
-                f'<input type="hidden" name="{csrf.FIELD}" value="{esc(token)}">'
-                f'<input type="hidden" name="job_id" value="{esc(job.id)}">'
-                f'<button type="submit" class="requeue" data-job="{esc(job.id)}">Requeue</button></form>'
-                if env is not None
-                else "cannot be requeued"
-            )
-            rows.append(
-                [
-                    job_link(job.id),
-                    esc(job.queue or "-"),
-                    esc(job.func or "-"),
-                    f"<code>{esc(call[:300])}</code>",
-                    esc(job.attempts),
-                    esc(when(job.failed_at)),
-                    error_cell(job.error),
-                    button,
-                ]
-            )
-        note = ""
-        if requeued and self.view.was_requeued(requeued):  # not any text a link may carry
-            note = (
-                f'<p class="flash">Requeued <a href="/jobs/{esc(url_id(requeued))}">{esc(requeued)}</a>: '
-                "accepted again, it runs with its attempts starting over.</p>"
-            )
-        if not rows:
-            return note + '<p class="empty">No job failed for good.</p>'
-        headers = ["job", "queue", "task", "call", "attempts", "failed at (UTC)", "error", ""]
-        return (
-            note
-            + pager("/failed", len(everyone), at, pages, "failed jobs")
-            + table(headers, rows, cls="failed")
-        )
+        for name in sorted(set(pending) | set(recent)):
+            done = recent.get(name, {})
+            ok, bad = done.get("succeeded", 0), done.get("failed", 0)
+            rows.append((name, pending.get(name, 0), ok, bad, (ok + bad) / (WINDOW_S / 60)))
+        return {"template": "sections/rates.html", "rows": rows}
 
-    async def requeue(self, request: Request) -> Response:
-        """POST: requeue one listed failure (what ``hybridq failed requeue ID`` does); 403 without CSRF."""
-        declared = request.headers.get("content-length")
-        if declared is not None and (
-            not (declared.isascii() and declared.isdigit()) or int(declared) > self.config.max_body
-        ):
-            return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
-        raw = bytearray()
-        async for chunk in request.stream():  # capped while read (a chunked body has no length)
-            raw += chunk
-            if len(raw) > self.config.max_body:
-                return HTMLResponse("request too large", status_code=413, headers=_HEADERS)
-        form = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode(errors="replace")).items()}
-        try:
-            allowed = await run_in_threadpool(csrf.allowed, self.journal, request, form)
-        except OSError as exc:
-            return _unavailable(exc)
-        if not allowed:
-            return HTMLResponse(
-                page(
-                    "Forbidden",
-                    '<p class="error">Missing or invalid CSRF token: reload the page and try again.</p>',
-                ),
-                status_code=403,
-                headers=_HEADERS,
-            )
-        job_id = form.get("job_id", "")
-        try:
-            await run_in_threadpool(lambda: requeue([job_id], self.journal, failed=self.view.failed))
-        except JobNotFailed:
-            return HTMLResponse(
-                page("Not requeued", f'<p class="error">{esc(job_id)} is not a listed failure.</p>'),
-                status_code=409,
-                headers=_HEADERS,
-            )
-        except (HybridqError, OSError) as exc:
-            return _unavailable(exc)
-        return RedirectResponse(f"/failed?requeued={urllib.parse.quote(job_id)}", status_code=303)
-
-    # -- one job's trace ---------------------------------------------------------------------
+    # -- recent jobs, and the search box -----------------------------------------------------
 
     def search(self, request: Request) -> Response:
-        """``/jobs``: the recent jobs (:mod:`~hybridq.http.dashboard.jobs_list`).
+        """``/jobs``: the recent jobs, by task name and status (:mod:`~hybridq.http.dashboard.jobs_list`).
 
         The search box's ``/jobs?id=...`` goes to that job's trace.
         """
@@ -277,64 +192,51 @@ class Pages:
         if job_id:
             return RedirectResponse(f"/jobs/{url_id(job_id)}", status_code=303)
         at = page_number(request.query_params.get("page"))
-        return self._guarded(request, "Jobs", lambda _: recent_jobs(self.journal, at), active="/jobs")
+        task = request.query_params.get("task", "").strip()
+        status = request.query_params.get("status", "")
+        if status and status not in STATUSES:
+            return message(
+                "Bad search", f"status is one of {', '.join(STATUSES)}", status=400, active="/jobs"
+            )
+        if len(task) > MAX_TEXT:
+            return message(
+                "Bad search", f"task is longer than {MAX_TEXT} characters", status=400, active="/jobs"
+            )
+        return self.guarded(
+            request, lambda _: recent_jobs(self.journal, at, task, status), title="Jobs", active="/jobs"
+        )
+
+    # -- one job's trace ---------------------------------------------------------------------
 
     def job(self, request: Request) -> Response:
         """One job's trace, from the journal, the checkpoint and the ledger (Redis: a side box)."""
         job_id = request.path_params["job_id"]
         found: list[Trace] = []
 
-        def build(_: str) -> str:
+        def build(_: str) -> Body:
             trace = job_trace(self.journal, job_id, self.view.entries(job_id))
             if trace is None:
-                return ""
+                return "message.html", {"message": ""}  # not sent: the 404 below is
             found.append(trace)
-            return self._trace(trace)
+            return "job.html", {"trace": trace, "redis": self._redis_box(trace)}
 
-        response = self._guarded(request, f"Job {job_id}", build, search=job_id)
+        response = self.guarded(request, build, title=f"Job {job_id}", search=job_id)
         if response.status_code == 200 and not found:
-            return self._html(
-                request,
-                "Unknown job",
-                f'<p class="error">No job with id <code>{esc(job_id)}</code> in this journal.</p>',
-                status=404,
-                search=job_id,
-            )
+            unknown = {
+                "title": "Unknown job",
+                "message": "No job with id",
+                "code": job_id,
+                "after": " in this journal.",
+                "search": job_id,
+            }
+            return self.html(request, "message.html", unknown, status=404)
         return response
 
-    def _trace(self, trace: Trace) -> str:
-        gone = "not kept (its journal segment was compacted)"
-        summary = [
-            ("status", trace.status),
-            ("task", trace.func or "-"),
-            ("queue", trace.queue or "-"),
-            ("attempts", trace.attempts),
-            ("args", as_json(list(trace.args)) if trace.args_known else gone),
-            ("kwargs", as_json(trace.kwargs) if trace.args_known else gone),
-        ]
-        if trace.result_note is None or trace.status == "succeeded":
-            summary.append(
-                ("result", as_json(trace.result) if trace.result_note is None else trace.result_note)
-            )
-        summary.append(("epoch generation now", trace.generation))
-        dl = "".join(f'<dt>{esc(k)}</dt><dd class="{esc(k)}"><code>{esc(v)}</code></dd>' for k, v in summary)
-        steps = []
-        for step in trace.steps:
-            details = "".join(f"<span><b>{esc(k)}</b> {esc(v)}</span>" for k, v in step.details)
-            reason = f'<div class="reason">{esc(step.reason)}</div>' if step.reason else ""
-            steps.append(
-                f'<li class="step step-{esc(step.kind)}" data-kind="{esc(step.kind)}">'
-                f'<span class="kind">{esc(step.kind)}</span> <time>{esc(when(step.at))}</time> '
-                f'<span class="title">{esc(step.title)}</span>{reason}'
-                f'<div class="details">{details}</div><span class="source">{esc(step.source)}</span></li>'
-            )
-        body = f'<dl class="summary">{dl}</dl><h2>Trace</h2><ol class="trace">{"".join(steps)}</ol>'
-        return body + self._redis_box(trace)
-
-    def _redis_box(self, trace: Trace) -> str:
+    def _redis_box(self, trace: Trace) -> dict[str, str] | None:
+        """What Redis holds of the job now (``{}``: Redis does not answer; ``None``: no Redis)."""
         url = self.config.redis_url
         if url is None:
-            return ""
+            return None
         from hybridq.http.dashboard.live import redis_view  # noqa: PLC0415 - only with a Redis
 
         env = next((a.envelope for a in reversed(trace.acceptances) if a.envelope is not None), None)
@@ -342,14 +244,7 @@ class Pages:
         view = redis_view(
             url, trace.job_id, env.key_id if env else None, checkpoint.owner if checkpoint else None
         )
-        if view is None:
-            return (
-                '<h2>In Redis now</h2><p class="redis down">'
-                "Redis does not answer: the trace above is complete without it.</p>"
-            )
-        rows = [[esc(k), f"<code>{esc(v)}</code>"] for k, v in view.items()]
-        note = "<p>Redis's side only (lost on a flush; the trace above does not need it).</p>"
-        return f"<h2>In Redis now</h2>{note}{table(['', ''], rows, cls='redis')}"
+        return {} if view is None else view
 
     # -- static files ------------------------------------------------------------------------
 
@@ -362,13 +257,18 @@ class Pages:
         return FileResponse(_STATIC / name, media_type=media, headers={"Cache-Control": "max-age=300"})
 
 
-def _busy() -> Response:
+def busy() -> Response:
     """503: another page is being built (the client tries again after ``Retry-After``)."""
-    body = page("Busy", '<p class="error">Another page is being built: try again in a moment.</p>')
-    return HTMLResponse(body, status_code=503, headers={**_HEADERS, "Retry-After": "2"})
+    reply = message("Busy", "Another page is being built: try again in a moment.", status=503)
+    reply.headers["Retry-After"] = "2"
+    return reply
 
 
-def _unavailable(exc: BaseException) -> Response:
-    return HTMLResponse(
-        page("Unavailable", f'<p class="error">{esc(exc)}</p>'), status_code=503, headers=_HEADERS
-    )
+def unavailable(exc: BaseException) -> Response:
+    """503: the journal (or the ledger) cannot be read or written now."""
+    return message("Unavailable", str(exc), status=503)
+
+
+def redirect(path: str, **query: str) -> Response:
+    """303 to a dashboard ``path`` with ``query``."""
+    return RedirectResponse(f"{path}?{urllib.parse.urlencode(query)}" if query else path, status_code=303)
