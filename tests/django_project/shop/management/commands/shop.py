@@ -1,0 +1,119 @@
+"""``manage.py shop STEP...``: the test's steps, through the tasks framework's public API only.
+
+Each step prints one JSON line. ``setup`` migrates and creates the outbox table; ``enqueue``
+enqueues inside committed, rolled-back and nested transactions and outside any, and tries bad
+input; ``results ID...`` reads the jobs back with ``get_result`` / ``aget_result``.
+"""
+
+import asyncio
+import json
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import connection, transaction
+
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+
+from shop.models import Order
+from shop.tasks import add, boom, double, fulfil, whoami
+
+
+class Rollback(Exception):
+    pass
+
+
+def outbox_rows() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM hybridq_outbox")
+        return cursor.fetchone()[0]
+
+
+def error_of(call) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return "no error"
+
+
+def setup() -> dict:
+    call_command("migrate", verbosity=0)
+    call_command("hybridq_outbox_init")
+    return {"outbox_rows": outbox_rows()}
+
+
+def enqueue() -> dict:
+    out: dict = {}
+    try:
+        with transaction.atomic():
+            order = Order.objects.create(item="rolled back")
+            out["rolled_back"] = fulfil.enqueue(order.id).id
+            raise Rollback
+    except Rollback:
+        pass
+    out["rows_after_rollback"] = outbox_rows()
+    with transaction.atomic():
+        order = Order.objects.create(item="book")
+        result = fulfil.enqueue(order.id)
+        out["committed"], out["order"], out["status_at_enqueue"] = result.id, order.id, result.status
+    out["rows_after_commit"] = outbox_rows()
+    out["status_in_outbox"] = fulfil.get_result(out["committed"]).status
+    with transaction.atomic():
+        out["nested_kept"] = add.enqueue(1, 1).id
+        try:
+            with transaction.atomic():
+                out["nested_dropped"] = add.enqueue(2, 2).id
+                raise Rollback
+        except Rollback:
+            pass
+    out["rows_after_nested"] = outbox_rows()
+    out["direct"] = add.enqueue(2, 3).id
+    out["rows_after_direct"] = outbox_rows()
+    out["async"] = asyncio.run(add.aenqueue(20, 22)).id
+    out["boom"] = boom.enqueue("out of stock").id
+    out["whoami"] = whoami.enqueue("ctx").id
+    out["double"] = double.enqueue(21).id
+    out["bad_queue"] = error_of(lambda: add.using(queue_name="nope").enqueue(1, 2))
+    with transaction.atomic():
+        out["not_json"] = error_of(lambda: add.enqueue(object(), 1))
+    out["missing"] = error_of(lambda: fulfil.get_result("01ARZ3NDEKTSV4RRFFQ69G5FAV"))
+    out["rows_at_end"] = outbox_rows()
+    return out
+
+
+def results(ids: list[str]) -> dict:
+    out = {}
+    for job_id in ids:
+        try:
+            result = default_task_backend.get_result(job_id)
+        except Exception as exc:
+            out[job_id] = {"error": type(exc).__name__}
+            continue
+        out[job_id] = {
+            "status": str(result.status),
+            "task": result.task.module_path,
+            "attempts": result.attempts,
+            "args": result.args,
+            "return_value": result.return_value if str(result.status) == "SUCCESSFUL" else None,
+            "errors": [e.exception_class_path for e in result.errors],
+            "traceback": result.errors[0].traceback if result.errors else "",
+            "finished": result.finished_at is not None,
+        }
+    if ids:
+        again = asyncio.run(default_task_backend.aget_result(ids[0]))
+        out["aget_result"] = {"id": again.id, "status": str(again.status)}
+    return out
+
+
+class Command(BaseCommand):
+    def add_arguments(self, parser):
+        parser.add_argument("step", choices=["setup", "enqueue", "results"])
+        parser.add_argument("ids", nargs="*")
+
+    def handle(self, *args, **options):
+        step = options["step"]
+        out = results(options["ids"]) if step == "results" else {"setup": setup, "enqueue": enqueue}[step]()
+        self.stdout.write(json.dumps(out))

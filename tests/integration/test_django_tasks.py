@@ -1,0 +1,190 @@
+"""hybridq.contrib.django against a real Django project (tests/django_project), on SQLite and PostgreSQL.
+
+The project uses the tasks framework's public API only (``@task``, ``enqueue``, ``aenqueue``,
+``get_result``, ``aget_result``, ``transaction.atomic``) and runs hybridq through its
+management commands (``hybridq_outbox_init``, ``hybridq_forward``, ``hybridq_worker``). On
+Python 3.11 the framework is the ``django-tasks`` backport on Django 5.2 (the default run); in
+``scripts/test-django6`` it is Django 6's ``django.tasks`` on Python 3.12, the same tests.
+
+One scenario per database: a rolled-back order leaves no job; a committed one is in the
+outbox (READY) before the relay moves it; the worker is SIGKILLed while the committed job runs,
+Redis is wiped (FLUSHALL), a new worker runs it again and it completes once; every job's
+``get_result`` gives its status and return value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hybridq.ops.status import stats
+from hybridq.testing.embedded import RedisServer
+
+from tests.support.processes import WorkerProcess, wait_until
+
+PROJECT = Path(__file__).resolve().parent.parent / "django_project"
+pytest.importorskip("django")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[WorkerProcess]]:
+    procs: list[WorkerProcess] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+
+
+class Shop:
+    """The test project, its environment, and its manage.py."""
+
+    def __init__(self, tmp_path: Path, db: str, redis_url: str, env: dict[str, str]) -> None:
+        self.tmp_path = tmp_path
+        self.journal = tmp_path / "journal"
+        self.effects = tmp_path / "effects.log"
+        self.gate = tmp_path / "first-run-hangs"
+        self.env = {
+            **env,
+            "PYTHONPATH": os.pathsep.join([str(PROJECT), env["PYTHONPATH"]]),
+            "DJANGO_SETTINGS_MODULE": "shop_site.settings",
+            "SHOP_DB": db,
+            "SHOP_EFFECTS": str(self.effects),
+            "SHOP_HANG_FIRST": str(self.gate),
+            "HYBRIDQ_JOURNAL": str(self.journal),
+            "HYBRIDQ_REDIS_URL": redis_url,
+        }
+        self.env.pop("HYBRIDQ_ALLOW", None)  # the worker's allowlist comes from the settings
+
+    def manage(self, *args: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, str(PROJECT / "manage.py"), *args],
+            env=self.env,
+            cwd=self.tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"manage.py {args} exited {done.returncode}:\n{done.stderr[-3000:]}"
+        out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return out
+
+    def start(self, name: str, *args: str) -> WorkerProcess:
+        return WorkerProcess(
+            [sys.executable, str(PROJECT / "manage.py"), *args],
+            env=self.env,
+            log_path=self.tmp_path / f"{name}.log",
+            cwd=self.tmp_path,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """``hybridq status --json``'s counts, read here from the journal (no child process)."""
+        return stats(self.journal, redis_url=None, outbox=None, redis_for=None)
+
+    def effects_of(self, order: int) -> list[str]:
+        if not self.effects.exists():
+            return []
+        return [
+            line.split()[0] for line in self.effects.read_text().splitlines() if line.split()[1] == str(order)
+        ]
+
+
+def scenario(
+    shop: Shop, redis: RedisServer, processes: list[WorkerProcess], figures: Callable[[str], None]
+) -> None:
+    assert shop.manage("shop", "setup") == {"outbox_rows": 0}
+    out = shop.manage("shop", "enqueue")
+    # The transaction decides: a rollback leaves no row (no job), a commit leaves its row.
+    assert out["rows_after_rollback"] == 0
+    assert out["rows_after_commit"] == 1
+    assert out["status_at_enqueue"] == out["status_in_outbox"] == "READY"
+    assert out["rows_after_nested"] == 2  # the savepoint rolled back its own job only
+    assert out["rows_after_direct"] == 2  # outside a transaction: straight into the journal
+    assert out["bad_queue"].startswith("InvalidTask")
+    assert out["not_json"].startswith("NotSerializable")
+    assert out["missing"].startswith("TaskResultDoesNotExist")
+    assert out["rows_at_end"] == 2  # the bad calls wrote nothing
+
+    forwarder = shop.start("forwarder", "hybridq_forward", "--lease", "1")
+    processes.append(forwarder)
+    worker = shop.start("worker", "hybridq_worker", "--processes", "1", "--threads", "4")
+    processes.append(worker)
+    others = ("nested_kept", "direct", "async", "boom", "whoami", "double")
+
+    def first_run_hangs_and_the_others_ended() -> bool:
+        forwarder.assert_alive()
+        worker.assert_alive()
+        status = shop.status()
+        return shop.gate.exists() and status["succeeded"] + status["failed"] == len(others)
+
+    wait_until(first_run_hangs_and_the_others_ended, timeout=90, interval=0.05, what="the jobs to run")
+    worker.kill()  # SIGKILL, the pool's process and the parent, mid-run
+    redis.flushall()  # nothing in Redis remembers the job
+    worker = shop.start("worker2", "hybridq_worker", "--processes", "1", "--threads", "2")
+    processes.append(worker)
+
+    def committed_job_succeeded() -> bool:
+        forwarder.assert_alive()
+        worker.assert_alive()
+        return shop.status()["succeeded"] == len(others)
+
+    wait_until(committed_job_succeeded, timeout=90, interval=0.05, what="the committed job to run again")
+    ids = [out["committed"], out["rolled_back"], out["nested_dropped"], *(out[name] for name in others)]
+    results = shop.manage("shop", "results", *ids)
+    committed = results[out["committed"]]
+    effects = shop.effects_of(out["order"])
+    figures(
+        f"django {shop.env['SHOP_DB'].split(':')[0]}: committed job starts={effects.count('start')} "
+        f"done={effects.count('done')} attempts={committed['attempts']}; rolled-back jobs: "
+        f"{results[out['rolled_back']]}"
+    )
+    assert effects == ["start", "start", "done"]  # killed once, completed once
+    assert committed["status"] == "SUCCESSFUL"
+    assert committed["return_value"] == {"order": out["order"], "state": "fulfilled"}
+    # The attempt counter lives in Redis until the outcome is harvested: FLUSHALL resets it.
+    assert committed["attempts"] in (1, 2)
+    assert committed["task"] == "shop.tasks.fulfil"
+    assert (
+        results[out["rolled_back"]] == results[out["nested_dropped"]] == {"error": "TaskResultDoesNotExist"}
+    )
+    assert results[out["nested_kept"]]["return_value"] == 2
+    assert results[out["direct"]]["return_value"] == 5
+    assert results[out["async"]]["return_value"] == 42
+    assert results[out["double"]]["return_value"] == 42  # an async def task
+    assert results[out["whoami"]]["return_value"] == {"id": out["whoami"], "attempt": 1, "tag": "ctx"}
+    failed = results[out["boom"]]
+    assert (failed["status"], failed["errors"], failed["finished"]) == (
+        "FAILED",
+        ["builtins.ValueError"],
+        True,
+    )
+    assert "out of stock" in failed["traceback"]
+    assert results["aget_result"] == {"id": out["committed"], "status": "SUCCESSFUL"}
+
+
+def test_django_tasks_on_sqlite(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    subprocess_env: dict[str, str],
+    processes: list[WorkerProcess],
+    figures: Callable[[str], None],
+) -> None:
+    shop = Shop(tmp_path, str(tmp_path / "shop.db"), redis_server.url, subprocess_env)
+    scenario(shop, redis_server, processes, figures)
+
+
+def test_django_tasks_on_postgresql(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    pg_dsn: str,
+    subprocess_env: dict[str, str],
+    processes: list[WorkerProcess],
+    figures: Callable[[str], None],
+) -> None:
+    shop = Shop(tmp_path, pg_dsn, redis_server.url, subprocess_env)
+    scenario(shop, redis_server, processes, figures)
