@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hybridq.contrib.django.backend import RUN_PATH
+from hybridq.job import fetch_job
 from hybridq.ops.status import stats
+from hybridq.producer.queue import Queue
 from hybridq.testing.embedded import RedisServer
 
 from tests.support.processes import WorkerProcess, wait_until
@@ -97,8 +100,8 @@ class Shop:
 def scenario(
     shop: Shop, redis: RedisServer, processes: list[WorkerProcess], figures: Callable[[str], None]
 ) -> None:
-    assert shop.manage("shop", "setup") == {"outbox_rows": 0}
-    out = shop.manage("shop", "enqueue")
+    out = shop.manage("shop", "setup", "enqueue")
+    assert out["setup"] == {"outbox_rows": 0}
     # The transaction decides: a rollback leaves no row (no job), a commit leaves its row.
     assert out["rows_after_rollback"] == 0
     assert out["rows_after_commit"] == 1
@@ -106,10 +109,18 @@ def scenario(
     assert out["rows_after_nested"] == 2  # the savepoint rolled back its own job only
     assert out["rows_after_direct"] == 2  # outside a transaction: straight into the journal
     assert out["bad_queue"].startswith("InvalidTask")
-    assert out["not_json"].startswith("NotSerializable")
+    assert out["not_json"].startswith("TypeError: Unsupported type")
+    assert out["nan"].startswith("NotSerializable: task shop.tasks.add: arguments must be JSON")
     assert out["missing"].startswith("TaskResultDoesNotExist")
     assert out["rows_at_end"] == 2  # the bad calls wrote nothing
 
+    # Jobs that name the backend's entry point with what is not an allowed @task (a Redis writer,
+    # or a producer of another app): they fail for good, and nothing outside the allowed modules
+    # is imported for them.
+    forged = [
+        Queue("default", journal=shop.journal).enqueue(RUN_PATH, path, ["id"], {}).id
+        for path in ("os.system", "shop.tasks.log", "shop.tasks._private")
+    ]
     forwarder = shop.start("forwarder", "hybridq_forward", "--lease", "1")
     processes.append(forwarder)
     worker = shop.start("worker", "hybridq_worker", "--processes", "1", "--threads", "4")
@@ -120,7 +131,7 @@ def scenario(
         forwarder.assert_alive()
         worker.assert_alive()
         status = shop.status()
-        return shop.gate.exists() and status["succeeded"] + status["failed"] == len(others)
+        return shop.gate.exists() and status["succeeded"] + status["failed"] == len(others) + len(forged)
 
     wait_until(first_run_hangs_and_the_others_ended, timeout=90, interval=0.05, what="the jobs to run")
     worker.kill()  # SIGKILL, the pool's process and the parent, mid-run
@@ -164,6 +175,12 @@ def scenario(
         True,
     )
     assert "out of stock" in failed["traceback"]
+    refused = [fetch_job(job_id, shop.journal) for job_id in forged]
+    assert [job.status if job else None for job in refused] == ["failed"] * 3
+    reasons = [(job.exc_info or "").strip().splitlines()[-1] for job in refused if job]
+    assert "not under an allowed prefix" in reasons[0], reasons
+    assert "is not a task made with @task" in reasons[1], reasons
+    assert "is not a Django task path" in reasons[2], reasons
     assert results["aget_result"] == {"id": out["committed"], "status": "SUCCESSFUL"}
 
 

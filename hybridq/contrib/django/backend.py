@@ -25,7 +25,7 @@ from hybridq.contrib.django.compat import BaseTaskBackend, InvalidTask, Task, Ta
 from hybridq.contrib.django.config import Options, parse_options
 from hybridq.contrib.django.results import pending_result, read_result
 from hybridq.envelope.model import new_job_id
-from hybridq.errors import EnvelopeError
+from hybridq.errors import EnvelopeError, NotSerializable
 from hybridq.outbox import Outbox
 from hybridq.producer.queue import Queue
 
@@ -85,14 +85,21 @@ class HybridqBackend(BaseTaskBackend):
         }
         if task.run_after is not None:
             options["run_at"] = _timestamp(task.run_after)
-        call = (task.module_path, list(args), dict(kwargs))
-        conn = connections[self.config.database]
-        if conn.in_atomic_block or self.config.always_outbox:
-            conn.ensure_connection()
-            self.outbox.enqueue(conn.connection, RUN_PATH, *call, queue=task.queue_name, **options)
-        else:
-            self._queue(task.queue_name).enqueue_call(RUN_PATH, call, None, **options)
+        # The result first: the framework normalises the arguments (tuples to lists, ...) and
+        # refuses what it cannot, before anything is written; the job carries what it shows.
         result = pending_result(task, job_id, args, kwargs, self.alias, enqueued_at=timezone.now())
+        call = (task.module_path, result.args, result.kwargs)
+        conn = connections[self.config.database]
+        try:
+            if conn.in_atomic_block or self.config.always_outbox:
+                conn.ensure_connection()
+                self.outbox.enqueue(conn.connection, RUN_PATH, *call, queue=task.queue_name, **options)
+            else:
+                self._queue(task.queue_name).enqueue_call(RUN_PATH, call, None, **options)
+        except NotSerializable as exc:  # name the task, not the entry point every job shares
+            raise NotSerializable(
+                str(exc).replace(f"job {RUN_PATH}", f"task {task.module_path}", 1)
+            ) from None
         signals.task_enqueued.send(type(self), task_result=result)
         return result
 

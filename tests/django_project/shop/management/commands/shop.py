@@ -1,4 +1,4 @@
-"""``manage.py shop STEP...``: the test's steps, through the tasks framework's public API only.
+"""``manage.py shop [setup] [enqueue]`` or ``manage.py shop results ID...``: the test's steps, through the tasks framework's public API only.
 
 Each step prints one JSON line. ``setup`` migrates and creates the outbox table; ``enqueue``
 enqueues inside committed, rolled-back and nested transactions and outside any, and tries bad
@@ -78,7 +78,8 @@ def enqueue() -> dict:
     out["double"] = double.enqueue(21).id
     out["bad_queue"] = error_of(lambda: add.using(queue_name="nope").enqueue(1, 2))
     with transaction.atomic():
-        out["not_json"] = error_of(lambda: add.enqueue(object(), 1))
+        out["not_json"] = error_of(lambda: add.enqueue(object(), 1))  # the framework refuses it
+        out["nan"] = error_of(lambda: add.enqueue(float("nan"), 1))  # the framework takes it, JSON not
     out["missing"] = error_of(lambda: fulfil.get_result("01ARZ3NDEKTSV4RRFFQ69G5FAV"))
     out["rows_at_end"] = outbox_rows()
     return out
@@ -110,10 +111,14 @@ def results(ids: list[str]) -> dict:
 
 class Command(BaseCommand):
     def add_arguments(self, parser):
-        parser.add_argument("step", choices=["setup", "enqueue", "results"])
-        parser.add_argument("ids", nargs="*")
+        parser.add_argument("steps", nargs="+", help="setup, enqueue, or results ID...")
 
     def handle(self, *args, **options):
-        step = options["step"]
-        out = results(options["ids"]) if step == "results" else {"setup": setup, "enqueue": enqueue}[step]()
+        steps = options["steps"]
+        if steps[0] == "results":
+            out = results(steps[1:])
+        else:  # setup and enqueue, in one process
+            out = {"setup": setup()} if "setup" in steps else {}
+            if "enqueue" in steps:
+                out.update(enqueue())
         self.stdout.write(json.dumps(out))
