@@ -107,6 +107,8 @@ def scenario(
     assert out["rows_after_commit"] == 1
     assert out["status_at_enqueue"] == out["status_in_outbox"] == "READY"
     assert out["rows_after_nested"] == 2  # the savepoint rolled back its own job only
+    assert out["rows_after_manual"] == 2  # set_autocommit(False) + rollback: joined, and gone
+    assert out["manual_after_rollback"].startswith("TaskResultDoesNotExist")
     assert out["rows_after_direct"] == 2  # outside a transaction: straight into the journal
     assert out["bad_queue"].startswith("InvalidTask")
     assert out["not_json"].startswith("TypeError: Unsupported type")
@@ -145,7 +147,8 @@ def scenario(
         return shop.status()["succeeded"] == len(others)
 
     wait_until(committed_job_succeeded, timeout=90, interval=0.05, what="the committed job to run again")
-    ids = [out["committed"], out["rolled_back"], out["nested_dropped"], *(out[name] for name in others)]
+    gone = ("rolled_back", "nested_dropped", "manual_rolled_back")
+    ids = [out["committed"], out["deferred"], *(out[name] for name in (*gone, *others))]
     results = shop.manage("shop", "results", *ids)
     committed = results[out["committed"]]
     effects = shop.effects_of(out["order"])

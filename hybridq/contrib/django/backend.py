@@ -91,7 +91,7 @@ class HybridqBackend(BaseTaskBackend):
         call = (task.module_path, result.args, result.kwargs)
         conn = connections[self.config.database]
         try:
-            if conn.in_atomic_block or self.config.always_outbox:
+            if _in_transaction(conn) or self.config.always_outbox:
                 conn.ensure_connection()
                 self.outbox.enqueue(conn.connection, RUN_PATH, *call, queue=task.queue_name, **options)
             else:
@@ -106,6 +106,12 @@ class HybridqBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         """The job's ``TaskResult`` (TaskResultDoesNotExist if no job has this id)."""
         return read_result(self, result_id)
+
+
+def _in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` has a transaction open: ``atomic()``, or autocommit turned off by hand."""
+    # No connection open: no transaction either (get_autocommit() would connect to ask).
+    return bool(conn.in_atomic_block) or (conn.connection is not None and not conn.autocommit)
 
 
 def _timestamp(when: dt.datetime) -> float:

@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from hybridq.outbox.schema import DEFAULT_TABLE, validate_table
 
-__all__ = ["Options", "outbox_dsn", "parse_options"]
+__all__ = ["Options", "allowed_prefixes", "outbox_dsn", "parse_options", "under"]
 
 #: The keys ``OPTIONS`` may hold; any other is a typo, refused at start.
 KNOWN = frozenset({"journal", "redis_url", "allow", "database", "outbox_table", "always_outbox"})
@@ -106,3 +106,34 @@ def outbox_dsn(database: Mapping[str, Any]) -> str:
     raise ImproperlyConfigured(
         f"hybridq: the outbox supports SQLite and PostgreSQL databases, not {engine or 'no ENGINE'!r}"
     )
+
+
+def allowed_prefixes() -> tuple[str, ...]:
+    """The module prefixes whose ``@task`` functions hybridq may run or name in a result.
+
+    Every hybridq backend's ``allow``; a backend without one allows the project's own apps
+    (``INSTALLED_APPS`` less Django's, the backport's and hybridq's). Read from the settings,
+    so the worker and the web process agree.
+    """
+    from django.apps import apps  # noqa: PLC0415 - needs Django set up, unlike the rest
+    from django.conf import settings  # noqa: PLC0415
+
+    prefixes: list[str] = []
+    for params in getattr(settings, "TASKS", {}).values():
+        if not str(params.get("BACKEND", "")).startswith("hybridq.contrib.django"):
+            continue
+        allow = parse_options(params.get("OPTIONS", {})).allow
+        prefixes.extend(
+            allow
+            or (
+                config.name
+                for config in apps.get_app_configs()
+                if not config.name.startswith(("django.", "django_tasks", "hybridq."))
+            )
+        )
+    return tuple(dict.fromkeys(prefixes))
+
+
+def under(module: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``module`` is one of ``prefixes`` or inside one (``shop.tasks`` under ``shop``)."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)

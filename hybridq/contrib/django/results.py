@@ -26,6 +26,7 @@ from hybridq.contrib.django.compat import (
     TaskResultStatus,
     set_field,
 )
+from hybridq.contrib.django.config import allowed_prefixes, under
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, ResultNotKept
 from hybridq.job import Job, fetch_job
@@ -126,6 +127,9 @@ def _call_of(env: Envelope) -> tuple[Task, list[Any], dict[str, Any]]:
 
 
 def _task_at(path: str) -> Task | None:
+    """The ``Task`` at ``path``; nothing outside the allowed modules is imported (as the worker)."""
+    if not under(path.rpartition(".")[0], allowed_prefixes()):
+        return None
     try:
         found = import_string(path)
     except ImportError:

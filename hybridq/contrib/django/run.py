@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from hybridq.context import current_job
+from hybridq.contrib.django.config import allowed_prefixes, under
 from hybridq.errors import NotAllowed
 
 __all__ = ["run_task"]
@@ -71,8 +72,8 @@ def _resolve(path: str) -> Any:
     module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
     if not module or not name or name.startswith("_") or "__" in path:
         raise NotAllowed(f"{path!r} is not a Django task path")
-    prefixes = _allowed_prefixes()
-    if not any(module == p or module.startswith(p + ".") for p in prefixes):
+    prefixes = allowed_prefixes()
+    if not under(module, prefixes):
         raise NotAllowed(
             f"Django task {path!r} is not under an allowed prefix ({', '.join(prefixes) or 'none'}); "
             "add its module to the hybridq backend's OPTIONS['allow']"
@@ -83,28 +84,3 @@ def _resolve(path: str) -> Any:
     if not isinstance(task_backends[found.backend], HybridqBackend):
         raise NotAllowed(f"task {path!r} belongs to backend {found.backend!r}, which is not hybridq's")
     return found
-
-
-def _allowed_prefixes() -> tuple[str, ...]:
-    """Every hybridq backend's ``allow``; a backend without one allows the project's own apps."""
-    from django.apps import apps  # noqa: PLC0415
-    from django.conf import settings  # noqa: PLC0415
-
-    from hybridq.contrib.django.config import parse_options  # noqa: PLC0415
-
-    prefixes: list[str] = []
-    for params in getattr(settings, "TASKS", {}).values():
-        if not str(params.get("BACKEND", "")).startswith("hybridq.contrib.django"):
-            continue
-        allow = parse_options(params.get("OPTIONS", {})).allow
-        prefixes.extend(allow or project_apps(apps))
-    return tuple(dict.fromkeys(prefixes))
-
-
-def project_apps(apps: Any) -> list[str]:
-    """The project's own apps: ``INSTALLED_APPS`` less Django's and hybridq's."""
-    return [
-        config.name
-        for config in apps.get_app_configs()
-        if not config.name.startswith(("django.", "hybridq.", "django_tasks"))
-    ]

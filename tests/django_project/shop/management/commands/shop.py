@@ -6,11 +6,13 @@ input; ``results ID...`` reads the jobs back with ``get_result`` / ``aget_result
 """
 
 import asyncio
+import datetime as dt
 import json
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
+from django.utils import timezone
 
 try:
     from django.tasks import default_task_backend
@@ -70,6 +72,15 @@ def enqueue() -> dict:
         except Rollback:
             pass
     out["rows_after_nested"] = outbox_rows()
+    transaction.set_autocommit(False)  # a transaction managed by hand, not atomic()
+    try:
+        out["manual_rolled_back"] = add.enqueue(5, 5).id
+        transaction.rollback()
+    finally:
+        transaction.set_autocommit(True)
+    out["rows_after_manual"] = outbox_rows()
+    out["manual_after_rollback"] = error_of(lambda: add.get_result(out["manual_rolled_back"]))
+    out["deferred"] = add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(3, 4).id
     out["direct"] = add.enqueue(2, 3).id
     out["rows_after_direct"] = outbox_rows()
     out["async"] = asyncio.run(add.aenqueue(20, 22)).id
