@@ -153,7 +153,7 @@ def scenario(
     committed = results[out["committed"]]
     effects = shop.effects_of(out["order"])
     figures(
-        f"django {shop.env['SHOP_DB'].split(':')[0]}: committed job starts={effects.count('start')} "
+        f"django {'postgresql' if shop.env['SHOP_DB'].startswith('postgresql:') else 'sqlite'}: committed job starts={effects.count('start')} "
         f"done={effects.count('done')} attempts={committed['attempts']}; rolled-back jobs: "
         f"{results[out['rolled_back']]}"
     )
@@ -187,24 +187,15 @@ def scenario(
     assert results["aget_result"] == {"id": out["committed"], "status": "SUCCESSFUL"}
 
 
-def test_django_tasks_on_sqlite(
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_django_tasks(
+    database: str,
+    request: pytest.FixtureRequest,
     tmp_path: Path,
     redis_server: RedisServer,
     subprocess_env: dict[str, str],
     processes: list[WorkerProcess],
     figures: Callable[[str], None],
 ) -> None:
-    shop = Shop(tmp_path, str(tmp_path / "shop.db"), redis_server.url, subprocess_env)
-    scenario(shop, redis_server, processes, figures)
-
-
-def test_django_tasks_on_postgresql(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    pg_dsn: str,
-    subprocess_env: dict[str, str],
-    processes: list[WorkerProcess],
-    figures: Callable[[str], None],
-) -> None:
-    shop = Shop(tmp_path, pg_dsn, redis_server.url, subprocess_env)
-    scenario(shop, redis_server, processes, figures)
+    db = str(tmp_path / "shop.db") if database == "sqlite" else request.getfixturevalue("pg_dsn")
+    scenario(Shop(tmp_path, db, redis_server.url, subprocess_env), redis_server, processes, figures)
