@@ -59,3 +59,40 @@ def test_outbox_dsn_of_each_database(tmp_path: Path) -> None:
 def test_outbox_dsn_refuses_what_the_outbox_cannot_read(database: dict[str, str]) -> None:
     with pytest.raises(ImproperlyConfigured):
         outbox_dsn(database)
+
+
+CHECK = """
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["hybridq.contrib.django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.mysql", "NAME": "shop"}},
+    TASKS={
+        "default": {"BACKEND": "hybridq.contrib.django.HybridqBackend", "OPTIONS": {}},
+        "other": {"BACKEND": "hybridq.contrib.django.HybridqBackend", "OPTIONS": {"database": "nope"}},
+    },
+)
+django.setup()
+try:
+    from django.tasks import task_backends
+except ImportError:
+    from django_tasks import task_backends
+for alias in ("default", "other"):
+    print(*[message.id for message in task_backends[alias].check()])
+"""
+
+
+def test_system_checks_name_a_database_the_outbox_cannot_use(subprocess_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["hybridq.E002", "hybridq.E001"]

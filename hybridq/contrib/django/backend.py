@@ -103,6 +103,31 @@ class HybridqBackend(BaseTaskBackend):
         signals.task_enqueued.send(type(self), task_result=result)
         return result
 
+    def check(self, **kwargs: Any) -> list[Any]:
+        """Django's system checks (``manage.py check``, every command's start): the database."""
+        from django.conf import settings  # noqa: PLC0415
+        from django.core import checks  # noqa: PLC0415
+
+        found = list(super().check(**kwargs))
+        database = settings.DATABASES.get(self.config.database)
+        if database is None:
+            found.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]: OPTIONS['database'] names {self.config.database!r}, "
+                    "which DATABASES lacks",
+                    id="hybridq.E001",
+                )
+            )
+        elif not str(database.get("ENGINE", "")).endswith(("sqlite3", "postgresql")):
+            found.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]: the outbox supports SQLite and PostgreSQL, not "
+                    f"{database.get('ENGINE')!r}",
+                    id="hybridq.E002",
+                )
+            )
+        return found
+
     def get_result(self, result_id: str) -> TaskResult:
         """The job's ``TaskResult`` (TaskResultDoesNotExist if no job has this id)."""
         return read_result(self, result_id)
