@@ -24,7 +24,7 @@ from django.utils import timezone
 from hybridq.contrib.django.compat import BaseTaskBackend, InvalidTask, Task, TaskResult, signals
 from hybridq.contrib.django.config import Options, parse_options
 from hybridq.contrib.django.results import pending_result, read_result
-from hybridq.envelope.model import new_job_id
+from hybridq.envelope.model import new_job_id, validate_queue_name
 from hybridq.errors import EnvelopeError, NotSerializable
 from hybridq.outbox import Outbox
 from hybridq.producer.queue import Queue
@@ -61,7 +61,7 @@ class HybridqBackend(BaseTaskBackend):
         """The framework's checks, then hybridq's rule for queue names (one line, nothing written)."""
         super().validate_task(task)
         try:
-            self._queue(task.queue_name)
+            validate_queue_name(task.queue_name)  # no Queue yet: that would make the journal directory
         except EnvelopeError as exc:
             raise InvalidTask(f"Queue {task.queue_name!r} is not a valid hybridq queue name: {exc}") from None
 

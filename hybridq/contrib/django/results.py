@@ -74,7 +74,8 @@ def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
     """The result of job ``result_id``, from the journal's lookup and ledger, else from the outbox."""
     if not isinstance(result_id, str) or not result_id:
         raise TaskResultDoesNotExist(result_id)
-    job = fetch_job(result_id, backend.config.journal) if _has_journal(backend) else None
+    journal = _journal(backend)
+    job = fetch_job(result_id, journal) if journal is not None else None
     if job is None:
         env = _in_outbox(backend, result_id)
         if env is None:
@@ -85,9 +86,14 @@ def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
     return _from_job(job, task, args, kwargs, backend.alias)
 
 
-def _has_journal(backend: HybridqBackend) -> bool:
-    """Whether a journal is configured (a host that only writes to the outbox may have none)."""
-    return backend.config.journal is not None or bool(os.environ.get("HYBRIDQ_JOURNAL"))
+def _journal(backend: HybridqBackend) -> str | None:
+    """The journal directory, if configured and made yet.
+
+    A host that only writes to the outbox may have none; nor is there one before the first
+    direct enqueue or the forwarder's start: then only the outbox can hold the job.
+    """
+    path = backend.config.journal or os.environ.get("HYBRIDQ_JOURNAL")
+    return path if path and os.path.isdir(path) else None
 
 
 def _from_job(job: Job, task: Task, args: Any, kwargs: Any, alias: str) -> TaskResult:
