@@ -48,7 +48,7 @@ class HybridqBackend(BaseTaskBackend):
     supports_async_task = True  # async def tasks run through the framework's Task.call
     supports_get_result = True  # from the journal and the ledger, in any process of the host
     # Accepted and stored in the job's meta; hybridq runs a queue in order, not by priority
-    # (docs/django.md, "Priority"): give urgent tasks their own queue instead.
+    # (docs/django.md, "The task's options"): give urgent tasks their own queue instead.
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
