@@ -95,4 +95,4 @@ def test_system_checks_name_a_database_the_outbox_cannot_use(subprocess_env: dic
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["hybridq.E002", "hybridq.E001"]
+    assert done.stdout.split("\n")[:2] == ["hybridq_django.E002", "hybridq_django.E001"]

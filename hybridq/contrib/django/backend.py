@@ -115,7 +115,7 @@ class HybridqBackend(BaseTaskBackend):
                 checks.Error(
                     f"TASKS[{self.alias!r}]: OPTIONS['database'] names {self.config.database!r}, "
                     "which DATABASES lacks",
-                    id="hybridq.E001",
+                    id="hybridq_django.E001",
                 )
             )
         elif not str(database.get("ENGINE", "")).endswith(("sqlite3", "postgresql")):
@@ -123,7 +123,7 @@ class HybridqBackend(BaseTaskBackend):
                 checks.Error(
                     f"TASKS[{self.alias!r}]: the outbox supports SQLite and PostgreSQL, not "
                     f"{database.get('ENGINE')!r}",
-                    id="hybridq.E002",
+                    id="hybridq_django.E002",
                 )
             )
         return found
