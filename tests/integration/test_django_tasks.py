@@ -6,7 +6,8 @@ management commands (``hybridq_outbox_init``, ``hybridq_forward``, ``hybridq_wor
 Python 3.11 the framework is the ``django-tasks`` backport on Django 5.2 (the default run); in
 ``scripts/test-django6`` it is Django 6's ``django.tasks`` on Python 3.12, the same tests.
 
-One scenario per database: a rolled-back order leaves no job; a committed one is in the
+One scenario per database: a rolled-back order leaves no job; a process SIGKILLed right after
+its commit loses no job enqueued inside the transaction (one from ``on_commit`` is lost); a committed one is in the
 outbox (READY) before the relay moves it; the worker is SIGKILLed while the committed job runs,
 Redis is wiped (FLUSHALL), a new worker runs it again and it completes once; every job's
 ``get_result`` gives its status and return value.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -116,6 +118,18 @@ def scenario(
     assert out["missing"].startswith("TaskResultDoesNotExist")
     assert out["rows_at_end"] == 2  # the bad calls wrote nothing
 
+    # A process killed right after its commit: the job enqueued inside the transaction is
+    # committed with the order; the one an on_commit hook would have enqueued never is.
+    killed = subprocess.run(
+        [sys.executable, str(PROJECT / "manage.py"), "shop", "die", str(shop.tmp_path / "died.json")],
+        env=shop.env,
+        cwd=shop.tmp_path,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    died = json.loads((shop.tmp_path / "died.json").read_text())
     # Jobs that name the backend's entry point with what is not an allowed @task (a Redis writer,
     # or a producer of another app): they fail for good, and nothing outside the allowed modules
     # is imported for them.
@@ -133,7 +147,8 @@ def scenario(
         forwarder.assert_alive()
         worker.assert_alive()
         status = shop.status()
-        return shop.gate.exists() and status["succeeded"] + status["failed"] == len(others) + len(forged)
+        ended = status["succeeded"] + status["failed"]
+        return shop.gate.exists() and ended == len(others) + len(forged) + 1  # + the killed process's job
 
     wait_until(first_run_hangs_and_the_others_ended, timeout=90, interval=0.05, what="the jobs to run")
     worker.kill()  # SIGKILL, the pool's process and the parent, mid-run
@@ -144,20 +159,25 @@ def scenario(
     def committed_job_succeeded() -> bool:
         forwarder.assert_alive()
         worker.assert_alive()
-        return shop.status()["succeeded"] == len(others)
+        return shop.status()["succeeded"] == len(others) + 1
 
     wait_until(committed_job_succeeded, timeout=90, interval=0.05, what="the committed job to run again")
     gone = ("rolled_back", "nested_dropped", "manual_rolled_back")
-    ids = [out["committed"], out["deferred"], *(out[name] for name in (*gone, *others))]
+    ids = [out["committed"], died["a_job"], out["deferred"], *(out[name] for name in (*gone, *others))]
     results = shop.manage("shop", "results", *ids)
     committed = results[out["committed"]]
     effects = shop.effects_of(out["order"])
     figures(
         f"django {'postgresql' if shop.env['SHOP_DB'].startswith('postgresql:') else 'sqlite'}: committed job starts={effects.count('start')} "
         f"done={effects.count('done')} attempts={committed['attempts']}; rolled-back jobs: "
-        f"{results[out['rolled_back']]}"
+        f"{results[out['rolled_back']]}; process SIGKILLed after its commit: job in the transaction "
+        f"ran {shop.effects_of(died['a']).count('ship')}x, job from on_commit ran "
+        f"{shop.effects_of(died['b']).count('ship')}x"
     )
     assert effects == ["start", "start", "done"]  # killed once, completed once
+    assert shop.effects_of(died["a"]) == ["ship"]  # its process died right after the commit
+    assert shop.effects_of(died["b"]) == []  # on_commit: lost with the process
+    assert results[died["a_job"]]["return_value"] == f"shipped {died['a']}"
     assert committed["status"] == "SUCCESSFUL"
     assert committed["return_value"] == {"order": out["order"], "state": "fulfilled"}
     # The attempt counter lives in Redis until the outcome is harvested: FLUSHALL resets it.

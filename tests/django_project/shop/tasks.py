@@ -41,6 +41,12 @@ def fulfil(order_id: int) -> dict:
     return {"order": order_id, "state": "fulfilled"}
 
 
+@task()
+def ship(order_id: int) -> str:
+    log("ship", order_id)
+    return f"shipped {order_id}"
+
+
 @task(queue_name="emails", priority=5)
 def add(a: int, b: int) -> int:
     return a + b

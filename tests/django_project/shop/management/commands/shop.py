@@ -1,4 +1,4 @@
-"""``manage.py shop [setup] [enqueue]`` or ``manage.py shop results ID...``: the test's steps, through the tasks framework's public API only.
+"""``manage.py shop [setup] [enqueue]``, ``manage.py shop die FILE`` or ``manage.py shop results ID...``: the test's steps, through the tasks framework's public API only.
 
 Each step prints one JSON line. ``setup`` migrates and creates the outbox table; ``enqueue``
 enqueues inside committed, rolled-back and nested transactions and outside any, and tries bad
@@ -8,6 +8,8 @@ input; ``results ID...`` reads the jobs back with ``get_result`` / ``aget_result
 import asyncio
 import datetime as dt
 import json
+import os
+import signal
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -20,7 +22,7 @@ except ImportError:
     from django_tasks import default_task_backend
 
 from shop.models import Order
-from shop.tasks import add, boom, double, fulfil, whoami
+from shop.tasks import add, boom, double, fulfil, ship, whoami
 
 
 class Rollback(Exception):
@@ -96,6 +98,22 @@ def enqueue() -> dict:
     return out
 
 
+def die(ids_file: str) -> None:
+    """Commit two orders, then SIGKILL this process before any on_commit hook's enqueue runs.
+
+    Order A's job is enqueued inside the transaction (the outbox); order B's is enqueued by an
+    on_commit hook, which never runs: the hook registered before it kills the process.
+    """
+    with transaction.atomic():
+        a = Order.objects.create(item="in the transaction")
+        job = ship.enqueue(a.id).id
+        b = Order.objects.create(item="on_commit")
+        with open(ids_file, "w") as out:
+            json.dump({"a": a.id, "a_job": job, "b": b.id}, out)
+        transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        transaction.on_commit(lambda: ship.enqueue(b.id))
+
+
 def results(ids: list[str]) -> dict:
     out = {}
     for job_id in ids:
@@ -126,6 +144,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         steps = options["steps"]
+        if steps[0] == "die":
+            die(steps[1])
         if steps[0] == "results":
             out = results(steps[1:])
         else:  # setup and enqueue, in one process
