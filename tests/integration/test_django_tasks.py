@@ -134,8 +134,13 @@ def scenario(
     # or a producer of another app): they fail for good, and nothing outside the allowed modules
     # is imported for them.
     forged = [
-        Queue("default", journal=shop.journal).enqueue(RUN_PATH, path, ["id"], {}).id
-        for path in ("os.system", "shop.tasks.log", "shop.tasks._private")
+        Queue("default", journal=shop.journal).enqueue(RUN_PATH, path, args, {}).id
+        for path, args in (
+            ("os.system", ["id"]),
+            ("shop.tasks.log", ["id"]),
+            ("shop.tasks._private", ["id"]),
+            ("shop.tasks.add", "12"),  # an allowed task, its arguments not a list
+        )
     ]
     forwarder = shop.start("forwarder", "hybridq_forward", "--lease", "1")
     processes.append(forwarder)
@@ -199,11 +204,12 @@ def scenario(
     )
     assert "out of stock" in failed["traceback"]
     refused = [fetch_job(job_id, shop.journal) for job_id in forged]
-    assert [job.status if job else None for job in refused] == ["failed"] * 3
+    assert [job.status if job else None for job in refused] == ["failed"] * len(forged)
     reasons = [(job.exc_info or "").strip().splitlines()[-1] for job in refused if job]
     assert "not under an allowed prefix" in reasons[0], reasons
     assert "is not a task made with @task" in reasons[1], reasons
     assert "is not a Django task path" in reasons[2], reasons
+    assert "arguments in a list and a dict, not str" in reasons[3], reasons
     assert results["aget_result"] == {"id": out["committed"], "status": "SUCCESSFUL"}
 
 

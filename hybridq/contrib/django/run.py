@@ -27,7 +27,7 @@ from hybridq.errors import NotAllowed
 __all__ = ["run_task"]
 
 
-def run_task(task_path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+def run_task(task_path: str, args: Any, kwargs: Any) -> Any:
     """Run the ``@task`` at ``task_path`` with ``args`` and ``kwargs``; its JSON-normalised value."""
     _setup_django()
     from django.db import close_old_connections  # noqa: PLC0415 - after setup
@@ -36,6 +36,9 @@ def run_task(task_path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     from hybridq.contrib.django.lifecycle import Run  # noqa: PLC0415 - after setup
 
     task = _resolve(task_path)
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        kinds = f"{type(args).__name__} and {type(kwargs).__name__}"
+        raise TypeError(f"a Django task's job carries its arguments in a list and a dict, not {kinds}")
     close_old_connections()
     try:
         with Run(task, current_job(), args, kwargs) as run:
