@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hybridq.extras import require
+
 if TYPE_CHECKING:
     from hybridq.contrib.django.backend import HybridqBackend
 
@@ -28,6 +30,7 @@ __all__ = ["HybridqBackend"]
 
 def __getattr__(name: str) -> Any:
     if name == "HybridqBackend":
+        require("django", "hybridq.contrib.django", "django")  # one line naming the extra, not an ImportError
         from hybridq.contrib.django.backend import HybridqBackend  # noqa: PLC0415 - lazily
 
         return HybridqBackend

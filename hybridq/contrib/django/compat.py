@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridq.extras import require
+
+#: What needs the ``django`` extra, as its one-line error says.
+FEATURE = "hybridq.contrib.django (the django.tasks backend)"
+
 try:  # Django >= 6.0
     from django.tasks import TaskContext, TaskResult, TaskResultStatus, signals, task_backends
     from django.tasks.backends.base import BaseTaskBackend
@@ -20,6 +25,7 @@ try:  # Django >= 6.0
 
     FRAMEWORK = "django.tasks"
 except ImportError:  # Django 5.2 with the django-tasks backport
+    require("django", FEATURE, "django", "django_tasks")  # which one is missing, in one line
     from django_tasks import TaskContext, TaskResult, TaskResultStatus, signals, task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskError
