@@ -7,6 +7,7 @@ input; ``results ID...`` reads the jobs back with ``get_result`` / ``aget_result
 
 import asyncio
 import datetime as dt
+import io
 import json
 import os
 import signal
@@ -45,8 +46,10 @@ def error_of(call) -> str:
 
 def setup() -> dict:
     call_command("migrate", verbosity=0)
-    call_command("hybridq_outbox_init")
-    return {"outbox_rows": outbox_rows()}
+    sql = io.StringIO()
+    call_command("hybridq_outbox_init", "--print-sql", stdout=sql)
+    call_command("hybridq_outbox_init", stdout=io.StringIO())
+    return {"outbox_rows": outbox_rows(), "sql": sql.getvalue()}
 
 
 def enqueue() -> dict:
