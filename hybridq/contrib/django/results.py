@@ -74,26 +74,31 @@ def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
     """The result of job ``result_id``, from the journal's lookup and ledger, else from the outbox."""
     if not isinstance(result_id, str) or not result_id:
         raise TaskResultDoesNotExist(result_id)
-    journal = _journal(backend)
-    job = fetch_job(result_id, journal) if journal is not None else None
+    job = _in_journal(backend, result_id)
     if job is None:
         env = _in_outbox(backend, result_id)
-        if env is None:
+        if env is not None:
+            task, args, kwargs = _call_of(env)
+            return pending_result(
+                task, env.id, args, kwargs, backend.alias, enqueued_at=_time(env.created_at)
+            )
+        # Relayed between the two looks? The relay appends to the journal before it deletes the
+        # row, so a row gone means the job is in the journal now: look there once more.
+        job = _in_journal(backend, result_id)
+        if job is None:
             raise TaskResultDoesNotExist(result_id)
-        task, args, kwargs = _call_of(env)
-        return pending_result(task, env.id, args, kwargs, backend.alias, enqueued_at=_time(env.created_at))
     task, args, kwargs = _call_of(job.envelope)
     return _from_job(job, task, args, kwargs, backend.alias)
 
 
-def _journal(backend: HybridqBackend) -> str | None:
-    """The journal directory, if configured and made yet.
+def _in_journal(backend: HybridqBackend, job_id: str) -> Job | None:
+    """The job in the journal, if a journal is configured and made yet.
 
     A host that only writes to the outbox may have none; nor is there one before the first
     direct enqueue or the forwarder's start: then only the outbox can hold the job.
     """
     path = backend.config.journal or os.environ.get("HYBRIDQ_JOURNAL")
-    return path if path and os.path.isdir(path) else None
+    return fetch_job(job_id, path) if path and os.path.isdir(path) else None
 
 
 def _from_job(job: Job, task: Task, args: Any, kwargs: Any, alias: str) -> TaskResult:
