@@ -91,6 +91,7 @@ def test_help_needs_no_extra(tmp_path: Path) -> None:
         ("lupa", "import hybridq.testing as t; t.fake_stack('j')", "testing"),
         ("psycopg", f"from hybridq.outbox.relay import Relay; Relay({_PG!r}, 'j')", "postgres"),
         ("psycopg", f"from hybridq.outbox.schema import connect; connect({_PG!r})", "postgres"),
+        ("django", "from hybridq.contrib.django import HybridqBackend", "django"),
     ],
 )
 def test_an_import_without_its_extra_says_which(tmp_path: Path, blocked: str, code: str, extra: str) -> None:

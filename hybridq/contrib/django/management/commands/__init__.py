@@ -1,0 +1,1 @@
+"""``manage.py hybridq_forward``, ``hybridq_worker`` and ``hybridq_outbox_init``."""
