@@ -29,6 +29,7 @@ __all__ = [
     "opt_finite",
     "opt_str",
     "requeue_count",
+    "tags_version",
     "time_value",
     "to_float",
     "typed",
@@ -79,6 +80,13 @@ def requeue_count(value: object) -> int:
     """How many times a job was requeued: an integer from 0 to :data:`MAX_REQUEUE`."""
     if not is_int(value) or not 0 <= value <= MAX_REQUEUE:  # type: ignore[operator]
         raise ValueError(f"requeue must be an integer from 0 to {MAX_REQUEUE}, not {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+def tags_version(value: object) -> int:
+    """The tagged encoding of a record's arguments: an integer >= 0 (0: plain JSON)."""
+    if not is_int(value) or value < 0:  # type: ignore[operator]
+        raise ValueError(f"tags must be an integer >= 0, not {value!r:.60}")
     return value  # type: ignore[return-value]
 
 
