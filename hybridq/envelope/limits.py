@@ -30,6 +30,7 @@ __all__ = [
     "opt_str",
     "requeue_count",
     "tags_version",
+    "text_map",
     "time_value",
     "to_float",
     "typed",
@@ -88,6 +89,15 @@ def tags_version(value: object) -> int:
     if not is_int(value) or value < 0:  # type: ignore[operator]
         raise ValueError(f"tags must be an integer >= 0, not {value!r:.60}")
     return value  # type: ignore[return-value]
+
+
+def text_map(name: str, value: object) -> dict[str, str] | None:
+    """``None`` or an object of strings (a trace context)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(type(k) is str and type(v) is str for k, v in value.items()):
+        raise TypeError(f"{name} must be an object of strings, not {value!r:.60}")
+    return value
 
 
 def opt_str(name: str, value: object) -> str | None:

@@ -66,11 +66,12 @@ from hybridq.envelope.limits import (
     opt_str,
     requeue_count,
     tags_version,
+    text_map,
     time_value,
     to_float,
     typed,
 )
-from hybridq.envelope.tagged import TAGS_VERSION, decode
+from hybridq.envelope.tagged import TAGS_VERSION, decode_call
 from hybridq.errors import EnvelopeError, NotSerializable
 
 __all__ = [
@@ -95,7 +96,7 @@ _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _KNOWN = frozenset(
     {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
-    | {"retry", "description", "meta", "requeue", "tags", "sig"}
+    | {"retry", "description", "meta", "requeue", "tags", "trace", "sig"}
 )
 
 
@@ -290,6 +291,9 @@ class Envelope:
     #: Which tagged encoding the arguments use (:mod:`hybridq.envelope.tagged`): 0 for plain
     #: JSON (every record written before tags existed reads as 0, its arguments as they are).
     tags: int = 0
+    #: The trace context of the enqueue span (W3C ``traceparent`` and what else the application's
+    #: propagator writes: :mod:`hybridq.tracing`), ``None`` when no tracer was configured.
+    trace: Mapping[str, str] | None = None
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -315,9 +319,10 @@ class Envelope:
         if self.tags != TAGS_VERSION:
             raise EnvelopeError(f"job {self.id}: arguments tagged by a newer version ({self.tags})")
         try:
-            return tuple(decode(list(self.args))), {name: decode(item) for name, item in self.kwargs.items()}
+            args, kwargs = decode_call(self.args, self.kwargs)
         except ValueError as exc:
             raise EnvelopeError(f"job {self.id}: {exc}") from None
+        return tuple(args), kwargs
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in the journal (``None`` options are left out)."""
@@ -346,6 +351,8 @@ class Envelope:
             out["requeue"] = self.requeue
         if self.tags:
             out["tags"] = self.tags
+        if self.trace is not None:
+            out["trace"] = dict(self.trace)
         if self.signature is not None:
             out["sig"] = self.signature
         return out
@@ -419,6 +426,7 @@ class Envelope:
                 requeue=requeue_count(obj.get("requeue", 0)),
                 signature=opt_str("sig", obj.get("sig")),
                 tags=tags_version(obj.get("tags", 0)),
+                trace=text_map("trace", obj.get("trace")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows

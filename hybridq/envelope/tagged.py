@@ -26,14 +26,24 @@ import binascii
 import datetime as dt
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from hybridq.errors import NotSerializable
 
-__all__ = ["TAGS", "TAGS_VERSION", "TAG_KEY", "decode", "encode", "has_tags", "read_result", "tag_call"]
+__all__ = [
+    "TAGS",
+    "TAGS_VERSION",
+    "TAG_KEY",
+    "decode",
+    "decode_call",
+    "encode",
+    "has_tags",
+    "read_result",
+    "tag_call",
+]
 
 #: The key that marks a tagged value.
 TAG_KEY = "$t"
@@ -276,6 +286,14 @@ def decode(value: Any, *, strict: bool = True) -> Any:
         if strict:
             raise ValueError(f"malformed tagged value {value!r:.80}: {exc}") from None
         return value
+
+
+def decode_call(args: Iterable[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A call's arguments with their tagged values decoded (strictly: see :func:`decode`).
+
+    The keyword names are the call's own, never a tag (``$t`` among them, for ``**kwargs``).
+    """
+    return [decode(item) for item in args], {name: decode(item) for name, item in kwargs.items()}
 
 
 def read_result(text: str) -> Any:

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from hybridq.envelope.model import Envelope, Retry, function_path, validate_job_id, validate_queue_name
-from hybridq.envelope.tagged import decode, encode
+from hybridq.envelope.tagged import decode_call, encode
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
@@ -196,7 +196,7 @@ class Api:
         if not isinstance(kwargs, dict):
             raise BadRequest('"kwargs" must be a JSON object')
         try:  # tagged values (docs/http.md) as the task will get them; the producer tags them again
-            args, kwargs = decode(args), {name: decode(value) for name, value in kwargs.items()}
+            args, kwargs = decode_call(args, kwargs)
         except ValueError as exc:
             raise BadRequest(f'"args"/"kwargs": {exc}') from None
         queue = body.get("queue", "default")

@@ -51,6 +51,7 @@ from hybridq.producer.calls import (
 from hybridq.producer.capacity import PendingCount
 from hybridq.protocol.nudge import address, nudge
 from hybridq.security.signing import keyring
+from hybridq.tracing import enqueue_carrier
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
 
@@ -434,6 +435,9 @@ class Queue:
         )
         if tags:
             env.tags = tags
+        carrier = enqueue_carrier(job, path, self.name)  # None, at a look-up's cost, untraced
+        if carrier is not None:
+            env.trace = carrier
         env.to_bytes(keys_checked=True)  # raises NotSerializable now, not in enqueue_many
         return env
 

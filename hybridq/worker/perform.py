@@ -205,7 +205,8 @@ class Performer:
                 _claiming_again(item)
                 if not await self._claim_async(item, again=True):
                     raise NotStarted(item.job_id)  # the claim is gone: not called
-            return await run.func(*env.args, **env.kwargs)
+            args, kwargs = env.call_args()  # tagged values decoded
+            return await run.func(*args, **kwargs)
 
         context = begin(self.client, run)
         started = time.monotonic()
