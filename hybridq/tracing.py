@@ -13,12 +13,14 @@ hook is one dictionary look-up: :func:`tracer` returns ``None``.
 - the run (:func:`start_run`, :func:`end_run`, in the worker): a ``CONSUMER`` span ``hybridq.run``, a child of
   the enqueue span, with the job id, queue, task, attempt and outcome.
 
-A tracing failure never fails a job: the carrier is dropped if it is not small text.
-This module imports nothing of hybridq's but the errors-free standard library: every role uses it.
+A tracing failure never fails a job: a hook whose span cannot be made logs a warning and goes
+on untraced, and a carrier larger than :data:`MAX_CARRIER_CHARS` is not stored. This module
+imports nothing of hybridq's: every role uses it.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ MAX_CARRIER_CHARS = 4096
 _MAX_LINKS = 128
 _SYSTEM = {"messaging.system": "hybridq"}
 
+log = logging.getLogger("hybridq")
 _tracer: Any = None
 _MODULES = sys.modules
 
@@ -64,19 +67,31 @@ def enqueue_carrier(job_id: str, func: str, queue: str) -> dict[str, str] | None
     found = tracer()
     if found is None:
         return None
-    from opentelemetry import propagate, trace  # noqa: PLC0415 - imported by the application already
+    try:
+        carrier = _enqueue(found, _attributes("create", job_id, func, queue))
+    except Exception:  # the application's SDK or propagator: never the enqueue's failure
+        log.warning("tracing: the enqueue span of job %s failed; not traced", job_id, exc_info=True)
+        return None
+    return carrier if 0 < sum(len(k) + len(v) for k, v in carrier.items()) <= MAX_CARRIER_CHARS else None
 
-    attributes = {
+
+def _attributes(operation: str, job_id: str, func: str, queue: str) -> dict[str, Any]:
+    return {
         **_SYSTEM,
-        "messaging.operation.type": "create",
+        "messaging.operation.type": operation,
         "messaging.destination.name": queue,
         "messaging.message.id": job_id,
         "hybridq.task": func,
     }
+
+
+def _enqueue(found: Any, attributes: dict[str, Any]) -> dict[str, str]:
+    from opentelemetry import propagate, trace  # noqa: PLC0415 - imported by the application already
+
     with found.start_as_current_span("hybridq.enqueue", kind=trace.SpanKind.PRODUCER, attributes=attributes):
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-    return carrier if 0 < sum(len(k) + len(v) for k, v in carrier.items()) <= MAX_CARRIER_CHARS else None
+    return carrier
 
 
 def _context(carrier: Mapping[str, str] | None) -> Any:
@@ -89,9 +104,22 @@ def _context(carrier: Mapping[str, str] | None) -> Any:
 def push_span(carriers: Iterable[Mapping[str, str] | None], count: int) -> Iterator[None]:
     """A span around the forwarder's push of ``count`` jobs, linked to their enqueue spans."""
     found = tracer()
-    if found is None:
+    span = None
+    if found is not None:
+        try:
+            span = _push(found, carriers, count)
+        except Exception:  # the application's SDK: never the push's failure
+            log.warning("tracing: the push span failed; not traced", exc_info=True)
+    if span is None:
         yield
         return
+    from opentelemetry import trace  # noqa: PLC0415 - tracer() found it imported
+
+    with trace.use_span(span, end_on_exit=True):
+        yield
+
+
+def _push(found: Any, carriers: Iterable[Mapping[str, str] | None], count: int) -> Any:
     from opentelemetry import trace  # noqa: PLC0415 - tracer() found it imported
 
     links = []
@@ -102,10 +130,7 @@ def push_span(carriers: Iterable[Mapping[str, str] | None], count: int) -> Itera
             if len(links) >= _MAX_LINKS:
                 break
     attributes = {**_SYSTEM, "messaging.operation.type": "send", "messaging.batch.message_count": count}
-    with found.start_as_current_span(
-        "hybridq.push", kind=trace.SpanKind.PRODUCER, links=links, attributes=attributes
-    ):
-        yield
+    return found.start_span("hybridq.push", kind=trace.SpanKind.PRODUCER, links=links, attributes=attributes)
 
 
 def start_run(carrier: Mapping[str, str] | None, *, job_id: str, func: str, queue: str, attempt: int) -> Any:
@@ -117,26 +142,30 @@ def start_run(carrier: Mapping[str, str] | None, *, job_id: str, func: str, queu
     found = tracer()
     if found is None:
         return None
-    from opentelemetry import context, trace  # noqa: PLC0415 - tracer() found it imported
+    try:
+        from opentelemetry import context, trace  # noqa: PLC0415 - tracer() found it imported
 
-    attributes = {
-        **_SYSTEM,
-        "messaging.operation.type": "process",
-        "messaging.destination.name": queue,
-        "messaging.message.id": job_id,
-        "hybridq.task": func,
-        "hybridq.attempt": attempt,
-    }
-    span = found.start_span(
-        "hybridq.run", context=_context(carrier), kind=trace.SpanKind.CONSUMER, attributes=attributes
-    )
-    return span, context.attach(trace.set_span_in_context(span))
+        attributes = {**_attributes("process", job_id, func, queue), "hybridq.attempt": attempt}
+        span = found.start_span(
+            "hybridq.run", context=_context(carrier), kind=trace.SpanKind.CONSUMER, attributes=attributes
+        )
+        return span, context.attach(trace.set_span_in_context(span))
+    except Exception:  # the application's SDK, or a record's context: never the run's failure
+        log.warning("tracing: the run span of job %s failed; not traced", job_id, exc_info=True)
+        return None
 
 
 def end_run(started: Any, outcome: str, *, final: bool, error: BaseException | None = None) -> None:
     """End a span :func:`start_run` started (``None``: nothing to do) with the run's outcome."""
     if started is None:
         return
+    try:
+        _end_run(started, outcome, final=final, error=error)
+    except Exception:  # the application's SDK: never the outcome's failure
+        log.warning("tracing: ending a run span failed", exc_info=True)
+
+
+def _end_run(started: Any, outcome: str, *, final: bool, error: BaseException | None) -> None:
     from opentelemetry import context  # noqa: PLC0415 - start_run found it imported
     from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
 

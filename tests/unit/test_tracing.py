@@ -106,3 +106,26 @@ def test_without_opentelemetry_imported_nothing_imports_it(tmp_path: Path) -> No
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+class BrokenTracer:
+    """A tracer whose every span fails (an SDK or exporter bug in the application)."""
+
+    def start_as_current_span(self, *_: object, **__: object) -> None:
+        raise RuntimeError("broken SDK")
+
+    start_span = start_as_current_span
+
+
+def test_a_broken_tracer_never_fails_an_enqueue_a_push_or_a_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tracing, "_tracer", BrokenTracer())
+    with fake_stack(tmp_path / "j", allow="tests.tasks") as stack:
+        job = stack.queue().enqueue("tests.tasks.add", 1, 2)
+        stack.run()
+        assert stack.result(job.id) == 3
+    assert job.envelope.trace is None
+    assert "tracing: the enqueue span of job" in caplog.text
+    assert "tracing: the run span of job" in caplog.text
+    assert "tracing: the push span failed" in caplog.text
