@@ -145,8 +145,8 @@ def schedule(
         key: names the schedule for good: its ticks' idempotency keys and the forwarder's record
             of the last tick are under it (``[A-Za-z0-9_.-]``, at most 100). Renaming it starts a
             new schedule.
-        args: positional arguments (JSON values).
-        kwargs: keyword arguments (JSON values).
+        args: positional arguments (JSON values, or the types of docs/api.md, "Argument and result types").
+        kwargs: keyword arguments (the same).
         queue: the queue its jobs go to.
         catchup: what a forwarder that was down does with the ticks it missed: ``"all"`` (each,
             up to ``max_catchup``, the latest kept), ``"latest"`` (the latest one only) or
