@@ -129,3 +129,18 @@ def test_a_broken_tracer_never_fails_an_enqueue_a_push_or_a_run(
     assert "tracing: the enqueue span of job" in caplog.text
     assert "tracing: the run span of job" in caplog.text
     assert "tracing: the push span failed" in caplog.text
+
+
+def test_every_run_of_a_job_is_a_child_of_its_one_enqueue(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """A RetryLater, then a success: two run spans under the same enqueue span."""
+    with fake_stack(tmp_path / "j", allow="tests.tasks") as stack:
+        job = stack.queue().enqueue("tests.tasks.not_yet", str(tmp_path / "effects"), "A", 1, 0, 0.1)
+        stack.run()
+    [enqueue] = named(spans, "hybridq.enqueue")
+    runs = named(spans, "hybridq.run")
+    assert [run.attributes["hybridq.outcome"] for run in runs] == ["later", "succeeded"]  # type: ignore[index]
+    assert [run.attributes["hybridq.attempt"] for run in runs] == [1, 1]  # type: ignore[index]
+    assert {run.parent.span_id for run in runs if run.parent} == {enqueue.get_span_context().span_id}
+    assert job.envelope.id == enqueue.attributes["messaging.message.id"]  # type: ignore[index]
