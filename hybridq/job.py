@@ -17,6 +17,7 @@ from typing import Any
 
 from hybridq.cancels import cancel
 from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import read_result
 from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
 from hybridq.journal import JournalReader, Record, RecordId
 from hybridq.journal.paths import default_journal, existing_journal_dir
@@ -336,7 +337,7 @@ def _result_of(journal: str, row: lookup.Row | None, job_id: str) -> Any:
     if row is None or row.state != "done" or row.outcome != "succeeded":
         return None
     if row.rkept:
-        return json.loads(row.result) if row.result is not None else None
+        return read_result(row.result) if row.result is not None else None
     if row.dup_of is not None and row.dup_of != job_id:
         original = lookup.find(journal, row.dup_of)
         if original is not None and original.state == "done":

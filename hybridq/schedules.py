@@ -25,6 +25,7 @@ from typing import Any, Literal
 from hybridq.cron import Cron
 from hybridq.envelope.limits import check_seconds
 from hybridq.envelope.model import Envelope, Retry, function_path, validate_queue_name
+from hybridq.envelope.tagged import tag_call
 from hybridq.errors import HybridqError, ScheduleError
 
 __all__ = [
@@ -144,8 +145,8 @@ def schedule(
         key: names the schedule for good: its ticks' idempotency keys and the forwarder's record
             of the last tick are under it (``[A-Za-z0-9_.-]``, at most 100). Renaming it starts a
             new schedule.
-        args: positional arguments (JSON values).
-        kwargs: keyword arguments (JSON values).
+        args: positional arguments (JSON values, or the types of docs/api.md, "Argument and result types").
+        kwargs: keyword arguments (the same).
         queue: the queue its jobs go to.
         catchup: what a forwarder that was down does with the ticks it missed: ``"all"`` (each,
             up to ``max_catchup``, the latest kept), ``"latest"`` (the latest one only) or
@@ -229,14 +230,15 @@ def _build(
         options=dict(options),
     )
     # The arguments must survive the journal's JSON as any enqueue's do (NotSerializable now).
+    args_json, kwargs_json, _ = tag_call(declared.func, declared.args, dict(declared.kwargs))
     Envelope(
         id="check",
         func=declared.func,
         queue=declared.queue,
         idempotency_key=tick_key(key, 0),
         created_at=0.0,
-        args=declared.args,
-        kwargs=dict(declared.kwargs),
+        args=args_json,
+        kwargs=kwargs_json,
     ).to_bytes()
     return declared
 

@@ -239,3 +239,30 @@ def gil(path: str, token: str, seconds: int) -> str:
         left = libc.sleep(left)
     record(path, f"done {token} {attempt} {os.getpid()} {time.time():.6f}")
     return token
+
+
+# -- tasks for tests/integration/test_tagged_worker.py (issue 33) -------------------------------
+
+
+def types_echo(path: str, *args: object, **kwargs: object) -> tuple[object, ...]:
+    """Write the repr of what the task got (types and time zones show) and return it."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(repr((args, kwargs)) + "\n")
+    return (args, kwargs)
+
+
+async def types_echo_async(path: str, *args: object, **kwargs: object) -> tuple[object, ...]:
+    """:func:`types_echo` as an ``async def`` task (the pool awaits it on its loop)."""
+    return types_echo(path, *args, **kwargs)
+
+
+def traced_task(fail: bool = False) -> str:
+    """Open a span of its own inside the run (a child of the run span) and maybe fail."""
+    from hybridq import tracing
+    from opentelemetry import trace
+
+    # The unit tests' tracer is a private provider's (the global one is set once per process).
+    with (tracing.tracer() or trace.get_tracer("tests")).start_as_current_span("inside"):
+        if fail:
+            raise ValueError("asked to fail")
+    return "traced"

@@ -66,6 +66,7 @@ def enqueue(
       hybridq enqueue reports.build --kwargs '{"month": "2026-11"}' --delay 60 --retry 3
     """
     from hybridq.envelope.model import Retry  # noqa: PLC0415
+    from hybridq.envelope.tagged import decode_call  # noqa: PLC0415
     from hybridq.producer.queue import Queue  # noqa: PLC0415
 
     values = [_json_arg(f"argument {n}", raw) for n, raw in enumerate(args, 1)]
@@ -80,6 +81,10 @@ def enqueue(
     kwargs = _json_arg("--kwargs", kwargs_json) if kwargs_json is not None else {}
     if not isinstance(kwargs, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--kwargs")
+    try:  # tagged values (docs/http.md), as the HTTP API takes them
+        values, kwargs = decode_call(values, kwargs)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="ARG or --kwargs") from None
     try:
         queue = Queue(queue_name, journal)
         job = queue.enqueue_call(

@@ -155,6 +155,12 @@ def _fast_json(env: Envelope) -> str | None:
         if type(env.requeue) is not int:
             return None
         parts += (',"requeue":', int.__repr__(env.requeue))
+    if env.tags:
+        if type(env.tags) is not int:
+            return None
+        parts += (',"tags":', int.__repr__(env.tags))
+    if env.trace is not None:
+        parts += (',"trace":', *values(dict(env.trace), 0))
     if env.signature is not None:
         if type(env.signature) is not str:
             return None

@@ -29,6 +29,8 @@ __all__ = [
     "opt_finite",
     "opt_str",
     "requeue_count",
+    "tags_version",
+    "text_map",
     "time_value",
     "to_float",
     "typed",
@@ -80,6 +82,22 @@ def requeue_count(value: object) -> int:
     if not is_int(value) or not 0 <= value <= MAX_REQUEUE:  # type: ignore[operator]
         raise ValueError(f"requeue must be an integer from 0 to {MAX_REQUEUE}, not {value!r:.60}")
     return value  # type: ignore[return-value]
+
+
+def tags_version(value: object) -> int:
+    """The tagged encoding of a record's arguments: an integer >= 0 (0: plain JSON)."""
+    if not is_int(value) or value < 0:  # type: ignore[operator]
+        raise ValueError(f"tags must be an integer >= 0, not {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+def text_map(name: str, value: object) -> dict[str, str] | None:
+    """``None`` or an object of strings (a trace context)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(type(k) is str and type(v) is str for k, v in value.items()):
+        raise TypeError(f"{name} must be an object of strings, not {value!r:.60}")
+    return value
 
 
 def opt_str(name: str, value: object) -> str | None:

@@ -65,10 +65,13 @@ from hybridq.envelope.limits import (
     opt_finite,
     opt_str,
     requeue_count,
+    tags_version,
+    text_map,
     time_value,
     to_float,
     typed,
 )
+from hybridq.envelope.tagged import TAGS_VERSION, decode_call
 from hybridq.errors import EnvelopeError, NotSerializable
 
 __all__ = [
@@ -93,7 +96,7 @@ _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _KNOWN = frozenset(
     {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
-    | {"retry", "description", "meta", "requeue", "sig"}
+    | {"retry", "description", "meta", "requeue", "tags", "trace", "sig"}
 )
 
 
@@ -285,6 +288,12 @@ class Envelope:
     #: ``hmac-sha256:<hex>`` over the fields that decide what runs (see :mod:`hybridq.security.signing`),
     #: or ``None`` when the producer held no signing key. Journals written before it read as None.
     signature: str | None = None
+    #: Which tagged encoding the arguments use (:mod:`hybridq.envelope.tagged`): 0 for plain
+    #: JSON (every record written before tags existed reads as 0, its arguments as they are).
+    tags: int = 0
+    #: The trace context of the enqueue span (W3C ``traceparent`` and what else the application's
+    #: propagator writes: :mod:`hybridq.tracing`), ``None`` when no tracer was configured.
+    trace: Mapping[str, str] | None = None
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -298,6 +307,22 @@ class Envelope:
     def max_attempts(self) -> int:
         """Total runs allowed by the retry policy (1 without one)."""
         return self.retry.max_attempts if self.retry is not None else 1
+
+    def call_args(self) -> tuple[tuple[Any, ...], Mapping[str, Any]]:
+        """The arguments the task is called with: the stored ones, their tagged values decoded.
+
+        Raises:
+            EnvelopeError: a tag this version does not know, or a malformed tagged value.
+        """
+        if not self.tags:
+            return self.args, self.kwargs
+        if self.tags != TAGS_VERSION:
+            raise EnvelopeError(f"job {self.id}: arguments tagged by a newer version ({self.tags})")
+        try:
+            args, kwargs = decode_call(self.args, self.kwargs)
+        except ValueError as exc:
+            raise EnvelopeError(f"job {self.id}: {exc}") from None
+        return tuple(args), kwargs
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in the journal (``None`` options are left out)."""
@@ -324,18 +349,26 @@ class Envelope:
             out["meta"] = dict(self.meta)
         if self.requeue:
             out["requeue"] = self.requeue
+        if self.tags:
+            out["tags"] = self.tags
+        if self.trace is not None:
+            out["trace"] = dict(self.trace)
         if self.signature is not None:
             out["sig"] = self.signature
         return out
 
-    def to_bytes(self) -> bytes:
-        """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values."""
+    def to_bytes(self, *, keys_checked: bool = False) -> bytes:
+        """Compact UTF-8 JSON (computed once); raises :class:`NotSerializable` for non-JSON values.
+
+        ``keys_checked``: the arguments' dict keys were checked already (by the producer's
+        :func:`hybridq.envelope.tagged.tag_call`): only the meta's are walked again.
+        """
         if self._encoded is not None:
             return self._encoded
         try:
             flat = _flat(self.args, self.kwargs, self.meta)
             if not flat:
-                _refuse_non_string_keys((self.args, self.kwargs, self.meta))
+                _refuse_non_string_keys(self.meta if keys_checked else (self.args, self.kwargs, self.meta))
             raw = (_fast_json(self) or _dumps(self.to_dict())).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"job {self.func}: arguments must be JSON-serializable: {exc}") from exc
@@ -392,6 +425,8 @@ class Envelope:
                 meta=typed("meta", obj.get("meta", {}), dict),
                 requeue=requeue_count(obj.get("requeue", 0)),
                 signature=opt_str("sig", obj.get("sig")),
+                tags=tags_version(obj.get("tags", 0)),
+                trace=text_map("trace", obj.get("trace")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows

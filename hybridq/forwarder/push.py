@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from hybridq.errors import RedisRefused, Stopped, TransportError, UnencodableJobs
 from hybridq.forwarder.state import ForwarderState
+from hybridq.tracing import push_span
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
 
@@ -89,10 +90,16 @@ class Pusher:
     def push(self, batch: list[Delivery]) -> None:
         """Push until the transport takes the batch; back off while it is down.
 
+        Traced (a span linked to the jobs' enqueue spans) when a tracer is configured.
+
         Raises :class:`Stopped` if a stop is requested while the transport is down.
         """
         if not batch:
             return
+        with push_span((d.envelope.trace for d in batch), len(batch)):
+            self._push(batch)
+
+    def _push(self, batch: list[Delivery]) -> None:
         self.stats.oldest_unpushed = min(d.envelope.created_at for d in batch)
         delay = self.state.config.backoff_initial_s
         while True:

@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from hybridq.envelope.model import Envelope, Retry, function_path, validate_job_id, validate_queue_name
+from hybridq.envelope.tagged import decode_call, encode
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
@@ -194,6 +195,10 @@ class Api:
             raise BadRequest('"args" must be a JSON array')
         if not isinstance(kwargs, dict):
             raise BadRequest('"kwargs" must be a JSON object')
+        try:  # tagged values (docs/http.md) as the task will get them; the producer tags them again
+            args, kwargs = decode_call(args, kwargs)
+        except ValueError as exc:
+            raise BadRequest(f'"args"/"kwargs": {exc}') from None
         queue = body.get("queue", "default")
         if not isinstance(queue, str):
             raise BadRequest('"queue" must be a string')
@@ -355,7 +360,7 @@ def job_state(job: Job) -> dict[str, Any]:
     }
     if status == "finished":
         try:
-            out["result"] = job.result
+            out["result"] = encode(job.result)[0]  # tagged again, as the request's arguments
         except ResultNotKept as exc:
             out["result"] = None
             out["result_not_kept"] = exc.reason

@@ -16,6 +16,10 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_TAGGED = (
+    "JSON values; a date, time, datetime, decimal, UUID, bytes, set or tuple as a tagged object "
+    '{"$t": tag, "v": ...} (docs/http.md, "Argument and result types")'
+)
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}}
 _UNAUTHORIZED = _json(_ERROR, "No valid bearer token (the login cookie opens the dashboard only).")
 
@@ -188,8 +192,8 @@ def document(version: str) -> dict[str, Any]:
                             "type": "string",
                             "description": "A registered task or a path under --allow.",
                         },
-                        "args": {"type": "array", "default": []},
-                        "kwargs": {"type": "object", "default": {}},
+                        "args": {"type": "array", "default": [], "description": _TAGGED},
+                        "kwargs": {"type": "object", "default": {}, "description": _TAGGED},
                         "queue": {"type": "string", "default": "default"},
                         "delay": {"type": "number", "minimum": 0, "description": "Seconds before it runs."},
                         "retry": {
@@ -232,7 +236,7 @@ def document(version: str) -> dict[str, Any]:
                         "enqueued_at": {"type": "number"},
                         "started_at": {"type": "number", "nullable": True},
                         "ended_at": {"type": "number", "nullable": True},
-                        "result": {"description": "The task's return value (finished jobs)."},
+                        "result": {"description": "The task's return value (finished jobs), tagged as args."},
                         "result_not_kept": {"type": "string"},
                         "error": {"type": "string", "nullable": True},
                     },

@@ -31,6 +31,7 @@ from hybridq.envelope.model import (
     validate_job_id,
     validate_queue_name,
 )
+from hybridq.envelope.tagged import tag_call
 from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
@@ -50,6 +51,7 @@ from hybridq.producer.calls import (
 from hybridq.producer.capacity import PendingCount
 from hybridq.protocol.nudge import address, nudge
 from hybridq.security.signing import keyring
+from hybridq.tracing import enqueue_carrier
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
 
@@ -412,14 +414,18 @@ class Queue:
             _check_retry(retry)
         now = time.time()
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
+        path = task_path(func)
+        call_args, call_kwargs, tags = tag_call(
+            path, args if type(args) is tuple else tuple(args), dict(kwargs) if kwargs else {}
+        )
         env = Envelope(  # positionally: keywords cost ~0.3 us per job here
             job,
-            task_path(func),
+            path,
             self.name,
             idempotency_key if idempotency_key is not None else job,
             now,
-            args if type(args) is tuple else tuple(args),
-            dict(kwargs) if kwargs else {},
+            call_args,
+            call_kwargs,
             self.default_timeout if job_timeout is None else _seconds("job_timeout", job_timeout),
             self.default_result_ttl if result_ttl is None else _seconds("result_ttl", result_ttl),
             None if delay is None and run_at is None else _run_at(now, delay, run_at),
@@ -427,7 +433,12 @@ class Queue:
             description,
             dict(meta) if meta else {},
         )
-        env.to_bytes()  # raises NotSerializable now, not in enqueue_many
+        if tags:
+            env.tags = tags
+        carrier = enqueue_carrier(job, path, self.name)  # None, at a look-up's cost, untraced
+        if carrier is not None:
+            env.trace = carrier
+        env.to_bytes(keys_checked=True)  # raises NotSerializable now, not in enqueue_many
         return env
 
     def fetch_job(self, job_id: str) -> Job | None:

@@ -34,6 +34,7 @@ from typing import Any, Self
 
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import encode, read_result
 from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired
 from hybridq.job import Job
 from hybridq.journal import RecordId
@@ -262,7 +263,8 @@ class LocalQueue:
                 CurrentJob(env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
             )
             try:
-                value = _call(func, list(env.args), dict(env.kwargs))
+                args, kwargs = env.call_args()
+                value = _call(func, list(args), dict(kwargs))
             except Exception as exc:
                 error = exc
             finally:
@@ -325,9 +327,9 @@ def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> 
 
 
 def _stored(value: Any, env: Envelope) -> Any:
-    """``value`` as the worker stores it: through JSON, or its ``repr()`` if JSON cannot hold it."""
+    """``value`` as the worker stores it (tagged JSON), or its ``repr()`` if that cannot hold it."""
     try:
-        return json.loads(json.dumps(value))
+        return read_result(json.dumps(encode(value)[0]))
     except (TypeError, ValueError):
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
         return repr(value)

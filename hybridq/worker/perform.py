@@ -246,7 +246,8 @@ class Performer:
             if _stale(item):
                 raise _Late(item.job_id)
             called = True
-            return await run.func(*env.args, **env.kwargs)
+            args, kwargs = env.call_args()  # tagged values decoded
+            return await run.func(*args, **kwargs)
 
         context = begin(self.client, run)
         started = time.monotonic()

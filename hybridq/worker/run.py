@@ -38,6 +38,7 @@ from hybridq.protocol import (
 )
 from hybridq.protocol.later import resolve
 from hybridq.security.signing import keyring, sign_event
+from hybridq.tracing import end_run, start_run
 from hybridq.worker import lease, quick, scripts
 from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
@@ -127,6 +128,7 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
         run.renewal = lease.hold(conn, run.claim_keys[1], run.token, d.lease_s, run.claim_keys[2])
     run.started = time.time()
     job = (env.id, env.idempotency_key, d.job_attempt, env.max_attempts, env.queue, env.func)
+    run.span = start_run(env.trace, job_id=env.id, func=env.func, queue=env.queue, attempt=d.job_attempt)
     return _current.set(CurrentJob(*job, cancel_flag=run.renewal.cancelled))
 
 
@@ -158,6 +160,8 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
         outcome = outcome.cancelled()
     run.finish = _finish_call(run, outcome.to_json())
     run.error_text = outcome.error
+    end_run(run.span, outcome.outcome.value, final=outcome.final, error=error)
+    run.span = None
     return value, error
 
 
@@ -257,6 +261,8 @@ class Run:
     deferred_end: bool = False
     #: When the task started (wall clock): the completion event reports it.
     started: float | None = None
+    #: The run's trace span, from :func:`begin` to :func:`conclude` (``None`` untraced).
+    span: Any = None
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:

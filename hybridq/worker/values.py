@@ -1,8 +1,8 @@
 """What a run makes of its task: the call (an ``async def`` task awaited), its value, its error.
 
-Shared by every way a delivery runs (:mod:`hybridq.worker.run`): the value is stored as JSON
-(its ``repr()`` when JSON cannot hold it), the error as its traceback, cut to
-:data:`MAX_ERROR_CHARS`.
+Shared by every way a delivery runs (:mod:`hybridq.worker.run`): the value is stored as tagged
+JSON (:mod:`hybridq.envelope.tagged`; its ``repr()`` when that cannot hold it), the error as its
+traceback, cut to :data:`MAX_ERROR_CHARS`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import encode
 
 __all__ = ["MAX_ERROR_CHARS", "call", "format_error", "jsonable"]
 
@@ -31,15 +32,17 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
     RQ's loop (``--rq``, ``--simple``, a plain ``rq worker``) calls every task this way; the pool
     runs ``async def`` tasks on its process's loop instead (:mod:`hybridq.worker.perform`).
     """
-    value = func(*env.args, **env.kwargs)
+    args, kwargs = env.call_args()  # tagged values decoded (hybridq.envelope.tagged)
+    value = func(*args, **kwargs)
     return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:
-    """``value`` if JSON holds it, else its ``repr()``; and its JSON text."""
+    """``value``'s (tagged) JSON form if it has one, else its ``repr()``; and its JSON text."""
     try:
-        return value, json.dumps(value)
-    except (TypeError, ValueError):
+        form = encode(value)[0]
+        return form, json.dumps(form)
+    except (TypeError, ValueError, RecursionError):
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
         return repr(value), json.dumps(repr(value))
 

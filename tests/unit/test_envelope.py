@@ -168,6 +168,17 @@ def test_round_trip(args: list[object], kwargs: dict[str, object]) -> None:
         args=tuple(args), kwargs=kwargs, retry=Retry(4, 0.5, 10, jitter=False), meta={"m": 1}, run_at=9.0
     )
     assert Envelope.from_bytes(env.to_bytes()) == env
+    traced = make(args=tuple(args), tags=1, trace={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    assert Envelope.from_bytes(traced.to_bytes()) == traced
+
+
+@pytest.mark.parametrize(
+    "bad", [{"tags": -1}, {"tags": True}, {"tags": "1"}, {"trace": "x"}, {"trace": {"a": 1}}]
+)
+def test_malformed_tags_or_trace_make_an_invalid_record(bad: dict[str, object]) -> None:
+    raw = {**json.loads(make().to_bytes()), **bad}
+    with pytest.raises(EnvelopeError):
+        Envelope.from_bytes(json.dumps(raw).encode())
 
 
 _numbers = st.none() | st.integers(0, 10**6) | st.floats(0, 1e9, allow_nan=False) | st.just(True)  # noqa: FBT003 - a bool where a number belongs
@@ -184,9 +195,11 @@ _numbers = st.none() | st.integers(0, 10**6) | st.floats(0, 1e9, allow_nan=False
     requeue=st.integers(0, 3),
     retry=st.none() | st.just(Retry(4, 0.5, 10, jitter=False)),
     extra=st.sampled_from([{}, {"later": [1, {"x": None}]}]),
+    tags=st.sampled_from([0, 1]),
+    trace=st.none() | st.dictionaries(st.text(max_size=12), st.text(max_size=60), max_size=2),
 )
 def test_the_fast_encoding_is_the_generic_one_byte_for_byte(
-    args, kwargs, meta, text, created_at, timeout, run_at, requeue, retry, extra
+    args, kwargs, meta, text, created_at, timeout, run_at, requeue, retry, extra, tags, trace
 ) -> None:
     # to_bytes builds the common envelope field by field; what it writes must stay exactly what
     # the generic encoder writes for to_dict() (the journal, signing and readers rely on it).
@@ -206,6 +219,8 @@ def test_the_fast_encoding_is_the_generic_one_byte_for_byte(
         requeue=requeue,
         retry=retry,
         extra=extra,
+        tags=tags,
+        trace=trace,
     )
     try:
         expected = _dumps(env.to_dict()).encode()

@@ -25,6 +25,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_PYTHON = {
     "hybridq.env": "deploy/systemd/hybridq.env, the units' environment file",
     "hybridq.relay": "the relay's logger name (docs/outbox.md)",
+    **{
+        f"hybridq.{name}": "an OpenTelemetry span or attribute name (docs/observability.md)"
+        for name in ("enqueue", "push", "run", "task", "attempt", "outcome", "final")
+    },
 }
 
 #: Paths stored where no refactoring reaches, each with where it is stored.

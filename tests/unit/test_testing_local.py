@@ -75,8 +75,8 @@ def test_eager_runs_the_task_at_delay_with_current_job_set() -> None:
     with eager() as local:
         job = send.enqueue_call((7,), {"tags": ("a", "b")}, idempotency_key="welcome:7")
     assert job.status == "finished"
-    # Through the JSON round trip, as a worker gets it: the tuple arrives as a list.
-    assert job.result == {"user": 7, "tags": ["a", "b"]}
+    # Through the (tagged) JSON round trip, as a worker gets it: the tuple stays a tuple.
+    assert job.result == {"user": 7, "tags": ("a", "b")}
     assert [(job.id, "welcome:7", 1, 1, "mail", "tests.unit.test_testing_local.send")] == SEEN
     assert local.jobs == [job]
     assert current_job() is None  # reset after the run
@@ -220,12 +220,22 @@ def test_the_worker_allowlist_applies(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_result_json_cannot_hold_is_stored_as_its_repr() -> None:
     with eager():
+        job = hybridq.Queue().enqueue("tests.unit.test_testing_local.make_complex")
+    assert job.result == "(1+2j)"
+
+
+def test_a_tagged_result_comes_back_of_its_type() -> None:
+    with eager():
         job = hybridq.Queue().enqueue("tests.unit.test_testing_local.make_set")
-    assert job.result == "{1}"
+    assert job.result == {1}
 
 
 def make_set() -> set[int]:
     return {1}
+
+
+def make_complex() -> complex:
+    return 1 + 2j
 
 
 def test_the_mode_ends_with_the_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
