@@ -42,7 +42,7 @@
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
     │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
     ├── (answered by hybridq serve with a 4xx; hybridq.http)
-    │   ├── BadRequest (ValueError) a POST body the API refuses (400); nothing was written
+    │   ├── BadRequest (ValueError) a body or filter the API or dashboard refuses (400); nothing done
     │   ├── BodyTooLarge            a request body over the server's cap (413)
     │   ├── BodyTimeout             a request body that did not arrive in time (408)
     │   ├── KeyReused (ValueError)  an Idempotency-Key used before for another call (422)

@@ -361,7 +361,8 @@ def test_a_requeue_by_someone_else_meanwhile_writes_nothing(site, monkeypatch: p
 
 
 def test_a_filter_reads_utc_offsets_and_survives_its_own_round_trip() -> None:
-    from hybridq.http.dashboard.filters import BadFilter, Filter
+    from hybridq.errors import BadRequest
+    from hybridq.http.dashboard.filters import Filter
 
     utc = Filter.parse({"since": "2026-12-05T10:00", "until": "2026-12-05T12:00:00.250000+02:00"})
     assert (utc.since, utc.until) == (1796464800.0, 1796464800.25)
@@ -370,7 +371,7 @@ def test_a_filter_reads_utc_offsets_and_survives_its_own_round_trip() -> None:
     assert not utc.matches("app.send", "x", 1796464800.25)  # until is excluded
     assert not Filter(task="send").matches(None, None, 0.0)
     for bad in ({"since": "2026-13-01"}, {"until": "1" * 33}, {"error": "e" * 201}):
-        with pytest.raises(BadFilter):
+        with pytest.raises(BadRequest):
             Filter.parse(bad)
 
 

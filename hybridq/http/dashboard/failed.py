@@ -26,9 +26,9 @@ from starlette.responses import HTMLResponse, Response
 
 from hybridq.cancels import REQUESTED, cancel_at
 from hybridq.envelope.model import Envelope
-from hybridq.errors import HybridqError, JobNotFailed
+from hybridq.errors import BadRequest, HybridqError, JobNotFailed
 from hybridq.http.dashboard import csrf
-from hybridq.http.dashboard.filters import BadFilter, Filter, selection
+from hybridq.http.dashboard.filters import Filter, selection
 from hybridq.http.dashboard.pages import HEADERS, Body, Pages, message, redirect, unavailable
 from hybridq.http.dashboard.templating import as_json, page_number, render
 from hybridq.lookup.search import retrying
@@ -114,7 +114,7 @@ class FailedPages:
             return message("Bad filter", "list is failed or retrying", status=400, active="/failed")
         try:
             chosen = Filter.parse(params)
-        except BadFilter as exc:
+        except BadRequest as exc:
             return message("Bad filter", str(exc), status=400, active="/failed")
         at = page_number(params.get("page"))
         done = params.get("requeued")
@@ -184,7 +184,7 @@ class FailedPages:
             return message("Bad request", "action is requeue or cancel", status=400, active="/failed")
         try:
             chosen = Filter.parse(form)
-        except BadFilter as exc:
+        except BadRequest as exc:
             return message("Bad filter", str(exc), status=400, active="/failed")
         sid, _ = csrf.session(request)
         confirm = form.get("confirm", "")

@@ -13,16 +13,14 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["MAX_TEXT", "BadFilter", "Filter", "selection"]
+from hybridq.errors import BadRequest
+
+__all__ = ["MAX_TEXT", "Filter", "selection"]
 
 #: The longest task or error text a filter takes (characters).
 MAX_TEXT = 200
 #: The longest time a filter takes (``2026-12-05T19:46:29.123456``, or with an offset).
 _MAX_TIME = 32
-
-
-class BadFilter(ValueError):
-    """A filter value that is not one (its message is the one line the page shows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +37,12 @@ class Filter:
         """The filter ``params`` give (``task``, ``error``, ``since``, ``until``; missing: any).
 
         Raises:
-            BadFilter: a text too long, a time that is not one, or ``since`` after ``until``.
+            BadRequest: a text too long, a time that is not one, or ``since`` after ``until``.
         """
         task, error = _text(params, "task"), _text(params, "error")
         since, until = _time(params, "since"), _time(params, "until")
         if since is not None and until is not None and since > until:
-            raise BadFilter("since is after until: nothing could match")
+            raise BadRequest("since is after until: nothing could match")
         return cls(task, error, since, until)
 
     @property
@@ -88,7 +86,7 @@ def selection(jobs: Iterable[tuple[object, ...]]) -> str:
 def _text(params: Mapping[str, str], name: str) -> str:
     value = params.get(name, "").strip()
     if len(value) > MAX_TEXT:
-        raise BadFilter(f"{name} is longer than {MAX_TEXT} characters")
+        raise BadRequest(f"{name} is longer than {MAX_TEXT} characters")
     return value
 
 
@@ -98,17 +96,17 @@ def _time(params: Mapping[str, str], name: str) -> float | None:
     if not value:
         return None
     if len(value) > _MAX_TIME:
-        raise BadFilter(f"{name} is not a time (YYYY-MM-DDTHH:MM, UTC)")
+        raise BadRequest(f"{name} is not a time (YYYY-MM-DDTHH:MM, UTC)")
     try:
         at = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise BadFilter(f"{name} is not a time (YYYY-MM-DDTHH:MM, UTC)") from None
+        raise BadRequest(f"{name} is not a time (YYYY-MM-DDTHH:MM, UTC)") from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=dt.UTC)
     try:  # in UTC too, it must be a time the form can show (years 1 to 9999): an offset may move it out
         return at.astimezone(dt.UTC).timestamp()
     except (OverflowError, ValueError):
-        raise BadFilter(f"{name} is out of range") from None
+        raise BadRequest(f"{name} is out of range") from None
 
 
 def _iso(at: float | None) -> str:
