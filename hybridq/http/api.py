@@ -30,7 +30,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from hybridq.envelope.model import Envelope, Retry, function_path, validate_job_id, validate_queue_name
+from hybridq.cancels import cancel
+from hybridq.envelope.model import (
+    Envelope,
+    Retry,
+    function_path,
+    new_job_id,
+    validate_job_id,
+    validate_queue_name,
+)
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
@@ -44,7 +52,8 @@ from hybridq.errors import (
 )
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
-from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, key_job_id, valid_key
+from hybridq.http.idempotency import ID_PREFIX, KeyReused, KeyStore, fingerprint, key_job_id, valid_key
+from hybridq.http.node import node_name, node_of
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.ops.status import stats
@@ -57,6 +66,8 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
+#: The response header that names the answering node (:mod:`hybridq.http.node`).
+NODE_HEADER = "Hybridq-Node"
 #: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
 MAX_CHECKED_TASKS = 4096
 
@@ -84,6 +95,8 @@ class Api:
         #: Commits every POST's job: one committer, so all queues share its fsyncs.
         self.committer = Queue("default", self.journal, capacity=config.capacity)
         self.keys = KeyStore(self.journal)
+        #: The journal's node name: every id this server makes carries it (hybridq.http.node).
+        self.node = node_name(self.journal)
         #: POST outcomes by status code, for /metrics.
         self.posts: Counter[int] = Counter()
         self.registry = registry
@@ -96,6 +109,7 @@ class Api:
         return [
             Route("/v1/jobs", self.post_job, methods=["POST"]),
             Route("/v1/jobs/{job_id}", self.get_job, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/cancel", self.cancel_job, methods=["POST"]),
             Route("/v1/stats", self.get_stats, methods=["GET"]),
             Route("/metrics", self.get_metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -107,6 +121,7 @@ class Api:
         """Enqueue one job; 202 once it is durable (see docs/http.md for every answer)."""
         response = await self._post(request)
         self.posts[response.status_code] += 1
+        response.headers[NODE_HEADER] = self.node
         return response
 
     async def _post(self, request: Request) -> Response:
@@ -208,7 +223,9 @@ class Api:
             kwargs,
             # Scoped like the id: the forwarder merges jobs of one key, and two tokens' keys differ.
             idempotency_key=key if key is None or not scope else f"token-{scope[:16]}:{key}",
-            job_id=None if key is None else key_job_id(key, scope),
+            job_id=f"{ID_PREFIX}{self.node}-{new_job_id()}"
+            if key is None
+            else key_job_id(key, scope, self.node),
             delay=delay,
             retry=_retry(body.get("retry")),
         )
@@ -264,19 +281,50 @@ class Api:
     # -- reads --------------------------------------------------------------------------------
 
     async def get_job(self, request: Request) -> Response:
-        """A job's status, attempt, result or error; 404 for an unknown id."""
+        """A job's status, attempt, result or error; 404 for an unknown id (or another node's)."""
         job_id = request.path_params["job_id"]
-        try:
-            validate_job_id(job_id)
-        except EnvelopeError:
-            return _error(404, "not_found", "no job with this id")
+        refused = self._not_here(job_id)
+        if refused is not None:
+            return refused
         try:
             state = await asyncio.to_thread(self._job_state, job_id)
         except (HybridqError, OSError) as exc:
             return _error(503, "journal_unavailable", str(exc))
         if state is None:
-            return _error(404, "not_found", "no job with this id")
-        return JSONResponse(state)
+            return self._not_found()
+        return self._answer(state)
+
+    async def cancel_job(self, request: Request) -> Response:
+        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id."""
+        job_id = request.path_params["job_id"]
+        refused = self._not_here(job_id)
+        if refused is not None:
+            return refused
+        try:
+            (result,) = await asyncio.to_thread(cancel, [job_id], self.journal)
+        except (HybridqError, OSError) as exc:
+            return _error(503, "journal_unavailable", str(exc))
+        if result.state == "unknown":
+            return self._not_found()
+        return self._answer({"id": job_id, "state": result.state})
+
+    def _not_here(self, job_id: str) -> Response | None:
+        """The 404 for an id this journal cannot hold: invalid, or made by another node."""
+        try:
+            validate_job_id(job_id)
+        except EnvelopeError:
+            return self._not_found()
+        node = node_of(job_id)
+        if node is None or node == self.node:
+            return None
+        detail = f"job ids http-{node}-... are held by node {node}'s journal: ask that node"
+        return self._answer({"error": "not_found", "detail": detail, "node": node}, 404)
+
+    def _not_found(self) -> Response:
+        return self._answer({"error": "not_found", "detail": "no job with this id"}, 404)
+
+    def _answer(self, body: dict[str, Any], status: int = 200) -> Response:
+        return JSONResponse(body, status_code=status, headers={NODE_HEADER: self.node})
 
     def _job_state(self, job_id: str) -> dict[str, Any] | None:
         job = fetch_job(job_id, self.journal)
@@ -308,9 +356,9 @@ class Api:
         return Response(b"".join(texts), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self, request: Request) -> Response:
-        """Liveness: the process answers (no auth, no disk)."""
+        """Liveness: the process answers (no auth, no disk), and its node name."""
         del request
-        return JSONResponse({"ok": True})
+        return self._answer({"ok": True, "node": self.node})
 
 
 def _check_size(env: Envelope) -> None:

@@ -54,16 +54,18 @@ def valid_key(key: str) -> bool:
     return 0 < len(key) <= MAX_KEY and key.isascii() and key.isprintable()
 
 
-def key_job_id(key: str, scope: str = "") -> str:
+def key_job_id(key: str, scope: str = "", node: str = "") -> str:
     """The job id of the job a POST with ``key`` makes (the same for every retry).
 
     ``scope``: whose key it is (:func:`hybridq.http.auth.token_scope` of the token the POST
     carried; ``""`` without tokens, which derives the id as before keys had scopes): one token's
-    key never names another token's job.
+    key never names another token's job. ``node``: the journal's node name
+    (:func:`hybridq.http.node.node_name`), which the id carries (``http-<node>-<hash>``): the
+    same key retried on another node makes another id there, and the id says where it is.
     """
     material = key.encode() if not scope else b"%s\0%s" % (scope.encode(), key.encode())
     digest = hashlib.blake2b(material, digest_size=16, person=b"hybridq-http-key").hexdigest()
-    return ID_PREFIX + digest
+    return f"{ID_PREFIX}{node}-{digest}" if node else ID_PREFIX + digest
 
 
 def fingerprint(env: Envelope) -> bytes:

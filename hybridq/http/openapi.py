@@ -98,8 +98,32 @@ def document(version: str) -> dict[str, Any]:
                     "responses": {
                         "200": _json({"$ref": "#/components/schemas/Job"}, "The job."),
                         "401": _UNAUTHORIZED,
-                        "404": _json(_ERROR, "No job with this id."),
+                        "404": _json(
+                            _ERROR, "No job with this id here; `node` names the node that holds it."
+                        ),
                         "503": _json(_ERROR, "The journal cannot be read."),
+                    },
+                }
+            },
+            "/v1/jobs/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a job (hybridq.cancel): its state, as `hybridq cancel` says it.",
+                    "parameters": [
+                        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {"id": {"type": "string"}, "state": {"type": "string"}},
+                            },
+                            "requested, cancelled, succeeded or failed.",
+                        ),
+                        "401": _UNAUTHORIZED,
+                        "404": _json(
+                            _ERROR, "No job with this id here; `node` names the node that holds it."
+                        ),
+                        "503": _json(_ERROR, "The journal cannot be read or the request written."),
                     },
                 }
             },

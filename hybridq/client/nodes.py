@@ -1,0 +1,226 @@
+"""The ingest nodes a remote queue talks to: one urllib3 pool, and the failover between nodes.
+
+A call goes to one node; on a refused connection, a timeout, a broken connection or a 5xx
+(``502``, ``503``, ``504``, ``500``) or ``408`` it goes to the next, and after a round of every
+node it waits a little and starts again, up to ``rounds`` rounds (then
+:class:`~hybridq.errors.NodeUnavailable`, naming each node and why). Any other answer is the
+call's (``202``, ``4xx``). What may be retried is the caller's business: an enqueue carries an
+``Idempotency-Key`` on every try (docs/api.md, "A remote queue").
+
+Calls start at the nodes in turn (round robin, spreading the load), and a node that just failed
+is tried last for :data:`DOWN_S` seconds. The node names each answer carries (``Hybridq-Node``)
+are learnt, so a job's id (``http-<node>-...``) leads straight to its node.
+
+One :class:`urllib3.PoolManager` per :class:`Nodes`: keep-alive connections, at most
+``pool_size`` per node (more threads wait for one). urllib3 is thread-safe; so is this.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from hybridq.errors import ConfigError, NodeUnavailable
+from hybridq.extras import missing
+
+__all__ = ["DOWN_S", "NODE_HEADER", "RETRYABLE", "Nodes", "Reply", "parse_urls"]
+
+#: The response header naming the node that answered (``hybridq.http.api``).
+NODE_HEADER = "Hybridq-Node"
+#: Answers that mean "this node cannot take it now": try the next node.
+RETRYABLE = frozenset({408, 500, 502, 503, 504})
+#: How long a node that failed is tried last (seconds).
+DOWN_S = 2.0
+#: The pause after each round of failures (seconds), the last one repeated.
+_PAUSES = (0.05, 0.25, 1.0)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One node's answer: its URL, the status, the JSON body (``{}`` if none), its node name."""
+
+    url: str
+    status: int
+    body: dict[str, Any]
+    node: str | None
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """The nodes' base URLs from ``"http://a:8080,http://b:8080"`` or a list (ConfigError if bad)."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    out: list[str] = []
+    for item in items:
+        url = str(item).strip().rstrip("/")
+        if not url:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ConfigError(f"not an ingest node URL: {url!r} (http://HOST:PORT or https://HOST:PORT)")
+        if parts.username or parts.password:
+            raise ConfigError(
+                f"{parts.scheme}://{parts.hostname}...: give the token with token=, not in the URL"
+            )
+        if url not in out:
+            out.append(url)
+    if not out:
+        raise ConfigError("no ingest node URL given (url= or HYBRIDQ_URL)")
+    return out
+
+
+class Nodes:
+    """The ingest nodes of one remote queue (see the module docstring).
+
+    Args:
+        urls: the nodes' base URLs.
+        token: the bearer token sent to every node (``None``: none, for a loopback node
+            without a tokens file).
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds to wait for an answer (a POST waits for the node's fsync).
+        rounds: rounds of every node before giving up.
+        pool_size: keep-alive connections kept per node.
+        ca_certs: a CA bundle for ``https://`` nodes (default: the system's).
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str | None = None,
+        *,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 10.0,
+        rounds: int = 3,
+        pool_size: int = 16,
+        ca_certs: str | None = None,
+    ) -> None:
+        try:
+            import urllib3  # noqa: PLC0415 - the client extra, loaded by the first remote queue
+        except ImportError:
+            raise missing("client", "a remote queue (hybridq.Queue(url=...))") from None
+        self.urls = parse_urls(urls)
+        if token is not None and (not token or token != token.strip() or "\n" in token):
+            raise ConfigError("the token must be one line with no surrounding spaces (HYBRIDQ_TOKEN)")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.rounds = max(1, rounds)
+        self._errors = urllib3.exceptions
+        self._pool = urllib3.PoolManager(
+            num_pools=max(10, len(self.urls)),
+            maxsize=pool_size,
+            block=True,  # more threads than connections wait for one, rather than open more
+            retries=False,  # the failover below decides; urllib3 raises at once
+            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+            ca_certs=ca_certs,
+        )
+        self._turn = itertools.count()
+        self._failed: dict[str, float] = {}  # url -> monotonic time of its last failure
+        self._names: dict[str, str] = {}  # node name -> url, from the answers
+        self._lock = threading.Lock()
+
+    def order(self, first: str | None = None) -> list[str]:
+        """The nodes in the order one call tries them: ``first``, then in turn, failed ones last."""
+        n = len(self.urls)
+        start = next(self._turn) % n
+        turn = self.urls[start:] + self.urls[:start]
+        now = time.monotonic()
+        with self._lock:
+            recent = {u for u, at in self._failed.items() if now - at < DOWN_S}
+        ordered = [u for u in turn if u not in recent] + [u for u in turn if u in recent]
+        if first is not None and first in ordered:
+            ordered.remove(first)
+            ordered.insert(0, first)
+        return ordered
+
+    def url_of(self, node: str) -> str | None:
+        """The URL of the node named ``node``, if an answer named it."""
+        with self._lock:
+            return self._names.get(node)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """Send the request to the nodes in turn until one answers (see the module docstring).
+
+        Raises:
+            NodeUnavailable: no node answered in ``rounds`` rounds.
+        """
+        data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        tried: list[tuple[str, str]] = []
+        for round_ in range(self.rounds):
+            if round_:
+                time.sleep(_PAUSES[min(round_ - 1, len(_PAUSES) - 1)])
+            for url in self.order():
+                reply, why = self.send(url, method, path, data, headers)
+                if reply is not None:
+                    return reply
+                tried.append((url, why))
+        raise NodeUnavailable(tried)
+
+    def send(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[Reply | None, str]:
+        """One try on one node: its reply, or ``None`` and why it gave none (a failover case)."""
+        sent = dict(self._headers)
+        if data is not None:
+            sent["Content-Type"] = "application/json"
+        if headers:
+            sent.update(headers)
+        try:
+            response = self._pool.request(method, url + path, body=data, headers=sent, redirect=False)
+        except self._errors.HTTPError as exc:
+            self._fail(url)
+            return None, _describe(exc, self._errors)
+        node = response.headers.get(NODE_HEADER)
+        if node:
+            with self._lock:
+                self._names[node] = url
+        try:
+            parsed = json.loads(response.data) if response.data else {}
+        except ValueError:
+            parsed = {}
+        reply_body = parsed if isinstance(parsed, dict) else {}
+        if response.status in RETRYABLE:
+            self._fail(url)
+            return None, f"{response.status} {reply_body.get('error', '')}".strip()
+        if response.status == 401:
+            raise ConfigError(f"{url} refused the token (401): check token= or HYBRIDQ_TOKEN")
+        with self._lock:
+            self._failed.pop(url, None)
+        return Reply(url, response.status, reply_body, node), ""
+
+    def _fail(self, url: str) -> None:
+        with self._lock:
+            self._failed[url] = time.monotonic()
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self._pool.clear()
+
+
+def _describe(exc: BaseException, errors: Any) -> str:
+    """One line for a connection that gave no answer."""
+    if isinstance(exc, errors.NewConnectionError):
+        reason = str(exc).rsplit(":", 1)[-1].strip() or "cannot connect"
+        return f"cannot connect ({reason})"
+    if isinstance(exc, errors.ConnectTimeoutError):
+        return "connect timed out"
+    if isinstance(exc, errors.ReadTimeoutError):
+        return "no answer in time (it may have taken the call)"
+    if isinstance(exc, errors.SSLError):
+        return f"TLS failed ({exc})"
+    if isinstance(exc, errors.ProtocolError):
+        return "connection broken (it may have taken the call)"
+    return f"{type(exc).__name__}: {exc}"

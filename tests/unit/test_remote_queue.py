@@ -1,0 +1,214 @@
+"""``hybridq.Queue(url=...)``: enqueue, look up and cancel through two ingest nodes (docs/api.md).
+
+Two ``hybridq serve`` applications in threads (real HTTP over sockets), each on its own journal:
+failover on a refused connection and on a node that never answers, the one-line errors, and
+lookups that find the job's node or say that it is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import hybridq
+import pytest
+from hybridq.client.ids import node_of
+from hybridq.client.nodes import Nodes
+from hybridq.client.queue import Remote
+from hybridq.errors import (
+    ConfigError,
+    EnvelopeError,
+    JobWaitTimeout,
+    MissingExtra,
+    NodeUnavailable,
+    QueueFull,
+)
+from hybridq.http.app import create_app
+from hybridq.http.node import node_name
+from hybridq.http.server import Server
+
+from tests.unit.test_http_api import config, job_ids, write_tokens
+
+TOKEN = "remote-token-0123456789abcdef"
+
+
+class Node:
+    """One ingest node: ``hybridq serve`` on its own journal, in a thread; stop and start it."""
+
+    def __init__(self, journal: Path, tokens: Path, **kw: object) -> None:
+        self.journal = journal
+        self.cfg = config(journal, tokens_file=tokens, **kw)
+        self.server: Server | None = None
+        self.port = 0
+        self.start()
+
+    def start(self) -> None:
+        cfg = dataclasses.replace(self.cfg, port=self.port)  # the same port again after a stop
+        self.server = Server(create_app(cfg), cfg, access_log=False)
+        self.server.start()
+        self.port = int(self.server.url.rsplit(":", 1)[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+    tokens = write_tokens(tmp_path / "tokens", TOKEN)
+    with ExitStack() as stack:
+        a = Node(tmp_path / "a", tokens)
+        stack.callback(a.stop)
+        b = Node(tmp_path / "b", tokens)
+        stack.callback(b.stop)
+        yield a, b
+
+
+def urls(*nodes: Node) -> str:
+    return ",".join(n.url for n in nodes)
+
+
+def test_jobs_go_to_both_nodes_and_any_process_finds_each(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    queue = hybridq.Queue("emails", url=urls(a, b), token=TOKEN)
+    jobs = [queue.enqueue("tests.tasks.add", i, 1) for i in range(6)]
+    names = {node_name(str(a.journal)): a, node_name(str(b.journal)): b}
+    assert {node_of(j.id) for j in jobs} == set(names)  # round robin over both
+    for job in jobs:
+        assert job.id in job_ids(names[node_of(job.id) or ""].journal)  # durable where it says
+    # Another client, which never enqueued: any node first, it finds each job's node.
+    for job in jobs:
+        found = hybridq.fetch_job(job.id, url=urls(b, a), token=TOKEN)
+        assert found is not None
+        assert (found.id, found.queue, found.envelope.func, found.status) == (
+            job.id,
+            "emails",
+            "tests.tasks.add",
+            "queued",
+        )
+    missing = f"http-{node_name(str(a.journal))}-{'0' * 32}"
+    assert hybridq.fetch_job(missing, url=urls(b, a), token=TOKEN) is None
+    assert queue.fetch_job("nosuchjob") is None
+
+
+def test_a_node_down_is_skipped_and_a_lookup_of_its_job_says_it_is_down(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    queue = hybridq.Queue("default", url=urls(a, b), token=TOKEN)
+    on_a = next(
+        j
+        for j in (queue.enqueue("tests.tasks.add", 1, 2) for _ in range(4))
+        if node_of(j.id) == node_name(str(a.journal))
+    )
+    a.stop()
+    ids = [queue.enqueue("tests.tasks.add", i, 2).id for i in range(5)]  # refused by a: all on b
+    assert set(ids) <= set(job_ids(b.journal))
+    with pytest.raises(
+        NodeUnavailable, match=f"job {on_a.id} is held by node {node_of(on_a.id)}, which did not answer"
+    ):
+        hybridq.fetch_job(on_a.id, url=urls(a, b), token=TOKEN)
+    with pytest.raises(NodeUnavailable):
+        on_a.cancel()
+    b.stop()
+    with pytest.raises(NodeUnavailable, match="no ingest node took the call") as err:
+        queue.enqueue("tests.tasks.add", 1, 2)
+    assert {url for url, _ in err.value.tried} == {a.url, b.url}
+    assert "cannot connect" in str(err.value)
+    a.start()
+    assert hybridq.fetch_job(on_a.id, url=urls(b, a), token=TOKEN) is not None  # back: found
+
+
+def test_a_node_that_never_answers_is_left_for_the_next_with_the_same_key(nodes: tuple[Node, Node]) -> None:
+    a, _ = nodes
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts connections (the backlog), never answers
+    try:
+        port = silent.getsockname()[1]
+        queue = hybridq.Queue("default", url=urls(a), token=TOKEN)
+        queue.remote = Remote(Nodes([f"http://127.0.0.1:{port}", a.url], TOKEN, read_timeout=0.3))
+        jobs = [queue.enqueue("tests.tasks.add", i, 1, idempotency_key=f"k{i}") for i in range(3)]
+        again = [queue.enqueue("tests.tasks.add", i, 1, idempotency_key=f"k{i}") for i in range(3)]
+    finally:
+        silent.close()
+    assert [j.id for j in jobs] == [j.id for j in again]  # the same key: the same job
+    assert sorted(job_ids(a.journal)) == sorted(j.id for j in jobs)  # one record each
+    assert jobs[0].idempotency_key == "k0"
+
+
+def test_refusals_are_one_line_errors_and_write_nothing(tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", TOKEN)
+    node = Node(tmp_path / "full", tokens, capacity=1)
+    try:
+        queue = hybridq.Queue("default", url=node.url, token=TOKEN)
+        queue.enqueue("tests.tasks.add", 1, 2, delay=3600)
+        with pytest.raises(QueueFull, match="1 pending jobs, capacity 1"):
+            queue.enqueue("tests.tasks.add", 1, 2)
+        with pytest.raises(EnvelopeError, match=r"refused the job \(400\).*not registered"):
+            queue.enqueue("os.system", "true")
+        with pytest.raises(EnvelopeError, match="cannot send job_timeout, description"):
+            queue.enqueue("tests.tasks.add", 1, 2, job_timeout=5, description="x")
+        with pytest.raises(EnvelopeError, match="cannot take job_id="):
+            queue.enqueue("tests.tasks.add", 1, 2, job_id="mine")
+        with pytest.raises(ConfigError, match=r"refused the token \(401\)"):
+            hybridq.Queue("default", url=node.url, token="wrong-token-0123456789").enqueue(
+                "tests.tasks.add", 1, 2
+            )
+        assert len(job_ids(node.journal)) == 1
+    finally:
+        node.stop()
+    with pytest.raises(ConfigError, match="not an ingest node URL"):
+        hybridq.Queue("default", url="ftp://x")
+    with pytest.raises(ConfigError, match="journal= or url=, not both"):
+        hybridq.Queue("default", tmp_path / "j", url="http://127.0.0.1:1")
+
+
+def test_without_urllib3_a_remote_queue_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "urllib3", None)
+    with pytest.raises(MissingExtra, match=r"needs the client extra \(urllib3 is not installed\)"):
+        hybridq.Queue("default", url="http://127.0.0.1:9/", token=TOKEN)
+
+
+def test_env_settings_the_decorator_async_cancel_and_wait(
+    nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = nodes
+    monkeypatch.delenv("HYBRIDQ_JOURNAL", raising=False)
+    monkeypatch.setenv("HYBRIDQ_URL", urls(a, b))
+    monkeypatch.setenv("HYBRIDQ_TOKEN", TOKEN)
+    job = later.delay(5)
+    assert node_of(job.id) is not None
+    assert hybridq.fetch_job(job.id).status == "queued"  # type: ignore[union-attr] # no forwarder
+    with pytest.raises(JobWaitTimeout):
+        job.wait(timeout=0.05)
+    assert job.cancel() == "requested"
+    queued = asyncio.run(hybridq.Queue("q").enqueue_async("tests.tasks.add", 2, 3))
+    assert queued.status == "queued"
+    # Many threads share the pool (keep-alive, at most pool_size connections per node).
+    out: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: out.append(hybridq.Queue("q").enqueue("tests.tasks.add", 1, 1).id))
+        for _ in range(16)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(out)) == 16
+    assert set(out) <= set(job_ids(a.journal)) | set(job_ids(b.journal))
+
+
+@hybridq.task("later", delay=3600)
+def later(x: int) -> int:
+    """A task enqueued by its decorator (``HYBRIDQ_URL``: through the nodes)."""
+    return x
