@@ -206,3 +206,58 @@ def test_app_hosts_without_a_journal_enqueue_through_two_nodes_one_killed(
         f"ran_once={sum(1 for n in ran.values() if n == 1)} ran_twice={len(twice)} "
         f"copies_on_both_nodes>={copies} results_ok={len(acked)}"
     )
+
+
+def test_one_key_written_by_both_nodes_runs_once_and_both_report_its_result(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    """The cross-node retry, made on purpose: A wrote the key's job (its 202 lost), then B did.
+
+    Two journals, two ids (each names its node), one idempotency key (scoped to the token, the
+    same on both nodes): the workers' claim of the key in the shared Redis runs it once; the other
+    delivery finds the stored outcome and reports it, so both ids read ``finished`` with the result.
+    """
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKEN + "\n")
+    tokens.chmod(0o600)
+    env = {k: v for k, v in subprocess_env.items() if k != "HYBRIDQ_JOURNAL"}
+    a = IngestNode(tmp_path / "a", redis_server.url, tokens, env, tmp_path / "a.log")
+    b = IngestNode(tmp_path / "b", redis_server.url, tokens, env, tmp_path / "b.log")
+    worker = WorkerProcess(
+        [
+            sys.executable,
+            "-m",
+            "hybridq",
+            "worker",
+            "--redis",
+            redis_server.url,
+            "--processes",
+            "1",
+            "default",
+        ],
+        env=env,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
+    )
+    effects = tmp_path / "effects"
+    auth = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "order-42"}
+    body = {"task": "tests.tasks.record", "args": [str(effects), "order-42"]}
+    try:
+        ids = [request(n.url, "POST", "/v1/jobs", body, auth).json["id"] for n in (a, b)]
+        assert ids[0] != ids[1]
+        assert [node_of(i) for i in ids] == [node_name(str(a.journal)), node_name(str(b.journal))]
+
+        def states() -> list[dict[str, object]] | None:
+            got = [
+                request(n.url, "GET", f"/v1/jobs/{i}", None, auth).json
+                for n, i in zip((a, b), ids, strict=True)
+            ]
+            return got if all(s["status"] == "finished" for s in got) else None
+
+        done = wait_until(states, timeout=60, what="both copies finished")
+    finally:
+        worker.kill()
+        a.kill()
+        b.kill()
+    assert [s["result"] for s in done] == ["order-42", "order-42"]
+    assert effects.read_text().split() == ["order-42"]  # ran once
