@@ -17,8 +17,10 @@ One :class:`urllib3.PoolManager` per :class:`Nodes`: keep-alive connections, at 
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -26,10 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from hybridq.client.ids import NODE_NAME
 from hybridq.errors import ConfigError, NodeUnavailable
 from hybridq.extras import missing
 
-__all__ = ["DOWN_S", "NODE_HEADER", "RETRYABLE", "Nodes", "Reply", "parse_urls"]
+__all__ = ["DOWN_S", "MAX_ANSWER", "NODE_HEADER", "RETRYABLE", "Nodes", "Reply", "parse_urls"]
+
+log = logging.getLogger("hybridq.client")
 
 #: The response header naming the node that answered (``hybridq.http.api``).
 NODE_HEADER = "Hybridq-Node"
@@ -37,6 +42,8 @@ NODE_HEADER = "Hybridq-Node"
 RETRYABLE = frozenset({408, 500, 502, 503, 504})
 #: How long a node that failed is tried last (seconds).
 DOWN_S = 2.0
+#: The largest answer read from a node (bytes); a longer one counts as no answer.
+MAX_ANSWER = 4 << 20
 #: The pause after each round of failures (seconds), the last one repeated.
 _PAUSES = (0.05, 0.25, 1.0)
 
@@ -106,6 +113,11 @@ class Nodes:
         if token is not None and (not token or token != token.strip() or "\n" in token):
             raise ConfigError("the token must be one line with no surrounding spaces (HYBRIDQ_TOKEN)")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        clear = [u for u in self.urls if token and u.startswith("http://") and not _loopback(u)]
+        if clear:
+            log.warning(
+                "the token is sent in clear text to %s: use https:// (docs/security.md)", ", ".join(clear)
+            )
         self.rounds = max(1, rounds)
         self._errors = urllib3.exceptions
         self._pool = urllib3.PoolManager(
@@ -179,17 +191,25 @@ class Nodes:
         if headers:
             sent.update(headers)
         try:
-            response = self._pool.request(method, url + path, body=data, headers=sent, redirect=False)
+            response = self._pool.request(
+                method, url + path, body=data, headers=sent, redirect=False, preload_content=False
+            )
+            raw = response.read(MAX_ANSWER + 1)
         except self._errors.HTTPError as exc:
             self._fail(url)
             return None, _describe(exc, self._errors)
+        if len(raw) > MAX_ANSWER:
+            response.close()  # the rest unread: this connection is not reused
+            self._fail(url)
+            return None, f"an answer over {MAX_ANSWER} bytes"
+        response.release_conn()
         node = response.headers.get(NODE_HEADER)
-        if node:
+        if node and NODE_NAME.fullmatch(node):
             with self._lock:
                 self._names[node] = url
         try:
-            parsed = json.loads(response.data) if response.data else {}
-        except ValueError:
+            parsed = json.loads(raw) if raw else {}
+        except (ValueError, RecursionError):
             parsed = {}
         reply_body = parsed if isinstance(parsed, dict) else {}
         if response.status in RETRYABLE:
@@ -199,7 +219,7 @@ class Nodes:
             raise ConfigError(f"{url} refused the token (401): check token= or HYBRIDQ_TOKEN")
         with self._lock:
             self._failed.pop(url, None)
-        return Reply(url, response.status, reply_body, node), ""
+        return Reply(url, response.status, reply_body, node or None), ""
 
     def _fail(self, url: str) -> None:
         with self._lock:
@@ -208,6 +228,16 @@ class Nodes:
     def close(self) -> None:
         """Close the pooled connections."""
         self._pool.clear()
+
+
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _describe(exc: BaseException, errors: Any) -> str:

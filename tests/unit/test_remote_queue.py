@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http.server
 import socket
 import sys
 import threading
@@ -212,3 +213,51 @@ def test_env_settings_the_decorator_async_cancel_and_wait(
 def later(x: int) -> int:
     """A task enqueued by its decorator (``HYBRIDQ_URL``: through the nodes)."""
     return x
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A node that answers every request with what ``server.answer`` says."""
+
+    def do_POST(self) -> None:
+        status, headers, body = self.server.answer  # type: ignore[attr-defined]
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_hostile_node_cannot_exhaust_memory_nor_redirect_the_token(
+    nodes: tuple[Node, Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, _ = nodes
+    hostile = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    thread = threading.Thread(target=hostile.serve_forever, daemon=True)
+    thread.start()
+    try:
+        evil = f"http://127.0.0.1:{hostile.server_address[1]}"
+        hostile.answer = (202, {}, b'{"id": "' + b"x" * (5 << 20) + b'"}')  # type: ignore[attr-defined]
+        remote = Remote(Nodes([evil, a.url], TOKEN))
+        queue = hybridq.Queue("default", url=a.url, token=TOKEN)
+        queue.remote = remote
+        job = queue.enqueue("tests.tasks.add", 1, 2)  # the oversized answer is no answer: a took it
+        assert job.id in job_ids(a.journal)
+        hostile.answer = (307, {"Location": f"{a.url}/v1/jobs"}, b"")  # type: ignore[attr-defined]
+        queue.remote = Remote(Nodes([evil], TOKEN))
+        before = len(job_ids(a.journal))
+        with pytest.raises(hybridq.HybridqError, match="answered 307"):
+            queue.enqueue("tests.tasks.add", 1, 2)
+        assert len(job_ids(a.journal)) == before  # not followed: the token went nowhere else
+    finally:
+        hostile.shutdown()
+        hostile.server_close()
+    with caplog.at_level("WARNING", logger="hybridq.client"):
+        Nodes(["http://10.0.0.1:8080", "https://10.0.0.2:8080", "http://127.0.0.1:1"], TOKEN)
+    assert caplog.messages == [
+        "the token is sent in clear text to http://10.0.0.1:8080: use https:// (docs/security.md)"
+    ]
