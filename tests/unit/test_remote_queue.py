@@ -170,6 +170,9 @@ def test_refusals_are_one_line_errors_and_write_nothing(tmp_path: Path) -> None:
         node.stop()
     with pytest.raises(ConfigError, match="not an ingest node URL"):
         hybridq.Queue("default", url="ftp://x")
+    with pytest.raises(ConfigError, match="give the token with token=") as err:
+        hybridq.Queue("default", url="http://user:s3cret@127.0.0.1:1")
+    assert "s3cret" not in str(err.value)
     with pytest.raises(ConfigError, match="journal= or url=, not both"):
         hybridq.Queue("default", tmp_path / "j", url="http://127.0.0.1:1")
 
