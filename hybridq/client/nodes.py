@@ -156,15 +156,14 @@ class Nodes:
         self,
         method: str,
         path: str,
-        body: Mapping[str, Any] | None = None,
+        data: bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
-        """Send the request to the nodes in turn until one answers (see the module docstring).
+        """Send the request (``data``: a JSON body) to the nodes in turn until one answers.
 
         Raises:
             NodeUnavailable: no node answered in ``rounds`` rounds.
         """
-        data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         tried: list[tuple[str, str]] = []
         for round_ in range(self.rounds):
             if round_:

@@ -96,10 +96,10 @@ class RemoteClient:
         body = body_of(env)
         key = _key_of(env)
         try:
-            json.dumps(body, allow_nan=False)
+            data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise NotSerializable(f"the job's arguments are not JSON the HTTP API can carry: {exc}") from None
-        reply = self.nodes.call("POST", "/v1/jobs", body, {"Idempotency-Key": key})
+        reply = self.nodes.call("POST", "/v1/jobs", data, {"Idempotency-Key": key})
         if reply.status == 202 and isinstance(reply.body.get("id"), str):
             return reply.body["id"], key
         raise _refused(reply)
