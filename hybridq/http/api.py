@@ -33,7 +33,6 @@ from starlette.routing import BaseRoute, Route
 from hybridq.cancels import cancel
 from hybridq.envelope.model import (
     Envelope,
-    Retry,
     function_path,
     new_job_id,
     validate_job_id,
@@ -48,14 +47,13 @@ from hybridq.errors import (
     NotAllowed,
     QueueFull,
     RecordTooLarge,
-    ResultNotKept,
 )
+from hybridq.http.answers import check_size, job_state, retry_of, stats_body
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
 from hybridq.http.idempotency import ID_PREFIX, KeyReused, KeyStore, fingerprint, key_job_id, valid_key
 from hybridq.http.node import node_name, node_of
-from hybridq.job import Job, fetch_job
-from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.job import fetch_job
 from hybridq.ops.status import stats
 from hybridq.producer.queue import Queue
 from hybridq.security import allow
@@ -134,7 +132,7 @@ class Api:
         scope = str(getattr(request.state, "token_scope", ""))  # whose key: the token's (auth.py)
         try:
             env = self._envelope(await self._body(request), key, scope)
-            _check_size(env)
+            check_size(env)
         except BodyTooLarge:
             return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
         except BodyTimeout:
@@ -227,7 +225,7 @@ class Api:
             if key is None
             else key_job_id(key, scope, self.node),
             delay=delay,
-            retry=_retry(body.get("retry")),
+            retry=retry_of(body.get("retry")),
         )
         # One validated path for every queue name (no Queue object per name: its checks are
         # the name's, the rest are the committer's defaults).
@@ -359,71 +357,3 @@ class Api:
         """Liveness: the process answers (no auth, no disk), and its node name."""
         del request
         return self._answer({"ok": True, "node": self.node})
-
-
-def _check_size(env: Envelope) -> None:
-    """Raise :class:`RecordTooLarge` for a job whose record the journal would refuse (a 413)."""
-    size = len(env.to_bytes())  # checked before anything is written, as the journal checks it
-    if size > MAX_PAYLOAD_BYTES:
-        raise RecordTooLarge(size, MAX_PAYLOAD_BYTES)
-
-
-def _retry(value: Any) -> Retry | None:
-    """``retry``: a number of attempts, or ``{"max_attempts", "backoff", "backoff_max", "jitter"}``."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise BadRequest('"retry" must be a number of attempts or an object')
-    if isinstance(value, int):
-        return Retry(max_attempts=value)
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - {"max_attempts", "backoff", "backoff_max", "jitter"})
-        if unknown:
-            raise BadRequest(f'"retry": unknown field(s) {", ".join(unknown)}')
-        try:
-            return Retry.from_json(value)
-        except (TypeError, KeyError) as exc:
-            raise BadRequest(f'"retry": {exc}') from None
-    raise BadRequest('"retry" must be a number of attempts or an object')
-
-
-def job_state(job: Job) -> dict[str, Any]:
-    """What ``GET /v1/jobs/{id}`` answers for ``job``."""
-    status = job.status
-    env = job.envelope
-    out: dict[str, Any] = {
-        "id": job.id,
-        "status": status,
-        "attempt": job.attempt,
-        "task": env.func,
-        "queue": env.queue,
-        "enqueued_at": job.enqueued_at,
-        "started_at": job.started_at,
-        "ended_at": job.ended_at,
-    }
-    if status == "finished":
-        try:
-            out["result"] = job.result
-        except ResultNotKept as exc:
-            out["result"] = None
-            out["result_not_kept"] = exc.reason
-    elif status in ("failed", "retrying", "merged"):
-        out["error"] = job.exc_info
-    return out
-
-
-def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
-    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``.
-
-    Without the journal's path and the Redis URL (its user, host and port): a token lets its
-    holder enqueue and read jobs, not learn where the server's files and Redis are.
-    """
-    body = dict(out)
-    if isinstance(body.get("journal"), dict):
-        body["journal"] = {k: v for k, v in body["journal"].items() if k != "path"}
-    if isinstance(body.get("redis"), dict):
-        body["redis"] = {k: v for k, v in body["redis"].items() if k != "url"}
-    body["queued"] = out.get("not_yet_forwarded", 0)
-    body["capacity"] = capacity
-    body["pending_by_queue"] = out.get("queues", {})
-    return body

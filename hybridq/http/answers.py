@@ -1,0 +1,84 @@
+"""What ``hybridq serve``'s API answers (docs/http.md): a job's state, the stats, and two body checks.
+
+Kept apart from :mod:`hybridq.http.api` (the routes): the shapes of the JSON it sends, and the
+checks of a POST's ``retry`` and record size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridq.envelope.model import Envelope, Retry
+from hybridq.errors import BadRequest, RecordTooLarge, ResultNotKept
+from hybridq.job import Job
+from hybridq.journal import MAX_PAYLOAD_BYTES
+
+__all__ = ["check_size", "job_state", "retry_of", "stats_body"]
+
+
+def check_size(env: Envelope) -> None:
+    """Raise :class:`RecordTooLarge` for a job whose record the journal would refuse (a 413)."""
+    size = len(env.to_bytes())  # checked before anything is written, as the journal checks it
+    if size > MAX_PAYLOAD_BYTES:
+        raise RecordTooLarge(size, MAX_PAYLOAD_BYTES)
+
+
+def retry_of(value: Any) -> Retry | None:
+    """``retry``: a number of attempts, or ``{"max_attempts", "backoff", "backoff_max", "jitter"}``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadRequest('"retry" must be a number of attempts or an object')
+    if isinstance(value, int):
+        return Retry(max_attempts=value)
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"max_attempts", "backoff", "backoff_max", "jitter"})
+        if unknown:
+            raise BadRequest(f'"retry": unknown field(s) {", ".join(unknown)}')
+        try:
+            return Retry.from_json(value)
+        except (TypeError, KeyError) as exc:
+            raise BadRequest(f'"retry": {exc}') from None
+    raise BadRequest('"retry" must be a number of attempts or an object')
+
+
+def job_state(job: Job) -> dict[str, Any]:
+    """What ``GET /v1/jobs/{id}`` answers for ``job``."""
+    status = job.status
+    env = job.envelope
+    out: dict[str, Any] = {
+        "id": job.id,
+        "status": status,
+        "attempt": job.attempt,
+        "task": env.func,
+        "queue": env.queue,
+        "enqueued_at": job.enqueued_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+    }
+    if status == "finished":
+        try:
+            out["result"] = job.result
+        except ResultNotKept as exc:
+            out["result"] = None
+            out["result_not_kept"] = exc.reason
+    elif status in ("failed", "retrying", "merged"):
+        out["error"] = job.exc_info
+    return out
+
+
+def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
+    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``.
+
+    Without the journal's path and the Redis URL (its user, host and port): a token lets its
+    holder enqueue and read jobs, not learn where the server's files and Redis are.
+    """
+    body = dict(out)
+    if isinstance(body.get("journal"), dict):
+        body["journal"] = {k: v for k, v in body["journal"].items() if k != "path"}
+    if isinstance(body.get("redis"), dict):
+        body["redis"] = {k: v for k, v in body["redis"].items() if k != "url"}
+    body["queued"] = out.get("not_yet_forwarded", 0)
+    body["capacity"] = capacity
+    body["pending_by_queue"] = out.get("queues", {})
+    return body
