@@ -22,6 +22,7 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -280,31 +281,29 @@ class Api:
 
     async def get_job(self, request: Request) -> Response:
         """A job's status, attempt, result or error; 404 for an unknown id (or another node's)."""
+        return await self._on_job(request, self._job_state)
+
+    async def cancel_job(self, request: Request) -> Response:
+        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id."""
+        return await self._on_job(request, self._cancel)
+
+    async def _on_job(self, request: Request, read: Callable[[str], dict[str, Any] | None]) -> Response:
+        """``read(id)`` off the loop for a job of this journal; 404 for ``None`` or another node's id."""
         job_id = request.path_params["job_id"]
         refused = self._not_here(job_id)
         if refused is not None:
             return refused
         try:
-            state = await asyncio.to_thread(self._job_state, job_id)
+            state = await asyncio.to_thread(read, job_id)
         except (HybridqError, OSError) as exc:
             return _error(503, "journal_unavailable", str(exc))
         if state is None:
             return self._not_found()
         return self._answer(state)
 
-    async def cancel_job(self, request: Request) -> Response:
-        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id."""
-        job_id = request.path_params["job_id"]
-        refused = self._not_here(job_id)
-        if refused is not None:
-            return refused
-        try:
-            (result,) = await asyncio.to_thread(cancel, [job_id], self.journal)
-        except (HybridqError, OSError) as exc:
-            return _error(503, "journal_unavailable", str(exc))
-        if result.state == "unknown":
-            return self._not_found()
-        return self._answer({"id": job_id, "state": result.state})
+    def _cancel(self, job_id: str) -> dict[str, Any] | None:
+        (result,) = cancel([job_id], self.journal)
+        return None if result.state == "unknown" else {"id": job_id, "state": result.state}
 
     def _not_here(self, job_id: str) -> Response | None:
         """The 404 for an id this journal cannot hold: invalid, or made by another node."""

@@ -75,6 +75,34 @@ class IngestNode:
             self.proc = None
 
 
+def fleet(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str], processes: int
+) -> tuple[dict[str, str], IngestNode, IngestNode, WorkerProcess]:
+    """Two ingest nodes with one token and a worker: (the children's env, node a, node b, the worker)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKEN + "\n")
+    tokens.chmod(0o600)
+    env = {k: v for k, v in subprocess_env.items() if k != "HYBRIDQ_JOURNAL"}
+    a = IngestNode(tmp_path / "a", redis_server.url, tokens, env, tmp_path / "a.log")
+    b = IngestNode(tmp_path / "b", redis_server.url, tokens, env, tmp_path / "b.log")
+    worker = WorkerProcess(
+        [sys.executable, "-m", "hybridq", "worker", "--redis", redis_server.url, "--processes", str(processes),
+         "default"],
+        env=env,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
+    )  # fmt: skip
+    return env, a, b, worker
+
+
+@pytest.fixture(autouse=True)
+def _slow_tier_only(request: pytest.FixtureRequest) -> None:
+    """The 10,000-job run is skipped unless the run asks for the tier (``-m slow``)."""
+    expr = request.config.getoption("-m") or ""
+    if request.node.get_closest_marker("slow") and ("slow" not in expr or "not slow" in expr):
+        pytest.skip("the slow tier: pytest -m slow tests/integration/test_remote_fleet.py")
+
+
 def records(journal: Path) -> list[Envelope]:
     return [
         Envelope.from_bytes(r.payload) for r in JournalReader(journal).records() if r.rtype == RecordType.DATA
@@ -98,28 +126,7 @@ def test_app_hosts_without_a_journal_enqueue_through_two_nodes_one_killed(
     figures: object,
     jobs: int,
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(TOKEN + "\n")
-    tokens.chmod(0o600)
-    env = {k: v for k, v in subprocess_env.items() if k != "HYBRIDQ_JOURNAL"}
-    a = IngestNode(tmp_path / "a", redis_server.url, tokens, env, tmp_path / "a.log")
-    b = IngestNode(tmp_path / "b", redis_server.url, tokens, env, tmp_path / "b.log")
-    worker = WorkerProcess(
-        [
-            sys.executable,
-            "-m",
-            "hybridq",
-            "worker",
-            "--redis",
-            redis_server.url,
-            "--processes",
-            "2",
-            "default",
-        ],
-        env=env,
-        log_path=tmp_path / "worker.log",
-        cwd=tmp_path,
-    )
+    env, a, b, worker = fleet(tmp_path, redis_server, subprocess_env, 2)
     app_env = {**env, "HYBRIDQ_URL": f"{a.url},{b.url}", "HYBRIDQ_TOKEN": TOKEN}
     effects, acks = tmp_path / "effects", [tmp_path / "acks-0", tmp_path / "acks-1"]
     apps: list[subprocess.Popen[bytes]] = []
@@ -217,28 +224,7 @@ def test_one_key_written_by_both_nodes_runs_once_and_both_report_its_result(
     same on both nodes): the workers' claim of the key in the shared Redis runs it once; the other
     delivery finds the stored outcome and reports it, so both ids read ``finished`` with the result.
     """
-    tokens = tmp_path / "tokens"
-    tokens.write_text(TOKEN + "\n")
-    tokens.chmod(0o600)
-    env = {k: v for k, v in subprocess_env.items() if k != "HYBRIDQ_JOURNAL"}
-    a = IngestNode(tmp_path / "a", redis_server.url, tokens, env, tmp_path / "a.log")
-    b = IngestNode(tmp_path / "b", redis_server.url, tokens, env, tmp_path / "b.log")
-    worker = WorkerProcess(
-        [
-            sys.executable,
-            "-m",
-            "hybridq",
-            "worker",
-            "--redis",
-            redis_server.url,
-            "--processes",
-            "1",
-            "default",
-        ],
-        env=env,
-        log_path=tmp_path / "worker.log",
-        cwd=tmp_path,
-    )
+    _env, a, b, worker = fleet(tmp_path, redis_server, subprocess_env, 1)
     effects = tmp_path / "effects"
     auth = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "order-42"}
     body = {"task": "tests.tasks.record", "args": [str(effects), "order-42"]}
