@@ -32,7 +32,7 @@ from hybridq.envelope.model import (
     validate_job_id,
     validate_queue_name,
 )
-from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
+from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
@@ -160,6 +160,10 @@ class Queue:
         self.name = validate_queue_name(name)
         #: The ingest nodes this queue enqueues through, if it has no journal.
         self.remote: Remote | None = remote_for(url, token, journal)
+        if self.remote is not None and capacity is not None:
+            raise ConfigError(
+                "capacity= is the nodes' own with url= (hybridq serve --capacity): a 429 is QueueFull"
+            )
         if capacity is not None and capacity < 1:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity

@@ -149,23 +149,28 @@ def test_a_node_that_never_answers_is_left_for_the_next_with_the_same_key(nodes:
 
 def test_refusals_are_one_line_errors_and_write_nothing(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens", TOKEN)
-    node = Node(tmp_path / "full", tokens, capacity=1)
+    node = Node(tmp_path / "full", tokens, capacity=2)
     try:
         queue = hybridq.Queue("default", url=node.url, token=TOKEN)
         queue.enqueue("tests.tasks.add", 1, 2, delay=3600)
-        with pytest.raises(QueueFull, match="1 pending jobs, capacity 1"):
-            queue.enqueue("tests.tasks.add", 1, 2)
+        with pytest.raises(QueueFull, match="2 pending jobs, capacity 2") as full:
+            queue.enqueue_many(  # one POST per job: the ones before the refused one stay acknowledged
+                [queue.prepare("tests.tasks.add", (1, 2)), queue.prepare("tests.tasks.add", (3, 4))]
+            )
+        assert full.value.acknowledged == [job_ids(node.journal)[1]]  # type: ignore[attr-defined]
         with pytest.raises(EnvelopeError, match=r"refused the job \(400\).*not registered"):
             queue.enqueue("os.system", "true")
         with pytest.raises(EnvelopeError, match="cannot send job_timeout, description"):
             queue.enqueue("tests.tasks.add", 1, 2, job_timeout=5, description="x")
         with pytest.raises(EnvelopeError, match="cannot take job_id="):
             queue.enqueue("tests.tasks.add", 1, 2, job_id="mine")
+        with pytest.raises(ConfigError, match="capacity= is the nodes' own"):
+            hybridq.Queue("default", url=node.url, token=TOKEN, capacity=5)
         with pytest.raises(ConfigError, match=r"refused the token \(401\)"):
             hybridq.Queue("default", url=node.url, token="wrong-token-0123456789").enqueue(
                 "tests.tasks.add", 1, 2
             )
-        assert len(job_ids(node.journal)) == 1
+        assert len(job_ids(node.journal)) == 2
     finally:
         node.stop()
     with pytest.raises(ConfigError, match="not an ingest node URL"):
@@ -250,6 +255,8 @@ def test_a_hostile_node_cannot_exhaust_memory_nor_redirect_the_token(
         queue.remote = remote
         job = queue.enqueue("tests.tasks.add", 1, 2)  # the oversized answer is no answer: a took it
         assert job.id in job_ids(a.journal)
+        hostile.answer = (503, {"Retry-After": "1"}, b'{"error": "journal_unavailable"}')  # type: ignore[attr-defined]
+        assert queue.enqueue("tests.tasks.add", 1, 3).id in job_ids(a.journal)  # a 503: the next node
         hostile.answer = (307, {"Location": f"{a.url}/v1/jobs"}, b"")  # type: ignore[attr-defined]
         queue.remote = Remote(Nodes([evil], TOKEN))
         before = len(job_ids(a.journal))
