@@ -121,6 +121,7 @@ def serve_config(
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
         client_connections=client_connections,
+        peers=redis_url is not None,  # the nodes sharing this Redis look each other's jobs up
     )
 
 

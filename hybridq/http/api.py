@@ -23,7 +23,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -53,11 +53,14 @@ from hybridq.http.answers import check_size, job_state, retry_of, stats_body
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
 from hybridq.http.idempotency import ID_PREFIX, KeyReused, KeyStore, fingerprint, key_job_id, valid_key
-from hybridq.http.node import node_name, node_of
+from hybridq.http.node import NodeDown, node_name, node_of
 from hybridq.job import fetch_job
 from hybridq.ops.status import stats
 from hybridq.producer.queue import Queue
 from hybridq.security import allow
+
+if TYPE_CHECKING:
+    from hybridq.http.peers import Peers
 
 __all__ = ["FIELDS", "Api", "BodyTooLarge"]
 
@@ -96,6 +99,13 @@ class Api:
         self.keys = KeyStore(self.journal)
         #: The journal's node name: every id this server makes carries it (hybridq.http.node).
         self.node = node_name(self.journal)
+        #: Lookups of other nodes' jobs through Redis, and answers to theirs (hybridq.http.peers).
+        self.peers: Peers | None = None
+        if config.peers and config.redis_url is not None:
+            from hybridq.http.peers import Peers  # noqa: PLC0415 - redis-py, only with --redis
+
+            self.peers = Peers(config.redis_url, self.node, self._job_state)
+            self.peers.start()
         #: POST outcomes by status code, for /metrics.
         self.posts: Counter[int] = Counter()
         self.registry = registry
@@ -280,8 +290,8 @@ class Api:
     # -- reads --------------------------------------------------------------------------------
 
     async def get_job(self, request: Request) -> Response:
-        """A job's status, attempt, result or error; 404 for an unknown id (or another node's)."""
-        return await self._on_job(request, self._job_state)
+        """A job's status, attempt, result or error (another node's: asked of it); 404 if unknown."""
+        return await self._from_peer(request) or await self._on_job(request, self._job_state)
 
     async def cancel_job(self, request: Request) -> Response:
         """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id."""
@@ -316,6 +326,25 @@ class Api:
             return None
         detail = f"job ids http-{node}-... are held by node {node}'s journal: ask that node"
         return self._answer({"error": "not_found", "detail": detail, "node": node}, 404)
+
+    async def _from_peer(self, request: Request) -> Response | None:
+        """Another node's job, asked of it through Redis (``None``: not another node's, or no peers)."""
+        job_id = request.path_params["job_id"]
+        node = node_of(job_id)
+        if self.peers is None or node is None or node == self.node:
+            return None
+        try:
+            validate_job_id(job_id)
+            state = await asyncio.to_thread(self.peers.ask, node, job_id)
+        except EnvelopeError:
+            return self._not_found()
+        except NodeDown as exc:
+            body = {"error": "node_unavailable", "detail": str(exc), "node": node}
+            return self._answer(body, 503)
+        if state is None:
+            detail = f"node {node} holds no job with this id"
+            return self._answer({"error": "not_found", "detail": detail, "node": node}, 404)
+        return self._answer(state)
 
     def _not_found(self) -> Response:
         return self._answer({"error": "not_found", "detail": "no job with this id"}, 404)

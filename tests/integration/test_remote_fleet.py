@@ -16,6 +16,7 @@ The default run enqueues 600 jobs (about 15 s here); ``-m slow`` runs the issue'
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,11 +26,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import redis
+from hybridq import fetch_job
 from hybridq.client.ids import node_of
 from hybridq.envelope.model import Envelope
-from hybridq.http.node import node_name
+from hybridq.errors import NodeUnavailable
+from hybridq.http.node import NodeDown, node_name
+from hybridq.http.peers import Peers
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.protocol import keys
 
 from tests.support.http import request
 from tests.support.processes import WorkerProcess, wait_until
@@ -241,9 +247,51 @@ def test_one_key_written_by_both_nodes_runs_once_and_both_report_its_result(
             return got if all(s["status"] == "finished" for s in got) else None
 
         done = wait_until(states, timeout=60, what="both copies finished")
+        # Any node answers for any node's job: b asks a through Redis.
+        via_b = [request(b.url, "GET", f"/v1/jobs/{i}", None, auth) for i in ids]
+        assert [(r.status, r.json["result"], r.headers["hybridq-node"]) for r in via_b] == [
+            (200, "order-42", node_of(ids[1])),
+            (200, "order-42", node_of(ids[1])),
+        ]
+        missing = f"http-{node_of(ids[0])}-{'0' * 32}"
+        assert request(b.url, "GET", f"/v1/jobs/{missing}", None, auth).json["node"] == node_of(ids[0])
+        a.kill()
+        down = request(b.url, "GET", f"/v1/jobs/{ids[0]}", None, auth)
+        assert (down.status, down.json["error"], down.json["node"]) == (
+            503,
+            "node_unavailable",
+            node_of(ids[0]),
+        )
+        with pytest.raises(NodeUnavailable, match=f"held by node {node_of(ids[0])}, which did not answer"):
+            fetch_job(ids[0], url=[b.url, a.url], token=TOKEN)
     finally:
         worker.kill()
         a.kill()
         b.kill()
     assert [s["result"] for s in done] == ["order-42", "order-42"]
     assert effects.read_text().split() == ["order-42"]  # ran once
+
+
+def test_a_lookup_through_redis_writes_only_a_reply_key(redis_server: RedisServer) -> None:
+    """A Redis writer's hostile lookups: a reply key that is not one, garbage, a huge request."""
+    client = redis.Redis.from_url(redis_server.url)
+    peers = Peers(redis_server.url, "0a0a0a0a", lambda job_id: {"id": job_id, "status": "finished"})
+    peers.start()
+    try:
+        asker = Peers(redis_server.url, "0b0b0b0b", lambda _: None)
+        got = asker.ask("0a0a0a0a", "http-0a0a0a0a-" + "1" * 32)
+        assert got == {"id": "http-0a0a0a0a-" + "1" * 32, "status": "finished"}
+        with pytest.raises(NodeDown, match="node 0c0c0c0c is down"):
+            asker.ask("0c0c0c0c", "http-0c0c0c0c-" + "1" * 32)
+        asks = keys.node_asks("0a0a0a0a")
+        client.rpush(
+            asks, json.dumps({"id": "x", "reply": keys.rq_queue("default")}), b"{not json", b"x" * 5000
+        )
+        client.rpush(asks, json.dumps({"id": "../etc", "reply": keys.node_reply("2" * 32)}))
+        wait_until(lambda: client.llen(asks) == 0, timeout=10, what="the hostile asks read")
+        assert asker.ask("0a0a0a0a", "http-0a0a0a0a-" + "3" * 32) is not None  # still answering
+        assert client.exists(keys.rq_queue("default"), keys.node_reply("2" * 32)) == 0
+        asker.client.close()
+    finally:
+        peers.stop()
+        client.close()

@@ -1,0 +1,143 @@
+"""Ingest nodes look each other's jobs up through Redis (docs/http.md, "Several nodes, one client").
+
+A ``hybridq forward --serve`` node knows Redis; another node's journal it cannot read. So each
+such node:
+
+* keeps ``hybridq:node:<name>`` set (a few seconds' expiry, renewed every second): its absence
+  says the node is down;
+* takes lookups from ``hybridq:node:<name>:asks`` (one thread, ``BLPOP``): each is the job id
+  and a one-off reply key; it answers with what its own ``GET /v1/jobs/{id}`` would say
+  (``{"state": {...}}``, or ``{"state": null}``: no such job), pushed to that key, which expires;
+* asks another node (:meth:`Peers.ask`) when a ``GET /v1/jobs/{id}`` names that node's id.
+
+Only lookups cross Redis, never a cancel: a Redis writer could then cancel any job durably.
+What a Redis writer can do here: forge an answer (a false status or result for a lookup made
+through another node) or keep a node's lookup thread busy; it cannot make a node write anywhere
+but a reply key (the key's shape is checked) nor read anything a token holder could not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from hybridq.envelope.model import validate_job_id
+from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.http.node import NodeDown
+from hybridq.protocol import keys
+from hybridq.transport import redisurl
+
+__all__ = ["ASK_TIMEOUT_S", "NodeDown", "Peers"]
+
+log = logging.getLogger("hybridq.http")
+
+#: How long a lookup waits for the other node's answer (seconds).
+ASK_TIMEOUT_S = 2.0
+#: How long ``hybridq:node:<name>`` outlives the node's last renewal (seconds).
+SEEN_TTL_S = 5
+#: A lookup request longer than this (bytes) is dropped.
+MAX_ASK = 1024
+_REPLY = re.compile(re.escape(keys.NODE_REPLY_PREFIX) + r"[0-9a-f]{32}")
+
+
+class Peers:
+    """This node's side of the lookups between nodes (see the module docstring).
+
+    Args:
+        redis_url: the Redis the nodes share.
+        node: this node's name.
+        answer: this node's ``GET /v1/jobs/{id}`` state of a job (``None``: no such job).
+    """
+
+    def __init__(self, redis_url: str, node: str, answer: Callable[[str], dict[str, Any] | None]) -> None:
+        self.node = node
+        self.answer = answer
+        self.client = redisurl.client(redis_url, socket_timeout=ASK_TIMEOUT_S + 3)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="hybridq-peers", daemon=True)
+
+    def start(self) -> None:
+        """Say this node is up, and begin answering other nodes' lookups (a daemon thread)."""
+        with contextlib.suppress(RedisError):  # Redis down: the thread says it once Redis is back
+            self._seen()
+        self._thread.start()
+
+    def _seen(self) -> None:
+        self.client.set(keys.node_seen(self.node), json.dumps({"seen": time.time()}), ex=SEEN_TTL_S)
+
+    def stop(self) -> None:
+        """Stop answering, within a second."""
+        self._stop.set()
+        self._thread.join(ASK_TIMEOUT_S + 5)
+        self.client.close()
+
+    def ask(self, node: str, job_id: str) -> dict[str, Any] | None:
+        """Node ``node``'s state of ``job_id`` (``None``: it holds no such job). Blocking.
+
+        Raises:
+            NodeDown: the node is not seen in Redis, did not answer in time, or Redis failed.
+        """
+        token = secrets.token_hex(16)
+        try:
+            if not self.client.exists(keys.node_seen(node)):
+                raise NodeDown(f"node {node} is down (not seen in Redis for {SEEN_TTL_S} s)")
+            pipe = self.client.pipeline()
+            pipe.rpush(keys.node_asks(node), json.dumps({"id": job_id, "reply": keys.node_reply(token)}))
+            pipe.expire(keys.node_asks(node), 30)
+            pipe.execute()
+            got = self.client.blpop([keys.node_reply(token)], timeout=ASK_TIMEOUT_S)
+        except RedisError as exc:
+            raise NodeDown(f"node {node} cannot be asked: Redis failed ({type(exc).__name__})") from None
+        if got is None:
+            raise NodeDown(f"node {node} did not answer within {ASK_TIMEOUT_S:g} s")
+        try:
+            state = json.loads(got[1]).get("state")
+        except (ValueError, AttributeError, RecursionError):
+            raise NodeDown(f"node {node} answered garbage") from None
+        return state if isinstance(state, dict) else None
+
+    def _serve(self) -> None:
+        renewed = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - renewed >= 1.0:
+                    self.client.set(
+                        keys.node_seen(self.node), json.dumps({"seen": time.time()}), ex=SEEN_TTL_S
+                    )
+                    renewed = time.monotonic()
+                got = self.client.blpop([keys.node_asks(self.node)], timeout=1)
+                if got is not None:
+                    self._reply(got[1])
+            except RedisError as exc:
+                log.warning("node lookups: Redis failed (%s); retrying in 1 s", type(exc).__name__)
+                self._stop.wait(1.0)
+
+    def _reply(self, raw: bytes | str) -> None:
+        """Answer one lookup; a malformed one is dropped (a Redis writer's, not a node's)."""
+        if len(raw) > MAX_ASK:
+            return
+        try:
+            ask = json.loads(raw)
+            job_id, reply = validate_job_id(ask["id"]), ask["reply"]
+        except (ValueError, TypeError, KeyError, EnvelopeError, RecursionError):
+            return
+        if not isinstance(reply, str) or not _REPLY.fullmatch(reply):
+            return  # only a reply key: never a write to another key (an RQ queue, say)
+        try:
+            state = self.answer(job_id)
+        except (HybridqError, OSError) as exc:
+            log.warning("node lookups: cannot read job %s: %s", job_id, exc)
+            return  # the asking node times out: "did not answer", never "no such job"
+        pipe = self.client.pipeline()
+        pipe.lpush(reply, json.dumps({"state": state}))
+        pipe.expire(reply, 10)
+        pipe.execute()
