@@ -101,7 +101,11 @@ def document(version: str) -> dict[str, Any]:
                         "404": _json(
                             _ERROR, "No job with this id here; `node` names the node that holds it."
                         ),
-                        "503": _json(_ERROR, "The journal cannot be read."),
+                        "503": _json(
+                            _ERROR,
+                            "The journal cannot be read, or the node that holds the job is down "
+                            "(node_unavailable).",
+                        ),
                     },
                 }
             },
