@@ -106,7 +106,7 @@ class Peers:
         return state if isinstance(state, dict) else None
 
     def _serve(self) -> None:
-        renewed = 0.0
+        renewed, failing = 0.0, False
         while not self._stop.is_set():
             try:
                 if time.monotonic() - renewed >= 1.0:
@@ -117,8 +117,13 @@ class Peers:
                 got = self.client.blpop([keys.node_asks(self.node)], timeout=1)
                 if got is not None:
                     self._reply(got[1])
+                if failing:
+                    log.info("node lookups: Redis answers again")
+                    failing = False
             except RedisError as exc:
-                log.warning("node lookups: Redis failed (%s); retrying in 1 s", type(exc).__name__)
+                if not failing:  # once per outage: the forwarder says the rest
+                    log.warning("node lookups: Redis failed (%s); retrying every second", type(exc).__name__)
+                    failing = True
                 self._stop.wait(1.0)
 
     def _reply(self, raw: bytes | str) -> None:
