@@ -163,7 +163,9 @@ def document(version: str) -> dict[str, Any]:
                 "get": {
                     "summary": "Liveness (never authenticated).",
                     "security": [],
-                    "responses": {"200": _json({"type": "object"}, '{"ok": true}')},
+                    "responses": {
+                        "200": _json({"type": "object"}, '{"ok": true, "node": "<its node name>"}')
+                    },
                 }
             },
             "/login": {
