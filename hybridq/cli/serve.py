@@ -193,7 +193,8 @@ tokens_option = click.option(
     envvar="HYBRIDQ_REDIS_URL",
     show_envvar=True,
     default=None,
-    help="The forwarder's Redis, for what only Redis knows (stats' redis key, the dashboard).",
+    help="The forwarder's Redis, for what only Redis knows (stats' redis key, the dashboard), and to "
+    "look other ingest nodes' jobs up (docs/http.md).",
 )
 @click.option(
     "--capacity",
