@@ -271,3 +271,14 @@ def test_a_hostile_node_cannot_exhaust_memory_nor_redirect_the_token(
     assert caplog.messages == [
         "the token is sent in clear text to http://10.0.0.1:8080: use https:// (docs/security.md)"
     ]
+
+
+def test_calls_reuse_kept_alive_connections(nodes: tuple[Node, Node]) -> None:
+    a, _ = nodes
+    remote = Remote(Nodes([a.url], TOKEN))
+    queue = hybridq.Queue("default", url=a.url, token=TOKEN)
+    queue.remote = remote
+    for i in range(30):
+        queue.enqueue("tests.tasks.add", i, 1)
+    pool = remote.client.nodes._pool.connection_from_url(a.url)
+    assert pool.num_connections == 1  # one connection opened, kept alive for all 30
