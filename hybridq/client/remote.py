@@ -142,8 +142,8 @@ class RemoteClient:
                 return reply
             if reply.status != 404:
                 raise _refused(reply)
-            if home is not None and reply.node == home:
-                return None  # the node that made the id does not hold it: no such job
+            if home is not None and (reply.node == home or reply.body.get("asked") is True):
+                return None  # the node that made the id (asked directly, or by this one) holds no such job
             there = self.nodes.url_of(home) if home else None
             if there is not None and there not in asked:
                 queue.insert(0, there)  # that node answered before: ask it next

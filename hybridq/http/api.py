@@ -343,7 +343,7 @@ class Api:
             return self._answer(body, 503)
         if state is None:
             detail = f"node {node} holds no job with this id"
-            return self._answer({"error": "not_found", "detail": detail, "node": node}, 404)
+            return self._answer({"error": "not_found", "detail": detail, "node": node, "asked": True}, 404)
         return self._answer(state)
 
     def _not_found(self) -> Response:

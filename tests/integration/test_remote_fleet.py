@@ -258,6 +258,8 @@ def test_one_key_written_by_both_nodes_runs_once_and_both_report_its_result(
         ]
         missing = f"http-{node_of(ids[0])}-{'0' * 32}"
         assert request(b.url, "GET", f"/v1/jobs/{missing}", None, auth).json["node"] == node_of(ids[0])
+        assert fetch_job(missing, url=b.url, token=TOKEN) is None  # a asked through b: no such job
+        assert fetch_job(ids[0], url=b.url, token=TOKEN).result == "order-42"  # type: ignore[union-attr]
         a.kill()
         down = request(b.url, "GET", f"/v1/jobs/{ids[0]}", None, auth)
         assert (down.status, down.json["error"], down.json["node"]) == (
