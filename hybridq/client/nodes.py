@@ -4,8 +4,11 @@ A call goes to one node; on a refused connection, a timeout, a broken connection
 (``502``, ``503``, ``504``, ``500``) or ``408`` it goes to the next, and after a round of every
 node it waits a little and starts again, up to ``rounds`` rounds (then
 :class:`~hybridq.errors.NodeUnavailable`, naming each node and why). Any other answer is the
-call's (``202``, ``4xx``). What may be retried is the caller's business: an enqueue carries an
-``Idempotency-Key`` on every try (docs/api.md, "A remote queue").
+call's (``202``, ``4xx``). A try that was sent and got no answer (a read timeout, a broken
+connection, a ``5xx``) may have been taken: :attr:`Reply.unsure` and ``NodeUnavailable.unsure``
+list them, so an enqueue can say its outcome is unknown rather than "refused". What may be retried
+is the caller's business: an enqueue carries an ``Idempotency-Key`` on every try (docs/api.md, "A
+remote queue").
 
 Calls start at the nodes in turn (round robin, spreading the load), and a node that just failed
 is tried last for :data:`DOWN_S` seconds. The node names each answer carries (``Hybridq-Node``)
@@ -17,6 +20,7 @@ One :class:`urllib3.PoolManager` per :class:`Nodes`: keep-alive connections, at 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import itertools
 import json
@@ -56,6 +60,8 @@ class Reply:
     status: int
     body: dict[str, Any]
     node: str | None
+    #: The tries before this answer that were sent and got none: those nodes may have taken the call.
+    unsure: tuple[tuple[str, str], ...] = ()
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -162,18 +168,22 @@ class Nodes:
         """Send the request (``data``: a JSON body) to the nodes in turn until one answers.
 
         Raises:
-            NodeUnavailable: no node answered in ``rounds`` rounds.
+            NodeUnavailable: no node answered in ``rounds`` rounds (its ``unsure``: the tries
+                that may have been taken).
         """
         tried: list[tuple[str, str]] = []
+        unsure: list[tuple[str, str]] = []
         for round_ in range(self.rounds):
             if round_:
                 time.sleep(_PAUSES[min(round_ - 1, len(_PAUSES) - 1)])
             for url in self.order():
-                reply, why = self.send(url, method, path, data, headers)
+                reply, why, sent = self.send(url, method, path, data, headers)
                 if reply is not None:
-                    return reply
+                    return dataclasses.replace(reply, unsure=tuple(unsure)) if unsure else reply
                 tried.append((url, why))
-        raise NodeUnavailable(tried)
+                if sent:
+                    unsure.append((url, why))
+        raise NodeUnavailable(tried, unsure=unsure)
 
     def send(
         self,
@@ -182,8 +192,12 @@ class Nodes:
         path: str,
         data: bytes | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[Reply | None, str]:
-        """One try on one node: its reply, or ``None`` and why it gave none (a failover case)."""
+    ) -> tuple[Reply | None, str, bool]:
+        """One try on one node: its reply, or ``None``, why it gave none and whether it was sent.
+
+        ``sent``: the node may have taken the call (a read timeout, a broken connection, an
+        answer too long to read, a ``5xx``); not for a connection never made, nor a ``408``.
+        """
         sent = dict(self._headers)
         if data is not None:
             sent["Content-Type"] = "application/json"
@@ -196,11 +210,13 @@ class Nodes:
             raw = response.read(MAX_ANSWER + 1)
         except self._errors.HTTPError as exc:
             self._fail(url)
-            return None, _describe(exc, self._errors)
+            errors = self._errors
+            unsent = (errors.NewConnectionError, errors.ConnectTimeoutError, errors.SSLError)
+            return None, _describe(exc, errors), not isinstance(exc, unsent)
         if len(raw) > MAX_ANSWER:
             response.close()  # the rest unread: this connection is not reused
             self._fail(url)
-            return None, f"an answer over {MAX_ANSWER} bytes"
+            return None, f"an answer over {MAX_ANSWER} bytes", True
         response.release_conn()
         node = response.headers.get(NODE_HEADER)
         if node and NODE_NAME.fullmatch(node):
@@ -213,12 +229,10 @@ class Nodes:
         reply_body = parsed if isinstance(parsed, dict) else {}
         if response.status in RETRYABLE:
             self._fail(url)
-            return None, f"{response.status} {reply_body.get('error', '')}".strip()
-        if response.status == 401:
-            raise ConfigError(f"{url} refused the token (401): check token= or HYBRIDQ_TOKEN")
+            return None, f"{response.status} {reply_body.get('error', '')}".strip(), response.status != 408
         with self._lock:
             self._failed.pop(url, None)
-        return Reply(url, response.status, reply_body, node or None), ""
+        return Reply(url, response.status, reply_body, node or None), "", False
 
     def _fail(self, url: str) -> None:
         with self._lock:

@@ -1,12 +1,15 @@
 """Enqueue, look up and cancel through ingest nodes (docs/api.md, "A remote queue").
 
 * **Enqueue** is one ``POST /v1/jobs`` per job, with an ``Idempotency-Key``: the job's explicit
-  ``idempotency_key``, or one made here. Every try of the job (the next node after a timeout,
+  ``idempotency_key``, or ``hq-<envelope id>`` (so ``enqueue_many`` of the same prepared
+  envelopes again sends the same keys). Every try of the job (the next node after a timeout,
   a refused or broken connection, a 5xx) sends the same key, so a node that wrote the job
   already answers with it, and the same key written by two nodes runs once (the workers claim
   the key in the shared Redis: docs/http.md, "Several nodes"). It returns only on a ``202``
   (durable). ``429`` is :class:`QueueFull`, ``400``/``413``/``422`` an :class:`EnvelopeError`,
-  nothing written; every node down is :class:`NodeUnavailable`.
+  nothing written; every node unreachable is :class:`NodeUnavailable`. Once a try was sent
+  and got no answer, any of these would be a lie ("nothing written"): the job may be in that
+  node's journal, so the call raises :class:`OutcomeUnknown`, carrying the key to retry with.
 * **Lookups** go to the node the id names (``http-<node>-...``), else to each node in turn; a
   node answering that another node holds the job sends the lookup there. A job whose node does
   not answer raises :class:`NodeUnavailable` naming it: never "no such job".
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +31,7 @@ from hybridq.errors import (
     HybridqError,
     NodeUnavailable,
     NotSerializable,
+    OutcomeUnknown,
     QueueFull,
 )
 
@@ -69,9 +72,14 @@ def body_of(env: Envelope) -> dict[str, Any]:
 
 
 def _key_of(env: Envelope) -> str:
-    """The ``Idempotency-Key`` of every try of ``env``: its explicit key, or a new random one."""
-    if env.idempotency_key == env.id:  # no explicit key: one per job, made here
-        return f"hq-{uuid.uuid4().hex}"
+    """The ``Idempotency-Key`` of every try of ``env``: its explicit key, or ``hq-<its id>``.
+
+    Derived from the envelope's (random) id, not made per post: a caller retrying the same
+    prepared envelopes after an unknown outcome sends the same keys (a local journal dedupes
+    by the id alike).
+    """
+    if env.idempotency_key == env.id:  # no explicit key
+        return f"hq-{env.id}"
     key = env.idempotency_key
     if not (0 < len(key) <= MAX_KEY and key.isascii() and key.isprintable()):
         raise EnvelopeError("over HTTP an idempotency_key is 1-255 printable ASCII characters")
@@ -90,8 +98,9 @@ class RemoteClient:
         Raises:
             QueueFull: 429 (the node's ``--capacity``, or too many failed logins).
             EnvelopeError: 400, 413, 415 or 422: the node refused the job; nothing written.
-            NodeUnavailable: no node answered (the job may have been written: retry with the
-                same ``idempotency_key``).
+            NodeUnavailable: no node could be reached (nothing written).
+            OutcomeUnknown: a try was sent and got no answer, and no node acknowledged the
+                job: it may have been written; retry with the error's ``key``.
         """
         body = body_of(env)
         key = _key_of(env)
@@ -99,10 +108,18 @@ class RemoteClient:
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise NotSerializable(f"the job's arguments are not JSON the HTTP API can carry: {exc}") from None
-        reply = self.nodes.call("POST", "/v1/jobs", data, {"Idempotency-Key": key})
+        try:
+            reply = self.nodes.call("POST", "/v1/jobs", data, {"Idempotency-Key": key})
+        except NodeUnavailable as exc:
+            if exc.unsure:
+                raise OutcomeUnknown(key, env.id, exc.tried) from None
+            raise
         if reply.status == 202 and isinstance(reply.body.get("id"), str):
             return reply.body["id"], key
-        raise _refused(reply)
+        refused = _refused(reply)
+        if reply.unsure:  # an earlier node may hold it: never "nothing written"
+            raise OutcomeUnknown(key, env.id, [*reply.unsure, (reply.url, str(refused))])
+        raise refused
 
     def state(self, job_id: str) -> dict[str, Any] | None:
         """``GET /v1/jobs/{id}`` from the node that holds it; ``None``: no node holds it.
@@ -134,7 +151,7 @@ class RemoteClient:
             if url in asked:
                 continue
             asked.add(url)
-            reply, why = self.nodes.send(url, method, path, b"{}" if method == "POST" else None)
+            reply, why, _ = self.nodes.send(url, method, path, b"{}" if method == "POST" else None)
             if reply is None:
                 tried.append((url, why))
                 continue
@@ -158,6 +175,8 @@ def _refused(reply: Reply) -> HybridqError:
     """The one-line error for an answer that is neither 202 nor a failover case."""
     error = str(reply.body.get("error", ""))
     detail = str(reply.body.get("detail", error or f"HTTP {reply.status}"))
+    if reply.status == 401:
+        return ConfigError(f"{reply.url} refused the token (401): check token= or HYBRIDQ_TOKEN")
     if reply.status == 429:
         if error == "queue_full":
             return _queue_full(detail)

@@ -288,7 +288,8 @@ class Queue:
 
         Cancelled while it waits, the jobs may or may not have been written (as after a
         :class:`~hybridq.errors.JournalIOError`): enqueue them again under the same idempotency
-        keys if it matters.
+        keys if it matters. A remote queue's call is never withdrawn: its POSTs go on in their
+        thread (each job's key is its ``idempotency_key``, else ``hq-<envelope id>``).
         """
         if self.remote is not None and _sink is None:
             return await asyncio.to_thread(self.remote.enqueue, list(jobs))  # off the loop

@@ -13,6 +13,7 @@ import http.server
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,17 +23,23 @@ import pytest
 from hybridq.client.ids import node_of
 from hybridq.client.nodes import Nodes
 from hybridq.client.queue import Remote
+from hybridq.envelope.model import Envelope
 from hybridq.errors import (
     ConfigError,
     EnvelopeError,
     JobWaitTimeout,
     MissingExtra,
     NodeUnavailable,
+    OutcomeUnknown,
     QueueFull,
 )
+from hybridq.http.api import Api
 from hybridq.http.app import create_app
 from hybridq.http.node import node_name
 from hybridq.http.server import Server
+from hybridq.journal import JournalReader, RecordType
+from starlette.requests import Request
+from starlette.responses import Response
 
 from tests.unit.test_http_api import config, job_ids, write_tokens
 
@@ -282,3 +289,53 @@ def test_calls_reuse_kept_alive_connections(nodes: tuple[Node, Node]) -> None:
         queue.enqueue("tests.tasks.add", i, 1)
     pool = remote.client.nodes._pool.connection_from_url(a.url)
     assert pool.num_connections == 1  # one connection opened, kept alive for all 30
+
+
+def keys_in(*journals: Path) -> list[str]:
+    """The idempotency key of every job record in the journals."""
+    return [
+        Envelope.from_bytes(r.payload).idempotency_key
+        for journal in journals
+        for r in JournalReader(journal).records()
+        if r.rtype == RecordType.DATA
+    ]
+
+
+def test_a_timeout_then_a_refusal_is_outcome_unknown_and_a_retry_keeps_one_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node a writes the job but answers too late; b answers 429: that is no "nothing written".
+
+    Fails before: the client raised QueueFull (b's answer), and each post made a new random key,
+    so enqueue_many of the same envelopes again wrote a second job.
+    """
+    tokens = write_tokens(tmp_path / "tokens", TOKEN)
+    a, b = Node(tmp_path / "a", tokens), Node(tmp_path / "b", tokens, capacity=1)
+    original = Api._post
+
+    async def late(self: Api, request: Request) -> Response:  # a takes the job, answers in 1 s
+        response = await original(self, request)
+        if response.status_code == 202:
+            await asyncio.sleep(1.0)
+        return response
+
+    try:
+        hybridq.Queue("default", url=b.url, token=TOKEN).enqueue("tests.tasks.add", 0, 0)  # b is full
+        monkeypatch.setattr(Api, "_post", late)
+        queue = hybridq.Queue("default", url=a.url, token=TOKEN)
+        queue.remote = Remote(Nodes([a.url, b.url], TOKEN, read_timeout=0.3, rounds=1))
+        envs = [queue.prepare("tests.tasks.add", (1, 2))]
+        with pytest.raises(OutcomeUnknown, match=rf"idempotency_key='hq-{envs[0].id}'") as err:
+            queue.enqueue_many(envs)
+        assert err.value.key == f"hq-{envs[0].id}"
+        assert "\n" not in str(err.value)
+        monkeypatch.undo()
+        time.sleep(1.0)  # a's late answer is gone
+        queue.remote = Remote(Nodes([a.url], TOKEN))
+        (job,) = queue.enqueue_many(envs)  # the same envelopes again: the same key, the same job
+        assert job.id in job_ids(a.journal)
+        written = keys_in(a.journal, b.journal)
+        assert len([k for k in written if k.endswith(f":hq-{envs[0].id}")]) == 1
+    finally:
+        a.stop()
+        b.stop()
