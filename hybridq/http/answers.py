@@ -1,19 +1,43 @@
-"""What ``hybridq serve``'s API answers (docs/http.md): a job's state, the stats, and two body checks.
+"""What ``hybridq serve``'s API answers (docs/http.md): a job's state, the stats, errors, body checks.
 
-Kept apart from :mod:`hybridq.http.api` (the routes): the shapes of the JSON it sends, and the
-checks of a POST's ``retry`` and record size.
+Kept apart from :mod:`hybridq.http.api` (the routes): the shapes of the JSON it sends, its
+error answers, and the checks of a POST's type, ``retry`` and record size.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from hybridq.envelope.model import Envelope, Retry
 from hybridq.errors import BadRequest, RecordTooLarge, ResultNotKept
 from hybridq.job import Job
 from hybridq.journal import MAX_PAYLOAD_BYTES
 
-__all__ = ["check_size", "job_state", "retry_of", "stats_body"]
+__all__ = ["Forbidden", "check_size", "error", "job_state", "json_only", "retry_of", "stats_body"]
+
+
+def error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The API's error answer: ``{"error": error, "detail": detail}`` (docs/http.md)."""
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+class Forbidden(Exception):
+    """A cancel of a job the request's token did not enqueue (403)."""
+
+
+def json_only(request: Request) -> Response | None:
+    """The 415 for a POST that is not ``Content-Type: application/json``.
+
+    A cross-site form or ``no-cors`` fetch cannot send that type without a CORS preflight, which
+    this server never grants: so no page a browser on the node's network visits can POST here.
+    """
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        return error(415, "unsupported_media_type", "send the body as Content-Type: application/json")
+    return None
 
 
 def check_size(env: Envelope) -> None:

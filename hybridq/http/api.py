@@ -49,10 +49,27 @@ from hybridq.errors import (
     QueueFull,
     RecordTooLarge,
 )
-from hybridq.http.answers import check_size, job_state, retry_of, stats_body
+from hybridq.http.answers import (
+    Forbidden,
+    check_size,
+    error,
+    job_state,
+    json_only,
+    retry_of,
+    stats_body,
+)
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
-from hybridq.http.idempotency import ID_PREFIX, KeyReused, KeyStore, fingerprint, key_job_id, valid_key
+from hybridq.http.idempotency import (
+    ID_PREFIX,
+    KeyReused,
+    KeyStore,
+    fingerprint,
+    key_job_id,
+    owned_by,
+    scoped_key,
+    valid_key,
+)
 from hybridq.http.node import NodeDown, node_name, node_of
 from hybridq.job import fetch_job
 from hybridq.ops.status import stats
@@ -72,10 +89,6 @@ FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
 NODE_HEADER = "Hybridq-Node"
 #: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
 MAX_CHECKED_TASKS = 4096
-
-
-def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -134,26 +147,26 @@ class Api:
         return response
 
     async def _post(self, request: Request) -> Response:
-        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media_type != "application/json":
-            return _error(415, "unsupported_media_type", "send the body as Content-Type: application/json")
+        refused = json_only(request)
+        if refused is not None:
+            return refused
         key = request.headers.get("idempotency-key")
         if key is not None and not valid_key(key):
-            return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
+            return error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
         scope = str(getattr(request.state, "token_scope", ""))  # whose key: the token's (auth.py)
         try:
             env = self._envelope(await self._body(request), key, scope)
             check_size(env)
         except BodyTooLarge:
-            return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
+            return error(413, "too_large", f"the body is over {self.config.max_body} bytes")
         except BodyTimeout:
-            return _error(408, "timeout", f"the body did not arrive within {self.config.body_timeout_s:g} s")
+            return error(408, "timeout", f"the body did not arrive within {self.config.body_timeout_s:g} s")
         except ClientDisconnect:
             return Response(status_code=400)  # the client is gone: nobody reads it, nothing logged
         except RecordTooLarge as exc:  # a JournalError, but the client's to fix: not a retry
-            return _error(413, "too_large", str(exc))
+            return error(413, "too_large", str(exc))
         except (BadRequest, EnvelopeError, NoSuchTask) as exc:  # EnvelopeError: NotSerializable too
-            return _error(400, "bad_request", str(exc))
+            return error(400, "bad_request", str(exc))
         except HybridqError as exc:  # the journal directory cannot be used (a JournalError)
             return self._unavailable(exc)
         try:
@@ -162,11 +175,11 @@ class Api:
             else:
                 job, replay = await self._commit_keyed(env)
         except KeyReused as exc:
-            return _error(422, "idempotency_key_reused", str(exc))
+            return error(422, "idempotency_key_reused", str(exc))
         except RecordTooLarge as exc:  # signing made it larger; raised before anything is written
-            return _error(413, "too_large", str(exc))
+            return error(413, "too_large", str(exc))
         except QueueFull as exc:
-            return _error(
+            return error(
                 429,
                 "queue_full",
                 f"{exc.pending} jobs pending, capacity {exc.capacity}: retry later",
@@ -183,7 +196,7 @@ class Api:
     def _unavailable(self, exc: BaseException) -> JSONResponse:
         log.warning("POST /v1/jobs: the journal cannot be written: %s", exc)
         detail = "the journal cannot be written; retry (with the same Idempotency-Key)"
-        return _error(503, "journal_unavailable", detail, {"Retry-After": str(self.config.retry_after_s)})
+        return error(503, "journal_unavailable", detail, {"Retry-After": str(self.config.retry_after_s)})
 
     async def _body(self, request: Request) -> Any:
         """The JSON body, read up to ``max_body`` (413 as soon as it is over, not after)."""
@@ -230,8 +243,7 @@ class Api:
             path,
             args,
             kwargs,
-            # Scoped like the id: the forwarder merges jobs of one key, and two tokens' keys differ.
-            idempotency_key=key if key is None or not scope else f"token-{scope[:16]}:{key}",
+            idempotency_key=key if key is None else scoped_key(key, scope),
             job_id=f"{ID_PREFIX}{self.node}-{new_job_id()}"
             if key is None
             else key_job_id(key, scope, self.node),
@@ -294,8 +306,16 @@ class Api:
         return await self._from_peer(request) or await self._on_job(request, self._job_state)
 
     async def cancel_job(self, request: Request) -> Response:
-        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id."""
-        return await self._on_job(request, self._cancel)
+        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id.
+
+        Only a job enqueued over HTTP with an ``Idempotency-Key`` by the request's token (any
+        ``http-`` job without tokens); else 403 (docs/security.md). JSON only, as a POST (415).
+        """
+        refused = json_only(request)
+        if refused is not None:
+            return refused
+        scope = str(getattr(request.state, "token_scope", ""))
+        return await self._on_job(request, lambda job_id: self._cancel(job_id, scope))
 
     async def _on_job(self, request: Request, read: Callable[[str], dict[str, Any] | None]) -> Response:
         """``read(id)`` off the loop for a job of this journal; 404 for ``None`` or another node's id."""
@@ -305,13 +325,23 @@ class Api:
             return refused
         try:
             state = await asyncio.to_thread(read, job_id)
+        except Forbidden as exc:
+            return error(403, "forbidden", str(exc), {NODE_HEADER: self.node})
         except (HybridqError, OSError) as exc:
-            return _error(503, "journal_unavailable", str(exc))
+            return error(503, "journal_unavailable", str(exc))
         if state is None:
             return self._not_found()
         return self._answer(state)
 
-    def _cancel(self, job_id: str) -> dict[str, Any] | None:
+    def _cancel(self, job_id: str, scope: str) -> dict[str, Any] | None:
+        job = fetch_job(job_id, self.journal)
+        if job is None:
+            return None
+        if not owned_by(job.envelope, scope):
+            raise Forbidden(
+                "over HTTP a token cancels only the jobs it enqueued with an Idempotency-Key "
+                "(others: hybridq cancel on the node's host)"
+            )
         (result,) = cancel([job_id], self.journal)
         return None if result.state == "unknown" else {"id": job_id, "state": result.state}
 
@@ -366,7 +396,7 @@ class Api:
                 stats, self.journal, redis_url=self.config.redis_url, outbox=None, redis_for=None
             )
         except (HybridqError, OSError) as exc:
-            return _error(503, "journal_unavailable", str(exc))
+            return error(503, "journal_unavailable", str(exc))
         return JSONResponse(stats_body(out, self.config.capacity))
 
     async def get_metrics(self, request: Request) -> Response:

@@ -124,9 +124,14 @@ def document(version: str) -> dict[str, Any]:
                             "requested, cancelled, succeeded or failed.",
                         ),
                         "401": _UNAUTHORIZED,
+                        "403": _json(
+                            _ERROR,
+                            "Not a job this token enqueued with an Idempotency-Key (forbidden).",
+                        ),
                         "404": _json(
                             _ERROR, "No job with this id here; `node` names the node that holds it."
                         ),
+                        "415": _json(_ERROR, "Not Content-Type: application/json."),
                         "503": _json(_ERROR, "The journal cannot be read or the request written."),
                     },
                 }
