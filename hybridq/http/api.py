@@ -365,7 +365,7 @@ class Api:
             return None
         try:
             validate_job_id(job_id)
-            state = await asyncio.to_thread(self.peers.ask, node, job_id)
+            state = await self.peers.ask_async(node, job_id)  # its own few threads, not the API's
         except EnvelopeError:
             return self._not_found()
         except NodeDown as exc:

@@ -14,10 +14,17 @@ Only lookups cross Redis, never a cancel: a Redis writer could then cancel any j
 What a Redis writer can do here: forge an answer (a false status or result for a lookup made
 through another node) or keep a node's lookup thread busy; it cannot make a node write anywhere
 but a reply key (the key's shape is checked) nor read anything a token holder could not.
+
+A lookup waits up to :data:`ASK_TIMEOUT_S` for the answer, on its own few threads
+(:data:`MAX_ASKING`; more at once: :class:`NodeDown`, "busy", at once): lookups of a node a Redis
+writer forged "alive" hold those threads, never the API's (a POST's key lookups). An answer is
+taken out of Redis only if it is at most :data:`MAX_ANSWER` bytes (checked in Redis, by a
+script) and has the shape of a job's state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -26,6 +33,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -36,7 +44,7 @@ from hybridq.http.node import NodeDown
 from hybridq.protocol import keys
 from hybridq.transport import redisurl
 
-__all__ = ["ASK_TIMEOUT_S", "NodeDown", "Peers"]
+__all__ = ["ASK_TIMEOUT_S", "MAX_ANSWER", "MAX_ASKING", "NodeDown", "Peers"]
 
 log = logging.getLogger("hybridq.http")
 
@@ -46,6 +54,20 @@ ASK_TIMEOUT_S = 2.0
 SEEN_TTL_S = 5
 #: A lookup request longer than this (bytes) is dropped.
 MAX_ASK = 1024
+#: The longest answer taken (bytes); a longer one is left in Redis (it expires) and is no answer.
+MAX_ANSWER = 64 << 10
+#: Lookups of other nodes running at once; past it, a lookup answers "busy" at once (a 503).
+MAX_ASKING = 4
+#: How often :meth:`Peers.ask` looks for the answer (seconds): from the first, doubling to the last.
+_POLL_S = (0.005, 0.05)
+#: Pops the answer if it is at most ARGV[1] bytes: -1 if longer (never sent to the asker), nil if none.
+_TAKE = """
+local v = redis.call('LINDEX', KEYS[1], 0)
+if not v then return false end
+redis.call('DEL', KEYS[1])
+if string.len(v) > tonumber(ARGV[1]) then return -1 end
+return v
+"""
 _REPLY = re.compile(re.escape(keys.NODE_REPLY_PREFIX) + r"[0-9a-f]{32}")
 
 
@@ -62,6 +84,9 @@ class Peers:
         self.node = node
         self.answer = answer
         self.client = redisurl.client(redis_url, socket_timeout=ASK_TIMEOUT_S + 3)
+        self._take = self.client.register_script(_TAKE)
+        self._asking = ThreadPoolExecutor(MAX_ASKING, thread_name_prefix="hybridq-ask")
+        self._slots = threading.BoundedSemaphore(MAX_ASKING)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="hybridq-peers", daemon=True)
 
@@ -78,7 +103,20 @@ class Peers:
         """Stop answering, within a second."""
         self._stop.set()
         self._thread.join(ASK_TIMEOUT_S + 5)
+        self._asking.shutdown(wait=True)
         self.client.close()
+
+    async def ask_async(self, node: str, job_id: str) -> dict[str, Any] | None:
+        """:meth:`ask` on this node's lookup threads, off the loop (NodeDown at once when all are busy)."""
+        if not self._slots.acquire(blocking=False):
+            raise NodeDown(f"this node is busy looking up {MAX_ASKING} jobs of other nodes: retry")
+        try:
+            future = self._asking.submit(self.ask, node, job_id)
+        except RuntimeError:  # stopping
+            self._slots.release()
+            raise NodeDown("this node is stopping") from None
+        future.add_done_callback(lambda _: self._slots.release())  # when the thread is free
+        return await asyncio.wrap_future(future)
 
     def ask(self, node: str, job_id: str) -> dict[str, Any] | None:
         """Node ``node``'s state of ``job_id`` (``None``: it holds no such job). Blocking.
@@ -94,16 +132,37 @@ class Peers:
             pipe.rpush(keys.node_asks(node), json.dumps({"id": job_id, "reply": keys.node_reply(token)}))
             pipe.expire(keys.node_asks(node), 30)
             pipe.execute()
-            got = self.client.blpop([keys.node_reply(token)], timeout=ASK_TIMEOUT_S)
+            got = self._answer_of(keys.node_reply(token))
         except RedisError as exc:
             raise NodeDown(f"node {node} cannot be asked: Redis failed ({type(exc).__name__})") from None
         if got is None:
             raise NodeDown(f"node {node} did not answer within {ASK_TIMEOUT_S:g} s")
+        if got == -1:
+            raise NodeDown(f"node {node} answered over {MAX_ANSWER} bytes (ask that node itself)")
         try:
-            state = json.loads(got[1]).get("state")
-        except (ValueError, AttributeError, RecursionError):
+            state = json.loads(got)["state"]
+        except (ValueError, TypeError, KeyError, RecursionError):
             raise NodeDown(f"node {node} answered garbage") from None
-        return state if isinstance(state, dict) else None
+        if state is None:
+            return None
+        if (
+            not isinstance(state, dict)
+            or state.get("id") != job_id
+            or not isinstance(state.get("status"), str)
+        ):
+            raise NodeDown(f"node {node} answered garbage")
+        return state
+
+    def _answer_of(self, reply: str) -> Any:
+        """The answer pushed to ``reply`` within the timeout: its bytes, ``-1`` if too long, or ``None``."""
+        deadline = time.monotonic() + ASK_TIMEOUT_S
+        pause = _POLL_S[0]
+        while True:
+            got = self._take(keys=[reply], args=[MAX_ANSWER])
+            if got is not None or time.monotonic() >= deadline:
+                return got
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(_POLL_S[1], pause * 2)
 
     def _serve(self) -> None:
         renewed, failing = 0.0, False

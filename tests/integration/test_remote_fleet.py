@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,8 +33,11 @@ from hybridq import fetch_job
 from hybridq.client.ids import node_of
 from hybridq.envelope.model import Envelope
 from hybridq.errors import NodeUnavailable
+from hybridq.http.app import create_app
+from hybridq.http.config import ServeConfig
 from hybridq.http.node import NodeDown, node_name
-from hybridq.http.peers import Peers
+from hybridq.http.peers import ASK_TIMEOUT_S, Peers
+from hybridq.http.server import Server
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.protocol import keys
@@ -300,3 +304,86 @@ def test_a_lookup_through_redis_writes_only_a_reply_key(redis_server: RedisServe
     finally:
         peers.stop()
         client.close()
+
+
+def _forge_answers(client: redis.Redis, node: str, reply: bytes) -> threading.Thread:
+    """A Redis writer answering node ``node``'s next lookup with ``reply``."""
+
+    def forge() -> None:
+        got = client.blpop([keys.node_asks(node)], timeout=10)
+        if got is not None:
+            client.lpush(json.loads(got[1])["reply"], reply)
+
+    thread = threading.Thread(target=forge, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_forged_answer_over_64_kib_or_of_another_shape_is_refused(redis_server: RedisServer) -> None:
+    """Fails before: a 150 MB forged answer was read whole (47 -> 797 MB) and served."""
+    client = redis.Redis.from_url(redis_server.url)
+    asker = Peers(redis_server.url, "0b0b0b0b", lambda _: None)
+    job = "http-0d0d0d0d-" + "1" * 32
+    try:
+        client.set(keys.node_seen("0d0d0d0d"), "x", ex=60)  # forged: no such node runs
+        huge = json.dumps({"state": {"id": job, "status": "finished", "result": "A" * (70 << 10)}})
+        thread = _forge_answers(client, "0d0d0d0d", huge.encode())
+        with pytest.raises(NodeDown, match="over 65536 bytes"):
+            asker.ask("0d0d0d0d", job)
+        thread.join()
+        thread = _forge_answers(client, "0d0d0d0d", json.dumps({"state": {"id": "other"}}).encode())
+        with pytest.raises(NodeDown, match="answered garbage"):
+            asker.ask("0d0d0d0d", job)
+        thread.join()
+    finally:
+        asker.client.close()
+        client.close()
+
+
+def test_lookups_of_a_forged_alive_node_do_not_hold_up_posts(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Lookups of another node run on their own few threads; the rest answer 503 at once (about 3 s).
+
+    Fails before: 12 clients looking up ids of a forged "alive" node held the default thread
+    pool (2 s each) and a keyed POST waited for it (0.016 s -> 11-12 s, past a client's timeout).
+    """
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(keys.node_seen("0e0e0e0e"), "x", ex=60)
+    journal = tmp_path / "j"
+    ensure_journal_dir(journal)
+    cfg = ServeConfig(journal=journal, port=0, allow=("tests",), redis_url=redis_server.url, peers=True)
+    server = Server(create_app(cfg), cfg, access_log=False)
+    server.start()
+    stop = threading.Event()
+    answers: Counter[int] = Counter()
+
+    def look_up() -> None:
+        while not stop.is_set():
+            answers[request(server.url, "GET", "/v1/jobs/http-0e0e0e0e-" + "0" * 32).status] += 1
+
+    threads = [threading.Thread(target=look_up, daemon=True) for _ in range(12)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        took = []
+        for i in range(3):
+            start = time.monotonic()
+            got = request(
+                server.url,
+                "POST",
+                "/v1/jobs",
+                {"task": "tests.tasks.add", "args": [i, 1]},
+                {"Idempotency-Key": f"k{i}"},
+            )
+            took.append(time.monotonic() - start)
+            assert got.status == 202
+        assert max(took) < ASK_TIMEOUT_S, took  # never behind a lookup's wait (generous: 2 s)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        server.stop()
+        client.close()
+    assert answers[503] > 0  # the lookups past the few threads: "busy", at once
