@@ -8,13 +8,15 @@ not answer raises :class:`~hybridq.errors.NodeUnavailable`, never "no such job".
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Generator
 from typing import Any
 
 from hybridq.client.remote import RemoteClient
 from hybridq.envelope.model import Envelope
-from hybridq.errors import JobFailed, JobWaitTimeout, ResultNotKept
+from hybridq.errors import HybridqError, JobFailed, JobWaitTimeout, ResultNotKept
 from hybridq.job import Job
 from hybridq.journal import RecordId
 
@@ -45,13 +47,15 @@ class RemoteJob(Job):
     @classmethod
     def found(cls, state: dict[str, Any], client: RemoteClient) -> RemoteJob:
         """The job of a ``GET /v1/jobs/{id}`` answer."""
-        created = state.get("enqueued_at")
+        job_id = state.get("id")
+        if not isinstance(job_id, str):
+            raise _not_a_state("id")
         env = Envelope(
-            str(state["id"]),
+            job_id,
             str(state.get("task") or ""),
             str(state.get("queue") or ""),
-            str(state["id"]),
-            float(created) if isinstance(created, int | float) else 0.0,
+            job_id,
+            _time(state, "enqueued_at") or 0.0,
         )
         return cls(env, client)
 
@@ -81,7 +85,10 @@ class RemoteJob(Job):
     @property
     def attempt(self) -> int:
         """The attempt of its latest run reported; 0 before."""
-        return int(self._state().get("attempt") or 0)
+        attempt = self._state().get("attempt") or 0
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            raise _not_a_state("attempt")
+        return attempt
 
     @property
     def result(self) -> Any:
@@ -97,14 +104,12 @@ class RemoteJob(Job):
     @property
     def started_at(self) -> float | None:
         """When its latest reported run started (the worker's clock)."""
-        value = self._state().get("started_at")
-        return float(value) if isinstance(value, int | float) else None
+        return _time(self._state(), "started_at")
 
     @property
     def ended_at(self) -> float | None:
         """When it ended (the worker's clock); ``None`` before."""
-        value = self._state().get("ended_at")
-        return float(value) if isinstance(value, int | float) else None
+        return _time(self._state(), "ended_at")
 
     def cancel(self) -> str:
         """Cancel it on its node (``POST /v1/jobs/{id}/cancel``): what :func:`hybridq.cancel` said."""
@@ -126,6 +131,25 @@ class RemoteJob(Job):
                 raise JobWaitTimeout(self.id, timeout or 0.0, status)
             yield delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
             delay = min(_POLL_MOST_S, delay * 2)
+
+
+def _not_a_state(field: str) -> HybridqError:
+    """The one-line error for a node's answer whose ``field`` a job's state cannot have."""
+    return HybridqError(f"the node's answer is not a job's state (its {field!r}): a node of another version?")
+
+
+def _time(state: dict[str, Any], field: str) -> float | None:
+    """A time of the state (Unix seconds), ``None`` if absent; HybridqError if not a finite number."""
+    value = state.get(field)
+    if value is None:
+        return None
+    number = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):  # an int past a float's range
+            number = float(value)
+    if number is None or not math.isfinite(number):
+        raise _not_a_state(field)
+    return number
 
 
 def _result(job_id: str, state: dict[str, Any]) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http.server
+import json
 import socket
 import sys
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 import hybridq
 import pytest
 from hybridq.client.ids import node_of
+from hybridq.client.job import RemoteJob
 from hybridq.client.nodes import Nodes
 from hybridq.client.queue import Remote
 from hybridq.envelope.model import Envelope
@@ -243,6 +245,9 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_GET(self) -> None:
+        self.do_POST()
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -339,3 +344,32 @@ def test_a_timeout_then_a_refusal_is_outcome_unknown_and_a_retry_keeps_one_key(
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize(
+    ("state", "read"),
+    [
+        ({"status": "queued"}, "found"),  # no id: KeyError before
+        ({"id": "job1", "status": "queued", "enqueued_at": 10**400}, "found"),  # OverflowError before
+        ({"id": "job1", "status": "queued", "attempt": "x"}, "attempt"),  # ValueError before
+        ({"id": "job1", "status": "queued", "started_at": 10**400}, "started_at"),  # OverflowError before
+    ],
+)
+def test_a_forged_job_state_is_a_one_line_hybridq_error(state: dict[str, object], read: str) -> None:
+    hostile = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    threading.Thread(target=hostile.serve_forever, daemon=True).start()
+    try:
+        hostile.answer = (200, {}, json.dumps(state).encode())  # type: ignore[attr-defined]
+        evil = f"http://127.0.0.1:{hostile.server_address[1]}"
+        look = (lambda: hybridq.fetch_job("job1", url=evil, token=TOKEN)) if read == "found" else None
+        if look is None:
+            queue = hybridq.Queue("default", url=evil, token=TOKEN)
+            job = RemoteJob(queue.prepare("tests.tasks.add", (1, 2)), queue.remote.client)  # type: ignore[union-attr]
+            look = lambda: getattr(job, read)  # noqa: E731
+        with pytest.raises(hybridq.HybridqError, match="not a job's state") as err:
+            look()
+        assert type(err.value) is hybridq.HybridqError
+        assert "\n" not in str(err.value)
+    finally:
+        hostile.shutdown()
+        hostile.server_close()
