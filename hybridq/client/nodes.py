@@ -137,6 +137,7 @@ class Nodes:
         self._turn = itertools.count()
         self._failed: dict[str, float] = {}  # url -> monotonic time of its last failure
         self._names: dict[str, str] = {}  # node name -> url, from the answers
+        self._clones: set[str] = set()  # names more than one url answered with
         self._lock = threading.Lock()
 
     def order(self, first: str | None = None) -> list[str]:
@@ -154,9 +155,9 @@ class Nodes:
         return ordered
 
     def url_of(self, node: str) -> str | None:
-        """The URL of the node named ``node``, if an answer named it."""
+        """The URL of the node named ``node``, if an answer named it (and only one URL did)."""
         with self._lock:
-            return self._names.get(node)
+            return None if node in self._clones else self._names.get(node)
 
     def call(
         self,
@@ -220,8 +221,7 @@ class Nodes:
         response.release_conn()
         node = response.headers.get(NODE_HEADER)
         if node and NODE_NAME.fullmatch(node):
-            with self._lock:
-                self._names[node] = url
+            self._learn(node, url)
         try:
             parsed = json.loads(raw) if raw else {}
         except (ValueError, RecursionError):
@@ -233,6 +233,28 @@ class Nodes:
         with self._lock:
             self._failed.pop(url, None)
         return Reply(url, response.status, reply_body, node or None), "", False
+
+    def _learn(self, node: str, url: str) -> None:
+        """Remember ``node``'s URL; a name two URLs answer with is a clone, reported once."""
+        with self._lock:
+            known = self._names.setdefault(node, url)
+            clone = known != url and node not in self._clones
+            if clone:
+                self._clones.add(node)
+        if clone:
+            log.error(
+                "%s and %s both say they are node %s: one's journal is a copy of the other's (a "
+                "cloned volume); its jobs are looked up on every node. Give the copy its own "
+                "name: stop it, delete node.state in its journal, start it (docs/http.md)",
+                known,
+                url,
+                node,
+            )
+
+    def cloned(self, node: str) -> bool:
+        """Whether two of the URLs answered as ``node`` (:meth:`url_of` then names none)."""
+        with self._lock:
+            return node in self._clones
 
     def _fail(self, url: str) -> None:
         with self._lock:

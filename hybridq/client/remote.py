@@ -159,7 +159,11 @@ class RemoteClient:
                 return reply
             if reply.status != 404:
                 raise _refused(reply)
-            if home is not None and (reply.node == home or reply.body.get("asked") is True):
+            if (
+                home is not None
+                and (reply.node == home or reply.body.get("asked") is True)
+                and not self.nodes.cloned(home)  # two nodes of that name: ask every node
+            ):
                 return None  # the node that made the id (asked directly, or by this one) holds no such job
             there = self.nodes.url_of(home) if home else None
             if there is not None and there not in asked:

@@ -4,7 +4,8 @@ A ``hybridq forward --serve`` node knows Redis; another node's journal it cannot
 such node:
 
 * keeps ``hybridq:node:<name>`` set (a few seconds' expiry, renewed every second): its absence
-  says the node is down;
+  says the node is down; another process renewing it too is logged as an error (a journal
+  copied to make a second node keeps the first one's name);
 * takes lookups from ``hybridq:node:<name>:asks`` (one thread, ``BLPOP``): each is the job id
   and a one-off reply key; it answers with what its own ``GET /v1/jobs/{id}`` would say
   (``{"state": {...}}``, or ``{"state": null}``: no such job), pushed to that key, which expires;
@@ -52,6 +53,8 @@ log = logging.getLogger("hybridq.http")
 ASK_TIMEOUT_S = 2.0
 #: How long ``hybridq:node:<name>`` outlives the node's last renewal (seconds).
 SEEN_TTL_S = 5
+#: How often two running nodes of one name are reported (seconds).
+CLONE_REPORT_S = 60.0
 #: A lookup request longer than this (bytes) is dropped.
 MAX_ASK = 1024
 #: The longest answer taken (bytes); a longer one is left in Redis (it expires) and is no answer.
@@ -89,6 +92,10 @@ class Peers:
         self._slots = threading.BoundedSemaphore(MAX_ASKING)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="hybridq-peers", daemon=True)
+        #: This process's id in ``hybridq:node:<name>`` (:meth:`_seen`).
+        self.instance = secrets.token_hex(8)
+        self._wrote = False
+        self._reported = -CLONE_REPORT_S
 
     def start(self) -> None:
         """Say this node is up, and begin answering other nodes' lookups (a daemon thread)."""
@@ -97,7 +104,35 @@ class Peers:
         self._thread.start()
 
     def _seen(self) -> None:
-        self.client.set(keys.node_seen(self.node), json.dumps({"seen": time.time()}), ex=SEEN_TTL_S)
+        """Renew ``hybridq:node:<name>``; report another process renewing it too (a cloned journal).
+
+        The key holds this process's instance id. A different one read back after this process
+        wrote it means another live process has the same node name since: its journal is a copy
+        of this one's (every id of one names both). A node killed and restarted is not one: the
+        dead one's key is only overwritten, never written again.
+        """
+        key = keys.node_seen(self.node)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.set(key, json.dumps({"seen": time.time(), "instance": self.instance}), ex=SEEN_TTL_S)
+        before, _ = pipe.execute()
+        try:
+            other = json.loads(before).get("instance") if before else None
+        except (ValueError, AttributeError, RecursionError):
+            other = None
+        clone = self._wrote and other not in (None, self.instance)
+        self._wrote = True
+        if clone and time.monotonic() - self._reported >= CLONE_REPORT_S:
+            self._reported = time.monotonic()
+            log.error(
+                "node name %s is also used by another running node (instance %s; this one is "
+                "%s): its journal is a copy of this one's (a cloned volume), and jobs of each "
+                "read as missing through the other. Stop it, delete node.state in its journal, "
+                "start it again (docs/http.md)",
+                self.node,
+                other,
+                self.instance,
+            )
 
     def stop(self) -> None:
         """Stop answering, within a second."""
@@ -169,9 +204,7 @@ class Peers:
         while not self._stop.is_set():
             try:
                 if time.monotonic() - renewed >= 1.0:
-                    self.client.set(
-                        keys.node_seen(self.node), json.dumps({"seen": time.time()}), ex=SEEN_TTL_S
-                    )
+                    self._seen()
                     renewed = time.monotonic()
                 got = self.client.blpop([keys.node_asks(self.node)], timeout=1)
                 if got is not None:

@@ -387,3 +387,44 @@ def test_lookups_of_a_forged_alive_node_do_not_hold_up_posts(
         server.stop()
         client.close()
     assert answers[503] > 0  # the lookups past the few threads: "busy", at once
+
+
+def test_two_running_nodes_of_one_name_are_reported(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal copied to make a second node (a cloned volume) keeps the first one's name (about 3 s).
+
+    Fails before: nothing said so, and each node's jobs read as missing through the other.
+    """
+    first = Peers(redis_server.url, "0f0f0f0f", lambda _: None)
+    copy = Peers(redis_server.url, "0f0f0f0f", lambda _: None)
+    with caplog.at_level("ERROR", logger="hybridq.http"):
+        first.start()
+        copy.start()
+        try:
+            wait_until(
+                lambda: any("another running node" in m for m in caplog.messages),
+                timeout=10,
+                what="the clone reported",
+            )
+        finally:
+            first.stop()
+            copy.stop()
+    lines = [m for m in caplog.messages if "another running node" in m]  # each sees the other
+    assert 1 <= len(lines) <= 2
+    assert all("node name 0f0f0f0f" in m and "node.state" in m for m in lines)
+
+
+def test_a_node_restarted_after_a_kill_is_not_taken_for_a_copy(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The name's key outlives a killed node by up to 5 s: its successor must not warn (about 3 s)."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(keys.node_seen("0f1f0f1f"), json.dumps({"seen": time.time(), "instance": "dead"}), ex=5)
+    node = Peers(redis_server.url, "0f1f0f1f", lambda _: None)
+    with caplog.at_level("ERROR", logger="hybridq.http"):
+        node.start()
+        time.sleep(2.5)
+        node.stop()
+    client.close()
+    assert not [m for m in caplog.messages if "another running node" in m]

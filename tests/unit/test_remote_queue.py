@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import http.server
 import json
+import shutil
 import socket
 import sys
 import threading
@@ -373,3 +374,28 @@ def test_a_forged_job_state_is_a_one_line_hybridq_error(state: dict[str, object]
     finally:
         hostile.shutdown()
         hostile.server_close()
+
+
+def test_two_nodes_of_one_name_are_reported_and_their_jobs_still_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal copied to make a second node keeps the first one's name (a cloned volume).
+
+    Fails before: a lookup went to whichever node last answered with the name, and the other
+    node's acknowledged jobs read as missing (``None``).
+    """
+    tokens = write_tokens(tmp_path / "tokens", TOKEN)
+    (tmp_path / "a").mkdir()
+    node_name(str(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a, b = Node(tmp_path / "a", tokens), Node(tmp_path / "b", tokens)
+    try:
+        queue = hybridq.Queue("default", url=urls(a, b), token=TOKEN)
+        with caplog.at_level("ERROR", logger="hybridq.client"):
+            jobs = [queue.enqueue("tests.tasks.add", i, i) for i in range(6)]
+        assert all(queue.fetch_job(j.id) is not None for j in jobs)
+    finally:
+        a.stop()
+        b.stop()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridq.client"]  # once
+    assert f"{a.url} and {b.url} both say they are node {node_name(str(a.journal))}" in line
