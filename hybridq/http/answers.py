@@ -12,16 +12,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hybridq.envelope.model import Envelope, Retry
-from hybridq.errors import BadRequest, RecordTooLarge, ResultNotKept
+from hybridq.errors import BadRequest, NoSuchTask, NotAllowed, RecordTooLarge, ResultNotKept
 from hybridq.job import Job
 from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.security import allow
 
-__all__ = ["Forbidden", "check_size", "error", "job_state", "json_only", "retry_of", "stats_body"]
+__all__ = [
+    "MAX_CHECKED_TASKS",
+    "Forbidden",
+    "TaskCheck",
+    "check_size",
+    "error",
+    "job_state",
+    "json_only",
+    "retry_of",
+    "stats_body",
+]
 
 
-def error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The API's error answer: ``{"error": error, "detail": detail}`` (docs/http.md)."""
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+def error(
+    status: int, error: str, detail: str, headers: dict[str, str] | None = None, **more: Any
+) -> JSONResponse:
+    """The API's error answer: ``{"error": error, "detail": detail, **more}`` (docs/http.md)."""
+    return JSONResponse({"error": error, "detail": detail, **more}, status_code=status, headers=headers)
 
 
 class Forbidden(Exception):
@@ -106,3 +119,41 @@ def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
     body["capacity"] = capacity
     body["pending_by_queue"] = out.get("queues", {})
     return body
+
+
+#: Task paths remembered as checked (:meth:`TaskCheck.check`); past it, checked at every POST.
+MAX_CHECKED_TASKS = 4096
+
+
+class TaskCheck:
+    """The tasks a ``POST /v1/jobs`` may name, with the server's ``--allow`` prefixes."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        self.prefixes = prefixes
+        #: Task paths :meth:`check` found runnable (a bounded cache).
+        self._checked: set[str] = set()
+
+    def check(self, path: str) -> None:
+        """Refuse (400) a task the server can tell no worker would run; else leave it to them.
+
+        Where its module is imported here (``--import``, a registered task), the name must exist
+        and pass the workers' own rules (:func:`hybridq.security.allow.resolve`, with this server's
+        prefixes): a typo, or a class whose call runs another module's constructor, would only
+        fail on a worker, or wait there for good. Nothing is imported for the check.
+        """
+        if path in self._checked:
+            return
+        try:
+            if not allow.check_name(path):
+                return  # no module of it here: the workers decide
+            allow.resolve(path, self.prefixes)
+        except (NoSuchTask, NotAllowed) as exc:
+            raise BadRequest(str(exc)) from None
+        if len(self._checked) < MAX_CHECKED_TASKS:
+            self._checked.add(path)
+
+    def allowed(self, path: str) -> bool:
+        """Whether a POST may name ``path``: a registered task, or one under ``--allow``."""
+        if allow.allowed(path):
+            return True
+        return any(p in ("*", path) or path.startswith(p + ".") for p in self.prefixes)

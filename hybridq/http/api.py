@@ -45,12 +45,12 @@ from hybridq.errors import (
     HybridqError,
     JournalIOError,
     NoSuchTask,
-    NotAllowed,
     QueueFull,
     RecordTooLarge,
 )
 from hybridq.http.answers import (
     Forbidden,
+    TaskCheck,
     check_size,
     error,
     job_state,
@@ -74,7 +74,6 @@ from hybridq.http.node import NodeDown, node_name, node_of
 from hybridq.job import fetch_job
 from hybridq.ops.status import stats
 from hybridq.producer.queue import Queue
-from hybridq.security import allow
 
 if TYPE_CHECKING:
     from hybridq.http.peers import Peers
@@ -87,8 +86,6 @@ log = logging.getLogger("hybridq.http")
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
 #: The response header that names the answering node (:mod:`hybridq.http.node`).
 NODE_HEADER = "Hybridq-Node"
-#: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
-MAX_CHECKED_TASKS = 4096
 
 
 def _refuse_constant(name: str) -> Any:
@@ -112,6 +109,8 @@ class Api:
         self.keys = KeyStore(self.journal)
         #: The journal's node name: every id this server makes carries it (hybridq.http.node).
         self.node = node_name(self.journal)
+        #: The header naming it, on every answer about a job.
+        self._named = {NODE_HEADER: self.node}
         #: Lookups of other nodes' jobs through Redis, and answers to theirs (hybridq.http.peers).
         self.peers: Peers | None = None
         if config.peers and config.redis_url is not None:
@@ -123,8 +122,8 @@ class Api:
         self.posts: Counter[int] = Counter()
         self.registry = registry
         self._stats_registry: CollectorRegistry | None = None
-        #: Task paths :meth:`_check_task` found runnable (a bounded cache).
-        self._tasks_checked: set[str] = set()
+        #: Which tasks a POST may name (registered, or under ``--allow``), checked once each.
+        self.tasks = TaskCheck(config.allow)
 
     def routes(self) -> list[BaseRoute]:
         """The API's routes."""
@@ -219,12 +218,12 @@ class Api:
         if not isinstance(task, str):
             raise BadRequest('"task" must be a string: a registered task or a path under --allow')
         path = function_path(task)  # a dotted path, not in __main__
-        if not self._allowed(path):
+        if not self.tasks.allowed(path):
             raise BadRequest(
                 f"task {path!r} is not registered with @hybridq.task in this server nor under "
                 "--allow (docs/http.md)"
             )
-        self._check_task(path)
+        self.tasks.check(path)
         args = body.get("args", [])
         kwargs = body.get("kwargs", {})
         if not isinstance(args, list):
@@ -255,30 +254,6 @@ class Api:
         if queue != env.queue:
             env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
         return env
-
-    def _check_task(self, path: str) -> None:
-        """Refuse (400) a task the server can tell no worker would run; else leave it to them.
-
-        Where its module is imported here (``--import``, a registered task), the name must exist
-        and pass the workers' own rules (:func:`hybridq.security.allow.resolve`, with this server's
-        prefixes): a typo, or a class whose call runs another module's constructor, would only
-        fail on a worker, or wait there for good. Nothing is imported for the check.
-        """
-        if path in self._tasks_checked:
-            return
-        try:
-            if not allow.check_name(path):
-                return  # no module of it here: the workers decide
-            allow.resolve(path, self.config.allow)
-        except (NoSuchTask, NotAllowed) as exc:
-            raise BadRequest(str(exc)) from None
-        if len(self._tasks_checked) < MAX_CHECKED_TASKS:
-            self._tasks_checked.add(path)
-
-    def _allowed(self, path: str) -> bool:
-        if allow.allowed(path):
-            return True
-        return any(p in ("*", path) or path.startswith(p + ".") for p in self.config.allow)
 
     async def _commit(self, env: Envelope) -> str:
         (job,) = await self.committer.enqueue_many_async([env])
@@ -326,7 +301,7 @@ class Api:
         try:
             state = await asyncio.to_thread(read, job_id)
         except Forbidden as exc:
-            return error(403, "forbidden", str(exc), {NODE_HEADER: self.node})
+            return error(403, "forbidden", str(exc), self._named)
         except (HybridqError, OSError) as exc:
             return error(503, "journal_unavailable", str(exc))
         if state is None:
@@ -355,7 +330,7 @@ class Api:
         if node is None or node == self.node:
             return None
         detail = f"job ids http-{node}-... are held by node {node}'s journal: ask that node"
-        return self._answer({"error": "not_found", "detail": detail, "node": node}, 404)
+        return error(404, "not_found", detail, self._named, node=node)
 
     async def _from_peer(self, request: Request) -> Response | None:
         """Another node's job, asked of it through Redis (``None``: not another node's, or no peers)."""
@@ -369,18 +344,17 @@ class Api:
         except EnvelopeError:
             return self._not_found()
         except NodeDown as exc:
-            body = {"error": "node_unavailable", "detail": str(exc), "node": node}
-            return self._answer(body, 503)
+            return error(503, "node_unavailable", str(exc), self._named, node=node)
         if state is None:
             detail = f"node {node} holds no job with this id"
-            return self._answer({"error": "not_found", "detail": detail, "node": node, "asked": True}, 404)
+            return error(404, "not_found", detail, self._named, node=node, asked=True)
         return self._answer(state)
 
     def _not_found(self) -> Response:
-        return self._answer({"error": "not_found", "detail": "no job with this id"}, 404)
+        return error(404, "not_found", "no job with this id", self._named)
 
-    def _answer(self, body: dict[str, Any], status: int = 200) -> Response:
-        return JSONResponse(body, status_code=status, headers={NODE_HEADER: self.node})
+    def _answer(self, body: dict[str, Any]) -> Response:
+        return JSONResponse(body, headers=self._named)
 
     def _job_state(self, job_id: str) -> dict[str, Any] | None:
         job = fetch_job(job_id, self.journal)
