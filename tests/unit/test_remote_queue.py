@@ -399,3 +399,37 @@ def test_two_nodes_of_one_name_are_reported_and_their_jobs_still_found(
         b.stop()
     (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridq.client"]  # once
     assert f"{a.url} and {b.url} both say they are node {node_name(str(a.journal))}" in line
+
+
+def test_a_cancelled_async_enqueue_goes_on_and_its_envelopes_retry_as_one_job(
+    nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote enqueue_async cancelled by its caller goes on (docs/api.md); its envelopes retry as one.
+
+    The same envelopes again are the same key (``hq-<envelope id>``), so one job. About 2 s.
+    Fails before the key was derived from the envelope (a random key per post: two jobs).
+    """
+    a, _ = nodes
+    original = Api._post
+
+    async def late(self: Api, request: Request) -> Response:
+        response = await original(self, request)
+        await asyncio.sleep(0.5)
+        return response
+
+    monkeypatch.setattr(Api, "_post", late)
+    queue = hybridq.Queue("default", url=a.url, token=TOKEN)
+    envs = [queue.prepare("tests.tasks.add", (4, 4))]
+
+    async def cancelled_then_again() -> str:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(queue.enqueue_many_async(envs), 0.1)
+        await asyncio.sleep(0.8)  # its POST went on
+        assert len(job_ids(a.journal)) == 1  # not withdrawn
+        (job,) = await queue.enqueue_many_async(envs)
+        return job.id
+
+    job = asyncio.run(cancelled_then_again())
+    assert job_ids(a.journal) == [job]  # one job
+    (key,) = keys_in(a.journal)
+    assert key.endswith(f":hq-{envs[0].id}")
