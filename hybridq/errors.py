@@ -34,6 +34,8 @@
     ├── JobFailed                   ``job.wait()`` on a job that failed for good, with ``exc_info`` (hybridq)
     ├── JobWaitTimeout (TimeoutError)  ``job.wait(timeout)`` ran out of time (hybridq)
     ├── ResultNotKept               ``job.result`` of a finished job whose result was not kept (hybridq)
+    ├── NodeUnavailable             no ingest node answered, or a job's node did not (hybridq.client)
+    ├── OutcomeUnknown              a remote enqueue maybe written, not acknowledged (hybridq.client)
     ├── (raised by a worker; RQ's failed registry shows them under the job)
     │   ├── NotAllowed              the job names a function this worker may not run (hybridq.security.allow)
     │   ├── NoSuchTask (AttributeError)  its module imports, but has no such function (hybridq.security.allow)
@@ -46,7 +48,9 @@
     │   ├── BodyTooLarge            a request body over the server's cap (413)
     │   ├── BodyTimeout             a request body that did not arrive in time (408)
     │   ├── KeyReused (ValueError)  an Idempotency-Key used before for another call (422)
-    │   └── TokensError (ValueError)  a tokens file that cannot be used (at start: exit 1)
+    │   ├── TokensError (ValueError)  a tokens file that cannot be used (at start: exit 1)
+    │   ├── Forbidden               cancel of a job the token did not enqueue (403; hybridq.http.answers)
+    │   └── NodeDown                a job's node did not answer a lookup through Redis (hybridq.http.node)
     ├── RetryLater                  raised by a task: run me again in N s, no attempt used (hybridq)
     └── Cancelled                   raised in a running task whose job was cancelled (hybridq.cancel)
 
@@ -77,6 +81,7 @@ __all__ = [
     "DuplicateOfFailedJob",
     "EnvelopeError",
     "FileOpError",
+    "Forbidden",
     "HeaderError",
     "HybridqError",
     "InvalidRedisURL",
@@ -92,6 +97,7 @@ __all__ = [
     "KeyReused",
     "MissingExtra",
     "NoSuchTask",
+    "NodeDown",
     "NodeUnavailable",
     "NotAllowed",
     "NotSerializable",
@@ -598,6 +604,14 @@ class KeyReused(HybridqError, ValueError):
 
 class TokensError(HybridqError, ValueError):
     """A tokens file that cannot be used (missing, unreadable, empty, a bad line)."""
+
+
+class Forbidden(HybridqError):
+    """``POST /v1/jobs/{id}/cancel`` of a job the request's token did not enqueue (a 403)."""
+
+
+class NodeDown(HybridqError):
+    """The node that holds a job did not answer a lookup through Redis (:mod:`hybridq.http.peers`)."""
 
 
 class OutcomeUnknown(HybridqError):

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hybridq.envelope.model import Envelope, Retry
-from hybridq.errors import BadRequest, NoSuchTask, NotAllowed, RecordTooLarge, ResultNotKept
+from hybridq.errors import BadRequest, Forbidden, NoSuchTask, NotAllowed, RecordTooLarge, ResultNotKept
 from hybridq.job import Job
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.security import allow
@@ -35,10 +35,6 @@ def error(
 ) -> JSONResponse:
     """The API's error answer: ``{"error": error, "detail": detail, **more}`` (docs/http.md)."""
     return JSONResponse({"error": error, "detail": detail, **more}, status_code=status, headers=headers)
-
-
-class Forbidden(Exception):
-    """A cancel of a job the request's token did not enqueue (403)."""
 
 
 def json_only(request: Request) -> Response | None:

@@ -21,7 +21,7 @@ import os
 import secrets
 
 from hybridq.client.ids import NODE_NAME, node_of
-from hybridq.errors import HybridqError, StateFileCorrupt
+from hybridq.errors import NodeDown, StateFileCorrupt
 from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 
@@ -29,10 +29,6 @@ __all__ = ["NODE_STATE", "NodeDown", "node_name", "node_of"]
 
 #: The state file (``<journal>/node.state``) that holds the journal's node name.
 NODE_STATE = "node"
-
-
-class NodeDown(HybridqError):
-    """The node that holds a job did not answer a lookup through Redis (:mod:`hybridq.http.peers`)."""
 
 
 def node_name(journal: str) -> str:
