@@ -433,3 +433,18 @@ def test_a_cancelled_async_enqueue_goes_on_and_its_envelopes_retry_as_one_job(
     assert job_ids(a.journal) == [job]  # one job
     (key,) = keys_in(a.journal)
     assert key.endswith(f":hq-{envs[0].id}")
+
+
+def test_every_node_silent_is_outcome_unknown_with_the_key() -> None:
+    """A node that took the request and never answered may hold the job: not NodeUnavailable (0.3 s)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts connections (the backlog), never answers
+    try:
+        queue = hybridq.Queue("default", url=f"http://127.0.0.1:{silent.getsockname()[1]}", token=TOKEN)
+        queue.remote = Remote(Nodes(queue.remote.urls, TOKEN, read_timeout=0.2, rounds=1))  # type: ignore[union-attr]
+        with pytest.raises(OutcomeUnknown, match="no answer in time") as err:
+            queue.enqueue("tests.tasks.add", 1, 2, idempotency_key="mine")
+        assert err.value.key == "mine"
+    finally:
+        silent.close()
