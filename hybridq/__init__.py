@@ -12,6 +12,7 @@ from hybridq.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .cancels import CancelResult, cancel
+    from .client.queue import fetch_job
     from .context import CurrentJob, current_job
     from .envelope.model import Envelope, Retry
     from .errors import (
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
         JournalLocked,
         JournalPathError,
         MissingExtra,
+        NodeUnavailable,
         NotSerializable,
+        OutcomeUnknown,
         QueueFull,
         RecordTooLarge,
         ResultNotKept,
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
         StateFileCorrupt,
         TransportError,
     )
-    from .job import Job, fetch_job
+    from .job import Job
     from .journal import Durability
     from .ops.failures import FailedJob, failed_jobs, requeue
     from .ops.status import stats
@@ -69,7 +72,9 @@ __all__ = [
     "JournalLocked",
     "JournalPathError",
     "MissingExtra",
+    "NodeUnavailable",
     "NotSerializable",
+    "OutcomeUnknown",
     "Queue",
     "QueueFull",
     "RecordTooLarge",
@@ -117,7 +122,9 @@ _LAZY = {
     "JournalLocked": ".errors",
     "JournalPathError": ".errors",
     "MissingExtra": ".errors",
+    "NodeUnavailable": ".errors",
     "NotSerializable": ".errors",
+    "OutcomeUnknown": ".errors",
     "Queue": ".producer.queue",
     "QueueFull": ".errors",
     "RecordTooLarge": ".errors",
@@ -132,7 +139,7 @@ _LAZY = {
     "TransportError": ".errors",
     "current_job": ".context",
     "failed_jobs": ".ops.failures",
-    "fetch_job": ".job",
+    "fetch_job": ".client.queue",
     "requeue": ".ops.failures",
     "schedule": ".schedules",
     "stats": ".ops.status",

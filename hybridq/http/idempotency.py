@@ -39,7 +39,17 @@ from hybridq.job import call_fingerprint, fetch_job
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.lookup import reads as lookup
 
-__all__ = ["ID_PREFIX", "MAX_KEY", "KeyReused", "KeyStore", "fingerprint", "key_job_id", "valid_key"]
+__all__ = [
+    "ID_PREFIX",
+    "MAX_KEY",
+    "KeyReused",
+    "KeyStore",
+    "fingerprint",
+    "key_job_id",
+    "owned_by",
+    "scoped_key",
+    "valid_key",
+]
 
 #: The prefix of job ids derived from an ``Idempotency-Key``.
 ID_PREFIX = "http-"
@@ -54,16 +64,34 @@ def valid_key(key: str) -> bool:
     return 0 < len(key) <= MAX_KEY and key.isascii() and key.isprintable()
 
 
-def key_job_id(key: str, scope: str = "") -> str:
+def key_job_id(key: str, scope: str = "", node: str = "") -> str:
     """The job id of the job a POST with ``key`` makes (the same for every retry).
 
     ``scope``: whose key it is (:func:`hybridq.http.auth.token_scope` of the token the POST
     carried; ``""`` without tokens, which derives the id as before keys had scopes): one token's
-    key never names another token's job.
+    key never names another token's job. ``node``: the journal's node name
+    (:func:`hybridq.http.node.node_name`), which the id carries (``http-<node>-<hash>``): the
+    same key retried on another node makes another id there, and the id says where it is.
     """
     material = key.encode() if not scope else b"%s\0%s" % (scope.encode(), key.encode())
     digest = hashlib.blake2b(material, digest_size=16, person=b"hybridq-http-key").hexdigest()
-    return ID_PREFIX + digest
+    return f"{ID_PREFIX}{node}-{digest}" if node else ID_PREFIX + digest
+
+
+def scoped_key(key: str, scope: str) -> str:
+    """The idempotency key the job of a POST carries: ``token-<scope's 16 hex>:<key>``.
+
+    Scoped like the id (:func:`key_job_id`): the forwarder merges jobs of one key, and two
+    tokens' keys differ. ``scope`` ``""`` (no tokens): the key as sent.
+    """
+    return f"token-{scope[:16]}:{key}" if scope else key
+
+
+def owned_by(env: Envelope, scope: str) -> bool:
+    """Whether the job was enqueued over HTTP with a key by the token of ``scope`` (``""``: anyone)."""
+    if not env.id.startswith(ID_PREFIX):
+        return False
+    return not scope or env.idempotency_key.startswith(scoped_key("", scope))
 
 
 def fingerprint(env: Envelope) -> bytes:

@@ -102,8 +102,41 @@ def document(version: str) -> dict[str, Any]:
                     "responses": {
                         "200": _json({"$ref": "#/components/schemas/Job"}, "The job."),
                         "401": _UNAUTHORIZED,
-                        "404": _json(_ERROR, "No job with this id."),
-                        "503": _json(_ERROR, "The journal cannot be read."),
+                        "404": _json(
+                            _ERROR, "No job with this id here; `node` names the node that holds it."
+                        ),
+                        "503": _json(
+                            _ERROR,
+                            "The journal cannot be read, or the node that holds the job is down "
+                            "(node_unavailable).",
+                        ),
+                    },
+                }
+            },
+            "/v1/jobs/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a job (hybridq.cancel): its state, as `hybridq cancel` says it.",
+                    "parameters": [
+                        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {"id": {"type": "string"}, "state": {"type": "string"}},
+                            },
+                            "requested, cancelled, succeeded or failed.",
+                        ),
+                        "401": _UNAUTHORIZED,
+                        "403": _json(
+                            _ERROR,
+                            "Not a job this token enqueued with an Idempotency-Key (forbidden).",
+                        ),
+                        "404": _json(
+                            _ERROR, "No job with this id here; `node` names the node that holds it."
+                        ),
+                        "415": _json(_ERROR, "Not Content-Type: application/json."),
+                        "503": _json(_ERROR, "The journal cannot be read or the request written."),
                     },
                 }
             },
@@ -139,7 +172,9 @@ def document(version: str) -> dict[str, Any]:
                 "get": {
                     "summary": "Liveness (never authenticated).",
                     "security": [],
-                    "responses": {"200": _json({"type": "object"}, '{"ok": true}')},
+                    "responses": {
+                        "200": _json({"type": "object"}, '{"ok": true, "node": "<its node name>"}')
+                    },
                 }
             },
             "/login": {

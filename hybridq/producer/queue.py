@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from hybridq.client.queue import Remote, remote_for
 from hybridq.envelope.model import (
     Envelope,
     Retry,
@@ -32,7 +33,7 @@ from hybridq.envelope.model import (
     validate_queue_name,
 )
 from hybridq.envelope.tagged import tag_call
-from hybridq.errors import EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
+from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
@@ -139,6 +140,10 @@ class Queue:
         default_timeout: job timeout in seconds when a call does not give one.
         default_result_ttl: seconds RQ keeps a result when a call does not say.
         default_retry: retry policy when a call does not give one.
+        url: ingest nodes (``"http://a:8080,http://b:8080"``) to enqueue through instead of a
+            journal (docs/api.md, "A remote queue"); default ``$HYBRIDQ_URL`` when no journal
+            is configured. Needs the ``client`` extra.
+        token: their bearer token; default ``$HYBRIDQ_TOKEN``.
     """
 
     def __init__(
@@ -151,8 +156,16 @@ class Queue:
         default_timeout: float | None = None,
         default_result_ttl: float | None = None,
         default_retry: Retry | None = None,
+        url: str | Sequence[str] | None = None,
+        token: str | None = None,
     ) -> None:
         self.name = validate_queue_name(name)
+        #: The ingest nodes this queue enqueues through, if it has no journal.
+        self.remote: Remote | None = remote_for(url, token, journal)
+        if self.remote is not None and capacity is not None:
+            raise ConfigError(
+                "capacity= is the nodes' own with url= (hybridq serve --capacity): a 429 is QueueFull"
+            )
         if capacity is not None and capacity < 1:
             raise ValueError("capacity must be a positive number of jobs, or None")
         self.capacity = capacity
@@ -177,7 +190,7 @@ class Queue:
         self._from_env: str | None = None
         if journal is not None:
             self._bind(journal)
-        elif os.environ.get("HYBRIDQ_JOURNAL"):
+        elif self.remote is None and os.environ.get("HYBRIDQ_JOURNAL"):
             _ = self.journal
         # else resolved on first use: a module-level Queue() imports in a test (hybridq.testing)
 
@@ -206,6 +219,8 @@ class Queue:
         return path
 
     def __repr__(self) -> str:
+        if self.remote is not None:
+            return f"<hybridq.Queue {self.name!r} url={','.join(self.remote.urls)!r}>"
         return f"<hybridq.Queue {self.name!r} journal={self._journal!r}>"
 
     def enqueue(
@@ -243,6 +258,8 @@ class Queue:
         With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
         first, and the returned jobs hold the signed envelopes.
         """
+        if self.remote is not None and _sink is None:
+            return self.remote.enqueue(jobs)  # each POST waits for its node's fsync
         call = self._encode(jobs)
         sink = _sink
         if sink is not None:
@@ -273,8 +290,11 @@ class Queue:
 
         Cancelled while it waits, the jobs may or may not have been written (as after a
         :class:`~hybridq.errors.JournalIOError`): enqueue them again under the same idempotency
-        keys if it matters.
+        keys if it matters. A remote queue's call is never withdrawn: its POSTs go on in their
+        thread (each job's key is its ``idempotency_key``, else ``hq-<envelope id>``).
         """
+        if self.remote is not None and _sink is None:
+            return await asyncio.to_thread(self.remote.enqueue, list(jobs))  # off the loop
         envelopes, payloads = self._encode(jobs)
         sink = _sink
         if sink is not None:
@@ -412,6 +432,10 @@ class Queue:
             raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
         if retry is not None:
             _check_retry(retry)
+        if job_id is not None and self.remote is not None:
+            raise EnvelopeError(
+                "a remote queue cannot take job_id=: the node makes the id (pass idempotency_key=)"
+            )
         now = time.time()
         job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
         path = task_path(func)
@@ -444,6 +468,9 @@ class Queue:
     def fetch_job(self, job_id: str) -> Job | None:
         """The job with id ``job_id`` in this queue's journal; ``None`` if it holds none.
 
-        See :func:`hybridq.fetch_job` (any queue of the journal: the id names one job).
+        See :func:`hybridq.fetch_job` (any queue of the journal: the id names one job). A remote
+        queue asks the node that holds it.
         """
+        if self.remote is not None:
+            return self.remote.fetch(job_id)
         return fetch_job(job_id, self.journal)

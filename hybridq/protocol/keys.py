@@ -14,6 +14,9 @@ hybridq's own keys:
   harvests them into its durable ledger and then deletes them.
 * ``hybridq:epoch:<owner>`` -- a token the forwarder ``owner`` wrote; gone or different means Redis
   lost state, so everything not durably terminal is forwarded again.
+* ``hybridq:node:<name>``, ``hybridq:node:<name>:asks`` and ``hybridq:node:reply:<token>`` -- an
+  ingest node (``hybridq forward --serve``) says it is alive, takes other nodes' lookups of its
+  jobs, and answers each on a one-off reply key (``hybridq.http.peers``).
 * ``hybridq:waiting`` and ``hybridq:waiting:info`` -- jobs a worker could not run (it cannot
   import the task, or is not configured to allow it) and left for another worker, with why
   (:mod:`hybridq.worker.waiting`); ``status`` and ``doctor`` show them.
@@ -25,11 +28,15 @@ import os
 import re
 
 __all__ = [
+    "NODE_REPLY_PREFIX",
     "PREFIX",
     "RQ_PREFIX",
     "epoch",
     "events",
     "lease",
+    "node_asks",
+    "node_reply",
+    "node_seen",
     "result",
     "rq_intermediate",
     "rq_job",
@@ -105,3 +112,22 @@ def waiting_info() -> str:
 def epoch(owner: str) -> str:
     """The epoch token of one forwarder (its absence means Redis lost state)."""
     return f"{PREFIX}epoch:{owner}"
+
+
+#: The prefix of the one-off keys an ingest node answers another's lookup on.
+NODE_REPLY_PREFIX = f"{PREFIX}node:reply:"
+
+
+def node_seen(node: str) -> str:
+    """Set (with a short expiry) while the ingest node ``node`` runs: gone means it is down."""
+    return f"{PREFIX}node:{node}"
+
+
+def node_asks(node: str) -> str:
+    """The list of lookups other ingest nodes ask ``node`` (JSON: the job id, the reply key)."""
+    return f"{PREFIX}node:{node}:asks"
+
+
+def node_reply(token: str) -> str:
+    """The one-off key a lookup's answer is pushed to (``token``: 32 random hex digits)."""
+    return f"{NODE_REPLY_PREFIX}{token}"

@@ -38,6 +38,8 @@ _REEXPORTED = {
     "hybridq.cron": ["CronError"],
     "hybridq.schedules": ["ScheduleError"],
     "hybridq.forwarder.push": ["Stopped"],
+    "hybridq.http.node": ["NodeDown"],
+    "hybridq.http.answers": ["Forbidden"],
 }
 
 

@@ -25,16 +25,30 @@ def _documented() -> set[tuple[int, str]]:
     return pairs
 
 
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
 def _sent() -> set[tuple[int, str]]:
-    """(status, code) of every call to a module's own ``_error``/``_json(status, error, ...)``."""
+    """(status, code) of every call to a ``f(status, error, ...)`` of hybridq/http (``error``, ``_json``)."""
     pairs = set()
-    for path in (ROOT / "hybridq" / "http").rglob("*.py"):
-        tree = ast.parse(path.read_text(), str(path))
-        senders = {
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in (ROOT / "hybridq" / "http").rglob("*.py")}
+    own = {  # each module's f(status, error, ...)
+        _module(path): {
             node.name
             for node in ast.walk(tree)
             if isinstance(node, ast.FunctionDef)
             and [a.arg for a in node.args.args[:2]] == ["status", "error"]
+        }
+        for path, tree in trees.items()
+    }
+    for path, tree in trees.items():
+        senders = own[_module(path)] | {  # and those it imports (answers.error)
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.name in own.get(node.module or "", set())
         }
         for node in ast.walk(tree):
             if (

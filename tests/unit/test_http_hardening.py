@@ -24,6 +24,7 @@ from hybridq.http import idempotency
 from hybridq.http.app import create_app
 from hybridq.http.auth import COOKIE, SESSION_S, Tokens, session_value
 from hybridq.http.auth import token_scope as _token_scope
+from hybridq.http.node import node_name
 from hybridq.http.server import Server
 from hybridq.transport import MemoryTransport
 
@@ -171,9 +172,10 @@ def test_the_curl_examples_of_the_docs_still_work(journal_dir: Path, tmp_path: P
             )
             assert got.stdout.endswith("\n200"), got.stdout
     # The key without a token names the job it always did; with one, that token's own job.
+    node = node_name(str(journal_dir))
     assert job_ids(journal_dir) == [
-        idempotency.key_job_id("welcome:42"),
-        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token-0123456789")),
+        idempotency.key_job_id("welcome:42", node=node),
+        idempotency.key_job_id("welcome:42", auth_scope("s3cret-token-0123456789"), node),
     ]
 
 
@@ -435,15 +437,15 @@ def test_an_idempotency_key_belongs_to_its_token_and_covers_delay_and_retry(
     assert Counter(job_ids(journal_dir)) == {first.json["id"]: 1, theirs.json["id"]: 1}
 
 
-def test_a_key_without_tokens_derives_the_id_it_always_did(journal_dir: Path) -> None:
-    """No tokens file: one scope, and the same job id as before keys were scoped (upgrades)."""
+def test_a_key_without_tokens_derives_the_id_from_the_key_under_the_node_name(journal_dir: Path) -> None:
+    """No tokens file: one scope; the id is the key's hash under the journal's node name."""
     with served(config(journal_dir)) as base:
         got = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "order-42"})
-    assert (
-        got.json["id"]
-        == "http-"
-        + __import__("hashlib").blake2b(b"order-42", digest_size=16, person=b"hybridq-http-key").hexdigest()
+    digest = (
+        __import__("hashlib").blake2b(b"order-42", digest_size=16, person=b"hybridq-http-key").hexdigest()
     )
+    assert got.json["id"] == f"http-{node_name(str(journal_dir))}-{digest}"
+    assert got.headers["hybridq-node"] == node_name(str(journal_dir))
 
 
 # -- tokens: length, file mode, guesses (issue 27: a 2-letter token fell in 442 tries) ------------
