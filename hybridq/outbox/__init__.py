@@ -59,6 +59,7 @@ class _Validator(Queue):
         self.default_timeout = None
         self.default_result_ttl = None
         self.default_retry = None
+        self.remote = None  # never remote: it only prepares
 
 
 class Outbox:

@@ -261,8 +261,7 @@ class Run:
     deferred_end: bool = False
     #: When the task started (wall clock): the completion event reports it.
     started: float | None = None
-    #: The run's trace span, from :func:`begin` to :func:`conclude` (``None`` untraced).
-    span: Any = None
+    span: Any = None  # the run's trace span, from begin() to conclude() (None: untraced)
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:

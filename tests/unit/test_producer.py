@@ -68,7 +68,7 @@ def test_delay_and_run_at_become_an_absolute_time(journal_dir: Path) -> None:
     ("call", "error"),
     [
         (lambda q: q.enqueue(tasks.add, object()), NotSerializable),
-        (lambda q: q.enqueue(tasks.add, {1, 2}), TypeError),
+        (lambda q: q.enqueue(tasks.add, 1j), TypeError),  # a set is a tagged value now (docs/api.md)
         (lambda q: q.enqueue(lambda: None), EnvelopeError),
         (lambda q: q.enqueue("no_dots"), ValueError),
         (lambda q: q.enqueue(tasks.add, job_id="bad id"), EnvelopeError),
