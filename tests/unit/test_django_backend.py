@@ -8,10 +8,12 @@ Each test runs one child process (Django's settings are per process): about 0.5 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -71,7 +73,20 @@ def error_of(call):
 
 def emit(**out):
     print(json.dumps(out))
+
+def ready():  # the journal directory and the outbox table, as a deployment makes them
+    os.makedirs(J, mode=0o700)
+    call_command("hybridq_outbox_init", verbosity=0)
 """
+
+
+Project = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def project(tmp_path: Path, subprocess_env: dict[str, str]) -> Project:
+    """``project(body, options=..., database=...)``: :func:`run` in this test's directory."""
+    return functools.partial(run, tmp_path, subprocess_env)
 
 
 def run(tmp_path: Path, env: dict[str, str], body: str, **config: Any) -> dict[str, Any]:
@@ -116,16 +131,11 @@ def run(tmp_path: Path, env: dict[str, str], body: str, **config: Any) -> dict[s
     return out
 
 
-def test_get_result_names_only_jobs_the_worker_would_run(
-    tmp_path: Path, subprocess_env: dict[str, str]
-) -> None:
+def test_get_result_names_only_jobs_the_worker_would_run(project: Project, tmp_path: Path) -> None:
     """Another function's job shaped like ours, and paths the worker refuses: no job of ours."""
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
-        os.makedirs(J, mode=0o700)
-        call_command("hybridq_outbox_init", verbosity=0)
+        ready()
         q = Queue("default", journal=J)
         ids = {
             "other_function": q.enqueue_call("some.other.func", ("myapp.tasks.add", [1, 2], {})).id,
@@ -151,13 +161,9 @@ def test_get_result_names_only_jobs_the_worker_would_run(
     assert not (tmp_path / "imported").exists()  # nothing the worker refuses was imported
 
 
-def test_a_missing_journal_directory_is_refused_not_made(
-    tmp_path: Path, subprocess_env: dict[str, str]
-) -> None:
+def test_a_missing_journal_directory_is_refused_not_made(project: Project) -> None:
     """A host without the journal must not write one of its own that no forwarder reads."""
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
         emit(error=error_of(lambda: add.enqueue(1, 2)), made=os.path.exists(J))
         """,
@@ -169,16 +175,11 @@ def test_a_missing_journal_directory_is_refused_not_made(
     assert out["made"] is False
 
 
-def test_autocommit_off_in_databases_joins_the_transaction(
-    tmp_path: Path, subprocess_env: dict[str, str]
-) -> None:
+def test_autocommit_off_in_databases_joins_the_transaction(project: Project) -> None:
     """``AUTOCOMMIT: False``: the first enqueue, before any connection, is in the transaction too."""
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
-        os.makedirs(J, mode=0o700)
-        call_command("hybridq_outbox_init", verbosity=0)
+        ready()
         connection.commit()
         connection.close()
         first = add.enqueue(1, 2).id  # no connection open yet
@@ -194,7 +195,7 @@ def test_autocommit_off_in_databases_joins_the_transaction(
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_get_result_errors_are_one_line(
-    database: str, request: pytest.FixtureRequest, tmp_path: Path, subprocess_env: dict[str, str]
+    database: str, request: pytest.FixtureRequest, project: Project
 ) -> None:
     """No outbox table (inside atomic() too: the caller's transaction goes on), an unreadable journal.
 
@@ -207,17 +208,14 @@ def test_get_result_errors_are_one_line(
         entry = {"ENGINE": "django.db.backends.postgresql", "NAME": url.path.lstrip("/"), "HOST": host}
         entry.update({"USER": url.username} if url.username else {})
         entry.update({"PORT": str(url.port)} if url.port else {})
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
         no_table = error_of(lambda: backend.get_result("nope"))
         with transaction.atomic():
             in_atomic = error_of(lambda: backend.get_result("nope"))
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")  # the transaction is still usable
-        os.makedirs(J, mode=0o700)
-        call_command("hybridq_outbox_init", verbosity=0)
+        ready()
         job_id = add.enqueue(1, 2).id
         os.rename(J, J + ".real")
         os.symlink(J + ".real", J)  # a journal hybridq refuses to follow (JournalPathError)
@@ -233,14 +231,11 @@ def test_get_result_errors_are_one_line(
     assert not any("\n" in line for line in out.values())
 
 
-def test_a_task_enqueued_on_hybridq_with_using_runs(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+def test_a_task_enqueued_on_hybridq_with_using_runs(project: Project) -> None:
     """``task.using(backend="default")`` of a task declared for another backend: the job's alias counts."""
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
-        os.makedirs(J, mode=0o700)
-        call_command("hybridq_outbox_init", verbosity=0)
+        ready()
         from hybridq.contrib.django.run import run_task
         job = elsewhere.using(backend="default").enqueue(5)
         env = fetch_job(job.id, J).envelope
@@ -256,11 +251,9 @@ def test_a_task_enqueued_on_hybridq_with_using_runs(tmp_path: Path, subprocess_e
     assert out["result"] == "default"
 
 
-def test_default_allow_is_the_project_apps_only(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+def test_default_allow_is_the_project_apps_only(project: Project) -> None:
     """Without ``allow``: apps under BASE_DIR (not a third-party app); private parts refused anywhere."""
-    out = run(
-        tmp_path,
-        subprocess_env,
+    out = project(
         """
         from hybridq.contrib.django.config import allowed_prefixes, check_task_path
         emit(prefixes=list(allowed_prefixes()),
