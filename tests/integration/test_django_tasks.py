@@ -51,6 +51,8 @@ class Shop:
     def __init__(self, tmp_path: Path, db: str, redis_url: str, env: dict[str, str]) -> None:
         self.tmp_path = tmp_path
         self.journal = tmp_path / "journal"
+        # The deployment makes it (enqueue refuses a missing one: no journal nobody forwards).
+        self.journal.mkdir(mode=0o700)
         self.effects = tmp_path / "effects.log"
         self.gate = tmp_path / "first-run-hangs"
         self.env = {

@@ -16,23 +16,39 @@ and its keyword arguments; the worker resolves the path to the framework's ``Tas
 from __future__ import annotations
 
 import datetime as dt
+import importlib
+import os
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
 
-from hybridq.contrib.django.compat import BaseTaskBackend, InvalidTask, Task, TaskResult, signals
-from hybridq.contrib.django.config import Options, parse_options
+from hybridq.contrib.django.compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskResult,
+    signals,
+    task_backends,
+)
+from hybridq.contrib.django.config import (
+    KEY_PREFIX,
+    RUN_PATH,
+    Options,
+    check_task_path,
+    parse_options,
+    queues_of,
+)
 from hybridq.contrib.django.results import pending_result, read_result
 from hybridq.envelope.model import new_job_id, validate_queue_name
-from hybridq.errors import EnvelopeError, NotSerializable
+from hybridq.errors import EnvelopeError, NotAllowed, NotSerializable
 from hybridq.outbox import Outbox
 from hybridq.producer.queue import Queue
 
-__all__ = ["RUN_PATH", "HybridqBackend"]
+__all__ = ["RUN_PATH", "HybridqBackend", "resolve_task"]
 
-#: The function every job of this backend names: the worker-side entry point.
-RUN_PATH = "hybridq.contrib.django.run.run_task"
 #: The meta key holding the task's priority (hybridq's envelope has no priority of its own).
 PRIORITY_META = "django_priority"
 
@@ -52,6 +68,7 @@ class HybridqBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        queues_of(params)  # QUEUES=[] is refused: the framework would take any queue, no worker would
         super().__init__(alias, params)
         self.config: Options = parse_options(self.options)
         self.outbox = Outbox(self.config.outbox_table)
@@ -68,8 +85,27 @@ class HybridqBackend(BaseTaskBackend):
     def _queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = Queue(name, journal=self.config.journal)
+            queue = self._queues[name] = Queue(name, journal=self._journal())
         return queue
+
+    def _journal(self) -> str:
+        """The journal directory, which must exist: ImproperlyConfigured (one line) otherwise.
+
+        A missing one is not made: a host without the journal (a web host, or a worker host
+        whose task enqueues a sub-task) would write jobs into a journal of its own that no
+        forwarder reads (docs/django.md, "Where the journal is").
+        """
+        path = self.config.journal or os.environ.get("HYBRIDQ_JOURNAL")
+        setting = f"TASKS[{self.alias!r}]['OPTIONS']['journal']"
+        if not path:
+            raise ImproperlyConfigured(f"hybridq backend: {setting} (or $HYBRIDQ_JOURNAL) is not set")
+        if not os.path.isdir(path):
+            raise ImproperlyConfigured(
+                f"hybridq backend: the journal directory {path!r} ({setting}) does not exist; "
+                "start manage.py hybridq_forward on this host first (it makes it), or set "
+                "OPTIONS['always_outbox'] on a host without the journal"
+            )
+        return path
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Enqueue ``task(*args, **kwargs)``: in the open transaction's outbox, else in the journal."""
@@ -79,7 +115,7 @@ class HybridqBackend(BaseTaskBackend):
             "job_id": job_id,
             # The task's path rides in the key too: it outlives the arguments once the job's
             # journal segment is compacted, so get_result still finds the Task then.
-            "idempotency_key": f"django:{task.module_path}:{job_id}",
+            "idempotency_key": f"{KEY_PREFIX}{task.module_path}:{job_id}",
             "description": task.module_path,
             "meta": {PRIORITY_META: task.priority},
         }
@@ -89,13 +125,17 @@ class HybridqBackend(BaseTaskBackend):
         # refuses what it cannot, before anything is written; the job carries what it shows.
         result = pending_result(task, job_id, args, kwargs, self.alias, enqueued_at=timezone.now())
         call = (task.module_path, result.args, result.kwargs)
+        # The alias it is enqueued on (task.using(backend=...)): the worker checks that one.
+        run_kwargs = {"backend": self.alias}
         conn = connections[self.config.database]
         try:
             if _in_transaction(conn) or self.config.always_outbox:
                 conn.ensure_connection()
-                self.outbox.enqueue(conn.connection, RUN_PATH, *call, queue=task.queue_name, **options)
+                self.outbox.enqueue(
+                    conn.connection, RUN_PATH, *call, queue=task.queue_name, **run_kwargs, **options
+                )
             else:
-                self._queue(task.queue_name).enqueue_call(RUN_PATH, call, None, **options)
+                self._queue(task.queue_name).enqueue_call(RUN_PATH, call, run_kwargs, **options)
         except NotSerializable as exc:  # name the task, not the entry point every job shares
             raise NotSerializable(
                 str(exc).replace(f"job {RUN_PATH}", f"task {task.module_path}", 1)
@@ -104,39 +144,55 @@ class HybridqBackend(BaseTaskBackend):
         return result
 
     def check(self, **kwargs: Any) -> list[Any]:
-        """Django's system checks (``manage.py check``, every command's start): the database."""
-        from django.conf import settings  # noqa: PLC0415
+        """Django's system checks (``manage.py check``, every command's start): the database.
+
+        E001: ``database`` names no ``DATABASES`` entry; E002: its vendor is not SQLite or
+        PostgreSQL (GeoDjango's engines count as theirs); E003: PostgreSQL through psycopg2,
+        whose connection the outbox cannot write on (it needs psycopg 3).
+        """
         from django.core import checks  # noqa: PLC0415
 
         found = list(super().check(**kwargs))
-        database = settings.DATABASES.get(self.config.database)
-        if database is None:
-            found.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]: OPTIONS['database'] names {self.config.database!r}, "
-                    "which DATABASES lacks",
-                    id="hybridq_django.E001",
-                )
-            )
-        elif not str(database.get("ENGINE", "")).endswith(("sqlite3", "postgresql")):
-            found.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]: the outbox supports SQLite and PostgreSQL, not "
-                    f"{database.get('ENGINE')!r}",
-                    id="hybridq_django.E002",
-                )
-            )
+        name = self.config.database
+        where = f"TASKS[{self.alias!r}]: OPTIONS['database'] {name!r}"
+        if name not in settings.DATABASES:
+            return [*found, checks.Error(f"{where} is not in DATABASES", id="hybridq_django.E001")]
+        try:
+            vendor = connections[name].vendor
+        except (ImproperlyConfigured, ImportError) as exc:  # an engine Django cannot load
+            vendor = str(exc).splitlines()[0]
+        if vendor not in ("sqlite", "postgresql"):
+            message = f"{where}: the outbox supports SQLite and PostgreSQL, not {vendor!r}"
+            found.append(checks.Error(message, id="hybridq_django.E002"))
+        elif vendor == "postgresql" and not _psycopg3():
+            message = f"{where}: the outbox needs psycopg 3 (pip install 'psycopg[binary]'), not psycopg2"
+            found.append(checks.Error(message, id="hybridq_django.E003"))
         return found
 
     def get_result(self, result_id: str) -> TaskResult:
         """The job's ``TaskResult`` (TaskResultDoesNotExist if no job has this id)."""
-        return read_result(self, result_id)
+        return read_result(self, result_id, resolve_task)
 
 
 def _in_transaction(conn: Any) -> bool:
-    """Whether ``conn`` has a transaction open: ``atomic()``, or autocommit turned off by hand."""
-    # No connection open: no transaction either (get_autocommit() would connect to ask).
-    return bool(conn.in_atomic_block) or (conn.connection is not None and not conn.autocommit)
+    """Whether ``conn`` has a transaction open: ``atomic()``, or autocommit turned off.
+
+    Autocommit is off by hand (``set_autocommit(False)``), or for every connection of a database
+    whose ``DATABASES`` entry says ``"AUTOCOMMIT": False``: then a connection not open yet opens
+    in a transaction, and the job must wait for its commit too (get_autocommit() would connect).
+    """
+    if conn.in_atomic_block:
+        return True
+    if conn.connection is None:
+        return conn.settings_dict.get("AUTOCOMMIT", True) is False
+    return not conn.autocommit
+
+
+def _psycopg3() -> bool:
+    """Whether Django's PostgreSQL backend runs on psycopg 3 (it takes psycopg2 when 3 is missing)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3  # noqa: PLC0415
+
+    return bool(is_psycopg3)
 
 
 def _timestamp(when: dt.datetime) -> float:
@@ -144,3 +200,29 @@ def _timestamp(when: dt.datetime) -> float:
     if timezone.is_naive(when):
         when = timezone.make_aware(when)
     return when.timestamp()
+
+
+def resolve_task(path: object, alias: object = None) -> Task:
+    """The ``Task`` at ``path``, as enqueued on backend ``alias``; NotAllowed (one line) otherwise.
+
+    The worker runs what this returns and ``get_result`` names it, so both check alike: the
+    path first, before anything is imported (:func:`~hybridq.contrib.django.config.check_task_path`),
+    then that the object there is the framework's ``Task`` at exactly that path, and that the
+    backend the job was enqueued on (default: the one the task was declared with) is a hybridq
+    backend of this project's ``TASKS``.
+    """
+    module = check_task_path(path)
+    found = getattr(importlib.import_module(module), str(path).rpartition(".")[2], None)
+    if not isinstance(found, Task) or found.module_path != path:
+        raise NotAllowed(f"{path!r} is not a task made with @task")
+    alias = found.backend if alias is None else alias
+    if not isinstance(alias, str) or alias not in getattr(settings, "TASKS", {}):
+        raise NotAllowed(f"task {path!r} names backend {alias!r}, which TASKS lacks")
+    if not isinstance(task_backends[alias], HybridqBackend):
+        raise NotAllowed(f"task {path!r} belongs to backend {alias!r}, which is not hybridq's")
+    if alias == found.backend:
+        return found
+    try:
+        return found.using(backend=alias)
+    except (InvalidTask, ImproperlyConfigured) as exc:
+        raise NotAllowed(f"task {path!r} on backend {alias!r}: {exc}") from None

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import connections
 
-from hybridq.contrib.django.config import Options, outbox_dsn, parse_options
+from hybridq.contrib.django.config import Options, outbox_dsn, parse_options, queues_of
 
 __all__ = ["add_common_arguments", "backend_settings", "database_dsn", "run_hybridq"]
 
@@ -51,14 +51,14 @@ def backend_settings(alias: str) -> tuple[Options, list[str]]:
     params = getattr(settings, "TASKS", {}).get(alias)
     if not isinstance(params, dict) or not str(params.get("BACKEND", "")).startswith(BACKEND_PREFIX):
         raise CommandError(f"TASKS[{alias!r}] is not a hybridq backend ({BACKEND_PREFIX}.HybridqBackend)")
-    return parse_options(params.get("OPTIONS", {})), list(params.get("QUEUES", ["default"]))
+    return parse_options(params.get("OPTIONS", {})), queues_of(params)
 
 
 def database_dsn(options: Options) -> str:
     """The outbox DSN of the backend's database (``OPTIONS['database']``)."""
     if options.database not in settings.DATABASES:
         raise CommandError(f"OPTIONS['database'] names {options.database!r}, which DATABASES lacks")
-    return outbox_dsn(settings.DATABASES[options.database])
+    return outbox_dsn(settings.DATABASES[options.database], connections[options.database].vendor)
 
 
 def run_hybridq(argv: list[str]) -> NoReturn:

@@ -16,9 +16,25 @@ from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
+from hybridq.errors import NotAllowed
 from hybridq.outbox.schema import DEFAULT_TABLE, validate_table
 
-__all__ = ["Options", "allowed_prefixes", "outbox_dsn", "parse_options", "under"]
+__all__ = [
+    "KEY_PREFIX",
+    "RUN_PATH",
+    "Options",
+    "allowed_prefixes",
+    "check_task_path",
+    "outbox_dsn",
+    "parse_options",
+    "queues_of",
+    "under",
+]
+
+#: The function every job of the backend names: the worker-side entry point.
+RUN_PATH = "hybridq.contrib.django.run.run_task"
+#: How a job of the backend's idempotency key starts: ``django:<task path>:<job id>``.
+KEY_PREFIX = "django:"
 
 #: The keys ``OPTIONS`` may hold; any other is a typo, refused at start.
 KNOWN = frozenset({"journal", "redis_url", "allow", "database", "outbox_table", "always_outbox"})
@@ -32,7 +48,8 @@ class Options:
         journal: the journal directory (``None``: ``$HYBRIDQ_JOURNAL``).
         redis_url: the Redis the forwarder and workers use (``None``: ``$HYBRIDQ_REDIS_URL``,
             else hybridq's default).
-        allow: module prefixes whose tasks a worker may run (empty: the project's apps).
+        allow: module prefixes whose tasks a worker may run (empty: the project's apps under
+            ``BASE_DIR``).
         database: the Django database alias whose transactions the outbox joins.
         outbox_table: the outbox table's name.
         always_outbox: enqueue through the outbox outside ``atomic()`` too (autocommit: the
@@ -76,62 +93,127 @@ def parse_options(raw: Mapping[str, Any]) -> Options:
         allow=tuple(allow),
         database=raw.get("database", "default"),
         outbox_table=table,
-        always_outbox=bool(raw.get("always_outbox", False)),
+        always_outbox=_bool(raw, "always_outbox"),
     )
 
 
-def outbox_dsn(database: Mapping[str, Any]) -> str:
+def _bool(raw: Mapping[str, Any], name: str) -> bool:
+    """``raw[name]`` if a bool (default False): ``"false"`` is truthy, so a string is refused."""
+    value = raw.get(name, False)
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(f"hybridq backend: OPTIONS[{name!r}] must be True or False, not {value!r}")
+    return value
+
+
+def queues_of(params: Mapping[str, Any]) -> list[str]:
+    """A backend's ``QUEUES`` (default ``["default"]``); an empty list is refused.
+
+    The framework reads ``[]`` as "any queue name", but a worker has to be told which queues to
+    work on: a queue nobody works on would hold its jobs for ever.
+    """
+    queues = params.get("QUEUES", ["default"])
+    if isinstance(queues, str) or not isinstance(queues, Sequence) or not queues:
+        raise ImproperlyConfigured(
+            "hybridq backend: QUEUES must be a non-empty list of queue names (the queues workers work on)"
+        )
+    return list(queues)
+
+
+#: ``DATABASES[...]["OPTIONS"]`` keys Django itself reads (not libpq's): kept out of the DSN.
+DJANGO_ONLY_OPTIONS = frozenset(
+    {"assume_role", "isolation_level", "pool", "server_side_binding", "cursor_factory"}
+)
+
+
+def outbox_dsn(database: Mapping[str, Any], vendor: str) -> str:
     """The DSN ``hybridq forward --outbox`` reads the outbox of a ``DATABASES`` entry with.
 
-    SQLite: ``sqlite:///`` and the file's absolute path. PostgreSQL: a ``postgresql://`` URL
-    with its user, password, host (a socket directory goes in ``?host=``), port and name.
-    Anything else raises ImproperlyConfigured: the outbox supports these two.
+    ``vendor`` is the connection's (``connections[alias].vendor``), so GeoDjango's engines
+    (SpatiaLite, PostGIS) count as the database they are. SQLite: ``sqlite:///`` and the
+    file's absolute path. PostgreSQL: a ``postgresql://`` URL with its user, password, host (a
+    socket directory, or none: ``?host=``), port and name, and the entry's libpq ``OPTIONS``
+    (``sslmode``, ...) as query parameters. Anything else raises ImproperlyConfigured.
     """
-    engine = str(database.get("ENGINE", ""))
     name = database.get("NAME")
-    if engine.endswith("sqlite3"):
+    if vendor == "sqlite":
         if not name or str(name) == ":memory:" or str(name).startswith("file:"):
             raise ImproperlyConfigured("hybridq: the outbox needs an SQLite database file, not memory")
         return "sqlite:///" + str(Path(name).resolve())
-    if engine.endswith("postgresql"):
+    if vendor == "postgresql":
         user, password = database.get("USER") or "", database.get("PASSWORD") or ""
         host, port = str(database.get("HOST") or ""), str(database.get("PORT") or "")
         auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
-        where = "" if not host or host.startswith("/") else quote(host, safe="")
-        where += f":{port}" if port and where else ""
-        query = f"?host={quote(host, safe='/')}" if host.startswith("/") else ""
-        if host.startswith("/") and port:
-            query += f"&port={port}"
-        return f"postgresql://{auth}{'@' if auth else ''}{where}/{quote(str(name or ''), safe='')}{query}"
+        tcp = bool(host) and not host.startswith("/")
+        where = quote(host, safe="") + (f":{port}" if port else "") if tcp else ""
+        query: dict[str, str] = {} if tcp else {k: v for k, v in (("host", host), ("port", port)) if v}
+        options = database.get("OPTIONS") or {}
+        query.update((str(k), str(v)) for k, v in options.items() if k not in DJANGO_ONLY_OPTIONS)
+        params = "&".join(f"{quote(k, safe='')}={quote(v, safe='/')}" for k, v in query.items())
+        return (
+            f"postgresql://{auth}{'@' if auth else ''}{where}/{quote(str(name or ''), safe='')}"
+            f"{'?' if params else ''}{params}"
+        )
     raise ImproperlyConfigured(
-        f"hybridq: the outbox supports SQLite and PostgreSQL databases, not {engine or 'no ENGINE'!r}"
+        f"hybridq: the outbox supports SQLite and PostgreSQL databases, not {vendor or 'no ENGINE'!r}"
     )
 
 
 def allowed_prefixes() -> tuple[str, ...]:
     """The module prefixes whose ``@task`` functions hybridq may run or name in a result.
 
-    Every hybridq backend's ``allow``; a backend without one allows the project's own apps
-    (``INSTALLED_APPS`` less Django's, the backport's and hybridq's). Read from the settings,
-    so the worker and the web process agree.
+    Every hybridq backend's ``allow``; a backend without one allows the project's own apps:
+    those whose code is under ``settings.BASE_DIR`` (not in a ``site-packages``: a virtualenv
+    inside the project holds third-party apps, which are not the project's), less Django's, the
+    backport's and hybridq's. Read from the settings, so the worker and the web process agree.
     """
-    from django.apps import apps  # noqa: PLC0415 - needs Django set up, unlike the rest
-    from django.conf import settings  # noqa: PLC0415
+    from django.conf import settings  # noqa: PLC0415 - needs Django set up, unlike the rest
 
     prefixes: list[str] = []
     for params in getattr(settings, "TASKS", {}).values():
         if not str(params.get("BACKEND", "")).startswith("hybridq.contrib.django"):
             continue
         allow = parse_options(params.get("OPTIONS", {})).allow
-        prefixes.extend(
-            allow
-            or (
-                config.name
-                for config in apps.get_app_configs()
-                if not config.name.startswith(("django.", "django_tasks", "hybridq."))
-            )
-        )
+        prefixes.extend(allow or _project_apps(getattr(settings, "BASE_DIR", None)))
     return tuple(dict.fromkeys(prefixes))
+
+
+def _project_apps(base_dir: object) -> list[str]:
+    """The installed apps whose code is in the project (under ``base_dir``); none without it."""
+    from django.apps import apps  # noqa: PLC0415
+
+    if not isinstance(base_dir, str | os.PathLike):
+        return []
+    base = Path(base_dir).resolve()
+    found = []
+    for config in apps.get_app_configs():
+        path = Path(config.path).resolve()
+        if (
+            path.is_relative_to(base)
+            and not {"site-packages", "dist-packages"} & set(path.parts)
+            and not config.name.startswith(("django.", "django_tasks", "hybridq."))
+        ):
+            found.append(config.name)
+    return found
+
+
+def check_task_path(path: object) -> str:
+    """The module of the task path ``path``, checked before anything is imported.
+
+    One rule for the worker (what a job may run) and ``get_result`` (what a result may name):
+    dotted identifiers, no private name or dunder in any part (``shop._x.tasks.f``,
+    ``shop.__main__.f``), the module under an allowed prefix. NotAllowed (one line) otherwise.
+    """
+    parts = path.split(".") if isinstance(path, str) else []
+    if len(parts) < 2 or not all(part.isidentifier() and not part.startswith("_") for part in parts):
+        raise NotAllowed(f"{path!r} is not a Django task path")
+    module = path.rpartition(".")[0] if isinstance(path, str) else ""
+    prefixes = allowed_prefixes()
+    if not under(module, prefixes):
+        raise NotAllowed(
+            f"Django task {path!r} is not under an allowed prefix ({', '.join(prefixes) or 'none'}); "
+            "add its module to the hybridq backend's OPTIONS['allow']"
+        )
+    return module
 
 
 def under(module: str, prefixes: Sequence[str]) -> bool:

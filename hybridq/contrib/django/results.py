@@ -12,11 +12,12 @@ import builtins
 import contextlib
 import datetime as dt
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connections
-from django.utils.module_loading import import_string
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, transaction
 
 from hybridq.contrib.django.compat import (
     Task,
@@ -26,10 +27,11 @@ from hybridq.contrib.django.compat import (
     TaskResultStatus,
     set_field,
 )
-from hybridq.contrib.django.config import allowed_prefixes, under
+from hybridq.contrib.django.config import KEY_PREFIX, RUN_PATH
 from hybridq.envelope.model import Envelope
-from hybridq.errors import EnvelopeError, ResultNotKept
+from hybridq.errors import EnvelopeError, JournalError, NotAllowed, ResultNotKept
 from hybridq.job import Job, fetch_job
+from hybridq.outbox.schema import first_line
 
 if TYPE_CHECKING:
     from hybridq.contrib.django.backend import HybridqBackend
@@ -70,7 +72,12 @@ def pending_result(
     )
 
 
-def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
+#: What finds a job's Task: :func:`hybridq.contrib.django.backend.resolve_task`, the worker's
+#: own check (passed in: it needs the backend's class, a layer above this module).
+Resolver = Callable[[object, object], Task]
+
+
+def read_result(backend: HybridqBackend, result_id: str, resolve: Resolver) -> TaskResult:
     """The result of job ``result_id``, from the journal's lookup and ledger, else from the outbox."""
     if not isinstance(result_id, str) or not result_id:
         raise TaskResultDoesNotExist(result_id)
@@ -78,7 +85,7 @@ def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
     if job is None:
         env = _in_outbox(backend, result_id)
         if env is not None:
-            task, args, kwargs = _call_of(env)
+            task, args, kwargs = _call_of(env, resolve)
             return pending_result(
                 task, env.id, args, kwargs, backend.alias, enqueued_at=_time(env.created_at)
             )
@@ -87,7 +94,7 @@ def read_result(backend: HybridqBackend, result_id: str) -> TaskResult:
         job = _in_journal(backend, result_id)
         if job is None:
             raise TaskResultDoesNotExist(result_id)
-    task, args, kwargs = _call_of(job.envelope)
+    task, args, kwargs = _call_of(job.envelope, resolve)
     return _from_job(job, task, args, kwargs, backend.alias)
 
 
@@ -95,10 +102,18 @@ def _in_journal(backend: HybridqBackend, job_id: str) -> Job | None:
     """The job in the journal, if a journal is configured and made yet.
 
     A host that only writes to the outbox may have none; nor is there one before the first
-    direct enqueue or the forwarder's start: then only the outbox can hold the job.
+    direct enqueue or the forwarder's start: then only the outbox can hold the job. A journal
+    this process cannot read is ImproperlyConfigured, in one line.
     """
     path = backend.config.journal or os.environ.get("HYBRIDQ_JOURNAL")
-    return fetch_job(job_id, path) if path and os.path.isdir(path) else None
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        return fetch_job(job_id, path)
+    except (JournalError, OSError) as exc:
+        raise ImproperlyConfigured(
+            f"hybridq backend {backend.alias!r}: cannot read the journal {path!r}: {first_line(exc)}"
+        ) from None
 
 
 def _from_job(job: Job, task: Task, args: Any, kwargs: Any, alias: str) -> TaskResult:
@@ -122,38 +137,54 @@ def _from_job(job: Job, task: Task, args: Any, kwargs: Any, alias: str) -> TaskR
     return result
 
 
-def _call_of(env: Envelope) -> tuple[Task, list[Any], dict[str, Any]]:
-    """The Task, args and kwargs a job of this backend carries (TaskResultDoesNotExist for others)."""
-    path: Any = None
+def _call_of(env: Envelope, resolve: Resolver) -> tuple[Task, list[Any], dict[str, Any]]:
+    """The Task, args and kwargs a job of this backend carries (TaskResultDoesNotExist for others).
+
+    A job of this backend names :data:`RUN_PATH` and has a ``django:<path>:<id>`` key; its Task
+    is found as the worker finds it (nothing a worker would refuse is imported here either).
+    """
+    key_path, _, key_id = env.idempotency_key.removeprefix(KEY_PREFIX).rpartition(":")
+    if env.func != RUN_PATH or not env.idempotency_key.startswith(KEY_PREFIX) or key_id != env.id:
+        raise TaskResultDoesNotExist(env.id)
+    path: Any = key_path
     args: Any = []
     kwargs: Any = {}
-    if len(env.args) == 3:
+    alias: Any = None
+    if env.args:  # a compacted job's arguments are gone; its key stays
+        if len(env.args) != 3:
+            raise TaskResultDoesNotExist(env.id)
         path, args, kwargs = env.args
-    elif env.idempotency_key.startswith("django:"):  # compacted: the arguments are gone, the key stays
-        path = env.idempotency_key.split(":")[1]
-    task = _task_at(path) if isinstance(path, str) else None
-    if task is None or not isinstance(args, list) or not isinstance(kwargs, dict):
+        alias = env.kwargs.get("backend")
+    if path != key_path or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise TaskResultDoesNotExist(env.id)
+    try:
+        task = resolve(path, alias)
+    except (NotAllowed, ImportError):
+        raise TaskResultDoesNotExist(env.id) from None
     return task, args, kwargs
 
 
-def _task_at(path: str) -> Task | None:
-    """The ``Task`` at ``path``; nothing outside the allowed modules is imported (as the worker)."""
-    if not under(path.rpartition(".")[0], allowed_prefixes()):
-        return None
-    try:
-        found = import_string(path)
-    except ImportError:
-        return None
-    return found if isinstance(found, Task) else None
-
-
 def _in_outbox(backend: HybridqBackend, job_id: str) -> Envelope | None:
-    """The envelope of a committed job the relay has not moved yet (visible to this connection)."""
-    table = backend.config.outbox_table
-    with connections[backend.config.database].cursor() as cursor:
-        cursor.execute(f"SELECT envelope FROM {table} WHERE job_id = %s", [job_id])  # noqa: S608 - a checked name
-        row = cursor.fetchone()
+    """The envelope of a committed job the relay has not moved yet (visible to this connection).
+
+    In a transaction, the read runs in a savepoint: on PostgreSQL a failed statement (no outbox
+    table) would otherwise abort the caller's transaction. A missing table is
+    ImproperlyConfigured (one line); the database's other errors are the caller's, as they come.
+    """
+    table, alias = backend.config.outbox_table, backend.config.database
+    conn = connections[alias]
+    guard = contextlib.nullcontext() if conn.get_autocommit() else transaction.atomic(using=alias)
+    try:
+        with guard, conn.cursor() as cursor:
+            cursor.execute(f"SELECT envelope FROM {table} WHERE job_id = %s", [job_id])  # noqa: S608 - a checked name
+            row = cursor.fetchone()
+    except DatabaseError:
+        if table in conn.introspection.table_names():
+            raise
+        raise ImproperlyConfigured(
+            f"hybridq backend {backend.alias!r}: database {alias!r} has no outbox table {table!r} "
+            "(manage.py hybridq_outbox_init creates it)"
+        ) from None
     if row is None or not isinstance(row[0], bytes | memoryview):
         return None
     try:
@@ -172,11 +203,19 @@ def _time(unix: float | None) -> dt.datetime | None:
 
 
 def _exception_path(error: str) -> str:
-    """``module.Class`` of the exception a traceback's last line names (a builtin's: ``builtins.``)."""
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    name = lines[-1].split(":", 1)[0].strip() if lines else ""
-    if not name or " " in name:
+    """``module.Class`` of the exception a traceback ends with (a builtin's: ``builtins.``).
+
+    hybridq keeps the worker's formatted traceback, not the exception's type, so the type is read
+    from it: the first line at the margin after the last ``Traceback`` header (the message may
+    run over several lines, and notes follow it). Anything else: ``builtins.Exception``.
+    """
+    lines = error.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    after = lines[headers[-1] + 1 :] if headers else lines[-1:]
+    first = next((line for line in after if line.strip() and not line[0].isspace()), "")
+    name = first.split(":", 1)[0].strip()
+    if not name or not all(part.isidentifier() for part in name.split(".")):
         return "builtins.Exception"
-    if "." not in name and isinstance(getattr(builtins, name, None), type):
-        return f"builtins.{name}"
+    if "." not in name:
+        return f"builtins.{name}" if isinstance(getattr(builtins, name, None), type) else "builtins.Exception"
     return name

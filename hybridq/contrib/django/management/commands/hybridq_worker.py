@@ -19,8 +19,8 @@ class Command(BaseCommand):
     help = (
         "Run a hybridq worker for the backend's queues (default: all of its QUEUES), Django set "
         "up before the pool forks. It runs only @task functions of the modules OPTIONS['allow'] "
-        "names (default: the project's apps). Options after the command go to `hybridq worker`, "
-        "e.g. `manage.py hybridq_worker --processes 2 --threads 4`."
+        "names (default: the project's apps under BASE_DIR). Options after the command go to "
+        "`hybridq worker`, e.g. `manage.py hybridq_worker --processes 2 --threads 4`."
     )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> argparse.ArgumentParser:
