@@ -20,6 +20,7 @@ from hybridq.cli.options import (
 )
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
+from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.transport.redisurl import redact_url
 from hybridq.transport.routes import Routes
@@ -69,6 +70,15 @@ RELAY_STOP_TIMEOUT_S = 45.0
     show_default=True,
     type=click.FloatRange(1, None),
     help="Seconds a job's outcome stays stored under its idempotency key in Redis.",
+)
+@click.option(
+    "--stats-every",
+    "stats_every_s",
+    default=DEFAULT_STATS_EVERY_S,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Seconds between two stats snapshots published to Redis for `hybridq status --all` "
+    "(each expires after three times that); 0: never.",
 )
 @click.option(
     "--metrics-port",
@@ -128,6 +138,7 @@ def forward(
     idle_timeout: float,
     lease_s: float,
     key_ttl_s: float,
+    stats_every_s: float,
     metrics_port: int | None,
     metrics_addr: str,
     capacity: int | None,
@@ -198,6 +209,7 @@ def forward(
             idle_timeout_s=idle_timeout,
             lease_s=lease_s,
             key_ttl_s=key_ttl_s,
+            stats_every_s=stats_every_s,
             schedules=scheduler,
         )
         forwarder.open()

@@ -17,6 +17,10 @@ hybridq's own keys:
 * ``hybridq:waiting`` and ``hybridq:waiting:info`` -- jobs a worker could not run (it cannot
   import the task, or is not configured to allow it) and left for another worker, with why
   (:mod:`hybridq.worker.waiting`); ``status`` and ``doctor`` show them.
+* ``hybridq:stats:<owner>`` and ``hybridq:forwarders`` -- the stats snapshot each forwarder
+  publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
+  ``hybridq status --all``. Display only: anyone who can write to Redis can write them
+  (docs/security.md), so nothing decides anything from them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "RQ_PREFIX",
     "epoch",
     "events",
+    "forwarders",
     "lease",
     "result",
     "rq_intermediate",
@@ -36,6 +41,7 @@ __all__ = [
     "rq_queue",
     "rq_queues",
     "rq_registry",
+    "stats",
     "waiting",
     "waiting_info",
 ]
@@ -105,3 +111,13 @@ def waiting_info() -> str:
 def epoch(owner: str) -> str:
     """The epoch token of one forwarder (its absence means Redis lost state)."""
     return f"{PREFIX}epoch:{owner}"
+
+
+def stats(owner: str) -> str:
+    """The stats snapshot the forwarder ``owner`` published (JSON; expires unless published again)."""
+    return f"{PREFIX}stats:{owner}"
+
+
+def forwarders() -> str:
+    """Every forwarder that published its stats: owner id -> when it last did (unix seconds)."""
+    return f"{PREFIX}forwarders"

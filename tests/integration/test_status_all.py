@@ -1,0 +1,196 @@
+"""``hybridq status --all``: two journals, two ``hybridq forward`` processes, one Redis.
+
+Each forwarder publishes its stats snapshot to Redis (``--stats-every``); ``status --all`` lists
+both with their own counts, the totals add up, and a forwarder SIGKILLed is flagged stale once
+its snapshot's TTL (three intervals) has passed, while the other stays fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hybridq
+from hybridq import Queue
+from hybridq.ledger.checkpoint import load_checkpoint
+from hybridq.testing.embedded import RedisServer
+
+from tests import tasks
+from tests.support.processes import ForwarderProcess, wait_until
+
+EVERY = "0.3"  # --stats-every: a TTL of 0.9 s
+
+
+def status_all(url: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridq", "status", "--all", "--redis", url, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def by_journal(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {Path(f["journal"]).name: f for f in out["forwarders"] if "journal" in f}
+
+
+def test_status_all_lists_every_forwarder_and_flags_a_dead_one_stale(
+    tmp_path: Path, redis_server: RedisServer, subprocess_env: dict[str, str]
+) -> None:
+    effects = tmp_path / "effects"
+    counts = {"a": 12, "b": 7}
+    journals = {name: tmp_path / name for name in counts}
+    for name, n in counts.items():
+        queue = Queue("shared", journal=journals[name])
+        for i in range(n):
+            queue.enqueue(tasks.record, str(effects), f"{name}{i}")
+        Queue(f"only-{name}", journal=journals[name]).enqueue(tasks.record, str(effects), f"{name}-own")
+    forwarders = {
+        name: ForwarderProcess(
+            journal,
+            redis_server.url,
+            env=subprocess_env,
+            log_path=tmp_path / f"forward-{name}.log",
+            extra_args=("--stats-every", EVERY),
+        )
+        for name, journal in journals.items()
+    }
+    try:
+
+        def listed(want: dict[str, int], field: str) -> dict[str, Any] | None:
+            for proc in forwarders.values():
+                proc.assert_alive()
+            out = hybridq.stats(all=True, redis_url=redis_server.url)  # what status --all --json prints
+            seen = by_journal(out)
+            return out if {k: seen[k][field] for k in seen} == want else None
+
+        # Nothing ran yet: every job pending, each forwarder's own queue its own.
+        out = wait_until(lambda: listed({k: n + 1 for k, n in counts.items()}, "pending"), what="both listed")
+        seen = by_journal(out)
+        for name, n in counts.items():
+            assert seen[name]["accepted"] == n + 1
+            assert seen[name]["queues"] == {"shared": n, f"only-{name}": 1}
+            assert seen[name]["stale"] is False
+            assert seen[name]["pid"] == forwarders[name].pid
+        assert out["total"]["accepted"] == sum(counts.values()) + 2
+        assert out["total"]["queues"]["shared"] == sum(counts.values())
+        assert (out["fresh"], out["stale"], out["invalid"]) == (2, 0, 0)
+
+        # One worker runs both journals' shared jobs: each forwarder counts its own.
+        conn = redis_server.client()
+        total = sum(counts.values())
+        wait_until(lambda: conn.llen("rq:queue:shared") == total, what="every shared job pushed")
+        conn.close()
+        worker = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hybridq",
+                "worker",
+                "--burst",
+                "--simple",
+                "--redis",
+                redis_server.url,
+                "shared",
+            ],
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert worker.returncode == 0, worker.stderr
+        out = wait_until(lambda: listed(counts, "succeeded"), what="the outcomes counted")
+        assert {k: f["pending"] for k, f in by_journal(out).items()} == {"a": 1, "b": 1}
+        done = status_all(redis_server.url, subprocess_env, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["total"]["succeeded"] == sum(counts.values())
+
+        # Forwarder a dies: flagged stale after its TTL; b stays fresh; exit 4.
+        forwarders["a"].kill()
+
+        wait_until(
+            lambda: hybridq.stats(all=True, redis_url=redis_server.url)["stale"], timeout=10, what="a stale"
+        )
+        done = status_all(redis_server.url, subprocess_env)
+        assert done.returncode == 4, done.stderr
+        checkpoint = load_checkpoint(str(journals["a"]))
+        assert checkpoint is not None
+        stale_line = next(line for line in done.stdout.splitlines() if line.startswith("STALE"))
+        assert checkpoint.owner in stale_line
+        out = json.loads(status_all(redis_server.url, subprocess_env, "--json").stdout)
+        assert (out["fresh"], out["stale"]) == (1, 1)
+        assert set(by_journal(out)) == {"b"}  # a's snapshot expired: only its owner id and last seen
+        assert out["total"]["accepted"] == counts["b"] + 1
+    finally:
+        for proc in forwarders.values():
+            proc.kill()
+
+
+def test_status_all_shows_forged_snapshots_escaped_and_invalid_ones_as_invalid(
+    redis_server: RedisServer,
+) -> None:
+    """Anyone who can write to Redis can write a snapshot: it is checked, escaped, never trusted."""
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+    from hybridq.protocol import keys
+
+    good = {
+        "v": 1,
+        **dict.fromkeys(("accepted", "forwarded", "succeeded", "failed", "pending"), 1),
+        **dict.fromkeys(("not_yet_forwarded", "delayed_held", "retrying", "cancelled"), 0),
+        "duplicates_suppressed": 0,
+        "pid": 1,
+        "host": "evil\x1b]0;pwned\x07host",
+        "journal": "/j",
+        "queues": {"q\x1b[2J": 1},
+        "oldest_pending_age_s": 1.0,
+        "forwarding_lag_s": 0.0,
+        "every_s": 5.0,
+        "ttl_s": 15.0,
+        "published_at": 1.0,
+    }
+    conn = redis_server.client()
+    forged = {
+        "forged-ok": json.dumps(good),
+        "not-json": "{",
+        "negative": json.dumps({**good, "pending": -5}),
+        "huge": "x" * 70_000,
+    }
+    for owner, body in forged.items():
+        conn.set(keys.stats(owner), body, ex=60)
+        conn.zadd(keys.forwarders(), {owner: 1.0})
+    conn.close()
+    result = CliRunner().invoke(cli, ["status", "--all", "--redis", redis_server.url])
+    assert result.exit_code == 4, result.output
+    assert "\x1b" not in result.output
+    print(result.output)
+    assert "evil\\x1b]0;pwned\\x07host" in result.output
+    lines = {
+        line.split()[1].rstrip(":"): line
+        for line in result.output.splitlines()
+        if line.startswith(("ok ", "INVALID ", "STALE "))
+    }
+    assert lines["forged-ok"].startswith("ok")
+    assert all(lines[o].startswith("INVALID") for o in ("not-json", "negative", "huge"))
+    out = hybridq.stats(all=True, redis_url=redis_server.url)
+    assert (out["fresh"], out["invalid"], out["total"]["pending"]) == (1, 3, 1)
+
+
+def test_status_all_needs_redis_and_says_so_in_one_line(redis_server: RedisServer) -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    result = CliRunner().invoke(cli, ["status", "--all"], env={"HYBRIDQ_REDIS_URL": ""})
+    assert result.exit_code == 2
+    assert "give --redis URL" in result.output
+    port = redis_server.port
+    redis_server.stop()
+    result = CliRunner().invoke(cli, ["status", "--all", "--redis", f"redis://127.0.0.1:{port}/0"])
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1, result.output
