@@ -79,7 +79,11 @@ def client(port: int, effects: Path, prefix: str, acked: list[str], stop: thread
                 "POST",
                 "/v1/jobs",
                 body,
-                {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json", "Idempotency-Key": token},
+                {
+                    "Authorization": f"Bearer {TOKEN}",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": token,
+                },
             )
             resp = conn.getresponse()
             resp.read()
@@ -123,7 +127,8 @@ def main() -> None:
         stop = threading.Event()
         acked: list[str] = []
         threads = [
-            threading.Thread(target=client, args=(port, effects, f"t{n}", acked, stop)) for n in range(opts.threads)
+            threading.Thread(target=client, args=(port, effects, f"t{n}", acked, stop))
+            for n in range(opts.threads)
         ]
         for t in threads:
             t.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,27 @@ def test_status_all_lists_every_forwarder_and_flags_a_dead_one_stale(
             proc.kill()
 
 
+def snapshot(**fields: Any) -> dict[str, Any]:
+    """A snapshot as a forwarder publishes it (forged here: anyone who can write to Redis can)."""
+    counts = ("accepted", "forwarded", "succeeded", "failed", "pending")
+    zeros = ("not_yet_forwarded", "delayed_held", "retrying", "cancelled", "duplicates_suppressed")
+    return {
+        "v": 1,
+        **dict.fromkeys(counts, 1),
+        **dict.fromkeys(zeros, 0),
+        "pid": 1,
+        "host": "h",
+        "journal": "/j",
+        "queues": {"q": 1},
+        "oldest_pending_age_s": 1.0,
+        "forwarding_lag_s": 0.0,
+        "every_s": 5.0,
+        "ttl_s": 15.0,
+        "published_at": 1.0,
+        **fields,
+    }
+
+
 def test_status_all_shows_forged_snapshots_escaped_and_invalid_ones_as_invalid(
     redis_server: RedisServer,
 ) -> None:
@@ -140,21 +162,7 @@ def test_status_all_shows_forged_snapshots_escaped_and_invalid_ones_as_invalid(
     from hybridq.cli import cli
     from hybridq.protocol import keys
 
-    good = {
-        "v": 1,
-        **dict.fromkeys(("accepted", "forwarded", "succeeded", "failed", "pending"), 1),
-        **dict.fromkeys(("not_yet_forwarded", "delayed_held", "retrying", "cancelled"), 0),
-        "duplicates_suppressed": 0,
-        "pid": 1,
-        "host": "evil\x1b]0;pwned\x07host",
-        "journal": "/j",
-        "queues": {"q\x1b[2J": 1},
-        "oldest_pending_age_s": 1.0,
-        "forwarding_lag_s": 0.0,
-        "every_s": 5.0,
-        "ttl_s": 15.0,
-        "published_at": 1.0,
-    }
+    good = snapshot(host="evil\x1b]0;pwned\x07host", queues={"q\x1b[2J": 1})
     conn = redis_server.client()
     forged = {
         "forged-ok": json.dumps(good),
@@ -194,3 +202,33 @@ def test_status_all_needs_redis_and_says_so_in_one_line(redis_server: RedisServe
     result = CliRunner().invoke(cli, ["status", "--all", "--redis", f"redis://127.0.0.1:{port}/0"])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_serve_metrics_and_overview_show_every_forwarder_escaped(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A standalone ``hybridq serve --redis``: /metrics per journal, the overview's table, escaped."""
+    from hybridq.http.config import ServeConfig
+    from hybridq.protocol import keys
+
+    from tests.support.http import request, served
+
+    conn = redis_server.client()
+    conn.set(keys.stats("fresh-one"), json.dumps(snapshot(host="<script>alert(1)</script>")), ex=60)
+    conn.zadd(keys.forwarders(), {"fresh-one": time.time(), "gone": time.time() - 100})
+    conn.close()
+    config = ServeConfig(journal=tmp_path / "journal", redis_url=redis_server.url, port=0)
+    with served(config) as base:
+        metrics = request(base, "GET", "/metrics").raw.decode()
+        overview = request(base, "GET", "/").raw.decode()
+    assert (
+        'hybridq_fleet_jobs{count="pending",forwarder="fresh-one",host="<script>alert(1)</script>",journal="/j"} 1.0'
+        in metrics
+    )
+    assert 'hybridq_fleet_stale{forwarder="gone"} 1.0' in metrics
+    assert 'hybridq_fleet_stale{forwarder="fresh-one"} 0.0' in metrics
+    assert "hybridq_fleet_redis_up 1.0" in metrics
+    assert "Every forwarder" in overview
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in overview
+    assert "<script>alert" not in overview
+    assert "STALE" in overview

@@ -25,6 +25,7 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from hybridq.errors import HybridqError, JobNotFailed
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
+from hybridq.http.dashboard.fleet_view import fleet_section
 from hybridq.http.dashboard.jobs_list import recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.render import (
@@ -170,7 +171,8 @@ class Pages:
             f'<div class="v">{esc(v)}</div></div>'
             for k, v in cards
         )
-        return f'<section class="cards">{card_html}</section><h2>Queues</h2>{queue_table}'
+        fleet = "" if self.config.redis_url is None else fleet_section(self.config.redis_url)
+        return f'<section class="cards">{card_html}</section><h2>Queues</h2>{queue_table}{fleet}'
 
     # -- failed jobs -------------------------------------------------------------------------
 
