@@ -618,6 +618,22 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
         status = collect_status(str(journal))
         assert (status["accepted"], status["succeeded"], status["pending"]) == (9, 9, 0)
         assert [job.get_status() for job in more] == ["finished"] * 3
+
+        # Both forwarders published their stats snapshots (status --all), as the forwarder user;
+        # the worker user can neither forge one nor read them.
+        from hybridq.ops.fleet import fleet
+        from redis.exceptions import NoPermissionError
+
+        seen = fleet(url)
+        assert (seen["fresh"], seen["stale"]) == (2, 0)
+        assert {f["owner"] for f in seen["forwarders"]} == {
+            forwarder.checkpoint.owner,
+            forwarder_b.checkpoint.owner,
+        }
+        with pytest.raises(NoPermissionError):
+            conn.set("hybridq:stats:forged", "{}")
+        with pytest.raises(NoPermissionError):
+            conn.zadd("hybridq:forwarders", {"forged": 1.0})
     finally:
         for f in (forwarder, forwarder_b):
             f.close()
@@ -630,9 +646,15 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
         admin.close()
     # Nothing hybridq or RQ did was refused, except redis-py's optional CLIENT SETINFO on connect
     # (which Redis 6.2 does not even have; redis-py ignores the error).
-    assert set(refused) <= {
-        (user, "client", "command") for user in ("hybridq-forwarder", "hybridq-worker")
-    }, refused
+    # The worker user's forged stats snapshot, refused on purpose above.
+    forged = {
+        ("hybridq-worker", "hybridq:stats:forged", "key"),
+        ("hybridq-worker", "hybridq:forwarders", "key"),
+    }
+    assert (
+        set(refused)
+        <= {(user, "client", "command") for user in ("hybridq-forwarder", "hybridq-worker")} | forged
+    ), refused
 
 
 @pytest.mark.parametrize(

@@ -232,3 +232,19 @@ def test_serve_metrics_and_overview_show_every_forwarder_escaped(
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in overview
     assert "<script>alert" not in overview
     assert "STALE" in overview
+
+
+def test_a_sharded_forwarder_publishes_to_its_default_redis(make_redis_server) -> None:
+    """With --redis-for, status --all is given --redis (the default): the snapshot is there."""
+    from hybridq.transport.routes import Routes
+    from hybridq.transport.sharded import ShardedTransport
+
+    default, other = make_redis_server(), make_redis_server()
+    transport = ShardedTransport(Routes(default.url, {"far": other.url}))
+    try:
+        transport.publish_stats("owner-1", json.dumps(snapshot()).encode(), 30.0)
+        assert [p.owner for p in transport.read_stats(10)] == ["owner-1"]
+    finally:
+        transport.close()
+    assert [f["owner"] for f in hybridq.stats(all=True, redis_url=default.url)["forwarders"]] == ["owner-1"]
+    assert hybridq.stats(all=True, redis_url=other.url)["forwarders"] == []

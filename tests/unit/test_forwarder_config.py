@@ -47,3 +47,21 @@ def test_a_config_and_keywords_together_are_refused(journal_dir: Path) -> None:
     with pytest.raises(TypeError):
         Forwarder(journal_dir, MemoryTransport(), lease=30.0)  # a misspelt option
     assert not journal_dir.exists()  # refused before anything is created
+
+
+@pytest.mark.parametrize("every", [-1.0, 3601.0, float("nan")])
+def test_a_stats_interval_out_of_range_is_refused(every: float) -> None:
+    with pytest.raises(ValueError, match="stats_every_s"):
+        ForwarderConfig(stats_every_s=every)
+
+
+def test_the_memory_transport_takes_no_stats_snapshot_and_forwarding_goes_on(journal_dir: Path) -> None:
+    """The port's default publishes nowhere: a transport without a shared place is not an error."""
+    Queue("q", journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport, stats_every_s=0.01) as forwarder:
+        forwarder.step()
+        assert forwarder.publisher.published == 1
+        assert forwarder.publisher.figures()["accepted"] == 1
+        assert forwarder.publisher.figures()["queues"] == {"q": 1}
+    assert transport.read_stats(10) == []
