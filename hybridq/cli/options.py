@@ -20,11 +20,13 @@ import os
 import sys
 import unicodedata
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from hybridq.errors import HybridqError, JournalCorruption
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -47,15 +49,20 @@ def _given_journal(ctx: click.Context, _param: click.Parameter, value: str | Non
     return value
 
 
-journal_option = click.option(
-    "--journal",
-    "journal",
-    envvar="HYBRIDQ_JOURNAL",
-    show_envvar=True,
-    type=click.Path(file_okay=False),
-    callback=_given_journal,
-    help="Journal directory, required (relative paths are relative to the working directory).",
-)
+def make_journal_option(callback: Any, required: str = "required") -> Callable[[_F], _F]:
+    """``--journal`` (``HYBRIDQ_JOURNAL``), checked by ``callback``; ``required`` says when in --help."""
+    return click.option(
+        "--journal",
+        "journal",
+        envvar="HYBRIDQ_JOURNAL",
+        show_envvar=True,
+        type=click.Path(file_okay=False),
+        callback=callback,
+        help=f"Journal directory, {required} (relative paths are relative to the working directory).",
+    )
+
+
+journal_option = make_journal_option(_given_journal)
 
 
 class _Context:

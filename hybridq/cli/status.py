@@ -15,6 +15,7 @@ from hybridq.cli.options import (
     _given_journal,
     _with_password_file,
     journal_option,
+    make_journal_option,
     outbox_options,
     password_file_option,
     redis_for_option,
@@ -33,15 +34,7 @@ def _journal_unless_all(ctx: click.Context, param: click.Parameter, value: str |
 
 
 @click.command()
-@click.option(
-    "--journal",
-    "journal",
-    envvar="HYBRIDQ_JOURNAL",
-    show_envvar=True,
-    type=click.Path(file_okay=False),
-    callback=_journal_unless_all,
-    help="Journal directory, required unless --all (relative paths are relative to the working directory).",
-)
+@make_journal_option(_journal_unless_all, "required unless --all")
 @click.option(
     "--redis",
     "redis_url",

@@ -87,18 +87,9 @@ def test_status_all_lists_every_forwarder_and_flags_a_dead_one_stale(
         total = sum(counts.values())
         wait_until(lambda: conn.llen("rq:queue:shared") == total, what="every shared job pushed")
         conn.close()
+        # The pool worker (not --simple: RQ's own worker can take a minute to tear its pubsub down).
         worker = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hybridq",
-                "worker",
-                "--burst",
-                "--simple",
-                "--redis",
-                redis_server.url,
-                "shared",
-            ],
+            [sys.executable, "-m", "hybridq", "worker", "--burst", "--redis", redis_server.url, "shared"],
             env=subprocess_env,
             capture_output=True,
             text=True,
