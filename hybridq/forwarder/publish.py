@@ -23,7 +23,6 @@ import socket
 import time
 from typing import Any
 
-from hybridq.errors import HybridqError, TransportError
 from hybridq.forwarder.push import ForwarderStats
 from hybridq.forwarder.state import ForwarderState
 from hybridq.ledger.compacted import AcceptedCounter
@@ -74,7 +73,7 @@ class StatsPublisher:
         try:
             body = json.dumps(self.figures(), separators=(",", ":")).encode()
             self.transport.publish_stats(self.state.checkpoint.owner, body, self.every_s * TTL_INTERVALS)
-        except (TransportError, HybridqError, OSError) as exc:
+        except Exception as exc:  # a display: nothing it meets may stop the forwarder
             log.debug("cannot publish the stats snapshot (status --all shows it stale): %s", exc)
             return
         self.published += 1
