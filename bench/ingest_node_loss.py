@@ -11,7 +11,8 @@ Printed: jobs acknowledged (202) before the kill; of those, how many the journal
 forwarder had not pushed yet at the kill (``status --json``'s ``not_yet_forwarded``, read while
 no forwarder runs); how many had run by then and during the outage (pushed jobs run without
 the node); and how long after the restart until every acknowledged job had run; then missing
-and duplicate runs (both must be 0).
+and duplicate runs (both must be 0). ``--stall S`` hangs Redis (SIGSTOP) for the last S seconds
+before the kill: a forwarder that is behind, whose whole backlog the kill strands.
 
     python bench/ingest_node_loss.py --threads 8 --load 5 --down 5
 """
@@ -107,6 +108,12 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=5.0, help="seconds of load before the SIGKILL")
     parser.add_argument("--down", type=float, default=5.0, help="seconds the node stays down")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--stall",
+        type=float,
+        default=0.0,
+        help="seconds before the kill Redis hangs (SIGSTOP): a forwarder behind",
+    )
     opts = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="hq-ingest-loss-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYBRIDQ_ALLOW": "tests"}
@@ -132,10 +139,15 @@ def main() -> None:
         ]
         for t in threads:
             t.start()
-        time.sleep(opts.load)
+        time.sleep(max(0.0, opts.load - opts.stall))
+        if opts.stall:
+            redis.pause()  # the forwarder cannot push: its backlog grows on disk, POSTs still 202
+            time.sleep(opts.stall)
         node.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         node.wait()
+        if opts.stall:
+            redis.resume()
         stop.set()
         for t in threads:
             t.join()
@@ -160,6 +172,7 @@ def main() -> None:
             "threads": opts.threads,
             "load_s": opts.load,
             "down_s": opts.down,
+            "redis_stalled_s": opts.stall,
             "acknowledged": len(acked),
             "acknowledged_per_s": round(len(acked) / opts.load),
             "journal_accepted": out["accepted"],
