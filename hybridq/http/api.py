@@ -304,7 +304,7 @@ class Api:
             self._stats_registry = CollectorRegistry()
             self._stats_registry.register(StatsCollector(self, journal=self.registry is None))
             if self.registry is None and self.config.redis_url is not None:
-                from hybridq.ops.fleet import FleetCollector  # noqa: PLC0415
+                from hybridq.http.metrics import FleetCollector  # noqa: PLC0415
 
                 # Every forwarder publishing to that Redis (status --all), labelled per journal.
                 self._stats_registry.register(FleetCollector(self.config.redis_url))

@@ -3,9 +3,10 @@
 Each forwarder publishes its figures (:mod:`hybridq.forwarder.publish`) under
 ``hybridq:stats:<owner>`` with a TTL, and notes when in the set ``hybridq:forwarders``. This
 module reads them for ``hybridq status --all``, ``hybridq.stats(all=True)``, the dashboard's
-overview and ``/metrics``: per forwarder its counts, backlog, oldest waiting job and when it was
-last seen, flagged ``stale`` once its snapshot expired (it has not published for three intervals:
-it died, hangs, or cannot reach Redis), and the totals of the fresh ones.
+overview and ``/metrics`` (:class:`hybridq.http.metrics.FleetCollector`): per forwarder its
+counts, backlog, oldest waiting job and when it was last seen, flagged ``stale`` once its
+snapshot expired (it has not published for three intervals: it died, hangs, or cannot reach
+Redis), and the totals of the fresh ones.
 
 What it reads is display only: anyone who can write to Redis can write it (docs/security.md).
 Each snapshot is checked before it is shown (a size bound, numbers that are numbers, strings cut
@@ -18,17 +19,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from hybridq.errors import TransportError
 from hybridq.transport.base import Published
 from hybridq.transport.redisurl import redact_url
 
-__all__ = ["COUNTS", "MAX_BODY", "MAX_FORWARDERS", "FleetCollector", "fleet", "fleet_or_error", "read_fleet"]
+__all__ = ["COUNTS", "MAX_BODY", "MAX_FORWARDERS", "fleet", "fleet_or_error", "read_fleet"]
 
 #: The counts of one forwarder (and of the total), in the order ``status --all`` prints them.
 COUNTS = (
@@ -165,58 +162,3 @@ def fleet_or_error(redis_url: str) -> dict[str, Any]:
         return fleet(redis_url)
     except TransportError as exc:
         return {"redis": {"url": redact_url(redis_url)}, "error": str(exc), "forwarders": []}
-
-
-class FleetCollector(Collector):
-    """``/metrics`` of every forwarder publishing to one Redis, labelled per forwarder and journal.
-
-    Served by a standalone ``hybridq serve --redis URL`` (one place that sees them all); each
-    ``hybridq forward`` serves its own journal's metrics. The labels come from Redis: the
-    exposition format escapes them, and their number is bounded by :data:`MAX_FORWARDERS`.
-    """
-
-    def __init__(self, redis_url: str) -> None:
-        self.redis_url = redis_url
-
-    def collect(self) -> Iterator[Metric]:
-        """The metric families (prometheus-client calls this on each scrape)."""
-        try:
-            out = fleet(self.redis_url)
-        except TransportError:
-            yield GaugeMetricFamily("hybridq_fleet_redis_up", "1 if the fleet's Redis answered.", 0.0)
-            return
-        yield GaugeMetricFamily("hybridq_fleet_redis_up", "1 if the fleet's Redis answered.", 1.0)
-        labels = ["forwarder", "host", "journal"]
-        jobs = GaugeMetricFamily(
-            "hybridq_fleet_jobs",
-            "Each forwarder's counts as it last published them (status --all), by count.",
-            labels=[*labels, "count"],
-        )
-        ages = {
-            age: GaugeMetricFamily(f"hybridq_fleet_{age.removesuffix('_s')}_seconds", doc, labels=labels)
-            for age, doc in (
-                ("oldest_pending_age_s", "Age of each forwarder's oldest job not yet terminal."),
-                ("forwarding_lag_s", "Age of each forwarder's oldest job waiting to be pushed."),
-            )
-        }
-        seen = GaugeMetricFamily(
-            "hybridq_fleet_last_seen_seconds",
-            "Seconds since each forwarder last published.",
-            labels=["forwarder"],
-        )
-        stale = GaugeMetricFamily(
-            "hybridq_fleet_stale",
-            "1 when a forwarder's snapshot expired (not seen for its TTL).",
-            labels=["forwarder"],
-        )
-        for f in out["forwarders"]:
-            seen.add_metric([f["owner"]], f["last_seen_age_s"])
-            stale.add_metric([f["owner"]], 1.0 if f["stale"] else 0.0)
-            if f["stale"] or "invalid" in f:
-                continue
-            values = [f["owner"], f["host"], f["journal"]]
-            for name in COUNTS:
-                jobs.add_metric([*values, name], f[name])
-            for age, family in ages.items():
-                family.add_metric(values, f[age])
-        yield from (jobs, *ages.values(), seen, stale)
