@@ -10,7 +10,11 @@ Secret and ConfigMap references name objects and keys of the set; the autoscaler
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import subprocess
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ import yaml
 from hybridq.cli import cli
 from hybridq.http.app import create_app
 from hybridq.http.config import ServeConfig
+from hybridq.journal.paths import ensure_journal_dir, open_journal_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
@@ -134,9 +139,7 @@ def test_the_ingest_pods_journal_is_on_their_own_claim_and_the_tokens_come_from_
             assert option(words, "--serve") is not None
             tokens = option(words, "--tokens-file")
             assert tokens is not None, "a non-loopback --serve needs --tokens-file"
-            secret = volumes[volume_of(tokens)]["secret"]
-            item = next(i for i in secret["items"] if tokens.endswith("/" + i["path"]))
-            key_of("Secret", secret["secretName"], item["key"])
+            assert volume_of(tokens) in volumes, "the tokens file is on a pod volume"
         assert named("Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
 
 
@@ -228,3 +231,120 @@ def test_the_autoscaler_scales_a_workload_of_the_set_on_a_metric_hybridq_emits()
             assert name in PENDING_METRICS, f"{name} is not emitted by the forwarder's /metrics"
             text = (ROOT / "deploy" / "kubernetes" / hpa["_file"]).read_text()
             assert f"PENDING: {name}" in text, f"{hpa['_file']} must mark {name} as pending"
+
+
+def pod_of(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_init_container_leaves_a_journal_directory_hybridq_opens(tmp_path: Path) -> None:
+    """Emulate the kubelet, then run the init container's script and the forwarder's own checks.
+
+    The kubelet mounts the claim's root group-writable (``fsGroup`` makes it 2775), and a
+    Secret volume's files are root's. hybridq refuses a journal in a directory others may write
+    (docs/security.md): the pod's init container must leave the journal directory user 999's,
+    0700, under a root that only its owner writes, and the secrets 999's own 0400 files.
+    """
+    root = os.geteuid() == 0
+    for sts in of_kind("StatefulSet"):
+        pod = pod_of(sts)
+        assert "fsGroup" not in pod.get("securityContext", {}), (
+            "fsGroup makes the journal's volume group-writable"
+        )
+        ingest = next(c for c in pod["containers"] if option(expanded_args(c), "--journal"))
+        journal = option(expanded_args(ingest), "--journal")
+        assert journal is not None
+        user = pod["securityContext"]["runAsUser"]
+        # The paths of the pod, under tmp_path; the claim's root as fsGroup leaves it.
+        mounts = {m["mountPath"] for c in [*pod.get("initContainers", []), ingest] for m in c["volumeMounts"]}
+        for mount in mounts:
+            (tmp_path / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        claim = next(
+            m["mountPath"] for m in ingest["volumeMounts"] if journal.startswith(m["mountPath"] + "/")
+        )
+        os.chmod(tmp_path / claim.lstrip("/"), 0o2775)
+        secret_in = [v["secret"] for v in pod["volumes"] if "secret" in v]
+        for c in pod.get("initContainers", []):
+            for m in c["volumeMounts"]:
+                for secret in secret_in:
+                    if any(v["name"] == m["name"] and "secret" in v for v in pod["volumes"]):
+                        for item in secret.get("items", []):
+                            f = tmp_path / m["mountPath"].lstrip("/") / item["path"]
+                            f.write_text(key_of("Secret", secret["secretName"], item["key"]))
+                            f.chmod(0o400)
+            script = c["command"][-1]
+            pattern = "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True))
+            script = re.sub(f"(?<![\\w/])({pattern})", lambda m: str(tmp_path) + m.group(1), script)
+            if not root:  # run as this user: its own uid stands for root's and 999's
+                script = script.replace("0:0", f"{os.getuid()}:{os.getgid()}")
+                script = script.replace(f"{user}:{user}", f"{os.getuid()}:{os.getgid()}")
+            subprocess.run(["sh", "-c", script], check=True)
+        full = ensure_journal_dir(tmp_path / journal.lstrip("/"))  # the forwarder's checks
+        os.close(open_journal_dir(full))
+        st = os.stat(full)
+        assert stat.S_IMODE(st.st_mode) == 0o700
+        if root:
+            assert st.st_uid == user
+        for name in ("--tokens-file",):
+            path = option(expanded_args(ingest), name)
+            assert path is not None
+            f = os.stat(tmp_path / path.lstrip("/"))
+            assert stat.S_IMODE(f.st_mode) == 0o400
+            assert not root or f.st_uid == user
+
+
+def test_the_ingest_pod_has_a_startup_probe_for_its_journal_recovery() -> None:
+    """/healthz answers once the journal is open, which checksums it: liveness waits for that."""
+    for sts in of_kind("StatefulSet"):
+        for c in pod_of(sts)["containers"]:
+            probe = c.get("startupProbe")
+            assert probe is not None, f"{c['name']}: no startupProbe (liveness would kill a long recovery)"
+            budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+            assert budget >= 600, f"{c['name']}: the startup probe allows {budget} s, not 10 minutes"
+
+
+def test_every_pod_and_container_runs_without_privileges() -> None:
+    for w in workloads():
+        pod = pod_of(w)
+        ctx = pod["securityContext"]
+        assert ctx["runAsNonRoot"] is True
+        assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert set(sc["capabilities"].get("add", [])) <= {"CHOWN", "FOWNER"}, c["name"]
+        for c in pod["containers"]:
+            assert "runAsUser" not in c["securityContext"], f"{c['name']} runs as the pod's user"
+
+
+def test_the_redis_password_comes_from_a_file_never_from_env() -> None:
+    for _, c in containers():
+        url = env_value(c, "HYBRIDQ_REDIS_URL")
+        assert urllib.parse.urlsplit(url).password is None, f"{c['name']}: a password in the URL"
+        password_file = next(v["value"] for v in c["env"] if v["name"] == "HYBRIDQ_REDIS_PASSWORD_FILE")
+        assert any(password_file.startswith(m["mountPath"] + "/") for m in c["volumeMounts"])
+        assert all("secretKeyRef" not in v.get("valueFrom", {}) for v in c["env"]), c["name"]
+
+
+def test_the_ingest_tier_is_spread_and_drained_one_pod_at_a_time() -> None:
+    for sts in of_kind("StatefulSet"):
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        spread = pod_of(sts)["topologySpreadConstraints"]
+        assert any(t["labelSelector"]["matchLabels"].items() <= labels.items() for t in spread)
+        budgets = [
+            b
+            for b in of_kind("PodDisruptionBudget")
+            if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert len(budgets) == 1, f"{sts['metadata']['name']}: no PodDisruptionBudget"
+        assert budgets[0]["spec"].get("maxUnavailable") == 1
+
+
+def test_a_workload_the_autoscaler_owns_sets_no_replicas() -> None:
+    """``replicas`` in the manifest would reset the autoscaler's count at every ``kubectl apply``."""
+    for hpa in of_kind("HorizontalPodAutoscaler"):
+        ref = hpa["spec"]["scaleTargetRef"]
+        assert "replicas" not in named(ref["kind"], ref["name"])["spec"]
