@@ -20,7 +20,7 @@ from hybridq.cli.options import (
 )
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
-from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S
+from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S, MIN_STATS_EVERY_S
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.transport.redisurl import redact_url
 from hybridq.transport.routes import Routes
@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 
 #: Seconds a stopping forwarder waits for its outbox relay (SQLite waits up to 30 s for a lock).
 RELAY_STOP_TIMEOUT_S = 45.0
+
+
+def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """0 (never) or at least :data:`MIN_STATS_EVERY_S`: a usage error otherwise, before anything starts."""
+    if value != 0 and value < MIN_STATS_EVERY_S:
+        raise click.BadParameter(f"0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds", ctx, param)
+    return value
 
 
 @click.command()
@@ -77,8 +84,9 @@ RELAY_STOP_TIMEOUT_S = 45.0
     default=DEFAULT_STATS_EVERY_S,
     show_default=True,
     type=click.FloatRange(0, 3600),
+    callback=_stats_every,
     help="Seconds between two stats snapshots published to Redis for `hybridq status --all` "
-    "(each expires after three times that); 0: never.",
+    f"(each expires after three times that); 0: never, else at least {MIN_STATS_EVERY_S}.",
 )
 @click.option(
     "--metrics-port",

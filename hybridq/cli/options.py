@@ -70,25 +70,27 @@ class _Context:
         self.debug = debug
 
 
-def shown(text: object) -> str:
+def shown(text: object, *, one_line: bool = False) -> str:
     """``text`` safe for a terminal: control and format characters escaped (``\\x1b``, ``\\u202e``).
 
     Error texts come from tasks, and waiting reasons from whoever writes to Redis: printed raw,
     an escape sequence clears the screen, retitles the terminal or hides a link, and a
-    right-to-left override reverses what follows. Tabs stay; so do newlines, unless ``text`` is
-    meant to be one line (escape them before).
+    right-to-left override reverses what follows; a lone surrogate cannot be encoded at all.
+    Tabs stay; so do newlines, unless ``one_line`` (a newline there would print a fake line).
     """
     out = str(text)
     if out.isprintable():
         return out
+    kept = "\t" if one_line else "\n\t"
     return "".join(
-        c if c in "\n\t" or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
+        c if c in kept or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
         for c in out
     )
 
 
-#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators.
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators,
+#: lone surrogates.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:

@@ -64,6 +64,14 @@ def _journal_unless_all(ctx: click.Context, param: click.Parameter, value: str |
     help="Every forwarder that publishes its stats to --redis (one line each, stale ones flagged), "
     "and their totals, instead of one journal (docs/operations.md).",
 )
+@click.option(
+    "--forget",
+    "forget_owner",
+    metavar="OWNER",
+    default=None,
+    help="With --all: remove the forwarder OWNER (as --all lists it) from the view, after scaling "
+    "down; one still running reappears at its next snapshot.",
+)
 @outbox_options
 @click.pass_context
 def status(
@@ -79,6 +87,7 @@ def status(
     outbox_table: str,
     redis_for: dict[str, str],
     show_all: bool,
+    forget_owner: str | None,
 ) -> None:
     """Show job counts from the journal, the completion ledger and the checkpoint (Redis not needed).
 
@@ -109,6 +118,9 @@ def status(
     from hybridq.ops.status import stats  # noqa: PLC0415
 
     redis_url = _with_password_file(redis_url, redis_password_file)
+    if forget_owner is not None:
+        _forget(ctx, redis_url if show_all else None, forget_owner)
+        return
     if show_all:
         _status_all(ctx, redis_url, as_json=as_json, watch=watch, interval=interval)
         return
@@ -173,17 +185,32 @@ def _status_all(
         ctx.exit(EXIT_FINDINGS)
 
 
+def _forget(ctx: click.Context, redis_url: str | None, owner: str) -> None:
+    """``status --all --forget OWNER``: one line, exit 1 when no such forwarder is listed."""
+    from hybridq.ops.fleet import forget  # noqa: PLC0415
+
+    if redis_url is None:
+        _bad_usage(ctx, "--forget needs --all and --redis URL")
+    try:
+        removed = forget(redis_url, owner)
+    except HybridqError as exc:
+        _fail(ctx, exc)
+    if not removed:
+        _fail(ctx, RuntimeError(f"no forwarder {owner!r} in the view"))
+    click.echo(f"forgot {shown(owner, one_line=True)}")
+
+
 def _print_all(out: dict[str, Any]) -> None:
     """One line per forwarder (escaped: anyone who writes to Redis wrote it), then the totals."""
     for f in out["forwarders"]:
         seen = f"last seen {f['last_seen_age_s']:.0f} s ago"
-        name = shown(f"{f['owner']}".replace("\n", " "))
+        name = shown(f["owner"], one_line=True)
         if "invalid" in f:
-            click.echo(f"INVALID {name}: {shown(f['invalid'])} ({seen})")
+            click.echo(f"INVALID {name}: {shown(f['invalid'], one_line=True)} ({seen})")
         elif f["stale"]:
             click.echo(f"STALE   {name}: not seen for its TTL ({seen})")
         else:
-            where = shown(f"{f['host']}:{f['journal']}".replace("\n", " "))
+            where = shown(f"{f['host']}:{f['journal']}", one_line=True)
             click.echo(f"ok      {name} {where} ({seen})")
             click.echo("        " + _counts_line(f))
     total = out["total"]
@@ -198,7 +225,8 @@ def _counts_line(f: dict[str, Any]) -> str:
     return shown(
         f"accepted {f['accepted']}, succeeded {f['succeeded']}, failed {f['failed']}, pending "
         f"{f['pending']} ({queues}), not yet forwarded {f['not_yet_forwarded']}, oldest pending "
-        f"{f['oldest_pending_age_s']} s, forwarding lag {f['forwarding_lag_s']} s".replace("\n", " ")
+        f"{f['oldest_pending_age_s']} s, forwarding lag {f['forwarding_lag_s']} s",
+        one_line=True,
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_KEY_WINDOW_S",
     "DEFAULT_STATS_EVERY_S",
     "DONE_GRACE_LEASES",
+    "MIN_STATS_EVERY_S",
     "ForwarderConfig",
     "check_key_ttl",
 ]
@@ -34,6 +35,8 @@ DEFAULT_KEY_WINDOW_S = 7 * 86400.0
 DEFAULT_KEY_WINDOW_MAX = 200_000
 #: How often the forwarder publishes its stats snapshot to Redis (``hybridq status --all``).
 DEFAULT_STATS_EVERY_S = 5.0
+#: The shortest stats interval but 0 (never): a snapshot a millisecond would load Redis for a display.
+MIN_STATS_EVERY_S = 0.2
 
 
 def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
@@ -105,8 +108,8 @@ class ForwarderConfig:
             raise ValueError("key_window_s must be a number of seconds, at least 0")
         if self.key_window_max < 0:
             raise ValueError("key_window_max must be at least 0")
-        if not 0 <= self.stats_every_s <= 3600:
-            raise ValueError("stats_every_s must be a number of seconds from 0 (never) to 3600")
+        if not (self.stats_every_s == 0 or MIN_STATS_EVERY_S <= self.stats_every_s <= 3600):
+            raise ValueError(f"stats_every_s must be 0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds")
 
     @property
     def reconcile_every_s(self) -> float:

@@ -22,10 +22,10 @@ import time
 from typing import Any
 
 from hybridq.errors import TransportError
-from hybridq.transport.base import Published
+from hybridq.transport.base import MAX_STATS_BODY, Published
 from hybridq.transport.redisurl import redact_url
 
-__all__ = ["COUNTS", "MAX_BODY", "MAX_FORWARDERS", "fleet", "fleet_or_error", "read_fleet"]
+__all__ = ["COUNTS", "MAX_BODY", "MAX_FORWARDERS", "fleet", "fleet_or_error", "forget", "read_fleet"]
 
 #: The counts of one forwarder (and of the total), in the order ``status --all`` prints them.
 COUNTS = (
@@ -43,7 +43,10 @@ COUNTS = (
 #: The most forwarders listed (the most recently seen first).
 MAX_FORWARDERS = 1000
 #: A snapshot larger than this is not read (a forwarder's is well under 4 KiB plus its queues).
-MAX_BODY = 64 * 1024
+MAX_BODY = MAX_STATS_BODY
+#: The largest number of seconds believed (317 years; a timestamp too): sums of ages stay finite
+#: (JSON has no ``Infinity``).
+_MAX_SECONDS = 1e10
 _MAX_TEXT = 256
 _MAX_QUEUES = 200
 _AGES = ("oldest_pending_age_s", "forwarding_lag_s")
@@ -97,6 +100,9 @@ def _entry(p: Published, now: float) -> dict[str, Any]:
         "last_seen": round(p.last_seen, 3),
         "last_seen_age_s": round(max(0.0, now - p.last_seen), 3),
     }
+    if p.error is not None:
+        out["invalid"] = _text(p.error)
+        return out
     if p.body is None:
         return out
     try:
@@ -145,15 +151,42 @@ def _count(body: dict[str, Any], name: str) -> int:
 
 def _number(body: dict[str, Any], name: str) -> float:
     value = body.get(name)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= _MAX_SECONDS
+    ):
         raise ValueError(f"{name}: not a number of seconds")
     return float(value)
 
 
 def _text(value: object) -> str:
-    """A string as given, cut at 256 characters (escaping is the output's: a terminal, HTML)."""
+    """A string cut at 256 characters, any lone surrogate as ``\\udXXX`` (escaping is the output's).
+
+    JSON can carry a lone surrogate (``"\\ud800"``) that no output can encode: kept, it would
+    break the terminal's output, ``/metrics`` and the overview alike.
+    """
     text = value if isinstance(value, str) else "" if value is None else str(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
+
+
+def forget(redis_url: str, owner: str) -> bool:
+    """Remove ``owner`` from the view (a forwarder removed for good); False if it was not listed.
+
+    A forwarder still running reappears at its next snapshot.
+
+    Raises:
+        TransportError: Redis does not answer (or refuses this URL).
+    """
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415 - redis-py only when asked
+
+    transport = RQTransport(redis_url, socket_timeout_s=2.0)
+    try:
+        return transport.forget_stats(owner)
+    finally:
+        transport.close()
 
 
 def fleet_or_error(redis_url: str) -> dict[str, Any]:

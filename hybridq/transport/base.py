@@ -13,6 +13,7 @@ from hybridq.errors import TransportError
 from hybridq.protocol import Delivery, Loc, Verdict
 
 __all__ = [
+    "MAX_STATS_BODY",
     "Delivery",
     "Event",
     "Loc",
@@ -71,6 +72,10 @@ class Event:
     body: Mapping[str, Any] | None
 
 
+#: A stats snapshot larger than this is not read (a forwarder's is well under 4 KiB plus its queues).
+MAX_STATS_BODY = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Published:
     """One forwarder's stats snapshot as Redis holds it (``hybridq status --all``).
@@ -85,6 +90,8 @@ class Published:
     body: bytes | None
     #: Seconds the snapshot has left before it expires (by Redis's clock), ``None`` with no body.
     ttl_left_s: float | None
+    #: Why the entry cannot be read (a key of another type, too large): listed as invalid.
+    error: str | None = None
 
 
 class Transport(abc.ABC):
@@ -196,6 +203,10 @@ class Transport(abc.ABC):
     def read_stats(self, limit: int) -> list[Published]:  # noqa: ARG002
         """Every published stats snapshot, the most recently seen first, at most ``limit``."""
         return []
+
+    def forget_stats(self, owner: str) -> bool:  # noqa: ARG002
+        """Remove ``owner``'s snapshot and its entry (a forwarder removed for good); False if absent."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

@@ -20,7 +20,6 @@ decoding of replies and events in :mod:`hybridq.transport.rq_codec` (importable 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,6 +36,7 @@ from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
 from hybridq.transport.redisurl import transport_error
 
+from . import rq_stats
 from .base import Delivery, Event, Probe, Published, PushResult, RefillResult, StateToken, Transport, Verdict
 from .rq_codec import (
     _compress,
@@ -57,8 +57,6 @@ DEFAULT_SOCKET_TIMEOUT_S = 5.0
 #: Jobs per push script call: the client's cost per call is about that of a job's fields, and a
 #: call of 100 jobs keeps Redis busy well under a millisecond (other clients wait that long).
 PUSH_CHUNK = 100
-#: A forwarder not seen for this long leaves the set ``hybridq status --all`` lists (a week).
-FORGET_FORWARDERS_S = 7 * 86400.0
 
 
 class RQTransport(Transport):
@@ -351,41 +349,25 @@ class RQTransport(Transport):
             raise transport_error(exc) from exc
 
     def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
-        """Set ``owner``'s snapshot with its TTL and note it in the set of forwarders (one pipeline).
-
-        Entries of forwarders not seen for :data:`FORGET_FORWARDERS_S` leave the set.
-        """
-        now = time.time()
+        """Set ``owner``'s snapshot with its TTL and note it in the set of forwarders (:mod:`.rq_stats`)."""
         try:
-            pipe = self.connection.pipeline(transaction=False)
-            pipe.set(keys.stats(owner), body, px=max(1, int(ttl_s * 1000)))
-            pipe.zadd(keys.forwarders(), {owner: now})
-            pipe.zremrangebyscore(keys.forwarders(), "-inf", now - FORGET_FORWARDERS_S)
-            pipe.execute()
+            rq_stats.publish(self.connection, owner, body, ttl_s)
         except RedisError as exc:
             raise transport_error(exc) from exc
 
     def read_stats(self, limit: int) -> list[Published]:
-        """The published snapshots, the most recently seen first (two round trips)."""
+        """The published snapshots seen by Redis's time, the most recent first (:mod:`.rq_stats`)."""
         try:
-            seen: list[tuple[Any, float]] = list(
-                self.connection.zrevrange(keys.forwarders(), 0, limit - 1, withscores=True)  # type: ignore[arg-type]
-            )
-            pipe = self.connection.pipeline(transaction=False)
-            for owner, _ in seen:
-                pipe.get(keys.stats(_text(owner)))
-                pipe.pttl(keys.stats(_text(owner)))
-            replies: list[Any] = pipe.execute()
+            return rq_stats.read(self.connection, limit)[1]
         except RedisError as exc:
             raise transport_error(exc) from exc
-        out = []
-        for i, (owner, score) in enumerate(seen):
-            body, pttl = replies[2 * i], replies[2 * i + 1]
-            alive = body is not None and int(pttl) >= 0
-            name = owner.decode(errors="replace") if isinstance(owner, bytes) else str(owner)
-            left = int(pttl) / 1000 if alive else None
-            out.append(Published(name, float(score), body if alive else None, left))
-        return out
+
+    def forget_stats(self, owner: str) -> bool:
+        """Remove ``owner``'s snapshot and entry (:mod:`.rq_stats`)."""
+        try:
+            return rq_stats.forget(self.connection, owner)
+        except RedisError as exc:
+            raise transport_error(exc) from exc
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -297,6 +297,10 @@ class ShardedTransport(Transport):
         """From the default Redis (where :meth:`publish_stats` puts them)."""
         return self.shards[0].read_stats(limit)
 
+    def forget_stats(self, owner: str) -> bool:
+        """From the default Redis (where :meth:`publish_stats` puts them)."""
+        return self.shards[0].forget_stats(owner)
+
     def close(self) -> None:
         """Stop the waiters (each ends within its block time) and close every Redis's transport."""
         self._closed = True

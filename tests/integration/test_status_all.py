@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import hybridq
+import pytest
 from hybridq import Queue
 from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.testing.embedded import RedisServer
@@ -239,3 +240,89 @@ def test_a_sharded_forwarder_publishes_to_its_default_redis(make_redis_server) -
         transport.close()
     assert [f["owner"] for f in hybridq.stats(all=True, redis_url=default.url)["forwarders"]] == ["owner-1"]
     assert hybridq.stats(all=True, redis_url=other.url)["forwarders"] == []
+
+
+def test_what_a_forger_writes_breaks_no_view_and_fakes_no_line(redis_server: RedisServer) -> None:
+    """Forged entries the review found breaking the view: each is listed (INVALID), the real one too.
+
+    A lone surrogate in a string (it cannot be encoded: a traceback, /metrics 500), a key of
+    another type (the whole read failed), a newline in a reason (a fake line), ages near the
+    float maximum (``Infinity``: not JSON), a 1 MiB value (downloaded whole before the size
+    check), an owner name of 100,000 characters, and 1,000 entries seen "in the future" that
+    pushed the real forwarder out of the 1,000 read.
+    """
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+    from hybridq.http.dashboard.fleet_view import fleet_section
+    from hybridq.http.metrics import FleetCollector
+    from hybridq.protocol import keys
+    from hybridq.transport.rq import RQTransport
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    conn = redis_server.client()
+    transport = RQTransport(redis_server.url)
+    transport.publish_stats("real", json.dumps(snapshot(pending=7, queues={"q": 7})).encode(), 60)
+    transport.close()
+    now = time.time()
+    forged = {
+        "surrogate": json.dumps(snapshot(host="\ud800", queues={"\udfff": 1})),
+        "newline": json.dumps(snapshot(queues={"q\nok      fake-line": -1})),
+        "huge-ages": json.dumps(snapshot(ttl_s=1.7e308, oldest_pending_age_s=1.7e308)),
+        "big": "x" * (1 << 20),
+        "o" * 100_000: json.dumps(snapshot()),
+    }
+    for owner, body in forged.items():
+        conn.set(keys.stats(owner), body, ex=60)
+        conn.zadd(keys.forwarders(), {owner: now})
+    conn.hset(keys.stats("wrongtype"), "a", "b")
+    conn.zadd(keys.forwarders(), {"wrongtype": now})
+    conn.zadd(keys.forwarders(), {f"ghost{i}": 1e18 for i in range(1000)})
+    sent_before = int(conn.info("stats")["total_net_output_bytes"])
+    out = hybridq.stats(all=True, redis_url=redis_server.url)
+    sent = int(conn.info("stats")["total_net_output_bytes"]) - sent_before
+    conn.close()
+    assert sent < 400_000, f"{sent} bytes read for a view of 7 entries (the 1 MiB value downloaded?)"
+    listed = {f["owner"][:20]: f for f in out["forwarders"]}
+    assert "real" in listed, "the real forwarder was pushed out by entries seen in the future"
+    assert not any(o.startswith("ghost") for o in listed)
+    assert out["total"]["pending"] == 7 + 1  # the real one and huge-ages (its counts are fine)
+    for owner in ("surrogate", "newline", "big", "o" * 20, "wrongtype"):
+        assert "invalid" in listed[owner] or owner == "surrogate", listed[owner]
+    json.loads(json.dumps(out, allow_nan=False))  # no Infinity anywhere
+    result = CliRunner().invoke(cli, ["status", "--all", "--redis", redis_server.url])
+    assert result.exit_code == 4, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (
+        result.output
+    )
+    lines = result.output.splitlines()
+    assert all(line.startswith(("ok ", "INVALID ", "STALE ", "        ", "total ")) for line in lines), lines
+    assert not any(line.startswith("ok      fake-line") for line in lines)
+    result = CliRunner().invoke(cli, ["status", "--all", "--json", "--redis", redis_server.url])
+    json.loads(result.output, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(redis_server.url))
+    metrics = generate_latest(registry).decode()
+    assert "hybridq_fleet_redis_up 1.0" in metrics
+    fleet_section(redis_server.url).encode()
+
+
+def test_status_all_forget_removes_a_forwarder_scaled_down(redis_server: RedisServer) -> None:
+    """A removed forwarder was listed STALE (and alerted on) for a week: --forget drops it now."""
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+    from hybridq.transport.rq import RQTransport
+
+    transport = RQTransport(redis_server.url)
+    transport.publish_stats("gone", json.dumps(snapshot()).encode(), 0.001)
+    transport.publish_stats("kept", json.dumps(snapshot()).encode(), 60)
+    transport.close()
+    base = ["status", "--all", "--redis", redis_server.url]
+    result = CliRunner().invoke(cli, [*base, "--forget", "gone"])
+    assert (result.exit_code, result.output) == (0, "forgot gone\n")
+    assert [f["owner"] for f in hybridq.stats(all=True, redis_url=redis_server.url)["forwarders"]] == ["kept"]
+    result = CliRunner().invoke(cli, [*base, "--forget", "gone"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["hybridq: error: no forwarder 'gone' in the view"]
+    result = CliRunner().invoke(cli, ["status", "--forget", "kept", "--journal", "/nonexistent"])
+    assert result.exit_code == 2
+    assert "--forget needs --all" in result.output

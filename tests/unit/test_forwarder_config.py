@@ -49,7 +49,7 @@ def test_a_config_and_keywords_together_are_refused(journal_dir: Path) -> None:
     assert not journal_dir.exists()  # refused before anything is created
 
 
-@pytest.mark.parametrize("every", [-1.0, 3601.0, float("nan")])
+@pytest.mark.parametrize("every", [-1.0, 0.001, 0.19, 3601.0, float("nan")])
 def test_a_stats_interval_out_of_range_is_refused(every: float) -> None:
     with pytest.raises(ValueError, match="stats_every_s"):
         ForwarderConfig(stats_every_s=every)
@@ -59,9 +59,19 @@ def test_the_memory_transport_takes_no_stats_snapshot_and_forwarding_goes_on(jou
     """The port's default publishes nowhere: a transport without a shared place is not an error."""
     Queue("q", journal=journal_dir).enqueue(tasks.add, 1, 2)
     transport = MemoryTransport()
-    with Forwarder(journal_dir, transport, stats_every_s=0.01) as forwarder:
+    with Forwarder(journal_dir, transport, stats_every_s=0.2) as forwarder:
         forwarder.step()
         assert forwarder.publisher.published == 1
         assert forwarder.publisher.figures()["accepted"] == 1
         assert forwarder.publisher.figures()["queues"] == {"q": 1}
     assert transport.read_stats(10) == []
+
+
+def test_forward_refuses_a_stats_interval_below_the_minimum_in_one_line() -> None:
+    """--stats-every 0.001 would publish to Redis a thousand times a second per forwarder."""
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    result = CliRunner().invoke(cli, ["forward", "--journal", "/nonexistent/j", "--stats-every", "0.001"])
+    assert result.exit_code == 2, result.output
+    assert "0 (never) or from 0.2" in result.output
