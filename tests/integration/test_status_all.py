@@ -285,9 +285,10 @@ def test_what_a_forger_writes_breaks_no_view_and_fakes_no_line(redis_server: Red
     listed = {f["owner"][:20]: f for f in out["forwarders"]}
     assert "real" in listed, "the real forwarder was pushed out by entries seen in the future"
     assert not any(o.startswith("ghost") for o in listed)
-    assert out["total"]["pending"] == 7 + 1  # the real one and huge-ages (its counts are fine)
-    for owner in ("surrogate", "newline", "big", "o" * 20, "wrongtype"):
-        assert "invalid" in listed[owner] or owner == "surrogate", listed[owner]
+    assert out["total"]["pending"] == 7 + 1  # the real one and the surrogate's (shown escaped)
+    assert listed["surrogate"]["host"] == "\\ud800"
+    for owner in ("newline", "huge-ages", "big", "o" * 20, "wrongtype"):
+        assert "invalid" in listed[owner], listed[owner]
     json.loads(json.dumps(out, allow_nan=False))  # no Infinity anywhere
     result = CliRunner().invoke(cli, ["status", "--all", "--redis", redis_server.url])
     assert result.exit_code == 4, result.output
