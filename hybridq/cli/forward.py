@@ -20,6 +20,7 @@ from hybridq.cli.options import (
 )
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
+from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S, MIN_STATS_EVERY_S
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.transport.redisurl import redact_url
 from hybridq.transport.routes import Routes
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
 
 #: Seconds a stopping forwarder waits for its outbox relay (SQLite waits up to 30 s for a lock).
 RELAY_STOP_TIMEOUT_S = 45.0
+
+
+def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """0 (never) or at least :data:`MIN_STATS_EVERY_S`: a usage error otherwise, before anything starts."""
+    if value != 0 and value < MIN_STATS_EVERY_S:
+        raise click.BadParameter(f"0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds", ctx, param)
+    return value
 
 
 @click.command()
@@ -69,6 +77,16 @@ RELAY_STOP_TIMEOUT_S = 45.0
     show_default=True,
     type=click.FloatRange(1, None),
     help="Seconds a job's outcome stays stored under its idempotency key in Redis.",
+)
+@click.option(
+    "--stats-every",
+    "stats_every_s",
+    default=DEFAULT_STATS_EVERY_S,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    callback=_stats_every,
+    help="Seconds between two stats snapshots published to Redis for `hybridq status --all` "
+    f"(each expires after three times that); 0: never, else at least {MIN_STATS_EVERY_S}.",
 )
 @click.option(
     "--metrics-port",
@@ -128,6 +146,7 @@ def forward(
     idle_timeout: float,
     lease_s: float,
     key_ttl_s: float,
+    stats_every_s: float,
     metrics_port: int | None,
     metrics_addr: str,
     capacity: int | None,
@@ -198,6 +217,7 @@ def forward(
             idle_timeout_s=idle_timeout,
             lease_s=lease_s,
             key_ttl_s=key_ttl_s,
+            stats_every_s=stats_every_s,
             schedules=scheduler,
         )
         forwarder.open()

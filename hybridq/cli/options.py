@@ -20,11 +20,13 @@ import os
 import sys
 import unicodedata
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from hybridq.errors import HybridqError, JournalCorruption
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -47,15 +49,20 @@ def _given_journal(ctx: click.Context, _param: click.Parameter, value: str | Non
     return value
 
 
-journal_option = click.option(
-    "--journal",
-    "journal",
-    envvar="HYBRIDQ_JOURNAL",
-    show_envvar=True,
-    type=click.Path(file_okay=False),
-    callback=_given_journal,
-    help="Journal directory, required (relative paths are relative to the working directory).",
-)
+def make_journal_option(callback: Any, required: str = "required") -> Callable[[_F], _F]:
+    """``--journal`` (``HYBRIDQ_JOURNAL``), checked by ``callback``; ``required`` says when in --help."""
+    return click.option(
+        "--journal",
+        "journal",
+        envvar="HYBRIDQ_JOURNAL",
+        show_envvar=True,
+        type=click.Path(file_okay=False),
+        callback=callback,
+        help=f"Journal directory, {required} (relative paths are relative to the working directory).",
+    )
+
+
+journal_option = make_journal_option(_given_journal)
 
 
 class _Context:
@@ -63,25 +70,27 @@ class _Context:
         self.debug = debug
 
 
-def shown(text: object) -> str:
+def shown(text: object, *, one_line: bool = False) -> str:
     """``text`` safe for a terminal: control and format characters escaped (``\\x1b``, ``\\u202e``).
 
     Error texts come from tasks, and waiting reasons from whoever writes to Redis: printed raw,
     an escape sequence clears the screen, retitles the terminal or hides a link, and a
-    right-to-left override reverses what follows. Tabs stay; so do newlines, unless ``text`` is
-    meant to be one line (escape them before).
+    right-to-left override reverses what follows; a lone surrogate cannot be encoded at all.
+    Tabs stay; so do newlines, unless ``one_line`` (a newline there would print a fake line).
     """
     out = str(text)
     if out.isprintable():
         return out
+    kept = "\t" if one_line else "\n\t"
     return "".join(
-        c if c in "\n\t" or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
+        c if c in kept or unicodedata.category(c) not in _UNSAFE else c.encode("unicode_escape").decode()
         for c in out
     )
 
 
-#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators.
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: Unicode categories :func:`shown` escapes: controls, format (bidi overrides), separators,
+#: lone surrogates.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 def _fail(ctx: click.Context, exc: BaseException) -> NoReturn:

@@ -18,7 +18,9 @@ from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 __all__ = [
     "DEFAULT_KEY_WINDOW_MAX",
     "DEFAULT_KEY_WINDOW_S",
+    "DEFAULT_STATS_EVERY_S",
     "DONE_GRACE_LEASES",
+    "MIN_STATS_EVERY_S",
     "ForwarderConfig",
     "check_key_ttl",
 ]
@@ -31,6 +33,10 @@ DONE_GRACE_LEASES = 6
 DEFAULT_KEY_WINDOW_S = 7 * 86400.0
 #: The most keys of finished jobs the forwarder keeps in their window (about 0.5 KB each).
 DEFAULT_KEY_WINDOW_MAX = 200_000
+#: How often the forwarder publishes its stats snapshot to Redis (``hybridq status --all``).
+DEFAULT_STATS_EVERY_S = 5.0
+#: The shortest stats interval but 0 (never): a snapshot a millisecond would load Redis for a display.
+MIN_STATS_EVERY_S = 0.2
 
 
 def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
@@ -74,6 +80,8 @@ class ForwarderConfig:
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
             ``lease_s``, at least 1 s; see :attr:`reconcile_every_s`).
         clock: wall-clock time (for delays and retry times); replaced in tests.
+        stats_every_s: how often the snapshot ``hybridq status --all`` lists is published to the
+            transport (Redis), with a TTL of three times that; 0: never.
         on_durable_write: called with the seconds each durable write took (checkpoint saves,
             ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
     """
@@ -90,6 +98,7 @@ class ForwarderConfig:
     reconcile_interval_s: float | None = None
     clock: Callable[[], float] = time.time
     on_durable_write: Callable[[float], None] | None = None
+    stats_every_s: float = DEFAULT_STATS_EVERY_S
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -99,6 +108,8 @@ class ForwarderConfig:
             raise ValueError("key_window_s must be a number of seconds, at least 0")
         if self.key_window_max < 0:
             raise ValueError("key_window_max must be at least 0")
+        if not (self.stats_every_s == 0 or MIN_STATS_EVERY_S <= self.stats_every_s <= 3600):
+            raise ValueError(f"stats_every_s must be 0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds")
 
     @property
     def reconcile_every_s(self) -> float:

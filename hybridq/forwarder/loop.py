@@ -41,6 +41,7 @@ from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
+from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
@@ -158,9 +159,11 @@ class Forwarder:
             clock=self.clock,
             push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as said above
             save=lambda forwarded: self._save(forwarded),  # noqa: PLW0108 - the same
-            fire_between=self.waits.fire_between,
+            fire_between=self._between_batches,
             stopping=self._stop_asked,
         )
+        #: Its figures, published to Redis for ``hybridq status --all`` (display only).
+        self.publisher = StatsPublisher(self.state, self.stats, transport, self.config.stats_every_s)
         self._lookup_due = True
         self._next_lookup = 0.0
         self._publish_due = False  # outcomes harvested since the terminal count was last published
@@ -326,6 +329,7 @@ class Forwarder:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
+        self.publisher.maybe_publish()
         return done
 
     def _catch_up_lookup(self) -> None:
@@ -384,8 +388,15 @@ class Forwarder:
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)
 
+    def _between_batches(self) -> None:
+        """Between two batches of a long step: due ticks, and the stats snapshot if it is due."""
+        self.waits.fire_between()
+        self.publisher.maybe_publish()
+
     def _publish_at(self) -> float | None:
-        return self._next_publish if self._publish_due else None
+        """When the terminal count or the stats snapshot is due (``time.monotonic()``), if either is."""
+        terminal = self._next_publish if self._publish_due else None
+        return min((t for t in (terminal, self.publisher.due_at()) if t is not None), default=None)
 
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)

@@ -386,6 +386,11 @@ class Api:
 
             self._stats_registry = CollectorRegistry()
             self._stats_registry.register(StatsCollector(self, journal=self.registry is None))
+            if self.registry is None and self.config.redis_url is not None:
+                from hybridq.http.metrics import FleetCollector  # noqa: PLC0415
+
+                # Every forwarder publishing to that Redis (status --all), labelled per journal.
+                self._stats_registry.register(FleetCollector(self.config.redis_url))
         registries = [r for r in (self.registry, self._stats_registry) if r is not None]
         texts = await asyncio.to_thread(lambda: [generate_latest(r) for r in registries])
         return Response(b"".join(texts), media_type=CONTENT_TYPE_LATEST)

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hybridq.errors import HybridqError
+from hybridq.errors import HybridqError, TransportError
+from hybridq.ops.fleet import COUNTS, fleet
 from hybridq.ops.status import stats
 
 if TYPE_CHECKING:
     from hybridq.http.api import Api
 
-__all__ = ["StatsCollector"]
+__all__ = ["FleetCollector", "StatsCollector"]
 
 _COUNTERS = (
     ("accepted", "hybridq_accepted", "Jobs accepted into the journal."),
@@ -86,3 +87,58 @@ class StatsCollector(Collector):
         yield GaugeMetricFamily(
             "hybridq_journal_bytes", "Bytes of journal segments on disk.", journal.get("bytes", 0)
         )
+
+
+class FleetCollector(Collector):
+    """``/metrics`` of every forwarder publishing to one Redis, labelled per forwarder and journal.
+
+    Served by a standalone ``hybridq serve --redis URL`` (one place that sees them all); each
+    ``hybridq forward`` serves its own journal's metrics. The labels come from Redis: the
+    exposition format escapes them, and their number is bounded (``hybridq.ops.fleet.MAX_FORWARDERS``).
+    """
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families (prometheus-client calls this on each scrape)."""
+        try:
+            out = fleet(self.redis_url)
+        except TransportError:
+            yield GaugeMetricFamily("hybridq_fleet_redis_up", "1 if the fleet's Redis answered.", 0.0)
+            return
+        yield GaugeMetricFamily("hybridq_fleet_redis_up", "1 if the fleet's Redis answered.", 1.0)
+        labels = ["forwarder", "host", "journal"]
+        jobs = GaugeMetricFamily(
+            "hybridq_fleet_jobs",
+            "Each forwarder's counts as it last published them (status --all), by count.",
+            labels=[*labels, "count"],
+        )
+        ages = {
+            age: GaugeMetricFamily(f"hybridq_fleet_{age.removesuffix('_s')}_seconds", doc, labels=labels)
+            for age, doc in (
+                ("oldest_pending_age_s", "Age of each forwarder's oldest job not yet terminal."),
+                ("forwarding_lag_s", "Age of each forwarder's oldest job waiting to be pushed."),
+            )
+        }
+        seen = GaugeMetricFamily(
+            "hybridq_fleet_last_seen_seconds",
+            "Seconds since each forwarder last published.",
+            labels=["forwarder"],
+        )
+        stale = GaugeMetricFamily(
+            "hybridq_fleet_stale",
+            "1 when a forwarder's snapshot expired (not seen for its TTL).",
+            labels=["forwarder"],
+        )
+        for f in out["forwarders"]:
+            seen.add_metric([f["owner"]], f["last_seen_age_s"])
+            stale.add_metric([f["owner"]], 1.0 if f["stale"] else 0.0)
+            if f["stale"] or "invalid" in f:
+                continue
+            values = [f["owner"], f["host"], f["journal"]]
+            for name in COUNTS:
+                jobs.add_metric([*values, name], f[name])
+            for age, family in ages.items():
+                family.add_metric(values, f[age])
+        yield from (jobs, *ages.values(), seen, stale)

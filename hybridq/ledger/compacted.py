@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hybridq.errors import JournalCorruption, StateFileCorrupt
-from hybridq.journal import JournalReader
+from hybridq.journal import ChainPosition, JournalReader
 from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.entries import Seg
 
@@ -112,10 +112,18 @@ class AcceptedCounter:
     the segment the reader stood in (it reads as a missing segment), it counts afresh: the
     journal first, then the compaction state, so a compaction in between counts a segment
     twice (the safe side for a capacity check), never not at all. Not thread-safe.
+
+    Args:
+        journal: the journal directory.
+        since: for a reader that already counted part of the journal (the forwarder): returns how
+            many jobs lie before which positions, and counting afresh reads only what follows.
     """
 
-    def __init__(self, journal: str) -> None:
+    def __init__(
+        self, journal: str, since: Callable[[], tuple[int, Mapping[str, ChainPosition]]] | None = None
+    ) -> None:
         self.journal = journal
+        self.since = since
         self._reader: JournalReader | None = None
         self._accepted = 0
 
@@ -128,8 +136,12 @@ class AcceptedCounter:
                 self._reader = None  # compacted under it: count afresh (real damage raises below)
         if self._reader is None:
             self._reader = JournalReader(self.journal)
-            live = self._reader.check()
-            self._accepted = live + load_compacted(self.journal).accepted
+            if self.since is not None:
+                before, positions = self.since()
+                self._accepted = before + self._reader.check(positions)
+            else:
+                live = self._reader.check()
+                self._accepted = live + load_compacted(self.journal).accepted
         return self._accepted
 
 

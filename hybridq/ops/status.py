@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hybridq.cancels import pending_cancels, read_requests
-from hybridq.errors import JournalCorruption
+from hybridq.errors import ConfigError, JournalCorruption
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import default_journal, existing_journal_dir
@@ -29,6 +29,7 @@ from hybridq.ledger.compacted import Compacted, consistent, load_compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir, load_index
 from hybridq.lookup.stats import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
+from hybridq.ops.fleet import fleet
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
 from hybridq.security.secretfile import read_password
@@ -72,8 +73,14 @@ def stats(
     outbox_table: str | None = None,
     exact: bool = False,
     redis_for: Mapping[str, str] | _Env | None = FROM_ENV,
+    all: bool = False,  # noqa: A002 - stats(all=True) reads as what it does
 ) -> dict[str, Any]:
     """What ``hybridq status --json`` prints, cheaply enough for a health endpoint.
+
+    With ``all``, what ``hybridq status --all --json`` prints instead: every forwarder that
+    publishes its stats to ``redis_url`` (each with its journal's counts, backlog, oldest waiting
+    job and when it was last seen, ``stale`` when it stopped publishing), and their totals
+    (docs/operations.md, "One view of many journals"); ``journal`` and the rest are not read.
 
     What is left out comes from the environment, as ``hybridq status`` takes it: the journal
     from ``HYBRIDQ_JOURNAL``, the Redis to ask from ``HYBRIDQ_REDIS_URL`` (and its password from
@@ -93,12 +100,16 @@ def stats(
         outbox: a transactional outbox's DSN: also its backlog (the ``outbox`` key).
         outbox_table: the outbox's table.
         exact: always scan (what ``hybridq status --exact`` does).
+        all: every forwarder's published snapshot instead of one journal (needs ``redis_url``).
         redis_for: queues kept on other Redis instances (queue → URL, ``--redis-for``): also
             each instance's state and queue lengths (the ``redis_instances`` key).
 
     Raises:
-        ConfigError: no ``journal`` and no ``HYBRIDQ_JOURNAL``.
+        ConfigError: no ``journal`` and no ``HYBRIDQ_JOURNAL``; with ``all``, no Redis URL.
+        TransportError: with ``all``, Redis does not answer.
     """
+    if all:
+        return _all(redis_url)
     path = existing_journal_dir(default_journal() if journal is None else journal)
     if redis_url is FROM_ENV:
         redis_url = _env_redis_url()
@@ -128,6 +139,14 @@ def stats(
             "set_aside": backlog.set_aside,
         }
     return out
+
+
+def _all(redis_url: str | _Env | None) -> dict[str, Any]:
+    """``stats(all=True)``: the published snapshots on ``redis_url`` (``HYBRIDQ_REDIS_URL``)."""
+    url = _env_redis_url() if redis_url is FROM_ENV else redis_url
+    if not isinstance(url, str):
+        raise ConfigError("stats(all=True) reads Redis: give redis_url= (or set HYBRIDQ_REDIS_URL)")
+    return fleet(url)
 
 
 def collect_status(

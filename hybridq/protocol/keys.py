@@ -20,6 +20,10 @@ hybridq's own keys:
 * ``hybridq:waiting`` and ``hybridq:waiting:info`` -- jobs a worker could not run (it cannot
   import the task, or is not configured to allow it) and left for another worker, with why
   (:mod:`hybridq.worker.waiting`); ``status`` and ``doctor`` show them.
+* ``hybridq:stats:<owner>`` and ``hybridq:forwarders`` -- the stats snapshot each forwarder
+  publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
+  ``hybridq status --all``. Display only: anyone who can write to Redis can write them
+  (docs/security.md), so nothing decides anything from them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "RQ_PREFIX",
     "epoch",
     "events",
+    "forwarders",
     "lease",
     "node_asks",
     "node_reply",
@@ -43,6 +48,7 @@ __all__ = [
     "rq_queue",
     "rq_queues",
     "rq_registry",
+    "stats",
     "waiting",
     "waiting_info",
 ]
@@ -131,3 +137,13 @@ def node_asks(node: str) -> str:
 def node_reply(token: str) -> str:
     """The one-off key a lookup's answer is pushed to (``token``: 32 random hex digits)."""
     return f"{NODE_REPLY_PREFIX}{token}"
+
+
+def stats(owner: str) -> str:
+    """The stats snapshot the forwarder ``owner`` published (JSON; expires unless published again)."""
+    return f"{PREFIX}stats:{owner}"
+
+
+def forwarders() -> str:
+    """Every forwarder that published its stats: owner id -> when it last did (unix seconds)."""
+    return f"{PREFIX}forwarders"

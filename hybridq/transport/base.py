@@ -13,10 +13,12 @@ from hybridq.errors import TransportError
 from hybridq.protocol import Delivery, Loc, Verdict
 
 __all__ = [
+    "MAX_STATS_BODY",
     "Delivery",
     "Event",
     "Loc",
     "Probe",
+    "Published",
     "PushResult",
     "RefillResult",
     "StateToken",
@@ -68,6 +70,28 @@ class Event:
 
     event_id: str
     body: Mapping[str, Any] | None
+
+
+#: A stats snapshot larger than this is not read (a forwarder's is well under 4 KiB plus its queues).
+MAX_STATS_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One forwarder's stats snapshot as Redis holds it (``hybridq status --all``).
+
+    Display only: anyone who can write to Redis can write one (docs/security.md).
+    """
+
+    owner: str
+    #: When it last published, by its own clock (unix seconds; the sorted set's score).
+    last_seen: float
+    #: The snapshot (JSON), ``None`` once it expired: the forwarder has not published for its TTL.
+    body: bytes | None
+    #: Seconds the snapshot has left before it expires (by Redis's clock), ``None`` with no body.
+    ttl_left_s: float | None
+    #: Why the entry cannot be read (a key of another type, too large): listed as invalid.
+    error: str | None = None
 
 
 class Transport(abc.ABC):
@@ -169,6 +193,20 @@ class Transport(abc.ABC):
         none will run it. The default cannot cancel: it raises (the forwarder keeps asking).
         """
         raise TransportError(f"{type(self).__name__} cannot cancel jobs")
+
+    def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:  # noqa: B027
+        """Publish ``owner``'s stats snapshot for ``ttl_s`` seconds (``hybridq status --all``).
+
+        The default publishes nowhere (a transport without a shared place to put it).
+        """
+
+    def read_stats(self, limit: int) -> list[Published]:  # noqa: ARG002
+        """Every published stats snapshot, the most recently seen first, at most ``limit``."""
+        return []
+
+    def forget_stats(self, owner: str) -> bool:  # noqa: ARG002
+        """Remove ``owner``'s snapshot and its entry (a forwarder removed for good); False if absent."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

@@ -36,7 +36,8 @@ from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
 from hybridq.transport.redisurl import transport_error
 
-from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
+from . import rq_stats
+from .base import Delivery, Event, Probe, Published, PushResult, RefillResult, StateToken, Transport, Verdict
 from .rq_codec import (
     _compress,
     _decode_event,
@@ -344,6 +345,27 @@ class RQTransport(Transport):
         """Raise TransportError unless Redis answers PING."""
         try:
             self.connection.ping()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+
+    def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
+        """Set ``owner``'s snapshot with its TTL and note it in the set of forwarders (:mod:`.rq_stats`)."""
+        try:
+            rq_stats.publish(self.connection, owner, body, ttl_s)
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+
+    def read_stats(self, limit: int) -> list[Published]:
+        """The published snapshots seen by Redis's time, the most recent first (:mod:`.rq_stats`)."""
+        try:
+            return rq_stats.read(self.connection, limit)[1]
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+
+    def forget_stats(self, owner: str) -> bool:
+        """Remove ``owner``'s snapshot and entry (:mod:`.rq_stats`)."""
+        try:
+            return rq_stats.forget(self.connection, owner)
         except RedisError as exc:
             raise transport_error(exc) from exc
 

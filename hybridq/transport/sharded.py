@@ -37,7 +37,7 @@ from typing import TypeVar
 from hybridq.errors import TransportError
 from hybridq.transport.redisurl import redact_url
 
-from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
+from .base import Delivery, Event, Probe, Published, PushResult, RefillResult, StateToken, Transport, Verdict
 from .routes import Routes
 
 __all__ = ["ShardedTransport", "compose_epoch", "split_epoch"]
@@ -288,6 +288,18 @@ class ShardedTransport(Transport):
                 raise TransportError(f"waiting for completion events: {error}")
             if time.monotonic() >= deadline:
                 return False
+
+    def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
+        """On the default Redis, the one ``hybridq status --all --redis URL`` is given."""
+        self.shards[0].publish_stats(owner, body, ttl_s)
+
+    def read_stats(self, limit: int) -> list[Published]:
+        """From the default Redis (where :meth:`publish_stats` puts them)."""
+        return self.shards[0].read_stats(limit)
+
+    def forget_stats(self, owner: str) -> bool:
+        """From the default Redis (where :meth:`publish_stats` puts them)."""
+        return self.shards[0].forget_stats(owner)
 
     def close(self) -> None:
         """Stop the waiters (each ends within its block time) and close every Redis's transport."""

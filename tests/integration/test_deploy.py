@@ -525,7 +525,7 @@ def acl_with_passwords(tmp_path: Path) -> tuple[Path, dict[str, str]]:
             digest = hashlib.sha256(passwords[words[1]].encode()).hexdigest()
             words[words.index(PLACEHOLDER_HASH)] = "#" + digest
         out.append(" ".join(words))
-    assert set(passwords) == {"hybridq-forwarder", "hybridq-worker", "admin"}
+    assert set(passwords) == {"hybridq-forwarder", "hybridq-worker", "hybridq-monitor", "admin"}
     path = tmp_path / "users.acl"
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path, passwords
@@ -559,7 +559,7 @@ def test_redis_conf_is_the_one_running(deployed_redis: DeployedRedis) -> None:
         assert config["protected-mode"] == "yes"
         assert config["timeout"] == "0"
         users = {line.split()[1]: line for line in admin.acl_list()}
-        assert set(users) == {"default", "hybridq-forwarder", "hybridq-worker", "admin"}
+        assert set(users) == {"default", "hybridq-forwarder", "hybridq-worker", "hybridq-monitor", "admin"}
         assert " off " in users["default"]
     finally:
         admin.close()
@@ -618,6 +618,32 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
         status = collect_status(str(journal))
         assert (status["accepted"], status["succeeded"], status["pending"]) == (9, 9, 0)
         assert [job.get_status() for job in more] == ["finished"] * 3
+
+        # Both forwarders published their stats snapshots (status --all), as the forwarder user;
+        # the worker user can neither forge one nor read them.
+        from hybridq.ops.fleet import fleet
+        from redis.exceptions import NoPermissionError
+
+        seen = fleet(url)
+        assert (seen["fresh"], seen["stale"]) == (2, 0)
+        assert {f["owner"] for f in seen["forwarders"]} == {
+            forwarder.checkpoint.owner,
+            forwarder_b.checkpoint.owner,
+        }
+        with pytest.raises(NoPermissionError):
+            conn.set("hybridq:stats:forged", "{}")
+        with pytest.raises(NoPermissionError):
+            conn.zadd("hybridq:forwarders", {"forged": 1.0})
+        # The read-only monitor user sees the same view, and can write nothing.
+        monitored = fleet(deployed_redis.url("hybridq-monitor"))
+        assert (monitored["fresh"], monitored["invalid"]) == (2, 0)
+        assert [f["owner"] for f in monitored["forwarders"]] == [f["owner"] for f in seen["forwarders"]]
+        monitor = deployed_redis.client("hybridq-monitor")
+        try:
+            with pytest.raises(NoPermissionError):
+                monitor.set("hybridq:stats:forged", "{}")
+        finally:
+            monitor.close()
     finally:
         for f in (forwarder, forwarder_b):
             f.close()
@@ -630,9 +656,19 @@ def test_full_cycle_as_the_forwarder_and_worker_acl_users(
         admin.close()
     # Nothing hybridq or RQ did was refused, except redis-py's optional CLIENT SETINFO on connect
     # (which Redis 6.2 does not even have; redis-py ignores the error).
-    assert set(refused) <= {
-        (user, "client", "command") for user in ("hybridq-forwarder", "hybridq-worker")
-    }, refused
+    # The worker user's forged stats snapshot, refused on purpose above.
+    forged = {
+        ("hybridq-worker", "hybridq:stats:forged", "key"),
+        ("hybridq-worker", "hybridq:forwarders", "key"),
+        ("hybridq-monitor", "set", "command"),
+    }
+    assert (
+        set(refused)
+        <= {
+            (user, "client", "command") for user in ("hybridq-forwarder", "hybridq-worker", "hybridq-monitor")
+        }
+        | forged
+    ), refused
 
 
 @pytest.mark.parametrize(

@@ -140,6 +140,11 @@ def test_forward_status_doctor_and_worker_through_a_sentinel_url(
     status = hybridq(env, "status", "--json", "--journal", str(journal_dir))
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["redis"]["up"] is True
+    # status --all through the Sentinel URL: the forwarder published there as it pushes there.
+    every = hybridq(env, "status", "--all", "--json")
+    assert every.returncode == 0, every.stderr
+    fleet = json.loads(every.stdout)
+    assert (fleet["fresh"], [f["accepted"] for f in fleet["forwarders"]]) == (1, [5])
     doctor = hybridq(env, "doctor", "--journal", str(journal_dir))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert (tmp_path / "effects.txt").read_text().split() == [f"t{i}" for i in range(5)]

@@ -27,6 +27,7 @@ from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.filters import MAX_TEXT
 from hybridq.http.dashboard.jobs_list import STATUSES, recent_jobs
+from hybridq.http.dashboard.fleet_view import fleet_section
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.templating import page_number, render, url_id
 from hybridq.ledger.checkpoint import load_checkpoint
@@ -150,7 +151,10 @@ class Pages:
         A new section (a fleet of journals, say) is one more entry here and one template.
         """
         s = self.figures()
-        return "overview.html", {"sections": [self._cards(s), self._rates(s)]}
+        sections = [self._cards(s), self._rates(s)]
+        if self.config.redis_url is not None:
+            sections.append(fleet_section(self.config.redis_url))  # every forwarder on that Redis
+        return "overview.html", {"sections": sections}
 
     def _cards(self, s: Mapping[str, Any]) -> dict[str, Any]:
         capacity = getattr(self.config, "capacity", None)
