@@ -254,6 +254,7 @@ def test_what_a_forger_writes_breaks_no_view_and_fakes_no_line(redis_server: Red
     from click.testing import CliRunner
     from hybridq.cli import cli
     from hybridq.http.dashboard.fleet_view import fleet_section
+    from hybridq.http.dashboard.templating import render
     from hybridq.http.metrics import FleetCollector
     from hybridq.protocol import keys
     from hybridq.transport.rq import RQTransport
@@ -304,7 +305,7 @@ def test_what_a_forger_writes_breaks_no_view_and_fakes_no_line(redis_server: Red
     registry.register(FleetCollector(redis_server.url))
     metrics = generate_latest(registry).decode()
     assert "hybridq_fleet_redis_up 1.0" in metrics
-    fleet_section(redis_server.url).encode()
+    render("sections/fleet.html", section=fleet_section(redis_server.url)).encode()  # no surrogate left
 
 
 def test_status_all_forget_removes_a_forwarder_scaled_down(redis_server: RedisServer) -> None:

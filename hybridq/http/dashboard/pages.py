@@ -26,8 +26,8 @@ from hybridq.errors import HybridqError
 from hybridq.http.config import ServeConfig
 from hybridq.http.dashboard import csrf
 from hybridq.http.dashboard.filters import MAX_TEXT
-from hybridq.http.dashboard.jobs_list import STATUSES, recent_jobs
 from hybridq.http.dashboard.fleet_view import fleet_section
+from hybridq.http.dashboard.jobs_list import STATUSES, recent_jobs
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.templating import page_number, render, url_id
 from hybridq.ledger.checkpoint import load_checkpoint
