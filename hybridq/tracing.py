@@ -14,8 +14,9 @@ hook is one dictionary look-up: :func:`tracer` returns ``None``.
   the enqueue span, with the job id, queue, task, attempt and outcome.
 
 A tracing failure never fails a job: a hook whose span cannot be made logs a warning and goes
-on untraced, and a carrier larger than :data:`MAX_CARRIER_CHARS` is not stored. This module
-imports nothing of hybridq's: every role uses it.
+on untraced. A carrier larger than :data:`MAX_CARRIER_CHARS` keeps only its ``traceparent``
+(and ``tracestate`` if it still fits), stored and read alike: the trace goes on, the baggage is
+dropped. This module imports nothing of hybridq's: every role uses it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ __all__ = ["MAX_CARRIER_CHARS", "end_run", "enqueue_carrier", "push_span", "star
 #: The most characters a stored trace context may hold (keys and values): a W3C
 #: ``traceparent`` is 55, a ``tracestate`` at most 512; baggage past this is not carried.
 MAX_CARRIER_CHARS = 4096
+#: The keys a carrier over :data:`MAX_CARRIER_CHARS` keeps while they fit: the parent first.
+_KEPT = ("traceparent", "tracestate")
 #: The most links one push span holds (the SDK keeps 128 by default).
 _MAX_LINKS = 128
 _SYSTEM = {"messaging.system": "hybridq"}
@@ -72,7 +75,23 @@ def enqueue_carrier(job_id: str, func: str, queue: str) -> dict[str, str] | None
     except Exception:  # the application's SDK or propagator: never the enqueue's failure
         log.warning("tracing: the enqueue span of job %s failed; not traced", job_id, exc_info=True)
         return None
-    return carrier if 0 < sum(len(k) + len(v) for k, v in carrier.items()) <= MAX_CARRIER_CHARS else None
+    return _bounded(carrier)
+
+
+def _bounded(carrier: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``carrier`` within :data:`MAX_CARRIER_CHARS`: past it, what of :data:`_KEPT` fits."""
+    if not carrier:
+        return None
+    if sum(len(k) + len(v) for k, v in carrier.items()) <= MAX_CARRIER_CHARS:
+        return dict(carrier)
+    kept: dict[str, str] = {}
+    room = MAX_CARRIER_CHARS
+    for key in _KEPT:
+        value = carrier.get(key)
+        if value is not None and len(key) + len(value) <= room:
+            kept[key] = value
+            room -= len(key) + len(value)
+    return kept or None
 
 
 def _attributes(operation: str, job_id: str, func: str, queue: str) -> dict[str, Any]:
@@ -97,7 +116,8 @@ def _enqueue(found: Any, attributes: dict[str, Any]) -> dict[str, str]:
 def _context(carrier: Mapping[str, str] | None) -> Any:
     from opentelemetry import propagate  # noqa: PLC0415 - tracer() found it imported
 
-    return propagate.extract(dict(carrier)) if carrier else None
+    bounded = _bounded(carrier)  # a record's, written by anyone: read within the same bound
+    return propagate.extract(bounded) if bounded else None
 
 
 @contextmanager
@@ -137,7 +157,8 @@ def start_run(carrier: Mapping[str, str] | None, *, job_id: str, func: str, queu
     """Start the span of one run of a job, current until :func:`end_run`; ``None`` untraced.
 
     A child of the job's enqueue span when its envelope carries one: spans the task opens are
-    children of this one. The worker starts it when the task starts, and ends it with the outcome.
+    children of this one, and the task's context holds the envelope's baggage. The worker
+    starts it when the task starts, and ends it with the outcome.
     """
     found = tracer()
     if found is None:
@@ -146,10 +167,12 @@ def start_run(carrier: Mapping[str, str] | None, *, job_id: str, func: str, queu
         from opentelemetry import context, trace  # noqa: PLC0415 - tracer() found it imported
 
         attributes = {**_attributes("process", job_id, func, queue), "hybridq.attempt": attempt}
+        parent = _context(carrier)
         span = found.start_span(
-            "hybridq.run", context=_context(carrier), kind=trace.SpanKind.CONSUMER, attributes=attributes
+            "hybridq.run", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
         )
-        return span, context.attach(trace.set_span_in_context(span))
+        # In the record's context, not the worker's: the task sees the enqueue's baggage too.
+        return span, context.attach(trace.set_span_in_context(span, parent))
     except Exception:  # the application's SDK, or a record's context: never the run's failure
         log.warning("tracing: the run span of job %s failed; not traced", job_id, exc_info=True)
         return None

@@ -3,6 +3,8 @@
 :mod:`hybridq.envelope.model` decodes with these (a record that fails is invalid: the forwarder records
 it so and goes on) and :meth:`hybridq.Queue.prepare` refuses with them (one clear error, nothing
 written). The caps keep every number inside what RQ, Redis and Python's ``datetime`` take.
+The bounds of tagged values (the end of this module) keep what a caller sends readable, and
+reading it linear in its size (:mod:`hybridq.envelope.tagged`).
 
 This module must not import redis, rq, click or the journal.
 """
@@ -10,18 +12,29 @@ This module must not import redis, rq, click or the journal.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Collection
+from decimal import Decimal
 from typing import Any
 
 from hybridq.errors import EnvelopeError
 
 __all__ = [
     "MAX_ATTEMPTS",
+    "MAX_DECIMAL_DIGITS",
+    "MAX_NESTING",
     "MAX_REQUEUE",
+    "MAX_SAME_HASH",
     "MAX_SECONDS",
+    "MAX_SET_MEMBERS",
     "MAX_TIMESTAMP",
+    "Refused",
     "check_seconds",
     "check_time",
+    "few",
+    "few_hashes",
     "finite",
+    "finite_decimal",
     "is_int",
     "is_number",
     "key_text",
@@ -33,6 +46,7 @@ __all__ = [
     "text_map",
     "time_value",
     "to_float",
+    "too_deep",
     "typed",
 ]
 
@@ -175,3 +189,56 @@ def check_time(name: str, value: object) -> float:
             f"{name} must be a Unix time from 0 to {MAX_TIMESTAMP:.0f} (year 9999), not {value!r:.60}"
         )
     return number
+
+
+# The bounds of tagged values (hybridq.envelope.tagged), both ways: docs/http.md lists them.
+
+#: The deepest nesting of JSON arrays and objects a value may have, tags' own included (a tuple
+#: is two: its object and its array), as a whole record may (hybridq.envelope.codec).
+MAX_NESTING = 100
+#: The most members a set or frozenset may have.
+MAX_SET_MEMBERS = 10_000
+#: The most members of one set that may share a hash (a set of them costs their count squared).
+MAX_SAME_HASH = 16
+#: The most digits a decimal may have, and the largest magnitude of its adjusted exponent
+#: (Python's own bound on the digits of an ``int`` read from text).
+MAX_DECIMAL_DIGITS = 4300
+
+
+class Refused(ValueError):
+    """A refusal already worded for the caller: passed up through the enclosing values as it is."""
+
+
+def too_deep() -> ValueError:
+    """The refusal of a value nested past :data:`MAX_NESTING` (written or read)."""
+    return Refused(f"a value is nested deeper than {MAX_NESTING} levels of arrays and objects (or a cycle)")
+
+
+def few(members: Collection[Any]) -> None:
+    """Refuse more than :data:`MAX_SET_MEMBERS` members (checked before any is read)."""
+    if len(members) > MAX_SET_MEMBERS:
+        raise ValueError(f"a set of {len(members)} members (at most {MAX_SET_MEMBERS})")
+
+
+def few_hashes(members: Collection[Any]) -> None:
+    """Refuse members too many, or too many of which share a hash, to make a set of.
+
+    Counted before any set is built: the hashes are ints below ``2**61``, each its own hash, so
+    the count itself is linear.
+
+    Raises:
+        ValueError: over :data:`MAX_SET_MEMBERS` members, or :data:`MAX_SAME_HASH` with one hash.
+    """
+    few(members)
+    shared = max(Counter(map(hash, members)).values(), default=0)
+    if shared > MAX_SAME_HASH:
+        raise ValueError(f"{shared} members of a set share one hash (at most {MAX_SAME_HASH})")
+
+
+def finite_decimal(value: Decimal) -> Decimal:
+    """``value`` if it is finite and within :data:`MAX_DECIMAL_DIGITS` (digits and exponent)."""
+    if not value.is_finite():
+        raise ValueError(f"decimal {value} is not finite (JSON has no NaN nor Infinity)")
+    if len(value.as_tuple().digits) > MAX_DECIMAL_DIGITS or abs(value.adjusted()) > MAX_DECIMAL_DIGITS:
+        raise ValueError(f"a decimal of over {MAX_DECIMAL_DIGITS} digits or exponent")
+    return value

@@ -11,6 +11,15 @@ sorted by their elements' JSON, so the same set gives the same bytes in every pr
 retried enqueue's fingerprint compares). Anything else is refused with a one-line
 ``TypeError`` (``NotSerializable`` to the caller).
 
+Both ways the same bounds hold (:mod:`hybridq.envelope.limits`, listed in docs/http.md), so
+that whatever is written reads back, and reading costs time in proportion to the text:
+``MAX_NESTING`` levels of arrays and objects (the envelope's own bound; deeper, the
+interpreter's recursion fails); ``MAX_SET_MEMBERS`` members of a set, at most
+``MAX_SAME_HASH`` of them sharing a hash (numbers and UUIDs hash as their value modulo
+``2**61 - 1``: a request could send thousands of members of one hash, each insertion comparing
+with all the previous ones); a decimal finite, of at most ``MAX_DECIMAL_DIGITS`` digits and an
+adjusted exponent within as many (JSON has no NaN; ``int()`` of ``1e200000`` takes seconds).
+
 :func:`encode` gives the JSON form (and whether it holds a tag); :func:`decode` the values back
 (``strict``: a malformed tag raises ``ValueError``, for records marked as tagged; otherwise it
 is left as it is, for results stored before tags existed). docs/http.md lists the tags for
@@ -31,6 +40,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from hybridq.envelope.limits import MAX_NESTING, Refused, few, few_hashes, finite_decimal, too_deep
 from hybridq.errors import NotSerializable
 
 __all__ = [
@@ -55,10 +65,18 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 class _Encoder:
     """One walk of a value; :attr:`tagged` says whether it wrote a tag."""
 
-    __slots__ = ("tagged",)
+    __slots__ = ("depth", "tagged")
 
     def __init__(self) -> None:
         self.tagged = False
+        self.depth = 0  # the JSON arrays and objects around the value being written
+
+    def enter(self, levels: int) -> None:
+        """Go ``levels`` arrays or objects deeper (:data:`~hybridq.envelope.limits.MAX_NESTING` at most)."""
+        depth = self.depth + levels
+        if depth > MAX_NESTING:
+            raise too_deep()
+        self.depth = depth
 
     def value(self, value: Any) -> Any:
         """The JSON form of ``value`` (``value`` itself when it is JSON already)."""
@@ -72,10 +90,24 @@ class _Encoder:
         write = _WRITERS.get(kind)
         if write is None:
             return self.subclass(value)
+        return self.tag(write, value)
+
+    def tag(self, write: Callable[[_Encoder, Any], dict[str, Any]], value: Any) -> dict[str, Any]:
         self.tagged = True
-        return write(self, value)
+        self.enter(1)
+        out = write(self, value)
+        self.depth -= 1
+        return out
+
+    def walk(self, values: Iterable[Any]) -> list[Any]:
+        """The JSON forms of a tag's members (its array, one level deeper)."""
+        self.enter(1)
+        out = [self.value(item) for item in values]
+        self.depth -= 1
+        return out
 
     def items(self, values: list[Any]) -> list[Any]:
+        self.enter(1)
         out: list[Any] | None = None  # copied at the first item that changes
         scalars = _SCALARS
         for at, item in enumerate(values):
@@ -86,10 +118,13 @@ class _Encoder:
                 if out is None:
                     out = list(values)
                 out[at] = encoded
+        self.depth -= 1
         return values if out is None else out
 
     def mapping(self, value: Mapping[Any, Any]) -> dict[str, Any]:
         out: dict[str, Any] | None = None if type(value) is dict else {}
+        levels = 2 if TAG_KEY in value else 1  # escaped: {"$t": "dict", "v": {...}}
+        self.enter(levels)
         scalars = _SCALARS
         for key, item in value.items():
             if type(key) is not str:
@@ -100,8 +135,9 @@ class _Encoder:
             elif encoded is not item:
                 out = dict(value)
                 out[key] = encoded
+        self.depth -= levels
         result: dict[str, Any] = value if out is None else out  # type: ignore[assignment]
-        if TAG_KEY in result:
+        if levels == 2:
             self.tagged = True
             return {TAG_KEY: "dict", "v": result}
         return result
@@ -116,8 +152,7 @@ class _Encoder:
             return self.items(list(value))
         for base, write in _WRITERS.items():
             if isinstance(value, base):
-                self.tagged = True
-                return write(self, value)
+                return self.tag(write, value)
         raise TypeError(f"{type(value).__name__} is not JSON, nor a type hybridq tags: {value!r:.60}")
 
 
@@ -133,7 +168,8 @@ def _time_fields(value: dt.datetime | dt.time) -> dict[str, Any]:
 
 
 def _sorted_items(enc: _Encoder, values: set[Any] | frozenset[Any]) -> list[Any]:
-    items = [enc.value(item) for item in values]
+    few_hashes(values)
+    items = enc.walk(values)
     return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
 
 
@@ -142,10 +178,10 @@ _WRITERS: dict[type, Callable[[_Encoder, Any], dict[str, Any]]] = {
     dt.datetime: lambda _, v: {TAG_KEY: "datetime", "v": v.isoformat(), **_time_fields(v)},
     dt.date: lambda _, v: {TAG_KEY: "date", "v": v.isoformat()},
     dt.time: lambda _, v: {TAG_KEY: "time", "v": v.isoformat(), **_time_fields(v)},
-    Decimal: lambda _, v: {TAG_KEY: "decimal", "v": str(v)},
+    Decimal: lambda _, v: {TAG_KEY: "decimal", "v": str(finite_decimal(v))},
     uuid.UUID: lambda _, v: {TAG_KEY: "uuid", "v": str(v)},
     bytes: lambda _, v: {TAG_KEY: "bytes", "v": base64.b64encode(v).decode("ascii")},
-    tuple: lambda enc, v: {TAG_KEY: "tuple", "v": [enc.value(item) for item in v]},
+    tuple: lambda enc, v: {TAG_KEY: "tuple", "v": enc.walk(v)},
     set: lambda enc, v: {TAG_KEY: "set", "v": _sorted_items(enc, v)},
     frozenset: lambda enc, v: {TAG_KEY: "frozenset", "v": _sorted_items(enc, v)},
 }
@@ -158,7 +194,8 @@ def encode(value: Any) -> tuple[Any, bool]:
 
     Raises:
         TypeError: a value of no supported type, or a dict key that is not a string.
-        RecursionError: a cycle, or nesting deeper than the interpreter allows.
+        ValueError: a value past the module's bounds (nesting, a set's members, a decimal),
+            or a cycle.
     """
     enc = _Encoder()
     out = enc.value(value)
@@ -191,19 +228,32 @@ def tag_call(
         # The names are the call's own (``$t`` among them, for a ``**kwargs`` task): only the
         # values are encoded, and decoded (:meth:`hybridq.envelope.model.Envelope.call_args`).
         out_kwargs = {name: enc.value(item) for name, item in kwargs.items()}
-    except (TypeError, RecursionError) as exc:
-        message = str(exc) if isinstance(exc, TypeError) else "they nest too deep (or hold a cycle)"
+    except (TypeError, ValueError, RecursionError) as exc:
+        message = "they nest too deep (or hold a cycle)" if isinstance(exc, RecursionError) else str(exc)
         raise NotSerializable(f"job {func}: arguments must be JSON or of a tagged type: {message}") from None
     return out_args, out_kwargs, TAGS_VERSION if enc.tagged else 0
 
 
 def _read_time(kind: Callable[[str], Any], body: Mapping[str, Any]) -> Any:
     value = kind(_text(body))
-    zone = body.get("tz")
-    if zone is not None:
-        value = value.replace(tzinfo=ZoneInfo(_checked(zone, str)))
     fold = body.get("fold", 0)
-    return value.replace(fold=fold) if fold in (0, 1) and type(fold) is int else _bad(body)
+    if type(fold) is not int or fold not in (0, 1):
+        return _bad(body)
+    zone = body.get("tz")
+    if zone is None:
+        return value.replace(fold=fold)
+    stated = value.utcoffset()  # the text's own offset, if it has one: the zone's, or refused
+    value = value.replace(tzinfo=_zone(_checked(zone, str)), fold=fold)
+    if stated is not None and value.utcoffset() != stated:
+        raise ValueError(f"its offset is not the one {zone!r:.40} has at that time")
+    return value
+
+
+def _zone(key: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(key)
+    except (OSError, ValueError, LookupError) as exc:  # a directory of zones is an OSError
+        raise ValueError(f"no time zone {key!r:.40} ({type(exc).__name__})") from None
 
 
 def _text(body: Mapping[str, Any]) -> str:
@@ -218,7 +268,7 @@ def _checked(value: Any, kind: type) -> Any:
 
 
 def _bad(body: Mapping[str, Any]) -> Any:
-    raise ValueError(f"malformed tagged value {body!r:.80}")
+    raise Refused(f"malformed tagged value {body!r:.80}")
 
 
 def _b64(text: str) -> bytes:
@@ -227,6 +277,13 @@ def _b64(text: str) -> bytes:
 
 def _members(decode_item: Callable[[Any], Any], body: Mapping[str, Any]) -> list[Any]:
     return [decode_item(item) for item in _checked(body["v"], list)]
+
+
+def _set_members(decode_item: Callable[[Any], Any], body: Mapping[str, Any]) -> list[Any]:
+    few(_checked(body["v"], list))  # before any member is read
+    members = _members(decode_item, body)
+    few_hashes(members)
+    return members
 
 
 #: The tags, and the keys each may have besides ``$t`` and ``v``.
@@ -246,12 +303,12 @@ _READERS: dict[str, Callable[[Callable[[Any], Any], Mapping[str, Any]], Any]] = 
     "datetime": lambda _, b: _read_time(dt.datetime.fromisoformat, b),
     "date": lambda _, b: dt.date.fromisoformat(_text(b)),
     "time": lambda _, b: _read_time(dt.time.fromisoformat, b),
-    "decimal": lambda _, b: Decimal(_text(b)),
+    "decimal": lambda _, b: finite_decimal(Decimal(_text(b))),
     "uuid": lambda _, b: uuid.UUID(_text(b)),
     "bytes": lambda _, b: _b64(_text(b)),
     "tuple": lambda d, b: tuple(_members(d, b)),
-    "set": lambda d, b: set(_members(d, b)),
-    "frozenset": lambda d, b: frozenset(_members(d, b)),
+    "set": lambda d, b: set(_set_members(d, b)),
+    "frozenset": lambda d, b: frozenset(_set_members(d, b)),
     "dict": lambda d, b: {key: d(item) for key, item in _checked(b["v"], dict).items()},
 }
 
@@ -263,28 +320,47 @@ def decode(value: Any, *, strict: bool = True) -> Any:
         value: a decoded JSON value.
         strict: a ``"$t"`` key that is not a well-formed tag raises ``ValueError`` (a record
             marked as tagged, or an HTTP request); without it such a dict is left as it is
-            (a result stored before tags existed).
+            (a result stored before tags existed), and so is a value nested past
+            :data:`~hybridq.envelope.limits.MAX_NESTING`.
 
     Raises:
         ValueError: ``strict`` and a malformed tag (unknown tag, extra keys, a value of the
-            wrong type or text that does not parse).
+            wrong type or text that does not parse, past the module's bounds) or a value
+            nested deeper than :data:`~hybridq.envelope.limits.MAX_NESTING`. One line, however deep the value.
     """
+    return _decode(value, strict, 0)
+
+
+def _decode(value: Any, strict: bool, depth: int) -> Any:
+    """:func:`decode` of ``value``, inside ``depth`` arrays and objects."""
     kind = type(value)
-    if kind is list:
-        return [decode(item, strict=strict) for item in value]
-    if kind is not dict:
+    if kind is not list and kind is not dict:
         return value
+    depth += 1
+    if depth > MAX_NESTING:
+        if strict:
+            raise too_deep()
+        return value
+    if kind is list:
+        return [_decode(item, strict, depth) for item in value]
     if TAG_KEY not in value:
-        return {key: decode(item, strict=strict) for key, item in value.items()}
+        return {key: _decode(item, strict, depth) for key, item in value.items()}
     tag = value[TAG_KEY]
     allowed = TAGS.get(tag) if type(tag) is str else None
     if allowed is None or "v" not in value or not set(value).issubset(allowed | {TAG_KEY, "v"}):
         return _bad(value) if strict else value
+    inner = depth + 1  # the tag's array or object, around its members
     try:
-        return _READERS[tag](lambda item: decode(item, strict=strict), value)
+        if inner > MAX_NESTING and type(value["v"]) in (list, dict):
+            raise too_deep()
+        return _READERS[tag](lambda item: _decode(item, strict, inner), value)
+    except Refused:
+        if strict:
+            raise
+        return value
     except (TypeError, ValueError, KeyError, LookupError, binascii.Error, ArithmeticError) as exc:
         if strict:
-            raise ValueError(f"malformed tagged value {value!r:.80}: {exc}") from None
+            raise Refused(f"malformed tagged value {value!r:.80}: {exc}") from None
         return value
 
 
@@ -303,5 +379,14 @@ def read_result(text: str) -> Any:
 
 
 def has_tags(text: str) -> bool:
-    """Whether JSON text may hold a tag (a cheap test before :func:`decode` walks a value)."""
-    return '"$t"' in text or "\\u0024t" in text.lower()
+    """Whether JSON text may hold a tag (a cheap test before :func:`decode` walks a value).
+
+    Conservative: a ``$`` or a ``t`` written as a ``\\u`` escape anywhere (``"\\u0024\\u0074"``
+    is ``"$t"`` to JSON) means it may.
+    """
+    if '"$t"' in text:
+        return True
+    if "\\u" not in text:
+        return False
+    lowered = text.lower()
+    return "\\u0024" in lowered or "\\u0074" in lowered

@@ -36,7 +36,9 @@ _DATETIMES = st.datetimes(timezones=_TZ, allow_imaginary=True).flatmap(
     lambda d: st.sampled_from([d, d.replace(fold=1)])
 )
 _TIMES = st.times(timezones=st.none() | _OFFSETS)
-_DECIMALS = st.decimals(allow_nan=False) | st.sampled_from([Decimal("-0"), Decimal("1.10"), Decimal("1E+3")])
+_DECIMALS = st.decimals(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    [Decimal("-0"), Decimal("1.10"), Decimal("1E+3")]
+)
 _HASHABLE = st.recursive(
     st.integers() | st.text(max_size=5) | st.uuids() | st.dates() | st.binary(max_size=8) | _DECIMALS,
     lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),

@@ -144,3 +144,49 @@ def test_every_run_of_a_job_is_a_child_of_its_one_enqueue(
     assert [run.attributes["hybridq.attempt"] for run in runs] == [1, 1]  # type: ignore[index]
     assert {run.parent.span_id for run in runs if run.parent} == {enqueue.get_span_context().span_id}
     assert job.envelope.id == enqueue.attributes["messaging.message.id"]  # type: ignore[index]
+
+
+BIG_BAGGAGE = {f"k{n}": "x" * 1000 for n in range(5)}  # over 4,096 characters in all
+
+
+def test_a_context_over_the_cap_keeps_its_traceparent_and_drops_the_baggage(
+    spans: InMemorySpanExporter, journal_dir: Path
+) -> None:
+    """Before: the whole context was dropped, so the job's runs lost their parent."""
+    from opentelemetry import baggage, context
+
+    ctx = None
+    for key, value in BIG_BAGGAGE.items():
+        ctx = baggage.set_baggage(key, value, ctx)
+    token = context.attach(ctx)
+    try:
+        Queue("default", journal_dir).enqueue("tests.tasks.add", 1, 2)
+    finally:
+        context.detach(token)
+    [record] = JournalReader(str(journal_dir)).records()
+    [enqueue] = named(spans, "hybridq.enqueue")
+    stored = json.loads(record.payload)["trace"]
+    assert list(stored) == ["traceparent"]
+    assert stored["traceparent"].startswith(f"00-{enqueue.get_span_context().trace_id:032x}-")
+
+
+def test_a_worker_reads_a_records_context_within_the_same_cap(spans: InMemorySpanExporter) -> None:
+    """Before: a record's baggage of any size was extracted into every run's context."""
+    from opentelemetry import baggage
+
+    parent = f"00-{'1' * 32}-{'2' * 16}-01"
+    carrier = {"traceparent": parent, "baggage": ",".join(f"{k}={v}" for k, v in BIG_BAGGAGE.items())}
+    started = tracing.start_run(carrier, job_id="a1", func="tests.tasks.add", queue="default", attempt=1)
+    try:
+        assert baggage.get_all() == {}
+    finally:
+        tracing.end_run(started, "succeeded", final=True)
+    [run] = named(spans, "hybridq.run")
+    assert run.parent is not None
+    assert run.parent.span_id == 0x2222222222222222
+    small = {"traceparent": parent, "baggage": "k=v"}
+    started = tracing.start_run(small, job_id="a2", func="tests.tasks.add", queue="default", attempt=1)
+    try:
+        assert baggage.get_all() == {"k": "v"}  # within the cap: carried
+    finally:
+        tracing.end_run(started, "succeeded", final=True)
