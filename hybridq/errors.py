@@ -15,7 +15,8 @@
     │       └── SealError           sealing a segment failed
     ├── JournalLocked               another process holds a lock the caller needs
     ├── EnvelopeError (ValueError)  a job that cannot be enqueued as given; nothing was written
-    │   └── NotSerializable (TypeError)  arguments JSON cannot hold
+    │   ├── NotSerializable (TypeError)  arguments JSON cannot hold
+    │   └── ValueRefused            a tagged value refused as worded: too deep, too big, malformed
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
     │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
@@ -121,6 +122,7 @@ __all__ = [
     "TokensError",
     "TransportError",
     "UnencodableJobs",
+    "ValueRefused",
 ]
 
 
@@ -266,6 +268,14 @@ class EnvelopeError(HybridqError, ValueError):
 
 class NotSerializable(EnvelopeError, TypeError):
     """A job's arguments, keyword arguments or meta cannot be stored as JSON; nothing was written."""
+
+
+class ValueRefused(EnvelopeError):
+    """A tagged value (docs/api.md) refused with its reason worded for the caller.
+
+    Raised by :mod:`hybridq.envelope.limits` and :mod:`hybridq.envelope.tagged` and passed up
+    through the enclosing values as it is (one line, not wrapped once per level).
+    """
 
 
 class QueueFull(HybridqError):

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from hybridq.errors import EnvelopeError
+from hybridq.errors import ValueRefused as Refused  # the one class, in hybridq.errors
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -203,10 +204,6 @@ MAX_SAME_HASH = 16
 #: The most digits a decimal may have, and the largest magnitude of its adjusted exponent
 #: (Python's own bound on the digits of an ``int`` read from text).
 MAX_DECIMAL_DIGITS = 4300
-
-
-class Refused(ValueError):
-    """A refusal already worded for the caller: passed up through the enclosing values as it is."""
 
 
 def too_deep() -> ValueError:
