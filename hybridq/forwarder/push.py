@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridq.errors import RedisRefused, Stopped, TransportError, UnencodableJobs
+from hybridq.errors import RedisFull, RedisRefused, Stopped, TransportError, UnencodableJobs
 from hybridq.forwarder.state import ForwarderState
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
@@ -89,7 +89,9 @@ class Pusher:
     def push(self, batch: list[Delivery]) -> None:
         """Push until the transport takes the batch; back off while it is down.
 
-        Raises :class:`Stopped` if a stop is requested while the transport is down.
+        Raises :class:`Stopped` if a stop is requested while the transport is down, and
+        :class:`RedisFull` at once if Redis answers ``OOM`` (the caller leaves the jobs in its
+        run table: waiting for memory must not hold back the harvest that frees it).
         """
         if not batch:
             return
@@ -104,6 +106,8 @@ class Pusher:
                 if not batch:
                     return
                 continue
+            except RedisFull:
+                raise
             except TransportError as exc:
                 self.went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))

@@ -29,6 +29,7 @@ from hybridq.forwarder.config import (
     ForwarderConfig,
     check_key_ttl,
 )
+from hybridq.forwarder.runs import RunTable
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.reader import clamp_to_seals
@@ -75,6 +76,8 @@ class ForwarderState:
         self.checkpoint = Checkpoint()
         self.compacted = Compacted()
         self.index = LedgerIndex()
+        #: The jobs read and indexed but not pushed (the backlog beyond the window), on disk.
+        self.runs = RunTable(journal)
         self._writer: JournalWriter | None = None
         self._keys_writer: JournalWriter | None = None
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
@@ -117,6 +120,7 @@ class ForwarderState:
         self.pending = PendingTracker.rebuild(
             self.journal, self.checkpoint.positions, self.index, self.compacted
         )
+        self.runs.open()
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -134,7 +138,8 @@ class ForwarderState:
             save_checkpoint(self.journal, self.checkpoint)
 
     def close(self) -> None:
-        """Close the ledger and key store writers."""
+        """Close the ledger and key store writers and the run table."""
+        self.runs.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

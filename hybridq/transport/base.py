@@ -15,7 +15,9 @@ from hybridq.protocol import Delivery, Loc, Verdict
 __all__ = [
     "Delivery",
     "Event",
+    "Finished",
     "Loc",
+    "MemoryInfo",
     "Probe",
     "PushResult",
     "RefillResult",
@@ -60,6 +62,29 @@ class StateToken:
 
     epoch: str | None
     run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    """What Redis says of its memory (``INFO memory``): the forwarder's high-water mark reads it."""
+
+    #: Bytes in use (``used_memory``).
+    used: int
+    #: The limit (``maxmemory``); 0: none.
+    maxmemory: int
+    #: What Redis does at the limit (``maxmemory_policy``: ``noeviction``, ``allkeys-lru``...).
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job the ledger now holds as terminal (or retrying): what Redis may forget of it."""
+
+    job_id: str
+    key_id: str
+    queue: str
+    #: Whether its idempotency key is its own id (nobody else's dedup depends on the outcome).
+    implicit_key: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +194,30 @@ class Transport(abc.ABC):
         none will run it. The default cannot cancel: it raises (the forwarder keeps asking).
         """
         raise TransportError(f"{type(self).__name__} cannot cancel jobs")
+
+    def memory(self) -> MemoryInfo | None:
+        """The backend's memory use and limit (the fullest Redis of several); ``None``: unknown.
+
+        The default knows nothing: the forwarder's high-water mark is then off.
+        """
+        return None
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int] | None:  # noqa: ARG002
+        """How many jobs wait in each queue now (``LLEN``); ``None``: the backend cannot say.
+
+        The forwarder's window (docs/forwarder.md) sizes what it keeps in the backend from these;
+        the default (``None``) leaves the window open: every job is pushed as it is read.
+        """
+        return None
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:  # noqa: ARG002
+        """Delete what the backend keeps of jobs the ledger holds now (their hash, RQ's result).
+
+        Called after the harvest made them durable (docs/forwarder.md, "What Redis holds"): an
+        implicit key's stored outcome is kept ``result_ttl_s`` more (a second delivery waiting
+        on the lease reads it), an explicit key's keeps its own lifetime. The default keeps all.
+        """
+        return
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

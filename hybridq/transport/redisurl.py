@@ -15,7 +15,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from hybridq.errors import InvalidRedisURL, RedisRefused, TransportError
+from hybridq.errors import InvalidRedisURL, RedisFull, RedisRefused, TransportError
 from hybridq.transport.sentinel import SENTINEL_SCHEME, is_sentinel, parse_sentinel, sibling
 
 if TYPE_CHECKING:
@@ -177,6 +177,8 @@ def transport_error(exc: RedisError) -> TransportError:
     why = refusal(exc)
     if why is not None:
         return RedisRefused(f"Redis refused this configuration ({why}): {exc}")
+    if str(exc).startswith("OOM ") or "OOM command not allowed" in str(exc):
+        return RedisFull(f"Redis is full: {exc}")
     return TransportError(f"Redis: {exc}")
 
 

@@ -36,7 +36,18 @@ from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
 from hybridq.transport.redisurl import transport_error
 
-from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
+from .base import (
+    Delivery,
+    Event,
+    Finished,
+    MemoryInfo,
+    Probe,
+    PushResult,
+    RefillResult,
+    StateToken,
+    Transport,
+    Verdict,
+)
 from .rq_codec import (
     _compress,
     _decode_event,
@@ -47,7 +58,7 @@ from .rq_codec import (
     _text,
     _whole_seconds,
 )
-from .rq_scripts import _CANCEL, _EVICT, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
+from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
 
 __all__ = ["RQTransport"]
 
@@ -87,6 +98,7 @@ class RQTransport(Transport):
         self._refill = connection.register_script(_REFILL)
         self._state = connection.register_script(_STATE)
         self._cancel = connection.register_script(_CANCEL)
+        self._forget = connection.register_script(_FORGET)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -339,6 +351,54 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         return [bool(int(r)) for r in replies]
+
+    def memory(self) -> MemoryInfo:
+        """``INFO memory``: used, ``maxmemory`` and its policy (both ACL users may run INFO)."""
+        try:
+            info = self.connection.info("memory")
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        return MemoryInfo(
+            int(info.get("used_memory", 0)),
+            int(info.get("maxmemory", 0)),
+            str(info.get("maxmemory_policy", "noeviction")),
+        )
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int]:
+        """``LLEN`` of each queue, in one pipeline."""
+        if not queues:
+            return {}
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for queue in queues:
+                pipe.llen(keys.rq_queue(queue))
+            lengths: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        return {queue: int(n) for queue, n in zip(queues, lengths, strict=True)}
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
+        """Delete finished jobs' hashes and RQ results (see :meth:`Transport.drop_finished`), one pipeline."""
+        if not jobs:
+            return
+        ttl_ms = max(1, int(result_ttl_s * 1000))
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job in jobs:
+                self._forget(
+                    keys=[
+                        keys.rq_job(job.job_id),
+                        f"{keys.RQ_PREFIX}:results:{job.job_id}",
+                        keys.rq_registry("finished", job.queue),
+                        keys.rq_registry("failed", job.queue),
+                        keys.result(job.key_id),
+                    ],
+                    args=[job.job_id, "1" if job.implicit_key else "0", ttl_ms],
+                    client=pipe,
+                )
+            pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
 
     def ping(self) -> None:
         """Raise TransportError unless Redis answers PING."""

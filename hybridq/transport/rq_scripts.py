@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 
-__all__ = ["QUEUED_FIELDS", "_EVICT", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
+__all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
 #: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
@@ -236,4 +236,24 @@ if redis.call("EXISTS", KEYS[3]) == 1 then
     return 1
 end
 return 0
+"""
+
+
+# KEYS: RQ's job hash, RQ's results stream, RQ's finished and failed registries of its queue, the
+# key's stored outcome. ARGV: job id, 1 if the key is the job's own id, how long (ms) that stored
+# outcome stays. After the harvest put the job in the ledger (fsync'd): what Redis keeps of it
+# is a cache nobody reads (fetch_job and `failed list` read the ledger), so it goes now instead
+# of after RQ's result_ttl (docs/forwarder.md, "What Redis holds"). The first command is a DEL,
+# which Redis allows over maxmemory: the rest of the script then runs too (it only frees).
+_FORGET = """
+redis.call("DEL", KEYS[1], KEYS[2])
+redis.call("ZREM", KEYS[3], ARGV[1])
+redis.call("ZREM", KEYS[4], ARGV[1])
+if ARGV[2] == "1" then
+    local ttl = redis.call("PTTL", KEYS[5])
+    if ttl == -1 or ttl > tonumber(ARGV[3]) then
+        redis.call("PEXPIRE", KEYS[5], ARGV[3])
+    end
+end
+return 1
 """

@@ -37,7 +37,18 @@ from typing import TypeVar
 from hybridq.errors import TransportError
 from hybridq.transport.redisurl import redact_url
 
-from .base import Delivery, Event, Probe, PushResult, RefillResult, StateToken, Transport, Verdict
+from .base import (
+    Delivery,
+    Event,
+    Finished,
+    MemoryInfo,
+    Probe,
+    PushResult,
+    RefillResult,
+    StateToken,
+    Transport,
+    Verdict,
+)
 from .routes import Routes
 
 __all__ = ["ShardedTransport", "compose_epoch", "split_epoch"]
@@ -194,6 +205,28 @@ class ShardedTransport(Transport):
             for p, busy in zip(positions, running, strict=True):
                 out[p] = busy
         return out
+
+    def memory(self) -> MemoryInfo | None:
+        """The fullest Redis (highest share of its ``maxmemory`` used): the one a push may fill."""
+        infos = [info for info in (shard.memory() for shard in self.shards) if info is not None]
+        if not infos:
+            return None
+        return max(infos, key=lambda i: (i.used / i.maxmemory if i.maxmemory else 0.0, i.used))
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int] | None:
+        """Each queue's length, asked of its own Redis."""
+        out: dict[str, int] = {}
+        for shard, positions in self._split(queues, lambda q: q).items():
+            lengths = self.shards[shard].queue_lengths([queues[p] for p in positions])
+            if lengths is None:
+                return None
+            out.update(lengths)
+        return out
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
+        """Forget each finished job on its queue's Redis."""
+        for shard, positions in self._split(jobs, lambda j: j.queue).items():
+            self.shards[shard].drop_finished([jobs[p] for p in positions], result_ttl_s=result_ttl_s)
 
     def ping(self) -> None:
         """Raise TransportError unless every Redis answers (the message names the one that did not)."""
