@@ -334,7 +334,7 @@ class Forwarder:
             self._catch_up_lookup()
         if not self._stopping:
             self._maintain()
-        if done or self._lookup_due or time.monotonic() >= self._next_lookup:
+        if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
@@ -392,6 +392,8 @@ class Forwarder:
         self.completions.reconciler.check_epoch()
         self.backlog.gate.sample(self.transport, force=True)
         check_eviction_policy(self.backlog.gate.info, allow_eviction=self.config.allow_eviction)
+        # Finished jobs leave Redis: the worker deletes RQ's copy at the end (result_ttl 0).
+        self.transport.default_result_ttl_s = 0.0 if self._forgetting() else None
         self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
         if self.checkpoint.epoch != epoch:
             self._save(0)

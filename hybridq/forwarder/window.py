@@ -42,7 +42,7 @@ RATE_TAU_S = 5.0
 #: A boosted target halves after this long without an underrun (seconds).
 BOOST_DECAY_S = 10.0
 #: What a queued job is taken to cost Redis before the gate has measured it (bytes).
-BYTES_PER_JOB = 3000
+BYTES_PER_JOB = 4000
 #: How often the gate asks Redis for ``INFO memory`` (seconds).
 MEMORY_SAMPLE_S = 0.1
 
@@ -170,11 +170,13 @@ class MemoryGate:
             self._resume()
             return 1 << 62
         free = int(info.maxmemory * self.high_water) - info.used
-        if free < BYTES_PER_JOB:
+        # A job costs its hash, and while the push is in flight its copy in Redis's input
+        # buffer too (counted in used_memory): room for half as many keeps the peak at the mark.
+        if free < 2 * BYTES_PER_JOB:
             self._pause("high_water")
             return 0
         self._resume()
-        return free // BYTES_PER_JOB
+        return free // (2 * BYTES_PER_JOB)
 
     def pushed(self, n: int) -> None:
         """Count ``n`` jobs pushed since the last sample (they use memory the sample did not see)."""
@@ -191,7 +193,9 @@ class MemoryGate:
         if self.paused is None:
             info = self.info
             used = f"used {info.used} of {info.maxmemory} bytes" if info is not None else "memory"
-            log.warning(
+            # At the mark is flow control (routine under a backlog); an OOM reply is news.
+            log.log(
+                logging.WARNING if why == "oom" else logging.DEBUG,
                 "Redis is full (%s, %s): pushes paused, jobs wait in the journal, workers unaffected%s",
                 why.replace("_", "-") + " mark" if why == "high_water" else "OOM reply",
                 used,
@@ -203,8 +207,10 @@ class MemoryGate:
 
     def _resume(self) -> None:
         if self.paused is not None:
-            log.warning(
-                "Redis has room again: pushes resumed after %.1f s", self.clock() - (self.paused_since or 0.0)
+            log.log(
+                logging.WARNING if self.paused == "oom" else logging.DEBUG,
+                "Redis has room again: pushes resumed after %.1f s",
+                self.clock() - (self.paused_since or 0.0),
             )
             self.paused = self.paused_since = None
 

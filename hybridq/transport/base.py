@@ -146,6 +146,11 @@ class Transport(abc.ABC):
         """
         return 0, set()
 
+    #: How long RQ keeps the result of a job that does not ask for a ``result_ttl`` (seconds);
+    #: ``None``: RQ's own default. The forwarder sets 0 when finished jobs leave Redis at their
+    #: harvest (docs/forwarder.md, "What Redis holds"): the worker then deletes them at the end.
+    default_result_ttl_s: float | None = None
+
     #: Whether :meth:`wait_events` blocks until an event arrives (else the forwarder polls).
     blocking_events: bool = False
 

@@ -157,6 +157,8 @@ class RQTransport(Transport):
             str(timeout),
         ]
         result_ttl = _whole_seconds(env.result_ttl_s)
+        if result_ttl is None and self.default_result_ttl_s is not None:
+            result_ttl = round(self.default_result_ttl_s)  # 0: the worker deletes it at the end
         if result_ttl is not None:
             fields += ["result_ttl", str(result_ttl)]
         fields += ["meta", json.dumps(_meta(delivery)).encode()]

@@ -206,6 +206,16 @@ class ShardedTransport(Transport):
                 out[p] = busy
         return out
 
+    @property
+    def default_result_ttl_s(self) -> float | None:
+        """Every Redis's (see :attr:`Transport.default_result_ttl_s`)."""
+        return self.shards[0].default_result_ttl_s if self.shards else None
+
+    @default_result_ttl_s.setter
+    def default_result_ttl_s(self, seconds: float | None) -> None:
+        for shard in self.shards:
+            shard.default_result_ttl_s = seconds
+
     def memory(self) -> MemoryInfo | None:
         """The fullest Redis (highest share of its ``maxmemory`` used): the one a push may fill."""
         infos = [info for info in (shard.memory() for shard in self.shards) if info is not None]
