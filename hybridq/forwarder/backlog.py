@@ -165,6 +165,7 @@ class Backlog:
             log.debug("refill not pushed (Redis unavailable): %s", exc)
             return False
         self.state.count_duplicates(result.already_present)
+        self.gate.sent(len(batch), result.sent_bytes)
         return True
 
     def oldest_waiting(self, queue: str) -> float | None:

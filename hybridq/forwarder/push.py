@@ -66,6 +66,8 @@ class Pusher:
         self._sleep = sleep
         self._stopping = stopping
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
+        #: Told of each accepted push: its jobs and the bytes sent (the memory gate learns from it).
+        self.on_pushed: Callable[[int, int], None] | None = None
 
     def went_down(self, exc: TransportError, what: str) -> None:
         """Count a transport failure; log only the first of an outage.
@@ -121,6 +123,8 @@ class Pusher:
             self.stats.pushed += result.pushed
             self.stats.duplicate_pushes += result.already_present
             self.state.count_duplicates(result.already_present)
+            if self.on_pushed is not None:
+                self.on_pushed(len(batch), result.sent_bytes)
             return
 
     def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:

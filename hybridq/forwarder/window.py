@@ -41,8 +41,11 @@ log = logging.getLogger("hybridq.forwarder")
 RATE_TAU_S = 5.0
 #: A boosted target halves after this long without an underrun (seconds).
 BOOST_DECAY_S = 10.0
-#: What a queued job is taken to cost Redis before the gate has measured it (bytes).
+#: What a queued job is taken to cost Redis before the gate has seen a push (bytes).
 BYTES_PER_JOB = 4000
+#: A queued job's cost in Redis over the bytes of its fields: the hash's overhead, the queue
+#: entry (measured on Redis 6.2 and 7: about 1.3x, plus a few hundred bytes).
+HASH_OVERHEAD = (1.3, 400)
 #: How often the gate asks Redis for ``INFO memory`` (seconds).
 MEMORY_SAMPLE_S = 0.1
 
@@ -148,6 +151,8 @@ class MemoryGate:
         #: Pauses since start, and when the last ``OOM`` reply came (``time.time()``).
         self.pauses = 0
         self.last_oom: float | None = None
+        #: What a queued job costs Redis (bytes), learnt from what the pushes sent.
+        self.bytes_per_job = float(BYTES_PER_JOB)
 
     def sample(self, transport: Transport, *, force: bool = False) -> None:
         """Read ``INFO memory`` at most every :data:`MEMORY_SAMPLE_S` (TransportError: down)."""
@@ -172,16 +177,25 @@ class MemoryGate:
         free = int(info.maxmemory * self.high_water) - info.used
         # A job costs its hash, and while the push is in flight its copy in Redis's input
         # buffer too (counted in used_memory): room for half as many keeps the peak at the mark.
-        if free < 2 * BYTES_PER_JOB:
+        per_job = 2 * int(self.bytes_per_job)
+        if free < per_job:
             self._pause("high_water")
             return 0
         self._resume()
-        return free // (2 * BYTES_PER_JOB)
+        return free // per_job
 
     def pushed(self, n: int) -> None:
         """Count ``n`` jobs pushed since the last sample (they use memory the sample did not see)."""
         if self.info is not None:
-            self.info = MemoryInfo(self.info.used + n * BYTES_PER_JOB, self.info.maxmemory, self.info.policy)
+            used = self.info.used + int(n * self.bytes_per_job)
+            self.info = MemoryInfo(used, self.info.maxmemory, self.info.policy)
+
+    def sent(self, jobs: int, sent_bytes: int) -> None:
+        """Learn a job's cost from a push: ``jobs`` whose fields came to ``sent_bytes``."""
+        if jobs and sent_bytes:
+            ratio, extra = HASH_OVERHEAD
+            seen = sent_bytes / jobs * ratio + extra
+            self.bytes_per_job = max(seen, self.bytes_per_job * 0.8 + seen * 0.2)
 
     def refused(self, exc: TransportError) -> None:
         """Redis answered ``OOM`` to a push: pause until the next sample says there is room."""

@@ -35,6 +35,8 @@ class PushResult:
     pushed: int
     #: Jobs the backend already knew (same job id): not queued a second time.
     already_present: int
+    #: Bytes of job data sent (0: not counted); the memory gate learns a job's size from it.
+    sent_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

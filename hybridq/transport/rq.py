@@ -209,7 +209,8 @@ class RQTransport(Transport):
             results: list[Any] = pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results))
+        sent = sum(len(f) for fields in hashes for f in fields if isinstance(f, str | bytes))
+        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results), sent)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""

@@ -144,12 +144,13 @@ class ShardedTransport(Transport):
 
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Push each job to its queue's Redis (all of them, or TransportError: push again)."""
-        pushed = present = 0
+        pushed = present = sent = 0
         for shard, positions in self._split(jobs, lambda d: d.envelope.queue).items():
             result = self.shards[shard].push([jobs[p] for p in positions])
             pushed += result.pushed
             present += result.already_present
-        return PushResult(pushed, present)
+            sent += result.sent_bytes
+        return PushResult(pushed, present, sent)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Refill each Redis with its own queues' jobs (see :meth:`Transport.refill`).

@@ -1,0 +1,165 @@
+"""Redis holds a window, not the backlog (issue 29): real forwarder, pool worker and redis-server.
+
+Each test starts a private redis-server with ``maxmemory`` and ``noeviction`` (what managed Redis
+gives a queue), a ``hybridq forward`` and a ``hybridq worker`` process, and counts runs from the
+effects file the task writes (tests/backlog_tasks.py). Redis's memory is sampled from ``INFO``
+every 20 ms while the backlog drains, the forwarder's RSS from ``/proc``.
+
+The scene of the issue's "done when", scaled to the default run: a backlog whose queued copy
+would need more than 10x Redis's ``maxmemory`` drains completely, each job run once, Redis under
+its limit all along. The 200,000-job scene is the ``backlog`` tier (``-m backlog``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from hybridq import Queue
+from hybridq.testing.embedded import RedisServer
+
+from tests.integration.test_worker_redis import Stack, stack
+from tests.support.processes import ForwarderProcess
+from tests.support.redis import MakeRedisServer
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+TASK = "tests.backlog_tasks.mark"
+#: Random (incompressible) bytes per job: its queued copy in Redis costs about 7 KB.
+PAD = 2400
+
+
+@dataclass
+class Sampler:
+    """Samples ``used_memory``, the queue's length and the forwarder's RSS every 20 ms."""
+
+    client: redis.Redis
+    pid: int
+    used: list[int] = field(default_factory=list)
+    llen: list[int] = field(default_factory=list)
+    rss_kb: list[int] = field(default_factory=list)
+    maxmemory: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Sampler:
+        self.maxmemory = int(self.client.info("memory")["maxmemory"])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.used.append(int(self.client.info("memory")["used_memory"]))
+                self.llen.append(int(self.client.llen("rq:queue:default")))
+                self.rss_kb.append(_rss_kb(self.pid))
+            except (redis.RedisError, OSError):
+                pass
+            self._stop.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _enqueue(journal: Path, effects: Path, n: int, *, pad: int = PAD) -> None:
+    queue = Queue("default", journal)
+    for start in range(0, n, 1000):
+        queue.enqueue_many(
+            queue.prepare(TASK, [str(effects), f"t{i}", os.urandom(pad // 2).hex()])
+            for i in range(start, min(n, start + 1000))
+        )
+
+
+def _runs(effects: Path) -> Counter[str]:
+    return Counter(effects.read_text().split()) if effects.exists() else Counter()
+
+
+def _wait_drained(effects: Path, n: int, timeout_s: float, *procs: object) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if sum(_runs(effects).values()) >= n:
+            return time.monotonic() - started
+        for proc in procs:
+            proc.assert_alive()  # type: ignore[attr-defined]
+        time.sleep(0.1)
+    raise AssertionError(f"{sum(_runs(effects).values())} of {n} jobs ran in {timeout_s:g} s")
+
+
+@pytest.fixture
+def capped(make_redis_server: MakeRedisServer) -> RedisServer:
+    """A redis-server with ``maxmemory 4mb`` and ``noeviction``."""
+    return make_redis_server(extra_args=["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"])
+
+
+def _forwarder(stack: Stack, url: str, *extra_args: str) -> ForwarderProcess:
+    """``hybridq forward`` with its default lease (the stack's 2 s lease makes RQ's heartbeats and
+    the workers' renewals ten times as frequent as in production, and they too use Redis memory)."""
+    proc = ForwarderProcess(
+        stack.journal,
+        url,
+        env=stack.env,
+        log_path=stack.tmp_path / f"forwarder-{len(stack.forwarders)}.log",
+        extra_args=extra_args,
+    )
+    stack.forwarders.append(proc)
+    return proc
+
+
+def _client(server: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(server.url)
+
+
+def test_a_backlog_ten_times_redis_maxmemory_drains_once_under_the_limit(
+    capped: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, figures: object
+) -> None:
+    n = 6000  # queued all at once, these would need about 42 MB of Redis: 10x its 4 MB
+    effects = tmp_path / "effects"
+    _enqueue(journal_dir, effects, n)
+    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    forwarder = _forwarder(stack, capped.url)
+    sampler = Sampler(_client(capped), forwarder.pid).start()
+    worker = stack.worker(capped.url)
+    try:
+        took = _wait_drained(effects, n, 240, forwarder, worker)
+    finally:
+        sampler.stop()
+    runs = _runs(effects)
+    assert len(runs) == n
+    assert max(runs.values()) == 1, [t for t, c in runs.items() if c > 1][:5]
+    assert sampler.used, "no INFO sample"
+    peak_at = sampler.used.index(max(sampler.used))
+    assert max(sampler.used) < sampler.maxmemory, (
+        max(sampler.used),
+        sampler.maxmemory,
+        sampler.used[max(0, peak_at - 8) : peak_at + 3],
+        sampler.llen[max(0, peak_at - 8) : peak_at + 3],
+        peak_at,
+        len(sampler.used),
+        [line for line in forwarder.log().splitlines() if "WARNING" in line][:5],
+    )
+    assert max(sampler.llen) <= 10_000  # the window's ceiling, not the backlog
+    assert "OOM" not in worker.log()
+    assert "Traceback" not in forwarder.log()
+    rss = [kb for kb in sampler.rss_kb if kb]
+    figures(  # type: ignore[operator]
+        f"backlog 10x maxmemory: {n} jobs in {took:.1f} s, Redis peak {max(sampler.used) / 2**20:.2f} MB "
+        f"of {sampler.maxmemory / 2**20:.0f} MB, queue peak {max(sampler.llen)}, forwarder RSS "
+        f"{rss[len(rss) // 4] // 1024}-{max(rss) // 1024} MB"
+    )
