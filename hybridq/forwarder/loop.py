@@ -358,6 +358,9 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
+            redo = reconciler.reconcile_step()  # a refill pass after Redis lost state first
+            if redo:
+                self._push(redo)
             self.backlog.look()  # outcomes made room: top the windows up
             refilled = self.backlog.refill()
             if refilled:
@@ -366,9 +369,6 @@ class Forwarder:
             if retries:
                 self._push(retries)
                 harvester.pushed(retries)
-            redo = reconciler.reconcile_step()
-            if redo:
-                self._push(redo)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)
@@ -397,6 +397,7 @@ class Forwarder:
         self.transport.default_result_ttl_s = 0.0 if self._forgetting() else None
         self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
         if self.checkpoint.epoch != epoch:
+            self.backlog.windows.reset()  # an emptied queue is not a drain (no rate, no boost)
             self._save(0)
 
     # -- pieces -------------------------------------------------------------------------------

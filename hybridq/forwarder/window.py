@@ -131,6 +131,13 @@ class Windows:
         for queue, length in lengths.items():
             self.of(queue).observe(length, now)
 
+    def reset(self) -> None:
+        """Redis lost state: the next look is a new baseline, not a drain (its rate is kept)."""
+        for w in self.queues.values():
+            w.at = -math.inf
+            w.expected = w.length = 0
+            w.filling = False  # until the next look: the refill pass puts the old window back first
+
     def room(self, queue: str) -> int:
         """How many jobs of ``queue`` to push now (no bound when the transport cannot say)."""
         return self.of(queue).room() if self.bounded else 1 << 62
@@ -171,6 +178,8 @@ class MemoryGate:
     def room(self) -> int:
         """How many jobs may be pushed before the mark (no bound without a ``maxmemory``)."""
         info = self.info
+        if self.paused == "oom" and info is not None and info.maxmemory and info.used >= info.maxmemory:
+            return 0  # still full: the next sample (after the harvest freed memory) decides
         if info is None or not info.maxmemory or not self.high_water:
             self._resume()
             return 1 << 62
@@ -199,21 +208,21 @@ class MemoryGate:
 
     def refused(self, exc: TransportError) -> None:
         """Redis answered ``OOM`` to a push: pause until the next sample says there is room."""
+        log.debug("push refused: %s", exc)
         self.last_oom = time.time()
         self._next = 0.0  # look again at the next step
-        self._pause("oom", str(exc))
+        self._pause("oom")
 
-    def _pause(self, why: str, detail: str = "") -> None:
+    def _pause(self, why: str) -> None:
         if self.paused is None:
             info = self.info
             used = f"used {info.used} of {info.maxmemory} bytes" if info is not None else "memory"
             # At the mark is flow control (routine under a backlog); an OOM reply is news.
             log.log(
                 logging.WARNING if why == "oom" else logging.DEBUG,
-                "Redis is full (%s, %s): pushes paused, jobs wait in the journal, workers unaffected%s",
-                why.replace("_", "-") + " mark" if why == "high_water" else "OOM reply",
+                "Redis is full (%s, %s): pushes paused, jobs wait in the journal, workers unaffected",
+                "high-water mark" if why == "high_water" else "OOM reply",
                 used,
-                f": {detail}" if detail else "",
             )
             self.pauses += 1
             self.paused_since = self.clock()

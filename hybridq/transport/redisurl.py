@@ -177,7 +177,9 @@ def transport_error(exc: RedisError) -> TransportError:
     why = refusal(exc)
     if why is not None:
         return RedisRefused(f"Redis refused this configuration ({why}): {exc}")
-    if str(exc).startswith("OOM ") or "OOM command not allowed" in str(exc):
+    from redis.exceptions import OutOfMemoryError  # noqa: PLC0415 - redis-py only when it failed
+
+    if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in str(exc):
         return RedisFull(f"Redis is full: {exc}")
     return TransportError(f"Redis: {exc}")
 

@@ -58,7 +58,7 @@ from .rq_codec import (
     _text,
     _whole_seconds,
 )
-from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
+from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _PUSH_IF_NEW, _REFILL, _SET_EPOCH, _STATE
 
 __all__ = ["RQTransport"]
 
@@ -99,6 +99,7 @@ class RQTransport(Transport):
         self._state = connection.register_script(_STATE)
         self._cancel = connection.register_script(_CANCEL)
         self._forget = connection.register_script(_FORGET)
+        self._set_epoch = connection.register_script(_SET_EPOCH)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -304,7 +305,7 @@ class RQTransport(Transport):
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store ``owner``'s epoch (no expiry)."""
         try:
-            self.connection.set(keys.epoch(owner), epoch)
+            self._set_epoch(keys=[keys.epoch(owner), f"{keys.PREFIX}oomguard"], args=[epoch])
         except RedisError as exc:
             raise transport_error(exc) from exc
 

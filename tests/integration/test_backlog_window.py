@@ -12,6 +12,7 @@ its limit all along. The 200,000-job scene is the ``backlog`` tier (``-m backlog
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -163,3 +164,82 @@ def test_a_backlog_ten_times_redis_maxmemory_drains_once_under_the_limit(
         f"of {sampler.maxmemory / 2**20:.0f} MB, queue peak {max(sampler.llen)}, forwarder RSS "
         f"{rss[len(rss) // 4] // 1024}-{max(rss) // 1024} MB"
     )
+
+
+def test_an_oom_reply_pauses_pushes_with_one_line_and_they_resume_when_memory_returns(
+    capped: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
+) -> None:
+    client = _client(capped)
+    with contextlib.suppress(redis.OutOfMemoryError):  # someone else's data: Redis over its limit
+        for i in range(100):
+            client.set(f"foreign:{i}", os.urandom(64 * 1024))
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 200_000)
+    n = 300
+    effects = tmp_path / "effects"
+    _enqueue(journal_dir, effects, n, pad=100)
+    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    # No high-water mark: the push itself meets the OOM reply (what a mark set too high, or a
+    # foreign write between two samples, comes to).
+    forwarder = _forwarder(stack, capped.url, "--redis-high-water", "0")
+    worker = stack.worker(capped.url)
+    deadline = time.monotonic() + 30
+    while "Redis is full" not in forwarder.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # paused: the loop goes on (harvest, epoch checks), nothing is pushed
+    forwarder.assert_alive()
+    assert forwarder.log().count("Redis is full") == 1, forwarder.log()
+    assert "OOM reply" in forwarder.log()
+    assert client.llen("rq:queue:default") == 0
+    client.delete(*(f"foreign:{i}" for i in range(100)))  # DEL is allowed over the limit
+    _wait_drained(effects, n, 60, forwarder, worker)
+    runs = _runs(effects)
+    assert len(runs) == n
+    assert max(runs.values()) == 1
+    assert forwarder.log().count("Redis has room again") == 1, forwarder.log()
+    assert forwarder.log().count("Redis is full") == 1, forwarder.log()
+
+
+def test_after_flushall_the_refill_pushes_the_window_not_the_backlog(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
+) -> None:
+    n = 5000
+    effects = tmp_path / "effects"
+    _enqueue(journal_dir, effects, n, pad=100)
+    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    forwarder = _forwarder(stack, redis_server.url)
+    client = _client(redis_server)
+    deadline = time.monotonic() + 30
+    while client.llen("rq:queue:default") < 500 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # everything is read and indexed by now; no worker: the window stays full
+    assert client.llen("rq:queue:default") == 500  # the window's floor: not the 5,000
+    client.flushall()
+    deadline = time.monotonic() + 30
+    while "Redis lost or rolled back" not in forwarder.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.0)  # the refill (and any top-up) is done within this
+    refilled = client.llen("rq:queue:default")
+    # The refill re-pushes the 500 it had pushed; the window may top up once more: never 5,000.
+    assert 1 <= refilled <= 1000, refilled
+    worker = stack.worker(redis_server.url)
+    _wait_drained(effects, n, 120, forwarder, worker)
+    runs = _runs(effects)
+    assert len(runs) == n
+    assert max(runs.values()) == 1
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_an_evicting_redis_is_refused_at_start_unless_allowed(
+    make_redis_server: MakeRedisServer, stack: Stack, flag: bool
+) -> None:
+    server = make_redis_server(extra_args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+    forwarder = _forwarder(stack, server.url, *(["--allow-eviction"] if flag else []))
+    if flag:
+        time.sleep(1.5)
+        forwarder.assert_alive()
+        return
+    assert forwarder.wait(30) == 1
+    lines = [line for line in forwarder.log().splitlines() if "allkeys-lru" in line]
+    assert len(lines) == 1, forwarder.log()
+    assert "--allow-eviction" in lines[0]
+    assert "Traceback" not in forwarder.log()
