@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
 from hybridq.forwarder.records import first_delivery, read_held
@@ -57,6 +58,12 @@ class Backlog:
         self.refilled = 0
         #: Whether the last :meth:`refill` left rows it had room for (the loop does not sleep).
         self.more = False
+        #: Per queue with waiting jobs: when its oldest became eligible (a Unix time), as of the
+        #: last refill (metrics read it from another thread: no query at scrape time).
+        self.oldest: dict[str, float] = {}
+        state.figures = self.figures
+        self._published: dict[str, dict[str, Any]] = {}
+        self._publish_at = 0.0
 
     @property
     def runs(self) -> RunTable:
@@ -76,6 +83,11 @@ class Backlog:
             raise
         except TransportError as exc:
             log.debug("cannot read Redis's queue lengths or memory now: %s", exc)
+        detail, _ = self.figures()
+        now = time.monotonic()
+        if detail != self._published or now >= self._publish_at:  # stats read them: say so
+            self._published, self._publish_at = detail, now + 1.0
+            self.state.figures_changed()
 
     def room(self, queue: str) -> int:
         """How many of ``queue``'s jobs may go to Redis now."""
@@ -122,6 +134,7 @@ class Backlog:
                     return done
                 done += pushed
         self.more = any(self.runs.waiting(q) and self.room(q) > 0 for q in self.runs.counts)
+        self.oldest = {q: t for q in list(self.runs.counts) if (t := self.runs.oldest(q)) is not None}
         return done
 
     def _push_head(self, queue: str, n: int) -> int | None:
@@ -168,6 +181,28 @@ class Backlog:
         self.gate.sent(len(batch), result.sent_bytes)
         return True
 
-    def oldest_waiting(self, queue: str) -> float | None:
-        """When ``queue``'s oldest waiting job became eligible (a Unix time), if it has one."""
-        return self.runs.oldest(queue) if self.runs.waiting(queue) else None
+    def figures(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+        """Per queue: backlog, window, target, oldest waiting; and Redis's memory (for stats)."""
+        # Copies first (one C-level step each): metrics call this from their own thread.
+        counts, windows, oldest = dict(self.runs.counts), dict(self.windows.queues), dict(self.oldest)
+        detail: dict[str, dict[str, Any]] = {}
+        for q in sorted({*counts, *windows}):
+            w = windows.get(q)
+            detail[q] = {
+                "backlog": counts.get(q, 0),
+                "window": w.length if w is not None else None,
+                "window_target": w.target if w is not None else None,
+                "oldest_waiting": oldest.get(q) if counts.get(q) else None,
+            }
+        gate, info = self.gate, self.gate.info
+        memory = None
+        if info is not None:
+            memory = {
+                "used": info.used,
+                "maxmemory": info.maxmemory,
+                "policy": info.policy,
+                "high_water": gate.high_water,
+                "paused": gate.paused,
+                "last_oom": gate.last_oom,
+            }
+        return detail, memory

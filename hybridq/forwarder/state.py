@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.config import (
@@ -93,6 +94,8 @@ class ForwarderState:
         #: Whether the ledger or the compaction state changed since the last snapshot.
         self._stale = False
         self._snapshot: Snapshot | None = None
+        #: The window's figures for the stats snapshot (the forwarder's backlog sets it).
+        self.figures: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, Any] | None]] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -223,6 +226,10 @@ class ForwarderState:
         """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
         self.pending.saw_record(record, env, self.index)
 
+    def figures_changed(self) -> None:
+        """The window's figures moved: the snapshot is written again at the end of the step."""
+        self._stale = True
+
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
         if self._stale:
@@ -241,6 +248,8 @@ class ForwarderState:
                 journal=self.journal,
                 own_chain=self.own_chain,
             )
+            if self.figures is not None:
+                snapshot.queue_detail, snapshot.redis_memory = self.figures()
             save_snapshot(self.journal, snapshot)
         except OSError as exc:
             # Tried again at the end of each step; meanwhile the old one is stale.

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import redis
-from hybridq import Queue
+from hybridq import Queue, stats
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_redis import Stack, stack
@@ -123,6 +125,12 @@ def _forwarder(stack: Stack, url: str, *extra_args: str) -> ForwarderProcess:
     return proc
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _client(server: RedisServer) -> redis.Redis:
     return redis.Redis.from_url(server.url)
 
@@ -206,13 +214,25 @@ def test_after_flushall_the_refill_pushes_the_window_not_the_backlog(
     effects = tmp_path / "effects"
     _enqueue(journal_dir, effects, n, pad=100)
     stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
-    forwarder = _forwarder(stack, redis_server.url)
+    port = _free_port()
+    forwarder = _forwarder(stack, redis_server.url, "--metrics-port", str(port))
     client = _client(redis_server)
     deadline = time.monotonic() + 30
     while client.llen("rq:queue:default") < 500 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)  # everything is read and indexed by now; no worker: the window stays full
     assert client.llen("rq:queue:default") == 500  # the window's floor: not the 5,000
+    # What an autoscaler reads: the backlog in the journal, the window, the oldest job's wait.
+    detail = stats(journal_dir, redis_url=None, outbox=None)["queue_detail"]["default"]
+    assert detail["backlog"] == n - 500
+    assert detail["window"] == 500
+    assert detail["oldest_waiting_age_s"] > 0.5
+    exact = stats(journal_dir, redis_url=None, outbox=None, exact=True)["queue_detail"]["default"]
+    assert exact["backlog"] == n - 500  # read from the run table itself
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert f'hybridq_queue_backlog_jobs{{queue="default"}} {float(n - 500)}' in scrape
+    assert 'hybridq_queue_window_jobs{queue="default"} 500.0' in scrape
+    assert 'hybridq_queue_latency_seconds{queue="default"}' in scrape
     client.flushall()
     deadline = time.monotonic() + 30
     while "Redis lost or rolled back" not in forwarder.log() and time.monotonic() < deadline:
