@@ -16,12 +16,13 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
 from hybridq.lookup.stats import Snapshot
 
-__all__ = ["window_figures"]
+__all__ = ["waiting_in_journal", "window_figures"]
 
 
 def _age(at: float | None, now: float) -> float | None:
@@ -80,3 +81,23 @@ def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
             db.close()
         return {q: {"backlog": n, "oldest_waiting": oldest} for q, n, oldest in rows}
     return {}
+
+
+def waiting_in_journal(path: str) -> Callable[[tuple[str, int, int]], bool]:
+    """Whether the job at a loc waits in the run table (read, never pushed: not Redis's business).
+
+    One indexed lookup per call, on a read-only connection (no set of the backlog in memory).
+    """
+    file = os.path.join(path, RUNS_DIR, RUNS_FILE)
+    if not os.path.exists(file):
+        return lambda _loc: False
+    db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0, check_same_thread=False)
+
+    def waiting(loc: tuple[str, int, int]) -> bool:
+        try:
+            row = db.execute("SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", loc).fetchone()
+        except sqlite3.Error:
+            return False
+        return row is not None
+
+    return waiting

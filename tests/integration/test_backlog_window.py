@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -198,6 +200,17 @@ def test_an_oom_reply_pauses_pushes_with_one_line_and_they_resume_when_memory_re
     assert forwarder.log().count("Redis is full") == 1, forwarder.log()
     assert "OOM reply" in forwarder.log()
     assert client.llen("rq:queue:default") == 0
+    time.sleep(1.2)  # the stats snapshot with the OOM in it (written at most once a second)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "hybridq", "doctor", "--journal", str(journal_dir), "--redis", capped.url],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert doctor.returncode != 0, doctor.stdout
+    assert "Redis answered OOM to a push" in doctor.stdout, doctor.stdout + doctor.stderr
     client.delete(*(f"foreign:{i}" for i in range(100)))  # DEL is allowed over the limit
     _wait_drained(effects, n, 60, forwarder, worker)
     runs = _runs(effects)
