@@ -31,7 +31,7 @@ from hybridq import Queue, stats
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_redis import Stack, stack
-from tests.support.processes import ForwarderProcess
+from tests.support.processes import ForwarderProcess, WorkerProcess
 from tests.support.redis import MakeRedisServer
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
@@ -108,6 +108,37 @@ def _wait_drained(effects: Path, n: int, timeout_s: float, *procs: object) -> fl
     raise AssertionError(f"{sum(_runs(effects).values())} of {n} jobs ran in {timeout_s:g} s")
 
 
+def drain_scene(
+    server: RedisServer, stack: Stack, journal: Path, tmp_path: Path, n: int, *, pad: int, timeout_s: float
+) -> tuple[float, Sampler, ForwarderProcess, WorkerProcess]:
+    """Enqueue ``n`` jobs, start a forwarder and a pool worker, sample until all ran; check once, under.
+
+    Returns the drain's seconds, the samples and the processes. Asserts each job ran exactly
+    once and Redis's ``used_memory`` stayed under ``maxmemory`` at every sample.
+    """
+    effects = tmp_path / "effects"
+    _enqueue(journal, effects, n, pad=pad)
+    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    forwarder = _forwarder(stack, server.url)
+    sampler = Sampler(_client(server), forwarder.pid).start()
+    worker = stack.worker(server.url)
+    try:
+        took = _wait_drained(effects, n, timeout_s, forwarder, worker)
+    finally:
+        sampler.stop()
+    runs = _runs(effects)
+    assert len(runs) == n
+    assert max(runs.values()) == 1, [t for t, c in runs.items() if c > 1][:5]
+    assert sampler.used, "no INFO sample"
+    peak_at = sampler.used.index(max(sampler.used))
+    assert max(sampler.used) < sampler.maxmemory, (
+        sampler.maxmemory,
+        sampler.used[max(0, peak_at - 8) : peak_at + 3],
+        sampler.llen[max(0, peak_at - 8) : peak_at + 3],
+    )
+    return took, sampler, forwarder, worker
+
+
 @pytest.fixture
 def capped(make_redis_server: MakeRedisServer) -> RedisServer:
     """A redis-server with ``maxmemory 4mb`` and ``noeviction``."""
@@ -142,29 +173,8 @@ def test_a_backlog_ten_times_redis_maxmemory_drains_once_under_the_limit(
     capped: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, figures: object
 ) -> None:
     n = 6000  # queued all at once, these would need about 42 MB of Redis: 10x its 4 MB
-    effects = tmp_path / "effects"
-    _enqueue(journal_dir, effects, n)
-    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
-    forwarder = _forwarder(stack, capped.url)
-    sampler = Sampler(_client(capped), forwarder.pid).start()
-    worker = stack.worker(capped.url)
-    try:
-        took = _wait_drained(effects, n, 240, forwarder, worker)
-    finally:
-        sampler.stop()
-    runs = _runs(effects)
-    assert len(runs) == n
-    assert max(runs.values()) == 1, [t for t, c in runs.items() if c > 1][:5]
-    assert sampler.used, "no INFO sample"
-    peak_at = sampler.used.index(max(sampler.used))
-    assert max(sampler.used) < sampler.maxmemory, (
-        max(sampler.used),
-        sampler.maxmemory,
-        sampler.used[max(0, peak_at - 8) : peak_at + 3],
-        sampler.llen[max(0, peak_at - 8) : peak_at + 3],
-        peak_at,
-        len(sampler.used),
-        [line for line in forwarder.log().splitlines() if "WARNING" in line][:5],
+    took, sampler, forwarder, worker = drain_scene(
+        capped, stack, journal_dir, tmp_path, n, pad=PAD, timeout_s=240
     )
     assert max(sampler.llen) <= 10_000  # the window's ceiling, not the backlog
     assert "OOM" not in worker.log()
