@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -312,3 +313,48 @@ def test_a_forwarder_killed_at_random_mid_drain_runs_every_job_once(
     assert len(runs) == n
     assert max(runs.values()) == 1, (seed, [t for t, c in runs.items() if c > 1][:5])
     figures(f"S8 with the window: seed={seed} kills=6 jobs={n} lost=0 ran_twice=0 drained {took:.1f} s after")  # type: ignore[operator]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the pool's processes)."""
+    out = [pid]
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                for child in f.read().split():
+                    out += _tree(int(child))
+    return out
+
+
+def test_running_workers_drain_a_redis_pushed_over_its_limit(
+    make_redis_server: MakeRedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
+) -> None:
+    """The OOM guard: the pool's start and end scripts run over maxmemory (fails before: 0 ran)."""
+    server = make_redis_server(extra_args=["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"])
+    client = _client(server)
+    stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    worker = stack.worker(server.url)
+    time.sleep(2.0)  # registered with RQ: a worker cannot register on a Redis over its limit
+    pool = _tree(worker.pid)
+    for pid in pool:
+        os.kill(pid, signal.SIGSTOP)
+    n = 200
+    effects = tmp_path / "effects"
+    try:
+        _enqueue(journal_dir, effects, n, pad=50)
+        forwarder = _forwarder(stack, server.url)
+        deadline = time.monotonic() + 30
+        while client.llen("rq:queue:default") < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(redis.OutOfMemoryError):  # someone else's data fills Redis
+            for i in range(200):
+                client.set(f"foreign:{i}", os.urandom(64 * 1024))
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 100_000)
+        assert int(client.info("memory")["used_memory"]) > int(client.config_get("maxmemory")["maxmemory"])
+    finally:
+        for pid in pool:
+            os.kill(pid, signal.SIGCONT)
+    _wait_drained(effects, n, 30, forwarder, worker)
+    runs = _runs(effects)
+    assert len(runs) == n
+    assert max(runs.values()) == 1
