@@ -19,7 +19,8 @@
     │   └── ValueRefused            a tagged value refused as worded: too deep, too big, malformed
     ├── QueueFull                   the journal is at its pending-job capacity; nothing was written
     ├── TransportError              the transport (Redis) failed; the forwarder backs off and retries
-    │   └── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
+    │   ├── RedisRefused            Redis refuses this configuration (login, database, ACL): not retried
+    │   └── RedisFull               Redis answered OOM: the forwarder pauses its pushes, nothing else
     ├── Stopped                     a stop asked while Redis was down: the loop ends (hybridq.forwarder.push)
     ├── InvalidRedisURL (ValueError)  a Redis URL redis-py cannot use (hybridq.transport.redisurl)
     ├── UnencodableJobs             jobs the transport cannot encode: invalid records, not an outage
@@ -105,6 +106,7 @@ __all__ = [
     "OutcomeUnknown",
     "QueueFull",
     "RecordTooLarge",
+    "RedisFull",
     "RedisRefused",
     "RedisServerFailed",
     "RedisServerNotFound",
@@ -321,6 +323,15 @@ class RedisRefused(TransportError):
     Retrying cannot fix a wrong password, a database number Redis does not have or an ACL that
     denies what hybridq needs, so the forwarder and ``hybridq worker`` stop with this error (one
     line, exit 1) instead of reporting an outage forever.
+    """
+
+
+class RedisFull(TransportError):
+    """Redis refused a write with ``OOM`` (``used_memory`` over ``maxmemory``, ``noeviction``).
+
+    Not an outage: the forwarder keeps harvesting (outcomes free memory) and only pauses its
+    pushes, leaving the jobs in its journal; workers' scripts write past the limit on purpose
+    (docs/forwarder.md, "What Redis holds").
     """
 
 

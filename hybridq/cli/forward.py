@@ -114,6 +114,40 @@ def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> fl
     help="Keep the periodic jobs this module declares with hybridq.schedule(...) (repeatable; "
     "imported from the current directory too). See docs/schedules.md.",
 )
+@click.option(
+    "--window-max",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Most jobs per queue kept queued in Redis; the rest wait in the journal "
+    '(docs/forwarder.md, "The window").',
+)
+@click.option(
+    "--window-min",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Fewest jobs per queue kept queued in Redis while more wait (the window's floor).",
+)
+@click.option(
+    "--redis-high-water",
+    default=0.8,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    help="Push nothing while Redis uses more than this share of its maxmemory (0: off).",
+)
+@click.option(
+    "--allow-eviction",
+    is_flag=True,
+    help="Start even if Redis's maxmemory-policy is allkeys-*: at its limit Redis may then evict "
+    "queued jobs, leases and epoch keys (jobs late, or run twice).",
+)
+@click.option(
+    "--forget-finished/--keep-finished",
+    default=None,
+    help="Delete finished jobs' RQ hashes and results from Redis once harvested (default: only "
+    "if Redis has a maxmemory); --keep-finished keeps RQ's result_ttl (rq tools show them).",
+)
 @outbox_options
 @click.option(
     "--serve",
@@ -158,6 +192,11 @@ def forward(
     serve_allow: tuple[str, ...],
     serve_allowed_hosts: tuple[str, ...],
     redis_for: dict[str, str],
+    window_max: int,
+    window_min: int,
+    redis_high_water: float,
+    allow_eviction: bool,
+    forget_finished: bool | None,
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -219,6 +258,11 @@ def forward(
             key_ttl_s=key_ttl_s,
             stats_every_s=stats_every_s,
             schedules=scheduler,
+            window_min=min(window_min, window_max),
+            window_max=window_max,
+            redis_high_water=redis_high_water,
+            allow_eviction=allow_eviction,
+            forget_finished=forget_finished,
         )
         forwarder.open()
         if metrics_port is not None:

@@ -400,6 +400,8 @@ def doctor(
                     f"outbox rows set aside: {report.outbox_set_aside}: {rows} (docs/outbox.md, 'Bad rows')"
                 )
             )
+        for line in report.redis_memory:
+            click.echo(line)
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
         click.echo("healthy" if report.healthy else "problems found")

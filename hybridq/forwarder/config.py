@@ -79,6 +79,18 @@ class ForwarderConfig:
             its worker every time must not loop forever).
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
             ``lease_s``, at least 1 s; see :attr:`reconcile_every_s`).
+        window_min: the fewest jobs per queue the forwarder keeps queued in Redis (its window's
+            floor; docs/forwarder.md, "The window"), while it has that many waiting.
+        window_max: the most jobs per queue it keeps queued there (the window's ceiling).
+        window_cover_s: the window holds this many seconds of the queue's observed drain.
+        redis_high_water: the share of Redis's ``maxmemory`` above which it pushes nothing (the
+            workers keep room for outcomes and leases); 0 turns the mark off.
+        forget_finished: delete finished jobs' RQ hashes and results from Redis once harvested
+            (``None``: only when Redis has a ``maxmemory``).
+        harvested_key_ttl_s: with ``forget_finished``, how long an implicit key's stored outcome
+            stays in Redis after its harvest.
+        allow_eviction: start even when Redis's ``maxmemory_policy`` may evict any key
+            (``allkeys-*``); refused otherwise.
         clock: wall-clock time (for delays and retry times); replaced in tests.
         stats_every_s: how often the snapshot ``hybridq status --all`` lists is published to the
             transport (Redis), with a TTL of three times that; 0: never.
@@ -96,6 +108,13 @@ class ForwarderConfig:
     key_window_max: int = DEFAULT_KEY_WINDOW_MAX
     max_lost: int = 5
     reconcile_interval_s: float | None = None
+    window_min: int = 500
+    window_max: int = 10_000
+    window_cover_s: float = 1.0
+    redis_high_water: float = 0.8
+    forget_finished: bool | None = None
+    harvested_key_ttl_s: float = 5.0
+    allow_eviction: bool = False
     clock: Callable[[], float] = time.time
     on_durable_write: Callable[[float], None] | None = None
     stats_every_s: float = DEFAULT_STATS_EVERY_S
@@ -110,6 +129,12 @@ class ForwarderConfig:
             raise ValueError("key_window_max must be at least 0")
         if not (self.stats_every_s == 0 or MIN_STATS_EVERY_S <= self.stats_every_s <= 3600):
             raise ValueError(f"stats_every_s must be 0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds")
+        if not 1 <= self.window_min <= self.window_max:
+            raise ValueError("the window needs 1 <= window_min <= window_max")
+        if not 0.0 <= self.redis_high_water < 1.0:
+            raise ValueError("redis_high_water must be a share of maxmemory, from 0 up to (not) 1")
+        if not self.window_cover_s > 0 or not self.harvested_key_ttl_s > 0:
+            raise ValueError("window_cover_s and harvested_key_ttl_s must be positive seconds")
 
     @property
     def reconcile_every_s(self) -> float:

@@ -20,17 +20,22 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 
 from hybridq.envelope.model import Envelope
+from hybridq.errors import RedisFull
 from hybridq.forwarder.admission import Admission
+from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
-from hybridq.forwarder.records import decode_job, read_held
+from hybridq.forwarder.records import decode_job, first_delivery, read_held
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
 from hybridq.ledger.checkpoint import Checkpoint, Held
 from hybridq.lookup.index import LookupIndex
-from hybridq.protocol import Overwrite
-from hybridq.transport.base import Delivery
+from hybridq.transport.base import Delivery, Loc
 
 __all__ = ["Deliverer"]
+
+#: The most jobs one step indexes into the run table before it harvests and refills (the rest
+#: is read at the next step, at once): a long backlog must not hold back the outcomes.
+INDEX_BUDGET = 5000
 
 
 @dataclass(eq=False)
@@ -45,6 +50,8 @@ class Deliverer:
     admission: Admission
     #: The lookup index, told of each job read.
     lookup: LookupIndex
+    #: The windows in Redis and the run table: which jobs are pushed now, which wait on disk.
+    backlog: Backlog
     #: The journal reader, positioned at the checkpoint.
     reader: JournalReader
     _: KW_ONLY
@@ -58,6 +65,8 @@ class Deliverer:
     fire_between: Callable[[], None]
     #: Whether the forwarder was asked to stop.
     stopping: Callable[[], bool]
+    #: Whether the last :meth:`forward_new` stopped at its budget with records left to read.
+    behind: bool = False
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -75,12 +84,16 @@ class Deliverer:
             # Everything before the checkpoint's positions is pushed already.
             reader.seek(self.checkpoint.positions)
             self.admission.reset()
+            self.state.runs.rollback()
             self.state.pending.rewind(self.checkpoint.positions)
             raise
 
     def _read_and_deliver(self, reader: JournalReader) -> int:
-        done = 0
+        done = indexed = 0
+        self.behind = False
         batch: list[Delivery] = []
+        spill: list[tuple[Loc, str, float]] = []
+        self.backlog.look()
         for record in reader.records():
             loc = (record.writer_id, record.segment_index, record.offset)
             if self.state.index.is_terminal(loc) or loc in self.state.index.duplicates:
@@ -98,17 +111,23 @@ class Deliverer:
                 pass  # a duplicate: recorded, never pushed
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
-            else:
+            elif self.backlog.take(env.queue):
                 batch.append(self._delivery(env, loc))
-            if max(len(batch), self.admission.waiting) >= self.config.batch_size:
-                done += self._deliver(batch)
-                batch = []
+            else:
+                spill.append((loc, env.queue, env.created_at))  # waits on disk (docs/forwarder.md)
+            if max(len(batch), len(spill), self.admission.waiting) >= self.config.batch_size:
+                indexed += len(spill)
+                done += self._deliver(batch, spill)
+                batch, spill = [], []
                 done += self.forward_due()  # a long backlog must not hold back due jobs
                 self.fire_between()  # nor a schedule's tick
                 if self.stopping():
                     return done  # SIGTERM: the batch in flight is delivered and checkpointed
-        if batch or self._position_moved() or self.admission.waiting:
-            done += self._deliver(batch)
+                if indexed >= INDEX_BUDGET:
+                    self.behind = True  # harvest and refill first; read on at the next step
+                    return done
+        if batch or spill or self._position_moved() or self.admission.waiting:
+            done += self._deliver(batch, spill)
         return done
 
     def _position_moved(self) -> bool:
@@ -119,7 +138,12 @@ class Deliverer:
         self.state.hold(Held(env.run_at, env.id, record.writer_id, record.segment_index, record.offset))
 
     def forward_due(self) -> int:
-        """Push held jobs whose time has come, then drop them from the checkpoint."""
+        """Move held jobs whose time has come to the run table, then drop them from the checkpoint.
+
+        They wait there behind the jobs that became eligible before them, and the refill pushes
+        them through the same window (docs/forwarder.md, "The window"). Returns 0: none is
+        pushed here.
+        """
         now = self.clock()
         held = self.checkpoint.held
         due = 0
@@ -127,40 +151,39 @@ class Deliverer:
             due += 1
         if not due:
             return 0
-        done = 0
-        batch_size = self.config.batch_size
-        for start in range(0, due, batch_size):
-            chunk = held[start : min(due, start + batch_size)]
-            index = self.state.index
-            envs = [
-                (
-                    h,
-                    None
-                    if index.is_terminal((h.writer_id, h.segment, h.offset))
-                    else read_held(self.state, h),
-                )
-                for h in chunk
-            ]
-            self.push(
-                [self._delivery(e, (h.writer_id, h.segment, h.offset)) for h, e in envs if e is not None]
-            )
-            done += len(chunk)
-        # Only now that Redis has them may they leave the durable checkpoint.
+        index = self.state.index
+        runs = self.state.runs
+        for h in held[:due]:
+            loc = (h.writer_id, h.segment, h.offset)
+            env = None if index.is_terminal(loc) else read_held(self.state, h)
+            if env is not None:
+                runs.add([(loc, env.queue, h.run_at)])
+        # Only now that the run table has them (fsync'd) may they leave the durable checkpoint.
+        runs.commit()
         self.state.release_held(due)
-        self.save(done)
-        return done
+        self.save(0)
+        return 0
 
-    def _deliver(self, batch: list[Delivery]) -> int:
-        """Push a batch, then move the checkpoint to the reader's position (never before)."""
+    def _deliver(self, batch: list[Delivery], spill: list[tuple[Loc, str, float]]) -> int:
+        """Push a batch, index the rest; then move the checkpoint to the reader's position (never before)."""
         # The admission's entries are durable before the checkpoint moves past their records.
         self.admission.flush()
+        runs = self.state.runs
+        runs.add(spill)
         if batch:
-            self.push(batch)
+            try:
+                self.push(batch)
+            except RedisFull as exc:
+                # Waiting for memory must not hold back the harvest that frees it: the batch
+                # waits in the run table instead, and the refill pushes it once there is room.
+                self.backlog.paused(exc)
+                runs.add((d.loc, d.envelope.queue, d.envelope.created_at) for d in batch)
+                batch = []
+        # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
+        runs.commit()
         self.state.advance(self.reader.position)
         self.save(len(batch))
         return len(batch)
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
-        # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
-        overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
-        return self.state.delivery(env, loc, 1, overwrite=overwrite)
+        return first_delivery(self.state, env, loc)

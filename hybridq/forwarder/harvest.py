@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hybridq.envelope.model import idempotency_id
+from hybridq.errors import TransportError
 from hybridq.forwarder.records import envelope_at
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
@@ -25,7 +27,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.ledger.entries import Entry, parse_event
 from hybridq.protocol import Overwrite, StartedEvent
 from hybridq.security.signing import Keyring, admit_event, keyring
-from hybridq.transport.base import Delivery, Event, Loc, Transport
+from hybridq.transport.base import Delivery, Event, Finished, Loc, Transport
 
 __all__ = ["HARVEST_BATCH", "Harvester"]
 
@@ -62,6 +64,8 @@ class Harvester:
         self.on_started: Callable[[list[StartedEvent]], None] | None = None
         #: Started events the last :meth:`harvest` took (the lookup index has news).
         self.started_harvested = 0
+        #: Whether finished jobs leave Redis once harvested (the forwarder decides).
+        self.forgetting: Callable[[], bool] = lambda: False
 
     # -- harvest ------------------------------------------------------------------------------
 
@@ -97,10 +101,29 @@ class Harvester:
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(owner, [ev.event_id for ev in events])
             self.last_event_id = events[-1].event_id
+            if self.forgetting():
+                self._forget(entries)
             total += len(events) - len(started)
             self.started_harvested += len(started)
             if len(events) < HARVEST_BATCH:
                 return total
+
+    def _forget(self, entries: Sequence[Entry]) -> None:
+        """Delete what Redis keeps of jobs now terminal in the ledger (docs/forwarder.md).
+
+        The ledger has them (fsync'd), so Redis's copy is a cache nobody reads; left there it
+        would hold about 7 KB a job for RQ's ``result_ttl``, more than a queued job. An implicit
+        key's stored outcome (the key is the job id) is kept ``harvested_key_ttl_s`` more.
+        """
+        done = [
+            Finished(e.job_id, idempotency_id(e.job_id), e.queue, implicit_key=True)
+            for e in entries
+            if e.kind == "done" and e.queue is not None and self.state.index.is_terminal(e.loc)
+        ]
+        try:
+            self.transport.drop_finished(done, result_ttl_s=self.state.config.harvested_key_ttl_s)
+        except TransportError as exc:  # left to their own TTLs: memory, not correctness
+            log.debug("cannot delete %d finished jobs from Redis: %s", len(done), exc)
 
     def _entry(self, event_id: str, body: Mapping[str, Any] | None, ring: Keyring | None) -> Entry | None:
         checkpoint = self.state.checkpoint

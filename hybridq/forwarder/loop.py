@@ -34,10 +34,13 @@ from typing import Any, Self
 from hybridq.errors import (
     HybridqError,
     JournalIOError,
+    RedisFull,
+    RedisRefused,
     Stopped,
     TransportError,
 )
 from hybridq.forwarder.admission import Admission
+from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
@@ -47,6 +50,7 @@ from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.forwarder.watcher import EventWatcher
+from hybridq.forwarder.window import check_eviction_policy
 from hybridq.journal import JournalReader
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
@@ -148,6 +152,10 @@ class Forwarder:
         self.lookup = LookupIndex(self.journal, self.clock)
         self.state.on_append = self.lookup.note_entries
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
+        #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
+        self.backlog = Backlog(self.state, transport)
+        self._pusher.on_pushed = self.backlog.gate.sent
+        self.completions.harvester.forgetting = self._forgetting
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
         self.delivery = Deliverer(
@@ -155,6 +163,7 @@ class Forwarder:
             self.config,
             self.admission,
             self.lookup,
+            self.backlog,
             self._reader,
             clock=self.clock,
             push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as said above
@@ -211,8 +220,12 @@ class Forwarder:
                 log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
             self.state.load()
             self.completions.open()
-            with contextlib.suppress(TransportError):  # Redis down: the loop checks it later
-                self._check_epoch()  # before the first push, so the checkpoint it saves has the epoch
+            try:  # before the first push, so the checkpoint it saves has the epoch
+                self._check_epoch()
+            except RedisRefused:
+                raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
+            except TransportError:
+                pass  # Redis down: the loop checks it later
             self._reader.seek(self.checkpoint.positions)
             self.lookup.open()
             self.waits.listen()
@@ -325,7 +338,7 @@ class Forwarder:
             self._catch_up_lookup()
         if not self._stopping:
             self._maintain()
-        if done or self._lookup_due or time.monotonic() >= self._next_lookup:
+        if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
@@ -349,18 +362,24 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
-            retries = harvester.due_retries()
+            redo = reconciler.reconcile_step()  # a refill pass after Redis lost state first
+            if redo:
+                self._push(redo)
+            self.backlog.look()  # outcomes made room: top the windows up
+            refilled = self.backlog.refill()
+            if refilled:
+                self._save(refilled)
+            retries = self.backlog.admit(harvester.due_retries())  # through the same window
             if retries:
                 self._push(retries)
                 harvester.pushed(retries)
-            redo = reconciler.reconcile_step()
-            if redo:
-                self._push(redo)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)
                 self._save(0)
             self._pusher.came_back()
+        except RedisFull as exc:
+            self.backlog.paused(exc)  # the harvest goes on at the next step: it frees memory
         except TransportError as exc:
             self._pusher.went_down(exc, "completions wait")
         self._publish_terminal()  # local state only: an outage must not hold it back
@@ -376,14 +395,28 @@ class Forwarder:
         """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
         epoch = self.checkpoint.epoch
         self.completions.reconciler.check_epoch()
+        self.backlog.gate.sample(self.transport, force=True)
+        check_eviction_policy(self.backlog.gate.info, allow_eviction=self.config.allow_eviction)
+        # Finished jobs leave Redis: the worker deletes RQ's copy at the end (result_ttl 0).
+        self.transport.default_result_ttl_s = 0.0 if self._forgetting() else None
         self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
         if self.checkpoint.epoch != epoch:
+            self.backlog.windows.reset()  # an emptied queue is not a drain (no rate, no boost)
             self._save(0)
 
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
+        if self.delivery.behind or self.backlog.more:
+            return  # records left to index, or waiting jobs the windows have room for
         self.waits.wait()
+
+    def _forgetting(self) -> bool:
+        """Whether finished jobs leave Redis at their harvest (default: if it has a maxmemory)."""
+        if self.config.forget_finished is not None:
+            return self.config.forget_finished
+        info = self.backlog.gate.info
+        return info is not None and info.maxmemory > 0
 
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridq.errors import RedisRefused, Stopped, TransportError, UnencodableJobs
+from hybridq.errors import RedisFull, RedisRefused, Stopped, TransportError, UnencodableJobs
 from hybridq.forwarder.state import ForwarderState
 from hybridq.tracing import push_span
 from hybridq.transport import Transport
@@ -67,6 +67,8 @@ class Pusher:
         self._sleep = sleep
         self._stopping = stopping
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
+        #: Told of each accepted push: its jobs and the bytes sent (the memory gate learns from it).
+        self.on_pushed: Callable[[int, int], None] | None = None
 
     def went_down(self, exc: TransportError, what: str) -> None:
         """Count a transport failure; log only the first of an outage.
@@ -92,7 +94,9 @@ class Pusher:
 
         Traced (a span linked to the jobs' enqueue spans) when a tracer is configured.
 
-        Raises :class:`Stopped` if a stop is requested while the transport is down.
+        Raises :class:`Stopped` if a stop is requested while the transport is down, and
+        :class:`RedisFull` at once if Redis answers ``OOM`` (the caller leaves the jobs in its
+        run table: waiting for memory must not hold back the harvest that frees it).
         """
         if not batch:
             return
@@ -111,6 +115,8 @@ class Pusher:
                 if not batch:
                     return
                 continue
+            except RedisFull:
+                raise
             except TransportError as exc:
                 self.went_down(exc, f"holding {len(batch)} jobs")
                 self._sleep(self._rng.uniform(delay / 2, delay))
@@ -124,6 +130,8 @@ class Pusher:
             self.stats.pushed += result.pushed
             self.stats.duplicate_pushes += result.already_present
             self.state.count_duplicates(result.already_present)
+            if self.on_pushed is not None:
+                self.on_pushed(len(batch), result.sent_bytes)
             return
 
     def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:

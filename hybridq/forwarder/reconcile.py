@@ -224,6 +224,8 @@ class Reconciler:
             return None
         if loc in self.state.index.duplicates:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
+        if self.state.runs.contains(loc):
+            return None  # never pushed: it waits in the run table for room (hybridq.forwarder.backlog)
         if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
             return None  # cancelled: never delivered again (hybridq.forwarder.cancelling settles it)
         if self.state.index.is_terminal(loc):

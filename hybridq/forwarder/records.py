@@ -13,9 +13,10 @@ from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import Record, RecordType
 from hybridq.journal.reader import read_record_at, seal_offset
 from hybridq.ledger.checkpoint import Held
-from hybridq.transport.base import Loc
+from hybridq.protocol import Overwrite
+from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["decode_job", "envelope_at", "read_held"]
+__all__ = ["decode_job", "envelope_at", "first_delivery", "read_held"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -71,3 +72,10 @@ def envelope_at(journal: str, loc: Loc) -> Envelope | None:
     except (JournalError, EnvelopeError, OSError) as exc:
         log.error("cannot read job at %s:%d:%d: %s", *loc, exc)
         return None
+
+
+def first_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
+    """The first delivery of the job read at ``loc`` (pushed as read, or from the run table)."""
+    # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
+    overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
+    return state.delivery(env, loc, 1, overwrite=overwrite)

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.config import (
@@ -29,6 +30,7 @@ from hybridq.forwarder.config import (
     ForwarderConfig,
     check_key_ttl,
 )
+from hybridq.forwarder.runs import RunTable
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.reader import clamp_to_seals
@@ -75,6 +77,8 @@ class ForwarderState:
         self.checkpoint = Checkpoint()
         self.compacted = Compacted()
         self.index = LedgerIndex()
+        #: The jobs read and indexed but not pushed (the backlog beyond the window), on disk.
+        self.runs = RunTable(journal)
         self._writer: JournalWriter | None = None
         self._keys_writer: JournalWriter | None = None
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
@@ -90,6 +94,8 @@ class ForwarderState:
         #: Whether the ledger or the compaction state changed since the last snapshot.
         self._stale = False
         self._snapshot: Snapshot | None = None
+        #: The window's figures for the stats snapshot (the forwarder's backlog sets it).
+        self.figures: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, Any] | None]] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -117,6 +123,7 @@ class ForwarderState:
         self.pending = PendingTracker.rebuild(
             self.journal, self.checkpoint.positions, self.index, self.compacted
         )
+        self.runs.open()
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -134,7 +141,8 @@ class ForwarderState:
             save_checkpoint(self.journal, self.checkpoint)
 
     def close(self) -> None:
-        """Close the ledger and key store writers."""
+        """Close the ledger and key store writers and the run table."""
+        self.runs.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -218,6 +226,10 @@ class ForwarderState:
         """Note a record the forwarder read (``env``: the job in it, when it is one) for stats."""
         self.pending.saw_record(record, env, self.index)
 
+    def figures_changed(self) -> None:
+        """The window's figures moved: the snapshot is written again at the end of the step."""
+        self._stale = True
+
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
         if self._stale:
@@ -236,6 +248,8 @@ class ForwarderState:
                 journal=self.journal,
                 own_chain=self.own_chain,
             )
+            if self.figures is not None:
+                snapshot.queue_detail, snapshot.redis_memory = self.figures()
             save_snapshot(self.journal, snapshot)
         except OSError as exc:
             # Tried again at the end of each step; meanwhile the old one is stale.

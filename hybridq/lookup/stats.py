@@ -270,6 +270,12 @@ class Snapshot:
     #: them differ while no forwarder runs scans instead.
     checkpoint_file: list[int] | None = None
     ledger_tail: list[Any] | None = None
+    #: Per queue, the window in Redis and the backlog behind it (docs/forwarder.md, "The window"):
+    #: ``backlog``, ``window``, ``window_target``, ``oldest_waiting`` (a Unix time, or ``None``).
+    queue_detail: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Redis's memory as the forwarder last read it: ``used``, ``maxmemory``, ``policy``,
+    #: ``paused`` (``"high_water"``, ``"oom"`` or ``None``), ``last_oom`` (a Unix time).
+    redis_memory: dict[str, Any] | None = None
 
     @classmethod
     def of(

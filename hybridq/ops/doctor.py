@@ -51,6 +51,8 @@ from hybridq.ledger.checkpoint import forwarder_holder, load_checkpoint
 from hybridq.ledger.compacted import Compacted, load_compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index
+from hybridq.lookup.stats import load_snapshot
+from hybridq.ops.window_stats import waiting_in_journal, window_figures
 from hybridq.outbox.backlog import read_set_aside
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite, keys
 from hybridq.transport.base import Delivery, Probe
@@ -65,6 +67,8 @@ __all__ = ["DoctorReport", "check_outbox", "diagnose"]
 BATCH = 1000
 #: Ids listed per finding (the counts are always complete).
 EXAMPLES = 10
+#: An OOM reply to a push this recent is a finding (seconds).
+OOM_RECENT_S = 600.0
 #: Jobs read from the waiting list (hybridq.worker.waiting).
 WAITING_LIMIT = 1000
 
@@ -95,6 +99,9 @@ class DoctorReport:
     #: With an outbox: its rows the relay set aside, and the first few (id, job_id, created_at, why).
     outbox_set_aside: int = 0
     outbox_set_aside_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: Redis answered OOM to the forwarder's push within :data:`OOM_RECENT_S` (pushes paused,
+    #: jobs wait in the journal): ``"... N s ago"``; or its maxmemory-policy may evict keys.
+    redis_memory: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -110,6 +117,7 @@ class DoctorReport:
             or self.merged
             or self.waiting
             or self.outbox_set_aside
+            or self.redis_memory
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -138,6 +146,7 @@ def diagnose(
     index = load_index(path, compacted)
     report = DoctorReport()
     _find_unattended(path, compacted, index, report)
+    report.redis_memory = memory_findings(path)
     if checkpoint is None:
         return report  # no forwarder ever ran here: Redis holds none of this journal's jobs
     pending: dict[str, tuple[Loc, Envelope]] = {}
@@ -187,6 +196,27 @@ def diagnose(
     return report
 
 
+def memory_findings(path: str) -> list[str]:
+    """What the forwarder's last snapshot says of Redis's memory that needs an operator."""
+    memory = window_figures(path, load_snapshot(path))["redis_memory"]
+    if memory is None:
+        return []
+    out: list[str] = []
+    age = memory["last_oom_age_s"]
+    if age is not None and age <= OOM_RECENT_S:
+        out.append(
+            f"Redis answered OOM to a push {age:.0f} s ago (used {memory['used']} of "
+            f"{memory['maxmemory']} bytes): pushes pause and jobs wait in the journal; something "
+            "else fills Redis, or --redis-high-water is too high (docs/deploy.md, sizing Redis)"
+        )
+    if memory["maxmemory"] and memory["policy"] not in (None, "noeviction"):
+        out.append(
+            f"Redis's maxmemory-policy is {memory['policy']}: at its limit it may evict leases and "
+            "stored outcomes (a job may run twice); noeviction is what a queue needs"
+        )
+    return out
+
+
 def _find_unattended(path: str, compacted: Compacted, index: LedgerIndex, report: DoctorReport) -> None:
     """Who holds the forwarder lock; if nobody, how many jobs of the journal are unfinished.
 
@@ -221,6 +251,7 @@ def _forwarded_pending(
     # A cancel in the ledger or still in a request file: never delivered again (the forwarder
     # settles it once no worker holds its lease).
     cancelled = set(index.cancels) | {loc for _path, jobs in read_requests(path) for _id, loc in jobs}
+    waiting_here = waiting_in_journal(path)
     for record in JournalReader(path).records():
         if record.rtype != RecordType.DATA or compacted.is_compacted(
             (record.writer_id, record.segment_index)
@@ -231,6 +262,8 @@ def _forwarded_pending(
             continue  # not forwarded yet: the forwarder's backlog, not Redis's business
         if index.is_terminal(loc) or loc in index.retries or loc in index.duplicates or loc in cancelled:
             continue  # a duplicate is never pushed: it waits for its key's owner
+        if waiting_here(loc):
+            continue  # read into the backlog, waiting for room in the window: never pushed
         try:
             env = Envelope.from_bytes(record.payload)
         except EnvelopeError:

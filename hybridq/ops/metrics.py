@@ -29,6 +29,7 @@ from hybridq.outbox.backlog import Backlog
 from hybridq.worker import waiting
 
 if TYPE_CHECKING:
+    from hybridq.forwarder.backlog import Backlog as JobBacklog
     from hybridq.forwarder.loop import Forwarder
     from hybridq.outbox.background import BackgroundRelay
 
@@ -154,6 +155,7 @@ class ForwarderMetrics(Collector):
         yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
         yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
         yield from self._outbox_metrics()
+        yield from window_metrics(f.backlog)
 
     def _outbox_metrics(self) -> Iterator[Metric]:
         """With ``forward --outbox``: the relay's count, and the outbox's backlog when readable."""
@@ -178,6 +180,57 @@ class ForwarderMetrics(Collector):
             "Bad outbox rows the relay set aside: they cannot be relayed (hybridq doctor --outbox).",
             backlog.set_aside,
         )
+
+
+def window_metrics(backlog: JobBacklog) -> Iterator[Metric]:
+    """Per queue: the backlog in the journal, the window in Redis, the oldest wait; Redis's memory.
+
+    Read from the forwarder's memory (no query at scrape time: the oldest waiting job is the
+    one its last refill saw).
+    """
+    now = time.time()
+    detail, memory = backlog.figures()
+    families = {
+        "backlog": GaugeMetricFamily(
+            "hybridq_queue_backlog_jobs",
+            "Jobs waiting in the journal for room in the window.",
+            labels=["queue"],
+        ),
+        "window": GaugeMetricFamily(
+            "hybridq_queue_window_jobs", "Jobs queued in Redis (LLEN at the last look).", labels=["queue"]
+        ),
+        "window_target": GaugeMetricFamily(
+            "hybridq_queue_window_target_jobs", "Jobs the forwarder keeps queued in Redis.", labels=["queue"]
+        ),
+    }
+    latency = GaugeMetricFamily(
+        "hybridq_queue_latency_seconds",
+        "How long the oldest job waiting in the journal has been eligible to run (0: none waits).",
+        labels=["queue"],
+    )
+    for queue, d in detail.items():
+        for key, family in families.items():
+            if d[key] is not None:
+                family.add_metric([queue], float(d[key]))
+        oldest = d["oldest_waiting"]
+        latency.add_metric([queue], 0.0 if oldest is None else max(0.0, now - oldest))
+    yield from families.values()
+    yield latency
+    paused = GaugeMetricFamily(
+        "hybridq_redis_push_paused", "1 while pushes are paused for Redis's memory.", labels=["reason"]
+    )
+    for reason in ("high_water", "oom"):
+        paused.add_metric([reason], float(memory is not None and memory["paused"] == reason))
+    yield paused
+    if memory is not None and memory["maxmemory"]:
+        yield _gauge(
+            "hybridq_redis_memory_ratio",
+            "Redis's used_memory over its maxmemory.",
+            memory["used"] / memory["maxmemory"],
+        )
+    yield _counter(
+        "hybridq_redis_push_pauses", "Times pushes paused for Redis's memory.", backlog.gate.pauses
+    )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

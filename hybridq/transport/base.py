@@ -16,7 +16,9 @@ __all__ = [
     "MAX_STATS_BODY",
     "Delivery",
     "Event",
+    "Finished",
     "Loc",
+    "MemoryInfo",
     "Probe",
     "Published",
     "PushResult",
@@ -35,6 +37,8 @@ class PushResult:
     pushed: int
     #: Jobs the backend already knew (same job id): not queued a second time.
     already_present: int
+    #: Bytes of job data sent (0: not counted); the memory gate learns a job's size from it.
+    sent_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,29 @@ class StateToken:
 
     epoch: str | None
     run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    """What Redis says of its memory (``INFO memory``): the forwarder's high-water mark reads it."""
+
+    #: Bytes in use (``used_memory``).
+    used: int
+    #: The limit (``maxmemory``); 0: none.
+    maxmemory: int
+    #: What Redis does at the limit (``maxmemory_policy``: ``noeviction``, ``allkeys-lru``...).
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job the ledger now holds as terminal (or retrying): what Redis may forget of it."""
+
+    job_id: str
+    key_id: str
+    queue: str
+    #: Whether its idempotency key is its own id (nobody else's dedup depends on the outcome).
+    implicit_key: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +172,11 @@ class Transport(abc.ABC):
         """
         return 0, set()
 
+    #: How long RQ keeps the result of a job that does not ask for a ``result_ttl`` (seconds);
+    #: ``None``: RQ's own default. The forwarder sets 0 when finished jobs leave Redis at their
+    #: harvest (docs/forwarder.md, "What Redis holds"): the worker then deletes them at the end.
+    default_result_ttl_s: float | None = None
+
     #: Whether :meth:`wait_events` blocks until an event arrives (else the forwarder polls).
     blocking_events: bool = False
 
@@ -207,6 +239,30 @@ class Transport(abc.ABC):
     def forget_stats(self, owner: str) -> bool:  # noqa: ARG002
         """Remove ``owner``'s snapshot and its entry (a forwarder removed for good); False if absent."""
         return False
+
+    def memory(self) -> MemoryInfo | None:
+        """The backend's memory use and limit (the fullest Redis of several); ``None``: unknown.
+
+        The default knows nothing: the forwarder's high-water mark is then off.
+        """
+        return None
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int] | None:  # noqa: ARG002
+        """How many jobs wait in each queue now (``LLEN``); ``None``: the backend cannot say.
+
+        The forwarder's window (docs/forwarder.md) sizes what it keeps in the backend from these;
+        the default (``None``) leaves the window open: every job is pushed as it is read.
+        """
+        return None
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:  # noqa: ARG002
+        """Delete what the backend keeps of jobs the ledger holds now (their hash, RQ's result).
+
+        Called after the harvest made them durable (docs/forwarder.md, "What Redis holds"): an
+        implicit key's stored outcome is kept ``result_ttl_s`` more (a second delivery waiting
+        on the lease reads it), an explicit key's keeps its own lifetime. The default keeps all.
+        """
+        return
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from hybridq.errors import InvalidRedisURL, RedisRefused, TransportError
+from hybridq.errors import InvalidRedisURL, RedisFull, RedisRefused, TransportError
 from hybridq.transport.sentinel import SENTINEL_SCHEME, is_sentinel, parse_sentinel, sibling
 
 if TYPE_CHECKING:
@@ -177,6 +177,10 @@ def transport_error(exc: RedisError) -> TransportError:
     why = refusal(exc)
     if why is not None:
         return RedisRefused(f"Redis refused this configuration ({why}): {exc}")
+    from redis.exceptions import OutOfMemoryError  # noqa: PLC0415 - redis-py only when it failed
+
+    if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in str(exc):
+        return RedisFull(f"Redis is full: {exc}")
     return TransportError(f"Redis: {exc}")
 
 

@@ -37,7 +37,19 @@ from hybridq.transport import redisurl
 from hybridq.transport.redisurl import transport_error
 
 from . import rq_stats
-from .base import Delivery, Event, Probe, Published, PushResult, RefillResult, StateToken, Transport, Verdict
+from .base import (
+    Delivery,
+    Event,
+    Finished,
+    MemoryInfo,
+    Probe,
+    Published,
+    PushResult,
+    RefillResult,
+    StateToken,
+    Transport,
+    Verdict,
+)
 from .rq_codec import (
     _compress,
     _decode_event,
@@ -48,7 +60,7 @@ from .rq_codec import (
     _text,
     _whole_seconds,
 )
-from .rq_scripts import _CANCEL, _EVICT, _PROBE, _PUSH_IF_NEW, _REFILL, _STATE
+from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _PUSH_IF_NEW, _REFILL, _SET_EPOCH, _STATE
 
 __all__ = ["RQTransport"]
 
@@ -88,6 +100,8 @@ class RQTransport(Transport):
         self._refill = connection.register_script(_REFILL)
         self._state = connection.register_script(_STATE)
         self._cancel = connection.register_script(_CANCEL)
+        self._forget = connection.register_script(_FORGET)
+        self._set_epoch = connection.register_script(_SET_EPOCH)
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -146,6 +160,8 @@ class RQTransport(Transport):
             str(timeout),
         ]
         result_ttl = _whole_seconds(env.result_ttl_s)
+        if result_ttl is None and self.default_result_ttl_s is not None:
+            result_ttl = round(self.default_result_ttl_s)  # 0: the worker deletes it at the end
         if result_ttl is not None:
             fields += ["result_ttl", str(result_ttl)]
         fields += ["meta", json.dumps(_meta(delivery)).encode()]
@@ -196,7 +212,8 @@ class RQTransport(Transport):
             results: list[Any] = pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results))
+        sent = sum(len(f) for fields in hashes for f in fields if isinstance(f, str | bytes))
+        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results), sent)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""
@@ -290,7 +307,7 @@ class RQTransport(Transport):
     def set_epoch(self, owner: str, epoch: str) -> None:
         """Store ``owner``'s epoch (no expiry)."""
         try:
-            self.connection.set(keys.epoch(owner), epoch)
+            self._set_epoch(keys=[keys.epoch(owner), f"{keys.PREFIX}oomguard"], args=[epoch])
         except RedisError as exc:
             raise transport_error(exc) from exc
 
@@ -340,6 +357,54 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         return [bool(int(r)) for r in replies]
+
+    def memory(self) -> MemoryInfo:
+        """``INFO memory``: used, ``maxmemory`` and its policy (both ACL users may run INFO)."""
+        try:
+            info = self.connection.info("memory")
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        return MemoryInfo(
+            int(info.get("used_memory", 0)),
+            int(info.get("maxmemory", 0)),
+            str(info.get("maxmemory_policy", "noeviction")),
+        )
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int]:
+        """``LLEN`` of each queue, in one pipeline."""
+        if not queues:
+            return {}
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for queue in queues:
+                pipe.llen(keys.rq_queue(queue))
+            lengths: list[Any] = pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
+        return {queue: int(n) for queue, n in zip(queues, lengths, strict=True)}
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
+        """Delete finished jobs' hashes and RQ results (see :meth:`Transport.drop_finished`), one pipeline."""
+        if not jobs:
+            return
+        ttl_ms = max(1, int(result_ttl_s * 1000))
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for job in jobs:
+                self._forget(
+                    keys=[
+                        keys.rq_job(job.job_id),
+                        f"{keys.RQ_PREFIX}:results:{job.job_id}",
+                        keys.rq_registry("finished", job.queue),
+                        keys.rq_registry("failed", job.queue),
+                        keys.result(job.key_id),
+                    ],
+                    args=[job.job_id, "1" if job.implicit_key else "0", ttl_ms],
+                    client=pipe,
+                )
+            pipe.execute()
+        except RedisError as exc:
+            raise transport_error(exc) from exc
 
     def ping(self) -> None:
         """Raise TransportError unless Redis answers PING."""

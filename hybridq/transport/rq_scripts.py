@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 
-__all__ = ["QUEUED_FIELDS", "_EVICT", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_STATE"]
+__all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_SET_EPOCH", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
 #: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
@@ -72,12 +72,15 @@ local function push(k, id, overwrite, run, first, last)
         -- and vanished left it there, where the probe would find it "stranded" again and again.
         redis.call("LREM", KEYS[k + 1] .. ":intermediate", 0, id)
     end
-    -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
-    redis.call("ZREM", KEYS[k + 3], id)
-    redis.call("ZREM", KEYS[k + 4], id)
+    -- A new job's first write grows memory (HSET): over maxmemory, Redis refuses the whole
+    -- script there, before it wrote anything, and the forwarder pauses (docs/forwarder.md).
+    -- A write that cannot grow memory first (the ZREMs) would let the script run past the limit.
     redis.call("HSET", KEYS[k], "hybridq_run", run, {_QUEUED_LUA}unpack(ARGV, first, last))
     redis.call("RPUSH", KEYS[k + 1], id)
     redis.call("SADD", KEYS[k + 2], KEYS[k + 1])
+    -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+    redis.call("ZREM", KEYS[k + 3], id)
+    redis.call("ZREM", KEYS[k + 4], id)
     return 1
 end
 local queued, a = 0, 1
@@ -236,4 +239,36 @@ if redis.call("EXISTS", KEYS[3]) == 1 then
     return 1
 end
 return 0
+"""
+
+
+# KEYS: RQ's job hash, RQ's results stream, RQ's finished and failed registries of its queue, the
+# key's stored outcome. ARGV: job id, 1 if the key is the job's own id, how long (ms) that stored
+# outcome stays. After the harvest put the job in the ledger (fsync'd): what Redis keeps of it
+# is a cache nobody reads (fetch_job and `failed list` read the ledger), so it goes now instead
+# of after RQ's result_ttl (docs/forwarder.md, "What Redis holds"). The first command is a DEL,
+# which Redis allows over maxmemory: the rest of the script then runs too (it only frees).
+_FORGET = """
+redis.call("DEL", KEYS[1], KEYS[2])
+redis.call("ZREM", KEYS[3], ARGV[1])
+redis.call("ZREM", KEYS[4], ARGV[1])
+if ARGV[2] == "1" then
+    local ttl = redis.call("PTTL", KEYS[5])
+    if ttl == -1 or ttl > tonumber(ARGV[3]) then
+        redis.call("PEXPIRE", KEYS[5], ARGV[3])
+    end
+end
+return 1
+"""
+
+
+# KEYS: the owner's epoch key, a key that never exists. ARGV: the epoch. The forwarder's epoch is
+# what fences stale deliveries: it must be writable when Redis is over maxmemory too. Redis
+# refuses a script's first write that may grow memory (SET) over the limit, but not a DEL, and
+# once a script has written it runs to its end: the DEL first lets the SET through
+# (docs/forwarder.md, "What Redis holds").
+_SET_EPOCH = """
+redis.call("DEL", KEYS[2])
+redis.call("SET", KEYS[1], ARGV[1])
+return 1
 """

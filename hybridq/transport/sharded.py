@@ -37,7 +37,19 @@ from typing import TypeVar
 from hybridq.errors import TransportError
 from hybridq.transport.redisurl import redact_url
 
-from .base import Delivery, Event, Probe, Published, PushResult, RefillResult, StateToken, Transport, Verdict
+from .base import (
+    Delivery,
+    Event,
+    Finished,
+    MemoryInfo,
+    Probe,
+    Published,
+    PushResult,
+    RefillResult,
+    StateToken,
+    Transport,
+    Verdict,
+)
 from .routes import Routes
 
 __all__ = ["ShardedTransport", "compose_epoch", "split_epoch"]
@@ -133,12 +145,13 @@ class ShardedTransport(Transport):
 
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Push each job to its queue's Redis (all of them, or TransportError: push again)."""
-        pushed = present = 0
+        pushed = present = sent = 0
         for shard, positions in self._split(jobs, lambda d: d.envelope.queue).items():
             result = self.shards[shard].push([jobs[p] for p in positions])
             pushed += result.pushed
             present += result.already_present
-        return PushResult(pushed, present)
+            sent += result.sent_bytes
+        return PushResult(pushed, present, sent)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Refill each Redis with its own queues' jobs (see :meth:`Transport.refill`).
@@ -194,6 +207,38 @@ class ShardedTransport(Transport):
             for p, busy in zip(positions, running, strict=True):
                 out[p] = busy
         return out
+
+    @property
+    def default_result_ttl_s(self) -> float | None:
+        """Every Redis's (see :attr:`Transport.default_result_ttl_s`)."""
+        return self.shards[0].default_result_ttl_s if self.shards else None
+
+    @default_result_ttl_s.setter
+    def default_result_ttl_s(self, seconds: float | None) -> None:
+        for shard in self.shards:
+            shard.default_result_ttl_s = seconds
+
+    def memory(self) -> MemoryInfo | None:
+        """The fullest Redis (highest share of its ``maxmemory`` used): the one a push may fill."""
+        infos = [info for info in (shard.memory() for shard in self.shards) if info is not None]
+        if not infos:
+            return None
+        return max(infos, key=lambda i: (i.used / i.maxmemory if i.maxmemory else 0.0, i.used))
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int] | None:
+        """Each queue's length, asked of its own Redis."""
+        out: dict[str, int] = {}
+        for shard, positions in self._split(queues, lambda q: q).items():
+            lengths = self.shards[shard].queue_lengths([queues[p] for p in positions])
+            if lengths is None:
+                return None
+            out.update(lengths)
+        return out
+
+    def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
+        """Forget each finished job on its queue's Redis."""
+        for shard, positions in self._split(jobs, lambda j: j.queue).items():
+            self.shards[shard].drop_finished([jobs[p] for p in positions], result_ttl_s=result_ttl_s)
 
     def ping(self) -> None:
         """Raise TransportError unless every Redis answers (the message names the one that did not)."""

@@ -35,7 +35,7 @@ from rq.utils import now, utcformat
 
 from hybridq.protocol import keys
 from hybridq.worker.runner import Taken
-from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA
+from hybridq.worker.scripts import CLAIM_LUA, FINISH_LUA, OOM_GUARD_LUA
 
 __all__ = [
     "END",
@@ -139,6 +139,7 @@ START_ARITY = 15
 START = (
     CLAIM_LUA
     + ISOLATE_LUA
+    + OOM_GUARD_LUA
     + """
 local rq, name, stamp, now, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local server = {}
@@ -193,6 +194,7 @@ END_ARITY = 16
 END = (
     FINISH_LUA
     + ISOLATE_LUA
+    + OOM_GUARD_LUA
     + """
 local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local worker = rq .. ":worker:" .. name

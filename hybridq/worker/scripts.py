@@ -145,7 +145,14 @@ local function claim(K, A, server)
 end
 """
 )
-_CLAIM = CLAIM_LUA + "return claim(KEYS, ARGV, {})\n"
+# The OOM guard (docs/forwarder.md, "What Redis holds"): a worker script's first command is a DEL
+# of a key that never exists (under the worker's own ACL pattern). Redis refuses a script's first
+# write that may grow memory when it is over maxmemory, but not a DEL, and lets a script that
+# has written run to its end: so claims, outcomes and starts go through over the limit, and a
+# full Redis can always drain (the forwarder stops pushing at its high-water mark). What they
+# write past the limit is bounded by the running jobs.
+OOM_GUARD_LUA = 'redis.call("DEL", "hybridq:lease:oomguard")\n'
+_CLAIM = CLAIM_LUA + OOM_GUARD_LUA + "return claim(KEYS, ARGV, {})\n"
 
 
 # KEYS: result, lease, events. ARGV: token, outcome JSON, key lifetime s, event JSON[, the event
@@ -191,7 +198,7 @@ local function finish(K, A)
 end
 """
 )
-_FINISH = FINISH_LUA + "return finish(KEYS, ARGV)\n"
+_FINISH = FINISH_LUA + OOM_GUARD_LUA + "return finish(KEYS, ARGV)\n"
 
 
 # KEYS: leases, then (optional) the RQ job hash of each. ARGV: for each lease its token and lease

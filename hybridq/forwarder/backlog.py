@@ -1,0 +1,208 @@
+"""The backlog: what the forwarder keeps out of Redis, and how it tops the window up.
+
+The forwarder pushes a job as it reads it only while the job's queue has room in its window and
+nothing of that queue waits before it; every other job is indexed in the run table
+(:mod:`hybridq.forwarder.runs`) and waits there, on disk. :meth:`Backlog.refill` (each step,
+after the harvest: outcomes make room) pushes the oldest waiting jobs of every queue with room,
+in their order, under the memory gate (:class:`~hybridq.forwarder.window.MemoryGate`). A push
+is tried once: Redis down or full leaves the rows for a later step, and the step goes on to
+harvest (docs/forwarder.md, "The window").
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
+from hybridq.forwarder.records import first_delivery, read_held
+from hybridq.forwarder.runs import RunTable
+from hybridq.forwarder.state import ForwarderState
+from hybridq.forwarder.window import MemoryGate, Windows
+from hybridq.ledger.checkpoint import Held
+from hybridq.transport.base import Delivery, Transport
+
+__all__ = ["Backlog"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: Rows read back from the journal per push (one pipeline).
+REFILL_CHUNK = 500
+
+
+class Backlog:
+    """The window of every queue, the memory gate and the run table of one forwarder.
+
+    Args:
+        state: the forwarder's durable state (the run table is its :attr:`ForwarderState.runs`).
+        transport: where jobs go.
+        clock: monotonic time (replaced in tests).
+    """
+
+    def __init__(
+        self,
+        state: ForwarderState,
+        transport: Transport,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = state
+        self.transport = transport
+        self.windows = Windows(state.config, clock)
+        self.gate = MemoryGate(state.config, clock)
+        #: Jobs pushed from the run table since start.
+        self.refilled = 0
+        #: Whether the last :meth:`refill` left rows it had room for (the loop does not sleep).
+        self.more = False
+        #: Per queue with waiting jobs: when its oldest became eligible (a Unix time), as of the
+        #: last refill (metrics read it from another thread: no query at scrape time).
+        self.oldest: dict[str, float] = {}
+        state.figures = self.figures
+        self._published: dict[str, dict[str, Any]] = {}
+        self._publish_at = 0.0
+
+    @property
+    def runs(self) -> RunTable:
+        """The waiting jobs, on disk."""
+        return self.state.runs
+
+    def look(self, queues: Sequence[str] = ()) -> None:
+        """Read Redis's memory and the lengths of ``queues`` and every queue with waiting jobs.
+
+        Redis down: the last figures stay (the push that follows fails and says so).
+        """
+        names = sorted({*queues, *self.runs.counts, *self.windows.queues})
+        try:
+            self.gate.sample(self.transport)
+            self.windows.look(self.transport, names)
+        except RedisRefused:
+            raise
+        except TransportError as exc:
+            log.debug("cannot read Redis's queue lengths or memory now: %s", exc)
+        detail, _ = self.figures()
+        now = time.monotonic()
+        if detail != self._published or now >= self._publish_at:  # stats read them: say so
+            self._published, self._publish_at = detail, now + 1.0
+            self.state.figures_changed()
+
+    def room(self, queue: str) -> int:
+        """How many of ``queue``'s jobs may go to Redis now."""
+        return min(self.windows.room(queue), self.gate.room())
+
+    def take(self, queue: str) -> bool:
+        """Whether a job of ``queue`` just read goes straight to Redis (counted if it does)."""
+        if self.runs.waiting(queue) or self.room(queue) <= 0:
+            return False
+        self.windows.of(queue).pushed(1)
+        self.gate.pushed(1)
+        return True
+
+    def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Those of ``deliveries`` (retries) the windows have room for now; counted as pushed."""
+        out: list[Delivery] = []
+        for d in deliveries:
+            queue = d.envelope.queue
+            if self.room(queue) > 0:
+                self.windows.of(queue).pushed(1)
+                self.gate.pushed(1)
+                out.append(d)
+        return out
+
+    def paused(self, exc: RedisFull) -> None:
+        """A push met ``OOM``: pause pushes (one log line) until the gate sees room."""
+        self.gate.refused(exc)
+
+    def refill(self) -> int:
+        """Push the oldest waiting jobs of every queue with room; return how many went.
+
+        One try per chunk: a refused push (Redis down or full) leaves its rows, and the step
+        goes on (harvesting frees Redis's memory and makes room).
+        """
+        self.more = False
+        done = 0
+        for queue in sorted(self.runs.counts):
+            while self.runs.waiting(queue):
+                n = min(self.room(queue), REFILL_CHUNK)
+                if n <= 0:
+                    break
+                pushed = self._push_head(queue, n)
+                if pushed is None:
+                    return done
+                done += pushed
+        self.more = any(self.runs.waiting(q) and self.room(q) > 0 for q in self.runs.counts)
+        self.oldest = {q: t for q in list(self.runs.counts) if (t := self.runs.oldest(q)) is not None}
+        return done
+
+    def _push_head(self, queue: str, n: int) -> int | None:
+        """Push the first ``n`` rows of ``queue``; ``None`` if the transport refused them."""
+        rows = self.runs.head(queue, n)
+        index = self.state.index
+        batch: list[Delivery] = []
+        for loc, order in rows:
+            if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
+                continue  # settled while it waited (cancelled, or finished after a lost row delete)
+            env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
+            if env is not None:
+                batch.append(first_delivery(self.state, env, loc))
+        if batch and not self._try_push(batch):
+            return None
+        # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).
+        self.runs.remove(queue, [loc for loc, _ in rows])
+        self.runs.commit()
+        self.windows.of(queue).pushed(len(batch))
+        self.gate.pushed(len(batch))
+        self.refilled += len(batch)
+        return len(batch)
+
+    def _try_push(self, batch: list[Delivery]) -> bool:
+        """Push once; ``False`` (logged once per outage or pause) if the transport refused."""
+        try:
+            result = self.transport.push(batch)
+        except UnencodableJobs as exc:
+            for delivery, reason in exc.rejected:
+                self.state.record_invalid(delivery.loc)
+                log.error("skipping job %s: the transport cannot encode it: %s", delivery.envelope.id, reason)
+            refused = {id(d) for d, _ in exc.rejected}
+            rest = [d for d in batch if id(d) not in refused]
+            return not rest or self._try_push(rest)
+        except RedisFull as exc:
+            self.paused(exc)
+            return False
+        except RedisRefused:
+            raise
+        except TransportError as exc:
+            log.debug("refill not pushed (Redis unavailable): %s", exc)
+            return False
+        self.state.count_duplicates(result.already_present)
+        self.gate.sent(len(batch), result.sent_bytes)
+        return True
+
+    def figures(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+        """Per queue: backlog, window, target, oldest waiting; and Redis's memory (for stats)."""
+        # Copies first (one C-level step each): metrics call this from their own thread.
+        counts, windows, oldest = dict(self.runs.counts), dict(self.windows.queues), dict(self.oldest)
+        detail: dict[str, dict[str, Any]] = {}
+        for q in sorted({*counts, *windows}):
+            w = windows.get(q)
+            detail[q] = {
+                "backlog": counts.get(q, 0),
+                "window": w.length if w is not None else None,
+                "window_target": w.target if w is not None else None,
+                "oldest_waiting": oldest.get(q) if counts.get(q) else None,
+            }
+        gate, info = self.gate, self.gate.info
+        memory = None
+        if info is not None:
+            memory = {
+                "used": info.used,
+                "maxmemory": info.maxmemory,
+                "policy": info.policy,
+                "high_water": gate.high_water,
+                "paused": gate.paused,
+                "last_oom": gate.last_oom,
+            }
+        return detail, memory

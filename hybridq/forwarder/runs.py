@@ -1,0 +1,172 @@
+"""The run table: jobs the forwarder has read and indexed but not pushed, waiting on disk.
+
+A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (WAL, ``synchronous=FULL``,
+0600). One row per job read while its queue's window in Redis was full (docs/forwarder.md, "The
+window"): where its record is (the journal stays the only copy of the job), its queue, and the
+order it runs in (when it was accepted, or came due). Nothing about it is kept in memory but a
+count per queue: the backlog costs about 100 bytes of disk per job and no RAM.
+
+The rules that keep a job from being lost or pushed twice:
+
+* **Indexed, then read past.** Rows are committed before the checkpoint's positions move past
+  their records (:meth:`commit` is called before the checkpoint is saved). The positions now
+  mean "pushed, or waiting here"; a crash in between reads the records again, and
+  ``INSERT OR IGNORE`` keeps one row each.
+* **Pushed, then deleted.** A row goes only after the transport accepted its job; a crash in
+  between pushes it again, and the job id absorbs the copy (invariant 5, per row).
+* A row whose job became terminal, or was cancelled, is deleted without a push by the refill.
+
+A lost or damaged file loses no job: every record before the positions without a row is taken
+for pushed, and the reconcile pass delivers what Redis does not have (a flood, not a loss).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from hybridq.transport.base import Loc
+
+__all__ = ["RUNS_DIR", "RunTable"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The run table's directory under the journal.
+RUNS_DIR = "runs"
+RUNS_FILE = "runs.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
+    queue TEXT NOT NULL,
+    ord REAL NOT NULL,
+    PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ready ON runs(queue, ord);
+"""
+
+
+class RunTable:
+    """The waiting jobs of one journal (see the module docstring). Open it under the forwarder's lock."""
+
+    def __init__(self, journal: str) -> None:
+        self.path = os.path.join(journal, RUNS_DIR, RUNS_FILE)
+        self._db: sqlite3.Connection | None = None
+        #: Waiting jobs per queue (rows), kept with every change.
+        self.counts: dict[str, int] = {}
+
+    def open(self) -> None:
+        """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        try:
+            self._connect()
+        except sqlite3.DatabaseError as exc:
+            aside = f"{self.path}.damaged"
+            log.error(
+                "run table %s is damaged (%s): moved to %s; the reconcile pass delivers the "
+                "jobs it held again",
+                self.path,
+                exc,
+                aside,
+            )
+            self.close()
+            os.replace(self.path, aside)
+            for suffix in ("-wal", "-shm"):
+                if os.path.exists(self.path + suffix):
+                    os.unlink(self.path + suffix)
+            self._connect()
+
+    def _connect(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = db
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
+        db.executescript(_SCHEMA)
+        self.rollback()
+
+    def close(self) -> None:
+        """Commit what is pending and close. Idempotent."""
+        if self._db is not None:
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+            finally:
+                self._db.close()
+                self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The open connection (always inside a transaction that :meth:`commit` ends)."""
+        assert self._db is not None, "the run table is not open"
+        return self._db
+
+    @property
+    def total(self) -> int:
+        """Waiting jobs, all queues."""
+        return sum(self.counts.values())
+
+    def waiting(self, queue: str) -> int:
+        """Waiting jobs of ``queue``."""
+        return self.counts.get(queue, 0)
+
+    def add(self, rows: Iterable[tuple[Loc, str, float]]) -> None:
+        """Insert ``(loc, queue, ord)`` rows (an existing row is kept): durable at :meth:`commit`."""
+        db = self.db
+        for (chain, seg, off), queue, order in rows:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?)", (chain, seg, off, queue, order)
+            )
+            if cur.rowcount:
+                self.counts[queue] = self.counts.get(queue, 0) + 1
+
+    def head(self, queue: str, n: int) -> list[tuple[Loc, float]]:
+        """The first ``n`` waiting jobs of ``queue``, in their order."""
+        rows = self.db.execute(
+            "SELECT chain, seg, off, ord FROM runs WHERE queue = ? ORDER BY ord LIMIT ?", (queue, n)
+        )
+        return [((chain, int(seg), int(off)), float(order)) for chain, seg, off, order in rows]
+
+    def oldest(self, queue: str) -> float | None:
+        """The order (a Unix time) of ``queue``'s first waiting job, if any."""
+        row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def remove(self, queue: str, locs: Sequence[Loc]) -> None:
+        """Delete rows of ``queue`` (pushed, or terminal): durable at :meth:`commit`."""
+        db = self.db
+        for chain, seg, off in locs:
+            cur = db.execute("DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?", (chain, seg, off))
+            if cur.rowcount:
+                self.counts[queue] = self.counts.get(queue, 0) - 1
+        if self.counts.get(queue) == 0:
+            del self.counts[queue]
+
+    def contains(self, loc: Loc) -> bool:
+        """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
+        if not self.counts:
+            return False
+        row = self.db.execute(
+            "SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", (loc[0], loc[1], loc[2])
+        ).fetchone()
+        return row is not None
+
+    def rollback(self) -> None:
+        """Drop every change since the last commit (a step that failed part-way reads again)."""
+        db = self.db
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        db.execute("BEGIN")
+        self.counts = {q: int(n) for q, n in db.execute("SELECT queue, count(*) FROM runs GROUP BY queue")}
+
+    def commit(self) -> None:
+        """Make every change since the last commit durable (fsync), and begin the next."""
+        db = self.db
+        if db.in_transaction:
+            db.execute("COMMIT")
+        db.execute("BEGIN")

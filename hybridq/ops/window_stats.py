@@ -1,0 +1,103 @@
+"""The window's figures for ``stats()`` and ``status --json``: per queue, what waits where.
+
+``queue_detail`` (per queue): ``backlog`` (jobs waiting in the journal for room in the window),
+``window`` (jobs queued in Redis at the forwarder's last look), ``window_target`` (what it keeps
+there now) and ``oldest_waiting_age_s`` (how long the oldest job of the backlog has been
+eligible to run: the signal to scale workers on). ``redis_memory``: ``used``, ``maxmemory``,
+``ratio``, ``policy``, ``paused`` (``"high_water"``, ``"oom"`` or ``None``) and
+``last_oom_age_s``. From the forwarder's snapshot; with ``--exact`` (or without a snapshot) the
+backlog is read from the run table itself, and what only the forwarder knows is ``None``
+without a snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
+from hybridq.lookup.stats import Snapshot
+
+__all__ = ["waiting_in_journal", "window_figures"]
+
+
+def _age(at: float | None, now: float) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 3)
+
+
+def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> dict[str, Any]:
+    """``{"queue_detail": ..., "redis_memory": ...}`` (see the module docstring).
+
+    ``exact``: the backlog from the run table itself (the window's figures are the forwarder's
+    alone: from ``snap`` either way).
+    """
+    now = time.time()
+    raw = dict(snap.queue_detail) if snap is not None else {}
+    if exact or not raw:
+        table = _from_run_table(path)
+        raw = {
+            q: {**raw.get(q, {}), **table.get(q, {"backlog": 0, "oldest_waiting": None})}
+            for q in {*raw, *table}
+        }
+    detail = {
+        queue: {
+            "backlog": int(d.get("backlog") or 0),
+            "window": d.get("window"),
+            "window_target": d.get("window_target"),
+            "oldest_waiting_age_s": _age(d.get("oldest_waiting"), now) or 0.0,
+        }
+        for queue, d in sorted(raw.items())
+    }
+    memory = None
+    mem = snap.redis_memory if snap is not None else None
+    if mem is not None:
+        maxmemory = int(mem.get("maxmemory") or 0)
+        memory = {
+            "used": mem.get("used"),
+            "maxmemory": maxmemory,
+            "ratio": round(mem["used"] / maxmemory, 4) if maxmemory and mem.get("used") is not None else None,
+            "policy": mem.get("policy"),
+            "high_water": mem.get("high_water"),
+            "paused": mem.get("paused"),
+            "last_oom_age_s": _age(mem.get("last_oom"), now),
+        }
+    return {"queue_detail": detail, "redis_memory": memory}
+
+
+def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
+    """Per queue, the backlog and its oldest job, read from the run table (read-only)."""
+    file = os.path.join(path, RUNS_DIR, RUNS_FILE)
+    if not os.path.exists(file):
+        return {}
+    with contextlib.suppress(sqlite3.Error):
+        db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0)
+        try:
+            rows = db.execute("SELECT queue, count(*), min(ord) FROM runs GROUP BY queue").fetchall()
+        finally:
+            db.close()
+        return {q: {"backlog": n, "oldest_waiting": oldest} for q, n, oldest in rows}
+    return {}
+
+
+def waiting_in_journal(path: str) -> Callable[[tuple[str, int, int]], bool]:
+    """Whether the job at a loc waits in the run table (read, never pushed: not Redis's business).
+
+    One indexed lookup per call, on a read-only connection (no set of the backlog in memory).
+    """
+    file = os.path.join(path, RUNS_DIR, RUNS_FILE)
+    if not os.path.exists(file):
+        return lambda _loc: False
+    db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0, check_same_thread=False)
+
+    def waiting(loc: tuple[str, int, int]) -> bool:
+        try:
+            row = db.execute("SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", loc).fetchone()
+        except sqlite3.Error:
+            return False
+        return row is not None
+
+    return waiting
