@@ -170,6 +170,16 @@ _PROBE = (
     DECODE_STORED_LUA
     + """
 if redis.call("EXISTS", KEYS[1]) == 0 then
+    -- A finished job's hash goes at its end when finished jobs leave Redis (result_ttl 0): its
+    -- stored outcome, until the harvest, tells it from a job Redis lost (after the done grace, a
+    -- copy delivered again reports that outcome instead of running).
+    local stored = redis.call("GET", KEYS[2])
+    if stored then
+        local ok, r = decode_stored(stored)
+        if not ok or r.job_id == ARGV[1] then
+            return "done"
+        end
+    end
     return "missing"
 end
 if redis.call("EXISTS", KEYS[3]) == 1 then
