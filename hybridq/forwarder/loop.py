@@ -358,9 +358,10 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
-            redo = reconciler.reconcile_step()  # a refill pass after Redis lost state first
+            redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
-                self._push(redo)
+                self._push(redo)  # RedisFull: pushed again before the pass goes on
+                reconciler.redone()
             self.backlog.look()  # outcomes made room: top the windows up
             refilled = self.backlog.refill()
             if refilled:

@@ -69,6 +69,8 @@ class Reconciler:
         self.stranded_grace_s = config.lease_s
         #: A refill batch Redis has not accepted yet (tried again before the pass goes on).
         self._refill_batch: tuple[list[Probe], list[Delivery]] | None = None
+        #: Deliveries the last step made that Redis has not accepted yet (see :meth:`redo`).
+        self._redo: list[Delivery] = []
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
         self._pass_started = 0.0
@@ -171,6 +173,20 @@ class Reconciler:
                 break
             best = positions
         return best
+
+    def redo(self) -> list[Delivery]:
+        """What to deliver again: the last step's until :meth:`redone`, else the next step's.
+
+        A delivery Redis refused (OOM) is not dropped: its ``lost`` entry is durable already,
+        and the next pass would find the job orphaned again and count another vanish.
+        """
+        if not self._redo:
+            self._redo = self.reconcile_step()
+        return self._redo
+
+    def redone(self) -> None:
+        """Redis accepted what :meth:`redo` returned."""
+        self._redo = []
 
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
