@@ -347,6 +347,7 @@ class RQTransport(Transport):
                         keys.rq_queue(job.queue),
                         keys.lease(job.key_id),
                         keys.rq_registry("canceled", job.queue),
+                        f"{keys.PREFIX}oomguard",
                     ],
                     args=[job.job_id, ttl],
                     client=pipe,
