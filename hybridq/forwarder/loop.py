@@ -154,6 +154,7 @@ class Forwarder:
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
         self.backlog = Backlog(self.state, transport)
         self._pusher.on_pushed = self.backlog.gate.sent
+        self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.harvester.forgetting = self._forgetting
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).

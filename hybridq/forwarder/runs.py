@@ -17,7 +17,8 @@ The rules that keep a job from being lost or pushed twice:
 * A row whose job became terminal, or was cancelled, is deleted without a push by the refill.
 
 A lost or damaged file loses no job: every record before the positions without a row is taken
-for pushed, and the reconcile pass delivers what Redis does not have (a flood, not a loss).
+for pushed, and the reconcile pass delivers what Redis does not have, as the windows and the
+memory gate have room (``Reconciler.admit``): slower, not a loss and not a flood.
 
 This module must not import redis or rq.
 """
