@@ -30,6 +30,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 
+from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.transport.base import Loc
 
 __all__ = ["RUNS_DIR", "RunTable"]
@@ -61,7 +62,10 @@ class RunTable:
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            OS_FILEOPS.fsync_dir(os.path.dirname(directory))
         try:
             self._connect()
         except sqlite3.DatabaseError as exc:
@@ -89,6 +93,9 @@ class RunTable:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
         db.executescript(_SCHEMA)
+        # The file and its WAL exist now: their entries are durable before any row is trusted
+        # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
+        OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
         self.rollback()
 
     def close(self) -> None:
