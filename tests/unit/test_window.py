@@ -22,6 +22,7 @@ from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.window import BOOST_DECAY_S, MemoryGate, QueueWindow
 from hybridq.journal.fileops import FileOps
+from hybridq.ops.window_stats import waiting_in_journal
 from hybridq.testing.memory import MemoryTransport
 from hybridq.transport.base import Delivery, MemoryInfo, PushResult
 
@@ -277,3 +278,18 @@ def test_creating_the_run_table_makes_its_directory_entries_durable(
     runs_dir = os.path.dirname(os.path.realpath(table.path))
     assert os.path.dirname(runs_dir) in synced  # runs/ in the journal directory
     assert runs_dir in synced  # runs.sqlite (and its WAL) in runs/
+
+
+def test_doctor_takes_an_unreadable_run_table_for_unknown_not_for_pushed(
+    journal_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "Not waiting" would have doctor --fix push every job the table holds into Redis.
+    path = RunTable(str(journal_dir)).path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"not a database" * 100)
+    waiting = waiting_in_journal(str(journal_dir))
+    with caplog.at_level(logging.WARNING):
+        assert waiting(("w", 0, 64)) is True
+        assert waiting(("w", 0, 128)) is True
+    assert len([r for r in caplog.records if "run table" in r.getMessage()]) == 1
