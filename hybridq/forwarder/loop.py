@@ -364,13 +364,15 @@ class Forwarder:
                 self._push(redo)  # RedisFull: pushed again before the pass goes on
                 reconciler.redone()
             self.backlog.look()  # outcomes made room: top the windows up
-            refilled = self.backlog.refill()
-            if refilled:
-                self._save(refilled)
+            # Due retries first: the refill would take all the room, and a retry wait for the
+            # whole backlog (they are due now; the backlog waits in order anyway).
             retries = self.backlog.admit(harvester.due_retries())  # through the same window
             if retries:
                 self._push(retries)
                 harvester.pushed(retries)
+            refilled = self.backlog.refill()
+            if refilled:
+                self._save(refilled)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hybridq import Queue
+from hybridq import Queue, Retry
+from hybridq.envelope.model import Envelope
 from hybridq.errors import RedisFull
 from hybridq.forwarder import Forwarder
 from hybridq.forwarder.config import ForwarderConfig
@@ -293,3 +294,27 @@ def test_doctor_takes_an_unreadable_run_table_for_unknown_not_for_pushed(
         assert waiting(("w", 0, 64)) is True
         assert waiting(("w", 0, 128)) is True
     assert len([r for r in caplog.records if "run table" in r.getMessage()]) == 1
+
+
+def test_a_due_retry_goes_before_the_backlog(journal_dir: Path) -> None:
+    # The refill took every slot the window had before the retries asked: a retry waited for
+    # the whole backlog to drain.
+    flaky = Queue(journal=journal_dir).enqueue(tasks.add, 0, 0, retry=Retry(max_attempts=2, backoff_s=0))
+    enqueue(journal_dir, 300)
+    transport = WindowedTransport()
+    f = forwarder(journal_dir, transport, window_min=10, window_max=10)
+    order: list[str] = []
+
+    def task(env: Envelope, attempt: int) -> None:
+        order.append(f"{env.id}:{attempt}")
+        if env.id == flaky.id and attempt == 1:
+            raise RuntimeError("flaky")
+
+    try:
+        for _ in range(100):
+            f.step()
+            transport.work("default", task, limit=5)
+        assert f"{flaky.id}:2" in order
+        assert order.index(f"{flaky.id}:2") < 40
+    finally:
+        f.close()
