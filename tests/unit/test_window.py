@@ -318,3 +318,18 @@ def test_a_due_retry_goes_before_the_backlog(journal_dir: Path) -> None:
         assert order.index(f"{flaky.id}:2") < 40
     finally:
         f.close()
+
+
+def test_a_pause_at_the_high_water_mark_for_over_a_minute_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    gate = MemoryGate(ForwarderConfig(redis_high_water=0.8), clock=lambda: now[0])
+    gate.info = MemoryInfo(used=9_000_000, maxmemory=10_000_000, policy="noeviction")
+    with caplog.at_level(logging.INFO, logger="hybridq.forwarder"):
+        for t in (0.0, 30.0, 59.0, 61.0, 90.0, 300.0):
+            now[0] = t
+            assert gate.room() == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(lines) == 1, lines
+    assert "high-water mark for 61 s" in lines[0]
