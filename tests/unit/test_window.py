@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue, Retry
 from hybridq.envelope.model import Envelope
-from hybridq.errors import RedisFull
+from hybridq.errors import JournalIOError, RedisFull
 from hybridq.forwarder import Forwarder
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.runs import RunTable
@@ -333,3 +333,14 @@ def test_a_pause_at_the_high_water_mark_for_over_a_minute_is_logged_once(
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert len(lines) == 1, lines
     assert "high-water mark for 61 s" in lines[0]
+
+
+def test_a_run_table_error_after_open_is_one_line_not_a_traceback(journal_dir: Path) -> None:
+    # A traceback, a restart by the supervisor, the same error: a crash loop nobody can read.
+    # As the journal's error, `hybridq forward` prints one line and exits 1; a full disk pauses.
+    table = RunTable(str(journal_dir))
+    table.open()
+    table.db.execute("DROP TABLE runs")  # what a damaged file or a failing disk looks like here
+    with pytest.raises(JournalIOError, match=r"the run table failed on .*runs\.sqlite: no such table"):
+        table.add([(("w", 0, 64), "default", 1.0)])
+    table.close()
