@@ -158,12 +158,18 @@ def test_only_the_window_goes_to_redis_and_the_backlog_drains_through_it_once(jo
         f.close()
 
 
-def test_a_restart_keeps_the_backlog_on_disk_and_pushes_nothing_twice(journal_dir: Path) -> None:
-    ids = enqueue(journal_dir, 1000)
+def one_step_then_stop(journal_dir: Path, n: int) -> tuple[list[str], WindowedTransport]:
+    """``n`` jobs, a forwarder with a 100-job window that takes one step and stops."""
+    ids = enqueue(journal_dir, n)
     transport = WindowedTransport()
     f = forwarder(journal_dir, transport, window_min=100, window_max=100)
     f.step()
     f.close()
+    return ids, transport
+
+
+def test_a_restart_keeps_the_backlog_on_disk_and_pushes_nothing_twice(journal_dir: Path) -> None:
+    ids, transport = one_step_then_stop(journal_dir, 1000)
     assert RunTable(str(journal_dir)).path.endswith("runs/runs.sqlite")
     f = forwarder(journal_dir, transport, window_min=100, window_max=100)
     try:
@@ -244,11 +250,7 @@ def test_a_delayed_job_that_comes_due_waits_behind_the_window(journal_dir: Path)
 def test_a_lost_run_table_redelivers_through_the_window_not_the_whole_backlog(journal_dir: Path) -> None:
     # Every record before the checkpoint without a row reads as pushed: the reconcile pass finds
     # the backlog "missing" in Redis. Delivered again at once, it would all go into Redis.
-    ids = enqueue(journal_dir, 1000)
-    transport = WindowedTransport()
-    f = forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.step()
-    f.close()
+    ids, transport = one_step_then_stop(journal_dir, 1000)
     os.unlink(RunTable(str(journal_dir)).path)
     f = forwarder(
         journal_dir, transport, window_min=100, window_max=100, lease_s=0.0, reconcile_interval_s=0.0
