@@ -340,6 +340,7 @@ class CutShortTransport(MemoryTransport):
     """Redis at its limit: a push is stored, then answered OOM (cut short); a cancel is refused."""
 
     full = False
+    cancel_refused = False
 
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         result = super().push(jobs)
@@ -348,7 +349,7 @@ class CutShortTransport(MemoryTransport):
         return result
 
     def cancel(self, jobs: Sequence[Probe], *, key_ttl_s: float) -> list[bool]:
-        if self.full:
+        if self.full or self.cancel_refused:
             raise RedisFull("OOM command not allowed when used memory > 'maxmemory'.")
         return super().cancel(jobs, key_ttl_s=key_ttl_s)
 
@@ -372,4 +373,21 @@ def test_a_cancel_the_backend_refused_is_not_settled_while_a_copy_may_be_there(j
     settle(forwarder)
     forwarder.close()
     assert transport.executions == {}
+    assert job.get_status() == "cancelled"
+
+
+def test_a_job_cancelled_before_it_is_read_is_not_pushed_while_its_mark_waits(journal_dir: Path) -> None:
+    # The cancel waits for the backend to take its mark; the job must not be pushed meanwhile.
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    assert states(cancel([job.id], journal_dir)) == ["requested"]
+    transport = CutShortTransport()
+    transport.cancel_refused = True
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.cancels.recheck_s = 0.0
+    settle(forwarder, steps=3)
+    assert job.id not in transport.deliveries
+    transport.cancel_refused = False
+    settle(forwarder, steps=3)
+    forwarder.close()
+    assert job.id not in transport.deliveries
     assert job.get_status() == "cancelled"
