@@ -102,7 +102,14 @@ class Backlog:
         return True
 
     def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Those of ``deliveries`` (retries) the windows have room for now; counted as pushed."""
+        """Those of ``deliveries`` the windows have room for now; counted as pushed.
+
+        Retries, and jobs Redis lost (a queue not looked at yet is looked at first: a job a
+        lost run table made look lost may be the first this process pushes to its queue).
+        """
+        unseen = {d.envelope.queue for d in deliveries} - self.windows.queues.keys()
+        if unseen:
+            self.look(sorted(unseen))
         out: list[Delivery] = []
         for d in deliveries:
             queue = d.envelope.queue

@@ -4,10 +4,11 @@ Each step (before anything is pushed), :meth:`Canceller.step`:
 
 1. takes in the request files :func:`hybridq.cancel` wrote (``<journal>/cancel/``): a ``cancel``
    entry per job in the ledger (one fsync), then the file is deleted;
-2. settles every job with a cancel asked for that is not terminal yet: one never pushed (not
-   read yet, held until its time, a duplicate waiting for its key's owner) is ``cancelled`` at
-   once; a pushed one is marked cancelled in the backend and taken off its queue
-   (:meth:`Transport.cancel`), and is ``cancelled`` as soon as no worker holds its lease.
+2. settles every job with a cancel asked for that is not terminal yet: each is marked cancelled
+   in the backend and taken off its queue (:meth:`Transport.cancel`); one never pushed (not
+   read yet, held until its time, a duplicate waiting for its key's owner, in the run table)
+   is then ``cancelled`` at once, a pushed one as soon as no worker holds its lease. A mark the
+   backend refused (down, or OOM) settles nothing: it is asked again.
    While one does, the job is asked again every :data:`RECHECK_S`: the worker stops it
    (docs/worker.md) and reports ``cancelled``, or it ends on its own first (its outcome stands).
 
@@ -90,19 +91,16 @@ class Canceller:
         settled: list[Entry] = []
         ask: list[tuple[Entry, Probe, bool]] = []
         for loc, entry in list(index.cancels.items()):
-            pushed = self._pushed(loc)
-            if not pushed:
-                settled.append(entry)  # never pushed: it never runs
-            elif now < self._asked.get(loc, -math.inf) + self.recheck_s:
+            if now < self._asked.get(loc, -math.inf) + self.recheck_s:
                 continue
             env = envelope_at(self.state.journal, loc)
             if env is None:
-                if pushed:
-                    settled.append(entry)  # its record is gone (repair): nothing can run it
+                settled.append(entry)  # its record is gone (repair): nothing can run it
                 continue
-            # Marked in the backend even if never pushed: a push cut short before a restart may
-            # have left a copy there, and no claim must run it.
-            ask.append((entry, Probe(env.id, env.key_id, env.queue), pushed))
+            # Marked in the backend even if never pushed, and settled only once marked: a push
+            # cut short (a restart, an OOM reply) may have left a copy there, and no claim must
+            # run it.
+            ask.append((entry, Probe(env.id, env.key_id, env.queue), self._pushed(loc)))
         if ask:
             try:
                 running = self.transport.cancel([p for _, p, _ in ask], key_ttl_s=self.state.config.key_ttl_s)
@@ -115,9 +113,7 @@ class Canceller:
             else:
                 self._down = False
                 for (entry, _, pushed), busy in zip(ask, running, strict=True):
-                    if not pushed:
-                        continue
-                    if busy:
+                    if busy and pushed:  # (a never-pushed job's key may be its owner's lease)
                         self._asked[entry.loc] = now
                     else:
                         settled.append(entry)

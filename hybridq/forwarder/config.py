@@ -56,6 +56,10 @@ def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
         )
 
 
+#: What an implicit key's outcome outlives its harvest by, beyond a lease (seconds).
+HARVESTED_KEY_MARGIN_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class ForwarderConfig:
     """A forwarder's options (checked when made: :class:`ConfigError` or ``ValueError``).
@@ -88,7 +92,8 @@ class ForwarderConfig:
         forget_finished: delete finished jobs' RQ hashes and results from Redis once harvested
             (``None``: only when Redis has a ``maxmemory``).
         harvested_key_ttl_s: with ``forget_finished``, how long an implicit key's stored outcome
-            stays in Redis after its harvest.
+            stays in Redis after its harvest (default: a lease plus 5 s, see
+            :attr:`harvested_key_keep_s`).
         allow_eviction: start even when Redis's ``maxmemory_policy`` may evict any key
             (``allkeys-*``); refused otherwise.
         clock: wall-clock time (for delays and retry times); replaced in tests.
@@ -113,7 +118,7 @@ class ForwarderConfig:
     window_cover_s: float = 1.0
     redis_high_water: float = 0.8
     forget_finished: bool | None = None
-    harvested_key_ttl_s: float = 5.0
+    harvested_key_ttl_s: float | None = None
     allow_eviction: bool = False
     clock: Callable[[], float] = time.time
     on_durable_write: Callable[[float], None] | None = None
@@ -133,7 +138,7 @@ class ForwarderConfig:
             raise ValueError("the window needs 1 <= window_min <= window_max")
         if not 0.0 <= self.redis_high_water < 1.0:
             raise ValueError("redis_high_water must be a share of maxmemory, from 0 up to (not) 1")
-        if not self.window_cover_s > 0 or not self.harvested_key_ttl_s > 0:
+        if not self.window_cover_s > 0 or not self.harvested_key_keep_s > 0:
             raise ValueError("window_cover_s and harvested_key_ttl_s must be positive seconds")
 
     @property
@@ -142,3 +147,16 @@ class ForwarderConfig:
         if self.reconcile_interval_s is not None:
             return self.reconcile_interval_s
         return max(1.0, self.lease_s / 5)
+
+    @property
+    def harvested_key_keep_s(self) -> float:
+        """How long an implicit key's outcome stays after its harvest, the default filled in.
+
+        A copy of the job a pool worker reserved before the harvest deleted its hash is claimed
+        up to half a lease later (``hybridq.worker.starter.GIVE_BACK_LEASES``); its claim finds
+        the outcome and runs nothing only while the outcome is there: a lease, plus a margin
+        (docs/guarantees.md).
+        """
+        if self.harvested_key_ttl_s is not None:
+            return self.harvested_key_ttl_s
+        return self.lease_s + HARVESTED_KEY_MARGIN_S

@@ -107,7 +107,9 @@ class Deliverer:
             if env is None:
                 continue
             self.lookup.note_job(record, env)
-            if not self.admission.admit(env, loc):
+            if loc in self.state.index.cancels:
+                pass  # cancelled, not settled while Redis refuses its mark: never pushed
+            elif not self.admission.admit(env, loc):
                 pass  # a duplicate: recorded, never pushed
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)

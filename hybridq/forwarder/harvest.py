@@ -113,7 +113,7 @@ class Harvester:
 
         The ledger has them (fsync'd), so Redis's copy is a cache nobody reads; left there it
         would hold about 7 KB a job for RQ's ``result_ttl``, more than a queued job. An implicit
-        key's stored outcome (the key is the job id) is kept ``harvested_key_ttl_s`` more.
+        key's stored outcome (the key is the job id) is kept ``harvested_key_keep_s`` more.
         """
         done = [
             Finished(e.job_id, idempotency_id(e.job_id), e.queue, implicit_key=True)
@@ -121,7 +121,7 @@ class Harvester:
             if e.kind == "done" and e.queue is not None and self.state.index.is_terminal(e.loc)
         ]
         try:
-            self.transport.drop_finished(done, result_ttl_s=self.state.config.harvested_key_ttl_s)
+            self.transport.drop_finished(done, result_ttl_s=self.state.config.harvested_key_keep_s)
         except TransportError as exc:  # left to their own TTLs: memory, not correctness
             log.debug("cannot delete %d finished jobs from Redis: %s", len(done), exc)
 

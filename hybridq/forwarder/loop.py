@@ -155,6 +155,7 @@ class Forwarder:
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
         self.backlog = Backlog(self.state, transport)
         self._pusher.on_pushed = self.backlog.gate.sent
+        self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.harvester.forgetting = self._forgetting
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
@@ -362,17 +363,20 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
-            redo = reconciler.reconcile_step()  # a refill pass after Redis lost state first
+            redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
-                self._push(redo)
+                self._push(redo)  # RedisFull: pushed again before the pass goes on
+                reconciler.redone()
             self.backlog.look()  # outcomes made room: top the windows up
-            refilled = self.backlog.refill()
-            if refilled:
-                self._save(refilled)
+            # Due retries first: the refill would take all the room, and a retry wait for the
+            # whole backlog (they are due now; the backlog waits in order anyway).
             retries = self.backlog.admit(harvester.due_retries())  # through the same window
             if retries:
                 self._push(retries)
                 harvester.pushed(retries)
+            refilled = self.backlog.refill()
+            if refilled:
+                self._save(refilled)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError
@@ -69,6 +69,12 @@ class Reconciler:
         self.stranded_grace_s = config.lease_s
         #: A refill batch Redis has not accepted yet (tried again before the pass goes on).
         self._refill_batch: tuple[list[Probe], list[Delivery]] | None = None
+        #: Deliveries the last step made that Redis has not accepted yet (see :meth:`redo`).
+        self._redo: list[Delivery] = []
+        #: Those of the jobs Redis lost the windows have room for now (the forwarder's
+        #: ``Backlog.admit``): a lost run table makes the whole backlog read as lost, and the
+        #: rest is found missing again by a later pass.
+        self.admit: Callable[[list[Delivery]], list[Delivery]] = list
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
         self._pass_started = 0.0
@@ -172,6 +178,20 @@ class Reconciler:
             best = positions
         return best
 
+    def redo(self) -> list[Delivery]:
+        """What to deliver again: the last step's until :meth:`redone`, else the next step's.
+
+        A delivery Redis refused (OOM) is not dropped: its ``lost`` entry is durable already,
+        and the next pass would find the job orphaned again and count another vanish.
+        """
+        if not self._redo:
+            self._redo = self.reconcile_step()
+        return self._redo
+
+    def redone(self) -> None:
+        """Redis accepted what :meth:`redo` returned."""
+        self._redo = []
+
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
         self._snapshot_positions()
@@ -272,6 +292,7 @@ class Reconciler:
 
     def _redeliveries(self, batch: Sequence[tuple[Loc, Envelope]], verdicts: Sequence[str]) -> list[Delivery]:
         out: list[Delivery] = []
+        missing: list[Delivery] = []
         lost: list[Entry] = []
         now = time.monotonic()
         index, delivery = self.state.index, self.state.delivery
@@ -285,7 +306,7 @@ class Reconciler:
                 continue
             self._suspects.pop(loc, None)
             if verdict == "missing":
-                out.append(delivery(env, loc, attempt))
+                missing.append(delivery(env, loc, attempt))
             elif verdict == "orphaned":
                 lost_attempt, times = index.lost.get(loc, (0, 0))
                 if lost_attempt and lost_attempt == attempt - 1 and loc not in self._lost_here:
@@ -318,6 +339,7 @@ class Reconciler:
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
                 out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
+        out += self.admit(missing)  # through the windows and the memory gate
         # The attempt count is durable before the next attempt is delivered.
         self.state.append(lost)
         if lost:

@@ -17,18 +17,23 @@ The rules that keep a job from being lost or pushed twice:
 * A row whose job became terminal, or was cancelled, is deleted without a push by the refill.
 
 A lost or damaged file loses no job: every record before the positions without a row is taken
-for pushed, and the reconcile pass delivers what Redis does not have (a flood, not a loss).
+for pushed, and the reconcile pass delivers what Redis does not have, as the windows and the
+memory gate have room (``Reconciler.admit``): slower, not a loss and not a flood.
 
 This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
+from hybridq.errors import JournalIOError
+from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.transport.base import Loc
 
 __all__ = ["RUNS_DIR", "RunTable"]
@@ -38,6 +43,8 @@ log = logging.getLogger("hybridq.forwarder")
 #: The run table's directory under the journal.
 RUNS_DIR = "runs"
 RUNS_FILE = "runs.sqlite"
+#: SQLite's "database or disk is full".
+_SQLITE_FULL = 13
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -60,7 +67,10 @@ class RunTable:
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            OS_FILEOPS.fsync_dir(os.path.dirname(directory))
         try:
             self._connect()
         except sqlite3.DatabaseError as exc:
@@ -88,7 +98,23 @@ class RunTable:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
         db.executescript(_SCHEMA)
-        self.rollback()
+        # The file and its WAL exist now: their entries are durable before any row is trusted
+        # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
+        OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
+        self._reset()  # (sqlite3.DatabaseError: open() moves a damaged file aside)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors as the journal's: one line and exit, or a disk-full pause (ENOSPC).
+
+        A traceback and a restart would only meet the same error again (a crash loop).
+        """
+        try:
+            yield
+        except sqlite3.Error as exc:
+            full = getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
+            cause = OSError(errno.ENOSPC if full else errno.EIO, f"{exc} (docs/forwarder.md, the run table)")
+            raise JournalIOError(self.path, "the run table", cause) from exc
 
     def close(self) -> None:
         """Commit what is pending and close. Idempotent."""
@@ -117,47 +143,58 @@ class RunTable:
 
     def add(self, rows: Iterable[tuple[Loc, str, float]]) -> None:
         """Insert ``(loc, queue, ord)`` rows (an existing row is kept): durable at :meth:`commit`."""
-        db = self.db
-        for (chain, seg, off), queue, order in rows:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?)", (chain, seg, off, queue, order)
-            )
-            if cur.rowcount:
-                self.counts[queue] = self.counts.get(queue, 0) + 1
+        with self._errors():
+            db = self.db
+            for (chain, seg, off), queue, order in rows:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?)", (chain, seg, off, queue, order)
+                )
+                if cur.rowcount:
+                    self.counts[queue] = self.counts.get(queue, 0) + 1
 
     def head(self, queue: str, n: int) -> list[tuple[Loc, float]]:
         """The first ``n`` waiting jobs of ``queue``, in their order."""
-        rows = self.db.execute(
-            "SELECT chain, seg, off, ord FROM runs WHERE queue = ? ORDER BY ord LIMIT ?", (queue, n)
-        )
-        return [((chain, int(seg), int(off)), float(order)) for chain, seg, off, order in rows]
+        with self._errors():
+            rows = self.db.execute(
+                "SELECT chain, seg, off, ord FROM runs WHERE queue = ? ORDER BY ord LIMIT ?", (queue, n)
+            )
+            return [((chain, int(seg), int(off)), float(order)) for chain, seg, off, order in rows]
 
     def oldest(self, queue: str) -> float | None:
         """The order (a Unix time) of ``queue``'s first waiting job, if any."""
-        row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+        with self._errors():
+            row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
 
     def remove(self, queue: str, locs: Sequence[Loc]) -> None:
         """Delete rows of ``queue`` (pushed, or terminal): durable at :meth:`commit`."""
-        db = self.db
-        for chain, seg, off in locs:
-            cur = db.execute("DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?", (chain, seg, off))
-            if cur.rowcount:
-                self.counts[queue] = self.counts.get(queue, 0) - 1
-        if self.counts.get(queue) == 0:
-            del self.counts[queue]
+        with self._errors():
+            db = self.db
+            for chain, seg, off in locs:
+                cur = db.execute(
+                    "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?", (chain, seg, off)
+                )
+                if cur.rowcount:
+                    self.counts[queue] = self.counts.get(queue, 0) - 1
+            if self.counts.get(queue) == 0:
+                del self.counts[queue]
 
     def contains(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
-        if not self.counts:
-            return False
-        row = self.db.execute(
-            "SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", (loc[0], loc[1], loc[2])
-        ).fetchone()
-        return row is not None
+        with self._errors():
+            if not self.counts:
+                return False
+            row = self.db.execute(
+                "SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", (loc[0], loc[1], loc[2])
+            ).fetchone()
+            return row is not None
 
     def rollback(self) -> None:
         """Drop every change since the last commit (a step that failed part-way reads again)."""
+        with self._errors():
+            self._reset()
+
+    def _reset(self) -> None:
         db = self.db
         if db.in_transaction:
             db.execute("ROLLBACK")
@@ -166,7 +203,8 @@ class RunTable:
 
     def commit(self) -> None:
         """Make every change since the last commit durable (fsync), and begin the next."""
-        db = self.db
-        if db.in_transaction:
-            db.execute("COMMIT")
-        db.execute("BEGIN")
+        with self._errors():
+            db = self.db
+            if db.in_transaction:
+                db.execute("COMMIT")
+            db.execute("BEGIN")

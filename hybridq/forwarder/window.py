@@ -143,6 +143,10 @@ class Windows:
         return self.of(queue).room() if self.bounded else 1 << 62
 
 
+#: A pause at the high-water mark longer than this is logged once at INFO (seconds).
+LONG_PAUSE_S = 60.0
+
+
 class MemoryGate:
     """Pushes only while Redis is under its high-water mark (see module docstring)."""
 
@@ -155,6 +159,7 @@ class MemoryGate:
         #: Why pushes are paused now (``"high_water"`` or ``"oom"``), or ``None``.
         self.paused: str | None = None
         self.paused_since: float | None = None
+        self._long_noted = False
         #: Pauses since start, and when the last ``OOM`` reply came (``time.time()``).
         self.pauses = 0
         self.last_oom: float | None = None
@@ -226,6 +231,18 @@ class MemoryGate:
             )
             self.pauses += 1
             self.paused_since = self.clock()
+            self._long_noted = False
+        elif not self._long_noted and self.clock() - (self.paused_since or 0.0) > LONG_PAUSE_S:
+            # Routine for seconds; for a minute, something holds Redis's memory (a slow worker
+            # pool, another tenant, big results): worth one line, not one per step.
+            self._long_noted = True
+            log.info(
+                "pushes paused at Redis's high-water mark for %.0f s (used %s of %s bytes): jobs "
+                "wait in the journal until workers or the harvest free memory",
+                self.clock() - (self.paused_since or 0.0),
+                self.info.used if self.info is not None else "?",
+                self.info.maxmemory if self.info is not None else "?",
+            )
         self.paused = why
 
     def _resume(self) -> None:

@@ -13,6 +13,7 @@ without a snapshot.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -23,6 +24,8 @@ from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
 from hybridq.lookup.stats import Snapshot
 
 __all__ = ["waiting_in_journal", "window_figures"]
+
+log = logging.getLogger("hybridq.doctor")
 
 
 def _age(at: float | None, now: float) -> float | None:
@@ -87,17 +90,23 @@ def waiting_in_journal(path: str) -> Callable[[tuple[str, int, int]], bool]:
     """Whether the job at a loc waits in the run table (read, never pushed: not Redis's business).
 
     One indexed lookup per call, on a read-only connection (no set of the backlog in memory).
+    A table it cannot read (damaged, locked) says "unknown", taken as waiting: "not waiting"
+    would make ``doctor --fix`` push every job it holds into Redis (logged once).
     """
     file = os.path.join(path, RUNS_DIR, RUNS_FILE)
     if not os.path.exists(file):
         return lambda _loc: False
     db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0, check_same_thread=False)
+    failed: list[sqlite3.Error] = []
 
     def waiting(loc: tuple[str, int, int]) -> bool:
         try:
             row = db.execute("SELECT 1 FROM runs WHERE chain = ? AND seg = ? AND off = ?", loc).fetchone()
-        except sqlite3.Error:
-            return False
+        except sqlite3.Error as exc:
+            if not failed:
+                log.warning("cannot read the run table %s (%s): its jobs are not checked", file, exc)
+                failed.append(exc)
+            return True
         return row is not None
 
     return waiting

@@ -251,8 +251,9 @@ class MemoryTransport(Transport):
             out: list[Verdict] = []
             for job in jobs:
                 stored = self.results.get(job.key_id)
-                if job.job_id not in self.jobs:
-                    out.append(Verdict.MISSING)
+                if job.job_id not in self.jobs:  # a finished job's copy gone at its end: "done"
+                    done = stored is not None and stored["job_id"] == job.job_id
+                    out.append(Verdict.DONE if done else Verdict.MISSING)
                 elif job.key_id in self.leases:
                     out.append(Verdict.RUNNING)
                 elif stored is not None and stored["job_id"] == job.job_id:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -349,6 +349,7 @@ class RQTransport(Transport):
                         keys.rq_queue(job.queue),
                         keys.lease(job.key_id),
                         keys.rq_registry("canceled", job.queue),
+                        f"{keys.PREFIX}oomguard",
                     ],
                     args=[job.job_id, ttl],
                     client=pipe,
@@ -358,10 +359,19 @@ class RQTransport(Transport):
             raise transport_error(exc) from exc
         return [bool(int(r)) for r in replies]
 
-    def memory(self) -> MemoryInfo:
-        """``INFO memory``: used, ``maxmemory`` and its policy (both ACL users may run INFO)."""
+    def memory(self) -> MemoryInfo | None:
+        """``INFO memory``: used, ``maxmemory`` and its policy (both ACL users may run INFO).
+
+        ``None`` (unknown: the high-water mark off) where ``INFO`` is not a command (fakeredis,
+        :func:`hybridq.testing.fake_stack`) or the ACL refuses it: a Redis that cannot say is
+        not a Redis that is down.
+        """
         try:
             info = self.connection.info("memory")
+        except ResponseError as exc:
+            if _unknown_or_denied(exc):
+                return None
+            raise transport_error(exc) from exc
         except RedisError as exc:
             raise transport_error(exc) from exc
         return MemoryInfo(
@@ -437,3 +447,9 @@ class RQTransport(Transport):
     def close(self) -> None:
         """Close the connection pool."""
         self.connection.close()
+
+
+def _unknown_or_denied(exc: ResponseError) -> bool:
+    """Whether Redis refused a command as unknown or not allowed (not a failure of Redis)."""
+    text = str(exc).lower()
+    return text.startswith(("unknown command", "noperm")) or "no permissions" in text

@@ -170,6 +170,16 @@ _PROBE = (
     DECODE_STORED_LUA
     + """
 if redis.call("EXISTS", KEYS[1]) == 0 then
+    -- A finished job's hash goes at its end when finished jobs leave Redis (result_ttl 0): its
+    -- stored outcome, until the harvest, tells it from a job Redis lost (after the done grace, a
+    -- copy delivered again reports that outcome instead of running).
+    local stored = redis.call("GET", KEYS[2])
+    if stored then
+        local ok, r = decode_stored(stored)
+        if not ok or r.job_id == ARGV[1] then
+            return "done"
+        end
+    end
     return "missing"
 end
 if redis.call("EXISTS", KEYS[3]) == 1 then
@@ -221,11 +231,14 @@ return "stranded"
 """
 )
 
-# KEYS: RQ's job hash, its queue list, the key's lease, RQ's canceled registry of the queue.
-# ARGV: job id, mark lifetime (s). Marks the job cancelled (a claim that finds the mark runs
-# nothing), takes it off its queue (RQ shows it canceled), and says whether a worker holds the
-# lease (1: the job may be running; 0: no worker runs it, and none will).
+# KEYS: RQ's job hash, its queue list, the key's lease, RQ's canceled registry of the queue, a
+# key that never exists. ARGV: job id, mark lifetime (s). Marks the job cancelled (a claim that
+# finds the mark runs nothing), takes it off its queue (RQ shows it canceled), and says whether
+# a worker holds the lease (1: the job may be running; 0: no worker runs it, and none will).
+# The DEL first lets the mark through when Redis is over maxmemory (see _SET_EPOCH): a cancel
+# must reach a copy a push cut short by an OOM reply left there.
 _CANCEL = """
+redis.call("DEL", KEYS[5])
 if redis.call("EXISTS", KEYS[1]) == 1 then
     redis.call("HSET", KEYS[1], "hybridq_cancel", "1")
     if redis.call("LREM", KEYS[2], 0, ARGV[1]) > 0 then

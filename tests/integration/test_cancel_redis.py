@@ -258,3 +258,20 @@ def test_a_cancel_mark_no_cancel_asked_for_fails_the_job_for_requeue_instead_of_
     [again] = requeue([job.id], str(journal_dir))
     wait_line(run.effects, "done", "forged", timeout=60)
     wait_until(lambda: again.get_status() == "finished", timeout=30, what="the requeued job's outcome")
+
+
+def test_a_cancel_marks_a_job_in_a_redis_over_its_maxmemory(transport: RQTransport) -> None:
+    # A push cut short by an OOM reply can leave a copy in a full Redis: the mark must reach it.
+    env = envelope("tests.tasks.add", args=(1, 2))
+    deliver(transport, env)
+    conn = transport.connection
+    policy = conn.config_get("maxmemory-policy")["maxmemory-policy"]
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)  # over the limit: a plain write is refused
+    try:
+        assert transport.cancel([Probe(env.id, env.key_id, env.queue)], key_ttl_s=60) == [False]
+    finally:
+        conn.config_set("maxmemory", 0)
+        conn.config_set("maxmemory-policy", policy)
+    assert conn.hget(keys.rq_job(env.id), "hybridq_cancel") == b"1"
+    assert conn.llen(keys.rq_queue("default")) == 0

@@ -208,3 +208,21 @@ def test_a_claim_or_an_outcome_sent_again_after_a_lost_reply_finds_itself(transp
     # An earlier attempt finishing after a later one succeeded: superseded.
     late = {**outcome, "attempt": 0, "token": "token-4"}
     assert finish(keys=[result_key, lease_key, events], args=["token-4", json.dumps(late), 60, "{}"]) == 3
+
+
+@pytest.mark.parametrize("implicit", [True, False])
+def test_a_finished_job_whose_hash_the_worker_deleted_probes_done(
+    transport: RQTransport, work: Work, *, implicit: bool
+) -> None:
+    # With result_ttl 0 (finished jobs leave Redis) the worker deletes RQ's hash at the end; the
+    # stored outcome is what tells a finished job from one Redis lost until the harvest. Read as
+    # "missing", the forwarder would deliver it again at once.
+    transport.default_result_ttl_s = 0.0
+    job_id = new_job_id()
+    env = envelope(id=job_id, idempotency_key=job_id) if implicit else envelope()
+    deliver(transport, env)
+    work(transport)
+    assert not transport.connection.exists(keys.rq_job(env.id))
+    assert probe(transport, env) == "done"
+    other = envelope()  # nothing stored for it: missing
+    assert probe(transport, other) == "missing"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from hybridq import Queue, Retry, cancel, failed_jobs
 from hybridq.cancels import cancel_dir
+from hybridq.errors import RedisFull
 from hybridq.journal import JournalWriter
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
@@ -21,6 +23,7 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index
 from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
+from hybridq.transport.base import Delivery, Probe, PushResult
 
 from tests import tasks
 from tests.unit.test_completions import Clock, make_forwarder, settle
@@ -358,3 +361,60 @@ def test_a_cancel_at_known_records_cancels_those_and_reads_no_journal(
     assert (doomed.get_status(), kept.get_status()) == ("cancelled", "finished")
     assert states(cancel_at([(kept.id, where[1])], journal_dir)) == ["succeeded"]  # ended: nothing
     assert list(read_requests(str(journal_dir))) == []
+
+
+class CutShortTransport(MemoryTransport):
+    """Redis at its limit: a push is stored, then answered OOM (cut short); a cancel is refused."""
+
+    full = False
+    cancel_refused = False
+
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
+        result = super().push(jobs)
+        if self.full:
+            raise RedisFull("OOM command not allowed when used memory > 'maxmemory'.")
+        return result
+
+    def cancel(self, jobs: Sequence[Probe], *, key_ttl_s: float) -> list[bool]:
+        if self.full or self.cancel_refused:
+            raise RedisFull("OOM command not allowed when used memory > 'maxmemory'.")
+        return super().cancel(jobs, key_ttl_s=key_ttl_s)
+
+
+def test_a_cancel_the_backend_refused_is_not_settled_while_a_copy_may_be_there(journal_dir: Path) -> None:
+    # A push cut short by OOM leaves the job in Redis and in the run table ("never pushed"); the
+    # cancel's mark is refused too. Settled then, the copy in Redis would run a cancelled job.
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = CutShortTransport()
+    transport.full = True
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.cancels.recheck_s = 0.0  # asked again at each step
+    forwarder.step()
+    assert job.id in transport.deliveries
+    assert states(cancel([job.id], journal_dir)) == ["requested"]
+    settle(forwarder, steps=3)
+    assert job.get_status() != "cancelled"  # not settled: the mark did not reach Redis
+    transport.full = False
+    settle(forwarder, steps=3)
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert transport.executions == {}
+    assert job.get_status() == "cancelled"
+
+
+def test_a_job_cancelled_before_it_is_read_is_not_pushed_while_its_mark_waits(journal_dir: Path) -> None:
+    # The cancel waits for the backend to take its mark; the job must not be pushed meanwhile.
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    assert states(cancel([job.id], journal_dir)) == ["requested"]
+    transport = CutShortTransport()
+    transport.cancel_refused = True
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.cancels.recheck_s = 0.0
+    settle(forwarder, steps=3)
+    assert job.id not in transport.deliveries
+    transport.cancel_refused = False
+    settle(forwarder, steps=3)
+    forwarder.close()
+    assert job.id not in transport.deliveries
+    assert job.get_status() == "cancelled"

@@ -8,12 +8,13 @@ never run twice, and which segments may go.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from hybridq import Queue, Retry, failed_jobs, requeue
 from hybridq.envelope.model import Envelope
-from hybridq.errors import HybridqError, QueueFull
+from hybridq.errors import HybridqError, QueueFull, RedisFull
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.reader import list_chains, read_record_at
@@ -23,6 +24,7 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index
 from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
+from hybridq.transport.base import Delivery, PushResult
 
 from tests import tasks
 
@@ -694,3 +696,37 @@ def test_a_retry_already_pushed_does_not_keep_the_forwarder_awake(journal_dir: P
         assert waits[-1] == 7.0
     finally:
         forwarder.close()
+
+
+class FullTransport(MemoryTransport):
+    """Redis at its maxmemory: every push is refused with OOM while ``full``."""
+
+    full = False
+
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
+        if self.full:
+            raise RedisFull("OOM command not allowed when used memory > 'maxmemory'.")
+        return super().push(jobs)
+
+
+def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: Path) -> None:
+    # The `lost` entry is written, then Redis refuses the next attempt (OOM): that delivery is
+    # pushed again before the pass moves on, not dropped, and the next passes (which find the
+    # job orphaned still) do not count another vanish each: five would fail a job that ran once.
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+    transport = FullTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.kill(delivery)
+    transport.full = True
+    settle(forwarder, steps=12)
+    assert failed_jobs(str(journal_dir)) == []
+    transport.full = False
+    settle(forwarder)
+    assert transport.deliveries[job.id].attempt == 2
+    transport.work()
+    settle(forwarder)
+    forwarder.close()
+    assert status(journal_dir)["succeeded"] == 1

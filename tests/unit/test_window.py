@@ -8,18 +8,22 @@ Each test runs in well under a second.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hybridq import Queue
-from hybridq.errors import RedisFull
+from hybridq import Queue, Retry
+from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalIOError, RedisFull
 from hybridq.forwarder import Forwarder
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.window import BOOST_DECAY_S, MemoryGate, QueueWindow
+from hybridq.journal.fileops import FileOps
+from hybridq.ops.window_stats import waiting_in_journal
 from hybridq.testing.memory import MemoryTransport
 from hybridq.transport.base import Delivery, MemoryInfo, PushResult
 
@@ -154,12 +158,18 @@ def test_only_the_window_goes_to_redis_and_the_backlog_drains_through_it_once(jo
         f.close()
 
 
-def test_a_restart_keeps_the_backlog_on_disk_and_pushes_nothing_twice(journal_dir: Path) -> None:
-    ids = enqueue(journal_dir, 1000)
+def one_step_then_stop(journal_dir: Path, n: int) -> tuple[list[str], WindowedTransport]:
+    """``n`` jobs, a forwarder with a 100-job window that takes one step and stops."""
+    ids = enqueue(journal_dir, n)
     transport = WindowedTransport()
     f = forwarder(journal_dir, transport, window_min=100, window_max=100)
     f.step()
     f.close()
+    return ids, transport
+
+
+def test_a_restart_keeps_the_backlog_on_disk_and_pushes_nothing_twice(journal_dir: Path) -> None:
+    ids, transport = one_step_then_stop(journal_dir, 1000)
     assert RunTable(str(journal_dir)).path.endswith("runs/runs.sqlite")
     f = forwarder(journal_dir, transport, window_min=100, window_max=100)
     try:
@@ -235,3 +245,104 @@ def test_a_delayed_job_that_comes_due_waits_behind_the_window(journal_dir: Path)
         assert set(transport.executions) == {*ids, late.id}
     finally:
         f.close()
+
+
+def test_a_lost_run_table_redelivers_through_the_window_not_the_whole_backlog(journal_dir: Path) -> None:
+    # Every record before the checkpoint without a row reads as pushed: the reconcile pass finds
+    # the backlog "missing" in Redis. Delivered again at once, it would all go into Redis.
+    ids, transport = one_step_then_stop(journal_dir, 1000)
+    os.unlink(RunTable(str(journal_dir)).path)
+    f = forwarder(
+        journal_dir, transport, window_min=100, window_max=100, lease_s=0.0, reconcile_interval_s=0.0
+    )
+    try:
+        deepest = 0
+        for _ in range(200):
+            f.completions.hurry()
+            f.step()
+            deepest = max(deepest, len(transport.queues.get("default", [])))
+            transport.work("default")
+        assert deepest <= 100
+        assert transport.executions == dict.fromkeys(ids, 1)
+    finally:
+        f.close()
+
+
+def test_creating_the_run_table_makes_its_directory_entries_durable(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows fsync'd into a file whose directory entry a power cut loses are rows lost: the records
+    # they stand for read as pushed (the run table's first rule).
+    synced: list[str] = []
+    monkeypatch.setattr(FileOps, "fsync_dir", lambda _self, path: synced.append(os.path.realpath(path)))
+    table = RunTable(str(journal_dir))
+    table.open()
+    table.close()
+    runs_dir = os.path.dirname(os.path.realpath(table.path))
+    assert os.path.dirname(runs_dir) in synced  # runs/ in the journal directory
+    assert runs_dir in synced  # runs.sqlite (and its WAL) in runs/
+
+
+def test_doctor_takes_an_unreadable_run_table_for_unknown_not_for_pushed(
+    journal_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "Not waiting" would have doctor --fix push every job the table holds into Redis.
+    path = RunTable(str(journal_dir)).path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"not a database" * 100)
+    waiting = waiting_in_journal(str(journal_dir))
+    with caplog.at_level(logging.WARNING):
+        assert waiting(("w", 0, 64)) is True
+        assert waiting(("w", 0, 128)) is True
+    assert len([r for r in caplog.records if "run table" in r.getMessage()]) == 1
+
+
+def test_a_due_retry_goes_before_the_backlog(journal_dir: Path) -> None:
+    # The refill took every slot the window had before the retries asked: a retry waited for
+    # the whole backlog to drain.
+    flaky = Queue(journal=journal_dir).enqueue(tasks.add, 0, 0, retry=Retry(max_attempts=2, backoff_s=0))
+    enqueue(journal_dir, 300)
+    transport = WindowedTransport()
+    f = forwarder(journal_dir, transport, window_min=10, window_max=10)
+    order: list[str] = []
+
+    def task(env: Envelope, attempt: int) -> None:
+        order.append(f"{env.id}:{attempt}")
+        if env.id == flaky.id and attempt == 1:
+            raise RuntimeError("flaky")
+
+    try:
+        for _ in range(100):
+            f.step()
+            transport.work("default", task, limit=5)
+        assert f"{flaky.id}:2" in order
+        assert order.index(f"{flaky.id}:2") < 40
+    finally:
+        f.close()
+
+
+def test_a_pause_at_the_high_water_mark_for_over_a_minute_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    gate = MemoryGate(ForwarderConfig(redis_high_water=0.8), clock=lambda: now[0])
+    gate.info = MemoryInfo(used=9_000_000, maxmemory=10_000_000, policy="noeviction")
+    with caplog.at_level(logging.INFO, logger="hybridq.forwarder"):
+        for t in (0.0, 30.0, 59.0, 61.0, 90.0, 300.0):
+            now[0] = t
+            assert gate.room() == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(lines) == 1, lines
+    assert "high-water mark for 61 s" in lines[0]
+
+
+def test_a_run_table_error_after_open_is_one_line_not_a_traceback(journal_dir: Path) -> None:
+    # A traceback, a restart by the supervisor, the same error: a crash loop nobody can read.
+    # As the journal's error, `hybridq forward` prints one line and exits 1; a full disk pauses.
+    table = RunTable(str(journal_dir))
+    table.open()
+    table.db.execute("DROP TABLE runs")  # what a damaged file or a failing disk looks like here
+    with pytest.raises(JournalIOError, match=r"the run table failed on .*runs\.sqlite: no such table"):
+        table.add([(("w", 0, 64), "default", 1.0)])
+    table.close()
