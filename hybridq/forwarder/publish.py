@@ -71,11 +71,11 @@ class StatsPublisher:
 
     def due_at(self) -> float | None:
         """When the next snapshot is due (``time.monotonic()``; the idle wait ends then), if ever."""
-        return self._next if self.every_s > 0 else None
+        return self._next if self.every_s > 0 and self.transport.publishes_stats else None
 
     def maybe_publish(self) -> None:
         """Publish if the interval has passed since the last attempt (cheap otherwise)."""
-        if self.every_s <= 0 or self.stats.down_since is not None or time.monotonic() < self._next:
+        if self.due_at() is None or self.stats.down_since is not None or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self.every_s
         try:

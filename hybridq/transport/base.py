@@ -136,6 +136,10 @@ class Transport(abc.ABC):
     * Every method raises :class:`~hybridq.errors.TransportError` when the backend is unreachable.
     """
 
+    #: Whether :meth:`publish_stats` puts a snapshot anywhere (``hybridq status --all``): the
+    #: forwarder wakes to publish only then.
+    publishes_stats = False
+
     @abc.abstractmethod
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Queue ``jobs`` for the workers; see the class docstring for the contract."""

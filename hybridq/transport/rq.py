@@ -423,6 +423,8 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
 
+    publishes_stats = True
+
     def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
         """Set ``owner``'s snapshot with its TTL and note it in the set of forwarders (:mod:`.rq_stats`)."""
         try:

@@ -334,6 +334,8 @@ class ShardedTransport(Transport):
             if time.monotonic() >= deadline:
                 return False
 
+    publishes_stats = True
+
     def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
         """On the default Redis, the one ``hybridq status --all --redis URL`` is given."""
         self.shards[0].publish_stats(owner, body, ttl_s)

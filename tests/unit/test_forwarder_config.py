@@ -57,12 +57,16 @@ def test_a_stats_interval_out_of_range_is_refused(every: float) -> None:
 
 
 def test_the_memory_transport_takes_no_stats_snapshot_and_forwarding_goes_on(journal_dir: Path) -> None:
-    """The port's default publishes nowhere: a transport without a shared place is not an error."""
+    """The port's default publishes nowhere: a transport without a shared place is not an error.
+
+    Nor a reason to wake: the idle wait ended for each snapshot due (test_completions saw it).
+    """
     Queue("q", journal=journal_dir).enqueue(tasks.add, 1, 2)
     transport = MemoryTransport()
     with Forwarder(journal_dir, transport, stats_every_s=0.2) as forwarder:
         forwarder.step()
-        assert forwarder.publisher.published == 1
+        assert forwarder.publisher.published == 0
+        assert forwarder.publisher.due_at() is None
         assert forwarder.publisher.figures()["accepted"] == 1
         assert forwarder.publisher.figures()["queues"] == {"q": 1}
     assert transport.read_stats(10) == []
