@@ -510,3 +510,18 @@ def json_rows(
 ) -> dict[str, dict[str, object]]:
     """Every row of ``results`` as :func:`row_dict`, by key, in the order of ``labels``."""
     return {key: row_dict(label, results[key], unit) for key, label in labels.items() if results.get(key)}
+
+
+def ready_to_burn(n: int) -> int:
+    """How many of ``n`` journaled jobs a burn-down waits to see queued in Redis before it starts.
+
+    The forwarder keeps a window per queue in Redis, not the backlog (docs/forwarder.md): all
+    ``n`` only when they fit its floor. The rest wait on disk, and the forwarder's refill during
+    the drain is part of what a burn-down measures.
+    """
+    import dataclasses  # noqa: PLC0415
+
+    from hybridq.forwarder.config import ForwarderConfig  # noqa: PLC0415
+
+    floor = next(f.default for f in dataclasses.fields(ForwarderConfig) if f.name == "window_min")
+    return min(n, int(floor))  # type: ignore[call-overload]

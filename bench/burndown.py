@@ -238,10 +238,12 @@ def fill_hybridq(cfg: Config, workload: str, n: int, d: Path, env: dict[str, str
         shared_writer(q.journal, q.durability).close()
     with redis.Redis.from_url(cfg.url) as conn:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while conn.llen(keys.rq_queue(QUEUE)) < n:
+        while conn.llen(keys.rq_queue(QUEUE)) < benchlib.ready_to_burn(n):
             if time.monotonic() > deadline or fwd[0][0].poll() is not None:
                 kill_groups(fwd)
-                raise Failed(f"the forwarder did not push {n} jobs within {READY_TIMEOUT_S} s {tail(fwd)}")
+                raise Failed(
+                    f"the forwarder did not queue {benchlib.ready_to_burn(n)} jobs within {READY_TIMEOUT_S} s {tail(fwd)}"
+                )
             time.sleep(POLL_S)
     return fwd
 

@@ -193,10 +193,10 @@ def fill(burn: Burn, n: int) -> set[str]:
     timeout = 60 + n / 500
     with redis.Redis.from_url(burn.cfg.server.url) as conn:
         deadline = time.monotonic() + timeout
-        while conn.llen(keys.rq_queue(QUEUE)) < n:
+        while conn.llen(keys.rq_queue(QUEUE)) < benchlib.ready_to_burn(n):
             if time.monotonic() > deadline or burn.forwarder[0][0].poll() is not None:
                 raise Failed(
-                    f"the forwarder did not push {n} jobs within {timeout:.0f} s {tail(burn.forwarder)}"
+                    f"the forwarder did not queue {benchlib.ready_to_burn(n)} jobs within {timeout:.0f} s {tail(burn.forwarder)}"
                 )
             time.sleep(POLL_S)
     return ids

@@ -34,9 +34,13 @@ class Syncs:
         for name in ("fdatasync", "fsync"):
             monkeypatch.setattr(os, name, self._counted(getattr(os, name), delay_s))
         real_connect = socket.socket.connect
+        # Only the enqueuing thread's: a thread an earlier test left running (a server's, a
+        # client pool's) may connect meanwhile, and is not the enqueue (the full run saw one).
+        caller = threading.get_ident()
 
         def connect(sock: socket.socket, address: object) -> None:
-            if sock.type & socket.SOCK_STREAM:  # a Redis connection; the nudge is a datagram
+            # A Redis connection; the nudge is a datagram.
+            if sock.type & socket.SOCK_STREAM and threading.get_ident() == caller:
                 self.connects.append(address)
             real_connect(sock, address)
 
