@@ -519,9 +519,6 @@ def ready_to_burn(n: int) -> int:
     ``n`` only when they fit its floor. The rest wait on disk, and the forwarder's refill during
     the drain is part of what a burn-down measures.
     """
-    import dataclasses  # noqa: PLC0415
+    from hybridq.forwarder.config import DEFAULT_WINDOW_MIN  # noqa: PLC0415
 
-    from hybridq.forwarder.config import ForwarderConfig  # noqa: PLC0415
-
-    floor = next(f.default for f in dataclasses.fields(ForwarderConfig) if f.name == "window_min")
-    return min(n, int(floor))  # type: ignore[call-overload]
+    return min(n, DEFAULT_WINDOW_MIN)

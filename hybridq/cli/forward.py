@@ -20,7 +20,7 @@ from hybridq.cli.options import (
 )
 from hybridq.cli.serve import serve_config, start_server, tokens_option
 from hybridq.errors import HybridqError, JournalLocked
-from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S, MIN_STATS_EVERY_S
+from hybridq.forwarder.config import DEFAULT_STATS_EVERY_S, DEFAULT_WINDOW_MIN, MIN_STATS_EVERY_S
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.transport.redisurl import redact_url
 from hybridq.transport.routes import Routes
@@ -124,7 +124,7 @@ def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> fl
 )
 @click.option(
     "--window-min",
-    default=500,
+    default=DEFAULT_WINDOW_MIN,
     show_default=True,
     type=click.IntRange(1, 1_000_000),
     help="Fewest jobs per queue kept queued in Redis while more wait (the window's floor).",

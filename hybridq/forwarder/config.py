@@ -37,6 +37,8 @@ DEFAULT_KEY_WINDOW_MAX = 200_000
 DEFAULT_STATS_EVERY_S = 5.0
 #: The shortest stats interval but 0 (never): a snapshot a millisecond would load Redis for a display.
 MIN_STATS_EVERY_S = 0.2
+#: The fewest jobs per queue kept queued in Redis by default (the window's floor).
+DEFAULT_WINDOW_MIN = 500
 
 
 def check_key_ttl(lease_s: float, key_ttl_s: float) -> None:
@@ -113,7 +115,7 @@ class ForwarderConfig:
     key_window_max: int = DEFAULT_KEY_WINDOW_MAX
     max_lost: int = 5
     reconcile_interval_s: float | None = None
-    window_min: int = 500
+    window_min: int = DEFAULT_WINDOW_MIN
     window_max: int = 10_000
     window_cover_s: float = 1.0
     redis_high_water: float = 0.8

@@ -34,7 +34,7 @@ from rq.utils import utcformat
 from hybridq.errors import UnencodableJobs
 from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
-from hybridq.transport.redisurl import transport_error
+from hybridq.transport.redisurl import refusal, transport_error
 
 from . import rq_stats
 from .base import (
@@ -453,5 +453,4 @@ class RQTransport(Transport):
 
 def _unknown_or_denied(exc: ResponseError) -> bool:
     """Whether Redis refused a command as unknown or not allowed (not a failure of Redis)."""
-    text = str(exc).lower()
-    return text.startswith(("unknown command", "noperm")) or "no permissions" in text
+    return str(exc).lower().startswith("unknown command") or refusal(exc) is not None
