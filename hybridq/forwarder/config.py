@@ -103,6 +103,9 @@ class ForwarderConfig:
             transport (Redis), with a TTL of three times that; 0: never.
         on_durable_write: called with the seconds each durable write took (checkpoint saves,
             ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
+        fair_keys: globs on the limit key (``'tenant:*'``, ``'tenant:big=3'`` with a weight):
+            the waiting jobs of each matching key are taken round robin (docs/forwarder.md,
+            "Priorities and fairness"); checked by :func:`hybridq.forwarder.selector.parse_fair_keys`.
     """
 
     batch_size: int = 500
@@ -125,6 +128,7 @@ class ForwarderConfig:
     clock: Callable[[], float] = time.time
     on_durable_write: Callable[[float], None] | None = None
     stats_every_s: float = DEFAULT_STATS_EVERY_S
+    fair_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
