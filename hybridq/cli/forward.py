@@ -148,6 +148,18 @@ def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> fl
     help="Delete finished jobs' RQ hashes and results from Redis once harvested (default: only "
     "if Redis has a maxmemory); --keep-finished keeps RQ's result_ttl (rq tools show them).",
 )
+@click.option(
+    "--fair-key",
+    "fair_keys",
+    multiple=True,
+    envvar="HYBRIDQ_FAIR_KEYS",
+    metavar="GLOB[=W]",
+    callback=lambda _ctx, _param, value: _fair_keys(value),
+    help="Take the waiting jobs of each limit key matching GLOB round robin, W per turn (default "
+    "1), so a key with a long backlog does not starve one with a few (repeatable; "
+    "HYBRIDQ_FAIR_KEYS: space-separated). E.g. 'tenant:*' or 'tenant:big=3' "
+    '(docs/forwarder.md, "Priorities and fairness").',
+)
 @outbox_options
 @click.option(
     "--serve",
@@ -197,6 +209,7 @@ def forward(
     redis_high_water: float,
     allow_eviction: bool,
     forget_finished: bool | None,
+    fair_keys: tuple[str, ...],
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -263,6 +276,7 @@ def forward(
             redis_high_water=redis_high_water,
             allow_eviction=allow_eviction,
             forget_finished=forget_finished,
+            fair_keys=fair_keys,
         )
         forwarder.open()
         if metrics_port is not None:
@@ -384,3 +398,14 @@ def _stop_relay(relay: BackgroundRelay) -> None:
         logging.getLogger("hybridq.relay").warning(
             "the outbox relay did not stop within %.0f s; exiting without it", RELAY_STOP_TIMEOUT_S
         )
+
+
+def _fair_keys(value: tuple[str, ...]) -> tuple[str, ...]:
+    """``--fair-key`` values, checked now: a bad one is a usage error (exit 2), nothing started."""
+    from hybridq.forwarder.selector import parse_fair_keys  # noqa: PLC0415 - keep --help fast
+
+    try:
+        parse_fair_keys(value)
+    except HybridqError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fair-key") from None
+    return value
