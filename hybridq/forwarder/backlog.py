@@ -189,7 +189,7 @@ class Backlog:
             self._short.add(queue)
         index = self.state.index
         batch: list[Delivery] = []
-        for loc, order, _ in rows:
+        for loc, order, _, _ in rows:
             if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
                 continue  # settled while it waited (cancelled, or finished after a lost row delete)
             env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))

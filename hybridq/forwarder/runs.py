@@ -66,8 +66,8 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WIT
 #: ``aged``: each queue's rows in age order; ``picked``: each lane's rows by priority, then age.
 _INDEXES = """
 DROP INDEX IF EXISTS ready;
-CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, lkey);
-CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, lkey);
+CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
+CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
 """
 #: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
 _ADDED = (
@@ -188,11 +188,14 @@ class RunTable:
                     by = self.prios.setdefault(queue, {})
                     by[prio] = by.get(prio, 0) + 1
 
-    def select(self, sql: str, params: Sequence[object]) -> list[tuple[Loc, float, str]]:
-        """``(loc, ord, lkey)`` of the rows a selector's query (``chain, seg, off, ord, lkey``) finds."""
+    def select(self, sql: str, params: Sequence[object]) -> list[tuple[Loc, float, str, int]]:
+        """``(loc, ord, lkey, prio)`` of the rows a selector's query finds (those columns, in order)."""
         with self._errors():
             rows = self.db.execute(sql, params)
-            return [((chain, int(seg), int(off)), float(order), key) for chain, seg, off, order, key in rows]
+            return [
+                ((chain, int(seg), int(off)), float(order), key, int(prio))
+                for chain, seg, off, order, key, prio in rows
+            ]
 
     def next_lane(self, queue: str, after: str | None) -> str | None:
         """The lane of ``queue`` after ``after`` (``None``: its first), ``None`` past the last."""

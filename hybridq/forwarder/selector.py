@@ -125,11 +125,15 @@ class Lanes:
         return self._match(lane)[1] if lane else 1
 
 
-#: Picked rows: location, order, limit key ('' for none).
-Picked = list[tuple[Loc, float, str]]
+#: A picked row: location, order, limit key ('' for none), priority.
+Row = tuple[Loc, float, str, int]
+Picked = list[Row]
 
-_COLS = "SELECT chain, seg, off, ord, lkey FROM runs"
+_COLS = "SELECT chain, seg, off, ord, lkey, prio FROM runs"
 _NOT_BLOCKED = " AND lkey NOT IN (SELECT value FROM json_each(?))"
+#: The rest of a cursor's priority, after it, in a lane's order.
+_SAME_PRIO = " AND prio = ? AND (ord, chain, seg, off) > (?, ?, ?, ?)"
+_LANE_ORDER = " ORDER BY prio DESC, ord, chain, seg, off LIMIT ?"
 
 
 class Selector:
@@ -145,6 +149,8 @@ class Selector:
         self.cursor: dict[str, str] = {}
         self._rooms: dict[str, int] = {}
         self._blocked: set[str] = set()
+        #: Within one pick, where each lane's scan stopped (its rows before are picked or refused).
+        self._after: dict[str, Row] = {}
 
     def open(self) -> None:
         """Lane the run table's rows under this selector's fair keys (once, at start)."""
@@ -170,53 +176,74 @@ class Selector:
         self._blocked.clear()
 
     def pick(self, queue: str, n: int) -> Picked:
-        """Up to ``n`` rows of ``queue`` to push now, in push order."""
+        """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age)."""
         self.begin()
+        self._after.clear()
         before = self.taken.get(queue, 0)
         aged = (before + n) // AGE_EVERY - before // AGE_EVERY
-        seen: set[Loc] = set()
-        out: Picked = []
-        if aged:
-            out += self._scan(queue, None, aged, seen)
-        # The aged rows go first: the oldest, and so among one priority the order is kept.
-        if self.lanes.fair:
-            out += self._round_robin(queue, n - len(out), seen)
-        else:
-            out += self._scan(queue, "", n - len(out), seen)
+        out = self._round_robin(queue, n - aged) if self.lanes.fair else self._lane(queue, "", n - aged)
+        if aged or len(out) < n - aged:  # the aging rule's share, and what the lanes left
+            out += self._oldest(queue, n - len(out), {row[0] for row in out})
+        out.sort(key=_push_order)
         self.taken[queue] = before + len(out)
         return out
 
-    def _scan(self, queue: str, lane: str | None, n: int, seen: set[Loc]) -> Picked:
-        """Up to ``n`` rows of ``lane`` (``None``: the whole queue, oldest first) the gate lets go."""
+    def _lane(self, queue: str, lane: str, n: int) -> Picked:
+        """Up to ``n`` rows of ``lane`` the gate lets go, after where this pick's last visit stopped."""
         out: Picked = []
-        while n > len(out):
-            blocked = len(self._blocked)
-            sql, params = self._query(queue, lane, n - len(out) + len(seen))
-            rows = self.runs.select(sql, params)
+        while len(out) < n:
+            want = n - len(out)
+            rows = self._lane_rows(queue, lane, want)
             for row in rows:
-                if row[0] in seen or not self.fits(row[2]):
-                    continue
-                seen.add(row[0])
-                out.append(row)
-                if len(out) >= n:
-                    break
-            if len(rows) < n - len(out) + len(seen) or len(self._blocked) == blocked:
-                break  # the lane is exhausted, or nothing new was refused: what is left is seen
+                self._after[lane] = row
+                if self.fits(row[2]):
+                    out.append(row)
+            if len(rows) < want:
+                break  # the lane has no more rows the gate lets go
         return out
 
-    def _query(self, queue: str, lane: str | None, limit: int) -> tuple[str, list[object]]:
-        params: list[object] = [queue]
-        sql = _COLS + " WHERE queue = ?"
-        if lane is not None:
-            sql += " AND lane = ?"
-            params.append(lane)
-        if self._blocked:
-            sql += _NOT_BLOCKED
-            params.append(json.dumps(sorted(self._blocked)))
-        sql += " ORDER BY ord" if lane is None else " ORDER BY prio DESC, ord"
-        return sql + " LIMIT ?", [*params, limit]
+    def _lane_rows(self, queue: str, lane: str, limit: int) -> Picked:
+        """The next ``limit`` rows of ``lane`` in its order: two index ranges after a cursor.
 
-    def _round_robin(self, queue: str, n: int, seen: set[Loc]) -> Picked:
+        The rest of the cursor's priority, then the lower ones: each an index range, so a lane
+        visited again and again within one pick never scans the rows it passed.
+        """
+        base, params = _COLS + " WHERE queue = ? AND lane = ?", [queue, lane]
+        if self._blocked:
+            base += _NOT_BLOCKED
+            params.append(json.dumps(sorted(self._blocked)))
+        after = self._after.get(lane)
+        if after is None:
+            return self.runs.select(base + _LANE_ORDER, [*params, limit])
+        _, order, _, prio = after
+        rows = self.runs.select(base + _SAME_PRIO + _LANE_ORDER, [*params, prio, order, *after[0], limit])
+        if len(rows) < limit and prio > 0:
+            rows += self.runs.select(base + " AND prio < ?" + _LANE_ORDER, [*params, prio, limit - len(rows)])
+        return rows
+
+    def _oldest(self, queue: str, n: int, taken: set[Loc]) -> Picked:
+        """Up to ``n`` of the oldest rows of ``queue`` not in ``taken`` that the gate lets go."""
+        out: Picked = []
+        limit = n + len(taken)
+        while len(out) < n:
+            sql, params = _COLS + " WHERE queue = ?", [queue]
+            if self._blocked:
+                sql += _NOT_BLOCKED
+                params.append(json.dumps(sorted(self._blocked)))
+            blocked = len(self._blocked)
+            rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, limit])
+            for row in rows:
+                if row[0] not in taken and self.fits(row[2]):
+                    taken.add(row[0])
+                    out.append(row)
+                    if len(out) >= n:
+                        break
+            if len(rows) < limit or len(self._blocked) == blocked:
+                break  # no more rows, or none refused: the rest were taken already
+            limit += n
+        return out
+
+    def _round_robin(self, queue: str, n: int) -> Picked:
         """Up to ``n`` rows, the lanes visited in turn from the cursor, ``weight`` rows each."""
         out: Picked = []
         lane = self.cursor.get(queue)
@@ -236,9 +263,13 @@ class Selector:
                 first = lane
             if lane and lane in self._blocked:
                 continue
-            got = self._scan(queue, lane, min(self.lanes.weight(lane), n - len(out)), seen)
+            got = self._lane(queue, lane, min(self.lanes.weight(lane), n - len(out)))
             if got:
                 empty_round = False
                 out += got
                 self.cursor[queue] = lane
         return out
+
+
+def _push_order(row: Row) -> tuple[int, float, Loc]:
+    return (-row[3], row[1], row[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hybridq.errors import ConfigError
 from hybridq.forwarder.runs import RunTable
-from hybridq.forwarder.selector import Lanes, Selector, Unlimited, parse_fair_keys
+from hybridq.forwarder.selector import AGE_EVERY, Lanes, Selector, Unlimited, parse_fair_keys
 
 
 def table(path: Path) -> RunTable:
@@ -40,8 +40,8 @@ class Gate:
         self.rooms[key] = self.rooms.get(key, sys.maxsize) - n
 
 
-def offsets(rows: list[tuple[tuple[str, int, int], float, str]]) -> list[int]:
-    return [loc[2] for loc, _, _ in rows]
+def offsets(rows: list[tuple[tuple[str, int, int], float, str, int]]) -> list[int]:
+    return [row[0][2] for row in rows]
 
 
 def test_a_file_written_before_priorities_gets_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_aging_one_in_ten_is_the_oldest_whatever_keeps_coming(tmp_path: Path) ->
     for step in range(100):
         add(runs, 20, start=1000 + 20 * step, prio=9)
         got = sel.pick("q", 7)  # not a multiple of AGE_EVERY: the rule counts across refills
-        runs.remove("q", [loc for loc, _, _ in got])
+        runs.remove("q", [row[0] for row in got])
         old_taken += [o for o in offsets(got) if o < 50]
     assert old_taken == list(range(50))  # oldest first
     assert sel.taken["q"] == 700  # 70 turns of the rule: the 50 old ones all went
@@ -122,17 +122,17 @@ def test_fair_keys_take_the_lanes_round_robin_with_weights(tmp_path: Path) -> No
     add(runs, 3, start=3000, key="tenant:small")
     add(runs, 2, start=4000)  # no key: the rest, one lane
     got = sel.pick("q", 8)
-    lanes = Counter(key for _, _, key in got)
+    lanes = Counter(row[2] for row in got)
     # Lanes in order ('', big, huge, small), a visit takes the lane's weight: 1 + 3 + 1 + 1, then
     # the next round starts: '' and big (the pick's last).
     assert lanes == {"": 2, "tenant:big": 4, "tenant:huge": 1, "tenant:small": 1}
     # Over a longer run the small tenant is done long before the huge one's backlog.
-    taken: list[str] = [key for _, _, key in got]
-    runs.remove("q", [loc for loc, _, _ in got])
+    taken: list[str] = [row[2] for row in got]
+    runs.remove("q", [row[0] for row in got])
     while runs.waiting("q") > 900:
         more = sel.pick("q", 10)
-        runs.remove("q", [loc for loc, _, _ in more])
-        taken += [key for _, _, key in more]
+        runs.remove("q", [row[0] for row in more])
+        taken += [row[2] for row in more]
     assert taken.count("tenant:small") == 3
     assert taken.count("") == 2
     runs.close()
@@ -180,3 +180,60 @@ def test_every_push_path_asks_the_gate_and_tells_it_what_went(journal_dir: Path)
         assert f.state.runs.waiting("default") == 1
     finally:
         f.close()
+
+
+def reference_pick(
+    rows: dict[int, tuple[int, float, str]], rooms: dict[str, int], n: int, aged: int
+) -> list[int]:
+    """The rule, spelled out over a list: priority then age under the gate's rooms, then the oldest."""
+    left = dict(rooms)
+
+    def fits(key: str) -> bool:
+        if not key or left.get(key, sys.maxsize) > 0:
+            if key:
+                left[key] = left.get(key, sys.maxsize) - 1
+            return True
+        return False
+
+    main = []
+    for off in sorted(rows, key=lambda o: (-rows[o][0], rows[o][1], o)):
+        if len(main) == n - aged:
+            break
+        if fits(rows[off][2]):
+            main.append(off)
+    for off in sorted(rows, key=lambda o: (rows[o][1], o)):
+        if len(main) == n:
+            break
+        if off not in main and fits(rows[off][2]):
+            main.append(off)
+    return sorted(main, key=lambda o: (-rows[o][0], rows[o][1], o))
+
+
+def test_the_selection_matches_the_rule_spelled_out(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(30)
+    runs = table(tmp_path)
+    rows = {
+        i: (
+            rng.choice([0, 0, 0, 5, 9]),
+            rng.random() * 1000,
+            rng.choice(["", "", *(f"k{j}" for j in range(8))]),
+        )
+        for i in range(600)
+    }
+    runs.add((("w", 1, off), "q", order, prio, key) for off, (prio, order, key) in rows.items())
+    runs.commit()
+    sel = Selector(runs, Unlimited())
+    for step in range(30):
+        rooms = {f"k{j}": rng.randint(0, 4) for j in range(8)}
+        sel.gate = Gate(dict(rooms))
+        n = rng.randint(1, 40)
+        before = sel.taken.get("q", 0)
+        aged = (before + n) // AGE_EVERY - before // AGE_EVERY
+        got = offsets(sel.pick("q", n))
+        assert got == reference_pick(rows, rooms, n, aged), step
+        runs.remove("q", [("w", 1, o) for o in got])
+        for o in got:
+            del rows[o]
+    runs.close()
