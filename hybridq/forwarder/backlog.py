@@ -230,9 +230,10 @@ class Backlog:
         return True
 
     def figures(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
-        """Per queue: backlog, window, target, oldest waiting; and Redis's memory (for stats)."""
+        """Per queue: backlog (and per priority), window, target, oldest waiting; Redis's memory."""
         # Copies first (one C-level step each): metrics call this from their own thread.
         counts, windows, oldest = dict(self.runs.counts), dict(self.windows.queues), dict(self.oldest)
+        prios = {q: dict(by) for q, by in list(self.runs.prios.items())}
         detail: dict[str, dict[str, Any]] = {}
         for q in sorted({*counts, *windows}):
             w = windows.get(q)
@@ -241,6 +242,8 @@ class Backlog:
                 "window": w.length if w is not None else None,
                 "window_target": w.target if w is not None else None,
                 "oldest_waiting": oldest.get(q) if counts.get(q) else None,
+                # Keys as text: the snapshot is JSON (a dozen numbers at most per queue).
+                "by_priority": {str(p): n for p, n in sorted(prios.get(q, {}).items(), reverse=True) if n},
             }
         gate, info = self.gate, self.gate.info
         memory = None

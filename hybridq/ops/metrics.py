@@ -208,14 +208,22 @@ def window_metrics(backlog: JobBacklog) -> Iterator[Metric]:
         "How long the oldest job waiting in the journal has been eligible to run (0: none waits).",
         labels=["queue"],
     )
+    by_priority = GaugeMetricFamily(
+        "hybridq_queue_backlog_priority_jobs",
+        'Jobs waiting in the journal, per priority (docs/forwarder.md, "Priorities and fairness").',
+        labels=["queue", "priority"],
+    )
     for queue, d in detail.items():
         for key, family in families.items():
             if d[key] is not None:
                 family.add_metric([queue], float(d[key]))
         oldest = d["oldest_waiting"]
         latency.add_metric([queue], 0.0 if oldest is None else max(0.0, now - oldest))
+        for prio, n in d.get("by_priority", {}).items():
+            by_priority.add_metric([queue, prio], float(n))
     yield from families.values()
     yield latency
+    yield by_priority
     paused = GaugeMetricFamily(
         "hybridq_redis_push_paused", "1 while pushes are paused for Redis's memory.", labels=["reason"]
     )

@@ -2,8 +2,10 @@
 
 ``queue_detail`` (per queue): ``backlog`` (jobs waiting in the journal for room in the window),
 ``window`` (jobs queued in Redis at the forwarder's last look), ``window_target`` (what it keeps
-there now) and ``oldest_waiting_age_s`` (how long the oldest job of the backlog has been
-eligible to run: the signal to scale workers on). ``redis_memory``: ``used``, ``maxmemory``,
+there now), ``oldest_waiting_age_s`` (how long the oldest job of the backlog has been
+eligible to run: the signal to scale workers on), ``waiting_by_priority`` (the backlog per
+priority, highest first, as ``{"9": n, ...}``) and ``top_priority`` (the highest waiting, or
+``None``). ``redis_memory``: ``used``, ``maxmemory``,
 ``ratio``, ``policy``, ``paused`` (``"high_water"``, ``"oom"`` or ``None``) and
 ``last_oom_age_s``. From the forwarder's snapshot; with ``--exact`` (or without a snapshot) the
 backlog is read from the run table itself, and what only the forwarder knows is ``None``
@@ -43,7 +45,7 @@ def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> 
     if exact or not raw:
         table = _from_run_table(path)
         raw = {
-            q: {**raw.get(q, {}), **table.get(q, {"backlog": 0, "oldest_waiting": None})}
+            q: {**raw.get(q, {}), **table.get(q, {"backlog": 0, "oldest_waiting": None, "by_priority": {}})}
             for q in {*raw, *table}
         }
     detail = {
@@ -52,6 +54,8 @@ def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> 
             "window": d.get("window"),
             "window_target": d.get("window_target"),
             "oldest_waiting_age_s": _age(d.get("oldest_waiting"), now) or 0.0,
+            "waiting_by_priority": dict(d.get("by_priority") or {}),
+            "top_priority": max(map(int, d["by_priority"]), default=None) if d.get("by_priority") else None,
         }
         for queue, d in sorted(raw.items())
     }
@@ -71,6 +75,9 @@ def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> 
     return {"queue_detail": detail, "redis_memory": memory}
 
 
+_PER_PRIORITY = "SELECT queue, prio, count(*), min(ord) FROM runs GROUP BY queue, prio"
+
+
 def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
     """Per queue, the backlog and its oldest job, read from the run table (read-only)."""
     file = os.path.join(path, RUNS_DIR, RUNS_FILE)
@@ -79,10 +86,18 @@ def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
     with contextlib.suppress(sqlite3.Error):
         db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0)
         try:
-            rows = db.execute("SELECT queue, count(*), min(ord) FROM runs GROUP BY queue").fetchall()
+            rows = db.execute(
+                "SELECT queue, prio, count(*), min(ord) FROM runs GROUP BY queue, prio"
+            ).fetchall()
         finally:
             db.close()
-        return {q: {"backlog": n, "oldest_waiting": oldest} for q, n, oldest in rows}
+        out: dict[str, dict[str, Any]] = {}
+        for q, prio, n, oldest in sorted(rows, key=lambda r: (r[0], -r[1])):
+            d = out.setdefault(q, {"backlog": 0, "oldest_waiting": oldest, "by_priority": {}})
+            d["backlog"] += n
+            d["oldest_waiting"] = min(d["oldest_waiting"], oldest)
+            d["by_priority"][str(prio)] = n
+        return out
     return {}
 
 

@@ -3,15 +3,21 @@ then age, the aging rule, the key gate, fair keys. The run table alone, no forwa
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from hybridq import Queue, stats
 from hybridq.errors import ConfigError
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.selector import AGE_EVERY, Lanes, Selector, Unlimited, parse_fair_keys
+from hybridq.ops.metrics import window_metrics
+
+from tests import tasks
+from tests.unit.test_window import WindowedTransport, forwarder
 
 
 def table(path: Path) -> RunTable:
@@ -210,7 +216,6 @@ def reference_pick(
 
 
 def test_the_selection_matches_the_rule_spelled_out(tmp_path: Path) -> None:
-    import random
 
     rng = random.Random(30)
     runs = table(tmp_path)
@@ -237,3 +242,25 @@ def test_the_selection_matches_the_rule_spelled_out(tmp_path: Path) -> None:
         for o in got:
             del rows[o]
     runs.close()
+
+
+def test_stats_and_metrics_show_the_backlog_per_priority(journal_dir: Path) -> None:
+
+    q = Queue("default", journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(30))
+    q.enqueue_many(q.prepare(tasks.add, [i, i], priority=7) for i in range(4))
+    f = forwarder(journal_dir, WindowedTransport(), window_min=10, window_max=10)
+    try:
+        f.step()  # 10 pushed as read, 24 wait: 20 of priority 0, 4 of priority 7
+        assert f.backlog.figures()[0]["default"]["by_priority"] == {"7": 4, "0": 20}
+        families = {m.name: m for m in window_metrics(f.backlog)}
+        samples = {
+            s.labels["priority"]: s.value for s in families["hybridq_queue_backlog_priority_jobs"].samples
+        }
+        assert samples == {"7": 4.0, "0": 20.0}
+    finally:
+        f.close()
+    for exact in (False, True):
+        detail = stats(journal_dir, redis_url=None, outbox=None, exact=exact)["queue_detail"]["default"]
+        assert detail["waiting_by_priority"] == {"7": 4, "0": 20}, exact
+        assert detail["top_priority"] == 7
