@@ -198,7 +198,7 @@ class Backlog:
         if batch and not self._try_push(batch):
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).
-        self.runs.remove(queue, [row[0] for row in rows])
+        self.runs.remove(queue, [row[0] for row in rows], [row[3] for row in rows])
         self.runs.commit()
         self.sent(batch)
         self.windows.of(queue).pushed(len(batch))

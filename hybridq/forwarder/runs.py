@@ -76,7 +76,7 @@ _ADDED = (
     ("lane", "TEXT NOT NULL DEFAULT ''"),
 )
 
-_DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ? RETURNING prio"
+_DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?"
 
 #: One row as :meth:`RunTable.add` takes it: location, queue, order, priority, limit key ('' none).
 Row = tuple[Loc, str, float, int, str]
@@ -231,21 +231,32 @@ class RunTable:
             row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
             return None if row is None or row[0] is None else float(row[0])
 
-    def remove(self, queue: str, locs: Sequence[Loc]) -> None:
-        """Delete rows of ``queue`` (pushed, or terminal): durable at :meth:`commit`."""
+    def remove(self, queue: str, locs: Sequence[Loc], prios: Sequence[int] | None = None) -> None:
+        """Delete rows of ``queue`` (pushed, or terminal): durable at :meth:`commit`.
+
+        ``prios``: the rows' priorities, when the caller read them (else each delete returns it).
+        """
         with self._errors():
             db = self.db
             by = self.prios.setdefault(queue, {})
-            for chain, seg, off in locs:
-                row = db.execute(
-                    "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ? RETURNING prio",
-                    (chain, seg, off),
-                ).fetchone()
-                if row is not None:
+            if prios is not None and db.executemany(_DELETE, locs).rowcount == len(locs):
+                for gone in prios:  # all were there (what a refill deletes): counted at once
+                    by[gone] -= 1
+                self.counts[queue] = self.counts.get(queue, 0) - len(locs)
+                locs = ()
+                for empty in [p for p, n in by.items() if not n]:
+                    del by[empty]
+            for i, (chain, seg, off) in enumerate(locs):
+                if prios is None:
+                    row = db.execute(_DELETE + " RETURNING prio", (chain, seg, off)).fetchone()
+                    prio = None if row is None else int(row[0])
+                else:
+                    prio = prios[i] if db.execute(_DELETE, (chain, seg, off)).rowcount else None
+                if prio is not None:
                     self.counts[queue] = self.counts.get(queue, 0) - 1
-                    by[row[0]] = by.get(row[0], 0) - 1
-                    if not by[row[0]]:
-                        del by[row[0]]
+                    by[prio] = by.get(prio, 0) - 1
+                    if not by[prio]:
+                        del by[prio]
             if self.counts.get(queue) == 0:
                 del self.counts[queue]
             if not by:

@@ -181,6 +181,8 @@ class Selector:
         self._after.clear()
         before = self.taken.get(queue, 0)
         aged = (before + n) // AGE_EVERY - before // AGE_EVERY
+        if not self.lanes.fair and len(self.runs.prios.get(queue, ())) <= 1:
+            aged = 0  # one priority, one lane: the lane's order is the age order already
         out = self._round_robin(queue, n - aged) if self.lanes.fair else self._lane(queue, "", n - aged)
         if aged or len(out) < n - aged:  # the aging rule's share, and what the lanes left
             out += self._oldest(queue, n - len(out), {row[0] for row in out})
