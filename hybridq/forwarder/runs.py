@@ -192,10 +192,8 @@ class RunTable:
         """``(loc, ord, lkey, prio)`` of the rows a selector's query finds (those columns, in order)."""
         with self._errors():
             rows = self.db.execute(sql, params)
-            return [
-                ((chain, int(seg), int(off)), float(order), key, int(prio))
-                for chain, seg, off, order, key, prio in rows
-            ]
+            # SQLite gives these columns' types back as they were stored (INTEGER, REAL, TEXT).
+            return [((chain, seg, off), order, key, prio) for chain, seg, off, order, key, prio in rows]
 
     def next_lane(self, queue: str, after: str | None) -> str | None:
         """The lane of ``queue`` after ``after`` (``None``: its first), ``None`` past the last."""

@@ -149,6 +149,7 @@ class Selector:
         self.cursor: dict[str, str] = {}
         self._rooms: dict[str, int] = {}
         self._blocked: set[str] = set()
+        self._json: tuple[int, str] = (0, "[]")
         #: Within one pick, where each lane's scan stopped (its rows before are picked or refused).
         self._after: dict[str, Row] = {}
 
@@ -170,10 +171,17 @@ class Selector:
         self._rooms[key] = room - 1
         return True
 
+    def _blocked_json(self) -> str:
+        """The refused keys as the JSON array the queries take (made again only when it grew)."""
+        if self._json[0] != len(self._blocked):
+            self._json = (len(self._blocked), json.dumps(sorted(self._blocked)))
+        return self._json[1]
+
     def begin(self) -> None:
         """Forget the rooms asked of the gate (each refill or batch of reads asks again)."""
         self._rooms.clear()
         self._blocked.clear()
+        self._json = (0, "[]")
 
     def pick(self, queue: str, n: int) -> Picked:
         """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age)."""
@@ -213,7 +221,7 @@ class Selector:
         base, params = _COLS + " WHERE queue = ? AND lane = ?", [queue, lane]
         if self._blocked:
             base += _NOT_BLOCKED
-            params.append(json.dumps(sorted(self._blocked)))
+            params.append(self._blocked_json())
         after = self._after.get(lane)
         if after is None:
             return self.runs.select(base + _LANE_ORDER, [*params, limit])
@@ -231,7 +239,7 @@ class Selector:
             sql, params = _COLS + " WHERE queue = ?", [queue]
             if self._blocked:
                 sql += _NOT_BLOCKED
-                params.append(json.dumps(sorted(self._blocked)))
+                params.append(self._blocked_json())
             blocked = len(self._blocked)
             rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, limit])
             for row in rows:
