@@ -99,7 +99,7 @@ class GateEveryTenth:
     """A key gate refusing every tenth key (what binding limits look like to the selector)."""
 
     def room(self, key: str) -> int:
-        return 0 if key.endswith("0") else sys.maxsize
+        return 0 if key.endswith("3") else sys.maxsize
 
     def pushed(self, key: str, n: int) -> None:
         pass
@@ -128,6 +128,7 @@ class New:
 
     def take(self, n: int) -> int:
         done = 0
+        self.selector.begin()  # one refill
         while done < n:
             rows = self.selector.pick("q", min(REFILL_CHUNK, n - done))
             self.runs.remove("q", [row[0] for row in rows], [row[3] for row in rows])

@@ -164,6 +164,7 @@ class Backlog:
         """
         self.more = False
         self._short.clear()
+        self.selector.begin()  # the key gate is asked afresh once per refill
         done = 0
         for queue in sorted(self.runs.counts):
             while self.runs.waiting(queue):

@@ -195,17 +195,6 @@ class RunTable:
             # SQLite gives these columns' types back as they were stored (INTEGER, REAL, TEXT).
             return [((chain, seg, off), order, key, prio) for chain, seg, off, order, key, prio in rows]
 
-    def next_lane(self, queue: str, after: str | None) -> str | None:
-        """The lane of ``queue`` after ``after`` (``None``: its first), ``None`` past the last."""
-        with self._errors():
-            if after is None:
-                row = self.db.execute("SELECT min(lane) FROM runs WHERE queue = ?", (queue,)).fetchone()
-            else:
-                row = self.db.execute(
-                    "SELECT min(lane) FROM runs WHERE queue = ? AND lane > ?", (queue, after)
-                ).fetchone()
-            return None if row is None or row[0] is None else str(row[0])
-
     def lanes(self, lane_of: Callable[[str], str], signature: str) -> None:
         """Use ``lane_of`` for new rows, and relane the rows if the fair keys changed since.
 
@@ -237,10 +226,17 @@ class RunTable:
         with self._errors():
             db = self.db
             by = self.prios.setdefault(queue, {})
-            if prios is not None and db.executemany(_DELETE, locs).rowcount == len(locs):
-                for gone in prios:  # all were there (what a refill deletes): counted at once
-                    by[gone] -= 1
-                self.counts[queue] = self.counts.get(queue, 0) - len(locs)
+            if prios is not None:
+                if db.executemany(_DELETE, locs).rowcount == len(locs):
+                    for gone in prios:  # all were there (what a refill deletes): counted at once
+                        by[gone] -= 1
+                    self.counts[queue] = self.counts.get(queue, 0) - len(locs)
+                else:  # some were not (never seen): count the queue's rows again
+                    by.clear()
+                    by.update(
+                        db.execute("SELECT prio, count(*) FROM runs WHERE queue = ? GROUP BY prio", (queue,))
+                    )
+                    self.counts[queue] = sum(by.values())
                 locs = ()
                 for empty in [p for p, n in by.items() if not n]:
                     del by[empty]

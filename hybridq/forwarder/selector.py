@@ -184,8 +184,11 @@ class Selector:
         self._json = (0, "[]")
 
     def pick(self, queue: str, n: int) -> Picked:
-        """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age)."""
-        self.begin()
+        """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age).
+
+        The gate's rooms are asked once per :meth:`begin` (a refill), so a refill's picks after
+        the first skip the keys it refused without reading their rows again.
+        """
         self._after.clear()
         before = self.taken.get(queue, 0)
         aged = (before + n) // AGE_EVERY - before // AGE_EVERY
@@ -232,53 +235,86 @@ class Selector:
         return rows
 
     def _oldest(self, queue: str, n: int, taken: set[Loc]) -> Picked:
-        """Up to ``n`` of the oldest rows of ``queue`` not in ``taken`` that the gate lets go."""
+        """Up to ``n`` of the oldest rows of ``queue`` not in ``taken`` that the gate lets go.
+
+        Read in pages from a cursor (an index range each): rows passed are never read again.
+        """
         out: Picked = []
-        limit = n + len(taken)
+        after: Row | None = None
+        page = n + len(taken)
         while len(out) < n:
-            sql, params = _COLS + " WHERE queue = ?", [queue]
+            sql = _COLS + " WHERE queue = ?"
+            params: list[object] = [queue]
+            if after is not None:
+                sql += " AND (ord, chain, seg, off) > (?, ?, ?, ?)"
+                params += (after[1], *after[0])
             if self._blocked:
                 sql += _NOT_BLOCKED
                 params.append(self._blocked_json())
-            blocked = len(self._blocked)
-            rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, limit])
+            rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, page])
             for row in rows:
+                after = row
                 if row[0] not in taken and self.fits(row[2]):
                     taken.add(row[0])
                     out.append(row)
                     if len(out) >= n:
                         break
-            if len(rows) < limit or len(self._blocked) == blocked:
-                break  # no more rows, or none refused: the rest were taken already
-            limit += n
+            if len(rows) < page:
+                break  # no more rows
+            page = n
         return out
 
     def _round_robin(self, queue: str, n: int) -> Picked:
-        """Up to ``n`` rows, the lanes visited in turn from the cursor, ``weight`` rows each."""
+        """Up to ``n`` rows, the lanes visited in turn from the cursor, ``weight`` rows each.
+
+        A lane's first visit in a pick is one index probe (the next lane's head, keys the gate
+        refused skipped inside the index); a lane visited again goes on from where it stopped.
+        """
         out: Picked = []
         lane = self.cursor.get(queue)
+        visited: set[str] = set()
         first: str | None = None
         empty_round = True
         while len(out) < n:
-            after, lane = lane, self.runs.next_lane(queue, lane)
-            if lane is None:
-                if after is None:
-                    break  # no rows at all
-                continue  # past the last lane: the next probe starts at the first
+            head = self._next_head(queue, lane)
+            if head is None:
+                if lane is None:
+                    break  # nothing the gate lets go
+                lane = None  # past the last lane: the next probe starts at the first
+                continue
+            lane = self.lanes.lane(head[2])
             if lane == first:
                 if empty_round:
                     break  # a whole round found nothing the gate lets go
                 empty_round = True
             if first is None:
                 first = lane
-            if lane and lane in self._blocked:
-                continue
-            got = self._lane(queue, lane, min(self.lanes.weight(lane), n - len(out)))
+            want = min(self.lanes.weight(lane), n - len(out))
+            if lane in visited:
+                got = self._lane(queue, lane, want)
+            else:
+                visited.add(lane)
+                self._after[lane] = head
+                got = [head] if self.fits(head[2]) else []
+                if want > len(got):
+                    got += self._lane(queue, lane, want - len(got))
             if got:
                 empty_round = False
                 out += got
                 self.cursor[queue] = lane
         return out
+
+    def _next_head(self, queue: str, after: str | None) -> Row | None:
+        """The first row the gate has not refused of the lane after ``after`` (``None``: the first)."""
+        sql, params = _COLS + " WHERE queue = ?", [queue]
+        if after is not None:
+            sql += " AND lane > ?"
+            params.append(after)
+        if self._blocked:
+            sql += _NOT_BLOCKED
+            params.append(self._blocked_json())
+        rows = self.runs.select(sql + " ORDER BY lane, prio DESC, ord, chain, seg, off LIMIT 1", params)
+        return rows[0] if rows else None
 
 
 def _push_order(row: Row) -> tuple[int, float, Loc]:

@@ -233,6 +233,7 @@ def test_the_selection_matches_the_rule_spelled_out(tmp_path: Path) -> None:
     for step in range(30):
         rooms = {f"k{j}": rng.randint(0, 4) for j in range(8)}
         sel.gate = Gate(dict(rooms))
+        sel.begin()  # a refill: the gate is asked afresh
         n = rng.randint(1, 40)
         before = sel.taken.get("q", 0)
         aged = (before + n) // AGE_EVERY - before // AGE_EVERY
@@ -264,3 +265,17 @@ def test_stats_and_metrics_show_the_backlog_per_priority(journal_dir: Path) -> N
         detail = stats(journal_dir, redis_url=None, outbox=None, exact=exact)["queue_detail"]["default"]
         assert detail["waiting_by_priority"] == {"7": 4, "0": 20}, exact
         assert detail["top_priority"] == 7
+
+
+def test_removing_rows_keeps_the_counts_whether_or_not_they_were_there(tmp_path: Path) -> None:
+    runs = table(tmp_path)
+    add(runs, 5, prio=3)
+    add(runs, 5, start=10, prio=0)
+    runs.remove("q", [("w", 1, 0), ("w", 1, 1)], [3, 3])
+    runs.remove("q", [("w", 1, 2), ("w", 1, 99)], [3, 0])  # one was never there
+    runs.remove("q", [("w", 1, 10), ("w", 1, 98)])  # no priorities given: each delete says
+    assert runs.counts == {"q": 6}
+    assert runs.prios == {"q": {3: 2, 0: 4}}
+    runs.rollback()
+    assert runs.counts == {"q": 10}  # nothing committed: as it was
+    runs.close()
