@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from hybridq import Queue, task
 from hybridq.cli import cli as main
 from hybridq.client.remote import body_of
@@ -94,31 +94,17 @@ def test_enqueue_enqueue_many_and_the_decorator_carry_both(journal_dir: Path) ->
 
 
 def test_the_cli_takes_priority_and_limit_key(journal_dir: Path) -> None:
-    runner = CliRunner()
-    ok = runner.invoke(
-        main,
-        [
-            "enqueue",
-            "--journal",
-            str(journal_dir),
-            "--priority",
-            "4",
-            "--limit-key",
-            "t:1",
-            "tests.tasks.add",
-            "1",
-            "2",
-        ],
-    )
+    def enqueue(*options: str) -> Result:
+        return CliRunner().invoke(
+            main, ["enqueue", "--journal", str(journal_dir), *options, "tests.tasks.add", "1", "2"]
+        )
+
+    ok = enqueue("--priority", "4", "--limit-key", "t:1")
     assert ok.exit_code == 0, ok.output
-    bad = runner.invoke(
-        main, ["enqueue", "--journal", str(journal_dir), "--priority", "10", "tests.tasks.add"]
-    )
+    bad = enqueue("--priority", "10")
     assert bad.exit_code == 2
     assert "--priority" in bad.output
-    bad_key = runner.invoke(
-        main, ["enqueue", "--journal", str(journal_dir), "--limit-key", "a b", "tests.tasks.add", "1", "2"]
-    )
+    bad_key = enqueue("--limit-key", "a b")
     assert bad_key.exit_code != 0
     assert "limit_key must be" in bad_key.output
     assert [(e.priority, e.limit_key) for e in envelopes(journal_dir)] == [(4, "t:1")]
