@@ -77,6 +77,8 @@ class FairKey:
 
 def parse_fair_keys(specs: Iterable[str]) -> tuple[FairKey, ...]:
     """``'tenant:*'`` or ``'tenant:big=3'`` each; ConfigError (one line) for a bad one."""
+    if isinstance(specs, str):  # each character would be a glob of its own
+        raise ConfigError(f"fair keys must be a list of globs, not the string {specs!r}")
     out: list[FairKey] = []
     for spec in specs:
         pattern, sep, weight = spec.rpartition("=") if "=" in spec else (spec, "", "")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue, stats
 from hybridq.errors import ConfigError
+from hybridq.forwarder import Forwarder
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.selector import AGE_EVERY, Lanes, Selector, Unlimited, parse_fair_keys
 from hybridq.ops.metrics import window_metrics
@@ -155,9 +156,17 @@ def test_changing_the_fair_keys_relanes_the_rows_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("spec", ["", "a b", "tenant:*=0", "tenant:*=x", "=3"])
-def test_bad_fair_keys_are_one_line_errors(spec: str) -> None:
+def test_bad_fair_keys_are_one_line_errors(spec: str, journal_dir: Path) -> None:
     with pytest.raises(ConfigError, match="fair key"):
         parse_fair_keys([spec])
+    with pytest.raises(ConfigError, match="fair key"):  # before anything is created
+        Forwarder(journal_dir, WindowedTransport(), fair_keys=(spec,))
+    assert not journal_dir.exists()
+
+
+def test_fair_keys_given_as_one_string_are_refused() -> None:
+    with pytest.raises(ConfigError, match="a list of globs"):
+        parse_fair_keys("tenant:*")
 
 
 def test_every_push_path_asks_the_gate_and_tells_it_what_went(journal_dir: Path) -> None:
