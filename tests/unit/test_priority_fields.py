@@ -131,3 +131,19 @@ def test_the_remote_client_sends_them_only_when_set(journal_dir: Path) -> None:
     assert "limit_key" not in body_of(env)
     body = body_of(dataclasses.replace(env, priority=2, limit_key="tenant:5"))
     assert (body["priority"], body["limit_key"]) == (2, "tenant:5")
+
+
+def test_a_keyed_retry_must_repeat_priority_and_limit_key(journal_dir: Path) -> None:
+    key = {"Idempotency-Key": "order:7"}
+    with served(config(journal_dir)) as base:
+        first = request(base, "POST", "/v1/jobs", {**ADD, "priority": 3}, headers=key)
+        assert first.status == 202, first
+        again = request(base, "POST", "/v1/jobs", {**ADD, "priority": 3}, headers=key)
+        assert (again.status, again.json["id"]) == (202, first.json["id"])
+        other = request(base, "POST", "/v1/jobs", {**ADD, "priority": 4}, headers=key)
+        assert other.status == 422, other
+        plain = request(base, "POST", "/v1/jobs", ADD, headers={"Idempotency-Key": "order:8"})
+        assert (
+            request(base, "POST", "/v1/jobs", ADD, headers={"Idempotency-Key": "order:8"}).json == plain.json
+        )
+    assert len(envelopes(journal_dir)) == 2
