@@ -147,3 +147,14 @@ def test_a_keyed_retry_must_repeat_priority_and_limit_key(journal_dir: Path) -> 
             request(base, "POST", "/v1/jobs", ADD, headers={"Idempotency-Key": "order:8"}).json == plain.json
         )
     assert len(envelopes(journal_dir)) == 2
+
+
+def test_forward_refuses_a_bad_fair_key_from_the_option_or_the_environment(journal_dir: Path) -> None:
+    args = ["forward", "--journal", str(journal_dir), "--redis", "redis://127.0.0.1:1/0"]
+    bad = CliRunner().invoke(main, [*args, "--fair-key", "tenant:*=0"])
+    assert bad.exit_code == 2
+    assert "fair key 'tenant:*=0'" in bad.output
+    from_env = CliRunner().invoke(main, args, env={"HYBRIDQ_FAIR_KEYS": "tenant:* big=x"})
+    assert from_env.exit_code == 2
+    assert "fair key 'big=x'" in from_env.output
+    assert not journal_dir.exists()  # nothing created
