@@ -288,3 +288,15 @@ def test_removing_rows_keeps_the_counts_whether_or_not_they_were_there(tmp_path:
     runs.rollback()
     assert runs.counts == {"q": 10}  # nothing committed: as it was
     runs.close()
+
+
+def test_the_dashboard_shows_the_top_priority_waiting() -> None:
+    from hybridq.http.dashboard.queues import queue_rows  # the page's rows, as the template gets them
+
+    stats_ = {
+        "queues": {"a": 5, "b": 1},
+        "queue_detail": {"a": {"top_priority": 7}, "b": {"top_priority": None}},
+    }
+    rows = queue_rows(stats_, None, {}, None, 0.0)
+    assert rows["a"]["top_priority"] == 7
+    assert "top_priority" not in rows["b"]  # shown as "-"

@@ -51,6 +51,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("running", "running", means="a run in flight (its started event harvested)"),
     Column("retrying", "retrying", means="its last attempt failed; another is due"),
     Column("oldest waiting", "oldest_waiting_s", age, "since the oldest waiting job was accepted"),
+    Column("top priority", "top_priority", means="the highest priority waiting in the journal for Redis"),
     Column("done / min", "done_per_min", _rate, "successes per minute, the last 5 minutes"),
     Column("failed / min", "failed_per_min", _rate, "failures and cancels per minute, the last 5 minutes"),
 )
@@ -78,6 +79,9 @@ def queue_rows(
 
     for queue, n in stats.get("queues", {}).items():  # stats(): accepted, not terminal, per queue
         row(queue)["pending"] = n
+    for queue, d in stats.get("queue_detail", {}).items():  # the run table: what waits for Redis
+        if d.get("top_priority") is not None:
+            row(queue)["top_priority"] = d["top_priority"]
     for queue, f in (figures or {}).items():  # the lookup index: the jobs that have not ended
         row(queue).update(waiting=f.waiting, running=f.running, retrying=f.retrying)
         if f.oldest_waiting is not None:
@@ -98,7 +102,7 @@ class QueuesPage:
         self.pages = pages
 
     def queues(self, request: Request) -> Response:
-        """Per queue: pending, waiting, in Redis, running, oldest waiting, rates; the last hour."""
+        """Per queue: pending, waiting, in Redis, running, oldest waiting, top priority, rates, an hour."""
         return self.pages.guarded(
             request, lambda _: self._build(), title="Queues", active="/queues", refresh=True
         )
