@@ -271,26 +271,22 @@ class Selector:
 
         A lane's first visit in a pick is one index probe (the next lane's head, keys the gate
         refused skipped inside the index); a lane visited again goes on from where it stopped.
+        It stops when a whole round (first lane to last) took nothing: a lane the gate refused
+        leaves the probes, so no particular lane is sure to come round again.
         """
         out: Picked = []
         lane = self.cursor.get(queue)
         visited: set[str] = set()
-        first: str | None = None
-        empty_round = True
+        whole = lane is None  # whether this round started at the first lane
+        took = False
         while len(out) < n:
             head = self._next_head(queue, lane)
             if head is None:
-                if lane is None:
-                    break  # nothing the gate lets go
-                lane = None  # past the last lane: the next probe starts at the first
+                if whole and not took:
+                    break  # a whole round found nothing the gate lets go
+                whole, took, lane = True, False, None  # the next probe starts at the first lane
                 continue
             lane = self.lanes.lane(head[2])
-            if lane == first:
-                if empty_round:
-                    break  # a whole round found nothing the gate lets go
-                empty_round = True
-            if first is None:
-                first = lane
             want = min(self.lanes.weight(lane), n - len(out))
             if lane in visited:
                 got = self._lane(queue, lane, want)
@@ -301,7 +297,7 @@ class Selector:
                 if want > len(got):
                     got += self._lane(queue, lane, want - len(got))
             if got:
-                empty_round = False
+                took = True
                 out += got
                 self.cursor[queue] = lane
         return out

@@ -300,3 +300,49 @@ def test_the_dashboard_shows_the_top_priority_waiting() -> None:
     rows = queue_rows(stats_, None, {}, None, 0.0)
     assert rows["a"]["top_priority"] == 7
     assert "top_priority" not in rows["b"]  # shown as "-"
+
+
+@pytest.mark.timeout(10)
+def test_a_first_lane_the_gate_refuses_does_not_stall_the_round_robin(tmp_path: Path) -> None:
+    runs = table(tmp_path)
+    add(runs, 5, key="tenant:a")  # the first lane: room for one
+    add(runs, 2, start=10, key="tenant:b")
+    sel = Selector(runs, Gate({"tenant:a": 1}), Lanes(parse_fair_keys(["tenant:*"])))
+    sel.open()
+    sel.taken["q"] = 1  # keep the aging rule's turn out of this pick
+    assert offsets(sel.pick("q", 10)) == [0, 10, 11]  # all the gate lets go, then it stops
+    runs.close()
+
+
+@pytest.mark.timeout(30)
+def test_fair_lanes_under_a_random_gate_take_all_it_lets_go_and_stop(tmp_path: Path) -> None:
+    rng = random.Random(31)
+    keys = ["", "tenant:a", "tenant:b", "tenant:c", "other:x"]
+    for case in range(60):
+        runs = table(tmp_path / str(case))
+        rows = {
+            i: (rng.randint(0, 3), float(rng.randint(0, 50)), rng.choice(keys))
+            for i in range(rng.randint(1, 60))
+        }
+        runs.add((("w", 1, off), "q", order, prio, key) for off, (prio, order, key) in rows.items())
+        runs.commit()
+        fair = rng.choice([["tenant:*"], ["tenant:*", "tenant:b=3"], ["tenant:*", "other:*=2"]])
+        sel = Selector(runs, Unlimited(), Lanes(parse_fair_keys(fair)))
+        sel.open()
+        for _ in range(10):
+            rooms = {k: rng.randint(0, 3) for k in keys[1:] if rng.random() < 0.6}
+            sel.gate = Gate(dict(rooms))
+            sel.begin()
+            n = rng.randint(1, 15)
+            got = sel.pick("q", n)
+            locs = [row[0] for row in got]
+            assert len(set(locs)) == len(locs), case
+            per_key = Counter(rows[o][2] for o in offsets(got))
+            assert all(per_key[k] <= room for k, room in rooms.items()), case
+            waiting = Counter(key for _, _, key in rows.values())
+            lets_go = sum(min(c, rooms.get(k, c)) if k else c for k, c in waiting.items())
+            assert len(got) == min(n, lets_go), case
+            runs.remove("q", locs)
+            for o in offsets(got):
+                del rows[o]
+        runs.close()
