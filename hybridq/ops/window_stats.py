@@ -76,6 +76,8 @@ def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> 
 
 
 _PER_PRIORITY = "SELECT queue, prio, count(*), min(ord) FROM runs GROUP BY queue, prio"
+#: A run table written before priorities has no ``prio`` column: all of it is priority 0.
+_BEFORE_PRIORITIES = "SELECT queue, 0, count(*), min(ord) FROM runs GROUP BY queue"
 
 
 def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
@@ -86,9 +88,8 @@ def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
     with contextlib.suppress(sqlite3.Error):
         db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0)
         try:
-            rows = db.execute(
-                "SELECT queue, prio, count(*), min(ord) FROM runs GROUP BY queue, prio"
-            ).fetchall()
+            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            rows = db.execute(_PER_PRIORITY if "prio" in columns else _BEFORE_PRIORITIES).fetchall()
         finally:
             db.close()
         out: dict[str, dict[str, Any]] = {}

@@ -51,9 +51,10 @@ def offsets(rows: list[tuple[tuple[str, int, int], float, str, int]]) -> list[in
     return [row[0][2] for row in rows]
 
 
-def test_a_file_written_before_priorities_gets_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
-    (tmp_path / "runs").mkdir()
-    old = sqlite3.connect(tmp_path / "runs" / "runs.sqlite")
+def write_before_priorities(path: Path) -> None:
+    """A run table as a release before priorities wrote it: 5 jobs of queue 'q', no prio column."""
+    (path / "runs").mkdir()
+    old = sqlite3.connect(path / "runs" / "runs.sqlite")
     old.executescript(
         """CREATE TABLE runs (chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
         queue TEXT NOT NULL, ord REAL NOT NULL, PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
@@ -62,6 +63,10 @@ def test_a_file_written_before_priorities_gets_the_columns_and_keeps_its_rows(tm
     old.executemany("INSERT INTO runs VALUES ('w', 1, ?, 'q', ?)", [(i, float(i)) for i in range(5)])
     old.commit()
     old.close()
+
+
+def test_a_file_written_before_priorities_gets_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    write_before_priorities(tmp_path)
     runs = table(tmp_path)
     assert runs.waiting("q") == 5
     assert runs.prios == {"q": {0: 5}}
@@ -72,6 +77,14 @@ def test_a_file_written_before_priorities_gets_the_columns_and_keeps_its_rows(tm
     again = table(tmp_path)  # opened twice: nothing to migrate, nothing lost
     assert again.waiting("q") == 7
     again.close()
+
+
+def test_stats_read_a_file_written_before_priorities_as_priority_0(tmp_path: Path) -> None:
+    write_before_priorities(tmp_path)  # no forwarder has opened (migrated) it yet
+    detail = stats(tmp_path, redis_url=None, outbox=None, exact=True)["queue_detail"]["q"]
+    assert detail["backlog"] == 5
+    assert detail["waiting_by_priority"] == {"0": 5}
+    assert detail["top_priority"] == 0
 
 
 def test_higher_priority_first_then_age_and_the_counts_per_priority(tmp_path: Path) -> None:
