@@ -86,7 +86,7 @@ def parse_fair_keys(specs: Iterable[str]) -> tuple[FairKey, ...]:
             raise ConfigError(
                 f"fair key {spec!r}: give a glob on the limit key, e.g. 'tenant:*' or 'tenant:big=3'"
             )
-        if sep and not (weight.isdigit() and 1 <= int(weight) <= MAX_WEIGHT):
+        if sep and not (weight.isascii() and weight.isdigit() and 1 <= int(weight) <= MAX_WEIGHT):
             raise ConfigError(
                 f"fair key {spec!r}: the weight after '=' must be an integer from 1 to {MAX_WEIGHT}"
             )

@@ -158,3 +158,14 @@ def test_forward_refuses_a_bad_fair_key_from_the_option_or_the_environment(journ
     assert from_env.exit_code == 2
     assert "fair key 'big=x'" in from_env.output
     assert not journal_dir.exists()  # nothing created
+
+
+@pytest.mark.parametrize("spec", ["t=\u00b2", "t=\u0663", "t=\uff13"])
+@pytest.mark.timeout(30)
+def test_a_fair_key_weight_of_non_ascii_digits_is_exit_2(spec: str, journal_dir: Path) -> None:
+    args = ["forward", "--journal", str(journal_dir), "--redis", "redis://127.0.0.1:1/0"]
+    bad = CliRunner().invoke(main, [*args, "--fair-key", spec])
+    assert bad.exit_code == 2, bad.output  # '²'.isdigit() is True, and int('²') raised
+    assert "the weight after '=' must be an integer" in bad.output
+    assert "Traceback" not in bad.output
+    assert not journal_dir.exists()
