@@ -465,7 +465,7 @@ class Queue:
         )
         if tags:
             env.tags = tags
-        if priority:
+        if type(priority) is not int or priority:  # 0 is the default; "", None, False, 0.0 are not
             env.priority = check_priority(priority)
         if limit_key is not None:
             env.limit_key = check_limit_key(limit_key)

@@ -124,6 +124,29 @@ def test_http_takes_them_and_refuses_bad_ones_with_a_400(journal_dir: Path) -> N
     assert [(e.priority, e.limit_key) for e in envelopes(journal_dir)] == [(8, "tenant:9")]
 
 
+@pytest.mark.parametrize("value", ["", None, [], {}, False, 0.0])
+def test_a_falsy_priority_that_is_not_the_integer_0_is_refused(journal_dir: Path, value: object) -> None:
+    q = Queue("default", journal=journal_dir)
+    with pytest.raises(EnvelopeError, match="priority must be an integer from 0 to 9"):
+        q.prepare(tasks.add, [1, 2], priority=value)  # type: ignore[arg-type]
+    for key in ([], {}, False, 0):
+        with pytest.raises(EnvelopeError, match="limit_key must be"):
+            q.prepare(tasks.add, [1, 2], limit_key=key)  # type: ignore[arg-type]
+    assert q.prepare(tasks.add, [1, 2], priority=0, limit_key=None).priority == 0
+
+
+def test_http_refuses_a_falsy_priority_or_limit_key_with_a_400(journal_dir: Path) -> None:
+    with served(config(journal_dir)) as base:
+        bad = [{"priority": v} for v in ("", None, [], {}, False, 0.0)]
+        bad += [{"limit_key": v} for v in ("", [], {}, False, 0)]
+        for fields in bad:
+            refused = request(base, "POST", "/v1/jobs", {**ADD, **fields})
+            assert refused.status == 400, (fields, refused)
+            assert "must be" in refused.json["detail"], refused.json
+        assert request(base, "POST", "/v1/jobs", {**ADD, "priority": 0}).status == 202
+    assert [e.priority for e in envelopes(journal_dir)] == [0]
+
+
 def test_the_remote_client_sends_them_only_when_set(journal_dir: Path) -> None:
     q = Queue("default", journal=journal_dir)
     env = q.prepare(tasks.add, [1, 2])
