@@ -50,6 +50,18 @@ RUNS_DIR = "runs"
 RUNS_FILE = "runs.sqlite"
 #: SQLite's "database or disk is full".
 _SQLITE_FULL = 13
+#: SQLite's primary codes for a damaged file: SQLITE_CORRUPT and SQLITE_NOTADB.
+_DAMAGE = frozenset({11, 26})
+
+
+def _free_name(path: str) -> str:
+    """``path``, or ``path.2``, ``path.3``, ... the first not taken (an earlier one is kept)."""
+    found, n = path, 1
+    while os.path.lexists(found):
+        n += 1
+        found = f"{path}.{n}"
+    return found
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -104,7 +116,12 @@ class RunTable:
         try:
             self._connect()
         except sqlite3.DatabaseError as exc:
-            aside = f"{self.path}.damaged"
+            self.close()
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF not in _DAMAGE:
+                with self._errors():  # a full or failing disk: the file is kept, as it is healthy
+                    raise
+            aside = _free_name(f"{self.path}.damaged")
             log.error(
                 "run table %s is damaged (%s): moved to %s; the reconcile pass delivers the "
                 "jobs it held again",
@@ -112,12 +129,12 @@ class RunTable:
                 exc,
                 aside,
             )
-            self.close()
             os.replace(self.path, aside)
             for suffix in ("-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.unlink(self.path + suffix)
-            self._connect()
+            with self._errors():
+                self._connect()
 
     def _connect(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)

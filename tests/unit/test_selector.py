@@ -359,3 +359,42 @@ def test_fair_lanes_under_a_random_gate_take_all_it_lets_go_and_stop(tmp_path: P
             for o in offsets(got):
                 del rows[o]
         runs.close()
+
+
+def test_a_full_disk_while_migrating_pauses_and_keeps_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from hybridq.errors import JournalIOError
+
+    write_before_priorities(tmp_path)  # opening it builds the new indexes: new pages
+    connect = sqlite3.connect
+
+    def full_disk(*args: object, **kwargs: object) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)  # type: ignore[call-overload]
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")  # no page more: SQLITE_FULL (13)
+        return db  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(sqlite3, "connect", full_disk)
+    runs = RunTable(str(tmp_path))
+    with pytest.raises(JournalIOError) as info:
+        runs.open()
+    assert info.value.errno == errno.ENOSPC  # the disk-full pause, as for the journal's writes
+    assert "\n" not in str(info.value)
+    assert not list((tmp_path / "runs").glob("*.damaged*"))  # a full disk is no damage
+    monkeypatch.setattr(sqlite3, "connect", connect)  # room again
+    runs = table(tmp_path)
+    assert runs.waiting("q") == 5
+    runs.close()
+
+
+def test_a_second_damaged_file_does_not_overwrite_the_first(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "runs.sqlite"
+    path.parent.mkdir()
+    for n in range(2):
+        path.write_bytes(b"not a database %d" % n * 100)
+        table(tmp_path).close()  # moved aside, a new one made
+    kept = sorted(p.read_bytes()[:16] for p in path.parent.glob("runs.sqlite.damaged*"))
+    assert kept == [b"not a database 0", b"not a database 1"]
