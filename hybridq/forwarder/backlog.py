@@ -131,7 +131,12 @@ class Backlog:
             self.keys.pushed(key, n)
 
     def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Those of ``deliveries`` the windows have room for now; counted as pushed.
+        """Those of ``deliveries`` the windows and the key gate have room for now.
+
+        The windows count them as pushed now (a push that fails leaves the job to be found
+        again: a window under-used, never over); the key gate is told by :meth:`sent` once the
+        transport accepted them, by the caller: a concurrency gate told of a push that never
+        happened would keep that room taken for good.
 
         Retries, and jobs Redis lost (a queue not looked at yet is looked at first: a job a
         lost run table made look lost may be the first this process pushes to its queue).
@@ -147,9 +152,6 @@ class Backlog:
                 self.windows.of(queue).pushed(1)
                 self.gate.pushed(1)
                 out.append(d)
-        # Counted as pushed now, as the windows are: the push follows at once, and one that
-        # fails leaves the job to be found again (the key's room is under-used, never over).
-        self.sent(out)
         return out
 
     def paused(self, exc: RedisFull) -> None:

@@ -59,7 +59,7 @@ class Deliverer:
     #: The forwarder's clock (delayed jobs' ``run_at``).
     clock: Callable[[], float]
     #: Pushes a batch into the transport (backing off while it is down).
-    push: Callable[[list[Delivery]], None]
+    push: Callable[[list[Delivery]], list[Delivery]]
     #: Saves the checkpoint, ``forwarded`` jobs more.
     save: Callable[[int], None]
     #: Journals the schedules' ticks due during a long step.
@@ -176,7 +176,7 @@ class Deliverer:
         runs.add(spill)
         if batch:
             try:
-                self.push(batch)
+                accepted = self.push(batch)
             except RedisFull as exc:
                 # Waiting for memory must not hold back the harvest that frees it: the batch
                 # waits in the run table instead, and the refill pushes it once there is room.
@@ -193,7 +193,7 @@ class Deliverer:
                 )
                 batch = []
             else:
-                self.backlog.sent(batch)
+                self.backlog.sent(accepted)  # less what the transport could not encode
         self.backlog.begin()  # the key gate counted what went: ask it afresh
         # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
         runs.commit()

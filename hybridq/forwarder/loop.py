@@ -158,6 +158,7 @@ class Forwarder:
         self.backlog = Backlog(self.state, transport, lanes=lanes)
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
+        self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
         self.completions.harvester.forgetting = self._forgetting
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
@@ -368,14 +369,14 @@ class Forwarder:
             self._publish_due |= harvested > 0
             redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
-                self._push(redo)  # RedisFull: pushed again before the pass goes on
-                reconciler.redone()
+                # RedisFull: pushed again before the pass goes on
+                reconciler.redone(self._push(redo))
             self.backlog.look()  # outcomes made room: top the windows up
             # Due retries first: the refill would take all the room, and a retry wait for the
             # whole backlog (they are due now; the backlog waits in order anyway).
             retries = self.backlog.admit(harvester.due_retries())  # through the same window
             if retries:
-                self._push(retries)
+                self.backlog.sent(self._push(retries))
                 harvester.pushed(retries)
             refilled = self.backlog.refill()
             if refilled:
@@ -441,8 +442,8 @@ class Forwarder:
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)
 
-    def _push(self, batch: list[Delivery]) -> None:
-        self._pusher.push(batch)
+    def _push(self, batch: list[Delivery]) -> list[Delivery]:
+        return self._pusher.push(batch)
 
     def _stop_asked(self) -> bool:
         return self._stopping

@@ -89,8 +89,10 @@ class Pusher:
             log.warning("transport available again after %.1f s", time.monotonic() - self.stats.down_since)
             self.stats.down_since = None
 
-    def push(self, batch: list[Delivery]) -> None:
+    def push(self, batch: list[Delivery]) -> list[Delivery]:
         """Push until the transport takes the batch; back off while it is down.
+
+        Returns what the transport accepted: the batch without the jobs it could not encode.
 
         Traced (a span linked to the jobs' enqueue spans) when a tracer is configured.
 
@@ -99,11 +101,11 @@ class Pusher:
         run table: waiting for memory must not hold back the harvest that frees it).
         """
         if not batch:
-            return
+            return []
         with push_span((d.envelope.trace for d in batch), len(batch)):
-            self._push(batch)
+            return self._push(batch)
 
-    def _push(self, batch: list[Delivery]) -> None:
+    def _push(self, batch: list[Delivery]) -> list[Delivery]:
         self.stats.oldest_unpushed = min(d.envelope.created_at for d in batch)
         delay = self.state.config.backoff_initial_s
         while True:
@@ -113,7 +115,7 @@ class Pusher:
                 # Not an outage: these would fail again on every retry, holding back the rest.
                 batch = self._drop_unencodable(batch, exc)
                 if not batch:
-                    return
+                    return batch
                 continue
             except RedisFull:
                 raise
@@ -132,7 +134,7 @@ class Pusher:
             self.state.count_duplicates(result.already_present)
             if self.on_pushed is not None:
                 self.on_pushed(len(batch), result.sent_bytes)
-            return
+            return batch
 
     def _drop_unencodable(self, batch: list[Delivery], exc: UnencodableJobs) -> list[Delivery]:
         """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""

@@ -75,6 +75,10 @@ class Reconciler:
         #: ``Backlog.admit``): a lost run table makes the whole backlog read as lost, and the
         #: rest is found missing again by a later pass.
         self.admit: Callable[[list[Delivery]], list[Delivery]] = list
+        #: Told what of the admitted the transport accepted (``Backlog.sent``: the key gate).
+        self.sent: Callable[[list[Delivery]], None] = _ignore
+        #: The deliveries of :attr:`_redo` that ``admit`` let through (the rest bypass it).
+        self._admitted: list[Delivery] = []
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
         self._pass_started = 0.0
@@ -188,9 +192,16 @@ class Reconciler:
             self._redo = self.reconcile_step()
         return self._redo
 
-    def redone(self) -> None:
-        """Redis accepted what :meth:`redo` returned."""
+    def redone(self, accepted: list[Delivery]) -> None:
+        """Redis accepted what :meth:`redo` returned (``accepted``: less what it could not encode).
+
+        The key gate is told of the admitted ones only: a job redelivered as orphaned, done or
+        stranded was counted when it was first pushed, and its room is still taken.
+        """
+        took = {id(d) for d in accepted}
+        self.sent([d for d in self._admitted if id(d) in took])
         self._redo = []
+        self._admitted = []
 
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
@@ -339,7 +350,8 @@ class Reconciler:
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
                 out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
-        out += self.admit(missing)  # through the windows and the memory gate
+        self._admitted = self.admit(missing)  # through the windows, the memory and key gates
+        out += self._admitted
         # The attempt count is durable before the next attempt is delivered.
         self.state.append(lost)
         if lost:
@@ -358,6 +370,10 @@ class Reconciler:
             return False
         del self._suspects[loc]
         return True
+
+
+def _ignore(_deliveries: list[Delivery]) -> None:
+    """The default of :attr:`Reconciler.sent`: no key gate to tell."""
 
 
 def _generation(epoch: str) -> int | None:

@@ -398,3 +398,36 @@ def test_a_second_damaged_file_does_not_overwrite_the_first(tmp_path: Path) -> N
         table(tmp_path).close()  # moved aside, a new one made
     kept = sorted(p.read_bytes()[:16] for p in path.parent.glob("runs.sqlite.damaged*"))
     assert kept == [b"not a database 0", b"not a database 1"]
+
+
+def test_the_key_gate_is_told_only_of_pushes_redis_accepted(journal_dir: Path) -> None:
+    # A concurrency gate told of a push that never happened keeps its room taken for good.
+    from hybridq import Retry
+
+    q = Queue("default", journal=journal_dir)
+    q.enqueue(tasks.add, 1, 2, limit_key="a", retry=Retry(max_attempts=2, backoff_s=0))
+    transport = WindowedTransport()
+    f = forwarder(journal_dir, transport, window_min=10, window_max=10)
+    gate = Gate({"a": 10})
+    f.backlog.keys = f.backlog.selector.gate = gate
+    try:
+        f.step()
+        assert gate.rooms["a"] == 9  # the first attempt went
+
+        def fail(env: object, attempt: int) -> None:
+            raise RuntimeError("flaky")
+
+        transport.work("default", fail, limit=1)
+        transport.oom = True  # the retry's push meets OOM
+        for _ in range(3):
+            f.step()
+        assert gate.rooms["a"] == 9, "told of a push Redis refused"
+        transport.oom = False
+        for _ in range(50):
+            f.step()
+            if len(transport.pushed_ids) == 2:
+                break
+        assert len(transport.pushed_ids) == 2  # the retry went, once
+        assert gate.rooms["a"] == 8
+    finally:
+        f.close()
