@@ -49,6 +49,7 @@ from hybridq.ledger.store import (
 )
 from hybridq.lookup.stats import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
+from hybridq.protocol.keylimits import limit_key_of
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -196,6 +197,8 @@ class ForwarderState:
         RetryLaters so far, and since when, are the ledger's too (:attr:`LedgerIndex.later`).
         """
         later, later_since = self.index.later.get(loc, (0, None))
+        key = limit_key_of(env)
+        limit = self.config.key_limits.of(key)
         return Delivery(
             env,
             self.checkpoint.owner,
@@ -209,6 +212,7 @@ class ForwarderState:
             later=later,
             later_since=later_since,
             report_start=True,  # its claim sends a started event (job.status "started")
+            limit=None if limit is None or key is None else limit.wire(key),
         )
 
     # -- the checkpoint -----------------------------------------------------------------------

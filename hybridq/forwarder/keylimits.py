@@ -1,0 +1,154 @@
+"""The forwarder's gate for per-key limits: how many jobs of a limit key may be pushed now.
+
+The limits are enforced by the workers' claims, in Redis (``hybridq.worker.limit_scripts``):
+a run over its key's limit does not start, and the job comes back to be delivered again. This
+gate keeps that rare. Jobs of a key with no room stay in the run table, on disk, and never
+block other keys' jobs (the selector skips the key). Once per step, :meth:`KeyLimits.look` asks
+Redis, in one call, how the keys asked about since the last look stand (runs holding a slot,
+jobs pushed and not yet claimed by any forwarder, starts in the rate's period, a quarantine
+after Redis lost its state); between looks the room is counted down locally as jobs are pushed
+(docs/forwarder.md, "Limits per key").
+
+A key never looked at has no room until the next look (a step away): the gate errs on the side
+of waiting. Without a Redis that can say (the memory transport, sharded queues), every key is
+open and the claims alone enforce the limits.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+from hybridq.errors import TransportError
+from hybridq.protocol.keylimits import Limits
+from hybridq.transport.base import KeyUse, Transport
+
+__all__ = ["LOOK_MAX", "KeyLimits", "KeyState"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The most keys one look reads (the others wait for the next step's).
+LOOK_MAX = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """A limit key as the last look saw it (for ``status``, metrics and ``doctor``)."""
+
+    key: str
+    policy: str
+    running: int
+    queued: int
+    started: int
+    quarantine_s: float
+    room: int
+    #: Since when (wall clock) the key has had no room while asked about; ``None``: it has room.
+    blocked_since: float | None
+
+
+class KeyLimits:
+    """The :class:`~hybridq.forwarder.selector.KeyGate` of the per-key limits.
+
+    Args:
+        limits: the policies (``--limit``).
+        transport: where the state is read (:meth:`Transport.key_use`).
+        lease_s: the forwarder's lease (a key's quarantine lasts at least one).
+    """
+
+    def __init__(self, limits: Limits, transport: Transport, lease_s: float) -> None:
+        self.limits = limits
+        self.transport = transport
+        self.lease_s = lease_s
+        self._room: dict[str, int] = {}
+        self._asked: dict[str, None] = {}
+        self._added: collections.Counter[str] = collections.Counter()
+        self._seen: dict[str, KeyState] = {}
+        self._open = False  # the transport cannot say: every key open
+
+    def room(self, key: str) -> int:
+        """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
+        if self._open or self.limits.of(key) is None:
+            return sys.maxsize
+        self._asked[key] = None
+        return max(0, self._room.get(key, 0))
+
+    def pushed(self, key: str, n: int) -> None:
+        """``n`` jobs of ``key`` were pushed: less room until the next look says otherwise."""
+        if self._open or self.limits.of(key) is None:
+            return
+        self._room[key] = self._room.get(key, 0) - n
+        self._added[key] += n
+
+    def look(self) -> None:
+        """Read the keys asked about (and add what was pushed) in one call; once per step.
+
+        Raises:
+            TransportError: Redis is down (the room stays as it was: nothing more is pushed).
+        """
+        if not self.limits or self._open or not (self._asked or self._added):
+            return
+        names = list(self._asked)[:LOOK_MAX]
+        names += [k for k in self._added if k not in self._asked]
+        periods = {}
+        for key in names:
+            limit = self.limits.of(key)
+            periods[key] = limit.period_ms if limit is not None else 0
+        uses = self.transport.key_use(periods, dict(self._added), lease_s=self.lease_s)
+        self._added.clear()
+        if uses is None:
+            self._open = True
+            log.info("the transport cannot report the limits' use: the workers' claims alone enforce them")
+            return
+        for key in names:
+            self._asked.pop(key, None)
+        now = time.time()
+        self._room = {k: v for k, v in self._room.items() if k in uses}
+        for key, use in uses.items():
+            self._room[key] = self._free(key, use)
+            self._note(key, use, now)
+
+    def _free(self, key: str, use: KeyUse) -> int:
+        limit = self.limits.of(key)
+        if limit is None:
+            return sys.maxsize
+        if use.quarantine_s > 0:
+            return 0
+        free = sys.maxsize
+        if limit.concurrency:
+            free = limit.concurrency - use.running - use.queued
+        if limit.rate:
+            free = min(free, limit.rate - use.started - use.queued)
+        return max(0, free)
+
+    def _note(self, key: str, use: KeyUse, now: float) -> None:
+        limit = self.limits.of(key)
+        before = self._seen.get(key)
+        room = self._room[key]
+        blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
+        self._seen[key] = KeyState(
+            key,
+            limit.text() if limit else "",
+            use.running,
+            use.queued,
+            use.started,
+            use.quarantine_s,
+            room,
+            blocked,
+        )
+        if len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest first
+            for old in list(self._seen)[: len(self._seen) - 4 * LOOK_MAX]:
+                del self._seen[old]
+
+    def states(self) -> list[KeyState]:
+        """The limit keys as the last looks saw them (at most a few thousand)."""
+        return list(self._seen.values())
+
+    def safe_look(self) -> None:
+        """:meth:`look`, a Redis outage logged at debug level (the push fails the same way)."""
+        try:
+            self.look()
+        except TransportError as exc:
+            log.debug("cannot read the limits' use: %s", exc)
