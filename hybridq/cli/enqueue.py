@@ -39,6 +39,19 @@ from hybridq.errors import EnvelopeError, HybridqError
     metavar="N",
     help="Up to N attempts (backoff 1 s, doubling).",
 )
+@click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    default=0,
+    show_default=True,
+    help="0-9: among a queue's waiting jobs, higher is forwarded first (docs/api.md).",
+)
+@click.option(
+    "--limit-key",
+    default=None,
+    metavar="KEY",
+    help="The key the forwarder's limits and fairness count the job under, e.g. tenant:42.",
+)
 @click.argument("func")
 @click.argument("args", nargs=-1)
 @click.pass_context
@@ -50,6 +63,8 @@ def enqueue(
     delay: float | None,
     kwargs_json: str | None,
     retry: int | None,
+    priority: int,
+    limit_key: str | None,
     func: str,
     args: tuple[str, ...],
 ) -> None:
@@ -64,6 +79,7 @@ def enqueue(
       hybridq enqueue tasks.add 1 2
       hybridq enqueue emails.send '"ada@example.com"' --key welcome:ada --queue emails
       hybridq enqueue reports.build --kwargs '{"month": "2026-11"}' --delay 60 --retry 3
+      hybridq enqueue billing.charge 42 --priority 9 --limit-key tenant:42
     """
     from hybridq.envelope.model import Retry  # noqa: PLC0415
     from hybridq.envelope.tagged import decode_call  # noqa: PLC0415
@@ -94,6 +110,8 @@ def enqueue(
             idempotency_key=key,
             delay=delay,
             retry=Retry(max_attempts=retry) if retry else None,
+            priority=priority,
+            limit_key=limit_key,
         )
     except (HybridqError, OSError) as exc:
         _fail(ctx, exc)

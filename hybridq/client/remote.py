@@ -68,6 +68,10 @@ def body_of(env: Envelope) -> dict[str, Any]:
         body["delay"] = max(0.0, env.run_at - env.created_at)
     if env.retry is not None:
         body["retry"] = env.retry.to_json()
+    if env.priority:
+        body["priority"] = env.priority
+    if env.limit_key is not None:
+        body["limit_key"] = env.limit_key
     return body
 
 

@@ -161,6 +161,14 @@ def _fast_json(env: Envelope) -> str | None:
         parts += (',"tags":', int.__repr__(env.tags))
     if env.trace is not None:
         parts += (',"trace":', *values(dict(env.trace), 0))
+    if env.priority:
+        if type(env.priority) is not int:
+            return None
+        parts += (',"priority":', int.__repr__(env.priority))
+    if env.limit_key is not None:
+        if type(env.limit_key) is not str:
+            return None
+        parts += (',"limit_key":', _str(env.limit_key))
     if env.signature is not None:
         if type(env.signature) is not str:
             return None

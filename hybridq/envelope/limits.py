@@ -23,7 +23,9 @@ from hybridq.errors import ValueRefused as Refused  # the one class, in hybridq.
 __all__ = [
     "MAX_ATTEMPTS",
     "MAX_DECIMAL_DIGITS",
+    "MAX_LIMIT_KEY",
     "MAX_NESTING",
+    "MAX_PRIORITY",
     "MAX_REQUEUE",
     "MAX_SAME_HASH",
     "MAX_SECONDS",
@@ -39,9 +41,11 @@ __all__ = [
     "is_int",
     "is_number",
     "key_text",
+    "limit_key",
     "opt_duration",
     "opt_finite",
     "opt_str",
+    "priority",
     "requeue_count",
     "tags_version",
     "text_map",
@@ -61,6 +65,10 @@ MAX_TIMESTAMP = 253402300799.0
 #: The most runs a retry policy may allow (the run number ``requeue * 100000 + attempt`` that
 #: orders deliveries in Redis needs attempts below 100000).
 MAX_ATTEMPTS = 10000
+#: The highest priority a job may have (0, the default, is the lowest; higher runs first).
+MAX_PRIORITY = 9
+#: The longest limit key (characters): printable, no whitespace.
+MAX_LIMIT_KEY = 200
 #: The most times one job may be requeued (run numbers stay exact in Redis's Lua doubles).
 MAX_REQUEUE = 2**31 - 1
 
@@ -104,6 +112,34 @@ def tags_version(value: object) -> int:
     if not is_int(value) or value < 0:  # type: ignore[operator]
         raise ValueError(f"tags must be an integer >= 0, not {value!r:.60}")
     return value  # type: ignore[return-value]
+
+
+def priority(value: object) -> int:
+    """A job's priority: an integer from 0 to :data:`MAX_PRIORITY` (higher is forwarded first)."""
+    if not is_int(value) or not 0 <= value <= MAX_PRIORITY:  # type: ignore[operator]
+        raise EnvelopeError(f"priority must be an integer from 0 to {MAX_PRIORITY}, not {value!r:.60}")
+    return value  # type: ignore[return-value]
+
+
+def limit_key(value: object) -> str | None:
+    """``None`` or a limit key: 1 to :data:`MAX_LIMIT_KEY` printable characters, no whitespace.
+
+    The key names a job's tenant or resource for the forwarder's limits and fairness
+    (docs/api.md, "Priorities, limit keys and fairness"); it is a name in logs, metrics and a
+    run-table column, so it is kept short and plain.
+    """
+    if value is None:
+        return None
+    if (
+        type(value) is not str
+        or not 0 < len(value) <= MAX_LIMIT_KEY
+        or not value.isprintable()
+        or any(ch.isspace() for ch in value)
+    ):
+        raise EnvelopeError(
+            f"limit_key must be 1-{MAX_LIMIT_KEY} printable characters without whitespace, not {value!r:.60}"
+        )
+    return value
 
 
 def text_map(name: str, value: object) -> dict[str, str] | None:

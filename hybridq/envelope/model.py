@@ -61,9 +61,11 @@ from hybridq.envelope.limits import (
     is_int,
     is_number,
     key_text,
+    limit_key,
     opt_duration,
     opt_finite,
     opt_str,
+    priority,
     requeue_count,
     tags_version,
     text_map,
@@ -96,7 +98,7 @@ _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _DOTTED = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _KNOWN = frozenset(
     {"v", "id", "func", "args", "kwargs", "queue", "key", "created_at", "timeout", "result_ttl", "run_at"}
-    | {"retry", "description", "meta", "requeue", "tags", "trace", "sig"}
+    | {"retry", "description", "meta", "requeue", "tags", "trace", "sig", "priority", "limit_key"}
 )
 
 
@@ -294,6 +296,10 @@ class Envelope:
     #: The trace context of the enqueue span (W3C ``traceparent`` and what else the application's
     #: propagator writes: :mod:`hybridq.tracing`), ``None`` when no tracer was configured.
     trace: Mapping[str, str] | None = None
+    #: 0 to 9, higher forwarded first (docs/api.md, "Priorities, limit keys and fairness").
+    priority: int = 0
+    #: The key the forwarder's limits and fairness count the job under (``None``: none).
+    limit_key: str | None = None
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -353,6 +359,10 @@ class Envelope:
             out["tags"] = self.tags
         if self.trace is not None:
             out["trace"] = dict(self.trace)
+        if self.priority:
+            out["priority"] = self.priority
+        if self.limit_key is not None:
+            out["limit_key"] = self.limit_key
         if self.signature is not None:
             out["sig"] = self.signature
         return out
@@ -427,6 +437,8 @@ class Envelope:
                 signature=opt_str("sig", obj.get("sig")),
                 tags=tags_version(obj.get("tags", 0)),
                 trace=text_map("trace", obj.get("trace")),
+                priority=priority(obj.get("priority", 0)),
+                limit_key=limit_key(obj.get("limit_key")),
                 extra={k: v for k, v in obj.items() if k not in _KNOWN},
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows

@@ -3,8 +3,11 @@
 The forwarder pushes a job as it reads it only while the job's queue has room in its window and
 nothing of that queue waits before it; every other job is indexed in the run table
 (:mod:`hybridq.forwarder.runs`) and waits there, on disk. :meth:`Backlog.refill` (each step,
-after the harvest: outcomes make room) pushes the oldest waiting jobs of every queue with room,
-in their order, under the memory gate (:class:`~hybridq.forwarder.window.MemoryGate`). A push
+after the harvest: outcomes make room) pushes waiting jobs of every queue with room, in the
+order :class:`~hybridq.forwarder.selector.Selector` picks them (priority, aging, fair keys),
+under the memory gate (:class:`~hybridq.forwarder.window.MemoryGate`). Every push path (the
+read-time :meth:`Backlog.take`, :meth:`Backlog.refill`, :meth:`Backlog.admit`) asks the key
+gate (:class:`~hybridq.forwarder.selector.KeyGate`, the limits) for a job with a limit key. A push
 is tried once: Redis down or full leaves the rows for a later step, and the step goes on to
 harvest (docs/forwarder.md, "The window").
 
@@ -15,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
 from hybridq.forwarder.records import first_delivery, read_held
 from hybridq.forwarder.runs import RunTable
+from hybridq.forwarder.selector import KeyGate, Lanes, Selector, Unlimited
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.window import MemoryGate, Windows
 from hybridq.ledger.checkpoint import Held
@@ -41,6 +46,8 @@ class Backlog:
         state: the forwarder's durable state (the run table is its :attr:`ForwarderState.runs`).
         transport: where jobs go.
         clock: monotonic time (replaced in tests).
+        gate: the limits per limit key (default: none).
+        lanes: the fair keys (default: none).
     """
 
     def __init__(
@@ -49,9 +56,16 @@ class Backlog:
         transport: Transport,
         *,
         clock: Callable[[], float] = time.monotonic,
+        gate: KeyGate | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         self.state = state
         self.transport = transport
+        self.keys: KeyGate = gate if gate is not None else Unlimited()
+        #: Picks the rows each refill pushes (priority, aging, fair keys, the key gate).
+        self.selector = Selector(state.runs, self.keys, lanes)
+        #: Queues whose last pick found fewer rows than it had room for (the gate held the rest).
+        self._short: set[str] = set()
         self.windows = Windows(state.config, clock)
         self.gate = MemoryGate(state.config, clock)
         #: Jobs pushed from the run table since start.
@@ -93,13 +107,28 @@ class Backlog:
         """How many of ``queue``'s jobs may go to Redis now."""
         return min(self.windows.room(queue), self.gate.room())
 
-    def take(self, queue: str) -> bool:
-        """Whether a job of ``queue`` just read goes straight to Redis (counted if it does)."""
-        if self.runs.waiting(queue) or self.room(queue) <= 0:
+    def take(self, queue: str, key: str | None = None) -> bool:
+        """Whether a job of ``queue`` just read goes straight to Redis (counted if it does).
+
+        Only while nothing of its queue waits on disk: a job read now never overtakes a waiting
+        one of higher priority. A job of limit key ``key`` goes only while the key gate has room
+        (counted until :meth:`sent` after the batch's push).
+        """
+        if self.runs.waiting(queue) or self.room(queue) <= 0 or not self.selector.fits(key):
             return False
         self.windows.of(queue).pushed(1)
         self.gate.pushed(1)
         return True
+
+    def begin(self) -> None:
+        """A new batch of reads: the key gate is asked again (what :meth:`take` counted is dropped)."""
+        self.selector.begin()
+
+    def sent(self, deliveries: Iterable[Delivery]) -> None:
+        """Tell the key gate that ``deliveries`` were pushed (the transport accepted them)."""
+        keys = Counter(d.envelope.limit_key for d in deliveries if d.envelope.limit_key)
+        for key, n in keys.items():
+            self.keys.pushed(key, n)
 
     def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Those of ``deliveries`` the windows have room for now; counted as pushed.
@@ -111,12 +140,16 @@ class Backlog:
         if unseen:
             self.look(sorted(unseen))
         out: list[Delivery] = []
+        self.selector.begin()
         for d in deliveries:
             queue = d.envelope.queue
-            if self.room(queue) > 0:
+            if self.room(queue) > 0 and self.selector.fits(d.envelope.limit_key):
                 self.windows.of(queue).pushed(1)
                 self.gate.pushed(1)
                 out.append(d)
+        # Counted as pushed now, as the windows are: the push follows at once, and one that
+        # fails leaves the job to be found again (the key's room is under-used, never over).
+        self.sent(out)
         return out
 
     def paused(self, exc: RedisFull) -> None:
@@ -130,6 +163,7 @@ class Backlog:
         goes on (harvesting frees Redis's memory and makes room).
         """
         self.more = False
+        self._short.clear()
         done = 0
         for queue in sorted(self.runs.counts):
             while self.runs.waiting(queue):
@@ -140,16 +174,22 @@ class Backlog:
                 if pushed is None:
                     return done
                 done += pushed
-        self.more = any(self.runs.waiting(q) and self.room(q) > 0 for q in self.runs.counts)
+                if queue in self._short:
+                    break  # the key gate holds the rest: they wait on disk
+        self.more = any(
+            self.runs.waiting(q) and self.room(q) > 0 and q not in self._short for q in self.runs.counts
+        )
         self.oldest = {q: t for q in list(self.runs.counts) if (t := self.runs.oldest(q)) is not None}
         return done
 
     def _push_head(self, queue: str, n: int) -> int | None:
-        """Push the first ``n`` rows of ``queue``; ``None`` if the transport refused them."""
-        rows = self.runs.head(queue, n)
+        """Push the ``n`` rows of ``queue`` the selector picks; ``None`` if the transport refused them."""
+        rows = self.selector.pick(queue, n)
+        if len(rows) < n:
+            self._short.add(queue)
         index = self.state.index
         batch: list[Delivery] = []
-        for loc, order in rows:
+        for loc, order, _ in rows:
             if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
                 continue  # settled while it waited (cancelled, or finished after a lost row delete)
             env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
@@ -158,8 +198,9 @@ class Backlog:
         if batch and not self._try_push(batch):
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).
-        self.runs.remove(queue, [loc for loc, _ in rows])
+        self.runs.remove(queue, [row[0] for row in rows])
         self.runs.commit()
+        self.sent(batch)
         self.windows.of(queue).pushed(len(batch))
         self.gate.pushed(len(batch))
         self.refilled += len(batch)

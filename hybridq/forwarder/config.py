@@ -107,6 +107,9 @@ class ForwarderConfig:
         limits: the per-key limits: ``PATTERN=SPEC`` strings (as ``--limit``), a mapping of
             pattern to spec, or :class:`~hybridq.protocol.keylimits.Limits`; read as
             :attr:`key_limits` (docs/forwarder.md, "Limits per key").
+        fair_keys: globs on the limit key (``'tenant:*'``, ``'tenant:big=3'`` with a weight):
+            the waiting jobs of each matching key are taken round robin (docs/forwarder.md,
+            "Priorities and fairness"); checked by :func:`hybridq.forwarder.selector.parse_fair_keys`.
     """
 
     batch_size: int = 500
@@ -130,6 +133,7 @@ class ForwarderConfig:
     on_durable_write: Callable[[float], None] | None = None
     stats_every_s: float = DEFAULT_STATS_EVERY_S
     limits: Limits | Mapping[str, str] | Sequence[str] | None = None
+    fair_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, str):

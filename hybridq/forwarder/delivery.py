@@ -25,6 +25,7 @@ from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.records import decode_job, first_delivery, read_held
+from hybridq.forwarder.runs import Row
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
 from hybridq.ledger.checkpoint import Checkpoint, Held
@@ -92,8 +93,9 @@ class Deliverer:
         done = indexed = 0
         self.behind = False
         batch: list[Delivery] = []
-        spill: list[tuple[Loc, str, float]] = []
+        spill: list[Row] = []
         self.backlog.look()
+        self.backlog.begin()
         for record in reader.records():
             loc = (record.writer_id, record.segment_index, record.offset)
             if self.state.index.is_terminal(loc) or loc in self.state.index.duplicates:
@@ -113,10 +115,10 @@ class Deliverer:
                 pass  # a duplicate: recorded, never pushed
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
-            elif self.backlog.take(env.queue):
+            elif self.backlog.take(env.queue, env.limit_key):
                 batch.append(self._delivery(env, loc))
-            else:
-                spill.append((loc, env.queue, env.created_at))  # waits on disk (docs/forwarder.md)
+            else:  # waits on disk (docs/forwarder.md)
+                spill.append(_row(loc, env))
             if max(len(batch), len(spill), self.admission.waiting) >= self.config.batch_size:
                 indexed += len(spill)
                 done += self._deliver(batch, spill)
@@ -159,14 +161,14 @@ class Deliverer:
             loc = (h.writer_id, h.segment, h.offset)
             env = None if index.is_terminal(loc) else read_held(self.state, h)
             if env is not None:
-                runs.add([(loc, env.queue, h.run_at)])
+                runs.add([_row(loc, env, h.run_at)])
         # Only now that the run table has them (fsync'd) may they leave the durable checkpoint.
         runs.commit()
         self.state.release_held(due)
         self.save(0)
         return 0
 
-    def _deliver(self, batch: list[Delivery], spill: list[tuple[Loc, str, float]]) -> int:
+    def _deliver(self, batch: list[Delivery], spill: list[Row]) -> int:
         """Push a batch, index the rest; then move the checkpoint to the reader's position (never before)."""
         # The admission's entries are durable before the checkpoint moves past their records.
         self.admission.flush()
@@ -179,8 +181,20 @@ class Deliverer:
                 # Waiting for memory must not hold back the harvest that frees it: the batch
                 # waits in the run table instead, and the refill pushes it once there is room.
                 self.backlog.paused(exc)
-                runs.add((d.loc, d.envelope.queue, d.envelope.created_at) for d in batch)
+                runs.add(
+                    (
+                        d.loc,
+                        d.envelope.queue,
+                        d.envelope.created_at,
+                        d.envelope.priority,
+                        d.envelope.limit_key or "",
+                    )
+                    for d in batch
+                )
                 batch = []
+            else:
+                self.backlog.sent(batch)
+        self.backlog.begin()  # the key gate counted what went: ask it afresh
         # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
         runs.commit()
         self.state.advance(self.reader.position)
@@ -189,3 +203,8 @@ class Deliverer:
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
         return first_delivery(self.state, env, loc)
+
+
+def _row(loc: Loc, env: Envelope, order: float | None = None) -> Row:
+    """The run table's row of a job that waits on disk (its order: acceptance, or ``run_at``)."""
+    return (loc, env.queue, env.created_at if order is None else order, env.priority, env.limit_key or "")

@@ -47,6 +47,7 @@ from hybridq.forwarder.delivery import Deliverer
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
+from hybridq.forwarder.selector import Lanes, parse_fair_keys
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
@@ -113,6 +114,7 @@ class Forwarder:
             raise TypeError("give the options either as a ForwarderConfig or as keywords, not both")
         # ConfigError or ValueError before anything is created.
         self.config = config if config is not None else ForwarderConfig(**options)
+        lanes = Lanes(parse_fair_keys(self.config.fair_keys))
         # The forwarder may start before any producer has: it creates the directory (0700).
         self.journal = ensure_journal_dir(journal)
         self.transport = transport
@@ -156,7 +158,7 @@ class Forwarder:
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
-        self.backlog = Backlog(self.state, transport)
+        self.backlog = Backlog(self.state, transport, lanes=lanes)
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.harvester.forgetting = self._forgetting
@@ -223,6 +225,7 @@ class Forwarder:
             for torn in report.repaired:
                 log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
             self.state.load()
+            self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
             self.completions.open()
             try:  # before the first push, so the checkpoint it saves has the epoch
                 self._check_epoch()

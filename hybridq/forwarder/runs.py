@@ -2,9 +2,14 @@
 
 A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (WAL, ``synchronous=FULL``,
 0600). One row per job read while its queue's window in Redis was full (docs/forwarder.md, "The
-window"): where its record is (the journal stays the only copy of the job), its queue, and the
-order it runs in (when it was accepted, or came due). Nothing about it is kept in memory but a
+window"): where its record is (the journal stays the only copy of the job), its queue, the
+order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none)
+and its lane (the fair key it is taken round robin under, '' for none:
+:mod:`hybridq.forwarder.selector` picks the rows). Nothing about it is kept in memory but a
 count per queue: the backlog costs about 100 bytes of disk per job and no RAM.
+
+A file written before priorities existed (no ``prio`` column) gets the columns added when it is
+opened (its rows read as priority 0, no key: they were spilled by a version that ignored both).
 
 The rules that keep a job from being lost or pushed twice:
 
@@ -30,13 +35,13 @@ import errno
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from hybridq.errors import JournalIOError
 from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.transport.base import Loc
 
-__all__ = ["RUNS_DIR", "RunTable"]
+__all__ = ["RUNS_DIR", "Row", "RunTable"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -51,9 +56,30 @@ CREATE TABLE IF NOT EXISTS runs (
     chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
     queue TEXT NOT NULL,
     ord REAL NOT NULL,
+    prio INTEGER NOT NULL DEFAULT 0,
+    lkey TEXT NOT NULL DEFAULT '',
+    lane TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS ready ON runs(queue, ord);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
+#: The selection's indexes (covering: a limit key the gate refuses is skipped inside the index).
+#: ``aged``: each queue's rows in age order; ``picked``: each lane's rows by priority, then age.
+_INDEXES = """
+DROP INDEX IF EXISTS ready;
+CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, lkey);
+CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, lkey);
+"""
+#: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
+_ADDED = (
+    ("prio", "INTEGER NOT NULL DEFAULT 0"),
+    ("lkey", "TEXT NOT NULL DEFAULT ''"),
+    ("lane", "TEXT NOT NULL DEFAULT ''"),
+)
+
+_DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ? RETURNING prio"
+
+#: One row as :meth:`RunTable.add` takes it: location, queue, order, priority, limit key ('' none).
+Row = tuple[Loc, str, float, int, str]
 
 
 class RunTable:
@@ -64,6 +90,10 @@ class RunTable:
         self._db: sqlite3.Connection | None = None
         #: Waiting jobs per queue (rows), kept with every change.
         self.counts: dict[str, int] = {}
+        #: Waiting jobs per queue and priority (what stats show; a dozen numbers per queue).
+        self.prios: dict[str, dict[int, int]] = {}
+        #: The lane of a limit key (the selector sets it: '' unless the key is a fair key).
+        self.lane_of: Callable[[str], str] = _no_lane
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
@@ -98,6 +128,8 @@ class RunTable:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
         db.executescript(_SCHEMA)
+        _migrate(db)
+        db.executescript(_INDEXES)
         # The file and its WAL exist now: their entries are durable before any row is trusted
         # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
         OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
@@ -141,24 +173,54 @@ class RunTable:
         """Waiting jobs of ``queue``."""
         return self.counts.get(queue, 0)
 
-    def add(self, rows: Iterable[tuple[Loc, str, float]]) -> None:
-        """Insert ``(loc, queue, ord)`` rows (an existing row is kept): durable at :meth:`commit`."""
+    def add(self, rows: Iterable[Row]) -> None:
+        """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`."""
         with self._errors():
             db = self.db
-            for (chain, seg, off), queue, order in rows:
+            lane_of = self.lane_of
+            for (chain, seg, off), queue, order, prio, key in rows:
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?)", (chain, seg, off, queue, order)
+                    "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (chain, seg, off, queue, order, prio, key, lane_of(key) if key else ""),
                 )
                 if cur.rowcount:
                     self.counts[queue] = self.counts.get(queue, 0) + 1
+                    by = self.prios.setdefault(queue, {})
+                    by[prio] = by.get(prio, 0) + 1
 
-    def head(self, queue: str, n: int) -> list[tuple[Loc, float]]:
-        """The first ``n`` waiting jobs of ``queue``, in their order."""
+    def select(self, sql: str, params: Sequence[object]) -> list[tuple[Loc, float, str]]:
+        """``(loc, ord, lkey)`` of the rows a selector's query (``chain, seg, off, ord, lkey``) finds."""
         with self._errors():
-            rows = self.db.execute(
-                "SELECT chain, seg, off, ord FROM runs WHERE queue = ? ORDER BY ord LIMIT ?", (queue, n)
-            )
-            return [((chain, int(seg), int(off)), float(order)) for chain, seg, off, order in rows]
+            rows = self.db.execute(sql, params)
+            return [((chain, int(seg), int(off)), float(order), key) for chain, seg, off, order, key in rows]
+
+    def next_lane(self, queue: str, after: str | None) -> str | None:
+        """The lane of ``queue`` after ``after`` (``None``: its first), ``None`` past the last."""
+        with self._errors():
+            if after is None:
+                row = self.db.execute("SELECT min(lane) FROM runs WHERE queue = ?", (queue,)).fetchone()
+            else:
+                row = self.db.execute(
+                    "SELECT min(lane) FROM runs WHERE queue = ? AND lane > ?", (queue, after)
+                ).fetchone()
+            return None if row is None or row[0] is None else str(row[0])
+
+    def lanes(self, lane_of: Callable[[str], str], signature: str) -> None:
+        """Use ``lane_of`` for new rows, and relane the rows if the fair keys changed since.
+
+        ``signature`` names the fair keys; a file whose rows were laned under others is laned
+        again once (O(rows), at start only), so that every row's lane matches ``lane_of``.
+        """
+        self.lane_of = lane_of
+        with self._errors():
+            db = self.db
+            row = db.execute("SELECT value FROM meta WHERE name = 'lanes'").fetchone()
+            if (row[0] if row else "") == signature:
+                return
+            db.create_function("hq_lane", 1, lambda key: lane_of(key) if key else "", deterministic=True)
+            db.execute("UPDATE runs SET lane = hq_lane(lkey) WHERE lane != hq_lane(lkey)")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('lanes', ?)", (signature,))
+        self.commit()
 
     def oldest(self, queue: str) -> float | None:
         """The order (a Unix time) of ``queue``'s first waiting job, if any."""
@@ -170,14 +232,21 @@ class RunTable:
         """Delete rows of ``queue`` (pushed, or terminal): durable at :meth:`commit`."""
         with self._errors():
             db = self.db
+            by = self.prios.setdefault(queue, {})
             for chain, seg, off in locs:
-                cur = db.execute(
-                    "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?", (chain, seg, off)
-                )
-                if cur.rowcount:
+                row = db.execute(
+                    "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ? RETURNING prio",
+                    (chain, seg, off),
+                ).fetchone()
+                if row is not None:
                     self.counts[queue] = self.counts.get(queue, 0) - 1
+                    by[row[0]] = by.get(row[0], 0) - 1
+                    if not by[row[0]]:
+                        del by[row[0]]
             if self.counts.get(queue) == 0:
                 del self.counts[queue]
+            if not by:
+                del self.prios[queue]
 
     def contains(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
@@ -199,7 +268,10 @@ class RunTable:
         if db.in_transaction:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
-        self.counts = {q: int(n) for q, n in db.execute("SELECT queue, count(*) FROM runs GROUP BY queue")}
+        self.counts, self.prios = {}, {}
+        for q, prio, n in db.execute("SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio"):
+            self.counts[q] = self.counts.get(q, 0) + int(n)
+            self.prios.setdefault(q, {})[int(prio)] = int(n)
 
     def commit(self) -> None:
         """Make every change since the last commit durable (fsync), and begin the next."""
@@ -208,3 +280,15 @@ class RunTable:
             if db.in_transaction:
                 db.execute("COMMIT")
             db.execute("BEGIN")
+
+
+def _no_lane(key: str) -> str:  # noqa: ARG001 - a lane function's signature
+    return ""
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the columns a file written before priorities lacks (its rows: priority 0, no key)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED:
+        if name not in have:
+            db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")

@@ -84,7 +84,7 @@ __all__ = ["FIELDS", "Api", "BodyTooLarge"]
 log = logging.getLogger("hybridq.http")
 
 #: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
-FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry"})
+FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry", "priority", "limit_key"})
 #: The response header that names the answering node (:mod:`hybridq.http.node`).
 NODE_HEADER = "Hybridq-Node"
 
@@ -253,6 +253,8 @@ class Api:
             else key_job_id(key, scope, self.node),
             delay=delay,
             retry=retry_of(body.get("retry")),
+            priority=body.get("priority", 0),  # checked by prepare: one-line EnvelopeError, a 400
+            limit_key=body.get("limit_key"),
         )
         # One validated path for every queue name (no Queue object per name: its checks are
         # the name's, the rest are the committer's defaults).

@@ -32,6 +32,7 @@ import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, KeyReused
@@ -95,14 +96,19 @@ def owned_by(env: Envelope, scope: str) -> bool:
 
 
 def fingerprint(env: Envelope) -> bytes:
-    """What a retry must repeat: the call (function, queue, arguments), its delay and retry, hashed.
+    """What a retry must repeat: the call, its delay, retry, priority and limit key, hashed.
+
+    The priority and limit key count only when set: keys stored before they existed still match.
 
     The delay is read back from the envelope (``run_at - created_at``, to the millisecond): the
     journal keeps when the job may run, not the number the POST sent.
     """
     delay = 0 if env.run_at is None else max(0, round((env.run_at - env.created_at) * 1000))
     retry = None if env.retry is None else env.retry.to_json()
-    whole = json.dumps([call_fingerprint(env), delay, retry], sort_keys=True)
+    parts: list[Any] = [call_fingerprint(env), delay, retry]
+    if env.priority or env.limit_key is not None:
+        parts += (env.priority, env.limit_key)
+    whole = json.dumps(parts, sort_keys=True)
     return hashlib.blake2b(whole.encode(), digest_size=16).digest()
 
 

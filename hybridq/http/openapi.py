@@ -231,6 +231,20 @@ def document(version: str) -> dict[str, Any]:
                         "kwargs": {"type": "object", "default": {}, "description": _TAGGED},
                         "queue": {"type": "string", "default": "default"},
                         "delay": {"type": "number", "minimum": 0, "description": "Seconds before it runs."},
+                        "priority": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": 9,
+                            "default": 0,
+                            "description": "Among a queue's waiting jobs, higher is forwarded first.",
+                        },
+                        "limit_key": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 200,
+                            "description": "The key the forwarder's limits and fairness count the job "
+                            "under (printable, no whitespace), e.g. tenant:42.",
+                        },
                         "retry": {
                             "oneOf": [
                                 {"type": "integer", "minimum": 1, "description": "Total attempts."},

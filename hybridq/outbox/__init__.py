@@ -93,7 +93,8 @@ class Outbox:
         """Insert the job ``f(*args, **kwargs)`` on ``conn``, in its open transaction; return its id.
 
         The keyword options are ``Queue.enqueue``'s (``job_timeout``, ``result_ttl``,
-        ``description``, ``meta``, ``retry``, ``job_id``, ``delay``, ``run_at``), with the same
+        ``description``, ``meta``, ``retry``, ``job_id``, ``delay``, ``run_at``, ``priority``,
+        ``limit_key``), with the same
         validation: bad input raises (``EnvelopeError``, ``NotSerializable``, ``RecordTooLarge``)
         before anything is written. The row commits or rolls back with the caller's transaction.
 

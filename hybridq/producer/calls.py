@@ -24,7 +24,10 @@ from hybridq.security import allow
 
 __all__ = ["split_call", "task_path"]
 
-_OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
+_OPTIONS = (
+    *("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at"),
+    *("priority", "limit_key"),
+)
 #: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
 #: the function (which would then fail in the worker).
 _RQ_ONLY_OPTIONS = frozenset(

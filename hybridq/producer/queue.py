@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from hybridq.client.queue import Remote, remote_for
+from hybridq.envelope.limits import limit_key as check_limit_key
+from hybridq.envelope.limits import priority as check_priority
 from hybridq.envelope.model import (
     Envelope,
     Retry,
@@ -230,7 +232,9 @@ class Queue:
 
         Like ``rq.Queue.enqueue``, these keyword arguments are options, not the function's:
         ``job_timeout``, ``result_ttl``, ``description``, ``meta``, ``retry``, ``job_id``,
-        ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
+        ``delay`` (seconds or a timedelta), ``run_at`` (a datetime or Unix time), ``priority``
+        (0-9, higher forwarded first) and ``limit_key`` (the key the forwarder's limits and
+        fairness count the job under: docs/api.md). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
         if not kwargs:
@@ -407,6 +411,8 @@ class Queue:
         job_id: str | None = None,
         delay: float | dt.timedelta | None = None,
         run_at: float | dt.datetime | None = None,
+        priority: int = 0,
+        limit_key: str | None = None,
     ) -> Envelope:
         """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
 
@@ -459,6 +465,10 @@ class Queue:
         )
         if tags:
             env.tags = tags
+        if priority:
+            env.priority = check_priority(priority)
+        if limit_key is not None:
+            env.limit_key = check_limit_key(limit_key)
         carrier = enqueue_carrier(job, path, self.name)  # None, at a look-up's cost, untraced
         if carrier is not None:
             env.trace = carrier

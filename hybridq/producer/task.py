@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from hybridq.envelope.limits import limit_key, priority
 from hybridq.envelope.model import function_path, validate_queue_name
 from hybridq.job import Job
 from hybridq.producer.queue import Queue
@@ -72,6 +73,10 @@ def task(
     """
     if isinstance(queue, str):
         validate_queue_name(queue)
+    if "priority" in options:
+        priority(options["priority"])  # refused at import, not at the first delay()
+    if "limit_key" in options:
+        limit_key(options["limit_key"])
 
     def wrap(func: Callable[P, R]) -> Task[P, R]:
         return Task(func, queue, journal, options)

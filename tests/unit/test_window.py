@@ -344,5 +344,5 @@ def test_a_run_table_error_after_open_is_one_line_not_a_traceback(journal_dir: P
     table.open()
     table.db.execute("DROP TABLE runs")  # what a damaged file or a failing disk looks like here
     with pytest.raises(JournalIOError, match=r"the run table failed on .*runs\.sqlite: no such table"):
-        table.add([(("w", 0, 64), "default", 1.0)])
+        table.add([(("w", 0, 64), "default", 1.0, 0, "")])
     table.close()
