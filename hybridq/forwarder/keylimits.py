@@ -67,6 +67,7 @@ class KeyLimits:
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
+        self._looked = False
 
     def room(self, key: str) -> int:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
@@ -88,8 +89,9 @@ class KeyLimits:
         Raises:
             TransportError: Redis is down (the room stays as it was: nothing more is pushed).
         """
-        if not self.limits or self._open or not (self._asked or self._added):
+        if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
             return
+        self._looked = True  # the first look starts the limits' epoch on a new Redis at once
         names = list(self._asked)[:LOOK_MAX]
         names += [k for k in self._added if k not in self._asked]
         periods = {}

@@ -158,7 +158,9 @@ class Forwarder:
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
-        self.backlog = Backlog(self.state, transport, lanes=lanes)
+        self.backlog = Backlog(
+            self.state, transport, lanes=lanes, gate=self.key_limits if self.config.key_limits else None
+        )
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.harvester.forgetting = self._forgetting

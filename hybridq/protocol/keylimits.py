@@ -128,5 +128,4 @@ def _split(item: str) -> tuple[str, str]:
 
 def limit_key_of(env: Envelope) -> str | None:
     """The job's limit key (``enqueue(..., limit_key=...)``), ``None`` if it names none."""
-    key = getattr(env, "limit_key", None)
-    return key if isinstance(key, str) else None
+    return env.limit_key

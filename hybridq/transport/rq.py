@@ -399,8 +399,6 @@ class RQTransport(Transport):
         self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
     ) -> dict[str, KeyUse] | None:
         """Each limit key's use, in one script call (see :meth:`Transport.key_use`)."""
-        if not periods:
-            return {}
         if self._key_use is None:
             self._key_use = self.connection.register_script(rq_limits.KEY_USE)
         try:

@@ -49,7 +49,8 @@ for i = 2, #ARGV, 3 do
     end
     local quiet = lease
     if period > quiet then quiet = period end
-    out[#out + 1] = {{running, tonumber(redis.call("GET", at .. "queued") or "0"), started,
+    local queued = math.max(0, tonumber(redis.call("GET", at .. "queued") or "0"))
+    out[#out + 1] = {{running, queued, started,
         math.max(0, since + quiet - now)}}
 end
 return out

@@ -13,7 +13,9 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   slot frees when its lease would have lapsed;
 * ``starts``: a sorted set of the starts of the last period (the rate's sliding log);
 * ``queued``: how many jobs of the key the forwarders pushed that no claim took yet (the
-  forwarders' gate reads it, so it pushes no more than the room; it expires on its own);
+  forwarders' gate reads it, so it pushes no more than the room). Forwarders add, claims take
+  off, in either order (it may be below zero for a moment); it expires two leases after the
+  last push, so jobs that never reach a claim (cancelled, lost with Redis) stop counting;
 * ``ended``: the runs whose outcome was stored, for a minute, so that a renewal sent before
   the outcome does not give the slot back to a finished run.
 
@@ -82,8 +84,11 @@ local function limit_admit(lim, token, lease_ms, server)
     end
     return nil
 end
-local function limit_gone(lim)
-    if tonumber(redis.call("GET", lim.queued) or "0") > 0 then redis.call("DECR", lim.queued) end
+-- A job of the key left its queue (claimed or refused). The count may go below zero for a
+-- moment: a forwarder adds what it pushed at its next step, often after the claims.
+local function limit_gone(lim, lease_ms)
+    redis.call("DECR", lim.queued)
+    if redis.call("PTTL", lim.queued) < 0 then redis.call("PEXPIRE", lim.queued, 2 * lease_ms) end
 end
 local function limit_hold(lim, token, lease_ms)
     local now = limit_now()
@@ -94,7 +99,7 @@ local function limit_hold(lim, token, lease_ms)
             redis.call("ZADD", lim.starts, now, token)
             redis.call("PEXPIRE", lim.starts, lim.p + 1000)
         end
-        limit_gone(lim)
+        limit_gone(lim, lease_ms)
     end
 end
 local function limit_renew(lim, token, lease_ms, server)

@@ -140,7 +140,7 @@ local function claim(K, A, server)
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
-            limit_gone(lim)
+            limit_gone(lim, tonumber(A[2]))
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
             end
