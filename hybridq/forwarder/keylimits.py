@@ -17,10 +17,12 @@ open and the claims alone enforce the limits.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from hybridq.errors import TransportError
 from hybridq.protocol.keylimits import Limits
@@ -32,6 +34,8 @@ log = logging.getLogger("hybridq.forwarder")
 
 #: The most keys one look reads (the others wait for the next step's).
 LOOK_MAX = 2000
+#: A key not looked at for this long (no job of it waits) leaves the figures.
+SEEN_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,8 @@ class KeyState:
     room: int
     #: Since when (wall clock) the key has had no room while asked about; ``None``: it has room.
     blocked_since: float | None
+    #: When it was looked at (wall clock).
+    at: float
 
 
 class KeyLimits:
@@ -83,14 +89,16 @@ class KeyLimits:
         self._room[key] = self._room.get(key, 0) - n
         self._added[key] += n
 
-    def look(self) -> None:
+    def look(self) -> bool:
         """Read the keys asked about (and add what was pushed) in one call; once per step.
+
+        Returns whether a key's figures changed (the stats snapshot is written again).
 
         Raises:
             TransportError: Redis is down (the room stays as it was: nothing more is pushed).
         """
         if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
-            return
+            return False
         self._looked = True  # the first look starts the limits' epoch on a new Redis at once
         names = list(self._asked)[:LOOK_MAX]
         names += [k for k in self._added if k not in self._asked]
@@ -103,14 +111,16 @@ class KeyLimits:
         if uses is None:
             self._open = True
             log.info("the transport cannot report the limits' use: the workers' claims alone enforce them")
-            return
+            return False
         for key in names:
             self._asked.pop(key, None)
         now = time.time()
         self._room = {k: v for k, v in self._room.items() if k in uses}
+        changed = False
         for key, use in uses.items():
             self._room[key] = self._free(key, use)
-            self._note(key, use, now)
+            changed |= self._note(key, use, now)
+        return changed
 
     def _free(self, key: str, use: KeyUse) -> int:
         limit = self.limits.of(key)
@@ -125,12 +135,13 @@ class KeyLimits:
             free = min(free, limit.rate - use.started - use.queued)
         return max(0, free)
 
-    def _note(self, key: str, use: KeyUse, now: float) -> None:
+    def _note(self, key: str, use: KeyUse, now: float) -> bool:
+        """Keep what the look saw of ``key``; whether it changed."""
         limit = self.limits.of(key)
-        before = self._seen.get(key)
+        before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
         room = self._room[key]
         blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
-        self._seen[key] = KeyState(
+        state = KeyState(
             key,
             limit.text() if limit else "",
             use.running,
@@ -139,10 +150,29 @@ class KeyLimits:
             use.quarantine_s,
             room,
             blocked,
+            now,
         )
-        if len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest first
-            for old in list(self._seen)[: len(self._seen) - 4 * LOOK_MAX]:
-                del self._seen[old]
+        self._seen[key] = state
+        while len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest look first
+            del self._seen[next(iter(self._seen))]
+        return before is None or dataclasses.replace(before, at=now) != state
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """The keys looked at within :data:`SEEN_S`, for the stats snapshot (any thread may call it)."""
+        cutoff = time.time() - SEEN_S
+        return {
+            s.key: {
+                "policy": s.policy,
+                "running": s.running,
+                "queued": s.queued,
+                "started": s.started,
+                "quarantine_s": s.quarantine_s,
+                "room": min(s.room, 2**31),
+                "blocked_since": s.blocked_since,
+            }
+            for s in list(self._seen.values())
+            if s.at >= cutoff
+        }
 
     def states(self) -> list[KeyState]:
         """The limit keys as the last looks saw them (at most a few thousand)."""

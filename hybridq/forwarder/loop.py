@@ -157,6 +157,8 @@ class Forwarder:
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
+        if self.config.key_limits:
+            self.state.limit_figures = self.key_limits.figures
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
         self.backlog = Backlog(
             self.state, transport, lanes=lanes, gate=self.key_limits if self.config.key_limits else None
@@ -375,7 +377,8 @@ class Forwarder:
             if redo:
                 self._push(redo)  # RedisFull: pushed again before the pass goes on
                 reconciler.redone()
-            self.key_limits.look()  # the limit keys' room, once per step (one call)
+            if self.key_limits.look():  # the limit keys' room, once per step (one call)
+                self.state.figures_changed()
             self.backlog.look()  # outcomes made room: top the windows up
             # Due retries first: the refill would take all the room, and a retry wait for the
             # whole backlog (they are due now; the backlog waits in order anyway).

@@ -97,6 +97,8 @@ class ForwarderState:
         self._snapshot: Snapshot | None = None
         #: The window's figures for the stats snapshot (the forwarder's backlog sets it).
         self.figures: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, Any] | None]] | None = None
+        #: The limit keys' figures for the snapshot (the forwarder's key gate sets it).
+        self.limit_figures: Callable[[], dict[str, dict[str, Any]]] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -254,6 +256,8 @@ class ForwarderState:
             )
             if self.figures is not None:
                 snapshot.queue_detail, snapshot.redis_memory = self.figures()
+            if self.limit_figures is not None:
+                snapshot.limit_keys = self.limit_figures()
             save_snapshot(self.journal, snapshot)
         except OSError as exc:
             # Tried again at the end of each step; meanwhile the old one is stale.

@@ -207,22 +207,14 @@ def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -
         if status == ClaimStatus.CANCELLED:  # before it started (hybridq cancel): the forwarder settles it
             log.info("job %s attempt %d: cancelled before it started: not run", env.id, d.attempt)
             return None
-        if status == ClaimStatus.FENCED and _text(stored).startswith("limited"):
-            log.info(
-                "job %s attempt %d: %s: not run, no attempt used; the forwarder delivers it again",
-                env.id,
-                d.attempt,
-                _text(stored),
-            )
-            return None
         if status == ClaimStatus.FENCED:
-            # Not a failure of the job: nothing ran, and nothing is reported.
+            # Not a failure of the job: nothing ran, and nothing is reported (no attempt used).
             log.warning(
-                "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
-                "the forwarder delivers it again if it has not finished",
+                "job %s attempt %d: not run (%s: a delivery from before the forwarder's current epoch, "
+                "or its limit key has no room); the forwarder delivers it again if it has not finished",
                 env.id,
                 d.attempt,
-                _text(stored),
+                stored.decode() if isinstance(stored, bytes) else stored,
             )
             return None
         # ClaimStatus.BUSY: another delivery of this key runs the task now: wait for it.
@@ -273,11 +265,9 @@ class Run:
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
-        """A run of ``d`` with a fresh token (the lease value: unique per run)."""
+        """A run of ``d`` with a fresh token (unique per run; a limited one ends in its policy)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}"
-        if d.limit:  # the claim, renewal and outcome scripts read the key's policy from it
-            token += "#L" + d.limit
+        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}{'#L' + d.limit if d.limit else ''}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [
@@ -408,7 +398,3 @@ def finished(run: Run, kept: int) -> None:
             "the task ran twice for one key",
             run.d.envelope.id,
         )
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -27,7 +27,7 @@ from tests.integration.test_worker_redis import (
     wait_line,
     wait_status,
 )
-from tests.support.processes import wait_until
+from tests.support.processes import run_status, wait_until
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
@@ -83,6 +83,9 @@ def test_a_concurrency_2_key_runs_2_at_once_and_does_not_hold_up_another_key(
     free_done = max(x.at for x in lines if x.kind == "done" and x.token.startswith("free-"))
     lim_done = max(x.at for x in lines if x.kind == "done" and x.token.startswith("lim-"))
     assert free_done < lim_done - 0.25, "the unlimited jobs behind the limited ones did not wait for them"
+    shown = run_status(journal_dir, subprocess_env)["limit_keys"]  # stats() per limit key
+    assert shown["tenant:1"]["policy"] == "concurrency:2"
+    assert shown["tenant:1"]["waiting"] == 0
 
 
 @pytest.mark.limits
@@ -137,7 +140,7 @@ def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
     n = 3100  # a minute at the rate, and some
     queue.enqueue_many(
-        [queue.prepare("tests.tasks.traced", str(effects), f"r-{i}", limit_key="api") for i in range(n)]
+        [queue.prepare("tests.tasks.traced", (str(effects), f"r-{i}"), limit_key="api") for i in range(n)]
     )
     wait_status(
         journal_dir,
