@@ -9,6 +9,7 @@ rate run are the ``limits`` tier (``scripts/test -m limits tests/integration/tes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,12 @@ def test_a_concurrency_2_key_runs_2_at_once_and_does_not_hold_up_another_key(
 
 @pytest.mark.limits
 def test_a_concurrency_2_key_never_runs_3_across_a_pool_killed_and_a_flushall(
-    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
 ) -> None:
     forwarder = stack.forwarder(redis_server.url, "--limit", "tenant:*=concurrency:2")
     doomed = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
@@ -129,11 +135,55 @@ def test_a_concurrency_2_key_never_runs_3_across_a_pool_killed_and_a_flushall(
     runs = runs_of(read_effects(effects), "lim-", killed=dict.fromkeys(victims, killed_at), now=time.time())
     assert len(runs) >= n
     assert most_at_once(runs) <= 2, f"{most_at_once(runs)} runs of a concurrency:2 key at once"
+    refused = sum(w.log().count("(limited: ") for w in (doomed, survivor, replacement))
+    figures(
+        f"LIMITS concurrency:2 kill+flushall jobs={n} runs={len(runs)} most_at_once={most_at_once(runs)} refused_claims={refused}"
+    )
+
+
+@pytest.mark.limits
+def test_two_forwarders_on_one_redis_share_a_keys_limit(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    other = tmp_path / "other-journal"
+    forwarders = [
+        stack.forwarder(redis_server.url, "--limit", "shared=concurrency:2"),
+        stack.forwarder(redis_server.url, "--limit", "shared=concurrency:2", journal=other),
+    ]
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
+    effects = tmp_path / "effects.txt"
+    for journal, name in ((journal_dir, "a"), (other, "b")):
+        queue = Queue("default", journal)
+        for i in range(6):
+            queue.enqueue("tests.tasks.traced", str(effects), f"lim-{name}{i}", 0.5, limit_key="shared")
+    for journal in (journal_dir, other):
+        wait_status(
+            journal, subprocess_env, all_succeeded(6), what="6 jobs", alive=alive(*forwarders, worker)
+        )
+    runs = runs_of(read_effects(effects), "lim-", killed={}, now=time.time())
+    assert len(runs) == 12
+    assert most_at_once(runs) == 2, (
+        f"{most_at_once(runs)} runs of a concurrency:2 key at once, two forwarders"
+    )
+    refused = worker.log().count("(limited: ")
+    figures(
+        f"LIMITS two-forwarders concurrency:2 jobs=12 most_at_once={most_at_once(runs)} refused_claims={refused}"
+    )
 
 
 @pytest.mark.limits
 def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
-    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
 ) -> None:
     forwarder = stack.forwarder(redis_server.url, "--limit", "api=rate:50/s")
     worker = pool(stack, redis_server.url, "--processes", "2", "--threads", "16")
@@ -155,3 +205,5 @@ def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     assert most_started_within(starts, 1.0) <= 50
     took = max(starts) - min(starts)
     assert took >= (n - 50) / 50 - 1, f"{n} starts at 50 a second took {took:.1f} s"
+    most = most_started_within(starts, 1.0)
+    figures(f"LIMITS rate:50/s jobs={n} most_in_any_1s={most} took_s={took:.1f} ({n / took:.1f}/s)")
