@@ -16,8 +16,6 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   forwarders' gate reads it, so it pushes no more than the room). Forwarders add, claims take
   off, in either order (it may be below zero for a moment); it expires two leases after the
   last push, so jobs that never reach a claim (cancelled, lost with Redis) stop counting;
-* ``ended``: the runs whose outcome was stored, for a minute, so that a renewal sent before
-  the outcome does not give the slot back to a finished run.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -34,19 +32,24 @@ from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 __all__ = ["LIMIT_LUA"]
 
 #: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
-#: of a refusal, or nil), ``limit_hold(lim, token, lease ms)``, ``limit_gone(lim)`` (a refused
-#: job left the queue), ``limit_renew(lim, token, lease ms, server)`` and ``limit_end(token)``.
+#: of a refusal, or nil), ``limit_hold(lim, token, lease ms, server)``, ``limit_gone(lim, lease
+#: ms)`` (a job left its queue), ``limit_renew(lim, token, lease ms, ended, server)`` and
+#: ``limit_end(token)``. ``server`` caches, per script call, Redis's clock and its ``run_id``.
 LIMIT_LUA = f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = at .. "starts", queued = at .. "queued", ended = at .. "ended"}}
+        starts = at .. "starts", queued = at .. "queued"}}
 end
-local function limit_now()
-    local t = redis.call("TIME")
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Redis's clock (ms), read once per script call (``server`` caches it).
+local function limit_now(server)
+    if not server.now then
+        local t = redis.call("TIME")
+        server.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return server.now
 end
 -- When the limits' state began on this server (ms); a new epoch starts now if Redis lost it.
 local function limit_epoch(now, server)
@@ -68,7 +71,7 @@ local function limit_epoch(now, server)
     return server.limit_since
 end
 local function limit_admit(lim, token, lease_ms, server)
-    local now = limit_now()
+    local now = limit_now(server)
     local since = limit_epoch(now, server)
     redis.call("ZREMRANGEBYSCORE", lim.run, "-inf", now)
     if redis.call("ZSCORE", lim.run, token) then
@@ -87,11 +90,10 @@ end
 -- A job of the key left its queue (claimed or refused). The count may go below zero for a
 -- moment: a forwarder adds what it pushed at its next step, often after the claims.
 local function limit_gone(lim, lease_ms)
-    redis.call("DECR", lim.queued)
-    if redis.call("PTTL", lim.queued) < 0 then redis.call("PEXPIRE", lim.queued, 2 * lease_ms) end
+    if redis.call("DECR", lim.queued) < 0 then redis.call("PEXPIRE", lim.queued, 2 * lease_ms) end
 end
-local function limit_hold(lim, token, lease_ms)
-    local now = limit_now()
+local function limit_hold(lim, token, lease_ms, server)
+    local now = limit_now(server)
     local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
     redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
     if new then
@@ -102,9 +104,10 @@ local function limit_hold(lim, token, lease_ms)
         limit_gone(lim, lease_ms)
     end
 end
-local function limit_renew(lim, token, lease_ms, server)
-    local now = limit_now()
-    if redis.call("ZSCORE", lim.ended, token) then return false end
+-- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
+local function limit_renew(lim, token, lease_ms, ended, server)
+    if ended then return false end
+    local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
     redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
@@ -112,11 +115,6 @@ local function limit_renew(lim, token, lease_ms, server)
 end
 local function limit_end(token)
     local lim = limit_of(token)
-    if not lim then return end
-    local now = limit_now()
-    redis.call("ZREM", lim.run, token)
-    redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
-    redis.call("ZADD", lim.ended, now + 60000, token)
-    redis.call("PEXPIRE", lim.ended, 61000)
+    if lim then redis.call("ZREM", lim.run, token) end
 end
 """

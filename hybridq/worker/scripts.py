@@ -115,7 +115,7 @@ local function claim(K, A, server)
         -- from a snapshot holding it is not the server the claim was made on.
         redis.call("PEXPIRE", K[2], A[2])
         local held = limit_of(A[1])
-        if held then limit_hold(held, A[1], tonumber(A[2])) end
+        if held then limit_hold(held, A[1], tonumber(A[2]), server) end
         return {0, ""}
     end
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
@@ -148,7 +148,7 @@ local function claim(K, A, server)
         end
     end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
-        if lim then limit_hold(lim, A[1], tonumber(A[2])) end
+        if lim then limit_hold(lim, A[1], tonumber(A[2]), server) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
         if redis.call("EXISTS", K[3]) == 1 then
@@ -243,8 +243,17 @@ for i = 1, n do
         r = r + 2
     end
     local lim = limit_of(token)
-    if lim and limit_renew(lim, token, tonumber(ms), server) then
-        r = r + 4
+    if lim then
+        -- Ended: the lease is not ours and the key's stored outcome is this run's.
+        local ended = false
+        if r % 2 == 0 then
+            local stored = redis.call("GET", (string.gsub(key, "^hybridq:lease:", "hybridq:result:")))
+            local ok, o = pcall(cjson.decode, stored or "")
+            ended = ok and type(o) == "table" and o.token == token
+        end
+        if limit_renew(lim, token, tonumber(ms), ended, server) then
+            r = r + 4
+        end
     end
     renewed[i] = r
 end
