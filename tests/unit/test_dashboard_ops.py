@@ -406,7 +406,7 @@ def test_the_queues_page_lists_the_limit_keys_escaped(site, monkeypatch: pytest.
     assert page.status == 200
     assert EVIL not in page.body
     row = re.search(
-        r'<tr data-limit-key="[^"]*"><td>[^<]*</td><td>concurrency:2</td>(.*?)</tr>', page.body, re.S
+        r'<tr data-limit-key="[^"]*"><td>[^<]*</td><td>concurrency:2</td>(.*?)</tr>', page.body, re.DOTALL
     )
     assert row is not None, page.body
     assert re.findall(r"<td>([^<]*)</td>", row.group(1)) == ["2", "1", "40", "0", "75 s"]
