@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 from hybridq.errors import ConfigError
@@ -139,3 +140,38 @@ def test_a_transport_that_cannot_say_leaves_every_key_open() -> None:
     gate.room("k")
     gate.look()
     assert gate.room("k") == sys.maxsize
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--limit", "tenant:*"], {}),
+        (["--limit", "tenant:*=concurrency:0"], {}),
+        (["--limit", "a=rate:5/d"], {}),
+        ([], {"HYBRIDQ_LIMITS": "a=concurrency:1;b=bogus"}),
+    ],
+)
+def test_a_bad_limit_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, args: list[str], env: dict[str, str]
+) -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    result = CliRunner().invoke(cli, ["forward", "--journal", str(tmp_path / "j"), *args], env=env)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(("hybridq: error: bad limit", "hybridq: error: bad --limit")), lines
+    assert not (tmp_path / "j").exists()
+
+
+def test_forward_help_says_what_a_limit_is() -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["forward", "--help"]).output.split())
+    assert "--limit PATTERN=SPEC" in text
+    assert "concurrency:N" in text
+    assert "rate:N/s|N/m|N/h" in text
+    assert "HYBRIDQ_LIMITS" in text
+    assert "first matching PATTERN wins" in text
