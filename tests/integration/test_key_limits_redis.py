@@ -207,3 +207,20 @@ def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     assert took >= (n - 50) / 50 - 1, f"{n} starts at 50 a second took {took:.1f} s"
     most = most_started_within(starts, 1.0)
     figures(f"LIMITS rate:50/s jobs={n} most_in_any_1s={most} took_s={took:.1f} ({n / took:.1f}/s)")
+
+
+@pytest.mark.limits
+def test_single_job_workers_enforce_the_limit_too(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "one=concurrency:1")
+    workers = [stack.worker(redis_server.url, simple=True) for _ in range(3)]
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    for i in range(5):
+        queue.enqueue("tests.tasks.traced", str(effects), f"lim-{i}", 0.3, limit_key="one")
+    wait_status(
+        journal_dir, subprocess_env, all_succeeded(5), what="5 jobs", alive=alive(forwarder, *workers)
+    )
+    runs = runs_of(read_effects(effects), "lim-", killed={}, now=time.time())
+    assert len(runs) == 5
+    assert most_at_once(runs) == 1
