@@ -40,31 +40,38 @@ def settled(url: str) -> None:
         conn.set("hybridq:limits:epoch", f"{int(time.time() * 1000) - 3_600_000}:{run_id}")
 
 
+def enqueue(queue: str, journal: str, n: int, keys: int) -> None:
+    """``n`` no-op jobs of ``keys`` distinct limit keys (``k:0``, ``k:1``...) into ``journal``."""
+    from hybridq import Queue  # noqa: PLC0415
+    from hybridq.producer.queue import shared_writer  # noqa: PLC0415
+
+    q = Queue(queue, journal)
+    try:
+        for first in range(0, n, 1000):
+            batch = range(first, min(n, first + 1000))
+            q.enqueue_many([q.prepare("burn.tasks.noop", limit_key=f"k:{i % keys}") for i in batch])
+    finally:
+        shared_writer(q.journal, q.durability).close()
+
+
 def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: bool) -> float:
     """Seconds to forward ``n`` jobs of ``keys`` distinct keys into Redis (no worker)."""
-    from hybridq import Queue  # noqa: PLC0415
     from hybridq.forwarder.loop import Forwarder  # noqa: PLC0415
-    from hybridq.producer.queue import shared_writer  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
     server.flushall()
     settled(server.url)
     d = tempfile.mkdtemp(prefix="limits-adm-", dir=base)
     journal = os.path.join(d, "journal")
-    q = Queue("lim", journal)
-    try:
-        for first in range(0, n, 1000):
-            q.enqueue_many(
-                [
-                    q.prepare("burn.tasks.noop", limit_key=f"k:{i % keys}")
-                    for i in range(first, min(n, first + 1000))
-                ]
-            )
-    finally:
-        shared_writer(q.journal, q.durability).close()
+    enqueue("lim", journal, n, keys)
     transport = RQTransport(server.url)
     fwd = Forwarder(
-        journal, transport, window_min=n, window_max=n, lease_s=2.0, limits=[LIMIT] if limited else None
+        journal,
+        transport,
+        window_min=2 * n,
+        window_max=2 * n,
+        lease_s=2.0,
+        limits=[LIMIT] if limited else None,
     )
     fwd.open()
     try:
@@ -83,8 +90,6 @@ def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: boo
 
 def burn(cfg: Config, n: int, keys: int, *, limited: bool) -> float:
     """Seconds for one ``hybridq worker`` to run ``n`` queued no-op jobs of ``keys`` keys."""
-    from hybridq import Queue  # noqa: PLC0415
-    from hybridq.producer.queue import shared_writer  # noqa: PLC0415
 
     cfg.server.flushall()
     settled(cfg.url)
@@ -96,17 +101,7 @@ def burn(cfg: Config, n: int, keys: int, *, limited: bool) -> float:
     argv = [sys.executable, "-m", "hybridq", "forward", "--journal", str(d / "journal"), "--redis", cfg.url]
     procs = spawn([[*argv, "--lease", "2", *extra]], d, "forwarder", env)
     try:
-        q = Queue(burndown.QUEUE, str(d / "journal"))
-        try:
-            for first in range(0, n, 1000):
-                q.enqueue_many(
-                    [
-                        q.prepare("burn.tasks.noop", limit_key=f"k:{i % keys}")
-                        for i in range(first, min(n, first + 1000))
-                    ]
-                )
-        finally:
-            shared_writer(q.journal, q.durability).close()
+        enqueue(burndown.QUEUE, str(d / "journal"), n, keys)
         with redis.Redis.from_url(cfg.url) as conn:
             deadline = time.monotonic() + 60
             while conn.llen(f"rq:queue:{burndown.QUEUE}") < min(n, 500):

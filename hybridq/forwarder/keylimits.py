@@ -19,21 +19,26 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from hybridq.errors import TransportError
-from hybridq.protocol.keylimits import Limits
+from hybridq.protocol.keylimits import Limit, Limits
 from hybridq.transport.base import KeyUse, Transport
 
 __all__ = ["LOOK_MAX", "KeyLimits", "KeyState"]
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: The most keys one look reads (the others wait for the next step's).
-LOOK_MAX = 2000
+#: The most keys one look reads (the others wait for the next step's): about 3 Redis commands
+#: each, inside one script.
+LOOK_MAX = 10_000
+#: A key's room read this recently is trusted (counted down by this forwarder's pushes) without
+#: another look while it is above 0: a key with room costs one look a second, not one a step.
+FRESH_S = 1.0
 #: A key not looked at for this long (no job of it waits) leaves the figures.
 SEEN_S = 30.0
 
@@ -68,7 +73,9 @@ class KeyLimits:
         self.limits = limits
         self.transport = transport
         self.lease_s = lease_s
-        self._room: dict[str, int] = {}
+        #: Per key: its room (counted down by pushes since) and when it was read (monotonic).
+        self._room: dict[str, tuple[int, float]] = {}
+        self._policies: dict[str, Limit | None] = {}
         self._asked: dict[str, None] = {}
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
@@ -77,17 +84,30 @@ class KeyLimits:
 
     def room(self, key: str) -> int:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
-        if self._open or self.limits.of(key) is None:
+        if self._open or self._policy(key) is None:
             return sys.maxsize
-        self._asked[key] = None
-        return max(0, self._room.get(key, 0))
+        room, at = self._room.get(key, (0, -math.inf))
+        if room <= 0 or time.monotonic() - at > FRESH_S:
+            self._asked[key] = None  # read at the next look
+        return max(0, room)
 
     def pushed(self, key: str, n: int) -> None:
         """``n`` jobs of ``key`` were pushed: less room until the next look says otherwise."""
-        if self._open or self.limits.of(key) is None:
+        if self._open or self._policy(key) is None:
             return
-        self._room[key] = self._room.get(key, 0) - n
+        room, at = self._room.get(key, (0, -math.inf))
+        self._room[key] = (room - n, at)
         self._added[key] += n
+
+    def _policy(self, key: str) -> Limit | None:
+        """The policy of ``key`` (the globs matched once per key, up to 65,536 keys remembered)."""
+        try:
+            return self._policies[key]
+        except KeyError:
+            policy = self.limits.of(key)
+            if len(self._policies) < 65536:
+                self._policies[key] = policy
+            return policy
 
     def look(self) -> bool:
         """Read the keys asked about (and add what was pushed) in one call; once per step.
@@ -104,7 +124,7 @@ class KeyLimits:
         names += [k for k in self._added if k not in self._asked]
         periods = {}
         for key in names:
-            limit = self.limits.of(key)
+            limit = self._policy(key)
             periods[key] = limit.period_ms if limit is not None else 0
         uses = self.transport.key_use(periods, dict(self._added), lease_s=self.lease_s)
         self._added.clear()
@@ -114,16 +134,17 @@ class KeyLimits:
             return False
         for key in names:
             self._asked.pop(key, None)
-        now = time.time()
-        self._room = {k: v for k, v in self._room.items() if k in uses}
+        now, mono = time.time(), time.monotonic()
+        if len(self._room) > 4 * LOOK_MAX:  # keys not read for a while go (asked again, they are read)
+            self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 10 * FRESH_S}
         changed = False
         for key, use in uses.items():
-            self._room[key] = self._free(key, use)
+            self._room[key] = (self._free(key, use), mono)
             changed |= self._note(key, use, now)
         return changed
 
     def _free(self, key: str, use: KeyUse) -> int:
-        limit = self.limits.of(key)
+        limit = self._policy(key)
         if limit is None:
             return sys.maxsize
         if use.quarantine_s > 0:
@@ -137,9 +158,9 @@ class KeyLimits:
 
     def _note(self, key: str, use: KeyUse, now: float) -> bool:
         """Keep what the look saw of ``key``; whether it changed."""
-        limit = self.limits.of(key)
+        limit = self._policy(key)
         before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
-        room = self._room[key]
+        room = self._room[key][0]
         blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
         state = KeyState(
             key,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hybridq.errors import ConfigError
+from hybridq.forwarder import keylimits
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.protocol import Delivery
@@ -112,7 +113,9 @@ class Uses(MemoryTransport):
         return {k: self.uses.get(k, KeyUse(0, 0, 0, 0.0)) for k in periods}
 
 
-def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_between() -> None:
+def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     transport = Uses({"t:1": KeyUse(1, 0, 0, 0.0), "r": KeyUse(0, 1, 8, 0.0)})
     gate = KeyLimits(parse_limits(["t:*=concurrency:3", "r=rate:10/s"]), transport, lease_s=2.0)
     assert gate.room("free") == sys.maxsize, "an unlimited key is never held"
@@ -127,7 +130,12 @@ def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_bet
     gate.look()
     assert transport.calls[-1][1] == {"t:1": 2}, "what was pushed is added to the queued count"
     transport.uses["t:1"] = KeyUse(1, 0, 0, 3.0)
-    gate.room("t:1")  # asked while its jobs wait: read at the next look
+    gate.room("t:1")
+    calls = len(transport.calls)
+    gate.look()
+    assert len(transport.calls) == calls, "a key with room read within FRESH_S is not read again"
+    monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
+    gate.room("t:1")  # asked while its jobs wait, its room older than FRESH_S: read at the next look
     gate.look()
     assert gate.room("t:1") == 0, "quarantined after Redis lost its state"
     states = {s.key: s for s in gate.states()}
