@@ -17,7 +17,6 @@ open and the claims alone enforce the limits.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import sys
@@ -41,6 +40,8 @@ LOOK_MAX = 10_000
 FRESH_S = 1.0
 #: A key not looked at for this long (no job of it waits) leaves the figures.
 SEEN_S = 30.0
+#: The most keys the figures (``status``, metrics, the dashboard) show: held ones first.
+FIGURES_MAX = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,29 +159,31 @@ class KeyLimits:
 
     def _note(self, key: str, use: KeyUse, now: float) -> bool:
         """Keep what the look saw of ``key``; whether it changed."""
-        limit = self._policy(key)
         before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
         room = self._room[key][0]
         blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
+        policy = before.policy if before is not None else self._text(key)
         state = KeyState(
-            key,
-            limit.text() if limit else "",
-            use.running,
-            use.queued,
-            use.started,
-            use.quarantine_s,
-            room,
-            blocked,
-            now,
+            key, policy, use.running, use.queued, use.started, use.quarantine_s, room, blocked, now
         )
         self._seen[key] = state
         while len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest look first
             del self._seen[next(iter(self._seen))]
-        return before is None or dataclasses.replace(before, at=now) != state
+        # Only a key held or freed (or new) is news for the snapshot: counts move at every step.
+        return before is None or (before.blocked_since is None) != (blocked is None)
+
+    def _text(self, key: str) -> str:
+        limit = self._policy(key)
+        return limit.text() if limit else ""
 
     def figures(self) -> dict[str, dict[str, Any]]:
-        """The keys looked at within :data:`SEEN_S`, for the stats snapshot (any thread may call it)."""
+        """Up to :data:`FIGURES_MAX` keys read within :data:`SEEN_S`, held longest first (any thread).
+
+        For the stats snapshot, which is written at steps: thousands of keys would make it large.
+        """
         cutoff = time.time() - SEEN_S
+        seen = [s for s in list(self._seen.values()) if s.at >= cutoff]
+        seen.sort(key=lambda s: (s.blocked_since is None, s.blocked_since or 0.0, -s.running))
         return {
             s.key: {
                 "policy": s.policy,
@@ -191,8 +194,7 @@ class KeyLimits:
                 "room": min(s.room, 2**31),
                 "blocked_since": s.blocked_since,
             }
-            for s in list(self._seen.values())
-            if s.at >= cutoff
+            for s in seen[:FIGURES_MAX]
         }
 
     def states(self) -> list[KeyState]:
