@@ -14,6 +14,7 @@ from hybridq.cli.options import (
     _bad_usage,
     _fail,
     journal_option,
+    limit_option,
     outbox_options,
     redis_for_option,
     redis_option,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from hybridq.http.config import ServeConfig
     from hybridq.http.server import Server
     from hybridq.outbox.background import BackgroundRelay
+    from hybridq.protocol.keylimits import Limits
     from hybridq.scheduler import Scheduler
 
 #: Seconds a stopping forwarder waits for its outbox relay (SQLite waits up to 30 s for a lock).
@@ -47,6 +49,7 @@ def _stats_every(ctx: click.Context, param: click.Parameter, value: float) -> fl
 @journal_option
 @redis_option
 @redis_for_option
+@limit_option
 @click.option(
     "--batch-size",
     default=500,
@@ -210,6 +213,7 @@ def forward(
     allow_eviction: bool,
     forget_finished: bool | None,
     fair_keys: tuple[str, ...],
+    limits: Limits,
 ) -> None:
     """Forward jobs from the journal into RQ queues on Redis (one forwarder per journal).
 
@@ -237,6 +241,10 @@ def forward(
     forwarder's) in a thread; SIGTERM stops both.
     With --redis-for QUEUE=URL (repeatable, or HYBRIDQ_REDIS_FOR), those queues go to their own
     Redis; the others to --redis (docs/deploy.md, "Sharded: queues over several Redis").
+    With --limit PATTERN=SPEC (repeatable, or HYBRIDQ_LIMITS), jobs whose limit_key matches run
+    at most N at once and start at most N per period, across every worker and forwarder on that
+    Redis: e.g. --limit 'tenant:*=concurrency:2' --limit 'stripe=rate:100/s,concurrency:10'
+    (docs/forwarder.md, "Limits per key").
     """
     from hybridq.forwarder.loop import Forwarder  # noqa: PLC0415 - keep `hybridq --help` fast
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
@@ -277,6 +285,7 @@ def forward(
             allow_eviction=allow_eviction,
             forget_finished=forget_finished,
             fair_keys=fair_keys,
+            limits=limits,
         )
         forwarder.open()
         if metrics_port is not None:

@@ -229,3 +229,34 @@ def redis_for_option(command: Callable[..., Any]) -> Callable[..., Any]:
         "'q1=URL,q2=URL'). See docs/deploy.md, 'Sharded'.",
     )
     return option(run)
+
+
+def limit_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--limit PATTERN=SPEC`` (repeatable; else ``HYBRIDQ_LIMITS``): per-key limits.
+
+    The command gets ``limits``, the checked :class:`~hybridq.protocol.keylimits.Limits`; a bad
+    entry is one line and exit 2 (a usage error), before anything starts.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, limit: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        from hybridq.protocol.keylimits import parse_limits  # noqa: PLC0415
+
+        entries = list(limit) or [e for e in os.environ.get("HYBRIDQ_LIMITS", "").split(";") if e.strip()]
+        try:
+            kwargs["limits"] = parse_limits(entries)
+        except HybridqError as exc:
+            _bad_usage(click.get_current_context(), str(exc))
+        return command(*args, **kwargs)
+
+    option = click.option(
+        "--limit",
+        "limit",
+        multiple=True,
+        metavar="PATTERN=SPEC",
+        help="Limit the jobs whose limit_key matches the glob PATTERN: SPEC is concurrency:N "
+        "(at most N run at once), rate:N/s|N/m|N/h (at most N start per period), or both, "
+        "comma-separated. Repeatable; the first matching PATTERN wins. Or $HYBRIDQ_LIMITS, "
+        "items separated by ';'. See docs/forwarder.md, 'Limits per key'.",
+    )
+    return option(run)

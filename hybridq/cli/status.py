@@ -402,6 +402,8 @@ def doctor(
             )
         for line in report.redis_memory:
             click.echo(line)
+        for line in report.limit_waits:
+            click.echo(shown(line))
         if fix:
             click.echo(f"fixed: {report.fixed} job(s) delivered again")
         click.echo("healthy" if report.healthy else "problems found")

@@ -9,11 +9,12 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hybridq.errors import ConfigError
 from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
+from hybridq.protocol.keylimits import Limits, parse_limits
 
 __all__ = [
     "DEFAULT_KEY_WINDOW_MAX",
@@ -103,6 +104,9 @@ class ForwarderConfig:
             transport (Redis), with a TTL of three times that; 0: never.
         on_durable_write: called with the seconds each durable write took (checkpoint saves,
             ledger appends: each ends in an fsync), e.g. a metrics histogram's ``observe``.
+        limits: the per-key limits: ``PATTERN=SPEC`` strings (as ``--limit``), a mapping of
+            pattern to spec, or :class:`~hybridq.protocol.keylimits.Limits`; read as
+            :attr:`key_limits` (docs/forwarder.md, "Limits per key").
         fair_keys: globs on the limit key (``'tenant:*'``, ``'tenant:big=3'`` with a weight):
             the waiting jobs of each matching key are taken round robin (docs/forwarder.md,
             "Priorities and fairness"); checked by :func:`hybridq.forwarder.selector.parse_fair_keys`.
@@ -128,9 +132,13 @@ class ForwarderConfig:
     clock: Callable[[], float] = time.time
     on_durable_write: Callable[[float], None] | None = None
     stats_every_s: float = DEFAULT_STATS_EVERY_S
+    limits: Limits | Mapping[str, str] | Sequence[str] | None = None
     fair_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.limits, str):
+            raise TypeError("limits must be a list of 'PATTERN=SPEC' strings, not one string")
+        object.__setattr__(self, "limits", parse_limits(self.limits))  # ConfigError: one line
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         check_key_ttl(self.lease_s, self.key_ttl_s)
@@ -146,6 +154,12 @@ class ForwarderConfig:
             raise ValueError("redis_high_water must be a share of maxmemory, from 0 up to (not) 1")
         if not self.window_cover_s > 0 or not self.harvested_key_keep_s > 0:
             raise ValueError("window_cover_s and harvested_key_ttl_s must be positive seconds")
+
+    @property
+    def key_limits(self) -> Limits:
+        """The per-key limits, checked (:attr:`limits` as given, parsed when the config was made)."""
+        assert isinstance(self.limits, Limits)
+        return self.limits
 
     @property
     def reconcile_every_s(self) -> float:

@@ -44,6 +44,7 @@ from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
+from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
 from hybridq.forwarder.selector import Lanes, parse_fair_keys
@@ -154,8 +155,14 @@ class Forwarder:
         self.lookup = LookupIndex(self.journal, self.clock)
         self.state.on_append = self.lookup.note_entries
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
+        #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
+        self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
+        if self.config.key_limits:
+            self.state.limit_figures = self.key_limits.figures
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
-        self.backlog = Backlog(self.state, transport, lanes=lanes)
+        self.backlog = Backlog(
+            self.state, transport, lanes=lanes, gate=self.key_limits if self.config.key_limits else None
+        )
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
@@ -371,6 +378,8 @@ class Forwarder:
             if redo:
                 # RedisFull: pushed again before the pass goes on
                 reconciler.redone(self._push(redo))
+            if self.key_limits.look():  # the limit keys' room, once per step (one call)
+                self.state.figures_changed()
             self.backlog.look()  # outcomes made room: top the windows up
             # Due retries first: the refill would take all the room, and a retry wait for the
             # whole backlog (they are due now; the backlog waits in order anyway).

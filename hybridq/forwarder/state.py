@@ -49,6 +49,7 @@ from hybridq.ledger.store import (
 )
 from hybridq.lookup.stats import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
+from hybridq.protocol.keylimits import limit_key_of
 from hybridq.transport.base import Delivery, Loc
 
 __all__ = [
@@ -96,6 +97,8 @@ class ForwarderState:
         self._snapshot: Snapshot | None = None
         #: The window's figures for the stats snapshot (the forwarder's backlog sets it).
         self.figures: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, Any] | None]] | None = None
+        #: The limit keys' figures for the snapshot (the forwarder's key gate sets it).
+        self.limit_figures: Callable[[], dict[str, dict[str, Any]]] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -196,6 +199,8 @@ class ForwarderState:
         RetryLaters so far, and since when, are the ledger's too (:attr:`LedgerIndex.later`).
         """
         later, later_since = self.index.later.get(loc, (0, None))
+        key = limit_key_of(env)
+        limit = self.config.key_limits.of(key)
         return Delivery(
             env,
             self.checkpoint.owner,
@@ -209,6 +214,7 @@ class ForwarderState:
             later=later,
             later_since=later_since,
             report_start=True,  # its claim sends a started event (job.status "started")
+            limit=None if limit is None or key is None else limit.wire(key),
         )
 
     # -- the checkpoint -----------------------------------------------------------------------
@@ -250,6 +256,8 @@ class ForwarderState:
             )
             if self.figures is not None:
                 snapshot.queue_detail, snapshot.redis_memory = self.figures()
+            if self.limit_figures is not None:
+                snapshot.limit_keys = self.limit_figures()
             save_snapshot(self.journal, snapshot)
         except OSError as exc:
             # Tried again at the end of each step; meanwhile the old one is stale.

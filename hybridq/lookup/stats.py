@@ -276,6 +276,9 @@ class Snapshot:
     #: Redis's memory as the forwarder last read it: ``used``, ``maxmemory``, ``policy``,
     #: ``paused`` (``"high_water"``, ``"oom"`` or ``None``), ``last_oom`` (a Unix time).
     redis_memory: dict[str, Any] | None = None
+    #: Per limit key its forwarder's gate looked at recently (hybridq.forwarder.keylimits): policy,
+    #: running, queued, started, quarantine_s, room, blocked_since (a Unix time, or ``None``).
+    limit_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(

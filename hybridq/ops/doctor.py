@@ -52,6 +52,7 @@ from hybridq.ledger.compacted import Compacted, load_compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index
 from hybridq.lookup.stats import load_snapshot
+from hybridq.ops.limit_stats import long_waits
 from hybridq.ops.window_stats import waiting_in_journal, window_figures
 from hybridq.outbox.backlog import read_set_aside
 from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite, keys
@@ -102,6 +103,9 @@ class DoctorReport:
     #: Redis answered OOM to the forwarder's push within :data:`OOM_RECENT_S` (pushes paused,
     #: jobs wait in the journal): ``"... N s ago"``; or its maxmemory-policy may evict keys.
     redis_memory: list[str] = field(default_factory=list)
+    #: Limit keys whose jobs waited with no room for long (a finding to read, not a fault: the
+    #: limit may be meant; it leaves ``healthy`` as it is).
+    limit_waits: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -147,6 +151,7 @@ def diagnose(
     report = DoctorReport()
     _find_unattended(path, compacted, index, report)
     report.redis_memory = memory_findings(path)
+    report.limit_waits = long_waits(path, load_snapshot(path))
     if checkpoint is None:
         return report  # no forwarder ever ran here: Redis holds none of this journal's jobs
     pending: dict[str, tuple[Loc, Envelope]] = {}

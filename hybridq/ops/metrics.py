@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -156,6 +156,7 @@ class ForwarderMetrics(Collector):
         yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
         yield from self._outbox_metrics()
         yield from window_metrics(f.backlog)
+        yield from limit_metrics(f.key_limits.figures())
 
     def _outbox_metrics(self) -> Iterator[Metric]:
         """With ``forward --outbox``: the relay's count, and the outbox's backlog when readable."""
@@ -239,6 +240,34 @@ def window_metrics(backlog: JobBacklog) -> Iterator[Metric]:
     yield _counter(
         "hybridq_redis_push_pauses", "Times pushes paused for Redis's memory.", backlog.gate.pauses
     )
+
+
+def limit_metrics(figures: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Per limit key its gate looked at recently: running, queued, started in the period, held."""
+    families = {
+        "running": GaugeMetricFamily(
+            "hybridq_limit_key_running", "Runs of the limit key holding a slot.", labels=["key"]
+        ),
+        "queued": GaugeMetricFamily(
+            "hybridq_limit_key_queued", "Jobs of the limit key pushed and not yet claimed.", labels=["key"]
+        ),
+        "started": GaugeMetricFamily(
+            "hybridq_limit_key_started", "Starts of the limit key in its rate's last period.", labels=["key"]
+        ),
+    }
+    held = GaugeMetricFamily(
+        "hybridq_limit_key_held_seconds",
+        "How long the limit key has had no room while its jobs wait (0: it has room).",
+        labels=["key"],
+    )
+    now = time.time()
+    for key, d in figures.items():
+        for name, family in families.items():
+            family.add_metric([key], float(d[name]))
+        since = d["blocked_since"]
+        held.add_metric([key], 0.0 if since is None else max(0.0, now - since))
+    yield from families.values()
+    yield held
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -30,6 +30,7 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir, load_index
 from hybridq.lookup.stats import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 from hybridq.ops.fleet import fleet
+from hybridq.ops.limit_stats import limit_figures
 from hybridq.ops.window_stats import window_figures
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
@@ -124,7 +125,9 @@ def stats(
     if out is None:
         out = consistent(path, lambda compacted: _counts(path, compacted))
     out["forwarder"] = holder
-    out.update(window_figures(path, load_snapshot(path), exact=exact))
+    snapshot = load_snapshot(path)
+    out.update(window_figures(path, snapshot, exact=exact))
+    out.update(limit_figures(path, snapshot))
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     if redis_url is not None:

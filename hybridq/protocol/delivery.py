@@ -64,6 +64,9 @@ class Delivery:
     #: The forwarder takes ``started`` events (:class:`StartedEvent`): the worker's claim adds
     #: one to the owner's stream. An older forwarder does not ask, and gets none.
     report_start: bool
+    #: The policy of the job's limit key (:meth:`hybridq.protocol.keylimits.Limit.wire`), which
+    #: the worker's claim enforces; ``None``: not limited.
+    limit: str | None
 
     def __init__(
         self,
@@ -82,6 +85,7 @@ class Delivery:
         force: bool = False,
         replace: bool = False,
         report_start: bool = False,
+        limit: str | None = None,
     ) -> None:
         """``force`` and ``replace`` are the older spellings of ``overwrite`` EARLIER and ALWAYS."""
         if replace:
@@ -101,6 +105,7 @@ class Delivery:
             ("later", later),
             ("later_since", later_since if later else None),
             ("report_start", report_start),
+            ("limit", limit),
         ):
             object.__setattr__(self, name, value)
 
@@ -118,6 +123,7 @@ class Delivery:
             **({"lost": self.lost} if self.lost else {}),
             **({"later": self.later, "later_since": self.later_since} if self.later else {}),
             **({"report_start": 1} if self.report_start else {}),
+            **({"lim": self.limit} if self.limit else {}),
         }
 
     @property
@@ -144,4 +150,15 @@ class Delivery:
             later=int(raw.get("later", 0)),
             later_since=opt_finite("later_since", raw.get("later_since")),
             report_start=bool(raw.get("report_start", False)),
+            limit=_limit(raw.get("lim")),
         )
+
+
+def _limit(value: Any) -> str | None:
+    """A delivery's ``lim``: a limit's wire text (the claim script parses it); else unlimited.
+
+    Anything but short text (a Redis writer's) is no limit: the run is never failed for it.
+    """
+    if isinstance(value, str) and 0 < len(value) <= 260:  # 200 chars of key + the numbers
+        return value
+    return None

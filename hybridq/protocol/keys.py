@@ -24,6 +24,10 @@ hybridq's own keys:
   publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
   ``hybridq status --all``. Display only: anyone who can write to Redis can write them
   (docs/security.md), so nothing decides anything from them.
+* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``:ended`` and
+  ``hybridq:limits:epoch`` -- the per-key limits' state: the runs holding a slot, the starts of
+  the last period, the jobs pushed and not yet claimed, and since when this server holds that
+  state (:mod:`hybridq.worker.limit_scripts` says what each holds).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import os
 import re
 
 __all__ = [
+    "LIMITS_EPOCH",
+    "LIMIT_PREFIX",
     "NODE_REPLY_PREFIX",
     "PREFIX",
     "RQ_PREFIX",
@@ -55,6 +61,10 @@ __all__ = [
 
 #: Prefix of every key hybridq owns.
 PREFIX = "hybridq:"
+#: Prefix of a limit key's state (``hybridq:limit:<limit key>:<part>``).
+LIMIT_PREFIX = PREFIX + "limit:"
+#: When the limits' state began on this Redis (``<ms>:<run_id>``).
+LIMITS_EPOCH = PREFIX + "limits:epoch"
 
 #: RQ's key prefix, as ``rq.defaults`` reads it (this module must not import rq: producers use
 #: it): a worker and a forwarder started with the same ``RQ_KEY_PREFIX`` meet in the same keys.

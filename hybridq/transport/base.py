@@ -17,6 +17,7 @@ __all__ = [
     "Delivery",
     "Event",
     "Finished",
+    "KeyUse",
     "Loc",
     "MemoryInfo",
     "Probe",
@@ -119,6 +120,20 @@ class Published:
     ttl_left_s: float | None
     #: Why the entry cannot be read (a key of another type, too large): listed as invalid.
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUse:
+    """One limit key's use now, as Redis holds it."""
+
+    #: Runs holding a slot (their lease not lapsed).
+    running: int
+    #: Jobs pushed that no claim took yet (as the forwarders counted them).
+    queued: int
+    #: Starts within the last rate period (0 without a rate).
+    started: int
+    #: How long the quarantine after a loss of Redis's state has left (seconds; 0: none).
+    quarantine_s: float
 
 
 class Transport(abc.ABC):
@@ -256,6 +271,22 @@ class Transport(abc.ABC):
 
         The forwarder's window (docs/forwarder.md) sizes what it keeps in the backend from these;
         the default (``None``) leaves the window open: every job is pushed as it is read.
+        """
+        return None
+
+    def key_use(
+        self,
+        periods: Mapping[str, int],  # noqa: ARG002
+        added: Mapping[str, int],  # noqa: ARG002
+        *,
+        lease_s: float,  # noqa: ARG002
+    ) -> dict[str, KeyUse] | None:
+        """Per limit key of ``periods`` (key -> rate period, ms) its use now; ``None``: unknown.
+
+        First adds ``added`` (key -> jobs pushed since the last call) to the keys' queued counts.
+        The forwarder's gate (``hybridq.forwarder.keylimits``) pushes no more than the room this
+        leaves; the default (``None``) leaves every key open: the workers' claims alone enforce
+        the limits (docs/forwarder.md, "Limits per key").
         """
         return None
 

@@ -20,7 +20,7 @@ decoding of replies and events in :mod:`hybridq.transport.rq_codec` (importable 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,11 +36,12 @@ from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
 from hybridq.transport.redisurl import refusal, transport_error
 
-from . import rq_stats
+from . import rq_limits, rq_stats
 from .base import (
     Delivery,
     Event,
     Finished,
+    KeyUse,
     MemoryInfo,
     Probe,
     Published,
@@ -102,6 +103,7 @@ class RQTransport(Transport):
         self._cancel = connection.register_script(_CANCEL)
         self._forget = connection.register_script(_FORGET)
         self._set_epoch = connection.register_script(_SET_EPOCH)
+        self._key_use: Any = None
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -392,6 +394,17 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         return {queue: int(n) for queue, n in zip(queues, lengths, strict=True)}
+
+    def key_use(
+        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
+    ) -> dict[str, KeyUse] | None:
+        """Each limit key's use, in one script call (see :meth:`Transport.key_use`)."""
+        if self._key_use is None:
+            self._key_use = self.connection.register_script(rq_limits.KEY_USE)
+        try:
+            return rq_limits.key_use(self._key_use, lease_s, periods, added)
+        except RedisError as exc:
+            raise transport_error(exc) from exc
 
     def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
         """Delete finished jobs' hashes and RQ results (see :meth:`Transport.drop_finished`), one pipeline."""

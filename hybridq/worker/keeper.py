@@ -226,7 +226,7 @@ class Keeper:
             return
         self._failing = False
         for x, reply in zip(due, replies, strict=True):
-            if int(reply) & 1:
+            if int(reply) & 5:  # renewed, or a limited key's slot held (the task still runs)
                 x.due = now + x.ms / 3000
             else:  # no longer ours (recorded meanwhile, or lost): the process finds out itself
                 for leases in self._leases.values():

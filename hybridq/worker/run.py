@@ -208,10 +208,10 @@ def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -
             log.info("job %s attempt %d: cancelled before it started: not run", env.id, d.attempt)
             return None
         if status == ClaimStatus.FENCED:
-            # Not a failure of the job: nothing ran, and nothing is reported.
+            # Not a failure of the job: nothing ran, and nothing is reported (no attempt used).
             log.warning(
-                "job %s attempt %d: delivery from before the forwarder's current epoch (%s): not run; "
-                "the forwarder delivers it again if it has not finished",
+                "job %s attempt %d: not run (%s: a delivery from before the forwarder's current epoch, "
+                "or its limit key has no room); the forwarder delivers it again if it has not finished",
                 env.id,
                 d.attempt,
                 stored.decode() if isinstance(stored, bytes) else stored,
@@ -265,9 +265,9 @@ class Run:
 
     @classmethod
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
-        """A run of ``d`` with a fresh token (the lease value: unique per run)."""
+        """A run of ``d`` with a fresh token (unique per run; a limited one ends in its policy)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}"
+        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}{'#L' + d.limit if d.limit else ''}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [

@@ -21,6 +21,7 @@ from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, Red
 
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 from hybridq.transport import redisurl
+from hybridq.worker.limit_scripts import LIMIT_LUA
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -71,6 +72,7 @@ CALL_TIMEOUT_S = 5.0
 # said and the epochs read, for a script that claims several deliveries).
 CLAIM_LUA = (
     DECODE_STORED_LUA
+    + LIMIT_LUA
     + """
 local function claim(K, A, server)
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
@@ -112,6 +114,8 @@ local function claim(K, A, server)
         -- starts: the lease is ours, for a whole lease from now. After the fences: a Redis back
         -- from a snapshot holding it is not the server the claim was made on.
         redis.call("PEXPIRE", K[2], A[2])
+        local held = limit_of(A[1])
+        if held then limit_hold(held, A[1], tonumber(A[2]), server) end
         return {0, ""}
     end
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
@@ -130,7 +134,21 @@ local function claim(K, A, server)
             return {2, stored}
         end
     end
+    -- A limited key (hybridq.worker.limit_scripts): no slot, or no rate left, runs nothing and
+    -- uses no attempt; the forwarder delivers the same attempt again (as a fenced one).
+    local lim = limit_of(A[1])
+    if lim then
+        local why = limit_admit(lim, A[1], A[2], server)
+        if why then
+            limit_gone(lim, tonumber(A[2]))
+            if redis.call("EXISTS", K[3]) == 1 then
+                redis.call("HSET", K[3], "hybridq_fenced", "1")
+            end
+            return {4, why}
+        end
+    end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
+        if lim then limit_hold(lim, A[1], tonumber(A[2]), server) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
         if redis.call("EXISTS", K[3]) == 1 then
@@ -164,6 +182,7 @@ _CLAIM = CLAIM_LUA + OOM_GUARD_LUA + "return claim(KEYS, ARGV, {})\n"
 # The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none).
 FINISH_LUA = (
     DECODE_STORED_LUA
+    + LIMIT_LUA
     + """
 local function finish(K, A)
     local stored = redis.call("GET", K[1])
@@ -194,6 +213,7 @@ local function finish(K, A)
     if redis.call("GET", K[2]) == A[1] then
         redis.call("DEL", K[2])
     end
+    limit_end(A[1])  -- its slot of a limited key is free
     return keep
 end
 """
@@ -203,8 +223,13 @@ _FINISH = FINISH_LUA + OOM_GUARD_LUA + "return finish(KEYS, ARGV)\n"
 
 # KEYS: leases, then (optional) the RQ job hash of each. ARGV: for each lease its token and lease
 # ms. For each, 1 if renewed, 0 if the lease is no longer ours, plus 2 if the job is marked
-# cancelled (hybridq.forwarder.cancelling): every lease a process holds, renewed in one call.
-_RENEW = """
+# cancelled (hybridq.forwarder.cancelling), plus 4 if the run holds a limited key's slot (held
+# again even if the lease is gone: the task still runs; hybridq.worker.limit_scripts): every
+# lease a process holds, renewed in one call.
+_RENEW = (
+    LIMIT_LUA
+    + """
+local server = {}
 local n = #ARGV / 2
 local renewed = {}
 for i = 1, n do
@@ -217,10 +242,24 @@ for i = 1, n do
     if job and redis.call("HEXISTS", job, "hybridq_cancel") == 1 then
         r = r + 2
     end
+    local lim = limit_of(token)
+    if lim then
+        -- Ended: the lease is not ours and the key's stored outcome is this run's.
+        local ended = false
+        if r % 2 == 0 then
+            local stored = redis.call("GET", (string.gsub(key, "^hybridq:lease:", "hybridq:result:")))
+            local ok, o = pcall(cjson.decode, stored or "")
+            ended = ok and type(o) == "table" and o.token == token
+        end
+        if limit_renew(lim, token, tonumber(ms), ended, server) then
+            r = r + 4
+        end
+    end
     renewed[i] = r
 end
 return renewed
 """
+)
 
 
 CLAIM_SHA = hashlib.sha1(_CLAIM.encode()).hexdigest()  # noqa: S324 - Redis names scripts so

@@ -385,3 +385,28 @@ def test_no_template_turns_escaping_off() -> None:
         text = template.read_text()
         assert not re.search(r"\|\s*safe\b|autoescape\s+false|Markup", text), template.name
     assert templating._ENV.autoescape is True
+
+
+def test_the_queues_page_lists_the_limit_keys_escaped(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    pages = site["pages"]
+    figures = dict(pages.figures())
+    figures["limit_keys"] = {
+        EVIL: {
+            "policy": "concurrency:2",
+            "running": 2,
+            "queued": 1,
+            "waiting": 40,
+            "started_in_period": 0,
+            "quarantine_s": 0.0,
+            "waiting_on_limit_s": 75.0,
+        }
+    }
+    monkeypatch.setattr(pages, "figures", lambda: figures)
+    page = request(site["base"] + "/queues")
+    assert page.status == 200
+    assert EVIL not in page.body
+    row = re.search(
+        r'<tr data-limit-key="[^"]*"><td>[^<]*</td><td>concurrency:2</td>(.*?)</tr>', page.body, re.DOTALL
+    )
+    assert row is not None, page.body
+    assert re.findall(r"<td>([^<]*)</td>", row.group(1)) == ["2", "1", "40", "0", "75 s"]

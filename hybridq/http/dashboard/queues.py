@@ -115,9 +115,8 @@ class QueuesPage:
             from hybridq.http.dashboard.live import queue_lengths  # noqa: PLC0415 - only with a Redis
 
             in_redis = queue_lengths(self.pages.config.redis_url)
-        rows = queue_rows(
-            self.pages.figures(), queue_figures(journal), self.pages.view.recent(now), in_redis, now
-        )
+        figures = self.pages.figures()
+        rows = queue_rows(figures, queue_figures(journal), self.pages.view.recent(now), in_redis, now)
         shown = [(queue, [c.show(values.get(c.key)) for c in COLUMNS]) for queue, values in rows.items()]
         redis_note = (
             "no Redis given to this server (--redis)"
@@ -128,5 +127,9 @@ class QueuesPage:
             "columns": COLUMNS,
             "rows": shown,
             "redis_note": redis_note,
+            # The per-key limits (docs/forwarder.md, "Limits per key"): the 100 keys waiting longest.
+            "limit_keys": sorted(
+                figures.get("limit_keys", {}).items(), key=lambda kv: -kv[1]["waiting_on_limit_s"]
+            )[:100],
             "section": {"chart": hour_chart(journal, now)},
         }

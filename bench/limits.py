@@ -1,0 +1,174 @@
+"""Per-key limits (issue 30): what the forwarder's gate costs, side by side with no limits, in one run.
+
+Two measurements, each with and without ``--limit`` (a policy that matches every job's key but
+never binds: ``concurrency:1000000``), interleaved repetitions, medians:
+
+* **admission**: a forwarder in this process (the RQ transport, a private Redis, no worker)
+  forwards N jobs of 10,000 distinct limit keys from its journal into Redis, its window wide
+  enough for all of them; timed from its first step to the last job in Redis. The difference per
+  job is what the gate adds (a room check per job, one Redis read per step for up to 2,000 keys,
+  the run table for the jobs of keys not read yet). The limits' epoch is set an hour back first:
+  a new Redis's one-lease quarantine would dominate a short run.
+* **burn-down**: N no-op jobs journaled (untimed), then a forwarder and one ``hybridq worker``
+  (defaults) started together; timed from their start to the last job's mark (forwarding, the
+  gate and the running, end to end: a forwarder started over a queued backlog pushes it at its
+  own pace, so timing from the worker's start would compare different head starts). Run with
+  10 keys and with 10,000 distinct keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import burndown
+import redis
+from burndown import Config, kill_groups, spawn
+from hybridq.testing.embedded import RedisServer
+
+LIMIT = "k:*=concurrency:1000000"
+
+
+def settled(url: str) -> None:
+    """The limits' epoch an hour back on this server: no quarantine in a short run."""
+    with redis.Redis.from_url(url) as conn:
+        run_id = conn.info("server")["run_id"]
+        conn.set("hybridq:limits:epoch", f"{int(time.time() * 1000) - 3_600_000}:{run_id}")
+
+
+def enqueue(queue: str, journal: str, n: int, keys: int) -> None:
+    """``n`` no-op jobs of ``keys`` distinct limit keys (``k:0``, ``k:1``...) into ``journal``."""
+    from hybridq import Queue  # noqa: PLC0415
+    from hybridq.producer.queue import shared_writer  # noqa: PLC0415
+
+    q = Queue(queue, journal)
+    try:
+        for first in range(0, n, 1000):
+            batch = range(first, min(n, first + 1000))
+            q.enqueue_many([q.prepare("burn.tasks.noop", limit_key=f"k:{i % keys}") for i in batch])
+    finally:
+        shared_writer(q.journal, q.durability).close()
+
+
+def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: bool) -> float:
+    """Seconds to forward ``n`` jobs of ``keys`` distinct keys into Redis (no worker)."""
+    from hybridq.forwarder.loop import Forwarder  # noqa: PLC0415
+    from hybridq.transport.rq import RQTransport  # noqa: PLC0415
+
+    server.flushall()
+    settled(server.url)
+    d = tempfile.mkdtemp(prefix="limits-adm-", dir=base)
+    journal = os.path.join(d, "journal")
+    enqueue("lim", journal, n, keys)
+    transport = RQTransport(server.url)
+    fwd = Forwarder(
+        journal,
+        transport,
+        window_min=2 * n,
+        window_max=2 * n,
+        lease_s=2.0,
+        limits=[LIMIT] if limited else None,
+    )
+    fwd.open()
+    try:
+        with redis.Redis.from_url(server.url) as conn:
+            t0 = time.perf_counter()
+            while conn.llen("rq:queue:lim") < n:
+                fwd.step()
+                if time.perf_counter() - t0 > 300:
+                    raise RuntimeError("not all forwarded in 300 s")
+            return time.perf_counter() - t0
+    finally:
+        fwd.close()
+        transport.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def burn(cfg: Config, n: int, keys: int, *, limited: bool) -> float:
+    """Seconds from starting a forwarder and one ``hybridq worker`` over ``n`` journaled no-op jobs
+    of ``keys`` keys to the last one done: the forwarding (and the gate) and the running, end to end.
+    """
+    cfg.server.flushall()
+    settled(cfg.url)
+    d = Path(tempfile.mkdtemp(prefix="limits-burn-", dir=cfg.base))
+    done = d / "done"
+    done.touch()
+    env = burndown.child_env(cfg, done)
+    enqueue(burndown.QUEUE, str(d / "journal"), n, keys)  # untimed, nothing running yet
+    extra = ["--limit", LIMIT] if limited else []
+    forward = [
+        sys.executable,
+        "-m",
+        "hybridq",
+        "forward",
+        "--journal",
+        str(d / "journal"),
+        "--redis",
+        cfg.url,
+    ]
+    worker = [sys.executable, "-m", "hybridq", "worker", "--redis", cfg.url, burndown.QUEUE]
+    t0 = time.perf_counter()
+    procs = spawn([[*forward, "--lease", "2", *extra], worker], d, "p", env)
+    try:
+        while done.stat().st_size < n:
+            if time.perf_counter() - t0 > 300:
+                raise RuntimeError(f"{done.stat().st_size} of {n} done in 300 s")
+            time.sleep(0.01)
+        return time.perf_counter() - t0
+    finally:
+        kill_groups(procs)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="bench-limits", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="a smoke run (small N, 1 repetition)")
+    p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("-n", type=int, default=None, help="jobs per measurement (default 20,000)")
+    args = p.parse_args(argv)
+    n = args.n or (2000 if args.quick else 20_000)
+    repeat = args.repeat or (1 if args.quick else 3)
+    base = tempfile.mkdtemp(prefix="bench-limits-")
+    server = RedisServer(directory=Path(base) / "redis")
+    server.start()
+    try:
+        cfg = Config(url=server.url, server=server, base=base, n={}, max_seconds=300.0)
+        rows: dict[str, list[float]] = {}
+        for rep in range(repeat):
+            order = [False, True] if rep % 2 == 0 else [True, False]
+            for limited in order:
+                tag = "limits" if limited else "none"
+                rows.setdefault(f"admission 10000 keys {tag}", []).append(
+                    admission(server, base, n, 10_000, limited=limited)
+                )
+                for keys in (10, 10_000):
+                    rows.setdefault(f"burn {keys} keys {tag}", []).append(burn(cfg, n, keys, limited=limited))
+        print(f"bench-limits: n={n} repeat={repeat} python {sys.version.split()[0]} cpus {os.cpu_count()}")
+        for name, values in rows.items():
+            med = statistics.median(values)
+            print(
+                f"{name:32} {n / med:10,.0f} jobs/s  median {med:7.3f} s  ({', '.join(f'{v:.3f}' for v in values)})"
+            )
+        for what in ("admission 10000 keys", "burn 10 keys", "burn 10000 keys"):
+            lims, nones = rows[f"{what} limits"], rows[f"{what} none"]
+            per_rep = sorted(none / lim for lim, none in zip(lims, nones, strict=True))
+            lim, none = statistics.median(lims), statistics.median(nones)
+            extra = f"; +{(lim - none) / n * 1e6:.1f} us per job" if what.startswith("admission") else ""
+            spread = f"per repetition {per_rep[0]:.3f}..{per_rep[-1]:.3f}x, median {statistics.median(per_rep):.3f}x"
+            print(f"{what}: with limits / without = {none / lim:.3f}x throughput ({spread}){extra}")
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

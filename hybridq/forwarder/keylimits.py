@@ -1,0 +1,209 @@
+"""The forwarder's gate for per-key limits: how many jobs of a limit key may be pushed now.
+
+The limits are enforced by the workers' claims, in Redis (``hybridq.worker.limit_scripts``):
+a run over its key's limit does not start, and the job comes back to be delivered again. This
+gate keeps that rare. Jobs of a key with no room stay in the run table, on disk, and never
+block other keys' jobs (the selector skips the key). Once per step, :meth:`KeyLimits.look` asks
+Redis, in one call, how the keys asked about since the last look stand (runs holding a slot,
+jobs pushed and not yet claimed by any forwarder, starts in the rate's period, a quarantine
+after Redis lost its state); between looks the room is counted down locally as jobs are pushed
+(docs/forwarder.md, "Limits per key").
+
+A key never looked at has no room until the next look (a step away): the gate errs on the side
+of waiting. Without a Redis that can say (the memory transport, sharded queues), every key is
+open and the claims alone enforce the limits.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq.errors import TransportError
+from hybridq.protocol.keylimits import Limit, Limits
+from hybridq.transport.base import KeyUse, Transport
+
+__all__ = ["LOOK_MAX", "KeyLimits", "KeyState"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The most keys one look reads (the others wait for the next step's): about 3 Redis commands
+#: each, inside one script.
+LOOK_MAX = 10_000
+#: A key's room read this recently is trusted (counted down by this forwarder's pushes) without
+#: another look while it is above 0: a key with room costs one look a second, not one a step.
+FRESH_S = 1.0
+#: A key not looked at for this long (no job of it waits) leaves the figures.
+SEEN_S = 30.0
+#: The most keys the figures (``status``, metrics, the dashboard) show: held ones first.
+FIGURES_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """A limit key as the last look saw it (for ``status``, metrics and ``doctor``)."""
+
+    key: str
+    policy: str
+    running: int
+    queued: int
+    started: int
+    quarantine_s: float
+    room: int
+    #: Since when (wall clock) the key has had no room while asked about; ``None``: it has room.
+    blocked_since: float | None
+    #: When it was looked at (wall clock).
+    at: float
+
+
+class KeyLimits:
+    """The :class:`~hybridq.forwarder.selector.KeyGate` of the per-key limits.
+
+    Args:
+        limits: the policies (``--limit``).
+        transport: where the state is read (:meth:`Transport.key_use`).
+        lease_s: the forwarder's lease (a key's quarantine lasts at least one).
+    """
+
+    def __init__(self, limits: Limits, transport: Transport, lease_s: float) -> None:
+        self.limits = limits
+        self.transport = transport
+        self.lease_s = lease_s
+        #: Per key: its room (counted down by pushes since) and when it was read (monotonic).
+        self._room: dict[str, tuple[int, float]] = {}
+        self._policies: dict[str, Limit | None] = {}
+        self._asked: dict[str, None] = {}
+        self._added: collections.Counter[str] = collections.Counter()
+        self._seen: dict[str, KeyState] = {}
+        self._open = False  # the transport cannot say: every key open
+        self._looked = False
+
+    def room(self, key: str) -> int:
+        """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
+        if self._open or self._policy(key) is None:
+            return sys.maxsize
+        room, at = self._room.get(key, (0, -math.inf))
+        if room <= 0 or time.monotonic() - at > FRESH_S:
+            self._asked[key] = None  # read at the next look
+        return max(0, room)
+
+    def pushed(self, key: str, n: int) -> None:
+        """``n`` jobs of ``key`` were pushed: less room until the next look says otherwise."""
+        if self._open or self._policy(key) is None:
+            return
+        room, at = self._room.get(key, (0, -math.inf))
+        self._room[key] = (room - n, at)
+        self._added[key] += n
+
+    def _policy(self, key: str) -> Limit | None:
+        """The policy of ``key`` (the globs matched once per key, up to 65,536 keys remembered)."""
+        try:
+            return self._policies[key]
+        except KeyError:
+            policy = self.limits.of(key)
+            if len(self._policies) < 65536:
+                self._policies[key] = policy
+            return policy
+
+    def look(self) -> bool:
+        """Read the keys asked about (and add what was pushed) in one call; once per step.
+
+        Returns whether a key's figures changed (the stats snapshot is written again).
+
+        Raises:
+            TransportError: Redis is down (the room stays as it was: nothing more is pushed).
+        """
+        if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
+            return False
+        self._looked = True  # the first look starts the limits' epoch on a new Redis at once
+        names = list(self._asked)[:LOOK_MAX]
+        names += [k for k in self._added if k not in self._asked]
+        periods = {}
+        for key in names:
+            limit = self._policy(key)
+            periods[key] = limit.period_ms if limit is not None else 0
+        uses = self.transport.key_use(periods, dict(self._added), lease_s=self.lease_s)
+        self._added.clear()
+        if uses is None:
+            self._open = True
+            log.info("the transport cannot report the limits' use: the workers' claims alone enforce them")
+            return False
+        for key in names:
+            self._asked.pop(key, None)
+        now, mono = time.time(), time.monotonic()
+        if len(self._room) > 4 * LOOK_MAX:  # keys not read for a while go (asked again, they are read)
+            self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 10 * FRESH_S}
+        changed = False
+        for key, use in uses.items():
+            self._room[key] = (self._free(key, use), mono)
+            changed |= self._note(key, use, now)
+        return changed
+
+    def _free(self, key: str, use: KeyUse) -> int:
+        limit = self._policy(key)
+        if limit is None:
+            return sys.maxsize
+        if use.quarantine_s > 0:
+            return 0
+        free = sys.maxsize
+        if limit.concurrency:
+            free = limit.concurrency - use.running - use.queued
+        if limit.rate:
+            free = min(free, limit.rate - use.started - use.queued)
+        return max(0, free)
+
+    def _note(self, key: str, use: KeyUse, now: float) -> bool:
+        """Keep what the look saw of ``key``; whether it changed."""
+        before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
+        room = self._room[key][0]
+        blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
+        policy = before.policy if before is not None else self._text(key)
+        state = KeyState(
+            key, policy, use.running, use.queued, use.started, use.quarantine_s, room, blocked, now
+        )
+        self._seen[key] = state
+        while len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest look first
+            del self._seen[next(iter(self._seen))]
+        # Only a key held or freed (or new) is news for the snapshot: counts move at every step.
+        return before is None or (before.blocked_since is None) != (blocked is None)
+
+    def _text(self, key: str) -> str:
+        limit = self._policy(key)
+        return limit.text() if limit else ""
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """Up to :data:`FIGURES_MAX` keys read within :data:`SEEN_S`, held longest first (any thread).
+
+        For the stats snapshot, which is written at steps: thousands of keys would make it large.
+        """
+        cutoff = time.time() - SEEN_S
+        seen = [s for s in list(self._seen.values()) if s.at >= cutoff]
+        seen.sort(key=lambda s: (s.blocked_since is None, s.blocked_since or 0.0, -s.running))
+        return {
+            s.key: {
+                "policy": s.policy,
+                "running": s.running,
+                "queued": s.queued,
+                "started": s.started,
+                "quarantine_s": s.quarantine_s,
+                "room": min(s.room, 2**31),
+                "blocked_since": s.blocked_since,
+            }
+            for s in seen[:FIGURES_MAX]
+        }
+
+    def states(self) -> list[KeyState]:
+        """The limit keys as the last looks saw them (at most a few thousand)."""
+        return list(self._seen.values())
+
+    def safe_look(self) -> None:
+        """:meth:`look`, a Redis outage logged at debug level (the push fails the same way)."""
+        try:
+            self.look()
+        except TransportError as exc:
+            log.debug("cannot read the limits' use: %s", exc)

@@ -1,0 +1,82 @@
+"""The per-key limits' figures for ``stats()``, ``status --json``, ``doctor`` and the dashboard.
+
+``limit_keys`` (per limit key the forwarder looked at recently): ``policy`` (as ``--limit``
+takes it), ``running`` (runs holding a slot), ``queued`` (pushed, not yet claimed), ``waiting``
+(jobs in the journal's run table, held for the key's room), ``started_in_period`` (starts in
+the rate's last period), ``quarantine_s`` (what is left of the hold after Redis lost its state)
+and ``waiting_on_limit_s`` (how long jobs of the key have waited with no room; 0: they have
+room, or none waits). From the forwarder's snapshot (what its gate last read from Redis) and the
+run table (the waiting counts); empty without limits (docs/forwarder.md, "Limits per key").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from typing import Any
+
+from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
+from hybridq.lookup.stats import Snapshot
+
+__all__ = ["LONG_WAIT_S", "limit_figures", "long_waits"]
+
+#: A limit key whose jobs have waited with no room this long is named by ``doctor``.
+LONG_WAIT_S = 600.0
+#: Keys per query of the run table.
+_CHUNK = 500
+
+
+def limit_figures(path: str, snap: Snapshot | None) -> dict[str, Any]:
+    """``{"limit_keys": {key: figures}}`` (see the module docstring)."""
+    raw: dict[str, dict[str, Any]] = dict(snap.limit_keys) if snap is not None else {}
+    waiting = _waiting(path, sorted(raw)) if raw else {}
+    now = time.time()
+    out = {}
+    for key, d in sorted(raw.items()):
+        n = waiting.get(key, 0)
+        since = d.get("blocked_since")
+        out[key] = {
+            "policy": d.get("policy"),
+            "running": d.get("running"),
+            "queued": d.get("queued"),
+            "waiting": n,
+            "started_in_period": d.get("started"),
+            "quarantine_s": d.get("quarantine_s"),
+            "waiting_on_limit_s": round(max(0.0, now - since), 3) if n and since is not None else 0.0,
+        }
+    return {"limit_keys": out}
+
+
+def long_waits(path: str, snap: Snapshot | None) -> list[str]:
+    """``doctor``'s lines: limit keys whose jobs waited with no room for :data:`LONG_WAIT_S` or more."""
+    out = []
+    for key, d in limit_figures(path, snap)["limit_keys"].items():
+        if d["waiting_on_limit_s"] >= LONG_WAIT_S:
+            out.append(
+                f"limit key {key!r} ({d['policy']}): {d['waiting']} jobs have waited "
+                f"{d['waiting_on_limit_s']:.0f} s for room ({d['running']} running, {d['queued']} queued): "
+                "a limit too tight for the load, or slots held by runs that do not end"
+            )
+    return out
+
+
+def _waiting(path: str, keys: list[str]) -> dict[str, int]:
+    """Per limit key, its jobs in the run table (read-only; ``{}`` if it cannot be read)."""
+    file = os.path.join(path, RUNS_DIR, RUNS_FILE)
+    if not os.path.exists(file):
+        return {}
+    out: dict[str, int] = {}
+    with contextlib.suppress(sqlite3.Error):
+        db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0)
+        try:
+            for start in range(0, len(keys), _CHUNK):
+                part = keys[start : start + _CHUNK]
+                marks = ",".join("?" * len(part))
+                query = f"SELECT lkey, count(*) FROM runs WHERE lkey IN ({marks}) GROUP BY lkey"  # noqa: S608
+                rows = db.execute(query, part)  # (the query holds only "?" marks)
+                out.update({k: int(n) for k, n in rows})
+        finally:
+            db.close()
+    return out

@@ -1,0 +1,120 @@
+"""The per-key limits' part of the claim, renewal and outcome scripts (docs/forwarder.md, "Limits per key").
+
+A limited delivery's token (the lease value, :class:`hybridq.worker.run.Run`) ends in ``#L`` and
+the policy the forwarder put in the delivery (``concurrency,rate,period ms,key``; 0: no such
+limit): every script that sees the token sees the policy, and nothing else carries it. Job ids
+are ``[A-Za-z0-9_-]``, so ``#L`` cannot appear before it.
+
+Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
+
+* ``run``: a sorted set of the runs that hold a slot (member: the token, score: when the slot
+  lapses, ms, Redis's clock). The claim adds its run, each lease renewal moves the score a
+  lease ahead (and adds it back after Redis lost it), the outcome removes it: a killed worker's
+  slot frees when its lease would have lapsed;
+* ``starts``: a sorted set of the starts of the last period (the rate's sliding log);
+* ``queued``: how many jobs of the key the forwarders pushed that no claim took yet (the
+  forwarders' gate reads it, so it pushes no more than the room). Forwarders add, claims take
+  off, in either order (it may be below zero for a moment); it expires two leases after the
+  last push, so jobs that never reach a claim (cancelled, lost with Redis) stop counting;
+
+``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
+server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
+holders Redis had are lost, so for one lease (and one rate period) from then on no new run of a
+limited key is admitted (**quarantine**): long enough for every running holder's renewal to add
+it back. Only then do the counts mean what they say: no burst after a loss of state.
+"""
+
+from __future__ import annotations
+
+from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
+from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
+
+__all__ = ["LIMIT_LUA"]
+
+#: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
+#: of a refusal, or nil), ``limit_hold(lim, token, lease ms, server)``, ``limit_gone(lim, lease
+#: ms)`` (a job left its queue), ``limit_renew(lim, token, lease ms, ended, server)`` and
+#: ``limit_end(token)``. ``server`` caches, per script call, Redis's clock and its ``run_id``.
+LIMIT_LUA = f"""
+local function limit_of(token)
+    local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
+    if not key then return nil end
+    local at = "{PREFIX}" .. key .. ":"
+    return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
+        starts = at .. "starts", queued = at .. "queued"}}
+end
+-- Redis's clock (ms), read once per script call (``server`` caches it).
+local function limit_now(server)
+    if not server.now then
+        local t = redis.call("TIME")
+        server.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return server.now
+end
+-- When the limits' state began on this server (ms); a new epoch starts now if Redis lost it.
+local function limit_epoch(now, server)
+    if server.limit_since == nil then
+        if server.run_id == nil then
+            local info = redis.pcall("INFO", "server")
+            server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+        end
+        local run_id = server.run_id or ""
+        local since, was = string.match(redis.call("GET", "{EPOCH_KEY}") or "", "^(%d+):(%x*)$")
+        since = tonumber(since)
+        -- (a time ahead of the server's clock is not believed: it would hold the keys forever)
+        if not since or since > now or (run_id ~= "" and was ~= run_id) then
+            since = now
+            redis.call("SET", "{EPOCH_KEY}", now .. ":" .. run_id)
+        end
+        server.limit_since = since
+    end
+    return server.limit_since
+end
+local function limit_admit(lim, token, lease_ms, server)
+    local now = limit_now(server)
+    local since = limit_epoch(now, server)
+    redis.call("ZREMRANGEBYSCORE", lim.run, "-inf", now)
+    if redis.call("ZSCORE", lim.run, token) then
+        return nil  -- this very run holds the slot already (a claim sent again)
+    end
+    local quiet = tonumber(lease_ms)
+    if lim.r > 0 and lim.p > quiet then quiet = lim.p end
+    if now < since + quiet then return "limited: quarantine after Redis lost state" end
+    if lim.c > 0 and redis.call("ZCARD", lim.run) >= lim.c then return "limited: concurrency" end
+    if lim.r > 0 then
+        redis.call("ZREMRANGEBYSCORE", lim.starts, "-inf", now - lim.p)
+        if redis.call("ZCARD", lim.starts) >= lim.r then return "limited: rate" end
+    end
+    return nil
+end
+-- A job of the key left its queue (claimed or refused). The count may go below zero for a
+-- moment: a forwarder adds what it pushed at its next step, often after the claims.
+local function limit_gone(lim, lease_ms)
+    if redis.call("DECR", lim.queued) < 0 then redis.call("PEXPIRE", lim.queued, 2 * lease_ms) end
+end
+local function limit_hold(lim, token, lease_ms, server)
+    local now = limit_now(server)
+    local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
+    redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+    if new then
+        if lim.r > 0 then
+            redis.call("ZADD", lim.starts, now, token)
+            redis.call("PEXPIRE", lim.starts, lim.p + 1000)
+        end
+        limit_gone(lim, lease_ms)
+    end
+end
+-- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
+local function limit_renew(lim, token, lease_ms, ended, server)
+    if ended then return false end
+    local now = limit_now(server)
+    limit_epoch(now, server)
+    redis.call("ZADD", lim.run, now + lease_ms, token)
+    redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+    return true
+end
+local function limit_end(token)
+    local lim = limit_of(token)
+    if lim then redis.call("ZREM", lim.run, token) end
+end
+"""

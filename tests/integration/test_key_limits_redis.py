@@ -1,0 +1,226 @@
+"""Per-key limits end to end: ``hybridq forward --limit``, ``hybridq worker`` pools, a private Redis.
+
+Each task appends ``start``/``done`` lines (token, attempt, pid, time) to an effects file: what
+ran at once is counted from the tasks themselves, not from hybridq's view. The cheap test runs
+in the default run; the faults (a pool SIGKILLed mid-run, a ``FLUSHALL``) and the minute-long
+rate run are the ``limits`` tier (``scripts/test -m limits tests/integration/test_key_limits_redis.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hybridq import Queue
+from hybridq.testing.embedded import RedisServer
+
+from tests.integration.test_worker_pool import pool
+from tests.integration.test_worker_redis import (
+    Line,
+    Stack,
+    alive,
+    all_succeeded,
+    read_effects,
+    redis_client,
+    stack,
+    wait_line,
+    wait_status,
+)
+from tests.support.processes import run_status, wait_until
+
+__all__ = ["stack"]  # the fixture, used by this module's tests
+
+
+def runs_of(
+    lines: list[Line], prefix: str, *, killed: dict[int, float], now: float
+) -> list[tuple[float, float]]:
+    """Each run of a task whose token starts with ``prefix``: (start, end), from its own lines.
+
+    A run with no ``done`` line ended when its process was killed (``killed``: pid -> when), or
+    is taken as running until ``now``.
+    """
+    done = {(x.token, x.attempt, x.pid): x.at for x in lines if x.kind == "done"}
+    out = []
+    for x in lines:
+        if x.kind == "start" and x.token.startswith(prefix):
+            end = done.get((x.token, x.attempt, x.pid), killed.get(x.pid, now))
+            out.append((x.at, end))
+    return out
+
+
+def most_at_once(runs: list[tuple[float, float]]) -> int:
+    """The most runs under way at any one moment (each start is a moment the count can peak)."""
+    return max((sum(1 for s, e in runs if s <= at < e) for at, _ in runs), default=0)
+
+
+def most_started_within(starts: list[float], window_s: float) -> int:
+    """The most starts in any half-open window of ``window_s`` (each start opens one)."""
+    starts = sorted(starts)
+    best, j = 0, 0
+    for i, s in enumerate(starts):
+        while starts[j] <= s - window_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_a_concurrency_2_key_runs_2_at_once_and_does_not_hold_up_another_key(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "tenant:*=concurrency:2")
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    for i in range(6):
+        queue.enqueue("tests.tasks.traced", str(effects), f"lim-{i}", 0.25, limit_key="tenant:1")
+    for i in range(3):
+        queue.enqueue("tests.tasks.traced", str(effects), f"free-{i}", 0.0, limit_key="other")
+    wait_status(journal_dir, subprocess_env, all_succeeded(9), what="9 jobs", alive=alive(forwarder, worker))
+    lines = read_effects(effects)
+    runs = runs_of(lines, "lim-", killed={}, now=time.time())
+    assert len(runs) == 6
+    assert most_at_once(runs) == 2, "the key ran at its limit, never over it"
+    free_done = max(x.at for x in lines if x.kind == "done" and x.token.startswith("free-"))
+    lim_done = max(x.at for x in lines if x.kind == "done" and x.token.startswith("lim-"))
+    assert free_done < lim_done - 0.25, "the unlimited jobs behind the limited ones did not wait for them"
+    shown = run_status(journal_dir, subprocess_env)["limit_keys"]  # stats() per limit key
+    assert shown["tenant:1"]["policy"] == "concurrency:2"
+    assert shown["tenant:1"]["waiting"] == 0
+
+
+@pytest.mark.limits
+def test_a_concurrency_2_key_never_runs_3_across_a_pool_killed_and_a_flushall(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "tenant:*=concurrency:2")
+    doomed = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    survivor = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    n = 16
+    for i in range(n):
+        queue.enqueue("tests.tasks.traced", str(effects), f"lim-{i}", 1.0, limit_key="tenant:1")
+    for i in range(4):
+        queue.enqueue("tests.tasks.traced", str(effects), f"free-{i}", 0.0)
+    for i in range(4):
+        wait_line(effects, "done", f"free-{i}", timeout=30)
+    # SIGKILL the pool running a limited job: its slot frees when its lease lapses, not before.
+    victims = set(wait_until(doomed.children, what="the pool's process"))
+    wait_until(
+        lambda: any(x.kind == "start" and x.pid in victims for x in read_effects(effects)),
+        timeout=60,
+        what="a limited job on the doomed pool",
+    )
+    killed_at = time.time()
+    doomed.kill()
+    replacement = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    wait_until(
+        lambda: sum(x.kind == "done" for x in read_effects(effects)) >= 4 + 6, timeout=60, what="6 done"
+    )
+    with redis_client(redis_server) as conn:
+        conn.flushall()
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(n + 4),
+        what=f"{n + 4} jobs",
+        timeout=180,
+        alive=alive(forwarder, survivor, replacement),
+    )
+    runs = runs_of(read_effects(effects), "lim-", killed=dict.fromkeys(victims, killed_at), now=time.time())
+    assert len(runs) >= n
+    assert most_at_once(runs) <= 2, f"{most_at_once(runs)} runs of a concurrency:2 key at once"
+    refused = sum(w.log().count("(limited: ") for w in (doomed, survivor, replacement))
+    figures(
+        f"LIMITS concurrency:2 kill+flushall jobs={n} runs={len(runs)} most_at_once={most_at_once(runs)} refused_claims={refused}"
+    )
+
+
+@pytest.mark.limits
+def test_two_forwarders_on_one_redis_share_a_keys_limit(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    other = tmp_path / "other-journal"
+    forwarders = [
+        stack.forwarder(redis_server.url, "--limit", "shared=concurrency:2"),
+        stack.forwarder(redis_server.url, "--limit", "shared=concurrency:2", journal=other),
+    ]
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "8")
+    effects = tmp_path / "effects.txt"
+    for journal, name in ((journal_dir, "a"), (other, "b")):
+        queue = Queue("default", journal)
+        for i in range(6):
+            queue.enqueue("tests.tasks.traced", str(effects), f"lim-{name}{i}", 0.5, limit_key="shared")
+    for journal in (journal_dir, other):
+        wait_status(
+            journal, subprocess_env, all_succeeded(6), what="6 jobs", alive=alive(*forwarders, worker)
+        )
+    runs = runs_of(read_effects(effects), "lim-", killed={}, now=time.time())
+    assert len(runs) == 12
+    assert most_at_once(runs) == 2, (
+        f"{most_at_once(runs)} runs of a concurrency:2 key at once, two forwarders"
+    )
+    refused = worker.log().count("(limited: ")
+    figures(
+        f"LIMITS two-forwarders concurrency:2 jobs=12 most_at_once={most_at_once(runs)} refused_claims={refused}"
+    )
+
+
+@pytest.mark.limits
+def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "api=rate:50/s")
+    worker = pool(stack, redis_server.url, "--processes", "2", "--threads", "16")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    n = 3100  # a minute at the rate, and some
+    queue.enqueue_many(
+        [queue.prepare("tests.tasks.traced", (str(effects), f"r-{i}"), limit_key="api") for i in range(n)]
+    )
+    wait_status(
+        journal_dir,
+        subprocess_env,
+        all_succeeded(n),
+        what=f"{n} jobs",
+        timeout=240,
+        alive=alive(forwarder, worker),
+    )
+    starts = [x.at for x in read_effects(effects) if x.kind == "start"]
+    assert len(starts) >= n
+    assert most_started_within(starts, 1.0) <= 50
+    took = max(starts) - min(starts)
+    assert took >= (n - 50) / 50 - 1, f"{n} starts at 50 a second took {took:.1f} s"
+    most = most_started_within(starts, 1.0)
+    figures(f"LIMITS rate:50/s jobs={n} most_in_any_1s={most} took_s={took:.1f} ({n / took:.1f}/s)")
+
+
+@pytest.mark.limits
+def test_single_job_workers_enforce_the_limit_too(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "one=concurrency:1")
+    workers = [stack.worker(redis_server.url, simple=True) for _ in range(3)]
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    for i in range(5):
+        queue.enqueue("tests.tasks.traced", str(effects), f"lim-{i}", 0.3, limit_key="one")
+    wait_status(
+        journal_dir, subprocess_env, all_succeeded(5), what="5 jobs", alive=alive(forwarder, *workers)
+    )
+    runs = runs_of(read_effects(effects), "lim-", killed={}, now=time.time())
+    assert len(runs) == 5
+    assert most_at_once(runs) == 1

@@ -1,0 +1,143 @@
+"""The per-key limits' part of the workers' scripts against a real Redis (hybridq.worker.limit_scripts).
+
+The claim (single-job and the pool's START) admits a run of a limited key only while its key
+has a slot and rate left, renewals keep (and, after a FLUSHALL, restore) the slots of running
+runs, the outcome frees them, a lapsed lease frees them, and a loss of Redis's state holds
+every limited key for one lease (no burst).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hybridq.envelope.model import new_job_id
+from hybridq.protocol import ClaimStatus, keys
+from hybridq.testing.embedded import RedisServer
+from hybridq.worker import scripts
+
+LEASE_MS = 400
+
+
+@pytest.fixture
+def conn(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def settled(conn: redis.Redis) -> None:
+    """Start the limits' epoch long ago on this server: no quarantine."""
+    run_id = conn.info("server")["run_id"]
+    conn.set(keys.LIMITS_EPOCH, f"1:{run_id}")
+
+
+def token(limit: str) -> str:
+    return f"{new_job_id(time.time())}/1/host-1/abcd#L{limit}"
+
+
+def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS) -> Any:
+    job_id = tok.split("/", 1)[0]
+    claim_keys = [keys.result(job_id), keys.lease(job_id), keys.rq_job(job_id), keys.epoch("owner")]
+    status, why = scripts.claim(conn, claim_keys, [tok, lease_ms, job_id, 0, 1, 0])
+    return int(status), why.decode() if isinstance(why, bytes) else why
+
+
+def finish(conn: redis.Redis, tok: str) -> None:
+    job_id = tok.split("/", 1)[0]
+    outcome = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{tok}"}}'
+    scripts.finish(
+        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, outcome, 60, "{}"]
+    )
+
+
+def renew(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS) -> int:
+    return int(scripts.renew(conn, keys.lease(tok.split("/", 1)[0]), tok, lease_ms))
+
+
+def test_a_concurrency_limit_admits_n_runs_and_the_outcome_frees_a_slot(conn: redis.Redis) -> None:
+    settled(conn)
+    runs = [token("2,0,0,tenant:1") for _ in range(3)]
+    assert [claim(conn, t)[0] for t in runs[:2]] == [ClaimStatus.CLAIMED] * 2
+    assert claim(conn, runs[2]) == (ClaimStatus.FENCED, "limited: concurrency")
+    assert claim(conn, token("2,0,0,tenant:2"))[0] == ClaimStatus.CLAIMED, "another key is not held"
+    assert claim(conn, runs[0])[0] == ClaimStatus.CLAIMED, "a claim sent again is its own slot"
+    finish(conn, runs[0])
+    assert renew(conn, runs[0]) & 4 == 0, "a renewal after the outcome does not take the slot back"
+    assert claim(conn, runs[2])[0] == ClaimStatus.CLAIMED
+
+
+def test_a_killed_runs_slot_frees_when_its_lease_would_have_lapsed(conn: redis.Redis) -> None:
+    settled(conn)
+    held = token("1,0,0,k")
+    assert claim(conn, held)[0] == ClaimStatus.CLAIMED
+    waiting = token("1,0,0,k")
+    for _ in range(3):  # renewed: held past its first lease
+        time.sleep(LEASE_MS / 3000)
+        assert renew(conn, held) == 1 | 4
+    assert claim(conn, waiting)[1] == "limited: concurrency"
+    time.sleep(LEASE_MS / 1000 + 0.05)  # no renewal: the worker died
+    assert claim(conn, waiting)[0] == ClaimStatus.CLAIMED
+
+
+def test_after_a_flushall_limited_keys_wait_a_lease_and_running_runs_keep_their_slots(
+    conn: redis.Redis,
+) -> None:
+    settled(conn)
+    running = [token("2,0,0,k") for _ in range(2)]
+    assert [claim(conn, t)[0] for t in running] == [ClaimStatus.CLAIMED] * 2
+    conn.flushall()
+    late = token("2,0,0,k")
+    assert claim(conn, late) == (ClaimStatus.FENCED, "limited: quarantine after Redis lost state")
+    assert [renew(conn, t) for t in running] == [4, 4], "lease gone, slot held again"
+    time.sleep(LEASE_MS / 1000 + 0.05)
+    for t in running:
+        renew(conn, t)
+    assert claim(conn, late)[1] == "limited: concurrency", "no burst: both still run"
+    finish(conn, running[0])
+    assert claim(conn, late)[0] == ClaimStatus.CLAIMED
+
+
+def test_a_restarted_redis_is_a_new_epoch(conn: redis.Redis) -> None:
+    conn.set(keys.LIMITS_EPOCH, "1:0123456789abcdef")  # another server's run_id (a snapshot)
+    assert claim(conn, token("5,0,0,k"))[1] == "limited: quarantine after Redis lost state"
+    conn.set(keys.LIMITS_EPOCH, f"{int(time.time() * 1000) + 10**9}:{conn.info('server')['run_id']}")
+    assert claim(conn, token("5,0,0,k"))[1].startswith("limited: quarantine"), "a time ahead is not believed"
+
+
+def test_a_rate_limit_admits_n_starts_per_period(conn: redis.Redis) -> None:
+    conn.set(keys.LIMITS_EPOCH, f"1:{conn.info('server')['run_id']}")
+    # the quarantine after a loss lasts a period too: long past here
+    started = time.monotonic()
+    replies = [claim(conn, token("0,3,500,api")) for _ in range(5)]
+    assert [r[0] for r in replies] == [ClaimStatus.CLAIMED] * 3 + [ClaimStatus.FENCED] * 2
+    assert replies[3][1] == "limited: rate"
+    time.sleep(max(0.0, 0.55 - (time.monotonic() - started)))
+    assert claim(conn, token("0,3,500,api"))[0] == ClaimStatus.CLAIMED
+
+
+def test_the_forwarders_read_of_a_keys_use(redis_server: RedisServer, conn: redis.Redis) -> None:
+    from hybridq.transport.rq import RQTransport
+
+    settled(conn)
+    transport = RQTransport(redis_server.url)
+    try:
+        claim(conn, token("3,0,0,k"))  # claimed before the forwarder added it: in either order
+        use = transport.key_use({"k": 0, "other": 1000}, {"k": 3}, lease_s=0.4)
+        assert use is not None
+        assert (use["k"].running, use["k"].queued, use["k"].quarantine_s) == (1, 2, 0)
+        claim(conn, token("3,0,0,k"))  # a claim takes one off the queued count
+        use = transport.key_use({"k": 0}, {}, lease_s=0.4)
+        assert use is not None
+        assert (use["k"].running, use["k"].queued) == (2, 1)
+        conn.flushall()
+        use = transport.key_use({"k": 0}, {}, lease_s=0.4)
+        assert use is not None
+        assert use["k"].quarantine_s > 0.3
+    finally:
+        transport.close()

@@ -1,0 +1,185 @@
+"""Per-key limits: the policies' text (``--limit``, ``HYBRIDQ_LIMITS``, ``limits=``) and the forwarder's gate."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from hybridq.errors import ConfigError
+from hybridq.forwarder import keylimits
+from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.protocol import Delivery
+from hybridq.protocol.keylimits import Limit, parse_limit, parse_limits
+from hybridq.testing.memory import MemoryTransport
+from hybridq.transport.base import KeyUse
+
+
+def test_specs_parse_to_a_policy() -> None:
+    assert parse_limit("concurrency:2") == Limit(2, 0, 0)
+    assert parse_limit("rate:100/s,concurrency:10") == Limit(10, 100, 1000)
+    assert parse_limit(" rate:5/m ") == Limit(0, 5, 60_000)
+    assert parse_limit("rate:1/h").text() == "rate:1/h"
+    assert Limit(3, 7, 1000).wire("tenant:1") == "3,7,1000,tenant:1"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "concurrency",
+        "concurrency:0",
+        "concurrency:-1",
+        "concurrency:2.5",
+        "rate:10",
+        "rate:10/d",
+        "rate:0/s",
+        "concurrency:1,concurrency:2",
+        "speed:3",
+        "concurrency:1,,",
+        "concurrency:9999999999",
+    ],
+)
+def test_a_bad_spec_is_one_line(spec: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_limit(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_the_first_matching_pattern_wins() -> None:
+    limits = parse_limits(["tenant:vip=concurrency:10", "tenant:*=concurrency:2"])
+    assert limits.of("tenant:vip") == Limit(10, 0, 0)
+    assert limits.of("tenant:42") == Limit(2, 0, 0)
+    assert limits.of("other") is None
+    assert limits.of(None) is None
+    assert parse_limits({"a*": "rate:3/s"}).texts() == ["a*=rate:3/s"]
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        ["tenant:*"],
+        ["=concurrency:1"],
+        ["tenant:*="],
+        ["a b=concurrency:1"],
+        ["a=concurrency:1", "a=rate:1/s"],
+    ],
+)
+def test_a_bad_item_is_one_line(items: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_limits(items)
+    assert "\n" not in str(err.value)
+
+
+def test_the_forwarder_config_takes_the_limits_in_any_form() -> None:
+    assert ForwarderConfig(limits=["k=concurrency:1"]).key_limits.of("k") == Limit(1, 0, 0)
+    assert ForwarderConfig(limits={"k": "rate:2/s"}).key_limits.of("k") == Limit(0, 2, 1000)
+    assert not ForwarderConfig().key_limits
+    with pytest.raises(ConfigError):
+        ForwarderConfig(limits=["k=bogus:1"])
+    with pytest.raises(TypeError):
+        ForwarderConfig(limits="k=concurrency:1")
+
+
+def test_a_delivery_carries_its_limit_and_an_unreadable_one_is_none() -> None:
+    from hybridq.envelope.model import Envelope, new_job_id
+
+    job_id = new_job_id(1.0)
+    env = Envelope(
+        id=job_id, func="tests.tasks.add", args=(1, 2), queue="q", idempotency_key=job_id, created_at=1.0
+    )
+    d = Delivery(env, "owner", ("w", 0, 0), limit="2,0,0,k")
+    assert Delivery.from_json(d.to_json()).limit == "2,0,0,k"
+    assert "lim" not in Delivery(env, "owner", ("w", 0, 0)).to_json()
+    raw = {**d.to_json(), "lim": 12}
+    assert Delivery.from_json(raw).limit is None
+
+
+class Uses(MemoryTransport):
+    """A transport that reports what the test says (and records what it was told)."""
+
+    def __init__(self, uses: dict[str, KeyUse]) -> None:
+        super().__init__()
+        self.uses = uses
+        self.calls: list[tuple[dict[str, int], dict[str, int]]] = []
+
+    def key_use(
+        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
+    ) -> dict[str, KeyUse] | None:
+        del lease_s
+        self.calls.append((dict(periods), dict(added)))
+        return {k: self.uses.get(k, KeyUse(0, 0, 0, 0.0)) for k in periods}
+
+
+def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transport = Uses({"t:1": KeyUse(1, 0, 0, 0.0), "r": KeyUse(0, 1, 8, 0.0)})
+    gate = KeyLimits(parse_limits(["t:*=concurrency:3", "r=rate:10/s"]), transport, lease_s=2.0)
+    assert gate.room("free") == sys.maxsize, "an unlimited key is never held"
+    assert gate.room("t:1") == 0, "not looked at yet: it waits a step"
+    assert gate.room("r") == 0
+    gate.look()
+    assert transport.calls == [({"t:1": 0, "r": 1000}, {})]
+    assert gate.room("t:1") == 2
+    assert gate.room("r") == 1, "10 a second, 8 started, 1 queued"
+    gate.pushed("t:1", 2)
+    assert gate.room("t:1") == 0
+    gate.look()
+    assert transport.calls[-1][1] == {"t:1": 2}, "what was pushed is added to the queued count"
+    transport.uses["t:1"] = KeyUse(1, 0, 0, 3.0)
+    gate.room("t:1")
+    calls = len(transport.calls)
+    gate.look()
+    assert len(transport.calls) == calls, "a key with room read within FRESH_S is not read again"
+    monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
+    gate.room("t:1")  # asked while its jobs wait, its room older than FRESH_S: read at the next look
+    gate.look()
+    assert gate.room("t:1") == 0, "quarantined after Redis lost its state"
+    states = {s.key: s for s in gate.states()}
+    assert states["t:1"].quarantine_s == 3.0
+    assert states["t:1"].blocked_since is not None
+
+
+def test_a_transport_that_cannot_say_leaves_every_key_open() -> None:
+    gate = KeyLimits(parse_limits(["k=concurrency:1"]), MemoryTransport(), lease_s=2.0)
+    gate.room("k")
+    gate.look()
+    assert gate.room("k") == sys.maxsize
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--limit", "tenant:*"], {}),
+        (["--limit", "tenant:*=concurrency:0"], {}),
+        (["--limit", "a=rate:5/d"], {}),
+        ([], {"HYBRIDQ_LIMITS": "a=concurrency:1;b=bogus"}),
+    ],
+)
+def test_a_bad_limit_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, args: list[str], env: dict[str, str]
+) -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    result = CliRunner().invoke(cli, ["forward", "--journal", str(tmp_path / "j"), *args], env=env)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(("hybridq: error: bad limit", "hybridq: error: bad --limit")), lines
+    assert not (tmp_path / "j").exists()
+
+
+def test_forward_help_says_what_a_limit_is() -> None:
+    from click.testing import CliRunner
+    from hybridq.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["forward", "--help"]).output.split())
+    assert "--limit PATTERN=SPEC" in text
+    assert "concurrency:N" in text
+    assert "rate:N/s|N/m|N/h" in text
+    assert "HYBRIDQ_LIMITS" in text
+    assert "first matching PATTERN wins" in text

@@ -1,0 +1,64 @@
+"""The per-key limits' figures: ``stats()``/``status --json``'s ``limit_keys``, ``doctor``'s line, the metrics."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
+from hybridq.lookup.stats import Snapshot
+from hybridq.ops.limit_stats import LONG_WAIT_S, limit_figures, long_waits
+from hybridq.ops.metrics import limit_metrics
+
+
+def snapshot(blocked_since: float | None) -> Snapshot:
+    snap = Snapshot()
+    snap.limit_keys = {
+        "tenant:1": {
+            "policy": "concurrency:2",
+            "running": 2,
+            "queued": 0,
+            "started": 0,
+            "quarantine_s": 0.0,
+            "room": 0,
+            "blocked_since": blocked_since,
+        }
+    }
+    return snap
+
+
+def run_table(path: Path, keys: dict[str, int]) -> None:
+    os.makedirs(path / RUNS_DIR)
+    db = sqlite3.connect(path / RUNS_DIR / RUNS_FILE)
+    db.execute("CREATE TABLE runs (queue TEXT, lkey TEXT NOT NULL DEFAULT '')")
+    for key, n in keys.items():
+        db.executemany("INSERT INTO runs VALUES ('q', ?)", [(key,)] * n)
+    db.commit()
+    db.close()
+
+
+def test_the_figures_count_each_keys_waiting_jobs_from_the_run_table(tmp_path: Path) -> None:
+    run_table(tmp_path, {"tenant:1": 7, "": 3})
+    out = limit_figures(str(tmp_path), snapshot(time.time() - 30))["limit_keys"]
+    assert out["tenant:1"]["waiting"] == 7
+    assert out["tenant:1"]["policy"] == "concurrency:2"
+    assert 29 <= out["tenant:1"]["waiting_on_limit_s"] < 60
+    assert limit_figures(str(tmp_path), None) == {"limit_keys": {}}
+
+
+def test_doctor_names_a_key_held_for_long_only_while_its_jobs_wait(tmp_path: Path) -> None:
+    run_table(tmp_path, {"tenant:1": 1})
+    assert long_waits(str(tmp_path), snapshot(time.time() - 60)) == []
+    (line,) = long_waits(str(tmp_path), snapshot(time.time() - LONG_WAIT_S - 5))
+    assert "tenant:1" in line
+    assert "concurrency:2" in line
+    assert long_waits(str(tmp_path / "none"), snapshot(time.time() - LONG_WAIT_S - 5)) == [], "none waits"
+
+
+def test_the_metrics_per_limit_key() -> None:
+    families = {f.name: f for f in limit_metrics(snapshot(time.time() - 10).limit_keys)}
+    assert families["hybridq_limit_key_running"].samples[0].value == 2
+    assert families["hybridq_limit_key_running"].samples[0].labels == {"key": "tenant:1"}
+    assert 9 <= families["hybridq_limit_key_held_seconds"].samples[0].value < 60
