@@ -266,3 +266,24 @@ def traced_task(fail: bool = False) -> str:
         if fail:
             raise ValueError("asked to fail")
     return "traced"
+
+
+# -- tasks for tests/unit/test_workflows.py and tests/integration/test_workflows_faults.py --------
+
+
+def total(values: list[int]) -> int:
+    """A chord's callback: the sum of its members' results."""
+    return sum(values)
+
+
+def total_once(values: list[int], path: str) -> int:
+    """:func:`total`, appending the sum to ``path`` (fsync'd): a test counts the callback's runs."""
+    result = sum(values)
+    record(path, str(result))
+    return result
+
+
+def add_noted(a: int, b: int, path: str) -> int:
+    """``a + b``, appending a line to ``path`` first: a test counts the step's runs."""
+    record(path, f"{a}+{b}")
+    return a + b

@@ -24,6 +24,7 @@ from hybridq.errors import RedisFull
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.records import decode_job, first_delivery, read_held
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
@@ -54,6 +55,8 @@ class Deliverer:
     backlog: Backlog
     #: The journal reader, positioned at the checkpoint.
     reader: JournalReader
+    #: Workflows' anchors and jobs with ``depends_on``: held there, never pushed as read.
+    flows: Flows
     _: KW_ONLY
     #: The forwarder's clock (delayed jobs' ``run_at``).
     clock: Callable[[], float]
@@ -85,6 +88,7 @@ class Deliverer:
             reader.seek(self.checkpoint.positions)
             self.admission.reset()
             self.state.runs.rollback()
+            self.flows.rollback()
             self.state.pending.rewind(self.checkpoint.positions)
             raise
 
@@ -111,6 +115,8 @@ class Deliverer:
                 pass  # cancelled, not settled while Redis refuses its mark: never pushed
             elif not self.admission.admit(env, loc):
                 pass  # a duplicate: recorded, never pushed
+            elif self.flows.intercept(env, loc):
+                pass  # a workflow, or a job waiting for others: released by the flows (docs/workflows.md)
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
             elif self.backlog.take(env.queue):
@@ -183,6 +189,7 @@ class Deliverer:
                 batch = []
         # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
         runs.commit()
+        self.flows.commit()
         self.state.advance(self.reader.position)
         self.save(len(batch))
         return len(batch)

@@ -44,6 +44,7 @@ from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
+from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
 from hybridq.forwarder.state import ForwarderState
@@ -157,6 +158,9 @@ class Forwarder:
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.harvester.forgetting = self._forgetting
+        #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
+        self.flows = Flows(self.state, lambda: self.state.runs)
+        self.completions.reconciler.held = lambda loc: loc in self.flows.held
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
         self.delivery = Deliverer(
@@ -166,6 +170,7 @@ class Forwarder:
             self.lookup,
             self.backlog,
             self._reader,
+            self.flows,
             clock=self.clock,
             push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as said above
             save=lambda forwarded: self._save(forwarded),  # noqa: PLW0108 - the same
@@ -221,6 +226,7 @@ class Forwarder:
                 log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
             self.state.load()
             self.completions.open()
+            self.flows.open()
             try:  # before the first push, so the checkpoint it saves has the epoch
                 self._check_epoch()
             except RedisRefused:
@@ -261,6 +267,7 @@ class Forwarder:
             self._watcher = None
         self.state.close()
         self.lookup.close()
+        self.flows.close()
         self.waits.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -342,6 +349,12 @@ class Forwarder:
         if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
+        ended = self.flows.ended
+        if self.flows.step():  # after the index caught up: the outcomes it reads are there
+            done += self.delivery.forward_new()  # the released steps, pushed in this step
+            self._catch_up_lookup()
+        elif self.flows.ended != ended:
+            self._catch_up_lookup()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         self.publisher.maybe_publish()
         return done
@@ -363,6 +376,7 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
+            self.flows.dirty |= harvested > 0
             redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
                 self._push(redo)  # RedisFull: pushed again before the pass goes on

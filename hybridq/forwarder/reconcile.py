@@ -75,6 +75,9 @@ class Reconciler:
         #: ``Backlog.admit``): a lost run table makes the whole backlog read as lost, and the
         #: rest is found missing again by a later pass.
         self.admit: Callable[[list[Delivery]], list[Delivery]] = list
+        #: Whether the job at a loc is held back by the forwarder's workflows (an anchor, or a job
+        #: waiting for its ``depends_on``): never delivered by a pass, even after a Redis wipe.
+        self.held: Callable[[Loc], bool] = lambda _: False
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
         self._pass_started = 0.0
@@ -246,6 +249,8 @@ class Reconciler:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
         if self.state.runs.contains(loc):
             return None  # never pushed: it waits in the run table for room (hybridq.forwarder.backlog)
+        if self.held(loc):
+            return None  # a workflow's anchor, or a job waiting for others (hybridq.forwarder.flows)
         if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
             return None  # cancelled: never delivered again (hybridq.forwarder.cancelling settles it)
         if self.state.index.is_terminal(loc):

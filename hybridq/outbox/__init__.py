@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridq.envelope.model import Envelope, new_job_id, validate_queue_name
-from hybridq.errors import RecordTooLarge
+from hybridq.errors import EnvelopeError, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
 from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, validate_table
@@ -167,6 +167,8 @@ class Outbox:
         call_kwargs: dict[str, Any] | None = None
         if kwargs:
             args, call_kwargs, options = split_call(args, kwargs)
+        if "depends_on" in options:
+            raise EnvelopeError("the outbox does not take depends_on: enqueue through a Queue (docs/workflows.md)")
         if idempotency_key is None:
             # An explicit key, so that the forwarder remembers it (enqueue-if-absent) past the
             # compaction of the job's record: a row that a relay appends again after a crash or

@@ -24,7 +24,17 @@ from hybridq.security import allow
 
 __all__ = ["split_call", "task_path"]
 
-_OPTIONS = ("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at")
+_OPTIONS = (
+    "job_timeout",
+    "result_ttl",
+    "description",
+    "meta",
+    "retry",
+    "job_id",
+    "delay",
+    "run_at",
+    "depends_on",
+)
 #: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
 #: the function (which would then fail in the worker).
 _RQ_ONLY_OPTIONS = frozenset(
@@ -32,7 +42,6 @@ _RQ_ONLY_OPTIONS = frozenset(
         "ttl",
         "failure_ttl",
         "at_front",
-        "depends_on",
         "on_success",
         "on_failure",
         "on_stopped",

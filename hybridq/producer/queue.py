@@ -50,6 +50,7 @@ from hybridq.producer.calls import (
     task_path,
 )
 from hybridq.producer.capacity import PendingCount
+from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
 from hybridq.protocol.nudge import address, nudge
 from hybridq.security.signing import keyring
 from hybridq.tracing import enqueue_carrier
@@ -233,6 +234,16 @@ class Queue:
         ``delay`` (seconds or a timedelta) and ``run_at`` (a datetime or Unix time). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
+        if is_workflow(f):  # a signature or a shape: its anchor, one record (docs/workflows.md)
+            if args:
+                raise EnvelopeError(
+                    "enqueue(workflow) takes no positional arguments: put them in the signatures"
+                )
+            options = {
+                **kwargs,
+                **({"idempotency_key": idempotency_key} if idempotency_key is not None else {}),
+            }
+            return self.enqueue_many([workflow_envelope(self, f, options)])[0]
         if not kwargs:
             return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
         args, call_kwargs, options = split_call(args, kwargs)
@@ -407,8 +418,12 @@ class Queue:
         job_id: str | None = None,
         delay: float | dt.timedelta | None = None,
         run_at: float | dt.datetime | None = None,
+        depends_on: object = None,
     ) -> Envelope:
         """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
+
+        ``depends_on`` (a job, a job id, or a list of them, in this queue's journal): the job
+        runs once all of them succeeded, and is cancelled if one fails (docs/workflows.md).
 
         Raises :class:`EnvelopeError` (a ``ValueError``) or :class:`NotSerializable` (a
         ``TypeError``) for input a worker could not run.
@@ -463,6 +478,10 @@ class Queue:
         if carrier is not None:
             env.trace = carrier
         env.to_bytes(keys_checked=True)  # raises NotSerializable now, not in enqueue_many
+        if depends_on is not None:
+            if self.remote is not None:
+                raise EnvelopeError("depends_on needs a queue on a journal (it works within one journal)")
+            return with_deps(env, dependency_ids(depends_on, self.journal))
         return env
 
     def fetch_job(self, job_id: str) -> Job | None:

@@ -1,0 +1,391 @@
+"""Workflows and ``depends_on``, driven from the ledger (docs/workflows.md).
+
+The forwarder holds one :class:`Flows`. While reading the journal it hands it each job
+(:meth:`Flows.intercept`); two kinds never reach the transport:
+
+* a workflow's **anchor** (one record with the whole graph, :mod:`hybridq.workflows.canvas`):
+  recorded in the workflows' file (:mod:`hybridq.workflows.store`) with its steps ``waiting``;
+* a job with **depends_on**: recorded in ``waits``.
+
+Both are in :attr:`Flows.held` (in memory, O(live ones)), which the reconcile pass skips, so a
+Redis wipe never pushes them. :meth:`Flows.step` (once per forwarder step, after the lookup
+index caught up with the ledger) moves them on with what the ledger holds:
+
+* a step whose dependencies all succeeded is **released**: its job is appended to the journal
+  (its own chain, fsync'd) with a deterministic id and the idempotency key ``wf:<id>:<n>``, its
+  arguments led by the results it takes; then the step is marked ``released`` (committed). A
+  crash in between appends it again on restart: the key makes that copy a ``duplicate``, never
+  a second run (as the scheduler's ticks, docs/schedules.md). From then on it is an ordinary
+  job (window, retries, cancel, ledger);
+* a dependent job whose dependencies all succeeded is put in the run table (its existing
+  insert path) and the refill pushes it;
+* outcomes and results are read from the lookup index, which the forwarder fills from the
+  ledger after its fsync (never from Redis): a callback's release needs every member's success
+  durably recorded, and a repeated release is a duplicate, so it runs once;
+* a step that failed for good fails its workflow: steps not released are ``cancelled``, released
+  ones not started get a cancel, ``on_error`` is released once, and the anchor gets its ``done``
+  entry in the ledger (``failed``); a success gets ``done succeeded`` with the final result.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hybridq.cancels import cancel_at
+from hybridq.envelope.model import Envelope
+from hybridq.errors import HybridqError
+from hybridq.forwarder.runs import RunTable
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal import JournalWriter
+from hybridq.journal.fileops import OS_FILEOPS
+from hybridq.ledger.entries import Entry
+from hybridq.lookup import reads
+from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.security.signing import keyring
+from hybridq.transport.base import Loc
+from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
+from hybridq.workflows.store import SCHEMA, path_of
+
+__all__ = ["Flows"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The released steps' own journal chain: small segments, so finished ones are compacted soon.
+STEP_SEGMENT_BYTES = 1 << 20
+#: How long a dependency may stay unknown to the lookup index before its dependent fails.
+UNKNOWN_DEP_S = 30.0
+#: How often held workflows are looked at with no news (an outcome the index had not yet).
+LOOK_EVERY_S = 1.0
+_ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Fail(Exception):
+    """A workflow cannot go on: its message says why (one line)."""
+
+
+class Flows:
+    """The forwarder's workflows and dependent jobs (see the module docstring)."""
+
+    def __init__(self, state: ForwarderState, runs: Callable[[], RunTable]) -> None:
+        self.state = state
+        self.journal = state.journal
+        self._runs = runs
+        self._db: sqlite3.Connection | None = None
+        self._writer: JournalWriter | None = None
+        #: Anchors of live workflows and jobs waiting for their dependencies: never pushed.
+        self.held: set[Loc] = set()
+        #: Something may have moved (new records, new outcomes): :meth:`step` looks again.
+        self.dirty = True
+        self._unknown_since: dict[str, float] = {}
+        self._next_look = 0.0
+        #: Counters since start: jobs released, workflows and dependent jobs ended.
+        self.released = self.ended = 0
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or create) the workflows' file and load what is held."""
+        path = path_of(self.journal)
+        if not os.path.isdir(os.path.dirname(path)):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            OS_FILEOPS.fsync_dir(self.journal)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        OS_FILEOPS.fsync_dir(os.path.dirname(path))
+        db.execute("BEGIN")
+        self._db = db
+        self._load_held()
+        self.dirty = True
+
+    def close(self) -> None:
+        """Commit and close the file, seal the steps' chain. Idempotent."""
+        if self._db is not None:
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+            finally:
+                self._db.close()
+                self._db = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The open file (always inside a transaction that :meth:`commit` ends)."""
+        assert self._db is not None, "the workflows' file is not open"
+        return self._db
+
+    def commit(self) -> None:
+        """Make what :meth:`intercept` recorded durable (before the checkpoint moves past it)."""
+        db = self.db
+        if db.in_transaction:
+            db.execute("COMMIT")
+        db.execute("BEGIN")
+
+    def rollback(self) -> None:
+        """Drop what was recorded since the last commit (the step is read again)."""
+        db = self.db
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        db.execute("BEGIN")
+        self._load_held()
+
+    def _load_held(self) -> None:
+        """Reload :attr:`held` from the file."""
+        live = self.db.execute(
+            "SELECT chain, seg, off FROM flows WHERE state = 'running' "
+            "UNION ALL SELECT chain, seg, off FROM waits"
+        )
+        self.held = {(c, int(s), int(o)) for c, s, o in live}
+
+    # -- reading the journal ------------------------------------------------------------------
+
+    def intercept(self, env: Envelope, loc: Loc) -> bool:
+        """Whether the job read at ``loc`` is held here (an anchor, or it waits for others)."""
+        hq = env.meta.get("hybridq") if env.meta else None
+        if not isinstance(hq, Mapping):
+            return False
+        if env.func == ANCHOR_FUNC and isinstance(hq.get("wf"), Mapping):
+            self._accept_flow(env, loc, hq["wf"])
+            return True
+        deps = hq.get("deps")
+        if isinstance(deps, list) and deps:
+            self.db.execute(
+                "INSERT OR IGNORE INTO waits VALUES (?, ?, ?, ?, ?, ?)",
+                (*loc, env.id, env.queue, json.dumps([str(d) for d in deps])),
+            )
+            self.held.add(loc)
+            self.dirty = True
+            return True
+        return False
+
+    def _accept_flow(self, env: Envelope, loc: Loc, graph: Mapping[str, Any]) -> None:
+        steps = graph.get("steps")
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO flows VALUES (?, ?, ?, ?, ?, ?, 'running', NULL)",
+            (env.id, *loc, env.queue, json.dumps(graph)),
+        )
+        if cur.rowcount and isinstance(steps, list):
+            self.db.executemany(
+                "INSERT OR IGNORE INTO steps VALUES (?, ?, 'waiting')",
+                [(env.id, n) for n in range(len(steps))],
+            )
+            self.held.add(loc)
+        self.dirty = True
+
+    # -- moving them on -----------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Release what became ready, end what ended; return how many jobs were released."""
+        if not self.held or not (self.dirty or time.monotonic() >= self._next_look):
+            return 0
+        # Outcomes come through the lookup index: one that was not there yet (the index still
+        # building) is looked for again within LOOK_EVERY_S, without waiting for more news.
+        self.dirty = False
+        self._next_look = time.monotonic() + LOOK_EVERY_S
+        released = 0
+        for fid, chain, seg, off, queue, graph in self.db.execute(
+            "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
+        ).fetchall():
+            released += self._advance(fid, (chain, int(seg), int(off)), queue, json.loads(graph))
+        released += self._release_waiters()
+        self.commit()
+        self.released += released
+        return released
+
+    def _advance(self, fid: str, anchor: Loc, queue: str, graph: dict[str, Any]) -> int:
+        steps: list[dict[str, Any]] = graph["steps"]
+        states = dict(self.db.execute("SELECT n, state FROM steps WHERE flow = ?", (fid,)).fetchall())
+        rows = {n: reads.find(self.journal, step_id(fid, n)) for n, s in states.items() if s == "released"}
+        for n, row in rows.items():
+            if row is not None and row.state == "done":
+                states[n] = _ended(row.outcome)
+                self.db.execute("UPDATE steps SET state = ? WHERE flow = ? AND n = ?", (states[n], fid, n))
+        if anchor in self.state.index.cancels or self.state.index.is_terminal(anchor):
+            return self._stop(fid, anchor, queue, graph, states, "cancelled", "cancelled")
+        failed = next((n for n, s in states.items() if s in ("failed", "cancelled")), None)
+        if failed is not None:
+            row = rows.get(failed)
+            error = (row.error if row is not None else None) or ""
+            why = f"step {failed} ({step_id(fid, failed)}) {states[failed]}: {error}"
+            return self._stop(fid, anchor, queue, graph, states, "failed", why.rstrip(": "))
+        try:
+            ready = [
+                (n, self._step_env(fid, n, steps[n]))
+                for n, s in sorted(states.items())
+                if s == "waiting" and all(states.get(d) == "succeeded" for d in steps[n]["deps"])
+            ]
+            if not ready and all(s == "succeeded" for s in states.values()):
+                outs = [self._result(fid, n) for n in graph["out"]]
+                self._end(fid, anchor, queue, "succeeded", result=outs if graph["list"] else outs[0])
+                return 0
+        except _Fail as exc:
+            return self._stop(fid, anchor, queue, graph, states, "failed", str(exc))
+        self._append([env for _, env in ready])
+        self.db.executemany(
+            "UPDATE steps SET state = 'released' WHERE flow = ? AND n = ?", [(fid, n) for n, _ in ready]
+        )
+        return len(ready)
+
+    def _step_env(self, fid: str, n: int, step: Mapping[str, Any], lead: tuple[Any, ...] = ()) -> Envelope:
+        """Step ``n``'s job: the prepared call, led by the results it takes (or by ``lead``)."""
+        env = Envelope.from_dict(step["env"])
+        deps: list[int] = step["deps"]
+        if step["pass"] == PASS_ONE and deps:
+            lead = (self._result(fid, deps[0]),)
+        elif step["pass"] == PASS_LIST:
+            lead = ([self._result(fid, d) for d in deps],)
+        meta = {**env.meta, "hybridq": {"wf": fid, "step": n}}
+        return dataclasses.replace(
+            env,
+            id=step_id(fid, n),
+            idempotency_key=step_key(fid, n),
+            created_at=time.time(),
+            args=(*lead, *env.args) if step["pass"] != PASS_NONE or lead else env.args,
+            meta=meta,
+            signature=None,
+        )
+
+    def _result(self, fid: str, n: int) -> Any:
+        """Step ``n``'s result, from the lookup index (the ledger's): ``_Fail`` if it was not kept."""
+        row = reads.find(self.journal, step_id(fid, n))
+        if row is None or row.state != "done" or row.outcome != "succeeded":
+            raise _Fail(f"step {n}: no result recorded")
+        if row.rkept:
+            return None if row.result is None else json.loads(row.result)
+        if row.rbytes is not None:
+            raise _Fail(
+                f"result of step {n} too large to pass ({row.rbytes} bytes > {RESULT_MAX_BYTES} bytes)"
+            )
+        raise _Fail(f"step {n}: its worker reported no result")
+
+    def _stop(
+        self,
+        fid: str,
+        anchor: Loc,
+        queue: str,
+        graph: dict[str, Any],
+        states: dict[int, str],
+        end: str,
+        why: str,
+    ) -> int:
+        """End workflow ``fid`` as ``end``: cancel what has not started, run ``on_error`` once."""
+        waiting = [(fid, n) for n, s in states.items() if s == "waiting"]
+        self.db.executemany("UPDATE steps SET state = 'cancelled' WHERE flow = ? AND n = ?", waiting)
+        running = [(step_id(fid, n), n) for n, s in states.items() if s == "released"]
+        self._cancel_started(running)
+        released = 0
+        err = graph.get("err")
+        if end == "failed" and err is not None:
+            lead = (fid, why) if err["pass"] != PASS_NONE else ()
+            self._append([self._step_env(fid, -1, {**err, "pass": PASS_NONE}, lead)])
+            released = 1
+        self._end(fid, anchor, queue, end, error=why)
+        log.warning("workflow %s %s: %s", fid, end, why)
+        return released
+
+    def _cancel_started(self, running: list[tuple[str, int]]) -> None:
+        """Ask for a cancel of released steps not ended (one that runs finishes, its outcome stands)."""
+        locs = []
+        for job_id, _ in running:
+            row = reads.find(self.journal, job_id)
+            if row is not None and row.state != "done":
+                locs.append((job_id, (row.writer, row.seg, row.off)))
+        if locs:
+            try:
+                cancel_at(locs, self.journal)
+            except (HybridqError, OSError) as exc:
+                log.error("cannot cancel the released steps %s: %s", [j for j, _ in locs], exc)
+
+    def _end(
+        self, fid: str, anchor: Loc, queue: str, end: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """The anchor's ``done`` entry (ledger, fsync), then its row: a crash in between repeats it."""
+        if not self.state.index.is_terminal(anchor):
+            entry = Entry(
+                "done",
+                fid,
+                anchor,
+                outcome=end,
+                error=error,
+                at=time.time(),
+                queue=queue,
+                result=result,
+                result_kept=end == "succeeded",
+            )
+            self.state.append([entry])
+        self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
+        self.held.discard(anchor)
+        self.ended += 1
+
+    def _append(self, envs: list[Envelope]) -> None:
+        """Append released steps to the journal (their own chain), fsync'd, signed when a key is set."""
+        if not envs:
+            return
+        ring = keyring()
+        if ring is not None:
+            envs = [ring.sign(env) for env in envs]
+        if self._writer is None or self._writer.closed:
+            self._writer = JournalWriter(self.journal, max_segment_bytes=STEP_SEGMENT_BYTES)
+        self._writer.append_many([env.to_bytes() for env in envs])
+
+    # -- depends_on ---------------------------------------------------------------------------
+
+    def _release_waiters(self) -> int:
+        released = 0
+        now = time.monotonic()
+        for chain, seg, off, job, queue, deps in self.db.execute("SELECT * FROM waits").fetchall():
+            loc: Loc = (chain, int(seg), int(off))
+            verdict = self._deps_verdict(json.loads(deps), now)
+            if verdict is None:
+                continue
+            if verdict == "":
+                self._runs().add([(loc, queue, time.time())])
+                self._runs().commit()  # durable before its wait goes: a crash re-adds (one row)
+                released += 1
+            elif not self.state.index.is_terminal(loc):
+                entry = Entry(
+                    "done", job, loc, outcome="cancelled", error=verdict, at=time.time(), queue=queue
+                )
+                self.state.append([entry])
+                log.warning("job %s cancelled: %s", job, verdict)
+            self.db.execute("DELETE FROM waits WHERE chain = ? AND seg = ? AND off = ?", loc)
+            self.held.discard(loc)
+            self.ended += 1
+        return released
+
+    def _deps_verdict(self, deps: list[str], now: float) -> str | None:
+        """``""``: all succeeded; a reason: one failed or is unknown; ``None``: still waiting."""
+        waiting = False
+        for dep in deps:
+            row = reads.find(self.journal, dep)
+            if row is None:
+                first = self._unknown_since.setdefault(dep, now)
+                if now - first >= UNKNOWN_DEP_S:
+                    return f"dependency {dep} is unknown in this journal (depends_on works within one)"
+                waiting = True
+                self.dirty = True  # looked at again until it is found, or the wait is over
+                continue
+            self._unknown_since.pop(dep, None)
+            if row.state != "done":
+                waiting = True
+            elif row.outcome != "succeeded":
+                return f"dependency {dep} {_ended(row.outcome)}"
+        return None if waiting else ""
+
+
+def _ended(outcome: str | None) -> str:
+    return outcome if outcome in _ENDED else "failed"

@@ -1,0 +1,157 @@
+"""Workflows and depends_on against the in-memory transport: shapes, results passed along, failures.
+
+Each test drives a real forwarder step by step; the "worker" is the memory transport running the
+task functions of tests/tasks.py in this process. About 2 s for the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hybridq
+import pytest
+from hybridq import Queue, fetch_job
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError, JobFailed
+from hybridq.forwarder.loop import Forwarder
+from hybridq.transport import MemoryTransport
+from hybridq.workflows import store
+
+from tests import tasks
+
+
+def call(env: Envelope, _attempt: int) -> Any:
+    """Run the envelope's function as a worker would (tests.tasks only)."""
+    module, name = env.func.rsplit(".", 1)
+    args, kwargs = env.call_args()
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+def drive(
+    forwarder: Forwarder, transport: MemoryTransport, until: Callable[[], bool], rounds: int = 200
+) -> None:
+    """Step the forwarder and run what it pushed until ``until()`` (or fail after ``rounds``)."""
+    for _ in range(rounds):
+        forwarder.step()
+        for q in list(transport.queues):
+            transport.work(q, call)
+        forwarder.step()
+        if until():
+            return
+    raise AssertionError("the workflow did not end")
+
+
+@pytest.fixture
+def stack(journal_dir: Path):
+    transport = MemoryTransport()
+    forwarder = Forwarder(journal_dir, transport)
+    forwarder.open()
+    try:
+        yield Queue(journal=journal_dir), forwarder, transport
+    finally:
+        forwarder.close()
+
+
+def ended(job: hybridq.Job) -> Callable[[], bool]:
+    return lambda: job.status in ("finished", "failed", "cancelled")
+
+
+def test_a_chain_passes_each_result_to_the_next_step(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(
+        hybridq.chain(hybridq.sig(tasks.add, 1, 2), hybridq.sig(tasks.add, 10), hybridq.sig(tasks.add, 100))
+    )
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 113
+    assert [transport.executions[f"{job.id}-{n}"] for n in range(3)] == [1, 1, 1]
+
+
+def test_a_chord_gives_the_callback_the_list_of_results(stack) -> None:
+    queue, forwarder, transport = stack
+    header = hybridq.group([hybridq.sig(tasks.add, i, i) for i in range(20)])
+    job = queue.enqueue(hybridq.chord(header, hybridq.sig(tasks.total)))
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == sum(2 * i for i in range(20))
+    assert transport.executions[f"{job.id}-20"] == 1
+
+
+def test_a_group_result_is_the_list_in_order_and_nesting_works(stack) -> None:
+    queue, forwarder, transport = stack
+    flow = hybridq.group(
+        hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1)),
+        hybridq.chain(
+            hybridq.sig(tasks.add, 5, 5), hybridq.group(hybridq.sig(tasks.add, 1), hybridq.sig(tasks.add, 2))
+        ),
+    )
+    job = queue.enqueue(flow)
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == [3, 11, 12]
+
+
+def test_immutable_steps_do_not_take_the_previous_result(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(
+        hybridq.chain(hybridq.sig(tasks.add, 1, 2), hybridq.sig(tasks.add, 7, 7, immutable=True))
+    )
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 14
+
+
+def test_a_failing_member_fails_the_chord_and_on_error_runs_once(stack, tmp_path: Path) -> None:
+    queue, forwarder, transport = stack
+    marks = tmp_path / "callback"
+    members = [hybridq.sig(tasks.add, i, i) for i in range(5)] + [hybridq.sig(tasks.fail)]
+    job = queue.enqueue(
+        hybridq.chord(members, hybridq.sig(tasks.record, str(marks), "cb", immutable=True)),
+        on_error=hybridq.sig(tasks.record, str(tmp_path / "err"), "err", immutable=True),
+    )
+    drive(forwarder, transport, ended(job))
+    for _ in range(5):  # on_error is released with the failure: let it run
+        drive(forwarder, transport, (tmp_path / "err").exists)
+    assert job.status == "failed"
+    with pytest.raises(JobFailed, match="step 5"):
+        job.wait(timeout=1)
+    assert not marks.exists()
+    assert (tmp_path / "err").read_text().split() == ["err"]
+    state, steps = store.flow_steps(str(queue.journal), job.id)
+    assert state == "failed"
+    assert dict(steps)[6] == "cancelled"
+
+
+def test_depends_on_runs_after_its_dependencies_succeeded(stack) -> None:
+    queue, forwarder, transport = stack
+    first = queue.enqueue(tasks.add, 1, 1)
+    second = queue.enqueue(tasks.add, 2, 2)
+    after = queue.enqueue(tasks.add, 3, 3, depends_on=[first, second.id])
+    forwarder.step()
+    assert after.id not in transport.queues.get("default", [])
+    drive(forwarder, transport, ended(after))
+    assert after.wait(timeout=1) == 6
+
+
+def test_depends_on_a_failed_job_cancels_the_dependent(stack) -> None:
+    queue, forwarder, transport = stack
+    bad = queue.enqueue(tasks.fail)
+    after = queue.enqueue(tasks.add, 3, 3, depends_on=bad)
+    drive(forwarder, transport, ended(after))
+    assert after.status == "cancelled"
+    assert transport.executions.get(after.id, 0) == 0
+
+
+def test_bad_input_is_refused_in_one_line(journal_dir: Path, tmp_path: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    with pytest.raises(EnvelopeError, match="depends_on"):
+        queue.enqueue(tasks.add, 1, 1, depends_on="not an id!")
+    other = Queue(journal=tmp_path / "other").enqueue(tasks.add, 1, 1)
+    with pytest.raises(EnvelopeError, match="another journal"):
+        queue.enqueue(tasks.add, 1, 1, depends_on=other)
+    with pytest.raises(EnvelopeError, match="at least one"):
+        hybridq.chain()
+    with pytest.raises(EnvelopeError, match="not supported"):
+        hybridq.sig(tasks.add, 1).set(bogus=1)
+    with pytest.raises(EnvelopeError, match="does not take"):
+        queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)), delay=3)
+    assert fetch_job("nothing", journal_dir) is None
