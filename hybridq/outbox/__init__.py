@@ -168,7 +168,7 @@ class Outbox:
         if kwargs:
             args, call_kwargs, options = split_call(args, kwargs)
         if "depends_on" in options:
-            raise EnvelopeError("the outbox does not take depends_on: enqueue through a Queue (docs/workflows.md)")
+            raise EnvelopeError("the outbox does not take depends_on: use a Queue (docs/workflows.md)")
         if idempotency_key is None:
             # An explicit key, so that the forwarder remembers it (enqueue-if-absent) past the
             # compaction of the job's record: a row that a relay appends again after a crash or
