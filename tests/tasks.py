@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def add(a: int, b: int) -> int:
@@ -286,4 +287,11 @@ def total_once(values: list[int], path: str) -> int:
 def add_noted(a: int, b: int, path: str) -> int:
     """``a + b``, appending a line to ``path`` first: a test counts the step's runs."""
     record(path, f"{a}+{b}")
+    return a + b
+
+
+def add_slow(a: int, b: int, path: str, sleep_s: float = 0.0) -> int:
+    """``a + b`` after ``sleep_s``, appending ``a+b`` to ``path`` as it starts (runs are counted)."""
+    record(path, f"{a}+{b}")
+    time.sleep(sleep_s)
     return a + b
