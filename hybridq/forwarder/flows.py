@@ -330,6 +330,7 @@ class Flows:
         self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
         self.held.discard(anchor)
         self.ended += 1
+        self.dirty = True  # a job may wait for this workflow: seen once the index has its end
 
     def _append(self, envs: list[Envelope]) -> None:
         """Append released steps to the journal (their own chain), fsync'd, signed when a key is set."""
@@ -349,10 +350,17 @@ class Flows:
         now = time.monotonic()
         for chain, seg, off, job, queue, deps in self.db.execute("SELECT * FROM waits").fetchall():
             loc: Loc = (chain, int(seg), int(off))
-            verdict = self._deps_verdict(json.loads(deps), now)
+            index = self.state.index
+            verdict = (
+                ""
+                if index.is_terminal(loc) or loc in index.cancels
+                else self._deps_verdict(json.loads(deps), now)
+            )
             if verdict is None:
                 continue
-            if verdict == "":
+            if index.is_terminal(loc) or loc in index.cancels:
+                pass  # cancelled while it waited (hybridq.forwarder.cancelling settles it): never pushed
+            elif verdict == "":
                 self._runs().add([(loc, queue, time.time())])
                 self._runs().commit()  # durable before its wait goes: a crash re-adds (one row)
                 released += 1

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["FLOWS_DIR", "SCHEMA", "counts", "flow_steps", "path_of"]
+__all__ = ["FLOWS_DIR", "SCHEMA", "Step", "counts", "flow_steps", "path_of", "steps_of"]
 
 FLOWS_DIR = "workflows"
 _FILE = "flows.sqlite"
@@ -72,6 +74,24 @@ def flow_steps(journal: str, flow_id: str) -> tuple[str, list[tuple[int, str]]] 
         return None
     finally:
         db.close()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a workflow, as ``fetch_job(workflow_id).steps`` lists it."""
+
+    #: Its place in the workflow (the order the shapes were written in).
+    n: int
+    #: Its job's id (``fetch_job`` it for its result, error and attempts), even before release.
+    id: str
+    #: ``waiting`` (not released), ``released`` (a job now), ``succeeded``, ``failed``, ``cancelled``.
+    state: str
+
+
+def steps_of(journal: str, flow_id: str, step_id: Callable[[str, int], str]) -> list[Step]:
+    """The steps of workflow ``flow_id`` (empty if the forwarder holds no such workflow yet)."""
+    found = flow_steps(journal, flow_id)
+    return [] if found is None else [Step(n, step_id(flow_id, n), state) for n, state in found[1]]
 
 
 def counts(journal: str) -> dict[str, int]:

@@ -155,3 +155,75 @@ def test_bad_input_is_refused_in_one_line(journal_dir: Path, tmp_path: Path) -> 
     with pytest.raises(EnvelopeError, match="does not take"):
         queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)), delay=3)
     assert fetch_job("nothing", journal_dir) is None
+
+
+def test_cancelling_a_workflow_cancels_what_has_not_started(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(
+        hybridq.chain(*[hybridq.sig(tasks.add, 1, 1)] + [hybridq.sig(tasks.add, 1) for _ in range(3)])
+    )
+    forwarder.step()
+    transport.work("default", call)  # the first step ran
+    assert hybridq.cancel([job.id], queue.journal)[0].state == "requested"
+    drive(forwarder, transport, ended(job))
+    assert job.status == "cancelled"
+    assert [transport.executions.get(f"{job.id}-{n}", 0) for n in range(4)][1:] in ([0, 0, 0], [1, 0, 0])
+    state, steps = store.flow_steps(str(queue.journal), job.id)
+    assert state == "cancelled"
+    assert dict(steps)[3] == "cancelled"
+
+
+def test_cancelling_a_job_waiting_on_depends_on_never_pushes_it(stack) -> None:
+    queue, forwarder, transport = stack
+    first = queue.enqueue(tasks.add, 1, 1)
+    after = queue.enqueue(tasks.add, 2, 2, depends_on=first)
+    forwarder.step()
+    hybridq.cancel([after.id], queue.journal)
+    drive(forwarder, transport, ended(after))
+    assert after.status == "cancelled"
+    assert transport.executions.get(after.id, 0) == 0
+    assert first.wait(timeout=1) == 2
+
+
+def test_fetch_job_of_a_workflow_lists_its_steps_and_status_counts_workflows(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1)))
+    forwarder.step()
+    found = fetch_job(job.id, queue.journal)
+    assert found is not None
+    assert found.status == "started"
+    assert [(s.n, s.state) for s in found.steps] == [(0, "released"), (1, "waiting")]
+    assert store.counts(str(queue.journal))["running"] == 1
+    drive(forwarder, transport, ended(job))
+    assert [(s.id, s.state) for s in found.steps] == [
+        (f"{job.id}-0", "succeeded"),
+        (f"{job.id}-1", "succeeded"),
+    ]
+    assert found.status == "finished"
+    assert fetch_job(f"{job.id}-1", queue.journal).result == 3
+
+
+def test_status_and_metrics_count_workflows(stack) -> None:
+    from hybridq.ops.metrics import workflow_metrics
+    from hybridq.ops.status import stats
+    from prometheus_client.core import Metric  # noqa: F401 - the metrics extra is installed in dev
+
+    queue, forwarder, transport = stack
+    ok = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1)))
+    bad = queue.enqueue(hybridq.group(hybridq.sig(tasks.fail), hybridq.sig(tasks.add, 1, 1)))
+    waiting = queue.enqueue(tasks.add, 1, 1, depends_on=[ok])
+    forwarder.step()
+    assert stats(queue.journal, redis_url=None)["workflows"] == {"running": 2, "waiting_on_deps": 1}
+    drive(forwarder, transport, lambda: ended(ok)() and ended(bad)() and ended(waiting)())
+    assert stats(queue.journal, redis_url=None)["workflows"] == {
+        "succeeded": 1,
+        "failed": 1,
+        "waiting_on_deps": 0,
+    }
+    samples = {
+        (s.name, s.labels.get("state")): s.value
+        for m in workflow_metrics(str(queue.journal))
+        for s in m.samples
+    }
+    assert samples[("hybridq_workflows", "failed")] == 1
+    assert samples[("hybridq_waiting_on_dependencies", None)] == 0
