@@ -226,7 +226,10 @@ class Job:
         return steps_of(self.journal, self.id, step_id) if self.envelope.func == ANCHOR_FUNC else []
 
     def _pending_status(self, checkpoint: Checkpoint | None, job_id: str) -> str:
-        if self.envelope.func == ANCHOR_FUNC and (flow_steps(self.journal, job_id) or ("",))[0] == "running":
+        if (
+            self.envelope.func == ANCHOR_FUNC
+            and (flow_steps(self.journal, job_id) or ("", []))[0] == "running"
+        ):
             return "started"  # a workflow the forwarder holds: its steps run (docs/workflows.md)
         if checkpoint is None:
             return "queued"

@@ -19,6 +19,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Callable
@@ -59,18 +60,20 @@ def _read(journal: str) -> sqlite3.Connection | None:
         return None
 
 
-def flow_steps(journal: str, flow_id: str) -> tuple[str, list[tuple[int, str]]] | None:
-    """The state of workflow ``flow_id`` and its steps' ``(n, state)``; ``None`` if not held."""
+def flow_steps(journal: str, flow_id: str) -> tuple[str, list[tuple[int, str, tuple[int, ...]]]] | None:
+    """Workflow ``flow_id``'s state and its steps' ``(n, state, after)``; ``None`` if not held."""
     db = _read(journal)
     if db is None:
         return None
     try:
-        row = db.execute("SELECT state FROM flows WHERE id = ?", (flow_id,)).fetchone()
+        row = db.execute("SELECT state, graph FROM flows WHERE id = ?", (flow_id,)).fetchone()
         if row is None:
             return None
         steps = db.execute("SELECT n, state FROM steps WHERE flow = ? ORDER BY n", (flow_id,)).fetchall()
-        return str(row[0]), [(int(n), str(s)) for n, s in steps]
-    except sqlite3.Error:
+        graph = json.loads(row[1]).get("steps", [])
+        deps = {n: tuple(int(d) for d in step.get("deps", ())) for n, step in enumerate(graph)}
+        return str(row[0]), [(int(n), str(s), deps.get(int(n), ())) for n, s in steps]
+    except (sqlite3.Error, ValueError, TypeError, AttributeError):
         return None
     finally:
         db.close()
@@ -86,12 +89,16 @@ class Step:
     id: str
     #: ``waiting`` (not released), ``released`` (a job now), ``succeeded``, ``failed``, ``cancelled``.
     state: str
+    #: The steps it waits for (their ``n``): the graph's edges.
+    after: tuple[int, ...] = ()
 
 
 def steps_of(journal: str, flow_id: str, step_id: Callable[[str, int], str]) -> list[Step]:
     """The steps of workflow ``flow_id`` (empty if the forwarder holds no such workflow yet)."""
     found = flow_steps(journal, flow_id)
-    return [] if found is None else [Step(n, step_id(flow_id, n), state) for n, state in found[1]]
+    return (
+        [] if found is None else [Step(n, step_id(flow_id, n), state, after) for n, state, after in found[1]]
+    )
 
 
 def counts(journal: str) -> dict[str, int]:
