@@ -295,3 +295,13 @@ def add_slow(a: int, b: int, path: str, sleep_s: float = 0.0) -> int:
     record(path, f"{a}+{b}")
     time.sleep(sleep_s)
     return a + b
+
+
+def same(value: object) -> object:
+    """Its argument, as it came (a chain's first step passing a value of a tagged type)."""
+    return value
+
+
+def type_name(value: object) -> str:
+    """The name of its argument's type (what a chain's step received)."""
+    return type(value).__name__

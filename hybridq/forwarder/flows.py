@@ -42,6 +42,7 @@ from typing import Any
 
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import read_result, tag_call
 from hybridq.errors import HybridqError
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
@@ -52,7 +53,7 @@ from hybridq.lookup import reads
 from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.security.signing import keyring
 from hybridq.transport.base import Loc
-from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
+from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_LIST, PASS_ONE, step_id, step_key
 from hybridq.workflows.store import SCHEMA, path_of
 
 __all__ = ["Flows"]
@@ -229,7 +230,7 @@ class Flows:
                 if s == "waiting" and all(states.get(d) == "succeeded" for d in steps[n]["deps"])
             ]
             if not ready and all(s == "succeeded" for s in states.values()):
-                outs = [self._result(fid, n) for n in graph["out"]]
+                outs = [self._result(fid, n, stored=True) for n in graph["out"]]
                 self._end(fid, anchor, queue, "succeeded", result=outs if graph["list"] else outs[0])
                 return 0
         except _Fail as exc:
@@ -241,31 +242,43 @@ class Flows:
         return len(ready)
 
     def _step_env(self, fid: str, n: int, step: Mapping[str, Any], lead: tuple[Any, ...] = ()) -> Envelope:
-        """Step ``n``'s job: the prepared call, led by the results it takes (or by ``lead``)."""
+        """Step ``n``'s job: the prepared call, led by the results it takes (or by ``lead``).
+
+        The arguments are decoded and tagged again with the results in front, so a result of a
+        tagged type (a ``datetime``, a ``Decimal``...) reaches the step as that type.
+        """
         env = Envelope.from_dict(step["env"])
         deps: list[int] = step["deps"]
         if step["pass"] == PASS_ONE and deps:
             lead = (self._result(fid, deps[0]),)
         elif step["pass"] == PASS_LIST:
             lead = ([self._result(fid, d) for d in deps],)
-        meta = {**env.meta, "hybridq": {"wf": fid, "step": n}}
+        args, kwargs = env.call_args()
+        call_args, call_kwargs, tags = tag_call(env.func, (*lead, *args), dict(kwargs))
         return dataclasses.replace(
             env,
             id=step_id(fid, n),
             idempotency_key=step_key(fid, n),
             created_at=time.time(),
-            args=(*lead, *env.args) if step["pass"] != PASS_NONE or lead else env.args,
-            meta=meta,
+            args=call_args,
+            kwargs=call_kwargs,
+            tags=tags,
+            meta={**env.meta, "hybridq": {"wf": fid, "step": n}},
             signature=None,
         )
 
-    def _result(self, fid: str, n: int) -> Any:
-        """Step ``n``'s result, from the lookup index (the ledger's): ``_Fail`` if it was not kept."""
+    def _result(self, fid: str, n: int, *, stored: bool = False) -> Any:
+        """Step ``n``'s result from the lookup index (the ledger's), as stored or decoded.
+
+        Raises ``_Fail`` if it was not kept (too large to pass, or not reported).
+        """
         row = reads.find(self.journal, step_id(fid, n))
         if row is None or row.state != "done" or row.outcome != "succeeded":
             raise _Fail(f"step {n}: no result recorded")
         if row.rkept:
-            return None if row.result is None else json.loads(row.result)
+            if row.result is None:
+                return None
+            return json.loads(row.result) if stored else read_result(row.result)
         if row.rbytes is not None:
             raise _Fail(
                 f"result of step {n} too large to pass ({row.rbytes} bytes > {RESULT_MAX_BYTES} bytes)"
@@ -290,8 +303,8 @@ class Flows:
         released = 0
         err = graph.get("err")
         if end == "failed" and err is not None:
-            lead = (fid, why) if err["pass"] != PASS_NONE else ()
-            self._append([self._step_env(fid, -1, {**err, "pass": PASS_NONE}, lead)])
+            lead = (fid, why) if err["pass"] == PASS_ONE else ()
+            self._append([self._step_env(fid, -1, {**err, "pass": "lead"}, lead)])
             released = 1
         self._end(fid, anchor, queue, end, error=why)
         log.warning("workflow %s %s: %s", fid, end, why)

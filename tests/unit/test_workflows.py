@@ -6,6 +6,7 @@ task functions of tests/tasks.py in this process. About 2 s for the file.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import hybridq
 import pytest
 from hybridq import Queue, fetch_job
 from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import encode
 from hybridq.errors import EnvelopeError, JobFailed
 from hybridq.forwarder.loop import Forwarder
 from hybridq.transport import MemoryTransport
@@ -24,10 +26,10 @@ from tests import tasks
 
 
 def call(env: Envelope, _attempt: int) -> Any:
-    """Run the envelope's function as a worker would (tests.tasks only)."""
+    """Run the envelope's function as a worker would (tests.tasks only), its result tagged."""
     module, name = env.func.rsplit(".", 1)
     args, kwargs = env.call_args()
-    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return encode(getattr(importlib.import_module(module), name)(*args, **kwargs))[0]
 
 
 def drive(
@@ -227,3 +229,11 @@ def test_status_and_metrics_count_workflows(stack) -> None:
     }
     assert samples[("hybridq_workflows", "failed")] == 1
     assert samples[("hybridq_waiting_on_dependencies", None)] == 0
+
+
+def test_a_result_of_a_tagged_type_reaches_the_next_step_as_that_type(stack) -> None:
+    queue, forwarder, transport = stack
+    day = dt.date(2026, 12, 5)
+    job = queue.enqueue(hybridq.chain(hybridq.sig(tasks.same, day), hybridq.sig(tasks.type_name)))
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == "date"
