@@ -43,7 +43,7 @@ from typing import Any
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import read_result, tag_call
-from hybridq.errors import HybridqError
+from hybridq.errors import HybridqError, StateFileCorrupt
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
@@ -101,9 +101,14 @@ class Flows:
             OS_FILEOPS.fsync_dir(self.journal)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.executescript(SCHEMA)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            # Not moved aside: the workflows it holds would never end (docs/workflows.md).
+            raise StateFileCorrupt(path, f"the workflows' file is damaged: {exc}") from None
         OS_FILEOPS.fsync_dir(os.path.dirname(path))
         db.execute("BEGIN")
         self._db = db

@@ -17,7 +17,7 @@ import pytest
 from hybridq import Queue, fetch_job
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import encode
-from hybridq.errors import EnvelopeError, JobFailed
+from hybridq.errors import EnvelopeError, JobFailed, StateFileCorrupt
 from hybridq.forwarder.loop import Forwarder
 from hybridq.transport import MemoryTransport
 from hybridq.workflows import store
@@ -237,3 +237,20 @@ def test_a_result_of_a_tagged_type_reaches_the_next_step_as_that_type(stack) -> 
     job = queue.enqueue(hybridq.chain(hybridq.sig(tasks.same, day), hybridq.sig(tasks.type_name)))
     drive(forwarder, transport, ended(job))
     assert job.wait(timeout=1) == "date"
+
+
+def test_a_damaged_workflows_file_stops_the_forwarder_with_one_line(journal_dir: Path) -> None:
+    Queue(journal=journal_dir).enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)))
+    path = Path(store.path_of(str(journal_dir)))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a database" * 100)
+    forwarder = Forwarder(journal_dir, MemoryTransport())
+    with pytest.raises(StateFileCorrupt, match="workflows' file is damaged"):
+        forwarder.open()
+    assert path.read_bytes().startswith(b"not a database")  # kept for the operator
+
+
+def test_a_remote_queue_refuses_a_workflow() -> None:
+    remote = Queue(url="http://127.0.0.1:9")
+    with pytest.raises(EnvelopeError, match="remote"):
+        remote.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)))
