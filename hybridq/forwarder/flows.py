@@ -31,6 +31,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -117,37 +118,36 @@ class Flows:
 
     def close(self) -> None:
         """Commit and close the file, seal the steps' chain. Idempotent."""
-        if self._db is not None:
-            try:
-                if self._db.in_transaction:
-                    self._db.execute("COMMIT")
-            finally:
-                self._db.close()
-                self._db = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.closing(db):
+                if db.in_transaction:
+                    db.execute("COMMIT")
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
     @property
     def db(self) -> sqlite3.Connection:
-        """The open file (always inside a transaction that :meth:`commit` ends)."""
-        assert self._db is not None, "the workflows' file is not open"
+        """The workflows' file, open (inside a transaction :meth:`commit` ends)."""
+        if self._db is None:
+            raise RuntimeError("the workflows' file is not open")
         return self._db
 
     def commit(self) -> None:
         """Make what :meth:`intercept` recorded durable (before the checkpoint moves past it)."""
-        db = self.db
-        if db.in_transaction:
-            db.execute("COMMIT")
-        db.execute("BEGIN")
+        self._end_transaction("COMMIT")
 
     def rollback(self) -> None:
         """Drop what was recorded since the last commit (the step is read again)."""
+        self._end_transaction("ROLLBACK")
+        self._load_held()
+
+    def _end_transaction(self, how: str) -> None:
         db = self.db
         if db.in_transaction:
-            db.execute("ROLLBACK")
+            db.execute(how)
         db.execute("BEGIN")
-        self._load_held()
 
     def _load_held(self) -> None:
         """Reload :attr:`held` from the file."""

@@ -45,17 +45,7 @@ class Stack:
         )
 
     def start_worker(self) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "hybridq",
-            "worker",
-            "--redis",
-            self.redis.url,
-            "--processes",
-            "2",
-            "default",
-        ]
+        args = [sys.executable, "-m", "hybridq", "worker", "--redis", self.redis.url, "--processes", "2", "default"]  # fmt: skip
         self.worker = WorkerProcess(args, env=self.env, log_path=self.tmp / "worker.log", cwd=self.tmp)
 
     def kill_forwarder(self) -> None:

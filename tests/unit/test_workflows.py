@@ -19,6 +19,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import encode
 from hybridq.errors import EnvelopeError, JobFailed, StateFileCorrupt
 from hybridq.forwarder.loop import Forwarder
+from hybridq.journal import JournalReader
 from hybridq.transport import MemoryTransport
 from hybridq.workflows import store
 
@@ -55,6 +56,13 @@ def stack(journal_dir: Path):
         yield Queue(journal=journal_dir), forwarder, transport
     finally:
         forwarder.close()
+
+
+def flow_state(queue: Queue, job: hybridq.Job) -> tuple[str, str]:
+    """The workflow's state and its last step's, as the workflows' file holds them."""
+    found = store.flow_steps(str(queue.journal), job.id)
+    assert found is not None
+    return found[0], found[1][-1][1]
 
 
 def ended(job: hybridq.Job) -> Callable[[], bool]:
@@ -118,9 +126,7 @@ def test_a_failing_member_fails_the_chord_and_on_error_runs_once(stack, tmp_path
         job.wait(timeout=1)
     assert not marks.exists()
     assert (tmp_path / "err").read_text().split() == ["err"]
-    state, steps = store.flow_steps(str(queue.journal), job.id)
-    assert state == "failed"
-    assert {n: s for n, s, _ in steps}[6] == "cancelled"
+    assert flow_state(queue, job) == ("failed", "cancelled")
 
 
 def test_depends_on_runs_after_its_dependencies_succeeded(stack) -> None:
@@ -170,9 +176,7 @@ def test_cancelling_a_workflow_cancels_what_has_not_started(stack) -> None:
     drive(forwarder, transport, ended(job))
     assert job.status == "cancelled"
     assert [transport.executions.get(f"{job.id}-{n}", 0) for n in range(4)][1:] in ([0, 0, 0], [1, 0, 0])
-    state, steps = store.flow_steps(str(queue.journal), job.id)
-    assert state == "cancelled"
-    assert {n: s for n, s, _ in steps}[3] == "cancelled"
+    assert flow_state(queue, job) == ("cancelled", "cancelled")
 
 
 def test_cancelling_a_job_waiting_on_depends_on_never_pushes_it(stack) -> None:
@@ -254,3 +258,19 @@ def test_a_remote_queue_refuses_a_workflow() -> None:
     remote = Queue(url="http://127.0.0.1:9")
     with pytest.raises(EnvelopeError, match="remote"):
         remote.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)))
+
+
+def test_a_release_repeated_after_a_crash_is_a_duplicate_that_never_runs(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 2), hybridq.sig(tasks.add, 10)))
+    forwarder.step()  # step 0 released: appended, then marked released
+    # The crash between the append and the mark: the file says step 0 still waits.
+    forwarder.flows.db.execute("UPDATE steps SET state = 'waiting' WHERE flow = ?", (job.id,))
+    forwarder.flows.commit()
+    forwarder.flows.dirty = True
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 13
+    assert [transport.executions[f"{job.id}-{n}"] for n in range(2)] == [1, 1]
+    assert (
+        len([r for r in JournalReader(queue.journal).records() if f"{job.id}-0".encode() in r.payload]) == 2
+    )
