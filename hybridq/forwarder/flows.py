@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hybridq import crashpoints
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import read_result, tag_call
@@ -345,6 +346,7 @@ class Flows:
                 result_kept=end == "succeeded",
             )
             self.state.append([entry])
+            crashpoints.reached("flows_after_end")
         self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
         self.held.discard(anchor)
         self.ended += 1
@@ -360,6 +362,7 @@ class Flows:
         if self._writer is None or self._writer.closed:
             self._writer = JournalWriter(self.journal, max_segment_bytes=STEP_SEGMENT_BYTES)
         self._writer.append_many([env.to_bytes() for env in envs])
+        crashpoints.reached("flows_after_release")
 
     # -- depends_on ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ failure policy and depends_on across a Redis restart (about 10 s together).
 from __future__ import annotations
 
 import collections
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -202,3 +203,26 @@ def test_depends_on_works_across_a_redis_restart(stack: Stack) -> None:
     ran = runs(effects)
     assert ran["2+2"] == 1
     assert list(ran).index("1+1") < list(ran).index("2+2")
+
+
+@pytest.mark.parametrize("point", ["flows_after_release:2", "flows_after_end"])
+def test_a_forwarder_killed_inside_a_release_or_an_end_runs_each_step_once(
+    tmp_path: Path, journal_dir: Path, redis_server: RedisServer, subprocess_env: dict[str, str], point: str
+) -> None:
+    effects = tmp_path / "effects"
+    ensure_journal_dir(journal_dir)
+    stack = Stack(tmp_path, journal_dir, redis_server, {**subprocess_env, "HYBRIDQ_CRASH_POINT": point})
+    steps = [hybridq.sig(tasks.add_slow, 0, 1, str(effects))]
+    steps += [hybridq.sig(tasks.add_slow, 1, str(effects)) for _ in range(3)]
+    job = Queue(journal=journal_dir).enqueue(hybridq.chain(*steps))
+    stack.start_forwarder()
+    stack.start_worker()
+    try:
+        assert stack.forwarder is not None
+        assert stack.forwarder.wait(60) == -signal.SIGKILL, stack.forwarder.log()[-3000:]
+        stack.env = subprocess_env  # disarmed
+        stack.start_forwarder()
+        assert job.wait(timeout=60) == 4
+    finally:
+        stack.close()
+    assert runs(effects) == collections.Counter({f"{k}+1": 1 for k in range(4)})
