@@ -32,7 +32,6 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -44,18 +43,17 @@ from typing import Any
 from hybridq import crashpoints
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
-from hybridq.envelope.tagged import read_result, tag_call
 from hybridq.errors import HybridqError, StateFileCorrupt
+from hybridq.forwarder.flow_steps import StepFailed, step_envelope, step_result
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
 from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.ledger.entries import Entry
 from hybridq.lookup import reads
-from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.security.signing import keyring
 from hybridq.transport.base import Loc
-from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_LIST, PASS_ONE, step_id, step_key
+from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_ONE, step_id
 from hybridq.workflows.store import SCHEMA, path_of
 
 __all__ = ["Flows"]
@@ -69,10 +67,6 @@ UNKNOWN_DEP_S = 30.0
 #: How often held workflows are looked at with no news (an outcome the index had not yet).
 LOOK_EVERY_S = 1.0
 _ENDED = frozenset({"succeeded", "failed", "cancelled"})
-
-
-class _Fail(Exception):
-    """A workflow cannot go on: its message says why (one line)."""
 
 
 class Flows:
@@ -231,65 +225,21 @@ class Flows:
             return self._stop(fid, anchor, queue, graph, states, "failed", why.rstrip(": "))
         try:
             ready = [
-                (n, self._step_env(fid, n, steps[n]))
+                (n, step_envelope(self.journal, fid, n, steps[n]))
                 for n, s in sorted(states.items())
                 if s == "waiting" and all(states.get(d) == "succeeded" for d in steps[n]["deps"])
             ]
             if not ready and all(s == "succeeded" for s in states.values()):
-                outs = [self._result(fid, n, stored=True) for n in graph["out"]]
+                outs = [step_result(self.journal, fid, n, stored=True) for n in graph["out"]]
                 self._end(fid, anchor, queue, "succeeded", result=outs if graph["list"] else outs[0])
                 return 0
-        except _Fail as exc:
+        except StepFailed as exc:
             return self._stop(fid, anchor, queue, graph, states, "failed", str(exc))
         self._append([env for _, env in ready])
         self.db.executemany(
             "UPDATE steps SET state = 'released' WHERE flow = ? AND n = ?", [(fid, n) for n, _ in ready]
         )
         return len(ready)
-
-    def _step_env(self, fid: str, n: int, step: Mapping[str, Any], lead: tuple[Any, ...] = ()) -> Envelope:
-        """Step ``n``'s job: the prepared call, led by the results it takes (or by ``lead``).
-
-        The arguments are decoded and tagged again with the results in front, so a result of a
-        tagged type (a ``datetime``, a ``Decimal``...) reaches the step as that type.
-        """
-        env = Envelope.from_dict(step["env"])
-        deps: list[int] = step["deps"]
-        if step["pass"] == PASS_ONE and deps:
-            lead = (self._result(fid, deps[0]),)
-        elif step["pass"] == PASS_LIST:
-            lead = ([self._result(fid, d) for d in deps],)
-        args, kwargs = env.call_args()
-        call_args, call_kwargs, tags = tag_call(env.func, (*lead, *args), dict(kwargs))
-        return dataclasses.replace(
-            env,
-            id=step_id(fid, n),
-            idempotency_key=step_key(fid, n),
-            created_at=time.time(),
-            args=call_args,
-            kwargs=call_kwargs,
-            tags=tags,
-            meta={**env.meta, "hybridq": {"wf": fid, "step": n}},
-            signature=None,
-        )
-
-    def _result(self, fid: str, n: int, *, stored: bool = False) -> Any:
-        """Step ``n``'s result from the lookup index (the ledger's), as stored or decoded.
-
-        Raises ``_Fail`` if it was not kept (too large to pass, or not reported).
-        """
-        row = reads.find(self.journal, step_id(fid, n))
-        if row is None or row.state != "done" or row.outcome != "succeeded":
-            raise _Fail(f"step {n}: no result recorded")
-        if row.rkept:
-            if row.result is None:
-                return None
-            return json.loads(row.result) if stored else read_result(row.result)
-        if row.rbytes is not None:
-            raise _Fail(
-                f"result of step {n} too large to pass ({row.rbytes} bytes > {RESULT_MAX_BYTES} bytes)"
-            )
-        raise _Fail(f"step {n}: its worker reported no result")
 
     def _stop(
         self,
@@ -310,7 +260,7 @@ class Flows:
         err = graph.get("err")
         if end == "failed" and err is not None:
             lead = (fid, why) if err["pass"] == PASS_ONE else ()
-            self._append([self._step_env(fid, -1, {**err, "pass": "lead"}, lead)])
+            self._append([step_envelope(self.journal, fid, -1, {**err, "pass": "lead"}, lead)])
             released = 1
         self._end(fid, anchor, queue, end, error=why)
         log.warning("workflow %s %s: %s", fid, end, why)

@@ -1,0 +1,76 @@
+"""A workflow step's job, as the forwarder releases it: its call, led by the results it takes.
+
+Results are read from the lookup index, which the forwarder fills from the ledger after its
+fsync (never from Redis): :func:`step_result`. :func:`step_envelope` builds the step's job with
+its deterministic id and idempotency key (docs/workflows.md).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hybridq.envelope.model import Envelope
+from hybridq.envelope.tagged import read_result, tag_call
+from hybridq.lookup import reads
+from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.workflows.canvas import PASS_LIST, PASS_ONE, step_id, step_key
+
+__all__ = ["StepFailed", "step_envelope", "step_result"]
+
+
+class StepFailed(Exception):
+    """A workflow cannot go on: its message says why (one line)."""
+
+
+def step_envelope(
+    journal: str, fid: str, n: int, step: Mapping[str, Any], lead: tuple[Any, ...] = ()
+) -> Envelope:
+    """Step ``n``'s job: the prepared call, led by the results it takes (or by ``lead``).
+
+    The arguments are decoded and tagged again with the results in front, so a result of a
+    tagged type (a ``datetime``, a ``Decimal``...) reaches the step as that type.
+    """
+    env = Envelope.from_dict(step["env"])
+    deps: list[int] = step["deps"]
+    if step["pass"] == PASS_ONE and deps:
+        lead = (step_result(journal, fid, deps[0]),)
+    elif step["pass"] == PASS_LIST:
+        lead = ([step_result(journal, fid, d) for d in deps],)
+    args, kwargs = env.call_args()
+    call_args, call_kwargs, tags = tag_call(env.func, (*lead, *args), dict(kwargs))
+    return dataclasses.replace(
+        env,
+        id=step_id(fid, n),
+        idempotency_key=step_key(fid, n),
+        created_at=time.time(),
+        args=call_args,
+        kwargs=call_kwargs,
+        tags=tags,
+        meta={**env.meta, "hybridq": {"wf": fid, "step": n}},
+        signature=None,
+    )
+
+
+def step_result(journal: str, fid: str, n: int, *, stored: bool = False) -> Any:
+    """Step ``n``'s result from the lookup index (the ledger's), as stored or decoded.
+
+    Raises :class:`StepFailed` if it was not kept (too large to pass, or not reported).
+    """
+    row = reads.find(journal, step_id(fid, n))
+    if row is None or row.state != "done" or row.outcome != "succeeded":
+        raise StepFailed(f"step {n}: no result recorded")
+    if row.rkept:
+        if row.result is None:
+            return None
+        return json.loads(row.result) if stored else read_result(row.result)
+    if row.rbytes is not None:
+        raise StepFailed(
+            f"result of step {n} too large to pass ({row.rbytes} bytes > {RESULT_MAX_BYTES} bytes)"
+        )
+    raise StepFailed(f"step {n}: its worker reported no result")
