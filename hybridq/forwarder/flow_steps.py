@@ -17,15 +17,42 @@ from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import read_result, tag_call
+from hybridq.errors import EnvelopeError
 from hybridq.lookup import reads
 from hybridq.protocol import RESULT_MAX_BYTES
-from hybridq.workflows.canvas import PASS_LIST, PASS_ONE, step_id, step_key
+from hybridq.workflows.canvas import PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
 
-__all__ = ["StepFailed", "step_envelope", "step_result"]
+__all__ = ["StepFailed", "graph_problem", "step_envelope", "step_result"]
 
 
 class StepFailed(Exception):
     """A workflow cannot go on: its message says why (one line)."""
+
+
+def graph_problem(graph: Mapping[str, Any]) -> str | None:
+    """What is wrong with an anchor's graph (``None``: this version can run it).
+
+    Checked once, when the anchor is read: a step that could not be built later would stop
+    the forwarder at each start instead.
+    """
+    steps, out, err = graph.get("steps"), graph.get("out"), graph.get("err")
+    if graph.get("v") != 1 or not isinstance(steps, list) or not steps or not isinstance(out, list):
+        return "version, steps or out"
+    for n, step in enumerate([*steps, *([err] if err is not None else [])]):
+        if not isinstance(step, Mapping) or step.get("pass") not in (PASS_NONE, PASS_ONE, PASS_LIST):
+            return f"step {n}"
+        deps = step.get("deps")
+        if not isinstance(deps, list) or not all(
+            type(d) is int and 0 <= d < min(n, len(steps)) for d in deps
+        ):
+            return f"step {n}: dependencies"
+        try:
+            Envelope.from_dict(step.get("env") or {})
+        except EnvelopeError as exc:
+            return f"step {n}: {exc}"
+    if not out or not all(type(o) is int and 0 <= o < len(steps) for o in out):
+        return "out"
+    return None
 
 
 def step_envelope(

@@ -44,7 +44,7 @@ from hybridq import crashpoints
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.errors import HybridqError, StateFileCorrupt
-from hybridq.forwarder.flow_steps import StepFailed, step_envelope, step_result
+from hybridq.forwarder.flow_steps import StepFailed, graph_problem, step_envelope, step_result
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
@@ -174,6 +174,12 @@ class Flows:
         return False
 
     def _accept_flow(self, env: Envelope, loc: Loc, graph: Mapping[str, Any]) -> None:
+        why = graph_problem(graph)
+        if why is not None:
+            # One bad record must not stop forwarding (docs/security.md): terminal, and said.
+            log.error("workflow %s: not a graph this version can run (%s): recorded invalid", env.id, why)
+            self.state.record_invalid(loc)
+            return
         steps = graph.get("steps")
         cur = self.db.execute(
             "INSERT OR IGNORE INTO flows VALUES (?, ?, ?, ?, ?, ?, 'running', NULL)",

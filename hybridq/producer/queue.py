@@ -481,6 +481,8 @@ class Queue:
         if depends_on is not None:
             if self.remote is not None:
                 raise EnvelopeError("depends_on needs a queue on a journal (it works within one journal)")
+            if env.run_at is not None:
+                raise EnvelopeError("depends_on cannot be combined with delay or run_at")
             return with_deps(env, dependency_ids(depends_on, self.journal))
         return env
 

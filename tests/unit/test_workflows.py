@@ -156,6 +156,8 @@ def test_bad_input_is_refused_in_one_line(journal_dir: Path, tmp_path: Path) -> 
     other = Queue(journal=tmp_path / "other").enqueue(tasks.add, 1, 1)
     with pytest.raises(EnvelopeError, match="another journal"):
         queue.enqueue(tasks.add, 1, 1, depends_on=other)
+    with pytest.raises(EnvelopeError, match="delay or run_at"):
+        queue.enqueue(tasks.add, 1, 1, depends_on=other.id, delay=5)
     with pytest.raises(EnvelopeError, match="at least one"):
         hybridq.chain()
     with pytest.raises(EnvelopeError, match="not supported"):
@@ -274,3 +276,17 @@ def test_a_release_repeated_after_a_crash_is_a_duplicate_that_never_runs(stack) 
     assert (
         len([r for r in JournalReader(queue.journal).records() if f"{job.id}-0".encode() in r.payload]) == 2
     )
+
+
+def test_an_anchor_with_a_graph_this_version_cannot_run_is_recorded_invalid(stack) -> None:
+    queue, forwarder, transport = stack
+    env = queue.prepare("hybridq.workflows.canvas.anchor")
+    env.meta = {"hybridq": {"wf": {"v": 1, "steps": [{"env": {}, "deps": [5], "pass": "one"}], "out": [0]}}}
+    env._encoded = None
+    (bad,) = queue.enqueue_many([env])
+    good = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)))
+    drive(forwarder, transport, ended(good))  # forwarding goes on past it
+    assert good.wait(timeout=1) == 2
+    assert bad.get_status() == "failed"  # terminal, as an invalid record reads
+    assert store.flow_steps(str(queue.journal), bad.id) is None
+    assert transport.executions.get(bad.id, 0) == 0
