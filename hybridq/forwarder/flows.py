@@ -191,6 +191,13 @@ class Flows:
                 [(env.id, n) for n in range(len(steps))],
             )
             self.held.add(loc)
+        elif self.db.execute(
+            "SELECT 1 FROM flows WHERE id = ? AND (chain, seg, off) != (?, ?, ?)", (env.id, *loc)
+        ).fetchone():
+            # Its id is another workflow's (enqueued again under it, or requeued): its steps'
+            # ids and keys would be that one's. Terminal, never pushed, and said.
+            log.error("workflow %s: a workflow with this id exists already: recorded invalid", env.id)
+            self.state.record_invalid(loc)
         self.dirty = True
 
     # -- moving them on -----------------------------------------------------------------------

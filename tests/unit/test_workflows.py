@@ -290,3 +290,19 @@ def test_an_anchor_with_a_graph_this_version_cannot_run_is_recorded_invalid(stac
     assert bad.get_status() == "failed"  # terminal, as an invalid record reads
     assert store.flow_steps(str(queue.journal), bad.id) is None
     assert transport.executions.get(bad.id, 0) == 0
+
+
+def test_a_second_workflow_under_the_same_id_is_recorded_invalid_never_pushed(stack) -> None:
+    queue, forwarder, transport = stack
+    first = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1)), job_id="flow-1")
+    drive(forwarder, transport, ended(first))
+    again = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 5, 5)), job_id="flow-1")
+    for _ in range(3):
+        forwarder.step()
+    forwarder.completions.reconciler.hurry()
+    forwarder.step()
+    assert "flow-1" not in transport.queues.get("default", [])
+    assert transport.executions.get("flow-1-0") == 1
+    assert forwarder.state.index.is_terminal(
+        (again.record.writer_id, again.record.segment, again.record.offset)
+    )
