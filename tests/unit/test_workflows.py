@@ -306,3 +306,18 @@ def test_a_second_workflow_under_the_same_id_is_recorded_invalid_never_pushed(st
     assert forwarder.state.index.is_terminal(
         (again.record.writer_id, again.record.segment, again.record.offset)
     )
+
+
+def test_per_step_options_queue_retry_and_timeout_reach_the_steps_jobs(stack) -> None:
+    queue, forwarder, transport = stack
+    retry = hybridq.Retry(max_attempts=2, backoff_s=0)
+    flow = hybridq.chain(
+        hybridq.sig(tasks.add, 1, 1, queue="other", job_timeout=7),
+        hybridq.task(queue="mail")(tasks.add).s(1).set(retry=retry),  # task.s: the decorator's queue
+    )
+    job = queue.enqueue(flow)
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 3
+    first, second = (fetch_job(f"{job.id}-{n}", queue.journal) for n in range(2))
+    assert (first.queue, first.envelope.timeout_s) == ("other", 7)
+    assert (second.queue, second.envelope.retry) == ("mail", retry)
