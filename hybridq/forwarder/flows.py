@@ -84,6 +84,8 @@ class Flows:
         self.dirty = True
         self._unknown_since: dict[str, float] = {}
         self._next_look = 0.0
+        #: Whether the open transaction holds writes :meth:`commit` must make durable.
+        self._recorded = False
         #: Counters since start: jobs released, workflows and dependent jobs ended.
         self.released = self.ended = 0
 
@@ -130,12 +132,18 @@ class Flows:
         return self._db
 
     def commit(self) -> None:
-        """Make what :meth:`intercept` recorded durable (before the checkpoint moves past it)."""
-        self._end_transaction("COMMIT")
+        """Make what :meth:`intercept` recorded durable (before the checkpoint moves past it).
+
+        Free when nothing was recorded: the forwarder calls it with every batch.
+        """
+        if self._recorded:
+            self._end_transaction("COMMIT")
+            self._recorded = False
 
     def rollback(self) -> None:
         """Drop what was recorded since the last commit (the step is read again)."""
         self._end_transaction("ROLLBACK")
+        self._recorded = False
         self._load_held()
 
     def _end_transaction(self, how: str) -> None:
@@ -159,6 +167,7 @@ class Flows:
         hq = env.meta.get("hybridq") if env.meta else None
         if not isinstance(hq, Mapping):
             return False
+        self._recorded = True
         if env.func == ANCHOR_FUNC and isinstance(hq.get("wf"), Mapping):
             self._accept_flow(env, loc, hq["wf"])
             return True
@@ -216,6 +225,7 @@ class Flows:
         ).fetchall():
             released += self._advance(fid, (chain, int(seg), int(off)), queue, json.loads(graph))
         released += self._release_waiters()
+        self._recorded = True
         self.commit()
         self.released += released
         return released
