@@ -37,7 +37,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hybridq import crashpoints
@@ -66,6 +66,7 @@ STEP_SEGMENT_BYTES = 1 << 20
 UNKNOWN_DEP_S = 30.0
 #: How often held workflows are looked at with no news (an outcome the index had not yet).
 LOOK_EVERY_S = 1.0
+_LIVE_FLOWS = "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
 _ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -84,6 +85,8 @@ class Flows:
         self.dirty = True
         self._unknown_since: dict[str, float] = {}
         self._next_look = 0.0
+        #: Ids of jobs with outcomes since the last pass (:meth:`noted`).
+        self._news: set[str] = set()
         #: Whether the open transaction holds writes :meth:`commit` must make durable.
         self._recorded = False
         #: Counters since start: jobs released, workflows and dependent jobs ended.
@@ -211,20 +214,39 @@ class Flows:
 
     # -- moving them on -----------------------------------------------------------------------
 
+    @property
+    def busy(self) -> bool:
+        """Whether outcomes came that :meth:`step` has not looked at (the loop must not idle)."""
+        return bool(self._news) and bool(self.held)
+
+    def noted(self, entries: Sequence[Entry]) -> None:
+        """Outcomes just appended to the ledger (its ``on_append``): their workflows are looked at."""
+        if self.held:
+            self._news.update(e.job_id for e in entries if e.kind in ("done", "cancel"))
+
     def step(self) -> int:
-        """Release what became ready, end what ended; return how many jobs were released."""
-        if not self.held or not (self.dirty or time.monotonic() >= self._next_look):
+        """Release what became ready, end what ended; return how many jobs were released.
+
+        Only the workflows and waiting jobs an outcome concerns are looked at, so a pass costs
+        in proportion to the news, not to every live workflow; all of them are looked at after
+        a record was taken in, and every :data:`LOOK_EVERY_S` (an outcome the lookup index did
+        not have yet when its news came is found then).
+        """
+        news, self._news = self._news, set()
+        everything = self.dirty or time.monotonic() >= self._next_look
+        if not self.held or not (everything or news):
             return 0
-        # Outcomes come through the lookup index: one that was not there yet (the index still
-        # building) is looked for again within LOOK_EVERY_S, without waiting for more news.
-        self.dirty = False
-        self._next_look = time.monotonic() + LOOK_EVERY_S
+        if everything:
+            self.dirty = False
+            self._next_look = time.monotonic() + LOOK_EVERY_S
+            flows = self.db.execute(_LIVE_FLOWS).fetchall()
+        else:
+            ids = news | {i.rsplit("-", 1)[0] for i in news}  # an anchor's id, or a step's workflow
+            flows = [row for fid in ids for row in self.db.execute(_LIVE_FLOWS + " AND id = ?", (fid,))]
         released = 0
-        for fid, chain, seg, off, queue, graph in self.db.execute(
-            "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
-        ).fetchall():
+        for fid, chain, seg, off, queue, graph in flows:
             released += self._advance(fid, (chain, int(seg), int(off)), queue, json.loads(graph))
-        released += self._release_waiters()
+        released += self._release_waiters(None if everything else news)
         self._recorded = True
         self.commit()
         self.released += released
@@ -323,7 +345,6 @@ class Flows:
         self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
         self.held.discard(anchor)
         self.ended += 1
-        self.dirty = True  # a job may wait for this workflow: seen once the index has its end
 
     def _append(self, envs: list[Envelope]) -> None:
         """Append released steps to the journal (their own chain), fsync'd, signed when a key is set."""
@@ -339,10 +360,13 @@ class Flows:
 
     # -- depends_on ---------------------------------------------------------------------------
 
-    def _release_waiters(self) -> int:
+    def _release_waiters(self, news: set[str] | None) -> int:
+        """Release (or cancel) the waiting jobs whose dependencies ended (``news``: of these ids)."""
         released = 0
         now = time.monotonic()
         for chain, seg, off, job, queue, deps in self.db.execute("SELECT * FROM waits").fetchall():
+            if news is not None and job not in news and news.isdisjoint(json.loads(deps)):
+                continue
             loc: Loc = (chain, int(seg), int(off))
             index = self.state.index
             verdict = (
@@ -378,8 +402,7 @@ class Flows:
                 first = self._unknown_since.setdefault(dep, now)
                 if now - first >= UNKNOWN_DEP_S:
                     return f"dependency {dep} is unknown in this journal (depends_on works within one)"
-                waiting = True
-                self.dirty = True  # looked at again until it is found, or the wait is over
+                waiting = True  # looked at again at each LOOK_EVERY_S, until found or given up
                 continue
             self._unknown_since.pop(dep, None)
             if row.state != "done":

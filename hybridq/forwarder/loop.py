@@ -28,7 +28,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from hybridq.errors import (
@@ -52,7 +52,7 @@ from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.forwarder.watcher import EventWatcher
 from hybridq.forwarder.window import check_eviction_policy
-from hybridq.journal import JournalReader
+from hybridq.journal import ChainPosition, JournalReader
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
@@ -60,6 +60,7 @@ from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file,
     LOCK_NAME,
     Checkpoint,
 )
+from hybridq.ledger.entries import Entry
 from hybridq.lookup.index import LookupIndex
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
@@ -151,7 +152,6 @@ class Forwarder:
         self.schedules = schedules
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
-        self.state.on_append = self.lookup.note_entries
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
         self.backlog = Backlog(self.state, transport)
@@ -161,6 +161,7 @@ class Forwarder:
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
         self.flows = Flows(self.state, lambda: self.state.runs)
         self.completions.reconciler.held = lambda loc: loc in self.flows.held
+        self.state.on_append = self._appended  # outcomes to the lookup index, then to the flows
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
         self.delivery = Deliverer(
@@ -376,7 +377,6 @@ class Forwarder:
                 self._watcher.harvested()
             self.admission.settle()  # duplicates whose key's owner finished now
             self._publish_due |= harvested > 0
-            self.flows.dirty |= harvested > 0
             redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
                 self._push(redo)  # RedisFull: pushed again before the pass goes on
@@ -425,8 +425,8 @@ class Forwarder:
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
-        if self.delivery.behind or self.backlog.more:
-            return  # records left to index, or waiting jobs the windows have room for
+        if self.delivery.behind or self.backlog.more or self.flows.busy:
+            return  # records left to index, waiting jobs the windows have room for, or news for the flows
         self.waits.wait()
 
     def _forgetting(self) -> bool:
@@ -438,6 +438,10 @@ class Forwarder:
 
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)
+
+    def _appended(self, entries: Sequence[Entry], chain: str, end: ChainPosition) -> None:
+        self.lookup.note_entries(entries, chain, end)
+        self.flows.noted(entries)
 
     def _between_batches(self) -> None:
         """Between two batches of a long step: due ticks, and the stats snapshot if it is due."""

@@ -20,6 +20,7 @@ from hybridq.envelope.tagged import encode
 from hybridq.errors import EnvelopeError, JobFailed, StateFileCorrupt
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader
+from hybridq.lookup import reads
 from hybridq.transport import MemoryTransport
 from hybridq.workflows import store
 
@@ -321,3 +322,24 @@ def test_per_step_options_queue_retry_and_timeout_reach_the_steps_jobs(stack) ->
     first, second = (fetch_job(f"{job.id}-{n}", queue.journal) for n in range(2))
     assert (first.queue, first.envelope.timeout_s) == ("other", 7)
     assert (second.queue, second.envelope.retry) == ("mail", retry)
+
+
+def test_a_pass_looks_only_at_the_workflows_an_outcome_concerns(
+    stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue, forwarder, transport = stack
+    flows = [
+        queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, i, 1), hybridq.sig(tasks.add, 1)))
+        for i in range(10)
+    ]
+    forwarder.step()  # every first step released (a pass over everything: new anchors)
+    looked: list[str] = []
+    real_find = reads.find
+    monkeypatch.setattr(
+        reads, "find", lambda journal, job_id: looked.append(job_id) or real_find(journal, job_id)
+    )
+    forwarder.flows._next_look = float("inf")  # no periodic pass during the test
+    transport.work("default", call, limit=1)  # one workflow's first step ends
+    forwarder.step()
+    forwarder.step()
+    assert {i.rsplit("-", 1)[0] for i in looked} == {flows[0].id}  # before: all ten were read
