@@ -65,7 +65,7 @@ STEP_SEGMENT_BYTES = 1 << 20
 #: How long a dependency may stay unknown to the lookup index before its dependent fails.
 UNKNOWN_DEP_S = 30.0
 #: How often held workflows are looked at with no news (an outcome the index had not yet).
-LOOK_EVERY_S = 1.0
+LOOK_EVERY_S = 5.0
 _LIVE_FLOWS = "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
 _ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -181,7 +181,7 @@ class Flows:
                 (*loc, env.id, env.queue, json.dumps([str(d) for d in deps])),
             )
             self.held.add(loc)
-            self.dirty = True
+            self._news.add(env.id)  # its dependencies may have ended already
             return True
         return False
 
@@ -210,7 +210,7 @@ class Flows:
             # ids and keys would be that one's. Terminal, never pushed, and said.
             log.error("workflow %s: a workflow with this id exists already: recorded invalid", env.id)
             self.state.record_invalid(loc)
-        self.dirty = True
+        self._news.add(env.id)  # its first steps are released at the next pass
 
     # -- moving them on -----------------------------------------------------------------------
 
@@ -228,9 +228,10 @@ class Flows:
         """Release what became ready, end what ended; return how many jobs were released.
 
         Only the workflows and waiting jobs an outcome concerns are looked at, so a pass costs
-        in proportion to the news, not to every live workflow; all of them are looked at after
-        a record was taken in, and every :data:`LOOK_EVERY_S` (an outcome the lookup index did
-        not have yet when its news came is found then).
+        in proportion to the news (outcomes, and workflows and waiting jobs just read), not to
+        every live workflow; all of them are looked at when the forwarder starts and every
+        :data:`LOOK_EVERY_S` (an outcome the lookup index did not have yet when its news came is
+        found then).
         """
         news, self._news = self._news, set()
         everything = self.dirty or time.monotonic() >= self._next_look
