@@ -1,8 +1,9 @@
-"""A workflow step's job, as the forwarder releases it: its call, led by the results it takes.
+"""What the forwarder's flows read and build: step jobs, results, dependencies' outcomes.
 
-Results are read from the lookup index, which the forwarder fills from the ledger after its
-fsync (never from Redis): :func:`step_result`. :func:`step_envelope` builds the step's job with
-its deterministic id and idempotency key (docs/workflows.md).
+Results and outcomes are read from the lookup index, which the forwarder fills from the ledger
+after its fsync (never from Redis): :func:`step_result`, :func:`deps_verdict`.
+:func:`step_envelope` builds a released step's job with its deterministic id and idempotency key
+(docs/workflows.md).
 
 This module must not import redis or rq.
 """
@@ -22,7 +23,19 @@ from hybridq.lookup import reads
 from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.workflows.canvas import PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
 
-__all__ = ["StepFailed", "graph_problem", "step_envelope", "step_result"]
+__all__ = [
+    "UNKNOWN_DEP_S",
+    "StepFailed",
+    "deps_verdict",
+    "ended_as",
+    "graph_problem",
+    "step_envelope",
+    "step_result",
+]
+
+#: How long a dependency may stay unknown to the lookup index before its dependent fails.
+UNKNOWN_DEP_S = 30.0
+_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class StepFailed(Exception):
@@ -101,3 +114,30 @@ def step_result(journal: str, fid: str, n: int, *, stored: bool = False) -> Any:
             f"result of step {n} too large to pass ({row.rbytes} bytes > {RESULT_MAX_BYTES} bytes)"
         )
     raise StepFailed(f"step {n}: its worker reported no result")
+
+
+def ended_as(outcome: str | None) -> str:
+    """A terminal outcome as a step's state (one this version does not know: ``failed``)."""
+    return outcome if outcome in _ENDED else "failed"
+
+
+def deps_verdict(journal: str, deps: list[str], now: float, unknown_since: dict[str, float]) -> str | None:
+    """``""``: all of ``deps`` succeeded; a reason: one failed or is unknown; ``None``: waiting.
+
+    ``unknown_since`` (updated): when each dependency the index does not know was first looked
+    for; after :data:`UNKNOWN_DEP_S` its dependent fails (a job of another journal, or none).
+    """
+    waiting = False
+    for dep in deps:
+        row = reads.find(journal, dep)
+        if row is None:
+            if now - unknown_since.setdefault(dep, now) >= UNKNOWN_DEP_S:
+                return f"dependency {dep} is unknown in this journal (depends_on works within one)"
+            waiting = True  # looked at again at each full pass, until found or given up
+            continue
+        unknown_since.pop(dep, None)
+        if row.state != "done":
+            waiting = True
+        elif row.outcome != "succeeded":
+            return f"dependency {dep} {ended_as(row.outcome)}"
+    return None if waiting else ""

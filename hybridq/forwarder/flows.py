@@ -44,7 +44,14 @@ from hybridq import crashpoints
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.errors import HybridqError, StateFileCorrupt
-from hybridq.forwarder.flow_steps import StepFailed, graph_problem, step_envelope, step_result
+from hybridq.forwarder.flow_steps import (
+    StepFailed,
+    deps_verdict,
+    ended_as,
+    graph_problem,
+    step_envelope,
+    step_result,
+)
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
@@ -62,12 +69,9 @@ log = logging.getLogger("hybridq.forwarder")
 
 #: The released steps' own journal chain: small segments, so finished ones are compacted soon.
 STEP_SEGMENT_BYTES = 1 << 20
-#: How long a dependency may stay unknown to the lookup index before its dependent fails.
-UNKNOWN_DEP_S = 30.0
 #: How often held workflows are looked at with no news (an outcome the index had not yet).
 LOOK_EVERY_S = 5.0
 _LIVE_FLOWS = "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
-_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class Flows:
@@ -246,20 +250,28 @@ class Flows:
             flows = [row for fid in ids for row in self.db.execute(_LIVE_FLOWS + " AND id = ?", (fid,))]
         released = 0
         for fid, chain, seg, off, queue, graph in flows:
-            released += self._advance(fid, (chain, int(seg), int(off)), queue, json.loads(graph))
+            anchor = (chain, int(seg), int(off))
+            released += self._advance(fid, anchor, queue, json.loads(graph), None if everything else news)
         released += self._release_waiters(None if everything else news)
         self._recorded = True
         self.commit()
         self.released += released
         return released
 
-    def _advance(self, fid: str, anchor: Loc, queue: str, graph: dict[str, Any]) -> int:
+    def _advance(
+        self, fid: str, anchor: Loc, queue: str, graph: dict[str, Any], news: set[str] | None
+    ) -> int:
+        """Move workflow ``fid`` on; ``news``: only these released steps may have ended (None: any)."""
         steps: list[dict[str, Any]] = graph["steps"]
         states = dict(self.db.execute("SELECT n, state FROM steps WHERE flow = ?", (fid,)).fetchall())
-        rows = {n: reads.find(self.journal, step_id(fid, n)) for n, s in states.items() if s == "released"}
+        rows = {
+            n: reads.find(self.journal, step_id(fid, n))
+            for n, s in states.items()
+            if s == "released" and (news is None or step_id(fid, n) in news)
+        }
         for n, row in rows.items():
             if row is not None and row.state == "done":
-                states[n] = _ended(row.outcome)
+                states[n] = ended_as(row.outcome)
                 self.db.execute("UPDATE steps SET state = ? WHERE flow = ? AND n = ?", (states[n], fid, n))
         if anchor in self.state.index.cancels or self.state.index.is_terminal(anchor):
             return self._stop(fid, anchor, queue, graph, states, "cancelled", "cancelled")
@@ -370,20 +382,15 @@ class Flows:
                 continue
             loc: Loc = (chain, int(seg), int(off))
             index = self.state.index
-            verdict = (
-                ""
-                if index.is_terminal(loc) or loc in index.cancels
-                else self._deps_verdict(json.loads(deps), now)
-            )
+            gone = index.is_terminal(loc) or loc in index.cancels  # cancelled while it waited
+            verdict = "" if gone else deps_verdict(self.journal, json.loads(deps), now, self._unknown_since)
             if verdict is None:
                 continue
-            if index.is_terminal(loc) or loc in index.cancels:
-                pass  # cancelled while it waited (hybridq.forwarder.cancelling settles it): never pushed
-            elif verdict == "":
+            if verdict == "" and not gone:
                 self._runs().add([(loc, queue, time.time())])
                 self._runs().commit()  # durable before its wait goes: a crash re-adds (one row)
                 released += 1
-            elif not self.state.index.is_terminal(loc):
+            elif not gone:
                 entry = Entry(
                     "done", job, loc, outcome="cancelled", error=verdict, at=time.time(), queue=queue
                 )
@@ -393,25 +400,3 @@ class Flows:
             self.held.discard(loc)
             self.ended += 1
         return released
-
-    def _deps_verdict(self, deps: list[str], now: float) -> str | None:
-        """``""``: all succeeded; a reason: one failed or is unknown; ``None``: still waiting."""
-        waiting = False
-        for dep in deps:
-            row = reads.find(self.journal, dep)
-            if row is None:
-                first = self._unknown_since.setdefault(dep, now)
-                if now - first >= UNKNOWN_DEP_S:
-                    return f"dependency {dep} is unknown in this journal (depends_on works within one)"
-                waiting = True  # looked at again at each LOOK_EVERY_S, until found or given up
-                continue
-            self._unknown_since.pop(dep, None)
-            if row.state != "done":
-                waiting = True
-            elif row.outcome != "succeeded":
-                return f"dependency {dep} {_ended(row.outcome)}"
-        return None if waiting else ""
-
-
-def _ended(outcome: str | None) -> str:
-    return outcome if outcome in _ENDED else "failed"
