@@ -343,3 +343,17 @@ def test_a_pass_looks_only_at_the_workflows_an_outcome_concerns(
     forwarder.step()
     forwarder.step()
     assert {i.rsplit("-", 1)[0] for i in looked} == {flows[0].id}  # before: all ten were read
+
+
+def test_the_outbox_refuses_workflows_and_depends_on_in_one_line(tmp_path: Path) -> None:
+    import sqlite3
+
+    from hybridq.outbox import Outbox
+
+    conn = sqlite3.connect(tmp_path / "app.db")
+    for call in (
+        lambda: Outbox().enqueue(conn, hybridq.chain(hybridq.sig(tasks.add, 1, 1))),
+        lambda: Outbox().enqueue(conn, tasks.add, 1, 1, depends_on="x"),
+    ):
+        with pytest.raises(EnvelopeError, match="outbox takes neither workflows nor depends_on"):
+            call()
