@@ -137,9 +137,7 @@ def check_chord(
     )
 
 
-def test_a_small_chord_sums_once_through_a_flush_and_a_forwarder_kill(
-    stack: Stack, figures: Callable[[str], None]
-) -> None:
+def test_a_small_chord_sums_once_through_a_flush(stack: Stack, figures: Callable[[str], None]) -> None:
     check_chord(stack, 30, 0.02, figures, flushes=1, kill=False)
 
 
