@@ -305,3 +305,13 @@ def same(value: object) -> object:
 def type_name(value: object) -> str:
     """The name of its argument's type (what a chain's step received)."""
     return type(value).__name__
+
+
+def big(size: int) -> str:
+    """A result of ``size`` characters (a workflow whose results are large together)."""
+    return "x" * size
+
+
+def count(values: list[object]) -> int:
+    """A chord's callback taking a list it only counts."""
+    return len(values)

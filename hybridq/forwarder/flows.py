@@ -43,7 +43,7 @@ from typing import Any
 from hybridq import crashpoints
 from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
-from hybridq.errors import HybridqError, StateFileCorrupt
+from hybridq.errors import EnvelopeError, HybridqError, RecordTooLarge, StateFileCorrupt
 from hybridq.forwarder.flow_steps import (
     StepFailed,
     deps_verdict,
@@ -291,9 +291,15 @@ class Flows:
                 outs = [step_result(self.journal, fid, n, stored=True) for n in graph["out"]]
                 self._end(fid, anchor, queue, "succeeded", result=outs if graph["list"] else outs[0])
                 return 0
+            self._append([env for _, env in ready])
         except StepFailed as exc:
             return self._stop(fid, anchor, queue, graph, states, "failed", str(exc))
-        self._append([env for _, env in ready])
+        except (RecordTooLarge, EnvelopeError) as exc:
+            # Results each under the cap, too large together for one record (a chord's callback,
+            # a group's end), or nested too deep: nothing was written; failing is the only way
+            # on (raised out of the step, it would stop the forwarder at every start).
+            why = f"results too large to pass together: {exc}"
+            return self._stop(fid, anchor, queue, graph, states, "failed", why)
         self.db.executemany(
             "UPDATE steps SET state = 'released' WHERE flow = ? AND n = ?", [(fid, n) for n, _ in ready]
         )

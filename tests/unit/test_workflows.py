@@ -357,3 +357,23 @@ def test_the_outbox_refuses_workflows_and_depends_on_in_one_line(tmp_path: Path)
     ):
         with pytest.raises(EnvelopeError, match="outbox takes neither workflows nor depends_on"):
             call()
+
+
+@pytest.mark.parametrize("shape", ["group", "chord"])
+def test_results_too_large_together_fail_the_workflow_and_forwarding_goes_on(
+    stack, tmp_path: Path, shape: str
+) -> None:
+    queue, forwarder, transport = stack
+    members = [hybridq.sig(tasks.big, 60000) for _ in range(20)]  # each under the cap, 1.2 MB together
+    flow = hybridq.group(members) if shape == "group" else hybridq.chord(members, hybridq.sig(tasks.count))
+    job = queue.enqueue(
+        flow, on_error=hybridq.sig(tasks.record, str(tmp_path / "err"), "err", immutable=True)
+    )
+    drive(forwarder, transport, ended(job))  # before: RecordTooLarge out of forwarder.step()
+    with pytest.raises(JobFailed, match="results too large to pass"):
+        job.wait(timeout=1)
+    plain = queue.enqueue(tasks.add, 1, 1)
+    drive(forwarder, transport, (tmp_path / "err").exists)
+    drive(forwarder, transport, ended(plain))
+    assert plain.wait(timeout=1) == 2
+    assert transport.executions.get(f"{job.id}-20", 0) == 0
