@@ -189,6 +189,32 @@ class Flows:
             return True
         return False
 
+    def holds(self, env: Envelope, loc: Loc) -> bool:
+        """Whether a job about to be pushed again (a refill or reconcile pass) must stay here.
+
+        Decided from its record, not only from :attr:`held`: with the workflows' file lost or
+        restored from an older copy, :attr:`held` misses them. An anchor is never pushed; a job
+        with ``depends_on`` only once the ledger holds every dependency succeeded. Either is
+        recorded again (:meth:`intercept`) and moved on by :meth:`step` as if just read.
+        """
+        if loc in self.held:
+            return True
+        hq = env.meta.get("hybridq") if env.meta else None
+        deps = hq.get("deps") if isinstance(hq, Mapping) else None
+        if env.func != ANCHOR_FUNC:
+            if not isinstance(deps, list) or not deps:
+                return False
+            verdict = deps_verdict(
+                self.journal, [str(d) for d in deps], time.monotonic(), self._unknown_since
+            )
+            if verdict == "":
+                return False  # released before (the run table pushed it): an ordinary job now
+        if not self.intercept(env, loc):
+            self.state.record_invalid(loc)  # an anchor without a graph: never a job
+            log.error("job %s: a workflow's record without its graph: recorded invalid", env.id)
+        self.dirty = True
+        return True
+
     def _accept_flow(self, env: Envelope, loc: Loc, graph: Mapping[str, Any]) -> None:
         why = graph_problem(graph)
         if why is not None:

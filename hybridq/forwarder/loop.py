@@ -161,6 +161,7 @@ class Forwarder:
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
         self.flows = Flows(self.state, lambda: self.state.runs)
         self.completions.reconciler.held = lambda loc: loc in self.flows.held
+        self.completions.reconciler.held_record = lambda loc, env: self.flows.holds(env, loc)
         self.state.on_append = self._appended  # outcomes to the lookup index, then to the flows
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).

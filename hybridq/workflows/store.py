@@ -11,8 +11,10 @@ which is rebuilt from the ledger). What it holds is what the forwarder decided:
   journal), or its end (``succeeded``, ``failed``, ``cancelled``);
 * ``waits``: jobs enqueued with ``depends_on`` still waiting for them.
 
-Lost or damaged, it is rebuilt by no one: the workflows it held stay unfinished (their anchors
-are not terminal, so their journal segments are kept) until an operator acts (docs/workflows.md).
+Damaged, it stops the forwarder at start. Lost (or restored from an older copy), it is created
+empty, and the forwarder's reconcile and refill passes record again what they find held by its
+record (an anchor, a job whose dependencies have not all succeeded): never pushed because the
+file is missing (docs/workflows.md).
 
 This module must not import redis or rq.
 """

@@ -377,3 +377,33 @@ def test_results_too_large_together_fail_the_workflow_and_forwarding_goes_on(
     drive(forwarder, transport, ended(plain))
     assert plain.wait(timeout=1) == 2
     assert transport.executions.get(f"{job.id}-20", 0) == 0
+
+
+def test_a_lost_workflows_file_never_pushes_an_anchor_or_a_dependent_early(journal_dir: Path) -> None:
+    import shutil
+
+    queue, transport = Queue(journal=journal_dir), MemoryTransport()
+    first = queue.enqueue(tasks.add, 1, 1, delay=3600)
+    after = queue.enqueue(tasks.add, 2, 2, depends_on=[first])
+    flow = queue.enqueue(hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1)))
+    forwarder = Forwarder(journal_dir, transport)
+    forwarder.open()
+    forwarder.step()
+    forwarder.close()
+    shutil.rmtree(Path(store.path_of(str(journal_dir))).parent)  # lost (or restored from before)
+    forwarder = Forwarder(journal_dir, transport)
+    forwarder.open()
+    try:
+        transport.forget()  # Redis lost everything: a refill pass over the journal
+        for _ in range(5):
+            forwarder.step()
+        pushed = {j for q in transport.queues.values() for j in q}
+        assert after.id not in pushed  # before: pushed, its dependency not run
+        assert flow.id not in pushed  # before: the anchor pushed as a job
+        for q in list(transport.queues):
+            transport.work(q, call)
+        forwarder.step()
+        assert transport.executions.get(after.id, 0) == 0
+        assert transport.executions.get(flow.id, 0) == 0
+    finally:
+        forwarder.close()
