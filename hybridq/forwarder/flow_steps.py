@@ -24,6 +24,7 @@ from hybridq.protocol import RESULT_MAX_BYTES
 from hybridq.workflows.canvas import PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
 
 __all__ = [
+    "ENDED",
     "UNKNOWN_DEP_S",
     "StepFailed",
     "deps_verdict",
@@ -35,7 +36,8 @@ __all__ = [
 
 #: How long a dependency may stay unknown to the lookup index before its dependent fails.
 UNKNOWN_DEP_S = 30.0
-_ENDED = frozenset({"succeeded", "failed", "cancelled"})
+#: A step's (and a workflow's) end states.
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class StepFailed(Exception):
@@ -118,7 +120,7 @@ def step_result(journal: str, fid: str, n: int, *, stored: bool = False) -> Any:
 
 def ended_as(outcome: str | None) -> str:
     """A terminal outcome as a step's state (one this version does not know: ``failed``)."""
-    return outcome if outcome in _ENDED else "failed"
+    return outcome if outcome in ENDED else "failed"
 
 
 def deps_verdict(journal: str, deps: list[str], now: float, unknown_since: dict[str, float]) -> str | None:

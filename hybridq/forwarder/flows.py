@@ -45,6 +45,7 @@ from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, HybridqError, RecordTooLarge, StateFileCorrupt
 from hybridq.forwarder.flow_steps import (
+    ENDED,
     StepFailed,
     deps_verdict,
     ended_as,
@@ -300,7 +301,7 @@ class Flows:
                 states[n] = ended_as(row.outcome)
                 self.db.execute("UPDATE steps SET state = ? WHERE flow = ? AND n = ?", (states[n], fid, n))
         if anchor in self.state.index.cancels or self.state.index.is_terminal(anchor):
-            return self._stop(fid, anchor, queue, graph, states, "cancelled", "cancelled")
+            return self._stop(fid, anchor, queue, graph, states, *self._ledger_end(fid, anchor))
         failed = next((n for n, s in states.items() if s in ("failed", "cancelled")), None)
         if failed is not None:
             row = rows.get(failed)
@@ -331,6 +332,15 @@ class Flows:
         )
         return len(ready)
 
+    def _ledger_end(self, fid: str, anchor: Loc) -> tuple[str, str]:
+        """How the ledger ended the anchor (an end cut short by a crash keeps it), or a cancel."""
+        if not self.state.index.is_terminal(anchor):
+            return "cancelled", "cancelled"  # asked for, not ended yet
+        row = reads.find(self.journal, fid)
+        if row is not None and (row.writer, row.seg, row.off) == anchor and row.outcome in ENDED:
+            return row.outcome, row.error or row.outcome
+        return ("failed", "failed") if anchor in self.state.index.failed else ("cancelled", "cancelled")
+
     def _stop(
         self,
         fid: str,
@@ -348,12 +358,12 @@ class Flows:
         self._cancel_started(running)
         released = 0
         err = graph.get("err")
-        if end == "failed" and err is not None:
+        if end == "failed" and err is not None and not self.state.index.is_terminal(anchor):
             lead = (fid, why) if err["pass"] == PASS_ONE else ()
             self._append([step_envelope(self.journal, fid, -1, {**err, "pass": "lead"}, lead)])
             released = 1
-        self._end(fid, anchor, queue, end, error=why)
-        log.warning("workflow %s %s: %s", fid, end, why)
+        self._end(fid, anchor, queue, end, error=None if end == "succeeded" else why)
+        log.log(logging.INFO if end == "succeeded" else logging.WARNING, "workflow %s %s: %s", fid, end, why)
         return released
 
     def _cancel_started(self, running: list[tuple[str, int]]) -> None:

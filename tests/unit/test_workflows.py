@@ -407,3 +407,21 @@ def test_a_lost_workflows_file_never_pushes_an_anchor_or_a_dependent_early(journ
         assert transport.executions.get(flow.id, 0) == 0
     finally:
         forwarder.close()
+
+
+@pytest.mark.parametrize(("task", "end"), [(tasks.add, "succeeded"), (tasks.fail, "failed")])
+def test_an_end_cut_short_after_its_ledger_entry_keeps_the_ledgers_outcome(stack, task, end: str) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(hybridq.chain(hybridq.sig(task, *([1, 1] if task is tasks.add else []))))
+    drive(forwarder, transport, ended(job))
+    # The crash at flows_after_end: the ledger has the anchor's done entry, the file not.
+    forwarder.flows.db.execute("UPDATE flows SET state = 'running', error = NULL WHERE id = ?", (job.id,))
+    forwarder.flows._recorded = True
+    forwarder.flows.commit()
+    assert store.flow_steps(str(queue.journal), job.id)[0] == "running"
+    forwarder.flows.rollback()  # reloads what is held from the file
+    forwarder.flows.dirty = True
+    forwarder.step()
+    found = store.flow_steps(str(queue.journal), job.id)
+    assert found is not None
+    assert found[0] == end  # before: "cancelled"
