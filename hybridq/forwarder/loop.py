@@ -352,7 +352,11 @@ class Forwarder:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
         ended = self.flows.ended
-        if self.flows.step():  # after the index caught up: the outcomes it reads are there
+        if self.lookup.building:
+            # A rebuilt index misses outcomes and results until it has read every file: nothing
+            # is concluded from it (a dependency "unknown", a result "not recorded") until then.
+            self.flows.dirty = True
+        elif self.flows.step():  # after the index caught up: the outcomes it reads are there
             done += self.delivery.forward_new()  # the released steps, pushed in this step
             self._catch_up_lookup()
         elif self.flows.ended != ended:

@@ -425,3 +425,32 @@ def test_an_end_cut_short_after_its_ledger_entry_keeps_the_ledgers_outcome(stack
     found = store.flow_steps(str(queue.journal), job.id)
     assert found is not None
     assert found[0] == end  # before: "cancelled"
+
+
+def test_a_lookup_index_being_rebuilt_never_cancels_a_dependent_as_unknown(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.forwarder import flow_steps
+    from hybridq.lookup import index as lookup_index
+
+    queue, transport = Queue(journal=journal_dir), MemoryTransport()
+    before = [queue.enqueue(tasks.add, i, i) for i in range(5)]  # the rebuild reads them first
+    first = queue.enqueue(tasks.add, 1, 1)
+    forwarder = Forwarder(journal_dir, transport)
+    forwarder.open()
+    drive(forwarder, transport, lambda: all(ended(j)() for j in [*before, first]))
+    forwarder.close()
+    after = queue.enqueue(tasks.add, 2, 2, depends_on=[first])  # not read yet
+    for path in Path(reads.index_path(str(journal_dir))).parent.glob("index.sqlite*"):
+        path.unlink()  # the derived index lost: rebuilt from the journal
+    monkeypatch.setattr(flow_steps, "UNKNOWN_DEP_S", 0.0)
+    monkeypatch.setattr(lookup_index, "BUILD_STEP", 1)
+    forwarder = Forwarder(journal_dir, transport)
+    forwarder.open()
+    try:
+        forwarder.step()
+        assert after.get_status() != "cancelled"  # before: "dependency ... is unknown"
+        drive(forwarder, transport, ended(after))
+        assert after.wait(timeout=1) == 4
+    finally:
+        forwarder.close()
