@@ -61,7 +61,7 @@ from hybridq.ledger.entries import Entry
 from hybridq.lookup import reads
 from hybridq.security.signing import keyring
 from hybridq.transport.base import Loc
-from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_ONE, step_id
+from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_ONE, STEP_SEP, step_id, step_prefix
 from hybridq.workflows.store import SCHEMA, path_of
 
 __all__ = ["Flows"]
@@ -94,6 +94,8 @@ class Flows:
         self._news: set[str] = set()
         #: Whether the open transaction holds writes :meth:`commit` must make durable.
         self._recorded = False
+        #: Live workflows whose steps' ids start with a hash of their id (a long one): hash -> id.
+        self._hashed: dict[str, str] = {}
         #: Counters since start: jobs released, workflows and dependent jobs ended.
         self.released = self.ended = 0
 
@@ -167,6 +169,8 @@ class Flows:
             "UNION ALL SELECT chain, seg, off FROM waits"
         )
         self.held = {(c, int(s), int(o)) for c, s, o in live}
+        running = (str(fid) for (fid,) in self.db.execute("SELECT id FROM flows WHERE state = 'running'"))
+        self._hashed = {step_prefix(fid): fid for fid in running if step_prefix(fid) != fid}
 
     # -- reading the journal ------------------------------------------------------------------
 
@@ -234,6 +238,8 @@ class Flows:
                 [(env.id, n) for n in range(len(steps))],
             )
             self.held.add(loc)
+            if step_prefix(env.id) != env.id:
+                self._hashed[step_prefix(env.id)] = env.id
         elif self.db.execute(
             "SELECT 1 FROM flows WHERE id = ? AND (chain, seg, off) != (?, ?, ?)", (env.id, *loc)
         ).fetchone():
@@ -273,7 +279,8 @@ class Flows:
             self._next_look = time.monotonic() + LOOK_EVERY_S
             flows = self.db.execute(_LIVE_FLOWS).fetchall()
         else:
-            ids = news | {i.rsplit("-", 1)[0] for i in news}  # an anchor's id, or a step's workflow
+            prefixes = {i.rsplit(STEP_SEP, 1)[0] for i in news}  # an anchor's id, or a step's workflow
+            ids = news | {self._hashed.get(p, p) for p in prefixes}
             flows = [row for fid in ids for row in self.db.execute(_LIVE_FLOWS + " AND id = ?", (fid,))]
         released = 0
         for fid, chain, seg, off, queue, graph in flows:
@@ -399,6 +406,7 @@ class Flows:
             crashpoints.reached("flows_after_end")
         self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
         self.held.discard(anchor)
+        self._hashed.pop(step_prefix(fid), None)
         self.ended += 1
 
     def _append(self, envs: list[Envelope]) -> None:

@@ -54,6 +54,7 @@ from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workf
 from hybridq.protocol.nudge import address, nudge
 from hybridq.security.signing import keyring
 from hybridq.tracing import enqueue_carrier
+from hybridq.workflows.canvas import refuse_step_id
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
 
@@ -452,7 +453,7 @@ class Queue:
                 "a remote queue cannot take job_id=: the node makes the id (pass idempotency_key=)"
             )
         now = time.time()
-        job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
+        job = refuse_step_id(validate_job_id(job_id)) if job_id is not None else new_job_id(now)
         path = task_path(func)
         call_args, call_kwargs, tags = tag_call(
             path, args if type(args) is tuple else tuple(args), dict(kwargs) if kwargs else {}

@@ -12,6 +12,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from hybridq.errors import EnvelopeError
 __all__ = [
     "ANCHOR_FUNC",
     "SIGNATURE_OPTIONS",
+    "STEP_SEP",
     "Chain",
     "Chord",
     "Group",
@@ -31,9 +33,11 @@ __all__ = [
     "chord",
     "compile_graph",
     "group",
+    "refuse_step_id",
     "sig",
     "step_id",
     "step_key",
+    "step_prefix",
 ]
 
 #: The function an anchor record names. No worker runs it: the forwarder keeps anchors to itself.
@@ -155,12 +159,33 @@ def _checked(options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+#: Between a workflow's id and a step's number in the step's job id; a producer's ``job_id``
+#: may not end like a step's (:func:`refuse_step_id`), so a step never shares another job's id.
+STEP_SEP = "__"
+_STEP_TAIL = re.compile(r"__(?:\d+|err)\Z")
+#: The longest step suffix (``__`` and up to 4 digits): longer workflow ids are hashed.
+_PREFIX_MAX = 128 - len(STEP_SEP) - 4
+
+
+def step_prefix(workflow_id: str) -> str:
+    """What its steps' ids start with: the workflow's id, or a hash of a long one."""
+    if len(workflow_id) <= _PREFIX_MAX:
+        return workflow_id
+    return hashlib.blake2b(workflow_id.encode(), digest_size=20).hexdigest()
+
+
 def step_id(workflow_id: str, n: int) -> str:
     """The job id of step ``n`` (deterministic: a release repeated after a crash has the same)."""
-    suffix = f"-{n}" if n >= 0 else "-err"
-    if len(workflow_id) + len(suffix) <= 128:
-        return workflow_id + suffix
-    return hashlib.blake2b(workflow_id.encode(), digest_size=20).hexdigest() + suffix
+    return f"{step_prefix(workflow_id)}{STEP_SEP}{n if n >= 0 else 'err'}"
+
+
+def refuse_step_id(job_id: str) -> str:
+    """``job_id`` if it cannot be a workflow step's id, else :class:`EnvelopeError` (one line)."""
+    if _STEP_TAIL.search(job_id):
+        raise EnvelopeError(
+            f"invalid job id {job_id!r}: ids ending in __<number> or __err are workflow steps' own"
+        )
+    return job_id
 
 
 def step_key(workflow_id: str, n: int) -> str:

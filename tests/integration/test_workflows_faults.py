@@ -122,7 +122,7 @@ def check_chord(
 ) -> None:
     effects, callback = stack.tmp / "effects", stack.tmp / "callback"
     job = Queue(journal=stack.journal).enqueue(chord_of(n, effects, callback, sleep_s))
-    tokens = {f"{job.id}-{i}": f"{i}+{i}" for i in range(n)}
+    tokens = {f"{job.id}__{i}": f"{i}+{i}" for i in range(n)}
     finished = through_faults(stack, effects, tokens, **faults)  # type: ignore[arg-type]
     assert job.wait(timeout=180) == sum(2 * i for i in range(n))
     assert callback.read_text().split() == [str(sum(2 * i for i in range(n)))]  # the callback ran once
@@ -156,7 +156,7 @@ def test_a_chain_of_20_ends_right_through_two_flushes_and_two_kills(
     steps = [hybridq.sig(tasks.add_slow, 0, 1, str(effects), 0.2)]
     steps += [hybridq.sig(tasks.add_slow, 1, str(effects), 0.2) for _ in range(19)]
     job = Queue(journal=stack.journal).enqueue(hybridq.chain(*steps))
-    finished = through_faults(stack, effects, {f"{job.id}-{k}": f"{k}+1" for k in range(20)})
+    finished = through_faults(stack, effects, {f"{job.id}__{k}": f"{k}+1" for k in range(20)})
     assert job.wait(timeout=180) == 20
     ran = runs(effects)
     assert set(ran) == {f"{k}+1" for k in range(20)}
@@ -173,7 +173,7 @@ def test_a_failing_member_fails_the_chord_the_callback_never_runs_on_error_once(
     )
     with pytest.raises(JobFailed, match="step 10"):
         job.wait(timeout=60)
-    err_id = f"{job.id}-err"
+    err_id = f"{job.id}__err"
     wait_until(
         lambda: getattr(hybridq.fetch_job(err_id, stack.journal), "status", None) == "finished",
         what="on_error",

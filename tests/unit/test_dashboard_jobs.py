@@ -118,4 +118,4 @@ def test_the_trace_of_a_workflow_lists_its_steps_and_their_states(tmp_path: Path
         ("succeeded", "2", "1"),
         ("succeeded", "3", "1"),
     ]
-    assert [job for *_, job, _ in rows] == [f"{flow.id}-{n}" for n in range(4)]
+    assert [job for *_, job, _ in rows] == [f"{flow.id}__{n}" for n in range(4)]

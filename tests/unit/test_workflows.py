@@ -77,7 +77,7 @@ def test_a_chain_passes_each_result_to_the_next_step(stack) -> None:
     )
     drive(forwarder, transport, ended(job))
     assert job.wait(timeout=1) == 113
-    assert [transport.executions[f"{job.id}-{n}"] for n in range(3)] == [1, 1, 1]
+    assert [transport.executions[f"{job.id}__{n}"] for n in range(3)] == [1, 1, 1]
 
 
 def test_a_chord_gives_the_callback_the_list_of_results(stack) -> None:
@@ -86,7 +86,7 @@ def test_a_chord_gives_the_callback_the_list_of_results(stack) -> None:
     job = queue.enqueue(hybridq.chord(header, hybridq.sig(tasks.total)))
     drive(forwarder, transport, ended(job))
     assert job.wait(timeout=1) == sum(2 * i for i in range(20))
-    assert transport.executions[f"{job.id}-20"] == 1
+    assert transport.executions[f"{job.id}__20"] == 1
 
 
 def test_a_group_result_is_the_list_in_order_and_nesting_works(stack) -> None:
@@ -178,7 +178,7 @@ def test_cancelling_a_workflow_cancels_what_has_not_started(stack) -> None:
     assert hybridq.cancel([job.id], queue.journal)[0].state == "requested"
     drive(forwarder, transport, ended(job))
     assert job.status == "cancelled"
-    assert [transport.executions.get(f"{job.id}-{n}", 0) for n in range(4)][1:] in ([0, 0, 0], [1, 0, 0])
+    assert [transport.executions.get(f"{job.id}__{n}", 0) for n in range(4)][1:] in ([0, 0, 0], [1, 0, 0])
     assert flow_state(queue, job) == ("cancelled", "cancelled")
 
 
@@ -205,11 +205,11 @@ def test_fetch_job_of_a_workflow_lists_its_steps_and_status_counts_workflows(sta
     assert store.counts(str(queue.journal))["running"] == 1
     drive(forwarder, transport, ended(job))
     assert [(s.id, s.state) for s in found.steps] == [
-        (f"{job.id}-0", "succeeded"),
-        (f"{job.id}-1", "succeeded"),
+        (f"{job.id}__0", "succeeded"),
+        (f"{job.id}__1", "succeeded"),
     ]
     assert found.status == "finished"
-    assert fetch_job(f"{job.id}-1", queue.journal).result == 3
+    assert fetch_job(f"{job.id}__1", queue.journal).result == 3
 
 
 def test_status_and_metrics_count_workflows(stack) -> None:
@@ -273,9 +273,9 @@ def test_a_release_repeated_after_a_crash_is_a_duplicate_that_never_runs(stack) 
     forwarder.flows.dirty = True
     drive(forwarder, transport, ended(job))
     assert job.wait(timeout=1) == 13
-    assert [transport.executions[f"{job.id}-{n}"] for n in range(2)] == [1, 1]
+    assert [transport.executions[f"{job.id}__{n}"] for n in range(2)] == [1, 1]
     assert (
-        len([r for r in JournalReader(queue.journal).records() if f"{job.id}-0".encode() in r.payload]) == 2
+        len([r for r in JournalReader(queue.journal).records() if f"{job.id}__0".encode() in r.payload]) == 2
     )
 
 
@@ -303,7 +303,7 @@ def test_a_second_workflow_under_the_same_id_is_recorded_invalid_never_pushed(st
     forwarder.completions.reconciler.hurry()
     forwarder.step()
     assert "flow-1" not in transport.queues.get("default", [])
-    assert transport.executions.get("flow-1-0") == 1
+    assert transport.executions.get("flow-1__0") == 1
     assert forwarder.state.index.is_terminal(
         (again.record.writer_id, again.record.segment, again.record.offset)
     )
@@ -319,7 +319,7 @@ def test_per_step_options_queue_retry_and_timeout_reach_the_steps_jobs(stack) ->
     job = queue.enqueue(flow)
     drive(forwarder, transport, ended(job))
     assert job.wait(timeout=1) == 3
-    first, second = (fetch_job(f"{job.id}-{n}", queue.journal) for n in range(2))
+    first, second = (fetch_job(f"{job.id}__{n}", queue.journal) for n in range(2))
     assert (first.queue, first.envelope.timeout_s) == ("other", 7)
     assert (second.queue, second.envelope.retry) == ("mail", retry)
 
@@ -342,7 +342,7 @@ def test_a_pass_looks_only_at_the_workflows_an_outcome_concerns(
     transport.work("default", call, limit=1)  # one workflow's first step ends
     forwarder.step()
     forwarder.step()
-    assert {i.rsplit("-", 1)[0] for i in looked} == {flows[0].id}  # before: all ten were read
+    assert {i.rsplit("__", 1)[0] for i in looked} == {flows[0].id}  # before: all ten were read
 
 
 def test_the_outbox_refuses_workflows_and_depends_on_in_one_line(tmp_path: Path) -> None:
@@ -376,7 +376,7 @@ def test_results_too_large_together_fail_the_workflow_and_forwarding_goes_on(
     drive(forwarder, transport, (tmp_path / "err").exists)
     drive(forwarder, transport, ended(plain))
     assert plain.wait(timeout=1) == 2
-    assert transport.executions.get(f"{job.id}-20", 0) == 0
+    assert transport.executions.get(f"{job.id}__20", 0) == 0
 
 
 def test_a_lost_workflows_file_never_pushes_an_anchor_or_a_dependent_early(journal_dir: Path) -> None:
@@ -454,3 +454,31 @@ def test_a_lookup_index_being_rebuilt_never_cancels_a_dependent_as_unknown(
         assert after.wait(timeout=1) == 4
     finally:
         forwarder.close()
+
+
+def test_a_job_named_like_a_step_is_never_taken_for_it(stack) -> None:
+    queue, forwarder, transport = stack
+    other = queue.enqueue(tasks.add, 90, 9, job_id="w-1")
+    drive(forwarder, transport, ended(other))
+    job = queue.enqueue(
+        hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1), hybridq.sig(tasks.add, 1)),
+        job_id="w",
+    )
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 4  # before: step 2 took w-1's 99
+    assert other.wait(timeout=1) == 99
+    for taken in ("w__1", "w__err"):  # a step's id shape: refused in one line, nothing written
+        with pytest.raises(EnvelopeError, match="workflow steps' own"):
+            queue.enqueue(tasks.add, 1, 1, job_id=taken)
+
+
+def test_a_workflow_with_a_long_id_moves_on_without_the_periodic_pass(stack) -> None:
+    queue, forwarder, transport = stack
+    job = queue.enqueue(
+        hybridq.chain(hybridq.sig(tasks.add, 1, 1), hybridq.sig(tasks.add, 1), hybridq.sig(tasks.add, 1)),
+        job_id="w" * 125,  # its steps' ids start with a hash of it
+    )
+    forwarder.step()
+    forwarder.flows._next_look = float("inf")  # only the passes an outcome's news asks for
+    drive(forwarder, transport, ended(job), rounds=10)  # before: each step waited for the 5 s pass
+    assert job.wait(timeout=1) == 4
