@@ -21,6 +21,7 @@ from hybridq.envelope.tagged import read_result, tag_call
 from hybridq.errors import EnvelopeError
 from hybridq.lookup import reads
 from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.workflows import canvas
 from hybridq.workflows.canvas import PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
 
 __all__ = [
@@ -53,6 +54,8 @@ def graph_problem(graph: Mapping[str, Any]) -> str | None:
     steps, out, err = graph.get("steps"), graph.get("out"), graph.get("err")
     if graph.get("v") != 1 or not isinstance(steps, list) or not steps or not isinstance(out, list):
         return "version, steps or out"
+    if len(steps) > canvas.MAX_STEPS:  # a hand-made record: enqueue refuses more already
+        return f"{len(steps)} steps, over the limit of {canvas.MAX_STEPS}"
     for n, step in enumerate([*steps, *([err] if err is not None else [])]):
         if not isinstance(step, Mapping) or step.get("pass") not in (PASS_NONE, PASS_ONE, PASS_LIST):
             return f"step {n}"

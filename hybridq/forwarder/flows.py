@@ -94,6 +94,8 @@ class Flows:
         self._news: set[str] = set()
         #: Whether the open transaction holds writes :meth:`commit` must make durable.
         self._recorded = False
+        #: Live workflows' graphs, parsed once (a targeted pass would parse the whole graph again).
+        self._graphs: dict[str, dict[str, Any]] = {}
         #: Live workflows whose steps' ids start with a hash of their id (a long one): hash -> id.
         self._hashed: dict[str, str] = {}
         #: Counters since start: jobs released, workflows and dependent jobs ended.
@@ -285,7 +287,8 @@ class Flows:
         released = 0
         for fid, chain, seg, off, queue, graph in flows:
             anchor = (chain, int(seg), int(off))
-            released += self._advance(fid, anchor, queue, json.loads(graph), None if everything else news)
+            parsed = self._graphs.get(fid) or self._graphs.setdefault(fid, json.loads(graph))
+            released += self._advance(fid, anchor, queue, parsed, None if everything else news)
         released += self._release_waiters(None if everything else news)
         self._recorded = True
         self.commit()
@@ -407,6 +410,7 @@ class Flows:
         self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
         self.held.discard(anchor)
         self._hashed.pop(step_prefix(fid), None)
+        self._graphs.pop(fid, None)
         self.ended += 1
 
     def _append(self, envs: list[Envelope]) -> None:

@@ -482,3 +482,21 @@ def test_a_workflow_with_a_long_id_moves_on_without_the_periodic_pass(stack) -> 
     forwarder.flows._next_look = float("inf")  # only the passes an outcome's news asks for
     drive(forwarder, transport, ended(job), rounds=10)  # before: each step waited for the 5 s pass
     assert job.wait(timeout=1) == 4
+
+
+def test_a_hand_made_anchor_over_the_step_limit_is_recorded_invalid(
+    stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridq.workflows import canvas
+
+    queue, forwarder, _transport = stack
+    monkeypatch.setattr(canvas, "MAX_STEPS", 3)  # the bound, made small: the same path as 2,001
+    step = queue.prepare(tasks.add, (1, 1)).to_dict()
+    env = queue.prepare("hybridq.workflows.canvas.anchor")
+    graph = {"v": 1, "steps": [{"env": step, "deps": [], "pass": "none"}] * 4, "out": [3], "list": False}
+    env.meta = {"hybridq": {"wf": {**graph, "err": None}}}
+    env._encoded = None
+    (big,) = queue.enqueue_many([env])
+    forwarder.step()
+    assert big.get_status() == "failed"  # before: accepted, its 4 steps released
+    assert store.flow_steps(str(queue.journal), big.id) is None
