@@ -3,7 +3,8 @@
 Results and outcomes are read from the lookup index, which the forwarder fills from the ledger
 after its fsync (never from Redis): :func:`step_result`, :func:`deps_verdict`.
 :func:`step_envelope` builds a released step's job with its deterministic id and idempotency key
-(docs/workflows.md).
+(docs/workflows.md). :func:`ledger_end` and :func:`cancel_started` are a workflow's stop:
+the end the ledger holds, and the cancel of its released steps not ended.
 
 This module must not import redis or rq.
 """
@@ -12,15 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import read_result, tag_call
-from hybridq.errors import EnvelopeError
+from hybridq.errors import EnvelopeError, HybridqError
+from hybridq.forwarder.state import ForwarderState
 from hybridq.lookup import reads
 from hybridq.protocol import RESULT_MAX_BYTES
+from hybridq.transport.base import Loc
 from hybridq.workflows import canvas
 from hybridq.workflows.canvas import PASS_LIST, PASS_NONE, PASS_ONE, step_id, step_key
 
@@ -28,12 +33,16 @@ __all__ = [
     "ENDED",
     "UNKNOWN_DEP_S",
     "StepFailed",
+    "cancel_started",
     "deps_verdict",
     "ended_as",
     "graph_problem",
+    "ledger_end",
     "step_envelope",
     "step_result",
 ]
+
+log = logging.getLogger("hybridq.forwarder")
 
 #: How long a dependency may stay unknown to the lookup index before its dependent fails.
 UNKNOWN_DEP_S = 30.0
@@ -146,3 +155,30 @@ def deps_verdict(journal: str, deps: list[str], now: float, unknown_since: dict[
         elif row.outcome != "succeeded":
             return f"dependency {dep} {ended_as(row.outcome)}"
     return None if waiting else ""
+
+
+def ledger_end(state: ForwarderState, fid: str, anchor: Loc) -> tuple[str, str]:
+    """How the ledger ended workflow ``fid``'s anchor (an end cut short by a crash keeps it).
+
+    Returns its end and error line; a cancel asked for and not ended yet: ``cancelled``.
+    """
+    if not state.index.is_terminal(anchor):
+        return "cancelled", "cancelled"
+    row = reads.find(state.journal, fid)
+    if row is not None and (row.writer, row.seg, row.off) == anchor and row.outcome in ENDED:
+        return row.outcome, row.error or row.outcome
+    return ("failed", "failed") if anchor in state.index.failed else ("cancelled", "cancelled")
+
+
+def cancel_started(journal: str, job_ids: list[str]) -> None:
+    """Ask for a cancel of released steps not ended (one that runs finishes, its outcome stands)."""
+    locs = []
+    for job_id in job_ids:
+        row = reads.find(journal, job_id)
+        if row is not None and row.state != "done":
+            locs.append((job_id, (row.writer, row.seg, row.off)))
+    if locs:
+        try:
+            cancel_at(locs, journal)
+        except (HybridqError, OSError) as exc:
+            log.error("cannot cancel the released steps %s: %s", [j for j, _ in locs], exc)

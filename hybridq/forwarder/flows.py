@@ -41,18 +41,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hybridq import crashpoints
-from hybridq.cancels import cancel_at
 from hybridq.envelope.model import Envelope
-from hybridq.errors import EnvelopeError, HybridqError, RecordTooLarge, StateFileCorrupt
+from hybridq.errors import EnvelopeError, RecordTooLarge, StateFileCorrupt
 from hybridq.forwarder.flow_steps import (
-    ENDED,
     StepFailed,
+    cancel_started,
     deps_verdict,
     ended_as,
     graph_problem,
+    ledger_end,
     step_envelope,
     step_result,
 )
+from hybridq.forwarder.flow_waits import release_waiters
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
@@ -289,7 +290,11 @@ class Flows:
             anchor = (chain, int(seg), int(off))
             parsed = self._graphs.get(fid) or self._graphs.setdefault(fid, json.loads(graph))
             released += self._advance(fid, anchor, queue, parsed, None if everything else news)
-        released += self._release_waiters(None if everything else news)
+        waiters = release_waiters(
+            self.state, self.db, self._runs, self.held, self._unknown_since, None if everything else news
+        )
+        released += waiters[0]
+        self.ended += waiters[1]
         self._recorded = True
         self.commit()
         self.released += released
@@ -311,7 +316,7 @@ class Flows:
                 states[n] = ended_as(row.outcome)
                 self.db.execute("UPDATE steps SET state = ? WHERE flow = ? AND n = ?", (states[n], fid, n))
         if anchor in self.state.index.cancels or self.state.index.is_terminal(anchor):
-            return self._stop(fid, anchor, queue, graph, states, *self._ledger_end(fid, anchor))
+            return self._stop(fid, anchor, queue, graph, states, *ledger_end(self.state, fid, anchor))
         failed = next((n for n, s in states.items() if s in ("failed", "cancelled")), None)
         if failed is not None:
             row = rows.get(failed)
@@ -342,15 +347,6 @@ class Flows:
         )
         return len(ready)
 
-    def _ledger_end(self, fid: str, anchor: Loc) -> tuple[str, str]:
-        """How the ledger ended the anchor (an end cut short by a crash keeps it), or a cancel."""
-        if not self.state.index.is_terminal(anchor):
-            return "cancelled", "cancelled"  # asked for, not ended yet
-        row = reads.find(self.journal, fid)
-        if row is not None and (row.writer, row.seg, row.off) == anchor and row.outcome in ENDED:
-            return row.outcome, row.error or row.outcome
-        return ("failed", "failed") if anchor in self.state.index.failed else ("cancelled", "cancelled")
-
     def _stop(
         self,
         fid: str,
@@ -364,8 +360,7 @@ class Flows:
         """End workflow ``fid`` as ``end``: cancel what has not started, run ``on_error`` once."""
         waiting = [(fid, n) for n, s in states.items() if s == "waiting"]
         self.db.executemany("UPDATE steps SET state = 'cancelled' WHERE flow = ? AND n = ?", waiting)
-        running = [(step_id(fid, n), n) for n, s in states.items() if s == "released"]
-        self._cancel_started(running)
+        cancel_started(self.journal, [step_id(fid, n) for n, s in states.items() if s == "released"])
         released = 0
         err = graph.get("err")
         if end == "failed" and err is not None and not self.state.index.is_terminal(anchor):
@@ -375,19 +370,6 @@ class Flows:
         self._end(fid, anchor, queue, end, error=None if end == "succeeded" else why)
         log.log(logging.INFO if end == "succeeded" else logging.WARNING, "workflow %s %s: %s", fid, end, why)
         return released
-
-    def _cancel_started(self, running: list[tuple[str, int]]) -> None:
-        """Ask for a cancel of released steps not ended (one that runs finishes, its outcome stands)."""
-        locs = []
-        for job_id, _ in running:
-            row = reads.find(self.journal, job_id)
-            if row is not None and row.state != "done":
-                locs.append((job_id, (row.writer, row.seg, row.off)))
-        if locs:
-            try:
-                cancel_at(locs, self.journal)
-            except (HybridqError, OSError) as exc:
-                log.error("cannot cancel the released steps %s: %s", [j for j, _ in locs], exc)
 
     def _end(
         self, fid: str, anchor: Loc, queue: str, end: str, *, result: Any = None, error: str | None = None
@@ -424,33 +406,3 @@ class Flows:
             self._writer = JournalWriter(self.journal, max_segment_bytes=STEP_SEGMENT_BYTES)
         self._writer.append_many([env.to_bytes() for env in envs])
         crashpoints.reached("flows_after_release")
-
-    # -- depends_on ---------------------------------------------------------------------------
-
-    def _release_waiters(self, news: set[str] | None) -> int:
-        """Release (or cancel) the waiting jobs whose dependencies ended (``news``: of these ids)."""
-        released = 0
-        now = time.monotonic()
-        for chain, seg, off, job, queue, deps in self.db.execute("SELECT * FROM waits").fetchall():
-            if news is not None and job not in news and news.isdisjoint(json.loads(deps)):
-                continue
-            loc: Loc = (chain, int(seg), int(off))
-            index = self.state.index
-            gone = index.is_terminal(loc) or loc in index.cancels  # cancelled while it waited
-            verdict = "" if gone else deps_verdict(self.journal, json.loads(deps), now, self._unknown_since)
-            if verdict is None:
-                continue
-            if verdict == "" and not gone:
-                self._runs().add([(loc, queue, time.time())])
-                self._runs().commit()  # durable before its wait goes: a crash re-adds (one row)
-                released += 1
-            elif not gone:
-                entry = Entry(
-                    "done", job, loc, outcome="cancelled", error=verdict, at=time.time(), queue=queue
-                )
-                self.state.append([entry])
-                log.warning("job %s cancelled: %s", job, verdict)
-            self.db.execute("DELETE FROM waits WHERE chain = ? AND seg = ? AND off = ?", loc)
-            self.held.discard(loc)
-            self.ended += 1
-        return released
