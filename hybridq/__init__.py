@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .producer.queue import Queue
     from .producer.task import Task, task
     from .schedules import schedule
+    from .workflows.canvas import Signature, chain, chord, group, sig
 
 __version__ = "0.1.0"
 
@@ -82,6 +83,7 @@ __all__ = [
     "Retry",
     "RetryLater",
     "RetryLaterExpired",
+    "Signature",
     "SignatureError",
     "SigningKeyError",
     "StateFileCorrupt",
@@ -89,11 +91,15 @@ __all__ = [
     "TransportError",
     "__version__",
     "cancel",
+    "chain",
+    "chord",
     "current_job",
     "failed_jobs",
     "fetch_job",
+    "group",
     "requeue",
     "schedule",
+    "sig",
     "stats",
     "task",
 ]
@@ -144,6 +150,11 @@ _LAZY = {
     "schedule": ".schedules",
     "stats": ".ops.status",
     "task": ".producer.task",
+    "Signature": ".workflows.canvas",
+    "chain": ".workflows.canvas",
+    "chord": ".workflows.canvas",
+    "group": ".workflows.canvas",
+    "sig": ".workflows.canvas",
 }
 
 

@@ -1,7 +1,8 @@
 """Named crash points, armed only by the ``HYBRIDQ_CRASH_POINT`` environment variable.
 
 Used by the crash tests (docs/reliability.md): the journal writer's points (S2), compaction's and
-the forwarder's (S13), the outbox relay's (docs/outbox.md), the scheduler's (docs/schedules.md).
+the forwarder's (S13), the outbox relay's (docs/outbox.md), the scheduler's (docs/schedules.md),
+the workflows' (docs/workflows.md).
 ``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process SIGKILL itself the third time the writer
 reaches ``mid_record``. Unarmed, a crash point costs one attribute check.
 """
@@ -17,6 +18,7 @@ __all__ = [
     "NAMES",
     "RELAY_NAMES",
     "SCHEDULE_NAMES",
+    "WORKFLOW_NAMES",
     "armed",
     "enabled",
     "reached",
@@ -32,7 +34,10 @@ FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 RELAY_NAMES = ("relay_after_append",)
 #: The scheduler's point: its ticks are in the journal, its record of them not yet saved.
 SCHEDULE_NAMES = ("schedule_after_append",)
-_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES
+#: The workflows' points: released steps in the journal, not yet marked released; a workflow's
+#: end in the ledger, its row not yet updated (docs/workflows.md).
+WORKFLOW_NAMES = ("flows_after_release", "flows_after_end")
+_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES + WORKFLOW_NAMES
 
 _spec: tuple[str, int] | None = None
 _loaded = False

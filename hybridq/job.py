@@ -27,6 +27,8 @@ from hybridq.ledger.compacted import Compacted, consistent
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import load_index, read_ledger
 from hybridq.lookup import reads as lookup
+from hybridq.workflows.canvas import ANCHOR_FUNC, step_id
+from hybridq.workflows.store import Step, flow_steps, steps_of
 
 __all__ = ["STATUSES", "Job", "call_fingerprint", "fetch_job"]
 
@@ -218,7 +220,17 @@ class Job:
             return "scheduled" if held else "forwarded"
         return self._pending_status(checkpoint, self.id)
 
+    @property
+    def steps(self) -> list[Step]:
+        """A workflow's steps and their states, in order; ``[]`` for a job that is not one."""
+        return steps_of(self.journal, self.id, step_id) if self.envelope.func == ANCHOR_FUNC else []
+
     def _pending_status(self, checkpoint: Checkpoint | None, job_id: str) -> str:
+        if (
+            self.envelope.func == ANCHOR_FUNC
+            and (flow_steps(self.journal, job_id) or ("", []))[0] == "running"
+        ):
+            return "started"  # a workflow the forwarder holds: its steps run (docs/workflows.md)
         if checkpoint is None:
             return "queued"
         if any(h.job_id == job_id for h in checkpoint.held):

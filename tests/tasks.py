@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def add(a: int, b: int) -> int:
@@ -266,3 +267,51 @@ def traced_task(fail: bool = False) -> str:
         if fail:
             raise ValueError("asked to fail")
     return "traced"
+
+
+# -- tasks for tests/unit/test_workflows.py and tests/integration/test_workflows_faults.py --------
+
+
+def total(values: list[int]) -> int:
+    """A chord's callback: the sum of its members' results."""
+    return sum(values)
+
+
+def total_once(values: list[int], path: str) -> int:
+    """:func:`total`, appending the sum to ``path`` (fsync'd): a test counts the callback's runs."""
+    result = sum(values)
+    record(path, str(result))
+    return result
+
+
+def add_noted(a: int, b: int, path: str) -> int:
+    """``a + b``, appending a line to ``path`` first: a test counts the step's runs."""
+    record(path, f"{a}+{b}")
+    return a + b
+
+
+def add_slow(a: int, b: int, path: str, sleep_s: float = 0.0) -> int:
+    """``a + b`` after ``sleep_s``, appending ``a+b`` to ``path`` as it starts (runs are counted)."""
+    record(path, f"{a}+{b}")
+    time.sleep(sleep_s)
+    return a + b
+
+
+def same(value: object) -> object:
+    """Its argument, as it came (a chain's first step passing a value of a tagged type)."""
+    return value
+
+
+def type_name(value: object) -> str:
+    """The name of its argument's type (what a chain's step received)."""
+    return type(value).__name__
+
+
+def big(size: int) -> str:
+    """A result of ``size`` characters (a workflow whose results are large together)."""
+    return "x" * size
+
+
+def count(values: list[object]) -> int:
+    """A chord's callback taking a list it only counts."""
+    return len(values)

@@ -271,6 +271,13 @@ def _print_status(out: dict[str, Any]) -> None:
         f"{'journal':>22}: {out['journal']['path']} ({out['journal']['segments']} segments, "
         f"{out['journal']['bytes']} bytes)"
     )
+    if "workflows" in out:
+        flows = out["workflows"]
+        click.echo(
+            f"{'workflows':>22}: {flows.get('running', 0)} running, {flows.get('failed', 0)} failed, "
+            f"{flows.get('succeeded', 0)} succeeded, {flows.get('cancelled', 0)} cancelled; "
+            f"{flows.get('waiting_on_deps', 0)} jobs waiting on depends_on"
+        )
     if "redis" in out:
         redis = out["redis"]
         down = f"REFUSED ({redis['refused']})" if redis.get("refused") else "DOWN"

@@ -24,6 +24,7 @@ from hybridq.errors import RedisFull
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
+from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.records import decode_job, first_delivery, read_held
 from hybridq.forwarder.runs import Row
 from hybridq.forwarder.state import ForwarderState
@@ -55,6 +56,8 @@ class Deliverer:
     backlog: Backlog
     #: The journal reader, positioned at the checkpoint.
     reader: JournalReader
+    #: Workflows' anchors and jobs with ``depends_on``: held there, never pushed as read.
+    flows: Flows
     _: KW_ONLY
     #: The forwarder's clock (delayed jobs' ``run_at``).
     clock: Callable[[], float]
@@ -86,6 +89,7 @@ class Deliverer:
             reader.seek(self.checkpoint.positions)
             self.admission.reset()
             self.state.runs.rollback()
+            self.flows.rollback()
             self.state.pending.rewind(self.checkpoint.positions)
             raise
 
@@ -113,6 +117,8 @@ class Deliverer:
                 pass  # cancelled, not settled while Redis refuses its mark: never pushed
             elif not self.admission.admit(env, loc):
                 pass  # a duplicate: recorded, never pushed
+            elif self.flows.intercept(env, loc):
+                pass  # a workflow, or a job waiting for others: released by the flows (docs/workflows.md)
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
             elif self.backlog.take(env.queue, env.limit_key):
@@ -197,6 +203,7 @@ class Deliverer:
         self.backlog.begin()  # the key gate counted what went: ask it afresh
         # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
         runs.commit()
+        self.flows.commit()
         self.state.advance(self.reader.position)
         self.save(len(batch))
         return len(batch)

@@ -28,7 +28,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from hybridq.errors import (
@@ -44,6 +44,7 @@ from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
+from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
@@ -53,7 +54,7 @@ from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.forwarder.watcher import EventWatcher
 from hybridq.forwarder.window import check_eviction_policy
-from hybridq.journal import JournalReader
+from hybridq.journal import ChainPosition, JournalReader
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
@@ -61,6 +62,7 @@ from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file,
     LOCK_NAME,
     Checkpoint,
 )
+from hybridq.ledger.entries import Entry
 from hybridq.lookup.index import LookupIndex
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
@@ -153,7 +155,6 @@ class Forwarder:
         self.schedules = schedules
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
-        self.state.on_append = self.lookup.note_entries
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
@@ -167,6 +168,11 @@ class Forwarder:
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
         self.completions.harvester.forgetting = self._forgetting
+        #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
+        self.flows = Flows(self.state, lambda: self.state.runs)
+        self.completions.reconciler.held = lambda loc: loc in self.flows.held
+        self.completions.reconciler.held_record = lambda loc, env: self.flows.holds(env, loc)
+        self.state.on_append = self._appended  # outcomes to the lookup index, then to the flows
         #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
         #: go through the loop's _push and _save, looked up at each call (tests replace them).
         self.delivery = Deliverer(
@@ -176,6 +182,7 @@ class Forwarder:
             self.lookup,
             self.backlog,
             self._reader,
+            self.flows,
             clock=self.clock,
             push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as said above
             save=lambda forwarded: self._save(forwarded),  # noqa: PLW0108 - the same
@@ -232,6 +239,7 @@ class Forwarder:
             self.state.load()
             self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
             self.completions.open()
+            self.flows.open()
             try:  # before the first push, so the checkpoint it saves has the epoch
                 self._check_epoch()
             except RedisRefused:
@@ -272,6 +280,7 @@ class Forwarder:
             self._watcher = None
         self.state.close()
         self.lookup.close()
+        self.flows.close()
         self.waits.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -353,6 +362,16 @@ class Forwarder:
         if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
+        ended = self.flows.ended
+        if self.lookup.building:
+            # A rebuilt index misses outcomes and results until it has read every file: nothing
+            # is concluded from it (a dependency "unknown", a result "not recorded") until then.
+            self.flows.dirty = True
+        elif self.flows.step():  # after the index caught up: the outcomes it reads are there
+            done += self.delivery.forward_new()  # the released steps, pushed in this step
+            self._catch_up_lookup()
+        elif self.flows.ended != ended:
+            self._catch_up_lookup()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         self.publisher.maybe_publish()
         return done
@@ -424,8 +443,8 @@ class Forwarder:
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
-        if self.delivery.behind or self.backlog.more:
-            return  # records left to index, or waiting jobs the windows have room for
+        if self.delivery.behind or self.backlog.more or self.flows.busy:
+            return  # records left to index, waiting jobs the windows have room for, or news for the flows
         self.waits.wait()
 
     def _forgetting(self) -> bool:
@@ -437,6 +456,10 @@ class Forwarder:
 
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)
+
+    def _appended(self, entries: Sequence[Entry], chain: str, end: ChainPosition) -> None:
+        self.lookup.note_entries(entries, chain, end)
+        self.flows.noted(entries)
 
     def _between_batches(self) -> None:
         """Between two batches of a long step: due ticks, and the stats snapshot if it is due."""

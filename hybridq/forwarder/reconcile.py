@@ -79,6 +79,12 @@ class Reconciler:
         self.sent: Callable[[list[Delivery]], None] = _ignore
         #: The deliveries of :attr:`_redo` that ``admit`` let through (the rest bypass it).
         self._admitted: list[Delivery] = []
+        #: Whether the job at a loc is held back by the forwarder's workflows (an anchor, or a job
+        #: waiting for its ``depends_on``): never delivered by a pass, even after a Redis wipe.
+        self.held: Callable[[Loc], bool] = lambda _: False
+        #: The same, decided from the job's record: an anchor, a job whose dependencies have not
+        #: all succeeded (:meth:`hybridq.forwarder.flows.Flows.holds`).
+        self.held_record: Callable[[Loc, Envelope], bool] = lambda _loc, _env: False
         self._pass: Iterator[Record] | None = None
         self._pass_refill = False
         self._pass_started = 0.0
@@ -257,6 +263,8 @@ class Reconciler:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
         if self.state.runs.contains(loc):
             return None  # never pushed: it waits in the run table for room (hybridq.forwarder.backlog)
+        if self.held(loc):
+            return None  # a workflow's anchor, or a job waiting for others (hybridq.forwarder.flows)
         if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
             return None  # cancelled: never delivered again (hybridq.forwarder.cancelling settles it)
         if self.state.index.is_terminal(loc):
@@ -275,6 +283,8 @@ class Reconciler:
             return None
         if env.run_at is not None and env.run_at > self.clock():
             return None  # a delayed job the forwarder still holds
+        if self.held_record(loc, env):
+            return None  # the same, known from its record (the workflows' file lost or restored)
         return loc, env
 
     def _refill(self, batch: Sequence[tuple[Loc, Envelope]]) -> None:

@@ -27,6 +27,7 @@ from hybridq.journal.reader import segment_usage
 from hybridq.ledger.compacted import AcceptedCounter
 from hybridq.outbox.backlog import Backlog
 from hybridq.worker import waiting
+from hybridq.workflows.store import counts as workflow_counts
 
 if TYPE_CHECKING:
     from hybridq.forwarder.backlog import Backlog as JobBacklog
@@ -157,6 +158,7 @@ class ForwarderMetrics(Collector):
         yield from self._outbox_metrics()
         yield from window_metrics(f.backlog)
         yield from limit_metrics(f.key_limits.figures())
+        yield from workflow_metrics(f.journal)
 
     def _outbox_metrics(self) -> Iterator[Metric]:
         """With ``forward --outbox``: the relay's count, and the outbox's backlog when readable."""
@@ -268,6 +270,20 @@ def limit_metrics(figures: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         held.add_metric([key], 0.0 if since is None else max(0.0, now - since))
     yield from families.values()
     yield held
+
+
+def workflow_metrics(journal: str) -> Iterator[Metric]:
+    """Workflows by state and jobs waiting for their ``depends_on`` (docs/workflows.md)."""
+    counts = workflow_counts(journal)
+    family = GaugeMetricFamily("hybridq_workflows", "Workflows by state.", labels=["state"])
+    for state in ("running", "succeeded", "failed", "cancelled"):
+        family.add_metric([state], float(counts.get(state, 0)))
+    yield family
+    yield _gauge(
+        "hybridq_waiting_on_dependencies",
+        "Jobs waiting for the jobs they depend on.",
+        counts.get("waiting_on_deps", 0),
+    )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -38,6 +38,7 @@ from hybridq.security.secretfile import read_password
 from hybridq.transport.redisurl import redact_url, with_password
 from hybridq.transport.routes import ENV_VAR as REDIS_FOR_VAR
 from hybridq.transport.routes import Routes, parse_redis_for, split_env
+from hybridq.workflows.store import counts as workflow_counts
 
 # read_password lives in hybridq.security.secretfile (the worker side uses it too), redact_url and
 # with_password in hybridq.transport.redisurl; all kept importable here.
@@ -130,6 +131,9 @@ def stats(
     out.update(limit_figures(path, snapshot))
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
+    flows = workflow_counts(path)
+    if flows:  # docs/workflows.md: running, succeeded, failed, cancelled, waiting_on_deps
+        out["workflows"] = flows
     if redis_url is not None:
         out["redis"] = {"url": redact_url(redis_url), **_redis_state(redis_url)}
     if redis_for:

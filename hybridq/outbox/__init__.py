@@ -26,11 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridq.envelope.model import Envelope, new_job_id, validate_queue_name
-from hybridq.errors import RecordTooLarge
+from hybridq.errors import EnvelopeError, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.outbox.once import DEFAULT_DONE_TABLE, Once
 from hybridq.outbox.schema import DEFAULT_TABLE, Dialect, create_table, ddl, validate_table
 from hybridq.producer.calls import split_call
+from hybridq.producer.flows import is_workflow
 from hybridq.producer.queue import Queue
 from hybridq.security.signing import keyring
 
@@ -168,6 +169,10 @@ class Outbox:
         call_kwargs: dict[str, Any] | None = None
         if kwargs:
             args, call_kwargs, options = split_call(args, kwargs)
+        if "depends_on" in options or is_workflow(f):
+            raise EnvelopeError(
+                "the outbox takes neither workflows nor depends_on: use a Queue (docs/workflows.md)"
+            )
         if idempotency_key is None:
             # An explicit key, so that the forwarder remembers it (enqueue-if-absent) past the
             # compaction of the job's record: a row that a relay appends again after a crash or

@@ -26,7 +26,7 @@ __all__ = ["split_call", "task_path"]
 
 _OPTIONS = (
     *("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at"),
-    *("priority", "limit_key"),
+    *("priority", "limit_key", "depends_on"),
 )
 #: ``rq.Queue.enqueue`` options hybridq does not support: refused rather than silently handed to
 #: the function (which would then fail in the worker).
@@ -35,7 +35,6 @@ _RQ_ONLY_OPTIONS = frozenset(
         "ttl",
         "failure_ttl",
         "at_front",
-        "depends_on",
         "on_success",
         "on_failure",
         "on_stopped",

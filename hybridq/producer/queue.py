@@ -52,9 +52,11 @@ from hybridq.producer.calls import (
     task_path,
 )
 from hybridq.producer.capacity import PendingCount
+from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
 from hybridq.protocol.nudge import address, nudge
 from hybridq.security.signing import keyring
 from hybridq.tracing import enqueue_carrier
+from hybridq.workflows.canvas import refuse_step_id
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
 
@@ -237,6 +239,16 @@ class Queue:
         fairness count the job under: docs/api.md). Use
         :meth:`enqueue_call` when the function itself takes one of those names.
         """
+        if is_workflow(f):  # a signature or a shape: its anchor, one record (docs/workflows.md)
+            if args:
+                raise EnvelopeError(
+                    "enqueue(workflow) takes no positional arguments: put them in the signatures"
+                )
+            options = {
+                **kwargs,
+                **({"idempotency_key": idempotency_key} if idempotency_key is not None else {}),
+            }
+            return self.enqueue_many([workflow_envelope(self, f, options)])[0]
         if not kwargs:
             return self.enqueue_call(f, args, None, idempotency_key=idempotency_key)
         args, call_kwargs, options = split_call(args, kwargs)
@@ -413,8 +425,12 @@ class Queue:
         run_at: float | dt.datetime | None = None,
         priority: int = 0,
         limit_key: str | None = None,
+        depends_on: object = None,
     ) -> Envelope:
         """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
+
+        ``depends_on`` (a job, a job id, or a list of them, in this queue's journal): the job
+        runs once all of them succeeded, and is cancelled if one fails (docs/workflows.md).
 
         Raises :class:`EnvelopeError` (a ``ValueError``) or :class:`NotSerializable` (a
         ``TypeError``) for input a worker could not run.
@@ -443,7 +459,7 @@ class Queue:
                 "a remote queue cannot take job_id=: the node makes the id (pass idempotency_key=)"
             )
         now = time.time()
-        job = validate_job_id(job_id) if job_id is not None else new_job_id(now)
+        job = refuse_step_id(validate_job_id(job_id)) if job_id is not None else new_job_id(now)
         path = task_path(func)
         call_args, call_kwargs, tags = tag_call(
             path, args if type(args) is tuple else tuple(args), dict(kwargs) if kwargs else {}
@@ -473,6 +489,12 @@ class Queue:
         if carrier is not None:
             env.trace = carrier
         env.to_bytes(keys_checked=True)  # raises NotSerializable now, not in enqueue_many
+        if depends_on is not None:
+            if self.remote is not None:
+                raise EnvelopeError("depends_on needs a queue on a journal (it works within one journal)")
+            if env.run_at is not None:
+                raise EnvelopeError("depends_on cannot be combined with delay or run_at")
+            return with_deps(env, dependency_ids(depends_on, self.journal))
         return env
 
     def fetch_job(self, job_id: str) -> Job | None:

@@ -15,6 +15,7 @@ from hybridq.envelope.model import function_path, validate_queue_name
 from hybridq.job import Job
 from hybridq.producer.queue import Queue
 from hybridq.security.allow import register
+from hybridq.workflows.canvas import SIGNATURE_OPTIONS, Signature, sig
 
 __all__ = ["Task", "task"]
 
@@ -55,6 +56,24 @@ class Task(Generic[P, R]):
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Enqueue a call with the decorator's options; return once it is durable."""
         return self.queue.enqueue_call(self.path, args, kwargs, **self.options)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this task for a workflow (Celery's ``.s``), with the decorator's options.
+
+        The keywords ``queue``, ``retry``, ``job_timeout``, ``result_ttl``, ``description``,
+        ``meta`` and ``immutable`` are the step's options (as for :func:`hybridq.sig`).
+        """
+        queue, _ = self._queue_spec
+        name = queue.name if isinstance(queue, Queue) else str(queue)
+        base = {k: v for k, v in self.options.items() if k in SIGNATURE_OPTIONS}
+        signature = sig(self.path, *args, **kwargs)
+        return Signature(
+            signature.func, signature.args, signature.kwargs, {"queue": name, **base, **signature.options}
+        )
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """:meth:`s`, immutable: it does not take the result of what ran before it (Celery's ``.si``)."""
+        return self.s(*args, **kwargs).set(immutable=True)
 
     def enqueue_call(
         self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any

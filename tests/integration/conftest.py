@@ -16,7 +16,7 @@ def work(request: pytest.FixtureRequest) -> Work:
 
 
 #: Tiers of this directory left out of the default run: each runs when ``-m`` names it.
-TIERS = ("pool", "limits")
+TIERS = ("pool", "limits", "workflows")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

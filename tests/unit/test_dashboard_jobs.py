@@ -98,3 +98,24 @@ def test_recent_jobs_need_the_same_auth_as_every_page(journal_dir: Path, tmp_pat
         good = api_request(base, "GET", "/jobs", None, {"Authorization": "Bearer a-good-token-0123456789"})
         assert good.status == 200
         assert "no forwarder has read" in good.raw.decode()  # no index yet: said, not a 500
+
+
+def test_the_trace_of_a_workflow_lists_its_steps_and_their_states(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    with fake_stack(journal, queues=["mail"]) as stack:
+        flow = ok.queue.enqueue(hybridq.chain(ok.s(1), ok.s(), hybridq.group(ok.s(), ok.s())))
+        stack.run()
+        assert flow.wait(timeout=5) == [4, 4]
+        app = Starlette(routes=routes(ServeConfig(journal=journal)))
+        with serving(app) as base:
+            page = request(base + f"/jobs/{flow.id}").body
+    rows = re.findall(
+        r'<tr class="step-(\w+)"><td>(\d)</td><td><a href="/jobs/([^"]+)">.*?<td>([^<]*)</td></tr>', page
+    )
+    assert [(state, n, after) for state, n, _, after in rows] == [
+        ("succeeded", "0", "-"),
+        ("succeeded", "1", "0"),
+        ("succeeded", "2", "1"),
+        ("succeeded", "3", "1"),
+    ]
+    assert [job for *_, job, _ in rows] == [f"{flow.id}__{n}" for n in range(4)]

@@ -188,7 +188,7 @@ def test_the_lag_test_catches_a_blocking_enqueue(journal_dir: Path, figures: Cal
     [
         (lambda q: q.enqueue_async(lambda: None), EnvelopeError),
         (lambda q: q.enqueue_async(tasks.add, 1j), NotSerializable),  # a set is a tagged value now
-        (lambda q: q.enqueue_async(tasks.add, 1, depends_on="x"), EnvelopeError),
+        (lambda q: q.enqueue_async(tasks.add, 1, on_success="x"), EnvelopeError),
         (lambda q: q.enqueue_async(tasks.add, 1, job_id="no spaces"), EnvelopeError),
         (lambda q: q.enqueue_async(tasks.add, 1, job_timeout=-1), EnvelopeError),
         (lambda q: q.enqueue_async(tasks.add, "x" * (1 << 20)), RecordTooLarge),

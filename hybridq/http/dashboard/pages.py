@@ -33,6 +33,8 @@ from hybridq.http.dashboard.templating import page_number, render, url_id
 from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.ops.status import stats
 from hybridq.ops.trace import Trace, job_trace
+from hybridq.workflows.canvas import ANCHOR_FUNC, step_id
+from hybridq.workflows.store import steps_of
 
 __all__ = ["HEADERS", "Pages"]
 
@@ -222,7 +224,8 @@ class Pages:
             if trace is None:
                 return "message.html", {"message": ""}  # not sent: the 404 below is
             found.append(trace)
-            return "job.html", {"trace": trace, "redis": self._redis_box(trace)}
+            flow = steps_of(self.journal, job_id, step_id) if trace.func == ANCHOR_FUNC else []
+            return "job.html", {"trace": trace, "redis": self._redis_box(trace), "flow": flow}
 
         response = self.guarded(request, build, title=f"Job {job_id}", search=job_id)
         if response.status_code == 200 and not found:

@@ -1,0 +1,408 @@
+"""Workflows and ``depends_on``, driven from the ledger (docs/workflows.md).
+
+The forwarder holds one :class:`Flows`. While reading the journal it hands it each job
+(:meth:`Flows.intercept`); two kinds never reach the transport:
+
+* a workflow's **anchor** (one record with the whole graph, :mod:`hybridq.workflows.canvas`):
+  recorded in the workflows' file (:mod:`hybridq.workflows.store`) with its steps ``waiting``;
+* a job with **depends_on**: recorded in ``waits``.
+
+Both are in :attr:`Flows.held` (in memory, O(live ones)), which the reconcile pass skips, so a
+Redis wipe never pushes them. :meth:`Flows.step` (once per forwarder step, after the lookup
+index caught up with the ledger) moves them on with what the ledger holds:
+
+* a step whose dependencies all succeeded is **released**: its job is appended to the journal
+  (its own chain, fsync'd) with a deterministic id and the idempotency key ``wf:<id>:<n>``, its
+  arguments led by the results it takes; then the step is marked ``released`` (committed). A
+  crash in between appends it again on restart: the key makes that copy a ``duplicate``, never
+  a second run (as the scheduler's ticks, docs/schedules.md). From then on it is an ordinary
+  job (window, retries, cancel, ledger);
+* a dependent job whose dependencies all succeeded is put in the run table (its existing
+  insert path) and the refill pushes it;
+* outcomes and results are read from the lookup index, which the forwarder fills from the
+  ledger after its fsync (never from Redis): a callback's release needs every member's success
+  durably recorded, and a repeated release is a duplicate, so it runs once;
+* a step that failed for good fails its workflow: steps not released are ``cancelled``, released
+  ones not started get a cancel, ``on_error`` is released once, and the anchor gets its ``done``
+  entry in the ledger (``failed``); a success gets ``done succeeded`` with the final result.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hybridq import crashpoints
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError, RecordTooLarge, StateFileCorrupt
+from hybridq.forwarder.flow_steps import (
+    StepFailed,
+    cancel_started,
+    deps_verdict,
+    ended_as,
+    graph_problem,
+    ledger_end,
+    step_envelope,
+    step_result,
+)
+from hybridq.forwarder.flow_waits import release_waiters
+from hybridq.forwarder.runs import RunTable
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal import JournalWriter
+from hybridq.journal.fileops import OS_FILEOPS
+from hybridq.ledger.entries import Entry
+from hybridq.lookup import reads
+from hybridq.security.signing import keyring
+from hybridq.transport.base import Loc
+from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_ONE, STEP_SEP, step_id, step_prefix
+from hybridq.workflows.store import SCHEMA, path_of
+
+__all__ = ["Flows"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: The released steps' own journal chain: small segments, so finished ones are compacted soon.
+STEP_SEGMENT_BYTES = 1 << 20
+#: How often held workflows are looked at with no news (an outcome the index had not yet).
+LOOK_EVERY_S = 5.0
+_LIVE_FLOWS = "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state = 'running'"
+
+
+class Flows:
+    """The forwarder's workflows and dependent jobs (see the module docstring)."""
+
+    def __init__(self, state: ForwarderState, runs: Callable[[], RunTable]) -> None:
+        self.state = state
+        self.journal = state.journal
+        self._runs = runs
+        self._db: sqlite3.Connection | None = None
+        self._writer: JournalWriter | None = None
+        #: Anchors of live workflows and jobs waiting for their dependencies: never pushed.
+        self.held: set[Loc] = set()
+        #: Something may have moved (new records, new outcomes): :meth:`step` looks again.
+        self.dirty = True
+        self._unknown_since: dict[str, float] = {}
+        self._next_look = 0.0
+        #: Ids of jobs with outcomes since the last pass (:meth:`noted`).
+        self._news: set[str] = set()
+        #: Whether the open transaction holds writes :meth:`commit` must make durable.
+        self._recorded = False
+        #: Live workflows' graphs, parsed once (a targeted pass would parse the whole graph again).
+        self._graphs: dict[str, dict[str, Any]] = {}
+        #: Live workflows whose steps' ids start with a hash of their id (a long one): hash -> id.
+        self._hashed: dict[str, str] = {}
+        #: Counters since start: jobs released, workflows and dependent jobs ended.
+        self.released = self.ended = 0
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or create) the workflows' file and load what is held."""
+        path = path_of(self.journal)
+        if not os.path.isdir(os.path.dirname(path)):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            OS_FILEOPS.fsync_dir(self.journal)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            # Not moved aside: the workflows it holds would never end (docs/workflows.md).
+            raise StateFileCorrupt(path, f"the workflows' file is damaged: {exc}") from None
+        OS_FILEOPS.fsync_dir(os.path.dirname(path))
+        db.execute("BEGIN")
+        self._db = db
+        self._load_held()
+        self.dirty = True
+
+    def close(self) -> None:
+        """Commit and close the file, seal the steps' chain. Idempotent."""
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.closing(db):
+                if db.in_transaction:
+                    db.execute("COMMIT")
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The workflows' file, open (inside a transaction :meth:`commit` ends)."""
+        if self._db is None:
+            raise RuntimeError("the workflows' file is not open")
+        return self._db
+
+    def commit(self) -> None:
+        """Make what :meth:`intercept` recorded durable (before the checkpoint moves past it).
+
+        Free when nothing was recorded: the forwarder calls it with every batch.
+        """
+        if self._recorded:
+            self._end_transaction("COMMIT")
+            self._recorded = False
+
+    def rollback(self) -> None:
+        """Drop what was recorded since the last commit (the step is read again)."""
+        self._end_transaction("ROLLBACK")
+        self._recorded = False
+        self._load_held()
+
+    def _end_transaction(self, how: str) -> None:
+        db = self.db
+        if db.in_transaction:
+            db.execute(how)
+        db.execute("BEGIN")
+
+    def _load_held(self) -> None:
+        """Reload :attr:`held` from the file."""
+        live = self.db.execute(
+            "SELECT chain, seg, off FROM flows WHERE state = 'running' "
+            "UNION ALL SELECT chain, seg, off FROM waits"
+        )
+        self.held = {(c, int(s), int(o)) for c, s, o in live}
+        running = (str(fid) for (fid,) in self.db.execute("SELECT id FROM flows WHERE state = 'running'"))
+        self._hashed = {step_prefix(fid): fid for fid in running if step_prefix(fid) != fid}
+
+    # -- reading the journal ------------------------------------------------------------------
+
+    def intercept(self, env: Envelope, loc: Loc) -> bool:
+        """Whether the job read at ``loc`` is held here (an anchor, or it waits for others)."""
+        hq = env.meta.get("hybridq") if env.meta else None
+        if not isinstance(hq, Mapping):
+            return False
+        self._recorded = True
+        if env.func == ANCHOR_FUNC and isinstance(hq.get("wf"), Mapping):
+            self._accept_flow(env, loc, hq["wf"])
+            return True
+        deps = hq.get("deps")
+        if isinstance(deps, list) and deps:
+            self.db.execute(
+                "INSERT OR IGNORE INTO waits VALUES (?, ?, ?, ?, ?, ?)",
+                (*loc, env.id, env.queue, json.dumps([str(d) for d in deps])),
+            )
+            self.held.add(loc)
+            self._news.add(env.id)  # its dependencies may have ended already
+            return True
+        return False
+
+    def holds(self, env: Envelope, loc: Loc) -> bool:
+        """Whether a job about to be pushed again (a refill or reconcile pass) must stay here.
+
+        Decided from its record, not only from :attr:`held`: with the workflows' file lost or
+        restored from an older copy, :attr:`held` misses them. An anchor is never pushed; a job
+        with ``depends_on`` only once the ledger holds every dependency succeeded. Either is
+        recorded again (:meth:`intercept`) and moved on by :meth:`step` as if just read.
+        """
+        if loc in self.held:
+            return True
+        hq = env.meta.get("hybridq") if env.meta else None
+        deps = hq.get("deps") if isinstance(hq, Mapping) else None
+        if env.func != ANCHOR_FUNC:
+            if not isinstance(deps, list) or not deps:
+                return False
+            verdict = deps_verdict(
+                self.journal, [str(d) for d in deps], time.monotonic(), self._unknown_since
+            )
+            if verdict == "":
+                return False  # released before (the run table pushed it): an ordinary job now
+        if not self.intercept(env, loc):
+            self.state.record_invalid(loc)  # an anchor without a graph: never a job
+            log.error("job %s: a workflow's record without its graph: recorded invalid", env.id)
+        self.dirty = True
+        return True
+
+    def _accept_flow(self, env: Envelope, loc: Loc, graph: Mapping[str, Any]) -> None:
+        why = graph_problem(graph)
+        if why is not None:
+            # One bad record must not stop forwarding (docs/security.md): terminal, and said.
+            log.error("workflow %s: not a graph this version can run (%s): recorded invalid", env.id, why)
+            self.state.record_invalid(loc)
+            return
+        steps = graph.get("steps")
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO flows VALUES (?, ?, ?, ?, ?, ?, 'running', NULL)",
+            (env.id, *loc, env.queue, json.dumps(graph)),
+        )
+        if cur.rowcount and isinstance(steps, list):
+            self.db.executemany(
+                "INSERT OR IGNORE INTO steps VALUES (?, ?, 'waiting')",
+                [(env.id, n) for n in range(len(steps))],
+            )
+            self.held.add(loc)
+            if step_prefix(env.id) != env.id:
+                self._hashed[step_prefix(env.id)] = env.id
+        elif self.db.execute(
+            "SELECT 1 FROM flows WHERE id = ? AND (chain, seg, off) != (?, ?, ?)", (env.id, *loc)
+        ).fetchone():
+            # Its id is another workflow's (enqueued again under it, or requeued): its steps'
+            # ids and keys would be that one's. Terminal, never pushed, and said.
+            log.error("workflow %s: a workflow with this id exists already: recorded invalid", env.id)
+            self.state.record_invalid(loc)
+        self._news.add(env.id)  # its first steps are released at the next pass
+
+    # -- moving them on -----------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Whether outcomes came that :meth:`step` has not looked at (the loop must not idle)."""
+        return bool(self._news) and bool(self.held)
+
+    def noted(self, entries: Sequence[Entry]) -> None:
+        """Outcomes just appended to the ledger (its ``on_append``): their workflows are looked at."""
+        if self.held:
+            self._news.update(e.job_id for e in entries if e.kind in ("done", "cancel"))
+
+    def step(self) -> int:
+        """Release what became ready, end what ended; return how many jobs were released.
+
+        Only the workflows and waiting jobs an outcome concerns are looked at, so a pass costs
+        in proportion to the news (outcomes, and workflows and waiting jobs just read), not to
+        every live workflow; all of them are looked at when the forwarder starts and every
+        :data:`LOOK_EVERY_S` (an outcome the lookup index did not have yet when its news came is
+        found then).
+        """
+        news, self._news = self._news, set()
+        everything = self.dirty or time.monotonic() >= self._next_look
+        if not self.held or not (everything or news):
+            return 0
+        if everything:
+            self.dirty = False
+            self._next_look = time.monotonic() + LOOK_EVERY_S
+            flows = self.db.execute(_LIVE_FLOWS).fetchall()
+        else:
+            prefixes = {i.rsplit(STEP_SEP, 1)[0] for i in news}  # an anchor's id, or a step's workflow
+            ids = news | {self._hashed.get(p, p) for p in prefixes}
+            flows = [row for fid in ids for row in self.db.execute(_LIVE_FLOWS + " AND id = ?", (fid,))]
+        released = 0
+        for fid, chain, seg, off, queue, graph in flows:
+            anchor = (chain, int(seg), int(off))
+            parsed = self._graphs.get(fid) or self._graphs.setdefault(fid, json.loads(graph))
+            released += self._advance(fid, anchor, queue, parsed, None if everything else news)
+        waiters = release_waiters(
+            self.state, self.db, self._runs, self.held, self._unknown_since, None if everything else news
+        )
+        released += waiters[0]
+        self.ended += waiters[1]
+        self._recorded = True
+        self.commit()
+        self.released += released
+        return released
+
+    def _advance(
+        self, fid: str, anchor: Loc, queue: str, graph: dict[str, Any], news: set[str] | None
+    ) -> int:
+        """Move workflow ``fid`` on; ``news``: only these released steps may have ended (None: any)."""
+        steps: list[dict[str, Any]] = graph["steps"]
+        states = dict(self.db.execute("SELECT n, state FROM steps WHERE flow = ?", (fid,)).fetchall())
+        rows = {
+            n: reads.find(self.journal, step_id(fid, n))
+            for n, s in states.items()
+            if s == "released" and (news is None or step_id(fid, n) in news)
+        }
+        for n, row in rows.items():
+            if row is not None and row.state == "done":
+                states[n] = ended_as(row.outcome)
+                self.db.execute("UPDATE steps SET state = ? WHERE flow = ? AND n = ?", (states[n], fid, n))
+        if anchor in self.state.index.cancels or self.state.index.is_terminal(anchor):
+            return self._stop(fid, anchor, queue, graph, states, *ledger_end(self.state, fid, anchor))
+        failed = next((n for n, s in states.items() if s in ("failed", "cancelled")), None)
+        if failed is not None:
+            row = rows.get(failed)
+            error = (row.error if row is not None else None) or ""
+            why = f"step {failed} ({step_id(fid, failed)}) {states[failed]}: {error}"
+            return self._stop(fid, anchor, queue, graph, states, "failed", why.rstrip(": "))
+        try:
+            ready = [
+                (n, step_envelope(self.journal, fid, n, steps[n]))
+                for n, s in sorted(states.items())
+                if s == "waiting" and all(states.get(d) == "succeeded" for d in steps[n]["deps"])
+            ]
+            if not ready and all(s == "succeeded" for s in states.values()):
+                outs = [step_result(self.journal, fid, n, stored=True) for n in graph["out"]]
+                self._end(fid, anchor, queue, "succeeded", result=outs if graph["list"] else outs[0])
+                return 0
+            self._append([env for _, env in ready])
+        except StepFailed as exc:
+            return self._stop(fid, anchor, queue, graph, states, "failed", str(exc))
+        except (RecordTooLarge, EnvelopeError) as exc:
+            # Results each under the cap, too large together for one record (a chord's callback,
+            # a group's end), or nested too deep: nothing was written; failing is the only way
+            # on (raised out of the step, it would stop the forwarder at every start).
+            why = f"results too large to pass together: {exc}"
+            return self._stop(fid, anchor, queue, graph, states, "failed", why)
+        self.db.executemany(
+            "UPDATE steps SET state = 'released' WHERE flow = ? AND n = ?", [(fid, n) for n, _ in ready]
+        )
+        return len(ready)
+
+    def _stop(
+        self,
+        fid: str,
+        anchor: Loc,
+        queue: str,
+        graph: dict[str, Any],
+        states: dict[int, str],
+        end: str,
+        why: str,
+    ) -> int:
+        """End workflow ``fid`` as ``end``: cancel what has not started, run ``on_error`` once."""
+        waiting = [(fid, n) for n, s in states.items() if s == "waiting"]
+        self.db.executemany("UPDATE steps SET state = 'cancelled' WHERE flow = ? AND n = ?", waiting)
+        cancel_started(self.journal, [step_id(fid, n) for n, s in states.items() if s == "released"])
+        released = 0
+        err = graph.get("err")
+        if end == "failed" and err is not None and not self.state.index.is_terminal(anchor):
+            lead = (fid, why) if err["pass"] == PASS_ONE else ()
+            self._append([step_envelope(self.journal, fid, -1, {**err, "pass": "lead"}, lead)])
+            released = 1
+        self._end(fid, anchor, queue, end, error=None if end == "succeeded" else why)
+        log.log(logging.INFO if end == "succeeded" else logging.WARNING, "workflow %s %s: %s", fid, end, why)
+        return released
+
+    def _end(
+        self, fid: str, anchor: Loc, queue: str, end: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """The anchor's ``done`` entry (ledger, fsync), then its row: a crash in between repeats it."""
+        if not self.state.index.is_terminal(anchor):
+            entry = Entry(
+                "done",
+                fid,
+                anchor,
+                outcome=end,
+                error=error,
+                at=time.time(),
+                queue=queue,
+                result=result,
+                result_kept=end == "succeeded",
+            )
+            self.state.append([entry])
+            crashpoints.reached("flows_after_end")
+        self.db.execute("UPDATE flows SET state = ?, error = ? WHERE id = ?", (end, error, fid))
+        self.held.discard(anchor)
+        self._hashed.pop(step_prefix(fid), None)
+        self._graphs.pop(fid, None)
+        self.ended += 1
+
+    def _append(self, envs: list[Envelope]) -> None:
+        """Append released steps to the journal (their own chain), fsync'd, signed when a key is set."""
+        if not envs:
+            return
+        ring = keyring()
+        if ring is not None:
+            envs = [ring.sign(env) for env in envs]
+        if self._writer is None or self._writer.closed:
+            self._writer = JournalWriter(self.journal, max_segment_bytes=STEP_SEGMENT_BYTES)
+        self._writer.append_many([env.to_bytes() for env in envs])
+        crashpoints.reached("flows_after_release")
