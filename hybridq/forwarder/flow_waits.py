@@ -16,9 +16,12 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError, JournalError
 from hybridq.forwarder.flow_steps import deps_verdict
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
+from hybridq.journal.reader import read_record_at
 from hybridq.ledger.entries import Entry
 from hybridq.transport.base import Loc
 
@@ -51,7 +54,8 @@ def release_waiters(
         if verdict is None:
             continue
         if verdict == "" and not gone:
-            runs().add([(loc, queue, time.time())])
+            prio, key = _ordering(state.journal, loc)
+            runs().add([(loc, queue, time.time(), prio, key)])
             runs().commit()  # durable before its wait goes: a crash re-adds (one row)
             released += 1
         elif not gone:
@@ -62,3 +66,12 @@ def release_waiters(
         held.discard(loc)
         ended += 1
     return released, ended
+
+
+def _ordering(journal: str, loc: Loc) -> tuple[int, str]:
+    """A released job's priority and limit key, from its record (the waits keep neither)."""
+    try:
+        env = Envelope.from_bytes(read_record_at(journal, *loc).payload)
+    except (JournalError, EnvelopeError, OSError):
+        return 0, ""  # read again (and refused loudly) when the refill pushes it
+    return env.priority, env.limit_key or ""
