@@ -138,6 +138,16 @@ class JournalReader:
             pass
         return self.records_checked
 
+    def segment_records(self, writer_id: str, index: int) -> Iterator[Record]:
+        """The data records of one sealed segment, checked as a scan checks them.
+
+        Raises :class:`JournalCorruption` on damage (an unsealed segment too).
+        """
+        prev_salt = self._previous_salt(writer_id, index - 1) if index > 0 else None
+        yield from self._read_segment(
+            writer_id, index, FILE_HEADER_SIZE, None, prev_salt, is_last=False, emit=True
+        )
+
     def check_segment(self, writer_id: str, index: int) -> int:
         """Check one segment whole (its header's link to the previous one too); count its records.
 
