@@ -32,7 +32,7 @@ from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
-from hybridq.ledger.store import keys_dir, ledger_dir, read_ledger
+from hybridq.ledger.store import keys_dir, ledger_dir, read_ledger_failures, read_ledger_segment
 
 __all__ = ["COMPACT_INTERVAL_S", "Compactor"]
 
@@ -208,19 +208,19 @@ class Compactor:
             return 0
         own = self.state.own_chain
         self.state.forget_keys()
-        by_segment: dict[tuple[str, int], list[Entry]] = {}
-        for record, entry in read_ledger(self.journal):
-            by_segment.setdefault((record.writer_id, record.segment_index), []).append(entry)
-        # Requeues appended by other processes since this forwarder started.
-        for entries in by_segment.values():
-            for e in entries:
-                if e.kind == "requeued":
-                    self.state.index.apply(e)
-        # How many segments hold a failure of each loc (a requeue mark must outlive all of them).
+        # One streaming pass over the failures and requeue marks only (issue 29: keeping every
+        # entry of a long drain's ledger cost hundreds of MB per compaction): requeues appended
+        # by other processes since this forwarder started, and how many segments hold a failure
+        # of each loc (a requeue mark must outlive all of them).
+        failed_in: set[tuple[Loc, str, int]] = set()
+        for record, e in read_ledger_failures(self.journal):
+            if e.kind == "requeued":
+                self.state.index.apply(e)
+            elif e.kind == "done" and e.outcome == "failed":
+                failed_in.add((e.loc, record.writer_id, record.segment_index))
         failures: dict[Loc, int] = {}
-        for entries in by_segment.values():
-            for loc in {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}:
-                failures[loc] = failures.get(loc, 0) + 1
+        for loc, _, _ in failed_in:
+            failures[loc] = failures.get(loc, 0) + 1
         first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         deleted = 0
         for writer_id, indices in list_chains(path).items():
@@ -229,7 +229,7 @@ class Compactor:
                     break  # our own open segment
                 if sealed_data_count(path, writer_id, index) is None:
                     break
-                entries = by_segment.get((writer_id, index), [])
+                entries = read_ledger_segment(self.journal, writer_id, index)
                 if not all(self._gone(e.loc, first) for e in entries):
                     break
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}

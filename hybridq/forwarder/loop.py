@@ -55,6 +55,7 @@ from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.forwarder.watcher import EventWatcher
 from hybridq.forwarder.window import check_eviction_policy
 from hybridq.journal import ChainPosition, JournalReader
+from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.ownerlock import take_owner_lock
 from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
 from hybridq.journal.recovery import recover
@@ -152,6 +153,8 @@ class Forwarder:
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None
         self._watcher: EventWatcher | None = None
+        #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
+        self.journal_check: BackgroundCheck | None = None
         self.schedules = schedules
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
@@ -193,6 +196,7 @@ class Forwarder:
         self.publisher = StatsPublisher(self.state, self.stats, transport, self.config.stats_every_s)
         self._lookup_due = True
         self._next_lookup = 0.0
+        self._stepped = False  # whether a step ended (the first push is not held up by a display)
         self._publish_due = False  # outcomes harvested since the terminal count was last published
         self._next_publish = 0.0
 
@@ -233,9 +237,12 @@ class Forwarder:
             self.close()
             raise
         try:
-            report = recover(self.journal)
+            # Only the tails before the first job (O(tail), not O(journal)); the sealed segments
+            # are checked in the background, and corruption there stops the loop (step()).
+            report = recover(self.journal, tails_only=True)
             for torn in report.repaired:
                 log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+            self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
             self.state.load()
             self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
             self.completions.open()
@@ -278,6 +285,8 @@ class Forwarder:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+        if self.journal_check is not None:
+            self.journal_check.stop()
         self.state.close()
         self.lookup.close()
         self.flows.close()
@@ -349,6 +358,8 @@ class Forwarder:
         """
         if self._dir_fd is not None:
             check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
+        if self.journal_check is not None:
+            self.journal_check.raise_if_failed()  # bit rot in a sealed segment: stop, loudly
         self.cancels.step()  # before anything is pushed: a cancelled job is not
         if self.schedules is not None:
             self.schedules.fire(self.clock())  # a full disk: retried with the step
@@ -374,6 +385,9 @@ class Forwarder:
             self._catch_up_lookup()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         self.publisher.maybe_publish()
+        if not self._stepped and self.journal_check is not None:
+            self.journal_check.start()  # after the first push: the first job does not wait for it
+        self._stepped = True
         return done
 
     def _catch_up_lookup(self) -> None:
@@ -464,7 +478,8 @@ class Forwarder:
     def _between_batches(self) -> None:
         """Between two batches of a long step: due ticks, and the stats snapshot if it is due."""
         self.waits.fire_between()
-        self.publisher.maybe_publish()
+        if self._stepped:  # not before the first push: its first count reads the unread journal
+            self.publisher.maybe_publish()
 
     def _publish_at(self) -> float | None:
         """When the terminal count or the stats snapshot is due (``time.monotonic()``), if either is."""

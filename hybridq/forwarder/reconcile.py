@@ -38,6 +38,10 @@ log = logging.getLogger("hybridq.forwarder")
 
 #: Jobs probed per round trip during a reconcile pass.
 PROBE_BATCH = 1000
+#: Records a pass reads per step, at most: over a long backlog (its jobs wait in the run table,
+#: no candidates) a pass would otherwise read the whole journal in one step, holding back the
+#: harvest and the refill for seconds (issue 29: 4 s at a million jobs).
+SCAN_BUDGET = 20_000
 #: How often the forwarder notes how far forwarding had got (seconds).
 SNAPSHOT_EVERY_S = 1.0
 
@@ -221,12 +225,12 @@ class Reconciler:
         assert self._pass is not None
         index = self.state.index
         batch: list[tuple[Loc, Envelope]] = []
-        for record in self._pass:
+        for read, record in enumerate(self._pass, 1):
             candidate = self._candidate(record, with_terminal=self._pass_refill)
             if candidate is not None:
                 batch.append(candidate)
-                if len(batch) >= PROBE_BATCH:
-                    break
+            if len(batch) >= PROBE_BATCH or read >= SCAN_BUDGET:
+                break
         else:
             self._pass = None
             # A pass over a long backlog takes a while: spend at most a third of the time on them.

@@ -112,11 +112,12 @@ class ForwarderState:
             save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
         self._clamp()
         self.compacted = load_compacted(self.journal)
+        # Tails only: load_index and read_keys read every record after, each checked as read.
         if os.path.isdir(ledger_dir(self.journal)):
-            recover(ledger_dir(self.journal))
+            recover(ledger_dir(self.journal), tails_only=True)
         self.index = load_index(self.journal, self.compacted)
         if os.path.isdir(keys_dir(self.journal)):
-            recover(keys_dir(self.journal))
+            recover(keys_dir(self.journal), tails_only=True)
             for record, entry in read_keys(self.journal):
                 self.index.apply(entry)
                 self._note_key_segment((record.writer_id, record.segment_index), entry)

@@ -124,20 +124,55 @@ class JournalReader:
         """
         return self._scan(since, emit=True)
 
-    def check(self, since: Mapping[str, ChainPosition] | None = None) -> int:
-        """Like :meth:`records`, but only checks and counts them (the fast path of verify)."""
+    def check(self, since: Mapping[str, ChainPosition] | None = None, *, tails_only: bool = False) -> int:
+        """Like :meth:`records`, but only checks and counts them (the fast path of verify).
+
+        ``tails_only``: read only each chain's last segment, and only if it is not sealed (its
+        link to the one before is checked, and every index of the chain must be there): what
+        start-up needs to find torn tails and dead chains in O(tail). The sealed segments are
+        checked later (:meth:`check_segment`, ``BackgroundCheck``,
+        docs/reliability.md).
+        """
         self.records_checked = 0
-        for _ in self._scan(since, emit=False):  # pragma: no cover - yields nothing
+        for _ in self._scan(since, emit=False, tails_only=tails_only):  # pragma: no cover - yields nothing
             pass
         return self.records_checked
 
-    def _scan(self, since: Mapping[str, ChainPosition] | None, *, emit: bool) -> Iterator[Record]:
+    def segment_records(self, writer_id: str, index: int) -> Iterator[Record]:
+        """The data records of one sealed segment, checked as a scan checks them.
+
+        Raises :class:`JournalCorruption` on damage (an unsealed segment too).
+        """
+        prev_salt = self._previous_salt(writer_id, index - 1) if index > 0 else None
+        yield from self._read_segment(
+            writer_id, index, FILE_HEADER_SIZE, None, prev_salt, is_last=False, emit=True
+        )
+
+    def check_segment(self, writer_id: str, index: int) -> int:
+        """Check one segment whole (its header's link to the previous one too); count its records.
+
+        Raises :class:`JournalCorruption` on damage, :class:`FileNotFoundError` if it is gone.
+        """
+        prev_salt = self._previous_salt(writer_id, index - 1) if index > 0 else None
+        scan = self._read_segment(
+            writer_id, index, FILE_HEADER_SIZE, None, prev_salt, is_last=False, emit=False
+        )
+        while True:
+            try:
+                next(scan)  # pragma: no cover - yields nothing (emit is off)
+            except StopIteration as done:
+                info: SegmentInfo = done.value
+                return info.data_count
+
+    def _scan(
+        self, since: Mapping[str, ChainPosition] | None, *, emit: bool, tails_only: bool = False
+    ) -> Iterator[Record]:
         self._positions = dict(since) if since is not None else self.position
         self._last = {}
         self.torn_tails = []
         self.chain_ends = {}
         for writer_id, indices in list_chains(self.path).items():
-            yield from self._read_chain(writer_id, indices, emit)
+            yield from self._read_chain(writer_id, indices, emit, tails_only=tails_only)
 
     def seek(self, positions: Mapping[str, ChainPosition]) -> None:
         """Make the next :meth:`records` start at ``positions`` (chains not named: at their start)."""
@@ -152,7 +187,9 @@ class JournalReader:
             merged[writer_id] = rec.position
         return merged
 
-    def _read_chain(self, writer_id: str, indices: list[int], emit: bool) -> Iterator[Record]:
+    def _read_chain(
+        self, writer_id: str, indices: list[int], emit: bool, *, tails_only: bool = False
+    ) -> Iterator[Record]:
         pos = self._positions.get(writer_id)
         start_index = pos.segment if pos is not None else indices[0]
         todo = [i for i in indices if i >= start_index]
@@ -168,6 +205,10 @@ class JournalReader:
             if cur != prev + 1:
                 missing = os.path.join(self.path, segment_name(writer_id, prev + 1))
                 raise JournalCorruption(missing, 0, f"segment index {prev + 1} of the chain is missing")
+        if tails_only and pos is None:
+            todo = todo[-1:]
+            if seal_offset(self.path, writer_id, todo[0]) is not None:
+                return  # sealed: nothing to repair, its records checked later like the others
         prev_salt: bytes | None = None
         expected_seq: int | None = None
         offset = FILE_HEADER_SIZE

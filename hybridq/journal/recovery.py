@@ -70,10 +70,10 @@ def verify(
 
 
 def _verify(
-    reader: JournalReader, on_bytes: Callable[[int], None] | None = None
+    reader: JournalReader, on_bytes: Callable[[int], None] | None = None, *, tails_only: bool = False
 ) -> tuple[VerifyReport, JournalReader]:
     reader.on_bytes = on_bytes
-    report = VerifyReport(records=reader.check())
+    report = VerifyReport(records=reader.check(tails_only=tails_only))
     report.chains = len(reader.chain_ends)
     report.live_chains = sum(1 for info in reader.chain_ends.values() if info.live)
     report.torn_tails = list(reader.torn_tails)
@@ -81,15 +81,20 @@ def _verify(
     return report, reader
 
 
-def recover(path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS) -> RecoveryReport:
+def recover(
+    path: str | os.PathLike[str], *, fileops: FileOps = OS_FILEOPS, tails_only: bool = False
+) -> RecoveryReport:
     """Make the journal consistent for a new reader (its consumer runs this on start).
 
-    1. Check everything; on corruption raise before changing anything.
+    1. Check everything (``tails_only``: each chain's last segment, the only one a crash can
+       leave torn or unsealed; the caller must check the sealed ones before it trusts them, e.g.
+       with :class:`~hybridq.journal.background.BackgroundCheck`, or read them whole, as
+       a consumer replaying every record does); on corruption raise before changing anything.
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
        it, so its chain is closed and the tail is never repaired twice.
     """
-    checked, reader = _verify(JournalReader(path, fileops=fileops))
+    checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
     directory = reader.path
     for name in sorted(os.listdir(directory)):

@@ -19,6 +19,9 @@ from hybridq.protocol import EntryKind
 
 #: Which outcome of one job wins when several are recorded (see the module docstring).
 _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
+#: One string object per outcome: an entry's own (decoded from its JSON) would be kept once per
+#: terminal job in :attr:`LedgerIndex.terminal` (58 bytes each, issue 29's memory bound).
+_SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
 
 
 @dataclass
@@ -96,7 +99,7 @@ class LedgerIndex:
         if entry.kind == EntryKind.DONE:
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
-                old, new = done[loc[2]], entry.outcome or "failed"
+                old, new = done[loc[2]], _shared(entry.outcome)
                 if _RANK.get(new, 0) > _RANK.get(old, 0) > 0:
                     # A success beats a failure whatever the order the two were read in (the
                     # forwarder gave up on a lost worker that then reported after all), and
@@ -109,7 +112,7 @@ class LedgerIndex:
                         self.failed[loc] = entry
                     return True
                 return entry.dup
-            done[loc[2]] = outcome = entry.outcome or "failed"
+            done[loc[2]] = outcome = _shared(entry.outcome)
             self.terminal_count += 1
             if outcome in self.totals:
                 self.totals[outcome] += 1
@@ -214,3 +217,9 @@ class LedgerIndex:
                     out[outcome] += 1
             out["dups"] += self.dups.get(seg, 0)
         return out
+
+
+def _shared(outcome: str | None) -> str:
+    """The shared string object of ``outcome`` (``failed`` when missing)."""
+    name = outcome or "failed"
+    return _SHARED.get(name, name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from hybridq.journal import JournalReader, JournalWriter, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
@@ -52,6 +52,8 @@ __all__ = [
     "parse_event",
     "read_keys",
     "read_ledger",
+    "read_ledger_failures",
+    "read_ledger_segment",
     "save_compacted",
 ]
 
@@ -95,10 +97,35 @@ def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
     return _read_entries(ledger_dir(journal))
 
 
+def read_ledger_segment(journal: str, writer_id: str, index: int) -> list[Entry]:
+    """The entries of one sealed ledger segment (compaction reads one at a time)."""
+    records = JournalReader(ledger_dir(journal)).segment_records(writer_id, index)
+    return [entry for _, entry in _decoded(records)]
+
+
+def read_ledger_failures(journal: str) -> Iterator[tuple[Record, Entry]]:
+    """The ledger's failures and requeue marks; every other entry is skipped undecoded.
+
+    Compaction needs only those of the whole ledger, and after a long drain it holds a million
+    successes: decoding (and keeping) them all made a compaction cost hundreds of MB.
+    """
+    path = ledger_dir(journal)
+    if not os.path.isdir(path):
+        return
+    records = JournalReader(path).records()
+    # Compact JSON never escapes ASCII letters: an entry without these bytes is neither.
+    wanted = (r for r in records if b"failed" in r.payload or b"requeued" in r.payload)
+    yield from _decoded(wanted)
+
+
 def _read_entries(path: str) -> Iterator[tuple[Record, Entry]]:
     if not os.path.isdir(path):
         return
-    for record in JournalReader(path).records():
+    yield from _decoded(JournalReader(path).records())
+
+
+def _decoded(records: Iterable[Record]) -> Iterator[tuple[Record, Entry]]:
+    for record in records:
         if record.rtype != RecordType.DATA:
             continue
         try:

@@ -171,20 +171,56 @@ def test_a_second_forwarder_is_refused_naming_the_holder(journal_dir: Path) -> N
         assert "forwarder pid" in str(info.value)
 
 
-def test_a_corrupt_journal_is_refused_at_start(journal_dir: Path) -> None:
-    queue = Queue(journal=journal_dir)
-    for i in range(5):
-        queue.enqueue(tasks.add, i, i)
-    _close_writers()  # seal the producer's segment: damage in a sealed segment is corruption
+def _rot(journal_dir: Path) -> None:
     segment = next(p for p in journal_dir.glob("*.wal") if p.stat().st_size > 100)
     raw = bytearray(segment.read_bytes())
     raw[100] ^= 0xFF
     segment.chmod(0o600)
     segment.write_bytes(bytes(raw))
     segment.chmod(0o400)
+
+
+def test_a_corrupt_journal_stops_the_forwarder_before_anything_is_forwarded(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    for i in range(5):
+        queue.enqueue(tasks.add, i, i)
+    _close_writers()  # seal the producer's segment: damage in a sealed segment is corruption
+    _rot(journal_dir)
+    transport = MemoryTransport()
+    with Forwarder(journal_dir, transport) as forwarder, pytest.raises(JournalCorruption):
+        forwarder.step()  # start-up reads only the tails: the reader meets the damage first
+    assert queued_ids(transport) == []
+
+
+def test_bit_rot_in_a_forwarded_segment_stops_the_forwarder(journal_dir: Path) -> None:
+    # Start-up checks only the tails (issue 29: the first job does not wait for the whole
+    # journal); the sealed segments are checked in the background. Damage in a segment already
+    # forwarded is never skipped: the forwarder stops with it, as start-up used to refuse
+    # (docs/reliability.md rule 11), whichever reader meets it first.
+    queue = Queue(journal=journal_dir)
+    for i in range(5):
+        queue.enqueue(tasks.add, i, i)
+    _close_writers()
+    with Forwarder(journal_dir, MemoryTransport()) as forwarder:
+        forwarder.step()
+        check = forwarder.journal_check
+        assert check is not None
+        assert check.finished.wait(10)
+        assert (check.failure, check.checked) == (None, 1)  # the sealed segment, in the background
+    _rot(journal_dir)
+    transport = MemoryTransport()
+
+    def restart() -> None:
+        with Forwarder(journal_dir, transport) as forwarder:
+            forwarder.step()
+            check = forwarder.journal_check
+            assert check is not None
+            assert check.finished.wait(10)
+            forwarder.step()
+
     with pytest.raises(JournalCorruption):
-        Forwarder(journal_dir, MemoryTransport()).open()
-    assert not (journal_dir / "forwarder.state").exists()
+        restart()
+    assert queued_ids(transport) == []
 
 
 def test_run_stops_promptly_even_while_the_transport_is_down(journal_dir: Path) -> None:
