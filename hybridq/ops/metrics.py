@@ -226,7 +226,8 @@ def window_metrics(backlog: JobBacklog) -> Iterator[Metric]:
             by_priority.add_metric([queue, prio], float(n))
     yield from families.values()
     yield latency
-    yield by_priority
+    if by_priority.samples:  # no backlog on disk: no family without samples
+        yield by_priority
     paused = GaugeMetricFamily(
         "hybridq_redis_push_paused", "1 while pushes are paused for Redis's memory.", labels=["reason"]
     )
@@ -246,6 +247,8 @@ def window_metrics(backlog: JobBacklog) -> Iterator[Metric]:
 
 def limit_metrics(figures: dict[str, dict[str, Any]]) -> Iterator[Metric]:
     """Per limit key its gate looked at recently: running, queued, started in the period, held."""
+    if not figures:
+        return  # no limits: no families without samples
     families = {
         "running": GaugeMetricFamily(
             "hybridq_limit_key_running", "Runs of the limit key holding a slot.", labels=["key"]
