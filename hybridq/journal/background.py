@@ -19,7 +19,7 @@ import os
 import threading
 import time
 
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, JournalError, JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps
 from .reader import JournalReader, list_chains, seal_offset
@@ -69,7 +69,7 @@ class BackgroundCheck:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: The corruption found, if any (raised by :meth:`raise_if_failed`).
-        self.failure: JournalCorruption | None = None
+        self.failure: JournalError | None = None
         #: Segments and data records checked so far; whether the check is over.
         self.checked = 0
         self.records = 0
@@ -108,6 +108,14 @@ class BackgroundCheck:
                 except JournalCorruption as exc:
                     self.failure = exc
                     log.error("journal: background check found corruption: %s", exc)
+                    return
+                except (OSError, JournalError) as exc:  # a failing disk: as loud as damage, never silent
+                    self.failure = (
+                        exc if isinstance(exc, JournalError) else JournalIOError(str(writer_id), "read", exc)
+                    )
+                    log.error(
+                        "journal: background check cannot read %s segment %d: %s", writer_id, index, exc
+                    )
                     return
                 self.checked += 1
             log.info(

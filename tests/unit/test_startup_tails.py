@@ -8,12 +8,13 @@ still found and raised, never skipped (docs/reliability.md rule 11).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, JournalError
 from hybridq.journal import JournalWriter
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.fileops import FileOps
@@ -126,3 +127,21 @@ def test_a_segment_compacted_meanwhile_is_skipped(tmp_path: Path) -> None:
     check.run()
     assert check.failure is None
     assert check.checked == len(segments) - 1
+
+
+class FailingReads(FileOps):
+    """A disk whose reads fail (EIO): what a bad disk looks like."""
+
+    def read(self, fd: int, size: int) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_a_read_error_in_the_background_check_stops_the_forwarder_as_corruption_does(tmp_path: Path) -> None:
+    _journal(tmp_path, close=True)
+    check = BackgroundCheck(tmp_path, sealed_segments(tmp_path), fileops=FailingReads(), bytes_per_s=0)
+    check.start()
+    assert check.finished.wait(10)
+    check.stop()
+    assert check.failure is not None  # before: the thread died, nothing raised, nothing logged
+    with pytest.raises(JournalError):
+        check.raise_if_failed()
