@@ -49,7 +49,17 @@ PASS_NONE, PASS_ONE, PASS_LIST = "none", "one", "list"
 
 #: The options a signature may carry (what ``enqueue`` takes per job).
 SIGNATURE_OPTIONS = _OPTIONS = frozenset(
-    {"queue", "retry", "job_timeout", "result_ttl", "description", "meta", "immutable"}
+    {
+        "queue",
+        "retry",
+        "job_timeout",
+        "result_ttl",
+        "description",
+        "meta",
+        "immutable",
+        "priority",
+        "limit_key",
+    }
 )
 
 

@@ -500,3 +500,22 @@ def test_a_hand_made_anchor_over_the_step_limit_is_recorded_invalid(
     forwarder.step()
     assert big.get_status() == "failed"  # before: accepted, its 4 steps released
     assert store.flow_steps(str(queue.journal), big.id) is None
+
+
+def test_a_steps_priority_and_limit_key_reach_its_released_job(stack, journal_dir: Path) -> None:
+    from hybridq.envelope.model import Envelope
+    from hybridq.journal import JournalReader
+
+    queue, forwarder, transport = stack
+    job = queue.enqueue(
+        hybridq.chain(
+            hybridq.sig(tasks.add, 1, 2), hybridq.sig(tasks.add, 3, priority=7, limit_key="tenant:1")
+        )
+    )
+    drive(forwarder, transport, ended(job))
+    assert job.wait(timeout=1) == 6
+    released = [
+        Envelope.from_bytes(r.payload) for r in JournalReader(journal_dir).records() if r.payload[:1] == b"{"
+    ]
+    step = next(e for e in released if e.id.endswith("__1"))
+    assert (step.priority, step.limit_key) == (7, "tenant:1")  # refused as an option before
