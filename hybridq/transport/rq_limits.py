@@ -38,6 +38,18 @@ local out = {{}}
 for i = 2, #ARGV, 3 do
     local at = "{LIMIT_PREFIX}" .. ARGV[i] .. ":"
     local period, add = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    local kinds = {{run = "zset", starts = "zset", queued = "string"}}
+    local bad = false
+    for part, kind in pairs(kinds) do
+        local ty = redis.call("TYPE", at .. part)["ok"]
+        if ty ~= "none" and ty ~= kind then bad = true end
+    end
+    local raw = redis.call("GET", bad and "{LIMITS_EPOCH}" or at .. "queued")
+    if not bad and raw and not tonumber(raw) then bad = true end
+    if bad then
+        -- Written by something else: this key is held (never over its limit), the others go on.
+        out[#out + 1] = {{0, 0, 0, 86400000}}
+    else
     if add > 0 then
         redis.call("INCRBY", at .. "queued", add)
         redis.call("PEXPIRE", at .. "queued", 2 * lease)
@@ -52,6 +64,7 @@ for i = 2, #ARGV, 3 do
     local queued = math.max(0, tonumber(redis.call("GET", at .. "queued") or "0"))
     out[#out + 1] = {{running, queued, started,
         math.max(0, since + quiet - now)}}
+    end
 end
 return out
 """

@@ -141,3 +141,23 @@ def test_the_forwarders_read_of_a_keys_use(redis_server: RedisServer, conn: redi
         assert use["k"].quarantine_s > 0.3
     finally:
         transport.close()
+
+
+def test_a_limit_key_of_the_wrong_type_holds_its_own_jobs_only(
+    redis_server: RedisServer, conn: redis.Redis
+) -> None:
+    from hybridq.protocol.keys import LIMIT_PREFIX
+    from hybridq.transport.rq import RQTransport
+
+    settled(conn)
+    conn.hset(f"{LIMIT_PREFIX}evil:queued", "x", 1)  # anyone able to write the limits' keys
+    conn.set(f"{LIMIT_PREFIX}odd:queued", "not a number")
+    transport = RQTransport(redis_server.url)
+    try:  # before: WRONGTYPE failed the whole call, every key stayed without room
+        use = transport.key_use({"good": 0, "evil": 0, "odd": 0}, {}, lease_s=0.4)
+        assert use is not None
+        assert (use["good"].running, use["good"].queued, use["good"].quarantine_s) == (0, 0, 0)
+        assert use["evil"].quarantine_s > 60  # held (never over its limit), not the others
+        assert use["odd"].quarantine_s > 60
+    finally:
+        transport.close()
