@@ -227,7 +227,8 @@ _FINISH = FINISH_LUA + OOM_GUARD_LUA + "return finish(KEYS, ARGV)\n"
 # again even if the lease is gone: the task still runs; hybridq.worker.limit_scripts): every
 # lease a process holds, renewed in one call.
 _RENEW = (
-    LIMIT_LUA
+    DECODE_STORED_LUA
+    + LIMIT_LUA
     + """
 local server = {}
 local n = #ARGV / 2
@@ -248,8 +249,8 @@ for i = 1, n do
         local ended = false
         if r % 2 == 0 then
             local stored = redis.call("GET", (string.gsub(key, "^hybridq:lease:", "hybridq:result:")))
-            local ok, o = pcall(cjson.decode, stored or "")
-            ended = ok and type(o) == "table" and o.token == token
+            local ok, o = decode_stored(stored or "")  -- a lone surrogate decodes too
+            ended = ok and o.token == token
         end
         if limit_renew(lim, token, tonumber(ms), ended, server) then
             r = r + 4

@@ -48,9 +48,9 @@ def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS) -> Any:
     return int(status), why.decode() if isinstance(why, bytes) else why
 
 
-def finish(conn: redis.Redis, tok: str) -> None:
+def finish(conn: redis.Redis, tok: str, extra: str = "") -> None:
     job_id = tok.split("/", 1)[0]
-    outcome = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{tok}"}}'
+    outcome = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{tok}"{extra}}}'
     scripts.finish(
         conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, outcome, 60, "{}"]
     )
@@ -161,3 +161,14 @@ def test_a_limit_key_of_the_wrong_type_holds_its_own_jobs_only(
         assert use["odd"].quarantine_s > 60
     finally:
         transport.close()
+
+
+def test_a_renewal_after_an_outcome_with_a_lone_surrogate_does_not_take_the_slot_back(
+    conn: redis.Redis,
+) -> None:
+    settled(conn)
+    run, other = token("1,0,0,tenant:s"), token("1,0,0,tenant:s")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run, ',"result":"bad \\udcff"')  # what cjson alone cannot decode
+    assert renew(conn, run) & 4 == 0  # before: the slot was taken back for a lease
+    assert claim(conn, other)[0] == ClaimStatus.CLAIMED
