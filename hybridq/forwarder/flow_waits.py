@@ -17,11 +17,9 @@ import time
 from collections.abc import Callable
 
 from hybridq.envelope.model import Envelope
-from hybridq.errors import EnvelopeError, JournalError
 from hybridq.forwarder.flow_steps import deps_verdict
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
-from hybridq.journal.reader import read_record_at
 from hybridq.ledger.entries import Entry
 from hybridq.transport.base import Loc
 
@@ -37,6 +35,7 @@ def release_waiters(
     held: set[Loc],
     unknown_since: dict[str, float],
     news: set[str] | None,
+    envelope_of: Callable[[Loc], Envelope | None],
 ) -> tuple[int, int]:
     """Release (or cancel) the waiting jobs whose dependencies ended (``news``: of these ids).
 
@@ -54,7 +53,8 @@ def release_waiters(
         if verdict is None:
             continue
         if verdict == "" and not gone:
-            prio, key = _ordering(state.journal, loc)
+            env = envelope_of(loc)  # its priority and limit key: the waits keep neither
+            prio, key = (env.priority, env.limit_key or "") if env is not None else (0, "")
             runs().add([(loc, queue, time.time(), prio, key)])
             runs().commit()  # durable before its wait goes: a crash re-adds (one row)
             released += 1
@@ -66,12 +66,3 @@ def release_waiters(
         held.discard(loc)
         ended += 1
     return released, ended
-
-
-def _ordering(journal: str, loc: Loc) -> tuple[int, str]:
-    """A released job's priority and limit key, from its record (the waits keep neither)."""
-    try:
-        env = Envelope.from_bytes(read_record_at(journal, *loc).payload)
-    except (JournalError, EnvelopeError, OSError):
-        return 0, ""  # read again (and refused loudly) when the refill pushes it
-    return env.priority, env.limit_key or ""

@@ -79,8 +79,15 @@ _LIVE_FLOWS = "SELECT id, chain, seg, off, queue, graph FROM flows WHERE state =
 class Flows:
     """The forwarder's workflows and dependent jobs (see the module docstring)."""
 
-    def __init__(self, state: ForwarderState, runs: Callable[[], RunTable]) -> None:
+    def __init__(
+        self,
+        state: ForwarderState,
+        runs: Callable[[], RunTable],
+        envelope_of: Callable[[Loc], Envelope | None],
+    ) -> None:
         self.state = state
+        #: A job's envelope by its loc (``records.envelope_at``: a released job's priority and key).
+        self._envelope_of = envelope_of
         self.journal = state.journal
         self._runs = runs
         self._db: sqlite3.Connection | None = None
@@ -291,7 +298,13 @@ class Flows:
             parsed = self._graphs.get(fid) or self._graphs.setdefault(fid, json.loads(graph))
             released += self._advance(fid, anchor, queue, parsed, None if everything else news)
         waiters = release_waiters(
-            self.state, self.db, self._runs, self.held, self._unknown_since, None if everything else news
+            self.state,
+            self.db,
+            self._runs,
+            self.held,
+            self._unknown_since,
+            None if everything else news,
+            self._envelope_of,
         )
         released += waiters[0]
         self.ended += waiters[1]

@@ -48,6 +48,7 @@ from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
+from hybridq.forwarder.records import envelope_at
 from hybridq.forwarder.selector import Lanes, parse_fair_keys
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
@@ -172,7 +173,7 @@ class Forwarder:
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
         self.completions.harvester.forgetting = self._forgetting
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
-        self.flows = Flows(self.state, lambda: self.state.runs)
+        self.flows = Flows(self.state, lambda: self.state.runs, lambda loc: envelope_at(self.journal, loc))
         self.completions.reconciler.held = lambda loc: loc in self.flows.held
         self.completions.reconciler.held_record = lambda loc, env: self.flows.holds(env, loc)
         self.state.on_append = self._appended  # outcomes to the lookup index, then to the flows
