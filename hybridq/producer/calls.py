@@ -14,15 +14,17 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hybridq.envelope.limits import MAX_SECONDS, check_seconds, check_time
 from hybridq.envelope.model import Envelope, Retry, function_path
-from hybridq.errors import EnvelopeError, JournalIOError
+from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
+from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.security import allow
+from hybridq.security.signing import keyring
 
-__all__ = ["split_call", "task_path"]
+__all__ = ["check_options", "encode_envelopes", "split_call", "task_path"]
 
 _OPTIONS = (
     *("job_timeout", "result_ttl", "description", "meta", "retry", "job_id", "delay", "run_at"),
@@ -71,6 +73,55 @@ def split_call(
         args = tuple(kwargs.pop("args", None) or ())
         kwargs = dict(kwargs.pop("kwargs", None) or {})
     return args, kwargs, options
+
+
+def check_options(
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+    description: str | None,
+    meta: Mapping[str, Any] | None,
+    retry: Retry | None,
+) -> None:
+    """Refuse a call's arguments and options that a worker could not run or Redis could not store.
+
+    Raises :class:`EnvelopeError` (a ``ValueError``) before anything is built or written.
+    """
+    # type() checks first: isinstance against the ABCs costs a microsecond per call.
+    if type(args) not in (tuple, list) and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
+        raise EnvelopeError("args must be a list or tuple")
+    if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
+        raise EnvelopeError("kwargs must be a mapping")
+    if kwargs and any(type(name) is not str for name in kwargs):
+        raise EnvelopeError("kwargs names must be strings")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+        raise EnvelopeError("idempotency_key must be a non-empty string")
+    if description is not None and not isinstance(description, str):
+        raise EnvelopeError("description must be a string")  # Redis could not store it (issue 13)
+    if meta is not None and not isinstance(meta, Mapping):
+        raise EnvelopeError("meta must be a mapping")
+    if meta and "hybridq" in meta:
+        raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
+    if retry is not None:
+        _check_retry(retry)
+
+
+def encode_envelopes(jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[bytes]]:
+    """Check, sign and serialize envelopes for ``Queue._commit`` (raises before anything is written)."""
+    envelopes = list(jobs)
+    for env in envelopes:
+        if not isinstance(env, Envelope):
+            raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
+    ring = keyring()  # read per call, not per Queue: a rotated key file applies at once
+    if ring is not None:
+        envelopes = [ring.sign(env) for env in envelopes]
+    payloads = []
+    for env in envelopes:
+        payload = env.to_bytes()
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
+        payloads.append(payload)
+    return envelopes, payloads
 
 
 def _check_retry(retry: object) -> None:

@@ -15,14 +15,12 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import datetime as dt
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from hybridq.client.queue import Remote, remote_for
 from hybridq.envelope.limits import limit_key as check_limit_key
@@ -35,7 +33,7 @@ from hybridq.envelope.model import (
     validate_queue_name,
 )
 from hybridq.envelope.tagged import tag_call
-from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull, RecordTooLarge
+from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
@@ -48,84 +46,20 @@ from hybridq.producer.calls import (
     _copy_io_error,
     _run_at,
     _seconds,
+    check_options,
+    encode_envelopes,
     split_call,
     task_path,
 )
 from hybridq.producer.capacity import PendingCount
 from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
+from hybridq.producer.writers import Sink, install_sink, installed_sink, shared_writer
+from hybridq.producer.writers import _close_writers as _close_writers  # noqa: PLC0414 - re-exported (moved)
 from hybridq.protocol.nudge import address, nudge
-from hybridq.security.signing import keyring
 from hybridq.tracing import enqueue_carrier
 from hybridq.workflows.canvas import refuse_step_id
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
-
-# -- one writer per process and journal -----------------------------------------------------------
-
-_writers: dict[tuple[str, Durability], JournalWriter] = {}
-_writers_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    """Replace this module's locks in a forked child.
-
-    Only the forking thread exists there: a lock another thread of the parent held at the fork
-    stays held forever (a preforking server's worker would hang in ``enqueue``). The shared
-    writers reset themselves: ``JournalWriter`` registers its own hook, which runs before this
-    one (after-fork hooks run in registration order, and ``hybridq.journal`` is imported first).
-    """
-    global _writers_lock
-    _writers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def shared_writer(journal: str, durability: Durability = Durability.FSYNC) -> JournalWriter:
-    """The process's writer for ``journal`` (created on first use, sealed at exit).
-
-    Writers are thread-safe and fork-safe (a child starts a chain of its own), so every
-    :class:`Queue` on the same journal shares one: its group commit then covers all of them.
-    """
-    key = (os.path.realpath(ensure_journal_dir(journal)), Durability(durability))
-    with _writers_lock:
-        writer = _writers.get(key)
-        if writer is None:
-            writer = _writers[key] = JournalWriter(key[0], durability=key[1])
-        return writer
-
-
-@atexit.register
-def _close_writers() -> None:
-    with _writers_lock:
-        for writer in _writers.values():
-            writer.close()
-        _writers.clear()
-
-
-# -- the testing hook ---------------------------------------------------------------------------
-
-
-class Sink(Protocol):
-    """What takes every enqueue of this process instead of the journal (:mod:`hybridq.testing`)."""
-
-    def accept(self, queue: Queue, envelopes: list[Envelope]) -> list[Job]:
-        """The jobs for ``envelopes``, validated, encoded and signed as for the journal."""
-        ...
-
-
-_sink: Sink | None = None
-
-
-def install_sink(sink: Sink | None) -> Sink | None:
-    """Have ``sink`` take every enqueue in this process (``None``: the journal again).
-
-    Returns the sink it replaces, for the caller to put back (``hybridq.testing`` nests them).
-    """
-    global _sink
-    previous, _sink = _sink, sink
-    return previous
-
 
 # -- queues -------------------------------------------------------------------------------------
 
@@ -274,10 +208,10 @@ class Queue:
         With a signing key configured (``HYBRIDQ_SIGNING_KEY_FILE``), each envelope is signed
         first, and the returned jobs hold the signed envelopes.
         """
-        if self.remote is not None and _sink is None:
+        if self.remote is not None and installed_sink() is None:
             return self.remote.enqueue(jobs)  # each POST waits for its node's fsync
-        call = self._encode(jobs)
-        sink = _sink
+        call = encode_envelopes(jobs)
+        sink = installed_sink()
         if sink is not None:
             return sink.accept(self, call[0])
         (outcome,) = self._commit([call])
@@ -309,10 +243,10 @@ class Queue:
         keys if it matters. A remote queue's call is never withdrawn: its POSTs go on in their
         thread (each job's key is its ``idempotency_key``, else ``hq-<envelope id>``).
         """
-        if self.remote is not None and _sink is None:
+        if self.remote is not None and installed_sink() is None:
             return await asyncio.to_thread(self.remote.enqueue, list(jobs))  # off the loop
-        envelopes, payloads = self._encode(jobs)
-        sink = _sink
+        envelopes, payloads = encode_envelopes(jobs)
+        sink = installed_sink()
         if sink is not None:
             return sink.accept(self, envelopes)  # hybridq.testing: in process, as enqueue_many does
         if not envelopes:
@@ -323,23 +257,6 @@ class Queue:
         if committer is None or committer.pid != os.getpid():
             committer = self._committers[loop] = Committer(self._commit, budget=MAX_PAYLOAD_BYTES)
         return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
-
-    def _encode(self, jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[bytes]]:
-        """Check, sign and serialize envelopes for :meth:`_commit` (raises before anything is written)."""
-        envelopes = list(jobs)
-        for env in envelopes:
-            if not isinstance(env, Envelope):
-                raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
-        ring = keyring()  # read per call, not per Queue: a rotated key file applies at once
-        if ring is not None:
-            envelopes = [ring.sign(env) for env in envelopes]
-        payloads = []
-        for env in envelopes:
-            payload = env.to_bytes()
-            if len(payload) > MAX_PAYLOAD_BYTES:
-                raise RecordTooLarge(len(payload), MAX_PAYLOAD_BYTES)
-            payloads.append(payload)
-        return envelopes, payloads
 
     def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
         """Append the calls' records as one journal batch under one fsync; each call's outcome.
@@ -435,25 +352,7 @@ class Queue:
         Raises :class:`EnvelopeError` (a ``ValueError``) or :class:`NotSerializable` (a
         ``TypeError``) for input a worker could not run.
         """
-        # type() checks first: isinstance against the ABCs costs a microsecond per call.
-        if type(args) not in (tuple, list) and (
-            isinstance(args, str | bytes) or not isinstance(args, Sequence)
-        ):
-            raise EnvelopeError("args must be a list or tuple")
-        if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
-            raise EnvelopeError("kwargs must be a mapping")
-        if kwargs and any(type(name) is not str for name in kwargs):
-            raise EnvelopeError("kwargs names must be strings")
-        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
-            raise EnvelopeError("idempotency_key must be a non-empty string")
-        if description is not None and not isinstance(description, str):
-            raise EnvelopeError("description must be a string")  # Redis could not store it (issue 13)
-        if meta is not None and not isinstance(meta, Mapping):
-            raise EnvelopeError("meta must be a mapping")
-        if meta and "hybridq" in meta:
-            raise EnvelopeError("meta key 'hybridq' is reserved for hybridq's own bookkeeping")
-        if retry is not None:
-            _check_retry(retry)
+        check_options(args, kwargs, idempotency_key, description, meta, retry)
         if job_id is not None and self.remote is not None:
             raise EnvelopeError(
                 "a remote queue cannot take job_id=: the node makes the id (pass idempotency_key=)"

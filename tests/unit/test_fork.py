@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.journal import JournalReader
-from hybridq.producer import queue as producer
+from hybridq.producer import writers as producer
 from hybridq.security import signing
 
 from tests import tasks

@@ -140,7 +140,7 @@ def test_the_202_waits_for_the_fsync(journal_dir: Path, monkeypatch: pytest.Monk
             super().fdatasync(fd)
 
     monkeypatch.setattr(
-        "hybridq.producer.queue.JournalWriter",
+        "hybridq.producer.writers.JournalWriter",
         functools.partial(writer_module.JournalWriter, fileops=HeldSync()),
     )
     answers: list[int] = []
@@ -163,7 +163,7 @@ def test_an_unwritable_journal_is_503_and_a_retry_with_the_key_gets_one_job(
     """Every fdatasync fails (a full disk): 503; the disk back, the retried key gives one job."""
     faulty = FaultyFileOps("fdatasync", nth=1, count=1_000_000, err=errno.ENOSPC)
     real = writer_module.JournalWriter
-    monkeypatch.setattr("hybridq.producer.queue.JournalWriter", functools.partial(real, fileops=faulty))
+    monkeypatch.setattr("hybridq.producer.writers.JournalWriter", functools.partial(real, fileops=faulty))
     with served(config(journal_dir)) as base:
         got = request(base, "POST", "/v1/jobs", ADD, {"Idempotency-Key": "disk-full"})
         assert got.status == 503, got
