@@ -4,7 +4,7 @@
 
 * the API (:mod:`hybridq.http.api`) under ``/v1``, ``/metrics`` and ``/healthz``;
 * ``GET /v1/openapi.json`` (:mod:`hybridq.http.openapi`);
-* ``GET``/``POST /login`` and ``POST /logout`` (:func:`hybridq.http.auth.login_routes`);
+* ``GET``/``POST /login`` and ``POST /logout`` (:func:`hybridq.http.login.login_routes`);
 * the dashboard's routes (:func:`hybridq.http.dashboard.routes`), mounted last, under ``/``.
 
 ``app.state.config`` is the :class:`ServeConfig`, ``app.state.api`` the :class:`Api` (its
@@ -24,8 +24,9 @@ from starlette.routing import Route
 from hybridq import __version__
 from hybridq.http import dashboard
 from hybridq.http.api import Api
-from hybridq.http.auth import AuthMiddleware, Guesses, Tokens, allowed_hosts, login_routes
+from hybridq.http.auth import AuthMiddleware, Guesses, Tokens, allowed_hosts
 from hybridq.http.config import ServeConfig
+from hybridq.http.login import login_routes
 from hybridq.http.openapi import document
 
 __all__ = ["create_app"]
