@@ -57,7 +57,7 @@ def test_job_ids_are_valid_rq_ids_and_sort_by_time() -> None:
 def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hybridq.envelope import model as envelope
+    from hybridq.envelope import names as envelope
 
     if hasattr(os, "getrandom"):  # Linux: the real call, never blocking
         assert envelope._getrandom is os.getrandom
@@ -86,7 +86,7 @@ def test_job_ids_take_their_random_part_from_getrandom_without_blocking(
 def test_job_ids_fall_back_to_urandom_where_getrandom_would_block_or_is_refused(
     monkeypatch: pytest.MonkeyPatch, failure: OSError | bytes | None, kept: bool
 ) -> None:
-    from hybridq.envelope import model as envelope
+    from hybridq.envelope import names as envelope
 
     def getrandom(n: int, flags: int) -> bytes:
         if isinstance(failure, bytes):
