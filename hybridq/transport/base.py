@@ -98,6 +98,11 @@ class Event:
 
     event_id: str
     body: Mapping[str, Any] | None
+    #: Why a claim refused the run whose started event ``body`` is (its limit key had no room:
+    #: ``"limited: ..."``); ``None``: not a refusal. The claim script adds the run's signed
+    #: started event with this field (``hybridq.worker.scripts``): the forwarder takes the job
+    #: back into its run table at once (``hybridq.forwarder.refusals``).
+    refused: str | None = None
 
 
 #: A stats snapshot larger than this is not read (a forwarder's is well under 4 KiB plus its queues).

@@ -58,6 +58,7 @@ from .rq_codec import (
     _failure_ttl,
     _meta,
     _redis_text,
+    _refused,
     _text,
     _whole_seconds,
 )
@@ -287,7 +288,9 @@ class RQTransport(Transport):
             entries = self.connection.xrange(keys.events(owner), count=limit) or []
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return [Event(_text(event_id), _decode_event(fields)) for event_id, fields in entries]
+        return [
+            Event(_text(event_id), _decode_event(fields), _refused(fields)) for event_id, fields in entries
+        ]
 
     def ack(self, owner: str, event_ids: Sequence[str]) -> None:
         """Delete harvested events."""

@@ -274,7 +274,7 @@ class ShardedTransport(Transport):
             if len(out) >= limit:
                 break
             out += [
-                Event(f"{shard}/{ev.event_id}", ev.body)
+                Event(f"{shard}/{ev.event_id}", ev.body, ev.refused)
                 for ev in self.shards[shard].harvest(owner, limit - len(out))
             ]
         self._first = (self._first + 1) % count

@@ -137,13 +137,18 @@ local function claim(K, A, server)
         end
     end
     -- A limited key (hybridq.worker.limit_scripts): no slot, or no rate left, runs nothing and
-    -- uses no attempt; the forwarder delivers the same attempt again (as a fenced one).
+    -- uses no attempt. The run's signed started event goes to the owner's stream with the why
+    -- (``r``): the forwarder takes the job back into its run table at its next step, and the
+    -- key gate pushes the same attempt again when the key has room (hybridq.forwarder.refusals).
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
             limit_left(lim, K[3], tonumber(A[2]))
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
+            end
+            if K[5] and A[7] and A[7] ~= "" then
+                redis.call("XADD", K[5], "*", "e", A[7], "r", why)
             end
             return {4, why}
         end

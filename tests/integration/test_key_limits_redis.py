@@ -22,6 +22,7 @@ from tests.integration.test_worker_redis import (
     Stack,
     alive,
     all_succeeded,
+    queue_length,
     read_effects,
     redis_client,
     stack,
@@ -87,6 +88,37 @@ def test_a_concurrency_2_key_runs_2_at_once_and_does_not_hold_up_another_key(
     shown = run_status(journal_dir, subprocess_env)["limit_keys"]  # stats() per limit key
     assert shown["tenant:1"]["policy"] == "concurrency:2"
     assert shown["tenant:1"]["waiting"] == 0
+
+
+def test_a_job_refused_at_claim_starts_a_step_after_its_key_has_room_and_the_count_stays_exact(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # A 1 s lease: the key's queued count expires two leases after its last change while no
+    # worker runs, so the gate pushes the second job too, and the pool's claim refuses one.
+    forwarder = stack.forwarder(redis_server.url, "--lease", "1", "--limit", "k=concurrency:1")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    for name in ("a", "b"):
+        queue.enqueue("tests.tasks.traced", str(effects), name, 0.3, limit_key="k")
+    with redis_client(redis_server) as conn:
+        # (a's +1 expired with the count while no worker ran: the count's backstop; b's is in)
+        wait_until(
+            lambda: queue_length(redis_server) == 2 and conn.get("hybridq:limit:k:queued") == b"1",
+            timeout=20,
+            what="both jobs in Redis, b counted",
+        )
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    wait_status(journal_dir, subprocess_env, all_succeeded(2), what="2 jobs", alive=alive(forwarder, worker))
+    lines = read_effects(effects)
+    runs = sorted(runs_of(lines, "", killed={}, now=time.time()))
+    assert len(runs) == 2, "each job ran once"
+    assert "(limited: concurrency" in worker.log(), "the second job was refused at its claim"
+    # Before: the refused job came back through the stranded path, two leases and more later.
+    delay = runs[1][0] - runs[0][1]
+    assert delay < 0.8, f"the refused job started {delay:.2f} s after its key had room"
+    with redis_client(redis_server) as conn:
+        # Each of the two copies left its queue once (-2); b's second push was counted (+1) and
+        # its claim took it off (-1). Before: -3, b's redelivery was never counted.
+        assert int(conn.get("hybridq:limit:k:queued") or 0) == 1 - 2
 
 
 @pytest.mark.limits
