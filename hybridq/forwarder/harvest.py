@@ -69,6 +69,10 @@ class Harvester:
         self.started_harvested = 0
         #: Jobs a claim refused (their limit key had no room) put back in the run table, since start.
         self.refused_back = 0
+        #: Whether refused jobs go back to the run table. Not while the key gate cannot read the
+        #: keys' use (several Redis): it would push them again at once, to be refused again at
+        #: every step; the reconcile pass delivers them, about two leases later.
+        self.takes_back: Callable[[], bool] = lambda: True
         #: Whether finished jobs leave Redis once harvested (the forwarder decides).
         self.forgetting: Callable[[], bool] = lambda: False
 
@@ -107,7 +111,7 @@ class Harvester:
                 admitted = self._admitted_started(events, started, ring)
                 if admitted and self.on_started is not None:
                     self.on_started(admitted)
-            if refused:  # committed to the run table before the events go
+            if refused and self.takes_back():  # committed to the run table before the events go
                 self.refused_back += take_back(self.state, self._admitted_started(events, refused, ring))
             crashpoints.reached("harvest_after_ledger")
             # Only now that the ledger has them (fsync'd) may Redis forget them.

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridq.forwarder.records import envelope_at
-from hybridq.forwarder.runs import row_of
+from hybridq.forwarder.runs import Row, row_of
 from hybridq.forwarder.state import ForwarderState
 from hybridq.protocol import StartedEvent
+from hybridq.transport.base import Loc
 
 __all__ = ["take_back"]
 
@@ -32,17 +33,19 @@ __all__ = ["take_back"]
 def take_back(state: ForwarderState, refused: Sequence[StartedEvent]) -> int:
     """Put the jobs of the refused runs ``refused`` back in the run table (committed); how many."""
     index, runs = state.index, state.runs
-    rows = []
+    rows: dict[Loc, Row] = {}
     for event in refused:
         loc = event.loc
-        if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates or runs.contains(loc):
-            continue  # settled since, or waiting already (an event harvested twice)
+        if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
+            continue  # settled since
+        if loc in rows or runs.contains(loc):
+            continue  # waiting already (an event harvested twice)
         if event.attempt <= index.attempts(loc):
             continue  # an older run's refusal: a later attempt was delivered since
         env = envelope_at(state.journal, loc)
         if env is not None and env.id == event.id:
-            rows.append(row_of(loc, env, env.run_at))
+            rows[loc] = row_of(loc, env, env.run_at)
     if rows:
-        runs.add(rows)
+        runs.add(rows.values())
         runs.commit()  # before the harvest deletes the events from Redis
     return len(rows)
