@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
-from hybridq.forwarder.records import first_delivery, read_held
+from hybridq.forwarder.records import read_held, row_delivery
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.selector import KeyGate, Lanes, Selector, Unlimited
 from hybridq.forwarder.state import ForwarderState
@@ -197,7 +197,7 @@ class Backlog:
                 continue  # settled while it waited (cancelled, or finished after a lost row delete)
             env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
             if env is not None:
-                batch.append(first_delivery(self.state, env, loc))
+                batch.append(row_delivery(self.state, env, loc))
         if batch and not self._try_push(batch):
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).

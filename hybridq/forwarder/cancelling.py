@@ -100,7 +100,8 @@ class Canceller:
             # Marked in the backend even if never pushed, and settled only once marked: a push
             # cut short (a restart, an OOM reply) may have left a copy there, and no claim must
             # run it.
-            ask.append((entry, Probe(env.id, env.key_id, env.queue), self._pushed(loc)))
+            limited = env.limit_key if self.state.config.key_limits.of(env.limit_key) else ""
+            ask.append((entry, Probe(env.id, env.key_id, env.queue, limited or ""), self._pushed(loc)))
         if ask:
             try:
                 running = self.transport.cancel([p for _, p, _ in ask], key_ttl_s=self.state.config.key_ttl_s)

@@ -26,12 +26,12 @@ from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.records import decode_job, first_delivery, read_held
-from hybridq.forwarder.runs import Row
+from hybridq.forwarder.runs import Row, row_of
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
 from hybridq.ledger.checkpoint import Checkpoint, Held
 from hybridq.lookup.index import LookupIndex
-from hybridq.transport.base import Delivery, Loc
+from hybridq.transport.base import Delivery
 
 __all__ = ["Deliverer"]
 
@@ -124,7 +124,7 @@ class Deliverer:
             elif self.backlog.take(env.queue, env.limit_key):
                 batch.append(self._delivery(env, loc))
             else:  # waits on disk (docs/forwarder.md)
-                spill.append(_row(loc, env))
+                spill.append(row_of(loc, env))
             if max(len(batch), len(spill), self.admission.waiting) >= self.config.batch_size:
                 indexed += len(spill)
                 done += self._deliver(batch, spill)
@@ -167,7 +167,7 @@ class Deliverer:
             loc = (h.writer_id, h.segment, h.offset)
             env = None if index.is_terminal(loc) else read_held(self.state, h)
             if env is not None:
-                runs.add([_row(loc, env, h.run_at)])
+                runs.add([row_of(loc, env, h.run_at)])
         # Only now that the run table has them (fsync'd) may they leave the durable checkpoint.
         runs.commit()
         self.state.release_held(due)
@@ -210,8 +210,3 @@ class Deliverer:
 
     def _delivery(self, env: Envelope, loc: tuple[str, int, int]) -> Delivery:
         return first_delivery(self.state, env, loc)
-
-
-def _row(loc: Loc, env: Envelope, order: float | None = None) -> Row:
-    """The run table's row of a job that waits on disk (its order: acceptance, or ``run_at``)."""
-    return (loc, env.queue, env.created_at if order is None else order, env.priority, env.limit_key or "")

@@ -3,7 +3,9 @@
 * **Harvest**: completion events from the owner's stream become ledger entries, appended with
   fsync *before* the events are deleted from Redis (docs/reliability.md rule 13).
 * **Started events** (a worker claimed a run: ``protocol.StartedEvent``) go to the lookup index
-  only (``job.status`` ``started``), never to the ledger.
+  only (``job.status`` ``started``), never to the ledger. One a claim sent with a refusal (its
+  limit key had no room: ``Event.refused``) puts the job back in the run table instead
+  (:mod:`hybridq.forwarder.refusals`).
 * **Retries**: a failed attempt with attempts left is a ``retry`` entry with its time; when it
   is due, the next attempt is delivered. The schedule lives in the ledger, not in Redis.
 
@@ -21,6 +23,7 @@ from typing import Any
 from hybridq.envelope.model import idempotency_id
 from hybridq.errors import TransportError
 from hybridq.forwarder.records import envelope_at
+from hybridq.forwarder.refusals import take_back
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
 from hybridq.journal.reader import list_chains
@@ -64,6 +67,12 @@ class Harvester:
         self.on_started: Callable[[list[StartedEvent]], None] | None = None
         #: Started events the last :meth:`harvest` took (the lookup index has news).
         self.started_harvested = 0
+        #: Jobs a claim refused (their limit key had no room) put back in the run table, since start.
+        self.refused_back = 0
+        #: Whether refused jobs go back to the run table. Not while the key gate cannot read the
+        #: keys' use (several Redis): it would push them again at once, to be refused again at
+        #: every step; the reconcile pass delivers them, about two leases later.
+        self.takes_back: Callable[[], bool] = lambda: True
         #: Whether finished jobs leave Redis once harvested (the forwarder decides).
         self.forgetting: Callable[[], bool] = lambda: False
 
@@ -85,6 +94,9 @@ class Harvester:
             ring = keyring()  # once per batch: it stats the key file
             started = [i for i, ev in enumerate(events) if StartedEvent.is_one(ev.body)]
             outcomes = [ev for ev in events if not StartedEvent.is_one(ev.body)] if started else events
+            refused = [i for i in started if events[i].refused is not None]
+            if refused:
+                started = [i for i in started if events[i].refused is None]
             entries = [
                 e for e in (self._entry(ev.event_id, ev.body, ring) for ev in outcomes) if e is not None
             ]
@@ -96,14 +108,18 @@ class Harvester:
                 if entry.kind == "retry":
                     self._pushed_retries.pop(entry.loc, None)
             if started:
-                self._started(events, started, ring)
+                admitted = self._admitted_started(events, started, ring)
+                if admitted and self.on_started is not None:
+                    self.on_started(admitted)
+            if refused and self.takes_back():  # committed to the run table before the events go
+                self.refused_back += take_back(self.state, self._admitted_started(events, refused, ring))
             crashpoints.reached("harvest_after_ledger")
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(owner, [ev.event_id for ev in events])
             self.last_event_id = events[-1].event_id
             if self.forgetting():
                 self._forget(entries)
-            total += len(events) - len(started)
+            total += len(events) - len(started) - len(refused)
             self.started_harvested += len(started)
             if len(events) < HARVEST_BATCH:
                 return total
@@ -179,8 +195,10 @@ class Harvester:
         )
         return dataclasses.replace(entry, outcome="failed", error=f"{why}\n{entry.error or ''}".rstrip())
 
-    def _started(self, events: Sequence[Event], which: Sequence[int], ring: Keyring | None) -> None:
-        """Pass the started events (``events[i]`` for ``i`` in ``which``) to :attr:`on_started`.
+    def _admitted_started(
+        self, events: Sequence[Event], which: Sequence[int], ring: Keyring | None
+    ) -> list[StartedEvent]:
+        """The started events ``events[i]`` for ``i`` in ``which`` (for :attr:`on_started`, or refusals).
 
         The lookup index only, never the ledger: a started event changes no outcome and counts
         as none. One whose job has an outcome event later in ``events`` is moot (that is newer);
@@ -205,8 +223,7 @@ class Harvester:
             except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 self.dropped_events += 1
                 log.error("dropping garbled started event %s: %r", ev.event_id, exc)
-        if started and self.on_started is not None:
-            self.on_started(started)
+        return started
 
     def _drop_compacted(self, entries: list[Entry]) -> list[Entry]:
         """Drop late duplicates for segments below their chain's first present one.

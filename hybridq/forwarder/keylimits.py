@@ -83,6 +83,11 @@ class KeyLimits:
         self._open = False  # the transport cannot say: every key open
         self._looked = False
 
+    @property
+    def reads(self) -> bool:
+        """Whether the gate reads the keys' use (``False``: every key open, the claims alone enforce)."""
+        return not self._open
+
     def room(self, key: str) -> int:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
         if self._open or self._policy(key) is None:

@@ -171,6 +171,7 @@ class Forwarder:
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
+        self.completions.harvester.takes_back = lambda: self.key_limits.reads  # refused: wait for room
         self.completions.harvester.forgetting = self._forgetting
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
         self.flows = Flows(self.state, lambda: self.state.runs, lambda loc: envelope_at(self.journal, loc))

@@ -83,6 +83,8 @@ class Reconciler:
         self.sent: Callable[[list[Delivery]], None] = _ignore
         #: The deliveries of :attr:`_redo` that ``admit`` let through (the rest bypass it).
         self._admitted: list[Delivery] = []
+        #: The deliveries of :attr:`_redo` of orphaned jobs' next attempts.
+        self._next: list[Delivery] = []
         #: Whether the job at a loc is held back by the forwarder's workflows (an anchor, or a job
         #: waiting for its ``depends_on``): never delivered by a pass, even after a Redis wipe.
         self.held: Callable[[Loc], bool] = lambda _: False
@@ -205,13 +207,16 @@ class Reconciler:
     def redone(self, accepted: list[Delivery]) -> None:
         """Redis accepted what :meth:`redo` returned (``accepted``: less what it could not encode).
 
-        The key gate is told of the admitted ones only: a job redelivered as orphaned, done or
-        stranded was counted when it was first pushed, and its room is still taken.
+        The key gate is told of the new copies on a limit key's queued count: the admitted ones
+        and the next attempts of orphaned jobs (their claimed copy left the count). A job
+        delivered again as done or stranded replaces a copy that never left it (no claim took it
+        off), so it is not counted again.
         """
         took = {id(d) for d in accepted}
-        self.sent([d for d in self._admitted if id(d) in took])
+        self.sent([d for d in (*self._admitted, *self._next) if id(d) in took])
         self._redo = []
         self._admitted = []
+        self._next = []
 
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
@@ -308,6 +313,8 @@ class Reconciler:
         terminal, live = self._refill_batch
         result = self.transport.refill(terminal, live)  # TransportError: kept, tried again
         self._refill_batch = None
+        if result.queued:  # new copies: on their limit keys' queued counts (the key gate)
+            self.sent([d for d in live if d.envelope.id in result.queued])
         self.refilled += result.requeued
         self.purged += result.purged
         if result.purged:
@@ -319,6 +326,7 @@ class Reconciler:
         out: list[Delivery] = []
         missing: list[Delivery] = []
         lost: list[Entry] = []
+        self._next = []
         now = time.monotonic()
         index, delivery = self.state.index, self.state.delivery
         for (loc, env), verdict in zip(batch, verdicts, strict=True):
@@ -363,7 +371,8 @@ class Reconciler:
                     )
                     continue
                 lost.append(Entry("lost", env.id, loc, attempt=attempt, at=self.clock(), queue=env.queue))
-                out.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
+                self._next.append(delivery(env, loc, attempt + 1, overwrite=Overwrite.EARLIER, lost=times))
+        out += self._next
         self._admitted = self.admit(missing)  # through the windows, the memory and key gates
         out += self._admitted
         # The attempt count is durable before the next attempt is delivered.

@@ -16,7 +16,7 @@ from hybridq.ledger.checkpoint import Held
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["decode_job", "envelope_at", "first_delivery", "read_held"]
+__all__ = ["decode_job", "envelope_at", "first_delivery", "read_held", "row_delivery"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -75,7 +75,17 @@ def envelope_at(journal: str, loc: Loc) -> Envelope | None:
 
 
 def first_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
-    """The first delivery of the job read at ``loc`` (pushed as read, or from the run table)."""
+    """The first delivery of the job read at ``loc`` (pushed as read)."""
     # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
     overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
     return state.delivery(env, loc, 1, overwrite=overwrite)
+
+
+def row_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
+    """The delivery of the job at ``loc`` that waited in the run table: the attempt due.
+
+    Most rows were never pushed (attempt 1). A row a claim's refusal put back
+    (:mod:`hybridq.forwarder.refusals`) is that attempt again: its refused copy, which RQ ended
+    without a claim, is replaced (``Overwrite.EARLIER``); a copy queued or claimed is kept.
+    """
+    return state.delivery(env, loc, state.index.attempts(loc) + 1, overwrite=Overwrite.EARLIER)

@@ -36,12 +36,16 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from hybridq.errors import JournalIOError
 from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.transport.base import Loc
 
-__all__ = ["RUNS_DIR", "Row", "RunTable"]
+if TYPE_CHECKING:
+    from hybridq.envelope.model import Envelope
+
+__all__ = ["RUNS_DIR", "Row", "RunTable", "row_of"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -305,6 +309,11 @@ class RunTable:
             if db.in_transaction:
                 db.execute("COMMIT")
             db.execute("BEGIN")
+
+
+def row_of(loc: Loc, env: Envelope, order: float | None = None) -> Row:
+    """The row of the job ``env`` read at ``loc`` (its order: acceptance, or ``order``: its ``run_at``)."""
+    return (loc, env.queue, env.created_at if order is None else order, env.priority, env.limit_key or "")
 
 
 def _no_lane(key: str) -> str:  # noqa: ARG001 - a lane function's signature

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from hybridq.journal.reader import segment_usage
 from hybridq.ledger.compacted import AcceptedCounter
+from hybridq.ops.limit_stats import fair_figures
 from hybridq.outbox.backlog import Backlog
 from hybridq.worker import waiting
 from hybridq.workflows.store import counts as workflow_counts
@@ -158,6 +159,7 @@ class ForwarderMetrics(Collector):
         yield from self._outbox_metrics()
         yield from window_metrics(f.backlog)
         yield from limit_metrics(f.key_limits.figures())
+        yield from fair_metrics(fair_figures(f.journal, None)["fair_keys"])
         yield from workflow_metrics(f.journal)
 
     def _outbox_metrics(self) -> Iterator[Metric]:
@@ -273,6 +275,20 @@ def limit_metrics(figures: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         held.add_metric([key], 0.0 if since is None else max(0.0, now - since))
     yield from families.values()
     yield held
+
+
+def fair_metrics(figures: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Per fair key (``--fair-key``) with jobs waiting: how many wait in the run table."""
+    if not figures:
+        return  # no fair keys, or none waits: no family without samples
+    family = GaugeMetricFamily(
+        "hybridq_fair_key_waiting",
+        "Jobs of the fair key waiting in the journal's run table (the keys with the most, up to 500).",
+        labels=["key"],
+    )
+    for key, d in figures.items():
+        family.add_metric([key], float(d["waiting"]))
+    yield family
 
 
 def workflow_metrics(journal: str) -> Iterator[Metric]:

@@ -30,7 +30,7 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir, load_index
 from hybridq.lookup.stats import checkpoint_file, job_fields, ledger_chains, ledger_tail, load_snapshot
 from hybridq.ops.fleet import fleet
-from hybridq.ops.limit_stats import limit_figures
+from hybridq.ops.limit_stats import fair_figures, limit_figures
 from hybridq.ops.window_stats import window_figures
 from hybridq.outbox.backlog import read_backlog
 from hybridq.outbox.schema import DEFAULT_TABLE
@@ -129,6 +129,7 @@ def stats(
     snapshot = load_snapshot(path)
     out.update(window_figures(path, snapshot, exact=exact))
     out.update(limit_figures(path, snapshot))
+    out.update(fair_figures(path, snapshot))
     segments, size = segment_usage(path)
     out["journal"] = {"path": path, "segments": segments, "bytes": size}
     flows = workflow_counts(path)

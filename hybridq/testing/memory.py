@@ -150,7 +150,13 @@ class MemoryTransport(Transport):
                 env = delivery.envelope
                 run = env.requeue * 100000 + delivery.attempt
                 if env.id in self.jobs:
-                    stale = self.runs.get(env.id, 0) >= run
+                    known = self.runs.get(env.id, 0)
+                    # As the push script: a copy of this very run RQ ended without a claim
+                    # (refused, left for another worker) can no longer run, and is queued again.
+                    ended = self.status.get(env.id) in ("finished", "failed")
+                    stale = known > run or (
+                        known == run and not (ended and self.claimed.get(env.id, 0) < run)
+                    )
                     mode = delivery.overwrite
                     if not (mode is Overwrite.ALWAYS or (mode is Overwrite.EARLIER and not stale)):
                         present += 1

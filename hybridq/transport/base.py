@@ -50,6 +50,9 @@ class RefillResult:
     requeued: int
     #: Queued copies of finished jobs deleted.
     purged: int
+    #: The ids of the unfinished jobs queued anew (missing, or refused as stale): new copies,
+    #: which the key gate counts on their limit keys (a copy rewritten in place is counted).
+    queued: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,9 @@ class Probe:
     job_id: str
     key_id: str
     queue: str
+    #: The limit key whose queued count its copies are on ("" none: no policy for its key), for
+    #: :meth:`Transport.cancel` (a copy it takes off its queue comes off that count).
+    limit_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,11 @@ class Event:
 
     event_id: str
     body: Mapping[str, Any] | None
+    #: Why a claim refused the run whose started event ``body`` is (its limit key had no room:
+    #: ``"limited: ..."``); ``None``: not a refusal. The claim script adds the run's signed
+    #: started event with this field (``hybridq.worker.scripts``): the forwarder takes the job
+    #: back into its run table at once (``hybridq.forwarder.refusals``).
+    refused: str | None = None
 
 
 #: A stats snapshot larger than this is not read (a forwarder's is well under 4 KiB plus its queues).

@@ -58,6 +58,7 @@ from .rq_codec import (
     _failure_ttl,
     _meta,
     _redis_text,
+    _refused,
     _text,
     _whole_seconds,
 )
@@ -230,12 +231,14 @@ class RQTransport(Transport):
                     args=[job.job_id, "1", 0],
                     client=pipe,
                 )
+            sent: list[str] = []
             for delivery in live:
                 env = delivery.envelope
                 try:
                     fields = self.job_hash(delivery, enqueued_at)
                 except (ValueError, TypeError, OverflowError, OSError):
                     continue  # a job Redis cannot hold: the reconcile pass's push records it invalid
+                sent.append(env.id)
                 self._refill(
                     keys=[keys.rq_job(env.id), keys.rq_queue(env.queue), keys.rq_queues()],
                     args=[env.id, "0", env.requeue * 100000 + delivery.attempt, *fields],
@@ -244,7 +247,8 @@ class RQTransport(Transport):
             results: list[Any] = pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return RefillResult(sum(1 for r in results if r in (2, 3)), sum(1 for r in results if r == 1))
+        anew = frozenset(job_id for job_id, r in zip(sent, results[len(terminal) :], strict=True) if r == 2)
+        return RefillResult(sum(1 for r in results if r in (2, 3)), sum(1 for r in results if r == 1), anew)
 
     def evict(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> tuple[int, set[str]]:
         """Remove copies of jobs whose queue moved elsewhere (see :meth:`Transport.evict`)."""
@@ -287,7 +291,9 @@ class RQTransport(Transport):
             entries = self.connection.xrange(keys.events(owner), count=limit) or []
         except RedisError as exc:
             raise transport_error(exc) from exc
-        return [Event(_text(event_id), _decode_event(fields)) for event_id, fields in entries]
+        return [
+            Event(_text(event_id), _decode_event(fields), _refused(fields)) for event_id, fields in entries
+        ]
 
     def ack(self, owner: str, event_ids: Sequence[str]) -> None:
         """Delete harvested events."""
@@ -352,6 +358,7 @@ class RQTransport(Transport):
                         keys.lease(job.key_id),
                         keys.rq_registry("canceled", job.queue),
                         f"{keys.PREFIX}oomguard",
+                        *([f"{keys.LIMIT_PREFIX}{job.limit_key}:queued"] if job.limit_key else []),
                     ],
                     args=[job.job_id, ttl],
                     client=pipe,

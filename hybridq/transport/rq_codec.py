@@ -26,6 +26,7 @@ __all__ = [
     "_failure_ttl",
     "_meta",
     "_redis_text",
+    "_refused",
     "_text",
     "_whole_seconds",
 ]
@@ -75,6 +76,12 @@ def _decode_event(fields: Any) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None
+
+
+def _refused(fields: Any) -> str | None:
+    """An event's ``r`` field (a claim's refusal of the run: ``hybridq.worker.scripts``), if any."""
+    raw = fields.get(b"r") if isinstance(fields, dict) else None
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else None
 
 
 def _compress(raw: bytes) -> bytes:

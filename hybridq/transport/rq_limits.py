@@ -20,8 +20,9 @@ __all__ = ["KEY_USE", "key_use"]
 # ARGV: the lease (ms), then per key: the key, its rate period (ms; 0: no rate), the jobs pushed
 # since the last call. The epoch is started here too when Redis lost it (as the claim would),
 # so the quarantine begins at the forwarder's first look. Returns per key {running, queued,
-# started in the period, quarantine left (ms)}. The queued count expires two leases after the
-# last push: jobs lost with Redis, or cancelled, stop counting.
+# started in the period, quarantine left (ms)}. The queued count expires two leases after its
+# last change (a backstop for copies that left Redis without a claim or a cancel taking them off:
+# hybridq.worker.limit_scripts).
 KEY_USE = f"""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

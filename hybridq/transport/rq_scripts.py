@@ -236,12 +236,18 @@ return "stranded"
 # finds the mark runs nothing), takes it off its queue (RQ shows it canceled), and says whether
 # a worker holds the lease (1: the job may be running; 0: no worker runs it, and none will).
 # The DEL first lets the mark through when Redis is over maxmemory (see _SET_EPOCH): a cancel
-# must reach a copy a push cut short by an OOM reply left there.
+# must reach a copy a push cut short by an OOM reply left there. KEYS[6] (optional): the queued
+# count of the job's limit key: a copy taken off its queue comes off it, once per copy (the
+# hybridq_left mark, as a claim's: hybridq.worker.limit_scripts), unless the count expired.
 _CANCEL = """
 redis.call("DEL", KEYS[5])
 if redis.call("EXISTS", KEYS[1]) == 1 then
     redis.call("HSET", KEYS[1], "hybridq_cancel", "1")
     if redis.call("LREM", KEYS[2], 0, ARGV[1]) > 0 then
+        if KEYS[6] and redis.call("HSETNX", KEYS[1], "hybridq_left", "1") == 1
+                and redis.call("EXISTS", KEYS[6]) == 1 then
+            redis.call("DECR", KEYS[6])
+        end
         local now = tonumber(redis.call("TIME")[1])
         redis.call("HSET", KEYS[1], "status", "canceled")
         redis.call("ZADD", KEYS[4], now + tonumber(ARGV[2]), ARGV[1])

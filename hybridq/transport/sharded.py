@@ -181,14 +181,15 @@ class ShardedTransport(Transport):
         live = [d for d in live if d.envelope.id not in elsewhere]
         dead = self._split(terminal, lambda p: p.queue)
         alive = self._split(live, lambda d: d.envelope.queue)
-        requeued = 0
+        requeued, anew = 0, set[str]()
         for shard in sorted(dead.keys() | alive.keys()):
             result = self.shards[shard].refill(
                 [terminal[p] for p in dead.get(shard, [])], [live[p] for p in alive.get(shard, [])]
             )
             requeued += result.requeued
             purged += result.purged
-        return RefillResult(requeued, purged)
+            anew |= result.queued
+        return RefillResult(requeued, purged, frozenset(anew))
 
     def probe(self, jobs: Sequence[Probe], *, lease_s: float) -> list[Verdict]:
         """Ask each job's Redis; the verdicts in the order of ``jobs``."""
@@ -274,7 +275,7 @@ class ShardedTransport(Transport):
             if len(out) >= limit:
                 break
             out += [
-                Event(f"{shard}/{ev.event_id}", ev.body)
+                Event(f"{shard}/{ev.event_id}", ev.body, ev.refused)
                 for ev in self.shards[shard].harvest(owner, limit - len(out))
             ]
         self._first = (self._first + 1) % count

@@ -12,10 +12,16 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   lease ahead (and adds it back after Redis lost it), the outcome removes it: a killed worker's
   slot frees when its lease would have lapsed;
 * ``starts``: a sorted set of the starts of the last period (the rate's sliding log);
-* ``queued``: how many jobs of the key the forwarders pushed that no claim took yet (the
-  forwarders' gate reads it, so it pushes no more than the room). Forwarders add, claims take
-  off, in either order (it may be below zero for a moment); it expires two leases after the
-  last push, so jobs that never reach a claim (cancelled, lost with Redis) stop counting;
+* ``queued``: how many copies of the key's jobs the forwarders pushed that are still in a queue
+  (the forwarders' gate reads it, so it pushes no more than the room). Forwarders add what they
+  pushed; a copy leaving its queue takes one off, once per copy (the ``hybridq_left`` field of
+  its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
+  forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
+  be below zero for a moment. It expires two leases after its last change: a backstop for
+  copies that leave Redis another way (evicted, purged by a refill after a restart);
+* ``ended``: runs whose outcome script kept another run's success (their stored outcome is not
+  theirs), for an hour: a renewal sent before the outcome and run after it must not take the
+  slot back (member: the token, score: when it goes, ms);
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -32,16 +38,17 @@ from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 __all__ = ["LIMIT_LUA"]
 
 #: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
-#: of a refusal, or nil), ``limit_hold(lim, token, lease ms, server)``, ``limit_gone(lim, lease
-#: ms)`` (a job left its queue), ``limit_renew(lim, token, lease ms, ended, server)`` and
-#: ``limit_end(token)``. ``server`` caches, per script call, Redis's clock and its ``run_id``.
+#: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
+#: ``limit_left(lim, job hash, lease ms)`` (a copy left its queue without running), ``limit_renew(lim,
+#: token, lease ms, ended, server)`` and ``limit_end(token, kept)``. ``server`` caches, per
+#: script call, Redis's clock and its ``run_id``.
 LIMIT_LUA = f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = at .. "starts", queued = at .. "queued"}}
+        starts = at .. "starts", queued = at .. "queued", ended = at .. "ended"}}
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
@@ -87,12 +94,18 @@ local function limit_admit(lim, token, lease_ms, server)
     end
     return nil
 end
--- A job of the key left its queue (claimed or refused). The count may go below zero for a
--- moment: a forwarder adds what it pushed at its next step, often after the claims.
-local function limit_gone(lim, lease_ms)
-    if redis.call("DECR", lim.queued) < 0 then redis.call("PEXPIRE", lim.queued, 2 * lease_ms) end
+-- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
+-- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
+-- copy pushed again is a new hash). The count may go below zero for a moment: a forwarder
+-- adds what it pushed at its next step, often after the claims.
+local function limit_left(lim, job, lease_ms)
+    if redis.call("EXISTS", job) == 1 and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
+        return
+    end
+    redis.call("DECR", lim.queued)
+    redis.call("PEXPIRE", lim.queued, 2 * lease_ms)
 end
-local function limit_hold(lim, token, lease_ms, server)
+local function limit_hold(lim, token, lease_ms, job, server)
     local now = limit_now(server)
     local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
     redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
@@ -101,20 +114,29 @@ local function limit_hold(lim, token, lease_ms, server)
             redis.call("ZADD", lim.starts, now, token)
             redis.call("PEXPIRE", lim.starts, lim.p + 1000)
         end
-        limit_gone(lim, lease_ms)
+        limit_left(lim, job, lease_ms)
     end
 end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
 local function limit_renew(lim, token, lease_ms, ended, server)
-    if ended then return false end
+    if ended or redis.call("ZSCORE", lim.ended, token) then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
     redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
     return true
 end
-local function limit_end(token)
+-- ``kept``: the run's outcome script kept another run's success (the stored outcome is not this
+-- run's, so a renewal cannot tell it ended by that: it finds the token here).
+local function limit_end(token, kept)
     local lim = limit_of(token)
-    if lim then redis.call("ZREM", lim.run, token) end
+    if not lim then return end
+    redis.call("ZREM", lim.run, token)
+    if kept then
+        local now = limit_now({{}})
+        redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
+        redis.call("ZADD", lim.ended, now + 3600000, token)
+        redis.call("PEXPIRE", lim.ended, 3600000)
+    end
 end
 """

@@ -278,7 +278,9 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        if d.report_start and not quick.is_quick(env.func):  # the claim sends a started event
+        # The claim sends a started event; a limited run's always (quick or not): a refusal
+        # sends it back with the why, and the forwarder takes the job back (docs/forwarder.md).
+        if d.report_start and (d.limit or not quick.is_quick(env.func)):
             claim_keys.append(keys.events(d.owner))
             claim_args.append(json.dumps(sign_event(d.owner, StartedEvent.of(d, time.time()).to_json())))
         return cls(raw, d, token, claim_keys, claim_args, func)

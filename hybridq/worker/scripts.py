@@ -75,7 +75,9 @@ CLAIM_LUA = (
     + LIMIT_LUA
     + """
 local function claim(K, A, server)
+    local lim = limit_of(A[1])  -- a limited key's run (hybridq.worker.limit_scripts)
     if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
+        if lim then limit_left(lim, K[3], tonumber(A[2])) end
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
@@ -103,6 +105,7 @@ local function claim(K, A, server)
             end
         end
         if why then
+            if lim then limit_left(lim, K[3], tonumber(A[2])) end  -- (the refill queues it again)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")  -- for the refill pass
             end
@@ -114,8 +117,7 @@ local function claim(K, A, server)
         -- starts: the lease is ours, for a whole lease from now. After the fences: a Redis back
         -- from a snapshot holding it is not the server the claim was made on.
         redis.call("PEXPIRE", K[2], A[2])
-        local held = limit_of(A[1])
-        if held then limit_hold(held, A[1], tonumber(A[2]), server) end
+        if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
         return {0, ""}
     end
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
@@ -135,20 +137,24 @@ local function claim(K, A, server)
         end
     end
     -- A limited key (hybridq.worker.limit_scripts): no slot, or no rate left, runs nothing and
-    -- uses no attempt; the forwarder delivers the same attempt again (as a fenced one).
-    local lim = limit_of(A[1])
+    -- uses no attempt. The run's signed started event goes to the owner's stream with the why
+    -- (``r``): the forwarder takes the job back into its run table at its next step, and the
+    -- key gate pushes the same attempt again when the key has room (hybridq.forwarder.refusals).
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
-            limit_gone(lim, tonumber(A[2]))
+            limit_left(lim, K[3], tonumber(A[2]))
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
+            end
+            if K[5] and A[7] and A[7] ~= "" then
+                redis.call("XADD", K[5], "*", "e", A[7], "r", why)
             end
             return {4, why}
         end
     end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
-        if lim then limit_hold(lim, A[1], tonumber(A[2]), server) end
+        if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
         if redis.call("EXISTS", K[3]) == 1 then
@@ -213,7 +219,7 @@ local function finish(K, A)
     if redis.call("GET", K[2]) == A[1] then
         redis.call("DEL", K[2])
     end
-    limit_end(A[1])  -- its slot of a limited key is free
+    limit_end(A[1], keep == 1 or keep == 3)  -- its slot of a limited key is free
     return keep
 end
 """

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hybridq import Queue
+from hybridq import Queue, cancel
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_pool import pool
@@ -22,6 +22,7 @@ from tests.integration.test_worker_redis import (
     Stack,
     alive,
     all_succeeded,
+    queue_length,
     read_effects,
     redis_client,
     stack,
@@ -87,6 +88,103 @@ def test_a_concurrency_2_key_runs_2_at_once_and_does_not_hold_up_another_key(
     shown = run_status(journal_dir, subprocess_env)["limit_keys"]  # stats() per limit key
     assert shown["tenant:1"]["policy"] == "concurrency:2"
     assert shown["tenant:1"]["waiting"] == 0
+
+
+@pytest.mark.limits
+def test_a_job_refused_at_claim_starts_a_step_after_its_key_has_room_and_the_count_stays_exact(
+    redis_server: RedisServer,
+    stack: Stack,
+    journal_dir: Path,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    figures: Callable[[str], None],
+) -> None:
+    # The key's queued count expires two leases (2 s each) after its last change while no
+    # worker runs, so the gate pushes the second job too, and the pool's claim refuses one.
+    forwarder = stack.forwarder(redis_server.url, "--limit", "k=concurrency:1")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    for name in ("a", "b"):
+        queue.enqueue("tests.tasks.traced", str(effects), name, 0.3, limit_key="k")
+    with redis_client(redis_server) as conn:
+        # (a's +1 expired with the count while no worker ran: the count's backstop; b's is in)
+        wait_until(
+            lambda: queue_length(redis_server) == 2 and conn.get("hybridq:limit:k:queued") == b"1",
+            timeout=20,
+            what="both jobs in Redis, b counted",
+        )
+    worker = pool(stack, redis_server.url, "--processes", "1", "--threads", "4")
+    wait_status(journal_dir, subprocess_env, all_succeeded(2), what="2 jobs", alive=alive(forwarder, worker))
+    lines = read_effects(effects)
+    runs = sorted(runs_of(lines, "", killed={}, now=time.time()))
+    assert len(runs) == 2, "each job ran once"
+    assert "(limited: concurrency" in worker.log(), "the second job was refused at its claim"
+    # Before: the refused job came back through the stranded path, two leases (4 s) and more later.
+    delay = runs[1][0] - runs[0][1]
+    figures(f"LIMITS refused-at-claim concurrency:1 lease=2s started_after_room_s={delay:.2f}")
+    assert delay < 1.5, f"the refused job started {delay:.2f} s after its key had room"
+    with redis_client(redis_server) as conn:
+        # Each of the two copies left its queue once (-2); b's second push was counted (+1) and
+        # its claim took it off (-1). (Before, b's redelivery was not counted, but the count had
+        # expired by then, as it went below zero: the scripts' tests show that drift.)
+        assert int(conn.get("hybridq:limit:k:queued") or 0) == 1 - 2
+
+
+def queued_count(server: RedisServer, key: str) -> int | None:
+    """The key's queued count in Redis (``None``: no such key)."""
+    with redis_client(server) as conn:
+        raw = conn.get(f"hybridq:limit:{key}:queued")
+    return None if raw is None else int(raw)
+
+
+@pytest.mark.limits
+def test_a_cancelled_queued_job_leaves_its_keys_queued_count(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, subprocess_env: dict[str, str]
+) -> None:
+    # A 5 s lease: the count expires 10 s after its last change, long after what is checked here.
+    forwarder = stack.forwarder(redis_server.url, "--lease", "5", "--limit", "k=concurrency:5")
+    queue = Queue("default", journal_dir)
+    job = queue.enqueue("tests.tasks.traced", "/dev/null", "c", 0.0, limit_key="k")
+    wait_until(lambda: queued_count(redis_server, "k") == 1, timeout=20, what="the job pushed and counted")
+    cancel([job.id], journal_dir)
+    wait_until(lambda: job.status == "cancelled", timeout=20, what="the job cancelled")
+    assert queue_length(redis_server) == 0
+    forwarder.assert_alive()
+    assert queued_count(redis_server, "k") == 0  # before: 1, until the count expired
+
+
+@pytest.mark.limits
+def test_after_a_flushall_the_refilled_jobs_are_counted_on_their_keys_queued_count(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path
+) -> None:
+    stack.forwarder(redis_server.url, "--lease", "5", "--limit", "k=concurrency:5")
+    queue = Queue("default", journal_dir)
+    for i in range(3):
+        queue.enqueue("tests.tasks.traced", "/dev/null", f"f-{i}", 0.0, limit_key="k")
+    wait_until(lambda: queued_count(redis_server, "k") == 3, timeout=20, what="3 jobs pushed and counted")
+    with redis_client(redis_server) as conn:
+        conn.flushall()
+    wait_until(lambda: queue_length(redis_server) == 3, timeout=20, what="the refill")
+    # Before: not counted (the count stayed gone, and the claims took it below zero).
+    wait_until(lambda: queued_count(redis_server, "k") == 3, timeout=5, what="the refilled jobs counted")
+
+
+@pytest.mark.limits
+def test_the_next_attempt_of_a_job_whose_worker_was_killed_is_counted_on_its_keys_queued_count(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    forwarder = stack.forwarder(redis_server.url, "--limit", "k=concurrency:1")
+    doomed = pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
+    effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
+    queue.enqueue("tests.tasks.traced", str(effects), "o", 2.0, limit_key="k")
+    wait_line(effects, "start", "o", timeout=30)
+    doomed.kill()
+    survivor = pool(stack, redis_server.url, "--processes", "1", "--threads", "2")
+    wait_status(
+        journal_dir, subprocess_env, all_succeeded(1), what="the job", alive=alive(forwarder, survivor)
+    )
+    # Pushed (+1), claimed (-1), its next attempt pushed (+1) and claimed (-1). Before: -1, the
+    # next attempt was not counted.
+    assert queued_count(redis_server, "k") in (0, None)
 
 
 @pytest.mark.limits

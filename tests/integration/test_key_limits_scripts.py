@@ -172,3 +172,42 @@ def test_a_renewal_after_an_outcome_with_a_lone_surrogate_does_not_take_the_slot
     finish(conn, run, ',"result":"bad \\udcff"')  # what cjson alone cannot decode
     assert renew(conn, run) & 4 == 0  # before: the slot was taken back for a lease
     assert claim(conn, other)[0] == ClaimStatus.CLAIMED
+
+
+def queued(conn: redis.Redis, key: str) -> int:
+    """The key's signed count of jobs pushed and not yet taken off a queue (raw, not clamped)."""
+    return int(conn.get(f"{keys.LIMIT_PREFIX}{key}:queued") or 0)
+
+
+def test_a_renewal_racing_an_outcome_that_kept_another_runs_success_does_not_take_the_slot_back(
+    conn: redis.Redis,
+) -> None:
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:r", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:r"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    # Attempt 2 ran while this run had lost its lease, and stored its success: this run's outcome
+    # script keeps it (the stored outcome is not this run's), and frees this run's slot.
+    kept = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":2,"requeue":0,"token":"{later}"}}'
+    conn.set(keys.result(job_id), kept)
+    finish(conn, run)
+    assert renew(conn, run) & 4 == 0  # sent before the outcome, run after: before, the slot came back
+    assert claim(conn, token("1,0,0,tenant:r"))[0] == ClaimStatus.CLAIMED
+
+
+def test_a_refused_claim_sent_again_takes_its_job_off_the_queued_count_once(conn: redis.Redis) -> None:
+    settled(conn)
+    assert claim(conn, token("1,0,0,once"))[0] == ClaimStatus.CLAIMED  # holds the slot: -1
+    refused = token("1,0,0,once")
+    conn.hset(keys.rq_job(refused.split("/", 1)[0]), "status", "started")  # its copy, taken
+    assert claim(conn, refused) == (ClaimStatus.FENCED, "limited: concurrency")
+    assert claim(conn, refused)[0] == ClaimStatus.FENCED  # its reply was lost: sent again
+    assert queued(conn, "once") == -2  # before: -3, the copy counted as leaving twice
+
+
+def test_a_copy_cancelled_before_its_claim_leaves_the_queued_count(conn: redis.Redis) -> None:
+    settled(conn)
+    cancelled = token("2,0,0,gone")
+    conn.hset(keys.rq_job(cancelled.split("/", 1)[0]), mapping={"status": "started", "hybridq_cancel": "1"})
+    assert claim(conn, cancelled)[0] == ClaimStatus.CANCELLED
+    assert queued(conn, "gone") == -1  # before: 0, the forwarder's +1 for it stayed

@@ -144,6 +144,10 @@ def test_a_small_tenant_finishes_while_a_big_one_drains(
     worker = stack.worker(redis_server.url)
     done = lambda: sum(t.startswith("small") for t in ran(effects)) == 10  # noqa: E731
     wait_for(done, 60, forwarder, worker, what="the small tenant")
+    shown = stats(stack.journal)["fair_keys"]  # per fair key, from the run table's lanes
+    assert "tenant:small" not in shown, "none of its jobs waits"
+    assert shown["tenant:big"]["waiting"] > 1000
+    assert shown["tenant:big"]["running"] is None  # not a limit key: its runs are counted nowhere
     order = ran(effects)
     last = max(i for i, t in enumerate(order) if t.startswith("small"))
     # Round robin: one small job per turn of the refill; what ran before the last of them is the

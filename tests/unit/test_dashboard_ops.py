@@ -410,3 +410,15 @@ def test_the_queues_page_lists_the_limit_keys_escaped(site, monkeypatch: pytest.
     )
     assert row is not None, page.body
     assert re.findall(r"<td>([^<]*)</td>", row.group(1)) == ["2", "1", "40", "0", "75 s"]
+
+
+def test_the_queues_page_lists_the_fair_keys_escaped(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    pages = site["pages"]
+    figures = dict(pages.figures())
+    figures["fair_keys"] = {EVIL: {"waiting": 40, "running": None}, "tenant:2": {"waiting": 3, "running": 1}}
+    monkeypatch.setattr(pages, "figures", lambda: figures)
+    page = request(site["base"] + "/queues")
+    assert page.status == 200
+    assert EVIL not in page.body
+    rows = re.findall(r'<tr data-fair-key="[^"]*"><td>[^<]*</td>(.*?)</tr>', page.body, re.DOTALL)
+    assert [re.findall(r"<td>([^<]*)</td>", row) for row in rows] == [["40", ""], ["3", "1"]]

@@ -62,3 +62,31 @@ def test_the_metrics_per_limit_key() -> None:
     assert families["hybridq_limit_key_running"].samples[0].value == 2
     assert families["hybridq_limit_key_running"].samples[0].labels == {"key": "tenant:1"}
     assert 9 <= families["hybridq_limit_key_held_seconds"].samples[0].value < 60
+
+
+def test_the_figures_count_each_fair_keys_waiting_jobs_from_the_run_tables_lanes(tmp_path: Path) -> None:
+    from hybridq.forwarder.runs import RunTable
+    from hybridq.forwarder.selector import Lanes, parse_fair_keys
+    from hybridq.ops.limit_stats import fair_figures
+    from hybridq.ops.metrics import fair_metrics
+
+    runs = RunTable(str(tmp_path))
+    runs.open()
+    lanes = Lanes(parse_fair_keys(["tenant:*"]))
+    runs.lanes(lanes.lane, lanes.signature)
+    keys = ["tenant:1"] * 7 + ["tenant:2"] * 2 + ["other"] * 3 + [""] * 4
+    runs.add((("w", 1, i), "q", float(i), 0, key) for i, key in enumerate(keys))
+    runs.commit()
+    try:
+        out = fair_figures(str(tmp_path), snapshot(None))["fair_keys"]
+    finally:
+        runs.close()
+    # The fair keys' lanes only (the rest of the queue is one lane, not a key); running where
+    # the key is also a limit key the gate read.
+    assert out == {"tenant:1": {"waiting": 7, "running": 2}, "tenant:2": {"waiting": 2, "running": None}}
+    assert list(out) == ["tenant:1", "tenant:2"], "the most waiting first"
+    assert fair_figures(str(tmp_path / "none"), None) == {"fair_keys": {}}
+    (family,) = fair_metrics(out)
+    assert family.name == "hybridq_fair_key_waiting"
+    assert {s.labels["key"]: s.value for s in family.samples} == {"tenant:1": 7, "tenant:2": 2}
+    assert list(fair_metrics({})) == []

@@ -131,5 +131,7 @@ class QueuesPage:
             "limit_keys": sorted(
                 figures.get("limit_keys", {}).items(), key=lambda kv: -kv[1]["waiting_on_limit_s"]
             )[:100],
+            # The fair keys (--fair-key): the 100 with the most jobs waiting.
+            "fair_keys": list(figures.get("fair_keys", {}).items())[:100],
             "section": {"chart": hour_chart(journal, now)},
         }
