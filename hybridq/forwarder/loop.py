@@ -424,6 +424,7 @@ class Forwarder:
             refilled = self.backlog.refill()
             if refilled:
                 self._save(refilled)
+            self.state.flush_pushed()  # the jobs pushed as read, for a refill to find (once a second)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)

@@ -18,7 +18,9 @@ The rules that keep a job from being lost or pushed twice:
   mean "pushed, or waiting here"; a crash in between reads the records again, and
   ``INSERT OR IGNORE`` keeps one row each.
 * **Pushed, then deleted.** A row goes only after the transport accepted its job; a crash in
-  between pushes it again, and the job id absorbs the copy (invariant 5, per row).
+  between pushes it again, and the job id absorbs the copy (invariant 5, per row). Its job's
+  row in the list of pushed jobs (:mod:`hybridq.forwarder.pushed`, a table of this file) is
+  written in the same commit.
 * A row whose job became terminal, or was cancelled, is deleted without a push by the refill.
 
 A lost or damaged file loses no job: every record before the positions without a row is taken
@@ -119,7 +121,7 @@ class RunTable:
             self.close()
             code = getattr(exc, "sqlite_errorcode", None)
             if code is not None and code & 0xFF not in _DAMAGE:
-                with self._errors():  # a full or failing disk: the file is kept, as it is healthy
+                with self.errors():  # a full or failing disk: the file is kept, as it is healthy
                     raise
             aside = _free_name(f"{self.path}.damaged")
             log.error(
@@ -133,7 +135,7 @@ class RunTable:
             for suffix in ("-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.unlink(self.path + suffix)
-            with self._errors():
+            with self.errors():
                 self._connect()
 
     def _connect(self) -> None:
@@ -153,7 +155,7 @@ class RunTable:
         self._reset()  # (sqlite3.DatabaseError: open() moves a damaged file aside)
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def errors(self) -> Iterator[None]:
         """SQLite's errors as the journal's: one line and exit, or a disk-full pause (ENOSPC).
 
         A traceback and a restart would only meet the same error again (a crash loop).
@@ -192,7 +194,7 @@ class RunTable:
 
     def add(self, rows: Iterable[Row]) -> None:
         """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`."""
-        with self._errors():
+        with self.errors():
             db = self.db
             lane_of = self.lane_of
             for (chain, seg, off), queue, order, prio, key in rows:
@@ -207,7 +209,7 @@ class RunTable:
 
     def select(self, sql: str, params: Sequence[object]) -> list[tuple[Loc, float, str, int]]:
         """``(loc, ord, lkey, prio)`` of the rows a selector's query finds (those columns, in order)."""
-        with self._errors():
+        with self.errors():
             rows = self.db.execute(sql, params)
             # SQLite gives these columns' types back as they were stored (INTEGER, REAL, TEXT).
             return [((chain, seg, off), order, key, prio) for chain, seg, off, order, key, prio in rows]
@@ -219,7 +221,7 @@ class RunTable:
         again once (O(rows), at start only), so that every row's lane matches ``lane_of``.
         """
         self.lane_of = lane_of
-        with self._errors():
+        with self.errors():
             db = self.db
             row = db.execute("SELECT value FROM meta WHERE name = 'lanes'").fetchone()
             if (row[0] if row else "") == signature:
@@ -231,7 +233,7 @@ class RunTable:
 
     def oldest(self, queue: str) -> float | None:
         """The order (a Unix time) of ``queue``'s first waiting job, if any."""
-        with self._errors():
+        with self.errors():
             row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
             return None if row is None or row[0] is None else float(row[0])
 
@@ -240,7 +242,7 @@ class RunTable:
 
         ``prios``: the rows' priorities, when the caller read them (else each delete returns it).
         """
-        with self._errors():
+        with self.errors():
             db = self.db
             by = self.prios.setdefault(queue, {})
             if prios is not None:
@@ -275,7 +277,7 @@ class RunTable:
 
     def contains(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
-        with self._errors():
+        with self.errors():
             if not self.counts:
                 return False
             row = self.db.execute(
@@ -285,7 +287,7 @@ class RunTable:
 
     def rollback(self) -> None:
         """Drop every change since the last commit (a step that failed part-way reads again)."""
-        with self._errors():
+        with self.errors():
             self._reset()
 
     def _reset(self) -> None:
@@ -300,7 +302,7 @@ class RunTable:
 
     def commit(self) -> None:
         """Make every change since the last commit durable (fsync), and begin the next."""
-        with self._errors():
+        with self.errors():
             db = self.db
             if db.in_transaction:
                 db.execute("COMMIT")

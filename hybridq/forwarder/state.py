@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalIOError
 from hybridq.forwarder.config import (
     DEFAULT_KEY_WINDOW_MAX,
     DEFAULT_KEY_WINDOW_S,
@@ -30,6 +31,7 @@ from hybridq.forwarder.config import (
     ForwarderConfig,
     check_key_ttl,
 )
+from hybridq.forwarder.pushed import PushedJobs
 from hybridq.forwarder.runs import RunTable
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
@@ -80,6 +82,9 @@ class ForwarderState:
         self.index = LedgerIndex()
         #: The jobs read and indexed but not pushed (the backlog beyond the window), on disk.
         self.runs = RunTable(journal)
+        #: The jobs in Redis (pushed, not terminal), on disk in the run table's file: what a
+        #: refill or a reconcile pass reads (hybridq.forwarder.pushed).
+        self.pushed = PushedJobs(self.runs, config.window_max)
         self._writer: JournalWriter | None = None
         self._keys_writer: JournalWriter | None = None
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
@@ -128,6 +133,12 @@ class ForwarderState:
             self.journal, self.checkpoint.positions, self.index, self.compacted
         )
         self.runs.open()
+        self.pushed.open(self.journal, self.checkpoint.positions, self.index)
+
+    def flush_pushed(self, *, force: bool = False) -> None:
+        """Write the jobs pushed as read to the run table, when due (``force``: now)."""
+        if force or self.pushed.due:
+            self.pushed.flush(self.checkpoint.positions)
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -146,6 +157,8 @@ class ForwarderState:
 
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
+        with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
+            self.flush_pushed(force=True)
         self.runs.close()
         if self._writer is not None:
             self._writer.close()
@@ -334,6 +347,7 @@ class ForwarderState:
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
                 self.pending.done(entry.loc)
+                self.pushed.done(entry.loc)
         return unchanged
 
     def record_invalid(self, loc: Loc) -> None:

@@ -1,0 +1,188 @@
+"""A refill after Redis lost its state reads the window's records, not the backlog's (issue 29).
+
+The jobs waiting in the run table were never pushed: Redis cannot have lost them. A refill that
+streamed the whole live journal to find the pushed ones cost O(backlog) before the first job
+ran again; it now reads the forwarder's durable list of what it pushed (docs/forwarder.md, "The
+window").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hybridq import Queue
+from hybridq.forwarder import Forwarder
+from hybridq.forwarder.runs import RunTable
+from hybridq.journal.reader import list_chains
+from hybridq.journal.records import Record
+from hybridq.testing.memory import MemoryTransport
+from hybridq.transport.base import Delivery, PushResult
+
+from tests import tasks
+
+WINDOW = 500
+BACKLOG = 10_000
+
+
+class LengthsTransport(MemoryTransport):
+    """The memory transport, reporting queue lengths (the window is bounded) and counting pushes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pushes: list[str] = []
+
+    def queue_lengths(self, queues: list[str]) -> dict[str, int]:  # type: ignore[override]
+        return {q: len(self.queues.get(q, [])) for q in queues}
+
+    def push(self, jobs: list[Delivery]) -> PushResult:  # type: ignore[override]
+        self.pushes += [d.envelope.id for d in jobs]
+        return super().push(jobs)
+
+
+@contextmanager
+def journal_reads(journal: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Count the journal's records read back (by any reader) inside the block."""
+    chains = set(list_chains(str(journal)))
+    seen = [0]
+    original = Record.__new__
+
+    def counting(cls, writer_id, *rest):  # type: ignore[no-untyped-def]
+        if writer_id in chains:
+            seen[0] += 1
+        return original(cls, writer_id, *rest)
+
+    monkeypatch.setattr(Record, "__new__", counting)
+    try:
+        yield seen
+    finally:
+        monkeypatch.undo()
+
+
+def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = Queue(journal=journal_dir)
+    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(BACKLOG))]
+    transport = LengthsTransport()
+    f = Forwarder(journal_dir, transport, window_min=WINDOW, window_max=WINDOW)
+    f.open()
+    try:
+        while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < BACKLOG:
+            f.step()  # indexed a budget per step
+        assert len(transport.queues["default"]) == WINDOW
+        transport.work("default", limit=WINDOW // 5)  # some ran: their outcomes are harvested
+        f.step()
+        in_redis = set(transport.queues["default"])
+        transport.forget()  # FLUSHALL: the queue, the results, the epoch: all gone
+        with journal_reads(journal_dir, monkeypatch) as read:
+            f._next_epoch_check = 0.0
+            f.step()
+            while f.completions.reconciler.refilling:
+                f.step()
+            assert in_redis <= set(transport.queues["default"])  # the window is back
+        assert read[0] <= 2 * WINDOW, f"the refill read {read[0]} journal records for a {WINDOW}-job window"
+        for _ in range(BACKLOG // (WINDOW // 2) + 20):
+            transport.work("default")
+            f.step()
+        assert transport.executions == dict.fromkeys(ids, 1)
+        assert f.state.runs.total == 0
+    finally:
+        f.close()
+
+
+def refill_after_flushall(f: Forwarder, transport: MemoryTransport) -> None:
+    transport.forget()
+    f._next_epoch_check = 0.0
+    f.step()
+    while f.completions.reconciler.refilling:
+        f.step()
+
+
+def test_jobs_pushed_as_read_before_a_crash_are_listed_again_at_start(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pushed as read: their rows wait a second in memory. A crash before they are written must
+    # not make a later FLUSHALL lose them: the start reads the records after the mark again.
+    q = Queue(journal=journal_dir)
+    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(50))]
+    transport = LengthsTransport()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+    f.open()
+    monkeypatch.setattr(f.state.pushed, "flush", lambda positions: None)  # the crash: never written
+    f.step()
+    assert len(transport.queues["default"]) == 50
+    f.close()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+    f.open()
+    try:
+        assert f.state.pushed.count() == 50
+        refill_after_flushall(f, transport)
+        assert sorted(transport.queues["default"]) == sorted(ids)
+        transport.work("default")
+        f.step()
+        assert transport.executions == dict.fromkeys(ids, 1)
+    finally:
+        f.close()
+
+
+def test_a_run_table_without_the_list_is_rebuilt_not_trusted_as_empty(journal_dir: Path) -> None:
+    # A file written by an older version (or new, or damaged and moved aside) has no list of
+    # pushed jobs: it is rebuilt from the journal and the ledger before anything trusts it.
+    q = Queue(journal=journal_dir)
+    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(300))]
+    transport = LengthsTransport()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+    f.open()
+    f.step()
+    transport.work("default", limit=40)
+    f.step()
+    f.close()
+    db = sqlite3.connect(RunTable(str(journal_dir)).path)
+    with db:
+        db.execute("DROP TABLE pushed")
+        db.execute("DELETE FROM meta WHERE name = 'pushed_mark'")
+    db.close()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+    f.open()
+    try:
+        assert f.state.pushed.count() == len(transport.queues["default"]) == 60
+        in_redis = set(transport.queues["default"])
+        refill_after_flushall(f, transport)
+        assert in_redis <= set(transport.queues["default"])
+        for _ in range(20):
+            transport.work("default")
+            f.step()
+        assert transport.executions == dict.fromkeys(ids, 1)
+    finally:
+        f.close()
+
+
+def test_an_idle_forwarders_reconcile_reads_the_window_not_the_backlog(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No worker: the window sits in Redis, the backlog in the run table. Each reconcile pass
+    # probes the window (a job Redis lost without an epoch change is found only so), and reads
+    # nothing of the backlog: an idle forwarder did read 20,000 records at every wait.
+    q = Queue(journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(BACKLOG // 5))
+    transport = LengthsTransport()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100, lease_s=0.0)
+    f.open()
+    try:
+        while f.state.runs.waiting("default") < BACKLOG // 5 - 100:
+            f.step()
+        passes = 5
+        with journal_reads(journal_dir, monkeypatch) as read:
+            for _ in range(passes):
+                f.completions.hurry()
+                f.step()
+                while f.completions.reconciler.passing:
+                    f.step()
+        assert read[0] <= passes * 100, f"{passes} idle passes read {read[0]} journal records"
+        assert len(transport.queues["default"]) == 100  # nothing found missing, nothing pushed
+    finally:
+        f.close()
