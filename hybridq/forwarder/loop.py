@@ -459,8 +459,8 @@ class Forwarder:
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
-        if self.delivery.behind or self.backlog.more or self.flows.busy:
-            return  # records left to index, waiting jobs the windows have room for, or news for the flows
+        if self.delivery.behind or self.backlog.more or self.flows.busy or not self.state.pending_ready:
+            return  # records to index or count, waiting jobs the windows have room for, news for the flows
         self.waits.wait()
 
     def _forgetting(self) -> bool:

@@ -178,6 +178,11 @@ class RunTable:
                 self._db = None
 
     @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open` opened the file and :meth:`close` has not closed it since."""
+        return self._db is not None
+
+    @property
     def db(self) -> sqlite3.Connection:
         """The open connection (always inside a transaction that :meth:`commit` ends)."""
         assert self._db is not None, "the run table is not open"

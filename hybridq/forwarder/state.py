@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
@@ -65,6 +65,9 @@ __all__ = [
 
 log = logging.getLogger("hybridq.forwarder")
 
+#: How long each step spends counting the jobs read before a start (seconds), until it is done.
+PENDING_SLICE_S = 0.02
+
 
 class ForwarderState:
     """The checkpoint, the ledger and the compaction counters of one journal (see module docstring).
@@ -95,6 +98,11 @@ class ForwarderState:
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
         #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
         self.pending = PendingTracker()
+        #: Those read by the forwarders before this start, counted after the first push, a
+        #: slice per step (:meth:`count_pending`): the first job does not wait for a reading
+        #: of the whole live journal. ``None`` once counted and joined to :attr:`pending`.
+        self._pending_before: PendingTracker | None = None
+        self._pending_fill: Iterator[None] | None = None
         #: The ledger chains loaded into the index when it started (plus its own, once written).
         self._ledger_known: set[str] = set()
         #: Whether the ledger or the compaction state changed since the last snapshot.
@@ -129,11 +137,30 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        self.pending = PendingTracker.rebuild(
-            self.journal, self.checkpoint.positions, self.index, self.compacted
+        self.pending = PendingTracker()
+        self._pending_before = PendingTracker()
+        self._pending_fill = self._pending_before.fill(
+            self.journal, dict(self.checkpoint.positions), self.index, self.compacted
         )
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
+
+    @property
+    def pending_ready(self) -> bool:
+        """Whether :attr:`pending` counts every job read, this start's and before (stats are due)."""
+        return self._pending_before is None
+
+    def count_pending(self, budget_s: float = PENDING_SLICE_S) -> None:
+        """Count the jobs read before this start for about ``budget_s`` (joined once all are)."""
+        if self._pending_fill is None or self._pending_before is None:
+            return
+        deadline = time.monotonic() + budget_s
+        for _ in self._pending_fill:
+            if time.monotonic() >= deadline:
+                return
+        self.pending.take_older(self._pending_before)
+        self._pending_before = self._pending_fill = None
+        self._stale = True
 
     def flush_pushed(self, *, force: bool = False) -> None:
         """Write the jobs pushed as read to the run table, when due (``force``: now)."""
@@ -157,8 +184,9 @@ class ForwarderState:
 
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
-        with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
-            self.flush_pushed(force=True)
+        if self.runs.is_open:
+            with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
+                self.flush_pushed(force=True)
         self.runs.close()
         if self._writer is not None:
             self._writer.close()
@@ -252,11 +280,19 @@ class ForwarderState:
 
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
+        self.count_pending()
         if self._stale:
             self._save_snapshot()
 
     def _save_snapshot(self) -> None:
-        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
+        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back).
+
+        Not before the jobs read before this start are counted: the last start's snapshot stays
+        (``hybridq.stats`` reads the journal after its positions, or scans when it is stale).
+        """
+        if not self.pending_ready:
+            self._stale = True
+            return
         known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
         try:
             snapshot = Snapshot.of(
@@ -347,6 +383,8 @@ class ForwarderState:
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
                 self.pending.done(entry.loc)
+                if self._pending_before is not None:
+                    self._pending_before.done(entry.loc)  # (not read yet: it reads as terminal)
                 self.pushed.done(entry.loc)
         return unchanged
 

@@ -21,7 +21,7 @@ import json
 import math
 import os
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,10 +106,7 @@ class PendingTracker:
         if seg.offsets and loc[2] <= seg.offsets[-1]:
             return
         queue, created = job if job is not None else ("", _DONE)
-        qid = self._ids.get(queue)
-        if qid is None:
-            qid = self._ids[queue] = len(self._names)
-            self._names.append(queue)
+        qid = self._qid(queue)
         if len(seg.offsets) % _BLOCK == 0:
             seg.mins.append(created)
         elif created < seg.mins[-1]:
@@ -119,6 +116,33 @@ class PendingTracker:
         seg.queues.append(qid)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
+
+    def _qid(self, queue: str) -> int:
+        qid = self._ids.get(queue)
+        if qid is None:
+            qid = self._ids[queue] = len(self._names)
+            self._names.append(queue)
+        return qid
+
+    def take_older(self, older: PendingTracker) -> None:
+        """Put ``older``'s records in front of this tracker's (all of them before its own, per segment).
+
+        A restarted forwarder counts what it reads from the start, and what it had read before
+        in the background (:meth:`fill`): the two are joined once that is done.
+        """
+        for seg, old in older.segments.items():
+            old.queues = array("I", (self._qid(older._names[q]) for q in old.queues))
+            mine = self.segments.get(seg)
+            if mine is None:
+                self.segments[seg] = old
+                continue
+            mine.counted += old.counted
+            mine.offsets = old.offsets + mine.offsets
+            mine.created = old.created + mine.created
+            mine.queues = old.queues + mine.queues
+            mine.mins = [min(mine.created[i : i + _BLOCK]) for i in range(0, len(mine.created), _BLOCK)]
+        for queue, n in older.pending.items():
+            self.pending[queue] = self.pending.get(queue, 0) + n
 
     def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
         """:meth:`saw` for a record the forwarder read (``env``: the job in it, when it is one)."""
@@ -213,12 +237,29 @@ class PendingTracker:
     def rebuild(
         cls, journal: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
     ) -> PendingTracker:
-        """The tracker of what a forwarder standing at ``positions`` has read (when it starts).
+        """The tracker of what a forwarder standing at ``positions`` has read (when it starts)."""
+        out = cls()
+        for _ in out.fill(journal, positions, index, compacted):
+            pass
+        return out
+
+    def fill(
+        self,
+        journal: str,
+        positions: Mapping[str, ChainPosition],
+        index: LedgerIndex,
+        compacted: Compacted,
+        *,
+        every: int = 2000,
+    ) -> Iterator[None]:
+        """Count what a forwarder standing at ``positions`` has read; yield every ``every`` records.
 
         Reads only segments that may hold a pending job: a sealed segment read to its end whose
-        jobs are all terminal is counted from its seal.
+        jobs are all terminal is counted from its seal. A job that turns terminal meanwhile is
+        told with :meth:`done` (ignored if its record was not read yet: it reads as terminal).
         """
-        out = cls()
+        out = self
+        read = 0
         chains = list_chains(journal)
         for writer, indices in chains.items():
             pos = positions.get(writer)
@@ -237,7 +278,9 @@ class PendingTracker:
                     continue
                 loc = (record.writer_id, record.segment_index, record.offset)
                 out.saw(loc, None if index.is_terminal(loc) else job_fields(record.payload))
-        return out
+                read += 1
+                if read % every == 0:
+                    yield
 
 
 @dataclass

@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hybridq import Queue
@@ -19,6 +20,7 @@ from hybridq.forwarder import Forwarder
 from hybridq.forwarder.runs import RunTable
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import Record
+from hybridq.lookup.stats import load_snapshot
 from hybridq.testing.memory import MemoryTransport
 from hybridq.transport.base import Delivery, PushResult
 
@@ -184,5 +186,50 @@ def test_an_idle_forwarders_reconcile_reads_the_window_not_the_backlog(
                     f.step()
         assert read[0] <= passes * 100, f"{passes} idle passes read {read[0]} journal records"
         assert len(transport.queues["default"]) == 100  # nothing found missing, nothing pushed
+    finally:
+        f.close()
+
+
+def test_a_restart_pushes_before_it_reads_what_was_forwarded(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 29: the first push after a restart must not wait for a reading of the whole live
+    # journal (the stats' count of the jobs read before; it read every record at open).
+    q = Queue(journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(2000))
+    transport = LengthsTransport()
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+    f.open()
+    while f.state.runs.waiting("default") < 1900:
+        f.step()
+    f.close()
+    before = load_snapshot(str(journal_dir))
+    assert before is not None
+    transport.forget()  # and Redis lost the window meanwhile
+    late = q.enqueue(tasks.add, 1, 1)
+    at_first: list[int] = []
+    with journal_reads(journal_dir, monkeypatch) as read:
+        for name in ("push", "refill"):  # the window Redis lost goes back through refill
+            method = getattr(transport, name)
+
+            def first(*args: object, _method: Any = method) -> Any:
+                at_first.append(read[0])
+                return _method(*args)
+
+            monkeypatch.setattr(transport, name, first)
+        f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
+        f.open()
+        f._next_epoch_check = 0.0
+        f.step()
+    try:
+        assert len(transport.queues["default"]) >= 100  # the window is back
+        assert at_first[0] <= 300, f"the restart read {at_first[0]} journal records before its first push"
+        while not f.state.pending_ready:
+            f.step()
+        f.close()
+        after = load_snapshot(str(journal_dir))
+        assert after is not None
+        assert (after.consumed, after.queues) == (before.consumed + 1, {"default": 2001})
+        assert late.id in transport.jobs or f.state.runs.waiting("default") == 1901
     finally:
         f.close()
