@@ -83,6 +83,26 @@ DROP INDEX IF EXISTS ready;
 CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
 CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
 """
+#: The rows per queue and priority, kept by the file itself (triggers: whatever version writes
+#: the rows keeps them right), so that a start reads a dozen numbers, not every row (issue 29: a
+#: GROUP BY over a million rows took about 3 s before the first push). Counted once from the
+#: rows in a file that has none yet (a file written before them), in one transaction.
+_COUNTS = """
+BEGIN;
+CREATE TABLE IF NOT EXISTS counts (
+    queue TEXT NOT NULL, prio INTEGER NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (queue, prio)) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS counted_in AFTER INSERT ON runs BEGIN
+    INSERT INTO counts VALUES (NEW.queue, NEW.prio, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS counted_out AFTER DELETE ON runs BEGIN
+    UPDATE counts SET n = n - 1 WHERE queue = OLD.queue AND prio = OLD.prio;
+END;
+DELETE FROM counts;
+INSERT INTO counts SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio;
+INSERT OR REPLACE INTO meta VALUES ('counts', '1');
+COMMIT;
+"""
 #: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
 _ADDED = (
     ("prio", "INTEGER NOT NULL DEFAULT 0"),
@@ -149,6 +169,8 @@ class RunTable:
         db.executescript(_SCHEMA)
         _migrate(db)
         db.executescript(_INDEXES)
+        if db.execute("SELECT 1 FROM meta WHERE name = 'counts'").fetchone() is None:
+            db.executescript(_COUNTS)
         # The file and its WAL exist now: their entries are durable before any row is trusted
         # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
         OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
@@ -301,7 +323,7 @@ class RunTable:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
         self.counts, self.prios = {}, {}
-        for q, prio, n in db.execute("SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio"):
+        for q, prio, n in db.execute("SELECT queue, prio, n FROM counts WHERE n > 0"):
             self.counts[q] = self.counts.get(q, 0) + int(n)
             self.prios.setdefault(q, {})[int(prio)] = int(n)
 

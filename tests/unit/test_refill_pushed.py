@@ -233,3 +233,36 @@ def test_a_restart_pushes_before_it_reads_what_was_forwarded(
         assert late.id in transport.jobs or f.state.runs.waiting("default") == 1901
     finally:
         f.close()
+
+
+def test_the_run_tables_counts_are_kept_in_the_file_and_counted_once_for_an_older_one(tmp_path: Path) -> None:
+    # A start read every row to count them (about 3 s at a million, before the first push).
+    table = RunTable(str(tmp_path))
+    table.open()
+    table.add((("w", 0, 64 + i), "q" if i % 3 else "r", 1.0 + i, i % 2, "") for i in range(300))
+    table.commit()
+    table.remove("q", [("w", 0, 64 + i) for i in range(1, 50, 3)])
+    table.commit()
+    expected = dict(table.counts), {q: dict(p) for q, p in table.prios.items()}
+    table.close()
+
+    def grouped() -> tuple[dict[str, int], dict[str, dict[int, int]]]:
+        reopened = RunTable(str(tmp_path))
+        reopened.open()
+        try:
+            return dict(reopened.counts), {q: dict(p) for q, p in reopened.prios.items()}
+        finally:
+            reopened.close()
+
+    assert grouped() == expected
+    db = sqlite3.connect(table.path)  # as a version before the counts left it
+    with db:
+        db.execute("DROP TRIGGER counted_in")
+        db.execute("DROP TRIGGER counted_out")
+        db.execute("DROP TABLE counts")
+        db.execute("DELETE FROM meta WHERE name = 'counts'")
+        db.execute("DELETE FROM runs WHERE off < 100")  # changed by it: counted again from the rows
+        rows = dict(db.execute("SELECT queue, count(*) FROM runs GROUP BY queue").fetchall())
+    db.close()
+    assert grouped()[0] == rows
+    assert grouped()[0] == rows  # and kept since
