@@ -45,6 +45,18 @@ class LengthsTransport(MemoryTransport):
         return super().push(jobs)
 
 
+def enqueue(journal: Path, n: int) -> list[str]:
+    q = Queue(journal=journal)
+    return [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(n))]
+
+
+def windowed(journal: Path, transport: MemoryTransport, window: int, **options: object) -> Forwarder:
+    """An open forwarder whose window is ``window`` jobs per queue."""
+    f = Forwarder(journal, transport, window_min=window, window_max=window, **options)  # type: ignore[arg-type]
+    f.open()
+    return f
+
+
 @contextmanager
 def journal_reads(journal: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Count the journal's records read back (by any reader) inside the block."""
@@ -67,11 +79,9 @@ def journal_reads(journal: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
 def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = Queue(journal=journal_dir)
-    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(BACKLOG))]
+    ids = enqueue(journal_dir, BACKLOG)
     transport = LengthsTransport()
-    f = Forwarder(journal_dir, transport, window_min=WINDOW, window_max=WINDOW)
-    f.open()
+    f = windowed(journal_dir, transport, WINDOW)
     try:
         while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < BACKLOG:
             f.step()  # indexed a budget per step
@@ -109,17 +119,14 @@ def test_jobs_pushed_as_read_before_a_crash_are_listed_again_at_start(
 ) -> None:
     # Pushed as read: their rows wait a second in memory. A crash before they are written must
     # not make a later FLUSHALL lose them: the start reads the records after the mark again.
-    q = Queue(journal=journal_dir)
-    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(50))]
+    ids = enqueue(journal_dir, 50)
     transport = LengthsTransport()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.open()
+    f = windowed(journal_dir, transport, 100)
     monkeypatch.setattr(f.state.pushed, "flush", lambda positions: None)  # the crash: never written
     f.step()
     assert len(transport.queues["default"]) == 50
     f.close()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.open()
+    f = windowed(journal_dir, transport, 100)
     try:
         assert f.state.pushed.count() == 50
         refill_after_flushall(f, transport)
@@ -134,11 +141,9 @@ def test_jobs_pushed_as_read_before_a_crash_are_listed_again_at_start(
 def test_a_run_table_without_the_list_is_rebuilt_not_trusted_as_empty(journal_dir: Path) -> None:
     # A file written by an older version (or new, or damaged and moved aside) has no list of
     # pushed jobs: it is rebuilt from the journal and the ledger before anything trusts it.
-    q = Queue(journal=journal_dir)
-    ids = [j.id for j in q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(300))]
+    ids = enqueue(journal_dir, 300)
     transport = LengthsTransport()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.open()
+    f = windowed(journal_dir, transport, 100)
     f.step()
     transport.work("default", limit=40)
     f.step()
@@ -148,8 +153,7 @@ def test_a_run_table_without_the_list_is_rebuilt_not_trusted_as_empty(journal_di
         db.execute("DROP TABLE pushed")
         db.execute("DELETE FROM meta WHERE name = 'pushed_mark'")
     db.close()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.open()
+    f = windowed(journal_dir, transport, 100)
     try:
         assert f.state.pushed.count() == len(transport.queues["default"]) == 60
         in_redis = set(transport.queues["default"])
@@ -169,11 +173,9 @@ def test_an_idle_forwarders_reconcile_reads_the_window_not_the_backlog(
     # No worker: the window sits in Redis, the backlog in the run table. Each reconcile pass
     # probes the window (a job Redis lost without an epoch change is found only so), and reads
     # nothing of the backlog: an idle forwarder did read 20,000 records at every wait.
-    q = Queue(journal=journal_dir)
-    q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(BACKLOG // 5))
+    enqueue(journal_dir, BACKLOG // 5)
     transport = LengthsTransport()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100, lease_s=0.0)
-    f.open()
+    f = windowed(journal_dir, transport, 100, lease_s=0.0)
     try:
         while f.state.runs.waiting("default") < BACKLOG // 5 - 100:
             f.step()
@@ -195,18 +197,16 @@ def test_a_restart_pushes_before_it_reads_what_was_forwarded(
 ) -> None:
     # Issue 29: the first push after a restart must not wait for a reading of the whole live
     # journal (the stats' count of the jobs read before; it read every record at open).
-    q = Queue(journal=journal_dir)
-    q.enqueue_many(q.prepare(tasks.add, [i, i]) for i in range(2000))
+    enqueue(journal_dir, 2000)
     transport = LengthsTransport()
-    f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.open()
+    f = windowed(journal_dir, transport, 100)
     while f.state.runs.waiting("default") < 1900:
         f.step()
     f.close()
     before = load_snapshot(str(journal_dir))
     assert before is not None
     transport.forget()  # and Redis lost the window meanwhile
-    late = q.enqueue(tasks.add, 1, 1)
+    late = Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
     at_first: list[int] = []
     with journal_reads(journal_dir, monkeypatch) as read:
         for name in ("push", "refill"):  # the window Redis lost goes back through refill
@@ -217,8 +217,7 @@ def test_a_restart_pushes_before_it_reads_what_was_forwarded(
                 return _method(*args)
 
             monkeypatch.setattr(transport, name, first)
-        f = Forwarder(journal_dir, transport, window_min=100, window_max=100)
-        f.open()
+        f = windowed(journal_dir, transport, 100)
         f._next_epoch_check = 0.0
         f.step()
     try:
