@@ -83,21 +83,19 @@ DROP INDEX IF EXISTS ready;
 CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
 CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
 """
-#: The rows per queue and priority, kept by the file itself (triggers: whatever version writes
-#: the rows keeps them right), so that a start reads a dozen numbers, not every row (issue 29: a
-#: GROUP BY over a million rows took about 3 s before the first push). Counted once from the
-#: rows in a file that has none yet (a file written before them), in one transaction.
+#: The rows per queue and priority, written with the rows at each commit, so that a start reads
+#: a dozen numbers, not every row (issue 29: a GROUP BY over a million rows took about 3 s before
+#: the first push). A version that does not keep them must not write the rows: the guards call a
+#: function only this connection has ("no such function: hq_counts_kept", one line, exit 1).
+#: Counted once from the rows in a file that has none yet (written before them), in one
+#: transaction.
 _COUNTS = """
 BEGIN;
 CREATE TABLE IF NOT EXISTS counts (
     queue TEXT NOT NULL, prio INTEGER NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (queue, prio)) WITHOUT ROWID;
-CREATE TRIGGER IF NOT EXISTS counted_in AFTER INSERT ON runs BEGIN
-    INSERT INTO counts VALUES (NEW.queue, NEW.prio, 1) ON CONFLICT DO UPDATE SET n = n + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS counted_out AFTER DELETE ON runs BEGIN
-    UPDATE counts SET n = n - 1 WHERE queue = OLD.queue AND prio = OLD.prio;
-END;
+CREATE TRIGGER IF NOT EXISTS counts_kept_in BEFORE INSERT ON runs BEGIN SELECT hq_counts_kept(); END;
+CREATE TRIGGER IF NOT EXISTS counts_kept_out BEFORE DELETE ON runs BEGIN SELECT hq_counts_kept(); END;
 DELETE FROM counts;
 INSERT INTO counts SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio;
 INSERT OR REPLACE INTO meta VALUES ('counts', '1');
@@ -128,6 +126,8 @@ class RunTable:
         self.prios: dict[str, dict[int, int]] = {}
         #: The lane of a limit key (the selector sets it: '' unless the key is a fair key).
         self.lane_of: Callable[[str], str] = _no_lane
+        #: Whether the counts changed since the last commit (written with it).
+        self._counted = False
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
@@ -166,6 +166,7 @@ class RunTable:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
+        db.create_function("hq_counts_kept", 0, _counts_kept, deterministic=True)
         db.executescript(_SCHEMA)
         _migrate(db)
         db.executescript(_INDEXES)
@@ -230,6 +231,7 @@ class RunTable:
                     (chain, seg, off, queue, order, prio, key, lane_of(key) if key else ""),
                 )
                 if cur.rowcount:
+                    self._counted = True
                     self.counts[queue] = self.counts.get(queue, 0) + 1
                     by = self.prios.setdefault(queue, {})
                     by[prio] = by.get(prio, 0) + 1
@@ -271,6 +273,7 @@ class RunTable:
         """
         with self.errors():
             db = self.db
+            self._counted = self._counted or bool(locs)
             by = self.prios.setdefault(queue, {})
             if prios is not None:
                 if db.executemany(_DELETE, locs).rowcount == len(locs):
@@ -322,7 +325,7 @@ class RunTable:
         if db.in_transaction:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
-        self.counts, self.prios = {}, {}
+        self.counts, self.prios, self._counted = {}, {}, False
         for q, prio, n in db.execute("SELECT queue, prio, n FROM counts WHERE n > 0"):
             self.counts[q] = self.counts.get(q, 0) + int(n)
             self.prios.setdefault(q, {})[int(prio)] = int(n)
@@ -331,9 +334,21 @@ class RunTable:
         """Make every change since the last commit durable (fsync), and begin the next."""
         with self.errors():
             db = self.db
+            if self._counted:
+                db.execute("DELETE FROM counts")
+                db.executemany(
+                    "INSERT INTO counts VALUES (?, ?, ?)",
+                    ((q, p, n) for q, by in self.prios.items() for p, n in by.items() if n),
+                )
+                self._counted = False
             if db.in_transaction:
                 db.execute("COMMIT")
             db.execute("BEGIN")
+
+
+def _counts_kept() -> int:
+    """The guard's function (see ``_COUNTS``): present on this version's connections only."""
+    return 1
 
 
 def _no_lane(key: str) -> str:  # noqa: ARG001 - a lane function's signature

@@ -254,10 +254,12 @@ def test_the_run_tables_counts_are_kept_in_the_file_and_counted_once_for_an_olde
             reopened.close()
 
     assert grouped() == expected
-    db = sqlite3.connect(table.path)  # as a version before the counts left it
-    with db:
-        db.execute("DROP TRIGGER counted_in")
-        db.execute("DROP TRIGGER counted_out")
+    db = sqlite3.connect(table.path)
+    with pytest.raises(sqlite3.OperationalError, match="no such function: hq_counts_kept"), db:
+        db.execute("DELETE FROM runs WHERE off < 100")  # a version that does not keep the counts
+    with db:  # as a version before the counts left it
+        db.execute("DROP TRIGGER counts_kept_in")
+        db.execute("DROP TRIGGER counts_kept_out")
         db.execute("DROP TABLE counts")
         db.execute("DELETE FROM meta WHERE name = 'counts'")
         db.execute("DELETE FROM runs WHERE off < 100")  # changed by it: counted again from the rows
