@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
@@ -49,7 +49,8 @@ from hybridq.ledger.store import (
     open_ledger_writer,
     read_keys,
 )
-from hybridq.lookup.stats import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
+from hybridq.lookup.pending import DeferredCount, PendingTracker
+from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
 from hybridq.transport.base import Delivery, Loc
@@ -96,13 +97,10 @@ class ForwarderState:
         #: Called with the entries of each ledger append, once durable, and where its chain ends
         #: (the lookup index).
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
-        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
-        self.pending = PendingTracker()
-        #: Those read by the forwarders before this start, counted after the first push, a
-        #: slice per step (:meth:`count_pending`): the first job does not wait for a reading
-        #: of the whole live journal. ``None`` once counted and joined to :attr:`pending`.
-        self._pending_before: PendingTracker | None = None
-        self._pending_fill: Iterator[None] | None = None
+        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint):
+        #: those read before this start are counted after the first push, a slice per step
+        #: (:meth:`count_pending`), so the first job does not wait for a reading of the live journal.
+        self._pending = DeferredCount()
         #: The ledger chains loaded into the index when it started (plus its own, once written).
         self._ledger_known: set[str] = set()
         #: Whether the ledger or the compaction state changed since the last snapshot.
@@ -137,30 +135,24 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        self.pending = PendingTracker()
-        self._pending_before = PendingTracker()
-        self._pending_fill = self._pending_before.fill(
-            self.journal, dict(self.checkpoint.positions), self.index, self.compacted
-        )
+        self._pending.start(self.journal, self.checkpoint.positions, self.index, self.compacted)
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
 
     @property
+    def pending(self) -> PendingTracker:
+        """The jobs read and not terminal: per queue, the oldest (complete once :attr:`pending_ready`)."""
+        return self._pending.live
+
+    @property
     def pending_ready(self) -> bool:
         """Whether :attr:`pending` counts every job read, this start's and before (stats are due)."""
-        return self._pending_before is None
+        return self._pending.ready
 
     def count_pending(self, budget_s: float = PENDING_SLICE_S) -> None:
         """Count the jobs read before this start for about ``budget_s`` (joined once all are)."""
-        if self._pending_fill is None or self._pending_before is None:
-            return
-        deadline = time.monotonic() + budget_s
-        for _ in self._pending_fill:
-            if time.monotonic() >= deadline:
-                return
-        self.pending.take_older(self._pending_before)
-        self._pending_before = self._pending_fill = None
-        self._stale = True
+        if self._pending.advance(budget_s):
+            self._stale = True
 
     def flush_pushed(self, *, force: bool = False) -> None:
         """Write the jobs pushed as read to the run table, when due (``force``: now)."""
@@ -382,9 +374,7 @@ class ForwarderState:
         self._stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
-                self.pending.done(entry.loc)
-                if self._pending_before is not None:
-                    self._pending_before.done(entry.loc)  # (not read yet: it reads as terminal)
+                self._pending.done(entry.loc)
                 self.pushed.done(entry.loc)
         return unchanged
 
