@@ -15,6 +15,12 @@ Run it through ``scripts/bench-backlog`` (see ``docs/benchmarks.md``). One run:
     could queue, Redis's memory then, and the error. Their queue *is* Redis, so that is what each
     does with a backlog larger than its memory; no worker runs.
 
+``--restart``: the hybridq rows measure a restart instead of a fresh start. The forwarder runs
+alone first until it has read the whole journal (the window pushed, the rest in its run table),
+is stopped (SIGTERM), Redis is emptied (``FLUSHALL``), and then the worker and the forwarder
+start as above: "first s" is the time from this second start to the first job's effect (the
+start-up's reads, the refill of the window Redis lost).
+
 Tasks count their runs in an effects file (``tests/backlog_tasks.py``: one ``O_APPEND`` line per
 run); each job must run exactly once, or the row says how many did not.
 """
@@ -27,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -95,8 +102,37 @@ def _lines(path: str) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
-def hybridq_row(n: int, maxmemory: str, tmp: str, timeout_s: float) -> Row:
-    row = Row("hybridq", n)
+def _index_first(journal: str, url: str, env: dict[str, str], run: str, n: int) -> None:
+    """``--restart``: a forwarder alone reads the whole journal, is stopped, and Redis is emptied."""
+    client = redis.Redis.from_url(url)
+    with open(os.path.join(run, "forwarder-first.log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hybridq", "forward", "--journal", journal, "--redis", url],
+            env=env,
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+        )
+        table = os.path.join(journal, "runs", "runs.sqlite")
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                with contextlib.suppress(sqlite3.Error, redis.RedisError):
+                    db = sqlite3.connect(f"file:{table}?mode=ro", uri=True)
+                    try:
+                        waiting = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+                    finally:
+                        db.close()
+                    if waiting + int(client.llen("rq:queue:default")) >= n:
+                        break
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    client.flushall()
+    client.close()
+
+
+def hybridq_row(n: int, maxmemory: str, tmp: str, timeout_s: float, *, restart: bool = False) -> Row:
+    row = Row("hybridq restart" if restart else "hybridq", n)
     run = tempfile.mkdtemp(prefix=f"hq-{n}-", dir=tmp)
     journal, effects = os.path.join(run, "journal"), os.path.join(run, "effects")
     queue = Queue("default", journal)
@@ -109,6 +145,8 @@ def hybridq_row(n: int, maxmemory: str, tmp: str, timeout_s: float) -> Row:
     server = _server(run, "redis", maxmemory)
     client = redis.Redis.from_url(server.url)
     env = {**os.environ, "PYTHONPATH": ROOT, "HYBRIDQ_ALLOW": "tests.backlog_tasks"}
+    if restart:
+        _index_first(journal, server.url, env, run, n)
     logs = [open(os.path.join(run, name), "wb") for name in ("worker.log", "forwarder.log")]  # noqa: SIM115
     worker = subprocess.Popen(
         [sys.executable, "-m", "hybridq", "worker", "--redis", server.url, "default"],
@@ -241,6 +279,11 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per hybridq drain")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="measure a restart over an already read journal after a FLUSHALL",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     tmp = tempfile.mkdtemp(prefix="hq-backlog-")
@@ -248,7 +291,7 @@ def main() -> None:
     try:
         for n in sizes:
             print(f"hybridq: {n} jobs under maxmemory {args.maxmemory} ...", flush=True)
-            rows.append(hybridq_row(n, args.maxmemory, tmp, args.timeout))
+            rows.append(hybridq_row(n, args.maxmemory, tmp, args.timeout, restart=args.restart))
             print(json.dumps(asdict(rows[-1])), flush=True)
         for name in [p for p in args.peers.split(",") if p]:
             n = args.peer_jobs or max(sizes)
@@ -257,19 +300,19 @@ def main() -> None:
             print(json.dumps(asdict(rows[-1])), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    hq = [r for r in rows if r.system == "hybridq"]
+    hq = [r for r in rows if r.system.startswith("hybridq")]
     print(
         f"\nbacklog benchmark, maxmemory {args.maxmemory} noeviction, {platform.python_version()}, {os.cpu_count()} cores"
     )
     print(
-        f"{'system':<10} {'jobs':>9} {'queued':>9} {'ran':>9} {'dups':>5} {'jobs/s':>8} {'first s':>8} {'Redis MB':>9} {'RSS MB':>7}  what happened"
+        f"{'system':<16} {'jobs':>9} {'queued':>9} {'ran':>9} {'dups':>5} {'jobs/s':>8} {'first s':>8} {'Redis MB':>9} {'RSS MB':>7}  what happened"
     )
     for r in rows:
         first = "" if r.first_job_s is None else f"{r.first_job_s:.2f}"
         rss = "" if r.forwarder_peak_rss_mb is None else f"{r.forwarder_peak_rss_mb:.0f}"
-        rate = f"{r.rate:.0f}" if r.system == "hybridq" else ""
+        rate = f"{r.rate:.0f}" if r.system.startswith("hybridq") else ""
         print(
-            f"{r.system:<10} {r.jobs:>9} {r.queued:>9} {r.ran:>9} {r.duplicates:>5} {rate:>8} {first:>8} {r.redis_peak_mb:>9.1f} {rss:>7}  {r.what_happened}"
+            f"{r.system:<16} {r.jobs:>9} {r.queued:>9} {r.ran:>9} {r.duplicates:>5} {rate:>8} {first:>8} {r.redis_peak_mb:>9.1f} {rss:>7}  {r.what_happened}"
         )
     if len(hq) >= 2 and hq[0].rate:
         print(

@@ -202,6 +202,7 @@ class Backlog:
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).
         self.runs.remove(queue, [row[0] for row in rows], [row[3] for row in rows])
+        self.state.pushed.insert(d.loc for d in batch)  # in the same commit: never neither
         self.runs.commit()
         self.sent(batch)
         self.windows.of(queue).pushed(len(batch))

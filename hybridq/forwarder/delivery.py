@@ -200,6 +200,7 @@ class Deliverer:
                 batch = []
             else:
                 self.backlog.sent(accepted)  # less what the transport could not encode
+                self.state.pushed.add(d.loc for d in accepted)  # what a refill reads back
         self.backlog.begin()  # the key gate counted what went: ask it afresh
         # Indexed before read past (docs/forwarder.md): a crash in between reads them again.
         runs.commit()

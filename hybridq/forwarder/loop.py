@@ -425,6 +425,7 @@ class Forwarder:
             refilled = self.backlog.refill()
             if refilled:
                 self._save(refilled)
+            self.state.flush_pushed()  # the jobs pushed as read, for a refill to find (once a second)
             if self.completions.compact():
                 # Gone for good: the reader must not put their positions back in the checkpoint.
                 self._reader.seek(self.checkpoint.positions)
@@ -459,8 +460,8 @@ class Forwarder:
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
-        if self.delivery.behind or self.backlog.more or self.flows.busy:
-            return  # records left to index, waiting jobs the windows have room for, or news for the flows
+        if self.delivery.behind or self.backlog.more or self.flows.busy or not self.state.pending_ready:
+            return  # records to index or count, waiting jobs the windows have room for, news for the flows
         self.waits.wait()
 
     def _forgetting(self) -> bool:

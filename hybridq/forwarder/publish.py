@@ -77,6 +77,8 @@ class StatsPublisher:
         """Publish if the interval has passed since the last attempt (cheap otherwise)."""
         if self.due_at() is None or self.stats.down_since is not None or time.monotonic() < self._next:
             return
+        if not self.state.pending_ready:
+            return  # the jobs read before this start are being counted
         self._next = time.monotonic() + self.every_s
         try:
             body = json.dumps(self.figures(), separators=(",", ":")).encode()

@@ -10,24 +10,27 @@
   probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
   then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
 
+Both passes read the jobs the forwarder pushed and that are not terminal, listed on disk
+(:mod:`hybridq.forwarder.pushed`), and their records only: O(jobs in Redis) per pass, not
+O(journal). The jobs waiting in the run table were never pushed: Redis cannot have lost them.
+
 This module must not import redis or rq (the transport port only).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError
 from hybridq.forwarder.config import DONE_GRACE_LEASES
 from hybridq.forwarder.harvest import Harvester
+from hybridq.forwarder.pushed import read_pushed
 from hybridq.forwarder.state import ForwarderState
-from hybridq.journal import ChainPosition, JournalReader, Record, RecordType, crashpoints
+from hybridq.journal import Record, RecordType, crashpoints
 from hybridq.ledger.entries import Entry
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc, Probe, Transport
@@ -36,14 +39,8 @@ __all__ = ["PROBE_BATCH", "Reconciler"]
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: Jobs probed per round trip during a reconcile pass.
+#: Jobs probed per round trip during a reconcile pass (and records it reads per step, at most).
 PROBE_BATCH = 1000
-#: Records a pass reads per step, at most: over a long backlog (its jobs wait in the run table,
-#: no candidates) a pass would otherwise read the whole journal in one step, holding back the
-#: harvest and the refill for seconds (issue 29: 4 s at a million jobs).
-SCAN_BUDGET = 20_000
-#: How often the forwarder notes how far forwarding had got (seconds).
-SNAPSHOT_EVERY_S = 1.0
 
 
 class Reconciler:
@@ -91,28 +88,25 @@ class Reconciler:
         #: The same, decided from the job's record: an anchor, a job whose dependencies have not
         #: all succeeded (:meth:`hybridq.forwarder.flows.Flows.holds`).
         self.held_record: Callable[[Loc, Envelope], bool] = lambda _loc, _env: False
-        self._pass: Iterator[Record] | None = None
+        #: Whether a pass is under way; the last pushed job it read (loc order); it takes jobs
+        #: pushed before this wall time only (a reconcile: a lease ago; a refill: all).
+        self._passing = False
+        self._cursor: Loc | None = None
+        self._listed = False
+        self._pushed_before = 0.0
         self._pass_refill = False
         self._pass_started = 0.0
         self._next_pass = 0.0
-        self._pass_limit: dict[str, ChainPosition] = {}
-        #: (monotonic time, checkpoint positions then); the first entry stands for "before this
-        #: process started", so jobs forwarded by an earlier run are reconciled at once.
-        self._snapshots: collections.deque[tuple[float, dict[str, ChainPosition]]] = collections.deque()
         #: Jobs seen "done" or "stranded" by a probe: loc -> (verdict, when first seen).
         self._suspects: dict[Loc, tuple[str, float]] = {}
         #: Jobs whose worker this process found vanished (it wrote, or confirmed, their newest
         #: ``lost`` entry and pushed the next attempt): a later vanish of theirs is a new one.
         self._lost_here: set[Loc] = set()
 
-    def open(self) -> None:
-        """Note the loaded checkpoint's positions as forwarded "before this process started"."""
-        self._snapshots.append((-math.inf, dict(self.state.checkpoint.positions)))
-
     @property
     def passing(self) -> bool:
         """Whether a pass is under way (it may be reading any segment)."""
-        return self._pass is not None
+        return self._passing
 
     def hurry(self) -> None:
         """Start a reconcile pass at the next step, whatever the timer says."""
@@ -163,36 +157,20 @@ class Reconciler:
     @property
     def refilling(self) -> bool:
         """Whether a refill pass is under way (the loop goes on without waiting until it ends)."""
-        return self._pass is not None and self._pass_refill
+        return self._passing and self._pass_refill
 
     # -- passes ---------------------------------------------------------------------------------
 
     def _start_pass(self, *, refill: bool) -> None:
-        self._pass = JournalReader(self.journal).records()
+        self.state.flush_pushed(force=True)  # the jobs pushed as read, listed with the others
+        self._passing = True
+        self._cursor, self._listed = None, False
         self._pass_refill = refill or self._pass_refill
         self._pass_started = time.monotonic()
-        if self._pass_refill:
-            self._pass_limit = dict(self.state.checkpoint.positions)  # everything forwarded
-        else:
-            self._pass_limit = self._positions_before(self._pass_started - self.lease_s)
-
-    def _snapshot_positions(self) -> None:
-        """Remember where forwarding stood, about every second (what was forwarded when)."""
-        now = time.monotonic()
-        if now - self._snapshots[-1][0] >= min(SNAPSHOT_EVERY_S, self.lease_s / 4):
-            self._snapshots.append((now, dict(self.state.checkpoint.positions)))
-            # Keep the newest snapshot old enough for any pass, and everything after it.
-            while len(self._snapshots) > 1 and self._snapshots[1][0] <= now - self.lease_s:
-                self._snapshots.popleft()
-
-    def _positions_before(self, when: float) -> dict[str, ChainPosition]:
-        """Positions forwarding had reached by ``when`` (what was forwarded at least that long ago)."""
-        best: dict[str, ChainPosition] = {}
-        for at, positions in self._snapshots:
-            if at > when:
-                break
-            best = positions
-        return best
+        # Only jobs pushed at least a lease ago: a younger one cannot have lost its worker's
+        # lease yet, and one Redis lost is the epoch check's. A refill pass takes all those
+        # pushed before it started (later ones went under the new generation).
+        self._pushed_before = time.time() - (0.0 if self._pass_refill else self.lease_s)
 
     def redo(self) -> list[Delivery]:
         """What to deliver again: the last step's until :meth:`redone`, else the next step's.
@@ -220,31 +198,23 @@ class Reconciler:
 
     def reconcile_step(self) -> list[Delivery]:
         """Advance the reconcile (or refill) pass by one batch; return what to deliver again."""
-        self._snapshot_positions()
         if self._refill_batch is not None:
             self._send_refill()  # Redis refused the last one: nothing further before it
-        if self._pass is None:
+        if not self._passing:
             if time.monotonic() < self._next_pass:
                 return []
             self._start_pass(refill=False)
-        assert self._pass is not None
         index = self.state.index
-        batch: list[tuple[Loc, Envelope]] = []
-        for read, record in enumerate(self._pass, 1):
-            candidate = self._candidate(record, with_terminal=self._pass_refill)
-            if candidate is not None:
-                batch.append(candidate)
-            if len(batch) >= PROBE_BATCH or read >= SCAN_BUDGET:
-                break
-        else:
-            self._pass = None
+        batch = self._next_batch()
+        if self._listed:  # the end of the list
+            self._passing = False
             # A pass over a long backlog takes a while: spend at most a third of the time on them.
             ended = time.monotonic()
             self._next_pass = ended + max(self.reconcile_interval_s, 2 * (ended - self._pass_started))
             self._suspects = {loc: s for loc, s in self._suspects.items() if not index.is_terminal(loc)}
             self._lost_here = {loc for loc in self._lost_here if not index.is_terminal(loc)}
         refill = self._pass_refill
-        if self._pass is None:
+        if not self._passing:
             self._pass_refill = False
         if not batch:
             return []
@@ -256,18 +226,36 @@ class Reconciler:
         )
         return self._redeliveries(batch, verdicts)
 
+    def _next_batch(self) -> list[tuple[Loc, Envelope]]:
+        """The pass's next jobs (up to :data:`PROBE_BATCH` records read; a refill's finished too).
+
+        Notes the end of the list (:attr:`_listed`). A job whose record is gone (compacted)
+        leaves the list; a terminal one left unmarked by a crash is marked.
+        """
+        pushed = self.state.pushed
+        locs = pushed.after(self._cursor, self._pushed_before, PROBE_BATCH, finished=self._pass_refill)
+        self._cursor = locs[-1] if locs else None
+        self._listed = len(locs) < PROBE_BATCH
+        batch: list[tuple[Loc, Envelope]] = []
+        for loc in locs:
+            record = read_pushed(self.journal, loc)
+            if record is None:
+                pushed.drop(loc)
+            elif not self._pass_refill and self.state.index.is_terminal(loc):
+                pushed.done(loc)
+            candidate = None if record is None else self._candidate(record, with_terminal=self._pass_refill)
+            if candidate is not None:
+                batch.append(candidate)
+        return batch
+
     def _candidate(self, record: Record, *, with_terminal: bool = False) -> tuple[Loc, Envelope] | None:
-        """A forwarded job that is not terminal and not waiting for its time, else ``None``.
+        """A pushed job that is not terminal and not waiting for its time, else ``None``.
 
         ``with_terminal`` (a refill pass): terminal jobs too, so their copies can be purged.
         """
         if record.rtype != RecordType.DATA:
             return None
         loc = (record.writer_id, record.segment_index, record.offset)
-        # Only jobs forwarded at least a lease ago: a younger one cannot have lost its worker's
-        # lease yet, and one Redis lost is the epoch check's (a refill pass takes them all).
-        if not record.consumed_by(self._pass_limit):
-            return None
         if loc in self.state.index.duplicates:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
         if self.state.runs.contains(loc):

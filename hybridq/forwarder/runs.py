@@ -18,7 +18,9 @@ The rules that keep a job from being lost or pushed twice:
   mean "pushed, or waiting here"; a crash in between reads the records again, and
   ``INSERT OR IGNORE`` keeps one row each.
 * **Pushed, then deleted.** A row goes only after the transport accepted its job; a crash in
-  between pushes it again, and the job id absorbs the copy (invariant 5, per row).
+  between pushes it again, and the job id absorbs the copy (invariant 5, per row). Its job's
+  row in the list of pushed jobs (:mod:`hybridq.forwarder.pushed`, a table of this file) is
+  written in the same commit.
 * A row whose job became terminal, or was cancelled, is deleted without a push by the refill.
 
 A lost or damaged file loses no job: every record before the positions without a row is taken
@@ -85,6 +87,24 @@ DROP INDEX IF EXISTS ready;
 CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
 CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
 """
+#: The rows per queue and priority, written with the rows at each commit, so that a start reads
+#: a dozen numbers, not every row (issue 29: a GROUP BY over a million rows took about 3 s before
+#: the first push). A version that does not keep them must not write the rows: the guards call a
+#: function only this connection has ("no such function: hq_counts_kept", one line, exit 1).
+#: Counted once from the rows in a file that has none yet (written before them), in one
+#: transaction.
+_COUNTS = """
+BEGIN;
+CREATE TABLE IF NOT EXISTS counts (
+    queue TEXT NOT NULL, prio INTEGER NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (queue, prio)) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS counts_kept_in BEFORE INSERT ON runs BEGIN SELECT hq_counts_kept(); END;
+CREATE TRIGGER IF NOT EXISTS counts_kept_out BEFORE DELETE ON runs BEGIN SELECT hq_counts_kept(); END;
+DELETE FROM counts;
+INSERT INTO counts SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio;
+INSERT OR REPLACE INTO meta VALUES ('counts', '1');
+COMMIT;
+"""
 #: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
 _ADDED = (
     ("prio", "INTEGER NOT NULL DEFAULT 0"),
@@ -110,6 +130,8 @@ class RunTable:
         self.prios: dict[str, dict[int, int]] = {}
         #: The lane of a limit key (the selector sets it: '' unless the key is a fair key).
         self.lane_of: Callable[[str], str] = _no_lane
+        #: Whether the counts changed since the last commit (written with it).
+        self._counted = False
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
@@ -123,7 +145,7 @@ class RunTable:
             self.close()
             code = getattr(exc, "sqlite_errorcode", None)
             if code is not None and code & 0xFF not in _DAMAGE:
-                with self._errors():  # a full or failing disk: the file is kept, as it is healthy
+                with self.errors():  # a full or failing disk: the file is kept, as it is healthy
                     raise
             aside = _free_name(f"{self.path}.damaged")
             log.error(
@@ -137,7 +159,7 @@ class RunTable:
             for suffix in ("-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.unlink(self.path + suffix)
-            with self._errors():
+            with self.errors():
                 self._connect()
 
     def _connect(self) -> None:
@@ -148,16 +170,19 @@ class RunTable:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
+        db.create_function("hq_counts_kept", 0, _counts_kept, deterministic=True)
         db.executescript(_SCHEMA)
         _migrate(db)
         db.executescript(_INDEXES)
+        if db.execute("SELECT 1 FROM meta WHERE name = 'counts'").fetchone() is None:
+            db.executescript(_COUNTS)
         # The file and its WAL exist now: their entries are durable before any row is trusted
         # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
         OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
         self._reset()  # (sqlite3.DatabaseError: open() moves a damaged file aside)
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def errors(self) -> Iterator[None]:
         """SQLite's errors as the journal's: one line and exit, or a disk-full pause (ENOSPC).
 
         A traceback and a restart would only meet the same error again (a crash loop).
@@ -180,6 +205,11 @@ class RunTable:
                 self._db = None
 
     @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open` opened the file and :meth:`close` has not closed it since."""
+        return self._db is not None
+
+    @property
     def db(self) -> sqlite3.Connection:
         """The open connection (always inside a transaction that :meth:`commit` ends)."""
         assert self._db is not None, "the run table is not open"
@@ -196,7 +226,7 @@ class RunTable:
 
     def add(self, rows: Iterable[Row]) -> None:
         """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`."""
-        with self._errors():
+        with self.errors():
             db = self.db
             lane_of = self.lane_of
             for (chain, seg, off), queue, order, prio, key in rows:
@@ -205,13 +235,14 @@ class RunTable:
                     (chain, seg, off, queue, order, prio, key, lane_of(key) if key else ""),
                 )
                 if cur.rowcount:
+                    self._counted = True
                     self.counts[queue] = self.counts.get(queue, 0) + 1
                     by = self.prios.setdefault(queue, {})
                     by[prio] = by.get(prio, 0) + 1
 
     def select(self, sql: str, params: Sequence[object]) -> list[tuple[Loc, float, str, int]]:
         """``(loc, ord, lkey, prio)`` of the rows a selector's query finds (those columns, in order)."""
-        with self._errors():
+        with self.errors():
             rows = self.db.execute(sql, params)
             # SQLite gives these columns' types back as they were stored (INTEGER, REAL, TEXT).
             return [((chain, seg, off), order, key, prio) for chain, seg, off, order, key, prio in rows]
@@ -223,7 +254,7 @@ class RunTable:
         again once (O(rows), at start only), so that every row's lane matches ``lane_of``.
         """
         self.lane_of = lane_of
-        with self._errors():
+        with self.errors():
             db = self.db
             row = db.execute("SELECT value FROM meta WHERE name = 'lanes'").fetchone()
             if (row[0] if row else "") == signature:
@@ -235,7 +266,7 @@ class RunTable:
 
     def oldest(self, queue: str) -> float | None:
         """The order (a Unix time) of ``queue``'s first waiting job, if any."""
-        with self._errors():
+        with self.errors():
             row = self.db.execute("SELECT min(ord) FROM runs WHERE queue = ?", (queue,)).fetchone()
             return None if row is None or row[0] is None else float(row[0])
 
@@ -244,8 +275,9 @@ class RunTable:
 
         ``prios``: the rows' priorities, when the caller read them (else each delete returns it).
         """
-        with self._errors():
+        with self.errors():
             db = self.db
+            self._counted = self._counted or bool(locs)
             by = self.prios.setdefault(queue, {})
             if prios is not None:
                 if db.executemany(_DELETE, locs).rowcount == len(locs):
@@ -279,7 +311,7 @@ class RunTable:
 
     def contains(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
-        with self._errors():
+        with self.errors():
             if not self.counts:
                 return False
             row = self.db.execute(
@@ -289,7 +321,7 @@ class RunTable:
 
     def rollback(self) -> None:
         """Drop every change since the last commit (a step that failed part-way reads again)."""
-        with self._errors():
+        with self.errors():
             self._reset()
 
     def _reset(self) -> None:
@@ -297,15 +329,22 @@ class RunTable:
         if db.in_transaction:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
-        self.counts, self.prios = {}, {}
-        for q, prio, n in db.execute("SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio"):
+        self.counts, self.prios, self._counted = {}, {}, False
+        for q, prio, n in db.execute("SELECT queue, prio, n FROM counts WHERE n > 0"):
             self.counts[q] = self.counts.get(q, 0) + int(n)
             self.prios.setdefault(q, {})[int(prio)] = int(n)
 
     def commit(self) -> None:
         """Make every change since the last commit durable (fsync), and begin the next."""
-        with self._errors():
+        with self.errors():
             db = self.db
+            if self._counted:
+                db.execute("DELETE FROM counts")
+                db.executemany(
+                    "INSERT INTO counts VALUES (?, ?, ?)",
+                    ((q, p, n) for q, by in self.prios.items() for p, n in by.items() if n),
+                )
+                self._counted = False
             if db.in_transaction:
                 db.execute("COMMIT")
             db.execute("BEGIN")
@@ -314,6 +353,11 @@ class RunTable:
 def row_of(loc: Loc, env: Envelope, order: float | None = None) -> Row:
     """The row of the job ``env`` read at ``loc`` (its order: acceptance, or ``order``: its ``run_at``)."""
     return (loc, env.queue, env.created_at if order is None else order, env.priority, env.limit_key or "")
+
+
+def _counts_kept() -> int:
+    """The guard's function (see ``_COUNTS``): present on this version's connections only."""
+    return 1
 
 
 def _no_lane(key: str) -> str:  # noqa: ARG001 - a lane function's signature

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalIOError
 from hybridq.forwarder.config import (
     DEFAULT_KEY_WINDOW_MAX,
     DEFAULT_KEY_WINDOW_S,
@@ -30,6 +31,7 @@ from hybridq.forwarder.config import (
     ForwarderConfig,
     check_key_ttl,
 )
+from hybridq.forwarder.pushed import PushedJobs
 from hybridq.forwarder.runs import RunTable
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
@@ -47,7 +49,8 @@ from hybridq.ledger.store import (
     open_ledger_writer,
     read_keys,
 )
-from hybridq.lookup.stats import PendingTracker, Snapshot, ledger_chains, ledger_tail, save_snapshot
+from hybridq.lookup.pending import DeferredCount, PendingTracker
+from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
 from hybridq.transport.base import Delivery, Loc
@@ -62,6 +65,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("hybridq.forwarder")
+
+#: How long each step spends counting the jobs read before a start (seconds), until it is done.
+PENDING_SLICE_S = 0.02
 
 
 class ForwarderState:
@@ -80,6 +86,9 @@ class ForwarderState:
         self.index = LedgerIndex()
         #: The jobs read and indexed but not pushed (the backlog beyond the window), on disk.
         self.runs = RunTable(journal)
+        #: The jobs in Redis (pushed, not terminal), on disk in the run table's file: what a
+        #: refill or a reconcile pass reads (hybridq.forwarder.pushed).
+        self.pushed = PushedJobs(self.runs, config.window_max)
         self._writer: JournalWriter | None = None
         self._keys_writer: JournalWriter | None = None
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
@@ -88,8 +97,10 @@ class ForwarderState:
         #: Called with the entries of each ledger append, once durable, and where its chain ends
         #: (the lookup index).
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
-        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint).
-        self.pending = PendingTracker()
+        #: The jobs read and not terminal yet, for ``hybridq.stats`` (saved with each checkpoint):
+        #: those read before this start are counted after the first push, a slice per step
+        #: (:meth:`count_pending`), so the first job does not wait for a reading of the live journal.
+        self._pending = DeferredCount()
         #: The ledger chains loaded into the index when it started (plus its own, once written).
         self._ledger_known: set[str] = set()
         #: Whether the ledger or the compaction state changed since the last snapshot.
@@ -124,10 +135,29 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        self.pending = PendingTracker.rebuild(
-            self.journal, self.checkpoint.positions, self.index, self.compacted
-        )
+        self._pending.start(self.journal, self.checkpoint.positions, self.index, self.compacted)
         self.runs.open()
+        self.pushed.open(self.journal, self.checkpoint.positions, self.index)
+
+    @property
+    def pending(self) -> PendingTracker:
+        """The jobs read and not terminal: per queue, the oldest (complete once :attr:`pending_ready`)."""
+        return self._pending.live
+
+    @property
+    def pending_ready(self) -> bool:
+        """Whether :attr:`pending` counts every job read, this start's and before (stats are due)."""
+        return self._pending.ready
+
+    def count_pending(self, budget_s: float = PENDING_SLICE_S) -> None:
+        """Count the jobs read before this start for about ``budget_s`` (joined once all are)."""
+        if self._pending.advance(budget_s):
+            self._stale = True
+
+    def flush_pushed(self, *, force: bool = False) -> None:
+        """Write the jobs pushed as read to the run table, when due (``force``: now)."""
+        if force or self.pushed.due:
+            self.pushed.flush(self.checkpoint.positions)
 
     def _clamp(self) -> None:
         """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
@@ -146,6 +176,9 @@ class ForwarderState:
 
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
+        if self.runs.is_open:
+            with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
+                self.flush_pushed(force=True)
         self.runs.close()
         if self._writer is not None:
             self._writer.close()
@@ -239,11 +272,19 @@ class ForwarderState:
 
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
+        self.count_pending()
         if self._stale:
             self._save_snapshot()
 
     def _save_snapshot(self) -> None:
-        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back)."""
+        """Write the figures ``hybridq.stats`` reads (a cache: a failure only makes it fall back).
+
+        Not before the jobs read before this start are counted: the last start's snapshot stays
+        (``hybridq.stats`` reads the journal after its positions, or scans when it is stale).
+        """
+        if not self.pending_ready:
+            self._stale = True
+            return
         known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
         try:
             snapshot = Snapshot.of(
@@ -333,7 +374,8 @@ class ForwarderState:
         self._stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
-                self.pending.done(entry.loc)
+                self._pending.done(entry.loc)
+                self.pushed.done(entry.loc)
         return unchanged
 
     def record_invalid(self, loc: Loc) -> None:

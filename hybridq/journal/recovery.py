@@ -1,8 +1,12 @@
 """Checking a journal, and recovering it on open: torn tails repaired, dead chains sealed.
 
 Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and docs/reliability.md rules 10-12.
-Recovery never starts over damage: it scans everything first and raises
-:class:`~hybridq.errors.JournalCorruption` before touching a byte if anything is corrupt.
+Recovery never starts over damage it has read: it scans first and raises
+:class:`~hybridq.errors.JournalCorruption` before touching a byte if what it scanned is corrupt.
+With ``tails_only`` (the forwarder's start) it scans each chain's last segment only, so damage
+in a sealed segment is found later, by the background check, after a dead chain's torn tail
+may have been truncated (its bytes copied to ``*.broken`` first) and the chain sealed: both are
+what a full recovery would have done to that tail too, and neither hides the damage.
 
 This module must not import redis, rq, click or the job envelope.
 """
@@ -89,7 +93,8 @@ def recover(
     1. Check everything (``tails_only``: each chain's last segment, the only one a crash can
        leave torn or unsealed; the caller must check the sealed ones before it trusts them, e.g.
        with :class:`~hybridq.journal.background.BackgroundCheck`, or read them whole, as
-       a consumer replaying every record does); on corruption raise before changing anything.
+       a consumer replaying every record does); on corruption found raise before changing
+       anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
        it, so its chain is closed and the tail is never repaired twice.

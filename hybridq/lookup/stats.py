@@ -15,229 +15,27 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
-import math
 import os
-from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridq.envelope.model import Envelope
-from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
-from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
-from hybridq.journal.reader import list_chains, peek_header
-from hybridq.journal.records import Loc
+from hybridq.journal import ChainPosition
+from hybridq.journal.format import segment_name
+from hybridq.journal.reader import list_chains
 from hybridq.journal.statefile import encode_state, read_state
 from hybridq.ledger.checkpoint import CHECKPOINT_NAME, Checkpoint
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir
+from hybridq.lookup.pending import PendingTracker, job_fields
 
 __all__ = ["STATS_NAME", "PendingTracker", "Snapshot", "job_fields", "load_snapshot", "save_snapshot"]
 
 #: The snapshot's state file, in the journal directory (``stats.state``).
 STATS_NAME = "stats"
-#: Jobs per block of the oldest-pending minimum (a job ending rescans at most its block).
-_BLOCK = 512
-_DONE = math.inf
-
-Seg = tuple[str, int]
-
-
-def job_fields(payload: bytes) -> tuple[str, float] | None:
-    """A record's queue and creation time, as ``status`` reads them; ``None`` if it is not a job."""
-    try:
-        body = json.loads(payload)
-        return str(body["queue"]), float(body["created_at"])
-    except (ValueError, KeyError, TypeError, OverflowError):
-        return None
-
-
-class _Segment:
-    """What the forwarder read of one journal segment: every record's offset, its job if pending.
-
-    About 20 bytes per record. A segment counted from its seal (every job in it terminal) holds
-    only that count.
-    """
-
-    __slots__ = ("counted", "created", "mins", "offsets", "queues")
-
-    def __init__(self, counted: int = 0) -> None:
-        self.counted = counted
-        self.offsets = array("q")
-        #: Creation times of pending jobs; ``inf`` for a record that is not (or no longer) one.
-        self.created = array("d")
-        self.queues = array("I")
-        #: The least creation time per block of ``_BLOCK`` records.
-        self.mins: list[float] = []
-
-    @property
-    def seen(self) -> int:
-        return self.counted + len(self.offsets)
-
-
-class PendingTracker:
-    """Jobs the forwarder has read and that are not terminal: how many per queue, the oldest.
-
-    Fed the records as the forwarder reads them (:meth:`saw`) and the locations that become
-    terminal (:meth:`done`). Memory: about 20 bytes per record of the live (not compacted) journal.
-    """
-
-    def __init__(self) -> None:
-        self.segments: dict[Seg, _Segment] = {}
-        self.pending: dict[str, int] = {}
-        self._names: list[str] = []
-        self._ids: dict[str, int] = {}
-        #: Blocks whose least creation time became terminal: (writer, segment, block).
-        self._dirty: set[tuple[str, int, int]] = set()
-
-    def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
-        """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
-
-        A record read again (after a step was retried) is counted once.
-        """
-        seg = self.segments.get((loc[0], loc[1]))
-        if seg is None:
-            seg = self.segments[(loc[0], loc[1])] = _Segment()
-        if seg.offsets and loc[2] <= seg.offsets[-1]:
-            return
-        queue, created = job if job is not None else ("", _DONE)
-        qid = self._ids.get(queue)
-        if qid is None:
-            qid = self._ids[queue] = len(self._names)
-            self._names.append(queue)
-        if len(seg.offsets) % _BLOCK == 0:
-            seg.mins.append(created)
-        elif created < seg.mins[-1]:
-            seg.mins[-1] = created
-        seg.offsets.append(loc[2])
-        seg.created.append(created)
-        seg.queues.append(qid)
-        if job is not None:
-            self.pending[queue] = self.pending.get(queue, 0) + 1
-
-    def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
-        """:meth:`saw` for a record the forwarder read (``env``: the job in it, when it is one)."""
-        if record.rtype != RecordType.DATA:
-            return  # not counted by status either
-        loc = (record.writer_id, record.segment_index, record.offset)
-        if env is not None:
-            self.saw(loc, (env.queue, env.created_at))
-        elif index.is_terminal(loc):
-            self.saw(loc, None)
-        else:  # a duplicate waiting for its key's owner (read again after a restart)
-            self.saw(loc, job_fields(record.payload))
-
-    def done(self, loc: Loc) -> None:
-        """The job at ``loc`` is terminal now (idempotent; unknown locations are ignored)."""
-        seg = self.segments.get((loc[0], loc[1]))
-        if seg is None:
-            return
-        i = bisect.bisect_left(seg.offsets, loc[2])
-        if i == len(seg.offsets) or seg.offsets[i] != loc[2] or seg.created[i] == _DONE:
-            return
-        created = seg.created[i]
-        seg.created[i] = _DONE
-        queue = self._names[seg.queues[i]]
-        left = self.pending[queue] - 1
-        if left:
-            self.pending[queue] = left
-        else:
-            del self.pending[queue]
-        if seg.mins[i // _BLOCK] == created:
-            self._dirty.add((loc[0], loc[1], i // _BLOCK))  # its block's least: found again when asked
-
-    def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
-        """Forget the records after ``positions`` (read by a step that failed: read again next)."""
-        for (writer, index_), seg in list(self.segments.items()):
-            pos = positions.get(writer)
-            if pos is not None and index_ < pos.segment:
-                continue
-            keep = 0 if pos is None or index_ > pos.segment else bisect.bisect_left(seg.offsets, pos.offset)
-            for offset in seg.offsets[keep:]:
-                self.done((writer, index_, offset))
-            del seg.offsets[keep:], seg.created[keep:], seg.queues[keep:]
-            del seg.mins[(keep + _BLOCK - 1) // _BLOCK :]
-            if keep % _BLOCK:
-                seg.mins[-1] = min(seg.created[(keep // _BLOCK) * _BLOCK : keep])
-
-    def forget(self, compacted: Compacted, positions: Mapping[str, ChainPosition]) -> None:
-        """Drop the compacted segments (every job in them was terminal), and chains gone whole."""
-        for seg in [s for s in self.segments if compacted.is_compacted(s) or s[0] not in positions]:
-            del self.segments[seg]
-
-    @property
-    def consumed(self) -> int:
-        """Records read, in the segments not compacted."""
-        return sum(seg.seen for seg in self.segments.values())
-
-    def oldest(self) -> float | None:
-        """The creation time of the oldest pending job read, ``None`` when there is none."""
-        for writer, index_, block in self._dirty:
-            seg = self.segments.get((writer, index_))
-            if seg is not None and block < len(seg.mins):
-                seg.mins[block] = min(seg.created[block * _BLOCK : (block + 1) * _BLOCK])
-        self._dirty.clear()
-        least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=_DONE)
-        return None if least == _DONE else least
-
-    def _count_dead(
-        self,
-        journal: str,
-        writer: str,
-        indices: list[int],
-        pos: ChainPosition,
-        index: LedgerIndex,
-        compacted: Compacted,
-    ) -> ChainPosition | None:
-        """Count a chain's sealed, read segments whose jobs are all terminal, from their seals.
-
-        Returns where the first other segment starts (``None``: none to read).
-        """
-        for index_ in indices:
-            seg = (writer, index_)
-            if compacted.is_compacted(seg):
-                continue
-            count = sealed_data_count(journal, writer, index_) if index_ < pos.segment else None
-            if count is None or len(index.terminal.get(seg, {})) < count:
-                header = peek_header(os.path.join(journal, segment_name(writer, index_)))
-                return None if header is None else ChainPosition(index_, FILE_HEADER_SIZE, header.first_seq)
-            self.segments[seg] = _Segment(count)
-        return None
-
-    @classmethod
-    def rebuild(
-        cls, journal: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
-    ) -> PendingTracker:
-        """The tracker of what a forwarder standing at ``positions`` has read (when it starts).
-
-        Reads only segments that may hold a pending job: a sealed segment read to its end whose
-        jobs are all terminal is counted from its seal.
-        """
-        out = cls()
-        chains = list_chains(journal)
-        for writer, indices in chains.items():
-            pos = positions.get(writer)
-            if pos is None:
-                continue  # nothing of it read yet
-            start = out._count_dead(journal, writer, indices, pos, index, compacted)
-            if start is None:
-                continue
-            # This chain only, up to the position: every other one starts past its end.
-            since = {w: ChainPosition(ix[-1] + 1, FILE_HEADER_SIZE, 0) for w, ix in chains.items()}
-            since[writer] = start
-            for record in JournalReader(journal).records(since):
-                if not record.consumed_by(positions):
-                    break
-                if record.rtype != RecordType.DATA:
-                    continue
-                loc = (record.writer_id, record.segment_index, record.offset)
-                out.saw(loc, None if index.is_terminal(loc) else job_fields(record.payload))
-        return out
 
 
 @dataclass

@@ -130,6 +130,8 @@ def test_a_restarted_forwarder_rebuilds_the_same_figures(journal_dir: Path) -> N
     assert before is not None
     Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)  # after the position: not read
     forwarder = make_forwarder(journal_dir, transport)
+    assert not forwarder.state.pending_ready  # counted after the first push, a slice per step
+    forwarder.state.count_pending(budget_s=60.0)
     rebuilt = forwarder.state.pending
     assert (rebuilt.consumed, rebuilt.pending, rebuilt.oldest()) == (
         before.consumed,

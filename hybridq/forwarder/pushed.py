@@ -1,0 +1,226 @@
+"""What the forwarder pushed and is not terminal yet: the refill and reconcile passes' list.
+
+A table ``pushed`` in the run table's file (:mod:`hybridq.forwarder.runs`): one row per job
+pushed into Redis whose outcome is not in the ledger, with when it was pushed. A refill after
+Redis lost its state, and a reconcile pass, read these rows' records and nothing else: O(jobs in
+Redis), whatever waits in the journal (docs/forwarder.md, "The window").
+
+The rules that keep it complete (docs/reliability.md, "The run table"):
+
+* **Pushed, then written.** A row is written only after Redis accepted its job. A job pushed
+  from the run table leaves its ``runs`` row and gets its ``pushed`` row in one commit. A job
+  pushed as it was read is noted in memory and written at the next :meth:`PushedJobs.flush` (at
+  most :data:`FLUSH_EVERY_S` later, one fsync), with the **mark**: the checkpoint positions the
+  table covers. A crash before that leaves records between the mark and the checkpoint whose
+  rows were not written; the next start reads them again (:meth:`PushedJobs.open`: O(one
+  flush interval of pushes)) and writes a row for each that is neither terminal nor waiting.
+* **Terminal, then marked.** A row is marked finished after its job's outcome is in the ledger
+  (written at the next flush; a row a crash left unmarked is marked by the next pass that reads
+  it: the ledger says it is terminal). The newest ``recent`` finished rows are kept: a refill
+  purges the queued copies of those jobs a restored Redis brought back (older copies are
+  refused by the generation at claim); older ones are deleted.
+* **Never trusted when unknown.** A file without a mark (new, damaged and moved aside, written by
+  an older version) gets a row for every record before the checkpoint that is neither terminal
+  nor waiting nor a duplicate, read from the journal once (O(live journal), logged).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+
+from hybridq.forwarder.runs import RunTable
+from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
+from hybridq.journal.format import FILE_HEADER_SIZE
+from hybridq.journal.reader import list_chains, read_record_at, seal_offset
+from hybridq.ledger.index import LedgerIndex
+from hybridq.transport.base import Loc
+
+__all__ = ["FLUSH_EVERY_S", "PushedJobs", "read_pushed"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: Jobs pushed as read are written to the table at most this long after (seconds).
+FLUSH_EVERY_S = 1.0
+#: ... or once this many changes wait in memory.
+FLUSH_AT = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pushed (
+    chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL, at REAL NOT NULL,
+    done REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS pushed_done ON pushed(done) WHERE done > 0;
+"""
+_INSERT = "INSERT OR IGNORE INTO pushed VALUES (?, ?, ?, ?, 0)"
+#: Finished: marked (after the inserts of the same flush: a job pushed and finished within it).
+_FINISH = "UPDATE pushed SET done = ? WHERE chain = ? AND seg = ? AND off = ?"
+_DELETE = "DELETE FROM pushed WHERE chain = ? AND seg = ? AND off = ?"
+#: All but the newest ``?`` finished rows.
+_TRIM = (
+    "DELETE FROM pushed WHERE done > 0 AND done <= "
+    "(SELECT done FROM pushed WHERE done > 0 ORDER BY done DESC LIMIT 1 OFFSET ?)"
+)
+
+
+class PushedJobs:
+    """The jobs in Redis (pushed, not terminal) of one forwarder (see module docstring).
+
+    Args:
+        runs: the run table, whose file and transaction it shares.
+        recent: how many finished rows are kept, for a refill to purge their jobs' queued
+            copies a restored Redis brought back (older ones are fenced by the generation alone).
+    """
+
+    def __init__(self, runs: RunTable, recent: int) -> None:
+        self.runs = runs
+        #: Pushed as read, not written yet: loc -> when (``time.time()``).
+        self._adds: dict[Loc, float] = {}
+        #: Terminal, not marked yet: loc -> when.
+        self._done: dict[Loc, float] = {}
+        #: Gone (their records compacted or cut), not deleted yet.
+        self._dels: set[Loc] = set()
+        self._next_flush = 0.0
+        self.recent = recent
+        #: Whether :meth:`open` caught up (before, a mark written would cover rows never written).
+        self._ready = False
+
+    def open(self, journal: str, positions: dict[str, ChainPosition], index: LedgerIndex) -> None:
+        """Create the table; write the rows a crash (or a file without a mark) left unwritten."""
+        with self.runs.errors():
+            self.runs.db.executescript(_SCHEMA)
+            row = self.runs.db.execute("SELECT value FROM meta WHERE name = 'pushed_mark'").fetchone()
+        mark = None if row is None else {c: ChainPosition(*p) for c, p in json.loads(row[0]).items()}
+        found = self._catch_up(journal, positions, {} if mark is None else mark, index)
+        if mark is None and positions:
+            log.warning(
+                "the run table had no list of the jobs pushed (new, damaged, or written by an "
+                "older version): rebuilt from the journal and the ledger (%d jobs)",
+                found,
+            )
+        self._ready = True
+        self.flush(positions)
+
+    def _catch_up(
+        self,
+        journal: str,
+        positions: dict[str, ChainPosition],
+        mark: dict[str, ChainPosition],
+        index: LedgerIndex,
+    ) -> int:
+        """Note every record between ``mark`` and ``positions`` pushed and not terminal."""
+        found = 0
+        chains = list_chains(journal)
+        # Every other chain past its end: one chain read at a time, from its mark to its position.
+        skip = {other: ChainPosition(segs[-1] + 1, FILE_HEADER_SIZE, 0) for other, segs in chains.items()}
+        for chain, indices in chains.items():
+            end = positions.get(chain)
+            start = mark.get(chain)
+            if end is None or (start is not None and start[:2] >= end[:2]):
+                continue  # nothing of it read yet, or all of it written
+            since = {other: at for other, at in skip.items() if other != chain}
+            if start is not None and start.segment >= indices[0]:
+                since[chain] = start  # (a mark in a compacted segment: from the first one left)
+            for record in JournalReader(journal).records(since):
+                if not record.consumed_by(positions):
+                    break
+                if _pushed_candidate(record, index, self.runs):
+                    self._adds[(chain, record.segment_index, record.offset)] = 0.0  # reconciled at once
+                    found += 1
+        return found
+
+    def add(self, locs: Iterable[Loc]) -> None:
+        """Note jobs just pushed as read (written at the next :meth:`flush`)."""
+        now = time.time()
+        for loc in locs:
+            self._adds[loc] = now
+            self._dels.discard(loc)
+
+    def insert(self, locs: Iterable[Loc]) -> None:
+        """Write rows for jobs just pushed from the run table, in its open transaction."""
+        now = time.time()
+        with self.runs.errors():
+            self.runs.db.executemany(_INSERT, ((*loc, now) for loc in locs))
+
+    def done(self, loc: Loc) -> None:
+        """The job at ``loc`` is durably terminal: its row is marked finished (at the next flush)."""
+        self._done[loc] = time.time()
+
+    def drop(self, loc: Loc) -> None:
+        """Forget the job at ``loc`` (its record is gone)."""
+        self._adds.pop(loc, None)
+        self._done.pop(loc, None)
+        self._dels.add(loc)
+
+    @property
+    def due(self) -> bool:
+        """Whether changes wait in memory long enough (or many enough) to be written."""
+        changes = len(self._adds) + len(self._done) + len(self._dels)
+        return bool(changes) and (changes >= FLUSH_AT or time.monotonic() >= self._next_flush)
+
+    def flush(self, positions: dict[str, ChainPosition]) -> None:
+        """Write what waits in memory and the mark (``positions``: the checkpoint's), and commit.
+
+        Called where the run table may be committed (nothing pushed and not yet accepted).
+        """
+        if not self._ready:
+            return
+        with self.runs.errors():
+            db = self.runs.db
+            db.executemany(_INSERT, ((*loc, at) for loc, at in self._adds.items()))
+            db.executemany(_FINISH, ((at, *loc) for loc, at in self._done.items()))
+            db.executemany(_DELETE, self._dels)
+            if self._done:
+                db.execute(_TRIM, (self.recent,))
+            mark = json.dumps({c: list(p) for c, p in positions.items()}, separators=(",", ":"))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_mark', ?)", (mark,))
+        self.runs.commit()
+        self._adds, self._done, self._dels = {}, {}, set()
+        self._next_flush = time.monotonic() + FLUSH_EVERY_S
+
+    def after(self, cursor: Loc | None, pushed_before: float, n: int, *, finished: bool) -> list[Loc]:
+        """Up to ``n`` rows after ``cursor`` (in loc order) of jobs pushed before ``pushed_before``.
+
+        ``finished``: the kept finished rows too (a refill purges their copies). Rows noted in
+        memory are not seen: the caller flushes first (a pass, as it starts).
+        """
+        live = "" if finished else "AND done = 0 "
+        with self.runs.errors():
+            rows = self.runs.db.execute(
+                f"SELECT chain, seg, off FROM pushed WHERE (chain, seg, off) > (?, ?, ?) AND at <= ? {live}"  # noqa: S608 - no input
+                "ORDER BY chain, seg, off LIMIT ?",
+                (*(cursor or ("", -1, -1)), pushed_before, n),
+            ).fetchall()
+        return [(chain, seg, off) for chain, seg, off in rows]
+
+    def count(self) -> int:
+        """Jobs pushed and not terminal as far as written, plus those noted since (tests, doctor)."""
+        with self.runs.errors():
+            row = self.runs.db.execute("SELECT count(*) FROM pushed WHERE done = 0").fetchone()
+        return int(row[0]) + len(self._adds)
+
+
+def _pushed_candidate(record: Record, index: LedgerIndex, runs: RunTable) -> bool:
+    """Whether a record read before the checkpoint may be a job in Redis (a superset: passes filter)."""
+    if record.rtype != RecordType.DATA:
+        return False
+    loc = (record.writer_id, record.segment_index, record.offset)
+    return not index.is_terminal(loc) and loc not in index.duplicates and not runs.contains(loc)
+
+
+def read_pushed(journal: str, loc: Loc) -> Record | None:
+    """The record of a pushed job; ``None`` if it is gone (compacted, or cut by recovery or repair).
+
+    Damage is :class:`~hybridq.errors.JournalCorruption` (loud), as every re-read.
+    """
+    seal_at = seal_offset(journal, loc[0], loc[1])
+    if seal_at is not None and loc[2] >= seal_at:
+        return None
+    try:
+        return read_record_at(journal, *loc)
+    except FileNotFoundError:
+        return None
