@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS runs (
     prio INTEGER NOT NULL DEFAULT 0,
     lkey TEXT NOT NULL DEFAULT '',
     lane TEXT NOT NULL DEFAULT '',
+    back INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
@@ -84,12 +85,14 @@ _INDEXES = """
 DROP INDEX IF EXISTS ready;
 CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
 CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
+CREATE INDEX IF NOT EXISTS taken_back ON runs(back) WHERE back > 0;
 """
 #: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
 _ADDED = (
     ("prio", "INTEGER NOT NULL DEFAULT 0"),
     ("lkey", "TEXT NOT NULL DEFAULT ''"),
     ("lane", "TEXT NOT NULL DEFAULT ''"),
+    ("back", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 _DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?"
@@ -110,6 +113,9 @@ class RunTable:
         self.prios: dict[str, dict[int, int]] = {}
         #: The lane of a limit key (the selector sets it: '' unless the key is a fair key).
         self.lane_of: Callable[[str], str] = _no_lane
+        #: The rows a claim's refusal put back (:mod:`hybridq.forwarder.refusals`): the refused
+        #: attempt of each (column ``back``; 0, and not here: never pushed). Rare: kept in memory.
+        self.backs: dict[Loc, int] = {}
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
@@ -194,16 +200,23 @@ class RunTable:
         """Waiting jobs of ``queue``."""
         return self.counts.get(queue, 0)
 
-    def add(self, rows: Iterable[Row]) -> None:
-        """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`."""
+    def add(self, rows: Iterable[Row], back: Sequence[int] = ()) -> None:
+        """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`.
+
+        ``back``: per row, the attempt a claim refused (rows a refusal put back; see :attr:`backs`).
+        """
         with self._errors():
             db = self.db
             lane_of = self.lane_of
-            for (chain, seg, off), queue, order, prio, key in rows:
+            for i, ((chain, seg, off), queue, order, prio, key) in enumerate(rows):
+                refused = back[i] if back else 0
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (chain, seg, off, queue, order, prio, key, lane_of(key) if key else ""),
+                    "INSERT OR IGNORE INTO runs (chain, seg, off, queue, ord, prio, lkey, lane, back)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (chain, seg, off, queue, order, prio, key, lane_of(key) if key else "", refused),
                 )
+                if cur.rowcount and refused:
+                    self.backs[chain, seg, off] = refused
                 if cur.rowcount:
                     self.counts[queue] = self.counts.get(queue, 0) + 1
                     by = self.prios.setdefault(queue, {})
@@ -247,6 +260,9 @@ class RunTable:
         with self._errors():
             db = self.db
             by = self.prios.setdefault(queue, {})
+            if self.backs:
+                for loc in locs:
+                    self.backs.pop(loc, None)
             if prios is not None:
                 if db.executemany(_DELETE, locs).rowcount == len(locs):
                     for gone in prios:  # all were there (what a refill deletes): counted at once
@@ -278,7 +294,10 @@ class RunTable:
                 del self.prios[queue]
 
     def contains(self, loc: Loc) -> bool:
-        """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
+        """Whether the job at ``loc`` waits here: never pushed, or put back by a claim's refusal.
+
+        A row put back (:attr:`backs`) may still have a copy in Redis.
+        """
         with self._errors():
             if not self.counts:
                 return False
@@ -298,6 +317,10 @@ class RunTable:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
         self.counts, self.prios = {}, {}
+        self.backs = {
+            (c, sg, o): int(b)
+            for c, sg, o, b in db.execute("SELECT chain, seg, off, back FROM runs WHERE back > 0")
+        }
         for q, prio, n in db.execute("SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio"):
             self.counts[q] = self.counts.get(q, 0) + int(n)
             self.prios.setdefault(q, {})[int(prio)] = int(n)

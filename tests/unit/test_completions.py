@@ -730,3 +730,29 @@ def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: 
     settle(forwarder)
     forwarder.close()
     assert status(journal_dir)["succeeded"] == 1
+
+
+def test_the_attempt_a_restarted_forwarder_pushes_for_an_earlier_vanish_is_counted_on_its_key(
+    journal_dir: Path,
+) -> None:
+    # The `lost` entry is written, Redis refuses the next attempt (OOM), and the forwarder
+    # stops: its successor pushes that attempt as "the same vanish", a new copy on its limit
+    # key's queued count, which the key gate must be told of.
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, limit_key="k")
+    transport = FullTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    delivery = transport.take("default")
+    assert delivery is not None
+    transport.kill(delivery)
+    transport.full = True
+    settle(forwarder, steps=12)
+    forwarder.close()
+    transport.full = False
+    forwarder = make_forwarder(journal_dir, transport)
+    counted: list[str] = []
+    forwarder.completions.reconciler.sent = lambda ds: counted.extend(d.envelope.id for d in ds)
+    settle(forwarder)
+    assert transport.deliveries[job.id].attempt == 2
+    assert counted == [job.id], "the next attempt's copy was not counted"
+    forwarder.close()
