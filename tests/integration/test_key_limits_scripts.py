@@ -255,3 +255,21 @@ def test_a_claim_that_runs_nothing_takes_its_copy_off_the_queued_count(
     assert claim(conn, tok)[0] != ClaimStatus.CLAIMED
     assert claim(conn, tok)[0] != ClaimStatus.CLAIMED  # its reply was lost: sent again
     assert queued(conn, "left") == -1  # before: 0, the forwarder's +1 for it stayed
+
+
+def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_take_the_slot_back(
+    conn: redis.Redis,
+) -> None:
+    # Run A stored its own failure; the retry (run B) ran and stored its outcome over it; A's
+    # renewal, sent before A's outcome, runs now: the stored outcome is no longer A's.
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:o", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:o"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    failed = f'{{"outcome":"failed","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
+    scripts.finish(
+        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, failed, 60, "{}"]
+    )
+    conn.set(keys.result(job_id), failed.replace(run, later).replace('"attempt":1', '"attempt":2'))
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED
