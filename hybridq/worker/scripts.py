@@ -173,6 +173,7 @@ local function claim(K, A, server)
         end
         return {0, ""}
     end
+    if lim then limit_left(lim, K[3], tonumber(A[2])) end  -- (runs nothing: the copy left its queue)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """

@@ -240,18 +240,22 @@ def test_a_limited_claim_adds_the_refused_event_it_is_given_and_an_admitted_quic
     assert fields[b"r"] == b"limited: concurrency"
 
 
-@pytest.mark.parametrize("stored", ["succeeded", "failed", "unreadable"])
+@pytest.mark.parametrize("stored", ["succeeded", "failed", "unreadable", "busy"])
 def test_a_claim_that_runs_nothing_takes_its_copy_off_the_queued_count(
     conn: redis.Redis, stored: str
 ) -> None:
-    # Suppressed (the key succeeded), stale (this attempt failed already) or unreadable (not
-    # hybridq's value): the copy left its queue as a refused one does.
+    # Suppressed (the key succeeded), stale (this attempt failed already), unreadable (not
+    # hybridq's value) or busy (another delivery holds the lease): the copy left its queue as a
+    # refused one does.
     settled(conn)
     tok = token("2,0,0,left")
     job_id = tok.split("/", 1)[0]
     conn.hset(keys.rq_job(job_id), "status", "started")
     outcome = f'{{"outcome":"{stored}","job_id":"{job_id}","attempt":1,"requeue":0,"token":"other"}}'
-    conn.set(keys.result(job_id), "\x00not json" if stored == "unreadable" else outcome)
+    if stored == "busy":
+        conn.set(keys.lease(job_id), "another-run")
+    else:
+        conn.set(keys.result(job_id), "\x00not json" if stored == "unreadable" else outcome)
     assert claim(conn, tok)[0] != ClaimStatus.CLAIMED
     assert claim(conn, tok)[0] != ClaimStatus.CLAIMED  # its reply was lost: sent again
     assert queued(conn, "left") == -1  # before: 0, the forwarder's +1 for it stayed
