@@ -3,10 +3,12 @@
 A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (WAL, ``synchronous=FULL``,
 0600). One row per job read while its queue's window in Redis was full (docs/forwarder.md, "The
 window"): where its record is (the journal stays the only copy of the job), its queue, the
-order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none)
-and its lane (the fair key it is taken round robin under, '' for none:
-:mod:`hybridq.forwarder.selector` picks the rows). Nothing about it is kept in memory but a
-count per queue: the backlog costs about 100 bytes of disk per job and no RAM.
+order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none),
+its lane (the fair key it is taken round robin under, '' for none:
+:mod:`hybridq.forwarder.selector` picks the rows) and, for a row a claim's refusal put back
+(:mod:`hybridq.forwarder.refusals`), the refused attempt (0 for none). Nothing about it is kept
+in memory but a count per queue (and the rare rows put back): the backlog costs about 100 bytes
+of disk per job and no RAM.
 
 A file written before priorities existed (no ``prio`` column) gets the columns added when it is
 opened (its rows read as priority 0, no key: they were spilled by a version that ignored both).

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hybridq import Queue, Retry, cancel
+from hybridq import Job, Queue, Retry, cancel
+from hybridq.forwarder.loop import Forwarder
 from hybridq.protocol import StartedEvent
 from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, sign_event
 from hybridq.transport import MemoryTransport
@@ -74,6 +76,16 @@ def test_without_a_key_gate_that_reads_a_refused_job_is_left_to_the_reconcile_pa
     forwarder.close()
 
 
+def _pushed(journal_dir: Path, **options: Any) -> tuple[Job, MemoryTransport, Forwarder]:
+    """A limited job pushed, with a forwarder that takes refused jobs back (its gate is open)."""
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3, limit_key="k", **options)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    forwarder.completions.harvester.takes_back = lambda: True
+    return job, transport, forwarder
+
+
 def _running(transport: MemoryTransport, job_id: str) -> None:
     """A worker took the job's copy and holds its lease: its run goes on."""
     assert transport.take("default") is not None
@@ -83,14 +95,10 @@ def _running(transport: MemoryTransport, job_id: str) -> None:
 def test_a_refusal_of_a_run_that_then_failed_leaves_its_retry_to_its_backoff(journal_dir: Path) -> None:
     # A refusal replayed (or forged, signing off) for a run that was admitted and runs: the row it
     # puts back must not push the next attempt at once when the run fails (its backoff: 120 s).
-    job = Queue(journal=journal_dir).enqueue(
-        tasks.add, 2, 3, limit_key="k", retry=Retry(max_attempts=2, backoff_s=120.0, jitter=False)
+    job, transport, forwarder = _pushed(
+        journal_dir, retry=Retry(max_attempts=2, backoff_s=120.0, jitter=False)
     )
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
     harvester = forwarder.completions.harvester
-    harvester.takes_back = lambda: True
     _running(transport, job.id)
     refuse(transport, job.id)
     harvester.harvest()
@@ -106,12 +114,8 @@ def test_a_refusal_of_a_run_that_then_failed_leaves_its_retry_to_its_backoff(jou
 
 
 def test_a_cancel_of_a_job_a_refusal_put_back_waits_for_its_running_copy(journal_dir: Path) -> None:
-    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3, limit_key="k")
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
+    job, transport, forwarder = _pushed(journal_dir)
     harvester = forwarder.completions.harvester
-    harvester.takes_back = lambda: True
     _running(transport, job.id)
     refuse(transport, job.id)
     harvester.harvest()
@@ -128,12 +132,8 @@ def test_with_signing_on_only_the_signed_refused_field_takes_a_job_back(
 ) -> None:
     monkeypatch.delenv(ENV_KEY_FILE, raising=False)
     monkeypatch.setenv(ENV_KEY, "m" * 64)
-    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3, limit_key="k")
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
+    job, transport, forwarder = _pushed(journal_dir)
     harvester = forwarder.completions.harvester
-    harvester.takes_back = lambda: True
     transport.queues["default"].clear()
     transport.status[job.id] = "finished"
     d = transport.deliveries[job.id]
@@ -161,12 +161,7 @@ def test_a_push_from_the_run_table_that_redis_kept_adds_nothing_to_the_queued_co
 ) -> None:
     # The refused copy's job runs after all (a replayed refusal): the row's push keeps the
     # running copy, which is no new copy on its key's queued count.
-    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3, limit_key="k")
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    harvester = forwarder.completions.harvester
-    harvester.takes_back = lambda: True
+    job, transport, forwarder = _pushed(journal_dir)
     counted: list[tuple[str, int]] = []
     monkeypatch.setattr(forwarder.backlog.keys, "pushed", lambda key, n: counted.append((key, n)))
     _running(transport, job.id)
