@@ -52,6 +52,12 @@ def traced(path: str, token: str, sleep_s: float = 0.0) -> str:
     return token
 
 
+def traced_fail(path: str, token: str, sleep_s: float) -> None:
+    """:func:`traced`, then fail (its ``done`` line is the moment it failed)."""
+    traced(path, token, sleep_s)
+    raise RuntimeError(f"{token}: planned failure")
+
+
 def flaky(path: str, token: str, failures: int) -> str:
     """Fail the first ``failures`` runs of ``token`` (counted in the effects file), then succeed.
 

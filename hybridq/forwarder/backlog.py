@@ -24,6 +24,7 @@ from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
 from hybridq.forwarder.records import read_held, row_delivery
+from hybridq.forwarder.refusals import moved_on
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.selector import KeyGate, Lanes, Selector, Unlimited
 from hybridq.forwarder.state import ForwarderState
@@ -66,6 +67,8 @@ class Backlog:
         self.selector = Selector(state.runs, self.keys, lanes)
         #: Queues whose last pick found fewer rows than it had room for (the gate held the rest).
         self._short: set[str] = set()
+        #: The ids of the jobs the last push queued (``None``: the transport did not say).
+        self._queued: frozenset[str] | None = frozenset()
         self.windows = Windows(state.config, clock)
         self.gate = MemoryGate(state.config, clock)
         #: Jobs pushed from the run table since start.
@@ -195,6 +198,8 @@ class Backlog:
         for loc, order, _, _ in rows:
             if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
                 continue  # settled while it waited (cancelled, or finished after a lost row delete)
+            if moved_on(self.state, loc):
+                continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
             env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
             if env is not None:
                 batch.append(row_delivery(self.state, env, loc))
@@ -204,14 +209,19 @@ class Backlog:
         self.runs.remove(queue, [row[0] for row in rows], [row[3] for row in rows])
         self.state.pushed.insert(d.loc for d in batch)  # in the same commit: never neither
         self.runs.commit()
-        self.sent(batch)
+        queued = self._queued  # the key gate counts new copies only (not one Redis kept: a running job's)
+        self.sent([d for d in batch if queued is None or d.envelope.id in queued])
         self.windows.of(queue).pushed(len(batch))
         self.gate.pushed(len(batch))
         self.refilled += len(batch)
         return len(batch)
 
     def _try_push(self, batch: list[Delivery]) -> bool:
-        """Push once; ``False`` (logged once per outage or pause) if the transport refused."""
+        """Push once; ``False`` (logged once per outage or pause) if the transport refused.
+
+        The ids of the jobs queued are left in :attr:`_queued` (``None``: not known).
+        """
+        self._queued = frozenset()
         try:
             result = self.transport.push(batch)
         except UnencodableJobs as exc:
@@ -220,7 +230,7 @@ class Backlog:
                 log.error("skipping job %s: the transport cannot encode it: %s", delivery.envelope.id, reason)
             refused = {id(d) for d, _ in exc.rejected}
             rest = [d for d in batch if id(d) not in refused]
-            return not rest or self._try_push(rest)
+            return not rest or self._try_push(rest)  # (sets _queued)
         except RedisFull as exc:
             self.paused(exc)
             return False
@@ -231,6 +241,7 @@ class Backlog:
             return False
         self.state.count_duplicates(result.already_present)
         self.gate.sent(len(batch), result.sent_bytes)
+        self._queued = result.queued
         return True
 
     def figures(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:

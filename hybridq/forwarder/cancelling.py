@@ -139,6 +139,8 @@ class Canceller:
 
     def _pushed(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` may be in the backend (else it was never pushed)."""
+        if loc in self.state.runs.backs:
+            return True  # put back by a claim's refusal: a copy may still be queued, or run
         if loc in self.state.index.duplicates or self.state.runs.contains(loc):
             return False  # waits for its key's owner, or in the run table: never pushed
         if any((h.writer_id, h.segment, h.offset) == loc for h in self.state.checkpoint.held):

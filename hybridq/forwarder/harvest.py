@@ -23,7 +23,7 @@ from typing import Any
 from hybridq.envelope.model import idempotency_id
 from hybridq.errors import TransportError
 from hybridq.forwarder.records import envelope_at
-from hybridq.forwarder.refusals import take_back
+from hybridq.forwarder.refusals import is_refusal, take_back
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
 from hybridq.journal.reader import list_chains
@@ -94,9 +94,9 @@ class Harvester:
             ring = keyring()  # once per batch: it stats the key file
             started = [i for i, ev in enumerate(events) if StartedEvent.is_one(ev.body)]
             outcomes = [ev for ev in events if not StartedEvent.is_one(ev.body)] if started else events
-            refused = [i for i in started if events[i].refused is not None]
+            refused = [i for i in started if is_refusal(events[i], signed=ring is not None)]
             if refused:
-                started = [i for i in started if events[i].refused is None]
+                started = [i for i in started if i not in refused]
             entries = [
                 e for e in (self._entry(ev.event_id, ev.body, ring) for ev in outcomes) if e is not None
             ]

@@ -412,7 +412,7 @@ class Forwarder:
             redo = reconciler.redo()  # a refill pass after Redis lost state first
             if redo:
                 # RedisFull: pushed again before the pass goes on
-                reconciler.redone(self._push(redo))
+                reconciler.redone(self._push(redo), self._pusher.queued)
             if self.key_limits.look():  # the limit keys' room, once per step (one call)
                 self.state.figures_changed()
             self.backlog.look()  # outcomes made room: top the windows up

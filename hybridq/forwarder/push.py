@@ -69,6 +69,8 @@ class Pusher:
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not security
         #: Told of each accepted push: its jobs and the bytes sent (the memory gate learns from it).
         self.on_pushed: Callable[[int, int], None] | None = None
+        #: The ids of the jobs the last accepted push queued (``None``: the transport did not say).
+        self.queued: frozenset[str] | None = None
 
     def went_down(self, exc: TransportError, what: str) -> None:
         """Count a transport failure; log only the first of an outage.
@@ -132,6 +134,7 @@ class Pusher:
             self.stats.pushed += result.pushed
             self.stats.duplicate_pushes += result.already_present
             self.state.count_duplicates(result.already_present)
+            self.queued = result.queued
             if self.on_pushed is not None:
                 self.on_pushed(len(batch), result.sent_bytes)
             return batch

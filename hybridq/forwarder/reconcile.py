@@ -29,6 +29,7 @@ from hybridq.errors import EnvelopeError
 from hybridq.forwarder.config import DONE_GRACE_LEASES
 from hybridq.forwarder.harvest import Harvester
 from hybridq.forwarder.pushed import read_pushed
+from hybridq.forwarder.refusals import moved_on
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import Record, RecordType, crashpoints
 from hybridq.ledger.entries import Entry
@@ -182,16 +183,23 @@ class Reconciler:
             self._redo = self.reconcile_step()
         return self._redo
 
-    def redone(self, accepted: list[Delivery]) -> None:
+    def redone(self, accepted: list[Delivery], queued: frozenset[str] | None = None) -> None:
         """Redis accepted what :meth:`redo` returned (``accepted``: less what it could not encode).
 
         The key gate is told of the new copies on a limit key's queued count: the admitted ones
-        and the next attempts of orphaned jobs (their claimed copy left the count). A job
-        delivered again as done or stranded replaces a copy that never left it (no claim took it
-        off), so it is not counted again.
+        and the next attempts of orphaned jobs (their claimed copy left the count), of those
+        Redis queued (``queued``: their ids; ``None``: not known, all). A job delivered again
+        as done or stranded replaces a copy that never left it (no claim took it off), so it is
+        not counted again.
         """
         took = {id(d) for d in accepted}
-        self.sent([d for d in (*self._admitted, *self._next) if id(d) in took])
+        self.sent(
+            [
+                d
+                for d in (*self._admitted, *self._next)
+                if id(d) in took and (queued is None or d.envelope.id in queued)
+            ]
+        )
         self._redo = []
         self._admitted = []
         self._next = []
@@ -258,8 +266,10 @@ class Reconciler:
         loc = (record.writer_id, record.segment_index, record.offset)
         if loc in self.state.index.duplicates:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
-        if self.state.runs.contains(loc):
-            return None  # never pushed: it waits in the run table for room (hybridq.forwarder.backlog)
+        if self.state.runs.contains(loc) and not moved_on(self.state, loc):
+            # It waits in the run table for room (hybridq.forwarder.backlog): never pushed, or
+            # put back by its claim's refusal, which the ledger has not moved on from (refusals).
+            return None
         if self.held(loc):
             return None  # a workflow's anchor, or a job waiting for others (hybridq.forwarder.flows)
         if loc in self.state.index.cancels and not self.state.index.is_terminal(loc):
@@ -336,7 +346,7 @@ class Reconciler:
                     # this may be the same vanish: push that attempt, count nothing. (Had it been
                     # pushed and lost too, the push is stale and the next pass counts it.)
                     self._lost_here.add(loc)
-                    out.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER, lost=times))
+                    self._next.append(delivery(env, loc, attempt, overwrite=Overwrite.EARLIER, lost=times))
                     continue
                 self._lost_here.add(loc)
                 times += 1

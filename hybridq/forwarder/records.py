@@ -82,10 +82,13 @@ def first_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
 
 
 def row_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
-    """The delivery of the job at ``loc`` that waited in the run table: the attempt due.
+    """The delivery of the job at ``loc`` that waited in the run table.
 
-    Most rows were never pushed (attempt 1). A row a claim's refusal put back
-    (:mod:`hybridq.forwarder.refusals`) is that attempt again: its refused copy, which RQ ended
-    without a claim, is replaced (``Overwrite.EARLIER``); a copy queued or claimed is kept.
+    Most rows were never pushed: the first delivery. A row a claim's refusal put back
+    (:mod:`hybridq.forwarder.refusals`) is the refused attempt again: its refused copy, which
+    RQ ended without a claim, is replaced (``Overwrite.EARLIER``); a copy queued or claimed is kept.
     """
-    return state.delivery(env, loc, state.index.attempts(loc) + 1, overwrite=Overwrite.EARLIER)
+    back = state.runs.backs.get(loc)
+    if back is None:
+        return first_delivery(state, env, loc)
+    return state.delivery(env, loc, back, overwrite=Overwrite.EARLIER)

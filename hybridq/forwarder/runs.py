@@ -3,10 +3,12 @@
 A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (WAL, ``synchronous=FULL``,
 0600). One row per job read while its queue's window in Redis was full (docs/forwarder.md, "The
 window"): where its record is (the journal stays the only copy of the job), its queue, the
-order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none)
-and its lane (the fair key it is taken round robin under, '' for none:
-:mod:`hybridq.forwarder.selector` picks the rows). Nothing about it is kept in memory but a
-count per queue: the backlog costs about 100 bytes of disk per job and no RAM.
+order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none),
+its lane (the fair key it is taken round robin under, '' for none:
+:mod:`hybridq.forwarder.selector` picks the rows) and, for a row a claim's refusal put back
+(:mod:`hybridq.forwarder.refusals`), the refused attempt (0 for none). Nothing about it is kept
+in memory but a count per queue (and the rare rows put back): the backlog costs about 100 bytes
+of disk per job and no RAM.
 
 A file written before priorities existed (no ``prio`` column) gets the columns added when it is
 opened (its rows read as priority 0, no key: they were spilled by a version that ignored both).
@@ -77,6 +79,7 @@ CREATE TABLE IF NOT EXISTS runs (
     prio INTEGER NOT NULL DEFAULT 0,
     lkey TEXT NOT NULL DEFAULT '',
     lane TEXT NOT NULL DEFAULT '',
+    back INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
@@ -86,6 +89,7 @@ _INDEXES = """
 DROP INDEX IF EXISTS ready;
 CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
 CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
+CREATE INDEX IF NOT EXISTS taken_back ON runs(back) WHERE back > 0;
 """
 #: The rows per queue and priority, written with the rows at each commit, so that a start reads
 #: a dozen numbers, not every row (issue 29: a GROUP BY over a million rows took about 3 s before
@@ -110,6 +114,7 @@ _ADDED = (
     ("prio", "INTEGER NOT NULL DEFAULT 0"),
     ("lkey", "TEXT NOT NULL DEFAULT ''"),
     ("lane", "TEXT NOT NULL DEFAULT ''"),
+    ("back", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 _DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?"
@@ -132,6 +137,9 @@ class RunTable:
         self.lane_of: Callable[[str], str] = _no_lane
         #: Whether the counts changed since the last commit (written with it).
         self._counted = False
+        #: The rows a claim's refusal put back (:mod:`hybridq.forwarder.refusals`): the refused
+        #: attempt of each (column ``back``; 0, and not here: never pushed). Rare: kept in memory.
+        self.backs: dict[Loc, int] = {}
 
     def open(self) -> None:
         """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
@@ -224,16 +232,23 @@ class RunTable:
         """Waiting jobs of ``queue``."""
         return self.counts.get(queue, 0)
 
-    def add(self, rows: Iterable[Row]) -> None:
-        """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`."""
+    def add(self, rows: Iterable[Row], back: Sequence[int] = ()) -> None:
+        """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`.
+
+        ``back``: per row, the attempt a claim refused (rows a refusal put back; see :attr:`backs`).
+        """
         with self.errors():
             db = self.db
             lane_of = self.lane_of
-            for (chain, seg, off), queue, order, prio, key in rows:
+            for i, ((chain, seg, off), queue, order, prio, key) in enumerate(rows):
+                refused = back[i] if back else 0
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (chain, seg, off, queue, order, prio, key, lane_of(key) if key else ""),
+                    "INSERT OR IGNORE INTO runs (chain, seg, off, queue, ord, prio, lkey, lane, back)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (chain, seg, off, queue, order, prio, key, lane_of(key) if key else "", refused),
                 )
+                if cur.rowcount and refused:
+                    self.backs[chain, seg, off] = refused
                 if cur.rowcount:
                     self._counted = True
                     self.counts[queue] = self.counts.get(queue, 0) + 1
@@ -279,6 +294,9 @@ class RunTable:
             db = self.db
             self._counted = self._counted or bool(locs)
             by = self.prios.setdefault(queue, {})
+            if self.backs:
+                for loc in locs:
+                    self.backs.pop(loc, None)
             if prios is not None:
                 if db.executemany(_DELETE, locs).rowcount == len(locs):
                     for gone in prios:  # all were there (what a refill deletes): counted at once
@@ -310,7 +328,10 @@ class RunTable:
                 del self.prios[queue]
 
     def contains(self, loc: Loc) -> bool:
-        """Whether the job at ``loc`` waits here (never pushed since it was indexed)."""
+        """Whether the job at ``loc`` waits here: never pushed, or put back by a claim's refusal.
+
+        A row put back (:attr:`backs`) may still have a copy in Redis.
+        """
         with self.errors():
             if not self.counts:
                 return False
@@ -330,6 +351,10 @@ class RunTable:
             db.execute("ROLLBACK")
         db.execute("BEGIN")
         self.counts, self.prios, self._counted = {}, {}, False
+        self.backs = {
+            (c, sg, o): int(b)
+            for c, sg, o, b in db.execute("SELECT chain, seg, off, back FROM runs WHERE back > 0")
+        }
         for q, prio, n in db.execute("SELECT queue, prio, n FROM counts WHERE n > 0"):
             self.counts[q] = self.counts.get(q, 0) + int(n)
             self.prios.setdefault(q, {})[int(prio)] = int(n)

@@ -12,8 +12,10 @@ run table (the waiting counts); empty without limits (docs/forwarder.md, "Limits
 refill's round robin): ``waiting`` (its jobs in the run table) and ``running`` (runs holding a
 slot, when the key is also a limit key the gate read; ``null`` otherwise: an unlimited key's
 runs are counted nowhere). The :data:`FAIR_MAX` keys with the most jobs waiting; read from the
-run table's lanes, one pass over it (measured 0.22 s for a million rows over 1,000 keys); empty
-without fair keys (docs/forwarder.md, "Priorities and fairness").
+run table's lanes, one pass over it (measured 0.22 s for a million rows over 1,000 keys), at most
+once per :data:`FAIR_TTL_S` per process (metrics scrapes, the dashboard: a count that old is
+shown meanwhile); empty, and no row read, when the forwarder has no fair keys (the run table
+records the fair keys its lanes were made under) (docs/forwarder.md, "Priorities and fairness").
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
 from hybridq.lookup.stats import Snapshot
 
-__all__ = ["FAIR_MAX", "LONG_WAIT_S", "fair_figures", "limit_figures", "long_waits"]
+__all__ = ["FAIR_MAX", "FAIR_TTL_S", "LONG_WAIT_S", "fair_figures", "limit_figures", "long_waits"]
 
 #: A limit key whose jobs have waited with no room this long is named by ``doctor``.
 LONG_WAIT_S = 600.0
@@ -36,6 +38,14 @@ LONG_WAIT_S = 600.0
 _CHUNK = 500
 #: The most fair keys the figures show (those with the most jobs waiting).
 FAIR_MAX = 500
+#: How long a process reuses its last count of the fair keys' waiting jobs (seconds).
+FAIR_TTL_S = 10.0
+_FAIR_QUERY = (
+    "SELECT lane, count(*) AS n FROM runs WHERE lane != '' GROUP BY lane ORDER BY n DESC, lane LIMIT ?"
+)
+#: Per run table path: the fair keys its lanes were made under, when they were last counted
+#: (monotonic), and the count.
+_fair_cache: dict[str, tuple[str, float, dict[str, int]]] = {}
 
 
 def limit_figures(path: str, snap: Snapshot | None) -> dict[str, Any]:
@@ -75,16 +85,26 @@ def long_waits(path: str, snap: Snapshot | None) -> list[str]:
 def fair_figures(path: str, snap: Snapshot | None) -> dict[str, Any]:
     """``{"fair_keys": {key: {"waiting": n, "running": n or None}}}`` (see the module docstring)."""
     limited: dict[str, dict[str, Any]] = snap.limit_keys if snap is not None else {}
-    query = (
-        "SELECT lane, count(*) AS n FROM runs WHERE lane != '' GROUP BY lane ORDER BY n DESC, lane LIMIT ?"
-    )
-    waiting = _read(path, lambda db: {k: int(n) for k, n in db.execute(query, (FAIR_MAX,))})
+    waiting = _read(path, lambda db: _lanes_waiting(path, db))
     return {
         "fair_keys": {
             key: {"waiting": n, "running": limited[key].get("running") if key in limited else None}
             for key, n in waiting.items()
         }
     }
+
+
+def _lanes_waiting(path: str, db: sqlite3.Connection) -> dict[str, int]:
+    """Per fair key, its rows; ``{}`` without reading one when the lanes were made under none."""
+    made_under = db.execute("SELECT value FROM meta WHERE name = 'lanes'").fetchone()
+    if not made_under or not made_under[0]:
+        return {}
+    now, cached = time.monotonic(), _fair_cache.get(path)
+    if cached is not None and cached[0] == made_under[0] and now - cached[1] < FAIR_TTL_S:
+        return cached[2]
+    waiting = {k: int(n) for k, n in db.execute(_FAIR_QUERY, (FAIR_MAX,))}
+    _fair_cache[path] = (str(made_under[0]), now, waiting)
+    return waiting
 
 
 def _waiting(path: str, keys: list[str]) -> dict[str, int]:

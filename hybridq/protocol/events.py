@@ -256,6 +256,10 @@ class StartedEvent:
     later: int
     #: When the worker claimed the run (its clock).
     at: float
+    #: The claim refused the run (its limit key had no room): the variant the claim script adds
+    #: instead, with the why in the stream entry's ``r`` field. Inside the event, so signing
+    #: covers it (``r`` is not signed: the forwarder believes it only with signing off).
+    refused: bool = False
 
     @classmethod
     def of(cls, delivery: Delivery, at: float) -> StartedEvent:
@@ -278,6 +282,8 @@ class StartedEvent:
         if self.later:
             body["later"] = self.later
         body["at"] = self.at
+        if self.refused:
+            body["refused"] = True
         return body
 
     @staticmethod
@@ -306,4 +312,5 @@ class StartedEvent:
             attempt=_count("attempt", body.get("attempt", 1)),
             later=_count("later", body.get("later", 0)),
             at=at,
+            refused=body.get("refused") is True,
         )

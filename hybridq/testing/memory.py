@@ -146,6 +146,7 @@ class MemoryTransport(Transport):
                 self._failures -= 1
                 limit = min(limit, self._partial or 0)
             pushed = present = 0
+            queued: set[str] = set()
             for delivery in jobs[:limit]:
                 env = delivery.envelope
                 run = env.requeue * 100000 + delivery.attempt
@@ -172,10 +173,11 @@ class MemoryTransport(Transport):
                 self.cancelled.discard(env.id)  # a new hash, as the push script writes it
                 self.status[env.id] = "queued"
                 self.queues.setdefault(env.queue, []).append(env.id)
+                queued.add(env.id)
                 pushed += 1
             if failing:
                 raise TransportError(f"injected failure after {limit} jobs")
-            return PushResult(pushed, present)
+            return PushResult(pushed, present, queued=frozenset(queued))
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""

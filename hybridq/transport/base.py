@@ -40,6 +40,9 @@ class PushResult:
     already_present: int
     #: Bytes of job data sent (0: not counted); the memory gate learns a job's size from it.
     sent_bytes: int = 0
+    #: The ids of the jobs queued (new copies: what the key gate counts on their limit keys);
+    #: ``None``: the transport does not say (every job taken as queued).
+    queued: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,7 +216,9 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
         sent = sum(len(f) for fields in hashes for f in fields if isinstance(f, str | bytes))
-        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results), sent)
+        each = b"".join(bytes(r[2]) if len(r) > 2 else b"1" * (int(r[0]) + int(r[1])) for r in results)
+        queued = frozenset(d.envelope.id for d, flag in zip(jobs, each, strict=True) if flag == ord("1"))
+        return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results), sent, queued)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Purge finished jobs' queued copies, bring live ones up (see :meth:`Transport.refill`)."""

@@ -38,9 +38,9 @@ _QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
 # (hybridq.protocol.Overwrite: "1" replace a known job that was delivered for an earlier run; "2"
 # replace it whatever it holds), run number (requeue * 100000 + attempt), the number of
 # field/value arguments that follow, then those fields of the hash (the script adds
-# QUEUED_FIELDS). Returns {jobs queued, jobs left as they were}. A forced push of a run already
-# delivered does nothing, so a forwarder that restarts and pushes a due retry again does not
-# disturb the retry already running.
+# QUEUED_FIELDS). Returns {jobs queued, jobs left as they were, per job "1" queued or "0"}. A
+# forced push of a run already delivered does nothing, so a forwarder that restarts and pushes
+# a due retry again does not disturb the retry already running.
 #
 # Unless RQ finished or failed that very run although no worker ever claimed it (its
 # hybridq_started is older): then it can no longer run, and is queued again. That is what the
@@ -83,13 +83,14 @@ local function push(k, id, overwrite, run, first, last)
     redis.call("ZREM", KEYS[k + 4], id)
     return 1
 end
-local queued, a = 0, 1
+local queued, a, each = 0, 1, {{}}
 for k = 1, #KEYS, 5 do
     local last = a + 3 + tonumber(ARGV[a + 3])
-    queued = queued + push(k, ARGV[a], ARGV[a + 1], ARGV[a + 2], a + 4, last)
+    each[#each + 1] = push(k, ARGV[a], ARGV[a + 1], ARGV[a + 2], a + 4, last)
+    queued = queued + each[#each]
     a = last + 1
 end
-return {{queued, #KEYS / 5 - queued}}
+return {{queued, #KEYS / 5 - queued, table.concat(each)}}
 """
 
 # After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one

@@ -146,12 +146,15 @@ class ShardedTransport(Transport):
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Push each job to its queue's Redis (all of them, or TransportError: push again)."""
         pushed = present = sent = 0
+        queued: set[str] | None = set()
         for shard, positions in self._split(jobs, lambda d: d.envelope.queue).items():
             result = self.shards[shard].push([jobs[p] for p in positions])
             pushed += result.pushed
             present += result.already_present
             sent += result.sent_bytes
-        return PushResult(pushed, present, sent)
+            if queued is not None:
+                queued = None if result.queued is None else queued | result.queued
+        return PushResult(pushed, present, sent, None if queued is None else frozenset(queued))
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:
         """Refill each Redis with its own queues' jobs (see :meth:`Transport.refill`).

@@ -129,12 +129,13 @@ return back
 """
 
 #: Arguments per job of :data:`START`.
-START_ARITY = 15
+START_ARITY = 16
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), the execution
 # TTL (seconds), then per job (START_ARITY): job id, queue, execution id, then the claim's keys
 # (result, lease, job hash, epoch) and arguments (token, lease ms, job id, requeue, attempt,
-# epoch generation), then the owner's event stream and the started event ("" "": none).
+# epoch generation), then the owner's event stream, the started event and its refused variant
+# ("" "" "": none).
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
 START = (
     CLAIM_LUA
@@ -168,10 +169,11 @@ local function start(i)
     redis.call("PERSIST", job)
     redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
     return claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
-        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
+        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14],
+            ARGV[i + 15]},
         server)
 end
-for i = 6, #ARGV, 15 do
+for i = 6, #ARGV, 16 do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
@@ -273,9 +275,9 @@ def start_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]:
 
 
 def claim_part(item: Taken) -> list[Any]:
-    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``)."""
+    """A job's claim keys and arguments in :data:`START`'s layout (the started events' or ``""``)."""
     claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
-    extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
+    extra = [claim_keys[4], claim_args[6], claim_args[7]] if len(claim_keys) > 4 else ["", "", ""]
     return [*claim_keys[:4], *claim_args[:6], *extra]
 
 

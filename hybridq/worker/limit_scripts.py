@@ -19,9 +19,11 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
   be below zero for a moment. It expires two leases after its last change: a backstop for
   copies that leave Redis another way (evicted, purged by a refill after a restart);
-* ``ended``: runs whose outcome script kept another run's success (their stored outcome is not
-  theirs), for an hour: a renewal sent before the outcome and run after it must not take the
-  slot back (member: the token, score: when it goes, ms);
+* ``ended``: runs whose outcome was recorded, for a minute (an hour for those whose outcome
+  script kept another run's success: their stored outcome is not theirs): a renewal sent
+  before the outcome and run after it must not take the slot back, also once a later run's
+  outcome replaced this run's (member: the token, score: when it goes, ms). A renewal held up
+  longer than that, or run after a FLUSHALL emptied it, takes the slot back for one lease;
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -126,17 +128,17 @@ local function limit_renew(lim, token, lease_ms, ended, server)
     redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
     return true
 end
--- ``kept``: the run's outcome script kept another run's success (the stored outcome is not this
--- run's, so a renewal cannot tell it ended by that: it finds the token here).
+-- Every run's end is kept in ``ended`` (a renewal may not tell it from the stored outcome: a
+-- later run's outcome may replace it): a minute, or an hour when ``kept`` (the run's outcome
+-- script kept another run's success, so the stored outcome was never this run's).
 local function limit_end(token, kept)
     local lim = limit_of(token)
     if not lim then return end
     redis.call("ZREM", lim.run, token)
-    if kept then
-        local now = limit_now({{}})
-        redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
-        redis.call("ZADD", lim.ended, now + 3600000, token)
-        redis.call("PEXPIRE", lim.ended, 3600000)
-    end
+    local now = limit_now({{}})
+    local keep_ms = kept and 3600000 or 60000
+    redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
+    redis.call("ZADD", lim.ended, now + keep_ms, token)
+    if redis.call("PTTL", lim.ended) < keep_ms then redis.call("PEXPIRE", lim.ended, keep_ms) end
 end
 """

@@ -11,6 +11,7 @@ and the outcome script in RQ's own pipelines, and then calls :func:`finished` an
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import logging
 import os
@@ -278,12 +279,23 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        # The claim sends a started event; a limited run's always (quick or not): a refusal
-        # sends it back with the why, and the forwarder takes the job back (docs/forwarder.md).
-        if d.report_start and (d.limit or not quick.is_quick(env.func)):
+        # The claim sends a started event (not for a quick task), and a limited run's claim the
+        # refused variant if its key has no room (signed: the forwarder takes the job back on
+        # its word; docs/forwarder.md). Each only when sent: an admitted quick run adds none.
+        started = d.report_start and not quick.is_quick(env.func)
+        if started or (d.report_start and d.limit):
+            event = StartedEvent.of(d, time.time())
             claim_keys.append(keys.events(d.owner))
-            claim_args.append(json.dumps(sign_event(d.owner, StartedEvent.of(d, time.time()).to_json())))
+            claim_args += [
+                _signed(d.owner, event) if started else "",
+                _signed(d.owner, event, refused=True) if d.limit else "",
+            ]
         return cls(raw, d, token, claim_keys, claim_args, func)
+
+
+def _signed(owner: str, event: StartedEvent, *, refused: bool = False) -> str:
+    """``event`` (or its refused variant) as the claim script adds it to ``owner``'s stream."""
+    return json.dumps(sign_event(owner, dataclasses.replace(event, refused=refused).to_json()))
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.

@@ -51,7 +51,10 @@ CALL_TIMEOUT_S = 5.0
 
 # KEYS: result, lease, RQ's job hash, the owner's epoch key[, the owner's event stream]. ARGV:
 # token, lease ms, job id, requeue, attempt, the delivery's epoch generation[, the started event
-# (protocol.StartedEvent, signed by the worker; "" none) added to that stream by a new claim].
+# (protocol.StartedEvent, signed by the worker; "" none) added to that stream by a new claim,
+# the refused variant of it (its ``refused`` field set, signed; "" none) added instead by a
+# claim its limit key refuses]. Each is sent only when used: a limited quick task's admitted
+# claim adds no event.
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
 # delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
@@ -123,23 +126,28 @@ local function claim(K, A, server)
     local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
     local stored = redis.call("GET", K[1])
     if stored then
+        -- Each runs nothing: the copy left its queue (off its limit key's queued count, once).
         local ok, r = decode_stored(stored)
         if not ok then
+            if lim then limit_left(lim, K[3], tonumber(A[2])) end
             return {4, "unreadable"}  -- not "nothing stored": its key may have finished
         end
         local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
         local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
         if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
+            if lim then limit_left(lim, K[3], tonumber(A[2])) end
             return {1, stored}
         end
         if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
+            if lim then limit_left(lim, K[3], tonumber(A[2])) end
             return {2, stored}
         end
     end
     -- A limited key (hybridq.worker.limit_scripts): no slot, or no rate left, runs nothing and
-    -- uses no attempt. The run's signed started event goes to the owner's stream with the why
-    -- (``r``): the forwarder takes the job back into its run table at its next step, and the
-    -- key gate pushes the same attempt again when the key has room (hybridq.forwarder.refusals).
+    -- uses no attempt. The run's refused started event (A[8], signed: its ``refused`` field)
+    -- goes to the owner's stream with the why (``r``, not signed): the forwarder takes the job
+    -- back into its run table at its next step, and the key gate pushes the same attempt
+    -- again when the key has room (hybridq.forwarder.refusals).
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
@@ -147,8 +155,8 @@ local function claim(K, A, server)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
             end
-            if K[5] and A[7] and A[7] ~= "" then
-                redis.call("XADD", K[5], "*", "e", A[7], "r", why)
+            if K[5] and A[8] and A[8] ~= "" then
+                redis.call("XADD", K[5], "*", "e", A[8], "r", why)
             end
             return {4, why}
         end
@@ -165,6 +173,7 @@ local function claim(K, A, server)
         end
         return {0, ""}
     end
+    if lim then limit_left(lim, K[3], tonumber(A[2])) end  -- (runs nothing: the copy left its queue)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """

@@ -211,3 +211,69 @@ def test_a_copy_cancelled_before_its_claim_leaves_the_queued_count(conn: redis.R
     conn.hset(keys.rq_job(cancelled.split("/", 1)[0]), mapping={"status": "started", "hybridq_cancel": "1"})
     assert claim(conn, cancelled)[0] == ClaimStatus.CANCELLED
     assert queued(conn, "gone") == -1  # before: 0, the forwarder's +1 for it stayed
+
+
+def test_a_limited_claim_adds_the_refused_event_it_is_given_and_an_admitted_quick_one_adds_none(
+    conn: redis.Redis,
+) -> None:
+    # The worker passes the started event (A[7], "" for a quick task) and its refused variant
+    # (A[8], signed by the worker: the forwarder believes only that); each is added only when used.
+    settled(conn)
+    stream = keys.events("owner")
+    runs = [token("1,0,0,ev") for _ in range(2)]
+    for tok in runs:
+        job_id = tok.split("/", 1)[0]
+        claim_keys = [
+            keys.result(job_id),
+            keys.lease(job_id),
+            keys.rq_job(job_id),
+            keys.epoch("owner"),
+            stream,
+        ]
+        scripts.claim(
+            conn, claim_keys, [tok, LEASE_MS, job_id, 0, 1, 0, "", f'{{"refused":true,"id":"{job_id}"}}']
+        )
+    entries = conn.xrange(stream)
+    assert len(entries) == 1, "the admitted quick run added a started event"
+    fields = entries[0][1]
+    assert fields[b"e"] == f'{{"refused":true,"id":"{runs[1].split("/", 1)[0]}"}}'.encode()
+    assert fields[b"r"] == b"limited: concurrency"
+
+
+@pytest.mark.parametrize("stored", ["succeeded", "failed", "unreadable", "busy"])
+def test_a_claim_that_runs_nothing_takes_its_copy_off_the_queued_count(
+    conn: redis.Redis, stored: str
+) -> None:
+    # Suppressed (the key succeeded), stale (this attempt failed already), unreadable (not
+    # hybridq's value) or busy (another delivery holds the lease): the copy left its queue as a
+    # refused one does.
+    settled(conn)
+    tok = token("2,0,0,left")
+    job_id = tok.split("/", 1)[0]
+    conn.hset(keys.rq_job(job_id), "status", "started")
+    outcome = f'{{"outcome":"{stored}","job_id":"{job_id}","attempt":1,"requeue":0,"token":"other"}}'
+    if stored == "busy":
+        conn.set(keys.lease(job_id), "another-run")
+    else:
+        conn.set(keys.result(job_id), "\x00not json" if stored == "unreadable" else outcome)
+    assert claim(conn, tok)[0] != ClaimStatus.CLAIMED
+    assert claim(conn, tok)[0] != ClaimStatus.CLAIMED  # its reply was lost: sent again
+    assert queued(conn, "left") == -1  # before: 0, the forwarder's +1 for it stayed
+
+
+def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_take_the_slot_back(
+    conn: redis.Redis,
+) -> None:
+    # Run A stored its own failure; the retry (run B) ran and stored its outcome over it; A's
+    # renewal, sent before A's outcome, runs now: the stored outcome is no longer A's.
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:o", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:o"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    failed = f'{{"outcome":"failed","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
+    scripts.finish(
+        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, failed, 60, "{}"]
+    )
+    conn.set(keys.result(job_id), failed.replace(run, later).replace('"attempt":1', '"attempt":2'))
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED

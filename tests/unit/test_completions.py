@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hybridq import Queue, Retry, failed_jobs, requeue
+from hybridq import Job, Queue, Retry, failed_jobs, requeue
 from hybridq.envelope.model import Envelope
 from hybridq.errors import HybridqError, QueueFull, RedisFull
 from hybridq.forwarder.loop import Forwarder
@@ -709,11 +710,9 @@ class FullTransport(MemoryTransport):
         return super().push(jobs)
 
 
-def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: Path) -> None:
-    # The `lost` entry is written, then Redis refuses the next attempt (OOM): that delivery is
-    # pushed again before the pass moves on, not dropped, and the next passes (which find the
-    # job orphaned still) do not count another vanish each: five would fail a job that ran once.
-    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
+def vanished_while_full(journal_dir: Path, **options: Any) -> tuple[Job, FullTransport, Forwarder]:
+    """A job whose worker vanished; its `lost` entry written, its next attempt refused (OOM)."""
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 1, 2, **options)
     transport = FullTransport()
     forwarder = make_forwarder(journal_dir, transport)
     forwarder.step()
@@ -722,6 +721,14 @@ def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: 
     transport.kill(delivery)
     transport.full = True
     settle(forwarder, steps=12)
+    return job, transport, forwarder
+
+
+def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: Path) -> None:
+    # The `lost` entry is written, then Redis refuses the next attempt (OOM): that delivery is
+    # pushed again before the pass moves on, not dropped, and the next passes (which find the
+    # job orphaned still) do not count another vanish each: five would fail a job that ran once.
+    job, transport, forwarder = vanished_while_full(journal_dir)
     assert failed_jobs(str(journal_dir)) == []
     transport.full = False
     settle(forwarder)
@@ -730,3 +737,21 @@ def test_a_vanish_whose_next_attempt_redis_refused_is_counted_once(journal_dir: 
     settle(forwarder)
     forwarder.close()
     assert status(journal_dir)["succeeded"] == 1
+
+
+def test_the_attempt_a_restarted_forwarder_pushes_for_an_earlier_vanish_is_counted_on_its_key(
+    journal_dir: Path,
+) -> None:
+    # The `lost` entry is written, Redis refuses the next attempt (OOM), and the forwarder
+    # stops: its successor pushes that attempt as "the same vanish", a new copy on its limit
+    # key's queued count, which the key gate must be told of.
+    job, transport, forwarder = vanished_while_full(journal_dir, limit_key="k")
+    forwarder.close()
+    transport.full = False
+    forwarder = make_forwarder(journal_dir, transport)
+    counted: list[str] = []
+    forwarder.completions.reconciler.sent = lambda ds: counted.extend(d.envelope.id for d in ds)
+    settle(forwarder)
+    assert transport.deliveries[job.id].attempt == 2
+    assert counted == [job.id], "the next attempt's copy was not counted"
+    forwarder.close()

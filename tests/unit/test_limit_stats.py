@@ -6,7 +6,9 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hybridq.forwarder.runs import RUNS_DIR, RUNS_FILE
 from hybridq.lookup.stats import Snapshot
 from hybridq.ops.limit_stats import LONG_WAIT_S, limit_figures, long_waits
@@ -90,3 +92,40 @@ def test_the_figures_count_each_fair_keys_waiting_jobs_from_the_run_tables_lanes
     assert family.name == "hybridq_fair_key_waiting"
     assert {s.labels["key"]: s.value for s in family.samples} == {"tenant:1": 7, "tenant:2": 2}
     assert list(fair_metrics({})) == []
+
+
+def test_without_fair_keys_the_figures_read_no_row_and_with_them_a_scrape_reuses_a_recent_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Called on every metrics scrape and status: a scan of the whole run table each time (0.15-0.2
+    # s a million rows) is paid only with fair keys, and then once per FAIR_TTL_S.
+    from hybridq.forwarder.runs import RunTable
+    from hybridq.forwarder.selector import Lanes, parse_fair_keys
+    from hybridq.ops import limit_stats
+
+    statements: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)
+        db.set_trace_callback(statements.append)
+        return db
+
+    runs = RunTable(str(tmp_path))
+    runs.open()
+    runs.add((("w", 1, i), "q", float(i), 0, "tenant:1") for i in range(3))
+    runs.commit()
+    monkeypatch.setattr(limit_stats.sqlite3, "connect", traced)
+    try:
+        assert limit_stats.fair_figures(str(tmp_path), None) == {"fair_keys": {}}
+        assert not [s for s in statements if "FROM runs" in s], "scanned the run table without fair keys"
+        lanes = Lanes(parse_fair_keys(["tenant:*"]))
+        runs.lanes(lanes.lane, lanes.signature)
+        statements.clear()
+        for _ in range(3):
+            assert limit_stats.fair_figures(str(tmp_path), None)["fair_keys"] == {
+                "tenant:1": {"waiting": 3, "running": None}
+            }
+        assert len([s for s in statements if "FROM runs" in s]) == 1, "each scrape scanned the run table"
+    finally:
+        runs.close()

@@ -6,11 +6,16 @@ event with the ``r`` field), put in the transport's stream by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
-from hybridq import Queue
+import pytest
+from hybridq import Job, Queue, Retry, cancel
+from hybridq.forwarder.loop import Forwarder
 from hybridq.protocol import StartedEvent
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, sign_event
 from hybridq.transport import MemoryTransport
 from hybridq.transport.base import Event
 
@@ -68,4 +73,100 @@ def test_without_a_key_gate_that_reads_a_refused_job_is_left_to_the_reconcile_pa
     forwarder.step()
     assert forwarder.completions.harvester.refused_back == 0
     assert not forwarder.state.runs.contains(transport.deliveries[job.id].loc)
+    forwarder.close()
+
+
+def _pushed(journal_dir: Path, **options: Any) -> tuple[Job, MemoryTransport, Forwarder]:
+    """A limited job pushed, with a forwarder that takes refused jobs back (its gate is open)."""
+    job = Queue(journal=journal_dir).enqueue(tasks.add, 2, 3, limit_key="k", **options)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    forwarder.completions.harvester.takes_back = lambda: True
+    return job, transport, forwarder
+
+
+def _running(transport: MemoryTransport, job_id: str) -> None:
+    """A worker took the job's copy and holds its lease: its run goes on."""
+    assert transport.take("default") is not None
+    transport.leases.add(transport.deliveries[job_id].envelope.key_id)
+
+
+def test_a_refusal_of_a_run_that_then_failed_leaves_its_retry_to_its_backoff(journal_dir: Path) -> None:
+    # A refusal replayed (or forged, signing off) for a run that was admitted and runs: the row it
+    # puts back must not push the next attempt at once when the run fails (its backoff: 120 s).
+    job, transport, forwarder = _pushed(
+        journal_dir, retry=Retry(max_attempts=2, backoff_s=120.0, jitter=False)
+    )
+    harvester = forwarder.completions.harvester
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    harvester.harvest()
+    loc = transport.deliveries[job.id].loc
+    assert forwarder.state.runs.contains(loc)
+    transport.run(transport.deliveries[job.id], _fails)  # the run fails: its retry is due in 120 s
+    harvester.harvest()
+    forwarder.step()
+    assert transport.deliveries[job.id].attempt == 1, "the retry was pushed before its backoff"
+    assert not forwarder.state.runs.contains(loc), "the row is dropped, left to the retry"
+    assert job.status != "finished"
+    forwarder.close()
+
+
+def test_a_cancel_of_a_job_a_refusal_put_back_waits_for_its_running_copy(journal_dir: Path) -> None:
+    job, transport, forwarder = _pushed(journal_dir)
+    harvester = forwarder.completions.harvester
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    harvester.harvest()
+    cancel([job.id], journal_dir)
+    forwarder.step()
+    forwarder.step()
+    assert forwarder.cancels.cancelled == 0, "settled cancelled while its run goes on"
+    assert not forwarder.state.index.is_terminal(transport.deliveries[job.id].loc)
+    forwarder.close()
+
+
+def test_with_signing_on_only_the_signed_refused_field_takes_a_job_back(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_KEY_FILE, raising=False)
+    monkeypatch.setenv(ENV_KEY, "m" * 64)
+    job, transport, forwarder = _pushed(journal_dir)
+    harvester = forwarder.completions.harvester
+    transport.queues["default"].clear()
+    transport.status[job.id] = "finished"
+    d = transport.deliveries[job.id]
+    owner, started = d.owner, StartedEvent(job.id, d.loc, 1, 0, time.time())
+    # A Redis writer adds the unsigned ``r`` to a copy of the run's genuine started event.
+    forged = Event("901-0", sign_event(owner, started.to_json()), "limited: concurrency")
+    transport.events.setdefault(owner, []).append(forged)
+    harvester.harvest()
+    assert harvester.refused_back == 0
+    assert not forwarder.state.runs.contains(d.loc)
+    genuine = sign_event(owner, dataclasses.replace(started, refused=True).to_json())
+    transport.events[owner].append(Event("902-0", genuine, "limited: concurrency"))
+    harvester.harvest()
+    assert harvester.refused_back == 1
+    assert forwarder.state.runs.backs == {d.loc: 1}
+    forwarder.close()
+
+
+def _fails(env: object, attempt: int) -> None:
+    raise RuntimeError("boom")
+
+
+def test_a_push_from_the_run_table_that_redis_kept_adds_nothing_to_the_queued_count(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The refused copy's job runs after all (a replayed refusal): the row's push keeps the
+    # running copy, which is no new copy on its key's queued count.
+    job, transport, forwarder = _pushed(journal_dir)
+    counted: list[tuple[str, int]] = []
+    monkeypatch.setattr(forwarder.backlog.keys, "pushed", lambda key, n: counted.append((key, n)))
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    forwarder.step()
+    assert not forwarder.state.runs.contains(transport.deliveries[job.id].loc), "pushed from the run table"
+    assert counted == [], "a copy Redis kept was counted as queued"
     forwarder.close()
