@@ -21,6 +21,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,7 @@ class KeyLimits:
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
         self._looked = False
+        self._changed = False  # a prefetch changed a key's figures since the last look
 
     def room(self, key: str) -> int:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
@@ -110,19 +112,44 @@ class KeyLimits:
                 self._policies[key] = policy
             return policy
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read now, in one call, those of ``keys`` never read: their jobs go with this batch.
+
+        Without it a key's first sight would send its jobs through the run table (a row
+        written, fsync'd, picked and read back a step later). Keys read before are left to
+        :meth:`look` (their room is counted down locally between looks). Redis down: nothing
+        is read, the keys wait for the next look as before (the push fails the same way).
+        """
+        if not self.limits or self._open:
+            return
+        names = [k for k in dict.fromkeys(keys) if k not in self._room and self._policy(k) is not None]
+        if not names:
+            return
+        try:
+            self._changed |= self._read(names[:LOOK_MAX])
+        except TransportError as exc:
+            log.debug("cannot read the limits' use: %s", exc)
+
     def look(self) -> bool:
         """Read the keys asked about (and add what was pushed) in one call; once per step.
 
-        Returns whether a key's figures changed (the stats snapshot is written again).
+        Returns whether a key's figures changed since the last look (the stats snapshot is
+        written again).
 
         Raises:
             TransportError: Redis is down (the room stays as it was: nothing more is pushed).
         """
         if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
-            return False
-        self._looked = True  # the first look starts the limits' epoch on a new Redis at once
-        names = list(self._asked)[:LOOK_MAX]
-        names += [k for k in self._added if k not in self._asked]
+            changed, self._changed = self._changed, False
+            return changed
+        changed = self._read(list(self._asked)[:LOOK_MAX]) or self._changed
+        self._changed = False
+        return changed
+
+    def _read(self, names: list[str]) -> bool:
+        """Read ``names`` and add what was pushed to every key, in one call; whether figures changed."""
+        self._looked = True  # the first read starts the limits' epoch on a new Redis at once
+        # The keys pushed to are only added to: their room is counted down here until asked again.
         periods = {}
         for key in names:
             limit = self._policy(key)

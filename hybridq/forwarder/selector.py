@@ -55,6 +55,10 @@ class KeyGate(Protocol):
         """``n`` jobs of ``key`` were just pushed (after the transport accepted them)."""
         ...
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read now, in one call, the room of those of ``keys`` never read (before deciding on them)."""
+        ...
+
 
 class Unlimited:
     """The default gate: every key has room."""
@@ -65,6 +69,9 @@ class Unlimited:
 
     def pushed(self, key: str, n: int) -> None:
         """Nothing to count."""
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Nothing to read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +180,17 @@ class Selector:
         self._rooms[key] = room - 1
         return True
 
+    def prefetch(self, keys: Iterable[str | None]) -> None:
+        """Have the gate read, in one call, the keys of a chunk of jobs it was not asked about yet.
+
+        Before the chunk is decided: a key's first sight then costs a share of one Redis call,
+        not a step's wait in the run table.
+        """
+        rooms = self._rooms
+        unasked = {key for key in keys if key and key not in rooms}
+        if unasked:
+            self.gate.prefetch(unasked)
+
     def _blocked_json(self) -> str:
         """The refused keys as the JSON array the queries take (made again only when it grew)."""
         if self._json[0] != len(self._blocked):
@@ -209,6 +227,7 @@ class Selector:
         while len(out) < n:
             want = n - len(out)
             rows = self._lane_rows(queue, lane, want)
+            self.prefetch(row[2] for row in rows)
             for row in rows:
                 self._after[lane] = row
                 if self.fits(row[2]):
@@ -254,6 +273,7 @@ class Selector:
                 sql += _NOT_BLOCKED
                 params.append(self._blocked_json())
             rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, page])
+            self.prefetch(row[2] for row in rows)
             for row in rows:
                 after = row
                 if row[0] not in taken and self.fits(row[2]):

@@ -7,6 +7,7 @@ import random
 import sqlite3
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ class Gate:
 
     def pushed(self, key: str, n: int) -> None:
         self.rooms[key] = self.rooms.get(key, sys.maxsize) - n
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Nothing to read: the rooms are fixed."""
 
 
 def offsets(rows: list[tuple[tuple[str, int, int], float, str, int]]) -> list[int]:
