@@ -17,13 +17,15 @@ from .base import KeyUse
 
 __all__ = ["KEY_USE", "key_use"]
 
-# ARGV: the lease (ms), then per key: the key, its rate period (ms; 0: no rate; -1: only add, not
-# read), the jobs pushed since the last call. The epoch is started here too when Redis lost it
-# (as the claim would), so the quarantine begins at the forwarder's first look. Returns per key
-# {running, queued, started in the period, quarantine left (ms)}, or 0 for a key only added to.
-# The queued count expires two leases after the last push: jobs lost with Redis, or cancelled,
-# stop counting. A part of a key of the wrong type (written by something else) fails only its
-# own command (``pcall``): that key is held (never over its limit), the others go on.
+# ARGV: the lease (ms), then the keys as one string (a limit key has no whitespace): per key
+# "key period added ", its rate period (ms; 0: no rate; -1: only add, not read) and the jobs
+# pushed since the last call (one argument: redis-py packs each argument in Python, a third of
+# the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
+# claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
+# read: running, queued, started in the period, quarantine left (ms). The queued count expires
+# two leases after the last push: jobs lost with Redis, or cancelled, stop counting. A part of
+# a key of the wrong type (written by something else) fails only its own command (``pcall``):
+# that key is held (never over its limit), the others go on.
 KEY_USE = f"""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -36,11 +38,12 @@ if not since or since > now or (run_id ~= "" and was ~= run_id) then
     since = now
     redis.call("SET", "{LIMITS_EPOCH}", now .. ":" .. run_id)
 end
+local after = "(" .. now
 local quiet0 = math.max(0, since + lease - now)
 local out = {{}}
-for i = 2, #ARGV, 3 do
-    local at = "{LIMIT_PREFIX}" .. ARGV[i] .. ":"
-    local period, add = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
+    local at = "{LIMIT_PREFIX}" .. key .. ":"
+    period, add = tonumber(period), tonumber(add)
     local bad = false
     local queued = 0
     if add > 0 then
@@ -55,20 +58,19 @@ for i = 2, #ARGV, 3 do
         queued = raw and tonumber(raw)
         if raw and not queued then bad = true end
     end
-    if period < 0 then
-        out[#out + 1] = 0
-    else
-        local running = redis.pcall("ZCOUNT", at .. "run", "(" .. now, "+inf")
+    if period >= 0 then
+        local running = redis.pcall("ZCOUNT", at .. "run", after, "+inf")
         local started = 0
         if period > 0 then
             started = redis.pcall("ZCOUNT", at .. "starts", "(" .. (now - period), "+inf")
         end
+        local n = #out
         if bad or type(running) ~= "number" or type(started) ~= "number" then
-            out[#out + 1] = {{0, 0, 0, 86400000}}
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 0, 0, 0, 86400000
         else
             local quiet = quiet0
             if period > lease then quiet = math.max(0, since + period - now) end
-            out[#out + 1] = {{running, math.max(0, queued or 0), started, quiet}}
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = running, math.max(0, queued or 0), started, quiet
         end
     end
 end
@@ -84,15 +86,10 @@ def key_use(
     A key of ``added`` not in ``periods`` is only added to (not read). ``script``:
     :data:`KEY_USE`, registered on the Redis client.
     """
-    args: list[Any] = [max(1, int(lease_s * 1000))]
-    names = list(periods)
-    for key in names:
-        args += [key, periods[key], added.get(key, 0)]
-    for key, n in added.items():
-        if key not in periods:
-            args += [key, -1, n]
-    rows = script(keys=[], args=args)
+    parts = [f"{key} {period} {added.get(key, 0)} " for key, period in periods.items()]
+    parts += [f"{key} -1 {n} " for key, n in added.items() if key not in periods]
+    r = script(keys=[], args=[max(1, int(lease_s * 1000)), "".join(parts)])
     return {
-        key: KeyUse(int(r[0]), int(r[1]), int(r[2]), int(r[3]) / 1000)
-        for key, r in zip(names, rows[: len(names)], strict=True)
+        key: KeyUse(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]) / 1000)
+        for key, i in zip(periods, range(0, 4 * len(periods), 4), strict=True)
     }
