@@ -158,7 +158,9 @@ class Selector:
         self.cursor: dict[str, str] = {}
         self._rooms: dict[str, int] = {}
         self._blocked: set[str] = set()
-        self._json: tuple[int, str] = (0, "[]")
+        #: The refused keys as the JSON array the queries take, and the keys refused since.
+        self._json = "[]"
+        self._unjsoned: list[str] = []
         #: Within one pick, where each lane's scan stopped (its rows before are picked or refused).
         self._after: dict[str, Row] = {}
 
@@ -174,7 +176,9 @@ class Selector:
         if room is None:
             room = self.gate.room(key)
         if room <= 0:
-            self._blocked.add(key)
+            if key not in self._blocked:
+                self._blocked.add(key)
+                self._unjsoned.append(key)
             self._rooms[key] = 0
             return False
         self._rooms[key] = room - 1
@@ -192,16 +196,23 @@ class Selector:
             self.gate.prefetch(unasked)
 
     def _blocked_json(self) -> str:
-        """The refused keys as the JSON array the queries take (made again only when it grew)."""
-        if self._json[0] != len(self._blocked):
-            self._json = (len(self._blocked), json.dumps(sorted(self._blocked)))
-        return self._json[1]
+        """The refused keys as the JSON array the queries take (the keys refused since appended).
+
+        Not made again from the whole set each time it grew: with thousands of keys refused in
+        one refill, that was a sort and a dump of all of them per chunk.
+        """
+        if self._unjsoned:
+            more = json.dumps(self._unjsoned)
+            self._json = more if self._json == "[]" else f"{self._json[:-1]},{more[1:]}"
+            self._unjsoned.clear()
+        return self._json
 
     def begin(self) -> None:
         """Forget the rooms asked of the gate (each refill or batch of reads asks again)."""
         self._rooms.clear()
         self._blocked.clear()
-        self._json = (0, "[]")
+        self._json = "[]"
+        self._unjsoned.clear()
 
     def pick(self, queue: str, n: int) -> Picked:
         """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age).
