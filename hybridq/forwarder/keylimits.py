@@ -7,11 +7,14 @@ block other keys' jobs (the selector skips the key). Once per step, :meth:`KeyLi
 Redis, in one call, how the keys asked about since the last look stand (runs holding a slot,
 jobs pushed and not yet claimed by any forwarder, starts in the rate's period, a quarantine
 after Redis lost its state); between looks the room is counted down locally as jobs are pushed
-(docs/forwarder.md, "Limits per key").
+(docs/forwarder.md, "Limits per key"). Each call also adds what was pushed since to every
+pushed key's queued count (a key with room is only added to, not read again, for FRESH_S).
 
-A key never looked at has no room until the next look (a step away): the gate errs on the side
-of waiting. Without a Redis that can say (the memory transport, sharded queues), every key is
-open and the claims alone enforce the limits.
+A key never read is read with the chunk of jobs it comes in (:meth:`KeyLimits.prefetch`, one
+call for the chunk), before the chunk is decided; one the gate could not read has no room until
+the next look (a step away): the gate errs on the side of waiting. Without a Redis that can say
+(the memory transport, sharded queues), every key is open and the claims alone enforce the
+limits.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ and fairness"):
   so a refill costs O(jobs it takes), not O(keys).
 * **The gate** (:class:`KeyGate`, the limits of ``hybridq.forwarder.keylimits``): a job with a
   limit key is taken only while the gate has room for its key; a key without room is skipped
-  inside the index (its rows wait on disk) and never holds back the keys behind it.
+  inside the index (its rows wait on disk) and never holds back the keys behind it. The keys
+  of a chunk of rows the gate was not asked about are read in one call before the chunk is
+  decided (:meth:`Selector.prefetch`); a fair lane's head, probed one row at a time, is not.
 
 This module must not import redis or rq.
 """
