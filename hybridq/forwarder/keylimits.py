@@ -135,6 +135,14 @@ class KeyLimits:
         except TransportError as exc:
             log.debug("cannot read the limits' use: %s", exc)
 
+    def forget(self) -> None:
+        """Redis lost its state: no room is trusted; each key is read again (its quarantine) first.
+
+        A key with room is otherwise read again only a second later (:data:`FRESH_S`), and its
+        jobs pushed meanwhile would meet the claims' refusal, coming back two leases later.
+        """
+        self._room.clear()
+
     def look(self) -> bool:
         """Read the keys asked about (and add what was pushed) in one call; once per step.
 

@@ -254,3 +254,16 @@ def test_a_keys_first_sight_reads_its_room_with_its_chunk_not_through_the_run_ta
         assert transport.pushed_keys.count("two") == 2, "its room is gone: its others wait on disk"
     finally:
         f.close()
+
+
+def test_after_redis_lost_its_state_no_room_is_trusted_until_read_again() -> None:
+    transport = Uses({})
+    gate = KeyLimits(parse_limits(["t:*=concurrency:5"]), transport, lease_s=2.0)
+    gate.prefetch(["t:1"])
+    assert gate.room("t:1") == 5
+    transport.uses["t:1"] = KeyUse(0, 0, 0, 2.0)  # a new epoch: quarantined for a lease
+    gate.forget()
+    assert gate.room("t:1") == 0, "its room is not trusted (it was read within FRESH_S)"
+    gate.prefetch(["t:1"])
+    assert gate.room("t:1") == 0
+    assert [set(periods) for periods, _ in transport.calls] == [{"t:1"}, {"t:1"}]
