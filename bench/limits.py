@@ -6,14 +6,19 @@ never binds: ``concurrency:1000000``), interleaved repetitions, medians:
 * **admission**: a forwarder in this process (the RQ transport, a private Redis, no worker)
   forwards N jobs of 10,000 distinct limit keys from its journal into Redis, its window wide
   enough for all of them; timed from its first step to the last job in Redis. The difference per
-  job is what the gate adds (a room check per job, one Redis read per step for up to 2,000 keys,
-  the run table for the jobs of keys not read yet). The limits' epoch is set an hour back first:
+  job is what the gate adds (a room check per job, one Redis read per chunk of jobs for the keys
+  it never read, and the queued counts added at each step). The limits' epoch is set an hour back first:
   a new Redis's one-lease quarantine would dominate a short run.
 * **burn-down**: N no-op jobs journaled (untimed), then a forwarder and one ``hybridq worker``
   (defaults) started together; timed from their start to the last job's mark (forwarding, the
   gate and the running, end to end: a forwarder started over a queued backlog pushes it at its
   own pace, so timing from the worker's start would compare different head starts). Run with
   10 keys and with 10,000 distinct keys.
+
+Each measurement also notes the CPU seconds the forwarder, the worker (its whole process group)
+and Redis used (``/proc`` and ``INFO cpu``), printed per job: on a machine shared with other
+work the wall-clock ratios swing widely, the CPU each part used much less. A forwarder or
+worker waiting for work polls, so theirs grows with a run's length too.
 """
 
 from __future__ import annotations
@@ -33,6 +38,33 @@ from burndown import Config, kill_groups, spawn
 from hybridq.testing.embedded import RedisServer
 
 LIMIT = "k:*=concurrency:1000000"
+PARTS = ("forwarder", "worker", "redis")
+#: CPU seconds per measurement and part ("forwarder", "worker", "redis"): on a machine shared
+#: with other work the wall-clock ratios swing, the CPU each part used much less.
+CPU: dict[str, list[dict[str, float]]] = {}
+
+
+def redis_cpu(url: str) -> float:
+    """CPU seconds the Redis server used so far (``INFO cpu``)."""
+    with redis.Redis.from_url(url) as conn:
+        info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of group ``pgid`` and the children they reaped.
+
+    Linux's ``/proc`` (0.0 elsewhere): a worker's pool processes are in its group.
+    """
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp, ...; utime..cstime at 11-14
+            total += sum(int(f) for f in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def settled(url: str) -> None:
@@ -57,7 +89,10 @@ def enqueue(queue: str, journal: str, n: int, keys: int) -> None:
 
 
 def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: bool) -> float:
-    """Seconds to forward ``n`` jobs of ``keys`` distinct keys into Redis (no worker)."""
+    """Seconds to forward ``n`` jobs of ``keys`` distinct keys into Redis (no worker).
+
+    Notes the CPU this process (the forwarder) and Redis used meanwhile in :data:`CPU`.
+    """
     from hybridq.forwarder.loop import Forwarder  # noqa: PLC0415
     from hybridq.transport.rq import RQTransport  # noqa: PLC0415
 
@@ -78,12 +113,15 @@ def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: boo
     fwd.open()
     try:
         with redis.Redis.from_url(server.url) as conn:
-            t0 = time.perf_counter()
+            t0, cpu0, redis0 = time.perf_counter(), time.process_time(), redis_cpu(server.url)
             while conn.llen("rq:queue:lim") < n:
                 fwd.step()
                 if time.perf_counter() - t0 > 300:
                     raise RuntimeError("not all forwarded in 300 s")
-            return time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            cpu = {"forwarder": time.process_time() - cpu0, "redis": redis_cpu(server.url) - redis0}
+            CPU.setdefault(f"admission {keys} keys {'limits' if limited else 'none'}", []).append(cpu)
+            return took
     finally:
         fwd.close()
         transport.close()
@@ -93,6 +131,8 @@ def admission(server: RedisServer, base: str, n: int, keys: int, *, limited: boo
 def burn(cfg: Config, n: int, keys: int, *, limited: bool) -> float:
     """Seconds from starting a forwarder and one ``hybridq worker`` over ``n`` journaled no-op jobs
     of ``keys`` keys to the last one done: the forwarding (and the gate) and the running, end to end.
+
+    Notes the CPU the forwarder, the worker and Redis used meanwhile in :data:`CPU`.
     """
     cfg.server.flushall()
     settled(cfg.url)
@@ -113,14 +153,20 @@ def burn(cfg: Config, n: int, keys: int, *, limited: bool) -> float:
         cfg.url,
     ]
     worker = [sys.executable, "-m", "hybridq", "worker", "--redis", cfg.url, burndown.QUEUE]
-    t0 = time.perf_counter()
+    t0, redis0 = time.perf_counter(), redis_cpu(cfg.url)
     procs = spawn([[*forward, "--lease", "2", *extra], worker], d, "p", env)
     try:
         while done.stat().st_size < n:
             if time.perf_counter() - t0 > 300:
                 raise RuntimeError(f"{done.stat().st_size} of {n} done in 300 s")
             time.sleep(0.01)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        cpu = {
+            part: group_cpu(proc.pid) for part, (proc, _) in zip(("forwarder", "worker"), procs, strict=True)
+        }
+        cpu["redis"] = redis_cpu(cfg.url) - redis0
+        CPU.setdefault(f"burn {keys} keys {'limits' if limited else 'none'}", []).append(cpu)
+        return took
     finally:
         kill_groups(procs)
         shutil.rmtree(d, ignore_errors=True)
@@ -164,6 +210,21 @@ def main(argv: list[str]) -> int:
             extra = f"; +{(lim - none) / n * 1e6:.1f} us per job" if what.startswith("admission") else ""
             spread = f"per repetition {per_rep[0]:.3f}..{per_rep[-1]:.3f}x, median {statistics.median(per_rep):.3f}x"
             print(f"{what}: with limits / without = {none / lim:.3f}x throughput ({spread}){extra}")
+        print("CPU per job, medians (us): forwarder, worker, Redis")
+        for what in ("admission 10000 keys", "burn 10 keys", "burn 10000 keys"):
+            med = {
+                tag: {
+                    part: statistics.median(c.get(part, 0.0) for c in CPU[f"{what} {tag}"]) / n * 1e6
+                    for part in PARTS
+                }
+                for tag in ("none", "limits")
+            }
+            cells = ", ".join(
+                f"{part} {med['none'][part]:.0f} -> {med['limits'][part]:.0f} ({med['limits'][part] - med['none'][part]:+.0f})"
+                for part in PARTS
+                if med["none"][part] or med["limits"][part]
+            )
+            print(f"{what}: without -> with limits: {cells}")
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)

@@ -123,6 +123,10 @@ class Backlog:
         self.gate.pushed(1)
         return True
 
+    def prefetch(self, keys: Iterable[str | None]) -> None:
+        """The key gate reads, in one call, the keys of jobs about to be decided it never read."""
+        self.selector.prefetch(keys)
+
     def begin(self) -> None:
         """A new batch of reads: the key gate is asked again (what :meth:`take` counted is dropped)."""
         self.selector.begin()
@@ -149,6 +153,7 @@ class Backlog:
             self.look(sorted(unseen))
         out: list[Delivery] = []
         self.selector.begin()
+        self.prefetch(d.envelope.limit_key for d in deliveries)
         for d in deliveries:
             queue = d.envelope.queue
             if self.room(queue) > 0 and self.selector.fits(d.envelope.limit_key):

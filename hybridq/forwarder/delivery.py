@@ -31,7 +31,7 @@ from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
 from hybridq.ledger.checkpoint import Checkpoint, Held
 from hybridq.lookup.index import LookupIndex
-from hybridq.transport.base import Delivery
+from hybridq.transport.base import Delivery, Loc
 
 __all__ = ["Deliverer"]
 
@@ -96,8 +96,7 @@ class Deliverer:
     def _read_and_deliver(self, reader: JournalReader) -> int:
         done = indexed = 0
         self.behind = False
-        batch: list[Delivery] = []
-        spill: list[Row] = []
+        ready: list[tuple[Envelope, Loc]] = []
         self.backlog.look()
         self.backlog.begin()
         for record in reader.records():
@@ -121,14 +120,13 @@ class Deliverer:
                 pass  # a workflow, or a job waiting for others: released by the flows (docs/workflows.md)
             elif env.run_at is not None and env.run_at > self.clock():
                 self._hold(env, record)
-            elif self.backlog.take(env.queue, env.limit_key):
-                batch.append(self._delivery(env, loc))
-            else:  # waits on disk (docs/forwarder.md)
-                spill.append(row_of(loc, env))
-            if max(len(batch), len(spill), self.admission.waiting) >= self.config.batch_size:
+            else:  # pushed now, or waits on disk: decided with its chunk (docs/forwarder.md)
+                ready.append((env, loc))
+            if max(len(ready), self.admission.waiting) >= self.config.batch_size:
+                batch, spill = self._split(ready)
                 indexed += len(spill)
                 done += self._deliver(batch, spill)
-                batch, spill = [], []
+                ready = []
                 done += self.forward_due()  # a long backlog must not hold back due jobs
                 self.fire_between()  # nor a schedule's tick
                 if self.stopping():
@@ -136,9 +134,25 @@ class Deliverer:
                 if indexed >= INDEX_BUDGET:
                     self.behind = True  # harvest and refill first; read on at the next step
                     return done
-        if batch or spill or self._position_moved() or self.admission.waiting:
-            done += self._deliver(batch, spill)
+        if ready or self._position_moved() or self.admission.waiting:
+            done += self._deliver(*self._split(ready))
         return done
+
+    def _split(self, ready: list[tuple[Envelope, Loc]]) -> tuple[list[Delivery], list[Row]]:
+        """Those of ``ready`` (in read order) that go to Redis now, and those that wait on disk.
+
+        The key gate reads the limit keys it never read first, in one call: a key's first
+        sight does not send its jobs through the run table.
+        """
+        self.backlog.prefetch(env.limit_key for env, _ in ready)
+        batch: list[Delivery] = []
+        spill: list[Row] = []
+        for env, loc in ready:
+            if self.backlog.take(env.queue, env.limit_key):
+                batch.append(self._delivery(env, loc))
+            else:
+                spill.append(row_of(loc, env))
+        return batch, spill
 
     def _position_moved(self) -> bool:
         return self.reader.position != self.checkpoint.positions

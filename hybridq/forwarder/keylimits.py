@@ -7,21 +7,27 @@ block other keys' jobs (the selector skips the key). Once per step, :meth:`KeyLi
 Redis, in one call, how the keys asked about since the last look stand (runs holding a slot,
 jobs pushed and not yet claimed by any forwarder, starts in the rate's period, a quarantine
 after Redis lost its state); between looks the room is counted down locally as jobs are pushed
-(docs/forwarder.md, "Limits per key").
+(docs/forwarder.md, "Limits per key"). Each call also adds what was pushed since to every
+pushed key's queued count (a key with room is only added to, not read again, for FRESH_S).
 
-A key never looked at has no room until the next look (a step away): the gate errs on the side
-of waiting. Without a Redis that can say (the memory transport, sharded queues), every key is
-open and the claims alone enforce the limits.
+A key never read is read with the chunk of jobs it comes in (:meth:`KeyLimits.prefetch`, one
+call for the chunk), before the chunk is decided; one the gate could not read has no room until
+the next look (a step away): the gate errs on the side of waiting. Without a Redis that can say
+(the memory transport, sharded queues), every key is open and the claims alone enforce the
+limits.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from hybridq.errors import TransportError
@@ -82,6 +88,7 @@ class KeyLimits:
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
         self._looked = False
+        self._changed = False  # a prefetch changed a key's figures since the last look
 
     @property
     def reads(self) -> bool:
@@ -115,19 +122,52 @@ class KeyLimits:
                 self._policies[key] = policy
             return policy
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read now, in one call, those of ``keys`` never read: their jobs go with this batch.
+
+        Without it a key's first sight would send its jobs through the run table (a row
+        written, fsync'd, picked and read back a step later). Keys read before are left to
+        :meth:`look` (their room is counted down locally between looks). Redis down: nothing
+        is read, the keys wait for the next look as before (the push fails the same way).
+        """
+        if not self.limits or self._open:
+            return
+        names = [k for k in dict.fromkeys(keys) if k not in self._room and self._policy(k) is not None]
+        if not names:
+            return
+        try:
+            self._changed |= self._read(names[:LOOK_MAX])
+        except TransportError as exc:
+            log.debug("cannot read the limits' use: %s", exc)
+
+    def forget(self) -> None:
+        """Redis lost its state: no room is trusted; each key is read again (its quarantine) first.
+
+        A key with room is otherwise read again only a second later (:data:`FRESH_S`), and its
+        jobs pushed meanwhile would meet the claims' refusal, coming back two leases later.
+        """
+        self._room.clear()
+
     def look(self) -> bool:
         """Read the keys asked about (and add what was pushed) in one call; once per step.
 
-        Returns whether a key's figures changed (the stats snapshot is written again).
+        Returns whether a key's figures changed since the last look (the stats snapshot is
+        written again).
 
         Raises:
             TransportError: Redis is down (the room stays as it was: nothing more is pushed).
         """
         if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
-            return False
-        self._looked = True  # the first look starts the limits' epoch on a new Redis at once
-        names = list(self._asked)[:LOOK_MAX]
-        names += [k for k in self._added if k not in self._asked]
+            changed, self._changed = self._changed, False
+            return changed
+        changed = self._read(list(self._asked)[:LOOK_MAX]) or self._changed
+        self._changed = False
+        return changed
+
+    def _read(self, names: list[str]) -> bool:
+        """Read ``names`` and add what was pushed to every key, in one call; whether figures changed."""
+        self._looked = True  # the first read starts the limits' epoch on a new Redis at once
+        # The keys pushed to are only added to: their room is counted down here until asked again.
         periods = {}
         for key in names:
             limit = self._policy(key)
@@ -187,8 +227,12 @@ class KeyLimits:
         For the stats snapshot, which is written at steps: thousands of keys would make it large.
         """
         cutoff = time.time() - SEEN_S
-        seen = [s for s in list(self._seen.values()) if s.at >= cutoff]
-        seen.sort(key=lambda s: (s.blocked_since is None, s.blocked_since or 0.0, -s.running))
+        seen = list(self._seen.values())
+        # Not one sort of every key: thousands of keys cost 12 ms a snapshot, written at each step.
+        shown = sorted((s for s in seen if s.blocked_since is not None and s.at >= cutoff), key=_held_order)
+        if len(shown) < FIGURES_MAX:
+            free = [s for s in seen if s.blocked_since is None and s.at >= cutoff]
+            shown += heapq.nlargest(FIGURES_MAX - len(shown), free, key=_running)  # ties: look order
         return {
             s.key: {
                 "policy": s.policy,
@@ -199,7 +243,7 @@ class KeyLimits:
                 "room": min(s.room, 2**31),
                 "blocked_since": s.blocked_since,
             }
-            for s in seen[:FIGURES_MAX]
+            for s in shown[:FIGURES_MAX]
         }
 
     def states(self) -> list[KeyState]:
@@ -212,3 +256,11 @@ class KeyLimits:
             self.look()
         except TransportError as exc:
             log.debug("cannot read the limits' use: %s", exc)
+
+
+_running = attrgetter("running")
+
+
+def _held_order(state: KeyState) -> tuple[float, int]:
+    """Held longest first, then most running."""
+    return (state.blocked_since or 0.0, -state.running)

@@ -455,6 +455,7 @@ class Forwarder:
         self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
         if self.checkpoint.epoch != epoch:
             self.backlog.windows.reset()  # an emptied queue is not a drain (no rate, no boost)
+            self.key_limits.forget()  # every key's room is read again (its quarantine) before it pushes
             self._save(0)
 
     # -- pieces -------------------------------------------------------------------------------

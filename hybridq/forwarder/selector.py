@@ -18,7 +18,9 @@ and fairness"):
   so a refill costs O(jobs it takes), not O(keys).
 * **The gate** (:class:`KeyGate`, the limits of ``hybridq.forwarder.keylimits``): a job with a
   limit key is taken only while the gate has room for its key; a key without room is skipped
-  inside the index (its rows wait on disk) and never holds back the keys behind it.
+  inside the index (its rows wait on disk) and never holds back the keys behind it. The keys
+  of a chunk of rows the gate was not asked about are read in one call before the chunk is
+  decided (:meth:`Selector.prefetch`); a fair lane's head, probed one row at a time, is not.
 
 This module must not import redis or rq.
 """
@@ -55,6 +57,10 @@ class KeyGate(Protocol):
         """``n`` jobs of ``key`` were just pushed (after the transport accepted them)."""
         ...
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read now, in one call, the room of those of ``keys`` never read (before deciding on them)."""
+        ...
+
 
 class Unlimited:
     """The default gate: every key has room."""
@@ -65,6 +71,9 @@ class Unlimited:
 
     def pushed(self, key: str, n: int) -> None:
         """Nothing to count."""
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Nothing to read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +160,9 @@ class Selector:
         self.cursor: dict[str, str] = {}
         self._rooms: dict[str, int] = {}
         self._blocked: set[str] = set()
-        self._json: tuple[int, str] = (0, "[]")
+        #: The refused keys as the JSON array the queries take, and the keys refused since.
+        self._json = "[]"
+        self._unjsoned: list[str] = []
         #: Within one pick, where each lane's scan stopped (its rows before are picked or refused).
         self._after: dict[str, Row] = {}
 
@@ -167,23 +178,43 @@ class Selector:
         if room is None:
             room = self.gate.room(key)
         if room <= 0:
-            self._blocked.add(key)
+            if key not in self._blocked:
+                self._blocked.add(key)
+                self._unjsoned.append(key)
             self._rooms[key] = 0
             return False
         self._rooms[key] = room - 1
         return True
 
+    def prefetch(self, keys: Iterable[str | None]) -> None:
+        """Have the gate read, in one call, the keys of a chunk of jobs it was not asked about yet.
+
+        Before the chunk is decided: a key's first sight then costs a share of one Redis call,
+        not a step's wait in the run table.
+        """
+        rooms = self._rooms
+        unasked = {key for key in keys if key and key not in rooms}
+        if unasked:
+            self.gate.prefetch(unasked)
+
     def _blocked_json(self) -> str:
-        """The refused keys as the JSON array the queries take (made again only when it grew)."""
-        if self._json[0] != len(self._blocked):
-            self._json = (len(self._blocked), json.dumps(sorted(self._blocked)))
-        return self._json[1]
+        """The refused keys as the JSON array the queries take (the keys refused since appended).
+
+        Not made again from the whole set each time it grew: with thousands of keys refused in
+        one refill, that was a sort and a dump of all of them per chunk.
+        """
+        if self._unjsoned:
+            more = json.dumps(self._unjsoned)
+            self._json = more if self._json == "[]" else f"{self._json[:-1]},{more[1:]}"
+            self._unjsoned.clear()
+        return self._json
 
     def begin(self) -> None:
         """Forget the rooms asked of the gate (each refill or batch of reads asks again)."""
         self._rooms.clear()
         self._blocked.clear()
-        self._json = (0, "[]")
+        self._json = "[]"
+        self._unjsoned.clear()
 
     def pick(self, queue: str, n: int) -> Picked:
         """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age).
@@ -209,6 +240,7 @@ class Selector:
         while len(out) < n:
             want = n - len(out)
             rows = self._lane_rows(queue, lane, want)
+            self.prefetch(row[2] for row in rows)
             for row in rows:
                 self._after[lane] = row
                 if self.fits(row[2]):
@@ -254,6 +286,7 @@ class Selector:
                 sql += _NOT_BLOCKED
                 params.append(self._blocked_json())
             rows = self.runs.select(sql + " ORDER BY ord, chain, seg, off LIMIT ?", [*params, page])
+            self.prefetch(row[2] for row in rows)
             for row in rows:
                 after = row
                 if row[0] not in taken and self.fits(row[2]):

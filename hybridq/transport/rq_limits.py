@@ -17,12 +17,16 @@ from .base import KeyUse
 
 __all__ = ["KEY_USE", "key_use"]
 
-# ARGV: the lease (ms), then per key: the key, its rate period (ms; 0: no rate), the jobs pushed
-# since the last call. The epoch is started here too when Redis lost it (as the claim would),
-# so the quarantine begins at the forwarder's first look. Returns per key {running, queued,
-# started in the period, quarantine left (ms)}. The queued count expires two leases after its
-# last change (a backstop for copies that left Redis without a claim or a cancel taking them off:
-# hybridq.worker.limit_scripts).
+# ARGV: the lease (ms), then the keys as one string (a limit key has no whitespace): per key
+# "key period added ", its rate period (ms; 0: no rate; -1: only add, not read) and the jobs
+# pushed since the last call (one argument: redis-py packs each argument in Python, a third of
+# the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
+# claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
+# read: running, queued, started in the period, quarantine left (ms). The queued count expires
+# two leases after its last change (a backstop for copies that left Redis without a claim or a
+# cancel taking them off: hybridq.worker.limit_scripts). A part of
+# a key of the wrong type (written by something else) fails only its own command (``pcall``):
+# that key is held (never over its limit), the others go on.
 KEY_USE = f"""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -35,36 +39,40 @@ if not since or since > now or (run_id ~= "" and was ~= run_id) then
     since = now
     redis.call("SET", "{LIMITS_EPOCH}", now .. ":" .. run_id)
 end
+local after = "(" .. now
+local quiet0 = math.max(0, since + lease - now)
 local out = {{}}
-for i = 2, #ARGV, 3 do
-    local at = "{LIMIT_PREFIX}" .. ARGV[i] .. ":"
-    local period, add = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-    local kinds = {{run = "zset", starts = "zset", queued = "string"}}
+for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
+    local at = "{LIMIT_PREFIX}" .. key .. ":"
+    period, add = tonumber(period), tonumber(add)
     local bad = false
-    for part, kind in pairs(kinds) do
-        local ty = redis.call("TYPE", at .. part)["ok"]
-        if ty ~= "none" and ty ~= kind then bad = true end
-    end
-    local raw = redis.call("GET", bad and "{LIMITS_EPOCH}" or at .. "queued")
-    if not bad and raw and not tonumber(raw) then bad = true end
-    if bad then
-        -- Written by something else: this key is held (never over its limit), the others go on.
-        out[#out + 1] = {{0, 0, 0, 86400000}}
-    else
+    local queued = 0
     if add > 0 then
-        redis.call("INCRBY", at .. "queued", add)
-        redis.call("PEXPIRE", at .. "queued", 2 * lease)
+        queued = redis.pcall("INCRBY", at .. "queued", add)
+        if type(queued) == "number" then
+            redis.call("PEXPIRE", at .. "queued", 2 * lease)
+        else
+            bad = true
+        end
+    elseif period >= 0 then
+        local raw = redis.pcall("GET", at .. "queued")
+        queued = raw and tonumber(raw)
+        if raw and not queued then bad = true end
     end
-    local running = redis.call("ZCOUNT", at .. "run", "(" .. now, "+inf")
-    local started = 0
-    if period > 0 then
-        started = redis.call("ZCOUNT", at .. "starts", "(" .. (now - period), "+inf")
-    end
-    local quiet = lease
-    if period > quiet then quiet = period end
-    local queued = math.max(0, tonumber(redis.call("GET", at .. "queued") or "0"))
-    out[#out + 1] = {{running, queued, started,
-        math.max(0, since + quiet - now)}}
+    if period >= 0 then
+        local running = redis.pcall("ZCOUNT", at .. "run", after, "+inf")
+        local started = 0
+        if period > 0 then
+            started = redis.pcall("ZCOUNT", at .. "starts", "(" .. (now - period), "+inf")
+        end
+        local n = #out
+        if bad or type(running) ~= "number" or type(started) ~= "number" then
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 0, 0, 0, 86400000
+        else
+            local quiet = quiet0
+            if period > lease then quiet = math.max(0, since + period - now) end
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = running, math.max(0, queued or 0), started, quiet
+        end
     end
 end
 return out
@@ -76,14 +84,13 @@ def key_use(
 ) -> dict[str, KeyUse]:
     """Each key of ``periods`` (key -> rate period ms)'s use, after adding ``added`` to their queued counts.
 
-    ``script``: :data:`KEY_USE`, registered on the Redis client.
+    A key of ``added`` not in ``periods`` is only added to (not read). ``script``:
+    :data:`KEY_USE`, registered on the Redis client.
     """
-    args: list[Any] = [max(1, int(lease_s * 1000))]
-    names = list(periods)
-    for key in names:
-        args += [key, periods[key], added.get(key, 0)]
-    rows = script(keys=[], args=args)
+    parts = [f"{key} {period} {added.get(key, 0)} " for key, period in periods.items()]
+    parts += [f"{key} -1 {n} " for key, n in added.items() if key not in periods]
+    r = script(keys=[], args=[max(1, int(lease_s * 1000)), "".join(parts)])
     return {
-        key: KeyUse(int(r[0]), int(r[1]), int(r[2]), int(r[3]) / 1000)
-        for key, r in zip(names, rows, strict=True)
+        key: KeyUse(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]) / 1000)
+        for key, i in zip(periods, range(0, 4 * len(periods), 4), strict=True)
     }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.protocol import Delivery
 from hybridq.protocol.keylimits import Limit, parse_limit, parse_limits
 from hybridq.testing.memory import MemoryTransport
-from hybridq.transport.base import KeyUse
+from hybridq.transport.base import KeyUse, PushResult
 
 
 def test_specs_parse_to_a_policy() -> None:
@@ -183,3 +184,86 @@ def test_forward_help_says_what_a_limit_is() -> None:
     assert "rate:N/s|N/m|N/h" in text
     assert "HYBRIDQ_LIMITS" in text
     assert "first matching PATTERN wins" in text
+
+
+class WindowedUses(Uses):
+    """:class:`Uses` reporting queue lengths too (a window the test sizes), and what it was pushed."""
+
+    def __init__(self, uses: dict[str, KeyUse]) -> None:
+        super().__init__(uses)
+        self.pushed_keys: list[str | None] = []
+
+    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int]:
+        return {q: len(self.queues.get(q, [])) for q in queues}
+
+    def key_use(
+        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
+    ) -> dict[str, KeyUse] | None:
+        for key, n in added.items():  # nothing claims them: they stay queued
+            use = self.uses.get(key, KeyUse(0, 0, 0, 0.0))
+            self.uses[key] = KeyUse(use.running, use.queued + n, use.started, use.quarantine_s)
+        return super().key_use(periods, added, lease_s=lease_s)
+
+    def push(self, jobs: Sequence[Delivery]) -> PushResult:
+        self.pushed_keys += [d.envelope.limit_key for d in jobs]
+        return super().push(jobs)
+
+
+def test_a_keys_first_sight_reads_its_room_with_its_chunk_not_through_the_run_table(
+    journal_dir: Path,
+) -> None:
+    from hybridq import Queue
+    from hybridq.forwarder import Forwarder
+
+    from tests import tasks
+
+    q = Queue("default", journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i], limit_key=f"t:{i % 300}") for i in range(600))
+    q.enqueue_many(q.prepare(tasks.add, [i, i], limit_key="two") for i in range(5))
+    transport = WindowedUses({"two": KeyUse(1, 0, 0, 0.0)})
+    f = Forwarder(
+        journal_dir,
+        transport,
+        window_min=10_000,
+        window_max=10_000,
+        limits=["t:*=concurrency:3", "two=concurrency:3"],
+    )
+    f.open()
+    try:
+        f.step()
+        # Before: a key not read yet had no room until the step's look: all 605 went through the
+        # run table (a row written, fsync'd, picked and read back), and the refill pushed them.
+        assert f.backlog.refilled == 0, "none went through the run table"
+        assert len(transport.pushed_keys) == 602, "every t: key's 2 jobs, and the 2 slots 'two' has left"
+        assert transport.pushed_keys.count("two") == 2
+        assert f.state.runs.waiting("default") == 3
+        reads = [periods for periods, _ in transport.calls if periods]
+        assert sum(len(p) for p in reads) == 301, "each key read once, by the chunk it came in"
+        assert len(reads) <= 3, "one call per chunk of 500 jobs read"
+        calls = len(transport.calls)
+        f.step()
+        periods = [k for p, _ in transport.calls for k in p]
+        assert periods.count("t:0") == 1, "a key with room is not read again within FRESH_S"
+        added = Counter[str]()
+        for _, add in transport.calls:
+            added.update(add)
+        assert (added["t:0"], added["two"]) == (2, 2), "but what went is added to its queued count"
+        assert [set(p) for p, _ in transport.calls[calls:] if p] == [{"two"}], (
+            "a key without room is read again"
+        )
+        assert transport.pushed_keys.count("two") == 2, "its room is gone: its others wait on disk"
+    finally:
+        f.close()
+
+
+def test_after_redis_lost_its_state_no_room_is_trusted_until_read_again() -> None:
+    transport = Uses({})
+    gate = KeyLimits(parse_limits(["t:*=concurrency:5"]), transport, lease_s=2.0)
+    gate.prefetch(["t:1"])
+    assert gate.room("t:1") == 5
+    transport.uses["t:1"] = KeyUse(0, 0, 0, 2.0)  # a new epoch: quarantined for a lease
+    gate.forget()
+    assert gate.room("t:1") == 0, "its room is not trusted (it was read within FRESH_S)"
+    gate.prefetch(["t:1"])
+    assert gate.room("t:1") == 0
+    assert [set(periods) for periods, _ in transport.calls] == [{"t:1"}, {"t:1"}]

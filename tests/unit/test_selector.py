@@ -7,6 +7,7 @@ import random
 import sqlite3
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ class Gate:
     def __init__(self, rooms: dict[str, int]) -> None:
         self.rooms = rooms
         self.asked: Counter[str] = Counter()
+        self.prefetched: list[set[str]] = []
 
     def room(self, key: str) -> int:
         self.asked[key] += 1
@@ -45,6 +47,10 @@ class Gate:
 
     def pushed(self, key: str, n: int) -> None:
         self.rooms[key] = self.rooms.get(key, sys.maxsize) - n
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Nothing to read (the rooms are fixed): only noted."""
+        self.prefetched.append(set(keys))
 
 
 def offsets(rows: list[tuple[tuple[str, int, int], float, str, int]]) -> list[int]:
@@ -208,6 +214,20 @@ def test_every_push_path_asks_the_gate_and_tells_it_what_went(journal_dir: Path)
         assert f.state.runs.waiting("default") == 1
     finally:
         f.close()
+
+
+def test_a_pick_has_the_gate_read_a_chunks_keys_it_was_not_asked_about_in_one_call(tmp_path: Path) -> None:
+    runs = table(tmp_path)
+    for i in range(30):
+        add(runs, 1, start=i, key=f"k:{i % 10}" if i % 3 else "")
+    gate = Gate({"k:1": 0})
+    sel = Selector(runs, gate)
+    sel.begin()
+    assert len(sel.pick("q", 30)) == 28  # k:1's 2 rows wait
+    assert gate.prefetched == [{f"k:{i}" for i in range(10)}], "one call for the chunk, before any room"
+    sel.pick("q", 30)
+    assert gate.prefetched[1:] == [], "the keys asked since begin() are not read again"
+    runs.close()
 
 
 def reference_pick(
