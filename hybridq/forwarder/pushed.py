@@ -1,7 +1,9 @@
 """What the forwarder pushed and is not terminal yet: the refill and reconcile passes' list.
 
 A table ``pushed`` in the run table's file (:mod:`hybridq.forwarder.runs`): one row per job
-pushed into Redis whose outcome is not in the ledger, with when it was pushed. A refill after
+pushed into Redis whose outcome is not in the ledger, with the number of the interval (between
+two writes of the list) in which it was pushed: a sequence, not a clock, that a clock stepping
+back cannot reorder. A refill after
 Redis lost its state, and a reconcile pass, read these rows' records and nothing else: O(jobs in
 Redis), whatever waits in the journal (docs/forwarder.md, "The window").
 
@@ -28,8 +30,10 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 
@@ -78,8 +82,8 @@ class PushedJobs:
 
     def __init__(self, runs: RunTable, recent: int) -> None:
         self.runs = runs
-        #: Pushed as read, not written yet: loc -> when (``time.time()``).
-        self._adds: dict[Loc, float] = {}
+        #: Pushed as read, not written yet: loc -> the interval it was pushed in.
+        self._adds: dict[Loc, int] = {}
         #: Terminal, not marked yet: loc -> when.
         self._done: dict[Loc, float] = {}
         #: Gone (their records compacted or cut), not deleted yet.
@@ -88,12 +92,23 @@ class PushedJobs:
         self.recent = recent
         #: Whether :meth:`open` caught up (before, a mark written would cover rows never written).
         self._ready = False
+        #: The interval jobs pushed now belong to (a row's ``at``): one more at each write and at
+        #: each :meth:`cut`; kept in the file, so it only grows.
+        self.seq = 1
+        #: (monotonic time, first interval after it): the first entry stands for "before this
+        #: process started" (rows of an earlier run are old enough for any pass).
+        self._starts: collections.deque[tuple[float, int]] = collections.deque([(-math.inf, 1)])
 
     def open(self, journal: str, positions: dict[str, ChainPosition], index: LedgerIndex) -> None:
         """Create the table; write the rows a crash (or a file without a mark) left unwritten."""
         with self.runs.errors():
             self.runs.db.executescript(_SCHEMA)
             row = self.runs.db.execute("SELECT value FROM meta WHERE name = 'pushed_mark'").fetchone()
+            seq = self.runs.db.execute("SELECT value FROM meta WHERE name = 'pushed_seq'").fetchone()
+            if seq is None:  # rows a version that wrote wall times left: old enough for any pass
+                self.runs.db.execute("UPDATE pushed SET at = 0")
+        self.seq = 1 if seq is None else int(seq[0]) + 1
+        self._starts = collections.deque([(-math.inf, self.seq)])
         mark = None if row is None else {c: ChainPosition(*p) for c, p in json.loads(row[0]).items()}
         found = self._catch_up(journal, positions, {} if mark is None else mark, index)
         if mark is None and positions:
@@ -129,22 +144,21 @@ class PushedJobs:
                 if not record.consumed_by(positions):
                     break
                 if _pushed_candidate(record, index, self.runs):
-                    self._adds[(chain, record.segment_index, record.offset)] = 0.0  # reconciled at once
+                    self._adds[(chain, record.segment_index, record.offset)] = 0  # reconciled at once
                     found += 1
         return found
 
     def add(self, locs: Iterable[Loc]) -> None:
         """Note jobs just pushed as read (written at the next :meth:`flush`)."""
-        now = time.time()
         for loc in locs:
-            self._adds[loc] = now
+            self._adds[loc] = self.seq
             self._dels.discard(loc)
 
     def insert(self, locs: Iterable[Loc]) -> None:
         """Write rows for jobs just pushed from the run table, in its open transaction."""
-        now = time.time()
+        seq = self.seq
         with self.runs.errors():
-            self.runs.db.executemany(_INSERT, ((*loc, now) for loc in locs))
+            self.runs.db.executemany(_INSERT, ((*loc, seq) for loc in locs))
 
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is durably terminal: its row is marked finished (at the next flush)."""
@@ -178,12 +192,27 @@ class PushedJobs:
                 db.execute(_TRIM, (self.recent,))
             mark = json.dumps({c: list(p) for c, p in positions.items()}, separators=(",", ":"))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_mark', ?)", (mark,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_seq', ?)", (str(self.seq),))
         self.runs.commit()
         self._adds, self._done, self._dels = {}, {}, set()
         self._next_flush = time.monotonic() + FLUSH_EVERY_S
+        self.cut()
 
-    def after(self, cursor: Loc | None, pushed_before: float, n: int, *, finished: bool) -> list[Loc]:
-        """Up to ``n`` rows after ``cursor`` (in loc order) of jobs pushed before ``pushed_before``.
+    def cut(self) -> int:
+        """Begin the next interval; return its number (every job pushed before has a lower one)."""
+        self.seq += 1
+        self._starts.append((time.monotonic(), self.seq))
+        return self.seq
+
+    def pushed_before(self, age_s: float) -> int:
+        """An interval number below which every row's job was pushed at least ``age_s`` ago."""
+        when = time.monotonic() - age_s
+        while len(self._starts) > 1 and self._starts[1][0] <= when:
+            self._starts.popleft()  # the newest start old enough is kept, and all after it
+        return self._starts[0][1]
+
+    def after(self, cursor: Loc | None, pushed_before: int, n: int, *, finished: bool) -> list[Loc]:
+        """Up to ``n`` rows after ``cursor`` (loc order) of jobs pushed in intervals below ``pushed_before``.
 
         ``finished``: the kept finished rows too (a refill purges their copies). Rows noted in
         memory are not seen: the caller flushes first (a pass, as it starts).
@@ -191,7 +220,7 @@ class PushedJobs:
         live = "" if finished else "AND done = 0 "
         with self.runs.errors():
             rows = self.runs.db.execute(
-                f"SELECT chain, seg, off FROM pushed WHERE (chain, seg, off) > (?, ?, ?) AND at <= ? {live}"  # noqa: S608 - no input
+                f"SELECT chain, seg, off FROM pushed WHERE (chain, seg, off) > (?, ?, ?) AND at < ? {live}"  # noqa: S608 - no input
                 "ORDER BY chain, seg, off LIMIT ?",
                 (*(cursor or ("", -1, -1)), pushed_before, n),
             ).fetchall()

@@ -1,0 +1,67 @@
+"""The list of pushed jobs under faults: a full disk as a refill starts, a clock stepping back.
+
+Findings of a review of the list (docs/forwarder.md, "The window"): each would leave jobs out
+of a refill after Redis lost its state, so that a later loss of their workers strands them.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from pathlib import Path
+
+import pytest
+from hybridq.errors import JournalIOError
+
+from tests.unit.test_refill_pushed import LengthsTransport, enqueue, refill_after_flushall, windowed
+
+
+def test_a_full_disk_as_a_refill_starts_does_not_skip_the_refill(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue(journal_dir, 300)
+    transport = LengthsTransport()
+    f = windowed(journal_dir, transport, 100)
+    try:
+        for _ in range(3):
+            f.step()
+        first = set(transport.queues["default"])
+        real = f.state.pushed.flush
+        calls = [0]
+
+        def full(positions: object) -> None:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise JournalIOError(
+                    "runs.sqlite", "commit", OSError(errno.ENOSPC, "No space left (injected)")
+                )
+            real(positions)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(f.state.pushed, "flush", full)
+        transport.forget()  # FLUSHALL
+        f._next_epoch_check = 0.0
+        with pytest.raises(JournalIOError):
+            f.step()  # run() retries the step once the disk has room
+        for _ in range(3):
+            f.step()
+        assert f.completions.reconciler.refilled >= len(first)
+        assert first <= set(transport.queues["default"])
+    finally:
+        f.close()
+
+
+def test_a_clock_stepping_back_leaves_no_job_out_of_a_refill(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = enqueue(journal_dir, 50)
+    transport = LengthsTransport()
+    f = windowed(journal_dir, transport, 100)
+    try:
+        f.step()
+        f.state.flush_pushed(force=True)
+        wall = time.time
+        monkeypatch.setattr(time, "time", lambda: wall() - 3600)  # NTP steps the clock back an hour
+        refill_after_flushall(f, transport)
+        assert sorted(transport.queues["default"]) == sorted(ids)
+    finally:
+        f.close()
