@@ -89,6 +89,8 @@ class PushedJobs:
         #: Gone (their records compacted or cut), not deleted yet.
         self._dels: set[Loc] = set()
         self._next_flush = 0.0
+        #: The positions the mark on disk holds (what :meth:`flush` last wrote).
+        self._marked: dict[str, ChainPosition] = {}
         self.recent = recent
         #: Whether :meth:`open` caught up (before, a mark written would cover rows never written).
         self._ready = False
@@ -170,11 +172,16 @@ class PushedJobs:
         self._done.pop(loc, None)
         self._dels.add(loc)
 
-    @property
-    def due(self) -> bool:
-        """Whether changes wait in memory long enough (or many enough) to be written."""
+    def due(self, positions: dict[str, ChainPosition]) -> bool:
+        """Whether changes, or a mark behind ``positions``, wait long enough (or many enough).
+
+        The mark moves once a second with the positions even when nothing was pushed (a backlog
+        indexed into the run table): a start after a crash reads O(a second) of records again.
+        """
         changes = len(self._adds) + len(self._done) + len(self._dels)
-        return bool(changes) and (changes >= FLUSH_AT or time.monotonic() >= self._next_flush)
+        if changes >= FLUSH_AT:
+            return True
+        return (bool(changes) or positions != self._marked) and time.monotonic() >= self._next_flush
 
     def flush(self, positions: dict[str, ChainPosition]) -> None:
         """Write what waits in memory and the mark (``positions``: the checkpoint's), and commit.
@@ -195,6 +202,7 @@ class PushedJobs:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_seq', ?)", (str(self.seq),))
         self.runs.commit()
         self._adds, self._done, self._dels = {}, {}, set()
+        self._marked = dict(positions)
         self._next_flush = time.monotonic() + FLUSH_EVERY_S
         self.cut()
 

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 from hybridq.errors import JournalIOError
+from hybridq.forwarder import delivery as delivery_module
+from hybridq.forwarder import pushed as pushed_module
 
-from tests.unit.test_refill_pushed import LengthsTransport, enqueue, refill_after_flushall, windowed
+from tests.unit.test_refill_pushed import (
+    LengthsTransport,
+    enqueue,
+    journal_reads,
+    refill_after_flushall,
+    windowed,
+)
 
 
 def test_a_full_disk_as_a_refill_starts_does_not_skip_the_refill(
@@ -63,5 +71,31 @@ def test_a_clock_stepping_back_leaves_no_job_out_of_a_refill(
         monkeypatch.setattr(time, "time", lambda: wall() - 3600)  # NTP steps the clock back an hour
         refill_after_flushall(f, transport)
         assert sorted(transport.queues["default"]) == sorted(ids)
+    finally:
+        f.close()
+
+
+def test_a_restart_after_only_indexing_reads_about_a_second_of_records(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The mark moved only with changes to the list: a stretch of only run-table writes (a
+    # backlog indexed, nothing pushed) left it behind, and a killed forwarder's next start read
+    # every record since (14,900 records at 20,000 jobs indexed with a window of 100).
+    enqueue(journal_dir, 3000)
+    transport = LengthsTransport()
+    monkeypatch.setattr(pushed_module, "FLUSH_EVERY_S", 0.0)  # a second has passed at every step
+    monkeypatch.setattr(delivery_module, "INDEX_BUDGET", 500)  # indexed over several steps
+    f = windowed(journal_dir, transport, 100)
+    while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < 3000:
+        f.step()
+    f.step()
+    f.state.save(0)
+    monkeypatch.setattr(f.state.pushed, "flush", lambda positions: None)  # kill -9: nothing more written
+    f.close()
+    with journal_reads(journal_dir, monkeypatch) as read:
+        f = windowed(journal_dir, transport, 100)
+    try:
+        assert read[0] <= 100, f"the restart read {read[0]} journal records again"
+        assert f.state.pushed.count() == 100
     finally:
         f.close()
