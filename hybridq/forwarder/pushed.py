@@ -76,8 +76,9 @@ class PushedJobs:
 
     Args:
         runs: the run table, whose file and transaction it shares.
-        recent: how many finished rows are kept, for a refill to purge their jobs' queued
-            copies a restored Redis brought back (older ones are fenced by the generation alone).
+        recent: how many finished rows are kept (of all queues together), for a refill to purge
+            their jobs' queued copies a restored Redis brought back (older ones are fenced by the
+            generation alone).
     """
 
     def __init__(self, runs: RunTable, recent: int) -> None:
