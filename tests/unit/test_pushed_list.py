@@ -14,6 +14,7 @@ import pytest
 from hybridq.errors import JournalIOError
 from hybridq.forwarder import delivery as delivery_module
 from hybridq.forwarder import pushed as pushed_module
+from hybridq.forwarder.runs import RunTable
 
 from tests.unit.test_refill_pushed import (
     LengthsTransport,
@@ -99,3 +100,34 @@ def test_a_restart_after_only_indexing_reads_about_a_second_of_records(
         assert f.state.pushed.count() == 100
     finally:
         f.close()
+
+
+def test_the_run_tables_sql_runs_on_sqlite_before_3_35(journal_dir: Path) -> None:
+    # RHEL 9 ships SQLite 3.34: RETURNING, and an upsert without a conflict target, are syntax
+    # errors there (3.35 added both). Every statement of a forwarder's life on the file is traced.
+    statements: list[str] = []
+    real_connect = RunTable._connect
+
+    def traced(table: RunTable) -> None:
+        real_connect(table)
+        table.db.set_trace_callback(statements.append)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunTable, "_connect", traced)
+        ids = enqueue(journal_dir, 300)
+        transport = LengthsTransport()
+        f = windowed(journal_dir, transport, 100)
+        try:
+            for _ in range(3):
+                transport.work("default", limit=50)
+                f.step()
+            f.state.runs.remove("default", [(f.state.own_chain or "w", 0, 64)])  # each delete's priority
+            refill_after_flushall(f, transport)
+        finally:
+            f.close()
+    assert len(ids) == 300
+    assert statements
+    late = [
+        s for s in statements if "RETURNING" in s.upper() or "ON CONFLICT DO" in " ".join(s.upper().split())
+    ]
+    assert late == []
