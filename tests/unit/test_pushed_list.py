@@ -19,6 +19,7 @@ from hybridq.forwarder.runs import RunTable
 from tests.unit.test_refill_pushed import (
     LengthsTransport,
     enqueue,
+    index_all,
     journal_reads,
     refill_after_flushall,
     windowed,
@@ -87,8 +88,7 @@ def test_a_restart_after_only_indexing_reads_about_a_second_of_records(
     monkeypatch.setattr(pushed_module, "FLUSH_EVERY_S", 0.0)  # a second has passed at every step
     monkeypatch.setattr(delivery_module, "INDEX_BUDGET", 500)  # indexed over several steps
     f = windowed(journal_dir, transport, 100)
-    while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < 3000:
-        f.step()
+    index_all(f, transport, 3000)
     f.step()
     f.state.save(0)
     monkeypatch.setattr(f.state.pushed, "flush", lambda positions: None)  # kill -9: nothing more written

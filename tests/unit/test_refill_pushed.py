@@ -57,6 +57,12 @@ def windowed(journal: Path, transport: MemoryTransport, window: int, **options: 
     return f
 
 
+def index_all(f: Forwarder, transport: MemoryTransport, n: int) -> None:
+    """Step until all ``n`` jobs are in Redis or waiting in the run table (a budget per step)."""
+    while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < n:
+        f.step()
+
+
 @contextmanager
 def journal_reads(journal: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Count the journal's records read back (by any reader) inside the block."""
@@ -83,8 +89,7 @@ def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
     transport = LengthsTransport()
     f = windowed(journal_dir, transport, WINDOW)
     try:
-        while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < BACKLOG:
-            f.step()  # indexed a budget per step
+        index_all(f, transport, BACKLOG)
         assert len(transport.queues["default"]) == WINDOW
         transport.work("default", limit=WINDOW // 5)  # some ran: their outcomes are harvested
         f.step()
