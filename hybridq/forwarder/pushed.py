@@ -13,9 +13,10 @@ The rules that keep it complete (docs/reliability.md, "The run table"):
   from the run table leaves its ``runs`` row and gets its ``pushed`` row in one commit. A job
   pushed as it was read is noted in memory and written at the next :meth:`PushedJobs.flush` (at
   most :data:`FLUSH_EVERY_S` later, one fsync), with the **mark**: the checkpoint positions the
-  table covers. A crash before that leaves records between the mark and the checkpoint whose
-  rows were not written; the next start reads them again (:meth:`PushedJobs.open`: O(one
-  flush interval of pushes)) and writes a row for each that is neither terminal nor waiting.
+  table covers (written once a second while the positions move, pushes or not). A crash before
+  that leaves records between the mark and the checkpoint whose rows were not written; the next
+  start reads them again (:meth:`PushedJobs.open`: O(one flush interval of reading)) and writes
+  a row for each that is neither terminal nor waiting.
 * **Terminal, then marked.** A row is marked finished after its job's outcome is in the ledger
   (written at the next flush; a row a crash left unmarked is marked by the next pass that reads
   it: the ledger says it is terminal). The newest ``recent`` finished rows are kept: a refill
