@@ -1,7 +1,9 @@
 """What the forwarder pushed and is not terminal yet: the refill and reconcile passes' list.
 
 A table ``pushed`` in the run table's file (:mod:`hybridq.forwarder.runs`): one row per job
-pushed into Redis whose outcome is not in the ledger, with when it was pushed. A refill after
+pushed into Redis whose outcome is not in the ledger, with the number of the interval (between
+two writes of the list) in which it was pushed: a sequence, not a clock, that a clock stepping
+back cannot reorder. A refill after
 Redis lost its state, and a reconcile pass, read these rows' records and nothing else: O(jobs in
 Redis), whatever waits in the journal (docs/forwarder.md, "The window").
 
@@ -11,9 +13,10 @@ The rules that keep it complete (docs/reliability.md, "The run table"):
   from the run table leaves its ``runs`` row and gets its ``pushed`` row in one commit. A job
   pushed as it was read is noted in memory and written at the next :meth:`PushedJobs.flush` (at
   most :data:`FLUSH_EVERY_S` later, one fsync), with the **mark**: the checkpoint positions the
-  table covers. A crash before that leaves records between the mark and the checkpoint whose
-  rows were not written; the next start reads them again (:meth:`PushedJobs.open`: O(one
-  flush interval of pushes)) and writes a row for each that is neither terminal nor waiting.
+  table covers (written once a second while the positions move, pushes or not). A crash before
+  that leaves records between the mark and the checkpoint whose rows were not written; the next
+  start reads them again (:meth:`PushedJobs.open`: O(one flush interval of reading)) and writes
+  a row for each that is neither terminal nor waiting.
 * **Terminal, then marked.** A row is marked finished after its job's outcome is in the ledger
   (written at the next flush; a row a crash left unmarked is marked by the next pass that reads
   it: the ledger says it is terminal). The newest ``recent`` finished rows are kept: a refill
@@ -28,8 +31,10 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 
@@ -72,28 +77,42 @@ class PushedJobs:
 
     Args:
         runs: the run table, whose file and transaction it shares.
-        recent: how many finished rows are kept, for a refill to purge their jobs' queued
-            copies a restored Redis brought back (older ones are fenced by the generation alone).
+        recent: how many finished rows are kept (of all queues together), for a refill to purge
+            their jobs' queued copies a restored Redis brought back (older ones are fenced by the
+            generation alone).
     """
 
     def __init__(self, runs: RunTable, recent: int) -> None:
         self.runs = runs
-        #: Pushed as read, not written yet: loc -> when (``time.time()``).
-        self._adds: dict[Loc, float] = {}
+        #: Pushed as read, not written yet: loc -> the interval it was pushed in.
+        self._adds: dict[Loc, int] = {}
         #: Terminal, not marked yet: loc -> when.
         self._done: dict[Loc, float] = {}
         #: Gone (their records compacted or cut), not deleted yet.
         self._dels: set[Loc] = set()
         self._next_flush = 0.0
+        #: The positions the mark on disk holds (what :meth:`flush` last wrote).
+        self._marked: dict[str, ChainPosition] = {}
         self.recent = recent
         #: Whether :meth:`open` caught up (before, a mark written would cover rows never written).
         self._ready = False
+        #: The interval jobs pushed now belong to (a row's ``at``): one more at each write and at
+        #: each :meth:`cut`; kept in the file, so it only grows.
+        self.seq = 1
+        #: (monotonic time, first interval after it): the first entry stands for "before this
+        #: process started" (rows of an earlier run are old enough for any pass).
+        self._starts: collections.deque[tuple[float, int]] = collections.deque([(-math.inf, 1)])
 
     def open(self, journal: str, positions: dict[str, ChainPosition], index: LedgerIndex) -> None:
         """Create the table; write the rows a crash (or a file without a mark) left unwritten."""
         with self.runs.errors():
             self.runs.db.executescript(_SCHEMA)
             row = self.runs.db.execute("SELECT value FROM meta WHERE name = 'pushed_mark'").fetchone()
+            seq = self.runs.db.execute("SELECT value FROM meta WHERE name = 'pushed_seq'").fetchone()
+            if seq is None:  # rows a version that wrote wall times left: old enough for any pass
+                self.runs.db.execute("UPDATE pushed SET at = 0")
+        self.seq = 1 if seq is None else int(seq[0]) + 1
+        self._starts = collections.deque([(-math.inf, self.seq)])
         mark = None if row is None else {c: ChainPosition(*p) for c, p in json.loads(row[0]).items()}
         found = self._catch_up(journal, positions, {} if mark is None else mark, index)
         if mark is None and positions:
@@ -129,22 +148,21 @@ class PushedJobs:
                 if not record.consumed_by(positions):
                     break
                 if _pushed_candidate(record, index, self.runs):
-                    self._adds[(chain, record.segment_index, record.offset)] = 0.0  # reconciled at once
+                    self._adds[(chain, record.segment_index, record.offset)] = 0  # reconciled at once
                     found += 1
         return found
 
     def add(self, locs: Iterable[Loc]) -> None:
         """Note jobs just pushed as read (written at the next :meth:`flush`)."""
-        now = time.time()
         for loc in locs:
-            self._adds[loc] = now
+            self._adds[loc] = self.seq
             self._dels.discard(loc)
 
     def insert(self, locs: Iterable[Loc]) -> None:
         """Write rows for jobs just pushed from the run table, in its open transaction."""
-        now = time.time()
+        seq = self.seq
         with self.runs.errors():
-            self.runs.db.executemany(_INSERT, ((*loc, now) for loc in locs))
+            self.runs.db.executemany(_INSERT, ((*loc, seq) for loc in locs))
 
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is durably terminal: its row is marked finished (at the next flush)."""
@@ -156,11 +174,16 @@ class PushedJobs:
         self._done.pop(loc, None)
         self._dels.add(loc)
 
-    @property
-    def due(self) -> bool:
-        """Whether changes wait in memory long enough (or many enough) to be written."""
+    def due(self, positions: dict[str, ChainPosition]) -> bool:
+        """Whether changes, or a mark behind ``positions``, wait long enough (or many enough).
+
+        The mark moves once a second with the positions even when nothing was pushed (a backlog
+        indexed into the run table): a start after a crash reads O(a second) of records again.
+        """
         changes = len(self._adds) + len(self._done) + len(self._dels)
-        return bool(changes) and (changes >= FLUSH_AT or time.monotonic() >= self._next_flush)
+        if changes >= FLUSH_AT:
+            return True
+        return (bool(changes) or positions != self._marked) and time.monotonic() >= self._next_flush
 
     def flush(self, positions: dict[str, ChainPosition]) -> None:
         """Write what waits in memory and the mark (``positions``: the checkpoint's), and commit.
@@ -178,12 +201,28 @@ class PushedJobs:
                 db.execute(_TRIM, (self.recent,))
             mark = json.dumps({c: list(p) for c, p in positions.items()}, separators=(",", ":"))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_mark', ?)", (mark,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('pushed_seq', ?)", (str(self.seq),))
         self.runs.commit()
         self._adds, self._done, self._dels = {}, {}, set()
+        self._marked = dict(positions)
         self._next_flush = time.monotonic() + FLUSH_EVERY_S
+        self.cut()
 
-    def after(self, cursor: Loc | None, pushed_before: float, n: int, *, finished: bool) -> list[Loc]:
-        """Up to ``n`` rows after ``cursor`` (in loc order) of jobs pushed before ``pushed_before``.
+    def cut(self) -> int:
+        """Begin the next interval; return its number (every job pushed before has a lower one)."""
+        self.seq += 1
+        self._starts.append((time.monotonic(), self.seq))
+        return self.seq
+
+    def pushed_before(self, age_s: float) -> int:
+        """An interval number below which every row's job was pushed at least ``age_s`` ago."""
+        when = time.monotonic() - age_s
+        while len(self._starts) > 1 and self._starts[1][0] <= when:
+            self._starts.popleft()  # the newest start old enough is kept, and all after it
+        return self._starts[0][1]
+
+    def after(self, cursor: Loc | None, pushed_before: int, n: int, *, finished: bool) -> list[Loc]:
+        """Up to ``n`` rows after ``cursor`` (loc order) of jobs pushed in intervals below ``pushed_before``.
 
         ``finished``: the kept finished rows too (a refill purges their copies). Rows noted in
         memory are not seen: the caller flushes first (a pass, as it starts).
@@ -191,7 +230,7 @@ class PushedJobs:
         live = "" if finished else "AND done = 0 "
         with self.runs.errors():
             rows = self.runs.db.execute(
-                f"SELECT chain, seg, off FROM pushed WHERE (chain, seg, off) > (?, ?, ?) AND at <= ? {live}"  # noqa: S608 - no input
+                f"SELECT chain, seg, off FROM pushed WHERE (chain, seg, off) > (?, ?, ?) AND at < ? {live}"  # noqa: S608 - no input
                 "ORDER BY chain, seg, off LIMIT ?",
                 (*(cursor or ("", -1, -1)), pushed_before, n),
             ).fetchall()

@@ -90,11 +90,13 @@ class Reconciler:
         #: all succeeded (:meth:`hybridq.forwarder.flows.Flows.holds`).
         self.held_record: Callable[[Loc, Envelope], bool] = lambda _loc, _env: False
         #: Whether a pass is under way; the last pushed job it read (loc order); it takes jobs
-        #: pushed before this wall time only (a reconcile: a lease ago; a refill: all).
+        #: pushed in an interval below this one only (a reconcile: a lease ago; a refill: all
+        #: pushed before it began); whether the list was written since it began.
         self._passing = False
         self._cursor: Loc | None = None
         self._listed = False
-        self._pushed_before = 0.0
+        self._pushed_before = 0
+        self._flushed = False
         self._pass_refill = False
         self._pass_started = 0.0
         self._next_pass = 0.0
@@ -163,15 +165,17 @@ class Reconciler:
     # -- passes ---------------------------------------------------------------------------------
 
     def _start_pass(self, *, refill: bool) -> None:
-        self.state.flush_pushed(force=True)  # the jobs pushed as read, listed with the others
+        """Note a pass under way; no I/O (a full disk here would lose the refill: the epoch is set)."""
         self._passing = True
-        self._cursor, self._listed = None, False
+        self._cursor, self._listed, self._flushed = None, False, False
         self._pass_refill = refill or self._pass_refill
         self._pass_started = time.monotonic()
         # Only jobs pushed at least a lease ago: a younger one cannot have lost its worker's
         # lease yet, and one Redis lost is the epoch check's. A refill pass takes all those
-        # pushed before it started (later ones went under the new generation).
-        self._pushed_before = time.time() - (0.0 if self._pass_refill else self.lease_s)
+        # pushed before it started (later ones went under the new generation). Intervals, not
+        # wall time: a clock stepping back would leave rows out.
+        pushed = self.state.pushed
+        self._pushed_before = pushed.cut() if self._pass_refill else pushed.pushed_before(self.lease_s)
 
     def redo(self) -> list[Delivery]:
         """What to deliver again: the last step's until :meth:`redone`, else the next step's.
@@ -241,6 +245,9 @@ class Reconciler:
         leaves the list; a terminal one left unmarked by a crash is marked.
         """
         pushed = self.state.pushed
+        if not self._flushed:  # the jobs pushed as read, listed with the others (retried if it fails)
+            self.state.flush_pushed(force=True)
+            self._flushed = True
         locs = pushed.after(self._cursor, self._pushed_before, PROBE_BATCH, finished=self._pass_refill)
         self._cursor = locs[-1] if locs else None
         self._listed = len(locs) < PROBE_BATCH

@@ -118,6 +118,7 @@ _ADDED = (
 )
 
 _DELETE = "DELETE FROM runs WHERE chain = ? AND seg = ? AND off = ?"
+_PRIO = "SELECT prio FROM runs WHERE chain = ? AND seg = ? AND off = ?"
 
 #: One row as :meth:`RunTable.add` takes it: location, queue, order, priority, limit key ('' none).
 Row = tuple[Loc, str, float, int, str]
@@ -312,9 +313,10 @@ class RunTable:
                 for empty in [p for p, n in by.items() if not n]:
                     del by[empty]
             for i, (chain, seg, off) in enumerate(locs):
-                if prios is None:
-                    row = db.execute(_DELETE + " RETURNING prio", (chain, seg, off)).fetchone()
+                if prios is None:  # (no RETURNING: SQLite before 3.35, as RHEL 9's, has none)
+                    row = db.execute(_PRIO, (chain, seg, off)).fetchone()
                     prio = None if row is None else int(row[0])
+                    db.execute(_DELETE, (chain, seg, off))
                 else:
                     prio = prios[i] if db.execute(_DELETE, (chain, seg, off)).rowcount else None
                 if prio is not None:

@@ -156,7 +156,7 @@ class ForwarderState:
 
     def flush_pushed(self, *, force: bool = False) -> None:
         """Write the jobs pushed as read to the run table, when due (``force``: now)."""
-        if force or self.pushed.due:
+        if force or self.pushed.due(self.checkpoint.positions):
             self.pushed.flush(self.checkpoint.positions)
 
     def _clamp(self) -> None:

@@ -39,11 +39,12 @@ class Upkeep:
         self.compactor.finish_deletions()
 
     def compact(self) -> bool:
-        """Delete dead segments (never under a pass, which may be reading one).
+        """Delete dead segments (never under a pass, nor under a restart's deferred count).
 
+        Either may be reading one: a segment gone under its reader would stop the forwarder.
         Returns whether chains compacted away whole were dropped from the checkpoint.
         """
-        return not self.reconciler.passing and self.compactor.compact()
+        return not self.reconciler.passing and self.state.pending_ready and self.compactor.compact()
 
     def hurry(self, *, reconcile: bool = True) -> None:
         """Run compaction (and a reconcile pass) at the next step, whatever their timers say."""

@@ -75,9 +75,25 @@ def window_figures(path: str, snap: Snapshot | None, *, exact: bool = False) -> 
     return {"queue_detail": detail, "redis_memory": memory}
 
 
+#: The counts the file keeps per queue and priority (hybridq.forwarder.runs), the oldest of each
+#: queue from its index (``aged``): a dozen lookups, not a reading of every row.
+_KEPT = (
+    "SELECT queue, prio, n, (SELECT min(ord) FROM runs WHERE runs.queue = counts.queue) "
+    "FROM counts WHERE n > 0"
+)
+#: A file that keeps no counts (written by an older version): every row counted.
 _PER_PRIORITY = "SELECT queue, prio, count(*), min(ord) FROM runs GROUP BY queue, prio"
 #: A run table written before priorities has no ``prio`` column: all of it is priority 0.
 _BEFORE_PRIORITIES = "SELECT queue, 0, count(*), min(ord) FROM runs GROUP BY queue"
+
+
+def _per_priority(db: sqlite3.Connection) -> list[tuple[str, int, int, float]]:
+    """``(queue, prio, rows, oldest ord)``: from the kept counts when the file has them."""
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is not None
+    if has_meta and db.execute("SELECT 1 FROM meta WHERE name = 'counts'").fetchone() is not None:
+        return db.execute(_KEPT).fetchall()
+    columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    return db.execute(_PER_PRIORITY if "prio" in columns else _BEFORE_PRIORITIES).fetchall()
 
 
 def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
@@ -88,8 +104,7 @@ def _from_run_table(path: str) -> dict[str, dict[str, Any]]:
     with contextlib.suppress(sqlite3.Error):
         db = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=1.0)
         try:
-            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-            rows = db.execute(_PER_PRIORITY if "prio" in columns else _BEFORE_PRIORITIES).fetchall()
+            rows = _per_priority(db)
         finally:
             db.close()
         out: dict[str, dict[str, Any]] = {}

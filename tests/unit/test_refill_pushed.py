@@ -57,6 +57,12 @@ def windowed(journal: Path, transport: MemoryTransport, window: int, **options: 
     return f
 
 
+def index_all(f: Forwarder, transport: MemoryTransport, n: int) -> None:
+    """Step until all ``n`` jobs are in Redis or waiting in the run table (a budget per step)."""
+    while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < n:
+        f.step()
+
+
 @contextmanager
 def journal_reads(journal: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Count the journal's records read back (by any reader) inside the block."""
@@ -83,8 +89,7 @@ def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
     transport = LengthsTransport()
     f = windowed(journal_dir, transport, WINDOW)
     try:
-        while f.state.runs.waiting("default") + len(transport.queues.get("default", [])) < BACKLOG:
-            f.step()  # indexed a budget per step
+        index_all(f, transport, BACKLOG)
         assert len(transport.queues["default"]) == WINDOW
         transport.work("default", limit=WINDOW // 5)  # some ran: their outcomes are harvested
         f.step()
@@ -257,6 +262,8 @@ def test_the_run_tables_counts_are_kept_in_the_file_and_counted_once_for_an_olde
     db = sqlite3.connect(table.path)
     with pytest.raises(sqlite3.OperationalError, match="no such function: hq_counts_kept"), db:
         db.execute("DELETE FROM runs WHERE off < 100")  # a version that does not keep the counts
+    with pytest.raises(sqlite3.OperationalError, match="no such function: hq_counts_kept"), db:
+        db.execute("INSERT INTO runs VALUES ('w', 1, 64, 'q', 1.0, 0, '', '')")  # nor add a row
     with db:  # as a version before the counts left it
         db.execute("DROP TRIGGER counts_kept_in")
         db.execute("DROP TRIGGER counts_kept_out")
