@@ -281,18 +281,25 @@ class Reconciler:
                 return loc, Envelope.from_bytes(record.payload)
             except EnvelopeError:
                 return None
-        retry = self.state.index.retries.get(loc)
-        if retry is not None and not self.retries.retry_pushed(loc, retry[1]):
-            return None  # its next attempt is not due (or not pushed) yet
         try:
             env = Envelope.from_bytes(record.payload)
         except EnvelopeError:
             return None
+        return None if self.holds(loc, env) else (loc, env)
+
+    def holds(self, loc: Loc, env: Envelope) -> bool:
+        """Whether the forwarder holds the live job ``env`` at ``loc`` back: no pass delivers it.
+
+        A claim's refusal takes no such job back either (:mod:`hybridq.forwarder.refusals`).
+        """
+        retry = self.state.index.retries.get(loc)
+        if retry is not None and not self.retries.retry_pushed(loc, retry[1]):
+            return True  # its next attempt is not due (or not pushed) yet
         if env.run_at is not None and env.run_at > self.clock():
-            return None  # a delayed job the forwarder still holds
-        if self.held_record(loc, env):
-            return None  # the same, known from its record (the workflows' file lost or restored)
-        return loc, env
+            return True  # a delayed job the forwarder still holds
+        # A workflow's anchor, or a job waiting for others, known from the forwarder's workflows
+        # or from its record (the workflows' file lost or restored).
+        return self.held(loc) or self.held_record(loc, env)
 
     def _refill(self, batch: Sequence[tuple[Loc, Envelope]]) -> None:
         """One batch of a refill pass: purge finished jobs' copies, bring the others up to date."""

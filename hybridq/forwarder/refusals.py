@@ -29,8 +29,9 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from hybridq.envelope.model import Envelope
 from hybridq.forwarder.records import envelope_at
 from hybridq.forwarder.runs import Row, row_of
 from hybridq.forwarder.state import ForwarderState
@@ -63,8 +64,17 @@ def moved_on(state: ForwarderState, loc: Loc) -> bool:
     return back is not None and state.index.attempts(loc) != back - 1
 
 
-def take_back(state: ForwarderState, refused: Sequence[StartedEvent]) -> int:
-    """Put the jobs of the refused runs ``refused`` back in the run table (committed); how many."""
+def take_back(
+    state: ForwarderState, refused: Sequence[StartedEvent], holds: Callable[[Loc, Envelope], bool]
+) -> int:
+    """Put the jobs of the refused runs ``refused`` back in the run table (committed); how many.
+
+    Only jobs on the list of the pushed (:mod:`hybridq.forwarder.pushed`) that the forwarder does
+    not hold back (``holds``: a future ``run_at``, a retry not due, a workflow's hold): a forged
+    refusal (signing off) pushes no job the forwarder keeps out of Redis. Each stays on that
+    list, written in the same commit: a put-back job is a pushed one (its copy may run), which a
+    pass must find again if the row is dropped (:func:`moved_on`).
+    """
     index, runs = state.index, state.runs
     rows: dict[Loc, Row] = {}
     backs: dict[Loc, int] = {}
@@ -76,11 +86,14 @@ def take_back(state: ForwarderState, refused: Sequence[StartedEvent]) -> int:
             continue  # waiting already (an event harvested twice)
         if event.attempt <= index.attempts(loc):
             continue  # an older run's refusal: a later attempt was delivered since
+        if not state.pushed.listed(loc):
+            continue  # never pushed (a forged refusal): it waits where it is
         env = envelope_at(state.journal, loc)
-        if env is not None and env.id == event.id:
+        if env is not None and env.id == event.id and not holds(loc, env):
             rows[loc] = row_of(loc, env, env.run_at)
             backs[loc] = event.attempt
     if rows:
         runs.add(rows.values(), [backs[loc] for loc in rows])
+        state.pushed.insert(rows)  # written now: the catch-up after a crash may not list it
         runs.commit()  # before the harvest deletes the events from Redis
     return len(rows)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hybridq import Job, Queue, Retry, cancel
 from hybridq.forwarder.loop import Forwarder
+from hybridq.journal import JournalReader
 from hybridq.protocol import StartedEvent
 from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, sign_event
 from hybridq.transport import MemoryTransport
@@ -169,4 +170,74 @@ def test_a_push_from_the_run_table_that_redis_kept_adds_nothing_to_the_queued_co
     forwarder.step()
     assert not forwarder.state.runs.contains(transport.deliveries[job.id].loc), "pushed from the run table"
     assert counted == [], "a copy Redis kept was counted as queued"
+    forwarder.close()
+
+
+def test_a_job_put_back_before_its_pushed_row_was_written_stays_listed_after_a_crash(
+    journal_dir: Path,
+) -> None:
+    # Pushed as read (its pushed row only in memory), put back by a replayed refusal of its
+    # running attempt, then the process dies before the pushed list's flush. Its attempt fails
+    # and the retry moves the ledger on, so the row is dropped at push: the job must still be on
+    # the pushed list, or no pass sees its retry again (here: Redis loses its state).
+    transport = MemoryTransport()
+    first = make_forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
+    first.step()
+    job = Queue(journal=journal_dir).enqueue(
+        tasks.add, 2, 3, limit_key="k", retry=Retry(max_attempts=5, backoff_s=0.0, jitter=False)
+    )
+    first.step()  # pushed as read: its row waits in memory (written within a second)
+    first.completions.harvester.takes_back = lambda: True
+    loc = transport.deliveries[job.id].loc
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    first.completions.harvester.harvest()
+    assert first.state.runs.backs == {loc: 1}
+    first.state.pushed.flush = lambda positions: None  # type: ignore[method-assign]  # the crash
+    first.close()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.completions.harvester.takes_back = lambda: True
+    transport.run(transport.deliveries[job.id], _fails)  # attempt 1 fails: its retry is due now
+    forwarder.step()
+    forwarder.step()
+    assert transport.deliveries[job.id].attempt == 2
+    assert not forwarder.state.runs.contains(loc), "the row is dropped, left to the retry"
+    transport.forget()  # Redis loses its state: the refill pass pushes what the list holds
+    for _ in range(6):
+        forwarder.step()
+    assert job.id in transport.jobs, "the retry was lost: on neither the run table nor the pushed list"
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
+    forwarder.close()
+
+
+def test_a_forged_refusal_pushes_no_job_the_forwarder_holds_back(journal_dir: Path) -> None:
+    # Signing off, a Redis writer can add a refusal for any job: a delayed job never pushed, or
+    # a pushed job whose retry waits for its backoff, must stay where the forwarder keeps them.
+    queue = Queue(journal=journal_dir)
+    delayed = queue.enqueue(tasks.add, 2, 3, delay=3600)
+    retried = queue.enqueue(tasks.add, 1, 1, limit_key="k", retry=Retry(max_attempts=2, backoff_s=3600.0))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
+    forwarder.step()
+    forwarder.completions.harvester.takes_back = lambda: True
+    assert delayed.id not in transport.jobs
+    transport.run(transport.deliveries[retried.id], _fails)  # attempt 1 fails: attempt 2 in an hour
+    forwarder.step()
+    assert retried.status == "retrying"
+    owner = forwarder.state.checkpoint.owner
+    delayed_loc = next(
+        (r.writer_id, r.segment_index, r.offset) for r in JournalReader(str(journal_dir)).records({})
+    )
+    for n, (job_id, loc, attempt) in enumerate(
+        [(delayed.id, delayed_loc, 1), (retried.id, transport.deliveries[retried.id].loc, 2)]
+    ):
+        body = StartedEvent(job_id, loc, attempt, 0, time.time()).to_json()
+        transport.events.setdefault(owner, []).append(Event(f"{910 + n}-0", body, "limited: concurrency"))
+    forwarder.step()
+    forwarder.step()
+    assert forwarder.completions.harvester.refused_back == 0
+    assert delayed.id not in transport.jobs, "a delayed job was pushed before its time"
+    assert transport.deliveries[retried.id].attempt == 1, "a retry was pushed before its backoff"
     forwarder.close()
