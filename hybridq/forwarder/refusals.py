@@ -15,7 +15,8 @@ to find it stranded (docs/forwarder.md, "Limits per key").
 If the forwarder dies before the commit, the events are harvested again; if Redis loses them,
 the job is one the refill pass (a Redis that lost its state) or the reconcile pass (stranded)
 delivers again, as before. A job in the run table is never delivered by a pass, so it is
-pushed once.
+pushed once; a reconcile pass only probes a job put back (its run may go on after all, and its
+worker die: orphaned, its next attempt delivered), leaving the refused copy (stranded) to the row.
 
 A refusal may also come back for a run that is not waiting: replayed (a copy of a genuine signed
 one), or from a claim refusing a copy the refill queued again in the same step. So the row keeps

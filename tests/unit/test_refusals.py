@@ -21,7 +21,7 @@ from hybridq.transport import MemoryTransport
 from hybridq.transport.base import Event
 
 from tests import tasks
-from tests.unit.test_completions import make_forwarder
+from tests.unit.test_completions import make_forwarder, settle
 
 
 def refuse(transport: MemoryTransport, job_id: str, *, attempt: int = 1) -> None:
@@ -240,4 +240,49 @@ def test_a_forged_refusal_pushes_no_job_the_forwarder_holds_back(journal_dir: Pa
     assert forwarder.completions.harvester.refused_back == 0
     assert delayed.id not in transport.jobs, "a delayed job was pushed before its time"
     assert transport.deliveries[retried.id].attempt == 1, "a retry was pushed before its backoff"
+    forwarder.close()
+
+
+def test_a_job_put_back_while_its_run_goes_on_is_found_orphaned_when_its_worker_dies(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replayed refusal puts back a job whose run goes on; its row waits (here: the key never
+    # has room). Its worker dies: the reconcile pass's probe must still find the run orphaned
+    # and deliver the next attempt, not leave the job "started" for as long as the row waits.
+    job, transport, forwarder = _pushed(journal_dir, retry=Retry(max_attempts=3, backoff_s=0.0, jitter=False))
+    monkeypatch.setattr(forwarder.backlog, "refill", lambda: 0)  # the row is held behind others
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    forwarder.completions.harvester.harvest()
+    loc = transport.deliveries[job.id].loc
+    assert forwarder.state.runs.backs == {loc: 1}
+    transport.kill(transport.deliveries[job.id], started=True)
+    settle(forwarder, steps=8)
+    assert forwarder.state.index.lost.get(loc) is not None, "the dead worker's run was never found"
+    assert transport.deliveries[job.id].attempt == 2
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
+    forwarder.close()
+
+
+def test_a_refused_copy_that_looks_stranded_waits_for_its_row(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe that checks a put-back job sees the refused copy as stranded (taken, never
+    # started): its row is its delivery, through the key gate; a pass pushing it would bypass
+    # the gate, to be refused again.
+    job, transport, forwarder = _pushed(journal_dir)
+    monkeypatch.setattr(forwarder.backlog, "refill", lambda: 0)  # the row waits behind others
+    assert transport.take("default") is not None  # the refusing claim took the copy,
+    transport.status[job.id] = "finished"  # and RQ ended it
+    refuse(transport, job.id)
+    settle(forwarder, steps=8)
+    assert forwarder.state.runs.contains(transport.deliveries[job.id].loc)
+    assert transport.queues["default"] == [], "a pass pushed the refused job past its key's gate"
+    monkeypatch.undo()
+    forwarder.step()
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
     forwarder.close()
