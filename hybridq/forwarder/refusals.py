@@ -6,8 +6,9 @@ The claim script (``hybridq.worker.scripts``) adds the refused variant of the ru
 the signed field counts: a Redis writer adding ``r`` to a copy of a started event takes nothing
 back (:func:`is_refusal`). The
 harvest passes those here before it deletes them from Redis: each job still waiting for that
-run (not terminal, not cancelled, not in the run table already, no later attempt delivered)
-gets its run-table row again, committed (fsync) before the events go. The key gate then pushes
+run (not terminal, not cancelled, not in the run table already, no later attempt delivered;
+on the list of the pushed, not held back) gets its run-table row again, committed (fsync) with
+its pushed row before the events go. The key gate then pushes
 the same attempt again as soon as its key has room, at the forwarder's next step
 (``Backlog.refill``): no attempt used, and no wait of about two leases for the reconcile pass
 to find it stranded (docs/forwarder.md, "Limits per key").
