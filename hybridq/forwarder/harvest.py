@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hybridq.envelope.model import idempotency_id
+from hybridq.envelope.model import Envelope, idempotency_id
 from hybridq.errors import TransportError
 from hybridq.forwarder.records import envelope_at
 from hybridq.forwarder.refusals import is_refusal, take_back
@@ -73,6 +73,9 @@ class Harvester:
         #: keys' use (several Redis): it would push them again at once, to be refused again at
         #: every step; the reconcile pass delivers them, about two leases later.
         self.takes_back: Callable[[], bool] = lambda: True
+        #: Whether the forwarder holds a live job back (the reconcile pass's ``holds``): a
+        #: refusal takes no such job back.
+        self.holds: Callable[[Loc, Envelope], bool] = lambda _loc, _env: False
         #: Whether finished jobs leave Redis once harvested (the forwarder decides).
         self.forgetting: Callable[[], bool] = lambda: False
 
@@ -112,7 +115,9 @@ class Harvester:
                 if admitted and self.on_started is not None:
                     self.on_started(admitted)
             if refused and self.takes_back():  # committed to the run table before the events go
-                self.refused_back += take_back(self.state, self._admitted_started(events, refused, ring))
+                self.refused_back += take_back(
+                    self.state, self._admitted_started(events, refused, ring), self.holds
+                )
             crashpoints.reached("harvest_after_ledger")
             # Only now that the ledger has them (fsync'd) may Redis forget them.
             self.transport.ack(owner, [ev.event_id for ev in events])

@@ -16,7 +16,9 @@ The rules that keep it complete (docs/reliability.md, "The run table"):
   table covers (written once a second while the positions move, pushes or not). A crash before
   that leaves records between the mark and the checkpoint whose rows were not written; the next
   start reads them again (:meth:`PushedJobs.open`: O(one flush interval of reading)) and writes
-  a row for each that is neither terminal nor waiting.
+  a row for each that is neither terminal nor waiting (a row a claim's refusal put back in the
+  run table is not waiting: it was pushed). A job put back (:mod:`hybridq.forwarder.refusals`)
+  gets its row in the put-back's commit.
 * **Terminal, then marked.** A row is marked finished after its job's outcome is in the ledger
   (written at the next flush; a row a crash left unmarked is marked by the next pass that reads
   it: the ledger says it is terminal). The newest ``recent`` finished rows are kept: a refill
@@ -164,6 +166,18 @@ class PushedJobs:
         with self.runs.errors():
             self.runs.db.executemany(_INSERT, ((*loc, seq) for loc in locs))
 
+    def listed(self, loc: Loc) -> bool:
+        """Whether the job at ``loc`` is on the list (noted in memory, or written and not finished)."""
+        if loc in self._adds:
+            return True
+        if loc in self._dels or loc in self._done:
+            return False
+        with self.runs.errors():
+            row = self.runs.db.execute(
+                "SELECT 1 FROM pushed WHERE chain = ? AND seg = ? AND off = ? AND done = 0", loc
+            ).fetchone()
+        return row is not None
+
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is durably terminal: its row is marked finished (at the next flush)."""
         self._done[loc] = time.time()
@@ -248,7 +262,10 @@ def _pushed_candidate(record: Record, index: LedgerIndex, runs: RunTable) -> boo
     if record.rtype != RecordType.DATA:
         return False
     loc = (record.writer_id, record.segment_index, record.offset)
-    return not index.is_terminal(loc) and loc not in index.duplicates and not runs.contains(loc)
+    if index.is_terminal(loc) or loc in index.duplicates:
+        return False
+    # A row a claim's refusal put back is a pushed job (its copy may run): listed all the same.
+    return loc in runs.backs or not runs.contains(loc)
 
 
 def read_pushed(journal: str, loc: Loc) -> Record | None:

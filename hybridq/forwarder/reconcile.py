@@ -273,9 +273,14 @@ class Reconciler:
         loc = (record.writer_id, record.segment_index, record.offset)
         if loc in self.state.index.duplicates:
             return None  # never pushed: it waits for its key's owner (hybridq.forwarder.admission)
-        if self.state.runs.contains(loc) and not moved_on(self.state, loc):
+        runs = self.state.runs
+        if (
+            runs.contains(loc)
+            and (self._pass_refill or loc not in runs.backs)
+            and not moved_on(self.state, loc)
+        ):
             # It waits in the run table for room (hybridq.forwarder.backlog): never pushed, or
-            # put back by its claim's refusal, which the ledger has not moved on from (refusals).
+            # put back by its claim's refusal (refusals; a probe checks it: its run may go on).
             return None
         if self.held(loc):
             return None  # a workflow's anchor, or a job waiting for others (hybridq.forwarder.flows)
@@ -288,18 +293,20 @@ class Reconciler:
                 return loc, Envelope.from_bytes(record.payload)
             except EnvelopeError:
                 return None
-        retry = self.state.index.retries.get(loc)
-        if retry is not None and not self.retries.retry_pushed(loc, retry[1]):
-            return None  # its next attempt is not due (or not pushed) yet
         try:
             env = Envelope.from_bytes(record.payload)
         except EnvelopeError:
             return None
+        return None if self.holds(loc, env) else (loc, env)
+
+    def holds(self, loc: Loc, env: Envelope) -> bool:
+        """Whether the live job ``env`` at ``loc`` is held back: no pass (nor refusal) delivers it."""
+        retry = self.state.index.retries.get(loc)
+        if retry is not None and not self.retries.retry_pushed(loc, retry[1]):
+            return True  # its next attempt is not due (or not pushed) yet
         if env.run_at is not None and env.run_at > self.clock():
-            return None  # a delayed job the forwarder still holds
-        if self.held_record(loc, env):
-            return None  # the same, known from its record (the workflows' file lost or restored)
-        return loc, env
+            return True  # a delayed job the forwarder still holds
+        return self.held(loc) or self.held_record(loc, env)  # a workflow's (or its record's) hold
 
     def _refill(self, batch: Sequence[tuple[Loc, Envelope]]) -> None:
         """One batch of a refill pass: purge finished jobs' copies, bring the others up to date."""
@@ -336,6 +343,8 @@ class Reconciler:
         index, delivery = self.state.index, self.state.delivery
         for (loc, env), verdict in zip(batch, verdicts, strict=True):
             attempt = index.attempts(loc) + 1  # the attempt delivered now
+            if verdict == "stranded" and loc in self.state.runs.backs and not moved_on(self.state, loc):
+                continue  # the copy its claim refused: the row put back delivers it, through the gate
             if verdict in ("done", "stranded"):
                 # The same attempt again: a stranded job never started, a "done" one is reported.
                 if self._stuck(loc, verdict, now):

@@ -6,8 +6,9 @@ The claim script (``hybridq.worker.scripts``) adds the refused variant of the ru
 the signed field counts: a Redis writer adding ``r`` to a copy of a started event takes nothing
 back (:func:`is_refusal`). The
 harvest passes those here before it deletes them from Redis: each job still waiting for that
-run (not terminal, not cancelled, not in the run table already, no later attempt delivered)
-gets its run-table row again, committed (fsync) before the events go. The key gate then pushes
+run (not terminal, not cancelled, not in the run table already, no later attempt delivered;
+on the list of the pushed, not held back) gets its run-table row again, committed (fsync) with
+its pushed row before the events go. The key gate then pushes
 the same attempt again as soon as its key has room, at the forwarder's next step
 (``Backlog.refill``): no attempt used, and no wait of about two leases for the reconcile pass
 to find it stranded (docs/forwarder.md, "Limits per key").
@@ -15,7 +16,8 @@ to find it stranded (docs/forwarder.md, "Limits per key").
 If the forwarder dies before the commit, the events are harvested again; if Redis loses them,
 the job is one the refill pass (a Redis that lost its state) or the reconcile pass (stranded)
 delivers again, as before. A job in the run table is never delivered by a pass, so it is
-pushed once.
+pushed once; a reconcile pass only probes a job put back (its run may go on after all, and its
+worker die: orphaned, its next attempt delivered), leaving the refused copy (stranded) to the row.
 
 A refusal may also come back for a run that is not waiting: replayed (a copy of a genuine signed
 one), or from a claim refusing a copy the refill queued again in the same step. So the row keeps
@@ -29,8 +31,9 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from hybridq.envelope.model import Envelope
 from hybridq.forwarder.records import envelope_at
 from hybridq.forwarder.runs import Row, row_of
 from hybridq.forwarder.state import ForwarderState
@@ -63,8 +66,17 @@ def moved_on(state: ForwarderState, loc: Loc) -> bool:
     return back is not None and state.index.attempts(loc) != back - 1
 
 
-def take_back(state: ForwarderState, refused: Sequence[StartedEvent]) -> int:
-    """Put the jobs of the refused runs ``refused`` back in the run table (committed); how many."""
+def take_back(
+    state: ForwarderState, refused: Sequence[StartedEvent], holds: Callable[[Loc, Envelope], bool]
+) -> int:
+    """Put the jobs of the refused runs ``refused`` back in the run table (committed); how many.
+
+    Only jobs on the list of the pushed (:mod:`hybridq.forwarder.pushed`) that the forwarder does
+    not hold back (``holds``: a future ``run_at``, a retry not due, a workflow's hold): a forged
+    refusal (signing off) pushes no job the forwarder keeps out of Redis. Each stays on that
+    list, written in the same commit: a put-back job is a pushed one (its copy may run), which a
+    pass must find again if the row is dropped (:func:`moved_on`).
+    """
     index, runs = state.index, state.runs
     rows: dict[Loc, Row] = {}
     backs: dict[Loc, int] = {}
@@ -76,11 +88,14 @@ def take_back(state: ForwarderState, refused: Sequence[StartedEvent]) -> int:
             continue  # waiting already (an event harvested twice)
         if event.attempt <= index.attempts(loc):
             continue  # an older run's refusal: a later attempt was delivered since
+        if not state.pushed.listed(loc):
+            continue  # never pushed (a forged refusal): it waits where it is
         env = envelope_at(state.journal, loc)
-        if env is not None and env.id == event.id:
+        if env is not None and env.id == event.id and not holds(loc, env):
             rows[loc] = row_of(loc, env, env.run_at)
             backs[loc] = event.attempt
     if rows:
         runs.add(rows.values(), [backs[loc] for loc in rows])
+        state.pushed.insert(rows)  # written now: the catch-up after a crash may not list it
         runs.commit()  # before the harvest deletes the events from Redis
     return len(rows)

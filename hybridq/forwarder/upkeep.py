@@ -32,6 +32,7 @@ class Upkeep:
         self.state = state
         self.harvester = Harvester(state, transport)
         self.reconciler = Reconciler(state, transport, self.harvester)
+        self.harvester.holds = self.reconciler.holds  # a refusal takes no held job back
         self.compactor = Compactor(state)
 
     def open(self) -> None:

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from hybridq import Job, Queue, Retry, cancel
 from hybridq.forwarder.loop import Forwarder
+from hybridq.journal import JournalReader
 from hybridq.protocol import StartedEvent
 from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, sign_event
 from hybridq.transport import MemoryTransport
 from hybridq.transport.base import Event
 
 from tests import tasks
-from tests.unit.test_completions import make_forwarder
+from tests.unit.test_completions import make_forwarder, settle
 
 
 def refuse(transport: MemoryTransport, job_id: str, *, attempt: int = 1) -> None:
@@ -169,4 +170,119 @@ def test_a_push_from_the_run_table_that_redis_kept_adds_nothing_to_the_queued_co
     forwarder.step()
     assert not forwarder.state.runs.contains(transport.deliveries[job.id].loc), "pushed from the run table"
     assert counted == [], "a copy Redis kept was counted as queued"
+    forwarder.close()
+
+
+def test_a_job_put_back_before_its_pushed_row_was_written_stays_listed_after_a_crash(
+    journal_dir: Path,
+) -> None:
+    # Pushed as read (its pushed row only in memory), put back by a replayed refusal of its
+    # running attempt, then the process dies before the pushed list's flush. Its attempt fails
+    # and the retry moves the ledger on, so the row is dropped at push: the job must still be on
+    # the pushed list, or no pass sees its retry again (here: Redis loses its state).
+    transport = MemoryTransport()
+    first = make_forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
+    first.step()
+    job = Queue(journal=journal_dir).enqueue(
+        tasks.add, 2, 3, limit_key="k", retry=Retry(max_attempts=5, backoff_s=0.0, jitter=False)
+    )
+    first.step()  # pushed as read: its row waits in memory (written within a second)
+    first.completions.harvester.takes_back = lambda: True
+    loc = transport.deliveries[job.id].loc
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    first.completions.harvester.harvest()
+    assert first.state.runs.backs == {loc: 1}
+    first.state.pushed.flush = lambda positions: None  # type: ignore[method-assign]  # the crash
+    first.close()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.completions.harvester.takes_back = lambda: True
+    transport.run(transport.deliveries[job.id], _fails)  # attempt 1 fails: its retry is due now
+    forwarder.step()
+    forwarder.step()
+    assert transport.deliveries[job.id].attempt == 2
+    assert not forwarder.state.runs.contains(loc), "the row is dropped, left to the retry"
+    transport.forget()  # Redis loses its state: the refill pass pushes what the list holds
+    for _ in range(6):
+        forwarder.step()
+    assert job.id in transport.jobs, "the retry was lost: on neither the run table nor the pushed list"
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
+    forwarder.close()
+
+
+def test_a_forged_refusal_pushes_no_job_the_forwarder_holds_back(journal_dir: Path) -> None:
+    # Signing off, a Redis writer can add a refusal for any job: a delayed job never pushed, or
+    # a pushed job whose retry waits for its backoff, must stay where the forwarder keeps them.
+    queue = Queue(journal=journal_dir)
+    delayed = queue.enqueue(tasks.add, 2, 3, delay=3600)
+    retried = queue.enqueue(tasks.add, 1, 1, limit_key="k", retry=Retry(max_attempts=2, backoff_s=3600.0))
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
+    forwarder.step()
+    forwarder.completions.harvester.takes_back = lambda: True
+    assert delayed.id not in transport.jobs
+    transport.run(transport.deliveries[retried.id], _fails)  # attempt 1 fails: attempt 2 in an hour
+    forwarder.step()
+    assert retried.status == "retrying"
+    owner = forwarder.state.checkpoint.owner
+    delayed_loc = next(
+        (r.writer_id, r.segment_index, r.offset) for r in JournalReader(str(journal_dir)).records({})
+    )
+    for n, (job_id, loc, attempt) in enumerate(
+        [(delayed.id, delayed_loc, 1), (retried.id, transport.deliveries[retried.id].loc, 2)]
+    ):
+        body = StartedEvent(job_id, loc, attempt, 0, time.time()).to_json()
+        transport.events.setdefault(owner, []).append(Event(f"{910 + n}-0", body, "limited: concurrency"))
+    forwarder.step()
+    forwarder.step()
+    assert forwarder.completions.harvester.refused_back == 0
+    assert delayed.id not in transport.jobs, "a delayed job was pushed before its time"
+    assert transport.deliveries[retried.id].attempt == 1, "a retry was pushed before its backoff"
+    forwarder.close()
+
+
+def test_a_job_put_back_while_its_run_goes_on_is_found_orphaned_when_its_worker_dies(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replayed refusal puts back a job whose run goes on; its row waits (here: the key never
+    # has room). Its worker dies: the reconcile pass's probe must still find the run orphaned
+    # and deliver the next attempt, not leave the job "started" for as long as the row waits.
+    job, transport, forwarder = _pushed(journal_dir, retry=Retry(max_attempts=3, backoff_s=0.0, jitter=False))
+    monkeypatch.setattr(forwarder.backlog, "refill", lambda: 0)  # the row is held behind others
+    _running(transport, job.id)
+    refuse(transport, job.id)
+    forwarder.completions.harvester.harvest()
+    loc = transport.deliveries[job.id].loc
+    assert forwarder.state.runs.backs == {loc: 1}
+    transport.kill(transport.deliveries[job.id], started=True)
+    settle(forwarder, steps=8)
+    assert forwarder.state.index.lost.get(loc) is not None, "the dead worker's run was never found"
+    assert transport.deliveries[job.id].attempt == 2
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
+    forwarder.close()
+
+
+def test_a_refused_copy_that_looks_stranded_waits_for_its_row(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe that checks a put-back job sees the refused copy as stranded (taken, never
+    # started): its row is its delivery, through the key gate; a pass pushing it would bypass
+    # the gate, to be refused again.
+    job, transport, forwarder = _pushed(journal_dir)
+    monkeypatch.setattr(forwarder.backlog, "refill", lambda: 0)  # the row waits behind others
+    assert transport.take("default") is not None  # the refusing claim took the copy,
+    transport.status[job.id] = "finished"  # and RQ ended it
+    refuse(transport, job.id)
+    settle(forwarder, steps=8)
+    assert forwarder.state.runs.contains(transport.deliveries[job.id].loc)
+    assert transport.queues["default"] == [], "a pass pushed the refused job past its key's gate"
+    monkeypatch.undo()
+    forwarder.step()
+    assert transport.work() == 1
+    forwarder.step()
+    assert job.status == "finished"
     forwarder.close()
