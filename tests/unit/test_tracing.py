@@ -190,3 +190,34 @@ def test_a_worker_reads_a_records_context_within_the_same_cap(spans: InMemorySpa
         assert baggage.get_all() == {"k": "v"}  # within the cap: carried
     finally:
         tracing.end_run(started, "succeeded", final=True)
+
+
+def test_with_the_api_imported_and_no_provider_the_api_is_not_asked_and_a_later_one_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py 8 imports the API wherever it is installed: no per-run call into it.
+
+    Asking for the provider at every run cost a pool worker's no-op job about 5 % of its CPU
+    (``hybridq.tracing.tracer``'s docstring). A provider set later is found at the next hook,
+    with no wait (i26d waited up to a second); without the API's global, the API is asked.
+    """
+    asked = []
+    provider = TracerProvider()
+
+    def get_tracer_provider() -> object:
+        asked.append(1)
+        return provider
+
+    monkeypatch.setattr(trace, "get_tracer_provider", get_tracer_provider)
+    monkeypatch.setattr(tracing, "_tracer", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(tracing, "_NAMED", False)
+    assert all(tracing.tracer() is None for _ in range(100))
+    assert asked == [], "the API was asked at a hook"
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)  # what set_tracer_provider does
+    assert tracing.tracer() is not None, "a provider set later was not found at once"
+    monkeypatch.setattr(tracing, "_tracer", None)
+    monkeypatch.delattr(trace, "_TRACER_PROVIDER")  # an API without it: asked every time
+    assert tracing.tracer() is not None
+    assert len(asked) == 2
+    provider.shutdown()
