@@ -3,7 +3,7 @@
 Policy: ``docs/journal-format.md`` (*Torn tail and corruption*) and docs/reliability.md rules 10-12.
 Recovery never starts over damage it has read: it scans first and raises
 :class:`~hybridq.errors.JournalCorruption` before touching a byte if what it scanned is corrupt.
-With ``tails_only`` (the forwarder's start) it scans each chain's last segment only, so damage
+With ``tails_only`` (a daemon's start) it scans each chain's last segment only, so damage
 in a sealed segment is found later, by the background check, after a dead chain's torn tail
 may have been truncated (its bytes copied to ``*.broken`` first) and the chain sealed: both are
 what a full recovery would have done to that tail too, and neither hides the damage.

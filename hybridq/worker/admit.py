@@ -3,11 +3,14 @@
 A refused job (a bad signature, a function refused) fails for good and is reported to the
 owning forwarder; a job this worker is merely not set up for is left for another worker, with
 no attempt used (:mod:`hybridq.worker.waiting`); a misrouted copy is refused and not reported. Also
-how a worker reports a stored outcome as a delivery's completion event (:func:`report`).
+how a worker reports a stored outcome as a delivery's completion event (:func:`report`, and
+:func:`suppressed` for a key that already has one), and the signed started events a claim sends
+(:func:`signed_started`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -20,14 +23,24 @@ from redis.exceptions import RedisError
 from rq.job import Job as RQJob
 
 from hybridq.envelope.model import Envelope
-from hybridq.errors import NoSuchTask, NotAllowed, SignatureError, TaskUnavailable
-from hybridq.protocol import CompletionEvent, Delivery, Outcome, host_pid, keys
+from hybridq.errors import DuplicateOfFailedJob, NoSuchTask, NotAllowed, SignatureError, TaskUnavailable
+from hybridq.protocol import CompletionEvent, Delivery, Outcome, StartedEvent, host_pid, keys
 from hybridq.security.allow import resolve
 from hybridq.security.signing import expiry_refusal, keyring, sign_event
 from hybridq.worker import waiting
 from hybridq.worker.scripts import retrying
 
-__all__ = ["admit", "check", "check_route", "event", "misrouted", "refusal", "report"]
+__all__ = [
+    "admit",
+    "check",
+    "check_route",
+    "event",
+    "misrouted",
+    "refusal",
+    "report",
+    "signed_started",
+    "suppressed",
+]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -167,3 +180,28 @@ def event(
     return CompletionEvent.of(
         d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=host_pid()
     )
+
+
+def suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any:
+    """Report a stored outcome for this delivery without running the task."""
+    env = d.envelope
+    log.info(
+        "job %s: idempotency key already %s (by job %s): not running it again",
+        env.id,
+        stored.get("outcome"),
+        stored.get("job_id"),
+    )
+    report(conn, d, stored, dup=True)
+    if stored.get("outcome") != Outcome.SUCCEEDED:
+        raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
+    return stored.get("result")
+
+
+def signed_started(owner: str, event: StartedEvent, *, refused: bool = False) -> str:
+    """``event`` (or its refused variant) as the claim script adds it to ``owner``'s stream.
+
+    The claim sends the started event (not for a quick task) and, for a limited run, the refused
+    variant, added instead if its key has no room: signed, as the forwarder takes the job back on
+    its word (docs/forwarder.md). Each only when sent: an admitted quick run adds none.
+    """
+    return json.dumps(sign_event(owner, dataclasses.replace(event, refused=refused).to_json()))

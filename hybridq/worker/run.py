@@ -11,7 +11,6 @@ and the outcome script in RQ's own pipelines, and then calls :func:`finished` an
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from rq import get_current_job
 from rq.job import Job as RQJob
 
 from hybridq.context import CurrentJob, _current
-from hybridq.errors import Cancelled, DuplicateOfFailedJob, RetryLaterExpired, StaleDelivery
+from hybridq.errors import Cancelled, RetryLaterExpired, StaleDelivery
 from hybridq.protocol import (
     ENTRY_POINT,
     ClaimStatus,
@@ -38,10 +37,19 @@ from hybridq.protocol import (
     keys,
 )
 from hybridq.protocol.later import resolve
-from hybridq.security.signing import keyring, sign_event
+from hybridq.security.signing import keyring
 from hybridq.tracing import end_run, start_run
 from hybridq.worker import lease, quick, scripts
-from hybridq.worker.admit import admit, check, check_route, event, misrouted, report
+from hybridq.worker.admit import (
+    admit,
+    check,
+    check_route,
+    event,
+    misrouted,
+    report,
+    signed_started,
+    suppressed,
+)
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
@@ -192,7 +200,7 @@ def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -
         if status == ClaimStatus.CLAIMED:
             return CLAIMED
         if status == ClaimStatus.SUPPRESSED:
-            return _suppressed(conn, d, json.loads(stored))
+            return suppressed(conn, d, json.loads(stored))
         if status == ClaimStatus.STALE:
             # An old copy of an attempt that already failed. Its event may be what got lost (the
             # reason this copy exists): report that outcome again, or the retry never happens.
@@ -279,23 +287,16 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        # The claim sends a started event (not for a quick task), and a limited run's claim the
-        # refused variant if its key has no room (signed: the forwarder takes the job back on
-        # its word; docs/forwarder.md). Each only when sent: an admitted quick run adds none.
+        # A started event (not for a quick task), a limited run's refused one (admit.signed_started).
         started = d.report_start and not quick.is_quick(env.func)
         if started or (d.report_start and d.limit):
             event = StartedEvent.of(d, time.time())
             claim_keys.append(keys.events(d.owner))
             claim_args += [
-                _signed(d.owner, event) if started else "",
-                _signed(d.owner, event, refused=True) if d.limit else "",
+                signed_started(d.owner, event) if started else "",
+                signed_started(d.owner, event, refused=True) if d.limit else "",
             ]
         return cls(raw, d, token, claim_keys, claim_args, func)
-
-
-def _signed(owner: str, event: StartedEvent, *, refused: bool = False) -> str:
-    """``event`` (or its refused variant) as the claim script adds it to ``owner``'s stream."""
-    return json.dumps(sign_event(owner, dataclasses.replace(event, refused=refused).to_json()))
 
 
 #: The attribute of an RQ job under which a pipelining worker leaves its :class:`Run`.
@@ -347,21 +348,6 @@ def _run_of(rq_job: RQJob, raw: Mapping[str, Any]) -> Run | None:
     if run is None or run.raw is not raw:
         return None
     return run
-
-
-def _suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any:
-    """Report a stored outcome for this delivery without running the task."""
-    env = d.envelope
-    log.info(
-        "job %s: idempotency key already %s (by job %s): not running it again",
-        env.id,
-        stored.get("outcome"),
-        stored.get("job_id"),
-    )
-    report(conn, d, stored, dup=True)
-    if stored.get("outcome") != Outcome.SUCCEEDED:
-        raise DuplicateOfFailedJob(f"idempotency key failed for good in job {stored.get('job_id')}")
-    return stored.get("result")
 
 
 def _finish_call(run: Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[str | int]]:

@@ -4,24 +4,22 @@ Each script is atomic in Redis (all or nothing, like MULTI/EXEC) and sent by its
 first use (EVALSHA). Their replies are :class:`hybridq.protocol.ClaimStatus` and
 :class:`hybridq.protocol.FinishReply`. Only this module sends them (:func:`claim`,
 :func:`finish`, :func:`renew`); a pipelining worker (:mod:`hybridq.rqworker`) queues them by
-:data:`CLAIM_SHA` and :data:`FINISH_SHA` in RQ's own pipelines.
+:data:`CLAIM_SHA` and :data:`FINISH_SHA` in RQ's own pipelines. Which errors a call is sent again
+after, and for how long: :mod:`hybridq.worker.retries` (re-exported here).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import random
-import time
 import weakref
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 from hybridq.transport import redisurl
 from hybridq.worker.limit_scripts import LIMIT_LUA
+from hybridq.worker.retries import FINISH_PATIENCE_S, retrying, transient
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -41,11 +39,7 @@ __all__ = [
     "transient",
 ]
 
-log = logging.getLogger("hybridq.worker")
 
-#: How long to keep trying to record an outcome while Redis is unreachable (seconds). Past it,
-#: the lease expires and the forwarder delivers the job again: at-least-once, never lost.
-FINISH_PATIENCE_S = 30.0
 #: Socket timeout of a worker's own Redis calls (claim, lease renewal, outcome), in seconds.
 CALL_TIMEOUT_S = 5.0
 
@@ -321,55 +315,6 @@ def call(conn: redis.Redis, source: str, keys: list[str], args: list[Any], clien
 def sha(conn: redis.Redis, source: str) -> str:
     """The SHA1 Redis names the script ``source`` by (EVALSHA), as :func:`call` sends it."""
     return str(_script(conn, source).sha)
-
-
-def retrying(call: Any) -> Any:
-    """Run a Redis call, retrying while Redis is unreachable, for up to FINISH_PATIENCE_S.
-
-    An error that would come back the same (a script's own error: :func:`transient`) is raised
-    at once.
-    """
-    deadline = time.monotonic() + FINISH_PATIENCE_S
-    delay = 0.1
-    while True:
-        try:
-            return call()
-        except RedisError as exc:
-            if not transient(exc):
-                raise
-            if time.monotonic() >= deadline:
-                log.error("cannot reach Redis (%s): the job will be delivered again", exc)
-                raise
-            time.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
-            delay = min(2.0, delay * 2)
-
-
-#: Redis's error codes that a later try may not meet (memory, a replica, loading, failover).
-_TRANSIENT_CODES = (
-    "OOM",
-    "READONLY",
-    "LOADING",
-    "BUSY",
-    "MASTERDOWN",
-    "TRYAGAIN",
-    "NOREPLICAS",
-    "CLUSTERDOWN",
-)
-
-
-def transient(exc: RedisError) -> bool:
-    """Whether a call that failed with ``exc`` may succeed if sent again.
-
-    Connection errors and timeouts may; so may Redis's refusals of the moment (out of memory, a
-    read-only replica, a script Redis does not know yet), also when a script met them. Another
-    error reply (a key of the wrong type, a script's own error) would come back the same.
-    """
-    if not isinstance(exc, ResponseError) or isinstance(
-        exc, (OutOfMemoryError, ReadOnlyError, NoScriptError)
-    ):
-        return True
-    text = str(exc)
-    return any(text.startswith(f"{code} ") or f": {code} " in text for code in _TRANSIENT_CODES)
 
 
 def client(conn: redis.Redis) -> redis.Redis:
