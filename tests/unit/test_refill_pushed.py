@@ -263,7 +263,9 @@ def test_the_run_tables_counts_are_kept_in_the_file_and_counted_once_for_an_olde
     with pytest.raises(sqlite3.OperationalError, match="no such function: hq_counts_kept"), db:
         db.execute("DELETE FROM runs WHERE off < 100")  # a version that does not keep the counts
     with pytest.raises(sqlite3.OperationalError, match="no such function: hq_counts_kept"), db:
-        db.execute("INSERT INTO runs VALUES ('w', 1, 64, 'q', 1.0, 0, '', '')")  # nor add a row
+        db.execute(
+            "INSERT INTO runs (chain, seg, off, queue, ord, prio, lkey, lane) VALUES ('w', 1, 64, 'q', 1.0, 0, '', '')"
+        )  # nor add a row
     with db:  # as a version before the counts left it
         db.execute("DROP TRIGGER counts_kept_in")
         db.execute("DROP TRIGGER counts_kept_out")
