@@ -110,11 +110,10 @@ def test_enospc_saving_the_compaction_state_counts_each_segment_once(journal_dir
     with Forwarder(journal_dir, transport) as forwarder:
         forwarder.step()
         transport.work()
-        forwarder.step()  # harvest: all 60 terminal
-        while forwarder.completions._pass is not None:  # type: ignore[union-attr]
-            forwarder.step()  # let the first reconcile pass end: compaction waits for it
         forwarder.completions.hurry(reconcile=False)  # type: ignore[union-attr]
-        step_through_disk_full(forwarder, full)  # ENOSPC saving compaction.state
+        # The harvest makes all 60 terminal and compaction follows in the same step (no reconcile
+        # pass reads the journal to wait for): ENOSPC saving compaction.state.
+        step_through_disk_full(forwarder, full)
         forwarder.completions.hurry(reconcile=False)  # type: ignore[union-attr]
         forwarder.step()
     assert list_chains(str(journal_dir)) == {}  # all three segments compacted (chains forgotten)
