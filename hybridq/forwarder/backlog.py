@@ -152,7 +152,7 @@ class Backlog:
         if unseen:
             self.look(sorted(unseen))
         out: list[Delivery] = []
-        self.selector.begin()
+        self.begin()
         self.prefetch(d.envelope.limit_key for d in deliveries)
         for d in deliveries:
             queue = d.envelope.queue
@@ -174,7 +174,7 @@ class Backlog:
         """
         self.more = False
         self._short.clear()
-        self.selector.begin()  # the key gate is asked afresh once per refill
+        self.begin()  # the key gate is asked afresh once per refill
         done = 0
         for queue in sorted(self.runs.counts):
             while self.runs.waiting(queue):

@@ -99,7 +99,8 @@ class Harvester:
             outcomes = [ev for ev in events if not StartedEvent.is_one(ev.body)] if started else events
             refused = [i for i in started if is_refusal(events[i], signed=ring is not None)]
             if refused:
-                started = [i for i in started if i not in refused]
+                gone = set(refused)
+                started = [i for i in started if i not in gone]
             entries = [
                 e for e in (self._entry(ev.event_id, ev.body, ring) for ev in outcomes) if e is not None
             ]

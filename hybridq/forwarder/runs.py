@@ -309,17 +309,15 @@ class RunTable:
                         db.execute("SELECT prio, count(*) FROM runs WHERE queue = ? GROUP BY prio", (queue,))
                     )
                     self.counts[queue] = sum(by.values())
-                locs = ()
                 for empty in [p for p, n in by.items() if not n]:
                     del by[empty]
-            for i, (chain, seg, off) in enumerate(locs):
-                if prios is None:  # (no RETURNING: SQLite before 3.35, as RHEL 9's, has none)
+            else:
+                for chain, seg, off in locs:  # (no RETURNING: SQLite before 3.35, as RHEL 9's, has none)
                     row = db.execute(_PRIO, (chain, seg, off)).fetchone()
-                    prio = None if row is None else int(row[0])
+                    if row is None:
+                        continue
+                    prio = int(row[0])
                     db.execute(_DELETE, (chain, seg, off))
-                else:
-                    prio = prios[i] if db.execute(_DELETE, (chain, seg, off)).rowcount else None
-                if prio is not None:
                     self.counts[queue] = self.counts.get(queue, 0) - 1
                     by[prio] = by.get(prio, 0) - 1
                     if not by[prio]:

@@ -222,16 +222,6 @@ class PendingTracker:
             self.segments[seg] = _Segment(count)
         return None
 
-    @classmethod
-    def rebuild(
-        cls, journal: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
-    ) -> PendingTracker:
-        """The tracker of what a forwarder standing at ``positions`` has read (when it starts)."""
-        out = cls()
-        for _ in out.fill(journal, positions, index, compacted):
-            pass
-        return out
-
     def fill(
         self,
         journal: str,
@@ -247,14 +237,13 @@ class PendingTracker:
         jobs are all terminal is counted from its seal. A job that turns terminal meanwhile is
         told with :meth:`done` (ignored if its record was not read yet: it reads as terminal).
         """
-        out = self
         read = 0
         chains = list_chains(journal)
         for writer, indices in chains.items():
             pos = positions.get(writer)
             if pos is None:
                 continue  # nothing of it read yet
-            start = out._count_dead(journal, writer, indices, pos, index, compacted)
+            start = self._count_dead(journal, writer, indices, pos, index, compacted)
             if start is None:
                 continue
             # This chain only, up to the position: every other one starts past its end.
@@ -266,7 +255,7 @@ class PendingTracker:
                 if record.rtype != RecordType.DATA:
                     continue
                 loc = (record.writer_id, record.segment_index, record.offset)
-                out.saw(loc, None if index.is_terminal(loc) else job_fields(record.payload))
+                self.saw(loc, None if index.is_terminal(loc) else job_fields(record.payload))
                 read += 1
                 if read % every == 0:
                     yield
