@@ -1,8 +1,8 @@
 """The forwarder: tails the journal and pushes jobs into the transport, one per journal directory.
 
 Loop: read new records (streaming, bounded memory) -> hold delayed jobs -> push a batch -> save
-the checkpoint -> then the completions side (:mod:`hybridq.forwarder.upkeep`): harvest outcomes into
-the ledger, deliver due retries, check the epoch, reconcile, compact. Everything the forwarder
+the checkpoint -> then the completions side (:mod:`hybridq.forwarder.maintain`): harvest outcomes
+into the ledger, deliver due retries, check the epoch, reconcile, compact. Everything it
 keeps on disk goes through its one :class:`~hybridq.forwarder.state.ForwarderState`; its options
 are one frozen :class:`~hybridq.forwarder.config.ForwarderConfig`.
 The checkpoint is saved only after the transport accepted the batch
@@ -31,14 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
-from hybridq.errors import (
-    HybridqError,
-    JournalIOError,
-    RedisFull,
-    RedisRefused,
-    Stopped,
-    TransportError,
-)
+from hybridq.errors import HybridqError, JournalIOError, RedisRefused, Stopped, TransportError
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
@@ -46,6 +39,7 @@ from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.forwarder.maintain import Maintenance, Parts
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
 from hybridq.forwarder.records import envelope_at
@@ -53,8 +47,6 @@ from hybridq.forwarder.selector import Lanes, parse_fair_keys
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
-from hybridq.forwarder.watcher import EventWatcher
-from hybridq.forwarder.window import check_eviction_policy
 from hybridq.journal import ChainPosition, JournalReader
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.ownerlock import take_owner_lock
@@ -73,16 +65,9 @@ __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: How often the forwarder checks that Redis still has its epoch (seconds).
-EPOCH_CHECK_S = 1.0
 #: How often an idle forwarder brings the lookup index up to date (records appended by others:
 #: a requeue's ledger entries, jobs the forwarder has not read yet).
 LOOKUP_IDLE_S = 1.0
-#: While completions stream in, the checkpoint that publishes the terminal count (the producers'
-#: capacity check) is saved at most this often (seconds). The ledger holds the outcomes durably;
-#: the published count is a hint that errs towards "pending", and producers read it at most once
-#: a second. A save per harvest cost three fsyncs per batch of events (docs/worker.md).
-PUBLISH_TERMINAL_S = 0.25
 #: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
@@ -150,10 +135,8 @@ class Forwarder:
             transport, self.state, self.stats, sleep=self.waits.sleep, stopping=self._stop_asked
         )
         self._reader = JournalReader(self.journal)
-        self._next_epoch_check = 0.0
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None
-        self._watcher: EventWatcher | None = None
         #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
         self.journal_check: BackgroundCheck | None = None
         self.schedules = schedules
@@ -172,7 +155,6 @@ class Forwarder:
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
         self.completions.harvester.takes_back = lambda: self.key_limits.reads  # refused: wait for room
-        self.completions.harvester.forgetting = self._forgetting
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
         self.flows = Flows(self.state, lambda: self.state.runs, lambda loc: envelope_at(self.journal, loc))
         self.completions.reconciler.held = lambda loc: loc in self.flows.held
@@ -199,8 +181,23 @@ class Forwarder:
         self._lookup_due = True
         self._next_lookup = 0.0
         self._stepped = False  # whether a step ended (the first push is not held up by a display)
-        self._publish_due = False  # outcomes harvested since the terminal count was last published
-        self._next_publish = 0.0
+        #: The completions side's turn in each step, and its timers (hybridq.forwarder.maintain).
+        self.maintenance = Maintenance(
+            Parts(
+                self.state,
+                self.config,
+                transport,
+                self.completions,
+                self.admission,
+                self.key_limits,
+                self.backlog,
+                self._pusher,
+                self._reader,
+                push=lambda batch: self._push(batch),  # noqa: PLW0108 - late-bound, as the delivery's
+                save=lambda forwarded: self._save(forwarded),  # noqa: PLW0108 - the same
+            )
+        )
+        self.completions.harvester.forgetting = self.maintenance.forgetting
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -250,7 +247,7 @@ class Forwarder:
             self.completions.open()
             self.flows.open()
             try:  # before the first push, so the checkpoint it saves has the epoch
-                self._check_epoch()
+                self.maintenance.check_epoch()
             except RedisRefused:
                 raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
             except TransportError:
@@ -258,15 +255,8 @@ class Forwarder:
             self._reader.seek(self.checkpoint.positions)
             self.lookup.open()
             self.waits.listen()
-            if self.waits.listener is not None and self.transport.blocking_events:
-                self._watcher = EventWatcher(
-                    self.transport,
-                    self.checkpoint.owner,
-                    last_event_id=lambda: self.completions.harvester.last_event_id,
-                    wake=self.waits.wake,
-                    patience_s=self.config.idle_timeout_s,
-                )
-                self._watcher.start()
+            if self.waits.listener is not None:
+                self.maintenance.watch(self.waits.wake)
         except BaseException:
             self.close()
             raise
@@ -279,14 +269,12 @@ class Forwarder:
 
     def close(self) -> None:
         """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
-        if self._publish_due and self._lock_fd is not None:
+        if self.maintenance.publish_due and self._lock_fd is not None:
             with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
-                self._publish_terminal(now=True)
+                self.maintenance.publish_terminal(now=True)
         if self.schedules is not None:
             self.schedules.close()
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        self.maintenance.unwatch()
         if self.journal_check is not None:
             self.journal_check.stop()
         self.state.close()
@@ -371,7 +359,7 @@ class Forwarder:
             # events only once fed, and a fast worker claims a job this step pushed at once.
             self._catch_up_lookup()
         if not self._stopping:
-            self._maintain()
+            self._lookup_due |= self.maintenance.run()
         if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._catch_up_lookup()
@@ -397,80 +385,12 @@ class Forwarder:
         self._lookup_due = self.lookup.building  # a first build goes on at every step
         self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
 
-    def _maintain(self) -> None:
-        """Harvest, retries, epoch, reconcile, compaction; a Redis outage only postpones them."""
-        harvester, reconciler = self.completions.harvester, self.completions.reconciler
-        try:
-            if time.monotonic() >= self._next_epoch_check:
-                self._check_epoch()
-            harvested = harvester.harvest()
-            self._lookup_due |= harvested > 0 or harvester.started_harvested > 0
-            if self._watcher is not None:
-                self._watcher.harvested()
-            self.admission.settle()  # duplicates whose key's owner finished now
-            self._publish_due |= harvested > 0
-            redo = reconciler.redo()  # a refill pass after Redis lost state first
-            if redo:
-                # RedisFull: pushed again before the pass goes on
-                reconciler.redone(self._push(redo), self._pusher.queued)
-            if self.key_limits.look():  # the limit keys' room, once per step (one call)
-                self.state.figures_changed()
-            self.backlog.look()  # outcomes made room: top the windows up
-            # Due retries first: the refill would take all the room, and a retry wait for the
-            # whole backlog (they are due now; the backlog waits in order anyway).
-            retries = self.backlog.admit(harvester.due_retries())  # through the same window
-            if retries:
-                self.backlog.sent(self._push(retries))
-                harvester.pushed(retries)
-            refilled = self.backlog.refill()
-            if refilled:
-                self._save(refilled)
-            self.state.flush_pushed()  # the jobs pushed as read, for a refill to find (once a second)
-            if self.completions.compact():
-                # Gone for good: the reader must not put their positions back in the checkpoint.
-                self._reader.seek(self.checkpoint.positions)
-                self._save(0)
-            self._pusher.came_back()
-        except RedisFull as exc:
-            self.backlog.paused(exc)  # the harvest goes on at the next step: it frees memory
-        except TransportError as exc:
-            self._pusher.went_down(exc, "completions wait")
-        self._publish_terminal()  # local state only: an outage must not hold it back
-
-    def _publish_terminal(self, *, now: bool = False) -> None:
-        """Save the checkpoint for its terminal count, at most every :data:`PUBLISH_TERMINAL_S`."""
-        if self._publish_due and (now or time.monotonic() >= self._next_publish):
-            self._save(0)
-            self._publish_due = False
-            self._next_publish = time.monotonic() + PUBLISH_TERMINAL_S
-
-    def _check_epoch(self) -> None:
-        """Start a refill if Redis lost state since the epoch was set; TransportError if it is down."""
-        epoch = self.checkpoint.epoch
-        self.completions.reconciler.check_epoch()
-        self.backlog.gate.sample(self.transport, force=True)
-        check_eviction_policy(self.backlog.gate.info, allow_eviction=self.config.allow_eviction)
-        # Finished jobs leave Redis: the worker deletes RQ's copy at the end (result_ttl 0).
-        self.transport.default_result_ttl_s = 0.0 if self._forgetting() else None
-        self._next_epoch_check = time.monotonic() + EPOCH_CHECK_S
-        if self.checkpoint.epoch != epoch:
-            self.backlog.windows.reset()  # an emptied queue is not a drain (no rate, no boost)
-            self.key_limits.forget()  # every key's room is read again (its quarantine) before it pushes
-            self._save(0)
-
     # -- pieces -------------------------------------------------------------------------------
 
     def _wait(self) -> None:
         if self.delivery.behind or self.backlog.more or self.flows.busy or not self.state.pending_ready:
             return  # records to index or count, waiting jobs the windows have room for, news for the flows
         self.waits.wait()
-
-    def _forgetting(self) -> bool:
-        """Whether finished jobs leave Redis at their harvest (default: if it has a maxmemory)."""
-        if self.config.forget_finished is not None:
-            return self.config.forget_finished
-        info = self.backlog.gate.info
-        return info is not None and info.maxmemory > 0
 
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)
@@ -487,8 +407,8 @@ class Forwarder:
 
     def _publish_at(self) -> float | None:
         """When the terminal count or the stats snapshot is due (``time.monotonic()``), if either is."""
-        terminal = self._next_publish if self._publish_due else None
-        return min((t for t in (terminal, self.publisher.due_at()) if t is not None), default=None)
+        due = (self.maintenance.publish_at(), self.publisher.due_at())
+        return min((t for t in due if t is not None), default=None)
 
     def _save(self, forwarded: int) -> None:
         self.state.save(forwarded)

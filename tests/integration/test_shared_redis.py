@@ -57,7 +57,7 @@ def test_two_hosts_share_one_redis_and_keep_their_own_ledgers(
         redis_server.flushall()
         b_more = Queue("shared", journal=hosts["b"]).enqueue(tasks.record, str(effects), "b-late")
         for forwarder in forwarders.values():
-            forwarder._next_epoch_check = 0.0
+            forwarder.maintenance.next_epoch_check = 0.0
             forwarder.step()
         run_worker(redis_server, ["shared"])
         for forwarder in forwarders.values():

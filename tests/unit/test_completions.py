@@ -575,7 +575,7 @@ def test_redis_back_from_an_older_snapshot_runs_no_finished_job_again(journal_di
     # Before the forwarder has looked: the restart (a run id not the epoch's) fences every claim.
     assert transport.work(limit=3) == 3
     assert transport.executions == {job.id: 1 for job in done}
-    forwarder._check_epoch()  # what the forwarder does once a second: a new generation
+    forwarder.maintenance.check_epoch()  # what the forwarder does once a second: a new generation
     assert forwarder.checkpoint.generation == 1
     settle(forwarder)  # the refill purges finished copies, requeues the rest
     assert forwarder.completions is not None
@@ -650,7 +650,7 @@ def test_a_refill_after_redis_lost_everything_does_not_idle_between_batches(jour
     forwarder.step()
     assert len(transport.queues["default"]) == 2500
     transport.forget()  # FLUSHALL: nothing left in Redis, no worker will send an event to wake it
-    forwarder._next_epoch_check = 0.0
+    forwarder.maintenance.next_epoch_check = 0.0
     thread = threading.Thread(target=forwarder.run, daemon=True)
     thread.start()
     try:

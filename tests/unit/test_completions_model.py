@@ -82,7 +82,7 @@ class CompletionsModel(RuleBasedStateMachine):
         forwarder = self._forwarder()
         assert forwarder.completions is not None
         forwarder.completions.hurry()
-        forwarder._next_epoch_check = 0.0  # the model's steps are faster than the 1 s timer
+        forwarder.maintenance.next_epoch_check = 0.0  # the model's steps are faster than the 1 s timer
         forwarder.step()
 
     @rule(n=st.integers(1, 5))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.forwarder import loop as forwarder_mod
+from hybridq.forwarder import maintain
 from hybridq.forwarder.loop import Forwarder
 from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.lookup.stats import STATS_NAME, load_snapshot
@@ -51,7 +52,7 @@ def test_a_stream_of_harvests_publishes_the_terminal_count_at_most_every_interva
     forwarder = _forwarder(journal_dir, transport)
     forwarder.step()  # pushes the 20 (and saves for that)
     saves = _count_saves(monkeypatch)
-    monkeypatch.setattr(forwarder_mod, "PUBLISH_TERMINAL_S", 3600.0)
+    monkeypatch.setattr(maintain, "PUBLISH_TERMINAL_S", 3600.0)
     for _ in range(10):
         transport.work(limit=2)
         forwarder.step()
@@ -72,7 +73,7 @@ def test_a_pending_publication_is_made_once_the_interval_has_passed(
     transport = MemoryTransport()
     forwarder = _forwarder(journal_dir, transport)
     forwarder.step()
-    monkeypatch.setattr(forwarder_mod, "PUBLISH_TERMINAL_S", 0.0)
+    monkeypatch.setattr(maintain, "PUBLISH_TERMINAL_S", 0.0)
     transport.work(limit=1)
     forwarder.step()
     transport.work(limit=3)

@@ -49,7 +49,7 @@ def test_a_full_disk_as_a_refill_starts_does_not_skip_the_refill(
 
         monkeypatch.setattr(f.state.pushed, "flush", full)
         transport.forget()  # FLUSHALL
-        f._next_epoch_check = 0.0
+        f.maintenance.next_epoch_check = 0.0
         with pytest.raises(JournalIOError):
             f.step()  # run() retries the step once the disk has room
         for _ in range(3):

@@ -96,7 +96,7 @@ def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
         in_redis = set(transport.queues["default"])
         transport.forget()  # FLUSHALL: the queue, the results, the epoch: all gone
         with journal_reads(journal_dir, monkeypatch) as read:
-            f._next_epoch_check = 0.0
+            f.maintenance.next_epoch_check = 0.0
             f.step()
             while f.completions.reconciler.refilling:
                 f.step()
@@ -113,7 +113,7 @@ def test_a_refill_after_a_flushall_reads_the_window_not_the_backlog(
 
 def refill_after_flushall(f: Forwarder, transport: MemoryTransport) -> None:
     transport.forget()
-    f._next_epoch_check = 0.0
+    f.maintenance.next_epoch_check = 0.0
     f.step()
     while f.completions.reconciler.refilling:
         f.step()
@@ -223,7 +223,7 @@ def test_a_restart_pushes_before_it_reads_what_was_forwarded(
 
             monkeypatch.setattr(transport, name, first)
         f = windowed(journal_dir, transport, 100)
-        f._next_epoch_check = 0.0
+        f.maintenance.next_epoch_check = 0.0
         f.step()
     try:
         assert len(transport.queues["default"]) >= 100  # the window is back

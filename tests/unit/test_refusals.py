@@ -203,7 +203,7 @@ def test_a_job_put_back_before_its_pushed_row_was_written_stays_listed_after_a_c
     assert transport.deliveries[job.id].attempt == 2
     assert not forwarder.state.runs.contains(loc), "the row is dropped, left to the retry"
     transport.forget()  # Redis loses its state: the refill pass pushes what the list holds
-    forwarder._next_epoch_check = 0.0  # the epoch is checked at the next step, not a second on
+    forwarder.maintenance.next_epoch_check = 0.0  # the epoch is checked at the next step, not a second on
     for _ in range(6):
         forwarder.step()
     assert job.id in transport.jobs, "the retry was lost: on neither the run table nor the pushed list"
