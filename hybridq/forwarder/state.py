@@ -50,6 +50,7 @@ from hybridq.ledger.store import (
     read_keys,
 )
 from hybridq.lookup.pending import DeferredCount, PendingTracker
+from hybridq.lookup.pending_file import load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
@@ -135,7 +136,9 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        self._pending.start(self.journal, self.checkpoint.positions, self.index, self.compacted)
+        positions = self.checkpoint.positions
+        counted = load_count(self.journal, positions, self.compacted)  # a clean stop's: no count
+        self._pending.start(self.journal, positions, self.index, self.compacted, saved=counted)
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
 
@@ -187,6 +190,8 @@ class ForwarderState:
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
+        with contextlib.suppress(OSError, ValueError):  # a cache: the next start counts instead
+            save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
     # -- reading ------------------------------------------------------------------------------
 

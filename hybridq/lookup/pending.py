@@ -15,6 +15,7 @@ import bisect
 import json
 import math
 import os
+import struct
 import time
 from array import array
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,8 @@ _BLOCK = 512
 _DONE = math.inf
 
 Seg = tuple[str, int]
+
+_LEN = struct.Struct("<I")
 
 
 def job_fields(payload: bytes) -> tuple[str, float] | None:
@@ -132,6 +135,44 @@ class PendingTracker:
             mine.mins = [min(mine.created[i : i + _BLOCK]) for i in range(0, len(mine.created), _BLOCK)]
         for queue, n in older.pending.items():
             self.pending[queue] = self.pending.get(queue, 0) + n
+
+    def to_bytes(self) -> bytes:
+        """The count as bytes (:meth:`from_bytes`): a JSON head, then each segment's columns."""
+        segments = list(self.segments.items())
+        head = {
+            "names": self._names,
+            "pending": self.pending,
+            "segments": [[w, i, s.counted, len(s.offsets)] for (w, i), s in segments],
+        }
+        raw = json.dumps(head).encode()
+        body = [_LEN.pack(len(raw)), raw]
+        for _, seg in segments:
+            body += [seg.offsets.tobytes(), seg.created.tobytes(), seg.queues.tobytes()]
+        return b"".join(body)
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> PendingTracker:
+        """Read :meth:`to_bytes`; raises ``ValueError`` (or ``KeyError``...) if it is not whole."""
+        (n,) = _LEN.unpack_from(payload)
+        head = json.loads(payload[_LEN.size : _LEN.size + n])
+        tracker = cls()
+        tracker._names = [str(name) for name in head["names"]]
+        tracker._ids = {name: i for i, name in enumerate(tracker._names)}
+        tracker.pending = {str(q): int(c) for q, c in head["pending"].items()}
+        at = _LEN.size + n
+        for writer, index, counted, count in head["segments"]:
+            seg = _Segment(int(counted))
+            for column in (seg.offsets, seg.created, seg.queues):
+                size = int(count) * column.itemsize
+                column.frombytes(payload[at : at + size])
+                at += size
+                if len(column) != count:
+                    raise ValueError("cut short")
+            seg.mins = [min(seg.created[i : i + _BLOCK]) for i in range(0, len(seg.created), _BLOCK)]
+            tracker.segments[(str(writer), int(index))] = seg
+        if at != len(payload):
+            raise ValueError("trailing bytes")
+        return tracker
 
     def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
         """:meth:`saw` for a record the forwarder read (``env``: the job in it, when it is one)."""
@@ -275,9 +316,21 @@ class DeferredCount:
         self._fill: Iterator[None] | None = None
 
     def start(
-        self, journal: str, positions: Mapping[str, ChainPosition], index: LedgerIndex, compacted: Compacted
+        self,
+        journal: str,
+        positions: Mapping[str, ChainPosition],
+        index: LedgerIndex,
+        compacted: Compacted,
+        *,
+        saved: PendingTracker | None = None,
     ) -> None:
-        """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`."""
+        """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`.
+
+        ``saved``: the count of exactly those records (saved at a clean stop): nothing to count.
+        """
+        if saved is not None:
+            self.live, self._before, self._fill = saved, None, None
+            return
         self.live = PendingTracker()
         self._before = PendingTracker()
         self._fill = self._before.fill(journal, dict(positions), index, compacted)

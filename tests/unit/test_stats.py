@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from hybridq.envelope.model import Envelope
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
 from hybridq.ledger.checkpoint import forwarder_holder
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import open_ledger_writer
 from hybridq.lookup.stats import STATS_NAME, PendingTracker, load_snapshot
 from hybridq.ops.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
@@ -52,6 +55,11 @@ def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
         assert abs(fast.pop(age) - slow.pop(age)) < 1.0
     assert fast == slow
     return fast
+
+
+def saved_count(journal: Path) -> Path:
+    """The count a clean stop saves for the next start (hybridq.lookup.pending_file)."""
+    return journal / "lookup" / "pending.state"
 
 
 def fail_zero(env: Envelope, attempt: int) -> None:
@@ -129,6 +137,7 @@ def test_a_restarted_forwarder_rebuilds_the_same_figures(journal_dir: Path) -> N
     before = load_snapshot(str(journal_dir))
     assert before is not None
     Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)  # after the position: not read
+    saved_count(journal_dir).unlink()  # as after a crash: the count is made again
     forwarder = make_forwarder(journal_dir, transport)
     assert not forwarder.state.pending_ready  # counted after the first push, a slice per step
     forwarder.state.count_pending(budget_s=60.0)
@@ -373,3 +382,89 @@ def test_cancelled_jobs_count_the_same_in_stats_and_the_scan(journal_dir: Path) 
     out = same(journal_dir)
     assert (out["cancelled"], out["succeeded"], out["pending"], out["cancels_pending"]) == (2, 1, 0, 0)
     assert kept.get_status() == "finished"
+
+
+def stopped_midway(journal: Path) -> tuple[MemoryTransport, Any]:
+    """121 jobs read, 70 of them run, the forwarder stopped cleanly; and its last snapshot."""
+    write_jobs(journal, 120)
+    Queue("other", journal=journal).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal, transport)
+    forwarder.step()
+    transport.work(limit=70)
+    settle(forwarder)
+    forwarder.close()
+    before = load_snapshot(str(journal))
+    assert before is not None
+    return transport, before
+
+
+def test_a_clean_stop_saves_the_count_and_the_next_start_takes_it(journal_dir: Path) -> None:
+    # Fails before: every start counted the jobs read before it again (a JSON parse per record
+    # of the live journal: seconds at a million, the stats snapshot and the loop's idling waiting).
+    transport, before = stopped_midway(journal_dir)
+    assert saved_count(journal_dir).exists()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert forwarder.state.pending_ready  # nothing to count
+    assert not saved_count(journal_dir).exists()  # read once: never taken by a later start
+    taken = forwarder.state.pending
+    assert (taken.consumed, taken.pending, taken.oldest()) == (
+        before.consumed,
+        before.queues,
+        before.oldest_pending,
+    )
+    Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)
+    forwarder.step()
+    transport.work()
+    settle(forwarder)
+    assert forwarder.state.pending.pending == {"other": 2}  # the outcomes since are applied to it
+    same(journal_dir)
+    forwarder.close()
+
+
+def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path) -> None:
+    # Another process's outcome after the stop (here a job of the saved count finishing): the
+    # count would be wrong, so the start counts again and gets it right.
+    transport, before = stopped_midway(journal_dir)
+    waiting = next(d for d in transport.deliveries.values() if d.envelope.queue == "other")  # never run
+    writer = open_ledger_writer(str(journal_dir))
+    writer.append_many(
+        [Entry("done", waiting.envelope.id, waiting.loc, outcome="succeeded", at=1.0).to_bytes()]
+    )
+    writer.close()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not forwarder.state.pending_ready
+    forwarder.state.count_pending(budget_s=60.0)
+    assert sum(forwarder.state.pending.pending.values()) == sum(before.queues.values()) - 1
+    forwarder.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"garbage" * 50])
+def test_a_damaged_saved_count_is_ignored(journal_dir: Path, damage: bytes) -> None:
+    transport, before = stopped_midway(journal_dir)
+    path = saved_count(journal_dir)
+    path.write_bytes(path.read_bytes()[:-100] + damage)
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not forwarder.state.pending_ready
+    forwarder.state.count_pending(budget_s=60.0)
+    assert forwarder.state.pending.pending == before.queues
+    forwarder.close()
+
+
+def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path) -> None:
+    # The saved count is read once and deleted: a forwarder that took it and then died (its
+    # files copied while it runs: what a crash leaves) is followed by a start that counts.
+    transport, _ = stopped_midway(journal_dir)
+    forwarder = make_forwarder(journal_dir, transport)
+    assert forwarder.state.pending_ready
+    transport.work(limit=20)
+    settle(forwarder)
+    crashed = tmp_path / "crashed"
+    shutil.copytree(journal_dir, crashed, ignore=shutil.ignore_patterns("*.sock"))
+    forwarder.close()
+    (crashed / "forwarder.lock").unlink(missing_ok=True)
+    after = make_forwarder(crashed, transport)
+    assert not after.state.pending_ready
+    after.state.count_pending(budget_s=60.0)
+    assert after.state.pending.pending == {"default": 30, "other": 1}
+    after.close()
