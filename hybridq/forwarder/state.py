@@ -50,7 +50,7 @@ from hybridq.ledger.store import (
     read_keys,
 )
 from hybridq.lookup.pending import DeferredCount, PendingTracker
-from hybridq.lookup.pending_file import load_count, save_count
+from hybridq.lookup.pending_file import count_key, load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
@@ -136,9 +136,14 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        positions = self.checkpoint.positions
-        counted = load_count(self.journal, positions, self.compacted)  # a clean stop's: no count
-        self._pending.start(self.journal, positions, self.index, self.compacted, saved=counted)
+        key = count_key(self.journal, self.checkpoint.positions, self.compacted)  # before any write
+        self._pending.start(
+            self.journal,
+            self.checkpoint.positions,
+            self.index,
+            self.compacted,
+            saved=lambda: load_count(self.journal, key),  # a clean stop's count, if it still fits
+        )
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
 

@@ -18,7 +18,7 @@ import os
 import struct
 import time
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from hybridq.envelope.model import Envelope
 from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
@@ -314,6 +314,8 @@ class DeferredCount:
         self.live = PendingTracker()
         self._before: PendingTracker | None = None
         self._fill: Iterator[None] | None = None
+        #: Outcomes told before the saved count was read (applied to it once it is).
+        self._early: list[Loc] | None = None
 
     def start(
         self,
@@ -322,18 +324,29 @@ class DeferredCount:
         index: LedgerIndex,
         compacted: Compacted,
         *,
-        saved: PendingTracker | None = None,
+        saved: Callable[[], PendingTracker | None] | None = None,
     ) -> None:
         """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`.
 
-        ``saved``: the count of exactly those records (saved at a clean stop): nothing to count.
+        ``saved``: reads the count of exactly those records a clean stop saved (``None`` if there
+        is none that fits): the first :meth:`advance` takes it rather than counting.
         """
-        if saved is not None:
-            self.live, self._before, self._fill = saved, None, None
-            return
         self.live = PendingTracker()
         self._before = PendingTracker()
-        self._fill = self._before.fill(journal, dict(positions), index, compacted)
+        fill = self._before.fill(journal, dict(positions), index, compacted)
+        self._fill = fill if saved is None else self._saved_or(saved, fill)
+
+    def _saved_or(self, saved: Callable[[], PendingTracker | None], fill: Iterator[None]) -> Iterator[None]:
+        """Take the saved count (one slice), with the outcomes told since the start; else count."""
+        self._early = []
+        tracker = saved()
+        early, self._early = self._early, None
+        if tracker is None:
+            yield from fill
+            return
+        for loc in early:
+            tracker.done(loc)
+        self._before = tracker
 
     @property
     def ready(self) -> bool:
@@ -345,6 +358,8 @@ class DeferredCount:
         self.live.done(loc)
         if self._before is not None:
             self._before.done(loc)
+        if self._early is not None:
+            self._early.append(loc)
 
     def advance(self, budget_s: float) -> bool:
         """Count for about ``budget_s``; whether this finished the count (joined to :attr:`live`)."""

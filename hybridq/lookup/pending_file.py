@@ -30,7 +30,7 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.store import keys_dir, ledger_dir
 from hybridq.lookup.pending import DeferredCount, PendingTracker
 
-__all__ = ["load_count", "save_count"]
+__all__ = ["count_key", "load_count", "save_count"]
 
 NAME = "pending"
 _LEN = struct.Struct("<I")
@@ -47,8 +47,8 @@ def _files(path: str) -> list[list[Any]]:
     return []
 
 
-def _key(journal: str, positions: Mapping[str, ChainPosition], compacted: Compacted) -> str:
-    """What the count was made from: equal keys, equal counts."""
+def count_key(journal: str, positions: Mapping[str, ChainPosition], compacted: Compacted) -> str:
+    """What a count up to ``positions`` is made from: equal keys, equal counts (a few ``stat``)."""
     return json.dumps(
         {
             "v": 1,  # the file's format
@@ -64,20 +64,26 @@ def _key(journal: str, positions: Mapping[str, ChainPosition], compacted: Compac
 def save_count(
     journal: str, count: DeferredCount, positions: Mapping[str, ChainPosition], compacted: Compacted
 ) -> None:
-    """Save ``count`` (complete only) for the next start; call once nothing else will be written."""
+    """Save ``count`` (complete only) for the next start; call once nothing else will be written.
+
+    Only the records before ``positions``: the next start reads from there (and joins its own
+    count behind this one).
+    """
     if not count.ready:
         return
-    key = _key(journal, positions, compacted).encode()
+    count.live.rewind(positions)  # records read past the checkpoint (none after a whole step)
+    key = count_key(journal, positions, compacted).encode()
     payload = _LEN.pack(len(key)) + key + count.live.to_bytes()
     if len(payload) > MAX_STATE_BYTES:
         return  # a live journal of millions of records: the next start counts it
     write_state(ensure_journal_dir(_dir(journal)), NAME, payload)
 
 
-def load_count(
-    journal: str, positions: Mapping[str, ChainPosition], compacted: Compacted
-) -> PendingTracker | None:
-    """The count saved at the last stop, if it was made from these very files; deleted once read."""
+def load_count(journal: str, key: str) -> PendingTracker | None:
+    """The count saved at the last stop, if it was made from the files ``key`` names; deleted once read.
+
+    ``key``: :func:`count_key` at the start, before anything was written.
+    """
     try:
         payload = read_state(_dir(journal), NAME)
     except (StateFileCorrupt, OSError):
@@ -88,7 +94,7 @@ def load_count(
         return None
     try:
         (n,) = _LEN.unpack_from(payload)
-        if payload[_LEN.size : _LEN.size + n].decode() != _key(journal, positions, compacted):
+        if payload[_LEN.size : _LEN.size + n].decode() != key:
             return None  # made from other files: counted again
         return PendingTracker.from_bytes(payload[_LEN.size + n :])
     except (ValueError, KeyError, TypeError, struct.error):

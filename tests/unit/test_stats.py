@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -384,6 +385,29 @@ def test_cancelled_jobs_count_the_same_in_stats_and_the_scan(journal_dir: Path) 
     assert kept.get_status() == "finished"
 
 
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Appended to each time a start counts the journal (rather than taking a saved count)."""
+    calls: list[str] = []
+    fill = PendingTracker.fill
+
+    def counting(self: PendingTracker, *args: Any, **kwargs: Any) -> Iterator[None]:
+        calls.append("fill")  # once it is read from, not when it is made
+        yield from fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(PendingTracker, "fill", counting)
+    return calls
+
+
+def taken(forwarder: Forwarder, counts: list[str]) -> bool:
+    """Whether the start took a saved count: its first slice joins it, nothing counted."""
+    before = len(counts)
+    forwarder.state.count_pending(budget_s=0)
+    if not forwarder.state.pending_ready:
+        forwarder.state.count_pending(budget_s=60.0)
+    return len(counts) == before
+
+
 def stopped_midway(journal: Path) -> tuple[MemoryTransport, Any]:
     """121 jobs read, 70 of them run, the forwarder stopped cleanly; and its last snapshot."""
     write_jobs(journal, 120)
@@ -399,16 +423,20 @@ def stopped_midway(journal: Path) -> tuple[MemoryTransport, Any]:
     return transport, before
 
 
-def test_a_clean_stop_saves_the_count_and_the_next_start_takes_it(journal_dir: Path) -> None:
+def test_a_clean_stop_saves_the_count_and_the_next_start_takes_it(
+    journal_dir: Path, counts: list[str]
+) -> None:
     # Fails before: every start counted the jobs read before it again (a JSON parse per record
     # of the live journal: seconds at a million, the stats snapshot and the loop's idling waiting).
     transport, before = stopped_midway(journal_dir)
     assert saved_count(journal_dir).exists()
     forwarder = make_forwarder(journal_dir, transport)
-    assert forwarder.state.pending_ready  # nothing to count
+    assert saved_count(journal_dir).exists()  # not read before the first push
+    assert taken(forwarder, counts)  # nothing counted
+    assert forwarder.state.pending_ready
     assert not saved_count(journal_dir).exists()  # read once: never taken by a later start
-    taken = forwarder.state.pending
-    assert (taken.consumed, taken.pending, taken.oldest()) == (
+    count = forwarder.state.pending
+    assert (count.consumed, count.pending, count.oldest()) == (
         before.consumed,
         before.queues,
         before.oldest_pending,
@@ -422,7 +450,7 @@ def test_a_clean_stop_saves_the_count_and_the_next_start_takes_it(journal_dir: P
     forwarder.close()
 
 
-def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path) -> None:
+def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path, counts: list[str]) -> None:
     # Another process's outcome after the stop (here a job of the saved count finishing): the
     # count would be wrong, so the start counts again and gets it right.
     transport, before = stopped_midway(journal_dir)
@@ -433,30 +461,28 @@ def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path) -
     )
     writer.close()
     forwarder = make_forwarder(journal_dir, transport)
-    assert not forwarder.state.pending_ready
-    forwarder.state.count_pending(budget_s=60.0)
+    assert not taken(forwarder, counts)
     assert sum(forwarder.state.pending.pending.values()) == sum(before.queues.values()) - 1
     forwarder.close()
 
 
 @pytest.mark.parametrize("damage", [b"", b"garbage" * 50])
-def test_a_damaged_saved_count_is_ignored(journal_dir: Path, damage: bytes) -> None:
+def test_a_damaged_saved_count_is_ignored(journal_dir: Path, damage: bytes, counts: list[str]) -> None:
     transport, before = stopped_midway(journal_dir)
     path = saved_count(journal_dir)
     path.write_bytes(path.read_bytes()[:-100] + damage)
     forwarder = make_forwarder(journal_dir, transport)
-    assert not forwarder.state.pending_ready
-    forwarder.state.count_pending(budget_s=60.0)
+    assert not taken(forwarder, counts)
     assert forwarder.state.pending.pending == before.queues
     forwarder.close()
 
 
-def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path) -> None:
+def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path, counts: list[str]) -> None:
     # The saved count is read once and deleted: a forwarder that took it and then died (its
     # files copied while it runs: what a crash leaves) is followed by a start that counts.
     transport, _ = stopped_midway(journal_dir)
     forwarder = make_forwarder(journal_dir, transport)
-    assert forwarder.state.pending_ready
+    assert taken(forwarder, counts)
     transport.work(limit=20)
     settle(forwarder)
     crashed = tmp_path / "crashed"
@@ -464,7 +490,6 @@ def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path) -
     forwarder.close()
     (crashed / "forwarder.lock").unlink(missing_ok=True)
     after = make_forwarder(crashed, transport)
-    assert not after.state.pending_ready
-    after.state.count_pending(budget_s=60.0)
+    assert not taken(after, counts)
     assert after.state.pending.pending == {"default": 30, "other": 1}
     after.close()
