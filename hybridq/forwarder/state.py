@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -136,14 +137,10 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        key = count_key(self.journal, self.checkpoint.positions, self.compacted)  # before any write
-        self._pending.start(
-            self.journal,
-            self.checkpoint.positions,
-            self.index,
-            self.compacted,
-            saved=lambda: load_count(self.journal, key),  # a clean stop's count, if it still fits
-        )
+        at = self.checkpoint.positions
+        key = count_key(self.journal, at, self.compacted)  # before any write
+        counted = functools.partial(load_count, self.journal, key)  # a clean stop's count, if it fits
+        self._pending.start(self.journal, at, self.index, self.compacted, saved=counted)
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
 

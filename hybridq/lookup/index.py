@@ -8,7 +8,8 @@ that moved something, with what the files gained that was not noted: the whole j
 index's marks when the forwarder starts (a first build, or a rebuild), and the ledger chains of
 other writers. Rows past their retention are swept out a chunk at a time.
 The index file itself (its schema and statements, the marks, reading the files past them) is
-:mod:`hybridq.lookup.store`.
+:mod:`hybridq.lookup.store`; its integrity check at open runs on a thread
+(:mod:`hybridq.lookup.check`), so the first push does not wait for a read of the whole file.
 
 This module must not import redis or rq.
 """

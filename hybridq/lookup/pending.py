@@ -270,9 +270,12 @@ class PendingTracker:
         index: LedgerIndex,
         compacted: Compacted,
         *,
-        every: int = 2000,
+        every: int = 500,
     ) -> Iterator[None]:
         """Count what a forwarder standing at ``positions`` has read; yield every ``every`` records.
+
+        A slice ends only at a yield: 2,000 records held the first step for 0.56 s past its 20 ms
+        budget on a busy machine; 500 are a quarter of that.
 
         Reads only segments that may hold a pending job: a sealed segment read to its end whose
         jobs are all terminal is counted from its seal. A job that turns terminal meanwhile is
