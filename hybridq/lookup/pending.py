@@ -319,6 +319,8 @@ class DeferredCount:
         self._fill: Iterator[None] | None = None
         #: Outcomes told before the saved count was read (applied to it once it is).
         self._early: list[Loc] | None = None
+        #: Whether :meth:`start` ran (before it, an empty count is "ready" but counts nothing).
+        self.started = False
 
     def start(
         self,
@@ -334,6 +336,7 @@ class DeferredCount:
         ``saved``: reads the count of exactly those records a clean stop saved (``None`` if there
         is none that fits): the first :meth:`advance` takes it rather than counting.
         """
+        self.started = True
         self.live = PendingTracker()
         self._before = PendingTracker()
         fill = self._before.fill(journal, dict(positions), index, compacted)

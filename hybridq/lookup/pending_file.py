@@ -69,8 +69,8 @@ def save_count(
     Only the records before ``positions``: the next start reads from there (and joins its own
     count behind this one).
     """
-    if not count.ready:
-        return
+    if not (count.started and count.ready):
+        return  # a start that failed before its count began: an empty count is not the count
     count.live.rewind(positions)  # records read past the checkpoint (none after a whole step)
     key = count_key(journal, positions, compacted).encode()
     payload = _LEN.pack(len(key)) + key + count.live.to_bytes()

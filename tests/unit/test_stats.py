@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from hybridq import Queue, Retry, requeue
 from hybridq.cli import cli
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalCorruption
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
 from hybridq.ledger.checkpoint import forwarder_holder
@@ -493,3 +494,21 @@ def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path, c
     assert not taken(after, counts)
     assert after.state.pending.pending == {"default": 30, "other": 1}
     after.close()
+
+
+def test_a_start_that_failed_before_its_count_saves_none(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its close saved the empty count it had not begun: the next start, the files unchanged,
+    # would have taken it and counted no job read before.
+    stopped_midway(journal_dir)
+    saved_count(journal_dir).unlink()
+
+    def broken(*_args: object) -> None:
+        raise JournalCorruption("ledger", 0, reason="damaged for this test")
+
+    with monkeypatch.context() as m:
+        m.setattr("hybridq.forwarder.state.load_index", broken)
+        with pytest.raises(JournalCorruption):
+            make_forwarder(journal_dir, MemoryTransport())
+    assert not saved_count(journal_dir).exists()
