@@ -92,8 +92,10 @@ class LookupIndex:
         #: were read to their end.
         self._fed = False
         self._own: dict[str, ChainPosition] = {}
-        #: The integrity check of the file opened, while it runs (:meth:`open`).
+        #: The integrity check of the file opened, while it runs (:meth:`open`), and what it
+        #: found wrong until the file is replaced.
         self._check: IndexCheck | None = None
+        self._damage: str | None = None
         #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
         self.on_checked: Callable[[], None] | None = None
 
@@ -106,6 +108,7 @@ class LookupIndex:
         """
         path = index_path(self.journal)
         ensure_journal_dir(os.path.dirname(path))
+        self._damage = None
         try:
             self._db = _connect(path)
             self._db.executescript(_SCHEMA)
@@ -129,15 +132,26 @@ class LookupIndex:
         self._jobs, self._entries, self._own, self._started = [], [], {}, {}
 
     def _checked(self) -> None:
-        """Take the background check's verdict, once in: a damaged file is replaced."""
-        if self._check is None:
+        """Take the background check's verdict, once in: a damaged file is replaced.
+
+        A replacement that fails (a full disk) is tried again at the next call; the index is
+        not trusted meanwhile.
+        """
+        if self._check is not None:
+            problem = self._check.verdict()
+            if problem is None:
+                return  # still reading: nothing is concluded from the index meanwhile
+            self._check, self._damage = None, problem or None
+        if self._damage is None:
             return
-        problem = self._check.verdict()
-        if problem is None:
-            return  # still reading: nothing is concluded from the index meanwhile
-        self._check = None
-        if problem:
-            self._replace(index_path(self.journal), problem)
+        path = index_path(self.journal)
+        try:
+            self._replace(path, self._damage)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("lookup index %s not replaced yet (%s): lookups by id lag until it is", path, exc)
+            self.close()
+            return
+        self._damage = None
 
     def _wake(self) -> None:
         if self.on_checked is not None:
@@ -159,7 +173,7 @@ class LookupIndex:
         True at start (until the background check's verdict and a read of the files past the
         marks), and after a failure or a rebuild.
         """
-        return self._building or self._check is not None
+        return self._building or self._check is not None or self._damage is not None
 
     def note_job(self, record: Record, env: Envelope) -> None:
         """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""

@@ -134,3 +134,32 @@ def test_closing_stops_a_check_in_flight(journal_dir: Path) -> None:
     forwarder.close()
     assert check is not None
     assert check.wait(10.0) is not None  # its thread ended with the close
+
+
+def test_a_replacement_that_fails_is_tried_again(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = finished_jobs(journal_dir, 300)
+    damage_a_page(journal_dir)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    check = forwarder.lookup._check
+    assert check is not None
+    assert check.wait(10.0)  # the damage found
+    connect = index_module._connect
+    calls: list[str] = []
+
+    def full_disk(path: str) -> sqlite3.Connection:
+        calls.append(path)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return connect(path)
+
+    monkeypatch.setattr(index_module, "_connect", full_disk)
+    assert forwarder.lookup.catch_up() == 0  # the replacement fails: logged, not raised
+    assert forwarder.lookup.building  # nothing trusted meanwhile
+    for _ in range(5):
+        forwarder.step()  # tried again, then read from the files
+    assert len(calls) == 2
+    assert not forwarder.lookup.building
+    forwarder.close()
+    found = fetch_job(ids[5], journal=journal_dir)
+    assert found is not None
+    assert (found.status, found.result) == ("finished", 10)
