@@ -341,12 +341,12 @@ class DeferredCount:
         self._before = PendingTracker()
         fill = self._before.fill(journal, dict(positions), index, compacted)
         self._fill = fill if saved is None else self._saved_or(saved, fill)
+        self._early = None if saved is None else []  # from now: outcomes before the read
 
     def _saved_or(self, saved: Callable[[], PendingTracker | None], fill: Iterator[None]) -> Iterator[None]:
         """Take the saved count (one slice), with the outcomes told since the start; else count."""
-        self._early = []
         tracker = saved()
-        early, self._early = self._early, None
+        early, self._early = self._early or [], None
         if tracker is None:
             yield from fill
             return

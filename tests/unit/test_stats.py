@@ -512,3 +512,20 @@ def test_a_start_that_failed_before_its_count_saves_none(
         with pytest.raises(JournalCorruption):
             make_forwarder(journal_dir, MemoryTransport())
     assert not saved_count(journal_dir).exists()
+
+
+def test_outcomes_harvested_before_the_saved_count_is_read_are_applied_to_it(
+    journal_dir: Path, counts: list[str]
+) -> None:
+    # The first step harvests before its count slice reads the saved count: those outcomes were
+    # lost, and their jobs stayed pending in the figures (found by test_start_count.py).
+    transport, _ = stopped_midway(journal_dir)
+    transport.work()  # the other 50 run while no forwarder does: their outcomes wait
+    counted = len(counts)
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()  # the harvest, then the first slice: the saved count
+    assert forwarder.state.pending_ready
+    assert len(counts) == counted  # taken, not counted
+    assert forwarder.state.pending.pending == {"other": 1}
+    same(journal_dir)
+    forwarder.close()
