@@ -192,7 +192,7 @@ class ForwarderState:
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
-        with contextlib.suppress(OSError, ValueError):  # a cache: the next start counts instead
+        with contextlib.suppress(OSError, ValueError, JournalIOError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
     # -- reading ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 from hybridq import Queue, Retry, requeue
 from hybridq.cli import cli
 from hybridq.envelope.model import Envelope
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
 from hybridq.ledger.checkpoint import forwarder_holder
@@ -529,3 +530,15 @@ def test_outcomes_harvested_before_the_saved_count_is_read_are_applied_to_it(
     assert forwarder.state.pending.pending == {"other": 1}
     same(journal_dir)
     forwarder.close()
+
+
+def test_a_full_disk_at_the_stop_saves_no_count_and_the_stop_goes_on(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_args: object) -> None:
+        raise JournalIOError("pending.state", "write", OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr("hybridq.lookup.pending_file.write_state", full)
+    stopped_midway(journal_dir)  # its close() did not raise
+    assert not saved_count(journal_dir).exists()
+    assert forwarder_holder(str(journal_dir)) is None  # the lock was released
