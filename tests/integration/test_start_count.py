@@ -47,10 +47,7 @@ def figures_match(journal: Path) -> dict[str, Any]:
 
 
 def test_the_saved_count_across_a_stop_outcomes_a_kill_and_a_restart(
-    redis_server: RedisServer,
-    start_forwarder: StartForwarder,
-    journal_dir: Path,
-    subprocess_env: dict[str, str],
+    redis_server: RedisServer, start_forwarder: StartForwarder, journal_dir: Path
 ) -> None:
     queue = Queue("default", journal_dir)
     for i in range(100):

@@ -129,16 +129,7 @@ def test_compacted_journal(journal_dir: Path) -> None:
 
 
 def test_a_restarted_forwarder_rebuilds_the_same_figures(journal_dir: Path) -> None:
-    write_jobs(journal_dir, 120)
-    Queue("other", journal=journal_dir).enqueue(tasks.add, 1, 1)
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    transport.work(limit=70)
-    settle(forwarder)
-    forwarder.close()
-    before = load_snapshot(str(journal_dir))
-    assert before is not None
+    transport, before = stopped_midway(journal_dir)
     Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)  # after the position: not read
     saved_count(journal_dir).unlink()  # as after a crash: the count is made again
     forwarder = make_forwarder(journal_dir, transport)
