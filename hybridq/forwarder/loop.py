@@ -143,6 +143,7 @@ class Forwarder:
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
+        self.lookup.on_checked = self.waits.wake  # its check's verdict, looked at in the next step
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
         if self.config.key_limits:

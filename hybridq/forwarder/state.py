@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -50,6 +51,7 @@ from hybridq.ledger.store import (
     read_keys,
 )
 from hybridq.lookup.pending import DeferredCount, PendingTracker
+from hybridq.lookup.pending_file import count_key, load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
@@ -135,7 +137,10 @@ class ForwarderState:
         self.forget_keys()
         self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
         self._stale = True  # the first step writes the snapshot of what was just loaded
-        self._pending.start(self.journal, self.checkpoint.positions, self.index, self.compacted)
+        at = self.checkpoint.positions
+        key = count_key(self.journal, at, self.compacted)  # before any write
+        counted = functools.partial(load_count, self.journal, key)  # a clean stop's count, if it fits
+        self._pending.start(self.journal, at, self.index, self.compacted, saved=counted)
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
 
@@ -187,6 +192,8 @@ class ForwarderState:
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
+        with contextlib.suppress(OSError, ValueError, JournalIOError):  # a cache: the next start counts
+            save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -131,7 +131,11 @@ class Entry:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Entry:
         """Decode; raises ``ValueError`` (or ``KeyError``/``TypeError``) if it is not an entry."""
-        body = json.loads(raw)
+        return cls.from_body(json.loads(raw))
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Entry:
+        """:meth:`from_bytes` of JSON already parsed (same errors)."""
         writer, segment, offset = body["loc"]
         return cls(
             kind=str(body["t"]),

@@ -141,6 +141,29 @@ class LedgerIndex:
             return True
         return False
 
+    def apply_succeeded(self, loc: Loc) -> bool:
+        """:meth:`apply` of a ``done`` entry that ``succeeded``, not a duplicate (most of a ledger).
+
+        The same changes without building an :class:`Entry` (the replay at start: a third of its
+        time went to building them).
+        """
+        done = self.terminal.setdefault((loc[0], loc[1]), {})
+        old = done.get(loc[2])
+        if old is not None:
+            if _RANK.get(old, 0) not in (1, 2):
+                return False  # succeeded already, or invalid: nothing outranks them here
+            done[loc[2]] = _SHARED["succeeded"]
+            self.totals[old] -= 1
+            self.totals["succeeded"] += 1
+            self.failed.pop(loc, None)
+            return True
+        done[loc[2]] = _SHARED["succeeded"]
+        self.terminal_count += 1
+        self.totals["succeeded"] += 1
+        for table in (self.retries, self.lost, self.later, self.duplicates, self.cancels):
+            table.pop(loc, None)
+        return True
+
     def _own_key(self, entry: Entry) -> bool:
         """Make the job of a ``key`` entry its key's owner if it is the newest (any replay order).
 

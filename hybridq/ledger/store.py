@@ -15,6 +15,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -118,6 +119,34 @@ def read_ledger_failures(journal: str) -> Iterator[tuple[Record, Entry]]:
     yield from _decoded(wanted)
 
 
+def _replayed(
+    journal: str, index: LedgerIndex, compacted: Compacted, first: dict[str, int]
+) -> Iterator[Entry]:
+    """The ledger's entries for :func:`load_index`, but successes of live segments applied here.
+
+    Most of a ledger is ``done`` entries that succeeded: they are folded in from the parsed JSON
+    (:meth:`LedgerIndex.apply_succeeded`) rather than built into an :class:`Entry` first.
+    """
+    path = ledger_dir(journal)
+    if not os.path.isdir(path):
+        return
+    for record in JournalReader(path).records():
+        if record.rtype != RecordType.DATA:
+            continue
+        try:
+            body = json.loads(record.payload)
+            if body.get("t") == "done" and body.get("o") == "succeeded" and not body.get("dup"):
+                writer, segment, offset = body["loc"]
+                loc = (str(writer), int(segment), int(offset))
+                if not compacted.is_compacted(loc[:2]) and loc[1] >= first.get(loc[0], sys.maxsize):
+                    index.apply_succeeded(loc)
+                continue  # of a compacted segment: counted there already, and not a failure
+            entry = Entry.from_body(body)
+        except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not an object
+            continue  # passed its checksum, so a bug: never a reason to stop counting the rest
+        yield entry
+
+
 def _read_entries(path: str) -> Iterator[tuple[Record, Entry]]:
     if not os.path.isdir(path):
         return
@@ -139,7 +168,7 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
     """The index of the whole ledger; of compacted journal segments, only failures still listed."""
     index = LedgerIndex()
     first = {writer: indices[0] for writer, indices in list_chains(journal).items()}
-    for _, entry in read_ledger(journal):
+    for entry in _replayed(journal, index, compacted, first):
         # A chain that is gone was compacted away whole (and may have been forgotten since); a
         # segment below its chain's first one was compacted too, even when the chain was
         # forgotten and then grew again (its writer sealed its last segment while compaction

@@ -8,7 +8,8 @@ that moved something, with what the files gained that was not noted: the whole j
 index's marks when the forwarder starts (a first build, or a rebuild), and the ledger chains of
 other writers. Rows past their retention are swept out a chunk at a time.
 The index file itself (its schema and statements, the marks, reading the files past them) is
-:mod:`hybridq.lookup.store`.
+:mod:`hybridq.lookup.store`; its integrity check at open runs on a thread
+(:mod:`hybridq.lookup.check`), so the first push does not wait for a read of the whole file.
 
 This module must not import redis or rq.
 """
@@ -32,6 +33,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir
+from hybridq.lookup.check import IndexCheck
 from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
 from hybridq.lookup.store import (
     _SCHEMA,
@@ -90,35 +92,88 @@ class LookupIndex:
         #: were read to their end.
         self._fed = False
         self._own: dict[str, ChainPosition] = {}
+        #: The integrity check of the file opened, while it runs (:meth:`open`), and what it
+        #: found wrong until the file is replaced.
+        self._check: IndexCheck | None = None
+        self._damage: str | None = None
+        #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
+        self.on_checked: Callable[[], None] | None = None
 
     def open(self) -> None:
-        """Open (or create) the index; a damaged file is replaced and rebuilt."""
+        """Open (or create) the index; a damaged file is replaced and rebuilt.
+
+        One that SQLite cannot open is replaced at once; the rest of the file is checked on a
+        thread (:class:`~hybridq.lookup.check.IndexCheck`): the first push does not wait for a
+        read of the whole file, and the index counts as :attr:`building` until the verdict.
+        """
         path = index_path(self.journal)
         ensure_journal_dir(os.path.dirname(path))
+        self._damage = None
         try:
             self._db = _connect(path)
             self._db.executescript(_SCHEMA)
-            self._db.execute("PRAGMA quick_check").fetchone()
         except sqlite3.DatabaseError as exc:
-            log.warning("lookup index %s unusable (%s): rebuilding it", path, exc)
-            self.close()
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(path + suffix):
-                    os.unlink(path + suffix)
-            self._db = _connect(path)
-            self._db.executescript(_SCHEMA)
+            self._replace(path, exc)
+        else:
+            self._check = IndexCheck(path, done=self._wake)
+            self._check.start()
         self._building, self._fed = True, False
 
+    def _replace(self, path: str, problem: object) -> None:
+        """Delete the index file and start an empty one (read from the files again)."""
+        log.warning("lookup index %s unusable (%s): rebuilding it", path, problem)
+        self.close()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+        self._db = _connect(path)
+        self._db.executescript(_SCHEMA)
+        self._building, self._fed = True, False
+        self._jobs, self._entries, self._own, self._started = [], [], {}, {}
+
+    def _checked(self) -> None:
+        """Take the background check's verdict, once in: a damaged file is replaced.
+
+        A replacement that fails (a full disk) is tried again at the next call; the index is
+        not trusted meanwhile.
+        """
+        if self._check is not None:
+            problem = self._check.verdict()
+            if problem is None:
+                return  # still reading: nothing is concluded from the index meanwhile
+            self._check, self._damage = None, problem or None
+        if self._damage is None:
+            return
+        path = index_path(self.journal)
+        try:
+            self._replace(path, self._damage)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("lookup index %s not replaced yet (%s): lookups by id lag until it is", path, exc)
+            self.close()
+            return
+        self._damage = None
+
+    def _wake(self) -> None:
+        if self.on_checked is not None:
+            self.on_checked()
+
     def close(self) -> None:
-        """Close the index file."""
+        """Close the index file (a check still running is stopped first)."""
+        if self._check is not None:
+            self._check.stop()
+            self._check = None
         if self._db is not None:
             self._db.close()
             self._db = None
 
     @property
     def building(self) -> bool:
-        """Whether the index has not read the whole journal yet (at start, or after a failure)."""
-        return self._building
+        """Whether the index is not to be trusted yet: not checked, or not read the whole journal.
+
+        True at start (until the background check's verdict and a read of the files past the
+        marks), and after a failure or a rebuild.
+        """
+        return self._building or self._check is not None or self._damage is not None
 
     def note_job(self, record: Record, env: Envelope) -> None:
         """The forwarder read ``env`` at ``record`` (indexed at the next :meth:`catch_up`)."""
@@ -169,6 +224,7 @@ class LookupIndex:
         before it, so its row exists by then. Never raises for the index's own trouble (logged):
         lookups lag, forwarding goes on, and the next call reads the files again.
         """
+        self._checked()
         if self._db is None:
             return 0
         try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +16,12 @@ from click.testing import CliRunner
 from hybridq import Queue, Retry, requeue
 from hybridq.cli import cli
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
 from hybridq.ledger.checkpoint import forwarder_holder
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import open_ledger_writer
 from hybridq.lookup.stats import STATS_NAME, PendingTracker, load_snapshot
 from hybridq.ops.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
@@ -52,6 +58,11 @@ def same(journal: Path, *, cheap: bool = True) -> dict[str, Any]:
         assert abs(fast.pop(age) - slow.pop(age)) < 1.0
     assert fast == slow
     return fast
+
+
+def saved_count(journal: Path) -> Path:
+    """The count a clean stop saves for the next start (hybridq.lookup.pending_file)."""
+    return journal / "lookup" / "pending.state"
 
 
 def fail_zero(env: Envelope, attempt: int) -> None:
@@ -118,17 +129,9 @@ def test_compacted_journal(journal_dir: Path) -> None:
 
 
 def test_a_restarted_forwarder_rebuilds_the_same_figures(journal_dir: Path) -> None:
-    write_jobs(journal_dir, 120)
-    Queue("other", journal=journal_dir).enqueue(tasks.add, 1, 1)
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    transport.work(limit=70)
-    settle(forwarder)
-    forwarder.close()
-    before = load_snapshot(str(journal_dir))
-    assert before is not None
+    transport, before = stopped_midway(journal_dir)
     Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)  # after the position: not read
+    saved_count(journal_dir).unlink()  # as after a crash: the count is made again
     forwarder = make_forwarder(journal_dir, transport)
     assert not forwarder.state.pending_ready  # counted after the first push, a slice per step
     forwarder.state.count_pending(budget_s=60.0)
@@ -373,3 +376,160 @@ def test_cancelled_jobs_count_the_same_in_stats_and_the_scan(journal_dir: Path) 
     out = same(journal_dir)
     assert (out["cancelled"], out["succeeded"], out["pending"], out["cancels_pending"]) == (2, 1, 0, 0)
     assert kept.get_status() == "finished"
+
+
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Appended to each time a start counts the journal (rather than taking a saved count)."""
+    calls: list[str] = []
+    fill = PendingTracker.fill
+
+    def counting(self: PendingTracker, *args: Any, **kwargs: Any) -> Iterator[None]:
+        calls.append("fill")  # once it is read from, not when it is made
+        yield from fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(PendingTracker, "fill", counting)
+    return calls
+
+
+def taken(forwarder: Forwarder, counts: list[str]) -> bool:
+    """Whether the start took a saved count: its first slice joins it, nothing counted."""
+    before = len(counts)
+    forwarder.state.count_pending(budget_s=0)
+    if not forwarder.state.pending_ready:
+        forwarder.state.count_pending(budget_s=60.0)
+    return len(counts) == before
+
+
+def stopped_midway(journal: Path) -> tuple[MemoryTransport, Any]:
+    """121 jobs read, 70 of them run, the forwarder stopped cleanly; and its last snapshot."""
+    write_jobs(journal, 120)
+    Queue("other", journal=journal).enqueue(tasks.add, 1, 1)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal, transport)
+    forwarder.step()
+    transport.work(limit=70)
+    settle(forwarder)
+    forwarder.close()
+    before = load_snapshot(str(journal))
+    assert before is not None
+    return transport, before
+
+
+def test_a_clean_stop_saves_the_count_and_the_next_start_takes_it(
+    journal_dir: Path, counts: list[str]
+) -> None:
+    # Fails before: every start counted the jobs read before it again (a JSON parse per record
+    # of the live journal: seconds at a million, the stats snapshot and the loop's idling waiting).
+    transport, before = stopped_midway(journal_dir)
+    assert saved_count(journal_dir).exists()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert saved_count(journal_dir).exists()  # not read before the first push
+    assert taken(forwarder, counts)  # nothing counted
+    assert forwarder.state.pending_ready
+    assert not saved_count(journal_dir).exists()  # read once: never taken by a later start
+    count = forwarder.state.pending
+    assert (count.consumed, count.pending, count.oldest()) == (
+        before.consumed,
+        before.queues,
+        before.oldest_pending,
+    )
+    Queue("other", journal=journal_dir).enqueue(tasks.add, 2, 2)
+    forwarder.step()
+    transport.work()
+    settle(forwarder)
+    assert forwarder.state.pending.pending == {"other": 2}  # the outcomes since are applied to it
+    same(journal_dir)
+    forwarder.close()
+
+
+def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path, counts: list[str]) -> None:
+    # Another process's outcome after the stop (here a job of the saved count finishing): the
+    # count would be wrong, so the start counts again and gets it right.
+    transport, before = stopped_midway(journal_dir)
+    waiting = next(d for d in transport.deliveries.values() if d.envelope.queue == "other")  # never run
+    writer = open_ledger_writer(str(journal_dir))
+    writer.append_many(
+        [Entry("done", waiting.envelope.id, waiting.loc, outcome="succeeded", at=1.0).to_bytes()]
+    )
+    writer.close()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not taken(forwarder, counts)
+    assert sum(forwarder.state.pending.pending.values()) == sum(before.queues.values()) - 1
+    forwarder.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"garbage" * 50])
+def test_a_damaged_saved_count_is_ignored(journal_dir: Path, damage: bytes, counts: list[str]) -> None:
+    transport, before = stopped_midway(journal_dir)
+    path = saved_count(journal_dir)
+    path.write_bytes(path.read_bytes()[:-100] + damage)
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not taken(forwarder, counts)
+    assert forwarder.state.pending.pending == before.queues
+    forwarder.close()
+
+
+def test_a_start_after_a_crash_counts_again(journal_dir: Path, tmp_path: Path, counts: list[str]) -> None:
+    # The saved count is read once and deleted: a forwarder that took it and then died (its
+    # files copied while it runs: what a crash leaves) is followed by a start that counts.
+    transport, _ = stopped_midway(journal_dir)
+    forwarder = make_forwarder(journal_dir, transport)
+    assert taken(forwarder, counts)
+    transport.work(limit=20)
+    settle(forwarder)
+    crashed = tmp_path / "crashed"
+    shutil.copytree(journal_dir, crashed, ignore=shutil.ignore_patterns("*.sock"))
+    forwarder.close()
+    (crashed / "forwarder.lock").unlink(missing_ok=True)
+    after = make_forwarder(crashed, transport)
+    assert not taken(after, counts)
+    assert after.state.pending.pending == {"default": 30, "other": 1}
+    after.close()
+
+
+def test_a_start_that_failed_before_its_count_saves_none(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its close saved the empty count it had not begun: the next start, the files unchanged,
+    # would have taken it and counted no job read before.
+    stopped_midway(journal_dir)
+    saved_count(journal_dir).unlink()
+
+    def broken(*_args: object) -> None:
+        raise JournalCorruption("ledger", 0, reason="damaged for this test")
+
+    with monkeypatch.context() as m:
+        m.setattr("hybridq.forwarder.state.load_index", broken)
+        with pytest.raises(JournalCorruption):
+            make_forwarder(journal_dir, MemoryTransport())
+    assert not saved_count(journal_dir).exists()
+
+
+def test_outcomes_harvested_before_the_saved_count_is_read_are_applied_to_it(
+    journal_dir: Path, counts: list[str]
+) -> None:
+    # The first step harvests before its count slice reads the saved count: those outcomes were
+    # lost, and their jobs stayed pending in the figures (found by test_start_count.py).
+    transport, _ = stopped_midway(journal_dir)
+    transport.work()  # the other 50 run while no forwarder does: their outcomes wait
+    counted = len(counts)
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()  # the harvest, then the first slice: the saved count
+    assert forwarder.state.pending_ready
+    assert len(counts) == counted  # taken, not counted
+    assert forwarder.state.pending.pending == {"other": 1}
+    same(journal_dir)
+    forwarder.close()
+
+
+def test_a_full_disk_at_the_stop_saves_no_count_and_the_stop_goes_on(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_args: object) -> None:
+        raise JournalIOError("pending.state", "write", OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr("hybridq.lookup.pending_file.write_state", full)
+    stopped_midway(journal_dir)  # its close() did not raise
+    assert not saved_count(journal_dir).exists()
+    assert forwarder_holder(str(journal_dir)) is None  # the lock was released

@@ -1,0 +1,101 @@
+"""The count of jobs read and not terminal, saved at a clean stop (``lookup/pending.state``).
+
+A restarted forwarder counts the records it had read before (:class:`DeferredCount`): a JSON
+parse of every record of the live journal, after the first push but for seconds at a million
+(the stats snapshot waits for it, and the loop does not idle meanwhile). At a clean stop the
+count is saved with what it was counted from: the checkpoint's positions, the files of the ledger
+and of the key store (each segment's name and size), and the compaction state. The next start
+takes it only if all of them are still the same, so it is exactly what a count would give;
+anything else (a crash, an outcome appended by another process, a torn tail repaired, a
+compaction) makes the start count as before. The file is read once and deleted; a damaged one
+is ignored (it is a cache).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from hybridq.errors import StateFileCorrupt
+from hybridq.journal import ChainPosition
+from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.statefile import MAX_STATE_BYTES, read_state, write_state
+from hybridq.ledger.compacted import Compacted
+from hybridq.ledger.store import keys_dir, ledger_dir
+from hybridq.lookup.pending import DeferredCount, PendingTracker
+
+__all__ = ["count_key", "load_count", "save_count"]
+
+NAME = "pending"
+_LEN = struct.Struct("<I")
+
+
+def _dir(journal: str) -> str:
+    return os.path.join(journal, "lookup")
+
+
+def _files(path: str) -> list[list[Any]]:
+    """Each segment file of a ledger-format directory, with its size (none if it is missing)."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(path) as it:
+        return sorted([e.name, e.stat().st_size] for e in it if e.name.endswith(".wal"))
+    return []
+
+
+def count_key(journal: str, positions: Mapping[str, ChainPosition], compacted: Compacted) -> str:
+    """What a count up to ``positions`` is made from: equal keys, equal counts (a few ``stat``)."""
+    return json.dumps(
+        {
+            "v": 1,  # the file's format
+            "positions": {w: list(p) for w, p in positions.items()},
+            "ledger": _files(ledger_dir(journal)),
+            "keys": _files(keys_dir(journal)),
+            "compacted": json.loads(compacted.to_bytes()),
+        },
+        sort_keys=True,
+    )
+
+
+def save_count(
+    journal: str, count: DeferredCount, positions: Mapping[str, ChainPosition], compacted: Compacted
+) -> None:
+    """Save ``count`` (complete only) for the next start; call once nothing else will be written.
+
+    Only the records before ``positions``: the next start reads from there (and joins its own
+    count behind this one).
+    """
+    if not (count.started and count.ready):
+        return  # a start that failed before its count began: an empty count is not the count
+    count.live.rewind(positions)  # records read past the checkpoint (none after a whole step)
+    key = count_key(journal, positions, compacted).encode()
+    payload = _LEN.pack(len(key)) + key + count.live.to_bytes()
+    if len(payload) > MAX_STATE_BYTES:
+        return  # a live journal of millions of records: the next start counts it
+    write_state(ensure_journal_dir(_dir(journal)), NAME, payload)
+
+
+def load_count(journal: str, key: str) -> PendingTracker | None:
+    """The count saved at the last stop, if it was made from the files ``key`` names; deleted once read.
+
+    ``key``: :func:`count_key` at the start, before anything was written.
+    """
+    try:
+        payload = read_state(_dir(journal), NAME)
+    except (StateFileCorrupt, OSError):
+        payload = None
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(_dir(journal), NAME + ".state"))
+    if payload is None:
+        return None
+    try:
+        (n,) = _LEN.unpack_from(payload)
+        if payload[_LEN.size : _LEN.size + n].decode() != key:
+            return None  # made from other files: counted again
+        return PendingTracker.from_bytes(payload[_LEN.size + n :])
+    except (ValueError, KeyError, TypeError, struct.error):
+        return None
