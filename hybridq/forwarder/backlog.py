@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
-from hybridq.forwarder.records import read_held, row_delivery
+from hybridq.forwarder.records import HeldReads, row_delivery
 from hybridq.forwarder.refusals import moved_on
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.selector import KeyGate, Lanes, Selector, Unlimited
@@ -200,14 +200,15 @@ class Backlog:
             self._short.add(queue)
         index = self.state.index
         batch: list[Delivery] = []
-        for loc, order, _, _ in rows:
-            if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
-                continue  # settled while it waited (cancelled, or finished after a lost row delete)
-            if moved_on(self.state, loc):
-                continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
-            env = read_held(self.state, Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
-            if env is not None:
-                batch.append(row_delivery(self.state, env, loc))
+        with HeldReads(self.state) as reads:
+            for loc, order, _, _ in rows:
+                if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
+                    continue  # settled while it waited (cancelled, or finished after a lost row delete)
+                if moved_on(self.state, loc):
+                    continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
+                env = reads.read(Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
+                if env is not None:
+                    batch.append(row_delivery(self.state, env, loc))
         if batch and not self._try_push(batch):
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).

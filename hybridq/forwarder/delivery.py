@@ -25,7 +25,7 @@ from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.flows import Flows
-from hybridq.forwarder.records import decode_job, first_delivery, read_held
+from hybridq.forwarder.records import HeldReads, decode_job, first_delivery
 from hybridq.forwarder.runs import Row, row_of
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, Record
@@ -177,11 +177,12 @@ class Deliverer:
             return 0
         index = self.state.index
         runs = self.state.runs
-        for h in held[:due]:
-            loc = (h.writer_id, h.segment, h.offset)
-            env = None if index.is_terminal(loc) else read_held(self.state, h)
-            if env is not None:
-                runs.add([row_of(loc, env, h.run_at)])
+        with HeldReads(self.state) as reads:
+            for h in held[:due]:
+                loc = (h.writer_id, h.segment, h.offset)
+                env = None if index.is_terminal(loc) else reads.read(h)
+                if env is not None:
+                    runs.add([row_of(loc, env, h.run_at)])
         # Only now that the run table has them (fsync'd) may they leave the durable checkpoint.
         runs.commit()
         self.state.release_held(due)

@@ -6,17 +6,18 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import logging
+from typing import Self
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, JournalError
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import Record, RecordType
-from hybridq.journal.reader import read_record_at, seal_offset
+from hybridq.journal.reader import SegmentFile, read_record_at, seal_offset
 from hybridq.ledger.checkpoint import Held
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["decode_job", "envelope_at", "first_delivery", "read_held", "row_delivery"]
+__all__ = ["HeldReads", "decode_job", "envelope_at", "first_delivery", "read_held", "row_delivery"]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -48,20 +49,57 @@ def decode_job(state: ForwarderState, record: Record) -> Envelope | None:
 
 def read_held(state: ForwarderState, held: Held) -> Envelope | None:
     """The job a held entry points to, read again now that it is due; ``None`` if it is gone."""
-    journal = state.journal
-    seal_at = seal_offset(journal, held.writer_id, held.segment)
-    if seal_at is not None and held.offset >= seal_at:
-        # Cut off since it was read: a torn tail recovery dropped (never acknowledged, so
-        # never promised), or damage an operator dropped with `journal repair --accept-loss`.
-        log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
-        return None
-    try:
-        record = read_record_at(journal, held.writer_id, held.segment, held.offset)
-    except FileNotFoundError:
-        log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
-        return None
-    # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
-    return decode_job(state, record)
+    with HeldReads(state) as reads:
+        return reads.read(held)
+
+
+class HeldReads:
+    """:func:`read_held` for many entries: each segment checked, opened and its header read once.
+
+    A refill reads up to a chunk of rows back, most from one or two segments (use as a context
+    manager: the segments opened are closed at its end).
+    """
+
+    def __init__(self, state: ForwarderState) -> None:
+        self.state = state
+        #: Per segment read: where its seal starts (``None``: not sealed), and the file if opened.
+        self._seals: dict[tuple[str, int], int | None] = {}
+        self._files: dict[tuple[str, int], SegmentFile] = {}
+
+    def read(self, held: Held) -> Envelope | None:
+        """The job ``held`` points to; ``None`` if it is gone (logged) or not a job."""
+        journal = self.state.journal
+        segment = (held.writer_id, held.segment)
+        if segment not in self._seals:
+            self._seals[segment] = seal_offset(journal, *segment)
+        seal_at = self._seals[segment]
+        if seal_at is not None and held.offset >= seal_at:
+            # Cut off since it was read: a torn tail recovery dropped (never acknowledged, so
+            # never promised), or damage an operator dropped with `journal repair --accept-loss`.
+            log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
+            return None
+        try:
+            seg = self._files.get(segment)
+            if seg is None:
+                seg = self._files[segment] = SegmentFile(journal, *segment)
+            record = seg.read(held.offset)
+        except FileNotFoundError:
+            log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)
+            return None
+        # Decoded when it was held; refused now only by a stricter version: terminal, not lost.
+        return decode_job(self.state, record)
+
+    def close(self) -> None:
+        """Close every segment opened."""
+        for seg in self._files.values():
+            seg.close()
+        self._files.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def envelope_at(journal: str, loc: Loc) -> Envelope | None:

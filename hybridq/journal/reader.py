@@ -13,6 +13,7 @@ import itertools
 import os
 import stat
 from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import Self
 
 from hybridq.errors import JournalCorruption, JournalPathError
 
@@ -40,6 +41,7 @@ __all__ = [
     "ChainPosition",
     "JournalReader",
     "Record",
+    "SegmentFile",
     "SegmentInfo",
     "TornTail",
     "clamp_to_seals",
@@ -285,6 +287,62 @@ def peek_header(path: str, *, fileops: FileOps = OS_FILEOPS) -> SegmentHeader | 
         fileops.close(fd)
 
 
+class SegmentFile:
+    """One segment open for reads at known offsets, its header checked once.
+
+    A refill reads hundreds of rows back from a few segments: opening the file and decoding its
+    header for each cost about as much as checking the record itself. Use as a context manager,
+    or :meth:`close` it.
+
+    Raises :class:`JournalCorruption` when the segment's header is not valid.
+    """
+
+    def __init__(self, path: str, writer_id: str, segment: int, *, fileops: FileOps = OS_FILEOPS) -> None:
+        self.writer_id = writer_id
+        self.segment = segment
+        self.path = os.path.join(path, segment_name(writer_id, segment))
+        self._fileops = fileops
+        self._fd = fileops.open(self.path, os.O_RDONLY)
+        try:
+            header = decode_segment_header(os.pread(self._fd, FILE_HEADER_SIZE, 0))
+        except HeaderError as exc:
+            fileops.close(self._fd)
+            raise JournalCorruption(self.path, 0, str(exc)) from None
+        self._seed = salt_seed(header.salt)
+
+    def read(self, offset: int) -> Record:
+        """The record at ``offset``, checked as the scan checks it.
+
+        Raises :class:`JournalCorruption` when the bytes there are not a valid record of this
+        segment (:func:`~hybridq.journal.format.record_problem` says why).
+        """
+        head = os.pread(self._fd, RECORD_HEADER_SIZE, offset)
+        if len(head) < RECORD_HEADER_SIZE:
+            raise JournalCorruption(self.path, offset, "no record at this offset")
+        crc, length, seq, type_word = unpack_header(head)
+        fits = length <= MAX_PAYLOAD_BYTES
+        payload = os.pread(self._fd, length, offset + RECORD_HEADER_SIZE) if fits else b""
+        problem = record_problem(crc, length, type_word, head[4:] + payload, self._seed)
+        if problem is None and len(payload) != length:
+            problem = "checksum mismatch"  # cut short by the end of the file
+        if problem is not None:
+            raise JournalCorruption(self.path, offset, problem, first_seq=seq)
+        end = offset + RECORD_HEADER_SIZE + length
+        return Record(self.writer_id, seq, type_word & 0xFF, payload, self.segment, offset, end)
+
+    def close(self) -> None:
+        """Close the file (once)."""
+        if self._fd >= 0:
+            self._fileops.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 def read_record_at(
     path: str, writer_id: str, segment: int, offset: int, *, fileops: FileOps = OS_FILEOPS
 ) -> Record:
@@ -293,27 +351,8 @@ def read_record_at(
     Raises :class:`JournalCorruption` when the bytes there are not a valid record of that segment
     (:func:`~hybridq.journal.format.record_problem` says why).
     """
-    seg_path = os.path.join(path, segment_name(writer_id, segment))
-    fd = fileops.open(seg_path, os.O_RDONLY)
-    try:
-        try:
-            header = decode_segment_header(os.pread(fd, FILE_HEADER_SIZE, 0))
-        except HeaderError as exc:
-            raise JournalCorruption(seg_path, 0, str(exc)) from None
-        head = os.pread(fd, RECORD_HEADER_SIZE, offset)
-        if len(head) < RECORD_HEADER_SIZE:
-            raise JournalCorruption(seg_path, offset, "no record at this offset")
-        crc, length, seq, type_word = unpack_header(head)
-        payload = os.pread(fd, length, offset + RECORD_HEADER_SIZE) if length <= MAX_PAYLOAD_BYTES else b""
-        problem = record_problem(crc, length, type_word, head[4:] + payload, salt_seed(header.salt))
-        if problem is None and len(payload) != length:
-            problem = "checksum mismatch"  # cut short by the end of the file
-        if problem is not None:
-            raise JournalCorruption(seg_path, offset, problem, first_seq=seq)
-        end = offset + RECORD_HEADER_SIZE + length
-        return Record(writer_id, seq, type_word & 0xFF, payload, segment, offset, end)
-    finally:
-        fileops.close(fd)
+    with SegmentFile(path, writer_id, segment, fileops=fileops) as seg:
+        return seg.read(offset)
 
 
 def seal_offset(path: str, writer_id: str, segment: int) -> int | None:

@@ -29,6 +29,7 @@ meanwhile (pushes are idempotent per job id).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -379,9 +380,12 @@ def _job_data(conn: Any, job_ids: list[str]) -> list[Any]:
         pipe.hget(keys.rq_job(job_id), "data")
     out: list[Any] = []
     for blob in pipe.execute():
+        data = blob
+        with contextlib.suppress(zlib.error):  # a small job's data is stored uncompressed
+            data = zlib.decompress(blob) if blob else blob
         try:
-            out.append(json.loads(zlib.decompress(blob)) if blob else None)
-        except (zlib.error, ValueError):
+            out.append(json.loads(data) if data else None)
+        except ValueError:
             out.append(None)
     return out
 

@@ -52,7 +52,7 @@ from .base import (
     Verdict,
 )
 from .rq_codec import (
-    _compress,
+    _data,
     _decode_event,
     _describe,
     _failure_ttl,
@@ -152,7 +152,7 @@ class RQTransport(Transport):
             "created_at",
             utcformat(datetime.fromtimestamp(env.created_at, tz=UTC)),
             "data",
-            _compress(json.dumps(data).encode()),
+            _data(json.dumps(data).encode()),
             "origin",
             env.queue,
             "description",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from hybridq.worker import Job
 from rq import Queue as RQQueue
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
+
+from tests.support.rqwork import job_data
 
 KEY = "e" * 64
 
@@ -58,7 +59,7 @@ def forwarder(journal_dir: Path, transport: RQTransport) -> Iterator[Forwarder]:
 
 def delivery_of(transport: RQTransport, job_id: str) -> dict[str, Any]:
     data = transport.connection.hget(keys.rq_job(job_id), "data")
-    _, _, args, _ = json.loads(zlib.decompress(data))
+    _, _, args, _ = job_data(data)
     return dict(args[0])
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_pool import pool
 from tests.integration.test_worker_redis import Stack, lines_of, redis_client, stack, wait_line
+from tests.support.rqwork import job_data
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
 
@@ -31,7 +31,7 @@ def refuse_while_running(redis_server: RedisServer, job_id: str) -> None:
     """Add a refusal of the job's current delivery (its started event with ``r``), as a writer could."""
     with redis_client(redis_server) as conn:
         raw = conn.hget(keys.rq_job(job_id), "data")
-        d = Delivery.from_json(json.loads(zlib.decompress(raw))[2][0])
+        d = Delivery.from_json(job_data(raw)[2][0])
         body = StartedEvent.of(d, time.time()).to_json()
         conn.xadd(keys.events(d.owner), {"e": json.dumps(body), "r": "limited: concurrency"})
 

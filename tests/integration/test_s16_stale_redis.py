@@ -19,11 +19,9 @@ Figure line: ``S16 <case>: jobs=N runs=N re-runs=0``.
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 import time
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +38,7 @@ from hybridq.transport.rq import RQTransport
 
 from tests.support.processes import ForwarderProcess, run_status, wait_until
 from tests.support.redis import MakeRedisServer
+from tests.support.rqwork import job_data
 
 LEASE_S = 2.0
 
@@ -267,7 +266,7 @@ def test_refill_purges_finished_copies_and_brings_live_ones_up(redis_server: Red
             job = transport.connection.hgetall(keys.rq_job(env.id))
             assert job[b"status"] == b"queued"
             assert b"hybridq_fenced" not in job
-            data = json.loads(zlib.decompress(job[b"data"]))
+            data = job_data(job[b"data"])
             assert data[2][0]["gen"] == 1
         assert conn.hget(keys.rq_job(running.id), "status") == b"started"  # the reconcile pass's
     finally:

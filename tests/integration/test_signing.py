@@ -44,6 +44,7 @@ from rq.utils import utcformat
 
 from tests.import_canary import ENV_VAR as CANARY_VAR
 from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
+from tests.support.rqwork import job_data
 
 OWNER = "owner1"
 NEW_KEY = "new-" + "n" * 60
@@ -133,7 +134,7 @@ def push(transport: RQTransport, env: Envelope) -> None:
 def tamper(transport: RQTransport, job_id: str, change: Callable[[dict[str, Any]], None]) -> None:
     """Change the envelope inside the RQ job hash's ``data``, as someone with Redis access can."""
     key = keys.rq_job(job_id)
-    func, instance, args, kwargs = json.loads(zlib.decompress(transport.connection.hget(key, "data")))
+    func, instance, args, kwargs = job_data(transport.connection.hget(key, "data"))
     assert func == ENTRY_POINT
     change(args[0]["job"])
     data = zlib.compress(json.dumps([func, instance, args, kwargs]).encode())

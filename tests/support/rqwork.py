@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import zlib
 from collections.abc import Callable
+from typing import Any
 
 from hybridq.transport.rq import RQTransport
 from rq import Queue as RQQueue
@@ -24,3 +28,10 @@ def burst_runner(worker_class: type[SimpleWorker]) -> Work:
         )
 
     return run
+
+
+def job_data(raw: bytes) -> Any:
+    """A job hash's ``data``, decoded as RQ reads it: zlib-compressed JSON, or plain JSON."""
+    with contextlib.suppress(zlib.error):  # a small job's data is stored as it is (rq_codec._data)
+        raw = zlib.decompress(raw)
+    return json.loads(raw)
