@@ -75,7 +75,7 @@ def take_one(server: RedisServer) -> tuple[redis.Redis, list[Taken]]:
 
 
 def start_args(items: list[Taken]) -> list[Any]:
-    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z", time.time(), 120]
+    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z"]
     for i, item in enumerate(items):
         item.exec_id = f"e{i}"
         item.started = time.time()
@@ -90,7 +90,7 @@ def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
         keys_, call = item.run.finish
         good = ok is None or ok[n]
         args += [item.job_id, QUEUE, item.exec_id, item.started, "1" if good else "0", 500, "", ""]
-        args += [*keys_, *call, *[""] * (5 - len(call))]
+        args += [*keys_, *call, *[""] * (5 - len(call)), "1" if item.recorded else "0"]
     return args
 
 
@@ -107,7 +107,12 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert [r[0] for r in again] == [0, 0, 0], "a claim that ran finds the lease its own"
     assert client.llen(keys.rq_intermediate(QUEUE)) == 0
     started = rq.registry.StartedJobRegistry(QUEUE, connection=client)
+    assert started.get_job_ids() == [], "RQ's execution records: at the next turn, if still running"
+    record = batch_scripts.record_args("w1", items, 120)
+    assert scripts.call(client, batch_scripts.RECORD, [], record) == 3
+    assert scripts.call(client, batch_scripts.RECORD, [], record) == 3, "sent again: the same records"
     assert sorted(started.get_job_ids()) == sorted(ids)
+    assert client.smembers("rq:worker:w1:executions") == {f"{i.job_id}:{i.exec_id}".encode() for i in items}
     client.script_flush()  # Redis restarted without losing data: NOSCRIPT is answered by loading it
     args = end_args(items)
     assert scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
@@ -118,7 +123,49 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
         job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
         assert job.get_status() == "finished"
     assert started.get_job_ids() == []
+    assert not client.keys("rq:execution*"), "every execution's records removed"
+    assert not client.exists("rq:worker:w1:executions")
     assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
+    redis_server: RedisServer,
+) -> None:
+    """RQ's execution records are written only for a job still running a turn after its start.
+
+    Most jobs end before their process's next turn: writing the execution hash, its set, the
+    started registry's entry and the worker's set at the start, and deleting them at the end,
+    was ten of about forty commands per job. RQ's view of the job itself is unchanged.
+    """
+    ids = push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 3)
+    client.config_resetstat()
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    scripts.call(client, batch_scripts.END, [], end_args(items))
+    stats = client.info("commandstats")
+    writes = {
+        name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("zadd", "sadd", "srem", "zrem")
+    }
+    assert writes == {"zadd": 3, "sadd": 0, "srem": 0, "zrem": 0}, "one ZADD per job: its finished registry"
+    assert not client.keys("rq:execution*")
+    for job_id in ids:
+        job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+        assert job.get_status() == "finished"
+        assert job.worker_name == "w1"
+        assert job.latest_result() is not None, "its result in RQ's results stream"
+    assert sorted(rq.registry.FinishedJobRegistry(QUEUE, connection=client).get_job_ids()) == sorted(ids)
+    assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_a_job_purged_before_its_record_gets_no_execution_records(redis_server: RedisServer) -> None:
+    """RECORD writes nothing for a job whose hash no longer names that execution (ended, purged)."""
+    client, items = take_one(redis_server)
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    client.delete(keys.rq_job(items[0].job_id))  # a refill purged it
+    assert scripts.call(client, batch_scripts.RECORD, [], batch_scripts.record_args("w1", items, 120)) == 0
+    assert not client.keys("rq:execution*")
+    assert rq.registry.StartedJobRegistry(QUEUE, connection=client).get_job_ids() == []
 
 
 def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: RedisServer) -> None:
