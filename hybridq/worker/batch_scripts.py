@@ -99,14 +99,16 @@ for q, queue in ipairs(KEYS) do
     if want <= 0 then break end
     local ids = redis.call("LPOP", queue, want)
     if ids then
+        local kept = {}
         for _, id in ipairs(ids) do
             local f = redis.call("HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
             if f[1] then
-                redis.call("RPUSH", queue .. ":intermediate", id)
+                kept[#kept + 1] = id
                 taken[#taken + 1] = {id, q, f}
                 want = want - 1
             end
         end
+        if #kept > 0 then redis.call("RPUSH", queue .. ":intermediate", unpack(kept)) end  -- one call
     end
 end
 return taken
@@ -153,20 +155,33 @@ local replies = {}
 local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
-    if redis.call("EXISTS", job) == 0 then
+    local intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+    local f = redis.call("HMGET", job, "status", "hybridq_cancel")
+    if not f[1] then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
-        redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
+        redis.call("LREM", intermediate, 1, id)
         return {4, "gone"}
     end
-    -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
-    redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
-        "worker_name", name, "hybridq_exec", exec)
-    redis.call("PERSIST", job)
-    redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
-    return claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
+    -- The claim reads no more of the job hash: its cancel mark is read here, and the
+    -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
+    local known = {cancel = f[2] ~= false}
+    local reply = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
         {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14],
             ARGV[i + 15]},
-        server)
+        server, known)
+    -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
+    if known.started then
+        redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
+            "worker_name", name, "hybridq_exec", exec, "hybridq_started", known.started)
+    else
+        redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
+            "worker_name", name, "hybridq_exec", exec)
+    end
+    redis.call("PERSIST", job)
+    -- Last: a claim that failed with a script error (its reply -1) leaves the id in RQ's
+    -- intermediate list, where the forwarder finds it stranded and delivers it again.
+    redis.call("LREM", intermediate, 1, id)
+    return reply
 end
 for i = 4, #ARGV, 16 do
     local ok, reply = isolate(pcall(start, i))

@@ -144,10 +144,12 @@ def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
     scripts.call(client, batch_scripts.START, [], start_args(items))
     scripts.call(client, batch_scripts.END, [], end_args(items))
     stats = client.info("commandstats")
-    writes = {
-        name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("zadd", "sadd", "srem", "zrem")
-    }
-    assert writes == {"zadd": 3, "sadd": 0, "srem": 0, "zrem": 0}, "one ZADD per job: its finished registry"
+    counted = ("zadd", "sadd", "srem", "zrem", "exists", "hexists")
+    calls = {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in counted}
+    assert calls == {"zadd": 3, "sadd": 0, "srem": 0, "zrem": 0, "exists": 0, "hexists": 0}, (
+        "one ZADD per job (its finished registry); the job hash read once at the start"
+    )
+    assert stats["cmdstat_hmget"]["calls"] == 3, "START's one read of each job hash"
     assert not client.keys("rq:execution*")
     for job_id in ids:
         job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
@@ -156,6 +158,23 @@ def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
         assert job.latest_result() is not None, "its result in RQ's results stream"
     assert sorted(rq.registry.FinishedJobRegistry(QUEUE, connection=client).get_job_ids()) == sorted(ids)
     assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_start_reads_the_cancel_mark_and_writes_the_run_started_in_rqs_hash(
+    redis_server: RedisServer,
+) -> None:
+    """START's claim: a cancelled job runs nothing; a new claim's hybridq_started, a refused one's none."""
+    ids = push(redis_server.url, 3)
+    client = redis_server.client()
+    items = take(client, 3)
+    client.hset(keys.rq_job(ids[1]), "hybridq_cancel", "1")
+    client.set(items[2].run.claim_keys[1], "another-token")  # another delivery holds the key
+    replies = scripts.call(client, batch_scripts.START, [], start_args(items))
+    assert [int(r[0]) for r in replies] == [0, 5, 3]
+    started = [client.hget(keys.rq_job(job_id), "hybridq_started") for job_id in ids]
+    assert started == [b"1", None, None], "only a new claim counts as an attempt (requeue 0, attempt 1)"
+    assert [client.hget(keys.rq_job(job_id), "status") for job_id in ids] == [b"started"] * 3
+    assert client.llen(keys.rq_intermediate(QUEUE)) == 0
 
 
 def test_a_job_purged_before_its_record_gets_no_execution_records(redis_server: RedisServer) -> None:
