@@ -11,13 +11,16 @@ same Lua functions, so their rules cannot drift apart):
   ``LMOVE`` dequeue does, one id at a time) and return their hashes' fields. A worker killed
   after it leaves them there as RQ's would: RQ's maintenance and the forwarder's reconcile pass
   find them (``stranded``: no attempt used);
-* :data:`START`: for each job, RQ's execution (hash, registries, job status ``started``) and
-  hybridq's claim, in one atomic step per batch. Its reply lost, it is sent again with the same
-  tokens: RQ's part is idempotent and a claim that did run finds the lease its own;
+* :data:`START`: for each job, RQ's view of it (status ``started``, its worker) and hybridq's
+  claim, in one atomic step per batch. Its reply lost, it is sent again with the same tokens:
+  RQ's part is idempotent and a claim that did run finds the lease its own;
+* :data:`RECORD`: RQ's execution records (hash, registries) of the jobs still running a turn
+  after their start; most jobs end before, and never have them written;
 * :data:`END`: for each job, hybridq's outcome script (outcome + completion event) and RQ's
   ending (job ``finished`` or ``failed``, its result in RQ's results stream, the finished or
-  failed registry, the execution removed). Sent again after a lost reply: hybridq's part
-  recognises its token, RQ's part runs only while the execution it ends still exists.
+  failed registry, the execution's records removed if written). Sent again after a lost reply:
+  hybridq's part recognises its token, RQ's part runs only while the job hash names the
+  execution it ends.
 
 Every job's part is independent of the others': one job's failure is never another's. The
 helpers below build the scripts' arguments (:func:`start_args`, :func:`end_args`), wait for a

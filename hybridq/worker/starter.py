@@ -44,6 +44,7 @@ from hybridq.worker.runner import Runner, Taken
 __all__ = [
     "EXPIRY_CHECK_S",
     "GIVE_BACK_LEASES",
+    "RECORD_AFTER_S",
     "Reservations",
     "Starter",
     "give_back",
@@ -56,6 +57,8 @@ log = logging.getLogger("hybridq.worker")
 GIVE_BACK_LEASES = 0.5
 #: How often the reservations are looked at for that (seconds).
 EXPIRY_CHECK_S = 0.5
+#: A job still running this long after its claim was sent gets RQ's execution records (seconds).
+RECORD_AFTER_S = 0.25
 
 
 class Starter:
@@ -302,12 +305,14 @@ class Reservations:
         self._next_expiry = 0.0
 
     def unrecorded(self) -> list[Taken]:
-        """The jobs claimed in an earlier turn, still held, whose RQ execution records are not written.
+        """The jobs claimed :data:`RECORD_AFTER_S` ago or more, still held, with no RQ execution records.
 
-        A turn records them (:data:`~hybridq.worker.batch_scripts.RECORD`): a job ending before
-        its process's next turn, as most do, never has them written and deleted.
+        A turn records them (:data:`~hybridq.worker.batch_scripts.RECORD`): a job ending sooner,
+        as most do, never has them written and deleted. By age, not by turns: a loaded process's
+        next turn can come before its threads even started the jobs of the last one.
         """
-        return [i for i in self.held if i.claimed_at and not i.recorded and i.exec_id]
+        due = time.monotonic() - RECORD_AFTER_S
+        return [i for i in self.held if 0 < i.claimed_at <= due and not i.recorded and i.exec_id]
 
     def expire(self) -> None:
         """Give back the reservations that waited half a lease (looked at twice a second).

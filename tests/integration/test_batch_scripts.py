@@ -29,7 +29,7 @@ from hybridq.worker.keeper import Channel
 from hybridq.worker.perform import FRESH_S, Performer
 from hybridq.worker.run import conclude, release
 from hybridq.worker.runner import Runner, Taken
-from hybridq.worker.starter import Starter
+from hybridq.worker.starter import RECORD_AFTER_S, Reservations, Starter
 from rq.serializers import JSONSerializer
 
 QUEUE = "batch"
@@ -175,6 +175,18 @@ def test_start_reads_the_cancel_mark_and_writes_the_run_started_in_rqs_hash(
     assert started == [b"1", None, None], "only a new claim counts as an attempt (requeue 0, attempt 1)"
     assert [client.hget(keys.rq_job(job_id), "status") for job_id in ids] == [b"started"] * 3
     assert client.llen(keys.rq_intermediate(QUEUE)) == 0
+
+
+def test_a_turn_records_only_the_jobs_claimed_a_while_ago_and_not_recorded() -> None:
+    """By age, not by turns: a loaded process's next turn may come before its threads start a job."""
+    now = time.monotonic()
+    reserved = Reservations(None, None)  # type: ignore[arg-type]  # (neither is used here)
+    fresh = Taken("fresh", QUEUE, exec_id="e1", claimed_at=now)
+    due = Taken("due", QUEUE, exec_id="e2", claimed_at=now - RECORD_AFTER_S - 0.01)
+    recorded = Taken("recorded", QUEUE, exec_id="e3", claimed_at=now - 1.0, recorded=True)
+    reserved_only = Taken("reserved", QUEUE)  # taken ahead, not claimed
+    reserved.held.update({fresh, due, recorded, reserved_only})
+    assert reserved.unrecorded() == [due]
 
 
 def test_a_job_purged_before_its_record_gets_no_execution_records(redis_server: RedisServer) -> None:
