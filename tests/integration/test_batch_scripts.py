@@ -67,11 +67,11 @@ def take(client: redis.Redis, n: int) -> list[Taken]:
     return [item for item in items if item is not None]
 
 
-def take_one(server: RedisServer) -> tuple[redis.Redis, list[Taken]]:
-    """A client of ``server``, and the one job pushed there, taken."""
-    push(server.url, 1)
+def take_one(server: RedisServer, n: int = 1) -> tuple[redis.Redis, list[Taken]]:
+    """A client of ``server``, and the one job (or ``n``) pushed there, taken."""
+    push(server.url, n)
     client = server.client()
-    return client, take(client, 1)
+    return client, take(client, n)
 
 
 def start_args(items: list[Taken]) -> list[Any]:
@@ -137,9 +137,8 @@ def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
     started registry's entry and the worker's set at the start, and deleting them at the end,
     was ten of about forty commands per job. RQ's view of the job itself is unchanged.
     """
-    ids = push(redis_server.url, 3)
-    client = redis_server.client()
-    items = take(client, 3)
+    client, items = take_one(redis_server, 3)
+    ids = [item.job_id for item in items]
     client.config_resetstat()
     scripts.call(client, batch_scripts.START, [], start_args(items))
     scripts.call(client, batch_scripts.END, [], end_args(items))
@@ -164,9 +163,8 @@ def test_start_reads_the_cancel_mark_and_writes_the_run_started_in_rqs_hash(
     redis_server: RedisServer,
 ) -> None:
     """START's claim: a cancelled job runs nothing; a new claim's hybridq_started, a refused one's none."""
-    ids = push(redis_server.url, 3)
-    client = redis_server.client()
-    items = take(client, 3)
+    client, items = take_one(redis_server, 3)
+    ids = [item.job_id for item in items]
     client.hset(keys.rq_job(ids[1]), "hybridq_cancel", "1")
     client.set(items[2].run.claim_keys[1], "another-token")  # another delivery holds the key
     replies = scripts.call(client, batch_scripts.START, [], start_args(items))
