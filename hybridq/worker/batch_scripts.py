@@ -14,8 +14,9 @@ same Lua functions, so their rules cannot drift apart):
 * :data:`START`: for each job, RQ's view of it (status ``started``, its worker) and hybridq's
   claim, in one atomic step per batch. Its reply lost, it is sent again with the same tokens:
   RQ's part is idempotent and a claim that did run finds the lease its own;
-* :data:`RECORD`: RQ's execution records (hash, registries) of the jobs still running a turn
-  after their start; most jobs end before, and never have them written;
+* :data:`RECORD`: RQ's execution records (hash, registries) of the jobs still running a while
+  after their claim (:data:`hybridq.worker.starter.RECORD_AFTER_S`); most jobs end before, and
+  never have them written;
 * :data:`END`: for each job, hybridq's outcome script (outcome + completion event) and RQ's
   ending (job ``finished`` or ``failed``, its result in RQ's results stream, the finished or
   failed registry, the execution's records removed if written). Sent again after a lost reply:
@@ -145,7 +146,7 @@ START_ARITY = 16
 # the started event and its refused variant ("" "" "": none).
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus). RQ's view of the job (status
 # ``started``, its worker) is written here; its execution's records (the started registry) only
-# by RECORD, for a job still running at the process's next turn: most jobs end before it, and
+# by RECORD, for a job still running a while after its claim: most jobs end before, and
 # writing them here meant writing and deleting four keys per job (docs/worker.md).
 START = (
     CLAIM_LUA
@@ -198,7 +199,7 @@ return replies
 #: Arguments per job of :data:`RECORD`.
 RECORD_ARITY = 4
 
-# RQ's prepare_execution, for jobs still running one turn after their start (START). ARGV: RQ's
+# RQ's prepare_execution, for jobs still running a while after their start (START). ARGV: RQ's
 # key prefix, the worker's name, the execution TTL (seconds), now (seconds), then per job
 # (RECORD_ARITY): job id, queue, execution id, when it started (seconds). A job whose hash no
 # longer names that execution (ended, or purged by a refill) gets none. Returns how many were
