@@ -11,13 +11,17 @@ same Lua functions, so their rules cannot drift apart):
   ``LMOVE`` dequeue does, one id at a time) and return their hashes' fields. A worker killed
   after it leaves them there as RQ's would: RQ's maintenance and the forwarder's reconcile pass
   find them (``stranded``: no attempt used);
-* :data:`START`: for each job, RQ's execution (hash, registries, job status ``started``) and
-  hybridq's claim, in one atomic step per batch. Its reply lost, it is sent again with the same
-  tokens: RQ's part is idempotent and a claim that did run finds the lease its own;
+* :data:`START`: for each job, RQ's view of it (status ``started``, its worker) and hybridq's
+  claim, in one atomic step per batch. Its reply lost, it is sent again with the same tokens:
+  RQ's part is idempotent and a claim that did run finds the lease its own;
+* :data:`RECORD`: RQ's execution records (hash, registries) of the jobs still running a while
+  after their claim (:data:`hybridq.worker.starter.RECORD_AFTER_S`); most jobs end before, and
+  never have them written;
 * :data:`END`: for each job, hybridq's outcome script (outcome + completion event) and RQ's
   ending (job ``finished`` or ``failed``, its result in RQ's results stream, the finished or
-  failed registry, the execution removed). Sent again after a lost reply: hybridq's part
-  recognises its token, RQ's part runs only while the execution it ends still exists.
+  failed registry, the execution's records removed if written). Sent again after a lost reply:
+  hybridq's part recognises its token, RQ's part runs only while the job hash names the
+  execution it ends.
 
 Every job's part is independent of the others': one job's failure is never another's. The
 helpers below build the scripts' arguments (:func:`start_args`, :func:`end_args`), wait for a
@@ -42,6 +46,8 @@ __all__ = [
     "END_ARITY",
     "GIVE_BACK",
     "ISOLATE_LUA",
+    "RECORD",
+    "RECORD_ARITY",
     "START",
     "START_ARITY",
     "TAKE",
@@ -49,6 +55,7 @@ __all__ = [
     "claim_part",
     "end_args",
     "keep_alive",
+    "record_args",
     "start_args",
     "wait_one",
 ]
@@ -96,14 +103,16 @@ for q, queue in ipairs(KEYS) do
     if want <= 0 then break end
     local ids = redis.call("LPOP", queue, want)
     if ids then
+        local kept = {}
         for _, id in ipairs(ids) do
             local f = redis.call("HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
             if f[1] then
-                redis.call("RPUSH", queue .. ":intermediate", id)
+                kept[#kept + 1] = id
                 taken[#taken + 1] = {id, q, f}
                 want = want - 1
             end
         end
+        if #kept > 0 then redis.call("RPUSH", queue .. ":intermediate", unpack(kept)) end  -- one call
     end
 end
 return taken
@@ -131,67 +140,106 @@ return back
 #: Arguments per job of :data:`START`.
 START_ARITY = 16
 
-# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), the execution
-# TTL (seconds), then per job (START_ARITY): job id, queue, execution id, then the claim's keys
-# (result, lease, job hash, epoch) and arguments (token, lease ms, job id, requeue, attempt,
-# epoch generation), then the owner's event stream, the started event and its refused variant
-# ("" "" "": none).
-# Returns the claim's reply per job (hybridq.protocol.ClaimStatus).
+# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), then per job (START_ARITY): job
+# id, queue, execution id, then the claim's keys (result, lease, job hash, epoch) and arguments
+# (token, lease ms, job id, requeue, attempt, epoch generation), then the owner's event stream,
+# the started event and its refused variant ("" "" "": none).
+# Returns the claim's reply per job (hybridq.protocol.ClaimStatus). RQ's view of the job (status
+# ``started``, its worker) is written here; its execution's records (the started registry) only
+# by RECORD, for a job still running a while after its claim: most jobs end before, and
+# writing them here meant writing and deleting four keys per job (docs/worker.md).
 START = (
     CLAIM_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
     + """
-local rq, name, stamp, now, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local rq, name, stamp = ARGV[1], ARGV[2], ARGV[3]
 local server = {}
 local replies = {}
-local executions = rq .. ":worker:" .. name .. ":executions"
 local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
-    local member = id .. ":" .. exec
-    if redis.call("EXISTS", job) == 0 then
+    local intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+    local f = redis.call("HMGET", job, "status", "hybridq_cancel")
+    if not f[1] then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
-        redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
+        redis.call("LREM", intermediate, 1, id)
         return {4, "gone"}
     end
-    -- RQ's prepare_execution, then its prepare_job_execution.
-    local ek = rq .. ":execution:" .. member
-    redis.call("HSET", ek, "id", exec, "job_id", id, "created_at", now, "last_heartbeat", now,
-        "worker_name", name)
-    redis.call("EXPIRE", ek, ttl)
-    redis.call("ZADD", rq .. ":executions:" .. id, now + ttl + 60, exec)
-    redis.call("EXPIRE", rq .. ":executions:" .. id, ttl + 60)
-    redis.call("ZADD", rq .. ":wip:" .. queue, now + ttl, member)
-    redis.call("SADD", executions, member)
-    redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
-        "worker_name", name)
-    redis.call("PERSIST", job)
-    redis.call("LREM", rq .. ":queue:" .. queue .. ":intermediate", 1, id)
-    return claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
+    -- The claim reads no more of the job hash: its cancel mark is read here, and the
+    -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
+    local known = {cancel = f[2] ~= false}
+    local reply = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
         {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14],
             ARGV[i + 15]},
-        server)
+        server, known)
+    -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
+    if known.started then
+        redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
+            "worker_name", name, "hybridq_exec", exec, "hybridq_started", known.started)
+    else
+        redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
+            "worker_name", name, "hybridq_exec", exec)
+    end
+    redis.call("PERSIST", job)
+    -- Last: a claim that failed with a script error (its reply -1) leaves the id in RQ's
+    -- intermediate list, where the forwarder finds it stranded and delivers it again.
+    redis.call("LREM", intermediate, 1, id)
+    return reply
 end
-for i = 6, #ARGV, 16 do
+for i = 4, #ARGV, 16 do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
-redis.call("EXPIRE", executions, ttl + 60)
 redis.call("HSET", rq .. ":worker:" .. name, "state", "busy", "last_heartbeat", stamp)
 return replies
 """
 )
 
+#: Arguments per job of :data:`RECORD`.
+RECORD_ARITY = 4
+
+# RQ's prepare_execution, for jobs still running a while after their start (START). ARGV: RQ's
+# key prefix, the worker's name, the execution TTL (seconds), now (seconds), then per job
+# (RECORD_ARITY): job id, queue, execution id, when it started (seconds). A job whose hash no
+# longer names that execution (ended, or purged by a refill) gets none. Returns how many were
+# written. Idempotent: sent again, it writes the same records.
+RECORD = (
+    OOM_GUARD_LUA
+    + """
+local rq, name, ttl, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local executions = rq .. ":worker:" .. name .. ":executions"
+local written = 0
+for i = 5, #ARGV, 4 do
+    local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    if redis.call("HGET", rq .. ":job:" .. id, "hybridq_exec") == exec then
+        local member = id .. ":" .. exec
+        local ek = rq .. ":execution:" .. member
+        redis.call("HSET", ek, "id", exec, "job_id", id, "created_at", ARGV[i + 3], "last_heartbeat", now,
+            "worker_name", name)
+        redis.call("EXPIRE", ek, ttl)
+        redis.call("ZADD", rq .. ":executions:" .. id, now + ttl + 60, exec)
+        redis.call("EXPIRE", rq .. ":executions:" .. id, ttl + 60)
+        redis.call("ZADD", rq .. ":wip:" .. queue, now + ttl, member)
+        redis.call("SADD", executions, member)
+        written = written + 1
+    end
+end
+if written > 0 then redis.call("EXPIRE", executions, ttl + 60) end
+return written
+"""
+)
+
 #: Arguments per job of :data:`END`.
-END_ARITY = 16
+END_ARITY = 17
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), then per job
 # (END_ARITY): job id, queue, execution id, when it started (seconds), "1" finished or "0"
 # failed (in RQ), the TTL of RQ's result (result_ttl if finished, failure_ttl if failed; -1
 # keeps it, 0 deletes a finished job), RQ's result fields (return_value or exc_string, base64 as
 # RQ writes them; "" none), then hybridq's outcome script's keys (result, lease, events; "" if
-# this job stores no outcome) and arguments (token, outcome, key lifetime, event, kept event).
+# this job stores no outcome) and arguments (token, outcome, key lifetime, event, kept event),
+# then "1" if RECORD was sent for its execution (its records are removed) else "0".
 # Returns per job what the outcome script returned (hybridq.protocol.FinishReply), -1 if none.
 END = (
     FINISH_LUA
@@ -211,13 +259,15 @@ local function finish_one(i)
             {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]})
     end
     local member = id .. ":" .. exec
-    local ek = rq .. ":execution:" .. member
-    if redis.call("DEL", ek) == 1 then  -- RQ's part once, even if this call is sent again
-        local job = rq .. ":job:" .. id
-        local results = rq .. ":results:" .. id
+    local job = rq .. ":job:" .. id
+    if ARGV[i + 16] == "1" then  -- its execution's records (RECORD): gone, whatever the job hash says
+        redis.call("DEL", rq .. ":execution:" .. member)
         redis.call("ZREM", rq .. ":wip:" .. queue, member)
         redis.call("ZREM", rq .. ":executions:" .. id, exec)
         redis.call("SREM", worker .. ":executions", member)
+    end
+    if redis.call("HGET", job, "hybridq_exec") == exec then  -- RQ's part once, even if sent again
+        local results = rq .. ":results:" .. id
         worked = worked + math.max(0, now - tonumber(started))
         local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
             "execution_started_at", started, "execution_ended_at", ARGV[4]}
@@ -227,10 +277,10 @@ local function finish_one(i)
         end
         if ok then
             succeeded = succeeded + 1
-            redis.call("HSET", job, "status", "finished", "ended_at", stamp)
+            redis.call("HSET", job, "status", "finished", "ended_at", stamp, "hybridq_exec", "")
         else
             failed = failed + 1
-            redis.call("HSET", job, "status", "failed", "ended_at", stamp)
+            redis.call("HSET", job, "status", "failed", "ended_at", stamp, "hybridq_exec", "")
         end
         if ok and ttl == 0 then
             redis.call("DEL", job, results)
@@ -250,7 +300,7 @@ local function finish_one(i)
     end
     return reply
 end
-for i = 5, #ARGV, 16 do
+for i = 5, #ARGV, 17 do
     local ok, reply = isolate(pcall(finish_one, i))
     replies[#replies + 1] = reply
 end
@@ -264,13 +314,26 @@ return replies
 )
 
 
-def start_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]:
+def start_args(name: str, items: Sequence[Taken]) -> list[Any]:
     """The arguments of :data:`START` for ``items`` (their execution ids set), started now."""
     at = time.time()
-    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), at, exec_ttl_s]
+    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now())]
     for item in items:
         item.started = at
         args += [item.job_id, item.queue, item.exec_id, *claim_part(item)]
+    return args
+
+
+def record_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]:
+    """The arguments of :data:`RECORD` for ``items`` (started in an earlier turn); marks them recorded.
+
+    Marked before the reply: END removes records that may have been written (removing none is
+    harmless), never leaves one behind.
+    """
+    args: list[Any] = [keys.RQ_PREFIX, name, exec_ttl_s, time.time()]
+    for item in items:
+        item.recorded = True
+        args += [item.job_id, item.queue, item.exec_id, item.started]
     return args
 
 
@@ -294,6 +357,7 @@ def end_args(name: str, items: Sequence[Taken]) -> list[Any]:
         else:
             keys_, call_args = call
             args += [*keys_, *call_args, *[""] * (5 - len(call_args))]
+        args.append("1" if item.recorded else "0")
     return args
 
 
@@ -311,7 +375,11 @@ def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:
 
 
 def keep_alive(client: redis.Redis, name: str, running: Sequence[Taken], ttl: int) -> None:
-    """Extend RQ's records of the ``running`` jobs' executions by ``ttl`` (RQ's job heartbeat)."""
+    """Extend RQ's records of the ``running`` jobs' executions by ``ttl`` (RQ's job heartbeat).
+
+    Only those :data:`RECORD` wrote: a job that has none yet gets them at the next turn.
+    """
+    running = [item for item in running if item.recorded]
     if not running:
         return
     now = time.time()

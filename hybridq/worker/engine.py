@@ -200,12 +200,13 @@ class Engine:
         room = runner.room(lifetime, waiting=len(ready) + len(starting) + len(self._isolated))
         idle = pending == 0 and not ready and not starting
         take = room if room >= runner.batch() or (room and idle) else 0
-        if not (done or starting or take):
+        self.reserved.held.difference_update(done)
+        running = self.reserved.unrecorded()
+        if not (done or starting or take or running):
             self._later = self._done(0.05 if room or ready else 0.5)  # ended in the next turn
             return None
-        self.reserved.held.difference_update(done)
         try:
-            taken = self.starter.exchange([i for i in done if not i.dropped], starting, self._taker(take))
+            taken = self.starter.exchange(done, starting, self._taker(take), running)
         finally:
             for item in starting:
                 if item.dropped:  # its claim could not be sent (logged): never started here
@@ -374,9 +375,9 @@ class Engine:
         done = self._done(block_s)
         self.reserved.held.difference_update(done)
         self.ended += len(done)
-        items = [i for i in done if not i.dropped]
-        if items:
-            self.starter.exchange(items, [], None)
+        running = self.reserved.unrecorded()
+        if running or any(not i.dropped for i in done):
+            self.starter.exchange(done, [], None, running)
 
     # -- upkeep -----------------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class Taken:
     run: Any = None  # set by the engine: its hybridq.worker.run.Run
     #: RQ's execution id, given when the job starts (:mod:`hybridq.worker.starter`); "" before.
     exec_id: str = ""
+    recorded: bool = False  # RQ's records of that execution may exist (batch_scripts.RECORD)
     #: When the job was taken (reserved), and when its claim was sent (monotonic; 0: not).
     taken_at: float = 0.0
     claimed_at: float = 0.0
@@ -87,8 +88,7 @@ class Taken:
     rq_value: str = ""
     #: The claim could not be sent (Redis unreachable): nothing is recorded for this job.
     dropped: bool = False
-    #: The runner's bookkeeping.
-    deadline: float = 0.0
+    deadline: float = 0.0  # (this and the next two: the runner's bookkeeping)
     state: int = _PENDING
     thread: int = 0
     #: Inside the task's own call (:meth:`Runner.guard`): only there may a timeout be raised.

@@ -66,14 +66,20 @@ CALL_TIMEOUT_S = 5.0
 # No epoch key (an older forwarder, or Redis lost it and nothing it held can be older), or no
 # KEYS[4] (a caller of the older script's arguments), fences nothing.
 # The claim, as a Lua function (K: the keys, A: the arguments below; ``server`` caches what INFO
-# said and the epochs read, for a script that claims several deliveries).
+# said and the epochs read, for a script that claims several deliveries; ``known``, optional:
+# the caller read the job hash, which exists, and says whether it is marked cancelled
+# (``known.cancel``); the claim then reads neither, and leaves the ``hybridq_started`` a new
+# claim writes in ``known.started`` for the caller's own write of that hash:
+# hybridq.worker.batch_scripts.START).
 CLAIM_LUA = (
     DECODE_STORED_LUA
     + LIMIT_LUA
     + """
-local function claim(K, A, server)
+local function claim(K, A, server, known)
     local lim = limit_of(A[1])  -- a limited key's run (hybridq.worker.limit_scripts)
-    if redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 then
+    local cancelled = known and known.cancel
+    if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
+    if cancelled then
         if lim then limit_left(lim, K[3], tonumber(A[2])) end
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
@@ -159,7 +165,9 @@ local function claim(K, A, server)
         if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
-        if redis.call("EXISTS", K[3]) == 1 then
+        if known then
+            known.started = my_run
+        elseif redis.call("EXISTS", K[3]) == 1 then
             redis.call("HSET", K[3], "hybridq_started", my_run)
         end
         if K[5] and A[7] and A[7] ~= "" then

@@ -44,6 +44,7 @@ from hybridq.worker.runner import Runner, Taken
 __all__ = [
     "EXPIRY_CHECK_S",
     "GIVE_BACK_LEASES",
+    "RECORD_AFTER_S",
     "Reservations",
     "Starter",
     "give_back",
@@ -56,6 +57,8 @@ log = logging.getLogger("hybridq.worker")
 GIVE_BACK_LEASES = 0.5
 #: How often the reservations are looked at for that (seconds).
 EXPIRY_CHECK_S = 0.5
+#: A job still running this long after its claim was sent gets RQ's execution records (seconds).
+RECORD_AFTER_S = 0.25
 
 
 class Starter:
@@ -113,9 +116,18 @@ class Starter:
         )
 
     def exchange(
-        self, ending: list[Taken], starting: list[Taken], take: tuple[list[str], list[Any]] | None
+        self,
+        ending: list[Taken],
+        starting: list[Taken],
+        take: tuple[list[str], list[Any]] | None,
+        running: Sequence[Taken] = (),
     ) -> list[Any]:
-        """End ``ending``, start (claim) ``starting`` and take, in one round trip; what was taken.
+        """End ``ending``, start (claim) ``starting``, record ``running`` and take, in one round trip.
+
+        Returns what was taken. Of ``ending``, those ``dropped`` are not ended (never started).
+        ``running``: jobs started in an earlier turn and still running, whose RQ execution
+        records (the started registry) are written now
+        (:data:`~hybridq.worker.batch_scripts.RECORD`, best effort: RQ's view only).
 
         Raises the take's error if it failed (Redis away), once the other parts are dealt with.
 
@@ -128,10 +140,15 @@ class Starter:
         leases are held, before this returns.
         """
         parts: list[tuple[str, list[str], list[Any]]] = []
+        ending = [i for i in ending if not i.dropped]
         if ending:
             parts.append((batch_scripts.END, [], batch_scripts.end_args(self.name, ending)))
         if starting:
             parts.append((batch_scripts.START, [], self._start_args(starting)))
+        if running:
+            parts.append(
+                (batch_scripts.RECORD, [], batch_scripts.record_args(self.name, running, self.exec_ttl_s))
+            )
         if take is not None:
             parts.append((batch_scripts.TAKE, *take))
         sent = time.monotonic()  # the claims' age counts from here (_started)
@@ -150,6 +167,8 @@ class Starter:
             reply = self._resend(starting, again(1 if ending else 0)) if resent else reply
             self._started(starting, reply, sent)
         lease.flush()  # the leases END freed, if START's claims did not carry them (keeper.Channel)
+        if running:
+            _recorded(running, replies.pop(0))
         taken = replies.pop(0) if take is not None else []
         if isinstance(taken, NoScriptError):  # it did not run: sent again, now that it is loaded
             taken = scripts.call(self.client, batch_scripts.TAKE, *take)  # type: ignore[misc]
@@ -180,8 +199,8 @@ class Starter:
 
     def _start_args(self, batch: list[Taken]) -> list[Any]:
         for item in batch:
-            item.exec_id = f"{self._prefix}{next(self._ids):x}"
-        return batch_scripts.start_args(self.name, batch, self.exec_ttl_s)
+            item.exec_id = item.exec_id or f"{self._prefix}{next(self._ids):x}"
+        return batch_scripts.start_args(self.name, batch)
 
     def _resend(self, batch: list[Taken], call: Callable[[], Any]) -> Any:
         """START again (with the same tokens: a claim that ran finds its lease); None if given up."""
@@ -224,6 +243,15 @@ class Starter:
         for item, reply in zip(batch, replies, strict=True):
             if int(reply[0]) >= 0:
                 item.run.claim_reply = reply
+
+
+def _recorded(running: Sequence[Taken], reply: Any) -> None:
+    """Note RECORD's reply: a script Redis did not know (it restarted) is sent at the next turn."""
+    if isinstance(reply, NoScriptError):
+        for item in running:
+            item.recorded = False
+    elif isinstance(reply, Exception):
+        log.debug("RQ's records of %d running job(s) not written: %s", len(running), reply)
 
 
 def _answered(item: Taken) -> bool:
@@ -275,6 +303,16 @@ class Reservations:
         #: code runs (``run`` None).
         self.isolated: collections.deque[Taken] = collections.deque()
         self._next_expiry = 0.0
+
+    def unrecorded(self) -> list[Taken]:
+        """The jobs claimed :data:`RECORD_AFTER_S` ago or more, still held, with no RQ execution records.
+
+        A turn records them (:data:`~hybridq.worker.batch_scripts.RECORD`): a job ending sooner,
+        as most do, never has them written and deleted. By age, not by turns: a loaded process's
+        next turn can come before its threads even started the jobs of the last one.
+        """
+        due = time.monotonic() - RECORD_AFTER_S
+        return [i for i in self.held if 0 < i.claimed_at <= due and not i.recorded and i.exec_id]
 
     def expire(self) -> None:
         """Give back the reservations that waited half a lease (looked at twice a second).

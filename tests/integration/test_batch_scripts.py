@@ -29,7 +29,7 @@ from hybridq.worker.keeper import Channel
 from hybridq.worker.perform import FRESH_S, Performer
 from hybridq.worker.run import conclude, release
 from hybridq.worker.runner import Runner, Taken
-from hybridq.worker.starter import Starter
+from hybridq.worker.starter import RECORD_AFTER_S, Reservations, Starter
 from rq.serializers import JSONSerializer
 
 QUEUE = "batch"
@@ -67,15 +67,15 @@ def take(client: redis.Redis, n: int) -> list[Taken]:
     return [item for item in items if item is not None]
 
 
-def take_one(server: RedisServer) -> tuple[redis.Redis, list[Taken]]:
-    """A client of ``server``, and the one job pushed there, taken."""
-    push(server.url, 1)
+def take_one(server: RedisServer, n: int = 1) -> tuple[redis.Redis, list[Taken]]:
+    """A client of ``server``, and the one job (or ``n``) pushed there, taken."""
+    push(server.url, n)
     client = server.client()
-    return client, take(client, 1)
+    return client, take(client, n)
 
 
 def start_args(items: list[Taken]) -> list[Any]:
-    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z", time.time(), 120]
+    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z"]
     for i, item in enumerate(items):
         item.exec_id = f"e{i}"
         item.started = time.time()
@@ -90,7 +90,7 @@ def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
         keys_, call = item.run.finish
         good = ok is None or ok[n]
         args += [item.job_id, QUEUE, item.exec_id, item.started, "1" if good else "0", 500, "", ""]
-        args += [*keys_, *call, *[""] * (5 - len(call))]
+        args += [*keys_, *call, *[""] * (5 - len(call)), "1" if item.recorded else "0"]
     return args
 
 
@@ -107,7 +107,12 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert [r[0] for r in again] == [0, 0, 0], "a claim that ran finds the lease its own"
     assert client.llen(keys.rq_intermediate(QUEUE)) == 0
     started = rq.registry.StartedJobRegistry(QUEUE, connection=client)
+    assert started.get_job_ids() == [], "RQ's execution records: at the next turn, if still running"
+    record = batch_scripts.record_args("w1", items, 120)
+    assert scripts.call(client, batch_scripts.RECORD, [], record) == 3
+    assert scripts.call(client, batch_scripts.RECORD, [], record) == 3, "sent again: the same records"
     assert sorted(started.get_job_ids()) == sorted(ids)
+    assert client.smembers("rq:worker:w1:executions") == {f"{i.job_id}:{i.exec_id}".encode() for i in items}
     client.script_flush()  # Redis restarted without losing data: NOSCRIPT is answered by loading it
     args = end_args(items)
     assert scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
@@ -118,7 +123,78 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
         job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
         assert job.get_status() == "finished"
     assert started.get_job_ids() == []
+    assert not client.keys("rq:execution*"), "every execution's records removed"
+    assert not client.exists("rq:worker:w1:executions")
     assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
+    redis_server: RedisServer,
+) -> None:
+    """RQ's execution records are written only for a job still running a turn after its start.
+
+    Most jobs end before their process's next turn: writing the execution hash, its set, the
+    started registry's entry and the worker's set at the start, and deleting them at the end,
+    was ten of about forty commands per job. RQ's view of the job itself is unchanged.
+    """
+    client, items = take_one(redis_server, 3)
+    ids = [item.job_id for item in items]
+    client.config_resetstat()
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    scripts.call(client, batch_scripts.END, [], end_args(items))
+    stats = client.info("commandstats")
+    counted = ("zadd", "sadd", "srem", "zrem", "exists", "hexists")
+    calls = {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in counted}
+    assert calls == {"zadd": 3, "sadd": 0, "srem": 0, "zrem": 0, "exists": 0, "hexists": 0}, (
+        "one ZADD per job (its finished registry); the job hash read once at the start"
+    )
+    assert stats["cmdstat_hmget"]["calls"] == 3, "START's one read of each job hash"
+    assert not client.keys("rq:execution*")
+    for job_id in ids:
+        job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+        assert job.get_status() == "finished"
+        assert job.worker_name == "w1"
+        assert job.latest_result() is not None, "its result in RQ's results stream"
+    assert sorted(rq.registry.FinishedJobRegistry(QUEUE, connection=client).get_job_ids()) == sorted(ids)
+    assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+
+
+def test_start_reads_the_cancel_mark_and_writes_the_run_started_in_rqs_hash(
+    redis_server: RedisServer,
+) -> None:
+    """START's claim: a cancelled job runs nothing; a new claim's hybridq_started, a refused one's none."""
+    client, items = take_one(redis_server, 3)
+    ids = [item.job_id for item in items]
+    client.hset(keys.rq_job(ids[1]), "hybridq_cancel", "1")
+    client.set(items[2].run.claim_keys[1], "another-token")  # another delivery holds the key
+    replies = scripts.call(client, batch_scripts.START, [], start_args(items))
+    assert [int(r[0]) for r in replies] == [0, 5, 3]
+    started = [client.hget(keys.rq_job(job_id), "hybridq_started") for job_id in ids]
+    assert started == [b"1", None, None], "only a new claim counts as an attempt (requeue 0, attempt 1)"
+    assert [client.hget(keys.rq_job(job_id), "status") for job_id in ids] == [b"started"] * 3
+    assert client.llen(keys.rq_intermediate(QUEUE)) == 0
+
+
+def test_a_turn_records_only_the_jobs_claimed_a_while_ago_and_not_recorded() -> None:
+    """By age, not by turns: a loaded process's next turn may come before its threads start a job."""
+    now = time.monotonic()
+    reserved = Reservations(None, None)  # type: ignore[arg-type]  # (neither is used here)
+    fresh = Taken("fresh", QUEUE, exec_id="e1", claimed_at=now)
+    due = Taken("due", QUEUE, exec_id="e2", claimed_at=now - RECORD_AFTER_S - 0.01)
+    recorded = Taken("recorded", QUEUE, exec_id="e3", claimed_at=now - 1.0, recorded=True)
+    reserved_only = Taken("reserved", QUEUE)  # taken ahead, not claimed
+    reserved.held.update({fresh, due, recorded, reserved_only})
+    assert reserved.unrecorded() == [due]
+
+
+def test_a_job_purged_before_its_record_gets_no_execution_records(redis_server: RedisServer) -> None:
+    """RECORD writes nothing for a job whose hash no longer names that execution (ended, purged)."""
+    client, items = take_one(redis_server)
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    client.delete(keys.rq_job(items[0].job_id))  # a refill purged it
+    assert scripts.call(client, batch_scripts.RECORD, [], batch_scripts.record_args("w1", items, 120)) == 0
+    assert not client.keys("rq:execution*")
+    assert rq.registry.StartedJobRegistry(QUEUE, connection=client).get_job_ids() == []
 
 
 def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: RedisServer) -> None:

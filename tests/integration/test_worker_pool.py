@@ -282,7 +282,8 @@ def test_rq_sees_pool_jobs_as_its_own_and_plain_rq_jobs_share_the_queue(
     wait_line(effects, "start", "slow")
     with redis_client(redis_server) as client:
         started = rq.registry.StartedJobRegistry("default", connection=client)
-        assert started.get_job_ids() == [slow]
+        # Its execution's records: at its process's next turn (at most about 0.5 s after the start).
+        wait_until(lambda: started.get_job_ids() == [slow], timeout=5, what="the started registry")
         job = rq.job.Job.fetch(slow, connection=client, serializer=JSONSerializer)
         assert job.get_status() == "started"
         assert job.worker_name
