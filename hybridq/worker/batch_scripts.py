@@ -95,7 +95,7 @@ TAKE_FIELDS = (
 
 # KEYS: the queues' lists, in the order they are served. ARGV: most jobs to take, RQ's key
 # prefix, then TAKE_FIELDS. Returns {id, queue index, {fields}} per job taken. An id whose job
-# hash is gone is dropped (as RQ's dequeue drops it).
+# hash is gone (or is not a hash) is dropped (as RQ's dequeue drops it).
 TAKE = """
 local want = tonumber(ARGV[1])
 local taken = {}
@@ -103,16 +103,21 @@ for q, queue in ipairs(KEYS) do
     if want <= 0 then break end
     local ids = redis.call("LPOP", queue, want)
     if ids then
-        local kept = {}
+        -- Into the intermediate list first, in parts (Lua's unpack has a limit): an error after
+        -- this leaves them there, where the forwarder finds them stranded, never in no list.
+        local intermediate = queue .. ":intermediate"
+        for i = 1, #ids, 1000 do
+            redis.call("RPUSH", intermediate, unpack(ids, i, math.min(i + 999, #ids)))
+        end
         for _, id in ipairs(ids) do
-            local f = redis.call("HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
-            if f[1] then
-                kept[#kept + 1] = id
+            local ok, f = pcall(redis.call, "HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
+            if ok and f[1] then
                 taken[#taken + 1] = {id, q, f}
                 want = want - 1
+            else  -- gone, or a key of another type (not a job): dropped, as RQ's dequeue drops it
+                redis.call("LREM", intermediate, -1, id)
             end
         end
-        if #kept > 0 then redis.call("RPUSH", queue .. ":intermediate", unpack(kept)) end  -- one call
     end
 end
 return taken

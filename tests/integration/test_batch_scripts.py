@@ -197,6 +197,36 @@ def test_a_job_purged_before_its_record_gets_no_execution_records(redis_server: 
     assert rq.registry.StartedJobRegistry(QUEUE, connection=client).get_job_ids() == []
 
 
+def test_a_job_key_of_another_type_in_a_take_loses_no_other_job(redis_server: RedisServer) -> None:
+    """A key at a job's place that is not a hash (anyone with Redis access can write one) is
+    dropped from the take; the jobs popped with it are taken, and none leaves both lists."""
+    push(redis_server.url, 3)
+    client = redis_server.client()
+    client.set(f"{keys.RQ_PREFIX}:job:bad", "x")
+    client.lpush(keys.rq_queue(QUEUE), "bad")  # first: the script's error came before the others
+    items = take(client, 10)
+    assert len(items) == 3
+    intermediate = {i.decode() for i in client.lrange(keys.rq_queue(QUEUE) + ":intermediate", 0, -1)}
+    assert intermediate == {item.job_id for item in items}
+    assert client.llen(keys.rq_queue(QUEUE)) == 0
+
+
+def test_a_take_larger_than_luas_unpack_limit_keeps_every_job(redis_server: RedisServer) -> None:
+    """Lua's unpack takes at most ~8,000 values: a take of more pushes them in parts."""
+    client = redis_server.client()
+    ids = [f"big{i}" for i in range(9000)]
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hset(f"{keys.RQ_PREFIX}:job:{job_id}", mapping={"data": "x", "status": "queued"})
+        pipe.rpush(keys.rq_queue(QUEUE), *ids)
+        pipe.execute()
+    taken = scripts.call(
+        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [9000, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
+    )
+    assert len(taken) == 9000
+    assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 9000
+
+
 def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: RedisServer) -> None:
     """RQ's worker counters (rq info, rq-dashboard): one increment per job, sent twice or not."""
     push(redis_server.url, 4)
