@@ -179,7 +179,11 @@ local function start(i)
             ARGV[i + 15]},
         server, known)
     -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
-    if known.started then
+    -- A copy that found another delivery running the job (BUSY) names no execution: RQ's
+    -- ending stays that run's to write, whether or not this copy ever ends.
+    if reply[1] == 3 then
+        redis.call("HSET", job, "status", "started")
+    elseif known.started then
         redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
             "worker_name", name, "hybridq_exec", exec, "hybridq_started", known.started)
     else

@@ -20,7 +20,8 @@ import pytest
 import redis
 import rq
 from hybridq.envelope.model import Envelope, new_job_id
-from hybridq.protocol import Delivery, keys
+from hybridq.protocol import ClaimStatus, Delivery, keys
+from hybridq.protocol.enums import Overwrite
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import batch_scripts, lease, perform, scripts
@@ -225,6 +226,32 @@ def test_a_take_larger_than_luas_unpack_limit_keeps_every_job(redis_server: Redi
     )
     assert len(taken) == 9000
     assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 9000
+
+
+def test_a_copy_that_finds_its_job_busy_leaves_rqs_view_to_the_run_holding_it(
+    redis_server: RedisServer,
+) -> None:
+    """A job delivered again while it runs: the copy's START (BUSY) takes nothing of RQ's view,
+    so the running delivery's END writes its ending even if the copy never ends (its process left
+    while it waited)."""
+    [job_id] = push(redis_server.url, 1)
+    client = redis_server.client()
+    first = take(client, 1)
+    transport = RQTransport(redis_server.url)
+    try:  # the same run pushed again (a reservation thought stranded)
+        transport.push([Delivery(first[0].run.d.envelope, OWNER, ("w", 0, 0), overwrite=Overwrite.ALWAYS)])
+    finally:
+        transport.close()
+    assert scripts.call(client, batch_scripts.START, [], start_args(first))[0][0] == ClaimStatus.CLAIMED
+    second = take(client, 1)
+    args = start_args(second)
+    args[args.index(second[0].exec_id)] = "copy"
+    second[0].exec_id = "copy"
+    assert scripts.call(client, batch_scripts.START, [], args)[0][0] == ClaimStatus.BUSY
+    scripts.call(client, batch_scripts.END, [], end_args(first))
+    job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+    assert job.get_status() == "finished"
+    assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 0
 
 
 def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: RedisServer) -> None:
