@@ -1,11 +1,9 @@
 """The pool worker's batched Redis calls: take, start + claim, and end, each for many jobs at once.
 
-A pool worker (:mod:`hybridq.worker.engine`) makes three script calls, in two round trips, per
-*batch* of jobs where RQ's worker makes about a dozen round trips per job. Each script does, for
-every job of its batch, what RQ's own worker writes (so ``rq info``, rq-dashboard and RQ's registries show the
-jobs as RQ would: queued, started with an execution, finished or failed with a result) and what
-hybridq's single-job scripts do (:mod:`hybridq.worker.scripts`: the claim and the outcome are the
-same Lua functions, so their rules cannot drift apart):
+A pool worker (:mod:`hybridq.worker.engine`) makes a few script calls per *batch* of jobs where
+RQ's worker makes about a dozen round trips per job. Each does, per job, what RQ's own worker
+writes (``rq info``, rq-dashboard and RQ's registries show the jobs as RQ would) and what
+hybridq's single-job scripts do (:mod:`hybridq.worker.scripts`: the same Lua claim and outcome):
 
 * :data:`TAKE`: move up to N job ids from the queues into RQ's intermediate lists (what RQ's
   ``LMOVE`` dequeue does, one id at a time) and return their hashes' fields. A worker killed
@@ -23,9 +21,8 @@ same Lua functions, so their rules cannot drift apart):
   hybridq's part recognises its token, RQ's part runs only while the job hash names the
   execution it ends.
 
-Every job's part is independent of the others': one job's failure is never another's. The
-helpers below build the scripts' arguments (:func:`start_args`, :func:`end_args`), wait for a
-job on an idle queue (:func:`wait_one`) and extend running jobs' executions (:func:`keep_alive`).
+Every job's part is independent of the others'. The helpers below build the arguments, wait on
+an idle queue (:func:`wait_one`) and extend running jobs' executions (:func:`keep_alive`).
 """
 
 from __future__ import annotations
