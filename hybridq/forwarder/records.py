@@ -17,7 +17,15 @@ from hybridq.ledger.checkpoint import Held
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc
 
-__all__ = ["HeldReads", "decode_job", "envelope_at", "first_delivery", "read_held", "row_delivery"]
+__all__ = [
+    "MAX_OPEN_SEGMENTS",
+    "HeldReads",
+    "decode_job",
+    "envelope_at",
+    "first_delivery",
+    "read_held",
+    "row_delivery",
+]
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -53,6 +61,11 @@ def read_held(state: ForwarderState, held: Held) -> Envelope | None:
         return reads.read(held)
 
 
+#: Segments a :class:`HeldReads` keeps open at once (the least recently read is closed first):
+#: due delayed jobs can come from as many segments as producer processes wrote them.
+MAX_OPEN_SEGMENTS = 16
+
+
 class HeldReads:
     """:func:`read_held` for many entries: each segment checked, opened and its header read once.
 
@@ -79,9 +92,12 @@ class HeldReads:
             log.warning("held job %s: its record is gone (dropped by recovery or repair)", held.job_id)
             return None
         try:
-            seg = self._files.get(segment)
+            seg = self._files.pop(segment, None)  # back in last: the most recently read
             if seg is None:
-                seg = self._files[segment] = SegmentFile(journal, *segment)
+                if len(self._files) >= MAX_OPEN_SEGMENTS:
+                    self._files.pop(next(iter(self._files))).close()
+                seg = SegmentFile(journal, *segment)
+            self._files[segment] = seg
             record = seg.read(held.offset)
         except FileNotFoundError:
             log.warning("held job %s: its segment is gone (moved aside by journal repair)", held.job_id)

@@ -305,9 +305,11 @@ class SegmentFile:
         self._fd = fileops.open(self.path, os.O_RDONLY)
         try:
             header = decode_segment_header(os.pread(self._fd, FILE_HEADER_SIZE, 0))
-        except HeaderError as exc:
-            fileops.close(self._fd)
-            raise JournalCorruption(self.path, 0, str(exc)) from None
+        except BaseException as exc:
+            fileops.close(self._fd)  # an I/O error too: nothing is left open
+            if isinstance(exc, HeaderError):
+                raise JournalCorruption(self.path, 0, str(exc)) from None
+            raise
         self._seed = salt_seed(header.salt)
 
     def read(self, offset: int) -> Record:

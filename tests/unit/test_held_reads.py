@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,10 +10,12 @@ from typing import Any
 
 import pytest
 from hybridq import Queue
-from hybridq.forwarder.records import HeldReads, read_held
-from hybridq.journal.reader import JournalReader
+from hybridq.forwarder.records import MAX_OPEN_SEGMENTS, HeldReads, read_held
+from hybridq.journal import reader
+from hybridq.journal.reader import JournalReader, read_record_at
 from hybridq.ledger.checkpoint import Held
 from hybridq.producer.queue import shared_writer
+from hybridq.producer.writers import _close_writers
 
 
 def held_at(record: Any) -> Held:
@@ -43,3 +46,44 @@ def test_held_reads_give_what_read_held_gives_and_skip_a_segment_gone(
     monkeypatch.undo()
     assert [e.id for e in envs if e is not None] == ids[::-1]
     assert [read_held(state, held_at(r)) for r in records] == envs[::-1]
+
+
+def test_held_reads_keep_a_few_segments_open_not_one_per_segment(journal_dir: Path) -> None:
+    """Due delayed jobs of many producers' chains (one segment each) read in one pass: a file per
+    segment held to the end ran out of descriptors (EMFILE stopped the forwarder at every start)."""
+    q = Queue("default", str(journal_dir))
+    for i in range(3 * MAX_OPEN_SEGMENTS):  # each producer process a chain of its own
+        q.enqueue("tests.tasks.add", 1, i)
+        _close_writers()  # the process exits: the next one starts a chain of its own
+    records = list(JournalReader(str(journal_dir)).records())
+    assert len({(r.writer_id, r.segment_index) for r in records}) == 3 * MAX_OPEN_SEGMENTS
+    state: Any = SimpleNamespace(journal=str(journal_dir))
+    before = len(os.listdir("/proc/self/fd"))
+    with HeldReads(state) as reads:
+        for record in records:
+            assert reads.read(held_at(record)) is not None
+            assert len(os.listdir("/proc/self/fd")) <= before + MAX_OPEN_SEGMENTS
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_segment_whose_header_cannot_be_read_leaves_no_file_open(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = Queue("default", str(journal_dir))
+    q.enqueue("tests.tasks.add", 1, 2)
+    shared_writer(q.journal, q.durability).close()
+    record = next(iter(JournalReader(str(journal_dir)).records()))
+    real = os.pread
+
+    def eio(fd: int, n: int, offset: int) -> bytes:
+        if offset == 0:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(reader.os, "pread", eio)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(OSError):
+            read_record_at(str(journal_dir), record.writer_id, record.segment_index, record.offset)
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) == before
