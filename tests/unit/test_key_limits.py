@@ -257,6 +257,30 @@ def test_a_keys_first_sight_reads_its_room_with_its_chunk_not_through_the_run_ta
         f.close()
 
 
+def test_jobs_read_behind_a_full_window_have_their_keys_read_once_by_the_refill_not_also_at_the_read(
+    journal_dir: Path,
+) -> None:
+    from hybridq import Queue
+    from hybridq.forwarder import Forwarder
+
+    from tests import tasks
+
+    q = Queue("default", journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i], limit_key=f"t:{i}") for i in range(300))
+    transport = WindowedUses({})
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100, limits=["t:*=concurrency:3"])
+    f.open()
+    try:
+        f.step()
+        reads = Counter(k for periods, _ in transport.calls for k in periods)
+        pushed = set(transport.pushed_keys)
+        assert len(pushed) == 100, "the window's 100"
+        assert set(reads) == pushed, "only the keys of jobs that could go were read (before: all 300)"
+        assert set(reads.values()) == {1}
+    finally:
+        f.close()
+
+
 def test_after_redis_lost_its_state_no_room_is_trusted_until_read_again() -> None:
     transport = Uses({})
     gate = KeyLimits(parse_limits(["t:*=concurrency:5"]), transport, lease_s=2.0)
