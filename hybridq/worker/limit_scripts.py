@@ -129,7 +129,9 @@ local function limit_hold(lim, token, lease_ms, job, server)
 end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
 local function limit_renew(lim, token, lease_ms, ended, server)
-    if ended or redis.call("ZSCORE", lim.ended, token) then return false end
+    if ended then return false end
+    local was = redis.pcall("ZSCORE", lim.ended, token)  -- (of another type: not known to have ended)
+    if was and type(was) ~= "table" then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
@@ -144,8 +146,10 @@ local function limit_end(token, kept)
     if not lim then return end
     redis.call("ZREM", lim.run, token)
     local now = limit_now({{}})
-    redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
-    redis.call("ZADD", lim.ended, now + (kept and 3600000 or 60000), token)
+    -- One key for every limit key: written by anything else (another type), it fails only
+    -- itself (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
+    redis.pcall("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
+    redis.pcall("ZADD", lim.ended, now + (kept and 3600000 or 60000), token)
     redis.call("PEXPIRE", lim.ended, 3600000)  -- (as long as the longest a run is kept)
 end
 """

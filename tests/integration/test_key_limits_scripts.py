@@ -305,3 +305,18 @@ def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_ag
     conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
     assert claim(conn, holder)[0] == ClaimStatus.CLAIMED, "the slot is its own: admitted again"
     assert claim(conn, token("1,0,0,tenant:e3"))[0] != ClaimStatus.CLAIMED, "another run: over the limit"
+
+
+def test_an_ended_set_of_another_type_fails_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
+    # One key for every limit key: written by something else, it must not fail every limited
+    # run's outcome (the per-key set it replaced could fail only its own key's).
+    settled(conn)
+    conn.set(keys.LIMITS_ENDED, "not a sorted set")
+    run = token("1,0,0,tenant:odd-ended")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run)
+    assert claim(conn, token("1,0,0,tenant:odd-ended"))[0] == ClaimStatus.CLAIMED, "its slot was freed"
+    job_id = run.split("/", 1)[0]
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    # A later run's outcome replaced its own: only the ended set could say this run ended.
+    assert renew(conn, run) & 4 == 4, "not known to have ended: the slot is held again (one run fewer)"
