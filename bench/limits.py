@@ -39,6 +39,8 @@ from hybridq.testing.embedded import RedisServer
 
 LIMIT = "k:*=concurrency:1000000"
 PARTS = ("forwarder", "worker", "redis")
+#: The measurements (``--only`` picks some).
+WHATS = ("admission 10000 keys", "burn 10 keys", "burn 10000 keys")
 #: CPU seconds per measurement and part ("forwarder", "worker", "redis"): on a machine shared
 #: with other work the wall-clock ratios swing, the CPU each part used much less.
 CPU: dict[str, list[dict[str, float]]] = {}
@@ -179,6 +181,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run (small N, 1 repetition)")
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("-n", type=int, default=None, help="jobs per measurement (default 20,000)")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=WHATS,
+        help="run only this measurement (repeatable; default: all three)",
+    )
     args = p.parse_args(argv)
     n = args.n or (2000 if args.quick else 20_000)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -187,23 +195,27 @@ def main(argv: list[str]) -> int:
     server.start()
     try:
         cfg = Config(url=server.url, server=server, base=base, n={}, max_seconds=300.0)
+        whats = [w for w in WHATS if w in (args.only or WHATS)]
         rows: dict[str, list[float]] = {}
         for rep in range(repeat):
             order = [False, True] if rep % 2 == 0 else [True, False]
             for limited in order:
                 tag = "limits" if limited else "none"
-                rows.setdefault(f"admission 10000 keys {tag}", []).append(
-                    admission(server, base, n, 10_000, limited=limited)
-                )
+                if "admission 10000 keys" in whats:
+                    rows.setdefault(f"admission 10000 keys {tag}", []).append(
+                        admission(server, base, n, 10_000, limited=limited)
+                    )
                 for keys in (10, 10_000):
-                    rows.setdefault(f"burn {keys} keys {tag}", []).append(burn(cfg, n, keys, limited=limited))
+                    if f"burn {keys} keys" in whats:
+                        took = burn(cfg, n, keys, limited=limited)
+                        rows.setdefault(f"burn {keys} keys {tag}", []).append(took)
         print(f"bench-limits: n={n} repeat={repeat} python {sys.version.split()[0]} cpus {os.cpu_count()}")
         for name, values in rows.items():
             med = statistics.median(values)
             print(
                 f"{name:32} {n / med:10,.0f} jobs/s  median {med:7.3f} s  ({', '.join(f'{v:.3f}' for v in values)})"
             )
-        for what in ("admission 10000 keys", "burn 10 keys", "burn 10000 keys"):
+        for what in whats:
             lims, nones = rows[f"{what} limits"], rows[f"{what} none"]
             per_rep = sorted(none / lim for lim, none in zip(lims, nones, strict=True))
             lim, none = statistics.median(lims), statistics.median(nones)
@@ -211,7 +223,7 @@ def main(argv: list[str]) -> int:
             spread = f"per repetition {per_rep[0]:.3f}..{per_rep[-1]:.3f}x, median {statistics.median(per_rep):.3f}x"
             print(f"{what}: with limits / without = {none / lim:.3f}x throughput ({spread}){extra}")
         print("CPU per job, medians (us): forwarder, worker, Redis")
-        for what in ("admission 10000 keys", "burn 10 keys", "burn 10000 keys"):
+        for what in whats:
             med = {
                 tag: {
                     part: statistics.median(c.get(part, 0.0) for c in CPU[f"{what} {tag}"]) / n * 1e6

@@ -127,6 +127,24 @@ class Backlog:
         """The key gate reads, in one call, the keys of jobs about to be decided it never read."""
         self.selector.prefetch(keys)
 
+    def prefetch_read(self, jobs: Iterable[tuple[str, str | None]]) -> None:
+        """:meth:`prefetch` for jobs just read (``(queue, limit key)``) that may go straight to Redis.
+
+        As many of each queue as its room, none of a queue with jobs waiting on disk: the others
+        go to the run table, and their keys are read with the refill's chunk they are pushed in
+        (a key read here too was read twice: with a backlog, about one read more per job).
+        """
+        rooms: dict[str, int] = {}
+        keys = []
+        for queue, key in jobs:
+            room = rooms.get(queue)
+            if room is None:
+                room = 0 if self.runs.waiting(queue) else self.room(queue)
+            rooms[queue] = room - 1
+            if room > 0 and key:
+                keys.append(key)
+        self.prefetch(keys)
+
     def begin(self) -> None:
         """A new batch of reads: the key gate is asked again (what :meth:`take` counted is dropped)."""
         self.selector.begin()

@@ -141,10 +141,10 @@ class Deliverer:
     def _split(self, ready: list[tuple[Envelope, Loc]]) -> tuple[list[Delivery], list[Row]]:
         """Those of ``ready`` (in read order) that go to Redis now, and those that wait on disk.
 
-        The key gate reads the limit keys it never read first, in one call: a key's first
-        sight does not send its jobs through the run table.
+        The key gate reads the limit keys it never read of the jobs that may go now first, in
+        one call: a key's first sight does not send its jobs through the run table.
         """
-        self.backlog.prefetch(env.limit_key for env, _ in ready)
+        self.backlog.prefetch_read((env.queue, env.limit_key) for env, _ in ready)
         batch: list[Delivery] = []
         spill: list[Row] = []
         for env, loc in ready:

@@ -112,13 +112,14 @@ class Snapshot:
         )
 
     def to_bytes(self) -> bytes:
-        """JSON."""
+        """JSON (``limit_keys`` last: its text is reused while it is the same object)."""
         body = {
             "v": 1,
-            **{k: v for k, v in self.__dict__.items() if k != "positions"},
+            **{k: v for k, v in self.__dict__.items() if k not in ("positions", "limit_keys")},
             "positions": {w: p.to_json() for w, p in self.positions.items()},
         }
-        return json.dumps(body, separators=(",", ":")).encode()
+        head = json.dumps(body, separators=(",", ":"))
+        return f'{head[:-1]},"limit_keys":{_limit_keys_json(self.limit_keys)}}}'.encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Snapshot:
@@ -128,6 +129,26 @@ class Snapshot:
             raise ValueError("unknown snapshot version")
         body["positions"] = {w: ChainPosition.from_json(p) for w, p in body["positions"].items()}
         return cls(**body)
+
+
+#: The last ``limit_keys`` encoded and its JSON text (see :func:`_limit_keys_json`).
+_last_limit_keys: tuple[object, str] = (None, "{}")
+
+
+def _limit_keys_json(figures: dict[str, dict[str, Any]]) -> str:
+    """``figures`` as JSON, the text of the last call reused when given the same object again.
+
+    The forwarder's key gate gives the same figures object for up to a second (it never changes
+    one it gave): with 500 keys their JSON, made again at each of a burn's saves, cost about 4%
+    of the forwarder's time.
+    """
+    global _last_limit_keys  # a one-entry cache, replaced whole (any thread)
+    last = _last_limit_keys
+    if last[0] is figures:
+        return last[1]
+    text = json.dumps(figures, separators=(",", ":"))
+    _last_limit_keys = (figures, text)
+    return text
 
 
 def save_snapshot(journal: str, snapshot: Snapshot) -> None:

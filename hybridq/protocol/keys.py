@@ -24,10 +24,11 @@ hybridq's own keys:
   publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
   ``hybridq status --all``. Display only: anyone who can write to Redis can write them
   (docs/security.md), so nothing decides anything from them.
-* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``:ended`` and
+* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``hybridq:limit:ended`` and
   ``hybridq:limits:epoch`` -- the per-key limits' state: the runs holding a slot, the starts of
-  the last period, the jobs pushed and not yet claimed, and since when this server holds that
-  state (:mod:`hybridq.worker.limit_scripts` says what each holds).
+  the last period, the jobs pushed and not yet claimed, the runs that ended (every key's), and
+  since when this server holds that state (:mod:`hybridq.worker.limit_scripts` says what each
+  holds).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import os
 import re
 
 __all__ = [
+    "LIMITS_ENDED",
     "LIMITS_EPOCH",
     "LIMIT_PREFIX",
     "NODE_REPLY_PREFIX",
@@ -65,6 +67,9 @@ PREFIX = "hybridq:"
 LIMIT_PREFIX = PREFIX + "limit:"
 #: When the limits' state began on this Redis (``<ms>:<run_id>``).
 LIMITS_EPOCH = PREFIX + "limits:epoch"
+#: The runs of every limit key whose outcome was recorded, for a minute (one sorted set: not a
+#: set created and dropped per key; no limit key's part has this name, they all have a ``:``).
+LIMITS_ENDED = LIMIT_PREFIX + "ended"
 
 #: RQ's key prefix, as ``rq.defaults`` reads it (this module must not import rq: producers use
 #: it): a worker and a forwarder started with the same ``RQ_KEY_PREFIX`` meet in the same keys.

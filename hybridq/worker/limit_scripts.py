@@ -18,12 +18,16 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
   be below zero for a moment. It expires two leases after its last change: a backstop for
-  copies that leave Redis another way (evicted, purged by a refill after a restart);
-* ``ended``: runs whose outcome was recorded, for a minute (an hour for those whose outcome
-  script kept another run's success: their stored outcome is not theirs): a renewal sent
-  before the outcome and run after it must not take the slot back, also once a later run's
-  outcome replaced this run's (member: the token, score: when it goes, ms). A renewal held up
-  longer than that, or run after a FLUSHALL emptied it, takes the slot back for one lease;
+  copies that leave Redis another way (evicted, purged by a refill after a restart).
+
+``hybridq:limit:ended``, one sorted set for every key (not one per key: with a key per tenant
+and a few jobs each, each job's outcome created one and its expiry dropped it), holds the runs
+whose outcome was recorded, for a minute (an hour for those whose outcome script kept another
+run's success: their stored outcome is not theirs): a renewal sent before the outcome and run
+after it must not take the slot back, also once a later run's outcome replaced this run's
+(member: the token, which names the key; score: when it goes, ms). Each outcome trims what is
+due and keeps the set an hour from then. A renewal held up longer than that, or run after a
+FLUSHALL emptied it, takes the slot back for one lease.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -35,6 +39,7 @@ it back. Only then do the counts mean what they say: no burst after a loss of st
 from __future__ import annotations
 
 from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
+from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 
 __all__ = ["LIMIT_LUA"]
@@ -50,7 +55,7 @@ local function limit_of(token)
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = at .. "starts", queued = at .. "queued", ended = at .. "ended"}}
+        starts = at .. "starts", queued = at .. "queued", ended = "{ENDED_KEY}"}}
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
@@ -83,18 +88,21 @@ local function limit_admit(lim, token, lease_ms, server)
     local now = limit_now(server)
     local since = limit_epoch(now, server)
     redis.call("ZREMRANGEBYSCORE", lim.run, "-inf", now)
-    if redis.call("ZSCORE", lim.run, token) then
-        return nil  -- this very run holds the slot already (a claim sent again)
-    end
+    local why = nil
     local quiet = tonumber(lease_ms)
     if lim.r > 0 and lim.p > quiet then quiet = lim.p end
-    if now < since + quiet then return "limited: quarantine after Redis lost state" end
-    if lim.c > 0 and redis.call("ZCARD", lim.run) >= lim.c then return "limited: concurrency" end
-    if lim.r > 0 then
+    if now < since + quiet then
+        why = "limited: quarantine after Redis lost state"
+    elseif lim.c > 0 and redis.call("ZCARD", lim.run) >= lim.c then
+        why = "limited: concurrency"
+    elseif lim.r > 0 then
         redis.call("ZREMRANGEBYSCORE", lim.starts, "-inf", now - lim.p)
-        if redis.call("ZCARD", lim.starts) >= lim.r then return "limited: rate" end
+        if redis.call("ZCARD", lim.starts) >= lim.r then why = "limited: rate" end
     end
-    return nil
+    -- This very run holds the slot already (a claim sent again): admitted. Asked only of a
+    -- refusal: an admitted run's hold finds it the same way (ZADD: not new).
+    if why and redis.call("ZSCORE", lim.run, token) then return nil end
+    return why
 end
 -- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
@@ -121,7 +129,9 @@ local function limit_hold(lim, token, lease_ms, job, server)
 end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
 local function limit_renew(lim, token, lease_ms, ended, server)
-    if ended or redis.call("ZSCORE", lim.ended, token) then return false end
+    if ended then return false end
+    local was = redis.pcall("ZSCORE", lim.ended, token)  -- (of another type: not known to have ended)
+    if was and type(was) ~= "table" then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
@@ -136,9 +146,10 @@ local function limit_end(token, kept)
     if not lim then return end
     redis.call("ZREM", lim.run, token)
     local now = limit_now({{}})
-    local keep_ms = kept and 3600000 or 60000
-    redis.call("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
-    redis.call("ZADD", lim.ended, now + keep_ms, token)
-    if redis.call("PTTL", lim.ended) < keep_ms then redis.call("PEXPIRE", lim.ended, keep_ms) end
+    -- One key for every limit key: written by anything else (another type), it fails only
+    -- itself (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
+    redis.pcall("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
+    redis.pcall("ZADD", lim.ended, now + (kept and 3600000 or 60000), token)
+    redis.call("PEXPIRE", lim.ended, 3600000)  -- (as long as the longest a run is kept)
 end
 """

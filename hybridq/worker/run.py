@@ -293,8 +293,7 @@ class Run:
             event = StartedEvent.of(d, time.time())
             claim_keys.append(keys.events(d.owner))
             claim_args += [
-                signed_started(d.owner, event) if started else "",
-                signed_started(d.owner, event, refused=True) if d.limit else "",
+                *signed_started(d.owner, event, started=started, refused=bool(d.limit)),
             ]
         return cls(raw, d, token, claim_keys, claim_args, func)
 

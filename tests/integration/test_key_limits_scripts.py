@@ -277,3 +277,46 @@ def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_
     conn.set(keys.result(job_id), failed.replace(run, later).replace('"attempt":1', '"attempt":2'))
     assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
     assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED
+
+
+def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_again_is_admitted(
+    conn: redis.Redis,
+) -> None:
+    # One set for every key (with a key per tenant and a job or two each, a set per key was
+    # created at one outcome and dropped by its expiry). A run admitted, whose claim is refused
+    # by a full key, and then made again by its holder, is admitted: the holder check is made
+    # only when a refusal would be given.
+    settled(conn)
+    runs = []
+    for key in ("tenant:e1", "tenant:e2"):
+        job_id = new_job_id(time.time())
+        run = f"{job_id}/1/host-1/aaaa#L1,0,0,{key}"
+        assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+        done = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
+        scripts.finish(
+            conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, done, 60, "{}"]
+        )
+        runs.append(run)
+    assert set(conn.zrange(keys.LIMITS_ENDED, 0, -1)) == {r.encode() for r in runs}
+    assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")
+    assert 3_000_000 < conn.pttl(keys.LIMITS_ENDED) <= 3_600_000
+    holder = token("1,0,0,tenant:e3")
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
+    conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED, "the slot is its own: admitted again"
+    assert claim(conn, token("1,0,0,tenant:e3"))[0] != ClaimStatus.CLAIMED, "another run: over the limit"
+
+
+def test_an_ended_set_of_another_type_fails_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
+    # One key for every limit key: written by something else, it must not fail every limited
+    # run's outcome (the per-key set it replaced could fail only its own key's).
+    settled(conn)
+    conn.set(keys.LIMITS_ENDED, "not a sorted set")
+    run = token("1,0,0,tenant:odd-ended")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run)
+    assert claim(conn, token("1,0,0,tenant:odd-ended"))[0] == ClaimStatus.CLAIMED, "its slot was freed"
+    job_id = run.split("/", 1)[0]
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    # A later run's outcome replaced its own: only the ended set could say this run ended.
+    assert renew(conn, run) & 4 == 4, "not known to have ended: the slot is held again (one run fewer)"

@@ -12,6 +12,7 @@ from hybridq.errors import ConfigError
 from hybridq.forwarder import keylimits
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.lookup.stats import Snapshot
 from hybridq.protocol import Delivery
 from hybridq.protocol.keylimits import Limit, parse_limit, parse_limits
 from hybridq.testing.memory import MemoryTransport
@@ -256,6 +257,30 @@ def test_a_keys_first_sight_reads_its_room_with_its_chunk_not_through_the_run_ta
         f.close()
 
 
+def test_jobs_read_behind_a_full_window_have_their_keys_read_once_by_the_refill_not_also_at_the_read(
+    journal_dir: Path,
+) -> None:
+    from hybridq import Queue
+    from hybridq.forwarder import Forwarder
+
+    from tests import tasks
+
+    q = Queue("default", journal=journal_dir)
+    q.enqueue_many(q.prepare(tasks.add, [i, i], limit_key=f"t:{i}") for i in range(300))
+    transport = WindowedUses({})
+    f = Forwarder(journal_dir, transport, window_min=100, window_max=100, limits=["t:*=concurrency:3"])
+    f.open()
+    try:
+        f.step()
+        reads = Counter(k for periods, _ in transport.calls for k in periods)
+        pushed = set(transport.pushed_keys)
+        assert len(pushed) == 100, "the window's 100"
+        assert set(reads) == pushed, "only the keys of jobs that could go were read (before: all 300)"
+        assert set(reads.values()) == {1}
+    finally:
+        f.close()
+
+
 def test_after_redis_lost_its_state_no_room_is_trusted_until_read_again() -> None:
     transport = Uses({})
     gate = KeyLimits(parse_limits(["t:*=concurrency:5"]), transport, lease_s=2.0)
@@ -267,3 +292,38 @@ def test_after_redis_lost_its_state_no_room_is_trusted_until_read_again() -> Non
     gate.prefetch(["t:1"])
     assert gate.room("t:1") == 0
     assert [set(periods) for periods, _ in transport.calls] == [{"t:1"}, {"t:1"}]
+
+
+def test_the_figures_are_reused_for_a_second_unless_a_key_is_held_or_freed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transport = Uses({"t:1": KeyUse(0, 0, 0, 0.0), "t:2": KeyUse(0, 0, 0, 0.0)})
+    gate = KeyLimits(parse_limits(["t:*=concurrency:2"]), transport, lease_s=2.0)
+    gate.room("t:1")
+    assert gate.look(), "a first look is news"
+    first = gate.figures()
+    assert set(first) == {"t:1"}
+    gate.room("t:2")
+    assert not gate.look(), "a new key with room is not news at once"
+    assert gate.figures() is first, "the same figures within FRESH_S (their JSON is reused)"
+    monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
+    assert gate.look(), "a new key is news once the figures are older than FRESH_S"
+    assert set(gate.figures()) == {"t:1", "t:2"}
+    monkeypatch.setattr(keylimits, "FRESH_S", 60.0)
+    shown = gate.figures()
+    transport.uses["t:1"] = KeyUse(2, 0, 0, 0.0)
+    gate.room("t:1")
+    gate.forget()  # (read again at the next look)
+    gate.room("t:1")
+    assert gate.look(), "a key held is news at once"
+    again = gate.figures()
+    assert again is not shown
+    assert again["t:1"]["blocked_since"] is not None
+
+
+def test_the_snapshot_reuses_the_limit_figures_json_only_for_the_same_object() -> None:
+    a = Snapshot(limit_keys={"k": {"running": 1}})
+    assert Snapshot.from_bytes(a.to_bytes()).limit_keys == {"k": {"running": 1}}
+    b = Snapshot(limit_keys={"k": {"running": 2}})
+    assert Snapshot.from_bytes(b.to_bytes()).limit_keys == {"k": {"running": 2}}
+    assert Snapshot.from_bytes(Snapshot().to_bytes()).limit_keys == {}
