@@ -3,8 +3,9 @@
 A restarted forwarder counts the records it had read before (:class:`DeferredCount`): a JSON
 parse of every record of the live journal, after the first push but for seconds at a million
 (the stats snapshot waits for it, and the loop does not idle meanwhile). At a clean stop the
-count is saved with what it was counted from: the checkpoint's positions, the files of the ledger
-and of the key store (each segment's name and size), and the compaction state. The next start
+count is saved with what it was counted from: the checkpoint's positions, the journal's segments
+before them (a repair cuts or removes some), the files of the ledger and of the key store (each
+segment's name and size), and the compaction state. The next start
 takes it only if all of them are still the same, so it is exactly what a count would give;
 anything else (a crash, an outcome appended by another process, a torn tail repaired, a
 compaction) makes the start count as before. The file is read once and deleted; a damaged one
@@ -24,6 +25,7 @@ from typing import Any
 
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import ChainPosition
+from hybridq.journal.format import parse_segment_name
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.statefile import MAX_STATE_BYTES, read_state, write_state
 from hybridq.ledger.compacted import Compacted
@@ -47,12 +49,29 @@ def _files(path: str) -> list[list[Any]]:
     return []
 
 
+def _read_segments(journal: str, positions: Mapping[str, ChainPosition]) -> list[list[Any]]:
+    """The journal's segments before the positions (sealed: name and size), and the positions' own.
+
+    They change only when ``journal repair`` cuts or removes one (a compaction is in the key too).
+    """
+    found: list[list[Any]] = []
+    with os.scandir(journal) as it:
+        for entry in it:
+            parsed = parse_segment_name(entry.name)
+            position = positions.get(parsed[0]) if parsed is not None else None
+            if parsed is None or position is None or parsed[1] > position.segment:
+                continue
+            found.append([entry.name, entry.stat().st_size if parsed[1] < position.segment else None])
+    return sorted(found)
+
+
 def count_key(journal: str, positions: Mapping[str, ChainPosition], compacted: Compacted) -> str:
     """What a count up to ``positions`` is made from: equal keys, equal counts (a few ``stat``)."""
     return json.dumps(
         {
             "v": 1,  # the file's format
             "positions": {w: list(p) for w, p in positions.items()},
+            "journal": _read_segments(journal, positions),
             "ledger": _files(ledger_dir(journal)),
             "keys": _files(keys_dir(journal)),
             "compacted": json.loads(compacted.to_bytes()),

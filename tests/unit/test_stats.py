@@ -19,6 +19,9 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import ChainPosition
+from hybridq.journal.format import segment_name
+from hybridq.journal.reader import list_chains
+from hybridq.journal.repair import repair
 from hybridq.ledger.checkpoint import forwarder_holder
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import open_ledger_writer
@@ -456,6 +459,31 @@ def test_a_saved_count_is_not_taken_once_the_ledger_changed(journal_dir: Path, c
     forwarder = make_forwarder(journal_dir, transport)
     assert not taken(forwarder, counts)
     assert sum(forwarder.state.pending.pending.values()) == sum(before.queues.values()) - 1
+    forwarder.close()
+
+
+def test_a_saved_count_is_not_taken_after_a_repair_dropped_records_before_the_positions(
+    journal_dir: Path, counts: list[str]
+) -> None:
+    # Bit rot in a sealed segment long before the positions, dropped by `journal repair
+    # --accept-loss` (the segment cut there, the chain's later ones removed): the positions, the
+    # ledger and the compaction state are unchanged, but the count is not.
+    write_jobs(journal_dir, 120)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(limit=10)
+    settle(forwarder)
+    forwarder.close()
+    [(writer, segments)] = list_chains(str(journal_dir)).items()
+    path = journal_dir / segment_name(writer, segments[len(segments) // 2])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    repair(str(journal_dir), accept_loss=True)
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not taken(forwarder, counts)
+    assert sum(forwarder.state.pending.pending.values()) == collect_status(str(journal_dir))["pending"]
     forwarder.close()
 
 
