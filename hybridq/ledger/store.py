@@ -138,6 +138,9 @@ def _replayed(
             if body.get("t") == "done" and body.get("o") == "succeeded" and not body.get("dup"):
                 writer, segment, offset = body["loc"]
                 loc = (str(writer), int(segment), int(offset))
+                # What Entry.from_body checks too: a record it would skip is skipped here.
+                _ = (body["id"], int(body.get("n", 1)), float(body.get("at", 0.0)), int(body.get("lt", 0)))
+                _ = int(body.get("g", 0))
                 if not compacted.is_compacted(loc[:2]) and loc[1] >= first.get(loc[0], sys.maxsize):
                     index.apply_succeeded(loc)
                 continue  # of a compacted segment: counted there already, and not a failure

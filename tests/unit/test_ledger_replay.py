@@ -86,3 +86,20 @@ def test_the_replay_gives_the_index_of_every_entry_applied(tmp_path: Path, seed:
     ledger.close()
     compacted = Compacted(through={writer: 0}) if seed % 2 else Compacted()
     assert load_index(str(journal), compacted) == reference(str(journal), compacted)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    ['"id":"j","at":"x"', '"at":1.0', '"id":"j","n":"one"', '"id":"j","lt":[]', '"id":"j","g":{}'],
+)
+def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: str) -> None:
+    """A success record that passed its checksum but is malformed: skipped, as Entry.from_body skips
+    it (the lookup index never shows it done, so the forwarder must not count it finished)."""
+    journal = tmp_path / "journal"
+    with JournalWriter(journal) as writer:
+        writer.append_many([b'{"x": 1}'])
+    [(chain, _)] = list_chains(str(journal)).items()
+    ledger = open_ledger_writer(str(journal))
+    ledger.append_many([f'{{"t":"done","o":"succeeded","loc":["{chain}",0,32],{fields}}}'.encode()])
+    ledger.close()
+    assert load_index(str(journal), Compacted()) == reference(str(journal), Compacted())
