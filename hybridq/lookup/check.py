@@ -4,7 +4,7 @@
 first push back by that much. It runs here on a thread of its own, over a read-only connection of
 its own (SQLite lets go of the GIL while it reads, and WAL mode lets it read beside the
 forwarder's writes); the forwarder asks for the verdict at each step and, until it has one,
-concludes nothing from the index (:attr:`hybridq.lookup.index.LookupIndex.building`). A damaged
+treats the index as while it is rebuilt (:attr:`hybridq.lookup.index.LookupIndex.building`). A damaged
 file is then replaced and rebuilt, as at open.
 
 This module must not import redis or rq.
