@@ -26,7 +26,8 @@ whose outcome was recorded, for a minute (an hour for those whose outcome script
 run's success: their stored outcome is not theirs): a renewal sent before the outcome and run
 after it must not take the slot back, also once a later run's outcome replaced this run's
 (member: the token, which names the key; score: when it goes, ms). Each outcome trims what is
-due and keeps the set an hour from then. A renewal held up longer than that, or run after a
+due, and the set expires with its longest-kept run (a lull after a burst does not keep a minute
+of ends for an hour). A renewal held up longer than that, or run after a
 FLUSHALL emptied it, takes the slot back for one lease.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
@@ -149,7 +150,10 @@ local function limit_end(token, kept)
     -- One key for every limit key: written by anything else (another type), it fails only
     -- itself (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
     redis.pcall("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
-    redis.pcall("ZADD", lim.ended, now + (kept and 3600000 or 60000), token)
-    redis.call("PEXPIRE", lim.ended, 3600000)  -- (as long as the longest a run is kept)
+    local keep = kept and 3600000 or 60000
+    redis.pcall("ZADD", lim.ended, now + keep, token)
+    if redis.call("PTTL", lim.ended) < keep then  -- as long as its longest-kept run, no longer
+        redis.call("PEXPIRE", lim.ended, keep)
+    end
 end
 """
