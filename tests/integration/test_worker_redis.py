@@ -201,9 +201,11 @@ def queue_length(server: RedisServer) -> int:
 
 
 def in_flight(server: RedisServer) -> int:
-    """Jobs Redis holds queued or running (a pool worker takes a burst from the queue at once)."""
+    """Jobs Redis holds queued, reserved or running (a pool worker takes a burst from the queue
+    at once, into the intermediate list; RQ's started registry lists only runs 0.25 s old)."""
     with redis_client(server) as client:
-        return int(client.llen(QUEUE_KEY)) + int(client.zcard("rq:wip:default"))
+        reserved = client.llen(QUEUE_KEY + ":intermediate")
+        return int(client.llen(QUEUE_KEY)) + int(reserved) + int(client.zcard("rq:wip:default"))
 
 
 def rq_job(server: RedisServer, job_id: str) -> Job:
