@@ -223,13 +223,15 @@ def fencing(worker_log: str, forwarder_log: str) -> tuple[int, int]:
 
 def _queued(server: RedisServer) -> int:
     with contextlib.closing(server.client()) as client:
-        return int(client.llen("rq:queue:default")) + int(client.zcard("rq:wip:default"))
+        reserved = client.llen("rq:queue:default:intermediate")  # a pool's, not yet started
+        return int(client.llen("rq:queue:default")) + int(reserved) + int(client.zcard("rq:wip:default"))
 
 
 def _stale(server: RedisServer, finished: set[str]) -> int:
     """Jobs of ``finished`` ``server`` holds queued (or taken by a worker)."""
     with contextlib.closing(server.client()) as client:
         held = {e.decode() for e in client.lrange("rq:queue:default", 0, -1)}
+        held |= {e.decode() for e in client.lrange("rq:queue:default:intermediate", 0, -1)}
         held |= {e.decode() for e in client.zrange("rq:wip:default", 0, -1)}
     return len(held & finished)
 
