@@ -299,7 +299,9 @@ def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_ag
         runs.append(run)
     assert set(conn.zrange(keys.LIMITS_ENDED, 0, -1)) == {r.encode() for r in runs}
     assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")
-    assert 50_000 < conn.pttl(keys.LIMITS_ENDED) <= 60_000, "it goes with its longest-kept run, not an hour on"
+    assert 50_000 < conn.pttl(keys.LIMITS_ENDED) <= 60_000, (
+        "it goes with its longest-kept run, not an hour on"
+    )
     holder = token("1,0,0,tenant:e3")
     assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
     conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
