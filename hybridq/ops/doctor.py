@@ -29,12 +29,10 @@ meanwhile (pushes are idempotent per job id).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +58,7 @@ from hybridq.protocol import DEFAULT_LEASE_S, ENTRY_POINT, Overwrite, keys
 from hybridq.transport.base import Delivery, Probe
 from hybridq.transport.redisurl import redact_url, transport_error
 from hybridq.transport.rq import RQTransport
+from hybridq.transport.rq_codec import plain_data
 from hybridq.transport.sharded import ShardedTransport
 from hybridq.worker import waiting
 
@@ -380,11 +379,8 @@ def _job_data(conn: Any, job_ids: list[str]) -> list[Any]:
         pipe.hget(keys.rq_job(job_id), "data")
     out: list[Any] = []
     for blob in pipe.execute():
-        data = blob
-        with contextlib.suppress(zlib.error):  # a small job's data is stored uncompressed
-            data = zlib.decompress(blob) if blob else blob
         try:
-            out.append(json.loads(data) if data else None)
+            out.append(json.loads(plain_data(blob)) if blob else None)
         except ValueError:
             out.append(None)
     return out

@@ -31,6 +31,7 @@ __all__ = [
     "_refused",
     "_text",
     "_whole_seconds",
+    "plain_data",
 ]
 
 
@@ -98,6 +99,14 @@ def _data(raw: bytes) -> bytes:
     JSON when ``zlib.decompress`` refuses it (its first byte, ``[``, is no zlib header).
     """
     return raw if len(raw) <= DATA_PLAIN_BYTES else _compress(raw)
+
+
+def plain_data(stored: bytes) -> bytes:
+    """A job hash's ``data`` as JSON bytes, compressed or not (:func:`_data`), as RQ reads it."""
+    try:
+        return zlib.decompress(stored)
+    except zlib.error:
+        return stored  # a small job's, stored as it is
 
 
 def _compress(raw: bytes) -> bytes:

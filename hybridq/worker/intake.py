@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from rq.serializers import JSONSerializer
 from hybridq.envelope.model import Envelope
 from hybridq.protocol import ENTRY_POINT, Delivery, keys
 from hybridq.security.signing import keyring
+from hybridq.transport.rq_codec import plain_data
 from hybridq.worker.admit import check
 from hybridq.worker.run import Run
 from hybridq.worker.runner import Taken
@@ -38,9 +38,7 @@ def prepare(job_id: str, queue: str, fields: list[Any], resolve: Callable[[Envel
     if run_no is None or on_success or on_failure or on_stopped or origin is None or origin.decode() != queue:
         return None
     try:
-        with contextlib.suppress(zlib.error):  # RQ reads uncompressed data too
-            data = zlib.decompress(data)
-        func_name, instance, args, kwargs = json.loads(data)
+        func_name, instance, args, kwargs = json.loads(plain_data(data))
         if func_name != ENTRY_POINT or instance is not None or len(args) != 1 or kwargs:
             return None
         d = Delivery.from_json(args[0])

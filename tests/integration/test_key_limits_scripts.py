@@ -289,13 +289,9 @@ def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_ag
     settled(conn)
     runs = []
     for key in ("tenant:e1", "tenant:e2"):
-        job_id = new_job_id(time.time())
-        run = f"{job_id}/1/host-1/aaaa#L1,0,0,{key}"
+        run = token(f"1,0,0,{key}")
         assert claim(conn, run)[0] == ClaimStatus.CLAIMED
-        done = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
-        scripts.finish(
-            conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, done, 60, "{}"]
-        )
+        finish(conn, run)
         runs.append(run)
     assert set(conn.zrange(keys.LIMITS_ENDED, 0, -1)) == {r.encode() for r in runs}
     assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 from hybridq.transport.rq import RQTransport
+from hybridq.transport.rq_codec import plain_data
 from rq import Queue as RQQueue
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
@@ -32,6 +31,4 @@ def burst_runner(worker_class: type[SimpleWorker]) -> Work:
 
 def job_data(raw: bytes) -> Any:
     """A job hash's ``data``, decoded as RQ reads it: zlib-compressed JSON, or plain JSON."""
-    with contextlib.suppress(zlib.error):  # a small job's data is stored as it is (rq_codec._data)
-        raw = zlib.decompress(raw)
-    return json.loads(raw)
+    return json.loads(plain_data(raw))
