@@ -46,6 +46,7 @@ import benchlib
 import redis
 from benchlib import Figure, Sample
 from hybridq.testing.embedded import RedisServer
+from proccpu import Meter
 
 BENCH = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -305,17 +306,20 @@ def measure(cfg: Config, row: Row, workload: str) -> Sample:
             procs += fill_hybridq(cfg, workload, n, d, env)
         else:
             fill_peer(cfg, row.group, workload, n)
+        meter = Meter(cfg.url, {"forwarder": [p.pid for p, _ in procs], "worker": []})
+        meter.start()
         t0 = time.perf_counter()
         workers = spawn(row.argv(cfg.url), d, row.key, env)
+        meter.groups["worker"] = [p.pid for p, _ in workers]
         procs += workers
         deadline = t0 + cfg.max_seconds
         while True:
             done = done_file.stat().st_size
             now = time.perf_counter()
-            if done >= n:
-                return Sample(n, now - t0)
-            if now > deadline:
-                return Sample(done, now - t0, extra={"capped": 1.0})
+            if done >= n or now > deadline:
+                used = meter.stop()
+                CPU.setdefault((workload, row.key), []).append({k: v / max(done, 1) for k, v in used.items()})
+                return Sample(n, now - t0) if done >= n else Sample(done, now - t0, extra={"capped": 1.0})
             if all(p.poll() is not None for p, _ in workers):
                 raise Failed(f"{done} of {n} jobs done when the worker exited; {tail(workers)}")
             time.sleep(POLL_S)
@@ -323,6 +327,37 @@ def measure(cfg: Config, row: Row, workload: str) -> Sample:
         kill_groups(procs)
         shutil.rmtree(d, ignore_errors=True)
         cfg.server.flushall()
+
+
+#: CPU seconds per job each part used during the timed burn, per (workload, row key) and
+#: repetition: parts "forwarder" (hybridq rows only), "worker" (the row's process groups) and
+#: "redis". Less sensitive to a shared machine than jobs/s, and it says where the time went.
+CPU: dict[tuple[str, str], list[dict[str, float]]] = {}
+CPU_PARTS = ("forwarder", "worker", "redis")
+
+
+def print_cpu(rows: list[Row], workloads: list[str]) -> dict[str, dict[str, float]]:
+    """The CPU table (medians over repetitions, us per job); returns it by ``workload/row key``."""
+    table: list[tuple[str, ...]] = [("workload, worker command", *CPU_PARTS, "total")]
+    out: dict[str, dict[str, float]] = {}
+    for workload in workloads:
+        for row in rows:
+            reps = CPU.get((workload, row.key))
+            if not reps:
+                continue
+            med = {part: statistics.median(r.get(part, 0.0) for r in reps) * 1e6 for part in CPU_PARTS}
+            med["total"] = statistics.median(sum(r.get(p, 0.0) for p in CPU_PARTS) for r in reps) * 1e6
+            out[f"{workload}/{row.key}"] = med
+            cells = (
+                "" if part == "forwarder" and row.group != "hybridq" else f"{med[part]:,.0f}"
+                for part in CPU_PARTS
+            )
+            table.append((f"{workload}: {row.label}", *cells, f"{med['total']:,.0f}"))
+    if out:
+        print("CPU per job during the timed burn, medians (us; /proc and Redis's INFO cpu):")
+        benchlib.print_rows(table, {1, 2, 3, 4})
+        print()
+    return out
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -559,6 +594,7 @@ def main(argv: list[str]) -> int:
             print()
             results, errors = run(cfg, rows, workloads, repeat)
             figures = print_report(results, rows, errors)
+            cpu = print_cpu(rows, workloads)
             if args.json:
                 json_rows: dict[str, dict[str, object]] = {}
                 for workload, by_row in results.items():
@@ -573,6 +609,7 @@ def main(argv: list[str]) -> int:
                             "n": n[workload],
                             "capped_reps": sum(1 for s in ok if s.extra),
                             "error": errors.get(key, ""),
+                            "cpu_us_per_job": cpu.get(key, {}),
                         }
                 benchlib.write_json(args.json, "bench-burn", header, json_rows, figures)
     finally:

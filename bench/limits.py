@@ -36,6 +36,7 @@ import burndown
 import redis
 from burndown import Config, kill_groups, spawn
 from hybridq.testing.embedded import RedisServer
+from proccpu import group_cpu, redis_cpu
 
 LIMIT = "k:*=concurrency:1000000"
 PARTS = ("forwarder", "worker", "redis")
@@ -44,29 +45,6 @@ WHATS = ("admission 10000 keys", "burn 10 keys", "burn 10000 keys")
 #: CPU seconds per measurement and part ("forwarder", "worker", "redis"): on a machine shared
 #: with other work the wall-clock ratios swing, the CPU each part used much less.
 CPU: dict[str, list[dict[str, float]]] = {}
-
-
-def redis_cpu(url: str) -> float:
-    """CPU seconds the Redis server used so far (``INFO cpu``)."""
-    with redis.Redis.from_url(url) as conn:
-        info = conn.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def group_cpu(pgid: int) -> float:
-    """CPU seconds used so far by the live processes of group ``pgid`` and the children they reaped.
-
-    Linux's ``/proc`` (0.0 elsewhere): a worker's pool processes are in its group.
-    """
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp, ...; utime..cstime at 11-14
-            total += sum(int(f) for f in fields[11:15])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def settled(url: str) -> None:
