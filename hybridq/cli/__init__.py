@@ -69,7 +69,7 @@ _COMMANDS = {
     "status": ("status", "status"),
     "enqueue": ("enqueue", "enqueue"),
     "worker": ("worker", "worker"),
-    "doctor": ("status", "doctor"),
+    "doctor": ("doctor", "doctor"),
     "failed": ("failed", "failed"),
     "cancel": ("cancel", "cancel"),
     "demo": ("demo", "demo"),

@@ -260,3 +260,17 @@ def limit_option(command: Callable[..., Any]) -> Callable[..., Any]:
         "items separated by ';'. See docs/forwarder.md, 'Limits per key'.",
     )
     return option(run)
+
+
+def check_outbox_option(ctx: click.Context, dsn: str, table: str) -> None:
+    """A bad DSN, a missing database or table: one line, exit 2 (before anything is read)."""
+    from hybridq.outbox.backlog import READ_TIMEOUT_S, check_outbox  # noqa: PLC0415
+
+    try:
+        check_outbox(dsn, table, timeout_s=READ_TIMEOUT_S)  # a locked database: said in 2 s, not 30
+    except (ValueError, FileNotFoundError) as exc:
+        _bad_usage(ctx, str(exc))
+    except Exception as exc:  # the database driver's own error: not a database, locked, ...
+        from hybridq.transport.redisurl import redact_url  # noqa: PLC0415
+
+        _fail(ctx, RuntimeError(f"outbox {redact_url(dsn)}: {exc}"))
