@@ -58,7 +58,8 @@ import benchlib
 import redis
 from benchlib import Figure
 from burndown import BENCH, BIN, QUEUE, Failed, Procs, kill_groups, spawn, tail
-from hybridq.testing.chaos import DATA_LOSS, KILLS, ChaosConfig, _excuse, _Run
+from hybridq.testing.chaos import ChaosConfig
+from hybridq.testing.chaos_check import DATA_LOSS, KILLS, Run, excuse
 from hybridq.testing.embedded import RedisServer
 from hybridq.testing.topology import Fault, children_of
 
@@ -279,8 +280,8 @@ def verdict(ids: set[str], burn: Burn, log: list[Fault], status: dict[str, Any])
     for job_id, runs in burn.runs.items():
         for (pid0, at0), (pid1, at1) in itertools.pairwise(sorted(runs, key=lambda r: r[1])):
             # A no-op job notes its run at its end: the run's start and end are the same instant.
-            prev, run = _Run("B", 0, pid0, at0), _Run("B", 0, pid1, at1)
-            cause = _excuse(prev, _Run("E", 0, pid0, at0), run, killed, losses, [], WINDOW_S)
+            prev, run = Run("B", 0, pid0, at0), Run("B", 0, pid1, at1)
+            cause = excuse(prev, Run("E", 0, pid0, at0), run, killed, losses, [], WINDOW_S)
             if cause is None:
                 violations.append(
                     f"{job_id} ran again at {at1:.3f} (pid {pid1}) after a run ended at {at0:.3f} (pid {pid0})"

@@ -50,21 +50,26 @@ The command exits 1 on any loss or unexcused re-execution, and prints the seed t
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hybridq.context import current_job
 from hybridq.envelope.model import Retry
+from hybridq.testing.chaos_check import (
+    FAULTS,
+    ChaosResult,
+    failed_for_good,
+    read_acks,
+    read_runs,
+    verdict,
+)
 from hybridq.testing.topology import QUEUE, Fault, Topology, children_of
 
 __all__ = [
@@ -75,36 +80,6 @@ __all__ = [
     "run_chaos",
     "task",
 ]
-
-#: Fault name -> the docs/reliability.md scenario it belongs to.
-FAULTS: dict[str, str] = {
-    "producer-kill": "S1",
-    "producer-crash": "S2",
-    "forwarder-kill": "S8",
-    "worker-kill": "S9",
-    "horse-kill": "S9",
-    "redis-restart": "S10",
-    "flushall": "S11",
-    "evict": "S11",
-    "redis-outage": "S12",
-    "redis-sigstop": "S12",
-    "client-pause": "S12",
-    "net-latency": "NET",
-    "net-reset": "NET",
-    "net-blackhole": "NET",
-    "net-cut": "NET",
-}
-#: Faults after which Redis no longer holds what it held: stored outcomes may be gone.
-DATA_LOSS = frozenset({"redis-restart", "flushall", "evict", "redis-outage"})
-#: Faults during which the workers cannot reach Redis: a run that ends meanwhile cannot store its
-#: outcome until they can, and may be delivered again first (after its lease lapsed).
-UNREACHABLE = frozenset({"redis-sigstop", "client-pause", "net-blackhole"})
-#: A run that ended this long after such a fault may still have been waiting to store its outcome.
-UNREACHABLE_SLACK_S = 3.0
-#: Faults that kill processes running jobs.
-KILLS = frozenset({"worker-kill", "horse-kill"})
-#: A process killed this soon after its task returned may not have stored the outcome yet.
-KILL_WINDOW_S = 1.0
 
 
 class PlannedFailure(Exception):
@@ -199,99 +174,6 @@ class ChaosConfig:
     directory: str | None = None
 
 
-@dataclass
-class FaultStats:
-    """Figures for one fault class."""
-
-    name: str
-    injected: int = 0
-    accepted: int = 0
-    lost: int = 0
-    reruns: int = 0
-    dup_execution: int = 0
-    max_redelivery_s: float = 0.0
-
-    def line(self) -> str:
-        """The figure line."""
-        return (
-            f"{FAULTS.get(self.name, '--'):<3} {self.name:<15} injected={self.injected} "
-            f"accepted={self.accepted} lost={self.lost} dup_delivery={self.reruns} "
-            f"dup_execution={self.dup_execution} max_redelivery_s={self.max_redelivery_s:.2f}"
-        )
-
-
-@dataclass
-class ChaosResult:
-    """The verdict of one run."""
-
-    seed: int
-    accepted: int
-    lost: int
-    dup_delivery: int
-    dup_execution: int
-    max_redelivery_s: float
-    #: Acknowledgement to first start, p50 / p99 / max (the backlog the workers had to catch up).
-    wait_s: tuple[float, float, float]
-    #: Of the runs repeated because Redis lost their stored outcome: how long before the loss
-    #: the oldest of them had ended (how far behind the ledger was).
-    max_outcome_age_s: float
-    duplicates_suppressed: int
-    unacknowledged_ran: int
-    #: Runs cut off mid-task in a process no fault killed (and run again): should be 0.
-    unexplained_interruptions: int
-    per_fault: dict[str, FaultStats]
-    lost_tokens: list[str]
-    #: Jobs hybridq reports failed for good (token -> error): none of the harness's jobs should.
-    failed: dict[str, str]
-    violations: list[str]
-    seconds: float
-    directory: str
-    status: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """No loss, no unexcused re-execution, no job failed for good."""
-        return self.lost == 0 and self.dup_execution == 0 and not self.failed
-
-    def total_line(self) -> str:
-        """The total figure line."""
-        return (
-            f"TOTAL accepted={self.accepted} lost={self.lost} failed={len(self.failed)} "
-            f"dup_delivery={self.dup_delivery} "
-            f"dup_execution={self.dup_execution} max_redelivery_s={self.max_redelivery_s:.2f}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON report (``--report``)."""
-        return {
-            "seed": self.seed,
-            "ok": self.ok,
-            "accepted": self.accepted,
-            "lost": self.lost,
-            "dup_delivery": self.dup_delivery,
-            "dup_execution": self.dup_execution,
-            "max_redelivery_s": round(self.max_redelivery_s, 3),
-            "max_outcome_age_s": round(self.max_outcome_age_s, 3),
-            "wait_s": {
-                "p50": round(self.wait_s[0], 3),
-                "p99": round(self.wait_s[1], 3),
-                "max": round(self.wait_s[2], 3),
-            },
-            "duplicates_suppressed": self.duplicates_suppressed,
-            "unacknowledged_ran": self.unacknowledged_ran,
-            "unexplained_interruptions": self.unexplained_interruptions,
-            "faults": {
-                name: {k: v for k, v in vars(s).items() if k != "name"} for name, s in self.per_fault.items()
-            },
-            "lost_tokens": self.lost_tokens[:100],
-            "failed": dict(list(self.failed.items())[:100]),
-            "violations": self.violations[:100],
-            "seconds": round(self.seconds, 1),
-            "directory": self.directory,
-            "status": self.status,
-        }
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -330,16 +212,16 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosR
                 next_fault = time.monotonic() + rng.uniform(cfg.gap_s / 2, cfg.gap_s * 1.5)
             time.sleep(0.05)
         topo.stop_producers()
-        acked = _acks(topo.acks_dir)
+        acked = read_acks(topo.acks_dir)
         say(
             f"faults over: {len(acked)} jobs acknowledged; draining (until none is left, or "
             f"{cfg.drain_s:.0f} s pass without one finishing)"
         )
         status = _drain(topo, acked, cfg.drain_s)
         time.sleep(cfg.lease_s * 2)  # long enough for a late duplicate to show itself
-        failed = _failed_for_good(topo.journal)
-        runs = _runs(topo.effects)
-        return _verdict(cfg, acked, runs, faults, status, failed, root, time.monotonic() - started)
+        failed = failed_for_good(topo.journal)
+        runs = read_runs(topo.effects)
+        return verdict(cfg, acked, runs, faults, status, failed, root, time.monotonic() - started)
     finally:
         topo.close()
 
@@ -351,7 +233,9 @@ def _drain(topo: Topology, acked: dict[str, float], timeout_s: float) -> dict[st
     done = -1
     while True:
         topo.keep_alive(producers=False)
-        finished = {token for token, runs in _runs(topo.effects).items() if any(r.kind == "E" for r in runs)}
+        finished = {
+            token for token, runs in read_runs(topo.effects).items() if any(r.kind == "E" for r in runs)
+        }
         if finished.issuperset(acked):  # only then is the journal worth a scan
             status = collect_status(topo.journal)
             if status["pending"] == 0:
@@ -363,186 +247,12 @@ def _drain(topo: Topology, acked: dict[str, float], timeout_s: float) -> dict[st
         time.sleep(0.5)
 
 
-@dataclass(frozen=True, slots=True)
-class _Run:
-    kind: str  # B (started), E (ended), F (failed as planned)
-    attempt: int
-    pid: int
-    at: float
-
-
-def _runs(path: str) -> dict[str, list[_Run]]:
-    out: dict[str, list[_Run]] = defaultdict(list)
-    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 5:
-                out[parts[1]].append(_Run(parts[0], int(parts[2]), int(parts[3]), float(parts[4])))
-    return out
-
-
 def _log_fault(root: str, fault: Fault) -> None:
     """Append ``fault`` to ``faults.jsonl`` in the run's directory (for a post-mortem)."""
     with open(os.path.join(root, "faults.jsonl"), "a", encoding="utf-8") as f:
         f.write(
             json.dumps({"fault": fault.name, "at": fault.at, "end": fault.end, "pids": fault.pids}) + "\n"
         )
-
-
-def _percentiles(values: list[float]) -> tuple[float, float, float]:
-    if not values:
-        return (0.0, 0.0, 0.0)
-    ordered = sorted(values)
-    return (ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)], ordered[-1])
-
-
-def _failed_for_good(journal: str) -> dict[str, str]:
-    """Jobs the ledger says failed for good: token -> error (a chaos job should never fail)."""
-    from hybridq.ops.failures import failed_jobs  # noqa: PLC0415 - reads the journal
-
-    out = {}
-    for job in failed_jobs(journal):
-        args = job.envelope.args if job.envelope is not None else ()
-        token = str(args[1]) if len(args) > 1 else job.id
-        out[token] = job.error or "?"
-    return out
-
-
-def _acks(directory: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), encoding="utf-8") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2:  # a producer killed mid-write leaves at most a torn last line
-                    out[parts[0]] = float(parts[1])
-    return out
-
-
-def _verdict(
-    cfg: ChaosConfig,
-    acked: dict[str, float],
-    runs: dict[str, list[_Run]],
-    faults: list[Fault],
-    status: dict[str, Any],
-    failed: dict[str, str],
-    root: str,
-    seconds: float,
-) -> ChaosResult:
-    per = {name: FaultStats(name) for name in (*cfg.faults, "none")}
-    for fault in faults:
-        per[fault.name].injected += 1
-
-    def latest_before(t: float) -> str:
-        name = "none"
-        for fault in faults:
-            if fault.at > t:
-                break
-            name = fault.name
-        return name
-
-    killed = {pid: fault for fault in faults for pid in fault.pids if fault.name in KILLS}
-    losses = [f for f in faults if f.name in DATA_LOSS]
-    outages = [f for f in faults if f.name in UNREACHABLE]
-    violations: list[str] = []
-    lost_tokens = []
-    reruns = dup_execution = unexplained = 0
-    max_redelivery = max_age = 0.0
-    for token, at in acked.items():
-        stats = per[latest_before(at)]
-        stats.accepted += 1
-        if not any(r.kind == "E" for r in runs.get(token, ())) and token not in failed:
-            stats.lost += 1
-            lost_tokens.append(token)
-    for token, token_runs in runs.items():
-        starts = sorted((r for r in token_runs if r.kind == "B"), key=lambda r: r.at)
-        ends = [r for r in token_runs if r.kind in "EF"]
-        for prev, run in itertools.pairwise(starts):
-            prev_end = next(
-                (e for e in ends if e.pid == prev.pid and e.attempt == prev.attempt and e.at >= prev.at), None
-            )
-            if prev_end is not None and prev_end.kind == "F" and run.attempt > prev.attempt:
-                continue  # the retry of a planned failure
-            reruns += 1
-            cause: Fault | None
-            if prev_end is None:
-                # Interrupted mid-task: it never finished, so running it again is the guarantee at work.
-                cause = killed.get(prev.pid)
-                if cause is None:
-                    unexplained += 1
-            else:
-                cause = _excuse(prev, prev_end, run, killed, losses, outages, cfg.window_s)
-                if cause is None:
-                    dup_execution += 1
-                    per[latest_before(run.at)].dup_execution += 1
-                    violations.append(
-                        f"{token} attempt {run.attempt} ran again at {run.at:.3f} (pid {run.pid}) after "
-                        f"attempt {prev.attempt} ended at {prev_end.at:.3f} (pid {prev.pid})"
-                    )
-                    continue
-                if cause.name in DATA_LOSS:
-                    max_age = max(max_age, cause.at - prev_end.at)
-            stats = per[cause.name if cause is not None else latest_before(run.at)]
-            stats.reruns += 1
-            if cause is not None:
-                delay = run.at - cause.at
-                stats.max_redelivery_s = max(stats.max_redelivery_s, delay)
-                max_redelivery = max(max_redelivery, delay)
-    suppressed = int(status.get("duplicates_suppressed", 0))
-    return ChaosResult(
-        seed=cfg.seed,
-        accepted=len(acked),
-        lost=len(lost_tokens),
-        dup_delivery=reruns + suppressed,
-        dup_execution=dup_execution,
-        max_redelivery_s=max_redelivery,
-        max_outcome_age_s=max_age,
-        wait_s=_percentiles(
-            [min(r.at for r in runs[t] if r.kind == "B") - at for t, at in acked.items() if runs.get(t)]
-        ),
-        duplicates_suppressed=suppressed,
-        unacknowledged_ran=len(set(runs) - set(acked)),
-        unexplained_interruptions=unexplained,
-        per_fault={k: v for k, v in per.items() if v.injected or v.accepted or k != "none"},
-        lost_tokens=sorted(lost_tokens),
-        failed={token: failed[token] for token in sorted(failed)},
-        violations=violations,
-        seconds=seconds,
-        directory=root,
-        status={
-            k: status.get(k) for k in ("accepted", "succeeded", "failed", "pending", "duplicates_suppressed")
-        },
-    )
-
-
-def _excuse(
-    prev: _Run,
-    prev_end: _Run | None,
-    run: _Run,
-    killed: dict[int, Fault],
-    losses: list[Fault],
-    outages: list[Fault],
-    window_s: float,
-) -> Fault | None:
-    """The fault that explains ``run`` starting again after ``prev``, or ``None``."""
-    kill = killed.get(prev.pid)
-    if (
-        kill is not None
-        and kill.at >= prev.at
-        and (prev_end is None or kill.at - prev_end.at < KILL_WINDOW_S)
-    ):
-        return kill  # killed mid-run, or after the task returned and before its outcome was stored
-    ended = prev_end.at if prev_end is not None else prev.at
-    for loss in losses:
-        # Redis lost the stored outcome before the forwarder's ledger had it.
-        if ended - 1.0 <= loss.end and loss.at - ended <= window_s and loss.at <= run.at:
-            return loss
-    for outage in outages:
-        # It ended while the workers could not reach Redis: its outcome waited to be stored, and
-        # its lease lapsed meanwhile (the documented window of a Redis outage).
-        if outage.at - 0.5 <= ended <= outage.end + UNREACHABLE_SLACK_S and outage.at <= run.at:
-            return outage
-    return None
 
 
 # -- the command ---------------------------------------------------------------------------------
