@@ -25,6 +25,7 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, replay
+from hybridq.ops.journal_repair import repair
 
 from tests.unit import test_ledger_replay
 
@@ -190,3 +191,16 @@ def test_an_append_not_folded_in_stops_the_saves_of_that_run(
         assert all(fresh.index.is_terminal((writer, s, 32)) for s in range(3))
     finally:
         fresh.close()
+
+
+def test_a_repair_of_the_ledger_that_may_drop_records_forgets_the_saved_index(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    journal, writer = journal_of_three_segments(tmp_path)
+    chain = open_ledger_writer(journal)
+    chain.append_many(e.to_bytes() for e in entries(rng, writer, 50))
+    chain.close()
+    save_now(journal, Compacted())
+    repair(ledger_dir(journal), accept_loss=False)  # a dry run changes nothing
+    assert saved_index.load(journal) is not None
+    repair(ledger_dir(journal), accept_loss=True)
+    assert saved_index.load(journal) is None
