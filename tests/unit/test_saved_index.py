@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from hybridq.errors import JournalCorruption
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
-from hybridq.journal import JournalWriter
 from hybridq.journal.format import segment_name
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import saved_index
@@ -45,16 +44,6 @@ def entries(rng: random.Random, writer: str, n: int) -> list[Entry]:
     ]
 
 
-def journal_of_three_segments(tmp_path: Path) -> tuple[str, str]:
-    journal = tmp_path / "journal"
-    with JournalWriter(journal, max_segment_bytes=4096) as jw:  # small segments: three of them
-        for _ in range(3):
-            jw.append_many([b'{"x": "' + b"y" * 3000 + b'"}'])
-    [(writer, segments)] = list_chains(str(journal)).items()
-    assert len(segments) == 3
-    return str(journal), writer
-
-
 def save_now(journal: str, compacted: Compacted) -> LedgerIndex:
     """Replay the ledger as it is and save the result, covering what was read."""
     index = LedgerIndex()
@@ -66,7 +55,7 @@ def save_now(journal: str, compacted: Compacted) -> LedgerIndex:
 @pytest.mark.parametrize("seed", range(16))
 def test_resuming_from_a_saved_index_gives_the_full_replay(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
-    journal, writer = journal_of_three_segments(tmp_path)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     chains = [open_ledger_writer(journal) for _ in range(2)]
     for chain in chains:
         chain.max_segment_bytes = 2048  # several ledger segments per chain
@@ -113,7 +102,7 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(3)
-    journal, writer = journal_of_three_segments(tmp_path)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     chain = open_ledger_writer(journal)
     chain.append_many(e.to_bytes() for e in entries(rng, writer, 200))
     chain.close()
@@ -145,7 +134,7 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
 
 def test_the_forwarder_saves_its_index_at_a_stop_and_the_next_start_resumes_from_it(tmp_path: Path) -> None:
     rng = random.Random(11)
-    journal, writer = journal_of_three_segments(tmp_path)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     config = ForwarderConfig()
     first = ForwarderState(journal, config)
     first.load()
@@ -169,7 +158,7 @@ def test_an_append_not_folded_in_stops_the_saves_of_that_run(
 ) -> None:
     """Its records may be durable and missing from the index: a save would claim to cover them."""
     monkeypatch.setattr(saved_index, "SAVE_EVERY", 1)
-    journal, writer = journal_of_three_segments(tmp_path)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
     state.append([Entry("done", "a", (writer, 0, 32), outcome="succeeded")])
@@ -195,7 +184,7 @@ def test_an_append_not_folded_in_stops_the_saves_of_that_run(
 
 def test_a_repair_of_the_ledger_that_may_drop_records_forgets_the_saved_index(tmp_path: Path) -> None:
     rng = random.Random(5)
-    journal, writer = journal_of_three_segments(tmp_path)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     chain = open_ledger_writer(journal)
     chain.append_many(e.to_bytes() for e in entries(rng, writer, 50))
     chain.close()
