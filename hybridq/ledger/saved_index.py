@@ -10,8 +10,9 @@ positions (:func:`hybridq.ledger.store.replay`).
 
 A saved index is only a cache of the ledger, and trusted only where it provably still is one.
 It is ignored (the whole ledger replayed, as without it) when it is damaged, of another version,
-names a position past the end of its chain or a segment the chain never had, or was made under
-compaction of a journal segment that is live now; a ledger chain it names that compaction
+names a ledger chain that is gone (saves name only chains that exist), a position past the end
+of its chain or a segment the chain never had, or was made under compaction of a journal segment
+that is live now; a ledger chain it names that compaction
 shortened is replayed from its first segment left, one it does not name from its start, and what
 it says of journal segments compacted since it was saved is dropped as the replay drops it. The
 reader checks each chain's first record after the position (its sequence number and checksum): a
@@ -221,8 +222,13 @@ def _usable(journal: str, saved: Saved, compacted: Compacted) -> dict[str, Chain
     since: dict[str, ChainPosition] = {}
     for writer, at in saved.covered.items():
         indices = ledger.get(writer)
-        if indices is None or at.segment < indices[0]:
-            continue  # compacted away (whole, or up to past the position): what is left follows it
+        if indices is None:
+            # Saves name only chains that exist: deleted since (by a compaction after the last
+            # save, or by hand), and what it said of it cannot be told apart from the rest.
+            log.warning("ignoring the saved ledger index: ledger chain %s is gone", writer)
+            return None
+        if at.segment < indices[0]:
+            continue  # compacted up to past the position: what is left follows it
         if at.segment in indices:
             fits = at.offset <= os.path.getsize(os.path.join(path, segment_name(writer, at.segment)))
         else:  # read to the end of its sealed last segment, or not a position of this chain
@@ -290,6 +296,9 @@ class IndexSaver:
         if self.broken:
             return
         try:
+            path = ledger_dir(self.journal)
+            chains = list_chains(path) if os.path.isdir(path) else {}
+            self.covered = {w: at for w, at in self.covered.items() if w in chains}  # not compacted away
             save(self.journal, index, self.covered, compacted.through)
         except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)

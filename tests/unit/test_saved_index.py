@@ -97,7 +97,7 @@ def corrupt_bytes(path: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("damage", ["flipped", "garbage", "truncated", "compaction undone"])
+@pytest.mark.parametrize("damage", ["flipped", "garbage", "truncated", "compaction undone", "chain gone"])
 def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -118,6 +118,9 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
         [(ledger_chain, [segment])] = list_chains(ledger_dir(journal)).items()
         seg = Path(ledger_dir(journal)) / segment_name(ledger_chain, segment)
         os.truncate(seg, seg.stat().st_size // 2)
+    elif damage == "chain gone":  # the ledger it covered deleted (by hand): not a full replay's
+        [(ledger_chain, [segment])] = list_chains(ledger_dir(journal)).items()
+        os.unlink(Path(ledger_dir(journal)) / segment_name(ledger_chain, segment))
     else:  # saved under a compaction that the state on disk does not have
         saved_index.save(journal, saved, {}, {writer: 1})
     fresh = Compacted() if damage == "compaction undone" else compacted
