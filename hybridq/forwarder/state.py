@@ -410,6 +410,10 @@ class ForwarderState:
         until, count = self.key_segments.get(seg, (0.0, 0))
         self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
 
+    def save_index_soon(self) -> None:
+        """Save the ledger index at the end of this step: compaction deleted ledger segments."""
+        self._saver.soon()
+
     def forget_keys(self) -> None:
         """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""
         self.index.forget_keys(self.config.clock(), self.config.key_window_max)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq import crashpoints
-from hybridq.errors import JournalCorruption, StateFileCorrupt
+from hybridq.errors import JournalCorruption
 from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, read_seal
@@ -74,9 +74,17 @@ class Saved:
     covered: dict[str, ChainPosition]
     #: The compaction state's ``through`` it was made under.
     through: dict[str, int]
+    #: Per ledger chain it covers, the chain's first segment when it was made: a segment deleted
+    #: since (ledger compaction) may have held keys the index still has without their window.
+    first: dict[str, int]
 
 
-def encode(index: LedgerIndex, covered: Mapping[str, ChainPosition], through: Mapping[str, int]) -> bytes:
+def encode(
+    index: LedgerIndex,
+    covered: Mapping[str, ChainPosition],
+    through: Mapping[str, int],
+    first: Mapping[str, int],
+) -> bytes:
     """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
 
     Keys with a window (``until``) are left out: they came from the key store, which every start
@@ -92,6 +100,7 @@ def encode(index: LedgerIndex, covered: Mapping[str, ChainPosition], through: Ma
         "v": _VERSION,
         "covered": {w: p.to_json() for w, p in covered.items()},
         "through": dict(through),
+        "first": dict(first),
         "terminal": terminal,
         "dups": [[w, s, n] for (w, s), n in index.dups.items()],
         "dup_events": [[w, s, sorted(ids)] for (w, s), ids in index.dup_events.items()],
@@ -139,7 +148,8 @@ def decode(raw: bytes) -> Saved:
     index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
     index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
     covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
-    return Saved(index, covered, {str(w): int(i) for w, i in body["through"].items()})
+    through = {str(w): int(i) for w, i in body["through"].items()}
+    return Saved(index, covered, through, {str(w): int(i) for w, i in body["first"].items()})
 
 
 def save(
@@ -147,7 +157,10 @@ def save(
 ) -> None:
     """Durably replace the saved index (a crash midway leaves the previous one whole)."""
     ops = _CrashingOps() if crashpoints.enabled() else OS_FILEOPS
-    write_state(journal, SAVED_INDEX_NAME, encode(index, covered, through), fileops=ops)
+    path = ledger_dir(journal)
+    chains = list_chains(path) if os.path.isdir(path) else {}
+    first = {writer: chains[writer][0] for writer in covered if writer in chains}
+    write_state(journal, SAVED_INDEX_NAME, encode(index, covered, through, first), fileops=ops)
     crashpoints.reached("index_after_save")
 
 
@@ -171,7 +184,7 @@ def load(journal: str) -> Saved | None:
     try:
         raw = read_state(journal, SAVED_INDEX_NAME)
         return None if raw is None else decode(raw)
-    except (StateFileCorrupt, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    except Exception as exc:
         log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
         return None
 
@@ -227,8 +240,12 @@ def _usable(journal: str, saved: Saved, compacted: Compacted) -> dict[str, Chain
             # save, or by hand), and what it said of it cannot be told apart from the rest.
             log.warning("ignoring the saved ledger index: ledger chain %s is gone", writer)
             return None
-        if at.segment < indices[0]:
-            continue  # compacted up to past the position: what is left follows it
+        if indices[0] != saved.first.get(writer):
+            # Segments deleted since (ledger compaction): a key they held went to the key store
+            # with its window, and may since have expired there; the index would bring it back
+            # without one. The forwarder saves right after such a compaction (IndexSaver.soon).
+            log.warning("ignoring the saved ledger index: ledger chain %s was compacted since", writer)
+            return None
         if at.segment in indices:
             fits = at.offset <= os.path.getsize(os.path.join(path, segment_name(writer, at.segment)))
         else:  # read to the end of its sealed last segment, or not a position of this chain
@@ -269,6 +286,7 @@ class IndexSaver:
         self.journal = journal
         self.covered = dict(read)
         self.unsaved = 0
+        self._soon = False
         #: Appends begun and not folded in: after one that failed, nothing more is saved this run.
         self._open = 0
 
@@ -288,8 +306,12 @@ class IndexSaver:
         self.unsaved += entries
 
     def due(self, index: LedgerIndex) -> bool:
-        """Whether enough entries were appended since the last save."""
-        return not self.broken and self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8)
+        """Whether enough entries were appended since the last save, or :meth:`soon` was called."""
+        return not self.broken and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+
+    def soon(self) -> None:
+        """Save at the next chance: ledger segments were deleted (the saved index no longer fits)."""
+        self._soon = True
 
     def save(self, index: LedgerIndex, compacted: Compacted) -> None:
         """Save ``index`` (a failure only leaves the previous one: a longer replay, logged)."""
@@ -303,4 +325,4 @@ class IndexSaver:
         except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
             return
-        self.unsaved = 0
+        self.unsaved, self._soon = 0, False

@@ -196,3 +196,78 @@ def test_a_repair_of_the_ledger_that_may_drop_records_forgets_the_saved_index(tm
     assert saved_index.load(journal) is not None
     repair(ledger_dir(journal), accept_loss=True)
     assert saved_index.load(journal) is None
+
+
+def _ghost_key_run(journal: str, n: int) -> None:
+    """Run ``n`` of the ghost key's test, in a child ending with ``os._exit`` (a kill -9: no save)."""
+    from hybridq.envelope.model import Envelope
+    from hybridq.forwarder.admission import Admission
+    from hybridq.forwarder.dead_segments import Compactor
+    from hybridq.journal import ChainPosition, JournalReader
+
+    recs = [(r.writer_id, r.segment_index, r.offset) for r in JournalReader(journal).records()]
+    window = 100.0
+    key = Envelope(id="x", func="m.f", queue="q", idempotency_key="k", created_at=0.0).key_id
+    now = 1000.0 + {1: 0, 2: 10, 3: 20}[n] * window
+    s = ForwarderState(journal, ForwarderConfig(key_window_s=window, clock=lambda: now))
+    s.load()
+    ok = True
+    if n == 1:
+        s._writer = open_ledger_writer(journal)
+        s._writer.max_segment_bytes = 600
+        s.append(
+            [
+                Entry("key", "job-A", recs[0], key=key, at=now),
+                Entry("done", "job-A", recs[0], outcome="succeeded", at=now),
+            ]
+        )
+        s._saver.save(s.index, s.compacted)  # a periodic save
+        s.append([Entry("retry", "job-B", recs[1], attempt=1, run_at=5000.0, at=now + 1)] * 3)  # rotates
+        s.checkpoint.positions[recs[0][0]] = ChainPosition(2, 32, 3)  # journal segments 0 and 1 read
+        Compactor(s).compact()  # k's ledger segment goes; k is in the key store, with its window
+    elif n == 2:  # k's window is over: forgotten; the key store's segment with k goes too
+        ok = key not in s.index.keys
+        Compactor(s).compact()
+    else:
+        env = Envelope(id="job-C", func="m.f", queue="q", idempotency_key="k", created_at=now)
+        ok = key not in s.index.keys and Admission(s).admit(env, recs[-1])
+    os._exit(0 if ok else 1)
+
+
+def test_a_key_compacted_into_the_key_store_and_expired_there_does_not_come_back_from_a_saved_index(
+    tmp_path: Path,
+) -> None:
+    """A save holds key k (no window, from the ledger); compaction then moves k to the key store
+    (with a window) and deletes its ledger segment; a later run forgets k (window over) and
+    compacts the key store; each run ends without a save (kill -9). The next start must not get
+    k back from the old save: a new job with key k would be settled as a duplicate, never run.
+    """
+    import multiprocessing
+
+    from hybridq.journal import JournalWriter
+
+    journal = str(tmp_path / "journal")
+    with JournalWriter(journal, max_segment_bytes=4096) as jw:
+        for _ in range(3):
+            jw.append_many([b'{"x": "' + b"y" * 3000 + b'"}'])
+    for n in (1, 2, 3):
+        child = multiprocessing.get_context("fork").Process(target=_ghost_key_run, args=(journal, n))
+        child.start()
+        child.join()
+        assert child.exitcode == 0, f"run {n}"
+
+
+@pytest.mark.parametrize(
+    "terminal", ['[["w",0,{"succeeded":[1e999]}]]', "[" * 100_000 + "]" * 100_000, '[["w",0,[1]]]']
+)
+def test_a_malformed_saved_index_is_ignored_not_raised(tmp_path: Path, terminal: str) -> None:
+    """A checksummed file whose content is out of range or absurdly nested: a full replay."""
+    from hybridq.journal.statefile import write_state
+
+    fields = ["covered", "first", "through", "dups", "dup_events", "retries", "lost", "later", "requeued"]
+    rest = ",".join(f'"{name}":{{}}' if name in fields[:3] else f'"{name}":[]' for name in fields)
+    body = (
+        '{"v":1,' + rest + ',"terminal":' + terminal + ',"failed":[],"keys":[],"duplicates":[],"cancels":[]}'
+    )
+    write_state(str(tmp_path), saved_index.SAVED_INDEX_NAME, body.encode())
+    assert saved_index.load(str(tmp_path)) is None
