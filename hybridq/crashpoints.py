@@ -2,7 +2,7 @@
 
 Used by the crash tests (docs/reliability.md): the journal writer's points (S2), compaction's and
 the forwarder's (S13), the outbox relay's (docs/outbox.md), the scheduler's (docs/schedules.md),
-the workflows' (docs/workflows.md).
+the workflows' (docs/workflows.md), the saved ledger index's (docs/forwarder.md).
 ``HYBRIDQ_CRASH_POINT=mid_record:3`` makes the process SIGKILL itself the third time the writer
 reaches ``mid_record``. Unarmed, a crash point costs one attribute check.
 """
@@ -15,6 +15,7 @@ import signal
 __all__ = [
     "COMPACTION_NAMES",
     "FORWARDER_NAMES",
+    "INDEX_NAMES",
     "NAMES",
     "RELAY_NAMES",
     "SCHEDULE_NAMES",
@@ -37,7 +38,11 @@ SCHEDULE_NAMES = ("schedule_after_append",)
 #: The workflows' points: released steps in the journal, not yet marked released; a workflow's
 #: end in the ledger, its row not yet updated (docs/workflows.md).
 WORKFLOW_NAMES = ("flows_after_release", "flows_after_end")
-_ALL = NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES + WORKFLOW_NAMES
+#: The saved ledger index's points: half of its file written; the file replaced (issue 29).
+INDEX_NAMES = ("index_mid_write", "index_after_save")
+_ALL = (
+    NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES + WORKFLOW_NAMES + INDEX_NAMES
+)
 
 _spec: tuple[str, int] | None = None
 _loaded = False

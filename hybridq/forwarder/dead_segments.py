@@ -83,7 +83,8 @@ class Compactor:
         # The ledger follows the journal; and once after a start, for the chains of earlier
         # forwarder runs, which recovery has just sealed.
         self._ledger_once = True
-        self._compact_ledger()
+        if self._compact_ledger():
+            self.state.save_index_soon()  # the saved index no longer fits the ledger (docs/forwarder.md)
         self._compact_keys()
         return self._forget_gone_chains()
 

@@ -42,14 +42,8 @@ from hybridq.ledger.checkpoint import EPOCHS_KEPT, Checkpoint, Held, load_checkp
 from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import (
-    keys_dir,
-    ledger_dir,
-    load_index,
-    open_keys_writer,
-    open_ledger_writer,
-    read_keys,
-)
+from hybridq.ledger.saved_index import IndexSaver, resume
+from hybridq.ledger.store import keys_dir, ledger_dir, open_keys_writer, open_ledger_writer, read_keys
 from hybridq.lookup.pending import DeferredCount, PendingTracker
 from hybridq.lookup.pending_file import count_key, load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
@@ -92,6 +86,8 @@ class ForwarderState:
         #: refill or a reconcile pass reads (hybridq.forwarder.pushed).
         self.pushed = PushedJobs(self.runs, config.window_max)
         self._writer: JournalWriter | None = None
+        #: Saves the index, so the next start replays only the ledger after it (issue 29).
+        self._saver = IndexSaver(journal, {})
         self._keys_writer: JournalWriter | None = None
         #: Per segment of the key store: the latest end of a window in it, and its entries (the
         #: compactor deletes a segment once every window in it ended, or far beyond the bound).
@@ -128,7 +124,9 @@ class ForwarderState:
         # Tails only: load_index and read_keys read every record after, each checked as read.
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal), tails_only=True)
-        self.index = load_index(self.journal, self.compacted)
+        # The index saved at the last stop (or the last save before a crash), then what follows.
+        self.index, read, _ = resume(self.journal, self.compacted)
+        self._saver = IndexSaver(self.journal, read)
         if os.path.isdir(keys_dir(self.journal)):
             recover(keys_dir(self.journal), tails_only=True)
             for record, entry in read_keys(self.journal):
@@ -181,7 +179,8 @@ class ForwarderState:
 
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
-        if self.runs.is_open:
+        if self.runs.is_open:  # loaded: the index is the ledger's, saved for the next start
+            self._saver.save(self.index, self.compacted)
             with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
                 self.flush_pushed(force=True)
         self.runs.close()
@@ -280,6 +279,8 @@ class ForwarderState:
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
         self.count_pending()
+        if self._saver.due(self.index):
+            self._saver.save(self.index, self.compacted)
         if self._stale:
             self._save_snapshot()
 
@@ -369,15 +370,17 @@ class ForwarderState:
             self._writer = open_ledger_writer(self.journal)
         started = time.perf_counter()
         payloads = [e.to_bytes() for e in entries]
+        self._saver.begin()  # an error before appended(): the index is not saved again this run
         ids = self._writer.append_many(payloads)
         self._timed(started)
+        last = ids[-1]
+        end = ChainPosition(last.segment, last.offset + RECORD_HEADER_SIZE + len(payloads[-1]), last.seq + 1)
         if self.on_append is not None:
-            last = ids[-1]
-            end = last.offset + RECORD_HEADER_SIZE + len(payloads[-1])
-            self.on_append(entries, last.writer_id, ChainPosition(last.segment, end, last.seq + 1))
+            self.on_append(entries, last.writer_id, end)
+        unchanged = [entry for entry in entries if not self.index.apply(entry)] if apply else []
+        self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []
-        unchanged = [entry for entry in entries if not self.index.apply(entry)]
         self._stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
@@ -406,6 +409,10 @@ class ForwarderState:
     def _note_key_segment(self, seg: tuple[str, int], entry: Entry) -> None:
         until, count = self.key_segments.get(seg, (0.0, 0))
         self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
+
+    def save_index_soon(self) -> None:
+        """Save the ledger index at the end of this step: compaction deleted ledger segments."""
+        self._saver.soon()
 
     def forget_keys(self) -> None:
         """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""

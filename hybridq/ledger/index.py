@@ -56,7 +56,7 @@ class LedgerIndex:
     )
     #: Ids of the events behind :attr:`dups`, per journal segment (a re-harvest after a crash
     #: must not count a duplicate twice; everything else in the index is idempotent already).
-    _dup_events: dict[Seg, set[str]] = field(default_factory=dict)
+    dup_events: dict[Seg, set[str]] = field(default_factory=dict)
     #: Jobs a cancel was asked for that are not terminal yet: loc -> their ``cancel`` entry.
     cancels: dict[Loc, Entry] = field(default_factory=dict)
 
@@ -73,7 +73,7 @@ class LedgerIndex:
         """Fold one entry in; returns ``False`` if it changed nothing (a replayed event)."""
         loc, seg = entry.loc, (entry.loc[0], entry.loc[1])
         if entry.dup and entry.event_id is not None:
-            seen = self._dup_events.setdefault(seg, set())
+            seen = self.dup_events.setdefault(seg, set())
             if entry.event_id in seen:
                 return False
             seen.add(entry.event_id)
@@ -99,7 +99,7 @@ class LedgerIndex:
         if entry.kind == EntryKind.DONE:
             done = self.terminal.setdefault(seg, {})
             if loc[2] in done:
-                old, new = done[loc[2]], _shared(entry.outcome)
+                old, new = done[loc[2]], shared(entry.outcome)
                 if _RANK.get(new, 0) > _RANK.get(old, 0) > 0:
                     # A success beats a failure whatever the order the two were read in (the
                     # forwarder gave up on a lost worker that then reported after all), and
@@ -112,7 +112,7 @@ class LedgerIndex:
                         self.failed[loc] = entry
                     return True
                 return entry.dup
-            done[loc[2]] = outcome = _shared(entry.outcome)
+            done[loc[2]] = outcome = shared(entry.outcome)
             self.terminal_count += 1
             if outcome in self.totals:
                 self.totals[outcome] += 1
@@ -229,7 +229,7 @@ class LedgerIndex:
         self.totals["dups"] -= self.dups.get(seg, 0)
         self.terminal_count -= len(self.terminal.pop(seg, {}))
         self.dups.pop(seg, None)
-        self._dup_events.pop(seg, None)
+        self.dup_events.pop(seg, None)
 
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
         """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""
@@ -242,7 +242,7 @@ class LedgerIndex:
         return out
 
 
-def _shared(outcome: str | None) -> str:
+def shared(outcome: str | None) -> str:
     """The shared string object of ``outcome`` (``failed`` when missing)."""
     name = outcome or "failed"
     return _SHARED.get(name, name)

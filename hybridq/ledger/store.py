@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
-from hybridq.journal import JournalReader, JournalWriter, Record, RecordType
+from hybridq.journal import ChainPosition, JournalReader, JournalWriter, Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.ledger.compacted import (
@@ -44,6 +44,7 @@ __all__ = [
     "LedgerIndex",
     "Seg",
     "consistent",
+    "gone",
     "keys_dir",
     "ledger_dir",
     "load_compacted",
@@ -55,6 +56,7 @@ __all__ = [
     "read_ledger",
     "read_ledger_failures",
     "read_ledger_segment",
+    "replay",
     "save_compacted",
 ]
 
@@ -120,17 +122,18 @@ def read_ledger_failures(journal: str) -> Iterator[tuple[Record, Entry]]:
 
 
 def _replayed(
-    journal: str, index: LedgerIndex, compacted: Compacted, first: dict[str, int]
+    reader: JournalReader,
+    since: Mapping[str, ChainPosition] | None,
+    index: LedgerIndex,
+    compacted: Compacted,
+    first: dict[str, int],
 ) -> Iterator[Entry]:
-    """The ledger's entries for :func:`load_index`, but successes of live segments applied here.
+    """The ledger's entries after ``since``, but successes of live segments applied here.
 
     Most of a ledger is ``done`` entries that succeeded: they are folded in from the parsed JSON
     (:meth:`LedgerIndex.apply_succeeded`) rather than built into an :class:`Entry` first.
     """
-    path = ledger_dir(journal)
-    if not os.path.isdir(path):
-        return
-    for record in JournalReader(path).records():
+    for record in reader.records(since):
         if record.rtype != RecordType.DATA:
             continue
         try:
@@ -141,7 +144,7 @@ def _replayed(
                 # What Entry.from_body checks too: a record it would skip is skipped here.
                 _ = (body["id"], int(body.get("n", 1)), float(body.get("at", 0.0)), int(body.get("lt", 0)))
                 _ = int(body.get("g", 0))
-                if not compacted.is_compacted(loc[:2]) and loc[1] >= first.get(loc[0], sys.maxsize):
+                if not gone(compacted, first, (loc[0], loc[1])):
                     index.apply_succeeded(loc)
                 continue  # of a compacted segment: counted there already, and not a failure
             entry = Entry.from_body(body)
@@ -170,15 +173,29 @@ def _decoded(records: Iterable[Record]) -> Iterator[tuple[Record, Entry]]:
 def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
     """The index of the whole ledger; of compacted journal segments, only failures still listed."""
     index = LedgerIndex()
+    replay(journal, index, compacted)
+    return index
+
+
+def replay(
+    journal: str, index: LedgerIndex, compacted: Compacted, since: Mapping[str, ChainPosition] | None = None
+) -> dict[str, ChainPosition]:
+    """Fold the ledger's records after ``since`` (every one without it) into ``index``.
+
+    Returns where each ledger chain ended as read (what an index saved later covers:
+    :mod:`hybridq.ledger.saved_index`). Raises :class:`JournalCorruption` on damage.
+    """
+    path = ledger_dir(journal)
+    if not os.path.isdir(path):
+        return {}
+    reader = JournalReader(path)
     first = {writer: indices[0] for writer, indices in list_chains(journal).items()}
-    for entry in _replayed(journal, index, compacted, first):
+    for entry in _replayed(reader, since, index, compacted, first):
         # A chain that is gone was compacted away whole (and may have been forgotten since); a
         # segment below its chain's first one was compacted too, even when the chain was
         # forgotten and then grew again (its writer sealed its last segment while compaction
         # ran, then rotated into a new one): its entries are counted in Compacted already.
-        if compacted.is_compacted((entry.loc[0], entry.loc[1])) or entry.loc[1] < first.get(
-            entry.loc[0], sys.maxsize
-        ):
+        if gone(compacted, first, (entry.loc[0], entry.loc[1])):
             # Counted in Compacted already; only a failure still listed matters.
             if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
@@ -190,4 +207,9 @@ def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
         index.apply(entry)
     for loc in index.requeued:
         index.failed.pop(loc, None)
-    return index
+    return reader.position
+
+
+def gone(compacted: Compacted, first: Mapping[str, int], seg: Seg) -> bool:
+    """Whether journal segment ``seg`` was compacted (``first``: each journal chain's first index)."""
+    return compacted.is_compacted(seg) or seg[1] < first.get(seg[0], sys.maxsize)

@@ -22,6 +22,7 @@ from hybridq.journal.repair import (
     RepairReport,
 )
 from hybridq.journal.repair import repair as repair_journal
+from hybridq.ledger import saved_index
 from hybridq.ledger.checkpoint import LOCK_NAME
 from hybridq.ledger.store import KEYS_DIR, LEDGER_DIR
 
@@ -65,6 +66,10 @@ def repair(
     locks = [os.path.join(directory, LOCK_NAME)]
     if os.path.basename(directory) in (LEDGER_DIR, KEYS_DIR):
         locks.append(os.path.join(os.path.dirname(directory), LOCK_NAME))
+    if accept_loss and os.path.basename(directory) == LEDGER_DIR:
+        # The saved index may count records the repair drops: the next start replays them all.
+        # Before the repair, so that one cut short by a crash leaves none either.
+        saved_index.forget(os.path.dirname(directory))
     return repair_journal(
         directory,
         accept_loss=accept_loss,

@@ -70,15 +70,21 @@ def entries(rng: random.Random, writer: str, n: int) -> list[Entry]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_the_replay_gives_the_index_of_every_entry_applied(tmp_path: Path, seed: int) -> None:
-    rng = random.Random(seed)
+def journal_of_three_segments(tmp_path: Path) -> tuple[str, str]:
+    """A journal of one chain of three small segments; its path and its writer id."""
     journal = tmp_path / "journal"
     with JournalWriter(journal, max_segment_bytes=4096) as jw:  # small segments: three of them
         for _ in range(3):
             jw.append_many([b'{"x": "' + b"y" * 3000 + b'"}'])
     [(writer, segments)] = list_chains(str(journal)).items()
     assert len(segments) == 3
+    return str(journal), writer
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_replay_gives_the_index_of_every_entry_applied(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    journal, writer = journal_of_three_segments(tmp_path)
     ledger = open_ledger_writer(str(journal))
     ledger.append_many(e.to_bytes() for e in entries(rng, writer, 300))
     ledger.append_many(e.to_bytes() for e in entries(rng, "gone-writer", 40))  # a chain compacted away

@@ -522,7 +522,7 @@ def test_a_start_that_failed_before_its_count_saves_none(
         raise JournalCorruption("ledger", 0, reason="damaged for this test")
 
     with monkeypatch.context() as m:
-        m.setattr("hybridq.forwarder.state.load_index", broken)
+        m.setattr("hybridq.forwarder.state.resume", broken)  # the ledger's replay
         with pytest.raises(JournalCorruption):
             make_forwarder(journal_dir, MemoryTransport())
     assert not saved_count(journal_dir).exists()

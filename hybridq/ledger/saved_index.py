@@ -1,0 +1,328 @@
+"""The ledger's index saved to a file, so a start replays only the ledger records written after it.
+
+Replaying the whole ledger at start is O(finished jobs of the live journal segments): 200,000
+``done`` entries took 2 to 4 s before the forwarder's first push (issue 29). The forwarder saves
+its :class:`LedgerIndex` at a clean stop and every so many entries (``ledger-index.state`` in the
+journal directory, an atomic, checksummed state file: docs/reliability.md rule 6) together with
+what it covers: per ledger chain, the position up to which every record is folded in, and the
+compaction state it was made under. A start loads it, then replays only what follows those
+positions (:func:`hybridq.ledger.store.replay`).
+
+A saved index is only a cache of the ledger, and trusted only where it provably still is one.
+It is ignored (the whole ledger replayed, as without it) when it is damaged, of another version,
+names a ledger chain that is gone (saves name only chains that exist), a position past the end
+of its chain or a segment the chain never had, or was made under compaction of a journal segment
+that is live now; a ledger chain it names that compaction
+shortened is replayed from its first segment left, one it does not name from its start, and what
+it says of journal segments compacted since it was saved is dropped as the replay drops it. The
+reader checks each chain's first record after the position (its sequence number and checksum): a
+ledger changed under it raises, and the whole ledger is replayed. ``hybridq journal repair`` of
+the ledger deletes the file (:func:`forget`).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridq import crashpoints
+from hybridq.errors import JournalCorruption
+from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps
+from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
+from hybridq.journal.reader import list_chains, read_seal
+from hybridq.journal.statefile import read_state, write_state
+from hybridq.ledger.compacted import Compacted
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.index import LedgerIndex, shared
+from hybridq.ledger.store import gone, ledger_dir, replay
+
+__all__ = [
+    "SAVED_INDEX_NAME",
+    "SAVE_EVERY",
+    "IndexSaver",
+    "Saved",
+    "decode",
+    "encode",
+    "forget",
+    "load",
+    "resume",
+    "save",
+]
+
+log = logging.getLogger("hybridq.ledger")
+
+#: The state file (``<journal>/ledger-index.state``).
+SAVED_INDEX_NAME = "ledger-index"
+_VERSION = 1
+#: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
+SAVE_EVERY = 20_000
+
+
+@dataclass
+class Saved:
+    """A saved index and what it covers."""
+
+    index: LedgerIndex
+    #: Per ledger chain, the position up to which every record is folded into :attr:`index`.
+    covered: dict[str, ChainPosition]
+    #: The compaction state's ``through`` it was made under.
+    through: dict[str, int]
+    #: Per ledger chain it covers, the chain's first segment when it was made: a segment deleted
+    #: since (ledger compaction) may have held keys the index still has without their window.
+    first: dict[str, int]
+
+
+def encode(
+    index: LedgerIndex,
+    covered: Mapping[str, ChainPosition],
+    through: Mapping[str, int],
+    first: Mapping[str, int],
+) -> bytes:
+    """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
+
+    Keys with a window (``until``) are left out: they came from the key store, which every start
+    replays after the ledger.
+    """
+    terminal = []
+    for (writer, segment), done in index.terminal.items():
+        by_outcome: dict[str, list[int]] = {}
+        for offset, outcome in done.items():
+            by_outcome.setdefault(outcome, []).append(offset)
+        terminal.append([writer, segment, by_outcome])
+    body: dict[str, Any] = {
+        "v": _VERSION,
+        "covered": {w: p.to_json() for w, p in covered.items()},
+        "through": dict(through),
+        "first": dict(first),
+        "terminal": terminal,
+        "dups": [[w, s, n] for (w, s), n in index.dups.items()],
+        "dup_events": [[w, s, sorted(ids)] for (w, s), ids in index.dup_events.items()],
+        "retries": [[*loc, run_at, n] for loc, (run_at, n) in index.retries.items()],
+        "lost": [[*loc, n, times] for loc, (n, times) in index.lost.items()],
+        "later": [[*loc, n, since] for loc, (n, since) in index.later.items()],
+        "requeued": [list(loc) for loc in index.requeued],
+        "failed": [_body(e) for e in index.failed.values()],
+        "keys": [_body(e) for e in index.keys.values() if e.until is None],
+        "duplicates": [_body(e) for e in index.duplicates.values()],
+        "cancels": [_body(e) for e in index.cancels.values()],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes) -> Saved:
+    """Inverse of :func:`encode`; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed."""
+    body = json.loads(raw)
+    if body["v"] != _VERSION:
+        raise ValueError(f"version {body['v']!r}")
+    index = LedgerIndex()
+    for writer, segment, by_outcome in body["terminal"]:
+        done = index.terminal.setdefault((str(writer), int(segment)), {})
+        for outcome, offsets in by_outcome.items():
+            name = shared(str(outcome))
+            done.update(dict.fromkeys(map(int, offsets), name))
+            index.terminal_count += len(offsets)
+            if name in index.totals:
+                index.totals[name] += len(offsets)
+    for writer, segment, n in body["dups"]:
+        index.dups[str(writer), int(segment)] = int(n)
+        index.totals["dups"] += int(n)
+    for writer, segment, ids in body["dup_events"]:
+        index.dup_events[str(writer), int(segment)] = set(map(str, ids))
+    for w, s, o, run_at, n in body["retries"]:
+        index.retries[str(w), int(s), int(o)] = (float(run_at), int(n))
+    for w, s, o, n, times in body["lost"]:
+        index.lost[str(w), int(s), int(o)] = (int(n), int(times))
+    for w, s, o, n, since in body["later"]:
+        index.later[str(w), int(s), int(o)] = (int(n), float(since))
+    index.requeued = {(str(w), int(s), int(o)) for w, s, o in body["requeued"]}
+    index.failed = {e.loc: e for e in map(Entry.from_body, body["failed"])}
+    for entry in map(Entry.from_body, body["keys"]):
+        index.apply(entry)
+    index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
+    index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
+    covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
+    through = {str(w): int(i) for w, i in body["through"].items()}
+    return Saved(index, covered, through, {str(w): int(i) for w, i in body["first"].items()})
+
+
+def save(
+    journal: str, index: LedgerIndex, covered: Mapping[str, ChainPosition], through: Mapping[str, int]
+) -> None:
+    """Durably replace the saved index (a crash midway leaves the previous one whole)."""
+    ops = _CrashingOps() if crashpoints.enabled() else OS_FILEOPS
+    path = ledger_dir(journal)
+    chains = list_chains(path) if os.path.isdir(path) else {}
+    first = {writer: chains[writer][0] for writer in covered if writer in chains}
+    write_state(journal, SAVED_INDEX_NAME, encode(index, covered, through, first), fileops=ops)
+    crashpoints.reached("index_after_save")
+
+
+class _CrashingOps(FileOps):
+    """Writes half of what it is asked, then passes the ``index_mid_write`` crash point (tests)."""
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        written = super().write(fd, data[: max(1, len(data) // 2)])
+        crashpoints.reached("index_mid_write")
+        return written
+
+
+def forget(journal: str) -> None:
+    """Delete the saved index (its ledger was changed by other means than appends: a repair)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(journal, SAVED_INDEX_NAME + ".state"))
+
+
+def load(journal: str) -> Saved | None:
+    """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay)."""
+    try:
+        raw = read_state(journal, SAVED_INDEX_NAME)
+        return None if raw is None else decode(raw)
+    except Exception as exc:
+        log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
+        return None
+
+
+def resume(journal: str, compacted: Compacted) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
+    """The ledger's index (what :func:`~hybridq.ledger.store.load_index` gives), from the saved one.
+
+    Returns the index, where each ledger chain ended as read, and how many chains were replayed
+    from a saved position (0: none was usable, the whole ledger was replayed).
+    """
+    saved = load(journal)
+    since = None if saved is None else _usable(journal, saved, compacted)
+    if saved is not None and since is not None:
+        _compacted_since(saved.index, compacted, list_chains(journal))
+        try:
+            return saved.index, replay(journal, saved.index, compacted, since), len(since)
+        except JournalCorruption as exc:
+            log.warning("the ledger changed under its saved index (the whole ledger is replayed): %s", exc)
+    index = LedgerIndex()
+    return index, replay(journal, index, compacted), 0
+
+
+def _compacted_since(index: LedgerIndex, compacted: Compacted, chains: Mapping[str, list[int]]) -> None:
+    """Drop from ``index`` what the replay keeps of no journal segment compacted since it was saved.
+
+    The replay keeps, of a compacted segment, only failures still listed, requeue marks and keys.
+    """
+    first = {writer: indices[0] for writer, indices in chains.items()}
+    for seg in [
+        seg for seg in {*index.terminal, *index.dups, *index.dup_events} if gone(compacted, first, seg)
+    ]:
+        index.forget_segment(seg)
+    for table in (index.retries, index.lost, index.later, index.duplicates, index.cancels):
+        for loc in [loc for loc in table if gone(compacted, first, (loc[0], loc[1]))]:
+            del table[loc]
+
+
+def _usable(journal: str, saved: Saved, compacted: Compacted) -> dict[str, ChainPosition] | None:
+    """Where to resume each ledger chain from ``saved``; ``None`` if it must not be trusted."""
+    chains = list_chains(journal)
+    for writer, through in saved.through.items():
+        indices = chains.get(writer)
+        if compacted.through.get(writer, -1) < through and indices is not None and indices[0] <= through:
+            log.warning("ignoring the saved ledger index: it was made under compaction of a live segment")
+            return None
+    path = ledger_dir(journal)
+    ledger = list_chains(path) if os.path.isdir(path) else {}
+    since: dict[str, ChainPosition] = {}
+    for writer, at in saved.covered.items():
+        indices = ledger.get(writer)
+        if indices is None:
+            # Saves name only chains that exist: deleted since (by a compaction after the last
+            # save, or by hand), and what it said of it cannot be told apart from the rest.
+            log.warning("ignoring the saved ledger index: ledger chain %s is gone", writer)
+            return None
+        if indices[0] != saved.first.get(writer):
+            # Segments deleted since (ledger compaction): a key they held went to the key store
+            # with its window, and may since have expired there; the index would bring it back
+            # without one. The forwarder saves right after such a compaction (IndexSaver.soon).
+            log.warning("ignoring the saved ledger index: ledger chain %s was compacted since", writer)
+            return None
+        if at.segment in indices:
+            fits = at.offset <= os.path.getsize(os.path.join(path, segment_name(writer, at.segment)))
+        else:  # read to the end of its sealed last segment, or not a position of this chain
+            fits = at.segment == indices[-1] + 1 and at.offset == FILE_HEADER_SIZE
+            fits = fits and _sealed(path, writer, indices[-1])
+        if not fits:
+            log.warning(
+                "ignoring the saved ledger index: ledger chain %s does not reach its position", writer
+            )
+            return None
+        since[writer] = at
+    return since
+
+
+def _sealed(path: str, writer: str, segment: int) -> bool:
+    """Whether the ledger segment ends with its seal (a segment cut short since does not)."""
+    try:
+        return read_seal(path, writer, segment) is not None
+    except JournalCorruption:
+        return False
+
+
+def _body(entry: Entry) -> Any:
+    return json.loads(entry.to_bytes())
+
+
+class IndexSaver:
+    """When the forwarder saves its index, and what it covers (it alone writes the file).
+
+    It covers the ledger chains as the start read them (records other processes append later are
+    replayed at the next start) and the forwarder's own chain up to its last append whose entries
+    are folded in. Saved every :data:`SAVE_EVERY` entries, or a eighth of the index if more (each
+    save costs O(index): amortized O(1) per entry), and at a clean stop; after a kill -9 a start
+    replays at most that many entries past it.
+    """
+
+    def __init__(self, journal: str, read: Mapping[str, ChainPosition]) -> None:
+        self.journal = journal
+        self.covered = dict(read)
+        self.unsaved = 0
+        self._soon = False
+        #: Appends begun and not folded in: after one that failed, nothing more is saved this run.
+        self._open = 0
+
+    @property
+    def broken(self) -> bool:
+        """Whether an append failed before its entries were folded in (its records may be durable)."""
+        return self._open > 0
+
+    def begin(self) -> None:
+        """An append to the forwarder's own chain starts."""
+        self._open += 1
+
+    def appended(self, writer_id: str, end: ChainPosition, entries: int) -> None:
+        """The append begun last is folded in: the own chain ends at ``end``, all of it in the index."""
+        self._open -= 1
+        self.covered[writer_id] = end
+        self.unsaved += entries
+
+    def due(self, index: LedgerIndex) -> bool:
+        """Whether enough entries were appended since the last save, or :meth:`soon` was called."""
+        return not self.broken and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+
+    def soon(self) -> None:
+        """Save at the next chance: ledger segments were deleted (the saved index no longer fits)."""
+        self._soon = True
+
+    def save(self, index: LedgerIndex, compacted: Compacted) -> None:
+        """Save ``index`` (a failure only leaves the previous one: a longer replay, logged)."""
+        if self.broken:
+            return
+        try:
+            path = ledger_dir(self.journal)
+            chains = list_chains(path) if os.path.isdir(path) else {}
+            self.covered = {w: at for w, at in self.covered.items() if w in chains}  # not compacted away
+            save(self.journal, index, self.covered, compacted.through)
+        except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
+            log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
+            return
+        self.unsaved, self._soon = 0, False
