@@ -1,8 +1,9 @@
 """Jobs a worker's claim refused because their limit key had no room: back into the run table.
 
-The claim script (``hybridq.worker.scripts``) adds the refused variant of the run's started event
-(its ``refused`` field set, signed by the worker) to the owner's stream with the why
-(``Event.refused``, not signed), in the same atomic step as the refusal. With signing on, only
+On a refusal by the claim script (``hybridq.worker.scripts``), the worker adds the refused
+variant of the run's started event (its ``refused`` field set, signed by the worker) to the
+owner's stream with the why (``Event.refused``, not signed), in a second call right after the
+claim (``hybridq.worker.refusal``: made only when a claim is refused). With signing on, only
 the signed field counts: a Redis writer adding ``r`` to a copy of a started event takes nothing
 back (:func:`is_refusal`). The
 harvest passes those here before it deletes them from Redis: each job still waiting for that
@@ -14,10 +15,11 @@ the same attempt again as soon as its key has room, at the forwarder's next step
 to find it stranded (docs/forwarder.md, "Limits per key").
 
 If the forwarder dies before the commit, the events are harvested again; if Redis loses them,
-the job is one the refill pass (a Redis that lost its state) or the reconcile pass (stranded)
-delivers again, as before. A job in the run table is never delivered by a pass, so it is
-pushed once; a reconcile pass only probes a job put back (its run may go on after all, and its
-worker die: orphaned, its next attempt delivered), leaving the refused copy (stranded) to the row.
+or the worker dies between its claim and that call, the job is one the refill pass (a Redis
+that lost its state) or the reconcile pass (stranded) delivers again, as before. A job in the
+run table is never delivered by a pass, so it is pushed once; a reconcile pass only probes a
+job put back (its run may go on after all, and its worker die: orphaned, its next attempt
+delivered), leaving the refused copy (stranded) to the row.
 
 A refusal may also come back for a run that is not waiting: replayed (a copy of a genuine signed
 one), or from a claim refusing a copy the refill queued again in the same step. So the row keeps

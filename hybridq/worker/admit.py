@@ -196,18 +196,10 @@ def suppressed(conn: redis.Redis, d: Delivery, stored: Mapping[str, Any]) -> Any
     return stored.get("result")
 
 
-def signed_started(owner: str, event: StartedEvent, *, started: bool, refused: bool) -> tuple[str, str]:
-    """``event`` and its refused variant as the claim script adds them to ``owner``'s stream ("": not sent).
+def signed_started(owner: str, event: StartedEvent) -> str:
+    """``event`` as the claim script adds it to ``owner``'s stream: signed, when this process holds keys.
 
-    The claim sends the started event (``started``: not for a quick task) and, for a limited run
-    (``refused``), the refused variant, added instead if its key has no room: signed, as the
-    forwarder takes the job back on its word (docs/forwarder.md). Each only when sent: an
-    admitted quick run adds none. Both from one JSON object (no copy of the event made for the
-    variant): every limited claim sends the variant, however rarely a key refuses.
+    Sent by a claim only when the task is not quick; a limited run's refused variant is made
+    only when its claim is refused (:mod:`hybridq.worker.refusal`).
     """
-    body = event.to_json()
-    ring = keyring()
-    out = []
-    for send, each in ((started, body), (refused, {**body, "refused": True})):
-        out.append(json.dumps(each if ring is None else ring.sign_event(owner, each)) if send else "")
-    return out[0], out[1]
+    return json.dumps(sign_event(owner, event.to_json()))

@@ -140,12 +140,12 @@ return back
 """
 
 #: Arguments per job of :data:`START`.
-START_ARITY = 16
+START_ARITY = 15
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), then per job (START_ARITY): job
 # id, queue, execution id, then the claim's keys (result, lease, job hash, epoch) and arguments
-# (token, lease ms, job id, requeue, attempt, epoch generation), then the owner's event stream,
-# the started event and its refused variant ("" "" "": none).
+# (token, lease ms, job id, requeue, attempt, epoch generation), then the owner's event stream
+# and the started event ("" "": none; a refused claim's event is the worker's to send after).
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus). RQ's view of the job (status
 # ``started``, its worker) is written here; its execution's records (the started registry) only
 # by RECORD, for a job still running a while after its claim: most jobs end before, and
@@ -172,8 +172,7 @@ local function start(i)
     -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
     local known = {cancel = f[2] ~= false}
     local reply = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
-        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14],
-            ARGV[i + 15]},
+        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
         server, known)
     -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
     -- A copy that found another delivery running the job (BUSY) names no execution: RQ's
@@ -193,7 +192,7 @@ local function start(i)
     redis.call("LREM", intermediate, 1, id)
     return reply
 end
-for i = 4, #ARGV, 16 do
+for i = 4, #ARGV, 15 do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
@@ -344,9 +343,9 @@ def record_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]
 
 
 def claim_part(item: Taken) -> list[Any]:
-    """A job's claim keys and arguments in :data:`START`'s layout (the started events' or ``""``)."""
+    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``)."""
     claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
-    extra = [claim_keys[4], claim_args[6], claim_args[7]] if len(claim_keys) > 4 else ["", "", ""]
+    extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
     return [*claim_keys[:4], *claim_args[:6], *extra]
 
 

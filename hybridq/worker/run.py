@@ -50,6 +50,7 @@ from hybridq.worker.admit import (
     signed_started,
     suppressed,
 )
+from hybridq.worker.refusal import is_limit_refusal, send_refusal
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
@@ -218,13 +219,16 @@ def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -
             return None
         if status == ClaimStatus.FENCED:
             # Not a failure of the job: nothing ran, and nothing is reported (no attempt used).
+            why = stored.decode() if isinstance(stored, bytes) else str(stored)
             log.warning(
                 "job %s attempt %d: not run (%s: a delivery from before the forwarder's current epoch, "
                 "or its limit key has no room); the forwarder delivers it again if it has not finished",
                 env.id,
                 d.attempt,
-                stored.decode() if isinstance(stored, bytes) else stored,
+                why,
             )
+            if is_limit_refusal(d, why):  # the forwarder takes it back at its next step
+                send_refusal(conn, d, why)
             return None
         # ClaimStatus.BUSY: another delivery of this key runs the task now: wait for it.
         if poll is None:
@@ -287,14 +291,11 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        # A started event (not for a quick task), a limited run's refused one (admit.signed_started).
-        started = d.report_start and not quick.is_quick(env.func)
-        if started or (d.report_start and d.limit):
-            event = StartedEvent.of(d, time.time())
+        # A started event (not for a quick task). A limited run's refused one is made only
+        # when its claim is refused (hybridq.worker.refusal).
+        if d.report_start and not quick.is_quick(env.func):
             claim_keys.append(keys.events(d.owner))
-            claim_args += [
-                *signed_started(d.owner, event, started=started, refused=bool(d.limit)),
-            ]
+            claim_args.append(signed_started(d.owner, StartedEvent.of(d, time.time())))
         return cls(raw, d, token, claim_keys, claim_args, func)
 
 

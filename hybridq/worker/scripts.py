@@ -45,10 +45,9 @@ CALL_TIMEOUT_S = 5.0
 
 # KEYS: result, lease, RQ's job hash, the owner's epoch key[, the owner's event stream]. ARGV:
 # token, lease ms, job id, requeue, attempt, the delivery's epoch generation[, the started event
-# (protocol.StartedEvent, signed by the worker; "" none) added to that stream by a new claim,
-# the refused variant of it (its ``refused`` field set, signed; "" none) added instead by a
-# claim its limit key refuses]. Each is sent only when used: a limited quick task's admitted
-# claim adds no event.
+# (protocol.StartedEvent, signed by the worker; "" none) added to that stream by a new claim].
+# Sent only when used: a quick task's claim adds no event. A claim its limit key refuses
+# answers {4, "limited: ..."}, and the worker sends the refused event (hybridq.worker.refusal).
 # Returns {0, ""} claimed; {1, stored} suppressed (return stored); {2, stored} stale (this
 # attempt, or a later one, of this job already failed: report that); {3, holder} busy (another
 # delivery runs it now); {4, why} fenced: Redis brought this delivery back from before the
@@ -144,19 +143,16 @@ local function claim(K, A, server, known)
         end
     end
     -- A limited key (hybridq.worker.limit_scripts): no slot, or no rate left, runs nothing and
-    -- uses no attempt. The run's refused started event (A[8], signed: its ``refused`` field)
-    -- goes to the owner's stream with the why (``r``, not signed): the forwarder takes the job
-    -- back into its run table at its next step, and the key gate pushes the same attempt
-    -- again when the key has room (hybridq.forwarder.refusals).
+    -- uses no attempt. On this reply the worker sends the run's refused started event (signed)
+    -- to the owner's stream (hybridq.worker.refusal): the forwarder takes the job back into its
+    -- run table at its next step, and the key gate pushes the same attempt again when the key
+    -- has room (hybridq.forwarder.refusals).
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
             limit_left(lim, K[3], tonumber(A[2]))
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
-            end
-            if K[5] and A[8] and A[8] ~= "" then
-                redis.call("XADD", K[5], "*", "e", A[8], "r", why)
             end
             return {4, why}
         end

@@ -8,16 +8,22 @@ every limited key for one lease (no burst).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from hybridq import Queue
 from hybridq.envelope.model import new_job_id
-from hybridq.protocol import ClaimStatus, keys
+from hybridq.protocol import ClaimStatus, Delivery, StartedEvent, keys
+from hybridq.security.signing import ENV_KEY, keyring
 from hybridq.testing.embedded import RedisServer
-from hybridq.worker import scripts
+from hybridq.worker import quick, scripts
+from hybridq.worker.run import CLAIMED, Run
+from hybridq.worker.run import claim as run_claim
 
 LEASE_MS = 400
 
@@ -213,31 +219,38 @@ def test_a_copy_cancelled_before_its_claim_leaves_the_queued_count(conn: redis.R
     assert queued(conn, "gone") == -1  # before: 0, the forwarder's +1 for it stayed
 
 
-def test_a_limited_claim_adds_the_refused_event_it_is_given_and_an_admitted_quick_one_adds_none(
-    conn: redis.Redis,
+def test_an_admitted_limited_claim_carries_no_refused_event_and_a_refused_one_sends_it_signed(
+    conn: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The worker passes the started event (A[7], "" for a quick task) and its refused variant
-    # (A[8], signed by the worker: the forwarder believes only that); each is added only when used.
+    # Before: every limited claim carried its refused started event, signed, in case its key
+    # refused (the workers' part of the limits' cost per job, docs/benchmarks.md). Now a
+    # quick task's admitted claim carries no event at all, and only a refused claim is followed
+    # by its refused event, signed: the forwarder believes only that (hybridq.forwarder.refusals).
+    monkeypatch.setenv(ENV_KEY, "s" * 64)
+    monkeypatch.setitem(quick._streaks, "tests.tasks.add", quick.STREAK)  # a quick task's runs
     settled(conn)
-    stream = keys.events("owner")
-    runs = [token("1,0,0,ev") for _ in range(2)]
-    for tok in runs:
-        job_id = tok.split("/", 1)[0]
-        claim_keys = [
-            keys.result(job_id),
-            keys.lease(job_id),
-            keys.rq_job(job_id),
-            keys.epoch("owner"),
-            stream,
-        ]
-        scripts.claim(
-            conn, claim_keys, [tok, LEASE_MS, job_id, 0, 1, 0, "", f'{{"refused":true,"id":"{job_id}"}}']
-        )
-    entries = conn.xrange(stream)
-    assert len(entries) == 1, "the admitted quick run added a started event"
-    fields = entries[0][1]
-    assert fields[b"e"] == f'{{"refused":true,"id":"{runs[1].split("/", 1)[0]}"}}'.encode()
+    queue = Queue("default", tmp_path / "journal")
+    runs = []
+    for i in range(2):
+        env = queue.prepare("tests.tasks.add", [i, i], limit_key="ev")
+        d = Delivery(env, "owner", ("w", 1, i), report_start=True, limit="1,0,0,ev")
+        runs.append(Run.new(d.to_json(), d, print))
+    assert len(runs[0].claim_args) == 6, "the admitted claim carried events"
+    assert run_claim(conn, runs[0]) is CLAIMED
+    assert conn.xlen(keys.events("owner")) == 0, "the admitted quick run added an event"
+    assert run_claim(conn, runs[1]) is None  # refused: concurrency 1, held by the first
+    (_, fields), *more = conn.xrange(keys.events("owner"))
+    assert not more
     assert fields[b"r"] == b"limited: concurrency"
+    body = json.loads(fields[b"e"])
+    assert keyring().verify_event("owner", body), "the refusal is signed"  # type: ignore[union-attr]
+    event = StartedEvent.from_json(body)
+    assert (event.id, event.loc, event.attempt, event.refused) == (
+        runs[1].d.envelope.id,
+        ("w", 1, 1),
+        1,
+        True,
+    )
 
 
 @pytest.mark.parametrize("stored", ["succeeded", "failed", "unreadable", "busy"])
