@@ -40,7 +40,7 @@ from typing import Any
 
 from hybridq.envelope.limits import finite
 from hybridq.journal.records import Loc
-from hybridq.protocol import CompletionEvent, EntryKind
+from hybridq.protocol import CompletionEvent, EntryKind, Outcome
 
 #: A journal segment, as an entry's ``loc`` names it: (writer id, segment index).
 Seg = tuple[str, int]
@@ -170,26 +170,28 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
     Raises:
         ValueError, TypeError, KeyError: the event is garbled (see :meth:`CompletionEvent.from_json`).
     """
-    event = CompletionEvent.from_json(body)
-    terminal = event.terminal
+    # The event's checked fields, not the event itself: one per harvested event.
+    (job_id, loc, queue, outcome, final, retry_delay, attempt, dup, error, at, later, later_since,
+     result, result_kept, result_bytes, started, worker, gen) = CompletionEvent.checked(body)  # fmt: skip
+    terminal = outcome == Outcome.SUCCEEDED or final  # CompletionEvent.terminal
     return Entry(
         EntryKind.DONE if terminal else EntryKind.RETRY,
-        event.id,
-        event.loc,
-        outcome=event.outcome if terminal else None,
-        attempt=event.attempt,
-        dup=event.dup,
-        error=event.error,
-        run_at=None if terminal else clock() + finite("retry_delay", event.retry_delay or 0.0),
-        at=clock() if event.at is None else event.at,
-        queue=event.queue,
+        job_id,
+        loc,
+        outcome=outcome if terminal else None,
+        attempt=attempt,
+        dup=dup,
+        error=error,
+        run_at=None if terminal else clock() + finite("retry_delay", retry_delay or 0.0),
+        at=clock() if at is None else at,
+        queue=queue,
         event_id=event_id,
-        later=event.later,
-        later_since=event.later_since,
-        result=event.result if terminal else None,
-        result_kept=event.result_kept and terminal,
-        result_bytes=event.result_bytes if terminal else None,
-        started=event.started,
-        worker=event.worker,
-        gen=event.gen,
+        later=later,
+        later_since=later_since,
+        result=result if terminal else None,
+        result_kept=result_kept and terminal,
+        result_bytes=result_bytes if terminal else None,
+        started=started,
+        worker=worker,
+        gen=gen,
     )

@@ -24,6 +24,7 @@ __all__ = [
     "STARTED",
     "WORKER_MAX_CHARS",
     "CompletionEvent",
+    "EventFields",
     "StartedEvent",
 ]
 
@@ -36,6 +37,29 @@ WORKER_MAX_CHARS = 200
 RESULT_MAX_BYTES = 64 * 1024
 #: The largest segment index, offset or attempt number an event may name (a C ``long``).
 _MAX_INT = 2**63 - 1
+
+
+#: :meth:`CompletionEvent.checked`: an event's fields, in :class:`CompletionEvent`'s order.
+EventFields = tuple[
+    str,
+    Loc,
+    str | None,
+    str,
+    bool,
+    float | None,
+    int,
+    bool,
+    str | None,
+    float | None,
+    int,
+    float | None,
+    Any,
+    bool,
+    int | None,
+    float | None,
+    str | None,
+    int,
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +191,18 @@ class CompletionEvent:
             ValueError, TypeError, KeyError: the event is garbled (not JSON, a field missing, of the
                 wrong type or out of range).
         """
+        return cls(*cls.checked(body))
+
+    @staticmethod
+    def checked(body: Mapping[str, Any] | None) -> EventFields:
+        """:meth:`from_json`'s fields, checked the same way, in the class's order, without the event.
+
+        The forwarder's harvest makes its ledger entry from them (one per harvested event:
+        making a frozen event first, only to copy it, was a tenth of the harvest's CPU).
+
+        Raises:
+            ValueError, TypeError, KeyError: as :meth:`from_json`.
+        """
         if body is None:
             raise ValueError("not JSON")
         writer, segment, offset = typed("loc", body["loc"], list)
@@ -179,25 +215,37 @@ class CompletionEvent:
         outcome, final = str(body["outcome"]), bool(body.get("final", True))
         retry_delay = opt_finite("retry_delay", body.get("retry_delay"))
         at = opt_finite("at", body.get("at"))
-        return cls(
-            id=typed("id", body["id"], str),
-            loc=loc,
-            outcome=outcome,
-            final=final,
-            retry_delay=retry_delay,
-            attempt=_count("attempt", body.get("attempt", 1)),
-            dup=bool(body.get("dup", False)),
-            error=opt_str("error", body.get("error")),
-            at=at,
-            queue=opt_str("queue", body.get("queue")),
-            later=_count("later", body.get("later", 0)),
-            later_since=opt_finite("later_since", body.get("later_since")),
-            result=body.get("result"),
-            result_kept="result" in body and outcome == Outcome.SUCCEEDED,
-            result_bytes=_count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None,
-            started=opt_finite("started", body.get("started")),
-            worker=_worker(body.get("worker")),
-            gen=_count("gen", body.get("gen", 0)),
+        job_id = typed("id", body["id"], str)
+        attempt = _count("attempt", body.get("attempt", 1))
+        dup = bool(body.get("dup", False))
+        error = opt_str("error", body.get("error"))
+        queue = opt_str("queue", body.get("queue"))
+        later = _count("later", body.get("later", 0))
+        later_since = opt_finite("later_since", body.get("later_since"))
+        result_kept = "result" in body and outcome == Outcome.SUCCEEDED
+        result_bytes = _count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None
+        started = opt_finite("started", body.get("started"))
+        worker = _worker(body.get("worker"))
+        gen = _count("gen", body.get("gen", 0))
+        return (
+            job_id,
+            loc,
+            queue,
+            outcome,
+            final,
+            retry_delay,
+            attempt,
+            dup,
+            error,
+            at,
+            later,
+            later_since,
+            body.get("result"),
+            result_kept,
+            result_bytes,
+            started,
+            worker,
+            gen,
         )
 
     @property

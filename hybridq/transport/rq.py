@@ -422,18 +422,11 @@ class RQTransport(Transport):
         ttl_ms = max(1, int(result_ttl_s * 1000))
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for job in jobs:
-                self._forget(
-                    keys=[
-                        keys.rq_job(job.job_id),
-                        f"{keys.RQ_PREFIX}:results:{job.job_id}",
-                        keys.rq_registry("finished", job.queue),
-                        keys.rq_registry("failed", job.queue),
-                        keys.result(job.key_id),
-                    ],
-                    args=[job.job_id, "1" if job.implicit_key else "0", ttl_ms],
-                    client=pipe,
-                )
+            for at in range(0, len(jobs), 200):  # a call per 200 jobs: Redis is not held long
+                args: list[Any] = [keys.RQ_PREFIX, keys.result(""), ttl_ms]
+                for job in jobs[at : at + 200]:
+                    args += [job.job_id, job.queue, job.key_id, "1" if job.implicit_key else "0"]
+                self._forget(args=args, client=pipe)
             pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc

@@ -262,21 +262,31 @@ return 0
 """
 
 
-# KEYS: RQ's job hash, RQ's results stream, RQ's finished and failed registries of its queue, the
-# key's stored outcome. ARGV: job id, 1 if the key is the job's own id, how long (ms) that stored
-# outcome stays. After the harvest put the job in the ledger (fsync'd): what Redis keeps of it
-# is a cache nobody reads (fetch_job and `failed list` read the ledger), so it goes now instead
-# of after RQ's result_ttl (docs/forwarder.md, "What Redis holds"). The first command is a DEL,
-# which Redis allows over maxmemory: the rest of the script then runs too (it only frees).
+# ARGV: RQ's key prefix, the stored outcomes' key prefix, how long (ms) an implicit key's stored
+# outcome stays, then per job its id, queue, key id (Envelope.key_id) and 1 if the key is the
+# job's own id. After the harvest put the jobs in the ledger (fsync'd): what Redis keeps of them
+# (RQ's hash, results stream, finished and failed registry entries) is a cache nobody reads
+# (fetch_job and `failed list` read the ledger), so it goes now instead of after RQ's result_ttl
+# (docs/forwarder.md, "What Redis holds"). The first command is a DEL, which Redis allows over
+# maxmemory: the rest of the script then runs too (it only frees). A batch of jobs per call (a
+# call per job cost Redis more than the rest of the harvest: docs/benchmarks.md); each job's
+# part its own (pcall).
 _FORGET = """
-redis.call("DEL", KEYS[1], KEYS[2])
-redis.call("ZREM", KEYS[3], ARGV[1])
-redis.call("ZREM", KEYS[4], ARGV[1])
-if ARGV[2] == "1" then
-    local ttl = redis.call("PTTL", KEYS[5])
-    if ttl == -1 or ttl > tonumber(ARGV[3]) then
-        redis.call("PEXPIRE", KEYS[5], ARGV[3])
+local rq, keep = ARGV[1], tonumber(ARGV[3])
+local function forget(id, queue, key, implicit)
+    redis.call("DEL", rq .. ":job:" .. id, rq .. ":results:" .. id)
+    redis.call("ZREM", rq .. ":finished:" .. queue, id)
+    redis.call("ZREM", rq .. ":failed:" .. queue, id)
+    if implicit == "1" then
+        local result = ARGV[2] .. key
+        local ttl = redis.call("PTTL", result)
+        if ttl == -1 or ttl > keep then
+            redis.call("PEXPIRE", result, ARGV[3])
+        end
     end
+end
+for i = 4, #ARGV, 4 do
+    pcall(forget, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
 end
 return 1
 """

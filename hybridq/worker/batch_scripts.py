@@ -238,14 +238,16 @@ return written
 #: Arguments per job of :data:`END`.
 END_ARITY = 17
 
-# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), then per job
-# (END_ARITY): job id, queue, execution id, when it started (seconds), "1" finished or "0"
-# failed (in RQ), the TTL of RQ's result (result_ttl if finished, failure_ttl if failed; -1
-# keeps it, 0 deletes a finished job), RQ's result fields (return_value or exc_string, base64 as
-# RQ writes them; "" none), then hybridq's outcome script's keys (result, lease, events; "" if
-# this job stores no outcome) and arguments (token, outcome, key lifetime, event, kept event),
-# then "1" if RECORD was sent for its execution (its records are removed) else "0".
-# Returns per job what the outcome script returned (hybridq.protocol.FinishReply), -1 if none.
+# ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), how long the jobs
+# ran (seconds, all together: RQ's total_working_time), then per job (END_ARITY): job id, queue,
+# execution id, when it started (seconds), "1" finished or "0" failed (in RQ), the TTL of RQ's
+# result (an integer: result_ttl if finished, failure_ttl if failed; -1 keeps it, 0 deletes a
+# finished job), RQ's result fields (return_value or exc_string, base64 as RQ writes them; ""
+# none), then hybridq's outcome script's keys (result, lease, events; "" if this job stores no
+# outcome) and arguments (token, outcome, key lifetime, event, kept event), then "1" if RECORD
+# was sent for its execution (its records go) else "0". Returns per job what the outcome script
+# returned (hybridq.protocol.FinishReply), -1 if none. Numbers stay text, or whole: Lua formats
+# a number with snprintf, and Redis parses a fraction slowly (docs/benchmarks.md).
 END = (
     FINISH_LUA
     + ISOLATE_LUA
@@ -254,10 +256,10 @@ END = (
 local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local worker = rq .. ":worker:" .. name
 local replies = {}
-local worked, succeeded, failed = 0, 0, 0  -- the worker's counters, added once per call
+local worked, succeeded, failed, expiry = tonumber(ARGV[5]), 0, 0, {}  -- counters, added once
 local function finish_one(i)
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-    local ok, ttl, field, value = ARGV[i + 4] == "1", tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]
+    local ok, ttl, field, value = ARGV[i + 4] == "1", ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
     local reply = -1
     if ARGV[i + 8] ~= "" then
         reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
@@ -271,46 +273,42 @@ local function finish_one(i)
         redis.call("ZREM", rq .. ":executions:" .. id, exec)
         redis.call("SREM", worker .. ":executions", member)
     end
-    if redis.call("HGET", job, "hybridq_exec") == exec then  -- RQ's part once, even if sent again
+    if redis.call("HGET", job, "hybridq_exec") ~= exec then  -- RQ's part once, even if sent again
+        worked = worked - math.max(0, now - tonumber(started))
+    else
         local results = rq .. ":results:" .. id
-        worked = worked + math.max(0, now - tonumber(started))
         local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
             "execution_started_at", started, "execution_ended_at", ARGV[4]}
-        if field ~= "" then
-            entry[#entry + 1] = field
-            entry[#entry + 1] = value
-        end
-        if ok then
-            succeeded = succeeded + 1
-            redis.call("HSET", job, "status", "finished", "ended_at", stamp, "hybridq_exec", "")
-        else
-            failed = failed + 1
-            redis.call("HSET", job, "status", "failed", "ended_at", stamp, "hybridq_exec", "")
-        end
-        if ok and ttl == 0 then
+        if field ~= "" then entry[#entry + 1], entry[#entry + 2] = field, value end
+        if ok then succeeded = succeeded + 1 else failed = failed + 1 end
+        redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
+            "hybridq_exec", "")
+        if ok and ttl == "0" then
             redis.call("DEL", job, results)
         else
             redis.call("XADD", results, "MAXLEN", "~", "10", "*", unpack(entry))
             local registry = rq .. (ok and ":finished:" or ":failed:") .. queue
-            if ttl < 0 then
+            if string.sub(ttl, 1, 1) == "-" then
                 redis.call("PERSIST", job)
                 redis.call("PERSIST", results)
                 redis.call("ZADD", registry, "+inf", id)
             else
                 redis.call("EXPIRE", job, ttl)
                 redis.call("EXPIRE", results, ttl)
-                redis.call("ZADD", registry, now + ttl, id)
+                expiry[ttl] = expiry[ttl] or tostring(math.floor(now) + tonumber(ttl))  -- as RQ's
+                redis.call("ZADD", registry, expiry[ttl], id)
             end
         end
     end
     return reply
 end
-for i = 5, #ARGV, 17 do
+for i = 6, #ARGV, 17 do
     local ok, reply = isolate(pcall(finish_one, i))
+    if not ok then worked = worked - math.max(0, now - tonumber(ARGV[i + 3])) end  -- no RQ ending
     replies[#replies + 1] = reply
 end
 if succeeded + failed > 0 then
-    redis.call("HINCRBYFLOAT", worker, "total_working_time", worked)
+    redis.call("HINCRBYFLOAT", worker, "total_working_time", math.max(0, worked))
     if succeeded > 0 then redis.call("HINCRBY", worker, "successful_job_count", succeeded) end
     if failed > 0 then redis.call("HINCRBY", worker, "failed_job_count", failed) end
 end
@@ -351,9 +349,11 @@ def claim_part(item: Taken) -> list[Any]:
 
 def end_args(name: str, items: Sequence[Taken]) -> list[Any]:
     """The arguments of :data:`END` for ``items``: RQ's record of each, and its outcome script if any."""
-    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), time.time()]
+    at = time.time()
+    ran = sum(max(0.0, at - item.started) for item in items)
+    args: list[Any] = [keys.RQ_PREFIX, name, utcformat(now()), at, ran]
     for item in items:
-        ttl = item.result_ttl if item.ok else item.failure_ttl
+        ttl = int(item.result_ttl if item.ok else item.failure_ttl)
         args += [item.job_id, item.queue, item.exec_id, item.started, "1" if item.ok else "0"]
         args += [ttl, item.rq_field, item.rq_value]
         call = item.run.finish

@@ -75,7 +75,9 @@ CLAIM_LUA = (
     + LIMIT_LUA
     + """
 local function claim(K, A, server, known)
-    local lim = limit_of(A[1])  -- a limited key's run (hybridq.worker.limit_scripts)
+    -- A limited key's run (hybridq.worker.limit_scripts); a plain find first: the pattern match
+    -- of every token cost about 4 % of a claim's Redis time, for the few runs that are limited.
+    local lim = string.find(A[1], "#L", 1, true) and limit_of(A[1])
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
@@ -122,7 +124,8 @@ local function claim(K, A, server, known)
         if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
         return {0, ""}
     end
-    local my_run = tonumber(A[4]) * 100000 + tonumber(A[5])
+    -- As text (a Lua number written by HSET goes through snprintf): requeue * 100000 + attempt.
+    local my_run = A[4] == "0" and A[5] or tostring(tonumber(A[4]) * 100000 + tonumber(A[5]))
     local stored = redis.call("GET", K[1])
     if stored then
         -- Each runs nothing: the copy left its queue (off its limit key's queued count, once).
@@ -226,7 +229,9 @@ local function finish(K, A)
     if redis.call("GET", K[2]) == A[1] then
         redis.call("DEL", K[2])
     end
-    limit_end(A[1], keep == 1 or keep == 3)  -- its slot of a limited key is free
+    if string.find(A[1], "#L", 1, true) then  -- its slot of a limited key is free (a plain find first)
+        limit_end(A[1], keep == 1 or keep == 3)
+    end
     return keep
 end
 """

@@ -85,7 +85,14 @@ def start_args(items: list[Taken]) -> list[Any]:
 
 
 def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
-    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:01.000000Z", time.time()]
+    at = time.time()  # then how long they all ran (RQ's total_working_time, added once)
+    args: list[Any] = [
+        keys.RQ_PREFIX,
+        "w1",
+        "2026-01-01T00:00:01.000000Z",
+        at,
+        sum(at - i.started for i in items),
+    ]
     for n, item in enumerate(items):
         conclude(item.run, 1, None)
         keys_, call = item.run.finish
@@ -127,6 +134,12 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert not client.keys("rq:execution*"), "every execution's records removed"
     assert not client.exists("rq:worker:w1:executions")
     assert int(client.hget("rq:worker:w1", "successful_job_count") or 0) == 3
+    # RQ's finished registry and TTLs, as RQ writes them: whole seconds, result_ttl from now.
+    finished = client.zrange(f"rq:finished:{QUEUE}", 0, -1, withscores=True)
+    assert {member.decode() for member, _ in finished} == set(ids)
+    assert all(score == int(score) and abs(score - (time.time() + 500)) < 5 for _, score in finished)
+    assert all(0 < client.ttl(f"rq:job:{job_id}") <= 500 for job_id in ids)
+    assert all(0 < client.ttl(f"rq:results:{job_id}") <= 500 for job_id in ids)
 
 
 def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(

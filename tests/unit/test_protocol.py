@@ -177,6 +177,73 @@ def test_a_garbled_event_raises(body: dict[str, Any] | None) -> None:
         CompletionEvent.from_json(body)
 
 
+def test_the_ledger_entry_of_an_event_carries_each_of_its_fields() -> None:
+    """parse_event reads the checked fields by position (CompletionEvent.checked): none swapped."""
+    body = {
+        "id": "j1",
+        "loc": ["w", 3, 99],
+        "queue": "q",
+        "outcome": "later",
+        "final": False,
+        "retry_delay": 7.5,
+        "attempt": 4,
+        "dup": True,
+        "error": "E",
+        "at": 50.0,
+        "later": 2,
+        "later_since": 40.0,
+        "started": 49.0,
+        "worker": "h/1",
+        "gen": 6,
+    }
+    event = CompletionEvent.from_json(body)
+    assert CompletionEvent(*CompletionEvent.checked(body)) == event
+    retry = parse_event("9-1", body, lambda: 100.0)
+    assert (retry.kind, retry.job_id, retry.loc, retry.queue, retry.attempt, retry.dup) == (
+        EntryKind.RETRY,
+        "j1",
+        ("w", 3, 99),
+        "q",
+        4,
+        True,
+    )
+    assert (retry.error, retry.run_at, retry.at, retry.later, retry.later_since) == (
+        "E",
+        107.5,
+        50.0,
+        2,
+        40.0,
+    )
+    assert (retry.started, retry.worker, retry.gen, retry.event_id, retry.outcome) == (
+        49.0,
+        "h/1",
+        6,
+        "9-1",
+        None,
+    )
+    done = parse_event("9-2", {**body, "outcome": "succeeded", "result": [1], "result_bytes": 3}, lambda: 0.0)
+    assert (done.kind, done.outcome, done.result, done.result_kept, done.result_bytes) == (
+        EntryKind.DONE,
+        "succeeded",
+        [1],
+        True,
+        3,
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "x", "loc": ["w", 0, 1], "outcome": "succeeded", "attempt": True},
+        {"id": "x", "loc": ["w", 0, 1], "outcome": "succeeded", "gen": -1},
+        {"id": "x", "loc": ["w", 0, 1], "outcome": "succeeded", "worker": 5},
+    ],
+)
+def test_a_garbled_event_is_no_ledger_entry(body: dict[str, Any]) -> None:
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        parse_event("1-0", body, lambda: 0.0)
+
+
 def test_enums_are_the_wire_values() -> None:
     assert [v.value for v in Verdict] == ["missing", "queued", "running", "done", "orphaned", "stranded"]
     assert [k.value for k in EntryKind] == ["done", "retry", "lost", "requeued", "key", "duplicate", "cancel"]
