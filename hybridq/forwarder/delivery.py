@@ -106,10 +106,12 @@ class Deliverer:
                 # record recorded before a step was retried: never counted twice. A duplicate
                 # waits for its key's owner, never pushed.
                 self.state.saw(record, None)
+                self.lookup.note_record(record)
                 continue
             env = decode_job(self.state, record)
             self.state.saw(record, env)
             if env is None:
+                self.lookup.note_record(record)  # the index reads no record this reader reads
                 continue
             self.lookup.note_job(record, env)
             if loc in self.state.index.cancels:
