@@ -74,6 +74,22 @@ _CALL_HEAD = b"[" + json.dumps(ENTRY_POINT).encode() + b", null, ["
 # test_worker_protocol.py, a stranded job delivered again).
 _PUSH_IF_NEW = f"""
 local queue = KEYS[2]
+local fields_of = function(s)
+    return struct.unpack("{">" + "I4c0" * len(_FIELDS)}", s)
+end
+if not struct then
+    -- A server without Lua's struct library (fakeredis): the same format, a field at a time.
+    fields_of = function(s)
+        local out, p = {{}}, 1
+        for i = 1, {len(_FIELDS)} do
+            local a, b, c, d = string.byte(s, p, p + 3)
+            local n = ((a * 256 + b) * 256 + c) * 256 + d
+            out[i] = string.sub(s, p + 4, p + 3 + n)
+            p = p + 4 + n
+        end
+        return unpack(out)
+    end
+end
 local function push(key, id, overwrite, run, fields)
     if redis.call("EXISTS", key) == 1 then
         if overwrite == "0" then
@@ -104,7 +120,7 @@ end
 local ids, each = {{}}, {{}}
 for i = 5, #KEYS do
     local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl =
-        struct.unpack("{">" + "I4c0" * len(_FIELDS)}", ARGV[i - 2])
+        fields_of(ARGV[i - 2])
     local fields = {{"created_at", created, "data", data, "description", description, "timeout", timeout,
         "meta", meta, "failure_ttl", failure_ttl}}
     if result_ttl ~= "" then
