@@ -154,6 +154,7 @@ class Deliverer:
                 batch.append(self._delivery(env, loc))
             else:
                 spill.append(row_of(loc, env))
+                self.state.decoded.keep(loc, env)  # for the refill: not read back and decoded again
         return batch, spill
 
     def _position_moved(self) -> bool:
