@@ -7,11 +7,11 @@ defaults of its lease and key lifetime, and :data:`Loc`, where its job's record 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from hybridq.envelope.codec import dumps_ascii
 from hybridq.envelope.limits import opt_finite
 from hybridq.envelope.model import Envelope
 from hybridq.protocol.enums import Overwrite
@@ -122,8 +122,8 @@ class Delivery:
         """
         source = self.envelope.source
         if source is None:
-            return json.dumps(self.to_json()).encode()
-        return b'{"job": ' + source + b", " + json.dumps(self._own()).encode()[1:]
+            return dumps_ascii(self.to_json()).encode()
+        return b'{"job": ' + source + b", " + dumps_ascii(self._own()).encode()[1:]
 
     def _own(self) -> dict[str, Any]:
         """What the delivery says besides its envelope."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from rq.utils import utcformat
 
+from hybridq.envelope.codec import dumps_ascii
 from hybridq.protocol import ENTRY_POINT, keys
 
 from .base import Delivery
@@ -167,7 +168,7 @@ def job_fields(
         _data(_CALL_HEAD + delivery.encoded() + b"], {}]"),
         _redis_text(description),
         str(_whole_seconds(env.timeout_s) or default_timeout),
-        json.dumps(_meta(delivery)).encode(),
+        dumps_ascii(_meta(delivery)).encode(),
         _failure_ttl(delivery.key_ttl_s),
         "" if result_ttl is None else str(result_ttl),
     )

@@ -38,3 +38,16 @@ def test_an_envelope_not_decoded_from_ascii_json_is_encoded_again() -> None:
         raw = delivery.encoded()
         assert raw.isascii()
         assert json.loads(raw) == delivery.to_json()
+
+
+def test_dumps_ascii_is_json_dumps() -> None:
+    from hybridq.envelope.codec import dumps_ascii
+
+    for value in (
+        {"a": 1.5, "b": [1, "caf\u00e9 \udcff", None, float("nan"), float("-inf")]},
+        [],
+        {},
+        "x",
+        10**30,
+    ):
+        assert dumps_ascii(value) == json.dumps(value)

@@ -49,6 +49,15 @@ def count_index_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def forward_and_finish(journal: Path, transport: MemoryTransport) -> None:
+    """A forwarder's two steps: what the journal holds pushed, run, and its outcomes recorded."""
+    forwarder = make_forwarder(journal, transport)
+    forwarder.step()
+    transport.work(func=add)
+    forwarder.step()
+    forwarder.close()
+
+
 def states(journal: Path, ids: list[str]) -> list[tuple[str | None, str | None]]:
     rows = [find(str(journal), i) for i in ids]
     return [(None, None) if r is None else (r.state, r.outcome) for r in rows]
@@ -75,11 +84,7 @@ def test_a_rebuilt_index_reads_to_the_checkpoint_and_is_fed_past_it(
     queue = Queue(journal=journal_dir)
     first = [queue.enqueue(tasks.add, i, i).id for i in range(5)]
     transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    transport.work(func=add)
-    forwarder.step()
-    forwarder.close()
+    forward_and_finish(journal_dir, transport)
     later = [queue.enqueue(tasks.add, i, i).id for i in range(5)]
     with JournalWriter(journal_dir) as writer:  # an invalid job (no func) past the checkpoint
         writer.append(json.dumps({"v": 1, "id": "bad-one", "queue": "default"}).encode())
@@ -102,18 +107,11 @@ def test_a_lost_checkpoint_indexes_the_records_the_ledger_finished(journal_dir: 
     queue = Queue(journal=journal_dir)
     ids = [queue.enqueue(tasks.add, i, i).id for i in range(5)]
     transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    transport.work(func=add)
-    forwarder.step()
-    forwarder.close()
+    forward_and_finish(journal_dir, transport)
     shutil.rmtree(journal_dir / "lookup")
     for path in journal_dir.glob("checkpoint*"):
         path.unlink()  # the reader starts at the journal's start: nothing for the index to read
-    forwarder = make_forwarder(journal_dir, MemoryTransport())
-    forwarder.step()
-    forwarder.step()
-    forwarder.close()
+    forward_and_finish(journal_dir, MemoryTransport())
     assert states(journal_dir, ids) == [("done", "succeeded")] * 5
 
 
@@ -122,11 +120,7 @@ def test_a_job_cancelled_before_it_was_read_is_indexed_cancelled(journal_dir: Pa
     ids = [queue.enqueue(tasks.add, i, i).id for i in range(3)]
     hybridq.cancel([ids[2]], journal=journal_dir)
     transport = MemoryTransport()
-    forwarder = make_forwarder(journal_dir, transport)
-    forwarder.step()
-    transport.work(func=add)
-    forwarder.step()
-    forwarder.close()
+    forward_and_finish(journal_dir, transport)
     assert states(journal_dir, ids) == [("done", "succeeded")] * 2 + [("done", "cancelled")]
 
 
