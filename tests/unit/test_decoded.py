@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from hybridq.envelope.model import Envelope
+from hybridq.forwarder import Forwarder, records
 from hybridq.forwarder import decoded as decoded_module
-from hybridq.forwarder import records
 from hybridq.forwarder.decoded import Decoded
 
-from tests.unit.test_window import WindowedTransport, enqueue, forwarder
+from tests.unit.test_window import WindowedTransport, enqueue, forwarder, one_step_then_stop
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -27,6 +27,13 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def drain(f: Forwarder, transport: WindowedTransport, steps: int) -> None:
+    """``steps`` forwarder steps, each after the workers took what was queued."""
+    for _ in range(steps):
+        transport.work("default")
+        f.step()
+
+
 def test_the_refill_pushes_the_envelopes_it_read_without_reading_them_again(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -38,9 +45,7 @@ def test_the_refill_pushes_the_envelopes_it_read_without_reading_them_again(
         f.step()
         assert f.state.runs.waiting("default") == 900
         reads = count_reads(monkeypatch)
-        for _ in range(30):
-            transport.work("default")
-            f.step()
+        drain(f, transport, 30)
         assert transport.executions == dict.fromkeys(ids, 1)
         assert transport.pushed_ids == ids  # in journal order, each once
         assert reads == []
@@ -52,17 +57,11 @@ def test_the_refill_pushes_the_envelopes_it_read_without_reading_them_again(
 def test_a_restart_reads_the_rows_back_from_the_journal(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ids = enqueue(journal_dir, 300)
-    transport = WindowedTransport()
-    f = forwarder(journal_dir, transport, window_min=100, window_max=100)
-    f.step()
-    f.close()
+    ids, transport = one_step_then_stop(journal_dir, 300)
     reads = count_reads(monkeypatch)
     f = forwarder(journal_dir, transport, window_min=100, window_max=100)
     try:
-        for _ in range(10):
-            transport.work("default")
-            f.step()
+        drain(f, transport, 10)
         assert transport.executions == dict.fromkeys(ids, 1)
         assert len(reads) == 200  # nothing kept across a restart: each row read back once
     finally:
