@@ -196,6 +196,19 @@ class Envelope:
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
+    #: The ASCII JSON record :meth:`from_bytes` decoded this envelope from (:attr:`source`).
+    _source: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def source(self) -> bytes | None:
+        """The record this envelope was decoded from, when it is ASCII JSON (else ``None``).
+
+        It decodes to this very envelope, so a delivery carries it as it is instead of encoding
+        the envelope again (:meth:`hybridq.protocol.delivery.Delivery.encoded`). ASCII only: a
+        reader that decodes strictly (RQ's JSON serializer) then reads it as
+        :func:`json.dumps`'s output.
+        """
+        return self._source
 
     @property
     def key_id(self) -> str:
@@ -297,7 +310,10 @@ class Envelope:
             raise EnvelopeError(f"record is nested deeper than {_MAX_NESTING} levels")
         if not isinstance(obj, dict):
             raise EnvelopeError("record is not a JSON object")
-        return cls.from_dict(obj)
+        env = cls.from_dict(obj)
+        if raw[:1] == b"{" and raw.isascii():
+            env._source = raw
+        return env
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Envelope:

@@ -106,10 +106,12 @@ class Deliverer:
                 # record recorded before a step was retried: never counted twice. A duplicate
                 # waits for its key's owner, never pushed.
                 self.state.saw(record, None)
+                self.lookup.note_record(record)
                 continue
             env = decode_job(self.state, record)
             self.state.saw(record, env)
             if env is None:
+                self.lookup.note_record(record)  # the index reads no record this reader reads
                 continue
             self.lookup.note_job(record, env)
             if loc in self.state.index.cancels:
@@ -152,6 +154,7 @@ class Deliverer:
                 batch.append(self._delivery(env, loc))
             else:
                 spill.append(row_of(loc, env))
+                self.state.decoded.keep(loc, env)  # for the refill: not read back and decoded again
         return batch, spill
 
     def _position_moved(self) -> bool:

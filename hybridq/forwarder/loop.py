@@ -254,7 +254,7 @@ class Forwarder:
             except TransportError:
                 pass  # Redis down: the loop checks it later
             self._reader.seek(self.checkpoint.positions)
-            self.lookup.open()
+            self.lookup.open(self._reader.position)  # past it, the delivery notes each record
             self.waits.listen()
             if self.waits.listener is not None:
                 self.maintenance.watch(self.waits.wake)

@@ -80,7 +80,15 @@ class HeldReads:
         self._files: dict[tuple[str, int], SegmentFile] = {}
 
     def read(self, held: Held) -> Envelope | None:
-        """The job ``held`` points to; ``None`` if it is gone (logged) or not a job."""
+        """The job ``held`` points to; ``None`` if it is gone (logged) or not a job.
+
+        One this process decoded as it read it, and kept (:mod:`hybridq.forwarder.decoded`), is
+        not read again: its record cannot have changed since (a journal is repaired only while
+        no forwarder holds it).
+        """
+        kept = self.state.decoded.take((held.writer_id, held.segment, held.offset))
+        if kept is not None:
+            return kept
         journal = self.state.journal
         segment = (held.writer_id, held.segment)
         if segment not in self._seals:

@@ -32,6 +32,7 @@ from hybridq.forwarder.config import (
     ForwarderConfig,
     check_key_ttl,
 )
+from hybridq.forwarder.decoded import Decoded
 from hybridq.forwarder.pushed import PushedJobs
 from hybridq.forwarder.runs import RunTable
 from hybridq.journal import ChainPosition, JournalWriter, Record
@@ -82,6 +83,7 @@ class ForwarderState:
         self.index = LedgerIndex()
         #: The jobs read and indexed but not pushed (the backlog beyond the window), on disk.
         self.runs = RunTable(journal)
+        self.decoded = Decoded()  # the envelopes of the rows put in it, for the refill
         #: The jobs in Redis (pushed, not terminal), on disk in the run table's file: what a
         #: refill or a reconcile pass reads (hybridq.forwarder.pushed).
         self.pushed = PushedJobs(self.runs, config.window_max)

@@ -116,15 +116,21 @@ class JournalReader:
         #: Called with the number of bytes just read, for progress bars.
         self.on_bytes: Callable[[int], None] | None = None
 
-    def records(self, since: Mapping[str, ChainPosition] | None = None) -> Iterator[Record]:
+    def records(
+        self,
+        since: Mapping[str, ChainPosition] | None = None,
+        until: Mapping[str, ChainPosition] | None = None,
+    ) -> Iterator[Record]:
         """Yield every data record after a position, chain by chain.
 
         ``since`` replaces the reader's position; without it the scan continues from where the
         last one stopped (from the very start, the first time). Call again to tail the journal.
+        ``until``: only the chains it names, each up to that position (what a reader standing
+        there has read); the reader stops just after the last record yielded.
         Raises :class:`JournalCorruption` on damage; records before it have been yielded, the
         damaged one never is.
         """
-        return self._scan(since, emit=True)
+        return self._scan(since, emit=True, until=until)
 
     def check(self, since: Mapping[str, ChainPosition] | None = None, *, tails_only: bool = False) -> int:
         """Like :meth:`records`, but only checks and counts them (the fast path of verify).
@@ -167,14 +173,35 @@ class JournalReader:
                 return info.data_count
 
     def _scan(
-        self, since: Mapping[str, ChainPosition] | None, *, emit: bool, tails_only: bool = False
+        self,
+        since: Mapping[str, ChainPosition] | None,
+        *,
+        emit: bool,
+        tails_only: bool = False,
+        until: Mapping[str, ChainPosition] | None = None,
     ) -> Iterator[Record]:
         self._positions = dict(since) if since is not None else self.position
         self._last = {}
         self.torn_tails = []
         self.chain_ends = {}
         for writer_id, indices in list_chains(self.path).items():
-            yield from self._read_chain(writer_id, indices, emit, tails_only=tails_only)
+            if until is None:
+                yield from self._read_chain(writer_id, indices, emit, tails_only=tails_only)
+            elif writer_id in until:
+                yield from self._read_until(writer_id, indices, until[writer_id])
+
+    def _read_until(self, writer_id: str, indices: list[int], stop: ChainPosition) -> Iterator[Record]:
+        """A chain's records up to ``stop``: the rest of the chain is not read."""
+        chain = self._read_chain(writer_id, indices, emit=True)
+        try:
+            for record in chain:
+                if (record.segment_index, record.end) > (stop.segment, stop.offset):
+                    self._last.pop(writer_id, None)  # not yielded: the position stays before it
+                    return
+                yield record
+                self._positions[writer_id] = record.position
+        finally:
+            chain.close()
 
     def seek(self, positions: Mapping[str, ChainPosition]) -> None:
         """Make the next :meth:`records` start at ``positions`` (chains not named: at their start)."""
@@ -191,7 +218,7 @@ class JournalReader:
 
     def _read_chain(
         self, writer_id: str, indices: list[int], emit: bool, *, tails_only: bool = False
-    ) -> Iterator[Record]:
+    ) -> Generator[Record, None, None]:
         pos = self._positions.get(writer_id)
         start_index = pos.segment if pos is not None else indices[0]
         todo = [i for i in indices if i >= start_index]

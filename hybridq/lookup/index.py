@@ -27,7 +27,7 @@ from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalCorruption
-from hybridq.journal import Record
+from hybridq.journal import Record, RecordType
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
@@ -87,6 +87,10 @@ class LookupIndex:
         #: Reading the journal itself (from the start, and after a failure), BUILD_STEP records
         #: per :meth:`catch_up`, until the index has read it all.
         self._building = True
+        #: Where that read stops (``None``: at the journal's end): the forwarder's reader
+        #: position when the read began. Every record past it is noted as the forwarder reads it,
+        #: so the two never decode one record twice (docs/benchmarks.md, "The push path").
+        self._build_to: dict[str, ChainPosition] | None = None
         #: Whether the forwarder's own ledger entries come through :meth:`note_entries`, and
         #: where its chain ends (its entries are not read back from the file): once the files
         #: were read to their end.
@@ -99,12 +103,17 @@ class LookupIndex:
         #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
         self.on_checked: Callable[[], None] | None = None
 
-    def open(self) -> None:
+    def open(self, read_from: Mapping[str, ChainPosition] | None = None) -> None:
         """Open (or create) the index; a damaged file is replaced and rebuilt.
 
         One that SQLite cannot open is replaced at once; the rest of the file is checked on a
         thread (:class:`~hybridq.lookup.check.IndexCheck`): the first push does not wait for a
         read of the whole file, and the index counts as :attr:`building` until the verdict.
+
+        Args:
+            read_from: where the forwarder's reader starts; every record it reads from there on
+                is noted (:meth:`note_job`, :meth:`note_record`), so the index reads the journal
+                up to there only. ``None``: to the journal's end.
         """
         path = index_path(self.journal)
         ensure_journal_dir(os.path.dirname(path))
@@ -118,9 +127,12 @@ class LookupIndex:
             self._check = IndexCheck(path, done=self._wake)
             self._check.start()
         self._building, self._fed = True, False
+        self._build_to = None if read_from is None else dict(read_from)
 
-    def _replace(self, path: str, problem: object) -> None:
-        """Delete the index file and start an empty one (read from the files again)."""
+    def _replace(
+        self, path: str, problem: object, read_to: Mapping[str, ChainPosition] | None = None
+    ) -> None:
+        """Delete the index file and start an empty one (read from the files again, to ``read_to``)."""
         log.warning("lookup index %s unusable (%s): rebuilding it", path, problem)
         self.close()
         for suffix in ("", "-wal", "-shm"):
@@ -129,9 +141,10 @@ class LookupIndex:
         self._db = _connect(path)
         self._db.executescript(_SCHEMA)
         self._building, self._fed = True, False
+        self._build_to = None if read_to is None else dict(read_to)  # what was noted before is gone
         self._jobs, self._entries, self._own, self._started = [], [], {}, {}
 
-    def _checked(self) -> None:
+    def _checked(self, read_to: Mapping[str, ChainPosition] | None) -> None:
         """Take the background check's verdict, once in: a damaged file is replaced.
 
         A replacement that fails (a full disk) is tried again at the next call; the index is
@@ -146,7 +159,7 @@ class LookupIndex:
             return
         path = index_path(self.journal)
         try:
-            self._replace(path, self._damage)
+            self._replace(path, self._damage, read_to)
         except (sqlite3.Error, OSError) as exc:
             log.warning("lookup index %s not replaced yet (%s): lookups by id lag until it is", path, exc)
             self.close()
@@ -192,6 +205,15 @@ class LookupIndex:
             )
         )
 
+    def note_record(self, record: Record) -> None:
+        """The forwarder read ``record`` and decoded no job from it (finished already, or invalid).
+
+        Its row, if it names a job id, as a read of the file would make it (the index reads
+        no record the forwarder reads: :meth:`open`).
+        """
+        if record.rtype == RecordType.DATA and (row := job_row(record)) is not None:
+            self._jobs.append(row)
+
     def note_entries(self, entries: Iterable[Entry], chain: str, end: ChainPosition) -> None:
         """The forwarder appended ``entries`` to its ledger chain ``chain``, which ends at ``end``.
 
@@ -224,7 +246,7 @@ class LookupIndex:
         before it, so its row exists by then. Never raises for the index's own trouble (logged):
         lookups lag, forwarding goes on, and the next call reads the files again.
         """
-        self._checked()
+        self._checked(read_to)
         if self._db is None:
             return 0
         try:
@@ -237,6 +259,7 @@ class LookupIndex:
         except (sqlite3.Error, OSError, JournalCorruption) as exc:
             log.warning("lookup index not updated (%s): lookups by id lag until it is", exc)
             self._building, self._fed = True, False  # what was noted is lost: read the files
+            self._build_to = None if read_to is None else dict(read_to)
             self._jobs, self._entries, self._own, self._started = [], [], {}, {}
             return 0
         return done
@@ -255,7 +278,9 @@ class LookupIndex:
             # The journal past the marks, BUILD_STEP records per step: a first build over a
             # large journal does not hold forwarding up. The ledger waits for its end (its
             # entries are about these jobs); lookups meanwhile read the journal past the marks.
-            tail = _Tail(self.journal, journal_to)
+            # Up to the forwarder's reader position at the open only: the records past it were
+            # noted as the forwarder read them (upserted above), and are not decoded again.
+            tail = _Tail(self.journal, journal_to, self._build_to)
             rows = [r for r in map(job_row, itertools.islice(tail, BUILD_STEP)) if r is not None]
             with db:
                 db.executemany(_UPSERT_JOB, rows)
@@ -264,17 +289,24 @@ class LookupIndex:
             journal_to = tail.end()
             if tail.count == BUILD_STEP:
                 return touched
-            self._building = False
+            bounded, self._building = self._build_to is not None, False
         else:
-            for writer, pos in read_to.items():  # marks only move forward
-                if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
-                    journal_to[writer] = pos
+            bounded = False
+        for writer, pos in read_to.items():  # marks only move forward
+            if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
+                journal_to[writer] = pos
         if self._fed:
             ledger_marks.update(self._own)  # its entries were noted: not read back
         ledger = _Tail(ledger_dir(self.journal), ledger_marks)
         # In chunks, each its own transaction (the first read of a long ledger holds one chunk in
         # memory); the marks move last: a crash in between reads again (entries are idempotent).
         for entries in _chunks(_entries(ledger)):
+            if bounded and not all(_read(journal_to, e.loc) for e in entries):
+                # The ledger names a record the forwarder has not read yet (its checkpoint is
+                # older than the ledger): its row would be missing. Read the journal to its end
+                # first, as a build without a bound does, and the ledger again after.
+                self._building, self._build_to = True, None
+                return touched
             with db:
                 _apply(db, entries)
             touched += len(entries)
@@ -321,3 +353,9 @@ class LookupIndex:
                 db.executemany("DELETE FROM marks WHERE chain = ?", stale)
         self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
         return len(gone), len(rows) == PRUNE_CHUNK
+
+
+def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:
+    """Whether the journal record at ``loc`` is before ``marks`` (read into the index)."""
+    pos = marks.get(loc[0])
+    return pos is not None and (loc[1], loc[2]) < (pos[0], pos[1])

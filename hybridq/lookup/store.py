@@ -120,11 +120,20 @@ def _load_marks(db: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
 
 
 class _Tail:
-    """The records of a journal directory past ``marks``, read as they are iterated."""
+    """The records of a journal directory past ``marks``, read as they are iterated.
 
-    def __init__(self, path: str, marks: Mapping[str, tuple[int, int, int]]) -> None:
+    ``until``: only the chains it names, each up to that position (``None``: every chain whole).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        marks: Mapping[str, tuple[int, int, int]],
+        until: Mapping[str, ChainPosition] | None = None,
+    ) -> None:
         self.path = path
         self.marks = marks
+        self.until = until
         self.reader = JournalReader(path) if os.path.isdir(path) else None
         #: Records yielded so far.
         self.count = 0
@@ -132,7 +141,7 @@ class _Tail:
     def __iter__(self) -> Iterator[Record]:
         if self.reader is None:
             return
-        for record in self.reader.records(readable_marks(self.path, self.marks)):
+        for record in self.reader.records(readable_marks(self.path, self.marks), self.until):
             if record.rtype == RecordType.DATA:
                 self.count += 1
                 yield record

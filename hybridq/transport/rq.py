@@ -9,17 +9,16 @@ worker side claims the idempotency key, calls the task and reports back (see
 
 A re-push must not queue a job twice: RQ's own ``enqueue`` pushes a reused job id onto the queue
 again. Each job is therefore saved by a small Lua script that does nothing when the job hash
-already exists (the same idea as RQ 3's ``unique=True``, which cannot be pipelined), and a batch is
-sent as one pipeline of script calls, each for up to ``PUSH_CHUNK`` jobs. A forced delivery (a
-redelivery after a lost worker, a retry, a requeue) replaces the old hash and queue entry instead.
+already exists, and a batch is sent as one pipeline of script calls, each for up to
+``rq_push.PUSH_CHUNK`` jobs of one queue: the push, its script and its encoding are
+:mod:`hybridq.transport.rq_push`.
 
 The Lua scripts are in :mod:`hybridq.transport.rq_scripts`; the job hash's field encodings and the
-decoding of replies and events in :mod:`hybridq.transport.rq_codec` (importable from here too).
+decoding of replies and events in :mod:`hybridq.transport.rq_codec`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,7 +35,7 @@ from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
 from hybridq.transport.redisurl import refusal, transport_error
 
-from . import rq_limits, rq_stats
+from . import rq_limits, rq_push, rq_stats
 from .base import (
     Delivery,
     Event,
@@ -52,25 +51,20 @@ from .base import (
     Verdict,
 )
 from .rq_codec import (
-    _data,
     _decode_event,
     _describe,
-    _failure_ttl,
     _meta,
-    _redis_text,
     _refused,
     _text,
     _whole_seconds,
 )
-from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _PUSH_IF_NEW, _REFILL, _SET_EPOCH, _STATE
+from .rq_push import _PUSH_IF_NEW
+from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _REFILL, _SET_EPOCH, _STATE
 
 __all__ = ["RQTransport"]
 
 #: Socket timeout: a hung Redis (SIGSTOP, CLIENT PAUSE) surfaces as an error, not a stuck forwarder.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
-#: Jobs per push script call: the client's cost per call is about that of a job's fields, and a
-#: call of 100 jobs keeps Redis busy well under a millisecond (other clients wait that long).
-PUSH_CHUNK = 100
 
 
 class RQTransport(Transport):
@@ -132,92 +126,47 @@ class RQTransport(Transport):
         return job
 
     def job_hash(self, delivery: Delivery, enqueued_at: str) -> list[Any]:
-        """The fields of the job hash :meth:`to_rq_job` would save, built directly (flattened).
+        """The fields of the job hash :meth:`to_rq_job` would save, as :meth:`push` writes them (flattened).
 
-        RQ's ``create_job`` + ``to_dict`` cost about 70 us per job, most of the forwarder's time
-        per job; this writes the same fields (``test_job_hash_is_what_rq_writes`` holds it to
-        RQ's own output) in a fraction of that. The fields that are the same for every queued job
-        (``status`` and the empty ones) are the scripts' own (``rq_scripts.QUEUED_FIELDS``): each
-        argument costs the client time to pack.
-
-        Raises ``ValueError``, ``TypeError`` or ``OverflowError`` for an envelope whose fields
-        Redis cannot hold (one :meth:`Envelope.from_dict` would refuse): :meth:`push` reports
-        those jobs as :class:`UnencodableJobs`.
+        Less the fields that are the same for every queued job (``rq_scripts.QUEUED_FIELDS``).
+        Raises as :func:`~hybridq.transport.rq_push.job_fields`.
         """
-        env = delivery.envelope
-        description = env.description or _describe(env.func, env.args, env.kwargs)
-        data: list[Any] = [ENTRY_POINT, None, [delivery.to_json()], {}]
-        timeout = _whole_seconds(env.timeout_s) or self._queue(env.queue)._default_timeout
-        fields: list[Any] = [
-            "created_at",
-            utcformat(datetime.fromtimestamp(env.created_at, tz=UTC)),
-            "data",
-            _data(json.dumps(data).encode()),
-            "origin",
-            env.queue,
-            "description",
-            _redis_text(description),
-            "enqueued_at",
-            enqueued_at,
-            "timeout",
-            str(timeout),
-        ]
-        result_ttl = _whole_seconds(env.result_ttl_s)
-        if result_ttl is None and self.default_result_ttl_s is not None:
-            result_ttl = round(self.default_result_ttl_s)  # 0: the worker deletes it at the end
-        if result_ttl is not None:
-            fields += ["result_ttl", str(result_ttl)]
-        fields += ["meta", json.dumps(_meta(delivery)).encode()]
-        return fields
+        return rq_push.job_hash(self._fields(delivery), delivery.envelope.queue, enqueued_at)
+
+    def _fields(self, delivery: Delivery) -> tuple[str | bytes, ...]:
+        timeout = self._queue(delivery.envelope.queue)._default_timeout
+        return rq_push.job_fields(delivery, timeout, self.default_result_ttl_s)
 
     def push(self, jobs: Sequence[Delivery]) -> PushResult:
         """Queue every job not already known to Redis, as one pipeline (see :class:`Transport`)."""
         if not jobs:
             return PushResult(0, 0)
-        enqueued_at = utcformat(datetime.now(UTC))
-        hashes: list[list[Any]] = []
+        fields: list[tuple[str | bytes, ...]] = []
         rejected: list[tuple[Delivery, str]] = []
         for delivery in jobs:
             try:
-                hashes.append(self.job_hash(delivery, enqueued_at))
+                fields.append(self._fields(delivery))
             except (ValueError, TypeError, OverflowError, OSError) as exc:
                 rejected.append((delivery, repr(exc)))
         if rejected:
             # Before anything is sent: what Redis cannot hold is an invalid job, not an outage
             # (redis-py's DataError is a RedisError, and was retried forever).
             raise UnencodableJobs(rejected)
+        calls = rq_push.chunks(jobs, fields, utcformat(datetime.now(UTC)))
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for start in range(0, len(jobs), PUSH_CHUNK):
-                script_keys: list[str] = []
-                args: list[Any] = []
-                for delivery, fields in zip(
-                    jobs[start : start + PUSH_CHUNK], hashes[start : start + PUSH_CHUNK], strict=True
-                ):
-                    env = delivery.envelope
-                    script_keys += [
-                        keys.rq_job(env.id),
-                        keys.rq_queue(env.queue),
-                        keys.rq_queues(),
-                        keys.rq_registry("failed", env.queue),
-                        keys.rq_registry("canceled", env.queue),
-                    ]
-                    args += [
-                        env.id,
-                        delivery.overwrite.value,
-                        env.requeue * 100000 + delivery.attempt,
-                        len(fields) + 2,
-                        *fields,
-                        "failure_ttl",
-                        _failure_ttl(delivery.key_ttl_s),
-                    ]
+            for _, (script_keys, args, _) in calls:
                 self._script(keys=script_keys, args=args, client=pipe)
             results: list[Any] = pipe.execute()
         except RedisError as exc:
             raise transport_error(exc) from exc
-        sent = sum(len(f) for fields in hashes for f in fields if isinstance(f, str | bytes))
-        each = b"".join(bytes(r[2]) if len(r) > 2 else b"1" * (int(r[0]) + int(r[1])) for r in results)
-        queued = frozenset(d.envelope.id for d, flag in zip(jobs, each, strict=True) if flag == ord("1"))
+        queued = frozenset(
+            d.envelope.id
+            for (part, _), r in zip(calls, results, strict=True)
+            for d, flag in zip(part, bytes(r[2]), strict=True)
+            if flag == ord("1")
+        )
+        sent = sum(size for _, (_, _, size) in calls)
         return PushResult(sum(int(r[0]) for r in results), sum(int(r[1]) for r in results), sent, queued)
 
     def refill(self, terminal: Sequence[Probe], live: Sequence[Delivery]) -> RefillResult:

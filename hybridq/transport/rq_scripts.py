@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 
-__all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_PUSH_IF_NEW", "_REFILL", "_SET_EPOCH", "_STATE"]
+__all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_REFILL", "_SET_EPOCH", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
 #: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
@@ -29,69 +29,9 @@ QUEUED_FIELDS = (
         )
     ),
 )
-#: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``).
+#: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``); the push's
+#: script is :mod:`hybridq.transport.rq_push`.
 _QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
-
-# Pushes several jobs (one call per chunk of a batch: a script call costs the client about as much
-# as the job's own fields). KEYS: per job, five: job hash, queue list, set of queues, RQ's failed
-# and canceled registries of the queue. ARGV: per job: job id, the delivery's overwrite
-# (hybridq.protocol.Overwrite: "1" replace a known job that was delivered for an earlier run; "2"
-# replace it whatever it holds), run number (requeue * 100000 + attempt), the number of
-# field/value arguments that follow, then those fields of the hash (the script adds
-# QUEUED_FIELDS). Returns {jobs queued, jobs left as they were, per job "1" queued or "0"}. A
-# forced push of a run already delivered does nothing, so a forwarder that restarts and pushes
-# a due retry again does not disturb the retry already running.
-#
-# Unless RQ finished or failed that very run although no worker ever claimed it (its
-# hybridq_started is older): then it can no longer run, and is queued again. That is what the
-# worker of the previous run leaves when it records that run's failure in RQ (RQ saves the whole
-# job hash, the previous run's arguments included) after the forwarder had already harvested
-# the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
-# copy, which reports that run's failure again and runs nothing (tests/integration/
-# test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
-#
-# A job replaced is also taken out of the queue's intermediate list (tests/integration/
-# test_worker_protocol.py, a stranded job delivered again).
-_PUSH_IF_NEW = f"""
-local function push(k, id, overwrite, run, first, last)
-    if redis.call("EXISTS", KEYS[k]) == 1 then
-        if overwrite == "0" then
-            return 0
-        end
-        local f = redis.call("HMGET", KEYS[k], "hybridq_run", "status", "hybridq_started")
-        local known, mine = tonumber(f[1]) or 0, tonumber(run)
-        if overwrite == "1" and known >= mine then
-            local ended = f[2] == "finished" or f[2] == "failed"
-            if known > mine or not ended or (tonumber(f[3]) or 0) >= known then
-                return 0
-            end
-        end
-        redis.call("DEL", KEYS[k])
-        redis.call("LREM", KEYS[k + 1], 0, id)
-        -- Out of RQ's intermediate list too (keys.rq_intermediate): a worker that took the job
-        -- and vanished left it there, where the probe would find it "stranded" again and again.
-        redis.call("LREM", KEYS[k + 1] .. ":intermediate", 0, id)
-    end
-    -- A new job's first write grows memory (HSET): over maxmemory, Redis refuses the whole
-    -- script there, before it wrote anything, and the forwarder pauses (docs/forwarder.md).
-    -- A write that cannot grow memory first (the ZREMs) would let the script run past the limit.
-    redis.call("HSET", KEYS[k], "hybridq_run", run, {_QUEUED_LUA}unpack(ARGV, first, last))
-    redis.call("RPUSH", KEYS[k + 1], id)
-    redis.call("SADD", KEYS[k + 2], KEYS[k + 1])
-    -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
-    redis.call("ZREM", KEYS[k + 3], id)
-    redis.call("ZREM", KEYS[k + 4], id)
-    return 1
-end
-local queued, a, each = 0, 1, {{}}
-for k = 1, #KEYS, 5 do
-    local last = a + 3 + tonumber(ARGV[a + 3])
-    each[#each + 1] = push(k, ARGV[a], ARGV[a + 1], ARGV[a + 2], a + 4, last)
-    queued = queued + each[#each]
-    a = last + 1
-end
-return {{queued, #KEYS / 5 - queued, table.concat(each)}}
-"""
 
 # After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one
 # job. KEYS: job hash, queue list, set of queues. ARGV: job id, "1" if the ledger holds the job as

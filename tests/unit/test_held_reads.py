@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from hybridq import Queue
+from hybridq.forwarder.decoded import Decoded
 from hybridq.forwarder.records import MAX_OPEN_SEGMENTS, HeldReads, read_held
 from hybridq.journal import reader
 from hybridq.journal.reader import JournalReader, read_record_at
@@ -29,7 +30,7 @@ def test_held_reads_give_what_read_held_gives_and_skip_a_segment_gone(
     ids = [q.enqueue("tests.tasks.add", 1, i).id for i in range(5)]
     shared_writer(q.journal, q.durability).close()
     records = list(JournalReader(str(journal_dir)).records())
-    state: Any = SimpleNamespace(journal=str(journal_dir))
+    state: Any = SimpleNamespace(journal=str(journal_dir), decoded=Decoded())
     opened: list[str] = []
     real_open = os.open
 
@@ -57,7 +58,7 @@ def test_held_reads_keep_a_few_segments_open_not_one_per_segment(journal_dir: Pa
         _close_writers()  # the process exits: the next one starts a chain of its own
     records = list(JournalReader(str(journal_dir)).records())
     assert len({(r.writer_id, r.segment_index) for r in records}) == 3 * MAX_OPEN_SEGMENTS
-    state: Any = SimpleNamespace(journal=str(journal_dir))
+    state: Any = SimpleNamespace(journal=str(journal_dir), decoded=Decoded())
     before = len(os.listdir("/proc/self/fd"))
     with HeldReads(state) as reads:
         for record in records:

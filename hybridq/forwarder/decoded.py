@@ -1,0 +1,69 @@
+"""The envelopes of the rows the forwarder put in its run table, kept decoded for the refill.
+
+A job that waits on disk (the run table, :mod:`hybridq.forwarder.runs`) was read from the journal
+and decoded once, its envelope checked; the refill that pushes it reads its record back and
+decoded it again: in a burn-down, most of the backlog (docs/benchmarks.md, "The push path, this
+stop"). The envelopes of the rows this process put there are kept here, bounded, and the refill
+takes them instead. Only a cache: a row not found here (a restart, a full cache) is read back
+from the journal as before, so what is pushed is the same either way (the record is immutable,
+and only a stopped forwarder's journal is ever repaired).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hybridq.envelope.model import Envelope
+from hybridq.transport.base import Loc
+
+__all__ = ["KEPT_BYTES", "KEPT_JOBS", "KEPT_S", "Decoded"]
+
+#: At most this many envelopes, of at most this many bytes of records together (~1 KB of memory
+#: each for a small job's): past either, new rows are not kept (the oldest wait to be pushed first).
+KEPT_JOBS = 20000
+KEPT_BYTES = 8 << 20
+#: An envelope kept longer than this is dropped once the cache is full (its row left another way:
+#: cancelled, finished, or its refill read it back after a restart of the table).
+KEPT_S = 60.0
+
+
+class Decoded:
+    """Envelopes by their record's location, in the order they were kept."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._kept: dict[Loc, tuple[float, Envelope, int]] = {}
+        self._bytes = 0
+
+    def keep(self, loc: Loc, env: Envelope) -> None:
+        """Keep ``env``, read at ``loc`` and now waiting on disk (only one decoded from ASCII JSON)."""
+        size = len(env.source or b"")
+        if not size:
+            return
+        if len(self._kept) >= KEPT_JOBS or self._bytes + size > KEPT_BYTES:
+            self._drop_older(self.clock() - KEPT_S)
+            if len(self._kept) >= KEPT_JOBS or self._bytes + size > KEPT_BYTES:
+                return
+        self._kept[loc] = (self.clock(), env, size)
+        self._bytes += size
+
+    def take(self, loc: Loc) -> Envelope | None:
+        """The envelope kept for ``loc`` (forgotten here), or ``None``."""
+        found = self._kept.pop(loc, None)
+        if found is None:
+            return None
+        self._bytes -= found[2]
+        return found[1]
+
+    def _drop_older(self, cutoff: float) -> None:
+        for loc, (at, _, size) in list(self._kept.items()):
+            if at >= cutoff:
+                return
+            del self._kept[loc]
+            self._bytes -= size
+
+    def __len__(self) -> int:
+        return len(self._kept)

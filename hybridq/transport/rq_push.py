@@ -1,0 +1,216 @@
+"""The RQ transport's push: a batch of deliveries into RQ queues, a script call per queue's chunk.
+
+What each job's hash holds is RQ's own ``Job.to_dict`` (``test_job_hash_is_what_rq_writes``);
+how it travels is hybridq's. A call carries what every job of one queue shares once (the set of
+queues, the queue's list, its failed and canceled registries, the push time, RQ's ``origin``)
+and, per job, its hash's key and **one** argument: its own fields, each behind its length
+(``struct``'s ``>I4c0``, which the script unpacks in one call). redis-py encodes and frames each
+argument of a command apart: the 25 arguments a job took before (five keys, four numbers, its
+fields' names and values) cost the forwarder more than building them (docs/benchmarks.md, "The
+push path, this stop").
+
+A re-push must not queue a job twice: the script does nothing when the job hash already exists
+(the same idea as RQ 3's ``unique=True``, which cannot be pipelined); a forced delivery (a
+redelivery after a lost worker, a retry, a requeue) replaces the old hash and queue entry.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rq.utils import utcformat
+
+from hybridq.envelope.codec import dumps_ascii
+from hybridq.protocol import ENTRY_POINT, keys
+
+from .base import Delivery
+from .rq_codec import _data, _describe, _failure_ttl, _meta, _redis_text, _whole_seconds
+from .rq_scripts import _QUEUED_LUA
+
+__all__ = ["PUSH_CHUNK", "_PUSH_IF_NEW", "Chunk", "chunks", "job_fields", "job_hash"]
+
+#: Jobs per push script call (of one queue; a batch is one pipeline of such calls): a call of 100
+#: jobs keeps Redis busy well under a millisecond (other clients wait that long).
+PUSH_CHUNK = 100
+
+#: One job's own fields, in the order of its argument (``result_ttl`` empty: RQ's default).
+_FIELDS = (
+    "id",
+    "overwrite",
+    "run",
+    "created_at",
+    "data",
+    "description",
+    "timeout",
+    "meta",
+    "failure_ttl",
+    "result_ttl",
+)
+_LENGTH = struct.Struct(">I")
+#: RQ's call (``data``): ``[func, instance, args, kwargs]``, the delivery its one argument.
+_CALL_HEAD = b"[" + json.dumps(ENTRY_POINT).encode() + b", null, ["
+
+# Pushes a chunk of one queue's jobs. KEYS: the set of queues, the queue's list, RQ's failed and
+# canceled registries of the queue, then each job's hash. ARGV: the push time (enqueued_at),
+# the queue's name (RQ's origin), then one argument per job: _FIELDS, each behind its length as
+# a 4-byte big-endian number. "overwrite" is hybridq.protocol.Overwrite ("1" replace a known job
+# that was delivered for an earlier run; "2" replace it whatever it holds), "run" the run number
+# (requeue * 100000 + attempt). The script adds QUEUED_FIELDS. Returns {jobs queued, jobs left as
+# they were, per job "1" queued or "0"}. A forced push of a run already delivered does nothing,
+# so a forwarder that restarts and pushes a due retry again does not disturb the retry running.
+#
+# Unless RQ finished or failed that very run although no worker ever claimed it (its
+# hybridq_started is older): then it can no longer run, and is queued again. That is what the
+# worker of the previous run leaves when it records that run's failure in RQ (RQ saves the whole
+# job hash, the previous run's arguments included) after the forwarder had already harvested
+# the outcome and pushed the retry: the retry's queue entry then delivers the previous run's
+# copy, which reports that run's failure again and runs nothing (tests/integration/
+# test_network_faults.py). Without this, only the reconcile pass would queue it, leases later.
+#
+# A job replaced is also taken out of the queue's intermediate list (tests/integration/
+# test_worker_protocol.py, a stranded job delivered again).
+_PUSH_IF_NEW = f"""
+local queue = KEYS[2]
+local fields_of = function(s)
+    return struct.unpack("{">" + "I4c0" * len(_FIELDS)}", s)
+end
+if not struct then
+    -- A server without Lua's struct library (fakeredis): the same format, a field at a time.
+    fields_of = function(s)
+        local out, p = {{}}, 1
+        for i = 1, {len(_FIELDS)} do
+            local a, b, c, d = string.byte(s, p, p + 3)
+            local n = ((a * 256 + b) * 256 + c) * 256 + d
+            out[i] = string.sub(s, p + 4, p + 3 + n)
+            p = p + 4 + n
+        end
+        return unpack(out)
+    end
+end
+local function push(key, id, overwrite, run, fields)
+    if redis.call("EXISTS", key) == 1 then
+        if overwrite == "0" then
+            return 0
+        end
+        local f = redis.call("HMGET", key, "hybridq_run", "status", "hybridq_started")
+        local known, mine = tonumber(f[1]) or 0, tonumber(run)
+        if overwrite == "1" and known >= mine then
+            local ended = f[2] == "finished" or f[2] == "failed"
+            if known > mine or not ended or (tonumber(f[3]) or 0) >= known then
+                return 0
+            end
+        end
+        redis.call("DEL", key)
+        redis.call("LREM", queue, 0, id)
+        -- Out of RQ's intermediate list too (keys.rq_intermediate): a worker that took the job
+        -- and vanished left it there, where the probe would find it "stranded" again and again.
+        redis.call("LREM", queue .. ":intermediate", 0, id)
+    end
+    -- A new job's first write grows memory (HSET): over maxmemory, Redis refuses the whole
+    -- script there, before it wrote anything, and the forwarder pauses (docs/forwarder.md).
+    -- A write that cannot grow memory first (the ZREMs) would let the script run past the limit.
+    redis.call("HSET", key, "hybridq_run", run, {_QUEUED_LUA}"origin", ARGV[2], "enqueued_at", ARGV[1],
+        unpack(fields))
+    redis.call("RPUSH", queue, id)
+    return 1
+end
+local ids, each = {{}}, {{}}
+for i = 5, #KEYS do
+    local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl =
+        fields_of(ARGV[i - 2])
+    local fields = {{"created_at", created, "data", data, "description", description, "timeout", timeout,
+        "meta", meta, "failure_ttl", failure_ttl}}
+    if result_ttl ~= "" then
+        fields[#fields + 1] = "result_ttl"
+        fields[#fields + 1] = result_ttl
+    end
+    each[#each + 1] = push(KEYS[i], id, overwrite, run, fields)
+    if each[#each] == 1 then
+        ids[#ids + 1] = id
+    end
+end
+if #ids > 0 then
+    redis.call("SADD", KEYS[1], queue)
+    -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
+    redis.call("ZREM", KEYS[3], unpack(ids))
+    redis.call("ZREM", KEYS[4], unpack(ids))
+end
+return {{#ids, #each - #ids, table.concat(each)}}
+"""
+
+
+def job_fields(
+    delivery: Delivery, default_timeout: int, default_result_ttl_s: float | None
+) -> tuple[str | bytes, ...]:
+    """One job's own fields (:data:`_FIELDS`), built directly, not through RQ's ``Job``.
+
+    RQ's ``create_job`` + ``to_dict`` cost about 70 us per job; these are the same fields
+    (``test_job_hash_is_what_rq_writes``) in a fraction of that.
+
+    Raises ``ValueError``, ``TypeError`` or ``OverflowError`` for an envelope whose fields
+    Redis cannot hold (one :meth:`Envelope.from_dict` would refuse): the push reports those
+    jobs as :class:`~hybridq.errors.UnencodableJobs`.
+    """
+    env = delivery.envelope
+    description = env.description or _describe(env.func, env.args, env.kwargs)
+    result_ttl = _whole_seconds(env.result_ttl_s)
+    if result_ttl is None and default_result_ttl_s is not None:
+        result_ttl = round(default_result_ttl_s)  # 0: the worker deletes it at the end
+    return (
+        env.id,
+        delivery.overwrite.value,
+        str(env.requeue * 100000 + delivery.attempt),
+        utcformat(datetime.fromtimestamp(env.created_at, tz=UTC)),
+        _data(_CALL_HEAD + delivery.encoded() + b"], {}]"),
+        _redis_text(description),
+        str(_whole_seconds(env.timeout_s) or default_timeout),
+        dumps_ascii(_meta(delivery)).encode(),
+        _failure_ttl(delivery.key_ttl_s),
+        "" if result_ttl is None else str(result_ttl),
+    )
+
+
+def job_hash(fields: Sequence[str | bytes], queue: str, enqueued_at: str) -> list[Any]:
+    """The job hash the script writes from ``fields`` (flattened, without QUEUED_FIELDS)."""
+    named = dict(zip(_FIELDS, fields, strict=True))
+    flat: list[Any] = ["origin", queue, "enqueued_at", enqueued_at]
+    for name in ("created_at", "data", "description", "timeout", "meta", "failure_ttl", "result_ttl"):
+        if named[name] != "":
+            flat += [name, named[name]]
+    return flat
+
+
+def _argument(fields: Sequence[str | bytes]) -> bytes:
+    """A job's one argument: each field behind its length (UnicodeEncodeError: a ValueError)."""
+    parts: list[bytes] = []
+    for value in fields:
+        raw = value.encode() if isinstance(value, str) else value
+        parts += [_LENGTH.pack(len(raw)), raw]
+    return b"".join(parts)
+
+
+#: One script call: its keys and arguments, and how many bytes of jobs' fields it carries.
+Chunk = tuple[list[str], list[Any], int]
+
+
+def chunks(
+    jobs: Sequence[Delivery], fields: Sequence[Sequence[str | bytes]], enqueued_at: str
+) -> list[tuple[list[Delivery], Chunk]]:
+    """The script calls of a batch: its jobs by queue (in their order), ``PUSH_CHUNK`` per call."""
+    by_queue: dict[str, list[tuple[Delivery, Sequence[str | bytes]]]] = {}
+    for delivery, own in zip(jobs, fields, strict=True):
+        by_queue.setdefault(delivery.envelope.queue, []).append((delivery, own))
+    calls: list[tuple[list[Delivery], Chunk]] = []
+    for queue, items in by_queue.items():
+        shared = [keys.rq_queues(), keys.rq_queue(queue), keys.rq_registry("failed", queue)]
+        shared.append(keys.rq_registry("canceled", queue))
+        for start in range(0, len(items), PUSH_CHUNK):
+            part = items[start : start + PUSH_CHUNK]
+            args: list[Any] = [enqueued_at, queue, *(_argument(own) for _, own in part)]
+            call_keys = shared + [keys.rq_job(d.envelope.id) for d, _ in part]
+            calls.append(([d for d, _ in part], (call_keys, args, sum(len(a) for a in args[2:]))))
+    return calls

@@ -1,0 +1,99 @@
+"""The envelopes of the rows the forwarder spilled, kept for the refill (forwarder/decoded.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder import Forwarder, records
+from hybridq.forwarder import decoded as decoded_module
+from hybridq.forwarder.decoded import Decoded
+
+from tests.unit.test_window import WindowedTransport, enqueue, forwarder, one_step_then_stop
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records a refill read back from the journal and decoded."""
+    calls: list[int] = []
+    real = records.decode_job
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(records, "decode_job", counting)
+    return calls
+
+
+def drain(f: Forwarder, transport: WindowedTransport, steps: int) -> None:
+    """``steps`` forwarder steps, each after the workers took what was queued."""
+    for _ in range(steps):
+        transport.work("default")
+        f.step()
+
+
+def test_the_refill_pushes_the_envelopes_it_read_without_reading_them_again(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fails before: the 900 rows spilled were each read back and decoded by the refill."""
+    ids = enqueue(journal_dir, 1000)
+    transport = WindowedTransport()
+    f = forwarder(journal_dir, transport, window_min=100, window_max=100)
+    try:
+        f.step()
+        assert f.state.runs.waiting("default") == 900
+        reads = count_reads(monkeypatch)
+        drain(f, transport, 30)
+        assert transport.executions == dict.fromkeys(ids, 1)
+        assert transport.pushed_ids == ids  # in journal order, each once
+        assert reads == []
+        assert len(f.state.decoded) == 0
+    finally:
+        f.close()
+
+
+def test_a_restart_reads_the_rows_back_from_the_journal(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids, transport = one_step_then_stop(journal_dir, 300)
+    reads = count_reads(monkeypatch)
+    f = forwarder(journal_dir, transport, window_min=100, window_max=100)
+    try:
+        drain(f, transport, 10)
+        assert transport.executions == dict.fromkeys(ids, 1)
+        assert len(reads) == 200  # nothing kept across a restart: each row read back once
+    finally:
+        f.close()
+
+
+def envelope(n: int) -> Envelope:
+    env = Envelope.from_bytes(
+        b'{"v": 1, "id": "%032x", "func": "tests.tasks.add", "queue": "q", "key": "%032x", "created_at": 1}'
+        % (n, n)
+    )
+    assert env.source is not None
+    return env
+
+
+def test_the_cache_is_bounded_and_keeps_the_oldest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decoded_module, "KEPT_JOBS", 3)
+    now = [0.0]
+    cache = Decoded(clock=lambda: now[0])
+    for n in range(5):
+        cache.keep(("w", 0, n), envelope(n))
+    assert len(cache) == 3  # full: the newest are not kept (the oldest are pushed first)
+    assert cache.take(("w", 0, 4)) is None
+    assert cache.take(("w", 0, 0)) == envelope(0)
+    assert cache.take(("w", 0, 0)) is None  # taken once
+    now[0] = decoded_module.KEPT_S + 1
+    cache.keep(("w", 0, 5), envelope(5))
+    cache.keep(("w", 0, 6), envelope(6))
+    cache.keep(("w", 0, 7), envelope(7))  # full again: those kept over KEPT_S ago went
+    assert [cache.take(("w", 0, n)) is not None for n in (1, 2, 5, 6, 7)] == [False, False, True, True, True]
+    built = Envelope.from_dict(
+        {"v": 1, "id": "a" * 32, "func": "tests.tasks.add", "queue": "q", "key": "a", "created_at": 1}
+    )
+    cache.keep(("w", 1, 0), built)  # not decoded from a record: nothing to bound it by, not kept
+    assert len(cache) == 0
