@@ -311,7 +311,7 @@ class Envelope:
         if not isinstance(obj, dict):
             raise EnvelopeError("record is not a JSON object")
         env = cls.from_dict(obj)
-        if raw[:1] == b"{" and raw.isascii():
+        if raw[:1] == b"{" and raw.isascii() and b"\x00" not in raw:  # UTF-8 (not UTF-16/32: NULs)
             env._source = raw
         return env
 

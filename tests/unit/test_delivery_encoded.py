@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 
+import pytest
 from hybridq import Queue
 from hybridq.envelope.model import Envelope
 from hybridq.protocol.delivery import Delivery
@@ -38,6 +39,16 @@ def test_an_envelope_not_decoded_from_ascii_json_is_encoded_again() -> None:
         raw = delivery.encoded()
         assert raw.isascii()
         assert json.loads(raw) == delivery.to_json()
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-32-le"])
+def test_a_record_in_another_json_encoding_is_encoded_again(encoding: str) -> None:
+    """JSON in UTF-16/32-LE (what ``json.loads`` detects) is all ASCII bytes with NULs between:
+    spliced as it is, the worker (UTF-8) could not read the job, which then never ran."""
+    env = Envelope.from_bytes(decoded(1, 2).to_bytes().decode().encode(encoding))
+    assert env.source is None
+    raw = Delivery(env, "owner", ("w" * 16, 0, 64)).encoded()
+    assert json.loads(raw.decode("utf-8")) == Delivery(env, "owner", ("w" * 16, 0, 64)).to_json()
 
 
 def test_dumps_ascii_is_json_dumps() -> None:
