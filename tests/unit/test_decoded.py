@@ -97,3 +97,20 @@ def test_the_cache_is_bounded_and_keeps_the_oldest(monkeypatch: pytest.MonkeyPat
     )
     cache.keep(("w", 1, 0), built)  # not decoded from a record: nothing to bound it by, not kept
     assert len(cache) == 0
+
+
+def test_a_record_kept_twice_counts_once_and_its_memory_counts_its_containers() -> None:
+    """A re-read (the delivery's rollback) keeps the same location again: counted once. A record
+    of many small containers decodes to far more than its bytes: its estimate says so."""
+    from hybridq.forwarder.decoded import memory_of
+
+    cache = Decoded()
+    env = envelope(0)
+    cache.keep(("w" * 16, 0, 64), env)
+    once = cache._bytes
+    cache.keep(("w" * 16, 0, 64), env)
+    assert cache._bytes == once
+    assert cache.take(("w" * 16, 0, 64)) is env
+    assert cache._bytes == 0
+    nested = b'{"args": [' + b",".join([b"{}"] * 200) + b"]}"
+    assert memory_of(nested) > 15 * len(nested)
