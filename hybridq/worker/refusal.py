@@ -10,7 +10,8 @@ case its key refused, however rarely a key whose limit does not bind refuses (th
 of what the limits cost per job, docs/benchmarks.md).
 
 What the second call leaves: if it never gets through (the worker killed between the claim and
-it, or Redis unreachable past the retries), the refused copy is found stranded by the
+it, Redis unreachable past the retries, an error not retried, the signing key unreadable), the
+refused copy is found stranded by the
 forwarder's reconcile pass and delivered again (about two leases), as a refusal whose event
 Redis lost always was. A reply lost and the call sent again adds the event twice: the forwarder
 takes a job back once (``hybridq.forwarder.refusals.take_back``).
@@ -26,7 +27,7 @@ import redis
 from redis.exceptions import RedisError
 
 from hybridq.protocol import Delivery, StartedEvent, keys
-from hybridq.security.signing import sign_event
+from hybridq.security.signing import SigningKeyError, sign_event
 from hybridq.worker import scripts
 
 __all__ = ["REFUSED", "is_limit_refusal", "send_refusal"]
@@ -48,14 +49,14 @@ def send_refusal(conn: redis.Redis, d: Delivery, why: str) -> None:
     """Tell ``d``'s forwarder its claim was refused (``why``): the job goes back to its run table.
 
     Retried while Redis is unreachable, as the claim is; given up with a warning after that
-    (the reconcile pass then delivers the job again). Never raises a Redis error: the run is
-    over either way (nothing ran, no attempt used).
+    (the reconcile pass then delivers the job again). Never raises for a Redis error or an
+    unreadable signing key: the run is over either way (nothing ran, no attempt used).
     """
     event = StartedEvent(d.envelope.id, d.loc, d.attempt, d.later, time.time(), refused=True)
-    body = json.dumps(sign_event(d.owner, event.to_json()))
     try:
+        body = json.dumps(sign_event(d.owner, event.to_json()))
         scripts.retrying(lambda: scripts.call(conn, REFUSED, [keys.events(d.owner)], [body, why]))
-    except RedisError as exc:
+    except (RedisError, SigningKeyError) as exc:
         log.warning(
             "job %s attempt %d: its refusal not sent (%s): the forwarder delivers it again later",
             d.envelope.id,

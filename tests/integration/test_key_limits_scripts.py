@@ -253,6 +253,24 @@ def test_an_admitted_limited_claim_carries_no_refused_event_and_a_refused_one_se
     )
 
 
+def test_a_refusal_whose_signing_key_is_unreadable_is_not_sent_and_raises_nothing(
+    conn: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key file gone for a moment: the refusal is given up as when Redis is unreachable (the
+    # reconcile pass delivers the job again), not an error out of the claim (found by review).
+    from hybridq.errors import SigningKeyError
+    from hybridq.worker import refusal
+
+    def unreadable(*_: object) -> None:
+        raise SigningKeyError("no signing key")
+
+    monkeypatch.setattr(refusal, "sign_event", unreadable)
+    env = Queue("default", tmp_path / "journal").prepare("tests.tasks.add", [1, 1], limit_key="ev")
+    d = Delivery(env, "owner", ("w", 1, 0), report_start=True, limit="1,0,0,ev")
+    refusal.send_refusal(conn, d, "limited: concurrency")
+    assert conn.xlen(keys.events("owner")) == 0
+
+
 @pytest.mark.parametrize("stored", ["succeeded", "failed", "unreadable", "busy"])
 def test_a_claim_that_runs_nothing_takes_its_copy_off_the_queued_count(
     conn: redis.Redis, stored: str
