@@ -7,7 +7,8 @@ table, :mod:`hybridq.forwarder.runs`). Each step it reads the queues' lengths (o
 ``LLEN``), and a queue whose length fell to half its target is topped up to the target.
 
 The drain rate is what left the queue since the last look (the length then, plus what was pushed
-since, minus the length now), smoothed over :data:`RATE_TAU_S`. A queue found empty after jobs
+since, minus the length now), smoothed over :data:`RATE_RISE_S` while it rises and
+:data:`RATE_TAU_S` while it falls. A queue found empty after jobs
 left it had workers waiting: its target doubles (up to the ceiling) and halves back after
 :data:`BOOST_DECAY_S` without another underrun.
 
@@ -37,8 +38,11 @@ __all__ = ["BYTES_PER_JOB", "MemoryGate", "QueueWindow", "Windows", "check_evict
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: Smoothing of the drain rate (seconds).
+#: Smoothing of the drain rate while it falls (seconds).
 RATE_TAU_S = 5.0
+#: Smoothing of the drain rate while it rises (seconds): a burst's workers find the window
+#: grown within a second, not after the several underruns a slow rise costs them.
+RATE_RISE_S = 0.5
 #: A boosted target halves after this long without an underrun (seconds).
 BOOST_DECAY_S = 10.0
 #: What a queued job is taken to cost Redis before the gate has seen a push (bytes).
@@ -80,8 +84,9 @@ class QueueWindow:
         left = max(0, self.expected - length)
         if self.at > -math.inf:
             dt = max(now - self.at, 1e-3)
-            weight = 1.0 - math.exp(-dt / RATE_TAU_S)
-            self.rate += (left / dt - self.rate) * weight
+            drain = left / dt
+            weight = 1.0 - math.exp(-dt / (RATE_RISE_S if drain > self.rate else RATE_TAU_S))
+            self.rate += (drain - self.rate) * weight
             if length == 0 and left > 0:  # workers emptied it: they wait for the next refill
                 self.boost = min(self.ceiling, 2 * self.target)
                 self.boosted_at = now

@@ -85,11 +85,27 @@ def test_an_underrun_doubles_the_target_and_it_decays_back() -> None:
     w.observe(0, 0.0)
     w.pushed(100)
     w.observe(0, 0.01)  # the workers emptied it at once: they wait for the forwarder
-    assert w.boost == 200
-    assert w.target >= 200
+    before = max(w.floor, int(w.rate * w.cover_s))  # the target the underrun found
+    assert w.boost == 2 * before
+    assert w.target >= 2 * before
     w.pushed(10)
     w.observe(5, 0.02 + BOOST_DECAY_S)
-    assert w.boost == 100
+    assert w.boost == before
+
+
+def test_a_rising_drain_is_followed_within_a_second_and_a_falling_one_slowly() -> None:
+    # A burn-down's workers drain 4,000 jobs/s from the start: with the drain's rise smoothed as
+    # slowly as its fall (5 s), the window lagged a fifth of it after a second, and the workers
+    # found the queue empty again and again (B1, docs/benchmarks.md).
+    w = QueueWindow(floor=500, ceiling=10_000, cover_s=1.0)
+    w.observe(0, 0.0)
+    for step in range(1, 11):
+        w.pushed(400)
+        w.observe(0, step / 10)
+    assert w.rate >= 0.8 * 4000
+    for step in range(11, 21):  # the drain stops: the rate falls over seconds, not at once
+        w.observe(0, step / 10)
+    assert w.rate >= 0.6 * 4000
 
 
 def test_a_queue_is_topped_up_only_once_it_fell_to_half() -> None:
