@@ -14,6 +14,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from hybridq.envelope.model import Envelope
@@ -36,7 +37,9 @@ class Decoded:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._kept: dict[Loc, tuple[float, Envelope, int]] = {}
+        # Ordered by insertion with O(1) access to the oldest however many were taken before it
+        # (a plain dict's iteration skips the slots of deleted entries from its start).
+        self._kept: OrderedDict[Loc, tuple[float, Envelope, int]] = OrderedDict()
         self._bytes = 0
 
     def keep(self, loc: Loc, env: Envelope) -> None:
@@ -60,7 +63,13 @@ class Decoded:
         return found[1]
 
     def _drop_older(self, cutoff: float) -> None:
-        for loc, (at, _, size) in list(self._kept.items()):
+        """Drop the entries kept before ``cutoff``, oldest first: O(1) per entry, O(1) if none.
+
+        Called at every keep while the cache is full: a scan or a copy of the cache there made a
+        long drain quadratic (a million jobs forwarded at a third of the rate).
+        """
+        while self._kept:
+            loc, (at, _, size) = next(iter(self._kept.items()))
             if at >= cutoff:
                 return
             del self._kept[loc]

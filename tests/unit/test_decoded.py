@@ -114,3 +114,19 @@ def test_a_record_kept_twice_counts_once_and_its_memory_counts_its_containers() 
     assert cache._bytes == 0
     nested = b'{"args": [' + b",".join([b"{}"] * 200) + b"]}"
     assert memory_of(nested) > 15 * len(nested)
+
+
+def test_keeping_into_a_full_cache_does_not_copy_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every keep into a full cache looks for expired entries: that look copied the whole cache,
+    and a million-job drain ran at a third of its rate (the forwarder's time went there)."""
+
+    def no_copy(items: object) -> list[object]:
+        raise AssertionError("the cache was copied")
+
+    monkeypatch.setattr(decoded_module, "KEPT_JOBS", 3)
+    cache = Decoded(clock=lambda: 0.0)
+    for n in range(3):
+        cache.keep(("w", 0, n), envelope(n))
+    monkeypatch.setattr(decoded_module, "list", no_copy, raising=False)
+    cache.keep(("w", 0, 3), envelope(3))  # full, nothing expired: not kept, nothing scanned
+    assert len(cache) == 3
