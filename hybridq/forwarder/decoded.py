@@ -25,8 +25,8 @@ __all__ = ["KEPT_BYTES", "KEPT_JOBS", "KEPT_S", "Decoded", "memory_of"]
 #: At most this many envelopes, of at most this many bytes of memory together (estimated by
 #: :func:`memory_of`: ~0.9 KB for a small job's): past either, new rows are not kept (the oldest
 #: wait to be pushed first).
-KEPT_JOBS = 20000
-KEPT_BYTES = 24 << 20
+KEPT_JOBS = 10_000
+KEPT_BYTES = 12 << 20
 #: An envelope kept longer than this is dropped once the cache is full (its row left another way:
 #: cancelled, finished, or its refill read it back after a restart of the table).
 KEPT_S = 60.0
