@@ -154,14 +154,20 @@ def decode(raw: bytes) -> Saved:
 
 def save(
     journal: str, index: LedgerIndex, covered: Mapping[str, ChainPosition], through: Mapping[str, int]
-) -> None:
-    """Durably replace the saved index (a crash midway leaves the previous one whole)."""
+) -> dict[str, ChainPosition]:
+    """Durably replace the saved index (a crash midway leaves the previous one whole).
+
+    Returns what it covers: ``covered`` less the chains compacted away (a save names only
+    chains that exist, with their first segment now).
+    """
     ops = _CrashingOps() if crashpoints.enabled() else OS_FILEOPS
     path = ledger_dir(journal)
     chains = list_chains(path) if os.path.isdir(path) else {}
-    first = {writer: chains[writer][0] for writer in covered if writer in chains}
-    write_state(journal, SAVED_INDEX_NAME, encode(index, covered, through, first), fileops=ops)
+    kept = {writer: at for writer, at in covered.items() if writer in chains}
+    first = {writer: chains[writer][0] for writer in kept}
+    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first), fileops=ops)
     crashpoints.reached("index_after_save")
+    return kept
 
 
 class _CrashingOps(FileOps):
@@ -318,10 +324,7 @@ class IndexSaver:
         if self.broken:
             return
         try:
-            path = ledger_dir(self.journal)
-            chains = list_chains(path) if os.path.isdir(path) else {}
-            self.covered = {w: at for w, at in self.covered.items() if w in chains}  # not compacted away
-            save(self.journal, index, self.covered, compacted.through)
+            self.covered = save(self.journal, index, self.covered, compacted.through)
         except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
             return
