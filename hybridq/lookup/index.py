@@ -47,6 +47,8 @@ from hybridq.lookup.store import (
     _load_marks,
     _moved,
     _save_marks,
+    _stash,
+    _stashed,
     _Tail,
 )
 from hybridq.protocol import EntryKind, StartedEvent
@@ -295,6 +297,7 @@ class LookupIndex:
         for writer, pos in read_to.items():  # marks only move forward
             if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
                 journal_to[writer] = pos
+        touched += self._apply_ahead(db, journal_to)
         if self._fed:
             ledger_marks.update(self._own)  # its entries were noted: not read back
         ledger = _Tail(ledger_dir(self.journal), ledger_marks)
@@ -308,18 +311,27 @@ class LookupIndex:
                 self._building, self._build_to = True, None
                 return touched
             with db:
-                _apply(db, entries)
+                _fold(db, entries, journal_to)
             touched += len(entries)
         ledger_to = ledger.end()
         entries, self._entries = self._entries, []
         started, self._started = list(self._started.values()), {}
         if touched or entries or started or _moved(marks, journal_to, ledger_to):
             with db:
-                _apply(db, entries)
+                _fold(db, entries, journal_to)
                 db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
                 _save_marks(db, journal_to, ledger_to)
         self._fed = True  # every entry of its chain so far is in: from now on they are noted
         return touched + len(entries)
+
+    def _apply_ahead(self, db: sqlite3.Connection, journal_to: Mapping[str, tuple[int, int, int]]) -> int:
+        """Apply the kept entries whose records are read now (their rows are in); how many."""
+        now = [(rowid, e) for rowid, e in _stashed(db) if _read(journal_to, e.loc)]
+        if now:
+            with db:
+                _apply(db, [e for _, e in now])
+                db.executemany("DELETE FROM ahead WHERE rowid = ?", [(rowid,) for rowid, _ in now])
+        return len(now)
 
     def prune(self, now: float) -> int:
         """Drop every row past its retention (:data:`RETENTION_S`); how many."""
@@ -351,8 +363,24 @@ class LookupIndex:
             if len(rows) < PRUNE_CHUNK:  # the sweep ends: chains gone whole lose their marks
                 stale = [(f"j:{w}",) for w in _load_marks(db) if w[:2] == "j:" and w[2:] not in first]
                 db.executemany("DELETE FROM marks WHERE chain = ?", stale)
+                # Kept entries whose records were compacted away unread: never applied.
+                never = [(i,) for i, e in _stashed(db) if e.loc[1] < first.get(e.loc[0], sys.maxsize)]
+                db.executemany("DELETE FROM ahead WHERE rowid = ?", never)
         self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
         return len(gone), len(rows) == PRUNE_CHUNK
+
+
+def _fold(
+    db: sqlite3.Connection, entries: list[Entry], journal_to: Mapping[str, tuple[int, int, int]]
+) -> None:
+    """Apply ``entries``; keep those about records the forwarder has not read yet.
+
+    Such an entry (a cancel of a job in a backlog the forwarder is still reading) would update
+    no row: it is kept until the row is in (:meth:`LookupIndex._apply_ahead`).
+    """
+    later = [e for e in entries if not _read(journal_to, e.loc)]
+    _apply(db, [e for e in entries if _read(journal_to, e.loc)] if later else entries)
+    _stash(db, later)
 
 
 def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:

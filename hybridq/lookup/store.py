@@ -37,7 +37,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     result TEXT, rkept INTEGER NOT NULL DEFAULT 0, rbytes INTEGER, error TEXT, dup_of TEXT
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS marks (chain TEXT PRIMARY KEY, seg INTEGER, off INTEGER, seq INTEGER);
+CREATE TABLE IF NOT EXISTS ahead (
+    writer TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL, entry BLOB NOT NULL
+);
 """
+# ``ahead``: ledger entries about journal records the forwarder has not read yet (a cancel of a
+# job in a backlog it is still reading): they would update no row. Kept with the rows, so a crash
+# keeps them too, and applied once the record's row is in (LookupIndex._apply_ahead).
 # A record read from the journal: a new id, or a requeue (a higher requeue count) taking the id
 # over with a clean slate. The first record under an id keeps it against later ones (merged).
 _UPSERT_JOB = """
@@ -174,6 +180,20 @@ def _chunks(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def _stash(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
+    """Keep ``entries`` until the rows of their records are in (see ``ahead`` in the schema)."""
+    db.executemany(
+        "INSERT INTO ahead (writer, seg, off, entry) VALUES (?, ?, ?, ?)",
+        [(*e.loc, e.to_bytes()) for e in entries],
+    )
+
+
+def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
+    """The entries kept by :func:`_stash`, in the order kept, with their row ids."""
+    rows = db.execute("SELECT rowid, entry FROM ahead ORDER BY rowid").fetchall()
+    return [(rowid, Entry.from_bytes(raw)) for rowid, raw in rows]
 
 
 def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
