@@ -250,7 +250,7 @@ class Backlog:
             result = self.transport.push(batch)
         except UnencodableJobs as exc:
             for delivery, reason in exc.rejected:
-                self.state.record_invalid(delivery.loc)
+                self.state.record_invalid(delivery.loc, delivery.envelope.id)
                 log.error("skipping job %s: the transport cannot encode it: %s", delivery.envelope.id, reason)
             refused = {id(d) for d, _ in exc.rejected}
             rest = [d for d in batch if id(d) not in refused]

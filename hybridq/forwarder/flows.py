@@ -225,7 +225,7 @@ class Flows:
             if verdict == "":
                 return False  # released before (the run table pushed it): an ordinary job now
         if not self.intercept(env, loc):
-            self.state.record_invalid(loc)  # an anchor without a graph: never a job
+            self.state.record_invalid(loc, env.id)  # an anchor without a graph: never a job
             log.error("job %s: a workflow's record without its graph: recorded invalid", env.id)
         self.dirty = True
         return True
@@ -235,7 +235,7 @@ class Flows:
         if why is not None:
             # One bad record must not stop forwarding (docs/security.md): terminal, and said.
             log.error("workflow %s: not a graph this version can run (%s): recorded invalid", env.id, why)
-            self.state.record_invalid(loc)
+            self.state.record_invalid(loc, env.id)
             return
         steps = graph.get("steps")
         cur = self.db.execute(
@@ -256,7 +256,7 @@ class Flows:
             # Its id is another workflow's (enqueued again under it, or requeued): its steps'
             # ids and keys would be that one's. Terminal, never pushed, and said.
             log.error("workflow %s: a workflow with this id exists already: recorded invalid", env.id)
-            self.state.record_invalid(loc)
+            self.state.record_invalid(loc, env.id)
         self._news.add(env.id)  # its first steps are released at the next pass
 
     # -- moving them on -----------------------------------------------------------------------

@@ -143,7 +143,7 @@ class Pusher:
         """Record the jobs the transport refused as invalid (durably, before the checkpoint moves)."""
         refused = {id(delivery) for delivery, _ in exc.rejected}
         for delivery, reason in exc.rejected:
-            self.state.record_invalid(delivery.loc)
+            self.state.record_invalid(delivery.loc, delivery.envelope.id)
             log.error(
                 "skipping job %s (record %s:%d:%d): the transport cannot encode it: %s",
                 delivery.envelope.id,

@@ -14,6 +14,7 @@ from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import Record, RecordType
 from hybridq.journal.reader import SegmentFile, read_record_at, seal_offset
 from hybridq.ledger.checkpoint import Held
+from hybridq.lookup.reads import job_row
 from hybridq.protocol import Overwrite
 from hybridq.transport.base import Delivery, Loc
 
@@ -43,7 +44,8 @@ def decode_job(state: ForwarderState, record: Record) -> Envelope | None:
         # The record passed its checksum, so these are the bytes a producer wrote: a bug or
         # a newer, incompatible producer. Skip it loudly rather than stop every other job,
         # and mark it terminal in the ledger so its segment can be compacted.
-        state.record_invalid((record.writer_id, record.segment_index, record.offset))
+        row = job_row(record)  # the id it names, if any: a lookup by id finds it failed
+        state.record_invalid((record.writer_id, record.segment_index, record.offset), row[0] if row else "")
         log.error(
             "skipping record %s:%d (segment %d offset %d): not a valid job envelope: %s",
             record.writer_id,

@@ -390,9 +390,9 @@ class ForwarderState:
                 self.pushed.done(entry.loc)
         return unchanged
 
-    def record_invalid(self, loc: Loc) -> None:
-        """Make the record at ``loc`` terminal as ``invalid`` (not a job, or not one Redis can hold)."""
-        self.append([Entry("done", "", loc, outcome="invalid", at=self.config.clock())])
+    def record_invalid(self, loc: Loc, job_id: str = "") -> None:
+        """Make the record at ``loc`` (of ``job_id``) terminal ``invalid``: not a job Redis can hold."""
+        self.append([Entry("done", job_id, loc, outcome="invalid", at=self.config.clock())])
         self.checkpoint.invalid += 1
 
     def store_keys(self, entries: Sequence[Entry]) -> None:
