@@ -3,13 +3,13 @@
 CPython collects its youngest generation after every 700 net allocations of container objects.
 The forwarder allocates several per job (the harvested event's dict, its ledger entry, the
 delivery, the rows' tuples) and keeps few of them, so in a 20,000-job burn-down the collector ran
-about 330 times on the youngest generation, 30 on the middle one and 3 times over everything
-(the ledger's index and the refill's cache included): about 0.2 s of the forwarder's CPU, 10 us
-per job (docs/benchmarks.md, "The forwarder's CPU per job, this stop"), to find about 1,300
+about 300 times on the youngest generation, 25-29 on the middle one and 3 times over everything
+(the ledger's index and the refill's cache included): 0.16-0.20 s of the forwarder's CPU, 8-10
+us per job (docs/benchmarks.md, "The forwarder's CPU per job, this stop"), to find 1,300-2,000
 objects in reference cycles (almost everything it frees goes by its reference count). While its
 loop runs the youngest generation is collected after :data:`GEN0_THRESHOLD` allocations instead:
-a few collections per 20,000 jobs, each over at most that many young objects (a millisecond or
-two), and the garbage in cycles waits at most that much longer.
+one or two collections in a 20,000-job burn (1 to 10 ms of CPU in all), each over at most that
+many young objects, and the garbage in cycles waits at most that much longer.
 
 Process-wide, like every setting of :mod:`gc`: the previous thresholds are put back when the loop
 returns (a forwarder embedded in an application's process leaves its collector as it found it).
