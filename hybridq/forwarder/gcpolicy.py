@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
 
 __all__ = ["GEN0_THRESHOLD", "fewer_collections"]
@@ -29,18 +30,32 @@ __all__ = ["GEN0_THRESHOLD", "fewer_collections"]
 GEN0_THRESHOLD = 10_000
 
 
+_lock = threading.Lock()
+#: How many loops run inside :func:`fewer_collections` now, and the thresholds before the first.
+_inside = 0
+_before: tuple[int, int, int] = (700, 10, 10)
+
+
 @contextlib.contextmanager
 def fewer_collections() -> Iterator[None]:
     """Collect the youngest generation after :data:`GEN0_THRESHOLD` allocations, inside the block.
 
     The older generations keep their thresholds (each is counted in collections of the one
     below, so they run about as much less often too). A threshold set higher already is kept.
+    Several forwarders in one process (tests): the first to enter sets it, the last to leave
+    puts the thresholds back.
     """
-    before = gc.get_threshold()
-    gen0 = before[0]
-    if gen0 and gen0 < GEN0_THRESHOLD:  # 0: the application turned the collector off
-        gc.set_threshold(GEN0_THRESHOLD, *before[1:])
+    global _inside, _before  # the process has one collector
+    with _lock:
+        if not _inside:
+            _before = gc.get_threshold()
+            if _before[0] and _before[0] < GEN0_THRESHOLD:  # 0: the application turned it off
+                gc.set_threshold(GEN0_THRESHOLD, *_before[1:])
+        _inside += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        with _lock:
+            _inside -= 1
+            if not _inside:
+                gc.set_threshold(*_before)

@@ -49,6 +49,17 @@ def test_put_back_when_the_block_raises() -> None:
     assert gc.get_threshold() == (700, 10, 10)
 
 
+def test_overlapping_loops_put_the_thresholds_back_once_the_last_leaves() -> None:
+    gc.set_threshold(700, 10, 10)
+    first, second = fewer_collections(), fewer_collections()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert gc.get_threshold() == (GEN0_THRESHOLD, 10, 10), "the second loop still runs"
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
 def test_the_forwarders_loop_runs_at_that_pace_and_puts_it_back(journal_dir: Path) -> None:
     gc.set_threshold(700, 10, 10)
     Queue(journal=journal_dir).enqueue(tasks.add, 1, 2)
