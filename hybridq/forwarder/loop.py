@@ -38,6 +38,7 @@ from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
 from hybridq.forwarder.flows import Flows
+from hybridq.forwarder.gcpolicy import fewer_collections
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.forwarder.maintain import Maintenance, Parts
 from hybridq.forwarder.publish import StatsPublisher
@@ -146,8 +147,7 @@ class Forwarder:
         self.lookup.on_checked = self.waits.wake  # its check's verdict, looked at in the next step
         #: The per-key limits' gate (hybridq.forwarder.keylimits): what each limit key has room for.
         self.key_limits = KeyLimits(self.config.key_limits, transport, self.config.lease_s)
-        if self.config.key_limits:
-            self.state.limit_figures = self.key_limits.figures
+        self.state.limit_figures = self.key_limits.figures if self.config.key_limits else None
         #: The windows in Redis, the memory gate, the jobs waiting on disk (docs/forwarder.md).
         self.backlog = Backlog(
             self.state, transport, lanes=lanes, gate=self.key_limits if self.config.key_limits else None
@@ -161,8 +161,7 @@ class Forwarder:
         self.completions.reconciler.held = lambda loc: loc in self.flows.held
         self.completions.reconciler.held_record = lambda loc, env: self.flows.holds(env, loc)
         self.state.on_append = self._appended  # outcomes to the lookup index, then to the flows
-        #: Journal records in, batches pushed, the checkpoint moved after. The push and the save
-        #: go through the loop's _push and _save, looked up at each call (tests replace them).
+        #: Journal records in, batches pushed, the checkpoint moved after (_push, _save: late-bound).
         self.delivery = Deliverer(
             self.state,
             self.config,
@@ -311,6 +310,7 @@ class Forwarder:
 
     # -- the loop -----------------------------------------------------------------------------
 
+    @fewer_collections()  # the collector's pace while it runs (hybridq.forwarder.gcpolicy)
     def run(self) -> None:
         """Forward until :meth:`stop` is called.
 
