@@ -34,14 +34,17 @@ import base64
 import binascii
 import datetime as dt
 import json
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
 from hybridq.envelope.limits import MAX_NESTING, Refused, few, few_hashes, finite_decimal, too_deep
 from hybridq.errors import NotSerializable
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 __all__ = [
     "TAGS",
@@ -160,7 +163,10 @@ def _time_fields(value: dt.datetime | dt.time) -> dict[str, Any]:
     """The zone key and fold a date-time or time needs besides its ISO text."""
     extra: dict[str, Any] = {}
     zone = value.tzinfo
-    if isinstance(zone, ZoneInfo) and zone.key is not None:
+    # zoneinfo loads on first use (~3 ms of every worker's start): a zone can be a ZoneInfo only
+    # once its module is loaded.
+    zoneinfo = sys.modules.get("zoneinfo")
+    if zoneinfo is not None and isinstance(zone, zoneinfo.ZoneInfo) and zone.key is not None:
         extra["tz"] = zone.key
     if value.fold:
         extra["fold"] = 1
@@ -250,6 +256,8 @@ def _read_time(kind: Callable[[str], Any], body: Mapping[str, Any]) -> Any:
 
 
 def _zone(key: str) -> ZoneInfo:
+    from zoneinfo import ZoneInfo  # noqa: PLC0415 - only a date-time with a zone needs it
+
     try:
         return ZoneInfo(key)
     except (OSError, ValueError, LookupError) as exc:  # a directory of zones is an OSError

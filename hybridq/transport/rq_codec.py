@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridq.envelope.limits import MAX_SECONDS
-
-from .base import Delivery
+from hybridq.protocol import Delivery
 
 __all__ = [
     "DATA_PLAIN_BYTES",

@@ -260,6 +260,7 @@ class Engine:
                 delay = min(5.0, delay * 2)
             else:
                 self._idle_s = 0.0  # "Listening on" says it is back
+                self._next_beat = time.monotonic() + BEAT_S  # registered: no heartbeat before the 1st take
                 return
 
     def _new_rq_worker(self) -> Any:

@@ -157,6 +157,10 @@ class _Pool:
             self.options.threads,
             " (burst)" if self.burst else "",
         )
+        # RQ's worker classes, which each process registers with: loaded once here, not by each
+        # process after the fork, on its way to its first job.
+        import hybridq.rqworker  # noqa: F401, PLC0415
+
         for index in range(self.size):
             self._spawn(index)
         next_upkeep = 0.0

@@ -42,7 +42,9 @@ def test_starting_the_worker_command_loads_neither_the_journal_nor_the_status_co
     """``hybridq worker``'s start (options parsed, Redis checked) loads what a worker runs, no more.
 
     Every module loaded before the pool forks delays the first job (issue 15's burn-down): the
-    status code and the journal's reader, writer and CRC library once cost ~130 ms of ~300 ms.
+    status code and the journal's reader, writer and CRC library once cost ~130 ms of ~300 ms;
+    the forwarder's transport port (``transport.base``, nine dataclasses) ~5 ms, ``zoneinfo``
+    (only a date-time with a zone needs it) ~3 ms (issue 26).
     """
     code = (
         "import atexit, json, os, sys; "
@@ -70,6 +72,8 @@ def test_starting_the_worker_command_loads_neither_the_journal_nor_the_status_co
         "crc32c",
         "hybridq.forwarder",
         "hybridq.producer",
+        "hybridq.transport.base",
+        "zoneinfo",
     ):
         assert heavy not in loaded, heavy
 
