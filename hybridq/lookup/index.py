@@ -102,6 +102,8 @@ class LookupIndex:
         #: found wrong until the file is replaced.
         self._check: IndexCheck | None = None
         self._damage: str | None = None
+        #: Whether the ``ahead`` table may hold entries (not known at open: looked at once).
+        self._ahead = True
         #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
         self.on_checked: Callable[[], None] | None = None
 
@@ -311,27 +313,48 @@ class LookupIndex:
                 self._building, self._build_to = True, None
                 return touched
             with db:
-                _fold(db, entries, journal_to)
+                self._fold(db, entries, journal_to)
             touched += len(entries)
         ledger_to = ledger.end()
         entries, self._entries = self._entries, []
         started, self._started = list(self._started.values()), {}
         if touched or entries or started or _moved(marks, journal_to, ledger_to):
             with db:
-                _fold(db, entries, journal_to)
+                self._fold(db, entries, journal_to)
                 db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
                 _save_marks(db, journal_to, ledger_to)
         self._fed = True  # every entry of its chain so far is in: from now on they are noted
         return touched + len(entries)
 
     def _apply_ahead(self, db: sqlite3.Connection, journal_to: Mapping[str, tuple[int, int, int]]) -> int:
-        """Apply the kept entries whose records are read now (their rows are in); how many."""
-        now = [(rowid, e) for rowid, e in _stashed(db) if _read(journal_to, e.loc)]
+        """Apply the kept entries whose records are read now; how many (read only if it may hold any)."""
+        if not self._ahead:
+            return 0
+        kept = _stashed(db)
+        now = [(rowid, e) for rowid, e in kept if _read(journal_to, e.loc)]
+        self._ahead = len(now) < len(kept)
         if now:
             with db:
                 _apply(db, [e for _, e in now])
                 db.executemany("DELETE FROM ahead WHERE rowid = ?", [(rowid,) for rowid, _ in now])
         return len(now)
+
+    def _fold(
+        self, db: sqlite3.Connection, entries: list[Entry], journal_to: Mapping[str, tuple[int, int, int]]
+    ) -> None:
+        """Apply ``entries``; keep those about records the forwarder has not read yet.
+
+        Such an entry (a cancel of a job in a backlog the forwarder is still reading) would update
+        no row: it is kept until the row is in (:meth:`_apply_ahead`).
+        """
+        now: list[Entry] = []
+        later: list[Entry] = []
+        for e in entries:
+            (now if _read(journal_to, e.loc) else later).append(e)
+        _apply(db, now)
+        if later:
+            _stash(db, later)
+            self._ahead = True
 
     def prune(self, now: float) -> int:
         """Drop every row past its retention (:data:`RETENTION_S`); how many."""
@@ -368,19 +391,6 @@ class LookupIndex:
                 db.executemany("DELETE FROM ahead WHERE rowid = ?", never)
         self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
         return len(gone), len(rows) == PRUNE_CHUNK
-
-
-def _fold(
-    db: sqlite3.Connection, entries: list[Entry], journal_to: Mapping[str, tuple[int, int, int]]
-) -> None:
-    """Apply ``entries``; keep those about records the forwarder has not read yet.
-
-    Such an entry (a cancel of a job in a backlog the forwarder is still reading) would update
-    no row: it is kept until the row is in (:meth:`LookupIndex._apply_ahead`).
-    """
-    later = [e for e in entries if not _read(journal_to, e.loc)]
-    _apply(db, [e for e in entries if _read(journal_to, e.loc)] if later else entries)
-    _stash(db, later)
 
 
 def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:

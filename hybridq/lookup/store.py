@@ -37,9 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     result TEXT, rkept INTEGER NOT NULL DEFAULT 0, rbytes INTEGER, error TEXT, dup_of TEXT
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS marks (chain TEXT PRIMARY KEY, seg INTEGER, off INTEGER, seq INTEGER);
-CREATE TABLE IF NOT EXISTS ahead (
-    writer TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL, entry BLOB NOT NULL
-);
+CREATE TABLE IF NOT EXISTS ahead (entry BLOB NOT NULL);
 """
 # ``ahead``: ledger entries about journal records the forwarder has not read yet (a cancel of a
 # job in a backlog it is still reading): they would update no row. Kept with the rows, so a crash
@@ -184,10 +182,7 @@ def _chunks(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
 
 def _stash(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     """Keep ``entries`` until the rows of their records are in (see ``ahead`` in the schema)."""
-    db.executemany(
-        "INSERT INTO ahead (writer, seg, off, entry) VALUES (?, ?, ?, ?)",
-        [(*e.loc, e.to_bytes()) for e in entries],
-    )
+    db.executemany("INSERT INTO ahead (entry) VALUES (?)", [(e.to_bytes(),) for e in entries])
 
 
 def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
