@@ -28,11 +28,13 @@ from collections.abc import Mapping
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
+from hybridq.journal.format import segment_name
 from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
-from hybridq.ledger.entries import Entry
-from hybridq.ledger.store import keys_dir, ledger_dir, read_ledger_failures, read_ledger_segment
+from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.segment_scan import LedgerSegmentScan, scan_ledger_segment
+from hybridq.ledger.store import keys_dir, ledger_dir, read_ledger_failures
 
 __all__ = ["COMPACT_INTERVAL_S", "Compactor"]
 
@@ -56,6 +58,11 @@ class Compactor:
         self.journal = state.journal
         self._next = 0.0
         self._ledger_once = False
+        #: Scans of sealed ledger segments, by (writer id, index), with the file's identity
+        #: (inode, size) when scanned. A sealed segment never changes, so what it said about the
+        #: journal segments it names holds until it is deleted: the first segment that cannot go
+        #: yet is read once, not at every pass (issue 29).
+        self._scans: dict[tuple[str, int], tuple[tuple[int, int], LedgerSegmentScan]] = {}
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
@@ -88,13 +95,14 @@ class Compactor:
         self._compact_keys()
         return self._forget_gone_chains()
 
-    def _gone(self, loc: Loc, first: Mapping[str, int]) -> bool:
-        """Whether the journal segment of ``loc`` was compacted (its chain may be forgotten too).
+    def _gone(self, seg: Seg, first: Mapping[str, int]) -> bool:
+        """Whether journal segment ``seg`` was compacted (its chain may be forgotten too).
 
         ``first``: each present chain's first segment. Below it, a segment was compacted even if
-        its chain was forgotten meanwhile and then grew again (``ledger.load_index``).
+        its chain was forgotten meanwhile and then grew again (``ledger.load_index``). It holds
+        for every lower index of a chain when it holds for one (``LedgerSegmentScan.all_gone``).
         """
-        return self.state.compacted.is_compacted((loc[0], loc[1])) or loc[1] < first.get(loc[0], sys.maxsize)
+        return self.state.compacted.is_compacted(seg) or seg[1] < first.get(seg[0], sys.maxsize)
 
     def _forget_gone_chains(self) -> bool:
         """Drop what is kept per writer once its chain is compacted away entirely.
@@ -223,16 +231,19 @@ class Compactor:
         for loc, _, _ in failed_in:
             failures[loc] = failures.get(loc, 0) + 1
         first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        chains = list_chains(path)
+        self._scans = {seg: v for seg, v in self._scans.items() if seg[1] in chains.get(seg[0], ())}
         deleted = 0
-        for writer_id, indices in list_chains(path).items():
+        for writer_id, indices in chains.items():
             for index in indices:
                 if writer_id == own and index == indices[-1]:
                     break  # our own open segment
                 if sealed_data_count(path, writer_id, index) is None:
                     break
-                entries = read_ledger_segment(self.journal, writer_id, index)
-                if not all(self._gone(e.loc, first) for e in entries):
+                scan = self._scan(path, writer_id, index)
+                if not scan.all_gone(lambda seg: self._gone(seg, first)):
                     break
+                entries = scan.kept  # failures, requeue marks and keys: all it may keep
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
                 # Failures still listed outlive the segment that recorded them; so does a requeue
                 # mark while another segment still holds the failure it cancels.
@@ -248,5 +259,17 @@ class Compactor:
                 self.state.append(keep, apply=False)
                 self.state.store_keys(stamped)  # durable before the segment that had them goes
                 remove_oldest_segment(path, writer_id, index)
+                self._scans.pop((writer_id, index), None)
                 deleted += 1
         return deleted
+
+    def _scan(self, path: str, writer_id: str, index: int) -> LedgerSegmentScan:
+        """The scan of sealed ledger segment ``index`` of chain ``writer_id``: kept, or read now."""
+        st = os.stat(os.path.join(path, segment_name(writer_id, index)))
+        identity = (st.st_ino, st.st_size)
+        known = self._scans.get((writer_id, index))
+        if known is not None and known[0] == identity:
+            return known[1]
+        scan = scan_ledger_segment(self.journal, writer_id, index)
+        self._scans[(writer_id, index)] = (identity, scan)
+        return scan

@@ -7,13 +7,20 @@ drain). Counted here: the entries decoded by a compaction pass, not its time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hybridq.forwarder.dead_segments import Compactor
+from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.journal import JournalReader, Record
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
+from hybridq.ledger.segment_scan import scan_ledger_segment
 from hybridq.ledger.store import open_ledger_writer, read_ledger_failures, read_ledger_segment
+
+from tests.unit import test_ledger_replay
 
 JOBS = 3_000
 
@@ -51,3 +58,151 @@ def test_a_segment_is_read_alone(journal_dir: Path) -> None:
     ((writer, indices),) = chains.items()
     total = sum(len(read_ledger_segment(str(journal_dir), writer, i)) for i in indices)
     assert total == JOBS
+
+
+def _two_ledger_segments(journal: str, writer: str, n: int) -> tuple[str, list[Entry]]:
+    """A sealed ledger chain: segment 0 names journal segment 0 only, segment 1 journal segment 1.
+
+    Segment 0 holds ``n`` successes and one of each entry compaction keeps; returns the chain's
+    writer id and those kept entries.
+    """
+    keep = [
+        Entry("done", "f", (writer, 0, 40), outcome="failed", error="boom", job={"id": "f"}, at=1.0),
+        Entry("requeued", "r", (writer, 0, 41), at=2.0),
+        Entry("key", "k", (writer, 0, 42), key="h" * 16, at=3.0),
+    ]
+    ledger = open_ledger_writer(journal)
+    ok = [Entry("done", f"j{i}", (writer, 0, 64 + i), outcome="succeeded", at=1.0) for i in range(n)]
+    ledger.append_many(e.to_bytes() for e in [*ok[: n // 2], *keep, *ok[n // 2 :]])
+    ledger.max_segment_bytes = 4096  # the next batch starts segment 1
+    ledger.append_many(
+        Entry("done", f"k{i}", (writer, 1, 64 + i), outcome="succeeded", at=1.0).to_bytes() for i in range(n)
+    )
+    ledger.close()  # seals segment 1: another process's chain, which compaction may delete
+    return ledger.writer_id, keep
+
+
+def _state(journal: str, writer: str) -> ForwarderState:
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    state.compacted.through[writer] = 0  # journal segment 0 is compacted, segment 1 is not
+    return state
+
+
+def _counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    decoded: list[bytes] = []
+    real = Entry.from_bytes
+
+    def counting(raw: bytes) -> Entry:
+        decoded.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(Entry, "from_bytes", staticmethod(counting))
+    return decoded
+
+
+def test_a_compaction_pass_decodes_only_the_entries_it_may_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: every entry of the segment deleted, and of the next one, was decoded whole."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain, keep = _two_ledger_segments(journal, writer, 2_000)
+    state = _state(journal, writer)
+    try:
+        decoded = _counting_decodes(monkeypatch)
+        assert Compactor(state)._compact_ledger() == 1
+        assert [i for w, i in _segments(journal) if w == chain] == [1]
+        assert len(decoded) <= 2 * len(keep)  # the failures pass, then segment 0's scan; not 4,000
+        kept = [e for _, e in read_ledger_failures(journal) if e.kind == "done"]
+        assert kept == [keep[0]]  # the failure still listed was appended again before the delete
+        assert keep[2].key in state.index.keys  # the key moved to the key store
+    finally:
+        state.close()
+
+
+def test_a_ledger_segment_that_cannot_go_yet_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: the first segment compaction could not delete was read again at every pass."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain, _ = _two_ledger_segments(journal, writer, 200)
+    state = _state(journal, writer)
+    reads: list[tuple[str, int]] = []
+    real = JournalReader.segment_records
+
+    def counting(self: JournalReader, writer_id: str, index: int) -> Iterator[Record]:
+        reads.append((writer_id, index))
+        return real(self, writer_id, index)
+
+    monkeypatch.setattr(JournalReader, "segment_records", counting)
+    try:
+        compactor = Compactor(state)
+        assert compactor._compact_ledger() == 1
+        assert reads.count((chain, 1)) == 1
+        for _ in range(3):
+            assert compactor._compact_ledger() == 0
+        assert reads.count((chain, 1)) == 1  # sealed, so what it said holds
+        state.compacted.through[writer] = 1  # its journal segment goes: now it goes too
+        assert compactor._compact_ledger() == 1
+        assert reads.count((chain, 1)) == 1
+        assert chain not in dict(_segments(journal))
+    finally:
+        state.close()
+
+
+def _segments(journal: str) -> list[tuple[str, int]]:
+    return [(w, i) for w, indices in list_chains(store.ledger_dir(journal)).items() for i in indices]
+
+
+def _every_kind(writer: str) -> list[bytes]:
+    """Entries of every kind and shape, with look-alikes of a failure among the successes."""
+    other = ("0123456789abcdef", 7, 64)
+    entries = [
+        Entry(
+            "done", "s", (writer, 0, 64), outcome="succeeded", at=1.0, queue="q", event_id="1-0", worker="h/1"
+        ),
+        Entry("done", "s2", (writer, 2, 64), outcome="succeeded", result={"o": "failed"}, result_kept=True),
+        Entry("done", "s3", (writer, 1, 64), outcome="succeeded", error='"o":"failed"', started=0.5, gen=2),
+        Entry("done", 'j\u00f6b "q" \\ \u2603 "loc":["x",9,1],', other, outcome="succeeded", at=1.0),
+        Entry(
+            "done", "f", (writer, 0, 80), outcome="failed", attempt=3, error="boom", job={"id": "f", "a": [1]}
+        ),
+        Entry("done", "f2", (writer, 1, 80), outcome="failed", dup_of="owner", at=2.0),
+        Entry("done", "i", (writer, 0, 96), outcome="invalid", error="not a job"),
+        Entry("done", "c", (writer, 0, 112), outcome="cancelled"),
+        Entry("done", "d", (writer, 0, 128), outcome="succeeded", dup=True, event_id="2-0"),
+        Entry("retry", "r", (writer, 3, 64), attempt=1, run_at=9.0, later=2, later_since=1.0, worker="h/2"),
+        Entry("lost", "l", (writer, 0, 144), attempt=2),
+        Entry("requeued", "f", (writer, 0, 80), at=3.0),
+        Entry("key", "k", (writer, 0, 160), key="h" * 16, at=4.0),
+        Entry("key", "k2", (writer, 0, 176), key="g" * 16, outcome="succeeded", until=99.0),
+        Entry("duplicate", "u", (writer, 0, 192), key="h" * 16, dup_of="k"),
+        Entry("cancel", "x", ("ffffffffffffffff", 4, 64), at=5.0),
+    ]
+    garbled = [b"[1, 2]", b'"text"', b'{"t": "done", "o": "failed"}', b'{"t":"done","id":"z","loc":["w",1]}']
+    spaced = [
+        b'{"t": "done", "id": "sp", "loc": ["' + writer.encode() + b'", 5, 64], "o": "failed", "at": 1.0}'
+    ]
+    return [e.to_bytes() for e in entries] + garbled + spaced
+
+
+def test_a_segment_scan_answers_as_the_full_decode_does(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = str(journal_dir)
+    ledger = open_ledger_writer(journal)
+    ledger.append_many(_every_kind("aaaaaaaaaaaaaaaa"))
+    ledger.close()
+    full = read_ledger_segment(journal, ledger.writer_id, 0)
+    decoded = _counting_decodes(monkeypatch)
+    scan = scan_ledger_segment(journal, ledger.writer_id, 0)
+    reach: dict[str, int] = {}
+    for e in full:
+        reach[e.loc[0]] = max(reach.get(e.loc[0], -1), e.loc[1])
+    assert scan.reach == reach
+    assert scan.kept == [
+        e for e in full if e.kind in ("requeued", "key") or (e.kind, e.outcome) == ("done", "failed")
+    ]
+    # The failures, requeue mark and keys; the look-alike success (its result says "o":"failed");
+    # the garbled and the spaced records, whose front is not the usual one.
+    assert scan.decoded == len(decoded) == 5 + 1 + 5
