@@ -1,7 +1,8 @@
 """The forwarder's durable records beside the journal: what happened to each job, and how far it got.
 
 It owns the completion ledger (``store``: its directories, writers and readers; ``entries``: the
-entry format; ``index``: the in-memory index; ``compacted``: the counts of compacted segments),
+entry format; ``index``: the in-memory index; ``compacted``: the counts of compacted segments;
+``segment_scan``: what compaction needs of one sealed segment),
 the key store of finished jobs' idempotency keys, and the checkpoint (``checkpoint``: how far the
 forwarder pushed, its held jobs). All of it is written with fsync, so that Redis losing a result
 never re-runs a finished job (docs/reliability.md). It may use the journal, the envelope and the
