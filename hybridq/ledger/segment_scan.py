@@ -69,6 +69,9 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
     kept: list[Entry] = []
     decoded = 0
     match = _FRONT.match
+    # The (writer, segment) pairs skipped entries name, as bytes: a few distinct ones per
+    # segment, converted once at the end rather than per entry.
+    named: set[tuple[bytes, bytes]] = set()
     for record in JournalReader(ledger_dir(journal)).segment_records(writer_id, index):
         if record.rtype != RecordType.DATA:
             continue
@@ -77,9 +80,7 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
         if front is not None:
             kind = front.group(1)
             if kind in _LOC_ONLY or (kind == b"done" and _FAILED not in payload):
-                writer, segment = front.group(2).decode(), int(front.group(3))
-                if reach.get(writer, -1) < segment:
-                    reach[writer] = segment
+                named.add((front[2], front[3]))
                 continue
         decoded += 1
         try:
@@ -91,4 +92,8 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
             reach[writer] = segment
         if entry.kind in ("requeued", "key") or (entry.kind == "done" and entry.outcome == "failed"):
             kept.append(entry)
+    for raw_writer, raw_segment in named:
+        writer, segment = raw_writer.decode(), int(raw_segment)
+        if reach.get(writer, -1) < segment:
+            reach[writer] = segment
     return LedgerSegmentScan(reach, kept, decoded)
