@@ -47,6 +47,7 @@ END = (
 local rq, name, stamp, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local worker = rq .. ":worker:" .. name
 local replies = {}
+local server = {}  -- the clock and the limit keys trimmed, once per call (hybridq.worker.limit_scripts)
 local worked, succeeded, failed, expiry = tonumber(ARGV[5]), 0, 0, {}  -- counters, added once
 local function finish_one(i)
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -54,7 +55,7 @@ local function finish_one(i)
     local reply = -1
     if ARGV[i + 8] ~= "" then
         reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
-            {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]})
+            {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]}, server)
     end
     local member = id .. ":" .. exec
     local job = rq .. ":job:" .. id

@@ -195,12 +195,13 @@ _CLAIM = CLAIM_LUA + OOM_GUARD_LUA + "return claim(KEYS, ARGV, {})\n"
 # and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
 # the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
 # 3 kept the success of a later attempt of this job (this run's outcome was superseded).
-# The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none).
+# The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none;
+# ``server``, optional: what the script call has read, for a call that records several outcomes).
 FINISH_LUA = (
     DECODE_STORED_LUA
     + LIMIT_LUA
     + """
-local function finish(K, A)
+local function finish(K, A, server)
     local stored = redis.call("GET", K[1])
     local keep = 0
     if stored then
@@ -230,7 +231,7 @@ local function finish(K, A)
         redis.call("DEL", K[2])
     end
     if string.find(A[1], "#L", 1, true) then  -- its slot of a limited key is free (a plain find first)
-        limit_end(A[1], keep == 1 or keep == 3)
+        limit_end(A[1], keep == 1 or keep == 3, server)
     end
     return keep
 end
