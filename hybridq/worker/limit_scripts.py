@@ -71,7 +71,8 @@ local function limit_epoch(now, server)
     if server.limit_since == nil then
         if server.run_id == nil then
             local info = redis.pcall("INFO", "server")
-            server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+            local at = type(info) == "string" and string.find(info, "run_id:", 1, true)  -- (as the claim)
+            server.run_id = at and string.match(info, "^%x+", at + 7) or false
         end
         local run_id = server.run_id or ""
         local since, was = string.match(redis.call("GET", "{EPOCH_KEY}") or "", "^(%d+):(%x*)$")

@@ -101,7 +101,10 @@ local function claim(K, A, server, known)
         elseif gen and run_id ~= "" then
             if server.run_id == nil then  -- INFO once per script call, however many claims it makes
                 local info = redis.pcall("INFO", "server")
-                server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+                -- A plain find, then a match anchored there: the pattern searched from every
+                -- position of INFO's text cost more than INFO itself (docs/benchmarks.md).
+                local at = type(info) == "string" and string.find(info, "run_id:", 1, true)
+                server.run_id = at and string.match(info, "^%x+", at + 7) or false
             end
             local current = server.run_id
             if current and current ~= run_id then
