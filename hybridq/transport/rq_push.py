@@ -75,6 +75,13 @@ _CALL_HEAD = b"[" + json.dumps(ENTRY_POINT).encode() + b", null, ["
 # test_worker_protocol.py, a stranded job delivered again).
 _PUSH_IF_NEW = f"""
 local queue = KEYS[2]
+-- The queue's ids go in with one RPUSH at the end: a queue key of another type must fail the
+-- call here, before any job hash is written (a hash written and never queued would make a
+-- re-push of its job do nothing).
+local kind = redis.call("TYPE", queue).ok
+if kind ~= "list" and kind ~= "none" then
+    return redis.error_reply("WRONGTYPE the queue " .. queue .. " holds a " .. kind .. ", not a list")
+end
 local fields_of = function(s)
     return struct.unpack("{">" + "I4c0" * len(_FIELDS)}", s)
 end
@@ -91,6 +98,7 @@ if not struct then
         return unpack(out)
     end
 end
+local queued, queued_at, dropped = {{}}, {{}}, false  -- the ids to RPUSH, in order
 local function push(key, id, overwrite, run, fields)
     if redis.call("EXISTS", key) == 1 then
         if overwrite == "0" then
@@ -106,6 +114,10 @@ local function push(key, id, overwrite, run, fields)
         end
         redis.call("DEL", key)
         redis.call("LREM", queue, 0, id)
+        if queued_at[id] then  -- queued by this very call: its later copy replaces it
+            queued[queued_at[id]] = false
+            dropped = true
+        end
         -- Out of RQ's intermediate list too (keys.rq_intermediate): a worker that took the job
         -- and vanished left it there, where the probe would find it "stranded" again and again.
         redis.call("LREM", queue .. ":intermediate", 0, id)
@@ -115,7 +127,8 @@ local function push(key, id, overwrite, run, fields)
     -- A write that cannot grow memory first (the ZREMs) would let the script run past the limit.
     redis.call("HSET", key, "hybridq_run", run, {_QUEUED_LUA}"origin", ARGV[2], "enqueued_at", ARGV[1],
         unpack(fields))
-    redis.call("RPUSH", queue, id)
+    queued[#queued + 1] = id
+    queued_at[id] = #queued
     return 1
 end
 local ids, each = {{}}, {{}}
@@ -132,6 +145,16 @@ for i = 5, #KEYS do
     if each[#each] == 1 then
         ids[#ids + 1] = id
     end
+end
+if dropped then
+    local kept = {{}}
+    for _, id in ipairs(queued) do
+        if id then kept[#kept + 1] = id end
+    end
+    queued = kept
+end
+for i = 1, #queued, 1000 do  -- in parts: Lua's unpack has a limit
+    redis.call("RPUSH", queue, unpack(queued, i, math.min(i + 999, #queued)))
 end
 if #ids > 0 then
     redis.call("SADD", KEYS[1], queue)

@@ -2,7 +2,7 @@
 
 :class:`Engine` is the loop of one ``hybridq worker`` process (:mod:`hybridq.worker.pool` starts
 one per core). Each turn it ends the jobs its :class:`~hybridq.worker.runner.Runner` finished
-and takes as many queued jobs as it has room for (:data:`~hybridq.worker.batch_scripts.END` and
+and takes as many queued jobs as it has room for (:data:`~hybridq.worker.batch_end.END` and
 :data:`~hybridq.worker.batch_scripts.TAKE`, one round trip): a job taken is only reserved. It is
 claimed when a thread is about to run it, with the other jobs starting then
 (:data:`~hybridq.worker.batch_scripts.START`, :mod:`hybridq.worker.starter`); a reservation that

@@ -25,7 +25,7 @@ and a few jobs each, each job's outcome created one and its expiry dropped it), 
 whose outcome was recorded, for a minute (an hour for those whose outcome script kept another
 run's success: their stored outcome is not theirs): a renewal sent before the outcome and run
 after it must not take the slot back, also once a later run's outcome replaced this run's
-(member: the token, which names the key; score: when it goes, ms). Each outcome trims what is
+(member: the token, which names the key; score: when it goes, ms). Each outcome call trims what is
 due, and the set expires with its longest-kept run (a lull after a burst does not keep a minute
 of ends for an hour). A renewal held up longer than that, or run after a
 FLUSHALL emptied it, takes the slot back for one lease.
@@ -48,8 +48,8 @@ __all__ = ["LIMIT_LUA"]
 #: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
 #: ``limit_left(lim, job hash, lease ms)`` (a copy left its queue without running), ``limit_renew(lim,
-#: token, lease ms, ended, server)`` and ``limit_end(token, kept)``. ``server`` caches, per
-#: script call, Redis's clock and its ``run_id``.
+#: token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``. ``server`` caches, per
+#: script call, Redis's clock, its ``run_id`` and the keys trimmed.
 LIMIT_LUA = f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
@@ -71,7 +71,8 @@ local function limit_epoch(now, server)
     if server.limit_since == nil then
         if server.run_id == nil then
             local info = redis.pcall("INFO", "server")
-            server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+            local at = type(info) == "string" and string.find(info, "run_id:", 1, true)  -- (as the claim)
+            server.run_id = at and string.match(info, "^%x+", at + 7) or false
         end
         local run_id = server.run_id or ""
         local since, was = string.match(redis.call("GET", "{EPOCH_KEY}") or "", "^(%d+):(%x*)$")
@@ -85,10 +86,20 @@ local function limit_epoch(now, server)
     end
     return server.limit_since
 end
+-- Drops a sorted set's members due by ``upto`` (lapsed slots, starts out of the period, ends no
+-- longer kept): once per key per script call, as ``server`` remembers. Exact: the clock is read
+-- once per call, and nothing a call adds is due by then.
+local function limit_trim(key, upto, server, call)
+    server.trimmed = server.trimmed or {{}}
+    if server.trimmed[key] then return end
+    server.trimmed[key] = true
+    local send = call or redis.call
+    send("ZREMRANGEBYSCORE", key, "-inf", upto)
+end
 local function limit_admit(lim, token, lease_ms, server)
     local now = limit_now(server)
     local since = limit_epoch(now, server)
-    redis.call("ZREMRANGEBYSCORE", lim.run, "-inf", now)
+    limit_trim(lim.run, now, server)
     local why = nil
     local quiet = tonumber(lease_ms)
     if lim.r > 0 and lim.p > quiet then quiet = lim.p end
@@ -97,7 +108,7 @@ local function limit_admit(lim, token, lease_ms, server)
     elseif lim.c > 0 and redis.call("ZCARD", lim.run) >= lim.c then
         why = "limited: concurrency"
     elseif lim.r > 0 then
-        redis.call("ZREMRANGEBYSCORE", lim.starts, "-inf", now - lim.p)
+        limit_trim(lim.starts, now - lim.p, server)
         if redis.call("ZCARD", lim.starts) >= lim.r then why = "limited: rate" end
     end
     -- This very run holds the slot already (a claim sent again): admitted. Asked only of a
@@ -109,23 +120,33 @@ end
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
 -- copy pushed again is a new hash). The count may go below zero for a moment: a forwarder
 -- adds what it pushed at its next step, often after the claims.
-local function limit_left(lim, job, lease_ms)
+-- A PEXPIRE, once per key and lifetime per script call (``server`` remembers; none: each time):
+-- Redis expires no key while a script runs, so a second one would set the same expiry.
+local function limit_expire(key, ms, server)
+    if server then
+        server.expiry = server.expiry or {{}}
+        if server.expiry[key] == ms then return end
+        server.expiry[key] = ms
+    end
+    redis.call("PEXPIRE", key, ms)
+end
+local function limit_left(lim, job, lease_ms, server)
     if redis.call("EXISTS", job) == 1 and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
     redis.call("DECR", lim.queued)
-    redis.call("PEXPIRE", lim.queued, 2 * lease_ms)
+    limit_expire(lim.queued, 2 * lease_ms, server)
 end
 local function limit_hold(lim, token, lease_ms, job, server)
     local now = limit_now(server)
     local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
-    redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+    limit_expire(lim.run, 2 * lease_ms + 1000, server)
     if new then
         if lim.r > 0 then
             redis.call("ZADD", lim.starts, now, token)
-            redis.call("PEXPIRE", lim.starts, lim.p + 1000)
+            limit_expire(lim.starts, lim.p + 1000, server)
         end
-        limit_left(lim, job, lease_ms)
+        limit_left(lim, job, lease_ms, server)
     end
 end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
@@ -142,18 +163,24 @@ end
 -- Every run's end is kept in ``ended`` (a renewal may not tell it from the stored outcome: a
 -- later run's outcome may replace it): a minute, or an hour when ``kept`` (the run's outcome
 -- script kept another run's success, so the stored outcome was never this run's).
-local function limit_end(token, kept)
+-- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
+local function limit_end(token, kept, server)
     local lim = limit_of(token)
     if not lim then return end
+    server = server or {{}}
     redis.call("ZREM", lim.run, token)
-    local now = limit_now({{}})
+    local now = limit_now(server)
     -- One key for every limit key: written by anything else (another type), it fails only
     -- itself (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
-    redis.pcall("ZREMRANGEBYSCORE", lim.ended, "-inf", now)
+    limit_trim(lim.ended, now, server, redis.pcall)
     local keep = kept and 3600000 or 60000
     redis.pcall("ZADD", lim.ended, now + keep, token)
-    if redis.call("PTTL", lim.ended) < keep then  -- as long as its longest-kept run, no longer
-        redis.call("PEXPIRE", lim.ended, keep)
+    server.ended_ttl = server.ended_ttl or {{}}
+    if not server.ended_ttl[keep] then  -- (once per call: the clock does not move within it)
+        server.ended_ttl[keep] = true
+        if redis.call("PTTL", lim.ended) < keep then  -- as long as its longest-kept run, no longer
+            redis.call("PEXPIRE", lim.ended, keep)
+        end
     end
 end
 """

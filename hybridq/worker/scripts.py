@@ -101,7 +101,10 @@ local function claim(K, A, server, known)
         elseif gen and run_id ~= "" then
             if server.run_id == nil then  -- INFO once per script call, however many claims it makes
                 local info = redis.pcall("INFO", "server")
-                server.run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or false
+                -- A plain find, then a match anchored there: the pattern searched from every
+                -- position of INFO's text cost more than INFO itself (docs/benchmarks.md).
+                local at = type(info) == "string" and string.find(info, "run_id:", 1, true)
+                server.run_id = at and string.match(info, "^%x+", at + 7) or false
             end
             local current = server.run_id
             if current and current ~= run_id then
@@ -195,12 +198,13 @@ _CLAIM = CLAIM_LUA + OOM_GUARD_LUA + "return claim(KEYS, ARGV, {})\n"
 # and the event reports it: the key succeeded, whatever this run did. Returns 0 stored, 1 kept
 # the earlier success, 2 this run's outcome was already stored (a retry after a lost reply),
 # 3 kept the success of a later attempt of this job (this run's outcome was superseded).
-# The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none).
+# The outcome script, as a Lua function (K: the keys, A: the arguments below; an empty A[5] is none;
+# ``server``, optional: what the script call has read, for a call that records several outcomes).
 FINISH_LUA = (
     DECODE_STORED_LUA
     + LIMIT_LUA
     + """
-local function finish(K, A)
+local function finish(K, A, server)
     local stored = redis.call("GET", K[1])
     local keep = 0
     if stored then
@@ -230,7 +234,7 @@ local function finish(K, A)
         redis.call("DEL", K[2])
     end
     if string.find(A[1], "#L", 1, true) then  -- its slot of a limited key is free (a plain find first)
-        limit_end(A[1], keep == 1 or keep == 3)
+        limit_end(A[1], keep == 1 or keep == 3, server)
     end
     return keep
 end

@@ -37,7 +37,7 @@ import redis
 from redis.exceptions import NoScriptError, RedisError
 
 from hybridq.protocol import DEFAULT_LEASE_S, ClaimStatus, keys
-from hybridq.worker import batch_scripts, lease, scripts
+from hybridq.worker import batch_end, batch_scripts, lease, scripts
 from hybridq.worker.run import Run, finished, release_all
 from hybridq.worker.runner import Runner, Taken
 
@@ -142,7 +142,7 @@ class Starter:
         parts: list[tuple[str, list[str], list[Any]]] = []
         ending = [i for i in ending if not i.dropped]
         if ending:
-            parts.append((batch_scripts.END, [], batch_scripts.end_args(self.name, ending)))
+            parts.append((batch_end.END, [], batch_end.end_args(self.name, ending)))
         if starting:
             parts.append((batch_scripts.START, [], self._start_args(starting)))
         if running:

@@ -24,7 +24,7 @@ from hybridq.protocol import ClaimStatus, Delivery, keys
 from hybridq.protocol.enums import Overwrite
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_scripts, lease, perform, scripts
+from hybridq.worker import batch_end, batch_scripts, lease, perform, scripts
 from hybridq.worker.intake import Resolver, prepare
 from hybridq.worker.keeper import Channel
 from hybridq.worker.perform import FRESH_S, Performer
@@ -123,8 +123,8 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert client.smembers("rq:worker:w1:executions") == {f"{i.job_id}:{i.exec_id}".encode() for i in items}
     client.script_flush()  # Redis restarted without losing data: NOSCRIPT is answered by loading it
     args = end_args(items)
-    assert scripts.call(client, batch_scripts.END, [], args) == [0, 0, 0]
-    assert scripts.call(client, batch_scripts.END, [], args) == [2, 2, 2], "already stored, mine"
+    assert scripts.call(client, batch_end.END, [], args) == [0, 0, 0]
+    assert scripts.call(client, batch_end.END, [], args) == [2, 2, 2], "already stored, mine"
     assert client.xlen(keys.events(OWNER)) == 3, "one completion event per job"
     for job_id in ids:
         assert client.xlen(f"rq:results:{job_id}") == 1, "RQ's result recorded once"
@@ -155,7 +155,7 @@ def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
     ids = [item.job_id for item in items]
     client.config_resetstat()
     scripts.call(client, batch_scripts.START, [], start_args(items))
-    scripts.call(client, batch_scripts.END, [], end_args(items))
+    scripts.call(client, batch_end.END, [], end_args(items))
     stats = client.info("commandstats")
     counted = ("zadd", "sadd", "srem", "zrem", "exists", "hexists")
     calls = {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in counted}
@@ -261,7 +261,7 @@ def test_a_copy_that_finds_its_job_busy_leaves_rqs_view_to_the_run_holding_it(
     args[args.index(second[0].exec_id)] = "copy"
     second[0].exec_id = "copy"
     assert scripts.call(client, batch_scripts.START, [], args)[0][0] == ClaimStatus.BUSY
-    scripts.call(client, batch_scripts.END, [], end_args(first))
+    scripts.call(client, batch_end.END, [], end_args(first))
     job = rq.job.Job.fetch(job_id, connection=client, serializer=JSONSerializer)
     assert job.get_status() == "finished"
     assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 0
@@ -276,8 +276,8 @@ def test_the_workers_counters_add_up_every_job_of_a_batch_once(redis_server: Red
     for item in items:
         item.started = time.time() - 2.0  # each ran for about 2 s
     args = end_args(items, ok=[True, False, True, True])
-    scripts.call(client, batch_scripts.END, [], args)
-    scripts.call(client, batch_scripts.END, [], args)  # the first reply was lost
+    scripts.call(client, batch_end.END, [], args)
+    scripts.call(client, batch_end.END, [], args)  # the first reply was lost
     worker = client.hgetall("rq:worker:w1")
     assert int(worker[b"successful_job_count"]) == 3
     assert int(worker[b"failed_job_count"]) == 1
@@ -307,7 +307,7 @@ def test_one_jobs_script_error_in_end_is_its_own_and_the_others_are_recorded(
     broken = items[1]
     client.delete(broken.run.claim_keys[0])
     client.rpush(broken.run.claim_keys[0], "not an outcome")  # GET on it: WRONGTYPE
-    replies = scripts.call(client, batch_scripts.END, [], end_args(items))
+    replies = scripts.call(client, batch_end.END, [], end_args(items))
     assert [replies[0], replies[2]] == [0, 0], replies
     assert isinstance(replies[1], bytes), replies
     assert replies[1].startswith(b"error: "), replies

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from hybridq.errors import HybridqError
 from hybridq.protocol import Overwrite
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
@@ -73,5 +75,37 @@ def test_a_queued_job_leaves_rqs_failed_and_canceled_registries(redis_server: Re
         transport.push(jobs)
         for name in ("failed", "canceled"):
             assert transport.connection.zcard(f"rq:{name}:default") == 0
+    finally:
+        transport.close()
+
+
+def test_a_chunk_queues_its_ids_with_one_rpush(redis_server: RedisServer) -> None:
+    transport = RQTransport(redis_server.url)
+    try:
+        jobs = [delivery() for _ in range(5)]
+        transport.connection.config_resetstat()
+        assert transport.push(jobs).pushed == 5
+        stats = transport.connection.info("commandstats")
+        assert stats["cmdstat_rpush"]["calls"] == 1, "one RPUSH per script call, not one per job"
+        ids = [j.envelope.id.encode() for j in jobs]
+        assert transport.connection.lrange("rq:queue:default", 0, -1) == ids, "in their order"
+    finally:
+        transport.close()
+
+
+def test_a_queue_key_of_another_type_fails_the_push_before_any_job_is_written(
+    redis_server: RedisServer,
+) -> None:
+    """Its ids are pushed last: a hash written and never queued would make a re-push do nothing."""
+    transport = RQTransport(redis_server.url)
+    try:
+        jobs = [delivery() for _ in range(3)]
+        transport.connection.set("rq:queue:default", "not a list")
+        with pytest.raises(HybridqError, match="WRONGTYPE"):
+            transport.push(jobs)
+        assert not any(transport.connection.exists(f"rq:job:{j.envelope.id}") for j in jobs)
+        transport.connection.delete("rq:queue:default")
+        assert transport.push(jobs).pushed == 3, "pushed again: queued"
+        assert transport.connection.llen("rq:queue:default") == 3
     finally:
         transport.close()

@@ -1,0 +1,94 @@
+"""The per-key limits in the pool's batch scripts: several runs of one key in one script call.
+
+A call reads Redis's clock once, and drops a key's lapsed slots, its starts out of the period
+and the ended runs due once (hybridq.worker.limit_scripts ``limit_trim``), not once per job
+(docs/benchmarks.md): the counts each claim sees must be what a trim per claim would give.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from hybridq.envelope.model import Envelope, new_job_id
+from hybridq.protocol import Delivery, keys
+from hybridq.testing.embedded import RedisServer
+from hybridq.transport.rq import RQTransport
+from hybridq.worker import batch_end, batch_scripts, scripts
+from hybridq.worker.intake import Resolver, prepare
+from hybridq.worker.run import conclude
+from hybridq.worker.runner import Taken
+
+QUEUE = "limited-batch"
+OWNER = "limited-owner"
+
+
+def take_limited(server: RedisServer, n: int, limit: str) -> tuple[redis.Redis, list[Taken]]:
+    """``n`` jobs of one limited key pushed and taken; the limits' epoch long begun (no quarantine)."""
+    now = time.time()
+    ids = [new_job_id(now) for _ in range(n)]
+    envs = [
+        Envelope(id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now)
+        for i, j in enumerate(ids)
+    ]
+    transport = RQTransport(server.url)
+    try:
+        transport.push([Delivery(env, OWNER, ("w", 0, i), limit=limit) for i, env in enumerate(envs)])
+    finally:
+        transport.close()
+    client = server.client()
+    client.set(keys.LIMITS_EPOCH, f"1:{client.info('server')['run_id']}")
+    taken = scripts.call(
+        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
+    )
+    items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
+    return client, [item for item in items if item is not None]
+
+
+def start(client: redis.Redis, items: list[Taken]) -> list[Any]:
+    args: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z"]
+    for i, item in enumerate(items):
+        item.exec_id, item.started = f"e{i}", time.time()
+        args += [item.job_id, QUEUE, item.exec_id, *batch_scripts.claim_part(item)]
+    return [(int(r[0]), r[1]) for r in scripts.call(client, batch_scripts.START, [], args)]
+
+
+def end(client: redis.Redis, items: list[Taken]) -> list[Any]:
+    for item in items:
+        conclude(item.run, 1, None)
+    return list(scripts.call(client, batch_end.END, [], batch_end.end_args("w1", items)))
+
+
+def token(item: Taken) -> bytes:
+    return str(item.run.claim_args[0]).encode()
+
+
+def test_one_start_call_frees_a_lapsed_slot_and_counts_its_own_claims(redis_server: RedisServer) -> None:
+    client, items = take_limited(redis_server, 3, "2,0,0,tenant:b1")
+    run_key = f"{keys.LIMIT_PREFIX}tenant:b1:run"
+    now_ms = int(time.time() * 1000)
+    client.zadd(run_key, {"dead-run#L2,0,0,tenant:b1": now_ms - 1000})  # a killed worker's, lapsed
+    replies = start(client, items)
+    assert [r[0] for r in replies] == [0, 0, 4], replies
+    assert replies[2][1] == b"limited: concurrency", "the call's own two claims hold both slots"
+    assert set(client.zrange(run_key, 0, -1)) == {token(items[0]), token(items[1])}, "the lapsed one dropped"
+
+
+def test_a_live_slot_of_another_run_is_counted_in_one_start_call(redis_server: RedisServer) -> None:
+    client, items = take_limited(redis_server, 3, "2,0,0,tenant:b2")
+    run_key = f"{keys.LIMIT_PREFIX}tenant:b2:run"
+    client.zadd(run_key, {"live-run#L2,0,0,tenant:b2": int(time.time() * 1000) + 60_000})
+    assert [r[0] for r in start(client, items)] == [0, 4, 4]
+
+
+def test_one_end_call_frees_every_slot_and_keeps_every_end(redis_server: RedisServer) -> None:
+    client, items = take_limited(redis_server, 3, "5,0,0,tenant:b3")
+    assert [r[0] for r in start(client, items)] == [0, 0, 0]
+    client.zadd(keys.LIMITS_ENDED, {"old-run#L1,0,0,tenant:other": int(time.time() * 1000) - 1})  # due
+    assert end(client, items) == [0, 0, 0]
+    assert client.zcard(f"{keys.LIMIT_PREFIX}tenant:b3:run") == 0, "every slot freed"
+    assert set(client.zrange(keys.LIMITS_ENDED, 0, -1)) == {token(i) for i in items}, "the due one dropped"
+    assert 50_000 < client.pttl(keys.LIMITS_ENDED) <= 60_000
+    assert int(client.get(f"{keys.LIMIT_PREFIX}tenant:b3:queued") or 0) == -3, "each copy left once"
+    assert client.pttl(f"{keys.LIMIT_PREFIX}tenant:b3:queued") > 0
