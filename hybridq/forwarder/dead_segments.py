@@ -33,7 +33,7 @@ from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry, Seg
-from hybridq.ledger.segment_scan import LedgerSegmentScan, scan_ledger_segment
+from hybridq.ledger.segment_scan import LedgerSegmentScan, all_gone, scan_ledger_segment
 from hybridq.ledger.store import keys_dir, ledger_dir, read_ledger_failures
 
 __all__ = ["COMPACT_INTERVAL_S", "Compactor"]
@@ -58,11 +58,13 @@ class Compactor:
         self.journal = state.journal
         self._next = 0.0
         self._ledger_once = False
-        #: Scans of sealed ledger segments, by (writer id, index), with the file's identity
-        #: (inode, size) when scanned. A sealed segment never changes, so what it said about the
-        #: journal segments it names holds until it is deleted: the first segment that cannot go
-        #: yet is read once, not at every pass (issue 29).
-        self._scans: dict[tuple[str, int], tuple[tuple[int, int], LedgerSegmentScan]] = {}
+        #: What sealed ledger segments name (:attr:`LedgerSegmentScan.reach`), by (writer id,
+        #: index), with the file's identity (inode, size) when scanned. A sealed segment never
+        #: changes, so what it names holds until it is deleted: the first segment that cannot go
+        #: yet is read once, not at every pass (issue 29). Only those few numbers are kept: the
+        #: entries it keeps (failures with their envelopes: megabytes for a segment of them)
+        #: are read again when it goes.
+        self._scans: dict[tuple[str, int], tuple[tuple[int, int], dict[str, int]]] = {}
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
@@ -240,9 +242,11 @@ class Compactor:
                     break  # our own open segment
                 if sealed_data_count(path, writer_id, index) is None:
                     break
-                scan = self._scan(path, writer_id, index)
-                if not scan.all_gone(lambda seg: self._gone(seg, first)):
+                reach, scan = self._reach(path, writer_id, index)
+                if not all_gone(reach, lambda seg: self._gone(seg, first)):
                     break
+                if scan is None:  # known from an earlier pass, its entries not kept in memory
+                    scan = scan_ledger_segment(self.journal, writer_id, index)
                 entries = scan.kept  # failures, requeue marks and keys: all it may keep
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
                 # Failures still listed outlive the segment that recorded them; so does a requeue
@@ -263,13 +267,15 @@ class Compactor:
                 deleted += 1
         return deleted
 
-    def _scan(self, path: str, writer_id: str, index: int) -> LedgerSegmentScan:
-        """The scan of sealed ledger segment ``index`` of chain ``writer_id``: kept, or read now."""
+    def _reach(
+        self, path: str, writer_id: str, index: int
+    ) -> tuple[dict[str, int], LedgerSegmentScan | None]:
+        """What sealed ledger segment ``index`` of chain ``writer_id`` names, and its scan if read now."""
         st = os.stat(os.path.join(path, segment_name(writer_id, index)))
         identity = (st.st_ino, st.st_size)
         known = self._scans.get((writer_id, index))
         if known is not None and known[0] == identity:
-            return known[1]
+            return known[1], None
         scan = scan_ledger_segment(self.journal, writer_id, index)
-        self._scans[(writer_id, index)] = (identity, scan)
-        return scan
+        self._scans[(writer_id, index)] = (identity, scan.reach)
+        return scan.reach, scan

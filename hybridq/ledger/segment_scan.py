@@ -9,8 +9,9 @@ successes: building an :class:`Entry` of each cost ten times reading the records
 
 :func:`scan_ledger_segment` reads the kind and the ``loc`` of an entry from the front of its
 compact JSON (:meth:`Entry.to_bytes` writes ``t``, ``id`` and ``loc`` first) and decodes whole
-only the entries of the kinds above; any record whose front does not have that exact shape is
-decoded whole as well, so an odd record costs time, never a wrong answer.
+only the entries of the kinds above; any record whose front does not have that exact shape, or
+a success whose payload holds ``"o":"failed"`` outside a string (a task's result
+``{"o": "failed"}``), is decoded whole as well: a look-alike costs time, never a wrong answer.
 
 This module must not import redis or rq.
 """
@@ -18,14 +19,14 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hybridq.journal import JournalReader, RecordType
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.store import ledger_dir
 
-__all__ = ["LedgerSegmentScan", "scan_ledger_segment"]
+__all__ = ["LedgerSegmentScan", "all_gone", "scan_ledger_segment"]
 
 # The front of an entry as Entry.to_bytes writes it: the kind, the job id (a JSON string: any
 # character but a quote or backslash, or an escape), then the loc's writer and segment. A quote
@@ -49,12 +50,18 @@ class LedgerSegmentScan:
     decoded: int
 
     def all_gone(self, gone: Callable[[Seg], bool]) -> bool:
-        """Whether every entry names a journal segment ``gone`` says was deleted.
+        """Whether every entry names a journal segment ``gone`` says was deleted (:func:`all_gone`)."""
+        return all_gone(self.reach, gone)
 
-        ``gone`` must hold for every lower index of a writer when it holds for one (compaction
-        deletes each chain oldest first), so the highest index named per writer decides.
-        """
-        return all(gone(seg) for seg in self.reach.items())
+
+def all_gone(reach: Mapping[str, int], gone: Callable[[Seg], bool]) -> bool:
+    """Whether every entry of a segment names a journal segment ``gone`` says was deleted.
+
+    ``reach`` is the segment's :attr:`LedgerSegmentScan.reach`. ``gone`` must hold for every
+    lower index of a writer when it holds for one (compaction deletes each chain oldest first),
+    so the highest index named per writer decides.
+    """
+    return all(gone(seg) for seg in reach.items())
 
 
 def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegmentScan:

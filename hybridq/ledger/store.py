@@ -101,7 +101,11 @@ def read_ledger(journal: str) -> Iterator[tuple[Record, Entry]]:
 
 
 def read_ledger_segment(journal: str, writer_id: str, index: int) -> list[Entry]:
-    """The entries of one sealed ledger segment (compaction reads one at a time)."""
+    """The entries of one sealed ledger segment, each decoded whole.
+
+    Compaction reads only what it needs of a segment (``ledger.segment_scan``); this full decode
+    is what the tests hold that scan's answers against.
+    """
     records = JournalReader(ledger_dir(journal)).segment_records(writer_id, index)
     return [entry for _, entry in _decoded(records)]
 

@@ -7,6 +7,8 @@ drain). Counted here: the entries decoded by a compaction pass, not its time.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal import JournalReader, Record
+from hybridq.journal.format import segment_name
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
@@ -142,10 +145,68 @@ def test_a_ledger_segment_that_cannot_go_yet_is_read_once(
         for _ in range(3):
             assert compactor._compact_ledger() == 0
         assert reads.count((chain, 1)) == 1  # sealed, so what it said holds
+        # Only which journal segments it names is kept meanwhile, never its entries (a segment
+        # of failures holds megabytes of envelopes).
+        assert all(isinstance(n, int) for _, reach in compactor._scans.values() for n in reach.values())
         state.compacted.through[writer] = 1  # its journal segment goes: now it goes too
         assert compactor._compact_ledger() == 1
-        assert reads.count((chain, 1)) == 1
+        assert reads.count((chain, 1)) == 2  # read again as it goes, for the entries it keeps
         assert chain not in dict(_segments(journal))
+    finally:
+        state.close()
+
+
+def test_a_segment_file_replaced_between_passes_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a segment said is trusted only while it is the same file (inode and size)."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain, _ = _two_ledger_segments(journal, writer, 200)
+    state = _state(journal, writer)
+    reads: list[tuple[str, int]] = []
+    real = JournalReader.segment_records
+
+    def counting(self: JournalReader, writer_id: str, index: int) -> Iterator[Record]:
+        reads.append((writer_id, index))
+        return real(self, writer_id, index)
+
+    monkeypatch.setattr(JournalReader, "segment_records", counting)
+    try:
+        compactor = Compactor(state)
+        assert compactor._compact_ledger() == 1
+        assert reads.count((chain, 1)) == 1
+        path = Path(store.ledger_dir(journal)) / segment_name(chain, 1)
+        copy = path.with_suffix(".copy")
+        shutil.copy2(path, copy)
+        os.replace(copy, path)  # the same bytes in another file
+        assert compactor._compact_ledger() == 0
+        assert reads.count((chain, 1)) == 2
+    finally:
+        state.close()
+
+
+def test_a_ledger_segment_naming_a_live_journal_segment_never_goes(tmp_path: Path) -> None:
+    """A segment goes only once every journal segment its entries name is gone, whatever their kind.
+
+    One ledger segment names journal segments 0, 1 (a success, decoded only at its front, in the
+    middle) and 2 (a retry, at its end), and a chain compacted away: it goes only with segment 2.
+    """
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    ok = [Entry("done", f"j{i}", (writer, 0, 64 + i), outcome="succeeded", at=1.0) for i in range(500)]
+    live = Entry("done", "live", (writer, 1, 64), outcome="succeeded", at=1.0)
+    gone_writer = Entry("lost", "g", ("gone-writer", 7, 64), attempt=2)
+    later = Entry("retry", "r", (writer, 2, 64), attempt=1, run_at=9.0)
+    ledger = open_ledger_writer(journal)
+    ledger.append_many(e.to_bytes() for e in [*ok[:250], live, gone_writer, *ok[250:], later])
+    ledger.close()
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        compactor = Compactor(state)
+        for through, deleted in ((0, 0), (1, 0), (2, 1)):
+            state.compacted.through[writer] = through
+            assert compactor._compact_ledger() == deleted, through
+        assert ledger.writer_id not in dict(_segments(journal))
     finally:
         state.close()
 
