@@ -19,10 +19,10 @@ What a pipeline with ``raise_on_error=False`` gives is kept:
 * nothing is sent again here: the clients of a worker's own calls retry nothing
   (:func:`hybridq.worker.scripts.client`), and one that would is left to the pipeline.
 
-A client this cannot treat as the pipeline would is left to the pipeline (:func:`_direct`):
-no hiredis, another pool or connection class (Sentinel, a client-side cache), a text encoding
-other than UTF-8 (hiredis encodes text so), decoded replies, a reply callback for the command,
-retries. This module imports only redis and hiredis.
+Only script calls go this way (:func:`_direct`); a client this cannot treat as the pipeline
+would is left to the pipeline too: no hiredis, another pool or connection class (Sentinel, a
+client-side cache), a text encoding other than UTF-8 (hiredis encodes text so), decoded replies,
+a reply callback for the command, retries. This module imports only redis and hiredis.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ __all__ = ["round_trip"]
 _CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection, redis.SSLConnection)
 #: The pool classes that hand out and take back connections as the pipeline's does.
 _POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+#: The commands sent this way (as redis-py spells them: its packer splits a name with a space).
+_SCRIPT_CALLS = frozenset({"EVALSHA", "EVAL"})
 
 
 def round_trip(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -94,16 +96,14 @@ def _pipeline(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[
 def _direct(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> bool:
     """Whether ``commands`` of ``client`` can go by :func:`round_trip`'s own path.
 
-    Not a command a reply callback of the client's parses, nor one whose name redis-py splits
-    in words (``"SCRIPT LOAD"``).
+    Only script calls: redis-py parses their replies with no callback, under either protocol
+    (one a client adds for them is seen here), so what the connection reads is the reply.
     """
     known = _checked.get(client)
     if known is None:
         known = _checked[client] = _suits(client)
     callbacks = client.response_callbacks
-    return known and not any(
-        not isinstance(args[0], str) or " " in args[0] or args[0] in callbacks for args in commands
-    )
+    return known and all(args[0] in _SCRIPT_CALLS and args[0] not in callbacks for args in commands)
 
 
 def _suits(client: redis.Redis) -> bool:

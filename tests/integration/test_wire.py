@@ -128,14 +128,18 @@ def test_a_client_it_cannot_treat_as_the_pipeline_does_gets_the_pipeline(
     assert replies[3] in (b"last", "last")
 
 
-def test_a_command_a_reply_callback_parses_or_an_argument_hiredis_refuses_gets_the_pipeline(
+def test_other_commands_a_callback_for_a_script_call_or_an_argument_hiredis_refuses_get_the_pipeline(
     redis_server: RedisServer,
 ) -> None:
     client = redis.Redis.from_url(redis_server.url, protocol=2)
-    echo = ("EVALSHA", scripts.sha(client, ECHO), 1, "k", memoryview(b"view"), 1, "x")
     client.script_load(ECHO)
-    assert wire._direct(client, [("GET", "x"), echo])
-    assert not wire._direct(client, [("GET", "x"), ("SCRIPT LOAD", "return 1")])
-    assert not wire._direct(client, [("GET", "x"), ("SET", "x", "1")])  # its reply callback
+    client.script_load(LAST)
+    echo = ("EVALSHA", scripts.sha(client, ECHO), 1, "k", memoryview(b"view"), 1, "x")
+    assert wire._direct(client, [echo, ("EVAL", LAST, 0)])
+    assert not wire._direct(client, [echo, ("SET", "x", "1")])  # its reply callback, among others
     assert wire.round_trip(client, [("SET", "x", "1"), ("GET", "x")]) == [True, b"1"]
     assert wire.round_trip(client, [echo]) == [[b"k", b"view", 1, b"x"]]  # hiredis: no memoryview
+    mine = redis.Redis.from_url(redis_server.url, protocol=2)
+    mine.set_response_callback("EVALSHA", lambda reply, **_: ("parsed", reply))
+    assert not wire._direct(mine, [echo])
+    assert wire.round_trip(mine, [("EVALSHA", scripts.sha(client, LAST), 0)]) == [("parsed", b"last")]
