@@ -127,6 +127,10 @@ class Keeper:
         self._leases: dict[int, dict[str, _Lease]] = {}
         self._partial: dict[int, bytes] = {}
         self._failing = False
+        #: When the next lease is due, at the latest (monotonic): never after the earliest
+        #: ``due`` held. A lease let go of leaves it early; the scan it then makes puts it right.
+        #: So a message (a line per turn of each process) costs no scan of every lease held.
+        self._due = float("inf")
 
     def add(self, pid: int, fd: int) -> None:
         """Read the pipe ``fd`` of the new process ``pid``."""
@@ -167,7 +171,7 @@ class Keeper:
         deadline = time.monotonic() + timeout_s
         while True:
             now = time.monotonic()
-            wait_s = min(deadline, self._next_due()) - now
+            wait_s = min(deadline, self._due) - now
             by_fd = {fd: pid for pid, fd in self._fds.items() if fd >= 0}
             if by_fd:
                 readable, _, _ = select.select(list(by_fd), [], [], max(0.0, wait_s))
@@ -178,9 +182,6 @@ class Keeper:
             self._renew_due()
             if time.monotonic() >= deadline:
                 return
-
-    def _next_due(self) -> float:
-        return min((x.due for leases in self._leases.values() for x in leases.values()), default=float("inf"))
 
     def _read(self, pid: int, fd: int) -> None:
         try:
@@ -198,7 +199,8 @@ class Keeper:
             try:
                 message = json.loads(line)
                 for key, token, ms in message.get("h", ()):
-                    leases[token] = _Lease(key, token, int(ms), now + int(ms) / 3000)
+                    leases[token] = x = _Lease(key, token, int(ms), now + int(ms) / 3000)
+                    self._due = min(self._due, x.due)
                 for token in message.get("r", ()):
                     leases.pop(token, None)
             except (ValueError, TypeError, AttributeError):
@@ -206,11 +208,23 @@ class Keeper:
 
     def _renew_due(self) -> None:
         now = time.monotonic()
-        soon = now + COALESCE_S
-        due = [x for leases in self._leases.values() for x in leases.values() if x.due <= now]
-        if not due:
+        if now < self._due:  # nothing is due yet (the bound is never late)
             return
-        due += [x for leases in self._leases.values() for x in leases.values() if now < x.due <= soon]
+        soon = now + COALESCE_S
+        due = [x for leases in self._leases.values() for x in leases.values() if x.due <= soon]
+        if not any(x.due <= now for x in due):  # the one due was let go of
+            self._due = min(x.due for x in due) if due else self._next_due()
+            return
+        try:
+            self._renew(due, now)
+        finally:
+            self._due = self._next_due()
+
+    def _next_due(self) -> float:
+        return min((x.due for leases in self._leases.values() for x in leases.values()), default=float("inf"))
+
+    def _renew(self, due: list[_Lease], now: float) -> None:
+        """Renew ``due`` in one call, and note when each is due next (soon again if it failed)."""
         try:
             if self._conn is None:
                 self._conn = redisurl.client(

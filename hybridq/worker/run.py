@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from hybridq.protocol import (
     host_pid,
     keys,
 )
+from hybridq.protocol.host import token_nonce
 from hybridq.protocol.later import resolve
 from hybridq.security.signing import keyring
 from hybridq.tracing import end_run, start_run
@@ -280,7 +280,7 @@ class Run:
     def new(cls, raw: Mapping[str, Any], d: Delivery, func: Callable[..., Any]) -> Run:
         """A run of ``d`` with a fresh token (unique per run; a limited one ends in its policy)."""
         env = d.envelope
-        token = f"{env.id}/{d.attempt}/{host_pid()}/{os.urandom(4).hex()}{'#L' + d.limit if d.limit else ''}"
+        token = f"{env.id}/{d.attempt}/{host_pid()}/{token_nonce()}{'#L' + d.limit if d.limit else ''}"
         key_id = env.key_id
         claim_keys = [keys.result(key_id), keys.lease(key_id), keys.rq_job(env.id), keys.epoch(d.owner)]
         claim_args: list[str | int] = [

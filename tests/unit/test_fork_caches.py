@@ -80,3 +80,15 @@ def test_the_signing_configuration_is_read_from_the_live_environment(monkeypatch
     assert _getenv("HYBRIDQ_SIGNING_KEY") == "clé,k2" == os.environ["HYBRIDQ_SIGNING_KEY"]
     monkeypatch.delenv("HYBRIDQ_SIGNING_KEY")
     assert _getenv("HYBRIDQ_SIGNING_KEY") is None
+
+
+def test_a_forked_child_never_makes_the_token_nonces_its_parent_makes() -> None:
+    """A child reseeds: one forked later with a pid used before must not repeat that one's tokens."""
+    from hybridq.protocol.host import token_nonce
+
+    token_nonce()
+    first = _in_child(lambda: ",".join(token_nonce() for _ in range(50))).split("|")[1]
+    second = _in_child(lambda: ",".join(token_nonce() for _ in range(50))).split("|")[1]
+    parent = ",".join(token_nonce() for _ in range(50))
+    assert len({first, second, parent}) == 3
+    assert all(len(n) == 8 and int(n, 16) >= 0 for n in first.split(","))
