@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import socket
-import time
 
 __all__ = ["host_pid", "token_nonce"]
 
@@ -39,10 +38,10 @@ def token_nonce() -> str:
     the kernel once per process does that as well as a read per token, whose ``os.urandom``
     lets the GIL go around its system call at every job (the lease renewer and the batch
     threads then take it, and the run waits to get it back). A token is compared, never guessed
-    against: nothing is kept secret by it. Mixed with the clock's nanoseconds, so that two
-    copies of one process (a VM or container restored twice from one snapshot) part at once.
+    against: nothing is kept secret by it. A process restored twice from one snapshot repeats
+    these, but it already repeats the tokens of every run it held at the snapshot.
     """
-    return ((_NONCE.getrandbits(32) ^ time.time_ns()) & 0xFFFFFFFF).to_bytes(4).hex()
+    return _NONCE.getrandbits(32).to_bytes(4).hex()
 
 
 def _forget_host_pid() -> None:
