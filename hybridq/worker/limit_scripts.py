@@ -47,9 +47,11 @@ __all__ = ["LIMIT_LUA"]
 
 #: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
-#: ``limit_left(lim, job hash, lease ms)`` (a copy left its queue without running), ``limit_renew(lim,
-#: token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``. ``server`` caches, per
-#: script call, Redis's clock, its ``run_id`` and the keys trimmed.
+#: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
+#: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
+#: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
+#: expiries set: every call of one script call must pass it (an expiry set without it is not
+#: remembered, and a later one it skips would leave that one).
 LIMIT_LUA = f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
@@ -87,12 +89,15 @@ local function limit_epoch(now, server)
     return server.limit_since
 end
 -- Drops a sorted set's members due by ``upto`` (lapsed slots, starts out of the period, ends no
--- longer kept): once per key per script call, as ``server`` remembers. Exact: the clock is read
--- once per call, and nothing a call adds is due by then.
+-- longer kept): once per key per script call and cut-off, as ``server`` remembers (the highest
+-- cut-off trimmed; a later run of the key whose token carries a shorter rate period, after a
+-- policy change, trims again). The counts are those a trim per job would give: the clock is read
+-- once per call, nothing a call adds is due by then, and a lower cut-off finds nothing left.
 local function limit_trim(key, upto, server, call)
     server.trimmed = server.trimmed or {{}}
-    if server.trimmed[key] then return end
-    server.trimmed[key] = true
+    local done = server.trimmed[key]
+    if done and done >= upto then return end
+    server.trimmed[key] = upto
     local send = call or redis.call
     send("ZREMRANGEBYSCORE", key, "-inf", upto)
 end
