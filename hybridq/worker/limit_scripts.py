@@ -42,6 +42,7 @@ from __future__ import annotations
 from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
 from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
+from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
@@ -51,8 +52,11 @@ __all__ = ["LIMIT_LUA"]
 #: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
 #: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
 #: expiries set: every call of one script call must pass it (an expiry set without it is not
-#: remembered, and a later one it skips would leave that one).
-LIMIT_LUA = f"""
+#: remembered, and a later one it skips would leave that one). With ``redis_run_id()``
+#: (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
+LIMIT_LUA = (
+    RUN_ID_LUA
+    + f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
     if not key then return nil end
@@ -72,9 +76,7 @@ end
 local function limit_epoch(now, server)
     if server.limit_since == nil then
         if server.run_id == nil then
-            local info = redis.pcall("INFO", "server")
-            local at = type(info) == "string" and string.find(info, "run_id:", 1, true)  -- (as the claim)
-            server.run_id = at and string.match(info, "^%x+", at + 7) or false
+            server.run_id = redis_run_id()  -- (as the claim)
         end
         local run_id = server.run_id or ""
         local since, was = string.match(redis.call("GET", "{EPOCH_KEY}") or "", "^(%d+):(%x*)$")
@@ -189,3 +191,4 @@ local function limit_end(token, kept, server)
     end
 end
 """
+)

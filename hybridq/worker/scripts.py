@@ -100,11 +100,7 @@ local function claim(K, A, server, known)
             why = "stale"
         elseif gen and run_id ~= "" then
             if server.run_id == nil then  -- INFO once per script call, however many claims it makes
-                local info = redis.pcall("INFO", "server")
-                -- A plain find, then a match anchored there: the pattern searched from every
-                -- position of INFO's text cost more than INFO itself (docs/benchmarks.md).
-                local at = type(info) == "string" and string.find(info, "run_id:", 1, true)
-                server.run_id = at and string.match(info, "^%x+", at + 7) or false
+                server.run_id = redis_run_id()  -- (hybridq.protocol.keys.RUN_ID_LUA, in LIMIT_LUA)
             end
             local current = server.run_id
             if current and current ~= run_id then
