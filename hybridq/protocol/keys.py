@@ -43,6 +43,7 @@ __all__ = [
     "NODE_REPLY_PREFIX",
     "PREFIX",
     "RQ_PREFIX",
+    "RUN_ID_LUA",
     "epoch",
     "events",
     "forwarders",
@@ -67,6 +68,21 @@ PREFIX = "hybridq:"
 LIMIT_PREFIX = PREFIX + "limit:"
 #: When the limits' state began on this Redis (``<ms>:<run_id>``).
 LIMITS_EPOCH = PREFIX + "limits:epoch"
+#: Lua functions for the ``run_id`` the epoch keys hold (``epoch``, :data:`LIMITS_EPOCH`):
+#: ``run_id_of(info text)`` and ``redis_run_id()``, the run_id of the server that runs the script
+#: (its 40 hex digits, or false: INFO denied by an ACL, or no such field). Every script that
+#: writes or compares one reads it with these (the forwarder's read and the claim's fence must
+#: agree): a plain find of the field at a line's start, then a match anchored there (a pattern
+#: searched from every position of INFO's text cost more than INFO itself, docs/benchmarks.md).
+RUN_ID_LUA = r"""
+local function run_id_of(info)
+    local at = type(info) == "string" and string.find(info, "\nrun_id:", 1, true)
+    return at and string.match(info, "^%x+", at + 8) or false
+end
+local function redis_run_id()
+    return run_id_of(redis.pcall("INFO", "server"))
+end
+"""
 #: The runs of every limit key whose outcome was recorded, for a minute (one sorted set: not a
 #: set created and dropped per key; no limit key's part has this name, they all have a ``:``).
 LIMITS_ENDED = LIMIT_PREFIX + "ended"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hybridq.protocol.keys import LIMIT_PREFIX, LIMITS_EPOCH
+from hybridq.protocol.keys import LIMIT_PREFIX, LIMITS_EPOCH, RUN_ID_LUA
 
 from .base import KeyUse
 
@@ -27,15 +27,13 @@ __all__ = ["KEY_USE", "key_use"]
 # cancel taking them off: hybridq.worker.limit_scripts). A part of
 # a key of the wrong type (written by something else) fails only its own command (``pcall``):
 # that key is held (never over its limit), the others go on.
-KEY_USE = f"""
+KEY_USE = (
+    RUN_ID_LUA
+    + f"""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
-local info = redis.pcall("INFO", "server")
--- A plain find, then a match anchored there: the pattern searched from every position of
--- INFO's text cost more than INFO itself (docs/benchmarks.md).
-local at = type(info) == "string" and string.find(info, "run_id:", 1, true)
-local run_id = at and string.match(info, "^%x+", at + 7) or ""
+local run_id = redis_run_id() or ""  -- (hybridq.protocol.keys.RUN_ID_LUA, as the claim reads it)
 local since, was = string.match(redis.call("GET", "{LIMITS_EPOCH}") or "", "^(%d+):(%x*)$")
 since = tonumber(since)
 if not since or since > now or (run_id ~= "" and was ~= run_id) then
@@ -80,6 +78,7 @@ for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
 end
 return out
 """
+)
 
 
 def key_use(

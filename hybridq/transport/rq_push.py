@@ -132,20 +132,27 @@ local function push(key, id, overwrite, run, fields)
     return 1
 end
 local ids, each = {{}}, {{}}
-for i = 5, #KEYS do
-    local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl =
-        fields_of(ARGV[i - 2])
-    local fields = {{"created_at", created, "data", data, "description", description, "timeout", timeout,
-        "meta", meta, "failure_ttl", failure_ttl}}
-    if result_ttl ~= "" then
-        fields[#fields + 1] = "result_ttl"
-        fields[#fields + 1] = result_ttl
+-- Under pcall: an error partway (a replaced job's key or the intermediate list of another type)
+-- still queues the jobs written before it, below, and then fails the call with that error, as
+-- a job at a time did. A job written and never queued would stay so: a re-push of it does
+-- nothing. Redis's transient refusals (out of memory, read-only) come at the call's first write,
+-- before any job is written.
+local ok, err = pcall(function()
+    for i = 5, #KEYS do
+        local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl =
+            fields_of(ARGV[i - 2])
+        local fields = {{"created_at", created, "data", data, "description", description, "timeout",
+            timeout, "meta", meta, "failure_ttl", failure_ttl}}
+        if result_ttl ~= "" then
+            fields[#fields + 1] = "result_ttl"
+            fields[#fields + 1] = result_ttl
+        end
+        each[#each + 1] = push(KEYS[i], id, overwrite, run, fields)
+        if each[#each] == 1 then
+            ids[#ids + 1] = id
+        end
     end
-    each[#each + 1] = push(KEYS[i], id, overwrite, run, fields)
-    if each[#each] == 1 then
-        ids[#ids + 1] = id
-    end
-end
+end)
 if dropped then
     local kept = {{}}
     for _, id in ipairs(queued) do
@@ -161,6 +168,9 @@ if #ids > 0 then
     -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
     redis.call("ZREM", KEYS[3], unpack(ids))
     redis.call("ZREM", KEYS[4], unpack(ids))
+end
+if not ok then
+    error(err)
 end
 return {{#ids, #each - #ids, table.concat(each)}}
 """

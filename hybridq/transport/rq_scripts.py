@@ -6,6 +6,7 @@ lease) are in :mod:`hybridq.worker.scripts`.
 
 from __future__ import annotations
 
+from hybridq.protocol.keys import RUN_ID_LUA
 from hybridq.protocol.outcome import DECODE_STORED_LUA
 
 __all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_REFILL", "_SET_EPOCH", "_STATE"]
@@ -98,11 +99,13 @@ return n > 0 and 1 or 0
 # script, as the workers' claim script reads it (hybridq.worker.scripts): both see the server that
 # runs the scripts, even behind a proxy that would answer a plain INFO from elsewhere. An ACL
 # that denies INFO gives "" here and in the claim (then only the epoch key detects lost state).
-_STATE = """
-local info = redis.pcall("INFO", "server")
-local run_id = type(info) == "string" and string.match(info, "run_id:(%x+)") or ""
-return {redis.call("GET", KEYS[1]) or false, run_id}
+# Both read it with the same Lua (hybridq.protocol.keys.RUN_ID_LUA).
+_STATE = (
+    RUN_ID_LUA
+    + """
+return {redis.call("GET", KEYS[1]) or false, redis_run_id() or ""}
 """
+)
 
 # KEYS: job hash, result, lease, queue list, RQ's intermediate list of that queue. ARGV: job id,
 # the cutoff (RQ's timestamp format, lease_s ago). See Transport.probe for the verdicts. RQ's

@@ -42,15 +42,21 @@ from __future__ import annotations
 from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
 from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
+from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
 #: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
-#: ``limit_left(lim, job hash, lease ms)`` (a copy left its queue without running), ``limit_renew(lim,
-#: token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``. ``server`` caches, per
-#: script call, Redis's clock, its ``run_id`` and the keys trimmed.
-LIMIT_LUA = f"""
+#: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
+#: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
+#: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
+#: expiries set: every call of one script call must pass it (an expiry set without it is not
+#: remembered, and a later one it skips would leave that one). With ``redis_run_id()``
+#: (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
+LIMIT_LUA = (
+    RUN_ID_LUA
+    + f"""
 local function limit_of(token)
     local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
     if not key then return nil end
@@ -70,9 +76,7 @@ end
 local function limit_epoch(now, server)
     if server.limit_since == nil then
         if server.run_id == nil then
-            local info = redis.pcall("INFO", "server")
-            local at = type(info) == "string" and string.find(info, "run_id:", 1, true)  -- (as the claim)
-            server.run_id = at and string.match(info, "^%x+", at + 7) or false
+            server.run_id = redis_run_id()  -- (as the claim)
         end
         local run_id = server.run_id or ""
         local since, was = string.match(redis.call("GET", "{EPOCH_KEY}") or "", "^(%d+):(%x*)$")
@@ -87,12 +91,15 @@ local function limit_epoch(now, server)
     return server.limit_since
 end
 -- Drops a sorted set's members due by ``upto`` (lapsed slots, starts out of the period, ends no
--- longer kept): once per key per script call, as ``server`` remembers. Exact: the clock is read
--- once per call, and nothing a call adds is due by then.
+-- longer kept): once per key per script call and cut-off, as ``server`` remembers (the highest
+-- cut-off trimmed; a later run of the key whose token carries a shorter rate period, after a
+-- policy change, trims again). The counts are those a trim per job would give: the clock is read
+-- once per call, nothing a call adds is due by then, and a lower cut-off finds nothing left.
 local function limit_trim(key, upto, server, call)
     server.trimmed = server.trimmed or {{}}
-    if server.trimmed[key] then return end
-    server.trimmed[key] = true
+    local done = server.trimmed[key]
+    if done and done >= upto then return end
+    server.trimmed[key] = upto
     local send = call or redis.call
     send("ZREMRANGEBYSCORE", key, "-inf", upto)
 end
@@ -184,3 +191,4 @@ local function limit_end(token, kept, server)
     end
 end
 """
+)

@@ -81,7 +81,7 @@ local function claim(K, A, server, known)
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
-        if lim then limit_left(lim, K[3], tonumber(A[2])) end
+        if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
@@ -100,11 +100,7 @@ local function claim(K, A, server, known)
             why = "stale"
         elseif gen and run_id ~= "" then
             if server.run_id == nil then  -- INFO once per script call, however many claims it makes
-                local info = redis.pcall("INFO", "server")
-                -- A plain find, then a match anchored there: the pattern searched from every
-                -- position of INFO's text cost more than INFO itself (docs/benchmarks.md).
-                local at = type(info) == "string" and string.find(info, "run_id:", 1, true)
-                server.run_id = at and string.match(info, "^%x+", at + 7) or false
+                server.run_id = redis_run_id()  -- (hybridq.protocol.keys.RUN_ID_LUA, in LIMIT_LUA)
             end
             local current = server.run_id
             if current and current ~= run_id then
@@ -112,7 +108,7 @@ local function claim(K, A, server, known)
             end
         end
         if why then
-            if lim then limit_left(lim, K[3], tonumber(A[2])) end  -- (the refill queues it again)
+            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end  -- (the refill queues it again)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")  -- for the refill pass
             end
@@ -134,17 +130,17 @@ local function claim(K, A, server, known)
         -- Each runs nothing: the copy left its queue (off its limit key's queued count, once).
         local ok, r = decode_stored(stored)
         if not ok then
-            if lim then limit_left(lim, K[3], tonumber(A[2])) end
+            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
             return {4, "unreadable"}  -- not "nothing stored": its key may have finished
         end
         local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
         local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
         if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
-            if lim then limit_left(lim, K[3], tonumber(A[2])) end
+            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
             return {1, stored}
         end
         if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
-            if lim then limit_left(lim, K[3], tonumber(A[2])) end
+            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
             return {2, stored}
         end
     end
@@ -156,7 +152,7 @@ local function claim(K, A, server, known)
     if lim then
         local why = limit_admit(lim, A[1], A[2], server)
         if why then
-            limit_left(lim, K[3], tonumber(A[2]))
+            limit_left(lim, K[3], tonumber(A[2]), server)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
             end
@@ -177,7 +173,7 @@ local function claim(K, A, server, known)
         end
         return {0, ""}
     end
-    if lim then limit_left(lim, K[3], tonumber(A[2])) end  -- (runs nothing: the copy left its queue)
+    if lim then limit_left(lim, K[3], tonumber(A[2]), server) end  -- (runs nothing: the copy left its queue)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """

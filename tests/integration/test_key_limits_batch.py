@@ -24,8 +24,15 @@ QUEUE = "limited-batch"
 OWNER = "limited-owner"
 
 
-def take_limited(server: RedisServer, n: int, limit: str) -> tuple[redis.Redis, list[Taken]]:
-    """``n`` jobs of one limited key pushed and taken; the limits' epoch long begun (no quarantine)."""
+def take_limited(
+    server: RedisServer, n: int, limit: str | list[str], leases: list[float] | None = None
+) -> tuple[redis.Redis, list[Taken]]:
+    """``n`` jobs of one limited key pushed and taken; the limits' epoch long begun (no quarantine).
+
+    ``limit``: one policy for all, or each job's (a policy changed); ``leases``: each job's lease (s).
+    """
+    limits = limit if isinstance(limit, list) else [limit] * n
+    lease_s = leases or [60.0] * n
     now = time.time()
     ids = [new_job_id(now) for _ in range(n)]
     envs = [
@@ -34,7 +41,12 @@ def take_limited(server: RedisServer, n: int, limit: str) -> tuple[redis.Redis, 
     ]
     transport = RQTransport(server.url)
     try:
-        transport.push([Delivery(env, OWNER, ("w", 0, i), limit=limit) for i, env in enumerate(envs)])
+        transport.push(
+            [
+                Delivery(env, OWNER, ("w", 0, i), limit=limits[i], lease_s=lease_s[i])
+                for i, env in enumerate(envs)
+            ]
+        )
     finally:
         transport.close()
     client = server.client()
@@ -92,3 +104,22 @@ def test_one_end_call_frees_every_slot_and_keeps_every_end(redis_server: RedisSe
     assert 50_000 < client.pttl(keys.LIMITS_ENDED) <= 60_000
     assert int(client.get(f"{keys.LIMIT_PREFIX}tenant:b3:queued") or 0) == -3, "each copy left once"
     assert client.pttl(f"{keys.LIMIT_PREFIX}tenant:b3:queued") > 0
+
+
+def test_a_later_run_with_a_shorter_rate_period_trims_the_starts_again(redis_server: RedisServer) -> None:
+    """Two policies of one key in one call (a policy changed): each run's count is its own period's."""
+    client, items = take_limited(redis_server, 2, ["0,2,3600000,tenant:b5", "0,2,1000,tenant:b5"])
+    now_ms = int(time.time() * 1000)
+    starts = f"{keys.LIMIT_PREFIX}tenant:b5:starts"
+    client.zadd(starts, {"s1": now_ms - 5000, "s2": now_ms - 4000})  # in the hour, not in the second
+    replies = start(client, items)
+    assert replies == [(4, b"limited: rate"), (0, b"")], replies
+
+
+def test_a_copy_that_leaves_without_running_keeps_the_queued_counts_expiry(redis_server: RedisServer) -> None:
+    """A cancelled copy's (short) lease between two holds: the count expires two of the holds' leases on."""
+    client, items = take_limited(redis_server, 3, "5,0,0,tenant:b6", leases=[60.0, 5.0, 60.0])
+    client.hset(keys.rq_job(items[1].job_id), "hybridq_cancel", "1")
+    replies = start(client, items)
+    assert [r[0] for r in replies] == [0, 5, 0], replies
+    assert client.pttl(f"{keys.LIMIT_PREFIX}tenant:b6:queued") > 60_000

@@ -109,3 +109,31 @@ def test_a_queue_key_of_another_type_fails_the_push_before_any_job_is_written(
         assert transport.connection.llen("rq:queue:default") == 3
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("bad", ["job", "intermediate"])
+def test_an_error_partway_through_a_chunk_still_queues_the_jobs_written_before_it(
+    redis_server: RedisServer, bad: str
+) -> None:
+    """A forced job's key, or the intermediate list, of another type fails the call at that job:
+    the new jobs before it were written, so they must be queued too (a re-push of a job whose
+    hash exists does nothing: it would wait unqueued)."""
+    transport = RQTransport(redis_server.url)
+    conn = transport.connection
+    try:
+        old = delivery()
+        transport.push([old])
+        conn.lrem("rq:queue:default", 0, old.envelope.id)
+        bad_key = f"rq:job:{old.envelope.id}" if bad == "job" else "rq:queue:default:intermediate"
+        conn.delete(bad_key)
+        conn.set(bad_key, "not hybridq's")
+        new = delivery()
+        forced = Delivery(old.envelope, "owner1", old.loc, attempt=2, force=True)
+        with pytest.raises(HybridqError, match="WRONGTYPE"):
+            transport.push([new, forced])
+        assert conn.lrange("rq:queue:default", 0, -1) == [new.envelope.id.encode()]
+        conn.delete(bad_key)
+        assert transport.push([new, forced]).pushed == 1, "the forced one, once its key is readable"
+        assert conn.lrange("rq:queue:default", 0, -1) == [new.envelope.id.encode(), old.envelope.id.encode()]
+    finally:
+        transport.close()

@@ -239,6 +239,33 @@ def test_the_claim_refuses_a_stale_generation_and_an_unchecked_restart(redis_ser
         transport.close()
 
 
+def test_every_script_reads_the_servers_run_id_as_info_gives_it(redis_server: RedisServer) -> None:
+    """The forwarder's read (_STATE), the claim's fence and the limits' epoch must agree."""
+    from hybridq import worker
+    from hybridq.protocol.keys import RUN_ID_LUA
+    from hybridq.transport.rq_limits import KEY_USE, key_use
+
+    transport = RQTransport(redis_server.url)
+    conn = transport.connection
+    try:
+        want = conn.info("server")["run_id"]
+        assert conn.eval(RUN_ID_LUA + "return redis_run_id()", 0).decode() == want
+        assert transport.state_token("o").run_id == want
+        key_use(conn.register_script(KEY_USE), 10.0, {"tenant:r": 0}, {})
+        assert conn.get(keys.LIMITS_EPOCH).decode().endswith(f":{want}")
+        env = _envelope()
+        claim = worker._script(conn, worker._CLAIM)
+        conn.set(keys.epoch("o"), f"2:{want}:token")
+        claim_keys = [keys.result(env.key_id), keys.lease(env.key_id), keys.rq_job(env.id), keys.epoch("o")]
+        assert claim(keys=claim_keys, args=["a", 10_000, env.id, 0, 1, 2])[0] == 0, "not fenced"
+        # Only a field at a line's start: a field whose name ends in "run_id" is not it.
+        read = RUN_ID_LUA + "return run_id_of(ARGV[1])"
+        assert conn.eval(read, 0, "# Server\r\nxrun_id:zz\r\nrun_id:abc12\r\n") == b"abc12"
+        assert conn.eval(read, 0, "# Server\r\nmaster_run_id:abc12\r\n") is None
+    finally:
+        transport.close()
+
+
 def test_refill_purges_finished_copies_and_brings_live_ones_up(redis_server: RedisServer) -> None:
     transport = RQTransport(redis_server.url)
     conn = transport.connection
