@@ -16,7 +16,14 @@ from collections.abc import Callable
 
 from hybridq.errors import EnvelopeError
 
-__all__ = ["function_path", "idempotency_id", "new_job_id", "validate_job_id", "validate_queue_name"]
+__all__ = [
+    "function_path",
+    "idempotency_id",
+    "new_job_id",
+    "random_bytes",
+    "validate_job_id",
+    "validate_queue_name",
+]
 
 _JOB_ID = re.compile(r"\A[A-Za-z0-9_-]{1,128}\Z")
 _QUEUE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -32,14 +39,14 @@ def new_job_id(now: float | None = None) -> str:
     # A getrandom call per id (~0.3 us), not a batch read ahead: a process copied other than by
     # fork (a VM or container snapshot restored twice) would repeat read-ahead bytes, and the
     # id is the default idempotency key (a repeat silently drops the second job).
-    return f"{ms:012x}{_random_bytes(10).hex()}"
+    return f"{ms:012x}{random_bytes(10).hex()}"
 
 
 _getrandom: Callable[[int, int], bytes] | None = getattr(os, "getrandom", None)
 _GRND_NONBLOCK = getattr(os, "GRND_NONBLOCK", 0)
 
 
-def _random_bytes(n: int) -> bytes:
+def random_bytes(n: int) -> bytes:
     """``n`` bytes from the kernel's random source, the GIL kept where the platform allows.
 
     ``os.urandom`` lets the GIL go around its getrandom(2) call: with 16 threads enqueueing, the

@@ -7,8 +7,9 @@ random part of a lease token (:func:`token_nonce`).
 from __future__ import annotations
 
 import os
-import random
 import socket
+
+from hybridq.envelope.names import random_bytes
 
 __all__ = ["host_pid", "token_nonce"]
 
@@ -26,28 +27,22 @@ def host_pid() -> str:
     return _HOST_PID[0]
 
 
-#: The generator of :func:`token_nonce`: seeded from the kernel at import, again in a forked child.
-_NONCE = random.Random(os.urandom(16))  # noqa: S311 - told apart, not kept secret: see token_nonce
-
-
 def token_nonce() -> str:
     """8 random hex digits, the last part of a lease token (``id/attempt/host/pid/nonce``).
 
     They tell apart processes that ``host/pid`` alone does not: a pid used again (a pool child
-    that ended and one forked later), containers of the same host name. A generator seeded from
-    the kernel once per process does that as well as a read per token, whose ``os.urandom``
-    lets the GIL go around its system call at every job (the lease renewer and the batch
-    threads then take it, and the run waits to get it back). A token is compared, never guessed
-    against: nothing is kept secret by it. A process restored twice from one snapshot repeats
-    these, but it already repeats the tokens of every run it held at the snapshot.
+    that ended and one forked later), containers of the same host name, a process copied other
+    than by ``os.fork`` (a VM or container snapshot restored twice: a generator seeded once per
+    process would repeat its tokens there, and two runs would share one lease). So a getrandom
+    call per token, as for job ids, but made holding the GIL: ``os.urandom`` lets it go around
+    the system call at every job, and the lease renewer and the batch threads then take it while
+    the run waits to get it back.
     """
-    return _NONCE.getrandbits(32).to_bytes(4).hex()
+    return random_bytes(4).hex()
 
 
 def _forget_host_pid() -> None:
     _HOST_PID.clear()
-    # A child forked later with a pid used before must not repeat that child's tokens.
-    _NONCE.seed(os.urandom(16))
 
 
 os.register_at_fork(after_in_child=_forget_host_pid)

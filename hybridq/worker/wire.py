@@ -27,6 +27,7 @@ a reply callback for the command, retries. This module imports only redis and hi
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,8 +120,21 @@ def _suits(client: redis.Redis) -> bool:
         and not kwargs.get("decode_responses", False)
         and not kwargs.get("retry_on_error")
         and not kwargs.get("retry_on_timeout", False)
-        and (retry is None or retry.get_retries() == 0)
+        and (retry is None or getattr(retry, "get_retries", lambda: 1)() == 0)
+        and _no_command_name(pool)
     )
+
+
+def _no_command_name(pool: redis.ConnectionPool) -> bool:
+    """Whether ``pool.get_connection()`` takes no argument (redis-py >= 5.3).
+
+    Before, it needs the command's name: those clients keep the pipeline, which passes it.
+    """
+    try:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # pragma: no cover - a signature Python cannot read
+        return False
+    return parameter is None or parameter.default is not inspect.Parameter.empty
 
 
 _checked: weakref.WeakKeyDictionary[redis.Redis, bool] = weakref.WeakKeyDictionary()

@@ -143,3 +143,45 @@ def test_other_commands_a_callback_for_a_script_call_or_an_argument_hiredis_refu
     mine.set_response_callback("EVALSHA", lambda reply, **_: ("parsed", reply))
     assert not wire._direct(mine, [echo])
     assert wire.round_trip(mine, [("EVALSHA", scripts.sha(client, LAST), 0)]) == [("parsed", b"last")]
+
+
+def test_an_interrupt_between_two_replies_leaves_no_reply_for_the_next_batch(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's read did not fail (the first reply read whole): the batch's later replies are
+    still on the connection, which must not go back to the pool as it is."""
+    client = redis.Redis.from_url(redis_server.url)
+    a, b = client.script_load("return 'A'"), client.script_load("return 'B'")
+    original = redis.Connection.read_response
+    reads = []
+
+    def interrupted(self: redis.Connection, *args: Any, **kwargs: Any) -> Any:
+        reply = original(self, *args, **kwargs)
+        reads.append(reply)
+        if len(reads) == 1:
+            raise KeyboardInterrupt
+        return reply
+
+    monkeypatch.setattr(redis.Connection, "read_response", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        wire.round_trip(client, [("EVALSHA", a, 0), ("EVALSHA", b, 0)])
+    monkeypatch.setattr(redis.Connection, "read_response", original)
+    assert wire.round_trip(client, [("EVALSHA", b, 0)]) == [b"B"]
+    assert client.ping()
+    assert not client.connection_pool._in_use_connections
+
+
+def test_a_pool_whose_get_connection_needs_the_commands_name_gets_the_pipeline(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py before 5.3 (the floor allows 5.0.1): ``get_connection()`` with no name raised
+    TypeError, which no caller catches: every pool process would have died at its first turn."""
+    commands = [("EVALSHA", "0" * 40, 0)]
+    assert wire._direct(redis.Redis.from_url(redis_server.url), commands)
+    original = redis.ConnectionPool.get_connection
+
+    def get_connection(self: redis.ConnectionPool, command_name: str, *keys: Any, **options: Any) -> Any:
+        return original(self, command_name, *keys, **options)
+
+    monkeypatch.setattr(redis.ConnectionPool, "get_connection", get_connection)  # redis-py 5.2's
+    assert not wire._direct(redis.Redis.from_url(redis_server.url), commands)

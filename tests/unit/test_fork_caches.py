@@ -83,7 +83,7 @@ def test_the_signing_configuration_is_read_from_the_live_environment(monkeypatch
 
 
 def test_a_forked_child_never_makes_the_token_nonces_its_parent_makes() -> None:
-    """A child reseeds: one forked later with a pid used before must not repeat that one's tokens."""
+    """One forked later with a pid used before must not repeat that one's tokens."""
     from hybridq.protocol.host import token_nonce
 
     token_nonce()
@@ -92,3 +92,29 @@ def test_a_forked_child_never_makes_the_token_nonces_its_parent_makes() -> None:
     parent = ",".join(token_nonce() for _ in range(50))
     assert len({first, second, parent}) == 3
     assert all(len(n) == 8 and int(n, 16) >= 0 for n in first.split(","))
+
+
+def test_a_process_copied_without_pythons_fork_handlers_makes_other_token_nonces() -> None:
+    """A copy no at-fork handler sees (fork(2) from C, a snapshot restored twice) parts at once.
+
+    Review of the per-process generator the nonces first came from: both copies made the same
+    tokens, so two runs could share one lease.
+    """
+    import ctypes
+
+    from hybridq.protocol.host import token_nonce
+
+    token_nonce()
+    libc = ctypes.CDLL(None, use_errno=True)
+    r, w = os.pipe()
+    pid = libc.fork()
+    if pid == 0:  # pragma: no cover - the copy: only writes its nonces and exits
+        os.write(w, ",".join(token_nonce() for _ in range(4)).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(w)
+    child = os.read(r, 200).decode()
+    os.close(r)
+    parent = ",".join(token_nonce() for _ in range(4))
+    assert len(child.split(",")) == 4
+    assert child != parent

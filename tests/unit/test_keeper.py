@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,3 +133,59 @@ def test_a_lease_let_go_of_before_it_is_due_is_not_renewed_and_the_next_one_stil
     clock.now += 0.5  # b's
     k.wait(0)
     assert renewed == [["b"]]
+
+
+def test_no_lease_is_left_overdue_whatever_the_order_of_holds_releases_and_failures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model check (review of the next-due bound): 100 seeded runs of holds with shorter and
+    longer leases, re-holds, releases, renewals failing and leases lost, on two processes; after
+    each wait the bound is never later than the earliest lease due, and no lease is left due."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    now = [100.0]
+    monkeypatch.setattr(keeper.time, "monotonic", lambda: now[0])
+    state: dict[str, Any] = {"fail": False, "lost": set()}
+
+    def renew_many(_conn: object, leases: list[tuple[str, str, int]]) -> list[int]:
+        if state["fail"]:
+            raise RedisConnectionError("down")
+        return [0 if token in state["lost"] else 1 for _, token, _ in leases]
+
+    monkeypatch.setattr(keeper, "renew_many", renew_many)
+    rng = random.Random(1)
+    for _ in range(100):
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        k = Keeper("redis://unused")
+        k._conn = object()  # type: ignore[assignment]
+        k.add(1, r1)
+        k.add(2, r2)
+        channels = {1: Channel(w1), 2: Channel(w2)}
+        held: set[str] = set()
+        for n in range(200):
+            op, p = rng.random(), rng.choice([1, 2])
+            if op < 0.3:
+                token = f"t{n}"
+                channels[p].hold([(f"k{token}", token, rng.choice([300, 1000, 3000, 30000, 60000]))])
+                held.add(token)
+            elif op < 0.45 and held:
+                token = rng.choice(sorted(held))
+                channels[p].hold([(f"k{token}", token, rng.choice([300, 3000, 60000]))])
+            elif op < 0.6 and held:
+                token = rng.choice(sorted(held))
+                channels[1].release([token])
+                channels[2].release([token])
+            elif op < 0.65:
+                state["fail"] = not state["fail"]
+            elif op < 0.68 and held:
+                state["lost"].add(rng.choice(sorted(held)))
+            now[0] += rng.choice([0, 0.001, 0.01, 0.05, 0.2, 1.0])
+            k.wait(0)
+            leases = [lease for per in k._leases.values() for lease in per.values()]
+            assert k._due <= min((lease.due for lease in leases), default=float("inf")) + 1e-12
+            assert not [lease for lease in leases if lease.due <= now[0]]
+        for fd in (w1, w2):
+            os.close(fd)
+        k.drop(1)
+        k.drop(2)
