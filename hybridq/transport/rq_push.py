@@ -170,7 +170,9 @@ if #ids > 0 then
     redis.call("ZREM", KEYS[4], unpack(ids))
 end
 if not ok then
-    error(err)
+    -- As Redis gave it (WRONGTYPE, OOM...): error() of the text pcall hands back on Redis 7
+    -- would make it "ERR user_script:...".
+    return redis.error_reply(type(err) == "table" and err.err or tostring(err))
 end
 return {{#ids, #each - #ids, table.concat(each)}}
 """

@@ -127,15 +127,23 @@ end
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
 -- copy pushed again is a new hash). The count may go below zero for a moment: a forwarder
 -- adds what it pushed at its next step, often after the claims.
--- A PEXPIRE, once per key and lifetime per script call (``server`` remembers; none: each time):
--- Redis expires no key while a script runs, so a second one would set the same expiry.
+-- A key's lifetime made at least ``ms``, never shortened: the key holds other runs' slots (or
+-- starts, or the queued count), and a run with a shorter lease (or period) must not make it
+-- expire under a longer one's live slot (the limit would then admit more than it allows).
+-- Once per key and lifetime per script call (``server`` remembers what it made; none: each
+-- time): Redis expires no key while a script runs.
 local function limit_expire(key, ms, server)
     if server then
         server.expiry = server.expiry or {{}}
-        if server.expiry[key] == ms then return end
-        server.expiry[key] = ms
+        local made = server.expiry[key]
+        if made and made >= ms then return end
     end
-    redis.call("PEXPIRE", key, ms)
+    local left = redis.call("PTTL", key)  -- -1: no expiry; -2: no key (nothing to expire)
+    if left < ms then
+        redis.call("PEXPIRE", key, ms)
+        left = ms
+    end
+    if server then server.expiry[key] = left end
 end
 local function limit_left(lim, job, lease_ms, server)
     if redis.call("EXISTS", job) == 1 and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
@@ -164,7 +172,7 @@ local function limit_renew(lim, token, lease_ms, ended, server)
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
-    redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+    limit_expire(lim.run, 2 * lease_ms + 1000, server)
     return true
 end
 -- Every run's end is kept in ``ended`` (a renewal may not tell it from the stored outcome: a

@@ -123,3 +123,17 @@ def test_a_copy_that_leaves_without_running_keeps_the_queued_counts_expiry(redis
     replies = start(client, items)
     assert [r[0] for r in replies] == [0, 5, 0], replies
     assert client.pttl(f"{keys.LIMIT_PREFIX}tenant:b6:queued") > 60_000
+
+
+def test_a_shorter_lease_never_shortens_the_life_of_a_longer_runs_slot(redis_server: RedisServer) -> None:
+    """Concurrency 2: runs of 30 s and 1 s leases start in one call, the short one ends. The key's
+    set of slots lived 2 short leases (3 s), then vanished with the long run's live slot, and two
+    more runs were admitted: 3 running under a limit of 2 (review; the test fails before)."""
+    client, items = take_limited(redis_server, 2, "2,0,0,tenant:b7", leases=[30.0, 1.0])
+    assert [r[0] for r in start(client, items)] == [0, 0]
+    end(client, items[1:])
+    run_key = f"{keys.LIMIT_PREFIX}tenant:b7:run"
+    assert client.pttl(run_key) > 60_000, "the set lives two of the long run's leases"
+    client2, more = take_limited(redis_server, 2, "2,0,0,tenant:b7", leases=[1.0, 1.0])
+    assert [r[0] for r in start(client2, more)] == [0, 4], "one slot left: the long run still holds one"
+    assert client.pttl(run_key) > 60_000
