@@ -123,21 +123,14 @@ def test_a_compaction_pass_decodes_only_the_entries_it_may_keep(
         state.close()
 
 
-def test_a_ledger_segment_that_cannot_go_yet_is_read_once(
+def test_a_ledger_segment_that_cannot_go_yet_is_read_once_while_the_same_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 29: the first segment compaction could not delete was read again at every pass."""
     journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     chain, _ = _two_ledger_segments(journal, writer, 200)
     state = _state(journal, writer)
-    reads: list[tuple[str, int]] = []
-    real = JournalReader.segment_records
-
-    def counting(self: JournalReader, writer_id: str, index: int) -> Iterator[Record]:
-        reads.append((writer_id, index))
-        return real(self, writer_id, index)
-
-    monkeypatch.setattr(JournalReader, "segment_records", counting)
+    reads = _counting_reads(monkeypatch)
     try:
         compactor = Compactor(state)
         assert compactor._compact_ledger() == 1
@@ -148,39 +141,17 @@ def test_a_ledger_segment_that_cannot_go_yet_is_read_once(
         # Only which journal segments it names is kept meanwhile, never its entries (a segment
         # of failures holds megabytes of envelopes).
         assert all(isinstance(n, int) for _, reach in compactor._scans.values() for n in reach.values())
-        state.compacted.through[writer] = 1  # its journal segment goes: now it goes too
-        assert compactor._compact_ledger() == 1
-        assert reads.count((chain, 1)) == 2  # read again as it goes, for the entries it keeps
-        assert chain not in dict(_segments(journal))
-    finally:
-        state.close()
-
-
-def test_a_segment_file_replaced_between_passes_is_read_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What a segment said is trusted only while it is the same file (inode and size)."""
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    chain, _ = _two_ledger_segments(journal, writer, 200)
-    state = _state(journal, writer)
-    reads: list[tuple[str, int]] = []
-    real = JournalReader.segment_records
-
-    def counting(self: JournalReader, writer_id: str, index: int) -> Iterator[Record]:
-        reads.append((writer_id, index))
-        return real(self, writer_id, index)
-
-    monkeypatch.setattr(JournalReader, "segment_records", counting)
-    try:
-        compactor = Compactor(state)
-        assert compactor._compact_ledger() == 1
-        assert reads.count((chain, 1)) == 1
+        # Trusted only while it is the same file (inode and size): the same bytes in another
+        # file are read again.
         path = Path(store.ledger_dir(journal)) / segment_name(chain, 1)
-        copy = path.with_suffix(".copy")
-        shutil.copy2(path, copy)
-        os.replace(copy, path)  # the same bytes in another file
+        shutil.copy2(path, path.with_suffix(".copy"))
+        os.replace(path.with_suffix(".copy"), path)
         assert compactor._compact_ledger() == 0
         assert reads.count((chain, 1)) == 2
+        state.compacted.through[writer] = 1  # its journal segment goes: now it goes too
+        assert compactor._compact_ledger() == 1
+        assert reads.count((chain, 1)) == 3  # read again as it goes, for the entries it keeps
+        assert chain not in dict(_segments(journal))
     finally:
         state.close()
 
@@ -209,6 +180,19 @@ def test_a_ledger_segment_naming_a_live_journal_segment_never_goes(tmp_path: Pat
         assert ledger.writer_id not in dict(_segments(journal))
     finally:
         state.close()
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every (chain, index) of a segment read from now on."""
+    reads: list[tuple[str, int]] = []
+    real = JournalReader.segment_records
+
+    def counting(self: JournalReader, writer_id: str, index: int) -> Iterator[Record]:
+        reads.append((writer_id, index))
+        return real(self, writer_id, index)
+
+    monkeypatch.setattr(JournalReader, "segment_records", counting)
+    return reads
 
 
 def _segments(journal: str) -> list[tuple[str, int]]:
