@@ -321,3 +321,11 @@ def big(size: int) -> str:
 def count(values: list[object]) -> int:
     """A chord's callback taking a list it only counts."""
     return len(values)
+
+
+def gc_pace(path: str) -> None:
+    """Write this process's collector settings: the youngest generation's threshold, what is frozen."""
+    import gc
+
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{gc.get_threshold()[0]} {gc.get_freeze_count()}")

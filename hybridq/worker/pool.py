@@ -41,6 +41,7 @@ from hybridq.security.signing import keyring
 from hybridq.transport import redisurl
 from hybridq.worker import lease
 from hybridq.worker.engine import EXIT_RECYCLE, EXIT_REFUSED, Engine
+from hybridq.worker.gcpace import pace_pool_process
 from hybridq.worker.keeper import Channel, Keeper
 from hybridq.worker.loop import check_access
 from hybridq.worker.runner import CANCEL_GRACE_S
@@ -248,6 +249,7 @@ class _Pool:
                 os.close(leases_read)
                 self.keeper.close_in_child()
                 lease.supervise(Channel(leases_write))
+                pace_pool_process()
                 name = f"{self.name}.{index}.{self.spawns[index]}"
                 engine = Engine(
                     self.url,

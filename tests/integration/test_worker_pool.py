@@ -508,3 +508,18 @@ def test_a_pool_started_before_redis_waits_quietly_then_serves(
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_pool_process_freezes_what_it_inherited_and_collects_less_often(
+    redis_server: RedisServer, stack: Stack, journal_dir: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """About 35 µs of a no-op job's ~260 went to the collector (docs/benchmarks.md)."""
+    run = setup(stack, redis_server, journal_dir, tmp_path, "--processes", "1")
+    out = tmp_path / "gc.txt"
+    run.queue.enqueue("tests.tasks.gc_pace", str(out))
+    wait_status(
+        journal_dir, subprocess_env, all_succeeded(1), what="1 job", alive=alive(run.forwarder, run.worker)
+    )
+    threshold, frozen = map(int, out.read_text().split())
+    assert threshold >= 10_000
+    assert frozen > 1_000, "the modules imported before the fork are frozen"
