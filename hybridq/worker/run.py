@@ -109,26 +109,25 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     """Run ``run``'s claimed task; its (JSON-able) value and error.
 
     Its outcome script is left in ``run.finish``, and its lease is renewed until the outcome is
-    stored (:func:`release`).
-
-    A ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) stores no outcome: the lease is
-    let go (it lapses, and the forwarder delivers the job again) and the exception propagates.
+    stored (:func:`release`). A ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) stores
+    no outcome: the lease is let go (it lapses, and the forwarder delivers the job again) and the
+    exception propagates.
     """
     context = begin(conn, run)
     token = quick.started(run.d.envelope.func)
-    error: Exception | None = None
+    failed: list[Exception] = []  # not a local naming it: its traceback holds this frame (a cycle)
     value: Any = None
     try:
         value = call(run.func, run.d.envelope)  # a hybridq.task is callable too
     except Exception as exc:
-        error = exc
+        failed.append(exc)
     except BaseException:
         release(run)  # no outcome will be stored: let the lease lapse
         raise
     finally:
         _current.reset(context)
         quick.ran(run.d.envelope.func, token)
-    return conclude(run, value, error)
+    return conclude(run, value, failed.pop() if failed else None)
 
 
 def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
