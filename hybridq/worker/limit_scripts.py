@@ -190,13 +190,7 @@ local function limit_end(token, kept, server)
     limit_trim(lim.ended, now, server, redis.pcall)
     local keep = kept and 3600000 or 60000
     redis.pcall("ZADD", lim.ended, now + keep, token)
-    server.ended_ttl = server.ended_ttl or {{}}
-    if not server.ended_ttl[keep] then  -- (once per call: the clock does not move within it)
-        server.ended_ttl[keep] = true
-        if redis.call("PTTL", lim.ended) < keep then  -- as long as its longest-kept run, no longer
-            redis.call("PEXPIRE", lim.ended, keep)
-        end
-    end
+    limit_expire(lim.ended, keep, server)  -- as long as its longest-kept run, no longer
 end
 """
 )
