@@ -2,7 +2,8 @@
 
 It owns the segment files and their record framing (``format``, ``records``), the group commit
 that acknowledges only after an fsync (``writer``, ``commit``, ``segment``), streaming reads and
-the torn-tail policy (``reader``, ``scan``, ``recovery``), atomic state files (``statefile``),
+the torn-tail policy (``reader``, ``scan``, ``recovery``), one record read back by its location
+and a segment's seal (``random_access``), atomic state files (``statefile``),
 the directory's checks and owner locks (``paths``, ``ownerlock``), and repair (``repair*``). It
 may use only the standard library, the CRC library, :mod:`hybridq.errors` and
 :mod:`hybridq.crashpoints`: it must not import redis, rq, click or the job envelope (checked by
