@@ -1,11 +1,12 @@
 """Jobs Redis lost or stranded: the epoch check, refill passes and reconcile passes.
 
-* **Epoch**: Redis losing the owner's epoch key, or restarting, bumps the epoch *generation*
-  and re-forwards every forwarded job that is not durably terminal (docs/reliability.md rule 15).
-  Workers refuse a delivery pushed under an older generation, so a queue entry Redis brings back
-  from an older state (a snapshot, a lagging replica) never runs a job the ledger holds as
-  finished; the refill pass deletes such copies of finished jobs and rewrites unfinished ones
-  under the new generation (:meth:`Transport.refill`).
+* **Epoch** (checked by :mod:`hybridq.forwarder.epoch`): Redis losing the owner's epoch key, or
+  restarting, bumps the epoch *generation* and re-forwards every forwarded job that is not
+  durably terminal (docs/reliability.md rule 15). Workers refuse a delivery pushed under an
+  older generation, so a queue entry Redis brings back from an older state (a snapshot, a
+  lagging replica) never runs a job the ledger holds as finished; the refill pass deletes such
+  copies of finished jobs and rewrites unfinished ones under the new generation
+  (:meth:`Transport.refill`).
 * **Reconcile**: a pass over the forwarded, non-terminal jobs asks Redis about each (a pipelined
   probe): missing -> deliver again; orphaned (its worker's lease expired) -> a ``lost`` entry,
   then deliver the next attempt (rule 14: never wait for RQ's abandoned-job handling).
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError
 from hybridq.forwarder.config import DONE_GRACE_LEASES
+from hybridq.forwarder.epoch import check_epoch
 from hybridq.forwarder.harvest import Harvester
 from hybridq.forwarder.pushed import read_pushed
 from hybridq.forwarder.refusals import moved_on
@@ -120,41 +121,9 @@ class Reconciler:
     def check_epoch(self) -> None:
         """Start a refill pass if Redis lost state or restarted since the epoch was set.
 
-        Either way the generation goes up, and the epoch key records it with the server's
-        ``run_id``: workers refuse deliveries of an older generation (a snapshot or a lagging
-        replica brings back queue entries of jobs that finished since), and every claim while
-        the server's ``run_id`` is not the one recorded (it restarted, or a replica was promoted,
-        and this forwarder has not looked yet). Why a generation and not only the token: Redis
-        can bring back an older epoch key with its queue entries, and a generation orders them.
+        The check, and the new generation, are :func:`hybridq.forwarder.epoch.check_epoch`'s.
         """
-        cp = self.state.checkpoint
-        token = self.transport.state_token(cp.owner)
-        if cp.epoch is not None and token.epoch == cp.epoch and token.run_id == cp.run_id:
-            if _generation(cp.epoch) is None:
-                # Set by a version without generations: the same epoch, in the fencing format.
-                upgraded = f"{cp.generation}:{token.run_id}:{uuid.uuid4().hex}"
-                self.state.set_epoch(upgraded, cp.run_id, cp.generation)
-                self.transport.set_epoch(cp.owner, upgraded)
-            return
-        refill = cp.epoch is not None or bool(cp.positions)
-        # Above the generation Redis holds too (a checkpoint restored from a backup is behind it).
-        generation = max(cp.generation, _generation(token.epoch or "") or 0) + 1 if refill else cp.generation
-        epoch = f"{generation}:{token.run_id}:{uuid.uuid4().hex}"
-        # Stored in Redis first, in the checkpoint by the forwarder's next save (before anything
-        # is pushed under the new generation): a crash in between only repeats the refill, under
-        # the same generation number; a Redis error changes nothing here (checked again later).
-        self.transport.set_epoch(cp.owner, epoch)
-        if not refill:
-            log.info("setting this forwarder's epoch in Redis (owner %s)", cp.owner)
-        elif token.epoch != cp.epoch:
-            log.warning(
-                "Redis lost or rolled back this forwarder's state (epoch key gone or older): "
-                "re-forwarding every unfinished job, purging finished ones it brought back"
-            )
-        else:
-            log.warning("Redis restarted (new run_id): re-forwarding what it does not have")
-        self.state.set_epoch(epoch, token.run_id, generation)
-        if refill:
+        if check_epoch(self.state, self.transport):
             self._start_pass(refill=True)
 
     @property
@@ -411,9 +380,3 @@ class Reconciler:
 
 def _ignore(_deliveries: list[Delivery]) -> None:
     """The default of :attr:`Reconciler.sent`: no key gate to tell."""
-
-
-def _generation(epoch: str) -> int | None:
-    """The generation an epoch token carries (``"gen:run_id:token"``); ``None`` for an older format."""
-    head = epoch.split(":", 1)[0]
-    return int(head) if ":" in epoch and head.isdigit() else None
