@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +41,8 @@ from typing import Any
 
 from hybridq import crashpoints
 from hybridq.envelope.model import Envelope
-from hybridq.errors import EnvelopeError, RecordTooLarge, StateFileCorrupt
+from hybridq.errors import EnvelopeError, RecordTooLarge
+from hybridq.forwarder.flow_file import load_held, open_flows_file
 from hybridq.forwarder.flow_steps import (
     StepFailed,
     cancel_started,
@@ -57,13 +57,11 @@ from hybridq.forwarder.flow_waits import release_waiters
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalWriter
-from hybridq.journal.fileops import OS_FILEOPS
 from hybridq.ledger.entries import Entry
 from hybridq.lookup import reads
 from hybridq.security.signing import keyring
 from hybridq.transport.base import Loc
 from hybridq.workflows.canvas import ANCHOR_FUNC, PASS_ONE, STEP_SEP, step_id, step_prefix
-from hybridq.workflows.store import SCHEMA, path_of
 
 __all__ = ["Flows"]
 
@@ -113,21 +111,7 @@ class Flows:
 
     def open(self) -> None:
         """Open (or create) the workflows' file and load what is held."""
-        path = path_of(self.journal)
-        if not os.path.isdir(os.path.dirname(path)):
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            OS_FILEOPS.fsync_dir(self.journal)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            db.close()
-            # Not moved aside: the workflows it holds would never end (docs/workflows.md).
-            raise StateFileCorrupt(path, f"the workflows' file is damaged: {exc}") from None
-        OS_FILEOPS.fsync_dir(os.path.dirname(path))
+        db = open_flows_file(self.journal)
         db.execute("BEGIN")
         self._db = db
         self._load_held()
@@ -174,13 +158,7 @@ class Flows:
 
     def _load_held(self) -> None:
         """Reload :attr:`held` from the file."""
-        live = self.db.execute(
-            "SELECT chain, seg, off FROM flows WHERE state = 'running' "
-            "UNION ALL SELECT chain, seg, off FROM waits"
-        )
-        self.held = {(c, int(s), int(o)) for c, s, o in live}
-        running = (str(fid) for (fid,) in self.db.execute("SELECT id FROM flows WHERE state = 'running'"))
-        self._hashed = {step_prefix(fid): fid for fid in running if step_prefix(fid) != fid}
+        self.held, self._hashed = load_held(self.db)
 
     # -- reading the journal ------------------------------------------------------------------
 
