@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+# Re-exported for the old import path; the code reading these constants is in forward_addons: patch there.
 from hybridq.cli.forward_addons import RELAY_STOP_TIMEOUT_S as RELAY_STOP_TIMEOUT_S  # noqa: PLC0414 - re-exported
 from hybridq.cli.forward_addons import (
     _describe_route,

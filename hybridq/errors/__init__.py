@@ -59,8 +59,12 @@
 Each class is defined in a private module of this package, one per role (``_journal``,
 ``_service``: enqueueing, the transport, settings; ``_tasks``: workers, tasks and waiting for a
 job; ``_remote``: ``hybridq serve`` and the remote queue), only to keep each module short, and is
-shown, pickled and documented as ``hybridq.errors.<Name>``: the path users catch and pickles hold.
-Each is re-exported by the module named beside it, where it used to live.
+shown, pickled (the classes; an instance pickles as it did before the split) and documented as
+``hybridq.errors.<Name>``: the path users catch and pickles hold. The cost: ``inspect.getsource``
+finds no source for them (it looks in this file). A module-level limit a class reads
+(``RETRY_LATER_MAX_S``, ``RETRY_LATER_MAX_DEADLINE_S``) is re-exported here but read in
+``_tasks``: patch it there. Each class is also re-exported by the module named beside it above,
+where it used to live.
 Only private control-flow signals that never leave their module (``_Refused``) and a chaos
 task's own failure (``PlannedFailure``: it stands for a user task's exception) are not hybridq
 errors; ``tests/unit/test_errors_tree.py`` pins every other exception class of the package, at

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
+# Re-exported for the old import path; the code reading these constants is in faultproxy_link: patch there.
 from hybridq.testing.faultproxy_link import CHUNK as CHUNK  # noqa: PLC0414 - re-exported
 from hybridq.testing.faultproxy_link import CONNECT_TIMEOUT_S as CONNECT_TIMEOUT_S  # noqa: PLC0414 - re-exported
 from hybridq.testing.faultproxy_link import MAX_BUFFERED as MAX_BUFFERED  # noqa: PLC0414 - re-exported
