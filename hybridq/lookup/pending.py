@@ -1,10 +1,13 @@
 """The jobs the forwarder has read and that are not terminal: how many per queue, the oldest.
 
 :class:`PendingTracker` is what :mod:`hybridq.lookup.stats` snapshots for ``hybridq.stats``: fed
-the records as the forwarder reads them and the locations that become terminal, about 20 bytes
-per record of the live (not compacted) journal. :class:`DeferredCount` lets a restarted
-forwarder push before it has counted what it had read before (issue 29: a JSON parse of every
-record of the live journal stood before the first push).
+the records as the forwarder reads them and the locations that become terminal. It holds no row
+per waiting job (:mod:`hybridq.lookup.pending_blocks`: about 0.03 bytes per record of a block
+none of whose jobs finished, 20 bytes per record of a block where some did), so the forwarder's
+memory does not grow with a backlog nobody runs. Per-queue counts and the oldest creation time
+are exact. :class:`DeferredCount` lets a restarted forwarder push before it has counted what it
+had read before (issue 29: a JSON parse of every record of the live journal stood before the
+first push).
 
 This module must not import redis or rq.
 """
@@ -13,14 +16,16 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
+import logging
 import os
 import struct
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalCorruption
 from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
@@ -28,59 +33,28 @@ from hybridq.journal.reader import list_chains, peek_header
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
+from hybridq.lookup.pending_blocks import DEAD, DONE, Rows, Segment, job_fields, read_rows
 
 __all__ = ["DeferredCount", "PendingTracker", "job_fields"]
 
-#: Jobs per block of the oldest-pending minimum (a job ending rescans at most its block).
-_BLOCK = 512
-_DONE = math.inf
+log = logging.getLogger("hybridq.forwarder")
 
 Seg = tuple[str, int]
 
 _LEN = struct.Struct("<I")
 
 
-def job_fields(payload: bytes) -> tuple[str, float] | None:
-    """A record's queue and creation time, as ``status`` reads them; ``None`` if it is not a job."""
-    try:
-        body = json.loads(payload)
-        return str(body["queue"]), float(body["created_at"])
-    except (ValueError, KeyError, TypeError, OverflowError):
-        return None
-
-
-class _Segment:
-    """What the forwarder read of one journal segment: every record's offset, its job if pending.
-
-    About 20 bytes per record. A segment counted from its seal (every job in it terminal) holds
-    only that count.
-    """
-
-    __slots__ = ("counted", "created", "mins", "offsets", "queues")
-
-    def __init__(self, counted: int = 0) -> None:
-        self.counted = counted
-        self.offsets = array("q")
-        #: Creation times of pending jobs; ``inf`` for a record that is not (or no longer) one.
-        self.created = array("d")
-        self.queues = array("I")
-        #: The least creation time per block of ``_BLOCK`` records.
-        self.mins: list[float] = []
-
-    @property
-    def seen(self) -> int:
-        return self.counted + len(self.offsets)
-
-
 class PendingTracker:
     """Jobs the forwarder has read and that are not terminal: how many per queue, the oldest.
 
     Fed the records as the forwarder reads them (:meth:`saw`) and the locations that become
-    terminal (:meth:`done`). Memory: about 20 bytes per record of the live (not compacted) journal.
+    terminal (:meth:`done`). ``journal``: where a block's records are read back from when one of
+    its jobs finishes (``None``: every record is held as a row, 20 bytes each).
     """
 
-    def __init__(self) -> None:
-        self.segments: dict[Seg, _Segment] = {}
+    def __init__(self, journal: str | None = None) -> None:
+        self.journal = journal
+        self.segments: dict[Seg, Segment] = {}
         self.pending: dict[str, int] = {}
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
@@ -94,18 +68,11 @@ class PendingTracker:
         """
         seg = self.segments.get((loc[0], loc[1]))
         if seg is None:
-            seg = self.segments[(loc[0], loc[1])] = _Segment()
-        if seg.offsets and loc[2] <= seg.offsets[-1]:
+            seg = self.segments[(loc[0], loc[1])] = Segment()
+        if loc[2] <= seg.last:
             return
-        queue, created = job if job is not None else ("", _DONE)
-        qid = self._qid(queue)
-        if len(seg.offsets) % _BLOCK == 0:
-            seg.mins.append(created)
-        elif created < seg.mins[-1]:
-            seg.mins[-1] = created
-        seg.offsets.append(loc[2])
-        seg.created.append(created)
-        seg.queues.append(qid)
+        queue, created = job if job is not None else ("", DONE)
+        seg.add(loc[2], created, self._qid(queue), summary=job is not None and self.journal is not None)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
 
@@ -116,23 +83,57 @@ class PendingTracker:
             self._names.append(queue)
         return qid
 
+    def _rows(self, seg_key: Seg, seg: Segment, b: int, *, strict: bool = False) -> Rows:
+        """Block ``b``'s rows, read back from the journal if it is a summary (every job pending).
+
+        ``strict``: raise ``OSError`` or :class:`JournalCorruption` if it cannot be read back.
+        """
+        rows = seg.rows.get(b)
+        if rows is not None:
+            return rows
+        try:
+            found = read_rows(self.journal, seg_key, seg.starts[b], seg.end_of(b), seg.counts[b])
+        except (OSError, JournalCorruption) as exc:
+            if strict:
+                raise
+            # A stats cache: its counts stay as they are (too high) until the next start counts.
+            log.warning(
+                "pending count: cannot read %s block %d back (%s): its jobs stay counted", seg_key, b, exc
+            )
+            seg.rows[b] = DEAD
+            return DEAD
+        rows = seg.rows[b] = Rows()
+        for offset, payload in found:
+            queue, created = job_fields(payload) or ("", DONE)  # was a pending job when read
+            rows.add(offset, created, self._qid(queue))
+        return rows
+
     def take_older(self, older: PendingTracker) -> None:
         """Put ``older``'s records in front of this tracker's (all of them before its own, per segment).
 
         A restarted forwarder counts what it reads from the start, and what it had read before
         in the background (:meth:`fill`): the two are joined once that is done.
         """
-        for seg, old in older.segments.items():
-            old.queues = array("I", (self._qid(older._names[q]) for q in old.queues))
-            mine = self.segments.get(seg)
+        for key, old in older.segments.items():
+            for rows in old.rows.values():
+                if rows is not DEAD:
+                    rows.queues = array("I", (self._qid(older._names[q]) for q in rows.queues))
+            mine = self.segments.get(key)
             if mine is None:
-                self.segments[seg] = old
+                self.segments[key] = old
                 continue
-            mine.counted += old.counted
-            mine.offsets = old.offsets + mine.offsets
-            mine.created = old.created + mine.created
-            mine.queues = old.queues + mine.queues
-            mine.mins = [min(mine.created[i : i + _BLOCK]) for i in range(0, len(mine.created), _BLOCK)]
+            shift = len(old.starts)
+            old.counted += mine.counted
+            old.starts += mine.starts
+            old.counts += mine.counts
+            old.mins += mine.mins
+            old.rows.update({b + shift: rows for b, rows in mine.rows.items()})
+            old.last = max(old.last, mine.last)
+            self.segments[key] = old
+        for seg in self.segments.values():  # block numbers moved: each least found again
+            for b in seg.rows:
+                seg.recompute(b)
+        self._dirty.clear()
         for queue, n in older.pending.items():
             self.pending[queue] = self.pending.get(queue, 0) + n
 
@@ -142,33 +143,52 @@ class PendingTracker:
         head = {
             "names": self._names,
             "pending": self.pending,
-            "segments": [[w, i, s.counted, len(s.offsets)] for (w, i), s in segments],
+            "segments": [
+                [w, i, s.counted, s.last, len(s.starts), [[b, len(r.offsets)] for b, r in s.rows.items()]]
+                for (w, i), s in segments
+            ],
         }
         raw = json.dumps(head).encode()
         body = [_LEN.pack(len(raw)), raw]
         for _, seg in segments:
-            body += [seg.offsets.tobytes(), seg.created.tobytes(), seg.queues.tobytes()]
+            body += [seg.starts.tobytes(), seg.counts.tobytes(), seg.mins.tobytes()]
+            for rows in seg.rows.values():
+                body += [rows.offsets.tobytes(), rows.created.tobytes(), rows.queues.tobytes()]
         return b"".join(body)
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> PendingTracker:
+    def from_bytes(cls, payload: bytes, journal: str | None = None) -> PendingTracker:
         """Read :meth:`to_bytes`; raises ``ValueError`` (or ``KeyError``...) if it is not whole."""
         (n,) = _LEN.unpack_from(payload)
         head = json.loads(payload[_LEN.size : _LEN.size + n])
-        tracker = cls()
+        tracker = cls(journal)
         tracker._names = [str(name) for name in head["names"]]
         tracker._ids = {name: i for i, name in enumerate(tracker._names)}
         tracker.pending = {str(q): int(c) for q, c in head["pending"].items()}
         at = _LEN.size + n
-        for writer, index, counted, count in head["segments"]:
-            seg = _Segment(int(counted))
-            for column in (seg.offsets, seg.created, seg.queues):
-                size = int(count) * column.itemsize
-                column.frombytes(payload[at : at + size])
-                at += size
-                if len(column) != count:
-                    raise ValueError("cut short")
-            seg.mins = [min(seg.created[i : i + _BLOCK]) for i in range(0, len(seg.created), _BLOCK)]
+
+        def column(into: array[Any], count: int) -> None:
+            nonlocal at
+            size = count * into.itemsize
+            into.frombytes(payload[at : at + size])
+            at += size
+            if len(into) != count:
+                raise ValueError("cut short")
+
+        for writer, index, counted, last, blocks, held in head["segments"]:
+            seg = Segment(int(counted))
+            seg.last = int(last)
+            for col in (seg.starts, seg.counts, seg.mins):
+                column(col, int(blocks))
+            for b, count in held:
+                if not 0 <= int(b) < int(blocks):
+                    raise ValueError("no such block")
+                rows = Rows() if count else DEAD
+                if count:
+                    for col in (rows.offsets, rows.created, rows.queues):
+                        column(col, int(count))
+                    rows.live = sum(c != DONE for c in rows.created)
+                seg.rows[int(b)] = rows
             tracker.segments[(str(writer), int(index))] = seg
         if at != len(payload):
             raise ValueError("trailing bytes")
@@ -188,36 +208,70 @@ class PendingTracker:
 
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is terminal now (idempotent; unknown locations are ignored)."""
-        seg = self.segments.get((loc[0], loc[1]))
+        key = (loc[0], loc[1])
+        seg = self.segments.get(key)
         if seg is None:
             return
-        i = bisect.bisect_left(seg.offsets, loc[2])
-        if i == len(seg.offsets) or seg.offsets[i] != loc[2] or seg.created[i] == _DONE:
+        b = seg.block_of(loc[2])
+        if b < 0:
             return
-        created = seg.created[i]
-        seg.created[i] = _DONE
-        queue = self._names[seg.queues[i]]
+        rows = self._rows(key, seg, b)
+        i = bisect.bisect_left(rows.offsets, loc[2])
+        if i == len(rows.offsets) or rows.offsets[i] != loc[2] or rows.created[i] == DONE:
+            return
+        created = rows.created[i]
+        rows.created[i] = DONE
+        rows.live -= 1
+        queue = self._names[rows.queues[i]]
         left = self.pending[queue] - 1
         if left:
             self.pending[queue] = left
         else:
             del self.pending[queue]
-        if seg.mins[i // _BLOCK] == created:
-            self._dirty.add((loc[0], loc[1], i // _BLOCK))  # its block's least: found again when asked
+        if not rows.live and self.journal is not None:
+            seg.rows[b], seg.mins[b] = DEAD, DONE  # none pending: its rows go (read back if need be)
+        elif seg.mins[b] == created:
+            self._dirty.add((loc[0], loc[1], b))  # its block's least: found again when asked
 
     def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
-        """Forget the records after ``positions`` (read by a step that failed: read again next)."""
-        for (writer, index_), seg in list(self.segments.items()):
-            pos = positions.get(writer)
-            if pos is not None and index_ < pos.segment:
+        """Forget the records after ``positions`` (read by a step that failed: read again next).
+
+        Reads the blocks it cuts back from the journal before it changes a segment (raises
+        ``OSError`` or :class:`JournalCorruption` if it cannot: that segment is left whole).
+        """
+        for key, seg in list(self.segments.items()):
+            pos = positions.get(key[0])
+            if pos is not None and key[1] < pos.segment:
                 continue
-            keep = 0 if pos is None or index_ > pos.segment else bisect.bisect_left(seg.offsets, pos.offset)
-            for offset in seg.offsets[keep:]:
-                self.done((writer, index_, offset))
-            del seg.offsets[keep:], seg.created[keep:], seg.queues[keep:]
-            del seg.mins[(keep + _BLOCK - 1) // _BLOCK :]
-            if keep % _BLOCK:
-                seg.mins[-1] = min(seg.created[(keep // _BLOCK) * _BLOCK : keep])
+            cut = 0 if pos is None or key[1] > pos.segment else pos.offset
+            if cut > seg.last:
+                continue
+            first = max(0, seg.block_of(cut))
+            offsets = self._offsets(key, seg, first) if seg.starts[first] < cut else array("q")
+            keep = bisect.bisect_left(offsets, cut)
+            cuts = [self._rows(key, seg, b, strict=True) for b in range(first, len(seg.starts))]
+            for b, rows in enumerate(cuts, first):
+                for offset in rows.offsets[keep if b == first else 0 :]:
+                    self.done((key[0], key[1], offset))
+            if keep:
+                rows = seg.rows[first]
+                if rows is not DEAD:
+                    del rows.offsets[keep:], rows.created[keep:], rows.queues[keep:]
+                    seg.recompute(first)
+                seg.counts[first] = keep
+            whole = first + (keep > 0)
+            for b in range(whole, len(seg.starts)):
+                seg.rows.pop(b, None)
+            del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
+            seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
+
+    def _offsets(self, key: Seg, seg: Segment, b: int) -> array[int]:
+        """Block ``b``'s records' offsets (read back when it dropped its rows)."""
+        rows = self._rows(key, seg, b, strict=True)
+        if rows is not DEAD:
+            return rows.offsets
+        found = read_rows(self.journal, key, seg.starts[b], seg.end_of(b), seg.counts[b])
+        return array("q", (offset for offset, _ in found))
 
     def forget(self, compacted: Compacted, positions: Mapping[str, ChainPosition]) -> None:
         """Drop the compacted segments (every job in them was terminal), and chains gone whole."""
@@ -234,10 +288,10 @@ class PendingTracker:
         for writer, index_, block in self._dirty:
             seg = self.segments.get((writer, index_))
             if seg is not None and block < len(seg.mins):
-                seg.mins[block] = min(seg.created[block * _BLOCK : (block + 1) * _BLOCK])
+                seg.recompute(block)
         self._dirty.clear()
-        least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=_DONE)
-        return None if least == _DONE else least
+        least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=DONE)
+        return None if least == DONE else least
 
     def _count_dead(
         self,
@@ -260,7 +314,7 @@ class PendingTracker:
             if count is None or len(index.terminal.get(seg, {})) < count:
                 header = peek_header(os.path.join(journal, segment_name(writer, index_)))
                 return None if header is None else ChainPosition(index_, FILE_HEADER_SIZE, header.first_seq)
-            self.segments[seg] = _Segment(count)
+            self.segments[seg] = Segment(count)
         return None
 
     def fill(
@@ -337,8 +391,8 @@ class DeferredCount:
         is none that fits): the first :meth:`advance` takes it rather than counting.
         """
         self.started = True
-        self.live = PendingTracker()
-        self._before = PendingTracker()
+        self.live = PendingTracker(journal)
+        self._before = PendingTracker(journal)
         fill = self._before.fill(journal, dict(positions), index, compacted)
         self._fill = fill if saved is None else self._saved_or(saved, fill)
         self._early = None if saved is None else []  # from now: outcomes before the read

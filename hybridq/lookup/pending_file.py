@@ -69,7 +69,7 @@ def count_key(journal: str, positions: Mapping[str, ChainPosition], compacted: C
     """What a count up to ``positions`` is made from: equal keys, equal counts (a few ``stat``)."""
     return json.dumps(
         {
-            "v": 1,  # the file's format
+            "v": 2,  # the file's format (1: a row per record; its key never equals a 2)
             "positions": {w: list(p) for w, p in positions.items()},
             "journal": _read_segments(journal, positions),
             "ledger": _files(ledger_dir(journal)),
@@ -115,6 +115,6 @@ def load_count(journal: str, key: str) -> PendingTracker | None:
         (n,) = _LEN.unpack_from(payload)
         if payload[_LEN.size : _LEN.size + n].decode() != key:
             return None  # made from other files: counted again
-        return PendingTracker.from_bytes(payload[_LEN.size + n :])
+        return PendingTracker.from_bytes(payload[_LEN.size + n :], journal)
     except (ValueError, KeyError, TypeError, struct.error):
         return None
