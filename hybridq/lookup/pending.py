@@ -22,7 +22,6 @@ import struct
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalCorruption
@@ -143,18 +142,10 @@ class PendingTracker:
         head = {
             "names": self._names,
             "pending": self.pending,
-            "segments": [
-                [w, i, s.counted, s.last, len(s.starts), [[b, len(r.offsets)] for b, r in s.rows.items()]]
-                for (w, i), s in segments
-            ],
+            "segments": [[w, i, *s.head()] for (w, i), s in segments],
         }
         raw = json.dumps(head).encode()
-        body = [_LEN.pack(len(raw)), raw]
-        for _, seg in segments:
-            body += [seg.starts.tobytes(), seg.counts.tobytes(), seg.mins.tobytes()]
-            for rows in seg.rows.values():
-                body += [rows.offsets.tobytes(), rows.created.tobytes(), rows.queues.tobytes()]
-        return b"".join(body)
+        return b"".join([_LEN.pack(len(raw)), raw, *(c for _, s in segments for c in s.columns())])
 
     @classmethod
     def from_bytes(cls, payload: bytes, journal: str | None = None) -> PendingTracker:
@@ -165,32 +156,11 @@ class PendingTracker:
         tracker._names = [str(name) for name in head["names"]]
         tracker._ids = {name: i for i, name in enumerate(tracker._names)}
         tracker.pending = {str(q): int(c) for q, c in head["pending"].items()}
-        at = _LEN.size + n
-
-        def column(into: array[Any], count: int) -> None:
-            nonlocal at
-            size = count * into.itemsize
-            into.frombytes(payload[at : at + size])
-            at += size
-            if len(into) != count:
-                raise ValueError("cut short")
-
-        for writer, index, counted, last, blocks, held in head["segments"]:
-            seg = Segment(int(counted))
-            seg.last = int(last)
-            for col in (seg.starts, seg.counts, seg.mins):
-                column(col, int(blocks))
-            for b, count in held:
-                if not 0 <= int(b) < int(blocks):
-                    raise ValueError("no such block")
-                rows = Rows() if count else DEAD
-                if count:
-                    for col in (rows.offsets, rows.created, rows.queues):
-                        column(col, int(count))
-                    rows.live = sum(c != DONE for c in rows.created)
-                seg.rows[int(b)] = rows
+        view = memoryview(payload)[_LEN.size + n :]
+        for writer, index, *seg_head in head["segments"]:
+            seg, view = Segment.read(seg_head, view)
             tracker.segments[(str(writer), int(index))] = seg
-        if at != len(payload):
+        if len(view):
             raise ValueError("trailing bytes")
         return tracker
 

@@ -30,6 +30,7 @@ import json
 import math
 import os
 from array import array
+from typing import Any
 
 from hybridq.errors import HeaderError, JournalCorruption
 from hybridq.journal import RecordType
@@ -116,9 +117,9 @@ class Segment:
     def add(self, offset: int, created: float, qid: int, *, summary: bool) -> None:
         """Append a record; ``summary``: it may go into a summary block (it is a pending job)."""
         b = len(self.starts) - 1
-        fits = b >= 0 and self.counts[b] < BLOCK
-        if fits and b not in self.rows and not summary:
-            fits = False  # a summary block holds pending jobs only
+        rows = self.rows.get(b)
+        # A summary block holds pending jobs only; a dead one holds no rows (DEAD is shared).
+        fits = b >= 0 and self.counts[b] < BLOCK and (rows is not DEAD if rows is not None else summary)
         if not fits:
             b += 1
             self.starts.append(offset)
@@ -155,6 +156,50 @@ class Segment:
         rows = self.rows.get(b)
         if rows is not None:
             self.mins[b] = min(rows.created, default=DONE)
+
+    def head(self) -> list[Any]:
+        """What :meth:`read` needs besides :meth:`columns`: counted, last, blocks, rows per block."""
+        return [
+            self.counted,
+            self.last,
+            len(self.starts),
+            [[b, len(r.offsets)] for b, r in self.rows.items()],
+        ]
+
+    def columns(self) -> list[bytes]:
+        """The blocks' columns, then each held block's rows' (:meth:`read`)."""
+        out = [self.starts.tobytes(), self.counts.tobytes(), self.mins.tobytes()]
+        for rows in self.rows.values():
+            out += [rows.offsets.tobytes(), rows.created.tobytes(), rows.queues.tobytes()]
+        return out
+
+    @classmethod
+    def read(cls, head: list[Any], view: memoryview) -> tuple[Segment, memoryview]:
+        """A segment from :meth:`head` and :meth:`columns` at the start of ``view``, and the rest."""
+        counted, last, blocks, held = head
+        seg = cls(int(counted))
+        seg.last = int(last)
+
+        def column(into: array[Any], count: int) -> None:
+            nonlocal view
+            size = count * into.itemsize
+            into.frombytes(view[:size])
+            view = view[size:]
+            if len(into) != count:
+                raise ValueError("cut short")
+
+        for col in (seg.starts, seg.counts, seg.mins):
+            column(col, int(blocks))
+        for b, count in held:
+            if not 0 <= int(b) < int(blocks):
+                raise ValueError("no such block")
+            rows = Rows() if count else DEAD
+            if count:
+                for col in (rows.offsets, rows.created, rows.queues):
+                    column(col, int(count))
+                rows.live = sum(c != DONE for c in rows.created)
+            seg.rows[int(b)] = rows
+        return seg, view
 
 
 def read_rows(

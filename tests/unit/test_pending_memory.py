@@ -147,3 +147,20 @@ def test_a_step_that_failed_cuts_a_block_whose_jobs_all_finished(tmp_path: Path)
         fast.done(loc)
     assert fast.pending == {}
     assert fast.consumed == len(records)
+
+
+def test_records_read_after_every_job_of_their_block_finished(tmp_path: Path) -> None:
+    # The forwarder keeps up: the open segment's last block empties, then more records come.
+    records = journal_of(tmp_path, 300, seed=11)
+    fast, ref = PendingTracker(str(tmp_path)), PendingTracker()
+    for n, (loc, job) in enumerate(records):
+        fast.saw(loc, job)
+        ref.saw(loc, job)
+        if n % 10 == 9:
+            for done, _ in records[n - 9 : n + 1]:
+                fast.done(done)
+                ref.done(done)
+            same(fast, ref)
+    assert not DEAD.offsets  # the rows of a block none of whose jobs is pending: none, shared
+    again = PendingTracker.from_bytes(fast.to_bytes(), str(tmp_path))
+    same(again, ref)
