@@ -94,7 +94,7 @@ def save_count(
     key = count_key(journal, positions, compacted).encode()
     payload = _LEN.pack(len(key)) + key + count.live.to_bytes()
     if len(payload) > MAX_STATE_BYTES:
-        return  # a live journal of millions of records: the next start counts it
+        return  # millions of rows (blocks where some jobs finished and some not): counted again
     write_state(ensure_journal_dir(_dir(journal)), NAME, payload)
 
 
