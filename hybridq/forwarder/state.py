@@ -45,8 +45,8 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.saved_index import IndexSaver, resume
 from hybridq.ledger.store import keys_dir, ledger_dir, open_keys_writer, open_ledger_writer, read_keys
-from hybridq.lookup.pending import DeferredCount, PendingTracker
-from hybridq.lookup.pending_file import count_key, load_count, save_count
+from hybridq.lookup.pending import PendingTracker
+from hybridq.lookup.pending_file import DeferredCount, count_key, load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of

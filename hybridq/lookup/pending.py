@@ -2,12 +2,12 @@
 
 :class:`PendingTracker` is what :mod:`hybridq.lookup.stats` snapshots for ``hybridq.stats``: fed
 the records as the forwarder reads them and the locations that become terminal. It holds no row
-per waiting job (:mod:`hybridq.lookup.pending_blocks`: about 0.03 bytes per record of a block
-none of whose jobs finished, 20 bytes per record of a block where some did), so the forwarder's
-memory does not grow with a backlog nobody runs. Per-queue counts and the oldest creation time
-are exact. :class:`DeferredCount` lets a restarted forwarder push before it has counted what it
-had read before (issue 29: a JSON parse of every record of the live journal stood before the
-first push).
+per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.03 bytes
+per record of a block none of whose jobs finished, 20 bytes per record of a block held as rows),
+so the forwarder's memory does not grow with a backlog nobody runs. Per-queue counts and the
+oldest creation time are exact. :class:`~hybridq.lookup.pending_file.DeferredCount` lets a
+restarted forwarder push before it has counted what it had read before (issue 29: a JSON parse
+of every record of the live journal stood before the first push).
 
 This module must not import redis or rq.
 """
@@ -19,9 +19,8 @@ import json
 import logging
 import os
 import struct
-import time
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalCorruption
@@ -34,11 +33,16 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.lookup.pending_blocks import DEAD, DONE, Rows, Segment, job_fields, read_rows
 
-__all__ = ["DeferredCount", "PendingTracker", "job_fields"]
+__all__ = ["PendingTracker", "job_fields"]
 
 log = logging.getLogger("hybridq.forwarder")
 
 Seg = tuple[str, int]
+
+#: Rows (20 bytes each) the tracker holds before it keeps new blocks of waiting jobs as summaries
+#: (2 MB): a burn-down's jobs finish while their blocks are still rows, so no block is read back
+#: for them; only a backlog past this many jobs costs a read back of its blocks as they drain.
+ROWS_KEPT = 100_000
 
 _LEN = struct.Struct("<I")
 
@@ -59,6 +63,8 @@ class PendingTracker:
         self._ids: dict[str, int] = {}
         #: Blocks whose least creation time became terminal: (writer, segment, block).
         self._dirty: set[tuple[str, int, int]] = set()
+        #: About how many rows the blocks held as rows have (what :data:`ROWS_KEPT` bounds).
+        self.held = 0
 
     def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
         """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
@@ -71,9 +77,14 @@ class PendingTracker:
         if loc[2] <= seg.last:
             return
         queue, created = job if job is not None else ("", DONE)
-        seg.add(loc[2], created, self._qid(queue), summary=job is not None and self.journal is not None)
+        summary = job is not None and self.journal is not None and self.held >= ROWS_KEPT
+        self.held += seg.add(loc[2], created, self._qid(queue), summary=summary)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
+
+    def _recount(self) -> None:
+        """Count :attr:`held` anew (after a change of many blocks at once)."""
+        self.held = sum(len(rows.offsets) for seg in self.segments.values() for rows in seg.rows.values())
 
     def _qid(self, queue: str) -> int:
         qid = self._ids.get(queue)
@@ -102,6 +113,7 @@ class PendingTracker:
             seg.rows[b] = DEAD
             return DEAD
         rows = seg.rows[b] = Rows()
+        self.held += len(found)
         for offset, payload in found:
             queue, created = job_fields(payload) or ("", DONE)  # was a pending job when read
             rows.add(offset, created, self._qid(queue))
@@ -133,6 +145,7 @@ class PendingTracker:
             for b in seg.rows:
                 seg.recompute(b)
         self._dirty.clear()
+        self._recount()
         for queue, n in older.pending.items():
             self.pending[queue] = self.pending.get(queue, 0) + n
 
@@ -162,6 +175,7 @@ class PendingTracker:
             tracker.segments[(str(writer), int(index))] = seg
         if len(view):
             raise ValueError("trailing bytes")
+        tracker._recount()
         return tracker
 
     def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
@@ -200,6 +214,7 @@ class PendingTracker:
             del self.pending[queue]
         if not rows.live and self.journal is not None:
             seg.rows[b], seg.mins[b] = DEAD, DONE  # none pending: its rows go (read back if need be)
+            self.held -= len(rows.offsets)
         elif seg.mins[b] == created:
             self._dirty.add((loc[0], loc[1], b))  # its block's least: found again when asked
 
@@ -234,6 +249,7 @@ class PendingTracker:
                 seg.rows.pop(b, None)
             del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
             seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
+        self._recount()
 
     def _offsets(self, key: Seg, seg: Segment, b: int) -> array[int]:
         """Block ``b``'s records' offsets (read back when it dropped its rows)."""
@@ -247,6 +263,7 @@ class PendingTracker:
         """Drop the compacted segments (every job in them was terminal), and chains gone whole."""
         for seg in [s for s in self.segments if compacted.is_compacted(s) or s[0] not in positions]:
             del self.segments[seg]
+        self._recount()
 
     @property
     def consumed(self) -> int:
@@ -327,78 +344,3 @@ class PendingTracker:
                 read += 1
                 if read % every == 0:
                     yield
-
-
-class DeferredCount:
-    """A restarted forwarder's count: what it reads from now at once, what it read before later.
-
-    :attr:`live` counts the records read since the start; the records read before it (up to the
-    start's positions) are counted by :meth:`advance`, a slice at a time after the first push,
-    and joined in front of them once all are. Outcomes meanwhile are told to both.
-    """
-
-    def __init__(self) -> None:
-        self.live = PendingTracker()
-        self._before: PendingTracker | None = None
-        self._fill: Iterator[None] | None = None
-        #: Outcomes told before the saved count was read (applied to it once it is).
-        self._early: list[Loc] | None = None
-        #: Whether :meth:`start` ran (before it, an empty count is "ready" but counts nothing).
-        self.started = False
-
-    def start(
-        self,
-        journal: str,
-        positions: Mapping[str, ChainPosition],
-        index: LedgerIndex,
-        compacted: Compacted,
-        *,
-        saved: Callable[[], PendingTracker | None] | None = None,
-    ) -> None:
-        """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`.
-
-        ``saved``: reads the count of exactly those records a clean stop saved (``None`` if there
-        is none that fits): the first :meth:`advance` takes it rather than counting.
-        """
-        self.started = True
-        self.live = PendingTracker(journal)
-        self._before = PendingTracker(journal)
-        fill = self._before.fill(journal, dict(positions), index, compacted)
-        self._fill = fill if saved is None else self._saved_or(saved, fill)
-        self._early = None if saved is None else []  # from now: outcomes before the read
-
-    def _saved_or(self, saved: Callable[[], PendingTracker | None], fill: Iterator[None]) -> Iterator[None]:
-        """Take the saved count (one slice), with the outcomes told since the start; else count."""
-        tracker = saved()
-        early, self._early = self._early or [], None
-        if tracker is None:
-            yield from fill
-            return
-        for loc in early:
-            tracker.done(loc)
-        self._before = tracker
-
-    @property
-    def ready(self) -> bool:
-        """Whether :attr:`live` counts every record read, before this start and since."""
-        return self._before is None
-
-    def done(self, loc: Loc) -> None:
-        """The job at ``loc`` is terminal now (a record not counted yet will read as terminal)."""
-        self.live.done(loc)
-        if self._before is not None:
-            self._before.done(loc)
-        if self._early is not None:
-            self._early.append(loc)
-
-    def advance(self, budget_s: float) -> bool:
-        """Count for about ``budget_s``; whether this finished the count (joined to :attr:`live`)."""
-        if self._fill is None or self._before is None:
-            return False
-        deadline = time.monotonic() + budget_s
-        for _ in self._fill:
-            if time.monotonic() >= deadline:
-                return False
-        self.live.take_older(self._before)
-        self._before = self._fill = None
-        return True

@@ -19,7 +19,11 @@ holds is about 0.03 bytes per waiting job, plus 20 bytes per record of the block
 jobs finished and some did not (a drain's front: about a window's worth) and of blocks read
 with terminal records in them (a restart over a partly drained segment).
 
-A tracker with no journal to read back from keeps every block as rows.
+New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
+burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
+per finished job, mostly the JSON of each record); only the jobs of a backlog past that are
+summaries, read back as they drain. A tracker with no journal to read back from keeps every
+block as rows.
 
 This module must not import redis or rq.
 """
@@ -114,8 +118,11 @@ class Segment:
         """Records read of this segment."""
         return self.counted + sum(self.counts)
 
-    def add(self, offset: int, created: float, qid: int, *, summary: bool) -> None:
-        """Append a record; ``summary``: it may go into a summary block (it is a pending job)."""
+    def add(self, offset: int, created: float, qid: int, *, summary: bool) -> bool:
+        """Append a record; ``summary``: it may go into a summary block (it is a pending job).
+
+        Returns whether it went into a block held as rows.
+        """
         b = len(self.starts) - 1
         rows = self.rows.get(b)
         # A summary block holds pending jobs only; a dead one holds no rows (DEAD is shared).
@@ -133,6 +140,7 @@ class Segment:
             rows.add(offset, created, qid)
         self.mins[b] = min(self.mins[b], created)
         self.last = offset
+        return rows is not None
 
     def block_of(self, offset: int) -> int:
         """The block whose records' offsets span ``offset`` (-1: before the first, or after the last)."""

@@ -13,10 +13,21 @@ import random
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter
 from hybridq.journal.records import Loc
+from hybridq.lookup import pending
 from hybridq.lookup.pending import PendingTracker, job_fields
 from hybridq.lookup.pending_blocks import DEAD
+
+#: What a forwarder keeps as rows before it keeps summaries.
+ROWS_KEPT = pending.ROWS_KEPT
+
+
+@pytest.fixture(autouse=True)
+def no_rows_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block of waiting jobs a summary (a test may set the forwarder's default back)."""
+    monkeypatch.setattr(pending, "ROWS_KEPT", 0)
 
 
 def waiting(tracker: PendingTracker, count: int, *, per_segment: int = 150_000) -> None:
@@ -164,3 +175,41 @@ def test_records_read_after_every_job_of_their_block_finished(tmp_path: Path) ->
     assert not DEAD.offsets  # the rows of a block none of whose jobs is pending: none, shared
     again = PendingTracker.from_bytes(fast.to_bytes(), str(tmp_path))
     same(again, ref)
+
+
+def test_the_tracker_holds_at_most_its_rows_kept_past_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pending, "ROWS_KEPT", 5_000)
+    small, large = held(10_000), held(200_000)
+    assert large - small < 32 << 10, (small, large)
+    tracker = PendingTracker("/nonexistent")
+    waiting(tracker, 50_000)
+    assert 5_000 <= tracker.held < 5_000 + 512
+    assert sum(len(r.offsets) for s in tracker.segments.values() for r in s.rows.values()) == tracker.held
+
+
+def test_a_burn_downs_jobs_finish_with_their_blocks_never_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default: fewer than ROWS_KEPT jobs read and not finished, every block is rows.
+    monkeypatch.setattr(pending, "ROWS_KEPT", ROWS_KEPT)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError(f"a block read back: {args}")
+
+    monkeypatch.setattr(pending, "read_rows", refuse)
+    records = journal_of(tmp_path, 3000, seed=13)
+    fast, ref = PendingTracker(str(tmp_path)), PendingTracker()
+    for n, (loc, job) in enumerate(records):
+        fast.saw(loc, job)
+        ref.saw(loc, job)
+        if n % 100 == 99:  # the front of the drain finishes as more are read
+            for done, _ in records[n - 199 : n - 99] if n >= 199 else ():
+                fast.done(done)
+                ref.done(done)
+            same(fast, ref)
+    for loc, _ in records:
+        fast.done(loc)
+        ref.done(loc)
+    same(fast, ref)
+    assert fast.pending == {}
+    assert fast.held == 0  # every block's rows went with its last job
