@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
-from hybridq.errors import JournalIOError
+from hybridq.errors import JournalError, JournalIOError
 from hybridq.forwarder.config import (
     DEFAULT_KEY_WINDOW_MAX,
     DEFAULT_KEY_WINDOW_S,
@@ -193,7 +193,7 @@ class ForwarderState:
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
-        with contextlib.suppress(OSError, ValueError, JournalIOError):  # a cache: the next start counts
+        with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
     # -- reading ------------------------------------------------------------------------------

@@ -65,6 +65,9 @@ class PendingTracker:
         self._dirty: set[tuple[str, int, int]] = set()
         #: About how many rows the blocks held as rows have (what :data:`ROWS_KEPT` bounds).
         self.held = 0
+        #: Whether a block could not be read back from the journal: the counts and ``oldest`` may
+        #: stay too high (too old) until the next start counts anew (never saved for it).
+        self.inexact = False
 
     def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
         """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
@@ -106,10 +109,13 @@ class PendingTracker:
         except (OSError, JournalCorruption) as exc:
             if strict:
                 raise
-            # A stats cache: its counts stay as they are (too high) until the next start counts.
+            # A stats cache: its jobs stay counted (and its least creation time stays) as they
+            # were, too high, until the next start counts anew; inexact keeps a clean stop from
+            # saving this count for that start (lookup/pending_file.py).
             log.warning(
                 "pending count: cannot read %s block %d back (%s): its jobs stay counted", seg_key, b, exc
             )
+            self.inexact = True
             seg.rows[b] = DEAD
             return DEAD
         rows = seg.rows[b] = Rows()
@@ -146,6 +152,7 @@ class PendingTracker:
                 seg.recompute(b)
         self._dirty.clear()
         self._recount()
+        self.inexact |= older.inexact
         for queue, n in older.pending.items():
             self.pending[queue] = self.pending.get(queue, 0) + n
 
@@ -221,8 +228,8 @@ class PendingTracker:
     def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
         """Forget the records after ``positions`` (read by a step that failed: read again next).
 
-        Reads the blocks it cuts back from the journal before it changes a segment (raises
-        ``OSError`` or :class:`JournalCorruption` if it cannot: that segment is left whole).
+        Never raises: it runs in the handler of the step's own error and at a stop. A segment
+        whose blocks to cut cannot be read back from the journal is left whole (logged).
         """
         for key, seg in list(self.segments.items()):
             pos = positions.get(key[0])
@@ -231,25 +238,36 @@ class PendingTracker:
             cut = 0 if pos is None or key[1] > pos.segment else pos.offset
             if cut > seg.last:
                 continue
-            first = max(0, seg.block_of(cut))
-            offsets = self._offsets(key, seg, first) if seg.starts[first] < cut else array("q")
-            keep = bisect.bisect_left(offsets, cut)
-            cuts = [self._rows(key, seg, b, strict=True) for b in range(first, len(seg.starts))]
-            for b, rows in enumerate(cuts, first):
-                for offset in rows.offsets[keep if b == first else 0 :]:
-                    self.done((key[0], key[1], offset))
-            if keep:
-                rows = seg.rows[first]
-                if rows is not DEAD:
-                    del rows.offsets[keep:], rows.created[keep:], rows.queues[keep:]
-                    seg.recompute(first)
-                seg.counts[first] = keep
-            whole = first + (keep > 0)
-            for b in range(whole, len(seg.starts)):
-                seg.rows.pop(b, None)
-            del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
-            seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
+            try:
+                self._cut(key, seg, cut)
+            except (OSError, JournalCorruption) as exc:
+                # Left whole, its records stay counted once: read again, saw() skips each (its
+                # offset is at or before seg.last), so the count stays right if they read the
+                # same. It holds records past the positions, though (a saved count must not).
+                self.inexact = True
+                log.warning("pending count: cannot cut %s at %d (%s): left whole", key, cut, exc)
         self._recount()
+
+    def _cut(self, key: Seg, seg: Segment, cut: int) -> None:
+        """Drop segment ``key``'s records from offset ``cut`` on; reads back first, then changes it."""
+        first = max(0, seg.block_of(cut))
+        offsets = self._offsets(key, seg, first) if seg.starts[first] < cut else array("q")
+        keep = bisect.bisect_left(offsets, cut)
+        cuts = [self._rows(key, seg, b, strict=True) for b in range(first, len(seg.starts))]
+        for b, rows in enumerate(cuts, first):
+            for offset in rows.offsets[keep if b == first else 0 :]:
+                self.done((key[0], key[1], offset))
+        if keep:
+            rows = seg.rows[first]
+            if rows is not DEAD:
+                del rows.offsets[keep:], rows.created[keep:], rows.queues[keep:]
+                seg.recompute(first)
+            seg.counts[first] = keep
+        whole = first + (keep > 0)
+        for b in range(whole, len(seg.starts)):
+            seg.rows.pop(b, None)
+        del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
+        seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
 
     def _offsets(self, key: Seg, seg: Segment, b: int) -> array[int]:
         """Block ``b``'s records' offsets (read back when it dropped its rows)."""

@@ -49,10 +49,13 @@ from hybridq.journal.format import (
 )
 from hybridq.journal.scan import unpack_header
 
-__all__ = ["BLOCK", "DEAD", "Rows", "Segment", "job_fields", "read_rows"]
+__all__ = ["BLOCK", "BLOCK_BYTES", "DEAD", "Rows", "Segment", "job_fields", "read_rows"]
 
 #: Records per block: a block turned into rows reads at most this many records back.
 BLOCK = 512
+#: A record at least this far past its block's first starts a new block, so a read-back reads
+#: about this much plus one record (512 jobs of 100 KB were one read of 50 MB, 146 MB at its peak).
+BLOCK_BYTES = 1 << 20
 DONE = math.inf
 #: Bytes read past a block's last record's start with the rest (most records are smaller).
 _AHEAD = 4096
@@ -126,7 +129,12 @@ class Segment:
         b = len(self.starts) - 1
         rows = self.rows.get(b)
         # A summary block holds pending jobs only; a dead one holds no rows (DEAD is shared).
-        fits = b >= 0 and self.counts[b] < BLOCK and (rows is not DEAD if rows is not None else summary)
+        fits = (
+            b >= 0
+            and self.counts[b] < BLOCK
+            and offset - self.starts[b] < BLOCK_BYTES
+            and (rows is not DEAD if rows is not None else summary)
+        )
         if not fits:
             b += 1
             self.starts.append(offset)
@@ -207,6 +215,7 @@ class Segment:
                     column(col, int(count))
                 rows.live = sum(c != DONE for c in rows.created)
             seg.rows[int(b)] = rows
+            seg.recompute(int(b))  # saved before a least that finished was found again
         return seg, view
 
 

@@ -96,6 +96,8 @@ def save_count(
     if not (count.started and count.ready):
         return  # a start that failed before its count began: an empty count is not the count
     count.live.rewind(positions)  # records read past the checkpoint (none after a whole step)
+    if count.live.inexact:
+        return  # a block not read back: counts too high, the next start counts anew
     key = count_key(journal, positions, compacted).encode()
     payload = _LEN.pack(len(key)) + key + count.live.to_bytes()
     if len(payload) > MAX_STATE_BYTES:
