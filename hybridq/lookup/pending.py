@@ -2,10 +2,11 @@
 
 :class:`PendingTracker` is what :mod:`hybridq.lookup.stats` snapshots for ``hybridq.stats``: fed
 the records as the forwarder reads them and the locations that become terminal. It holds no row
-per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.03 bytes
+per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.04 bytes
 per record of a block none of whose jobs finished, 20 bytes per record of a block held as rows),
 so the forwarder's memory does not grow with a backlog nobody runs. Per-queue counts and the
-oldest creation time are exact. :class:`~hybridq.lookup.pending_file.DeferredCount` lets a
+oldest creation time are exact, unless a block could not be read back (:attr:`inexact`: too
+high until the next start counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a
 restarted forwarder push before it has counted what it had read before (issue 29: a JSON parse
 of every record of the live journal stood before the first push).
 

@@ -1,23 +1,27 @@
 """One journal segment as :class:`~hybridq.lookup.pending.PendingTracker` holds it: blocks of records.
 
 The tracker must not hold a row per waiting job (issue 29: the forwarder's memory flat with the
-backlog). A segment's records are kept in blocks of up to :data:`BLOCK` records, each either
+backlog). A segment's records are kept in blocks of up to :data:`BLOCK` records and
+:data:`BLOCK_BYTES`, each either
 
 * a **summary**: every record of it was a pending job when read and none has finished since.
-  Only its first offset, its record count and its least creation time are kept (16 bytes per
-  block, about 0.03 bytes per record); or
+  Only its first offset, its record count and its least creation time are kept (20 bytes per
+  block, about 0.04 bytes per record); or
 * **rows**: each record's offset, creation time (``inf`` once terminal) and queue id (20 bytes
   per record), as the tracker kept for every record before.
 
 A block turns from summary into rows when one of its jobs finishes, or when the records read
 after a step that failed are dropped: its records are then read back from the journal
-(:func:`read_rows`, up to :data:`BLOCK` of them, still there since a segment with a pending job
-is never compacted). The jobs in it were all pending when read and none has finished since, so
-the rows are exactly what reading them as rows would have given, whatever the ledger says by
-then. A block whose jobs have all finished drops its rows (:data:`DEAD`). So what the tracker
-holds is about 0.03 bytes per waiting job, plus 20 bytes per record of the blocks where some
-jobs finished and some did not (a drain's front: about a window's worth) and of blocks read
-with terminal records in them (a restart over a partly drained segment).
+(:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still there
+since a segment with a pending job is never compacted). The jobs in it were all pending when
+read and none has finished since, so the rows are exactly what reading them as rows would have
+given, whatever the ledger says by then. A block whose jobs have all finished drops its rows
+(:data:`DEAD`). So what the tracker holds is about 0.04 bytes per waiting job, plus 20 bytes per
+record of the blocks of new jobs up to ``ROWS_KEPT`` (below), plus 20 bytes per record of every
+block read back or read with terminal records in it while some of its jobs still wait. That has
+no cap: a drain's front (about a window's worth), a restart over a partly drained segment, but
+also a queue drained while another one in the same segments waits (20 bytes per record of those
+blocks).
 
 New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
 burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
