@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridq.envelope.model import Envelope
-from hybridq.errors import JournalIOError
+from hybridq.errors import JournalError, JournalIOError
 from hybridq.forwarder.config import (
     DEFAULT_KEY_WINDOW_MAX,
     DEFAULT_KEY_WINDOW_S,
@@ -45,8 +45,8 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.saved_index import IndexSaver, resume
 from hybridq.ledger.store import keys_dir, ledger_dir, open_keys_writer, open_ledger_writer, read_keys
-from hybridq.lookup.pending import DeferredCount, PendingTracker
-from hybridq.lookup.pending_file import count_key, load_count, save_count
+from hybridq.lookup.pending import PendingTracker
+from hybridq.lookup.pending_file import DeferredCount, count_key, load_count, save_count
 from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
@@ -193,7 +193,7 @@ class ForwarderState:
         if self._keys_writer is not None:
             self._keys_writer.close()
             self._keys_writer = None
-        with contextlib.suppress(OSError, ValueError, JournalIOError):  # a cache: the next start counts
+        with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
     # -- reading ------------------------------------------------------------------------------

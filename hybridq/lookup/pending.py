@@ -1,10 +1,14 @@
 """The jobs the forwarder has read and that are not terminal: how many per queue, the oldest.
 
 :class:`PendingTracker` is what :mod:`hybridq.lookup.stats` snapshots for ``hybridq.stats``: fed
-the records as the forwarder reads them and the locations that become terminal, about 20 bytes
-per record of the live (not compacted) journal. :class:`DeferredCount` lets a restarted
-forwarder push before it has counted what it had read before (issue 29: a JSON parse of every
-record of the live journal stood before the first push).
+the records as the forwarder reads them and the locations that become terminal. It holds no row
+per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.04 bytes
+per record of a block none of whose jobs finished, 20 bytes per record of a block held as rows),
+so the forwarder's memory does not grow with a backlog nobody runs. Per-queue counts and the
+oldest creation time are exact, unless a block could not be read back (:attr:`inexact`: too
+high until the next start counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a
+restarted forwarder push before it has counted what it had read before (issue 29: a JSON parse
+of every record of the live journal stood before the first push).
 
 This module must not import redis or rq.
 """
@@ -13,14 +17,14 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
+import logging
 import os
 import struct
-import time
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from hybridq.envelope.model import Envelope
+from hybridq.errors import JournalCorruption
 from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
@@ -28,64 +32,43 @@ from hybridq.journal.reader import list_chains, peek_header
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
+from hybridq.lookup.pending_blocks import DEAD, DONE, Rows, Segment, job_fields, read_rows
 
-__all__ = ["DeferredCount", "PendingTracker", "job_fields"]
+__all__ = ["PendingTracker", "job_fields"]
 
-#: Jobs per block of the oldest-pending minimum (a job ending rescans at most its block).
-_BLOCK = 512
-_DONE = math.inf
+log = logging.getLogger("hybridq.forwarder")
 
 Seg = tuple[str, int]
 
+#: Rows (20 bytes each) the tracker holds before it keeps new blocks of waiting jobs as summaries
+#: (2 MB): a burn-down's jobs finish while their blocks are still rows, so no block is read back
+#: for them; only a backlog past this many jobs costs a read back of its blocks as they drain.
+ROWS_KEPT = 100_000
+
 _LEN = struct.Struct("<I")
-
-
-def job_fields(payload: bytes) -> tuple[str, float] | None:
-    """A record's queue and creation time, as ``status`` reads them; ``None`` if it is not a job."""
-    try:
-        body = json.loads(payload)
-        return str(body["queue"]), float(body["created_at"])
-    except (ValueError, KeyError, TypeError, OverflowError):
-        return None
-
-
-class _Segment:
-    """What the forwarder read of one journal segment: every record's offset, its job if pending.
-
-    About 20 bytes per record. A segment counted from its seal (every job in it terminal) holds
-    only that count.
-    """
-
-    __slots__ = ("counted", "created", "mins", "offsets", "queues")
-
-    def __init__(self, counted: int = 0) -> None:
-        self.counted = counted
-        self.offsets = array("q")
-        #: Creation times of pending jobs; ``inf`` for a record that is not (or no longer) one.
-        self.created = array("d")
-        self.queues = array("I")
-        #: The least creation time per block of ``_BLOCK`` records.
-        self.mins: list[float] = []
-
-    @property
-    def seen(self) -> int:
-        return self.counted + len(self.offsets)
 
 
 class PendingTracker:
     """Jobs the forwarder has read and that are not terminal: how many per queue, the oldest.
 
     Fed the records as the forwarder reads them (:meth:`saw`) and the locations that become
-    terminal (:meth:`done`). Memory: about 20 bytes per record of the live (not compacted) journal.
+    terminal (:meth:`done`). ``journal``: where a block's records are read back from when one of
+    its jobs finishes (``None``: every record is held as a row, 20 bytes each).
     """
 
-    def __init__(self) -> None:
-        self.segments: dict[Seg, _Segment] = {}
+    def __init__(self, journal: str | None = None) -> None:
+        self.journal = journal
+        self.segments: dict[Seg, Segment] = {}
         self.pending: dict[str, int] = {}
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
         #: Blocks whose least creation time became terminal: (writer, segment, block).
         self._dirty: set[tuple[str, int, int]] = set()
+        #: About how many rows the blocks held as rows have (what :data:`ROWS_KEPT` bounds).
+        self.held = 0
+        #: Whether a block could not be read back from the journal: the counts and ``oldest`` may
+        #: stay too high (too old) until the next start counts anew (never saved for it).
+        self.inexact = False
 
     def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
         """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
@@ -94,20 +77,18 @@ class PendingTracker:
         """
         seg = self.segments.get((loc[0], loc[1]))
         if seg is None:
-            seg = self.segments[(loc[0], loc[1])] = _Segment()
-        if seg.offsets and loc[2] <= seg.offsets[-1]:
+            seg = self.segments[(loc[0], loc[1])] = Segment()
+        if loc[2] <= seg.last:
             return
-        queue, created = job if job is not None else ("", _DONE)
-        qid = self._qid(queue)
-        if len(seg.offsets) % _BLOCK == 0:
-            seg.mins.append(created)
-        elif created < seg.mins[-1]:
-            seg.mins[-1] = created
-        seg.offsets.append(loc[2])
-        seg.created.append(created)
-        seg.queues.append(qid)
+        queue, created = job if job is not None else ("", DONE)
+        summary = job is not None and self.journal is not None and self.held >= ROWS_KEPT
+        self.held += seg.add(loc[2], created, self._qid(queue), summary=summary)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
+
+    def _recount(self) -> None:
+        """Count :attr:`held` anew (after a change of many blocks at once)."""
+        self.held = sum(len(rows.offsets) for seg in self.segments.values() for rows in seg.rows.values())
 
     def _qid(self, queue: str) -> int:
         qid = self._ids.get(queue)
@@ -116,23 +97,63 @@ class PendingTracker:
             self._names.append(queue)
         return qid
 
+    def _rows(self, seg_key: Seg, seg: Segment, b: int, *, strict: bool = False) -> Rows:
+        """Block ``b``'s rows, read back from the journal if it is a summary (every job pending).
+
+        ``strict``: raise ``OSError`` or :class:`JournalCorruption` if it cannot be read back.
+        """
+        rows = seg.rows.get(b)
+        if rows is not None:
+            return rows
+        try:
+            found = read_rows(self.journal, seg_key, seg.starts[b], seg.end_of(b), seg.counts[b])
+        except (OSError, JournalCorruption) as exc:
+            if strict:
+                raise
+            # A stats cache: its jobs stay counted (and its least creation time stays) as they
+            # were, too high, until the next start counts anew; inexact keeps a clean stop from
+            # saving this count for that start (lookup/pending_file.py).
+            log.warning(
+                "pending count: cannot read %s block %d back (%s): its jobs stay counted", seg_key, b, exc
+            )
+            self.inexact = True
+            seg.rows[b] = DEAD
+            return DEAD
+        rows = seg.rows[b] = Rows()
+        self.held += len(found)
+        for offset, payload in found:
+            queue, created = job_fields(payload) or ("", DONE)  # was a pending job when read
+            rows.add(offset, created, self._qid(queue))
+        return rows
+
     def take_older(self, older: PendingTracker) -> None:
         """Put ``older``'s records in front of this tracker's (all of them before its own, per segment).
 
         A restarted forwarder counts what it reads from the start, and what it had read before
         in the background (:meth:`fill`): the two are joined once that is done.
         """
-        for seg, old in older.segments.items():
-            old.queues = array("I", (self._qid(older._names[q]) for q in old.queues))
-            mine = self.segments.get(seg)
+        for key, old in older.segments.items():
+            for rows in old.rows.values():
+                if rows is not DEAD:
+                    rows.queues = array("I", (self._qid(older._names[q]) for q in rows.queues))
+            mine = self.segments.get(key)
             if mine is None:
-                self.segments[seg] = old
+                self.segments[key] = old
                 continue
-            mine.counted += old.counted
-            mine.offsets = old.offsets + mine.offsets
-            mine.created = old.created + mine.created
-            mine.queues = old.queues + mine.queues
-            mine.mins = [min(mine.created[i : i + _BLOCK]) for i in range(0, len(mine.created), _BLOCK)]
+            shift = len(old.starts)
+            old.counted += mine.counted
+            old.starts += mine.starts
+            old.counts += mine.counts
+            old.mins += mine.mins
+            old.rows.update({b + shift: rows for b, rows in mine.rows.items()})
+            old.last = max(old.last, mine.last)
+            self.segments[key] = old
+        for seg in self.segments.values():  # block numbers moved: each least found again
+            for b in seg.rows:
+                seg.recompute(b)
+        self._dirty.clear()
+        self._recount()
+        self.inexact |= older.inexact
         for queue, n in older.pending.items():
             self.pending[queue] = self.pending.get(queue, 0) + n
 
@@ -142,36 +163,27 @@ class PendingTracker:
         head = {
             "names": self._names,
             "pending": self.pending,
-            "segments": [[w, i, s.counted, len(s.offsets)] for (w, i), s in segments],
+            "segments": [[w, i, *s.head()] for (w, i), s in segments],
         }
         raw = json.dumps(head).encode()
-        body = [_LEN.pack(len(raw)), raw]
-        for _, seg in segments:
-            body += [seg.offsets.tobytes(), seg.created.tobytes(), seg.queues.tobytes()]
-        return b"".join(body)
+        return b"".join([_LEN.pack(len(raw)), raw, *(c for _, s in segments for c in s.columns())])
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> PendingTracker:
+    def from_bytes(cls, payload: bytes, journal: str | None = None) -> PendingTracker:
         """Read :meth:`to_bytes`; raises ``ValueError`` (or ``KeyError``...) if it is not whole."""
         (n,) = _LEN.unpack_from(payload)
         head = json.loads(payload[_LEN.size : _LEN.size + n])
-        tracker = cls()
+        tracker = cls(journal)
         tracker._names = [str(name) for name in head["names"]]
         tracker._ids = {name: i for i, name in enumerate(tracker._names)}
         tracker.pending = {str(q): int(c) for q, c in head["pending"].items()}
-        at = _LEN.size + n
-        for writer, index, counted, count in head["segments"]:
-            seg = _Segment(int(counted))
-            for column in (seg.offsets, seg.created, seg.queues):
-                size = int(count) * column.itemsize
-                column.frombytes(payload[at : at + size])
-                at += size
-                if len(column) != count:
-                    raise ValueError("cut short")
-            seg.mins = [min(seg.created[i : i + _BLOCK]) for i in range(0, len(seg.created), _BLOCK)]
+        view = memoryview(payload)[_LEN.size + n :]
+        for writer, index, *seg_head in head["segments"]:
+            seg, view = Segment.read(seg_head, view)
             tracker.segments[(str(writer), int(index))] = seg
-        if at != len(payload):
+        if len(view):
             raise ValueError("trailing bytes")
+        tracker._recount()
         return tracker
 
     def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
@@ -188,41 +200,89 @@ class PendingTracker:
 
     def done(self, loc: Loc) -> None:
         """The job at ``loc`` is terminal now (idempotent; unknown locations are ignored)."""
-        seg = self.segments.get((loc[0], loc[1]))
+        key = (loc[0], loc[1])
+        seg = self.segments.get(key)
         if seg is None:
             return
-        i = bisect.bisect_left(seg.offsets, loc[2])
-        if i == len(seg.offsets) or seg.offsets[i] != loc[2] or seg.created[i] == _DONE:
+        b = seg.block_of(loc[2])
+        if b < 0:
             return
-        created = seg.created[i]
-        seg.created[i] = _DONE
-        queue = self._names[seg.queues[i]]
+        rows = self._rows(key, seg, b)
+        i = bisect.bisect_left(rows.offsets, loc[2])
+        if i == len(rows.offsets) or rows.offsets[i] != loc[2] or rows.created[i] == DONE:
+            return
+        created = rows.created[i]
+        rows.created[i] = DONE
+        rows.live -= 1
+        queue = self._names[rows.queues[i]]
         left = self.pending[queue] - 1
         if left:
             self.pending[queue] = left
         else:
             del self.pending[queue]
-        if seg.mins[i // _BLOCK] == created:
-            self._dirty.add((loc[0], loc[1], i // _BLOCK))  # its block's least: found again when asked
+        if not rows.live and self.journal is not None:
+            seg.rows[b], seg.mins[b] = DEAD, DONE  # none pending: its rows go (read back if need be)
+            self.held -= len(rows.offsets)
+        elif seg.mins[b] == created:
+            self._dirty.add((loc[0], loc[1], b))  # its block's least: found again when asked
 
     def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
-        """Forget the records after ``positions`` (read by a step that failed: read again next)."""
-        for (writer, index_), seg in list(self.segments.items()):
-            pos = positions.get(writer)
-            if pos is not None and index_ < pos.segment:
+        """Forget the records after ``positions`` (read by a step that failed: read again next).
+
+        Never raises: it runs in the handler of the step's own error and at a stop. A segment
+        whose blocks to cut cannot be read back from the journal is left whole (logged).
+        """
+        for key, seg in list(self.segments.items()):
+            pos = positions.get(key[0])
+            if pos is not None and key[1] < pos.segment:
                 continue
-            keep = 0 if pos is None or index_ > pos.segment else bisect.bisect_left(seg.offsets, pos.offset)
-            for offset in seg.offsets[keep:]:
-                self.done((writer, index_, offset))
-            del seg.offsets[keep:], seg.created[keep:], seg.queues[keep:]
-            del seg.mins[(keep + _BLOCK - 1) // _BLOCK :]
-            if keep % _BLOCK:
-                seg.mins[-1] = min(seg.created[(keep // _BLOCK) * _BLOCK : keep])
+            cut = 0 if pos is None or key[1] > pos.segment else pos.offset
+            if cut > seg.last:
+                continue
+            try:
+                self._cut(key, seg, cut)
+            except (OSError, JournalCorruption) as exc:
+                # Left whole, its records stay counted once: read again, saw() skips each (its
+                # offset is at or before seg.last), so the count stays right if they read the
+                # same. It holds records past the positions, though (a saved count must not).
+                self.inexact = True
+                log.warning("pending count: cannot cut %s at %d (%s): left whole", key, cut, exc)
+        self._recount()
+
+    def _cut(self, key: Seg, seg: Segment, cut: int) -> None:
+        """Drop segment ``key``'s records from offset ``cut`` on; reads back first, then changes it."""
+        first = max(0, seg.block_of(cut))
+        offsets = self._offsets(key, seg, first) if seg.starts[first] < cut else array("q")
+        keep = bisect.bisect_left(offsets, cut)
+        cuts = [self._rows(key, seg, b, strict=True) for b in range(first, len(seg.starts))]
+        for b, rows in enumerate(cuts, first):
+            for offset in rows.offsets[keep if b == first else 0 :]:
+                self.done((key[0], key[1], offset))
+        if keep:
+            rows = seg.rows[first]
+            if rows is not DEAD:
+                del rows.offsets[keep:], rows.created[keep:], rows.queues[keep:]
+                seg.recompute(first)
+            seg.counts[first] = keep
+        whole = first + (keep > 0)
+        for b in range(whole, len(seg.starts)):
+            seg.rows.pop(b, None)
+        del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
+        seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
+
+    def _offsets(self, key: Seg, seg: Segment, b: int) -> array[int]:
+        """Block ``b``'s records' offsets (read back when it dropped its rows)."""
+        rows = self._rows(key, seg, b, strict=True)
+        if rows is not DEAD:
+            return rows.offsets
+        found = read_rows(self.journal, key, seg.starts[b], seg.end_of(b), seg.counts[b])
+        return array("q", (offset for offset, _ in found))
 
     def forget(self, compacted: Compacted, positions: Mapping[str, ChainPosition]) -> None:
         """Drop the compacted segments (every job in them was terminal), and chains gone whole."""
         for seg in [s for s in self.segments if compacted.is_compacted(s) or s[0] not in positions]:
             del self.segments[seg]
+        self._recount()
 
     @property
     def consumed(self) -> int:
@@ -234,10 +294,10 @@ class PendingTracker:
         for writer, index_, block in self._dirty:
             seg = self.segments.get((writer, index_))
             if seg is not None and block < len(seg.mins):
-                seg.mins[block] = min(seg.created[block * _BLOCK : (block + 1) * _BLOCK])
+                seg.recompute(block)
         self._dirty.clear()
-        least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=_DONE)
-        return None if least == _DONE else least
+        least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=DONE)
+        return None if least == DONE else least
 
     def _count_dead(
         self,
@@ -260,7 +320,7 @@ class PendingTracker:
             if count is None or len(index.terminal.get(seg, {})) < count:
                 header = peek_header(os.path.join(journal, segment_name(writer, index_)))
                 return None if header is None else ChainPosition(index_, FILE_HEADER_SIZE, header.first_seq)
-            self.segments[seg] = _Segment(count)
+            self.segments[seg] = Segment(count)
         return None
 
     def fill(
@@ -303,78 +363,3 @@ class PendingTracker:
                 read += 1
                 if read % every == 0:
                     yield
-
-
-class DeferredCount:
-    """A restarted forwarder's count: what it reads from now at once, what it read before later.
-
-    :attr:`live` counts the records read since the start; the records read before it (up to the
-    start's positions) are counted by :meth:`advance`, a slice at a time after the first push,
-    and joined in front of them once all are. Outcomes meanwhile are told to both.
-    """
-
-    def __init__(self) -> None:
-        self.live = PendingTracker()
-        self._before: PendingTracker | None = None
-        self._fill: Iterator[None] | None = None
-        #: Outcomes told before the saved count was read (applied to it once it is).
-        self._early: list[Loc] | None = None
-        #: Whether :meth:`start` ran (before it, an empty count is "ready" but counts nothing).
-        self.started = False
-
-    def start(
-        self,
-        journal: str,
-        positions: Mapping[str, ChainPosition],
-        index: LedgerIndex,
-        compacted: Compacted,
-        *,
-        saved: Callable[[], PendingTracker | None] | None = None,
-    ) -> None:
-        """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`.
-
-        ``saved``: reads the count of exactly those records a clean stop saved (``None`` if there
-        is none that fits): the first :meth:`advance` takes it rather than counting.
-        """
-        self.started = True
-        self.live = PendingTracker()
-        self._before = PendingTracker()
-        fill = self._before.fill(journal, dict(positions), index, compacted)
-        self._fill = fill if saved is None else self._saved_or(saved, fill)
-        self._early = None if saved is None else []  # from now: outcomes before the read
-
-    def _saved_or(self, saved: Callable[[], PendingTracker | None], fill: Iterator[None]) -> Iterator[None]:
-        """Take the saved count (one slice), with the outcomes told since the start; else count."""
-        tracker = saved()
-        early, self._early = self._early or [], None
-        if tracker is None:
-            yield from fill
-            return
-        for loc in early:
-            tracker.done(loc)
-        self._before = tracker
-
-    @property
-    def ready(self) -> bool:
-        """Whether :attr:`live` counts every record read, before this start and since."""
-        return self._before is None
-
-    def done(self, loc: Loc) -> None:
-        """The job at ``loc`` is terminal now (a record not counted yet will read as terminal)."""
-        self.live.done(loc)
-        if self._before is not None:
-            self._before.done(loc)
-        if self._early is not None:
-            self._early.append(loc)
-
-    def advance(self, budget_s: float) -> bool:
-        """Count for about ``budget_s``; whether this finished the count (joined to :attr:`live`)."""
-        if self._fill is None or self._before is None:
-            return False
-        deadline = time.monotonic() + budget_s
-        for _ in self._fill:
-            if time.monotonic() >= deadline:
-                return False
-        self.live.take_older(self._before)
-        self._before = self._fill = None
-        return True

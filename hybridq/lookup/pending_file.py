@@ -1,4 +1,6 @@
-"""The count of jobs read and not terminal, saved at a clean stop (``lookup/pending.state``).
+"""A restarted forwarder's count of jobs read and not terminal: saved at a clean stop, or counted anew.
+
+The count is saved in ``lookup/pending.state``.
 
 A restarted forwarder counts the records it had read before (:class:`DeferredCount`): a JSON
 parse of every record of the live journal, after the first push but for seconds at a million
@@ -20,19 +22,22 @@ import contextlib
 import json
 import os
 import struct
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import ChainPosition
 from hybridq.journal.format import parse_segment_name
 from hybridq.journal.paths import ensure_journal_dir
+from hybridq.journal.records import Loc
 from hybridq.journal.statefile import MAX_STATE_BYTES, read_state, write_state
 from hybridq.ledger.compacted import Compacted
+from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import keys_dir, ledger_dir
-from hybridq.lookup.pending import DeferredCount, PendingTracker
+from hybridq.lookup.pending import PendingTracker
 
-__all__ = ["count_key", "load_count", "save_count"]
+__all__ = ["DeferredCount", "count_key", "load_count", "save_count"]
 
 NAME = "pending"
 _LEN = struct.Struct("<I")
@@ -69,7 +74,7 @@ def count_key(journal: str, positions: Mapping[str, ChainPosition], compacted: C
     """What a count up to ``positions`` is made from: equal keys, equal counts (a few ``stat``)."""
     return json.dumps(
         {
-            "v": 1,  # the file's format
+            "v": 2,  # the file's format (1: a row per record; its key never equals a 2)
             "positions": {w: list(p) for w, p in positions.items()},
             "journal": _read_segments(journal, positions),
             "ledger": _files(ledger_dir(journal)),
@@ -91,10 +96,12 @@ def save_count(
     if not (count.started and count.ready):
         return  # a start that failed before its count began: an empty count is not the count
     count.live.rewind(positions)  # records read past the checkpoint (none after a whole step)
+    if count.live.inexact:
+        return  # a block not read back: counts too high, the next start counts anew
     key = count_key(journal, positions, compacted).encode()
     payload = _LEN.pack(len(key)) + key + count.live.to_bytes()
     if len(payload) > MAX_STATE_BYTES:
-        return  # a live journal of millions of records: the next start counts it
+        return  # millions of rows (blocks where some jobs finished and some not): counted again
     write_state(ensure_journal_dir(_dir(journal)), NAME, payload)
 
 
@@ -115,6 +122,81 @@ def load_count(journal: str, key: str) -> PendingTracker | None:
         (n,) = _LEN.unpack_from(payload)
         if payload[_LEN.size : _LEN.size + n].decode() != key:
             return None  # made from other files: counted again
-        return PendingTracker.from_bytes(payload[_LEN.size + n :])
+        return PendingTracker.from_bytes(payload[_LEN.size + n :], journal)
     except (ValueError, KeyError, TypeError, struct.error):
         return None
+
+
+class DeferredCount:
+    """A restarted forwarder's count: what it reads from now at once, what it read before later.
+
+    :attr:`live` counts the records read since the start; the records read before it (up to the
+    start's positions) are counted by :meth:`advance`, a slice at a time after the first push,
+    and joined in front of them once all are. Outcomes meanwhile are told to both.
+    """
+
+    def __init__(self) -> None:
+        self.live = PendingTracker()
+        self._before: PendingTracker | None = None
+        self._fill: Iterator[None] | None = None
+        #: Outcomes told before the saved count was read (applied to it once it is).
+        self._early: list[Loc] | None = None
+        #: Whether :meth:`start` ran (before it, an empty count is "ready" but counts nothing).
+        self.started = False
+
+    def start(
+        self,
+        journal: str,
+        positions: Mapping[str, ChainPosition],
+        index: LedgerIndex,
+        compacted: Compacted,
+        *,
+        saved: Callable[[], PendingTracker | None] | None = None,
+    ) -> None:
+        """Count anew: nothing yet, the records before ``positions`` to count by :meth:`advance`.
+
+        ``saved``: reads the count of exactly those records a clean stop saved (``None`` if there
+        is none that fits): the first :meth:`advance` takes it rather than counting.
+        """
+        self.started = True
+        self.live = PendingTracker(journal)
+        self._before = PendingTracker(journal)
+        fill = self._before.fill(journal, dict(positions), index, compacted)
+        self._fill = fill if saved is None else self._saved_or(saved, fill)
+        self._early = None if saved is None else []  # from now: outcomes before the read
+
+    def _saved_or(self, saved: Callable[[], PendingTracker | None], fill: Iterator[None]) -> Iterator[None]:
+        """Take the saved count (one slice), with the outcomes told since the start; else count."""
+        tracker = saved()
+        early, self._early = self._early or [], None
+        if tracker is None:
+            yield from fill
+            return
+        for loc in early:
+            tracker.done(loc)
+        self._before = tracker
+
+    @property
+    def ready(self) -> bool:
+        """Whether :attr:`live` counts every record read, before this start and since."""
+        return self._before is None
+
+    def done(self, loc: Loc) -> None:
+        """The job at ``loc`` is terminal now (a record not counted yet will read as terminal)."""
+        self.live.done(loc)
+        if self._before is not None:
+            self._before.done(loc)
+        if self._early is not None:
+            self._early.append(loc)
+
+    def advance(self, budget_s: float) -> bool:
+        """Count for about ``budget_s``; whether this finished the count (joined to :attr:`live`)."""
+        if self._fill is None or self._before is None:
+            return False
+        deadline = time.monotonic() + budget_s
+        for _ in self._fill:
+            if time.monotonic() >= deadline:
+                return False
+        self.live.take_older(self._before)
+        self._before = self._fill = None
+        return True
