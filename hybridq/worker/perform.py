@@ -86,6 +86,9 @@ class Performer:
             failed(item, text(exc))
             return True
         _record(item, value, error)
+        # Not kept as this frame ends: the frame that caught it, in its traceback, links to this
+        # one (its caller), so the task's frames and data would wait for a collection (a cycle).
+        del error
         return True
 
     def _claimed(self, item: Taken, *, again: bool = False, wait: bool = True) -> bool | None:

@@ -80,6 +80,25 @@ def run_async(performer: Performer, item: Taken) -> bool:
         release(item.run)
 
 
+# -- the task's data, freed with its run ---------------------------------------------------------
+
+
+def test_a_failed_plain_tasks_data_goes_with_its_run_in_the_pool(redis_server: RedisServer) -> None:
+    """``perform`` no longer held its error, but its caller (``Performer.work``) did, in a local:
+    the frame that caught the error (in its traceback) links to its caller's (``f_back``), so a
+    reference cycle again (the test of ``perform`` alone, in test_batch_scripts.py, passed)."""
+    performer, item = claimed(redis_server)
+    item.run.func = tasks.fail_holding
+    try:
+        with no_collector():
+            assert performer.work(item)
+            freed = tasks.DATA[-1]() is None
+    finally:
+        release(item.run)
+    assert "failed, holding data" in recorded(item)
+    assert freed, "held in a reference cycle until a collection"
+
+
 # -- an async task's timeout and stop (kept as they are) ----------------------------------------
 
 
