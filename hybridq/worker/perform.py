@@ -253,17 +253,14 @@ class Performer:
             return await run.func(*args, **kwargs)
 
         context = begin(self.client, run)
-        started = time.monotonic()
+        timer = asyncio.timeout(item.timeout)  # None: none
         try:
-            coro = task()
-            return await self._stoppable(
-                item, asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro
-            ), None
-        except TimeoutError as exc:  # wait_for's, or the task's own
-            if not called:
-                raise _Late(item.job_id) from None  # the loop held up past the timeout, before the call
-            timed_out = item.timeout is not None and time.monotonic() - started >= item.timeout
-            if timed_out:
+            async with timer:
+                return await self._stoppable(item, task()), None
+        except TimeoutError as exc:  # the timeout's, or the task's own
+            if not called:  # not the timeout's: it starts in the step that calls the task
+                raise _Late(item.job_id) from None
+            if timer.expired():
                 return None, JobTimeoutException(
                     f"Task exceeded maximum timeout value ({item.timeout:g} seconds)"
                 )
@@ -272,7 +269,7 @@ class Performer:
             return None, exc
         except _Late:
             raise
-        except BaseException as exc:  # cancelled: no outcome, the lease lapses
+        except BaseException as exc:  # cancelled (from outside the run): no outcome, the lease lapses
             release(run)
             run.finish = None
             if called:
@@ -288,16 +285,24 @@ class Performer:
 
         The asyncio form of the watchdog's stop: the task is cancelled (``CancelledError`` in
         it, its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`.
+
+        ``coro`` runs in the current asyncio task, not one of its own, as its timeout
+        (``asyncio.timeout``, not ``wait_for``) does: a task that ends with an error keeps it,
+        and the error's traceback holds the frame that awaited the task: a reference cycle
+        that would hold a failed task's frames and data until a collection, rare in a pool
+        process (:mod:`hybridq.worker.gcpace`). So the stop cancels the current task, and takes
+        its cancel request back (``uncancel``) as it ends, as ``asyncio.timeout`` does its own.
         """
         renewal = item.run.renewal
         if renewal is not None and renewal.cancelled.is_set():  # cancelled while it waited for the loop
             coro.close()
             raise Cancelled(f"job {item.job_id} was cancelled before it started")
-        task = asyncio.ensure_future(coro)
         if renewal is None:
-            return await task
+            return await coro
         flag = renewal.cancelled
         grace = self.runner.cancel_grace_s if self.runner is not None else CANCEL_GRACE_S
+        current = asyncio.current_task()
+        assert current is not None  # a coroutine the loop runs
         stopped = False
 
         async def watch() -> None:
@@ -307,17 +312,19 @@ class Performer:
             await asyncio.sleep(grace)
             log.warning("job %s: cancelled, still running after its grace period: stopping it", item.job_id)
             stopped = True
-            task.cancel()
+            current.cancel()
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await task
+            return await coro
         except asyncio.CancelledError:
             if stopped:
                 raise Cancelled(f"job {item.job_id} was cancelled: stopped after its grace period") from None
             raise
         finally:
             watcher.cancel()
+            if stopped:
+                current.uncancel()
 
     def stuck(self, item: Taken) -> None:
         """A job stuck past its timeout (on the watchdog's thread): nothing is recorded for it.

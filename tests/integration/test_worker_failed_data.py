@@ -19,6 +19,7 @@ import contextlib
 import gc
 import threading
 import time
+import weakref
 import zlib
 from base64 import b64decode
 from collections.abc import Iterator
@@ -72,6 +73,9 @@ def run_async(performer: Performer, item: Taken) -> bool:
 
     async def main() -> bool:
         await performer.work_async(item)
+        # The step of this task that a cancel woke (a timeout, a stop) holds its CancelledError
+        # until it yields (asyncio's C task): as the pool's, which ends then.
+        await asyncio.sleep(0)
         return all(ref() is None for ref in tasks.DATA[held:])  # before the loop and its tasks go
 
     try:
@@ -96,6 +100,36 @@ def test_a_failed_plain_tasks_data_goes_with_its_run_in_the_pool(redis_server: R
     finally:
         release(item.run)
     assert "failed, holding data" in recorded(item)
+    assert freed, "held in a reference cycle until a collection"
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0], ids=["no-timeout", "timeout"])
+def test_a_failed_async_tasks_data_goes_with_its_run_in_the_pool(
+    redis_server: RedisServer, timeout: float | None
+) -> None:
+    """asyncio's task (``_stoppable``) and ``wait_for``'s held the error, in frames it holds."""
+    performer, item = claimed(redis_server)
+    item.run.func = tasks.afail_holding
+    item.timeout = timeout
+    with no_collector():
+        freed = run_async(performer, item)
+    assert "failed, holding data" in recorded(item)
+    assert freed, "held in a reference cycle until a collection"
+
+
+def test_a_timed_out_async_tasks_data_goes_with_its_run_in_the_pool(redis_server: RedisServer) -> None:
+    performer, item = claimed(redis_server)
+
+    async def stuck(*_args: object) -> None:
+        data = tasks.Data()
+        tasks.DATA.append(weakref.ref(data))
+        await asyncio.sleep(3600)
+
+    item.run.func = stuck
+    item.timeout = 0.2
+    with no_collector():
+        freed = run_async(performer, item)
+    assert "JobTimeoutException" in recorded(item)
     assert freed, "held in a reference cycle until a collection"
 
 
@@ -158,6 +192,8 @@ def test_a_cancelled_async_task_is_stopped_after_its_grace_and_fails_cancelled(
     asked: list[float] = []
 
     async def ignores_the_cancel(*_args: object) -> None:
+        data = tasks.Data()
+        tasks.DATA.append(weakref.ref(data))
         asked.append(time.monotonic())
         flag.set()  # what the lease renewal does when it finds the cancel mark
         try:
@@ -167,13 +203,15 @@ def test_a_cancelled_async_task_is_stopped_after_its_grace_and_fails_cancelled(
 
     item.run.func = ignores_the_cancel
     item.timeout = 60.0
-    run_async(performer, item)
+    with no_collector():
+        freed = run_async(performer, item)
     error = recorded(item)
     assert "hybridq.errors.Cancelled: job" in error, error
     assert "stopped after its grace period" in error, error
     assert len(cleaned) == 1, "its finally ran"
     assert 0.3 <= cleaned[0] - asked[0] < 5.0, cleaned[0] - asked[0]
     assert item.run.finish is not None, "an outcome: cancelled"
+    assert freed, "its data held in a reference cycle until a collection"
 
 
 def test_a_cancelled_async_task_that_ends_within_its_grace_keeps_its_outcome(
