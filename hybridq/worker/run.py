@@ -94,15 +94,18 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not CLAIMED:
         return answer
     value, error = perform(conn, run)
-    if not run.deferred:
-        try:
-            finish(conn, run)
-        finally:
-            release(run)
-    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
-    if error is not None:
-        raise error
-    return value
+    try:
+        if not run.deferred:
+            try:
+                finish(conn, run)
+            finally:
+                release(run)
+        # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
+        if error is not None:
+            raise error
+        return value
+    finally:
+        del error  # not kept as this frame ends: it is in its traceback (see perform)
 
 
 def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:

@@ -26,7 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.testing.embedded import RedisServer
+from hybridq.transport.base import Delivery
+from hybridq.transport.rq import RQTransport
 from hybridq.worker import perform, scripts
 from hybridq.worker.perform import Performer
 from hybridq.worker.run import release
@@ -35,6 +38,7 @@ from hybridq.worker.starter import Starter
 
 from tests import tasks
 from tests.integration.test_batch_scripts import take_one
+from tests.support.rqwork import Work
 
 
 @contextlib.contextmanager
@@ -131,6 +135,43 @@ def test_a_timed_out_async_tasks_data_goes_with_its_run_in_the_pool(redis_server
         freed = run_async(performer, item)
     assert "JobTimeoutException" in recorded(item)
     assert freed, "held in a reference cycle until a collection"
+
+
+@pytest.mark.parametrize("func", ["tests.tasks.fail_holding", "tests.tasks.afail_holding"])
+def test_a_failed_tasks_data_goes_with_its_run_under_rqs_loop(
+    redis_server: RedisServer, work: Work, func: str
+) -> None:
+    """``execute`` raised the error from a local of the frame its traceback holds, and RQ's
+    ``asyncio.run`` of an ``async def`` task kept it in its task, which a frame in its traceback
+    holds.
+
+    A job that succeeds runs first: the first outcome after Redis's scripts were flushed (a new
+    server here) finds its script missing (NOSCRIPT), and under hybridq's pipelining worker that
+    error reply comes while RQ handles the failure: redis-py keeps it in a reference cycle of its
+    own, whose frames lead to RQ's (``exc_info``), the job's error with them. Once per flush.
+    """
+    transport = RQTransport(redis_server.url)
+    try:
+        envs = [
+            Envelope(
+                id=new_job_id(),
+                func=name,
+                args=args,
+                queue="default",
+                idempotency_key=new_job_id(),
+                created_at=time.time(),
+            )
+            for name, args in (("tests.tasks.add", (1, 2)), (func, ()))
+        ]
+        transport.push([Delivery(env, "owner1", ("w", 0, 64)) for env in envs])
+        ran = len(tasks.DATA)
+        with no_collector():
+            work(transport)
+            assert len(tasks.DATA) == ran + 1, "the task ran"
+            freed = tasks.DATA[-1]() is None
+        assert freed, "held in a reference cycle until a collection"
+    finally:
+        transport.close()
 
 
 # -- an async task's timeout and stop (kept as they are) ----------------------------------------
