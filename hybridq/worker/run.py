@@ -116,10 +116,8 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     no outcome: the lease is let go (it lapses, and the forwarder delivers the job again) and the
     exception propagates.
 
-    The caller must not keep the error in a local as its own frame ends: this frame, which the
-    error's traceback holds, links to the caller's (``f_back``), and that reference cycle would
-    hold the task's frames and data until a collection, rare in a pool process
-    (:mod:`hybridq.worker.gcpace`).
+    The caller must not keep the error as its frame ends: this frame, in the error's traceback,
+    links to the caller's (``f_back``), a cycle that holds the task's data until a collection.
     """
     context = begin(conn, run)
     token = quick.started(run.d.envelope.func)
