@@ -94,18 +94,16 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not CLAIMED:
         return answer
     value, error = perform(conn, run)
-    try:
-        if not run.deferred:
-            try:
-                finish(conn, run)
-            finally:
-                release(run)
-        # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
-        if error is not None:
-            raise error
-        return value
-    finally:
-        del error  # not kept as this frame ends: it is in its traceback (see perform)
+    failed = [error] if error is not None else []
+    del error  # popped as it is raised: its traceback holds this frame (see perform)
+    if not run.deferred:  # else the worker sends it in the pipeline RQ sends after the job (rqworker)
+        try:
+            finish(conn, run)
+        finally:
+            release(run)
+    if failed:
+        raise failed.pop()
+    return value
 
 
 def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
@@ -115,13 +113,10 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     stored (:func:`release`). A ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) stores
     no outcome: the lease is let go (it lapses, and the forwarder delivers the job again) and the
     exception propagates.
-
-    The caller must not keep the error as its frame ends: this frame, in the error's traceback,
-    links to the caller's (``f_back``), a cycle that holds the task's data until a collection.
     """
     context = begin(conn, run)
     token = quick.started(run.d.envelope.func)
-    failed: list[Exception] = []  # not a local naming it: its traceback holds this frame (a cycle)
+    failed: list[Exception] = []  # its traceback holds this frame, its callers' too: no local names it
     value: Any = None
     try:
         value = call(run.func, run.d.envelope)  # a hybridq.task is callable too
