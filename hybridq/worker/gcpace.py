@@ -14,7 +14,7 @@ or writes to its pages again (reference counts still do); the youngest generatio
 after :data:`GEN0_THRESHOLD` allocations, as the forwarder's (:mod:`hybridq.forwarder.gcpolicy`).
 A failed task leaves no reference cycle (no frame of its run keeps its error:
 :func:`hybridq.worker.run.perform`; an ``async def`` task is awaited in its run's asyncio task:
-:meth:`hybridq.worker.perform.Performer._stoppable`); what a task leaves in cycles itself waits
+:mod:`hybridq.worker.acall`); what a task leaves in cycles itself waits
 for a collection, now rarer (docs/worker.md says what that holds, and ``--max-memory``). A
 collector turned off (threshold 0, an application's choice before the fork) stays off. The
 process is the pool's own: nothing is put back.

@@ -30,7 +30,7 @@ from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import perform, scripts
+from hybridq.worker import acall, perform, scripts
 from hybridq.worker.perform import Performer
 from hybridq.worker.run import release
 from hybridq.worker.runner import Taken
@@ -224,7 +224,7 @@ def test_a_cancelled_async_task_is_stopped_after_its_grace_and_fails_cancelled(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stop is a ``CancelledError`` in the task (its ``finally`` runs), recorded ``Cancelled``."""
-    monkeypatch.setattr(perform, "ASYNC_POLL_S", 0.05)
+    monkeypatch.setattr(acall, "ASYNC_POLL_S", 0.05)
     monkeypatch.setattr(perform, "CANCEL_GRACE_S", 0.3)
     performer, item = claimed(redis_server)
     assert item.run.renewal is not None
@@ -258,7 +258,7 @@ def test_a_cancelled_async_task_is_stopped_after_its_grace_and_fails_cancelled(
 def test_a_cancelled_async_task_that_ends_within_its_grace_keeps_its_outcome(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(perform, "ASYNC_POLL_S", 0.05)
+    monkeypatch.setattr(acall, "ASYNC_POLL_S", 0.05)
     monkeypatch.setattr(perform, "CANCEL_GRACE_S", 5.0)
     performer, item = claimed(redis_server)
     assert item.run.renewal is not None
