@@ -38,7 +38,9 @@ async def stoppable(item: Taken, coro: Any, grace: float) -> Any:
     """Await ``coro``; cancelled (hybridq cancel) and still running ``grace`` s later, stop it.
 
     The asyncio form of the watchdog's stop: the task is cancelled (``CancelledError`` in it,
-    its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`.
+    its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`, whatever the
+    task does with the cancel (re-raises it, raises its own error or ``TimeoutError``, or
+    swallows it and returns), as docs/worker.md says: a stopped run is never retried.
     """
     renewal = item.run.renewal
     if renewal is not None and renewal.cancelled.is_set():  # cancelled while it waited for the loop
@@ -62,15 +64,22 @@ async def stoppable(item: Taken, coro: Any, grace: float) -> Any:
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return await coro
+        value = await coro
     except asyncio.CancelledError:
         if stopped:
             raise _stopped(item) from None
+        raise
+    except BaseException as exc:  # the task's own error (or TimeoutError) for the stop's cancel
+        if stopped:
+            raise _stopped(item) from exc
         raise
     finally:
         watcher.cancel()
         if stopped:
             current.uncancel()
+    if stopped:  # it swallowed the stop's cancel and returned
+        raise _stopped(item)
+    return value
 
 
 def _stopped(item: Taken) -> Cancelled:

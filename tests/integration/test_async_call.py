@@ -11,16 +11,19 @@ The task shares its run's asyncio task: a cancel request its code leaves there (
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from typing import Any
 
+import pytest
 from hybridq.testing.embedded import RedisServer
+from hybridq.worker import acall, perform
 from hybridq.worker.perform import Performer
 from hybridq.worker.run import release
 from hybridq.worker.runner import Taken
 
 from tests import tasks
-from tests.integration.test_worker_failed_data import claimed, recorded
+from tests.integration.test_worker_failed_data import claimed, no_collector, recorded
 
 
 def run(performer: Performer, item: Taken) -> dict[str, Any]:
@@ -76,3 +79,64 @@ def test_a_timeout_after_a_cancel_request_the_task_left_is_its_timeout(redis_ser
     assert seen["cancelling"] == 0, seen
     assert seen["escaped"] is None, seen
     # Its data waits for a collection: Python 3.11's TaskGroup leaves a cycle of its own.
+
+
+@pytest.fixture
+def fast_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(acall, "ASYNC_POLL_S", 0.02)
+    monkeypatch.setattr(perform, "CANCEL_GRACE_S", 0.2)
+
+
+def cancelled_then(then: str, item: Taken) -> Any:
+    """A task that sees its cancel (the lease renewal's flag) and ignores it until stopped, then
+    ``then``: re-raises the stop's cancel, raises its own ValueError or TimeoutError, returns, or
+    (after a caught TaskGroup failure) re-raises with a cancel request left on its task."""
+    assert item.run.renewal is not None
+    flag = item.run.renewal.cancelled
+
+    async def task(*_args: object) -> int:
+        data = tasks.Data()
+        tasks.DATA.append(weakref.ref(data))
+        if then == "taskgroup":
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(_child_fails())
+            except* RuntimeError:
+                pass
+        flag.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if then == "ValueError":
+                raise ValueError("converted") from None
+            if then == "TimeoutError":
+                raise TimeoutError("mine") from None
+            if then == "returns":
+                return 5
+            raise
+        return 0
+
+    return task
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0, 0.5], ids=["no-timeout", "timeout", "timeout-racing"])
+@pytest.mark.parametrize("then", ["re-raises", "ValueError", "TimeoutError", "returns", "taskgroup"])
+def test_a_stopped_async_task_ends_cancelled_whatever_it_does_with_the_stop(
+    redis_server: RedisServer, fast_stop: None, then: str, timeout: float | None
+) -> None:
+    """The stop (0.2 s after the cancel was seen) wins over a timeout due right after it, as on
+    main, where ``wait_for``'s layer turned every stop into ``Cancelled``."""
+    performer, item = claimed(redis_server)
+    item.run.func = cancelled_then(then, item)
+    item.timeout = timeout
+    started = time.monotonic()
+    with no_collector():
+        seen = run(performer, item)
+    error = recorded(item)
+    assert "hybridq.errors.Cancelled: job" in error, error
+    assert "stopped after its grace period" in error, error
+    assert item.run.finish is not None, "an outcome: cancelled"
+    assert seen["cancelling"] == 0, seen
+    assert seen["escaped"] is None, seen
+    assert seen["freed"] or then == "taskgroup", "held in a reference cycle until a collection"
+    assert time.monotonic() - started < 5.0
