@@ -140,3 +140,25 @@ def test_a_stopped_async_task_ends_cancelled_whatever_it_does_with_the_stop(
     assert seen["escaped"] is None, seen
     assert seen["freed"] or then == "taskgroup", "held in a reference cycle until a collection"
     assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_systemexit_in_an_async_task_stays_in_its_run(redis_server: RedisServer, error: type) -> None:
+    """Main awaited the task in an asyncio task of its own, whose step let it out of the event
+    loop: the pool process's loop thread (hybridq-async) died, stalling its async jobs. Now it
+    ends the run as a cancel from outside does on the loop (as a thread's does): recorded failed,
+    no outcome, the lease let go (it lapses: delivered again)."""
+    performer, item = claimed(redis_server)
+
+    async def exits(*_args: object) -> None:
+        await asyncio.sleep(0)
+        raise error()
+
+    item.run.func = exits
+    item.timeout = 60.0
+    seen = run(performer, item)
+    assert seen["escaped"] is None, seen
+    assert error.__name__ in recorded(item)
+    assert item.run.finish is None, "no outcome"
+    assert item.run.renewal is None, "its lease let go"
+    assert seen["cancelling"] == 0, seen
