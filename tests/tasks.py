@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 
 def add(a: int, b: int) -> int:
@@ -329,3 +330,29 @@ def gc_pace(path: str) -> None:
 
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"{gc.get_threshold()[0]} {gc.get_freeze_count()}")
+
+
+# -- tasks for tests/integration/test_worker_failed_data.py ----------------------------------
+# Each keeps a weak reference to an object only its own frame holds, then fails: the test, with
+# the cyclic collector off, finds whether the failure freed it.
+
+#: Weak references to the data of the tasks below, newest last.
+DATA: list[weakref.ref[object]] = []
+
+
+class Data:
+    """What a failing task holds in its frame (a weak reference can point at it)."""
+
+
+def fail_holding(*_args: object, **_kwargs: object) -> None:
+    """Fail, holding a :class:`Data` in a local of the frame the error's traceback holds."""
+    data = Data()
+    DATA.append(weakref.ref(data))
+    raise RuntimeError("failed, holding data")
+
+
+async def afail_holding(*_args: object, **_kwargs: object) -> None:
+    """:func:`fail_holding` as an ``async def`` task."""
+    data = Data()
+    DATA.append(weakref.ref(data))
+    raise RuntimeError("failed, holding data")

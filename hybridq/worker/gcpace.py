@@ -12,12 +12,12 @@ So a pool process, just after the fork: :func:`gc.freeze` moves what it inherite
 modules, redis-py, RQ, the task's module) out of every generation, where no collection walks it
 or writes to its pages again (reference counts still do); the youngest generation is collected
 after :data:`GEN0_THRESHOLD` allocations, as the forwarder's (:mod:`hybridq.forwarder.gcpolicy`).
-A failed plain task leaves no reference cycle (its error is not held by the frame its
-traceback holds: :func:`hybridq.worker.run.perform`); a failed ``async def`` task does
-(asyncio's task and ``wait_for`` hold its error), as does what a task leaves in cycles itself:
-those wait for a collection, now rarer (docs/worker.md says what that holds, and
-``--max-memory``). A collector turned off (threshold 0, an application's choice before the
-fork) stays off. The process is the pool's own: nothing is put back.
+A failed task leaves no reference cycle (no frame of its run keeps its error:
+:func:`hybridq.worker.run.perform`; an ``async def`` task is awaited in its run's asyncio task:
+:mod:`hybridq.worker.acall`); what a task leaves in cycles itself waits
+for a collection, now rarer (docs/worker.md says what that holds, and ``--max-memory``). A
+collector turned off (threshold 0, an application's choice before the fork) stays off. The
+process is the pool's own: nothing is put back.
 
 This module must not import redis or rq.
 """

@@ -25,8 +25,8 @@ from redis.exceptions import RedisError
 from rq.timeouts import JobTimeoutException
 
 from hybridq.context import _current
-from hybridq.errors import Cancelled
 from hybridq.worker import lease
+from hybridq.worker.acall import settle, stoppable, timed_out
 from hybridq.worker.run import BUSY, BUSY_POLL_S, CLAIMED, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
@@ -35,8 +35,6 @@ __all__ = ["FRESH_S", "Performer", "is_async"]
 
 log = logging.getLogger("hybridq.worker")
 
-#: How often a running ``async def`` task's cancel flag is looked at (seconds).
-ASYNC_POLL_S = 0.5
 #: A claim older than this when its task is about to start is made again first (seconds): the
 #: thread (or event loop) was held up since, and the claim may be gone (:meth:`Performer._fresh`).
 FRESH_S = 0.05
@@ -86,6 +84,9 @@ class Performer:
             failed(item, text(exc))
             return True
         _record(item, value, error)
+        # Not kept as this frame ends: the frame that caught it, in its traceback, links to this
+        # one (its caller), so the task's frames and data would wait for a collection (a cycle).
+        del error
         return True
 
     def _claimed(self, item: Taken, *, again: bool = False, wait: bool = True) -> bool | None:
@@ -250,26 +251,27 @@ class Performer:
             return await run.func(*args, **kwargs)
 
         context = begin(self.client, run)
-        started = time.monotonic()
+        timer = asyncio.timeout(item.timeout)  # None: none
+        current = asyncio.current_task()
+        assert current is not None  # a coroutine the loop runs
+        cancelling = current.cancelling()
+        grace = self.runner.cancel_grace_s if self.runner is not None else CANCEL_GRACE_S
         try:
-            coro = task()
-            return await self._stoppable(
-                item, asyncio.wait_for(coro, item.timeout) if item.timeout is not None else coro
-            ), None
-        except TimeoutError as exc:  # wait_for's, or the task's own
-            if not called:
-                raise _Late(item.job_id) from None  # the loop held up past the timeout, before the call
-            timed_out = item.timeout is not None and time.monotonic() - started >= item.timeout
-            if timed_out:
+            async with timer:
+                return await stoppable(item, task(), grace), None
+        except _Late:
+            raise
+        except BaseException as exc:
+            if not called and isinstance(exc, TimeoutError):  # it starts in the step of the call
+                raise _Late(item.job_id) from None
+            if timed_out(exc, timer):  # the timeout's (see hybridq.worker.acall), not the task's own
                 return None, JobTimeoutException(
                     f"Task exceeded maximum timeout value ({item.timeout:g} seconds)"
                 )
-            return None, exc
-        except Exception as exc:
-            return None, exc
-        except _Late:
-            raise
-        except BaseException as exc:  # cancelled: no outcome, the lease lapses
+            if isinstance(exc, Exception):
+                return None, exc
+            # Cancelled from outside the run (SystemExit, KeyboardInterrupt too): no outcome,
+            # the lease lapses.
             release(run)
             run.finish = None
             if called:
@@ -278,43 +280,8 @@ class Performer:
                 item.dropped = True
             return None
         finally:
+            settle(current, cancelling)
             _current.reset(context)
-
-    async def _stoppable(self, item: Taken, coro: Any) -> Any:
-        """Await ``coro``; cancelled (hybridq cancel) and still running after the grace, stop it.
-
-        The asyncio form of the watchdog's stop: the task is cancelled (``CancelledError`` in
-        it, its ``finally`` blocks run) and the run ends with :class:`hybridq.Cancelled`.
-        """
-        renewal = item.run.renewal
-        if renewal is not None and renewal.cancelled.is_set():  # cancelled while it waited for the loop
-            coro.close()
-            raise Cancelled(f"job {item.job_id} was cancelled before it started")
-        task = asyncio.ensure_future(coro)
-        if renewal is None:
-            return await task
-        flag = renewal.cancelled
-        grace = self.runner.cancel_grace_s if self.runner is not None else CANCEL_GRACE_S
-        stopped = False
-
-        async def watch() -> None:
-            nonlocal stopped
-            while not flag.is_set():  # noqa: ASYNC110 - a threading.Event, set by the lease thread
-                await asyncio.sleep(ASYNC_POLL_S)
-            await asyncio.sleep(grace)
-            log.warning("job %s: cancelled, still running after its grace period: stopping it", item.job_id)
-            stopped = True
-            task.cancel()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if stopped:
-                raise Cancelled(f"job {item.job_id} was cancelled: stopped after its grace period") from None
-            raise
-        finally:
-            watcher.cancel()
 
     def stuck(self, item: Taken) -> None:
         """A job stuck past its timeout (on the watchdog's thread): nothing is recorded for it.

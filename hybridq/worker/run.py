@@ -94,14 +94,15 @@ def execute(delivery: Mapping[str, Any]) -> Any:
     if answer is not CLAIMED:
         return answer
     value, error = perform(conn, run)
-    if not run.deferred:
+    failed = [error] if error is not None else []
+    del error  # popped as it is raised: its traceback holds this frame (see perform)
+    if not run.deferred:  # else the worker sends it in the pipeline RQ sends after the job (rqworker)
         try:
             finish(conn, run)
         finally:
             release(run)
-    # else the worker sends it, in the pipeline RQ sends right after the job (hybridq.rqworker).
-    if error is not None:
-        raise error
+    if failed:
+        raise failed.pop()
     return value
 
 
@@ -115,7 +116,7 @@ def perform(conn: redis.Redis, run: Run) -> tuple[Any, Exception | None]:
     """
     context = begin(conn, run)
     token = quick.started(run.d.envelope.func)
-    failed: list[Exception] = []  # not a local naming it: its traceback holds this frame (a cycle)
+    failed: list[Exception] = []  # its traceback holds this frame, its callers' too: no local names it
     value: Any = None
     try:
         value = call(run.func, run.d.envelope)  # a hybridq.task is callable too

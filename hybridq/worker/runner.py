@@ -5,7 +5,7 @@
 the job on its ``done`` queue once it ran. Its watchdog thread enforces each job's timeout:
 
 * at the deadline, a job on a thread gets :class:`~rq.timeouts.JobTimeoutException` raised in
-  it (at its next Python instruction; an ``async def`` task is cancelled by ``asyncio.wait_for``);
+  it (at its next Python instruction; an ``async def`` task is cancelled by ``asyncio.timeout``);
   the job fails as any job that raised does (its retries apply);
 * a job still running :data:`STUCK_S` later is stuck where no exception reaches it (a blocking
   C call): the watchdog marks the runner *poisoned*: the process takes no more jobs, lets its

@@ -12,7 +12,7 @@ import inspect
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from hybridq.envelope.model import Envelope
@@ -34,7 +34,29 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
     """
     args, kwargs = env.call_args()  # tagged values decoded (hybridq.envelope.tagged)
     value = func(*args, **kwargs)
-    return asyncio.run(value) if inspect.iscoroutine(value) else value
+    if not inspect.iscoroutine(value):
+        return value
+    value, error = asyncio.run(_settled(value))
+    if error is None:
+        return value
+    try:
+        raise error
+    finally:
+        del error  # not kept as this frame ends: it is in its traceback (a reference cycle)
+
+
+async def _settled(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Exception | None]:
+    """What ``coro`` returned, or the error it raised, as the result of ``asyncio.run``'s task.
+
+    A task that ends with an error keeps it, and the error's traceback holds the frame that
+    holds the task (``asyncio.run``'s): a reference cycle that would hold a failed task's
+    frames and data until a collection. Anything but an ``Exception`` (a ``CancelledError``,
+    ``SystemExit``) is left to ``asyncio.run``, as before.
+    """
+    try:
+        return await coro, None
+    except Exception as exc:
+        return None, exc
 
 
 def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:

@@ -110,7 +110,7 @@ def test_an_async_task_cancelled_while_it_waited_for_the_loop_never_starts() -> 
     import types
 
     from hybridq.errors import Cancelled
-    from hybridq.worker.perform import Performer
+    from hybridq.worker.acall import stoppable
 
     started: list[bool] = []
 
@@ -122,7 +122,6 @@ def test_an_async_task_cancelled_while_it_waited_for_the_loop_never_starts() -> 
     item: Any = types.SimpleNamespace(
         job_id="j1", run=types.SimpleNamespace(renewal=types.SimpleNamespace(cancelled=flag))
     )
-    performer = Performer(client=None)  # type: ignore[arg-type]
     with pytest.raises(Cancelled, match="before it started"):
-        asyncio.run(performer._stoppable(item, task()))
+        asyncio.run(stoppable(item, task(), 1.0))
     assert started == []
