@@ -11,6 +11,8 @@ priority tier (``-m priority``: tests/integration/test_priority_tier.py).
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 from pathlib import Path
 
@@ -43,6 +45,15 @@ def backlog(journal: Path) -> int:
     """Jobs waiting in the run table, as the forwarder's last stats snapshot says."""
     detail = stats(journal, redis_url=None, outbox=None)["queue_detail"].get("default", {})
     return int(detail.get("backlog") or 0)
+
+
+def small_waiting(journal: Path) -> int:
+    """Jobs of the limit key ``tenant:small`` in the run table (read from its file, not a snapshot)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{journal}/runs/runs.sqlite?mode=ro", uri=True)) as db:
+            return int(db.execute("SELECT count(*) FROM runs WHERE lkey = 'tenant:small'").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
 
 
 def wait_for(check: object, timeout_s: float, *procs: object, what: str = "") -> None:
@@ -141,6 +152,9 @@ def test_a_small_tenant_finishes_while_a_big_one_drains(
     forwarder = stack.forwarder(
         redis_server.url, "--window-min", "50", "--window-max", "100", "--fair-key", "tenant:*"
     )
+    # Every job read before the worker starts: on a busy machine the refill could otherwise push
+    # big jobs for turns before the small ones were read (the bound below would not hold).
+    wait_for(lambda: small_waiting(stack.journal) == 10, 60, forwarder, what="the small tenant's jobs read")
     worker = stack.worker(redis_server.url)
     done = lambda: sum(t.startswith("small") for t in ran(effects)) == 10  # noqa: E731
     wait_for(done, 60, forwarder, worker, what="the small tenant")
