@@ -172,9 +172,13 @@ class Segment:
         return self.starts[b + 1] - 1 if b + 1 < len(self.starts) else self.last
 
     def recompute(self, b: int) -> None:
-        """Block ``b``'s least pending creation time, from its rows."""
+        """Block ``b``'s least pending creation time, from its rows.
+
+        Not for a :data:`DEAD` block: either all its jobs finished (its least is ``inf`` already)
+        or it could not be read back, and keeps the least it had (too old, not too young).
+        """
         rows = self.rows.get(b)
-        if rows is not None:
+        if rows is not None and rows is not DEAD:
             self.mins[b] = min(rows.created, default=DONE)
 
     def head(self) -> list[Any]:

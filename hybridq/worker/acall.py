@@ -99,7 +99,10 @@ def settle(task: asyncio.Task[Any], cancelling: int) -> None:
     """Take back the cancel requests left on ``task`` past ``cancelling`` (the count before the call).
 
     A request the task's code left would make a later ``asyncio.timeout`` or ``TaskGroup`` in
-    this asyncio task take its own cancel for one from outside.
+    this asyncio task take its own cancel for one from outside. A task that called
+    ``current_task().cancel()`` and returned without an await leaves a ``CancelledError``
+    pending all the same (Python cannot take it back): the run's task must not await after the
+    call's outcome is decided (``Runner._run_async`` does not), or it would lose it.
     """
     while task.cancelling() > cancelling:
         task.uncancel()

@@ -95,6 +95,24 @@ def test_a_block_not_read_back_makes_the_count_inexact_and_no_stop_saves_it(
     assert not saved_count(tmp_path).exists()
 
 
+def test_a_block_not_read_back_keeps_its_oldest_through_a_restarts_join(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fails before: the join found the block's least again from its (shared, empty) rows: none,
+    # so the oldest became the next block's (1512), too young, while job 1000 still waits.
+    records = jobs(tmp_path, 1024)
+    tracker = PendingTracker(str(tmp_path))
+    for loc, job in records:
+        tracker.saw(loc, job)
+    failing(monkeypatch)
+    tracker.done(records[5][0])
+    assert tracker.inexact
+    assert tracker.oldest() == 1000.0
+    live = PendingTracker(str(tmp_path))
+    live.take_older(tracker)
+    assert live.oldest() == 1000.0  # too old rather than too young, as the docs say
+
+
 def test_a_rewind_that_cannot_read_back_leaves_the_segment_whole_and_counts_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
