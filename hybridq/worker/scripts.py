@@ -270,7 +270,7 @@ for i = 1, n do
             local ok, o = decode_stored(stored or "")  -- a lone surrogate decodes too
             ended = ok and o.token == token
         end
-        if limit_renew(lim, token, tonumber(ms), ended, server) then
+        if limit_renew(lim, token, tonumber(ms), ended, server, r % 2 == 1) then
             r = r + 4
         end
     end

@@ -310,13 +310,18 @@ def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_
     assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED
 
 
-def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_again_is_admitted(
+def ended_runs(conn: redis.Redis) -> dict[bytes, set[bytes]]:
+    """Every set of ended runs (one per 10 s, or 10 minutes) and what it holds."""
+    return {key: conn.smembers(key) for key in conn.keys(f"{keys.LIMITS_ENDED}:*")}
+
+
+def test_the_ended_runs_of_every_key_are_in_sets_by_time_and_a_refusal_sent_again_is_admitted(
     conn: redis.Redis,
 ) -> None:
-    # One set for every key (with a key per tenant and a job or two each, a set per key was
-    # created at one outcome and dropped by its expiry). A run admitted, whose claim is refused
-    # by a full key, and then made again by its holder, is admitted: the holder check is made
-    # only when a refusal would be given.
+    # Sets for every key (with a key per tenant and a job or two each, a set per key was
+    # created at one outcome and dropped by its expiry), one per 10 s: kept a minute to a
+    # minute and 10 s, not an hour. A run admitted, whose claim is refused by a full key, and then made
+    # again by its holder, is admitted: the holder check is made only when a refusal would be given.
     settled(conn)
     runs = []
     for key in ("tenant:e1", "tenant:e2"):
@@ -324,11 +329,12 @@ def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_ag
         assert claim(conn, run)[0] == ClaimStatus.CLAIMED
         finish(conn, run)
         runs.append(run)
-    assert set(conn.zrange(keys.LIMITS_ENDED, 0, -1)) == {r.encode() for r in runs}
+    ended = ended_runs(conn)
+    assert set().union(*ended.values()) == {r.encode() for r in runs}
+    assert all(key.decode().split(":")[-1].startswith("m") for key in ended), ended
     assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")
-    assert 50_000 < conn.pttl(keys.LIMITS_ENDED) <= 60_000, (
-        "it goes with its longest-kept run, not an hour on"
-    )
+    for key in ended:
+        assert 50_000 < conn.pttl(key) <= 70_000, "a minute after its span, not an hour on"
     holder = token("1,0,0,tenant:e3")
     assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
     conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
@@ -336,11 +342,13 @@ def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_ag
     assert claim(conn, token("1,0,0,tenant:e3"))[0] != ClaimStatus.CLAIMED, "another run: over the limit"
 
 
-def test_an_ended_set_of_another_type_fails_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
+def test_ended_sets_of_another_type_fail_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
     # One key for every limit key: written by something else, it must not fail every limited
     # run's outcome (the per-key set it replaced could fail only its own key's).
     settled(conn)
-    conn.set(keys.LIMITS_ENDED, "not a sorted set")
+    now_ms = int(time.time() * 1000)
+    for at in range(now_ms - 60_000, now_ms + 20_000, 10_000):
+        conn.set(keys.limits_ended(at), "not a set")
     run = token("1,0,0,tenant:odd-ended")
     assert claim(conn, run)[0] == ClaimStatus.CLAIMED
     finish(conn, run)
@@ -349,3 +357,33 @@ def test_an_ended_set_of_another_type_fails_no_outcome_and_no_renewal(conn: redi
     conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
     # A later run's outcome replaced its own: only the ended set could say this run ended.
     assert renew(conn, run) & 4 == 4, "not known to have ended: the slot is held again (one run fewer)"
+
+
+def test_a_renewal_finds_its_run_ended_a_minute_before(conn: redis.Redis) -> None:
+    # An end is kept in the set of its 10 s until a minute after them: a renewal run up to a
+    # minute after the outcome still finds it there (the renewal reads the last minute's sets).
+    settled(conn)
+    run = token("1,0,0,tenant:late")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run)
+    job_id = run.split("/", 1)[0]
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    for key in ended_runs(conn):
+        conn.delete(key)
+    conn.sadd(keys.limits_ended(int(time.time() * 1000) - 60_000), run)
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    conn.delete(keys.limits_ended(int(time.time() * 1000) - 60_000))
+    conn.sadd(keys.limits_ended(int(time.time() * 1000) - 3_600_000, kept=True), run)
+    assert renew(conn, run) & 4 == 0, "an end kept an hour is found in the hour before too"
+
+
+def test_a_queued_count_taken_to_zero_leaves_no_key(conn: redis.Redis) -> None:
+    # No key reads as 0; the claim drops it rather than keep a 0 alive two leases.
+    settled(conn)
+    queued = f"{keys.LIMIT_PREFIX}tenant:q0:queued"
+    conn.set(queued, 1, px=20_000)
+    assert claim(conn, token("1,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
+    assert not conn.exists(queued)
+    assert claim(conn, token("5,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == -1
+    assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "below zero: it expires"
