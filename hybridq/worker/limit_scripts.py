@@ -161,8 +161,10 @@ local function limit_expire(key, ms, server)
     end
     if server then server.expiry[key] = left end
 end
+-- ``lim.exists``: the caller knows the job hash exists (no EXISTS).
 local function limit_left(lim, job, lease_ms, server)
-    if redis.call("EXISTS", job) == 1 and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
+    local exists = lim.exists or redis.call("EXISTS", job) == 1
+    if exists and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
     if redis.call("DECR", lim.queued) == 0 then

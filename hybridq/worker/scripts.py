@@ -78,6 +78,7 @@ local function claim(K, A, server, known)
     -- A limited key's run (hybridq.worker.limit_scripts); a plain find first: the pattern match
     -- of every token cost about 4 % of a claim's Redis time, for the few runs that are limited.
     local lim = string.find(A[1], "#L", 1, true) and limit_of(A[1])
+    if lim and known then lim.exists = true end  -- (the caller read the hash: no EXISTS)
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
