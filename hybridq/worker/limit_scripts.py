@@ -46,7 +46,7 @@ from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
-#: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
+#: Lua functions: ``limit_of(token[, slot_only])``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
 #: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
 #: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
@@ -57,7 +57,9 @@ __all__ = ["LIMIT_LUA"]
 LIMIT_LUA = (
     RUN_ID_LUA
     + f"""
-local function limit_of(token)
+-- ``slot_only``: only the ``run`` key (the outcome and the renewal need no policy or other key:
+-- three string-to-number conversions and two keys fewer per outcome).
+local function limit_of(token, slot_only)
     token = token or ""
     -- Anchored at the first ``#L`` (a search from each position of the token cost about 1 % of a
     -- limited claim's and outcome's Redis instructions); the search only if that is not the policy.
@@ -67,6 +69,7 @@ local function limit_of(token)
     if not key then c, r, p, key = string.match(token, "#L(%d+),(%d+),(%d+),(.+)$") end
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
+    if slot_only then return {{run = at .. "run"}} end
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
         starts = at .. "starts", queued = at .. "queued"}}
 end
@@ -238,7 +241,7 @@ end
 -- script kept another run's success, so the stored outcome was never this run's).
 -- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
 local function limit_end(token, kept, server)
-    local lim = limit_of(token)
+    local lim = limit_of(token, true)
     if not lim then return end
     server = server or {{}}
     redis.call("ZREM", lim.run, token)

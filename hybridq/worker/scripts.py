@@ -262,7 +262,7 @@ for i = 1, n do
     if job and redis.call("HEXISTS", job, "hybridq_cancel") == 1 then
         r = r + 2
     end
-    local lim = limit_of(token)
+    local lim = limit_of(token, true)
     if lim then
         -- Ended: the lease is not ours and the key's stored outcome is this run's.
         local ended = false
