@@ -138,8 +138,12 @@ local function limit_admit(lim, token, lease_ms, server)
         if redis.call("ZCARD", lim.starts) >= lim.r then why = "limited: rate" end
     end
     -- This very run holds the slot already (a claim sent again): admitted. Asked only of a
-    -- refusal: an admitted run's hold finds it the same way (ZADD: not new).
-    if why and redis.call("ZSCORE", lim.run, token) then return nil end
+    -- refusal. A slot of its own that lapsed (its holder cut off past the lease, the claim made
+    -- again) is not held: left below the concurrency untrimmed, it must not waive the rate.
+    if why then
+        local held = redis.call("ZSCORE", lim.run, token)
+        if held and tonumber(held) > now then return nil end
+    end
     return why
 end
 -- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
@@ -181,7 +185,15 @@ local function limit_left(lim, job, lease_ms, server)
 end
 local function limit_hold(lim, token, lease_ms, job, server)
     local now = limit_now(server)
-    local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
+    -- A new start unless the run holds a live slot (a claim sent again). NX first: a new run
+    -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
+    -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
+    -- would have made it.
+    local new = redis.call("ZADD", lim.run, "NX", now + lease_ms, token) == 1
+    if not new then
+        new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
+        redis.call("ZADD", lim.run, now + lease_ms, token)
+    end
     if server.fresh and server.fresh[lim.run] then
         -- The admission found no set: this ZADD made it, with no expiry to keep (no PTTL).
         server.fresh[lim.run] = nil

@@ -387,3 +387,28 @@ def test_a_queued_count_taken_to_zero_leaves_no_key(conn: redis.Redis) -> None:
     assert claim(conn, token("5,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
     assert int(conn.get(queued) or 0) == -1
     assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "below zero: it expires"
+
+
+def test_a_claim_made_again_after_its_own_slot_lapsed_is_refused_when_the_rate_is_spent(
+    conn: redis.Redis,
+) -> None:
+    # Its holder was cut off past its lease and the claim is made again (same token) after
+    # another run took the period's one start: its lapsed slot is not a slot it holds.
+    settled(conn)
+    policy = "5,1,1000,tenant:lapsed"
+    first = token(policy)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    time.sleep(1.1)  # its lease (and slot) lapsed, its start left the period
+    assert claim(conn, token(policy))[0] == ClaimStatus.CLAIMED, "the one start this period allows"
+    assert claim(conn, first) == (ClaimStatus.FENCED, "limited: rate")
+
+
+def test_a_claim_made_again_after_its_own_slot_lapsed_is_a_new_start(conn: redis.Redis) -> None:
+    # Admitted (the rate not spent), it counts against the rate: the next run waits the period.
+    settled(conn)
+    policy = "5,1,1000,tenant:restart"
+    first = token(policy)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    time.sleep(1.1)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    assert claim(conn, token(policy)) == (ClaimStatus.FENCED, "limited: rate")
