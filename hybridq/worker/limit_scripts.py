@@ -49,7 +49,7 @@ __all__ = ["LIMIT_LUA"]
 #: Lua functions: ``limit_of(token[, slot_only])``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
 #: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
-#: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
+#: ``limit_renew(lim, token, lease ms, ended, server, ours)`` and ``limit_end(token, kept[, server])``.
 #: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
 #: expiries set: every call of one script call must pass it (an expiry set without it is not
 #: remembered, and a later one it skips would leave that one). With ``redis_run_id()``
@@ -223,14 +223,15 @@ local function limit_ended_key(kept, now)
     local n = math.floor(now / span)
     return "{ENDED_KEY}" .. (kept and ":h" or ":m") .. n, (n + 1) * span + keep
 end
--- Whether ``token``'s end is kept: the sets of the last minute (and hour), 7 each. Read only by
--- a renewal whose lease is no longer its own. A set of another type (written by something
--- else) says nothing (pcall).
+-- Whether ``token``'s end is kept: the sets of the last minute (and hour), 7 each, and the next
+-- span's (an end written when Redis's clock read later: stepped back since, or a replica behind
+-- took over). Read only by a renewal whose lease is no longer its own. A set of another type
+-- (written by something else) says nothing (pcall).
 local function limit_ended(token, server)
     local now = limit_now(server)
     for _, kept in ipairs({{false, true}}) do
         local span = kept and 600000 or 10000
-        for back = 0, 6 do
+        for back = -1, 6 do
             local key = limit_ended_key(kept, now - back * span)
             if redis.pcall("SISMEMBER", key, token) == 1 then return true end
         end

@@ -370,11 +370,42 @@ def test_a_renewal_finds_its_run_ended_a_minute_before(conn: redis.Redis) -> Non
     conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
     for key in ended_runs(conn):
         conn.delete(key)
-    conn.sadd(keys.limits_ended(int(time.time() * 1000) - 60_000), run)
+    # Redis's clock (the renewal reads it): five spans back, six if one ends before the renewal.
+    now_ms = redis_ms(conn)
+    conn.sadd(keys.limits_ended(now_ms - 50_000), run)
     assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
-    conn.delete(keys.limits_ended(int(time.time() * 1000) - 60_000))
-    conn.sadd(keys.limits_ended(int(time.time() * 1000) - 3_600_000, kept=True), run)
+    conn.delete(keys.limits_ended(now_ms - 50_000))
+    conn.sadd(keys.limits_ended(now_ms - 3_000_000, kept=True), run)
     assert renew(conn, run) & 4 == 0, "an end kept an hour is found in the hour before too"
+
+
+def redis_ms(conn: redis.Redis) -> int:
+    seconds, micros = conn.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_a_renewal_finds_an_end_written_when_redis_clock_read_later(conn: redis.Redis) -> None:
+    # Redis's clock stepped back (or a replica behind took over) after the outcome: the end is
+    # in the next span's set, which the renewal reads too.
+    settled(conn)
+    run = token("1,0,0,tenant:ahead")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    job_id = run.split("/", 1)[0]
+    conn.delete(keys.lease(job_id))  # its lease lost: only the ended sets can say it ended
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    conn.sadd(keys.limits_ended(redis_ms(conn) + 10_000), run)
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+
+
+def test_a_renewal_whose_lease_is_its_own_reads_no_ended_set(conn: redis.Redis) -> None:
+    # Its outcome deletes its lease: while the lease is its own it has not ended, whatever the
+    # (shared, writable) ended sets say.
+    settled(conn)
+    run = token("1,0,0,tenant:own")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    conn.sadd(keys.limits_ended(redis_ms(conn)), run)
+    assert renew(conn, run) & 4 == 4, "its slot is held a lease on"
+    assert claim(conn, token("1,0,0,tenant:own")) == (ClaimStatus.FENCED, "limited: concurrency")
 
 
 def test_a_queued_count_taken_to_zero_leaves_no_key(conn: redis.Redis) -> None:
