@@ -1,8 +1,9 @@
 """The per-key limits in the pool's batch scripts: several runs of one key in one script call.
 
-A call reads Redis's clock once, and drops a key's lapsed slots, its starts out of the period
-and the ended runs due once (hybridq.worker.limit_scripts ``limit_trim``), not once per job
-(docs/benchmarks.md): the counts each claim sees must be what a trim per claim would give.
+A call reads Redis's clock once, and drops a key's lapsed slots (at its concurrency) and its
+starts out of the period once (hybridq.worker.limit_scripts ``limit_trim``), not once per job
+(docs/benchmarks.md): the counts each claim sees must be what a trim per claim would give. The
+ended runs are not trimmed: they are in sets by time that expire (``limit_end``).
 """
 
 from __future__ import annotations
@@ -137,3 +138,14 @@ def test_a_shorter_lease_never_shortens_the_life_of_a_longer_runs_slot(redis_ser
     client2, more = take_limited(redis_server, 2, "2,0,0,tenant:b7", leases=[1.0, 1.0])
     assert [r[0] for r in start(client2, more)] == [0, 4], "one slot left: the long run still holds one"
     assert client.pttl(run_key) > 60_000
+
+
+def test_a_queued_count_taken_through_zero_in_one_start_call_still_expires(redis_server: RedisServer) -> None:
+    """From 2, three claims in one call: 1 (its expiry set), 0 (the key dropped), -1: a new key,
+    whose expiry the call must set again, not skip as already made (else -1 stays for good)."""
+    client, items = take_limited(redis_server, 3, "5,0,0,tenant:b8")
+    queued = f"{keys.LIMIT_PREFIX}tenant:b8:queued"
+    client.set(queued, 2)
+    assert [r[0] for r in start(client, items)] == [0, 0, 0]
+    assert int(client.get(queued) or 0) == -1
+    assert client.pttl(queued) > 0, "below zero: it expires"
