@@ -45,6 +45,8 @@ def runs_of(
     line after it ended when its process was killed (``killed``: pid -> when), or is taken as
     running until ``now``.
     """
+    # One process never runs one token's attempt twice at once (a claim is made again only before
+    # its task starts), so the next ``done`` of the same key after a start is that run's end.
     next_done: dict[tuple[str, int, int], float] = {}
     out = []
     for x in reversed(lines):  # (the file is in the order the tasks wrote it)
