@@ -24,7 +24,7 @@ hybridq's own keys:
   publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
   ``hybridq status --all``. Display only: anyone who can write to Redis can write them
   (docs/security.md), so nothing decides anything from them.
-* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``hybridq:limit:ended`` and
+* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``hybridq:limit:ended:*`` and
   ``hybridq:limits:epoch`` -- the per-key limits' state: the runs holding a slot, the starts of
   the last period, the jobs pushed and not yet claimed, the runs that ended (every key's), and
   since when this server holds that state (:mod:`hybridq.worker.limit_scripts` says what each
@@ -48,6 +48,7 @@ __all__ = [
     "events",
     "forwarders",
     "lease",
+    "limits_ended",
     "node_asks",
     "node_reply",
     "node_seen",
@@ -83,9 +84,17 @@ local function redis_run_id()
     return run_id_of(redis.pcall("INFO", "server"))
 end
 """
-#: The runs of every limit key whose outcome was recorded, for a minute (one sorted set: not a
-#: set created and dropped per key; no limit key's part has this name, they all have a ``:``).
+#: The runs of every limit key whose outcome was recorded: the prefix of one set per 10 s
+#: (``:m<n>``, kept a minute) or 10 minutes (``:h<n>``, kept an hour) of Redis's clock
+#: (hybridq.worker.limit_scripts; not a set created and dropped per key; no limit key's part
+#: has these names, they all end in ``:run``, ``:starts`` or ``:queued``).
 LIMITS_ENDED = LIMIT_PREFIX + "ended"
+
+
+def limits_ended(at_ms: int, *, kept: bool = False) -> str:
+    """The set of ended runs an outcome at ``at_ms`` (Redis's clock) adds its run to."""
+    return f"{LIMITS_ENDED}:h{at_ms // 600_000}" if kept else f"{LIMITS_ENDED}:m{at_ms // 10_000}"
+
 
 #: RQ's key prefix, as ``rq.defaults`` reads it (this module must not import rq: producers use
 #: it): a worker and a forwarder started with the same ``RQ_KEY_PREFIX`` meet in the same keys.

@@ -20,15 +20,15 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   be below zero for a moment. It expires two leases after its last change: a backstop for
   copies that leave Redis another way (evicted, purged by a refill after a restart).
 
-``hybridq:limit:ended``, one sorted set for every key (not one per key: with a key per tenant
-and a few jobs each, each job's outcome created one and its expiry dropped it), holds the runs
-whose outcome was recorded, for a minute (an hour for those whose outcome script kept another
-run's success: their stored outcome is not theirs): a renewal sent before the outcome and run
-after it must not take the slot back, also once a later run's outcome replaced this run's
-(member: the token, which names the key; score: when it goes, ms). Each outcome call trims what is
-due, and the set expires with its longest-kept run (a lull after a burst does not keep a minute
-of ends for an hour). A renewal held up longer than that, or run after a
-FLUSHALL emptied it, takes the slot back for one lease.
+``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
+a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
+hold the runs whose outcome was recorded, a minute (an hour for those whose outcome script kept
+another run's success: their stored outcome is not theirs): one set per 10 s (10 minutes) of
+Redis's clock, expiring a minute (an hour) after its span. A renewal sent before the outcome and
+run after it must not take the slot back, also once a later run's outcome replaced this run's
+(member: the token, which names the key). A renewal whose lease is still its own has not ended
+(the outcome deletes it) and reads none of them. A renewal held up longer than that, or run
+after a FLUSHALL emptied them, takes the slot back for one lease.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -46,10 +46,10 @@ from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
-#: Lua functions: ``limit_of(token)``, ``limit_admit(lim, token, lease ms, server)`` (the why
+#: Lua functions: ``limit_of(token[, slot_only])``, ``limit_admit(lim, token, lease ms, server)`` (the why
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
 #: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
-#: ``limit_renew(lim, token, lease ms, ended, server)`` and ``limit_end(token, kept[, server])``.
+#: ``limit_renew(lim, token, lease ms, ended, server, ours)`` and ``limit_end(token, kept[, server])``.
 #: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
 #: expiries set: every call of one script call must pass it (an expiry set without it is not
 #: remembered, and a later one it skips would leave that one). With ``redis_run_id()``
@@ -57,12 +57,21 @@ __all__ = ["LIMIT_LUA"]
 LIMIT_LUA = (
     RUN_ID_LUA
     + f"""
-local function limit_of(token)
-    local c, r, p, key = string.match(token or "", "#L(%d+),(%d+),(%d+),(.+)$")
+-- ``slot_only``: only the ``run`` key (the outcome and the renewal need no policy or other key:
+-- three string-to-number conversions and two keys fewer per outcome).
+local function limit_of(token, slot_only)
+    token = token or ""
+    -- Anchored at the first ``#L`` (a search from each position of the token cost about 1 % of a
+    -- limited claim's and outcome's Redis instructions); the search only if that is not the policy.
+    local at = string.find(token, "#L", 1, true)
+    if not at then return nil end
+    local c, r, p, key = string.match(token, "^#L(%d+),(%d+),(%d+),(.+)$", at)
+    if not key then c, r, p, key = string.match(token, "#L(%d+),(%d+),(%d+),(.+)$") end
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
+    if slot_only then return {{run = at .. "run"}} end
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = at .. "starts", queued = at .. "queued", ended = "{ENDED_KEY}"}}
+        starts = at .. "starts", queued = at .. "queued"}}
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
@@ -95,32 +104,46 @@ end
 -- cut-off trimmed; a later run of the key whose token carries a shorter rate period, after a
 -- policy change, trims again). The counts are those a trim per job would give: the clock is read
 -- once per call, nothing a call adds is due by then, and a lower cut-off finds nothing left.
-local function limit_trim(key, upto, server, call)
+local function limit_trim(key, upto, server)
     server.trimmed = server.trimmed or {{}}
     local done = server.trimmed[key]
-    if done and done >= upto then return end
+    if done and done >= upto then return 0 end
     server.trimmed[key] = upto
-    local send = call or redis.call
-    send("ZREMRANGEBYSCORE", key, "-inf", upto)
+    return redis.call("ZREMRANGEBYSCORE", key, "-inf", upto)
 end
 local function limit_admit(lim, token, lease_ms, server)
     local now = limit_now(server)
     local since = limit_epoch(now, server)
-    limit_trim(lim.run, now, server)
     local why = nil
     local quiet = tonumber(lease_ms)
     if lim.r > 0 and lim.p > quiet then quiet = lim.p end
+    server.fresh = server.fresh or {{}}
+    server.fresh[lim.run] = nil
     if now < since + quiet then
         why = "limited: quarantine after Redis lost state"
-    elseif lim.c > 0 and redis.call("ZCARD", lim.run) >= lim.c then
-        why = "limited: concurrency"
-    elseif lim.r > 0 then
+    elseif lim.c > 0 then
+        -- Lapsed slots (killed workers') are dropped only when they could refuse this run: a
+        -- key with room needs no trim. What they leave is bounded by the concurrency (a trim
+        -- comes at the limit) and read by nobody (the forwarders count scores still ahead).
+        local n = redis.call("ZCARD", lim.run)
+        if n >= lim.c then n = n - limit_trim(lim.run, now, server) end
+        -- None: the set does not exist, so the hold's ZADD makes it without an expiry.
+        server.fresh[lim.run] = n == 0
+        if n >= lim.c then why = "limited: concurrency" end
+    else
+        limit_trim(lim.run, now, server)  -- (no concurrency: no count to trim at; each call)
+    end
+    if not why and lim.r > 0 then
         limit_trim(lim.starts, now - lim.p, server)
         if redis.call("ZCARD", lim.starts) >= lim.r then why = "limited: rate" end
     end
     -- This very run holds the slot already (a claim sent again): admitted. Asked only of a
-    -- refusal: an admitted run's hold finds it the same way (ZADD: not new).
-    if why and redis.call("ZSCORE", lim.run, token) then return nil end
+    -- refusal. A slot of its own that lapsed (its holder cut off past the lease, the claim made
+    -- again) is not held: left below the concurrency untrimmed, it must not waive the rate.
+    if why then
+        local held = redis.call("ZSCORE", lim.run, token)
+        if held and tonumber(held) > now then return nil end
+    end
     return why
 end
 -- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
@@ -145,17 +168,41 @@ local function limit_expire(key, ms, server)
     end
     if server then server.expiry[key] = left end
 end
+-- ``lim.exists``: the caller knows the job hash exists (no EXISTS).
 local function limit_left(lim, job, lease_ms, server)
-    if redis.call("EXISTS", job) == 1 and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
+    local exists = lim.exists or redis.call("EXISTS", job) == 1
+    if exists and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
-    redis.call("DECR", lim.queued)
-    limit_expire(lim.queued, 2 * lease_ms, server)
+    if redis.call("DECR", lim.queued) == 0 then
+        -- Nothing queued: no key reads the same as 0 (the forwarders' INCRBY makes it again),
+        -- and a count of 0 needs no backstop. One command, not a PTTL and a PEXPIRE.
+        redis.call("DEL", lim.queued)
+        if server and server.expiry then server.expiry[lim.queued] = nil end
+    else
+        limit_expire(lim.queued, 2 * lease_ms, server)
+    end
 end
 local function limit_hold(lim, token, lease_ms, job, server)
     local now = limit_now(server)
-    local new = redis.call("ZADD", lim.run, now + lease_ms, token) == 1
-    limit_expire(lim.run, 2 * lease_ms + 1000, server)
+    -- A new start unless the run holds a live slot (a claim sent again). NX first: a new run
+    -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
+    -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
+    -- would have made it.
+    local new = redis.call("ZADD", lim.run, "NX", now + lease_ms, token) == 1
+    if not new then
+        new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
+        redis.call("ZADD", lim.run, now + lease_ms, token)
+    end
+    if server.fresh and server.fresh[lim.run] then
+        -- The admission found no set: this ZADD made it, with no expiry to keep (no PTTL).
+        server.fresh[lim.run] = nil
+        redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+        server.expiry = server.expiry or {{}}
+        server.expiry[lim.run] = 2 * lease_ms + 1000
+    else
+        limit_expire(lim.run, 2 * lease_ms + 1000, server)
+    end
     if new then
         if lim.r > 0 then
             redis.call("ZADD", lim.starts, now, token)
@@ -164,33 +211,62 @@ local function limit_hold(lim, token, lease_ms, job, server)
         limit_left(lim, job, lease_ms, server)
     end
 end
+-- The ends of runs are kept a minute (an hour for the runs whose outcome script kept another
+-- run's success), in sets by when they ended: one per 10 s of Redis's clock
+-- (``hybridq:limit:ended:m<n>``; ``:h<n>``, one per 10 minutes), each expiring a minute (an
+-- hour) after its span: an end is kept a minute to a minute and 10 s. Not one sorted set
+-- trimmed at each outcome: an outcome adds its run (SADD) and the set's expiry, always the
+-- same instant (no PTTL, no trim).
+local function limit_ended_key(kept, now)
+    local keep = kept and 3600000 or 60000
+    local span = keep / 6
+    local n = math.floor(now / span)
+    return "{ENDED_KEY}" .. (kept and ":h" or ":m") .. n, (n + 1) * span + keep
+end
+-- Whether ``token``'s end is kept: the sets of the last minute (and hour), 7 each, and the next
+-- span's (an end written when Redis's clock read later: stepped back since, or a replica behind
+-- took over). Read only by a renewal whose lease is no longer its own. A set of another type
+-- (written by something else) says nothing (pcall).
+local function limit_ended(token, server)
+    local now = limit_now(server)
+    for _, kept in ipairs({{false, true}}) do
+        local span = kept and 600000 or 10000
+        for back = -1, 6 do
+            local key = limit_ended_key(kept, now - back * span)
+            if redis.pcall("SISMEMBER", key, token) == 1 then return true end
+        end
+    end
+    return false
+end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
-local function limit_renew(lim, token, lease_ms, ended, server)
+-- ``ours``: the run still holds its lease, which its outcome deletes: it has not ended.
+local function limit_renew(lim, token, lease_ms, ended, server, ours)
     if ended then return false end
-    local was = redis.pcall("ZSCORE", lim.ended, token)  -- (of another type: not known to have ended)
-    if was and type(was) ~= "table" then return false end
+    if not ours and limit_ended(token, server) then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", lim.run, now + lease_ms, token)
     limit_expire(lim.run, 2 * lease_ms + 1000, server)
     return true
 end
--- Every run's end is kept in ``ended`` (a renewal may not tell it from the stored outcome: a
--- later run's outcome may replace it): a minute, or an hour when ``kept`` (the run's outcome
+-- Every run's end is kept (a renewal may not tell it from the stored outcome: a later run's
+-- outcome may replace it): a minute or two, or an hour or two when ``kept`` (the run's outcome
 -- script kept another run's success, so the stored outcome was never this run's).
 -- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
 local function limit_end(token, kept, server)
-    local lim = limit_of(token)
+    local lim = limit_of(token, true)
     if not lim then return end
     server = server or {{}}
     redis.call("ZREM", lim.run, token)
-    local now = limit_now(server)
-    -- One key for every limit key: written by anything else (another type), it fails only
-    -- itself (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
-    limit_trim(lim.ended, now, server, redis.pcall)
-    local keep = kept and 3600000 or 60000
-    redis.pcall("ZADD", lim.ended, now + keep, token)
-    limit_expire(lim.ended, keep, server)  -- as long as its longest-kept run, no longer
+    local key, at = limit_ended_key(kept, limit_now(server))
+    -- Shared by every limit key: written by anything else (another type), it fails only itself
+    -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
+    redis.pcall("SADD", key, token)
+    server.ended = server.ended or {{}}
+    if not server.ended[key] then  -- once per set per call (the same instant each time)
+        server.ended[key] = true
+        redis.pcall("PEXPIREAT", key, at)
+    end
 end
 """
 )

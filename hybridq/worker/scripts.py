@@ -78,6 +78,7 @@ local function claim(K, A, server, known)
     -- A limited key's run (hybridq.worker.limit_scripts); a plain find first: the pattern match
     -- of every token cost about 4 % of a claim's Redis time, for the few runs that are limited.
     local lim = string.find(A[1], "#L", 1, true) and limit_of(A[1])
+    if lim and known then lim.exists = true end  -- (the caller read the hash: no EXISTS)
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
@@ -261,7 +262,7 @@ for i = 1, n do
     if job and redis.call("HEXISTS", job, "hybridq_cancel") == 1 then
         r = r + 2
     end
-    local lim = limit_of(token)
+    local lim = limit_of(token, true)
     if lim then
         -- Ended: the lease is not ours and the key's stored outcome is this run's.
         local ended = false
@@ -270,7 +271,7 @@ for i = 1, n do
             local ok, o = decode_stored(stored or "")  -- a lone surrogate decodes too
             ended = ok and o.token == token
         end
-        if limit_renew(lim, token, tonumber(ms), ended, server) then
+        if limit_renew(lim, token, tonumber(ms), ended, server, r % 2 == 1) then
             r = r + 4
         end
     end

@@ -39,15 +39,23 @@ def runs_of(
 ) -> list[tuple[float, float]]:
     """Each run of a task whose token starts with ``prefix``: (start, end), from its own lines.
 
-    A run with no ``done`` line ended when its process was killed (``killed``: pid -> when), or
-    is taken as running until ``now``.
+    A start ends at the next ``done`` line of its (token, attempt, pid) after it: a job whose
+    outcome a FLUSHALL raced runs again, same attempt, often in the same process (a run ended by
+    the last ``done`` instead would span everything between the two). A run with no ``done``
+    line after it ended when its process was killed (``killed``: pid -> when), or is taken as
+    running until ``now``.
     """
-    done = {(x.token, x.attempt, x.pid): x.at for x in lines if x.kind == "done"}
+    # One process never runs one token's attempt twice at once (a claim is made again only before
+    # its task starts), so the next ``done`` of the same key after a start is that run's end.
+    next_done: dict[tuple[str, int, int], float] = {}
     out = []
-    for x in lines:
-        if x.kind == "start" and x.token.startswith(prefix):
-            end = done.get((x.token, x.attempt, x.pid), killed.get(x.pid, now))
-            out.append((x.at, end))
+    for x in reversed(lines):  # (the file is in the order the tasks wrote it)
+        key = (x.token, x.attempt, x.pid)
+        if x.kind == "done":
+            next_done[key] = x.at
+        elif x.kind == "start" and x.token.startswith(prefix):
+            out.append((x.at, next_done.get(key, killed.get(x.pid, now))))
+    out.reverse()
     return out
 
 
@@ -210,7 +218,10 @@ def test_a_concurrency_2_key_never_runs_3_across_a_pool_killed_and_a_flushall(
     # SIGKILL the pool running a limited job: its slot frees when its lease lapses, not before.
     victims = set(wait_until(doomed.children, what="the pool's process"))
     wait_until(
-        lambda: any(x.kind == "start" and x.pid in victims for x in read_effects(effects)),
+        lambda: any(
+            x.kind == "start" and x.pid in victims and x.token.startswith("lim-")
+            for x in read_effects(effects)
+        ),
         timeout=60,
         what="a limited job on the doomed pool",
     )

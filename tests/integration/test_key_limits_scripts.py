@@ -292,60 +292,38 @@ def test_a_claim_that_runs_nothing_takes_its_copy_off_the_queued_count(
     assert queued(conn, "left") == -1  # before: 0, the forwarder's +1 for it stayed
 
 
-def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_take_the_slot_back(
+def test_a_queued_count_taken_to_zero_leaves_no_key(conn: redis.Redis) -> None:
+    # No key reads as 0; the claim drops it rather than keep a 0 alive two leases.
+    settled(conn)
+    queued = f"{keys.LIMIT_PREFIX}tenant:q0:queued"
+    conn.set(queued, 1, px=20_000)
+    assert claim(conn, token("1,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
+    assert not conn.exists(queued)
+    assert claim(conn, token("5,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == -1
+    assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "below zero: it expires"
+
+
+def test_a_claim_made_again_after_its_own_slot_lapsed_is_refused_when_the_rate_is_spent(
     conn: redis.Redis,
 ) -> None:
-    # Run A stored its own failure; the retry (run B) ran and stored its outcome over it; A's
-    # renewal, sent before A's outcome, runs now: the stored outcome is no longer A's.
+    # Its holder was cut off past its lease and the claim is made again (same token) after
+    # another run took the period's one start: its lapsed slot is not a slot it holds.
     settled(conn)
-    job_id = new_job_id(time.time())
-    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:o", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:o"
-    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
-    failed = f'{{"outcome":"failed","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
-    scripts.finish(
-        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, failed, 60, "{}"]
-    )
-    conn.set(keys.result(job_id), failed.replace(run, later).replace('"attempt":1', '"attempt":2'))
-    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
-    assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED
+    policy = "5,1,1000,tenant:lapsed"
+    first = token(policy)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    time.sleep(1.1)  # its lease (and slot) lapsed, its start left the period
+    assert claim(conn, token(policy))[0] == ClaimStatus.CLAIMED, "the one start this period allows"
+    assert claim(conn, first) == (ClaimStatus.FENCED, "limited: rate")
 
 
-def test_the_ended_runs_of_every_key_are_in_one_sorted_set_and_a_refusal_sent_again_is_admitted(
-    conn: redis.Redis,
-) -> None:
-    # One set for every key (with a key per tenant and a job or two each, a set per key was
-    # created at one outcome and dropped by its expiry). A run admitted, whose claim is refused
-    # by a full key, and then made again by its holder, is admitted: the holder check is made
-    # only when a refusal would be given.
+def test_a_claim_made_again_after_its_own_slot_lapsed_is_a_new_start(conn: redis.Redis) -> None:
+    # Admitted (the rate not spent), it counts against the rate: the next run waits the period.
     settled(conn)
-    runs = []
-    for key in ("tenant:e1", "tenant:e2"):
-        run = token(f"1,0,0,{key}")
-        assert claim(conn, run)[0] == ClaimStatus.CLAIMED
-        finish(conn, run)
-        runs.append(run)
-    assert set(conn.zrange(keys.LIMITS_ENDED, 0, -1)) == {r.encode() for r in runs}
-    assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")
-    assert 50_000 < conn.pttl(keys.LIMITS_ENDED) <= 60_000, (
-        "it goes with its longest-kept run, not an hour on"
-    )
-    holder = token("1,0,0,tenant:e3")
-    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
-    conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
-    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED, "the slot is its own: admitted again"
-    assert claim(conn, token("1,0,0,tenant:e3"))[0] != ClaimStatus.CLAIMED, "another run: over the limit"
-
-
-def test_an_ended_set_of_another_type_fails_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
-    # One key for every limit key: written by something else, it must not fail every limited
-    # run's outcome (the per-key set it replaced could fail only its own key's).
-    settled(conn)
-    conn.set(keys.LIMITS_ENDED, "not a sorted set")
-    run = token("1,0,0,tenant:odd-ended")
-    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
-    finish(conn, run)
-    assert claim(conn, token("1,0,0,tenant:odd-ended"))[0] == ClaimStatus.CLAIMED, "its slot was freed"
-    job_id = run.split("/", 1)[0]
-    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
-    # A later run's outcome replaced its own: only the ended set could say this run ended.
-    assert renew(conn, run) & 4 == 4, "not known to have ended: the slot is held again (one run fewer)"
+    policy = "5,1,1000,tenant:restart"
+    first = token(policy)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    time.sleep(1.1)
+    assert claim(conn, first)[0] == ClaimStatus.CLAIMED
+    assert claim(conn, token(policy)) == (ClaimStatus.FENCED, "limited: rate")

@@ -1,0 +1,135 @@
+"""The ended runs' sets against a real Redis (hybridq.worker.limit_scripts ``limit_end``, ``limit_ended``).
+
+A renewal sent before a run's outcome and run after it must not take the slot back, also once a
+later run's outcome replaced the stored one: the outcome keeps every ended run in a set per 10 s
+(10 minutes) of Redis's clock, which a renewal that lost its lease reads.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from hybridq.envelope.model import new_job_id
+from hybridq.protocol import ClaimStatus, keys
+from hybridq.worker import scripts
+
+from tests.integration.test_key_limits_scripts import claim, conn, finish, renew, settled, token
+
+__all__ = ["conn"]  # the fixture, used by this module's tests
+
+
+def test_a_renewal_after_its_runs_outcome_was_replaced_by_a_later_runs_does_not_take_the_slot_back(
+    conn: redis.Redis,
+) -> None:
+    # Run A stored its own failure; the retry (run B) ran and stored its outcome over it; A's
+    # renewal, sent before A's outcome, runs now: the stored outcome is no longer A's.
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:o", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:o"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    failed = f'{{"outcome":"failed","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{run}"}}'
+    scripts.finish(
+        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [run, failed, 60, "{}"]
+    )
+    conn.set(keys.result(job_id), failed.replace(run, later).replace('"attempt":1', '"attempt":2'))
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    assert claim(conn, token("1,0,0,tenant:o"))[0] == ClaimStatus.CLAIMED
+
+
+def ended_runs(conn: redis.Redis) -> dict[bytes, set[bytes]]:
+    """Every set of ended runs (one per 10 s, or 10 minutes) and what it holds."""
+    return {key: conn.smembers(key) for key in conn.keys(f"{keys.LIMITS_ENDED}:*")}
+
+
+def test_the_ended_runs_of_every_key_are_in_sets_by_time_and_a_refusal_sent_again_is_admitted(
+    conn: redis.Redis,
+) -> None:
+    # Sets for every key (with a key per tenant and a job or two each, a set per key was
+    # created at one outcome and dropped by its expiry), one per 10 s: kept a minute to a
+    # minute and 10 s, not an hour. A run admitted, whose claim is refused by a full key, and then made
+    # again by its holder, is admitted: the holder check is made only when a refusal would be given.
+    settled(conn)
+    runs = []
+    for key in ("tenant:e1", "tenant:e2"):
+        run = token(f"1,0,0,{key}")
+        assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+        finish(conn, run)
+        runs.append(run)
+    ended = ended_runs(conn)
+    assert set().union(*ended.values()) == {r.encode() for r in runs}
+    assert all(key.decode().split(":")[-1].startswith("m") for key in ended), ended
+    assert not conn.keys(f"{keys.LIMIT_PREFIX}tenant:e*:ended")
+    for key in ended:
+        assert 50_000 < conn.pttl(key) <= 70_000, "a minute after its span, not an hour on"
+    holder = token("1,0,0,tenant:e3")
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
+    conn.delete(keys.lease(holder.split("/", 1)[0]))  # its lease lost, its slot still held
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED, "the slot is its own: admitted again"
+    assert claim(conn, token("1,0,0,tenant:e3"))[0] != ClaimStatus.CLAIMED, "another run: over the limit"
+
+
+def test_ended_sets_of_another_type_fail_no_outcome_and_no_renewal(conn: redis.Redis) -> None:
+    # One key for every limit key: written by something else, it must not fail every limited
+    # run's outcome (the per-key set it replaced could fail only its own key's).
+    settled(conn)
+    now_ms = int(time.time() * 1000)
+    for at in range(now_ms - 60_000, now_ms + 20_000, 10_000):
+        conn.set(keys.limits_ended(at), "not a set")
+    run = token("1,0,0,tenant:odd-ended")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run)
+    assert claim(conn, token("1,0,0,tenant:odd-ended"))[0] == ClaimStatus.CLAIMED, "its slot was freed"
+    job_id = run.split("/", 1)[0]
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    # A later run's outcome replaced its own: only the ended set could say this run ended.
+    assert renew(conn, run) & 4 == 4, "not known to have ended: the slot is held again (one run fewer)"
+
+
+def test_a_renewal_finds_its_run_ended_a_minute_before(conn: redis.Redis) -> None:
+    # An end is kept in the set of its 10 s until a minute after them: a renewal run up to a
+    # minute after the outcome still finds it there (the renewal reads the last minute's sets).
+    settled(conn)
+    run = token("1,0,0,tenant:late")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    finish(conn, run)
+    job_id = run.split("/", 1)[0]
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    for key in ended_runs(conn):
+        conn.delete(key)
+    # Redis's clock (the renewal reads it): five spans back, six if one ends before the renewal.
+    now_ms = redis_ms(conn)
+    conn.sadd(keys.limits_ended(now_ms - 50_000), run)
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    conn.delete(keys.limits_ended(now_ms - 50_000))
+    conn.sadd(keys.limits_ended(now_ms - 3_000_000, kept=True), run)
+    assert renew(conn, run) & 4 == 0, "an end kept an hour is found in the hour before too"
+
+
+def redis_ms(conn: redis.Redis) -> int:
+    seconds, micros = conn.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_a_renewal_finds_an_end_written_when_redis_clock_read_later(conn: redis.Redis) -> None:
+    # Redis's clock stepped back (or a replica behind took over) after the outcome: the end is
+    # in the next span's set, which the renewal reads too.
+    settled(conn)
+    run = token("1,0,0,tenant:ahead")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    job_id = run.split("/", 1)[0]
+    conn.delete(keys.lease(job_id))  # its lease lost: only the ended sets can say it ended
+    conn.set(keys.result(job_id), f'{{"outcome":"failed","job_id":"{job_id}","attempt":2,"token":"x"}}')
+    conn.sadd(keys.limits_ended(redis_ms(conn) + 10_000), run)
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+
+
+def test_a_renewal_whose_lease_is_its_own_reads_no_ended_set(conn: redis.Redis) -> None:
+    # Its outcome deletes its lease: while the lease is its own it has not ended, whatever the
+    # (shared, writable) ended sets say.
+    settled(conn)
+    run = token("1,0,0,tenant:own")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    conn.sadd(keys.limits_ended(redis_ms(conn)), run)
+    assert renew(conn, run) & 4 == 4, "its slot is held a lease on"
+    assert claim(conn, token("1,0,0,tenant:own")) == (ClaimStatus.FENCED, "limited: concurrency")
