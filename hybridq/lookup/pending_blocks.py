@@ -37,22 +37,10 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import os
 from array import array
 from typing import Any
 
-from hybridq.errors import HeaderError, JournalCorruption
-from hybridq.journal import RecordType
-from hybridq.journal.format import (
-    FILE_HEADER_SIZE,
-    MAX_PAYLOAD_BYTES,
-    RECORD_HEADER_SIZE,
-    decode_segment_header,
-    record_problem,
-    salt_seed,
-    segment_name,
-)
-from hybridq.journal.scan import unpack_header
+from hybridq.journal.random_access import SegmentFile
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "DEAD", "Rows", "Segment", "job_fields", "read_rows"]
 
@@ -62,10 +50,6 @@ BLOCK = 512
 #: about this much plus one record (512 jobs of 100 KB were one read of 50 MB, 146 MB at its peak).
 BLOCK_BYTES = 1 << 20
 DONE = math.inf
-#: Bytes read past a block's last record's start with the rest (most records are smaller).
-_AHEAD = 4096
-#: The header of a record cut short by the end of the file (its checksum does not match).
-_SHORT = (0, MAX_PAYLOAD_BYTES + 1, 0, 0)
 
 
 def job_fields(payload: bytes) -> tuple[str, float] | None:
@@ -226,41 +210,15 @@ def read_rows(
 ) -> list[tuple[int, bytes]]:
     """The ``count`` data records of segment ``seg`` from ``start`` to ``end`` (both included).
 
-    One read for the whole range (a record at a time cost two system calls each: about 4 us a
-    finished job over a drain), each record checked as the scan checks it. Raises
+    One read for the whole range (:meth:`SegmentFile.read_data`: a record at a time cost two
+    system calls each, about 4 us a finished job over a drain), each record checked. Raises
     :class:`JournalCorruption` or ``OSError`` when they cannot be read, or are not ``count``
     (what the tracker read there).
     """
     if journal is None:
         raise OSError("no journal to read the block from")
-    path = os.path.join(journal, segment_name(*seg))
-    out: list[tuple[int, bytes]] = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            seed = salt_seed(decode_segment_header(os.pread(fd, FILE_HEADER_SIZE, 0)).salt)
-        except HeaderError as exc:
-            raise JournalCorruption(path, 0, str(exc)) from None
-        buf = os.pread(fd, end - start + _AHEAD, start)
-        at = 0
-        while start + at <= end:
-            crc, length, _, type_word = (
-                unpack_header(buf, at) if len(buf) >= at + RECORD_HEADER_SIZE else _SHORT
-            )
-            stop = at + RECORD_HEADER_SIZE + length
-            if len(buf) < stop <= at + RECORD_HEADER_SIZE + MAX_PAYLOAD_BYTES:
-                buf += os.pread(fd, stop - len(buf), start + len(buf))  # the last record, past the read
-            body = memoryview(buf)[at + 4 : stop]
-            problem = record_problem(crc, length, type_word, body, seed)
-            if problem is None and len(buf) < stop:
-                problem = "checksum mismatch"  # cut short by the end of the file
-            if problem is not None:
-                raise JournalCorruption(path, start + at, problem)
-            if type_word & 0xFF == RecordType.DATA:
-                out.append((start + at, buf[at + RECORD_HEADER_SIZE : stop]))
-            at = stop
-    finally:
-        os.close(fd)
+    with SegmentFile(journal, *seg) as segment:
+        out = segment.read_data(start, end)
     if len(out) != count:
         raise OSError(f"{len(out)} records where {count} were read")
     return out
