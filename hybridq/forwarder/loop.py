@@ -16,9 +16,10 @@ This module keeps the life cycle (recovery, open and close), the loop (:meth:`Fo
 calls, each built once in ``__init__``: the step's delivery side (journal, admission, delayed
 jobs, batches: :class:`~hybridq.forwarder.delivery.Deliverer`), the loop's waits and wakes
 (:class:`~hybridq.forwarder.wait.Waits`), the completions side
-(:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation, the lookup index, the journal
-directory held and locked (:class:`~hybridq.forwarder.dirlock.DirLock`) and, in :meth:`Forwarder.run`,
-the pause on a full disk (:class:`~hybridq.forwarder.disk_full.DiskFullPause`).
+(:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation, the lookup index and when it catches
+up (:class:`~hybridq.forwarder.lookup_feed.LookupFeed`), the journal directory held and locked
+(:class:`~hybridq.forwarder.dirlock.DirLock`) and, in :meth:`Forwarder.run`, the pause on a full
+disk (:class:`~hybridq.forwarder.disk_full.DiskFullPause`).
 
 This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -43,6 +43,7 @@ from hybridq.forwarder.disk_full import DISK_FULL, DiskFullPause
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.gcpolicy import fewer_collections
 from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.forwarder.lookup_feed import LookupFeed
 from hybridq.forwarder.maintain import Maintenance, Parts
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
@@ -67,10 +68,6 @@ from hybridq.transport.base import Delivery
 __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks"]
 
 log = logging.getLogger("hybridq.forwarder")
-
-#: How often an idle forwarder brings the lookup index up to date (records appended by others:
-#: a requeue's ledger entries, jobs the forwarder has not read yet).
-LOOKUP_IDLE_S = 1.0
 
 
 class Forwarder:
@@ -176,8 +173,7 @@ class Forwarder:
         )
         #: Its figures, published to Redis for ``hybridq status --all`` (display only).
         self.publisher = StatsPublisher(self.state, self.stats, transport, self.config.stats_every_s)
-        self._lookup_due = True
-        self._next_lookup = 0.0
+        self._lookup_feed = LookupFeed(self.lookup, self._reader)  # when the index catches up
         self._stepped = False  # whether a step ended (the first push is not held up by a display)
         #: The completions side's turn in each step, and its timers (hybridq.forwarder.maintain).
         self.maintenance = Maintenance(
@@ -337,12 +333,12 @@ class Forwarder:
         if self.lookup.building:
             # Before the harvest too while the index is on its first read: it takes started
             # events only once fed, and a fast worker claims a job this step pushed at once.
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         if not self._stopping:
-            self._lookup_due |= self.maintenance.run()
-        if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
+            self._lookup_feed.due |= self.maintenance.run()
+        if done or self._lookup_feed.due or self.delivery.behind or self._lookup_feed.idle_due:
             # After the journal was read and the ledger written: every entry's job is indexed.
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         ended = self.flows.ended
         if self.lookup.building:
             # A rebuilt index misses outcomes and results until it has read every file: nothing
@@ -350,20 +346,15 @@ class Forwarder:
             self.flows.dirty = True
         elif self.flows.step():  # after the index caught up: the outcomes it reads are there
             done += self.delivery.forward_new()  # the released steps, pushed in this step
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         elif self.flows.ended != ended:
-            self._catch_up_lookup()  # a workflow's end: its anchor's outcome, for job.wait()
+            self._lookup_feed.catch_up()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         self.publisher.maybe_publish()
         if not self._stepped and self.journal_check is not None:
             self.journal_check.start()  # after the first push: the first job does not wait for it
         self._stepped = True
         return done
-
-    def _catch_up_lookup(self) -> None:
-        self.lookup.catch_up(self._reader.position)
-        self._lookup_due = self.lookup.building  # a first build goes on at every step
-        self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
 
     # -- pieces -------------------------------------------------------------------------------
 
