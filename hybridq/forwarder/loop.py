@@ -11,12 +11,15 @@ absorbs it. While the transport is down, the forwarder backs off (exponential, w
 logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
 current batch: the backlog stays on disk.
 
-This module keeps the life cycle (lock, recovery, open and close), the loop (:meth:`Forwarder.run`
-with its full-disk pauses, :meth:`Forwarder.step` and its order) and the completions side's
-timers. It holds the parts it calls, each built once in ``__init__``: the step's delivery side
-(journal, admission, delayed jobs, batches: :class:`~hybridq.forwarder.delivery.Deliverer`), the
-loop's waits and wakes (:class:`~hybridq.forwarder.wait.Waits`), the completions side
-(:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation and the lookup index.
+This module keeps the life cycle (recovery, open and close), the loop (:meth:`Forwarder.run`,
+:meth:`Forwarder.step` and its order) and the completions side's timers. It holds the parts it
+calls, each built once in ``__init__``: the step's delivery side (journal, admission, delayed
+jobs, batches: :class:`~hybridq.forwarder.delivery.Deliverer`), the loop's waits and wakes
+(:class:`~hybridq.forwarder.wait.Waits`), the completions side
+(:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation, the lookup index and when it catches
+up (:class:`~hybridq.forwarder.lookup_feed.LookupFeed`), the journal directory held and locked
+(:class:`~hybridq.forwarder.dirlock.DirLock`) and, in :meth:`Forwarder.run`, the pause on a full
+disk (:class:`~hybridq.forwarder.disk_full.DiskFullPause`).
 
 This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 """
@@ -24,10 +27,8 @@ This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -37,9 +38,12 @@ from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.delivery import Deliverer
+from hybridq.forwarder.dirlock import DirLock
+from hybridq.forwarder.disk_full import DISK_FULL, DiskFullPause
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.gcpolicy import fewer_collections
 from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.forwarder.lookup_feed import LookupFeed
 from hybridq.forwarder.maintain import Maintenance, Parts
 from hybridq.forwarder.publish import StatsPublisher
 from hybridq.forwarder.push import ForwarderStats, Pusher
@@ -50,8 +54,7 @@ from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.journal import ChainPosition, JournalReader
 from hybridq.journal.background import BackgroundCheck, sealed_segments
-from hybridq.journal.ownerlock import take_owner_lock
-from hybridq.journal.paths import check_journal_dir, ensure_journal_dir, open_journal_dir
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.recovery import recover
 from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file, kept importable here
     LOCK_NAME,
@@ -65,14 +68,6 @@ from hybridq.transport.base import Delivery
 __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks"]
 
 log = logging.getLogger("hybridq.forwarder")
-
-#: How often an idle forwarder brings the lookup index up to date (records appended by others:
-#: a requeue's ledger entries, jobs the forwarder has not read yet).
-LOOKUP_IDLE_S = 1.0
-#: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
-#: from the first to the second value (seconds), until its writes succeed again.
-DISK_FULL_BACKOFF_S = (0.5, 10.0)
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Forwarder:
@@ -136,8 +131,8 @@ class Forwarder:
             transport, self.state, self.stats, sleep=self.waits.sleep, stopping=self._stop_asked
         )
         self._reader = JournalReader(self.journal)
-        self._lock_fd: int | None = None
-        self._dir_fd: int | None = None
+        #: The journal directory, held open and locked from open() to close().
+        self._dir_lock = DirLock(self.journal)
         #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
         self.journal_check: BackgroundCheck | None = None
         self.schedules = schedules
@@ -178,8 +173,7 @@ class Forwarder:
         )
         #: Its figures, published to Redis for ``hybridq status --all`` (display only).
         self.publisher = StatsPublisher(self.state, self.stats, transport, self.config.stats_every_s)
-        self._lookup_due = True
-        self._next_lookup = 0.0
+        self._lookup_feed = LookupFeed(self.lookup, self._reader)  # when the index catches up
         self._stepped = False  # whether a step ended (the first push is not held up by a display)
         #: The completions side's turn in each step, and its timers (hybridq.forwarder.maintain).
         self.maintenance = Maintenance(
@@ -223,15 +217,9 @@ class Forwarder:
         """
         # Held while it runs: the lock is taken in this very directory, and every step checks
         # that the path still leads here (a swapped-in journal is never forwarded from).
-        self._dir_fd = open_journal_dir(self.journal)
+        self._dir_lock.open()
         try:
-            self._lock_fd = take_owner_lock(
-                os.path.join(self.journal, LOCK_NAME),
-                owner="forwarder",
-                busy="one forwarder per journal directory",
-                patience_s=1.0,  # `hybridq status` probes it for an instant: not a reason to give up
-                dir_fd=self._dir_fd,
-            )
+            self._dir_lock.lock()
         except BaseException:
             self.close()
             raise
@@ -269,7 +257,7 @@ class Forwarder:
 
     def close(self) -> None:
         """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
-        if self.maintenance.publish_due and self._lock_fd is not None:
+        if self.maintenance.publish_due and self._dir_lock.locked:
             with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
                 self.maintenance.publish_terminal(now=True)
         if self.schedules is not None:
@@ -281,12 +269,7 @@ class Forwarder:
         self.lookup.close()
         self.flows.close()
         self.waits.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
+        self._dir_lock.release()
 
     def __enter__(self) -> Self:
         self.open()
@@ -319,26 +302,19 @@ class Forwarder:
         in Redis until the ledger has them, a checkpoint is replaced atomically or not at all),
         so the step is simply tried again, with backoff, until space returns.
         """
-        full_since: float | None = None
-        delay = DISK_FULL_BACKOFF_S[0]
+        pause = DiskFullPause(lambda seconds: self._sleep(seconds))  # noqa: PLW0108 - late-bound
         while not self._stopping:
             try:
                 self.step()
             except Stopped:
                 break
             except (JournalIOError, OSError) as exc:
-                if exc.errno not in _DISK_FULL:
+                if exc.errno not in DISK_FULL:
                     raise
-                if full_since is None:
-                    full_since = time.monotonic()
-                    log.error("disk full (%s): forwarding paused, retrying until writes succeed", exc)
                 self.stats.disk_full_retries += 1
-                self._sleep(delay)
-                delay = min(DISK_FULL_BACKOFF_S[1], delay * 2)
+                pause.wait(exc)
                 continue
-            if full_since is not None:
-                log.warning("writing again after %.1f s of a full disk", time.monotonic() - full_since)
-                full_since, delay = None, DISK_FULL_BACKOFF_S[0]
+            pause.over()
             self._wait()
 
     def step(self) -> int:
@@ -347,8 +323,7 @@ class Forwarder:
         Then the completions side: harvest outcomes, deliver due retries, reconcile, compact
         (after the new records, so that it never delays a new job's push).
         """
-        if self._dir_fd is not None:
-            check_journal_dir(self._dir_fd, self.journal)  # JournalPathError: stop, never forward
+        self._dir_lock.check()  # JournalPathError: stop, never forward
         if self.journal_check is not None:
             self.journal_check.raise_if_failed()  # bit rot in a sealed segment: stop, loudly
         self.cancels.step()  # before anything is pushed: a cancelled job is not
@@ -358,12 +333,12 @@ class Forwarder:
         if self.lookup.building:
             # Before the harvest too while the index is on its first read: it takes started
             # events only once fed, and a fast worker claims a job this step pushed at once.
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         if not self._stopping:
-            self._lookup_due |= self.maintenance.run()
-        if done or self._lookup_due or self.delivery.behind or time.monotonic() >= self._next_lookup:
+            self._lookup_feed.due |= self.maintenance.run()
+        if done or self._lookup_feed.due or self.delivery.behind or self._lookup_feed.idle_due:
             # After the journal was read and the ledger written: every entry's job is indexed.
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         ended = self.flows.ended
         if self.lookup.building:
             # A rebuilt index misses outcomes and results until it has read every file: nothing
@@ -371,20 +346,15 @@ class Forwarder:
             self.flows.dirty = True
         elif self.flows.step():  # after the index caught up: the outcomes it reads are there
             done += self.delivery.forward_new()  # the released steps, pushed in this step
-            self._catch_up_lookup()
+            self._lookup_feed.catch_up()
         elif self.flows.ended != ended:
-            self._catch_up_lookup()  # a workflow's end: its anchor's outcome, for job.wait()
+            self._lookup_feed.catch_up()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
         self.publisher.maybe_publish()
         if not self._stepped and self.journal_check is not None:
             self.journal_check.start()  # after the first push: the first job does not wait for it
         self._stepped = True
         return done
-
-    def _catch_up_lookup(self) -> None:
-        self.lookup.catch_up(self._reader.position)
-        self._lookup_due = self.lookup.building  # a first build goes on at every step
-        self._next_lookup = time.monotonic() + LOOKUP_IDLE_S
 
     # -- pieces -------------------------------------------------------------------------------
 

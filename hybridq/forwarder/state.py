@@ -6,7 +6,9 @@ here too. :class:`ForwarderState` owns what the forwarder keeps on disk: the che
 (:mod:`hybridq.ledger.checkpoint`), the completion ledger and its index (:mod:`hybridq.ledger.store`) and the
 compaction counters. It is the one place that changes them and writes them: the forwarding loop,
 the harvest, the reconcile passes and the compactor all go through its methods, so each durable
-write happens (and is timed for ``on_durable_write``) in one spot.
+write happens (and is timed for ``on_durable_write``) in one spot. Two parts it holds do their
+share: the key store of enqueue-if-absent (:mod:`hybridq.forwarder.keystore`) and the stats
+snapshot (:mod:`hybridq.forwarder.snapshot`), which it tells when to write.
 
 This module must not import redis or rq (the transport port only).
 """
@@ -33,8 +35,10 @@ from hybridq.forwarder.config import (
     check_key_ttl,
 )
 from hybridq.forwarder.decoded import Decoded
+from hybridq.forwarder.keystore import KeyStore
 from hybridq.forwarder.pushed import PushedJobs
 from hybridq.forwarder.runs import RunTable
+from hybridq.forwarder.snapshot import StatsSnapshot
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.reader import clamp_to_seals
@@ -44,10 +48,10 @@ from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.saved_index import IndexSaver, resume
-from hybridq.ledger.store import keys_dir, ledger_dir, open_keys_writer, open_ledger_writer, read_keys
+from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.lookup.pending import PendingTracker
 from hybridq.lookup.pending_file import DeferredCount, count_key, load_count, save_count
-from hybridq.lookup.stats import Snapshot, ledger_chains, ledger_tail, save_snapshot
+from hybridq.lookup.stats import ledger_chains
 from hybridq.protocol import Overwrite
 from hybridq.protocol.keylimits import limit_key_of
 from hybridq.transport.base import Delivery, Loc
@@ -90,10 +94,10 @@ class ForwarderState:
         self._writer: JournalWriter | None = None
         #: Saves the index, so the next start replays only the ledger after it (issue 29).
         self._saver = IndexSaver(journal, {})
-        self._keys_writer: JournalWriter | None = None
-        #: Per segment of the key store: the latest end of a window in it, and its entries (the
-        #: compactor deletes a segment once every window in it ended, or far beyond the bound).
-        self.key_segments: dict[tuple[str, int], tuple[float, int]] = {}
+        #: The key store of enqueue-if-absent (hybridq.forwarder.keystore).
+        self.keys = KeyStore(journal, self._timed)
+        #: Per segment of the key store: the latest end of a window in it, and its entries.
+        self.key_segments = self.keys.segments  # the same dict: the compactor deletes from it
         #: Called with the entries of each ledger append, once durable, and where its chain ends
         #: (the lookup index).
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
@@ -101,11 +105,8 @@ class ForwarderState:
         #: those read before this start are counted after the first push, a slice per step
         #: (:meth:`count_pending`), so the first job does not wait for a reading of the live journal.
         self._pending = DeferredCount()
-        #: The ledger chains loaded into the index when it started (plus its own, once written).
-        self._ledger_known: set[str] = set()
-        #: Whether the ledger or the compaction state changed since the last snapshot.
-        self._stale = False
-        self._snapshot: Snapshot | None = None
+        #: The figures hybridq.stats reads: written when stale (hybridq.forwarder.snapshot).
+        self._stats = StatsSnapshot(journal)
         #: The window's figures for the stats snapshot (the forwarder's backlog sets it).
         self.figures: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, Any] | None]] | None = None
         #: The limit keys' figures for the snapshot (the forwarder's key gate sets it).
@@ -129,14 +130,10 @@ class ForwarderState:
         # The index saved at the last stop (or the last save before a crash), then what follows.
         self.index, read, _ = resume(self.journal, self.compacted)
         self._saver = IndexSaver(self.journal, read)
-        if os.path.isdir(keys_dir(self.journal)):
-            recover(keys_dir(self.journal), tails_only=True)
-            for record, entry in read_keys(self.journal):
-                self.index.apply(entry)
-                self._note_key_segment((record.writer_id, record.segment_index), entry)
+        self.keys.load(self.index)
         self.forget_keys()
-        self._ledger_known = set(ledger_chains(ledger_dir(self.journal)))
-        self._stale = True  # the first step writes the snapshot of what was just loaded
+        self._stats.known = set(ledger_chains(ledger_dir(self.journal)))
+        self._stats.stale = True  # the first step writes the snapshot of what was just loaded
         at = self.checkpoint.positions
         key = count_key(self.journal, at, self.compacted)  # before any write
         counted = functools.partial(load_count, self.journal, key)  # a clean stop's count, if it fits
@@ -157,7 +154,7 @@ class ForwarderState:
     def count_pending(self, budget_s: float = PENDING_SLICE_S) -> None:
         """Count the jobs read before this start for about ``budget_s`` (joined once all are)."""
         if self._pending.advance(budget_s):
-            self._stale = True
+            self._stats.stale = True
 
     def flush_pushed(self, *, force: bool = False) -> None:
         """Write the jobs pushed as read to the run table, when due (``force``: now)."""
@@ -189,10 +186,8 @@ class ForwarderState:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self._sealed_ledger()
-        if self._keys_writer is not None:
-            self._keys_writer.close()
-            self._keys_writer = None
+            self._stats.sealed_ledger()
+        self.keys.close()
         with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
@@ -211,7 +206,7 @@ class ForwarderState:
     @property
     def own_keys_chain(self) -> str | None:
         """This forwarder's key store chain, once it wrote to it (its open segment stays)."""
-        return self._keys_writer.writer_id if self._keys_writer is not None else None
+        return self.keys.own_chain
 
     def outcome_counts(self) -> dict[str, int]:
         """Outcomes ever recorded (ledger plus compacted segments), by name (``dups``, ``cancelled``...)."""
@@ -276,14 +271,14 @@ class ForwarderState:
 
     def figures_changed(self) -> None:
         """The window's figures moved: the snapshot is written again at the end of the step."""
-        self._stale = True
+        self._stats.stale = True
 
     def refresh_snapshot(self) -> None:
         """Write the snapshot again if outcomes or compaction changed since it was (end of a step)."""
         self.count_pending()
         if self._saver.due(self.index):
             self._saver.save(self.index, self.compacted)
-        if self._stale:
+        if self._stats.stale:
             self._save_snapshot()
 
     def _save_snapshot(self) -> None:
@@ -293,39 +288,17 @@ class ForwarderState:
         (``hybridq.stats`` reads the journal after its positions, or scans when it is stale).
         """
         if not self.pending_ready:
-            self._stale = True
+            self._stats.stale = True
             return
-        known = self._ledger_known | ({self.own_chain} if self.own_chain is not None else set())
-        try:
-            snapshot = Snapshot.of(
-                self.checkpoint,
-                self.index,
-                self.compacted,
-                self.pending,
-                known,
-                journal=self.journal,
-                own_chain=self.own_chain,
-            )
-            if self.figures is not None:
-                snapshot.queue_detail, snapshot.redis_memory = self.figures()
-            if self.limit_figures is not None:
-                snapshot.limit_keys = self.limit_figures()
-            save_snapshot(self.journal, snapshot)
-        except OSError as exc:
-            # Tried again at the end of each step; meanwhile the old one is stale.
-            self._snapshot, self._stale = None, True
-            log.debug("cannot write the stats snapshot (hybridq.stats scans instead): %s", exc)
-            return
-        self._snapshot, self._stale = snapshot, False
-
-    def _sealed_ledger(self) -> None:
-        """Closing sealed the ledger segment the snapshot names: say so, if nothing else changed."""
-        snap = self._snapshot
-        if snap is None or self._stale or snap.ledger_tail is None:
-            return  # an older snapshot, or none: readers scan while no forwarder runs
-        snap.ledger_tail = ledger_tail(self.journal, snap.ledger_tail[0])
-        with contextlib.suppress(OSError):
-            save_snapshot(self.journal, snap)
+        self._stats.write(
+            self.checkpoint,
+            self.index,
+            self.compacted,
+            self.pending,
+            own_chain=self.own_chain,
+            figures=self.figures,
+            limit_figures=self.limit_figures,
+        )
 
     def advance(self, positions: dict[str, ChainPosition]) -> None:
         """Note how far the journal was read (everything before it accepted by the transport)."""
@@ -383,7 +356,7 @@ class ForwarderState:
         self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []
-        self._stale = True
+        self._stats.stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
                 self._pending.done(entry.loc)
@@ -397,20 +370,7 @@ class ForwarderState:
 
     def store_keys(self, entries: Sequence[Entry]) -> None:
         """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
-        if not entries:
-            return
-        if self._keys_writer is None:
-            self._keys_writer = open_keys_writer(self.journal)
-        started = time.perf_counter()
-        ids = self._keys_writer.append_many(e.to_bytes() for e in entries)
-        self._timed(started)
-        for rid, entry in zip(ids, entries, strict=True):
-            self.index.apply(entry)
-            self._note_key_segment((rid.writer_id, rid.segment), entry)
-
-    def _note_key_segment(self, seg: tuple[str, int], entry: Entry) -> None:
-        until, count = self.key_segments.get(seg, (0.0, 0))
-        self.key_segments[seg] = (max(until, entry.until or 0.0), count + 1)
+        self.keys.store(entries, self.index)
 
     def save_index_soon(self) -> None:
         """Save the ledger index at the end of this step: compaction deleted ledger segments."""
@@ -427,7 +387,7 @@ class ForwarderState:
         disk): the retried step would then count the same segment again.
         """
         save_compacted(self.journal, new)
-        self._stale = True
+        self._stats.stale = True
         for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
             setattr(self.compacted, f.name, getattr(new, f.name))
 

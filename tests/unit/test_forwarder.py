@@ -432,7 +432,7 @@ def test_a_full_disk_pauses_the_forwarder_and_it_resumes_when_space_returns(
     queue = Queue(journal=journal_dir)
     transport = MemoryTransport()
     forwarder = make_forwarder(journal_dir, transport, idle_timeout_s=0.05)
-    monkeypatch.setattr("hybridq.forwarder.loop.DISK_FULL_BACKOFF_S", (0.01, 0.05))
+    monkeypatch.setattr("hybridq.forwarder.disk_full.DISK_FULL_BACKOFF_S", (0.01, 0.05))
     runner = threading.Thread(target=forwarder.run)
     runner.start()
     try:

@@ -269,7 +269,7 @@ def test_the_forwarder_works_without_writing_its_snapshot(journal_dir: Path, mon
     def refuse(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hybridq.forwarder.state.save_snapshot", refuse)
+    monkeypatch.setattr("hybridq.forwarder.snapshot.save_snapshot", refuse)
     Queue(journal=journal_dir).enqueue(tasks.add, 1, 1)
     transport = MemoryTransport()
     forwarder: Forwarder = make_forwarder(journal_dir, transport)
@@ -348,7 +348,7 @@ def test_a_forwarder_that_stopped_before_its_snapshot_caught_up_means_the_scan(
         raise OSError(28, "No space left on device")
 
     # Dies (stops) after recording outcomes and saving its checkpoint, before the snapshot.
-    monkeypatch.setattr("hybridq.forwarder.state.save_snapshot", refuse)
+    monkeypatch.setattr("hybridq.forwarder.snapshot.save_snapshot", refuse)
     forwarder.step()
     forwarder.close()
     monkeypatch.undo()
