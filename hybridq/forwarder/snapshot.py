@@ -35,7 +35,7 @@ class StatsSnapshot:
         self.journal = journal
         #: Whether the ledger or the compaction state changed since the last snapshot.
         self.stale = False
-        #: The ledger chains loaded into the index when it started (its own is added when written).
+        #: The ledger chains loaded into the index when it started (its own is joined at each write).
         self.known: set[str] = set()
         self._snapshot: Snapshot | None = None
 

@@ -96,8 +96,6 @@ class ForwarderState:
         self._saver = IndexSaver(journal, {})
         #: The key store of enqueue-if-absent (hybridq.forwarder.keystore).
         self.keys = KeyStore(journal, self._timed)
-        #: Per segment of the key store: the latest end of a window in it, and its entries.
-        self.key_segments = self.keys.segments  # the same dict: the compactor deletes from it
         #: Called with the entries of each ledger append, once durable, and where its chain ends
         #: (the lookup index).
         self.on_append: Callable[[Sequence[Entry], str, ChainPosition], None] | None = None
@@ -140,6 +138,14 @@ class ForwarderState:
         self._pending.start(self.journal, at, self.index, self.compacted, saved=counted)
         self.runs.open()
         self.pushed.open(self.journal, self.checkpoint.positions, self.index)
+
+    @property
+    def key_segments(self) -> dict[tuple[str, int], tuple[float, int]]:
+        """Per segment of the key store: the latest end of a window in it, and its entries.
+
+        The key store's own dict (a property, not a second name: the compactor deletes from it).
+        """
+        return self.keys.segments
 
     @property
     def pending(self) -> PendingTracker:
