@@ -1,12 +1,17 @@
-"""A job hash's ``data`` read back (transport.rq_codec.plain_data): compressed or as it is."""
+"""A job hash's fields as the push writes them and the worker reads them (rq_codec, rq_push)."""
 
 from __future__ import annotations
 
 import json
 import os
 import zlib
+from datetime import UTC, datetime
+from random import Random
 
+from hybridq.envelope.limits import MAX_TIMESTAMP
 from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, plain_data
+from hybridq.transport.rq_push import utc_text
+from rq.utils import utcformat
 
 
 def call(size: int) -> bytes:
@@ -39,3 +44,24 @@ def test_data_that_starts_like_json_is_never_zlib() -> None:
             raise AssertionError(f"zlib read {stored!r}")
         assert plain_data(stored) == stored
     assert plain_data(b"not zlib") == b"not zlib"
+
+
+def test_a_job_s_created_at_is_written_as_rq_writes_a_time() -> None:
+    """``utc_text`` is RQ's ``utcformat`` for every time an envelope may carry (1970 to 9999)."""
+
+    rng = Random(15)
+    times = [
+        0.0,
+        1e-7,
+        0.4999995,
+        0.9999995,
+        59.9999996,
+        1796594297.7192724,
+        MAX_TIMESTAMP,
+        MAX_TIMESTAMP + 0.9,
+    ]
+    times += [rng.uniform(0, MAX_TIMESTAMP) for _ in range(2000)] + [
+        rng.uniform(1.7e9, 1.9e9) for _ in range(2000)
+    ]
+    for ts in times:
+        assert utc_text(ts) == utcformat(datetime.fromtimestamp(ts, tz=UTC)), ts
