@@ -10,12 +10,12 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TypeVar
 
+from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
@@ -197,7 +197,8 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     for e in entries:
         where = (e.job_id, *e.loc)
         if e.kind == EntryKind.DONE:
-            result = json.dumps(e.result) if e.result_kept else None
+            # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry).
+            result = dumps_ascii(e.result) if e.result_kept else None
             outcome = e.outcome or "failed"
             done.append(
                 (

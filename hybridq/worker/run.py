@@ -1,11 +1,10 @@
 """One delivery's run: :func:`execute` (the entry point RQ calls), the claim, the outcome.
 
-:func:`execute` admits the delivery (:mod:`hybridq.worker.admit`), claims its idempotency key,
-holds the lease while the task runs (:mod:`hybridq.worker.lease`) and stores the outcome with
-its completion event (:mod:`hybridq.worker.scripts`). A pipelining worker
-(:mod:`hybridq.rqworker`) plans the run before RQ starts the job (:func:`plan`), sends the claim
-and the outcome script in RQ's own pipelines, and then calls :func:`finished` and
-:func:`release`, or :func:`finish` when its pipeline's reply was lost.
+:func:`execute` admits the delivery (:mod:`hybridq.worker.admit`), claims its idempotency key, holds the
+lease while the task runs (:mod:`hybridq.worker.lease`) and stores the outcome with its completion event
+(:mod:`hybridq.worker.scripts`). A pipelining worker (:mod:`hybridq.rqworker`) plans the run before RQ
+starts the job (:func:`plan`), sends the claim and the outcome script in RQ's own pipelines, and then
+calls :func:`finished` and :func:`release`, or :func:`finish` when its pipeline's reply was lost.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from rq import get_current_job
 from rq.job import Job as RQJob
 
 from hybridq.context import CurrentJob, _current
+from hybridq.envelope.codec import dumps_ascii  # json.dumps's text; its encoder made once, not per call
 from hybridq.errors import Cancelled, RetryLaterExpired, StaleDelivery
 from hybridq.protocol import (
     ENTRY_POINT,
@@ -356,9 +356,9 @@ def _finish_call(run: Run, outcome: Mapping[str, Any]) -> tuple[list[str], list[
     plain = event(d, outcome, dup=False, result_json=run.result_json, started=run.started)
     ring = keyring()
     signed = plain.to_json() if ring is None else ring.sign_event(d.owner, plain.to_json())
-    args: list[str | int] = [run.token, json.dumps(outcome), max(1, int(d.key_ttl_s)), json.dumps(signed)]
+    args: list[str | int] = [run.token, dumps_ascii(outcome), max(1, int(d.key_ttl_s)), dumps_ascii(signed)]
     if ring is not None:  # what the script makes of the event when it keeps a success, signed
-        args.append(json.dumps(ring.sign_event(d.owner, plain.kept_success_json())))
+        args.append(dumps_ascii(ring.sign_event(d.owner, plain.kept_success_json())))
     result_key, lease_key = run.claim_keys[:2]
     return [result_key, lease_key, keys.events(d.owner)], args
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from hybridq.envelope.codec import dumps_ascii
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import encode
 
@@ -63,10 +63,12 @@ def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:
     """``value``'s (tagged) JSON form if it has one, else its ``repr()``; and its JSON text."""
     try:
         form = encode(value)[0]
-        return form, json.dumps(form)
+        # json.dumps's text, without the encoder json.dumps builds per call (one per job); a
+        # cycle raises RecursionError here, not ValueError: caught alike.
+        return form, dumps_ascii(form)
     except (TypeError, ValueError, RecursionError):
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
-        return repr(value), json.dumps(repr(value))
+        return repr(value), dumps_ascii(repr(value))
 
 
 def format_error(error: BaseException) -> str:

@@ -1,0 +1,67 @@
+"""A job hash's fields as the push writes them and the worker reads them (rq_codec, rq_push)."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from datetime import UTC, datetime
+from random import Random
+
+from hybridq.envelope.limits import MAX_TIMESTAMP
+from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, plain_data
+from hybridq.transport.rq_push import utc_text
+from rq.utils import utcformat
+
+
+def call(size: int) -> bytes:
+    return json.dumps(["hybridq.worker.execute", None, [{"pad": "x" * size}], {}]).encode()
+
+
+def test_small_data_is_stored_as_it_is_and_read_back_as_it_is() -> None:
+    raw = call(10)
+    assert _data(raw) is raw
+    assert plain_data(_data(raw)) == raw
+
+
+def test_large_data_is_compressed_and_read_back_whole() -> None:
+    raw = call(DATA_PLAIN_BYTES * 4)
+    stored = _data(raw)
+    assert stored != raw
+    assert plain_data(stored) == raw
+    assert plain_data(zlib.compress(raw)) == raw  # as RQ itself writes it
+
+
+def test_data_that_starts_like_json_is_never_zlib() -> None:
+    """The shortcut for ``[`` agrees with zlib, which refuses any such header."""
+    for tail in (b"", b"\x9c", os.urandom(64), zlib.compress(b"x")[1:]):
+        stored = b"[" + tail
+        try:
+            zlib.decompress(stored)
+        except zlib.error:
+            pass
+        else:  # pragma: no cover - would break the shortcut
+            raise AssertionError(f"zlib read {stored!r}")
+        assert plain_data(stored) == stored
+    assert plain_data(b"not zlib") == b"not zlib"
+
+
+def test_a_job_s_created_at_is_written_as_rq_writes_a_time() -> None:
+    """``utc_text`` is RQ's ``utcformat`` for every time an envelope may carry (1970 to 9999)."""
+
+    rng = Random(15)
+    times = [
+        0.0,
+        1e-7,
+        0.4999995,
+        0.9999995,
+        59.9999996,
+        1796594297.7192724,
+        MAX_TIMESTAMP,
+        MAX_TIMESTAMP + 0.9,
+    ]
+    times += [rng.uniform(0, MAX_TIMESTAMP) for _ in range(2000)] + [
+        rng.uniform(1.7e9, 1.9e9) for _ in range(2000)
+    ]
+    for ts in times:
+        assert utc_text(ts) == utcformat(datetime.fromtimestamp(ts, tz=UTC)), ts
