@@ -122,6 +122,14 @@ def dumps_ascii(obj: object) -> str:
     return json.dumps(obj) if _ascii is None else "".join(_ascii(obj, 0))
 
 
+def dumps_compact(obj: object) -> str:
+    """``json.dumps(obj, separators=(",", ":"), allow_nan=False)``, its encoder made once.
+
+    No cycle check: a cycle raises RecursionError.
+    """
+    return _dumps(obj) if _values is None else "".join(_values(obj, 0))
+
+
 _PREFIX = f'{{"v":{ENVELOPE_VERSION},"id":'
 
 

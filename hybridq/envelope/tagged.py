@@ -55,6 +55,7 @@ __all__ = [
     "encode",
     "has_tags",
     "read_result",
+    "result_repr",
     "tag_call",
 ]
 
@@ -378,6 +379,18 @@ def decode_call(args: Iterable[Any], kwargs: Mapping[str, Any]) -> tuple[list[An
     The keyword names are the call's own, never a tag (``$t`` among them, for ``**kwargs``).
     """
     return [decode(item) for item in args], {name: decode(item) for name, item in kwargs.items()}
+
+
+def result_repr(value: Any) -> str:
+    """What is stored for a result JSON cannot hold: its ``repr()``, or a description if that fails.
+
+    An int past Python's 4,300 digits or a ``repr()`` that raises must not stop the job's
+    outcome from being recorded (it would be run again at every delivery).
+    """
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__}: no JSON form and no repr()>"
 
 
 def read_result(text: str) -> Any:

@@ -34,7 +34,7 @@ from typing import Any, Self
 
 from hybridq.context import CurrentJob, _current
 from hybridq.envelope.model import Envelope
-from hybridq.envelope.tagged import encode, read_result
+from hybridq.envelope.tagged import encode, read_result, result_repr
 from hybridq.errors import DuplicateOfFailedJob, RetryLaterExpired
 from hybridq.job import Job
 from hybridq.journal import RecordId
@@ -330,6 +330,6 @@ def _stored(value: Any, env: Envelope) -> Any:
     """``value`` as the worker stores it (tagged JSON), or its ``repr()`` if that cannot hold it."""
     try:
         return read_result(json.dumps(encode(value)[0]))
-    except (TypeError, ValueError):
+    except Exception:  # as the worker (hybridq.worker.values.jsonable)
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
-        return repr(value)
+        return result_repr(value)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import redis
 from redis.exceptions import RedisError
 
-from hybridq.envelope.codec import dumps_ascii
+from hybridq.envelope.codec import dumps_compact
 from hybridq.transport import redisurl
 from hybridq.worker.scripts import CALL_TIMEOUT_S, renew_many
 
@@ -96,7 +96,7 @@ class Channel:
             if releases:
                 message["r"] = releases
             # Not json.dumps: with options it builds an encoder per call, for each batch of claims.
-            data = memoryview((dumps_ascii(message) + "\n").encode())
+            data = memoryview((dumps_compact(message) + "\n").encode())
             try:
                 while data:
                     data = data[os.write(self.fd, data) :]

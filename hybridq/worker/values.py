@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.envelope.model import Envelope
-from hybridq.envelope.tagged import encode
+from hybridq.envelope.tagged import encode, result_repr
 
 __all__ = ["MAX_ERROR_CHARS", "call", "format_error", "jsonable"]
 
@@ -63,12 +63,12 @@ def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:
     """``value``'s (tagged) JSON form if it has one, else its ``repr()``; and its JSON text."""
     try:
         form = encode(value)[0]
-        # json.dumps's text, without the encoder json.dumps builds per call (one per job); a
-        # cycle raises RecursionError here, not ValueError: caught alike.
+        # json.dumps's text, without the encoder json.dumps builds per call (one per job).
         return form, dumps_ascii(form)
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # TypeError, ValueError, RecursionError, or what a value's own hooks raise
         log.warning("job %s (%s) returned a value JSON cannot hold; storing its repr()", env.id, env.func)
-        return repr(value), dumps_ascii(repr(value))
+    text = result_repr(value)
+    return text, dumps_ascii(text)
 
 
 def format_error(error: BaseException) -> str:

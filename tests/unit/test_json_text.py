@@ -81,3 +81,17 @@ def test_the_lookup_index_keeps_a_result_as_json_dumps_wrote_it(tmp_path: Path) 
         assert stored == {f"j{i}": json.dumps(r) for i, r in enumerate(results)}
     finally:
         db.close()
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize("value", [10**5000, _BadRepr()], ids=["an int of 5,001 digits", "a raising repr"])
+def test_a_result_whose_repr_fails_too_is_stored_as_a_description(value: Any) -> None:
+    # Its repr() raised out of the worker's conclusion: no outcome was recorded, the lease
+    # lapsed, and the job that had finished was run again at every delivery.
+    form, text = jsonable(value, Envelope("a1", "tests.tasks.add", "default", "a1", 1.0))
+    assert form == f"<{type(value).__qualname__}: no JSON form and no repr()>"
+    assert text == json.dumps(form)

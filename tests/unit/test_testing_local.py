@@ -270,3 +270,13 @@ def test_with_a_signing_key_jobs_are_signed_and_verified(
         job = send.delay(5)
     assert job.envelope.signature is not None
     assert job.result == {"user": 5, "tags": None}
+
+
+def test_a_result_with_neither_json_nor_repr_finishes_the_job() -> None:
+    with eager():
+        job = hybridq.Queue().enqueue("tests.unit.test_testing_local.make_huge_int")
+    assert job.result == "<int: no JSON form and no repr()>"
+
+
+def make_huge_int() -> int:
+    return 10**5000
