@@ -1,0 +1,355 @@
+"""The outcomes of one journal segment's finished jobs, compact: :class:`SegmentOutcomes`.
+
+:attr:`LedgerIndex.terminal <hybridq.ledger.index.LedgerIndex.terminal>` keeps one per journal
+segment not compacted yet, so its size is the forwarder's memory per finished job of the live
+journal (issue 29; docs/forwarder.md, "Memory: the bound that holds now"). A ``dict`` took 57
+bytes a job (a slot and the offset's ``int``); this keeps about 6
+(``tests/unit/test_index_memory.py``):
+
+* the offsets in a sorted ``array`` (4 bytes each; 8 once an offset passes ``2**32``, which a
+  segment larger than the default 64 MiB may reach) with a parallel ``bytearray`` of outcome
+  codes (``cancelled``, ``failed``, ``succeeded``, ``invalid``), found by ``bisect`` (C) in the
+  block of 64 that a list of every 64th offset points to (0.6 bytes a job);
+* the latest additions in a small ``dict`` (:attr:`recent`), merged into the arrays when it
+  holds more than ``max(MERGE_FLOOR, len / MERGE_FRACTION)``: jobs mostly finish in the order
+  they were written, so a merge is mostly a sort of the new offsets and an append; those that
+  finish out of order are sorted in with the arrays' tail from the first of them (C when all
+  succeeded), or, few in a long tail, each put in place by ``bisect`` and slices;
+* any other outcome name (none is written today; an entry's is not checked) in a plain ``dict``
+  (:attr:`_odd`), never merged, so that nothing read back differs from what was put in.
+
+The three hold disjoint offsets. An offset is in the map if it is in any of them: a lookup that
+answered ``False`` for a finished job would let it run again (docs/reliability.md), so
+``tests/unit/test_segment_outcomes.py`` checks every operation against a plain ``dict``.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
+
+#: Outcome names by code (0 is not used: ``bytearray`` starts zeroed).
+_NAMES = ("", "cancelled", "failed", "succeeded", "invalid")
+_CODES = {name: code for code, name in enumerate(_NAMES) if name}
+#: The least :attr:`SegmentOutcomes.recent` holds before it is merged into the arrays, and the
+#: fraction of the arrays it may reach past that (the memory it costs against the merges' copies).
+MERGE_FLOOR = 256
+MERGE_FRACTION = 64
+#: Past how many times as many offsets of the arrays' tail as there are offsets to merge into
+#: it these are put in place one by one rather than sorted with it (the two cost about the same
+#: there, in instructions; the sort is in C when all are ``succeeded``).
+_PLAIN_SORT_PAST = 24
+_SORT_PAST = 8
+_SUCCEEDED = _CODES["succeeded"]
+#: Offsets per block of :attr:`SegmentOutcomes._fence` (its ints cost 40 / 64 bytes a job).
+_STRIDE = 64
+#: The largest offset of 4-byte items, and the largest any array holds (more stays in ``_odd``).
+_NARROW_MAX = 2**32 - 1
+_WIDE_MAX = 2**64 - 1
+_NONE = float("-inf")
+
+
+class SegmentOutcomes(MutableMapping[int, str]):
+    """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
+
+    __slots__ = ("_codes", "_fence", "_last", "_merge_at", "_odd", "_offsets", "recent")
+
+    def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
+        #: Sorted offsets, and the outcome code of each.
+        self._offsets = array("I")
+        self._codes = bytearray()
+        #: The largest offset in :attr:`_offsets` (minus infinity: none, so that no offset is
+        #: looked for in an empty array); a larger one is not there.
+        self._last: float = _NONE
+        #: Every :data:`_STRIDE`-th offset, from the first: where a lookup starts.
+        self._fence: list[int] = []
+        #: Offsets added since the last merge, with their outcome. Read only outside this class:
+        #: :meth:`LedgerIndex.is_terminal <hybridq.ledger.index.LedgerIndex.is_terminal>` looks
+        #: here first without a call (the harvest asks of the jobs it has just added).
+        self.recent: dict[int, str] = {}
+        self._merge_at = MERGE_FLOOR
+        #: Offsets whose outcome has no code (or that no array holds): never merged.
+        self._odd: dict[int, str] = {}
+        self.update(items)
+
+    @classmethod
+    def from_groups(cls, groups: Mapping[str, Iterable[int]]) -> SegmentOutcomes:
+        """The map of the offsets listed under each outcome (how a saved index holds it).
+
+        An offset listed twice keeps the outcome listed last (as ``dict.update`` did).
+        """
+        done = cls()
+        if len(groups) == 1:
+            ((name, listed),) = groups.items()
+            offsets = sorted(set(listed))  # a set: the arrays must not hold an offset twice
+            if name in _CODES and offsets and offsets[0] >= 0 and offsets[-1] <= _WIDE_MAX:
+                # All of one outcome (a drain's segment: succeeded), in C.
+                done._offsets = array("I" if offsets[-1] <= _NARROW_MAX else "Q", offsets)
+                done._codes = bytearray((_CODES[name],)) * len(offsets)
+                done._last = offsets[-1]
+                done._fence = offsets[::_STRIDE]
+                return done
+        for name, listed in groups.items():
+            offsets = list(listed)
+            into, other = (done.recent, done._odd) if name in _CODES else (done._odd, done.recent)
+            into.update(dict.fromkeys(offsets, name))
+            if other:
+                for offset in offsets:
+                    other.pop(offset, None)
+        done._merge()
+        return done
+
+    def __len__(self) -> int:
+        return len(self._offsets) + len(self.recent) + len(self._odd)
+
+    def __contains__(self, offset: object) -> bool:
+        return isinstance(offset, int) and self.has(offset)
+
+    def has(self, offset: int) -> bool:
+        """Whether the job at ``offset`` finished (``in``, as a plain call: the harvest's question).
+
+        Asked first of :attr:`recent`: the harvest asks it of a job it has just added.
+        """
+        if offset in self.recent:
+            return True
+        if offset <= self._last and self._find(offset) >= 0:
+            return True
+        return offset in self._odd if self._odd else False
+
+    @overload
+    def get(self, offset: int, /) -> str | None: ...
+    @overload
+    def get(self, offset: int, default: str | _T, /) -> str | _T: ...
+    def get(self, offset: int, default: str | _T | None = None) -> str | _T | None:
+        """The outcome of the job at ``offset``, ``default`` if it is not finished."""
+        found = self.recent.get(offset)
+        if found is not None:
+            return found
+        if offset <= self._last:
+            i = self._find(offset)
+            if i >= 0:
+                return _NAMES[self._codes[i]]
+        return self._odd.get(offset, default) if self._odd else default
+
+    def __getitem__(self, offset: int) -> str:
+        found = self.get(offset)
+        if found is None:
+            raise KeyError(offset)
+        return found
+
+    def insert(self, offset: int, outcome: str) -> str | None:
+        """Add the job at ``offset`` with ``outcome`` unless it is there; returns the outcome it had.
+
+        ``None``: it was not there (added). One lookup for what :meth:`LedgerIndex.apply
+        <hybridq.ledger.index.LedgerIndex.apply>` asks of every finished job.
+        """
+        recent = self.recent
+        if offset in recent:
+            return recent[offset]
+        if offset <= self._last:
+            i = self._find(offset)
+            if i >= 0:
+                return _NAMES[self._codes[i]]
+        if self._odd:
+            found = self._odd.get(offset)
+            if found is not None:
+                return found
+        if outcome in _CODES:
+            recent[offset] = outcome
+            if len(recent) > self._merge_at:
+                self._merge()
+        else:
+            self._odd[offset] = outcome
+        return None
+
+    def __setitem__(self, offset: int, outcome: str) -> None:
+        i = self._find(offset)
+        code = _CODES.get(outcome)
+        if i >= 0 and code is not None:
+            self._codes[i] = code  # in place: a rank upgrade (LedgerIndex.apply)
+            return
+        self._discard(offset, i)
+        if code is None:
+            self._odd[offset] = outcome
+            return
+        self.recent[offset] = outcome
+        if len(self.recent) > self._merge_at:
+            self._merge()
+
+    def __delitem__(self, offset: int) -> None:
+        if offset not in self:
+            raise KeyError(offset)
+        self._discard(offset, self._find(offset))
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._offsets
+        yield from list(self.recent)
+        yield from list(self._odd)
+
+    def values(self) -> ValuesView[str]:
+        """The outcomes (one per finished job), without a lookup per offset."""
+        return _Values(self)
+
+    def items(self) -> ItemsView[int, str]:
+        """The (offset, outcome) pairs, without a lookup per offset."""
+        return _Items(self)
+
+    def tally(self) -> dict[str, int]:
+        """How many jobs ended with each outcome (counted in C)."""
+        out = {name: self._codes.count(code) for name, code in _CODES.items()}
+        for outcome in (*self.recent.values(), *self._odd.values()):
+            out[outcome] = out.get(outcome, 0) + 1
+        return {name: n for name, n in out.items() if n}
+
+    def count_below(self, end: int) -> int:
+        """How many of the offsets are less than ``end``."""
+        return (
+            bisect_left(self._offsets, end)
+            + sum(1 for offset in self.recent if offset < end)
+            + sum(1 for offset in self._odd if offset < end)
+        )
+
+    def groups(self) -> dict[str, list[int]]:
+        """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""
+        out: dict[str, list[int]] = {}
+        codes = self._codes
+        for name, code in _CODES.items():
+            n = codes.count(code)
+            if n == len(codes):
+                out[name] = self._offsets.tolist()
+            elif n:
+                out[name] = [offset for offset, c in zip(self._offsets, codes, strict=True) if c == code]
+        for offset, outcome in sorted((*self.recent.items(), *self._odd.items())):
+            out.setdefault(outcome, []).append(offset)
+        for offsets in out.values():
+            offsets.sort()
+        return {name: offsets for name, offsets in out.items() if offsets}
+
+    def _find(self, offset: int) -> int:
+        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there.
+
+        Its block of :data:`_STRIDE` offsets is found in :attr:`_fence` (a list: no ``int`` made
+        per step), then the offset in the block (an ``int`` made per step of a bisect on an array).
+        """
+        if offset > self._last:
+            return -1
+        block = bisect_right(self._fence, offset) - 1
+        if block < 0:
+            return -1
+        offsets = self._offsets
+        lo = block * _STRIDE
+        i = bisect_left(offsets, offset, lo, min(lo + _STRIDE, len(offsets)))
+        return i if i < len(offsets) and offsets[i] == offset else -1
+
+    def _discard(self, offset: int, i: int) -> None:
+        """Remove ``offset`` from wherever it is (``i``: its index in :attr:`_offsets`, or -1)."""
+        if i >= 0:
+            del self._offsets[i]
+            del self._codes[i]
+            self._last = self._offsets[-1] if self._offsets else _NONE
+            self._fence = self._offsets[::_STRIDE].tolist()
+            return
+        self.recent.pop(offset, None)
+        self._odd.pop(offset, None)
+
+    def _merge(self) -> None:
+        """Move :attr:`recent` into the arrays (an offset no array can hold into :attr:`_odd`)."""
+        recent = self.recent
+        keys = sorted(recent)
+        if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
+            codes = bytes((_SUCCEEDED,)) * len(keys)
+        else:
+            codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
+        if keys and (keys[0] < 0 or keys[-1] > _WIDE_MAX):
+            lo, hi = bisect_left(keys, 0), bisect_right(keys, _WIDE_MAX)
+            for offset in (*keys[:lo], *keys[hi:]):
+                self._odd[offset] = recent[offset]
+            keys, codes = keys[lo:hi], codes[lo:hi]
+        self.recent = {}
+        if keys:
+            if keys[-1] > _NARROW_MAX and self._offsets.typecode == "I":
+                self._offsets = array("Q", self._offsets)
+            # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
+            inside = bisect_right(keys, self._last)
+            if inside:
+                self._merge_inside(keys[:inside], codes[:inside])
+                keys, codes = keys[inside:], codes[inside:]
+            self._offsets.fromlist(keys)
+            self._codes += codes
+            self._last = self._offsets[-1]
+            self._fence = self._offsets[::_STRIDE].tolist()
+        self._merge_at = max(MERGE_FLOOR, len(self._offsets) // MERGE_FRACTION)
+
+    def _merge_inside(self, keys: list[int], codes: bytes) -> None:
+        """Put sorted offsets (none in the arrays, none past their end) in place.
+
+        The arrays' tail from the first of them is sorted anew with them (C, for nearly all of
+        it when all are ``succeeded``), unless they are few in a long tail: then each is put in
+        place by ``bisect`` and slices (a job that finished late, in a drain).
+        """
+        offsets, old = self._offsets, self._codes
+        start = bisect_left(offsets, keys[0])
+        tail = len(offsets) - start
+        plain = old.count(_SUCCEEDED, start) == tail and codes.count(_SUCCEEDED) == len(codes)
+        if tail > (_PLAIN_SORT_PAST if plain else _SORT_PAST) * len(keys):
+            self._merge_each(start, keys, codes)
+            return
+        if plain:
+            merged = offsets[start:].tolist()
+            merged += keys
+            merged.sort()
+            offsets[start:] = array(offsets.typecode, merged)
+            old[start:] = bytes((_SUCCEEDED,)) * len(merged)
+            return
+        packed = [offset << 3 | code for offset, code in zip(offsets[start:], old[start:], strict=True)]
+        packed += [offset << 3 | code for offset, code in zip(keys, codes, strict=True)]
+        packed.sort()
+        offsets[start:] = array(offsets.typecode, [p >> 3 for p in packed])
+        old[start:] = bytes([p & 7 for p in packed])
+
+    def _merge_each(self, start: int, keys: list[int], codes: bytes) -> None:
+        """Put each of ``keys`` in place from ``start`` on (see :meth:`_merge_inside`)."""
+        offsets, old = self._offsets, self._codes
+        prev = start
+        tail, tail_codes = array(offsets.typecode), bytearray()
+        for offset, code in zip(keys, codes, strict=True):
+            i = bisect_left(offsets, offset, prev)
+            if i > prev:
+                tail += offsets[prev:i]
+                tail_codes += old[prev:i]
+            tail.append(offset)
+            tail_codes.append(code)
+            prev = i
+        tail += offsets[prev:]
+        tail_codes += old[prev:]
+        offsets[start:] = tail
+        old[start:] = tail_codes
+
+
+class _Values(ValuesView[str]):
+    _mapping: SegmentOutcomes
+
+    def __contains__(self, value: object) -> bool:
+        return any(v == value for v in self)
+
+    def __iter__(self) -> Iterator[str]:
+        done = self._mapping
+        yield from map(_NAMES.__getitem__, done._codes)
+        yield from list(done.recent.values())
+        yield from list(done._odd.values())
+
+
+class _Items(ItemsView[int, str]):
+    _mapping: SegmentOutcomes
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        done = self._mapping
+        yield from zip(done._offsets, map(_NAMES.__getitem__, done._codes), strict=True)
+        yield from list(done.recent.items())
+        yield from list(done._odd.items())
