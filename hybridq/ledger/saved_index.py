@@ -121,7 +121,10 @@ def decode(raw: bytes) -> Saved:
         raise ValueError(f"version {body['v']!r}")
     index = LedgerIndex()
     for writer, segment, by_outcome in body["terminal"]:
-        groups = {shared(str(outcome)): list(map(int, offsets)) for outcome, offsets in by_outcome.items()}
+        groups: dict[str, list[int]] = {}
+        for outcome, offsets in by_outcome.items():
+            # Two names may read back as one ("" is "failed"): keep the offsets of both.
+            groups.setdefault(shared(str(outcome)), []).extend(map(int, offsets))
         index.terminal[str(writer), int(segment)] = SegmentOutcomes.from_groups(groups)
         for name, offsets in groups.items():
             index.terminal_count += len(offsets)
