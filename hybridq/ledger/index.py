@@ -30,7 +30,7 @@ _SUCCEEDED = _SHARED["succeeded"]
 class LedgerIndex:
     """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
 
-    #: Per journal segment, offset -> terminal outcome of the job recorded there (about 5 bytes a
+    #: Per journal segment, offset -> terminal outcome of the job recorded there (about 6 bytes a
     #: job: :mod:`hybridq.ledger.outcomes`).
     terminal: dict[Seg, SegmentOutcomes] = field(default_factory=dict)
     #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
@@ -66,7 +66,7 @@ class LedgerIndex:
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
         done = self.terminal.get((loc[0], loc[1]))
-        return done is not None and (loc[2] in done.recent or done.has(loc[2]))
+        return done is not None and done.has(loc[2])
 
     def outcome(self, loc: Loc) -> str | None:
         """The terminal outcome of the job at ``loc``, ``None`` if it has none."""

@@ -8,8 +8,8 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
 
 * the offsets in a sorted ``array`` (4 bytes each; 8 once an offset passes ``2**32``, which a
   segment larger than the default 64 MiB may reach) with a parallel ``bytearray`` of outcome
-  codes (``cancelled``, ``failed``, ``succeeded``, ``invalid``), found by ``bisect`` (C) in the
-  block of 64 that a list of every 64th offset points to (0.6 bytes a job);
+  codes (``cancelled``, ``failed``, ``succeeded``, ``invalid``), found by one ``bisect`` (C);
+  a map with none merged yet shares two empty ones;
 * the latest additions in a small ``dict`` (:attr:`recent`), merged into the arrays when it
   holds more than ``max(MERGE_FLOOR, len / MERGE_FRACTION)``: jobs mostly finish in the order
   they were written, so a merge is mostly a sort of the new offsets and an append; those that
@@ -39,7 +39,9 @@ _NAMES = ("", "cancelled", "failed", "succeeded", "invalid")
 _CODES = {name: code for code, name in enumerate(_NAMES) if name}
 #: The least :attr:`SegmentOutcomes.recent` holds before it is merged into the arrays, and the
 #: fraction of the arrays it may reach past that (the memory it costs against the merges' copies).
-MERGE_FLOOR = 256
+#: The floor is low so that a segment with few finished jobs soon leaves the ``dict`` (about
+#: 90 bytes a job) for the arrays: a merge of a small array is cheap.
+MERGE_FLOOR = 8
 MERGE_FRACTION = 64
 #: Past how many times as many offsets of the arrays' tail as there are offsets to merge into
 #: it these are put in place one by one rather than sorted with it (the two cost about the same
@@ -47,35 +49,34 @@ MERGE_FRACTION = 64
 _PLAIN_SORT_PAST = 24
 _SORT_PAST = 8
 _SUCCEEDED = _CODES["succeeded"]
-#: Offsets per block of :attr:`SegmentOutcomes._fence` (its ints cost 40 / 64 bytes a job).
-_STRIDE = 64
 #: The largest offset of 4-byte items, and the largest any array holds (more stays in ``_odd``).
 _NARROW_MAX = 2**32 - 1
 _WIDE_MAX = 2**64 - 1
 _NONE = float("-inf")
+#: The arrays of a map with none merged yet, shared: no array is ever changed in place once it
+#: holds an offset (a merge builds new ones and swaps them in), and an empty one never is.
+_NO_OFFSETS = array("I")
+_NO_CODES = bytearray()
 
 
 class SegmentOutcomes(MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
-    __slots__ = ("_codes", "_fence", "_last", "_merge_at", "_odd", "_offsets", "recent")
+    __slots__ = ("_codes", "_last", "_merge_at", "_odd", "_offsets", "recent")
 
     def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
-        #: Sorted offsets, and the outcome code of each.
-        self._offsets = array("I")
-        self._codes = bytearray()
+        #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
+        self._offsets = _NO_OFFSETS
+        self._codes = _NO_CODES
         #: The largest offset in :attr:`_offsets` (minus infinity: none, so that no offset is
         #: looked for in an empty array); a larger one is not there.
         self._last: float = _NONE
-        #: Every :data:`_STRIDE`-th offset, from the first: where a lookup starts.
-        self._fence: list[int] = []
-        #: Offsets added since the last merge, with their outcome. Read only outside this class:
-        #: :meth:`LedgerIndex.is_terminal <hybridq.ledger.index.LedgerIndex.is_terminal>` looks
-        #: here first without a call (the harvest asks of the jobs it has just added).
+        #: Offsets added since the last merge, with their outcome.
         self.recent: dict[int, str] = {}
         self._merge_at = MERGE_FLOOR
-        #: Offsets whose outcome has no code (or that no array holds): never merged.
-        self._odd: dict[int, str] = {}
+        #: Offsets whose outcome has no code (or that no array holds): never merged (``None``
+        #: while there is none, which is nearly always: an empty ``dict`` costs 64 bytes).
+        self._odd: dict[int, str] | None = None
         self.update(items)
 
     @classmethod
@@ -93,20 +94,22 @@ class SegmentOutcomes(MutableMapping[int, str]):
                 done._offsets = array("I" if offsets[-1] <= _NARROW_MAX else "Q", offsets)
                 done._codes = bytearray((_CODES[name],)) * len(offsets)
                 done._last = offsets[-1]
-                done._fence = offsets[::_STRIDE]
+                done._merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
                 return done
+        recent, odd = done.recent, dict[int, str]()
         for name, listed in groups.items():
             offsets = list(listed)
-            into, other = (done.recent, done._odd) if name in _CODES else (done._odd, done.recent)
+            into, other = (recent, odd) if name in _CODES else (odd, recent)
             into.update(dict.fromkeys(offsets, name))
             if other:
                 for offset in offsets:
                     other.pop(offset, None)
+        done._odd = odd or None
         done._merge()
         return done
 
     def __len__(self) -> int:
-        return len(self._offsets) + len(self.recent) + len(self._odd)
+        return len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
 
     def __contains__(self, offset: object) -> bool:
         return isinstance(offset, int) and self.has(offset)
@@ -114,12 +117,15 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def has(self, offset: int) -> bool:
         """Whether the job at ``offset`` finished (``in``, as a plain call: the harvest's question).
 
-        Asked first of :attr:`recent`: the harvest asks it of a job it has just added.
+        Asked first of :attr:`recent`: the harvest asks it of a job it has just added. Then one
+        ``bisect`` (C) of the whole array: ``offset <= _last``, so it ends on an offset.
         """
         if offset in self.recent:
             return True
-        if offset <= self._last and self._find(offset) >= 0:
-            return True
+        if offset <= self._last:
+            offsets = self._offsets
+            if offsets[bisect_left(offsets, offset)] == offset:
+                return True
         return offset in self._odd if self._odd else False
 
     @overload
@@ -132,8 +138,9 @@ class SegmentOutcomes(MutableMapping[int, str]):
         if found is not None:
             return found
         if offset <= self._last:
-            i = self._find(offset)
-            if i >= 0:
+            offsets = self._offsets
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
                 return _NAMES[self._codes[i]]
         return self._odd.get(offset, default) if self._odd else default
 
@@ -153,8 +160,9 @@ class SegmentOutcomes(MutableMapping[int, str]):
         if offset in recent:
             return recent[offset]
         if offset <= self._last:
-            i = self._find(offset)
-            if i >= 0:
+            offsets = self._offsets
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
                 return _NAMES[self._codes[i]]
         if self._odd:
             found = self._odd.get(offset)
@@ -165,18 +173,18 @@ class SegmentOutcomes(MutableMapping[int, str]):
             if len(recent) > self._merge_at:
                 self._merge()
         else:
-            self._odd[offset] = outcome
+            self._set_odd(offset, outcome)
         return None
 
     def __setitem__(self, offset: int, outcome: str) -> None:
         i = self._find(offset)
         code = _CODES.get(outcome)
         if i >= 0 and code is not None:
-            self._codes[i] = code  # in place: a rank upgrade (LedgerIndex.apply)
+            self._codes[i] = code  # in place (a merged array, never a shared empty one): a rank upgrade
             return
         self._discard(offset, i)
         if code is None:
-            self._odd[offset] = outcome
+            self._set_odd(offset, outcome)
             return
         self.recent[offset] = outcome
         if len(self.recent) > self._merge_at:
@@ -190,7 +198,7 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def __iter__(self) -> Iterator[int]:
         yield from self._offsets
         yield from list(self.recent)
-        yield from list(self._odd)
+        yield from list(self._odd or ())
 
     def values(self) -> ValuesView[str]:
         """The outcomes (one per finished job), without a lookup per offset."""
@@ -203,7 +211,7 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def tally(self) -> dict[str, int]:
         """How many jobs ended with each outcome (counted in C)."""
         out = {name: self._codes.count(code) for name, code in _CODES.items()}
-        for outcome in (*self.recent.values(), *self._odd.values()):
+        for outcome in (*self.recent.values(), *(self._odd or {}).values()):
             out[outcome] = out.get(outcome, 0) + 1
         return {name: n for name, n in out.items() if n}
 
@@ -212,7 +220,7 @@ class SegmentOutcomes(MutableMapping[int, str]):
         return (
             bisect_left(self._offsets, end)
             + sum(1 for offset in self.recent if offset < end)
-            + sum(1 for offset in self._odd if offset < end)
+            + sum(1 for offset in self._odd or () if offset < end)
         )
 
     def groups(self) -> dict[str, list[int]]:
@@ -225,111 +233,123 @@ class SegmentOutcomes(MutableMapping[int, str]):
                 out[name] = self._offsets.tolist()
             elif n:
                 out[name] = [offset for offset, c in zip(self._offsets, codes, strict=True) if c == code]
-        for offset, outcome in sorted((*self.recent.items(), *self._odd.items())):
+        for offset, outcome in sorted((*self.recent.items(), *(self._odd or {}).items())):
             out.setdefault(outcome, []).append(offset)
         for offsets in out.values():
             offsets.sort()
         return {name: offsets for name, offsets in out.items() if offsets}
 
     def _find(self, offset: int) -> int:
-        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there.
-
-        Its block of :data:`_STRIDE` offsets is found in :attr:`_fence` (a list: no ``int`` made
-        per step), then the offset in the block (an ``int`` made per step of a bisect on an array).
-        """
+        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there."""
         if offset > self._last:
             return -1
-        block = bisect_right(self._fence, offset) - 1
-        if block < 0:
-            return -1
         offsets = self._offsets
-        lo = block * _STRIDE
-        i = bisect_left(offsets, offset, lo, min(lo + _STRIDE, len(offsets)))
-        return i if i < len(offsets) and offsets[i] == offset else -1
+        i = bisect_left(offsets, offset)
+        return i if offsets[i] == offset else -1
+
+    def _set_odd(self, offset: int, outcome: str) -> None:
+        if self._odd is None:
+            self._odd = {}
+        self._odd[offset] = outcome
 
     def _discard(self, offset: int, i: int) -> None:
         """Remove ``offset`` from wherever it is (``i``: its index in :attr:`_offsets`, or -1)."""
         if i >= 0:
-            del self._offsets[i]
-            del self._codes[i]
-            self._last = self._offsets[-1] if self._offsets else _NONE
-            self._fence = self._offsets[::_STRIDE].tolist()
+            # New arrays swapped in at once (see _merge).
+            offsets = self._offsets[:i] + self._offsets[i + 1 :]
+            codes = self._codes[:i] + self._codes[i + 1 :]
+            last = offsets[-1] if offsets else _NONE
+            self._offsets, self._codes, self._last = offsets, codes, last
             return
         self.recent.pop(offset, None)
-        self._odd.pop(offset, None)
+        if self._odd:
+            self._odd.pop(offset, None)
 
     def _merge(self) -> None:
-        """Move :attr:`recent` into the arrays (an offset no array can hold into :attr:`_odd`)."""
+        """Move :attr:`recent` into the arrays (an offset no array can hold into :attr:`_odd`).
+
+        New arrays are built aside and swapped in at once, :attr:`recent` emptied last: a merge
+        that fails halfway (``MemoryError``) leaves the map as it was, every finished job in it
+        (a job missing from it would be pushed and run again, docs/reliability.md).
+        """
         recent = self.recent
         keys = sorted(recent)
         if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
             codes = bytes((_SUCCEEDED,)) * len(keys)
         else:
             codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
+        odd = self._odd
         if keys and (keys[0] < 0 or keys[-1] > _WIDE_MAX):
             lo, hi = bisect_left(keys, 0), bisect_right(keys, _WIDE_MAX)
+            odd = dict(odd or {})
             for offset in (*keys[:lo], *keys[hi:]):
-                self._odd[offset] = recent[offset]
+                odd[offset] = recent[offset]
             keys, codes = keys[lo:hi], codes[lo:hi]
-        self.recent = {}
+        offsets, old = self._offsets, self._codes
         if keys:
-            if keys[-1] > _NARROW_MAX and self._offsets.typecode == "I":
-                self._offsets = array("Q", self._offsets)
+            if keys[-1] > _NARROW_MAX and offsets.typecode == "I":
+                offsets = array("Q", offsets)
             # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
             inside = bisect_right(keys, self._last)
             if inside:
-                self._merge_inside(keys[:inside], codes[:inside])
+                offsets, old = _merged_inside(offsets, old, keys[:inside], codes[:inside])
                 keys, codes = keys[inside:], codes[inside:]
-            self._offsets.fromlist(keys)
-            self._codes += codes
-            self._last = self._offsets[-1]
-            self._fence = self._offsets[::_STRIDE].tolist()
-        self._merge_at = max(MERGE_FLOOR, len(self._offsets) // MERGE_FRACTION)
+            if keys:
+                offsets = offsets + array(offsets.typecode, keys)
+                old = old + codes
+        last = offsets[-1] if offsets else _NONE
+        merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
+        self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
+        recent.clear()
 
-    def _merge_inside(self, keys: list[int], codes: bytes) -> None:
-        """Put sorted offsets (none in the arrays, none past their end) in place.
 
-        The arrays' tail from the first of them is sorted anew with them (C, for nearly all of
-        it when all are ``succeeded``), unless they are few in a long tail: then each is put in
-        place by ``bisect`` and slices (a job that finished late, in a drain).
-        """
-        offsets, old = self._offsets, self._codes
-        start = bisect_left(offsets, keys[0])
-        tail = len(offsets) - start
-        plain = old.count(_SUCCEEDED, start) == tail and codes.count(_SUCCEEDED) == len(codes)
-        if tail > (_PLAIN_SORT_PAST if plain else _SORT_PAST) * len(keys):
-            self._merge_each(start, keys, codes)
-            return
-        if plain:
-            merged = offsets[start:].tolist()
-            merged += keys
-            merged.sort()
-            offsets[start:] = array(offsets.typecode, merged)
-            old[start:] = bytes((_SUCCEEDED,)) * len(merged)
-            return
-        packed = [offset << 3 | code for offset, code in zip(offsets[start:], old[start:], strict=True)]
-        packed += [offset << 3 | code for offset, code in zip(keys, codes, strict=True)]
-        packed.sort()
-        offsets[start:] = array(offsets.typecode, [p >> 3 for p in packed])
-        old[start:] = bytes([p & 7 for p in packed])
+def _merged_inside(
+    offsets: array[int], old: bytearray, keys: list[int], codes: bytes
+) -> tuple[array[int], bytearray]:
+    """New arrays with sorted offsets (none in ``offsets``, none past its end) put in place.
 
-    def _merge_each(self, start: int, keys: list[int], codes: bytes) -> None:
-        """Put each of ``keys`` in place from ``start`` on (see :meth:`_merge_inside`)."""
-        offsets, old = self._offsets, self._codes
-        prev = start
-        tail, tail_codes = array(offsets.typecode), bytearray()
-        for offset, code in zip(keys, codes, strict=True):
-            i = bisect_left(offsets, offset, prev)
-            if i > prev:
-                tail += offsets[prev:i]
-                tail_codes += old[prev:i]
-            tail.append(offset)
-            tail_codes.append(code)
-            prev = i
-        tail += offsets[prev:]
-        tail_codes += old[prev:]
-        offsets[start:] = tail
-        old[start:] = tail_codes
+    The arrays' tail from the first of them is sorted anew with them (C, for nearly all of it
+    when all are ``succeeded``), unless they are few in a long tail: then each is put in place
+    by ``bisect`` and slices (a job that finished late, in a drain). ``offsets`` and ``old`` are
+    not changed.
+    """
+    start = bisect_left(offsets, keys[0])
+    tail = len(offsets) - start
+    plain = old.count(_SUCCEEDED, start) == tail and codes.count(_SUCCEEDED) == len(codes)
+    if tail > (_PLAIN_SORT_PAST if plain else _SORT_PAST) * len(keys):
+        return _merged_each(offsets, old, start, keys, codes)
+    if plain:
+        merged = offsets[start:].tolist()
+        merged += keys
+        merged.sort()
+        return offsets[:start] + array(offsets.typecode, merged), old[:start] + bytes((_SUCCEEDED,)) * len(
+            merged
+        )
+    packed = [offset << 3 | code for offset, code in zip(offsets[start:], old[start:], strict=True)]
+    packed += [offset << 3 | code for offset, code in zip(keys, codes, strict=True)]
+    packed.sort()
+    return offsets[:start] + array(offsets.typecode, [p >> 3 for p in packed]), old[:start] + bytes(
+        [p & 7 for p in packed]
+    )
+
+
+def _merged_each(
+    offsets: array[int], old: bytearray, start: int, keys: list[int], codes: bytes
+) -> tuple[array[int], bytearray]:
+    """Each of ``keys`` put in place from ``start`` on, in new arrays (see :func:`_merged_inside`)."""
+    prev = start
+    tail, tail_codes = offsets[:start], old[:start]
+    for offset, code in zip(keys, codes, strict=True):
+        i = bisect_left(offsets, offset, prev)
+        if i > prev:
+            tail += offsets[prev:i]
+            tail_codes += old[prev:i]
+        tail.append(offset)
+        tail_codes.append(code)
+        prev = i
+    tail += offsets[prev:]
+    tail_codes += old[prev:]
+    return tail, tail_codes
 
 
 class _Values(ValuesView[str]):
@@ -342,7 +362,7 @@ class _Values(ValuesView[str]):
         done = self._mapping
         yield from map(_NAMES.__getitem__, done._codes)
         yield from list(done.recent.values())
-        yield from list(done._odd.values())
+        yield from list((done._odd or {}).values())
 
 
 class _Items(ItemsView[int, str]):
@@ -352,4 +372,4 @@ class _Items(ItemsView[int, str]):
         done = self._mapping
         yield from zip(done._offsets, map(_NAMES.__getitem__, done._codes), strict=True)
         yield from list(done.recent.items())
-        yield from list(done._odd.items())
+        yield from list((done._odd or {}).items())

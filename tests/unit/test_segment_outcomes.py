@@ -209,3 +209,39 @@ def test_a_saved_index_written_before_the_compact_map_loads() -> None:
         ["w", 0, {"succeeded": [4096, 4396, 5000], "failed": [4696]}],
         ["w", 1, {"cancelled": [64]}],
     ]
+
+
+@pytest.mark.parametrize("failing", ["bisect_right", "array"])
+def test_a_merge_that_fails_halfway_keeps_every_finished_job(
+    monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A merge that raises (a ``MemoryError`` while an array grows) leaves the map as it was: a
+    finished job missing from it would be pushed and run again."""
+    monkeypatch.setattr(outcomes, "MERGE_FLOOR", 16)
+    done, model = SegmentOutcomes(), {}
+    for i in range(40):
+        done.insert(4096 + 330 * i, "succeeded")
+        model[4096 + 330 * i] = "succeeded"
+
+    def fail(*args: object) -> None:
+        raise MemoryError
+
+    real = getattr(outcomes, failing)
+    monkeypatch.setattr(outcomes, failing, fail)
+    for i in range(40):  # past 2**32 (widened), one out of order and failed, until a merge fails
+        offset, name = (4096 + 165, "failed") if i == 3 else (2**32 + 330 * i, "succeeded")
+        model[offset] = name
+        try:
+            done.insert(offset, name)
+        except MemoryError:
+            break
+    else:
+        pytest.fail("no merge")
+    check_same(done, model, list(model))
+    monkeypatch.setattr(outcomes, failing, real)
+    check_whole(done, model)
+    for i in range(40):  # and the next merge takes them all in
+        done.insert(2**33 + i, "cancelled")
+        model[2**33 + i] = "cancelled"
+    check_whole(done, model)
+    check_same(done, model, list(model))
