@@ -66,7 +66,10 @@ class LedgerIndex:
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
         done = self.terminal.get((loc[0], loc[1]))
-        return done is not None and done.has(loc[2])
+        if done is None:
+            return False
+        offset = loc[2]
+        return offset in done.recent or done.has_merged(offset)
 
     def outcome(self, loc: Loc) -> str | None:
         """The terminal outcome of the job at ``loc``, ``None`` if it has none."""

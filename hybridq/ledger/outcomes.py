@@ -62,7 +62,7 @@ _NO_CODES = bytearray()
 class SegmentOutcomes(MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
-    __slots__ = ("_codes", "_last", "_merge_at", "_odd", "_offsets", "recent")
+    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "recent")
 
     def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
         #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
@@ -74,6 +74,9 @@ class SegmentOutcomes(MutableMapping[int, str]):
         #: Offsets added since the last merge, with their outcome.
         self.recent: dict[int, str] = {}
         self._merge_at = MERGE_FLOOR
+        #: Where :meth:`has_merged` looks first: the slot after its last answer's (only a hint:
+        #: an answer from it is checked against the offsets on both sides).
+        self._at = 0
         #: Offsets whose outcome has no code (or that no array holds): never merged (``None``
         #: while there is none, which is nearly always: an empty ``dict`` costs 64 bytes).
         self._odd: dict[int, str] | None = None
@@ -115,17 +118,35 @@ class SegmentOutcomes(MutableMapping[int, str]):
         return isinstance(offset, int) and self.has(offset)
 
     def has(self, offset: int) -> bool:
-        """Whether the job at ``offset`` finished (``in``, as a plain call: the harvest's question).
+        """Whether the job at ``offset`` finished (``in``, as a plain call).
 
-        Asked first of :attr:`recent`: the harvest asks it of a job it has just added. Then one
-        ``bisect`` (C) of the whole array: ``offset <= _last``, so it ends on an offset.
+        Asked first of :attr:`recent`: the harvest asks it of a job it has just added.
         """
-        if offset in self.recent:
-            return True
+        return offset in self.recent or self.has_merged(offset)
+
+    def has_merged(self, offset: int) -> bool:
+        """Whether the job at ``offset`` finished, if it is not in :attr:`recent`.
+
+        :meth:`LedgerIndex.is_terminal <hybridq.ledger.index.LedgerIndex.is_terminal>` looks in
+        :attr:`recent` itself, without a call. The array is tried first at the slot after the
+        last answer's (the pushes and the reconcile pass ask in offset order), then by one
+        ``bisect`` (C): ``offset <= _last``, so it ends on an offset.
+        """
         if offset <= self._last:
             offsets = self._offsets
-            if offsets[bisect_left(offsets, offset)] == offset:
+            i = self._at
+            if i < len(offsets):
+                found = offsets[i]
+                if found == offset:
+                    self._at = i + 1
+                    return True
+                if found > offset and (i == 0 or offsets[i - 1] < offset):
+                    return offset in self._odd if self._odd else False  # between two: not there
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
+                self._at = i + 1
                 return True
+            self._at = i
         return offset in self._odd if self._odd else False
 
     @overload

@@ -16,13 +16,12 @@ import pytest
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 
-#: Enough for the dict of the latest additions to be a small part (it holds up to 256, or a
+#: Enough for the dict of the latest additions to be a small part (it holds up to 8, or a
 #: 64th of the segment's jobs: their ints and slots, ~90 bytes each).
 JOBS = 20_000
-#: Bytes per finished job the index may grow by (6.2 measured on CPython 3.11, 6.1 at 150,000
-#: jobs: 4 for the offset, 1 for the outcome, 0.6 for the list of every 64th offset, the arrays'
-#: spare room and the recent dict; 57 with a dict of offsets, 115 before the outcome strings
-#: were shared).
+#: Bytes per finished job the index may grow by (5.5 measured: 4 for the offset, 1 for the
+#: outcome, the recent dict; 57 with a dict of offsets, 115 before the outcome strings were
+#: shared).
 BOUND = 8
 
 

@@ -245,3 +245,21 @@ def test_a_merge_that_fails_halfway_keeps_every_finished_job(
         model[2**33 + i] = "cancelled"
     check_whole(done, model)
     check_same(done, model, list(model))
+
+
+def test_lookups_in_offset_order_and_back_answer_as_a_dict_does() -> None:
+    """The pushes ask in offset order (a lookup tries the slot after the last answer's first):
+    every offset in order, then backwards and at random, from any slot the hint may be left at."""
+    rng = random.Random(29)
+    done, model = SegmentOutcomes(), {}
+    for i in range(0, 2000, 2):
+        done.insert(4096 + 3 * i, "succeeded")
+        model[4096 + 3 * i] = "succeeded"
+    done._merge()
+    everything = list(range(4090, 4096 + 3 * 2000 + 5))
+    for order in (everything, everything[::-1], rng.sample(everything, len(everything))):
+        done._at = rng.randrange(len(done._offsets) + 3)
+        for offset in order:
+            assert done.has(offset) == (offset in model), offset
+            if rng.random() < 0.01:
+                done._at = rng.randrange(len(done._offsets) + 3)
