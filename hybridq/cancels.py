@@ -150,7 +150,7 @@ class _Known:
 def _ended(index: LedgerIndex, locs: list[Loc]) -> str:
     """The state of a job whose records are all terminal: its newest record's outcome."""
     loc = locs[-1]
-    outcome = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+    outcome = index.outcome(loc)
     if outcome == "cancelled":
         return CANCELLED
     return SUCCEEDED if outcome == "succeeded" else FAILED

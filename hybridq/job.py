@@ -91,7 +91,7 @@ class Job:
         present = list_chains(self.journal).get(loc[0])
         if present is None or loc[1] < present[0]:
             return "finished"  # its segment was compacted, and its chain forgotten since
-        done = index.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        done = index.outcome(loc)
         if done is not None:
             if done == "cancelled":
                 return "cancelled"

@@ -149,8 +149,8 @@ class Compactor:
             return False
         # Only outcomes of records below the seal count: one for a record that was read before
         # it was durable, and cut off by recovery since, must not stand in for a live job.
-        done = self.state.index.terminal.get((writer_id, index), {})
-        return sum(1 for offset in done if offset < seal_at) >= count
+        done = self.state.index.terminal.get((writer_id, index))
+        return (0 if done is None else done.count_below(seal_at)) >= count
 
     def _delete(self, writer_id: str, index: int) -> None:
         seg = (writer_id, index)

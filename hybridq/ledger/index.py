@@ -15,21 +15,24 @@ from dataclasses import dataclass, field
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.protocol import EntryKind
 
 #: Which outcome of one job wins when several are recorded (see the module docstring).
 _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 #: One string object per outcome: an entry's own (decoded from its JSON) would be kept once per
-#: terminal job in :attr:`LedgerIndex.terminal` (58 bytes each, issue 29's memory bound).
+#: terminal job in :attr:`LedgerIndex.terminal` until its next merge (58 bytes each, issue 29).
 _SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
+_SUCCEEDED = _SHARED["succeeded"]
 
 
 @dataclass
 class LedgerIndex:
     """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
 
-    #: Per journal segment, offset -> terminal outcome of the job recorded there.
-    terminal: dict[Seg, dict[int, str]] = field(default_factory=dict)
+    #: Per journal segment, offset -> terminal outcome of the job recorded there (about 6 bytes a
+    #: job: :mod:`hybridq.ledger.outcomes`).
+    terminal: dict[Seg, SegmentOutcomes] = field(default_factory=dict)
     #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
     dups: dict[Seg, int] = field(default_factory=dict)
     #: Non-terminal jobs with a failed attempt: loc -> (run_at, attempt that failed).
@@ -63,7 +66,15 @@ class LedgerIndex:
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
         done = self.terminal.get((loc[0], loc[1]))
-        return done is not None and loc[2] in done
+        if done is None:
+            return False
+        offset = loc[2]
+        return offset in done.recent or done.has_merged(offset)
+
+    def outcome(self, loc: Loc) -> str | None:
+        """The terminal outcome of the job at ``loc``, ``None`` if it has none."""
+        done = self.terminal.get((loc[0], loc[1]))
+        return None if done is None else done.get(loc[2])
 
     def attempts(self, loc: Loc) -> int:
         """The highest attempt known to have started for the job at ``loc`` (0 if none)."""
@@ -97,9 +108,12 @@ class LedgerIndex:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
         if entry.kind == EntryKind.DONE:
-            done = self.terminal.setdefault(seg, {})
-            if loc[2] in done:
-                old, new = done[loc[2]], shared(entry.outcome)
+            done = self.terminal.get(seg)
+            if done is None:
+                done = self.terminal[seg] = SegmentOutcomes()
+            new = shared(entry.outcome)
+            old = done.insert(loc[2], new)
+            if old is not None:
                 if _RANK.get(new, 0) > _RANK.get(old, 0) > 0:
                     # A success beats a failure whatever the order the two were read in (the
                     # forwarder gave up on a lost worker that then reported after all), and
@@ -112,10 +126,9 @@ class LedgerIndex:
                         self.failed[loc] = entry
                     return True
                 return entry.dup
-            done[loc[2]] = outcome = shared(entry.outcome)
             self.terminal_count += 1
-            if outcome in self.totals:
-                self.totals[outcome] += 1
+            if new in self.totals:
+                self.totals[new] += 1
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
             self.later.pop(loc, None)
@@ -147,21 +160,24 @@ class LedgerIndex:
         The same changes without building an :class:`Entry` (the replay at start: a third of its
         time went to building them).
         """
-        done = self.terminal.setdefault((loc[0], loc[1]), {})
-        old = done.get(loc[2])
+        seg = (loc[0], loc[1])
+        done = self.terminal.get(seg)
+        if done is None:
+            done = self.terminal[seg] = SegmentOutcomes()
+        old = done.insert(loc[2], _SUCCEEDED)
         if old is not None:
             if _RANK.get(old, 0) not in (1, 2):
                 return False  # succeeded already, or invalid: nothing outranks them here
-            done[loc[2]] = _SHARED["succeeded"]
+            done[loc[2]] = _SUCCEEDED
             self.totals[old] -= 1
             self.totals["succeeded"] += 1
             self.failed.pop(loc, None)
             return True
-        done[loc[2]] = _SHARED["succeeded"]
         self.terminal_count += 1
         self.totals["succeeded"] += 1
         for table in (self.retries, self.lost, self.later, self.duplicates, self.cancels):
-            table.pop(loc, None)
+            if table:  # mostly all empty in a drain: no hash of ``loc`` for them
+                table.pop(loc, None)
         return True
 
     def _own_key(self, entry: Entry) -> bool:
@@ -192,7 +208,7 @@ class LedgerIndex:
         their outcomes forgotten but for listed failures).
         """
         loc = owner.loc
-        done = self.terminal.get((loc[0], loc[1]), {}).get(loc[2])
+        done = self.outcome(loc)
         if done is not None:
             return done
         if owner.outcome is not None:
@@ -223,11 +239,13 @@ class LedgerIndex:
 
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
-        for outcome in self.terminal.get(seg, {}).values():
-            if outcome in self.totals:
-                self.totals[outcome] -= 1
+        done = self.terminal.pop(seg, None)
+        if done is not None:
+            for outcome, n in done.tally().items():
+                if outcome in self.totals:
+                    self.totals[outcome] -= n
+            self.terminal_count -= len(done)
         self.totals["dups"] -= self.dups.get(seg, 0)
-        self.terminal_count -= len(self.terminal.pop(seg, {}))
         self.dups.pop(seg, None)
         self.dup_events.pop(seg, None)
 
@@ -235,9 +253,10 @@ class LedgerIndex:
         """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""
         out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}
         for seg in live:
-            for outcome in self.terminal.get(seg, {}).values():
+            done = self.terminal.get(seg)
+            for outcome, n in ({} if done is None else done.tally()).items():
                 if outcome in out:
-                    out[outcome] += 1
+                    out[outcome] += n
             out["dups"] += self.dups.get(seg, 0)
         return out
 

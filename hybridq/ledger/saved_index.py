@@ -41,6 +41,7 @@ from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex, shared
+from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import gone, ledger_dir, replay
 
 __all__ = [
@@ -92,10 +93,7 @@ def encode(
     """
     terminal = []
     for (writer, segment), done in index.terminal.items():
-        by_outcome: dict[str, list[int]] = {}
-        for offset, outcome in done.items():
-            by_outcome.setdefault(outcome, []).append(offset)
-        terminal.append([writer, segment, by_outcome])
+        terminal.append([writer, segment, done.groups()])
     body: dict[str, Any] = {
         "v": _VERSION,
         "covered": {w: p.to_json() for w, p in covered.items()},
@@ -123,10 +121,12 @@ def decode(raw: bytes) -> Saved:
         raise ValueError(f"version {body['v']!r}")
     index = LedgerIndex()
     for writer, segment, by_outcome in body["terminal"]:
-        done = index.terminal.setdefault((str(writer), int(segment)), {})
+        groups: dict[str, list[int]] = {}
         for outcome, offsets in by_outcome.items():
-            name = shared(str(outcome))
-            done.update(dict.fromkeys(map(int, offsets), name))
+            # Two names may read back as one ("" is "failed"): keep the offsets of both.
+            groups.setdefault(shared(str(outcome)), []).extend(map(int, offsets))
+        index.terminal[str(writer), int(segment)] = SegmentOutcomes.from_groups(groups)
+        for name, offsets in groups.items():
             index.terminal_count += len(offsets)
             if name in index.totals:
                 index.totals[name] += len(offsets)

@@ -17,7 +17,8 @@ from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal import JournalReader, Record
 from hybridq.journal.format import segment_name
-from hybridq.journal.reader import list_chains
+from hybridq.journal.reader import list_chains, seal_offset
+from hybridq.journal.records import ChainPosition
 from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.segment_scan import scan_ledger_segment
@@ -251,3 +252,29 @@ def test_a_segment_scan_answers_as_the_full_decode_does(
     # The failures, requeue mark and keys; the look-alike success (its result says "o":"failed");
     # the garbled and the spaced records, whose front is not the usual one.
     assert scan.decoded == len(decoded) == 5 + 1 + 5
+
+
+@pytest.mark.parametrize("finished", ["past the seal", "the record"])
+def test_only_outcomes_below_the_seal_let_a_journal_segment_go(tmp_path: Path, finished: str) -> None:
+    """An outcome at or past the seal (of a record cut off by recovery) does not stand in for the
+    segment's one record, not finished yet: the segment stays (it would go, and its job with it,
+    if every outcome of the segment counted)."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    [record] = [r for r in JournalReader(journal).records() if r.segment_index == 0]
+    seal_at = seal_offset(journal, writer, 0)
+    assert seal_at is not None
+    assert record.offset < seal_at
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        state.checkpoint.positions[writer] = ChainPosition(1, 32, 2)  # segment 0 read
+        offset = seal_at if finished == "past the seal" else record.offset
+        state.index.apply(Entry("done", "j", (writer, 0, offset), outcome="succeeded", at=1.0))
+        Compactor(state).compact()
+        assert ((writer, 0) in _chain_segments(journal)) == (finished == "past the seal")
+    finally:
+        state.close()
+
+
+def _chain_segments(journal: str) -> list[tuple[str, int]]:
+    return [(w, i) for w, indices in list_chains(journal).items() for i in indices]

@@ -10,6 +10,7 @@ the ledger (a chain shortened under it, compaction it assumed undone) is ignored
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 from pathlib import Path
@@ -271,3 +272,20 @@ def test_a_malformed_saved_index_is_ignored_not_raised(tmp_path: Path, terminal:
     )
     write_state(str(tmp_path), saved_index.SAVED_INDEX_NAME, body.encode())
     assert saved_index.load(str(tmp_path)) is None
+
+
+def test_groups_whose_names_read_back_the_same_are_all_kept() -> None:
+    """A missing outcome name reads back as ``failed``: a file (not one encode writes) with both
+    lists keeps the offsets of both, as applying each group in turn did."""
+    body = {
+        "v": 1,
+        **{k: {} for k in ("covered", "through", "first")},
+        "terminal": [["w", 0, {"": [4096, 4396], "failed": [4696]}]],
+        **{k: [] for k in ("dups", "dup_events", "retries", "lost", "later", "requeued", "failed")},
+        **{k: [] for k in ("keys", "duplicates", "cancels")},
+    }
+    index = saved_index.decode(json.dumps(body).encode()).index
+    assert dict(index.terminal["w", 0].items()) == {4096: "failed", 4396: "failed", 4696: "failed"}
+    assert index.terminal_count == 3
+    assert index.totals["failed"] == 3
+    assert all(index.is_terminal(("w", 0, offset)) for offset in (4096, 4396, 4696))

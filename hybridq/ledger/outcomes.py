@@ -1,0 +1,396 @@
+"""The outcomes of one journal segment's finished jobs, compact: :class:`SegmentOutcomes`.
+
+:attr:`LedgerIndex.terminal <hybridq.ledger.index.LedgerIndex.terminal>` keeps one per journal
+segment not compacted yet, so its size is the forwarder's memory per finished job of the live
+journal (issue 29; docs/forwarder.md, "Memory: the bound that holds now"). A ``dict`` took 57
+bytes a job (a slot and the offset's ``int``); this keeps about 6
+(``tests/unit/test_index_memory.py``):
+
+* the offsets in a sorted ``array`` (4 bytes each; 8 once an offset passes ``2**32``, which a
+  segment larger than the default 64 MiB may reach) with a parallel ``bytearray`` of outcome
+  codes (``cancelled``, ``failed``, ``succeeded``, ``invalid``), found by one ``bisect`` (C);
+  a map with none merged yet shares two empty ones;
+* the latest additions in a small ``dict`` (:attr:`recent`), merged into the arrays when it
+  holds more than ``max(MERGE_FLOOR, len / MERGE_FRACTION)``: jobs mostly finish in the order
+  they were written, so a merge is mostly a sort of the new offsets and an append; those that
+  finish out of order are sorted in with the arrays' tail from the first of them (C when all
+  succeeded), or, few in a long tail, each put in place by ``bisect`` and slices;
+* any other outcome name (none is written today; an entry's is not checked) in a plain ``dict``
+  (:attr:`_odd`), never merged, so that nothing read back differs from what was put in.
+
+The three hold disjoint offsets. An offset is in the map if it is in any of them: a lookup that
+answered ``False`` for a finished job would let it run again (docs/reliability.md), so
+``tests/unit/test_segment_outcomes.py`` checks every operation against a plain ``dict``.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
+
+#: Outcome names by code (0 is not used: ``bytearray`` starts zeroed).
+_NAMES = ("", "cancelled", "failed", "succeeded", "invalid")
+_CODES = {name: code for code, name in enumerate(_NAMES) if name}
+#: The least :attr:`SegmentOutcomes.recent` holds before it is merged into the arrays, and the
+#: fraction of the arrays it may reach past that (the memory it costs against the merges' copies).
+#: The floor is low so that a segment with few finished jobs soon leaves the ``dict`` (about
+#: 90 bytes a job) for the arrays: a merge of a small array is cheap.
+MERGE_FLOOR = 8
+MERGE_FRACTION = 64
+#: Past how many times as many offsets of the arrays' tail as there are offsets to merge into
+#: it these are put in place one by one rather than sorted with it (the two cost about the same
+#: there, in instructions; the sort is in C when all are ``succeeded``).
+_PLAIN_SORT_PAST = 24
+_SORT_PAST = 8
+_SUCCEEDED = _CODES["succeeded"]
+#: The largest offset of 4-byte items, and the largest any array holds (more stays in ``_odd``).
+_NARROW_MAX = 2**32 - 1
+_WIDE_MAX = 2**64 - 1
+_NONE = float("-inf")
+#: The arrays of a map with none merged yet, shared: no array is ever changed in place once it
+#: holds an offset (a merge builds new ones and swaps them in), and an empty one never is.
+_NO_OFFSETS = array("I")
+_NO_CODES = bytearray()
+
+
+class SegmentOutcomes(MutableMapping[int, str]):
+    """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
+
+    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "recent")
+
+    def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
+        #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
+        self._offsets = _NO_OFFSETS
+        self._codes = _NO_CODES
+        #: The largest offset in :attr:`_offsets` (minus infinity: none, so that no offset is
+        #: looked for in an empty array); a larger one is not there.
+        self._last: float = _NONE
+        #: Offsets added since the last merge, with their outcome.
+        self.recent: dict[int, str] = {}
+        self._merge_at = MERGE_FLOOR
+        #: Where :meth:`has_merged` looks first: the slot after its last answer's (only a hint:
+        #: an answer from it is checked against the offsets on both sides).
+        self._at = 0
+        #: Offsets whose outcome has no code (or that no array holds): never merged (``None``
+        #: while there is none, which is nearly always: an empty ``dict`` costs 64 bytes).
+        self._odd: dict[int, str] | None = None
+        self.update(items)
+
+    @classmethod
+    def from_groups(cls, groups: Mapping[str, Iterable[int]]) -> SegmentOutcomes:
+        """The map of the offsets listed under each outcome (how a saved index holds it).
+
+        An offset listed twice keeps the outcome listed last (as ``dict.update`` did).
+        """
+        done = cls()
+        if len(groups) == 1:
+            ((name, listed),) = groups.items()
+            offsets = sorted(set(listed))  # a set: the arrays must not hold an offset twice
+            if name in _CODES and offsets and offsets[0] >= 0 and offsets[-1] <= _WIDE_MAX:
+                # All of one outcome (a drain's segment: succeeded), in C.
+                done._offsets = array("I" if offsets[-1] <= _NARROW_MAX else "Q", offsets)
+                done._codes = bytearray((_CODES[name],)) * len(offsets)
+                done._last = offsets[-1]
+                done._merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
+                return done
+        recent, odd = done.recent, dict[int, str]()
+        for name, listed in groups.items():
+            offsets = list(listed)
+            into, other = (recent, odd) if name in _CODES else (odd, recent)
+            into.update(dict.fromkeys(offsets, name))
+            if other:
+                for offset in offsets:
+                    other.pop(offset, None)
+        done._odd = odd or None
+        done._merge()
+        return done
+
+    def __len__(self) -> int:
+        return len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
+
+    def __contains__(self, offset: object) -> bool:
+        return isinstance(offset, int) and self.has(offset)
+
+    def has(self, offset: int) -> bool:
+        """Whether the job at ``offset`` finished (``in``, as a plain call).
+
+        Asked first of :attr:`recent`: the harvest asks it of a job it has just added.
+        """
+        return offset in self.recent or self.has_merged(offset)
+
+    def has_merged(self, offset: int) -> bool:
+        """Whether the job at ``offset`` finished, if it is not in :attr:`recent`.
+
+        :meth:`LedgerIndex.is_terminal <hybridq.ledger.index.LedgerIndex.is_terminal>` looks in
+        :attr:`recent` itself, without a call. The array is tried first at the slot after the
+        last answer's (the pushes and the reconcile pass ask in offset order), then by one
+        ``bisect`` (C): ``offset <= _last``, so it ends on an offset.
+        """
+        if offset <= self._last:
+            offsets = self._offsets
+            i = self._at
+            if i < len(offsets):
+                found = offsets[i]
+                if found == offset:
+                    self._at = i + 1
+                    return True
+                if found > offset and (i == 0 or offsets[i - 1] < offset):
+                    return offset in self._odd if self._odd else False  # between two: not there
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
+                self._at = i + 1
+                return True
+            self._at = i
+        return offset in self._odd if self._odd else False
+
+    @overload
+    def get(self, offset: int, /) -> str | None: ...
+    @overload
+    def get(self, offset: int, default: str | _T, /) -> str | _T: ...
+    def get(self, offset: int, default: str | _T | None = None) -> str | _T | None:
+        """The outcome of the job at ``offset``, ``default`` if it is not finished."""
+        found = self.recent.get(offset)
+        if found is not None:
+            return found
+        if offset <= self._last:
+            offsets = self._offsets
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
+                return _NAMES[self._codes[i]]
+        return self._odd.get(offset, default) if self._odd else default
+
+    def __getitem__(self, offset: int) -> str:
+        found = self.get(offset)
+        if found is None:
+            raise KeyError(offset)
+        return found
+
+    def insert(self, offset: int, outcome: str) -> str | None:
+        """Add the job at ``offset`` with ``outcome`` unless it is there; returns the outcome it had.
+
+        ``None``: it was not there (added). One lookup for what :meth:`LedgerIndex.apply
+        <hybridq.ledger.index.LedgerIndex.apply>` asks of every finished job.
+        """
+        recent = self.recent
+        if offset in recent:
+            return recent[offset]
+        if offset <= self._last:
+            offsets = self._offsets
+            i = bisect_left(offsets, offset)
+            if offsets[i] == offset:
+                return _NAMES[self._codes[i]]
+        if self._odd:
+            found = self._odd.get(offset)
+            if found is not None:
+                return found
+        if outcome in _CODES:
+            recent[offset] = outcome
+            if len(recent) > self._merge_at:
+                self._merge()
+        else:
+            self._set_odd(offset, outcome)
+        return None
+
+    def __setitem__(self, offset: int, outcome: str) -> None:
+        i = self._find(offset)
+        code = _CODES.get(outcome)
+        if i >= 0 and code is not None:
+            self._codes[i] = code  # in place (a merged array, never a shared empty one): a rank upgrade
+            return
+        self._discard(offset, i)
+        if code is None:
+            self._set_odd(offset, outcome)
+            return
+        self.recent[offset] = outcome
+        if len(self.recent) > self._merge_at:
+            self._merge()
+
+    def __delitem__(self, offset: int) -> None:
+        if offset not in self:
+            raise KeyError(offset)
+        self._discard(offset, self._find(offset))
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._offsets
+        yield from list(self.recent)
+        yield from list(self._odd or ())
+
+    def values(self) -> ValuesView[str]:
+        """The outcomes (one per finished job), without a lookup per offset."""
+        return _Values(self)
+
+    def items(self) -> ItemsView[int, str]:
+        """The (offset, outcome) pairs, without a lookup per offset."""
+        return _Items(self)
+
+    def tally(self) -> dict[str, int]:
+        """How many jobs ended with each outcome (counted in C)."""
+        out = {name: self._codes.count(code) for name, code in _CODES.items()}
+        for outcome in (*self.recent.values(), *(self._odd or {}).values()):
+            out[outcome] = out.get(outcome, 0) + 1
+        return {name: n for name, n in out.items() if n}
+
+    def count_below(self, end: int) -> int:
+        """How many of the offsets are less than ``end``."""
+        return (
+            bisect_left(self._offsets, end)
+            + sum(1 for offset in self.recent if offset < end)
+            + sum(1 for offset in self._odd or () if offset < end)
+        )
+
+    def groups(self) -> dict[str, list[int]]:
+        """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""
+        out: dict[str, list[int]] = {}
+        codes = self._codes
+        for name, code in _CODES.items():
+            n = codes.count(code)
+            if n == len(codes):
+                out[name] = self._offsets.tolist()
+            elif n:
+                out[name] = [offset for offset, c in zip(self._offsets, codes, strict=True) if c == code]
+        for offset, outcome in sorted((*self.recent.items(), *(self._odd or {}).items())):
+            out.setdefault(outcome, []).append(offset)
+        for offsets in out.values():
+            offsets.sort()
+        return {name: offsets for name, offsets in out.items() if offsets}
+
+    def _find(self, offset: int) -> int:
+        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there."""
+        if offset > self._last:
+            return -1
+        offsets = self._offsets
+        i = bisect_left(offsets, offset)
+        return i if offsets[i] == offset else -1
+
+    def _set_odd(self, offset: int, outcome: str) -> None:
+        if self._odd is None:
+            self._odd = {}
+        self._odd[offset] = outcome
+
+    def _discard(self, offset: int, i: int) -> None:
+        """Remove ``offset`` from wherever it is (``i``: its index in :attr:`_offsets`, or -1)."""
+        if i >= 0:
+            # New arrays swapped in at once (see _merge).
+            offsets = self._offsets[:i] + self._offsets[i + 1 :]
+            codes = self._codes[:i] + self._codes[i + 1 :]
+            last = offsets[-1] if offsets else _NONE
+            self._offsets, self._codes, self._last = offsets, codes, last
+            return
+        self.recent.pop(offset, None)
+        if self._odd:
+            self._odd.pop(offset, None)
+
+    def _merge(self) -> None:
+        """Move :attr:`recent` into the arrays (an offset no array can hold into :attr:`_odd`).
+
+        New arrays are built aside and swapped in at once, :attr:`recent` emptied last: a merge
+        that fails halfway (``MemoryError``) leaves the map as it was, every finished job in it
+        (a job missing from it would be pushed and run again, docs/reliability.md).
+        """
+        recent = self.recent
+        keys = sorted(recent)
+        if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
+            codes = bytes((_SUCCEEDED,)) * len(keys)
+        else:
+            codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
+        odd = self._odd
+        if keys and (keys[0] < 0 or keys[-1] > _WIDE_MAX):
+            lo, hi = bisect_left(keys, 0), bisect_right(keys, _WIDE_MAX)
+            odd = dict(odd or {})
+            for offset in (*keys[:lo], *keys[hi:]):
+                odd[offset] = recent[offset]
+            keys, codes = keys[lo:hi], codes[lo:hi]
+        offsets, old = self._offsets, self._codes
+        if keys:
+            if keys[-1] > _NARROW_MAX and offsets.typecode == "I":
+                offsets = array("Q", offsets)
+            # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
+            inside = bisect_right(keys, self._last)
+            if inside:
+                offsets, old = _merged_inside(offsets, old, keys[:inside], codes[:inside])
+                keys, codes = keys[inside:], codes[inside:]
+            if keys:
+                offsets = offsets + array(offsets.typecode, keys)
+                old = old + codes
+        last = offsets[-1] if offsets else _NONE
+        merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
+        self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
+        recent.clear()
+
+
+def _merged_inside(
+    offsets: array[int], old: bytearray, keys: list[int], codes: bytes
+) -> tuple[array[int], bytearray]:
+    """New arrays with sorted offsets (none in ``offsets``, none past its end) put in place.
+
+    The arrays' tail from the first of them is sorted anew with them (C, for nearly all of it
+    when all are ``succeeded``), unless they are few in a long tail: then each is put in place
+    by ``bisect`` and slices (a job that finished late, in a drain). ``offsets`` and ``old`` are
+    not changed.
+    """
+    start = bisect_left(offsets, keys[0])
+    tail = len(offsets) - start
+    plain = old.count(_SUCCEEDED, start) == tail and codes.count(_SUCCEEDED) == len(codes)
+    if tail > (_PLAIN_SORT_PAST if plain else _SORT_PAST) * len(keys):
+        return _merged_each(offsets, old, start, keys, codes)
+    if plain:
+        merged = offsets[start:].tolist()
+        merged += keys
+        merged.sort()
+        return offsets[:start] + array(offsets.typecode, merged), old[:start] + bytes((_SUCCEEDED,)) * len(
+            merged
+        )
+    packed = [offset << 3 | code for offset, code in zip(offsets[start:], old[start:], strict=True)]
+    packed += [offset << 3 | code for offset, code in zip(keys, codes, strict=True)]
+    packed.sort()
+    return offsets[:start] + array(offsets.typecode, [p >> 3 for p in packed]), old[:start] + bytes(
+        [p & 7 for p in packed]
+    )
+
+
+def _merged_each(
+    offsets: array[int], old: bytearray, start: int, keys: list[int], codes: bytes
+) -> tuple[array[int], bytearray]:
+    """Each of ``keys`` put in place from ``start`` on, in new arrays (see :func:`_merged_inside`)."""
+    prev = start
+    tail, tail_codes = offsets[:start], old[:start]
+    for offset, code in zip(keys, codes, strict=True):
+        i = bisect_left(offsets, offset, prev)
+        if i > prev:
+            tail += offsets[prev:i]
+            tail_codes += old[prev:i]
+        tail.append(offset)
+        tail_codes.append(code)
+        prev = i
+    tail += offsets[prev:]
+    tail_codes += old[prev:]
+    return tail, tail_codes
+
+
+class _Values(ValuesView[str]):
+    _mapping: SegmentOutcomes
+
+    def __contains__(self, value: object) -> bool:
+        return any(v == value for v in self)
+
+    def __iter__(self) -> Iterator[str]:
+        done = self._mapping
+        yield from map(_NAMES.__getitem__, done._codes)
+        yield from list(done.recent.values())
+        yield from list((done._odd or {}).values())
+
+
+class _Items(ItemsView[int, str]):
+    _mapping: SegmentOutcomes
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        done = self._mapping
+        yield from zip(done._offsets, map(_NAMES.__getitem__, done._codes), strict=True)
+        yield from list(done.recent.items())
+        yield from list((done._odd or {}).items())
