@@ -3,12 +3,14 @@
 :class:`PendingTracker` is what :mod:`hybridq.lookup.stats` snapshots for ``hybridq.stats``: fed
 the records as the forwarder reads them and the locations that become terminal. It holds no row
 per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.04 bytes
-per record of a block none of whose jobs finished, 20 bytes per record of a block held as rows),
-so the forwarder's memory does not grow with a backlog nobody runs. Per-queue counts and the
-oldest creation time are exact, unless a block could not be read back (:attr:`inexact`: too
-high until the next start counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a
-restarted forwarder push before it has counted what it had read before (issue 29: a JSON parse
-of every record of the live journal stood before the first push).
+per record of a block none of whose jobs finished, 16 bytes per queue of a block whose jobs of
+that queue did not finish while others did, 20 bytes per record of a queue draining in a
+block), so the forwarder's memory does not grow with a backlog nobody runs, nor with one queue's
+waiting jobs while another drained beside them. Per-queue counts and the oldest creation time
+are exact, unless a block could not be read back (:attr:`inexact`: too high until the next start
+counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a restarted forwarder push
+before it has counted what it had read before (issue 29: a JSON parse of every record of the
+live journal stood before the first push); :func:`~hybridq.lookup.pending_file.count_into` counts.
 
 This module must not import redis or rq.
 """
@@ -18,17 +20,13 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import os
 import struct
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalCorruption
-from hybridq.journal import ChainPosition, JournalReader, Record, RecordType
-from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
-from hybridq.journal.reader import list_chains, peek_header
+from hybridq.journal import ChainPosition, Record, RecordType
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
@@ -66,14 +64,19 @@ class PendingTracker:
         self._dirty: set[tuple[str, int, int]] = set()
         #: About how many rows the blocks held as rows have (what :data:`ROWS_KEPT` bounds).
         self.held = 0
+        #: The queues with a job finished since the last read-back, and between the two before it.
+        self._finishing: set[int] = set()
+        self._finished: set[int] = set()
         #: Whether a block could not be read back from the journal: the counts and ``oldest`` may
         #: stay too high (too old) until the next start counts anew (never saved for it).
         self.inexact = False
 
-    def saw(self, loc: Loc, job: tuple[str, float] | None) -> None:
-        """Count the record at ``loc``; ``job``: its queue and creation time if it is pending.
+    def saw(self, loc: Loc, job: tuple[str, float] | None, *, finished: bool = False) -> None:
+        """Count the record at ``loc``; ``job``: its queue and creation time if it is a job.
 
-        A record read again (after a step was retried) is counted once.
+        ``finished``: the job is terminal already. A terminal job's queue lets its rows go once
+        its block is settled; ``None`` for it (its queue unknown) keeps its row while its block
+        holds a pending job. A record read again (after a step was retried) is counted once.
         """
         seg = self.segments.get((loc[0], loc[1]))
         if seg is None:
@@ -81,10 +84,27 @@ class PendingTracker:
         if loc[2] <= seg.last:
             return
         queue, created = job if job is not None else ("", DONE)
+        if finished:
+            job, created = None, DONE
         summary = job is not None and self.journal is not None and self.held >= ROWS_KEPT
-        self.held += seg.add(loc[2], created, self._qid(queue), summary=summary)
+        added = seg.add(loc[2], created, self._qid(queue), summary=summary)
+        self.held += added & 1
+        if added > 1:
+            self._settle(seg, len(seg.starts) - 2)
         if job is not None:
             self.pending[queue] = self.pending.get(queue, 0) + 1
+
+    def _settle(self, seg: Segment, b: int) -> None:
+        """Block ``b`` is closed (the next one started): drop its rows where sums say the same."""
+        rows = seg.rows.get(b)
+        if rows is None or rows is DEAD or self.journal is None:
+            return
+        if not rows.live:
+            seg.rows[b] = DEAD  # terminal records only (read after a restart)
+            self.held -= len(rows.offsets)
+        elif self.held >= ROWS_KEPT and b not in seg.sums:  # else only a drain's rows: they stay
+            seg.settle(b, self._qid(""))
+            self.held += len(seg.rows.get(b, DEAD).offsets) - len(rows.offsets)
 
     def _recount(self) -> None:
         """Count :attr:`held` anew (after a change of many blocks at once)."""
@@ -97,33 +117,43 @@ class PendingTracker:
             self._names.append(queue)
         return qid
 
-    def _rows(self, seg_key: Seg, seg: Segment, b: int, *, strict: bool = False) -> Rows:
-        """Block ``b``'s rows, read back from the journal if it is a summary (every job pending).
+    def _full(self, key: Seg, seg: Segment, b: int) -> Rows:
+        """Block ``b``'s every record as a row (read back unless its rows hold them all).
 
-        ``strict``: raise ``OSError`` or :class:`JournalCorruption` if it cannot be read back.
+        Raises ``OSError`` or :class:`JournalCorruption` if it cannot be read back.
         """
         rows = seg.rows.get(b)
-        if rows is not None:
+        if rows is not None and rows is not DEAD and len(rows.offsets) == seg.counts[b]:
             return rows
+        found = read_rows(self.journal, key, seg.starts[b], seg.end_of(b), seg.counts[b])
+        return seg.complete(b, found, self._qid)
+
+    def _read_back(self, key: Seg, seg: Segment, b: int, offset: int) -> Rows | None:
+        """Block ``b``'s rows with the queue of the pending job at ``offset`` in them (``None``: none is)."""
         try:
-            found = read_rows(self.journal, seg_key, seg.starts[b], seg.end_of(b), seg.counts[b])
+            full = self._full(key, seg, b)
         except (OSError, JournalCorruption) as exc:
-            if strict:
-                raise
             # A stats cache: its jobs stay counted (and its least creation time stays) as they
             # were, too high, until the next start counts anew; inexact keeps a clean stop from
             # saving this count for that start (lookup/pending_file.py).
             log.warning(
-                "pending count: cannot read %s block %d back (%s): its jobs stay counted", seg_key, b, exc
+                "pending count: cannot read %s block %d back (%s): its jobs stay counted", key, b, exc
             )
             self.inexact = True
-            seg.rows[b] = DEAD
-            return DEAD
-        rows = seg.rows[b] = Rows()
-        self.held += len(found)
-        for offset, payload in found:
-            queue, created = job_fields(payload) or ("", DONE)  # was a pending job when read
-            rows.add(offset, created, self._qid(queue))
+            seg.stuck.add(b)
+            seg.reshut()
+            return None
+        i = bisect.bisect_left(full.offsets, offset)
+        if i == len(full.offsets) or full.offsets[i] != offset or full.created[i] == DONE:
+            return None  # not a pending job (a location told twice, or of a queue dead here)
+        # The queues that finished jobs since the read-back before last are draining: taken too, a
+        # block is read back once, not once per queue (two queues drained together: 105,000
+        # instructions a job, 65,000). One that stopped (paused) is taken in two more blocks at most.
+        taken = {full.queues[i], *self._finishing, *self._finished}
+        self._finished, self._finishing = self._finishing, set()
+        before = len(seg.rows.get(b, DEAD).offsets)
+        rows = seg.take(b, full, taken, self._qid(""))
+        self.held += len(rows.offsets) - before
         return rows
 
     def take_older(self, older: PendingTracker) -> None:
@@ -136,6 +166,8 @@ class PendingTracker:
             for rows in old.rows.values():
                 if rows is not DEAD:
                     rows.queues = array("I", (self._qid(older._names[q]) for q in rows.queues))
+            for b in list(old.sums):
+                old.put_sums(b, {self._qid(older._names[q]): s for q, s in old.sums_of(b).items()})
             mine = self.segments.get(key)
             if mine is None:
                 self.segments[key] = old
@@ -146,10 +178,13 @@ class PendingTracker:
             old.counts += mine.counts
             old.mins += mine.mins
             old.rows.update({b + shift: rows for b, rows in mine.rows.items()})
+            old.sums.update({b + shift: sums for b, sums in mine.sums.items()})
+            old.stuck.update(b + shift for b in mine.stuck)
             old.last = max(old.last, mine.last)
+            old.reshut()
             self.segments[key] = old
         for seg in self.segments.values():  # block numbers moved: each least found again
-            for b in seg.rows:
+            for b in {*seg.rows, *seg.sums}:
                 seg.recompute(b)
         self._dirty.clear()
         self._recount()
@@ -194,7 +229,7 @@ class PendingTracker:
         if env is not None:
             self.saw(loc, (env.queue, env.created_at))
         elif index.is_terminal(loc):
-            self.saw(loc, None)
+            self.saw(loc, job_fields(record.payload), finished=True)
         else:  # a duplicate waiting for its key's owner (read again after a restart)
             self.saw(loc, job_fields(record.payload))
 
@@ -207,24 +242,49 @@ class PendingTracker:
         b = seg.block_of(loc[2])
         if b < 0:
             return
-        rows = self._rows(key, seg, b)
-        i = bisect.bisect_left(rows.offsets, loc[2])
-        if i == len(rows.offsets) or rows.offsets[i] != loc[2] or rows.created[i] == DONE:
-            return
+        rows = seg.rows.get(b)
+        i = -1 if rows is None else bisect.bisect_left(rows.offsets, loc[2])
+        if rows is None or i == len(rows.offsets) or rows.offsets[i] != loc[2]:
+            # Not a row: pending only if its queue is held as a sum (or the block is a summary).
+            if b in seg.stuck or (rows is not None and b not in seg.sums):
+                return
+            rows = self._read_back(key, seg, b, loc[2])
+            if rows is None:
+                return
+            i = bisect.bisect_left(rows.offsets, loc[2])
         created = rows.created[i]
+        if created == DONE:
+            return
         rows.created[i] = DONE
         rows.live -= 1
-        queue = self._names[rows.queues[i]]
+        qid = rows.queues[i]
+        self._finishing.add(qid)
+        queue = self._names[qid]
         left = self.pending[queue] - 1
         if left:
             self.pending[queue] = left
         else:
             del self.pending[queue]
         if not rows.live and self.journal is not None:
-            seg.rows[b], seg.mins[b] = DEAD, DONE  # none pending: its rows go (read back if need be)
-            self.held -= len(rows.offsets)
+            self._emptied(seg, b, rows)
+            if b in seg.sums:
+                self._dirty.add((loc[0], loc[1], b))  # its sums' least: found again when asked
         elif seg.mins[b] == created:
             self._dirty.add((loc[0], loc[1], b))  # its block's least: found again when asked
+
+    def _emptied(self, seg: Segment, b: int, rows: Rows) -> None:
+        """None of block ``b``'s rows is pending: they go (but a record not known to be a job's)."""
+        if b not in seg.sums:
+            seg.rows[b], seg.mins[b] = DEAD, DONE  # none pending: read back if need be
+            self.held -= len(rows.offsets)
+            return
+        unknown = self._qid("")
+        kept = Rows(row for row in rows if row[2] == unknown)
+        if kept.offsets:
+            seg.rows[b] = kept
+        else:
+            del seg.rows[b]
+        self.held -= len(rows.offsets) - len(kept.offsets)
 
     def rewind(self, positions: Mapping[str, ChainPosition]) -> None:
         """Forget the records after ``positions`` (read by a step that failed: read again next).
@@ -252,31 +312,27 @@ class PendingTracker:
     def _cut(self, key: Seg, seg: Segment, cut: int) -> None:
         """Drop segment ``key``'s records from offset ``cut`` on; reads back first, then changes it."""
         first = max(0, seg.block_of(cut))
-        offsets = self._offsets(key, seg, first) if seg.starts[first] < cut else array("q")
-        keep = bisect.bisect_left(offsets, cut)
-        cuts = [self._rows(key, seg, b, strict=True) for b in range(first, len(seg.starts))]
-        for b, rows in enumerate(cuts, first):
-            for offset in rows.offsets[keep if b == first else 0 :]:
-                self.done((key[0], key[1], offset))
-        if keep:
-            rows = seg.rows[first]
-            if rows is not DEAD:
-                del rows.offsets[keep:], rows.created[keep:], rows.queues[keep:]
-                seg.recompute(first)
-            seg.counts[first] = keep
+        fulls = [self._full(key, seg, b) for b in range(first, len(seg.starts))]
+        for rows in fulls:
+            for offset, created, qid in rows:
+                if offset >= cut and created != DONE:
+                    queue = self._names[qid]
+                    self.pending[queue] -= 1
+                    if not self.pending[queue]:
+                        del self.pending[queue]
+        keep = bisect.bisect_left(fulls[0].offsets, cut)
         whole = first + (keep > 0)
-        for b in range(whole, len(seg.starts)):
+        for b in range(first, len(seg.starts)):
             seg.rows.pop(b, None)
+            seg.sums.pop(b, None)
+            seg.stuck.discard(b)
+        if keep:  # the block cut in two: its records before the cut, as rows
+            rows = Rows(row for n, row in enumerate(fulls[0]) if n < keep)
+            seg.rows[first] = rows if rows.live or self.journal is None else DEAD
+            seg.counts[first], seg.mins[first] = keep, min(rows.created)
         del seg.starts[whole:], seg.counts[whole:], seg.mins[whole:]
         seg.last = cut - 1 if seg.starts else -1  # no record between the last kept and the cut
-
-    def _offsets(self, key: Seg, seg: Segment, b: int) -> array[int]:
-        """Block ``b``'s records' offsets (read back when it dropped its rows)."""
-        rows = self._rows(key, seg, b, strict=True)
-        if rows is not DEAD:
-            return rows.offsets
-        found = read_rows(self.journal, key, seg.starts[b], seg.end_of(b), seg.counts[b])
-        return array("q", (offset for offset, _ in found))
+        seg.reshut()
 
     def forget(self, compacted: Compacted, positions: Mapping[str, ChainPosition]) -> None:
         """Drop the compacted segments (every job in them was terminal), and chains gone whole."""
@@ -298,68 +354,3 @@ class PendingTracker:
         self._dirty.clear()
         least = min((min(seg.mins) for seg in self.segments.values() if seg.mins), default=DONE)
         return None if least == DONE else least
-
-    def _count_dead(
-        self,
-        journal: str,
-        writer: str,
-        indices: list[int],
-        pos: ChainPosition,
-        index: LedgerIndex,
-        compacted: Compacted,
-    ) -> ChainPosition | None:
-        """Count a chain's sealed, read segments whose jobs are all terminal, from their seals.
-
-        Returns where the first other segment starts (``None``: none to read).
-        """
-        for index_ in indices:
-            seg = (writer, index_)
-            if compacted.is_compacted(seg):
-                continue
-            count = sealed_data_count(journal, writer, index_) if index_ < pos.segment else None
-            if count is None or len(index.terminal.get(seg, {})) < count:
-                header = peek_header(os.path.join(journal, segment_name(writer, index_)))
-                return None if header is None else ChainPosition(index_, FILE_HEADER_SIZE, header.first_seq)
-            self.segments[seg] = Segment(count)
-        return None
-
-    def fill(
-        self,
-        journal: str,
-        positions: Mapping[str, ChainPosition],
-        index: LedgerIndex,
-        compacted: Compacted,
-        *,
-        every: int = 500,
-    ) -> Iterator[None]:
-        """Count what a forwarder standing at ``positions`` has read; yield every ``every`` records.
-
-        A slice ends only at a yield: 2,000 records held the first step for 0.56 s past its 20 ms
-        budget on a busy machine; 500 are a quarter of that.
-
-        Reads only segments that may hold a pending job: a sealed segment read to its end whose
-        jobs are all terminal is counted from its seal. A job that turns terminal meanwhile is
-        told with :meth:`done` (ignored if its record was not read yet: it reads as terminal).
-        """
-        read = 0
-        chains = list_chains(journal)
-        for writer, indices in chains.items():
-            pos = positions.get(writer)
-            if pos is None:
-                continue  # nothing of it read yet
-            start = self._count_dead(journal, writer, indices, pos, index, compacted)
-            if start is None:
-                continue
-            # This chain only, up to the position: every other one starts past its end.
-            since = {w: ChainPosition(ix[-1] + 1, FILE_HEADER_SIZE, 0) for w, ix in chains.items()}
-            since[writer] = start
-            for record in JournalReader(journal).records(since):
-                if not record.consumed_by(positions):
-                    break
-                if record.rtype != RecordType.DATA:
-                    continue
-                loc = (record.writer_id, record.segment_index, record.offset)
-                self.saw(loc, None if index.is_terminal(loc) else job_fields(record.payload))
-                read += 1
-                if read % every == 0:
-                    yield

@@ -2,32 +2,44 @@
 
 The tracker must not hold a row per waiting job (issue 29: the forwarder's memory flat with the
 backlog). A segment's records are kept in blocks of up to :data:`BLOCK` records and
-:data:`BLOCK_BYTES`, each either
+:data:`BLOCK_BYTES`; each block has its first offset, its record count and its least pending
+creation time (20 bytes), and its records are held in one of three ways:
 
 * a **summary**: every record of it was a pending job when read and none has finished since.
-  Only its first offset, its record count and its least creation time are kept (20 bytes per
-  block, about 0.04 bytes per record); or
-* **rows**: each record's offset, creation time (``inf`` once terminal) and queue id (20 bytes
-  per record), as the tracker kept for every record before.
+  Nothing more is kept (about 0.04 bytes per record).
+* **rows** for some of its queues, **sums** for the others: each record of a queue with rows is
+  held (offset, creation time -- ``inf`` once terminal -- and queue id: 20 bytes); a queue with a
+  sum is held as its count and least creation time (16 bytes per queue, in :attr:`Segment.sums`):
+  every record of it in the block was pending when read and none has finished since. A record in
+  neither is not pending (its queue's jobs there all finished: the queue is *dead* there).
+* :data:`DEAD`: none of its records is pending.
 
-A block turns from summary into rows when one of its jobs finishes, or when the records read
-after a step that failed are dropped: its records are then read back from the journal
-(:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still there
-since a segment with a pending job is never compacted). The jobs in it were all pending when
-read and none has finished since, so the rows are exactly what reading them as rows would have
-given, whatever the ledger says by then. A block whose jobs have all finished drops its rows
-(:data:`DEAD`). So what the tracker holds is about 0.04 bytes per waiting job, plus 20 bytes per
-record of the blocks of new jobs up to ``ROWS_KEPT`` (below), plus 20 bytes per record of every
-block read back or read with terminal records in it while some of its jobs still wait. That has
-no cap: a drain's front (about a window's worth), a restart over a partly drained segment, but
-also a queue drained while another one in the same segments waits (20 bytes per record of those
-blocks).
+The first outcome of a queue held as a sum (or in a summary) reads the block back from the
+journal (:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still
+there since a segment with a pending job is never compacted), and turns that queue's records
+into rows (:meth:`Segment.take`), with those of the few queues that read a block back lately
+(``DRAINING``: two queues drained together read each block once, not twice); every other queue
+stays a sum. Those records were all pending when read and none finished since, so the rows are
+exactly what reading them as rows would have given, whatever the ledger says by then. A rows
+queue none of whose jobs there is pending loses its rows at the next read-back, and once no row
+of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`). A queue drained
+while another one whose records share its blocks waits (paused, blocked on a limit, a lower
+priority) thus costs rows only where it drains, then nothing; the one waiting stays a sum.
 
 New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
 burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
-per finished job, mostly the JSON of each record); only the jobs of a backlog past that are
-summaries, read back as they drain. A tracker with no journal to read back from keeps every
-block as rows.
+per finished job, mostly the JSON of each record). Past them, a block read as rows with terminal
+records in it (read again after a restart) is *settled* when the next one starts
+(:meth:`Segment.settle`): the rows of a queue none of whose jobs there is pending go, those of a
+queue all of whose jobs there are pending become its sum. So the tracker holds 20 bytes per
+block, and about 130 more per block with sums (measured: a dict entry and its packed sums, 16
+bytes per queue); plus 20 bytes per row, i.e. per record of the blocks of new jobs up to
+``ROWS_KEPT``, and per record of a queue in a block where that queue, or another with rows
+there, has both finished and waiting jobs (a drain's front, or a queue that stopped draining
+mid-block: at most a block's records per queue and block where it stopped). A terminal record
+whose queue the tracker was not told (``saw(loc, None)``) is a row of the queue ``""`` until
+its block is dead: a read-back could not tell it from a job of a queue held as a sum. A tracker
+with no journal to read back from keeps every block as rows.
 
 This module must not import redis or rq.
 """
@@ -37,12 +49,14 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import struct
 from array import array
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hybridq.journal.random_access import SegmentFile
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "DEAD", "Rows", "Segment", "job_fields", "read_rows"]
+__all__ = ["BLOCK", "BLOCK_BYTES", "DEAD", "Rows", "Segment", "Sums", "job_fields", "read_rows"]
 
 #: Records per block: a block turned into rows reads at most this many records back.
 BLOCK = 512
@@ -50,6 +64,10 @@ BLOCK = 512
 #: about this much plus one record (512 jobs of 100 KB were one read of 50 MB, 146 MB at its peak).
 BLOCK_BYTES = 1 << 20
 DONE = math.inf
+#: A queue's sum in a block: its queue id, its record count, its least creation time.
+_SUM = struct.Struct("<IId")
+
+Sums = dict[int, tuple[int, float]]
 
 
 def job_fields(payload: bytes) -> tuple[str, float] | None:
@@ -66,12 +84,14 @@ class Rows:
 
     __slots__ = ("created", "live", "offsets", "queues")
 
-    def __init__(self) -> None:
+    def __init__(self, rows: Iterable[tuple[int, float, int]] = ()) -> None:
         self.offsets = array("q")
         self.created = array("d")
         self.queues = array("I")
         #: How many of them are pending.
         self.live = 0
+        for row in rows:
+            self.add(*row)
 
     def add(self, offset: int, created: float, qid: int) -> None:
         """Append a record (``created``: ``inf`` if it is not a pending job)."""
@@ -80,9 +100,25 @@ class Rows:
         self.queues.append(qid)
         self.live += created != DONE
 
+    def __iter__(self) -> Any:
+        return zip(self.offsets, self.created, self.queues, strict=True)
+
 
 #: The rows of a block none of whose records is pending any more (shared, never changed).
 DEAD = Rows()
+
+
+def per_queue(rows: Iterable[tuple[int, float, int]]) -> tuple[Sums, set[int]]:
+    """The pending rows' sum per queue, and the queues with a row not pending."""
+    sums: Sums = {}
+    ended: set[int] = set()
+    for _, created, qid in rows:
+        if created == DONE:
+            ended.add(qid)
+        else:
+            count, least = sums.get(qid, (0, DONE))
+            sums[qid] = (count + 1, min(least, created))
+    return sums, ended
 
 
 class Segment:
@@ -92,7 +128,7 @@ class Segment:
     that count only.
     """
 
-    __slots__ = ("counted", "counts", "last", "mins", "rows", "starts")
+    __slots__ = ("counted", "counts", "last", "mins", "rows", "shut", "starts", "stuck", "sums")
 
     def __init__(self, counted: int = 0) -> None:
         self.counted = counted
@@ -100,28 +136,36 @@ class Segment:
         self.starts = array("q")
         self.counts = array("I")
         self.mins = array("d")
-        #: The blocks held as rows, by block number (:data:`DEAD` once none is pending).
+        #: The blocks with rows, by block number (:data:`DEAD` once none is pending).
         self.rows: dict[int, Rows] = {}
+        #: The blocks with queues held as sums (packed :data:`_SUM` each), by block number.
+        self.sums: dict[int, bytes] = {}
+        #: Blocks that could not be read back: their summary or sums stay as they are (never saved).
+        self.stuck: set[int] = set()
         #: The last record's offset (-1: none read).
         self.last = -1
+        #: The last block when it takes no more records (it has sums, or is stuck), else -1.
+        self.shut = -1
 
     @property
     def seen(self) -> int:
         """Records read of this segment."""
         return self.counted + sum(self.counts)
 
-    def add(self, offset: int, created: float, qid: int, *, summary: bool) -> bool:
+    def add(self, offset: int, created: float, qid: int, *, summary: bool) -> int:
         """Append a record; ``summary``: it may go into a summary block (it is a pending job).
 
-        Returns whether it went into a block held as rows.
+        Returns 1 if it went into a block held as rows, plus 2 if it started a block.
         """
         b = len(self.starts) - 1
         rows = self.rows.get(b)
-        # A summary block holds pending jobs only; a dead one holds no rows (DEAD is shared).
+        # A summary holds pending jobs only; a block with sums says a record not in its rows is
+        # not pending unless its queue has a sum, so it takes none (:attr:`shut`; nor DEAD, shared).
         fits = (
             b >= 0
             and self.counts[b] < BLOCK
             and offset - self.starts[b] < BLOCK_BYTES
+            and b != self.shut
             and (rows is not DEAD if rows is not None else summary)
         )
         if not fits:
@@ -137,7 +181,7 @@ class Segment:
             rows.add(offset, created, qid)
         self.mins[b] = min(self.mins[b], created)
         self.last = offset
-        return rows is not None
+        return (rows is not None) + 2 * (not fits)
 
     def block_of(self, offset: int) -> int:
         """The block whose records' offsets span ``offset`` (-1: before the first, or after the last)."""
@@ -149,23 +193,119 @@ class Segment:
         """The offset past block ``b``'s last record, or at it (its records are before this, or at it)."""
         return self.starts[b + 1] - 1 if b + 1 < len(self.starts) else self.last
 
-    def recompute(self, b: int) -> None:
-        """Block ``b``'s least pending creation time, from its rows.
+    def sums_of(self, b: int) -> Sums:
+        """Block ``b``'s queues held as sums: count and least creation time by queue id."""
+        packed = self.sums.get(b, b"")
+        return {qid: (count, least) for qid, count, least in _SUM.iter_unpack(packed)}
 
-        Not for a :data:`DEAD` block: either all its jobs finished (its least is ``inf`` already)
-        or it could not be read back, and keeps the least it had (too old, not too young).
+    def put_sums(self, b: int, sums: Sums) -> None:
+        """Hold ``sums`` as block ``b``'s (none: the block has no queue held as a sum)."""
+        if sums:
+            self.sums[b] = b"".join(_SUM.pack(q, c, least) for q, (c, least) in sorted(sums.items()))
+        else:
+            self.sums.pop(b, None)
+        self.reshut()
+
+    def reshut(self) -> None:
+        """Find :attr:`shut` again (after the blocks, their sums or :attr:`stuck` changed)."""
+        b = len(self.starts) - 1
+        self.shut = b if b in self.sums or b in self.stuck else -1
+
+    def recompute(self, b: int) -> None:
+        """Block ``b``'s least pending creation time, from its rows and sums.
+
+        Not for a :data:`DEAD` block (its least is ``inf`` already), nor a summary: one that
+        could not be read back keeps the least it had (too old, not too young).
         """
         rows = self.rows.get(b)
-        if rows is not None and rows is not DEAD:
-            self.mins[b] = min(rows.created, default=DONE)
+        if rows is DEAD or (rows is None and b not in self.sums):
+            return
+        least = min(rows.created, default=DONE) if rows is not None else DONE
+        self.mins[b] = min([least, *(m for _, m in self.sums_of(b).values())])
+
+    def complete(self, b: int, found: list[tuple[int, bytes]], qid: Callable[[str], int]) -> Rows:
+        """Block ``b``'s every record as a row, from ``found`` (its records read back).
+
+        Raises ``OSError`` if they do not agree with what the block holds (not the records read).
+        """
+        rows = self.rows.get(b)
+        known = (
+            {}
+            if rows is None
+            else dict(zip(rows.offsets, zip(rows.created, rows.queues, strict=True), strict=True))
+        )
+        summary = rows is None and b not in self.sums
+        sums = self.sums_of(b)
+        counts = dict.fromkeys(sums, 0)
+        out = Rows()
+        for offset, payload in found:
+            row = known.pop(offset, None) if known else None
+            if row is not None:
+                out.add(offset, *row)
+                continue
+            fields = job_fields(payload) if summary or sums else None
+            queue = qid("" if fields is None else fields[0])
+            if fields is None or not (summary or queue in sums):
+                out.add(offset, DONE, queue)
+                continue
+            if not summary:
+                counts[queue] += 1
+            out.add(offset, fields[1], queue)
+        if known or any(counts[q] != count for q, (count, _) in sums.items()):
+            raise OSError(f"block {b}'s records are not those it holds")
+        return out
+
+    def take(self, b: int, full: Rows, queues: set[int], unknown: int) -> Rows:
+        """Turn ``queues``' records of block ``b`` into rows (``full``: :meth:`complete`'s).
+
+        The rows of a queue none of whose jobs there is pending go (``unknown``: the queue of
+        records not known to be jobs, whose rows stay); the other queues stay sums.
+        """
+        before = self.rows.get(b)
+        if before is None and b not in self.sums:  # a summary: every queue of it a sum
+            present = set(full.queues)  # in C; a summary read back for its only queue: no sums
+            present.discard(unknown)
+            sums = {} if present <= queues else per_queue(full)[0]
+        else:
+            sums = self.sums_of(b)
+        taken = queues & sums.keys()  # not a queue dead here: its rows would come back
+        sums = {q: s for q, s in sums.items() if q not in taken}
+        if before is None and not sums:
+            rows = full  # a summary taken whole
+        else:
+            keep = taken | {unknown} | ({q for _, c, q in before if c != DONE} if before else set())
+            rows = Rows(row for row in full if row[2] in keep)
+        self.rows[b] = rows
+        self.put_sums(b, sums)
+        return rows
+
+    def settle(self, b: int, unknown: int) -> None:
+        """Hold closed block ``b``'s rows (all its records) as sums where that is exact.
+
+        Only the rows of a queue with pending and not pending records there stay (and those of
+        ``unknown``); a block none of whose records is terminal stays rows.
+        """
+        sums, ended = per_queue(self.rows[b])
+        mixed = (set(sums) & ended) | {unknown}
+        if not ended:
+            return  # rows of new jobs, within the rows kept: the drain that follows reads nothing
+        for q in mixed:
+            sums.pop(q, None)
+        kept = Rows(row for row in self.rows[b] if row[2] in mixed)
+        if kept.offsets:
+            self.rows[b] = kept
+        else:
+            del self.rows[b]
+        self.put_sums(b, sums)
 
     def head(self) -> list[Any]:
-        """What :meth:`read` needs besides :meth:`columns`: counted, last, blocks, rows per block."""
+        """What :meth:`read` needs besides :meth:`columns`: counted, last, blocks, rows and sums."""
         return [
             self.counted,
             self.last,
             len(self.starts),
             [[b, len(r.offsets)] for b, r in self.rows.items()],
+            [[b, [[q, c, least] for q, (c, least) in self.sums_of(b).items()]] for b in self.sums],
         ]
 
     def columns(self) -> list[bytes]:
@@ -178,7 +318,7 @@ class Segment:
     @classmethod
     def read(cls, head: list[Any], view: memoryview) -> tuple[Segment, memoryview]:
         """A segment from :meth:`head` and :meth:`columns` at the start of ``view``, and the rest."""
-        counted, last, blocks, held = head
+        counted, last, blocks, held, sums = head
         seg = cls(int(counted))
         seg.last = int(last)
 
@@ -201,7 +341,13 @@ class Segment:
                     column(col, int(count))
                 rows.live = sum(c != DONE for c in rows.created)
             seg.rows[int(b)] = rows
-            seg.recompute(int(b))  # saved before a least that finished was found again
+        for b, queues in sums:
+            if not 0 <= int(b) < int(blocks) or not queues:
+                raise ValueError("no such block")
+            seg.put_sums(int(b), {int(q): (int(c), float(least)) for q, c, least in queues})
+        for b in {*seg.rows, *seg.sums}:
+            seg.recompute(b)  # saved before a least that finished was found again
+        seg.reshut()
         return seg, view
 
 

@@ -25,6 +25,7 @@ from hybridq.journal.repair import repair
 from hybridq.ledger.checkpoint import forwarder_holder
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import open_ledger_writer
+from hybridq.lookup import pending_file
 from hybridq.lookup.stats import STATS_NAME, PendingTracker, load_snapshot
 from hybridq.ops.status import _from_snapshot, collect_status, stats
 from hybridq.transport import MemoryTransport
@@ -385,13 +386,13 @@ def test_cancelled_jobs_count_the_same_in_stats_and_the_scan(journal_dir: Path) 
 def counts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Appended to each time a start counts the journal (rather than taking a saved count)."""
     calls: list[str] = []
-    fill = PendingTracker.fill
+    fill = pending_file.count_into
 
-    def counting(self: PendingTracker, *args: Any, **kwargs: Any) -> Iterator[None]:
+    def counting(tracker: PendingTracker, *args: Any, **kwargs: Any) -> Iterator[None]:
         calls.append("fill")  # once it is read from, not when it is made
-        yield from fill(self, *args, **kwargs)
+        yield from fill(tracker, *args, **kwargs)
 
-    monkeypatch.setattr(PendingTracker, "fill", counting)
+    monkeypatch.setattr(pending_file, "count_into", counting)
     return calls
 
 
