@@ -53,8 +53,9 @@ _SUCCEEDED = _CODES["succeeded"]
 _NARROW_MAX = 2**32 - 1
 _WIDE_MAX = 2**64 - 1
 _NONE = float("-inf")
-#: The arrays of a map with none merged yet, shared: no array is ever changed in place once it
-#: holds an offset (a merge builds new ones and swaps them in), and an empty one never is.
+#: The arrays of a map with none merged yet, shared: an array is never resized in place (a merge
+#: or a delete builds new ones and swaps them in; only a rank upgrade rewrites a code in place,
+#: at an index that exists), so no two maps share an array that holds an offset.
 _NO_OFFSETS = array("I")
 _NO_CODES = bytearray()
 
@@ -203,10 +204,16 @@ class SegmentOutcomes(MutableMapping[int, str]):
         if i >= 0 and code is not None:
             self._codes[i] = code  # in place (a merged array, never a shared empty one): a rank upgrade
             return
-        self._discard(offset, i)
         if code is None:
-            self._set_odd(offset, outcome)
+            # In its new place before it leaves the old one: no moment with the job in neither.
+            if i >= 0:
+                self._set_odd(offset, outcome)
+                self._discard(offset, i)
+            else:
+                self.recent.pop(offset, None)
+                self._set_odd(offset, outcome)
             return
+        self._discard(offset, i)
         self.recent[offset] = outcome
         if len(self.recent) > self._merge_at:
             self._merge()
