@@ -280,17 +280,20 @@ class Segment:
         return rows
 
     def settle(self, b: int, unknown: int) -> None:
-        """Hold closed block ``b``'s rows (all its records) as sums where that is exact.
+        """Hold closed block ``b``'s rows as sums where that is exact (its sums kept, added to).
 
         Only the rows of a queue with pending and not pending records there stay (and those of
-        ``unknown``); a block none of whose records is terminal stays rows.
+        ``unknown``); a block of rows only none of whose records is terminal stays rows.
         """
         sums, ended = per_queue(self.rows[b])
         mixed = (set(sums) & ended) | {unknown}
-        if not ended:
+        if not ended and b not in self.sums:
             return  # rows of new jobs, within the rows kept: the drain that follows reads nothing
         for q in mixed:
             sums.pop(q, None)
+        for q, (count, least) in self.sums_of(b).items():  # a queue is rows or a sum, not both
+            more, other = sums.get(q, (0, DONE))
+            sums[q] = (count + more, min(least, other))
         kept = Rows(row for row in self.rows[b] if row[2] in mixed)
         if kept.offsets:
             self.rows[b] = kept
