@@ -101,6 +101,8 @@ class ForwarderState:
         #: those read before this start are counted after the first push, a slice per step
         #: (:meth:`count_pending`), so the first job does not wait for a reading of the live journal.
         self._pending = DeferredCount()
+        #: Whether telling it an outcome raised (logged once).
+        self._count_failed = False
         #: The ledger chains loaded into the index when it started (plus its own, once written).
         self._ledger_known: set[str] = set()
         #: Whether the ledger or the compaction state changed since the last snapshot.
@@ -386,9 +388,22 @@ class ForwarderState:
         self._stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
-                self._pending.done(entry.loc)
+                self._count_done(entry.loc)
                 self.pushed.done(entry.loc)
         return unchanged
+
+    def _count_done(self, loc: Loc) -> None:
+        """Tell the stats cache ``loc`` finished; its bug must not fail the step nor skip the rest.
+
+        The outcome is durable already: what follows it (the pushed list) must run. The count
+        stays too high, inexact (never saved for the next start, which counts anew).
+        """
+        try:
+            self._pending.done(loc)
+        except Exception:
+            if not self._count_failed:  # once: a bug would repeat for each outcome
+                log.exception("pending count: an outcome not counted: the count is inexact")
+            self._count_failed = self._pending.live.inexact = True
 
     def record_invalid(self, loc: Loc, job_id: str = "") -> None:
         """Make the record at ``loc`` (of ``job_id``) terminal ``invalid``: not a job Redis can hold."""
