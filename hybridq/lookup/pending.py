@@ -5,12 +5,13 @@ the records as the forwarder reads them and the locations that become terminal. 
 per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.04 bytes
 per record of a block none of whose jobs finished, 16 bytes per queue of a block whose jobs of
 that queue did not finish while others did, 20 bytes per record of a queue draining in a
-block), so the forwarder's memory does not grow with a backlog nobody runs, nor with one queue's
-waiting jobs while another drained beside them. Per-queue counts and the oldest creation time
-are exact, unless a block could not be read back (:attr:`inexact`: too high until the next start
-counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a restarted forwarder push
-before it has counted what it had read before (issue 29: a JSON parse of every record of the
-live journal stood before the first push); :func:`~hybridq.lookup.pending_file.count_into` counts.
+block and of the last blocks read back), so the forwarder's memory does not grow with a
+backlog nobody runs, nor with one queue's waiting jobs while another drained beside them.
+Per-queue counts and the oldest creation time are exact, unless a block could not be read back
+(:attr:`inexact`: too high until the next start counts anew).
+:class:`~hybridq.lookup.pending_file.DeferredCount` lets a restarted forwarder push before it
+has counted what it had read before (issue 29: a JSON parse of every record of the live journal
+stood before the first push); :func:`~hybridq.lookup.pending_file.count_into` counts.
 
 This module must not import redis or rq.
 """
@@ -157,7 +158,8 @@ class PendingTracker:
             return None  # not a pending job (a location told twice, or of a queue dead here)
         # The queues that finished jobs since the read-back before last are draining: taken too, a
         # block is read back once, not once per queue (two queues drained together: 105,000
-        # instructions a job, 65,000). One that stopped (paused) is taken in two more blocks at most.
+        # instructions a job, 65,000). One that stopped (paused) goes back to its sum in each
+        # block taken along when that block is settled (:meth:`_resettle`).
         taken = {full.queues[i], *self._finishing, *self._finished}
         self._finished, self._finishing = self._finishing, set()
         before = len(seg.rows.get(b, DEAD).offsets)
@@ -186,7 +188,8 @@ class PendingTracker:
         """Put ``older``'s records in front of this tracker's (all of them before its own, per segment).
 
         A restarted forwarder counts what it reads from the start, and what it had read before
-        in the background (:meth:`fill`): the two are joined once that is done.
+        in the background (:func:`~hybridq.lookup.pending_file.count_into`): the two are joined
+        once that is done.
         """
         for key, old in older.segments.items():
             for rows in old.rows.values():
