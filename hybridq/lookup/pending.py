@@ -175,6 +175,8 @@ class PendingTracker:
         fast one all finished there: its rows go. Else each resume cost 2 blocks of rows more,
         without bound (200 cycles of 500 and 5 jobs: 198,464 rows, a row per record).
         """
+        if self.held < ROWS_KEPT:
+            return  # rows within those kept (as _settle): a queue lagging behind reads nothing again
         seg = self.segments.get(key)
         rows = None if seg is None else seg.rows.get(b)
         if seg is None or rows is None or rows is DEAD or not rows.live or b in seg.stuck:

@@ -18,16 +18,16 @@ The first outcome of a queue held as a sum (or in a summary) reads the block bac
 journal (:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still
 there since a segment with a pending job is never compacted), and turns that queue's records
 into rows (:meth:`Segment.take`), with those of the queues that finished jobs since the
-read-back before last (two queues drained together read each block once, not twice); every other queue
-stays a sum. Those records were all pending when read and none finished since, so the rows are
-exactly what reading them as rows would have given, whatever the ledger says by then. Once no
-row of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`), and a block
-read back is settled (:meth:`Segment.settle`, no I/O) three read-backs later: a rows queue none
-of whose jobs there is pending loses its rows, one all of whose jobs there are pending becomes a
-sum again (a queue taken along while it drained slowly beside a fast one). A queue drained while
-another one whose records share its blocks waits (paused, blocked on a limit, a lower priority,
-or draining in bursts) thus costs rows only where it drains, then nothing; the one waiting stays
-a sum.
+read-back before last (two queues drained together read each block once, not twice); every other
+queue stays a sum. Those records were all pending when read and none finished since, so the rows
+are exactly what reading them as rows would have given, whatever the ledger says by then. Once
+no row of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`), and a
+block read back is settled (:meth:`Segment.settle`, no I/O) three read-backs later, past
+``ROWS_KEPT`` (as a closed block is): a rows queue none of whose jobs there is pending loses its
+rows, one all of whose jobs there are pending becomes a sum again (a queue taken along while it
+drained slowly beside a fast one). A queue drained while another one whose records share its
+blocks waits (paused, blocked on a limit, a lower priority, or draining in bursts) thus costs
+rows only where it drains, then nothing; the one waiting stays a sum.
 
 New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
 burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
