@@ -365,7 +365,7 @@ class ForwarderState:
         self._stats.stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):
-                self._pending.done(entry.loc)
+                self._pending.done_logged(entry.loc)  # a stats cache: its error fails nothing
                 self.pushed.done(entry.loc)
         return unchanged
 

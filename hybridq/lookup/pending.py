@@ -5,12 +5,13 @@ the records as the forwarder reads them and the locations that become terminal. 
 per waiting job past :data:`ROWS_KEPT` (:mod:`hybridq.lookup.pending_blocks`: about 0.04 bytes
 per record of a block none of whose jobs finished, 16 bytes per queue of a block whose jobs of
 that queue did not finish while others did, 20 bytes per record of a queue draining in a
-block), so the forwarder's memory does not grow with a backlog nobody runs, nor with one queue's
-waiting jobs while another drained beside them. Per-queue counts and the oldest creation time
-are exact, unless a block could not be read back (:attr:`inexact`: too high until the next start
-counts anew). :class:`~hybridq.lookup.pending_file.DeferredCount` lets a restarted forwarder push
-before it has counted what it had read before (issue 29: a JSON parse of every record of the
-live journal stood before the first push); :func:`~hybridq.lookup.pending_file.count_into` counts.
+block and of the last blocks read back), so the forwarder's memory does not grow with a
+backlog nobody runs, nor with one queue's waiting jobs while another drained beside them.
+Per-queue counts and the oldest creation time are exact, unless a block could not be read back
+(:attr:`inexact`: too high until the next start counts anew).
+:class:`~hybridq.lookup.pending_file.DeferredCount` lets a restarted forwarder push before it
+has counted what it had read before (issue 29: a JSON parse of every record of the live journal
+stood before the first push); :func:`~hybridq.lookup.pending_file.count_into` counts.
 
 This module must not import redis or rq.
 """
@@ -43,6 +44,10 @@ Seg = tuple[str, int]
 #: for them; only a backlog past this many jobs costs a read back of its blocks as they drain.
 ROWS_KEPT = 100_000
 
+#: Read-backs after which a block read back is settled: a queue still draining there by then
+#: (finishing jobs since the read-back before last) keeps its rows, read back once, not again.
+TAKEN_KEPT = 3
+
 _LEN = struct.Struct("<I")
 
 
@@ -67,6 +72,8 @@ class PendingTracker:
         #: The queues with a job finished since the last read-back, and between the two before it.
         self._finishing: set[int] = set()
         self._finished: set[int] = set()
+        #: The blocks read back by the last read-backs, oldest first: settled three read-backs on.
+        self._taken: list[tuple[Seg, int]] = []
         #: Whether a block could not be read back from the journal: the counts and ``oldest`` may
         #: stay too high (too old) until the next start counts anew (never saved for it).
         self.inexact = False
@@ -130,6 +137,9 @@ class PendingTracker:
 
     def _read_back(self, key: Seg, seg: Segment, b: int, offset: int) -> Rows | None:
         """Block ``b``'s rows with the queue of the pending job at ``offset`` in them (``None``: none is)."""
+        self._taken.append((key, b))  # settled before this read-back changes any rows: b may be it
+        if len(self._taken) > TAKEN_KEPT:
+            self._resettle(*self._taken.pop(0))
         try:
             full = self._full(key, seg, b)
         except (OSError, JournalCorruption) as exc:
@@ -148,7 +158,8 @@ class PendingTracker:
             return None  # not a pending job (a location told twice, or of a queue dead here)
         # The queues that finished jobs since the read-back before last are draining: taken too, a
         # block is read back once, not once per queue (two queues drained together: 105,000
-        # instructions a job, 65,000). One that stopped (paused) is taken in two more blocks at most.
+        # instructions a job, 65,000). One that stopped (paused) goes back to its sum in each
+        # block taken along when that block is settled (:meth:`_resettle`).
         taken = {full.queues[i], *self._finishing, *self._finished}
         self._finished, self._finishing = self._finishing, set()
         before = len(seg.rows.get(b, DEAD).offsets)
@@ -156,11 +167,31 @@ class PendingTracker:
         self.held += len(rows.offsets) - before
         return rows
 
+    def _resettle(self, key: Seg, b: int) -> None:
+        """Settle block ``b`` read back :data:`TAKEN_KEPT` read-backs ago (no I/O).
+
+        A queue taken along there while it drained slowly beside a fast one (paused and resumed,
+        a limit, a lower priority) is all pending there once it stopped: back to its sum; the
+        fast one all finished there: its rows go. Else each resume cost 2 blocks of rows more,
+        without bound (200 cycles of 500 and 5 jobs: 198,464 rows, a row per record).
+        """
+        if self.held < ROWS_KEPT:
+            return  # rows within those kept (as _settle): a queue lagging behind reads nothing again
+        seg = self.segments.get(key)
+        rows = None if seg is None else seg.rows.get(b)
+        if seg is None or rows is None or rows is DEAD or not rows.live or b in seg.stuck:
+            return
+        if b == len(seg.starts) - 1 and b != seg.shut:
+            return  # still takes records: settled when the next block starts
+        seg.settle(b, self._qid(""))
+        self.held += len(seg.rows.get(b, DEAD).offsets) - len(rows.offsets)
+
     def take_older(self, older: PendingTracker) -> None:
         """Put ``older``'s records in front of this tracker's (all of them before its own, per segment).
 
         A restarted forwarder counts what it reads from the start, and what it had read before
-        in the background (:meth:`fill`): the two are joined once that is done.
+        in the background (:func:`~hybridq.lookup.pending_file.count_into`): the two are joined
+        once that is done.
         """
         for key, old in older.segments.items():
             for rows in old.rows.values():
@@ -187,6 +218,7 @@ class PendingTracker:
             for b in {*seg.rows, *seg.sums}:
                 seg.recompute(b)
         self._dirty.clear()
+        self._taken.clear()  # block numbers moved
         self._recount()
         self.inexact |= older.inexact
         for queue, n in older.pending.items():

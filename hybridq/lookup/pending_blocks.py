@@ -17,14 +17,17 @@ creation time (20 bytes), and its records are held in one of three ways:
 The first outcome of a queue held as a sum (or in a summary) reads the block back from the
 journal (:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still
 there since a segment with a pending job is never compacted), and turns that queue's records
-into rows (:meth:`Segment.take`), with those of the few queues that read a block back lately
-(``DRAINING``: two queues drained together read each block once, not twice); every other queue
-stays a sum. Those records were all pending when read and none finished since, so the rows are
-exactly what reading them as rows would have given, whatever the ledger says by then. A rows
-queue none of whose jobs there is pending loses its rows at the next read-back, and once no row
-of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`). A queue drained
-while another one whose records share its blocks waits (paused, blocked on a limit, a lower
-priority) thus costs rows only where it drains, then nothing; the one waiting stays a sum.
+into rows (:meth:`Segment.take`), with those of the queues that finished jobs since the
+read-back before last (two queues drained together read each block once, not twice); every other
+queue stays a sum. Those records were all pending when read and none finished since, so the rows
+are exactly what reading them as rows would have given, whatever the ledger says by then. Once
+no row of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`), and a
+block read back is settled (:meth:`Segment.settle`, no I/O) three read-backs later, past
+``ROWS_KEPT`` (as a closed block is): a rows queue none of whose jobs there is pending loses its
+rows, one all of whose jobs there are pending becomes a sum again (a queue taken along while it
+drained slowly beside a fast one). A queue drained while another one whose records share its
+blocks waits (paused, blocked on a limit, a lower priority, or draining in bursts) thus costs
+rows only where it drains, then nothing; the one waiting stays a sum.
 
 New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
 burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
@@ -34,9 +37,10 @@ records in it (read again after a restart) is *settled* when the next one starts
 queue all of whose jobs there are pending become its sum. So the tracker holds 20 bytes per
 block, and about 130 more per block with sums (measured: a dict entry and its packed sums, 16
 bytes per queue); plus 20 bytes per row, i.e. per record of the blocks of new jobs up to
-``ROWS_KEPT``, and per record of a queue in a block where that queue, or another with rows
-there, has both finished and waiting jobs (a drain's front, or a queue that stopped draining
-mid-block: at most a block's records per queue and block where it stopped). A terminal record
+``ROWS_KEPT``, per record of the last three blocks read back (not settled yet), and per record
+of a queue in a block where that queue has both finished and waiting jobs (a drain's front, or a
+queue that stopped draining mid-block: at most a block's records per queue and block where it
+stopped). A terminal record
 whose queue the tracker was not told (``saw(loc, None)``) is a row of the queue ``""`` until
 its block is dead: a read-back could not tell it from a job of a queue held as a sum. A tracker
 with no journal to read back from keeps every block as rows.
@@ -280,17 +284,20 @@ class Segment:
         return rows
 
     def settle(self, b: int, unknown: int) -> None:
-        """Hold closed block ``b``'s rows (all its records) as sums where that is exact.
+        """Hold closed block ``b``'s rows as sums where that is exact (its sums kept, added to).
 
         Only the rows of a queue with pending and not pending records there stay (and those of
-        ``unknown``); a block none of whose records is terminal stays rows.
+        ``unknown``); a block of rows only none of whose records is terminal stays rows.
         """
         sums, ended = per_queue(self.rows[b])
         mixed = (set(sums) & ended) | {unknown}
-        if not ended:
+        if not ended and b not in self.sums:
             return  # rows of new jobs, within the rows kept: the drain that follows reads nothing
         for q in mixed:
             sums.pop(q, None)
+        for q, (count, least) in self.sums_of(b).items():  # a queue is rows or a sum, not both
+            more, other = sums.get(q, (0, DONE))
+            sums[q] = (count + more, min(least, other))
         kept = Rows(row for row in self.rows[b] if row[2] in mixed)
         if kept.offsets:
             self.rows[b] = kept

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import struct
 import time
@@ -39,6 +40,8 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import keys_dir, ledger_dir
 from hybridq.lookup.pending import PendingTracker
 from hybridq.lookup.pending_blocks import Segment, job_fields
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DeferredCount", "count_into", "count_key", "load_count", "save_count"]
 
@@ -215,6 +218,8 @@ class DeferredCount:
         self._early: list[Loc] | None = None
         #: Whether :meth:`start` ran (before it, an empty count is "ready" but counts nothing).
         self.started = False
+        #: Whether telling it an outcome raised (:meth:`done_logged`: logged once).
+        self._failed = False
 
     def start(
         self,
@@ -260,6 +265,19 @@ class DeferredCount:
             self._before.done(loc)
         if self._early is not None:
             self._early.append(loc)
+
+    def done_logged(self, loc: Loc) -> None:
+        """:meth:`done`, whose error fails nothing: logged once, the count made inexact.
+
+        The forwarder tells it a durable outcome; what follows (the pushed list) must still run.
+        The count stays too high, inexact (never saved for the next start, which counts anew).
+        """
+        try:
+            self.done(loc)
+        except Exception:
+            if not self._failed:  # once: a bug would repeat for each outcome
+                log.exception("pending count: an outcome not counted: the count is inexact")
+            self._failed = self.live.inexact = True
 
     def advance(self, budget_s: float) -> bool:
         """Count for about ``budget_s``; whether this finished the count (joined to :attr:`live`)."""

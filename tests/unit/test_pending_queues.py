@@ -64,7 +64,7 @@ def test_a_queue_drained_beside_one_that_waits_costs_its_blocks_not_its_records(
             if job is not None and job[0] == "default":
                 tracker.done(loc)
         assert tracker.oldest() == 1.0  # (its blocks whose least finished: found again, forgotten)
-        gc.collect()  # a read-back's garbage
+        gc.collect()  # CPython's free list of (offset, payload) tuples a read-back used
         grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
@@ -98,6 +98,50 @@ def test_a_queue_paused_while_draining_is_rows_in_three_blocks_at_most(tmp_path:
     # The block where it stopped (some of its jobs there finished), two more taken along as it
     # was still draining when they were read back: 30 KB at most, not 0.9 MB.
     assert tracker.held <= 3 * BLOCK
+
+
+def test_a_queue_that_drains_slowly_beside_a_fast_one_is_rows_in_a_few_blocks(tmp_path: Path) -> None:
+    # Intermittent progress (a low priority, a limit, paused and resumed): each cycle "default"
+    # finishes 500 jobs, then "reports" 5. Every block read back takes "reports" along as rows;
+    # they must become its sums again once "default" is done there, not stay rows (198,464
+    # rows, 3.9 MB, before: the cost of holding a row per record).
+    records = interleaved(tmp_path, 200_000)
+    tracker = PendingTracker(str(tmp_path))
+    for loc, job in records:
+        tracker.saw(loc, job)
+    fast = [loc for loc, job in records if job is not None and job[0] == "default"]
+    slow = [loc for loc, job in records if job is not None and job[0] == "reports"]
+    for cycle in range(len(fast) // 500):
+        for loc in fast[cycle * 500 : (cycle + 1) * 500]:
+            tracker.done(loc)
+        for loc in slow[cycle * 5 : (cycle + 1) * 5]:
+            tracker.done(loc)
+    assert tracker.pending == {"reports": 99_000}
+    assert tracker.oldest() == 2_001.0
+    assert tracker.held <= 5 * BLOCK, tracker.held
+    for loc in slow:  # what stays sums counts and reads back as rows would
+        tracker.done(loc)
+    assert (tracker.pending, tracker.oldest(), tracker.held) == ({}, None, 0)
+
+
+def test_a_block_read_back_again_when_it_is_settled_keeps_the_job_that_finished(tmp_path: Path) -> None:
+    # Block 0 is read back (a "default" job), then blocks 1 and 2; a "reports" job of block 0
+    # reads it back again as the one to settle: settled after the read-back, the "reports" rows
+    # just taken went back to its sum, and the job marked finished in rows no longer held.
+    records = interleaved(tmp_path, 4 * BLOCK)
+    tracker = PendingTracker(str(tmp_path))
+    for loc, job in records:
+        tracker.saw(loc, job)
+    for b in range(pending.TAKEN_KEPT):
+        tracker.done(records[b * BLOCK][0])  # "default", created at b * BLOCK
+    tracker.done(records[1][0])  # "reports", created at 1: block 0 again
+    for loc, _ in records[: pending.TAKEN_KEPT * BLOCK]:
+        tracker.done(loc)
+    assert tracker.pending == {"default": BLOCK // 2, "reports": BLOCK // 2}
+    assert tracker.oldest() == pending.TAKEN_KEPT * BLOCK
+    for loc, _ in records:
+        tracker.done(loc)
+    assert (tracker.pending, tracker.oldest(), tracker.held) == ({}, None, 0)
 
 
 def test_a_restart_over_a_queue_drained_beside_one_that_waits_keeps_no_rows(tmp_path: Path) -> None:

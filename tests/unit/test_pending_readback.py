@@ -21,6 +21,7 @@ from hybridq.journal.commit import Durability
 from hybridq.journal.records import Loc
 from hybridq.ledger.checkpoint import forwarder_holder
 from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.lookup import pending
 from hybridq.lookup.pending import PendingTracker
@@ -224,3 +225,30 @@ def test_a_restart_joining_the_count_before_it_keeps_the_oldest() -> None:
     live.take_older(older)
     assert live.oldest() == 1001.0
     assert live.pending == {"q": 3}
+
+
+def test_an_error_of_the_count_on_an_outcome_neither_fails_the_step_nor_skips_the_pushed_list(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Fails before: the stats cache's error escaped ForwarderState.append, and the outcomes after
+    # it in the batch stayed in the pushed list (reconciled again, for nothing).
+    queue = Queue(journal=journal_dir)
+    queue.enqueue_many([queue.prepare(tasks.add, (i, i)) for i in range(3)])
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    try:
+        forwarder.step()
+        locs = [(r.writer_id, r.segment_index, r.offset) for r in JournalReader(journal_dir).records()]
+        assert all(forwarder.state.pushed.listed(loc) for loc in locs)
+
+        def broken(*_args: object) -> None:
+            raise KeyError("a bug in the count")
+
+        monkeypatch.setattr(PendingTracker, "done", broken)
+        with caplog.at_level(logging.ERROR, logger="hybridq.forwarder"):
+            forwarder.state.append([Entry("done", "", loc, outcome="invalid", at=0.0) for loc in locs])
+        assert not any(forwarder.state.pushed.listed(loc) for loc in locs)
+        assert forwarder.state.pending.inexact  # never saved for the next start
+        assert sum("pending count" in r.getMessage() for r in caplog.records) == 1  # logged once
+    finally:
+        forwarder.close()
+    assert not saved_count(journal_dir).exists()

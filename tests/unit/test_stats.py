@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hybridq.journal import ChainPosition
 from hybridq.journal.format import segment_name
 from hybridq.journal.reader import list_chains
 from hybridq.journal.repair import repair
+from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.checkpoint import forwarder_holder
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import open_ledger_writer
@@ -489,6 +491,28 @@ def test_a_damaged_saved_count_is_ignored(journal_dir: Path, damage: bytes, coun
     path.write_bytes(path.read_bytes()[:-100] + damage)
     forwarder = make_forwarder(journal_dir, transport)
     assert not taken(forwarder, counts)
+    assert forwarder.state.pending.pending == before.queues
+    forwarder.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_saved_count_of_an_older_format_is_ignored(
+    journal_dir: Path, version: int, counts: list[str]
+) -> None:
+    # A file of the format before the per-queue sums (2), or before the blocks (1), left by an
+    # older forwarder: its columns would read as something else, so it is counted again.
+    transport, before = stopped_midway(journal_dir)
+    lookup = os.path.join(journal_dir, "lookup")
+    payload = read_state(lookup, pending_file.NAME)
+    (n,) = struct.unpack_from("<I", payload)
+    key = json.loads(payload[4 : 4 + n])
+    assert key["v"] == 3
+    key["v"] = version
+    raw = json.dumps(key, sort_keys=True).encode()
+    write_state(lookup, pending_file.NAME, struct.pack("<I", len(raw)) + raw + payload[4 + n :])
+    forwarder = make_forwarder(journal_dir, transport)
+    assert not taken(forwarder, counts)
+    assert not saved_count(journal_dir).exists()  # read once, deleted
     assert forwarder.state.pending.pending == before.queues
     forwarder.close()
 
