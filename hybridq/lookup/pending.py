@@ -250,6 +250,13 @@ class PendingTracker:
             tracker.segments[(str(writer), int(index))] = seg
         if len(view):
             raise ValueError("trailing bytes")
+        for seg in tracker.segments.values():  # a queue id names a queue (the file is checksummed)
+            ids = [
+                *(q for rows in seg.rows.values() for q in rows.queues),
+                *(q for b in seg.sums for q in seg.sums_of(b)),
+            ]
+            if ids and max(ids) >= len(tracker._names):
+                raise ValueError("no such queue")
         tracker._recount()
         return tracker
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,18 @@ def test_an_error_of_the_count_on_an_outcome_neither_fails_the_step_nor_skips_th
     finally:
         forwarder.close()
     assert not saved_count(journal_dir).exists()
+
+
+def test_a_saved_count_naming_a_queue_it_does_not_list_is_not_loaded() -> None:
+    # Fails before: a row's (or a sum's) queue id past the saved names loaded, then failed the
+    # forwarder's step with an IndexError when its job finished (load_count catches ValueError).
+    tracker = PendingTracker()
+    for i in range(4):
+        tracker.saw(("w", 0, 64 + 100 * i), ("a" if i % 2 else "b", 1000.0 + i))
+    raw = tracker.to_bytes()
+    (n,) = struct.unpack_from("<I", raw)
+    head = json.loads(raw[4 : 4 + n])
+    head["names"] = head["names"][:1]  # one queue's id now names nothing
+    body = json.dumps(head).encode()
+    with pytest.raises(ValueError, match="no such queue"):
+        PendingTracker.from_bytes(struct.pack("<I", len(body)) + body + raw[4 + n :])
