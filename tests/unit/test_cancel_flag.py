@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+from hybridq.worker import lease
 from hybridq.worker.lease import Renewal, _CancelFlag
 
 
@@ -47,6 +49,30 @@ def test_threads_that_use_a_new_flag_at_once_share_one_condition() -> None:
         for t in threads:
             t.join()
         assert len({id(c) for c in seen}) == 1
+
+
+def test_a_condition_made_while_another_thread_stored_one_gives_way_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The race the test above can only hope to hit, made to happen: another thread stores its
+    # condition between this one's look (none yet) and its store. A plain store would replace
+    # it (two threads, two conditions: a ``set`` could miss a ``wait``); ``setdefault`` keeps it.
+    flag = _CancelFlag()
+    other = threading.Condition(threading.Lock())
+    made = threading.Condition
+
+    class Racing:
+        Lock = staticmethod(threading.Lock)
+
+        @staticmethod
+        def Condition(lock: threading.Lock) -> threading.Condition:
+            flag.__dict__["_lazy_cond"] = other  # the other thread, in between
+            return made(lock)
+
+    monkeypatch.setattr(lease, "threading", Racing)
+    assert flag._cond is other
+    monkeypatch.undo()
+    assert flag._cond is other
 
 
 def test_each_renewal_has_its_own_flag() -> None:
