@@ -327,3 +327,62 @@ def test_a_claim_made_again_after_its_own_slot_lapsed_is_a_new_start(conn: redis
     time.sleep(1.1)
     assert claim(conn, first)[0] == ClaimStatus.CLAIMED
     assert claim(conn, token(policy)) == (ClaimStatus.FENCED, "limited: rate")
+
+
+def test_slots_of_many_keys_leave_no_key_per_limit_key(conn: redis.Redis) -> None:
+    """Every key's slots are in two shared keys: claims and outcomes of 50 keys create, expire
+    and drop nothing per key, and once every run ended, nothing of the slots is left."""
+    settled(conn)
+    runs = [token(f"10,0,0,tenant:{i}") for i in range(50)]
+    assert {claim(conn, t)[0] for t in runs} == {ClaimStatus.CLAIMED}
+    assert conn.zcard(keys.LIMITS_LEASES) == 50
+    assert conn.hget(keys.LIMITS_HOLDERS, "tenant:7") == b"1"
+    assert conn.pttl(keys.LIMITS_LEASES) == -1, "no expiry set per claim"
+    for t in runs:
+        finish(conn, t)
+    assert not conn.exists(keys.LIMITS_LEASES, keys.LIMITS_HOLDERS)
+    left = {k.decode() for k in conn.keys(f"{keys.LIMIT_PREFIX}tenant:*")}
+    assert all(k.endswith(":queued") for k in left), left  # (the counts the claims took off, expiring)
+
+
+def test_the_forwarders_read_sweeps_a_killed_holders_slot(
+    redis_server: RedisServer, conn: redis.Redis
+) -> None:
+    """A holder that stopped renewing: its key reads full until its lease lapses, then the read
+    drops it from the shared set and takes its key's count down (no claim needed to free it)."""
+    from hybridq.transport.rq import RQTransport
+
+    settled(conn)
+    dead, live = token("2,0,0,kk"), token("2,0,0,kk")
+    assert [claim(conn, t)[0] for t in (dead, live)] == [ClaimStatus.CLAIMED] * 2
+    transport = RQTransport(redis_server.url)
+    try:
+        use = transport.key_use({"kk": 0}, {}, lease_s=0.4)
+        assert use is not None and use["kk"].running == 2
+        time.sleep(LEASE_MS / 2000)
+        assert renew(conn, live) & 4
+        time.sleep(LEASE_MS / 2000 + 0.05)  # dead's lease lapsed, live's not
+        use = transport.key_use({"kk": 0}, {}, lease_s=0.4)
+        assert use is not None and use["kk"].running == 1
+        assert conn.zscore(keys.LIMITS_LEASES, dead) is None
+        assert conn.hget(keys.LIMITS_HOLDERS, "kk") == b"1"
+        assert renew(conn, dead) & 4, "a renewal held up past its lease takes a slot again (as before)"
+        assert conn.hget(keys.LIMITS_HOLDERS, "kk") == b"2", "and is counted"
+        finish(conn, dead)
+        finish(conn, live)
+        assert conn.hget(keys.LIMITS_HOLDERS, "kk") is None
+    finally:
+        transport.close()
+
+
+def test_a_renewal_run_after_its_outcome_takes_no_slot_and_counts_nothing(conn: redis.Redis) -> None:
+    """A renewal sent before the outcome and run after it: the slot stays free, the key's count
+    unchanged (a slot taken back would be a holder with no run, counted for a lease)."""
+    settled(conn)
+    a, b = token("1,0,0,race"), token("1,0,0,race")
+    assert claim(conn, a)[0] == ClaimStatus.CLAIMED
+    finish(conn, a)
+    assert renew(conn, a) & 4 == 0
+    assert conn.hget(keys.LIMITS_HOLDERS, "race") is None
+    assert conn.zscore(keys.LIMITS_LEASES, a) is None
+    assert claim(conn, b)[0] == ClaimStatus.CLAIMED
