@@ -47,8 +47,8 @@ it back. Only then do the counts mean what they say: no burst after a loss of st
 from __future__ import annotations
 
 from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
-from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMIT_SLOTS_LUA, RUN_ID_LUA
+from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 from hybridq.protocol.keys import LIMITS_HOLDERS as HOLDERS_KEY
 from hybridq.protocol.keys import LIMITS_LEASES as LEASES_KEY
@@ -109,10 +109,11 @@ local function limit_epoch(now, server)
     end
     return server.limit_since
 end
--- Drops a key's starts due by ``upto`` (out of the period): once per key per script call and cut-off, as ``server`` remembers (the highest
--- cut-off trimmed; a later run of the key whose token carries a shorter rate period, after a
--- policy change, trims again). The counts are those a trim per job would give: the clock is read
--- once per call, nothing a call adds is due by then, and a lower cut-off finds nothing left.
+-- Drops a key's starts due by ``upto`` (out of the period): once per key per script call and
+-- cut-off, as ``server`` remembers (the highest cut-off trimmed; a later run of the key whose
+-- token carries a shorter rate period, after a policy change, trims again). The counts are
+-- those a trim per job would give: the clock is read once per call, nothing a call adds is due
+-- by then, and a lower cut-off finds nothing left.
 local function limit_trim(key, upto, server)
     server.trimmed = server.trimmed or {{}}
     local done = server.trimmed[key]

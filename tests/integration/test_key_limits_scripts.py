@@ -358,12 +358,14 @@ def test_the_forwarders_read_sweeps_a_killed_holders_slot(
     transport = RQTransport(redis_server.url)
     try:
         use = transport.key_use({"kk": 0}, {}, lease_s=0.4)
-        assert use is not None and use["kk"].running == 2
+        assert use is not None
+        assert use["kk"].running == 2
         time.sleep(LEASE_MS / 2000)
         assert renew(conn, live) & 4
         time.sleep(LEASE_MS / 2000 + 0.05)  # dead's lease lapsed, live's not
         use = transport.key_use({"kk": 0}, {}, lease_s=0.4)
-        assert use is not None and use["kk"].running == 1
+        assert use is not None
+        assert use["kk"].running == 1
         assert conn.zscore(keys.LIMITS_LEASES, dead) is None
         assert conn.hget(keys.LIMITS_HOLDERS, "kk") == b"1"
         assert renew(conn, dead) & 4, "a renewal held up past its lease takes a slot again (as before)"
