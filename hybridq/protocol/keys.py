@@ -82,11 +82,15 @@ LIMITS_LEASES = LIMIT_PREFIX + "leases"
 #: Lua functions on them, for the workers' scripts (hybridq.worker.limit_scripts) and the
 #: forwarders' read (hybridq.transport.rq_limits): ``limit_key_of(token)`` (the limit key a
 #: limited run's token names, or nil), ``limit_count(key, by)`` (a key's holders moved by
-#: ``by``; the field dropped at 0: the hash holds only keys with holders) and
+#: ``by``; the field dropped at 0: the hash holds only keys with holders), ``limit_holders(key)``
+#: and
 #: ``limit_sweep(now)`` (the holders whose slot lapsed by ``now``, a killed worker's, dropped and
 #: their keys' counts taken down: at most 1,000 a call, the earliest first; a key at its limit
 #: or the next call sweeps on). Every change of the sorted set's members goes with its count's,
-#: in one script: a key's count is the number of its tokens in the set.
+#: in one script: a key's count is the number of its tokens in the set. Written with another
+#: type by something else, they fail no script (``pcall``): the claims then refuse every limited
+#: run and the forwarders hold every limited key's jobs (``limit_holders`` answers nil), or the
+#: slots go uncounted (docs/security.md).
 LIMIT_SLOTS_LUA = f"""
 local function limit_key_of(token)
     local at = string.find(token or "", "#L", 1, true)
@@ -96,12 +100,20 @@ local function limit_key_of(token)
     return key or string.match(token, "#L%d+,%d+,%d+,(.+)$")
 end
 local function limit_count(key, by)
-    if redis.call("HINCRBY", "{LIMIT_PREFIX}holders", key, by) <= 0 then
+    local n = redis.pcall("HINCRBY", "{LIMIT_PREFIX}holders", key, by)
+    if type(n) == "number" and n <= 0 then
         redis.call("HDEL", "{LIMIT_PREFIX}holders", key)
     end
 end
+-- A key's holders (0: none), or nil when the hash is not one.
+local function limit_holders(key)
+    local n = redis.pcall("HGET", "{LIMIT_PREFIX}holders", key)
+    if n == false then return 0 end
+    return type(n) == "string" and tonumber(n) or nil
+end
 local function limit_sweep(now)
-    local gone = redis.call("ZRANGEBYSCORE", "{LIMIT_PREFIX}leases", "-inf", now, "LIMIT", 0, 1000)
+    local gone = redis.pcall("ZRANGEBYSCORE", "{LIMIT_PREFIX}leases", "-inf", now, "LIMIT", 0, 1000)
+    if type(gone) ~= "table" or gone.err then return 0 end
     for _, token in ipairs(gone) do
         redis.call("ZREM", "{LIMIT_PREFIX}leases", token)
         local key = limit_key_of(token)

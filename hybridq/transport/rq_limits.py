@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hybridq.protocol.keys import LIMIT_PREFIX, LIMIT_SLOTS_LUA, LIMITS_EPOCH, LIMITS_HOLDERS, RUN_ID_LUA
+from hybridq.protocol.keys import LIMIT_PREFIX, LIMIT_SLOTS_LUA, LIMITS_EPOCH, RUN_ID_LUA
 
 from .base import KeyUse
 
@@ -64,12 +64,7 @@ for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
         if raw and not queued then bad = true end
     end
     if period >= 0 then
-        local running = redis.pcall("HGET", "{LIMITS_HOLDERS}", key)
-        if running == false then
-            running = 0
-        elseif type(running) == "string" then
-            running = tonumber(running) or "bad"
-        end
+        local running = limit_holders(key)  -- (nil: the shared hash is not one: held)
         local started = 0
         if period > 0 then
             started = redis.pcall("ZCOUNT", at .. "starts", "(" .. (now - period), "+inf")

@@ -50,7 +50,6 @@ from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
 from hybridq.protocol.keys import LIMIT_SLOTS_LUA, RUN_ID_LUA
 from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
-from hybridq.protocol.keys import LIMITS_HOLDERS as HOLDERS_KEY
 from hybridq.protocol.keys import LIMITS_LEASES as LEASES_KEY
 
 __all__ = ["LIMIT_LUA"]
@@ -132,10 +131,11 @@ local function limit_admit(lim, token, lease_ms, server)
     elseif lim.c > 0 then
         -- Lapsed slots (killed workers') are swept only when they could refuse this run (and by
         -- the forwarders' reads): a key with room needs no sweep. Once per script call.
-        local n = tonumber(redis.call("HGET", "{HOLDERS_KEY}", lim.key)) or 0
+        -- (nil: the shared hash is not one, written by something else: refused)
+        local n = limit_holders(lim.key) or lim.c
         if n >= lim.c and (server.swept or -1) < now then
             server.swept = now
-            if limit_sweep(now) > 0 then n = tonumber(redis.call("HGET", "{HOLDERS_KEY}", lim.key)) or 0 end
+            if limit_sweep(now) > 0 then n = limit_holders(lim.key) or lim.c end
         end
         if n >= lim.c then why = "limited: concurrency" end
     end
@@ -147,8 +147,8 @@ local function limit_admit(lim, token, lease_ms, server)
     -- refusal. A slot of its own that lapsed (its holder cut off past the lease, the claim made
     -- again) is not held: left below the concurrency untrimmed, it must not waive the rate.
     if why then
-        local held = redis.call("ZSCORE", "{LEASES_KEY}", token)
-        if held and tonumber(held) > now then return nil end
+        local held = redis.pcall("ZSCORE", "{LEASES_KEY}", token)
+        if type(held) == "string" and tonumber(held) > now then return nil end
     end
     return why
 end
@@ -195,8 +195,13 @@ local function limit_hold(lim, token, lease_ms, job, server)
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
     -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
     -- would have made it.
-    local new = redis.call("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token) == 1
-    if new then
+    local added = redis.pcall("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token)
+    local new = added == 1
+    if type(added) ~= "number" then
+        -- The shared set is not one (written by something else): the slot goes uncounted
+        -- (docs/security.md), the claim is not failed; the run is a start.
+        new = true
+    elseif new then
         limit_count(lim.key, 1)
     else
         -- (a lapsed slot not yet swept is still counted: the count stays)
@@ -246,9 +251,10 @@ local function limit_renew(lim, token, lease_ms, ended, server, ours)
     local now = limit_now(server)
     limit_epoch(now, server)
     -- Added back (and counted) if Redis lost it or a sweep dropped it; else only moved ahead.
-    if redis.call("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token) == 1 then
+    local added = redis.pcall("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token)
+    if added == 1 then
         limit_count(lim.key, 1)
-    else
+    elseif added == 0 then
         redis.call("ZADD", "{LEASES_KEY}", "XX", now + lease_ms, token)
     end
     return true
@@ -261,7 +267,7 @@ local function limit_end(token, kept, server)
     local lim = limit_of(token, true)
     if not lim then return end
     server = server or {{}}
-    if redis.call("ZREM", "{LEASES_KEY}", token) == 1 then limit_count(lim.key, -1) end
+    if redis.pcall("ZREM", "{LEASES_KEY}", token) == 1 then limit_count(lim.key, -1) end
     local key, at = limit_ended_key(kept, limit_now(server))
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.

@@ -388,3 +388,33 @@ def test_a_renewal_run_after_its_outcome_takes_no_slot_and_counts_nothing(conn: 
     assert conn.hget(keys.LIMITS_HOLDERS, "race") is None
     assert conn.zscore(keys.LIMITS_LEASES, a) is None
     assert claim(conn, b)[0] == ClaimStatus.CLAIMED
+
+
+@pytest.mark.parametrize("shared", [keys.LIMITS_HOLDERS, keys.LIMITS_LEASES])
+def test_the_shared_slots_written_with_another_type_fail_no_script(
+    redis_server: RedisServer, conn: redis.Redis, shared: str
+) -> None:
+    """Anyone able to write the limits' keys: a claim, a renewal and an outcome still answer
+    (no script error), and the forwarders' read holds the keys it cannot count."""
+    from hybridq.transport.rq import RQTransport
+
+    settled(conn)
+    conn.set(shared, "not a hash or a sorted set")
+    t = token("2,0,0,typed")
+    status, why = claim(conn, t)
+    if shared == keys.LIMITS_HOLDERS:
+        assert (status, why) == (ClaimStatus.FENCED, "limited: concurrency"), "no count: refused"
+    else:
+        assert status == ClaimStatus.CLAIMED, "its slot uncounted (as a deleted one)"
+    renew(conn, t)
+    finish(conn, t)
+    transport = RQTransport(redis_server.url)
+    try:
+        use = transport.key_use({"typed": 0}, {}, lease_s=0.4)
+        assert use is not None
+        if shared == keys.LIMITS_HOLDERS:
+            assert use["typed"].quarantine_s > 60, "held, never over its limit"
+        else:
+            assert (use["typed"].running, use["typed"].quarantine_s) == (0, 0)
+    finally:
+        transport.close()
