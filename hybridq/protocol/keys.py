@@ -24,12 +24,11 @@ hybridq's own keys:
   publishes (JSON, with a TTL) and the sorted set of forwarders by when each last did, for
   ``hybridq status --all``. Display only: anyone who can write to Redis can write them
   (docs/security.md), so nothing decides anything from them.
-* ``hybridq:limit:holders`` and ``hybridq:limit:leases`` (every key's slots: holders per key,
-  each holder's lease), ``hybridq:limit:<limit key>:starts``, ``:queued``,
-  ``hybridq:limit:ended:*`` and ``hybridq:limits:epoch`` -- the per-key limits' state: the runs
-  holding a slot, the starts of the last period, the jobs pushed and not yet claimed, the runs
-  that ended (every key's), and since when this server holds that state
-  (:mod:`hybridq.worker.limit_scripts` says what each holds).
+* ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``hybridq:limit:ended:*`` and
+  ``hybridq:limits:epoch`` -- the per-key limits' state: the runs holding a slot, the starts of
+  the last period, the jobs pushed and not yet claimed, the runs that ended (every key's), and
+  since when this server holds that state (:mod:`hybridq.worker.limit_scripts` says what each
+  holds).
 """
 
 from __future__ import annotations
@@ -40,10 +39,7 @@ import re
 __all__ = [
     "LIMITS_ENDED",
     "LIMITS_EPOCH",
-    "LIMITS_HOLDERS",
-    "LIMITS_LEASES",
     "LIMIT_PREFIX",
-    "LIMIT_SLOTS_LUA",
     "NODE_REPLY_PREFIX",
     "PREFIX",
     "RQ_PREFIX",
@@ -73,55 +69,6 @@ PREFIX = "hybridq:"
 LIMIT_PREFIX = PREFIX + "limit:"
 #: When the limits' state began on this Redis (``<ms>:<run_id>``).
 LIMITS_EPOCH = PREFIX + "limits:epoch"
-#: Every limit key's slots, in two keys shared by all (not a sorted set per key: with a key per
-#: tenant and a job or two each, each claim created one, set its expiry and each outcome dropped
-#: it, docs/benchmarks.md): a hash of how many runs hold a slot per limit key, and a sorted set of
-#: every holder's token (which names its key) scored by when its slot lapses (ms, Redis's clock).
-LIMITS_HOLDERS = LIMIT_PREFIX + "holders"
-LIMITS_LEASES = LIMIT_PREFIX + "leases"
-#: Lua functions on them, for the workers' scripts (hybridq.worker.limit_scripts) and the
-#: forwarders' read (hybridq.transport.rq_limits): ``limit_key_of(token)`` (the limit key a
-#: limited run's token names, or nil), ``limit_count(key, by)`` (a key's holders moved by
-#: ``by``; the field dropped at 0: the hash holds only keys with holders), ``limit_holders(key)``
-#: and
-#: ``limit_sweep(now)`` (the holders whose slot lapsed by ``now``, a killed worker's, dropped and
-#: their keys' counts taken down: at most 1,000 a call, the earliest first; a key at its limit
-#: or the next call sweeps on). Every change of the sorted set's members goes with its count's,
-#: in one script: a key's count is the number of its tokens in the set. Written with another
-#: type by something else, they fail no script (``pcall``): the claims then refuse every limited
-#: run and the forwarders hold every limited key's jobs (``limit_holders`` answers nil), or the
-#: slots go uncounted (docs/security.md).
-LIMIT_SLOTS_LUA = f"""
-local function limit_key_of(token)
-    local at = string.find(token or "", "#L", 1, true)
-    if not at then return nil end
-    -- Anchored at the first ``#L``; the search only if that is not the policy.
-    local key = string.match(token, "^#L%d+,%d+,%d+,(.+)$", at)
-    return key or string.match(token, "#L%d+,%d+,%d+,(.+)$")
-end
-local function limit_count(key, by)
-    local n = redis.pcall("HINCRBY", "{LIMIT_PREFIX}holders", key, by)
-    if type(n) == "number" and n <= 0 then
-        redis.call("HDEL", "{LIMIT_PREFIX}holders", key)
-    end
-end
--- A key's holders (0: none), or nil when the hash is not one.
-local function limit_holders(key)
-    local n = redis.pcall("HGET", "{LIMIT_PREFIX}holders", key)
-    if n == false then return 0 end
-    return type(n) == "string" and tonumber(n) or nil
-end
-local function limit_sweep(now)
-    local gone = redis.pcall("ZRANGEBYSCORE", "{LIMIT_PREFIX}leases", "-inf", now, "LIMIT", 0, 1000)
-    if type(gone) ~= "table" or gone.err then return 0 end
-    for _, token in ipairs(gone) do
-        redis.call("ZREM", "{LIMIT_PREFIX}leases", token)
-        local key = limit_key_of(token)
-        if key then limit_count(key, -1) end
-    end
-    return #gone
-end
-"""
 #: Lua functions for the ``run_id`` the epoch keys hold (``epoch``, :data:`LIMITS_EPOCH`):
 #: ``run_id_of(info text)`` and ``redis_run_id()``, the run_id of the server that runs the script
 #: (its 40 hex digits, or false: INFO denied by an ACL, or no such field). Every script that
@@ -140,7 +87,7 @@ end
 #: The runs of every limit key whose outcome was recorded: the prefix of one set per 10 s
 #: (``:m<n>``, kept a minute) or 10 minutes (``:h<n>``, kept an hour) of Redis's clock
 #: (hybridq.worker.limit_scripts; not a set created and dropped per key; no limit key's part
-#: has these names, they all end in ``:starts`` or ``:queued``).
+#: has these names, they all end in ``:run``, ``:starts`` or ``:queued``).
 LIMITS_ENDED = LIMIT_PREFIX + "ended"
 
 

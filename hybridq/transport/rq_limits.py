@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hybridq.protocol.keys import LIMIT_PREFIX, LIMIT_SLOTS_LUA, LIMITS_EPOCH, RUN_ID_LUA
+from hybridq.protocol.keys import LIMIT_PREFIX, LIMITS_EPOCH, RUN_ID_LUA
 
 from .base import KeyUse
 
@@ -22,16 +22,13 @@ __all__ = ["KEY_USE", "key_use"]
 # pushed since the last call (one argument: redis-py packs each argument in Python, a third of
 # the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
 # claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
-# read: running, queued, started in the period, quarantine left (ms). The holders whose slot
-# lapsed (a killed worker's) are swept first (``LIMIT_SLOTS_LUA``), so each key's count of holders
-# is of live slots (as the claims count them at a key's limit). The queued count expires
+# read: running, queued, started in the period, quarantine left (ms). The queued count expires
 # two leases after its last change (a backstop for copies that left Redis without a claim or a
 # cancel taking them off: hybridq.worker.limit_scripts). A part of
 # a key of the wrong type (written by something else) fails only its own command (``pcall``):
 # that key is held (never over its limit), the others go on.
 KEY_USE = (
     RUN_ID_LUA
-    + LIMIT_SLOTS_LUA
     + f"""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -43,7 +40,7 @@ if not since or since > now or (run_id ~= "" and was ~= run_id) then
     since = now
     redis.call("SET", "{LIMITS_EPOCH}", now .. ":" .. run_id)
 end
-limit_sweep(now)
+local after = "(" .. now
 local quiet0 = math.max(0, since + lease - now)
 local out = {{}}
 for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
@@ -64,7 +61,7 @@ for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
         if raw and not queued then bad = true end
     end
     if period >= 0 then
-        local running = limit_holders(key)  -- (nil: the shared hash is not one: held)
+        local running = redis.pcall("ZCOUNT", at .. "run", after, "+inf")
         local started = 0
         if period > 0 then
             started = redis.pcall("ZCOUNT", at .. "starts", "(" .. (now - period), "+inf")

@@ -5,19 +5,12 @@ the policy the forwarder put in the delivery (``concurrency,rate,period ms,key``
 limit): every script that sees the token sees the policy, and nothing else carries it. Job ids
 are ``[A-Za-z0-9_-]``, so ``#L`` cannot appear before it.
 
-The slots of every key are in two keys shared by all (``hybridq.protocol.keys.LIMIT_SLOTS_LUA``):
-``hybridq:limit:leases``, a sorted set of the runs that hold a slot (member: the token, which
-names its key; score: when the slot lapses, ms, Redis's clock), and ``hybridq:limit:holders``, a
-hash of how many of them each key has. The claim adds its run (and one to its key's count), each
-lease renewal moves the score a lease ahead (and adds it back after Redis lost it or a sweep
-dropped it), the outcome removes it (and one off): nothing per key is created, given an expiry
-or dropped per job. A killed worker's slot frees when its lease would have lapsed: the lapsed
-holders are swept (removed, their keys' counts taken down) by each forwarder's read and by a
-claim that finds its key at its limit. Neither key expires: their members are live holders or
-lapsed ones a sweep drops.
+Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
 
-Per limit key Redis holds (under ``hybridq:limit:<key>:``):
-
+* ``run``: a sorted set of the runs that hold a slot (member: the token, score: when the slot
+  lapses, ms, Redis's clock). The claim adds its run, each lease renewal moves the score a
+  lease ahead (and adds it back after Redis lost it), the outcome removes it: a killed worker's
+  slot frees when its lease would have lapsed;
 * ``starts``: a sorted set of the starts of the last period (the rate's sliding log);
 * ``queued``: how many copies of the key's jobs the forwarders pushed that are still in a queue
   (the forwarders' gate reads it, so it pushes no more than the room). Forwarders add what they
@@ -47,10 +40,9 @@ it back. Only then do the counts mean what they say: no burst after a loss of st
 from __future__ import annotations
 
 from hybridq.protocol.keys import LIMIT_PREFIX as PREFIX
-from hybridq.protocol.keys import LIMIT_SLOTS_LUA, RUN_ID_LUA
 from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
-from hybridq.protocol.keys import LIMITS_LEASES as LEASES_KEY
+from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
@@ -64,9 +56,8 @@ __all__ = ["LIMIT_LUA"]
 #: (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
 LIMIT_LUA = (
     RUN_ID_LUA
-    + LIMIT_SLOTS_LUA
     + f"""
--- ``slot_only``: only the key (the outcome and the renewal need no policy or other key:
+-- ``slot_only``: only the ``run`` key (the outcome and the renewal need no policy or other key:
 -- three string-to-number conversions and two keys fewer per outcome).
 local function limit_of(token, slot_only)
     token = token or ""
@@ -77,9 +68,9 @@ local function limit_of(token, slot_only)
     local c, r, p, key = string.match(token, "^#L(%d+),(%d+),(%d+),(.+)$", at)
     if not key then c, r, p, key = string.match(token, "#L(%d+),(%d+),(%d+),(.+)$") end
     if not key then return nil end
-    if slot_only then return {{key = key}} end
     local at = "{PREFIX}" .. key .. ":"
-    return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), key = key,
+    if slot_only then return {{run = at .. "run"}} end
+    return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
         starts = at .. "starts", queued = at .. "queued"}}
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
@@ -108,11 +99,11 @@ local function limit_epoch(now, server)
     end
     return server.limit_since
 end
--- Drops a key's starts due by ``upto`` (out of the period): once per key per script call and
--- cut-off, as ``server`` remembers (the highest cut-off trimmed; a later run of the key whose
--- token carries a shorter rate period, after a policy change, trims again). The counts are
--- those a trim per job would give: the clock is read once per call, nothing a call adds is due
--- by then, and a lower cut-off finds nothing left.
+-- Drops a sorted set's members due by ``upto`` (lapsed slots, starts out of the period, ends no
+-- longer kept): once per key per script call and cut-off, as ``server`` remembers (the highest
+-- cut-off trimmed; a later run of the key whose token carries a shorter rate period, after a
+-- policy change, trims again). The counts are those a trim per job would give: the clock is read
+-- once per call, nothing a call adds is due by then, and a lower cut-off finds nothing left.
 local function limit_trim(key, upto, server)
     server.trimmed = server.trimmed or {{}}
     local done = server.trimmed[key]
@@ -126,18 +117,21 @@ local function limit_admit(lim, token, lease_ms, server)
     local why = nil
     local quiet = tonumber(lease_ms)
     if lim.r > 0 and lim.p > quiet then quiet = lim.p end
+    server.fresh = server.fresh or {{}}
+    server.fresh[lim.run] = nil
     if now < since + quiet then
         why = "limited: quarantine after Redis lost state"
     elseif lim.c > 0 then
-        -- Lapsed slots (killed workers') are swept only when they could refuse this run (and by
-        -- the forwarders' reads): a key with room needs no sweep. Once per script call.
-        -- (nil: the shared hash is not one, written by something else: refused)
-        local n = limit_holders(lim.key) or lim.c
-        if n >= lim.c and (server.swept or -1) < now then
-            server.swept = now
-            if limit_sweep(now) > 0 then n = limit_holders(lim.key) or lim.c end
-        end
+        -- Lapsed slots (killed workers') are dropped only when they could refuse this run: a
+        -- key with room needs no trim. What they leave is bounded by the concurrency (a trim
+        -- comes at the limit) and read by nobody (the forwarders count scores still ahead).
+        local n = redis.call("ZCARD", lim.run)
+        if n >= lim.c then n = n - limit_trim(lim.run, now, server) end
+        -- None: the set does not exist, so the hold's ZADD makes it without an expiry.
+        server.fresh[lim.run] = n == 0
         if n >= lim.c then why = "limited: concurrency" end
+    else
+        limit_trim(lim.run, now, server)  -- (no concurrency: no count to trim at; each call)
     end
     if not why and lim.r > 0 then
         limit_trim(lim.starts, now - lim.p, server)
@@ -147,8 +141,8 @@ local function limit_admit(lim, token, lease_ms, server)
     -- refusal. A slot of its own that lapsed (its holder cut off past the lease, the claim made
     -- again) is not held: left below the concurrency untrimmed, it must not waive the rate.
     if why then
-        local held = redis.pcall("ZSCORE", "{LEASES_KEY}", token)
-        if type(held) == "string" and tonumber(held) > now then return nil end
+        local held = redis.call("ZSCORE", lim.run, token)
+        if held and tonumber(held) > now then return nil end
     end
     return why
 end
@@ -156,9 +150,9 @@ end
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
 -- copy pushed again is a new hash). The count may go below zero for a moment: a forwarder
 -- adds what it pushed at its next step, often after the claims.
--- A key's lifetime made at least ``ms``, never shortened: the key holds other runs' starts (or
--- the queued count), and a run with a shorter lease (or period) must not make it expire under
--- a longer one's (the limit would then admit more than it allows).
+-- A key's lifetime made at least ``ms``, never shortened: the key holds other runs' slots (or
+-- starts, or the queued count), and a run with a shorter lease (or period) must not make it
+-- expire under a longer one's live slot (the limit would then admit more than it allows).
 -- Once per key and lifetime per script call (``server`` remembers what it made; none: each
 -- time): Redis expires no key while a script runs.
 local function limit_expire(key, ms, server)
@@ -195,18 +189,19 @@ local function limit_hold(lim, token, lease_ms, job, server)
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
     -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
     -- would have made it.
-    local added = redis.pcall("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token)
-    local new = added == 1
-    if type(added) ~= "number" then
-        -- The shared set is not one (written by something else): the slot goes uncounted
-        -- (docs/security.md), the claim is not failed; the run is a start.
-        new = true
-    elseif new then
-        limit_count(lim.key, 1)
+    local new = redis.call("ZADD", lim.run, "NX", now + lease_ms, token) == 1
+    if not new then
+        new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
+        redis.call("ZADD", lim.run, now + lease_ms, token)
+    end
+    if server.fresh and server.fresh[lim.run] then
+        -- The admission found no set: this ZADD made it, with no expiry to keep (no PTTL).
+        server.fresh[lim.run] = nil
+        redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+        server.expiry = server.expiry or {{}}
+        server.expiry[lim.run] = 2 * lease_ms + 1000
     else
-        -- (a lapsed slot not yet swept is still counted: the count stays)
-        new = tonumber(redis.call("ZSCORE", "{LEASES_KEY}", token)) <= now
-        redis.call("ZADD", "{LEASES_KEY}", now + lease_ms, token)
+        limit_expire(lim.run, 2 * lease_ms + 1000, server)
     end
     if new then
         if lim.r > 0 then
@@ -250,13 +245,8 @@ local function limit_renew(lim, token, lease_ms, ended, server, ours)
     if not ours and limit_ended(token, server) then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
-    -- Added back (and counted) if Redis lost it or a sweep dropped it; else only moved ahead.
-    local added = redis.pcall("ZADD", "{LEASES_KEY}", "NX", now + lease_ms, token)
-    if added == 1 then
-        limit_count(lim.key, 1)
-    elseif added == 0 then
-        redis.call("ZADD", "{LEASES_KEY}", "XX", now + lease_ms, token)
-    end
+    redis.call("ZADD", lim.run, now + lease_ms, token)
+    limit_expire(lim.run, 2 * lease_ms + 1000, server)
     return true
 end
 -- Every run's end is kept (a renewal may not tell it from the stored outcome: a later run's
@@ -267,7 +257,7 @@ local function limit_end(token, kept, server)
     local lim = limit_of(token, true)
     if not lim then return end
     server = server or {{}}
-    if redis.pcall("ZREM", "{LEASES_KEY}", token) == 1 then limit_count(lim.key, -1) end
+    redis.call("ZREM", lim.run, token)
     local key, at = limit_ended_key(kept, limit_now(server))
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
