@@ -149,3 +149,14 @@ def test_a_queued_count_taken_through_zero_in_one_start_call_still_expires(redis
     assert [r[0] for r in start(client, items)] == [0, 0, 0]
     assert int(client.get(queued) or 0) == -1
     assert client.pttl(queued) > 0, "below zero: it expires"
+
+
+def test_a_start_sent_again_takes_each_copy_off_the_queued_count_once(redis_server: RedisServer) -> None:
+    """A refused copy and an admitted one, the call sent again (its reply lost): each counted once."""
+    client, items = take_limited(redis_server, 2, "1,0,0,tenant:b9")
+    queued = f"{keys.LIMIT_PREFIX}tenant:b9:queued"
+    client.set(queued, 2, px=60_000)
+    assert [r[0] for r in start(client, items)] == [0, 4]
+    assert [r[0] for r in start(client, items)] == [0, 4]
+    assert int(client.get(queued) or 0) == 0
+    assert all(client.hget(keys.rq_job(i.job_id), "hybridq_left") == b"1" for i in items)
