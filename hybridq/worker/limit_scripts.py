@@ -18,7 +18,8 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
   be below zero for a moment. It expires two leases after its last change: a backstop for
-  copies that leave Redis another way (evicted, purged by a refill after a restart).
+  copies that leave Redis another way (evicted, purged by a refill after a restart). A claim
+  that takes it to 0 leaves it with the expiry it had (0 reads as no key; one command fewer).
 
 ``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
 a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
@@ -74,18 +75,6 @@ local function limit_of(token, slot_only)
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
         starts = r ~= "0" and at .. "starts" or nil, queued = at .. "queued"}}
 end
--- ``now + ms`` (and ``2 * ms + 1000``) as text, made once per script call and ``ms``: a Lua number
--- passed to a command is printed each time (``%.17g``, about 1k instructions), and a call's runs
--- share the clock and nearly always the lease.
-local function limit_until(server, now, ms)
-    server.until_ms = server.until_ms or {{}}
-    local t = server.until_ms[ms]
-    if not t then
-        t = {{string.format("%d", now + ms), string.format("%d", 2 * ms + 1000)}}
-        server.until_ms[ms] = t
-    end
-    return t[1], t[2]
-end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
     if not server.now then
@@ -93,6 +82,19 @@ local function limit_now(server)
         server.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
     return server.now
+end
+-- ``now + ms`` (and ``2 * ms + 1000``) as text, made once per script call and ``ms``: a Lua number
+-- passed to a command is printed each time (``%.17g``, about 1k instructions), and a call's runs
+-- share the clock and nearly always the lease.
+local function limit_until(server, ms)
+    local now = limit_now(server)  -- (the call's clock, the same for every run it holds)
+    server.until_ms = server.until_ms or {{}}
+    local t = server.until_ms[ms]
+    if not t then
+        t = {{string.format("%d", now + ms), string.format("%d", 2 * ms + 1000)}}
+        server.until_ms[ms] = t
+    end
+    return t[1], t[2]
 end
 -- When the limits' state began on this server (ms); a new epoch starts now if Redis lost it.
 local function limit_epoch(now, server)
@@ -201,7 +203,7 @@ local function limit_hold(lim, token, lease_ms, job, server)
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
     -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
     -- would have made it.
-    local lapse, life = limit_until(server, now, lease_ms)
+    local lapse, life = limit_until(server, lease_ms)
     local new = redis.call("ZADD", lim.run, "NX", lapse, token) == 1
     if not new then
         new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
