@@ -41,22 +41,24 @@ if not since or since > now or (run_id ~= "" and was ~= run_id) then
     redis.call("SET", "{LIMITS_EPOCH}", now .. ":" .. run_id)
 end
 local after = "(" .. now
+local life = string.format("%d", 2 * lease)  -- (as text once: a number is printed per command)
 local quiet0 = math.max(0, since + lease - now)
 local out = {{}}
-for key, period, add in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
+for key, period, added in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
     local at = "{LIMIT_PREFIX}" .. key .. ":"
-    period, add = tonumber(period), tonumber(add)
+    local count = at .. "queued"
+    period = tonumber(period)
     local bad = false
     local queued = 0
-    if add > 0 then
-        queued = redis.pcall("INCRBY", at .. "queued", add)
+    if added ~= "0" then
+        queued = redis.pcall("INCRBY", count, added)
         if type(queued) == "number" then
-            redis.call("PEXPIRE", at .. "queued", 2 * lease)
+            redis.call("PEXPIRE", count, life)
         else
             bad = true
         end
     elseif period >= 0 then
-        local raw = redis.pcall("GET", at .. "queued")
+        local raw = redis.pcall("GET", count)
         queued = raw and tonumber(raw)
         if raw and not queued then bad = true end
     end

@@ -182,7 +182,8 @@ return "stranded"
 # The DEL first lets the mark through when Redis is over maxmemory (see _SET_EPOCH): a cancel
 # must reach a copy a push cut short by an OOM reply left there. KEYS[6] (optional): the queued
 # count of the job's limit key: a copy taken off its queue comes off it, once per copy (the
-# hybridq_left mark, as a claim's: hybridq.worker.limit_scripts), unless the count expired.
+# hybridq_left mark, as a claim's: hybridq.worker.limit_scripts), unless the count expired (at 0,
+# left there by a claim, it goes to -1: this copy's add is still to come).
 _CANCEL = """
 redis.call("DEL", KEYS[5])
 if redis.call("EXISTS", KEYS[1]) == 1 then

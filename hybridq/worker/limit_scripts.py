@@ -18,7 +18,8 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
   be below zero for a moment. It expires two leases after its last change: a backstop for
-  copies that leave Redis another way (evicted, purged by a refill after a restart).
+  copies that leave Redis another way (evicted, purged by a refill after a restart). A claim
+  that takes it to 0 leaves it with the expiry it had (0 reads as no key; one command fewer).
 
 ``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
 a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
@@ -50,10 +51,10 @@ __all__ = ["LIMIT_LUA"]
 #: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
 #: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
 #: ``limit_renew(lim, token, lease ms, ended, server, ours)`` and ``limit_end(token, kept[, server])``.
-#: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed and the
-#: expiries set: every call of one script call must pass it (an expiry set without it is not
-#: remembered, and a later one it skips would leave that one). With ``redis_run_id()``
-#: (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
+#: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed, the
+#: expiries set, the lapse and lifetime texts: every call of one script call must pass it (an
+#: expiry set without it is not remembered, and a later one it skips would leave that one).
+#: With ``redis_run_id()`` (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
 LIMIT_LUA = (
     RUN_ID_LUA
     + f"""
@@ -70,8 +71,9 @@ local function limit_of(token, slot_only)
     if not key then return nil end
     local at = "{PREFIX}" .. key .. ":"
     if slot_only then return {{run = at .. "run"}} end
+    -- (the starts' name only for a rate: a string made per claim)
     return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = at .. "starts", queued = at .. "queued"}}
+        starts = r ~= "0" and at .. "starts" or nil, queued = at .. "queued"}}
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
@@ -80,6 +82,19 @@ local function limit_now(server)
         server.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
     return server.now
+end
+-- ``now + ms`` (and ``2 * ms + 1000``) as text, made once per script call and ``ms``: a Lua number
+-- passed to a command is printed each time (``%.17g``, about 1k instructions), and a call's runs
+-- share the clock and nearly always the lease.
+local function limit_until(server, ms)
+    local now = limit_now(server)  -- (the call's clock, the same for every run it holds)
+    server.until_ms = server.until_ms or {{}}
+    local t = server.until_ms[ms]
+    if not t then
+        t = {{string.format("%d", now + ms), string.format("%d", 2 * ms + 1000)}}
+        server.until_ms[ms] = t
+    end
+    return t[1], t[2]
 end
 -- When the limits' state began on this server (ms); a new epoch starts now if Redis lost it.
 local function limit_epoch(now, server)
@@ -174,12 +189,11 @@ local function limit_left(lim, job, lease_ms, server)
     if exists and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
-    if redis.call("DECR", lim.queued) == 0 then
-        -- Nothing queued: no key reads the same as 0 (the forwarders' INCRBY makes it again),
-        -- and a count of 0 needs no backstop. One command, not a PTTL and a PEXPIRE.
-        redis.call("DEL", lim.queued)
-        if server and server.expiry then server.expiry[lim.queued] = nil end
-    else
+    -- At 0 nothing more: a count of 0 needs no backstop, and the key already expires (a count
+    -- of 1 had its expiry: the forwarders' INCRBY sets one, as this does below), two leases on
+    -- at most; reading 0 or no key is the same. Not a DEL: one command fewer per job, and the
+    -- forwarders' next add finds the key (docs/benchmarks.md).
+    if redis.call("DECR", lim.queued) ~= 0 then
         limit_expire(lim.queued, 2 * lease_ms, server)
     end
 end
@@ -189,15 +203,16 @@ local function limit_hold(lim, token, lease_ms, job, server)
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
     -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
     -- would have made it.
-    local new = redis.call("ZADD", lim.run, "NX", now + lease_ms, token) == 1
+    local lapse, life = limit_until(server, lease_ms)
+    local new = redis.call("ZADD", lim.run, "NX", lapse, token) == 1
     if not new then
         new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
-        redis.call("ZADD", lim.run, now + lease_ms, token)
+        redis.call("ZADD", lim.run, lapse, token)
     end
     if server.fresh and server.fresh[lim.run] then
         -- The admission found no set: this ZADD made it, with no expiry to keep (no PTTL).
         server.fresh[lim.run] = nil
-        redis.call("PEXPIRE", lim.run, 2 * lease_ms + 1000)
+        redis.call("PEXPIRE", lim.run, life)
         server.expiry = server.expiry or {{}}
         server.expiry[lim.run] = 2 * lease_ms + 1000
     else
@@ -258,15 +273,19 @@ local function limit_end(token, kept, server)
     if not lim then return end
     server = server or {{}}
     redis.call("ZREM", lim.run, token)
-    local key, at = limit_ended_key(kept, limit_now(server))
+    -- The set's name and expiry made once per call and kind (the same instant each time).
+    kept = kept and true or false
+    server.ended = server.ended or {{}}
+    local key = server.ended[kept]
+    local at = nil
+    if not key then
+        key, at = limit_ended_key(kept, limit_now(server))
+        server.ended[kept] = key
+    end
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
     redis.pcall("SADD", key, token)
-    server.ended = server.ended or {{}}
-    if not server.ended[key] then  -- once per set per call (the same instant each time)
-        server.ended[key] = true
-        redis.pcall("PEXPIREAT", key, at)
-    end
+    if at then redis.pcall("PEXPIREAT", key, string.format("%d", at)) end  -- once per set per call
 end
 """
 )

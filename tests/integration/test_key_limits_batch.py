@@ -149,3 +149,50 @@ def test_a_queued_count_taken_through_zero_in_one_start_call_still_expires(redis
     assert [r[0] for r in start(client, items)] == [0, 0, 0]
     assert int(client.get(queued) or 0) == -1
     assert client.pttl(queued) > 0, "below zero: it expires"
+
+
+def test_a_start_sent_again_takes_each_copy_off_the_queued_count_once(redis_server: RedisServer) -> None:
+    """A refused copy and an admitted one, the call sent again (its reply lost): each counted once."""
+    client, items = take_limited(redis_server, 2, "1,0,0,tenant:b9")
+    queued = f"{keys.LIMIT_PREFIX}tenant:b9:queued"
+    client.set(queued, 2, px=60_000)
+    assert [r[0] for r in start(client, items)] == [0, 4]
+    assert [r[0] for r in start(client, items)] == [0, 4]
+    assert int(client.get(queued) or 0) == 0
+    assert all(client.hget(keys.rq_job(i.job_id), "hybridq_left") == b"1" for i in items)
+
+
+def test_runs_of_different_leases_in_one_start_call_each_lapse_at_their_own_lease(
+    redis_server: RedisServer,
+) -> None:
+    # From the review of the per-call texts (limit_until): one made by the clock alone, not by
+    # the lease too, gave a 60 s run a 5 s slot (a second run of the key let in). Fails then.
+    client, items = take_limited(redis_server, 2, "10,0,0,tenant:lz", leases=[5.0, 60.0])
+    assert [r[0] for r in start(client, items)] == [0, 0]
+    run = f"{keys.LIMIT_PREFIX}tenant:lz:run"
+    scores = {i.run.claim_args[1]: client.zscore(run, token(i)) for i in items}
+    short, long_ = (scores[k] for k in sorted(scores))
+    assert short is not None
+    assert long_ is not None
+    assert long_ - short == 55_000, scores  # the same clock: each its own lease ahead
+
+
+def test_a_kept_end_and_a_plain_end_in_one_end_call_go_to_their_own_sets(redis_server: RedisServer) -> None:
+    # From the same review: the ended set's name made once per call, by kind (the minute's and
+    # the hour's): one name for both put a kept end in the minute's set (a late renewal then
+    # took its slot back after a minute). Fails then.
+    client, items = take_limited(redis_server, 2, "10,0,0,tenant:ek")
+    assert [r[0] for r in start(client, items)] == [0, 0]
+    a = items[0]
+    later = f"{a.job_id}/2/host-2/bbbb#L10,0,0,tenant:ek"
+    stored = f'{{"outcome":"succeeded","job_id":"{a.job_id}","attempt":2,"requeue":0,"token":"{later}"}}'
+    client.set(str(a.run.claim_keys[0]), stored)  # a later attempt's success: a's outcome keeps it
+    end(client, items)
+    sets = {k.decode(): client.smembers(k) for k in client.keys(f"{keys.LIMITS_ENDED}:*")}
+    hour = set().union(*[v for k, v in sets.items() if ":h" in k])
+    minute = set().union(*[v for k, v in sets.items() if ":m" in k])
+    assert token(a) in hour, sets
+    assert token(a) not in minute, sets
+    assert token(items[1]) in minute, sets
+    assert token(items[1]) not in hour, sets
+    assert all(client.pttl(k) > 0 for k in sets), "each set expires"
