@@ -47,6 +47,7 @@ from hybridq.ledger.checkpoint import EPOCHS_KEPT, Checkpoint, Held, load_checkp
 from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.saved_index import IndexSaver, resume
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.lookup.pending import PendingTracker
@@ -125,8 +126,10 @@ class ForwarderState:
         # Tails only: load_index and read_keys read every record after, each checked as read.
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal), tails_only=True)
-        # The index saved at the last stop (or the last save before a crash), then what follows.
-        self.index, read, _ = resume(self.journal, self.compacted)
+        # The index saved at the last stop (or the last save before a crash), then what follows;
+        # the key owners in their table on disk (hybridq.ledger.keytable).
+        self.index.keys.close()
+        self.index, read, _ = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
         self._saver = IndexSaver(self.journal, read)
         self.keys.load(self.index)
         self.forget_keys()
@@ -194,6 +197,7 @@ class ForwarderState:
             self._writer = None
             self._stats.sealed_ledger()
         self.keys.close()
+        self.index.keys.close()
         with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 
@@ -359,6 +363,7 @@ class ForwarderState:
         if self.on_append is not None:
             self.on_append(entries, last.writer_id, end)
         unchanged = [entry for entry in entries if not self.index.apply(entry)] if apply else []
+        self.index.keys.commit()  # the key owners this append changed: one transaction (no fsync)
         self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []

@@ -41,6 +41,7 @@ from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex, shared
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import gone, ledger_dir, replay
 
@@ -61,7 +62,8 @@ log = logging.getLogger("hybridq.ledger")
 
 #: The state file (``<journal>/ledger-index.state``).
 SAVED_INDEX_NAME = "ledger-index"
-_VERSION = 1
+#: 2: the key owners left out (they are in the key table), its id and generation in.
+_VERSION = 2
 #: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
 SAVE_EVERY = 20_000
 
@@ -78,6 +80,9 @@ class Saved:
     #: Per ledger chain it covers, the chain's first segment when it was made: a segment deleted
     #: since (ledger compaction) may have held keys the index still has without their window.
     first: dict[str, int]
+    #: The key table (:mod:`hybridq.ledger.keytable`) holding the key owners it covers: its id
+    #: and the generation it was marked with before this was written.
+    keys_table: tuple[str, int] = ("", 0)
 
 
 def encode(
@@ -85,11 +90,12 @@ def encode(
     covered: Mapping[str, ChainPosition],
     through: Mapping[str, int],
     first: Mapping[str, int],
+    keys_table: tuple[str, int] = ("", 0),
 ) -> bytes:
     """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
 
-    Keys with a window (``until``) are left out: they came from the key store, which every start
-    replays after the ledger.
+    The key owners are left out: they are in the key table ``keys_table`` names (its id and the
+    generation it was marked with), which must be found again to trust this file.
     """
     terminal = []
     for (writer, segment), done in index.terminal.items():
@@ -107,19 +113,22 @@ def encode(
         "later": [[*loc, n, since] for loc, (n, since) in index.later.items()],
         "requeued": [list(loc) for loc in index.requeued],
         "failed": [_body(e) for e in index.failed.values()],
-        "keys": [_body(e) for e in index.keys.values() if e.until is None],
+        "keys_table": list(keys_table),
         "duplicates": [_body(e) for e in index.duplicates.values()],
         "cancels": [_body(e) for e in index.cancels.values()],
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode(raw: bytes) -> Saved:
-    """Inverse of :func:`encode`; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed."""
+def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
+    """Inverse of :func:`encode`; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed.
+
+    ``keys``: the key table the index gets (a new one in memory without it).
+    """
     body = json.loads(raw)
     if body["v"] != _VERSION:
         raise ValueError(f"version {body['v']!r}")
-    index = LedgerIndex()
+    index = LedgerIndex() if keys is None else LedgerIndex(keys=keys)
     for writer, segment, by_outcome in body["terminal"]:
         groups: dict[str, list[int]] = {}
         for outcome, offsets in by_outcome.items():
@@ -143,13 +152,13 @@ def decode(raw: bytes) -> Saved:
         index.later[str(w), int(s), int(o)] = (int(n), float(since))
     index.requeued = {(str(w), int(s), int(o)) for w, s, o in body["requeued"]}
     index.failed = {e.loc: e for e in map(Entry.from_body, body["failed"])}
-    for entry in map(Entry.from_body, body["keys"]):
-        index.apply(entry)
     index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
     index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
     covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
     through = {str(w): int(i) for w, i in body["through"].items()}
-    return Saved(index, covered, through, {str(w): int(i) for w, i in body["first"].items()})
+    table_id, generation = body["keys_table"]
+    first = {str(w): int(i) for w, i in body["first"].items()}
+    return Saved(index, covered, through, first, (str(table_id), int(generation)))
 
 
 def save(
@@ -165,7 +174,9 @@ def save(
     chains = list_chains(path) if os.path.isdir(path) else {}
     kept = {writer: at for writer, at in covered.items() if writer in chains}
     first = {writer: chains[writer][0] for writer in kept}
-    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first), fileops=ops)
+    keys_table = index.keys.mark()  # durable before the file that vouches for it
+    crashpoints.reached("index_keys_marked")
+    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first, keys_table), fileops=ops)
     crashpoints.reached("index_after_save")
     return kept
 
@@ -185,23 +196,36 @@ def forget(journal: str) -> None:
         os.unlink(os.path.join(journal, SAVED_INDEX_NAME + ".state"))
 
 
-def load(journal: str) -> Saved | None:
-    """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay)."""
+def load(journal: str, keys: KeyTable | None = None) -> Saved | None:
+    """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay).
+
+    ``keys``: the key table its index gets (see :func:`decode`).
+    """
     try:
         raw = read_state(journal, SAVED_INDEX_NAME)
-        return None if raw is None else decode(raw)
+        return None if raw is None else decode(raw, keys)
     except Exception as exc:
         log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
         return None
 
 
-def resume(journal: str, compacted: Compacted) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
+def resume(
+    journal: str, compacted: Compacted, keys: KeyTable | None = None
+) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
     """The ledger's index (what :func:`~hybridq.ledger.store.load_index` gives), from the saved one.
 
-    Returns the index, where each ledger chain ended as read, and how many chains were replayed
-    from a saved position (0: none was usable, the whole ledger was replayed).
+    ``keys``: the key table the index gets (the journal's, :meth:`KeyTable.in_journal`, without
+    it); the saved index is used only
+    if the table holds every key owner it covers (:meth:`KeyTable.trusts`), else the table is
+    emptied and the whole ledger replayed into it. Returns the index, where each ledger chain
+    ended as read, and how many chains were replayed from a saved position (0: none was usable,
+    the whole ledger was replayed).
     """
-    saved = load(journal)
+    keys = KeyTable.in_journal(journal) if keys is None else keys
+    saved = load(journal, keys)
+    if saved is not None and not keys.trusts(*saved.keys_table):
+        log.warning("ignoring the saved ledger index: the key table is not the one it was saved with")
+        saved = None
     since = None if saved is None else _usable(journal, saved, compacted)
     if saved is not None and since is not None:
         _compacted_since(saved.index, compacted, list_chains(journal))
@@ -209,7 +233,8 @@ def resume(journal: str, compacted: Compacted) -> tuple[LedgerIndex, dict[str, C
             return saved.index, replay(journal, saved.index, compacted, since), len(since)
         except JournalCorruption as exc:
             log.warning("the ledger changed under its saved index (the whole ledger is replayed): %s", exc)
-    index = LedgerIndex()
+    keys.clear()
+    index = LedgerIndex(keys=keys)
     return index, replay(journal, index, compacted), 0
 
 

@@ -1,0 +1,258 @@
+"""Who owns each explicit idempotency key: a table on disk, not a dict in memory (issue 29).
+
+Enqueue-if-absent (docs/enqueue.md) needs, per explicit key, its owner: the ``key`` ledger entry
+of the newest job that took it. Kept in memory, that was about 0.5 KB per pending keyed job. The
+forwarder keeps it in a SQLite file beside its saved index, ``<journal>/ledger-keys.sqlite``
+(WAL, 0600): a derived cache of the ledger's ``key`` entries and of the key store
+(``<journal>/keys/``), which stay the durable truth. It sits in the ledger layer, not in the
+run table's file: it is part of the ledger's index, loaded and saved with it
+(:mod:`hybridq.ledger.saved_index`), and a run table lost or rebuilt must not take it along.
+Other readers of the ledger (doctor, lookups) get the same table in memory (``:memory:``).
+
+The rules that keep an owner from being missed (docs/reliability.md, "The key table"):
+
+* **Max-merge.** A row changes only to an entry newer by ``(at, loc, until)`` (as
+  :meth:`~hybridq.ledger.index.LedgerIndex.apply` folds ``key`` entries): applying entries again,
+  in any order, gives the same table, so a replay over it repairs it.
+* **One transaction per step.** Rows are written after their ledger append is durable and
+  committed once per append (:meth:`commit`, no fsync: a process crash keeps them; a power loss
+  may lose the last ones, whose ledger records the next start replays).
+* **A generation.** Before the saved index is written, :meth:`mark` commits a higher generation
+  with fsync (and every row before it); the saved index records the table's id and that
+  generation. A start trusts the table only if its id is the saved one's and its generation at
+  least the saved one (a crash between the two leaves the table ahead, which is fine: it holds
+  at least what the saved index covers); otherwise (missing, damaged, another table, older) it
+  empties it and replays the whole ledger.
+* **Deletions re-converge.** Only keys past their window are deleted (:meth:`forget_expired`);
+  a deletion lost in a crash is done again by the next start's forget.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import uuid
+from collections.abc import Mapping
+
+from hybridq import crashpoints
+from hybridq.ledger.entries import Entry
+from hybridq.protocol import EntryKind
+
+__all__ = ["KEYS_TABLE_FILE", "KeyTable"]
+
+log = logging.getLogger("hybridq.ledger")
+
+#: The table's file in the journal directory.
+KEYS_TABLE_FILE = "ledger-keys.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY, at REAL NOT NULL, chain TEXT NOT NULL, seg INTEGER NOT NULL,
+    off INTEGER NOT NULL, until REAL, job_id TEXT NOT NULL, outcome TEXT, queue TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS keys_until ON keys (until) WHERE until IS NOT NULL;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+# The newest entry wins (LedgerIndex._own_key's order): a row is replaced only by a newer one.
+_OWN = """
+INSERT INTO keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET
+    at = excluded.at, chain = excluded.chain, seg = excluded.seg, off = excluded.off,
+    until = excluded.until, job_id = excluded.job_id, outcome = excluded.outcome,
+    queue = excluded.queue
+WHERE (excluded.at, excluded.chain, excluded.seg, excluded.off, coalesce(excluded.until, 0.0))
+    > (keys.at, keys.chain, keys.seg, keys.off, coalesce(keys.until, 0.0))
+"""
+_GET = "SELECT at, chain, seg, off, until, job_id, outcome, queue FROM keys WHERE key = ?"
+
+
+class KeyTable:
+    """The owners of explicit idempotency keys (see module docstring).
+
+    Args:
+        path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
+            or ``None`` for a table in memory (never trusted by a saved index).
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.id = ""
+        self.generation = 0
+        self._db = self._open()
+
+    @classmethod
+    def in_journal(cls, journal: str) -> KeyTable:
+        """The forwarder's table of a journal directory."""
+        return cls(os.path.join(journal, KEYS_TABLE_FILE))
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path is None:
+            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            db.executescript(_SCHEMA)
+            return db
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as exc:
+            log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
+            self._unlink()
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        assert self.path is not None
+        if not os.path.exists(self.path):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # mark() fsyncs; a step's commit need not
+            db.executescript(_SCHEMA)
+            checked = db.execute("PRAGMA quick_check").fetchone()[0]
+            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        if checked != "ok":
+            db.close()
+            raise sqlite3.DatabaseError(f"quick_check: {checked}")
+        if "id" not in meta:  # new: nothing saved can vouch for it
+            meta = {"id": uuid.uuid4().hex, "gen": "0"}
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
+        self.id, self.generation = meta["id"], int(meta["gen"])
+        return db
+
+    def _unlink(self) -> None:
+        assert self.path is not None
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Entry | None:
+        """The ``key`` entry of the job owning ``key`` (``None``: nobody owns it)."""
+        row = self._db.execute(_GET, (key,)).fetchone()
+        if row is None:
+            return None
+        at, chain, seg, off, until, job_id, outcome, queue = row
+        return Entry(
+            EntryKind.KEY,
+            job_id,
+            (chain, seg, off),
+            key=key,
+            at=at,
+            until=until,
+            outcome=outcome,
+            queue=queue,
+        )
+
+    def items(self) -> list[tuple[str, Entry]]:
+        """Every key and its owner's entry (tests, and a look at a small table: O(keys))."""
+        keys = [key for (key,) in self._db.execute("SELECT key FROM keys ORDER BY key")]
+        return [(key, entry) for key in keys if (entry := self.get(key)) is not None]
+
+    def __eq__(self, other: object) -> bool:
+        """The same owners (another table's, or a mapping's): what the tests compare."""
+        if isinstance(other, KeyTable):
+            return self.items() == other.items()
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
+
+    def windowed(self) -> int:
+        """How many keys have a window (their job finished, its segment compacted)."""
+        return int(self._db.execute("SELECT count(*) FROM keys WHERE until IS NOT NULL").fetchone()[0])
+
+    def trusts(self, table_id: str, generation: int) -> bool:
+        """Whether this table holds every owner a saved index of ``table_id``/``generation`` covers."""
+        return self.path is not None and table_id == self.id and self.generation >= generation
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def own(self, entry: Entry) -> bool:
+        """Make ``entry``'s job the owner of its key if it is newer; whether it changed anything."""
+        if entry.key is None:
+            return False
+        self._begin()
+        loc = entry.loc
+        row = (entry.key, entry.at, *loc, entry.until, entry.job_id, entry.outcome, entry.queue)
+        return self._db.execute(_OWN, row).rowcount > 0
+
+    def forget(self, key: str) -> None:
+        """Forget who owns ``key``."""
+        self._begin()
+        self._db.execute("DELETE FROM keys WHERE key = ?", (key,))
+
+    def forget_expired(self, now: float, most: int | None = None) -> int:
+        """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
+
+        Only keys with a window count. Committed (no fsync). Returns how many were forgotten.
+        """
+        self._begin()
+        gone = self._db.execute("DELETE FROM keys WHERE until IS NOT NULL AND until < ?", (now,)).rowcount
+        if most is not None:
+            excess = self.windowed() - most
+            if excess > 0:
+                gone += self._db.execute(
+                    "DELETE FROM keys WHERE key IN (SELECT key FROM keys WHERE until IS NOT NULL"
+                    " ORDER BY until LIMIT ?)",
+                    (excess,),
+                ).rowcount
+        self.commit()
+        return int(gone)
+
+    def clear(self) -> None:
+        """Drop every row (a full replay of the ledger follows), under a new id.
+
+        No saved index made before can vouch for the table again.
+        """
+        self._begin()
+        self._db.execute("DELETE FROM keys")
+        if self.path is not None:
+            self.id, self.generation = uuid.uuid4().hex, 0
+            meta = [("id", self.id), ("gen", "0")]
+            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta)
+        self.commit()
+
+    def commit(self) -> None:
+        """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
+        if self._db.in_transaction:
+            crashpoints.reached("keys_before_commit")
+            self._db.execute("COMMIT")
+
+    def mark(self) -> tuple[str, int]:
+        """Commit every row and a new generation, with fsync; returns (table id, generation).
+
+        Called before a saved index that records them is written.
+        """
+        self.commit()
+        generation = self.generation + 1
+        if self.path is not None:
+            self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                self._db.execute("UPDATE meta SET value = ? WHERE name = 'gen'", (str(generation),))
+            finally:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+        self.generation = generation
+        return self.id, generation
+
+    def close(self) -> None:
+        """Commit and close (idempotent)."""
+        with contextlib.suppress(sqlite3.ProgrammingError):  # closed already
+            self.commit()
+            self._db.close()
+
+    def _begin(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN")
