@@ -199,7 +199,6 @@ class KeyTable:
 
         Only keys with a window count. Committed (no fsync). Returns how many were forgotten.
         """
-        self._begin()
         gone = self._db.execute("DELETE FROM keys WHERE until IS NOT NULL AND until < ?", (now,)).rowcount
         if most is not None:
             excess = self.windowed() - most
