@@ -27,11 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import redis
-
 from bench.backlog import _rss_mb, _server
 from hybridq import Queue
 from hybridq.envelope.model import Envelope
@@ -139,6 +137,10 @@ def main() -> None:
         per_job = [admit(tmp, min(args.jobs, 50_000)) for _ in range(args.runs)]
         print(f"admit: {statistics.median(per_job) * 1e6:.1f} us per keyed job (median of {args.runs})")
         journal = os.path.join(tmp, "journal")
+        table = os.path.join(journal, "ledger-keys.sqlite")
+        if os.path.exists(table):
+            size = sum(os.path.getsize(table + s) for s in ("", "-wal") if os.path.exists(table + s))
+            print(f"key table: {size / 2**20:.1f} MB on disk ({size / args.jobs:.0f} bytes a key)")
         saved, full = [], []
         for _ in range(args.runs):
             saved.append(start(journal, saved=True))

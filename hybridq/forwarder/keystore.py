@@ -68,7 +68,6 @@ class KeyStore:
         for rid, entry in zip(ids, entries, strict=True):
             index.apply(entry)
             self._note_key_segment((rid.writer_id, rid.segment), entry)
-        index.keys.commit()
 
     def close(self) -> None:
         """Close this forwarder's chain, if it wrote one (idempotent)."""

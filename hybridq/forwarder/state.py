@@ -363,7 +363,6 @@ class ForwarderState:
         if self.on_append is not None:
             self.on_append(entries, last.writer_id, end)
         unchanged = [entry for entry in entries if not self.index.apply(entry)] if apply else []
-        self.index.keys.commit()  # the key owners this append changed: one transaction (no fsync)
         self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []
