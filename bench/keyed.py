@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import tempfile
 import time
 
 import redis
-from bench.backlog import _rss_mb, _server
+from bench.backlog import _rss_mb, _server, indexed
 from hybridq import Queue
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
@@ -72,14 +71,8 @@ def rss(run: str, n: int) -> tuple[float, float]:
                 if time.monotonic() - started > indexed_s + 2.0:
                     break
                 continue
-            with contextlib.suppress(sqlite3.Error, redis.RedisError):
-                db = sqlite3.connect(f"file:{table}?mode=ro", uri=True)
-                try:
-                    waiting = db.execute("SELECT count(*) FROM runs").fetchone()[0]
-                finally:
-                    db.close()
-                if waiting + int(client.llen("rq:queue:default")) >= n:
-                    indexed_s = time.monotonic() - started
+            if indexed(table, client) >= n:
+                indexed_s = time.monotonic() - started
     finally:
         proc.terminate()  # a clean stop: the index saved for the start runs
         proc.wait(120)

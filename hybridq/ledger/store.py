@@ -177,7 +177,8 @@ def _decoded(records: Iterable[Record]) -> Iterator[tuple[Record, Entry]]:
 def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
     """The index of the whole ledger; of compacted journal segments, only failures still listed."""
     index = LedgerIndex()
-    replay(journal, index, compacted)
+    with index.keys.bulk():  # its key owners written in key order, many at a time
+        replay(journal, index, compacted)
     return index
 
 
