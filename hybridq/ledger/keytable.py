@@ -34,21 +34,48 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import logging
 import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from hybridq import crashpoints
+from hybridq.errors import JournalIOError
 from hybridq.ledger.entries import Entry
 from hybridq.protocol import EntryKind
 
 __all__ = ["KEYS_TABLE_FILE", "KeyTable"]
 
 log = logging.getLogger("hybridq.ledger")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _mapped(method: Callable[P, R]) -> Callable[P, R]:
+    """SQLite's errors as the journal's, and always EIO: the forwarder stops, never retries.
+
+    A failed statement or commit may roll the open transaction back: the rows of this run are
+    then not all there, so a step retried in this run could miss an owner. The next start
+    replays the ledger after the saved index into the table (docs/reliability.md, the key
+    table), as it does after a crash. A full disk therefore stops the forwarder here (the run
+    table's full disk is a pause).
+    """
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
+
+    return call
+
 
 #: The table's file in the journal directory.
 KEYS_TABLE_FILE = "ledger-keys.sqlite"
@@ -142,6 +169,7 @@ class KeyTable:
 
     # -- reading ------------------------------------------------------------------------------
 
+    @_mapped
     def get(self, key: str) -> Entry | None:
         """The ``key`` entry of the job owning ``key`` (``None``: nobody owns it)."""
         self._settle()
@@ -194,6 +222,7 @@ class KeyTable:
 
     # -- writing ------------------------------------------------------------------------------
 
+    @_mapped
     def own(self, entry: Entry) -> bool:
         """Make ``entry``'s job the owner of its key if it is newer; whether it changed anything."""
         if entry.key is None:
@@ -237,12 +266,14 @@ class KeyTable:
             self._db.execute("BEGIN")
         self._written += rows
 
+    @_mapped
     def forget(self, key: str) -> None:
         """Forget who owns ``key``."""
         self._settle()
         self._begin()
         self._db.execute("DELETE FROM keys WHERE key = ?", (key,))
 
+    @_mapped
     def forget_expired(self, now: float, most: int | None = None) -> int:
         """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
 
@@ -277,6 +308,7 @@ class KeyTable:
         self._written = 0
         self._db = self._connect()
 
+    @_mapped
     def commit(self) -> None:
         """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
         self._settle()
@@ -285,6 +317,7 @@ class KeyTable:
             crashpoints.reached("keys_before_commit")
             self._db.execute("COMMIT")
 
+    @_mapped
     def mark(self) -> tuple[str, int]:
         """Commit every row and a new generation, with fsync; returns (table id, generation).
 
