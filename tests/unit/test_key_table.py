@@ -193,3 +193,18 @@ def test_memory_per_pending_keyed_job_is_constant(tmp_path: Path) -> None:
     finally:
         state.close()
     assert grown / KEYED_JOBS < BOUND, f"{grown / KEYED_JOBS:.0f} bytes per pending keyed job"
+
+
+def test_an_sqlite_error_is_a_journal_io_error_that_stops_the_forwarder(tmp_path: Path) -> None:
+    """Not a disk-full pause: a failed statement may have rolled the run's rows back."""
+    import errno
+
+    from hybridq.errors import JournalIOError
+
+    table = KeyTable(str(tmp_path / KEYS_TABLE_FILE))
+    table._db.close()  # any SQLite error will do
+    with pytest.raises(JournalIOError) as raised:
+        table.own(Entry("key", "a", ("w", 0, 32), key="k", at=1.0))
+    assert raised.value.errno == errno.EIO
+    with pytest.raises(JournalIOError):
+        table.get("k")
