@@ -110,8 +110,12 @@ class Admission:
 
         now = self.state.config.clock()
         done: list[Entry] = []
+        owners: dict[str, Entry | None] = {}  # one lookup per key (a table on disk)
         for loc, dup in index.duplicates.items():
-            owner = index.keys.get(dup.key or "")
+            key = dup.key or ""
+            if key not in owners:
+                owners[key] = index.keys.get(key)
+            owner = owners[key]
             # No owner cannot happen: a key is forgotten only a window after its job finished, and
             # its duplicates are settled the step it finishes.
             outcome = "succeeded" if owner is None else index.owner_outcome(owner, gone)
