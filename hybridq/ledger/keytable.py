@@ -116,6 +116,7 @@ class KeyTable:
         self.path = path
         self.id = ""
         self.generation = 0
+        self._closed = False
         #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
         self._written = 0
         self._bulk: list[tuple[Any, ...]] | None = None
@@ -336,6 +337,9 @@ class KeyTable:
 
     def close(self) -> None:
         """Commit and close (idempotent)."""
-        with contextlib.suppress(sqlite3.ProgrammingError):  # closed already
-            self.commit()
-            self._db.close()
+        if not self._closed:
+            self._closed = True
+            try:
+                self.commit()
+            finally:
+                self._db.close()
