@@ -71,6 +71,11 @@ def _mapped(method: Callable[P, R]) -> Callable[P, R]:
         try:
             return method(*args, **kwargs)
         except sqlite3.Error as exc:
+            # Poisoned: rows of this run may be gone, so no mark (and no saved index) may vouch
+            # for the table again in this run; the next start replays what it lost.
+            table = args[0]
+            assert isinstance(table, KeyTable)
+            table.failed = True
             cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
             raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
 
@@ -117,6 +122,8 @@ class KeyTable:
         self.id = ""
         self.generation = 0
         self._closed = False
+        #: Set by any SQLite error (see :func:`_mapped`): :meth:`mark` refuses from then on.
+        self.failed = False
         #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
         self._written = 0
         self._bulk: list[tuple[Any, ...]] | None = None
@@ -322,8 +329,15 @@ class KeyTable:
     def mark(self) -> tuple[str, int]:
         """Commit every row and a new generation, with fsync; returns (table id, generation).
 
-        Called before a saved index that records them is written.
+        Called before a saved index that records them is written. Refused (``JournalIOError``)
+        once an SQLite error poisoned the table (:attr:`failed`): its open transaction may have
+        been rolled back, and the next start must replay what it lost.
         """
+        if self.failed:
+            cause = OSError(
+                errno.EIO, "an earlier error may have lost rows (docs/reliability.md, the key table)"
+            )
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
         self.commit()
         generation = self.generation + 1
         if self.path is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq import crashpoints
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, read_seal
@@ -339,7 +339,11 @@ class IndexSaver:
 
     def due(self, index: LedgerIndex) -> bool:
         """Whether enough entries were appended since the last save, or :meth:`soon` was called."""
-        return not self.broken and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+        return (
+            not self.broken
+            and not index.keys.failed
+            and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+        )
 
     def soon(self) -> None:
         """Save at the next chance: ledger segments were deleted (the saved index no longer fits)."""
@@ -347,11 +351,11 @@ class IndexSaver:
 
     def save(self, index: LedgerIndex, compacted: Compacted) -> None:
         """Save ``index`` (a failure only leaves the previous one: a longer replay, logged)."""
-        if self.broken:
+        if self.broken or index.keys.failed:  # a poisoned key table: the next start replays
             return
         try:
             self.covered = save(self.journal, index, self.covered, compacted.through)
-        except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
+        except (OSError, ValueError, JournalIOError) as exc:  # ValueError: over a state file's size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
             return
         self.unsaved, self._soon = 0, False
