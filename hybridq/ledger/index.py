@@ -51,6 +51,9 @@ class LedgerIndex:
     keys: KeyTable = field(default_factory=KeyTable)
     #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
     duplicates: dict[Loc, Entry] = field(default_factory=dict)
+    #: The owners of the keys of pending duplicates, as last read from :attr:`keys` (the
+    #: forwarder's settle: a dict lookup per duplicate, not a query); a key entry drops its key.
+    dup_owners: dict[str, Entry] = field(default_factory=dict)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
@@ -186,6 +189,8 @@ class LedgerIndex:
         Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
         the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
         """
+        if self.dup_owners and entry.key is not None:
+            self.dup_owners.pop(entry.key, None)  # read again from the table if still wanted
         return self.keys.own(entry)
 
     def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:

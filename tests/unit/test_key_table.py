@@ -208,3 +208,39 @@ def test_an_sqlite_error_is_a_journal_io_error_that_stops_the_forwarder(tmp_path
     assert raised.value.errno == errno.EIO
     with pytest.raises(JournalIOError):
         table.get("k")
+
+
+def test_settle_reads_each_pending_duplicates_owner_from_the_table_once(tmp_path: Path) -> None:
+    """Not a query per pending duplicate on every delivered batch (fails before: 3 per settle)."""
+    from hybridq.ledger.entries import Entry as LedgerEntry
+    from hybridq.protocol import EntryKind
+
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        admission = Admission(state)
+        for i in range(3):
+            assert admission.admit(_env(f"o{i}", f"k{i}"), (writer, 1, 32 + i))
+        admission.flush()
+        for i in range(3):
+            assert not admission.admit(_env(f"d{i}", f"k{i}"), (writer, 2, 32 + i))
+        admission.flush()  # settles once: the owners read
+        reads = []
+        real_get = state.index.keys.get
+        state.index.keys.get = lambda key: reads.append(key) or real_get(key)  # type: ignore[method-assign]
+        admission.settle()
+        admission.settle()
+        assert reads == []
+        assert len(state.index.duplicates) == 3
+        state.append([LedgerEntry(EntryKind.DONE, "o1", (writer, 1, 33), outcome="failed", at=1.0)])
+        admission.settle()
+        assert reads == []
+        assert sorted(loc[2] for loc in state.index.duplicates) == [32, 34]
+        assert state.index.outcome((writer, 2, 33)) == "failed"
+    finally:
+        state.close()
+
+
+def _env(job_id: str, key: str) -> Envelope:
+    return Envelope(id=job_id, func="m.f", queue="q", idempotency_key=key, created_at=0.0)
