@@ -148,8 +148,9 @@ class KeyTable:
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
-        if not os.path.exists(self.path):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        # Never through a symlink (OSError ELOOP), as every journal file (docs/journal-format.md);
+        # private: SQLite makes its -wal and -shm files with the file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")

@@ -244,3 +244,18 @@ def test_settle_reads_each_pending_duplicates_owner_from_the_table_once(tmp_path
 
 def _env(job_id: str, key: str) -> Envelope:
     return Envelope(id=job_id, func="m.f", queue="q", idempotency_key=key, created_at=0.0)
+
+
+def test_a_symlinked_table_is_refused_not_written_through(tmp_path: Path) -> None:
+    """As every journal file (O_NOFOLLOW): fails before, a row lands in the link's target."""
+    import errno
+
+    elsewhere = tmp_path / "elsewhere.sqlite"
+    KeyTable(str(elsewhere)).close()
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / KEYS_TABLE_FILE).symlink_to(elsewhere)
+    with pytest.raises(OSError) as raised:
+        KeyTable.in_journal(str(journal))
+    assert raised.value.errno == errno.ELOOP
+    assert len(KeyTable(str(elsewhere))) == 0
