@@ -217,10 +217,6 @@ class LedgerIndex:
         """
         return self.keys.forget_expired(now, most)
 
-    def forget_key(self, key: str) -> None:
-        """Forget who owns ``key``."""
-        self.keys.forget(key)
-
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""
         done = self.terminal.pop(seg, None)

@@ -141,6 +141,9 @@ class KeyTable:
             return db
         try:
             return self._connect()
+        except sqlite3.OperationalError as exc:  # locked, read-only, unable to open: not damage
+            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
         except sqlite3.DatabaseError as exc:
             log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
             self._unlink()
@@ -197,6 +200,7 @@ class KeyTable:
             queue=queue,
         )
 
+    @_mapped
     def items(self) -> list[tuple[str, Entry]]:
         """Every key and its owner's entry (tests, and a look at a small table: O(keys))."""
         self._settle()
@@ -216,10 +220,12 @@ class KeyTable:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key) is not None
 
+    @_mapped
     def __len__(self) -> int:
         self._settle()
         return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
+    @_mapped
     def windowed(self) -> int:
         """How many keys have a window (their job finished, its segment compacted)."""
         self._settle()
@@ -257,9 +263,12 @@ class KeyTable:
         try:
             yield
         finally:
-            self._settle()
-            self._bulk = None
+            try:
+                self._settle()
+            finally:
+                self._bulk = None
 
+    @_mapped
     def _settle(self) -> None:
         """Write the rows :meth:`bulk` keeps (before anything reads the table)."""
         if self._bulk:
@@ -274,13 +283,6 @@ class KeyTable:
         if not self._db.in_transaction:
             self._db.execute("BEGIN")
         self._written += rows
-
-    @_mapped
-    def forget(self, key: str) -> None:
-        """Forget who owns ``key``."""
-        self._settle()
-        self._begin()
-        self._db.execute("DELETE FROM keys WHERE key = ?", (key,))
 
     @_mapped
     def forget_expired(self, now: float, most: int | None = None) -> int:
@@ -301,6 +303,7 @@ class KeyTable:
                 ).rowcount
         return int(gone)
 
+    @_mapped
     def clear(self) -> None:
         """Drop every row (a full replay of the ledger follows), under a new id.
 

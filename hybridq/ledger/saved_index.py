@@ -210,18 +210,18 @@ def load(journal: str, keys: KeyTable | None = None) -> Saved | None:
 
 
 def resume(
-    journal: str, compacted: Compacted, keys: KeyTable | None = None
+    journal: str, compacted: Compacted, keys: KeyTable
 ) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
     """The ledger's index (what :func:`~hybridq.ledger.store.load_index` gives), from the saved one.
 
-    ``keys``: the key table the index gets (the journal's, :meth:`KeyTable.in_journal`, without
-    it); the saved index is used only
-    if the table holds every key owner it covers (:meth:`KeyTable.trusts`), else the table is
-    emptied and the whole ledger replayed into it. Returns the index, where each ledger chain
-    ended as read, and how many chains were replayed from a saved position (0: none was usable,
-    the whole ledger was replayed).
+    ``keys``: the key table the index gets (the forwarder passes the journal's,
+    :meth:`KeyTable.in_journal`; a full replay empties it, so no other reader may pass that
+    one while a forwarder runs); the saved index is used only if the table holds every key
+    owner it covers (:meth:`KeyTable.trusts`), else the table is emptied and the whole ledger
+    replayed into it. Returns the index, where each ledger chain ended as read, and how many
+    chains were replayed from a saved position (0: none was usable, the whole ledger was
+    replayed).
     """
-    keys = KeyTable.in_journal(journal) if keys is None else keys
     saved = load(journal, keys)
     if saved is not None and not keys.trusts(*saved.keys_table):
         log.warning("ignoring the saved ledger index: the key table is not the one it was saved with")

@@ -76,7 +76,7 @@ def test_resuming_from_a_saved_index_gives_the_full_replay(tmp_path: Path, seed:
     for chain in [*chains, late]:
         chain.close()
     after = Compacted(through={writer: 1}) if seed % 2 else before
-    index, _, resumed = saved_index.resume(journal, after)
+    index, _, resumed = saved_index.resume(journal, after, KeyTable.in_journal(journal))
     assert resumed == 2
     full = load_index(journal, after)
     if after != before:
@@ -131,10 +131,10 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
     fresh = Compacted() if damage == "compaction undone" else compacted
     if damage == "truncated":  # not trusted: the full replay reports the damage, as without it
         with pytest.raises(JournalCorruption):
-            saved_index.resume(journal, fresh)
+            saved_index.resume(journal, fresh, KeyTable.in_journal(journal))
         assert "does not reach its position" in caplog.text
         return
-    index, _, resumed = saved_index.resume(journal, fresh)
+    index, _, resumed = saved_index.resume(journal, fresh, KeyTable.in_journal(journal))
     assert resumed == 0
     assert index == load_index(journal, fresh)
     assert "ignoring the saved ledger index" in caplog.text
@@ -155,7 +155,7 @@ def test_the_forwarder_saves_its_index_at_a_stop_and_the_next_start_resumes_from
     try:
         assert second.index == load_index(journal, Compacted())
         assert second.index.terminal_count > 0
-        _, _, resumed = saved_index.resume(journal, Compacted())
+        _, _, resumed = saved_index.resume(journal, Compacted(), KeyTable.in_journal(journal))
         assert resumed == 1
     finally:
         second.close()
