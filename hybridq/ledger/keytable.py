@@ -49,7 +49,7 @@ from hybridq.errors import JournalIOError
 from hybridq.ledger.entries import Entry
 from hybridq.protocol import EntryKind
 
-__all__ = ["KEYS_TABLE_FILE", "KeyTable"]
+__all__ = ["KEYS_TABLE_FILE", "KeyTable", "UnreadKeys"]
 
 log = logging.getLogger("hybridq.ledger")
 P = ParamSpec("P")
@@ -361,3 +361,19 @@ class KeyTable:
                 self.commit()
             finally:
                 self._db.close()
+
+
+class UnreadKeys(KeyTable):
+    """The key table of a reader that never looks at key owners: it keeps none.
+
+    ``load_index(..., keys=False)`` (job status, doctor, the failed list, cancels, ops status):
+    their index costs no SQLite row per key entry (about 6 µs each, 0.4 µs before the table).
+    """
+
+    def own(self, entry: Entry) -> bool:
+        """Keep nothing (whether the entry has a key, as if it were kept)."""
+        return entry.key is not None
+
+    def get(self, key: str) -> Entry | None:  # noqa: ARG002
+        """Refused: this index does not know the owners."""
+        raise RuntimeError("this ledger index was loaded without its key owners (keys=False)")

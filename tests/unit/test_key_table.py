@@ -295,3 +295,23 @@ def test_an_error_writing_a_bulk_is_a_journal_io_error_and_ends_the_bulk() -> No
         a_bulk_on_a_closed_connection()
     assert table._bulk is None
     assert table.failed
+
+
+def test_readers_that_never_look_at_key_owners_load_none(tmp_path: Path) -> None:
+    from hybridq.ledger.compacted import Compacted
+    from hybridq.ledger.keytable import UnreadKeys
+    from hybridq.ledger.store import load_index
+
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    admission = Admission(state)
+    assert admission.admit(_env("j", "k"), (writer, 0, 32))
+    admission.flush()
+    state.close()
+    assert len(load_index(journal, Compacted()).keys) == 1
+    unread = load_index(journal, Compacted(), keys=False).keys
+    assert isinstance(unread, UnreadKeys)
+    assert len(unread) == 0
+    with pytest.raises(RuntimeError):
+        unread.get("k")
