@@ -122,6 +122,9 @@ class KeyTable:
         self.id = ""
         self.generation = 0
         self._closed = False
+        #: What the last :meth:`mark` said the table covers (the saved index's ledger positions,
+        #: opaque here): a start checks it against the ledger as it is.
+        self.covers = ""
         #: Set by any SQLite error (see :func:`_mapped`): :meth:`mark` refuses from then on.
         self.failed = False
         #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
@@ -171,6 +174,7 @@ class KeyTable:
             meta = {"id": uuid.uuid4().hex, "gen": "0"}
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
         self.id, self.generation = meta["id"], int(meta["gen"])
+        self.covers = meta.get("covers", "")
         return db
 
     def _unlink(self) -> None:
@@ -330,10 +334,11 @@ class KeyTable:
             self._db.execute("COMMIT")
 
     @_mapped
-    def mark(self) -> tuple[str, int]:
+    def mark(self, covers: str = "") -> tuple[str, int]:
         """Commit every row and a new generation, with fsync; returns (table id, generation).
 
-        Called before a saved index that records them is written. Refused (``JournalIOError``)
+        Called before a saved index that records them is written; ``covers``: the ledger
+        positions the rows cover (kept as :attr:`covers`). Refused (``JournalIOError``)
         once an SQLite error poisoned the table (:attr:`failed`): its open transaction may have
         been rolled back, and the next start must replay what it lost.
         """
@@ -347,10 +352,13 @@ class KeyTable:
         if self.path is not None:
             self._db.execute("PRAGMA synchronous=FULL")
             try:
-                self._db.execute("UPDATE meta SET value = ? WHERE name = 'gen'", (str(generation),))
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("gen", str(generation)), ("covers", covers)],
+                )
             finally:
                 self._db.execute("PRAGMA synchronous=NORMAL")
-        self.generation = generation
+        self.generation, self.covers = generation, covers
         return self.id, generation
 
     def close(self) -> None:

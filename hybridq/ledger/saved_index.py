@@ -174,7 +174,9 @@ def save(
     chains = list_chains(path) if os.path.isdir(path) else {}
     kept = {writer: at for writer, at in covered.items() if writer in chains}
     first = {writer: chains[writer][0] for writer in kept}
-    keys_table = index.keys.mark()  # durable before the file that vouches for it
+    # Durable before the file that vouches for it, with the positions it covers (_fits at start).
+    covers = json.dumps({"covered": {w: p.to_json() for w, p in kept.items()}, "first": first})
+    keys_table = index.keys.mark(covers)
     crashpoints.reached("index_keys_marked")
     write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first, keys_table), fileops=ops)
     crashpoints.reached("index_after_save")
@@ -226,6 +228,9 @@ def resume(
     if saved is not None and not keys.trusts(*saved.keys_table):
         log.warning("ignoring the saved ledger index: the key table is not the one it was saved with")
         saved = None
+    elif saved is not None and not _table_fits(journal, keys.covers):
+        log.warning("ignoring the saved ledger index: the key table is ahead of the ledger (restored?)")
+        saved = None
     since = None if saved is None else _usable(journal, saved, compacted)
     if saved is not None and since is not None:
         _compacted_since(saved.index, compacted, list_chains(journal))
@@ -262,17 +267,35 @@ def _usable(journal: str, saved: Saved, compacted: Compacted) -> dict[str, Chain
         if compacted.through.get(writer, -1) < through and indices is not None and indices[0] <= through:
             log.warning("ignoring the saved ledger index: it was made under compaction of a live segment")
             return None
+    return _fits(journal, saved.covered, saved.first)
+
+
+def _table_fits(journal: str, covers: str) -> bool:
+    """Whether the ledger still holds what the key table's last mark covered (not restored older)."""
+    try:
+        body = json.loads(covers)
+        covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
+        first = {str(w): int(i) for w, i in body["first"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return _fits(journal, covered, first) is not None
+
+
+def _fits(
+    journal: str, covered: Mapping[str, ChainPosition], first: Mapping[str, int]
+) -> dict[str, ChainPosition] | None:
+    """``covered`` if every position is in the ledger as it is, its chains' first segments ``first``."""
     path = ledger_dir(journal)
     ledger = list_chains(path) if os.path.isdir(path) else {}
     since: dict[str, ChainPosition] = {}
-    for writer, at in saved.covered.items():
+    for writer, at in covered.items():
         indices = ledger.get(writer)
         if indices is None:
             # Saves name only chains that exist: deleted since (by a compaction after the last
             # save, or by hand), and what it said of it cannot be told apart from the rest.
             log.warning("ignoring the saved ledger index: ledger chain %s is gone", writer)
             return None
-        if indices[0] != saved.first.get(writer):
+        if indices[0] != first.get(writer):
             # Segments deleted since (ledger compaction): a key they held went to the key store
             # with its window, and may since have expired there; the index would bring it back
             # without one. The forwarder saves right after such a compaction (IndexSaver.soon).

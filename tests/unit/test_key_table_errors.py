@@ -108,7 +108,7 @@ def test_a_failing_mark_at_close_leaves_nothing_open(tmp_path: Path) -> None:
     assert admission.admit(_env("j", "k"), (writer, 0, 32))
     admission.flush()
 
-    def failing_mark() -> tuple[str, int]:
+    def failing_mark(covers: str = "") -> tuple[str, int]:
         raise JournalIOError("ledger-keys.sqlite", "the key table", OSError(errno.EIO, "disk I/O error"))
 
     state.index.keys.mark = failing_mark  # type: ignore[method-assign]
