@@ -347,3 +347,44 @@ def test_a_table_ahead_of_a_restored_ledger_is_rebuilt(tmp_path: Path) -> None:
         assert restored.index.keys.get(_env("j1", "k1").key_id) is None
     finally:
         restored.close()
+
+
+def test_a_journal_of_the_version_before_the_table_keeps_its_owners(tmp_path: Path) -> None:
+    """Upgrade: a saved index of format 1 (the owners in it) and no table file, as the previous
+    release leaves them: the file is ignored, the ledger replayed into a new table, and a second
+    job with the key is a duplicate. (Format 1 is made from this run's file here; checked
+    against the previous release's own code in the review of issue 29.)"""
+    import json
+
+    from hybridq import Queue
+    from hybridq.journal.statefile import read_state, write_state
+    from hybridq.ledger.saved_index import SAVED_INDEX_NAME
+    from hybridq.ledger.store import read_ledger
+    from hybridq.transport import MemoryTransport
+
+    from tests.unit.test_completions import make_forwarder, settle
+
+    journal = tmp_path / "j"
+    Queue(journal=journal).enqueue("tests.tasks.add", 1, 2, idempotency_key="K", job_id="first")
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal, transport)
+    settle(forwarder)
+    forwarder.close()
+    raw = read_state(str(journal), SAVED_INDEX_NAME)
+    assert raw is not None
+    body = json.loads(raw)
+    owners = [json.loads(e.to_bytes()) for _, e in read_ledger(str(journal)) if e.kind == "key"]
+    body.update(v=1, keys=owners)
+    del body["keys_table"]
+    write_state(str(journal), SAVED_INDEX_NAME, json.dumps(body).encode())
+    for name in os.listdir(journal):
+        if name.startswith(KEYS_TABLE_FILE):
+            os.unlink(journal / name)
+    forwarder = make_forwarder(journal, transport)
+    try:
+        Queue(journal=journal).enqueue("tests.tasks.add", 1, 2, idempotency_key="K", job_id="again")
+        settle(forwarder)
+        assert "again" not in transport.deliveries
+    finally:
+        forwarder.close()
+    assert "again" in {e.job_id for _, e in read_ledger(str(journal)) if e.kind == "duplicate"}
