@@ -41,9 +41,15 @@ from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.snapshot import StatsSnapshot
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
-from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
-from hybridq.ledger.checkpoint import EPOCHS_KEPT, Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.ledger.checkpoint import (
+    EPOCHS_KEPT,
+    Checkpoint,
+    Held,
+    clamp_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
@@ -121,7 +127,7 @@ class ForwarderState:
         self.checkpoint = saved or Checkpoint()
         if saved is None:
             save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
-        self._clamp()
+        clamp_checkpoint(self.journal, self.checkpoint)
         self.compacted = load_compacted(self.journal)
         # Tails only: load_index and read_keys read every record after, each checked as read.
         if os.path.isdir(ledger_dir(self.journal)):
@@ -169,21 +175,6 @@ class ForwarderState:
         """Write the jobs pushed as read to the run table, when due (``force``: now)."""
         if force or self.pushed.due(self.checkpoint.positions):
             self.pushed.flush(self.checkpoint.positions)
-
-    def _clamp(self) -> None:
-        """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
-        moved = clamp_to_seals(self.journal, self.checkpoint.positions)
-        for writer_id, position in moved.items():
-            log.warning(
-                "checkpoint for writer %s pointed past the durable end of segment %d (records "
-                "read before they were durable, dropped since as a torn tail); resuming at %d",
-                writer_id,
-                position.segment,
-                position.offset,
-            )
-            self.checkpoint.positions[writer_id] = position
-        if moved:
-            save_checkpoint(self.journal, self.checkpoint)
 
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
