@@ -240,6 +240,17 @@ def test_settle_reads_each_pending_duplicates_owner_from_the_table_once(tmp_path
         state.close()
 
 
+def loaded_with_one_keyed_job(tmp_path: Path) -> tuple[str, ForwarderState]:
+    """A forwarder's state, loaded, that admitted one job with key ``k`` (its ledger entry written)."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    admission = Admission(state)
+    assert admission.admit(_env("j", "k"), (writer, 0, 32))
+    admission.flush()
+    return journal, state
+
+
 def _env(job_id: str, key: str) -> Envelope:
     return Envelope(id=job_id, func="m.f", queue="q", idempotency_key=key, created_at=0.0)
 
@@ -302,12 +313,7 @@ def test_readers_that_never_look_at_key_owners_load_none(tmp_path: Path) -> None
     from hybridq.ledger.keytable import UnreadKeys
     from hybridq.ledger.store import load_index
 
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    state = ForwarderState(journal, ForwarderConfig())
-    state.load()
-    admission = Admission(state)
-    assert admission.admit(_env("j", "k"), (writer, 0, 32))
-    admission.flush()
+    journal, state = loaded_with_one_keyed_job(tmp_path)
     state.close()
     assert len(load_index(journal, Compacted()).keys) == 1
     unread = load_index(journal, Compacted(), keys=False).keys

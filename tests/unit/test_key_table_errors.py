@@ -26,6 +26,7 @@ from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 from hybridq.protocol import EntryKind
 
 from tests.unit import test_ledger_replay
+from tests.unit.test_key_table import loaded_with_one_keyed_job
 
 
 class _RolledBack:
@@ -101,12 +102,7 @@ def test_close_after_a_rolled_back_key_table_error_saves_no_index(
 
 
 def test_a_failing_mark_at_close_leaves_nothing_open(tmp_path: Path) -> None:
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    state = ForwarderState(journal, ForwarderConfig())
-    state.load()
-    admission = Admission(state)
-    assert admission.admit(_env("j", "k"), (writer, 0, 32))
-    admission.flush()
+    journal, state = loaded_with_one_keyed_job(tmp_path)
 
     def failing_mark(covers: str = "") -> tuple[str, int]:
         raise JournalIOError("ledger-keys.sqlite", "the key table", OSError(errno.EIO, "disk I/O error"))
