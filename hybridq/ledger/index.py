@@ -53,7 +53,7 @@ class LedgerIndex:
     duplicates: dict[Loc, Entry] = field(default_factory=dict)
     #: The owners of the keys of pending duplicates, as last read from :attr:`keys` (the
     #: forwarder's settle: a dict lookup per duplicate, not a query); a key entry drops its key.
-    dup_owners: dict[str, Entry] = field(default_factory=dict)
+    dup_owners: dict[str, Entry] = field(default_factory=dict, compare=False, repr=False)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
