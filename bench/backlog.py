@@ -102,6 +102,18 @@ def _lines(path: str) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
+def indexed(table: str, client: redis.Redis) -> int:
+    """Jobs a forwarder has indexed: waiting in its run table plus in Redis's default queue (0: unknown yet)."""
+    with contextlib.suppress(sqlite3.Error, redis.RedisError):
+        db = sqlite3.connect(f"file:{table}?mode=ro", uri=True)
+        try:
+            waiting = int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
+        finally:
+            db.close()
+        return waiting + int(client.llen("rq:queue:default"))
+    return 0
+
+
 def _index_first(journal: str, url: str, env: dict[str, str], run: str, n: int) -> None:
     """``--restart``: a forwarder alone reads the whole journal, is stopped, and Redis is emptied."""
     client = redis.Redis.from_url(url)
@@ -116,14 +128,8 @@ def _index_first(journal: str, url: str, env: dict[str, str], run: str, n: int) 
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
-                with contextlib.suppress(sqlite3.Error, redis.RedisError):
-                    db = sqlite3.connect(f"file:{table}?mode=ro", uri=True)
-                    try:
-                        waiting = db.execute("SELECT count(*) FROM runs").fetchone()[0]
-                    finally:
-                        db.close()
-                    if waiting + int(client.llen("rq:queue:default")) >= n:
-                        break
+                if indexed(table, client) >= n:
+                    break
         finally:
             proc.terminate()
             proc.wait(60)

@@ -94,7 +94,9 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     path = existing_journal_dir(journal or default_journal())
     wanted = list(dict.fromkeys(job_ids))
     # Read again if a compaction deleted a segment under either read (hybridq.ledger.store.consistent).
-    index, locs = consistent(path, lambda c: (_Known(c, load_index(path, c)), _records(path, set(wanted), c)))
+    index, locs = consistent(
+        path, lambda c: (_Known(c, load_index(path, c, keys=False)), _records(path, set(wanted), c))
+    )
     return _ask(path, wanted, locs, index.index)
 
 
@@ -112,7 +114,7 @@ def cancel_at(
     given: dict[str, list[Loc]] = {}
     for job_id, loc in jobs:
         given.setdefault(job_id, []).append(loc)
-    known = consistent(path, lambda c: _Known(c, load_index(path, c)))
+    known = consistent(path, lambda c: _Known(c, load_index(path, c, keys=False)))
     live = {
         i: [loc for loc in locs if not known.compacted.is_compacted(loc[:2])] for i, locs in given.items()
     }

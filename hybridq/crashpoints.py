@@ -38,8 +38,9 @@ SCHEDULE_NAMES = ("schedule_after_append",)
 #: The workflows' points: released steps in the journal, not yet marked released; a workflow's
 #: end in the ledger, its row not yet updated (docs/workflows.md).
 WORKFLOW_NAMES = ("flows_after_release", "flows_after_end")
-#: The saved ledger index's points: half of its file written; the file replaced (issue 29).
-INDEX_NAMES = ("index_mid_write", "index_after_save")
+#: The saved ledger index's points: half of its file written; the file replaced; the key table
+#: marked, the file not written yet; key owners applied, their transaction not committed (issue 29).
+INDEX_NAMES = ("index_mid_write", "index_after_save", "index_keys_marked", "keys_before_commit")
 _ALL = (
     NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES + WORKFLOW_NAMES + INDEX_NAMES
 )

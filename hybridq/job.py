@@ -83,7 +83,7 @@ class Job:
         status (``forwarded`` or ``scheduled``) until it ends, then its outcome.
         """
         loc = (self.record.writer_id, self.record.segment, self.record.offset)
-        compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c)))
+        compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c, keys=False)))
         if loc in index.failed:
             return "failed"  # listed failures outlive their compacted segment
         if compacted.is_compacted((loc[0], loc[1])):

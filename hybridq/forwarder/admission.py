@@ -110,12 +110,21 @@ class Admission:
 
         now = self.state.config.clock()
         done: list[Entry] = []
+        # The owner of each key, read from the table once while it has pending duplicates (its
+        # owner changes only by a key entry, which drops it from dup_owners): no query per batch.
+        owners, settled = index.dup_owners, set[str]()
         for loc, dup in index.duplicates.items():
-            owner = index.keys.get(dup.key or "")
+            key = dup.key or ""
+            owner = owners.get(key)
+            if owner is None:
+                owner = index.keys.get(key)
+                if owner is not None:
+                    owners[key] = owner
             # No owner cannot happen: a key is forgotten only a window after its job finished, and
             # its duplicates are settled the step it finishes.
             outcome = "succeeded" if owner is None else index.owner_outcome(owner, gone)
             if outcome is not None:
+                settled.add(key)  # its owner is terminal: every duplicate of it settles now
                 done.append(
                     Entry(
                         EntryKind.DONE,
@@ -128,4 +137,10 @@ class Admission:
                         queue=dup.queue,
                     )
                 )
+        for key in settled:
+            owners.pop(key, None)
+        if len(owners) > len(index.duplicates):  # duplicates that ended otherwise (a cancel)
+            index.dup_owners = {
+                k: owners[k] for d in index.duplicates.values() if (k := d.key or "") in owners
+            }
         self.state.append(done)

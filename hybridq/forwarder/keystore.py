@@ -48,13 +48,21 @@ class KeyStore:
         """This forwarder's key store chain, once it wrote to it (its open segment stays)."""
         return self._keys_writer.writer_id if self._keys_writer is not None else None
 
-    def load(self, index: LedgerIndex) -> None:
-        """Apply every entry of the key store to ``index`` (its chains' tails recovered first)."""
+    def load(self, index: LedgerIndex, *, apply: bool = True) -> None:
+        """Apply every entry of the key store to ``index`` (its chains' tails recovered first).
+
+        ``apply=False``: only note its segments. The index's key table, trusted by the saved
+        index, holds every entry stored before that save (docs/reliability.md, "The key table");
+        one stored since, with its ledger segment still there (a crash between the two), is
+        stamped and stored again when that segment goes.
+        """
         if os.path.isdir(keys_dir(self.journal)):
             recover(keys_dir(self.journal), tails_only=True)
-            for record, entry in read_keys(self.journal):
-                index.apply(entry)
-                self._note_key_segment((record.writer_id, record.segment_index), entry)
+            with index.keys.bulk():
+                for record, entry in read_keys(self.journal):
+                    if apply:
+                        index.apply(entry)
+                    self._note_key_segment((record.writer_id, record.segment_index), entry)
 
     def store(self, entries: Sequence[Entry], index: LedgerIndex) -> None:
         """Append ``key`` entries with their window (one fsync), then apply them to ``index``."""

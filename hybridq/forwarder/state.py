@@ -41,12 +41,19 @@ from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.snapshot import StatsSnapshot
 from hybridq.journal import ChainPosition, JournalWriter, Record
 from hybridq.journal.format import RECORD_HEADER_SIZE
-from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.recovery import recover
-from hybridq.ledger.checkpoint import EPOCHS_KEPT, Checkpoint, Held, load_checkpoint, save_checkpoint
+from hybridq.ledger.checkpoint import (
+    EPOCHS_KEPT,
+    Checkpoint,
+    Held,
+    clamp_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.saved_index import IndexSaver, resume
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.lookup.pending import PendingTracker
@@ -120,15 +127,17 @@ class ForwarderState:
         self.checkpoint = saved or Checkpoint()
         if saved is None:
             save_checkpoint(self.journal, self.checkpoint)  # its owner id must not change
-        self._clamp()
+        clamp_checkpoint(self.journal, self.checkpoint)
         self.compacted = load_compacted(self.journal)
         # Tails only: load_index and read_keys read every record after, each checked as read.
         if os.path.isdir(ledger_dir(self.journal)):
             recover(ledger_dir(self.journal), tails_only=True)
-        # The index saved at the last stop (or the last save before a crash), then what follows.
-        self.index, read, _ = resume(self.journal, self.compacted)
+        # The index saved at the last stop (or the last save before a crash), then what follows;
+        # the key owners in their table on disk (hybridq.ledger.keytable).
+        self.index.keys.close()
+        self.index, read, resumed = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
         self._saver = IndexSaver(self.journal, read)
-        self.keys.load(self.index)
+        self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()
         self._stats.known = set(ledger_chains(ledger_dir(self.journal)))
         self._stats.stale = True  # the first step writes the snapshot of what was just loaded
@@ -167,21 +176,6 @@ class ForwarderState:
         if force or self.pushed.due(self.checkpoint.positions):
             self.pushed.flush(self.checkpoint.positions)
 
-    def _clamp(self) -> None:
-        """Move positions that point past a segment's data back to its seal (see clamp_to_seals)."""
-        moved = clamp_to_seals(self.journal, self.checkpoint.positions)
-        for writer_id, position in moved.items():
-            log.warning(
-                "checkpoint for writer %s pointed past the durable end of segment %d (records "
-                "read before they were durable, dropped since as a torn tail); resuming at %d",
-                writer_id,
-                position.segment,
-                position.offset,
-            )
-            self.checkpoint.positions[writer_id] = position
-        if moved:
-            save_checkpoint(self.journal, self.checkpoint)
-
     def close(self) -> None:
         """Close the ledger and key store writers and the run table."""
         if self.runs.is_open:  # loaded: the index is the ledger's, saved for the next start
@@ -194,6 +188,7 @@ class ForwarderState:
             self._writer = None
             self._stats.sealed_ledger()
         self.keys.close()
+        self.index.keys.close()
         with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 

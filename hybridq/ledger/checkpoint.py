@@ -8,6 +8,7 @@ Stored as one atomic state file (``forwarder.state`` in the journal directory) b
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal import ChainPosition
 from hybridq.journal.ownerlock import lock_owner
+from hybridq.journal.reader import clamp_to_seals
 from hybridq.journal.statefile import read_state, write_state
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "LOCK_NAME",
     "Checkpoint",
     "Held",
+    "clamp_checkpoint",
     "forwarder_holder",
     "load_checkpoint",
     "save_checkpoint",
@@ -136,3 +139,22 @@ def forwarder_holder(journal: str) -> str | None:
     killed: nothing moves the journal's jobs on until one starts.
     """
     return lock_owner(os.path.join(journal, LOCK_NAME))
+
+
+def clamp_checkpoint(journal: str, checkpoint: Checkpoint) -> None:
+    """Move positions that point past a segment's data back to its seal, saved (see clamp_to_seals).
+
+    At the forwarder's start, before anything is read.
+    """
+    moved = clamp_to_seals(journal, checkpoint.positions)
+    for writer_id, position in moved.items():
+        logging.getLogger("hybridq.forwarder").warning(
+            "checkpoint for writer %s pointed past the durable end of segment %d (records "
+            "read before they were durable, dropped since as a torn tail); resuming at %d",
+            writer_id,
+            position.segment,
+            position.offset,
+        )
+        checkpoint.positions[writer_id] = position
+    if moved:
+        save_checkpoint(journal, checkpoint)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.protocol import EntryKind
 
@@ -45,12 +46,14 @@ class LedgerIndex:
     #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
     failed: dict[Loc, Entry] = field(default_factory=dict)
     requeued: set[Loc] = field(default_factory=set)
-    #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each.
-    keys: dict[str, Entry] = field(default_factory=dict)
+    #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each: in
+    #: memory here, on disk in the forwarder (:mod:`hybridq.ledger.keytable`, issue 29).
+    keys: KeyTable = field(default_factory=KeyTable)
     #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
     duplicates: dict[Loc, Entry] = field(default_factory=dict)
-    #: The keys in :attr:`keys` whose window has an end (``until``), roughly oldest first.
-    _windowed: dict[str, float] = field(default_factory=dict)
+    #: The owners of the keys of pending duplicates, as last read from :attr:`keys` (the
+    #: forwarder's settle: a dict lookup per duplicate, not a query); a key entry drops its key.
+    dup_owners: dict[str, Entry] = field(default_factory=dict, compare=False, repr=False)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
@@ -186,20 +189,9 @@ class LedgerIndex:
         Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
         the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
         """
-        if entry.key is None:
-            return False
-        known = self.keys.get(entry.key)
-        if known is not None and (known.at, known.loc, known.until or 0.0) >= (
-            entry.at,
-            entry.loc,
-            entry.until or 0.0,
-        ):
-            return False
-        self.keys[entry.key] = entry
-        self._windowed.pop(entry.key, None)
-        if entry.until is not None:
-            self._windowed[entry.key] = entry.until
-        return True
+        if self.dup_owners and entry.key is not None:
+            self.dup_owners.pop(entry.key, None)  # read again from the table if still wanted
+        return self.keys.own(entry)
 
     def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:
         """The outcome of the job owning a key (``owner``: its ``key`` entry); ``None`` if pending.
@@ -223,19 +215,7 @@ class LedgerIndex:
         Only keys with a window count (those of pending jobs, or of jobs whose segment is still
         in the journal, have none). Returns how many were forgotten.
         """
-        expired = [k for k, until in self._windowed.items() if until < now]
-        if most is not None and len(self._windowed) - len(expired) > most:
-            gone = set(expired)
-            excess = len(self._windowed) - len(expired) - most
-            expired += [k for k in self._windowed if k not in gone][:excess]
-        for k in expired:
-            self.forget_key(k)
-        return len(expired)
-
-    def forget_key(self, key: str) -> None:
-        """Forget who owns ``key``."""
-        self.keys.pop(key, None)
-        self._windowed.pop(key, None)
+        return self.keys.forget_expired(now, most)
 
     def forget_segment(self, seg: Seg) -> None:
         """Drop what is known about a compacted journal segment (its counts moved to Compacted)."""

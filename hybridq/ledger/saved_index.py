@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridq import crashpoints
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains, read_seal
@@ -41,6 +41,7 @@ from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex, shared
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import gone, ledger_dir, replay
 
@@ -61,7 +62,8 @@ log = logging.getLogger("hybridq.ledger")
 
 #: The state file (``<journal>/ledger-index.state``).
 SAVED_INDEX_NAME = "ledger-index"
-_VERSION = 1
+#: 2: the key owners left out (they are in the key table), its id and generation in.
+_VERSION = 2
 #: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
 SAVE_EVERY = 20_000
 
@@ -78,6 +80,9 @@ class Saved:
     #: Per ledger chain it covers, the chain's first segment when it was made: a segment deleted
     #: since (ledger compaction) may have held keys the index still has without their window.
     first: dict[str, int]
+    #: The key table (:mod:`hybridq.ledger.keytable`) holding the key owners it covers: its id
+    #: and the generation it was marked with before this was written.
+    keys_table: tuple[str, int] = ("", 0)
 
 
 def encode(
@@ -85,11 +90,12 @@ def encode(
     covered: Mapping[str, ChainPosition],
     through: Mapping[str, int],
     first: Mapping[str, int],
+    keys_table: tuple[str, int] = ("", 0),
 ) -> bytes:
     """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
 
-    Keys with a window (``until``) are left out: they came from the key store, which every start
-    replays after the ledger.
+    The key owners are left out: they are in the key table ``keys_table`` names (its id and the
+    generation it was marked with), which must be found again to trust this file.
     """
     terminal = []
     for (writer, segment), done in index.terminal.items():
@@ -107,19 +113,22 @@ def encode(
         "later": [[*loc, n, since] for loc, (n, since) in index.later.items()],
         "requeued": [list(loc) for loc in index.requeued],
         "failed": [_body(e) for e in index.failed.values()],
-        "keys": [_body(e) for e in index.keys.values() if e.until is None],
+        "keys_table": list(keys_table),
         "duplicates": [_body(e) for e in index.duplicates.values()],
         "cancels": [_body(e) for e in index.cancels.values()],
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode(raw: bytes) -> Saved:
-    """Inverse of :func:`encode`; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed."""
+def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
+    """Inverse of :func:`encode`; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed.
+
+    ``keys``: the key table the index gets (a new one in memory without it).
+    """
     body = json.loads(raw)
     if body["v"] != _VERSION:
         raise ValueError(f"version {body['v']!r}")
-    index = LedgerIndex()
+    index = LedgerIndex() if keys is None else LedgerIndex(keys=keys)
     for writer, segment, by_outcome in body["terminal"]:
         groups: dict[str, list[int]] = {}
         for outcome, offsets in by_outcome.items():
@@ -143,13 +152,13 @@ def decode(raw: bytes) -> Saved:
         index.later[str(w), int(s), int(o)] = (int(n), float(since))
     index.requeued = {(str(w), int(s), int(o)) for w, s, o in body["requeued"]}
     index.failed = {e.loc: e for e in map(Entry.from_body, body["failed"])}
-    for entry in map(Entry.from_body, body["keys"]):
-        index.apply(entry)
     index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
     index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
     covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
     through = {str(w): int(i) for w, i in body["through"].items()}
-    return Saved(index, covered, through, {str(w): int(i) for w, i in body["first"].items()})
+    table_id, generation = body["keys_table"]
+    first = {str(w): int(i) for w, i in body["first"].items()}
+    return Saved(index, covered, through, first, (str(table_id), int(generation)))
 
 
 def save(
@@ -165,7 +174,11 @@ def save(
     chains = list_chains(path) if os.path.isdir(path) else {}
     kept = {writer: at for writer, at in covered.items() if writer in chains}
     first = {writer: chains[writer][0] for writer in kept}
-    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first), fileops=ops)
+    # Durable before the file that vouches for it, with the positions it covers (_fits at start).
+    covers = json.dumps({"covered": {w: p.to_json() for w, p in kept.items()}, "first": first})
+    keys_table = index.keys.mark(covers)
+    crashpoints.reached("index_keys_marked")
+    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first, keys_table), fileops=ops)
     crashpoints.reached("index_after_save")
     return kept
 
@@ -185,23 +198,39 @@ def forget(journal: str) -> None:
         os.unlink(os.path.join(journal, SAVED_INDEX_NAME + ".state"))
 
 
-def load(journal: str) -> Saved | None:
-    """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay)."""
+def load(journal: str, keys: KeyTable | None = None) -> Saved | None:
+    """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay).
+
+    ``keys``: the key table its index gets (see :func:`decode`).
+    """
     try:
         raw = read_state(journal, SAVED_INDEX_NAME)
-        return None if raw is None else decode(raw)
+        return None if raw is None else decode(raw, keys)
     except Exception as exc:
         log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
         return None
 
 
-def resume(journal: str, compacted: Compacted) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
+def resume(
+    journal: str, compacted: Compacted, keys: KeyTable
+) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
     """The ledger's index (what :func:`~hybridq.ledger.store.load_index` gives), from the saved one.
 
-    Returns the index, where each ledger chain ended as read, and how many chains were replayed
-    from a saved position (0: none was usable, the whole ledger was replayed).
+    ``keys``: the key table the index gets (the forwarder passes the journal's,
+    :meth:`KeyTable.in_journal`; a full replay empties it, so no other reader may pass that
+    one while a forwarder runs); the saved index is used only if the table holds every key
+    owner it covers (:meth:`KeyTable.trusts`), else the table is emptied and the whole ledger
+    replayed into it. Returns the index, where each ledger chain ended as read, and how many
+    chains were replayed from a saved position (0: none was usable, the whole ledger was
+    replayed).
     """
-    saved = load(journal)
+    saved = load(journal, keys)
+    if saved is not None and not keys.trusts(*saved.keys_table):
+        log.warning("ignoring the saved ledger index: the key table is not the one it was saved with")
+        saved = None
+    elif saved is not None and not _table_fits(journal, keys.covers):
+        log.warning("ignoring the saved ledger index: the key table is ahead of the ledger (restored?)")
+        saved = None
     since = None if saved is None else _usable(journal, saved, compacted)
     if saved is not None and since is not None:
         _compacted_since(saved.index, compacted, list_chains(journal))
@@ -209,8 +238,10 @@ def resume(journal: str, compacted: Compacted) -> tuple[LedgerIndex, dict[str, C
             return saved.index, replay(journal, saved.index, compacted, since), len(since)
         except JournalCorruption as exc:
             log.warning("the ledger changed under its saved index (the whole ledger is replayed): %s", exc)
-    index = LedgerIndex()
-    return index, replay(journal, index, compacted), 0
+    keys.clear()
+    index = LedgerIndex(keys=keys)
+    with keys.bulk():
+        return index, replay(journal, index, compacted), 0
 
 
 def _compacted_since(index: LedgerIndex, compacted: Compacted, chains: Mapping[str, list[int]]) -> None:
@@ -236,17 +267,35 @@ def _usable(journal: str, saved: Saved, compacted: Compacted) -> dict[str, Chain
         if compacted.through.get(writer, -1) < through and indices is not None and indices[0] <= through:
             log.warning("ignoring the saved ledger index: it was made under compaction of a live segment")
             return None
+    return _fits(journal, saved.covered, saved.first)
+
+
+def _table_fits(journal: str, covers: str) -> bool:
+    """Whether the ledger still holds what the key table's last mark covered (not restored older)."""
+    try:
+        body = json.loads(covers)
+        covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
+        first = {str(w): int(i) for w, i in body["first"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return _fits(journal, covered, first) is not None
+
+
+def _fits(
+    journal: str, covered: Mapping[str, ChainPosition], first: Mapping[str, int]
+) -> dict[str, ChainPosition] | None:
+    """``covered`` if every position is in the ledger as it is, its chains' first segments ``first``."""
     path = ledger_dir(journal)
     ledger = list_chains(path) if os.path.isdir(path) else {}
     since: dict[str, ChainPosition] = {}
-    for writer, at in saved.covered.items():
+    for writer, at in covered.items():
         indices = ledger.get(writer)
         if indices is None:
             # Saves name only chains that exist: deleted since (by a compaction after the last
             # save, or by hand), and what it said of it cannot be told apart from the rest.
             log.warning("ignoring the saved ledger index: ledger chain %s is gone", writer)
             return None
-        if indices[0] != saved.first.get(writer):
+        if indices[0] != first.get(writer):
             # Segments deleted since (ledger compaction): a key they held went to the key store
             # with its window, and may since have expired there; the index would bring it back
             # without one. The forwarder saves right after such a compaction (IndexSaver.soon).
@@ -313,7 +362,11 @@ class IndexSaver:
 
     def due(self, index: LedgerIndex) -> bool:
         """Whether enough entries were appended since the last save, or :meth:`soon` was called."""
-        return not self.broken and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+        return (
+            not self.broken
+            and not index.keys.failed
+            and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+        )
 
     def soon(self) -> None:
         """Save at the next chance: ledger segments were deleted (the saved index no longer fits)."""
@@ -321,11 +374,11 @@ class IndexSaver:
 
     def save(self, index: LedgerIndex, compacted: Compacted) -> None:
         """Save ``index`` (a failure only leaves the previous one: a longer replay, logged)."""
-        if self.broken:
+        if self.broken or index.keys.failed:  # a poisoned key table: the next start replays
             return
         try:
             self.covered = save(self.journal, index, self.covered, compacted.through)
-        except (OSError, ValueError) as exc:  # ValueError: over a state file's maximum size
+        except (OSError, ValueError, JournalIOError) as exc:  # ValueError: over a state file's size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
             return
         self.unsaved, self._soon = 0, False

@@ -33,6 +33,7 @@ from hybridq.ledger.compacted import (
 )
 from hybridq.ledger.entries import Entry, Seg, parse_event
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.keytable import UnreadKeys
 from hybridq.protocol import EntryKind
 
 __all__ = [
@@ -174,10 +175,15 @@ def _decoded(records: Iterable[Record]) -> Iterator[tuple[Record, Entry]]:
         yield record, entry
 
 
-def load_index(journal: str, compacted: Compacted) -> LedgerIndex:
-    """The index of the whole ledger; of compacted journal segments, only failures still listed."""
-    index = LedgerIndex()
-    replay(journal, index, compacted)
+def load_index(journal: str, compacted: Compacted, keys: bool = True) -> LedgerIndex:
+    """The index of the whole ledger; of compacted journal segments, only failures still listed.
+
+    ``keys=False``: without the owners of idempotency keys (:class:`UnreadKeys`), for a reader
+    that never looks at them.
+    """
+    index = LedgerIndex() if keys else LedgerIndex(keys=UnreadKeys())
+    with index.keys.bulk():  # its key owners written in key order, many at a time
+        replay(journal, index, compacted)
     return index
 
 

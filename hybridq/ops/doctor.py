@@ -147,7 +147,7 @@ def diagnose(
     path = existing_journal_dir(journal)
     checkpoint = load_checkpoint(path)
     compacted = load_compacted(path)
-    index = load_index(path, compacted)
+    index = load_index(path, compacted, keys=False)
     report = DoctorReport()
     _find_unattended(path, compacted, index, report)
     report.redis_memory = memory_findings(path)

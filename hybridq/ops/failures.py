@@ -56,7 +56,7 @@ class FailedJob:
 def failed_jobs(journal: str | None = None) -> list[FailedJob]:
     """Every job that failed for good and was not requeued, oldest first."""
     path = existing_journal_dir(journal or default_journal())
-    index = consistent(path, lambda compacted: load_index(path, compacted))
+    index = consistent(path, lambda compacted: load_index(path, compacted, keys=False))
     return listed(index)
 
 

@@ -249,7 +249,7 @@ def _counts(path: str, compacted: Compacted) -> dict[str, Any]:
     # Segments whose deletion a crash interrupted are counted in `compacted` already.
     leftover = sum(sealed_data_count(path, w, i) or 0 for w, i in segments if compacted.is_compacted((w, i)))
     checkpoint = load_checkpoint(path)
-    index = load_index(path, compacted)
+    index = load_index(path, compacted, keys=False)
     scan = _scan_pending(path, compacted, index, checkpoint.positions if checkpoint else {})
     accepted = compacted.accepted + scan.records - leftover
     waiting = scan.not_forwarded

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import load_compacted
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import load_index
 
 from tests.crash.test_s13_compaction_crash import CHILD_START, killed_at, restart_and_drain
@@ -47,11 +48,14 @@ def test_a_crash_while_the_index_is_saved_or_after_trusts_only_the_ledger(
     killed_at(f"{point}:{nth}", CHILD, journal)
     compacted_before = load_compacted(str(journal))
     finished_before = load_index(str(journal), compacted_before)
-    _, _, resumed = saved_index.resume(str(journal), compacted_before)
+    _, _, resumed = saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))
     assert resumed > 0  # the index saved before the crash is whole, and used
 
     # The start's index (ForwarderState.load resumes as this does) is the full replay's.
-    assert saved_index.resume(str(journal), compacted_before)[0] == finished_before
+    assert (
+        saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))[0]
+        == finished_before
+    )
     redelivered = restart_and_drain(journal, finished_before, compacted_before, JOBS)
     figures(
         f"saved index crash={point}:{nth} chains_resumed={resumed} "

@@ -24,6 +24,7 @@ from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, replay
 from hybridq.ops.journal_repair import repair
 
@@ -46,8 +47,11 @@ def entries(rng: random.Random, writer: str, n: int) -> list[Entry]:
 
 
 def save_now(journal: str, compacted: Compacted) -> LedgerIndex:
-    """Replay the ledger as it is and save the result, covering what was read."""
-    index = LedgerIndex()
+    """Replay the ledger as it is and save the result, covering what was read.
+
+    Into the journal's key table, as the forwarder does: a saved index vouches for that table.
+    """
+    index = LedgerIndex(keys=KeyTable.in_journal(journal))
     covered = replay(journal, index, compacted)
     saved_index.save(journal, index, covered, compacted.through)
     return index
@@ -72,7 +76,7 @@ def test_resuming_from_a_saved_index_gives_the_full_replay(tmp_path: Path, seed:
     for chain in [*chains, late]:
         chain.close()
     after = Compacted(through={writer: 1}) if seed % 2 else before
-    index, _, resumed = saved_index.resume(journal, after)
+    index, _, resumed = saved_index.resume(journal, after, KeyTable.in_journal(journal))
     assert resumed == 2
     full = load_index(journal, after)
     if after != before:
@@ -114,7 +118,7 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
         corrupt_bytes(state)
     elif damage == "garbage":
         saved_index.save(journal, saved, {}, {})
-        state.write_bytes(state.read_bytes().replace(b'"v":1', b'"v":9'))
+        state.write_bytes(state.read_bytes().replace(b'"v":2', b'"v":9'))
     elif damage == "truncated":  # the ledger lost its tail under the saved position
         [(ledger_chain, [segment])] = list_chains(ledger_dir(journal)).items()
         seg = Path(ledger_dir(journal)) / segment_name(ledger_chain, segment)
@@ -127,10 +131,10 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
     fresh = Compacted() if damage == "compaction undone" else compacted
     if damage == "truncated":  # not trusted: the full replay reports the damage, as without it
         with pytest.raises(JournalCorruption):
-            saved_index.resume(journal, fresh)
+            saved_index.resume(journal, fresh, KeyTable.in_journal(journal))
         assert "does not reach its position" in caplog.text
         return
-    index, _, resumed = saved_index.resume(journal, fresh)
+    index, _, resumed = saved_index.resume(journal, fresh, KeyTable.in_journal(journal))
     assert resumed == 0
     assert index == load_index(journal, fresh)
     assert "ignoring the saved ledger index" in caplog.text
@@ -151,7 +155,7 @@ def test_the_forwarder_saves_its_index_at_a_stop_and_the_next_start_resumes_from
     try:
         assert second.index == load_index(journal, Compacted())
         assert second.index.terminal_count > 0
-        _, _, resumed = saved_index.resume(journal, Compacted())
+        _, _, resumed = saved_index.resume(journal, Compacted(), KeyTable.in_journal(journal))
         assert resumed == 1
     finally:
         second.close()
@@ -268,7 +272,8 @@ def test_a_malformed_saved_index_is_ignored_not_raised(tmp_path: Path, terminal:
     fields = ["covered", "first", "through", "dups", "dup_events", "retries", "lost", "later", "requeued"]
     rest = ",".join(f'"{name}":{{}}' if name in fields[:3] else f'"{name}":[]' for name in fields)
     body = (
-        '{"v":1,' + rest + ',"terminal":' + terminal + ',"failed":[],"keys":[],"duplicates":[],"cancels":[]}'
+        '{"v":2,' + rest + ',"terminal":' + terminal + ',"failed":[],"keys_table":["",0],"duplicates":[],'
+        '"cancels":[]}'
     )
     write_state(str(tmp_path), saved_index.SAVED_INDEX_NAME, body.encode())
     assert saved_index.load(str(tmp_path)) is None
@@ -278,11 +283,12 @@ def test_groups_whose_names_read_back_the_same_are_all_kept() -> None:
     """A missing outcome name reads back as ``failed``: a file (not one encode writes) with both
     lists keeps the offsets of both, as applying each group in turn did."""
     body = {
-        "v": 1,
+        "v": 2,
+        "keys_table": ["", 0],
         **{k: {} for k in ("covered", "through", "first")},
         "terminal": [["w", 0, {"": [4096, 4396], "failed": [4696]}]],
         **{k: [] for k in ("dups", "dup_events", "retries", "lost", "later", "requeued", "failed")},
-        **{k: [] for k in ("keys", "duplicates", "cancels")},
+        **{k: [] for k in ("duplicates", "cancels")},
     }
     index = saved_index.decode(json.dumps(body).encode()).index
     assert dict(index.terminal["w", 0].items()) == {4096: "failed", 4396: "failed", 4696: "failed"}

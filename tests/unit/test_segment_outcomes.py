@@ -175,9 +175,12 @@ def test_the_index_keeps_the_outcome_the_rank_rule_says(seed: int, merge_rule: t
 
 
 def test_a_saved_index_written_before_the_compact_map_loads() -> None:
-    """The saved index's format is unchanged: a payload as the dict-based index wrote it loads."""
+    """The terminal map's format is unchanged: a payload as the dict-based index wrote it loads.
+
+    (Version 2 only moved the key owners out, to the key table.)
+    """
     body = {
-        "v": 1,
+        "v": 2,
         "covered": {},
         "through": {},
         "first": {},
@@ -192,7 +195,7 @@ def test_a_saved_index_written_before_the_compact_map_loads() -> None:
         "later": [],
         "requeued": [],
         "failed": [],
-        "keys": [],
+        "keys_table": ["", 0],
         "duplicates": [],
         "cancels": [],
     }
