@@ -248,8 +248,8 @@ def test_the_dashboard_in_chromium(
         assert browser.find_element(By.CSS_SELECTOR, "dd.epoch").text == "1"
         _shot(browser, str(shots / "dashboard-trace-after-flushall.png"))
 
-        # The run that was in flight across the flush: pushed again under the new generation.
-        # The forwarder pushed it again under generation 1 when it saw the flush: both deliveries
+        # The run that was in flight across the flush: pushed again, mostly under the new
+        # generation (the forwarder pushed it again when it saw the flush): both deliveries
         # report (the first its run, the second its run or "already stored"); wait for both, so
         # the later one's reason is checked every time.
         release.touch()
@@ -267,7 +267,13 @@ def test_the_dashboard_in_chromium(
         ]
         print("held job's trace after the flush:", *steps, sep="\n  ")
         assert any("generation 0" in c for c in claims)
-        assert any("Redis lost or rolled back its state (epoch generation 0 -> 1)" in c for c in claims)
+        # The second copy came from the refill after the forwarder saw the new epoch (the usual
+        # order: its run says why), or from its reconcile pass, which found the copy missing
+        # first and pushed it again under generation 0 (seen on a loaded host: no such reason
+        # then; tests/unit/test_trace_redelivery.py checks both).
+        again = [c for c in claims if "epoch generation 1" in c]
+        assert all("Redis lost or rolled back its state (epoch generation 0 -> 1)" in c for c in again)
+        assert again or sum("epoch generation 0" in c for c in claims) >= 2
         _shot(browser, str(shots / "dashboard-trace-redis-lost.png"))
     finally:
         server.terminate()
