@@ -17,6 +17,10 @@ never binds: ``concurrency:1000000``), interleaved repetitions, medians:
   policy, ``k:*=concurrency:10`` (two jobs a key: it never binds either), the shape a user
   meets (a policy that binds for some tenant is not special-cased for the others).
 
+One untimed burn (``--warmup``) comes first: on a fresh machine the first round of burns ran 20
+to 40 % slower than the later ones whatever it measured, so it fell on the interleaved pairs of
+the first repetition only and widened their spread.
+
 Each measurement also notes the CPU seconds the forwarder, the worker (its whole process group)
 and Redis used (``/proc`` and ``INFO cpu``), printed per job: on a machine shared with other
 work the wall-clock ratios swing widely, the CPU each part used much less. A forwarder or
@@ -163,6 +167,13 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--quick", action="store_true", help="a smoke run (small N, 1 repetition)")
     p.add_argument("--repeat", type=int, default=None)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed burns before the timed ones (default 1; 0 with --quick): a fresh machine's first "
+        "round ran 20-40%% slower than the rest, whichever configuration it held",
+    )
     p.add_argument("-n", type=int, default=None, help="jobs per measurement (default 20,000)")
     p.add_argument(
         "--only",
@@ -173,6 +184,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     n = args.n or (2000 if args.quick else 20_000)
     repeat = args.repeat or (1 if args.quick else 3)
+    warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
     base = tempfile.mkdtemp(prefix="bench-limits-")
     server = RedisServer(directory=Path(base) / "redis")
     server.start()
@@ -180,6 +192,9 @@ def main(argv: list[str]) -> int:
         cfg = Config(url=server.url, server=server, base=base, n={}, max_seconds=300.0)
         whats = [w for w in WHATS if w in (args.only or WHATS)]
         rows: dict[str, list[float]] = {}
+        for _ in range(warmup):  # not counted: warms the page cache, Redis's allocator, the CPU
+            burn(cfg, n, 10, limited=False, name="warmup")
+            CPU.pop("warmup none", None)
         for rep in range(repeat):
             order = [False, True] if rep % 2 == 0 else [True, False]
             for limited in order:
@@ -196,7 +211,9 @@ def main(argv: list[str]) -> int:
                 if what in whats:
                     took = burn(cfg, n, 10_000, limited=limited, limit=TENANT_LIMIT, name=what)
                     rows.setdefault(f"{what} {tag}", []).append(took)
-        print(f"bench-limits: n={n} repeat={repeat} python {sys.version.split()[0]} cpus {os.cpu_count()}")
+        print(
+            f"bench-limits: n={n} repeat={repeat} warmup={warmup} python {sys.version.split()[0]} cpus {os.cpu_count()}"
+        )
         for name, values in rows.items():
             med = statistics.median(values)
             print(
