@@ -30,6 +30,7 @@ from hybridq.worker.acall import settle, stoppable, timed_out
 from hybridq.worker.run import BUSY, BUSY_POLL_S, CLAIMED, begin, claim, conclude, perform, release
 from hybridq.worker.runner import CANCEL_GRACE_S, NotStarted, Runner, Taken
 from hybridq.worker.starter import Starter, hold_claimed
+from hybridq.worker.values import own_cancel
 
 __all__ = ["FRESH_S", "Performer", "is_async"]
 
@@ -270,6 +271,9 @@ class Performer:
                 )
             if isinstance(exc, Exception):
                 return None, exc
+            own = own_cancel(exc, current, cancelling) if called else None
+            if own is not None:
+                return None, own
             # Cancelled from outside the run (SystemExit, KeyboardInterrupt too): no outcome,
             # the lease lapses.
             release(run)

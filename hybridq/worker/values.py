@@ -45,18 +45,45 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
         del error  # not kept as this frame ends: it is in its traceback (a reference cycle)
 
 
+class OwnCancel(Exception):
+    """A ``CancelledError`` the task raised itself, recorded as its failure (see :func:`own_cancel`)."""
+
+
+def own_cancel(error: BaseException, task: asyncio.Task[Any], cancelling: int) -> OwnCancel | None:
+    """``error`` as the task's own failure, if it is a ``CancelledError`` nobody asked for; else ``None``.
+
+    A ``CancelledError`` out of the task while its run's asyncio ``task`` holds no cancel request
+    past ``cancelling`` (the count before the call: no stop, no timeout, no process exit asked
+    for one) is the task's own doing: it raised one, or awaited a future someone else
+    cancelled. Taken for a cancel from outside, it recorded nothing and the job ran again as
+    ``lost``, the same error each time (docs/worker.md).
+    """
+    if not isinstance(error, asyncio.CancelledError) or task.cancelling() > cancelling:
+        return None
+    failure = OwnCancel(f"the task raised asyncio.CancelledError itself: {error!r}")
+    failure.__cause__ = error
+    return failure
+
+
 async def _settled(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Exception | None]:
     """What ``coro`` returned, or the error it raised, as the result of ``asyncio.run``'s task.
 
     A task that ends with an error keeps it, and the error's traceback holds the frame that
     holds the task (``asyncio.run``'s): a reference cycle that would hold a failed task's
-    frames and data until a collection. Anything but an ``Exception`` (a ``CancelledError``,
-    ``SystemExit``) is left to ``asyncio.run``, as before.
+    frames and data until a collection. A ``CancelledError`` the task raised itself is its failure
+    (:func:`own_cancel`); anything else but an ``Exception`` (a cancel from outside, ``SystemExit``)
+    is left to ``asyncio.run``, as before.
     """
     try:
         return await coro, None
     except Exception as exc:
         return None, exc
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        own = None if task is None else own_cancel(exc, task, 0)  # asyncio.run's Ctrl-C cancels it
+        if own is None:
+            raise
+        return None, own
 
 
 def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:

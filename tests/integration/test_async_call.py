@@ -162,3 +162,28 @@ def test_systemexit_in_an_async_task_stays_in_its_run(redis_server: RedisServer,
     assert item.run.finish is None, "no outcome"
     assert item.run.renewal is None, "its lease let go"
     assert seen["cancelling"] == 0, seen
+
+
+@pytest.mark.parametrize("how", ["raises", "awaits-a-cancelled-future"])
+def test_a_cancelled_error_the_task_raises_itself_is_its_failure(redis_server: RedisServer, how: str) -> None:
+    """A ``CancelledError`` out of the task while nothing asked its run's asyncio task to cancel
+    (no stop, no timeout, no process exit) is the task's own error: an outcome, failed (and retried
+    as its policy says). Main took it for a cancel from outside: no outcome, the lease let go, the
+    job delivered again as ``lost`` up to ``--max-lost`` times, the same error each time."""
+    performer, item = claimed(redis_server)
+
+    async def own_cancel(*_args: object) -> None:
+        await asyncio.sleep(0)
+        if how == "raises":
+            raise asyncio.CancelledError("mine")
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # someone else's cancelled future: CancelledError here, no cancel of this task
+
+    item.run.func = own_cancel
+    item.timeout = 60.0
+    seen = run(performer, item)
+    assert seen["escaped"] is None, seen
+    assert item.run.finish is not None, "an outcome: the task failed"
+    assert "CancelledError" in recorded(item)
+    assert seen["cancelling"] == 0, seen
