@@ -41,7 +41,8 @@ def test_the_tasks_own_cancelled_error_is_its_failure(func: object) -> None:
         call(func, env())  # type: ignore[arg-type]
     assert isinstance(caught.value.__cause__, asyncio.CancelledError)
     text = format_error(caught.value)
-    assert "CancelledError" in text and "raised asyncio.CancelledError itself" in text, text
+    assert "CancelledError" in text, text
+    assert "raised asyncio.CancelledError itself" in text, text
 
 
 def test_a_cancel_from_outside_still_leaves_as_one() -> None:
