@@ -41,6 +41,7 @@ from rq.timeouts import JobTimeoutException
 
 from hybridq.errors import Cancelled
 from hybridq.worker import quick
+from hybridq.worker.aloop import serve_loop
 
 __all__ = ["AHEAD", "AHEAD_QUICK", "CANCEL_GRACE_S", "STUCK_S", "TICK_S", "NotStarted", "Runner", "Taken"]
 
@@ -301,7 +302,7 @@ class Runner:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="hybridq-async", daemon=True).start()
+                threading.Thread(target=serve_loop, args=(loop,), name="hybridq-async", daemon=True).start()
                 self._loop = loop
             return self._loop
 
