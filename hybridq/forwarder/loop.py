@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -108,7 +109,21 @@ class Forwarder:
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
         self.stats = ForwarderStats()
-        #: Everything it keeps on disk, and the parts that work on it; built here, once.
+        self._lanes = lanes
+        #: The journal directory, held open and locked from open() to close().
+        self._dir_lock = DirLock(self.journal)
+        self.schedules = schedules
+        #: Set when a full disk poisoned the key table: the next try opens again first (run()).
+        self._reopen_due = False
+        self._build()
+
+    def _build(self) -> None:
+        """Make the parts (in ``__init__``, and again when the run opens again: :meth:`_reopen`).
+
+        Everything but the options, the transport, the counters, the schedules and the lock.
+        """
+        lanes, schedules, transport = self._lanes, self.schedules, self.transport
+        #: Everything it keeps on disk, and the parts that work on it.
         self.state = ForwarderState(self.journal, self.config)
         self.completions = Upkeep(self.state, transport)
         #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
@@ -131,11 +146,8 @@ class Forwarder:
             transport, self.state, self.stats, sleep=self.waits.sleep, stopping=self._stop_asked
         )
         self._reader = JournalReader(self.journal)
-        #: The journal directory, held open and locked from open() to close().
-        self._dir_lock = DirLock(self.journal)
         #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
         self.journal_check: BackgroundCheck | None = None
-        self.schedules = schedules
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
@@ -224,27 +236,7 @@ class Forwarder:
             self.close()
             raise
         try:
-            # Only the tails before the first job (O(tail), not O(journal)); the sealed segments
-            # are checked in the background, and corruption there stops the loop (step()).
-            report = recover(self.journal, tails_only=True)
-            for torn in report.repaired:
-                log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
-            self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
-            self.state.load()
-            self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
-            self.completions.open()
-            self.flows.open()
-            try:  # before the first push, so the checkpoint it saves has the epoch
-                self.maintenance.check_epoch()
-            except RedisRefused:
-                raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
-            except TransportError:
-                pass  # Redis down: the loop checks it later
-            self._reader.seek(self.checkpoint.positions)
-            self.lookup.open(self._reader.position)  # past it, the delivery notes each record
-            self.waits.listen()
-            if self.waits.listener is not None:
-                self.maintenance.watch(self.waits.wake)
+            self._open_parts()
         except BaseException:
             self.close()
             raise
@@ -255,21 +247,75 @@ class Forwarder:
             self.checkpoint.forwarded,
         )
 
+    def _open_parts(self) -> None:
+        """What :meth:`open` does under the lock: recover, load, open each part (see there)."""
+        # Only the tails before the first job (O(tail), not O(journal)); the sealed segments
+        # are checked in the background, and corruption there stops the loop (step()).
+        report = recover(self.journal, tails_only=True)
+        for torn in report.repaired:
+            log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+        self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
+        self.state.load()
+        self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
+        self.completions.open()
+        self.flows.open()
+        try:  # before the first push, so the checkpoint it saves has the epoch
+            self.maintenance.check_epoch()
+        except RedisRefused:
+            raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
+        except TransportError:
+            pass  # Redis down: the loop checks it later
+        self._reader.seek(self.checkpoint.positions)
+        self.lookup.open(self._reader.position)  # past it, the delivery notes each record
+        self.waits.listen()
+        if self.waits.listener is not None:
+            self.maintenance.watch(self.waits.wake)
+
     def close(self) -> None:
         """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
+        try:
+            self._close_parts()
+        finally:
+            self._dir_lock.release()
+
+    def _close_parts(self) -> None:
+        """Everything :meth:`close` releases but the lock; each part even when one before fails."""
         if self.maintenance.publish_due and self._dir_lock.locked:
             with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
                 self.maintenance.publish_terminal(now=True)
-        if self.schedules is not None:
-            self.schedules.close()
-        self.maintenance.unwatch()
-        if self.journal_check is not None:
-            self.journal_check.stop()
-        self.state.close()
-        self.lookup.close()
-        self.flows.close()
-        self.waits.close()
-        self._dir_lock.release()
+        with contextlib.ExitStack() as closing:  # the callbacks run last registered first
+            closing.callback(self.waits.close)
+            closing.callback(self.flows.close)
+            closing.callback(self.lookup.close)
+            closing.callback(self.state.close)
+            if self.journal_check is not None:
+                closing.callback(self.journal_check.stop)
+            closing.callback(self.maintenance.unwatch)
+            if self.schedules is not None:
+                closing.callback(self.schedules.close)
+
+    def _reopen(self) -> None:
+        """Close the parts and make and open them anew, as a start does, the lock kept.
+
+        After a full disk poisoned the key table (docs/reliability.md, the key table): its rows
+        of this run cannot be trusted, a start replays the ledger after the saved index into it.
+        Nothing is lost closing on a full disk: what a close could not write, a start redoes.
+        """
+        observe = self.state.on_durable_write
+        try:
+            self._close_parts()
+        except (HybridqError, OSError, sqlite3.Error) as exc:  # each part was closed all the same
+            log.warning("closing for the reopen after a full disk: %s", exc)
+        self._build()
+        self.state.on_durable_write = observe
+        try:
+            self._open_parts()
+        except BaseException:
+            with contextlib.suppress(HybridqError, OSError, sqlite3.Error):
+                self._close_parts()
+            raise
+        self._reopen_due = False
+        log.warning("opened %s again after a full disk: the key table replayed from the ledger", self.journal)
 
     def __enter__(self) -> Self:
         self.open()
@@ -305,6 +351,8 @@ class Forwarder:
         pause = DiskFullPause(lambda seconds: self._sleep(seconds))  # noqa: PLW0108 - late-bound
         while not self._stopping:
             try:
+                if self._reopen_due:
+                    self._reopen()
                 self.step()
             except Stopped:
                 break
@@ -312,6 +360,8 @@ class Forwarder:
                 if exc.errno not in DISK_FULL:
                     raise
                 self.stats.disk_full_retries += 1
+                # A poisoned key table is not retried on: the run opens again first (_reopen).
+                self._reopen_due = self._reopen_due or self.state.index.keys.failed
                 pause.wait(exc)
                 continue
             pause.over()
@@ -350,6 +400,8 @@ class Forwarder:
         elif self.flows.ended != ended:
             self._lookup_feed.catch_up()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
+        if self.state.index.keys.error is not None:  # e.g. its mark failed in a save of the index
+            raise self.state.index.keys.error  # run(): a full disk pauses, anything else stops
         self.publisher.maybe_publish()
         if not self._stepped and self.journal_check is not None:
             self.journal_check.start()  # after the first push: the first job does not wait for it
