@@ -301,13 +301,20 @@ class Forwarder:
         of this run cannot be trusted, a start replays the ledger after the saved index into it.
         Nothing is lost closing on a full disk: what a close could not write, a start redoes.
         """
-        observe = self.state.on_durable_write
+        old = self.state
         try:
             self._close_parts()
         except (HybridqError, OSError, sqlite3.Error) as exc:  # each part was closed all the same
             log.warning("closing for the reopen after a full disk: %s", exc)
         self._build()
-        self.state.on_durable_write = observe
+        self.state.on_durable_write = old.on_durable_write
+        # Until the new state is loaded (the disk may stay full a while), /metrics reads the
+        # figures of the old one, not zeros (a counter that drops and comes back is a spike).
+        self.state.checkpoint, self.state.compacted, self.state.index = (
+            old.checkpoint,
+            old.compacted,
+            old.index,
+        )
         try:
             self._open_parts()
         except BaseException:

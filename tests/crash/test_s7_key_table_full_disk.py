@@ -118,6 +118,7 @@ def test_a_full_disk_under_the_key_table_pauses_then_every_keyed_job_runs_once(
         paused = [r.getMessage() for r in caplog.records if "forwarding paused" in r.getMessage()]
         assert len(paused) == 1, paused
         assert "the key table" in paused[0]
+        assert forwarder.checkpoint.forwarded >= 5  # what /metrics reads while paused: not zeros
 
         filler[0].unlink()  # space is back: it opens again, as a start does, and goes on
         wait_for("the second keyed jobs", lambda: len(transport.queues.get("default", [])) == 10)
