@@ -149,15 +149,20 @@ class KeyTable:
             db.executescript(_SCHEMA)
             return db
         try:
-            return self._connect()
-        except sqlite3.OperationalError as exc:  # locked, read-only, full, unable to open: not damage
+            try:
+                return self._connect()
+            except sqlite3.OperationalError:  # locked, read-only, full, unable to open: not damage
+                raise
+            except sqlite3.DatabaseError as exc:
+                log.warning(
+                    "the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc
+                )
+                self._unlink()
+                return self._connect()
+        except sqlite3.Error as exc:
             code = sqlite_errno(exc, os.path.dirname(self.path))
             cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
             raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
-        except sqlite3.DatabaseError as exc:
-            log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
-            self._unlink()
-            return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None

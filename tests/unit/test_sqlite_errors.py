@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hybridq.errors import JournalIOError
-from hybridq.ledger import sqlite_errors
+from hybridq.ledger import keytable, sqlite_errors
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.sqlite_errors import full_disk_errno, sqlite_errno
 
@@ -78,3 +78,32 @@ def test_a_full_disk_poisons_the_table_as_enospc_and_close_writes_nothing(tmp_pa
     assert table.error is raised.value
     table._db = real
     table.close()  # no commit: a poisoned table's rows come back from the ledger
+
+
+def test_a_full_disk_at_open_is_enospc_and_the_file_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    KeyTable.in_journal(str(tmp_path)).close()
+
+    def full(self: KeyTable) -> sqlite3.Connection:
+        raise _error(13)
+
+    monkeypatch.setattr(KeyTable, "_connect", full)
+    with pytest.raises(JournalIOError) as raised:
+        KeyTable.in_journal(str(tmp_path))
+    assert raised.value.errno == errno.ENOSPC
+    assert (tmp_path / keytable.KEYS_TABLE_FILE).exists()  # not taken for damage
+
+
+def test_a_damaged_table_made_again_on_a_full_disk_is_enospc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tries = iter([sqlite3.DatabaseError("file is not a database"), _error(13)])
+
+    def damaged_then_full(self: KeyTable) -> sqlite3.Connection:
+        raise next(tries)
+
+    monkeypatch.setattr(KeyTable, "_connect", damaged_then_full)
+    with pytest.raises(JournalIOError) as raised:
+        KeyTable.in_journal(str(tmp_path))
+    assert raised.value.errno == errno.ENOSPC
