@@ -1,7 +1,7 @@
-"""A key-table error that is not a full disk still stops the forwarder, wherever it is caught.
+"""A key-table error reaches the loop wherever it is caught: a full disk pauses, anything else stops.
 
 docs/reliability.md "The key table", rule 6: a full disk pauses (tests/crash/
-test_s7_key_table_full_disk.py), anything else stops the loop with one ``JournalIOError`` (EIO),
+test_s7_key_table_full_disk.py; here one at the mark), anything else stops the loop with one ``JournalIOError`` (EIO),
 even when a save of the index caught the error of its mark: that run goes on no further with
 a table that may have lost rows. (The second test failed on main: the failed mark was logged
 and the forwarder went on.)
@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,17 @@ IOERR_WRITE = 10 | (3 << 8)
 
 
 class _Failing:
-    """The table's connection: a statement starting with ``starts`` fails with an I/O error."""
+    """The table's connection: a statement starting with ``starts`` fails (an I/O error, or ``code``)."""
 
-    def __init__(self, db: sqlite3.Connection, starts: str) -> None:
-        self._db, self._starts = db, starts
+    def __init__(self, db: sqlite3.Connection, starts: str, code: int = IOERR_WRITE) -> None:
+        self._db, self._starts, self._code = db, starts, code
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
         if sql.lstrip().upper().startswith(self._starts):
-            exc = sqlite3.OperationalError("disk I/O error")
-            exc.sqlite_errorcode = IOERR_WRITE  # type: ignore[attr-defined]
+            exc = sqlite3.OperationalError(
+                "disk I/O error" if self._code != 13 else "database or disk is full"
+            )
+            exc.sqlite_errorcode = self._code  # type: ignore[attr-defined]
             raise exc
         return self._db.execute(sql, *args)
 
@@ -87,3 +90,34 @@ def test_an_io_error_of_the_key_table_stops_the_run_with_eio(
         assert keys.failed
     finally:
         forwarder.close()
+
+
+def test_a_full_disk_at_the_mark_pauses_and_opens_again(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLITE_FULL at the mark, caught by the save of the index: a pause, then a reopen."""
+    monkeypatch.setattr(saved_index, "SAVE_EVERY", 1)
+    queue = Queue(journal=journal_dir)
+    transport = MemoryTransport()
+    forwarder = Forwarder(journal_dir, transport, idle_timeout_s=0.05)
+    forwarder.open()
+    keys = forwarder.state.index.keys
+    keys._db = _Failing(keys._db, "INSERT OR REPLACE INTO META", code=13)  # type: ignore[assignment]
+    jobs = [queue.enqueue(tasks.add, i, i, idempotency_key=f"k{i}").id for i in range(3)]
+    _close_writers()
+    runner = threading.Thread(target=forwarder.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any("again after a full disk" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "never opened again"
+            time.sleep(0.01)
+        assert forwarder.stats.disk_full_retries >= 1
+        assert forwarder.state.index.keys is not keys  # a new table, the ledger replayed into it
+        assert not forwarder.state.index.keys.failed
+    finally:
+        forwarder.stop()
+        runner.join(timeout=10)
+        forwarder.close()
+    assert not runner.is_alive()
+    assert transport.queues["default"] == jobs
