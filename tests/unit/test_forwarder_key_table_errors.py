@@ -1,10 +1,10 @@
 """A key-table error reaches the loop wherever it is caught: a full disk pauses, anything else stops.
 
-docs/reliability.md "The key table", rule 6: a full disk pauses (tests/crash/
-test_s7_key_table_full_disk.py; here one at the mark), anything else stops the loop with one ``JournalIOError`` (EIO),
-even when a save of the index caught the error of its mark: that run goes on no further with
-a table that may have lost rows. (The second test failed on main: the failed mark was logged
-and the forwarder went on.)
+docs/reliability.md "The key table", rule 6: a full disk pauses and opens again
+(tests/crash/test_s7_key_table_full_disk.py; here one at the mark), anything else stops the
+loop with one ``JournalIOError`` (EIO), even when a save of the index caught the error of its
+mark: that run goes on no further with a table that may have lost rows. (The "mark" case of
+the first test failed on main: the failed mark was logged and the forwarder went on.)
 """
 
 from __future__ import annotations
