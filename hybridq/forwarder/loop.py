@@ -11,10 +11,12 @@ absorbs it. While the transport is down, the forwarder backs off (exponential, w
 logs once when it goes down and once when it comes back, and keeps nothing in memory beyond the
 current batch: the backlog stays on disk.
 
-This module keeps the life cycle (recovery, open and close), the loop (:meth:`Forwarder.run`,
-:meth:`Forwarder.step` and its order) and the completions side's timers. It holds the parts it
-calls, each built once in ``__init__``: the step's delivery side (journal, admission, delayed
-jobs, batches: :class:`~hybridq.forwarder.delivery.Deliverer`), the loop's waits and wakes
+This module keeps the loop (:meth:`Forwarder.run`, :meth:`Forwarder.step` and its order) and
+the completions side's timers; the life cycle (recovery, open, close, and open again after a
+full disk under the key table) is its base, :class:`~hybridq.forwarder.lifecycle.LifeCycle`.
+It holds the parts it calls, built in ``__init__`` (and again by a reopen): the step's
+delivery side (journal, admission, delayed jobs, batches:
+:class:`~hybridq.forwarder.delivery.Deliverer`), the loop's waits and wakes
 (:class:`~hybridq.forwarder.wait.Waits`), the completions side
 (:class:`~hybridq.forwarder.upkeep.Upkeep`), cancellation, the lookup index and when it catches
 up (:class:`~hybridq.forwarder.lookup_feed.LookupFeed`), the journal directory held and locked
@@ -26,13 +28,12 @@ This module must not import redis or rq (only :mod:`hybridq.transport.rq` does).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any
 
-from hybridq.errors import HybridqError, JournalIOError, RedisRefused, Stopped, TransportError
+from hybridq.errors import JournalIOError, Stopped
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.cancelling import Canceller
@@ -43,6 +44,7 @@ from hybridq.forwarder.disk_full import DISK_FULL, DiskFullPause
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.gcpolicy import fewer_collections
 from hybridq.forwarder.keylimits import KeyLimits
+from hybridq.forwarder.lifecycle import LifeCycle
 from hybridq.forwarder.lookup_feed import LookupFeed
 from hybridq.forwarder.maintain import Maintenance, Parts
 from hybridq.forwarder.publish import StatsPublisher
@@ -53,9 +55,7 @@ from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.journal import ChainPosition, JournalReader
-from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.paths import ensure_journal_dir
-from hybridq.journal.recovery import recover
 from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file, kept importable here
     LOCK_NAME,
     Checkpoint,
@@ -70,7 +70,7 @@ __all__ = ["LOCK_NAME", "Forwarder", "ForwarderConfig", "ForwarderStats", "Ticks
 log = logging.getLogger("hybridq.forwarder")
 
 
-class Forwarder:
+class Forwarder(LifeCycle):
     """Forwards one journal directory into a transport.
 
     The loop and the life cycle are here; it holds the parts it calls: :attr:`delivery` (journal
@@ -108,7 +108,19 @@ class Forwarder:
         # lock the interrupted main thread may be holding inside Event.wait() (a deadlock).
         self._stopping = False
         self.stats = ForwarderStats()
-        #: Everything it keeps on disk, and the parts that work on it; built here, once.
+        self._lanes = lanes
+        self._dir_lock = DirLock(self.journal)
+        self.schedules = schedules
+        self._reopen_due = False
+        self._build()
+
+    def _build(self) -> None:
+        """Make the parts (in ``__init__``, and again when the run opens again: :meth:`_reopen`).
+
+        Everything but the options, the transport, the counters, the schedules and the lock.
+        """
+        lanes, schedules, transport = self._lanes, self.schedules, self.transport
+        #: Everything it keeps on disk, and the parts that work on it.
         self.state = ForwarderState(self.journal, self.config)
         self.completions = Upkeep(self.state, transport)
         #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
@@ -131,11 +143,7 @@ class Forwarder:
             transport, self.state, self.stats, sleep=self.waits.sleep, stopping=self._stop_asked
         )
         self._reader = JournalReader(self.journal)
-        #: The journal directory, held open and locked from open() to close().
-        self._dir_lock = DirLock(self.journal)
-        #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
-        self.journal_check: BackgroundCheck | None = None
-        self.schedules = schedules
+        self.journal_check = None  # made by open()
         #: Jobs by id (hybridq.fetch_job): brought up to date after each step that moved something.
         self.lookup = LookupIndex(self.journal, self.clock)
         self.completions.harvester.on_started = self.lookup.note_started  # job.status "started"
@@ -207,77 +215,6 @@ class Forwarder:
     def on_durable_write(self, observe: Callable[[float], None] | None) -> None:
         self.state.on_durable_write = observe
 
-    # -- life cycle ---------------------------------------------------------------------------
-
-    def open(self) -> None:
-        """Take the journal's forwarder lock, recover the journal, load the checkpoint.
-
-        Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
-        own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
-        """
-        # Held while it runs: the lock is taken in this very directory, and every step checks
-        # that the path still leads here (a swapped-in journal is never forwarded from).
-        self._dir_lock.open()
-        try:
-            self._dir_lock.lock()
-        except BaseException:
-            self.close()
-            raise
-        try:
-            # Only the tails before the first job (O(tail), not O(journal)); the sealed segments
-            # are checked in the background, and corruption there stops the loop (step()).
-            report = recover(self.journal, tails_only=True)
-            for torn in report.repaired:
-                log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
-            self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
-            self.state.load()
-            self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
-            self.completions.open()
-            self.flows.open()
-            try:  # before the first push, so the checkpoint it saves has the epoch
-                self.maintenance.check_epoch()
-            except RedisRefused:
-                raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
-            except TransportError:
-                pass  # Redis down: the loop checks it later
-            self._reader.seek(self.checkpoint.positions)
-            self.lookup.open(self._reader.position)  # past it, the delivery notes each record
-            self.waits.listen()
-            if self.waits.listener is not None:
-                self.maintenance.watch(self.waits.wake)
-        except BaseException:
-            self.close()
-            raise
-        log.info(
-            "forwarding %s (%d delayed jobs held, %d forwarded so far)",
-            self.journal,
-            len(self.checkpoint.held),
-            self.checkpoint.forwarded,
-        )
-
-    def close(self) -> None:
-        """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
-        if self.maintenance.publish_due and self._dir_lock.locked:
-            with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
-                self.maintenance.publish_terminal(now=True)
-        if self.schedules is not None:
-            self.schedules.close()
-        self.maintenance.unwatch()
-        if self.journal_check is not None:
-            self.journal_check.stop()
-        self.state.close()
-        self.lookup.close()
-        self.flows.close()
-        self.waits.close()
-        self._dir_lock.release()
-
-    def __enter__(self) -> Self:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def stop(self) -> None:
         """Ask :meth:`run` to finish the batch in flight, save the checkpoint and return.
 
@@ -305,6 +242,8 @@ class Forwarder:
         pause = DiskFullPause(lambda seconds: self._sleep(seconds))  # noqa: PLW0108 - late-bound
         while not self._stopping:
             try:
+                if self._reopen_due:
+                    self._reopen()
                 self.step()
             except Stopped:
                 break
@@ -312,6 +251,8 @@ class Forwarder:
                 if exc.errno not in DISK_FULL:
                     raise
                 self.stats.disk_full_retries += 1
+                # A poisoned key table is not retried on: the run opens again first (_reopen).
+                self._reopen_due = self._reopen_due or self.state.index.keys.failed
                 pause.wait(exc)
                 continue
             pause.over()
@@ -350,6 +291,8 @@ class Forwarder:
         elif self.flows.ended != ended:
             self._lookup_feed.catch_up()  # a workflow's end: its anchor's outcome, for job.wait()
         self.state.refresh_snapshot()  # outcomes recorded or segments compacted without a save
+        if self.state.index.keys.error is not None:  # e.g. its mark failed in a save of the index
+            raise self.state.index.keys.error  # run(): a full disk pauses, anything else stops
         self.publisher.maybe_publish()
         if not self._stepped and self.journal_check is not None:
             self.journal_check.start()  # after the first push: the first job does not wait for it

@@ -177,18 +177,29 @@ class ForwarderState:
             self.pushed.flush(self.checkpoint.positions)
 
     def close(self) -> None:
-        """Close the ledger and key store writers and the run table."""
-        if self.runs.is_open:  # loaded: the index is the ledger's, saved for the next start
-            self._saver.save(self.index, self.compacted)
-            with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
-                self.flush_pushed(force=True)
-        self.runs.close()
+        """Close the ledger and key store writers and the run table.
+
+        Each is closed even when one before it fails (a full disk: the forwarder opens again
+        in the same process, docs/operations.md "Disk full"); the error is raised after.
+        """
+        with contextlib.ExitStack() as closing:  # the callbacks run last registered first
+            closing.callback(self._save_count)
+            closing.callback(self.index.keys.close)
+            closing.callback(self.keys.close)
+            closing.callback(self._close_writer)
+            closing.callback(self.runs.close)
+            if self.runs.is_open:  # loaded: the index is the ledger's, saved for the next start
+                self._saver.save(self.index, self.compacted)
+                with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
+                    self.flush_pushed(force=True)
+
+    def _close_writer(self) -> None:
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            writer.close()
             self._stats.sealed_ledger()
-        self.keys.close()
-        self.index.keys.close()
+
+    def _save_count(self) -> None:
         with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts
             save_count(self.journal, self._pending, self.checkpoint.positions, self.compacted)
 

@@ -47,6 +47,7 @@ from typing import Any, ParamSpec, TypeVar
 from hybridq import crashpoints
 from hybridq.errors import JournalIOError
 from hybridq.ledger.entries import Entry
+from hybridq.ledger.sqlite_errors import sqlite_errno
 from hybridq.protocol import EntryKind
 
 __all__ = ["KEYS_TABLE_FILE", "KeyTable", "UnreadKeys"]
@@ -57,13 +58,13 @@ R = TypeVar("R")
 
 
 def _mapped(method: Callable[P, R]) -> Callable[P, R]:
-    """SQLite's errors as the journal's, and always EIO: the forwarder stops, never retries.
+    """SQLite's errors as the journal's: ENOSPC (or EDQUOT) for a full disk, EIO otherwise.
 
     A failed statement or commit may roll the open transaction back: the rows of this run are
-    then not all there, so a step retried in this run could miss an owner. The next start
-    replays the ledger after the saved index into the table (docs/reliability.md, the key
-    table), as it does after a crash. A full disk therefore stops the forwarder here (the run
-    table's full disk is a pause).
+    then not all there, so a step retried in this run could miss an owner. The table is
+    poisoned (:attr:`KeyTable.failed`): on a full disk the forwarder pauses and opens again as
+    a start does, replaying the ledger after the saved index into the table; on any other
+    error it stops and the next start does (docs/reliability.md, the key table).
     """
 
     @functools.wraps(method)
@@ -76,8 +77,10 @@ def _mapped(method: Callable[P, R]) -> Callable[P, R]:
             table = args[0]
             assert isinstance(table, KeyTable)
             table.failed = True
-            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
-            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
+            code = sqlite_errno(exc, None if table.path is None else os.path.dirname(table.path))
+            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
+            table.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+            raise table.error from exc
 
     return call
 
@@ -127,6 +130,9 @@ class KeyTable:
         self.covers = ""
         #: Set by any SQLite error (see :func:`_mapped`): :meth:`mark` refuses from then on.
         self.failed = False
+        #: The error that poisoned it (a caller that catches it, e.g. a failed save of the
+        #: index, leaves it here for the forwarder's step to raise: it pauses or stops).
+        self.error: JournalIOError | None = None
         #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
         self._written = 0
         self._bulk: list[tuple[Any, ...]] | None = None
@@ -143,14 +149,20 @@ class KeyTable:
             db.executescript(_SCHEMA)
             return db
         try:
-            return self._connect()
-        except sqlite3.OperationalError as exc:  # locked, read-only, unable to open: not damage
-            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            try:
+                return self._connect()
+            except sqlite3.OperationalError:  # locked, read-only, full, unable to open: not damage
+                raise
+            except sqlite3.DatabaseError as exc:
+                log.warning(
+                    "the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc
+                )
+                self._unlink()
+                return self._connect()
+        except sqlite3.Error as exc:
+            code = sqlite_errno(exc, os.path.dirname(self.path))
+            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
             raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
-        except sqlite3.DatabaseError as exc:
-            log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
-            self._unlink()
-            return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
@@ -362,11 +374,12 @@ class KeyTable:
         return self.id, generation
 
     def close(self) -> None:
-        """Commit and close (idempotent)."""
+        """Commit and close (idempotent); a poisoned table is closed without writing anything."""
         if not self._closed:
             self._closed = True
             try:
-                self.commit()
+                if not self.failed:  # its rows come back from the ledger at the next open
+                    self.commit()
             finally:
                 self._db.close()
 

@@ -1,0 +1,171 @@
+"""The forwarder's life cycle: open (the lock, recovery, each part), close, and open again.
+
+:class:`LifeCycle` is the base of :class:`hybridq.forwarder.loop.Forwarder`, which makes the
+parts (``Forwarder._build``, in ``__init__``) and runs the loop. Here: :meth:`LifeCycle.open`
+takes the journal's lock and opens each part, :meth:`LifeCycle.close` closes them all (each
+even when one before it fails: a full disk) and releases the lock, and
+:meth:`LifeCycle._reopen` does what a start does in the same process, the lock kept, after a
+full disk poisoned the key table (docs/reliability.md, "The key table", rule 6; the loop's
+pause: :mod:`hybridq.forwarder.disk_full`).
+
+This module must not import redis or rq (the transport port only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from typing import Self
+
+from hybridq.errors import HybridqError, RedisRefused, TransportError
+from hybridq.forwarder.backlog import Backlog
+from hybridq.forwarder.dirlock import DirLock
+from hybridq.forwarder.flows import Flows
+from hybridq.forwarder.maintain import Maintenance
+from hybridq.forwarder.state import ForwarderState
+from hybridq.forwarder.upkeep import Upkeep
+from hybridq.forwarder.wait import Ticks, Waits
+from hybridq.journal import JournalReader
+from hybridq.journal.background import BackgroundCheck, sealed_segments
+from hybridq.journal.recovery import recover
+from hybridq.lookup.index import LookupIndex
+
+__all__ = ["LifeCycle"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+
+class LifeCycle:
+    """Open, close and open again the parts a :class:`~hybridq.forwarder.loop.Forwarder` holds."""
+
+    journal: str
+    schedules: Ticks | None
+    state: ForwarderState
+    #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
+    journal_check: BackgroundCheck | None
+    backlog: Backlog
+    completions: Upkeep
+    flows: Flows
+    maintenance: Maintenance
+    lookup: LookupIndex
+    waits: Waits
+    _reader: JournalReader
+    #: The journal directory, held open and locked from open() to close().
+    _dir_lock: DirLock
+    #: Set when a full disk poisoned the key table: the next try opens again first (run()).
+    _reopen_due: bool
+
+    def _build(self) -> None:
+        """Make the parts (the forwarder's)."""
+        raise NotImplementedError
+
+    def open(self) -> None:
+        """Take the journal's forwarder lock, recover the journal, load the checkpoint.
+
+        Raises :class:`JournalLocked` if another forwarder holds the journal, and the journal's
+        own error (e.g. :class:`JournalCorruption`) if it cannot be opened safely.
+        """
+        # Held while it runs: the lock is taken in this very directory, and every step checks
+        # that the path still leads here (a swapped-in journal is never forwarded from).
+        self._dir_lock.open()
+        try:
+            self._dir_lock.lock()
+        except BaseException:
+            self.close()
+            raise
+        try:
+            self._open_parts()
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "forwarding %s (%d delayed jobs held, %d forwarded so far)",
+            self.journal,
+            len(self.state.checkpoint.held),
+            self.state.checkpoint.forwarded,
+        )
+
+    def _open_parts(self) -> None:
+        """What :meth:`open` does under the lock: recover, load, open each part (see there)."""
+        # Only the tails before the first job (O(tail), not O(journal)); the sealed segments
+        # are checked in the background, and corruption there stops the loop (step()).
+        report = recover(self.journal, tails_only=True)
+        for torn in report.repaired:
+            log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+        self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
+        self.state.load()
+        self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
+        self.completions.open()
+        self.flows.open()
+        try:  # before the first push, so the checkpoint it saves has the epoch
+            self.maintenance.check_epoch()
+        except RedisRefused:
+            raise  # a refusal (e.g. an evicting maxmemory-policy) is not an outage
+        except TransportError:
+            pass  # Redis down: the loop checks it later
+        self._reader.seek(self.state.checkpoint.positions)
+        self.lookup.open(self._reader.position)  # past it, the delivery notes each record
+        self.waits.listen()
+        if self.waits.listener is not None:
+            self.maintenance.watch(self.waits.wake)
+
+    def close(self) -> None:
+        """Publish the terminal count; release the socket, ledger, schedules and lock. Idempotent."""
+        try:
+            self._close_parts()
+        finally:
+            self._dir_lock.release()
+
+    def _close_parts(self) -> None:
+        """Everything :meth:`close` releases but the lock; each part even when one before fails."""
+        if self.maintenance.publish_due and self._dir_lock.locked:
+            with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
+                self.maintenance.publish_terminal(now=True)
+        with contextlib.ExitStack() as closing:  # the callbacks run last registered first
+            closing.callback(self.waits.close)
+            closing.callback(self.flows.close)
+            closing.callback(self.lookup.close)
+            closing.callback(self.state.close)
+            if self.journal_check is not None:
+                closing.callback(self.journal_check.stop)
+            closing.callback(self.maintenance.unwatch)
+            if self.schedules is not None:
+                closing.callback(self.schedules.close)
+
+    def _reopen(self) -> None:
+        """Close the parts and make and open them anew, as a start does, the lock kept.
+
+        After a full disk poisoned the key table (docs/reliability.md, the key table): its rows
+        of this run cannot be trusted, a start replays the ledger after the saved index into it.
+        Nothing is lost closing on a full disk: what a close could not write, a start redoes.
+        """
+        old = self.state
+        try:
+            self._close_parts()
+        except (HybridqError, OSError, sqlite3.Error) as exc:  # each part was closed all the same
+            log.warning("closing for the reopen after a full disk: %s", exc)
+        self._build()
+        self.state.on_durable_write = old.on_durable_write
+        # Until the new state is loaded (the disk may stay full a while), /metrics reads the
+        # figures of the old one, not zeros (a counter that drops and comes back is a spike).
+        self.state.checkpoint, self.state.compacted, self.state.index = (
+            old.checkpoint,
+            old.compacted,
+            old.index,
+        )
+        try:
+            self._open_parts()
+        except BaseException:
+            with contextlib.suppress(HybridqError, OSError, sqlite3.Error):
+                self._close_parts()
+            raise
+        self._reopen_due = False
+        log.warning("opened %s again after a full disk: the key table replayed from the ledger", self.journal)
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
