@@ -210,13 +210,11 @@ def replay(
             if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
             elif entry.kind == EntryKind.REQUEUED:
-                index.requeued.add(entry.loc)
+                index.failed.requeue(entry.loc)
             elif entry.kind == EntryKind.KEY:
                 index.apply(entry)  # a finished job's key outlives its segment (its window)
             continue
         index.apply(entry)
-    for loc in index.requeued:
-        index.failed.pop(loc, None)
     return reader.position
 
 
