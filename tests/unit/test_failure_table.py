@@ -91,7 +91,8 @@ def test_failures_are_listed_again_after_a_restart_and_not_in_the_saved_index(tm
     assert raw is not None
     body = json.loads(raw)
     assert body["v"] == 3
-    assert "failed" not in body and "requeued" not in body
+    assert "failed" not in body
+    assert "requeued" not in body
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
     try:
