@@ -38,6 +38,8 @@ CREATE TABLE IF NOT EXISTS failures (
 ) WITHOUT ROWID;
 """
 _WHERE = "chain = ? AND seg = ? AND off = ?"
+#: The count of listed failures in the file's ``meta`` table.
+_LISTED = "failures_listed"
 _ADD = "INSERT OR IGNORE INTO failures VALUES (?, ?, ?, 0, ?)"
 
 
@@ -46,11 +48,27 @@ class FailureTable:
 
     def __init__(self, file: TableFile) -> None:
         self.file = file
-        #: How many are listed, once counted (kept by every write after that: no count per read).
+        #: How many are listed, once known (kept by every write after that: no count per read).
         self._listed: int | None = None
 
-    def _cleared(self) -> None:
+    def opened(self) -> None:
+        """Take the count the file was committed with (``None``: counted when first asked).
+
+        A count is O(failures) pages read: at a million failures, seconds at each start. So
+        :meth:`committing` writes it into the file with the rows it counts (one transaction:
+        it always matches them), and an open reads it back.
+        """
+        listed = self.file.meta.get(_LISTED)
+        self._listed = None if listed is None else int(listed)
+
+    def cleared(self) -> None:
+        """Every row was dropped."""
         self._listed = 0
+
+    def committing(self) -> None:
+        """Write the count into the transaction about to commit (with the rows it counts)."""
+        if self._listed is not None and self.file.path is not None:
+            self.file._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_LISTED, str(self._listed)))
 
     @mapped
     def _state(self, loc: Loc) -> int | None:

@@ -80,6 +80,7 @@ class KeyTable(TableFile):
         #: The failures listed for requeue: a table of the same file.
         self.failures = FailureTable(self)
         super().__init__(path)
+        self.failures.opened()
 
     @classmethod
     def in_journal(cls, journal: str) -> KeyTable:
@@ -202,7 +203,10 @@ class KeyTable(TableFile):
     def _cleared(self) -> None:
         if self._bulk:
             self._bulk.clear()
-        self.failures._cleared()
+        self.failures.cleared()
+
+    def _committing(self) -> None:
+        self.failures.committing()
 
 
 class UnreadKeys(KeyTable):

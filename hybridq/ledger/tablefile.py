@@ -91,6 +91,7 @@ class TableFile:
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path
+        self.meta: dict[str, str] = {}
         self.id = ""
         self.generation = 0
         self._closed = False
@@ -141,6 +142,8 @@ class TableFile:
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
         self.id, self.generation = meta["id"], int(meta["gen"])
         self.covers = meta.get("covers", "")
+        #: The file's other values as opened (a table's own, kept by :meth:`_committing`).
+        self.meta = meta
         return db
 
     def _unlink(self) -> None:
@@ -187,12 +190,16 @@ class TableFile:
     def _cleared(self) -> None:
         """Forget what the tables keep in memory of their rows (they are all dropped)."""
 
+    def _committing(self) -> None:
+        """Write, in the transaction about to commit, what the tables keep of their rows."""
+
     @mapped
     def commit(self) -> None:
         """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
         self._settle()
         self._written = 0
         if self._db.in_transaction:
+            self._committing()
             crashpoints.reached("keys_before_commit")
             self._db.execute("COMMIT")
 
