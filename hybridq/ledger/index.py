@@ -148,7 +148,7 @@ class LedgerIndex:
             self.duplicates.pop(loc, None)
             self.cancels.pop(loc, None)
             # A settled duplicate is not listed: its owner is (requeue that one).
-            # A requeue mark read before it keeps it off the list (:meth:`FailureTable.__setitem__`).
+            # A requeue mark read before it keeps it off the list (:meth:`FailureTable.put`).
             if entry.outcome == "failed" and entry.dup_of is None:
                 self.failed.put(loc, entry, raw)
             return True
