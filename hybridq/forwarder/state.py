@@ -364,7 +364,12 @@ class ForwarderState:
         end = ChainPosition(last.segment, last.offset + RECORD_HEADER_SIZE + len(payloads[-1]), last.seq + 1)
         if self.on_append is not None:
             self.on_append(entries, last.writer_id, end)
-        unchanged = [entry for entry in entries if not self.index.apply(entry)] if apply else []
+        # The payloads too: a failure is listed as its JSON (hybridq.ledger.failtable), not encoded again.
+        unchanged = (
+            [e for e, raw in zip(entries, payloads, strict=True) if not self.index.apply(e, raw)]
+            if apply
+            else []
+        )
         self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.protocol import EntryKind
@@ -43,11 +44,9 @@ class LedgerIndex:
     #: Non-terminal jobs that said RetryLater: loc -> (how many times, when first). A delivery
     #: carries them: the job's attempt is the run's minus them, the deadline counts from then.
     later: dict[Loc, tuple[int, float]] = field(default_factory=dict)
-    #: Jobs that failed for good: loc -> their ``done`` entry (with the envelope).
-    failed: dict[Loc, Entry] = field(default_factory=dict)
-    requeued: set[Loc] = field(default_factory=set)
     #: Explicit idempotency keys (hashes) -> the ``key`` entry of the job that owns each: in
-    #: memory here, on disk in the forwarder (:mod:`hybridq.ledger.keytable`, issue 29).
+    #: memory here, on disk in the forwarder (:mod:`hybridq.ledger.keytable`, issue 29); its
+    #: file holds the listed failures too (:attr:`failed`).
     keys: KeyTable = field(default_factory=KeyTable)
     #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
     duplicates: dict[Loc, Entry] = field(default_factory=dict)
@@ -66,6 +65,14 @@ class LedgerIndex:
     #: Jobs a cancel was asked for that are not terminal yet: loc -> their ``cancel`` entry.
     cancels: dict[Loc, Entry] = field(default_factory=dict)
 
+    @property
+    def failed(self) -> FailureTable:
+        """Jobs that failed for good, not requeued: loc -> their ``done`` entry (with the envelope).
+
+        Rows of :attr:`keys`'s file, not entries in memory (:mod:`hybridq.ledger.failtable`).
+        """
+        return self.keys.failures
+
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
         done = self.terminal.get((loc[0], loc[1]))
@@ -83,8 +90,12 @@ class LedgerIndex:
         """The highest attempt known to have started for the job at ``loc`` (0 if none)."""
         return max(self.retries.get(loc, (0.0, 0))[1], self.lost.get(loc, (0, 0))[0])
 
-    def apply(self, entry: Entry) -> bool:
-        """Fold one entry in; returns ``False`` if it changed nothing (a replayed event)."""
+    def apply(self, entry: Entry, raw: bytes | None = None) -> bool:
+        """Fold one entry in; returns ``False`` if it changed nothing (a replayed event).
+
+        ``raw``: the entry's JSON (``entry.to_bytes()``) if the caller has it: a listed failure
+        is kept as it (:meth:`FailureTable.put`).
+        """
         loc, seg = entry.loc, (entry.loc[0], entry.loc[1])
         if entry.dup and entry.event_id is not None:
             seen = self.dup_events.setdefault(seg, set())
@@ -92,8 +103,7 @@ class LedgerIndex:
                 return False
             seen.add(entry.event_id)
         if entry.kind == EntryKind.REQUEUED:
-            self.requeued.add(loc)
-            self.failed.pop(loc, None)
+            self.failed.requeue(loc)
             return True
         if entry.kind == EntryKind.KEY:
             return self._own_key(entry)
@@ -125,8 +135,8 @@ class LedgerIndex:
                     self.totals[old] -= 1
                     self.totals[new] += 1
                     self.failed.pop(loc, None)
-                    if new == "failed" and loc not in self.requeued and entry.dup_of is None:
-                        self.failed[loc] = entry
+                    if new == "failed" and entry.dup_of is None:
+                        self.failed.put(loc, entry, raw)  # unless requeued (a mark stays in the table)
                     return True
                 return entry.dup
             self.terminal_count += 1
@@ -138,8 +148,9 @@ class LedgerIndex:
             self.duplicates.pop(loc, None)
             self.cancels.pop(loc, None)
             # A settled duplicate is not listed: its owner is (requeue that one).
-            if entry.outcome == "failed" and loc not in self.requeued and entry.dup_of is None:
-                self.failed[loc] = entry
+            # A requeue mark read before it keeps it off the list (:meth:`FailureTable.put`).
+            if entry.outcome == "failed" and entry.dup_of is None:
+                self.failed.put(loc, entry, raw)
             return True
         if self.is_terminal(loc):
             return False

@@ -9,22 +9,15 @@ run table's file: it is part of the ledger's index, loaded and saved with it
 (:mod:`hybridq.ledger.saved_index`), and a run table lost or rebuilt must not take it along.
 Other readers of the ledger (doctor, lookups) get the same table in memory (``:memory:``).
 
-The rules that keep an owner from being missed (docs/reliability.md, "The key table"):
+The rules that keep an owner from being missed (docs/reliability.md, "The key table"): those of
+the file (:mod:`hybridq.ledger.tablefile`: ledger first, committed with the saved index, a
+generation, poison), and:
 
 * **Max-merge.** A row changes only to an entry newer by ``(at, loc, until)`` (as
   :meth:`~hybridq.ledger.index.LedgerIndex.apply` folds ``key`` entries): applying entries again,
-  in any order, gives the same table, so a replay over it repairs it.
-* **Committed with the saved index.** Rows are written after their ledger append is durable,
-  in one transaction that :meth:`mark` commits (or every :data:`COMMIT_ROWS` rows, no fsync):
-  what a crash drops was appended to the ledger after the saved index's positions, and the
-  next start replays it. (A commit per step wrote a page per row: random keys land on distinct
-  B-tree pages; batching 20,000 rows halved the cost per row.)
-* **A generation.** Before the saved index is written, :meth:`mark` commits a higher generation
-  with fsync (and every row before it); the saved index records the table's id and that
-  generation. A start trusts the table only if its id is the saved one's and its generation at
-  least the saved one (a crash between the two leaves the table ahead, which is fine: it holds
-  at least what the saved index covers); otherwise (missing, damaged, another table, older) it
-  empties it and replays the whole ledger.
+  in any order, gives the same table, so a replay over it repairs it. (A commit per step wrote
+  a page per row: random keys land on distinct B-tree pages; batching 20,000 rows halved the
+  cost per row.)
 * **Deletions re-converge.** Only keys past their window are deleted (:meth:`forget_expired`);
   a deletion lost in a crash is done again by the next start's forget.
 
@@ -34,62 +27,19 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import contextlib
-import errno
-import functools
-import logging
 import operator
 import os
-import sqlite3
-import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from hybridq import crashpoints
-from hybridq.errors import JournalIOError
+from hybridq.ledger import failtable
 from hybridq.ledger.entries import Entry
-from hybridq.ledger.sqlite_errors import sqlite_errno
+from hybridq.ledger.failtable import FailureTable
+from hybridq.ledger.tablefile import COMMIT_ROWS, KEYS_TABLE_FILE, TableFile, mapped
 from hybridq.protocol import EntryKind
 
 __all__ = ["KEYS_TABLE_FILE", "KeyTable", "UnreadKeys"]
 
-log = logging.getLogger("hybridq.ledger")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _mapped(method: Callable[P, R]) -> Callable[P, R]:
-    """SQLite's errors as the journal's: ENOSPC (or EDQUOT) for a full disk, EIO otherwise.
-
-    A failed statement or commit may roll the open transaction back: the rows of this run are
-    then not all there, so a step retried in this run could miss an owner. The table is
-    poisoned (:attr:`KeyTable.failed`): on a full disk the forwarder pauses and opens again as
-    a start does, replaying the ledger after the saved index into the table; on any other
-    error it stops and the next start does (docs/reliability.md, the key table).
-    """
-
-    @functools.wraps(method)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except sqlite3.Error as exc:
-            # Poisoned: rows of this run may be gone, so no mark (and no saved index) may vouch
-            # for the table again in this run; the next start replays what it lost.
-            table = args[0]
-            assert isinstance(table, KeyTable)
-            table.failed = True
-            code = sqlite_errno(exc, None if table.path is None else os.path.dirname(table.path))
-            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
-            table.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
-            raise table.error from exc
-
-    return call
-
-
-#: The table's file in the journal directory.
-KEYS_TABLE_FILE = "ledger-keys.sqlite"
-#: Rows written in one transaction at most before it is committed (no fsync) even without a
-#: mark: bounds the write-ahead log's uncommitted part.
-COMMIT_ROWS = 20_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -97,7 +47,6 @@ CREATE TABLE IF NOT EXISTS keys (
     off INTEGER NOT NULL, until REAL, job_id TEXT NOT NULL, outcome TEXT, queue TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS keys_until ON keys (until) WHERE until IS NOT NULL;
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # The newest entry wins (LedgerIndex._own_key's order): a row is replaced only by a newer one.
 _OWN = """
@@ -112,92 +61,35 @@ WHERE (excluded.at, excluded.chain, excluded.seg, excluded.off, coalesce(exclude
 _GET = "SELECT at, chain, seg, off, until, job_id, outcome, queue FROM keys WHERE key = ?"
 
 
-class KeyTable:
-    """The owners of explicit idempotency keys (see module docstring).
+class KeyTable(TableFile):
+    """The owners of explicit idempotency keys (see module docstring), and the file's owner.
+
+    The file (:class:`~hybridq.ledger.tablefile.TableFile`: its connection, mark and poison)
+    holds the listed failures too: :attr:`failures` (:mod:`hybridq.ledger.failtable`).
 
     Args:
         path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
             or ``None`` for a table in memory (never trusted by a saved index).
     """
 
+    schema = _SCHEMA + failtable.SCHEMA
+
     def __init__(self, path: str | None = None) -> None:
-        self.path = path
-        self.id = ""
-        self.generation = 0
-        self._closed = False
-        #: What the last :meth:`mark` said the table covers (the saved index's ledger positions,
-        #: opaque here): a start checks it against the ledger as it is.
-        self.covers = ""
-        #: Set by any SQLite error (see :func:`_mapped`): :meth:`mark` refuses from then on.
-        self.failed = False
-        #: The error that poisoned it (a caller that catches it, e.g. a failed save of the
-        #: index, leaves it here for the forwarder's step to raise: it pauses or stops).
-        self.error: JournalIOError | None = None
-        #: Rows written in the open transaction; rows :meth:`bulk` keeps, not written yet.
-        self._written = 0
+        #: Rows :meth:`bulk` keeps, not written yet.
         self._bulk: list[tuple[Any, ...]] | None = None
-        self._db = self._open()
+        #: The failures listed for requeue: a table of the same file.
+        self.failures = FailureTable(self)
+        super().__init__(path)
+        self.failures.opened()
 
     @classmethod
     def in_journal(cls, journal: str) -> KeyTable:
         """The forwarder's table of a journal directory."""
         return cls(os.path.join(journal, KEYS_TABLE_FILE))
 
-    def _open(self) -> sqlite3.Connection:
-        if self.path is None:
-            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-            db.executescript(_SCHEMA)
-            return db
-        try:
-            try:
-                return self._connect()
-            except sqlite3.OperationalError:  # locked, read-only, full, unable to open: not damage
-                raise
-            except sqlite3.DatabaseError as exc:
-                log.warning(
-                    "the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc
-                )
-                self._unlink()
-                return self._connect()
-        except sqlite3.Error as exc:
-            code = sqlite_errno(exc, os.path.dirname(self.path))
-            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
-            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
-
-    def _connect(self) -> sqlite3.Connection:
-        assert self.path is not None
-        # Never through a symlink (OSError ELOOP), as every journal file (docs/journal-format.md);
-        # private: SQLite makes its -wal and -shm files with the file's mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # mark() fsyncs; a step's commit need not
-            db.executescript(_SCHEMA)
-            checked = db.execute("PRAGMA quick_check").fetchone()[0]
-            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-        except sqlite3.DatabaseError:
-            db.close()
-            raise
-        if checked != "ok":
-            db.close()
-            raise sqlite3.DatabaseError(f"quick_check: {checked}")
-        if "id" not in meta:  # new: nothing saved can vouch for it
-            meta = {"id": uuid.uuid4().hex, "gen": "0"}
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
-        self.id, self.generation = meta["id"], int(meta["gen"])
-        self.covers = meta.get("covers", "")
-        return db
-
-    def _unlink(self) -> None:
-        assert self.path is not None
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path + suffix)
-
     # -- reading ------------------------------------------------------------------------------
 
-    @_mapped
+    @mapped
     def get(self, key: str) -> Entry | None:
         """The ``key`` entry of the job owning ``key`` (``None``: nobody owns it)."""
         self._settle()
@@ -216,7 +108,7 @@ class KeyTable:
             queue=queue,
         )
 
-    @_mapped
+    @mapped
     def items(self) -> list[tuple[str, Entry]]:
         """Every key and its owner's entry (tests, and a look at a small table: O(keys))."""
         self._settle()
@@ -224,9 +116,9 @@ class KeyTable:
         return [(key, entry) for key in keys if (entry := self.get(key)) is not None]
 
     def __eq__(self, other: object) -> bool:
-        """The same owners (another table's, or a mapping's): what the tests compare."""
+        """The same owners and failures (another table's), or owners (a mapping's): what tests compare."""
         if isinstance(other, KeyTable):
-            return self.items() == other.items()
+            return self.items() == other.items() and self.failures == other.failures
         if isinstance(other, Mapping):
             return dict(self.items()) == dict(other)
         return NotImplemented
@@ -236,24 +128,20 @@ class KeyTable:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key) is not None
 
-    @_mapped
+    @mapped
     def __len__(self) -> int:
         self._settle()
         return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
-    @_mapped
+    @mapped
     def windowed(self) -> int:
         """How many keys have a window (their job finished, its segment compacted)."""
         self._settle()
         return int(self._db.execute("SELECT count(*) FROM keys WHERE until IS NOT NULL").fetchone()[0])
 
-    def trusts(self, table_id: str, generation: int) -> bool:
-        """Whether this table holds every owner a saved index of ``table_id``/``generation`` covers."""
-        return self.path is not None and table_id == self.id and self.generation >= generation
-
     # -- writing ------------------------------------------------------------------------------
 
-    @_mapped
+    @mapped
     def own(self, entry: Entry) -> bool:
         """Make ``entry``'s job the owner of its key if it is newer; whether it changed anything."""
         if entry.key is None:
@@ -284,7 +172,7 @@ class KeyTable:
             finally:
                 self._bulk = None
 
-    @_mapped
+    @mapped
     def _settle(self) -> None:
         """Write the rows :meth:`bulk` keeps (before anything reads the table)."""
         if self._bulk:
@@ -293,14 +181,7 @@ class KeyTable:
             self._begin(len(rows))
             self._db.executemany(_OWN, rows)
 
-    def _begin(self, rows: int = 1) -> None:
-        if self._written >= COMMIT_ROWS:
-            self.commit()
-        if not self._db.in_transaction:
-            self._db.execute("BEGIN")
-        self._written += rows
-
-    @_mapped
+    @mapped
     def forget_expired(self, now: float, most: int | None = None) -> int:
         """Forget keys whose window ended before ``now``; beyond ``most`` keys left, the oldest.
 
@@ -319,69 +200,13 @@ class KeyTable:
                 ).rowcount
         return int(gone)
 
-    @_mapped
-    def clear(self) -> None:
-        """Drop every row (a full replay of the ledger follows), under a new id.
-
-        No saved index made before can vouch for the table again. The file is made anew (a
-        ``DELETE`` of every row cost seconds at 200,000).
-        """
+    def _cleared(self) -> None:
         if self._bulk:
             self._bulk.clear()
-        if self.path is None:
-            self._db.execute("DELETE FROM keys")
-            return
-        self._db.close()
-        self._unlink()
-        self._written = 0
-        self._db = self._connect()
+        self.failures.cleared()
 
-    @_mapped
-    def commit(self) -> None:
-        """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
-        self._settle()
-        self._written = 0
-        if self._db.in_transaction:
-            crashpoints.reached("keys_before_commit")
-            self._db.execute("COMMIT")
-
-    @_mapped
-    def mark(self, covers: str = "") -> tuple[str, int]:
-        """Commit every row and a new generation, with fsync; returns (table id, generation).
-
-        Called before a saved index that records them is written; ``covers``: the ledger
-        positions the rows cover (kept as :attr:`covers`). Refused (``JournalIOError``)
-        once an SQLite error poisoned the table (:attr:`failed`): its open transaction may have
-        been rolled back, and the next start must replay what it lost.
-        """
-        if self.failed:
-            cause = OSError(
-                errno.EIO, "an earlier error may have lost rows (docs/reliability.md, the key table)"
-            )
-            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
-        self.commit()
-        generation = self.generation + 1
-        if self.path is not None:
-            self._db.execute("PRAGMA synchronous=FULL")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                    [("gen", str(generation)), ("covers", covers)],
-                )
-            finally:
-                self._db.execute("PRAGMA synchronous=NORMAL")
-        self.generation, self.covers = generation, covers
-        return self.id, generation
-
-    def close(self) -> None:
-        """Commit and close (idempotent); a poisoned table is closed without writing anything."""
-        if not self._closed:
-            self._closed = True
-            try:
-                if not self.failed:  # its rows come back from the ledger at the next open
-                    self.commit()
-            finally:
-                self._db.close()
+    def _committing(self) -> None:
+        self.failures.committing()
 
 
 class UnreadKeys(KeyTable):

@@ -62,8 +62,11 @@ log = logging.getLogger("hybridq.ledger")
 
 #: The state file (``<journal>/ledger-index.state``).
 SAVED_INDEX_NAME = "ledger-index"
-#: 2: the key owners left out (they are in the key table), its id and generation in.
-_VERSION = 2
+#: 2: the key owners left out (they are in the key table), its id and generation in. 3: the
+#: listed failures and requeue marks left out too (rows of the same file: issue 29); a file of
+#: version 2 still loads (:func:`decode` writes its failures into the table).
+_VERSION = 3
+_READ_VERSIONS = (2, 3)
 #: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
 SAVE_EVERY = 20_000
 
@@ -94,8 +97,9 @@ def encode(
 ) -> bytes:
     """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
 
-    The key owners are left out: they are in the key table ``keys_table`` names (its id and the
-    generation it was marked with), which must be found again to trust this file.
+    The key owners and the listed failures are left out: they are in the key table's file
+    ``keys_table`` names (its id and the generation it was marked with), which must be found
+    again to trust this file. Its size is therefore O(jobs in the window), not O(failures).
     """
     terminal = []
     for (writer, segment), done in index.terminal.items():
@@ -111,8 +115,6 @@ def encode(
         "retries": [[*loc, run_at, n] for loc, (run_at, n) in index.retries.items()],
         "lost": [[*loc, n, times] for loc, (n, times) in index.lost.items()],
         "later": [[*loc, n, since] for loc, (n, since) in index.later.items()],
-        "requeued": [list(loc) for loc in index.requeued],
-        "failed": [_body(e) for e in index.failed.values()],
         "keys_table": list(keys_table),
         "duplicates": [_body(e) for e in index.duplicates.values()],
         "cancels": [_body(e) for e in index.cancels.values()],
@@ -126,7 +128,7 @@ def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
     ``keys``: the key table the index gets (a new one in memory without it).
     """
     body = json.loads(raw)
-    if body["v"] != _VERSION:
+    if body["v"] not in _READ_VERSIONS:
         raise ValueError(f"version {body['v']!r}")
     index = LedgerIndex() if keys is None else LedgerIndex(keys=keys)
     for writer, segment, by_outcome in body["terminal"]:
@@ -150,8 +152,11 @@ def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
         index.lost[str(w), int(s), int(o)] = (int(n), int(times))
     for w, s, o, n, since in body["later"]:
         index.later[str(w), int(s), int(o)] = (int(n), float(since))
-    index.requeued = {(str(w), int(s), int(o)) for w, s, o in body["requeued"]}
-    index.failed = {e.loc: e for e in map(Entry.from_body, body["failed"])}
+    if body["v"] == 2:  # an upgrade: its failures into the table (a table it does not trust is emptied)
+        for e in map(Entry.from_body, body["failed"]):
+            index.failed[e.loc] = e
+        for w, s, o in body["requeued"]:
+            index.failed.requeue((str(w), int(s), int(o)))
     index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
     index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
     covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}

@@ -179,7 +179,9 @@ def load_index(journal: str, compacted: Compacted, keys: bool = True) -> LedgerI
     """The index of the whole ledger; of compacted journal segments, only failures still listed.
 
     ``keys=False``: without the owners of idempotency keys (:class:`UnreadKeys`), for a reader
-    that never looks at them.
+    that never looks at them. The listed failures are kept either way, in a table in memory
+    (:mod:`hybridq.ledger.failtable`): about 20 µs and 0.4 KB a failure (docs/reliability.md,
+    the key table), for a short-lived reader; the forwarder's are on disk.
     """
     index = LedgerIndex() if keys else LedgerIndex(keys=UnreadKeys())
     with index.keys.bulk():  # its key owners written in key order, many at a time
@@ -210,13 +212,11 @@ def replay(
             if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
             elif entry.kind == EntryKind.REQUEUED:
-                index.requeued.add(entry.loc)
+                index.failed.requeue(entry.loc)
             elif entry.kind == EntryKind.KEY:
                 index.apply(entry)  # a finished job's key outlives its segment (its window)
             continue
         index.apply(entry)
-    for loc in index.requeued:
-        index.failed.pop(loc, None)
     return reader.position
 
 

@@ -62,7 +62,7 @@ def failed_jobs(journal: str | None = None) -> list[FailedJob]:
 
 def listed(index: LedgerIndex) -> list[FailedJob]:
     """The failures a ledger index lists (not requeued), oldest first."""
-    out = [_failed(entry) for loc, entry in index.failed.items() if loc not in index.requeued]
+    out = [_failed(entry) for entry in index.failed.values()]
     return sorted(out, key=lambda f: f.failed_at)
 
 

@@ -358,10 +358,16 @@ def test_a_failure_stays_listed_and_requeueable_after_its_segments_are_compacted
     assert list(ledger_chains) == [forwarder.completions._writer.writer_id]  # type: ignore[union-attr]
     [failed] = failed_jobs(str(journal_dir))
     assert failed.error == "ValueError: zero"
+    # The forwarder's own list (rows of ledger-keys.sqlite) keeps it too, across a restart.
+    assert [e.job_id for e in forwarder.state.index.failed.values()] == [failed.id]
+    forwarder.close()
+    forwarder = make_forwarder(journal_dir, transport)
+    assert [e.job_id for e in forwarder.state.index.failed.values()] == [failed.id]
     [job] = requeue([failed.id], str(journal_dir))
     settle(forwarder)
     transport.work()
     settle(forwarder)
+    assert len(forwarder.state.index.failed) == 0
     forwarder.close()
     assert failed_jobs(str(journal_dir)) == []
     counts = status(journal_dir)

@@ -32,13 +32,11 @@ def reference(journal: str, compacted: Compacted) -> LedgerIndex:
             if entry.kind == "done" and entry.outcome == "failed" and entry.dup_of is None:
                 index.failed.setdefault(entry.loc, entry)
             elif entry.kind == "requeued":
-                index.requeued.add(entry.loc)
+                index.failed.requeue(entry.loc)
             elif entry.kind == "key":
                 index.apply(entry)
             continue
         index.apply(entry)
-    for loc in index.requeued:
-        index.failed.pop(loc, None)
     return index
 
 

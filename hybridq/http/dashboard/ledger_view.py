@@ -165,7 +165,7 @@ class LedgerView:
             if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
                 self._index.failed.setdefault(entry.loc, entry)
             elif entry.kind == EntryKind.REQUEUED:
-                self._index.requeued.add(entry.loc)
+                self._index.failed.requeue(entry.loc)
             elif entry.kind == EntryKind.KEY:
                 self._index.apply(entry)
             return

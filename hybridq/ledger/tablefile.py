@@ -1,0 +1,241 @@
+"""The SQLite file of the ledger's on-disk tables: its connection, its mark, its poison (issue 29).
+
+What the forwarder must index per job outside the Redis window lives on disk, not on its heap:
+the owners of idempotency keys (:mod:`hybridq.ledger.keytable`) and the failures listed for
+requeue (:mod:`hybridq.ledger.failtable`). Both are tables of one file,
+``<journal>/ledger-keys.sqlite`` (WAL, 0600), a derived cache of the ledger, under one protocol
+(docs/reliability.md, "The key table"); this class owns that file, the tables are views of it:
+
+* **Ledger first.** Rows are written only after the ledger append they come from is fsync'd.
+* **Committed with the saved index.** Rows are written in one transaction that :meth:`mark`
+  commits (or every :data:`COMMIT_ROWS` rows, no fsync): what a crash drops was appended to the
+  ledger after the saved index's positions, and the next start replays it.
+* **A generation.** Before the saved index is written, :meth:`mark` commits a higher generation
+  with fsync (and every row before it); the saved index records the file's id and that
+  generation. A start trusts the file only if its id is the saved one's and its generation at
+  least the saved one; otherwise (missing, damaged, another file, older) it empties it and
+  replays the whole ledger.
+* **Poison.** Any SQLite error sets :attr:`failed`: no mark (and no saved index) vouches for the
+  file again in that run.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from hybridq import crashpoints
+from hybridq.errors import JournalIOError
+
+__all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "TableFile", "mapped"]
+
+log = logging.getLogger("hybridq.ledger")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The file in the journal directory (its name from when it held only key owners).
+KEYS_TABLE_FILE = "ledger-keys.sqlite"
+#: Rows written in one transaction at most before it is committed (no fsync) even without a
+#: mark: bounds the write-ahead log's uncommitted part.
+COMMIT_ROWS = 20_000
+
+_META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+
+
+def mapped(method: Callable[P, R]) -> Callable[P, R]:
+    """SQLite's errors as the journal's, and always EIO: the forwarder stops, never retries.
+
+    A failed statement or commit may roll the open transaction back: the rows of this run are
+    then not all there, so a step retried in this run could miss an owner or a failure. The
+    next start replays the ledger after the saved index into the file (docs/reliability.md, the
+    key table), as it does after a crash. A full disk therefore stops the forwarder here (the
+    run table's full disk is a pause). The method's object is the file or a table of it (its
+    :attr:`file`).
+    """
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            # Poisoned: rows of this run may be gone, so no mark (and no saved index) may vouch
+            # for the file again in this run; the next start replays what it lost.
+            owner = getattr(args[0], "file", args[0])
+            assert isinstance(owner, TableFile)
+            owner.failed = True
+            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
+
+    return call
+
+
+class TableFile:
+    """The ledger tables' SQLite file (see module docstring); subclasses add the tables.
+
+    Args:
+        path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
+            or ``None`` for tables in memory (never trusted by a saved index).
+    """
+
+    #: The tables' ``CREATE ... IF NOT EXISTS`` statements (the subclass's).
+    schema = ""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.meta: dict[str, str] = {}
+        self.id = ""
+        self.generation = 0
+        self._closed = False
+        #: What the last :meth:`mark` said the file covers (the saved index's ledger positions,
+        #: opaque here): a start checks it against the ledger as it is.
+        self.covers = ""
+        #: Set by any SQLite error (see :func:`mapped`): :meth:`mark` refuses from then on.
+        self.failed = False
+        #: Rows written in the open transaction.
+        self._written = 0
+        self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path is None:
+            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            db.executescript(self.schema + _META)
+            return db
+        try:
+            return self._connect()
+        except sqlite3.OperationalError as exc:  # locked, read-only, unable to open: not damage
+            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
+        except sqlite3.DatabaseError as exc:
+            log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
+            self._unlink()
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        assert self.path is not None
+        # Never through a symlink (OSError ELOOP), as every journal file (docs/journal-format.md);
+        # private: SQLite makes its -wal and -shm files with the file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # mark() fsyncs; a step's commit need not
+            db.executescript(self.schema + _META)
+            checked = db.execute("PRAGMA quick_check").fetchone()[0]
+            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        if checked != "ok":
+            db.close()
+            raise sqlite3.DatabaseError(f"quick_check: {checked}")
+        if "id" not in meta:  # new: nothing saved can vouch for it
+            meta = {"id": uuid.uuid4().hex, "gen": "0"}
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
+        self.id, self.generation = meta["id"], int(meta["gen"])
+        self.covers = meta.get("covers", "")
+        #: The file's other values as opened (a table's own, kept by :meth:`_committing`).
+        self.meta = meta
+        return db
+
+    def _unlink(self) -> None:
+        assert self.path is not None
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+
+    def trusts(self, table_id: str, generation: int) -> bool:
+        """Whether this file holds every row a saved index of ``table_id``/``generation`` covers."""
+        return self.path is not None and table_id == self.id and self.generation >= generation
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Write rows a table keeps back (before anything reads or commits): none here."""
+
+    def _begin(self, rows: int = 1) -> None:
+        if self._written >= COMMIT_ROWS:
+            self.commit()
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN")
+        self._written += rows
+
+    @mapped
+    def clear(self) -> None:
+        """Drop every row (a full replay of the ledger follows), under a new id.
+
+        No saved index made before can vouch for the file again. The file is made anew (a
+        ``DELETE`` of every row cost seconds at 200,000).
+        """
+        self._cleared()
+        if self.path is None:
+            tables = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            for (table,) in tables:
+                if table != "meta":
+                    self._db.execute(f"DELETE FROM {table}")  # noqa: S608 (our own table names)
+            return
+        self._db.close()
+        self._unlink()
+        self._written = 0
+        self._db = self._connect()
+
+    def _cleared(self) -> None:
+        """Forget what the tables keep in memory of their rows (they are all dropped)."""
+
+    def _committing(self) -> None:
+        """Write, in the transaction about to commit, what the tables keep of their rows."""
+
+    @mapped
+    def commit(self) -> None:
+        """Commit the rows written since the last commit (no fsync; nothing to do if none)."""
+        self._settle()
+        self._written = 0
+        if self._db.in_transaction:
+            self._committing()
+            crashpoints.reached("keys_before_commit")
+            self._db.execute("COMMIT")
+
+    @mapped
+    def mark(self, covers: str = "") -> tuple[str, int]:
+        """Commit every row and a new generation, with fsync; returns (file id, generation).
+
+        Called before a saved index that records them is written; ``covers``: the ledger
+        positions the rows cover (kept as :attr:`covers`). Refused (``JournalIOError``)
+        once an SQLite error poisoned the file (:attr:`failed`): its open transaction may have
+        been rolled back, and the next start must replay what it lost.
+        """
+        if self.failed:
+            cause = OSError(
+                errno.EIO, "an earlier error may have lost rows (docs/reliability.md, the key table)"
+            )
+            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+        self.commit()
+        generation = self.generation + 1
+        if self.path is not None:
+            self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("gen", str(generation)), ("covers", covers)],
+                )
+            finally:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+        self.generation, self.covers = generation, covers
+        return self.id, generation
+
+    def close(self) -> None:
+        """Commit and close (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self.commit()
+            finally:
+                self._db.close()
