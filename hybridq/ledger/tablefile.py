@@ -35,6 +35,7 @@ from typing import ParamSpec, TypeVar
 
 from hybridq import crashpoints
 from hybridq.errors import JournalIOError
+from hybridq.ledger.sqlite_errors import sqlite_errno
 
 __all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "TableFile", "mapped"]
 
@@ -52,14 +53,14 @@ _META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT 
 
 
 def mapped(method: Callable[P, R]) -> Callable[P, R]:
-    """SQLite's errors as the journal's, and always EIO: the forwarder stops, never retries.
+    """SQLite's errors as the journal's: ENOSPC (or EDQUOT) for a full disk, EIO otherwise.
 
     A failed statement or commit may roll the open transaction back: the rows of this run are
     then not all there, so a step retried in this run could miss an owner or a failure. The
-    next start replays the ledger after the saved index into the file (docs/reliability.md, the
-    key table), as it does after a crash. A full disk therefore stops the forwarder here (the
-    run table's full disk is a pause). The method's object is the file or a table of it (its
-    :attr:`file`).
+    file is poisoned (:attr:`TableFile.failed`): on a full disk the forwarder pauses and opens
+    again as a start does, replaying the ledger after the saved index into the file; on any
+    other error it stops and the next start does (docs/reliability.md, the key table). The
+    method's object is the file or a table of it (its :attr:`file`).
     """
 
     @functools.wraps(method)
@@ -72,8 +73,10 @@ def mapped(method: Callable[P, R]) -> Callable[P, R]:
             owner = getattr(args[0], "file", args[0])
             assert isinstance(owner, TableFile)
             owner.failed = True
-            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
-            raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
+            code = sqlite_errno(exc, None if owner.path is None else os.path.dirname(owner.path))
+            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
+            owner.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+            raise owner.error from exc
 
     return call
 
@@ -100,6 +103,9 @@ class TableFile:
         self.covers = ""
         #: Set by any SQLite error (see :func:`mapped`): :meth:`mark` refuses from then on.
         self.failed = False
+        #: The error that poisoned it (a caller that catches it, e.g. a failed save of the
+        #: index, leaves it here for the forwarder's step to raise: it pauses or stops).
+        self.error: JournalIOError | None = None
         #: Rows written in the open transaction.
         self._written = 0
         self._db = self._open()
@@ -110,14 +116,20 @@ class TableFile:
             db.executescript(self.schema + _META)
             return db
         try:
-            return self._connect()
-        except sqlite3.OperationalError as exc:  # locked, read-only, unable to open: not damage
-            cause = OSError(errno.EIO, f"{exc} (docs/reliability.md, the key table)")
+            try:
+                return self._connect()
+            except sqlite3.OperationalError:  # locked, read-only, full, unable to open: not damage
+                raise
+            except sqlite3.DatabaseError as exc:
+                log.warning(
+                    "the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc
+                )
+                self._unlink()
+                return self._connect()
+        except sqlite3.Error as exc:
+            code = sqlite_errno(exc, os.path.dirname(self.path))
+            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
             raise JournalIOError(KEYS_TABLE_FILE, "the key table", cause) from exc
-        except sqlite3.DatabaseError as exc:
-            log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, exc)
-            self._unlink()
-            return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
@@ -232,10 +244,11 @@ class TableFile:
         return self.id, generation
 
     def close(self) -> None:
-        """Commit and close (idempotent)."""
+        """Commit and close (idempotent); a poisoned file is closed without writing anything."""
         if not self._closed:
             self._closed = True
             try:
-                self.commit()
+                if not self.failed:  # its rows come back from the ledger at the next open
+                    self.commit()
             finally:
                 self._db.close()
