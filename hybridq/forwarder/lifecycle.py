@@ -56,8 +56,11 @@ class LifeCycle:
     #: Set when a full disk poisoned the key table: the next try opens again first (run()).
     _reopen_due: bool
 
-    def _build(self) -> None:
-        """Make the parts (the forwarder's)."""
+    #: The attributes :meth:`_build` sets (noted by :meth:`_build_noted`).
+    _part_names: tuple[str, ...] = ()
+
+    def _build(self, carried: ForwarderState | None = None) -> None:
+        """Make the parts (the forwarder's); ``carried``: the state whose figures a reopen keeps."""
         raise NotImplementedError
 
     def open(self) -> None:
@@ -133,32 +136,39 @@ class LifeCycle:
             if self.schedules is not None:
                 closing.callback(self.schedules.close)
 
+    def _build_noted(self) -> None:
+        """:meth:`_build`, noting which attributes it sets: the parts a failed reopen puts back."""
+        before = set(vars(self))
+        self._build()
+        self._part_names = tuple(sorted(set(vars(self)) - before))
+
     def _reopen(self) -> None:
         """Close the parts and make and open them anew, as a start does, the lock kept.
 
         After a full disk poisoned the key table (docs/reliability.md, the key table): its rows
         of this run cannot be trusted, a start replays the ledger after the saved index into it.
         Nothing is lost closing on a full disk: what a close could not write, a start redoes.
+        The journal's path is checked first and again before the parts open (a directory
+        swapped in there is never written to: JournalPathError stops the run, as a step's check).
+        While the reopen fails (the disk still full) the old parts stay: /metrics reads their
+        figures, and the new state carries them until it is loaded (never zeros: a counter that
+        drops and comes back is a spike; docs/operations.md "Disk full").
         """
-        old = self.state
+        self._dir_lock.check()
+        old_parts = {name: getattr(self, name) for name in self._part_names}
         try:
             self._close_parts()
         except (HybridqError, OSError, sqlite3.Error) as exc:  # each part was closed all the same
             log.warning("closing for the reopen after a full disk: %s", exc)
-        self._build()
-        self.state.on_durable_write = old.on_durable_write
-        # Until the new state is loaded (the disk may stay full a while), /metrics reads the
-        # figures of the old one, not zeros (a counter that drops and comes back is a spike).
-        self.state.checkpoint, self.state.compacted, self.state.index = (
-            old.checkpoint,
-            old.compacted,
-            old.index,
-        )
+        self._build(carried=old_parts["state"])
         try:
+            self._dir_lock.check()
             self._open_parts()
         except BaseException:
             with contextlib.suppress(HybridqError, OSError, sqlite3.Error):
                 self._close_parts()
+            for name, part in old_parts.items():  # closed: their figures only (each close is idempotent)
+                setattr(self, name, part)
             raise
         self._reopen_due = False
         log.warning("opened %s again after a full disk: the key table replayed from the ledger", self.journal)

@@ -112,16 +112,21 @@ class Forwarder(LifeCycle):
         self._dir_lock = DirLock(self.journal)
         self.schedules = schedules
         self._reopen_due = False
-        self._build()
+        self._build_noted()
 
-    def _build(self) -> None:
+    def _build(self, carried: ForwarderState | None = None) -> None:
         """Make the parts (in ``__init__``, and again when the run opens again: :meth:`_reopen`).
 
         Everything but the options, the transport, the counters, the schedules and the lock.
+        ``carried``: a reopen's old state, whose figures the new one shows until it is loaded.
         """
         lanes, schedules, transport = self._lanes, self.schedules, self.transport
+        state = ForwarderState(self.journal, self.config)
+        if carried is not None:  # /metrics reads them from now on: never zeros (a counter reset)
+            state.on_durable_write = carried.on_durable_write
+            state.checkpoint, state.compacted, state.index = carried.checkpoint, carried.compacted, carried.index
         #: Everything it keeps on disk, and the parts that work on it.
-        self.state = ForwarderState(self.journal, self.config)
+        self.state = state
         self.completions = Upkeep(self.state, transport)
         #: Enqueue-if-absent: a job whose explicit idempotency key is taken is recorded, not pushed.
         self.admission = Admission(self.state)
