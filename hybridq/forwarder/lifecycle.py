@@ -29,6 +29,7 @@ from hybridq.forwarder.wait import Ticks, Waits
 from hybridq.journal import JournalReader
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.recovery import recover
+from hybridq.ledger.sqlite_errors import remove_probes
 from hybridq.lookup.index import LookupIndex
 
 __all__ = ["LifeCycle"]
@@ -96,6 +97,7 @@ class LifeCycle:
         report = recover(self.journal, tails_only=True)
         for torn in report.repaired:
             log.warning("repaired torn tail in %s at offset %d", torn.path, torn.offset)
+        remove_probes(self.journal)  # a full disk's probes a kill left (hybridq.ledger.sqlite_errors)
         self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
         self.state.load()
         self.backlog.selector.open()  # the rows' lanes follow this start's fair keys

@@ -124,7 +124,8 @@ class Forwarder(LifeCycle):
         state = ForwarderState(self.journal, self.config)
         if carried is not None:  # /metrics reads them from now on: never zeros (a counter reset)
             state.on_durable_write = carried.on_durable_write
-            state.checkpoint, state.compacted, state.index = carried.checkpoint, carried.compacted, carried.index
+            state.checkpoint, state.compacted = carried.checkpoint, carried.compacted
+            state.index = carried.index
         #: Everything it keeps on disk, and the parts that work on it.
         self.state = state
         self.completions = Upkeep(self.state, transport)

@@ -12,12 +12,19 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import sqlite3
 import uuid
 
-__all__ = ["FULL_ERRNOS", "PROBE_BYTES", "full_disk_errno", "sqlite_errno"]
+__all__ = ["FULL_ERRNOS", "PROBE_BYTES", "full_disk_errno", "remove_probes", "sqlite_errno"]
+
+log = logging.getLogger("hybridq.ledger")
+
+#: The probe files' names start so (a dot: no journal reader lists them).
+PROBE_PREFIX = ".space-probe-"
 
 #: The primary result codes (``sqlite_errorcode & 0xFF``) looked at here.
 SQLITE_IOERR = 10
@@ -47,9 +54,11 @@ def full_disk_errno(directory: str) -> int | None:
     """ENOSPC or EDQUOT if :data:`PROBE_BYTES` cannot be allocated in ``directory`` now, else None.
 
     The probe file (``.space-probe-*``, private, never followed through a symlink) is removed
-    at once; the journal's readers ignore names that are not segments.
+    at once; the journal's readers ignore names that are not segments. One left behind (a kill
+    before its unlink, or an unlink that failed: the answer is kept, not replaced by that
+    error) is removed by the forwarder's next open (:func:`remove_probes`).
     """
-    path = os.path.join(directory, f".space-probe-{uuid.uuid4().hex}")
+    path = os.path.join(directory, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:  # no inode left is a full disk too
@@ -60,5 +69,21 @@ def full_disk_errno(directory: str) -> int | None:
         return exc.errno if exc.errno in FULL_ERRNOS else None
     finally:
         os.close(fd)
-        os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     return None
+
+
+def remove_probes(directory: str) -> None:
+    """Remove the probe files left in ``directory`` (the forwarder's open, under its lock).
+
+    A probe that cannot be removed is logged and left: 64 KB is no reason not to start.
+    """
+    for name in os.listdir(directory):
+        if name.startswith(PROBE_PREFIX):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("a space probe left in %s could not be removed: %s", directory, exc)

@@ -107,3 +107,23 @@ def test_a_damaged_table_made_again_on_a_full_disk_is_enospc(
     with pytest.raises(JournalIOError) as raised:
         KeyTable.in_journal(str(tmp_path))
     assert raised.value.errno == errno.ENOSPC
+
+
+def test_a_probe_that_cannot_be_removed_keeps_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of dfull, item 6: a failing unlink must not replace the table's error."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def refused(path: str) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "unlink", refused)
+    assert full_disk_errno(str(tmp_path)) == errno.ENOSPC
+    monkeypatch.undo()
+    assert [name.startswith(".space-probe-") for name in os.listdir(tmp_path)] == [True]
+    sqlite_errors.remove_probes(str(tmp_path))  # what the forwarder's open does
+    assert os.listdir(tmp_path) == []
