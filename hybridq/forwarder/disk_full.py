@@ -50,6 +50,11 @@ class DiskFullPause:
         self._sleep(self._delay)
         self._delay = min(DISK_FULL_BACKOFF_S[1], self._delay * 2)
 
+    @property
+    def paused(self) -> bool:
+        """Whether a pause is on (a step failed on a full disk, and none showed room since)."""
+        return self._full_since is not None
+
     def over(self) -> None:
         """A step succeeded: log the end of a pause, if one was on, and start the backoff over."""
         if self._full_since is not None:

@@ -61,6 +61,7 @@ from hybridq.ledger.checkpoint import (  # LOCK_NAME: the forwarder's lock file,
     Checkpoint,
 )
 from hybridq.ledger.entries import Entry
+from hybridq.ledger.sqlite_errors import full_disk_errno
 from hybridq.lookup.index import LookupIndex
 from hybridq.transport import Transport
 from hybridq.transport.base import Delivery
@@ -243,10 +244,13 @@ class Forwarder(LifeCycle):
         A full disk pauses it: a checkpoint or ledger write that fails with ENOSPC (or EDQUOT)
         changed nothing durable (the ledger continues in a new segment, completion events stay
         in Redis until the ledger has them, a checkpoint is replaced atomically or not at all),
-        so the step is simply tried again, with backoff, until space returns.
+        so the step is simply tried again, with backoff, until space returns. The pause ends
+        at a step that shows room (:meth:`_room`), not at one that wrote nothing on a disk still
+        full (e.g. just after a reopen): the next write would meet the full disk again.
         """
         pause = DiskFullPause(lambda seconds: self._sleep(seconds))  # noqa: PLW0108 - late-bound
         while not self._stopping:
+            state, writes = self.state, self.state.durable_writes
             try:
                 if self._reopen_due:
                     self._reopen()
@@ -261,7 +265,10 @@ class Forwarder(LifeCycle):
                 self._reopen_due = self._reopen_due or self.state.index.keys.failed
                 pause.wait(exc)
                 continue
-            pause.over()
+            if pause.paused and not self._room(state, writes):
+                pass  # a step that wrote nothing, on a disk still full: the next write fails (a flap)
+            else:
+                pause.over()
             self._wait()
 
     def step(self) -> int:
@@ -311,6 +318,12 @@ class Forwarder(LifeCycle):
         if self.delivery.behind or self.backlog.more or self.flows.busy or not self.state.pending_ready:
             return  # records to index or count, waiting jobs the windows have room for, news for the flows
         self.waits.wait()
+
+    def _room(self, state: ForwarderState, writes: int) -> bool:
+        """Whether a step of a pause shows room: it wrote durably, or (none) a probe finds room."""
+        if self.state is state and state.durable_writes != writes:
+            return True
+        return full_disk_errno(self.journal) is None  # PROBE_BYTES allocated and freed
 
     def _sleep(self, seconds: float) -> None:
         self.waits.sleep(seconds)

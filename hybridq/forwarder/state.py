@@ -89,6 +89,8 @@ class ForwarderState:
         self.config = config
         #: Called with the seconds each durable write took (replaceable after start, for metrics).
         self.on_durable_write = config.on_durable_write
+        #: Durable writes that succeeded: a full disk's pause ends only after one (Forwarder.run).
+        self.durable_writes = 0
         self.checkpoint = Checkpoint()
         self.compacted = Compacted()
         self.index = LedgerIndex()
@@ -409,5 +411,6 @@ class ForwarderState:
             setattr(self.compacted, f.name, getattr(new, f.name))
 
     def _timed(self, started: float) -> None:
+        self.durable_writes += 1
         if self.on_durable_write is not None:
             self.on_durable_write(time.perf_counter() - started)
