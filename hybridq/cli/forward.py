@@ -285,7 +285,7 @@ def forward(
             fair_keys=fair_keys,
             limits=limits,
         )
-        forwarder.open()
+        forwarder.open_waiting_for_space()  # a full disk pauses here too (docs/operations.md)
         if metrics_port is not None:
             from hybridq.ops.metrics import FSYNC_SECONDS, serve_metrics  # noqa: PLC0415
 

@@ -16,13 +16,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import time
+from collections.abc import Callable
 from typing import Self
 
-from hybridq.errors import HybridqError, RedisRefused, TransportError
+from hybridq.errors import HybridqError, JournalIOError, RedisRefused, TransportError
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.dirlock import DirLock
+from hybridq.forwarder.disk_full import DISK_FULL, DiskFullPause
 from hybridq.forwarder.flows import Flows
 from hybridq.forwarder.maintain import Maintenance
+from hybridq.forwarder.push import ForwarderStats
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.upkeep import Upkeep
 from hybridq.forwarder.wait import Ticks, Waits
@@ -42,6 +46,7 @@ class LifeCycle:
 
     journal: str
     schedules: Ticks | None
+    stats: ForwarderStats
     state: ForwarderState
     #: The check of the sealed segments start-up skipped (it reads only the chains' tails).
     journal_check: BackgroundCheck | None
@@ -89,6 +94,28 @@ class LifeCycle:
             len(self.state.checkpoint.held),
             self.state.checkpoint.forwarded,
         )
+
+    def open_waiting_for_space(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """:meth:`open`, paused and tried again while the disk is full (``hybridq forward``'s start).
+
+        A full disk at the start (ENOSPC, EDQUOT: e.g. the key table's replay) pauses as a run
+        does (one log line, ``disk_full_retries``, the same backoff; docs/operations.md "Disk
+        full") instead of exiting for a supervisor to start it again at once. A failed open
+        closed its parts and released the lock; each try makes them anew. Any other error raises.
+        """
+        pause = DiskFullPause(sleep)
+        while True:
+            try:
+                self.open()
+            except (JournalIOError, OSError) as exc:
+                if exc.errno not in DISK_FULL:
+                    raise
+                self.stats.disk_full_retries += 1
+                pause.wait(exc)
+                self._build()
+                continue
+            pause.over()
+            return
 
     def _open_parts(self) -> None:
         """What :meth:`open` does under the lock: recover, load, open each part (see there)."""

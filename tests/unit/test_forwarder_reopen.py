@@ -249,3 +249,39 @@ def test_a_probe_left_by_a_kill_is_removed_at_open(tmp_path: Path) -> None:
     with Forwarder(journal, MemoryTransport()):
         assert not (journal / ".space-probe-0123abcd").exists()
     assert (journal / "space-probe-not-ours").exists()
+
+
+def test_a_full_disk_at_the_start_pauses_and_opens_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``hybridq forward``'s start (the review of dfull, item 4): it exited 1 for its supervisor."""
+    journal = tmp_path / "journal"
+    _opened(journal)[0].close()
+    real = keytable.KeyTable.in_journal
+    tries: list[int] = []
+
+    def full_twice(cls: type, journal: str) -> keytable.KeyTable:
+        tries.append(1)
+        if len(tries) <= 2:
+            raise JournalIOError(keytable.KEYS_TABLE_FILE, "the key table", OSError(errno.ENOSPC, "full"))
+        return real(journal)
+
+    monkeypatch.setattr(keytable.KeyTable, "in_journal", classmethod(full_twice))
+    slept: list[float] = []
+    transport = MemoryTransport()
+    forwarder = Forwarder(journal, transport)
+    forwarder.open_waiting_for_space(sleep=slept.append)
+    try:
+        forwarder.step()
+    finally:
+        forwarder.close()
+    assert (len(tries), len(slept), forwarder.stats.disk_full_retries) == (3, 2, 2)
+    assert caplog.text.count("forwarding paused") == 1
+    monkeypatch.setattr(keytable.KeyTable, "in_journal", _refused(errno.EIO))
+    with pytest.raises(JournalIOError) as raised:  # anything else: at once, the lock released
+        Forwarder(journal, MemoryTransport()).open_waiting_for_space(sleep=slept.append)
+    assert raised.value.errno == errno.EIO
+    assert len(slept) == 2
+    monkeypatch.undo()
+    with Forwarder(journal, MemoryTransport()):
+        pass
