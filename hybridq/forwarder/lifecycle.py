@@ -112,7 +112,7 @@ class LifeCycle:
                     raise
                 self.stats.disk_full_retries += 1
                 pause.wait(exc)
-                self._build()
+                self._build(carried=self.state)  # its on_durable_write too
                 continue
             pause.over()
             return

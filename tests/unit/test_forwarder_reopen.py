@@ -270,7 +270,10 @@ def test_a_full_disk_at_the_start_pauses_and_opens_once_there_is_room(
     slept: list[float] = []
     transport = MemoryTransport()
     forwarder = Forwarder(journal, transport)
+    timed: list[float] = []
+    forwarder.on_durable_write = timed.append  # kept by each try's new parts
     forwarder.open_waiting_for_space(sleep=slept.append)
+    assert forwarder.on_durable_write == timed.append
     try:
         forwarder.step()
     finally:
