@@ -2,7 +2,8 @@
 
 :class:`LifeCycle` is the base of :class:`hybridq.forwarder.loop.Forwarder`, which makes the
 parts (``Forwarder._build``, in ``__init__``) and runs the loop. Here: :meth:`LifeCycle.open`
-takes the journal's lock and opens each part, :meth:`LifeCycle.close` closes them all (each
+takes the journal's lock and opens each part (:meth:`LifeCycle.open_waiting_for_space`: paused
+while the disk is full, ``hybridq forward``'s start), :meth:`LifeCycle.close` closes them all (each
 even when one before it fails: a full disk) and releases the lock, and
 :meth:`LifeCycle._reopen` does what a start does in the same process, the lock kept, after a
 full disk poisoned the key table (docs/reliability.md, "The key table", rule 6; the loop's

@@ -265,9 +265,9 @@ class Forwarder(LifeCycle):
                 self._reopen_due = self._reopen_due or self.state.index.keys.failed
                 pause.wait(exc)
                 continue
-            if pause.paused and not self._room(state, writes):
-                pass  # a step that wrote nothing, on a disk still full: the next write fails (a flap)
-            else:
+            # Not after a step that wrote nothing on a disk still full: its next write would
+            # fail again, a second "paused" line (a flap).
+            if not pause.paused or self._room(state, writes):
                 pause.over()
             self._wait()
 
