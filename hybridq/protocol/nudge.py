@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -49,15 +50,29 @@ class _Sender:
     def __init__(self) -> None:
         self.pid = -1
         self.sock: socket.socket | None = None
+        self._making = threading.Lock()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._making = threading.Lock()  # a thread of the parent may have held it at the fork
 
     def send(self, name: str) -> None:
-        if self.pid != os.getpid() or self.sock is None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self.sock.settimeout(0.0)
-            self.pid = os.getpid()
+        sock = self.sock
+        if self.pid != os.getpid() or sock is None:
+            sock = self._make()
         # Nobody listening, or the buffer is full: either way the forwarder catches up by itself.
         with contextlib.suppress(OSError):
-            self.sock.sendto(b"!", name)
+            sock.sendto(b"!", name)
+
+    def _make(self) -> socket.socket:
+        # Under a lock: two threads' first nudges at once (a forwarder's lookup check and a
+        # producer) made two sockets, and the one dropped was never closed (a ResourceWarning).
+        with self._making:
+            if self.pid != os.getpid() or self.sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                sock.settimeout(0.0)
+                self.sock, self.pid = sock, os.getpid()
+            return self.sock
 
     def close(self) -> None:
         if self.sock is not None and self.pid == os.getpid():

@@ -6,8 +6,10 @@ its own, or another thread's that read the writer's position once they were.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from hybridq import Queue
 from hybridq.journal import FileOps
 from hybridq.journal.writer import JournalWriter
 from hybridq.producer import queue as producer
+from hybridq.protocol import nudge
 
 THREADS = 16
 
@@ -66,3 +69,43 @@ def test_threads_acknowledged_together_share_a_nudge(journal_dir: Path, sent: li
     assert not uncovered
     # One nudge per enqueue before (160 here); now about one per fsync.
     assert len(sent) <= len(jobs) // 2, len(sent)
+
+
+def test_two_threads_making_the_sender_socket_at_once_leave_none_unclosed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forwarder's lookup check nudges from its own thread while a producer nudges: the first
+    send of a process made two sockets and dropped one unclosed (a ResourceWarning, which failed
+    tests/crash/test_s7_key_table_full_disk.py about once in five runs)."""
+    made: list[socket.socket] = []
+    real = socket.socket
+
+    def make(*args: object) -> socket.socket:
+        sock = real(*args)  # type: ignore[arg-type]
+        made.append(sock)
+        time.sleep(0.05)  # long enough for the other thread to find no socket either
+        return sock
+
+    fake = types.SimpleNamespace(
+        socket=make, AF_UNIX=socket.AF_UNIX, SOCK_DGRAM=socket.SOCK_DGRAM, SOCK_CLOEXEC=socket.SOCK_CLOEXEC
+    )
+    monkeypatch.setattr(nudge, "socket", fake)  # this module's sockets only
+    sender = nudge._Sender()
+    both = threading.Barrier(2, timeout=5)
+
+    def send() -> None:
+        both.wait()
+        sender.send("\0hybridq-test-none")
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    try:
+        assert made
+        assert [sock for sock in made if sock is not sender.sock and sock.fileno() != -1] == []
+    finally:
+        sender.close()
+        for sock in made:
+            sock.close()
