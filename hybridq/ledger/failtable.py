@@ -118,6 +118,18 @@ class FailureTable:
         return entry
 
     @mapped
+    def drop_all(self) -> None:
+        """Drop every row, listed failures and requeue marks (an upgrade from format 2 refills them).
+
+        Rows an earlier upgrade committed without a saved index of format 3 vouching for them
+        may be stale: the previous release, trusting the file, never deleted the failures it
+        saw outranked since (docs/reliability.md, the key table).
+        """
+        self.file._begin()
+        self.file._db.execute("DELETE FROM failures")
+        self._listed = 0
+
+    @mapped
     def requeue(self, loc: Loc) -> None:
         """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later."""
         self.file._begin()

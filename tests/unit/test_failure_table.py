@@ -122,20 +122,26 @@ def test_a_table_that_does_not_fit_the_saved_index_is_rebuilt_from_the_ledger(tm
         state.close()
 
 
-def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
-    """Upgrade: the previous release saved failures and requeue marks in the index (format 2)
-    and its table held none. Made from this run's file here, as format 1 was last time."""
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    _forwarder_with_failures(journal, writer, 10)
+def _as_format_2(journal: str, writer: str, listed: range) -> None:
+    """Rewrite the saved index as the previous release's (format 2): ``listed`` failures of
+    ``writer``'s segment 1 at offsets 32 + i, and a requeue mark at 32, in the index itself."""
     raw = read_state(journal, SAVED_INDEX_NAME)
     assert raw is not None
     body = json.loads(raw)
     body.update(
         v=2,
-        failed=[json.loads(_failure((writer, 1, 32 + i)).to_bytes()) for i in range(1, 10)],
+        failed=[json.loads(_failure((writer, 1, 32 + i)).to_bytes()) for i in listed],
         requeued=[[writer, 1, 32]],
     )
     write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+
+
+def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
+    """Upgrade: the previous release saved failures and requeue marks in the index (format 2)
+    and its table held none. Made from this run's file here, as format 1 was last time."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)
+    _as_format_2(journal, writer, range(1, 10))
     table = KeyTable(str(Path(journal) / KEYS_TABLE_FILE))
     table._db.execute("DELETE FROM failures")  # as the previous release's table: no failures
     table._db.execute("DELETE FROM meta WHERE name = 'failures_listed'")  # nor their count
@@ -144,6 +150,24 @@ def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
     state.load()
     try:
         assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(1, 10)}
+        assert state.index.failed.requeued() == [(writer, 1, 32)]
+    finally:
+        state.close()
+
+
+def test_an_upgrade_from_format_2_drops_the_rows_an_earlier_upgrade_left(tmp_path: Path) -> None:
+    """An upgrade that never saved format 3 (killed; rows committed at COMMIT_ROWS or close)
+    leaves rows no saved index vouches for; the previous release then ran on the file (same id
+    and generation: it trusts it) and a success outranked one of those failures (job-33 here).
+    The next upgrade lists the format 2 index's failures only, and counts them."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)  # the table lists 33..41: the earlier upgrade's rows
+    _as_format_2(journal, writer, range(2, 10))  # what the previous release saved: job-33 succeeded
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(2, 10)}
+        assert len(state.index.failed) == 8
         assert state.index.failed.requeued() == [(writer, 1, 32)]
     finally:
         state.close()
