@@ -107,16 +107,16 @@ class FailureTable:
             self._listed += added
 
     @mapped
-    def pop(self, loc: Loc, default: None = None) -> Entry | None:
-        """Delist ``loc``'s failure (a success outranked it); a requeue mark stays."""
-        entry = self.get(loc)
-        if entry is None:
-            return default
+    def delist(self, loc: Loc) -> bool:
+        """Delist ``loc``'s failure (a success outranked it); a requeue mark stays.
+
+        Whether one was listed: the ``DELETE``'s row count, nothing read or decoded.
+        """
         self.file._begin()
-        self.file._db.execute(f"DELETE FROM failures WHERE {_WHERE} AND requeued = 0", loc)  # noqa: S608
-        if self._listed is not None:
+        gone = self.file._db.execute(f"DELETE FROM failures WHERE {_WHERE} AND requeued = 0", loc).rowcount  # noqa: S608
+        if gone and self._listed is not None:
             self._listed -= 1
-        return entry
+        return bool(gone)
 
     @mapped
     def drop_all(self) -> None:

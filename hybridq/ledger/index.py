@@ -134,7 +134,7 @@ class LedgerIndex:
                     done[loc[2]] = new
                     self.totals[old] -= 1
                     self.totals[new] += 1
-                    self.failed.pop(loc, None)
+                    self.failed.delist(loc)
                     if new == "failed" and entry.dup_of is None:
                         self.failed.put(loc, entry, raw)  # unless requeued (a mark stays in the table)
                     return True
@@ -185,7 +185,7 @@ class LedgerIndex:
             done[loc[2]] = _SUCCEEDED
             self.totals[old] -= 1
             self.totals["succeeded"] += 1
-            self.failed.pop(loc, None)
+            self.failed.delist(loc)
             return True
         self.terminal_count += 1
         self.totals["succeeded"] += 1
