@@ -24,6 +24,7 @@ from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
+from hybridq.ledger import saved_index
 from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 
 from tests.unit import test_ledger_replay
@@ -234,6 +235,24 @@ def test_an_upgrade_from_format_2_drops_the_rows_an_earlier_upgrade_left(tmp_pat
     try:
         assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(2, 10)}
         assert len(state.index.failed) == 8
+        assert state.index.failed.requeued() == [(writer, 1, 32)]
+    finally:
+        state.close()
+
+
+def test_a_reader_that_knows_only_format_2_replays_a_format_3_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A downgrade: the previous release reads only format 2 (``v != 2``: a ``ValueError``),
+    so it ignores a format 3 file (no failures in it) and replays the whole ledger: nothing lost."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)
+    monkeypatch.setattr(saved_index, "_READ_VERSIONS", (2,))
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        assert "ignoring the saved ledger index" in caplog.text
+        assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(1, 10)}
         assert state.index.failed.requeued() == [(writer, 1, 32)]
     finally:
         state.close()
