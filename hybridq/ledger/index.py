@@ -1,7 +1,8 @@
 """The ledger's in-memory index (:class:`LedgerIndex`): terminal jobs, duplicates, retries, keys.
 
 Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
-everything, the highest attempt wins), because records of several chains have no global order.
+everything, the highest attempt wins), because records of several chains have no global order
+(but for two cases of the listed failures: docs/reliability.md, the key table).
 Outcomes of one job rank ``succeeded`` > ``failed`` > ``cancelled``, whatever order they are read
 in: what a run really did beats the cancel. The entry format is :mod:`hybridq.ledger.entries`.
 
