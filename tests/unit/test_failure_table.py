@@ -21,10 +21,10 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.statefile import read_state, write_state
+from hybridq.ledger import saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
-from hybridq.ledger import saved_index
 from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 
 from tests.unit import test_ledger_replay
@@ -102,8 +102,16 @@ def _entry(name: str, loc: tuple[str, int, int]) -> Entry:
         "cancelled": lambda: _at(loc, outcome="cancelled"),
         "failed": lambda: _failure(loc),
         "failed dup": lambda: Entry(
-            "done", f"job-{loc[2]}", loc, outcome="failed", dup=True, event_id="e2", error="boom", at=1.0,
-            queue="q", job=_failure(loc).job,
+            "done",
+            f"job-{loc[2]}",
+            loc,
+            outcome="failed",
+            dup=True,
+            event_id="e2",
+            error="boom",
+            at=1.0,
+            queue="q",
+            job=_failure(loc).job,
         ),
         "succeeded": lambda: _at(loc, outcome="succeeded"),
         "settled failed": lambda: _at(loc, outcome="failed", dup_of="owner"),
