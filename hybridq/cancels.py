@@ -125,6 +125,7 @@ def _ask(path: str, wanted: list[str], locs: dict[str, list[Loc]], index: Ledger
     """Per job id, what a cancel does (the ledger ``index`` says which of its records ``locs`` ended)."""
     results: list[CancelResult] = []
     request: list[tuple[str, Loc]] = []
+    failed: set[str] | None = None  # the listed failures' ids, read once if an id needs them
     for job_id in wanted:
         mine = locs.get(job_id, [])
         pending = [loc for loc in mine if not index.is_terminal(loc)]
@@ -133,10 +134,10 @@ def _ask(path: str, wanted: list[str], locs: dict[str, list[Loc]], index: Ledger
             results.append(CancelResult(job_id, REQUESTED))
         elif mine:
             results.append(CancelResult(job_id, _ended(index, mine)))
-        elif any(e.job_id == job_id for e in index.failed.values()):
-            results.append(CancelResult(job_id, FAILED))
         else:
-            results.append(CancelResult(job_id, UNKNOWN))
+            if failed is None:
+                failed = index.failed.job_ids()
+            results.append(CancelResult(job_id, FAILED if job_id in failed else UNKNOWN))
     if request:
         _write_request(path, request)
         nudge(path)

@@ -19,6 +19,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -68,12 +69,12 @@ class FailureTable:
     def committing(self) -> None:
         """Write the count into the transaction about to commit (with the rows it counts)."""
         if self._listed is not None and self.file.path is not None:
-            self.file._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_LISTED, str(self._listed)))
+            self.file.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_LISTED, str(self._listed)))
 
     @mapped
     def _state(self, loc: Loc) -> int | None:
         """1: a requeue mark, 0: listed, ``None``: no row."""
-        row = self.file._db.execute(f"SELECT requeued FROM failures WHERE {_WHERE}", loc).fetchone()  # noqa: S608
+        row = self.file.execute(f"SELECT requeued FROM failures WHERE {_WHERE}", loc).fetchone()  # noqa: S608
         return None if row is None else int(row[0])
 
     # -- writing ------------------------------------------------------------------------------
@@ -89,44 +90,50 @@ class FailureTable:
         ``raw``: the entry's JSON if the caller has it (the ledger append encoded it already:
         encoding an envelope again cost more than the insert).
         """
-        self.file._begin()
-        db, body = self.file._db, entry.to_bytes() if raw is None else raw
-        if db.execute(_ADD, (*loc, body)).rowcount:
+        body = entry.to_bytes() if raw is None else raw
+        if self.file.write(_ADD, (*loc, body)).rowcount:
             if self._listed is not None:
                 self._listed += 1
             return
-        db.execute(f"UPDATE failures SET body = ? WHERE {_WHERE} AND requeued = 0", (body, *loc))  # noqa: S608
+        self.file.write(f"UPDATE failures SET body = ? WHERE {_WHERE} AND requeued = 0", (body, *loc), 0)  # noqa: S608
 
     @mapped
     def setdefault(self, loc: Loc, entry: Entry) -> None:
         """List ``entry``'s failure unless ``loc`` has a row (listed, or requeued)."""
-        self.file._begin()
-        added = self.file._db.execute(_ADD, (*loc, entry.to_bytes())).rowcount
+        added = self.file.write(_ADD, (*loc, entry.to_bytes())).rowcount
         if self._listed is not None:
             self._listed += added
 
     @mapped
-    def pop(self, loc: Loc, default: None = None) -> Entry | None:
-        """Delist ``loc``'s failure (a success outranked it); a requeue mark stays."""
-        entry = self.get(loc)
-        if entry is None:
-            return default
-        self.file._begin()
-        self.file._db.execute(f"DELETE FROM failures WHERE {_WHERE} AND requeued = 0", loc)  # noqa: S608
-        if self._listed is not None:
+    def delist(self, loc: Loc) -> bool:
+        """Delist ``loc``'s failure (a success outranked it); a requeue mark stays.
+
+        Whether one was listed: the ``DELETE``'s row count, nothing read or decoded.
+        """
+        gone = self.file.write(f"DELETE FROM failures WHERE {_WHERE} AND requeued = 0", loc).rowcount  # noqa: S608
+        if gone and self._listed is not None:
             self._listed -= 1
-        return entry
+        return bool(gone)
+
+    @mapped
+    def drop_all(self) -> None:
+        """Drop every row, listed failures and requeue marks (an upgrade from format 2 refills them).
+
+        Rows an earlier upgrade committed without a saved index of format 3 vouching for them
+        may be stale: the previous release, trusting the file, never deleted the failures it
+        saw outranked since (docs/reliability.md, the key table).
+        """
+        self.file.write("DELETE FROM failures")
+        self._listed = 0
 
     @mapped
     def requeue(self, loc: Loc) -> None:
         """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later."""
-        self.file._begin()
-        db = self.file._db
-        delisted = db.execute(
+        delisted = self.file.write(
             f"UPDATE failures SET requeued = 1, body = NULL WHERE {_WHERE} AND requeued = 0",  # noqa: S608
             loc,
         ).rowcount
-        db.execute("INSERT OR IGNORE INTO failures VALUES (?, ?, ?, 1, NULL)", loc)
+        self.file.write("INSERT OR IGNORE INTO failures VALUES (?, ?, ?, 1, NULL)", loc, 0)
         if self._listed is not None:
             self._listed -= delisted
 
@@ -135,7 +142,7 @@ class FailureTable:
     @mapped
     def get(self, loc: Loc) -> Entry | None:
         """The listed failure at ``loc`` (``None``: none, or requeued)."""
-        row = self.file._db.execute(
+        row = self.file.execute(
             f"SELECT body FROM failures WHERE {_WHERE} AND requeued = 0",  # noqa: S608
             loc,
         ).fetchone()
@@ -148,17 +155,23 @@ class FailureTable:
     def __len__(self) -> int:
         if self._listed is None:
             self._listed = int(
-                self.file._db.execute("SELECT count(*) FROM failures WHERE requeued = 0").fetchone()[0]
+                self.file.execute("SELECT count(*) FROM failures WHERE requeued = 0").fetchone()[0]
             )
         return self._listed
 
     @mapped
     def items(self) -> list[tuple[Loc, Entry]]:
         """Every listed failure (readers that list them all: O(failures) time and memory)."""
-        rows = self.file._db.execute(
+        rows = self.file.execute(
             "SELECT chain, seg, off, body FROM failures WHERE requeued = 0 ORDER BY chain, seg, off"
         ).fetchall()
         return [((str(c), int(s), int(o)), Entry.from_bytes(body)) for c, s, o, body in rows]
+
+    @mapped
+    def job_ids(self) -> set[str]:
+        """The job ids of every listed failure (one query, O(failures): look many ids up in it)."""
+        rows = self.file.execute("SELECT body FROM failures WHERE requeued = 0")
+        return {str(json.loads(body)["id"]) for (body,) in rows}
 
     def values(self) -> Iterator[Entry]:
         """Every listed failure's entry (see :meth:`items`)."""
@@ -170,7 +183,7 @@ class FailureTable:
     @mapped
     def requeued(self) -> list[Loc]:
         """Every requeue mark (tests, and the saved index's upgrade: O(marks))."""
-        rows = self.file._db.execute(
+        rows = self.file.execute(
             "SELECT chain, seg, off FROM failures WHERE requeued = 1 ORDER BY chain, seg, off"
         )
         return [(str(c), int(s), int(o)) for c, s, o in rows]

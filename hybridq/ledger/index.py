@@ -1,7 +1,8 @@
 """The ledger's in-memory index (:class:`LedgerIndex`): terminal jobs, duplicates, retries, keys.
 
 Replaying the records in any order gives the same :class:`LedgerIndex` (a terminal outcome beats
-everything, the highest attempt wins), because records of several chains have no global order.
+everything, the highest attempt wins), because records of several chains have no global order
+(but for two cases of the listed failures: docs/reliability.md, the key table).
 Outcomes of one job rank ``succeeded`` > ``failed`` > ``cancelled``, whatever order they are read
 in: what a run really did beats the cancel. The entry format is :mod:`hybridq.ledger.entries`.
 
@@ -134,7 +135,7 @@ class LedgerIndex:
                     done[loc[2]] = new
                     self.totals[old] -= 1
                     self.totals[new] += 1
-                    self.failed.pop(loc, None)
+                    self.failed.delist(loc)
                     if new == "failed" and entry.dup_of is None:
                         self.failed.put(loc, entry, raw)  # unless requeued (a mark stays in the table)
                     return True
@@ -185,7 +186,7 @@ class LedgerIndex:
             done[loc[2]] = _SUCCEEDED
             self.totals[old] -= 1
             self.totals["succeeded"] += 1
-            self.failed.pop(loc, None)
+            self.failed.delist(loc)
             return True
         self.terminal_count += 1
         self.totals["succeeded"] += 1

@@ -153,6 +153,9 @@ def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
     for w, s, o, n, since in body["later"]:
         index.later[str(w), int(s), int(o)] = (int(n), float(since))
     if body["v"] == 2:  # an upgrade: its failures into the table (a table it does not trust is emptied)
+        # Only these: rows an earlier upgrade left (no format 3 save vouched for them) may be
+        # stale, and no start would drop them.
+        index.failed.drop_all()
         for e in map(Entry.from_body, body["failed"]):
             index.failed[e.loc] = e
         for w, s, o in body["requeued"]:

@@ -30,8 +30,8 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from hybridq import crashpoints
 from hybridq.errors import JournalIOError
@@ -167,6 +167,21 @@ class TableFile:
     def trusts(self, table_id: str, generation: int) -> bool:
         """Whether this file holds every row a saved index of ``table_id``/``generation`` covers."""
         return self.path is not None and table_id == self.id and self.generation >= generation
+
+    # -- the tables' statements ---------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run a statement of a table of this file as is (a read; the caller maps errors, :func:`mapped`)."""
+        return self._db.execute(sql, params)
+
+    def write(self, sql: str, params: Sequence[Any] = (), rows: int = 1) -> sqlite3.Cursor:
+        """Run a write in the open transaction (begun if none; committed first past COMMIT_ROWS).
+
+        ``rows``: how many it counts towards :data:`COMMIT_ROWS` (0: a statement completing
+        one already counted).
+        """
+        self._begin(rows)
+        return self._db.execute(sql, params)
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hybridq import Queue, Retry, cancel, failed_jobs
+from hybridq import Queue, Retry, cancel, cancels, failed_jobs
 from hybridq.cancels import cancel_dir
 from hybridq.errors import RedisFull
 from hybridq.journal import JournalWriter
@@ -163,6 +163,33 @@ def test_cancelling_a_finished_failed_or_unknown_job_says_so_and_writes_nothing(
     ]
     assert all(r.message for r in results)
     assert not os.path.isdir(cancel_dir(str(journal_dir)))
+
+
+def test_cancelling_many_unknown_ids_reads_the_listed_failures_once(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id with no record left may be a listed failure (its segment compacted): that lookup
+    is one query per cancel, not a read and decode of every listed failure per id."""
+    queue = Queue(journal=journal_dir)
+    bad = [queue.enqueue(tasks.fail) for _ in range(3)]
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    forwarder.step()
+    transport.work(func=lambda _env, _attempt: tasks.fail())
+    settle(forwarder)
+    forwarder.close()
+    statements: list[str] = []
+    ask = cancels._ask
+
+    def traced(path: str, wanted: list[str], locs: dict, index: LedgerIndex) -> list:
+        index.keys._db.set_trace_callback(statements.append)
+        return ask(path, wanted, {**locs, bad[0].id: []}, index)  # as if its segment were compacted
+
+    monkeypatch.setattr(cancels, "_ask", traced)
+    unknown = [f"no-such-job-{i}" for i in range(20)]
+    results = cancel([bad[0].id, *unknown], journal_dir)
+    assert states(results) == ["failed"] + ["unknown"] * 20
+    assert len([s for s in statements if "failures" in s]) == 1
 
 
 def test_a_run_outcome_beats_a_cancel_whatever_the_order() -> None:

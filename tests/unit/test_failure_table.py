@@ -10,6 +10,7 @@ poisons the file, and the forwarder's heap no longer grows with the failures it 
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import random
 import tracemalloc
@@ -20,6 +21,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.statefile import read_state, write_state
+from hybridq.ledger import saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
@@ -74,6 +76,79 @@ def test_applying_entries_in_any_order_lists_the_same_failures(
         table.close()
 
 
+def _at(loc: tuple[str, int, int], **fields: object) -> Entry:
+    return Entry("done", f"job-{loc[2]}", loc, at=3.0, **fields)  # type: ignore[arg-type]
+
+
+#: Entries about one job, and whether it is listed after them in any order: a cancel (its
+#: request, then the forwarder's ``cancelled``: a failure outranks it), a duplicate failure
+#: event (counted, listed once), a settled duplicate (``dup_of``: never listed itself, and a
+#: success of it beats the failure). Order-dependent cases are left out (docs/reliability.md:
+#: a failure and a settled duplicate's failed ``done`` of one job; which of two bodies is kept).
+_ONE_JOB = {
+    "cancel then failure": (["cancel", "cancelled", "failed"], True),
+    "cancel, failure, requeue": (["cancel", "cancelled", "failed", "requeued"], False),
+    "failure twice": (["failed", "failed dup"], True),
+    "failure twice, requeue": (["failed", "failed dup", "requeued"], False),
+    "failure twice, success": (["failed", "failed dup", "succeeded"], False),
+    "settled duplicate": (["settled failed", "requeued"], False),
+    "settled duplicate's success": (["failed", "settled succeeded"], False),
+}
+
+
+def _entry(name: str, loc: tuple[str, int, int]) -> Entry:
+    return {
+        "cancel": lambda: Entry("cancel", f"job-{loc[2]}", loc, at=0.5),
+        "cancelled": lambda: _at(loc, outcome="cancelled"),
+        "failed": lambda: _failure(loc),
+        "failed dup": lambda: Entry(
+            "done",
+            f"job-{loc[2]}",
+            loc,
+            outcome="failed",
+            dup=True,
+            event_id="e2",
+            error="boom",
+            at=1.0,
+            queue="q",
+            job=_failure(loc).job,
+        ),
+        "succeeded": lambda: _at(loc, outcome="succeeded"),
+        "settled failed": lambda: _at(loc, outcome="failed", dup_of="owner"),
+        "settled succeeded": lambda: _at(loc, outcome="succeeded", dup_of="owner"),
+        "requeued": lambda: Entry("requeued", f"job-{loc[2]}", loc, at=2.0),
+    }[name]()
+
+
+@pytest.mark.parametrize("case", sorted(_ONE_JOB))
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_cancels_and_duplicates_in_any_order_list_the_same_failures(
+    tmp_path: Path, case: str, on_disk: bool
+) -> None:
+    names, listed = _ONE_JOB[case]
+    loc = ("a", 1, 32)
+    for n, order in enumerate(itertools.permutations(names)):
+        index = LedgerIndex(keys=KeyTable(str(tmp_path / f"{n}.sqlite") if on_disk else None))
+        try:
+            for _ in range(2):  # again: a replay over the table changes nothing
+                for name in order:
+                    index.apply(_entry(name, loc))
+                assert (loc in index.failed, len(index.failed)) == (listed, int(listed)), order
+            if listed:
+                assert index.failed.job_ids() == {"job-32"}
+        finally:
+            index.keys.close()
+
+
+def test_a_success_delists_a_failure_without_reading_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    index, loc = LedgerIndex(), ("a", 1, 32)
+    index.apply(_failure(loc))
+    monkeypatch.setattr(Entry, "from_bytes", None)  # any decode fails
+    index.apply(_at(loc, outcome="succeeded"))
+    assert index.apply_succeeded(loc) is False
+    assert (loc not in index.failed, len(index.failed)) == (True, 0)
+
+
 def _forwarder_with_failures(journal: str, writer: str, n: int) -> None:
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
@@ -122,20 +197,26 @@ def test_a_table_that_does_not_fit_the_saved_index_is_rebuilt_from_the_ledger(tm
         state.close()
 
 
-def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
-    """Upgrade: the previous release saved failures and requeue marks in the index (format 2)
-    and its table held none. Made from this run's file here, as format 1 was last time."""
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    _forwarder_with_failures(journal, writer, 10)
+def _as_format_2(journal: str, writer: str, listed: range) -> None:
+    """Rewrite the saved index as the previous release's (format 2): ``listed`` failures of
+    ``writer``'s segment 1 at offsets 32 + i, and a requeue mark at 32, in the index itself."""
     raw = read_state(journal, SAVED_INDEX_NAME)
     assert raw is not None
     body = json.loads(raw)
     body.update(
         v=2,
-        failed=[json.loads(_failure((writer, 1, 32 + i)).to_bytes()) for i in range(1, 10)],
+        failed=[json.loads(_failure((writer, 1, 32 + i)).to_bytes()) for i in listed],
         requeued=[[writer, 1, 32]],
     )
     write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+
+
+def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
+    """Upgrade: the previous release saved failures and requeue marks in the index (format 2)
+    and its table held none. Made from this run's file here, as format 1 was last time."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)
+    _as_format_2(journal, writer, range(1, 10))
     table = KeyTable(str(Path(journal) / KEYS_TABLE_FILE))
     table._db.execute("DELETE FROM failures")  # as the previous release's table: no failures
     table._db.execute("DELETE FROM meta WHERE name = 'failures_listed'")  # nor their count
@@ -143,6 +224,42 @@ def test_a_saved_index_of_format_2_lists_its_failures(tmp_path: Path) -> None:
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
     try:
+        assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(1, 10)}
+        assert state.index.failed.requeued() == [(writer, 1, 32)]
+    finally:
+        state.close()
+
+
+def test_an_upgrade_from_format_2_drops_the_rows_an_earlier_upgrade_left(tmp_path: Path) -> None:
+    """An upgrade that never saved format 3 (killed; rows committed at COMMIT_ROWS or close)
+    leaves rows no saved index vouches for; the previous release then ran on the file (same id
+    and generation: it trusts it) and a success outranked one of those failures (job-33 here).
+    The next upgrade lists the format 2 index's failures only, and counts them."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)  # the table lists 33..41: the earlier upgrade's rows
+    _as_format_2(journal, writer, range(2, 10))  # what the previous release saved: job-33 succeeded
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(2, 10)}
+        assert len(state.index.failed) == 8
+        assert state.index.failed.requeued() == [(writer, 1, 32)]
+    finally:
+        state.close()
+
+
+def test_a_reader_that_knows_only_format_2_replays_a_format_3_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A downgrade: the previous release reads only format 2 (``v != 2``: a ``ValueError``),
+    so it ignores a format 3 file (no failures in it) and replays the whole ledger: nothing lost."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    _forwarder_with_failures(journal, writer, 10)
+    monkeypatch.setattr(saved_index, "_READ_VERSIONS", (2,))
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    try:
+        assert "ignoring the saved ledger index" in caplog.text
         assert set(state.index.failed) == {(writer, 1, 32 + i) for i in range(1, 10)}
         assert state.index.failed.requeued() == [(writer, 1, 32)]
     finally:

@@ -87,7 +87,7 @@ def test_resuming_from_a_saved_index_gives_the_full_replay(tmp_path: Path, seed:
         assert set(index.failed) <= set(full.failed)
         for listed in (index.failed, full.failed):
             for loc in [loc for loc in listed if loc[1] <= 1]:
-                listed.pop(loc)
+                listed.delist(loc)
         index.dup_events = {seg: ids for seg, ids in index.dup_events.items() if seg[1] > 1}
         full.dup_events = {seg: ids for seg, ids in full.dup_events.items() if seg[1] > 1}
     # Of a job that failed twice, which failure is listed depends on the order the chains are
@@ -95,7 +95,7 @@ def test_resuming_from_a_saved_index_gives_the_full_replay(tmp_path: Path, seed:
     assert set(index.failed) == set(full.failed)
     for listed in (index.failed, full.failed):
         for loc in list(listed):
-            listed.pop(loc)
+            listed.delist(loc)
     assert index == full
 
 
