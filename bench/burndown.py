@@ -158,6 +158,8 @@ class Config:
     server: RedisServer
     n: dict[str, int]  # jobs per measurement, by workload
     max_seconds: float
+    #: Print each measurement's course (``--timeline``): jobs done and each part's CPU over time.
+    timeline: bool = False
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -331,11 +333,16 @@ def measure(cfg: Config, row: Row, workload: str) -> Sample:
         meter.groups["worker"] = [p.pid for p, _ in workers]
         procs += workers
         deadline = t0 + cfg.max_seconds
+        course: list[tuple[float, int, dict[str, float]]] = []
         while True:
             done = done_file.stat().st_size
             now = time.perf_counter()
+            if cfg.timeline:
+                course.append((now - t0, done, meter.stop()))
             if done >= n or now > deadline:
                 used = meter.stop()
+                if cfg.timeline:
+                    print_course(row, workload, course)
                 CPU.setdefault((workload, row.key), []).append({k: v / max(done, 1) for k, v in used.items()})
                 return Sample(n, now - t0) if done >= n else Sample(done, now - t0, extra={"capped": 1.0})
             if all(p.poll() is not None for p, _ in workers):
@@ -345,6 +352,23 @@ def measure(cfg: Config, row: Row, workload: str) -> Sample:
         kill_groups(procs)
         shutil.rmtree(d, ignore_errors=True)
         cfg.server.flushall()
+
+
+def print_course(row: Row, workload: str, course: list[tuple[float, int, dict[str, float]]]) -> None:
+    """One measurement's course, about every 0.1 s: seconds since the worker command started,
+    jobs done, and the CPU milliseconds each part used so far (``--timeline``).
+
+    Reading each part's CPU from ``/proc`` at every poll costs the machine a little itself.
+    """
+    first = next((t for t, done, _ in course if done), None)
+    cells, last = [], -1.0
+    for t, done, used in course:
+        if t - last >= 0.1:
+            parts = " ".join(f"{part[0]}{used[part] * 1000:.0f}" for part in CPU_PARTS if part in used)
+            cells.append(f"{t:.1f}s:{done} ({parts})")
+            last = t
+    start = "none" if first is None else f"{first:.3f} s"
+    print(f"  course {workload} {row.key}: first job done at {start}; " + ", ".join(cells))
 
 
 #: CPU seconds per job each part used during the timed burn, per (workload, row key) and
@@ -565,6 +589,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"{BASELINE} always runs: the ratios' denominator)",
     )
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: a new tempdir)")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each measurement's course: when its first job was done, then about every 0.1 s the "
+        "jobs done and the CPU ms each part (f: forwarder, w: worker, r: Redis) used so far",
+    )
     benchlib.add_json_option(p)
     return p.parse_args(argv)
 
@@ -594,7 +624,7 @@ def main(argv: list[str]) -> int:
     try:
         with RedisServer(directory=os.path.join(base, "redis")) as server:
             n = {"noop": n_fast, "io": n_slow, "cpu": n_slow}
-            cfg = Config(base, server.url, server, n, max_s)
+            cfg = Config(base, server.url, server, n, max_s, timeline=args.timeline)
             header = benchlib.print_redis_machine("hybridq burn-down benchmark (issue 15)", base, server)
             v = benchlib.version
             header["peers"] = (

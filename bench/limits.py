@@ -17,9 +17,9 @@ never binds: ``concurrency:1000000``), interleaved repetitions, medians:
   policy, ``k:*=concurrency:10`` (two jobs a key: it never binds either), the shape a user
   meets (a policy that binds for some tenant is not special-cased for the others).
 
-One untimed burn (``--warmup``) comes first: on a fresh machine the first round of burns ran 20
-to 40 % slower than the later ones whatever it measured, so it fell on the interleaved pairs of
-the first repetition only and widened their spread.
+One untimed burn (``--warmup``: 10 keys, no limits) comes first: on a fresh machine every burn
+of the first round ran 12 to 44 % slower than the same burn later, whatever it measured: it fell
+on the interleaved pairs of the first repetition only and widened their spread.
 
 Each measurement also notes the CPU seconds the forwarder, the worker (its whole process group)
 and Redis used (``/proc`` and ``INFO cpu``), printed per job: on a machine shared with other
@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
         type=int,
         default=None,
         help="untimed burns before the timed ones (default 1; 0 with --quick): a fresh machine's first "
-        "round ran 20-40%% slower than the rest, whichever configuration it held",
+        "round ran 12-44%% slower than the rest, whichever configuration it held",
     )
     p.add_argument("-n", type=int, default=None, help="jobs per measurement (default 20,000)")
     p.add_argument(
@@ -185,6 +185,8 @@ def main(argv: list[str]) -> int:
     n = args.n or (2000 if args.quick else 20_000)
     repeat = args.repeat or (1 if args.quick else 3)
     warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
+    if warmup < 0:
+        p.error("--warmup must be 0 or more")
     base = tempfile.mkdtemp(prefix="bench-limits-")
     server = RedisServer(directory=Path(base) / "redis")
     server.start()

@@ -271,9 +271,10 @@ class Performer:
                 )
             if isinstance(exc, Exception):
                 return None, exc
-            own = own_cancel(exc, current, cancelling) if called else None
-            if own is not None:
-                return None, own
+            if called and isinstance(exc, asyncio.CancelledError):
+                # Not the stop's nor the timeout's (told apart above): the task's own. No name
+                # kept: its traceback holds this frame (hybridq.worker.values.own_cancel).
+                return None, own_cancel(exc)
             # Cancelled from outside the run (SystemExit, KeyboardInterrupt too): no outcome,
             # the lease lapses.
             release(run)

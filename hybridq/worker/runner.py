@@ -302,7 +302,9 @@ class Runner:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=serve_loop, args=(loop,), name="hybridq-async", daemon=True).start()
+                threading.Thread(
+                    target=serve_loop, args=(loop, self._stop.is_set), name="hybridq-async", daemon=True
+                ).start()
                 self._loop = loop
             return self._loop
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import signal
+import threading
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -18,7 +20,7 @@ from hybridq.envelope.codec import dumps_ascii
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import encode, result_repr
 
-__all__ = ["MAX_ERROR_CHARS", "call", "format_error", "jsonable"]
+__all__ = ["MAX_ERROR_CHARS", "OwnCancel", "call", "format_error", "jsonable", "own_cancel"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -36,7 +38,14 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
     value = func(*args, **kwargs)
     if not inspect.iscoroutine(value):
         return value
-    value, error = asyncio.run(_settled(value))
+    # Only where asyncio.run installs its Ctrl-C handler (the main thread, Python's own SIGINT
+    # handler) can something outside cancel its task; RQ's work-horse ignores SIGINT and
+    # SimpleWorker installs its own, so there a CancelledError is always the task's.
+    interruptible = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    value, error = asyncio.run(_settled(value, interruptible=interruptible))
     if error is None:
         return value
     try:
@@ -46,26 +55,29 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
 
 
 class OwnCancel(Exception):
-    """A ``CancelledError`` the task raised itself, recorded as its failure (see :func:`own_cancel`)."""
+    """The task ended with an ``asyncio.CancelledError`` no stop or timeout asked for: its failure."""
 
 
-def own_cancel(error: BaseException, task: asyncio.Task[Any], cancelling: int) -> OwnCancel | None:
-    """``error`` as the task's own failure, if it is a ``CancelledError`` nobody asked for; else ``None``.
+def own_cancel(error: asyncio.CancelledError) -> OwnCancel:
+    """``error``, a ``CancelledError`` the task ended with that hybridq did not ask for, as its failure.
 
-    A ``CancelledError`` out of the task while its run's asyncio ``task`` holds no cancel request
-    past ``cancelling`` (the count before the call: no stop, no timeout, no process exit asked
-    for one) is the task's own doing: it raised one, or awaited a future someone else
-    cancelled. Taken for a cancel from outside, it recorded nothing and the job ran again as
-    ``lost``, the same error each time (docs/worker.md).
+    Neither a stop (a cancel's grace run out) nor its timeout (both are told apart before this
+    is asked), nor, under RQ's loop, ``asyncio.run``'s Ctrl-C: the task raised it, or awaited a
+    task or future that something else cancelled (another job's timeout, when they share one:
+    ``asyncio.shield`` keeps a shared one from passing it on). Taken for a cancel from outside,
+    it recorded nothing and the job ran again as ``lost``, the same error each time
+    (docs/worker.md). Callers keep no name bound to the result: its cause's traceback holds
+    their frame (a reference cycle that would keep the task's data until a collection).
     """
-    if not isinstance(error, asyncio.CancelledError) or task.cancelling() > cancelling:
-        return None
-    failure = OwnCancel(f"the task raised asyncio.CancelledError itself: {error!r}")
+    failure = OwnCancel(
+        "the task ended with asyncio.CancelledError, which neither a stop nor its timeout asked "
+        f"for (raised by the task, or by a task or future it awaited that was cancelled): {error!r}"
+    )
     failure.__cause__ = error
     return failure
 
 
-async def _settled(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Exception | None]:
+async def _settled(coro: Coroutine[Any, Any, Any], *, interruptible: bool) -> tuple[Any, Exception | None]:
     """What ``coro`` returned, or the error it raised, as the result of ``asyncio.run``'s task.
 
     A task that ends with an error keeps it, and the error's traceback holds the frame that
@@ -79,11 +91,15 @@ async def _settled(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Exception | Non
     except Exception as exc:
         return None, exc
     except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        own = None if task is None else own_cancel(exc, task, 0)  # asyncio.run's Ctrl-C cancels it
-        if own is None:
-            raise
-        return None, own
+        if interruptible and _cancel_asked():
+            raise  # asyncio.run's Ctrl-C
+        return None, own_cancel(exc)
+
+
+def _cancel_asked() -> bool:
+    """Whether the running task holds a cancel request (asyncio.run's Ctrl-C makes one)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def jsonable(value: Any, env: Envelope) -> tuple[Any, str]:

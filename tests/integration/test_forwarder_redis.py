@@ -29,9 +29,9 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
 
 from tests.support.processes import ForwarderProcess, run_status, wait_until
+from tests.support.rq_cli import RQ
 
 QUEUE_KEY = "rq:queue:default"
-RQ_SCRIPT = os.path.join(os.path.dirname(sys.executable), "rq")
 
 StartForwarder = Callable[..., ForwarderProcess]
 
@@ -491,7 +491,7 @@ def test_jobs_run_under_a_plain_rq_worker(
 
     worker = subprocess.run(
         [
-            RQ_SCRIPT,
+            *RQ,
             "worker",
             "--burst",
             "--serializer",

@@ -23,7 +23,6 @@ from hybridq.transport.rq import RQTransport
 from tests.integration.test_worker_protocol import OWNER, deliver, events
 from tests.integration.test_worker_protocol import envelope as protocol_envelope
 from tests.integration.test_worker_redis import (
-    RQ_SCRIPT,
     Stack,
     alive,
     lines_of,
@@ -33,6 +32,7 @@ from tests.integration.test_worker_redis import (
     wait_status,
 )
 from tests.support.processes import WorkerProcess, wait_until
+from tests.support.rq_cli import RQ
 from tests.support.rqwork import Work
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
@@ -41,7 +41,7 @@ __all__ = ["stack"]  # the fixture, used by this module's tests
 def start_worker(stack: Stack, url: str, mode: str) -> WorkerProcess:
     """A worker of ``mode``: ``pool`` (``hybridq worker``), ``rq``, ``simple`` or ``plain`` (``rq worker``)."""
     if mode == "plain":
-        args = [RQ_SCRIPT, "worker", "--serializer", "rq.serializers.JSONSerializer"]
+        args = [*RQ, "worker", "--serializer", "rq.serializers.JSONSerializer"]
         return stack._start([*args, "--job-class", "hybridq.worker.Job", "-u", url, "default"])
     mode_args = {"pool": ["--processes", "1"], "rq": ["--rq"], "simple": ["--simple"]}[mode]
     return stack._start([sys.executable, "-m", "hybridq", "worker", "--redis", url, *mode_args, "default"])

@@ -44,13 +44,13 @@ from rq.utils import utcformat
 
 from tests.import_canary import ENV_VAR as CANARY_VAR
 from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
+from tests.support.rq_cli import RQ
 from tests.support.rqwork import job_data
 
 OWNER = "owner1"
 NEW_KEY = "new-" + "n" * 60
 OLD_KEY = "old-" + "o" * 60
 CANARY = "tests.import_canary"
-RQ_SCRIPT = os.path.join(os.path.dirname(sys.executable), "rq")
 
 
 @pytest.fixture(autouse=True)
@@ -340,7 +340,7 @@ def test_a_job_hash_naming_another_function_is_refused_without_importing_it(
     if worker.startswith("hybridq"):
         args = hybridq_worker(redis_server.url)
     else:  # forking: the work-horse would import it
-        args = [RQ_SCRIPT, "worker", "--burst", "--serializer", "rq.serializers.JSONSerializer"]
+        args = [*RQ, "worker", "--burst", "--serializer", "rq.serializers.JSONSerializer"]
         args += ["--job-class", "hybridq.worker.Job", "-u", redis_server.url, "default"]
     log = run(args, env, tmp_path)
     assert not canary.exists(), canary.read_text()

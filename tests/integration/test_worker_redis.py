@@ -33,13 +33,13 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
+from tests.support.rq_cli import RQ
 
 #: The forwarder's lease (seconds): short, so killed workers are noticed quickly.
 LEASE_S = 2.0
 #: A killed worker's job must start again within this long (lease + reconcile + slack).
 REDELIVERY_BOUND_S = LEASE_S * 3 + 5
 QUEUE_KEY = "rq:queue:default"
-RQ_SCRIPT = os.path.join(os.path.dirname(sys.executable), "rq")
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ class Stack:
 
     def rq_worker(self, redis_url: str, *extra_args: str) -> WorkerProcess:
         """A plain ``rq worker --serializer rq.serializers.JSONSerializer default`` (forking)."""
-        args = [RQ_SCRIPT, "worker", "--serializer", "rq.serializers.JSONSerializer", "-u", redis_url]
+        args = [*RQ, "worker", "--serializer", "rq.serializers.JSONSerializer", "-u", redis_url]
         return self._start([*args, *extra_args, "default"])
 
     def _start(self, args: list[str]) -> WorkerProcess:

@@ -14,6 +14,7 @@ import queue
 import threading
 
 import pytest
+from hybridq.worker.aloop import serve_loop
 from hybridq.worker.runner import Runner, Taken
 
 
@@ -53,4 +54,32 @@ def test_the_event_loop_runs_on_after_a_child_task_raises(error: type[BaseExcept
             if thread.name == "hybridq-async":
                 thread.join(timeout=5)
         if loop is not None:
+            loop.close()
+
+
+def test_a_stop_in_the_same_iteration_as_the_error_still_ends_the_thread() -> None:
+    """``run_forever`` forgets a ``loop.stop()`` run in the iteration a task's SystemExit left it
+    from: the thread checks whether the runner is closing before it runs the loop again."""
+    loop = asyncio.new_event_loop()
+    closing = threading.Event()
+    thread = threading.Thread(target=serve_loop, args=(loop, closing.is_set), daemon=True)
+    thread.start()
+
+    async def raiser() -> None:
+        raise SystemExit(3)
+
+    made: list[asyncio.Task[None]] = []
+
+    def same_iteration() -> None:
+        closing.set()  # Runner.close() sets its flag, then schedules loop.stop
+        loop.call_soon(loop.stop)
+        made.append(loop.create_task(raiser()))  # its first step: the same iteration, after the stop
+
+    try:
+        loop.call_soon_threadsafe(same_iteration)
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "the loop ran on after the runner closed"
+        assert isinstance(made[0].exception(), SystemExit)  # retrieved: no report when it is freed
+    finally:
+        if not thread.is_alive():
             loop.close()
