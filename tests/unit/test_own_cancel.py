@@ -72,7 +72,15 @@ def test_the_tasks_own_cancelled_error_is_its_failure(func: object) -> None:
     assert "neither a stop nor its timeout asked for" in text, text
 
 
-def test_ctrl_c_still_stops_the_call() -> None:
+@pytest.fixture
+def python_sigint_handler() -> Iterator[None]:
+    """Python's own SIGINT handler (an earlier test's in-process RQ worker may have left its own)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_still_stops_the_call(python_sigint_handler: None) -> None:
     with pytest.raises(KeyboardInterrupt):
         call(interrupted, env())
 
