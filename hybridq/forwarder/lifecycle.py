@@ -58,6 +58,8 @@ class LifeCycle:
     lookup: LookupIndex
     waits: Waits
     _reader: JournalReader
+    #: Set by ``Forwarder.stop()``.
+    _stopping: bool
     #: The journal directory, held open and locked from open() to close().
     _dir_lock: DirLock
     #: Set when a full disk poisoned the key table: the next try opens again first (run()).
@@ -96,27 +98,38 @@ class LifeCycle:
             self.state.checkpoint.forwarded,
         )
 
-    def open_waiting_for_space(self, sleep: Callable[[float], None] = time.sleep) -> None:
+    def open_waiting_for_space(self, sleep: Callable[[float], None] | None = None) -> None:
         """:meth:`open`, paused and tried again while the disk is full (``hybridq forward``'s start).
 
         A full disk at the start (ENOSPC, EDQUOT: e.g. the key table's replay) pauses as a run
         does (one log line, ``disk_full_retries``, the same backoff; docs/operations.md "Disk
         full") instead of exiting for a supervisor to start it again at once. A failed open
-        closed its parts and released the lock; each try makes them anew. Any other error raises.
+        closed its parts and released the lock (not held between tries: another forwarder may
+        take the journal meanwhile, and this one then stops with ``JournalLocked``); each try makes
+        them anew. Any other error raises, and so does the full disk's once :meth:`stop` was
+        called (the wait between tries looks at it every 0.1 s; ``sleep``: a wait of one's own).
         """
-        pause = DiskFullPause(sleep)
+        pause = DiskFullPause(sleep or self._nap)
         while True:
             try:
                 self.open()
             except (JournalIOError, OSError) as exc:
-                if exc.errno not in DISK_FULL:
+                if exc.errno not in DISK_FULL or self._stopping:
                     raise
                 self.stats.disk_full_retries += 1
                 pause.wait(exc)
+                if self._stopping:
+                    raise
                 self._build(carried=self.state)  # its on_durable_write too
                 continue
             pause.over()
             return
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less once :meth:`stop` was called (looked at every 0.1 s)."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
 
     def _open_parts(self) -> None:
         """What :meth:`open` does under the lock: recover, load, open each part (see there)."""

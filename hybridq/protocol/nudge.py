@@ -60,19 +60,31 @@ class _Sender:
         sock = self.sock
         if self.pid != os.getpid() or sock is None:
             sock = self._make()
+            if sock is None:
+                return  # being made by another thread, or by this one under a signal handler
         # Nobody listening, or the buffer is full: either way the forwarder catches up by itself.
         with contextlib.suppress(OSError):
             sock.sendto(b"!", name)
 
-    def _make(self) -> socket.socket:
-        # Under a lock: two threads' first nudges at once (a forwarder's lookup check and a
-        # producer) made two sockets, and the one dropped was never closed (a ResourceWarning).
-        with self._making:
+    def _make(self) -> socket.socket | None:
+        """The process's socket, made once; ``None`` if it is being made right now.
+
+        Under a lock: two threads' first nudges at once (a forwarder's lookup check and a
+        producer) made two sockets, and the one dropped was never closed (a ResourceWarning).
+        Never waited for: ``Forwarder.stop()`` nudges from a signal handler, which may interrupt
+        this very thread while it holds the lock; that nudge is skipped (a nudge is best effort:
+        the loop it would wake checks its flag at least every second).
+        """
+        if not self._making.acquire(blocking=False):
+            return None
+        try:
             if self.pid != os.getpid() or self.sock is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
                 sock.settimeout(0.0)
                 self.sock, self.pid = sock, os.getpid()
             return self.sock
+        finally:
+            self._making.release()
 
     def close(self) -> None:
         if self.sock is not None and self.pid == os.getpid():

@@ -288,3 +288,23 @@ def test_a_full_disk_at_the_start_pauses_and_opens_once_there_is_room(
     monkeypatch.undo()
     with Forwarder(journal, MemoryTransport()):
         pass
+
+
+def test_stop_ends_the_wait_of_a_full_disk_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop()`` from another thread ends ``open_waiting_for_space`` (the review of its fix: a
+    library caller's stop was ignored, the retries went on)."""
+    journal = tmp_path / "journal"
+    _opened(journal)[0].close()
+    monkeypatch.setattr(keytable.KeyTable, "in_journal", _refused(errno.ENOSPC))
+    forwarder = Forwarder(journal, MemoryTransport())
+    threading.Timer(0.3, forwarder.stop).start()
+    started = time.monotonic()
+    with pytest.raises(JournalIOError) as raised:
+        forwarder.open_waiting_for_space()
+    assert raised.value.errno == errno.ENOSPC
+    assert time.monotonic() - started < 5.0
+    monkeypatch.undo()
+    with Forwarder(journal, MemoryTransport()):  # the lock was let go
+        pass

@@ -109,3 +109,23 @@ def test_two_threads_making_the_sender_socket_at_once_leave_none_unclosed(
         sender.close()
         for sock in made:
             sock.close()
+
+
+def test_a_nudge_while_this_thread_makes_the_socket_is_skipped_not_waited_for() -> None:
+    """``Forwarder.stop()`` nudges from a signal handler, which may run while its own thread holds
+    the lock that makes the socket: a blocking lock hung the process there (a review's probe)."""
+    sender = nudge._Sender()
+    assert sender._making.acquire(blocking=False)  # as the interrupted thread holds it
+    try:
+        started = time.monotonic()
+        sender.send("\0hybridq-test-none")  # the signal handler's nudge: returns at once
+        assert time.monotonic() - started < 1.0
+        assert sender.sock is None
+    finally:
+        sender._making.release()
+        sender.close()
+    sender.send("\0hybridq-test-none")  # later nudges make it as before
+    try:
+        assert sender.sock is not None
+    finally:
+        sender.close()
