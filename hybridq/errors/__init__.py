@@ -44,7 +44,8 @@
     │   ├── TaskUnavailable         this worker cannot run the task: left for another (hybridq.worker.waiting)
     │   ├── DuplicateOfFailedJob    the idempotency key already failed for good (hybridq.worker)
     │   ├── StaleDelivery           an old copy of an attempt that already failed (hybridq.worker)
-    │   └── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
+    │   ├── RetryLaterExpired       a job still saying RetryLater at its deadline: failed for good
+    │   └── UnexpectedCancel        an async task's CancelledError nobody asked for (hybridq.worker.values)
     ├── (answered by hybridq serve with a 4xx; hybridq.http)
     │   ├── BadRequest (ValueError) a body or filter the API or dashboard refuses (400); nothing done
     │   ├── BodyTooLarge            a request body over the server's cap (413)
@@ -138,6 +139,7 @@ from ._tasks import (
     RetryLaterExpired,
     StaleDelivery,
     TaskUnavailable,
+    UnexpectedCancel,
 )
 
 __all__ = [
@@ -191,6 +193,7 @@ __all__ = [
     "TokensError",
     "TransportError",
     "UnencodableJobs",
+    "UnexpectedCancel",
     "ValueRefused",
 ]
 

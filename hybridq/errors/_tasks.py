@@ -155,6 +155,15 @@ class ResultNotKept(HybridqError):
         super().__init__(f"job {job_id} finished, but its result was not kept ({why})")
 
 
+class UnexpectedCancel(HybridqError):
+    """An ``async def`` task ended with an ``asyncio.CancelledError`` no stop or timeout asked for.
+
+    It raised one, or awaited a task or future that something else cancelled. Recorded as the
+    task's failure (retried as its policy says), with the ``CancelledError`` as its cause
+    (docs/worker.md).
+    """
+
+
 class Cancelled(HybridqError):
     """Raised in a running task whose job was cancelled (``hybridq cancel``, ``job.cancel()``).
 

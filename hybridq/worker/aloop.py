@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 
-__all__ = ["serve_loop"]
+__all__ = ["serve_loop", "start_loop"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -35,3 +36,10 @@ def serve_loop(loop: asyncio.AbstractEventLoop, stopped: Callable[[], bool]) -> 
                 return
             continue
         return
+
+
+def start_loop(stopped: Callable[[], bool]) -> asyncio.AbstractEventLoop:
+    """A new event loop, run by a thread of its own (``hybridq-async``) until it is stopped."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=serve_loop, args=(loop, stopped), name="hybridq-async", daemon=True).start()
+    return loop

@@ -41,7 +41,7 @@ from rq.timeouts import JobTimeoutException
 
 from hybridq.errors import Cancelled
 from hybridq.worker import quick
-from hybridq.worker.aloop import serve_loop
+from hybridq.worker.aloop import start_loop
 
 __all__ = ["AHEAD", "AHEAD_QUICK", "CANCEL_GRACE_S", "STUCK_S", "TICK_S", "NotStarted", "Runner", "Taken"]
 
@@ -301,11 +301,7 @@ class Runner:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=serve_loop, args=(loop, self._stop.is_set), name="hybridq-async", daemon=True
-                ).start()
-                self._loop = loop
+                self._loop = start_loop(self._stop.is_set)
             return self._loop
 
     async def _run_async(self, item: Taken) -> None:

@@ -19,8 +19,9 @@ from typing import Any
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import encode, result_repr
+from hybridq.errors import UnexpectedCancel
 
-__all__ = ["MAX_ERROR_CHARS", "OwnCancel", "call", "format_error", "jsonable", "own_cancel"]
+__all__ = ["MAX_ERROR_CHARS", "UnexpectedCancel", "call", "format_error", "jsonable", "own_cancel"]
 
 log = logging.getLogger("hybridq.worker")
 
@@ -54,11 +55,7 @@ def call(func: Callable[..., Any], env: Envelope) -> Any:
         del error  # not kept as this frame ends: it is in its traceback (a reference cycle)
 
 
-class OwnCancel(Exception):
-    """The task ended with an ``asyncio.CancelledError`` no stop or timeout asked for: its failure."""
-
-
-def own_cancel(error: asyncio.CancelledError) -> OwnCancel:
+def own_cancel(error: asyncio.CancelledError) -> UnexpectedCancel:
     """``error``, a ``CancelledError`` the task ended with that hybridq did not ask for, as its failure.
 
     Neither a stop (a cancel's grace run out) nor its timeout (both are told apart before this
@@ -69,7 +66,7 @@ def own_cancel(error: asyncio.CancelledError) -> OwnCancel:
     (docs/worker.md). Callers keep no name bound to the result: its cause's traceback holds
     their frame (a reference cycle that would keep the task's data until a collection).
     """
-    failure = OwnCancel(
+    failure = UnexpectedCancel(
         "the task ended with asyncio.CancelledError, which neither a stop nor its timeout asked "
         f"for (raised by the task, or by a task or future it awaited that was cancelled): {error!r}"
     )

@@ -30,6 +30,7 @@ _REEXPORTED = {
     "hybridq.security.allow": ["NotAllowed"],
     "hybridq.worker.guard": ["NotAllowed"],
     "hybridq.worker.waiting": ["TaskUnavailable"],
+    "hybridq.worker.values": ["UnexpectedCancel"],
     "hybridq.worker": ["NotAllowed", "DuplicateOfFailedJob", "StaleDelivery", "TaskUnavailable"],
     "hybridq.ops.failures": ["JobNotFailed"],
     "hybridq.security.signing": ["SigningKeyError", "SignatureError"],

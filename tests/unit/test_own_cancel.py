@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 from hybridq.envelope.model import Envelope
-from hybridq.worker.values import OwnCancel, call, format_error
+from hybridq.errors import UnexpectedCancel
+from hybridq.worker.values import call, format_error
 
 from tests import tasks
 from tests.integration.test_worker_failed_data import no_collector
@@ -62,7 +63,7 @@ def own_sigint_handler() -> Iterator[None]:
 def test_the_tasks_own_cancelled_error_is_its_failure(func: object) -> None:
     held = len(tasks.DATA)
     with no_collector():
-        with pytest.raises(OwnCancel) as caught:
+        with pytest.raises(UnexpectedCancel) as caught:
             call(func, env())  # type: ignore[arg-type]
         assert isinstance(caught.value.__cause__, asyncio.CancelledError)
         text = format_error(caught.value)
@@ -88,5 +89,5 @@ def test_ctrl_c_still_stops_the_call(python_sigint_handler: None) -> None:
 def test_under_a_workers_own_sigint_handler_even_a_self_cancel_is_the_tasks(own_sigint_handler: None) -> None:
     """RQ's work-horse ignores SIGINT and SimpleWorker handles it itself: nothing outside the task
     can cancel asyncio.run's task there, so a cancel request on it is the task's own doing."""
-    with pytest.raises(OwnCancel):
+    with pytest.raises(UnexpectedCancel):
         call(cancels_itself, env())
