@@ -55,6 +55,27 @@ class _Failing:
         return getattr(self._db, name)
 
 
+def run_until_it_raises(forwarder: Forwarder, timeout: float = 10.0) -> tuple[list[BaseException], bool]:
+    """``forwarder.run()`` on a thread until it raises; what it raised, and whether it had to be
+    stopped instead (still running after ``timeout`` s)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            forwarder.run()  # returns only by an error until stop() is called
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=timeout)
+    stopped = runner.is_alive()
+    if stopped:
+        forwarder.stop()
+        runner.join(timeout=timeout)
+    return raised, stopped
+
+
 @pytest.mark.parametrize("starts", ["INSERT INTO KEYS", "INSERT OR REPLACE INTO META"], ids=["own", "mark"])
 def test_an_io_error_of_the_key_table_stops_the_run_with_eio(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch, starts: str
@@ -68,20 +89,8 @@ def test_an_io_error_of_the_key_table_stops_the_run_with_eio(
         keys._db = _Failing(keys._db, starts)  # type: ignore[assignment]
         queue.enqueue(tasks.add, 1, 1, idempotency_key="k1")
         _close_writers()
-        raised: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                forwarder.run()  # returns only by an error until stop() is called
-            except BaseException as exc:
-                raised.append(exc)
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
-        runner.join(timeout=10)
-        if runner.is_alive():
-            forwarder.stop()
-            runner.join(timeout=10)
+        raised, stopped = run_until_it_raises(forwarder)
+        if stopped:
             pytest.fail("the forwarder went on after an I/O error of its key table")
         assert len(raised) == 1
         assert isinstance(raised[0], JournalIOError)

@@ -28,6 +28,7 @@ from hybridq.producer.queue import _close_writers
 from hybridq.testing.memory import MemoryTransport
 
 from tests import tasks
+from tests.unit.test_forwarder_key_table_errors import run_until_it_raises
 
 
 def _refused(code: int) -> Any:
@@ -156,20 +157,7 @@ def test_an_io_error_during_a_reopen_stops_the_run_and_close_releases_the_lock(
     monkeypatch.setattr(keytable.KeyTable, "in_journal", _refused(errno.EIO))
     Queue(journal=journal).enqueue(tasks.add, 2, 2, idempotency_key="new")
     _close_writers()
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            forwarder.run()  # a full disk pauses, the reopen meets EIO: it raises
-        except BaseException as exc:
-            raised.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    runner.join(timeout=10)
-    if runner.is_alive():
-        forwarder.stop()
-        runner.join(timeout=10)
+    raised, _ = run_until_it_raises(forwarder)  # a full disk pauses, the reopen meets EIO: it raises
     forwarder.close()
     assert len(raised) == 1, raised
     assert isinstance(raised[0], JournalIOError)
