@@ -12,12 +12,12 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections.abc import Callable
 
 from hybridq.errors import JournalIOError
+from hybridq.ledger.sqlite_errors import FULL_ERRNOS
 
 __all__ = ["DISK_FULL", "DISK_FULL_BACKOFF_S", "DiskFullPause"]
 
@@ -26,8 +26,9 @@ log = logging.getLogger("hybridq.forwarder")
 #: A full disk (or quota) pauses the forwarder instead of stopping it: it retries, backing off
 #: from the first to the second value (seconds), until its writes succeed again.
 DISK_FULL_BACKOFF_S = (0.5, 10.0)
-#: The errors that mean a full disk (or quota): anything else stops the loop.
-DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: The errors that mean a full disk (or quota): anything else stops the loop (the same set the
+#: key table's SQLite errors are mapped by).
+DISK_FULL = FULL_ERRNOS
 
 
 class DiskFullPause:
