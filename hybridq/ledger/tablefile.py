@@ -86,7 +86,8 @@ class TableFile:
 
     Args:
         path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
-            or ``None`` for tables in memory (never trusted by a saved index).
+            or ``None`` for tables of a reader: a private temporary database, never trusted by
+            a saved index, its pages in SQLite's cache and the rest in a temporary file.
     """
 
     #: The tables' ``CREATE ... IF NOT EXISTS`` statements (the subclass's).
@@ -112,7 +113,10 @@ class TableFile:
 
     def _open(self) -> sqlite3.Connection:
         if self.path is None:
-            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            # A private temporary database (""), not ":memory:": its pages stay in SQLite's cache
+            # (2 MB) and the rest spill to a file of the temporary directory, deleted at close,
+            # so a reader's memory does not grow with the rows (docs/operations.md).
+            db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
             db.executescript(self.schema + _META)
             return db
         try:
