@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from hybridq.errors import HybridqError, JournalIOError, RedisRefused, TransportError
+from hybridq.errors import HybridqError, JournalIOError, JournalPathError, RedisRefused, TransportError
 from hybridq.forwarder.backlog import Backlog
 from hybridq.forwarder.dirlock import DirLock
 from hybridq.forwarder.disk_full import DISK_FULL, DiskFullPause
@@ -164,15 +164,26 @@ class LifeCycle:
             self._dir_lock.release()
 
     def _close_parts(self) -> None:
-        """Everything :meth:`close` releases but the lock; each part even when one before fails."""
-        if self.maintenance.publish_due and self._dir_lock.locked:
+        """Everything :meth:`close` releases but the lock; each part even when one before fails.
+
+        The caches a close writes by path (the terminal count's checkpoint, the saved index, the
+        pending count, the list of pushed jobs) are skipped once the path leads elsewhere (the
+        step that saw it stopped the run with JournalPathError): the next start redoes them.
+        """
+        try:
+            self._dir_lock.check()
+        except JournalPathError:
+            by_path = False
+        else:
+            by_path = True
+        if self.maintenance.publish_due and self._dir_lock.locked and by_path:
             with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
                 self.maintenance.publish_terminal(now=True)
         with contextlib.ExitStack() as closing:  # the callbacks run last registered first
             closing.callback(self.waits.close)
             closing.callback(self.flows.close)
             closing.callback(self.lookup.close)
-            closing.callback(self.state.close)
+            closing.callback(self.state.close, by_path=by_path)
             if self.journal_check is not None:
                 closing.callback(self.journal_check.stop)
             closing.callback(self.maintenance.unwatch)

@@ -178,28 +178,33 @@ class ForwarderState:
         if force or self.pushed.due(self.checkpoint.positions):
             self.pushed.flush(self.checkpoint.positions)
 
-    def close(self) -> None:
+    def close(self, by_path: bool = True) -> None:
         """Close the ledger and key store writers and the run table.
 
         Each is closed even when one before it fails (a full disk: the forwarder opens again
         in the same process, docs/operations.md "Disk full"); the error is raised after.
+        ``by_path=False``: the journal's path no longer leads to its directory; the caches
+        written by path (the pending count, the saved index, the pushed jobs' flush, the stats
+        snapshot's sealed ledger tail) are not.
         """
         with contextlib.ExitStack() as closing:  # the callbacks run last registered first
-            closing.callback(self._save_count)
+            if by_path:
+                closing.callback(self._save_count)
             closing.callback(self.index.keys.close)
             closing.callback(self.keys.close)
-            closing.callback(self._close_writer)
+            closing.callback(self._close_writer, by_path)
             closing.callback(self.runs.close)
-            if self.runs.is_open:  # loaded: the index is the ledger's, saved for the next start
+            if self.runs.is_open and by_path:  # loaded: the index is the ledger's, saved for the next start
                 self._saver.save(self.index, self.compacted)
                 with contextlib.suppress(JournalIOError):  # not written: the next start reads them again
                     self.flush_pushed(force=True)
 
-    def _close_writer(self) -> None:
+    def _close_writer(self, by_path: bool = True) -> None:
         if self._writer is not None:
             writer, self._writer = self._writer, None
             writer.close()
-            self._stats.sealed_ledger()
+            if by_path:
+                self._stats.sealed_ledger()
 
     def _save_count(self) -> None:
         with contextlib.suppress(OSError, ValueError, JournalError):  # a cache: the next start counts

@@ -95,6 +95,20 @@ def test_a_reopen_never_writes_into_a_directory_swapped_in_at_the_journal_path(t
         forwarder.close()
 
 
+def test_close_never_writes_into_a_directory_swapped_in_at_the_journal_path(tmp_path: Path) -> None:
+    # A step stops on JournalPathError; the close after it must not write its caches (the saved
+    # index, the pending count) by path into whatever directory is there now.
+    journal, other = tmp_path / "journal", tmp_path / "other"
+    forwarder, _ = _opened(journal, jobs=3)
+    other.mkdir(mode=0o700)
+    journal.rename(tmp_path / "journal.old")
+    other.rename(journal)
+    with pytest.raises(JournalPathError):
+        forwarder.step()
+    forwarder.close()
+    assert sorted(os.listdir(journal)) == []
+
+
 def test_a_scrape_during_reopens_never_reads_zeros(tmp_path: Path) -> None:
     forwarder, _ = _opened(tmp_path / "journal")
     forwarded = forwarder.checkpoint.forwarded
