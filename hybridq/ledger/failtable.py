@@ -5,8 +5,8 @@ needs) was kept in :attr:`LedgerIndex.failed` as a dict until it was requeued: a
 failure, forever, and written whole into every saved index (issue 29). The forwarder keeps them
 in the ``failures`` table of ``<journal>/ledger-keys.sqlite`` (:mod:`hybridq.ledger.tablefile`:
 its rows follow that file's rules, docs/reliability.md "The key table"); readers that replay
-the ledger into an index of their own keep them in a private temporary database (SQLite's
-cache, then a temporary file: a reader's memory does not grow with them).
+the ledger into an index of their own keep them in a table in memory (the dashboard's long-lived
+view: in a private temporary database, SQLite's cache then a temporary file).
 
 A row is a job's listed failure, or its **requeue mark** (``requeued`` set, no entry): a
 requeue read before the failure it cancels (replay order across ledger chains is not global)

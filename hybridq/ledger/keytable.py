@@ -7,8 +7,8 @@ forwarder keeps it in a SQLite file beside its saved index, ``<journal>/ledger-k
 (``<journal>/keys/``), which stay the durable truth. It sits in the ledger layer, not in the
 run table's file: it is part of the ledger's index, loaded and saved with it
 (:mod:`hybridq.ledger.saved_index`), and a run table lost or rebuilt must not take it along.
-Other readers of the ledger (doctor, lookups) get the same table in a private temporary database
-(:class:`~hybridq.ledger.tablefile.TableFile` with no path).
+Other readers of the ledger (doctor, lookups) get the same table in memory; the dashboard's
+long-lived view in a private temporary database (``spill``).
 
 The rules that keep an owner from being missed (docs/reliability.md, "The key table"): those of
 the file (:mod:`hybridq.ledger.tablefile`: ledger first, committed with the saved index, a
@@ -75,12 +75,12 @@ class KeyTable(TableFile):
 
     schema = _SCHEMA + failtable.SCHEMA
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, *, spill: bool = False) -> None:
         #: Rows :meth:`bulk` keeps, not written yet.
         self._bulk: list[tuple[Any, ...]] | None = None
         #: The failures listed for requeue: a table of the same file.
         self.failures = FailureTable(self)
-        super().__init__(path)
+        super().__init__(path, spill=spill)
         self.failures.opened()
 
     @classmethod

@@ -179,10 +179,9 @@ def load_index(journal: str, compacted: Compacted, keys: bool = True) -> LedgerI
     """The index of the whole ledger; of compacted journal segments, only failures still listed.
 
     ``keys=False``: without the owners of idempotency keys (:class:`UnreadKeys`), for a reader
-    that never looks at them. The listed failures are kept either way, in a private temporary
-    database (:mod:`hybridq.ledger.failtable`; SQLite's 2 MB cache, the rest in a temporary
-    file): about 20 µs a failure (docs/reliability.md, the key table); the forwarder's are in
-    its journal's file.
+    that never looks at them. The listed failures are kept either way, in a table in memory
+    (:mod:`hybridq.ledger.failtable`): about 20 µs and 0.4 KB a failure (docs/reliability.md,
+    the key table), for a short-lived reader; the forwarder's are on disk.
     """
     index = LedgerIndex() if keys else LedgerIndex(keys=UnreadKeys())
     with index.keys.bulk():  # its key owners written in key order, many at a time

@@ -52,6 +52,16 @@ COMMIT_ROWS = 20_000
 _META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
 
 
+def spill_dir() -> str:
+    """Where SQLite puts a temporary database's file: the first of its candidates that exists."""
+    # Named, not used: SQLite makes the file (0600, O_EXCL, unlinked at once), this only says where.
+    candidates = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
+    for where in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"), *candidates):
+        if where and os.path.isdir(where):
+            return where
+    return "."
+
+
 def mapped(method: Callable[P, R]) -> Callable[P, R]:
     """SQLite's errors as the journal's: ENOSPC (or EDQUOT) for a full disk, EIO otherwise.
 
@@ -73,6 +83,11 @@ def mapped(method: Callable[P, R]) -> Callable[P, R]:
             owner = getattr(args[0], "file", args[0])
             assert isinstance(owner, TableFile)
             owner.failed = True
+            if owner.spill:  # a reader's temporary database: its file is in the temporary directory
+                where = spill_dir()
+                cause = OSError(sqlite_errno(exc, where), f"{exc} (set SQLITE_TMPDIR or TMPDIR to move it)")
+                owner.error = JournalIOError(where, "a reader's temporary table", cause)
+                raise owner.error from exc
             code = sqlite_errno(exc, None if owner.path is None else os.path.dirname(owner.path))
             cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
             owner.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
@@ -86,15 +101,18 @@ class TableFile:
 
     Args:
         path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
-            or ``None`` for tables of a reader: a private temporary database, never trusted by
-            a saved index, its pages in SQLite's cache and the rest in a temporary file.
+            or ``None`` for tables of a reader, in memory, never trusted by a saved index.
+        spill: with no path, a private temporary database instead of one in memory: its pages
+            in SQLite's cache (2 MB), the rest in a file of the temporary directory, so a
+            long-lived reader's memory does not grow with its rows (the dashboard's view).
     """
 
     #: The tables' ``CREATE ... IF NOT EXISTS`` statements (the subclass's).
     schema = ""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, *, spill: bool = False) -> None:
         self.path = path
+        self.spill = spill and path is None
         self.meta: dict[str, str] = {}
         self.id = ""
         self.generation = 0
@@ -113,10 +131,10 @@ class TableFile:
 
     def _open(self) -> sqlite3.Connection:
         if self.path is None:
-            # A private temporary database (""), not ":memory:": its pages stay in SQLite's cache
-            # (2 MB) and the rest spill to a file of the temporary directory, deleted at close,
-            # so a reader's memory does not grow with the rows (docs/operations.md).
-            db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+            # "": a private temporary database, its file (opened 0600, O_EXCL, unlinked at once)
+            # made only when the cache overflows (docs/http.md, "On a big journal").
+            name = "" if self.spill else ":memory:"
+            db = sqlite3.connect(name, isolation_level=None, check_same_thread=False)
             db.executescript(self.schema + _META)
             return db
         try:

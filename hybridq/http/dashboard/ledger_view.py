@@ -7,28 +7,40 @@ it), where each job's entries are in the ledger (for its trace), and the outcome
 minutes (throughput) -- and reads only the records appended since. Ledger chains only grow;
 when a segment it read was deleted (compaction) or the compaction state changed, it reads
 everything again.
+
+Its tables (the failures listed, the keys) are a private temporary SQLite database, not one in
+memory: the server's memory does not grow with the failures it lists (docs/http.md, "On a big
+journal"). An error of that database (the temporary directory full or not writable) may have
+rolled back rows of records already read past, so the view reads everything again at the next
+question; if the temporary directory cannot hold them, it keeps them in memory from then on
+(one log line).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import threading
 import time
 from collections import deque
 
-from hybridq.errors import JournalCorruption, JournalError
+from hybridq.errors import JournalCorruption, JournalError, JournalIOError
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted, load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir
 from hybridq.ops.failures import FailedJob, listed
 from hybridq.protocol import EntryKind
 
 __all__ = ["LedgerView"]
+
+log = logging.getLogger("hybridq.http")
 
 
 class LedgerView:
@@ -41,7 +53,9 @@ class LedgerView:
         self._reader: JournalReader | None = None
         self._compacted: Compacted | None = None
         self._first: dict[str, int] = {}
-        self._index = LedgerIndex()
+        #: Whether the tables are a temporary database (False once it failed: in memory).
+        self._spill = True
+        self._index = LedgerIndex(keys=KeyTable(spill=True))
         #: Job id -> where its entries are in the ledger (chain, segment, offset).
         self._where: dict[str, list[Loc]] = {}
         self._requeued: set[str] = set()
@@ -57,7 +71,11 @@ class LedgerView:
         """The failures listed now, oldest first (what :func:`hybridq.failed_jobs` returns)."""
         with self._lock:
             self._refresh()
-            return listed(self._index)
+            try:
+                return listed(self._index)
+            except JournalIOError:
+                self._compacted = None  # the tables may have lost rows: read it all again
+                raise
 
     def entries(self, job_id: str) -> list[Entry]:
         """The ledger entries of ``job_id``, in ledger order (read back by their location)."""
@@ -102,6 +120,15 @@ class LedgerView:
                 self._restart(compacted)
             try:
                 self._tail(now - self.window_s)
+            except JournalIOError as exc:
+                # A failed statement rolls back the open transaction: rows of records the reader
+                # is past may be gone (a failure listed again, a requeue forgotten). Read it all
+                # again; in memory if the temporary directory could not hold them.
+                self._compacted = None
+                if not self._spill or attempt == 2:
+                    raise
+                self._spill = False
+                log.warning("the dashboard's ledger view keeps its tables in memory from now on: %s", exc)
             except (JournalCorruption, FileNotFoundError):
                 if attempt == 2:
                     raise
@@ -124,7 +151,9 @@ class LedgerView:
         self._compacted = compacted
         self._first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         self._reader = None
-        self._index = LedgerIndex()
+        with contextlib.suppress(JournalIOError):  # a throwaway: its temporary file goes now,
+            self._index.keys.close()  # not at the collector's next pass
+        self._index = LedgerIndex(keys=KeyTable(spill=self._spill))
         self._where = {}
         self._requeued = set()
         self._recent = deque()
