@@ -94,9 +94,17 @@ class Admission:
         self._entries, self._taken = [], {}
 
     def settle(self) -> None:
-        """Settle the duplicates whose key's owner is terminal now, with its outcome."""
-        index = self.state.index
-        if not index.duplicates:
+        """Settle the duplicates whose key's owner is terminal now, with its outcome.
+
+        Driven by owners turning terminal (issue 29): the index notes every job that turns
+        terminal while pending duplicates exist, and this asks the duplicates table, in one
+        query, for the ones waiting for those; a duplicate added since the last settle has its
+        key's owner looked up once (and settled now if that one finished already); a start
+        looks once at every distinct owner. Nothing at all while none is pending.
+        """
+        dups = self.state.index.duplicates
+        if not dups.pending:
+            dups.take_ended()
             return
         first: dict[str, int] | None = None
 
@@ -108,39 +116,40 @@ class Admission:
                 first = {w: indices[0] for w, indices in list_chains(self.state.journal).items()}
             return loc[1] < first.get(loc[0], sys.maxsize)
 
-        now = self.state.config.clock()
-        done: list[Entry] = []
-        # The owner of each key, read from the table once while it has pending duplicates (its
-        # owner changes only by a key entry, which drops it from dup_owners): no query per batch.
-        owners, settled = index.dup_owners, set[str]()
-        for loc, dup in index.duplicates.items():
-            key = dup.key or ""
-            owner = owners.get(key)
-            if owner is None:
-                owner = index.keys.get(key)
-                if owner is not None:
-                    owners[key] = owner
-            # No owner cannot happen: a key is forgotten only a window after its job finished, and
-            # its duplicates are settled the step it finishes.
-            outcome = "succeeded" if owner is None else index.owner_outcome(owner, gone)
+        index, now = self.state.index, self.state.config.clock()
+        done: dict[Loc, Entry] = {}
+
+        def settled(loc: Loc, dup: Entry, outcome: str) -> None:
+            done[loc] = Entry(
+                EntryKind.DONE,
+                dup.job_id,
+                loc,
+                outcome=outcome,
+                dup=True,
+                dup_of=dup.dup_of,
+                at=now,
+                queue=dup.queue,
+            )
+
+        ended = dups.take_ended()
+        if dups.check_all:
+            ended = [o for o in dups.owners() if index.outcome_at(o, gone) is not None]
+        for loc, dup, owner in dups.of_owners(ended) if ended else ():
+            outcome = None if owner is None else index.outcome_at(owner, gone)
             if outcome is not None:
-                settled.add(key)  # its owner is terminal: every duplicate of it settles now
-                done.append(
-                    Entry(
-                        EntryKind.DONE,
-                        dup.job_id,
-                        loc,
-                        outcome=outcome,
-                        dup=True,
-                        dup_of=dup.dup_of,
-                        at=now,
-                        queue=dup.queue,
-                    )
-                )
-        for key in settled:
-            owners.pop(key, None)
-        if len(owners) > len(index.duplicates):  # duplicates that ended otherwise (a cancel)
-            index.dup_owners = {
-                k: owners[k] for d in index.duplicates.values() if (k := d.key or "") in owners
-            }
-        self.state.append(done)
+                settled(loc, dup, outcome)
+        if dups.unresolved:
+            resolved: dict[str, str | None] = {}
+            for key, loc, dup in dups.unresolved_rows():
+                if key not in resolved:
+                    key_owner = index.keys.get(key)
+                    # No owner cannot happen: a key is forgotten only a window after its job
+                    # finished, and its duplicates are settled the step it finishes.
+                    outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
+                    resolved[key] = outcome
+                    if outcome is None and key_owner is not None:
+                        dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+                outcome = resolved[key]
+                if outcome is not None:
+                    settled(loc, dup, outcome)
+        self.state.append(list(done.values()))

@@ -183,6 +183,11 @@ class TableFile:
         self._begin(rows)
         return self._db.execute(sql, params)
 
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> sqlite3.Cursor:
+        """:meth:`write` of one statement for each of ``rows`` (one call: a batch)."""
+        self._begin(len(rows))
+        return self._db.executemany(sql, rows)
+
     # -- writing ------------------------------------------------------------------------------
 
     def _settle(self) -> None:

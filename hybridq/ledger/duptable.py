@@ -1,0 +1,261 @@
+"""The pending duplicates: rows of the ledger tables' file, not entries on the heap (issue 29).
+
+A job enqueued with the idempotency key of a pending job is recorded as a ``duplicate`` of it
+and settled once that owner is terminal (:mod:`hybridq.forwarder.admission`). Kept as a dict of
+entries, that was about 0.5 KB per pending duplicate, written whole into every saved index, and
+the forwarder walked all of them after every batch. The forwarder keeps them in the
+``duplicates`` table of ``<journal>/ledger-keys.sqlite`` (:mod:`hybridq.ledger.tablefile`: its
+rows follow that file's rules, docs/reliability.md "The key table"); readers that replay the
+ledger into an index of their own keep them in a table in memory.
+
+Which jobs are pending duplicates is what :meth:`~hybridq.ledger.index.LedgerIndex.apply`
+decides, in any order: a ``duplicate`` entry adds a row unless its job is terminal already; a
+terminal outcome of the job (its settling ``done``, a cancel's) drops it. So that a ``done``
+costs no statement of its own, a terminal outcome folded while any row exists is only noted
+(:meth:`ended`), and the rows of the jobs noted are deleted in one batch before anything reads
+or commits (:meth:`flush`); while no row exists a ``done`` costs one integer test.
+
+Each row also holds, once the forwarder has looked (:meth:`resolve`), the position of the key's
+owner it waits for (indexed): settling is driven by owners turning terminal, one query for the
+owners noted since the last settle (:meth:`of_owners`), not a walk of every pending duplicate
+per batch. That position is a cache the forwarder fills, not derived from the ledger: a start
+(new table object) looks once at every distinct owner (:attr:`check_all`), since owners may have
+finished in entries the saved index already covers.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from hybridq.journal.records import Loc
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.tablefile import mapped
+
+if TYPE_CHECKING:
+    from hybridq.ledger.tablefile import TableFile
+
+__all__ = ["ENDED_MOST", "SCHEMA", "DuplicateTable"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS duplicates (
+    chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL, key TEXT NOT NULL,
+    owner_chain TEXT, owner_seg INTEGER, owner_off INTEGER, body BLOB NOT NULL,
+    PRIMARY KEY (chain, seg, off)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS duplicates_owner ON duplicates (owner_chain, owner_seg, owner_off)
+    WHERE owner_chain IS NOT NULL;
+CREATE INDEX IF NOT EXISTS duplicates_unresolved ON duplicates (key) WHERE owner_chain IS NULL;
+"""
+_WHERE = "chain = ? AND seg = ? AND off = ?"
+#: The count of rows in the file's ``meta`` table (committed with the rows it counts).
+_PENDING = "duplicates_pending"
+#: Terminal outcomes noted at most before they are flushed and forgotten: past it, the owners
+#: among them are found by a look at every distinct owner instead (:attr:`DuplicateTable.check_all`).
+ENDED_MOST = 50_000
+#: Owner positions per query (three parameters each, under SQLite's default limit).
+_CHUNK = 3_000
+_ROW = "chain, seg, off, body, owner_chain, owner_seg, owner_off"
+_OWNED = (
+    f"SELECT {_ROW} FROM duplicates WHERE owner_chain IS NOT NULL AND"  # noqa: S608
+    " (owner_chain, owner_seg, owner_off) IN"
+    " (SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?))"
+)
+
+#: A pending duplicate as read: its position, its ``duplicate`` entry, its owner's position (if
+#: resolved).
+Row = tuple[Loc, Entry, Loc | None]
+
+
+class DuplicateTable:
+    """The pending duplicates of one :class:`~hybridq.ledger.tablefile.TableFile` (module docstring)."""
+
+    def __init__(self, file: TableFile) -> None:
+        self.file = file
+        #: How many rows, less those of the positions noted and not flushed yet (an upper bound
+        #: until :meth:`flush`; 0 exactly when there is none: the hot paths' test).
+        self.pending = 0
+        #: Positions of jobs found terminal while rows existed, since the last :meth:`take_ended`.
+        self._ended: list[Loc] = []
+        #: How many of :attr:`_ended` were flushed (their rows deleted).
+        self._flushed = 0
+        #: Whether rows without a resolved owner may exist (added since the last resolve).
+        self.unresolved = False
+        #: Whether every distinct owner must be looked at once (a start; too many noted).
+        self.check_all = True
+
+    def opened(self) -> None:
+        """Take the count the file was committed with (counted once if it has none)."""
+        listed = self.file.meta.get(_PENDING)
+        self.pending = (
+            int(listed)
+            if listed is not None
+            else int(self.file.execute("SELECT count(*) FROM duplicates").fetchone()[0])
+        )
+        self.unresolved = self.pending > 0
+
+    def cleared(self) -> None:
+        """Every row was dropped."""
+        self.pending, self._ended, self._flushed, self.unresolved = 0, [], 0, False
+
+    def committing(self) -> None:
+        """Write the count into the transaction about to commit (after :meth:`flush`)."""
+        if self.file.path is not None:
+            self.file.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_PENDING, str(self.pending)))
+
+    # -- writing ------------------------------------------------------------------------------
+
+    @mapped
+    def add(self, entry: Entry, raw: bytes | None = None) -> bool:
+        """Add ``entry``'s job (a ``duplicate`` entry) as pending; whether it was not already."""
+        body = entry.to_bytes() if raw is None else raw
+        added = self.file.write(
+            "INSERT OR IGNORE INTO duplicates VALUES (?, ?, ?, ?, NULL, NULL, NULL, ?)",
+            (*entry.loc, entry.key or "", body),
+        ).rowcount
+        self.pending += added
+        self.unresolved = self.unresolved or bool(added)
+        return bool(added)
+
+    def ended(self, loc: Loc) -> None:
+        """The job at ``loc`` is terminal now (called only while :attr:`pending`): no statement."""
+        self._ended.append(loc)
+        if len(self._ended) > ENDED_MOST:  # a long replay: its owners are looked at all at once
+            self.flush()
+            self._ended, self._flushed, self.check_all = [], 0, True
+
+    @mapped
+    def flush(self) -> None:
+        """Delete the rows of the jobs noted terminal (one batch); :attr:`pending` is exact after."""
+        if self._flushed < len(self._ended) and self.pending:
+            ended = self._ended[self._flushed :]
+            gone = self.file.write_many(f"DELETE FROM duplicates WHERE {_WHERE}", ended).rowcount  # noqa: S608
+            self.pending -= max(0, gone)
+        self._flushed = len(self._ended)
+
+    def take_ended(self) -> list[Loc]:
+        """The positions noted terminal since the last call (flushed), forgotten here."""
+        self.flush()
+        ended, self._ended, self._flushed = self._ended, [], 0
+        return ended
+
+    @mapped
+    def resolve(self, key: str, owner: Loc) -> None:
+        """Record ``owner`` as the job the unresolved duplicates of ``key`` wait for."""
+        self.file.write(
+            "UPDATE duplicates SET owner_chain = ?, owner_seg = ?, owner_off = ?"
+            " WHERE key = ? AND owner_chain IS NULL",
+            (*owner, key),
+        )
+
+    @mapped
+    def drop_all(self) -> None:
+        """Drop every row (an upgrade from a saved index that held them refills the table)."""
+        self.file.write("DELETE FROM duplicates")
+        self.cleared()
+
+    @mapped
+    def drop_segments(self, gone: Callable[[tuple[str, int]], bool]) -> None:
+        """Drop the rows of journal segments ``gone`` says were compacted (a start: O(segments))."""
+        self.flush()
+        if not self.pending:
+            return
+        segs = self.file.execute("SELECT DISTINCT chain, seg FROM duplicates").fetchall()
+        for chain, seg in segs:
+            if gone((str(chain), int(seg))):
+                self.pending -= self.file.write(
+                    "DELETE FROM duplicates WHERE chain = ? AND seg = ?", (chain, seg)
+                ).rowcount
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @mapped
+    def unresolved_rows(self) -> list[tuple[str, Loc, Entry]]:
+        """The pending duplicates whose owner was not looked at yet: (key, position, entry)."""
+        self.flush()
+        self.unresolved = False
+        rows = self.file.execute(
+            "SELECT key, chain, seg, off, body FROM duplicates WHERE owner_chain IS NULL ORDER BY key"
+        ).fetchall()
+        return [(str(k), (str(c), int(s), int(o)), Entry.from_bytes(b)) for k, c, s, o, b in rows]
+
+    @mapped
+    def owners(self) -> list[Loc]:
+        """Every distinct resolved owner (a start's look: O(owners) read from an index)."""
+        self.flush()
+        self.check_all = False
+        rows = self.file.execute(
+            "SELECT DISTINCT owner_chain, owner_seg, owner_off FROM duplicates WHERE owner_chain IS NOT NULL"
+        ).fetchall()
+        return [(str(c), int(s), int(o)) for c, s, o in rows]
+
+    @mapped
+    def of_owners(self, owners: Sequence[Loc]) -> list[Row]:
+        """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them)."""
+        self.flush()
+        out: list[Row] = []
+        for lo in range(0, len(owners), _CHUNK):
+            chunk = json_locs(owners[lo : lo + _CHUNK])
+            out.extend(_row(r) for r in self.file.execute(_OWNED, (chunk,)))
+        return out
+
+    @mapped
+    def get(self, loc: Loc) -> Entry | None:
+        """The ``duplicate`` entry of the pending duplicate at ``loc`` (``None``: not one)."""
+        if not self.pending:
+            return None
+        self.flush()
+        row = self.file.execute(f"SELECT body FROM duplicates WHERE {_WHERE}", loc).fetchone()  # noqa: S608
+        return None if row is None else Entry.from_bytes(row[0])
+
+    @mapped
+    def __contains__(self, loc: object) -> bool:
+        if not self.pending or not (isinstance(loc, tuple) and len(loc) == 3):
+            return False
+        self.flush()
+        return self.file.execute(f"SELECT 1 FROM duplicates WHERE {_WHERE}", loc).fetchone() is not None  # noqa: S608
+
+    def __len__(self) -> int:
+        self.flush()
+        return self.pending
+
+    def __bool__(self) -> bool:
+        return self.pending > 0
+
+    @mapped
+    def items(self) -> list[tuple[Loc, Entry]]:
+        """Every pending duplicate (tests, readers that list them: O(duplicates))."""
+        self.flush()
+        rows = self.file.execute(f"SELECT {_ROW} FROM duplicates ORDER BY chain, seg, off").fetchall()  # noqa: S608
+        return [(loc, entry) for loc, entry, _ in map(_row, rows)]
+
+    def values(self) -> Iterator[Entry]:
+        """Every pending duplicate's entry (see :meth:`items`)."""
+        return (entry for _, entry in self.items())
+
+    def __iter__(self) -> Iterator[Loc]:
+        return (loc for loc, _ in self.items())
+
+    def __eq__(self, other: object) -> bool:
+        """The same pending duplicates (another table's, or a mapping's ``loc -> Entry``)."""
+        if isinstance(other, DuplicateTable):
+            return self.items() == other.items()
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def json_locs(locs: Sequence[Loc]) -> str:
+    """Positions as a JSON array of ``[chain, seg, off]`` (one query parameter)."""
+    return json.dumps([list(loc) for loc in locs], separators=(",", ":"))
+
+
+def _row(row: tuple[object, ...]) -> Row:
+    c, s, o, body, oc, os_, oo = row
+    owner = None if oc is None else (str(oc), int(os_), int(oo))  # type: ignore[call-overload]
+    return (str(c), int(s), int(o)), Entry.from_bytes(body), owner  # type: ignore[call-overload, arg-type]
