@@ -218,7 +218,6 @@ class KeyTable(TableFile):
 
     def _committing(self) -> None:
         self.failures.committing()
-        self.duplicates.committing()
 
 
 class UnreadKeys(KeyTable):
