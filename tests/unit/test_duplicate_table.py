@@ -30,7 +30,7 @@ from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 from hybridq.ledger.store import read_ledger
 from hybridq.ledger.tablefile import TableFile
 
-from tests.unit import test_ledger_replay
+from tests.unit import test_failure_table, test_ledger_replay
 
 Loc = tuple[str, int, int]
 
@@ -79,23 +79,17 @@ def test_applying_entries_in_any_order_gives_the_same_pending_duplicates(
 ) -> None:
     rng = random.Random(seed)
     entries, expected = _story(rng, 40)
-    tables = []
-    for n in range(3):
-        rng.shuffle(entries)
-        index = LedgerIndex(keys=KeyTable(str(tmp_path / f"{n}.sqlite") if on_disk else None))
-        for e in entries:
-            index.apply(e)
+
+    def check(index: LedgerIndex) -> None:
         assert set(index.duplicates) == expected
         assert len(index.duplicates) == len(expected)
-        for e in entries:  # again: a replay over the table changes nothing
-            index.apply(e)
-        assert set(index.duplicates) == expected
         assert all(loc in index.duplicates for loc in expected)
-        assert all(index.duplicates.get(loc).job_id == f"d{(loc[2] - 32) // 100}" for loc in expected)  # type: ignore[union-attr]
-        tables.append(index.keys)
-    assert tables[0] == tables[1] == tables[2]
-    for table in tables:
-        table.close()
+        for loc in expected:
+            assert index.duplicates.get(loc) == next(
+                e for e in entries if e.loc == loc and e.kind == "duplicate"
+            )
+
+    test_failure_table.in_three_orders(tmp_path, rng, entries, on_disk, check)
 
 
 def test_a_plain_success_with_no_pending_duplicate_runs_no_statement(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import itertools
 import json
 import random
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,18 +59,32 @@ def test_applying_entries_in_any_order_lists_the_same_failures(
 ) -> None:
     rng = random.Random(seed)
     entries, expected = _story(rng, 40)
+
+    def check(index: LedgerIndex) -> None:
+        assert set(index.failed) == expected
+        assert len(index.failed) == len(expected)
+        assert all(index.failed.get(loc) == _failure(loc) for loc in expected)
+
+    in_three_orders(tmp_path, rng, entries, on_disk, check)
+
+
+def in_three_orders(
+    tmp_path: Path,
+    rng: random.Random,
+    entries: list[Entry],
+    on_disk: bool,
+    check: Callable[[LedgerIndex], None],
+) -> None:
+    """Apply ``entries`` in three shuffled orders, each twice (a replay over the table changes
+    nothing): ``check`` each index after each pass; the three tables are equal."""
     tables = []
     for n in range(3):
         rng.shuffle(entries)
         index = LedgerIndex(keys=KeyTable(str(tmp_path / f"{n}.sqlite") if on_disk else None))
-        for e in entries:
-            index.apply(e)
-        assert set(index.failed) == expected
-        assert len(index.failed) == len(expected)
-        for e in entries:  # again: a replay over the table changes nothing
-            index.apply(e)
-        assert set(index.failed) == expected
-        assert all(index.failed.get(loc) == _failure(loc) for loc in expected)
+        for _ in range(2):
+            for e in entries:
+                index.apply(e)
+            check(index)
         tables.append(index.keys)
     assert tables[0] == tables[1] == tables[2]
     for table in tables:
