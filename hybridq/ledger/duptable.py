@@ -78,9 +78,11 @@ class DuplicateTable:
         #: How many rows, less those of the positions noted and not flushed yet (an upper bound
         #: until :meth:`flush`; 0 exactly when there is none: the hot paths' test).
         self.pending = 0
-        #: Rows per journal segment (as :attr:`pending`): a job of a segment without any is
-        #: not one, without a statement (about a segment's worth of bytes, not a job's).
-        self._segs: dict[Seg, int] = {}
+        #: Per journal segment with rows: how many (as :attr:`pending`) and the largest offset
+        #: any had (never lowered). A job of a segment without any, or past that offset (the
+        #: records the forwarder reads next), is not one, without a statement: bytes per
+        #: segment, not per job.
+        self._segs: dict[Seg, list[int]] = {}
         #: Positions of jobs found terminal while rows existed, since the last :meth:`take_ended`.
         self._ended: list[Loc] = []
         #: How many of :attr:`_ended` were flushed (their rows deleted).
@@ -92,9 +94,9 @@ class DuplicateTable:
 
     def opened(self) -> None:
         """Count the rows per journal segment (one scan of the table's key: O(duplicates) in C)."""
-        rows = self.file.execute("SELECT chain, seg, count(*) FROM duplicates GROUP BY chain, seg")
-        self._segs = {(str(c), int(s)): int(n) for c, s, n in rows}
-        self.pending = sum(self._segs.values())
+        rows = self.file.execute("SELECT chain, seg, count(*), max(off) FROM duplicates GROUP BY chain, seg")
+        self._segs = {(str(c), int(s)): [int(n), int(o)] for c, s, n, o in rows}
+        self.pending = sum(n for n, _ in self._segs.values())
         self.unresolved = self.pending > 0
 
     def cleared(self) -> None:
@@ -112,8 +114,9 @@ class DuplicateTable:
             (*entry.loc, entry.key or "", body),
         ).rowcount
         if added:
-            seg = (entry.loc[0], entry.loc[1])
-            self._segs[seg] = self._segs.get(seg, 0) + 1
+            known = self._segs.setdefault((entry.loc[0], entry.loc[1]), [0, entry.loc[2]])
+            known[0] += 1
+            known[1] = max(known[1], entry.loc[2])
             self.pending += 1
             self.unresolved = True
         return bool(added)
@@ -146,11 +149,11 @@ class DuplicateTable:
         return ended
 
     def _dropped(self, seg: Seg, gone: int) -> None:
-        left = self._segs.get(seg, 0) - gone
-        if left > 0:
-            self._segs[seg] = left
-        else:
-            self._segs.pop(seg, None)
+        known = self._segs.get(seg)
+        if known is not None:
+            known[0] -= gone
+            if known[0] <= 0:
+                del self._segs[seg]
         self.pending -= gone
 
     @mapped
@@ -212,7 +215,7 @@ class DuplicateTable:
     @mapped
     def get(self, loc: Loc) -> Entry | None:
         """The ``duplicate`` entry of the pending duplicate at ``loc`` (``None``: not one)."""
-        if (loc[0], loc[1]) not in self._segs:
+        if not self._may_hold(loc):
             return None
         self.flush()
         row = self.file.execute(f"SELECT body FROM duplicates WHERE {_WHERE}", loc).fetchone()  # noqa: S608
@@ -222,10 +225,14 @@ class DuplicateTable:
     def __contains__(self, loc: object) -> bool:
         if not self.pending or not (isinstance(loc, tuple) and len(loc) == 3):
             return False
-        if (loc[0], loc[1]) not in self._segs:
+        if not self._may_hold(loc):
             return False  # most records of a step while duplicates are pending: no statement
         self.flush()
         return self.file.execute(f"SELECT 1 FROM duplicates WHERE {_WHERE}", loc).fetchone() is not None  # noqa: S608
+
+    def _may_hold(self, loc: Loc) -> bool:
+        known = self._segs.get((loc[0], loc[1]))
+        return known is not None and loc[2] <= known[1]
 
     def __len__(self) -> int:
         self.flush()

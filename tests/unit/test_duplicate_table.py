@@ -123,6 +123,22 @@ def test_outcomes_while_duplicates_are_pending_are_deleted_in_one_batch(tmp_path
         index.keys.close()
 
 
+def test_a_job_of_a_segment_or_past_an_offset_without_duplicates_runs_no_statement(tmp_path: Path) -> None:
+    """The forwarder's read path (``loc in index.duplicates`` per record) while some are pending."""
+    index = LedgerIndex(keys=KeyTable(str(tmp_path / KEYS_TABLE_FILE)))
+    try:
+        index.apply(Entry("duplicate", "d", ("w", 0, 320), key="k", dup_of="o", at=1.0))
+        with statements(index.keys) as seen:
+            assert ("w", 1, 320) not in index.duplicates  # another segment
+            assert ("w", 0, 420) not in index.duplicates  # read after it
+            assert index.duplicates.get(("w", 0, 420)) is None
+        assert seen == []
+        assert ("w", 0, 320) in index.duplicates
+        assert ("w", 0, 32) not in index.duplicates  # before it: looked up
+    finally:
+        index.keys.close()
+
+
 # -- the forwarder's settle ----------------------------------------------------------------------
 
 
