@@ -221,12 +221,16 @@ class DuplicateTable:
         row = self.file.execute(f"SELECT body FROM duplicates WHERE {_WHERE}", loc).fetchone()  # noqa: S608
         return None if row is None else Entry.from_bytes(row[0])
 
-    @mapped
     def __contains__(self, loc: object) -> bool:
+        # The forwarder's read path: the cheap tests first, outside the error mapping's wrapper.
         if not self.pending or not (isinstance(loc, tuple) and len(loc) == 3):
             return False
         if not self._may_hold(loc):
             return False  # most records of a step while duplicates are pending: no statement
+        return self._holds(loc)
+
+    @mapped
+    def _holds(self, loc: Loc) -> bool:
         self.flush()
         return self.file.execute(f"SELECT 1 FROM duplicates WHERE {_WHERE}", loc).fetchone() is not None  # noqa: S608
 
