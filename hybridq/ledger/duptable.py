@@ -92,6 +92,7 @@ class DuplicateTable:
         #: Whether every distinct owner must be looked at once (a start; too many noted).
         self.check_all = True
 
+    @mapped
     def opened(self) -> None:
         """Count the rows per journal segment (one scan of the table's key: O(duplicates) in C)."""
         rows = self.file.execute("SELECT chain, seg, count(*), max(off) FROM duplicates GROUP BY chain, seg")
