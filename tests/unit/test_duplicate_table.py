@@ -23,6 +23,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.statefile import read_state, write_state
+from hybridq.ledger import duptable
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
@@ -257,6 +258,26 @@ def test_a_start_settles_duplicates_whose_owner_finished_before_the_saved_index(
         Admission(state).settle()
         assert len(state.index.duplicates) == 0
         assert state.index.outcome((writer, 1, 32)) == "failed"
+    finally:
+        state.close()
+
+
+def test_past_so_many_outcomes_noted_the_owners_are_all_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long replay notes at most ENDED_MOST outcomes; past it, the next settle looks at every
+    distinct owner (the owner's ``done`` was among those forgotten)."""
+    _, writer, state, admission = _state_with_duplicates(tmp_path, 5)
+    monkeypatch.setattr(duptable, "ENDED_MOST", 3)
+    try:
+        admission.settle()
+        state.append([Entry("done", "owner", (writer, 0, 32), outcome="succeeded", at=1.0)])
+        for i in range(5):
+            state.index.apply_succeeded((writer, 2, 32 + i))
+        assert state.index.duplicates.check_all
+        admission.settle()
+        assert len(state.index.duplicates) == 0
+        assert state.index.outcome((writer, 1, 32)) == "succeeded"
     finally:
         state.close()
 
