@@ -131,17 +131,23 @@ class DuplicateTable:
 
     @mapped
     def flush(self) -> None:
-        """Delete the rows of the jobs noted terminal (a batch per segment with rows); exact after."""
-        if self._flushed < len(self._ended) and self.pending:
-            by_seg: dict[Seg, list[Loc]] = {}
-            segs = self._segs
-            for loc in self._ended[self._flushed :]:
-                if (seg := (loc[0], loc[1])) in segs:
-                    by_seg.setdefault(seg, []).append(loc)
-            for seg, locs in by_seg.items():
-                gone = self.file.write_many(f"DELETE FROM duplicates WHERE {_WHERE}", locs).rowcount  # noqa: S608
-                self._dropped(seg, max(0, gone))
-        self._flushed = len(self._ended)
+        """Delete the rows of the jobs noted terminal (a batch per segment with rows); exact after.
+
+        The endings are taken as flushed before any write: a write past COMMIT_ROWS commits
+        first, and a commit flushes (:meth:`KeyTable._settle`), which then finds nothing to do
+        (it recursed until RecursionError before).
+        """
+        start, self._flushed = self._flushed, len(self._ended)
+        if start == self._flushed or not self.pending:
+            return
+        by_seg: dict[Seg, list[Loc]] = {}
+        segs = self._segs
+        for loc in self._ended[start : self._flushed]:
+            if (seg := (loc[0], loc[1])) in segs:
+                by_seg.setdefault(seg, []).append(loc)
+        for seg, locs in by_seg.items():
+            gone = self.file.write_many(f"DELETE FROM duplicates WHERE {_WHERE}", locs).rowcount  # noqa: S608
+            self._dropped(seg, max(0, gone))
 
     def take_ended(self) -> list[Loc]:
         """The positions noted terminal since the last call (flushed), forgotten here."""
