@@ -59,10 +59,12 @@ _CHUNK = 3_000
 _ROW = "chain, seg, off, body, owner_chain, owner_seg, owner_off"
 # The owners' positions first, each found in the owner index (a row-value IN over them used
 # only its first column: every row of one chain, 70 ms a settle at 100,000 duplicates).
+# json_extract, not ``->>`` (SQLite 3.38): the tables need SQLite 3.24 (docs/deploy.md).
 _OWNED = (
     "SELECT d.chain, d.seg, d.off, d.body, d.owner_chain, d.owner_seg, d.owner_off"
-    " FROM json_each(?) AS j CROSS JOIN duplicates AS d WHERE d.owner_chain = j.value ->> 0"
-    " AND d.owner_seg = j.value ->> 1 AND d.owner_off = j.value ->> 2"
+    " FROM json_each(?) AS j CROSS JOIN duplicates AS d"
+    " WHERE d.owner_chain = json_extract(j.value, '$[0]') AND d.owner_seg = json_extract(j.value, '$[1]')"
+    " AND d.owner_off = json_extract(j.value, '$[2]')"
 )
 
 #: A pending duplicate as read: its position, its ``duplicate`` entry, its owner's position (if
