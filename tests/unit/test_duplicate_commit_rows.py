@@ -62,7 +62,8 @@ def _ledger(tmp_path: Path, failures: int, duplicates: int) -> str:
     ]
     entries.append(Entry("done", "d0", (writer, 0, 100), outcome="succeeded", dup=True, dup_of="o", at=2.0))
     entries += [
-        Entry("done", f"f{i}", (writer, 1, 32 + i), outcome="failed", at=2.0, queue="q") for i in range(failures)
+        Entry("done", f"f{i}", (writer, 1, 32 + i), outcome="failed", at=2.0, queue="q")
+        for i in range(failures)
     ]
     ledger = open_ledger_writer(journal)
     ledger.append_many(e.to_bytes() for e in entries)

@@ -11,7 +11,6 @@ import re
 import sqlite3
 from pathlib import Path
 
-from hybridq.forwarder.admission import Admission
 from hybridq.ledger import duptable
 from hybridq.ledger.entries import Entry
 
@@ -23,7 +22,7 @@ _NEWER = re.compile(r"->|\bRETURNING\b|\bSTRICT\b|\biif\s*\(|\bunixepoch\s*\(", 
 
 def test_a_settle_uses_no_syntax_newer_than_sqlite_3_24(tmp_path: Path) -> None:
     """Fails before: the owners' query used ``->>``."""
-    journal, writer, state, admission = _state_with_duplicates(tmp_path, 5)
+    _, writer, state, admission = _state_with_duplicates(tmp_path, 5)
     try:
         with statements(state.index.keys) as seen:
             admission.settle()
@@ -39,4 +38,6 @@ def test_the_owners_query_finds_each_owner_in_its_index() -> None:
     db = sqlite3.connect(":memory:")
     db.executescript(duptable.SCHEMA)
     plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + duptable._OWNED, ('[["a",1,2]]',))]
-    assert any("USING INDEX duplicates_owner (owner_chain=? AND owner_seg=? AND owner_off=?)" in p for p in plan)
+    assert any(
+        "USING INDEX duplicates_owner (owner_chain=? AND owner_seg=? AND owner_off=?)" in p for p in plan
+    )
