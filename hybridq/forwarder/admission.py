@@ -71,6 +71,7 @@ class Admission:
                     loc,
                     key=key,
                     dup_of=owner.job_id,
+                    owner_loc=owner.loc,
                     at=self.state.config.clock(),
                     queue=env.queue,
                 )
@@ -94,17 +95,21 @@ class Admission:
         self._entries, self._taken = [], {}
 
     def settle(self) -> None:
-        """Settle the duplicates whose key's owner is terminal now, with its outcome.
+        """Settle the duplicates whose owner is terminal now, with its outcome.
 
         Driven by owners turning terminal (issue 29): the index notes every job that turns
-        terminal while pending duplicates exist, and this asks the duplicates table, in one
-        query, for the ones waiting for those; a duplicate added since the last settle has its
-        key's owner looked up once (and settled now if that one finished already); a start
-        looks once at every distinct owner. Nothing at all while none is pending.
+        terminal while pending duplicates exist (the ones that may own some), and this asks the
+        duplicates table, in one query, for the ones waiting for those; the owner of a duplicate
+        added since the last settle is looked up once (it may have finished already); a
+        duplicate whose entry has no owner's position (written before it was recorded) gets the
+        key's owner now; a start looks once at every distinct owner. Nothing at all while none
+        is pending. A duplicate follows the owner it was recorded against, even once a requeue
+        took the key over (docs/enqueue.md).
         """
         dups = self.state.index.duplicates
         if not dups.pending:
             dups.take_ended()
+            dups.take_added()
             return
         first: dict[str, int] | None = None
 
@@ -117,6 +122,10 @@ class Admission:
             return loc[1] < first.get(loc[0], sys.maxsize)
 
         index, now = self.state.index, self.state.config.clock()
+
+        def outcome_of(owner: Loc, key: str | None) -> str | None:  # noqa: ARG001 (review L1)
+            return index.outcome_at(owner, gone)
+
         done: dict[Loc, Entry] = {}
 
         def settled(loc: Loc, dup: Entry, outcome: str) -> None:
@@ -131,12 +140,23 @@ class Admission:
                 queue=dup.queue,
             )
 
-        ended = dups.take_ended()
+        looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
         if dups.check_all:
-            ended = [o for o in dups.owners() if index.outcome_at(o, gone) is not None]
-        for loc, dup, owner in dups.of_owners(ended) if ended else ():
-            outcome = None if owner is None else index.outcome_at(owner, gone)
-            if outcome is not None:
+            dups.take_ended()
+            looked = {owner: outcome_of(owner, key) for owner, key in dups.owners()}
+            ended = [owner for owner, outcome in looked.items() if outcome is not None]
+        else:
+            ended = dups.take_ended()  # terminal
+            for owner, key in dups.take_added():  # may have finished before its duplicate came
+                if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
+                    looked[owner] = outcome
+                    ended.append(owner)
+        for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
+            if waits_for is None:
+                continue
+            if waits_for not in looked:
+                looked[waits_for] = outcome_of(waits_for, dup.key)
+            if (outcome := looked[waits_for]) is not None:
                 settled(loc, dup, outcome)
         if dups.unresolved:
             resolved: dict[str, str | None] = {}

@@ -15,12 +15,15 @@ costs no statement of its own, a terminal outcome folded while any row exists is
 (:meth:`ended`), and the rows of the jobs noted are deleted in one batch before anything reads
 or commits (:meth:`flush`); while no row exists a ``done`` costs one integer test.
 
-Each row also holds, once the forwarder has looked (:meth:`resolve`), the position of the key's
-owner it waits for (indexed): settling is driven by owners turning terminal, one query for the
-owners noted since the last settle (:meth:`of_owners`), not a walk of every pending duplicate
-per batch. That position is a cache the forwarder fills, not derived from the ledger: a start
-(new table object) looks once at every distinct owner (:attr:`check_all`), since owners may have
-finished in entries the saved index already covers.
+Each row also holds the position of the key's owner it waits for (indexed): the ``duplicate``
+entry's ``ol``, the owner when the forwarder admitted it, so a rebuilt table has the same rows
+as the one it replaces (docs/reliability.md, "Duplicates"). An entry written before ``ol``
+existed gets it from the forwarder's first look (:meth:`resolve`: the key's owner then).
+Settling is driven by owners turning terminal, one query for the owners noted since the last
+settle (:meth:`of_owners`), not a walk of every pending duplicate per batch. The owner of a row
+added since the last settle is looked at once (:meth:`take_added`: it may have finished before).
+A start (new table object) looks once at every distinct owner (:attr:`check_all`), since owners
+may have finished in entries the saved index already covers.
 
 This module must not import redis or rq.
 """
@@ -28,7 +31,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hybridq.journal.records import Loc
@@ -54,7 +57,7 @@ _WHERE = "chain = ? AND seg = ? AND off = ?"
 #: Terminal outcomes noted at most before they are flushed and forgotten: past it, the owners
 #: among them are found by a look at every distinct owner instead (:attr:`DuplicateTable.check_all`).
 ENDED_MOST = 50_000
-#: Owner positions per query (three parameters each, under SQLite's default limit).
+#: Owner positions per query (one JSON parameter).
 _CHUNK = 3_000
 _ROW = "chain, seg, off, body, owner_chain, owner_seg, owner_off"
 # The owners' positions first, each found in the owner index (a row-value IN over them used
@@ -87,6 +90,9 @@ class DuplicateTable:
         self._segs: dict[Seg, list[int]] = {}
         #: Positions of jobs found terminal while rows existed, since the last :meth:`take_ended`.
         self._ended: list[Loc] = []
+        #: (owner, key) of the rows added with an owner since the last :meth:`take_added`: that
+        #: owner may have finished before (its ending then was not noted).
+        self._added: list[tuple[Loc, str]] = []
         #: How many of :attr:`_ended` were flushed (their rows deleted).
         self._flushed = 0
         #: Whether rows without a resolved owner may exist (added since the last resolve).
@@ -105,6 +111,7 @@ class DuplicateTable:
     def cleared(self) -> None:
         """Every row was dropped."""
         self.pending, self._segs, self._ended, self._flushed, self.unresolved = 0, {}, [], 0, False
+        self._added = []
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -112,16 +119,22 @@ class DuplicateTable:
     def add(self, entry: Entry, raw: bytes | None = None) -> bool:
         """Add ``entry``'s job (a ``duplicate`` entry) as pending; whether it was not already."""
         body = entry.to_bytes() if raw is None else raw
+        owner, key = entry.owner_loc, entry.key or ""
         added = self.file.write(
-            "INSERT OR IGNORE INTO duplicates VALUES (?, ?, ?, ?, NULL, NULL, NULL, ?)",
-            (*entry.loc, entry.key or "", body),
+            "INSERT OR IGNORE INTO duplicates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (*entry.loc, key, *(owner or (None, None, None)), body),
         ).rowcount
         if added:
             known = self._segs.setdefault((entry.loc[0], entry.loc[1]), [0, entry.loc[2]])
             known[0] += 1
             known[1] = max(known[1], entry.loc[2])
             self.pending += 1
-            self.unresolved = True
+            if owner is None:
+                self.unresolved = True  # an entry written before ``ol``: the first look fills it
+            elif not self.check_all:
+                self._added.append((owner, key))
+                if len(self._added) > ENDED_MOST:  # a long replay: every owner looked at instead
+                    self._added, self.check_all = [], True
         return bool(added)
 
     def ended(self, loc: Loc) -> None:
@@ -156,6 +169,11 @@ class DuplicateTable:
         self.flush()
         ended, self._ended, self._flushed = self._ended, [], 0
         return ended
+
+    def take_added(self) -> list[tuple[Loc, str]]:
+        """(owner, key) of the rows added with an owner since the last call, forgotten here."""
+        added, self._added = self._added, []
+        return added
 
     def _dropped(self, seg: Seg, gone: int) -> None:
         known = self._segs.get(seg)
@@ -202,14 +220,15 @@ class DuplicateTable:
         return [(str(k), (str(c), int(s), int(o)), Entry.from_bytes(b)) for k, c, s, o, b in rows]
 
     @mapped
-    def owners(self) -> list[Loc]:
-        """Every distinct resolved owner (a start's look: O(owners) read from an index)."""
+    def owners(self) -> list[tuple[Loc, str]]:
+        """Every distinct owner, with its key (a start's look: O(owners) read from an index)."""
         self.flush()
-        self.check_all = False
+        self.check_all, self._added = False, []
         rows = self.file.execute(
-            "SELECT DISTINCT owner_chain, owner_seg, owner_off FROM duplicates WHERE owner_chain IS NOT NULL"
+            "SELECT owner_chain, owner_seg, owner_off, min(key) FROM duplicates WHERE owner_chain IS NOT NULL"
+            " GROUP BY owner_chain, owner_seg, owner_off"
         ).fetchall()
-        return [(str(c), int(s), int(o)) for c, s, o in rows]
+        return [((str(c), int(s), int(o)), str(k)) for c, s, o, k in rows]
 
     @mapped
     def of_owners(self, owners: Sequence[Loc]) -> list[Row]:
@@ -279,7 +298,7 @@ class DuplicateTable:
     __hash__ = None  # type: ignore[assignment]
 
 
-def json_locs(locs: Sequence[Loc]) -> str:
+def json_locs(locs: Iterable[Loc]) -> str:
     """Positions as a JSON array of ``[chain, seg, off]`` (one query parameter)."""
     return json.dumps([list(loc) for loc in locs], separators=(",", ":"))
 

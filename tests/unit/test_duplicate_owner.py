@@ -1,0 +1,100 @@
+"""Which owner a pending duplicate follows, and what its settle reads of it (issue 29's review).
+
+A duplicate follows the owner it was recorded against: its ``duplicate`` entry holds that
+owner's position (``ol``), so a rebuilt table has the rows the lost one had, and a crash never
+changes a duplicate's outcome (docs/reliability.md, "Duplicates").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from hybridq.envelope.model import Envelope
+from hybridq.forwarder.admission import Admission
+from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.keytable import KEYS_TABLE_FILE
+from hybridq.ledger.store import read_ledger
+
+from tests.unit import test_ledger_replay
+from tests.unit.test_duplicate_table import _state_with_duplicates
+
+Loc = tuple[str, int, int]
+
+
+def _env(job_id: str, key: str, requeue: int = 0) -> Envelope:
+    return Envelope(id=job_id, func="m.f", queue="q", idempotency_key=key, created_at=0.0, requeue=requeue)
+
+
+def _loaded(journal: str) -> ForwarderState:
+    state = ForwarderState(journal, ForwarderConfig())
+    state.load()
+    return state
+
+
+# -- a requeue takes the key over --------------------------------------------------------------
+
+
+def _requeue_story(tmp_path: Path, old_entry: bool) -> tuple[str, str]:
+    """D is a duplicate of A (its entry with A's position, or as written before ``ol``); the
+    forwarder settled once (D waits for A); A fails and the process is killed before D's
+    settle; the requeue A2 takes the key over, read after the restart."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    state = _loaded(journal)
+    admission = Admission(state)
+    assert admission.admit(_env("A", "k"), (writer, 0, 32))
+    admission.flush()
+    if old_entry:
+        key = _env("A", "k").key_id
+        state.append([Entry("duplicate", "D", (writer, 1, 32), key=key, dup_of="A", at=1.0, queue="q")])
+    else:
+        assert not admission.admit(_env("D", "k"), (writer, 1, 32))
+        admission.flush()
+    admission.settle()  # D waits for A
+    state.append([Entry("done", "A", (writer, 0, 32), outcome="failed", at=2.0)])
+    assert admission.admit(_env("A", "k", requeue=1), (writer, 2, 32))  # the requeue: A's key
+    state.append(admission._entries)
+    admission.reset()
+    state.close()
+    return journal, writer
+
+
+def _restart(journal: str, writer: str, lose_table: bool) -> tuple[str | None, bool]:
+    if lose_table:
+        os.unlink(os.path.join(journal, KEYS_TABLE_FILE))
+    state = _loaded(journal)
+    try:
+        Admission(state).settle()
+        return state.index.outcome((writer, 1, 32)), (writer, 1, 32) in state.index.duplicates
+    finally:
+        state.close()
+
+
+def test_a_duplicate_follows_its_owner_after_a_requeue_whether_the_table_survived(tmp_path: Path) -> None:
+    """Fails before: trusted ``('failed', False)``, rebuilt ``(None, True)`` (waiting for A2)."""
+    journal, writer = _requeue_story(tmp_path, old_entry=False)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(journal, copy)
+    assert _restart(journal, writer, lose_table=False) == ("failed", False)
+    assert _restart(copy, writer, lose_table=True) == ("failed", False)
+
+
+def test_an_entry_without_its_owners_position_follows_the_owner_of_the_first_look(tmp_path: Path) -> None:
+    """Entries written before ``ol``: the first look records the key's owner then, in the table
+    only; a table rebuilt after the requeue records the requeue (docs/reliability.md)."""
+    journal, writer = _requeue_story(tmp_path, old_entry=True)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(journal, copy)
+    assert _restart(journal, writer, lose_table=False) == ("failed", False)
+    assert _restart(copy, writer, lose_table=True) == (None, True)  # waits for the requeue
+
+
+def test_the_entry_records_the_owners_position(tmp_path: Path) -> None:
+    journal, writer, state, _ = _state_with_duplicates(tmp_path, 2)
+    state.close()
+    dups = [e for _, e in read_ledger(journal) if e.kind == "duplicate"]
+    assert [e.owner_loc for e in dups] == [(writer, 0, 32)] * 2
+    assert Entry.from_bytes(dups[0].to_bytes()) == dups[0]
+    assert b'"ol":' in dups[0].to_bytes()
