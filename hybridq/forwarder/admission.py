@@ -123,8 +123,14 @@ class Admission:
 
         index, now = self.state.index, self.state.config.clock()
 
-        def outcome_of(owner: Loc, key: str | None) -> str | None:  # noqa: ARG001 (review L1)
-            return index.outcome_at(owner, gone)
+        def outcome_of(owner: Loc, key: str | None) -> str | None:
+            """The owner's outcome; a compacted one's from its key entry, if it still owns the key."""
+            done = index.outcome(owner)
+            if done is not None or not gone(owner):
+                return done
+            entry = None if key is None else index.keys.get(key)
+            known = None if entry is None or entry.loc != owner else entry.outcome
+            return index.outcome_at(owner, gone, known)
 
         done: dict[Loc, Entry] = {}
 

@@ -220,7 +220,9 @@ class LedgerIndex:
     def outcome_at(self, loc: Loc, gone: Callable[[Loc], bool], known: str | None = None) -> str | None:
         """The outcome of the job at ``loc`` even if its segment was compacted; ``None`` if pending.
 
-        ``known``: the outcome its key entry carries, if any (:meth:`owner_outcome`).
+        ``known``: the outcome its key entry carries, if any (:meth:`owner_outcome`): a
+        compacted job's cancel is known only there. Else a compacted job failed if its failure
+        is listed or was requeued (the mark stays), and succeeded otherwise.
         """
         done = self.outcome(loc)
         if done is not None:
@@ -228,7 +230,7 @@ class LedgerIndex:
         if known is not None:
             return known
         if gone(loc):
-            return "failed" if loc in self.failed else "succeeded"
+            return "failed" if self.failed.failed_at(loc) else "succeeded"
         return None
 
     def forget_keys(self, now: float, most: int | None = None) -> int:

@@ -2,7 +2,8 @@
 
 A duplicate follows the owner it was recorded against: its ``duplicate`` entry holds that
 owner's position (``ol``), so a rebuilt table has the rows the lost one had, and a crash never
-changes a duplicate's outcome (docs/reliability.md, "Duplicates").
+changes a duplicate's outcome (docs/reliability.md, "Duplicates"). A compacted owner's outcome
+is the one its key entry or its failure's row kept, not ``succeeded``.
 """
 
 from __future__ import annotations
@@ -98,3 +99,52 @@ def test_the_entry_records_the_owners_position(tmp_path: Path) -> None:
     assert [e.owner_loc for e in dups] == [(writer, 0, 32)] * 2
     assert Entry.from_bytes(dups[0].to_bytes()) == dups[0]
     assert b'"ol":' in dups[0].to_bytes()
+
+
+# -- a compacted owner ---------------------------------------------------------------------------
+
+
+def _compact_owner(state: ForwarderState, writer: str) -> None:
+    """As if the owner's journal segment was compacted: its outcome forgotten by the index."""
+    state.index.forget_segment((writer, 0))
+    real = state.compacted.is_compacted
+    state.compacted.is_compacted = lambda seg: seg == (writer, 0) or real(seg)  # type: ignore[method-assign]
+
+
+def test_a_start_settles_with_a_compacted_cancelled_owners_outcome(tmp_path: Path) -> None:
+    """Fails before: read as ``succeeded`` (the key entry's outcome was not passed)."""
+    journal, writer, state, _ = _state_with_duplicates(tmp_path, 3)
+    owner = state.index.keys.get(_env("owner", "k").key_id)
+    assert owner is not None
+    state.append([Entry("done", "owner", (writer, 0, 32), outcome="cancelled", at=1.0)])
+    state.index.duplicates.take_ended()  # as if the settle never came
+    state.index.keys.own(
+        Entry("key", "owner", owner.loc, key=owner.key, at=owner.at, outcome="cancelled", until=9e9)
+    )
+    state.close()
+    state = _loaded(journal)
+    try:
+        _compact_owner(state, writer)
+        assert state.index.duplicates.check_all  # the start's look
+        Admission(state).settle()
+        assert len(state.index.duplicates) == 0
+        assert state.index.outcome((writer, 1, 32)) == "cancelled"
+    finally:
+        state.close()
+
+
+def test_a_compacted_failed_owner_that_was_requeued_is_failed(tmp_path: Path) -> None:
+    """Fails before: its requeue delisted the failure, so it read as ``succeeded``."""
+    journal, writer, state, _ = _state_with_duplicates(tmp_path, 3)
+    state.append([Entry("done", "owner", (writer, 0, 32), outcome="failed", at=1.0)])
+    state.index.duplicates.take_ended()
+    state.append([Entry("requeued", "owner", (writer, 0, 32), at=2.0)])
+    state.close()
+    state = _loaded(journal)
+    try:
+        _compact_owner(state, writer)
+        Admission(state).settle()
+        assert len(state.index.duplicates) == 0
+        assert state.index.outcome((writer, 1, 32)) == "failed"
+    finally:
+        state.close()
