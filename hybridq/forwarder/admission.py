@@ -165,17 +165,14 @@ class Admission:
             if (outcome := looked[waits_for]) is not None:
                 settled(loc, dup, outcome)
         if dups.unresolved:
-            resolved: dict[str, str | None] = {}
-            for key, loc, dup in dups.unresolved_rows():
-                if key not in resolved:
-                    key_owner = index.keys.get(key)
-                    # No owner cannot happen: a key is forgotten only a window after its job
-                    # finished, and its duplicates are settled the step it finishes.
-                    outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
-                    resolved[key] = outcome
-                    if outcome is None and key_owner is not None:
-                        dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
-                outcome = resolved[key]
-                if outcome is not None:
-                    settled(loc, dup, outcome)
+            for key in dups.unresolved_keys():
+                key_owner = index.keys.get(key)
+                # No owner cannot happen: a key is forgotten only a window after its job
+                # finished, and its duplicates are settled the step it finishes.
+                outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
+                if outcome is None and key_owner is not None:
+                    dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+                    continue
+                for loc, dup in dups.unresolved_of(key):
+                    settled(loc, dup, outcome or "succeeded")
         self.state.append(list(done.values()))

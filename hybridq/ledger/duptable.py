@@ -59,6 +59,8 @@ _WHERE = "chain = ? AND seg = ? AND off = ?"
 ENDED_MOST = 50_000
 #: Owner positions per query (one JSON parameter).
 _CHUNK = 3_000
+#: Keys without an owner per page (:meth:`DuplicateTable.unresolved_keys`).
+_PAGE = 500
 _ROW = "chain, seg, off, body, owner_chain, owner_seg, owner_off"
 # The owners' positions first, each found in the owner index (a row-value IN over them used
 # only its first column: every row of one chain, 70 ms a settle at 100,000 duplicates).
@@ -209,15 +211,36 @@ class DuplicateTable:
 
     # -- reading ------------------------------------------------------------------------------
 
-    @mapped
-    def unresolved_rows(self) -> list[tuple[str, Loc, Entry]]:
-        """The pending duplicates whose owner was not looked at yet: (key, position, entry)."""
-        self.flush()
+    def unresolved_keys(self) -> Iterator[str]:
+        """The keys of the pending duplicates with no owner yet (entries without ``ol``).
+
+        A page of keys at a time, read after the caller's :meth:`resolve` of the previous
+        ones: not every such row at once (after an upgrade from a saved index of format 2 or 3,
+        every pending duplicate).
+        """
         self.unresolved = False
+        last = ""
+        while page := self._unresolved_page(last):
+            yield from page
+            last = page[-1]
+
+    @mapped
+    def _unresolved_page(self, after: str) -> list[str]:
+        self.flush()
         rows = self.file.execute(
-            "SELECT key, chain, seg, off, body FROM duplicates WHERE owner_chain IS NULL ORDER BY key"
-        ).fetchall()
-        return [(str(k), (str(c), int(s), int(o)), Entry.from_bytes(b)) for k, c, s, o, b in rows]
+            "SELECT DISTINCT key FROM duplicates WHERE owner_chain IS NULL AND key > ? ORDER BY key LIMIT ?",
+            (after, _PAGE),
+        )
+        return [str(k) for (k,) in rows]
+
+    @mapped
+    def unresolved_of(self, key: str) -> list[tuple[Loc, Entry]]:
+        """The pending duplicates of ``key`` with no owner yet (the caller settles them all)."""
+        self.flush()
+        rows = self.file.execute(
+            "SELECT chain, seg, off, body FROM duplicates WHERE key = ? AND owner_chain IS NULL", (key,)
+        )
+        return [((str(c), int(s), int(o)), Entry.from_bytes(b)) for c, s, o, b in rows]
 
     @mapped
     def owners(self) -> list[tuple[Loc, str]]:
@@ -230,15 +253,15 @@ class DuplicateTable:
         ).fetchall()
         return [((str(c), int(s), int(o)), str(k)) for c, s, o, k in rows]
 
-    @mapped
-    def of_owners(self, owners: Sequence[Loc]) -> list[Row]:
+    def of_owners(self, owners: Sequence[Loc]) -> Iterator[Row]:
         """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them)."""
-        self.flush()
-        out: list[Row] = []
         for lo in range(0, len(owners), _CHUNK):
-            chunk = json_locs(owners[lo : lo + _CHUNK])
-            out.extend(_row(r) for r in self.file.execute(_OWNED, (chunk,)))
-        return out
+            yield from self._owned(owners[lo : lo + _CHUNK])
+
+    @mapped
+    def _owned(self, owners: Iterable[Loc]) -> list[Row]:
+        self.flush()
+        return [_row(r) for r in self.file.execute(_OWNED, (json_locs(owners),))]
 
     @mapped
     def get(self, loc: Loc) -> Entry | None:

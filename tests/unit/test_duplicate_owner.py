@@ -3,13 +3,15 @@
 A duplicate follows the owner it was recorded against: its ``duplicate`` entry holds that
 owner's position (``ol``), so a rebuilt table has the rows the lost one had, and a crash never
 changes a duplicate's outcome (docs/reliability.md, "Duplicates"). A compacted owner's outcome
-is the one its key entry or its failure's row kept, not ``succeeded``.
+is the one its key entry or its failure's row kept, not ``succeeded``; a settle reads no more
+rows at once than it settles.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tracemalloc
 from pathlib import Path
 
 from hybridq.envelope.model import Envelope
@@ -146,5 +148,49 @@ def test_a_compacted_failed_owner_that_was_requeued_is_failed(tmp_path: Path) ->
         Admission(state).settle()
         assert len(state.index.duplicates) == 0
         assert state.index.outcome((writer, 1, 32)) == "failed"
+    finally:
+        state.close()
+
+
+# -- what a settle reads --------------------------------------------------------------------------
+
+
+#: Duplicates without their owner's position (an upgrade's), each of its own pending key.
+UNRESOLVED = 5_000
+
+
+def test_the_first_look_at_rows_without_an_owner_does_not_read_them_all_at_once(tmp_path: Path) -> None:
+    """Fails before: every such row was read as an entry at once (5.97 MB at 5,000, now 0.10 MB)."""
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    state = _loaded(journal)
+    try:
+        admission = Admission(state)
+        for i in range(UNRESOLVED):
+            assert admission.admit(_env(f"owner-{i}", f"k{i}"), (writer, 0, 32 + i))
+        admission.flush()
+        state.append(
+            [
+                Entry(
+                    "duplicate",
+                    f"d{i}",
+                    (writer, 1, 32 + i),
+                    key=_env("x", f"k{i}").key_id,
+                    dup_of=f"owner-{i}",
+                )
+                for i in range(UNRESOLVED)
+            ]
+        )
+        tracemalloc.start()
+        try:
+            admission.settle()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert not state.index.duplicates.unresolved
+        assert peak < 50 * UNRESOLVED, f"{peak / UNRESOLVED:.0f} bytes per row at the first look"
+        state.append([Entry("done", "owner-7", (writer, 0, 39), outcome="failed", at=1.0)])
+        admission.settle()
+        assert state.index.outcome((writer, 1, 39)) == "failed"
+        assert len(state.index.duplicates) == UNRESOLVED - 1
     finally:
         state.close()
