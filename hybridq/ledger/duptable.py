@@ -20,10 +20,12 @@ entry's ``ol``, the owner when the forwarder admitted it, so a rebuilt table has
 as the one it replaces (docs/reliability.md, "Duplicates"). An entry written before ``ol``
 existed gets it from the forwarder's first look (:meth:`resolve`: the key's owner then).
 Settling is driven by owners turning terminal, one query for the owners noted since the last
-settle (:meth:`of_owners`), not a walk of every pending duplicate per batch. The owner of a row
-added since the last settle is looked at once (:meth:`take_added`: it may have finished before).
-A start (new table object) looks once at every distinct owner (:attr:`check_all`), since owners
-may have finished in entries the saved index already covers.
+settle (:meth:`of_owners`), not a walk of every pending duplicate per batch. Only endings that
+may matter are noted: a job of a segment with rows, or with owners of rows (per segment, the
+range of offsets). The owner of a row added since the last settle is looked at once
+(:meth:`take_added`: it may have finished before). A start (new table object) looks once at
+every distinct owner (:attr:`check_all`), since owners may have finished in entries the saved
+index already covers.
 
 This module must not import redis or rq.
 """
@@ -90,6 +92,9 @@ class DuplicateTable:
         #: records the forwarder reads next), is not one, without a statement: bytes per
         #: segment, not per job.
         self._segs: dict[Seg, list[int]] = {}
+        #: Per journal segment holding owners of rows: the lowest and highest offset of one (never
+        #: narrowed while rows exist): an ending outside is no owner's, and not noted.
+        self._owner_segs: dict[Seg, list[int]] = {}
         #: Positions of jobs found terminal while rows existed, since the last :meth:`take_ended`.
         self._ended: list[Loc] = []
         #: (owner, key) of the rows added with an owner since the last :meth:`take_added`: that
@@ -109,11 +114,16 @@ class DuplicateTable:
         self._segs = {(str(c), int(s)): [int(n), int(o)] for c, s, n, o in rows}
         self.pending = sum(n for n, _ in self._segs.values())
         self.unresolved = self.pending > 0
+        owners = self.file.execute(
+            "SELECT owner_chain, owner_seg, min(owner_off), max(owner_off) FROM duplicates"
+            " WHERE owner_chain IS NOT NULL GROUP BY owner_chain, owner_seg"
+        )
+        self._owner_segs = {(str(c), int(s)): [int(lo), int(hi)] for c, s, lo, hi in owners}
 
     def cleared(self) -> None:
         """Every row was dropped."""
         self.pending, self._segs, self._ended, self._flushed, self.unresolved = 0, {}, [], 0, False
-        self._added = []
+        self._owner_segs, self._added = {}, []
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -133,14 +143,31 @@ class DuplicateTable:
             self.pending += 1
             if owner is None:
                 self.unresolved = True  # an entry written before ``ol``: the first look fills it
-            elif not self.check_all:
-                self._added.append((owner, key))
-                if len(self._added) > ENDED_MOST:  # a long replay: every owner looked at instead
-                    self._added, self.check_all = [], True
+            else:
+                self._owns(owner)
+                if not self.check_all:
+                    self._added.append((owner, key))
+                    if len(self._added) > ENDED_MOST:  # a long replay: every owner looked at instead
+                        self._added, self.check_all = [], True
         return bool(added)
 
+    def _owns(self, owner: Loc) -> None:
+        span = self._owner_segs.get((owner[0], owner[1]))
+        if span is None:
+            self._owner_segs[(owner[0], owner[1])] = [owner[2], owner[2]]
+        else:
+            span[0], span[1] = min(span[0], owner[2]), max(span[1], owner[2])
+
     def ended(self, loc: Loc) -> None:
-        """The job at ``loc`` is terminal now (called only while :attr:`pending`): no statement."""
+        """The job at ``loc`` is terminal now (called only while :attr:`pending`): no statement.
+
+        Noted only if it may be a row (its own settling) or a row's owner: the others (most
+        of a step's endings) cost two dict lookups, and no JSON or SQL at the settle.
+        """
+        if not self._may_hold(loc):
+            span = self._owner_segs.get((loc[0], loc[1]))
+            if span is None or not span[0] <= loc[2] <= span[1]:
+                return
         self._ended.append(loc)
         if len(self._ended) > ENDED_MOST:  # a long replay: its owners are looked at all at once
             self.flush()
@@ -184,6 +211,8 @@ class DuplicateTable:
             if known[0] <= 0:
                 del self._segs[seg]
         self.pending -= gone
+        if self.pending <= 0:
+            self._owner_segs = {}
 
     @mapped
     def resolve(self, key: str, owner: Loc) -> None:
@@ -193,6 +222,7 @@ class DuplicateTable:
             " WHERE key = ? AND owner_chain IS NULL",
             (*owner, key),
         )
+        self._owns(owner)
 
     @mapped
     def drop_all(self) -> None:

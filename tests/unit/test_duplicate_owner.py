@@ -3,8 +3,8 @@
 A duplicate follows the owner it was recorded against: its ``duplicate`` entry holds that
 owner's position (``ol``), so a rebuilt table has the rows the lost one had, and a crash never
 changes a duplicate's outcome (docs/reliability.md, "Duplicates"). A compacted owner's outcome
-is the one its key entry or its failure's row kept, not ``succeeded``; a settle reads no more
-rows at once than it settles.
+is the one its key entry or its failure's row kept, not ``succeeded``; a settle sends SQL only
+about the endings that may own duplicates, and reads no more rows at once than it settles.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hybridq.ledger.keytable import KEYS_TABLE_FILE
 from hybridq.ledger.store import read_ledger
 
 from tests.unit import test_ledger_replay
-from tests.unit.test_duplicate_table import _state_with_duplicates
+from tests.unit.test_duplicate_table import _state_with_duplicates, statements
 
 Loc = tuple[str, int, int]
 
@@ -152,7 +152,25 @@ def test_a_compacted_failed_owner_that_was_requeued_is_failed(tmp_path: Path) ->
         state.close()
 
 
-# -- what a settle reads --------------------------------------------------------------------------
+# -- what a settle sends and reads -------------------------------------------------------------
+
+
+def test_a_settle_sends_no_sql_for_endings_that_own_no_duplicate(tmp_path: Path) -> None:
+    """Fails before: every ending while duplicates were pending went to SQL as JSON."""
+    _, writer, state, admission = _state_with_duplicates(tmp_path, 20)
+    try:
+        admission.settle()
+        with statements(state.index.keys) as seen:
+            for step in range(5):
+                for i in range(100):
+                    state.index.apply_succeeded((writer, 2, 32 + 1000 * step + i))
+                admission.settle()
+        assert seen == []
+        state.append([Entry("done", "owner", (writer, 0, 32), outcome="succeeded", at=1.0)])
+        admission.settle()
+        assert len(state.index.duplicates) == 0
+    finally:
+        state.close()
 
 
 #: Duplicates without their owner's position (an upgrade's), each of its own pending key.

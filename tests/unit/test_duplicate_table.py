@@ -272,8 +272,8 @@ def test_past_so_many_outcomes_noted_the_owners_are_all_looked_at(
     try:
         admission.settle()
         state.append([Entry("done", "owner", (writer, 0, 32), outcome="succeeded", at=1.0)])
-        for i in range(5):
-            state.index.apply_succeeded((writer, 2, 32 + i))
+        for i in range(5):  # jobs among the duplicates' records: noted (others are not)
+            state.index.apply_succeeded((writer, 1, 33 + i))
         assert state.index.duplicates.check_all
         admission.settle()
         assert len(state.index.duplicates) == 0
