@@ -4,11 +4,13 @@ A duplicate follows the owner it was recorded against: its ``duplicate`` entry h
 owner's position (``ol``), so a rebuilt table has the rows the lost one had, and a crash never
 changes a duplicate's outcome (docs/reliability.md, "Duplicates"). A compacted owner's outcome
 is the one its key entry or its failure's row kept, not ``succeeded``; a settle sends SQL only
-about the endings that may own duplicates, and reads no more rows at once than it settles.
+about the endings that may own duplicates, and reads no more rows at once than it settles; a saved index of format 2 (duplicates in it)
+still loads them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tracemalloc
@@ -17,8 +19,10 @@ from pathlib import Path
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.keytable import KEYS_TABLE_FILE
+from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 from hybridq.ledger.store import read_ledger
 
 from tests.unit import test_ledger_replay
@@ -210,5 +214,32 @@ def test_the_first_look_at_rows_without_an_owner_does_not_read_them_all_at_once(
         admission.settle()
         assert state.index.outcome((writer, 1, 39)) == "failed"
         assert len(state.index.duplicates) == UNRESOLVED - 1
+    finally:
+        state.close()
+
+
+# -- upgrades --------------------------------------------------------------------------------------
+
+
+def test_a_saved_index_of_format_2_loads_its_duplicates(tmp_path: Path) -> None:
+    """Upgrade from format 2 (failures and duplicates in the index): its duplicates become
+    rows (entries without ``ol``: the first look finds their owner), the table's others go."""
+    journal, writer, state, _ = _state_with_duplicates(tmp_path, 10)
+    state.close()
+    raw = read_state(journal, SAVED_INDEX_NAME)
+    assert raw is not None
+    body = json.loads(raw)
+    dup = Entry("duplicate", "dup-0", (writer, 1, 32), key=_env("x", "k").key_id, dup_of="owner", queue="q")
+    body.update(v=2, failed=[], requeued=[], duplicates=[json.loads(dup.to_bytes())])
+    write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+    state = _loaded(journal)
+    try:
+        assert list(state.index.duplicates) == [(writer, 1, 32)]
+        admission = Admission(state)
+        admission.settle()
+        assert len(state.index.duplicates) == 1  # waits for its pending owner
+        state.append([Entry("done", "owner", (writer, 0, 32), outcome="succeeded", at=1.0)])
+        admission.settle()
+        assert state.index.outcome((writer, 1, 32)) == "succeeded"
     finally:
         state.close()
