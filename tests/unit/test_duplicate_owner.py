@@ -10,7 +10,6 @@ still loads them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tracemalloc
@@ -19,14 +18,12 @@ from pathlib import Path
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
-from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.keytable import KEYS_TABLE_FILE
-from hybridq.ledger.saved_index import SAVED_INDEX_NAME
 from hybridq.ledger.store import read_ledger
 
 from tests.unit import test_ledger_replay
-from tests.unit.test_duplicate_table import _state_with_duplicates, statements
+from tests.unit.test_duplicate_table import _state_with_duplicates, as_older_format, statements
 
 Loc = tuple[str, int, int]
 
@@ -117,6 +114,19 @@ def _compact_owner(state: ForwarderState, writer: str) -> None:
     state.compacted.is_compacted = lambda seg: seg == (writer, 0) or real(seg)  # type: ignore[method-assign]
 
 
+def _a_start_settles_them(journal: str, writer: str, outcome: str) -> None:
+    """A start whose owner's segment was compacted: its look settles every duplicate with ``outcome``."""
+    state = _loaded(journal)
+    try:
+        _compact_owner(state, writer)
+        assert state.index.duplicates.check_all  # the start's look
+        Admission(state).settle()
+        assert len(state.index.duplicates) == 0
+        assert state.index.outcome((writer, 1, 32)) == outcome
+    finally:
+        state.close()
+
+
 def test_a_start_settles_with_a_compacted_cancelled_owners_outcome(tmp_path: Path) -> None:
     """Fails before: read as ``succeeded`` (the key entry's outcome was not passed)."""
     journal, writer, state, _ = _state_with_duplicates(tmp_path, 3)
@@ -128,15 +138,7 @@ def test_a_start_settles_with_a_compacted_cancelled_owners_outcome(tmp_path: Pat
         Entry("key", "owner", owner.loc, key=owner.key, at=owner.at, outcome="cancelled", until=9e9)
     )
     state.close()
-    state = _loaded(journal)
-    try:
-        _compact_owner(state, writer)
-        assert state.index.duplicates.check_all  # the start's look
-        Admission(state).settle()
-        assert len(state.index.duplicates) == 0
-        assert state.index.outcome((writer, 1, 32)) == "cancelled"
-    finally:
-        state.close()
+    _a_start_settles_them(journal, writer, "cancelled")
 
 
 def test_a_compacted_failed_owner_that_was_requeued_is_failed(tmp_path: Path) -> None:
@@ -146,14 +148,7 @@ def test_a_compacted_failed_owner_that_was_requeued_is_failed(tmp_path: Path) ->
     state.index.duplicates.take_ended()
     state.append([Entry("requeued", "owner", (writer, 0, 32), at=2.0)])
     state.close()
-    state = _loaded(journal)
-    try:
-        _compact_owner(state, writer)
-        Admission(state).settle()
-        assert len(state.index.duplicates) == 0
-        assert state.index.outcome((writer, 1, 32)) == "failed"
-    finally:
-        state.close()
+    _a_start_settles_them(journal, writer, "failed")
 
 
 # -- what a settle sends and reads -------------------------------------------------------------
@@ -226,12 +221,7 @@ def test_a_saved_index_of_format_2_loads_its_duplicates(tmp_path: Path) -> None:
     rows (entries without ``ol``: the first look finds their owner), the table's others go."""
     journal, writer, state, _ = _state_with_duplicates(tmp_path, 10)
     state.close()
-    raw = read_state(journal, SAVED_INDEX_NAME)
-    assert raw is not None
-    body = json.loads(raw)
-    dup = Entry("duplicate", "dup-0", (writer, 1, 32), key=_env("x", "k").key_id, dup_of="owner", queue="q")
-    body.update(v=2, failed=[], requeued=[], duplicates=[json.loads(dup.to_bytes())])
-    write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+    as_older_format(journal, writer, v=2, failed=[], requeued=[])
     state = _loaded(journal)
     try:
         assert list(state.index.duplicates) == [(writer, 1, 32)]

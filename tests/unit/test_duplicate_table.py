@@ -300,17 +300,23 @@ def test_a_table_that_does_not_fit_the_saved_index_is_rebuilt_from_the_ledger(tm
         state.close()
 
 
+def as_older_format(journal: str, writer: str, **fields: object) -> None:
+    """Rewrite the saved index as an older release's (``fields``: its version and the like),
+    with one of the pending duplicates in it only (so it shows), its entry without ``ol``."""
+    raw = read_state(journal, SAVED_INDEX_NAME)
+    assert raw is not None
+    body = json.loads(raw)
+    dup = Entry("duplicate", "dup-0", (writer, 1, 32), key=_env("x", "k").key_id, dup_of="owner", queue="q")
+    body.update(fields, duplicates=[json.loads(dup.to_bytes())])
+    write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+
+
 def test_a_saved_index_of_format_3_loads_its_duplicates(tmp_path: Path) -> None:
     """Upgrade: the previous release saved the pending duplicates in the index; a row an
     earlier upgrade left in the table (no format 4 save vouched for it) is dropped."""
     journal, writer, state, _ = _state_with_duplicates(tmp_path, 10)
     state.close()
-    raw = read_state(journal, SAVED_INDEX_NAME)
-    assert raw is not None
-    body = json.loads(raw)
-    dup = Entry("duplicate", "dup-0", (writer, 1, 32), key=_env("x", "k").key_id, dup_of="owner", queue="q")
-    body.update(v=3, duplicates=[json.loads(dup.to_bytes())])  # one of them only, so it shows
-    write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())
+    as_older_format(journal, writer, v=3)
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
     try:
