@@ -123,11 +123,12 @@ class Admission:
 
         index, now = self.state.index, self.state.config.clock()
 
-        def outcome_of(owner: Loc, key: str | None) -> str | None:
+        def outcome_of(owner: Loc, key: str | None = None) -> str | None:
             """The owner's outcome; a compacted one's from its key entry, if it still owns the key."""
             done = index.outcome(owner)
             if done is not None or not gone(owner):
                 return done
+            key = key or dups.key_of(owner)
             entry = None if key is None else index.keys.get(key)
             known = None if entry is None or entry.loc != owner else entry.outcome
             return index.outcome_at(owner, gone, known)
@@ -149,7 +150,7 @@ class Admission:
         looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
         if dups.check_all:
             dups.take_ended()
-            looked = {owner: outcome_of(owner, key) for owner, key in dups.owners()}
+            looked = {owner: outcome_of(owner) for owner in dups.owners()}
             ended = [owner for owner, outcome in looked.items() if outcome is not None]
         else:
             ended = dups.take_ended()  # terminal

@@ -273,15 +273,23 @@ class DuplicateTable:
         return [((str(c), int(s), int(o)), Entry.from_bytes(b)) for c, s, o, b in rows]
 
     @mapped
-    def owners(self) -> list[tuple[Loc, str]]:
-        """Every distinct owner, with its key (a start's look: O(owners) read from an index)."""
+    def owners(self) -> list[Loc]:
+        """Every distinct owner (a start's look: O(owners), read from the owner index alone)."""
         self.flush()
         self.check_all, self._added = False, []
         rows = self.file.execute(
-            "SELECT owner_chain, owner_seg, owner_off, min(key) FROM duplicates WHERE owner_chain IS NOT NULL"
-            " GROUP BY owner_chain, owner_seg, owner_off"
+            "SELECT DISTINCT owner_chain, owner_seg, owner_off FROM duplicates WHERE owner_chain IS NOT NULL"
         ).fetchall()
-        return [((str(c), int(s), int(o)), str(k)) for c, s, o, k in rows]
+        return [(str(c), int(s), int(o)) for c, s, o in rows]
+
+    @mapped
+    def key_of(self, owner: Loc) -> str | None:
+        """The key of the duplicates waiting for ``owner`` (``None``: none waits for it)."""
+        row = self.file.execute(
+            "SELECT key FROM duplicates WHERE owner_chain = ? AND owner_seg = ? AND owner_off = ? LIMIT 1",
+            owner,
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def of_owners(self, owners: Sequence[Loc]) -> Iterator[Row]:
         """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them)."""
