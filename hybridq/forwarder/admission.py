@@ -71,6 +71,7 @@ class Admission:
                     loc,
                     key=key,
                     dup_of=owner.job_id,
+                    owner_loc=owner.loc,
                     at=self.state.config.clock(),
                     queue=env.queue,
                 )
@@ -94,9 +95,21 @@ class Admission:
         self._entries, self._taken = [], {}
 
     def settle(self) -> None:
-        """Settle the duplicates whose key's owner is terminal now, with its outcome."""
-        index = self.state.index
-        if not index.duplicates:
+        """Settle the duplicates whose owner is terminal now, with its outcome.
+
+        Driven by owners turning terminal (issue 29): the index notes every job that turns
+        terminal while pending duplicates exist (the ones that may own some), and this asks the
+        duplicates table, in one query, for the ones waiting for those; the owner of a duplicate
+        added since the last settle is looked up once (it may have finished already); a
+        duplicate whose entry has no owner's position (written before it was recorded) gets the
+        key's owner now; a start looks once at every distinct owner. Nothing at all while none
+        is pending. A duplicate follows the owner it was recorded against, even once a requeue
+        took the key over (docs/enqueue.md).
+        """
+        dups = self.state.index.duplicates
+        if not dups.pending:
+            dups.take_ended()
+            dups.take_added()
             return
         first: dict[str, int] | None = None
 
@@ -108,39 +121,59 @@ class Admission:
                 first = {w: indices[0] for w, indices in list_chains(self.state.journal).items()}
             return loc[1] < first.get(loc[0], sys.maxsize)
 
-        now = self.state.config.clock()
-        done: list[Entry] = []
-        # The owner of each key, read from the table once while it has pending duplicates (its
-        # owner changes only by a key entry, which drops it from dup_owners): no query per batch.
-        owners, settled = index.dup_owners, set[str]()
-        for loc, dup in index.duplicates.items():
-            key = dup.key or ""
-            owner = owners.get(key)
-            if owner is None:
-                owner = index.keys.get(key)
-                if owner is not None:
-                    owners[key] = owner
-            # No owner cannot happen: a key is forgotten only a window after its job finished, and
-            # its duplicates are settled the step it finishes.
-            outcome = "succeeded" if owner is None else index.owner_outcome(owner, gone)
-            if outcome is not None:
-                settled.add(key)  # its owner is terminal: every duplicate of it settles now
-                done.append(
-                    Entry(
-                        EntryKind.DONE,
-                        dup.job_id,
-                        loc,
-                        outcome=outcome,
-                        dup=True,
-                        dup_of=dup.dup_of,
-                        at=now,
-                        queue=dup.queue,
-                    )
-                )
-        for key in settled:
-            owners.pop(key, None)
-        if len(owners) > len(index.duplicates):  # duplicates that ended otherwise (a cancel)
-            index.dup_owners = {
-                k: owners[k] for d in index.duplicates.values() if (k := d.key or "") in owners
-            }
-        self.state.append(done)
+        index, now = self.state.index, self.state.config.clock()
+
+        def outcome_of(owner: Loc, key: str | None = None) -> str | None:
+            """The owner's outcome; a compacted one's from its key entry, if it still owns the key."""
+            done = index.outcome(owner)
+            if done is not None or not gone(owner):
+                return done
+            key = key or dups.key_of(owner)
+            entry = None if key is None else index.keys.get(key)
+            known = None if entry is None or entry.loc != owner else entry.outcome
+            return index.outcome_at(owner, gone, known)
+
+        done: dict[Loc, Entry] = {}
+
+        def settled(loc: Loc, dup: Entry, outcome: str) -> None:
+            done[loc] = Entry(
+                EntryKind.DONE,
+                dup.job_id,
+                loc,
+                outcome=outcome,
+                dup=True,
+                dup_of=dup.dup_of,
+                at=now,
+                queue=dup.queue,
+            )
+
+        looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
+        if dups.check_all:
+            dups.take_ended()
+            looked = {owner: outcome_of(owner) for owner in dups.owners()}
+            ended = [owner for owner, outcome in looked.items() if outcome is not None]
+        else:
+            ended = dups.take_ended()  # terminal
+            for owner, key in dups.take_added():  # may have finished before its duplicate came
+                if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
+                    looked[owner] = outcome
+                    ended.append(owner)
+        for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
+            if waits_for is None:
+                continue
+            if waits_for not in looked:
+                looked[waits_for] = outcome_of(waits_for, dup.key)
+            if (outcome := looked[waits_for]) is not None:
+                settled(loc, dup, outcome)
+        if dups.unresolved:
+            for key in dups.unresolved_keys():
+                key_owner = index.keys.get(key)
+                # No owner cannot happen: a key is forgotten only a window after its job
+                # finished, and its duplicates are settled the step it finishes.
+                outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
+                if outcome is None and key_owner is not None:
+                    dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+                    continue
+                for loc, dup in dups.unresolved_of(key):
+                    settled(loc, dup, outcome or "succeeded")
+        self.state.append(list(done.values()))

@@ -21,8 +21,9 @@ The ledger (:mod:`hybridq.ledger.store`) is a second journal; its records are JS
   moves, with its outcome and the end of its window (``until``), to the **key store**
   (``<journal>/keys/``, the same format), which only the forwarder reads, when it starts.
 * ``duplicate`` -- the job at ``loc`` has a key that a pending or finished job owns: never pushed.
-  Once the owner is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it
-  with the owner's outcome.
+  ``ol`` is that owner's position (entries written before it was added lack it). Once the owner
+  is terminal, a ``done`` entry with ``dup_of`` (the owner's job id) settles it with the owner's
+  outcome.
 * ``cancel`` -- a cancel was asked for the job at ``loc`` (:mod:`hybridq.cancels`): it is never
   delivered again; a ``done`` entry with the outcome ``cancelled`` settles it (or the outcome its
   run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
@@ -72,6 +73,9 @@ class Entry:
     key: str | None = None
     #: ``duplicate`` entries, and ``done`` entries settling one: the job id of the key's owner.
     dup_of: str | None = None
+    #: ``duplicate`` entries: the position of the key's owner when the duplicate was admitted
+    #: (``ol``), the job it follows (docs/enqueue.md); entries before issue 29's fix lack it.
+    owner_loc: Loc | None = None
     #: ``key`` entries of a job whose segment is compacted: when the key may be forgotten.
     until: float | None = None
     #: ``done`` entries of a success: its return value, if the event carried it (``result_kept``),
@@ -108,6 +112,8 @@ class Entry:
             body["k"] = self.key
         if self.dup_of is not None:
             body["of"] = self.dup_of
+        if self.owner_loc is not None:
+            body["ol"] = list(self.owner_loc)
         if self.until is not None:
             body["until"] = self.until
         if self.dup:
@@ -137,6 +143,7 @@ class Entry:
     def from_body(cls, body: dict[str, Any]) -> Entry:
         """:meth:`from_bytes` of JSON already parsed (same errors)."""
         writer, segment, offset = body["loc"]
+        owner = body.get("ol")
         return cls(
             kind=str(body["t"]),
             job_id=str(body["id"]),
@@ -154,6 +161,7 @@ class Entry:
             later_since=body.get("ls"),
             key=body.get("k"),
             dup_of=body.get("of"),
+            owner_loc=None if owner is None else (str(owner[0]), int(owner[1]), int(owner[2])),
             until=body.get("until"),
             result=body.get("r"),
             result_kept="r" in body,

@@ -152,6 +152,10 @@ class FailureTable:
     def __contains__(self, loc: object) -> bool:
         return isinstance(loc, tuple) and len(loc) == 3 and self._state(loc) == 0
 
+    def failed_at(self, loc: Loc) -> bool:
+        """Whether the job at ``loc`` failed for good: listed, or requeued since (its mark)."""
+        return self._state(loc) is not None
+
     @mapped
     def __len__(self) -> int:
         if self._listed is None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from hybridq.journal.records import Loc
+from hybridq.ledger.duptable import DuplicateTable
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.keytable import KeyTable
@@ -49,11 +50,6 @@ class LedgerIndex:
     #: memory here, on disk in the forwarder (:mod:`hybridq.ledger.keytable`, issue 29); its
     #: file holds the listed failures too (:attr:`failed`).
     keys: KeyTable = field(default_factory=KeyTable)
-    #: Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
-    duplicates: dict[Loc, Entry] = field(default_factory=dict)
-    #: The owners of the keys of pending duplicates, as last read from :attr:`keys` (the
-    #: forwarder's settle: a dict lookup per duplicate, not a query); a key entry drops its key.
-    dup_owners: dict[str, Entry] = field(default_factory=dict, compare=False, repr=False)
     #: Jobs in :attr:`terminal` (kept as a number so the forwarder can publish it cheaply).
     terminal_count: int = 0
     #: Running totals over :attr:`terminal` and :attr:`dups` (for metrics: no scan on a scrape).
@@ -73,6 +69,14 @@ class LedgerIndex:
         Rows of :attr:`keys`'s file, not entries in memory (:mod:`hybridq.ledger.failtable`).
         """
         return self.keys.failures
+
+    @property
+    def duplicates(self) -> DuplicateTable:
+        """Duplicates not settled yet (their key's owner is not terminal): loc -> ``duplicate`` entry.
+
+        Rows of :attr:`keys`'s file, not entries in memory (:mod:`hybridq.ledger.duptable`).
+        """
+        return self.keys.duplicates
 
     def is_terminal(self, loc: Loc) -> bool:
         """Whether the job at ``loc`` reached a terminal outcome."""
@@ -111,8 +115,7 @@ class LedgerIndex:
         if entry.kind == EntryKind.DUPLICATE:
             if self.is_terminal(loc):
                 return False
-            self.duplicates[loc] = entry
-            return True
+            return self.duplicates.add(entry, raw)
         if entry.kind == EntryKind.CANCEL:
             if self.is_terminal(loc) or loc in self.cancels:
                 return False
@@ -146,7 +149,8 @@ class LedgerIndex:
             self.retries.pop(loc, None)
             self.lost.pop(loc, None)
             self.later.pop(loc, None)
-            self.duplicates.pop(loc, None)
+            if self.keys.duplicates.pending:  # an int test while there is none (the common case)
+                self.keys.duplicates.ended(loc)
             self.cancels.pop(loc, None)
             # A settled duplicate is not listed: its owner is (requeue that one).
             # A requeue mark read before it keeps it off the list (:meth:`FailureTable.put`).
@@ -190,9 +194,11 @@ class LedgerIndex:
             return True
         self.terminal_count += 1
         self.totals["succeeded"] += 1
-        for table in (self.retries, self.lost, self.later, self.duplicates, self.cancels):
+        for table in (self.retries, self.lost, self.later, self.cancels):
             if table:  # mostly all empty in a drain: no hash of ``loc`` for them
                 table.pop(loc, None)
+        if self.keys.duplicates.pending:
+            self.keys.duplicates.ended(loc)
         return True
 
     def _own_key(self, entry: Entry) -> bool:
@@ -201,8 +207,6 @@ class LedgerIndex:
         Newest by admission time: a job admitted after the key was forgotten, or a requeue, takes
         the key over. The same job's entry re-appended by compaction (with ``until``) replaces it.
         """
-        if self.dup_owners and entry.key is not None:
-            self.dup_owners.pop(entry.key, None)  # read again from the table if still wanted
         return self.keys.own(entry)
 
     def owner_outcome(self, owner: Entry, gone: Callable[[Loc], bool]) -> str | None:
@@ -211,14 +215,22 @@ class LedgerIndex:
         ``gone(loc)``: whether the journal segment of ``loc`` was compacted (its jobs all terminal,
         their outcomes forgotten but for listed failures).
         """
-        loc = owner.loc
+        return self.outcome_at(owner.loc, gone, owner.outcome)
+
+    def outcome_at(self, loc: Loc, gone: Callable[[Loc], bool], known: str | None = None) -> str | None:
+        """The outcome of the job at ``loc`` even if its segment was compacted; ``None`` if pending.
+
+        ``known``: the outcome its key entry carries, if any (:meth:`owner_outcome`): a
+        compacted job's cancel is known only there. Else a compacted job failed if its failure
+        is listed or was requeued (the mark stays), and succeeded otherwise.
+        """
         done = self.outcome(loc)
         if done is not None:
             return done
-        if owner.outcome is not None:
-            return owner.outcome
+        if known is not None:
+            return known
         if gone(loc):
-            return "failed" if loc in self.failed else "succeeded"
+            return "failed" if self.failed.failed_at(loc) else "succeeded"
         return None
 
     def forget_keys(self, now: float, most: int | None = None) -> int:

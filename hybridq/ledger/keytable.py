@@ -33,7 +33,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hybridq.ledger import failtable
+from hybridq.ledger import duptable, failtable
+from hybridq.ledger.duptable import DuplicateTable
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.tablefile import COMMIT_ROWS, KEYS_TABLE_FILE, TableFile, mapped
@@ -66,22 +67,26 @@ class KeyTable(TableFile):
     """The owners of explicit idempotency keys (see module docstring), and the file's owner.
 
     The file (:class:`~hybridq.ledger.tablefile.TableFile`: its connection, mark and poison)
-    holds the listed failures too: :attr:`failures` (:mod:`hybridq.ledger.failtable`).
+    holds the listed failures too: :attr:`failures` (:mod:`hybridq.ledger.failtable`), and the
+    pending duplicates: :attr:`duplicates` (:mod:`hybridq.ledger.duptable`).
 
     Args:
         path: the SQLite file (created 0600 when missing; emptied and made again when damaged),
             or ``None`` for a table in memory (never trusted by a saved index).
     """
 
-    schema = _SCHEMA + failtable.SCHEMA
+    schema = _SCHEMA + failtable.SCHEMA + duptable.SCHEMA
 
     def __init__(self, path: str | None = None, *, spill: bool = False) -> None:
         #: Rows :meth:`bulk` keeps, not written yet.
         self._bulk: list[tuple[Any, ...]] | None = None
         #: The failures listed for requeue: a table of the same file.
         self.failures = FailureTable(self)
+        #: The pending duplicates: a table of the same file (:mod:`hybridq.ledger.duptable`).
+        self.duplicates = DuplicateTable(self)
         super().__init__(path, spill=spill)
         self.failures.opened()
+        self.duplicates.opened()
 
     @classmethod
     def in_journal(cls, journal: str) -> KeyTable:
@@ -119,7 +124,11 @@ class KeyTable(TableFile):
     def __eq__(self, other: object) -> bool:
         """The same owners and failures (another table's), or owners (a mapping's): what tests compare."""
         if isinstance(other, KeyTable):
-            return self.items() == other.items() and self.failures == other.failures
+            return (
+                self.items() == other.items()
+                and self.failures == other.failures
+                and self.duplicates == other.duplicates
+            )
         if isinstance(other, Mapping):
             return dict(self.items()) == dict(other)
         return NotImplemented
@@ -175,7 +184,8 @@ class KeyTable(TableFile):
 
     @mapped
     def _settle(self) -> None:
-        """Write the rows :meth:`bulk` keeps (before anything reads the table)."""
+        """Write the rows :meth:`bulk` keeps, and delete the settled duplicates' (before a read)."""
+        self.duplicates.flush()
         if self._bulk:
             rows = sorted(self._bulk, key=operator.itemgetter(0))
             self._bulk.clear()
@@ -205,6 +215,7 @@ class KeyTable(TableFile):
         if self._bulk:
             self._bulk.clear()
         self.failures.cleared()
+        self.duplicates.cleared()
 
     def _committing(self) -> None:
         self.failures.committing()

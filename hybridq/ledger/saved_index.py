@@ -63,10 +63,11 @@ log = logging.getLogger("hybridq.ledger")
 #: The state file (``<journal>/ledger-index.state``).
 SAVED_INDEX_NAME = "ledger-index"
 #: 2: the key owners left out (they are in the key table), its id and generation in. 3: the
-#: listed failures and requeue marks left out too (rows of the same file: issue 29); a file of
-#: version 2 still loads (:func:`decode` writes its failures into the table).
-_VERSION = 3
-_READ_VERSIONS = (2, 3)
+#: listed failures and requeue marks left out too (rows of the same file: issue 29). 4: the
+#: pending duplicates left out too (rows of the same file). Files of versions 2 and 3 still
+#: load (:func:`decode` writes what they hold of those into the table).
+_VERSION = 4
+_READ_VERSIONS = (2, 3, 4)
 #: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
 SAVE_EVERY = 20_000
 
@@ -97,7 +98,8 @@ def encode(
 ) -> bytes:
     """The state file's payload: JSON, the terminal outcomes as lists of offsets per outcome.
 
-    The key owners and the listed failures are left out: they are in the key table's file
+    The key owners, the listed failures and the pending duplicates are left out: they are in
+    the key table's file
     ``keys_table`` names (its id and the generation it was marked with), which must be found
     again to trust this file. Its size is therefore O(jobs in the window), not O(failures).
     """
@@ -116,7 +118,6 @@ def encode(
         "lost": [[*loc, n, times] for loc, (n, times) in index.lost.items()],
         "later": [[*loc, n, since] for loc, (n, since) in index.later.items()],
         "keys_table": list(keys_table),
-        "duplicates": [_body(e) for e in index.duplicates.values()],
         "cancels": [_body(e) for e in index.cancels.values()],
     }
     return json.dumps(body, separators=(",", ":")).encode()
@@ -160,7 +161,11 @@ def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
             index.failed[e.loc] = e
         for w, s, o in body["requeued"]:
             index.failed.requeue((str(w), int(s), int(o)))
-    index.duplicates = {e.loc: e for e in map(Entry.from_body, body["duplicates"])}
+    if body["v"] in (2, 3):  # an upgrade: its pending duplicates into the table, emptied first
+        # (rows an earlier upgrade left, that no format 4 save vouched for, may be stale).
+        index.duplicates.drop_all()
+        for e in map(Entry.from_body, body["duplicates"]):
+            index.duplicates.add(e)
     index.cancels = {e.loc: e for e in map(Entry.from_body, body["cancels"])}
     covered = {str(w): ChainPosition.from_json(p) for w, p in body["covered"].items()}
     through = {str(w): int(i) for w, i in body["through"].items()}
@@ -262,7 +267,8 @@ def _compacted_since(index: LedgerIndex, compacted: Compacted, chains: Mapping[s
         seg for seg in {*index.terminal, *index.dups, *index.dup_events} if gone(compacted, first, seg)
     ]:
         index.forget_segment(seg)
-    for table in (index.retries, index.lost, index.later, index.duplicates, index.cancels):
+    index.duplicates.drop_segments(lambda seg: gone(compacted, first, seg))
+    for table in (index.retries, index.lost, index.later, index.cancels):
         for loc in [loc for loc in table if gone(compacted, first, (loc[0], loc[1]))]:
             del table[loc]
 

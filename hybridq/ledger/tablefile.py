@@ -1,8 +1,9 @@
 """The SQLite file of the ledger's on-disk tables: its connection, its mark, its poison (issue 29).
 
 What the forwarder must index per job outside the Redis window lives on disk, not on its heap:
-the owners of idempotency keys (:mod:`hybridq.ledger.keytable`) and the failures listed for
-requeue (:mod:`hybridq.ledger.failtable`). Both are tables of one file,
+the owners of idempotency keys (:mod:`hybridq.ledger.keytable`), the failures listed for
+requeue (:mod:`hybridq.ledger.failtable`) and the pending duplicates
+(:mod:`hybridq.ledger.duptable`). All are tables of one file,
 ``<journal>/ledger-keys.sqlite`` (WAL, 0600), a derived cache of the ledger, under one protocol
 (docs/reliability.md, "The key table"); this class owns that file, the tables are views of it:
 
@@ -204,6 +205,11 @@ class TableFile:
         """
         self._begin(rows)
         return self._db.execute(sql, params)
+
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> sqlite3.Cursor:
+        """:meth:`write` of one statement for each of ``rows`` (one call: a batch)."""
+        self._begin(len(rows))
+        return self._db.executemany(sql, rows)
 
     # -- writing ------------------------------------------------------------------------------
 
