@@ -79,9 +79,9 @@ local function claim(K, A, server, known)
     -- of every token cost about 4 % of a claim's Redis time, for the few runs that are limited.
     -- Its policy as locals (lim: the key's ``run`` set; nil: not limited).
     local lc, lr, lp, lim, queued, starts, lease
-    local at = string.find(A[1], "#L", 1, true)
-    if at then
-        lc, lr, lp, lim, queued, starts = limit_of(A[1], at, server)
+    local lat = string.find(A[1], "#L", 1, true)
+    if lat then
+        lc, lr, lp, lim, queued, starts = limit_of(A[1], lat, server)
         if lim then lease = server.nums[A[2]] or limit_num(A[2], server) end  -- (limit_of made server.nums)
     end
     local exists = known ~= nil  -- (the caller read the hash, which exists: no EXISTS)
