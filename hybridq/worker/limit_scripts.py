@@ -47,33 +47,70 @@ from hybridq.protocol.keys import RUN_ID_LUA
 
 __all__ = ["LIMIT_LUA"]
 
-#: Lua functions: ``limit_of(token[, slot_only])``, ``limit_admit(lim, token, lease ms, server)`` (the why
-#: of a refusal, or nil), ``limit_hold(lim, token, lease ms, job hash, server)``,
-#: ``limit_left(lim, job hash, lease ms[, server])`` (a copy left its queue without running),
-#: ``limit_renew(lim, token, lease ms, ended, server, ours)`` and ``limit_end(token, kept[, server])``.
-#: ``server`` caches, per script call, Redis's clock, its ``run_id``, the keys trimmed, the
+#: Lua functions (a limited run's policy as locals, never a table: see the next comment):
+#: ``limit_of(token, at, server)`` (``at``: where the token's ``#L`` is, the caller's plain find)
+#: gives ``c, r, p, run, queued, starts`` or nil; ``limit_run_of(token, at)`` the ``run`` key
+#: alone; ``limit_num(text, server)``, a number given as text; ``limit_admit(token, c, r, p, run,
+#: starts, lease ms, server)`` (the why of a refusal or nil, and the slots counted),
+#: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists)``,
+#: ``limit_left(queued, job hash, lease ms, server, exists)`` (a copy left its queue without
+#: running; ``exists``: the caller knows the job hash exists), ``limit_renew(run, token, lease ms,
+#: ended, server, ours)`` and ``limit_end(token, at, kept[, server])``. ``server`` caches, per
+#: script call, Redis's clock, its ``run_id``, the numbers read from text, the keys trimmed, the
 #: expiries set, the lapse and lifetime texts: every call of one script call must pass it (an
 #: expiry set without it is not remembered, and a later one it skips would leave that one).
 #: With ``redis_run_id()`` (``hybridq.protocol.keys.RUN_ID_LUA``), which the claim uses too.
+#:
+#: Why this shape (callgrind, docs/benchmarks.md "Limits with 10,000 keys"): in Redis's Lua 5.1
+#: a table made per run costs about 1.3k instructions (2.6k with six named fields), a
+#: ``tonumber`` of text 1.4k (``strtod``, twice), a ``string.match`` with four captures 2.9k, a
+#: plain ``string.find`` 0.8k, against about 0.1k for a local's or a table's read: the policy is
+#: parsed once per claim into locals, its numbers read through a per-call table of the texts
+#: already converted (a batch's runs share their lease's and policy's texts), and an outcome or
+#: a renewal takes the ``run`` key alone.
 LIMIT_LUA = (
     RUN_ID_LUA
     + f"""
--- ``slot_only``: only the ``run`` key (the outcome and the renewal need no policy or other key:
--- three string-to-number conversions and two keys fewer per outcome).
-local function limit_of(token, slot_only)
-    token = token or ""
-    -- Anchored at the first ``#L`` (a search from each position of the token cost about 1 % of a
-    -- limited claim's and outcome's Redis instructions); the search only if that is not the policy.
-    local at = string.find(token, "#L", 1, true)
-    if not at then return nil end
+-- A number given as text (a lease, a policy's figure), converted once per script call (its
+-- runs share their lease's and policy's texts): ``server.nums`` maps the texts read.
+local function limit_num(text, server)
+    local nums = server.nums
+    if not nums then
+        nums = {{["0"] = 0}}
+        server.nums = nums
+    end
+    local n = nums[text]
+    if not n then
+        n = tonumber(text)
+        nums[text] = n
+    end
+    return n
+end
+-- The policy after the token's ``#L`` (at ``at``): ``c, r, p`` (numbers; 0: no such limit), the
+-- key's ``run``, ``queued`` and (a rate's only) ``starts`` keys; nil if it is not a policy.
+-- Anchored at the first ``#L`` (a search from each position of the token cost about 1 % of a
+-- limited claim's and outcome's Redis instructions); the search only if that is not the policy.
+local function limit_of(token, at, server)
     local c, r, p, key = string.match(token, "^#L(%d+),(%d+),(%d+),(.+)$", at)
-    if not key then c, r, p, key = string.match(token, "#L(%d+),(%d+),(%d+),(.+)$") end
-    if not key then return nil end
-    local at = "{PREFIX}" .. key .. ":"
-    if slot_only then return {{run = at .. "run"}} end
+    if not key then
+        c, r, p, key = string.match(token, "#L(%d+),(%d+),(%d+),(.+)$")
+        if not key then return nil end
+    end
+    local nums = server.nums
+    local cn = nums and nums[c] or limit_num(c, server)
+    local run, queued = "{PREFIX}" .. key .. ":run", "{PREFIX}" .. key .. ":queued"
+    if r == "0" then return cn, 0, 0, run, queued, nil end
     -- (the starts' name only for a rate: a string made per claim)
-    return {{c = tonumber(c), r = tonumber(r), p = tonumber(p), run = at .. "run",
-        starts = r ~= "0" and at .. "starts" or nil, queued = at .. "queued"}}
+    return cn, limit_num(r, server), limit_num(p, server), run, queued, "{PREFIX}" .. key .. ":starts"
+end
+-- The ``run`` key alone (an outcome, a renewal: one capture, no number, one key).
+local function limit_run_of(token, at)
+    local key = string.match(token, "^#L%d+,%d+,%d+,(.+)$", at)
+    if not key then
+        key = string.match(token, "#L%d+,%d+,%d+,(.+)$")
+        if not key then return nil end
+    end
+    return "{PREFIX}" .. key .. ":run"
 end
 -- Redis's clock (ms), read once per script call (``server`` caches it).
 local function limit_now(server)
@@ -83,18 +120,17 @@ local function limit_now(server)
     end
     return server.now
 end
--- ``now + ms`` (and ``2 * ms + 1000``) as text, made once per script call and ``ms``: a Lua number
--- passed to a command is printed each time (``%.17g``, about 1k instructions), and a call's runs
--- share the clock and nearly always the lease.
+-- ``now + ms`` (and ``2 * ms + 1000``) as text, made once per script call and ``ms`` (again when
+-- a run of another lease comes between): a Lua number passed to a command is printed each time
+-- (``%.17g``, about 1k instructions), and a call's runs share the clock and nearly always the lease.
 local function limit_until(server, ms)
-    local now = limit_now(server)  -- (the call's clock, the same for every run it holds)
-    server.until_ms = server.until_ms or {{}}
-    local t = server.until_ms[ms]
-    if not t then
-        t = {{string.format("%d", now + ms), string.format("%d", 2 * ms + 1000)}}
-        server.until_ms[ms] = t
+    if server.until_for ~= ms then
+        local now = server.now or limit_now(server)  -- (the call's clock, the same for every run it holds)
+        server.until_for = ms
+        server.lapse = string.format("%d", now + ms)
+        server.life = string.format("%d", 2 * ms + 1000)
     end
-    return t[1], t[2]
+    return server.lapse, server.life
 end
 -- When the limits' state began on this server (ms); a new epoch starts now if Redis lost it.
 local function limit_epoch(now, server)
@@ -126,40 +162,38 @@ local function limit_trim(key, upto, server)
     server.trimmed[key] = upto
     return redis.call("ZREMRANGEBYSCORE", key, "-inf", upto)
 end
-local function limit_admit(lim, token, lease_ms, server)
-    local now = limit_now(server)
-    local since = limit_epoch(now, server)
-    local why = nil
-    local quiet = tonumber(lease_ms)
-    if lim.r > 0 and lim.p > quiet then quiet = lim.p end
-    server.fresh = server.fresh or {{}}
-    server.fresh[lim.run] = nil
+-- Whether the run may start (nil) or why not; and the slots its key holds (nil: not counted, no
+-- concurrency). 0 slots: the set does not exist, so the hold's ZADD makes it without an expiry.
+local function limit_admit(token, c, r, p, run, starts, lease_ms, server)
+    local now = server.now or limit_now(server)
+    local since = server.limit_since or limit_epoch(now, server)
+    local why, n = nil, nil
+    local quiet = lease_ms
+    if r > 0 and p > quiet then quiet = p end
     if now < since + quiet then
         why = "limited: quarantine after Redis lost state"
-    elseif lim.c > 0 then
+    elseif c > 0 then
         -- Lapsed slots (killed workers') are dropped only when they could refuse this run: a
         -- key with room needs no trim. What they leave is bounded by the concurrency (a trim
         -- comes at the limit) and read by nobody (the forwarders count scores still ahead).
-        local n = redis.call("ZCARD", lim.run)
-        if n >= lim.c then n = n - limit_trim(lim.run, now, server) end
-        -- None: the set does not exist, so the hold's ZADD makes it without an expiry.
-        server.fresh[lim.run] = n == 0
-        if n >= lim.c then why = "limited: concurrency" end
+        n = redis.call("ZCARD", run)
+        if n >= c then n = n - limit_trim(run, now, server) end
+        if n >= c then why = "limited: concurrency" end
     else
-        limit_trim(lim.run, now, server)  -- (no concurrency: no count to trim at; each call)
+        limit_trim(run, now, server)  -- (no concurrency: no count to trim at; each call)
     end
-    if not why and lim.r > 0 then
-        limit_trim(lim.starts, now - lim.p, server)
-        if redis.call("ZCARD", lim.starts) >= lim.r then why = "limited: rate" end
+    if not why and r > 0 then
+        limit_trim(starts, now - p, server)
+        if redis.call("ZCARD", starts) >= r then why = "limited: rate" end
     end
     -- This very run holds the slot already (a claim sent again): admitted. Asked only of a
     -- refusal. A slot of its own that lapsed (its holder cut off past the lease, the claim made
     -- again) is not held: left below the concurrency untrimmed, it must not waive the rate.
     if why then
-        local held = redis.call("ZSCORE", lim.run, token)
-        if held and tonumber(held) > now then return nil end
+        local held = redis.call("ZSCORE", run, token)
+        if held and tonumber(held) > now then return nil, nil end
     end
-    return why
+    return why, n
 end
 -- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
@@ -183,47 +217,46 @@ local function limit_expire(key, ms, server)
     end
     if server then server.expiry[key] = left end
 end
--- ``lim.exists``: the caller knows the job hash exists (no EXISTS).
-local function limit_left(lim, job, lease_ms, server)
-    local exists = lim.exists or redis.call("EXISTS", job) == 1
-    if exists and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
+-- ``exists``: the caller knows the job hash exists (no EXISTS).
+local function limit_left(queued, job, lease_ms, server, exists)
+    if (exists or redis.call("EXISTS", job) == 1) and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
     -- At 0 nothing more: a count of 0 needs no backstop, and the key already expires (a count
     -- of 1 had its expiry: the forwarders' INCRBY sets one, as this does below), two leases on
     -- at most; reading 0 or no key is the same. Not a DEL: one command fewer per job, and the
     -- forwarders' next add finds the key (docs/benchmarks.md).
-    if redis.call("DECR", lim.queued) ~= 0 then
-        limit_expire(lim.queued, 2 * lease_ms, server)
+    if redis.call("DECR", queued) ~= 0 then
+        limit_expire(queued, 2 * lease_ms, server)
     end
 end
-local function limit_hold(lim, token, lease_ms, job, server)
-    local now = limit_now(server)
+-- ``fresh``: the admission counted no slot (the set did not exist): the ZADD makes it, with no
+-- expiry to keep (no PTTL).
+local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, server, fresh, exists)
+    local now = server.now or limit_now(server)
     -- A new start unless the run holds a live slot (a claim sent again). NX first: a new run
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
     -- after its lease lapsed, not trimmed below the concurrency) is a start again, as a trim
     -- would have made it.
     local lapse, life = limit_until(server, lease_ms)
-    local new = redis.call("ZADD", lim.run, "NX", lapse, token) == 1
+    local new = redis.call("ZADD", run, "NX", lapse, token) == 1
     if not new then
-        new = tonumber(redis.call("ZSCORE", lim.run, token)) <= now
-        redis.call("ZADD", lim.run, lapse, token)
+        new = tonumber(redis.call("ZSCORE", run, token)) <= now
+        redis.call("ZADD", run, lapse, token)
     end
-    if server.fresh and server.fresh[lim.run] then
-        -- The admission found no set: this ZADD made it, with no expiry to keep (no PTTL).
-        server.fresh[lim.run] = nil
-        redis.call("PEXPIRE", lim.run, life)
+    if fresh then
+        redis.call("PEXPIRE", run, life)
         server.expiry = server.expiry or {{}}
-        server.expiry[lim.run] = 2 * lease_ms + 1000
+        server.expiry[run] = 2 * lease_ms + 1000
     else
-        limit_expire(lim.run, 2 * lease_ms + 1000, server)
+        limit_expire(run, 2 * lease_ms + 1000, server)
     end
     if new then
-        if lim.r > 0 then
-            redis.call("ZADD", lim.starts, now, token)
-            limit_expire(lim.starts, lim.p + 1000, server)
+        if r > 0 then
+            redis.call("ZADD", starts, now, token)
+            limit_expire(starts, p + 1000, server)
         end
-        limit_left(lim, job, lease_ms, server)
+        limit_left(queued, job, lease_ms, server, exists)
     end
 end
 -- The ends of runs are kept a minute (an hour for the runs whose outcome script kept another
@@ -255,37 +288,37 @@ local function limit_ended(token, server)
 end
 -- ``ended``: the run's outcome is stored (a renewal sent before it must not take the slot back).
 -- ``ours``: the run still holds its lease, which its outcome deletes: it has not ended.
-local function limit_renew(lim, token, lease_ms, ended, server, ours)
+local function limit_renew(run, token, lease_ms, ended, server, ours)
     if ended then return false end
     if not ours and limit_ended(token, server) then return false end
     local now = limit_now(server)
     limit_epoch(now, server)
-    redis.call("ZADD", lim.run, now + lease_ms, token)
-    limit_expire(lim.run, 2 * lease_ms + 1000, server)
+    redis.call("ZADD", run, now + lease_ms, token)
+    limit_expire(run, 2 * lease_ms + 1000, server)
     return true
 end
 -- Every run's end is kept (a renewal may not tell it from the stored outcome: a later run's
 -- outcome may replace it): a minute or two, or an hour or two when ``kept`` (the run's outcome
--- script kept another run's success, so the stored outcome was never this run's).
+-- script kept another run's success, so the stored outcome was never this run's). ``at``: where
+-- the token's ``#L`` is (the caller's plain find).
 -- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
-local function limit_end(token, kept, server)
-    local lim = limit_of(token, true)
-    if not lim then return end
+local function limit_end(token, at, kept, server)
+    local run = limit_run_of(token, at)
+    if not run then return end
     server = server or {{}}
-    redis.call("ZREM", lim.run, token)
+    redis.call("ZREM", run, token)
     -- The set's name and expiry made once per call and kind (the same instant each time).
-    kept = kept and true or false
-    server.ended = server.ended or {{}}
-    local key = server.ended[kept]
-    local at = nil
+    local field = kept and "ended_h" or "ended_m"
+    local key = server[field]
+    local at_ms = nil
     if not key then
-        key, at = limit_ended_key(kept, limit_now(server))
-        server.ended[kept] = key
+        key, at_ms = limit_ended_key(kept, server.now or limit_now(server))
+        server[field] = key
     end
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
     redis.pcall("SADD", key, token)
-    if at then redis.pcall("PEXPIREAT", key, string.format("%d", at)) end  -- once per set per call
+    if at_ms then redis.pcall("PEXPIREAT", key, string.format("%d", at_ms)) end  -- once per set per call
 end
 """
 )

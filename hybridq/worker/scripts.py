@@ -77,12 +77,18 @@ CLAIM_LUA = (
 local function claim(K, A, server, known)
     -- A limited key's run (hybridq.worker.limit_scripts); a plain find first: the pattern match
     -- of every token cost about 4 % of a claim's Redis time, for the few runs that are limited.
-    local lim = string.find(A[1], "#L", 1, true) and limit_of(A[1])
-    if lim and known then lim.exists = true end  -- (the caller read the hash: no EXISTS)
+    -- Its policy as locals (lim: the key's ``run`` set; nil: not limited).
+    local lc, lr, lp, lim, queued, starts, lease
+    local lat = string.find(A[1], "#L", 1, true)
+    if lat then
+        lc, lr, lp, lim, queued, starts = limit_of(A[1], lat, server)
+        if lim then lease = server.nums[A[2]] or limit_num(A[2], server) end  -- (limit_of made server.nums)
+    end
+    local exists = known ~= nil  -- (the caller read the hash, which exists: no EXISTS)
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
-        if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
+        if lim then limit_left(queued, K[3], lease, server, exists) end
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
@@ -109,7 +115,7 @@ local function claim(K, A, server, known)
             end
         end
         if why then
-            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end  -- (the refill queues it again)
+            if lim then limit_left(queued, K[3], lease, server, exists) end  -- (the refill queues it again)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")  -- for the refill pass
             end
@@ -121,7 +127,7 @@ local function claim(K, A, server, known)
         -- starts: the lease is ours, for a whole lease from now. After the fences: a Redis back
         -- from a snapshot holding it is not the server the claim was made on.
         redis.call("PEXPIRE", K[2], A[2])
-        if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
+        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, false, exists) end
         return {0, ""}
     end
     -- As text (a Lua number written by HSET goes through snprintf): requeue * 100000 + attempt.
@@ -131,17 +137,17 @@ local function claim(K, A, server, known)
         -- Each runs nothing: the copy left its queue (off its limit key's queued count, once).
         local ok, r = decode_stored(stored)
         if not ok then
-            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {4, "unreadable"}  -- not "nothing stored": its key may have finished
         end
         local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
         local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
         if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
-            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {1, stored}
         end
         if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
-            if lim then limit_left(lim, K[3], tonumber(A[2]), server) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {2, stored}
         end
     end
@@ -150,10 +156,12 @@ local function claim(K, A, server, known)
     -- to the owner's stream (hybridq.worker.refusal): the forwarder takes the job back into its
     -- run table at its next step, and the key gate pushes the same attempt again when the key
     -- has room (hybridq.forwarder.refusals).
+    local slots = nil
     if lim then
-        local why = limit_admit(lim, A[1], A[2], server)
+        local why
+        why, slots = limit_admit(A[1], lc, lr, lp, lim, starts, lease, server)
         if why then
-            limit_left(lim, K[3], tonumber(A[2]), server)
+            limit_left(queued, K[3], lease, server, exists)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
             end
@@ -161,7 +169,7 @@ local function claim(K, A, server, known)
         end
     end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
-        if lim then limit_hold(lim, A[1], tonumber(A[2]), K[3], server) end
+        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, slots == 0, exists) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
         if known then
@@ -174,7 +182,7 @@ local function claim(K, A, server, known)
         end
         return {0, ""}
     end
-    if lim then limit_left(lim, K[3], tonumber(A[2]), server) end  -- (runs nothing: the copy left its queue)
+    if lim then limit_left(queued, K[3], lease, server, exists) end  -- (runs nothing: the copy left)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """
@@ -230,8 +238,9 @@ local function finish(K, A, server)
     if redis.call("GET", K[2]) == A[1] then
         redis.call("DEL", K[2])
     end
-    if string.find(A[1], "#L", 1, true) then  -- its slot of a limited key is free (a plain find first)
-        limit_end(A[1], keep == 1 or keep == 3, server)
+    local at = string.find(A[1], "#L", 1, true)
+    if at then  -- its slot of a limited key is free (a plain find first)
+        limit_end(A[1], at, keep == 1 or keep == 3, server)
     end
     return keep
 end
@@ -262,8 +271,9 @@ for i = 1, n do
     if job and redis.call("HEXISTS", job, "hybridq_cancel") == 1 then
         r = r + 2
     end
-    local lim = limit_of(token, true)
-    if lim then
+    local at = string.find(token, "#L", 1, true)
+    local run = at and limit_run_of(token, at)
+    if run then
         -- Ended: the lease is not ours and the key's stored outcome is this run's.
         local ended = false
         if r % 2 == 0 then
@@ -271,7 +281,7 @@ for i = 1, n do
             local ok, o = decode_stored(stored or "")  -- a lone surrogate decodes too
             ended = ok and o.token == token
         end
-        if limit_renew(lim, token, tonumber(ms), ended, server, r % 2 == 1) then
+        if limit_renew(run, token, tonumber(ms), ended, server, r % 2 == 1) then
             r = r + 4
         end
     end
