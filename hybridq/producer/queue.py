@@ -53,13 +53,17 @@ from hybridq.producer.calls import (
 )
 from hybridq.producer.capacity import PendingCount
 from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
-from hybridq.producer.writers import Sink, install_sink, installed_sink, shared_writer
+from hybridq.producer.writers import Sink, delayed_call, install_sink, installed_sink, shared_writer
 from hybridq.producer.writers import _close_writers as _close_writers  # noqa: PLC0414 - re-exported (moved)
 from hybridq.protocol.nudge import address, nudge
 from hybridq.tracing import enqueue_carrier
 from hybridq.workflows.canvas import refuse_step_id
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
+
+#: One chain's share of a group commit: (each call's place in the outcomes, its envelopes), and
+#: the records of them all.
+_Batch = tuple[list[tuple[int, list[Envelope]]], list[bytes]]
 
 # -- queues -------------------------------------------------------------------------------------
 
@@ -116,9 +120,11 @@ class Queue:
         self.default_retry = default_retry
         self._pending: PendingCount | None = None
         self._nudge_name = ""
-        #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
-        self._nudged: tuple[str, int] = ("", 0)
-        self._writer: JournalWriter | None = None
+        #: Per chain (main, delayed): (chain id, sequence number) known written before a nudge
+        #: this queue sent (see _append).
+        self._nudged: list[tuple[str, int]] = [("", 0), ("", 0)]
+        #: The process's shared writers this queue appends through: main chain, delayed chain.
+        self._writers: list[JournalWriter | None] = [None, None]
         #: enqueue_async's group commit, one per event loop (see hybridq.producer.aio).
         self._committers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, Committer[_Call, list[Job]]
@@ -136,8 +142,8 @@ class Queue:
         path = ensure_journal_dir(journal)
         self._pending = PendingCount(path) if self.capacity is not None else None
         self._nudge_name = address(path)
-        self._writer = None
-        self._nudged = ("", 0)
+        self._writers = [None, None]
+        self._nudged = [("", 0), ("", 0)]
         self._journal = path
         return path
 
@@ -259,17 +265,21 @@ class Queue:
         return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
 
     def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
-        """Append the calls' records as one journal batch under one fsync; each call's outcome.
+        """Append the calls' records under one fsync per chain; each call's outcome.
 
-        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). The others
-        are acknowledged together, or none is: each then gets a :class:`JournalIOError` naming
-        its own jobs. Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async
-        committer in a worker thread.
+        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). Calls
+        whose every job is delayed past ``DELAYED_CHAIN_S`` go to the process's delayed chain
+        (:func:`~hybridq.producer.writers.delayed_call`), the others to its main chain: one
+        append for each chain that has calls. The calls of one append are acknowledged
+        together, or none is: each then gets a :class:`JournalIOError` naming its own jobs.
+        Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async committer in a
+        worker thread.
         """
         journal = self.journal  # ConfigError when none is configured
         outcomes: list[list[Job] | BaseException] = []
-        taken: list[tuple[int, list[Envelope]]] = []  # (its place in outcomes, its envelopes)
-        payloads: list[bytes] = []
+        # Per chain (main, delayed): (its place in outcomes, its envelopes), and the payloads.
+        chains: tuple[_Batch, _Batch] = (([], []), ([], []))
+        now = time.time()
         for envelopes, call_payloads in calls:
             if self._pending is not None and self.capacity is not None:
                 try:
@@ -277,14 +287,33 @@ class Queue:
                 except QueueFull as exc:
                     outcomes.append(exc)
                     continue
+            taken, payloads = chains[delayed_call(envelopes, now)]
             taken.append((len(outcomes), envelopes))
             outcomes.append([])
             payloads.extend(call_payloads)
-        if not payloads:
-            return outcomes
-        writer = self._writer
+        for delayed, (taken, payloads) in enumerate(chains):
+            if not payloads:
+                continue
+            try:
+                self._append(journal, delayed, taken, payloads, outcomes)
+            except BaseException:
+                if delayed == 0 and chains[1][1] and self._pending is not None:
+                    self._pending.release(len(chains[1][1]), appended=False)  # never tried
+                raise
+        return outcomes
+
+    def _append(
+        self,
+        journal: str,
+        delayed: int,
+        taken: list[tuple[int, list[Envelope]]],
+        payloads: list[bytes],
+        outcomes: list[list[Job] | BaseException],
+    ) -> None:
+        """Append ``payloads`` to one chain (0: main, 1: delayed); set the outcome of each call."""
+        writer = self._writers[delayed]
         if writer is None or writer.closed:
-            writer = self._writer = shared_writer(journal, self.durability)
+            writer = self._writers[delayed] = shared_writer(journal, self.durability, delayed=bool(delayed))
         try:
             ids = writer.append_many(payloads)
         except BaseException as exc:
@@ -300,22 +329,22 @@ class Queue:
                     tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
                 )
                 outcomes[place] = err
-            return outcomes
+            return
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
         # Wake the forwarder with a nudge sent after our records were written. Another thread's
-        # nudge does, if it read the writer's position only once they were written: threads
-        # that one fsync acknowledged together then send one nudge, not one each.
-        last, nudged = ids[-1], self._nudged
+        # nudge does, if it read the same writer's position only once they were written:
+        # threads that one fsync acknowledged together then send one nudge, not one each.
+        last, nudged = ids[-1], self._nudged[delayed]
         if nudged[1] < last.seq or nudged[0] != last.writer_id:
             written = writer.written
             nudge(journal, name=self._nudge_name)
-            self._nudged = written
+            self._nudged[delayed] = written
         if len(taken) == 1:  # enqueue's case
             outcomes[taken[0][0]] = [
                 Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)
             ]
-            return outcomes
+            return
         at = 0
         for place, envelopes in taken:
             end = at + len(envelopes)
@@ -323,7 +352,6 @@ class Queue:
                 Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)
             ]
             at = end
-        return outcomes
 
     def prepare(
         self,
