@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from hybridq import Queue
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader, JournalWriter
@@ -24,6 +23,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.ops.status import collect_status
 from hybridq.producer import writers
 from hybridq.transport import MemoryTransport
+
 from tests import tasks
 
 SMALL_SEGMENTS = 64 << 10
