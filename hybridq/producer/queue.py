@@ -271,7 +271,8 @@ class Queue:
         whose every job is delayed past ``DELAYED_CHAIN_S`` go to the process's delayed chain
         (:func:`~hybridq.producer.writers.delayed_call`), the others to its main chain: one
         append for each chain that has calls. The calls of one append are acknowledged
-        together, or none is: each then gets a :class:`JournalIOError` naming its own jobs.
+        together, or none is: each then gets a :class:`JournalIOError` naming its own jobs (any
+        other error of the append is their outcome too: the other chain's calls keep theirs).
         Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async committer in a
         worker thread.
         """
@@ -296,6 +297,9 @@ class Queue:
                 continue
             try:
                 self._append(journal, delayed, taken, payloads, outcomes)
+            except Exception as exc:  # its calls' outcome; the other chain's calls keep theirs
+                for place, _ in taken:
+                    outcomes[place] = exc
             except BaseException:
                 if delayed == 0 and chains[1][1] and self._pending is not None:
                     self._pending.release(len(chains[1][1]), appended=False)  # never tried

@@ -9,6 +9,7 @@ main chain's sealed segments stay).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 import time
@@ -16,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hybridq import Queue
+from hybridq import JournalIOError, Queue
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal.fileops import FileOps
 from hybridq.journal.reader import list_chains
 from hybridq.ops.status import collect_status
 from hybridq.producer import writers
@@ -120,6 +122,36 @@ def test_a_group_commit_mixing_delayed_and_immediate_calls_is_two_appends(journa
     assert chain_of[21] == {main_chain}  # 30 s away is not delayed enough
     written = {r.writer_id for r in JournalReader(journal_dir).records()}
     assert written == {main_chain, delayed_chain}
+
+
+class FailingFsync(FileOps):
+    """Every fdatasync fails with EIO (a disk that lost the writes)."""
+
+    def fdatasync(self, fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_a_failed_delayed_append_fails_its_own_calls_not_the_immediate_ones(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    failing = queue._writers[1] = JournalWriter(str(journal_dir), fileops=FailingFsync())
+
+    async def main() -> list[object]:
+        calls = [
+            queue.enqueue_many_async([queue.prepare(tasks.add, (i, 0), delay=3600 if i % 2 else None)])
+            for i in range(10)
+        ]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        failing.close()
+    immediate, delayed = results[0::2], results[1::2]
+    assert all(isinstance(jobs, list) and len(jobs) == 1 for jobs in immediate)
+    assert all(isinstance(err, JournalIOError) for err in delayed)
+    named = [err.job_ids for err in delayed]  # type: ignore[union-attr]
+    assert all(len(ids) == 1 for ids in named)
+    assert len({ids[0] for ids in named}) == 5  # each call's error names its own job
 
 
 def test_a_forked_childs_delayed_chain_is_its_own(journal_dir: Path, tmp_path: Path) -> None:
