@@ -38,12 +38,12 @@ from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.producer.aio import Committer
+from hybridq.producer.batches import Batch, acknowledged, unknown
 from hybridq.producer.calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
 from hybridq.producer.calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
 from hybridq.producer.calls import (
     _Call,
     _check_retry,
-    _copy_io_error,
     _run_at,
     _seconds,
     check_options,
@@ -60,10 +60,6 @@ from hybridq.tracing import enqueue_carrier
 from hybridq.workflows.canvas import refuse_step_id
 
 __all__ = ["Job", "Queue", "Sink", "default_journal", "install_sink", "shared_writer", "split_call"]
-
-#: One chain's share of a group commit: (each call's place in the outcomes, its envelopes), and
-#: the records of them all.
-_Batch = tuple[list[tuple[int, list[Envelope]]], list[bytes]]
 
 # -- queues -------------------------------------------------------------------------------------
 
@@ -279,7 +275,7 @@ class Queue:
         journal = self.journal  # ConfigError when none is configured
         outcomes: list[list[Job] | BaseException] = []
         # Per chain (main, delayed): (its place in outcomes, its envelopes), and the payloads.
-        chains: tuple[_Batch, _Batch] = (([], []), ([], []))
+        chains: tuple[Batch, Batch] = (([], []), ([], []))
         now = time.time()
         for envelopes, call_payloads in calls:
             if self._pending is not None and self.capacity is not None:
@@ -325,14 +321,7 @@ class Queue:
                 self._pending.release(len(payloads), appended=False)
             if not isinstance(exc, JournalIOError):
                 raise
-            # Unknown, not refused: the records may be in the file. Say which jobs, so each
-            # caller can retry its own under the same keys (docs/guarantees.md, disk full).
-            errors = [exc, *(_copy_io_error(exc) for _ in taken[1:])]
-            for err, (place, envelopes) in zip(errors, taken, strict=True):
-                err.for_jobs(
-                    tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
-                )
-                outcomes[place] = err
+            unknown(exc, taken, outcomes)
             return
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
@@ -344,18 +333,7 @@ class Queue:
             written = writer.written
             nudge(journal, name=self._nudge_name)
             self._nudged[delayed] = written
-        if len(taken) == 1:  # enqueue's case
-            outcomes[taken[0][0]] = [
-                Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)
-            ]
-            return
-        at = 0
-        for place, envelopes in taken:
-            end = at + len(envelopes)
-            outcomes[place] = [
-                Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)
-            ]
-            at = end
+        acknowledged(taken, ids, journal, outcomes)
 
     def prepare(
         self,
