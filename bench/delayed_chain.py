@@ -13,6 +13,9 @@ and compaction ran, it prints:
     code that are still alive (started before the forwarder opened);
   * the delayed jobs still pending (all of them: they are an hour away).
 
+``--keyed``: each delayed job has an explicit ``idempotency_key``, whose ``key`` entry the
+forwarder appends to its ledger when it reads the job (docs/enqueue.md, "Enqueue-if-absent").
+
 Runs against whatever ``hybridq`` is importable (PYTHONPATH): run it on two trees to compare.
 """
 
@@ -48,8 +51,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--segment-bytes", type=int, default=1 << 20)
+    parser.add_argument(
+        "--keyed", action="store_true", help="each delayed job with an explicit idempotency_key"
+    )
     args = parser.parse_args()
+    # The main chain's segment size: a tree before issue 29's change has one writer per process
+    # (made with JournalWriter's default), a tree after it passes its own main and delayed sizes.
     writers.JournalWriter = functools.partial(JournalWriter, max_segment_bytes=args.segment_bytes)  # type: ignore[misc]
+    writers.DEFAULT_MAX_SEGMENT_BYTES = args.segment_bytes  # type: ignore[attr-defined]
     with tempfile.TemporaryDirectory(prefix="bench-dchain-") as journal:
         queue = Queue(journal=journal)
         transport = MemoryTransport()
@@ -72,7 +81,8 @@ def main() -> None:
             queue.enqueue_many(
                 [queue.prepare("bench.noop", (i, PAD)) for i in range(start, start + args.every - 1)]
             )
-            queue.enqueue("bench.noop", start, PAD, delay=3600)
+            key = f"remind:{start}" if args.keyed else None
+            queue.enqueue("bench.noop", start, PAD, delay=3600, idempotency_key=key)
             delayed += 1
             turn()
             peak_bytes = max(peak_bytes, segment_usage(journal)[1])
@@ -88,7 +98,7 @@ def main() -> None:
         pending = collect_status(journal)["pending"]
         forwarder.close()
         print(
-            f"jobs={args.jobs} delayed={delayed} segment_bytes={args.segment_bytes} "
+            f"jobs={args.jobs} delayed={delayed} keyed={args.keyed} segment_bytes={args.segment_bytes} "
             f"seconds={time.perf_counter() - started:.1f}\n"
             f"journal: peak_bytes={peak_bytes} after: segments={segments} bytes={size}\n"
             f"ledger: segments={ledger_segments} bytes={ledger_size}\n"

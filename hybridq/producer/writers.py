@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 from hybridq.journal import Durability, JournalWriter
+from hybridq.journal.format import DEFAULT_MAX_SEGMENT_BYTES
 from hybridq.journal.paths import ensure_journal_dir
 
 if TYPE_CHECKING:
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
     from hybridq.job import Job
     from hybridq.producer.queue import Queue
 
-__all__ = ["DELAYED_CHAIN_S", "Sink", "delayed_call", "install_sink", "installed_sink", "shared_writer"]
+__all__ = [
+    "DELAYED_CHAIN_S",
+    "DELAYED_SEGMENT_BYTES",
+    "Sink",
+    "delayed_call",
+    "install_sink",
+    "installed_sink",
+    "shared_writer",
+]
 
 # -- one writer per process and journal -----------------------------------------------------------
 
@@ -37,6 +46,11 @@ __all__ = ["DELAYED_CHAIN_S", "Sink", "delayed_call", "install_sink", "installed
 #: (docs/operations.md, "A segment that stays"). A minute is long next to the time an immediate
 #: job takes to finish, and short enough that "in an hour" and "tomorrow" both qualify.
 DELAYED_CHAIN_S = 60.0
+#: The delayed chain's segment size. A segment goes only once sealed and all its jobs ended, and
+#: delayed calls trickle in (1 in 100 jobs: a 64 MiB segment would fill over millions of jobs,
+#: and the ledger segments recording its finished jobs stay as long): small segments, as for
+#: the scheduler's ticks and workflows' steps.
+DELAYED_SEGMENT_BYTES = 1 << 20
 
 _writers: dict[tuple[str, Durability, bool], JournalWriter] = {}
 _writers_lock = threading.Lock()
@@ -65,13 +79,15 @@ def shared_writer(
     Writers are thread-safe and fork-safe (a child starts chains of its own: each writer does),
     so every :class:`Queue` on the same journal shares one: its group commit then covers all of
     them. ``delayed``: the process's second writer of that journal, for the calls
-    :func:`delayed_call` picks (a chain of its own, created on its first call).
+    :func:`delayed_call` picks (a chain of its own, created on its first call, in segments of
+    :data:`DELAYED_SEGMENT_BYTES`).
     """
     key = (os.path.realpath(ensure_journal_dir(journal)), Durability(durability), delayed)
     with _writers_lock:
         writer = _writers.get(key)
         if writer is None:
-            writer = _writers[key] = JournalWriter(key[0], durability=key[1])
+            size = DELAYED_SEGMENT_BYTES if delayed else DEFAULT_MAX_SEGMENT_BYTES
+            writer = _writers[key] = JournalWriter(key[0], durability=key[1], max_segment_bytes=size)
         return writer
 
 

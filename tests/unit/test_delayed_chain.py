@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import time
 from collections.abc import Callable
@@ -33,10 +32,8 @@ SMALL_SEGMENTS = 64 << 10
 
 @pytest.fixture
 def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process's shared writers seal a segment past 64 KB (so 5,000 jobs fill many)."""
-    monkeypatch.setattr(
-        writers, "JournalWriter", functools.partial(JournalWriter, max_segment_bytes=SMALL_SEGMENTS)
-    )
+    """The process's main writers seal a segment past 64 KB (so 5,000 jobs fill many)."""
+    monkeypatch.setattr(writers, "DEFAULT_MAX_SEGMENT_BYTES", SMALL_SEGMENTS)
 
 
 def _drive(
@@ -122,6 +119,9 @@ def test_a_group_commit_mixing_delayed_and_immediate_calls_is_two_appends(journa
     assert chain_of[21] == {main_chain}  # 30 s away is not delayed enough
     written = {r.writer_id for r in JournalReader(journal_dir).records()}
     assert written == {main_chain, delayed_chain}
+    delayed_writer = writers.shared_writer(str(journal_dir), delayed=True)
+    assert delayed_writer.writer_id == delayed_chain
+    assert delayed_writer.max_segment_bytes == writers.DELAYED_SEGMENT_BYTES  # a trickle: small segments
 
 
 class FailingFsync(FileOps):
