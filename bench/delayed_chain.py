@@ -13,6 +13,11 @@ and compaction ran, it prints:
     code that are still alive (started before the forwarder opened);
   * the delayed jobs still pending (all of them: they are an hour away).
 
+``--steady S``: the forwarder's clock (simulated) advances S seconds a call, and each delayed
+job runs an hour after its call on that clock: with 10 s a call, the delayed jobs of the first
+140 of 500 calls come due and run during the run, as in a steady state (their ``done`` entries
+go to the ledger while their segment stays).
+
 ``--keyed``: each delayed job has an explicit ``idempotency_key``, whose ``key`` entry the
 forwarder appends to its ledger when it reads the job (docs/enqueue.md, "Enqueue-if-absent").
 
@@ -46,11 +51,24 @@ def ledger_index_bytes() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+def ran(transport: MemoryTransport) -> int:
+    """The delayed jobs run so far (the only jobs with a ``run_at``)."""
+    return sum(1 for job_id in transport.executions if transport.jobs[job_id].run_at is not None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--segment-bytes", type=int, default=1 << 20)
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="simulated seconds per call: the forwarder's clock advances, so the delayed jobs come due "
+        "during the run (0: real time, none does)",
+    )
     parser.add_argument(
         "--keyed", action="store_true", help="each delayed job with an explicit idempotency_key"
     )
@@ -63,7 +81,9 @@ def main() -> None:
         queue = Queue(journal=journal)
         transport = MemoryTransport()
         tracemalloc.start()
-        forwarder = Forwarder(journal, transport, reconcile_interval_s=3600.0)
+        sim = [time.time()]
+        clock = (lambda: sim[0]) if args.steady else time.time
+        forwarder = Forwarder(journal, transport, reconcile_interval_s=3600.0, clock=clock)
         forwarder.open()
         completions = forwarder.completions
         assert completions is not None
@@ -75,19 +95,24 @@ def main() -> None:
             completions.compactor.hurry()
             forwarder.step()
 
-        peak_bytes = delayed = 0
+        peak_bytes = peak_ledger = delayed = 0
         started = time.perf_counter()
         for start in range(0, args.jobs, args.every):
             queue.enqueue_many(
                 [queue.prepare("bench.noop", (i, PAD)) for i in range(start, start + args.every - 1)]
             )
             key = f"remind:{start}" if args.keyed else None
-            queue.enqueue("bench.noop", start, PAD, delay=3600, idempotency_key=key)
+            if args.steady:
+                sim[0] += args.steady
+                queue.enqueue("bench.noop", start, PAD, run_at=sim[0] + 3600, idempotency_key=key)
+            else:
+                queue.enqueue("bench.noop", start, PAD, delay=3600, idempotency_key=key)
             delayed += 1
             turn()
             peak_bytes = max(peak_bytes, segment_usage(journal)[1])
+            peak_ledger = max(peak_ledger, segment_usage(ledger_dir(journal))[1])
         for _ in range(600):
-            if collect_status(journal)["pending"] == delayed:
+            if collect_status(journal)["pending"] == delayed - ran(transport):
                 break
             turn()
         for _ in range(3):  # the last sealed segments' deletion
@@ -95,15 +120,15 @@ def main() -> None:
         segments, size = segment_usage(journal)
         ledger_segments, ledger_size = segment_usage(ledger_dir(journal))
         index = ledger_index_bytes()
-        pending = collect_status(journal)["pending"]
+        pending, delayed_ran = collect_status(journal)["pending"], ran(transport)
         forwarder.close()
         print(
             f"jobs={args.jobs} delayed={delayed} keyed={args.keyed} segment_bytes={args.segment_bytes} "
             f"seconds={time.perf_counter() - started:.1f}\n"
             f"journal: peak_bytes={peak_bytes} after: segments={segments} bytes={size}\n"
-            f"ledger: segments={ledger_segments} bytes={ledger_size}\n"
+            f"ledger: peak_bytes={peak_ledger} after: segments={ledger_segments} bytes={ledger_size}\n"
             f"ledger index (tracemalloc, hybridq/ledger/ allocations alive): {index} B\n"
-            f"pending after: {pending}"
+            f"pending after: {pending}; delayed jobs run: {delayed_ran} (steady={args.steady} s a call)"
         )
 
 
