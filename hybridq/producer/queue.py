@@ -38,12 +38,12 @@ from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.producer.aio import Committer
+from hybridq.producer.batches import Batch, acknowledged, unknown
 from hybridq.producer.calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
 from hybridq.producer.calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
 from hybridq.producer.calls import (
     _Call,
     _check_retry,
-    _copy_io_error,
     _run_at,
     _seconds,
     check_options,
@@ -53,7 +53,7 @@ from hybridq.producer.calls import (
 )
 from hybridq.producer.capacity import PendingCount
 from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
-from hybridq.producer.writers import Sink, install_sink, installed_sink, shared_writer
+from hybridq.producer.writers import Sink, delayed_call, install_sink, installed_sink, shared_writer
 from hybridq.producer.writers import _close_writers as _close_writers  # noqa: PLC0414 - re-exported (moved)
 from hybridq.protocol.nudge import address, nudge
 from hybridq.tracing import enqueue_carrier
@@ -116,9 +116,11 @@ class Queue:
         self.default_retry = default_retry
         self._pending: PendingCount | None = None
         self._nudge_name = ""
-        #: (chain, sequence number) known written before a nudge this queue sent (see enqueue_many).
-        self._nudged: tuple[str, int] = ("", 0)
-        self._writer: JournalWriter | None = None
+        #: Per chain (main, delayed): (chain id, sequence number) known written before a nudge
+        #: this queue sent (see _append).
+        self._nudged: list[tuple[str, int]] = [("", 0), ("", 0)]
+        #: The process's shared writers this queue appends through: main chain, delayed chain.
+        self._writers: list[JournalWriter | None] = [None, None]
         #: enqueue_async's group commit, one per event loop (see hybridq.producer.aio).
         self._committers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, Committer[_Call, list[Job]]
@@ -136,8 +138,8 @@ class Queue:
         path = ensure_journal_dir(journal)
         self._pending = PendingCount(path) if self.capacity is not None else None
         self._nudge_name = address(path)
-        self._writer = None
-        self._nudged = ("", 0)
+        self._writers = [None, None]
+        self._nudged = [("", 0), ("", 0)]
         self._journal = path
         return path
 
@@ -259,17 +261,22 @@ class Queue:
         return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
 
     def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
-        """Append the calls' records as one journal batch under one fsync; each call's outcome.
+        """Append the calls' records under one fsync per chain; each call's outcome.
 
-        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). The others
-        are acknowledged together, or none is: each then gets a :class:`JournalIOError` naming
-        its own jobs. Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async
-        committer in a worker thread.
+        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). Calls
+        whose every job is delayed past ``DELAYED_CHAIN_S`` go to the process's delayed chain
+        (:func:`~hybridq.producer.writers.delayed_call`), the others to its main chain: one
+        append for each chain that has calls. The calls of one append are acknowledged
+        together, or none is: each then gets a :class:`JournalIOError` naming its own jobs (any
+        other error of the append is their outcome too: the other chain's calls keep theirs).
+        Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async committer in a
+        worker thread.
         """
         journal = self.journal  # ConfigError when none is configured
         outcomes: list[list[Job] | BaseException] = []
-        taken: list[tuple[int, list[Envelope]]] = []  # (its place in outcomes, its envelopes)
-        payloads: list[bytes] = []
+        # Per chain (main, delayed): (its place in outcomes, its envelopes), and the payloads.
+        chains: tuple[Batch, Batch] = (([], []), ([], []))
+        now = time.time()
         for envelopes, call_payloads in calls:
             if self._pending is not None and self.capacity is not None:
                 try:
@@ -277,14 +284,36 @@ class Queue:
                 except QueueFull as exc:
                     outcomes.append(exc)
                     continue
+            taken, payloads = chains[delayed_call(envelopes, now)]
             taken.append((len(outcomes), envelopes))
             outcomes.append([])
             payloads.extend(call_payloads)
-        if not payloads:
-            return outcomes
-        writer = self._writer
+        for delayed, (taken, payloads) in enumerate(chains):
+            if not payloads:
+                continue
+            try:
+                self._append(journal, delayed, taken, payloads, outcomes)
+            except Exception as exc:  # its calls' outcome; the other chain's calls keep theirs
+                for place, _ in taken:
+                    outcomes[place] = exc
+            except BaseException:
+                if delayed == 0 and chains[1][1] and self._pending is not None:
+                    self._pending.release(len(chains[1][1]), appended=False)  # never tried
+                raise
+        return outcomes
+
+    def _append(
+        self,
+        journal: str,
+        delayed: int,
+        taken: list[tuple[int, list[Envelope]]],
+        payloads: list[bytes],
+        outcomes: list[list[Job] | BaseException],
+    ) -> None:
+        """Append ``payloads`` to one chain (0: main, 1: delayed); set the outcome of each call."""
+        writer = self._writers[delayed]
         if writer is None or writer.closed:
-            writer = self._writer = shared_writer(journal, self.durability)
+            writer = self._writers[delayed] = shared_writer(journal, self.durability, delayed=bool(delayed))
         try:
             ids = writer.append_many(payloads)
         except BaseException as exc:
@@ -292,38 +321,19 @@ class Queue:
                 self._pending.release(len(payloads), appended=False)
             if not isinstance(exc, JournalIOError):
                 raise
-            # Unknown, not refused: the records may be in the file. Say which jobs, so each
-            # caller can retry its own under the same keys (docs/guarantees.md, disk full).
-            errors = [exc, *(_copy_io_error(exc) for _ in taken[1:])]
-            for err, (place, envelopes) in zip(errors, taken, strict=True):
-                err.for_jobs(
-                    tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes)
-                )
-                outcomes[place] = err
-            return outcomes
+            unknown(exc, taken, outcomes)
+            return
         if self._pending is not None:
             self._pending.release(len(ids), appended=True)
         # Wake the forwarder with a nudge sent after our records were written. Another thread's
-        # nudge does, if it read the writer's position only once they were written: threads
-        # that one fsync acknowledged together then send one nudge, not one each.
-        last, nudged = ids[-1], self._nudged
+        # nudge does, if it read the same writer's position only once they were written:
+        # threads that one fsync acknowledged together then send one nudge, not one each.
+        last, nudged = ids[-1], self._nudged[delayed]
         if nudged[1] < last.seq or nudged[0] != last.writer_id:
             written = writer.written
             nudge(journal, name=self._nudge_name)
-            self._nudged = written
-        if len(taken) == 1:  # enqueue's case
-            outcomes[taken[0][0]] = [
-                Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)
-            ]
-            return outcomes
-        at = 0
-        for place, envelopes in taken:
-            end = at + len(envelopes)
-            outcomes[place] = [
-                Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)
-            ]
-            at = end
-        return outcomes
+            self._nudged[delayed] = written
+        acknowledged(taken, ids, journal, outcomes)
 
     def prepare(
         self,

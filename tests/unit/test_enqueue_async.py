@@ -70,7 +70,7 @@ def _close_slow_writers() -> Iterator[None]:
 def slow_queue(journal: Path, ops: SlowFsync, **options: Any) -> Queue:
     """A queue whose writer goes through ``ops``; its segment already exists (not timed)."""
     queue = Queue(journal=journal, **options)
-    queue._writer = writer = JournalWriter(queue.journal, fileops=ops)
+    queue._writers[0] = writer = JournalWriter(queue.journal, fileops=ops)
     _writers.append(writer)
     delay, fail_at, ops.delay, ops.fail_at = ops.delay, ops.fail_at, 0.0, 0
     writer.append(b"{}")  # creates the segment (a bare record, not a job)

@@ -129,3 +129,44 @@ def test_a_nudge_while_this_thread_makes_the_socket_is_skipped_not_waited_for() 
         assert sender.sock is not None
     finally:
         sender.close()
+
+
+def test_threads_on_both_chains_are_each_covered_by_a_nudge(
+    monkeypatch: pytest.MonkeyPatch, journal_dir: Path
+) -> None:
+    """Delayed calls go to the process's second chain (docs/journal.md): a nudge covers a job when
+    it was sent after that job's own chain had written it, whatever the other chain did."""
+    writers = {
+        False: JournalWriter(journal_dir, fileops=SlowSync()),
+        True: JournalWriter(journal_dir, fileops=SlowSync()),
+    }
+    sent: list[tuple[tuple[str, int], tuple[str, int]]] = []
+    monkeypatch.setattr(producer, "shared_writer", lambda *_a, delayed=False, **_k: writers[delayed])
+    monkeypatch.setattr(
+        producer, "nudge", lambda *_a, **_k: sent.append((writers[False].written, writers[True].written))
+    )
+    queue = Queue(journal=journal_dir)
+    uncovered = []
+    jobs = []
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        for i in range(10):
+            job = queue.enqueue("tests.tasks.add", i, 1, delay=3600 if (t + i) % 2 else None)
+            with lock:
+                jobs.append(job)
+            rec = job.record
+            if not any(c == rec.writer_id and seq >= rec.seq for pair in sent for c, seq in pair):
+                uncovered.append(job)
+
+    try:
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        for writer in writers.values():
+            writer.close()
+    assert {job.record.writer_id for job in jobs} == {w.writer_id for w in writers.values()}
+    assert not uncovered

@@ -1,0 +1,108 @@
+"""A producer SIGKILLed mid group commit, its calls mixing delayed and immediate jobs (issue 29).
+
+A group commit of ``enqueue_many_async`` calls is two appends when some calls are delayed past
+``DELAYED_CHAIN_S`` (the process's delayed chain) and others are not (its main chain). The child
+reports each call's job ids only after the call returned (acknowledged); the parent kills it at a
+random moment, several times, then runs a forwarder over the journal with its clock two hours
+ahead: every acknowledged job runs exactly once, and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+from hybridq.forwarder.loop import Forwarder
+from hybridq.ops.status import collect_status
+from hybridq.transport import MemoryTransport
+
+from tests.conftest import PYTHON
+
+CYCLES = 6
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, os, random, sys
+    from hybridq import Queue
+
+    journal, seed = sys.argv[1:3]
+    queue = Queue(journal=journal)
+    rng = random.Random(seed)
+
+    async def produce(t):
+        k = 0
+        while True:
+            kind, n = rng.choice(("now", "later", "mixed")), rng.choice((1, 1, 3))
+            envs = [
+                queue.prepare("tests.tasks.add", (t, k + i), delay=3600 if kind == "later" or (kind == "mixed" and i % 2) else None)
+                for i in range(n)
+            ]
+            k += n
+            jobs = await queue.enqueue_many_async(envs)
+            os.write(1, "".join(f"{job.id}\\n" for job in jobs).encode())  # acknowledged
+
+    async def main():
+        tasks = [asyncio.create_task(produce(t)) for t in range(8)]
+        os.write(2, b"ready\\n")
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    """
+)
+
+
+def run_cycle(journal: Path, env: dict[str, str], rng: random.Random, cycle: int, logs: Path) -> set[str]:
+    out, err = logs / f"{cycle}.out", logs / f"{cycle}.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [PYTHON, "-c", CHILD, str(journal), str(rng.random())], env=env, stdout=stdout, stderr=stderr
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in err.read_bytes():
+            assert proc.poll() is None, f"cycle {cycle}: child exited early: {err.read_text()}"
+            assert time.monotonic() < deadline, f"cycle {cycle}: child never got ready"
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.05, 0.4))
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"cycle {cycle}: exit {proc.returncode}: {err.read_text()}"
+    assert b"Traceback" not in err.read_bytes(), f"cycle {cycle}: {err.read_text()}"
+    return set(out.read_text().split("\n")[:-1])  # a line cut by the kill has no newline
+
+
+def test_every_acknowledged_job_runs_once_after_kills_mid_group_commit(
+    tmp_path: Path, subprocess_env: dict[str, str], figures
+) -> None:
+    seed = int(os.environ.get("HYBRIDQ_DCHAIN_SEED") or int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(seed)
+    journal, logs = tmp_path / "journal", tmp_path / "logs"
+    logs.mkdir()
+    acked: set[str] = set()
+    for cycle in range(CYCLES):
+        acked |= run_cycle(journal, subprocess_env, rng, cycle, logs)
+    assert acked, f"seed={seed}: nothing acknowledged"
+
+    transport = MemoryTransport()
+    later = time.time() + 7200.0
+    with Forwarder(journal, transport, reconcile_interval_s=3600.0, clock=lambda: later) as forwarder:
+        completions = forwarder.completions
+        assert completions is not None
+        deadline = time.monotonic() + 300
+        while collect_status(str(journal))["pending"]:
+            assert time.monotonic() < deadline, f"seed={seed}: jobs left pending"
+            forwarder.step()
+            transport.work()
+            completions.hurry(reconcile=False)
+            forwarder.step()
+    missing = acked - set(transport.executions)
+    assert not missing, f"seed={seed}: {len(missing)} acknowledged jobs never ran"
+    twice = {job: n for job, n in transport.executions.items() if n != 1}
+    assert not twice, f"seed={seed}: ran more than once: {twice}"
+    figures(f"dchain kill seed={seed} cycles={CYCLES} acked={len(acked)} ran={len(transport.executions)}")
