@@ -167,16 +167,18 @@ class LifeCycle:
         """Everything :meth:`close` releases but the lock; each part even when one before fails.
 
         The caches a close writes by path (the terminal count's checkpoint, the saved index, the
-        pending count, the list of pushed jobs) are skipped once the path leads elsewhere (the
-        step that saw it stopped the run with JournalPathError): the next start redoes them.
+        pending count, the stats snapshot) and the pushed list's flush are skipped unless the
+        lock is still held and the path still leads to its directory (the step that saw a swap
+        stopped the run with JournalPathError; a second close comes after the lock's release):
+        the next start redoes them.
         """
         try:
             self._dir_lock.check()
         except JournalPathError:
             by_path = False
         else:
-            by_path = True
-        if self.maintenance.publish_due and self._dir_lock.locked and by_path:
+            by_path = self._dir_lock.locked
+        if self.maintenance.publish_due and by_path:
             with contextlib.suppress(OSError, HybridqError):  # a full disk: the older count stays
                 self.maintenance.publish_terminal(now=True)
         with contextlib.ExitStack() as closing:  # the callbacks run last registered first

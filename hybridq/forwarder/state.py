@@ -183,7 +183,8 @@ class ForwarderState:
 
         Each is closed even when one before it fails (a full disk: the forwarder opens again
         in the same process, docs/operations.md "Disk full"); the error is raised after.
-        ``by_path=False``: the journal's path no longer leads to its directory; the caches
+        ``by_path=False``: the journal's path no longer leads to its directory (or the lock was
+        released: a second close); the caches
         written by path (the pending count, the saved index, the pushed jobs' flush, the stats
         snapshot's sealed ledger tail) are not.
         """

@@ -38,7 +38,7 @@ from hybridq import crashpoints
 from hybridq.errors import JournalIOError
 from hybridq.ledger.sqlite_errors import sqlite_errno
 
-__all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "TableFile", "mapped"]
+__all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "SPILL_OP", "TableFile", "mapped", "spill_dir"]
 
 log = logging.getLogger("hybridq.ledger")
 P = ParamSpec("P")
@@ -53,12 +53,16 @@ COMMIT_ROWS = 20_000
 _META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
 
 
+#: The ``op`` of the JournalIOError of a reader's temporary database (``spill``).
+SPILL_OP = "a reader's temporary table"
+
+
 def spill_dir() -> str:
-    """Where SQLite puts a temporary database's file: the first of its candidates that exists."""
+    """Where SQLite puts a temporary database's file: the first of its candidates it can write."""
     # Named, not used: SQLite makes the file (0600, O_EXCL, unlinked at once), this only says where.
     candidates = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
     for where in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"), *candidates):
-        if where and os.path.isdir(where):
+        if where and os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
             return where
     return "."
 
@@ -85,9 +89,9 @@ def mapped(method: Callable[P, R]) -> Callable[P, R]:
             assert isinstance(owner, TableFile)
             owner.failed = True
             if owner.spill:  # a reader's temporary database: its file is in the temporary directory
-                where = spill_dir()
-                cause = OSError(sqlite_errno(exc, where), f"{exc} (set SQLITE_TMPDIR or TMPDIR to move it)")
-                owner.error = JournalIOError(where, "a reader's temporary table", cause)
+                # No probe of the directory's room (it would leave files in a shared directory).
+                cause = OSError(sqlite_errno(exc, None), f"{exc} (set SQLITE_TMPDIR or TMPDIR to move it)")
+                owner.error = JournalIOError(spill_dir(), SPILL_OP, cause)
                 raise owner.error from exc
             code = sqlite_errno(exc, None if owner.path is None else os.path.dirname(owner.path))
             cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
@@ -285,6 +289,13 @@ class TableFile:
                 self._db.execute("PRAGMA synchronous=NORMAL")
         self.generation, self.covers = generation, covers
         return self.id, generation
+
+    def discard(self) -> None:
+        """Close without committing what this run wrote (a reader's tables it throws away)."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
 
     def close(self) -> None:
         """Commit and close (idempotent); a poisoned file is closed without writing anything."""

@@ -107,6 +107,8 @@ def test_close_never_writes_into_a_directory_swapped_in_at_the_journal_path(tmp_
         forwarder.step()
     forwarder.close()
     assert sorted(os.listdir(journal)) == []
+    forwarder.close()  # idempotent: a second close (after the lock's release) writes nothing either
+    assert [str(p.relative_to(journal)) for p in journal.rglob("*")] == []
 
 
 def test_a_scrape_during_reopens_never_reads_zeros(tmp_path: Path) -> None:

@@ -9,16 +9,18 @@ journal"). A full or unwritable temporary directory must not make it lose or rev
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError
 from hybridq.http.dashboard.ledger_view import LedgerView
-from hybridq.ledger import tablefile
+from hybridq.ledger import failtable, tablefile
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import open_ledger_writer
@@ -127,3 +129,25 @@ def test_an_error_of_the_views_table_names_the_temporary_directory(tmp_path: Pat
         fill()
     assert "temporary" in str(raised.value)
     assert "TMPDIR" in str(raised.value)
+
+
+def test_a_full_temporary_directory_met_reading_the_list_back_falls_back_to_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading rows back can write the cache's dirty pages out: SQLITE_FULL from listed()'s
+    # SELECT. Every page answered 503 before (a rebuild in the same temporary directory).
+    _append(str(tmp_path), 0, 100)
+    items = failtable.FailureTable.items
+
+    def full_when_spilled(self: failtable.FailureTable) -> Any:
+        if self.file.spill:
+            exc = sqlite3.OperationalError("database or disk is full")
+            exc.sqlite_errorcode = 13  # type: ignore[attr-defined]
+            raise exc
+        return items.__wrapped__(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(failtable.FailureTable, "items", failtable.mapped(full_when_spilled))
+    view = LedgerView(str(tmp_path))
+    assert len(view.failed()) == 100
+    assert len(view.failed()) == 100
+    assert view.rebuilds == 2  # the first read, then one in memory

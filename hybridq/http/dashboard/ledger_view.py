@@ -18,7 +18,6 @@ question; if the temporary directory cannot hold them, it keeps them in memory f
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -35,6 +34,7 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir
+from hybridq.ledger.tablefile import SPILL_OP
 from hybridq.ops.failures import FailedJob, listed
 from hybridq.protocol import EntryKind
 
@@ -70,12 +70,17 @@ class LedgerView:
     def failed(self, _journal: str | None = None) -> list[FailedJob]:
         """The failures listed now, oldest first (what :func:`hybridq.failed_jobs` returns)."""
         with self._lock:
-            self._refresh()
-            try:
-                return listed(self._index)
-            except JournalIOError:
-                self._compacted = None  # the tables may have lost rows: read it all again
-                raise
+            for attempt in range(2):
+                self._refresh()
+                try:
+                    return listed(self._index)
+                except JournalIOError as exc:
+                    # Reading rows back may write the cache's pages out: the same full or
+                    # unwritable temporary directory, and the same fall-back as _refresh's.
+                    self._compacted = None  # the tables may have lost rows: read it all again
+                    if attempt or not self._spilled_away(exc):
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def entries(self, job_id: str) -> list[Entry]:
         """The ledger entries of ``job_id``, in ledger order (read back by their location)."""
@@ -125,16 +130,26 @@ class LedgerView:
                 # is past may be gone (a failure listed again, a requeue forgotten). Read it all
                 # again; in memory if the temporary directory could not hold them.
                 self._compacted = None
-                if not self._spill or attempt == 2:
+                if attempt == 2 or not self._spilled_away(exc):
                     raise
-                self._spill = False
-                log.warning("the dashboard's ledger view keeps its tables in memory from now on: %s", exc)
             except (JournalCorruption, FileNotFoundError):
                 if attempt == 2:
                     raise
                 self._compacted = None  # a segment vanished under the reader: read it all again
             else:
                 return
+
+    def _spilled_away(self, exc: JournalIOError) -> bool:
+        """Whether ``exc`` is the temporary database's: then keep the tables in memory from now on.
+
+        Permanent for this server (one log line): a temporary directory that filled once may
+        fill again, and rows lost in a rolled-back transaction cost a full read each time.
+        """
+        if not self._spill or exc.op != SPILL_OP:
+            return False
+        self._spill = False
+        log.warning("the dashboard's ledger view keeps its tables in memory from now on: %s", exc)
+        return True
 
     def _vanished(self) -> bool:
         """Whether a ledger segment read before was deleted since (the ledger's own compaction)."""
@@ -151,8 +166,7 @@ class LedgerView:
         self._compacted = compacted
         self._first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         self._reader = None
-        with contextlib.suppress(JournalIOError):  # a throwaway: its temporary file goes now,
-            self._index.keys.close()  # not at the collector's next pass
+        self._index.keys.discard()  # its temporary file goes now, not at the collector's next pass
         self._index = LedgerIndex(keys=KeyTable(spill=self._spill))
         self._where = {}
         self._requeued = set()
