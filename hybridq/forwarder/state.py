@@ -184,9 +184,9 @@ class ForwarderState:
         Each is closed even when one before it fails (a full disk: the forwarder opens again
         in the same process, docs/operations.md "Disk full"); the error is raised after.
         ``by_path=False``: the journal's path no longer leads to its directory (or the lock was
-        released: a second close); the caches
-        written by path (the pending count, the saved index, the pushed jobs' flush, the stats
-        snapshot's sealed ledger tail) are not.
+        released: a second close); the caches written by path (the pending count, the saved
+        index, the stats snapshot's sealed ledger tail) are not, nor the pushed jobs' flush (its
+        open file is the old directory's, but a start rebuilds it anyway: a cache too).
         """
         with contextlib.ExitStack() as closing:  # the callbacks run last registered first
             if by_path:
