@@ -18,7 +18,8 @@ from .base import KeyUse
 __all__ = ["KEY_USE", "key_use"]
 
 # ARGV: the lease (ms), then the keys as one string (a limit key has no whitespace): per key
-# "key period added ", its rate period (ms; 0: no rate; -1: only add, not read) and the jobs
+# "key period added ", its rate period (ms as plain integer text, compared as text: 0: no rate;
+# -1: only add, not read; never "00" or "-0") and the jobs
 # pushed since the last call (one argument: redis-py packs each argument in Python, a third of
 # the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
 # claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
@@ -47,7 +48,7 @@ if quiet0 < 0 then quiet0 = 0 end
 -- Per key the least Lua (each step reads every key it pushed to; docs/benchmarks.md, "Limits
 -- with 10,000 keys"): the period and the add compared as text (a tonumber is ``strtod``, twice:
 -- only a rate's period), redis.call and type as locals, the reply's length counted.
-local call, pcall_, type_ = redis.call, redis.pcall, type
+local call, pcall_, type_, huge = redis.call, redis.pcall, type, math.huge
 local out, n = {{}}, 0
 for key, period, added in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
     local count = "{LIMIT_PREFIX}" .. key .. ":queued"
@@ -63,7 +64,9 @@ for key, period, added in string.gmatch(ARGV[2], "(%S+) (%-?%d+) (%d+)") do
     elseif period ~= "-1" then
         local raw = pcall_("GET", count)
         queued = raw and tonumber(raw)
-        if raw and not queued then bad = true end
+        -- Not a count: no number, NaN (not equal to itself) or an infinity ("nan", "inf" that
+        -- another writer left): the key is held, as a wrong type.
+        if raw and (not queued or queued ~= queued or queued == huge or queued == -huge) then bad = true end
     end
     if period ~= "-1" then
         local running = pcall_("ZCOUNT", "{LIMIT_PREFIX}" .. key .. ":run", after, "+inf")

@@ -196,3 +196,29 @@ def test_a_kept_end_and_a_plain_end_in_one_end_call_go_to_their_own_sets(redis_s
     assert token(items[1]) in minute, sets
     assert token(items[1]) not in hour, sets
     assert all(client.pttl(k) > 0 for k in sets), "each set expires"
+
+
+def test_runs_of_leases_a_b_a_in_one_start_call_each_lapse_at_their_own_lease(
+    redis_server: RedisServer,
+) -> None:
+    # The per-call cache of a lease's text (limit_scripts) keeps the last lease only: A, B, A
+    # must each still get their own (review of i30lua, LOW-3).
+    client, items = take_limited(redis_server, 3, "10,0,0,tenant:aba", leases=[5.0, 60.0, 5.0])
+    assert [r[0] for r in start(client, items)] == [0, 0, 0]
+    run = f"{keys.LIMIT_PREFIX}tenant:aba:run"
+    scores = [client.zscore(run, token(i)) for i in items]
+    assert None not in scores
+    first, second, third = (int(s or 0) for s in scores)
+    assert abs((second - first) - 55_000) < 50, scores
+    assert abs(third - first) < 50, scores
+
+
+def test_two_policies_for_one_key_in_one_start_call_each_decides_its_own_claim(
+    redis_server: RedisServer,
+) -> None:
+    # A policy changed while copies of the old one wait: each claim enforces its delivery's.
+    limits = ["3,0,0,tenant:pp", "1,0,0,tenant:pp", "3,0,0,tenant:pp"]
+    client, items = take_limited(redis_server, 3, limits)
+    replies = start(client, items)
+    assert [r[0] for r in replies] == [0, 4, 0], replies
+    assert replies[1][1] == b"limited: concurrency"

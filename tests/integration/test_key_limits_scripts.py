@@ -158,13 +158,18 @@ def test_a_limit_key_of_the_wrong_type_holds_its_own_jobs_only(
     settled(conn)
     conn.hset(f"{LIMIT_PREFIX}evil:queued", "x", 1)  # anyone able to write the limits' keys
     conn.set(f"{LIMIT_PREFIX}odd:queued", "not a number")
+    # Numbers to Lua's tonumber, not counts: NaN read as -2**63 (room for every waiting job for a
+    # step) in the leaner script before, infinity as a huge count.
+    conn.set(f"{LIMIT_PREFIX}nan:queued", "nan")
+    conn.set(f"{LIMIT_PREFIX}inf:queued", "inf")
     transport = RQTransport(redis_server.url)
     try:  # before: WRONGTYPE failed the whole call, every key stayed without room
-        use = transport.key_use({"good": 0, "evil": 0, "odd": 0}, {}, lease_s=0.4)
+        use = transport.key_use({"good": 0, "evil": 0, "odd": 0, "nan": 0, "inf": 0}, {}, lease_s=0.4)
         assert use is not None
         assert (use["good"].running, use["good"].queued, use["good"].quarantine_s) == (0, 0, 0)
-        assert use["evil"].quarantine_s > 60  # held (never over its limit), not the others
-        assert use["odd"].quarantine_s > 60
+        for held in ("evil", "odd", "nan", "inf"):
+            assert use[held].quarantine_s > 60, held  # held (never over its limit), not the others
+            assert use[held].queued == 0, held
     finally:
         transport.close()
 
