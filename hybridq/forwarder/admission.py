@@ -147,33 +147,40 @@ class Admission:
                 queue=dup.queue,
             )
 
-        looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
-        if dups.check_all:
-            dups.take_ended()
-            looked = {owner: outcome_of(owner) for owner in dups.owners()}
-            ended = [owner for owner, outcome in looked.items() if outcome is not None]
-        else:
-            ended = dups.take_ended()  # terminal
-            for owner, key in dups.take_added():  # may have finished before its duplicate came
-                if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
-                    looked[owner] = outcome
-                    ended.append(owner)
-        for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
-            if waits_for is None:
-                continue
-            if waits_for not in looked:
-                looked[waits_for] = outcome_of(waits_for, dup.key)
-            if (outcome := looked[waits_for]) is not None:
-                settled(loc, dup, outcome)
-        if dups.unresolved:
-            for key in dups.unresolved_keys():
-                key_owner = index.keys.get(key)
-                # No owner cannot happen: a key is forgotten only a window after its job
-                # finished, and its duplicates are settled the step it finishes.
-                outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
-                if outcome is None and key_owner is not None:
-                    dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+        try:
+            looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
+            if dups.check_all:
+                dups.take_ended()
+                looked = {owner: outcome_of(owner) for owner in dups.owners()}
+                ended = [owner for owner, outcome in looked.items() if outcome is not None]
+            else:
+                ended = dups.take_ended()  # terminal
+                for owner, key in dups.take_added():  # may have finished before its duplicate came
+                    if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
+                        looked[owner] = outcome
+                        ended.append(owner)
+            for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
+                if waits_for is None:
                     continue
-                for loc, dup in dups.unresolved_of(key):
-                    settled(loc, dup, outcome or "succeeded")
-        self.state.append(list(done.values()))
+                if waits_for not in looked:
+                    looked[waits_for] = outcome_of(waits_for, dup.key)
+                if (outcome := looked[waits_for]) is not None:
+                    settled(loc, dup, outcome)
+            if dups.unresolved:
+                for key in dups.unresolved_keys():
+                    key_owner = index.keys.get(key)
+                    # No owner cannot happen: a key is forgotten only a window after its job
+                    # finished, and its duplicates are settled the step it finishes.
+                    outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
+                    if outcome is None and key_owner is not None:
+                        dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+                        continue
+                    for loc, dup in dups.unresolved_of(key):
+                        settled(loc, dup, outcome or "succeeded")
+            self.state.append(list(done.values()))
+        except BaseException:
+            # What this took (noted endings, added owners, the start's look, the unresolved
+            # flag) is gone from the table object, and the loop retries a failed append without
+            # a reopen: the retried settle looks at every owner once instead (review 2, MEDIUM-1).
+            dups.check_all = dups.unresolved = True
+            raise
