@@ -64,6 +64,11 @@ class Admission:
         if owner is not None and owner.loc == loc:
             return True  # read again (a retried step, a lost checkpoint): it owns the key already
         if owner is not None and env.requeue == 0:
+            if loc in self.state.index.duplicates:
+                # Read again (a crash before the checkpoint passed it): recorded once, against
+                # the owner of its first read, even if a requeue took the key over since
+                # (review 2, MEDIUM-2: a second entry made the outcome depend on replay order).
+                return False
             self._entries.append(
                 Entry(
                     EntryKind.DUPLICATE,
