@@ -30,7 +30,11 @@ from hybridq.ledger.entries import Entry
 from hybridq.protocol import EntryKind
 from hybridq.transport.base import Loc
 
-__all__ = ["Admission"]
+__all__ = ["SETTLE_CHUNK", "Admission"]
+
+#: Settling entries per ledger append: one owner's many duplicates are written a chunk at a
+#: time, not held (entries and payloads) all at once.
+SETTLE_CHUNK = 3_000
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -151,6 +155,9 @@ class Admission:
                 at=now,
                 queue=dup.queue,
             )
+            if len(done) >= SETTLE_CHUNK:
+                self.state.append(list(done.values()))
+                done.clear()
 
         try:
             looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once

@@ -306,14 +306,19 @@ class DuplicateTable:
         return None if row is None else str(row[0])
 
     def of_owners(self, owners: Sequence[Loc]) -> Iterator[Row]:
-        """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them)."""
+        """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them).
+
+        Each row's entry is decoded as it is yielded: a chunk's rows are held as bytes, not as
+        entries (one owner may have many duplicates).
+        """
         for lo in range(0, len(owners), _CHUNK):
-            yield from self._owned(owners[lo : lo + _CHUNK])
+            for row in self._owned(owners[lo : lo + _CHUNK]):
+                yield _row(row)
 
     @mapped
-    def _owned(self, owners: Iterable[Loc]) -> list[Row]:
+    def _owned(self, owners: Iterable[Loc]) -> list[tuple[object, ...]]:
         self.flush()
-        return [_row(r) for r in self.file.execute(_OWNED, (json_locs(owners),))]
+        return self.file.execute(_OWNED, (json_locs(owners),)).fetchall()
 
     @mapped
     def get(self, loc: Loc) -> Entry | None:
