@@ -70,8 +70,9 @@ class Admission:
         if owner is not None and env.requeue == 0:
             if loc in self.state.index.duplicates:
                 # Read again (a crash before the checkpoint passed it): recorded once, against
-                # the owner of its first read, even if a requeue took the key over since
-                # (review 2, MEDIUM-2: a second entry made the outcome depend on replay order).
+                # the owner of its first read, even if a requeue took the key over since: a
+                # second entry made the outcome depend on the replay's order
+                # (docs/reliability.md, "Duplicates").
                 return False
             self._entries.append(
                 Entry(
@@ -193,6 +194,7 @@ class Admission:
         except BaseException:
             # What this took (noted endings, added owners, the start's look, the unresolved
             # flag) is gone from the table object, and the loop retries a failed append without
-            # a reopen: the retried settle looks at every owner once instead (review 2, MEDIUM-1).
+            # a reopen: the retried settle looks at every owner once instead
+            # (docs/reliability.md, "Duplicates").
             dups.check_all = dups.unresolved = True
             raise

@@ -240,7 +240,7 @@ def test_a_saved_index_of_format_2_loads_its_duplicates(tmp_path: Path) -> None:
 def test_a_settle_appends_one_owners_many_duplicates_a_chunk_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Fails before: the 25 settlings went in one append (review 2, L-b: at 20,000 duplicates of
+    """Fails before: the 25 settlings went in one append (at 20,000 duplicates of
     one owner, every entry and payload at once)."""
     monkeypatch.setattr(admission_module, "SETTLE_CHUNK", 10)
     journal, writer, state, admission = _state_with_duplicates(tmp_path, 25)

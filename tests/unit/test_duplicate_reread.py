@@ -4,7 +4,7 @@ Run 1 records D as a duplicate of A; A fails; the run is killed before D's settl
 the checkpoint passes D. A requeue A2 takes the key over; run 2 (a new ledger chain) reads D
 again. A second ``duplicate`` entry (``ol`` = A2) made D's outcome depend on whether the table
 survived: a full replay applies the chains in the order of their random ids, and the row kept
-whichever came first (review 2, MEDIUM-2). Now the re-read writes nothing, and the table keeps
+whichever came first. Now the re-read writes nothing, and the table keeps
 the earlier of two entries, by (at, ol), in any order (docs/reliability.md, "Duplicates").
 """
 

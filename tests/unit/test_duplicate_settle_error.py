@@ -3,7 +3,7 @@
 The forwarder's loop retries a failed step without reopening anything unless the key table is
 poisoned (a ledger error does not poison it), so a settle that dropped the endings it noted, the
 owners it added or the start's look before its append would strand those duplicates until a
-restart: shown "forwarded", ``wait`` hanging, the segment never compacted (review 2, MEDIUM-1).
+restart: shown "forwarded", ``wait`` hanging, the segment never compacted.
 Three ways a settle learns of an owner's end: a noted ending, a duplicate added after its owner
 ended, a start's look at every owner.
 """

@@ -120,7 +120,7 @@ def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: 
 
 @pytest.mark.parametrize("ol", ["[]", '["w",0]', '{"c":1}'])
 def test_a_duplicate_entry_with_a_malformed_owner_is_skipped(tmp_path: Path, ol: str) -> None:
-    """Fails before with ``[]`` and ``["w",0]``: an IndexError no reader caught (review 2, L-a)."""
+    """Fails before with ``[]`` and ``["w",0]``: an IndexError no reader caught (issue 29's second review)."""
     journal = tmp_path / "journal"
     with JournalWriter(journal) as writer:
         writer.append_many([b'{"x": 1}'])
