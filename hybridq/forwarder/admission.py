@@ -30,7 +30,11 @@ from hybridq.ledger.entries import Entry
 from hybridq.protocol import EntryKind
 from hybridq.transport.base import Loc
 
-__all__ = ["Admission"]
+__all__ = ["SETTLE_CHUNK", "Admission"]
+
+#: Settling entries per ledger append: one owner's many duplicates are written a chunk at a
+#: time, not held (entries and payloads) all at once.
+SETTLE_CHUNK = 3_000
 
 log = logging.getLogger("hybridq.forwarder")
 
@@ -64,6 +68,12 @@ class Admission:
         if owner is not None and owner.loc == loc:
             return True  # read again (a retried step, a lost checkpoint): it owns the key already
         if owner is not None and env.requeue == 0:
+            if loc in self.state.index.duplicates:
+                # Read again (a crash before the checkpoint passed it): recorded once, against
+                # the owner of its first read, even if a requeue took the key over since: a
+                # second entry made the outcome depend on the replay's order
+                # (docs/reliability.md, "Duplicates").
+                return False
             self._entries.append(
                 Entry(
                     EntryKind.DUPLICATE,
@@ -146,34 +156,45 @@ class Admission:
                 at=now,
                 queue=dup.queue,
             )
+            if len(done) >= SETTLE_CHUNK:
+                self.state.append(list(done.values()))
+                done.clear()
 
-        looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
-        if dups.check_all:
-            dups.take_ended()
-            looked = {owner: outcome_of(owner) for owner in dups.owners()}
-            ended = [owner for owner, outcome in looked.items() if outcome is not None]
-        else:
-            ended = dups.take_ended()  # terminal
-            for owner, key in dups.take_added():  # may have finished before its duplicate came
-                if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
-                    looked[owner] = outcome
-                    ended.append(owner)
-        for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
-            if waits_for is None:
-                continue
-            if waits_for not in looked:
-                looked[waits_for] = outcome_of(waits_for, dup.key)
-            if (outcome := looked[waits_for]) is not None:
-                settled(loc, dup, outcome)
-        if dups.unresolved:
-            for key in dups.unresolved_keys():
-                key_owner = index.keys.get(key)
-                # No owner cannot happen: a key is forgotten only a window after its job
-                # finished, and its duplicates are settled the step it finishes.
-                outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
-                if outcome is None and key_owner is not None:
-                    dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+        try:
+            looked: dict[Loc, str | None] = {}  # owners' outcomes, each looked up once
+            if dups.check_all:
+                dups.take_ended()
+                looked = {owner: outcome_of(owner) for owner in dups.owners()}
+                ended = [owner for owner, outcome in looked.items() if outcome is not None]
+            else:
+                ended = dups.take_ended()  # terminal
+                for owner, key in dups.take_added():  # may have finished before its duplicate came
+                    if owner not in looked and (outcome := outcome_of(owner, key)) is not None:
+                        looked[owner] = outcome
+                        ended.append(owner)
+            for loc, dup, waits_for in dups.of_owners(ended) if ended else ():
+                if waits_for is None:
                     continue
-                for loc, dup in dups.unresolved_of(key):
-                    settled(loc, dup, outcome or "succeeded")
-        self.state.append(list(done.values()))
+                if waits_for not in looked:
+                    looked[waits_for] = outcome_of(waits_for, dup.key)
+                if (outcome := looked[waits_for]) is not None:
+                    settled(loc, dup, outcome)
+            if dups.unresolved:
+                for key in dups.unresolved_keys():
+                    key_owner = index.keys.get(key)
+                    # No owner cannot happen: a key is forgotten only a window after its job
+                    # finished, and its duplicates are settled the step it finishes.
+                    outcome = "succeeded" if key_owner is None else index.owner_outcome(key_owner, gone)
+                    if outcome is None and key_owner is not None:
+                        dups.resolve(key, key_owner.loc)  # waits for it: found by of_owners then
+                        continue
+                    for loc, dup in dups.unresolved_of(key):
+                        settled(loc, dup, outcome or "succeeded")
+            self.state.append(list(done.values()))
+        except BaseException:
+            # What this took (noted endings, added owners, the start's look, the unresolved
+            # flag) is gone from the table object, and the loop retries a failed append without
+            # a reopen: the retried settle looks at every owner once instead
+            # (docs/reliability.md, "Duplicates").
+            dups.check_all = dups.unresolved = True
+            raise

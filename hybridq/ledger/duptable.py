@@ -74,6 +74,16 @@ _OWNED = (
     " AND d.owner_off = json_extract(j.value, '$[2]')"
 )
 
+# A second ``duplicate`` entry of a pending job (written by a release that recorded a re-read
+# job again) replaces the row only if it is the earlier one, by (at, ol): the row is the same
+# whatever order the ledger is replayed in (docs/reliability.md, "Duplicates").
+_EARLIER = (
+    "UPDATE duplicates SET key = ?, owner_chain = ?, owner_seg = ?, owner_off = ?, body = ?"
+    " WHERE chain = ? AND seg = ? AND off = ?"
+    " AND (?, ?, ?, ?) < (coalesce(json_extract(CAST(body AS TEXT), '$.at'), 0.0),"
+    " coalesce(owner_chain, ''), coalesce(owner_seg, -1), coalesce(owner_off, -1))"
+)
+
 #: A pending duplicate as read: its position, its ``duplicate`` entry, its owner's position (if
 #: resolved).
 Row = tuple[Loc, Entry, Loc | None]
@@ -141,14 +151,18 @@ class DuplicateTable:
             known[0] += 1
             known[1] = max(known[1], entry.loc[2])
             self.pending += 1
-            if owner is None:
-                self.unresolved = True  # an entry written before ``ol``: the first look fills it
-            else:
-                self._owns(owner)
-                if not self.check_all:
-                    self._added.append((owner, key))
-                    if len(self._added) > ENDED_MOST:  # a long replay: every owner looked at instead
-                        self._added, self.check_all = [], True
+        elif not self.file.write(
+            _EARLIER, (key, *(owner or (None, None, None)), body, *entry.loc, *_order(entry))
+        ).rowcount:
+            return False
+        if owner is None:
+            self.unresolved = True  # an entry written before ``ol``: the first look fills it
+        else:
+            self._owns(owner)
+            if not self.check_all:
+                self._added.append((owner, key))
+                if len(self._added) > ENDED_MOST:  # a long replay: every owner looked at instead
+                    self._added, self.check_all = [], True
         return bool(added)
 
     def _owns(self, owner: Loc) -> None:
@@ -292,14 +306,19 @@ class DuplicateTable:
         return None if row is None else str(row[0])
 
     def of_owners(self, owners: Sequence[Loc]) -> Iterator[Row]:
-        """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them)."""
+        """The pending duplicates waiting for any of ``owners`` (one query per 3,000 of them).
+
+        Each row's entry is decoded as it is yielded: a chunk's rows are held as bytes, not as
+        entries (one owner may have many duplicates).
+        """
         for lo in range(0, len(owners), _CHUNK):
-            yield from self._owned(owners[lo : lo + _CHUNK])
+            for row in self._owned(owners[lo : lo + _CHUNK]):
+                yield _row(row)
 
     @mapped
-    def _owned(self, owners: Iterable[Loc]) -> list[Row]:
+    def _owned(self, owners: Iterable[Loc]) -> list[tuple[object, ...]]:
         self.flush()
-        return [_row(r) for r in self.file.execute(_OWNED, (json_locs(owners),))]
+        return self.file.execute(_OWNED, (json_locs(owners),)).fetchall()
 
     @mapped
     def get(self, loc: Loc) -> Entry | None:
@@ -368,3 +387,9 @@ def _row(row: tuple[object, ...]) -> Row:
     c, s, o, body, oc, os_, oo = row
     owner = None if oc is None else (str(oc), int(os_), int(oo))  # type: ignore[call-overload]
     return (str(c), int(s), int(o)), Entry.from_bytes(body), owner  # type: ignore[call-overload, arg-type]
+
+
+def _order(entry: Entry) -> tuple[float, str, int, int]:
+    """Which of two ``duplicate`` entries of one job the row keeps: the smaller (``_EARLIER``)."""
+    owner = entry.owner_loc or ("", -1, -1)
+    return (entry.at, *owner)

@@ -161,7 +161,7 @@ class Entry:
             later_since=body.get("ls"),
             key=body.get("k"),
             dup_of=body.get("of"),
-            owner_loc=None if owner is None else (str(owner[0]), int(owner[1]), int(owner[2])),
+            owner_loc=None if owner is None else parse_loc(owner),
             until=body.get("until"),
             result=body.get("r"),
             result_kept="r" in body,
@@ -203,3 +203,13 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
         worker=worker,
         gen=gen,
     )
+
+
+def parse_loc(raw: Any) -> Loc:
+    """A position as written (``[chain, seg, off]``).
+
+    A malformed one raises ``ValueError`` or ``TypeError`` like the entry's other fields, not
+    ``IndexError``, which no reader catches.
+    """
+    chain, seg, off = raw
+    return (str(chain), int(seg), int(off))

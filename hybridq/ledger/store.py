@@ -31,7 +31,7 @@ from hybridq.ledger.compacted import (
     load_compacted,
     save_compacted,
 )
-from hybridq.ledger.entries import Entry, Seg, parse_event
+from hybridq.ledger.entries import Entry, Seg, parse_event, parse_loc
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import UnreadKeys
 from hybridq.protocol import EntryKind
@@ -148,7 +148,7 @@ def _replayed(
                 loc = (str(writer), int(segment), int(offset))
                 # What Entry.from_body checks too: a record it would skip is skipped here.
                 _ = (body["id"], int(body.get("n", 1)), float(body.get("at", 0.0)), int(body.get("lt", 0)))
-                _ = int(body.get("g", 0))
+                _ = int(body.get("g", 0)), None if (ol := body.get("ol")) is None else parse_loc(ol)
                 if not gone(compacted, first, (loc[0], loc[1])):
                     index.apply_succeeded(loc)
                 continue  # of a compacted segment: counted there already, and not a failure

@@ -15,7 +15,9 @@ import shutil
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from hybridq.envelope.model import Envelope
+from hybridq.forwarder import admission as admission_module
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.ledger.entries import Entry
@@ -233,3 +235,28 @@ def test_a_saved_index_of_format_2_loads_its_duplicates(tmp_path: Path) -> None:
         assert state.index.outcome((writer, 1, 32)) == "succeeded"
     finally:
         state.close()
+
+
+def test_a_settle_appends_one_owners_many_duplicates_a_chunk_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fails before: the 25 settlings went in one append (at 20,000 duplicates of
+    one owner, every entry and payload at once)."""
+    monkeypatch.setattr(admission_module, "SETTLE_CHUNK", 10)
+    journal, writer, state, admission = _state_with_duplicates(tmp_path, 25)
+    try:
+        state.append([Entry("done", "owner", (writer, 0, 32), outcome="succeeded", at=1.0)])
+        real, sizes = state.append, []
+
+        def append(entries: list[Entry]) -> None:
+            sizes.append(len(entries))
+            real(entries)
+
+        monkeypatch.setattr(state, "append", append)
+        admission.settle()
+        assert sizes == [10, 10, 5]
+        assert len(state.index.duplicates) == 0
+    finally:
+        state.close()
+    settled = [e.job_id for _, e in read_ledger(journal) if e.kind == "done" and e.dup_of == "owner"]
+    assert sorted(settled) == sorted(f"dup-{i}" for i in range(25))

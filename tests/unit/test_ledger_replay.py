@@ -94,7 +94,16 @@ def test_the_replay_gives_the_index_of_every_entry_applied(tmp_path: Path, seed:
 
 @pytest.mark.parametrize(
     "fields",
-    ['"id":"j","at":"x"', '"at":1.0', '"id":"j","n":"one"', '"id":"j","lt":[]', '"id":"j","g":{}'],
+    [
+        '"id":"j","at":"x"',
+        '"at":1.0',
+        '"id":"j","n":"one"',
+        '"id":"j","lt":[]',
+        '"id":"j","g":{}',
+        '"id":"j","ol":[]',  # an IndexError before: every reader and the replay crashed
+        '"id":"j","ol":["w",1]',
+        '"id":"j","ol":7',
+    ],
 )
 def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: str) -> None:
     """A success record that passed its checksum but is malformed: skipped, as Entry.from_body skips
@@ -107,3 +116,19 @@ def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: 
     ledger.append_many([f'{{"t":"done","o":"succeeded","loc":["{chain}",0,32],{fields}}}'.encode()])
     ledger.close()
     assert load_index(str(journal), Compacted()) == reference(str(journal), Compacted())
+
+
+@pytest.mark.parametrize("ol", ["[]", '["w",0]', '{"c":1}'])
+def test_a_duplicate_entry_with_a_malformed_owner_is_skipped(tmp_path: Path, ol: str) -> None:
+    """Fails before with ``[]`` and ``["w",0]``: an IndexError no reader caught (issue 29's second review)."""
+    journal = tmp_path / "journal"
+    with JournalWriter(journal) as writer:
+        writer.append_many([b'{"x": 1}'])
+    [(chain, _)] = list_chains(str(journal)).items()
+    ledger = open_ledger_writer(str(journal))
+    ledger.append_many(
+        [f'{{"t":"duplicate","id":"d","loc":["{chain}",0,2],"k":"k","of":"o","ol":{ol},"at":1.0}}'.encode()]
+    )
+    ledger.close()
+    index = load_index(str(journal), Compacted(), keys=False)
+    assert len(index.duplicates) == 0
