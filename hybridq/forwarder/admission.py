@@ -72,7 +72,8 @@ class Admission:
                 # Read again (a crash before the checkpoint passed it): recorded once, against
                 # the owner of its first read, even if a requeue took the key over since: a
                 # second entry made the outcome depend on the replay's order
-                # (docs/reliability.md, "Duplicates").
+                # (docs/reliability.md, "Duplicates"). A backstop: the delivery skips a pending
+                # duplicate before asking.
                 return False
             self._entries.append(
                 Entry(

@@ -142,6 +142,13 @@ class Entry:
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Entry:
         """:meth:`from_bytes` of JSON already parsed (same errors)."""
+        try:
+            return cls._from_body(body)
+        except OverflowError as exc:  # a number like 1e400 (infinity) where an integer goes
+            raise ValueError(f"not an entry: {exc}") from exc
+
+    @classmethod
+    def _from_body(cls, body: dict[str, Any]) -> Entry:
         writer, segment, offset = body["loc"]
         owner = body.get("ol")
         return cls(

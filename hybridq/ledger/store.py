@@ -153,7 +153,7 @@ def _replayed(
                     index.apply_succeeded(loc)
                 continue  # of a compacted segment: counted there already, and not a failure
             entry = Entry.from_body(body)
-        except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not an object
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # not an object; 1e400
             continue  # passed its checksum, so a bug: never a reason to stop counting the rest
         yield entry
 

@@ -16,27 +16,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE
 from hybridq.ledger.store import read_ledger
 
 from tests.unit import test_failure_table, test_ledger_replay
+from tests.unit.test_duplicate_owner import _env, _loaded
 
 Loc = tuple[str, int, int]
-
-
-def _env(job_id: str, key: str, requeue: int = 0) -> Envelope:
-    return Envelope(id=job_id, func="m.f", queue="q", idempotency_key=key, created_at=0.0, requeue=requeue)
-
-
-def _loaded(journal: str) -> ForwarderState:
-    state = ForwarderState(journal, ForwarderConfig())
-    state.load()
-    return state
 
 
 def _restart(journal: str, dup: Loc, lose_table: bool) -> tuple[str | None, bool]:

@@ -103,6 +103,8 @@ def test_the_replay_gives_the_index_of_every_entry_applied(tmp_path: Path, seed:
         '"id":"j","ol":[]',  # an IndexError before: every reader and the replay crashed
         '"id":"j","ol":["w",1]',
         '"id":"j","ol":7',
+        '"id":"j","ol":["w",1e400,0]',  # OverflowError (an infinity to int) crashed every reader
+        '"id":"j","n":1e400',  # (as on main, before this)
     ],
 )
 def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: str) -> None:
@@ -118,7 +120,7 @@ def test_a_success_the_entry_path_would_skip_is_skipped(tmp_path: Path, fields: 
     assert load_index(str(journal), Compacted()) == reference(str(journal), Compacted())
 
 
-@pytest.mark.parametrize("ol", ["[]", '["w",0]', '{"c":1}'])
+@pytest.mark.parametrize("ol", ["[]", '["w",0]', '{"c":1}', '["w",1e400,0]'])
 def test_a_duplicate_entry_with_a_malformed_owner_is_skipped(tmp_path: Path, ol: str) -> None:
     """Fails before with ``[]`` and ``["w",0]``: an IndexError no reader caught (issue 29's second review)."""
     journal = tmp_path / "journal"
