@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.forwarder import delivery, flow_steps
+from hybridq.forwarder.loop import Forwarder
 from hybridq.job import Job
 from hybridq.journal.reader import list_chains
+from hybridq.transport import MemoryTransport
 
 from tests import tasks
 from tests.unit.test_completions import make_forwarder
@@ -76,3 +78,38 @@ def test_a_dependency_in_the_delayed_chain_is_waited_for_while_the_forwarder_is_
         assert transport.executions.get(b.id) == 1
     finally:
         forwarder.close()
+
+
+@pytest.mark.parametrize("same", ["idempotency_key", "job_id"])
+def test_a_delayed_and_an_immediate_job_with_one_key_keep_the_order_of_their_calls(
+    journal_dir: Path, same: str
+) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 0, 0)
+    transport = MemoryTransport()
+    forwarder = Forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
+    forwarder.open()
+    try:
+        forwarder.step()
+        transport.work()
+        forwarder.step()  # running: the two calls below come between two of its reads
+        later = queue.enqueue(tasks.add, 1, 1, delay=3600, **{same: "K"})
+        now = queue.enqueue(tasks.add, 2, 2, **{same: "K"})
+        assert later.record.writer_id == now.record.writer_id  # one chain: read in this order
+        for _ in range(5):
+            forwarder.step()
+            transport.work()
+            forwarder.step()
+        if same == "idempotency_key":  # (two jobs with one job_id: both handles name that id)
+            assert later.get_status() == "scheduled"  # the delayed job owns the key: nothing ran now
+            assert now.id not in transport.executions
+            assert (later.duplicate_of, now.duplicate_of) == (None, later.id)
+    finally:
+        forwarder.close()
+
+
+def test_an_unkeyed_delayed_job_still_goes_to_the_delayed_chain(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    later = queue.enqueue(tasks.add, 1, 1, delay=3600)
+    now = queue.enqueue(tasks.add, 2, 2)
+    assert later.record.writer_id != now.record.writer_id
