@@ -133,7 +133,8 @@ class FailingFsync(FileOps):
 
 def test_a_failed_delayed_append_fails_its_own_calls_not_the_immediate_ones(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir)
-    failing = queue._writers[1] = JournalWriter(str(journal_dir), fileops=FailingFsync())
+    assert queue._appender is not None
+    failing = queue._appender._writers[1] = JournalWriter(str(journal_dir), fileops=FailingFsync())
 
     async def main() -> list[object]:
         calls = [
