@@ -95,10 +95,11 @@ class Appender:
     ) -> None:
         """Append ``payloads`` to one chain (0: main, 1: delayed); set the outcome of each call."""
         journal = self.journal
-        writer = self._writers[delayed]
-        if writer is None or writer.closed:
-            writer = self._writers[delayed] = shared_writer(journal, durability, delayed=bool(delayed))
         try:
+            # Opened in the try: an error opening it (EMFILE) gives the reservations back too.
+            writer = self._writers[delayed]
+            if writer is None or writer.closed:
+                writer = self._writers[delayed] = shared_writer(journal, durability, delayed=bool(delayed))
             ids = writer.append_many(payloads)
         except BaseException as exc:
             if self.pending is not None:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from hybridq import JournalIOError, Queue
 from hybridq.forwarder.loop import Forwarder
-from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal import Durability, JournalReader, JournalWriter
 from hybridq.journal.fileops import FileOps
 from hybridq.journal.reader import list_chains
 from hybridq.ops.status import collect_status
-from hybridq.producer import writers
+from hybridq.producer import commit, writers
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -179,3 +179,25 @@ def test_a_forked_childs_delayed_chain_is_its_own(journal_dir: Path, tmp_path: P
     for record in JournalReader(journal_dir).records():
         by_chain[record.writer_id] = by_chain.get(record.writer_id, 0) + 1
     assert by_chain == {parent_chains[0]: 1, parent_chains[1]: 2, child_chains[0]: 1, child_chains[1]: 1}
+
+
+def test_a_delayed_writer_that_cannot_open_gives_its_calls_capacity_back(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the delayed chain's writer is one more fd (EMFILE): each failed call's reservation
+    used to stay taken, until the queue refused everything (fails before the fix)."""
+    real = commit.shared_writer
+
+    def failing(journal: str, durability: Durability, *, delayed: bool = False) -> JournalWriter:
+        if delayed:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(journal, durability)
+
+    monkeypatch.setattr(commit, "shared_writer", failing)
+    queue = Queue(journal=journal_dir, capacity=5)
+    for _ in range(5):
+        with pytest.raises(OSError, match="Too many open files"):
+            queue.enqueue(tasks.add, 1, 1, delay=3600)
+    monkeypatch.setattr(commit, "shared_writer", real)
+    assert queue.enqueue(tasks.add, 2, 2).get_status() == "accepted"  # QueueFull before
+    assert queue.enqueue(tasks.add, 3, 3, delay=3600).get_status() == "accepted"
