@@ -53,7 +53,9 @@ class Appender:
         the others to its main chain: one append for each chain that has calls. The calls of
         one append are acknowledged together, or none is: each then gets a
         :class:`JournalIOError` naming its own jobs (any other error of the append is their
-        outcome too: the other chain's calls keep theirs). Thread-safe:
+        outcome too: the other chain's calls keep theirs). A ``BaseException`` is raised, unless
+        the main chain's calls have their outcomes already: then it is the delayed calls'
+        outcome only, so that calls acknowledged durable are not told they failed. Thread-safe:
         ``enqueue_many`` runs it in the caller's thread, the async committer in a worker thread.
         """
         outcomes: Outcomes = []
@@ -79,7 +81,11 @@ class Appender:
             except Exception as exc:  # its calls' outcome; the other chain's calls keep theirs
                 for place, _ in taken:
                     outcomes[place] = exc
-            except BaseException:
+            except BaseException as exc:
+                if delayed and chains[0][1]:  # the main chain's calls have their outcomes
+                    for place, _ in taken:
+                        outcomes[place] = exc
+                    break
                 if not delayed and chains[1][1] and self.pending is not None:
                     self.pending.release(len(chains[1][1]), appended=False)  # never tried
                 raise

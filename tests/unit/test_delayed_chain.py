@@ -12,17 +12,19 @@ import asyncio
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 from hybridq import JournalIOError, Queue
 from hybridq.forwarder.loop import Forwarder
-from hybridq.journal import Durability, JournalReader, JournalWriter
+from hybridq.journal import Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.fileops import FileOps
+from hybridq.journal.format import RecordType
 from hybridq.journal.reader import list_chains
 from hybridq.ops.status import collect_status
 from hybridq.producer import commit, writers
+from hybridq.producer.calls import encode_envelopes
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -153,6 +155,36 @@ def test_a_failed_delayed_append_fails_its_own_calls_not_the_immediate_ones(jour
     named = [err.job_ids for err in delayed]  # type: ignore[union-attr]
     assert all(len(ids) == 1 for ids in named)
     assert len({ids[0] for ids in named}) == 5  # each call's error names its own job
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: what the group commit used to raise to every call of the group."""
+
+
+class InterruptedWriter(JournalWriter):
+    def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
+        raise Interrupted
+
+
+def test_a_base_exception_on_the_delayed_append_leaves_the_durable_calls_their_jobs(
+    journal_dir: Path,
+) -> None:
+    """The main chain's append was acknowledged first: its call is durable and gets its jobs;
+    the exception is the delayed call's outcome only (it was raised to both before the fix)."""
+    queue = Queue(journal=journal_dir)
+    assert queue._appender is not None
+    interrupted = queue._appender._writers[1] = InterruptedWriter(str(journal_dir))
+    now = encode_envelopes([queue.prepare(tasks.add, (1, 1))])
+    later = encode_envelopes([queue.prepare(tasks.add, (2, 2), delay=3600)])
+    try:
+        outcomes = queue._commit([now, later])
+    finally:
+        interrupted.close()
+    jobs, error = outcomes
+    assert isinstance(jobs, list)
+    assert [job.id for job in jobs] == [now[0][0].id]
+    assert isinstance(error, Interrupted)
+    assert len(list(JournalReader(journal_dir).records())) == 1  # the immediate call's record
 
 
 def test_a_forked_childs_delayed_chain_is_its_own(journal_dir: Path, tmp_path: Path) -> None:
