@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests.conftest import PYTHON
+from tests.support.processes import kill_when_ready
 
 CYCLES = 6
 
@@ -57,24 +56,9 @@ CHILD = textwrap.dedent(
 
 
 def run_cycle(journal: Path, env: dict[str, str], rng: random.Random, cycle: int, logs: Path) -> set[str]:
-    out, err = logs / f"{cycle}.out", logs / f"{cycle}.err"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [PYTHON, "-c", CHILD, str(journal), str(rng.random())], env=env, stdout=stdout, stderr=stderr
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in err.read_bytes():
-            assert proc.poll() is None, f"cycle {cycle}: child exited early: {err.read_text()}"
-            assert time.monotonic() < deadline, f"cycle {cycle}: child never got ready"
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.05, 0.4))
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"cycle {cycle}: exit {proc.returncode}: {err.read_text()}"
-    assert b"Traceback" not in err.read_bytes(), f"cycle {cycle}: {err.read_text()}"
-    return set(out.read_text().split("\n")[:-1])  # a line cut by the kill has no newline
+    argv = [PYTHON, "-c", CHILD, str(journal), str(rng.random())]
+    text = kill_when_ready(argv, env, logs, cycle, rng.uniform(0.05, 0.4))
+    return set(text.split("\n")[:-1])  # a line cut by the kill has no newline
 
 
 def test_every_acknowledged_job_runs_once_after_kills_mid_group_commit(
