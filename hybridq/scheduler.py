@@ -176,7 +176,7 @@ class Scheduler:
             queue = next(iter(self._queues.values()))
             if self._writer is None or self._writer.closed:
                 self._writer = JournalWriter(self.journal, max_segment_bytes=TICK_SEGMENT_BYTES)
-            queue._writers = [self._writer, self._writer]  # its own chain, not the process's shared ones
+            queue._use_writer(self._writer)  # its own chain, not the process's shared ones
             jobs = queue.enqueue_many(envelopes)
             crashpoints.reached("schedule_after_append")
             for job in jobs:

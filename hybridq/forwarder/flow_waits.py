@@ -33,7 +33,7 @@ def release_waiters(
     db: sqlite3.Connection,
     runs: Callable[[], RunTable],
     held: set[Loc],
-    unknown_since: dict[str, float],
+    unknown_since: dict[str, float] | None,
     news: set[str] | None,
     envelope_of: Callable[[Loc], Envelope | None],
 ) -> tuple[int, int]:

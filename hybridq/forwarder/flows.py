@@ -95,6 +95,9 @@ class Flows:
         #: Something may have moved (new records, new outcomes): :meth:`step` looks again.
         self.dirty = True
         self._unknown_since: dict[str, float] = {}
+        #: Set before each :meth:`step`: the reader stopped short of a chain's end. No unknown
+        #: dependency is timed then: it may be in a chain not read yet (docs/journal.md).
+        self.behind = False
         self._next_look = 0.0
         #: Ids of jobs with outcomes since the last pass (:meth:`noted`).
         self._news: set[str] = set()
@@ -197,9 +200,7 @@ class Flows:
         if env.func != ANCHOR_FUNC:
             if not isinstance(deps, list) or not deps:
                 return False
-            verdict = deps_verdict(
-                self.journal, [str(d) for d in deps], time.monotonic(), self._unknown_since
-            )
+            verdict = deps_verdict(self.journal, [str(d) for d in deps], time.monotonic(), self._clocks())
             if verdict == "":
                 return False  # released before (the run table pushed it): an ordinary job now
         if not self.intercept(env, loc):
@@ -249,6 +250,13 @@ class Flows:
         if self.held:
             self._news.update(e.job_id for e in entries if e.kind in ("done", "cancel"))
 
+    def _clocks(self) -> dict[str, float] | None:
+        """The unknown dependencies' clocks; ``None`` (and all reset) while the reader is behind."""
+        if self.behind:
+            self._unknown_since.clear()
+            return None
+        return self._unknown_since
+
     def step(self) -> int:
         """Release what became ready, end what ended; return how many jobs were released.
 
@@ -280,7 +288,7 @@ class Flows:
             self.db,
             self._runs,
             self.held,
-            self._unknown_since,
+            self._clocks(),
             None if everything else news,
             self._envelope_of,
         )

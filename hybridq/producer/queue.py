@@ -33,12 +33,11 @@ from hybridq.envelope.model import (
     validate_queue_name,
 )
 from hybridq.envelope.tagged import tag_call
-from hybridq.errors import ConfigError, EnvelopeError, JournalIOError, QueueFull
+from hybridq.errors import ConfigError, EnvelopeError
 from hybridq.job import Job, fetch_job
 from hybridq.journal import MAX_PAYLOAD_BYTES, Durability, JournalWriter
 from hybridq.journal.paths import default_journal, ensure_journal_dir
 from hybridq.producer.aio import Committer
-from hybridq.producer.batches import Batch, acknowledged, unknown
 from hybridq.producer.calls import _OPTIONS as _OPTIONS  # noqa: PLC0414 - re-exported (moved)
 from hybridq.producer.calls import _RQ_ONLY_OPTIONS as _RQ_ONLY_OPTIONS  # noqa: PLC0414 - re-exported
 from hybridq.producer.calls import (
@@ -52,10 +51,11 @@ from hybridq.producer.calls import (
     task_path,
 )
 from hybridq.producer.capacity import PendingCount
+from hybridq.producer.commit import Appender
 from hybridq.producer.flows import dependency_ids, is_workflow, with_deps, workflow_envelope
-from hybridq.producer.writers import Sink, delayed_call, install_sink, installed_sink, shared_writer
+from hybridq.producer.writers import Sink, install_sink, installed_sink, shared_writer
 from hybridq.producer.writers import _close_writers as _close_writers  # noqa: PLC0414 - re-exported (moved)
-from hybridq.protocol.nudge import address, nudge
+from hybridq.protocol.nudge import address
 from hybridq.tracing import enqueue_carrier
 from hybridq.workflows.canvas import refuse_step_id
 
@@ -114,13 +114,8 @@ class Queue:
         if default_retry is not None:
             _check_retry(default_retry)
         self.default_retry = default_retry
-        self._pending: PendingCount | None = None
-        self._nudge_name = ""
-        #: Per chain (main, delayed): (chain id, sequence number) known written before a nudge
-        #: this queue sent (see _append).
-        self._nudged: list[tuple[str, int]] = [("", 0), ("", 0)]
-        #: The process's shared writers this queue appends through: main chain, delayed chain.
-        self._writers: list[JournalWriter | None] = [None, None]
+        #: Its appends to the journal, once one is bound.
+        self._appender: Appender | None = None
         #: enqueue_async's group commit, one per event loop (see hybridq.producer.aio).
         self._committers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, Committer[_Call, list[Job]]
@@ -136,10 +131,8 @@ class Queue:
 
     def _bind(self, journal: str | os.PathLike[str]) -> str:
         path = ensure_journal_dir(journal)
-        self._pending = PendingCount(path) if self.capacity is not None else None
-        self._nudge_name = address(path)
-        self._writers = [None, None]
-        self._nudged = [("", 0), ("", 0)]
+        pending = PendingCount(path) if self.capacity is not None else None
+        self._appender = Appender(path, address(path), pending)
         self._journal = path
         return path
 
@@ -261,79 +254,16 @@ class Queue:
         return await committer.submit((envelopes, payloads), sum(map(len, payloads)))
 
     def _commit(self, calls: list[_Call]) -> list[list[Job] | BaseException]:
-        """Append the calls' records under one fsync per chain; each call's outcome.
+        """Each call's outcome, appended under one fsync per chain (:mod:`hybridq.producer.commit`)."""
+        _ = self.journal  # ConfigError when none is configured; binds the appender
+        assert self._appender is not None
+        return self._appender.commit(calls, self.capacity, self.durability)
 
-        The capacity check refuses a call alone (:class:`QueueFull`, nothing written). Calls
-        whose every job is delayed past ``DELAYED_CHAIN_S`` go to the process's delayed chain
-        (:func:`~hybridq.producer.writers.delayed_call`), the others to its main chain: one
-        append for each chain that has calls. The calls of one append are acknowledged
-        together, or none is: each then gets a :class:`JournalIOError` naming its own jobs (any
-        other error of the append is their outcome too: the other chain's calls keep theirs).
-        Thread-safe: ``enqueue_many`` runs it in the caller's thread, the async committer in a
-        worker thread.
-        """
-        journal = self.journal  # ConfigError when none is configured
-        outcomes: list[list[Job] | BaseException] = []
-        # Per chain (main, delayed): (its place in outcomes, its envelopes), and the payloads.
-        chains: tuple[Batch, Batch] = (([], []), ([], []))
-        now = time.time()
-        for envelopes, call_payloads in calls:
-            if self._pending is not None and self.capacity is not None:
-                try:
-                    self._pending.reserve(len(call_payloads), self.capacity)
-                except QueueFull as exc:
-                    outcomes.append(exc)
-                    continue
-            taken, payloads = chains[delayed_call(envelopes, now)]
-            taken.append((len(outcomes), envelopes))
-            outcomes.append([])
-            payloads.extend(call_payloads)
-        for delayed, (taken, payloads) in enumerate(chains):
-            if not payloads:
-                continue
-            try:
-                self._append(journal, delayed, taken, payloads, outcomes)
-            except Exception as exc:  # its calls' outcome; the other chain's calls keep theirs
-                for place, _ in taken:
-                    outcomes[place] = exc
-            except BaseException:
-                if delayed == 0 and chains[1][1] and self._pending is not None:
-                    self._pending.release(len(chains[1][1]), appended=False)  # never tried
-                raise
-        return outcomes
-
-    def _append(
-        self,
-        journal: str,
-        delayed: int,
-        taken: list[tuple[int, list[Envelope]]],
-        payloads: list[bytes],
-        outcomes: list[list[Job] | BaseException],
-    ) -> None:
-        """Append ``payloads`` to one chain (0: main, 1: delayed); set the outcome of each call."""
-        writer = self._writers[delayed]
-        if writer is None or writer.closed:
-            writer = self._writers[delayed] = shared_writer(journal, self.durability, delayed=bool(delayed))
-        try:
-            ids = writer.append_many(payloads)
-        except BaseException as exc:
-            if self._pending is not None:
-                self._pending.release(len(payloads), appended=False)
-            if not isinstance(exc, JournalIOError):
-                raise
-            unknown(exc, taken, outcomes)
-            return
-        if self._pending is not None:
-            self._pending.release(len(ids), appended=True)
-        # Wake the forwarder with a nudge sent after our records were written. Another thread's
-        # nudge does, if it read the same writer's position only once they were written:
-        # threads that one fsync acknowledged together then send one nudge, not one each.
-        last, nudged = ids[-1], self._nudged[delayed]
-        if nudged[1] < last.seq or nudged[0] != last.writer_id:
-            written = writer.written
-            nudge(journal, name=self._nudge_name)
-            self._nudged[delayed] = written
-        acknowledged(taken, ids, journal, outcomes)
+    def _use_writer(self, writer: JournalWriter) -> None:
+        """Append every call through ``writer`` (:mod:`hybridq.scheduler`: its ticks' own chain)."""
+        _ = self.journal
+        assert self._appender is not None
+        self._appender.use(writer)
 
     def prepare(
         self,

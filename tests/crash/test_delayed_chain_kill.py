@@ -3,7 +3,8 @@
 A group commit of ``enqueue_many_async`` calls is two appends when some calls are delayed past
 ``DELAYED_CHAIN_S`` (the process's delayed chain) and others are not (its main chain). The child
 reports each call's job ids only after the call returned (acknowledged); the parent kills it at a
-random moment, several times, then runs a forwarder over the journal with its clock two hours
+random moment, several times. Between two kills a forwarder runs the immediate jobs (so it
+checkpoints and compacts while delayed jobs wait); at the end one runs with its clock two hours
 ahead: every acknowledged job runs exactly once, and nothing runs twice.
 """
 
@@ -11,10 +12,9 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridq.forwarder.loop import Forwarder
@@ -22,6 +22,7 @@ from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
 from tests.conftest import PYTHON
+from tests.support.processes import kill_when_ready
 
 CYCLES = 6
 
@@ -29,15 +30,17 @@ CHILD = textwrap.dedent(
     """
     import asyncio, os, random, sys
     from hybridq import Queue
+    from hybridq.producer import writers
 
-    journal, seed = sys.argv[1:3]
+    writers.DEFAULT_MAX_SEGMENT_BYTES = 64 << 10  # the main chain's segments sealed, then compacted
+    journal, seed, kinds = sys.argv[1:4]
     queue = Queue(journal=journal)
     rng = random.Random(seed)
 
     async def produce(t):
         k = 0
         while True:
-            kind, n = rng.choice(("now", "later", "mixed")), rng.choice((1, 1, 3))
+            kind, n = rng.choice(kinds.split(",")), rng.choice((1, 1, 3))
             envs = [
                 queue.prepare("tests.tasks.add", (t, k + i), delay=3600 if kind == "later" or (kind == "mixed" and i % 2) else None)
                 for i in range(n)
@@ -57,24 +60,28 @@ CHILD = textwrap.dedent(
 
 
 def run_cycle(journal: Path, env: dict[str, str], rng: random.Random, cycle: int, logs: Path) -> set[str]:
-    out, err = logs / f"{cycle}.out", logs / f"{cycle}.err"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [PYTHON, "-c", CHILD, str(journal), str(rng.random())], env=env, stdout=stdout, stderr=stderr
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in err.read_bytes():
-            assert proc.poll() is None, f"cycle {cycle}: child exited early: {err.read_text()}"
-            assert time.monotonic() < deadline, f"cycle {cycle}: child never got ready"
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.05, 0.4))
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"cycle {cycle}: exit {proc.returncode}: {err.read_text()}"
-    assert b"Traceback" not in err.read_bytes(), f"cycle {cycle}: {err.read_text()}"
-    return set(out.read_text().split("\n")[:-1])  # a line cut by the kill has no newline
+    # Every other child without mixed calls: its main chain's segments pinned by no delayed job.
+    kinds = "now,later,mixed" if cycle % 2 else "now,later"
+    argv = [PYTHON, "-c", CHILD, str(journal), str(rng.random()), kinds]
+    text = kill_when_ready(argv, env, logs, cycle, rng.uniform(0.05, 0.4))
+    return set(text.split("\n")[:-1])  # a line cut by the kill has no newline
+
+
+def drain(
+    journal: Path, transport: MemoryTransport, clock: Callable[[], float], seed: int, *, leave_held: bool
+) -> None:
+    """Run a forwarder until nothing is pending (``leave_held``: but the delayed jobs it holds)."""
+    with Forwarder(journal, transport, reconcile_interval_s=3600.0, clock=clock) as forwarder:
+        completions = forwarder.completions
+        assert completions is not None
+        deadline = time.monotonic() + 300
+        while (status := collect_status(str(journal)))["pending"] > status["delayed_held"] * leave_held:
+            assert time.monotonic() < deadline, f"seed={seed}: jobs left pending"
+            forwarder.step()
+            transport.work()
+            completions.hurry(reconcile=False)
+            completions.compactor.hurry()
+            forwarder.step()
 
 
 def test_every_acknowledged_job_runs_once_after_kills_mid_group_commit(
@@ -85,24 +92,23 @@ def test_every_acknowledged_job_runs_once_after_kills_mid_group_commit(
     journal, logs = tmp_path / "journal", tmp_path / "logs"
     logs.mkdir()
     acked: set[str] = set()
+    transport = MemoryTransport()  # one Redis for every forwarder below
+    deleted = 0  # journal segments compacted between kills
     for cycle in range(CYCLES):
         acked |= run_cycle(journal, subprocess_env, rng, cycle, logs)
+        # Between two kills, a forwarder at the real time: the immediate jobs run, and their
+        # finished segments are checkpointed past and compacted while the delayed ones wait.
+        before = collect_status(str(journal))["journal"]["segments"]
+        drain(journal, transport, time.time, seed, leave_held=True)
+        deleted += max(0, before - collect_status(str(journal))["journal"]["segments"])
     assert acked, f"seed={seed}: nothing acknowledged"
-
-    transport = MemoryTransport()
     later = time.time() + 7200.0
-    with Forwarder(journal, transport, reconcile_interval_s=3600.0, clock=lambda: later) as forwarder:
-        completions = forwarder.completions
-        assert completions is not None
-        deadline = time.monotonic() + 300
-        while collect_status(str(journal))["pending"]:
-            assert time.monotonic() < deadline, f"seed={seed}: jobs left pending"
-            forwarder.step()
-            transport.work()
-            completions.hurry(reconcile=False)
-            forwarder.step()
+    drain(journal, transport, lambda: later, seed, leave_held=False)
     missing = acked - set(transport.executions)
     assert not missing, f"seed={seed}: {len(missing)} acknowledged jobs never ran"
     twice = {job: n for job, n in transport.executions.items() if n != 1}
     assert not twice, f"seed={seed}: ran more than once: {twice}"
-    figures(f"dchain kill seed={seed} cycles={CYCLES} acked={len(acked)} ran={len(transport.executions)}")
+    figures(
+        f"dchain kill seed={seed} cycles={CYCLES} acked={len(acked)} ran={len(transport.executions)}"
+        f" segments_compacted_between_kills={deleted}"
+    )

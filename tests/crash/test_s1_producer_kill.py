@@ -13,16 +13,14 @@ from __future__ import annotations
 import hashlib  # noqa: F401 - used by payload(), defined by exec below
 import os
 import random
-import signal
-import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 from hybridq.journal import JournalReader
 from hybridq.journal.recovery import recover, verify
 
 from tests.conftest import PYTHON
+from tests.support.processes import kill_when_ready
 
 CYCLES = 30
 RECOVER_EVERY = 10
@@ -82,27 +80,8 @@ def parse(data: bytes) -> str:
 def run_cycle(directory: Path, env: dict[str, str], rng: random.Random, cycle: int, logs: Path):
     threads = rng.choice((1, 1, 2, 4))
     segment = rng.choice((4096, 4096, 65536, 1 << 26))
-    out, err = logs / f"{cycle}.out", logs / f"{cycle}.err"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [PYTHON, "-c", CHILD, str(directory), str(cycle), str(threads), str(segment), str(rng.random())],
-            env=env,
-            stdout=stdout,
-            stderr=stderr,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in err.read_bytes():
-            assert proc.poll() is None, f"cycle {cycle}: child exited early: {err.read_text()}"
-            assert time.monotonic() < deadline, f"cycle {cycle}: child never got ready"
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.25))
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"cycle {cycle}: exit {proc.returncode}: {err.read_text()}"
-    assert b"Traceback" not in err.read_bytes(), f"cycle {cycle}: {err.read_text()}"
-    text = out.read_text()
+    argv = [PYTHON, "-c", CHILD, str(directory), str(cycle), str(threads), str(segment), str(rng.random())]
+    text = kill_when_ready(argv, env, logs, cycle, rng.uniform(0.0, 0.25))
     acked = {}
     for line in text.split("\n")[:-1]:  # a line cut by the kill has no newline: not reported
         key, writer_id, seq = line.split()

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from hybridq.testing.chaos import children_of
 
-__all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "run_status", "wait_until"]
+__all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "kill_when_ready", "run_status", "wait_until"]
 
 T = TypeVar("T")
 
@@ -55,6 +55,30 @@ def run_status(journal: str | os.PathLike[str], env: Mapping[str, str]) -> dict[
     assert done.returncode == 0, f"status exited {done.returncode}: {done.stderr}"
     out: dict[str, Any] = json.loads(done.stdout)
     return out
+
+
+def kill_when_ready(argv: list[str], env: Mapping[str, str], logs: Path, cycle: int, pause_s: float) -> str:
+    """Run ``argv``, SIGKILL it ``pause_s`` after it wrote ``ready`` to stderr; its stdout.
+
+    For the crash tests whose child reports what was acknowledged on stdout (a line cut by the
+    kill has no newline). It must die of the kill, without a traceback.
+    """
+    out, err = logs / f"{cycle}.out", logs / f"{cycle}.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(argv, env=dict(env), stdout=stdout, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in err.read_bytes():
+            assert proc.poll() is None, f"cycle {cycle}: child exited early: {err.read_text()}"
+            assert time.monotonic() < deadline, f"cycle {cycle}: child never got ready"
+            time.sleep(0.005)
+        time.sleep(pause_s)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"cycle {cycle}: exit {proc.returncode}: {err.read_text()}"
+    assert b"Traceback" not in err.read_bytes(), f"cycle {cycle}: {err.read_text()}"
+    return out.read_text()
 
 
 class ForwarderProcess:

@@ -326,8 +326,9 @@ def test_capacity_frees_up_as_jobs_finish(journal_dir: Path) -> None:
     transport.work(limit=3)
     forwarder.step()  # harvests, and publishes the terminal count in the checkpoint
     forwarder.close()
-    assert queue._pending is not None
-    queue._pending._refreshed = -1e9  # as if refresh_s had passed
+    assert queue._appender is not None
+    assert queue._appender.pending is not None
+    queue._appender.pending._refreshed = -1e9  # as if refresh_s had passed
     for i in range(3):
         queue.enqueue(tasks.add, i, i)
     with pytest.raises(QueueFull):

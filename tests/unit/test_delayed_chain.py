@@ -12,17 +12,19 @@ import asyncio
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 from hybridq import JournalIOError, Queue
 from hybridq.forwarder.loop import Forwarder
-from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal import Durability, JournalReader, JournalWriter, RecordId
 from hybridq.journal.fileops import FileOps
+from hybridq.journal.format import RecordType
 from hybridq.journal.reader import list_chains
 from hybridq.ops.status import collect_status
-from hybridq.producer import writers
+from hybridq.producer import commit, writers
+from hybridq.producer.calls import encode_envelopes
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -133,7 +135,8 @@ class FailingFsync(FileOps):
 
 def test_a_failed_delayed_append_fails_its_own_calls_not_the_immediate_ones(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir)
-    failing = queue._writers[1] = JournalWriter(str(journal_dir), fileops=FailingFsync())
+    assert queue._appender is not None
+    failing = queue._appender._writers[1] = JournalWriter(str(journal_dir), fileops=FailingFsync())
 
     async def main() -> list[object]:
         calls = [
@@ -152,6 +155,36 @@ def test_a_failed_delayed_append_fails_its_own_calls_not_the_immediate_ones(jour
     named = [err.job_ids for err in delayed]  # type: ignore[union-attr]
     assert all(len(ids) == 1 for ids in named)
     assert len({ids[0] for ids in named}) == 5  # each call's error names its own job
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: what the group commit used to raise to every call of the group."""
+
+
+class InterruptedWriter(JournalWriter):
+    def append_many(self, payloads: Iterable[bytes], rtype: int = RecordType.DATA) -> list[RecordId]:
+        raise Interrupted
+
+
+def test_a_base_exception_on_the_delayed_append_leaves_the_durable_calls_their_jobs(
+    journal_dir: Path,
+) -> None:
+    """The main chain's append was acknowledged first: its call is durable and gets its jobs;
+    the exception is the delayed call's outcome only (it was raised to both before the fix)."""
+    queue = Queue(journal=journal_dir)
+    assert queue._appender is not None
+    interrupted = queue._appender._writers[1] = InterruptedWriter(str(journal_dir))
+    now = encode_envelopes([queue.prepare(tasks.add, (1, 1))])
+    later = encode_envelopes([queue.prepare(tasks.add, (2, 2), delay=3600)])
+    try:
+        outcomes = queue._commit([now, later])
+    finally:
+        interrupted.close()
+    jobs, error = outcomes
+    assert isinstance(jobs, list)
+    assert [job.id for job in jobs] == [now[0][0].id]
+    assert isinstance(error, Interrupted)
+    assert len(list(JournalReader(journal_dir).records())) == 1  # the immediate call's record
 
 
 def test_a_forked_childs_delayed_chain_is_its_own(journal_dir: Path, tmp_path: Path) -> None:
@@ -178,3 +211,25 @@ def test_a_forked_childs_delayed_chain_is_its_own(journal_dir: Path, tmp_path: P
     for record in JournalReader(journal_dir).records():
         by_chain[record.writer_id] = by_chain.get(record.writer_id, 0) + 1
     assert by_chain == {parent_chains[0]: 1, parent_chains[1]: 2, child_chains[0]: 1, child_chains[1]: 1}
+
+
+def test_a_delayed_writer_that_cannot_open_gives_its_calls_capacity_back(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the delayed chain's writer is one more fd (EMFILE): each failed call's reservation
+    used to stay taken, until the queue refused everything (fails before the fix)."""
+    real = commit.shared_writer
+
+    def failing(journal: str, durability: Durability, *, delayed: bool = False) -> JournalWriter:
+        if delayed:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(journal, durability)
+
+    monkeypatch.setattr(commit, "shared_writer", failing)
+    queue = Queue(journal=journal_dir, capacity=5)
+    for _ in range(5):
+        with pytest.raises(OSError, match="Too many open files"):
+            queue.enqueue(tasks.add, 1, 1, delay=3600)
+    monkeypatch.setattr(commit, "shared_writer", real)
+    assert queue.enqueue(tasks.add, 2, 2).get_status() == "accepted"  # QueueFull before
+    assert queue.enqueue(tasks.add, 3, 3, delay=3600).get_status() == "accepted"

@@ -70,7 +70,8 @@ def _close_slow_writers() -> Iterator[None]:
 def slow_queue(journal: Path, ops: SlowFsync, **options: Any) -> Queue:
     """A queue whose writer goes through ``ops``; its segment already exists (not timed)."""
     queue = Queue(journal=journal, **options)
-    queue._writers[0] = writer = JournalWriter(queue.journal, fileops=ops)
+    assert queue._appender is not None
+    queue._appender._writers[0] = writer = JournalWriter(queue.journal, fileops=ops)
     _writers.append(writer)
     delay, fail_at, ops.delay, ops.fail_at = ops.delay, ops.fail_at, 0.0, 0
     writer.append(b"{}")  # creates the segment (a bare record, not a job)

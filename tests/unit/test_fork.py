@@ -56,8 +56,9 @@ def fork_while_held(lock_of: object, queue: Queue, timeout: float = 5.0) -> int:
 def test_a_child_forked_while_a_thread_recounts_capacity_can_enqueue(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir, capacity=100)
     queue.enqueue(tasks.add, 0, 0)
-    assert queue._pending is not None
-    pending = queue._pending
+    assert queue._appender is not None
+    pending = queue._appender.pending
+    assert pending is not None
     assert fork_while_held(lambda: pending._lock, queue) == 0  # -1 (hung) before the fix
     assert len(list(JournalReader(journal_dir).records())) == 2
 

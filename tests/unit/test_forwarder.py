@@ -312,7 +312,8 @@ def test_a_checkpoint_past_records_that_were_never_durable_is_moved_back(journal
 
     queue = Queue(journal=journal_dir)
     kept = queue.enqueue(tasks.add, 1, 1)
-    writer = queue._writers[0]
+    assert queue._appender is not None
+    writer = queue._appender._writers[0]
     assert writer is not None
     seg = writer._segment
     assert seg is not None

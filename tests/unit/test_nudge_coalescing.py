@@ -16,7 +16,7 @@ import pytest
 from hybridq import Queue
 from hybridq.journal import FileOps
 from hybridq.journal.writer import JournalWriter
-from hybridq.producer import queue as producer
+from hybridq.producer import commit as producer
 from hybridq.protocol import nudge
 
 THREADS = 16
