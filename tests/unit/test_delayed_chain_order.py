@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
+from hybridq.envelope.model import new_job_id
 from hybridq.forwarder import delivery, flow_steps, flows
 from hybridq.forwarder.loop import Forwarder
 from hybridq.job import Job
 from hybridq.journal.reader import list_chains
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -143,3 +145,25 @@ def test_a_dependency_no_job_has_is_cancelled_under_a_steady_load_that_keeps_the
         assert b.get_status() == "cancelled"
     finally:
         forwarder.close()
+
+
+def test_a_job_id_the_caller_made_with_new_job_id_stays_in_the_main_chain(journal_dir: Path) -> None:
+    # Review 2 L1: the id's shape (new_job_id, same millisecond) read it as prepare's own, so a
+    # caller's id that it may reuse as a key went to the delayed chain. Fails before the fresh mark.
+    queue = Queue(journal=journal_dir)
+    now = queue.enqueue(tasks.add, 2, 2)
+    later = queue.enqueue(tasks.add, 1, 1, delay=3600, job_id=new_job_id())
+    assert later.record.writer_id == now.record.writer_id
+
+
+def test_a_signed_unkeyed_delayed_job_still_goes_to_the_delayed_chain(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Signing decodes the record again: the fresh mark (never written) must survive it.
+    monkeypatch.delenv(ENV_KEY_FILE, raising=False)
+    monkeypatch.setenv(ENV_KEY, "k" * 40)
+    queue = Queue(journal=journal_dir)
+    later = queue.enqueue(tasks.add, 1, 1, delay=3600)
+    now = queue.enqueue(tasks.add, 2, 2)
+    assert later.envelope.signature is not None
+    assert later.record.writer_id != now.record.writer_id
