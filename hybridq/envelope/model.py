@@ -195,6 +195,11 @@ class Envelope:
     limit_key: str | None = None
     #: Fields written by a newer version, kept as they were.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Never serialized: set by ``Queue.prepare`` when the job's id and key are fresh and
+    #: unique (made there, or by an entry point that mints them per job: ``hybridq serve``
+    #: without an Idempotency-Key, the Django backend), so no other call can name them and a
+    #: delayed job may go to its process's delayed chain (docs/journal.md, "Chains").
+    _fresh_key: bool = field(default=False, compare=False, repr=False)
     _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
     #: The ASCII JSON record :meth:`from_bytes` decoded this envelope from (:attr:`source`).
     _source: bytes | None = field(default=None, init=False, compare=False, repr=False)

@@ -136,25 +136,29 @@ def ended_as(outcome: str | None) -> str:
 
 
 def deps_verdict(
-    journal: str, deps: list[str], now: float, unknown_since: dict[str, float] | None
+    journal: str, deps: list[str], now: float, unknown_since: dict[str, float], start: bool
 ) -> str | None:
     """``""``: all of ``deps`` succeeded; a reason: one failed or is unknown; ``None``: waiting.
 
     ``unknown_since`` (updated): when each dependency the index does not know was first looked
     for; after :data:`UNKNOWN_DEP_S` its dependent fails (a job of another journal, or none).
-    ``None`` while the forwarder is behind its journal: an unknown dependency may be in a chain
-    not read yet (a process's delayed chain, docs/journal.md), so it is waited for, not timed.
+    A clock starts only if ``start``: in a pass after every chain was read to its end, so an
+    unknown dependency is not one in a chain not read yet (a process's delayed chain,
+    docs/journal.md). Once started it runs on through later passes behind the journal (paused
+    clocks, not reset ones: a steady load must not keep a dependency that never comes waiting).
     """
     waiting = False
     for dep in deps:
         row = reads.find(journal, dep)
         if row is None:
-            if unknown_since is not None and now - unknown_since.setdefault(dep, now) >= UNKNOWN_DEP_S:
+            since = unknown_since.get(dep)
+            if since is None and start:
+                since = unknown_since[dep] = now
+            if since is not None and now - since >= UNKNOWN_DEP_S:
                 return f"dependency {dep} is unknown in this journal (depends_on works within one)"
             waiting = True  # looked at again at each full pass, until found or given up
             continue
-        if unknown_since is not None:
-            unknown_since.pop(dep, None)
+        unknown_since.pop(dep, None)
         if row.state != "done":
             waiting = True
         elif row.outcome != "succeeded":

@@ -33,7 +33,8 @@ def release_waiters(
     db: sqlite3.Connection,
     runs: Callable[[], RunTable],
     held: set[Loc],
-    unknown_since: dict[str, float] | None,
+    unknown_since: dict[str, float],
+    start_clocks: bool,
     news: set[str] | None,
     envelope_of: Callable[[Loc], Envelope | None],
 ) -> tuple[int, int]:
@@ -49,7 +50,11 @@ def release_waiters(
             continue
         loc: Loc = (chain, int(seg), int(off))
         gone = state.index.is_terminal(loc) or loc in state.index.cancels  # cancelled while it waited
-        verdict = "" if gone else deps_verdict(state.journal, json.loads(deps), now, unknown_since)
+        verdict = (
+            ""
+            if gone
+            else deps_verdict(state.journal, json.loads(deps), now, unknown_since, start=start_clocks)
+        )
         if verdict is None:
             continue
         if verdict == "" and not gone:

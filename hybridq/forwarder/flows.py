@@ -96,7 +96,8 @@ class Flows:
         self.dirty = True
         self._unknown_since: dict[str, float] = {}
         #: Set before each :meth:`step`: the reader stopped short of a chain's end. No unknown
-        #: dependency is timed then: it may be in a chain not read yet (docs/journal.md).
+        #: dependency's clock starts then: it may be in a chain not read yet (docs/journal.md);
+        #: clocks started before run on.
         self.behind = False
         self._next_look = 0.0
         #: Ids of jobs with outcomes since the last pass (:meth:`noted`).
@@ -200,7 +201,9 @@ class Flows:
         if env.func != ANCHOR_FUNC:
             if not isinstance(deps, list) or not deps:
                 return False
-            verdict = deps_verdict(self.journal, [str(d) for d in deps], time.monotonic(), self._clocks())
+            now, dep_ids = time.monotonic(), [str(d) for d in deps]
+            # Mid-read: no unknown dependency's clock starts here (docs/journal.md, "Chains").
+            verdict = deps_verdict(self.journal, dep_ids, now, self._unknown_since, start=False)
             if verdict == "":
                 return False  # released before (the run table pushed it): an ordinary job now
         if not self.intercept(env, loc):
@@ -250,13 +253,6 @@ class Flows:
         if self.held:
             self._news.update(e.job_id for e in entries if e.kind in ("done", "cancel"))
 
-    def _clocks(self) -> dict[str, float] | None:
-        """The unknown dependencies' clocks; ``None`` (and all reset) while the reader is behind."""
-        if self.behind:
-            self._unknown_since.clear()
-            return None
-        return self._unknown_since
-
     def step(self) -> int:
         """Release what became ready, end what ended; return how many jobs were released.
 
@@ -288,7 +284,8 @@ class Flows:
             self.db,
             self._runs,
             self.held,
-            self._clocks(),
+            self._unknown_since,
+            not self.behind,  # a clock starts only after every chain was read to its end
             None if everything else news,
             self._envelope_of,
         )

@@ -294,7 +294,7 @@ class Forwarder(LifeCycle):
             # After the journal was read and the ledger written: every entry's job is indexed.
             self._lookup_feed.catch_up()
         ended = self.flows.ended
-        self.flows.behind = self.delivery.behind  # no dependency concluded unknown meanwhile
+        self.flows.behind = self.delivery.behind  # no unknown dependency's clock starts meanwhile
         if self.lookup.building:
             # A rebuilt index misses outcomes and results until it has read every file: nothing
             # is concluded from it (a dependency "unknown", a result "not recorded") until then.

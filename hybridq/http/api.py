@@ -255,6 +255,7 @@ class Api:
             retry=retry_of(body.get("retry")),
             priority=body.get("priority", 0),  # checked by prepare: one-line EnvelopeError, a 400
             limit_key=body.get("limit_key"),
+            _fresh_key=key is None,  # an id minted here, per POST: no other call names it
         )
         # One validated path for every queue name (no Queue object per name: its checks are
         # the name's, the rest are the committer's defaults).

@@ -22,7 +22,7 @@ from hybridq.envelope.model import Envelope, Retry, function_path
 from hybridq.errors import EnvelopeError, JournalIOError, RecordTooLarge
 from hybridq.journal import MAX_PAYLOAD_BYTES
 from hybridq.security import allow
-from hybridq.security.signing import keyring
+from hybridq.security.signing import Keyring, keyring
 
 __all__ = ["check_options", "encode_envelopes", "split_call", "task_path"]
 
@@ -106,6 +106,13 @@ def check_options(
         _check_retry(retry)
 
 
+def _signed(ring: Keyring, env: Envelope) -> Envelope:
+    """``env`` signed, still marked fresh if it was (signing decodes the record: the mark is not in it)."""
+    signed = ring.sign(env)
+    signed._fresh_key = env._fresh_key
+    return signed
+
+
 def encode_envelopes(jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[bytes]]:
     """Check, sign and serialize envelopes for ``Queue._commit`` (raises before anything is written)."""
     envelopes = list(jobs)
@@ -114,7 +121,7 @@ def encode_envelopes(jobs: Iterable[Envelope]) -> tuple[list[Envelope], list[byt
             raise TypeError("enqueue_many takes envelopes from Queue.prepare(...)")
     ring = keyring()  # read per call, not per Queue: a rotated key file applies at once
     if ring is not None:
-        envelopes = [ring.sign(env) for env in envelopes]
+        envelopes = [_signed(ring, env) for env in envelopes]
     payloads = []
     for env in envelopes:
         payload = env.to_bytes()

@@ -283,6 +283,7 @@ class Queue:
         priority: int = 0,
         limit_key: str | None = None,
         depends_on: object = None,
+        _fresh_key: bool = False,
     ) -> Envelope:
         """Validate a call and build its envelope (nothing is written). For :meth:`enqueue_many`.
 
@@ -320,6 +321,9 @@ class Queue:
         )
         if tags:
             env.tags = tags
+        # Fresh: the id (and key) made here, or ``_fresh_key`` from an entry point that mints a
+        # unique one per job; the caller's own keys stay in the main chain (docs/journal.md).
+        env._fresh_key = _fresh_key or (job_id is None and idempotency_key is None)
         if type(priority) is not int or priority:  # 0 is the default; "", None, False, 0.0 are not
             env.priority = check_priority(priority)
         if limit_key is not None:

@@ -94,9 +94,10 @@ def shared_writer(
 def delayed_call(envelopes: list[Envelope], now: float) -> bool:
     """Whether a call belongs in the delayed chain: every job delayed, none keyed.
 
-    Delayed: it runs over DELAYED_CHAIN_S after ``now``; keyed: it has an ``idempotency_key``
-    or a ``job_id`` of the caller's. Whole calls only: a call is one atomic append (all
-    acknowledged or none), so a call mixing immediate and delayed jobs stays in the main chain.
+    Delayed: it runs over DELAYED_CHAIN_S after ``now``; keyed: its id or key is not one
+    ``prepare`` marked fresh (an ``idempotency_key`` or a ``job_id`` of the caller's). Whole
+    calls only: a call is one atomic append (all acknowledged or none), so a call mixing
+    immediate and delayed jobs stays in the main chain.
     A key (a given id is the default key) is owned by the job read first, and the forwarder
     reads a process's two chains in no set order: a keyed job stays in the main chain, where
     its order against the process's other jobs with that key is the order of the calls
@@ -105,21 +106,9 @@ def delayed_call(envelopes: list[Envelope], now: float) -> bool:
     after = now + DELAYED_CHAIN_S
     for env in envelopes:
         run_at = env.run_at
-        if run_at is None or run_at <= after or not _generated(env):
+        if run_at is None or run_at <= after or not env._fresh_key:
             return False
     return bool(envelopes)
-
-
-def _generated(env: Envelope) -> bool:
-    """Whether the job's id (and so its key) is the one ``prepare`` made: ``new_job_id(created_at)``.
-
-    A generated id starts with the milliseconds of the envelope's ``created_at``; an id the
-    caller gave (even one copied from another job, made at another time) does not.
-    """
-    job = env.id
-    if env.idempotency_key != job or len(job) != 32:
-        return False
-    return job[:12] == f"{int(env.created_at * 1000) & 0xFFFFFFFFFFFF:012x}"
 
 
 @atexit.register

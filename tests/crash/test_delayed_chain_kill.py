@@ -102,6 +102,8 @@ def test_every_acknowledged_job_runs_once_after_kills_mid_group_commit(
         drain(journal, transport, time.time, seed, leave_held=True)
         deleted += max(0, before - collect_status(str(journal))["journal"]["segments"])
     assert acked, f"seed={seed}: nothing acknowledged"
+    # The point of draining between kills: compaction ran mid-test (review 2 L4).
+    assert deleted, f"seed={seed}: no journal segment was compacted between kills"
     later = time.time() + 7200.0
     drain(journal, transport, lambda: later, seed, leave_held=False)
     missing = acked - set(transport.executions)

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
-from hybridq.forwarder import delivery, flow_steps
+from hybridq.envelope.model import new_job_id
+from hybridq.forwarder import delivery, flow_steps, flows
 from hybridq.forwarder.loop import Forwarder
 from hybridq.job import Job
 from hybridq.journal.reader import list_chains
+from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
@@ -112,4 +114,56 @@ def test_an_unkeyed_delayed_job_still_goes_to_the_delayed_chain(journal_dir: Pat
     queue = Queue(journal=journal_dir)
     later = queue.enqueue(tasks.add, 1, 1, delay=3600)
     now = queue.enqueue(tasks.add, 2, 2)
+    assert later.record.writer_id != now.record.writer_id
+
+
+def test_a_dependency_no_job_has_is_cancelled_under_a_steady_load_that_keeps_the_forwarder_behind(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review 2 M2: each step behind reset every clock, so a producer adding more than a step
+    # reads at least once per UNKNOWN_DEP_S kept the dependent waiting as long as the load lasted.
+    # Fails before the clocks were paused instead of reset (still "forwarded" after 30 s).
+    monkeypatch.setattr(flow_steps, "UNKNOWN_DEP_S", 0.5)
+    monkeypatch.setattr(flows, "LOOK_EVERY_S", 0.2)
+    monkeypatch.setattr(delivery, "INDEX_BUDGET", 20)
+    queue = Queue(journal=journal_dir)
+    b = queue.enqueue(tasks.add, 2, 2, depends_on=["0" * 32])
+    transport = LengthsTransport()
+    forwarder = make_forwarder(
+        journal_dir, transport, batch_size=5, window_max=5, window_min=5, reconcile_interval_s=3600.0
+    )
+    try:
+        forwarder.step()  # every chain read to its end: b's dependency's clock starts
+        behind = 0
+        deadline = time.monotonic() + 30.0
+        while b.get_status() != "cancelled" and time.monotonic() < deadline:
+            queue.enqueue_many(queue.prepare(tasks.add, (i, i)) for i in range(30))  # window full
+            forwarder.step()
+            behind += forwarder.delivery.behind
+            time.sleep(0.05)
+        assert behind > 0  # the load kept it behind meanwhile
+        assert b.get_status() == "cancelled"
+    finally:
+        forwarder.close()
+
+
+def test_a_job_id_the_caller_made_with_new_job_id_stays_in_the_main_chain(journal_dir: Path) -> None:
+    # Review 2 L1: the id's shape (new_job_id, same millisecond) read it as prepare's own, so a
+    # caller's id that it may reuse as a key went to the delayed chain. Fails before the fresh mark.
+    queue = Queue(journal=journal_dir)
+    now = queue.enqueue(tasks.add, 2, 2)
+    later = queue.enqueue(tasks.add, 1, 1, delay=3600, job_id=new_job_id())
+    assert later.record.writer_id == now.record.writer_id
+
+
+def test_a_signed_unkeyed_delayed_job_still_goes_to_the_delayed_chain(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Signing decodes the record again: the fresh mark (never written) must survive it.
+    monkeypatch.delenv(ENV_KEY_FILE, raising=False)
+    monkeypatch.setenv(ENV_KEY, "k" * 40)
+    queue = Queue(journal=journal_dir)
+    later = queue.enqueue(tasks.add, 1, 1, delay=3600)
+    now = queue.enqueue(tasks.add, 2, 2)
+    assert later.envelope.signature is not None
     assert later.record.writer_id != now.record.writer_id

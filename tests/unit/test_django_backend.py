@@ -262,3 +262,20 @@ def test_default_allow_is_the_project_apps_only(project: Project) -> None:
     )
     assert out["prefixes"] == ["myapp"]  # not vendored (outside BASE_DIR), nor hybridq's or Django's
     assert out["private"] == "NotAllowed: 'myapp._x.tasks.f' is not a Django task path"
+
+
+def test_a_run_after_task_takes_the_delayed_chain(project: Project) -> None:
+    """Review 2 M1: the backend mints each job's id and key, so a job run an hour later may leave
+    the main chain (issue 29). Fails before the prepare's fresh mark: the id's shape read them as
+    the caller's, and every ``run_after`` job pinned the main chain."""
+    out = project(
+        """
+        ready()
+        import datetime
+        from django.utils import timezone
+        now = add.enqueue(1, 2)
+        later = add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(3, 4)
+        emit(now=fetch_job(now.id, J).record.writer_id, later=fetch_job(later.id, J).record.writer_id)
+        """,
+    )
+    assert out["now"] != out["later"]

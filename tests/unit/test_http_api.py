@@ -442,3 +442,29 @@ def test_one_key_is_never_held_twice_when_a_holder_comes_back_at_once(journal_di
     asyncio.run(main())
     assert most[0] == 1
     assert store._locks == {}
+
+
+def _chains(journal: Path) -> dict[str, str]:
+    """Each job's chain (writer id), by its id."""
+    return {
+        Envelope.from_bytes(r.payload).id: r.writer_id
+        for r in JournalReader(journal).records()
+        if r.rtype == RecordType.DATA
+    }
+
+
+def test_a_delayed_post_without_a_key_takes_the_delayed_chain_and_one_with_a_key_the_main_one(
+    journal_dir: Path,
+) -> None:
+    # Review 2 M1: the node mints a fresh id per POST (http-<node>-...), so a delayed job needs no
+    # key order and may leave the main chain (issue 29). Fails before the prepare's fresh mark:
+    # the id's shape read it as the caller's, and every delayed POST pinned the main chain.
+    with served(config(journal_dir)) as base:
+        now = request(base, "POST", "/v1/jobs", ADD).json["id"]
+        later = request(base, "POST", "/v1/jobs", {**ADD, "delay": 3600}).json["id"]
+        keyed = request(
+            base, "POST", "/v1/jobs", {**ADD, "delay": 3600}, headers={"Idempotency-Key": "k1"}
+        ).json["id"]
+    chains = _chains(journal_dir)
+    assert chains[later] != chains[now]
+    assert chains[keyed] == chains[now]  # a key of the caller's: ordered with its other calls

@@ -135,7 +135,10 @@ class HybridqBackend(BaseTaskBackend):
                     conn.connection, RUN_PATH, *call, queue=task.queue_name, **run_kwargs, **options
                 )
             else:
-                self._queue(task.queue_name).enqueue_call(RUN_PATH, call, run_kwargs, **options)
+                # Its id and key were minted above, per job: a run_after job may take the
+                # delayed chain (docs/django.md). Not through the outbox: its rows keep options only.
+                queue = self._queue(task.queue_name)
+                queue.enqueue_call(RUN_PATH, call, run_kwargs, _fresh_key=True, **options)
         except NotSerializable as exc:  # name the task, not the entry point every job shares
             raise NotSerializable(
                 str(exc).replace(f"job {RUN_PATH}", f"task {task.module_path}", 1)
