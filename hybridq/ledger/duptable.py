@@ -74,9 +74,10 @@ _OWNED = (
     " AND d.owner_off = json_extract(j.value, '$[2]')"
 )
 
-# A second ``duplicate`` entry of a pending job (written by a release that recorded a re-read
-# job again) replaces the row only if it is the earlier one, by (at, ol): the row is the same
-# whatever order the ledger is replayed in (docs/reliability.md, "Duplicates").
+# A second ``duplicate`` entry of a pending job (a ledger append that failed after its bytes
+# reached the disk, then the step retried) replaces the row only if it is the earlier one, by
+# (at, ol): the row is the same whatever order the ledger is replayed in (docs/reliability.md,
+# "Duplicates").
 _EARLIER = (
     "UPDATE duplicates SET key = ?, owner_chain = ?, owner_seg = ?, owner_off = ?, body = ?"
     " WHERE chain = ? AND seg = ? AND off = ?"

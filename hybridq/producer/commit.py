@@ -15,9 +15,8 @@ import time
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError, QueueFull
 from hybridq.job import Job
-from hybridq.journal import Durability, JournalWriter
-from hybridq.producer.batches import Batch, acknowledged, unknown
-from hybridq.producer.calls import _Call
+from hybridq.journal import Durability, JournalWriter, RecordId
+from hybridq.producer.calls import _Call, _copy_io_error
 from hybridq.producer.capacity import PendingCount
 from hybridq.producer.writers import delayed_call, shared_writer
 from hybridq.protocol.nudge import nudge
@@ -25,6 +24,39 @@ from hybridq.protocol.nudge import nudge
 __all__ = ["Appender"]
 
 Outcomes = list[list[Job] | BaseException]
+
+#: One chain's share of a group commit: (each call's place in the outcomes, its envelopes), and
+#: the records of them all, in that order.
+Batch = tuple[list[tuple[int, list[Envelope]]], list[bytes]]
+
+
+def _unknown(exc: JournalIOError, taken: list[tuple[int, list[Envelope]]], outcomes: Outcomes) -> None:
+    """Give each call of a failed append a :class:`JournalIOError` naming its own jobs.
+
+    Unknown, not refused: the records may be in the file. Each caller can retry its own under
+    the same keys (docs/guarantees.md, disk full).
+    """
+    errors = [exc, *(_copy_io_error(exc) for _ in taken[1:])]
+    for err, (place, envelopes) in zip(errors, taken, strict=True):
+        err.for_jobs(tuple(env.id for env in envelopes), tuple(env.idempotency_key for env in envelopes))
+        outcomes[place] = err
+
+
+def _acknowledged(
+    taken: list[tuple[int, list[Envelope]]],
+    ids: list[RecordId],
+    journal: str,
+    outcomes: Outcomes,
+) -> None:
+    """Give each call of an acknowledged append its jobs (``ids``: the append's records, in order)."""
+    if len(taken) == 1:  # enqueue's case
+        outcomes[taken[0][0]] = [Job(env, rid, journal) for env, rid in zip(taken[0][1], ids, strict=True)]
+        return
+    at = 0
+    for place, envelopes in taken:
+        end = at + len(envelopes)
+        outcomes[place] = [Job(env, rid, journal) for env, rid in zip(envelopes, ids[at:end], strict=True)]
+        at = end
 
 
 class Appender:
@@ -112,7 +144,7 @@ class Appender:
                 self.pending.release(len(payloads), appended=False)
             if not isinstance(exc, JournalIOError):
                 raise
-            unknown(exc, taken, outcomes)
+            _unknown(exc, taken, outcomes)
             return
         if self.pending is not None:
             self.pending.release(len(ids), appended=True)
@@ -124,4 +156,4 @@ class Appender:
             written = writer.written
             nudge(journal, name=self._nudge_name)
             self._nudged[delayed] = written
-        acknowledged(taken, ids, journal, outcomes)
+        _acknowledged(taken, ids, journal, outcomes)
