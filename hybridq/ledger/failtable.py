@@ -21,7 +21,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from hybridq.journal.records import Loc
@@ -171,6 +171,14 @@ class FailureTable:
             "SELECT chain, seg, off, body FROM failures WHERE requeued = 0 ORDER BY chain, seg, off"
         ).fetchall()
         return [((str(c), int(s), int(o)), Entry.from_bytes(body)) for c, s, o, body in rows]
+
+    @mapped
+    def each(self, visit: Callable[[Entry], None]) -> None:
+        """``visit`` every listed failure's entry, one row at a time (O(1) memory here)."""
+        for _, _, _, body in self.file.execute(
+            "SELECT chain, seg, off, body FROM failures WHERE requeued = 0"
+        ):
+            visit(Entry.from_bytes(body))
 
     @mapped
     def job_ids(self) -> set[str]:

@@ -16,6 +16,7 @@ or session cookie like every request (docs/http.md).
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from hybridq.http.dashboard.filters import Filter, selection
 from hybridq.http.dashboard.pages import HEADERS, Body, Pages, message, redirect, unavailable
 from hybridq.http.dashboard.templating import as_json, page_number, render
 from hybridq.lookup.search import retrying
-from hybridq.ops.failures import requeue
+from hybridq.ops.failures import FailedJob, requeue
 
 __all__ = ["BULK_MAX", "PER_PAGE", "FailedPages"]
 
@@ -70,22 +71,30 @@ class FailedPages:
     # -- the lists ---------------------------------------------------------------------------
 
     def failures(self, chosen: Filter) -> list[Listed]:
-        """The jobs that failed for good the filter selects, oldest first (the ledger's list, in memory)."""
-        return [
-            Listed(
-                f.id,
-                f.queue,
-                f.func,
-                f.attempts,
-                f.failed_at,
-                f.error,
-                _call(f.envelope),
-                (f.id, *f.loc),
-                f.loc,
+        """The jobs that failed for good the filter selects, oldest first, each without its call.
+
+        Their ``call`` is ``""`` for a job that can be requeued (``None``: it cannot): the
+        arguments of every failure at once were most of a page's peak memory; :meth:`shown`
+        fills them in for the page's jobs only.
+        """
+
+        def brief(f: FailedJob) -> Listed | None:
+            if not chosen.matches(f.func, f.error, f.failed_at):
+                return None
+            call = None if f.envelope is None else ""
+            return Listed(
+                f.id, f.queue, f.func, f.attempts, f.failed_at, f.error, call, (f.id, *f.loc), f.loc
             )
-            for f in self.pages.view.failed()
-            if chosen.matches(f.func, f.error, f.failed_at)
-        ]
+
+        return sorted(self.pages.view.failed_briefly(brief), key=lambda j: j.at)
+
+    def shown(self, jobs: list[Listed]) -> list[Listed]:
+        """``jobs`` with their calls, as a page shows them (a job requeued since: no call)."""
+        out = []
+        for job in jobs:
+            now = self.pages.view.failure(job.loc)
+            out.append(dataclasses.replace(job, call=None if now is None else _call(now.envelope)))
+        return out
 
     def retrying(
         self, chosen: Filter, *, limit: int, offset: int = 0, oldest_first: bool = False, errors: bool = True
@@ -130,7 +139,7 @@ class FailedPages:
             everyone = self.failures(chosen)
             total, actionable = len(everyone), sum(j.call is not None for j in everyone)
             at = min(at, _pages(total))
-            jobs = everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE]  # newest first
+            jobs = self.shown(everyone[::-1][(at - 1) * PER_PAGE : at * PER_PAGE])  # newest first
         else:
             total, jobs = self.retrying(chosen, limit=PER_PAGE, offset=(at - 1) * PER_PAGE)
             if at > _pages(total):  # past the last page: the last one

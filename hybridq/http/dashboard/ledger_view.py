@@ -8,12 +8,12 @@ minutes (throughput) -- and reads only the records appended since. Ledger chains
 when a segment it read was deleted (compaction) or the compaction state changed, it reads
 everything again.
 
-Its tables (the failures listed, the keys) are a private temporary SQLite database, not one in
-memory: the server's memory does not grow with the failures it lists (docs/http.md, "On a big
-journal"). An error of that database (the temporary directory full or not writable) may have
-rolled back rows of records already read past, so the view reads everything again at the next
-question; if the temporary directory cannot hold them, it keeps them in memory from then on
-(one log line).
+Its tables (the failures listed, the keys, and where each job's entries are) are a private
+temporary SQLite database, not one in memory: the server's memory does not grow with the
+failures it lists nor with the ledger it read (docs/http.md, "On a big journal"). An error of
+that database (the temporary directory full or not writable) may have rolled back rows of
+records already read past, so the view reads everything again at the next question; if the
+temporary directory cannot hold them, it keeps them in memory from then on (one log line).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
 
 from hybridq.errors import JournalCorruption, JournalError, JournalIOError
 from hybridq.journal import JournalReader, Record, RecordType
@@ -34,13 +36,37 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir
-from hybridq.ledger.tablefile import SPILL_OP
-from hybridq.ops.failures import FailedJob, listed
+from hybridq.ledger.tablefile import SPILL_OP, TableFile, mapped
+from hybridq.ops.failures import FailedJob, failed_job, listed, listed_each
 from hybridq.protocol import EntryKind
 
 __all__ = ["LedgerView"]
 
 log = logging.getLogger("hybridq.http")
+
+_T = TypeVar("_T")
+
+#: Entries read before their places are written (one statement for each batch).
+_PLACES_BATCH = 2000
+#: Where each job's ledger entries are: a table of the view's tables' file (``n``: the order
+#: they were read in, which is ledger order).
+_PLACES = """
+CREATE TABLE IF NOT EXISTS places (
+    job TEXT NOT NULL, n INTEGER NOT NULL, chain TEXT NOT NULL, seg INTEGER NOT NULL,
+    off INTEGER NOT NULL, PRIMARY KEY (job, n)
+) WITHOUT ROWID;
+"""
+
+
+@mapped
+def _add_places(file: TableFile, rows: list[tuple[str, int, str, int, int]]) -> None:
+    file.write_many("INSERT INTO places VALUES (?, ?, ?, ?, ?)", rows)
+
+
+@mapped
+def _places_of(file: TableFile, job_id: str) -> list[Loc]:
+    rows = file.execute("SELECT chain, seg, off FROM places WHERE job = ? ORDER BY n", (job_id,))
+    return [(str(chain), int(seg), int(off)) for chain, seg, off in rows]
 
 
 class LedgerView:
@@ -55,9 +81,11 @@ class LedgerView:
         self._first: dict[str, int] = {}
         #: Whether the tables are a temporary database (False once it failed: in memory).
         self._spill = True
-        self._index = LedgerIndex(keys=KeyTable(spill=True))
-        #: Job id -> where its entries are in the ledger (chain, segment, offset).
-        self._where: dict[str, list[Loc]] = {}
+        self._index = LedgerIndex(keys=self._tables())
+        #: Where the entries read and not yet in the ``places`` table are (job id, order, chain,
+        #: segment, offset); :attr:`_read_n` counts the entries read.
+        self._places: list[tuple[str, int, str, int, int]] = []
+        self._read_n = 0
         self._requeued: set[str] = set()
         self._recent: deque[tuple[float, str, str]] = deque()
         #: Per ledger chain, the first segment read: once it is gone, what it said is stale.
@@ -69,11 +97,44 @@ class LedgerView:
 
     def failed(self, _journal: str | None = None) -> list[FailedJob]:
         """The failures listed now, oldest first (what :func:`hybridq.failed_jobs` returns)."""
+        return self._asking(lambda: listed(self._index))
+
+    def failed_briefly(self, brief: Callable[[FailedJob], _T | None]) -> list[_T]:
+        """``brief`` of each failure listed now (in no set order; ``None`` answers are left out).
+
+        Each failure's :class:`FailedJob` is made and dropped in turn: a page that lists 40,000
+        failures keeps only what ``brief`` keeps of each (docs/http.md, "On a big journal").
+        """
+
+        def each() -> list[_T]:
+            out: list[_T] = []
+
+            def visit(failed: FailedJob) -> None:
+                kept = brief(failed)
+                if kept is not None:
+                    out.append(kept)
+
+            listed_each(self._index, visit)
+            return out
+
+        return self._asking(each)
+
+    def failure(self, loc: Loc) -> FailedJob | None:
+        """The failure listed at ``loc`` now (``None``: none, or requeued since)."""
+
+        def one() -> FailedJob | None:
+            entry = self._index.failed.get(loc)
+            return None if entry is None else failed_job(entry)
+
+        return self._asking(one)
+
+    def _asking(self, ask: Callable[[], _T]) -> _T:
+        """``ask`` the tables, after reading what was appended; read again if they lost rows."""
         with self._lock:
             for attempt in range(2):
                 self._refresh()
                 try:
-                    return listed(self._index)
+                    return ask()
                 except JournalIOError as exc:
                     # Reading rows back may write the cache's pages out: the same full or
                     # unwritable temporary directory, and the same fall-back as _refresh's.
@@ -88,7 +149,11 @@ class LedgerView:
             for attempt in range(2):
                 self._refresh()
                 try:
-                    return [self._read(at) for at in self._where.get(job_id, [])]
+                    return [self._read(at) for at in _places_of(self._index.keys, job_id)]
+                except JournalIOError as exc:
+                    self._compacted = None  # as failed(): the tables may have lost rows
+                    if attempt or not self._spilled_away(exc):
+                        raise
                 except (OSError, JournalError):
                     if attempt:
                         raise
@@ -167,11 +232,18 @@ class LedgerView:
         self._first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
         self._reader = None
         self._index.keys.discard()  # its temporary file goes now, not at the collector's next pass
-        self._index = LedgerIndex(keys=KeyTable(spill=self._spill))
-        self._where = {}
+        self._index = LedgerIndex(keys=self._tables())
+        self._places = []
+        self._read_n = 0
         self._requeued = set()
         self._recent = deque()
         self._read_from = {}
+
+    def _tables(self) -> KeyTable:
+        """The view's tables: the index's, and where each job's entries are, in one file."""
+        tables = KeyTable(spill=self._spill)
+        tables.execute(_PLACES)
+        return tables
 
     def _tail(self, cutoff: float) -> None:
         if self._reader is None:
@@ -182,14 +254,23 @@ class LedgerView:
         for record in self._reader.records():
             if record.rtype == RecordType.DATA:
                 self._fold(record, cutoff)
+                if len(self._places) >= _PLACES_BATCH:
+                    self._add_places()
+        self._add_places()
+
+    def _add_places(self) -> None:
+        if self._places:
+            _add_places(self._index.keys, self._places)
+            self._places = []
 
     def _fold(self, record: Record, cutoff: float) -> None:
         try:
             entry = Entry.from_bytes(record.payload)
         except (ValueError, KeyError, TypeError):
             return  # passed its checksum, so a bug: skipped as read_ledger skips it
-        self._where.setdefault(entry.job_id, []).append(
-            (record.writer_id, record.segment_index, record.offset)
+        self._read_n += 1
+        self._places.append(
+            (entry.job_id, self._read_n, record.writer_id, record.segment_index, record.offset)
         )
         self._read_from.setdefault(record.writer_id, record.segment_index)
         if entry.kind == EntryKind.REQUEUED:
