@@ -176,7 +176,7 @@ class FailureTable:
     def each(self, visit: Callable[[Entry], None]) -> None:
         """``visit`` every listed failure's entry, one row at a time (O(1) memory here)."""
         for _, _, _, body in self.file.execute(
-            "SELECT chain, seg, off, body FROM failures WHERE requeued = 0"
+            "SELECT chain, seg, off, body FROM failures WHERE requeued = 0 ORDER BY chain, seg, off"
         ):
             visit(Entry.from_bytes(body))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,28 +74,34 @@ class FailedPages:
     def failures(self, chosen: Filter) -> list[Listed]:
         """The jobs that failed for good the filter selects, oldest first, each without its call.
 
-        Their ``call`` is ``""`` for a job that can be requeued (``None``: it cannot): the
-        arguments of every failure at once were most of a page's peak memory; :meth:`shown`
-        fills them in for the page's jobs only.
+        Their ``call`` is ``""`` for a job that can be requeued (``None``: it cannot), their
+        ``error`` ``None``: the arguments and error texts (tracebacks of up to 8 KB) of every
+        failure at once were most of a page's peak memory; :meth:`shown` fills both in for the
+        page's jobs only.
         """
 
         def brief(f: FailedJob) -> Listed | None:
             if not chosen.matches(f.func, f.error, f.failed_at):
                 return None
             call = None if f.envelope is None else ""
-            return Listed(
-                f.id, f.queue, f.func, f.attempts, f.failed_at, f.error, call, (f.id, *f.loc), f.loc
-            )
+            return Listed(f.id, f.queue, f.func, f.attempts, f.failed_at, None, call, (f.id, *f.loc), f.loc)
 
         return sorted(self.pages.view.failed_briefly(brief), key=lambda j: j.at)
 
     def shown(self, jobs: list[Listed]) -> list[Listed]:
-        """``jobs`` with their calls, as a page shows them (a job requeued since: no call)."""
-        out = []
-        for job in jobs:
-            now = self.pages.view.failure(job.loc)
-            out.append(dataclasses.replace(job, call=None if now is None else _call(now.envelope)))
-        return out
+        """``jobs`` with their calls and errors, as a page shows them (one requeued since: no call)."""
+        now = self.pages.view.failures_at([job.loc for job in jobs])
+        return [
+            dataclasses.replace(job, call=None)
+            if f is None
+            else dataclasses.replace(job, call=_call(f.envelope), error=f.error)
+            for job, f in zip(jobs, now, strict=True)
+        ]
+
+    def _listed(self, job_ids: list[str]) -> Callable[[str], list[FailedJob]]:
+        """A requeue's read of the list: only the failures of ``job_ids`` are kept whole."""
+        wanted = set(job_ids)
+        return lambda _journal: self.pages.view.failed_briefly(lambda f: f if f.id in wanted else None)
 
     def retrying(
         self, chosen: Filter, *, limit: int, offset: int = 0, oldest_first: bool = False, errors: bool = True
@@ -170,7 +177,7 @@ class FailedPages:
             return form
         job_id = form.get("job_id", "")
         try:
-            await run_in_threadpool(lambda: requeue([job_id], self.journal, failed=self.pages.view.failed))
+            await run_in_threadpool(lambda: requeue([job_id], self.journal, failed=self._listed([job_id])))
         except JobNotFailed:
             return message("Not requeued", f"{job_id} is not a listed failure.", status=409)
         except (HybridqError, OSError) as exc:
@@ -218,7 +225,8 @@ class FailedPages:
             return self._confirm(sid, kind, chosen, total, len(acting), digest, changed=changed)
         try:
             if kind == "failed":
-                requeue([j.id for j in acting], self.journal, failed=self.pages.view.failed)
+                ids = [j.id for j in acting]
+                requeue(ids, self.journal, failed=self._listed(ids))
                 acted = len(acting)
             else:
                 acted = sum(

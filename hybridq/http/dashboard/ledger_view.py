@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS places (
 
 
 @mapped
+def _create_places(file: TableFile) -> None:
+    file.execute(_PLACES)
+
+
+@mapped
 def _add_places(file: TableFile, rows: list[tuple[str, int, str, int, int]]) -> None:
     file.write_many("INSERT INTO places VALUES (?, ?, ?, ?, ?)", rows)
 
@@ -119,17 +124,21 @@ class LedgerView:
 
         return self._asking(each)
 
-    def failure(self, loc: Loc) -> FailedJob | None:
-        """The failure listed at ``loc`` now (``None``: none, or requeued since)."""
+    def failures_at(self, locs: list[Loc]) -> list[FailedJob | None]:
+        """The failure listed at each of ``locs`` now (``None``: none, or requeued since)."""
 
-        def one() -> FailedJob | None:
-            entry = self._index.failed.get(loc)
-            return None if entry is None else failed_job(entry)
+        def each() -> list[FailedJob | None]:
+            entries = [self._index.failed.get(loc) for loc in locs]
+            return [None if entry is None else failed_job(entry) for entry in entries]
 
-        return self._asking(one)
+        return self._asking(each)
 
-    def _asking(self, ask: Callable[[], _T]) -> _T:
-        """``ask`` the tables, after reading what was appended; read again if they lost rows."""
+    def _asking(self, ask: Callable[[], _T], *, vanished: bool = False) -> _T:
+        """``ask`` the tables, after reading what was appended; read again if they lost rows.
+
+        ``vanished``: ``ask`` reads ledger records back, and a segment may have gone since (the
+        ledger's compaction): read everything again once.
+        """
         with self._lock:
             for attempt in range(2):
                 self._refresh()
@@ -141,24 +150,17 @@ class LedgerView:
                     self._compacted = None  # the tables may have lost rows: read it all again
                     if attempt or not self._spilled_away(exc):
                         raise
+                except (OSError, JournalError):
+                    if attempt or not vanished:
+                        raise
+                    self._compacted = None  # a ledger segment vanished since: read it all again
             raise AssertionError("unreachable")  # pragma: no cover
 
     def entries(self, job_id: str) -> list[Entry]:
         """The ledger entries of ``job_id``, in ledger order (read back by their location)."""
-        with self._lock:
-            for attempt in range(2):
-                self._refresh()
-                try:
-                    return [self._read(at) for at in _places_of(self._index.keys, job_id)]
-                except JournalIOError as exc:
-                    self._compacted = None  # as failed(): the tables may have lost rows
-                    if attempt or not self._spilled_away(exc):
-                        raise
-                except (OSError, JournalError):
-                    if attempt:
-                        raise
-                    self._compacted = None  # a ledger segment vanished since: read it all again
-            raise AssertionError("unreachable")  # pragma: no cover
+        return self._asking(
+            lambda: [self._read(at) for at in _places_of(self._index.keys, job_id)], vanished=True
+        )
 
     def was_requeued(self, job_id: str) -> bool:
         """Whether a ``requeued`` entry names ``job_id``."""
@@ -242,7 +244,14 @@ class LedgerView:
     def _tables(self) -> KeyTable:
         """The view's tables: the index's, and where each job's entries are, in one file."""
         tables = KeyTable(spill=self._spill)
-        tables.execute(_PLACES)
+        try:
+            _create_places(tables)
+        except JournalIOError as exc:  # (a temporary directory not writable at all)
+            tables.discard()
+            if not self._spilled_away(exc):
+                raise
+            tables = KeyTable(spill=False)
+            _create_places(tables)
         return tables
 
     def _tail(self, cutoff: float) -> None:
