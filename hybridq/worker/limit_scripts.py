@@ -23,13 +23,18 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
 
 ``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
 a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
-hold the runs whose outcome was recorded, a minute (an hour for those whose outcome script kept
-another run's success: their stored outcome is not theirs): one set per 10 s (10 minutes) of
-Redis's clock, expiring a minute (an hour) after its span. A renewal sent before the outcome and
-run after it must not take the slot back, also once a later run's outcome replaced this run's
-(member: the token, which names the key). A renewal whose lease is still its own has not ended
-(the outcome deletes it) and reads none of them. A renewal held up longer than that, or run
-after a FLUSHALL emptied them, takes the slot back for one lease.
+hold the runs whose end a renewal cannot read from the stored outcome, a minute (an hour for
+those whose outcome script kept another run's success: their stored outcome is not theirs): one
+set per 10 s (10 minutes) of Redis's clock, expiring a minute (an hour) after its span. A
+renewal sent before the outcome and run after it must not take the slot back. It finds its
+run's end in the key's stored outcome (``hybridq:result:<key id>``, which names the run's
+token) first, so a run's end goes in a set only when that outcome will not name it: its outcome
+kept another run's success; its outcome is stored for less than :data:`END_STORED_S`; a later
+run's outcome replaces it (the later outcome adds the replaced run's token then). A renewal
+whose lease is still its own has not ended (the outcome deletes it) and reads none of them. A
+renewal held up longer than a minute, or run after a FLUSHALL emptied them, or after its stored
+outcome left Redis sooner (the harvest's shorter lifetime for an implicit key with
+``--forget-finished``, an eviction), takes the slot back for one lease.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -45,7 +50,12 @@ from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 from hybridq.protocol.keys import RUN_ID_LUA
 
-__all__ = ["LIMIT_LUA"]
+__all__ = ["END_STORED_S", "LIMIT_LUA"]
+
+#: An outcome stored for less than this (s) keeps its run's end in the ended sets too: a renewal
+#: run up to a minute after the outcome (to a minute and 10 s: the sets' spans) must find the end
+#: in one or the other (docs/forwarder.md, "Limits per key").
+END_STORED_S = 70
 
 #: Lua functions (a limited run's policy as locals, never a table: see the next comment):
 #: ``limit_of(token, at, server)`` (``at``: where the token's ``#L`` is, the caller's plain find)
@@ -55,7 +65,8 @@ __all__ = ["LIMIT_LUA"]
 #: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists)``,
 #: ``limit_left(queued, job hash, lease ms, server, exists)`` (a copy left its queue without
 #: running; ``exists``: the caller knows the job hash exists), ``limit_renew(run, token, lease ms,
-#: ended, server, ours)`` and ``limit_end(token, at, kept[, server])``. ``server`` caches, per
+#: ended, server, ours)``, ``limit_end(token, at, kept, server or nil, life)`` and
+#: ``limit_replaced(token, server or nil)``. ``server`` caches, per
 #: script call, Redis's clock, its ``run_id``, the numbers read from text, the keys trimmed, the
 #: expiries set, the lapse and lifetime texts: every call of one script call must pass it (an
 #: expiry set without it is not remembered, and a later one it skips would leave that one).
@@ -297,16 +308,15 @@ local function limit_renew(run, token, lease_ms, ended, server, ours)
     limit_expire(run, 2 * lease_ms + 1000, server)
     return true
 end
--- Every run's end is kept (a renewal may not tell it from the stored outcome: a later run's
--- outcome may replace it): a minute or two, or an hour or two when ``kept`` (the run's outcome
--- script kept another run's success, so the stored outcome was never this run's). ``at``: where
--- the token's ``#L`` is (the caller's plain find).
--- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
-local function limit_end(token, at, kept, server)
-    local run = limit_run_of(token, at)
-    if not run then return end
-    server = server or {{}}
-    redis.call("ZREM", run, token)
+-- A run's end is kept only where its stored outcome will not name it (docs/forwarder.md, "Limits
+-- per key"): a renewal whose lease is gone finds the end in the stored outcome first (_RENEW in
+-- hybridq.worker.scripts). So an end goes in a set only when ``kept`` (the run's outcome script
+-- kept another run's success: an hour or two), when its stored outcome lives less than
+-- ``END_STORED_S`` (``life``: the outcome's lifetime, s, as text; a minute or two), or when
+-- a later run's outcome replaces it (``limit_replaced``). ``at``: where the token's ``#L`` is
+-- (the caller's plain find). ``server`` (optional): what the script call has read (the clock),
+-- for a call that ends several runs.
+local function limit_end_keep(token, kept, server)
     -- The set's name and expiry made once per call and kind (the same instant each time).
     local field = kept and "ended_h" or "ended_m"
     local key = server[field]
@@ -319,6 +329,24 @@ local function limit_end(token, at, kept, server)
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
     redis.pcall("SADD", key, token)
     if at_ms then redis.pcall("PEXPIREAT", key, string.format("%d", at_ms)) end  -- once per set per call
+end
+local function limit_end(token, at, kept, server, life)
+    local run = limit_run_of(token, at)
+    if not run then return end
+    server = server or {{}}
+    redis.call("ZREM", run, token)
+    -- (a lifetime of 3 digits or more is at least 100 s: no number made for it)
+    if kept or (#life < 3 and limit_num(life, server) < {END_STORED_S}) then
+        limit_end_keep(token, kept, server)
+    end
+end
+-- A stored outcome of another run (its token ``was``) is being replaced by this run's: if that
+-- run was limited, its end is kept from now on (a minute or two), as its stored outcome no
+-- longer names it. Rare: a retry after a failure, a run again after a lost lease.
+local function limit_replaced(was, server)
+    if type(was) == "string" and string.find(was, "#L", 1, true) then
+        limit_end_keep(was, false, server or {{}})
+    end
 end
 """
 )

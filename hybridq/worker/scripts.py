@@ -212,10 +212,12 @@ FINISH_LUA = (
 local function finish(K, A, server)
     local stored = redis.call("GET", K[1])
     local keep = 0
+    local was = nil  -- the token of the stored outcome this one replaces
     if stored then
         local ok, r = decode_stored(stored)
         if ok then
             if r.token == A[1] then return 2 end
+            was = r.token
             if r.outcome == "succeeded" then
                 local _, mine = decode_stored(A[2])
                 keep = 1
@@ -226,6 +228,7 @@ local function finish(K, A, server)
     local event = A[4]
     if keep == 0 then
         redis.call("SET", K[1], A[2], "EX", A[3])
+        if was then limit_replaced(was, server) end  -- (hybridq.worker.limit_scripts)
     elseif A[5] and A[5] ~= "" then
         event = A[5]  -- the rewrite below, as the worker made and signed it (signing on)
     else
@@ -240,7 +243,7 @@ local function finish(K, A, server)
     end
     local at = string.find(A[1], "#L", 1, true)
     if at then  -- its slot of a limited key is free (a plain find first)
-        limit_end(A[1], at, keep == 1 or keep == 3, server)
+        limit_end(A[1], at, keep == 1 or keep == 3, server, A[3])
     end
     return keep
 end

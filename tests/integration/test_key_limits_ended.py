@@ -14,7 +14,7 @@ from hybridq.envelope.model import new_job_id
 from hybridq.protocol import ClaimStatus, keys
 from hybridq.worker import scripts
 
-from tests.integration.test_key_limits_scripts import claim, conn, finish, renew, settled, token
+from tests.integration.test_key_limits_scripts import LEASE_MS, claim, conn, finish, renew, settled, token
 
 __all__ = ["conn"]  # the fixture, used by this module's tests
 
@@ -133,3 +133,79 @@ def test_a_renewal_whose_lease_is_its_own_reads_no_ended_set(conn: redis.Redis) 
     conn.sadd(keys.limits_ended(redis_ms(conn)), run)
     assert renew(conn, run) & 4 == 4, "its slot is held a lease on"
     assert claim(conn, token("1,0,0,tenant:own")) == (ClaimStatus.FENCED, "limited: concurrency")
+
+
+DAY_S = 86400  # a key TTL of the usual kind: far longer than the ended sets keep an end
+
+
+def outcome(conn: redis.Redis, tok: str, attempt: int, what: str = "failed", ttl_s: int = DAY_S) -> int:
+    """``tok``'s outcome through the outcome script, stored ``ttl_s``; the script's reply."""
+    job_id = tok.split("/", 1)[0]
+    stored = f'{{"outcome":"{what}","job_id":"{job_id}","attempt":{attempt},"requeue":0,"token":"{tok}"}}'
+    return int(
+        scripts.finish(
+            conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, stored, ttl_s, "{}"]
+        )
+    )
+
+
+def test_an_outcome_stored_long_keeps_no_end_and_a_late_renewal_reads_the_stored_outcome(
+    conn: redis.Redis,
+) -> None:
+    # The stored outcome names the run for longer than the ended sets would: no SADD.
+    settled(conn)
+    run = token("1,0,0,tenant:long")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    assert outcome(conn, run, 1) == 0
+    assert ended_runs(conn) == {}, "no end kept: its stored outcome names it"
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+    assert claim(conn, token("1,0,0,tenant:long"))[0] == ClaimStatus.CLAIMED
+
+
+def test_a_later_runs_outcome_keeps_the_end_of_the_limited_run_whose_outcome_it_replaces(
+    conn: redis.Redis,
+) -> None:
+    # Run A stored its failure (no end kept); the retry B stores its outcome over it: from then
+    # on only the ended sets say A ended. Without B's outcome adding A's end, A's late renewal
+    # took its slot back for a lease.
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L2,0,0,tenant:rep", f"{job_id}/2/host-2/bbbb#L2,0,0,tenant:rep"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    assert outcome(conn, run, 1) == 0
+    claim_keys = [keys.result(job_id), keys.lease(job_id), keys.rq_job(job_id), keys.epoch("owner")]
+    assert int(scripts.claim(conn, claim_keys, [later, LEASE_MS, job_id, 0, 2, 0])[0]) == ClaimStatus.CLAIMED
+    assert outcome(conn, later, 2) == 0
+    kept = set().union(*ended_runs(conn).values())
+    assert kept == {run.encode()}, "the replaced run's end, and only it"
+    assert renew(conn, run) & 4 == 0, "the replaced run took its slot back"
+    assert renew(conn, later) & 4 == 0, "the later run's own outcome names it"
+    assert conn.zcard(f"{keys.LIMIT_PREFIX}tenant:rep:run") == 0
+
+
+def test_an_outcome_stored_less_than_the_sets_keep_an_end_keeps_its_end(conn: redis.Redis) -> None:
+    # Stored 60 s (under END_STORED_S): once it expired only the ended set says the run ended.
+    settled(conn)
+    run = token("1,0,0,tenant:short")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    assert outcome(conn, run, 1, ttl_s=60) == 0
+    assert set().union(*ended_runs(conn).values()) == {run.encode()}
+    conn.delete(keys.result(run.split("/", 1)[0]))  # its lifetime over
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+
+
+def test_an_outcome_that_kept_another_runs_success_keeps_its_end_an_hour_whatever_the_key_ttl(
+    conn: redis.Redis,
+) -> None:
+    settled(conn)
+    job_id = new_job_id(time.time())
+    run, later = f"{job_id}/1/host-1/aaaa#L1,0,0,tenant:kd", f"{job_id}/2/host-2/bbbb#L1,0,0,tenant:kd"
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    conn.set(
+        keys.result(job_id), f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":2,"token":"{later}"}}'
+    )
+    assert outcome(conn, run, 1, what="succeeded") == 3
+    sets = ended_runs(conn)
+    assert [k.decode().split(":")[-1][0] for k in sets] == ["h"], sets
+    assert set().union(*sets.values()) == {run.encode()}
+    assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
