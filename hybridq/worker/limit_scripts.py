@@ -17,9 +17,10 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   pushed; a copy leaving its queue takes one off, once per copy (the ``hybridq_left`` field of
   its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
-  be below zero for a moment. It expires two leases after its last change: a backstop for
-  copies that leave Redis another way (evicted, purged by a refill after a restart). A claim
-  that takes it to 0 leaves it with the expiry it had (0 reads as no key; one command fewer).
+  be below zero for a moment. It expires two leases after the forwarders' last add (or a take
+  below zero): a backstop for copies that leave Redis another way (evicted, purged by a refill
+  after a restart). A take that leaves it at 0 or above leaves it the expiry it had (0 reads as
+  no key; the commands a refresh would cost fewer).
 
 ``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
 a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
@@ -233,11 +234,14 @@ local function limit_left(queued, job, lease_ms, server, exists)
     if (exists or redis.call("EXISTS", job) == 1) and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
-    -- At 0 nothing more: a count of 0 needs no backstop, and the key already expires (a count
-    -- of 1 had its expiry: the forwarders' INCRBY sets one, as this does below), two leases on
-    -- at most; reading 0 or no key is the same. Not a DEL: one command fewer per job, and the
-    -- forwarders' next add finds the key (docs/benchmarks.md).
-    if redis.call("DECR", queued) ~= 0 then
+    -- Above 0 or at 0 nothing more: the key existed (a DECR of no key gives -1), so it expires
+    -- already (every script that makes it sets its expiry in the same call: the forwarders' add,
+    -- and this below zero), two leases after the forwarders' last add at most; a take does not
+    -- push the backstop further (two commands fewer for a key with copies left). Reading 0 or no
+    -- key is the same. Not a DEL at 0: one command fewer per job, and the forwarders' next add
+    -- finds the key (docs/benchmarks.md). Below zero (the key made here, or a copy's add still
+    -- to come): the expiry made at least two leases, as before.
+    if redis.call("DECR", queued) < 0 then
         limit_expire(queued, 2 * lease_ms, server)
     end
 end

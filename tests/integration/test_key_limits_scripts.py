@@ -310,6 +310,21 @@ def test_a_queued_count_taken_to_zero_keeps_its_expiry(conn: redis.Redis) -> Non
     assert 0 < conn.pttl(queued) <= 20_000, "below zero: it expires (its expiry never shortened)"
 
 
+def test_a_take_that_leaves_copies_counted_keeps_the_expiry_the_forwarders_add_set(conn: redis.Redis) -> None:
+    # The key expires two leases after the forwarders' last add: a take above zero does not push
+    # it further (its PTTL and PEXPIRE were two commands per such claim).
+    settled(conn)
+    queued = f"{keys.LIMIT_PREFIX}tenant:q3:queued"
+    conn.set(queued, 3, px=2_000)
+    assert claim(conn, token("5,0,0,tenant:q3"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == 2
+    assert 0 < conn.pttl(queued) <= 2_000, "the expiry it had, not two of the claim's leases on"
+    conn.delete(queued)
+    assert claim(conn, token("5,0,0,tenant:q3"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == -1
+    assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "made by the take: it expires"
+
+
 def test_a_claim_made_again_after_its_own_slot_lapsed_is_refused_when_the_rate_is_spent(
     conn: redis.Redis,
 ) -> None:
