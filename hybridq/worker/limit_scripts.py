@@ -274,11 +274,12 @@ local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, serve
         limit_left(queued, job, lease_ms, server, exists)
     end
 end
--- The ends of runs are kept a minute (an hour for the runs whose outcome script kept another
--- run's success), in sets by when they ended: one per 10 s of Redis's clock
+-- The ends of runs kept (those a stored outcome will not name: ``limit_end``) are kept a minute
+-- (an hour for the runs whose outcome script kept another run's success), in sets by when they
+-- ended (or were replaced): one per 10 s of Redis's clock
 -- (``hybridq:limit:ended:m<n>``; ``:h<n>``, one per 10 minutes), each expiring a minute (an
 -- hour) after its span: an end is kept a minute to a minute and 10 s. Not one sorted set
--- trimmed at each outcome: an outcome adds its run (SADD) and the set's expiry, always the
+-- trimmed at each outcome: an outcome adds a run (SADD) and the set's expiry, always the
 -- same instant (no PTTL, no trim).
 local function limit_ended_key(kept, now)
     local keep = kept and 3600000 or 60000
