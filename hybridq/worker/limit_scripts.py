@@ -215,19 +215,29 @@ end
 -- starts, or the queued count), and a run with a shorter lease (or period) must not make it
 -- expire under a longer one's live slot (the limit would then admit more than it allows).
 -- Once per key and lifetime per script call (``server`` remembers what it made; none: each
--- time): Redis expires no key while a script runs.
-local function limit_expire(key, ms, server)
+-- time): Redis expires no key while a script runs. ``floor`` (default ``ms``): a lifetime left
+-- of at least that is kept as it is (no PEXPIRE).
+local function limit_expire(key, ms, server, floor)
+    floor = floor or ms
     if server then
         server.expiry = server.expiry or {{}}
         local made = server.expiry[key]
-        if made and made >= ms then return end
+        if made and made >= floor then return end
     end
     local left = redis.call("PTTL", key)  -- -1: no expiry; -2: no key (nothing to expire)
-    if left < ms then
+    if left < floor then
         redis.call("PEXPIRE", key, ms)
         left = ms
     end
     if server then server.expiry[key] = left end
+end
+-- A key's ``run`` set outlives every live slot it holds (a slot lapses a lease after its hold or
+-- renewal): made to live two leases and a second when less than a lease and a half and a second
+-- is left, so the set still lives half a lease and a second past the slot just held or renewed.
+-- Not pushed to two leases at every hold: with a few keys and many runs each, a PEXPIRE per
+-- claim (docs/benchmarks.md, "Fewer commands per limited job").
+local function limit_run_expire(run, lease_ms, server)
+    limit_expire(run, 2 * lease_ms + 1000, server, lease_ms * 1.5 + 1000)
 end
 -- ``exists``: the caller knows the job hash exists (no EXISTS).
 local function limit_left(queued, job, lease_ms, server, exists)
@@ -264,7 +274,7 @@ local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, serve
         server.expiry = server.expiry or {{}}
         server.expiry[run] = 2 * lease_ms + 1000
     else
-        limit_expire(run, 2 * lease_ms + 1000, server)
+        limit_run_expire(run, lease_ms, server)
     end
     if new then
         if r > 0 then
@@ -310,7 +320,7 @@ local function limit_renew(run, token, lease_ms, ended, server, ours)
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", run, now + lease_ms, token)
-    limit_expire(run, 2 * lease_ms + 1000, server)
+    limit_run_expire(run, lease_ms, server)
     return true
 end
 -- A run's end is kept only where its stored outcome will not name it (docs/forwarder.md, "Limits

@@ -325,6 +325,29 @@ def test_a_take_that_leaves_copies_counted_keeps_the_expiry_the_forwarders_add_s
     assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "made by the take: it expires"
 
 
+def test_a_hold_pushes_the_run_sets_life_on_only_when_less_than_a_lease_and_a_half_is_left(
+    conn: redis.Redis,
+) -> None:
+    # The set outlives every live slot (a lease ahead) with half a lease and a second to spare;
+    # a PEXPIRE at every hold was a command per claim with a few keys.
+    settled(conn)
+    run = f"{keys.LIMIT_PREFIX}tenant:life:run"
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert 2 * LEASE_MS < conn.pttl(run) <= 2 * LEASE_MS + 1000, "a new set: two leases and a second"
+    conn.pexpire(run, int(1.5 * LEASE_MS) + 1000 + 150)
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert conn.pttl(run) <= int(1.5 * LEASE_MS) + 1000 + 150, "enough left: kept as it was"
+    conn.pexpire(run, LEASE_MS + 500)
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert conn.pttl(run) > int(1.5 * LEASE_MS) + 1000 + 150, "less left: two leases and a second again"
+    conn.pexpire(run, LEASE_MS + 500)
+    holder = token("5,0,0,tenant:life")
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
+    conn.pexpire(run, LEASE_MS + 500)
+    assert renew(conn, holder) & 4 == 4
+    assert conn.pttl(run) > int(1.5 * LEASE_MS) + 1000 + 150, "a renewal pushes it on the same way"
+
+
 def test_a_claim_made_again_after_its_own_slot_lapsed_is_refused_when_the_rate_is_spent(
     conn: redis.Redis,
 ) -> None:
