@@ -47,18 +47,31 @@ def token(limit: str) -> str:
     return f"{new_job_id(time.time())}/1/host-1/abcd#L{limit}"
 
 
-def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS) -> Any:
+def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS, attempt: int = 1) -> Any:
     job_id = tok.split("/", 1)[0]
     claim_keys = [keys.result(job_id), keys.lease(job_id), keys.rq_job(job_id), keys.epoch("owner")]
-    status, why = scripts.claim(conn, claim_keys, [tok, lease_ms, job_id, 0, 1, 0])
+    status, why = scripts.claim(conn, claim_keys, [tok, lease_ms, job_id, 0, attempt, 0])
     return int(status), why.decode() if isinstance(why, bytes) else why
 
 
-def finish(conn: redis.Redis, tok: str, extra: str = "") -> None:
+def finish(
+    conn: redis.Redis,
+    tok: str,
+    extra: str = "",
+    *,
+    what: str = "succeeded",
+    attempt: int = 1,
+    ttl_s: int = 60,
+) -> int:
+    """``tok``'s outcome through the outcome script, stored ``ttl_s``; the script's reply."""
     job_id = tok.split("/", 1)[0]
-    outcome = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{tok}"{extra}}}'
-    scripts.finish(
-        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, outcome, 60, "{}"]
+    stored = (
+        f'{{"outcome":"{what}","job_id":"{job_id}","attempt":{attempt},"requeue":0,"token":"{tok}"{extra}}}'
+    )
+    return int(
+        scripts.finish(
+            conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, stored, ttl_s, "{}"]
+        )
     )
 
 
