@@ -66,8 +66,8 @@ END_STORED_S = 70
 #: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists)``,
 #: ``limit_left(queued, job hash, lease ms, server, exists)`` (a copy left its queue without
 #: running; ``exists``: the caller knows the job hash exists), ``limit_renew(run, token, lease ms,
-#: ended, server, ours)``, ``limit_end(token, at, kept, server or nil, life)`` and
-#: ``limit_replaced(token, server or nil)``. ``server`` caches, per
+#: ended, server, ours)`` and ``limit_end(token, at or nil, kept, server or nil, life, replaced
+#: token or nil)``. ``server`` caches, per
 #: script call, Redis's clock, its ``run_id``, the numbers read from text, the keys trimmed, the
 #: expiries set, the lapse and lifetime texts: every call of one script call must pass it (an
 #: expiry set without it is not remembered, and a later one it skips would leave that one).
@@ -328,10 +328,12 @@ end
 -- hybridq.worker.scripts). So an end goes in a set only when ``kept`` (the run's outcome script
 -- kept another run's success: an hour or two), when its stored outcome lives less than
 -- ``END_STORED_S`` (``life``: the outcome's lifetime, s, as text; a minute or two), or when
--- a later run's outcome replaces it (``limit_replaced``). ``at``: where the token's ``#L`` is
--- (the caller's plain find). ``server`` (optional): what the script call has read (the clock),
--- for a call that ends several runs.
-local function limit_end_keep(token, kept, server)
+-- a later run's outcome replaces it (``was``: the token of the stored outcome this run's
+-- replaced, or nil; kept a minute or two from now, as the stored outcome no longer names it;
+-- rare: a retry after a failure, a run again after a lost lease). ``at``: where the token's
+-- ``#L`` is (the caller's plain find), or nil. ``server``: what the script call has read (the
+-- clock), for a call that ends several runs.
+local function limit_end_keep(token, kept, server, also)
     -- The set's name and expiry made once per call and kind (the same instant each time).
     local field = kept and "ended_h" or "ended_m"
     local key = server[field]
@@ -342,25 +344,28 @@ local function limit_end_keep(token, kept, server)
     end
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
-    redis.pcall("SADD", key, token)
+    if also then
+        redis.pcall("SADD", key, token, also)  -- a replaced run's end with this run's: one SADD
+    else
+        redis.pcall("SADD", key, token)
+    end
     if at_ms then redis.pcall("PEXPIREAT", key, string.format("%d", at_ms)) end  -- once per set per call
 end
-local function limit_end(token, at, kept, server, life)
-    local run = limit_run_of(token, at)
-    if not run then return end
+local function limit_end(token, at, kept, server, life, was)
     server = server or {{}}
-    redis.call("ZREM", run, token)
-    -- (a lifetime of 3 digits or more is at least 100 s: no number made for it)
-    if kept or (#life < 3 and limit_num(life, server) < {END_STORED_S}) then
-        limit_end_keep(token, kept, server)
+    if not (type(was) == "string" and string.find(was, "#L", 1, true)) then was = nil end
+    local run = at and limit_run_of(token, at)
+    local mine = false
+    if run then
+        redis.call("ZREM", run, token)
+        -- (a lifetime of 3 digits or more is at least 100 s: no number made for it)
+        mine = kept or (#life < 3 and limit_num(life, server) < {END_STORED_S})
     end
-end
--- A stored outcome of another run (its token ``was``) is being replaced by this run's: if that
--- run was limited, its end is kept from now on (a minute or two), as its stored outcome no
--- longer names it. Rare: a retry after a failure, a run again after a lost lease.
-local function limit_replaced(was, server)
-    if type(was) == "string" and string.find(was, "#L", 1, true) then
-        limit_end_keep(was, false, server or {{}})
+    if mine and not kept then
+        limit_end_keep(token, false, server, was)
+    else
+        if mine then limit_end_keep(token, true, server) end
+        if was then limit_end_keep(was, false, server) end
     end
 end
 """

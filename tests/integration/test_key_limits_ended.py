@@ -10,6 +10,7 @@ stored less than ``END_STORED_S``, or replaced by a later run's (docs/forwarder.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -201,6 +202,30 @@ def test_an_outcome_that_kept_another_runs_success_keeps_its_end_an_hour_whateve
     assert [k.decode().split(":")[-1][0] for k in sets] == ["h"], sets
     assert set().union(*sets.values()) == {run.encode()}
     assert renew(conn, run) & 4 == 0, "the ended run took its slot back"
+
+
+def test_an_outcome_replacing_a_limited_runs_reads_the_clock_once_and_keeps_both_ends_in_one_command(
+    conn: redis.Redis,
+) -> None:
+    # Both stored 60 s (under END_STORED_S): each run's outcome keeps its own end, and the second
+    # also keeps the end of the run it replaces. One table per call for both ends: one TIME, one
+    # SADD and one set's expiry per outcome (before: 2 of each for the second).
+    settled(conn)
+    _, run, later = attempts("3,0,0,tenant:cmds")
+    assert claim(conn, run)[0] == ClaimStatus.CLAIMED
+    assert calls(conn, finish, run, what="failed") == {"time": 1, "sadd": 1, "pexpireat": 1}
+    assert claim(conn, later, attempt=2)[0] == ClaimStatus.CLAIMED
+    assert calls(conn, finish, later, what="failed", attempt=2) == {"time": 1, "sadd": 1, "pexpireat": 1}
+    assert set().union(*ended_runs(conn).values()) == {run.encode(), later.encode()}
+    assert renew(conn, run) & 4 == 0, "the replaced run took its slot back"
+
+
+def calls(conn: redis.Redis, call: Any, *args: Any, **kwargs: Any) -> dict[str, int]:
+    """The TIME, SADD and PEXPIREAT commands Redis ran for ``call``; its reply must be 0 (stored)."""
+    conn.config_resetstat()
+    assert call(conn, *args, **kwargs) == 0
+    stats = conn.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("time", "sadd", "pexpireat")}
 
 
 @pytest.mark.parametrize("life_s", [1, END_STORED_S - 1, END_STORED_S, 99, 100, DAY_S])
