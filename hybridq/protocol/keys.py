@@ -26,9 +26,9 @@ hybridq's own keys:
   (docs/security.md), so nothing decides anything from them.
 * ``hybridq:limit:<limit key>:run``, ``:starts``, ``:queued``, ``hybridq:limit:ended:*`` and
   ``hybridq:limits:epoch`` -- the per-key limits' state: the runs holding a slot, the starts of
-  the last period, the jobs pushed and not yet claimed, the runs that ended (every key's), and
-  since when this server holds that state (:mod:`hybridq.worker.limit_scripts` says what each
-  holds).
+  the last period, the jobs pushed and not yet claimed, the runs that ended whose stored
+  outcome will not name them (every key's), and since when this server holds that state
+  (:mod:`hybridq.worker.limit_scripts` says what each holds).
 """
 
 from __future__ import annotations

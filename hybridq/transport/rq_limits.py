@@ -24,8 +24,9 @@ __all__ = ["KEY_USE", "key_use"]
 # the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
 # claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
 # read: running, queued, started in the period, quarantine left (ms). The queued count expires
-# two leases after its last change (a backstop for copies that left Redis without a claim or a
-# cancel taking them off: hybridq.worker.limit_scripts). A part of
+# two leases after the forwarders' last add here (or a take that left it below zero; a take at 0
+# or above leaves its expiry): a backstop for copies that left Redis without a claim or a
+# cancel taking them off (hybridq.worker.limit_scripts). A part of
 # a key of the wrong type (written by something else) fails only its own command (``pcall``):
 # that key is held (never over its limit), the others go on.
 KEY_USE = (

@@ -17,19 +17,25 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   pushed; a copy leaving its queue takes one off, once per copy (the ``hybridq_left`` field of
   its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
   forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
-  be below zero for a moment. It expires two leases after its last change: a backstop for
-  copies that leave Redis another way (evicted, purged by a refill after a restart). A claim
-  that takes it to 0 leaves it with the expiry it had (0 reads as no key; one command fewer).
+  be below zero for a moment. It expires two leases after the forwarders' last add (or a take
+  below zero): a backstop for copies that leave Redis another way (evicted, purged by a refill
+  after a restart). A take that leaves it at 0 or above leaves it the expiry it had (0 reads as
+  no key; the commands a refresh would cost fewer).
 
 ``hybridq:limit:ended:m<n>`` (and ``:h<n>``), sets shared by every key (not one per key: with
 a key per tenant and a few jobs each, each job's outcome created one and its expiry dropped it),
-hold the runs whose outcome was recorded, a minute (an hour for those whose outcome script kept
-another run's success: their stored outcome is not theirs): one set per 10 s (10 minutes) of
-Redis's clock, expiring a minute (an hour) after its span. A renewal sent before the outcome and
-run after it must not take the slot back, also once a later run's outcome replaced this run's
-(member: the token, which names the key). A renewal whose lease is still its own has not ended
-(the outcome deletes it) and reads none of them. A renewal held up longer than that, or run
-after a FLUSHALL emptied them, takes the slot back for one lease.
+hold the runs whose end a renewal cannot read from the stored outcome, a minute (an hour for
+those whose outcome script kept another run's success: their stored outcome is not theirs): one
+set per 10 s (10 minutes) of Redis's clock, expiring a minute (an hour) after its span. A
+renewal sent before the outcome and run after it must not take the slot back. It finds its
+run's end in the key's stored outcome (``hybridq:result:<key id>``, which names the run's
+token) first, so a run's end goes in a set only when that outcome will not name it: its outcome
+kept another run's success; its outcome is stored for less than :data:`END_STORED_S`; a later
+run's outcome replaces it (the later outcome adds the replaced run's token then). A renewal
+whose lease is still its own has not ended (the outcome deletes it) and reads none of them. A
+renewal held up longer than a minute, or run after a FLUSHALL emptied them, or after its stored
+outcome left Redis sooner (the harvest's shorter lifetime for an implicit key with
+``--forget-finished``, an eviction), takes the slot back for one lease.
 
 ``hybridq:limits:epoch`` holds ``<ms>:<run_id>``: when the limits' state started on this
 server. Gone, or another server's ``run_id`` (a FLUSHALL, a restart, a replica promoted): the
@@ -45,7 +51,12 @@ from hybridq.protocol.keys import LIMITS_ENDED as ENDED_KEY
 from hybridq.protocol.keys import LIMITS_EPOCH as EPOCH_KEY
 from hybridq.protocol.keys import RUN_ID_LUA
 
-__all__ = ["LIMIT_LUA"]
+__all__ = ["END_STORED_S", "LIMIT_LUA"]
+
+#: An outcome stored for less than this (s) keeps its run's end in the ended sets too: a renewal
+#: run up to a minute after the outcome (to a minute and 10 s: the sets' spans) must find the end
+#: in one or the other (docs/forwarder.md, "Limits per key").
+END_STORED_S = 70
 
 #: Lua functions (a limited run's policy as locals, never a table: see the next comment):
 #: ``limit_of(token, at, server)`` (``at``: where the token's ``#L`` is, the caller's plain find)
@@ -55,7 +66,8 @@ __all__ = ["LIMIT_LUA"]
 #: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists)``,
 #: ``limit_left(queued, job hash, lease ms, server, exists)`` (a copy left its queue without
 #: running; ``exists``: the caller knows the job hash exists), ``limit_renew(run, token, lease ms,
-#: ended, server, ours)`` and ``limit_end(token, at, kept[, server])``. ``server`` caches, per
+#: ended, server, ours)`` and ``limit_end(token, at or nil, kept, server or nil, life, replaced
+#: token or nil)``. ``server`` caches, per
 #: script call, Redis's clock, its ``run_id``, the numbers read from text, the keys trimmed, the
 #: expiries set, the lapse and lifetime texts: every call of one script call must pass it (an
 #: expiry set without it is not remembered, and a later one it skips would leave that one).
@@ -203,30 +215,43 @@ end
 -- starts, or the queued count), and a run with a shorter lease (or period) must not make it
 -- expire under a longer one's live slot (the limit would then admit more than it allows).
 -- Once per key and lifetime per script call (``server`` remembers what it made; none: each
--- time): Redis expires no key while a script runs.
-local function limit_expire(key, ms, server)
+-- time): Redis expires no key while a script runs. ``floor`` (default ``ms``): a lifetime left
+-- of at least that is kept as it is (no PEXPIRE).
+local function limit_expire(key, ms, server, floor)
+    floor = floor or ms
     if server then
         server.expiry = server.expiry or {{}}
         local made = server.expiry[key]
-        if made and made >= ms then return end
+        if made and made >= floor then return end
     end
     local left = redis.call("PTTL", key)  -- -1: no expiry; -2: no key (nothing to expire)
-    if left < ms then
+    if left < floor then
         redis.call("PEXPIRE", key, ms)
         left = ms
     end
     if server then server.expiry[key] = left end
+end
+-- A key's ``run`` set outlives every live slot it holds (a slot lapses a lease after its hold or
+-- renewal): made to live two leases and a second when less than a lease and a half and a second
+-- is left, so the set still lives half a lease and a second past the slot just held or renewed.
+-- Not pushed to two leases at every hold: with a few keys and many runs each, a PEXPIRE per
+-- claim (docs/benchmarks.md, "Fewer commands per limited job").
+local function limit_run_expire(run, lease_ms, server)
+    limit_expire(run, 2 * lease_ms + 1000, server, lease_ms * 1.5 + 1000)
 end
 -- ``exists``: the caller knows the job hash exists (no EXISTS).
 local function limit_left(queued, job, lease_ms, server, exists)
     if (exists or redis.call("EXISTS", job) == 1) and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
-    -- At 0 nothing more: a count of 0 needs no backstop, and the key already expires (a count
-    -- of 1 had its expiry: the forwarders' INCRBY sets one, as this does below), two leases on
-    -- at most; reading 0 or no key is the same. Not a DEL: one command fewer per job, and the
-    -- forwarders' next add finds the key (docs/benchmarks.md).
-    if redis.call("DECR", queued) ~= 0 then
+    -- Above 0 or at 0 nothing more: the key existed (a DECR of no key gives -1), so it expires
+    -- already (every script that makes it sets its expiry in the same call: the forwarders' add,
+    -- and this below zero), two leases after the forwarders' last add at most; a take does not
+    -- push the backstop further (two commands fewer for a key with copies left). Reading 0 or no
+    -- key is the same. Not a DEL at 0: one command fewer per job, and the forwarders' next add
+    -- finds the key (docs/benchmarks.md). Below zero (the key made here, or a copy's add still
+    -- to come): the expiry made at least two leases, as before.
+    if redis.call("DECR", queued) < 0 then
         limit_expire(queued, 2 * lease_ms, server)
     end
 end
@@ -249,7 +274,7 @@ local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, serve
         server.expiry = server.expiry or {{}}
         server.expiry[run] = 2 * lease_ms + 1000
     else
-        limit_expire(run, 2 * lease_ms + 1000, server)
+        limit_run_expire(run, lease_ms, server)
     end
     if new then
         if r > 0 then
@@ -259,11 +284,12 @@ local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, serve
         limit_left(queued, job, lease_ms, server, exists)
     end
 end
--- The ends of runs are kept a minute (an hour for the runs whose outcome script kept another
--- run's success), in sets by when they ended: one per 10 s of Redis's clock
+-- The ends of runs kept (those a stored outcome will not name: ``limit_end``) are kept a minute
+-- (an hour for the runs whose outcome script kept another run's success), in sets by when they
+-- ended (or were replaced): one per 10 s of Redis's clock
 -- (``hybridq:limit:ended:m<n>``; ``:h<n>``, one per 10 minutes), each expiring a minute (an
 -- hour) after its span: an end is kept a minute to a minute and 10 s. Not one sorted set
--- trimmed at each outcome: an outcome adds its run (SADD) and the set's expiry, always the
+-- trimmed at each outcome: an outcome adds a run (SADD) and the set's expiry, always the
 -- same instant (no PTTL, no trim).
 local function limit_ended_key(kept, now)
     local keep = kept and 3600000 or 60000
@@ -294,19 +320,20 @@ local function limit_renew(run, token, lease_ms, ended, server, ours)
     local now = limit_now(server)
     limit_epoch(now, server)
     redis.call("ZADD", run, now + lease_ms, token)
-    limit_expire(run, 2 * lease_ms + 1000, server)
+    limit_run_expire(run, lease_ms, server)
     return true
 end
--- Every run's end is kept (a renewal may not tell it from the stored outcome: a later run's
--- outcome may replace it): a minute or two, or an hour or two when ``kept`` (the run's outcome
--- script kept another run's success, so the stored outcome was never this run's). ``at``: where
--- the token's ``#L`` is (the caller's plain find).
--- ``server`` (optional): what the script call has read (the clock), for a call that ends several runs.
-local function limit_end(token, at, kept, server)
-    local run = limit_run_of(token, at)
-    if not run then return end
-    server = server or {{}}
-    redis.call("ZREM", run, token)
+-- A run's end is kept only where its stored outcome will not name it (docs/forwarder.md, "Limits
+-- per key"): a renewal whose lease is gone finds the end in the stored outcome first (_RENEW in
+-- hybridq.worker.scripts). So an end goes in a set only when ``kept`` (the run's outcome script
+-- kept another run's success: an hour or two), when its stored outcome lives less than
+-- ``END_STORED_S`` (``life``: the outcome's lifetime, s, as text; a minute or two), or when
+-- a later run's outcome replaces it (``was``: the token of the stored outcome this run's
+-- replaced, or nil; kept a minute or two from now, as the stored outcome no longer names it;
+-- rare: a retry after a failure, a run again after a lost lease). ``at``: where the token's
+-- ``#L`` is (the caller's plain find), or nil. ``server``: what the script call has read (the
+-- clock), for a call that ends several runs.
+local function limit_end_keep(token, kept, server, also)
     -- The set's name and expiry made once per call and kind (the same instant each time).
     local field = kept and "ended_h" or "ended_m"
     local key = server[field]
@@ -317,8 +344,29 @@ local function limit_end(token, at, kept, server)
     end
     -- Shared by every limit key: written by anything else (another type), it fails only itself
     -- (pcall), never the outcome; a renewal racing it may then hold the slot a lease.
-    redis.pcall("SADD", key, token)
+    if also then
+        redis.pcall("SADD", key, token, also)  -- a replaced run's end with this run's: one SADD
+    else
+        redis.pcall("SADD", key, token)
+    end
     if at_ms then redis.pcall("PEXPIREAT", key, string.format("%d", at_ms)) end  -- once per set per call
+end
+local function limit_end(token, at, kept, server, life, was)
+    server = server or {{}}
+    if not (type(was) == "string" and string.find(was, "#L", 1, true)) then was = nil end
+    local run = at and limit_run_of(token, at)
+    local mine = false
+    if run then
+        redis.call("ZREM", run, token)
+        -- (a lifetime of 3 digits or more is at least 100 s: no number made for it)
+        mine = kept or (#life < 3 and limit_num(life, server) < {END_STORED_S})
+    end
+    if mine and not kept then
+        limit_end_keep(token, false, server, was)
+    else
+        if mine then limit_end_keep(token, true, server) end
+        if was then limit_end_keep(was, false, server) end
+    end
 end
 """
 )

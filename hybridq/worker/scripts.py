@@ -210,12 +210,15 @@ FINISH_LUA = (
     + LIMIT_LUA
     + """
 local function finish(K, A, server)
+    server = server or {}  -- one per call: one TIME and one set's expiry for both ends below
     local stored = redis.call("GET", K[1])
     local keep = 0
+    local was = nil  -- the token of the stored outcome this one replaces
     if stored then
         local ok, r = decode_stored(stored)
         if ok then
             if r.token == A[1] then return 2 end
+            was = r.token
             if r.outcome == "succeeded" then
                 local _, mine = decode_stored(A[2])
                 keep = 1
@@ -238,9 +241,12 @@ local function finish(K, A, server)
     if redis.call("GET", K[2]) == A[1] then
         redis.call("DEL", K[2])
     end
+    -- Its slot of a limited key is free (a plain find first); the end of the run whose stored
+    -- outcome this one replaced is kept (hybridq.worker.limit_scripts).
     local at = string.find(A[1], "#L", 1, true)
-    if at then  -- its slot of a limited key is free (a plain find first)
-        limit_end(A[1], at, keep == 1 or keep == 3, server)
+    if keep ~= 0 then was = nil end
+    if at or was then
+        limit_end(A[1], at, keep == 1 or keep == 3, server, A[3], was)
     end
     return keep
 end

@@ -3,7 +3,7 @@
 A call reads Redis's clock once, and drops a key's lapsed slots (at its concurrency) and its
 starts out of the period once (hybridq.worker.limit_scripts ``limit_trim``), not once per job
 (docs/benchmarks.md): the counts each claim sees must be what a trim per claim would give. The
-ended runs are not trimmed: they are in sets by time that expire (``limit_end``).
+ended runs kept are not trimmed: they are in sets by time that expire (``limit_end``).
 """
 
 from __future__ import annotations
@@ -95,14 +95,22 @@ def test_a_live_slot_of_another_run_is_counted_in_one_start_call(redis_server: R
     assert [r[0] for r in start(client, items)] == [0, 4, 4]
 
 
-def test_one_end_call_frees_every_slot_and_keeps_every_end(redis_server: RedisServer) -> None:
+def test_one_end_call_frees_every_slot_and_keeps_no_end_its_stored_outcome_names(
+    redis_server: RedisServer,
+) -> None:
+    # Each outcome is stored for a day (the delivery's key TTL): a late renewal reads the run's
+    # end there, so no end goes in the ended sets (one SADD per limited job fewer).
     client, items = take_limited(redis_server, 3, "5,0,0,tenant:b3")
     assert [r[0] for r in start(client, items)] == [0, 0, 0]
     assert end(client, items) == [0, 0, 0]
     assert client.zcard(f"{keys.LIMIT_PREFIX}tenant:b3:run") == 0, "every slot freed"
-    ended = client.keys(f"{keys.LIMITS_ENDED}:*")
-    assert set().union(*(client.smembers(key) for key in ended)) == {token(i) for i in items}
-    assert all(50_000 < client.pttl(key) <= 70_000 for key in ended), "a minute after its span"
+    assert not client.keys(f"{keys.LIMITS_ENDED}:*"), "no end kept: the stored outcomes name them"
+    for item in items:
+        tok = token(item).decode()
+        assert int(scripts.renew(client, str(item.run.claim_keys[1]), tok, 60_000)) & 4 == 0, (
+            "no slot taken back"
+        )
+    assert client.zcard(f"{keys.LIMIT_PREFIX}tenant:b3:run") == 0
     assert int(client.get(f"{keys.LIMIT_PREFIX}tenant:b3:queued") or 0) == -3, "each copy left once"
     assert client.pttl(f"{keys.LIMIT_PREFIX}tenant:b3:queued") > 0
 
@@ -187,14 +195,20 @@ def test_a_kept_end_and_a_plain_end_in_one_end_call_go_to_their_own_sets(redis_s
     later = f"{a.job_id}/2/host-2/bbbb#L10,0,0,tenant:ek"
     stored = f'{{"outcome":"succeeded","job_id":"{a.job_id}","attempt":2,"requeue":0,"token":"{later}"}}'
     client.set(str(a.run.claim_keys[0]), stored)  # a later attempt's success: a's outcome keeps it
+    # b's outcome replaces an earlier limited run's failure: that run's end goes in the minute's set.
+    b = items[1]
+    earlier = f"{b.job_id}/0/host-0/cccc#L10,0,0,tenant:ek"
+    failed = f'{{"outcome":"failed","job_id":"{b.job_id}","attempt":0,"requeue":0,"token":"{earlier}"}}'
+    client.set(str(b.run.claim_keys[0]), failed)
     end(client, items)
     sets = {k.decode(): client.smembers(k) for k in client.keys(f"{keys.LIMITS_ENDED}:*")}
     hour = set().union(*[v for k, v in sets.items() if ":h" in k])
     minute = set().union(*[v for k, v in sets.items() if ":m" in k])
     assert token(a) in hour, sets
     assert token(a) not in minute, sets
-    assert token(items[1]) in minute, sets
-    assert token(items[1]) not in hour, sets
+    assert earlier.encode() in minute, sets
+    assert earlier.encode() not in hour, sets
+    assert token(b) not in minute | hour, "b's stored outcome names it"
     assert all(client.pttl(k) > 0 for k in sets), "each set expires"
 
 

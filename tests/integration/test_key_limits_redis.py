@@ -107,8 +107,8 @@ def test_a_job_refused_at_claim_starts_a_step_after_its_key_has_room_and_the_cou
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
 ) -> None:
-    # The key's queued count expires two leases (2 s each) after its last change while no
-    # worker runs, so the gate pushes the second job too, and the pool's claim refuses one.
+    # The key's queued count expires two leases (2 s each) after the forwarder's last add while
+    # no worker runs, so the gate pushes the second job too, and the pool's claim refuses one.
     forwarder = stack.forwarder(redis_server.url, "--limit", "k=concurrency:1")
     effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
     for name in ("a", "b"):
@@ -148,7 +148,8 @@ def queued_count(server: RedisServer, key: str) -> int | None:
 def test_a_cancelled_queued_job_leaves_its_keys_queued_count(
     redis_server: RedisServer, stack: Stack, journal_dir: Path, subprocess_env: dict[str, str]
 ) -> None:
-    # A 5 s lease: the count expires 10 s after its last change, long after what is checked here.
+    # A 5 s lease: the count expires 10 s after the forwarder's last add (or a take below zero),
+    # long after what is checked here.
     forwarder = stack.forwarder(redis_server.url, "--lease", "5", "--limit", "k=concurrency:5")
     queue = Queue("default", journal_dir)
     job = queue.enqueue("tests.tasks.traced", "/dev/null", "c", 0.0, limit_key="k")

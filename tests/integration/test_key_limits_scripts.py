@@ -47,18 +47,31 @@ def token(limit: str) -> str:
     return f"{new_job_id(time.time())}/1/host-1/abcd#L{limit}"
 
 
-def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS) -> Any:
+def claim(conn: redis.Redis, tok: str, lease_ms: int = LEASE_MS, attempt: int = 1) -> Any:
     job_id = tok.split("/", 1)[0]
     claim_keys = [keys.result(job_id), keys.lease(job_id), keys.rq_job(job_id), keys.epoch("owner")]
-    status, why = scripts.claim(conn, claim_keys, [tok, lease_ms, job_id, 0, 1, 0])
+    status, why = scripts.claim(conn, claim_keys, [tok, lease_ms, job_id, 0, attempt, 0])
     return int(status), why.decode() if isinstance(why, bytes) else why
 
 
-def finish(conn: redis.Redis, tok: str, extra: str = "") -> None:
+def finish(
+    conn: redis.Redis,
+    tok: str,
+    extra: str = "",
+    *,
+    what: str = "succeeded",
+    attempt: int = 1,
+    ttl_s: int = 60,
+) -> int:
+    """``tok``'s outcome through the outcome script, stored ``ttl_s``; the script's reply."""
     job_id = tok.split("/", 1)[0]
-    outcome = f'{{"outcome":"succeeded","job_id":"{job_id}","attempt":1,"requeue":0,"token":"{tok}"{extra}}}'
-    scripts.finish(
-        conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, outcome, 60, "{}"]
+    stored = (
+        f'{{"outcome":"{what}","job_id":"{job_id}","attempt":{attempt},"requeue":0,"token":"{tok}"{extra}}}'
+    )
+    return int(
+        scripts.finish(
+            conn, [keys.result(job_id), keys.lease(job_id), keys.events("owner")], [tok, stored, ttl_s, "{}"]
+        )
     )
 
 
@@ -308,6 +321,44 @@ def test_a_queued_count_taken_to_zero_keeps_its_expiry(conn: redis.Redis) -> Non
     assert claim(conn, token("5,0,0,tenant:q0"))[0] == ClaimStatus.CLAIMED
     assert int(conn.get(queued) or 0) == -1
     assert 0 < conn.pttl(queued) <= 20_000, "below zero: it expires (its expiry never shortened)"
+
+
+def test_a_take_that_leaves_copies_counted_keeps_the_expiry_the_forwarders_add_set(conn: redis.Redis) -> None:
+    # The key expires two leases after the forwarders' last add: a take above zero does not push
+    # it further (its PTTL and PEXPIRE were two commands per such claim).
+    settled(conn)
+    queued = f"{keys.LIMIT_PREFIX}tenant:q3:queued"
+    conn.set(queued, 3, px=2_000)
+    assert claim(conn, token("5,0,0,tenant:q3"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == 2
+    assert 0 < conn.pttl(queued) <= 2_000, "the expiry it had, not two of the claim's leases on"
+    conn.delete(queued)
+    assert claim(conn, token("5,0,0,tenant:q3"))[0] == ClaimStatus.CLAIMED
+    assert int(conn.get(queued) or 0) == -1
+    assert 0 < conn.pttl(queued) <= 2 * LEASE_MS, "made by the take: it expires"
+
+
+def test_a_hold_pushes_the_run_sets_life_on_only_when_less_than_a_lease_and_a_half_is_left(
+    conn: redis.Redis,
+) -> None:
+    # The set outlives every live slot (a lease ahead) with half a lease and a second to spare;
+    # a PEXPIRE at every hold was a command per claim with a few keys.
+    settled(conn)
+    run = f"{keys.LIMIT_PREFIX}tenant:life:run"
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert 2 * LEASE_MS < conn.pttl(run) <= 2 * LEASE_MS + 1000, "a new set: two leases and a second"
+    conn.pexpire(run, int(1.5 * LEASE_MS) + 1000 + 150)
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert conn.pttl(run) <= int(1.5 * LEASE_MS) + 1000 + 150, "enough left: kept as it was"
+    conn.pexpire(run, LEASE_MS + 500)
+    assert claim(conn, token("5,0,0,tenant:life"))[0] == ClaimStatus.CLAIMED
+    assert conn.pttl(run) > int(1.5 * LEASE_MS) + 1000 + 150, "less left: two leases and a second again"
+    conn.pexpire(run, LEASE_MS + 500)
+    holder = token("5,0,0,tenant:life")
+    assert claim(conn, holder)[0] == ClaimStatus.CLAIMED
+    conn.pexpire(run, LEASE_MS + 500)
+    assert renew(conn, holder) & 4 == 4
+    assert conn.pttl(run) > int(1.5 * LEASE_MS) + 1000 + 150, "a renewal pushes it on the same way"
 
 
 def test_a_claim_made_again_after_its_own_slot_lapsed_is_refused_when_the_rate_is_spent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from hybridq import Queue, task
 from hybridq.cli import cli as main
 from hybridq.client.remote import body_of
 from hybridq.envelope.codec import _dumps, _fast_json
+from hybridq.envelope.limits import limit_key as check_limit_key
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError
 from hybridq.journal import JournalReader, RecordType
@@ -192,3 +194,14 @@ def test_a_fair_key_weight_of_non_ascii_digits_is_exit_2(spec: str, journal_dir:
     assert "the weight after '=' must be an integer" in bad.output
     assert "Traceback" not in bad.output
     assert not journal_dir.exists()
+
+
+def test_a_limit_key_with_any_whitespace_is_refused() -> None:
+    # The check is isprintable() and no space: every other whitespace character is not printable
+    # (hybridq.envelope.limits.limit_key; one generator per key's characters before).
+    spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert len(spaces) > 20
+    for ch in spaces:
+        with pytest.raises(EnvelopeError):
+            check_limit_key(f"tenant{ch}42")
+    assert check_limit_key("tenant:42") == "tenant:42"
