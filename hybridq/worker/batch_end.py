@@ -49,6 +49,7 @@ local worker = rq .. ":worker:" .. name
 local replies = {}
 local server = {}  -- the clock and the limit keys trimmed, once per call (hybridq.worker.limit_scripts)
 local worked, succeeded, failed, expiry = tonumber(ARGV[5]), 0, 0, {}  -- counters, added once
+local registries = {[true] = {}, [false] = {}}  -- finished or failed -> queue -> its registry's key
 local function finish_one(i)
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     local ok, ttl, field, value = ARGV[i + 4] == "1", ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
@@ -57,9 +58,9 @@ local function finish_one(i)
         reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
             {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]}, server)
     end
-    local member = id .. ":" .. exec
     local job = rq .. ":job:" .. id
     if ARGV[i + 16] == "1" then  -- its execution's records (RECORD): gone, whatever the job hash says
+        local member = id .. ":" .. exec
         redis.call("DEL", rq .. ":execution:" .. member)
         redis.call("ZREM", rq .. ":wip:" .. queue, member)
         redis.call("ZREM", rq .. ":executions:" .. id, exec)
@@ -69,17 +70,27 @@ local function finish_one(i)
         worked = worked - math.max(0, now - tonumber(started))
     else
         local results = rq .. ":results:" .. id
-        local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
-            "execution_started_at", started, "execution_ended_at", ARGV[4]}
-        if field ~= "" then entry[#entry + 1], entry[#entry + 2] = field, value end
         if ok then succeeded = succeeded + 1 else failed = failed + 1 end
         redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
             "hybridq_exec", "")
         if ok and ttl == "0" then
             redis.call("DEL", job, results)
         else
-            redis.call("XADD", results, "MAXLEN", "~", "10", "*", unpack(entry))
-            local registry = rq .. (ok and ":finished:" or ":failed:") .. queue
+            -- RQ's Result: its fields as arguments, no table (less for Lua to make and collect).
+            local kind = ok and "1" or "2"
+            if field ~= "" then
+                redis.call("XADD", results, "MAXLEN", "~", "10", "*", "type", kind, "worker_name", name,
+                    "execution_id", exec, "execution_started_at", started, "execution_ended_at", ARGV[4],
+                    field, value)
+            else
+                redis.call("XADD", results, "MAXLEN", "~", "10", "*", "type", kind, "worker_name", name,
+                    "execution_id", exec, "execution_started_at", started, "execution_ended_at", ARGV[4])
+            end
+            local registry = registries[ok][queue]
+            if not registry then
+                registry = rq .. (ok and ":finished:" or ":failed:") .. queue
+                registries[ok][queue] = registry
+            end
             if string.sub(ttl, 1, 1) == "-" then
                 redis.call("PERSIST", job)
                 redis.call("PERSIST", results)

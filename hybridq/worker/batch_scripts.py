@@ -133,12 +133,14 @@ return back
 """
 
 #: Arguments per job of :data:`START`.
-START_ARITY = 15
+START_ARITY = 13
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), then per job (START_ARITY): job
-# id, queue, execution id, then the claim's keys (result, lease, job hash, epoch) and arguments
-# (token, lease ms, job id, requeue, attempt, epoch generation), then the owner's event stream
-# and the started event ("" "": none; a refused claim's event is the worker's to send after).
+# id, queue, execution id, then the claim's keys (result, lease, epoch) and arguments (token,
+# lease ms, requeue, attempt, epoch generation), then the owner's event stream and the started
+# event ("" "": none; a refused claim's event is the worker's to send after). The claim's job
+# hash and job id are the job's own (the script makes the key): an argument costs Redis about
+# 1,000 instructions to parse and hand to Lua (docs/benchmarks.md).
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus). RQ's view of the job (status
 # ``started``, its worker) is written here; its execution's records (the started registry) only
 # by RECORD, for a job still running a while after its claim: most jobs end before, and
@@ -151,10 +153,15 @@ START = (
 local rq, name, stamp = ARGV[1], ARGV[2], ARGV[3]
 local server = {}
 local replies = {}
+local lists = {}  -- queue -> its intermediate list's key, made once per call
 local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
-    local intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+    local intermediate = lists[queue]
+    if not intermediate then
+        intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+        lists[queue] = intermediate
+    end
     local f = redis.call("HMGET", job, "status", "hybridq_cancel")
     if not f[1] then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
@@ -164,8 +171,8 @@ local function start(i)
     -- The claim reads no more of the job hash: its cancel mark is read here, and the
     -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
     local known = {cancel = f[2] ~= false}
-    local reply = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
-        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
+    local reply = claim({ARGV[i + 3], ARGV[i + 4], job, ARGV[i + 5], ARGV[i + 11]},
+        {ARGV[i + 6], ARGV[i + 7], id, ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 12]},
         server, known)
     -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
     -- A copy that found another delivery running the job (BUSY) names no execution: RQ's
@@ -185,7 +192,7 @@ local function start(i)
     redis.call("LREM", intermediate, 1, id)
     return reply
 end
-for i = 4, #ARGV, 15 do
+for i = 4, #ARGV, 13 do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
@@ -253,10 +260,14 @@ def record_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]
 
 
 def claim_part(item: Taken) -> list[Any]:
-    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``)."""
+    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``).
+
+    Without the job hash's key and the job id: :data:`START` makes them of the job's own id.
+    """
     claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
     extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
-    return [*claim_keys[:4], *claim_args[:6], *extra]
+    result, lease, _job, epoch = claim_keys[:4]
+    return [result, lease, epoch, claim_args[0], claim_args[1], *claim_args[3:6], *extra]
 
 
 def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:
