@@ -19,7 +19,7 @@ from typing import Any
 from rq.utils import now, utcformat
 
 from hybridq.protocol import keys
-from hybridq.worker.batch_scripts import ISOLATE_LUA
+from hybridq.worker.batch_scripts import ISOLATE_LUA, LOCALS_LUA
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import FINISH_LUA, OOM_GUARD_LUA
 
@@ -40,7 +40,8 @@ END_ARITY = 17
 # a number with snprintf, and Redis parses a fraction slowly (docs/benchmarks.md).
 
 END = (
-    FINISH_LUA
+    LOCALS_LUA
+    + FINISH_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
     + """
@@ -71,11 +72,13 @@ local function finish_one(i)
     else
         local results = rq .. ":results:" .. id
         if ok then succeeded = succeeded + 1 else failed = failed + 1 end
-        redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
-            "hybridq_exec", "")
         if ok and ttl == "0" then
+            -- RQ's result_ttl 0 (finished jobs leave Redis: docs/forwarder.md): gone at once, with
+            -- no status written first; sent again, it finds no hybridq_exec.
             redis.call("DEL", job, results)
         else
+            redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
+                "hybridq_exec", "")
             -- RQ's Result: its fields as arguments, no table (less for Lua to make and collect).
             local kind = ok and "1" or "2"
             if field ~= "" then
