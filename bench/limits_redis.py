@@ -90,6 +90,7 @@ def main(argv: list[str]) -> int:
         taken = scripts.call(
             c, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [8, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
         )
+        taken = batch_scripts.taken(taken)
         items = [x for x in (prepare(j.decode(), QUEUE, f, Resolver()) for j, _, f in taken) if x is not None]
         if len(items) != len(taken):
             raise SystemExit("a job could not be prepared: run with HYBRIDQ_ALLOW=tests and PYTHONPATH=.")

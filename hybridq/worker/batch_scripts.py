@@ -48,6 +48,7 @@ __all__ = [
     "keep_alive",
     "record_args",
     "start_args",
+    "taken",
     "wait_one",
 ]
 
@@ -93,13 +94,15 @@ TAKE_FIELDS = (
 )
 
 # KEYS: the queues' lists, in the order they are served. ARGV: most jobs to take, RQ's key
-# prefix, then TAKE_FIELDS. Returns {id, queue index, {fields}} per job taken. An id whose job
-# hash is gone (or is not a hash) is dropped (as RQ's dequeue drops it).
+# prefix, then TAKE_FIELDS. Returns, flat, per job taken: id, queue index, then its fields (one
+# table for the whole reply: a table per job cost Redis about 2,000 instructions to reply;
+# :func:`taken` regroups it). An id whose job hash is gone (or is not a hash) is dropped (as RQ's
+# dequeue drops it).
 TAKE = (
     LOCALS_LUA
     + """
 local want = tonumber(ARGV[1])
-local taken = {}
+local taken, fields = {}, #ARGV - 2
 for q, queue in ipairs(KEYS) do
     if want <= 0 then break end
     local ids = redis.call("LPOP", queue, want)
@@ -113,7 +116,9 @@ for q, queue in ipairs(KEYS) do
         for _, id in ipairs(ids) do
             local ok, f = pcall(redis.call, "HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
             if ok and f[1] then
-                taken[#taken + 1] = {id, q, f}
+                local n = #taken  -- (no nil in it: a missing field is false)
+                taken[n + 1], taken[n + 2] = id, q
+                for k = 1, fields do taken[n + 2 + k] = f[k] end
                 want = want - 1
             else  -- gone, or a key of another type (not a job): dropped, as RQ's dequeue drops it
                 redis.call("LREM", intermediate, -1, id)
@@ -281,6 +286,12 @@ def claim_part(item: Taken) -> list[Any]:
     extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
     result, lease, _job, epoch = claim_keys[:4]
     return [result, lease, epoch, claim_args[0], claim_args[1], *claim_args[3:6], *extra]
+
+
+def taken(reply: Sequence[Any]) -> list[tuple[Any, Any, Sequence[Any]]]:
+    """:data:`TAKE`'s flat reply as (id, queue index, fields) per job."""
+    step = 2 + len(TAKE_FIELDS)
+    return [(reply[i], reply[i + 1], reply[i + 2 : i + step]) for i in range(0, len(reply), step)]
 
 
 def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:

@@ -66,6 +66,7 @@ def take(client: redis.Redis, n: int) -> list[Taken]:
     taken = scripts.call(
         client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
     )
+    taken = batch_scripts.taken(taken)
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     assert all(item is not None for item in items)
     return [item for item in items if item is not None]
@@ -240,6 +241,7 @@ def test_a_take_larger_than_luas_unpack_limit_keeps_every_job(redis_server: Redi
     taken = scripts.call(
         client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [9000, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
     )
+    taken = batch_scripts.taken(taken)
     assert len(taken) == 9000
     assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 9000
 

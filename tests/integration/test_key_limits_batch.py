@@ -55,6 +55,7 @@ def take_limited(
     taken = scripts.call(
         client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
     )
+    taken = batch_scripts.taken(taken)
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     return client, [item for item in items if item is not None]
 
