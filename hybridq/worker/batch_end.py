@@ -25,7 +25,8 @@ from hybridq.worker.scripts import FINISH_LUA, OOM_GUARD_LUA
 
 __all__ = ["END", "END_ARITY", "end_args"]
 
-#: Arguments per job of :data:`END`.
+#: Arguments per job of :data:`END`: :func:`end_args` writes them, the script's loop steps by it
+#: (made from this constant, never a copy of the number).
 END_ARITY = 17
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), how long the jobs
@@ -41,6 +42,7 @@ END_ARITY = 17
 
 END = (
     LOCALS_LUA
+    + f"local END_ARITY = {END_ARITY}\n"
     + FINISH_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
@@ -108,7 +110,7 @@ local function finish_one(i)
     end
     return reply
 end
-for i = 6, #ARGV, 17 do
+for i = 6, #ARGV, END_ARITY do
     local ok, reply = isolate(pcall(finish_one, i))
     if not ok then worked = worked - math.max(0, now - tonumber(ARGV[i + 3])) end  -- no RQ ending
     replies[#replies + 1] = reply

@@ -31,6 +31,7 @@ import redis
 from rq.utils import now, utcformat
 
 from hybridq.protocol import keys
+from hybridq.worker import scripts
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import CLAIM_LUA, OOM_GUARD_LUA
 
@@ -48,6 +49,8 @@ __all__ = [
     "keep_alive",
     "record_args",
     "start_args",
+    "take",
+    "take_args",
     "taken",
     "wait_one",
 ]
@@ -149,7 +152,9 @@ end
 return back
 """
 
-#: Arguments per job of :data:`START`.
+#: Arguments per job of :data:`START`: :func:`start_args` writes them, the script's loop steps by
+#: it (made from this constant, never a copy of the number: a drift would hand each job its
+#: neighbour's claim).
 START_ARITY = 13
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), then per job (START_ARITY): job
@@ -164,6 +169,7 @@ START_ARITY = 13
 # writing them here meant writing and deleting four keys per job (docs/worker.md).
 START = (
     LOCALS_LUA
+    + f"local START_ARITY = {START_ARITY}\n"
     + CLAIM_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
@@ -210,7 +216,7 @@ local function start(i)
     redis.call("LREM", intermediate, 1, id)
     return reply
 end
-for i = 4, #ARGV, 13 do
+for i = 4, #ARGV, START_ARITY do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
@@ -219,7 +225,7 @@ return replies
 """
 )
 
-#: Arguments per job of :data:`RECORD`.
+#: Arguments per job of :data:`RECORD` (its loop steps by it, as :data:`START`'s).
 RECORD_ARITY = 4
 
 # RQ's prepare_execution, for jobs still running a while after their start (START). ARGV: RQ's
@@ -229,11 +235,12 @@ RECORD_ARITY = 4
 # written. Idempotent: sent again, it writes the same records.
 RECORD = (
     OOM_GUARD_LUA
+    + f"local RECORD_ARITY = {RECORD_ARITY}\n"
     + """
 local rq, name, ttl, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local executions = rq .. ":worker:" .. name .. ":executions"
 local written = 0
-for i = 5, #ARGV, 4 do
+for i = 5, #ARGV, RECORD_ARITY do
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     if redis.call("HGET", rq .. ":job:" .. id, "hybridq_exec") == exec then
         local member = id .. ":" .. exec
@@ -280,7 +287,10 @@ def record_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]
 def claim_part(item: Taken) -> list[Any]:
     """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``).
 
-    Without the job hash's key and the job id: :data:`START` makes them of the job's own id.
+    Without the job hash's key and the job id: :data:`START` makes them of the job's own id
+    (``rq:job:<id>`` and ``id``, as :func:`hybridq.worker.intake.prepare` builds every claim:
+    it refuses an envelope whose id is not the job's; tests/unit/test_batch_layout.py checks
+    it and the part's length, ``START_ARITY - 3``).
     """
     claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
     extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
@@ -288,9 +298,25 @@ def claim_part(item: Taken) -> list[Any]:
     return [result, lease, epoch, claim_args[0], claim_args[1], *claim_args[3:6], *extra]
 
 
-def taken(reply: Sequence[Any]) -> list[tuple[Any, Any, Sequence[Any]]]:
-    """:data:`TAKE`'s flat reply as (id, queue index, fields) per job."""
+def take_args(queue_keys: list[str], n: int) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of :data:`TAKE`: up to ``n`` jobs from ``queue_keys``, in order."""
+    return queue_keys, [n, keys.RQ_PREFIX, *TAKE_FIELDS]
+
+
+def take(client: redis.Redis, queue_keys: list[str], n: int) -> list[tuple[Any, Any, list[Any]]]:
+    """Up to ``n`` jobs taken from ``queue_keys`` by :data:`TAKE`, as :func:`taken` gives them."""
+    return taken(scripts.call(client, TAKE, *take_args(queue_keys, n)))
+
+
+def taken(reply: list[Any]) -> list[tuple[Any, Any, list[Any]]]:
+    """:data:`TAKE`'s flat reply as (id, queue index, fields) per job.
+
+    A reply of another length than whole jobs' is refused here, before any job of it is
+    prepared: a short last job would fail later, its id already in RQ's intermediate list.
+    """
     step = 2 + len(TAKE_FIELDS)
+    if len(reply) % step:
+        raise ValueError(f"TAKE replied {len(reply)} entries, not a multiple of {step} (id, queue, fields)")
     return [(reply[i], reply[i + 1], reply[i + 2 : i + step]) for i in range(0, len(reply), step)]
 
 
