@@ -21,16 +21,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from typing import Any
 
-import redis
-from hybridq.envelope.model import Envelope, new_job_id
+import redis_callgrind
 from hybridq.protocol import Delivery, keys
-from hybridq.testing.embedded import find_redis_server
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_end, batch_scripts, scripts
-from hybridq.worker.intake import Resolver, prepare
+from hybridq.worker import batch_end, scripts
 from hybridq.worker.run import conclude
 
 QUEUE, OWNER = "cg", "cg-owner"
@@ -48,54 +43,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("-n", type=int, default=2000, help="jobs (default 2,000)")
     n = p.parse_args(argv).n
     d = tempfile.mkdtemp(prefix="noop-redis-")
-    sock, out = os.path.join(d, "r.sock"), os.path.join(d, "callgrind.out")
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", find_redis_server(), "--port", "0"]
-    cmd += ["--unixsocket", sock, "--save", "", "--appendonly", "no", "--hz", "1", "--dir", d]
-    cmd += ["--slowlog-log-slower-than", "-1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c = redis.Redis(unix_socket_path=sock)
-    for _ in range(600):
-        try:
-            c.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
+    out = os.path.join(d, "callgrind.out")
+    proc, c, sock = redis_callgrind.start_server(d, out)
     c.set(keys.epoch(OWNER), f"0:{c.info('server')['run_id']}:x")
 
     def dump() -> None:
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, stdout=subprocess.DEVNULL)
 
     dump()  # the setup
-    now = time.time()
-    ids = [new_job_id(now) for _ in range(n)]
-    envs = [
-        Envelope(id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now)
-        for i, j in enumerate(ids)
-    ]
+    envs = redis_callgrind.envelopes(n, QUEUE)
     transport = RQTransport(f"unix://{sock}")
     for s in range(0, n, 100):
         transport.push(
             [Delivery(env, OWNER, ("w", 0, s + i), lease_s=60.0) for i, env in enumerate(envs[s : s + 100])]
         )
     dump()
-    batches = []
-    for _ in range(0, n, 8):
-        taken = scripts.call(
-            c, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [8, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-        )
-        taken = batch_scripts.taken(taken)
-        items = [x for x in (prepare(j.decode(), QUEUE, f, Resolver()) for j, _, f in taken) if x is not None]
-        if len(items) != len(taken):
-            raise SystemExit("a job could not be prepared: run with HYBRIDQ_ALLOW=tests and PYTHONPATH=.")
-        batches.append(items)
+    batches = [redis_callgrind.take(c, QUEUE, 8) for _ in range(0, n, 8)]
     dump()
     for items in batches:
-        start: list[Any] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z"]
-        for i, item in enumerate(items):
-            item.exec_id, item.started = f"e{i}", time.time()
-            start += [item.job_id, QUEUE, item.exec_id, *batch_scripts.claim_part(item)]
-        if any(int(r[0]) != 0 for r in scripts.call(c, batch_scripts.START, [], start)):
-            raise SystemExit("a claim was not admitted")
+        redis_callgrind.start(c, QUEUE, items)
     dump()
     for items in batches:
         for item in items:
