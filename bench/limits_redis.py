@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
-import redis
-from hybridq.envelope.model import Envelope, new_job_id
+import redis_callgrind
 from hybridq.protocol import Delivery, keys
-from hybridq.testing.embedded import find_redis_server
 from hybridq.transport import rq_limits
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import batch_end, batch_scripts, scripts
-from hybridq.worker.intake import Resolver, prepare
+from hybridq.worker import batch_end, scripts
 from hybridq.worker.run import conclude
 
 QUEUE, OWNER = "cg", "cg-owner"
@@ -48,28 +43,12 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     n, limited = args.n, args.mode == "limited"
     d = tempfile.mkdtemp(prefix="limits-redis-")
-    sock, out = os.path.join(d, "r.sock"), args.out or os.path.join(d, "callgrind.out")
-    server = find_redis_server()
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", server, "--port", "0"]
-    cmd += ["--unixsocket", sock, "--save", "", "--appendonly", "no", "--hz", "1", "--dir", d]
-    cmd += ["--slowlog-log-slower-than", "-1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c = redis.Redis(unix_socket_path=sock)
-    for _ in range(600):
-        try:
-            c.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
+    out = args.out or os.path.join(d, "callgrind.out")
+    proc, c, sock = redis_callgrind.start_server(d, out)
     run_id = c.info("server")["run_id"]
     c.set(keys.LIMITS_EPOCH, f"1:{run_id}")
     c.set(keys.epoch(OWNER), f"0:{run_id}:x")
-    now = time.time()
-    ids = [new_job_id(now) for _ in range(n)]
-    envs = [
-        Envelope(id=j, func="tests.tasks.add", args=(i, 1), queue=QUEUE, idempotency_key=j, created_at=now)
-        for i, j in enumerate(ids)
-    ]
+    envs = redis_callgrind.envelopes(n, QUEUE)
     transport = RQTransport(f"unix://{sock}")
     for s in range(0, n, 100):
         transport.push(
@@ -87,22 +66,11 @@ def main(argv: list[str]) -> int:
     transport.close()
     key_use = c.register_script(rq_limits.KEY_USE)
     for b in range(0, n, 8):
-        taken = scripts.call(
-            c, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [8, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-        )
-        items = [x for x in (prepare(j.decode(), QUEUE, f, Resolver()) for j, _, f in taken) if x is not None]
-        if len(items) != len(taken):
-            raise SystemExit("a job could not be prepared: run with HYBRIDQ_ALLOW=tests and PYTHONPATH=.")
+        items = redis_callgrind.take(c, QUEUE, 8)
         if limited:
             batch = {f"tenant:{i % args.keys}" for i in range(b, b + 8)}
             rq_limits.key_use(key_use, 60.0, dict.fromkeys(batch, 0), dict.fromkeys(batch, 1))
-        start: list[object] = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z"]
-        for i, item in enumerate(items):
-            item.exec_id, item.started = f"e{i}", time.time()
-            start += [item.job_id, QUEUE, item.exec_id, *batch_scripts.claim_part(item)]
-        replies = scripts.call(c, batch_scripts.START, [], start)
-        if any(int(r[0]) != 0 for r in replies):
-            raise SystemExit(f"a claim was not admitted: {replies}")
+        redis_callgrind.start(c, QUEUE, items)
         for item in items:
             conclude(item.run, 1, None)
         scripts.call(c, batch_end.END, [], batch_end.end_args("w1", items))

@@ -47,9 +47,12 @@ RATE_RISE_S = 0.5
 BOOST_DECAY_S = 10.0
 #: What a queued job is taken to cost Redis before the gate has seen a push (bytes).
 BYTES_PER_JOB = 4000
-#: A queued job's cost in Redis over the bytes of its fields: the hash's overhead, the queue
-#: entry (measured on Redis 6.2 and 7: about 1.3x, plus a few hundred bytes).
-HASH_OVERHEAD = (1.3, 400)
+#: A queued job's cost in Redis over the bytes its push sent: the hash's overhead, the queue
+#: entry. The memory gate's estimate of a job (:meth:`MemoryGate.sent`), which sizes the pushes
+#: between two samples of ``INFO memory``. Measured (used_memory per pushed job, 2,000 jobs of
+#: 0.6, 1.3 and 2.4 KB sent) on Redis 6.2: 1,676, 2,336 and 3,515 B; on 7.0: 1,505, 2,200 and
+#: 3,368 B: the bytes sent plus about 1.1 KB (docs/deploy.md's table).
+HASH_OVERHEAD = (1.0, 1100)
 #: How often the gate asks Redis for ``INFO memory`` (seconds).
 MEMORY_SAMPLE_S = 0.1
 

@@ -1,6 +1,7 @@
 """The RQ transport's push: a batch of deliveries into RQ queues, a script call per queue's chunk.
 
-What each job's hash holds is RQ's own ``Job.to_dict`` (``test_job_hash_is_what_rq_writes``);
+What each job's hash holds is RQ's own ``Job.to_dict``, less the fields it writes as empty
+strings for a job not yet run, which RQ reads as absent (``test_job_hash_is_what_rq_writes``);
 how it travels is hybridq's. A call carries what every job of one queue shares once (the set of
 queues, the queue's list, its failed and canceled registries, the push time, RQ's ``origin``)
 and, per job, its hash's key and **one** argument: its own fields, each behind its length
@@ -27,7 +28,7 @@ from hybridq.protocol import ENTRY_POINT, keys
 
 from .base import Delivery
 from .rq_codec import _data, _describe, _failure_ttl, _meta, _redis_text, _whole_seconds
-from .rq_scripts import _QUEUED_LUA
+from .rq_scripts import QUEUED_FIELDS
 
 __all__ = ["PUSH_CHUNK", "_PUSH_IF_NEW", "Chunk", "chunks", "job_fields", "job_hash", "utc_text"]
 
@@ -51,13 +52,19 @@ _FIELDS = (
 _LENGTH = struct.Struct(">I")
 #: RQ's call (``data``): ``[func, instance, args, kwargs]``, the delivery its one argument.
 _CALL_HEAD = b"[" + json.dumps(ENTRY_POINT).encode() + b", null, ["
+#: What the script writes of QUEUED_FIELDS into a new job's hash: the status only. The fields
+#: RQ's ``to_dict`` writes empty (callbacks, started_at, worker_name...) RQ's ``Job.restore``
+#: reads as absent, and a new hash has none to clear (a replaced one is deleted first); each
+#: cost Redis about 2,000 instructions per job (docs/benchmarks.md). The refill's rewrite of a
+#: queued copy in place (``rq_scripts._REFILL``) still writes them all.
+_NEW_JOB_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS if value != "")
 
 # Pushes a chunk of one queue's jobs. KEYS: the set of queues, the queue's list, RQ's failed and
 # canceled registries of the queue, then each job's hash. ARGV: the push time (enqueued_at),
 # the queue's name (RQ's origin), then one argument per job: _FIELDS, each behind its length as
 # a 4-byte big-endian number. "overwrite" is hybridq.protocol.Overwrite ("1" replace a known job
 # that was delivered for an earlier run; "2" replace it whatever it holds), "run" the run number
-# (requeue * 100000 + attempt). The script adds QUEUED_FIELDS. Returns {jobs queued, jobs left as
+# (requeue * 100000 + attempt). The script adds _NEW_JOB_LUA. Returns {jobs queued, jobs left as
 # they were, per job "1" queued or "0"}. A forced push of a run already delivered does nothing,
 # so a forwarder that restarts and pushes a due retry again does not disturb the retry running.
 #
@@ -123,7 +130,7 @@ local function push(key, id, overwrite, run, fields)
     -- A new job's first write grows memory (HSET): over maxmemory, Redis refuses the whole
     -- script there, before it wrote anything, and the forwarder pauses (docs/forwarder.md).
     -- A write that cannot grow memory first (the ZREMs) would let the script run past the limit.
-    redis.call("HSET", key, "hybridq_run", run, {_QUEUED_LUA}"origin", ARGV[2], "enqueued_at", ARGV[1],
+    redis.call("HSET", key, "hybridq_run", run, {_NEW_JOB_LUA}"origin", ARGV[2], "enqueued_at", ARGV[1],
         unpack(fields))
     queued[#queued + 1] = id
     queued_at[id] = #queued

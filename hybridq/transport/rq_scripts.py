@@ -12,8 +12,10 @@ from hybridq.protocol.outcome import DECODE_STORED_LUA
 __all__ = ["QUEUED_FIELDS", "_EVICT", "_FORGET", "_PROBE", "_REFILL", "_SET_EPOCH", "_STATE"]
 
 #: The fields of a queued job's hash that are the same for every job: RQ's status, and those RQ's
-#: ``Job.to_dict`` writes as empty strings for a job not yet run. The scripts write them (in
-#: Lua, below) so the client does not pack them into every call.
+#: ``Job.to_dict`` writes as empty strings for a job not yet run. Written in Lua, so the client
+#: does not pack them into every call: all of them by the refill's rewrite of a queued copy in
+#: place (``_REFILL``, below: it must clear the copy's old values), the status only by the
+#: push (``rq_push._NEW_JOB_LUA``: RQ's ``Job.restore`` reads an absent field as an empty one).
 QUEUED_FIELDS = (
     ("status", "queued"),
     *(
@@ -30,8 +32,7 @@ QUEUED_FIELDS = (
         )
     ),
 )
-#: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``); the push's
-#: script is :mod:`hybridq.transport.rq_push`.
+#: ``QUEUED_FIELDS`` as Lua arguments of an ``HSET`` (each ``"name", "value", ``), for ``_REFILL``.
 _QUEUED_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS)
 
 # After the forwarder's epoch changed (Redis restarted, lost or rolled back its state), for one

@@ -19,13 +19,14 @@ from typing import Any
 from rq.utils import now, utcformat
 
 from hybridq.protocol import keys
-from hybridq.worker.batch_scripts import ISOLATE_LUA
+from hybridq.worker.batch_scripts import ISOLATE_LUA, LOCALS_LUA
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import FINISH_LUA, OOM_GUARD_LUA
 
 __all__ = ["END", "END_ARITY", "end_args"]
 
-#: Arguments per job of :data:`END`.
+#: Arguments per job of :data:`END`: :func:`end_args` writes them, the script's loop steps by it
+#: (made from this constant, never a copy of the number).
 END_ARITY = 17
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), now (seconds), how long the jobs
@@ -40,7 +41,9 @@ END_ARITY = 17
 # a number with snprintf, and Redis parses a fraction slowly (docs/benchmarks.md).
 
 END = (
-    FINISH_LUA
+    LOCALS_LUA
+    + f"local END_ARITY = {END_ARITY}\n"
+    + FINISH_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
     + """
@@ -49,6 +52,7 @@ local worker = rq .. ":worker:" .. name
 local replies = {}
 local server = {}  -- the clock and the limit keys trimmed, once per call (hybridq.worker.limit_scripts)
 local worked, succeeded, failed, expiry = tonumber(ARGV[5]), 0, 0, {}  -- counters, added once
+local registries = {[true] = {}, [false] = {}}  -- finished or failed -> queue -> its registry's key
 local function finish_one(i)
     local id, queue, exec, started = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     local ok, ttl, field, value = ARGV[i + 4] == "1", ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
@@ -57,9 +61,9 @@ local function finish_one(i)
         reply = finish({ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]},
             {ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]}, server)
     end
-    local member = id .. ":" .. exec
     local job = rq .. ":job:" .. id
     if ARGV[i + 16] == "1" then  -- its execution's records (RECORD): gone, whatever the job hash says
+        local member = id .. ":" .. exec
         redis.call("DEL", rq .. ":execution:" .. member)
         redis.call("ZREM", rq .. ":wip:" .. queue, member)
         redis.call("ZREM", rq .. ":executions:" .. id, exec)
@@ -69,17 +73,29 @@ local function finish_one(i)
         worked = worked - math.max(0, now - tonumber(started))
     else
         local results = rq .. ":results:" .. id
-        local entry = {"type", ok and "1" or "2", "worker_name", name, "execution_id", exec,
-            "execution_started_at", started, "execution_ended_at", ARGV[4]}
-        if field ~= "" then entry[#entry + 1], entry[#entry + 2] = field, value end
         if ok then succeeded = succeeded + 1 else failed = failed + 1 end
-        redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
-            "hybridq_exec", "")
         if ok and ttl == "0" then
+            -- RQ's result_ttl 0 (finished jobs leave Redis: docs/forwarder.md): gone at once, with
+            -- no status written first; sent again, it finds no hybridq_exec.
             redis.call("DEL", job, results)
         else
-            redis.call("XADD", results, "MAXLEN", "~", "10", "*", unpack(entry))
-            local registry = rq .. (ok and ":finished:" or ":failed:") .. queue
+            redis.call("HSET", job, "status", ok and "finished" or "failed", "ended_at", stamp,
+                "hybridq_exec", "")
+            -- RQ's Result: its fields as arguments, no table (less for Lua to make and collect).
+            local kind = ok and "1" or "2"
+            if field ~= "" then
+                redis.call("XADD", results, "MAXLEN", "~", "10", "*", "type", kind, "worker_name", name,
+                    "execution_id", exec, "execution_started_at", started, "execution_ended_at", ARGV[4],
+                    field, value)
+            else
+                redis.call("XADD", results, "MAXLEN", "~", "10", "*", "type", kind, "worker_name", name,
+                    "execution_id", exec, "execution_started_at", started, "execution_ended_at", ARGV[4])
+            end
+            local registry = registries[ok][queue]
+            if not registry then
+                registry = rq .. (ok and ":finished:" or ":failed:") .. queue
+                registries[ok][queue] = registry
+            end
             if string.sub(ttl, 1, 1) == "-" then
                 redis.call("PERSIST", job)
                 redis.call("PERSIST", results)
@@ -94,7 +110,7 @@ local function finish_one(i)
     end
     return reply
 end
-for i = 6, #ARGV, 17 do
+for i = 6, #ARGV, END_ARITY do
     local ok, reply = isolate(pcall(finish_one, i))
     if not ok then worked = worked - math.max(0, now - tonumber(ARGV[i + 3])) end  -- no RQ ending
     replies[#replies + 1] = reply

@@ -31,12 +31,14 @@ import redis
 from rq.utils import now, utcformat
 
 from hybridq.protocol import keys
+from hybridq.worker import scripts
 from hybridq.worker.runner import Taken
 from hybridq.worker.scripts import CLAIM_LUA, OOM_GUARD_LUA
 
 __all__ = [
     "GIVE_BACK",
     "ISOLATE_LUA",
+    "LOCALS_LUA",
     "RECORD",
     "RECORD_ARITY",
     "START",
@@ -47,6 +49,9 @@ __all__ = [
     "keep_alive",
     "record_args",
     "start_args",
+    "take",
+    "take_args",
+    "taken",
     "wait_one",
 ]
 
@@ -70,6 +75,14 @@ local function isolate(ok, result)
 end
 """
 
+# First in each batch script: the globals its per-job parts use, as locals of the script (the
+# functions defined after it see them as upvalues). A global is a table lookup at every use in
+# Redis's Lua (about 65 instructions, some 75 per job in START); an upvalue is an index.
+LOCALS_LUA = (
+    "local redis, ARGV, string, tonumber, tostring, math, unpack, pcall, type, ipairs ="
+    " redis, ARGV, string, tonumber, tostring, math, unpack, pcall, type, ipairs\n"
+)
+
 #: The job hash fields :data:`TAKE` returns for each job, in this order.
 TAKE_FIELDS = (
     "data",
@@ -84,11 +97,15 @@ TAKE_FIELDS = (
 )
 
 # KEYS: the queues' lists, in the order they are served. ARGV: most jobs to take, RQ's key
-# prefix, then TAKE_FIELDS. Returns {id, queue index, {fields}} per job taken. An id whose job
-# hash is gone (or is not a hash) is dropped (as RQ's dequeue drops it).
-TAKE = """
+# prefix, then TAKE_FIELDS. Returns, flat, per job taken: id, queue index, then its fields (one
+# table for the whole reply: a table per job cost Redis about 2,000 instructions to reply;
+# :func:`taken` regroups it). An id whose job hash is gone (or is not a hash) is dropped (as RQ's
+# dequeue drops it).
+TAKE = (
+    LOCALS_LUA
+    + """
 local want = tonumber(ARGV[1])
-local taken = {}
+local taken, fields = {}, #ARGV - 2
 for q, queue in ipairs(KEYS) do
     if want <= 0 then break end
     local ids = redis.call("LPOP", queue, want)
@@ -102,7 +119,9 @@ for q, queue in ipairs(KEYS) do
         for _, id in ipairs(ids) do
             local ok, f = pcall(redis.call, "HMGET", ARGV[2] .. ":job:" .. id, unpack(ARGV, 3))
             if ok and f[1] then
-                taken[#taken + 1] = {id, q, f}
+                local n = #taken  -- (no nil in it: a missing field is false)
+                taken[n + 1], taken[n + 2] = id, q
+                for k = 1, fields do taken[n + 2 + k] = f[k] end
                 want = want - 1
             else  -- gone, or a key of another type (not a job): dropped, as RQ's dequeue drops it
                 redis.call("LREM", intermediate, -1, id)
@@ -112,6 +131,7 @@ for q, queue in ipairs(KEYS) do
 end
 return taken
 """
+)
 
 # Gives reservations back: jobs TAKE moved into RQ's intermediate lists that this worker will not
 # start (it stops, or they waited too long: hybridq.worker.starter). ARGV: RQ's key prefix, then
@@ -132,29 +152,40 @@ end
 return back
 """
 
-#: Arguments per job of :data:`START`.
-START_ARITY = 15
+#: Arguments per job of :data:`START`: :func:`start_args` writes them, the script's loop steps by
+#: it (made from this constant, never a copy of the number: a drift would hand each job its
+#: neighbour's claim).
+START_ARITY = 13
 
 # ARGV: RQ's key prefix, the worker's name, now (RQ's text form), then per job (START_ARITY): job
-# id, queue, execution id, then the claim's keys (result, lease, job hash, epoch) and arguments
-# (token, lease ms, job id, requeue, attempt, epoch generation), then the owner's event stream
-# and the started event ("" "": none; a refused claim's event is the worker's to send after).
+# id, queue, execution id, then the claim's keys (result, lease, epoch) and arguments (token,
+# lease ms, requeue, attempt, epoch generation), then the owner's event stream and the started
+# event ("" "": none; a refused claim's event is the worker's to send after). The claim's job
+# hash and job id are the job's own (the script makes the key): an argument costs Redis about
+# 1,000 instructions to parse and hand to Lua (docs/benchmarks.md).
 # Returns the claim's reply per job (hybridq.protocol.ClaimStatus). RQ's view of the job (status
 # ``started``, its worker) is written here; its execution's records (the started registry) only
 # by RECORD, for a job still running a while after its claim: most jobs end before, and
 # writing them here meant writing and deleting four keys per job (docs/worker.md).
 START = (
-    CLAIM_LUA
+    LOCALS_LUA
+    + f"local START_ARITY = {START_ARITY}\n"
+    + CLAIM_LUA
     + ISOLATE_LUA
     + OOM_GUARD_LUA
     + """
 local rq, name, stamp = ARGV[1], ARGV[2], ARGV[3]
 local server = {}
 local replies = {}
+local lists = {}  -- queue -> its intermediate list's key, made once per call
 local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
-    local intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+    local intermediate = lists[queue]
+    if not intermediate then
+        intermediate = rq .. ":queue:" .. queue .. ":intermediate"
+        lists[queue] = intermediate
+    end
     local f = redis.call("HMGET", job, "status", "hybridq_cancel")
     if not f[1] then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
@@ -164,8 +195,8 @@ local function start(i)
     -- The claim reads no more of the job hash: its cancel mark is read here, and the
     -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
     local known = {cancel = f[2] ~= false}
-    local reply = claim({ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 13]},
-        {ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 14]},
+    local reply = claim({ARGV[i + 3], ARGV[i + 4], job, ARGV[i + 5], ARGV[i + 11]},
+        {ARGV[i + 6], ARGV[i + 7], id, ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 12]},
         server, known)
     -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
     -- A copy that found another delivery running the job (BUSY) names no execution: RQ's
@@ -185,7 +216,7 @@ local function start(i)
     redis.call("LREM", intermediate, 1, id)
     return reply
 end
-for i = 4, #ARGV, 15 do
+for i = 4, #ARGV, START_ARITY do
     local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
@@ -194,7 +225,7 @@ return replies
 """
 )
 
-#: Arguments per job of :data:`RECORD`.
+#: Arguments per job of :data:`RECORD` (its loop steps by it, as :data:`START`'s).
 RECORD_ARITY = 4
 
 # RQ's prepare_execution, for jobs still running a while after their start (START). ARGV: RQ's
@@ -204,11 +235,12 @@ RECORD_ARITY = 4
 # written. Idempotent: sent again, it writes the same records.
 RECORD = (
     OOM_GUARD_LUA
+    + f"local RECORD_ARITY = {RECORD_ARITY}\n"
     + """
 local rq, name, ttl, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local executions = rq .. ":worker:" .. name .. ":executions"
 local written = 0
-for i = 5, #ARGV, 4 do
+for i = 5, #ARGV, RECORD_ARITY do
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     if redis.call("HGET", rq .. ":job:" .. id, "hybridq_exec") == exec then
         local member = id .. ":" .. exec
@@ -253,10 +285,39 @@ def record_args(name: str, items: Sequence[Taken], exec_ttl_s: int) -> list[Any]
 
 
 def claim_part(item: Taken) -> list[Any]:
-    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``)."""
+    """A job's claim keys and arguments in :data:`START`'s layout (the started event's or ``""``).
+
+    Without the job hash's key and the job id: :data:`START` makes them of the job's own id
+    (``rq:job:<id>`` and ``id``, as :func:`hybridq.worker.intake.prepare` builds every claim:
+    it refuses an envelope whose id is not the job's; tests/unit/test_batch_layout.py checks
+    it and the part's length, ``START_ARITY - 3``).
+    """
     claim_keys, claim_args = item.run.claim_keys, item.run.claim_args
     extra = [claim_keys[4], claim_args[6]] if len(claim_keys) > 4 else ["", ""]
-    return [*claim_keys[:4], *claim_args[:6], *extra]
+    result, lease, _job, epoch = claim_keys[:4]
+    return [result, lease, epoch, claim_args[0], claim_args[1], *claim_args[3:6], *extra]
+
+
+def take_args(queue_keys: list[str], n: int) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of :data:`TAKE`: up to ``n`` jobs from ``queue_keys``, in order."""
+    return queue_keys, [n, keys.RQ_PREFIX, *TAKE_FIELDS]
+
+
+def take(client: redis.Redis, queue_keys: list[str], n: int) -> list[tuple[Any, Any, list[Any]]]:
+    """Up to ``n`` jobs taken from ``queue_keys`` by :data:`TAKE`, as :func:`taken` gives them."""
+    return taken(scripts.call(client, TAKE, *take_args(queue_keys, n)))
+
+
+def taken(reply: list[Any]) -> list[tuple[Any, Any, list[Any]]]:
+    """:data:`TAKE`'s flat reply as (id, queue index, fields) per job.
+
+    A reply of another length than whole jobs' is refused here, before any job of it is
+    prepared: a short last job would fail later, its id already in RQ's intermediate list.
+    """
+    step = 2 + len(TAKE_FIELDS)
+    if len(reply) % step:
+        raise ValueError(f"TAKE replied {len(reply)} entries, not a multiple of {step} (id, queue, fields)")
+    return [(reply[i], reply[i + 1], reply[i + 2 : i + step]) for i in range(0, len(reply), step)]
 
 
 def wait_one(client: Any, queue_key: str, block_s: float) -> list[Any]:

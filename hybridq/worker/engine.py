@@ -294,7 +294,7 @@ class Engine:
 
     def _taker(self, room: int) -> tuple[list[str], list[Any]] | None:
         """The keys and arguments of a take of up to ``room`` jobs (None: none to take)."""
-        return (self._queue_keys, [room, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]) if room else None
+        return batch_scripts.take_args(self._queue_keys, room) if room else None
 
     def _wait_for_work(self) -> None:
         """Block until a queue may hold work: BLMOVE on a single queue, a short sleep on several."""

@@ -92,16 +92,17 @@ local function claim(K, A, server, known)
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
-    if K[4] then  -- read once per script call, however many claims it makes (it cannot change)
+    if K[4] then  -- read and parsed once per script call, however many claims it makes (it cannot change)
         server.epochs = server.epochs or {}
         epoch = server.epochs[K[4]]
         if epoch == nil then
             epoch = redis.call("GET", K[4])
+            if epoch then epoch = {string.match(epoch, "^(%d+):(%x*):")} end
             server.epochs[K[4]] = epoch
         end
     end
     if epoch then
-        local gen, run_id = string.match(epoch, "^(%d+):(%x*):")
+        local gen, run_id = epoch[1], epoch[2]
         local why = nil
         if gen and (tonumber(A[6]) or 0) < tonumber(gen) then
             why = "stale"

@@ -174,7 +174,7 @@ class Starter:
             taken = scripts.call(self.client, batch_scripts.TAKE, *take)  # type: ignore[misc]
         if isinstance(taken, Exception):
             raise taken  # nothing is known of the take: Redis away (the loop waits for it)
-        return list(taken)
+        return batch_scripts.taken(taken)
 
     def _pipeline(self, parts: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Send the scripts ``parts`` in one round trip; each one's reply, or the error it met.

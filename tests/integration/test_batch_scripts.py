@@ -63,9 +63,7 @@ def push(url: str, n: int, key: str | None = None) -> list[str]:
 
 
 def take(client: redis.Redis, n: int) -> list[Taken]:
-    taken = scripts.call(
-        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-    )
+    taken = batch_scripts.take(client, [keys.rq_queue(QUEUE)], n)
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     assert all(item is not None for item in items)
     return [item for item in items if item is not None]
@@ -87,7 +85,7 @@ def start_args(items: list[Taken]) -> list[Any]:
     return args
 
 
-def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
+def end_args(items: list[Taken], ok: list[bool] | None = None, ttl: int = 500) -> list[Any]:
     at = time.time()  # then how long they all ran (RQ's total_working_time, added once)
     args: list[Any] = [
         keys.RQ_PREFIX,
@@ -100,7 +98,16 @@ def end_args(items: list[Taken], ok: list[bool] | None = None) -> list[Any]:
         conclude(item.run, 1, None)
         keys_, call = item.run.finish
         good = ok is None or ok[n]
-        args += [item.job_id, QUEUE, item.exec_id, item.started, "1" if good else "0", 500, "", ""]
+        args += [
+            item.job_id,
+            QUEUE,
+            item.exec_id,
+            item.started,
+            "1" if good else "0",
+            ttl if good else 500,
+            "",
+            "",
+        ]
         args += [*keys_, *call, *[""] * (5 - len(call)), "1" if item.recorded else "0"]
     return args
 
@@ -143,6 +150,41 @@ def test_start_and_end_sent_twice_claim_once_and_record_once(redis_server: Redis
     assert all(score == int(score) and abs(score - (time.time() + 500)) < 5 for _, score in finished)
     assert all(0 < client.ttl(f"rq:job:{job_id}") <= 500 for job_id in ids)
     assert all(0 < client.ttl(f"rq:results:{job_id}") <= 500 for job_id in ids)
+
+
+def test_end_with_result_ttl_0_sent_twice_deletes_the_finished_jobs_and_counts_them_once(
+    redis_server: RedisServer,
+) -> None:
+    """RQ's result_ttl 0 (``--forget-finished``): a finished job's hash and results only deleted.
+
+    No status written first (an HSET of a hash deleted in the same step is a command for
+    nothing), and sent again after a lost reply it finds no execution to end: counted once. A
+    failed job of the same batch keeps RQ's failed record.
+    """
+    client, items = take_one(redis_server, 3)
+    ids = [item.job_id for item in items]
+    scripts.call(client, batch_scripts.START, [], start_args(items))
+    items[1].recorded = True  # its execution's records written (RECORD), removed by END
+    assert (
+        scripts.call(client, batch_scripts.RECORD, [], batch_scripts.record_args("w1", items[1:2], 120)) == 1
+    )
+    args = end_args(items, ok=[True, True, False], ttl=0)
+    client.config_resetstat()
+    assert scripts.call(client, batch_end.END, [], args) == [0, 0, 0]
+    hset = client.info("commandstats")["cmdstat_hset"]["calls"]
+    assert hset == 1, "the failed job's status; each finished job's hash only deleted"
+    assert scripts.call(client, batch_end.END, [], args) == [2, 2, 2], "sent again: already stored, mine"
+    for job_id in ids[:2]:
+        assert not client.exists(f"rq:job:{job_id}", f"rq:results:{job_id}"), "gone at once"
+    assert client.hget(f"rq:job:{ids[2]}", "status") == b"failed"
+    assert client.xlen(f"rq:results:{ids[2]}") == 1
+    assert client.zcard(f"rq:finished:{QUEUE}") == 0
+    assert rq.registry.FailedJobRegistry(QUEUE, connection=client).get_job_ids() == [ids[2]]
+    worker = client.hgetall("rq:worker:w1")
+    assert int(worker[b"successful_job_count"]) == 2, "counted once"
+    assert int(worker[b"failed_job_count"]) == 1
+    assert not client.keys("rq:execution*"), "every execution's records removed"
+    assert client.xlen(keys.events(OWNER)) == 3, "one completion event per job"
 
 
 def test_a_job_that_ends_before_the_next_turn_has_no_execution_records_written(
@@ -237,9 +279,7 @@ def test_a_take_larger_than_luas_unpack_limit_keeps_every_job(redis_server: Redi
             pipe.hset(f"{keys.RQ_PREFIX}:job:{job_id}", mapping={"data": "x", "status": "queued"})
         pipe.rpush(keys.rq_queue(QUEUE), *ids)
         pipe.execute()
-    taken = scripts.call(
-        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [9000, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-    )
+    taken = batch_scripts.take(client, [keys.rq_queue(QUEUE)], 9000)
     assert len(taken) == 9000
     assert client.llen(keys.rq_queue(QUEUE) + ":intermediate") == 9000
 

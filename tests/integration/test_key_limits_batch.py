@@ -52,9 +52,7 @@ def take_limited(
         transport.close()
     client = server.client()
     client.set(keys.LIMITS_EPOCH, f"1:{client.info('server')['run_id']}")
-    taken = scripts.call(
-        client, batch_scripts.TAKE, [keys.rq_queue(QUEUE)], [n, keys.RQ_PREFIX, *batch_scripts.TAKE_FIELDS]
-    )
+    taken = batch_scripts.take(client, [keys.rq_queue(QUEUE)], n)
     items = [prepare(job_id.decode(), QUEUE, fields, Resolver()) for job_id, _, fields in taken]
     return client, [item for item in items if item is not None]
 
