@@ -32,6 +32,7 @@ from .format import (
     salt_seed,
     segment_name,
 )
+from .holes import RecordPunched, holes_of
 from .records import ChainPosition, Record
 from .scan import unpack_header
 
@@ -82,13 +83,28 @@ class SegmentFile:
                 raise JournalCorruption(self.path, 0, str(exc)) from None
             raise
         self._seed = salt_seed(header.salt)
+        try:
+            #: Punched ranges: a record in one is gone, as a compacted segment's (hybridq.journal.holes).
+            self._holes = holes_of(self.path, fileops=fileops)
+        except BaseException:
+            fileops.close(self._fd)
+            raise
+
+    def _punched(self, start: int, end: int) -> None:
+        """Raise :class:`RecordPunched` when a punched range holds a record from ``start`` to ``end``."""
+        for hole in self._holes:
+            if hole.start <= end and start < hole.end:
+                raise RecordPunched(self.path, max(start, hole.start))
 
     def read(self, offset: int) -> Record:
         """The record at ``offset``, checked as the scan checks it.
 
         Raises :class:`JournalCorruption` when the bytes there are not a valid record of this
-        segment (:func:`~hybridq.journal.format.record_problem` says why).
+        segment (:func:`~hybridq.journal.format.record_problem` says why);
+        :class:`~hybridq.journal.holes.RecordPunched` (a ``FileNotFoundError``, as for a deleted
+        segment) when the record was punched.
         """
+        self._punched(offset, offset)
         head = os.pread(self._fd, RECORD_HEADER_SIZE, offset)
         if len(head) < RECORD_HEADER_SIZE:
             raise JournalCorruption(self.path, offset, "no record at this offset")
@@ -108,8 +124,10 @@ class SegmentFile:
 
         One read for the whole range plus :data:`_AHEAD` bytes (a record at a time costs two
         system calls each), each record checked as the scan checks it. Raises
-        :class:`JournalCorruption` when the bytes there are not valid records of this segment.
+        :class:`JournalCorruption` when the bytes there are not valid records of this segment,
+        :class:`~hybridq.journal.holes.RecordPunched` when some of them were punched.
         """
+        self._punched(start, end)
         out: list[tuple[int, bytes]] = []
         buf = os.pread(self._fd, end - start + _AHEAD, start)
         at = 0

@@ -31,6 +31,7 @@ from .format import (
     record_problem,
     salt_seed,
 )
+from .holes import Hole, holes_of
 from .records import Later, Record, SegmentInfo, TornTail
 
 __all__ = ["SegmentScan", "candidate_pattern", "unpack_header"]
@@ -90,6 +91,8 @@ class SegmentScan:
         self.size = st.st_size
         self.read_only = not (st.st_mode & stat.S_IWUSR)
         self.seed = 0
+        #: Punched ranges of finished records, skipped as compacted ones (hybridq.journal.holes).
+        self.holes = holes_of(path, fileops=ops)
 
     def corruption(
         self, offset: int, reason: str, first: int | None, last: int | None = None
@@ -130,9 +133,26 @@ class SegmentScan:
         p = 0  # position in buf
         seals = 0
         seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
+        holes = [h for h in self.holes if h.end > offset]
+        if holes and holes[0].start < offset:  # resuming inside a punched range: after it
+            expected, offset = holes[0].next_seq, holes[0].end
+            base = offset
+            os.lseek(fd, offset, os.SEEK_SET)
+        next_hole = holes[0].start if holes else -1
         while True:
             off = base + p
             bad: str | None = None
+            if off >= next_hole >= 0:
+                hole = holes.pop(0)
+                self._check_hole(hole, off, expected)
+                info.data_count += hole.count
+                info.last_data_seq = hole.next_seq - 1
+                expected = hole.next_seq
+                buf, base, p = b"", hole.end, 0
+                view = memoryview(buf)
+                os.lseek(fd, base, os.SEEK_SET)
+                next_hole = holes[0].start if holes else -1
+                continue
             if off >= self.size:
                 if seals == 1:
                     bad = "seal incomplete"  # one seal, then the end: the writer died while sealing
@@ -221,6 +241,19 @@ class SegmentScan:
             raise self.corruption(
                 info.end_offset, "segment is not sealed but a later segment exists", expected
             )
+
+    def _check_hole(self, hole: Hole, off: int, expected: int) -> None:
+        """Raise unless ``hole`` starts at the record at ``off``, the one due (``expected``)."""
+        if hole.start != off:
+            raise self.corruption(
+                off, f"hole map range at offset {hole.start} does not start at a record", expected
+            )
+        if hole.first_seq != expected:
+            raise self.corruption(
+                off, f"hole map range at offset {off} starts at sequence {hole.first_seq}", expected
+            )
+        if hole.end > self.size:
+            raise self.corruption(off, "hole map range runs past the end of the file", expected)
 
     def _settle(self) -> str:
         """Whether the segment's writer is ``live``, ``dead``, or the file ``changed`` meanwhile.

@@ -1,0 +1,152 @@
+"""Hole maps: punched ranges of a sealed segment are skipped by every reader, as compacted records."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hybridq.errors import JournalCorruption, StateFileCorrupt
+from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal.background import BackgroundCheck, sealed_segments
+from hybridq.journal.compact import remove_oldest_segment
+from hybridq.journal.format import segment_name
+from hybridq.journal.holes import Hole, RecordPunched, add_holes, read_holes, tidy_hole_maps
+from hybridq.journal.random_access import SegmentFile, read_record_at
+from hybridq.journal.recovery import verify
+from hybridq.journal.repair import repair
+
+
+def _journal(path: Path, n: int = 400, size: int = 16384) -> list:
+    with JournalWriter(path, max_segment_bytes=size) as writer:
+        for start in range(0, n, 10):  # one call is one append: it never spans segments
+            writer.append_many([b"%06d" % i + b"x" * 200 for i in range(start, start + 10)])
+    return list(JournalReader(path).records())
+
+
+def _run(records: list, first: int, last: int) -> Hole:
+    a, b = records[first], records[last]
+    return Hole(a.offset, b.end, a.seq, b.seq + 1, last - first + 1)
+
+
+def _segment(records: list, index: int) -> list:
+    return [r for r in records if r.segment_index == index]
+
+
+def test_a_punched_range_is_skipped_by_the_scan_and_its_blocks_freed(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    before = os.stat(path)
+    freed = add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, len(seg0) - 2)])
+    assert freed == seg0[-2].end - seg0[1].offset
+    after = os.stat(path)
+    assert after.st_size == before.st_size  # every location stays valid
+    assert after.st_blocks < before.st_blocks  # the blocks are freed
+    assert stat.S_IMODE(after.st_mode) == 0o400  # still sealed
+    assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, len(seg0) - 2),)
+    left = [r.payload for r in JournalReader(journal_dir).records()]
+    gone = {r.payload for r in seg0[1:-1]}
+    assert left == [r.payload for r in records if r.payload not in gone]
+    reader = JournalReader(journal_dir)
+    assert reader.check() == len(records)  # verify counts them, as the seal does
+    verify(journal_dir)  # raises on damage
+
+
+def test_a_read_in_a_hole_answers_gone_as_a_compacted_segment(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
+    with pytest.raises(RecordPunched) as caught:
+        read_record_at(str(journal_dir), writer, 0, seg0[3].offset)
+    assert isinstance(caught.value, FileNotFoundError)
+    assert read_record_at(str(journal_dir), writer, 0, seg0[1].offset).payload == seg0[1].payload
+    assert read_record_at(str(journal_dir), writer, 0, seg0[6].offset).payload == seg0[6].payload
+    with SegmentFile(str(journal_dir), writer, 0) as seg, pytest.raises(RecordPunched):
+        seg.read_data(seg0[0].offset, seg0[6].offset)
+    with SegmentFile(str(journal_dir), writer, 0) as seg:
+        assert [p for _, p in seg.read_data(seg0[6].offset, seg0[8].offset)] == [r.payload for r in seg0[6:9]]
+
+
+def test_reading_resumes_inside_or_before_a_hole(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 3, 6)])
+    want = [r.payload for r in records[7:]]
+    assert [r.payload for r in JournalReader(journal_dir).records({writer: seg0[2].position})] == want
+
+
+def test_two_punches_merge_and_the_background_check_and_repair_see_no_damage(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg1 = _segment(records, 1)
+    writer = seg1[0].writer_id
+    add_holes(str(journal_dir), writer, 1, [_run(seg1, 0, 2)])
+    add_holes(str(journal_dir), writer, 1, [_run(seg1, 3, 5), _run(seg1, 8, 9)])
+    assert len(read_holes(str(journal_dir), writer, 1)) == 2
+    check = BackgroundCheck(journal_dir, sealed_segments(str(journal_dir)), bytes_per_s=0)
+    check.run()
+    assert check.failure is None
+    report = repair(journal_dir, accept_loss=False)
+    assert report.healthy and not report.repairs
+
+
+def test_a_wrong_hole_map_is_corruption_not_a_skip(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    bad = Hole(seg0[2].offset, seg0[4].end, seg0[2].seq + 1, seg0[4].seq + 2, 3)
+    add_holes(str(journal_dir), writer, 0, [bad])
+    with pytest.raises(JournalCorruption, match="hole map range at offset .* starts at sequence"):
+        list(JournalReader(journal_dir).records())
+
+
+def test_a_hole_map_off_the_record_boundaries_is_corruption(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    bad = Hole(seg0[2].offset + 1, seg0[4].end, seg0[2].seq, seg0[4].seq + 1, 3)
+    add_holes(str(journal_dir), writer, 0, [bad])
+    with pytest.raises(JournalCorruption, match="in a sealed segment|hole map"):
+        list(JournalReader(journal_dir).records())
+
+
+def test_an_unsealed_segment_is_never_punched(journal_dir: Path) -> None:
+    with JournalWriter(journal_dir) as writer:
+        writer.append_many([b"a" * 100, b"b" * 100])
+        records = list(JournalReader(journal_dir).records())
+        with pytest.raises(ValueError, match="not sealed"):
+            add_holes(str(journal_dir), records[0].writer_id, 0, [_run(records, 0, 0)])
+
+
+def test_the_map_goes_with_its_segment_and_a_crash_leftover_is_tidied(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0, seg1 = _segment(records, 0), _segment(records, 1)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 0, 1)])
+    add_holes(str(journal_dir), writer, 1, [_run(seg1, 0, 1)])
+    remove_oldest_segment(str(journal_dir), writer, 0)
+    assert read_holes(str(journal_dir), writer, 0) == ()
+    # A crash between the unlink and the map's removal; and one while a segment was writable.
+    os.unlink(os.path.join(journal_dir, segment_name(writer, 1)))
+    path2 = os.path.join(journal_dir, segment_name(writer, 2))
+    add_holes(str(journal_dir), writer, 2, [_run(_segment(records, 2), 0, 0)])
+    os.chmod(path2, 0o600)
+    assert tidy_hole_maps(str(journal_dir)) == [segment_name(writer, 1) + ".holes.state"]
+    assert stat.S_IMODE(os.stat(path2).st_mode) == 0o400
+
+
+def test_a_damaged_map_is_loud(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 0, 1)])
+    state = os.path.join(journal_dir, segment_name(writer, 0) + ".holes.state")
+    with open(state, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\xff")
+    with pytest.raises(StateFileCorrupt):
+        list(JournalReader(journal_dir).records())
