@@ -1,0 +1,125 @@
+"""Punching finished records out of sealed segments that cannot be deleted yet (issue 29).
+
+A journal segment is deleted only once every job in it is durably terminal and it is its
+chain's oldest (:mod:`hybridq.forwarder.dead_segments`, docs/reliability.md rule 8): one job
+that stays unfinished (a long task, a retry's backoff, a limit key's wait, a keyed delayed job)
+kept its segment and every later one of its chain on disk. This frees the blocks of the runs of
+finished records in them meanwhile (:mod:`hybridq.journal.holes`), by the same test as the
+deletion: a record goes only when its job's outcome is in the ledger index (durable before it
+is applied), its segment sealed and fully read. Not punched: a job failed for good and still
+listed (``failed list``, requeue read its envelope from the ledger, but ``hybridq trace`` and
+the dashboard show its record), and a block of records the stats tracker may still read back
+(:mod:`hybridq.lookup.pending_blocks`: only its blocks with no pending job, ``DEAD``, are).
+
+Bounded per pass: one segment is read (its records' headers and checksums, at most one segment
+size), and only a segment where enough jobs finished since it was last looked at.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_right
+
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal.compact import sealed_data_count
+from hybridq.journal.holes import Hole, add_holes, punch_supported
+from hybridq.journal.reader import JournalReader, list_chains, seal_offset
+from hybridq.lookup.pending_blocks import DEAD
+
+__all__ = ["MIN_PUNCH_BYTES", "Puncher"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: A run of finished records is punched when it is at least this long, or half its segment.
+MIN_PUNCH_BYTES = 1 << 20
+#: A segment is read again only once this fraction of its records finished since the last look.
+RELOOK_FRACTION = 8
+
+
+class Puncher:
+    """Punches runs of finished records of one journal directory (the forwarder's lock held)."""
+
+    def __init__(self, state: ForwarderState, *, min_bytes: int = MIN_PUNCH_BYTES) -> None:
+        self.state = state
+        self.journal = state.journal
+        self.min_bytes = min_bytes
+        #: Per segment looked at: how many of its jobs were finished then.
+        self._seen: dict[tuple[str, int], int] = {}
+        #: Bytes punched by this process (for the log and the tests).
+        self.punched = 0
+
+    def step(self) -> int:
+        """Punch the runs of at most one segment; returns the bytes punched."""
+        if not punch_supported(self.journal) or not self.state.pending_ready:
+            return 0
+        chains = list_chains(self.journal)
+        live = set()
+        for writer_id, indices in chains.items():
+            for index in indices:
+                seg = (writer_id, index)
+                live.add(seg)
+                if self._due(seg):
+                    self._seen = {s: n for s, n in self._seen.items() if s in live or s[0] != writer_id}
+                    return self._punch(seg)
+        self._seen = {s: n for s, n in self._seen.items() if s[0] in chains}
+        return 0
+
+    def _finished(self, seg: tuple[str, int]) -> int | None:
+        """How many jobs of sealed, fully read segment ``seg`` finished; ``None`` if it is not one."""
+        pos = self.state.checkpoint.positions.get(seg[0])
+        if pos is None or pos.segment <= seg[1]:
+            return None
+        seal_at = seal_offset(self.journal, *seg)
+        if seal_at is None:
+            return None
+        done = self.state.index.terminal.get(seg)
+        return 0 if done is None else done.count_below(seal_at)
+
+    def _due(self, seg: tuple[str, int]) -> bool:
+        count = sealed_data_count(self.journal, *seg)
+        finished = self._finished(seg)
+        if count is None or finished is None or finished >= count:
+            return False  # not sealed or read yet, or whole: deleted once it is its chain's oldest
+        last = self._seen.get(seg)
+        return finished > 0 and (last is None or finished - last >= max(1, count // RELOOK_FRACTION))
+
+    def _punch(self, seg: tuple[str, int]) -> int:
+        self._seen[seg] = self._finished(seg) or 0
+        done = self.state.index.terminal.get(seg)
+        if done is None:
+            return 0
+        failed = self.state.index.failed
+        tracked = self.state.pending.segments.get(seg)
+        starts = tracked.starts if tracked is not None else None
+        size = seal_offset(self.journal, *seg) or 0
+        runs: list[Hole] = []
+        run: list[int] = []  # start, end, first seq, next seq, count of the current run
+
+        def close() -> None:
+            if run and (run[1] - run[0] >= self.min_bytes or 2 * (run[1] - run[0]) >= size):
+                runs.append(Hole(*run))
+            run.clear()
+
+        for rec in JournalReader(self.journal).segment_records(*seg):
+            outcome = done.get(rec.offset)
+            ok = outcome is not None and not (outcome == "failed" and (*seg, rec.offset) in failed)
+            if ok and starts is not None and tracked is not None:
+                b = bisect_right(starts, rec.offset) - 1
+                ok = b < 0 or tracked.rows.get(b) is DEAD
+            if not ok or (run and run[1] != rec.offset):
+                close()  # a job not finished, or a punched range, between
+            if ok:
+                if run:
+                    run[1], run[3], run[4] = rec.end, rec.seq + 1, run[4] + 1
+                else:
+                    run.extend((rec.offset, rec.end, rec.seq, rec.seq + 1, 1))
+        close()
+        if not runs:
+            return 0
+        freed = add_holes(self.journal, *seg, runs)
+        if freed:
+            log.info("punched %d bytes of finished jobs out of segment %d of chain %s", freed, seg[1], seg[0])
+        self.punched += freed
+        return freed
