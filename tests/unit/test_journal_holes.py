@@ -91,7 +91,8 @@ def test_two_punches_merge_and_the_background_check_and_repair_see_no_damage(jou
     check.run()
     assert check.failure is None
     report = repair(journal_dir, accept_loss=False)
-    assert report.healthy and not report.repairs
+    assert report.healthy
+    assert not report.repairs
 
 
 def test_a_wrong_hole_map_is_corruption_not_a_skip(journal_dir: Path) -> None:
@@ -100,7 +101,7 @@ def test_a_wrong_hole_map_is_corruption_not_a_skip(journal_dir: Path) -> None:
     writer = seg0[0].writer_id
     bad = Hole(seg0[2].offset, seg0[4].end, seg0[2].seq + 1, seg0[4].seq + 2, 3)
     add_holes(str(journal_dir), writer, 0, [bad])
-    with pytest.raises(JournalCorruption, match="hole map range at offset .* starts at sequence"):
+    with pytest.raises(JournalCorruption, match=r"hole map range at offset .* starts at sequence"):
         list(JournalReader(journal_dir).records())
 
 
@@ -110,7 +111,7 @@ def test_a_hole_map_off_the_record_boundaries_is_corruption(journal_dir: Path) -
     writer = seg0[0].writer_id
     bad = Hole(seg0[2].offset + 1, seg0[4].end, seg0[2].seq, seg0[4].seq + 1, 3)
     add_holes(str(journal_dir), writer, 0, [bad])
-    with pytest.raises(JournalCorruption, match="in a sealed segment|hole map"):
+    with pytest.raises(JournalCorruption, match=r"in a sealed segment|hole map"):
         list(JournalReader(journal_dir).records())
 
 
