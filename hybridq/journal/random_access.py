@@ -96,6 +96,15 @@ class SegmentFile:
             if hole.start <= end and start < hole.end:
                 raise RecordPunched(self.path, max(start, hole.start))
 
+    def _punched_since(self, start: int, end: int) -> None:
+        """Raise :class:`RecordPunched` if the range was punched since the file was opened.
+
+        The forwarder may punch a sealed segment while another process reads it; it writes the
+        map first, so bad bytes the map now lists are that punch, not damage.
+        """
+        self._holes = holes_of(self.path, fileops=self._fileops)
+        self._punched(start, end)
+
     def read(self, offset: int) -> Record:
         """The record at ``offset``, checked as the scan checks it.
 
@@ -115,6 +124,7 @@ class SegmentFile:
         if problem is None and len(payload) != length:
             problem = "checksum mismatch"  # cut short by the end of the file
         if problem is not None:
+            self._punched_since(offset, offset)
             raise JournalCorruption(self.path, offset, problem, first_seq=seq)
         end = offset + RECORD_HEADER_SIZE + length
         return Record(self.writer_id, seq, type_word & 0xFF, payload, self.segment, offset, end)
@@ -142,6 +152,7 @@ class SegmentFile:
             if problem is None and len(buf) < stop:
                 problem = "checksum mismatch"  # cut short by the end of the file
             if problem is not None:
+                self._punched_since(start, end)
                 raise JournalCorruption(self.path, start + at, problem)
             if type_word & 0xFF == RecordType.DATA:
                 out.append((start + at, buf[at + RECORD_HEADER_SIZE : stop]))

@@ -195,6 +195,18 @@ class SegmentScan:
                             off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
                         )
             if bad is not None:
+                late = self._punched_since(off) if not seals else None
+                if late is not None:
+                    # Punched while we read (its map was written first): skip the rest of it.
+                    holes = [h for h in self.holes if h.start > off]
+                    next_hole = holes[0].start if holes else -1
+                    info.data_count += late.next_seq - expected
+                    info.last_data_seq = late.next_seq - 1
+                    expected = late.next_seq
+                    buf, base, p = b"", late.end, 0
+                    view = memoryview(buf)
+                    os.lseek(fd, base, os.SEEK_SET)
+                    continue
                 if seals >= SEAL_RECORDS:
                     raise self.corruption(off, f"bytes after the seal ({bad})", expected)
                 # A partial seal is torn as a whole: recovery truncates it and seals afresh.
@@ -241,6 +253,20 @@ class SegmentScan:
             raise self.corruption(
                 info.end_offset, "segment is not sealed but a later segment exists", expected
             )
+
+    def _punched_since(self, off: int) -> Hole | None:
+        """The range punched since this scan started that holds the record at ``off``, if any.
+
+        Another process (the forwarder) may punch a sealed segment while we read it; it writes
+        the map first, so bad bytes at a record the map now lists are that punch, not damage.
+        """
+        if not self.read_only:
+            return None
+        self.holes = holes_of(self.path, fileops=self.ops)
+        for hole in self.holes:
+            if hole.start <= off < hole.end:
+                return hole
+        return None
 
     def _check_hole(self, hole: Hole, off: int, expected: int) -> None:
         """Raise unless ``hole`` starts at the record at ``off``, the one due (``expected``)."""

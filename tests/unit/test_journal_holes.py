@@ -151,3 +151,32 @@ def test_a_damaged_map_is_loud(journal_dir: Path) -> None:
         f.write(b"\xff")
     with pytest.raises(StateFileCorrupt):
         list(JournalReader(journal_dir).records())
+
+
+def test_a_punch_while_a_scan_reads_the_segment_is_no_damage(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    scan = JournalReader(journal_dir, chunk_bytes=4096).records()  # the rest of the segment unread
+    first = next(scan)
+    assert first.payload == seg0[0].payload
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, len(seg0) - 3)])  # another process's punch
+    rest = [r.payload for r in scan]
+    got = [first.payload, *rest]
+    # Records read before the punch reached them may come too (they were there); none is lost.
+    assert got[-len(records) + len(seg0) :] == [r.payload for r in records[len(seg0) :]]
+    assert seg0[-2].payload in got
+    assert seg0[-1].payload in got
+
+
+def test_a_punch_under_an_open_segment_file_answers_gone(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    with SegmentFile(str(journal_dir), writer, 0) as seg:
+        assert seg.read(seg0[3].offset).payload == seg0[3].payload
+        add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
+        with pytest.raises(RecordPunched):
+            seg.read(seg0[3].offset)
+        with pytest.raises(RecordPunched):
+            seg.read_data(seg0[0].offset, seg0[6].offset)
