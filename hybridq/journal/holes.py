@@ -170,8 +170,9 @@ def add_holes(
     The map first (``docs/reliability.md`` rule 8: what replaces the records is durable before
     they go), then the punch, then an fsync. Each range must be whole data records of the
     segment whose jobs are all durably terminal: that is the caller's to know. On a filesystem
-    without punch support nothing is written (logged once). A crash at any point leaves either
-    the old map (records all there) or the new one (records skipped, punched or not).
+    without punch support the map stands and nothing more is punched (logged once). A crash at
+    any point leaves either the old map (records all there) or the new one (records skipped,
+    punched or not: :func:`tidy_hole_maps` punches them again at the next start).
     """
     path = os.path.join(directory, segment_name(writer_id, index))
     new = list(new)
@@ -180,6 +181,19 @@ def add_holes(
         return 0
     if st.st_mode & stat.S_IWUSR:
         raise ValueError(f"segment {index} of chain {writer_id} is not sealed: its records cannot be punched")
+    holes = _merge([*read_holes(directory, writer_id, index, fileops=fileops), *new])
+    if holes[-1].end > st.st_size:
+        raise ValueError(f"punched range ends past the end of {path}")
+    payload = _COUNT.pack(len(holes)) + b"".join(
+        _HOLE.pack(h.start, h.end, h.first_seq, h.next_seq, h.count) for h in holes
+    )
+    write_state(directory, _name(writer_id, index), payload, fileops=fileops)
+    crashpoints.reached("punch_after_map")
+    return _punch_ranges(fileops, path, st.st_dev, new)
+
+
+def _punch_ranges(fileops: FileOps, path: str, dev: int, holes: Iterable[Hole]) -> int:
+    """Punch ``holes`` (listed in the map already) out of the sealed segment at ``path``; fsync it."""
     fd = fileops.open(path, os.O_RDONLY)
     try:
         try:
@@ -187,33 +201,26 @@ def add_holes(
         except OSError as exc:
             raise OSError(exc.errno, f"cannot open {path} to punch it: {exc.strerror}") from exc
         try:
-            holes = _merge([*read_holes(directory, writer_id, index, fileops=fileops), *new])
-            if holes[-1].end > st.st_size:
-                raise ValueError(f"punched range ends past the end of {path}")
-            payload = _COUNT.pack(len(holes)) + b"".join(
-                _HOLE.pack(h.start, h.end, h.first_seq, h.next_seq, h.count) for h in holes
-            )
-            write_state(directory, _name(writer_id, index), payload, fileops=fileops)
-            crashpoints.reached("punch_after_map")
-            try:
-                for h in new:
-                    _punch(wfd, h.start, h.end - h.start)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-                # The map stands (its records are finished, skipped either way); no more tries.
-                _unsupported.add(st.st_dev)
-                log.warning(
-                    "journal: %s: this filesystem cannot punch holes; finished records stay on disk", path
-                )
-                return 0
+            freed = 0
+            for h in holes:
+                _punch(wfd, h.start, h.end - h.start)
+                freed += h.end - h.start
             crashpoints.reached("punch_after_punch")
             fileops.fsync(wfd)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            # The map stands (its records are finished: skipped either way); no more tries.
+            _unsupported.add(dev)
+            log.warning(
+                "journal: %s: this filesystem cannot punch holes; finished records stay on disk", path
+            )
+            return 0
         finally:
             fileops.close(wfd)
     finally:
         fileops.close(fd)
-    return sum(h.end - h.start for h in new)
+    return freed
 
 
 def _writable(fileops: FileOps, fd: int, path: str) -> int:
@@ -250,7 +257,9 @@ def tidy_hole_maps(directory: str, *, fileops: FileOps = OS_FILEOPS) -> list[str
 
     A map without its segment was left by a crash between the segment's deletion and the map's.
     A writable segment with a map was left by a crash while it was opened to punch (only sealed
-    segments get a map). Returns the names of the maps removed.
+    segments get a map). The ranges of every map are punched again (a crash may have come
+    between the map and the punch; punching a hole again changes nothing). Returns the names of
+    the maps removed.
     """
     removed: list[str] = []
     suffix = HOLES_SUFFIX + STATE_SUFFIX
@@ -272,6 +281,10 @@ def tidy_hole_maps(directory: str, *, fileops: FileOps = OS_FILEOPS) -> list[str
                 fileops.fsync(fd)
             finally:
                 fileops.close(fd)
+        if st.st_dev not in _unsupported:  # a crash after the map, before the punch: punch again
+            parsed = parse_segment_name(os.path.basename(seg))
+            if parsed is not None:
+                _punch_ranges(fileops, seg, st.st_dev, read_holes(directory, *parsed, fileops=fileops))
     if removed:
         fileops.fsync_dir(directory)
     return removed

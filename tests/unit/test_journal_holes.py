@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
 import pytest
 from hybridq.errors import JournalCorruption, StateFileCorrupt
-from hybridq.journal import JournalReader, JournalWriter
+from hybridq.journal import JournalReader, JournalWriter, holes
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.compact import remove_oldest_segment
 from hybridq.journal.format import segment_name
@@ -180,3 +181,37 @@ def test_a_punch_under_an_open_segment_file_answers_gone(journal_dir: Path) -> N
             seg.read(seg0[3].offset)
         with pytest.raises(RecordPunched):
             seg.read_data(seg0[0].offset, seg0[6].offset)
+
+
+def test_a_crash_between_the_map_and_the_punch_is_punched_at_the_next_start(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    before = os.stat(path).st_blocks
+    with monkeypatch.context() as m:
+        m.setattr(holes, "_punch_ranges", lambda *_a: 0)  # killed after the map was written
+        add_holes(str(journal_dir), writer, 0, [_run(seg0, 0, len(seg0) - 1)])
+    assert os.stat(path).st_blocks == before
+    assert next(r.payload for r in JournalReader(journal_dir).records()) == records[len(seg0)].payload
+    assert tidy_hole_maps(str(journal_dir)) == []
+    assert os.stat(path).st_blocks < before
+
+
+def test_a_filesystem_without_punch_keeps_working(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+
+    def refuse(*_a: object) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(holes, "_punch", refuse)
+    monkeypatch.setattr(holes, "_unsupported", set())
+    assert add_holes(str(journal_dir), writer, 0, [_run(seg0, 0, 1)]) == 0
+    assert not holes.punch_supported(str(journal_dir))
+    assert add_holes(str(journal_dir), writer, 1, [_run(_segment(records, 1), 0, 1)]) == 0
+    assert read_holes(str(journal_dir), writer, 1) == ()  # no more tries: nothing written
+    verify(journal_dir)
