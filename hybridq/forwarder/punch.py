@@ -8,8 +8,8 @@ finished records in them meanwhile (:mod:`hybridq.journal.holes`), by the same t
 deletion: a record goes only when its job's outcome is in the ledger index (durable before it
 is applied), its segment sealed and fully read. Not punched: a job failed for good and still
 listed (``failed list``, requeue read its envelope from the ledger, but ``hybridq trace`` and
-the dashboard show its record), and a block of records the stats tracker may still read back
-(:mod:`hybridq.lookup.pending_blocks`: only its blocks with no pending job, ``DEAD``, are).
+the dashboard show its record). The stats tracker's read-backs of a block skip its punched
+records (:func:`hybridq.lookup.pending_blocks.read_rows`: finished, so not pending).
 
 Bounded per pass: one segment is read (its records' headers and checksums, at most one segment
 size), and only a segment where enough jobs finished since it was last looked at.
@@ -20,13 +20,11 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import logging
-from bisect import bisect_right
 
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.holes import Hole, add_holes, punch_supported
 from hybridq.journal.reader import JournalReader, list_chains, seal_offset
-from hybridq.lookup.pending_blocks import DEAD
 
 __all__ = ["MIN_PUNCH_BYTES", "Puncher"]
 
@@ -91,8 +89,6 @@ class Puncher:
         if done is None:
             return 0
         failed = self.state.index.failed
-        tracked = self.state.pending.segments.get(seg)
-        starts = tracked.starts if tracked is not None else None
         size = seal_offset(self.journal, *seg) or 0
         runs: list[Hole] = []
         run: list[int] = []  # start, end, first seq, next seq, count of the current run
@@ -105,9 +101,6 @@ class Puncher:
         for rec in JournalReader(self.journal).segment_records(*seg):
             outcome = done.get(rec.offset)
             ok = outcome is not None and not (outcome == "failed" and (*seg, rec.offset) in failed)
-            if ok and starts is not None and tracked is not None:
-                b = bisect_right(starts, rec.offset) - 1
-                ok = b < 0 or tracked.rows.get(b) is DEAD
             if not ok or (run and run[1] != rec.offset):
                 close()  # a job not finished, or a punched range, between
             if ok:

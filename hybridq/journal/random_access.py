@@ -159,6 +159,25 @@ class SegmentFile:
             at = stop
         return out
 
+    def read_present(self, start: int, end: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """:meth:`read_data` of the records from ``start`` to ``end`` that were not punched.
+
+        Returns them and whether a punched range was skipped (its records' jobs all finished:
+        a reader that counted the range's records finds fewer).
+        """
+        out: list[tuple[int, bytes]] = []
+        at, skipped = start, False
+        for hole in self._holes:
+            if hole.end <= start or hole.start > end:
+                continue
+            skipped = True
+            if hole.start > at:
+                out += self.read_data(at, hole.start - 1)
+            at = max(at, hole.end)
+        if at <= end:
+            out += self.read_data(at, end)
+        return out, skipped
+
     def close(self) -> None:
         """Close the file (once)."""
         if self._fd >= 0:
