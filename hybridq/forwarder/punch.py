@@ -30,8 +30,10 @@ __all__ = ["MIN_PUNCH_BYTES", "Puncher"]
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: A run of finished records is punched when it is at least this long, or half its segment.
-MIN_PUNCH_BYTES = 1 << 20
+#: A run of finished records is punched when it is at least this long, or half its segment: four
+#: filesystem blocks (a punch frees the whole blocks inside its range only), so that a waiting
+#: job every hundred 200-byte jobs still leaves runs to punch; each costs 40 bytes of hole map.
+MIN_PUNCH_BYTES = 16 << 10
 #: A segment is read again only once this fraction of its records finished since the last look.
 RELOOK_FRACTION = 8
 
