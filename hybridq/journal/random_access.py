@@ -99,7 +99,7 @@ class SegmentFile:
     def _punched_since(self, start: int, end: int) -> None:
         """Raise :class:`RecordPunched` if the range was punched since the file was opened.
 
-        The forwarder may punch a sealed segment while another process reads it; it writes the
+        The layer above may punch a sealed segment while another process reads it; it writes the
         map first, so bad bytes the map now lists are that punch, not damage.
         """
         self._holes = holes_of(self.path, fileops=self._fileops)

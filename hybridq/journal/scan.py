@@ -257,7 +257,7 @@ class SegmentScan:
     def _punched_since(self, off: int) -> Hole | None:
         """The range punched since this scan started that holds the record at ``off``, if any.
 
-        Another process (the forwarder) may punch a sealed segment while we read it; it writes
+        Another process (the layer above) may punch a sealed segment while we read it; it writes
         the map first, so bad bytes at a record the map now lists are that punch, not damage.
         """
         if not self.read_only:

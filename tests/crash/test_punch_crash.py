@@ -133,6 +133,9 @@ def test_without_a_crash_the_segment_is_punched_then_deleted(tmp_path: Path) -> 
     assert _holes(journal) == [segment_name(writer, indices[0]) + HOLES_SUFFIX + ".state"]
     st = os.stat(journal / segment_name(writer, indices[0]))
     assert st.st_blocks * 512 < st.st_size * 0.75  # about half the segment's blocks freed
+    first = next(iter(JournalReader(journal).records()))  # the pinning job reads; the others are gone
+    assert tuple(Envelope.from_bytes(first.payload).args) == ("a", "b")
+    assert sum(1 for r in JournalReader(journal).records() if r.segment_index == indices[0]) < JOBS // 2
     _drain(journal)
     assert _holes(journal) == []
     assert list_chains(str(journal)) == {}
