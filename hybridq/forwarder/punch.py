@@ -55,15 +55,12 @@ class Puncher:
         if not punch_supported(self.journal) or not self.state.pending_ready:
             return 0
         chains = list_chains(self.journal)
-        live = set()
+        present = {(writer_id, index) for writer_id, indices in chains.items() for index in indices}
+        self._seen = {seg: n for seg, n in self._seen.items() if seg in present}
         for writer_id, indices in chains.items():
             for index in indices:
-                seg = (writer_id, index)
-                live.add(seg)
-                if self._due(seg):
-                    self._seen = {s: n for s, n in self._seen.items() if s in live or s[0] != writer_id}
-                    return self._punch(seg)
-        self._seen = {s: n for s, n in self._seen.items() if s[0] in chains}
+                if self._due((writer_id, index), head=index == indices[0]):
+                    return self._punch((writer_id, index))
         return 0
 
     def _finished(self, seg: tuple[str, int]) -> int | None:
@@ -77,11 +74,16 @@ class Puncher:
         done = self.state.index.terminal.get(seg)
         return 0 if done is None else done.count_below(seal_at)
 
-    def _due(self, seg: tuple[str, int]) -> bool:
+    def _due(self, seg: tuple[str, int], *, head: bool) -> bool:
+        """Whether to read ``seg`` now: enough of its jobs finished since it was last looked at.
+
+        A segment whose jobs all finished is punched whole while an earlier one pins it (it goes
+        only as its chain's oldest); as the oldest, the compactor deletes it.
+        """
         count = sealed_data_count(self.journal, *seg)
         finished = self._finished(seg)
-        if count is None or finished is None or finished >= count:
-            return False  # not sealed or read yet, or whole: deleted once it is its chain's oldest
+        if count is None or finished is None or (head and finished >= count):
+            return False
         last = self._seen.get(seg)
         return finished > 0 and (last is None or finished - last >= max(1, count // RELOOK_FRACTION))
 

@@ -92,3 +92,21 @@ def test_a_punched_segment_is_still_deleted_once_its_last_job_finishes(journal_d
     assert not os.path.exists(os.path.join(journal_dir, segment_name(writer, 0)))
     assert read_holes(str(journal_dir), writer, 0) == ()
     state.close()
+
+
+def test_a_finished_segment_behind_a_pinned_one_is_punched_whole(journal_dir: Path) -> None:
+    """Found by bench/delayed_chain.py --pin: only partly finished segments were punched."""
+    records = _journal(journal_dir)
+    writer = records[0].writer_id
+    seg0 = [r for r in records if r.segment_index == 0]
+    seg1 = [r for r in records if r.segment_index == 1]
+    state = _state(journal_dir, records, read_through=2)
+    _finish(state, seg0[1:])
+    _finish(state, seg1)
+    puncher = Puncher(state, min_bytes=1000)
+    assert puncher.step() > 0
+    assert puncher.step() > 0
+    ((hole,),) = (read_holes(str(journal_dir), writer, 1),)
+    assert (hole.start, hole.end, hole.count) == (seg1[0].offset, seg1[-1].end, len(seg1))
+    assert puncher.step() == 0
+    state.close()
