@@ -135,6 +135,7 @@ class SegmentScan:
         seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
         holes = [h for h in self.holes if h.end > offset]
         if holes and holes[0].start < offset:  # resuming inside a punched range: after it
+            info.punched += holes[0].next_seq - expected
             expected, offset = holes[0].next_seq, holes[0].end
             base = offset
             os.lseek(fd, offset, os.SEEK_SET)
@@ -146,6 +147,7 @@ class SegmentScan:
                 hole = holes.pop(0)
                 self._check_hole(hole, off, expected)
                 info.data_count += hole.count
+                info.punched += hole.count
                 info.last_data_seq = hole.next_seq - 1
                 expected = hole.next_seq
                 buf, base, p = b"", hole.end, 0
@@ -201,6 +203,7 @@ class SegmentScan:
                     holes = [h for h in self.holes if h.start > off]
                     next_hole = holes[0].start if holes else -1
                     info.data_count += late.next_seq - expected
+                    info.punched += late.next_seq - expected
                     info.last_data_seq = late.next_seq - 1
                     expected = late.next_seq
                     buf, base, p = b"", late.end, 0

@@ -27,6 +27,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import verify
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import load_index
+from hybridq.ops.status import _counts as status_counts
 from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
@@ -136,6 +137,9 @@ def test_without_a_crash_the_segment_is_punched_then_deleted(tmp_path: Path) -> 
     first = next(iter(JournalReader(journal).records()))  # the pinning job reads; the others are gone
     assert tuple(Envelope.from_bytes(first.payload).args) == ("a", "b")
     assert sum(1 for r in JournalReader(journal).records() if r.segment_index == indices[0]) < JOBS // 2
+    # The status counts by a scan of the journal count the punched records as accepted, finished.
+    counts = status_counts(str(journal), load_compacted(str(journal)))
+    assert (counts["accepted"], counts["succeeded"], counts["pending"]) == (JOBS, JOBS - 1, 1)
     _drain(journal)
     assert _holes(journal) == []
     assert list_chains(str(journal)) == {}
