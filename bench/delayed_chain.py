@@ -120,18 +120,13 @@ def main() -> None:
             queue.enqueue_many(
                 [queue.prepare("bench.noop", (i, PAD)) for i in range(start, start + step - (args.every > 0))]
             )
-            if not args.every:
-                turn()
-                peak_bytes = max(peak_bytes, segment_usage(journal)[1])
-                peak_alloc = max(peak_alloc, allocated(journal))
-                continue
             key = f"remind:{start}" if args.keyed else None
-            if args.steady:
+            if args.every and args.steady:
                 sim[0] += args.steady
                 queue.enqueue("bench.noop", start, PAD, run_at=sim[0] + 3600, idempotency_key=key)
-            else:
+            elif args.every:
                 queue.enqueue("bench.noop", start, PAD, delay=3600, idempotency_key=key)
-            delayed += 1
+            delayed += args.every > 0
             turn()
             peak_bytes = max(peak_bytes, segment_usage(journal)[1])
             peak_alloc = max(peak_alloc, allocated(journal))
