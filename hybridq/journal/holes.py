@@ -118,6 +118,12 @@ def holes_of(segment_path: str, *, fileops: FileOps = OS_FILEOPS) -> tuple[Hole,
     return read_holes(os.path.dirname(segment_path), *parsed, fileops=fileops)
 
 
+def _encode(holes: list[Hole]) -> bytes:
+    return _COUNT.pack(len(holes)) + b"".join(
+        _HOLE.pack(h.start, h.end, h.first_seq, h.next_seq, h.count) for h in holes
+    )
+
+
 def _merge(holes: Iterable[Hole]) -> list[Hole]:
     out: list[Hole] = []
     for h in sorted(holes, key=lambda h: h.start):
@@ -184,10 +190,7 @@ def add_holes(
     holes = _merge([*read_holes(directory, writer_id, index, fileops=fileops), *new])
     if holes[-1].end > st.st_size:
         raise ValueError(f"punched range ends past the end of {path}")
-    payload = _COUNT.pack(len(holes)) + b"".join(
-        _HOLE.pack(h.start, h.end, h.first_seq, h.next_seq, h.count) for h in holes
-    )
-    write_state(directory, _name(writer_id, index), payload, fileops=fileops)
+    write_state(directory, _name(writer_id, index), _encode(holes), fileops=fileops)
     crashpoints.reached("punch_after_map")
     return _punch_ranges(fileops, path, st.st_dev, new)
 
@@ -241,6 +244,24 @@ def _writable(fileops: FileOps, fd: int, path: str) -> int:
     finally:
         fileops.fchmod(fd, 0o400)
         fileops.fsync(fd)
+
+
+def trim_holes(
+    directory: str, writer_id: str, index: int, end: int, *, fileops: FileOps = OS_FILEOPS
+) -> None:
+    """Drop the ranges past ``end`` from a segment's map: ``journal repair`` cuts the segment there.
+
+    Called before the cut: a crash between leaves the old segment, its damage still found.
+    """
+    holes = read_holes(directory, writer_id, index, fileops=fileops)
+    kept = [h for h in holes if h.end <= end]
+    if len(kept) == len(holes):
+        return
+    if not kept:
+        remove_holes(directory, writer_id, index, fileops=fileops)
+        fileops.fsync_dir(directory)
+        return
+    write_state(directory, _name(writer_id, index), _encode(kept), fileops=fileops)
 
 
 def remove_holes(directory: str, writer_id: str, index: int, *, fileops: FileOps = OS_FILEOPS) -> bool:

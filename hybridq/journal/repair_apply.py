@@ -19,7 +19,8 @@ from collections.abc import Callable
 from hybridq.errors import JournalIOError, JournalLocked
 
 from .fileops import FileOpError, FileOps, replace_durably, write_all
-from .format import SEGMENT_SUFFIX, TMP_SUFFIX, segment_name
+from .format import SEGMENT_SUFFIX, TMP_SUFFIX, parse_segment_name, segment_name
+from .holes import trim_holes
 from .reader import list_chains
 from .recovery import STALE_TMP_S
 from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
@@ -199,6 +200,9 @@ def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
     # Created in place (no rename); its directory fsync makes it durable before the cut.
     replace_durably(ops, original, copy, tmp=original, flags=flags)
     prefix = _copier(ops, src, cut.offset)
+    parsed = parse_segment_name(name)
+    if parsed is not None:  # its punched ranges past the cut go first (hybridq.journal.holes)
+        trim_holes(os.path.dirname(cut.path), *parsed, cut.offset, fileops=ops)
 
     def sealed_prefix(out: int) -> None:
         prefix(out)

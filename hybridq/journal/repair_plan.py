@@ -316,6 +316,12 @@ def plan_chain(
             except JournalCorruption as exc:
                 if plan.damage is None:
                     plan.damage = exc
+                # Punched ranges passed before the damage stay (their jobs finished): the cut is
+                # after them and the new seals count their records (hybridq.journal.holes).
+                for hole in scan.holes:
+                    if cut <= hole.start and hole.end <= exc.offset:
+                        cut, due, last_data = hole.end, hole.next_seq, hole.next_seq - 1
+                count = info.data_count
                 has_next = not is_last and indices[n + 1] == index + 1
                 nxt = os.path.join(directory, segment_name(writer_id, index + 1))
                 after = peek_header(nxt, fileops=ops) if has_next else None

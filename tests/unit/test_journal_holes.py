@@ -215,3 +215,40 @@ def test_a_filesystem_without_punch_keeps_working(journal_dir: Path, monkeypatch
     assert add_holes(str(journal_dir), writer, 1, [_run(_segment(records, 1), 0, 1)]) == 0
     assert read_holes(str(journal_dir), writer, 1) == ()  # no more tries: nothing written
     verify(journal_dir)
+
+
+def test_a_repair_of_damage_right_after_a_punched_range_keeps_the_range_and_counts_it(
+    journal_dir: Path,
+) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:  # bit rot in the record just after the punched range
+        f.seek(seg0[6].offset + 30)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    report = repair(journal_dir, accept_loss=True)
+    assert report.applied
+    verify(journal_dir)  # the map still falls on the records, the new seals after it
+    from hybridq.journal.compact import sealed_data_count
+
+    assert sealed_data_count(str(journal_dir), writer, 0) == 6  # two read, four punched
+
+
+def test_a_repair_cut_before_a_punched_range_drops_the_range_from_the_map(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, 2), _run(seg0, 6, 8)])
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:  # bit rot between the two ranges: the second one is cut away
+        f.seek(seg0[4].offset + 30)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    assert repair(journal_dir, accept_loss=True).applied
+    verify(journal_dir)
+    assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, 2),)
