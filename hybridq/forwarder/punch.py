@@ -23,7 +23,7 @@ import logging
 
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.holes import Hole, add_holes, punch_supported
+from hybridq.journal.holes import Hole, add_holes, punch_supported, read_holes
 from hybridq.journal.reader import JournalReader, list_chains, seal_offset
 
 __all__ = ["MIN_PUNCH_BYTES", "Puncher"]
@@ -116,6 +116,8 @@ class Puncher:
         if not runs:
             return 0
         freed = add_holes(self.journal, *seg, runs)
+        # The map is durable: the index keeps its ranges instead of their jobs (hybridq.ledger.punched).
+        self.state.index.collapse(seg, [(h.start, h.end, h.count) for h in read_holes(self.journal, *seg)])
         if freed:
             log.info("punched %d bytes of finished jobs out of segment %d of chain %s", freed, seg[1], seg[0])
         self.punched += freed
