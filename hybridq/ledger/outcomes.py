@@ -39,7 +39,7 @@ from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMappi
 from typing import TypeVar, overload
 
 from hybridq.ledger.outcome_merge import SUCCEEDED, merged_inside
-from hybridq.ledger.punched import PunchedRanges
+from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
 _T = TypeVar("_T")
 
@@ -295,14 +295,7 @@ class SegmentOutcomes(MutableMapping[int, str]):
         if not punched.ends or punched.ends[-1] <= end:
             return listed + punched.implicit
         below = bisect_right(punched.ends, end)
-        return (
-            listed
-            + sum(punched.counts[:below])
-            - sum(
-                self._listed_in(s, e)
-                for s, e in zip(punched.starts[:below], punched.ends[:below], strict=True)
-            )
-        )
+        return listed + sum(punched.counts[:below]) - listed_in(punched, self._offsets, self._others(), below)
 
     def punched(self) -> list[tuple[int, int, int]]:
         """The punched ranges: ``(start, end, jobs)`` each, in order."""
@@ -317,33 +310,15 @@ class SegmentOutcomes(MutableMapping[int, str]):
         only grows); one that crosses a range kept raises ``ValueError``, the map unchanged. New
         arrays are built aside and swapped in at once (as :meth:`_merge` does).
         """
-        punched = self._punched or PunchedRanges()
-        for start, end, count in spans:
-            punched = punched.with_span(start, end, count)
+        punched = (self._punched or PunchedRanges()).with_spans(spans)
         if not len(punched):
             return
         self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
-        offsets, codes = self._offsets, self._codes
-        kept, kept_codes = array(offsets.typecode), bytearray()
-        prev = 0
-        for start, end in zip(punched.starts, punched.ends, strict=True):
-            a = bisect_left(offsets, start, prev)
-            b = bisect_left(offsets, end, a)
-            kept += offsets[prev:a]
-            kept_codes += codes[prev:a]
-            if codes.count(_SUCCEEDED, a, b) != b - a:
-                for i in range(a, b):
-                    if codes[i] != _SUCCEEDED:
-                        kept.append(offsets[i])
-                        kept_codes.append(codes[i])
-            prev = b
-        kept += offsets[prev:]
-        kept_codes += codes[prev:]
         old = self._offsets, self._codes, self._last, self._punched
-        self._offsets, self._codes = kept, kept_codes
-        self._last = kept[-1] if kept else _NONE
+        kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)
+        self._offsets, self._codes, self._last = kept, kept_codes, kept[-1] if kept else _NONE
         self._punched, self._at = punched, 0
-        listed = sum(self._listed_in(s, e) for s, e in zip(punched.starts, punched.ends, strict=True))
+        listed = listed_in(punched, kept, self._others())
         if listed > punched.jobs():
             self._offsets, self._codes, self._last, self._punched = old
             raise ValueError(f"punched ranges of {punched.jobs()} jobs list {listed}")
@@ -365,14 +340,9 @@ class SegmentOutcomes(MutableMapping[int, str]):
             offsets.sort()
         return {name: offsets for name, offsets in out.items() if offsets}
 
-    def _listed_in(self, start: int, end: int) -> int:
-        """How many listed offsets lie in ``[start, end)``."""
-        return (
-            bisect_left(self._offsets, end)
-            - bisect_left(self._offsets, start)
-            + sum(1 for offset in self.recent if start <= offset < end)
-            + sum(1 for offset in self._odd or () if start <= offset < end)
-        )
+    def _others(self) -> list[int]:
+        """The listed offsets not in the arrays (few: :attr:`recent` and :attr:`_odd`)."""
+        return [*self.recent, *(self._odd or ())]
 
     def _implicit(self, offset: int, punched: PunchedRanges) -> bool:
         """Whether ``offset`` (not in the arrays) is a punched job that is not listed."""

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import repeat
 
-__all__ = ["PunchedRanges"]
+__all__ = ["PunchedRanges", "listed_in", "without"]
 
 
 class PunchedRanges:
@@ -54,20 +55,69 @@ class PunchedRanges:
         """Jobs in all the ranges."""
         return sum(self.counts)
 
-    def with_span(self, start: int, end: int, count: int) -> PunchedRanges:
-        """A copy with ``[start, end)`` added; the ranges inside it are replaced by it.
+    def with_spans(self, spans: Iterable[tuple[int, int, int]]) -> PunchedRanges:
+        """A copy with ``spans`` (``(start, end, jobs)``) added; the ranges inside one are replaced by it.
 
-        A hole map's ranges only grow (adjacent ones merge): one that crosses an end of the new
-        range raises ``ValueError`` (the maps do not agree; the caller keeps the old ranges).
+        A hole map's ranges only grow (adjacent ones merge): spans that overlap one another, or
+        one that crosses a range kept, raise ``ValueError`` (the maps do not agree; the caller
+        keeps the old ranges). One sort of the ranges, old and new.
         """
-        if not 0 <= start < end or count < 1:
-            raise ValueError(f"punched range {start}-{end} of {count} jobs is not valid")
-        a = bisect_left(self.starts, start)
-        b = bisect_left(self.starts, end)
-        if (a and self.ends[a - 1] > start) or (b > a and self.ends[b - 1] > end):
-            raise ValueError(f"punched range {start}-{end} crosses one already punched")
+        new = sorted(spans)
+        at = 0
+        for start, end, count in new:
+            if start < at or end <= start or count < 1:
+                raise ValueError(
+                    f"punched range {start}-{end} of {count} jobs is not valid or overlaps another"
+                )
+            at = end
+        starts = [span[0] for span in new]
+        kept = []
+        for start, end, count in self.spans():
+            k = bisect_right(starts, start) - 1
+            if k >= 0 and new[k][1] >= end:
+                continue  # inside a new one: replaced
+            if (k >= 0 and new[k][1] > start) or (k + 1 < len(new) and new[k + 1][0] < end):
+                raise ValueError(f"punched range {start}-{end} crosses a new one")
+            kept.append((start, end, count))
+        merged = sorted([*kept, *new])
         out = PunchedRanges()
-        out.starts = self.starts[:a] + array("Q", (start,)) + self.starts[b:]
-        out.ends = self.ends[:a] + array("Q", (end,)) + self.ends[b:]
-        out.counts = self.counts[:a] + array("Q", (count,)) + self.counts[b:]
+        out.starts = array("Q", [span[0] for span in merged])
+        out.ends = array("Q", [span[1] for span in merged])
+        out.counts = array("Q", [span[2] for span in merged])
         return out
+
+
+def listed_in(
+    ranges: PunchedRanges, offsets: array[int], others: Iterable[int], upto: int | None = None
+) -> int:
+    """How many of the sorted ``offsets`` and of ``others`` lie in the first ``upto`` ranges (all)."""
+    starts, ends = (
+        (ranges.starts, ranges.ends) if upto is None else (ranges.starts[:upto], ranges.ends[:upto])
+    )
+    n = sum(map(bisect_left, repeat(offsets), ends)) - sum(map(bisect_left, repeat(offsets), starts))
+    for offset in others:
+        i = bisect_right(starts, offset) - 1
+        n += i >= 0 and offset < ends[i]
+    return n
+
+
+def without(
+    offsets: array[int], codes: bytearray, ranges: PunchedRanges, code: int
+) -> tuple[array[int], bytearray]:
+    """New arrays: the sorted ``offsets`` and their ``codes``, less those in ``ranges`` of ``code``."""
+    kept, kept_codes = array(offsets.typecode), bytearray()
+    prev = 0
+    for start, end in zip(ranges.starts, ranges.ends, strict=True):
+        a = bisect_left(offsets, start, prev)
+        b = bisect_left(offsets, end, a)
+        kept += offsets[prev:a]
+        kept_codes += codes[prev:a]
+        if codes.count(code, a, b) != b - a:
+            for i in range(a, b):
+                if codes[i] != code:
+                    kept.append(offsets[i])
+                    kept_codes.append(codes[i])
+        prev = b
+    kept += offsets[prev:]
+    kept_codes += codes[prev:]
+    return kept, kept_codes
