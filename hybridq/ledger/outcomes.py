@@ -119,6 +119,14 @@ class SegmentOutcomes(MutableMapping[int, str]):
         done._merge()
         return done
 
+    def __eq__(self, other: object) -> bool:
+        """As a ``Mapping`` of the listed offsets, and, against another map, the same ranges."""
+        if isinstance(other, SegmentOutcomes) and self.punched() != other.punched():
+            return False
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dict (defining __eq__ says so too)
+
     def __len__(self) -> int:
         n = len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
         return n if self._punched is None else n + self._punched.implicit
