@@ -81,6 +81,21 @@ def test_reading_resumes_inside_or_before_a_hole(journal_dir: Path) -> None:
     assert [r.payload for r in JournalReader(journal_dir).records({writer: seg0[2].position})] == want
 
 
+@pytest.mark.parametrize("first", [3, 4, 5, 6])  # the hole's first record, its middle, its last
+def test_a_read_resuming_inside_a_hole_skips_the_rest_of_it_and_counts_it(
+    journal_dir: Path, first: int
+) -> None:
+    """A mark saved before the punch (pushed list, lookup index) may lie inside the punched run."""
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 3, 6)])
+    since = {writer: seg0[first - 1].position}  # the next record to read is record ``first``
+    want = [r.payload for r in records[7:]]
+    assert [r.payload for r in JournalReader(journal_dir).records(since)] == want
+    assert JournalReader(journal_dir).check(since) == len(records) - first
+
+
 def test_two_punches_merge_and_the_background_check_and_repair_see_no_damage(journal_dir: Path) -> None:
     records = _journal(journal_dir)
     seg1 = _segment(records, 1)
