@@ -92,7 +92,9 @@ class SegmentScan:
         self.read_only = not (st.st_mode & stat.S_IWUSR)
         self.seed = 0
         #: Punched ranges of finished records, skipped as compacted ones (hybridq.journal.holes).
-        self.holes = holes_of(path, fileops=ops)
+        #: Only a sealed segment has any: a chain's unsealed tail (read on every forward step)
+        #: does not look its map up (a segment that is not its chain's last is sealed).
+        self.holes = holes_of(path, fileops=ops) if self._sealed() else ()
 
     def corruption(
         self, offset: int, reason: str, first: int | None, last: int | None = None
@@ -270,13 +272,22 @@ class SegmentScan:
         Another process (the layer above) may punch a sealed segment while we read it; it writes
         the map first, so bad bytes at a record the map now lists are that punch, not damage.
         """
-        if not self.read_only:
-            return None
+        # Whatever the mode: a scan that opened the segment while the punch held it writable
+        # (hybridq.journal.holes._writable) did not look the map up. Only on bad bytes: rare.
         self.holes = holes_of(self.path, fileops=self.ops)
         for hole in self.holes:
             if hole.start <= off < hole.end:
                 return hole
         return None
+
+    def _sealed(self) -> bool:
+        """Whether this segment may have a hole map: read-only, or followed by another segment.
+
+        Not only read-only: the punch opens a sealed segment after a ``chmod u+w`` and puts 0400
+        back at once (hybridq.journal.holes); a scan that looked in between and meets a punched
+        range reads the map then (:meth:`_punched_since`).
+        """
+        return self.read_only or not self.is_last
 
     def _check_hole(self, hole: Hole, off: int, expected: int) -> None:
         """Raise unless ``hole`` starts at the record at ``off``, the one due (``expected``)."""

@@ -267,3 +267,25 @@ def test_a_repair_cut_before_a_punched_range_drops_the_range_from_the_map(journa
     assert repair(journal_dir, accept_loss=True).applied
     verify(journal_dir)
     assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, 2),)
+
+
+def test_an_unsealed_tail_does_not_look_its_hole_map_up(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forwarder reads its chains' tails every step: no map lookup there (only sealed segments have one)."""
+    from hybridq.journal import random_access, scan
+
+    looked: list[str] = []
+
+    def counting(path: str, **kwargs: object) -> tuple[Hole, ...]:
+        looked.append(os.path.basename(path))
+        return ()
+
+    monkeypatch.setattr(scan, "holes_of", counting)
+    monkeypatch.setattr(random_access, "holes_of", counting)
+    with JournalWriter(journal_dir) as writer:
+        writer.append_many([b"x" * 200] * 10)
+        records = list(JournalReader(journal_dir).records())
+        rec = records[0]
+        read_record_at(str(journal_dir), rec.writer_id, 0, rec.offset)
+        assert looked == []
