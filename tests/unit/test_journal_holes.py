@@ -289,3 +289,26 @@ def test_an_unsealed_tail_does_not_look_its_hole_map_up(
         rec = records[0]
         read_record_at(str(journal_dir), rec.writer_id, 0, rec.offset)
         assert looked == []
+
+
+def test_the_start_neither_punches_nor_seals_on_a_map_that_does_not_fit(journal_dir: Path) -> None:
+    """A restored or stale map off the records: its bytes stay, and the scan reports it."""
+    records = _journal(journal_dir)
+    seg0, seg1 = _segment(records, 0), _segment(records, 1)
+    writer = seg0[0].writer_id
+    path0 = os.path.join(journal_dir, segment_name(writer, 0))
+    bad = Hole(seg0[2].offset + 1, seg0[4].end, seg0[2].seq, seg0[4].seq + 1, 3)
+    holes.write_state(str(journal_dir), segment_name(writer, 0) + holes.HOLES_SUFFIX, holes._encode([bad]))
+    path_tail = os.path.join(journal_dir, segment_name(writer, seg1[0].segment_index))
+    holes.write_state(  # a map next to a writable segment that holds no seals: never sealed by the start
+        str(journal_dir), segment_name(writer, 1) + holes.HOLES_SUFFIX, holes._encode([_run(seg1, 0, 1)])
+    )
+    with open(path_tail, "r+b") as f:  # segment 1 made writable and its seals torn off
+        os.chmod(path_tail, 0o600)
+        f.truncate(seg1[-1].end)
+    before = Path(path0).read_bytes()
+    tidy_hole_maps(str(journal_dir))
+    assert Path(path0).read_bytes() == before  # nothing punched
+    assert stat.S_IMODE(os.stat(path_tail).st_mode) == 0o600  # not made read-only
+    with pytest.raises(JournalCorruption):
+        list(JournalReader(journal_dir).records())
