@@ -312,3 +312,25 @@ def test_the_start_neither_punches_nor_seals_on_a_map_that_does_not_fit(journal_
     assert stat.S_IMODE(os.stat(path_tail).st_mode) == 0o600  # not made read-only
     with pytest.raises(JournalCorruption):
         list(JournalReader(journal_dir).records())
+
+
+def test_a_repair_reports_a_punched_range_past_its_cut_as_punched_and_backs_its_map_up(
+    journal_dir: Path,
+) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 6, 20)])
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:  # damage before the punched range: the cut drops it
+        f.seek(seg0[4].offset + 30)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    dropped = repair(journal_dir, accept_loss=False).dropped
+    kinds = [(d.kind, d.seq, d.last_seq) for d in dropped if d.segment == 0]
+    assert ("punched", seg0[6].seq, seg0[20].seq) in kinds
+    assert all(d.last_seq is None or d.last_seq < seg0[6].seq for d in dropped if d.kind == "damaged")
+    report = repair(journal_dir, accept_loss=True)
+    assert report.backup is not None
+    assert read_holes(report.backup, writer, 0) == (_run(seg0, 6, 20),)  # the original reads with its map
