@@ -12,6 +12,7 @@ from hybridq.errors import JournalCorruption, StateFileCorrupt
 from hybridq.journal import JournalReader, JournalWriter, holes
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.compact import remove_oldest_segment
+from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, RecordPunched, add_holes, read_holes, tidy_hole_maps
 from hybridq.journal.random_access import SegmentFile, read_record_at
@@ -334,3 +335,36 @@ def test_a_repair_reports_a_punched_range_past_its_cut_as_punched_and_backs_its_
     report = repair(journal_dir, accept_loss=True)
     assert report.backup is not None
     assert read_holes(report.backup, writer, 0) == (_run(seg0, 6, 20),)  # the original reads with its map
+
+
+class _NotRoot(FileOps):
+    """Permission checks as for a user who is not root (the tests may run as root)."""
+
+    def __init__(self) -> None:
+        self.modes: list[int] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        if (
+            flags & (os.O_WRONLY | os.O_RDWR)
+            and os.path.exists(path)
+            and not os.stat(path).st_mode & stat.S_IWUSR
+        ):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return super().open(path, flags, mode)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        self.modes.append(mode)
+        super().fchmod(fd, mode)
+
+
+def test_a_punch_not_as_root_opens_the_sealed_segment_writable_and_seals_it_again(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    ops = _NotRoot()
+    freed = add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, len(seg0) - 2)], fileops=ops)
+    assert freed > 0
+    assert ops.modes == [0o600, 0o400]  # u+w for the open only
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
+    assert JournalReader(journal_dir).check() == len(records)
