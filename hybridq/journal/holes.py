@@ -29,10 +29,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hybridq import crashpoints
-from hybridq.errors import StateFileCorrupt
+from hybridq.errors import HeaderError, StateFileCorrupt
 
 from .fileops import OS_FILEOPS, FileOps
-from .format import FILE_HEADER_SIZE, parse_segment_name, segment_name
+from .format import (
+    FILE_HEADER_SIZE,
+    MAX_PAYLOAD_BYTES,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    SEAL_PAYLOAD_SIZE,
+    SEAL_RECORDS,
+    RecordType,
+    decode_segment_header,
+    parse_segment_name,
+    record_problem,
+    salt_seed,
+    segment_name,
+)
 from .statefile import STATE_SUFFIX, read_state, write_state
 
 __all__ = [
@@ -246,6 +259,39 @@ def _writable(fileops: FileOps, fd: int, path: str) -> int:
         fileops.fsync(fd)
 
 
+def _misfit(path: str, holes: Iterable[Hole]) -> str | None:
+    """Why the map ``holes`` does not fit the segment at ``path``; ``None`` when it does.
+
+    It fits when the segment ends with its seals (only sealed segments get a map), each range
+    starts at the record due (sequence ``first_seq``, or zeros: punched already) and ends at
+    the record of sequence ``next_seq`` (a data or seal record, never punched: the map says
+    so). A restored or stale map fails, and is then not punched (docs/journal-format.md).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        seed = salt_seed(decode_segment_header(os.pread(f.fileno(), FILE_HEADER_SIZE, 0)).salt)
+
+        def seq_at(off: int) -> int | None:
+            head = os.pread(f.fileno(), RECORD_HEADER_SIZE, off)
+            if len(head) < RECORD_HEADER_SIZE:
+                return None
+            crc, length, seq, type_word = RECORD_HEADER.unpack(head)
+            body = head[4:] + os.pread(f.fileno(), min(length, MAX_PAYLOAD_BYTES), off + RECORD_HEADER_SIZE)
+            return seq if record_problem(crc, length, type_word, body, seed) is None else None
+
+        seal_at = size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
+        head = os.pread(f.fileno(), RECORD_HEADER_SIZE, seal_at)
+        if seq_at(seal_at) is None or len(head) < RECORD_HEADER_SIZE or head[16] != RecordType.SEAL:
+            return "the segment does not end with its seals"
+        for h in holes:
+            first = os.pread(f.fileno(), RECORD_HEADER_SIZE, h.start)
+            if any(first) and seq_at(h.start) != h.first_seq:
+                return f"range {h.start}-{h.end} does not start at record {h.first_seq}"
+            if h.end > seal_at or seq_at(h.end) != h.next_seq:
+                return f"range {h.start}-{h.end} does not end at record {h.next_seq}"
+    return None
+
+
 def trim_holes(
     directory: str, writer_id: str, index: int, end: int, *, fileops: FileOps = OS_FILEOPS
 ) -> None:
@@ -279,8 +325,9 @@ def tidy_hole_maps(directory: str, *, fileops: FileOps = OS_FILEOPS) -> list[str
     A map without its segment was left by a crash between the segment's deletion and the map's.
     A writable segment with a map was left by a crash while it was opened to punch (only sealed
     segments get a map). The ranges of every map are punched again (a crash may have come
-    between the map and the punch; punching a hole again changes nothing). Returns the names of
-    the maps removed.
+    between the map and the punch; punching a hole again changes nothing). Both only for a map
+    that fits its segment (:func:`_misfit`): one that does not is left for the scan to report,
+    its bytes untouched. Returns the names of the maps removed.
     """
     removed: list[str] = []
     suffix = HOLES_SUFFIX + STATE_SUFFIX
@@ -295,6 +342,19 @@ def tidy_hole_maps(directory: str, *, fileops: FileOps = OS_FILEOPS) -> list[str
                 fileops.unlink(os.path.join(directory, name))
                 removed.append(name)
             continue
+        parsed = parse_segment_name(os.path.basename(seg))
+        if parsed is None:
+            continue
+        try:
+            holes = read_holes(directory, *parsed, fileops=fileops)
+            problem = _misfit(seg, holes)
+        except (OSError, StateFileCorrupt, HeaderError) as exc:
+            problem = str(exc)
+        if problem is not None:
+            # Left as it is: the scan reports it (a map off the records is corruption) rather
+            # than this start punching, or sealing, on a map it cannot trust.
+            log.warning("journal: %s: hole map not applied at the start: %s", name, problem)
+            continue
         if st.st_mode & stat.S_IWUSR:
             fd = fileops.open(seg, os.O_RDONLY)
             try:
@@ -303,9 +363,7 @@ def tidy_hole_maps(directory: str, *, fileops: FileOps = OS_FILEOPS) -> list[str
             finally:
                 fileops.close(fd)
         if st.st_dev not in _unsupported:  # a crash after the map, before the punch: punch again
-            parsed = parse_segment_name(os.path.basename(seg))
-            if parsed is not None:
-                _punch_ranges(fileops, seg, st.st_dev, read_holes(directory, *parsed, fileops=fileops))
+            _punch_ranges(fileops, seg, st.st_dev, holes)
     if removed:
         fileops.fsync_dir(directory)
     return removed

@@ -85,7 +85,10 @@ class SegmentFile:
         self._seed = salt_seed(header.salt)
         try:
             #: Punched ranges: a record in one is gone, as a compacted segment's (hybridq.journal.holes).
-            self._holes = holes_of(self.path, fileops=fileops)
+            #: Only a sealed (0400) segment has any: an unsealed tail does not look its map up
+            #: (a segment read while the punch held it writable reads it on bad bytes, below).
+            sealed = not os.fstat(self._fd).st_mode & stat.S_IWUSR
+            self._holes = holes_of(self.path, fileops=fileops) if sealed else ()
         except BaseException:
             fileops.close(self._fd)
             raise

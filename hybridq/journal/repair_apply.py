@@ -16,16 +16,17 @@ import stat
 import time
 from collections.abc import Callable
 
-from hybridq.errors import JournalIOError, JournalLocked
+from hybridq.errors import JournalIOError, JournalLocked, StateFileCorrupt
 
 from .fileops import FileOpError, FileOps, replace_durably, write_all
 from .format import SEGMENT_SUFFIX, TMP_SUFFIX, parse_segment_name, segment_name
-from .holes import trim_holes
+from .holes import HOLES_SUFFIX, trim_holes
 from .reader import list_chains
 from .recovery import STALE_TMP_S
 from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
 from .repair_report import RepairReport
 from .segment import seal_fd
+from .statefile import read_state, write_state
 
 __all__ = [
     "BACKUP_PREFIX",
@@ -173,6 +174,7 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
     try:
         for path, fid in [*plan.removals, *((c.path, c.fid) for c in plan.cuts)]:
             fds[path] = _lock_unchanged(ops, path, fid)
+            _backup_holes(ops, backup, path)
         for path, _ in reversed(plan.removals):
             dest = os.path.join(backup, os.path.basename(path))
             op = "rename"
@@ -189,6 +191,21 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
         for fd in fds.values():
             with contextlib.suppress(OSError):
                 ops.close(fd)
+
+
+def _backup_holes(ops: FileOps, backup: str, path: str) -> None:
+    """Copy the hole map of the segment at ``path`` into the backup, durably, before the segment.
+
+    A punched segment reads only with its map (docs/journal-format.md, hole maps): without it,
+    ``journal dump`` of the backup would read its punched ranges as damage.
+    """
+    directory, name = os.path.split(path)
+    try:
+        payload = read_state(directory, name + HOLES_SUFFIX, fileops=ops)
+    except StateFileCorrupt:
+        return  # damaged: nothing trustworthy to keep (the scan reported it)
+    if payload is not None:
+        write_state(backup, name + HOLES_SUFFIX, payload, fileops=ops)
 
 
 def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:

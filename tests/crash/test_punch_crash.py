@@ -10,7 +10,9 @@ the punched segment is deleted once it finishes.
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalReader
 from hybridq.journal.format import segment_name
-from hybridq.journal.holes import HOLES_SUFFIX
+from hybridq.journal.holes import HOLES_SUFFIX, read_holes
 from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import verify
 from hybridq.ledger.compacted import load_compacted
@@ -74,7 +76,7 @@ def _holes(journal: Path) -> list[str]:
     return [n for n in os.listdir(journal) if HOLES_SUFFIX in n]
 
 
-def _drain(journal: Path) -> list[tuple[str, int, int]]:
+def _drain(journal: Path, jobs: int = JOBS) -> list[tuple[str, int, int]]:
     """Restart on an empty transport and run everything; returns where each job delivered was."""
     transport = MemoryTransport()
     forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0)
@@ -91,7 +93,7 @@ def _drain(journal: Path) -> list[tuple[str, int, int]]:
             forwarder.completions.compactor.hurry()
             forwarder.step()
             out = collect_status(str(journal))
-            if out["succeeded"] == JOBS and not list_chains(str(journal)):
+            if out["succeeded"] == jobs and not list_chains(str(journal)):
                 break
             time.sleep(0.1)
     finally:
@@ -143,3 +145,61 @@ def test_without_a_crash_the_segment_is_punched_then_deleted(tmp_path: Path) -> 
     _drain(journal)
     assert _holes(journal) == []
     assert list_chains(str(journal)) == {}
+
+
+# The pushed list's mark is flushed once a second: a punch can cover it (a run read, pushed and
+# finished within that second). The mark is taken inside segment 0, its flush then held back.
+CHILD_MARK = f"""
+import sys
+from hybridq import Queue
+from hybridq.forwarder.loop import Forwarder
+from hybridq.forwarder import pushed
+from hybridq.journal import JournalWriter
+from hybridq.transport import MemoryTransport
+journal = sys.argv[1]
+queue = Queue(journal=journal)
+writer = JournalWriter(journal, max_segment_bytes={SEGMENT})
+writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=8.0).to_bytes()])
+def batch(first, n):
+    for start in range(first, first + n, 10):
+        writer.append_many(
+            queue.prepare("tests.tasks.add", ("{PAD}", "%d" % i)).to_bytes() for i in range(start, start + 10)
+        )
+batch(1, 500)
+transport = MemoryTransport()
+forwarder = Forwarder(journal, transport, reconcile_interval_s=3600.0, lease_s=0.0)
+forwarder.open()
+for _ in range(5):
+    forwarder.step()
+    transport.work()
+    forwarder.step()
+forwarder.state.flush_pushed(force=True)
+pushed.PushedJobs.due = lambda self, positions: False
+batch(501, 1500)
+writer.close()
+for _ in range(30):
+    forwarder.step()
+    transport.work()
+    forwarder.completions.compactor.hurry()
+    forwarder.step()
+"""
+
+
+def test_a_restart_whose_pushed_mark_lies_inside_a_punched_run_works(tmp_path: Path) -> None:
+    """The mark, saved before the punch, points into the run: the catch-up reads on after it."""
+    journal = tmp_path / "journal"
+    killed_at("punch_after_punch:1", CHILD_MARK, journal)
+    ((writer, indices),) = list_chains(str(journal)).items()
+    runs = read_holes(str(journal), writer, indices[0])
+    with sqlite3.connect(journal / "runs" / "runs.sqlite") as db:
+        ((raw,),) = db.execute("select value from meta where name='pushed_mark'").fetchall()
+    mark = json.loads(raw)[writer]
+    assert mark[0] == indices[0]
+    assert any(h.start < mark[1] < h.end for h in runs), (mark, runs)  # the case under test
+    finished = load_index(str(journal), load_compacted(str(journal)))
+    again = _drain(journal, 2001)
+    for loc in again:
+        assert not finished.is_terminal(loc), loc
+    verify(journal)
+    out = collect_status(str(journal))
+    assert (out["accepted"], out["succeeded"], out["failed"], out["pending"]) == (2001, 2001, 0, 0)

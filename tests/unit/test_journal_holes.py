@@ -12,6 +12,7 @@ from hybridq.errors import JournalCorruption, StateFileCorrupt
 from hybridq.journal import JournalReader, JournalWriter, holes
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.compact import remove_oldest_segment
+from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, RecordPunched, add_holes, read_holes, tidy_hole_maps
 from hybridq.journal.random_access import SegmentFile, read_record_at
@@ -79,6 +80,21 @@ def test_reading_resumes_inside_or_before_a_hole(journal_dir: Path) -> None:
     add_holes(str(journal_dir), writer, 0, [_run(seg0, 3, 6)])
     want = [r.payload for r in records[7:]]
     assert [r.payload for r in JournalReader(journal_dir).records({writer: seg0[2].position})] == want
+
+
+@pytest.mark.parametrize("first", [3, 4, 5, 6])  # the hole's first record, its middle, its last
+def test_a_read_resuming_inside_a_hole_skips_the_rest_of_it_and_counts_it(
+    journal_dir: Path, first: int
+) -> None:
+    """A mark saved before the punch (pushed list, lookup index) may lie inside the punched run."""
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 3, 6)])
+    since = {writer: seg0[first - 1].position}  # the next record to read is record ``first``
+    want = [r.payload for r in records[7:]]
+    assert [r.payload for r in JournalReader(journal_dir).records(since)] == want
+    assert JournalReader(journal_dir).check(since) == len(records) - first
 
 
 def test_two_punches_merge_and_the_background_check_and_repair_see_no_damage(journal_dir: Path) -> None:
@@ -252,3 +268,103 @@ def test_a_repair_cut_before_a_punched_range_drops_the_range_from_the_map(journa
     assert repair(journal_dir, accept_loss=True).applied
     verify(journal_dir)
     assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, 2),)
+
+
+def test_an_unsealed_tail_does_not_look_its_hole_map_up(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forwarder reads its chains' tails every step: no map lookup there (only sealed segments have one)."""
+    from hybridq.journal import random_access, scan
+
+    looked: list[str] = []
+
+    def counting(path: str, **kwargs: object) -> tuple[Hole, ...]:
+        looked.append(os.path.basename(path))
+        return ()
+
+    monkeypatch.setattr(scan, "holes_of", counting)
+    monkeypatch.setattr(random_access, "holes_of", counting)
+    with JournalWriter(journal_dir) as writer:
+        writer.append_many([b"x" * 200] * 10)
+        records = list(JournalReader(journal_dir).records())
+        rec = records[0]
+        read_record_at(str(journal_dir), rec.writer_id, 0, rec.offset)
+        assert looked == []
+
+
+def test_the_start_neither_punches_nor_seals_on_a_map_that_does_not_fit(journal_dir: Path) -> None:
+    """A restored or stale map off the records: its bytes stay, and the scan reports it."""
+    records = _journal(journal_dir)
+    seg0, seg1 = _segment(records, 0), _segment(records, 1)
+    writer = seg0[0].writer_id
+    path0 = os.path.join(journal_dir, segment_name(writer, 0))
+    bad = Hole(seg0[2].offset + 1, seg0[4].end, seg0[2].seq, seg0[4].seq + 1, 3)
+    holes.write_state(str(journal_dir), segment_name(writer, 0) + holes.HOLES_SUFFIX, holes._encode([bad]))
+    path_tail = os.path.join(journal_dir, segment_name(writer, seg1[0].segment_index))
+    holes.write_state(  # a map next to a writable segment that holds no seals: never sealed by the start
+        str(journal_dir), segment_name(writer, 1) + holes.HOLES_SUFFIX, holes._encode([_run(seg1, 0, 1)])
+    )
+    with open(path_tail, "r+b") as f:  # segment 1 made writable and its seals torn off
+        os.chmod(path_tail, 0o600)
+        f.truncate(seg1[-1].end)
+    before = Path(path0).read_bytes()
+    tidy_hole_maps(str(journal_dir))
+    assert Path(path0).read_bytes() == before  # nothing punched
+    assert stat.S_IMODE(os.stat(path_tail).st_mode) == 0o600  # not made read-only
+    with pytest.raises(JournalCorruption):
+        list(JournalReader(journal_dir).records())
+
+
+def test_a_repair_reports_a_punched_range_past_its_cut_as_punched_and_backs_its_map_up(
+    journal_dir: Path,
+) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 6, 20)])
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:  # damage before the punched range: the cut drops it
+        f.seek(seg0[4].offset + 30)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    dropped = repair(journal_dir, accept_loss=False).dropped
+    kinds = [(d.kind, d.seq, d.last_seq) for d in dropped if d.segment == 0]
+    assert ("punched", seg0[6].seq, seg0[20].seq) in kinds
+    assert all(d.last_seq is None or d.last_seq < seg0[6].seq for d in dropped if d.kind == "damaged")
+    report = repair(journal_dir, accept_loss=True)
+    assert report.backup is not None
+    assert read_holes(report.backup, writer, 0) == (_run(seg0, 6, 20),)  # the original reads with its map
+
+
+class _NotRoot(FileOps):
+    """Permission checks as for a user who is not root (the tests may run as root)."""
+
+    def __init__(self) -> None:
+        self.modes: list[int] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        if (
+            flags & (os.O_WRONLY | os.O_RDWR)
+            and os.path.exists(path)
+            and not os.stat(path).st_mode & stat.S_IWUSR
+        ):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return super().open(path, flags, mode)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        self.modes.append(mode)
+        super().fchmod(fd, mode)
+
+
+def test_a_punch_not_as_root_opens_the_sealed_segment_writable_and_seals_it_again(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    ops = _NotRoot()
+    freed = add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, len(seg0) - 2)], fileops=ops)
+    assert freed > 0
+    assert ops.modes == [0o600, 0o400]  # u+w for the open only
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
+    assert JournalReader(journal_dir).check() == len(records)

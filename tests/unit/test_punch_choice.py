@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
@@ -110,3 +111,37 @@ def test_a_finished_segment_behind_a_pinned_one_is_punched_whole(journal_dir: Pa
     assert (hole.start, hole.end, hole.count) == (seg1[0].offset, seg1[-1].end, len(seg1))
     assert puncher.step() == 0
     state.close()
+
+
+def test_an_idle_pass_reads_no_segment_and_a_restart_does_not_read_a_punched_one_again(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass looks at every segment: what it needs of a sealed one is read once (review L2)."""
+    records = _journal(journal_dir, segments=20, per=20)
+    seg0 = [r for r in records if r.segment_index == 0]
+    state = _state(journal_dir, records, read_through=20)
+    _finish(state, [r for r in seg0 if r is not seg0[5]])
+    puncher = Puncher(state, min_bytes=1000)
+    assert puncher.step() > 0
+    assert puncher.step() == 0  # the first idle pass reads each sealed segment's seal once
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: str, *args: object, **kwargs: object) -> int:
+        opened.append(os.path.basename(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting)
+    assert puncher.step() == 0
+    assert opened == []  # no segment, no seal, no map read again
+    again = Puncher(state, min_bytes=1000)  # after a restart: the map says what was punched
+    reads: list[tuple[str, int]] = []
+    real_records = JournalReader.segment_records
+
+    def segment_records(self: JournalReader, writer_id: str, index: int) -> object:
+        reads.append((writer_id, index))
+        return real_records(self, writer_id, index)
+
+    monkeypatch.setattr(JournalReader, "segment_records", segment_records)
+    assert again.step() == 0
+    assert reads == []

@@ -1,0 +1,110 @@
+"""The lookup index over punched records: its marks inside a punched run, and a rebuild after a punch.
+
+Punched records are skipped by every journal read (hybridq.journal.holes), so the index must
+neither stall on a mark inside a run punched since it was saved (SQLite ``synchronous=OFF``:
+a power loss may take it back), nor forget the finished jobs of a run when it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import hybridq
+import pytest
+from hybridq import Queue
+from hybridq.cancels import cancel
+from hybridq.forwarder import flow_steps
+from hybridq.forwarder.loop import Forwarder
+from hybridq.journal import JournalWriter
+from hybridq.journal.format import segment_name
+from hybridq.journal.holes import holes_of
+from hybridq.transport import MemoryTransport
+
+
+def _punched_journal(journal: Path) -> tuple[Queue, list[str], MemoryTransport]:
+    """A pinning delayed job, then 1199 jobs run to the end: most of segment 0 is punched."""
+    queue = Queue(journal=str(journal))
+    ids: list[str] = []
+    with JournalWriter(journal, max_segment_bytes=2 << 20) as writer:
+        writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=3600).to_bytes()])
+        for start in range(1, 1200, 10):
+            envs = [queue.prepare("tests.tasks.add", ("x" * 900, str(i))) for i in range(start, start + 10)]
+            ids += [e.id for e in envs]
+            writer.append_many(e.to_bytes() for e in envs)
+    transport = MemoryTransport()
+    _run(journal, transport, 30).close()
+    assert [n for n in os.listdir(journal) if ".holes" in n]
+    return queue, ids, transport
+
+
+def _run(
+    journal: Path, transport: MemoryTransport, steps: int, forwarder: Forwarder | None = None
+) -> Forwarder:
+    if forwarder is None:
+        forwarder = Forwarder(str(journal), transport, reconcile_interval_s=0.0, lease_s=0.0)
+        forwarder.open()
+    for _ in range(steps):
+        forwarder.step()
+        transport.work()
+        assert forwarder.completions is not None
+        forwarder.completions.hurry()
+        forwarder.completions.compactor.hurry()
+        forwarder.step()
+    return forwarder
+
+
+def test_lookup_marks_inside_a_punched_run_finish_the_build(journal_dir: Path) -> None:
+    queue, _, transport = _punched_journal(journal_dir)
+    ((writer, _),) = [(w, i) for w, i in hybridq.journal.reader.list_chains(str(journal_dir)).items()]
+    hole = holes_of(os.path.join(journal_dir, segment_name(writer, 0)))[0]
+    size = (hole.end - hole.start) // hole.count  # the records of the run are the same size
+    mid = hole.count // 2
+    with sqlite3.connect(journal_dir / "lookup" / "index.sqlite") as db:  # as a power loss may leave it
+        db.execute(
+            "UPDATE marks SET seg = 0, off = ?, seq = ? WHERE chain = ?",
+            (hole.start + size * mid, hole.first_seq + mid, "j:" + writer),
+        )
+    db.close()
+    new = queue.enqueue("tests.tasks.add", "c", "d")
+    forwarder = _run(journal_dir, transport, 5)
+    try:
+        assert not forwarder.lookup.building
+    finally:
+        forwarder.close()
+    job = hybridq.fetch_job(new.id, str(journal_dir))
+    assert job is not None
+    assert job.status == "finished"
+
+
+def test_a_rebuilt_lookup_index_keeps_the_punched_jobs(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a compacted job: fetch_job, cancel and depends_on answer from the ledger's outcome."""
+    monkeypatch.setattr(flow_steps, "UNKNOWN_DEP_S", 0.5)
+    queue, ids, transport = _punched_journal(journal_dir)
+    probe = ids[100]
+    before = hybridq.fetch_job(probe, str(journal_dir))
+    assert before is not None
+    assert before.status == "finished"
+    shutil.rmtree(journal_dir / "lookup")  # a cache, rebuilt from the rest (docs/journal-format.md)
+    forwarder = _run(journal_dir, transport, 20)
+    try:
+        job = hybridq.fetch_job(probe, str(journal_dir))
+        assert job is not None
+        assert job.status == "finished"
+        assert [r.state for r in cancel([probe], str(journal_dir))] == ["succeeded"]
+        dep = queue.enqueue("tests.tasks.add", "c", "d", depends_on=probe)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _run(journal_dir, transport, 1, forwarder)
+            status = getattr(hybridq.fetch_job(dep.id, str(journal_dir)), "status", None)
+            if status in ("finished", "cancelled", "failed"):
+                break
+            time.sleep(0.2)
+        assert status == "finished"
+    finally:
+        forwarder.close()
