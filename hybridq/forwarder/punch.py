@@ -8,8 +8,9 @@ finished records in them meanwhile (:mod:`hybridq.journal.holes`), by the same t
 deletion: a record goes only when its job's outcome is in the ledger index (durable before it
 is applied), its segment sealed and fully read. Not punched: a job failed for good and still
 listed (``failed list``, requeue read its envelope from the ledger, but ``hybridq trace`` and
-the dashboard show its record). The stats tracker's read-backs of a block skip its punched
-records (:func:`hybridq.lookup.pending_blocks.read_rows`: finished, so not pending).
+the dashboard show its record), and a requeued job's record (:func:`_requeued`). The stats
+tracker's read-backs of a block skip its punched records
+(:func:`hybridq.lookup.pending_blocks.read_rows`: finished, so not pending).
 
 Bounded per pass: one segment is read (its records' headers and checksums, at most one segment
 size), and only a segment where enough jobs finished since it was last looked at (after a
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import logging
 
-from hybridq.errors import StateFileCorrupt
+from hybridq.envelope.model import Envelope
+from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.holes import Hole, add_holes, punch_supported, read_holes
@@ -131,7 +133,11 @@ class Puncher:
 
         for rec in JournalReader(self.journal).segment_records(*seg):
             outcome = done.get(rec.offset)
-            ok = outcome is not None and not (outcome == "failed" and (*seg, rec.offset) in failed)
+            ok = (
+                outcome is not None
+                and not (outcome == "failed" and (*seg, rec.offset) in failed)
+                and not _requeued(rec.payload)
+            )
             if not ok or (run and run[1] != rec.offset):
                 close()  # a job not finished, or a punched range, between
             if ok:
@@ -149,3 +155,22 @@ class Puncher:
             log.info("punched %d bytes of finished jobs out of segment %d of chain %s", freed, seg[1], seg[0])
         self.punched += freed
         return freed
+
+
+def _requeued(payload: bytes) -> bool:
+    """Whether a record is a requeued job's (its envelope's ``requeue`` above 0): never punched.
+
+    The job's first record stays (its failure keeps a requeue mark in the ledger), and a
+    punched record's job answers from its ledger ``done`` entry at that record's location only:
+    the lookup index rebuilt (its bare row loses to the first record's row) and ``cancel()``
+    (it finds the first record) would read the requeued job's success as the first failure, and
+    cancel a ``depends_on`` dependent (review 2 of issue 29, M1; docs/guarantees.md). Requeues
+    are rare: a record is decoded only when its bytes name ``"requeue"`` (the field, as
+    ``Envelope.to_bytes`` writes it, or a key of its arguments).
+    """
+    if b'"requeue"' not in payload:
+        return False
+    try:
+        return Envelope.from_bytes(payload).requeue > 0
+    except EnvelopeError:
+        return False  # not an envelope: not written by a requeue

@@ -95,7 +95,7 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
 # The row of a finished job whose record was punched (hybridq.journal.holes): as the ledger's
 # ``done`` entry knows it (id, location, queue), without its function or arguments. ``seq`` is the
 # first of its punched run's (a lower bound: the record's own is gone). A row read from the
-# journal wins (an id taken over by a requeue keeps its newer record).
+# journal wins; a requeued job's records are never punched, so its newest is read (docs/guarantees.md).
 _BARE = "INSERT OR IGNORE INTO jobs (id, writer, seg, off, seq, requeue, queue) VALUES (?, ?, ?, ?, ?, 0, ?)"
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
+from hybridq import Queue
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
@@ -145,3 +147,30 @@ def test_an_idle_pass_reads_no_segment_and_a_restart_does_not_read_a_punched_one
     monkeypatch.setattr(JournalReader, "segment_records", segment_records)
     assert again.step() == 0
     assert reads == []
+
+
+def test_a_requeued_jobs_record_is_not_punched(journal_dir: Path) -> None:
+    """Its success answers from its record only (review 2 of issue 29, M1): the bytes decide, then the envelope."""
+    queue = Queue(journal=str(journal_dir))
+    plain, named, requeued = (
+        queue.prepare("tests.tasks.add", (), {"requeue": 1}),  # an argument named so: punched
+        queue.prepare("tests.tasks.add", ("a", "b")),
+        dataclasses.replace(queue.prepare("tests.tasks.add", ("c", "d")), requeue=2),
+    )
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        for i in range(40):
+            env = requeued if i == 8 else plain if i % 2 else named
+            writer.append_many([env.to_bytes()])
+    records = list(JournalReader(journal_dir).records())
+    seg0 = [r for r in records if r.segment_index == 0]
+    assert len(seg0) > 10
+    assert b'"requeue":2' in seg0[8].payload
+    state = _state(journal_dir, records, read_through=1)
+    _finish(state, seg0[:-1])  # the last one waits: the segment is not deleted instead
+    assert Puncher(state, min_bytes=1).step() > 0
+    holes = read_holes(str(journal_dir), seg0[0].writer_id, 0)
+    assert [(h.start, h.end) for h in holes] == [
+        (seg0[0].offset, seg0[7].end),
+        (seg0[9].offset, seg0[-2].end),
+    ]
+    state.close()

@@ -11,17 +11,21 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import hybridq
 import pytest
 from hybridq import Queue
 from hybridq.cancels import cancel
+from hybridq.envelope.model import Envelope
 from hybridq.forwarder import flow_steps
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import holes_of
+from hybridq.ops.failures import failed_jobs, requeue
+from hybridq.producer import writers
 from hybridq.transport import MemoryTransport
 
 
@@ -42,14 +46,18 @@ def _punched_journal(journal: Path) -> tuple[Queue, list[str], MemoryTransport]:
 
 
 def _run(
-    journal: Path, transport: MemoryTransport, steps: int, forwarder: Forwarder | None = None
+    journal: Path,
+    transport: MemoryTransport,
+    steps: int,
+    forwarder: Forwarder | None = None,
+    task: Callable[[Envelope, int], None] | None = None,
 ) -> Forwarder:
     if forwarder is None:
         forwarder = Forwarder(str(journal), transport, reconcile_interval_s=0.0, lease_s=0.0)
         forwarder.open()
     for _ in range(steps):
         forwarder.step()
-        transport.work()
+        transport.work(func=task)
         assert forwarder.completions is not None
         forwarder.completions.hurry()
         forwarder.completions.compactor.hurry()
@@ -101,6 +109,65 @@ def test_a_rebuilt_lookup_index_keeps_the_punched_jobs(
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             _run(journal_dir, transport, 1, forwarder)
+            status = getattr(hybridq.fetch_job(dep.id, str(journal_dir)), "status", None)
+            if status in ("finished", "cancelled", "failed"):
+                break
+            time.sleep(0.2)
+        assert status == "finished"
+    finally:
+        forwarder.close()
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_a_requeued_job_that_succeeded_answers_succeeded(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch, rebuild: bool
+) -> None:
+    """Its first record stays (its failure keeps a requeue mark); its success must not read as that failure.
+
+    The new record's bare row, after a rebuild, could not take over the first record's row, and
+    cancel() found the first record: so a requeued record is never punched (review 2 of issue 29, M1).
+    """
+    monkeypatch.setattr(flow_steps, "UNKNOWN_DEP_S", 0.5)
+    monkeypatch.setattr(writers, "DEFAULT_MAX_SEGMENT_BYTES", 2 << 20)
+    queue = Queue(journal=str(journal_dir))
+    queue.enqueue("tests.tasks.add", "a", "b", delay=3600, job_id="pin")  # keyed: pins segment 0
+    x = queue.enqueue("tests.tasks.add", "x", "y")
+    for i in range(20):
+        queue.enqueue("tests.tasks.add", "x" * 8000, str(i))
+    transport = MemoryTransport()
+    forwarder = Forwarder(str(journal_dir), transport, reconcile_interval_s=0.0, lease_s=0.0)
+    forwarder.open()
+
+    def task(env: Envelope, attempt: int) -> None:
+        if env.id == x.id and env.requeue == 0:
+            raise RuntimeError("planned failure")
+
+    deadline = time.monotonic() + 30
+    while x.id not in {f.id for f in failed_jobs(str(journal_dir))}:
+        assert time.monotonic() < deadline
+        _run(journal_dir, transport, 1, forwarder, task)
+    (again,) = requeue([x.id], str(journal_dir))
+    for i in range(300):  # after the requeued record: segment 0 fills and is sealed
+        queue.enqueue("tests.tasks.add", "y" * 8000, str(i))
+    _run(journal_dir, transport, 30, forwarder, task)
+    assert again.record is not None
+    assert x.record is not None
+    assert (again.record.writer_id, again.record.segment) == (x.record.writer_id, 0)
+    # Its neighbours were punched.
+    assert holes_of(os.path.join(journal_dir, segment_name(again.record.writer_id, 0)))
+    try:
+        if rebuild:
+            forwarder.close()
+            shutil.rmtree(journal_dir / "lookup")  # a cache, rebuilt from the rest (docs/journal-format.md)
+            forwarder = _run(journal_dir, transport, 20, None, task)
+        job = hybridq.fetch_job(x.id, str(journal_dir))
+        assert job is not None
+        assert job.status == "finished"
+        assert [r.state for r in cancel([x.id], str(journal_dir))] == ["succeeded"]
+        dep = queue.enqueue("tests.tasks.add", "c", "d", depends_on=x.id)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _run(journal_dir, transport, 1, forwarder, task)
             status = getattr(hybridq.fetch_job(dep.id, str(journal_dir)), "status", None)
             if status in ("finished", "cancelled", "failed"):
                 break
