@@ -36,6 +36,16 @@ def _segment(records: list, index: int) -> list:
     return [r for r in records if r.segment_index == index]
 
 
+def _rot(journal_dir: Path, writer: str, offset: int) -> None:
+    """Bit rot in the record at ``offset`` of sealed segment 0 (made writable for it, then sealed again)."""
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(offset + 30)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+
+
 def test_a_punched_range_is_skipped_by_the_scan_and_its_blocks_freed(journal_dir: Path) -> None:
     records = _journal(journal_dir)
     seg0 = _segment(records, 0)
@@ -240,12 +250,7 @@ def test_a_repair_of_damage_right_after_a_punched_range_keeps_the_range_and_coun
     seg0 = _segment(records, 0)
     writer = seg0[0].writer_id
     add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
-    path = os.path.join(journal_dir, segment_name(writer, 0))
-    os.chmod(path, 0o600)
-    with open(path, "r+b") as f:  # bit rot in the record just after the punched range
-        f.seek(seg0[6].offset + 30)
-        f.write(b"\xff\xff")
-    os.chmod(path, 0o400)
+    _rot(journal_dir, writer, seg0[6].offset)  # bit rot in the record just after the punched range
     report = repair(journal_dir, accept_loss=True)
     assert report.applied
     verify(journal_dir)  # the map still falls on the records, the new seals after it
@@ -259,12 +264,7 @@ def test_a_repair_cut_before_a_punched_range_drops_the_range_from_the_map(journa
     seg0 = _segment(records, 0)
     writer = seg0[0].writer_id
     add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, 2), _run(seg0, 6, 8)])
-    path = os.path.join(journal_dir, segment_name(writer, 0))
-    os.chmod(path, 0o600)
-    with open(path, "r+b") as f:  # bit rot between the two ranges: the second one is cut away
-        f.seek(seg0[4].offset + 30)
-        f.write(b"\xff\xff")
-    os.chmod(path, 0o400)
+    _rot(journal_dir, writer, seg0[4].offset)  # bit rot between the two ranges: the second one is cut away
     assert repair(journal_dir, accept_loss=True).applied
     verify(journal_dir)
     assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, 2),)
@@ -322,12 +322,7 @@ def test_a_repair_reports_a_punched_range_past_its_cut_as_punched_and_backs_its_
     seg0 = _segment(records, 0)
     writer = seg0[0].writer_id
     add_holes(str(journal_dir), writer, 0, [_run(seg0, 6, 20)])
-    path = os.path.join(journal_dir, segment_name(writer, 0))
-    os.chmod(path, 0o600)
-    with open(path, "r+b") as f:  # damage before the punched range: the cut drops it
-        f.seek(seg0[4].offset + 30)
-        f.write(b"\xff\xff")
-    os.chmod(path, 0o400)
+    _rot(journal_dir, writer, seg0[4].offset)  # damage before the punched range: the cut drops it
     dropped = repair(journal_dir, accept_loss=False).dropped
     kinds = [(d.kind, d.seq, d.last_seq) for d in dropped if d.segment == 0]
     assert ("punched", seg0[6].seq, seg0[20].seq) in kinds
