@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.journal import JournalReader, RecordType
-from hybridq.journal.holes import HOLES_SUFFIX, Hole, read_holes
+from hybridq.journal.holes import HOLES_SUFFIX, HoleMaps
 from hybridq.journal.paths import default_journal, ensure_journal_dir, existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger.compacted import Compacted, consistent
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import load_index, read_ledger
+from hybridq.ledger.store import load_index, read_ledger_of
 from hybridq.protocol import EntryKind
 from hybridq.protocol.nudge import nudge
 
@@ -186,22 +186,20 @@ def _punched(path: str, ids: set[str], index: LedgerIndex) -> dict[str, list[Loc
     """Where each of ``ids`` finished in a punched run (its record is gone: the scan skips it).
 
     A punched segment is still on disk (docs/journal-format.md, hole maps): its jobs answer as
-    finished, not unknown. Their ``done`` entries say where; read only if a segment has a map.
+    finished, not unknown. Their ``done`` entries say where. The ledger is read only if a
+    segment has a map, and only the entries naming an id are decoded: which mapped segment an
+    id could be in is known from its record (punched) or its ledger entries only (the ledger
+    index keeps locations, not ids; the lookup index is a cache that may be behind).
+    A requeued job's records are never punched: one found in the journal is not looked up here.
     """
     if not ids or not any(HOLES_SUFFIX in name for name in os.listdir(path)):
         return {}
-    maps: dict[tuple[str, int], tuple[Hole, ...]] = {}
+    maps = HoleMaps(path)
     out: dict[str, list[Loc]] = {}
-    for _, entry in read_ledger(path):
-        if entry.kind != EntryKind.DONE or entry.job_id not in ids or not index.is_terminal(entry.loc):
+    for entry in read_ledger_of(path, ids):
+        if entry.kind != EntryKind.DONE or not index.is_terminal(entry.loc):
             continue
-        writer, seg, off = entry.loc
-        if (writer, seg) not in maps:
-            try:
-                maps[(writer, seg)] = read_holes(path, writer, seg)
-            except StateFileCorrupt:
-                maps[(writer, seg)] = ()
-        if any(h.start <= off < h.end for h in maps[(writer, seg)]):
+        if maps.hole_at(*entry.loc) is not None:
             locs = out.setdefault(entry.job_id, [])
             if entry.loc not in locs:
                 locs.append(entry.loc)

@@ -17,15 +17,17 @@ redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import ctypes.util
 import errno
 import logging
+import operator
 import os
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hybridq import crashpoints
@@ -51,8 +53,10 @@ from .statefile import STATE_SUFFIX, read_state, write_state
 __all__ = [
     "HOLES_SUFFIX",
     "Hole",
+    "HoleMaps",
     "RecordPunched",
     "add_holes",
+    "hole_at",
     "holes_of",
     "punch_supported",
     "read_holes",
@@ -129,6 +133,41 @@ def holes_of(segment_path: str, *, fileops: FileOps = OS_FILEOPS) -> tuple[Hole,
     if parsed is None:
         return ()
     return read_holes(os.path.dirname(segment_path), *parsed, fileops=fileops)
+
+
+_START = operator.attrgetter("start")
+
+
+def hole_at(holes: Sequence[Hole], offset: int) -> Hole | None:
+    """The range of a map's ``holes`` (sorted, disjoint) that holds ``offset``; ``None`` if none.
+
+    A bisect on the starts: a 64 MiB segment with a failure every 20 jobs has thousands of ranges.
+    """
+    i = bisect.bisect_right(holes, offset, key=_START) - 1
+    return holes[i] if i >= 0 and offset < holes[i].end else None
+
+
+class HoleMaps:
+    """Which punched range holds a location (the ``done`` entries of records a scan skipped).
+
+    Each map is read once; one that cannot be read answers "not punched" (the scan reports it).
+    """
+
+    def __init__(self, directory: str, *, fileops: FileOps = OS_FILEOPS) -> None:
+        self.directory = directory
+        self.fileops = fileops
+        self._maps: dict[tuple[str, int], tuple[Hole, ...]] = {}
+
+    def hole_at(self, writer_id: str, index: int, offset: int) -> Hole | None:
+        """The punched range of segment ``index`` of chain ``writer_id`` that holds ``offset``."""
+        holes = self._maps.get((writer_id, index))
+        if holes is None:
+            try:
+                holes = read_holes(self.directory, writer_id, index, fileops=self.fileops)
+            except (OSError, StateFileCorrupt):
+                holes = ()
+            self._maps[(writer_id, index)] = holes
+        return hole_at(holes, offset) if holes else None
 
 
 def _encode(holes: list[Hole]) -> bytes:

@@ -31,7 +31,7 @@ from .format import (
     record_problem,
     salt_seed,
 )
-from .holes import Hole, holes_of
+from .holes import Hole, hole_at, holes_of
 from .records import Later, Record, SegmentInfo, TornTail
 
 __all__ = ["SegmentScan", "candidate_pattern", "unpack_header"]
@@ -275,10 +275,7 @@ class SegmentScan:
         # Whatever the mode: a scan that opened the segment while the punch held it writable
         # (hybridq.journal.holes._writable) did not look the map up. Only on bad bytes: rare.
         self.holes = holes_of(self.path, fileops=self.ops)
-        for hole in self.holes:
-            if hole.start <= off < hole.end:
-                return hole
-        return None
+        return hole_at(self.holes, off)
 
     def _sealed(self) -> bool:
         """Whether this segment may have a hole map: read-only, or followed by another segment.

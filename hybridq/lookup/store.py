@@ -16,9 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
-from hybridq.errors import StateFileCorrupt
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.holes import Hole, read_holes
+from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
@@ -106,22 +105,14 @@ def _bare_rows(db: sqlite3.Connection, journal: str, entries: Iterable[Entry]) -
     its marks taken back by a power loss) answers for its finished jobs as before the punch,
     not as for a compacted one (docs/journal-format.md, the ``lookup/`` row).
     """
-    maps: dict[tuple[str, int], tuple[Hole, ...]] = {}
+    maps = HoleMaps(journal)
     rows = []
     for e in entries:
         if e.kind != EntryKind.DONE:
             continue
-        writer, seg, off = e.loc
-        holes = maps.get((writer, seg))
-        if holes is None:
-            try:
-                holes = maps[(writer, seg)] = read_holes(journal, writer, seg)
-            except (OSError, StateFileCorrupt):
-                holes = maps[(writer, seg)] = ()  # a damaged map: the scan says so
-        for h in holes:
-            if h.start <= off < h.end:
-                rows.append((e.job_id, writer, seg, off, h.first_seq, e.queue))
-                break
+        hole = maps.hole_at(*e.loc)
+        if hole is not None:
+            rows.append((e.job_id, *e.loc, hole.first_seq, e.queue))
     if rows:
         db.executemany(_BARE, rows)
 

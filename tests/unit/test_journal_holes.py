@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import stat
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hybridq.journal import JournalReader, JournalWriter, holes
 from hybridq.journal.background import BackgroundCheck, sealed_segments
 from hybridq.journal.compact import remove_oldest_segment
 from hybridq.journal.fileops import FileOps
-from hybridq.journal.format import segment_name
+from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.holes import Hole, RecordPunched, add_holes, read_holes, tidy_hole_maps
 from hybridq.journal.random_access import SegmentFile, read_record_at
 from hybridq.journal.recovery import verify
@@ -363,3 +364,33 @@ def test_a_punch_not_as_root_opens_the_sealed_segment_writable_and_seals_it_agai
     assert ops.modes == [0o600, 0o400]  # u+w for the open only
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
     assert JournalReader(journal_dir).check() == len(records)
+
+
+def test_hole_at_answers_as_a_look_at_every_range() -> None:
+    """A bisect on the starts (review 2 of issue 29, L1), held against the linear test it replaces."""
+    rng = random.Random(29)
+    at, ranges = FILE_HEADER_SIZE, []
+    for i in range(300):
+        start = at + rng.randrange(0, 3) * 100
+        ranges.append(Hole(start, start + rng.randrange(1, 4) * 100, i * 10, i * 10 + 1, 1))
+        at = ranges[-1].end
+    for n in (0, 1, 2, len(ranges)):
+        some = tuple(ranges[:n])
+        for off in [*range(0, at + 200, 50), *(h.start for h in some), *(h.end for h in some)]:
+            assert holes.hole_at(some, off) == next((h for h in some if h.start <= off < h.end), None)
+
+
+def test_hole_maps_read_each_map_once_and_a_damaged_one_as_none(journal_dir: Path) -> None:
+    records = _journal(journal_dir)
+    seg0, seg1 = _segment(records, 0), _segment(records, 1)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
+    holes.write_state(str(journal_dir), segment_name(writer, 1) + holes.HOLES_SUFFIX, b"\x01")  # damaged
+    maps = holes.HoleMaps(str(journal_dir))
+    assert maps.hole_at(writer, 0, seg0[3].offset) == _run(seg0, 2, 5)
+    assert maps.hole_at(writer, 0, seg0[6].offset) is None
+    assert maps.hole_at(writer, 1, seg1[0].offset) is None
+    assert maps.hole_at(writer, 7, FILE_HEADER_SIZE) is None  # no such segment: no map
+    holes.remove_holes(str(journal_dir), writer, 0)
+    assert maps.hole_at(writer, 0, seg0[3].offset) == _run(seg0, 2, 5)  # read once
+
