@@ -394,3 +394,20 @@ def test_hole_maps_read_each_map_once_and_a_damaged_one_as_none(journal_dir: Pat
     holes.remove_holes(str(journal_dir), writer, 0)
     assert maps.hole_at(writer, 0, seg0[3].offset) == _run(seg0, 2, 5)  # read once
 
+
+def test_the_starts_check_of_a_map_reads_its_segment_through_the_fileops(journal_dir: Path) -> None:
+    """An I/O error there leaves the map for the scan to report (review 2 of issue 29, L2: it used ``open``)."""
+    records = _journal(journal_dir)
+    seg0 = _segment(records, 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
+    path = os.path.join(journal_dir, segment_name(writer, 0))
+
+    class _Failing(FileOps):
+        def open(self, name: str, flags: int, mode: int = 0o600) -> int:
+            if name == path:
+                raise OSError(errno.EIO, "Input/output error", name)
+            return super().open(name, flags, mode)
+
+    assert tidy_hole_maps(str(journal_dir), fileops=_Failing()) == []
+    assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 2, 5),)
