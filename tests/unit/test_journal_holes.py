@@ -37,14 +37,18 @@ def _segment(records: list, index: int) -> list:
     return [r for r in records if r.segment_index == index]
 
 
-def _rot(journal_dir: Path, writer: str, offset: int) -> None:
-    """Bit rot in the record at ``offset`` of sealed segment 0 (made writable for it, then sealed again)."""
+def _punched_then_rotted(journal_dir: Path, runs: list[tuple[int, int]], rot: int) -> tuple[list, str]:
+    """Segment 0 with ``runs`` (record indices) punched, then bit rot in its record ``rot``."""
+    seg0 = _segment(_journal(journal_dir), 0)
+    writer = seg0[0].writer_id
+    add_holes(str(journal_dir), writer, 0, [_run(seg0, a, b) for a, b in runs])
     path = os.path.join(journal_dir, segment_name(writer, 0))
-    os.chmod(path, 0o600)
+    os.chmod(path, 0o600)  # made writable for it, then sealed again
     with open(path, "r+b") as f:
-        f.seek(offset + 30)
+        f.seek(seg0[rot].offset + 30)
         f.write(b"\xff\xff")
     os.chmod(path, 0o400)
+    return seg0, writer
 
 
 def test_a_punched_range_is_skipped_by_the_scan_and_its_blocks_freed(journal_dir: Path) -> None:
@@ -247,11 +251,8 @@ def test_a_filesystem_without_punch_keeps_working(journal_dir: Path, monkeypatch
 def test_a_repair_of_damage_right_after_a_punched_range_keeps_the_range_and_counts_it(
     journal_dir: Path,
 ) -> None:
-    records = _journal(journal_dir)
-    seg0 = _segment(records, 0)
-    writer = seg0[0].writer_id
-    add_holes(str(journal_dir), writer, 0, [_run(seg0, 2, 5)])
-    _rot(journal_dir, writer, seg0[6].offset)  # bit rot in the record just after the punched range
+    # Bit rot in the record just after the punched range.
+    _, writer = _punched_then_rotted(journal_dir, [(2, 5)], rot=6)
     report = repair(journal_dir, accept_loss=True)
     assert report.applied
     verify(journal_dir)  # the map still falls on the records, the new seals after it
@@ -261,11 +262,8 @@ def test_a_repair_of_damage_right_after_a_punched_range_keeps_the_range_and_coun
 
 
 def test_a_repair_cut_before_a_punched_range_drops_the_range_from_the_map(journal_dir: Path) -> None:
-    records = _journal(journal_dir)
-    seg0 = _segment(records, 0)
-    writer = seg0[0].writer_id
-    add_holes(str(journal_dir), writer, 0, [_run(seg0, 1, 2), _run(seg0, 6, 8)])
-    _rot(journal_dir, writer, seg0[4].offset)  # bit rot between the two ranges: the second one is cut away
+    # Bit rot between the two ranges: the second one is cut away.
+    seg0, writer = _punched_then_rotted(journal_dir, [(1, 2), (6, 8)], rot=4)
     assert repair(journal_dir, accept_loss=True).applied
     verify(journal_dir)
     assert read_holes(str(journal_dir), writer, 0) == (_run(seg0, 1, 2),)
@@ -319,11 +317,8 @@ def test_the_start_neither_punches_nor_seals_on_a_map_that_does_not_fit(journal_
 def test_a_repair_reports_a_punched_range_past_its_cut_as_punched_and_backs_its_map_up(
     journal_dir: Path,
 ) -> None:
-    records = _journal(journal_dir)
-    seg0 = _segment(records, 0)
-    writer = seg0[0].writer_id
-    add_holes(str(journal_dir), writer, 0, [_run(seg0, 6, 20)])
-    _rot(journal_dir, writer, seg0[4].offset)  # damage before the punched range: the cut drops it
+    # Damage before the punched range: the cut drops it.
+    seg0, writer = _punched_then_rotted(journal_dir, [(6, 20)], rot=4)
     dropped = repair(journal_dir, accept_loss=False).dropped
     kinds = [(d.kind, d.seq, d.last_seq) for d in dropped if d.segment == 0]
     assert ("punched", seg0[6].seq, seg0[20].seq) in kinds

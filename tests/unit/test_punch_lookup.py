@@ -65,6 +65,30 @@ def _run(
     return forwarder
 
 
+def _answers_succeeded(
+    job_id: str,
+    queue: Queue,
+    transport: MemoryTransport,
+    forwarder: Forwarder,
+    task: Callable[[Envelope, int], None] | None = None,
+) -> None:
+    """fetch_job says finished, cancel() succeeded, and a ``depends_on`` dependent runs."""
+    journal = queue.journal
+    job = hybridq.fetch_job(job_id, journal)
+    assert job is not None
+    assert job.status == "finished"
+    assert [r.state for r in cancel([job_id], journal)] == ["succeeded"]
+    dep = queue.enqueue("tests.tasks.add", "c", "d", depends_on=job_id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _run(Path(journal), transport, 1, forwarder, task)
+        status = getattr(hybridq.fetch_job(dep.id, journal), "status", None)
+        if status in ("finished", "cancelled", "failed"):
+            break
+        time.sleep(0.2)
+    assert status == "finished"
+
+
 def test_lookup_marks_inside_a_punched_run_finish_the_build(journal_dir: Path) -> None:
     queue, _, transport = _punched_journal(journal_dir)
     ((writer, _),) = [(w, i) for w, i in hybridq.journal.reader.list_chains(str(journal_dir)).items()]
@@ -101,19 +125,7 @@ def test_a_rebuilt_lookup_index_keeps_the_punched_jobs(
     shutil.rmtree(journal_dir / "lookup")  # a cache, rebuilt from the rest (docs/journal-format.md)
     forwarder = _run(journal_dir, transport, 20)
     try:
-        job = hybridq.fetch_job(probe, str(journal_dir))
-        assert job is not None
-        assert job.status == "finished"
-        assert [r.state for r in cancel([probe], str(journal_dir))] == ["succeeded"]
-        dep = queue.enqueue("tests.tasks.add", "c", "d", depends_on=probe)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            _run(journal_dir, transport, 1, forwarder)
-            status = getattr(hybridq.fetch_job(dep.id, str(journal_dir)), "status", None)
-            if status in ("finished", "cancelled", "failed"):
-                break
-            time.sleep(0.2)
-        assert status == "finished"
+        _answers_succeeded(probe, queue, transport, forwarder)
     finally:
         forwarder.close()
 
@@ -160,18 +172,6 @@ def test_a_requeued_job_that_succeeded_answers_succeeded(
             forwarder.close()
             shutil.rmtree(journal_dir / "lookup")  # a cache, rebuilt from the rest (docs/journal-format.md)
             forwarder = _run(journal_dir, transport, 20, None, task)
-        job = hybridq.fetch_job(x.id, str(journal_dir))
-        assert job is not None
-        assert job.status == "finished"
-        assert [r.state for r in cancel([x.id], str(journal_dir))] == ["succeeded"]
-        dep = queue.enqueue("tests.tasks.add", "c", "d", depends_on=x.id)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            _run(journal_dir, transport, 1, forwarder, task)
-            status = getattr(hybridq.fetch_job(dep.id, str(journal_dir)), "status", None)
-            if status in ("finished", "cancelled", "failed"):
-                break
-            time.sleep(0.2)
-        assert status == "finished"
+        _answers_succeeded(x.id, queue, transport, forwarder, task)
     finally:
         forwarder.close()
