@@ -8,7 +8,9 @@ harvests and compacts after every call. The producer's segments are sealed past
 64 MiB, and a day of them is what a day-delayed job pins). Once every immediate job finished
 and compaction ran, it prints:
 
-  * the journal's segment files and bytes (``segment_usage``), and the ledger's;
+  * the journal's segment files and bytes (``segment_usage``), and the ledger's; and the bytes
+    the journal's segments hold on disk (``st_blocks``: less than their size once finished
+    records were punched out of them, ``hybridq.journal.holes``);
   * the forwarder's ledger index memory: tracemalloc's bytes allocated by ``hybridq/ledger/``
     code that are still alive (started before the forwarder opened);
   * the delayed jobs still pending (all of them: they are an hour away).
@@ -21,6 +23,10 @@ go to the ledger while their segment stays).
 ``--keyed``: each delayed job has an explicit ``idempotency_key``, whose ``key`` entry the
 forwarder appends to its ledger when it reads the job (docs/enqueue.md, "Enqueue-if-absent").
 
+``--pin``: before anything else, one job delayed an hour with an explicit ``idempotency_key``
+(in the main chain: it pins the first segment and, until it runs, every later one), and no
+other delayed job unless ``--every`` says so (``--every 0``: none).
+
 Runs against whatever ``hybridq`` is importable (PYTHONPATH): run it on two trees to compare.
 """
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import tempfile
 import time
 import tracemalloc
@@ -51,6 +58,11 @@ def ledger_index_bytes() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+def allocated(journal: str) -> int:
+    """Bytes of disk the journal's segment files hold (``st_blocks``: punched ranges hold none)."""
+    return sum(entry.stat().st_blocks * 512 for entry in os.scandir(journal) if entry.name.endswith(".wal"))
+
+
 def ran(transport: MemoryTransport) -> int:
     """The delayed jobs run so far (the only jobs with a ``run_at``)."""
     return sum(1 for job_id in transport.executions if transport.jobs[job_id].run_at is not None)
@@ -71,6 +83,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--keyed", action="store_true", help="each delayed job with an explicit idempotency_key"
+    )
+    parser.add_argument(
+        "--pin", action="store_true", help="first, one keyed job delayed an hour (it pins the main chain)"
     )
     args = parser.parse_args()
     # The main chain's segment size: a tree before issue 29's change has one writer per process
@@ -95,21 +110,26 @@ def main() -> None:
             completions.compactor.hurry()
             forwarder.step()
 
-        peak_bytes = peak_ledger = delayed = 0
+        peak_bytes = peak_ledger = peak_alloc = delayed = 0
         started = time.perf_counter()
-        for start in range(0, args.jobs, args.every):
+        if args.pin:
+            queue.enqueue("bench.noop", -1, PAD, delay=3600, idempotency_key="pin")
+            delayed += 1
+        step = args.every or 100
+        for start in range(0, args.jobs, step):
             queue.enqueue_many(
-                [queue.prepare("bench.noop", (i, PAD)) for i in range(start, start + args.every - 1)]
+                [queue.prepare("bench.noop", (i, PAD)) for i in range(start, start + step - (args.every > 0))]
             )
             key = f"remind:{start}" if args.keyed else None
-            if args.steady:
+            if args.every and args.steady:
                 sim[0] += args.steady
                 queue.enqueue("bench.noop", start, PAD, run_at=sim[0] + 3600, idempotency_key=key)
-            else:
+            elif args.every:
                 queue.enqueue("bench.noop", start, PAD, delay=3600, idempotency_key=key)
-            delayed += 1
+            delayed += args.every > 0
             turn()
             peak_bytes = max(peak_bytes, segment_usage(journal)[1])
+            peak_alloc = max(peak_alloc, allocated(journal))
             peak_ledger = max(peak_ledger, segment_usage(ledger_dir(journal))[1])
         for _ in range(600):
             if collect_status(journal)["pending"] == delayed - ran(transport):
@@ -118,6 +138,7 @@ def main() -> None:
         for _ in range(3):  # the last sealed segments' deletion
             turn()
         segments, size = segment_usage(journal)
+        on_disk = allocated(journal)
         ledger_segments, ledger_size = segment_usage(ledger_dir(journal))
         index = ledger_index_bytes()
         pending, delayed_ran = collect_status(journal)["pending"], ran(transport)
@@ -126,6 +147,7 @@ def main() -> None:
             f"jobs={args.jobs} delayed={delayed} keyed={args.keyed} segment_bytes={args.segment_bytes} "
             f"seconds={time.perf_counter() - started:.1f}\n"
             f"journal: peak_bytes={peak_bytes} after: segments={segments} bytes={size}\n"
+            f"journal on disk (st_blocks): peak={peak_alloc} after={on_disk}\n"
             f"ledger: peak_bytes={peak_ledger} after: segments={ledger_segments} bytes={ledger_size}\n"
             f"ledger index (tracemalloc, hybridq/ledger/ allocations alive): {index} B\n"
             f"pending after: {pending}; delayed jobs run: {delayed_ran} (steady={args.steady} s a call)"

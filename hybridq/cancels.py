@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.journal import JournalReader, RecordType
+from hybridq.journal.holes import HOLES_SUFFIX, HoleMaps
 from hybridq.journal.paths import default_journal, ensure_journal_dir, existing_journal_dir
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger.compacted import Compacted, consistent
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import load_index
+from hybridq.ledger.store import load_index, read_ledger_of
+from hybridq.protocol import EntryKind
 from hybridq.protocol.nudge import nudge
 
 __all__ = [
@@ -62,7 +64,8 @@ class CancelResult:
     ``state``: ``requested`` (the job had not ended: it will not run, or is asked to stop),
     ``cancelled`` (cancelled already), ``succeeded`` or ``failed`` (it ended before: nothing
     done), ``unknown`` (no such job in the journal: never enqueued here, or finished so long ago
-    that its records were compacted away).
+    that its segment was compacted away; a finished job whose record was punched out of a segment
+    still on disk answers as finished).
     """
 
     id: str
@@ -97,6 +100,7 @@ def cancel(job_ids: Iterable[str], journal: str | os.PathLike[str] | None = None
     index, locs = consistent(
         path, lambda c: (_Known(c, load_index(path, c, keys=False)), _records(path, set(wanted), c))
     )
+    locs.update(_punched(path, {i for i in wanted if i not in locs}, index.index))
     return _ask(path, wanted, locs, index.index)
 
 
@@ -175,6 +179,30 @@ def _records(path: str, ids: set[str], compacted: Compacted) -> dict[str, list[L
             continue
         if env.id in hits:
             out.setdefault(env.id, []).append((rec.writer_id, rec.segment_index, rec.offset))
+    return out
+
+
+def _punched(path: str, ids: set[str], index: LedgerIndex) -> dict[str, list[Loc]]:
+    """Where each of ``ids`` finished in a punched run (its record is gone: the scan skips it).
+
+    A punched segment is still on disk (docs/journal-format.md, hole maps): its jobs answer as
+    finished, not unknown. Their ``done`` entries say where. The ledger is read only if a
+    segment has a map, and only the entries naming an id are decoded: which mapped segment an
+    id could be in is known from its record (punched) or its ledger entries only (the ledger
+    index keeps locations, not ids; the lookup index is a cache that may be behind).
+    A requeued job's records are never punched: one found in the journal is not looked up here.
+    """
+    if not ids or not any(HOLES_SUFFIX in name for name in os.listdir(path)):
+        return {}
+    maps = HoleMaps(path)
+    out: dict[str, list[Loc]] = {}
+    for entry in read_ledger_of(path, ids):
+        if entry.kind != EntryKind.DONE or not index.is_terminal(entry.loc):
+            continue
+        if maps.hole_at(*entry.loc) is not None:
+            locs = out.setdefault(entry.job_id, [])
+            if entry.loc not in locs:
+                locs.append(entry.loc)
     return out
 
 

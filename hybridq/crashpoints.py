@@ -17,6 +17,7 @@ __all__ = [
     "FORWARDER_NAMES",
     "INDEX_NAMES",
     "NAMES",
+    "PUNCH_NAMES",
     "RELAY_NAMES",
     "SCHEDULE_NAMES",
     "WORKFLOW_NAMES",
@@ -29,6 +30,9 @@ __all__ = [
 NAMES = ("before_write", "mid_record", "after_write_before_fsync", "after_fsync_before_ack")
 #: The points compaction passes, in order, for each segment it deletes (S13).
 COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
+#: The points punching passes, in order, for each segment it punches (hybridq.journal.holes): the
+#: sealed segment writable; its hole map written; its ranges punched, not yet fsync'd.
+PUNCH_NAMES = ("punch_writable", "punch_after_map", "punch_after_punch")
 #: The points the forwarder passes while harvesting completions.
 FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 #: The outbox relay's point: its batch is in the journal, its rows not yet deleted.
@@ -42,7 +46,14 @@ WORKFLOW_NAMES = ("flows_after_release", "flows_after_end")
 #: marked, the file not written yet; key owners applied, their transaction not committed (issue 29).
 INDEX_NAMES = ("index_mid_write", "index_after_save", "index_keys_marked", "keys_before_commit")
 _ALL = (
-    NAMES + COMPACTION_NAMES + FORWARDER_NAMES + RELAY_NAMES + SCHEDULE_NAMES + WORKFLOW_NAMES + INDEX_NAMES
+    NAMES
+    + COMPACTION_NAMES
+    + PUNCH_NAMES
+    + FORWARDER_NAMES
+    + RELAY_NAMES
+    + SCHEDULE_NAMES
+    + WORKFLOW_NAMES
+    + INDEX_NAMES
 )
 
 _spec: tuple[str, int] | None = None

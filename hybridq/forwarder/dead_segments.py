@@ -25,10 +25,12 @@ import sys
 import time
 from collections.abc import Mapping
 
+from hybridq.forwarder.punch import Puncher
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
 from hybridq.journal.compact import remove_oldest_segment, sealed_data_count
 from hybridq.journal.format import segment_name
+from hybridq.journal.holes import tidy_hole_maps
 from hybridq.journal.reader import list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import Compacted
@@ -65,6 +67,8 @@ class Compactor:
         #: entries it keeps (failures with their envelopes: megabytes for a segment of them)
         #: are read again when it goes.
         self._scans: dict[tuple[str, int], tuple[tuple[int, int], dict[str, int]]] = {}
+        #: Frees the finished records of segments that cannot go yet (hybridq.forwarder.punch).
+        self.puncher = Puncher(state)
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
@@ -87,6 +91,7 @@ class Compactor:
                     break
                 self._delete(writer_id, index)
                 deleted += 1
+        self.puncher.step()
         if not deleted and self._ledger_once:
             return False
         # The ledger follows the journal; and once after a start, for the chains of earlier
@@ -131,7 +136,12 @@ class Compactor:
         return dataclasses.replace(compacted, through=dict(compacted.through))
 
     def finish_deletions(self) -> None:
-        """Delete segments a crash left behind after their compaction state was saved."""
+        """Delete segments a crash left behind after their compaction state was saved.
+
+        And the hole maps a crash left behind their segment, or a segment a crash left writable
+        while it was punched (:func:`~hybridq.journal.holes.tidy_hole_maps`).
+        """
+        tidy_hole_maps(self.journal)
         for writer_id, indices in list_chains(self.journal).items():
             for index in indices:
                 if not self.state.compacted.is_compacted((writer_id, index)):

@@ -54,6 +54,7 @@ from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
+from hybridq.ledger.punched_maps import collapse_punched
 from hybridq.ledger.saved_index import IndexSaver, resume
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.lookup.pending import PendingTracker
@@ -138,6 +139,9 @@ class ForwarderState:
         # the key owners in their table on disk (hybridq.ledger.keytable).
         self.index.keys.close()
         self.index, read, resumed = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
+        # The punched ranges instead of their finished jobs' offsets (issue 29): after the replay,
+        # which gave every job in them its outcome (hybridq.ledger.punched_maps).
+        collapse_punched(self.journal, self.index, self.compacted)
         self._saver = IndexSaver(self.journal, read)
         self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()

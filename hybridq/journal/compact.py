@@ -17,6 +17,7 @@ from hybridq import crashpoints
 
 from .fileops import OS_FILEOPS, FileOps
 from .format import decode_seal, segment_name
+from .holes import remove_holes
 from .reader import list_chains, read_seal
 
 __all__ = ["remove_oldest_segment", "sealed_data_count"]
@@ -39,3 +40,7 @@ def remove_oldest_segment(path: str, writer_id: str, segment: int, *, fileops: F
     fileops.unlink(os.path.join(path, segment_name(writer_id, segment)))
     crashpoints.reached("compact_after_unlink")
     fileops.fsync_dir(path)
+    # Its hole map after it (hybridq.journal.holes): a map left alone by a crash is removed at
+    # the next start (tidy_hole_maps); a segment never stands without the map it was punched by.
+    if remove_holes(path, writer_id, segment, fileops=fileops):
+        fileops.fsync_dir(path)

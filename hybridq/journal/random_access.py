@@ -32,6 +32,7 @@ from .format import (
     salt_seed,
     segment_name,
 )
+from .holes import RecordPunched, holes_of
 from .records import ChainPosition, Record
 from .scan import unpack_header
 
@@ -82,13 +83,40 @@ class SegmentFile:
                 raise JournalCorruption(self.path, 0, str(exc)) from None
             raise
         self._seed = salt_seed(header.salt)
+        try:
+            #: Punched ranges: a record in one is gone, as a compacted segment's (hybridq.journal.holes).
+            #: Only a sealed (0400) segment has any: an unsealed tail does not look its map up
+            #: (a segment read while the punch held it writable reads it on bad bytes, below).
+            sealed = not os.fstat(self._fd).st_mode & stat.S_IWUSR
+            self._holes = holes_of(self.path, fileops=fileops) if sealed else ()
+        except BaseException:
+            fileops.close(self._fd)
+            raise
+
+    def _punched(self, start: int, end: int) -> None:
+        """Raise :class:`RecordPunched` when a punched range holds a record from ``start`` to ``end``."""
+        for hole in self._holes:
+            if hole.start <= end and start < hole.end:
+                raise RecordPunched(self.path, max(start, hole.start))
+
+    def _punched_since(self, start: int, end: int) -> None:
+        """Raise :class:`RecordPunched` if the range was punched since the file was opened.
+
+        The layer above may punch a sealed segment while another process reads it; it writes the
+        map first, so bad bytes the map now lists are that punch, not damage.
+        """
+        self._holes = holes_of(self.path, fileops=self._fileops)
+        self._punched(start, end)
 
     def read(self, offset: int) -> Record:
         """The record at ``offset``, checked as the scan checks it.
 
         Raises :class:`JournalCorruption` when the bytes there are not a valid record of this
-        segment (:func:`~hybridq.journal.format.record_problem` says why).
+        segment (:func:`~hybridq.journal.format.record_problem` says why);
+        :class:`~hybridq.journal.holes.RecordPunched` (a ``FileNotFoundError``, as for a deleted
+        segment) when the record was punched.
         """
+        self._punched(offset, offset)
         head = os.pread(self._fd, RECORD_HEADER_SIZE, offset)
         if len(head) < RECORD_HEADER_SIZE:
             raise JournalCorruption(self.path, offset, "no record at this offset")
@@ -99,6 +127,7 @@ class SegmentFile:
         if problem is None and len(payload) != length:
             problem = "checksum mismatch"  # cut short by the end of the file
         if problem is not None:
+            self._punched_since(offset, offset)
             raise JournalCorruption(self.path, offset, problem, first_seq=seq)
         end = offset + RECORD_HEADER_SIZE + length
         return Record(self.writer_id, seq, type_word & 0xFF, payload, self.segment, offset, end)
@@ -108,8 +137,10 @@ class SegmentFile:
 
         One read for the whole range plus :data:`_AHEAD` bytes (a record at a time costs two
         system calls each), each record checked as the scan checks it. Raises
-        :class:`JournalCorruption` when the bytes there are not valid records of this segment.
+        :class:`JournalCorruption` when the bytes there are not valid records of this segment,
+        :class:`~hybridq.journal.holes.RecordPunched` when some of them were punched.
         """
+        self._punched(start, end)
         out: list[tuple[int, bytes]] = []
         buf = os.pread(self._fd, end - start + _AHEAD, start)
         at = 0
@@ -124,11 +155,31 @@ class SegmentFile:
             if problem is None and len(buf) < stop:
                 problem = "checksum mismatch"  # cut short by the end of the file
             if problem is not None:
+                self._punched_since(start, end)
                 raise JournalCorruption(self.path, start + at, problem)
             if type_word & 0xFF == RecordType.DATA:
                 out.append((start + at, buf[at + RECORD_HEADER_SIZE : stop]))
             at = stop
         return out
+
+    def read_present(self, start: int, end: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """:meth:`read_data` of the records from ``start`` to ``end`` that were not punched.
+
+        Returns them and whether a punched range was skipped (its records' jobs all finished:
+        a reader that counted the range's records finds fewer).
+        """
+        out: list[tuple[int, bytes]] = []
+        at, skipped = start, False
+        for hole in self._holes:
+            if hole.end <= start or hole.start > end:
+                continue
+            skipped = True
+            if hole.start > at:
+                out += self.read_data(at, hole.start - 1)
+            at = max(at, hole.end)
+        if at <= end:
+            out += self.read_data(at, end)
+        return out, skipped
 
     def close(self) -> None:
         """Close the file (once)."""

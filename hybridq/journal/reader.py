@@ -99,6 +99,9 @@ class JournalReader:
         self.chain_ends: dict[str, SegmentInfo] = {}
         #: Data records counted by the last :meth:`check`.
         self.records_checked = 0
+        #: Per segment, the data records the last scan skipped in punched ranges (their jobs all
+        #: finished, hybridq.journal.holes): a count of the records read must add them.
+        self.records_punched: dict[tuple[str, int], int] = {}
         #: Called with the number of bytes just read, for progress bars.
         self.on_bytes: Callable[[int], None] | None = None
 
@@ -170,6 +173,7 @@ class JournalReader:
         self._last = {}
         self.torn_tails = []
         self.chain_ends = {}
+        self.records_punched = {}
         for writer_id, indices in list_chains(self.path).items():
             if until is None:
                 yield from self._read_chain(writer_id, indices, emit, tails_only=tails_only)
@@ -238,6 +242,8 @@ class JournalReader:
             )
             self._last.pop(writer_id, None)
             self.records_checked += info.data_count
+            if info.punched:
+                self.records_punched[(writer_id, index)] = info.punched
             self._positions[writer_id] = ChainPosition(index, info.end_offset, info.next_seq)
             prev_salt, expected_seq, offset = info.salt, info.next_seq, FILE_HEADER_SIZE
             if is_last:

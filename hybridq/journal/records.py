@@ -94,6 +94,8 @@ class SegmentInfo:
     end_offset: int = FILE_HEADER_SIZE
     next_seq: int = 0
     data_count: int = 0
+    #: Data records skipped in punched ranges (hybridq.journal.holes): counted in data_count.
+    punched: int = 0
     last_data_seq: int = 0
     sealed: bool = False
     live: bool = False

@@ -16,15 +16,17 @@ import stat
 import time
 from collections.abc import Callable
 
-from hybridq.errors import JournalIOError, JournalLocked
+from hybridq.errors import JournalIOError, JournalLocked, StateFileCorrupt
 
 from .fileops import FileOpError, FileOps, replace_durably, write_all
-from .format import SEGMENT_SUFFIX, TMP_SUFFIX, segment_name
+from .format import SEGMENT_SUFFIX, TMP_SUFFIX, parse_segment_name, segment_name
+from .holes import HOLES_SUFFIX, trim_holes
 from .reader import list_chains
 from .recovery import STALE_TMP_S
 from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
 from .repair_report import RepairReport
 from .segment import seal_fd
+from .statefile import read_state, write_state
 
 __all__ = [
     "BACKUP_PREFIX",
@@ -172,6 +174,7 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
     try:
         for path, fid in [*plan.removals, *((c.path, c.fid) for c in plan.cuts)]:
             fds[path] = _lock_unchanged(ops, path, fid)
+            _backup_holes(ops, backup, path)
         for path, _ in reversed(plan.removals):
             dest = os.path.join(backup, os.path.basename(path))
             op = "rename"
@@ -190,6 +193,21 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
                 ops.close(fd)
 
 
+def _backup_holes(ops: FileOps, backup: str, path: str) -> None:
+    """Copy the hole map of the segment at ``path`` into the backup, durably, before the segment.
+
+    A punched segment reads only with its map (docs/journal-format.md, hole maps): without it,
+    ``journal dump`` of the backup would read its punched ranges as damage.
+    """
+    directory, name = os.path.split(path)
+    try:
+        payload = read_state(directory, name + HOLES_SUFFIX, fileops=ops)
+    except StateFileCorrupt:
+        return  # damaged: nothing trustworthy to keep (the scan reported it)
+    if payload is not None:
+        write_state(backup, name + HOLES_SUFFIX, payload, fileops=ops)
+
+
 def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
     """Copy the segment into the backup, then replace it by a sealed copy of its good prefix."""
     name = os.path.basename(cut.path)
@@ -199,6 +217,9 @@ def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
     # Created in place (no rename); its directory fsync makes it durable before the cut.
     replace_durably(ops, original, copy, tmp=original, flags=flags)
     prefix = _copier(ops, src, cut.offset)
+    parsed = parse_segment_name(name)
+    if parsed is not None:  # its punched ranges past the cut go first (hybridq.journal.holes)
+        trim_holes(os.path.dirname(cut.path), *parsed, cut.offset, fileops=ops)
 
     def sealed_prefix(out: int) -> None:
         prefix(out)

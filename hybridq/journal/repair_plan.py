@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from hybridq.errors import JournalCorruption
+from hybridq.errors import JournalCorruption, StateFileCorrupt
 
 from .fileops import FileOps
 from .format import (
@@ -30,6 +30,7 @@ from .format import (
     salt_seed,
     segment_name,
 )
+from .holes import Hole, holes_of
 from .reader import peek_header
 from .records import SegmentInfo
 from .repair_report import ChainRepair, DropKind, DroppedRecord, RepairReport
@@ -163,15 +164,18 @@ def _list_dropped(
     seed: int | None,
     expected: int | None,
     next_first_seq: int | None,
+    holes: tuple[Hole, ...] = (),
 ) -> Iterator[DroppedRecord]:
     """Everything from ``start`` to the end of a segment: intact records, damaged spans, gaps.
 
     ``expected`` is the sequence number due at ``start`` (``None``: unknown) and
     ``next_first_seq`` the first one of the chain's next segment, when known: together they
-    bound the sequence numbers a damaged span must have held.
+    bound the sequence numbers a damaged span must have held. ``holes``: the segment's punched
+    ranges, each listed as one ``punched`` entry (finished jobs, not damage).
     """
     data, size = seg.data, seg.size
     pos, seals = start, 0
+    ahead = sorted((h for h in holes if h.start >= start), key=lambda h: h.start)
 
     def span(begin: int, end: int, following: int | None) -> DroppedRecord:
         last: int | None
@@ -186,22 +190,22 @@ def _list_dropped(
         return DroppedRecord(writer_id, index, begin, end - begin, DropKind.DAMAGED, expected, last)
 
     while pos < size:
+        while ahead and ahead[0].start < pos:
+            ahead.pop(0)
+        if ahead and ahead[0].start == pos:
+            hole = ahead.pop(0)
+            yield DroppedRecord(
+                writer_id, index, pos, hole.end - pos, DropKind.PUNCHED, hole.first_seq, hole.next_seq - 1
+            )
+            expected, pos = hole.next_seq, hole.end
+            continue
         rec = _record_at(data, size, pos, seed) if seed is not None else None
         if rec is None:
-            found: tuple[int, tuple[int, int, int, int]] | None = None
-            if seed is not None:
-                pattern = candidate_pattern(
-                    expected, (expected or 0) + (size - pos) // RECORD_HEADER_SIZE + 1
-                )
-                probe = pos + 1
-                while found is None:
-                    m = pattern.search(data, probe)
-                    if m is None:
-                        break
-                    hit = _record_at(data, size, m.start(), seed)
-                    if hit is not None:
-                        found = m.start(), hit
-                    probe = m.start() + 1
+            found = _next_valid(data, size, pos, seed, expected)
+            if ahead and (found is None or found[0] > ahead[0].start):
+                yield span(pos, ahead[0].start, ahead[0].first_seq)  # damage stops at a punched range
+                pos = ahead[0].start
+                continue
             if found is None:
                 yield span(pos, size, next_first_seq)
                 return
@@ -219,6 +223,24 @@ def _list_dropped(
         pos = end
     if next_first_seq is not None and expected is not None and next_first_seq > expected:
         yield DroppedRecord(writer_id, index, size, 0, DropKind.MISSING, expected, next_first_seq - 1)
+
+
+def _next_valid(
+    data: bytes | mmap.mmap, size: int, pos: int, seed: int | None, expected: int | None
+) -> tuple[int, tuple[int, int, int, int]] | None:
+    """The first record after ``pos`` that verifies, and where it is; ``None`` if none does."""
+    if seed is None:
+        return None
+    pattern = candidate_pattern(expected, (expected or 0) + (size - pos) // RECORD_HEADER_SIZE + 1)
+    probe = pos + 1
+    while True:
+        m = pattern.search(data, probe)
+        if m is None:
+            return None
+        hit = _record_at(data, size, m.start(), seed)
+        if hit is not None:
+            return m.start(), hit
+        probe = m.start() + 1
 
 
 def _list_segment(
@@ -242,7 +264,13 @@ def _list_segment(
             end = next_first_seq - 1 if next_first_seq is not None and expected is not None else None
             entry = DroppedRecord(writer_id, index, 0, seg.size, DropKind.DAMAGED, expected, end)
             return [entry], fid
-        entries = _list_dropped(seg, writer_id, index, FILE_HEADER_SIZE, seed, expected, next_first_seq)
+        try:
+            holes = holes_of(path, fileops=ops)
+        except StateFileCorrupt:
+            holes = ()  # its ranges read as damage: the map says nothing trustworthy
+        entries = _list_dropped(
+            seg, writer_id, index, FILE_HEADER_SIZE, seed, expected, next_first_seq, holes
+        )
         return list(entries), fid
     finally:
         seg.close()
@@ -316,6 +344,12 @@ def plan_chain(
             except JournalCorruption as exc:
                 if plan.damage is None:
                     plan.damage = exc
+                # Punched ranges passed before the damage stay (their jobs finished): the cut is
+                # after them and the new seals count their records (hybridq.journal.holes).
+                for hole in scan.holes:
+                    if cut <= hole.start and hole.end <= exc.offset:
+                        cut, due, last_data = hole.end, hole.next_seq, hole.next_seq - 1
+                count = info.data_count
                 has_next = not is_last and indices[n + 1] == index + 1
                 nxt = os.path.join(directory, segment_name(writer_id, index + 1))
                 after = peek_header(nxt, fileops=ops) if has_next else None
@@ -323,7 +357,14 @@ def plan_chain(
                 try:
                     plan.dropped.extend(
                         _list_dropped(
-                            seg, writer_id, index, cut, scan.seed, due, after.first_seq if after else None
+                            seg,
+                            writer_id,
+                            index,
+                            cut,
+                            scan.seed,
+                            due,
+                            after.first_seq if after else None,
+                            scan.holes,
                         )
                     )
                 finally:

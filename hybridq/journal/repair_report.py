@@ -25,6 +25,8 @@ class DropKind(StrEnum):
     DAMAGED = "damaged"
     #: Sequence numbers absent from the file (a deleted record, a missing segment): no bytes.
     MISSING = "missing"
+    #: A punched range of finished jobs' records (docs/journal-format.md, hole maps): no loss.
+    PUNCHED = "punched"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from .format import (
     record_problem,
     salt_seed,
 )
+from .holes import Hole, hole_at, holes_of
 from .records import Later, Record, SegmentInfo, TornTail
 
 __all__ = ["SegmentScan", "candidate_pattern", "unpack_header"]
@@ -90,6 +91,10 @@ class SegmentScan:
         self.size = st.st_size
         self.read_only = not (st.st_mode & stat.S_IWUSR)
         self.seed = 0
+        #: Punched ranges of finished records, skipped as compacted ones (hybridq.journal.holes).
+        #: Only a sealed segment has any: a chain's unsealed tail (read on every forward step)
+        #: does not look its map up (a segment that is not its chain's last is sealed).
+        self.holes = holes_of(path, fileops=ops) if self._sealed() else ()
 
     def corruption(
         self, offset: int, reason: str, first: int | None, last: int | None = None
@@ -130,9 +135,24 @@ class SegmentScan:
         p = 0  # position in buf
         seals = 0
         seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
+        holes = [h for h in self.holes if h.end > offset]
+        if holes and holes[0].start < offset:  # resuming inside a punched range: after it
+            expected, offset = self._skip(info, holes.pop(0), expected)
+            base = offset
+            os.lseek(fd, offset, os.SEEK_SET)
+        next_hole = holes[0].start if holes else -1
         while True:
             off = base + p
             bad: str | None = None
+            if off >= next_hole >= 0:
+                hole = holes.pop(0)
+                self._check_hole(hole, off, expected)
+                expected, base = self._skip(info, hole, expected)
+                buf, p = b"", 0
+                view = memoryview(buf)
+                os.lseek(fd, base, os.SEEK_SET)
+                next_hole = holes[0].start if holes else -1
+                continue
             if off >= self.size:
                 if seals == 1:
                     bad = "seal incomplete"  # one seal, then the end: the writer died while sealing
@@ -175,6 +195,16 @@ class SegmentScan:
                             off, f"sequence number goes backwards ({seq} after {expected - 1})", seq
                         )
             if bad is not None:
+                late = self._punched_since(off) if not seals else None
+                if late is not None:
+                    # Punched while we read (its map was written first): skip the rest of it.
+                    holes = [h for h in self.holes if h.start > off]
+                    next_hole = holes[0].start if holes else -1
+                    expected, base = self._skip(info, late, expected)
+                    buf, p = b"", 0
+                    view = memoryview(buf)
+                    os.lseek(fd, base, os.SEEK_SET)
+                    continue
                 if seals >= SEAL_RECORDS:
                     raise self.corruption(off, f"bytes after the seal ({bad})", expected)
                 # A partial seal is torn as a whole: recovery truncates it and seals afresh.
@@ -221,6 +251,53 @@ class SegmentScan:
             raise self.corruption(
                 info.end_offset, "segment is not sealed but a later segment exists", expected
             )
+
+    @staticmethod
+    def _skip(info: SegmentInfo, hole: Hole, expected: int) -> tuple[int, int]:
+        """Skip the rest of ``hole`` from sequence ``expected``: count its records, return where to read on.
+
+        The one place a scan skips punched records (before a range, resuming inside one, or one
+        punched while we read): they count as data records, as the seal does
+        (docs/journal-format.md, hole maps). Returns the next sequence and the offset after the range.
+        """
+        skipped = hole.next_seq - expected
+        info.data_count += skipped
+        info.punched += skipped
+        info.last_data_seq = hole.next_seq - 1
+        return hole.next_seq, hole.end
+
+    def _punched_since(self, off: int) -> Hole | None:
+        """The range punched since this scan started that holds the record at ``off``, if any.
+
+        Another process (the layer above) may punch a sealed segment while we read it; it writes
+        the map first, so bad bytes at a record the map now lists are that punch, not damage.
+        """
+        # Whatever the mode: a scan that opened the segment while the punch held it writable
+        # (hybridq.journal.holes._writable) did not look the map up. Only on bad bytes: rare.
+        self.holes = holes_of(self.path, fileops=self.ops)
+        return hole_at(self.holes, off)
+
+    def _sealed(self) -> bool:
+        """Whether this segment may have a hole map: read-only, or followed by another segment.
+
+        Not only read-only: the punch opens a sealed segment after a ``chmod u+w`` and puts 0400
+        back at once (hybridq.journal.holes); a scan that looked in between and meets a punched
+        range reads the map then (:meth:`_punched_since`).
+        """
+        return self.read_only or not self.is_last
+
+    def _check_hole(self, hole: Hole, off: int, expected: int) -> None:
+        """Raise unless ``hole`` starts at the record at ``off``, the one due (``expected``)."""
+        if hole.start != off:
+            raise self.corruption(
+                off, f"hole map range at offset {hole.start} does not start at a record", expected
+            )
+        if hole.first_seq != expected:
+            raise self.corruption(
+                off, f"hole map range at offset {off} starts at sequence {hole.first_seq}", expected
+            )
+        if hole.end > self.size:
+            raise self.corruption(off, "hole map range runs past the end of the file", expected)
 
     def _settle(self) -> str:
         """Whether the segment's writer is ``live``, ``dead``, or the file ``changed`` meanwhile.

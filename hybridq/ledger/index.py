@@ -253,6 +253,25 @@ class LedgerIndex:
         self.dups.pop(seg, None)
         self.dup_events.pop(seg, None)
 
+    def collapse(self, seg: Seg, spans: Iterable[tuple[int, int, int]]) -> None:
+        """Keep the punched ranges ``spans`` (``(start, end, jobs)``) of ``seg`` instead of their offsets.
+
+        Only for ranges of a durable hole map: every job in them finished (docs/reliability.md
+        rule 8), so a range adds no job and changes no answer (:meth:`SegmentOutcomes.drop_ranges
+        <hybridq.ledger.outcomes.SegmentOutcomes.drop_ranges>`). The counts follow what the map
+        holds after, should it hold a job more (one whose outcome the replay missed) or fewer.
+        """
+        done = self.terminal.get(seg)
+        if done is None:
+            done = self.terminal[seg] = SegmentOutcomes()
+        n, before = len(done), done.tally()
+        done.drop_ranges(spans)
+        after = done.tally()
+        self.terminal_count += len(done) - n
+        for name in {*before, *after}:
+            if name in self.totals:
+                self.totals[name] += after.get(name, 0) - before.get(name, 0)
+
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
         """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""
         out = {"succeeded": 0, "failed": 0, "invalid": 0, "dups": 0, "cancelled": 0}

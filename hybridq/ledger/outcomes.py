@@ -16,11 +16,17 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
   finish out of order are sorted in with the arrays' tail from the first of them (C when all
   succeeded), or, few in a long tail, each put in place by ``bisect`` and slices;
 * any other outcome name (none is written today; an entry's is not checked) in a plain ``dict``
-  (:attr:`_odd`), never merged, so that nothing read back differs from what was put in.
+  (:attr:`_odd`), never merged, so that nothing read back differs from what was put in;
+* the ranges punched out of the segment (:mod:`hybridq.ledger.punched`, :meth:`drop_ranges`):
+  any offset inside one is a job that ``succeeded`` unless another outcome is listed for it.
+  Their jobs are counted (``len``, :meth:`tally`, :meth:`count_below`) but not listed:
+  iterating, :meth:`items` and :meth:`groups` give the listed offsets only, and
+  :meth:`punched` the ranges (the saved index keeps both).
 
-The three hold disjoint offsets. An offset is in the map if it is in any of them: a lookup that
-answered ``False`` for a finished job would let it run again (docs/reliability.md), so
-``tests/unit/test_segment_outcomes.py`` checks every operation against a plain ``dict``.
+The first three hold disjoint offsets. An offset is in the map if it is in any of them or in a
+range: a lookup that answered ``False`` for a finished job would let it run again
+(docs/reliability.md), so ``tests/unit/test_segment_outcomes.py`` checks every operation
+against a plain ``dict``.
 
 This module must not import redis or rq.
 """
@@ -31,6 +37,9 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from typing import TypeVar, overload
+
+from hybridq.ledger.outcome_merge import SUCCEEDED, merged_inside
+from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
 _T = TypeVar("_T")
 
@@ -43,12 +52,8 @@ _CODES = {name: code for code, name in enumerate(_NAMES) if name}
 #: 90 bytes a job) for the arrays: a merge of a small array is cheap.
 MERGE_FLOOR = 8
 MERGE_FRACTION = 64
-#: Past how many times as many offsets of the arrays' tail as there are offsets to merge into
-#: it these are put in place one by one rather than sorted with it (the two cost about the same
-#: there, in instructions; the sort is in C when all are ``succeeded``).
-_PLAIN_SORT_PAST = 24
-_SORT_PAST = 8
 _SUCCEEDED = _CODES["succeeded"]
+assert _SUCCEEDED == SUCCEEDED
 #: The largest offset of 4-byte items, and the largest any array holds (more stays in ``_odd``).
 _NARROW_MAX = 2**32 - 1
 _WIDE_MAX = 2**64 - 1
@@ -63,7 +68,7 @@ _NO_CODES = bytearray()
 class SegmentOutcomes(MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
-    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "recent")
+    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "_punched", "recent")
 
     def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
         #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
@@ -81,6 +86,8 @@ class SegmentOutcomes(MutableMapping[int, str]):
         #: Offsets whose outcome has no code (or that no array holds): never merged (``None``
         #: while there is none, which is nearly always: an empty ``dict`` costs 64 bytes).
         self._odd: dict[int, str] | None = None
+        #: The punched ranges (``None`` while there is none).
+        self._punched: PunchedRanges | None = None
         self.update(items)
 
     @classmethod
@@ -112,8 +119,17 @@ class SegmentOutcomes(MutableMapping[int, str]):
         done._merge()
         return done
 
+    def __eq__(self, other: object) -> bool:
+        """As a ``Mapping`` of the listed offsets, and, against another map, the same ranges."""
+        if isinstance(other, SegmentOutcomes) and self.punched() != other.punched():
+            return False
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dict (defining __eq__ says so too)
+
     def __len__(self) -> int:
-        return len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
+        n = len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
+        return n if self._punched is None else n + self._punched.implicit
 
     def __contains__(self, offset: object) -> bool:
         return isinstance(offset, int) and self.has(offset)
@@ -141,14 +157,18 @@ class SegmentOutcomes(MutableMapping[int, str]):
                 if found == offset:
                     self._at = i + 1
                     return True
-                if found > offset and (i == 0 or offsets[i - 1] < offset):
-                    return offset in self._odd if self._odd else False  # between two: not there
+                if found > offset and (i == 0 or offsets[i - 1] < offset):  # between two: not there
+                    return (offset in self._odd if self._odd else False) or (
+                        self._punched is not None and self._punched.covers(offset)
+                    )
             i = bisect_left(offsets, offset)
             if offsets[i] == offset:
                 self._at = i + 1
                 return True
             self._at = i
-        return offset in self._odd if self._odd else False
+        return (offset in self._odd if self._odd else False) or (
+            self._punched is not None and self._punched.covers(offset)
+        )
 
     @overload
     def get(self, offset: int, /) -> str | None: ...
@@ -164,7 +184,11 @@ class SegmentOutcomes(MutableMapping[int, str]):
             i = bisect_left(offsets, offset)
             if offsets[i] == offset:
                 return _NAMES[self._codes[i]]
-        return self._odd.get(offset, default) if self._odd else default
+        if self._odd:
+            found = self._odd.get(offset)
+            if found is not None:
+                return found
+        return _NAMES[_SUCCEEDED] if self._punched is not None and self._punched.covers(offset) else default
 
     def __getitem__(self, offset: int) -> str:
         found = self.get(offset)
@@ -190,6 +214,8 @@ class SegmentOutcomes(MutableMapping[int, str]):
             found = self._odd.get(offset)
             if found is not None:
                 return found
+        if self._punched is not None and self._punched.covers(offset):
+            return _NAMES[_SUCCEEDED]  # punched: it succeeded (another outcome would be listed)
         if outcome in _CODES:
             recent[offset] = outcome
             if len(recent) > self._merge_at:
@@ -201,6 +227,19 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def __setitem__(self, offset: int, outcome: str) -> None:
         i = self._find(offset)
         code = _CODES.get(outcome)
+        punched = self._punched
+        if i < 0 and punched is not None and self._implicit(offset, punched):
+            if outcome == _NAMES[_SUCCEEDED]:
+                return  # it is that already
+            # Listed below before it leaves the count: no moment with the job counted in neither.
+            if code is None:
+                self._set_odd(offset, outcome)
+            else:
+                self.recent[offset] = outcome
+            punched.implicit -= 1
+            if len(self.recent) > self._merge_at:
+                self._merge()
+            return
         if i >= 0 and code is not None:
             self._codes[i] = code  # in place (a merged array, never a shared empty one): a rank upgrade
             return
@@ -221,6 +260,8 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def __delitem__(self, offset: int) -> None:
         if offset not in self:
             raise KeyError(offset)
+        if self._punched is not None and self._punched.covers(offset):
+            raise ValueError(f"the job at offset {offset} was punched: it stays finished")
         self._discard(offset, self._find(offset))
 
     def __iter__(self) -> Iterator[int]:
@@ -239,17 +280,57 @@ class SegmentOutcomes(MutableMapping[int, str]):
     def tally(self) -> dict[str, int]:
         """How many jobs ended with each outcome (counted in C)."""
         out = {name: self._codes.count(code) for name, code in _CODES.items()}
+        if self._punched is not None:
+            out[_NAMES[_SUCCEEDED]] += self._punched.implicit
         for outcome in (*self.recent.values(), *(self._odd or {}).values()):
             out[outcome] = out.get(outcome, 0) + 1
         return {name: n for name, n in out.items() if n}
 
     def count_below(self, end: int) -> int:
-        """How many of the offsets are less than ``end``."""
-        return (
+        """How many of the offsets are less than ``end`` (a punched range's jobs: if all are).
+
+        A range that ``end`` cuts counts only its listed jobs: never more than there are (the
+        compactor deletes a segment when all its jobs are counted).
+        """
+        listed = (
             bisect_left(self._offsets, end)
             + sum(1 for offset in self.recent if offset < end)
             + sum(1 for offset in self._odd or () if offset < end)
         )
+        punched = self._punched
+        if punched is None:
+            return listed
+        if not punched.ends or punched.ends[-1] <= end:
+            return listed + punched.implicit
+        below = bisect_right(punched.ends, end)
+        return listed + sum(punched.counts[:below]) - listed_in(punched, self._offsets, self._others(), below)
+
+    def punched(self) -> list[tuple[int, int, int]]:
+        """The punched ranges: ``(start, end, jobs)`` each, in order."""
+        return [] if self._punched is None else list(self._punched.spans())
+
+    def drop_ranges(self, spans: Iterable[tuple[int, int, int]]) -> None:
+        """Keep the punched ranges ``spans`` (``(start, end, jobs)``) instead of their jobs' offsets.
+
+        Every job in them must be finished (the caller's to know: a durable hole map says so);
+        those listed as ``succeeded`` leave the arrays (any offset in a range answers so), the
+        others stay listed. The ranges may repeat or contain ones dropped before (a hole map
+        only grows); one that crosses a range kept raises ``ValueError``, the map unchanged. New
+        arrays are built aside and swapped in at once (as :meth:`_merge` does).
+        """
+        punched = (self._punched or PunchedRanges()).with_spans(spans)
+        if not len(punched):
+            return
+        self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
+        old = self._offsets, self._codes, self._last, self._punched
+        kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)
+        self._offsets, self._codes, self._last = kept, kept_codes, kept[-1] if kept else _NONE
+        self._punched, self._at = punched, 0
+        listed = listed_in(punched, kept, self._others())
+        if listed > punched.jobs():
+            self._offsets, self._codes, self._last, self._punched = old
+            raise ValueError(f"punched ranges of {punched.jobs()} jobs list {listed}")
+        punched.implicit = punched.jobs() - listed
 
     def groups(self) -> dict[str, list[int]]:
         """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""
@@ -266,6 +347,15 @@ class SegmentOutcomes(MutableMapping[int, str]):
         for offsets in out.values():
             offsets.sort()
         return {name: offsets for name, offsets in out.items() if offsets}
+
+    def _others(self) -> list[int]:
+        """The listed offsets not in the arrays (few: :attr:`recent` and :attr:`_odd`)."""
+        return [*self.recent, *(self._odd or ())]
+
+    def _implicit(self, offset: int, punched: PunchedRanges) -> bool:
+        """Whether ``offset`` (not in the arrays) is a punched job that is not listed."""
+        listed = offset in self.recent or (self._odd is not None and offset in self._odd)
+        return not listed and punched.covers(offset)
 
     def _find(self, offset: int) -> int:
         """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there."""
@@ -320,7 +410,7 @@ class SegmentOutcomes(MutableMapping[int, str]):
             # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
             inside = bisect_right(keys, self._last)
             if inside:
-                offsets, old = _merged_inside(offsets, old, keys[:inside], codes[:inside])
+                offsets, old = merged_inside(offsets, old, keys[:inside], codes[:inside])
                 keys, codes = keys[inside:], codes[inside:]
             if keys:
                 offsets = offsets + array(offsets.typecode, keys)
@@ -329,55 +419,6 @@ class SegmentOutcomes(MutableMapping[int, str]):
         merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
         self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
         recent.clear()
-
-
-def _merged_inside(
-    offsets: array[int], old: bytearray, keys: list[int], codes: bytes
-) -> tuple[array[int], bytearray]:
-    """New arrays with sorted offsets (none in ``offsets``, none past its end) put in place.
-
-    The arrays' tail from the first of them is sorted anew with them (C, for nearly all of it
-    when all are ``succeeded``), unless they are few in a long tail: then each is put in place
-    by ``bisect`` and slices (a job that finished late, in a drain). ``offsets`` and ``old`` are
-    not changed.
-    """
-    start = bisect_left(offsets, keys[0])
-    tail = len(offsets) - start
-    plain = old.count(_SUCCEEDED, start) == tail and codes.count(_SUCCEEDED) == len(codes)
-    if tail > (_PLAIN_SORT_PAST if plain else _SORT_PAST) * len(keys):
-        return _merged_each(offsets, old, start, keys, codes)
-    if plain:
-        merged = offsets[start:].tolist()
-        merged += keys
-        merged.sort()
-        return offsets[:start] + array(offsets.typecode, merged), old[:start] + bytes((_SUCCEEDED,)) * len(
-            merged
-        )
-    packed = [offset << 3 | code for offset, code in zip(offsets[start:], old[start:], strict=True)]
-    packed += [offset << 3 | code for offset, code in zip(keys, codes, strict=True)]
-    packed.sort()
-    return offsets[:start] + array(offsets.typecode, [p >> 3 for p in packed]), old[:start] + bytes(
-        [p & 7 for p in packed]
-    )
-
-
-def _merged_each(
-    offsets: array[int], old: bytearray, start: int, keys: list[int], codes: bytes
-) -> tuple[array[int], bytearray]:
-    """Each of ``keys`` put in place from ``start`` on, in new arrays (see :func:`_merged_inside`)."""
-    prev = start
-    tail, tail_codes = offsets[:start], old[:start]
-    for offset, code in zip(keys, codes, strict=True):
-        i = bisect_left(offsets, offset, prev)
-        if i > prev:
-            tail += offsets[prev:i]
-            tail_codes += old[prev:i]
-        tail.append(offset)
-        tail_codes.append(code)
-        prev = i
-    tail += offsets[prev:]
-    tail_codes += old[prev:]
-    return tail, tail_codes
 
 
 class _Values(ValuesView[str]):

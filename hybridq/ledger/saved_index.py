@@ -65,9 +65,11 @@ SAVED_INDEX_NAME = "ledger-index"
 #: 2: the key owners left out (they are in the key table), its id and generation in. 3: the
 #: listed failures and requeue marks left out too (rows of the same file: issue 29). 4: the
 #: pending duplicates left out too (rows of the same file). Files of versions 2 and 3 still
-#: load (:func:`decode` writes what they hold of those into the table).
-_VERSION = 4
-_READ_VERSIONS = (2, 3, 4)
+#: load (:func:`decode` writes what they hold of those into the table). 5: the punched ranges of
+#: each segment (``punched``), whose succeeded jobs the offsets leave out: a version that would
+#: read the offsets alone must not load it (it would push those jobs again).
+_VERSION = 5
+_READ_VERSIONS = (2, 3, 4, 5)
 #: The forwarder saves its index at least every this many appended entries (:class:`IndexSaver`).
 SAVE_EVERY = 20_000
 
@@ -103,15 +105,19 @@ def encode(
     ``keys_table`` names (its id and the generation it was marked with), which must be found
     again to trust this file. Its size is therefore O(jobs in the window), not O(failures).
     """
-    terminal = []
+    terminal, punched = [], []
     for (writer, segment), done in index.terminal.items():
         terminal.append([writer, segment, done.groups()])
+        spans = done.punched()
+        if spans:
+            punched.append([writer, segment, [n for span in spans for n in span]])
     body: dict[str, Any] = {
         "v": _VERSION,
         "covered": {w: p.to_json() for w, p in covered.items()},
         "through": dict(through),
         "first": dict(first),
         "terminal": terminal,
+        "punched": punched,
         "dups": [[w, s, n] for (w, s), n in index.dups.items()],
         "dup_events": [[w, s, sorted(ids)] for (w, s), ids in index.dup_events.items()],
         "retries": [[*loc, run_at, n] for loc, (run_at, n) in index.retries.items()],
@@ -138,10 +144,14 @@ def decode(raw: bytes, keys: KeyTable | None = None) -> Saved:
             # Two names may read back as one ("" is "failed"): keep the offsets of both.
             groups.setdefault(shared(str(outcome)), []).extend(map(int, offsets))
         index.terminal[str(writer), int(segment)] = SegmentOutcomes.from_groups(groups)
-        for name, offsets in groups.items():
-            index.terminal_count += len(offsets)
+    for writer, segment, flat in body.get("punched", ()):
+        spans = [(int(flat[i]), int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        index.terminal.setdefault((str(writer), int(segment)), SegmentOutcomes()).drop_ranges(spans)
+    for done in index.terminal.values():
+        index.terminal_count += len(done)
+        for name, n in done.tally().items():
             if name in index.totals:
-                index.totals[name] += len(offsets)
+                index.totals[name] += n
     for writer, segment, n in body["dups"]:
         index.dups[str(writer), int(segment)] = int(n)
         index.totals["dups"] += int(n)

@@ -41,6 +41,7 @@ from hybridq.lookup.store import (
     _UPSERT_JOB,
     CHUNK,
     _apply,
+    _bare_rows,
     _chunks,
     _connect,
     _entries,
@@ -313,6 +314,7 @@ class LookupIndex:
                 self._building, self._build_to = True, None
                 return touched
             with db:
+                _bare_rows(db, self.journal, entries)  # the ledger read whole: a build
                 self._fold(db, entries, journal_to)
             touched += len(entries)
         ledger_to = ledger.end()

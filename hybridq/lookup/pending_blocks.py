@@ -16,18 +16,19 @@ creation time (20 bytes), and its records are held in one of three ways:
 
 The first outcome of a queue held as a sum (or in a summary) reads the block back from the
 journal (:func:`read_rows`: one read of about :data:`BLOCK_BYTES` plus one record at most; still
-there since a segment with a pending job is never compacted), and turns that queue's records
-into rows (:meth:`Segment.take`), with those of the queues that finished jobs since the
-read-back before last (two queues drained together read each block once, not twice); every other
-queue stays a sum. Those records were all pending when read and none finished since, so the rows
-are exactly what reading them as rows would have given, whatever the ledger says by then. Once
-no row of a block is pending they all go (the block keeps its sums, or is :data:`DEAD`), and a
-block read back is settled (:meth:`Segment.settle`, no I/O) three read-backs later, past
-``ROWS_KEPT`` (as a closed block is): a rows queue none of whose jobs there is pending loses its
-rows, one all of whose jobs there are pending becomes a sum again (a queue taken along while it
-drained slowly beside a fast one). A queue drained while another one whose records share its
-blocks waits (paused, blocked on a limit, a lower priority, or draining in bursts) thus costs
-rows only where it drains, then nothing; the one waiting stays a sum.
+there since a segment with a pending job is never compacted; its finished records may have been
+punched, ``hybridq.journal.holes``: those are not read back, and are not pending), and turns
+that queue's records into rows (:meth:`Segment.take`), with those of the queues that finished
+jobs since the read-back before last (two queues drained together read each block once, not
+twice); every other queue stays a sum. Those records were all pending when read and none
+finished since, so the rows are exactly what reading them as rows would have given, whatever the
+ledger says by then. Once no row of a block is pending they all go (the block keeps its sums, or
+is :data:`DEAD`), and a block read back is settled (:meth:`Segment.settle`, no I/O) three
+read-backs later, past ``ROWS_KEPT`` (as a closed block is): a rows queue none of whose jobs
+there is pending loses its rows, one all of whose jobs there are pending becomes a sum again (a
+queue taken along while it drained slowly beside a fast one). A queue drained while another one
+whose records share its blocks waits (paused, blocked on a limit, a lower priority, or draining
+in bursts) thus costs rows only where it drains, then nothing; the one waiting stays a sum.
 
 New blocks are rows while the tracker holds fewer than its ``ROWS_KEPT`` rows (2 MB): a
 burn-down's jobs finish before their blocks would ever be read back (about 40,000 instructions
@@ -230,6 +231,8 @@ class Segment:
     def complete(self, b: int, found: list[tuple[int, bytes]], qid: Callable[[str], int]) -> Rows:
         """Block ``b``'s every record as a row, from ``found`` (its records read back).
 
+        ``found`` may lack records punched since they were read (every job in them finished:
+        :func:`read_rows`); their rows, if held, are kept, else they are not rows (not pending).
         Raises ``OSError`` if they do not agree with what the block holds (not the records read).
         """
         rows = self.rows.get(b)
@@ -255,8 +258,13 @@ class Segment:
             if not summary:
                 counts[queue] += 1
             out.add(offset, fields[1], queue)
-        if known or any(counts[q] != count for q, (count, _) in sums.items()):
+        if any(counts[q] != count for q, (count, _) in sums.items()):
             raise OSError(f"block {b}'s records are not those it holds")
+        if known:
+            # Rows not read back: only finished ones may be missing (punched, hybridq.journal.holes).
+            if len(found) >= self.counts[b] or any(created != DONE for created, _ in known.values()):
+                raise OSError(f"block {b}'s records are not those it holds")
+            out = Rows(sorted([*out, *((offset, *row) for offset, row in known.items())]))
         return out
 
     def take(self, b: int, full: Rows, queues: set[int], unknown: int) -> Rows:
@@ -366,12 +374,13 @@ def read_rows(
     One read for the whole range (:meth:`SegmentFile.read_data`: a record at a time cost two
     system calls each, about 4 us a finished job over a drain), each record checked. Raises
     :class:`JournalCorruption` or ``OSError`` when they cannot be read, or are not ``count``
-    (what the tracker read there).
+    (what the tracker read there); fewer only when some were punched since.
     """
     if journal is None:
         raise OSError("no journal to read the block from")
     with SegmentFile(journal, *seg) as segment:
-        out = segment.read_data(start, end)
-    if len(out) != count:
+        out, punched = segment.read_present(start, end)
+    # Punched records (hybridq.journal.holes: their jobs all finished) are not read back.
+    if len(out) > count or (len(out) < count and not punched):
         raise OSError(f"{len(out)} records where {count} were read")
     return out

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
@@ -88,6 +89,32 @@ _DUPLICATE = """
 UPDATE jobs SET state = 'dup', dup_of = ?
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND state IS NOT 'done'
 """
+
+
+# The row of a finished job whose record was punched (hybridq.journal.holes): as the ledger's
+# ``done`` entry knows it (id, location, queue), without its function or arguments. ``seq`` is the
+# first of its punched run's (a lower bound: the record's own is gone). A row read from the
+# journal wins; a requeued job's records are never punched, so its newest is read (docs/guarantees.md).
+_BARE = "INSERT OR IGNORE INTO jobs (id, writer, seg, off, seq, requeue, queue) VALUES (?, ?, ?, ?, ?, 0, ?)"
+
+
+def _bare_rows(db: sqlite3.Connection, journal: str, entries: Iterable[Entry]) -> None:
+    """Rows for the ``done`` entries of punched records, which a build of the index does not read.
+
+    A punched segment is sealed and still on disk, so a rebuilt index (``lookup/`` deleted, or
+    its marks taken back by a power loss) answers for its finished jobs as before the punch,
+    not as for a compacted one (docs/journal-format.md, the ``lookup/`` row).
+    """
+    maps = HoleMaps(journal)
+    rows = []
+    for e in entries:
+        if e.kind != EntryKind.DONE:
+            continue
+        hole = maps.hole_at(*e.loc)
+        if hole is not None:
+            rows.append((e.job_id, *e.loc, hole.first_seq, e.queue))
+    if rows:
+        db.executemany(_BARE, rows)
 
 
 def _connect(path: str) -> sqlite3.Connection:

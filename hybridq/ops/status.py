@@ -306,7 +306,8 @@ def _scan_pending(
     journal's size.
     """
     out = _Scan()
-    for record in JournalReader(path).records(since):
+    reader = JournalReader(path)
+    for record in reader.records(since):
         if record.rtype != RecordType.DATA or compacted.is_compacted(
             (record.writer_id, record.segment_index)
         ):
@@ -324,6 +325,8 @@ def _scan_pending(
         out.oldest_pending = created if out.oldest_pending is None else min(out.oldest_pending, created)
         if not forwarded and (out.oldest_unforwarded is None or created < out.oldest_unforwarded):
             out.oldest_unforwarded = created
+    # Punched records were accepted and finished (docs/journal.md): counted as the others are.
+    out.records += sum(n for seg, n in reader.records_punched.items() if not compacted.is_compacted(seg))
     return out
 
 

@@ -17,6 +17,7 @@ import pytest
 from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.keytable import KeyTable
+from hybridq.ledger.punched_maps import collapse_punched
 from hybridq.ledger.store import load_index
 
 from tests.crash.test_s13_compaction_crash import CHILD_START, killed_at, restart_and_drain
@@ -51,11 +52,16 @@ def test_a_crash_while_the_index_is_saved_or_after_trusts_only_the_ledger(
     _, _, resumed = saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))
     assert resumed > 0  # the index saved before the crash is whole, and used
 
-    # The start's index (ForwarderState.load resumes as this does) is the full replay's.
-    assert (
-        saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))[0]
-        == finished_before
-    )
+    # The start's index (ForwarderState.load resumes as this does, then applies the hole maps:
+    # the punched ranges instead of their succeeded jobs) is the full replay's.
+    started = saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))[0]
+    collapse_punched(str(journal), started, compacted_before)
+    replayed = load_index(str(journal), compacted_before)
+    collapse_punched(str(journal), replayed, compacted_before)
+    assert started == replayed
+    assert {seg: done.punched() for seg, done in started.terminal.items()} == {
+        seg: done.punched() for seg, done in replayed.terminal.items()
+    }
     redelivered = restart_and_drain(journal, finished_before, compacted_before, JOBS)
     figures(
         f"saved index crash={point}:{nth} chains_resumed={resumed} "

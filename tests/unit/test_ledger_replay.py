@@ -18,7 +18,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import load_index, open_ledger_writer, read_ledger
+from hybridq.ledger.store import load_index, open_ledger_writer, read_ledger, read_ledger_of
 
 
 def reference(journal: str, compacted: Compacted) -> LedgerIndex:
@@ -134,3 +134,15 @@ def test_a_duplicate_entry_with_a_malformed_owner_is_skipped(tmp_path: Path, ol:
     ledger.close()
     index = load_index(str(journal), Compacted(), keys=False)
     assert len(index.duplicates) == 0
+
+
+def test_the_entries_of_a_few_ids_are_those_of_every_entry_read(tmp_path: Path) -> None:
+    """``read_ledger_of`` (cancel() of a punched job) skips undecoded what names none of its ids."""
+    rng = random.Random(29)
+    journal, writer = journal_of_three_segments(tmp_path)
+    ledger = open_ledger_writer(journal)
+    ledger.append_many(e.to_bytes() for e in entries(rng, writer, 300))
+    ledger.close()
+    ids = {"job32", "job132", "job13", "nobody"}  # job13 is a prefix of job132's id: not it
+    assert list(read_ledger_of(journal, ids)) == [e for _, e in read_ledger(journal) if e.job_id in ids]
+    assert any(e.job_id == "job132" for _, e in read_ledger(journal))

@@ -19,6 +19,7 @@ from hybridq import Queue
 from hybridq.errors import JournalCorruption
 from hybridq.journal import ChainPosition, JournalReader, JournalWriter
 from hybridq.journal.commit import Durability
+from hybridq.journal.holes import Hole, add_holes
 from hybridq.journal.records import Loc
 from hybridq.ledger.checkpoint import forwarder_holder
 from hybridq.ledger.compacted import load_compacted
@@ -268,3 +269,31 @@ def test_a_saved_count_naming_a_queue_it_does_not_list_is_not_loaded() -> None:
     body = json.dumps(head).encode()
     with pytest.raises(ValueError, match="no such queue"):
         PendingTracker.from_bytes(struct.pack("<I", len(body)) + body + raw[4 + n :])
+
+
+def test_a_read_back_skips_the_records_punched_since_they_were_read(tmp_path: Path) -> None:
+    """Issue 29: the forwarder punches finished records (hybridq.journal.holes) of a block.
+
+    The tracker held it as a summary; reading it back for another queue's first outcome skips them.
+    """
+    path = tmp_path / "j"
+    with JournalWriter(path, durability=Durability.NO_FSYNC) as writer:
+        for queue in ("a", "b"):
+            writer.append_many(
+                [
+                    json.dumps({"queue": queue, "created_at": 1000.0 + i, "args": []}).encode()
+                    for i in range(100)
+                ]
+            )
+    records = list(JournalReader(path).records())
+    tracker = PendingTracker(str(path))
+    for i, r in enumerate(records):
+        tracker.saw((r.writer_id, r.segment_index, r.offset), ("a" if i < 100 else "b", 1000.0 + i % 100))
+    for r in records[:100]:
+        tracker.done((r.writer_id, r.segment_index, r.offset))
+    first, last = records[0], records[99]
+    add_holes(str(path), first.writer_id, 0, [Hole(first.offset, last.end, first.seq, last.seq + 1, 100)])
+    tracker.done((records[100].writer_id, 0, records[100].offset))  # reads the block back
+    assert not tracker.inexact
+    assert tracker.pending == {"b": 99}
+    assert tracker.oldest() == 1001.0

@@ -121,7 +121,7 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
         corrupt_bytes(state)
     elif damage == "garbage":
         saved_index.save(journal, saved, {}, {})
-        state.write_bytes(state.read_bytes().replace(b'"v":4', b'"v":9'))
+        state.write_bytes(state.read_bytes().replace(b'"v":5', b'"v":9'))
     elif damage == "truncated":  # the ledger lost its tail under the saved position
         [(ledger_chain, [segment])] = list_chains(ledger_dir(journal)).items()
         seg = Path(ledger_dir(journal)) / segment_name(ledger_chain, segment)
