@@ -118,54 +118,48 @@ class CompletionEvent:
         decides whether the event carries the result); ``started``: when the task started;
         ``worker``: the reporting worker process (``host/pid``).
         """
-        env = delivery.envelope
-        final = bool(outcome.get("final", True))
-        attempt = int(outcome.get("attempt", delivery.attempt))
-        error = outcome.get("error")
-        later = int(outcome.get("later", delivery.later))
-        if outcome.get("outcome") == Outcome.LATER:
-            retry_delay = outcome.get("retry_delay")
-        else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
-            retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
-        return cls(
-            id=env.id,
-            loc=delivery.loc,
-            queue=env.queue,
-            outcome=outcome.get("outcome"),
-            final=final,
-            retry_delay=retry_delay,
-            attempt=attempt,
-            dup=dup,
-            error=error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
-            at=at,
-            later=later,
-            later_since=outcome.get("later_since", delivery.later_since) if later else None,
-            started=started,
-            worker=worker,
-            gen=delivery.gen,
-            **_carried(outcome, result_json),
-        )
+        return cls(*_fields_of(delivery, outcome, dup, at, result_json, started, worker))
+
+    @staticmethod
+    def json_of(
+        delivery: Delivery,
+        outcome: Mapping[str, Any],
+        *,
+        dup: bool,
+        at: float,
+        result_json: str | None = None,
+        started: float | None = None,
+        worker: str | None = None,
+    ) -> dict[str, Any]:
+        """``of(...).to_json()`` without the event: a pool worker sends only its JSON.
+
+        Making the frozen event cost about 2 us of the 4 its JSON took per job
+        (docs/benchmarks.md, "The pool's Python per job").
+        """
+        return _body(*_fields_of(delivery, outcome, dup, at, result_json, started, worker))
 
     def to_json(self) -> dict[str, Any]:
         """The event's JSON object (the stream entry's ``e`` field holds it, encoded)."""
-        return {
-            "id": self.id,
-            "loc": list(self.loc),
-            "queue": self.queue,
-            "outcome": self.outcome,
-            "final": self.final,
-            "retry_delay": self.retry_delay,
-            "attempt": self.attempt,
-            "dup": self.dup,
-            "error": self.error,
-            "at": self.at,
-            **({"later": self.later, "later_since": self.later_since} if self.later else {}),
-            **({"result": self.result} if self.result_kept else {}),
-            **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
-            **({"started": self.started} if self.started is not None else {}),
-            **({"worker": self.worker} if self.worker is not None else {}),
-            **({"gen": self.gen} if self.gen else {}),
-        }
+        return _body(
+            self.id,
+            self.loc,
+            self.queue,
+            self.outcome,
+            self.final,
+            self.retry_delay,
+            self.attempt,
+            self.dup,
+            self.error,
+            self.at,
+            self.later,
+            self.later_since,
+            self.result,
+            self.result_kept,
+            self.result_bytes,
+            self.started,
+            self.worker,
+            self.gen,
+        )
 
     def kept_success_json(self) -> dict[str, Any]:
         """What the outcome script makes of this event when it keeps an earlier success.
@@ -254,20 +248,115 @@ class CompletionEvent:
         return self.outcome == Outcome.SUCCEEDED or self.final
 
 
-def _carried(outcome: Mapping[str, Any], result_json: str | None) -> dict[str, Any]:
-    """The result fields of an event reporting ``outcome``: the result if it is small enough."""
+def _fields_of(
+    delivery: Delivery,
+    outcome: Mapping[str, Any],
+    dup: bool,
+    at: float,
+    result_json: str | None,
+    started: float | None,
+    worker: str | None,
+) -> tuple[Any, ...]:
+    """:meth:`CompletionEvent.of`'s fields, in the class's order (see there)."""
+    env = delivery.envelope
+    get = outcome.get
+    final = bool(get("final", True))
+    attempt = int(get("attempt", delivery.attempt))
+    error = get("error")
+    later = int(get("later", delivery.later))
+    if get("outcome") == Outcome.LATER:
+        retry_delay = get("retry_delay")
+    else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
+        retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
+    result, kept, size = _carried(outcome, result_json)
+    return (
+        env.id,
+        delivery.loc,
+        env.queue,
+        get("outcome"),
+        final,
+        retry_delay,
+        attempt,
+        dup,
+        error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
+        at,
+        later,
+        get("later_since", delivery.later_since) if later else None,
+        result,
+        kept,
+        size,
+        started,
+        worker,
+        delivery.gen,
+    )
+
+
+def _body(
+    id: str,
+    loc: Loc,
+    queue: str | None,
+    outcome: str | None,
+    final: bool,
+    retry_delay: float | None,
+    attempt: int,
+    dup: bool,
+    error: str | None,
+    at: float | None,
+    later: int,
+    later_since: float | None,
+    result: Any,
+    result_kept: bool,
+    result_bytes: int | None,
+    started: float | None,
+    worker: str | None,
+    gen: int,
+) -> dict[str, Any]:
+    """An event's JSON object from its fields (:meth:`CompletionEvent.to_json`)."""
+    body = {
+        "id": id,
+        "loc": list(loc),
+        "queue": queue,
+        "outcome": outcome,
+        "final": final,
+        "retry_delay": retry_delay,
+        "attempt": attempt,
+        "dup": dup,
+        "error": error,
+        "at": at,
+    }
+    if later:
+        body["later"] = later
+        body["later_since"] = later_since
+    if result_kept:
+        body["result"] = result
+    if result_bytes is not None:
+        body["result_bytes"] = result_bytes
+    if started is not None:
+        body["started"] = started
+    if worker is not None:
+        body["worker"] = worker
+    if gen:
+        body["gen"] = gen
+    return body
+
+
+def _carried(outcome: Mapping[str, Any], result_json: str | None) -> tuple[Any, bool, int | None]:
+    """The result fields of an event reporting ``outcome`` (result, result_kept, result_bytes).
+
+    The result if it is small enough, else its size.
+    """
     if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
-        return {}
+        return None, False, None
     value = outcome["result"]
     if result_json is None:
         try:
             result_json = json.dumps(value)
         except (TypeError, ValueError):
-            return {}
+            return None, False, None
     size = len(result_json.encode()) if not result_json.isascii() else len(result_json)
     if size > RESULT_MAX_BYTES:
-        return {"result_bytes": size}
-    return {"result": value, "result_kept": True}
+        return None, False, size
+    return value, True, None
 
 
 def _worker(value: object) -> str | None:
