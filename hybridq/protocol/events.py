@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from hybridq.envelope.limits import is_int, opt_finite, opt_str, typed
 from hybridq.protocol.delivery import Delivery, Loc
 from hybridq.protocol.enums import Outcome
+from hybridq.protocol.event_json import EVENT_ERROR_CHARS, RESULT_MAX_BYTES, body, fields_of
 
 __all__ = [
     "EVENT_ERROR_CHARS",
@@ -28,13 +28,8 @@ __all__ = [
     "StartedEvent",
 ]
 
-#: The longest error text an event carries (the last line of the stored traceback).
-EVENT_ERROR_CHARS = 500
 #: The longest worker name (``host/pid``) an event carries into the ledger.
 WORKER_MAX_CHARS = 200
-#: The largest result (its JSON, in bytes) a completion event carries, and so the ledger keeps:
-#: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
-RESULT_MAX_BYTES = 64 * 1024
 #: The largest segment index, offset or attempt number an event may name (a C ``long``).
 _MAX_INT = 2**63 - 1
 
@@ -118,7 +113,7 @@ class CompletionEvent:
         decides whether the event carries the result); ``started``: when the task started;
         ``worker``: the reporting worker process (``host/pid``).
         """
-        return cls(*_fields_of(delivery, outcome, dup, at, result_json, started, worker))
+        return cls(*fields_of(delivery, outcome, dup, at, result_json, started, worker))
 
     @staticmethod
     def json_of(
@@ -136,11 +131,11 @@ class CompletionEvent:
         Making the frozen event cost about 2 us of the 4 its JSON took per job
         (docs/benchmarks.md, "The pool's Python per job").
         """
-        return _body(*_fields_of(delivery, outcome, dup, at, result_json, started, worker))
+        return body(*fields_of(delivery, outcome, dup, at, result_json, started, worker))
 
     def to_json(self) -> dict[str, Any]:
         """The event's JSON object (the stream entry's ``e`` field holds it, encoded)."""
-        return _body(
+        return body(
             self.id,
             self.loc,
             self.queue,
@@ -246,117 +241,6 @@ class CompletionEvent:
     def terminal(self) -> bool:
         """The job is done: it succeeded, or failed for good."""
         return self.outcome == Outcome.SUCCEEDED or self.final
-
-
-def _fields_of(
-    delivery: Delivery,
-    outcome: Mapping[str, Any],
-    dup: bool,
-    at: float,
-    result_json: str | None,
-    started: float | None,
-    worker: str | None,
-) -> tuple[Any, ...]:
-    """:meth:`CompletionEvent.of`'s fields, in the class's order (see there)."""
-    env = delivery.envelope
-    get = outcome.get
-    final = bool(get("final", True))
-    attempt = int(get("attempt", delivery.attempt))
-    error = get("error")
-    later = int(get("later", delivery.later))
-    if get("outcome") == Outcome.LATER:
-        retry_delay = get("retry_delay")
-    else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
-        retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
-    result, kept, size = _carried(outcome, result_json)
-    return (
-        env.id,
-        delivery.loc,
-        env.queue,
-        get("outcome"),
-        final,
-        retry_delay,
-        attempt,
-        dup,
-        error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
-        at,
-        later,
-        get("later_since", delivery.later_since) if later else None,
-        result,
-        kept,
-        size,
-        started,
-        worker,
-        delivery.gen,
-    )
-
-
-def _body(
-    id: str,
-    loc: Loc,
-    queue: str | None,
-    outcome: str | None,
-    final: bool,
-    retry_delay: float | None,
-    attempt: int,
-    dup: bool,
-    error: str | None,
-    at: float | None,
-    later: int,
-    later_since: float | None,
-    result: Any,
-    result_kept: bool,
-    result_bytes: int | None,
-    started: float | None,
-    worker: str | None,
-    gen: int,
-) -> dict[str, Any]:
-    """An event's JSON object from its fields (:meth:`CompletionEvent.to_json`)."""
-    body = {
-        "id": id,
-        "loc": list(loc),
-        "queue": queue,
-        "outcome": outcome,
-        "final": final,
-        "retry_delay": retry_delay,
-        "attempt": attempt,
-        "dup": dup,
-        "error": error,
-        "at": at,
-    }
-    if later:
-        body["later"] = later
-        body["later_since"] = later_since
-    if result_kept:
-        body["result"] = result
-    if result_bytes is not None:
-        body["result_bytes"] = result_bytes
-    if started is not None:
-        body["started"] = started
-    if worker is not None:
-        body["worker"] = worker
-    if gen:
-        body["gen"] = gen
-    return body
-
-
-def _carried(outcome: Mapping[str, Any], result_json: str | None) -> tuple[Any, bool, int | None]:
-    """The result fields of an event reporting ``outcome`` (result, result_kept, result_bytes).
-
-    The result if it is small enough, else its size.
-    """
-    if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
-        return None, False, None
-    value = outcome["result"]
-    if result_json is None:
-        try:
-            result_json = json.dumps(value)
-        except (TypeError, ValueError):
-            return None, False, None
-    size = len(result_json.encode()) if not result_json.isascii() else len(result_json)
-    if size > RESULT_MAX_BYTES:
-        return None, False, size
-    return value, True, None
 
 
 def _worker(value: object) -> str | None:

@@ -135,7 +135,7 @@ def _body(
     at: float,
     token: str | None,
 ) -> dict[str, Any]:
-    """The stored JSON object of an outcome's fields, but a ``later`` one's own (:meth:`StoredOutcome.to_json`)."""
+    """An outcome's stored JSON object, a ``later`` one's own fields left out (``to_json``)."""
     body: dict[str, Any] = {
         "outcome": outcome.value,
         "result": result,
