@@ -34,6 +34,7 @@ from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.protocol import Delivery, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
+from hybridq.worker import perform
 from hybridq.worker import runner as runner_mod
 from hybridq.worker.engine import Engine
 from hybridq.worker.gcpace import pace_pool_process
@@ -63,6 +64,33 @@ def fill(url: str, n: int) -> None:
         transport.close()
 
 
+def inline(engine: Engine) -> int:
+    """The engine's turns without its threads or clocks: the same calls, each batch's jobs run here.
+
+    Batches of 8: one round trip ends the last batch, starts (claims) this one and takes the
+    next; then this thread runs each job as a runner thread would (``Runner._one``: the guard,
+    the claim's check, the task, its outcome). The claims' freshness check is off (FRESH_S):
+    under callgrind a batch takes longer than 0.05 s, and a claim made again is a call more.
+    Nothing depends on timing, so callgrind counts the same work in each tree.
+    """
+    perform.FRESH_S = 3600.0
+    engine._connect()
+    ready, done = engine.reserved.ready, []
+    while True:
+        starting = [ready.popleft() for _ in range(min(8, len(ready)))]
+        taken = engine.starter.exchange(done, starting, engine._taker(8), [])
+        for item in starting:
+            engine.runner._one(item)
+        done = engine._done(0.0)
+        engine.reserved.held.difference_update(done)
+        engine._reserve(taken)
+        if not (taken or ready or starting):
+            break
+    engine.runner.close()
+    engine.rq_worker.register_death()
+    return 0
+
+
 def one(
     server: RedisServer,
     n: int,
@@ -70,6 +98,7 @@ def one(
     profiles: list[cProfile.Profile] | None,
     verbose: bool = False,
     instr: bool = False,
+    inline_mode: bool = False,
 ) -> float:
     """CPU seconds of one engine burst over ``n`` pushed no-op jobs."""
     server.flushall()
@@ -86,7 +115,7 @@ def one(
     t0, u0 = time.process_time(), os.times()
     if main_prof is not None:
         main_prof.enable()
-    code = engine.run()
+    code = inline(engine) if inline_mode else engine.run()
     if main_prof is not None:
         main_prof.disable()
         profiles.append(main_prof)
@@ -119,6 +148,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="under valgrind --tool=callgrind --instr-atstart=no: count only the engine's runs",
     )
+    p.add_argument(
+        "--inline",
+        action="store_true",
+        help="run the jobs in the engine's thread, 8 a turn, no clocks (deterministic: for --callgrind)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="also each run's user and system CPU")
     a = p.parse_args(argv)
     pace_pool_process()
@@ -146,7 +180,8 @@ def main(argv: list[str]) -> int:
             stats.sort_stats("cumulative").print_stats(a.top)
             return 0
         per_job = [
-            one(server, a.n, a.threads, None, a.verbose, a.callgrind) / a.n * 1e6 for _ in range(a.repeat)
+            one(server, a.n, a.threads, None, a.verbose, a.callgrind, a.inline) / a.n * 1e6
+            for _ in range(a.repeat)
         ]
     print(f"pool CPU per no-op job (us): median {statistics.median(per_job):.1f}", end="  ")
     print("runs " + " ".join(f"{v:.1f}" for v in per_job))
