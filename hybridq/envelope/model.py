@@ -15,7 +15,6 @@ This module must not import redis, rq, click or the journal.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -46,6 +45,7 @@ from hybridq.envelope.codec import (
     _str,  # noqa: F401
     _too_deep,
     _values,  # noqa: F401
+    json_text,
 )
 from hybridq.envelope.limits import (
     MAX_ATTEMPTS,
@@ -308,7 +308,7 @@ class Envelope:
     def from_bytes(cls, raw: bytes) -> Envelope:
         """Decode a journal record; raises :class:`EnvelopeError` when it is not an envelope."""
         try:
-            obj = _loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
+            obj = _loads(json_text(raw))  # decoded as json.loads decodes bytes
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise EnvelopeError(f"record is not JSON: {exc}") from exc
         if _too_deep(raw, obj):

@@ -321,3 +321,32 @@ def test_a_record_without_its_optional_fields_decodes_to_their_defaults() -> Non
     for name, bad in (("args", None), ("meta", None), ("requeue", None), ("priority", None), ("tags", "1")):
         with pytest.raises(EnvelopeError):
             Envelope.from_dict({**minimal, name: bad})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1}',
+        b"{",
+        b"{}",
+        b'{"\xed\xb3\xbf": 1}',  # a lone surrogate, as surrogatepass writes it
+        '{"a": "é"}'.encode(),
+        '{"a": 1}'.encode("utf-16-le"),
+        '{"a": 1}'.encode("utf-16"),
+        b'\xef\xbb\xbf{"a": 1}',
+        b"[1]",
+        b"{\x00\x00\x00",
+        b"",
+        b"\xff\xfe{\x00",
+    ],
+)
+def test_json_text_decodes_bytes_as_json_loads_does(raw: bytes) -> None:
+    from hybridq.envelope.codec import json_text
+
+    def decoded(fn: object) -> tuple[str, str]:
+        try:
+            return ("ok", fn(raw))  # type: ignore[operator]
+        except ValueError as exc:
+            return ("error", type(exc).__name__)
+
+    assert decoded(json_text) == decoded(lambda b: b.decode(json.detect_encoding(b), "surrogatepass"))
