@@ -117,6 +117,19 @@ _ascii = (
 )
 
 
+def json_text(raw: bytes) -> str:
+    """``raw`` as text, exactly as ``json.loads`` decodes bytes, with no guess for the usual case.
+
+    ``json.loads`` guesses the encoding (``json.detect_encoding``), then decodes with
+    ``surrogatepass``; a first byte ``{`` and a second that is not NUL is what it answers
+    ``utf-8`` for: a JSON object in UTF-8, as journal records and completion events are (one
+    of each per job in the forwarder; docs/benchmarks.md, "The pool's Python per job").
+    """
+    if raw[:1] == b"{" and raw[1:2] != b"\x00":
+        return raw.decode("utf-8", "surrogatepass")
+    return raw.decode(json.detect_encoding(raw), "surrogatepass")
+
+
 def dumps_ascii(obj: object) -> str:
     """``json.dumps(obj)``, character for character (no cycle check: a cycle raises RecursionError)."""
     return json.dumps(obj) if _ascii is None else "".join(_ascii(obj, 0))

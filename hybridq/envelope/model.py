@@ -15,10 +15,9 @@ This module must not import redis, rq, click or the journal.
 
 from __future__ import annotations
 
-import json
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +45,7 @@ from hybridq.envelope.codec import (
     _str,  # noqa: F401
     _too_deep,
     _values,  # noqa: F401
+    json_text,
 )
 from hybridq.envelope.limits import (
     MAX_ATTEMPTS,
@@ -308,7 +308,7 @@ class Envelope:
     def from_bytes(cls, raw: bytes) -> Envelope:
         """Decode a journal record; raises :class:`EnvelopeError` when it is not an envelope."""
         try:
-            obj = _loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
+            obj = _loads(json_text(raw))  # decoded as json.loads decodes bytes
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise EnvelopeError(f"record is not JSON: {exc}") from exc
         if _too_deep(raw, obj):
@@ -333,27 +333,26 @@ class Envelope:
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise EnvelopeError(f"envelope version {version!r} is not supported")
         try:
+            # Only the fields the record has are checked; an absent one takes the field's
+            # default (what its check makes of the absent value). A pushed record has 8 of the
+            # 20 fields: asking for each of the others cost about 1.5 us a job in the pool's
+            # take and the forwarder's (docs/benchmarks.md, "The pool's Python per job").
+            given: dict[str, Any] = {}
+            extra: dict[str, Any] = {}
+            for name, value in obj.items():
+                check = _OPTIONAL.get(name)
+                if check is not None:
+                    given[check[0]] = check[1](value)
+                elif name not in _KNOWN:
+                    extra[name] = value
             return cls(
                 id=validate_job_id(obj["id"]),
                 func=function_path(typed("func", obj["func"], str)),
                 queue=validate_queue_name(obj["queue"]),
                 idempotency_key=key_text(obj["key"]),
                 created_at=time_value("created_at", obj["created_at"]),
-                args=tuple(typed("args", obj.get("args", []), list)),
-                kwargs=typed("kwargs", obj.get("kwargs", {}), dict),
-                timeout_s=opt_duration("timeout", obj.get("timeout")),
-                result_ttl_s=opt_duration("result_ttl", obj.get("result_ttl")),
-                run_at=opt_finite("run_at", obj.get("run_at")),
-                retry=_opt_retry(obj.get("retry")),
-                description=opt_str("description", obj.get("description")),
-                meta=typed("meta", obj.get("meta", {}), dict),
-                requeue=requeue_count(obj.get("requeue", 0)),
-                signature=opt_str("sig", obj.get("sig")),
-                tags=tags_version(obj.get("tags", 0)),
-                trace=text_map("trace", obj.get("trace")),
-                priority=priority(obj.get("priority", 0)),
-                limit_key=limit_key(obj.get("limit_key")),
-                extra={k: v for k, v in obj.items() if k not in _KNOWN},
+                extra=extra,
+                **given,
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # float(10**400) overflows
             raise EnvelopeError(f"malformed envelope: {exc!r}") from exc
@@ -363,3 +362,24 @@ def _opt_retry(value: object) -> Retry | None:
     if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"retry must be an object, not {value!r:.60}")
     return None if value is None else Retry.from_json(value)
+
+
+#: The optional fields of a record (:meth:`Envelope.from_dict`): by JSON name, the attribute and
+#: its check. An absent one takes the attribute's default, which its check makes of the value
+#: an absent field stands for (``[]``, ``{}``, ``0`` or ``None``).
+_OPTIONAL: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "args": ("args", lambda v: tuple(typed("args", v, list))),
+    "kwargs": ("kwargs", lambda v: typed("kwargs", v, dict)),
+    "timeout": ("timeout_s", lambda v: opt_duration("timeout", v)),
+    "result_ttl": ("result_ttl_s", lambda v: opt_duration("result_ttl", v)),
+    "run_at": ("run_at", lambda v: opt_finite("run_at", v)),
+    "retry": ("retry", _opt_retry),
+    "description": ("description", lambda v: opt_str("description", v)),
+    "meta": ("meta", lambda v: typed("meta", v, dict)),
+    "requeue": ("requeue", requeue_count),
+    "sig": ("signature", lambda v: opt_str("sig", v)),
+    "tags": ("tags", tags_version),
+    "trace": ("trace", lambda v: text_map("trace", v)),
+    "priority": ("priority", priority),
+    "limit_key": ("limit_key", limit_key),
+}

@@ -93,22 +93,22 @@ class Delivery:
             overwrite = Overwrite.ALWAYS
         elif force and overwrite is Overwrite.NEVER:
             overwrite = Overwrite.EARLIER
-        for name, value in (
-            ("envelope", envelope),
-            ("owner", owner),
-            ("loc", loc),
-            ("attempt", attempt),
-            ("overwrite", overwrite),
-            ("lease_s", lease_s),
-            ("key_ttl_s", key_ttl_s),
-            ("gen", gen),
-            ("lost", lost),
-            ("later", later),
-            ("later_since", later_since if later else None),
-            ("report_start", report_start),
-            ("limit", limit),
-        ):
-            object.__setattr__(self, name, value)
+        # Slot by slot, with no tuple of pairs to build and walk: one is made per job by the
+        # forwarder's push and the pool's take (docs/benchmarks.md, "The pool's Python per job").
+        put = object.__setattr__
+        put(self, "envelope", envelope)
+        put(self, "owner", owner)
+        put(self, "loc", loc)
+        put(self, "attempt", attempt)
+        put(self, "overwrite", overwrite)
+        put(self, "lease_s", lease_s)
+        put(self, "key_ttl_s", key_ttl_s)
+        put(self, "gen", gen)
+        put(self, "lost", lost)
+        put(self, "later", later)
+        put(self, "later_since", later_since if later else None)
+        put(self, "report_start", report_start)
+        put(self, "limit", limit)
 
     def to_json(self) -> dict[str, Any]:
         """The single argument of the worker's entry point (:data:`ENTRY_POINT`)."""

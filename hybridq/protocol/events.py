@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from hybridq.envelope.limits import is_int, opt_finite, opt_str, typed
 from hybridq.protocol.delivery import Delivery, Loc
 from hybridq.protocol.enums import Outcome
+from hybridq.protocol.event_json import EVENT_ERROR_CHARS, RESULT_MAX_BYTES, body, fields_of
 
 __all__ = [
     "EVENT_ERROR_CHARS",
@@ -28,13 +28,8 @@ __all__ = [
     "StartedEvent",
 ]
 
-#: The longest error text an event carries (the last line of the stored traceback).
-EVENT_ERROR_CHARS = 500
 #: The longest worker name (``host/pid``) an event carries into the ledger.
 WORKER_MAX_CHARS = 200
-#: The largest result (its JSON, in bytes) a completion event carries, and so the ledger keeps:
-#: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
-RESULT_MAX_BYTES = 64 * 1024
 #: The largest segment index, offset or attempt number an event may name (a C ``long``).
 _MAX_INT = 2**63 - 1
 
@@ -118,54 +113,48 @@ class CompletionEvent:
         decides whether the event carries the result); ``started``: when the task started;
         ``worker``: the reporting worker process (``host/pid``).
         """
-        env = delivery.envelope
-        final = bool(outcome.get("final", True))
-        attempt = int(outcome.get("attempt", delivery.attempt))
-        error = outcome.get("error")
-        later = int(outcome.get("later", delivery.later))
-        if outcome.get("outcome") == Outcome.LATER:
-            retry_delay = outcome.get("retry_delay")
-        else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
-            retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
-        return cls(
-            id=env.id,
-            loc=delivery.loc,
-            queue=env.queue,
-            outcome=outcome.get("outcome"),
-            final=final,
-            retry_delay=retry_delay,
-            attempt=attempt,
-            dup=dup,
-            error=error.strip().rsplit("\n", 1)[-1][:EVENT_ERROR_CHARS] if isinstance(error, str) else None,
-            at=at,
-            later=later,
-            later_since=outcome.get("later_since", delivery.later_since) if later else None,
-            started=started,
-            worker=worker,
-            gen=delivery.gen,
-            **_carried(outcome, result_json),
-        )
+        return cls(*fields_of(delivery, outcome, dup, at, result_json, started, worker))
+
+    @staticmethod
+    def json_of(
+        delivery: Delivery,
+        outcome: Mapping[str, Any],
+        *,
+        dup: bool,
+        at: float,
+        result_json: str | None = None,
+        started: float | None = None,
+        worker: str | None = None,
+    ) -> dict[str, Any]:
+        """``of(...).to_json()`` without the event: a pool worker sends only its JSON.
+
+        Making the frozen event cost about 2 us of the 4 its JSON took per job
+        (docs/benchmarks.md, "The pool's Python per job").
+        """
+        return body(*fields_of(delivery, outcome, dup, at, result_json, started, worker))
 
     def to_json(self) -> dict[str, Any]:
         """The event's JSON object (the stream entry's ``e`` field holds it, encoded)."""
-        return {
-            "id": self.id,
-            "loc": list(self.loc),
-            "queue": self.queue,
-            "outcome": self.outcome,
-            "final": self.final,
-            "retry_delay": self.retry_delay,
-            "attempt": self.attempt,
-            "dup": self.dup,
-            "error": self.error,
-            "at": self.at,
-            **({"later": self.later, "later_since": self.later_since} if self.later else {}),
-            **({"result": self.result} if self.result_kept else {}),
-            **({"result_bytes": self.result_bytes} if self.result_bytes is not None else {}),
-            **({"started": self.started} if self.started is not None else {}),
-            **({"worker": self.worker} if self.worker is not None else {}),
-            **({"gen": self.gen} if self.gen else {}),
-        }
+        return body(
+            self.id,
+            self.loc,
+            self.queue,
+            self.outcome,
+            self.final,
+            self.retry_delay,
+            self.attempt,
+            self.dup,
+            self.error,
+            self.at,
+            self.later,
+            self.later_since,
+            self.result,
+            self.result_kept,
+            self.result_bytes,
+            self.started,
+            self.worker,
+            self.gen,
+        )
 
     def kept_success_json(self) -> dict[str, Any]:
         """What the outcome script makes of this event when it keeps an earlier success.
@@ -252,22 +241,6 @@ class CompletionEvent:
     def terminal(self) -> bool:
         """The job is done: it succeeded, or failed for good."""
         return self.outcome == Outcome.SUCCEEDED or self.final
-
-
-def _carried(outcome: Mapping[str, Any], result_json: str | None) -> dict[str, Any]:
-    """The result fields of an event reporting ``outcome``: the result if it is small enough."""
-    if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
-        return {}
-    value = outcome["result"]
-    if result_json is None:
-        try:
-            result_json = json.dumps(value)
-        except (TypeError, ValueError):
-            return {}
-    size = len(result_json.encode()) if not result_json.isascii() else len(result_json)
-    if size > RESULT_MAX_BYTES:
-        return {"result_bytes": size}
-    return {"result": value, "result_kept": True}
 
 
 def _worker(value: object) -> str | None:

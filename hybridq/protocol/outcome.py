@@ -64,21 +64,42 @@ class StoredOutcome:
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object."""
-        body: dict[str, Any] = {
-            "outcome": self.outcome.value,
-            "result": self.result,
-            "error": self.error,
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "requeue": self.requeue,
-            "final": self.final,
-            "at": self.at,
-        }
-        if self.token is not None:
-            body["token"] = self.token
+        body = _body(
+            self.outcome,
+            self.result,
+            self.error,
+            self.job_id,
+            self.attempt,
+            self.requeue,
+            self.final,
+            self.at,
+            self.token,
+        )
         if self.outcome is Outcome.LATER:
             body.update(retry_delay=self.retry_delay, later=self.later, later_since=self.later_since)
         return body
+
+    @staticmethod
+    def json_of(
+        outcome: Outcome,
+        result: Any,
+        error: str | None,
+        job_id: str,
+        attempt: int,
+        requeue: int,
+        final: bool,
+        at: float,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        """``StoredOutcome(...).to_json()`` of a run that succeeded or failed, without the outcome.
+
+        A pool worker needs only the JSON of most runs' outcomes; making the frozen outcome cost
+        about 3 us a job (docs/benchmarks.md, "The pool's Python per job"). Not for ``later``
+        (its fields are not here).
+        """
+        if outcome is Outcome.LATER:
+            raise ValueError("a later outcome's JSON needs its wait: make the StoredOutcome")
+        return _body(outcome, result, error, job_id, attempt, requeue, final, at, token)
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> StoredOutcome:
@@ -101,3 +122,30 @@ class StoredOutcome:
             int(body.get("later", 0)),
             opt_finite("later_since", body.get("later_since")),
         )
+
+
+def _body(
+    outcome: Outcome,
+    result: Any,
+    error: str | None,
+    job_id: str,
+    attempt: int,
+    requeue: int,
+    final: bool,
+    at: float,
+    token: str | None,
+) -> dict[str, Any]:
+    """An outcome's stored JSON object, a ``later`` one's own fields left out (``to_json``)."""
+    body: dict[str, Any] = {
+        "outcome": outcome.value,
+        "result": result,
+        "error": error,
+        "job_id": job_id,
+        "attempt": attempt,
+        "requeue": requeue,
+        "final": final,
+        "at": at,
+    }
+    if token is not None:
+        body["token"] = token
+    return body

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from hybridq.envelope.codec import json_text
 from hybridq.envelope.limits import MAX_SECONDS
 from hybridq.protocol import Delivery
 
@@ -74,7 +75,7 @@ def _text(value: Any) -> str:
 def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
     try:
-        body = json.loads(raw) if raw is not None else None
+        body = json.loads(json_text(raw) if isinstance(raw, bytes) else raw) if raw is not None else None
     except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None

@@ -34,6 +34,7 @@ __all__ = [
     "check",
     "check_route",
     "event",
+    "event_json",
     "misrouted",
     "refusal",
     "report",
@@ -177,6 +178,20 @@ def event(
     ``result_json``: the result's JSON text if made already; ``started``: when the task started.
     """
     return CompletionEvent.of(
+        d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=host_pid()
+    )
+
+
+def event_json(
+    d: Delivery,
+    outcome: Mapping[str, Any],
+    *,
+    dup: bool,
+    result_json: str | None = None,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """:func:`event`'s JSON (``event(...).to_json()``), without making the event."""
+    return CompletionEvent.json_of(
         d, outcome, dup=dup, at=time.time(), result_json=result_json, started=started, worker=host_pid()
     )
 

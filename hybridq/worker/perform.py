@@ -321,9 +321,27 @@ def _stale(item: Taken) -> bool:
     return time.monotonic() - item.claimed_at > FRESH_S or (renewal is not None and renewal.lost)
 
 
+#: :func:`is_async`'s answers, by function: asked twice per job (the engine's take, the thread
+#: that runs it) of the few functions a process runs, at about 0.6 us each through ``inspect``
+#: (docs/benchmarks.md, "The pool's Python per job"). Emptied when it grows past
+#: :data:`_ASYNC_MAX` (a process resolving a new function object per job).
+_async: dict[Callable[..., Any], bool] = {}
+_ASYNC_MAX = 1024
+
+
 def is_async(func: Callable[..., Any]) -> bool:
     """Whether ``func`` (or the function a ``hybridq.task`` wraps) is an ``async def``."""
-    return inspect.iscoroutinefunction(inspect.unwrap(func))
+    try:
+        return _async[func]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable: asked each time
+        return inspect.iscoroutinefunction(inspect.unwrap(func))
+    answer = inspect.iscoroutinefunction(inspect.unwrap(func))
+    if len(_async) >= _ASYNC_MAX:
+        _async.clear()
+    _async[func] = answer
+    return answer
 
 
 def _record(item: Taken, value: Any, error: Exception | None) -> None:

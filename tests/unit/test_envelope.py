@@ -300,3 +300,53 @@ def test_arguments_nested_deeper_than_the_reader_accepts_are_refused_at_enqueue(
         shallow = [shallow]
     job = queue.enqueue("tests.tasks.add", shallow, 1)
     assert Envelope.from_bytes(job.envelope.to_bytes()).args == (shallow, 1)
+
+
+def test_a_record_without_its_optional_fields_decodes_to_their_defaults() -> None:
+    """from_dict checks only the fields a record has: an absent one is what its check makes of it."""
+    minimal = {
+        "v": 1,
+        "id": new_job_id(),
+        "func": "tests.tasks.add",
+        "queue": "q",
+        "key": "k",
+        "created_at": 1.5,
+    }
+    env = Envelope.from_dict(minimal)
+    spelled = dict(minimal, args=[], kwargs={}, timeout=None, result_ttl=None, run_at=None, retry=None)
+    spelled |= {"description": None, "meta": {}, "requeue": 0, "sig": None, "tags": 0, "trace": None}
+    spelled |= {"priority": 0, "limit_key": None}
+    assert env == Envelope.from_dict(spelled) == Envelope(minimal["id"], "tests.tasks.add", "q", "k", 1.5)
+    assert env.kwargs is not Envelope.from_dict(minimal).kwargs  # a dict of its own each time
+    for name, bad in (("args", None), ("meta", None), ("requeue", None), ("priority", None), ("tags", "1")):
+        with pytest.raises(EnvelopeError):
+            Envelope.from_dict({**minimal, name: bad})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1}',
+        b"{",
+        b"{}",
+        b'{"\xed\xb3\xbf": 1}',  # a lone surrogate, as surrogatepass writes it
+        '{"a": "é"}'.encode(),
+        '{"a": 1}'.encode("utf-16-le"),
+        '{"a": 1}'.encode("utf-16"),
+        b'\xef\xbb\xbf{"a": 1}',
+        b"[1]",
+        b"{\x00\x00\x00",
+        b"",
+        b"\xff\xfe{\x00",
+    ],
+)
+def test_json_text_decodes_bytes_as_json_loads_does(raw: bytes) -> None:
+    from hybridq.envelope.codec import json_text
+
+    def decoded(fn: object) -> tuple[str, str]:
+        try:
+            return ("ok", fn(raw))  # type: ignore[operator]
+        except ValueError as exc:
+            return ("error", type(exc).__name__)
+
+    assert decoded(json_text) == decoded(lambda b: b.decode(json.detect_encoding(b), "surrogatepass"))

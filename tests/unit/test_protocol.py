@@ -110,6 +110,16 @@ def test_a_stored_outcome_round_trips(outcome: Outcome, token: str | None) -> No
         "outcome", "result", "error", "job_id", "attempt", "requeue", "final", "at", *(["token"] if token else [])
     ]  # fmt: skip
     assert StoredOutcome.from_json(body) == stored
+    # What the pool sends without making the outcome: the same JSON, key order included.
+    made = StoredOutcome.json_of(
+        outcome, {"x": [1]}, "Traceback\nValueError: x", stored.job_id, 2, 1, final=True, at=1.25, token=token
+    )
+    assert list(made.items()) == list(stored.to_json().items())
+
+
+def test_a_later_outcomes_json_needs_the_outcome() -> None:
+    with pytest.raises(ValueError, match="later"):
+        StoredOutcome.json_of(Outcome.LATER, None, None, new_job_id(), 1, 0, final=False, at=1.0)
 
 
 @pytest.mark.parametrize(
