@@ -227,6 +227,9 @@ class TableFile:
         (EIO) raised with :attr:`damaged` set; the forwarder then opens again as a start does,
         replaying the whole ledger into a new file (docs/reliability.md, the key table).
         """
+        if self.damaged:  # every later read too, from any thread (a scrape's count)
+            assert self.error is not None
+            raise self.error
         check = self._check
         if check is None:
             return

@@ -129,6 +129,8 @@ def test_a_damaged_table_found_after_the_start_is_made_again_from_the_ledger(
         with pytest.raises(JournalIOError, match="damaged"):
             forwarder.step()  # the verdict taken at the step's start: nothing read from the table
         assert forwarder.state.index.keys.damaged
+        with pytest.raises(JournalIOError, match="damaged"):
+            forwarder.state.index.keys.get("k1")  # asked again (another thread): never answered
         assert not (journal_dir / KEYS_TABLE_FILE).exists()  # a crash now: the start makes it anew
         forwarder._reopen_due = True  # as run() sets it when the table is damaged
         forwarder._reopen()
