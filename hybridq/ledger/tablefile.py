@@ -137,6 +137,10 @@ class TableFile:
         self._check: FileCheck | None = None
         #: Set when the check found the file damaged: deleted, the run must open again.
         self.damaged = False
+        #: Set when the check could not run (busy, cannot open, I/O): every read refuses.
+        self.unchecked = False
+        #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
+        self.on_checked: Callable[[], None] | None = None
         self.spill = spill and path is None
         self.meta: dict[str, str] = {}
         self.id = ""
@@ -200,13 +204,17 @@ class TableFile:
             meta = {"id": uuid.uuid4().hex, "gen": "0"}
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
         elif self.deferred:  # rows from before: checked on a thread, reads wait for the verdict
-            self._check = FileCheck(self.path, name="hybridq-keys-check")
+            self._check = FileCheck(self.path, done=self._checked, name="hybridq-keys-check")
             self._check.start()
         self.id, self.generation = meta["id"], int(meta["gen"])
         self.covers = meta.get("covers", "")
         #: The file's other values as opened (a table's own, kept by :meth:`_committing`).
         self.meta = meta
         return db
+
+    def _checked(self) -> None:
+        if self.on_checked is not None:
+            self.on_checked()
 
     def _unlink(self) -> None:
         assert self.path is not None
@@ -227,7 +235,7 @@ class TableFile:
         (EIO) raised with :attr:`damaged` set; the forwarder then opens again as a start does,
         replaying the whole ledger into a new file (docs/reliability.md, the key table).
         """
-        if self.damaged:  # every later read too, from any thread (a scrape's count)
+        if self.damaged or self.unchecked:  # every later read too, from any thread (a scrape's count)
             assert self.error is not None
             raise self.error
         check = self._check
@@ -236,14 +244,28 @@ class TableFile:
         problem = check.wait() if wait else check.verdict()
         if problem is None:
             return
-        self._check = None
-        if not problem:
+        if not problem and check.error is None:
+            self._check = None
             return
-        log.warning("the key table %s is damaged (made again, the ledger replayed): %s", self.path, problem)
-        self.failed = self.damaged = True
-        self._unlink()  # the next open (this run's, or a start's after a crash) makes it anew
-        cause = OSError(errno.EIO, f"damaged ({problem}): made again from the ledger")
-        self.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+        # The flags before _check is cleared: a read of another thread that finds no check
+        # must find them set (never answer from a deleted or unchecked file).
+        if problem:
+            cause = OSError(errno.EIO, f"damaged ({problem}): made again from the ledger")
+            self.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+            self.failed = self.damaged = True
+        else:  # could not be checked: not damage (a sound file stays); the run pauses or stops
+            assert self.path is not None
+            assert check.error is not None
+            code = sqlite_errno(check.error, os.path.dirname(self.path))
+            cause = OSError(code, f"not checked ({check.error}; docs/reliability.md, the key table)")
+            self.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
+            self.failed = self.unchecked = True
+        self._check = None
+        if problem:
+            log.warning(
+                "the key table %s is damaged (made again, the ledger replayed): %s", self.path, problem
+            )
+            self._unlink()  # the next open (this run's, or a start's after a crash) makes it anew
         raise self.error
 
     def _stop_check(self) -> None:

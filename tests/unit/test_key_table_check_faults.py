@@ -1,0 +1,110 @@
+"""The key table's check beside the start, when it meets odd paths and errors (review of issue 29).
+
+Its verdict is about the file at the journal's path, whatever characters the path holds; only
+SQLite's "corrupt" and "not a database" count as damage (a sound table is never deleted); a
+reopen after a damaged verdict that fails is an error as any other: a full disk pauses, anything
+else stops (docs/reliability.md, the key table and rule 6).
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hybridq.errors import JournalIOError
+from hybridq.ledger import filecheck
+from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
+from hybridq.lookup.check import IndexCheck
+from hybridq.lookup.reads import index_path
+
+from tests.unit.test_key_table_check import damage_a_page, held, keyed_jobs_run  # noqa: F401
+from tests.unit.test_lookup_check import damage_a_page as damage_an_index_page
+
+ODD_NAMES = ["q#1", "q?x", "a%20b"]
+
+
+def read_every_key(table: KeyTable, n: int) -> None:
+    for i in range(n):
+        assert table.get(f"k{i}") is not None
+
+
+def checked(check: filecheck.FileCheck) -> str | None:
+    check.start()
+    return check.wait(30)
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_the_check_reads_the_journals_own_files_whatever_its_path_holds(tmp_path: Path, name: str) -> None:
+    # Fails before: the raw path went into a URI, "#" and "?" cut it (an empty file checked
+    # beside the journal: "ok"), "%20" was decoded (cannot open: counted as damage).
+    journal = tmp_path / name / "journal"
+    journal.parent.mkdir()
+    keyed_jobs_run(journal, 300)
+    keys, index = str(journal / KEYS_TABLE_FILE), index_path(str(journal))
+    sound = filecheck.FileCheck(keys)
+    assert checked(sound) == ""
+    assert sound.error is None
+    assert checked(IndexCheck(index)) == ""
+    damage_a_page(journal)
+    damage_an_index_page(journal)
+    assert checked(filecheck.FileCheck(keys))
+    assert checked(IndexCheck(index))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing made beside it
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_a_damaged_key_table_under_an_odd_path_is_never_trusted(tmp_path: Path, name: str) -> None:
+    journal = tmp_path / name / "journal"
+    journal.parent.mkdir()
+    keyed_jobs_run(journal, 300)
+    damage_a_page(journal)
+    table = KeyTable.in_journal(str(journal))  # found damaged at open, or by the first read
+    try:
+        with pytest.raises(JournalIOError, match="damaged"):
+            read_every_key(table, 300)
+        assert table.damaged
+    finally:
+        table.discard()
+
+
+def test_a_check_that_cannot_run_is_no_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filecheck, "RETRY_PAUSE", 0.0)
+    check = filecheck.FileCheck(str(tmp_path / "missing.sqlite"))  # cannot open: not damage
+    assert checked(check) == ""
+    assert isinstance(check.error, sqlite3.OperationalError)
+    assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_a_key_table_whose_check_cannot_run_is_kept_and_refuses_reads(
+    journal_dir: Path,
+    held: list[filecheck.FileCheck],  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fails before: any error of the check (here "database is locked" each try) counted as
+    # damage: the sound table was deleted and the whole ledger replayed at every start.
+    keyed_jobs_run(journal_dir, 200)
+    monkeypatch.setattr(filecheck, "RETRY_PAUSE", 0.0)
+    tries = []
+
+    def locked(self: filecheck.FileCheck) -> str:
+        tries.append(1)
+        raise sqlite3.OperationalError("database is locked")
+
+    table = KeyTable.in_journal(str(journal_dir))
+    try:
+        [check] = held
+        monkeypatch.setattr(filecheck.FileCheck, "_check", locked)
+        check._run()
+        assert len(tries) == filecheck.TRIES  # tried again before giving up
+        with pytest.raises(JournalIOError, match="not checked") as caught:
+            table.get("k1")
+        assert caught.value.errno == errno.EIO  # an error of the table: the forwarder stops
+        assert not table.damaged
+        assert table.failed
+        with pytest.raises(JournalIOError, match="not checked"):
+            table.get("k1")  # every later read too
+        assert (journal_dir / KEYS_TABLE_FILE).exists()  # never deleted
+    finally:
+        table.discard()
