@@ -258,9 +258,11 @@ class Forwarder(LifeCycle):
             except Stopped:
                 break
             except (JournalIOError, OSError) as exc:
-                if self.state.index.keys.damaged:
+                keys = self.state.index.keys
+                if keys.damaged and exc is keys.error and not self._reopen_due:
                     # Its check found the key table damaged (deleted): open again as a start
                     # does, the whole ledger replayed into a new one (docs/reliability.md).
+                    # Once per verdict: a reopen that fails is an error as any other (below).
                     self._reopen_due = True
                     continue
                 if exc.errno not in DISK_FULL:

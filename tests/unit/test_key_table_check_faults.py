@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ from hybridq.ledger import filecheck
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
 from hybridq.lookup.check import IndexCheck
 from hybridq.lookup.reads import index_path
+from hybridq.transport import MemoryTransport
 
+from tests.unit.test_completions import make_forwarder
 from tests.unit.test_key_table_check import damage_a_page, held, keyed_jobs_run  # noqa: F401
 from tests.unit.test_lookup_check import damage_a_page as damage_an_index_page
 
@@ -108,3 +112,61 @@ def test_a_key_table_whose_check_cannot_run_is_kept_and_refuses_reads(
         assert (journal_dir / KEYS_TABLE_FILE).exists()  # never deleted
     finally:
         table.discard()
+
+
+def _run_with_failing_reopen(journal_dir: Path, code: int, monkeypatch: pytest.MonkeyPatch):
+    keyed_jobs_run(journal_dir, 300)
+    damage_a_page(journal_dir)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    forwarder.state.index.keys._check.wait(30)
+    tries: list[int] = []
+    pauses: list[float] = []
+
+    def failing(self: object) -> None:
+        tries.append(1)
+        raise OSError(code, "the reopen fails")
+
+    monkeypatch.setattr(type(forwarder), "_open_parts", failing)
+
+    def pause(self: object, seconds: float) -> None:
+        pauses.append(seconds)
+        time.sleep(0.01)  # the backoff recorded, not waited for
+
+    monkeypatch.setattr(type(forwarder), "_sleep", pause)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            forwarder.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(1.0)
+    forwarder.stop()
+    runner.join(30)
+    assert not runner.is_alive()
+    monkeypatch.undo()
+    forwarder.close()
+    return tries, pauses, raised
+
+
+def test_a_reopen_after_damage_that_fails_with_eio_stops(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fails before: the damaged table sent every error back to the reopen, at once (~700 a second).
+    tries, _, raised = _run_with_failing_reopen(journal_dir, errno.EIO, monkeypatch)
+    assert len(tries) == 1
+    [error] = raised
+    assert getattr(error, "errno", None) == errno.EIO
+
+
+def test_a_reopen_after_damage_that_fails_on_a_full_disk_pauses(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tries, pauses, raised = _run_with_failing_reopen(journal_dir, errno.ENOSPC, monkeypatch)
+    assert not raised
+    assert pauses
+    assert len(tries) <= len(pauses) + 1  # each failed try waits first
+    assert pauses[-1] > pauses[0]  # the disk-full backoff
