@@ -137,7 +137,18 @@ class ForwarderState:
         # The index saved at the last stop (or the last save before a crash), then what follows;
         # the key owners in their table on disk (hybridq.ledger.keytable).
         self.index.keys.close()
-        self.index, read, resumed = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
+        keys = KeyTable.in_journal(self.journal)
+        try:
+            self.index, read, resumed = resume(self.journal, self.compacted, keys)
+        except JournalIOError:
+            if not keys.damaged:
+                raise
+            # The replay after the saved index met damage its check then confirmed (the file
+            # is deleted): replay the whole ledger into a new table, as the loop's reopen does
+            # (docs/reliability.md, the key table).
+            keys.close()
+            keys = KeyTable.in_journal(self.journal)
+            self.index, read, resumed = resume(self.journal, self.compacted, keys)
         self._saver = IndexSaver(self.journal, read)
         self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()

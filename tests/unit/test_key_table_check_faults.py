@@ -15,15 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
+from hybridq import Queue
 from hybridq.errors import JournalIOError
-from hybridq.ledger import filecheck
+from hybridq.ledger import filecheck, saved_index
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
 from hybridq.lookup.check import IndexCheck
 from hybridq.lookup.reads import index_path
 from hybridq.transport import MemoryTransport
 
+from tests import tasks
 from tests.unit.test_completions import make_forwarder
 from tests.unit.test_key_table_check import damage_a_page, held, keyed_jobs_run  # noqa: F401
+from tests.unit.test_lookup import add
 from tests.unit.test_lookup_check import damage_a_page as damage_an_index_page
 
 ODD_NAMES = ["q#1", "q?x", "a%20b"]
@@ -170,3 +173,35 @@ def test_a_reopen_after_damage_that_fails_on_a_full_disk_pauses(
     assert pauses
     assert len(tries) <= len(pauses) + 1  # each failed try waits first
     assert pauses[-1] > pauses[0]  # the disk-full backoff
+
+
+def test_damage_met_by_the_starts_replay_rebuilds_the_table(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fails before: the replay after the saved index wrote into the damaged table, its verdict
+    # deleted it and the start failed (EIO); main replayed the whole ledger into a new one.
+    keyed_jobs_run(journal_dir, 300)
+    with monkeypatch.context() as m:  # 300 more finish, no index saved (as a crash leaves it)
+        m.setattr(saved_index.IndexSaver, "save", lambda self, index, compacted: None)
+        queue = Queue(journal=journal_dir)
+        for i in range(300, 600):
+            queue.enqueue(tasks.add, i, i, idempotency_key=f"k{i}")
+        transport = MemoryTransport()
+        forwarder = make_forwarder(journal_dir, transport)
+        forwarder.step()
+        transport.work(func=add)
+        for _ in range(3):
+            forwarder.step()
+        forwarder.close()
+    damage_a_page(journal_dir)
+    dup = Queue(journal=journal_dir).enqueue(tasks.add, 0, 0, idempotency_key="k5")
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport)
+    try:
+        for _ in range(3):
+            forwarder.step()
+        assert not forwarder.state.index.keys.damaged
+        assert len(forwarder.state.index.keys) == 600
+        assert dup.id not in transport.deliveries
+    finally:
+        forwarder.close()
