@@ -141,6 +141,7 @@ class LifeCycle:
         remove_probes(self.journal)  # a full disk's probes a kill left (hybridq.ledger.sqlite_errors)
         self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
         self.state.load()
+        self.state.index.keys.on_checked = self.waits.wake  # a damaged verdict reopens at once
         self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
         self.completions.open()
         self.flows.open()

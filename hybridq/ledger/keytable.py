@@ -86,8 +86,12 @@ class KeyTable(TableFile):
         #: The pending duplicates: a table of the same file (:mod:`hybridq.ledger.duptable`).
         self.duplicates = DuplicateTable(self)
         super().__init__(path, spill=spill, deferred=deferred)
-        self.failures.opened()
-        self.duplicates.opened()
+        try:
+            self.failures.opened()
+            self.duplicates.opened()
+        except BaseException:
+            self.discard()  # its connection closed now, not by the collector (e.g. found damaged)
+            raise
 
     @classmethod
     def in_journal(cls, journal: str) -> KeyTable:

@@ -205,3 +205,22 @@ def test_damage_met_by_the_starts_replay_rebuilds_the_table(
         assert dup.id not in transport.deliveries
     finally:
         forwarder.close()
+
+
+def test_the_check_wakes_the_forwarder_with_its_verdict(
+    journal_dir: Path,
+    held: list[filecheck.FileCheck],  # noqa: F811 - the fixture
+) -> None:
+    # Fails before: the key table's check had no wake-up; an idle forwarder took a damaged
+    # verdict only at its next step (a nudge or its poll).
+    keyed_jobs_run(journal_dir, 200)
+    forwarder = make_forwarder(journal_dir, MemoryTransport())
+    try:
+        [check] = held
+        assert forwarder.state.index.keys.on_checked == forwarder.waits.wake
+        woken = threading.Event()
+        forwarder.state.index.keys.on_checked = woken.set
+        check._run()
+        assert woken.is_set()
+    finally:
+        forwarder.close()
