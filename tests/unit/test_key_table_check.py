@@ -20,37 +20,17 @@ from hybridq.transport import MemoryTransport
 
 from tests import tasks
 from tests.unit.test_completions import make_forwarder
-from tests.unit.test_lookup import add
+from tests.unit.test_lookup_check import damage_a_page_of, finished_jobs
 
 
 def keyed_jobs_run(journal: Path, n: int) -> list[str]:
     """``n`` keyed jobs run to their end, the forwarder closed (its table marked and saved)."""
-    queue = Queue(journal=journal)
-    ids = [queue.enqueue(tasks.add, i, i, idempotency_key=f"k{i}").id for i in range(n)]
-    transport = MemoryTransport()
-    forwarder = make_forwarder(journal, transport)
-    forwarder.step()
-    transport.work(func=add)
-    for _ in range(3):
-        forwarder.step()
-    forwarder.close()
-    return ids
+    return finished_jobs(journal, n, keyed=True)
 
 
 def damage_a_page(journal: Path) -> None:
     """Garbage over one page in the middle of the table: it still opens, a b-tree is broken."""
-    path = str(journal / KEYS_TABLE_FILE)
-    db = sqlite3.connect(path)
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    page_size, pages = (
-        db.execute("PRAGMA page_size").fetchone()[0],
-        db.execute("PRAGMA page_count").fetchone()[0],
-    )
-    db.close()
-    assert pages > 4
-    with open(path, "r+b") as f:
-        f.seek(page_size * (pages // 2))
-        f.write(b"\xa5" * page_size)
+    damage_a_page_of(str(journal / KEYS_TABLE_FILE))
 
 
 @pytest.fixture
