@@ -94,6 +94,21 @@ class FileCheck:
 
     def _run(self) -> None:
         problem = ""
+        try:
+            problem = self._attempts()
+        except BaseException as exc:  # a bug, a MemoryError: no verdict, never a reader left waiting
+            self.error = sqlite3.OperationalError(f"the check itself failed: {exc!r}")
+        finally:
+            if self._stopped:
+                problem, self.error = "", None  # interrupted: no verdict (nobody asks for one)
+            self._problem = problem
+            self._finished.set()
+        if self._done is not None and not self._stopped:
+            self._done()
+
+    def _attempts(self) -> str:
+        """The check, tried up to :data:`TRIES` times: its problem (``""``: sound or no verdict)."""
+        problem = ""
         for attempt in range(TRIES):
             try:
                 problem, self.error = self._check(), None
@@ -112,12 +127,7 @@ class FileCheck:
                 break
             if attempt + 1 < TRIES:
                 time.sleep(RETRY_PAUSE)
-        if self._stopped:
-            problem, self.error = "", None  # interrupted: no verdict (nobody asks for one)
-        self._problem = problem
-        self._finished.set()
-        if self._done is not None and not self._stopped:
-            self._done()
+        return problem
 
     def _check(self) -> str:
         with self._lock:

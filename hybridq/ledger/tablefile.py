@@ -235,7 +235,7 @@ class TableFile:
         (EIO) raised with :attr:`damaged` set; the forwarder then opens again as a start does,
         replaying the whole ledger into a new file (docs/reliability.md, the key table).
         """
-        if self.damaged or self.unchecked:  # every later read too, from any thread (a scrape's count)
+        if self.damaged or self.unchecked:  # every later read too (one thread reads: the forwarder's)
             assert self.error is not None
             raise self.error
         check = self._check

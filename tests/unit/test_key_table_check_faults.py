@@ -84,6 +84,20 @@ def test_a_check_that_cannot_run_is_no_damage(tmp_path: Path, monkeypatch: pytes
     assert not (tmp_path / "missing.sqlite").exists()
 
 
+def test_a_check_that_dies_leaves_no_reader_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fails before (second review, L1): anything but an SQLite error skipped the verdict, and
+    # every read of the table waited for it forever.
+    def dies(self: filecheck.FileCheck) -> str:
+        raise MemoryError
+
+    monkeypatch.setattr(filecheck.FileCheck, "_check", dies)
+    check = filecheck.FileCheck(str(tmp_path / "any.sqlite"))
+    check.start()
+    assert check._finished.wait(5.0)
+    assert isinstance(check.error, sqlite3.OperationalError)
+    assert "MemoryError" in str(check.error)
+
+
 def test_a_key_table_whose_check_cannot_run_is_kept_and_refuses_reads(
     journal_dir: Path,
     held: list[filecheck.FileCheck],  # noqa: F811 - the fixture
