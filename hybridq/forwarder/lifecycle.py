@@ -7,7 +7,7 @@ while the disk is full, ``hybridq forward``'s start), :meth:`LifeCycle.close` cl
 even when one before it fails: a full disk) and releases the lock, and
 :meth:`LifeCycle._reopen` does what a start does in the same process, the lock kept, after a
 full disk poisoned the key table (docs/reliability.md, "The key table", rule 6; the loop's
-pause: :mod:`hybridq.forwarder.disk_full`).
+pause: :mod:`hybridq.forwarder.disk_full`) or its check found it damaged (rule 4).
 
 This module must not import redis or rq (the transport port only).
 """
@@ -141,6 +141,7 @@ class LifeCycle:
         remove_probes(self.journal)  # a full disk's probes a kill left (hybridq.ledger.sqlite_errors)
         self.journal_check = BackgroundCheck(self.journal, sealed_segments(self.journal))
         self.state.load()
+        self.state.index.keys.on_checked = self.waits.wake  # a damaged verdict reopens at once
         self.backlog.selector.open()  # the rows' lanes follow this start's fair keys
         self.completions.open()
         self.flows.open()
@@ -227,7 +228,8 @@ class LifeCycle:
                 setattr(self, name, part)
             raise
         self._reopen_due = False
-        log.warning("opened %s again after a full disk: the key table replayed from the ledger", self.journal)
+        why = "its key table was damaged" if old_parts["state"].index.keys.damaged else "a full disk"
+        log.warning("opened %s again after %s: the key table replayed from the ledger", self.journal, why)
 
     def __enter__(self) -> Self:
         self.open()

@@ -258,6 +258,13 @@ class Forwarder(LifeCycle):
             except Stopped:
                 break
             except (JournalIOError, OSError) as exc:
+                keys = self.state.index.keys
+                if keys.damaged and exc is keys.error and not self._reopen_due:
+                    # Its check found the key table damaged (deleted): open again as a start
+                    # does, the whole ledger replayed into a new one (docs/reliability.md).
+                    # Once per verdict: a reopen that fails is an error as any other (below).
+                    self._reopen_due = True
+                    continue
                 if exc.errno not in DISK_FULL:
                     raise
                 self.stats.disk_full_retries += 1
@@ -278,6 +285,7 @@ class Forwarder(LifeCycle):
         (after the new records, so that it never delays a new job's push).
         """
         self._dir_lock.check()  # JournalPathError: stop, never forward
+        self.state.index.keys.confirm(wait=False)  # its check's verdict, if in: damage reopens
         if self.journal_check is not None:
             self.journal_check.raise_if_failed()  # bit rot in a sealed segment: stop, loudly
         self.cancels.step()  # before anything is pushed: a cancelled job is not

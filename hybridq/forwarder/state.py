@@ -138,7 +138,18 @@ class ForwarderState:
         # The index saved at the last stop (or the last save before a crash), then what follows;
         # the key owners in their table on disk (hybridq.ledger.keytable).
         self.index.keys.close()
-        self.index, read, resumed = resume(self.journal, self.compacted, KeyTable.in_journal(self.journal))
+        keys = KeyTable.in_journal(self.journal)
+        try:
+            self.index, read, resumed = resume(self.journal, self.compacted, keys)
+        except JournalIOError:
+            if not keys.damaged:
+                raise
+            # The replay after the saved index met damage its check then confirmed (the file
+            # is deleted): replay the whole ledger into a new table, as the loop's reopen does
+            # (docs/reliability.md, the key table).
+            keys.close()
+            keys = KeyTable.in_journal(self.journal)
+            self.index, read, resumed = resume(self.journal, self.compacted, keys)
         # The punched ranges instead of their finished jobs' offsets (issue 29): after the replay,
         # which gave every job in them its outcome (hybridq.ledger.punched_maps).
         collapse_punched(self.journal, self.index, self.compacted)

@@ -1,9 +1,9 @@
 """The API of ``hybridq serve`` (docs/http.md): enqueue over HTTP, look jobs up, stats, metrics.
 
-* ``POST /v1/jobs`` validates the body, builds the job's envelope with :meth:`Queue.prepare`
-  and commits it with ``enqueue_many_async`` on one committer queue for the whole server, so
-  concurrent POSTs share the journal's group commits (one fsync for all) and the event loop
-  never waits for the disk. It answers ``202`` only once the job is durable.
+* ``POST /v1/jobs`` validates the body and builds the job's envelope with :meth:`Queue.prepare`
+  (:mod:`hybridq.http.job_body`) and commits it with ``enqueue_many_async`` on one committer
+  queue for the whole server, so concurrent POSTs share the journal's group commits (one fsync
+  for all) and the event loop never waits for the disk. It answers ``202`` only once the job is durable.
 * ``GET /v1/jobs/{id}`` reads :func:`hybridq.fetch_job` (the journal, the ledger and the
   forwarder's lookup index: never Redis, so it is right after a Redis wipe).
 * ``GET /v1/stats`` is :func:`hybridq.stats` (the forwarder's saved figures and the journal
@@ -17,10 +17,7 @@ CORS preflight), arrive within ``body_timeout_s`` (408) and stay under ``max_bod
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,14 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from hybridq.cancels import cancel
-from hybridq.envelope.model import (
-    Envelope,
-    function_path,
-    new_job_id,
-    validate_job_id,
-    validate_queue_name,
-)
-from hybridq.envelope.tagged import decode_call
+from hybridq.envelope.model import Envelope, validate_job_id
 from hybridq.errors import (
     BadRequest,
     EnvelopeError,
@@ -56,21 +46,12 @@ from hybridq.http.answers import (
     error,
     job_state,
     json_only,
-    retry_of,
     stats_body,
 )
 from hybridq.http.body import BodyTimeout, BodyTooLarge, read_body
 from hybridq.http.config import ServeConfig
-from hybridq.http.idempotency import (
-    ID_PREFIX,
-    KeyReused,
-    KeyStore,
-    fingerprint,
-    key_job_id,
-    owned_by,
-    scoped_key,
-    valid_key,
-)
+from hybridq.http.idempotency import KeyReused, KeyStore, fingerprint, owned_by, valid_key
+from hybridq.http.job_body import FIELDS, job_envelope, parse_body
 from hybridq.http.node import NodeDown, node_name, node_of
 from hybridq.job import fetch_job
 from hybridq.ops.status import stats
@@ -83,14 +64,8 @@ __all__ = ["FIELDS", "Api", "BodyTooLarge"]
 
 log = logging.getLogger("hybridq.http")
 
-#: The fields of a ``POST /v1/jobs`` body (the contract: docs/http.md).
-FIELDS = frozenset({"task", "args", "kwargs", "queue", "delay", "retry", "priority", "limit_key"})
 #: The response header that names the answering node (:mod:`hybridq.http.node`).
 NODE_HEADER = "Hybridq-Node"
-
-
-def _refuse_constant(name: str) -> Any:
-    raise BadRequest(f"{name} is not a JSON number")
 
 
 class Api:
@@ -200,68 +175,11 @@ class Api:
 
     async def _body(self, request: Request) -> Any:
         """The JSON body, read up to ``max_body`` (413 as soon as it is over, not after)."""
-        raw = await read_body(request, self.config.max_body, self.config.body_timeout_s)
-        try:
-            return json.loads(raw, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:
-            if isinstance(exc, BadRequest):
-                raise
-            raise BadRequest("the body must be a JSON object") from None
+        return parse_body(await read_body(request, self.config.max_body, self.config.body_timeout_s))
 
     def _envelope(self, body: Any, key: str | None, scope: str = "") -> Envelope:
-        """The job a body asks for, validated (raises :class:`BadRequest` or EnvelopeError)."""
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        unknown = sorted(set(body) - FIELDS)
-        if unknown:
-            raise BadRequest(f"unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(FIELDS))})")
-        task = body.get("task")
-        if not isinstance(task, str):
-            raise BadRequest('"task" must be a string: a registered task or a path under --allow')
-        path = function_path(task)  # a dotted path, not in __main__
-        if not self.tasks.allowed(path):
-            raise BadRequest(
-                f"task {path!r} is not registered with @hybridq.task in this server nor under "
-                "--allow (docs/http.md)"
-            )
-        self.tasks.check(path)
-        args = body.get("args", [])
-        kwargs = body.get("kwargs", {})
-        if not isinstance(args, list):
-            raise BadRequest('"args" must be a JSON array')
-        if not isinstance(kwargs, dict):
-            raise BadRequest('"kwargs" must be a JSON object')
-        try:  # tagged values (docs/http.md) as the task will get them; the producer tags them again
-            args, kwargs = decode_call(args, kwargs)
-        except ValueError as exc:
-            raise BadRequest(f'"args"/"kwargs": {exc}') from None
-        queue = body.get("queue", "default")
-        if not isinstance(queue, str):
-            raise BadRequest('"queue" must be a string')
-        delay = body.get("delay")
-        if delay is not None and (
-            isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay)
-        ):
-            raise BadRequest('"delay" must be a number of seconds')
-        env = self.committer.prepare(
-            path,
-            args,
-            kwargs,
-            idempotency_key=key if key is None else scoped_key(key, scope),
-            job_id=f"{ID_PREFIX}{self.node}-{new_job_id()}"
-            if key is None
-            else key_job_id(key, scope, self.node),
-            delay=delay,
-            retry=retry_of(body.get("retry")),
-            priority=body.get("priority", 0),  # checked by prepare: one-line EnvelopeError, a 400
-            limit_key=body.get("limit_key"),
-            _fresh_key=key is None,  # an id minted here, per POST: no other call names it
-        )
-        # One validated path for every queue name (no Queue object per name: its checks are
-        # the name's, the rest are the committer's defaults).
-        if queue != env.queue:
-            env = dataclasses.replace(env, queue=validate_queue_name(queue))  # encoded again
-        return env
+        """The job a body asks for, validated (:func:`hybridq.http.job_body.job_envelope`)."""
+        return job_envelope(body, key, scope, committer=self.committer, tasks=self.tasks, node=self.node)
 
     async def _commit(self, env: Envelope) -> str:
         (job,) = await self.committer.enqueue_many_async([env])

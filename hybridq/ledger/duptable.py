@@ -121,13 +121,18 @@ class DuplicateTable:
     @mapped
     def opened(self) -> None:
         """Count the rows per journal segment (one scan of the table's key: O(duplicates) in C)."""
-        rows = self.file.execute("SELECT chain, seg, count(*), max(off) FROM duplicates GROUP BY chain, seg")
+        # Before the deferred check's verdict (confirmed=False): counts kept in memory, made again
+        # with the table if it is damaged; every row acted on is read again after the verdict.
+        rows = self.file.execute(
+            "SELECT chain, seg, count(*), max(off) FROM duplicates GROUP BY chain, seg", confirmed=False
+        )
         self._segs = {(str(c), int(s)): [int(n), int(o)] for c, s, n, o in rows}
         self.pending = sum(n for n, _ in self._segs.values())
         self.unresolved = self.pending > 0
         owners = self.file.execute(
             "SELECT owner_chain, owner_seg, min(owner_off), max(owner_off) FROM duplicates"
-            " WHERE owner_chain IS NOT NULL GROUP BY owner_chain, owner_seg"
+            " WHERE owner_chain IS NOT NULL GROUP BY owner_chain, owner_seg",
+            confirmed=False,
         )
         self._owner_segs = {(str(c), int(s)): [int(lo), int(hi)] for c, s, lo, hi in owners}
 

@@ -70,7 +70,9 @@ class FailureTable:
     def committing(self) -> None:
         """Write the count into the transaction about to commit (with the rows it counts)."""
         if self._listed is not None and self.file.path is not None:
-            self.file.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_LISTED, str(self._listed)))
+            self.file.execute(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", (_LISTED, str(self._listed)), confirmed=False
+            )
 
     @mapped
     def _state(self, loc: Loc) -> int | None:

@@ -33,6 +33,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hybridq.errors import JournalIOError
 from hybridq.ledger import duptable, failtable
 from hybridq.ledger.duptable import DuplicateTable
 from hybridq.ledger.entries import Entry
@@ -77,21 +78,35 @@ class KeyTable(TableFile):
 
     schema = _SCHEMA + failtable.SCHEMA + duptable.SCHEMA
 
-    def __init__(self, path: str | None = None, *, spill: bool = False) -> None:
+    def __init__(self, path: str | None = None, *, spill: bool = False, deferred: bool = False) -> None:
         #: Rows :meth:`bulk` keeps, not written yet.
         self._bulk: list[tuple[Any, ...]] | None = None
         #: The failures listed for requeue: a table of the same file.
         self.failures = FailureTable(self)
         #: The pending duplicates: a table of the same file (:mod:`hybridq.ledger.duptable`).
         self.duplicates = DuplicateTable(self)
-        super().__init__(path, spill=spill)
-        self.failures.opened()
-        self.duplicates.opened()
+        super().__init__(path, spill=spill, deferred=deferred)
+        try:
+            self.failures.opened()
+            self.duplicates.opened()
+        except BaseException:
+            self.discard()  # its connection closed now, not by the collector (e.g. found damaged)
+            raise
 
     @classmethod
     def in_journal(cls, journal: str) -> KeyTable:
-        """The forwarder's table of a journal directory."""
-        return cls(os.path.join(journal, KEYS_TABLE_FILE))
+        """The forwarder's table of a journal directory, checked on a thread (``deferred``).
+
+        Damage met while it opens waits for the check; found damaged, the file is deleted and
+        made again (empty: the saved index no longer trusts it, the whole ledger is replayed).
+        """
+        path = os.path.join(journal, KEYS_TABLE_FILE)
+        try:
+            return cls(path, deferred=True)
+        except JournalIOError:
+            if os.path.exists(path):  # confirm() deletes a damaged file: anything else stands
+                raise
+            return cls(path, deferred=True)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -99,6 +114,7 @@ class KeyTable(TableFile):
     def get(self, key: str) -> Entry | None:
         """The ``key`` entry of the job owning ``key`` (``None``: nobody owns it)."""
         self._settle()
+        self.confirm()  # "nobody owns it" only from a file whose check passed
         row = self._db.execute(_GET, (key,)).fetchone()
         if row is None:
             return None
@@ -118,6 +134,7 @@ class KeyTable(TableFile):
     def items(self) -> list[tuple[str, Entry]]:
         """Every key and its owner's entry (tests, and a look at a small table: O(keys))."""
         self._settle()
+        self.confirm()
         keys = [key for (key,) in self._db.execute("SELECT key FROM keys ORDER BY key")]
         return [(key, entry) for key in keys if (entry := self.get(key)) is not None]
 
@@ -141,12 +158,15 @@ class KeyTable(TableFile):
     @mapped
     def __len__(self) -> int:
         self._settle()
+        # Not after the check's verdict: a count (figures, forgetting) pushes nothing.
         return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     @mapped
     def windowed(self) -> int:
         """How many keys have a window (their job finished, its segment compacted)."""
         self._settle()
+        # Not after the check's verdict: what it deletes re-converges (docs/reliability.md, the key
+        # table, rule 5), and a damaged file is made again with every row anyway.
         return int(self._db.execute("SELECT count(*) FROM keys WHERE until IS NOT NULL").fetchone()[0])
 
     # -- writing ------------------------------------------------------------------------------

@@ -1,92 +1,26 @@
 """The lookup index's integrity check, off the forwarder's start path.
 
 ``PRAGMA quick_check`` reads the whole index file (0.37 s at a million jobs): at open it held the
-first push back by that much. It runs here on a thread of its own, over a read-only connection of
-its own (SQLite lets go of the GIL while it reads, and WAL mode lets it read beside the
-forwarder's writes); the forwarder asks for the verdict at each step and, until it has one,
-treats the index as while it is rebuilt (:attr:`hybridq.lookup.index.LookupIndex.building`). A damaged
-file is then replaced and rebuilt, as at open.
+first push back by that much. It runs on a thread of its own
+(:class:`~hybridq.ledger.filecheck.FileCheck`); the forwarder asks for the verdict at each step
+and, until it has one, treats the index as while it is rebuilt
+(:attr:`hybridq.lookup.index.LookupIndex.building`). A damaged file is then replaced and
+rebuilt, as at open.
 
 This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
-import logging
-import sqlite3
-import threading
 from collections.abc import Callable
+
+from hybridq.ledger.filecheck import FileCheck
 
 __all__ = ["IndexCheck"]
 
-log = logging.getLogger("hybridq.forwarder")
 
-
-class IndexCheck:
-    """One ``quick_check`` of the index file at ``path``, on its own thread.
-
-    Args:
-        path: the index file.
-        done: called (on the check's thread) once the verdict is in: the forwarder's wake-up, so
-            an idle loop looks at it at once. Must be safe from another thread.
-    """
+class IndexCheck(FileCheck):
+    """One ``quick_check`` of the index file at ``path``, on its own thread (see module docstring)."""
 
     def __init__(self, path: str, done: Callable[[], None] | None = None) -> None:
-        self.path = path
-        self._done = done
-        self._problem: str | None = None
-        self._finished = threading.Event()
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # the connection, between the check and stop()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="hybridq-lookup-check", daemon=True)
-
-    def start(self) -> None:
-        """Start the check (returns at once)."""
-        self._thread.start()
-
-    def verdict(self) -> str | None:
-        """``None`` while it runs; then ``""`` for a sound file, else what is wrong with it."""
-        return self._problem if self._finished.is_set() else None
-
-    def wait(self, timeout: float | None = None) -> str | None:
-        """Wait up to ``timeout`` seconds for the verdict (tests, and a close that needs one)."""
-        self._finished.wait(timeout)
-        return self.verdict()
-
-    def stop(self) -> None:
-        """Interrupt the check and wait for its thread (the index is being closed)."""
-        with self._lock:
-            self._stopped = True
-            if self._db is not None:
-                self._db.interrupt()  # thread-safe: the running statement ends with an error
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            problem = self._check()
-        except sqlite3.Error as exc:
-            problem = str(exc)  # e.g. "database disk image is malformed" before any row
-        finally:
-            with self._lock:
-                if self._db is not None:
-                    self._db.close()
-                    self._db = None
-        if self._stopped:
-            problem = ""  # interrupted: no verdict about the file (nobody asks for one)
-        self._problem = problem
-        self._finished.set()
-        if self._done is not None and not self._stopped:
-            self._done()
-
-    def _check(self) -> str:
-        with self._lock:
-            if self._stopped:
-                return ""
-            self._db = sqlite3.connect(
-                f"file:{self.path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False
-            )
-            db = self._db
-        rows = [str(row[0]) for row in db.execute("PRAGMA quick_check").fetchall()]
-        return "" if rows == ["ok"] else "; ".join(rows)[:500]
+        super().__init__(path, done, name="hybridq-lookup-check")

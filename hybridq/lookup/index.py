@@ -159,6 +159,10 @@ class LookupIndex:
             problem = self._check.verdict()
             if problem is None:
                 return  # still reading: nothing is concluded from the index meanwhile
+            if not problem and self._check.error is not None:
+                # Not checked (busy, cannot open: tried again already): rebuilt, as it is only
+                # a cache of the journal and cannot be trusted unchecked.
+                problem = f"not checked: {self._check.error}"
             self._check, self._damage = None, problem or None
         if self._damage is None:
             return

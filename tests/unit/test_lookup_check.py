@@ -22,10 +22,13 @@ from tests.unit.test_completions import make_forwarder
 from tests.unit.test_lookup import add
 
 
-def finished_jobs(journal: Path, n: int) -> list[str]:
-    """``n`` jobs run to their end, their index written and the forwarder closed."""
+def finished_jobs(journal: Path, n: int, *, keyed: bool = False) -> list[str]:
+    """``n`` jobs run to their end, their index written and the forwarder closed.
+
+    ``keyed``: each with the idempotency key ``k<i>`` (the key table's tests).
+    """
     queue = Queue(journal=journal)
-    ids = [queue.enqueue(tasks.add, i, i).id for i in range(n)]
+    ids = [queue.enqueue(tasks.add, i, i, idempotency_key=f"k{i}" if keyed else None).id for i in range(n)]
     transport = MemoryTransport()
     forwarder = make_forwarder(journal, transport)
     forwarder.step()
@@ -38,7 +41,11 @@ def finished_jobs(journal: Path, n: int) -> list[str]:
 
 def damage_a_page(journal: Path) -> None:
     """Garbage over one page in the middle of the index: it still opens, its b-tree is broken."""
-    path = index_path(str(journal))
+    damage_a_page_of(index_path(str(journal)))
+
+
+def damage_a_page_of(path: str) -> None:
+    """Garbage over one page in the middle of the SQLite file at ``path`` (it still opens)."""
     db = sqlite3.connect(path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     page_size, pages = (
