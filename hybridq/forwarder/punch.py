@@ -29,7 +29,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.holes import Hole, add_holes, punch_supported, read_holes
+from hybridq.journal.holes import Hole, punch_holes, punch_supported, read_holes
 from hybridq.journal.reader import JournalReader, list_chains, seal_offset
 
 __all__ = ["MIN_PUNCH_BYTES", "Puncher"]
@@ -148,9 +148,16 @@ class Puncher:
         close()
         if not runs:
             return 0
-        freed = add_holes(self.journal, *seg, runs)
+        freed, holes = punch_holes(self.journal, *seg, runs)
         # The map is durable: the index keeps its ranges instead of their jobs (hybridq.ledger.punched).
-        self.state.index.collapse(seg, [(h.start, h.end, h.count) for h in read_holes(self.journal, *seg)])
+        try:
+            if holes:
+                self.state.index.collapse(seg, [(h.start, h.end, h.count) for h in holes])
+        except ValueError as exc:
+            # As at start (hybridq.ledger.punched_maps): the same answers, more memory. Raised, it
+            # would stop the forwarder after each restart (the start skips the map, then the next
+            # punch of the segment is refused again).
+            log.warning("the ranges punched of segment %d of chain %s stay listed: %s", seg[1], seg[0], exc)
         if freed:
             log.info("punched %d bytes of finished jobs out of segment %d of chain %s", freed, seg[1], seg[0])
         self.punched += freed

@@ -58,6 +58,7 @@ __all__ = [
     "add_holes",
     "hole_at",
     "holes_of",
+    "punch_holes",
     "punch_supported",
     "read_holes",
     "remove_holes",
@@ -170,7 +171,7 @@ class HoleMaps:
         return hole_at(holes, offset) if holes else None
 
 
-def _encode(holes: list[Hole]) -> bytes:
+def _encode(holes: Sequence[Hole]) -> bytes:
     return _COUNT.pack(len(holes)) + b"".join(
         _HOLE.pack(h.start, h.end, h.first_seq, h.next_seq, h.count) for h in holes
     )
@@ -223,7 +224,18 @@ def punch_supported(directory: str) -> bool:
 def add_holes(
     directory: str, writer_id: str, index: int, new: Iterable[Hole], *, fileops: FileOps = OS_FILEOPS
 ) -> int:
-    """Durably add ``new`` to a sealed segment's hole map, then punch them; returns bytes punched.
+    """:func:`punch_holes`, the bytes punched only."""
+    return punch_holes(directory, writer_id, index, new, fileops=fileops)[0]
+
+
+def punch_holes(
+    directory: str, writer_id: str, index: int, new: Iterable[Hole], *, fileops: FileOps = OS_FILEOPS
+) -> tuple[int, tuple[Hole, ...]]:
+    """Durably add ``new`` to a sealed segment's hole map, then punch them.
+
+    Returns the bytes punched and the map written (what :func:`read_holes` reads next; empty
+    when none was: nothing new, or a filesystem without punch support), so that the forwarder
+    collapses its index on it without reading it again.
 
     The map first (``docs/reliability.md`` rule 8: what replaces the records is durable before
     they go), then the punch, then an fsync. Each range must be whole data records of the
@@ -236,15 +248,15 @@ def add_holes(
     new = list(new)
     st = os.stat(path)
     if not new or st.st_dev in _unsupported:
-        return 0
+        return 0, ()
     if st.st_mode & stat.S_IWUSR:
         raise ValueError(f"segment {index} of chain {writer_id} is not sealed: its records cannot be punched")
-    holes = _merge([*read_holes(directory, writer_id, index, fileops=fileops), *new])
+    holes = tuple(_merge([*read_holes(directory, writer_id, index, fileops=fileops), *new]))
     if holes[-1].end > st.st_size:
         raise ValueError(f"punched range ends past the end of {path}")
     write_state(directory, _name(writer_id, index), _encode(holes), fileops=fileops)
     crashpoints.reached("punch_after_map")
-    return _punch_ranges(fileops, path, st.st_dev, new)
+    return _punch_ranges(fileops, path, st.st_dev, new), holes
 
 
 def _punch_ranges(fileops: FileOps, path: str, dev: int, holes: Iterable[Hole]) -> int:

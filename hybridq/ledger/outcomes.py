@@ -26,7 +26,7 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
 The first three hold disjoint offsets. An offset is in the map if it is in any of them or in a
 range: a lookup that answered ``False`` for a finished job would let it run again
 (docs/reliability.md), so ``tests/unit/test_segment_outcomes.py`` checks every operation
-against a plain ``dict``.
+against a plain ``dict``, and ``tests/unit/test_punched_outcomes.py`` the ranges.
 
 This module must not import redis or rq.
 """
@@ -322,15 +322,13 @@ class SegmentOutcomes(MutableMapping[int, str]):
         if not len(punched):
             return
         self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
-        old = self._offsets, self._codes, self._last, self._punched
         kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)
-        self._offsets, self._codes, self._last = kept, kept_codes, kept[-1] if kept else _NONE
-        self._punched, self._at = punched, 0
-        listed = listed_in(punched, kept, self._others())
+        listed = listed_in(punched, kept, self._others())  # before the swap: a MemoryError changes nothing
         if listed > punched.jobs():
-            self._offsets, self._codes, self._last, self._punched = old
             raise ValueError(f"punched ranges of {punched.jobs()} jobs list {listed}")
         punched.implicit = punched.jobs() - listed
+        self._offsets, self._codes, self._last = kept, kept_codes, kept[-1] if kept else _NONE
+        self._punched, self._at = punched, 0
 
     def groups(self) -> dict[str, list[int]]:
         """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""

@@ -9,7 +9,8 @@ The jobs of other outcomes in it (cancelled, invalid, failed and requeued: the f
 not punch failures still listed) keep their offset, so that no answer changes.
 
 :class:`PunchedRanges` holds the ranges as three sorted arrays (24 bytes a range, a range is at
-least 16 KiB of records) and how many jobs they hold whose offset is not listed (:attr:`implicit`).
+least 16 KiB of records or half its segment: ``hybridq.forwarder.punch``) and how many jobs they
+hold whose offset is not listed (:attr:`implicit`).
 :func:`hybridq.ledger.punched_maps.collapse_punched` applies the hole maps on disk to an index at
 start.
 

@@ -124,3 +124,30 @@ def test_a_duplicate_report_replayed_after_a_saved_collapse_changes_nothing(jour
     }
     assert (writer, 0, late.offset) not in state.index.failed
     state.close()
+
+
+def test_a_collapse_refused_after_a_punch_is_logged_and_the_offsets_kept(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As at start (``collapse_punched``): the map is durable, the index keeps listing its jobs.
+
+    A refusal escaping the puncher would stop the forwarder, and again after each restart, since
+    the start skips that map and the next punch of the segment is refused the same way.
+    """
+    records = _journal(journal_dir)
+    writer = records[0].writer_id
+    seg0 = [r for r in records if r.segment_index == 0]
+    state = _open(journal_dir, writer)
+    state.append([_done(r) for r in seg0[1:]])
+    before = (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals))
+
+    def refuse(seg: tuple[str, int], spans: object) -> None:
+        raise ValueError("punched ranges of 3 jobs list 4")
+
+    monkeypatch.setattr(state.index, "collapse", refuse)
+    assert Puncher(state, min_bytes=1000).step() > 0
+    assert read_holes(str(journal_dir), writer, 0)
+    assert (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals)) == before
+    assert state.index.terminal[(writer, 0)].punched() == []
+    assert "stay listed: punched ranges of 3 jobs list 4" in caplog.text
+    state.close()

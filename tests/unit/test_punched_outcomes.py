@@ -125,6 +125,21 @@ def test_a_range_that_crosses_one_kept_is_refused_and_changes_nothing() -> None:
         del done[64 + 100]
 
 
+def test_a_memory_error_while_ranges_are_dropped_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listed jobs in the ranges are counted before the swap: ``len`` and ``tally`` stay right."""
+    done = SegmentOutcomes((64 + 100 * i, "cancelled" if i == 3 else "succeeded") for i in range(100))
+    done.drop_ranges([(64, 64 + 100 * 10, 10)])
+    before = (len(done), done.tally(), done.punched(), list(done))
+
+    def no_memory(*args: object) -> int:
+        raise MemoryError
+
+    monkeypatch.setattr(outcomes, "listed_in", no_memory)
+    with pytest.raises(MemoryError):
+        done.drop_ranges([(64, 64 + 100 * 20, 20)])
+    assert (len(done), done.tally(), done.punched(), list(done)) == before
+
+
 def apply_by_the_rule(model: dict[int, str], offset: int, outcome: str) -> None:
     old = model.get(offset)
     if old is None or _RANK.get(outcome, 0) > _RANK.get(old, 0) > 0:
@@ -166,8 +181,12 @@ def test_the_collapsed_index_keeps_the_outcome_the_rank_rule_says(seed: int, mer
     assert all(index.totals[name] == 0 for name in NAMES)
 
 
-def test_a_saved_index_read_without_the_ranges_is_refused() -> None:
-    """Version 5 holds the ranges: a reader of the offsets alone would push their jobs again."""
+def test_a_saved_index_read_without_the_ranges_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 5 holds the ranges: a reader of the offsets alone would push their jobs again.
+
+    So the version is new: a reader that does not know 5 (its ``_READ_VERSIONS`` without it, as
+    the format 4 code's) refuses the file (and replays the ledger) instead of reading it.
+    """
     assert saved_index._VERSION == 5
     index = LedgerIndex()
     for i in range(10):
@@ -178,3 +197,6 @@ def test_a_saved_index_read_without_the_ranges_is_refused() -> None:
     assert back.terminal[("w", 0)].groups() == {}
     assert all(back.is_terminal(("w", 0, 64 + 100 * i)) for i in range(10))
     assert back.terminal_count == 10
+    monkeypatch.setattr(saved_index, "_READ_VERSIONS", (2, 3, 4))
+    with pytest.raises(ValueError, match="version 5"):
+        saved_index.decode(raw)
