@@ -324,7 +324,8 @@ def _stale(item: Taken) -> bool:
 #: :func:`is_async`'s answers, by function: asked twice per job (the engine's take, the thread
 #: that runs it) of the few functions a process runs, at about 0.6 us each through ``inspect``
 #: (docs/benchmarks.md, "The pool's Python per job"). Emptied when it grows past
-#: :data:`_ASYNC_MAX` (a process resolving a new function object per job).
+#: :data:`_ASYNC_MAX` (a process resolving a new function object per job). A function whose
+#: ``__code__`` is replaced in place (a hot reload) keeps its first answer until then.
 _async: dict[Callable[..., Any], bool] = {}
 _ASYNC_MAX = 1024
 
@@ -335,7 +336,7 @@ def is_async(func: Callable[..., Any]) -> bool:
         return _async[func]
     except KeyError:
         pass
-    except TypeError:  # unhashable: asked each time
+    except Exception:  # unhashable, or a __hash__ or __eq__ that raises: asked each time
         return inspect.iscoroutinefunction(inspect.unwrap(func))
     answer = inspect.iscoroutinefunction(inspect.unwrap(func))
     if len(_async) >= _ASYNC_MAX:

@@ -350,3 +350,11 @@ def test_json_text_decodes_bytes_as_json_loads_does(raw: bytes) -> None:
             return ("error", type(exc).__name__)
 
     assert decoded(json_text) == decoded(lambda b: b.decode(json.detect_encoding(b), "surrogatepass"))
+
+
+def test_every_known_field_is_read_by_from_dict() -> None:
+    # A field added to _KNOWN only would be dropped silently by from_dict, which reads the
+    # optional ones from _OPTIONAL and these by name (review of b1pool, LOW 4).
+    from hybridq.envelope import model
+
+    assert model._KNOWN == set(model._OPTIONAL) | {"v", "id", "func", "queue", "key", "created_at"}

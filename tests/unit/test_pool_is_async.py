@@ -44,3 +44,14 @@ def test_the_memory_is_bounded() -> None:
     for f in funcs:
         assert not is_async(f)
     assert len(perform._async) <= perform._ASYNC_MAX
+
+
+def test_a_hash_that_raises_is_asked_each_time() -> None:
+    class Odd:
+        def __hash__(self) -> int:
+            raise RuntimeError("no hash")
+
+        def __call__(self) -> None:
+            return None
+
+    assert perform.is_async(Odd()) is False
