@@ -357,4 +357,4 @@ def test_every_known_field_is_read_by_from_dict() -> None:
     # optional ones from _OPTIONAL and these by name (review of b1pool, LOW 4).
     from hybridq.envelope import model
 
-    assert model._KNOWN == set(model._OPTIONAL) | {"v", "id", "func", "queue", "key", "created_at"}
+    assert set(model._OPTIONAL) | {"v", "id", "func", "queue", "key", "created_at"} == model._KNOWN
