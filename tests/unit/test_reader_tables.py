@@ -72,18 +72,23 @@ _VIEW = textwrap.dedent(
 )
 
 
-def test_the_view_listing_many_failures_does_not_hold_their_rows_in_memory(tmp_path: Path) -> None:
-    journal = str(tmp_path / "journal")
-    _append(journal, 0, 40_000)
+def _measured(script: str, journal: str, tmp_path: Path) -> list[str]:
+    """What ``script`` prints about ``journal``, run in a process of its own (its peak RSS)."""
     out = subprocess.run(
-        [sys.executable, "-c", _VIEW, journal],
+        [sys.executable, "-c", script, journal],
         capture_output=True,
         text=True,
         check=True,
         env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
         timeout=120,
     )
-    listed, grown_mb = map(int, out.stdout.split())
+    return out.stdout.split()
+
+
+def test_the_view_listing_many_failures_does_not_hold_their_rows_in_memory(tmp_path: Path) -> None:
+    journal = str(tmp_path / "journal")
+    _append(journal, 0, 40_000)
+    listed, grown_mb = map(int, _measured(_VIEW, journal, tmp_path))
     assert listed == 40_000
     # Measured: 36 MB with the table in memory, 17 MB in a temporary database with the view's
     # map of each job's ledger entries in memory, 6 MB with that map a table too.
@@ -230,15 +235,7 @@ def test_the_failed_page_and_a_requeue_keep_only_their_own_jobs_whole(tmp_path: 
     # a render 106 MB of peak RSS and a requeue 13 MB; 4 MB and 0 MB now.
     journal = str(tmp_path / "journal")
     _append(journal, 0, 10_000, error="Traceback: boom\n" * 250)
-    out = subprocess.run(
-        [sys.executable, "-c", _PAGE, journal],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
-        timeout=120,
-    )
-    total, actionable, newest, call, error, page_mb, requeue_mb = out.stdout.split()
+    total, actionable, newest, call, error, page_mb, requeue_mb = _measured(_PAGE, journal, tmp_path)
     assert (total, actionable, newest, call, error) == ("10000", "10000", "job-9999", '{"args":', "4000")
     assert int(page_mb) < 20, f"peak RSS grew {page_mb} MB rendering one page of 10,000 failures"
     assert int(requeue_mb) < 20, f"peak RSS grew {requeue_mb} MB requeueing one of 10,000 failures"
