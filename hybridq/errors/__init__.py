@@ -8,6 +8,7 @@
     │   ├── JournalIOError          a write or fsync failed; *not* acknowledged, outcome unknown
     │   ├── JournalCorruption       damage the journal refuses to repair silently
     │   ├── RecordTooLarge (ValueError)  a payload over ``MAX_PAYLOAD_BYTES``; nothing was written
+    │   ├── RecordPunched (FileNotFoundError)  a record read by location was punched: its job finished
     │   ├── JournalClosed           the writer was closed
     │   ├── StateFileCorrupt        a state file failed its checksum
     │   ├── HeaderError (ValueError)  a segment file header does not decode (caught in the journal)
@@ -87,6 +88,7 @@ from ._journal import (
     JournalIOError,
     JournalLocked,
     JournalPathError,
+    RecordPunched,
     RecordTooLarge,
     SealError,
     StateFileCorrupt,
@@ -174,6 +176,7 @@ __all__ = [
     "NotSerializable",
     "OutcomeUnknown",
     "QueueFull",
+    "RecordPunched",
     "RecordTooLarge",
     "RedisFull",
     "RedisRefused",

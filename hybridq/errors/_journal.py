@@ -6,6 +6,7 @@ documented as ``hybridq.errors.<Name>`` (the package's ``__init__`` sets ``__mod
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ._base import HybridqError
@@ -112,6 +113,19 @@ class StateFileCorrupt(JournalError):
         self.path = path
         self.reason = reason
         super().__init__(f"state file {path} is damaged: {reason}")
+
+
+class RecordPunched(JournalError, FileNotFoundError):
+    """The record asked for is in a punched range: gone, as a compacted segment's records are.
+
+    A ``FileNotFoundError`` (``ENOENT``), so every reader that answers "gone" for a deleted
+    segment answers the same for a punched record (hybridq.journal.holes).
+    """
+
+    def __init__(self, path: str, offset: int) -> None:
+        super().__init__(
+            errno.ENOENT, f"record at offset {offset} was punched (every job in it finished)", path
+        )
 
 
 class HeaderError(JournalError, ValueError):

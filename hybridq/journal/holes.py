@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hybridq import crashpoints
-from hybridq.errors import HeaderError, StateFileCorrupt
+from hybridq.errors import HeaderError, RecordPunched, StateFileCorrupt
 
 from .fileops import OS_FILEOPS, FileOps
 from .format import (
@@ -73,15 +73,6 @@ _COUNT = struct.Struct("<I")
 _HOLE = struct.Struct("<QQQQQ")  # start, end, first sequence, next sequence, data records
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
-
-
-class RecordPunched(FileNotFoundError):
-    """The record asked for is in a punched range: gone, as a compacted segment's records are."""
-
-    def __init__(self, path: str, offset: int) -> None:
-        super().__init__(
-            errno.ENOENT, f"record at offset {offset} was punched (every job in it finished)", path
-        )
 
 
 @dataclass(frozen=True, slots=True)
