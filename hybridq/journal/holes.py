@@ -225,8 +225,8 @@ def punch_holes(
     """Durably add ``new`` to a sealed segment's hole map, then punch them.
 
     Returns the bytes punched and the map written (what :func:`read_holes` reads next; empty
-    when none was: nothing new, or a filesystem without punch support), so that the forwarder
-    collapses its index on it without reading it again.
+    when none was: nothing new, or a filesystem without punch support), so that the layer above
+    uses it without reading it again.
 
     The map first (``docs/reliability.md`` rule 8: what replaces the records is durable before
     they go), then the punch, then an fsync. Each range must be whole data records of the

@@ -28,6 +28,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import contextlib
+import errno
 import operator
 import os
 from collections.abc import Iterator, Mapping
@@ -103,8 +104,9 @@ class KeyTable(TableFile):
         path = os.path.join(journal, KEYS_TABLE_FILE)
         try:
             return cls(path, deferred=True)
-        except JournalIOError:
-            if os.path.exists(path):  # confirm() deletes a damaged file: anything else stands
+        except JournalIOError as exc:
+            # confirm() deletes a damaged file (EIO): anything else stands (a full disk: ENOSPC)
+            if exc.errno != errno.EIO or os.path.exists(path):
                 raise
             return cls(path, deferred=True)
 

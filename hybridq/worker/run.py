@@ -154,8 +154,7 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
     final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
     value, run.result_json = jsonable(value, env)
-    kind = Outcome.SUCCEEDED if error is None else Outcome.FAILED
-    error_text = format_error(error) if error is not None else None
+    kind, error_text = (Outcome.SUCCEEDED, None) if error is None else (Outcome.FAILED, format_error(error))
     # token: tells a retried outcome script that its first try got through.
     fields = (kind, value, error_text, env.id, d.attempt, env.requeue, final, time.time(), run.token)
     if later is None and not isinstance(error, Cancelled):  # most runs: only the JSON is needed
@@ -167,8 +166,7 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
         if isinstance(error, Cancelled):  # asked to stop (hybridq cancel): the end, no retry
             outcome = outcome.cancelled()
         body, kind, error_text, final = outcome.to_json(), outcome.outcome, outcome.error, outcome.final
-    run.finish = _finish_call(run, body)
-    run.error_text = error_text
+    run.finish, run.error_text = _finish_call(run, body), error_text
     end_run(run.span, kind.value, final=final, error=error)
     run.span = None
     return value, error
