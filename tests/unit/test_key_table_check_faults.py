@@ -238,3 +238,72 @@ def test_the_check_wakes_the_forwarder_with_its_verdict(
         assert woken.is_set()
     finally:
         forwarder.close()
+
+
+def _run_keyed(journal: Path, queue: Queue, lo: int, hi: int) -> None:
+    """Jobs ``lo..hi`` with keys through a forwarder, 4 KiB segments (job 0: delayed, it pins them)."""
+    from hybridq.forwarder.loop import Forwarder
+    from hybridq.journal import JournalWriter
+
+    with JournalWriter(str(journal), max_segment_bytes=4096) as writer:
+        if lo == 0:
+            writer.append_many(
+                [queue.prepare(tasks.add, (0, 0), delay=600, idempotency_key="pin").to_bytes()]
+            )
+            lo = 1
+        for s in range(lo, hi, 10):
+            writer.append_many(
+                queue.prepare(tasks.add, (i, i), idempotency_key=f"k{i}").to_bytes()
+                for i in range(s, min(s + 10, hi))
+            )
+    transport = MemoryTransport()
+    forwarder = Forwarder(str(journal), transport, reconcile_interval_s=0.0, lease_s=0.0, max_lost=100)
+    forwarder.open()
+    forwarder.step()
+    for _ in range(40):
+        transport.work(limit=10)
+        forwarder.completions.hurry()
+        forwarder.completions.compactor.hurry()
+        forwarder.step()
+    forwarder.close()
+
+
+def test_the_starts_rebuild_after_damage_applies_the_punched_ranges_to_the_index_it_keeps(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The review of the merged stop (L1): the start's retry after damage met by its replay
+    # (forwarder/state.py) and the punched ranges applied after it, together: the index kept
+    # is the full replay's with the hole maps applied, and nothing finished is pushed again.
+    from hybridq.forwarder.loop import Forwarder
+    from hybridq.journal.holes import HOLES_SUFFIX
+    from hybridq.ledger.compacted import load_compacted
+    from hybridq.ledger.punched_maps import collapse_punched
+    from hybridq.ledger.store import load_index
+
+    monkeypatch.setattr(saved_index, "SAVE_EVERY", 7)
+    queue = Queue(journal=str(journal_dir))
+    _run_keyed(journal_dir, queue, 0, 300)
+    monkeypatch.setattr(saved_index.IndexSaver, "save", lambda self, index, compacted: None)
+    _run_keyed(journal_dir, queue, 300, 600)  # finished after the last save: replayed at the start
+    monkeypatch.undo()
+    assert any(HOLES_SUFFIX in p.name for p in journal_dir.iterdir())  # segments were punched
+    damage_a_page(journal_dir)
+    compacted = load_compacted(str(journal_dir))
+    replayed = load_index(str(journal_dir), compacted)
+    collapse_punched(str(journal_dir), replayed, compacted)
+    transport = MemoryTransport()
+    forwarder = Forwarder(str(journal_dir), transport, reconcile_interval_s=0.0, lease_s=0.0, max_lost=100)
+    forwarder.open()
+    try:
+        index = forwarder.state.index
+        assert sum(bool(d.punched()) for d in index.terminal.values()) > 0
+        assert {s: d.punched() for s, d in index.terminal.items()} == {
+            s: d.punched() for s, d in replayed.terminal.items()
+        }
+        assert index.terminal_count == replayed.terminal_count
+        assert dict(index.totals) == dict(replayed.totals)
+        forwarder.step()
+        assert len(transport.deliveries) == 0  # every job but the delayed one finished: none again
+        assert not index.keys.damaged
+    finally:
+        forwarder.close()
