@@ -57,6 +57,7 @@ __all__ = [
     "RecordPunched",
     "add_holes",
     "hole_at",
+    "hole_within",
     "holes_of",
     "punch_holes",
     "punch_supported",
@@ -137,6 +138,18 @@ def hole_at(holes: Sequence[Hole], offset: int) -> Hole | None:
     """
     i = bisect.bisect_right(holes, offset, key=_START) - 1
     return holes[i] if i >= 0 and offset < holes[i].end else None
+
+
+def hole_within(holes: Sequence[Hole], start: int, end: int) -> Hole | None:
+    """The first of a map's ``holes`` (sorted, disjoint) with bytes in ``[start, end]``; ``None`` if none.
+
+    A bisect, then at most two ranges: the last one starting at or before ``start``, and the next.
+    """
+    i = max(bisect.bisect_right(holes, start, key=_START) - 1, 0)
+    for hole in holes[i : i + 2]:
+        if hole.start <= end and start < hole.end:
+            return hole
+    return None
 
 
 class HoleMaps:

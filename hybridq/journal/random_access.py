@@ -32,7 +32,7 @@ from .format import (
     salt_seed,
     segment_name,
 )
-from .holes import RecordPunched, holes_of
+from .holes import RecordPunched, hole_within, holes_of
 from .records import ChainPosition, Record
 from .scan import unpack_header
 
@@ -95,9 +95,9 @@ class SegmentFile:
 
     def _punched(self, start: int, end: int) -> None:
         """Raise :class:`RecordPunched` when a punched range holds a record from ``start`` to ``end``."""
-        for hole in self._holes:
-            if hole.start <= end and start < hole.end:
-                raise RecordPunched(self.path, max(start, hole.start))
+        hole = hole_within(self._holes, start, end) if self._holes else None
+        if hole is not None:
+            raise RecordPunched(self.path, max(start, hole.start))
 
     def _punched_since(self, start: int, end: int) -> None:
         """Raise :class:`RecordPunched` if the range was punched since the file was opened.
