@@ -33,85 +33,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from hybridq import crashpoints
 from hybridq.errors import JournalIOError
 from hybridq.ledger.filecheck import FileCheck
 from hybridq.ledger.sqlite_errors import sqlite_errno
+from hybridq.ledger.table_errors import KEYS_TABLE_FILE, SPILL_OP, mapped, spill_dir
 
 __all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "SPILL_OP", "TableFile", "mapped", "spill_dir"]
 
 log = logging.getLogger("hybridq.ledger")
-P = ParamSpec("P")
-R = TypeVar("R")
 
-#: The file in the journal directory (its name from when it held only key owners).
-KEYS_TABLE_FILE = "ledger-keys.sqlite"
 #: Rows written in one transaction at most before it is committed (no fsync) even without a
 #: mark: bounds the write-ahead log's uncommitted part.
 COMMIT_ROWS = 20_000
 
 _META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
-
-
-#: The ``op`` of the JournalIOError of a reader's temporary database (``spill``).
-SPILL_OP = "a reader's temporary table"
-
-
-def spill_dir() -> str:
-    """Where SQLite puts a temporary database's file: the first of its candidates it can write."""
-    # Named, not used: SQLite makes the file (0600, O_EXCL, unlinked at once), this only says where.
-    candidates = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
-    for where in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"), *candidates):
-        if where and os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
-            return where
-    return "."
-
-
-def mapped(method: Callable[P, R]) -> Callable[P, R]:
-    """SQLite's errors as the journal's: ENOSPC (or EDQUOT) for a full disk, EIO otherwise.
-
-    A failed statement or commit may roll the open transaction back: the rows of this run are
-    then not all there, so a step retried in this run could miss an owner or a failure. The
-    file is poisoned (:attr:`TableFile.failed`): on a full disk the forwarder pauses and opens
-    again as a start does, replaying the ledger after the saved index into the file; on any
-    other error it stops and the next start does (docs/reliability.md, the key table). The
-    method's object is the file or a table of it (its :attr:`file`).
-    """
-
-    @functools.wraps(method)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except sqlite3.Error as exc:
-            owner = getattr(args[0], "file", args[0])
-            assert isinstance(owner, TableFile)
-            if owner.checking and not isinstance(exc, sqlite3.OperationalError):
-                # Damage met before the check's verdict (corrupt, not a database): the verdict
-                # decides, a damaged file is made again (confirm raises) rather than stopping
-                # every start at the same page.
-                owner.confirm()
-            # Poisoned: rows of this run may be gone, so no mark (and no saved index) may vouch
-            # for the file again in this run; the next start replays what it lost.
-            owner.failed = True
-            if owner.spill:  # a reader's temporary database: its file is in the temporary directory
-                # No probe of the directory's room (it would leave files in a shared directory).
-                cause = OSError(sqlite_errno(exc, None), f"{exc} (set SQLITE_TMPDIR or TMPDIR to move it)")
-                owner.error = JournalIOError(spill_dir(), SPILL_OP, cause)
-                raise owner.error from exc
-            code = sqlite_errno(exc, None if owner.path is None else os.path.dirname(owner.path))
-            cause = OSError(code, f"{exc} (docs/reliability.md, the key table)")
-            owner.error = JournalIOError(KEYS_TABLE_FILE, "the key table", cause)
-            raise owner.error from exc
-
-    return call
 
 
 class TableFile:
