@@ -253,7 +253,7 @@ def _print_status(out: dict[str, Any]) -> None:
     click.echo(f"{'forwarder':>22}: {out['forwarder'] or 'not running'}")
     click.echo(
         f"{'journal':>22}: {out['journal']['path']} ({out['journal']['segments']} segments, "
-        f"{out['journal']['bytes']} bytes)"
+        f"{out['journal']['bytes']} bytes, {out['journal']['disk_bytes']} on disk)"
     )
     if "workflows" in out:
         flows = out["workflows"]

@@ -87,6 +87,11 @@ class StatsCollector(Collector):
         yield GaugeMetricFamily(
             "hybridq_journal_bytes", "Bytes of journal segments on disk.", journal.get("bytes", 0)
         )
+        yield GaugeMetricFamily(
+            "hybridq_journal_disk_bytes",
+            "Bytes of disk blocks the journal segments hold.",
+            journal.get("disk_bytes", 0),
+        )
 
 
 class FleetCollector(Collector):

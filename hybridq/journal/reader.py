@@ -31,6 +31,7 @@ __all__ = [
     "SegmentInfo",
     "TornTail",
     "clamp_to_seals",
+    "journal_usage",
     "list_chains",
     "peek_header",
     "read_record_at",
@@ -60,16 +61,30 @@ def list_chains(path: str) -> dict[str, list[int]]:
 
 def segment_usage(path: str) -> tuple[int, int]:
     """``(segment files, bytes)`` of a journal directory; ``(0, 0)`` when it cannot be listed."""
-    segments = size = 0
+    segments, size, _ = journal_usage(path)
+    return segments, size
+
+
+def journal_usage(path: str) -> tuple[int, int, int]:
+    """``(segment files, bytes, disk bytes)`` of a journal directory; zeros when it cannot be listed.
+
+    ``bytes`` are the segments' sizes; ``disk bytes`` the blocks they hold (``st_blocks`` times
+    512: each file rounded up to whole blocks), less than their sizes once finished records are
+    punched out of pinned segments (docs/journal.md, "Finished records punched out of pinned
+    segments").
+    """
+    segments = size = disk = 0
     try:
         entries = list(os.scandir(path))
     except OSError:
-        return 0, 0
+        return 0, 0, 0
     for entry in entries:
         if parse_segment_name(entry.name) is not None:
             segments += 1
-            size += entry.stat(follow_symlinks=False).st_size
-    return segments, size
+            st = entry.stat(follow_symlinks=False)
+            size += st.st_size
+            disk += st.st_blocks * 512
+    return segments, size, disk
 
 
 class JournalReader:

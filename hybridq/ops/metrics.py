@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from hybridq.journal.reader import segment_usage
+from hybridq.journal.reader import journal_usage
 from hybridq.ledger.compacted import AcceptedCounter
 from hybridq.ops.limit_stats import fair_figures
 from hybridq.outbox.backlog import Backlog
@@ -153,8 +153,9 @@ class ForwarderMetrics(Collector):
                 "Jobs a worker recently left because it cannot import or may not run their task.",
                 waiting_now,
             )
-        segments, size = segment_usage(f.journal)
+        segments, size, disk = journal_usage(f.journal)
         yield _gauge("hybridq_journal_bytes", "Bytes of journal segments on disk.", size)
+        yield _gauge("hybridq_journal_disk_bytes", "Bytes of disk blocks the journal segments hold.", disk)
         yield _gauge("hybridq_journal_segments", "Journal segment files on disk.", segments)
         yield from self._outbox_metrics()
         yield from window_metrics(f.backlog)

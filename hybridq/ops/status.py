@@ -23,7 +23,7 @@ from hybridq.errors import ConfigError, JournalCorruption
 from hybridq.journal import ChainPosition, JournalReader, RecordType
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.paths import default_journal, existing_journal_dir
-from hybridq.journal.reader import list_chains, segment_usage
+from hybridq.journal.reader import journal_usage, list_chains
 from hybridq.ledger.checkpoint import forwarder_holder, load_checkpoint
 from hybridq.ledger.compacted import Compacted, consistent, load_compacted
 from hybridq.ledger.index import LedgerIndex
@@ -130,8 +130,8 @@ def stats(
     out.update(window_figures(path, snapshot, exact=exact))
     out.update(limit_figures(path, snapshot))
     out.update(fair_figures(path, snapshot))
-    segments, size = segment_usage(path)
-    out["journal"] = {"path": path, "segments": segments, "bytes": size}
+    segments, size, disk = journal_usage(path)  # disk: the blocks held (docs/cli.md, status --json)
+    out["journal"] = {"path": path, "segments": segments, "bytes": size, "disk_bytes": disk}
     flows = workflow_counts(path)
     if flows:  # docs/workflows.md: running, succeeded, failed, cancelled, waiting_on_deps
         out["workflows"] = flows
