@@ -9,12 +9,13 @@ module must not import redis, rq, click or the job envelope.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hybridq.errors import JournalIOError, JournalLocked, StateFileCorrupt
 
@@ -110,15 +111,54 @@ def make_backup_dir(ops: FileOps, directory: str) -> str:
     raise JournalIOError(directory, "mkdir", FileExistsError(17, "too many repair backups this second"))
 
 
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each run of the first ``size`` bytes of ``fd`` that is not a hole.
+
+    Holes are the blocks punched out of a pinned segment (docs/journal.md, "Finished records
+    punched out of pinned segments"): they read as zeros. A filesystem without ``SEEK_DATA``
+    answers the whole file as data.
+    """
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a hole to the end of the file
+                return
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            start, end = pos, size  # no SEEK_DATA here: all of it is data
+        else:
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        if start >= size:
+            return
+        end = min(end, size)
+        yield start, end
+        pos = end
+
+
 def _copier(ops: FileOps, src_fd: int, size: int, *, mode: int | None = None) -> Callable[[int], None]:
-    """Fills a new file with the first ``size`` bytes of ``src_fd`` (then makes it ``mode``)."""
+    """Fills a new file with the first ``size`` bytes of ``src_fd`` (then makes it ``mode``).
+
+    Its holes stay holes: the new file (opened ``O_APPEND``) is extended over them by
+    ``ftruncate`` instead of written with their zeros, so a repair takes no disk for the ranges
+    punched out of the segment, in the backup nor in the cut segment (it reads the same bytes).
+    """
 
     def fill(out: int) -> None:
         done = 0
-        while done < size:
-            chunk = os.pread(src_fd, min(CHUNK_BYTES, size - done), done) or _shrank()
-            write_all(ops, out, chunk)
-            done += len(chunk)
+        for start, end in _data_extents(src_fd, size):
+            if start > done:
+                _extend(ops, out, start)
+            done = start
+            while done < end:
+                chunk = os.pread(src_fd, min(CHUNK_BYTES, end - done), done) or _shrank()
+                write_all(ops, out, chunk)
+                done += len(chunk)
+        if done < size:
+            if os.fstat(src_fd).st_size < size:
+                _shrank()
+            _extend(ops, out, size)
         if mode is not None:
             try:
                 ops.fchmod(out, mode)
@@ -126,6 +166,14 @@ def _copier(ops: FileOps, src_fd: int, size: int, *, mode: int | None = None) ->
                 raise FileOpError("chmod", exc) from exc
 
     return fill
+
+
+def _extend(ops: FileOps, out: int, length: int) -> None:
+    """Make the file ``out`` ``length`` bytes long, the bytes added a hole (they read as zeros)."""
+    try:
+        ops.ftruncate(out, length)
+    except OSError as exc:
+        raise FileOpError("ftruncate", exc) from exc
 
 
 def _shrank() -> bytes:
