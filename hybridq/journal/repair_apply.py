@@ -9,7 +9,6 @@ module must not import redis, rq, click or the job envelope.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -111,53 +110,61 @@ def make_backup_dir(ops: FileOps, directory: str) -> str:
     raise JournalIOError(directory, "mkdir", FileExistsError(17, "too many repair backups this second"))
 
 
-def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of each run of the first ``size`` bytes of ``fd`` that is not a hole.
+#: The copy leaves a hole where a run of this many bytes, at an offset that is a multiple of it,
+#: reads all zeros: a page, the smallest block a punch frees (docs/journal.md, "Finished records
+#: punched out of pinned segments"); a larger block of zeros is a run of these.
+HOLE_BLOCK = 4096
 
-    Holes are the blocks punched out of a pinned segment (docs/journal.md, "Finished records
-    punched out of pinned segments"): they read as zeros. A filesystem without ``SEEK_DATA``
-    answers the whole file as data.
+
+def _data_runs(chunk: bytes, base: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` indices in ``chunk`` (read at offset ``base``) of its runs that are not all zeros.
+
+    Only blocks of :data:`HOLE_BLOCK` aligned on the file's offsets count as zeros; a partial
+    block at either end of ``chunk`` counts too (the next chunk starts where it ends).
     """
-    pos = 0
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # a hole to the end of the file
-                return
-            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            start, end = pos, size  # no SEEK_DATA here: all of it is data
-        else:
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-        if start >= size:
-            return
-        end = min(end, size)
-        yield start, end
-        pos = end
+    n = len(chunk)
+    if chunk.count(0) == n:
+        return
+    run = -1
+    i = 0
+    while i < n:
+        j = min(n, (base + i) // HOLE_BLOCK * HOLE_BLOCK + HOLE_BLOCK - base)
+        if chunk.count(0, i, j) == j - i:
+            if run >= 0:
+                yield run, i
+                run = -1
+        elif run < 0:
+            run = i
+        i = j
+    if run >= 0:
+        yield run, n
 
 
 def _copier(ops: FileOps, src_fd: int, size: int, *, mode: int | None = None) -> Callable[[int], None]:
     """Fills a new file with the first ``size`` bytes of ``src_fd`` (then makes it ``mode``).
 
-    Its holes stay holes: the new file (opened ``O_APPEND``) is extended over them by
-    ``ftruncate`` instead of written with their zeros, so a repair takes no disk for the ranges
-    punched out of the segment, in the backup nor in the cut segment (it reads the same bytes).
+    Every byte is read (``pread``: the page cache, always right), and the blocks that read all
+    zeros become holes: the new file (opened ``O_APPEND``) is extended over them by
+    ``ftruncate`` instead of written, so a repair takes no disk for the ranges punched out of
+    the segment, in the backup nor in the cut segment, and the copy reads the same bytes. The
+    filesystem's own hole reports (``SEEK_DATA``/``SEEK_HOLE``) are not asked: some called
+    dirty data a hole (OpenZFS 2.1 and 2.2.0-2.2.1), which would have zeroed records in the
+    cut segment and in its backup both.
     """
 
     def fill(out: int) -> None:
-        done = 0
-        for start, end in _data_extents(src_fd, size):
-            if start > done:
-                _extend(ops, out, start)
-            done = start
-            while done < end:
-                chunk = os.pread(src_fd, min(CHUNK_BYTES, end - done), done) or _shrank()
-                write_all(ops, out, chunk)
-                done += len(chunk)
+        done = 0  # the new file's length
+        pos = 0
+        while pos < size:
+            chunk = os.pread(src_fd, min(CHUNK_BYTES, size - pos), pos) or _shrank()
+            view = memoryview(chunk)
+            for start, end in _data_runs(chunk, pos):
+                if pos + start > done:
+                    _extend(ops, out, pos + start)
+                write_all(ops, out, view[start:end])
+                done = pos + end
+            pos += len(chunk)
         if done < size:
-            if os.fstat(src_fd).st_size < size:
-                _shrank()
             _extend(ops, out, size)
         if mode is not None:
             try:

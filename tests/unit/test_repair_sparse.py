@@ -19,9 +19,10 @@ from hybridq.journal.recovery import verify
 from hybridq.journal.repair import repair
 
 SEGMENT = 256 << 10
-#: Blocks a file may hold past its data: the partial blocks at a range's ends, and what the
-#: filesystem keeps (ext4 held 16 KiB more than the sizes here).
-SLACK = 32 << 10
+#: Blocks a file may hold past its data: the partial blocks at a range's two ends (a page each
+#: at least: 64 KiB on an arm64 tmpfs), and what the filesystem keeps (ext4 held 16 KiB more
+#: than the sizes here, with 4 KiB blocks).
+SLACK = 4 * max(os.sysconf("SC_PAGE_SIZE"), 4096) + (16 << 10)
 
 
 def _punched_then_rotted(journal: Path) -> tuple[list, str, int]:
