@@ -38,13 +38,16 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridq import crashpoints
 from hybridq.errors import JournalIOError
 from hybridq.ledger.filecheck import FileCheck
 from hybridq.ledger.sqlite_errors import sqlite_errno
 from hybridq.ledger.table_errors import KEYS_TABLE_FILE, SPILL_OP, mapped, spill_dir
+
+if TYPE_CHECKING:
+    from hybridq.ledger.table_errors import Poisonable
 
 __all__ = ["COMMIT_ROWS", "KEYS_TABLE_FILE", "SPILL_OP", "TableFile", "mapped", "spill_dir"]
 
@@ -342,3 +345,9 @@ class TableFile:
                     self.commit()
             finally:
                 self._db.close()
+
+
+if TYPE_CHECKING:
+    # mapped reads and sets the file through the Poisonable Protocol (table_errors cannot import
+    # this module, above it) and casts to it: mypy checks here that TableFile has what it names.
+    _CONFORMS: type[Poisonable] = TableFile
