@@ -26,7 +26,8 @@ from hybridq import Queue
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
-from hybridq.ops.status import _from_snapshot, collect_status, stats
+from hybridq.ops.status import collect_status, stats
+from hybridq.ops.status_counts import from_snapshot as _from_snapshot
 from hybridq.transport import MemoryTransport
 
 CHUNK = 50_000

@@ -29,8 +29,8 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import verify
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import load_index
-from hybridq.ops.status import _counts as status_counts
 from hybridq.ops.status import collect_status
+from hybridq.ops.status_counts import scan_counts as status_counts
 from hybridq.transport import MemoryTransport
 
 from tests.crash.test_s13_compaction_crash import killed_at

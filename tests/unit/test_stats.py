@@ -29,7 +29,8 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import open_ledger_writer
 from hybridq.lookup import pending_file
 from hybridq.lookup.stats import STATS_NAME, PendingTracker, load_snapshot
-from hybridq.ops.status import _from_snapshot, collect_status, stats
+from hybridq.ops.status import collect_status, stats
+from hybridq.ops.status_counts import from_snapshot as _from_snapshot
 from hybridq.transport import MemoryTransport
 
 from tests import tasks
