@@ -29,6 +29,11 @@ The ledger (:mod:`hybridq.ledger.store`) is a second journal; its records are JS
   run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
   ``cancelled``, whatever order they are read in: what a run really did beats the cancel.
 
+A ``done`` entry that ``succeeded`` carries ``over`` (``"over":"failed"``) when the forwarder
+wrote it for a job it had recorded ``failed`` (a lost worker given up on, that reported after
+all): once the job's journal segment is compacted, that success is a mark that keeps the
+failure off the list in any replay order (docs/reliability.md, "A success outranks a failure").
+
 This module must not import redis or rq.
 """
 
@@ -90,6 +95,9 @@ class Entry:
     #: ``done`` and ``retry`` entries: the epoch generation the run's delivery was pushed under
     #: (``g``, left out while 0): a higher one than an earlier run's means Redis lost its state.
     gen: int = 0
+    #: ``done`` entries that succeeded: the outcome recorded before that this one outranks
+    #: (``over``, only ``failed`` today; entries before it was added lack it).
+    over: str | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -131,6 +139,8 @@ class Entry:
             body["w"] = self.worker
         if self.gen:
             body["g"] = self.gen
+        if self.over is not None:
+            body["over"] = self.over
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -176,6 +186,7 @@ class Entry:
             started=body.get("st"),
             worker=body.get("w"),
             gen=int(body.get("g", 0)),
+            over=body.get("over"),
         )
 
 

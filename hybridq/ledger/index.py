@@ -11,7 +11,8 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hybridq.journal.records import Loc
@@ -172,6 +173,51 @@ class LedgerIndex:
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
         return False
+
+    def outranking(self, entries: Sequence[Entry]) -> Sequence[Entry]:
+        """``entries`` to append, each success that outranks a ``failed`` outcome marked ``over``.
+
+        Recorded ``failed`` here or earlier in ``entries`` (read before it in its chain). The
+        mark is in the success's own record, so no crash falls between the two (docs/reliability.md,
+        "A success outranks a failure"). No failure live and none in ``entries`` (a drain): one
+        pass over them, no lookup.
+        """
+        if not self.totals["failed"] and all(e.outcome != "failed" for e in entries):
+            return entries
+        failed: set[Loc] = set()
+        out = list(entries)
+        for i, e in enumerate(out):
+            if e.kind != EntryKind.DONE:
+                continue
+            if e.outcome == "failed":
+                failed.add(e.loc)
+            elif (
+                e.outcome == _SUCCEEDED
+                and not e.dup
+                and e.over is None
+                and (e.loc in failed or self.outcome(e.loc) == "failed")
+            ):
+                out[i] = dataclasses.replace(e, over="failed")
+        return out
+
+    def apply_compacted(self, entry: Entry) -> None:
+        """Fold in an entry of a compacted journal segment: counted in Compacted already.
+
+        Only what outlives the segment matters: a failure still listed, a requeue mark, a
+        success that outranked a failure (its mark: no outcome is kept here to rank the two, and
+        chains are read in any order; docs/reliability.md, "A success outranks a failure"), and
+        a finished job's key (its window).
+        """
+        kind = entry.kind
+        if kind == EntryKind.DONE:
+            if entry.outcome == "failed" and entry.dup_of is None:
+                self.failed.setdefault(entry.loc, entry)
+            elif entry.over is not None and entry.outcome == _SUCCEEDED and not entry.dup:
+                self.failed.outrank(entry.loc)
+        elif kind == EntryKind.REQUEUED:
+            self.failed.requeue(entry.loc)
+        elif kind == EntryKind.KEY:
+            self.apply(entry)
 
     def apply_succeeded(self, loc: Loc) -> bool:
         """:meth:`apply` of a ``done`` entry that ``succeeded``, not a duplicate (most of a ledger).
