@@ -19,6 +19,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import JobNotFailed
 from hybridq.forwarder import dead_segments
 from hybridq.forwarder.dead_segments import Compactor
+from hybridq.forwarder.harvest import Harvester
 from hybridq.forwarder.punch import Puncher
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.http.dashboard.ledger_view import LedgerView
@@ -30,6 +31,8 @@ from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
+from hybridq.protocol import CompletionEvent
+from hybridq.transport.base import Event
 
 
 def envelope(n: int) -> Envelope:
@@ -311,3 +314,49 @@ def test_the_dashboards_view_does_not_list_it_either(journal_dir: Path) -> None:
     assert view.failed() == []  # read again after the compaction
     assert LedgerView(str(journal_dir)).failed() == []
     state.close()
+
+
+class _OneEvent:
+    """A transport with one completion event waiting (all the harvest asks of it here)."""
+
+    def __init__(self, body: dict[str, object]) -> None:
+        self.events = [Event("1-0", body)]
+        self.acked: list[str] = []
+
+    def harvest(self, _owner: str, _limit: int) -> list[Event]:
+        out, self.events = self.events, []
+        return out
+
+    def ack(self, _owner: str, event_ids: list[str]) -> None:
+        self.acked += event_ids
+
+
+def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_dir: Path) -> None:
+    """The late event is not counted (its segment is gone) but its failure leaves the list."""
+    records = journal_of_jobs(journal_dir)
+    writer = records[0].writer_id
+    seg0 = [r for r in records if r.segment_index == 0]
+    x = seg0[5]
+    state = open_state(journal_dir, writer)
+    state.append([failure(x)])
+    state.append([success(r) for r in seg0 if r is not x])
+    compact(state)
+    assert load_compacted(str(journal_dir)).is_compacted((writer, 0))
+    job_id = Envelope.from_bytes(x.payload).id
+    assert listed_ids(journal_dir) == [job_id]
+    event = CompletionEvent(
+        id=job_id, loc=loc_of(x), queue="q", outcome="succeeded", final=True, retry_delay=None,
+        attempt=1, dup=False, error=None, at=3.0,
+    )  # fmt: skip
+    transport = _OneEvent(event.to_json())
+    harvester = Harvester(state, transport)  # type: ignore[arg-type]
+    before = load_compacted(str(journal_dir))
+    assert harvester.harvest() == 1
+    assert transport.acked == ["1-0"]
+    assert loc_of(x) not in state.index.failed
+    assert listed_ids(journal_dir) == []  # listed, and requeued by a requeue, before the fix
+    assert load_compacted(str(journal_dir)) == before  # counted failed once: not counted again
+    state.close(by_path=False)
+    again = open_state(journal_dir, writer)
+    assert loc_of(x) not in again.index.failed
+    again.close()
