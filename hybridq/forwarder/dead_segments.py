@@ -263,7 +263,7 @@ class Compactor:
                 # (a requeue, a success over the failure: docs/reliability.md, "A success
                 # outranks a failure") while another segment still holds the failure it cancels.
                 keep = [
-                    _mark_only(e)
+                    e.as_mark()  # a success over a failure is appended without its result
                     for e in entries
                     if (e.kind == "done" and e.over is None and self.state.index.failed.get(e.loc) == e)
                     or (_is_mark(e) and failures.get(e.loc, 0) > (e.loc in here))
@@ -295,10 +295,3 @@ class Compactor:
 def _is_mark(entry: Entry) -> bool:
     """Whether ``entry`` keeps a failure off the list: a requeue, or a success that outranked it."""
     return entry.kind == "requeued" or (entry.kind == "done" and entry.over is not None)
-
-
-def _mark_only(entry: Entry) -> Entry:
-    """``entry`` as appended again: a success's result is no part of its mark."""
-    if entry.over is None or not (entry.result_kept or entry.result_bytes is not None):
-        return entry
-    return dataclasses.replace(entry, result=None, result_kept=False, result_bytes=None)

@@ -80,7 +80,7 @@ class Harvester:
         self.forgetting: Callable[[], bool] = lambda: False
         #: Successes of this batch dropped as late (their journal segment compacted) whose failure
         #: is listed: each is marked as outranking it (:meth:`_outrank_late`).
-        self._late_successes: list[Entry] = []
+        self._late_successes: dict[Loc, Entry] = {}
 
     # -- harvest ------------------------------------------------------------------------------
 
@@ -257,10 +257,10 @@ class Harvester:
         if (
             entry.kind == "done"
             and entry.outcome == "succeeded"
-            and not entry.dup
+            and entry.loc not in self._late_successes  # one mark per job, however often reported
             and entry.loc in self.state.index.failed
         ):
-            self._late_successes.append(entry)
+            self._late_successes[entry.loc] = entry
 
     def _outrank_late(self) -> None:
         """Mark the late successes noted: their failures leave the list for good.
@@ -273,11 +273,8 @@ class Harvester:
         """
         if not self._late_successes:
             return
-        marks = [
-            dataclasses.replace(e, over="failed", result=None, result_kept=False, result_bytes=None)
-            for e in self._late_successes
-        ]
-        self._late_successes = []
+        marks = [dataclasses.replace(e, over="failed").as_mark() for e in self._late_successes.values()]
+        self._late_successes = {}
         self.state.append(marks, apply=False)
         for mark in marks:
             self.state.index.failed.outrank(mark.loc)

@@ -39,6 +39,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -98,6 +99,9 @@ class Entry:
     #: ``done`` entries that succeeded: the outcome recorded before that this one outranks
     #: (``over``, only ``failed`` today; entries before it was added lack it).
     over: str | None = None
+    #: ``done`` entries that failed: the outcome recorded before that outranks this one
+    #: (``under``, only ``succeeded``): a failure reported after the job's success, never listed.
+    under: str | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -141,6 +145,8 @@ class Entry:
             body["g"] = self.gen
         if self.over is not None:
             body["over"] = self.over
+        if self.under is not None:
+            body["under"] = self.under
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -187,7 +193,14 @@ class Entry:
             worker=body.get("w"),
             gen=int(body.get("g", 0)),
             over=body.get("over"),
+            under=body.get("under"),
         )
+
+    def as_mark(self) -> Entry:
+        """This entry as a mark only: a success's result is no part of it (compaction, late harvests)."""
+        if not (self.result_kept or self.result_bytes is not None):
+            return self
+        return dataclasses.replace(self, result=None, result_kept=False, result_bytes=None)
 
 
 def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[], float]) -> Entry:

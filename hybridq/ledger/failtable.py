@@ -147,14 +147,20 @@ class FailureTable:
 
     @mapped
     def requeue(self, loc: Loc) -> None:
-        """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later."""
-        delisted = self.file.write(
-            f"UPDATE failures SET requeued = 1, body = NULL WHERE {_WHERE} AND requeued = 0",  # noqa: S608
-            loc,
-        ).rowcount
-        self.file.write(_MARK, (*loc, _REQUEUED), 0)
-        if self._listed is not None:
-            self._listed -= delisted
+        """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later.
+
+        An outranked mark becomes a requeue mark, as :meth:`outrank` leaves one: the job reads
+        ``failed`` as a key owner (:meth:`failed_at`) in whichever order the two were read.
+        """
+        state = self._state(loc)
+        if state == _REQUEUED:
+            return
+        if state is None:
+            self.file.write(_MARK, (*loc, _REQUEUED), 0)
+            return
+        self.file.write(f"UPDATE failures SET requeued = 1, body = NULL WHERE {_WHERE}", loc)  # noqa: S608
+        if state == 0 and self._listed is not None:
+            self._listed -= 1
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -175,44 +175,60 @@ class LedgerIndex:
         return False
 
     def outranking(self, entries: Sequence[Entry]) -> Sequence[Entry]:
-        """``entries`` to append, each success that outranks a ``failed`` outcome marked ``over``.
+        """``entries`` to append, each outcome ranked against the job's other one in its record.
 
-        Recorded ``failed`` here or earlier in ``entries`` (read before it in its chain). The
-        mark is in the success's own record, so no crash falls between the two (docs/reliability.md,
-        "A success outranks a failure"). No failure live and none in ``entries`` (a drain): one
-        pass over them, no lookup.
+        A success of a job recorded ``failed`` (here, or earlier in ``entries``: read before it
+        in its chain) is marked ``over``; a failure of a job recorded ``succeeded`` is marked
+        ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
+        between the two (docs/reliability.md, "A success outranks a failure"). No failure live
+        and none in ``entries`` (a drain): one pass over them, no lookup; failures live, a
+        lookup only for successes of a segment that has one.
         """
-        if not self.totals["failed"] and all(e.outcome != "failed" for e in entries):
+        batch_failures = any(e.outcome == "failed" for e in entries)
+        if not self.totals["failed"] and not batch_failures:
             return entries
         failed: set[Loc] = set()
+        succeeded: set[Loc] = set()
+        live: dict[Seg, bool] = {}  # per journal segment: whether a job of it is failed
         out = list(entries)
         for i, e in enumerate(out):
             if e.kind != EntryKind.DONE:
                 continue
+            loc = e.loc
             if e.outcome == "failed":
-                failed.add(e.loc)
-            elif (
-                e.outcome == _SUCCEEDED
-                and not e.dup
-                and e.over is None
-                and (e.loc in failed or self.outcome(e.loc) == "failed")
-            ):
-                out[i] = dataclasses.replace(e, over="failed")
+                if e.under is None and (loc in succeeded or self.outcome(loc) == _SUCCEEDED):
+                    out[i] = dataclasses.replace(e, under=_SUCCEEDED, job=None)
+                else:
+                    failed.add(loc)
+            elif e.outcome == _SUCCEEDED and e.over is None:
+                if batch_failures:
+                    succeeded.add(loc)
+                seg = (loc[0], loc[1])
+                if loc in failed or (self._has_failed(seg, live) and self.outcome(loc) == "failed"):
+                    out[i] = dataclasses.replace(e, over="failed")
         return out
+
+    def _has_failed(self, seg: Seg, known: dict[Seg, bool]) -> bool:
+        """Whether a job of ``seg`` is ``failed`` here (``known``: the answers of this batch)."""
+        found = known.get(seg)
+        if found is None:
+            done = self.terminal.get(seg)
+            found = known[seg] = done is not None and done.tally().get("failed", 0) > 0
+        return found
 
     def apply_compacted(self, entry: Entry) -> None:
         """Fold in an entry of a compacted journal segment: counted in Compacted already.
 
-        Only what outlives the segment matters: a failure still listed, a requeue mark, a
-        success that outranked a failure (its mark: no outcome is kept here to rank the two, and
-        chains are read in any order; docs/reliability.md, "A success outranks a failure"), and
-        a finished job's key (its window).
+        Only what outlives the segment matters: a failure still listed (not one ``under`` a
+        success), a requeue mark, a success that outranked a failure (its mark: no outcome is
+        kept here to rank the two, and chains are read in any order; docs/reliability.md, "A
+        success outranks a failure"), and a finished job's key (its window).
         """
         kind = entry.kind
         if kind == EntryKind.DONE:
-            if entry.outcome == "failed" and entry.dup_of is None:
+            if entry.outcome == "failed" and entry.dup_of is None and entry.under is None:
                 self.failed.setdefault(entry.loc, entry)
-            elif entry.over is not None and entry.outcome == _SUCCEEDED and not entry.dup:
+            elif entry.over is not None and entry.outcome == _SUCCEEDED:  # a dup's too, as apply ranks it
                 self.failed.outrank(entry.loc)
         elif kind == EntryKind.REQUEUED:
             self.failed.requeue(entry.loc)
