@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.duptable import DuplicateTable
@@ -29,6 +30,9 @@ _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 #: terminal job in :attr:`LedgerIndex.terminal` until its next merge (58 bytes each, issue 29).
 _SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
 _SUCCEEDED = _SHARED["succeeded"]
+#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
+_LOC_OF = attrgetter("loc")
+_SEG_OF = itemgetter(0, 1)
 
 
 @dataclass
@@ -181,15 +185,19 @@ class LedgerIndex:
         in its chain) is marked ``over``; a failure of a job recorded ``succeeded`` is marked
         ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
         between the two (docs/reliability.md, "A success outranks a failure"). No failure live
-        and none in ``entries`` (a drain): one pass over them, no lookup; failures live, a
-        lookup only for successes of a segment that has one.
+        and none in ``entries`` (a drain): one pass over them; failures live in other segments
+        only: two; else a lookup for each success of a segment that has one.
         """
         batch_failures = any(e.outcome == "failed" for e in entries)
-        if not self.totals["failed"] and not batch_failures:
+        if not batch_failures and not self.totals["failed"]:
             return entries
+        segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
+        failing = {seg for seg in segments if self._has_failed(seg)}
+        if not batch_failures and not failing:
+            return entries  # failures live only in other segments: no loop over the batch
+        every = len(failing) == len(segments)
         failed: set[Loc] = set()
         succeeded: set[Loc] = set()
-        live: dict[Seg, bool] = {}  # per journal segment: whether a job of it is failed
         out = list(entries)
         for i, e in enumerate(out):
             if e.kind != EntryKind.DONE:
@@ -203,18 +211,14 @@ class LedgerIndex:
             elif e.outcome == _SUCCEEDED and e.over is None:
                 if batch_failures:
                     succeeded.add(loc)
-                seg = (loc[0], loc[1])
-                if loc in failed or (self._has_failed(seg, live) and self.outcome(loc) == "failed"):
+                if loc in failed or ((every or loc[:2] in failing) and self.outcome(loc) == "failed"):
                     out[i] = dataclasses.replace(e, over="failed")
         return out
 
-    def _has_failed(self, seg: Seg, known: dict[Seg, bool]) -> bool:
-        """Whether a job of ``seg`` is ``failed`` here (``known``: the answers of this batch)."""
-        found = known.get(seg)
-        if found is None:
-            done = self.terminal.get(seg)
-            found = known[seg] = done is not None and done.tally().get("failed", 0) > 0
-        return found
+    def _has_failed(self, seg: Seg) -> bool:
+        """Whether a job of ``seg`` is ``failed`` here (a search of its outcomes, in C)."""
+        done = self.terminal.get(seg)
+        return done is not None and done.holds("failed")
 
     def apply_compacted(self, entry: Entry) -> None:
         """Fold in an entry of a compacted journal segment: counted in Compacted already.

@@ -15,6 +15,7 @@ outcome lookup for successes of a segment with no failure (L5).
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from hybridq.journal import Record
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
@@ -235,3 +237,21 @@ def test_no_outcome_lookup_for_a_segment_without_a_failure(journal_dir: Path) ->
     (marked,) = index.outranking([success(seg1[0])])
     assert marked.over == "failed"
     assert looked == [loc_of(seg1[0])]
+
+
+def test_segment_outcomes_holds_as_a_dict_would() -> None:
+    """L5's search of a segment's outcomes: merged, recent and odd ones, and punched ranges."""
+    rng = random.Random(7)
+    for _ in range(200):
+        plain = {
+            rng.randrange(10_000): rng.choice(["succeeded", "failed", "cancelled", "x"])
+            for _ in range(rng.randrange(40))
+        }
+        done = SegmentOutcomes(plain)
+        for name in ("succeeded", "failed", "cancelled", "invalid", "x"):
+            assert done.holds(name) == (name in plain.values())
+    punched = SegmentOutcomes({5: "failed"})
+    punched.drop_ranges([(100, 200, 3)])
+    assert punched.holds("succeeded")
+    assert punched.holds("failed")
+    assert not punched.holds("cancelled")
