@@ -259,13 +259,14 @@ class Compactor:
                     scan = scan_ledger_segment(self.journal, writer_id, index)
                 entries = scan.kept  # failures, requeue marks and keys: all it may keep
                 here = {e.loc for e in entries if e.kind == "done" and e.outcome == "failed"}
-                # Failures still listed outlive the segment that recorded them; so does a requeue
-                # mark while another segment still holds the failure it cancels.
+                # Failures still listed outlive the segment that recorded them; so does a mark
+                # (a requeue, a success over the failure: docs/reliability.md, "A success
+                # outranks a failure") while another segment still holds the failure it cancels.
                 keep = [
-                    e
+                    e.as_mark()  # a success over a failure is appended without its result
                     for e in entries
-                    if (e.kind == "done" and self.state.index.failed.get(e.loc) == e)
-                    or (e.kind == "requeued" and failures.get(e.loc, 0) > (e.loc in here))
+                    if (e.kind == "done" and e.over is None and self.state.index.failed.get(e.loc) == e)
+                    or (_is_mark(e) and failures.get(e.loc, 0) > (e.loc in here))
                 ]
                 stamped = self._stamped_keys(entries)
                 for loc in here:
@@ -289,3 +290,8 @@ class Compactor:
         scan = scan_ledger_segment(self.journal, writer_id, index)
         self._scans[(writer_id, index)] = (identity, scan.reach)
         return scan.reach, scan
+
+
+def _is_mark(entry: Entry) -> bool:
+    """Whether ``entry`` keeps a failure off the list: a requeue, or a success that outranked it."""
+    return entry.kind == "requeued" or (entry.kind == "done" and entry.over is not None)

@@ -78,6 +78,9 @@ class Harvester:
         self.holds: Callable[[Loc, Envelope], bool] = lambda _loc, _env: False
         #: Whether finished jobs leave Redis once harvested (the forwarder decides).
         self.forgetting: Callable[[], bool] = lambda: False
+        #: Successes of this batch dropped as late (their journal segment compacted) whose failure
+        #: is listed: each is marked as outranking it (:meth:`_outrank_late`).
+        self._late_successes: dict[Loc, Entry] = {}
 
     # -- harvest ------------------------------------------------------------------------------
 
@@ -105,6 +108,7 @@ class Harvester:
                 e for e in (self._entry(ev.event_id, ev.body, ring) for ev in outcomes) if e is not None
             ]
             entries = self._drop_compacted(entries)
+            self._outrank_late()
             for entry in self.state.append(entries):
                 if entry.event_id is not None:
                     self._late(entry)
@@ -166,6 +170,7 @@ class Harvester:
         if self.state.compacted.is_compacted((loc[0], loc[1])) or loc[0] not in checkpoint.positions:
             # A late duplicate of a job long gone (its segment, or its whole chain, compacted
             # and forgotten): its outcome is already counted.
+            self._note_late(entry)
             return None
         if entry.outcome == "cancelled" and loc not in self.state.index.cancels:
             entry = self._unasked_cancel(entry)
@@ -240,7 +245,43 @@ class Harvester:
         if not entries:
             return entries
         first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
-        return [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
+        kept = [e for e in entries if e.loc[1] >= first.get(e.loc[0], sys.maxsize)]
+        if len(kept) < len(entries):
+            for e in entries:
+                if e.loc[1] < first.get(e.loc[0], sys.maxsize):
+                    self._note_late(e)
+        return kept
+
+    def _note_late(self, entry: Entry) -> None:
+        """Keep a late success of a compacted job whose failure is listed (a lookup only for those)."""
+        if (
+            entry.kind == "done"
+            and entry.outcome == "succeeded"
+            and entry.loc not in self._late_successes  # one mark per job, however often reported
+            and entry.loc in self.state.index.failed
+        ):
+            self._late_successes[entry.loc] = entry
+
+    def _outrank_late(self) -> None:
+        """Mark the late successes noted: their failures leave the list for good.
+
+        The job's journal segment is compacted, so the success is not counted (its outcome was,
+        as failed), but a requeue of its listed failure would run a job that succeeded. The mark
+        (docs/reliability.md, "A success outranks a failure") is appended (fsync'd) before the
+        table row changes and before the events are acknowledged: a crash between leaves the
+        mark for the next start's replay, or the event for the next harvest.
+        """
+        if not self._late_successes:
+            return
+        marks = [dataclasses.replace(e, over="failed").as_mark() for e in self._late_successes.values()]
+        self._late_successes = {}
+        self.state.append(marks, apply=False)
+        for mark in marks:
+            self.state.index.failed.outrank(mark.loc)
+            log.warning(
+                "job %s: its run succeeded after it was recorded failed and compacted: no longer listed",
+                mark.job_id,
+            )
 
     def _late(self, entry: Entry) -> None:
         """Count (and log) an event that changed nothing: its job was terminal already."""

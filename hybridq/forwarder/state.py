@@ -378,6 +378,8 @@ class ForwarderState:
             return []
         if self._writer is None:
             self._writer = open_ledger_writer(self.journal)
+        if apply:  # a success over a failure marked (what compaction re-appends is as it was)
+            entries = self.index.outranking(entries)
         started = time.perf_counter()
         payloads = [e.to_bytes() for e in entries]
         self._saver.begin()  # an error before appended(): the index is not saved again this run

@@ -29,11 +29,17 @@ The ledger (:mod:`hybridq.ledger.store`) is a second journal; its records are JS
   run reported, if it was running). Outcomes of one job rank ``succeeded`` > ``failed`` >
   ``cancelled``, whatever order they are read in: what a run really did beats the cancel.
 
+A ``done`` entry that ``succeeded`` carries ``over`` (``"over":"failed"``) when the forwarder
+wrote it for a job it had recorded ``failed`` (a lost worker given up on, that reported after
+all): once the job's journal segment is compacted, that success is a mark that keeps the
+failure off the list in any replay order (docs/reliability.md, "A success outranks a failure").
+
 This module must not import redis or rq.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,6 +96,12 @@ class Entry:
     #: ``done`` and ``retry`` entries: the epoch generation the run's delivery was pushed under
     #: (``g``, left out while 0): a higher one than an earlier run's means Redis lost its state.
     gen: int = 0
+    #: ``done`` entries that succeeded: the outcome recorded before that this one outranks
+    #: (``over``, only ``failed`` today; entries before it was added lack it).
+    over: str | None = None
+    #: ``done`` entries that failed: the outcome recorded before that outranks this one
+    #: (``under``, only ``succeeded``): a failure reported after the job's success, never listed.
+    under: str | None = None
 
     def to_bytes(self) -> bytes:
         """Compact JSON, ``None`` fields left out."""
@@ -131,6 +143,10 @@ class Entry:
             body["w"] = self.worker
         if self.gen:
             body["g"] = self.gen
+        if self.over is not None:
+            body["over"] = self.over
+        if self.under is not None:
+            body["under"] = self.under
         body["at"] = self.at
         return _encode(body).encode()
 
@@ -176,7 +192,15 @@ class Entry:
             started=body.get("st"),
             worker=body.get("w"),
             gen=int(body.get("g", 0)),
+            over=body.get("over"),
+            under=body.get("under"),
         )
+
+    def as_mark(self) -> Entry:
+        """This entry as a mark only: a success's result is no part of it (compaction, late harvests)."""
+        if not (self.result_kept or self.result_bytes is not None):
+            return self
+        return dataclasses.replace(self, result=None, result_kept=False, result_bytes=None)
 
 
 def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[], float]) -> Entry:

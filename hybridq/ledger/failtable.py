@@ -10,7 +10,10 @@ view: in a private temporary database, SQLite's cache then a temporary file).
 
 A row is a job's listed failure, or its **requeue mark** (``requeued`` set, no entry): a
 requeue read before the failure it cancels (replay order across ledger chains is not global)
-still keeps that failure off the list, as the in-memory ``requeued`` set did. Which failures
+still keeps that failure off the list, as the in-memory ``requeued`` set did; or its
+**outranked mark** (``requeued`` 2, no entry): a success that outranked the failure, read in the
+replay of a compacted journal segment, where no outcome is kept to rank them (docs/reliability.md,
+"A success outranks a failure"), keeps it off the list the same way. Which failures
 are listed is what :meth:`~hybridq.ledger.index.LedgerIndex.apply` decides (a success beats a
 failure; a requeue mark delists it whatever the order); this class is a mapping of the listed
 ones, ``loc -> Entry``, with :meth:`requeue` for the marks.
@@ -43,6 +46,9 @@ _WHERE = "chain = ? AND seg = ? AND off = ?"
 #: The count of listed failures in the file's ``meta`` table.
 _LISTED = "failures_listed"
 _ADD = "INSERT OR IGNORE INTO failures VALUES (?, ?, ?, 0, ?)"
+_MARK = "INSERT OR IGNORE INTO failures VALUES (?, ?, ?, ?, NULL)"
+#: The ``requeued`` column: 0 listed, else a mark (what keeps the failure off the list).
+_REQUEUED, _OUTRANKED = 1, 2
 
 
 class FailureTable:
@@ -76,7 +82,7 @@ class FailureTable:
 
     @mapped
     def _state(self, loc: Loc) -> int | None:
-        """1: a requeue mark, 0: listed, ``None``: no row."""
+        """1: a requeue mark, 2: an outranked mark, 0: listed, ``None``: no row."""
         row = self.file.execute(f"SELECT requeued FROM failures WHERE {_WHERE}", loc).fetchone()  # noqa: S608
         return None if row is None else int(row[0])
 
@@ -119,6 +125,16 @@ class FailureTable:
         return bool(gone)
 
     @mapped
+    def outrank(self, loc: Loc) -> None:
+        """A success outranked ``loc``'s failure: delisted now, and never listed again.
+
+        For the replay of a compacted journal segment only (a live one ranks the outcomes
+        themselves); a requeue mark stays one.
+        """
+        self.delist(loc)
+        self.file.write(_MARK, (*loc, _OUTRANKED), 0)
+
+    @mapped
     def drop_all(self) -> None:
         """Drop every row, listed failures and requeue marks (an upgrade from format 2 refills them).
 
@@ -131,14 +147,20 @@ class FailureTable:
 
     @mapped
     def requeue(self, loc: Loc) -> None:
-        """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later."""
-        delisted = self.file.write(
-            f"UPDATE failures SET requeued = 1, body = NULL WHERE {_WHERE} AND requeued = 0",  # noqa: S608
-            loc,
-        ).rowcount
-        self.file.write("INSERT OR IGNORE INTO failures VALUES (?, ?, ?, 1, NULL)", loc, 0)
-        if self._listed is not None:
-            self._listed -= delisted
+        """Mark ``loc`` requeued: delisted now, and never listed again whatever comes later.
+
+        An outranked mark becomes a requeue mark, as :meth:`outrank` leaves one: the job reads
+        ``failed`` as a key owner (:meth:`failed_at`) in whichever order the two were read.
+        """
+        state = self._state(loc)
+        if state == _REQUEUED:
+            return
+        if state is None:
+            self.file.write(_MARK, (*loc, _REQUEUED), 0)
+            return
+        self.file.write(f"UPDATE failures SET requeued = 1, body = NULL WHERE {_WHERE}", loc)  # noqa: S608
+        if state == 0 and self._listed is not None:
+            self._listed -= 1
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -155,8 +177,11 @@ class FailureTable:
         return isinstance(loc, tuple) and len(loc) == 3 and self._state(loc) == 0
 
     def failed_at(self, loc: Loc) -> bool:
-        """Whether the job at ``loc`` failed for good: listed, or requeued since (its mark)."""
-        return self._state(loc) is not None
+        """Whether the job at ``loc`` failed for good: listed, or requeued since (its mark).
+
+        Not if a success outranked the failure (its mark): the job succeeded.
+        """
+        return self._state(loc) in (0, _REQUEUED)
 
     @mapped
     def __len__(self) -> int:

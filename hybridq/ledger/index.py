@@ -11,8 +11,10 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.duptable import DuplicateTable
@@ -28,6 +30,9 @@ _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 #: terminal job in :attr:`LedgerIndex.terminal` until its next merge (58 bytes each, issue 29).
 _SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
 _SUCCEEDED = _SHARED["succeeded"]
+#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
+_LOC_OF = attrgetter("loc")
+_SEG_OF = itemgetter(0, 1)
 
 
 @dataclass
@@ -172,6 +177,67 @@ class LedgerIndex:
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
         return False
+
+    def outranking(self, entries: Sequence[Entry]) -> Sequence[Entry]:
+        """``entries`` to append, each outcome ranked against the job's other one in its record.
+
+        A success of a job recorded ``failed`` (here, or earlier in ``entries``: read before it
+        in its chain) is marked ``over``; a failure of a job recorded ``succeeded`` is marked
+        ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
+        between the two (docs/reliability.md, "A success outranks a failure"). No failure live
+        and none in ``entries`` (a drain): one pass over them; failures live in other segments
+        only: two; else a lookup for each success of a segment that has one.
+        """
+        batch_failures = any(e.outcome == "failed" for e in entries)
+        if not batch_failures and not self.totals["failed"]:
+            return entries
+        segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
+        failing = {seg for seg in segments if self._has_failed(seg)}
+        if not batch_failures and not failing:
+            return entries  # failures live only in other segments: no loop over the batch
+        every = len(failing) == len(segments)
+        failed: set[Loc] = set()
+        succeeded: set[Loc] = set()
+        out = list(entries)
+        for i, e in enumerate(out):
+            if e.kind != EntryKind.DONE:
+                continue
+            loc = e.loc
+            if e.outcome == "failed":
+                if e.under is None and (loc in succeeded or self.outcome(loc) == _SUCCEEDED):
+                    out[i] = dataclasses.replace(e, under=_SUCCEEDED, job=None)
+                else:
+                    failed.add(loc)
+            elif e.outcome == _SUCCEEDED and e.over is None:
+                if batch_failures:
+                    succeeded.add(loc)
+                if loc in failed or ((every or loc[:2] in failing) and self.outcome(loc) == "failed"):
+                    out[i] = dataclasses.replace(e, over="failed")
+        return out
+
+    def _has_failed(self, seg: Seg) -> bool:
+        """Whether a job of ``seg`` is ``failed`` here (a search of its outcomes, in C)."""
+        done = self.terminal.get(seg)
+        return done is not None and done.holds("failed")
+
+    def apply_compacted(self, entry: Entry) -> None:
+        """Fold in an entry of a compacted journal segment: counted in Compacted already.
+
+        Only what outlives the segment matters: a failure still listed (not one ``under`` a
+        success), a requeue mark, a success that outranked a failure (its mark: no outcome is
+        kept here to rank the two, and chains are read in any order; docs/reliability.md, "A
+        success outranks a failure"), and a finished job's key (its window).
+        """
+        kind = entry.kind
+        if kind == EntryKind.DONE:
+            if entry.outcome == "failed" and entry.dup_of is None and entry.under is None:
+                self.failed.setdefault(entry.loc, entry)
+            elif entry.over is not None and entry.outcome == _SUCCEEDED:  # a dup's too, as apply ranks it
+                self.failed.outrank(entry.loc)
+        elif kind == EntryKind.REQUEUED:
+            self.failed.requeue(entry.loc)
+        elif kind == EntryKind.KEY:
+            self.apply(entry)
 
     def apply_succeeded(self, loc: Loc) -> bool:
         """:meth:`apply` of a ``done`` entry that ``succeeded``, not a duplicate (most of a ledger).

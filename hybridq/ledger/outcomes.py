@@ -286,6 +286,15 @@ class SegmentOutcomes(MutableMapping[int, str]):
             out[outcome] = out.get(outcome, 0) + 1
         return {name: n for name, n in out.items() if n}
 
+    def holds(self, outcome: str) -> bool:
+        """Whether a job here ended with ``outcome`` (stops at the first; memchr over the codes)."""
+        code = _CODES.get(outcome)
+        if code is not None and code in self._codes:
+            return True
+        if outcome in self.recent.values() or (self._odd is not None and outcome in self._odd.values()):
+            return True
+        return code == _SUCCEEDED and self._punched is not None and self._punched.implicit > 0
+
     def count_below(self, end: int) -> int:
         """How many of the offsets are less than ``end`` (a punched range's jobs: if all are).
 

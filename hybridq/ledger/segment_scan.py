@@ -2,9 +2,10 @@
 
 Compaction (``hybridq.forwarder.dead_segments``) deletes a ledger segment once every entry in it
 names a deleted journal segment. To decide, it needs every entry's ``loc``; to delete, it keeps
-only three kinds of entries: failures (``done`` with the outcome ``failed``: appended again while
-still listed), requeue marks (appended again while a failure they cancel lives elsewhere) and
-``key`` entries (moved to the key store). A 4 MiB segment holds about 28,000 entries, nearly all
+only these entries: failures (``done`` with the outcome ``failed``: appended again while
+still listed), marks (requeues, and successes that outranked a failure, ``"over":"failed"``:
+appended again while a failure they cancel lives elsewhere) and ``key`` entries (moved to the
+key store). A 4 MiB segment holds about 28,000 entries, nearly all
 successes: building an :class:`Entry` of each cost ten times reading the records (issue 29).
 
 :func:`scan_ledger_segment` reads the kind and the ``loc`` of an entry from the front of its
@@ -34,8 +35,10 @@ __all__ = ["LedgerSegmentScan", "all_gone", "scan_ledger_segment"]
 _FRONT = re.compile(rb'\{"t":"([a-z]+)","id":"[^"\\]*(?:\\.[^"\\]*)*","loc":\["([0-9A-Za-z_.\-]*)",([0-9]+),')
 #: Kinds never kept: only their ``loc`` matters. ``done`` is kept only as a failure.
 _LOC_ONLY = frozenset({b"retry", b"lost", b"duplicate", b"cancel"})
-#: How a failure's outcome is written (an ASCII word: compact JSON never escapes it).
+#: How a failure's outcome is written (an ASCII word: compact JSON never escapes it), and the
+#: mark of a success that outranked one.
 _FAILED = b'"o":"failed"'
+_OVER = b'"over":"failed"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,8 @@ class LedgerSegmentScan:
 
     #: Per journal writer id, the highest journal segment index an entry of this segment names.
     reach: dict[str, int]
-    #: In order, every failure (``done``, outcome ``failed``), requeue mark and ``key`` entry.
+    #: In order, every failure (``done``, outcome ``failed``), mark (requeued, or a success
+    #: ``over`` a failure) and ``key`` entry.
     kept: list[Entry]
     #: Entries decoded whole (for tests and profiles).
     decoded: int
@@ -86,7 +90,7 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
         front = match(payload)
         if front is not None:
             kind = front.group(1)
-            if kind in _LOC_ONLY or (kind == b"done" and _FAILED not in payload):
+            if kind in _LOC_ONLY or (kind == b"done" and _FAILED not in payload and _OVER not in payload):
                 named.add((front[2], front[3]))
                 continue
         decoded += 1
@@ -97,7 +101,9 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
         writer, segment = entry.loc[0], entry.loc[1]
         if reach.get(writer, -1) < segment:
             reach[writer] = segment
-        if entry.kind in ("requeued", "key") or (entry.kind == "done" and entry.outcome == "failed"):
+        if entry.kind in ("requeued", "key") or (
+            entry.kind == "done" and (entry.outcome == "failed" or entry.over is not None)
+        ):
             kept.append(entry)
     for raw_writer, raw_segment in named:
         writer, segment = raw_writer.decode(), int(raw_segment)

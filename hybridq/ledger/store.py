@@ -34,7 +34,6 @@ from hybridq.ledger.compacted import (
 from hybridq.ledger.entries import Entry, Seg, parse_event, parse_loc
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import UnreadKeys
-from hybridq.protocol import EntryKind
 
 __all__ = [
     "COMPACTION_NAME",
@@ -113,7 +112,7 @@ def read_ledger_segment(journal: str, writer_id: str, index: int) -> list[Entry]
 
 
 def read_ledger_failures(journal: str) -> Iterator[tuple[Record, Entry]]:
-    """The ledger's failures and requeue marks; every other entry is skipped undecoded.
+    """The ledger's failures and marks (requeued, outranked); every other entry is skipped undecoded.
 
     Compaction needs only those of the whole ledger, and after a long drain it holds a million
     successes: decoding (and keeping) them all made a compaction cost hundreds of MB.
@@ -122,7 +121,8 @@ def read_ledger_failures(journal: str) -> Iterator[tuple[Record, Entry]]:
     if not os.path.isdir(path):
         return
     records = JournalReader(path).records()
-    # Compact JSON never escapes ASCII letters: an entry without these bytes is neither.
+    # Compact JSON never escapes ASCII letters: an entry without these bytes is neither (an
+    # outranking success holds "over":"failed").
     wanted = (r for r in records if b"failed" in r.payload or b"requeued" in r.payload)
     yield from _decoded(wanted)
 
@@ -161,7 +161,12 @@ def _replayed(
             continue
         try:
             body = json.loads(record.payload)
-            if body.get("t") == "done" and body.get("o") == "succeeded" and not body.get("dup"):
+            if (
+                body.get("t") == "done"
+                and body.get("o") == "succeeded"
+                and not body.get("dup")
+                and "over" not in body  # a mark, once its segment is compacted: built below
+            ):
                 writer, segment, offset = body["loc"]
                 loc = (str(writer), int(segment), int(offset))
                 # What Entry.from_body checks too: a record it would skip is skipped here.
@@ -169,7 +174,7 @@ def _replayed(
                 _ = int(body.get("g", 0)), None if (ol := body.get("ol")) is None else parse_loc(ol)
                 if not gone(compacted, first, (loc[0], loc[1])):
                     index.apply_succeeded(loc)
-                continue  # of a compacted segment: counted there already, and not a failure
+                continue  # of a compacted segment: counted there already, and no mark
             entry = Entry.from_body(body)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # not an object; 1e400
             continue  # passed its checksum, so a bug: never a reason to stop counting the rest
@@ -226,13 +231,7 @@ def replay(
         # forgotten and then grew again (its writer sealed its last segment while compaction
         # ran, then rotated into a new one): its entries are counted in Compacted already.
         if gone(compacted, first, (entry.loc[0], entry.loc[1])):
-            # Counted in Compacted already; only a failure still listed matters.
-            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
-                index.failed.setdefault(entry.loc, entry)
-            elif entry.kind == EntryKind.REQUEUED:
-                index.failed.requeue(entry.loc)
-            elif entry.kind == EntryKind.KEY:
-                index.apply(entry)  # a finished job's key outlives its segment (its window)
+            index.apply_compacted(entry)  # counted in Compacted already: marks, listed failures, keys
             continue
         index.apply(entry)
     return reader.position

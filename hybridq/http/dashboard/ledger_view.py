@@ -293,14 +293,7 @@ class LedgerView:
                 self._first[writer] = chains[writer][0]
         assert self._compacted is not None
         if self._compacted.is_compacted((writer, segment)) or segment < self._first.get(writer, sys.maxsize):
-            # As load_index folds an entry of a compacted journal segment: only a failure, a
-            # requeue and a key still matter.
-            if entry.kind == EntryKind.DONE and entry.outcome == "failed" and entry.dup_of is None:
-                self._index.failed.setdefault(entry.loc, entry)
-            elif entry.kind == EntryKind.REQUEUED:
-                self._index.failed.requeue(entry.loc)
-            elif entry.kind == EntryKind.KEY:
-                self._index.apply(entry)
+            self._index.apply_compacted(entry)  # as load_index folds it
             return
         self._index.apply(entry)
 
