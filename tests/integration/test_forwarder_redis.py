@@ -28,7 +28,7 @@ from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
 
-from tests.support.processes import ForwarderProcess, run_status, wait_until
+from tests.support.processes import ForwarderProcess, run_status, wait_for_status, wait_until
 from tests.support.rq_cli import RQ
 
 QUEUE_KEY = "rq:queue:default"
@@ -138,12 +138,14 @@ def wait_caught_up(
 ) -> dict[str, Any]:
     """Wait until ``status`` shows nothing left to forward; return that status."""
 
-    def caught_up() -> dict[str, Any] | None:
-        forwarder.assert_alive()
-        status = run_status(journal, env)
-        return status if status["not_yet_forwarded"] == 0 else None
-
-    return wait_until(caught_up, timeout=timeout, interval=0.2, what="the checkpoint to cover every job")
+    return wait_for_status(
+        journal,
+        env,
+        lambda status: status["not_yet_forwarded"] == 0,
+        what="the checkpoint to cover every job",
+        timeout=timeout,
+        alive=forwarder.assert_alive,
+    )
 
 
 def enqueue(queue: Queue, n: int) -> list[str]:
