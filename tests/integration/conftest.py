@@ -16,11 +16,11 @@ def work(request: pytest.FixtureRequest) -> Work:
 
 
 #: Tiers of this directory left out of the default run: each runs when ``-m`` names it.
-TIERS = ("pool", "limits", "workflows")
+TIERS = ("pool", "limits", "workflows", "chaos")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests of a tier (``pool``, ``limits``) unless the ``-m`` expression names it."""
+    """Deselect the tests of a tier (``pool``, ``limits``, ...) unless the ``-m`` expression names it."""
     asked = config.option.markexpr or ""
     left = [t for t in TIERS if t not in asked]
     out = [i for i in items if any(i.get_closest_marker(t) is not None for t in left)]

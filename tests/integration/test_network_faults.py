@@ -44,7 +44,7 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
-from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
+from tests.support.processes import ForwarderProcess, WorkerProcess, wait_for_status, wait_until
 
 #: Jobs enqueued while a fault is on, and after it was cleared (the recovery check).
 DURING, AFTER = 40, 5
@@ -145,18 +145,17 @@ def duplicate_executions(lines: list[tuple[str, str, int]]) -> int:
 
 
 def wait_all_succeeded(net: Net, n: int, *, timeout: float) -> dict[str, Any]:
-    last: list[dict[str, Any]] = [{}]
-
-    def done() -> dict[str, Any]:
-        net.alive()
-        last[0] = run_status(net.journal, net.env)
-        s = last[0]
-        return s if s["accepted"] == n and s["succeeded"] == n and s["pending"] == 0 else {}
-
     try:
-        return wait_until(done, timeout=timeout, interval=0.2, what=f"all {n} jobs to succeed")
+        return wait_for_status(
+            net.journal,
+            net.env,
+            lambda s: s["accepted"] == n and s["succeeded"] == n and s["pending"] == 0,
+            what=f"all {n} jobs to succeed",
+            timeout=timeout,
+            alive=net.alive,
+        )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; last status: {last[0]}\n{net.logs()[-6000:]}") from None
+        raise AssertionError(f"{exc}\n{net.logs()[-6000:]}") from None
 
 
 @dataclass

@@ -32,7 +32,7 @@ from hybridq.testing.embedded import RedisServer
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
+from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_for_status, wait_until
 from tests.support.rq_cli import RQ
 
 #: The forwarder's lease (seconds): short, so killed workers are noticed quickly.
@@ -173,18 +173,7 @@ def wait_status(
     alive: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Poll ``hybridq status --json`` until ``predicate`` holds; return that status."""
-
-    last: list[dict[str, Any]] = [{}]
-
-    def check() -> dict[str, Any]:
-        alive()
-        last[0] = run_status(journal, env)
-        return last[0] if predicate(last[0]) else {}
-
-    try:
-        return wait_until(check, timeout=timeout, interval=0.25, what=what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last status: {last[0]}") from None
+    return wait_for_status(journal, env, predicate, what=what, timeout=timeout, interval=0.25, alive=alive)
 
 
 def all_succeeded(n: int) -> Callable[[dict[str, Any]], bool]:

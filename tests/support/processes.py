@@ -18,9 +18,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hybridq.errors import HybridqError
+from hybridq.ops.status import stats
 from hybridq.testing.chaos import children_of
 
-__all__ = ["ForwarderProcess", "WorkerProcess", "children_of", "kill_when_ready", "run_status", "wait_until"]
+__all__ = [
+    "ForwarderProcess",
+    "WorkerProcess",
+    "children_of",
+    "kill_when_ready",
+    "run_status",
+    "wait_for_status",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -55,6 +65,54 @@ def run_status(journal: str | os.PathLike[str], env: Mapping[str, str]) -> dict[
     assert done.returncode == 0, f"status exited {done.returncode}: {done.stderr}"
     out: dict[str, Any] = json.loads(done.stdout)
     return out
+
+
+#: Seconds between two ``hybridq status`` children while the status read here does not hold yet.
+CLI_EVERY_S = 2.0
+
+
+def wait_for_status(
+    journal: str | os.PathLike[str],
+    env: Mapping[str, str],
+    predicate: Callable[[dict[str, Any]], bool],
+    *,
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    alive: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Until ``hybridq status --json`` (a child process) satisfies ``predicate``; that status.
+
+    Each poll reads the status in this process first (``hybridq.stats``, what the command prints,
+    without Redis or the outbox) and starts the child only once that holds (or every
+    :data:`CLI_EVERY_S`, should the two ever differ): a child per poll cost about 0.3 s of CPU, on
+    2 cores shared with the forwarder and workers under test, and a poll period of its start-up
+    under load. What is returned, and asserted on, is still the command's output.
+    """
+    last: list[dict[str, Any]] = [{}]
+    cli_at = [time.monotonic() + CLI_EVERY_S]
+
+    def check() -> dict[str, Any]:
+        alive()
+        here = _status_here(journal)
+        if not (here is not None and predicate(here)) and time.monotonic() < cli_at[0]:
+            return {}
+        cli_at[0] = time.monotonic() + CLI_EVERY_S
+        last[0] = run_status(journal, env)
+        return last[0] if predicate(last[0]) else {}
+
+    try:
+        return wait_until(check, timeout=timeout, interval=interval, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last status: {last[0]}") from None
+
+
+def _status_here(journal: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What ``hybridq status --json --journal J`` counts, read in this process; None: not readable yet."""
+    try:
+        return stats(str(journal), redis_url=None, outbox=None, redis_for=None)
+    except (HybridqError, OSError):
+        return None
 
 
 def kill_when_ready(argv: list[str], env: Mapping[str, str], logs: Path, cycle: int, pause_s: float) -> str:

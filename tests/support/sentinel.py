@@ -219,7 +219,7 @@ class SentinelTopology:
         for sentinel in self.sentinels:
             sentinel.stop()
         for server in self.servers:
-            server.stop()
+            server.kill()  # as tests/support/redis.py's servers: SIGTERM costs a serverCron tick
 
 
 @pytest.fixture
