@@ -87,6 +87,8 @@ class KeyLimits:
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
+        #: The push adds its copies to the keys' queued counts (no add at the next look).
+        self._push_counts = bool(getattr(transport, "counts_limited_pushes", False))
         self._looked = False
         self._changed = False  # a prefetch held or freed a key since the last look
         #: Keys seen for the first time (with room) since the figures were made: news within
@@ -109,13 +111,19 @@ class KeyLimits:
             self._asked[key] = None  # read at the next look
         return max(0, room)
 
-    def pushed(self, key: str, n: int) -> None:
-        """``n`` jobs of ``key`` were pushed: less room until the next look says otherwise."""
+    def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
+        """``n`` jobs of ``key`` were queued: less room until the next look says otherwise.
+
+        Added to the key's queued count at the next look, unless the transport's push counted
+        them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
+        copies (``by_push=False``) always are.
+        """
         if self._open or self._policy(key) is None:
             return
         room, at = self._room.get(key, (0, -math.inf))
         self._room[key] = (room - n, at)
-        self._added[key] += n
+        if not (by_push and self._push_counts):
+            self._added[key] += n
 
     def _policy(self, key: str) -> Limit | None:
         """The policy of ``key`` (the globs matched once per key, up to 65,536 keys remembered)."""

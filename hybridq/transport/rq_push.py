@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,9 +64,11 @@ _NEW_JOB_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS
 # the queue's name (RQ's origin), then one argument per job: _FIELDS, each behind its length as
 # a 4-byte big-endian number. "overwrite" is hybridq.protocol.Overwrite ("1" replace a known job
 # that was delivered for an earlier run; "2" replace it whatever it holds), "run" the run number
-# (requeue * 100000 + attempt). The script adds _NEW_JOB_LUA. Returns {jobs queued, jobs left as
-# they were, per job "1" queued or "0"}. A forced push of a run already delivered does nothing,
-# so a forwarder that restarts and pushes a due retry again does not disturb the retry running.
+# (requeue * 100000 + attempt); after the jobs, optionally, the limited jobs (_counted), whose
+# queued copies the script adds to their limit keys' queued counts. The script adds
+# _NEW_JOB_LUA. Returns {jobs queued, jobs left as they were, per job "1" queued or "0"}. A
+# forced push of a run already delivered does nothing, so a forwarder that restarts and pushes
+# a due retry again does not disturb the retry running.
 #
 # Unless RQ finished or failed that very run although no worker ever claimed it (its
 # hybridq_started is older): then it can no longer run, and is queued again. That is what the
@@ -104,12 +106,13 @@ if not struct then
     end
 end
 local queued, queued_at, dropped = {{}}, {{}}, false  -- the ids to RPUSH, in order
+local still = false  -- the job being pushed replaces a copy still on its limit key's count
 local function push(key, id, overwrite, run, fields)
     if redis.call("EXISTS", key) == 1 then
         if overwrite == "0" then
             return 0
         end
-        local f = redis.call("HMGET", key, "hybridq_run", "status", "hybridq_started")
+        local f = redis.call("HMGET", key, "hybridq_run", "status", "hybridq_started", "hybridq_left")
         local known, mine = tonumber(f[1]) or 0, tonumber(run)
         if overwrite == "1" and known >= mine then
             local ended = f[2] == "finished" or f[2] == "failed"
@@ -117,6 +120,9 @@ local function push(key, id, overwrite, run, fields)
                 return 0
             end
         end
+        -- The copy replaced never left its queue's count (no claim or cancel marked it): the
+        -- new copy takes its place there, and is not added again (below).
+        if not f[4] then still = true end
         redis.call("DEL", key)
         redis.call("LREM", queue, 0, id)
         if queued_at[id] then  -- queued by this very call: its later copy replaces it
@@ -136,7 +142,7 @@ local function push(key, id, overwrite, run, fields)
     queued_at[id] = #queued
     return 1
 end
-local ids, each = {{}}, {{}}
+local ids, each, replaced = {{}}, {{}}, {{}}
 -- Under pcall: an error partway (a replaced job's key or the intermediate list of another type)
 -- still queues the jobs written before it, below, and then fails the call with that error, as
 -- a job at a time did. A job written and never queued would stay so: a re-push of it does
@@ -152,7 +158,9 @@ local ok, err = pcall(function()
             fields[#fields + 1] = "result_ttl"
             fields[#fields + 1] = result_ttl
         end
+        still = false
         each[#each + 1] = push(KEYS[i], id, overwrite, run, fields)
+        replaced[#each] = still
         if each[#each] == 1 then
             ids[#ids + 1] = id
         end
@@ -173,6 +181,31 @@ if #ids > 0 then
     -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
     redis.call("ZREM", KEYS[3], unpack(ids))
     redis.call("ZREM", KEYS[4], unpack(ids))
+end
+-- The copies queued of limited jobs, on their keys' queued counts in the same call (a claim
+-- never comes before its add, and no crash falls between the push and the add): per key one
+-- INCRBY and one PEXPIRE, two leases (docs/forwarder.md, "Limits per key"). ARGV[#KEYS - 1]:
+-- per limited job "<its place among the jobs> <limit key> <two leases, ms> ". A count of the
+-- wrong type (another writer's) fails its own key only (pcall): the forwarders' read holds it.
+local adds, lives, order = {{}}, {{}}, {{}}
+for at, key, life in string.gmatch(ARGV[#KEYS - 1] or "", "(%d+) (%S+) (%d+) ") do
+    at = tonumber(at)
+    if each[at] == 1 and not replaced[at] then
+        local n = adds[key]
+        if not n then
+            order[#order + 1] = key
+            lives[key] = life
+        elseif tonumber(life) > tonumber(lives[key]) then
+            lives[key] = life
+        end
+        adds[key] = (n or 0) + 1
+    end
+end
+for _, key in ipairs(order) do
+    local count = "{keys.LIMIT_PREFIX}" .. key .. ":queued"
+    if type(redis.pcall("INCRBY", count, adds[key])) == "number" then
+        redis.call("PEXPIRE", count, lives[key])
+    end
 end
 if not ok then
     -- As Redis gave it (WRONGTYPE, OOM...): error() of the text pcall hands back on Redis 7
@@ -243,6 +276,18 @@ def _argument(fields: Sequence[str | bytes]) -> bytes:
     return b"".join(parts)
 
 
+def _counted(jobs: Iterable[Delivery]) -> str:
+    """The script's last argument: per limited job, its place, its limit key and two leases (ms).
+
+    A limit key has no whitespace (``Envelope.limit_key``). "" when no job of the call is limited.
+    """
+    return "".join(
+        f"{at} {d.envelope.limit_key} {2 * max(1, int(d.lease_s * 1000))} "
+        for at, d in enumerate(jobs, 1)
+        if d.limit is not None and d.envelope.limit_key
+    )
+
+
 #: One script call: its keys and arguments, and how many bytes of jobs' fields it carries.
 Chunk = tuple[list[str], list[Any], int]
 
@@ -261,6 +306,9 @@ def chunks(
         for start in range(0, len(items), PUSH_CHUNK):
             part = items[start : start + PUSH_CHUNK]
             args: list[Any] = [enqueued_at, queue, *(_argument(own) for _, own in part)]
+            counted = _counted(d for d, _ in part)
+            if counted:
+                args.append(counted)
             call_keys = shared + [keys.rq_job(d.envelope.id) for d, _ in part]
             calls.append(([d for d, _ in part], (call_keys, args, sum(len(a) for a in args[2:]))))
     return calls

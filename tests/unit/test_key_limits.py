@@ -327,3 +327,20 @@ def test_the_snapshot_reuses_the_limit_figures_json_only_for_the_same_object() -
     b = Snapshot(limit_keys={"k": {"running": 2}})
     assert Snapshot.from_bytes(b.to_bytes()).limit_keys == {"k": {"running": 2}}
     assert Snapshot.from_bytes(Snapshot().to_bytes()).limit_keys == {}
+
+
+def test_the_gate_leaves_the_add_to_a_push_that_counts_its_copies_but_adds_the_refills() -> None:
+    # RQ's push adds its limited copies to their keys' queued counts in the same script call
+    # (transport.rq_push): the look then adds nothing for them (no INCRBY and PEXPIRE a key a
+    # step), and a copy is never claimed before its add. The refill's copies it still adds.
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    gate = KeyLimits(parse_limits(["t:*=concurrency:3"]), transport, lease_s=2.0)
+    gate.look()
+    gate.room("t:1")
+    gate.look()
+    gate.pushed("t:1", 2)
+    assert gate.room("t:1") == 1, "the room is still counted down"
+    gate.pushed("t:2", 1, by_push=False)  # the refill's copy
+    gate.look()
+    assert transport.calls[-1][1] == {"t:2": 1}, "only the refill's copy is added by the look"
