@@ -19,6 +19,7 @@ Runs of the same code differ by about 2-3k instructions per job (the jobs' ids a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -49,6 +50,11 @@ def main(argv: list[str]) -> int:
     c.set(keys.LIMITS_EPOCH, f"1:{run_id}")
     c.set(keys.epoch(OWNER), f"0:{run_id}:x")
     envs = redis_callgrind.envelopes(n, QUEUE)
+    if limited:  # the key a forwarder's push counts the copy on (branch i30push on)
+        envs = [dataclasses.replace(env, limit_key=f"tenant:{i % args.keys}") for i, env in enumerate(envs)]
+    # Since branch i30push the push adds its copies to their keys' queued counts: KEY_USE then
+    # only reads (as a forwarder's first sight of a key does); before, it added the batch's jobs.
+    pushes_count = getattr(RQTransport, "counts_limited_pushes", False)
     transport = RQTransport(f"unix://{sock}")
     for s in range(0, n, 100):
         transport.push(
@@ -69,7 +75,9 @@ def main(argv: list[str]) -> int:
         items = redis_callgrind.take(c, QUEUE, 8)
         if limited:
             batch = {f"tenant:{i % args.keys}" for i in range(b, b + 8)}
-            rq_limits.key_use(key_use, 60.0, dict.fromkeys(batch, 0), dict.fromkeys(batch, 1))
+            rq_limits.key_use(
+                key_use, 60.0, dict.fromkeys(batch, 0), dict.fromkeys(batch, 0 if pushes_count else 1)
+            )
         redis_callgrind.start(c, QUEUE, items)
         for item in items:
             conclude(item.run, 1, None)

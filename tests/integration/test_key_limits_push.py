@@ -108,3 +108,22 @@ def test_a_count_of_the_wrong_type_fails_its_own_key_only(transport: RQTransport
     assert result.pushed == 2
     assert count(conn, "good") == 1
     assert conn.type(f"{keys.LIMIT_PREFIX}evil:queued") == b"hash"
+
+
+def test_one_limited_job_twice_in_a_push_is_counted_once(transport: RQTransport) -> None:
+    conn = transport.connection
+    first = job("k4")
+    again = job("k4", overwrite=Overwrite.ALWAYS, env=first.envelope)
+    assert transport.push([first, again]).pushed == 2  # the second replaced the first
+    assert count(conn, "k4") == 1
+
+
+def test_jobs_of_different_leases_in_one_push_keep_their_count_the_longer_lease(
+    transport: RQTransport,
+) -> None:
+    conn = transport.connection
+    short = job("k5")
+    long = Delivery(job("k5").envelope, "owner1", ("w", 0, 64), lease_s=30.0, limit="5,0,0,k5")
+    transport.push([short, long])
+    assert count(conn, "k5") == 2
+    assert 2 * LEASE_S * 1000 < conn.pttl(f"{keys.LIMIT_PREFIX}k5:queued") <= 60_000
