@@ -137,7 +137,11 @@ def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_bet
     gate.look()
     assert len(transport.calls) == calls, "a key with room read within FRESH_S is not read again"
     monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
-    gate.room("t:1")  # asked while its jobs wait, its room older than FRESH_S: read at the next look
+    gate.room("t:1")  # older than FRESH_S, but all of the room its read gave is left: trusted
+    gate.look()
+    assert len(transport.calls) == calls, "a key with at least half its room left is trusted to TRUST_S"
+    monkeypatch.setattr(keylimits, "TRUST_S", -1.0)
+    gate.room("t:1")  # asked while its jobs wait, its room older than TRUST_S: read at the next look
     gate.look()
     assert gate.room("t:1") == 0, "quarantined after Redis lost its state"
     states = {s.key: s for s in gate.states()}
@@ -344,3 +348,30 @@ def test_the_gate_leaves_the_add_to_a_push_that_counts_its_copies_but_adds_the_r
     gate.pushed("t:2", 1, by_push=False)  # the refill's copy
     gate.look()
     assert transport.calls[-1][1] == {"t:2": 1}, "only the refill's copy is added by the look"
+
+
+def test_a_key_with_room_is_read_again_once_less_than_half_of_its_room_is_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: read again at the next look whenever its read was older than FRESH_S, so a key of
+    # a job or two (a key per tenant) was read once per job (docs/benchmarks.md, "The add in
+    # the push"). Counted down by this forwarder's pushes, the room never grows without a read.
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    gate = KeyLimits(parse_limits(["t:*=concurrency:10"]), transport, lease_s=2.0)
+    gate.prefetch(["t:1"])
+    calls = len(transport.calls)
+    monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
+    gate.pushed("t:1", 5)
+    assert gate.room("t:1") == 5
+    gate.look()
+    assert len(transport.calls) == calls, "half of the room left: not read again"
+    gate.pushed("t:1", 1)
+    assert gate.room("t:1") == 4
+    gate.look()
+    assert transport.calls[-1][0] == {"t:1": 0}, "less than half left and older than FRESH_S: read"
+    monkeypatch.setattr(keylimits, "FRESH_S", 60.0)
+    gate.pushed("t:1", 6)
+    gate.room("t:1")
+    gate.look()
+    assert len(transport.calls) == calls + 1, "less than half left, but read within FRESH_S"
