@@ -8,6 +8,7 @@ kept is not added again, a copy that replaces one still counted (no claim or can
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -86,6 +87,22 @@ def test_a_copy_replacing_one_still_counted_takes_its_place_and_one_replacing_a_
     assert count(conn, "k2") == 1, "the new copy is counted"
 
 
+def test_a_copy_an_older_forwarder_pushed_replaced_by_a_newer_ones_push_takes_its_place(
+    transport: RQTransport,
+) -> None:
+    # Mixed versions: a forwarder from before 2026-12-07 pushed without adding, and its gate's
+    # next read added the copy (KEY_USE). Unclaimed, that copy carries no ``hybridq_left`` mark,
+    # so the newer forwarder delivering it again (stranded) adds nothing: still one.
+    conn = transport.connection
+    old = job("k6", limited=False)  # the older push: no add
+    transport.push([old])
+    conn.incrby(f"{keys.LIMIT_PREFIX}k6:queued", 1)  # the older gate's read added it
+    again = job("k6", overwrite=Overwrite.ALWAYS, env=old.envelope)
+    assert transport.push([again]).pushed == 1
+    assert count(conn, "k6") == 1
+    assert conn.lrange("rq:queue:default", 0, -1).count(old.envelope.id.encode()) == 1
+
+
 def test_a_push_cut_short_adds_the_copies_it_queued(transport: RQTransport) -> None:
     conn = transport.connection
     kept = job("k3")
@@ -99,6 +116,13 @@ def test_a_push_cut_short_adds_the_copies_it_queued(transport: RQTransport) -> N
     # The replaced copy left its queue uncounted-off: one high (the safe direction), until
     # its backstop; never low.
     assert count(conn, "k3") == 2
+    conn.delete("rq:queue:default:intermediate")
+    deadline = time.monotonic() + 2 * LEASE_S + 5
+    while conn.exists(f"{keys.LIMIT_PREFIX}k3:queued") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert count(conn, "k3") == 0, "the backstop: gone two leases after the last add"
+    transport.push([job("k3")])
+    assert count(conn, "k3") == 1, "counted from zero again"
 
 
 def test_a_count_of_the_wrong_type_fails_its_own_key_only(transport: RQTransport) -> None:

@@ -375,3 +375,31 @@ def test_a_key_with_room_is_read_again_once_less_than_half_of_its_room_is_left(
     gate.room("t:1")
     gate.look()
     assert len(transport.calls) == calls + 1, "less than half left, but read within FRESH_S"
+
+
+def test_the_forwarder_has_its_gate_add_the_refills_copies_and_not_its_pushes(journal_dir: Path) -> None:
+    # The wiring (forwarder.loop): the refill's script counts nothing, so its copies go to the
+    # gate as by_push=False, while a counting push's (and the reconciler's) are left to the push.
+    from hybridq.envelope.model import Envelope, new_job_id
+    from hybridq.forwarder import Forwarder
+
+    def copy(key: str) -> Delivery:
+        job_id = new_job_id()
+        env = Envelope(
+            id=job_id, idempotency_key=job_id, func="tests.tasks.add", queue="default",
+            created_at=1_700_000_000.0, args=(1, 2), limit_key=key,
+        )  # fmt: skip
+        return Delivery(env, "owner", ("w", 0, 0), limit=f"3,0,0,{key}")
+
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    f = Forwarder(journal_dir, transport, limits=["t:*=concurrency:3"])
+    f.open()
+    try:
+        f.completions.reconciler.refill_sent([copy("t:1"), copy("t:1")])
+        f.completions.reconciler.sent([copy("t:2")])
+        f.backlog.sent([copy("t:3")])  # the push's (delivery, maintain, the run table's)
+        f.key_limits.look()
+        assert transport.calls[-1][1] == {"t:1": 2}, "only the refill's copies are added by the read"
+    finally:
+        f.close()
