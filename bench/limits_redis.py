@@ -5,7 +5,9 @@ extra; ``--hz 1 --slowlog-log-slower-than -1``: the slow log would file an entry
 script valgrind slows down, a cost the real server does not pay), pushes N no-op jobs with
 :meth:`RQTransport.push` (chunks of 100), then drives the pool's scripts as a pool process sends
 them: in batches of 8, TAKE, the forwarders' ``KEY_USE`` (adding the batch's jobs to their keys'
-queued counts and reading the keys, as a forwarder's step does), START and END. ``limited``:
+queued counts and reading the keys; since the push counts its copies, reading them only), START
+and END; ``--as-forwarder``: a read of the batch's keys, then (before) an add-only call, as a
+forwarder whose keys are each seen once (a key per job or two) sends them. ``limited``:
 each job carries the policy ``--policy`` (default ``10,0,0``: concurrency 10, no rate) of key
 ``tenant:<i % keys>``; ``none``: no limit, no ``KEY_USE``. The limits' epoch is set long ago
 (no quarantine). Prints redis-server's total instructions per job (the setup and push
@@ -19,6 +21,7 @@ Runs of the same code differ by about 2-3k instructions per job (the jobs' ids a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -40,6 +43,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("-n", type=int, default=2000, help="jobs (default 2,000)")
     p.add_argument("--policy", default="10,0,0", help="concurrency,rate,period ms (default 10,0,0)")
     p.add_argument("--out", default=None, help="callgrind's output file")
+    p.add_argument(
+        "--as-forwarder",
+        action="store_true",
+        help="KEY_USE as a forwarder with a key per job or two sends it: a read of each batch's keys "
+        "(their first sight), and (before the push counted its copies) an add-only call after it",
+    )
     args = p.parse_args(argv)
     n, limited = args.n, args.mode == "limited"
     d = tempfile.mkdtemp(prefix="limits-redis-")
@@ -49,6 +58,11 @@ def main(argv: list[str]) -> int:
     c.set(keys.LIMITS_EPOCH, f"1:{run_id}")
     c.set(keys.epoch(OWNER), f"0:{run_id}:x")
     envs = redis_callgrind.envelopes(n, QUEUE)
+    if limited:  # the key a forwarder's push counts the copy on (branch i30push on)
+        envs = [dataclasses.replace(env, limit_key=f"tenant:{i % args.keys}") for i, env in enumerate(envs)]
+    # Since branch i30push the push adds its copies to their keys' queued counts: KEY_USE then
+    # only reads (as a forwarder's first sight of a key does); before, it added the batch's jobs.
+    pushes_count = getattr(RQTransport, "counts_limited_pushes", False)
     transport = RQTransport(f"unix://{sock}")
     for s in range(0, n, 100):
         transport.push(
@@ -69,7 +83,14 @@ def main(argv: list[str]) -> int:
         items = redis_callgrind.take(c, QUEUE, 8)
         if limited:
             batch = {f"tenant:{i % args.keys}" for i in range(b, b + 8)}
-            rq_limits.key_use(key_use, 60.0, dict.fromkeys(batch, 0), dict.fromkeys(batch, 1))
+            if args.as_forwarder:
+                rq_limits.key_use(key_use, 60.0, dict.fromkeys(batch, 0), {})
+                if not pushes_count:
+                    rq_limits.key_use(key_use, 60.0, {}, dict.fromkeys(batch, 1))
+            else:
+                rq_limits.key_use(
+                    key_use, 60.0, dict.fromkeys(batch, 0), dict.fromkeys(batch, 0 if pushes_count else 1)
+                )
         redis_callgrind.start(c, QUEUE, items)
         for item in items:
             conclude(item.run, 1, None)

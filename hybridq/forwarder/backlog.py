@@ -149,11 +149,11 @@ class Backlog:
         """A new batch of reads: the key gate is asked again (what :meth:`take` counted is dropped)."""
         self.selector.begin()
 
-    def sent(self, deliveries: Iterable[Delivery]) -> None:
-        """Tell the key gate that ``deliveries`` were pushed (the transport accepted them)."""
+    def sent(self, deliveries: Iterable[Delivery], *, by_push: bool = True) -> None:
+        """Tell the key gate that ``deliveries`` were queued (by the push; else by the refill)."""
         keys = Counter(d.envelope.limit_key for d in deliveries if d.envelope.limit_key)
         for key, n in keys.items():
-            self.keys.pushed(key, n)
+            self.keys.pushed(key, n, by_push=by_push)
 
     def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Those of ``deliveries`` the windows and the key gate have room for now.

@@ -7,8 +7,9 @@ block other keys' jobs (the selector skips the key). Once per step, :meth:`KeyLi
 Redis, in one call, how the keys asked about since the last look stand (runs holding a slot,
 jobs pushed and not yet claimed by any forwarder, starts in the rate's period, a quarantine
 after Redis lost its state); between looks the room is counted down locally as jobs are pushed
-(docs/forwarder.md, "Limits per key"). Each call also adds what was pushed since to every
-pushed key's queued count (a key with room is only added to, not read again, for FRESH_S).
+(docs/forwarder.md, "Limits per key"): a key with room is read again only once its room was
+read more than FRESH_S ago and less than half of it is left, or more than TRUST_S ago. The push
+adds its copies to their keys' queued counts itself (RQ's); a call adds those of the refill.
 
 A key never read is read with the chunk of jobs it comes in (:meth:`KeyLimits.prefetch`, one
 call for the chunk), before the chunk is decided; one the gate could not read has no room until
@@ -44,6 +45,11 @@ LOOK_MAX = 10_000
 #: A key's room read this recently is trusted (counted down by this forwarder's pushes) without
 #: another look while it is above 0: a key with room costs one look a second, not one a step.
 FRESH_S = 1.0
+#: Past FRESH_S, a key's room is still trusted while at least half of what its read gave is left,
+#: up to this long: counted down by this forwarder's pushes it never grows without a read, and a
+#: key seen once or twice (a key per tenant, a job or two each) is then read once, not once per
+#: job (docs/forwarder.md, "Limits per key"; docs/benchmarks.md, "The add in the push").
+TRUST_S = 10.0
 #: A key not looked at for this long (no job of it waits) leaves the figures.
 SEEN_S = 30.0
 #: The most keys the figures (``status``, metrics, the dashboard) show: held ones first.
@@ -80,13 +86,16 @@ class KeyLimits:
         self.limits = limits
         self.transport = transport
         self.lease_s = lease_s
-        #: Per key: its room (counted down by pushes since) and when it was read (monotonic).
-        self._room: dict[str, tuple[int, float]] = {}
+        #: Per key: its room (counted down by pushes since), when it was read (monotonic) and
+        #: the room that read gave.
+        self._room: dict[str, tuple[int, float, int]] = {}
         self._policies: dict[str, Limit | None] = {}
         self._asked: dict[str, None] = {}
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
+        #: The push adds its copies to the keys' queued counts (no add at the next look).
+        self._push_counts = bool(getattr(transport, "counts_limited_pushes", False))
         self._looked = False
         self._changed = False  # a prefetch held or freed a key since the last look
         #: Keys seen for the first time (with room) since the figures were made: news within
@@ -104,18 +113,26 @@ class KeyLimits:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
         if self._open or self._policy(key) is None:
             return sys.maxsize
-        room, at = self._room.get(key, (0, -math.inf))
-        if room <= 0 or time.monotonic() - at > FRESH_S:
+        room, at, read = self._room.get(key, (0, -math.inf, 0))
+        if room <= 0:
             self._asked[key] = None  # read at the next look
+        elif (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
+            self._asked[key] = None
         return max(0, room)
 
-    def pushed(self, key: str, n: int) -> None:
-        """``n`` jobs of ``key`` were pushed: less room until the next look says otherwise."""
+    def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
+        """``n`` jobs of ``key`` were queued: less room until the next look says otherwise.
+
+        Added to the key's queued count at the next look, unless the transport's push counted
+        them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
+        copies (``by_push=False``) always are.
+        """
         if self._open or self._policy(key) is None:
             return
-        room, at = self._room.get(key, (0, -math.inf))
-        self._room[key] = (room - n, at)
-        self._added[key] += n
+        room, at, read = self._room.get(key, (0, -math.inf, 0))
+        self._room[key] = (room - n, at, read)
+        if not (by_push and self._push_counts):
+            self._added[key] += n
 
     def _policy(self, key: str) -> Limit | None:
         """The policy of ``key`` (the globs matched once per key, up to 65,536 keys remembered)."""
@@ -148,7 +165,7 @@ class KeyLimits:
     def forget(self) -> None:
         """Redis lost its state: no room is trusted; each key is read again (its quarantine) first.
 
-        A key with room is otherwise read again only a second later (:data:`FRESH_S`), and its
+        A key with room is otherwise read again a second later at the soonest (:data:`FRESH_S`), and its
         jobs pushed meanwhile would meet the claims' refusal, coming back two leases later.
         """
         self._room.clear()
@@ -189,10 +206,11 @@ class KeyLimits:
             self._asked.pop(key, None)
         now, mono = time.time(), time.monotonic()
         if len(self._room) > 4 * LOOK_MAX:  # keys not read for a while go (asked again, they are read)
-            self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 10 * FRESH_S}
+            self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 2 * TRUST_S}
         changed = False
         for key, use in uses.items():
-            self._room[key] = (self._free(key, use), mono)
+            free = self._free(key, use)
+            self._room[key] = (free, mono, free)
             changed |= self._note(key, use, now)
         if changed:
             self._figures = None

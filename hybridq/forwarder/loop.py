@@ -165,6 +165,7 @@ class Forwarder(LifeCycle):
         self._pusher.on_pushed = self.backlog.gate.sent
         self.completions.reconciler.admit = self.backlog.admit  # jobs Redis lost: no flood
         self.completions.reconciler.sent = self.backlog.sent  # the key gate: what Redis took
+        self.completions.reconciler.refill_sent = lambda ds: self.backlog.sent(ds, by_push=False)
         self.completions.harvester.takes_back = lambda: self.key_limits.reads  # refused: wait for room
         #: Workflows and jobs with depends_on, moved on from the ledger (docs/workflows.md).
         self.flows = Flows(self.state, lambda: self.state.runs, lambda loc: envelope_at(self.journal, loc))

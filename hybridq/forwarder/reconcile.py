@@ -80,6 +80,8 @@ class Reconciler:
         self.admit: Callable[[list[Delivery]], list[Delivery]] = list
         #: Told what of the admitted the transport accepted (``Backlog.sent``: the key gate).
         self.sent: Callable[[list[Delivery]], None] = _ignore
+        #: The same for the refill's new copies (which its script does not count: the gate adds them).
+        self.refill_sent: Callable[[list[Delivery]], None] = _ignore
         #: The deliveries of :attr:`_redo` that ``admit`` let through (the rest bypass it).
         self._admitted: list[Delivery] = []
         #: The deliveries of :attr:`_redo` of orphaned jobs' next attempts.
@@ -295,7 +297,7 @@ class Reconciler:
         result = self.transport.refill(terminal, live)  # TransportError: kept, tried again
         self._refill_batch = None
         if result.queued:  # new copies: on their limit keys' queued counts (the key gate)
-            self.sent([d for d in live if d.envelope.id in result.queued])
+            self.refill_sent([d for d in live if d.envelope.id in result.queued])
         self.refilled += result.requeued
         self.purged += result.purged
         if result.purged:

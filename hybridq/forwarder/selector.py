@@ -53,8 +53,8 @@ class KeyGate(Protocol):
         """Jobs of limit key ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
         ...
 
-    def pushed(self, key: str, n: int) -> None:
-        """``n`` jobs of ``key`` were just pushed (after the transport accepted them)."""
+    def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
+        """``n`` jobs of ``key`` were just queued (accepted by the transport; ``by_push``: its push)."""
         ...
 
     def prefetch(self, keys: Iterable[str]) -> None:
@@ -69,7 +69,7 @@ class Unlimited:
         """No limit."""
         return sys.maxsize
 
-    def pushed(self, key: str, n: int) -> None:
+    def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
         """Nothing to count."""
 
     def prefetch(self, keys: Iterable[str]) -> None:

@@ -168,6 +168,10 @@ class Transport(abc.ABC):
     #: Whether :meth:`publish_stats` puts a snapshot anywhere (``hybridq status --all``): the
     #: forwarder wakes to publish only then.
     publishes_stats = False
+    #: Whether :meth:`push` adds the copies it queues of limited jobs (a delivery's ``limit``) to
+    #: their keys' queued counts itself, in the same step: then the forwarder's gate adds only
+    #: what other paths queue (:meth:`refill`) through :meth:`key_use`.
+    counts_limited_pushes = False
 
     @abc.abstractmethod
     def push(self, jobs: Sequence[Delivery]) -> PushResult:

@@ -77,6 +77,8 @@ class RQTransport(Transport):
         socket_timeout_s: how long one Redis call may hang before it counts as a failure.
     """
 
+    counts_limited_pushes = True  # (rq_push._PUSH_IF_NEW: docs/forwarder.md, "Limits per key")
+
     def __init__(
         self,
         url: str | None = None,

@@ -1,9 +1,10 @@
 """What the forwarders' gate reads of the per-key limits in Redis, in one script call per step.
 
 The state itself is the workers' (their claim, renewal and outcome scripts keep it:
-``hybridq.worker.limit_scripts``); a forwarder only adds the jobs it pushed to a key's
-``queued`` count and reads, per key, what holds a slot now, what is queued, how many started in
-the rate's period and how long the quarantine after a loss of Redis's state has left.
+``hybridq.worker.limit_scripts``); a forwarder's push adds the copies it queued to their
+keys' ``queued`` counts (``rq_push``); this read adds those the refill queued, and reads, per
+key, what holds a slot now, what is queued, how many started in the rate's period and how long
+the quarantine after a loss of Redis's state has left.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ __all__ = ["KEY_USE", "key_use"]
 
 # ARGV: the lease (ms), then the keys as one string (a limit key has no whitespace): per key
 # "key period added ", its rate period (ms as plain integer text, compared as text: 0: no rate;
-# -1: only add, not read; never "00" or "-0") and the jobs
-# pushed since the last call (one argument: redis-py packs each argument in Python, a third of
-# the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
+# -1: only add, not read; never "00" or "-0") and the jobs queued since the last call that the
+# push did not count (the refill's) (one argument: redis-py packs each argument in Python, a
+# third of the call's cost with 3 per key). The epoch is started here too when Redis lost it (as the
 # claim would), so the quarantine begins at the forwarder's first look. Returns, flat, per key
 # read: running, queued, started in the period, quarantine left (ms). The queued count expires
-# two leases after the forwarders' last add here (or a take that left it below zero; a take at 0
+# two leases after the last add, here or by a push (or a take that left it below zero; a take at 0
 # or above leaves its expiry): a backstop for copies that left Redis without a claim or a
 # cancel taking them off (hybridq.worker.limit_scripts). A part of
 # a key of the wrong type (written by something else) fails only its own command (``pcall``):

@@ -62,11 +62,14 @@ _NEW_JOB_LUA = "".join(f'"{name}", "{value}", ' for name, value in QUEUED_FIELDS
 # Pushes a chunk of one queue's jobs. KEYS: the set of queues, the queue's list, RQ's failed and
 # canceled registries of the queue, then each job's hash. ARGV: the push time (enqueued_at),
 # the queue's name (RQ's origin), then one argument per job: _FIELDS, each behind its length as
-# a 4-byte big-endian number. "overwrite" is hybridq.protocol.Overwrite ("1" replace a known job
+# a 4-byte big-endian number, and last its limit key ("" if the delivery carries no policy: not
+# counted). "overwrite" is hybridq.protocol.Overwrite ("1" replace a known job
 # that was delivered for an earlier run; "2" replace it whatever it holds), "run" the run number
-# (requeue * 100000 + attempt). The script adds _NEW_JOB_LUA. Returns {jobs queued, jobs left as
-# they were, per job "1" queued or "0"}. A forced push of a run already delivered does nothing,
-# so a forwarder that restarts and pushes a due retry again does not disturb the retry running.
+# (requeue * 100000 + attempt); after the jobs, when one is limited, the queued counts' lifetime
+# (ms: two leases), as the script adds their queued copies to them. The script adds
+# _NEW_JOB_LUA. Returns {jobs queued, jobs left as they were, per job "1" queued or "0"}. A
+# forced push of a run already delivered does nothing, so a forwarder that restarts and pushes
+# a due retry again does not disturb the retry running.
 #
 # Unless RQ finished or failed that very run although no worker ever claimed it (its
 # hybridq_started is older): then it can no longer run, and is queued again. That is what the
@@ -88,13 +91,13 @@ if kind ~= "list" and kind ~= "none" then
     return redis.error_reply("WRONGTYPE the queue " .. queue .. " holds a " .. kind .. ", not a list")
 end
 local fields_of = function(s)
-    return struct.unpack("{">" + "I4c0" * len(_FIELDS)}", s)
+    return struct.unpack("{">" + "I4c0" * (len(_FIELDS) + 1)}", s)
 end
 if not struct then
     -- A server without Lua's struct library (fakeredis): the same format, a field at a time.
     fields_of = function(s)
         local out, p = {{}}, 1
-        for i = 1, {len(_FIELDS)} do
+        for i = 1, {len(_FIELDS) + 1} do
             local a, b, c, d = string.byte(s, p, p + 3)
             local n = ((a * 256 + b) * 256 + c) * 256 + d
             out[i] = string.sub(s, p + 4, p + 3 + n)
@@ -104,12 +107,13 @@ if not struct then
     end
 end
 local queued, queued_at, dropped = {{}}, {{}}, false  -- the ids to RPUSH, in order
+local still = false  -- the job being pushed replaces a copy still on its limit key's count
 local function push(key, id, overwrite, run, fields)
     if redis.call("EXISTS", key) == 1 then
         if overwrite == "0" then
             return 0
         end
-        local f = redis.call("HMGET", key, "hybridq_run", "status", "hybridq_started")
+        local f = redis.call("HMGET", key, "hybridq_run", "status", "hybridq_started", "hybridq_left")
         local known, mine = tonumber(f[1]) or 0, tonumber(run)
         if overwrite == "1" and known >= mine then
             local ended = f[2] == "finished" or f[2] == "failed"
@@ -117,6 +121,9 @@ local function push(key, id, overwrite, run, fields)
                 return 0
             end
         end
+        -- The copy replaced never left its queue's count (no claim or cancel marked it): the
+        -- new copy takes its place there, and is not added again (below).
+        if not f[4] then still = true end
         redis.call("DEL", key)
         redis.call("LREM", queue, 0, id)
         if queued_at[id] then  -- queued by this very call: its later copy replaces it
@@ -137,6 +144,7 @@ local function push(key, id, overwrite, run, fields)
     return 1
 end
 local ids, each = {{}}, {{}}
+local adds, order = {{}}, {{}}  -- per limit key, its copies queued by this call (keys in order)
 -- Under pcall: an error partway (a replaced job's key or the intermediate list of another type)
 -- still queues the jobs written before it, below, and then fails the call with that error, as
 -- a job at a time did. A job written and never queued would stay so: a re-push of it does
@@ -144,17 +152,23 @@ local ids, each = {{}}, {{}}
 -- before any job is written.
 local ok, err = pcall(function()
     for i = 5, #KEYS do
-        local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl =
-            fields_of(ARGV[i - 2])
+        local id, overwrite, run, created, data, description, timeout, meta, failure_ttl, result_ttl,
+            limit_key = fields_of(ARGV[i - 2])
         local fields = {{"created_at", created, "data", data, "description", description, "timeout",
             timeout, "meta", meta, "failure_ttl", failure_ttl}}
         if result_ttl ~= "" then
             fields[#fields + 1] = "result_ttl"
             fields[#fields + 1] = result_ttl
         end
+        still = false
         each[#each + 1] = push(KEYS[i], id, overwrite, run, fields)
         if each[#each] == 1 then
             ids[#ids + 1] = id
+            if limit_key ~= "" and not still then  -- (a copy still counted replaced: its place)
+                local n = adds[limit_key]
+                if not n then order[#order + 1] = limit_key end
+                adds[limit_key] = (n or 0) + 1
+            end
         end
     end
 end)
@@ -173,6 +187,17 @@ if #ids > 0 then
     -- Queued again: no longer one of RQ's failed or canceled jobs (rq info, rq requeue).
     redis.call("ZREM", KEYS[3], unpack(ids))
     redis.call("ZREM", KEYS[4], unpack(ids))
+end
+-- The copies queued of limited jobs, on their keys' queued counts in the same call (a claim
+-- never comes before its add, and no crash falls between the push and the add): per key one
+-- INCRBY and one PEXPIRE, to ARGV[#KEYS - 1] (two leases; docs/forwarder.md, "Limits per
+-- key"). A count of the wrong type (another writer's) fails its own key only (pcall): the
+-- forwarders' read holds that key.
+for _, key in ipairs(order) do
+    local count = "{keys.LIMIT_PREFIX}" .. key .. ":queued"
+    if type(redis.pcall("INCRBY", count, adds[key])) == "number" then
+        redis.call("PEXPIRE", count, ARGV[#KEYS - 1])
+    end
 end
 if not ok then
     -- As Redis gave it (WRONGTYPE, OOM...): error() of the text pcall hands back on Redis 7
@@ -234,13 +259,20 @@ def job_hash(fields: Sequence[str | bytes], queue: str, enqueued_at: str) -> lis
     return flat
 
 
-def _argument(fields: Sequence[str | bytes]) -> bytes:
-    """A job's one argument: each field behind its length (UnicodeEncodeError: a ValueError)."""
+def _argument(fields: Sequence[str | bytes], limit_key: bytes) -> bytes:
+    """A job's one argument: each field, its limit key last, behind its length (UnicodeEncodeError)."""
     parts: list[bytes] = []
     for value in fields:
         raw = value.encode() if isinstance(value, str) else value
         parts += [_LENGTH.pack(len(raw)), raw]
+    parts += [_LENGTH.pack(len(limit_key)), limit_key]
     return b"".join(parts)
+
+
+def _limit_key(delivery: Delivery) -> bytes:
+    """The key whose queued count the push adds the job's copy to; empty: the delivery is not limited."""
+    key = delivery.envelope.limit_key
+    return key.encode() if key and delivery.limit is not None else b""
 
 
 #: One script call: its keys and arguments, and how many bytes of jobs' fields it carries.
@@ -260,7 +292,10 @@ def chunks(
         shared.append(keys.rq_registry("canceled", queue))
         for start in range(0, len(items), PUSH_CHUNK):
             part = items[start : start + PUSH_CHUNK]
-            args: list[Any] = [enqueued_at, queue, *(_argument(own) for _, own in part)]
+            args: list[Any] = [enqueued_at, queue, *(_argument(own, _limit_key(d)) for d, own in part)]
+            life = max((d.lease_s for d, _ in part if d.limit is not None), default=None)
+            if life is not None:  # the queued counts' lifetime: two leases
+                args.append(str(2 * max(1, int(life * 1000))))
             call_keys = shared + [keys.rq_job(d.envelope.id) for d, _ in part]
             calls.append(([d for d, _ in part], (call_keys, args, sum(len(a) for a in args[2:]))))
     return calls

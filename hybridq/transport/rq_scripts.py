@@ -184,7 +184,7 @@ return "stranded"
 # must reach a copy a push cut short by an OOM reply left there. KEYS[6] (optional): the queued
 # count of the job's limit key: a copy taken off its queue comes off it, once per copy (the
 # hybridq_left mark, as a claim's: hybridq.worker.limit_scripts), unless the count expired (at 0,
-# left there by a claim, it goes to -1: this copy's add is still to come).
+# it goes to -1: a refilled copy's add still to come, at the forwarder's next step).
 _CANCEL = """
 redis.call("DEL", KEYS[5])
 if redis.call("EXISTS", KEYS[1]) == 1 then

@@ -121,6 +121,9 @@ class ShardedTransport(Transport):
             self.close()
             raise
         self._index = {url: i for i, url in enumerate(self.urls)}
+        #: Each shard's push adds its limited copies itself (``RQTransport``'s does), so the gate
+        #: must not add them again should it ever read keys here (docs/forwarder.md, "Limits per key").
+        self.counts_limited_pushes = all(s.counts_limited_pushes for s in self.shards)
         #: Per Redis: the newest event id acknowledged (its waiter waits for a newer one).
         self._cursor = ["0-0"] * len(self.shards)
         #: Per Redis: its waiter in flight (kept across calls: a wait is never started twice).

@@ -13,11 +13,13 @@ Per limit key Redis holds (all under ``hybridq:limit:<key>:``):
   slot frees when its lease would have lapsed;
 * ``starts``: a sorted set of the starts of the last period (the rate's sliding log);
 * ``queued``: how many copies of the key's jobs the forwarders pushed that are still in a queue
-  (the forwarders' gate reads it, so it pushes no more than the room). Forwarders add what they
-  pushed; a copy leaving its queue takes one off, once per copy (the ``hybridq_left`` field of
-  its job hash records it): claimed, refused, fenced, or cancelled (by its claim, or by the
-  forwarder's cancel taking it off its queue). Adds and takes come in either order, so it may
-  be below zero for a moment. It expires two leases after the forwarders' last add (or a take
+  (the forwarders' gate reads it, so it pushes no more than the room). The forwarders' push
+  script adds the copies it queued, in its own call (``hybridq.transport.rq_push``; a refilled
+  copy: the gate's next read); a copy leaving its queue takes one off, once per copy (the
+  ``hybridq_left`` field of its job hash records it): claimed, refused, fenced, or cancelled (by
+  its claim, or by the forwarder's cancel taking it off its queue). A refilled copy's take may
+  come before its add, so it may be below zero for a moment. It expires two leases after the
+  last add (or a take
   below zero): a backstop for copies that leave Redis another way (evicted, purged by a refill
   after a restart). A take that leaves it at 0 or above leaves it the expiry it had (0 reads as
   no key; the commands a refresh would cost fewer).
@@ -209,8 +211,8 @@ local function limit_admit(token, c, r, p, run, starts, lease_ms, server)
 end
 -- A copy of a job of the key left its queue (claimed, refused, fenced, cancelled): one off
 -- the count, once per copy (a claim sent again, or made again, finds the mark on its hash; a
--- copy pushed again is a new hash). The count may go below zero for a moment: a forwarder
--- adds what it pushed at its next step, often after the claims.
+-- copy pushed again is a new hash). The count may go below zero for a moment: the push adds
+-- its copies in its own call, but a refilled copy's add comes at the forwarder's next step.
 -- A key's lifetime made at least ``ms``, never shortened: the key holds other runs' slots (or
 -- starts, or the queued count), and a run with a shorter lease (or period) must not make it
 -- expire under a longer one's live slot (the limit would then admit more than it allows).

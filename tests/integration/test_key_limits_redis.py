@@ -8,12 +8,14 @@ rate run are the ``limits`` tier (``scripts/test -m limits tests/integration/tes
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hybridq import Queue, cancel
+from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_pool import pool
@@ -286,6 +288,33 @@ def test_two_forwarders_on_one_redis_share_a_keys_limit(
     )
 
 
+class ClaimLog:
+    """Samples a rate key's ``starts`` log (the claims' admissions, in Redis's clock) in a thread.
+
+    The log keeps a period of starts, so a sample every 0.2 s sees each one (its member is the
+    claim's token, unique per claim).
+    """
+
+    def __init__(self, server: RedisServer, key: str) -> None:
+        self.claims: dict[bytes, float] = {}
+        self._name = f"{keys.LIMIT_PREFIX}{key}:starts"
+        self._server, self._stop = server, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        with redis_client(self._server) as client:
+            while not self._stop.is_set():
+                for member, ms in client.zrange(self._name, 0, -1, withscores=True):
+                    self.claims[member] = ms / 1000
+                self._stop.wait(0.2)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return list(self.claims.values())
+
+
 @pytest.mark.limits
 def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     redis_server: RedisServer,
@@ -295,6 +324,12 @@ def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
 ) -> None:
+    """A start is the claim Redis admits (docs/forwarder.md, "Limits per key"): at most 50 in any
+    second of Redis's clock. The tasks' own clocks see a start when their thread gets to run, which
+    on a loaded machine (another process's burst on 2 cores) may come a second late: bunched, 67
+    of them fell in one second once while the claims stayed at 50. So the tasks' starts are held
+    to twice the rate in any second, and to the rate over the minute."""
+    claim_log = ClaimLog(redis_server, "api")
     forwarder = stack.forwarder(redis_server.url, "--limit", "api=rate:50/s")
     worker = pool(stack, redis_server.url, "--processes", "2", "--threads", "16")
     effects, queue = tmp_path / "effects.txt", Queue("default", journal_dir)
@@ -302,21 +337,30 @@ def test_a_rate_50_per_second_key_starts_at_most_50_in_any_second_over_a_minute(
     queue.enqueue_many(
         [queue.prepare("tests.tasks.traced", (str(effects), f"r-{i}"), limit_key="api") for i in range(n)]
     )
-    wait_status(
-        journal_dir,
-        subprocess_env,
-        all_succeeded(n),
-        what=f"{n} jobs",
-        timeout=240,
-        alive=alive(forwarder, worker),
-    )
+    try:
+        wait_status(
+            journal_dir,
+            subprocess_env,
+            all_succeeded(n),
+            what=f"{n} jobs",
+            timeout=240,
+            alive=alive(forwarder, worker),
+        )
+    finally:
+        claims = claim_log.stop()
+    assert len(claims) >= n, f"{len(claims)} claims sampled of {n}"
+    most_claims = most_started_within(claims, 1.0)
+    assert most_claims <= 50, f"{most_claims} claims admitted in one second of a rate:50/s key"
     starts = [x.at for x in read_effects(effects) if x.kind == "start"]
     assert len(starts) >= n
-    assert most_started_within(starts, 1.0) <= 50
+    most = most_started_within(starts, 1.0)
+    assert most <= 2 * 50, f"{most} tasks started in one second of their own clocks"
     took = max(starts) - min(starts)
     assert took >= (n - 50) / 50 - 1, f"{n} starts at 50 a second took {took:.1f} s"
-    most = most_started_within(starts, 1.0)
-    figures(f"LIMITS rate:50/s jobs={n} most_in_any_1s={most} took_s={took:.1f} ({n / took:.1f}/s)")
+    figures(
+        f"LIMITS rate:50/s jobs={n} most_claims_in_any_1s={most_claims} most_task_starts_in_any_1s={most}"
+        f" took_s={took:.1f} ({n / took:.1f}/s)"
+    )
 
 
 @pytest.mark.limits

@@ -137,7 +137,11 @@ def test_the_gate_reads_the_keys_asked_about_once_per_look_and_counts_pushes_bet
     gate.look()
     assert len(transport.calls) == calls, "a key with room read within FRESH_S is not read again"
     monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
-    gate.room("t:1")  # asked while its jobs wait, its room older than FRESH_S: read at the next look
+    gate.room("t:1")  # older than FRESH_S, but all of the room its read gave is left: trusted
+    gate.look()
+    assert len(transport.calls) == calls, "a key with at least half its room left is trusted to TRUST_S"
+    monkeypatch.setattr(keylimits, "TRUST_S", -1.0)
+    gate.room("t:1")  # asked while its jobs wait, its room older than TRUST_S: read at the next look
     gate.look()
     assert gate.room("t:1") == 0, "quarantined after Redis lost its state"
     states = {s.key: s for s in gate.states()}
@@ -327,3 +331,75 @@ def test_the_snapshot_reuses_the_limit_figures_json_only_for_the_same_object() -
     b = Snapshot(limit_keys={"k": {"running": 2}})
     assert Snapshot.from_bytes(b.to_bytes()).limit_keys == {"k": {"running": 2}}
     assert Snapshot.from_bytes(Snapshot().to_bytes()).limit_keys == {}
+
+
+def test_the_gate_leaves_the_add_to_a_push_that_counts_its_copies_but_adds_the_refills() -> None:
+    # RQ's push adds its limited copies to their keys' queued counts in the same script call
+    # (transport.rq_push): the look then adds nothing for them (no INCRBY and PEXPIRE a key a
+    # step), and a copy is never claimed before its add. The refill's copies it still adds.
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    gate = KeyLimits(parse_limits(["t:*=concurrency:3"]), transport, lease_s=2.0)
+    gate.look()
+    gate.room("t:1")
+    gate.look()
+    gate.pushed("t:1", 2)
+    assert gate.room("t:1") == 1, "the room is still counted down"
+    gate.pushed("t:2", 1, by_push=False)  # the refill's copy
+    gate.look()
+    assert transport.calls[-1][1] == {"t:2": 1}, "only the refill's copy is added by the look"
+
+
+def test_a_key_with_room_is_read_again_once_less_than_half_of_its_room_is_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: read again at the next look whenever its read was older than FRESH_S, so a key of
+    # a job or two (a key per tenant) was read once per job (docs/benchmarks.md, "The add in
+    # the push"). Counted down by this forwarder's pushes, the room never grows without a read.
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    gate = KeyLimits(parse_limits(["t:*=concurrency:10"]), transport, lease_s=2.0)
+    gate.prefetch(["t:1"])
+    calls = len(transport.calls)
+    monkeypatch.setattr(keylimits, "FRESH_S", -1.0)
+    gate.pushed("t:1", 5)
+    assert gate.room("t:1") == 5
+    gate.look()
+    assert len(transport.calls) == calls, "half of the room left: not read again"
+    gate.pushed("t:1", 1)
+    assert gate.room("t:1") == 4
+    gate.look()
+    assert transport.calls[-1][0] == {"t:1": 0}, "less than half left and older than FRESH_S: read"
+    monkeypatch.setattr(keylimits, "FRESH_S", 60.0)
+    gate.pushed("t:1", 6)
+    gate.room("t:1")
+    gate.look()
+    assert len(transport.calls) == calls + 1, "less than half left, but read within FRESH_S"
+
+
+def test_the_forwarder_has_its_gate_add_the_refills_copies_and_not_its_pushes(journal_dir: Path) -> None:
+    # The wiring (forwarder.loop): the refill's script counts nothing, so its copies go to the
+    # gate as by_push=False, while a counting push's (and the reconciler's) are left to the push.
+    from hybridq.envelope.model import Envelope, new_job_id
+    from hybridq.forwarder import Forwarder
+
+    def copy(key: str) -> Delivery:
+        job_id = new_job_id()
+        env = Envelope(
+            id=job_id, idempotency_key=job_id, func="tests.tasks.add", queue="default",
+            created_at=1_700_000_000.0, args=(1, 2), limit_key=key,
+        )  # fmt: skip
+        return Delivery(env, "owner", ("w", 0, 0), limit=f"3,0,0,{key}")
+
+    transport = Uses({})
+    transport.counts_limited_pushes = True  # type: ignore[misc]
+    f = Forwarder(journal_dir, transport, limits=["t:*=concurrency:3"])
+    f.open()
+    try:
+        f.completions.reconciler.refill_sent([copy("t:1"), copy("t:1")])
+        f.completions.reconciler.sent([copy("t:2")])
+        f.backlog.sent([copy("t:3")])  # the push's (delivery, maintain, the run table's)
+        f.key_limits.look()
+        assert transport.calls[-1][1] == {"t:1": 2}, "only the refill's copies are added by the read"
+    finally:
+        f.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from hybridq.errors import ConfigError
+from hybridq.transport import MemoryTransport, Transport
 from hybridq.transport.routes import Routes, parse_redis_for, split_env
-from hybridq.transport.sharded import compose_epoch, split_epoch
+from hybridq.transport.sharded import ShardedTransport, compose_epoch, split_epoch
 
 
 def test_the_env_form_splits_between_entries_not_inside_urls() -> None:
@@ -111,3 +112,26 @@ def test_the_map_is_part_of_the_composed_epoch() -> None:
     assert parts == ["4:aa:0123", "4:bb:0123"]
     assert compose_epoch(parts, before.digest) == epoch
     assert compose_epoch(parts, moved.digest) != epoch
+
+
+@pytest.mark.parametrize(("counts", "expected"), [((True, True), True), ((True, False), False)])
+def test_a_sharded_transport_counts_limited_pushes_as_its_shards_do(
+    counts: tuple[bool, bool], expected: bool
+) -> None:
+    """Each shard's push adds its limited copies itself: said as the sharded one's own, else a
+    gate reading keys through it would add every copy a second time (docs/forwarder.md)."""
+    from hybridq.transport.rq import RQTransport
+
+    by_url = dict(zip(("redis://a", "redis://b"), counts, strict=True))
+
+    def make(url: str) -> Transport:
+        shard = MemoryTransport()
+        shard.counts_limited_pushes = by_url[url]  # type: ignore[misc]
+        return shard
+
+    sharded = ShardedTransport(Routes("redis://a", {"beta": "redis://b"}), make=make)
+    try:
+        assert sharded.counts_limited_pushes is expected
+    finally:
+        sharded.close()
+    assert RQTransport.counts_limited_pushes is True  # what each real shard says

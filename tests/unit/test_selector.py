@@ -45,7 +45,7 @@ class Gate:
         self.asked[key] += 1
         return self.rooms.get(key, sys.maxsize)
 
-    def pushed(self, key: str, n: int) -> None:
+    def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
         self.rooms[key] = self.rooms.get(key, sys.maxsize) - n
 
     def prefetch(self, keys: Iterable[str]) -> None:
