@@ -265,7 +265,13 @@ class LedgerIndex:
         if done is None:
             done = self.terminal[seg] = SegmentOutcomes()
         n, before = len(done), done.tally()
+        spans = list(spans)
         done.drop_ranges(spans)
+        # What a replay left of a job in a range whose ``done`` entry was punched out of the
+        # ledger (hybridq.ledger.punch_select): those tables hold jobs not terminal only.
+        for table in (self.retries, self.lost, self.later, self.cancels):
+            for loc in [loc for loc in table if (loc[0], loc[1]) == seg and _inside(loc[2], spans)]:
+                del table[loc]
         after = done.tally()
         self.terminal_count += len(done) - n
         for name in {*before, *after}:
@@ -282,6 +288,10 @@ class LedgerIndex:
                     out[outcome] += n
             out["dups"] += self.dups.get(seg, 0)
         return out
+
+
+def _inside(offset: int, spans: list[tuple[int, int, int]]) -> bool:
+    return any(start <= offset < end for start, end, _ in spans)
 
 
 def shared(outcome: str | None) -> str:

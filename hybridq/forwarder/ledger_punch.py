@@ -1,0 +1,159 @@
+"""Punching entries no replay needs out of ledger segments that cannot be deleted yet (issue 29).
+
+A sealed ledger segment goes only once every journal segment its entries name is compacted
+(:mod:`hybridq.forwarder.dead_segments`): one waiting job keeps its ledger segment and every
+later one, about 190 bytes a job for as long as it waits. The ledger is a journal of the same
+format, so the journal's hole maps serve it unchanged (:mod:`hybridq.journal.holes`: the map
+durable first, every reader of the ledger skips a mapped range): this punches runs of the
+entries :func:`hybridq.ledger.punch_select.punchable` allows -- those of jobs whose journal
+segment is compacted or whose record is punched -- out of sealed ledger segments
+(docs/reliability.md, "The ledger punched"; docs/journal.md).
+
+The ``key`` entries of a run go to the key store first, stamped as compaction moves them
+(``Compactor._stamped_keys``), with one fsync, before the map is written: a crash between the
+two leaves the entry in both, which the replay folds into one (the stamped entry replaces the
+job's own, as after a compaction's crash before its delete).
+
+Bounded: at most one ledger segment is read a pass, and a segment only after the journal moved
+on (a journal segment compacted, or more journal records punched) since it was last read.
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from hybridq import crashpoints
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal.compact import sealed_data_count
+from hybridq.journal.holes import Hole, HoleMaps, punch_holes, punch_supported
+from hybridq.journal.reader import JournalReader, list_chains
+from hybridq.journal.records import Loc
+from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.punch_select import punchable
+from hybridq.ledger.store import ledger_dir
+
+__all__ = ["LedgerPuncher"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: A run of entries is punched when it is at least this long, or half its segment (as the
+#: journal's runs: ``hybridq.forwarder.punch.MIN_PUNCH_BYTES``).
+MIN_LEDGER_PUNCH_BYTES = 16 << 10
+
+
+class LedgerPuncher:
+    """Punches runs of entries out of the sealed ledger segments of one journal (its lock held).
+
+    Args:
+        state: the forwarder's state (its compaction counters, its index, its key store).
+        gone: makes the test whether a journal segment was compacted (the compactor's), once a pass.
+        stamp: the compactor's ``_stamped_keys``: the key store entries of ``key`` entries.
+    """
+
+    def __init__(
+        self,
+        state: ForwarderState,
+        gone: Callable[[], Callable[[Seg], bool]],
+        stamp: Callable[[list[Entry]], list[Entry]],
+        *,
+        min_bytes: int = MIN_LEDGER_PUNCH_BYTES,
+    ) -> None:
+        self.state = state
+        self.journal = state.journal
+        self.gone = gone
+        self.stamp = stamp
+        self.min_bytes = min_bytes
+        #: Per ledger segment read: the journal's progress then (:meth:`_progress`).
+        self._seen: dict[Seg, tuple[object, ...]] = {}
+        #: Bytes punched out of the ledger by this process (for the log and the tests).
+        self.punched = 0
+        #: Entries looked at (for the CPU figure per entry in docs/benchmarks.md).
+        self.looked = 0
+
+    def _progress(self, journal_punched: int) -> tuple[object, ...]:
+        """What changes when more ledger entries may have become punchable."""
+        through = tuple(sorted(self.state.compacted.through.items()))
+        return (through, journal_punched, self.state.compacted.terminal)
+
+    def step(self, journal_punched: int = 0) -> int:
+        """Punch the runs of at most one sealed ledger segment; returns the bytes punched.
+
+        ``journal_punched``: bytes the journal's puncher freed so far (its progress).
+        """
+        path = ledger_dir(self.journal)
+        if not punch_supported(self.journal):
+            return 0
+        try:
+            chains = list_chains(path)
+        except FileNotFoundError:
+            return 0
+        own = self.state.own_chain
+        progress = self._progress(journal_punched)
+        present = {(w, i) for w, indices in chains.items() for i in indices}
+        self._seen = {seg: p for seg, p in self._seen.items() if seg in present}
+        for writer_id, indices in chains.items():
+            for index in indices:
+                if writer_id == own and index == indices[-1]:
+                    break  # our own open segment
+                seg = (writer_id, index)
+                if self._seen.get(seg) == progress:
+                    continue
+                if sealed_data_count(path, writer_id, index) is None:
+                    break  # not sealed (another process's open segment)
+                self._seen[seg] = progress
+                return self._punch(path, seg)
+        return 0
+
+    def _punch(self, path: str, seg: Seg) -> int:
+        maps = HoleMaps(self.journal)
+        gone = self.gone()
+
+        def punched(loc: Loc) -> bool:
+            return maps.hole_at(loc[0], loc[1], loc[2]) is not None
+
+        runs: list[Hole] = []
+        keys: list[Entry] = []
+        run: list[int] = []  # start, end, first seq, next seq, count of the current run
+        run_keys: list[Entry] = []
+        size = 0
+
+        def close() -> None:
+            if run and (run[1] - run[0] >= self.min_bytes or 2 * (run[1] - run[0]) >= size):
+                runs.append(Hole(*run))
+                keys.extend(run_keys)
+            run.clear()
+            run_keys.clear()
+
+        records = list(JournalReader(path).segment_records(*seg))
+        size = records[-1].end if records else 0
+        for rec in records:
+            self.looked += 1
+            try:
+                entry: Entry | None = Entry.from_bytes(rec.payload)
+            except (ValueError, KeyError, TypeError):
+                entry = None  # passed its checksum, so a bug: kept, as every reader skips it
+            ok = entry is not None and punchable(entry, gone, punched)
+            if not ok or (run and run[1] != rec.offset):
+                close()  # an entry kept, or a punched range, between
+            if ok and entry is not None:
+                if run:
+                    run[1], run[3], run[4] = rec.end, rec.seq + 1, run[4] + 1
+                else:
+                    run.extend((rec.offset, rec.end, rec.seq, rec.seq + 1, 1))
+                if entry.kind == "key":
+                    run_keys.append(entry)
+        close()
+        if not runs:
+            return 0
+        stamped = self.stamp(keys)
+        if stamped:
+            self.state.store_keys(stamped)  # durable before the entries that had them go
+        crashpoints.reached("ledger_punch_after_keys")
+        freed, _ = punch_holes(path, seg[0], seg[1], runs)
+        if freed:
+            log.info("punched %d bytes of the ledger out of segment %d of chain %s", freed, seg[1], seg[0])
+        self.punched += freed
+        return freed
