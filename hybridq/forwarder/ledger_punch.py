@@ -23,6 +23,7 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from hybridq import crashpoints
@@ -51,6 +52,8 @@ class LedgerPuncher:
         state: the forwarder's state (its compaction counters, its index, its key store).
         gone: makes the test whether a journal segment was compacted (the compactor's), once a pass.
         stamp: the compactor's ``_stamped_keys``: the key store entries of ``key`` entries.
+        done_in_ranges: also the successes of jobs in the journal's punched ranges (off by
+            default: ``cancel()`` and a rebuilt lookup index find a punched job by them).
     """
 
     def __init__(
@@ -60,12 +63,16 @@ class LedgerPuncher:
         stamp: Callable[[list[Entry]], list[Entry]],
         *,
         min_bytes: int = MIN_LEDGER_PUNCH_BYTES,
+        done_in_ranges: bool = False,
     ) -> None:
         self.state = state
         self.journal = state.journal
         self.gone = gone
         self.stamp = stamp
         self.min_bytes = min_bytes
+        #: Whether successes of jobs in the journal's punched ranges go too (off: see
+        #: :func:`hybridq.ledger.punch_select.punchable`).
+        self.done_in_ranges = done_in_ranges
         #: Per ledger segment read: the journal's progress then (:meth:`_progress`).
         self._seen: dict[Seg, tuple[object, ...]] = {}
         #: Bytes punched out of the ledger by this process (for the log and the tests).
@@ -84,12 +91,9 @@ class LedgerPuncher:
         ``journal_punched``: bytes the journal's puncher freed so far (its progress).
         """
         path = ledger_dir(self.journal)
-        if not punch_supported(self.journal):
+        if not os.path.isdir(path) or not punch_supported(self.journal):
             return 0
-        try:
-            chains = list_chains(path)
-        except FileNotFoundError:
-            return 0
+        chains = list_chains(path)
         own = self.state.own_chain
         progress = self._progress(journal_punched)
         present = {(w, i) for w, indices in chains.items() for i in indices}
@@ -135,7 +139,7 @@ class LedgerPuncher:
                 entry: Entry | None = Entry.from_bytes(rec.payload)
             except (ValueError, KeyError, TypeError):
                 entry = None  # passed its checksum, so a bug: kept, as every reader skips it
-            ok = entry is not None and punchable(entry, gone, punched)
+            ok = entry is not None and punchable(entry, gone, punched, done_in_ranges=self.done_in_ranges)
             if not ok or (run and run[1] != rec.offset):
                 close()  # an entry kept, or a punched range, between
             if ok and entry is not None:

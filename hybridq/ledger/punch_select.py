@@ -12,10 +12,12 @@ same index (docs/reliability.md, "The ledger punched"):
   holds its counts) and keeps only failures, requeue marks and ``key`` entries -- so any
   ``retry``, ``lost``, ``duplicate``, ``cancel`` entry, and a ``done`` entry that did not fail;
 * its job's journal record lies in a **punched range** of a live segment (a durable hole map:
-  the job was terminal when the range was mapped): a ``done`` entry that ``succeeded`` and is not
-  a duplicate delivery's or a settled duplicate's (the range counts it: the index keeps the
-  range, any offset in it answers "succeeded"), and its ``retry`` and ``lost`` entries
-  (:meth:`LedgerIndex.collapse` drops what they leave of a job in a range).
+  the job was terminal when the range was mapped): its ``retry`` and ``lost`` entries
+  (:meth:`LedgerIndex.collapse` drops what they leave of a job in a range), and, only if asked
+  (``done_in_ranges``, see :func:`punchable`), a ``done`` entry that ``succeeded`` and is not a
+  duplicate delivery's or a settled duplicate's (the range counts it: the index keeps the range,
+  any offset in it answers "succeeded"; every reader's index applies the ranges,
+  ``load_index``).
 
 Never: a ``failed`` outcome (listed or not: ``failed list``, requeue, and a later mark that a
 success outranked it), a ``requeued`` mark, a kind this module does not know (a newer entry
@@ -42,11 +44,21 @@ _GONE_KINDS = frozenset({"retry", "lost", "duplicate", "cancel", "key"})
 _PUNCHED_KINDS = frozenset({"retry", "lost", "key"})
 
 
-def punchable(entry: Entry, gone: Callable[[Seg], bool], punched: Callable[[Loc], bool]) -> bool:
+def punchable(
+    entry: Entry,
+    gone: Callable[[Seg], bool],
+    punched: Callable[[Loc], bool],
+    *,
+    done_in_ranges: bool = False,
+) -> bool:
     """Whether a replay without ``entry`` builds the same index (see the module docstring).
 
     ``gone(seg)``: whether journal segment ``seg`` was compacted. ``punched(loc)``: whether the
     journal record at ``loc`` lies in a range of its segment's durable hole map.
+    ``done_in_ranges``: whether the ``done`` entry of a job in a punched range may go too. Off
+    by default: it is the only place left that names such a job's id, and ``cancel()`` and a
+    rebuilt lookup index (hence ``fetch_job`` and ``depends_on``) answer "finished" for a
+    punched job from it (docs/journal.md); without it they answer as for a compacted job.
     """
     kind = entry.kind
     if kind == "done":
@@ -54,7 +66,13 @@ def punchable(entry: Entry, gone: Callable[[Seg], bool], punched: Callable[[Loc]
             return False
         if gone((entry.loc[0], entry.loc[1])):
             return True
-        return entry.outcome == "succeeded" and not entry.dup and entry.dup_of is None and punched(entry.loc)
+        return (
+            done_in_ranges
+            and entry.outcome == "succeeded"
+            and not entry.dup
+            and entry.dup_of is None
+            and punched(entry.loc)
+        )
     if kind in _GONE_KINDS and gone((entry.loc[0], entry.loc[1])):
         return True
     return kind in _PUNCHED_KINDS and punched(entry.loc)
