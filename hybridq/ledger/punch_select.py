@@ -19,12 +19,13 @@ same index (docs/reliability.md, "The ledger punched"):
   any offset in it answers "succeeded"; every reader's index applies the ranges,
   ``load_index``).
 
-Never: a ``failed`` outcome (listed or not: ``failed list``, requeue, and a later mark that a
-success outranked it), a ``requeued`` mark, a kind this module does not know (a newer entry
-kind is kept), a ``done`` entry of another outcome or a duplicate delivery's in a live segment
-(the index lists those offsets, and counts ``dups``), ``cancel`` and ``duplicate`` entries of a
-live segment. A ``key`` entry of either case goes once it is in the key store, stamped with its
-outcome and window as compaction moves it (the caller's to do first).
+Never: a ``failed`` outcome (listed or not: ``failed list``, requeue), a ``requeued`` mark, a
+success that outranked a failure (its ``over`` mark keeps the failure off the list), a kind this
+module does not know (a newer entry kind is kept), a ``done`` entry of another outcome or a
+duplicate delivery's in a live segment (the index lists those offsets, and counts ``dups``),
+``cancel`` and ``duplicate`` entries of a live segment. A ``key`` entry of either case goes
+once it is in the key store, stamped with its outcome and window as compaction moves it (the
+caller's to do first).
 
 This module must not import redis or rq.
 """
@@ -62,7 +63,9 @@ def punchable(
     """
     kind = entry.kind
     if kind == "done":
-        if entry.outcome == "failed":
+        # A success that outranked a failure (``over``, branch x1's mark: docs/reliability.md)
+        # is kept as a requeue mark is; read by name until that field is on every tree.
+        if entry.outcome == "failed" or getattr(entry, "over", None) is not None:
             return False
         if gone((entry.loc[0], entry.loc[1])):
             return True
