@@ -45,10 +45,15 @@ from hybridq.ledger import store
 from hybridq.transport import MemoryTransport
 from tests.crash.test_ledger_punch_crash import view
 store.LEDGER_SEGMENT_BYTES = 32 << 10
-journal, point = sys.argv[1], sys.argv[2]
+journal, point, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 queue = Queue(journal=journal)
+pin = queue.prepare("tests.tasks.add", ("a", "b"), delay=20.0, idempotency_key="pin").to_bytes()
+if mode == "gone":  # the pinning job in a chain of its own: the others' segments are compacted
+    with JournalWriter(journal, max_segment_bytes=256 << 10) as writer:
+        writer.append_many([pin])
 with JournalWriter(journal, max_segment_bytes=256 << 10) as writer:
-    writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=20.0).to_bytes()])
+    if mode == "done":
+        writer.append_many([pin])
     for start in range(1, {JOBS}, 10):
         writer.append_many(
             queue.prepare(
@@ -63,7 +68,8 @@ forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0,
 forwarder.open()
 compactor = forwarder.completions.compactor
 held = compactor.ledger_puncher.step
-compactor.ledger_puncher.done_in_ranges = True  # the most it may punch (its successes too)
+# "done": the most it may punch (the successes of punched jobs too); "gone": as shipped.
+compactor.ledger_puncher.done_in_ranges = mode == "done"
 compactor.ledger_puncher.step = lambda *a: 0
 def task(env, attempt):
     if env.func == "tests.tasks.fail":
@@ -106,11 +112,11 @@ def view(journal: str, index: LedgerIndex | None = None) -> dict[str, object]:
             state.close(by_path=False)
 
 
-def _run(journal: Path, point: str) -> int:
+def _run(journal: Path, point: str, mode: str) -> int:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     env.pop("HYBRIDQ_CRASH_POINT", None)
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(journal), point],
+        [sys.executable, "-c", CHILD, str(journal), point, mode],
         env=env,
         capture_output=True,
         timeout=300,
@@ -120,10 +126,13 @@ def _run(journal: Path, point: str) -> int:
     return done.returncode
 
 
+@pytest.mark.parametrize("mode", ["done", "gone"])
 @pytest.mark.parametrize("point", [*LEDGER_PUNCH_NAMES, *(p for p in PUNCH_NAMES if p != "punch_writable")])
-def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(tmp_path: Path, point: str) -> None:
+def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(
+    tmp_path: Path, point: str, mode: str
+) -> None:
     journal = tmp_path / "journal"
-    assert _run(journal, f"{point}:1") == -signal.SIGKILL
+    assert _run(journal, f"{point}:1", mode) == -signal.SIGKILL
     before = json.loads((tmp_path / "before.json").read_text())
     assert [
         n for n in os.listdir(ledger_dir(str(journal))) if HOLES_SUFFIX in n
@@ -142,9 +151,10 @@ def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(tmp_path: Path, 
     assert len(load_index(str(journal), load_compacted(str(journal))).failed) == len(FAILS)
 
 
-def test_without_a_crash_the_ledger_is_punched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["done", "gone"])
+def test_without_a_crash_the_ledger_is_punched(tmp_path: Path, mode: str) -> None:
     journal = tmp_path / "journal"
-    assert _run(journal, "compact_after_unlink:100000") == 0
+    assert _run(journal, "compact_after_unlink:100000", mode) == 0
     before = json.loads((tmp_path / "before.json").read_text())
     holes = [n for n in os.listdir(ledger_dir(str(journal))) if HOLES_SUFFIX in n]
     assert holes
