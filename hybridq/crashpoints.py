@@ -36,7 +36,7 @@ COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
 PUNCH_NAMES = ("punch_writable", "punch_after_map", "punch_after_punch")
 #: The ledger punch's point (hybridq.forwarder.ledger_punch): a run's ``key`` entries in the key
 #: store, the ledger segment's hole map not yet written; then :data:`PUNCH_NAMES` on the ledger.
-LEDGER_PUNCH_NAMES = ("ledger_punch_after_keys",)
+LEDGER_PUNCH_NAMES = ("ledger_punch_after_keys", "ledger_punch_after_index")
 #: The points the forwarder passes while harvesting completions.
 FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 #: The outbox relay's point: its batch is in the journal, its rows not yet deleted.

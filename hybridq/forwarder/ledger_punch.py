@@ -10,9 +10,11 @@ segment is compacted or whose record is punched -- out of sealed ledger segments
 (docs/reliability.md, "The ledger punched"; docs/journal.md).
 
 The ``key`` entries of a run go to the key store first, stamped as compaction moves them
-(``Compactor._stamped_keys``), with one fsync, before the map is written: a crash between the
-two leaves the entry in both, which the replay folds into one (the stamped entry replaces the
-job's own, as after a compaction's crash before its delete).
+(``Compactor._stamped_keys``), with one fsync, and the saved index is written (the key table committed)
+before the map is: a start from a saved index replays only the ledger after its mark, without
+the key store, so no key entry after the mark may go first (docs/reliability.md, rule 8). A
+crash before the map leaves the entry in both, which a replay folds into one (the stamped entry
+replaces the job's own, as after a compaction's crash before its delete).
 
 Bounded: at most one ledger segment is read a pass, and a segment only after the journal moved
 on since it was last read (a journal segment compacted; or, with ``done_in_ranges``, more
@@ -163,6 +165,14 @@ class LedgerPuncher:
         if stamped:
             self.state.store_keys(stamped)  # durable before the entries that had them go
         crashpoints.reached("ledger_punch_after_keys")
+        # A start from a saved index does not read the key store: it replays the ledger after
+        # the index's mark, which must then still hold every key entry after it. So the index
+        # (and the key table, with the windows just stamped) is saved first; not saved (a
+        # poisoned key table, an I/O error): nothing is punched, the segment is read again.
+        if not self.state.save_index_now():
+            self._seen.pop(seg, None)
+            return 0
+        crashpoints.reached("ledger_punch_after_index")
         freed, _ = punch_holes(path, seg[0], seg[1], runs)
         if freed:
             log.info("punched %d bytes of the ledger out of segment %d of chain %s", freed, seg[1], seg[0])
