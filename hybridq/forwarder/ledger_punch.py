@@ -16,9 +16,9 @@ the key store, so no key entry after the mark may go first (docs/reliability.md,
 crash before the map leaves the entry in both, which a replay folds into one (the stamped entry
 replaces the job's own, as after a compaction's crash before its delete).
 
-Bounded: at most one ledger segment is read a pass, and a segment only after the journal moved
-on since it was last read (a journal segment compacted; or, with ``done_in_ranges``, more
-journal records punched): about 12 us of CPU an entry (``bench/ledger_punch_cpu.py``).
+Bounded: at most one ledger segment is read a pass, and a segment only after a journal segment
+its kept entries name has gone since it was last read (or, with ``done_in_ranges``, more journal
+records were punched): about 12 us of CPU an entry (``bench/ledger_punch_cpu.py``).
 
 This module must not import redis or rq.
 """
@@ -76,23 +76,32 @@ class LedgerPuncher:
         #: Whether successes of jobs in the journal's punched ranges go too (off: see
         #: :func:`hybridq.ledger.punch_select.punchable`).
         self.done_in_ranges = done_in_ranges
-        #: Per ledger segment read: the journal's progress then (:meth:`_progress`).
-        self._seen: dict[Seg, tuple[object, ...]] = {}
+        #: Per ledger segment read: the journal segments its kept entries name that had not gone
+        #: then (its reach), and the journal's punch progress then (:meth:`_stale`).
+        self._read: dict[Seg, tuple[frozenset[Seg], int]] = {}
         #: Bytes punched out of the ledger by this process (for the log and the tests).
         self.punched = 0
         #: Entries looked at (for the CPU figure per entry in docs/benchmarks.md).
         self.looked = 0
 
-    def _progress(self, journal_punched: int) -> tuple[object, ...]:
-        """What changes when more ledger entries may have become punchable.
+    def _stale(self, seg: Seg, progress: int, gone: Callable[[Seg], bool]) -> bool:
+        """Whether a read of ``seg`` may punch more than its last read did.
 
-        A journal segment compacted; records punched only if their successes may go too: else
-        what they free (``retry``, ``lost`` and ``key`` entries, between successes kept) seldom
-        makes a run, and a 4 MiB segment costs about 0.3 s of CPU to read (12 us an entry,
-        docs/benchmarks.md), again at each pass of a steady load.
+        Only once a journal segment its kept entries name has gone since (their reach, as
+        ``_compact_ledger``'s ``all_gone``), or, with ``done_in_ranges``, once more journal
+        records were punched. Not on any compaction: under a steady load one goes about every
+        pass, and a 4 MiB segment costs about 0.3 s of CPU to read (12 us an entry,
+        docs/benchmarks.md), on the forwarder's loop. By default a journal punch alone does not
+        make a segment stale: what it frees (``retry``, ``lost`` and ``key`` entries between
+        successes kept) seldom makes a run; they go at the next read for another reason.
         """
-        through = tuple(sorted(self.state.compacted.through.items()))
-        return (through, journal_punched if self.done_in_ranges else 0)
+        read = self._read.get(seg)
+        if read is None:
+            return True
+        reach, at = read
+        if self.done_in_ranges and reach and at != progress:
+            return True
+        return any(gone(j) for j in reach)
 
     def step(self, journal_punched: int = 0) -> int:
         """Punch the runs of at most one sealed ledger segment; returns the bytes punched.
@@ -104,25 +113,25 @@ class LedgerPuncher:
             return 0
         chains = list_chains(path)
         own = self.state.own_chain
-        progress = self._progress(journal_punched)
+        progress = journal_punched if self.done_in_ranges else 0
         present = {(w, i) for w, indices in chains.items() for i in indices}
-        self._seen = {seg: p for seg, p in self._seen.items() if seg in present}
+        self._read = {seg: r for seg, r in self._read.items() if seg in present}
+        gone = self.gone()
         for writer_id, indices in chains.items():
             for index in indices:
                 if writer_id == own and index == indices[-1]:
                     break  # our own open segment
                 seg = (writer_id, index)
-                if self._seen.get(seg) == progress:
+                if not self._stale(seg, progress, gone):
                     continue
                 if sealed_data_count(path, writer_id, index) is None:
                     break  # not sealed (another process's open segment)
-                self._seen[seg] = progress
-                return self._punch(path, seg)
+                return self._punch(path, seg, gone, progress)
         return 0
 
-    def _punch(self, path: str, seg: Seg) -> int:
+    def _punch(self, path: str, seg: Seg, gone: Callable[[Seg], bool], progress: int) -> int:
         maps = HoleMaps(self.journal)
-        gone = self.gone()
+        reach: set[Seg] = set()
 
         def punched(loc: Loc) -> bool:
             return maps.hole_at(loc[0], loc[1], loc[2]) is not None
@@ -149,6 +158,8 @@ class LedgerPuncher:
             except (ValueError, KeyError, TypeError):
                 entry = None  # passed its checksum, so a bug: kept, as every reader skips it
             ok = entry is not None and punchable(entry, gone, punched, done_in_ranges=self.done_in_ranges)
+            if not ok and entry is not None and not gone(entry.loc[:2]):
+                reach.add((entry.loc[0], entry.loc[1]))
             if not ok or (run and run[1] != rec.offset):
                 close()  # an entry kept, or a punched range, between
             if ok and entry is not None:
@@ -159,6 +170,7 @@ class LedgerPuncher:
                 if entry.kind == "key":
                     run_keys.append(entry)
         close()
+        self._read[seg] = (frozenset(reach), progress)
         if not runs:
             return 0
         stamped = self.stamp(keys)
@@ -170,7 +182,7 @@ class LedgerPuncher:
         # (and the key table, with the windows just stamped) is saved first; not saved (a
         # poisoned key table, an I/O error): nothing is punched, the segment is read again.
         if not self.state.save_index_now():
-            self._seen.pop(seg, None)
+            self._read.pop(seg, None)
             return 0
         crashpoints.reached("ledger_punch_after_index")
         freed, _ = punch_holes(path, seg[0], seg[1], runs)

@@ -183,3 +183,34 @@ def test_what_is_kept() -> None:
     for kind in ("retry", "lost", "key", "cancel", "duplicate"):
         assert not punchable(Entry(kind, "j", live), gone, punched)
     assert not punchable(Entry("done", "j", live, outcome="succeeded"), gone, punched)
+
+
+def test_a_ledger_segment_is_read_again_only_once_a_journal_segment_it_names_has_gone(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another chain compacted every pass does not make the puncher read a pinned segment again.
+
+    Under a steady load a journal segment is compacted about every pass: reading the first
+    pinned ledger segment again each time stalled the forward step for nothing (review M1).
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
+    a = _chain(journal_dir, 3, b"a")
+    wa = a[0].writer_id
+    state = _open(journal_dir, {wa: 3})
+    done = [Entry("done", f"a{r.seq}", _loc(r), outcome="succeeded", at=1.0) for r in a[1:]]
+    for i in range(0, len(done), 10):  # a[0] waits: every journal segment of A stays
+        state.append(done[i : i + 10])
+    assert len(list_chains(ledger_dir(str(journal_dir)))[state.own_chain]) > 2
+    puncher = Compactor(state).ledger_puncher
+    for _ in range(10):
+        puncher.step(1)
+    read = puncher.looked
+    assert read > 0
+    for n in range(3):  # another chain's journal segment compacted before each pass
+        state.compacted.through["another-chain"] = n + 1
+        assert puncher.step(1) == 0
+    assert puncher.looked == read
+    state.compacted.through[wa] = 1  # A's segment 0, which the first ledger segments name, goes
+    puncher.step(1)
+    assert puncher.looked > read
+    state.close()
