@@ -18,21 +18,10 @@ import time
 
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal import JournalReader, JournalWriter
-from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir
-
-
-def _open(journal: str, through: dict[str, int]) -> ForwarderState:
-    state = ForwarderState(journal, ForwarderConfig())
-    state.load()
-    for writer, segment in through.items():
-        state.checkpoint.positions[writer] = ChainPosition(segment, 64, 1)
-    while not state.pending_ready:
-        state.count_pending(10.0)
-    return state
+from tests.unit.test_ledger_punch import _open
 
 
 def _allocated(path: str) -> int:

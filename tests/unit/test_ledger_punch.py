@@ -24,8 +24,11 @@ from hybridq.journal.records import ChainPosition
 from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+from hybridq.ledger.index import _inside as index_inside
 from hybridq.ledger.punch_select import punchable
 from hybridq.ledger.store import ledger_dir, read_keys, read_ledger
+
+from tests.unit.test_punch_index import close_with_index
 
 PER = 60
 
@@ -38,7 +41,8 @@ def _chain(path: Path, segments: int, tag: bytes) -> list[Record]:
     return [r for r in JournalReader(path).records() if r.writer_id == wid]
 
 
-def _open(journal: Path, through: dict[str, int]) -> ForwarderState:
+def _open(journal: Path | str, through: dict[str, int]) -> ForwarderState:
+    """A forwarder's state of ``journal``, its reader past the segments ``through`` names."""
     state = ForwarderState(str(journal), ForwarderConfig())
     state.load()
     for writer, segment in through.items():
@@ -134,14 +138,7 @@ def test_a_start_after_the_ledger_punch_builds_the_same_index(
     assert left <= len(ledger) * (0.3 if done_in_ranges else 0.6), (left, len(ledger))
     assert _view(state.index, records, keys) == before  # the live index does not change
     assert sum(1 for _ in read_keys(str(journal_dir)))  # the keys punched moved to the key store first
-    if saved == "after the punch":
-        state.close()
-    else:
-        state.close(by_path=False)  # a crash: no save
-        if saved == "before the punch":
-            shutil.copy(journal_dir / "before.state", index_file)
-        else:
-            index_file.unlink()
+    close_with_index(state, journal_dir, saved)
     state = _open(journal_dir, through)
     assert _view(state.index, records, keys) == before
     state.close()
@@ -214,3 +211,61 @@ def test_a_ledger_segment_is_read_again_only_once_a_journal_segment_it_names_has
     puncher.step(1)
     assert puncher.looked > read
     state.close()
+
+
+def test_entries_in_punched_journal_ranges_wait_for_a_read_a_compaction_makes(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default a journal punch alone reads no ledger segment again (review L3).
+
+    The ``retry`` entries of jobs whose journal record was punched after their ledger segment's
+    last read stay until a journal segment that segment names is compacted (docs/journal.md).
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
+    a = _chain(journal_dir, 3, b"a")
+    b = _chain(journal_dir, 3, b"b")
+    wa, wb = a[0].writer_id, b[0].writer_id
+    state = _open(journal_dir, {wa: 3, wb: 3})
+    entries = [Entry("retry", "a0", _loc(a[0]), attempt=1, run_at=9e9, at=1.0)]  # a[0] waits
+    for ra, rb in zip(a[1:], b[1:], strict=False):  # interleaved: B's entries in every segment
+        for r in (ra, rb):
+            entries.append(Entry("retry", f"{r.writer_id}{r.seq}", _loc(r), attempt=1, run_at=2.0, at=1.0))
+            entries.append(Entry("done", f"{r.writer_id}{r.seq}", _loc(r), outcome="succeeded", at=1.0))
+    entries.append(Entry("done", f"{wb}0", _loc(b[0]), outcome="succeeded", at=1.0))
+    for i in range(0, len(entries), 10):
+        state.append(entries[i : i + 10])
+    compactor = Compactor(state)
+    puncher = compactor.ledger_puncher
+    puncher.min_bytes = 1
+
+    def retries_of_segment_0() -> int:
+        return sum(1 for _, e in read_ledger(str(journal_dir)) if e.kind == "retry" and e.loc[:2] == (wa, 0))
+
+    looked = -1
+    while puncher.looked != looked:  # every sealed segment read: nothing gone, nothing punched yet
+        looked = puncher.looked
+        puncher.step(0)
+    assert puncher.punched == 0
+    read, waiting = puncher.looked, retries_of_segment_0()
+    journal = Puncher(state, min_bytes=1000)
+    while journal.step():
+        pass
+    assert journal.punched
+    assert read_holes(str(journal_dir), wa, 0)
+    for _ in range(3):
+        assert puncher.step(journal.punched) == 0
+    assert (puncher.looked, retries_of_segment_0()) == (read, waiting)
+    compactor.hurry()
+    compactor.compact()  # B's segments go: the ledger segments naming them are read again
+    assert list(list_chains(str(journal_dir))) == [wa]
+    for _ in range(10):
+        puncher.step(journal.punched)
+    assert retries_of_segment_0() < waiting
+    state.close()
+
+
+def test_inside_is_the_linear_test() -> None:
+    spans = [(64, 300, 2), (400, 420, 1), (900, 1000, 3)]
+    for offset in range(0, 1100, 7):
+        assert index_inside(offset, spans) == any(s <= offset < e for s, e, _ in spans)
+    assert not index_inside(5, [])
