@@ -13,10 +13,10 @@ from hybridq.http.dashboard import routes
 from hybridq.http.dashboard.failed import PER_PAGE
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.pages import Pages
-from hybridq.ledger.compacted import Compacted, save_compacted
-from hybridq.ledger.entries import Entry
 from hybridq.journal import JournalReader
 from hybridq.journal.holes import Hole, punch_holes
+from hybridq.ledger.compacted import Compacted, save_compacted
+from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.protocol import EntryKind
 from starlette.applications import Starlette
