@@ -85,6 +85,11 @@ def main() -> None:
         "--keyed", action="store_true", help="each delayed job with an explicit idempotency_key"
     )
     parser.add_argument(
+        "--punch-done",
+        action="store_true",
+        help="the ledger puncher also punches the successes of jobs in punched journal ranges",
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="first, one keyed job delayed an hour (it pins the main chain)"
     )
     args = parser.parse_args()
@@ -102,6 +107,8 @@ def main() -> None:
         forwarder.open()
         completions = forwarder.completions
         assert completions is not None
+        if args.punch_done:
+            completions.compactor.ledger_puncher.done_in_ranges = True
 
         def turn() -> None:
             forwarder.step()
@@ -137,6 +144,12 @@ def main() -> None:
             turn()
         for _ in range(3):  # the last sealed segments' deletion
             turn()
+        # The ledger's punch reads one segment a pass, once the journal moved on (a tree before
+        # it has none: the same turns cost nothing there).
+        lp = getattr(completions.compactor, "ledger_puncher", None)
+        for _ in range(20):
+            turn()
+        ledger_on_disk = allocated(ledger_dir(journal))
         segments, size = segment_usage(journal)
         on_disk = allocated(journal)
         ledger_segments, ledger_size = segment_usage(ledger_dir(journal))
@@ -149,6 +162,8 @@ def main() -> None:
             f"journal: peak_bytes={peak_bytes} after: segments={segments} bytes={size}\n"
             f"journal on disk (st_blocks): peak={peak_alloc} after={on_disk}\n"
             f"ledger: peak_bytes={peak_ledger} after: segments={ledger_segments} bytes={ledger_size}\n"
+            f"ledger on disk (st_blocks): after={ledger_on_disk}"
+            f" punched={getattr(lp, 'punched', 0)} entries_looked={getattr(lp, 'looked', 0)}\n"
             f"ledger index (tracemalloc, hybridq/ledger/ allocations alive): {index} B\n"
             f"pending after: {pending}; delayed jobs run: {delayed_ran} (steady={args.steady} s a call)"
         )

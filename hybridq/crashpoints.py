@@ -16,6 +16,7 @@ __all__ = [
     "COMPACTION_NAMES",
     "FORWARDER_NAMES",
     "INDEX_NAMES",
+    "LEDGER_PUNCH_NAMES",
     "NAMES",
     "PUNCH_NAMES",
     "RELAY_NAMES",
@@ -33,6 +34,9 @@ COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
 #: The points punching passes, in order, for each segment it punches (hybridq.journal.holes): the
 #: sealed segment writable; its hole map written; its ranges punched, not yet fsync'd.
 PUNCH_NAMES = ("punch_writable", "punch_after_map", "punch_after_punch")
+#: The ledger punch's point (hybridq.forwarder.ledger_punch): a run's ``key`` entries in the key
+#: store, the ledger segment's hole map not yet written; then :data:`PUNCH_NAMES` on the ledger.
+LEDGER_PUNCH_NAMES = ("ledger_punch_after_keys", "ledger_punch_after_index")
 #: The points the forwarder passes while harvesting completions.
 FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 #: The outbox relay's point: its batch is in the journal, its rows not yet deleted.
@@ -49,6 +53,7 @@ _ALL = (
     NAMES
     + COMPACTION_NAMES
     + PUNCH_NAMES
+    + LEDGER_PUNCH_NAMES
     + FORWARDER_NAMES
     + RELAY_NAMES
     + SCHEDULE_NAMES

@@ -23,8 +23,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from hybridq.forwarder.ledger_punch import LedgerPuncher
 from hybridq.forwarder.punch import Puncher
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import crashpoints
@@ -69,6 +70,8 @@ class Compactor:
         self._scans: dict[tuple[str, int], tuple[tuple[int, int], dict[str, int]]] = {}
         #: Frees the finished records of segments that cannot go yet (hybridq.forwarder.punch).
         self.puncher = Puncher(state)
+        #: Frees the entries no replay needs of ledger segments that cannot go yet.
+        self.ledger_puncher = LedgerPuncher(state, self._gone_now, self._stamped_keys)
 
     def hurry(self) -> None:
         """Look at the next call, whatever the timer says."""
@@ -92,15 +95,18 @@ class Compactor:
                 self._delete(writer_id, index)
                 deleted += 1
         self.puncher.step()
-        if not deleted and self._ledger_once:
-            return False
-        # The ledger follows the journal; and once after a start, for the chains of earlier
-        # forwarder runs, which recovery has just sealed.
-        self._ledger_once = True
-        if self._compact_ledger():
-            self.state.save_index_soon()  # the saved index no longer fits the ledger (docs/forwarder.md)
-        self._compact_keys()
-        return self._forget_gone_chains()
+        forgot = False
+        if deleted or not self._ledger_once:
+            # The ledger follows the journal; and once after a start, for the chains of earlier
+            # forwarder runs, which recovery has just sealed.
+            self._ledger_once = True
+            if self._compact_ledger():
+                self.state.save_index_soon()  # the saved index no longer fits the ledger (docs/forwarder.md)
+            self._compact_keys()
+            forgot = self._forget_gone_chains()
+        # What of the ledger segments that stay no replay needs (hybridq.forwarder.ledger_punch).
+        self.ledger_puncher.step(self.puncher.punched)
+        return forgot
 
     def _gone(self, seg: Seg, first: Mapping[str, int]) -> bool:
         """Whether journal segment ``seg`` was compacted (its chain may be forgotten too).
@@ -110,6 +116,11 @@ class Compactor:
         for every lower index of a chain when it holds for one (``LedgerSegmentScan.all_gone``).
         """
         return self.state.compacted.is_compacted(seg) or seg[1] < first.get(seg[0], sys.maxsize)
+
+    def _gone_now(self) -> Callable[[Seg], bool]:
+        """:meth:`_gone` with the journal's chains as they are now (listed once)."""
+        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        return lambda seg: self._gone(seg, first)
 
     def _forget_gone_chains(self) -> bool:
         """Drop what is kept per writer once its chain is compacted away entirely.
@@ -142,6 +153,8 @@ class Compactor:
         while it was punched (:func:`~hybridq.journal.holes.tidy_hole_maps`).
         """
         tidy_hole_maps(self.journal)
+        if os.path.isdir(ledger_dir(self.journal)):
+            tidy_hole_maps(ledger_dir(self.journal))  # the ledger's own (hybridq.forwarder.ledger_punch)
         for writer_id, indices in list_chains(self.journal).items():
             for index in indices:
                 if not self.state.compacted.is_compacted((writer_id, index)):

@@ -414,6 +414,14 @@ class ForwarderState:
         """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
         self.keys.store(entries, self.index)
 
+    def save_index_now(self) -> bool:
+        """Save the ledger index and commit the key table now; returns whether it was saved.
+
+        The ledger puncher's step before a hole map: a start from an older saved index expects
+        every ``key`` entry after its mark in the ledger (docs/reliability.md, rule 8).
+        """
+        return self._saver.save(self.index, self.compacted)
+
     def save_index_soon(self) -> None:
         """Save the ledger index at the end of this step: compaction deleted ledger segments."""
         self._saver.soon()

@@ -11,6 +11,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -331,7 +332,15 @@ class LedgerIndex:
         if done is None:
             done = self.terminal[seg] = SegmentOutcomes()
         n, before = len(done), done.tally()
+        spans = sorted(spans)
         done.drop_ranges(spans)
+        # What a replay left of a job in a range whose ``done`` entry was punched out of the
+        # ledger (hybridq.ledger.punch_select): those tables hold jobs not terminal only (few:
+        # one pass each, a bisect per row of this segment).
+        for table in (self.retries, self.lost, self.later, self.cancels):
+            if table:
+                for loc in [loc for loc in table if (loc[0], loc[1]) == seg and _inside(loc[2], spans)]:
+                    del table[loc]
         after = done.tally()
         self.terminal_count += len(done) - n
         for name in {*before, *after}:
@@ -348,6 +357,12 @@ class LedgerIndex:
                     out[outcome] += n
             out["dups"] += self.dups.get(seg, 0)
         return out
+
+
+def _inside(offset: int, spans: list[tuple[int, int, int]]) -> bool:
+    """Whether ``offset`` is in one of ``spans`` (sorted, not overlapping: a hole map's ranges)."""
+    at = bisect.bisect_right(spans, offset, key=lambda span: span[0]) - 1
+    return at >= 0 and offset < spans[at][1]
 
 
 def shared(outcome: str | None) -> str:

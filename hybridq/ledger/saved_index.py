@@ -396,13 +396,17 @@ class IndexSaver:
         """Save at the next chance: ledger segments were deleted (the saved index no longer fits)."""
         self._soon = True
 
-    def save(self, index: LedgerIndex, compacted: Compacted) -> None:
-        """Save ``index`` (a failure only leaves the previous one: a longer replay, logged)."""
+    def save(self, index: LedgerIndex, compacted: Compacted) -> bool:
+        """Save ``index`` (a failure only leaves the previous one: a longer replay, logged).
+
+        Returns whether it was saved (the ledger puncher punches nothing otherwise).
+        """
         if self.broken or index.keys.failed:  # a poisoned key table: the next start replays
-            return
+            return False
         try:
             self.covered = save(self.journal, index, self.covered, compacted.through)
         except (OSError, ValueError, JournalIOError) as exc:  # ValueError: over a state file's size
             log.warning("cannot save the ledger index (the next start replays more of the ledger): %s", exc)
-            return
+            return False
         self.unsaved, self._soon = 0, False
+        return True

@@ -34,6 +34,7 @@ from hybridq.ledger.compacted import (
 from hybridq.ledger.entries import Entry, Seg, parse_event, parse_loc
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import UnreadKeys
+from hybridq.ledger.punched_maps import collapse_punched
 
 __all__ = [
     "COMPACTION_NAME",
@@ -201,6 +202,9 @@ def _decoded(records: Iterable[Record]) -> Iterator[tuple[Record, Entry]]:
 def load_index(journal: str, compacted: Compacted, keys: bool = True) -> LedgerIndex:
     """The index of the whole ledger; of compacted journal segments, only failures still listed.
 
+    The journal's punched ranges stand for their succeeded jobs (:func:`collapse_punched`), as
+    in the forwarder's index: the ledger may have lost those jobs' entries (docs/journal.md).
+
     ``keys=False``: without the owners of idempotency keys (:class:`UnreadKeys`), for a reader
     that never looks at them. The listed failures are kept either way, in a table in memory
     (:mod:`hybridq.ledger.failtable`): about 20 µs and 0.4 KB a failure (docs/reliability.md,
@@ -209,6 +213,9 @@ def load_index(journal: str, compacted: Compacted, keys: bool = True) -> LedgerI
     index = LedgerIndex() if keys else LedgerIndex(keys=UnreadKeys())
     with index.keys.bulk():  # its key owners written in key order, many at a time
         replay(journal, index, compacted)
+    # The journal's punched ranges, read after the ledger: a success punched out of the ledger
+    # (hybridq.forwarder.ledger_punch) had its range mapped first, so the range answers for it.
+    collapse_punched(journal, index, compacted)
     return index
 
 

@@ -13,9 +13,11 @@ from hybridq.http.dashboard import routes
 from hybridq.http.dashboard.failed import PER_PAGE
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.http.dashboard.pages import Pages
+from hybridq.journal import JournalReader
+from hybridq.journal.holes import Hole, punch_holes
 from hybridq.ledger.compacted import Compacted, save_compacted
 from hybridq.ledger.entries import Entry
-from hybridq.ledger.store import open_ledger_writer
+from hybridq.ledger.store import ledger_dir, open_ledger_writer
 from hybridq.protocol import EntryKind
 from starlette.applications import Starlette
 
@@ -151,3 +153,25 @@ def test_recent_outcomes_per_queue(journal_dir: Path) -> None:
     )
     assert view.recent(now=100.0) == {"q": {"succeeded": 1, "failed": 1, "cancelled": 0}}
     assert view.recent(now=200.0) == {}
+
+
+def test_a_trace_of_a_job_whose_entries_were_punched_skips_them_without_a_rebuild(journal_dir: Path) -> None:
+    """A ``retry`` entry punched out of the ledger (issue 29) since the view read it (review L6).
+
+    The view's places still name it; reading it back answers ``RecordPunched``. A read of the
+    whole ledger again would skip it too (every reader skips a mapped range), so it is skipped
+    at once, and the view is not rebuilt for it.
+    """
+    (job,) = _failures(journal_dir, 1)
+    loc = (job.record.writer_id, job.record.segment, job.record.offset)
+    with open_ledger_writer(str(journal_dir)) as writer:
+        writer.append_many([Entry(EntryKind.RETRY, job.id, loc, attempt=1, run_at=2.0, at=1.0).to_bytes()])
+    with open_ledger_writer(str(journal_dir)) as writer:  # seals the segment before
+        writer.append_many([Entry(EntryKind.DONE, job.id, loc, outcome="succeeded", at=3.0).to_bytes()])
+    view = LedgerView(str(journal_dir))
+    assert sorted(e.kind for e in view.entries(job.id)) == ["done", "done", "retry"]
+    retry = next(r for r in JournalReader(ledger_dir(str(journal_dir))).records() if b"retry" in r.payload)
+    hole = Hole(retry.offset, retry.end, retry.seq, retry.seq + 1, 1)
+    punch_holes(ledger_dir(str(journal_dir)), retry.writer_id, retry.segment_index, [hole])
+    assert sorted(e.kind for e in view.entries(job.id)) == ["done", "done"]
+    assert view.rebuilds == 1

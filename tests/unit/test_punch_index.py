@@ -37,6 +37,22 @@ def _open(journal: Path, writer: str, read_through: int = 2) -> ForwarderState:
     return state
 
 
+def close_with_index(state: ForwarderState, journal_dir: Path, saved: str) -> None:
+    """Close ``state`` leaving the saved index ``saved`` says: its own, the one from before, none.
+
+    ``before the punch``: ``before.state`` beside the journal, a copy of the saved index then.
+    """
+    index_file = journal_dir / "ledger-index.state"
+    if saved == "after the punch":
+        state.close()
+        return
+    state.close(by_path=False)  # a crash: no save
+    if saved == "before the punch":
+        shutil.copy(journal_dir / "before.state", index_file)
+    else:
+        index_file.unlink()
+
+
 def _done(r: Record, outcome: str = "succeeded", *, dup: bool = False) -> Entry:
     return Entry(
         "done", f"j{r.seq}", (r.writer_id, r.segment_index, r.offset), outcome=outcome, at=1.0, dup=dup
@@ -79,14 +95,7 @@ def test_a_start_collapses_the_index_as_the_punch_did(journal_dir: Path, saved: 
     assert (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals)) == before
     assert not state.index.is_terminal((writer, 0, seg0[waiting].offset))
     punched = done.punched()
-    if saved == "after the punch":
-        state.close()
-    else:
-        state.close(by_path=False)  # a crash: no save
-        if saved == "before the punch":
-            shutil.copy(journal_dir / "before.state", index_file)
-        else:
-            index_file.unlink()
+    close_with_index(state, journal_dir, saved)
     state = _open(journal_dir, writer)
     assert (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals)) == before
     assert state.index.terminal[(writer, 0)].punched() == punched

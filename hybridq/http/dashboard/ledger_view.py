@@ -18,6 +18,7 @@ temporary directory cannot hold them, it keeps them in memory from then on (one 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -27,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-from hybridq.errors import JournalCorruption, JournalError, JournalIOError
+from hybridq.errors import JournalCorruption, JournalError, JournalIOError, RecordPunched
 from hybridq.journal import JournalReader, Record, RecordType
 from hybridq.journal.reader import list_chains, read_record_at
 from hybridq.journal.records import Loc
@@ -157,10 +158,21 @@ class LedgerView:
             raise AssertionError("unreachable")  # pragma: no cover
 
     def entries(self, job_id: str) -> list[Entry]:
-        """The ledger entries of ``job_id``, in ledger order (read back by their location)."""
-        return self._asking(
-            lambda: [self._read(at) for at in _places_of(self._index.keys, job_id)], vanished=True
-        )
+        """The ledger entries of ``job_id``, in ledger order (read back by their location).
+
+        An entry punched out of the ledger since it was read (issue 29, docs/journal.md) is left
+        out, as a read of the whole ledger again would leave it (every reader skips a mapped
+        range): no rebuild for it.
+        """
+
+        def read() -> list[Entry]:
+            out: list[Entry] = []
+            for at in _places_of(self._index.keys, job_id):
+                with contextlib.suppress(RecordPunched):
+                    out.append(self._read(at))
+            return out
+
+        return self._asking(read, vanished=True)
 
     def was_requeued(self, job_id: str) -> bool:
         """Whether a ``requeued`` entry names ``job_id``."""

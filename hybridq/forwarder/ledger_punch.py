@@ -1,0 +1,192 @@
+"""Punching entries no replay needs out of ledger segments that cannot be deleted yet (issue 29).
+
+A sealed ledger segment goes only once every journal segment its entries name is compacted
+(:mod:`hybridq.forwarder.dead_segments`): one waiting job keeps its ledger segment and every
+later one, about 190 bytes a job for as long as it waits. The ledger is a journal of the same
+format, so the journal's hole maps serve it unchanged (:mod:`hybridq.journal.holes`: the map
+durable first, every reader of the ledger skips a mapped range): this punches runs of the
+entries :func:`hybridq.ledger.punch_select.punchable` allows -- those of jobs whose journal
+segment is compacted or whose record is punched -- out of sealed ledger segments
+(docs/reliability.md, "The ledger punched"; docs/journal.md).
+
+The ``key`` entries of a run go to the key store first, stamped as compaction moves them
+(``Compactor._stamped_keys``), with one fsync, and the saved index is written (the key table committed)
+before the map is: a start from a saved index replays only the ledger after its mark, without
+the key store, so no key entry after the mark may go first (docs/reliability.md, rule 8). A
+crash before the map leaves the entry in both, which a replay folds into one (the stamped entry
+replaces the job's own, as after a compaction's crash before its delete).
+
+Bounded: at most one ledger segment is read a pass, and a segment only after a journal segment
+its kept entries name has gone since it was last read (or, with ``done_in_ranges``, more journal
+records were punched): about 12 us of CPU an entry (``bench/ledger_punch_cpu.py``).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from hybridq import crashpoints
+from hybridq.forwarder.state import ForwarderState
+from hybridq.journal.compact import sealed_data_count
+from hybridq.journal.holes import Hole, HoleMaps, punch_holes, punch_supported
+from hybridq.journal.reader import JournalReader, list_chains
+from hybridq.journal.records import Loc
+from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.punch_select import punchable
+from hybridq.ledger.store import ledger_dir
+
+__all__ = ["LedgerPuncher"]
+
+log = logging.getLogger("hybridq.forwarder")
+
+#: A run of entries is punched when it is at least this long, or half its segment (as the
+#: journal's runs: ``hybridq.forwarder.punch.MIN_PUNCH_BYTES``).
+MIN_LEDGER_PUNCH_BYTES = 16 << 10
+
+
+class LedgerPuncher:
+    """Punches runs of entries out of the sealed ledger segments of one journal (its lock held).
+
+    Args:
+        state: the forwarder's state (its compaction counters, its index, its key store).
+        gone: makes the test whether a journal segment was compacted (the compactor's), once a pass.
+        stamp: the compactor's ``_stamped_keys``: the key store entries of ``key`` entries.
+        done_in_ranges: also the successes of jobs in the journal's punched ranges (off by
+            default: ``cancel()`` and a rebuilt lookup index find a punched job by them).
+    """
+
+    def __init__(
+        self,
+        state: ForwarderState,
+        gone: Callable[[], Callable[[Seg], bool]],
+        stamp: Callable[[list[Entry]], list[Entry]],
+        *,
+        min_bytes: int = MIN_LEDGER_PUNCH_BYTES,
+        done_in_ranges: bool = False,
+    ) -> None:
+        self.state = state
+        self.journal = state.journal
+        self.gone = gone
+        self.stamp = stamp
+        self.min_bytes = min_bytes
+        #: Whether successes of jobs in the journal's punched ranges go too (off: see
+        #: :func:`hybridq.ledger.punch_select.punchable`).
+        self.done_in_ranges = done_in_ranges
+        #: Per ledger segment read: the journal segments its kept entries name that had not gone
+        #: then (its reach), and the journal's punch progress then (:meth:`_stale`).
+        self._read: dict[Seg, tuple[frozenset[Seg], int]] = {}
+        #: Bytes punched out of the ledger by this process (for the log and the tests).
+        self.punched = 0
+        #: Entries looked at (for the CPU figure per entry in docs/benchmarks.md).
+        self.looked = 0
+
+    def _stale(self, seg: Seg, progress: int, gone: Callable[[Seg], bool]) -> bool:
+        """Whether a read of ``seg`` may punch more than its last read did.
+
+        Only once a journal segment its kept entries name has gone since (their reach, as
+        ``_compact_ledger``'s ``all_gone``), or, with ``done_in_ranges``, once more journal
+        records were punched. Not on any compaction: under a steady load one goes about every
+        pass, and a 4 MiB segment costs about 0.3 s of CPU to read (12 us an entry,
+        docs/benchmarks.md), on the forwarder's loop. By default a journal punch alone does not
+        make a segment stale: what it frees (``retry``, ``lost`` and ``key`` entries between
+        successes kept) seldom makes a run; they go at the next read for another reason.
+        """
+        read = self._read.get(seg)
+        if read is None:
+            return True
+        reach, at = read
+        if self.done_in_ranges and reach and at != progress:
+            return True
+        return any(gone(j) for j in reach)
+
+    def step(self, journal_punched: int = 0) -> int:
+        """Punch the runs of at most one sealed ledger segment; returns the bytes punched.
+
+        ``journal_punched``: bytes the journal's puncher freed so far (its progress).
+        """
+        path = ledger_dir(self.journal)
+        if not os.path.isdir(path) or not punch_supported(self.journal):
+            return 0
+        chains = list_chains(path)
+        own = self.state.own_chain
+        progress = journal_punched if self.done_in_ranges else 0
+        present = {(w, i) for w, indices in chains.items() for i in indices}
+        self._read = {seg: r for seg, r in self._read.items() if seg in present}
+        gone = self.gone()
+        for writer_id, indices in chains.items():
+            for index in indices:
+                if writer_id == own and index == indices[-1]:
+                    break  # our own open segment
+                seg = (writer_id, index)
+                if not self._stale(seg, progress, gone):
+                    continue
+                if sealed_data_count(path, writer_id, index) is None:
+                    break  # not sealed (another process's open segment)
+                return self._punch(path, seg, gone, progress)
+        return 0
+
+    def _punch(self, path: str, seg: Seg, gone: Callable[[Seg], bool], progress: int) -> int:
+        maps = HoleMaps(self.journal)
+        reach: set[Seg] = set()
+
+        def punched(loc: Loc) -> bool:
+            return maps.hole_at(loc[0], loc[1], loc[2]) is not None
+
+        runs: list[Hole] = []
+        keys: list[Entry] = []
+        run: list[int] = []  # start, end, first seq, next seq, count of the current run
+        run_keys: list[Entry] = []
+        size = 0
+
+        def close() -> None:
+            if run and (run[1] - run[0] >= self.min_bytes or 2 * (run[1] - run[0]) >= size):
+                runs.append(Hole(*run))
+                keys.extend(run_keys)
+            run.clear()
+            run_keys.clear()
+
+        records = list(JournalReader(path).segment_records(*seg))
+        size = records[-1].end if records else 0
+        for rec in records:
+            self.looked += 1
+            try:
+                entry: Entry | None = Entry.from_bytes(rec.payload)
+            except (ValueError, KeyError, TypeError):
+                entry = None  # passed its checksum, so a bug: kept, as every reader skips it
+            ok = entry is not None and punchable(entry, gone, punched, done_in_ranges=self.done_in_ranges)
+            if not ok and entry is not None and not gone(entry.loc[:2]):
+                reach.add((entry.loc[0], entry.loc[1]))
+            if not ok or (run and run[1] != rec.offset):
+                close()  # an entry kept, or a punched range, between
+            if ok and entry is not None:
+                if run:
+                    run[1], run[3], run[4] = rec.end, rec.seq + 1, run[4] + 1
+                else:
+                    run.extend((rec.offset, rec.end, rec.seq, rec.seq + 1, 1))
+                if entry.kind == "key":
+                    run_keys.append(entry)
+        close()
+        self._read[seg] = (frozenset(reach), progress)
+        if not runs:
+            return 0
+        stamped = self.stamp(keys)
+        if stamped:
+            self.state.store_keys(stamped)  # durable before the entries that had them go
+        crashpoints.reached("ledger_punch_after_keys")
+        # A start from a saved index does not read the key store: it replays the ledger after
+        # the index's mark, which must then still hold every key entry after it. So the index
+        # (and the key table, with the windows just stamped) is saved first; not saved (a
+        # poisoned key table, an I/O error): nothing is punched, the segment is read again.
+        if not self.state.save_index_now():
+            self._read.pop(seg, None)
+            return 0
+        crashpoints.reached("ledger_punch_after_index")
+        freed, _ = punch_holes(path, seg[0], seg[1], runs)
+        if freed:
+            log.info("punched %d bytes of the ledger out of segment %d of chain %s", freed, seg[1], seg[0])
+        self.punched += freed
+        return freed

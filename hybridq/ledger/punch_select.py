@@ -1,0 +1,81 @@
+"""Which entries of a sealed ledger segment no replay needs any more (issue 29, the ledger punched).
+
+A ledger segment is deleted only once every journal segment its entries name is compacted
+(``hybridq.forwarder.dead_segments``), so one waiting job keeps its ledger segment and every
+later one (about 190 bytes a job). The forwarder punches runs of entries out of such segments
+instead (``hybridq.forwarder.ledger_punch``, the same hole maps as the journal's:
+``hybridq.journal.holes``). An entry may go when a replay of the ledger without it (and the
+start's collapse of the journal's punched ranges, ``hybridq.ledger.punched_maps``) builds the
+same index (docs/reliability.md, "The ledger punched"):
+
+* its job's journal segment was **compacted**: the replay counts nothing of it (``Compacted``
+  holds its counts) and keeps only failures, requeue marks and ``key`` entries -- so any
+  ``retry``, ``lost``, ``duplicate``, ``cancel`` entry, and a ``done`` entry that did not fail;
+* its job's journal record lies in a **punched range** of a live segment (a durable hole map:
+  the job was terminal when the range was mapped): its ``retry`` and ``lost`` entries
+  (:meth:`LedgerIndex.collapse` drops what they leave of a job in a range), and, only if asked
+  (``done_in_ranges``, see :func:`punchable`), a ``done`` entry that ``succeeded`` and is not a
+  duplicate delivery's or a settled duplicate's (the range counts it: the index keeps the range,
+  any offset in it answers "succeeded"; every reader's index applies the ranges,
+  ``load_index``).
+
+Never: a ``failed`` outcome (listed or not: ``failed list``, requeue), a ``requeued`` mark, a
+success that outranked a failure (its ``over`` mark keeps the failure off the list), a kind this
+module does not know (a newer entry kind is kept), a ``done`` entry of another outcome or a
+duplicate delivery's in a live segment (the index lists those offsets, and counts ``dups``),
+``cancel`` and ``duplicate`` entries of a live segment. A ``key`` entry of either case goes
+once it is in the key store, stamped with its outcome and window as compaction moves it (the
+caller's to do first).
+
+This module must not import redis or rq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hybridq.journal.records import Loc
+from hybridq.ledger.entries import Entry, Seg
+
+__all__ = ["punchable"]
+
+#: Kinds that, once their job's journal segment is compacted, no replay applies.
+_GONE_KINDS = frozenset({"retry", "lost", "duplicate", "cancel", "key"})
+#: Kinds that, once their job's record is in a punched range, leave nothing the collapse keeps.
+_PUNCHED_KINDS = frozenset({"retry", "lost", "key"})
+
+
+def punchable(
+    entry: Entry,
+    gone: Callable[[Seg], bool],
+    punched: Callable[[Loc], bool],
+    *,
+    done_in_ranges: bool = False,
+) -> bool:
+    """Whether a replay without ``entry`` builds the same index (see the module docstring).
+
+    ``gone(seg)``: whether journal segment ``seg`` was compacted. ``punched(loc)``: whether the
+    journal record at ``loc`` lies in a range of its segment's durable hole map.
+    ``done_in_ranges``: whether the ``done`` entry of a job in a punched range may go too. Off
+    by default: it is the only place left that names such a job's id, and ``cancel()`` and a
+    rebuilt lookup index (hence ``fetch_job`` and ``depends_on``) answer "finished" for a
+    punched job from it (docs/journal.md); without it they answer as for a compacted job.
+    """
+    kind = entry.kind
+    if kind == "done":
+        # A success that outranked a failure (``over``, branch x1's mark: docs/reliability.md)
+        # is kept as a requeue mark is; read by name until that field is on every tree.
+        if entry.outcome == "failed" or getattr(entry, "over", None) is not None:
+            return False
+        if gone((entry.loc[0], entry.loc[1])):
+            return True
+        return (
+            done_in_ranges
+            and entry.outcome == "succeeded"
+            and not entry.dup
+            and entry.dup_of is None
+            and punched(entry.loc)
+        )
+    if kind in _GONE_KINDS and gone((entry.loc[0], entry.loc[1])):
+        return True
+    return kind in _PUNCHED_KINDS and punched(entry.loc)
