@@ -63,9 +63,9 @@ def punchable(
     """
     kind = entry.kind
     if kind == "done":
-        # A success that outranked a failure (``over``, branch x1's mark: docs/reliability.md)
-        # is kept as a requeue mark is; read by name until that field is on every tree.
-        if entry.outcome == "failed" or getattr(entry, "over", None) is not None:
+        # A success that outranked a failure (``over``: docs/reliability.md, "A success outranks
+        # a failure") is kept as a requeue mark is.
+        if entry.outcome == "failed" or entry.over is not None:
             return False
         if gone((entry.loc[0], entry.loc[1])):
             return True

@@ -172,10 +172,10 @@ def test_what_is_kept() -> None:
     assert not punchable(Entry("done", "j", old, outcome="failed"), gone, punched)
     assert not punchable(Entry("requeued", "j", old), gone, punched)
 
-    class Over(Entry):  # branch x1's success over a failure (``over``): a mark, kept
-        over = "failed"
-
-    assert not punchable(Over("done", "j", old, outcome="succeeded"), gone, punched)
+    # A success over a failure (``over``): a mark that keeps the failure off the list, kept.
+    assert not punchable(Entry("done", "j", old, outcome="succeeded", over="failed"), gone, punched)
+    # A failure after the job's success (``under``): kept as every failure is (never listed).
+    assert not punchable(Entry("done", "j", old, outcome="failed", under="succeeded"), gone, punched)
     live = ("w", 3, 128)  # live, not punched
     for kind in ("retry", "lost", "key", "cancel", "duplicate"):
         assert not punchable(Entry(kind, "j", live), gone, punched)
