@@ -145,7 +145,7 @@ class LedgerIndex:
                     self.totals[old] -= 1
                     self.totals[new] += 1
                     self.failed.delist(loc)
-                    if new == "failed" and entry.dup_of is None:
+                    if new == "failed" and entry.dup_of is None and entry.under is None:
                         self.failed.put(loc, entry, raw)  # unless requeued (a mark stays in the table)
                     return True
                 return entry.dup
@@ -159,8 +159,10 @@ class LedgerIndex:
                 self.keys.duplicates.ended(loc)
             self.cancels.pop(loc, None)
             # A settled duplicate is not listed: its owner is (requeue that one).
-            # A requeue mark read before it keeps it off the list (:meth:`FailureTable.put`).
-            if entry.outcome == "failed" and entry.dup_of is None:
+            # A requeue mark read before it keeps it off the list (:meth:`FailureTable.put`);
+            # one ``under`` a success is never listed, even read before that success (a replay's
+            # chain order), as apply_compacted does (docs/reliability.md).
+            if entry.outcome == "failed" and entry.dup_of is None and entry.under is None:
                 self.failed.put(loc, entry, raw)
             return True
         if self.is_terminal(loc):
@@ -187,16 +189,20 @@ class LedgerIndex:
         ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
         between the two (docs/reliability.md, "A success outranks a failure"). No failure live
         and none in ``entries`` (a drain): one pass over them; failures live in other segments
-        only: two; else a lookup for each success of a segment that has one.
+        only (the first entry's segment has none, a batch without a failure): the batch's
+        segments collected in C, no loop; else a loop, each segment searched once when one of
+        its successes is met, and a lookup for each success of a segment that has a failure.
         """
         batch_failures = any(e.outcome == "failed" for e in entries)
-        if not batch_failures and not self.totals["failed"]:
-            return entries
-        segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
-        failing = {seg for seg in segments if self._has_failed(seg)}
-        if not batch_failures and not failing:
-            return entries  # failures live only in other segments: no loop over the batch
-        every = len(failing) == len(segments)
+        if not batch_failures:
+            if not self.totals["failed"]:
+                return entries
+            if entries and not self._has_failed(entries[0].loc[:2]):
+                segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
+                if not any(map(self._has_failed, segments)):
+                    return entries  # failures live only in other segments: no loop over the batch
+        # Each segment searched once, when a success of it is met: its outcomes if one failed.
+        failing: dict[Seg, SegmentOutcomes | None] = {}
         failed: set[Loc] = set()
         succeeded: set[Loc] = set()
         out = list(entries)
@@ -212,7 +218,15 @@ class LedgerIndex:
             elif e.outcome == _SUCCEEDED and e.over is None:
                 if batch_failures:
                     succeeded.add(loc)
-                if loc in failed or ((every or loc[:2] in failing) and self.outcome(loc) == "failed"):
+                    if loc in failed:
+                        out[i] = dataclasses.replace(e, over="failed")
+                        continue
+                seg = loc[:2]
+                if seg in failing:
+                    done = failing[seg]
+                else:
+                    done = failing[seg] = self.terminal.get(seg) if self._has_failed(seg) else None
+                if done is not None and done.get(loc[2]) == "failed":
                     out[i] = dataclasses.replace(e, over="failed")
         return out
 

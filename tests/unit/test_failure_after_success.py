@@ -9,11 +9,14 @@ that had succeeded. The forwarder writes such a failure with ``"under":"succeede
 envelope (docs/reliability.md, "A success outranks a failure"): no replay lists it. Also the
 review's LOW findings: a duplicate success marks as it delists (L1), a requeue and an outranking
 success read alike in any order (L2), one mark per job for repeated late successes (L3), and no
-outcome lookup for successes of a segment with no failure (L5).
+outcome lookup for successes of a segment with no failure (L5). The second review's: the
+dashboard does not count a failure under a success (L1), nor does a live replay list it read
+before its success (L3), and ``SegmentOutcomes.holds`` over random histories (L6).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from pathlib import Path
@@ -22,6 +25,7 @@ import pytest
 from hybridq.envelope.model import Envelope
 from hybridq.errors import JobNotFailed
 from hybridq.forwarder.harvest import Harvester
+from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.journal import Record
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
@@ -221,22 +225,27 @@ def test_a_late_success_reported_twice_appends_one_mark(journal_dir: Path) -> No
     assert listed_ids(journal_dir) == []
 
 
-def test_no_outcome_lookup_for_a_segment_without_a_failure(journal_dir: Path) -> None:
+def test_no_outcome_lookup_for_a_segment_without_a_failure(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """L5: a failure live in segment 1 costs segment 0's successes no lookup."""
     records = journal_of_jobs(journal_dir)
     seg0 = [r for r in records if r.segment_index == 0]
     seg1 = [r for r in records if r.segment_index == 1]
     index = LedgerIndex()
     index.apply(failure(seg1[0]))
-    looked: list[object] = []
-    real = index.outcome
-    index.outcome = lambda loc: looked.append(loc) or real(loc)  # type: ignore[method-assign]
-    batch = [success(r) for r in seg0]
+    index.apply(success(seg0[0]))
+    looked: list[int] = []
+    real = SegmentOutcomes.get
+    monkeypatch.setattr(
+        SegmentOutcomes, "get", lambda self, off, *d: looked.append(off) or real(self, off, *d)
+    )
+    batch = [success(r) for r in seg0[1:]]
     assert index.outranking(batch) == batch
     assert looked == []
     (marked,) = index.outranking([success(seg1[0])])
     assert marked.over == "failed"
-    assert looked == [loc_of(seg1[0])]
+    assert looked == [loc_of(seg1[0])[2]]
 
 
 def test_segment_outcomes_holds_as_a_dict_would() -> None:
@@ -255,3 +264,60 @@ def test_segment_outcomes_holds_as_a_dict_would() -> None:
     assert punched.holds("succeeded")
     assert punched.holds("failed")
     assert not punched.holds("cancelled")
+
+
+def test_a_segment_outcomes_history_holds_what_it_tallies() -> None:
+    """Second review L6: inserts, rank upgrades, deletes, merges and punched ranges, at random."""
+    rng = random.Random(1)
+    names = ["succeeded", "failed", "cancelled", "invalid", "x"]
+    for _ in range(300):
+        done = SegmentOutcomes()
+        for _ in range(rng.randrange(1, 120)):
+            op, off = rng.random(), rng.randrange(400)
+            try:
+                if op < 0.6:
+                    done.insert(off, rng.choice(names))
+                elif op < 0.8 and len(done):
+                    done[off] = rng.choice(names)
+                elif op < 0.9:
+                    del done[off]
+                else:  # a punched range holds finished jobs only
+                    start = rng.randrange(350)
+                    end = start + rng.randrange(1, 50)
+                    for k in range(start, end):
+                        if done.get(k) is None:
+                            done.insert(k, "succeeded")
+                    done.drop_ranges([(start, end, end - start)])
+            except (KeyError, ValueError):
+                pass
+            tally = done.tally()
+            for name in names:
+                assert done.holds(name) == (tally.get(name, 0) > 0)
+            assert done.holds("failed") == any(done.get(k) == "failed" for k in range(450))
+
+
+def test_a_failure_under_a_success_read_first_is_never_listed() -> None:
+    """Second review L3: a live replay reading it before its success lists it no more than compacted."""
+    loc = ("w", 0, 10)
+    under = Entry("done", "j", loc, outcome="failed", at=3.0, queue="q", under="succeeded")
+    index = LedgerIndex()
+    index.apply(under)
+    assert loc not in index.failed
+    index.apply(Entry("done", "j", loc, outcome="succeeded", at=2.0))
+    assert len(index.failed) == 0
+    assert index.outcome(loc) == "succeeded"
+
+
+def test_the_dashboard_does_not_count_a_failure_under_a_success(journal_dir: Path) -> None:
+    """Second review L1: failed / min counts what status counts (docs/dashboard.md)."""
+    x = [r for r in journal_of_jobs(journal_dir) if r.segment_index == 0][5]
+    state = open_state(journal_dir, x.writer_id)
+    now = 1000.0
+    state.append([dataclasses.replace(success(x, at=now), queue="q")])
+    (written,) = state.append([failure(x, at=now + 1)])
+    assert written.under == "succeeded"
+    state.close()
+    recent = LedgerView(str(journal_dir), window_s=300.0).recent(now=now + 2)
+    assert recent["q"]["succeeded"] == 1
+    assert recent["q"]["failed"] == 0
+    assert status.collect_status(str(journal_dir))["failed_listed"] == 0

@@ -296,7 +296,8 @@ class LedgerView:
         self._read_from.setdefault(record.writer_id, record.segment_index)
         if entry.kind == EntryKind.REQUEUED:
             self._requeued.add(entry.job_id)
-        if entry.kind == EntryKind.DONE and not entry.dup and entry.at >= cutoff:
+        # A failure ``under`` a success is not counted, as status does not (docs/dashboard.md).
+        if entry.kind == EntryKind.DONE and not entry.dup and entry.under is None and entry.at >= cutoff:
             self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))
         writer, segment = entry.loc[0], entry.loc[1]
         if writer not in self._first:  # a chain that appeared since the last full read?
