@@ -195,7 +195,8 @@ class Compactor:
         """The ``key`` entries of a ledger segment about to go that the key store must keep.
 
         The current owner's, with its outcome (its journal segment is gone: the job is terminal)
-        and the end of its window: now + ``key_window_s``.
+        and the end of its window: now + ``key_window_s``. The ledger punch moves only keys of
+        jobs whose journal segment is gone too (``ledger/punch_select.py``).
         """
         index = self.state.index
         until = self.state.config.clock() + self.state.config.key_window_s

@@ -42,7 +42,9 @@ __all__ = ["punchable"]
 #: Kinds that, once their job's journal segment is compacted, no replay applies.
 _GONE_KINDS = frozenset({"retry", "lost", "duplicate", "cancel", "key"})
 #: Kinds that, once their job's record is in a punched range, leave nothing the collapse keeps.
-_PUNCHED_KINDS = frozenset({"retry", "lost", "key"})
+#: Not ``key``: moved to the key store it would get its window (docs/enqueue.md), and a finished
+#: job's key is remembered for as long as its journal segment is on disk; it goes once that does.
+_PUNCHED_KINDS = frozenset({"retry", "lost"})
 
 
 def punchable(
