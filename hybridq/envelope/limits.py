@@ -91,7 +91,7 @@ _JSON_NAMES: dict[type, str] = {list: "an array", dict: "an object", str: "a str
 
 def typed(name: str, value: Any, kind: type) -> Any:
     """``value`` if it is a ``kind`` (list, dict or str: a JSON array, object or string), else raise."""
-    if not isinstance(value, kind):
+    if type(value) is not kind and not isinstance(value, kind):
         raise TypeError(f"{name} must be {_JSON_NAMES.get(kind, kind.__name__)}, not {value!r:.60}")
     return value
 
