@@ -9,8 +9,10 @@ from datetime import UTC, datetime
 from random import Random
 
 from hybridq.envelope.limits import MAX_TIMESTAMP
-from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, plain_data
+from hybridq.transport.base import MemoryInfo
+from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, memory_info, plain_data
 from hybridq.transport.rq_push import utc_text
+from redis._parsers.helpers import parse_info
 from rq.utils import utcformat
 
 
@@ -65,3 +67,19 @@ def test_a_job_s_created_at_is_written_as_rq_writes_a_time() -> None:
     ]
     for ts in times:
         assert utc_text(ts) == utcformat(datetime.fromtimestamp(ts, tz=UTC)), ts
+
+
+_INFO_MEMORY = (
+    "# Memory\r\nused_memory:988320\r\nused_memory_human:965.16K\r\nused_memory_rss:7340032\r\n"
+    "used_memory_peak:1048576\r\nmaxmemory:67108864\r\nmaxmemory_human:64.00M\r\n"
+    "maxmemory_policy:allkeys-lru\r\nmem_allocator:jemalloc-5.1.0\r\n"
+)
+
+
+def test_info_memory_reads_as_redis_py_parses_it() -> None:
+    """The transport reads INFO memory's three fields itself: what redis-py's parser gave."""
+    info = parse_info(_INFO_MEMORY)
+    want = MemoryInfo(info["used_memory"], info["maxmemory"], info["maxmemory_policy"])
+    assert memory_info(_INFO_MEMORY.encode()) == want == memory_info(_INFO_MEMORY)
+    assert want == MemoryInfo(988320, 67108864, "allkeys-lru")
+    assert memory_info(b"# Memory\r\n") == MemoryInfo(0, 0, "noeviction")  # a field missing: as before
