@@ -330,7 +330,7 @@ class RQTransport(Transport):
         try:
             # One name, so redis-py sends INFO memory and skips its parser of INFO, which types
             # every line (most of the sample's cost, about ten times a second while pushing).
-            raw = self.connection.execute_command("INFO memory")
+            raw = self.connection.execute_command("INFO memory")  # type: ignore[no-untyped-call]
         except ResponseError as exc:
             if _unknown_or_denied(exc):
                 return None
