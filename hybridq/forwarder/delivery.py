@@ -151,8 +151,8 @@ class Deliverer:
         The key gate reads the limit keys it never read of the jobs that may go now first, in
         one call: a key's first sight does not send its jobs through the run table.
         """
-        if ready and not self._looked:
-            self.backlog.look()
+        if ready and not self._looked:  # with their queues: a new queue's first window sees its length
+            self.backlog.look({env.queue for env, _ in ready})
             self._looked = True
         self.backlog.prefetch_read((env.queue, env.limit_key) for env, _ in ready)
         batch: list[Delivery] = []
