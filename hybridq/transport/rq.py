@@ -340,7 +340,7 @@ class RQTransport(Transport):
         return memory_info(raw)
 
     def queue_lengths(self, queues: Sequence[str]) -> dict[str, int]:
-        """``LLEN`` of each queue, in one pipeline."""
+        """``LLEN`` of each queue: one command for one queue, else one pipeline."""
         if not queues:
             return {}
         try:
