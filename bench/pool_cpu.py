@@ -34,10 +34,10 @@ from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.protocol import Delivery, keys
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
-from hybridq.worker import perform
 from hybridq.worker import runner as runner_mod
 from hybridq.worker.engine import Engine
 from hybridq.worker.gcpace import pace_pool_process
+from pool_inline import run_inline
 
 QUEUE, OWNER, TASK = "pc", "pc-owner", "pool_cpu.noop"
 # The worker runs only allowed functions (hybridq.security.allow): this script's task.
@@ -65,29 +65,8 @@ def fill(url: str, n: int) -> None:
 
 
 def inline(engine: Engine) -> int:
-    """The engine's turns without its threads or clocks: the same calls, each batch's jobs run here.
-
-    Batches of 8: one round trip ends the last batch, starts (claims) this one and takes the
-    next; then this thread runs each job as a runner thread would (``Runner._one``: the guard,
-    the claim's check, the task, its outcome). The claims' freshness check is off (FRESH_S):
-    under callgrind a batch takes longer than 0.05 s, and a claim made again is a call more.
-    Nothing depends on timing, so callgrind counts the same work in each tree.
-    """
-    perform.FRESH_S = 3600.0
-    engine._connect()
-    ready, done = engine.reserved.ready, []
-    while True:
-        starting = [ready.popleft() for _ in range(min(8, len(ready)))]
-        taken = engine.starter.exchange(done, starting, engine._taker(8), [])
-        for item in starting:
-            engine.runner._one(item)
-        done = engine._done(0.0)
-        engine.reserved.held.difference_update(done)
-        engine._reserve(taken)
-        if not (taken or ready or starting):
-            break
-    engine.runner.close()
-    engine.rq_worker.register_death()
+    """The engine's turns without its threads or clocks (bench/pool_inline.py)."""
+    run_inline(engine)
     return 0
 
 

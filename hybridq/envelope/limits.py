@@ -75,12 +75,15 @@ MAX_REQUEUE = 2**31 - 1
 
 def is_int(value: object) -> bool:
     """An integer, and not a bool (``True`` is an ``int`` to Python, not to a reader of JSON)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    # ``type(...) is`` first: what JSON decodes to, asked several times per job by the
+    # forwarder's reads and harvest (docs/benchmarks.md, "The forwarder's whole step").
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def is_number(value: object) -> bool:
     """An int or a float, and not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    kind = type(value)
+    return kind is float or kind is int or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 _JSON_NAMES: dict[type, str] = {list: "an array", dict: "an object", str: "a string"}
@@ -88,7 +91,7 @@ _JSON_NAMES: dict[type, str] = {list: "an array", dict: "an object", str: "a str
 
 def typed(name: str, value: Any, kind: type) -> Any:
     """``value`` if it is a ``kind`` (list, dict or str: a JSON array, object or string), else raise."""
-    if not isinstance(value, kind):
+    if type(value) is not kind and not isinstance(value, kind):
         raise TypeError(f"{name} must be {_JSON_NAMES.get(kind, kind.__name__)}, not {value!r:.60}")
     return value
 
@@ -153,7 +156,7 @@ def text_map(name: str, value: object) -> dict[str, str] | None:
 
 def opt_str(name: str, value: object) -> str | None:
     """A string or ``None``."""
-    if value is not None and not isinstance(value, str):
+    if value is not None and type(value) is not str and not isinstance(value, str):
         raise TypeError(f"{name} must be a string, not {value!r:.60}")
     return value
 
@@ -175,6 +178,8 @@ def _float_or_nan(value: object) -> float:
 
 def finite(name: str, value: object) -> float:
     """A finite number (``inf`` and ``nan`` do not re-encode)."""
+    if type(value) is float and value - value == 0.0:  # finite: inf - inf and nan - x are nan
+        return value
     number = to_float(value)
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number, not {value!r:.60}")
@@ -183,7 +188,11 @@ def finite(name: str, value: object) -> float:
 
 def opt_finite(name: str, value: object) -> float | None:
     """A finite number or ``None``."""
-    return None if value is None else finite(name, value)
+    if value is None:
+        return None
+    if type(value) is float and value - value == 0.0:  # as finite(), without its call
+        return value
+    return finite(name, value)
 
 
 def time_value(name: str, value: object) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
@@ -87,7 +87,7 @@ class Backlog:
         """The waiting jobs, on disk."""
         return self.state.runs
 
-    def look(self, queues: Sequence[str] = ()) -> None:
+    def look(self, queues: Iterable[str] = ()) -> None:
         """Read Redis's memory and the lengths of ``queues`` and every queue with waiting jobs.
 
         Redis down: the last figures stay (the push that follows fails and says so).

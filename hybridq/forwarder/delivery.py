@@ -17,7 +17,7 @@ This module must not import redis or rq (the transport port only).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from hybridq.envelope.model import Envelope
 from hybridq.errors import RedisFull
@@ -71,6 +71,8 @@ class Deliverer:
     stopping: Callable[[], bool]
     #: Whether the last :meth:`forward_new` stopped at its budget with records left to read.
     behind: bool = False
+    #: Whether this step read Redis's queue lengths already (:meth:`_split`).
+    _looked: bool = field(default=False, init=False)
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -97,7 +99,10 @@ class Deliverer:
         done = indexed = 0
         self.behind = False
         ready: list[tuple[Envelope, Loc]] = []
-        self.backlog.look()
+        # Redis's queue lengths and memory are read once a job read may go to Redis (_split),
+        # not at every step: most steps of a drain read no new record, and the completions
+        # side looks right after (docs/benchmarks.md, "The forwarder's whole step").
+        self._looked = False
         self.backlog.begin()
         for record in reader.records():
             loc = (record.writer_id, record.segment_index, record.offset)
@@ -146,6 +151,9 @@ class Deliverer:
         The key gate reads the limit keys it never read of the jobs that may go now first, in
         one call: a key's first sight does not send its jobs through the run table.
         """
+        if ready and not self._looked:  # with their queues: a new queue's first window sees its length
+            self.backlog.look({env.queue for env, _ in ready})
+            self._looked = True
         self.backlog.prefetch_read((env.queue, env.limit_key) for env, _ in ready)
         batch: list[Delivery] = []
         spill: list[Row] = []

@@ -3,8 +3,9 @@
 Redis holds a **window** per queue, not the backlog (docs/forwarder.md, "The window"): the
 forwarder keeps about ``window_cover_s`` seconds of the queue's observed drain queued there,
 between ``window_min`` and ``window_max`` jobs, and leaves the rest in its journal (the run
-table, :mod:`hybridq.forwarder.runs`). Each step it reads the queues' lengths (one pipelined
-``LLEN``), and a queue whose length fell to half its target is topped up to the target.
+table, :mod:`hybridq.forwarder.runs`). Each step it reads the queues' lengths (``LLEN``,
+pipelined when there are several), and a queue whose length fell to half its target is topped
+up to the target.
 
 The drain rate is what left the queue since the last look (the length then, plus what was pushed
 since, minus the length now), smoothed over :data:`RATE_RISE_S` while it rises and

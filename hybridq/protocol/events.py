@@ -250,6 +250,8 @@ def _worker(value: object) -> str | None:
 
 
 def _count(name: str, value: object) -> int:
+    if type(value) is int and 0 <= value <= _MAX_INT:  # the usual case, without is_int's call
+        return value
     if not is_int(value) or not 0 <= value <= _MAX_INT:  # type: ignore[operator]
         raise ValueError(f"{name} must be an integer from 0 to 2**63-1, not {value!r:.60}")
     return value  # type: ignore[return-value]

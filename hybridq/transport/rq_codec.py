@@ -19,6 +19,8 @@ from hybridq.envelope.codec import json_text
 from hybridq.envelope.limits import MAX_SECONDS
 from hybridq.protocol import Delivery
 
+from .base import MemoryInfo
+
 __all__ = [
     "DATA_PLAIN_BYTES",
     "_compress",
@@ -31,6 +33,7 @@ __all__ = [
     "_refused",
     "_text",
     "_whole_seconds",
+    "memory_info",
     "plain_data",
 ]
 
@@ -144,3 +147,21 @@ def _redis_text(text: object) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode()
     return text
+
+
+def memory_info(raw: bytes | str) -> MemoryInfo:
+    """``INFO memory``'s reply as :class:`MemoryInfo` (a field it lacks reads as 0, or ``noeviction``)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name in _MEMORY_FIELDS:
+            fields[name] = value.strip()
+    return MemoryInfo(
+        int(fields.get("used_memory", 0)),
+        int(fields.get("maxmemory", 0)),
+        fields.get("maxmemory_policy", "noeviction"),
+    )
+
+
+_MEMORY_FIELDS = frozenset({"used_memory", "maxmemory", "maxmemory_policy"})

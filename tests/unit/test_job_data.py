@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from random import Random
 
 from hybridq.envelope.limits import MAX_TIMESTAMP
-from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, plain_data
+from hybridq.transport.base import MemoryInfo
+from hybridq.transport.rq_codec import DATA_PLAIN_BYTES, _data, memory_info, plain_data
 from hybridq.transport.rq_push import utc_text
 from rq.utils import utcformat
 
@@ -65,3 +66,18 @@ def test_a_job_s_created_at_is_written_as_rq_writes_a_time() -> None:
     ]
     for ts in times:
         assert utc_text(ts) == utcformat(datetime.fromtimestamp(ts, tz=UTC)), ts
+
+
+_INFO_MEMORY = (
+    "# Memory\r\nused_memory:988320\r\nused_memory_human:965.16K\r\nused_memory_rss:7340032\r\n"
+    "used_memory_peak:1048576\r\nmaxmemory:67108864\r\nmaxmemory_human:64.00M\r\n"
+    "maxmemory_policy:allkeys-lru\r\nmem_allocator:jemalloc-5.1.0\r\n"
+)
+
+
+def test_info_memory_s_three_fields_are_read() -> None:
+    """The transport reads INFO memory's three fields itself (against a live server's
+    ``info("memory")``: tests/integration/test_rq_memory.py)."""
+    want = MemoryInfo(988320, 67108864, "allkeys-lru")
+    assert memory_info(_INFO_MEMORY.encode()) == want == memory_info(_INFO_MEMORY)
+    assert memory_info(b"# Memory\r\n") == MemoryInfo(0, 0, "noeviction")  # a field missing: as before
