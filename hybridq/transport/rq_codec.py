@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridq.envelope.codec import json_text
 from hybridq.envelope.limits import MAX_SECONDS
 from hybridq.protocol import Delivery
 
-from .base import MemoryInfo
+if TYPE_CHECKING:  # the worker loads this module; not the forwarder's port (tests/unit/test_layout.py)
+    from .base import MemoryInfo
 
 __all__ = [
     "DATA_PLAIN_BYTES",
@@ -151,6 +152,8 @@ def _redis_text(text: object) -> str:
 
 def memory_info(raw: bytes | str) -> MemoryInfo:
     """``INFO memory``'s reply as :class:`MemoryInfo` (a field it lacks reads as 0, or ``noeviction``)."""
+    from .base import MemoryInfo  # noqa: PLC0415 (only the forwarder reads memory)
+
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     fields: dict[str, str] = {}
     for line in text.splitlines():
