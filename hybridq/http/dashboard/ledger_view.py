@@ -296,16 +296,25 @@ class LedgerView:
         self._read_from.setdefault(record.writer_id, record.segment_index)
         if entry.kind == EntryKind.REQUEUED:
             self._requeued.add(entry.job_id)
-        # A failure ``under`` a success is not counted, as status does not (docs/dashboard.md).
-        if entry.kind == EntryKind.DONE and not entry.dup and entry.under is None and entry.at >= cutoff:
-            self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))
         writer, segment = entry.loc[0], entry.loc[1]
         if writer not in self._first:  # a chain that appeared since the last full read?
             chains = list_chains(self.journal)
             if writer in chains:
                 self._first[writer] = chains[writer][0]
         assert self._compacted is not None
-        if self._compacted.is_compacted((writer, segment)) or segment < self._first.get(writer, sys.maxsize):
+        gone = self._compacted.is_compacted((writer, segment)) or segment < self._first.get(writer, sys.maxsize)
+        # Counted as status counts (docs/dashboard.md): not a failure ``under`` a success, nor a
+        # success ``over`` a failure of a compacted segment (a mark the harvest appended for a
+        # late success, or compaction's copy of one: status keeps such a job failed).
+        if (
+            entry.kind == EntryKind.DONE
+            and not entry.dup
+            and entry.under is None
+            and not (gone and entry.over is not None)
+            and entry.at >= cutoff
+        ):
+            self._recent.append((entry.at, entry.queue or "?", entry.outcome or "failed"))
+        if gone:
             self._index.apply_compacted(entry)  # as load_index folds it
             return
         self._index.apply(entry)

@@ -1,0 +1,90 @@
+"""`journal repair --accept-loss` over a ledger segment the ledger punch punched.
+
+The ledger punch maps and punches runs of a sealed ledger segment; the repair
+copies a cut segment sparsely and trims its hole map. Damage a record after the punched runs,
+repair the ledger directory, then start: every key whose entry was punched keeps its owner (from
+the key store: the repair forgets the saved index, so the start replays all of it), the cut
+segment keeps its holes, and the backup reads with its map.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hybridq.forwarder.dead_segments import Compactor
+from hybridq.forwarder.punch import Puncher
+from hybridq.journal import JournalReader
+from hybridq.journal.format import segment_name
+from hybridq.journal.holes import read_holes
+from hybridq.journal.reader import list_chains
+from hybridq.ledger import store
+from hybridq.ledger.store import ledger_dir, read_keys
+from hybridq.ops.journal_repair import repair
+
+from tests.unit.test_ledger_punch import _chain, _entries, _open
+
+
+def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
+    a = _chain(journal_dir, 3, b"a")
+    b = _chain(journal_dir, 3, b"b")
+    wa, wb = a[0].writer_id, b[0].writer_id
+    through = {wa: 2, wb: 3}
+    state = _open(journal_dir, through)
+    of_a, of_b = _entries(a, 0, "a"), _entries(b, None, "b")
+    for i in range(0, max(len(of_a), len(of_b)), 10):
+        state.append(of_b[i : i + 10])
+        state.append(of_a[i : i + 10])
+    Compactor(state).compact()
+    while Puncher(state, min_bytes=1000).step():
+        pass
+    state.close()
+    state = _open(journal_dir, through)
+    compactor = Compactor(state)
+    compactor.ledger_puncher.min_bytes = 500
+    freed = sum(compactor.ledger_puncher.step(1) for _ in range(10))
+    assert freed > 0
+    moved = {e.key for _, e in read_keys(str(journal_dir))}
+    owners = {k: (state.index.keys.get(k).loc, state.index.keys.get(k).until) for k in moved}
+    state.close()
+    ldir = ledger_dir(str(journal_dir))
+    ((chain, segs),) = list_chains(ldir).items()
+    punched = [s for s in segs if read_holes(ldir, chain, s)]
+    seg = victim = None
+    for s in punched:
+        hs = read_holes(ldir, chain, s)
+        rs = list(JournalReader(ldir).segment_records(chain, s))
+        after = [r for r in rs[:-1] if r.offset >= hs[0].end]
+        if after:
+            seg, victim = s, after[len(after) // 2]
+            break
+    assert seg is not None
+    all_holes = read_holes(ldir, chain, seg)
+    holes = tuple(h for h in all_holes if h.end <= victim.offset)
+    path = os.path.join(ldir, segment_name(chain, seg))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(victim.offset + 20)
+        byte = f.read(1)
+        f.seek(victim.offset + 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    report = repair(ldir, accept_loss=True)
+    assert report.applied
+    assert tuple(read_holes(ldir, chain, seg)) == holes, (
+        read_holes(ldir, chain, seg),
+        holes,
+        all_holes,
+    )  # ranges before the cut kept
+    assert os.stat(path).st_blocks * 512 < os.path.getsize(path) - sum(h.end - h.start for h in holes) + 8192
+    backup = report.backup
+    assert backup is not None
+    assert os.path.exists(
+        os.path.join(backup, segment_name(chain, seg) + ".holes.state")
+    )  # its map kept beside it
+    state = _open(journal_dir, through)
+    after = {k: (e.loc, e.until) if (e := state.index.keys.get(k)) is not None else None for k in moved}
+    state.close()
+    lost = [k for k in moved if after[k] is None or after[k][0] != owners[k][0]]
+    assert not lost
