@@ -302,7 +302,8 @@ class LedgerView:
             if writer in chains:
                 self._first[writer] = chains[writer][0]
         assert self._compacted is not None
-        gone = self._compacted.is_compacted((writer, segment)) or segment < self._first.get(writer, sys.maxsize)
+        first = self._first.get(writer, sys.maxsize)
+        gone = self._compacted.is_compacted((writer, segment)) or segment < first
         # Counted as status counts (docs/dashboard.md): not a failure ``under`` a success, nor a
         # success ``over`` a failure of a compacted segment (a mark the harvest appended for a
         # late success, or compaction's copy of one: status keeps such a job failed).
