@@ -8,7 +8,9 @@ compaction counters. It is the one place that changes them and writes them: the 
 the harvest, the reconcile passes and the compactor all go through its methods, so each durable
 write happens (and is timed for ``on_durable_write``) in one spot. Two parts it holds do their
 share: the key store of enqueue-if-absent (:mod:`hybridq.forwarder.keystore`) and the stats
-snapshot (:mod:`hybridq.forwarder.snapshot`), which it tells when to write.
+snapshot (:mod:`hybridq.forwarder.snapshot`), which it tells when to write. Its writes to the
+ledger, the key store and the compaction counters are :mod:`hybridq.forwarder.ledger_writes`'s,
+which it inherits.
 
 This module must not import redis or rq (the transport port only).
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -36,11 +37,11 @@ from hybridq.forwarder.config import (
 )
 from hybridq.forwarder.decoded import Decoded
 from hybridq.forwarder.keystore import KeyStore
+from hybridq.forwarder.ledger_writes import LedgerWrites
 from hybridq.forwarder.pushed import PushedJobs
 from hybridq.forwarder.runs import RunTable
 from hybridq.forwarder.snapshot import StatsSnapshot
 from hybridq.journal import ChainPosition, JournalWriter, Record
-from hybridq.journal.format import RECORD_HEADER_SIZE
 from hybridq.journal.recovery import recover
 from hybridq.ledger.checkpoint import (
     EPOCHS_KEPT,
@@ -50,13 +51,13 @@ from hybridq.ledger.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hybridq.ledger.compacted import Compacted, load_compacted, save_compacted
+from hybridq.ledger.compacted import Compacted, load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.punched_maps import collapse_punched
 from hybridq.ledger.saved_index import IndexSaver, resume
-from hybridq.ledger.store import ledger_dir, open_ledger_writer
+from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.pending import PendingTracker
 from hybridq.lookup.pending_file import DeferredCount, count_key, load_count, save_count
 from hybridq.lookup.stats import ledger_chains
@@ -79,7 +80,7 @@ log = logging.getLogger("hybridq.forwarder")
 PENDING_SLICE_S = 0.02
 
 
-class ForwarderState:
+class ForwarderState(LedgerWrites):
     """The checkpoint, the ledger and the compaction counters of one journal (see module docstring).
 
     Empty until :meth:`load`; the forwarder's lock must be held before it is loaded.
@@ -366,82 +367,3 @@ class ForwarderState:
         """Drop the positions of chains compacted away whole (saved with the next :meth:`save`)."""
         for writer_id in writers:
             self.checkpoint.positions.pop(writer_id, None)
-
-    # -- the ledger ---------------------------------------------------------------------------
-
-    def append(self, entries: Sequence[Entry], *, apply: bool = True) -> list[Entry]:
-        """Append entries to the ledger with one fsync, then (``apply``) fold them into the index.
-
-        Returns the applied entries that changed nothing (their job was terminal already).
-        """
-        if not entries:
-            return []
-        if self._writer is None:
-            self._writer = open_ledger_writer(self.journal)
-        if apply:  # a success over a failure marked (what compaction re-appends is as it was)
-            entries = self.index.outranking(entries)
-        started = time.perf_counter()
-        payloads = [e.to_bytes() for e in entries]
-        self._saver.begin()  # an error before appended(): the index is not saved again this run
-        ids = self._writer.append_many(payloads)
-        self._timed(started)
-        last = ids[-1]
-        end = ChainPosition(last.segment, last.offset + RECORD_HEADER_SIZE + len(payloads[-1]), last.seq + 1)
-        if self.on_append is not None:
-            self.on_append(entries, last.writer_id, end)
-        # The payloads too: a failure is listed as its JSON (hybridq.ledger.failtable), not encoded again.
-        unchanged = (
-            [e for e, raw in zip(entries, payloads, strict=True) if not self.index.apply(e, raw)]
-            if apply
-            else []
-        )
-        self._saver.appended(last.writer_id, end, len(entries))
-        if not apply:
-            return []
-        self._stats.stale = True
-        for entry in entries:
-            if entry.kind == "done" and self.index.is_terminal(entry.loc):
-                self._pending.done_logged(entry.loc)  # a stats cache: its error fails nothing
-                self.pushed.done(entry.loc)
-        return unchanged
-
-    def record_invalid(self, loc: Loc, job_id: str = "") -> None:
-        """Make the record at ``loc`` (of ``job_id``) terminal ``invalid``: not a job Redis can hold."""
-        self.append([Entry("done", job_id, loc, outcome="invalid", at=self.config.clock())])
-        self.checkpoint.invalid += 1
-
-    def store_keys(self, entries: Sequence[Entry]) -> None:
-        """Append ``key`` entries with their window to the key store (one fsync), then apply them."""
-        self.keys.store(entries, self.index)
-
-    def save_index_now(self) -> bool:
-        """Save the ledger index and commit the key table now; returns whether it was saved.
-
-        The ledger puncher's step before a hole map: a start from an older saved index expects
-        every ``key`` entry after its mark in the ledger (docs/reliability.md, rule 8).
-        """
-        return self._saver.save(self.index, self.compacted)
-
-    def save_index_soon(self) -> None:
-        """Save the ledger index at the end of this step: compaction deleted ledger segments."""
-        self._saver.soon()
-
-    def forget_keys(self) -> None:
-        """Forget keys of finished jobs past their window, or beyond ``key_window_max``."""
-        self.index.forget_keys(self.config.clock(), self.config.key_window_max)
-
-    def commit_compacted(self, new: Compacted) -> None:
-        """Save ``new`` compaction counters, then (only once durable) make them the ones in memory.
-
-        Changing them in memory first would leave them changed after a failed save (a full
-        disk): the retried step would then count the same segment again.
-        """
-        save_compacted(self.journal, new)
-        self._stats.stale = True
-        for f in dataclasses.fields(Compacted):  # in place: readers may hold the same object
-            setattr(self.compacted, f.name, getattr(new, f.name))
-
-    def _timed(self, started: float) -> None:
-        self.durable_writes += 1
-        if self.on_durable_write is not None:
-            self.on_durable_write(time.perf_counter() - started)

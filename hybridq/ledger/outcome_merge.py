@@ -13,7 +13,7 @@ from bisect import bisect_left
 
 __all__ = ["SUCCEEDED", "merged_inside"]
 
-#: The outcome code of ``succeeded`` (:data:`hybridq.ledger.outcomes._NAMES`).
+#: The outcome code of ``succeeded`` (:data:`hybridq.ledger.outcome_codes._NAMES`).
 SUCCEEDED = 3
 #: Past how many times as many offsets of the arrays' tail as there are offsets to merge into
 #: it these are put in place one by one rather than sorted with it (the two cost about the same

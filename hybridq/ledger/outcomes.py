@@ -26,7 +26,8 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
 The first three hold disjoint offsets. An offset is in the map if it is in any of them or in a
 range: a lookup that answered ``False`` for a finished job would let it run again
 (docs/reliability.md), so ``tests/unit/test_segment_outcomes.py`` checks every operation
-against a plain ``dict``, and ``tests/unit/test_punched_outcomes.py`` the ranges.
+against a plain ``dict``, and ``tests/unit/test_punched_outcomes.py`` the ranges. The codes, the
+arrays' bounds and the views that decode them are :mod:`hybridq.ledger.outcome_codes`.
 
 This module must not import redis or rq.
 """
@@ -38,34 +39,33 @@ from bisect import bisect_left, bisect_right
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from typing import TypeVar, overload
 
-from hybridq.ledger.outcome_merge import SUCCEEDED, merged_inside
+from hybridq.ledger.outcome_codes import (
+    _CODES,
+    _NAMES,
+    _NARROW_MAX,
+    _NO_CODES,
+    _NO_OFFSETS,
+    _NONE,
+    _SUCCEEDED,
+    _WIDE_MAX,
+    _Items,
+    _Values,
+)
+from hybridq.ledger.outcome_counts import OutcomeCounts
+from hybridq.ledger.outcome_merge import merged_inside
 from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
 _T = TypeVar("_T")
 
-#: Outcome names by code (0 is not used: ``bytearray`` starts zeroed).
-_NAMES = ("", "cancelled", "failed", "succeeded", "invalid")
-_CODES = {name: code for code, name in enumerate(_NAMES) if name}
 #: The least :attr:`SegmentOutcomes.recent` holds before it is merged into the arrays, and the
 #: fraction of the arrays it may reach past that (the memory it costs against the merges' copies).
 #: The floor is low so that a segment with few finished jobs soon leaves the ``dict`` (about
 #: 90 bytes a job) for the arrays: a merge of a small array is cheap.
 MERGE_FLOOR = 8
 MERGE_FRACTION = 64
-_SUCCEEDED = _CODES["succeeded"]
-assert _SUCCEEDED == SUCCEEDED
-#: The largest offset of 4-byte items, and the largest any array holds (more stays in ``_odd``).
-_NARROW_MAX = 2**32 - 1
-_WIDE_MAX = 2**64 - 1
-_NONE = float("-inf")
-#: The arrays of a map with none merged yet, shared: an array is never resized in place (a merge
-#: or a delete builds new ones and swaps them in; only a rank upgrade rewrites a code in place,
-#: at an index that exists), so no two maps share an array that holds an offset.
-_NO_OFFSETS = array("I")
-_NO_CODES = bytearray()
 
 
-class SegmentOutcomes(MutableMapping[int, str]):
+class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
     __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "_punched", "recent")
@@ -277,47 +277,6 @@ class SegmentOutcomes(MutableMapping[int, str]):
         """The (offset, outcome) pairs, without a lookup per offset."""
         return _Items(self)
 
-    def tally(self) -> dict[str, int]:
-        """How many jobs ended with each outcome (counted in C)."""
-        out = {name: self._codes.count(code) for name, code in _CODES.items()}
-        if self._punched is not None:
-            out[_NAMES[_SUCCEEDED]] += self._punched.implicit
-        for outcome in (*self.recent.values(), *(self._odd or {}).values()):
-            out[outcome] = out.get(outcome, 0) + 1
-        return {name: n for name, n in out.items() if n}
-
-    def holds(self, outcome: str) -> bool:
-        """Whether a job here ended with ``outcome`` (stops at the first; memchr over the codes)."""
-        code = _CODES.get(outcome)
-        if code is not None and code in self._codes:
-            return True
-        if outcome in self.recent.values() or (self._odd is not None and outcome in self._odd.values()):
-            return True
-        return code == _SUCCEEDED and self._punched is not None and self._punched.implicit > 0
-
-    def count_below(self, end: int) -> int:
-        """How many of the offsets are less than ``end`` (a punched range's jobs: if all are).
-
-        A range that ``end`` cuts counts only its listed jobs: never more than there are (the
-        compactor deletes a segment when all its jobs are counted).
-        """
-        listed = (
-            bisect_left(self._offsets, end)
-            + sum(1 for offset in self.recent if offset < end)
-            + sum(1 for offset in self._odd or () if offset < end)
-        )
-        punched = self._punched
-        if punched is None:
-            return listed
-        if not punched.ends or punched.ends[-1] <= end:
-            return listed + punched.implicit
-        below = bisect_right(punched.ends, end)
-        return listed + sum(punched.counts[:below]) - listed_in(punched, self._offsets, self._others(), below)
-
-    def punched(self) -> list[tuple[int, int, int]]:
-        """The punched ranges: ``(start, end, jobs)`` each, in order."""
-        return [] if self._punched is None else list(self._punched.spans())
-
     def drop_ranges(self, spans: Iterable[tuple[int, int, int]]) -> None:
         """Keep the punched ranges ``spans`` (``(start, end, jobs)``) instead of their jobs' offsets.
 
@@ -338,26 +297,6 @@ class SegmentOutcomes(MutableMapping[int, str]):
         punched.implicit = punched.jobs() - listed
         self._offsets, self._codes, self._last = kept, kept_codes, kept[-1] if kept else _NONE
         self._punched, self._at = punched, 0
-
-    def groups(self) -> dict[str, list[int]]:
-        """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""
-        out: dict[str, list[int]] = {}
-        codes = self._codes
-        for name, code in _CODES.items():
-            n = codes.count(code)
-            if n == len(codes):
-                out[name] = self._offsets.tolist()
-            elif n:
-                out[name] = [offset for offset, c in zip(self._offsets, codes, strict=True) if c == code]
-        for offset, outcome in sorted((*self.recent.items(), *(self._odd or {}).items())):
-            out.setdefault(outcome, []).append(offset)
-        for offsets in out.values():
-            offsets.sort()
-        return {name: offsets for name, offsets in out.items() if offsets}
-
-    def _others(self) -> list[int]:
-        """The listed offsets not in the arrays (few: :attr:`recent` and :attr:`_odd`)."""
-        return [*self.recent, *(self._odd or ())]
 
     def _implicit(self, offset: int, punched: PunchedRanges) -> bool:
         """Whether ``offset`` (not in the arrays) is a punched job that is not listed."""
@@ -426,26 +365,3 @@ class SegmentOutcomes(MutableMapping[int, str]):
         merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
         self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
         recent.clear()
-
-
-class _Values(ValuesView[str]):
-    _mapping: SegmentOutcomes
-
-    def __contains__(self, value: object) -> bool:
-        return any(v == value for v in self)
-
-    def __iter__(self) -> Iterator[str]:
-        done = self._mapping
-        yield from map(_NAMES.__getitem__, done._codes)
-        yield from list(done.recent.values())
-        yield from list((done._odd or {}).values())
-
-
-class _Items(ItemsView[int, str]):
-    _mapping: SegmentOutcomes
-
-    def __iter__(self) -> Iterator[tuple[int, str]]:
-        done = self._mapping
-        yield from zip(done._offsets, map(_NAMES.__getitem__, done._codes), strict=True)
-        yield from list(done.recent.items())
-        yield from list((done._odd or {}).items())

@@ -14,17 +14,19 @@ already exists, and a batch is sent as one pipeline of script calls, each for up
 :mod:`hybridq.transport.rq_push`.
 
 The Lua scripts are in :mod:`hybridq.transport.rq_scripts`; the job hash's field encodings and the
-decoding of replies and events in :mod:`hybridq.transport.rq_codec`.
+decoding of replies and events in :mod:`hybridq.transport.rq_codec`; what it reads of Redis for
+the forwarder's figures (memory, queue lengths, key use, published stats) in
+:mod:`hybridq.transport.rq_readings`, which :class:`RQTransport` inherits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -33,21 +35,17 @@ from rq.utils import utcformat
 from hybridq.errors import UnencodableJobs
 from hybridq.protocol import ENTRY_POINT, keys
 from hybridq.transport import redisurl
-from hybridq.transport.redisurl import refusal, transport_error
+from hybridq.transport.redisurl import transport_error
 
-from . import rq_limits, rq_push, rq_stats
+from . import rq_push
 from .base import (
     Delivery,
     Event,
     Finished,
-    KeyUse,
-    MemoryInfo,
     Probe,
-    Published,
     PushResult,
     RefillResult,
     StateToken,
-    Transport,
     Verdict,
 )
 from .rq_codec import (
@@ -57,9 +55,9 @@ from .rq_codec import (
     _refused,
     _text,
     _whole_seconds,
-    memory_info,
 )
 from .rq_push import _PUSH_IF_NEW
+from .rq_readings import RQReadings
 from .rq_scripts import _CANCEL, _EVICT, _FORGET, _PROBE, _REFILL, _SET_EPOCH, _STATE
 
 __all__ = ["RQTransport"]
@@ -68,7 +66,7 @@ __all__ = ["RQTransport"]
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 
 
-class RQTransport(Transport):
+class RQTransport(RQReadings):
     """Pushes envelopes into RQ queues.
 
     Args:
@@ -322,52 +320,6 @@ class RQTransport(Transport):
             raise transport_error(exc) from exc
         return [bool(int(r)) for r in replies]
 
-    def memory(self) -> MemoryInfo | None:
-        """``INFO memory``: used, ``maxmemory`` and its policy (both ACL users may run INFO).
-
-        ``None`` (unknown: the high-water mark off) where ``INFO`` is not a command (fakeredis,
-        :func:`hybridq.testing.fake_stack`) or the ACL refuses it: a Redis that cannot say is
-        not a Redis that is down.
-        """
-        try:
-            # One name, so redis-py sends INFO memory and skips its parser of INFO, which types
-            # every line (most of the sample's cost, about ten times a second while pushing).
-            raw = self.connection.execute_command("INFO memory")  # type: ignore[no-untyped-call]
-        except ResponseError as exc:
-            if _unknown_or_denied(exc):
-                return None
-            raise transport_error(exc) from exc
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-        return memory_info(raw)
-
-    def queue_lengths(self, queues: Sequence[str]) -> dict[str, int]:
-        """``LLEN`` of each queue: one command for one queue, else one pipeline."""
-        if not queues:
-            return {}
-        try:
-            if len(queues) == 1:  # the usual case: no pipeline to build (one per step)
-                lengths: list[Any] = [self.connection.llen(keys.rq_queue(queues[0]))]
-            else:
-                pipe = self.connection.pipeline(transaction=False)
-                for queue in queues:
-                    pipe.llen(keys.rq_queue(queue))
-                lengths = pipe.execute()
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-        return {queue: int(n) for queue, n in zip(queues, lengths, strict=True)}
-
-    def key_use(
-        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
-    ) -> dict[str, KeyUse] | None:
-        """Each limit key's use, in one script call (see :meth:`Transport.key_use`)."""
-        if self._key_use is None:
-            self._key_use = self.connection.register_script(rq_limits.KEY_USE)
-        try:
-            return rq_limits.key_use(self._key_use, lease_s, periods, added)
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-
     def drop_finished(self, jobs: Sequence[Finished], *, result_ttl_s: float) -> None:
         """Delete finished jobs' hashes and RQ results (see :meth:`Transport.drop_finished`), one pipeline."""
         if not jobs:
@@ -391,34 +343,6 @@ class RQTransport(Transport):
         except RedisError as exc:
             raise transport_error(exc) from exc
 
-    publishes_stats = True
-
-    def publish_stats(self, owner: str, body: bytes, ttl_s: float) -> None:
-        """Set ``owner``'s snapshot with its TTL and note it in the set of forwarders (:mod:`.rq_stats`)."""
-        try:
-            rq_stats.publish(self.connection, owner, body, ttl_s)
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-
-    def read_stats(self, limit: int) -> list[Published]:
-        """The published snapshots seen by Redis's time, the most recent first (:mod:`.rq_stats`)."""
-        try:
-            return rq_stats.read(self.connection, limit)[1]
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-
-    def forget_stats(self, owner: str) -> bool:
-        """Remove ``owner``'s snapshot and entry (:mod:`.rq_stats`)."""
-        try:
-            return rq_stats.forget(self.connection, owner)
-        except RedisError as exc:
-            raise transport_error(exc) from exc
-
     def close(self) -> None:
         """Close the connection pool."""
         self.connection.close()
-
-
-def _unknown_or_denied(exc: ResponseError) -> bool:
-    """Whether Redis refused a command as unknown or not allowed (not a failure of Redis)."""
-    return str(exc).lower().startswith("unknown command") or refusal(exc) is not None
