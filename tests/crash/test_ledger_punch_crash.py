@@ -36,6 +36,7 @@ from tests.crash.test_punch_crash import _drain
 JOBS = 1200
 FAILS = (7, 300, 900)
 KEYED = 5  # every fifth job has an idempotency key
+PIN_DELAY_S = 20.0  # the child's run is over long before; the drain's clock is this far ahead
 
 CHILD = f"""
 import json, os, sys
@@ -48,7 +49,7 @@ from tests.crash.test_ledger_punch_crash import view
 store.LEDGER_SEGMENT_BYTES = 32 << 10
 journal, point, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 queue = Queue(journal=journal)
-pin = queue.prepare("tests.tasks.add", ("a", "b"), delay=20.0, idempotency_key="pin").to_bytes()
+pin = queue.prepare("tests.tasks.add", ("a", "b"), delay={PIN_DELAY_S}, idempotency_key="pin").to_bytes()
 if mode != "done":  # the pinning job in a chain of its own: the others' segments are compacted
     with JournalWriter(journal, max_segment_bytes=256 << 10) as writer:
         writer.append_many([pin])
@@ -166,7 +167,7 @@ def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(
     assert view(str(journal)) == before  # nothing lost, nothing counted twice
     if point != "ledger_punch_after_keys":  # before the save, the next start's punch stamps them again
         _same_as_a_full_replay(journal)
-    again = _drain(journal, JOBS - len(FAILS))
+    again = _drain(journal, JOBS - len(FAILS), ahead_s=PIN_DELAY_S)  # the pinning job due at once
     for loc in again:  # nothing finished before the crash was delivered again
         assert not finished.is_terminal(loc), loc
         assert not compacted.is_compacted((loc[0], loc[1])), loc

@@ -76,10 +76,15 @@ def _holes(journal: Path) -> list[str]:
     return [n for n in os.listdir(journal) if HOLES_SUFFIX in n]
 
 
-def _drain(journal: Path, jobs: int = JOBS) -> list[tuple[str, int, int]]:
-    """Restart on an empty transport and run everything; returns where each job delivered was."""
+def _drain(journal: Path, jobs: int = JOBS, *, ahead_s: float = 0.0) -> list[tuple[str, int, int]]:
+    """Restart on an empty transport and run everything; returns where each job delivered was.
+
+    ``ahead_s``: the forwarder's clock that far ahead, so a job delayed that long is due at once.
+    """
     transport = MemoryTransport()
-    forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0)
+    forwarder = Forwarder(
+        journal, transport, reconcile_interval_s=0.0, lease_s=0.0, clock=lambda: time.time() + ahead_s
+    )
     forwarder.open()
     delivered: dict[str, tuple[str, int, int]] = {}
     deadline = time.monotonic() + 60
