@@ -92,8 +92,8 @@ class LedgerPuncher:
         records were punched. Not on any compaction: under a steady load one goes about every
         pass, and a 4 MiB segment costs about 0.3 s of CPU to read (12 us an entry,
         docs/benchmarks.md), on the forwarder's loop. By default a journal punch alone does not
-        make a segment stale: what it frees (``retry``, ``lost`` and ``key`` entries between
-        successes kept) seldom makes a run; they go at the next read for another reason.
+        make a segment stale: what it frees (``retry`` and ``lost`` entries between successes
+        kept) seldom makes a run; they go at the next read for another reason.
         """
         read = self._read.get(seg)
         if read is None:

@@ -23,9 +23,10 @@ Never: a ``failed`` outcome (listed or not: ``failed list``, requeue), a ``reque
 success that outranked a failure (its ``over`` mark keeps the failure off the list), a kind this
 module does not know (a newer entry kind is kept), a ``done`` entry of another outcome or a
 duplicate delivery's in a live segment (the index lists those offsets, and counts ``dups``),
-``cancel`` and ``duplicate`` entries of a live segment. A ``key`` entry of either case goes
-once it is in the key store, stamped with its outcome and window as compaction moves it (the
-caller's to do first).
+``cancel`` and ``duplicate`` entries of a live segment, a ``key`` entry of a job whose journal
+segment is on disk (a finished job's key is remembered while it is). A ``key`` entry of a
+compacted segment goes once it is in the key store, stamped with its outcome and window as
+compaction moves it (the caller's to do first).
 
 This module must not import redis or rq.
 """
