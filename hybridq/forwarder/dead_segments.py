@@ -256,7 +256,7 @@ class Compactor:
         failures: dict[Loc, int] = {}
         for loc, _, _ in failed_in:
             failures[loc] = failures.get(loc, 0) + 1
-        first = {writer: indices[0] for writer, indices in list_chains(self.journal).items()}
+        gone = self._gone_now()
         chains = list_chains(path)
         self._scans = {seg: v for seg, v in self._scans.items() if seg[1] in chains.get(seg[0], ())}
         deleted = 0
@@ -267,7 +267,7 @@ class Compactor:
                 if sealed_data_count(path, writer_id, index) is None:
                     break
                 reach, scan = self._reach(path, writer_id, index)
-                if not all_gone(reach, lambda seg: self._gone(seg, first)):
+                if not all_gone(reach, gone):
                     break
                 if scan is None:  # known from an earlier pass, its entries not kept in memory
                     scan = scan_ledger_segment(self.journal, writer_id, index)

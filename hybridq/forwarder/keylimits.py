@@ -95,7 +95,7 @@ class KeyLimits:
         self._seen: dict[str, KeyState] = {}
         self._open = False  # the transport cannot say: every key open
         #: The push adds its copies to the keys' queued counts (no add at the next look).
-        self._push_counts = bool(getattr(transport, "counts_limited_pushes", False))
+        self._push_counts = transport.counts_limited_pushes
         self._looked = False
         self._changed = False  # a prefetch held or freed a key since the last look
         #: Keys seen for the first time (with room) since the figures were made: news within

@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable
 
 from hybridq import crashpoints
+from hybridq.forwarder.punch import MIN_PUNCH_BYTES
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.holes import Hole, HoleMaps, punch_holes, punch_supported
@@ -43,10 +44,6 @@ __all__ = ["LedgerPuncher"]
 
 log = logging.getLogger("hybridq.forwarder")
 
-#: A run of entries is punched when it is at least this long, or half its segment (as the
-#: journal's runs: ``hybridq.forwarder.punch.MIN_PUNCH_BYTES``).
-MIN_LEDGER_PUNCH_BYTES = 16 << 10
-
 
 class LedgerPuncher:
     """Punches runs of entries out of the sealed ledger segments of one journal (its lock held).
@@ -55,8 +52,6 @@ class LedgerPuncher:
         state: the forwarder's state (its compaction counters, its index, its key store).
         gone: makes the test whether a journal segment was compacted (the compactor's), once a pass.
         stamp: the compactor's ``_stamped_keys``: the key store entries of ``key`` entries.
-        done_in_ranges: also the successes of jobs in the journal's punched ranges (off by
-            default: ``cancel()`` and a rebuilt lookup index find a punched job by them).
     """
 
     def __init__(
@@ -64,18 +59,19 @@ class LedgerPuncher:
         state: ForwarderState,
         gone: Callable[[], Callable[[Seg], bool]],
         stamp: Callable[[list[Entry]], list[Entry]],
-        *,
-        min_bytes: int = MIN_LEDGER_PUNCH_BYTES,
-        done_in_ranges: bool = False,
     ) -> None:
         self.state = state
         self.journal = state.journal
         self.gone = gone
         self.stamp = stamp
-        self.min_bytes = min_bytes
-        #: Whether successes of jobs in the journal's punched ranges go too (off: see
-        #: :func:`hybridq.ledger.punch_select.punchable`).
-        self.done_in_ranges = done_in_ranges
+        #: A run of entries is punched when it is at least this long, or half its segment (as
+        #: the journal's runs).
+        self.min_bytes = MIN_PUNCH_BYTES
+        #: Whether successes of jobs in the journal's punched ranges go too (off: ``cancel()``
+        #: and a rebuilt lookup index find a punched job by them; see
+        #: :func:`hybridq.ledger.punch_select.punchable`). Not a setting: the tests and the
+        #: benchmark turn it on.
+        self.done_in_ranges = False
         #: Per ledger segment read: the journal segments its kept entries name that had not gone
         #: then (its reach), and the journal's punch progress then (:meth:`_stale`).
         self._read: dict[Seg, tuple[frozenset[Seg], int]] = {}

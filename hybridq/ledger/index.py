@@ -189,18 +189,17 @@ class LedgerIndex:
         ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
         between the two (docs/reliability.md, "A success outranks a failure"). No failure live
         and none in ``entries`` (a drain): one pass over them; failures live in other segments
-        only (the first entry's segment has none, a batch without a failure): the batch's
-        segments collected in C, no loop; else a loop, each segment searched once when one of
-        its successes is met, and a lookup for each success of a segment that has a failure.
+        only (a batch without a failure): the batch's segments collected in C and each searched
+        once, no loop; else a loop, each segment searched once when one of its successes is
+        met, and a lookup for each success of a segment that has a failure.
         """
         batch_failures = any(e.outcome == "failed" for e in entries)
         if not batch_failures:
             if not self.totals["failed"]:
                 return entries
-            if entries and not self._has_failed(entries[0].loc[:2]):
-                segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
-                if not any(map(self._has_failed, segments)):
-                    return entries  # failures live only in other segments: no loop over the batch
+            segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
+            if not any(map(self._has_failed, segments)):
+                return entries  # failures live only in other segments: no loop over the batch
         # Each segment searched once, when a success of it is met: its outcomes if one failed.
         failing: dict[Seg, SegmentOutcomes | None] = {}
         failed: set[Loc] = set()
