@@ -30,7 +30,6 @@ import os
 from collections.abc import Callable
 
 from hybridq import crashpoints
-from hybridq.forwarder.punch import MIN_PUNCH_BYTES
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.holes import Hole, HoleMaps, punch_holes, punch_supported
@@ -43,6 +42,11 @@ from hybridq.ledger.store import ledger_dir
 __all__ = ["LedgerPuncher"]
 
 log = logging.getLogger("hybridq.forwarder")
+
+#: A run of entries is punched when it is at least this long, or half its segment (as the
+#: journal's runs: ``hybridq.forwarder.punch.MIN_PUNCH_BYTES``; the two modules are siblings
+#: in the forwarder's layers, neither imports the other).
+MIN_LEDGER_PUNCH_BYTES = 16 << 10
 
 
 class LedgerPuncher:
@@ -64,9 +68,8 @@ class LedgerPuncher:
         self.journal = state.journal
         self.gone = gone
         self.stamp = stamp
-        #: A run of entries is punched when it is at least this long, or half its segment (as
-        #: the journal's runs).
-        self.min_bytes = MIN_PUNCH_BYTES
+        #: A run of entries is punched when it is at least this long, or half its segment.
+        self.min_bytes = MIN_LEDGER_PUNCH_BYTES
         #: Whether successes of jobs in the journal's punched ranges go too (off: ``cancel()``
         #: and a rebuilt lookup index find a punched job by them; see
         #: :func:`hybridq.ledger.punch_select.punchable`). Not a setting: the tests and the
