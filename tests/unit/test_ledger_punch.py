@@ -105,8 +105,8 @@ def _two_chains(
     through = {wa: 2, wb: 3}
     state = _open(journal, through)
     of_a, of_b = entries(a, 0, "a"), entries(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):
-        state.append(of_b[i : i + 10])
+    for i in range(0, max(len(of_a), len(of_b)), 10):  # a writer rotates between appends
+        state.append(of_b[i : i + 10])  # interleaved: A's entries pin every ledger segment
         state.append(of_a[i : i + 10])
     return _TwoChains(state, a, b, through, of_a, of_b)
 
@@ -141,17 +141,9 @@ def _view(index: LedgerIndex, records: list[Record], keys: list[str]) -> object:
 def test_a_start_after_the_ledger_punch_builds_the_same_index(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch, saved: str, done_in_ranges: bool
 ) -> None:
-    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
-    a = _chain(journal_dir, 3, b"a")
-    b = _chain(journal_dir, 3, b"b")
-    wa, wb = a[0].writer_id, b[0].writer_id
-    through = {wa: 2, wb: 3}
-    state = _open(journal_dir, through)
+    state, a, b, through, _, _ = _two_chains(journal_dir, monkeypatch)
+    wa = a[0].writer_id
     waiting = 0
-    of_a, of_b = _entries(a, waiting, "a"), _entries(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):  # a writer rotates between appends
-        state.append(of_b[i : i + 10])  # interleaved: A's entries pin every ledger segment
-        state.append(of_a[i : i + 10])
     compactor = Compactor(state)
     compactor.compact()
     assert sorted(list_chains(str(journal_dir))) == [wa]  # B compacted: its entries "gone"
