@@ -11,9 +11,6 @@ forwarder does (from its saved index, then without one), compacts, and lists aga
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,14 +18,13 @@ from hybridq.journal import Record
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import read_ledger
 
+from tests.crash.test_outranked_failure_crash import never_listed_again, run_killed_child
 from tests.unit.test_outranked_failure import (
-    compact,
-    failure,
-    journal_of_jobs,
+    fail_and_compact,
+    job_five,
     listed_ids,
     loc_of,
     open_state,
-    success,
 )
 
 CHILD = """
@@ -57,30 +53,17 @@ print("not killed")
 
 def _run_child(journal: Path, point: str, x: Record, env: dict[str, str]) -> None:
     where = [x.writer_id, str(x.segment_index), str(x.offset), x.payload.hex()]
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(journal), point, *where],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    run_killed_child(CHILD, [str(journal), point, *where], env)
 
 
 @pytest.mark.parametrize("point", ["late_success_before_row", "success_then_failure_appended"])
 def test_a_killed_harvest_never_lists_the_succeeded_job_again(
     journal_dir: Path, subprocess_env: dict[str, str], point: str
 ) -> None:
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
+    writer, seg0, x = job_five(journal_dir)
     first = open_state(journal_dir, writer)
     if point == "late_success_before_row":
-        first.append([failure(x)])
-        first.append([success(r) for r in seg0 if r is not x])
-        compact(first)
+        fail_and_compact(first, seg0, x)
         assert load_compacted(str(journal_dir)).is_compacted((writer, 0))
         assert loc_of(x) in first.index.failed
     first.close()  # saved: the failure listed (late), or nothing of x yet
@@ -91,14 +74,4 @@ def test_a_killed_harvest_never_lists_the_succeeded_job_again(
     else:
         assert [(e.outcome, e.under) for e in written] == [("succeeded", None), ("failed", "succeeded")]
     assert listed_ids(journal_dir) == []
-    for saved in (True, False):
-        if not saved:
-            (journal_dir / "ledger-index.state").unlink(missing_ok=True)
-        state = open_state(journal_dir, writer)
-        assert loc_of(x) not in state.index.failed
-        if not load_compacted(str(journal_dir)).is_compacted((writer, 0)):
-            state.append([success(r) for r in seg0 if r is not x])  # the rest finish: compacted
-        compact(state)
-        assert load_compacted(str(journal_dir)).is_compacted((writer, 0))
-        state.close()
-        assert listed_ids(journal_dir) == []
+    never_listed_again(journal_dir, writer, x, finish=[r for r in seg0 if r is not x])

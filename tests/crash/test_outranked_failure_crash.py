@@ -17,17 +17,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from hybridq.journal import Record
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import read_ledger
 
 from tests.unit.test_outranked_failure import (
     compact,
-    failure,
-    journal_of_jobs,
+    failed_beside_a_live_job,
     listed_ids,
     loc_of,
     open_state,
-    retry,
     success,
 )
 
@@ -59,9 +58,10 @@ print("not killed")
 """
 
 
-def _run_child(journal: Path, point: str, env: dict[str, str]) -> None:
+def run_killed_child(child: str, args: list[str], env: dict[str, str]) -> None:
+    """Run ``child`` (a ``python -c`` program) with ``args``: it must die of its own SIGKILL."""
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(journal), point],
+        [sys.executable, "-c", child, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -71,32 +71,35 @@ def _run_child(journal: Path, point: str, env: dict[str, str]) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
 
 
+def never_listed_again(journal: Path, writer: str, x: Record, finish: list[Record] | None = None) -> None:
+    """Started from the saved index, then without one: x is not failed; compacted, it is not listed.
+
+    ``finish``: the jobs of segment 0 to succeed first when it is not compacted yet.
+    """
+    for saved in (True, False):
+        if not saved:
+            (journal / "ledger-index.state").unlink(missing_ok=True)
+        state = open_state(journal, writer)
+        assert loc_of(x) not in state.index.failed
+        if finish is not None and not load_compacted(str(journal)).is_compacted((writer, 0)):
+            state.append([success(r) for r in finish])  # the rest finish: compacted
+        compact(state)
+        assert load_compacted(str(journal)).is_compacted((writer, 0))
+        state.close()
+        assert listed_ids(journal) == []
+
+
 @pytest.mark.parametrize("point", ["after_success_append", "before_ledger_segment_deleted"])
 def test_a_killed_forwarder_never_lists_the_succeeded_job_again(
     journal_dir: Path, subprocess_env: dict[str, str], point: str
 ) -> None:
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    live = next(r for r in records if r.segment_index == 2)
-    x = seg0[5]
-    first = open_state(journal_dir, writer)
-    first.append([failure(x), retry(live)])  # a live job's entry: this ledger segment stays
-    first.close()  # saved: the failure listed
+    writer, seg0, x = failed_beside_a_live_job(journal_dir)
     if point == "before_ledger_segment_deleted":
         second = open_state(journal_dir, writer)
         second.append([success(r) for r in seg0])
         second.close()
-    _run_child(journal_dir, point, subprocess_env)
+    run_killed_child(CHILD, [str(journal_dir), point], subprocess_env)
     marks = [e for _, e in read_ledger(str(journal_dir)) if e.over is not None]
     assert {e.loc for e in marks} == {loc_of(x)}
     assert listed_ids(journal_dir) == []
-    for saved in (True, False):
-        if not saved:
-            (journal_dir / "ledger-index.state").unlink(missing_ok=True)
-        state = open_state(journal_dir, writer)
-        assert loc_of(x) not in state.index.failed
-        compact(state)
-        assert load_compacted(str(journal_dir)).is_compacted((writer, 0))
-        state.close()
-        assert listed_ids(journal_dir) == []
+    never_listed_again(journal_dir, writer, x)

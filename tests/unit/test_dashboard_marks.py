@@ -16,24 +16,17 @@ from hybridq.protocol import CompletionEvent
 
 from tests.unit.test_outranked_failure import (
     _OneEvent,
-    compact,
-    failure,
-    journal_of_jobs,
+    fail_and_compact,
+    job_five,
     loc_of,
     open_state,
-    success,
 )
 
 
 def test_a_late_successs_mark_is_not_counted_done_per_minute(journal_dir: Path) -> None:
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
+    writer, seg0, x = job_five(journal_dir)
     state = open_state(journal_dir, writer)
-    state.append([failure(x)])
-    state.append([success(r) for r in seg0 if r is not x])
-    compact(state)
+    fail_and_compact(state, seg0, x)
     job_id = Envelope.from_bytes(x.payload).id
     now = 5000.0
     view = LedgerView(str(journal_dir), window_s=300.0)

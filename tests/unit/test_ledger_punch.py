@@ -11,7 +11,9 @@ punch, from before it, or none.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
@@ -77,6 +79,48 @@ def _entries(records: list[Record], waiting: int | None, tag: str) -> list[Entry
     return out
 
 
+class _TwoChains(NamedTuple):
+    state: ForwarderState
+    a: list[Record]
+    b: list[Record]
+    through: dict[str, int]
+    of_a: list[Entry]
+    of_b: list[Entry]
+
+
+def _two_chains(
+    journal: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    entries: Callable[[list[Record], int | None, str], list[Entry]] = _entries,
+) -> _TwoChains:
+    """Chains A (its reader at segment 2, a[0] waiting) and B (read through) and their entries, interleaved.
+
+    The setup the ledger punch's other test modules share: small ledger segments, so the punch has
+    sealed ones to map.
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
+    a = _chain(journal, 3, b"a")
+    b = _chain(journal, 3, b"b")
+    wa, wb = a[0].writer_id, b[0].writer_id
+    through = {wa: 2, wb: 3}
+    state = _open(journal, through)
+    of_a, of_b = entries(a, 0, "a"), entries(b, None, "b")
+    for i in range(0, max(len(of_a), len(of_b)), 10):  # a writer rotates between appends
+        state.append(of_b[i : i + 10])  # interleaved: A's entries pin every ledger segment
+        state.append(of_a[i : i + 10])
+    return _TwoChains(state, a, b, through, of_a, of_b)
+
+
+def _two_chains_journal_punched(journal: Path, monkeypatch: pytest.MonkeyPatch) -> _TwoChains:
+    """``_two_chains``, B's journal segments compacted and A's punched, then a fresh start (returned)."""
+    c = _two_chains(journal, monkeypatch)
+    Compactor(c.state).compact()
+    while Puncher(c.state, min_bytes=1000).step():
+        pass
+    c.state.close()
+    return c._replace(state=_open(journal, c.through))
+
+
 def _view(index: LedgerIndex, records: list[Record], keys: list[str]) -> object:
     owners = {k: (e.loc, e.job_id) if (e := index.keys.get(k)) is not None else None for k in keys}
     return (
@@ -97,17 +141,9 @@ def _view(index: LedgerIndex, records: list[Record], keys: list[str]) -> object:
 def test_a_start_after_the_ledger_punch_builds_the_same_index(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch, saved: str, done_in_ranges: bool
 ) -> None:
-    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
-    a = _chain(journal_dir, 3, b"a")
-    b = _chain(journal_dir, 3, b"b")
-    wa, wb = a[0].writer_id, b[0].writer_id
-    through = {wa: 2, wb: 3}
-    state = _open(journal_dir, through)
+    state, a, b, through, _, _ = _two_chains(journal_dir, monkeypatch)
+    wa = a[0].writer_id
     waiting = 0
-    of_a, of_b = _entries(a, waiting, "a"), _entries(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):  # a writer rotates between appends
-        state.append(of_b[i : i + 10])  # interleaved: A's entries pin every ledger segment
-        state.append(of_a[i : i + 10])
     compactor = Compactor(state)
     compactor.compact()
     assert sorted(list_chains(str(journal_dir))) == [wa]  # B compacted: its entries "gone"

@@ -15,33 +15,18 @@ from pathlib import Path
 
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
-from hybridq.forwarder.punch import Puncher
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import store
 
-from tests.unit.test_ledger_punch import _chain, _entries, _open
+from tests.unit.test_ledger_punch import _two_chains_journal_punched
 
 
 def test_a_key_whose_journal_segment_is_on_disk_is_never_given_a_window_by_the_punch(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
-    a = _chain(journal_dir, 3, b"a")
-    b = _chain(journal_dir, 3, b"b")
-    wa, wb = a[0].writer_id, b[0].writer_id
-    through = {wa: 2, wb: 3}
-    state = _open(journal_dir, through)
-    of_a, of_b = _entries(a, 0, "a"), _entries(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):
-        state.append(of_b[i : i + 10])
-        state.append(of_a[i : i + 10])
-    Compactor(state).compact()
-    while Puncher(state, min_bytes=1000).step():
-        pass
-    state.close()
-    state = _open(journal_dir, through)
+    state, a, _, _, of_a, _ = _two_chains_journal_punched(journal_dir, monkeypatch)
+    wa = a[0].writer_id
     keys_a = [
         (e.key, e.loc) for e in of_a if e.kind == "key" and e.loc[0] == wa and e.job_id != "a" + str(a[0].seq)
     ]

@@ -18,11 +18,10 @@ import pytest
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import load_index, open_ledger_writer
 
-from tests.unit.test_ledger_punch import _chain, _entries, _loc, _open
+from tests.unit.test_ledger_punch import _entries, _loc, _open, _two_chains
 from tests.unit.test_punch_index import close_with_index
 
 SPECIAL = {15: "FS", 25: "SF", 35: "FR", 45: "F-late"}
@@ -54,16 +53,8 @@ def _fwd(state, locs):
 def test_marks_survive_the_ledger_punch_and_compaction(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch, saved: str
 ) -> None:
-    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
-    a = _chain(journal_dir, 3, b"a")
-    b = _chain(journal_dir, 3, b"b")
-    wa, wb = a[0].writer_id, b[0].writer_id
-    through = {wa: 2, wb: 3}
-    state = _open(journal_dir, through)
-    of_a, of_b = _base(a, 0, "a"), _base(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):
-        state.append(of_b[i : i + 10])
-        state.append(of_a[i : i + 10])
+    state, a, b, through, _, _ = _two_chains(journal_dir, monkeypatch, _base)
+    wa = a[0].writer_id
     # The pairs, each outcome in its own append (a later harvest).
     for recs, tag in ((a, "a"), (b, "b")):
         state.append([_fail(recs[15], tag), _ok(recs[25], tag), _fail(recs[35], tag), _fail(recs[45], tag)])

@@ -78,13 +78,41 @@ def listed_ids(journal: Path) -> list[str]:
     return [f.id for f in failures.failed_jobs(str(journal))]
 
 
-def fail_then_succeed(journal: Path) -> tuple[ForwarderState, Record]:
-    """Segment 0's job 5 fails for good, then succeeds; the rest of segment 0 succeeds."""
+def job_five(journal: Path) -> tuple[str, list[Record], Record]:
+    """A journal of jobs: its writer, segment 0's records, and segment 0's job 5 (the one that fails)."""
+    records = journal_of_jobs(journal)
+    seg0 = [r for r in records if r.segment_index == 0]
+    return records[0].writer_id, seg0, seg0[5]
+
+
+def failed_beside_a_live_job(journal: Path) -> tuple[str, list[Record], Record]:
+    """``job_five``, run 1 (closed: its index saved) having written x's failure and a live job's retry.
+
+    The live job (in segment 2) keeps that ledger segment, so the failure outlives the ledger
+    segment of the success that outranks it.
+    """
     records = journal_of_jobs(journal)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
-    state = open_state(journal, writer)
+    live = next(r for r in records if r.segment_index == 2)
     x = seg0[5]
+    first = open_state(journal, writer)
+    first.append([failure(x), retry(live)])  # a live job's entry: this ledger segment stays
+    first.close()  # saved: the failure listed
+    return writer, seg0, x
+
+
+def fail_and_compact(state: ForwarderState, seg0: list[Record], x: Record) -> None:
+    """x fails for good, the rest of segment 0 succeeds, and the segment is compacted (x's success comes late)."""
+    state.append([failure(x)])
+    state.append([success(r) for r in seg0 if r is not x])
+    compact(state)
+
+
+def fail_then_succeed(journal: Path) -> tuple[ForwarderState, Record]:
+    """Segment 0's job 5 fails for good, then succeeds; the rest of segment 0 succeeds."""
+    writer, seg0, x = job_five(journal)
+    state = open_state(journal, writer)
     state.append([failure(x)])
     assert listed_ids(journal) == [Envelope.from_bytes(x.payload).id]
     state.append([success(r) for r in seg0])  # x's late success among them
@@ -172,14 +200,7 @@ def retry(record: Record) -> Entry:
 
 def test_the_mark_outlives_its_ledger_segment_while_the_failure_lives_in_another(journal_dir: Path) -> None:
     """Run 1 wrote the failure (and an entry of a live job), run 2 the success: run 3 compacts."""
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    live = next(r for r in records if r.segment_index == 2)
-    x = seg0[5]
-    first = open_state(journal_dir, writer)
-    first.append([failure(x), retry(live)])
-    first.close()
+    writer, seg0, x = failed_beside_a_live_job(journal_dir)
     second = open_state(journal_dir, writer)
     second.append([success(r) for r in seg0])
     marked_in = second.own_chain
@@ -214,14 +235,7 @@ def first_chain_of(journal: Path, record: Record) -> str:
 @pytest.mark.parametrize("saved_after_mark", [False, True])
 def test_a_saved_index_taken_before_or_after_the_mark(journal_dir: Path, saved_after_mark: bool) -> None:
     """A start resumes from the saved index and replays the rest, the journal segment gone since."""
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
-    live = next(r for r in records if r.segment_index == 2)
-    first = open_state(journal_dir, writer)
-    first.append([failure(x), retry(live)])  # a live job's entry: this ledger segment stays
-    first.close()  # saved: the failure listed
+    writer, seg0, x = failed_beside_a_live_job(journal_dir)
     second = open_state(journal_dir, writer)
     second.append([success(r) for r in seg0])
     if saved_after_mark:
@@ -246,14 +260,7 @@ def test_a_crash_between_appending_the_mark_again_and_deleting_its_segment(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both copies of the mark read: the failure stays off the list (a mark is idempotent)."""
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    live = next(r for r in records if r.segment_index == 2)
-    x = seg0[5]
-    first = open_state(journal_dir, writer)
-    first.append([failure(x), retry(live)])
-    first.close()
+    writer, seg0, x = failed_beside_a_live_job(journal_dir)
     second = open_state(journal_dir, writer)
     second.append([success(r) for r in seg0])
     second.close()
@@ -285,10 +292,7 @@ def test_a_crash_between_appending_the_mark_again_and_deleting_its_segment(
 
 def test_punched_its_record_is_not_listed_either(journal_dir: Path) -> None:
     """The punched case ranks as a live segment does: the job's record punched, still off the list."""
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
+    writer, seg0, x = job_five(journal_dir)
     state = open_state(journal_dir, writer)
     state.append([failure(x)])
     state.append([success(r) for r in seg0[1:]])  # seg0[0] never finishes: the segment stays
@@ -333,14 +337,9 @@ class _OneEvent:
 
 def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_dir: Path) -> None:
     """The late event is not counted (its segment is gone) but its failure leaves the list."""
-    records = journal_of_jobs(journal_dir)
-    writer = records[0].writer_id
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
+    writer, seg0, x = job_five(journal_dir)
     state = open_state(journal_dir, writer)
-    state.append([failure(x)])
-    state.append([success(r) for r in seg0 if r is not x])
-    compact(state)
+    fail_and_compact(state, seg0, x)
     assert load_compacted(str(journal_dir)).is_compacted((writer, 0))
     job_id = Envelope.from_bytes(x.payload).id
     assert listed_ids(journal_dir) == [job_id]

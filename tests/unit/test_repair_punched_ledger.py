@@ -14,34 +14,18 @@ from pathlib import Path
 
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
-from hybridq.forwarder.punch import Puncher
 from hybridq.journal import JournalReader
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import read_holes
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import store
 from hybridq.ledger.store import ledger_dir, read_keys
 from hybridq.ops.journal_repair import repair
 
-from tests.unit.test_ledger_punch import _chain, _entries, _open
+from tests.unit.test_ledger_punch import _open, _two_chains_journal_punched
 
 
 def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
-    a = _chain(journal_dir, 3, b"a")
-    b = _chain(journal_dir, 3, b"b")
-    wa, wb = a[0].writer_id, b[0].writer_id
-    through = {wa: 2, wb: 3}
-    state = _open(journal_dir, through)
-    of_a, of_b = _entries(a, 0, "a"), _entries(b, None, "b")
-    for i in range(0, max(len(of_a), len(of_b)), 10):
-        state.append(of_b[i : i + 10])
-        state.append(of_a[i : i + 10])
-    Compactor(state).compact()
-    while Puncher(state, min_bytes=1000).step():
-        pass
-    state.close()
-    state = _open(journal_dir, through)
+    state, _, _, through, _, _ = _two_chains_journal_punched(journal_dir, monkeypatch)
     compactor = Compactor(state)
     compactor.ledger_puncher.min_bytes = 500
     freed = sum(compactor.ledger_puncher.step(1) for _ in range(10))
