@@ -269,12 +269,6 @@ def _argument(fields: Sequence[str | bytes], limit_key: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _limit_key(delivery: Delivery) -> bytes:
-    """The key whose queued count the push adds the job's copy to; empty: the delivery is not limited."""
-    key = delivery.envelope.limit_key
-    return key.encode() if key and delivery.limit is not None else b""
-
-
 #: One script call: its keys and arguments, and how many bytes of jobs' fields it carries.
 Chunk = tuple[list[str], list[Any], int]
 
@@ -292,8 +286,16 @@ def chunks(
         shared.append(keys.rq_registry("canceled", queue))
         for start in range(0, len(items), PUSH_CHUNK):
             part = items[start : start + PUSH_CHUNK]
-            args: list[Any] = [enqueued_at, queue, *(_argument(own, _limit_key(d)) for d, own in part)]
-            life = max((d.lease_s for d, _ in part if d.limit is not None), default=None)
+            args: list[Any] = [enqueued_at, queue]
+            life = None  # the longest lease of the part's limited deliveries (one walk of the part)
+            for d, own in part:
+                if d.limit is not None:
+                    key = d.envelope.limit_key
+                    args.append(_argument(own, key.encode() if key else b""))
+                    if life is None or d.lease_s > life:
+                        life = d.lease_s
+                else:
+                    args.append(_argument(own, b""))
             if life is not None:  # the queued counts' lifetime: two leases
                 args.append(str(2 * max(1, int(life * 1000))))
             call_keys = shared + [keys.rq_job(d.envelope.id) for d, _ in part]
