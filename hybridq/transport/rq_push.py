@@ -189,26 +189,14 @@ if #ids > 0 then
     redis.call("ZREM", KEYS[4], unpack(ids))
 end
 -- The copies queued of limited jobs, on their keys' queued counts in the same call (a claim
--- never comes before its add, and no crash falls between the push and the add), each count
--- to expire ARGV[#KEYS - 1] from now (two leases; docs/forwarder.md, "Limits per key"). Per key
--- one SET ... PX ... GET of the copies added: a count that was absent or 0 (a key per tenant:
--- its claims took it to 0) is then made in one command, not an INCRBY and a PEXPIRE
--- (docs/benchmarks.md, "One call fewer per claim"); one that held copies (or was below zero: a
--- refilled copy's take before its add) is set again to the sum, a second SET. A count of the
--- wrong type (another writer's) fails its own key only (pcall: SET ... GET leaves it as it
--- was), and one that is not an integer (another writer's text) is put back, with this expiry:
--- the forwarders' read holds that key, until it expires.
-local life = ARGV[#KEYS - 1]
+-- never comes before its add, and no crash falls between the push and the add): per key one
+-- INCRBY and one PEXPIRE, to ARGV[#KEYS - 1] (two leases; docs/forwarder.md, "Limits per
+-- key"). A count of the wrong type (another writer's) fails its own key only (pcall): the
+-- forwarders' read holds that key.
 for _, key in ipairs(order) do
     local count = "{keys.LIMIT_PREFIX}" .. key .. ":queued"
-    local n = adds[key]
-    local was = redis.pcall("SET", count, n, "PX", life, "GET")
-    if was and was ~= "0" and type(was) == "string" then
-        if string.find(was, "^%-?%d+$") then
-            redis.call("SET", count, tonumber(was) + n, "PX", life)
-        else
-            redis.call("SET", count, was, "PX", life)
-        end
+    if type(redis.pcall("INCRBY", count, adds[key])) == "number" then
+        redis.call("PEXPIRE", count, ARGV[#KEYS - 1])
     end
 end
 if not ok then

@@ -151,31 +151,3 @@ def test_jobs_of_different_leases_in_one_push_keep_their_count_the_longer_lease(
     transport.push([short, long])
     assert count(conn, "k5") == 2
     assert 2 * LEASE_S * 1000 < conn.pttl(f"{keys.LIMIT_PREFIX}k5:queued") <= 60_000
-
-
-def test_a_count_the_push_finds_is_added_to_whatever_it_held_and_expires_two_leases_on(
-    transport: RQTransport,
-) -> None:
-    """The add is one SET ... GET (a second SET when the count held copies or was below zero):
-    absent, 0, copies still counted and below zero each end at what an INCRBY would give, the
-    expiry two leases from the push."""
-    conn = transport.connection
-    prefix = keys.LIMIT_PREFIX
-    conn.set(f"{prefix}z:queued", 0, px=600_000)  # a key per tenant: its claims took it to 0
-    conn.set(f"{prefix}held:queued", 3)  # copies still counted
-    conn.set(f"{prefix}below:queued", -1, px=600_000)  # a refilled copy taken before its add
-    transport.push([job("new"), job("new"), job("z"), job("held"), job("held"), job("below"), job("below")])
-    assert [count(conn, k) for k in ("new", "z", "held", "below")] == [2, 1, 5, 1]
-    for key in ("new", "z", "held", "below"):
-        assert 0 < conn.pttl(f"{prefix}{key}:queued") <= 2 * LEASE_S * 1000, key
-
-
-def test_a_count_that_is_not_an_integer_is_left_as_it_was(transport: RQTransport) -> None:
-    """Another writer's text (not a count) stays (the forwarders' read holds such a key), as with
-    the INCRBY that refused it before; it now expires two leases after the push."""
-    conn = transport.connection
-    conn.set(f"{keys.LIMIT_PREFIX}text:queued", "nan")
-    assert transport.push([job("text"), job("fine")]).pushed == 2
-    assert conn.get(f"{keys.LIMIT_PREFIX}text:queued") == b"nan"
-    assert 0 < conn.pttl(f"{keys.LIMIT_PREFIX}text:queued") <= 2 * LEASE_S * 1000
-    assert count(conn, "fine") == 1
