@@ -178,7 +178,6 @@ local rq, name, stamp = ARGV[1], ARGV[2], ARGV[3]
 local server = {}
 local replies = {}
 local lists = {}  -- queue -> its intermediate list's key, made once per call
-local current = nil  -- the job being started's ``known`` (its mark still to write on an error)
 local function start(i)
     local id, queue, exec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local job = rq .. ":job:" .. id
@@ -187,36 +186,22 @@ local function start(i)
         intermediate = rq .. ":queue:" .. queue .. ":intermediate"
         lists[queue] = intermediate
     end
-    local f = redis.call("HMGET", job, "status", "hybridq_cancel", "hybridq_left")
+    local f = redis.call("HMGET", job, "status", "hybridq_cancel")
     if not f[1] then
         -- Gone since the take (a refill purged it): nothing to start, nothing to write back.
         redis.call("LREM", intermediate, 1, id)
         return {4, "gone"}
     end
     -- The claim reads no more of the job hash: its cancel mark is read here, and the
-    -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields; so is a
-    -- limited copy's hybridq_left mark when the claim took the copy off its key's queued count
-    -- (known.mark: hybridq.worker.limit_scripts, limit_left), one HSETNX fewer per limited job.
-    local known = {cancel = f[2] ~= false, left = f[3] ~= false, job = job}
-    current = known
+    -- hybridq_started of a new claim is written below, in the one HSET of RQ's fields.
+    local known = {cancel = f[2] ~= false}
     local reply = claim({ARGV[i + 3], ARGV[i + 4], job, ARGV[i + 5], ARGV[i + 11]},
         {ARGV[i + 6], ARGV[i + 7], id, ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 12]},
         server, known)
     -- RQ's prepare_job_execution; hybridq_exec names this execution (END and RECORD check it).
     -- A copy that found another delivery running the job (BUSY) names no execution: RQ's
     -- ending stays that run's to write, whether or not this copy ever ends.
-    if known.mark then
-        known.mark = false
-        if reply[1] == 3 then
-            redis.call("HSET", job, "status", "started", "hybridq_left", "1")
-        elseif known.started then
-            redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
-                "worker_name", name, "hybridq_exec", exec, "hybridq_started", known.started, "hybridq_left", "1")
-        else
-            redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
-                "worker_name", name, "hybridq_exec", exec, "hybridq_left", "1")
-        end
-    elseif reply[1] == 3 then
+    if reply[1] == 3 then
         redis.call("HSET", job, "status", "started")
     elseif known.started then
         redis.call("HSET", job, "last_heartbeat", stamp, "status", "started", "started_at", stamp,
@@ -232,14 +217,7 @@ local function start(i)
     return reply
 end
 for i = 4, #ARGV, START_ARITY do
-    current = nil
-    local ok, reply = pcall(start, i)
-    if not ok and current and current.mark then
-        -- The claim took the copy off its key's count, then failed before the HSET above: the
-        -- mark now, so a claim sent again takes nothing more (a copy never taken off twice).
-        redis.pcall("HSET", current.job, "hybridq_left", "1")
-    end
-    ok, reply = isolate(ok, reply)
+    local ok, reply = isolate(pcall(start, i))
     replies[#replies + 1] = ok and reply or {-1, reply}
 end
 redis.call("HSET", rq .. ":worker:" .. name, "state", "busy", "last_heartbeat", stamp)

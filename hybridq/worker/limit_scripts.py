@@ -65,9 +65,9 @@ END_STORED_S = 70
 #: gives ``c, r, p, run, queued, starts`` or nil; ``limit_run_of(token, at)`` the ``run`` key
 #: alone; ``limit_num(text, server)``, a number given as text; ``limit_admit(token, c, r, p, run,
 #: starts, lease ms, server)`` (the why of a refusal or nil, and the slots counted),
-#: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists, known)``,
-#: ``limit_left(queued, job hash, lease ms, server, exists, known)`` (a copy left its queue without
-#: running; ``exists``: the caller knows the job hash exists; ``known``: the claim's, below), ``limit_renew(run, token, lease ms,
+#: ``limit_hold(token, r, p, run, starts, queued, lease ms, job hash, server, fresh, exists)``,
+#: ``limit_left(queued, job hash, lease ms, server, exists)`` (a copy left its queue without
+#: running; ``exists``: the caller knows the job hash exists), ``limit_renew(run, token, lease ms,
 #: ended, server, ours)`` and ``limit_end(token, at or nil, kept, server or nil, life, replaced
 #: token or nil)``. ``server`` caches, per
 #: script call, Redis's clock, its ``run_id``, the numbers read from text, the keys trimmed, the
@@ -241,16 +241,9 @@ end
 local function limit_run_expire(run, lease_ms, server)
     limit_expire(run, 2 * lease_ms + 1000, server, lease_ms * 1.5 + 1000)
 end
--- ``exists``: the caller knows the job hash exists (no EXISTS). ``known`` (the pool's START:
--- hybridq.worker.batch_scripts): the caller read the mark with the job's other fields
--- (``known.left``) and writes it in its own HSET of them, in the same script call (``known.mark``;
--- on an error after this, its error path writes it): no HSETNX of its own, a command fewer per
--- limited claim (docs/benchmarks.md, "One call fewer per claim").
-local function limit_left(queued, job, lease_ms, server, exists, known)
-    if known then
-        if known.left then return end
-        known.left, known.mark = true, true
-    elseif (exists or redis.call("EXISTS", job) == 1) and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
+-- ``exists``: the caller knows the job hash exists (no EXISTS).
+local function limit_left(queued, job, lease_ms, server, exists)
+    if (exists or redis.call("EXISTS", job) == 1) and redis.call("HSETNX", job, "hybridq_left", "1") == 0 then
         return
     end
     -- Above 0 or at 0 nothing more: the key existed (a DECR of no key gives -1), so it expires
@@ -266,7 +259,7 @@ local function limit_left(queued, job, lease_ms, server, exists, known)
 end
 -- ``fresh``: the admission counted no slot (the set did not exist): the ZADD makes it, with no
 -- expiry to keep (no PTTL).
-local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, server, fresh, exists, known)
+local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, server, fresh, exists)
     local now = server.now or limit_now(server)
     -- A new start unless the run holds a live slot (a claim sent again). NX first: a new run
     -- (nearly every claim) costs one command; a lapsed slot of its own (the claim made again
@@ -290,7 +283,7 @@ local function limit_hold(token, r, p, run, starts, queued, lease_ms, job, serve
             redis.call("ZADD", starts, now, token)
             limit_expire(starts, p + 1000, server)
         end
-        limit_left(queued, job, lease_ms, server, exists, known)
+        limit_left(queued, job, lease_ms, server, exists)
     end
 end
 -- The ends of runs kept (those a stored outcome will not name: ``limit_end``) are kept a minute

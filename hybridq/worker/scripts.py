@@ -69,8 +69,7 @@ CALL_TIMEOUT_S = 5.0
 # the caller read the job hash, which exists, and says whether it is marked cancelled
 # (``known.cancel``); the claim then reads neither, and leaves the ``hybridq_started`` a new
 # claim writes in ``known.started`` for the caller's own write of that hash:
-# hybridq.worker.batch_scripts.START; likewise a limited copy's ``hybridq_left`` mark, read in
-# ``known.left``, to be written when the claim sets ``known.mark``: limit_left).
+# hybridq.worker.batch_scripts.START).
 CLAIM_LUA = (
     DECODE_STORED_LUA
     + LIMIT_LUA
@@ -89,7 +88,7 @@ local function claim(K, A, server, known)
     local cancelled = known and known.cancel
     if not known then cancelled = redis.call("HEXISTS", K[3], "hybridq_cancel") == 1 end
     if cancelled then
-        if lim then limit_left(queued, K[3], lease, server, exists, known) end
+        if lim then limit_left(queued, K[3], lease, server, exists) end
         return {5, "cancelled"}  -- the forwarder marked the job cancelled (hybridq.forwarder.cancelling)
     end
     local epoch = false
@@ -117,7 +116,7 @@ local function claim(K, A, server, known)
             end
         end
         if why then
-            if lim then limit_left(queued, K[3], lease, server, exists, known) end  -- (the refill queues it again)
+            if lim then limit_left(queued, K[3], lease, server, exists) end  -- (the refill queues it again)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")  -- for the refill pass
             end
@@ -129,7 +128,7 @@ local function claim(K, A, server, known)
         -- starts: the lease is ours, for a whole lease from now. After the fences: a Redis back
         -- from a snapshot holding it is not the server the claim was made on.
         redis.call("PEXPIRE", K[2], A[2])
-        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, false, exists, known) end
+        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, false, exists) end
         return {0, ""}
     end
     -- As text (a Lua number written by HSET goes through snprintf): requeue * 100000 + attempt.
@@ -139,17 +138,17 @@ local function claim(K, A, server, known)
         -- Each runs nothing: the copy left its queue (off its limit key's queued count, once).
         local ok, r = decode_stored(stored)
         if not ok then
-            if lim then limit_left(queued, K[3], lease, server, exists, known) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {4, "unreadable"}  -- not "nothing stored": its key may have finished
         end
         local rq, at = tonumber(r.requeue) or 0, tonumber(r.attempt) or 0
         local my_rq, my_at = tonumber(A[4]), tonumber(A[5])
         if r.outcome == "succeeded" or (r.final and rq >= my_rq) then
-            if lim then limit_left(queued, K[3], lease, server, exists, known) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {1, stored}
         end
         if r.job_id == A[3] and (rq > my_rq or (rq == my_rq and at >= my_at)) then
-            if lim then limit_left(queued, K[3], lease, server, exists, known) end
+            if lim then limit_left(queued, K[3], lease, server, exists) end
             return {2, stored}
         end
     end
@@ -163,7 +162,7 @@ local function claim(K, A, server, known)
         local why
         why, slots = limit_admit(A[1], lc, lr, lp, lim, starts, lease, server)
         if why then
-            limit_left(queued, K[3], lease, server, exists, known)
+            limit_left(queued, K[3], lease, server, exists)
             if redis.call("EXISTS", K[3]) == 1 then
                 redis.call("HSET", K[3], "hybridq_fenced", "1")
             end
@@ -171,7 +170,7 @@ local function claim(K, A, server, known)
         end
     end
     if redis.call("SET", K[2], A[1], "NX", "PX", A[2]) then
-        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, slots == 0, exists, known) end
+        if lim then limit_hold(A[1], lr, lp, lim, starts, queued, lease, K[3], server, slots == 0, exists) end
         -- The task is about to start: from now on this run counts as an attempt (the forwarder
         -- tells "started, then lost" from "taken, never started" by this field).
         if known then
@@ -184,7 +183,7 @@ local function claim(K, A, server, known)
         end
         return {0, ""}
     end
-    if lim then limit_left(queued, K[3], lease, server, exists, known) end  -- (runs nothing: the copy left)
+    if lim then limit_left(queued, K[3], lease, server, exists) end  -- (runs nothing: the copy left)
     return {3, redis.call("GET", K[2]) or ""}
 end
 """

@@ -168,26 +168,6 @@ def test_a_start_sent_again_takes_each_copy_off_the_queued_count_once(redis_serv
     assert all(client.hget(keys.rq_job(i.job_id), "hybridq_left") == b"1" for i in items)
 
 
-def test_a_claim_that_fails_after_taking_its_copy_off_the_queued_count_still_marks_it(
-    redis_server: RedisServer,
-) -> None:
-    """START writes a limited copy's ``hybridq_left`` mark in its own HSET of the job's fields (no
-    HSETNX of the claim's): a claim failing between its take and that HSET (here: its started
-    event's stream of the wrong type) still leaves the mark, so nothing takes the copy off again
-    and a delivery replacing it is counted (hybridq.transport.rq_push)."""
-    client, items = take_limited(redis_server, 1, "5,0,0,tenant:b10")
-    queued = f"{keys.LIMIT_PREFIX}tenant:b10:queued"
-    client.set(queued, 1, px=60_000)
-    client.set("not-a-stream", "x")
-    part = batch_scripts.claim_part(items[0])
-    part[8], part[9] = "not-a-stream", "an event"  # the owner's stream and the started event
-    args = [keys.RQ_PREFIX, "w1", "2026-01-01T00:00:00.000000Z", items[0].job_id, QUEUE, "e0", *part]
-    [reply] = scripts.call(client, batch_scripts.START, [], args)
-    assert int(reply[0]) == -1, reply
-    assert int(client.get(queued) or 0) == 0
-    assert client.hget(keys.rq_job(items[0].job_id), "hybridq_left") == b"1"
-
-
 def test_runs_of_different_leases_in_one_start_call_each_lapse_at_their_own_lease(
     redis_server: RedisServer,
 ) -> None:
