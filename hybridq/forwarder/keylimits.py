@@ -27,9 +27,8 @@ import math
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridq.errors import TransportError
 from hybridq.protocol.keylimits import Limit, Limits
@@ -56,9 +55,13 @@ SEEN_S = 30.0
 FIGURES_MAX = 500
 
 
-@dataclass(frozen=True, slots=True)
-class KeyState:
-    """A limit key as the last look saw it (for ``status``, metrics and ``doctor``)."""
+class KeyState(NamedTuple):
+    """A limit key as the last look saw it (for ``status``, metrics and ``doctor``).
+
+    A named tuple, not a frozen dataclass: one is made per key read (each key once with a key
+    per tenant), and a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) was
+    a third of the gate's Python (docs/benchmarks.md, "One call fewer per claim").
+    """
 
     key: str
     policy: str
@@ -90,6 +93,7 @@ class KeyLimits:
         #: the room that read gave.
         self._room: dict[str, tuple[int, float, int]] = {}
         self._policies: dict[str, Limit | None] = {}
+        self._texts: dict[Limit, str] = {}  # each policy's text, made once (not once per key)
         self._asked: dict[str, None] = {}
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
@@ -111,9 +115,16 @@ class KeyLimits:
 
     def room(self, key: str) -> int:
         """Jobs of ``key`` that may be pushed now (``sys.maxsize``: not limited)."""
-        if self._open or self._policy(key) is None:
+        if self._open:
             return sys.maxsize
-        room, at, read = self._room.get(key, (0, -math.inf, 0))
+        # Only limited keys are read: a key with a room is limited (no policy looked up).
+        entry = self._room.get(key)
+        if entry is None:
+            if self._policy(key) is None:
+                return sys.maxsize
+            self._asked[key] = None  # read at the next look
+            return 0
+        room, at, read = entry
         if room <= 0:
             self._asked[key] = None  # read at the next look
         elif (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
@@ -127,9 +138,14 @@ class KeyLimits:
         them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
         copies (``by_push=False``) always are.
         """
-        if self._open or self._policy(key) is None:
+        if self._open:
             return
-        room, at, read = self._room.get(key, (0, -math.inf, 0))
+        entry = self._room.get(key)
+        if entry is None:
+            if self._policy(key) is None:
+                return
+            entry = (0, -math.inf, 0)
+        room, at, read = entry
         self._room[key] = (room - n, at, read)
         if not (by_push and self._push_counts):
             self._added[key] += n
@@ -209,15 +225,15 @@ class KeyLimits:
             self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 2 * TRUST_S}
         changed = False
         for key, use in uses.items():
-            free = self._free(key, use)
+            limit = self._policy(key)
+            free = self._free(limit, use)
             self._room[key] = (free, mono, free)
-            changed |= self._note(key, use, now)
+            changed |= self._note(key, limit, use, now)
         if changed:
             self._figures = None
         return changed
 
-    def _free(self, key: str, use: KeyUse) -> int:
-        limit = self._policy(key)
+    def _free(self, limit: Limit | None, use: KeyUse) -> int:
         if limit is None:
             return sys.maxsize
         if use.quarantine_s > 0:
@@ -229,12 +245,12 @@ class KeyLimits:
             free = min(free, limit.rate - use.started - use.queued)
         return max(0, free)
 
-    def _note(self, key: str, use: KeyUse, now: float) -> bool:
+    def _note(self, key: str, limit: Limit | None, use: KeyUse, now: float) -> bool:
         """Keep what the look saw of ``key``; whether it changed."""
         before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
         room = self._room[key][0]
         blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
-        policy = before.policy if before is not None else self._text(key)
+        policy = before.policy if before is not None else self._text(limit)
         state = KeyState(
             key, policy, use.running, use.queued, use.started, use.quarantine_s, room, blocked, now
         )
@@ -248,9 +264,13 @@ class KeyLimits:
             return False
         return (before is None) or (before.blocked_since is None) != (blocked is None)
 
-    def _text(self, key: str) -> str:
-        limit = self._policy(key)
-        return limit.text() if limit else ""
+    def _text(self, limit: Limit | None) -> str:
+        if limit is None:
+            return ""
+        text = self._texts.get(limit)
+        if text is None:
+            text = self._texts[limit] = limit.text()
+        return text
 
     def figures(self) -> dict[str, dict[str, Any]]:
         """Up to :data:`FIGURES_MAX` keys read within :data:`SEEN_S`, held longest first (any thread).
