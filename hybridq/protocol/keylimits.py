@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hybridq.errors import ConfigError
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PERIODS", "Limit", "Limits", "limit_key_of", "parse_limit", "parse_limits"]
 
+#: The most keys :meth:`Limits.of` remembers (a key past it is matched each time).
+_OF_MAX = 65_536
 #: The periods a rate may be given in, in milliseconds.
 PERIODS = {"s": 1000, "m": 60_000, "h": 3_600_000}
 
@@ -78,6 +80,10 @@ class Limits:
     """The policies, by glob pattern on the key: the **first** pattern given that matches wins."""
 
     rules: tuple[tuple[str, Limit], ...] = ()
+    #: Each key's policy as the globs matched it (up to :data:`_OF_MAX` keys): the forwarder asks
+    #: once per delivery, and a glob match per rule cost 0.6 us a key with one rule, 1.4 with
+    #: three, against 0.04 for this lookup (docs/benchmarks.md, "One call fewer per claim").
+    _of: dict[str, Limit | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -86,10 +92,18 @@ class Limits:
         """The policy of ``key`` (``None``: the key is not limited)."""
         if key is None:
             return None
-        for pattern, limit in self.rules:
+        try:
+            return self._of[key]
+        except KeyError:
+            pass
+        limit = None
+        for pattern, rule in self.rules:
             if fnmatch.fnmatchcase(key, pattern):
-                return limit
-        return None
+                limit = rule
+                break
+        if len(self._of) < _OF_MAX:
+            self._of[key] = limit
+        return limit
 
     def texts(self) -> list[str]:
         """The policies as ``--limit`` takes them, in order."""
