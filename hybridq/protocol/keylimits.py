@@ -40,10 +40,19 @@ class Limit:
     concurrency: int = 0
     rate: int = 0
     period_ms: int = 0
+    #: Each key's wire text (up to :data:`_OF_MAX` keys): made once per delivery otherwise.
+    _wires: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def wire(self, key: str) -> str:
         """The policy of ``key`` as a delivery carries it (the claim script parses it)."""
-        return f"{self.concurrency},{self.rate},{self.period_ms},{key}"
+        try:
+            return self._wires[key]
+        except KeyError:
+            pass
+        text = f"{self.concurrency},{self.rate},{self.period_ms},{key}"
+        if len(self._wires) < _OF_MAX:
+            self._wires[key] = text
+        return text
 
     def text(self) -> str:
         """The policy as an operator writes it (``concurrency:2,rate:10/s``)."""
