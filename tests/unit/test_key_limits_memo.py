@@ -1,0 +1,60 @@
+"""Per-key limits: the memo of each key's policy (``Limits.of``) and a delivery's policy text.
+
+The forwarder asks a key's policy once per delivery; the memo must neither slow a key never
+seen for long (a key per job) nor hold more than its bound (docs/benchmarks.md, "One call
+fewer per claim").
+"""
+
+from __future__ import annotations
+
+import pytest
+from hybridq.protocol import keylimits
+from hybridq.protocol.keylimits import Limit, parse_limits
+
+
+@pytest.fixture
+def small_bound(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(keylimits, "_OF_MAX", 8)
+    return 8
+
+
+def test_the_memo_is_emptied_at_its_bound_and_keeps_new_keys(small_bound: int) -> None:
+    limits = parse_limits(["k:*=concurrency:2"])
+    for i in range(small_bound):
+        assert limits.of(f"k:{i}") == Limit(2, 0, 0)
+    assert len(limits._of) == small_bound
+    assert limits.of("k:new") == Limit(2, 0, 0)  # past the bound: emptied, then remembered
+    assert limits._of == {"k:new": Limit(2, 0, 0)}
+    for i in range(3 * small_bound):
+        assert len(limits._of) <= small_bound
+        assert limits.of(f"other:{i}") is None
+        assert limits.of(f"k:x{i}") == Limit(2, 0, 0)
+
+
+def test_a_key_past_the_bound_is_answered_right(small_bound: int) -> None:
+    limits = parse_limits(["vip:*=concurrency:9", "k:*=rate:3/s"])
+    keys = [f"{p}:{i}" for i in range(5 * small_bound) for p in ("vip", "k", "none")]
+    want = {"vip": Limit(9, 0, 0), "k": Limit(0, 3, 1000), "none": None}
+    for _ in range(2):  # once as new keys, once as keys the emptied memo may or may not hold
+        for key in keys:
+            assert limits.of(key) == want[key.partition(":")[0]]
+
+
+def test_without_rules_nothing_is_remembered() -> None:
+    limits = parse_limits(None)
+    for i in range(100):
+        assert limits.of(f"tenant:{i}") is None
+    assert limits._of == {}
+
+
+def test_a_key_limited_as_none_is_remembered_as_none() -> None:
+    limits = parse_limits(["k:*=concurrency:1"])
+    assert limits.of("other") is None
+    assert limits._of == {"other": None}
+    assert limits.of("other") is None
+
+
+def test_the_wire_text_is_the_policy_and_the_key() -> None:
+    for limit in (Limit(3, 7, 1000), Limit(1), Limit(0, 5, 60_000), parse_limits(["a=rate:2/h"]).rules[0][1]):
+        for key in ("tenant:1", "", "ключ", "a,b"):
+            assert limit.wire(key) == f"{limit.concurrency},{limit.rate},{limit.period_ms},{key}"
