@@ -92,7 +92,9 @@ class KeyLimits:
         #: Per key: its room (counted down by pushes since), when it was read (monotonic) and
         #: the room that read gave.
         self._room: dict[str, tuple[int, float, int]] = {}
-        self._policies: dict[str, Limit | None] = {}
+        #: A key's policy: the globs matched once per key, in the policies' own memo (one memo of
+        #: each key for the gate and the deliveries; docs/benchmarks.md, "One call fewer per claim").
+        self._policy = limits.of
         self._texts: dict[Limit, str] = {}  # each policy's text, made once (not once per key)
         self._asked: dict[str, None] = {}
         self._added: collections.Counter[str] = collections.Counter()
@@ -149,16 +151,6 @@ class KeyLimits:
         self._room[key] = (room - n, at, read)
         if not (by_push and self._push_counts):
             self._added[key] += n
-
-    def _policy(self, key: str) -> Limit | None:
-        """The policy of ``key`` (the globs matched once per key, up to 65,536 keys remembered)."""
-        try:
-            return self._policies[key]
-        except KeyError:
-            policy = self.limits.of(key)
-            if len(self._policies) < 65536:
-                self._policies[key] = policy
-            return policy
 
     def prefetch(self, keys: Iterable[str]) -> None:
         """Read now, in one call, those of ``keys`` never read: their jobs go with this batch.
