@@ -100,6 +100,17 @@ class Limits:
     def __bool__(self) -> bool:
         return bool(self.rules)
 
+    def __getstate__(self) -> tuple[tuple[tuple[str, Limit], ...]]:
+        """The rules only: a pickled or copied ``Limits`` starts with an empty memo.
+
+        A one-item tuple (never false, so unpickling always calls :meth:`__setstate__`).
+        """
+        return (self.rules,)
+
+    def __setstate__(self, state: tuple[tuple[tuple[str, Limit], ...]]) -> None:
+        object.__setattr__(self, "rules", state[0])
+        object.__setattr__(self, "_of", {})
+
     def of(self, key: str | None) -> Limit | None:
         """The policy of ``key`` (``None``: the key is not limited)."""
         if key is None or not self.rules:

@@ -7,6 +7,9 @@ fewer per claim").
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 from hybridq.protocol import keylimits
 from hybridq.protocol.keylimits import Limit, parse_limits
@@ -58,3 +61,18 @@ def test_the_wire_text_is_the_policy_and_the_key() -> None:
     for limit in (Limit(3, 7, 1000), Limit(1), Limit(0, 5, 60_000), parse_limits(["a=rate:2/h"]).rules[0][1]):
         for key in ("tenant:1", "", "ключ", "a,b"):
             assert limit.wire(key) == f"{limit.concurrency},{limit.rate},{limit.period_ms},{key}"
+
+
+@pytest.mark.parametrize("rules", [["k:*=concurrency:2", "v=rate:1/s"], []])
+def test_a_pickled_or_copied_limits_carries_no_memo(rules: list[str]) -> None:
+    limits = parse_limits(rules)
+    for i in range(1000):
+        limits.of(f"k:{i}")
+    small = len(pickle.dumps(parse_limits(rules)))
+    for copied in (pickle.loads(pickle.dumps(limits)), copy.copy(limits), copy.deepcopy(limits)):
+        assert copied == limits
+        assert hash(copied) == hash(limits)
+        assert copied._of == {}
+        assert copied.of("k:1") == limits.of("k:1")
+        assert copied.of("v") == limits.of("v")
+    assert len(pickle.dumps(limits)) == small
