@@ -60,7 +60,8 @@ class KeyState(NamedTuple):
 
     A named tuple, not a frozen dataclass: one is made per key read (each key once with a key
     per tenant), and a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) was
-    a third of the gate's Python (docs/benchmarks.md, "One call fewer per claim").
+    a third of the gate's Python (docs/benchmarks.md, "One call fewer per claim"). Read its
+    fields by name, as before: that it also unpacks and equals a plain tuple is not promised.
     """
 
     key: str
