@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
+from collections.abc import Mapping
 
 import pytest
+from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.protocol import keylimits
 from hybridq.protocol.keylimits import Limit, parse_limits
+from hybridq.transport.base import KeyUse
 
 
 @pytest.fixture
@@ -76,3 +80,56 @@ def test_a_pickled_or_copied_limits_carries_no_memo(rules: list[str]) -> None:
         assert copied.of("k:1") == limits.of("k:1")
         assert copied.of("v") == limits.of("v")
     assert len(pickle.dumps(limits)) == small
+
+
+def test_the_memo_is_not_compared_hashed_or_shown() -> None:
+    used, fresh = parse_limits(["k:*=concurrency:2"]), parse_limits(["k:*=concurrency:2"])
+    used.of("k:1")
+    used.of("other")
+    assert used == fresh
+    assert hash(used) == hash(fresh)
+    assert repr(used) == repr(fresh) == "Limits(rules=(('k:*', Limit(concurrency=2, rate=0, period_ms=0)),))"
+    assert Limit(2) == Limit(2, 0, 0)
+    assert hash(Limit(2)) == hash(Limit(2, 0, 0))
+    assert repr(Limit(2)) == "Limit(concurrency=2, rate=0, period_ms=0)"
+
+
+class _Counting:
+    """A transport that holds nothing (room everywhere) and counts the keys it is asked."""
+
+    counts_limited_pushes = True
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def key_use(
+        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
+    ) -> dict[str, KeyUse]:
+        self.asked.append(sorted(periods))
+        return {k: KeyUse(0, 0, 0, 0.0) for k in periods}
+
+
+def test_room_asks_the_policy_only_of_a_key_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = parse_limits(["k:*=concurrency:2"])
+    transport = _Counting()
+    gate = KeyLimits(limits, transport, lease_s=2.0)  # type: ignore[arg-type]
+    asked: list[str] = []
+    of = limits.of
+
+    def counted(key: str | None) -> Limit | None:
+        asked.append(str(key))
+        return of(key)
+
+    monkeypatch.setattr(gate, "_policy", counted)
+    assert gate.room("free") == sys.maxsize, "a key no pattern matches is not limited"
+    assert gate.room("k:1") == 0, "a limited key never read has no room until it is read"
+    assert asked == ["free", "k:1"]
+    gate.look()
+    assert transport.asked == [["k:1"]], "only the limited key is read"
+    asked.clear()
+    assert gate.room("k:1") == 2
+    gate.pushed("k:1", 1)
+    assert gate.room("k:1") == 1
+    assert asked == [], "a key with a room is limited: its policy is not looked up again"
+    state = gate.states()[0]
+    assert (state.key, state.policy, state.room, state.blocked_since) == ("k:1", "concurrency:2", 2, None)
