@@ -10,10 +10,12 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
@@ -60,13 +62,28 @@ WHERE excluded.requeue > jobs.requeue
 # after all), and a success with its result beats one without (a run's event whose success was
 # kept from another run carries none).
 _DONE = """
-UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
-    ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
+UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?),
+    started = coalesce({started}, started), ended = ?, result = {result}, rkept = ?,
+    rbytes = {rbytes}, error = {error}, dup_of = coalesce({dup_of}, dup_of)
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
     OR (outcome = 'failed' AND ? = 'succeeded')
     OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
     OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
 """
+#: The columns of ``_DONE`` that are often NULL. Each is bound as ``?`` when it has a value and
+#: written ``NULL`` in the statement when it has none: sqlite3 binds None through its adapter
+#: lookup, which fails with an exception formatted and cleared (about 3k instructions a value,
+#: three a succeeded job: docs/benchmarks.md, "Fewer writes per job").
+_NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
+
+
+@functools.cache
+def _done_sql(nulls: tuple[bool, ...]) -> str:
+    """``_DONE`` with ``NULL`` for the nullable columns ``nulls`` flags (in ``_NULLABLE`` order)."""
+    slots = {name: "NULL" if null else "?" for name, null in zip(_NULLABLE, nulls, strict=True)}
+    return _DONE.format(**slots)
+
+
 # A failed run with a retry to come: ``ended`` holds when it failed (the retrying list's "last
 # failed at", docs/dashboard.md) until a run starts or an outcome is known.
 _RETRY = """
@@ -220,29 +237,35 @@ def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
 
 def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
-    done, retry, lost, dup = [], [], [], []
+    done: list[tuple[tuple[bool, ...], tuple[Any, ...]]] = []
+    retry, lost, dup = [], [], []
     for e in entries:
         where = (e.job_id, *e.loc)
         if e.kind == EntryKind.DONE:
             # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry).
             result = dumps_ascii(e.result) if e.result_kept else None
-            outcome = e.outcome or "failed"
+            # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
+            outcome = str(e.outcome or "failed")
+            nullable = (e.started, result, e.result_bytes, sql_text(e.error), e.dup_of)
+            nulls = tuple(v is None for v in nullable)
+            started, result, rbytes, error, dup_of = nullable
             done.append(
                 (
-                    outcome,
-                    max(0, e.attempt - e.later),
-                    e.started,
-                    e.at,
-                    result,
-                    int(e.result_kept),
-                    e.result_bytes,
-                    sql_text(e.error),
-                    e.dup_of,
-                    *where,
-                    outcome,
-                    outcome,
-                    outcome,
-                    int(e.result_kept),
+                    nulls,
+                    (
+                        outcome,
+                        max(0, e.attempt - e.later),
+                        *((started,) if started is not None else ()),
+                        e.at,
+                        *((result,) if result is not None else ()),
+                        int(e.result_kept),
+                        *(v for v in (rbytes, error, dup_of) if v is not None),
+                        *where,
+                        outcome,
+                        outcome,
+                        outcome,
+                        int(e.result_kept),
+                    ),
                 )
             )
         elif e.kind == EntryKind.RETRY:
@@ -251,6 +274,10 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:
             dup.append((e.dup_of, *where))
-    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup), (_DONE, done)):
+    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
         if rows:
             db.executemany(sql, rows)
+    # In their order (two outcomes of one job: the first wins among equals), a statement per
+    # run of entries with the same NULL columns (in a burn: one run, every job succeeded alike).
+    for nulls, run in itertools.groupby(done, key=lambda d: d[0]):
+        db.executemany(_done_sql(nulls), [params for _, params in run])
