@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.format import segment_name
 from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
@@ -200,6 +201,35 @@ class _Tail:
             return {}
         chains = list_chains(self.path)
         return {w: p for w, p in self.reader.position.items() if w in chains}
+
+
+def _read_all(
+    path: str, marks: Mapping[str, tuple[int, int, int]], noted: Iterable[str]
+) -> dict[str, ChainPosition] | None:
+    """The chains' ends if nothing is past ``marks`` in the ledger ``path``; else ``None`` (read it).
+
+    Each chain must end in its mark's segment; one not ``noted`` (another writer's: its entries
+    are read from the file) must end at its mark's offset too (one ``stat``). Tells, without a
+    reader, that a catch-up has nothing of the files to read (docs/benchmarks.md, "Fewer writes
+    per job"); a torn tail or anything else unsure answers ``None``, and the files are read.
+    """
+    if not os.path.isdir(path):
+        return {}
+    own = set(noted)
+    ends: dict[str, ChainPosition] = {}
+    for writer, indices in list_chains(path).items():
+        mark = marks.get(writer)
+        if mark is None or mark[0] != indices[-1]:
+            return None
+        if writer not in own:
+            try:
+                size = os.stat(os.path.join(path, segment_name(writer, indices[-1]))).st_size
+            except FileNotFoundError:
+                return None
+            if size != mark[1]:
+                return None
+        ends[writer] = ChainPosition(*mark)
+    return ends
 
 
 def _entries(records: Iterable[Record]) -> Iterator[Entry]:
