@@ -11,7 +11,6 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
@@ -76,6 +75,8 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
 #: lookup, which fails with an exception formatted and cleared (about 3k instructions a value,
 #: three a succeeded job: docs/benchmarks.md, "Fewer writes per job").
 _NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
+#: A success as a burn's no-op jobs have it: started and result known, the rest none.
+_SUCCEEDED = (False, False, True, True, True)
 
 
 @functools.cache
@@ -276,28 +277,15 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
             result = dumps_ascii(e.result) if e.result_kept else None
             # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
             outcome = str(e.outcome or "failed")
-            nullable = (e.started, result, e.result_bytes, sql_text(e.error), e.dup_of)
-            nulls = tuple(v is None for v in nullable)
-            started, result, rbytes, error, dup_of = nullable
-            done.append(
-                (
-                    nulls,
-                    (
-                        outcome,
-                        max(0, e.attempt - e.later),
-                        *((started,) if started is not None else ()),
-                        e.at,
-                        *((result,) if result is not None else ()),
-                        int(e.result_kept),
-                        *(v for v in (rbytes, error, dup_of) if v is not None),
-                        *where,
-                        outcome,
-                        outcome,
-                        outcome,
-                        int(e.result_kept),
-                    ),
-                )
-            )
+            started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
+            nulls = (started is None, result is None, rbytes is None, error is None, dup_of is None)
+            attempt, kept = max(0, e.attempt - e.later), int(e.result_kept)
+            if nulls == _SUCCEEDED:  # (nearly every entry of a burn)
+                params: tuple[Any, ...] = (outcome, attempt, started, e.at, result, kept, *where)
+            else:
+                values: list[Any] = [outcome, attempt, started, e.at, result, kept, rbytes, error, dup_of]
+                params = (*[v for v in values if v is not None], *where)
+            done.append((nulls, (*params, outcome, outcome, outcome, kept)))
         elif e.kind == EntryKind.RETRY:
             retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:
@@ -309,5 +297,8 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
             db.executemany(sql, rows)
     # In their order (two outcomes of one job: the first wins among equals), a statement per
     # run of entries with the same NULL columns (in a burn: one run, every job succeeded alike).
-    for nulls, run in itertools.groupby(done, key=lambda d: d[0]):
-        db.executemany(_done_sql(nulls), [params for _, params in run])
+    start = 0
+    for end in range(1, len(done) + 1):
+        if end == len(done) or done[end][0] != done[start][0]:
+            db.executemany(_done_sql(done[start][0]), [params for _, params in done[start:end]])
+            start = end
