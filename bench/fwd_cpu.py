@@ -67,7 +67,7 @@ def fake_clock(fwd: Forwarder, clock: Callable[[], float]) -> None:
     patching ``time.monotonic`` does not reach them, and under callgrind they fired at every step.
     The lookup index's retention sweep (a chunk a second while it sweeps, then every ten
     minutes) reads the wall clock: it follows ``clock`` too, from now (under callgrind it swept
-    a chunk of 2,000 rows at about every step, some 6k instructions a job).
+    a chunk of 2,000 rows at about every step, some 7k instructions a job).
     """
     fwd.backlog.gate.clock = fwd.backlog.windows.clock = fwd.state.decoded.clock = clock
     offset = time.time() - clock()

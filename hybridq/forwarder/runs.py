@@ -241,7 +241,7 @@ class RunTable:
         """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`.
 
         ``back``: per row, the attempt a claim refused (rows a refusal put back; see :attr:`backs`).
-        The rows go in one ``executemany`` (a statement per row cost about 10k instructions more
+        The rows go in one ``executemany`` (a statement per row cost about 5k instructions more
         in Python, docs/benchmarks.md "Fewer writes per job"); when some were there already (a
         batch read again after a crash or a failed step), that is undone and they go row by row,
         as each row's insert says whether it was new.
