@@ -241,7 +241,7 @@ class RunTable:
         """Insert rows (:data:`Row`; an existing row is kept): durable at :meth:`commit`.
 
         ``back``: per row, the attempt a claim refused (rows a refusal put back; see :attr:`backs`).
-        The rows go in one ``executemany`` (a statement per row cost about 5k instructions more
+        The rows go in one ``executemany`` (a statement per row cost about 4k instructions more
         in Python, docs/benchmarks.md "Fewer writes per job"); when some were there already (a
         batch read again after a crash or a failed step), that is undone and they go row by row,
         as each row's insert says whether it was new.
@@ -255,6 +255,9 @@ class RunTable:
             return
         with self.errors():
             db = self.db
+            if len(params) == 1:  # its insert says whether it was new: no savepoint (a held job come due)
+                self._count_in(params if db.execute(_INSERT, params[0]).rowcount else [])
+                return
             db.execute("SAVEPOINT hq_add")
             inserted = params
             try:
@@ -262,8 +265,12 @@ class RunTable:
                     db.execute("ROLLBACK TO hq_add")
                     inserted = [p for p in params if db.execute(_INSERT, p).rowcount]
             except BaseException:
-                db.execute("ROLLBACK TO hq_add")  # none of these rows: the counts stay true
-                db.execute("RELEASE hq_add")
+                # None of these rows: the counts stay true. A full disk may have rolled back the
+                # whole transaction, the savepoint with it: the error raised is the first one.
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK TO hq_add")
+                        db.execute("RELEASE hq_add")
                 raise
             db.execute("RELEASE hq_add")
             self._count_in(inserted)

@@ -8,6 +8,8 @@ after a crash (some rows there already), and a batch whose insert fails part-way
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -71,4 +73,52 @@ def test_a_batch_that_fails_part_way_adds_none_of_its_rows(tmp_path: Path) -> No
         runs.rollback()
         assert runs.counts == {"default": 2}
     finally:
+        runs.close()
+
+
+def _sqlite_full() -> sqlite3.OperationalError:
+    """A real SQLITE_FULL error object (a page limit reached in a scratch database)."""
+    scratch = sqlite3.connect(":memory:")
+    scratch.execute("CREATE TABLE t (a)")
+    scratch.execute("PRAGMA max_page_count = 2")
+    try:
+        scratch.executemany("INSERT INTO t VALUES (?)", [("a" * 4000,)] * 10)
+    except sqlite3.OperationalError as full:
+        return full
+    raise AssertionError("no SQLITE_FULL")
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_full_disk_that_rolls_back_the_whole_transaction_is_a_pause_not_a_stop(
+    tmp_path: Path, n: int
+) -> None:
+    """SQLite may roll back the whole transaction on SQLITE_FULL (a failed spill of its cache):
+    the batch's savepoint is gone with it, and the error must still read as a full disk (the
+    forwarder pauses, docs/forwarder.md), not as "no such savepoint" (an I/O error: a stop)."""
+    runs = RunTable(str(tmp_path))
+    runs.open()
+    real = runs.db
+    full = _sqlite_full()
+
+    class Spilling:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def _full(self, *args: object) -> object:
+            real.execute("ROLLBACK")  # what SQLite does when it must cancel the whole transaction
+            raise full
+
+        def execute(self, sql: str, *args: object) -> object:
+            return self._full() if sql.startswith("INSERT") else real.execute(sql, *args)
+
+        executemany = _full
+
+    runs._db = Spilling()  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalIOError) as got:
+            runs.add(_rows(0, n))
+        assert got.value.errno == errno.ENOSPC, got.value
+        assert runs.counts == {}
+    finally:
+        runs._db = real
         runs.close()
