@@ -12,10 +12,16 @@ each run of a tree. Prints the steps' CPU (``thread_time``) per job, or with ``-
 cProfile of the steps.
 
   PYTHONPATH=. .venv/bin/python bench/fwd_cpu.py -n 4000 --repeat 3
-  PYTHONPATH=. valgrind --tool=callgrind --instr-atstart=no .venv/bin/python bench/fwd_cpu.py \
+  PYTHONHASHSEED=0 PYTHONPATH=. valgrind --tool=callgrind --instr-atstart=no \
+      --separate-threads=yes --callgrind-out-file=cg.%p .venv/bin/python bench/fwd_cpu.py \
       -n 2000 --repeat 1 --callgrind
+  grep '^totals:' cg.<pid>-01        # the main thread's: the steps alone
 
-Compare trees by running this file with ``PYTHONPATH`` at each tree, alternating.
+Compare trees by running this file with ``PYTHONPATH`` at each tree, alternating. Read the
+main thread's count: valgrind's own total adds the threads that check files in the background
+(the lookup index's integrity check, the ledger's), whose share varies by a percent or more
+from run to run, while two runs' main threads differ by less than 0.1 % (docs/benchmarks.md,
+"Fewer writes per job").
 """
 
 from __future__ import annotations
@@ -59,8 +65,13 @@ def fake_clock(fwd: Forwarder, clock: Callable[[], float]) -> None:
 
     The memory gate's INFO sample, the windows' drain rate and the decoded envelopes' expiry:
     patching ``time.monotonic`` does not reach them, and under callgrind they fired at every step.
+    The lookup index's retention sweep (a chunk a second while it sweeps, then every ten
+    minutes) reads the wall clock: it follows ``clock`` too, from now (under callgrind it swept
+    a chunk of 2,000 rows at about every step, some 7k instructions a job).
     """
     fwd.backlog.gate.clock = fwd.backlog.windows.clock = fwd.state.decoded.clock = clock
+    offset = time.time() - clock()
+    fwd.lookup.clock = lambda: offset + clock()
 
 
 def toggle(state: str) -> None:

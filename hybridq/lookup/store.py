@@ -10,13 +10,15 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
+from hybridq.journal.format import segment_name
 from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
@@ -60,13 +62,30 @@ WHERE excluded.requeue > jobs.requeue
 # after all), and a success with its result beats one without (a run's event whose success was
 # kept from another run carries none).
 _DONE = """
-UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?), started = coalesce(?, started),
-    ended = ?, result = ?, rkept = ?, rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
+UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?),
+    started = coalesce({started}, started), ended = ?, result = {result}, rkept = ?,
+    rbytes = {rbytes}, error = {error}, dup_of = coalesce({dup_of}, dup_of)
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
     OR (outcome = 'failed' AND ? = 'succeeded')
     OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
     OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
 """
+#: The columns of ``_DONE`` that are often NULL. Each is bound as ``?`` when it has a value and
+#: written ``NULL`` in the statement when it has none: sqlite3 binds None through its adapter
+#: lookup, which fails with an exception formatted and cleared (about 3k instructions a value,
+#: three a succeeded job: docs/benchmarks.md, "Fewer writes per job").
+_NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
+#: A success as a burn's no-op jobs have it: started and result known, the rest none.
+_SUCCEEDED = (False, False, True, True, True)
+
+
+@functools.cache
+def _done_sql(nulls: tuple[bool, ...]) -> str:
+    """``_DONE`` with ``NULL`` for the nullable columns ``nulls`` flags (in ``_NULLABLE`` order)."""
+    slots = {name: "NULL" if null else "?" for name, null in zip(_NULLABLE, nulls, strict=True)}
+    return _DONE.format(**slots)
+
+
 # A failed run with a retry to come: ``ended`` holds when it failed (the retrying list's "last
 # failed at", docs/dashboard.md) until a run starts or an outcome is known.
 _RETRY = """
@@ -185,6 +204,35 @@ class _Tail:
         return {w: p for w, p in self.reader.position.items() if w in chains}
 
 
+def _read_all(
+    path: str, marks: Mapping[str, tuple[int, int, int]], noted: Iterable[str]
+) -> dict[str, ChainPosition] | None:
+    """The chains' ends if nothing is past ``marks`` in the ledger ``path``; else ``None`` (read it).
+
+    Each chain must end in its mark's segment; one not ``noted`` (another writer's: its entries
+    are read from the file) must end at its mark's offset too (one ``stat``). Tells, without a
+    reader, that a catch-up has nothing of the files to read (docs/benchmarks.md, "Fewer writes
+    per job"); a torn tail or anything else unsure answers ``None``, and the files are read.
+    """
+    if not os.path.isdir(path):
+        return {}
+    own = set(noted)
+    ends: dict[str, ChainPosition] = {}
+    for writer, indices in list_chains(path).items():
+        mark = marks.get(writer)
+        if mark is None or mark[0] != indices[-1]:
+            return None
+        if writer not in own:
+            try:
+                size = os.stat(os.path.join(path, segment_name(writer, indices[-1]))).st_size
+            except FileNotFoundError:
+                return None
+            if size != mark[1]:
+                return None
+        ends[writer] = ChainPosition(*mark)
+    return ends
+
+
 def _entries(records: Iterable[Record]) -> Iterator[Entry]:
     """The ledger entries of ``records`` the index uses."""
     for record in records:
@@ -220,37 +268,37 @@ def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
 
 def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
-    done, retry, lost, dup = [], [], [], []
+    done: list[tuple[tuple[bool, ...], tuple[Any, ...]]] = []
+    retry, lost, dup = [], [], []
     for e in entries:
         where = (e.job_id, *e.loc)
         if e.kind == EntryKind.DONE:
             # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry).
             result = dumps_ascii(e.result) if e.result_kept else None
-            outcome = e.outcome or "failed"
-            done.append(
-                (
-                    outcome,
-                    max(0, e.attempt - e.later),
-                    e.started,
-                    e.at,
-                    result,
-                    int(e.result_kept),
-                    e.result_bytes,
-                    sql_text(e.error),
-                    e.dup_of,
-                    *where,
-                    outcome,
-                    outcome,
-                    outcome,
-                    int(e.result_kept),
-                )
-            )
+            # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
+            outcome = str(e.outcome or "failed")
+            started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
+            nulls = (started is None, result is None, rbytes is None, error is None, dup_of is None)
+            attempt, kept = max(0, e.attempt - e.later), int(e.result_kept)
+            if nulls == _SUCCEEDED:  # (nearly every entry of a burn)
+                params: tuple[Any, ...] = (outcome, attempt, started, e.at, result, kept, *where)
+            else:
+                values: list[Any] = [outcome, attempt, started, e.at, result, kept, rbytes, error, dup_of]
+                params = (*[v for v in values if v is not None], *where)
+            done.append((nulls, (*params, outcome, outcome, outcome, kept)))
         elif e.kind == EntryKind.RETRY:
             retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:
             dup.append((e.dup_of, *where))
-    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup), (_DONE, done)):
+    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
         if rows:
             db.executemany(sql, rows)
+    # In their order (two outcomes of one job: the first wins among equals), a statement per
+    # run of entries with the same NULL columns (in a burn: one run, every job succeeded alike).
+    start = 0
+    for end in range(1, len(done) + 1):
+        if end == len(done) or done[end][0] != done[start][0]:
+            db.executemany(_done_sql(done[start][0]), [params for _, params in done[start:end]])
+            start = end

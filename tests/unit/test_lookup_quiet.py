@@ -1,0 +1,79 @@
+"""The lookup index's catch-up skips reading the ledger only when nothing is past its marks.
+
+A forwarder's own ledger entries reach the index as it appends them; other writers' chains are
+read from the files. A catch-up that finds every chain ending at its mark (its last segment,
+and for another writer's chain its size) builds no reader (docs/benchmarks.md, "Fewer writes
+per job"); an entry another writer appends, to a new chain or to one the index read already,
+is indexed at the next catch-up all the same.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from hybridq import Queue
+from hybridq.journal import JournalWriter
+from hybridq.ledger.entries import Entry
+from hybridq.ledger.store import ledger_dir
+from hybridq.lookup import store as store_module
+from hybridq.lookup.reads import find
+
+from tests import tasks
+from tests.unit.test_completions import make_forwarder
+from tests.unit.test_refill_pushed import LengthsTransport
+
+
+def _done(journal: Path, job_id: str) -> Entry:
+    row = find(str(journal), job_id)
+    assert row is not None
+    return Entry("done", job_id, (row.writer, row.seg, row.off), outcome="succeeded", at=time.time())
+
+
+def test_another_writers_entries_are_indexed_whether_its_chain_is_new_or_read(journal_dir: Path) -> None:
+    queue = Queue(journal=journal_dir)
+    ids = [queue.enqueue(tasks.add, i, i).id for i in range(3)]
+    forwarder = make_forwarder(journal_dir, LengthsTransport())
+    try:
+        deadline = time.monotonic() + 10.0
+        while forwarder.lookup.building and time.monotonic() < deadline:
+            forwarder.step()
+            forwarder.lookup.catch_up()
+        forwarder.lookup.catch_up()
+        assert [find(str(journal_dir), i).state for i in ids] == [None, None, None]  # type: ignore[union-attr]
+        with JournalWriter(ledger_dir(str(journal_dir))) as other:
+            other.append(_done(journal_dir, ids[0]).to_bytes())  # a chain the index never read
+            forwarder.lookup.catch_up()
+            assert find(str(journal_dir), ids[0]).outcome == "succeeded"  # type: ignore[union-attr]
+            forwarder.lookup.catch_up()  # read to its end: nothing past the marks
+            other.append(_done(journal_dir, ids[1]).to_bytes())  # the same chain, grown
+            forwarder.lookup.catch_up()
+            assert find(str(journal_dir), ids[1]).outcome == "succeeded"  # type: ignore[union-attr]
+        assert find(str(journal_dir), ids[2]).state is None  # type: ignore[union-attr]
+    finally:
+        forwarder.close()
+
+
+def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = Queue(journal=journal_dir)
+    queue.enqueue(tasks.add, 1, 1)
+    forwarder = make_forwarder(journal_dir, LengthsTransport())
+    try:
+        deadline = time.monotonic() + 10.0
+        while forwarder.lookup.building and time.monotonic() < deadline:
+            forwarder.step()
+            forwarder.lookup.catch_up()
+        forwarder.lookup.catch_up()
+        tails: list[str] = []
+        real = store_module._Tail.__init__
+
+        def counted(self: store_module._Tail, path: str, *args: object) -> None:
+            tails.append(path)
+            real(self, path, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store_module._Tail, "__init__", counted)
+        forwarder.lookup.catch_up()
+        assert ledger_dir(str(journal_dir)) not in tails
+    finally:
+        forwarder.close()
