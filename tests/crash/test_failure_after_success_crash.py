@@ -33,7 +33,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from hybridq.forwarder.harvest import Harvester
 from hybridq.ledger.failtable import FailureTable
-from tests.unit.test_failure_after_success import Events, outcome_event
+from tests.support.harvested import Events
+from tests.unit.test_failure_after_success import outcome_event
 from tests.unit.test_outranked_failure import open_state
 
 journal, point, writer, segment, offset, payload = sys.argv[1:]

@@ -34,8 +34,8 @@ from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
-from hybridq.transport.base import Event
 
+from tests.support.harvested import Events
 from tests.unit.test_outranked_failure import (
     compact,
     failure,
@@ -45,21 +45,6 @@ from tests.unit.test_outranked_failure import (
     open_state,
     success,
 )
-
-
-class Events:
-    """A transport with completion events waiting (all the harvest asks of it here)."""
-
-    def __init__(self, bodies: list[dict[str, object]]) -> None:
-        self.events = [Event(f"{i + 1}-0", body) for i, body in enumerate(bodies)]
-        self.acked: list[str] = []
-
-    def harvest(self, _owner: str, _limit: int) -> list[Event]:
-        out, self.events = self.events, []
-        return out
-
-    def ack(self, _owner: str, event_ids: list[str]) -> None:
-        self.acked += event_ids
 
 
 def outcome_event(record: Record, outcome: str, at: float, *, dup: bool = False) -> dict[str, object]:

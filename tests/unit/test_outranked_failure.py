@@ -32,7 +32,8 @@ from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
-from hybridq.transport.base import Event
+
+from tests.support.harvested import Events
 
 
 def envelope(n: int) -> Envelope:
@@ -320,21 +321,6 @@ def test_the_dashboards_view_does_not_list_it_either(journal_dir: Path) -> None:
     state.close()
 
 
-class _OneEvent:
-    """A transport with one completion event waiting (all the harvest asks of it here)."""
-
-    def __init__(self, body: dict[str, object]) -> None:
-        self.events = [Event("1-0", body)]
-        self.acked: list[str] = []
-
-    def harvest(self, _owner: str, _limit: int) -> list[Event]:
-        out, self.events = self.events, []
-        return out
-
-    def ack(self, _owner: str, event_ids: list[str]) -> None:
-        self.acked += event_ids
-
-
 def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_dir: Path) -> None:
     """The late event is not counted (its segment is gone) but its failure leaves the list."""
     writer, seg0, x = job_five(journal_dir)
@@ -347,7 +333,7 @@ def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_
         id=job_id, loc=loc_of(x), queue="q", outcome="succeeded", final=True, retry_delay=None,
         attempt=1, dup=False, error=None, at=3.0,
     )  # fmt: skip
-    transport = _OneEvent(event.to_json())
+    transport = Events([event.to_json()])
     harvester = Harvester(state, transport)  # type: ignore[arg-type]
     before = load_compacted(str(journal_dir))
     assert harvester.harvest() == 1
