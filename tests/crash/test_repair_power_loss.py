@@ -1,0 +1,223 @@
+"""``hybridq journal repair --accept-loss`` cut short at each of its file operations.
+
+The repair backs up every file it changes or removes, moves a damaged chain's later segments
+into the backup, trims the cut segment's hole map, then replaces the segment by a sealed copy of
+its good prefix (hybridq/journal/repair_apply.py), each step durable before the next
+(docs/reliability.md rules 5, 6 and 11). Here the machine stops before each of those operations
+in turn: the process killed (every byte written stays), or the power cut
+(tests/support/powerloss.py: what no fsync covered is dropped, torn or garbled, and directory
+entries no directory fsync covered are undone). After each stop the journal must be either
+still refused or repaired exactly; a second repair (or a start, once repaired) must then keep
+every record before the damage and exactly the punched ranges before the cut, and some backup
+must hold every file the repairs changed or removed, byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hybridq.errors import HybridqError, JournalCorruption
+from hybridq.journal import JournalReader, JournalWriter, Record
+from hybridq.journal.fileops import FileOps
+from hybridq.journal.format import segment_name
+from hybridq.journal.holes import Hole, add_holes, read_holes
+from hybridq.journal.recovery import recover, verify
+from hybridq.journal.repair import BACKUP_PREFIX, REPORT_NAME
+from hybridq.ops.journal_repair import FORWARDER_LOCK_NAME, repair
+
+from tests.support.powerloss import MODES, PowerLossFileOps
+
+SEGMENT = 64 << 10
+#: Where the damage is, among segment 0's records; the punched ranges are on either side of it.
+DAMAGED = 200
+BEFORE = (1, 100)  # records 1-100 punched: kept by the repair
+AFTER = (250, 270)  # records 250-270 punched: past the cut, trimmed from the map
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A journal with damage in segment 0, and what a repair must leave of it."""
+
+    template: Path
+    writer_id: str
+    kept: list[bytes]  # the payloads a repaired journal reads, in order
+    holes: tuple[Hole, ...]  # segment 0's map after the repair
+    files: dict[str, tuple[bytes, int]]  # every file of the damaged journal: bytes, mode
+
+
+def _hole(records: list[Record], first: int, last: int) -> Hole:
+    a, b = records[first], records[last]
+    return Hole(a.offset, b.end, a.seq, b.seq + 1, last - first + 1)
+
+
+def _files(journal: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        p.name: (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
+        for p in journal.iterdir()
+        if p.is_file() and p.name != FORWARDER_LOCK_NAME
+    }
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Damaged:
+    """Four segments of one chain; segment 0 punched twice, then a bit flipped between the ranges."""
+    template = tmp_path_factory.mktemp("repair") / "journal"
+    template.mkdir(mode=0o700)
+    with JournalWriter(template, max_segment_bytes=SEGMENT) as writer:
+        for start in range(0, 1600, 10):  # one call is one append: it never spans segments
+            writer.append_many([b"%06d" % i + b"x" * 100 for i in range(start, start + 10)])
+    records = list(JournalReader(template).records())
+    seg0 = [r for r in records if r.segment_index == 0]
+    assert len(seg0) > AFTER[1] + 10
+    assert max(r.segment_index for r in records) >= 2  # later segments for the repair to move
+    writer_id = seg0[0].writer_id
+    kept_holes = (_hole(seg0, *BEFORE),)
+    add_holes(str(template), writer_id, 0, [*kept_holes, _hole(seg0, *AFTER)])
+    path = template / segment_name(writer_id, 0)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(seg0[DAMAGED].offset + 20)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    kept = [seg0[0].payload] + [r.payload for r in seg0[BEFORE[1] + 1 : DAMAGED]]
+    return Damaged(template, writer_id, kept, kept_holes, _files(template))
+
+
+class _Killed(Exception):
+    """The repair's process died here (SIGKILL): what it wrote stays, it does nothing more."""
+
+
+class KillAt(FileOps):
+    """The process dies when operation ``at`` + 1 starts: its fds close (its flocks go), and
+    every later call fails too; what it wrote stays, as SIGKILL leaves the page cache."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.op_count = 0
+        self.fds: set[int] = set()
+
+    def _op(self, name: str) -> None:
+        if self.op_count >= self.at:
+            for fd in self.fds:
+                os.close(fd)
+            self.fds.clear()
+            self.at = -1  # dead: every later call fails at once
+            raise _Killed(name)
+        self.op_count += 1
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self._op("open")
+        fd = super().open(path, flags, mode)
+        self.fds.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        self._op("close")
+        self.fds.discard(fd)
+        super().close(fd)
+
+    def __getattribute__(self, name: str) -> object:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name in ("open", "close") or not callable(attr):
+            return attr
+
+        def op(*args: object, **kwargs: object) -> object:
+            self._op(name)
+            return attr(*args, **kwargs)
+
+        return op
+
+
+def _journal(tmp_path: Path, damaged: Damaged) -> Path:
+    journal = tmp_path / "journal"
+    shutil.copytree(damaged.template, journal)
+    return journal
+
+
+def _repaired_exactly(journal: Path, damaged: Damaged) -> None:
+    verify(journal)
+    assert [r.payload for r in JournalReader(journal).records()] == damaged.kept
+    assert read_holes(str(journal), damaged.writer_id, 0) == damaged.holes
+
+
+def _backed_up(journal: Path, damaged: Damaged) -> None:
+    """Every file changed or removed is in a backup as it was; a backup with files has its report."""
+    now = _files(journal)
+    backups = [p for p in journal.iterdir() if p.is_dir() and p.name.startswith(BACKUP_PREFIX)]
+    for backup in backups:
+        if any(p.name != REPORT_NAME for p in backup.iterdir()):
+            assert (backup / REPORT_NAME).is_file(), backup
+    for name, (data, mode) in damaged.files.items():
+        if now.get(name, (None, None))[0] == data:
+            continue
+        copies = [_files(b).get(name) for b in backups]
+        assert (data, mode) in copies, f"{name}: changed or removed, and in no backup"
+
+
+def _op_count(tmp_path: Path, damaged: Damaged) -> int:
+    """How many file operations a whole repair makes (and that it repairs as expected)."""
+    journal = _journal(tmp_path / "count", damaged)
+    ops = PowerLossFileOps()
+    report = repair(journal, accept_loss=True, fileops=ops)
+    assert report.applied
+    _repaired_exactly(journal, damaged)
+    _backed_up(journal, damaged)
+    return ops.op_count
+
+
+def _after_the_stop(journal: Path, damaged: Damaged) -> None:
+    """Refused or repaired exactly; then a second repair and a start leave it repaired exactly."""
+    try:
+        verify(journal)
+    except JournalCorruption:
+        pass  # still refused: the forwarder will not start on it
+    else:
+        _repaired_exactly(journal, damaged)
+    again = repair(journal, accept_loss=True)
+    assert again.applied or again.healthy
+    _repaired_exactly(journal, damaged)
+    recover(journal)  # the forwarder's start
+    _repaired_exactly(journal, damaged)
+    _backed_up(journal, damaged)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_power_cut_at_each_step_of_a_repair_loses_nothing_it_kept(
+    tmp_path: Path, damaged: Damaged, mode: str
+) -> None:
+    rng = random.Random(f"repair-{mode}")
+    total = _op_count(tmp_path, damaged)
+    for at in range(total):
+        journal = _journal(tmp_path / f"{at}", damaged)
+        ops = PowerLossFileOps(crash_at=at, crash_mode=mode, rng=rng)
+        # The machine is off: EIO from whichever call comes next (none past the last closes,
+        # whose errors the repair ignores).
+        with contextlib.suppress(OSError, HybridqError):
+            repair(journal, accept_loss=True, fileops=ops)
+        assert ops.crashed, at
+        ops.release()
+        try:
+            _after_the_stop(journal, damaged)
+        except AssertionError as exc:
+            raise AssertionError(f"power cut before operation {at + 1} of {total} ({mode}): {exc}") from exc
+        shutil.rmtree(journal.parent)
+
+
+def test_a_kill_at_each_step_of_a_repair_loses_nothing_it_kept(tmp_path: Path, damaged: Damaged) -> None:
+    total = _op_count(tmp_path, damaged)
+    for at in range(total):
+        journal = _journal(tmp_path / f"{at}", damaged)
+        with contextlib.suppress(_Killed):  # none past the last closes, which the repair ignores
+            repair(journal, accept_loss=True, fileops=KillAt(at))
+        try:
+            _after_the_stop(journal, damaged)
+        except AssertionError as exc:
+            raise AssertionError(f"killed before operation {at + 1} of {total}: {exc}") from exc
+        shutil.rmtree(journal.parent)
