@@ -21,6 +21,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hybridq.errors import HybridqError, JournalCorruption
@@ -30,9 +31,11 @@ from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, add_holes, read_holes
 from hybridq.journal.recovery import recover, verify
 from hybridq.journal.repair import BACKUP_PREFIX, REPORT_NAME
+from hybridq.ledger.store import ledger_dir
 from hybridq.ops.journal_repair import FORWARDER_LOCK_NAME, repair
 
 from tests.support.powerloss import MODES, PowerLossFileOps
+from tests.unit.test_repair_punched_ledger import keys_lost, punched_ledger_damaged
 
 SEGMENT = 64 << 10
 #: Where the damage is, among segment 0's records; the punched ranges are on either side of it.
@@ -135,6 +138,36 @@ class KillAt(FileOps):
         return op
 
 
+#: The calls that change what the disk holds; a stop before any other call leaves the disk as a
+#: stop before the next of these does, so the sweeps stop only before these (after the last
+#: one, the repair is whole: :func:`_stops` checks that run).
+_WRITES = ("write", "fdatasync", "fsync", "ftruncate", "fchmod", "replace", "unlink", "fsync_dir")
+
+
+class Recording(PowerLossFileOps):
+    """A power-loss seam that never crashes, and lists which of its calls may change the disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []  # the numbers of the calls, from 0
+
+    def __getattribute__(self, name: str) -> object:
+        attr = super().__getattribute__(name)
+        if name not in (*_WRITES, "open"):
+            return attr
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            if name != "open" or args[1] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                self.writes.append(self.op_count)
+            return attr(*args, **kwargs)
+
+        return op
+
+    def stops(self) -> list[int]:
+        """Where to stop a run like this one: before each call that may change the disk."""
+        return list(self.writes)
+
+
 def _journal(tmp_path: Path, damaged: Damaged) -> Path:
     journal = tmp_path / "journal"
     shutil.copytree(damaged.template, journal)
@@ -161,15 +194,16 @@ def _backed_up(journal: Path, damaged: Damaged) -> None:
         assert (data, mode) in copies, f"{name}: changed or removed, and in no backup"
 
 
-def _op_count(tmp_path: Path, damaged: Damaged) -> int:
-    """How many file operations a whole repair makes (and that it repairs as expected)."""
+def _stops(tmp_path: Path, damaged: Damaged) -> tuple[list[int], int]:
+    """Where to stop a repair (:meth:`Recording.stops`), and how many calls a whole one makes
+    (after checking that it repairs as expected)."""
     journal = _journal(tmp_path / "count", damaged)
-    ops = PowerLossFileOps()
+    ops = Recording()
     report = repair(journal, accept_loss=True, fileops=ops)
     assert report.applied
     _repaired_exactly(journal, damaged)
     _backed_up(journal, damaged)
-    return ops.op_count
+    return ops.stops(), ops.op_count
 
 
 def _after_the_stop(journal: Path, damaged: Damaged) -> None:
@@ -193,8 +227,8 @@ def test_a_power_cut_at_each_step_of_a_repair_loses_nothing_it_kept(
     tmp_path: Path, damaged: Damaged, mode: str
 ) -> None:
     rng = random.Random(f"repair-{mode}")
-    total = _op_count(tmp_path, damaged)
-    for at in range(total):
+    stops, total = _stops(tmp_path, damaged)
+    for at in stops:
         journal = _journal(tmp_path / f"{at}", damaged)
         ops = PowerLossFileOps(crash_at=at, crash_mode=mode, rng=rng)
         # The machine is off: EIO from whichever call comes next (none past the last closes,
@@ -211,8 +245,8 @@ def test_a_power_cut_at_each_step_of_a_repair_loses_nothing_it_kept(
 
 
 def test_a_kill_at_each_step_of_a_repair_loses_nothing_it_kept(tmp_path: Path, damaged: Damaged) -> None:
-    total = _op_count(tmp_path, damaged)
-    for at in range(total):
+    stops, total = _stops(tmp_path, damaged)
+    for at in stops:
         journal = _journal(tmp_path / f"{at}", damaged)
         with contextlib.suppress(_Killed):  # none past the last closes, which the repair ignores
             repair(journal, accept_loss=True, fileops=KillAt(at))
@@ -220,4 +254,38 @@ def test_a_kill_at_each_step_of_a_repair_loses_nothing_it_kept(tmp_path: Path, d
             _after_the_stop(journal, damaged)
         except AssertionError as exc:
             raise AssertionError(f"killed before operation {at + 1} of {total}: {exc}") from exc
+        shutil.rmtree(journal.parent)
+
+
+def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's repair forgets the saved index first (hybridq/ops/journal_repair.py), then
+    repairs a segment the ledger punch punched: whatever step the power goes at, a second repair
+    keeps the map's ranges before the cut, and a start finds every key the punch moved."""
+    template = tmp_path / "template" / "journal"
+    template.mkdir(parents=True, mode=0o700)
+    damaged = punched_ledger_damaged(template, monkeypatch)
+
+    def copy(name: str) -> tuple[Path, str]:
+        journal = tmp_path / name / "journal"
+        shutil.copytree(template, journal)
+        return journal, ledger_dir(str(journal))
+
+    journal, ldir = copy("count")
+    counted = Recording()
+    assert repair(ldir, accept_loss=True, fileops=counted).applied
+    total = counted.op_count
+    rng = random.Random("ledger")
+    for at in counted.stops():
+        journal, ldir = copy(f"{at}")
+        ops = PowerLossFileOps(crash_at=at, crash_mode=rng.choice(MODES), rng=rng)
+        with contextlib.suppress(OSError, HybridqError):
+            repair(ldir, accept_loss=True, fileops=ops)
+        assert ops.crashed, at
+        ops.release()
+        repair(ldir, accept_loss=True)
+        where = f"power cut before operation {at + 1} of {total} ({ops.crash_mode})"
+        assert read_holes(ldir, damaged.chain, damaged.seg) == damaged.holes, where
+        assert not keys_lost(journal, damaged), where
         shutil.rmtree(journal.parent)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.journal import JournalReader
 from hybridq.journal.format import segment_name
-from hybridq.journal.holes import read_holes
+from hybridq.journal.holes import Hole, read_holes
 from hybridq.journal.reader import list_chains
 from hybridq.ledger.store import ledger_dir, read_keys
 from hybridq.ops.journal_repair import repair
@@ -24,7 +25,21 @@ from hybridq.ops.journal_repair import repair
 from tests.unit.test_ledger_punch import _open, _two_chains_journal_punched
 
 
-def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class PunchedLedger(NamedTuple):
+    """A ledger segment the ledger punch punched, then damaged after its punched runs."""
+
+    ldir: str
+    chain: str
+    seg: int
+    holes: tuple[Hole, ...]  # its map's ranges before the damage: what a repair keeps
+    all_holes: tuple[Hole, ...]
+    path: str
+    owners: dict[str, tuple[object, float | None]]  # the keys the punch moved to the key store
+    through: dict[str, int]
+
+
+def punched_ledger_damaged(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> PunchedLedger:
+    """The ledger punch's runs in sealed ledger segments; a bit flipped in a record after one's runs."""
     state, _, _, through, _, _ = _two_chains_journal_punched(journal_dir, monkeypatch)
     compactor = Compactor(state)
     compactor.ledger_puncher.min_bytes = 500
@@ -45,6 +60,7 @@ def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pyte
             seg, victim = s, after[len(after) // 2]
             break
     assert seg is not None
+    assert victim is not None
     all_holes = read_holes(ldir, chain, seg)
     holes = tuple(h for h in all_holes if h.end <= victim.offset)
     path = os.path.join(ldir, segment_name(chain, seg))
@@ -54,6 +70,23 @@ def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pyte
         byte = f.read(1)
         f.seek(victim.offset + 20)
         f.write(bytes([byte[0] ^ 0xFF]))
+    return PunchedLedger(ldir, chain, seg, holes, all_holes, path, owners, through)
+
+
+def keys_lost(journal_dir: Path, damaged: PunchedLedger) -> list[str]:
+    """The moved keys a start no longer finds with their owner (a start of the forwarder's state)."""
+    state = _open(journal_dir, damaged.through)
+    after = {
+        k: (e.loc, e.until) if (e := state.index.keys.get(k)) is not None else None for k in damaged.owners
+    }
+    state.close()
+    return [k for k in damaged.owners if after[k] is None or after[k][0] != damaged.owners[k][0]]
+
+
+def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ldir, chain, seg, holes, all_holes, path, _, _ = damaged = punched_ledger_damaged(
+        journal_dir, monkeypatch
+    )
     report = repair(ldir, accept_loss=True)
     assert report.applied
     assert tuple(read_holes(ldir, chain, seg)) == holes, (
@@ -67,8 +100,4 @@ def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pyte
     assert os.path.exists(
         os.path.join(backup, segment_name(chain, seg) + ".holes.state")
     )  # its map kept beside it
-    state = _open(journal_dir, through)
-    after = {k: (e.loc, e.until) if (e := state.index.keys.get(k)) is not None else None for k in moved}
-    state.close()
-    lost = [k for k in moved if after[k] is None or after[k][0] != owners[k][0]]
-    assert not lost
+    assert not keys_lost(journal_dir, damaged)
