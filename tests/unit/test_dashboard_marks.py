@@ -15,11 +15,11 @@ from hybridq.ops import status
 from hybridq.protocol import CompletionEvent
 
 from tests.support.harvested import Events
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
     fail_and_compact,
     job_five,
     loc_of,
-    open_state,
 )
 
 

@@ -36,13 +36,13 @@ from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
 
 from tests.support.harvested import Events
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
     compact,
     failure,
     journal_of_jobs,
     listed_ids,
     loc_of,
-    open_state,
     success,
 )
 

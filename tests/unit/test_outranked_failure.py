@@ -21,12 +21,12 @@ from hybridq.forwarder import dead_segments
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.harvest import Harvester
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.forwarder.state import ForwarderState
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.holes import punch_supported
 from hybridq.journal.reader import list_chains
-from hybridq.journal.records import ChainPosition, Loc
+from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, read_ledger
@@ -34,6 +34,7 @@ from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
 
 from tests.support.harvested import Events
+from tests.support.started import open_state
 
 
 def envelope(n: int) -> Envelope:
@@ -50,16 +51,6 @@ def journal_of_jobs(path: Path, segments: int = 3, per: int = 40) -> list[Record
         for n in range(segments * per):
             writer.append_many([envelope(n).to_bytes()])
     return list(JournalReader(path).records())
-
-
-def open_state(journal: Path, writer: str, read_through: int = 2) -> ForwarderState:
-    """A forwarder's state that has read the journal through segment ``read_through`` - 1."""
-    state = ForwarderState(str(journal), ForwarderConfig())
-    state.load()
-    state.checkpoint.positions[writer] = ChainPosition(read_through, 64, 1)
-    while not state.pending_ready:
-        state.count_pending(10.0)
-    return state
 
 
 def loc_of(record: Record) -> Loc:

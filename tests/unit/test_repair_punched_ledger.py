@@ -22,7 +22,8 @@ from hybridq.journal.reader import list_chains
 from hybridq.ledger.store import ledger_dir, read_keys
 from hybridq.ops.journal_repair import repair
 
-from tests.unit.test_ledger_punch import _open, _two_chains_journal_punched
+from tests.support.started import started_state
+from tests.unit.test_ledger_punch import _two_chains_journal_punched
 
 
 class PunchedLedger(NamedTuple):
@@ -75,7 +76,7 @@ def punched_ledger_damaged(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def keys_lost(journal_dir: Path, damaged: PunchedLedger) -> list[str]:
     """The moved keys a start no longer finds with their owner (a start of the forwarder's state)."""
-    state = _open(journal_dir, damaged.through)
+    state = started_state(journal_dir, damaged.through)
     after = {
         k: (e.loc, e.until) if (e := state.index.keys.get(k)) is not None else None for k in damaged.owners
     }
