@@ -141,7 +141,7 @@ class KillAt(FileOps):
 #: The calls that change what the disk holds; a stop before any other call leaves the disk as a
 #: stop before the next of these does, so the sweeps stop only before these (after the last
 #: one, the repair is whole: :func:`_stops` checks that run).
-_WRITES = ("write", "fdatasync", "fsync", "ftruncate", "fchmod", "replace", "unlink", "fsync_dir")
+_WRITES = ("write", "fdatasync", "fsync", "ftruncate", "fchmod", "replace", "unlink", "mkdir", "fsync_dir")
 
 
 class Recording(PowerLossFileOps):
