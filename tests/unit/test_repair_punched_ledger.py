@@ -15,9 +15,12 @@ from typing import NamedTuple
 
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
-from hybridq.journal import JournalReader
+from hybridq.errors import JournalCorruption
+from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import segment_name
-from hybridq.journal.holes import Hole, read_holes
+from hybridq.journal.holes import Hole, _encode, _name, read_holes
+from hybridq.journal.recovery import verify
+from hybridq.journal.statefile import write_state
 from hybridq.journal.reader import list_chains
 from hybridq.ledger.store import ledger_dir, read_keys
 from hybridq.ops.journal_repair import repair
@@ -102,3 +105,24 @@ def test_repair_of_a_punched_ledger_segment(journal_dir: Path, monkeypatch: pyte
         os.path.join(backup, segment_name(chain, seg) + ".holes.state")
     )  # its map kept beside it
     assert not keys_lost(journal_dir, damaged)
+
+
+def test_a_hole_map_range_past_the_seal_is_reported_and_a_repair_trims_it(tmp_path: Path) -> None:
+    """A map range past a sealed segment's end (restored by hand) would make every later punch
+    of the segment refuse; verify() reports it, and a repair trims it losing no record."""
+    d = tmp_path / "j"
+    d.mkdir(mode=0o700)
+    with JournalWriter(d, max_segment_bytes=64 << 10) as w:
+        for s in range(0, 1000, 10):
+            w.append_many([b"%06d" % i + b"x" * 100 for i in range(s, s + 10)])
+    before = [r.payload for r in JournalReader(d).records()]
+    seg0 = [r for r in JournalReader(d).records() if r.segment_index == 0]
+    size = (d / f"{seg0[0].writer_id}-00000000.wal").stat().st_size
+    stale = Hole(size + 10, size + 1000, seg0[-1].seq + 5, seg0[-1].seq + 16, 11)
+    write_state(str(d), _name(seg0[0].writer_id, 0), _encode([stale]))
+    with pytest.raises(JournalCorruption, match="hole map range past the segment's seal"):
+        verify(d)
+    assert repair(d, accept_loss=True).applied
+    verify(d)
+    assert [r.payload for r in JournalReader(d).records()] == before
+    assert read_holes(str(d), seg0[0].writer_id, 0) == ()
