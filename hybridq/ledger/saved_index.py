@@ -216,9 +216,11 @@ class _CrashingOps(FileOps):
 
 
 def forget(journal: str, fileops: FileOps = OS_FILEOPS) -> None:
-    """Durably delete the saved index (its ledger was changed by other means than appends: a
-    repair); the journal directory is fsynced even if it is gone, as an unlink a kill left
-    unsynced could come back (docs/reliability.md rule 5)."""
+    """Durably delete the saved index (its ledger was changed by other means than appends: a repair).
+
+    The journal directory is fsynced even if the file is gone: an unlink a kill left unsynced
+    could come back (docs/reliability.md rule 5).
+    """
     path, op = os.path.join(journal, SAVED_INDEX_NAME + ".state"), "unlink"
     try:
         with contextlib.suppress(FileNotFoundError):

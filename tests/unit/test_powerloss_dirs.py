@@ -22,7 +22,9 @@ def _file(ops: PowerLossFileOps, path: Path, data: bytes) -> None:
     ops.fsync_dir(str(path.parent))
 
 
-def test_a_directory_whose_parent_was_not_fsynced_is_gone_after_a_crash_and_its_siblings_not(tmp_path: Path) -> None:
+def test_a_directory_whose_parent_was_not_fsynced_is_gone_after_a_crash_and_its_siblings_not(
+    tmp_path: Path,
+) -> None:
     ops = PowerLossFileOps()
     ops.mkdir(str(tmp_path / "kept"))
     ops.fsync_dir(str(tmp_path))

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from hybridq.forwarder.dead_segments import Compactor
 from hybridq.errors import JournalCorruption
+from hybridq.forwarder.dead_segments import Compactor
 from hybridq.journal import JournalReader, JournalWriter
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, _encode, _name, read_holes
+from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import verify
 from hybridq.journal.statefile import write_state
-from hybridq.journal.reader import list_chains
 from hybridq.ledger.store import ledger_dir, read_keys
 from hybridq.ops.journal_repair import repair
 
