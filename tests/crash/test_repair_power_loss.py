@@ -150,6 +150,7 @@ class Recording(PowerLossFileOps):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[int] = []  # the numbers of the calls, from 0
+        self.names: list[str] = []  # and their names
 
     def __getattribute__(self, name: str) -> object:
         attr = super().__getattribute__(name)
@@ -159,6 +160,7 @@ class Recording(PowerLossFileOps):
         def op(*args: Any, **kwargs: Any) -> Any:
             if name != "open" or args[1] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
                 self.writes.append(self.op_count)
+                self.names.append(name)
             return attr(*args, **kwargs)
 
         return op
@@ -166,6 +168,20 @@ class Recording(PowerLossFileOps):
     def stops(self) -> list[int]:
         """Where to stop a run like this one: before each call that may change the disk."""
         return list(self.writes)
+
+    def directory_stops(self) -> list[int]:
+        """A few stops: the first and last, and before the first and the last directory call
+        (``replace``, ``unlink``, ``mkdir``, ``fsync_dir``) of each pair of it and the next one;
+        the repair repeats its steps per file, and this takes the first and last of each."""
+        kinds = ("replace", "unlink", "mkdir", "fsync_dir")
+        calls = [(at, name) for at, name in zip(self.writes, self.names, strict=True) if name in kinds]
+        pairs: dict[tuple[str, str], list[int]] = {}
+        for (at, name), (_, after) in zip(calls, [*calls[1:], (-1, "")], strict=True):
+            pairs.setdefault((name, after), []).append(at)
+        stops = {self.writes[0], self.writes[-1]}
+        for at in pairs.values():
+            stops.update((at[0], at[-1]))
+        return sorted(stops)
 
 
 def _journal(tmp_path: Path, damaged: Damaged) -> Path:
@@ -222,7 +238,14 @@ def _after_the_stop(journal: Path, damaged: Damaged) -> None:
     _backed_up(journal, damaged)
 
 
-@pytest.mark.parametrize("mode", MODES)
+#: ``drop`` in the default run; ``tear`` and ``garble`` in the ``repair_sweep`` tier (the repair
+#: writes whole files by temp file, fsync and rename: only bytes past the durable size differ).
+SWEEP_MODES = [
+    mode if mode == "drop" else pytest.param(mode, marks=pytest.mark.repair_sweep) for mode in MODES
+]
+
+
+@pytest.mark.parametrize("mode", SWEEP_MODES)
 def test_a_power_cut_at_each_step_of_a_repair_loses_nothing_it_kept(
     tmp_path: Path, damaged: Damaged, mode: str
 ) -> None:
@@ -257,12 +280,17 @@ def test_a_kill_at_each_step_of_a_repair_loses_nothing_it_kept(tmp_path: Path, d
         shutil.rmtree(journal.parent)
 
 
+@pytest.mark.parametrize(
+    "every", [False, pytest.param(True, marks=pytest.mark.repair_sweep)], ids=["dirs", "all"]
+)
 def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_owner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: bool
 ) -> None:
     """The ledger's repair forgets the saved index first (hybridq/ops/journal_repair.py), then
     repairs a segment the ledger punch punched: whatever step the power goes at, a second repair
-    keeps the map's ranges before the cut, and a start finds every key the punch moved."""
+    keeps the map's ranges before the cut, and a start finds every key the punch moved. The
+    default run stops at a few of its calls (:meth:`Recording.directory_stops`: 10 of 98); the
+    ``repair_sweep`` tier before every call that changes the disk."""
     template = tmp_path / "template" / "journal"
     template.mkdir(parents=True, mode=0o700)
     damaged = punched_ledger_damaged(template, monkeypatch)
@@ -277,7 +305,7 @@ def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_ow
     assert repair(ldir, accept_loss=True, fileops=counted).applied
     total = counted.op_count
     rng = random.Random("ledger")
-    for at in counted.stops():
+    for at in counted.stops() if every else counted.directory_stops():
         journal, ldir = copy(f"{at}")
         ops = PowerLossFileOps(crash_at=at, crash_mode=rng.choice(MODES), rng=rng)
         with contextlib.suppress(OSError, HybridqError):
