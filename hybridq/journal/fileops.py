@@ -68,6 +68,10 @@ class FileOps:
         """``unlink(2)``; durable only after :meth:`fsync_dir`."""
         os.unlink(path)
 
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        """``mkdir(2)``; durable only after :meth:`fsync_dir` of its parent."""
+        os.mkdir(path, mode)
+
     def fsync_dir(self, path: str) -> None:
         """Fsync a directory, making creates, renames and unlinks in it durable."""
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | SAFE_FLAGS)

@@ -97,7 +97,7 @@ def make_backup_dir(ops: FileOps, directory: str) -> str:
         name = BACKUP_PREFIX + stamp + (f"-{attempt}" if attempt else "")
         backup = os.path.join(directory, name)
         try:
-            os.mkdir(backup, 0o700)
+            ops.mkdir(backup, 0o700)
         except FileExistsError:
             continue
         except OSError as exc:

@@ -241,6 +241,8 @@ class SegmentScan:
         info.end_offset = base + p
         info.next_seq = expected
         if seals >= SEAL_RECORDS:
+            if holes:  # a range past the seal: a map written by hand, or restored (a punch refuses it)
+                raise self.corruption(seal_off, "hole map range past the segment's seal", seal_seq)
             info.sealed = True
             return
         if self.read_only:

@@ -34,8 +34,8 @@ from typing import Any
 
 from hybridq import crashpoints
 from hybridq.errors import JournalCorruption, JournalIOError
-from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps
-from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
+from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps, Record
+from hybridq.journal.format import FILE_HEADER_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.reader import list_chains, read_seal
 from hybridq.journal.statefile import read_state, write_state
 from hybridq.ledger.compacted import Compacted
@@ -215,10 +215,20 @@ class _CrashingOps(FileOps):
         return written
 
 
-def forget(journal: str) -> None:
-    """Delete the saved index (its ledger was changed by other means than appends: a repair)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(journal, SAVED_INDEX_NAME + ".state"))
+def forget(journal: str, fileops: FileOps = OS_FILEOPS) -> None:
+    """Durably delete the saved index (its ledger was changed by other means than appends: a repair).
+
+    The journal directory is fsynced even if the file is gone: an unlink a kill left unsynced
+    could come back (docs/reliability.md rule 5).
+    """
+    path, op = os.path.join(journal, SAVED_INDEX_NAME + ".state"), "unlink"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            fileops.unlink(path)
+        op = "directory fsync"
+        fileops.fsync_dir(journal)
+    except OSError as exc:
+        raise JournalIOError(path, op, exc) from exc
 
 
 def load(journal: str, keys: KeyTable | None = None) -> Saved | None:
@@ -325,11 +335,17 @@ def _fits(
             # without one. The forwarder saves right after such a compaction (IndexSaver.soon).
             log.warning("ignoring the saved ledger index: ledger chain %s was compacted since", writer)
             return None
+        # A segment a repair cut and sealed again (docs/operations.md, journal repair) ends
+        # earlier, with a seal of lower seq: a position past its old end, in it or after it, is
+        # refused (a saved index a power cut brought back after the repair's forget).
         if at.segment in indices:
+            seal = _seal(path, writer, at.segment)
             fits = at.offset <= os.path.getsize(os.path.join(path, segment_name(writer, at.segment)))
+            fits = fits and (seal is None or at.next_seq <= seal.seq)
         else:  # read to the end of its sealed last segment, or not a position of this chain
             fits = at.segment == indices[-1] + 1 and at.offset == FILE_HEADER_SIZE
-            fits = fits and _sealed(path, writer, indices[-1])
+            seal = _seal(path, writer, indices[-1]) if fits else None
+            fits = seal is not None and at.next_seq == seal.seq + SEAL_RECORDS
         if not fits:
             log.warning(
                 "ignoring the saved ledger index: ledger chain %s does not reach its position", writer
@@ -339,12 +355,12 @@ def _fits(
     return since
 
 
-def _sealed(path: str, writer: str, segment: int) -> bool:
-    """Whether the ledger segment ends with its seal (a segment cut short since does not)."""
+def _seal(path: str, writer: str, segment: int) -> Record | None:
+    """The ledger segment's seal; ``None`` if it has none (a segment cut short since has none)."""
     try:
-        return read_seal(path, writer, segment) is not None
+        return read_seal(path, writer, segment)
     except JournalCorruption:
-        return False
+        return None
 
 
 def _body(entry: Entry) -> Any:

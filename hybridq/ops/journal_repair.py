@@ -69,7 +69,7 @@ def repair(
     if accept_loss and os.path.basename(directory) == LEDGER_DIR:
         # The saved index may count records the repair drops: the next start replays them all.
         # Before the repair, so that one cut short by a crash leaves none either.
-        saved_index.forget(os.path.dirname(directory))
+        saved_index.forget(os.path.dirname(directory), fileops)
     return repair_journal(
         directory,
         accept_loss=accept_loss,

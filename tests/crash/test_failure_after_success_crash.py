@@ -19,12 +19,12 @@ from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import read_ledger
 
 from tests.crash.test_outranked_failure_crash import never_listed_again, run_killed_child
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
     fail_and_compact,
     job_five,
     listed_ids,
     loc_of,
-    open_state,
 )
 
 CHILD = """
@@ -33,8 +33,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from hybridq.forwarder.harvest import Harvester
 from hybridq.ledger.failtable import FailureTable
-from tests.unit.test_failure_after_success import Events, outcome_event
-from tests.unit.test_outranked_failure import open_state
+from tests.support.harvested import Events
+from tests.unit.test_failure_after_success import outcome_event
+from tests.support.started import open_state
 
 journal, point, writer, segment, offset, payload = sys.argv[1:]
 journal = Path(journal)  # x's record by its location: its segment may be compacted

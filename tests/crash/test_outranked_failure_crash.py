@@ -21,12 +21,12 @@ from hybridq.journal import Record
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import read_ledger
 
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
     compact,
     failed_beside_a_live_job,
     listed_ids,
     loc_of,
-    open_state,
     success,
 )
 
@@ -35,7 +35,8 @@ import os, signal, sys
 from pathlib import Path
 from hybridq.forwarder import dead_segments
 from hybridq.journal import JournalReader
-from tests.unit.test_outranked_failure import compact, open_state, success
+from tests.support.started import open_state
+from tests.unit.test_outranked_failure import compact, success
 
 journal, point = Path(sys.argv[1]), sys.argv[2]
 records = list(JournalReader(journal).records())

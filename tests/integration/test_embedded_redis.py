@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 from hybridq.errors import HybridqError
-from hybridq.testing import embedded
+from hybridq.testing import embedded, embedded_find
 from hybridq.testing.embedded import RedisServer, RedisServerFailed, RedisServerNotFound, find_redis_server
 
 
@@ -68,7 +68,7 @@ def test_non_executable_binary_in_environment_variable_is_refused(monkeypatch, t
 
 
 def test_no_binary_anywhere_names_the_fix(bare_path, monkeypatch, tmp_path):
-    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(embedded_find.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(sys, "executable", str(bare_path / "python"))
     with pytest.raises(RedisServerNotFound, match=r"hybridq\[embedded\]") as caught:
         find_redis_server()

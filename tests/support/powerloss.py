@@ -7,9 +7,14 @@ disk would still hold after the power went out:
 * per file, the size made durable by the last ``fdatasync``/``fsync`` (and the mode made durable
   by the last ``fsync``); an ``O_TRUNC`` open or an ``ftruncate`` is assumed to reach the disk at
   once (the ext4 "zero-length file" worst case) while the bytes written afterwards do not;
-* per directory, the creates, renames and unlinks done since its last ``fsync_dir`` (fsync(2):
-  the file's own fsync does not persist its directory entry), with a copy of the durable contents
-  of a file a rename overwrote or an unlink removed, so that the operation can be undone.
+* per directory, the creates (of files and directories), renames and unlinks done since its last
+  ``fsync_dir`` (fsync(2): the file's own fsync does not persist its directory entry), with a
+  copy of the durable contents of a file a rename overwrote or an unlink removed, so that the
+  operation can be undone. A rename across directories is two entries, an unlink in the source
+  and a create in the destination, each undone unless its own directory was fsync'd: the file
+  can come back in both, or be in neither (the source synced, the destination not). A directory
+  whose create is undone goes with everything in it, while the other unsynced entries of its
+  parent are kept (the worst order: nothing but the parent's fsync orders them).
 
 :meth:`PowerLossFileOps.crash` then turns the real files into a state the disk could be in after
 power loss: it closes the file behind every fd handed out (which releases their flocks, so the
@@ -33,6 +38,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import shutil
 import stat
 import threading
 from dataclasses import dataclass
@@ -60,7 +66,7 @@ class _DirOp:
     """A create, rename or unlink in ``directory`` that no ``fsync_dir`` has made durable yet."""
 
     directory: str
-    kind: str  # "create" | "rename" | "unlink"
+    kind: str  # "create" | "mkdir" | "rename" (in one directory) | "unlink"
     path: str  # the created / renamed-to / unlinked name
     src: str = ""  # for renames: the old name
     saved: tuple[bytes, int] | None = None  # durable contents and mode of what was overwritten
@@ -203,11 +209,17 @@ class PowerLossFileOps(FileOps):
             src, dst = os.path.abspath(src), os.path.abspath(dst)
             moving = self._track(src)
             saved = self._durable_copy(dst) if os.path.lexists(dst) else None
+            # Across directories: what the source loses, as the disk holds it at the rename.
+            source = self._durable_copy(src) if os.path.dirname(src) != os.path.dirname(dst) else None
             super().replace(src, dst)
             self._files.pop(dst, None)
             del self._files[src]
             moving.path, self._files[dst] = dst, moving
-            self._pending.append(_DirOp(os.path.dirname(dst), "rename", dst, src, saved))
+            if source is None:
+                self._pending.append(_DirOp(os.path.dirname(dst), "rename", dst, src, saved))
+            else:
+                self._pending.append(_DirOp(os.path.dirname(src), "unlink", src, saved=source))
+                self._pending.append(_DirOp(os.path.dirname(dst), "create", dst, saved=saved))
 
     def unlink(self, path: str) -> None:
         with self._lock:
@@ -217,6 +229,13 @@ class PowerLossFileOps(FileOps):
             super().unlink(path)
             del self._files[path]
             self._pending.append(_DirOp(os.path.dirname(path), "unlink", path, saved=saved))
+
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        with self._lock:
+            self._begin()
+            path = os.path.abspath(path)
+            super().mkdir(path, mode)
+            self._pending.append(_DirOp(os.path.dirname(path), "mkdir", path))
 
     def fsync_dir(self, path: str) -> None:
         with self._lock:
@@ -261,9 +280,16 @@ class PowerLossFileOps(FileOps):
                 self._lose_unsynced(f, size, mode, rng)
             # An unsynced mode change may or may not have reached the disk.
             os.chmod(f.path, f.mode if rng.random() < 0.5 else f.durable_mode)
+        # Nothing but an fsync of its parent orders a new directory's entry before the parent's
+        # other entries: the worst case is taken, those kept and the new directory gone.
+        fresh = {op.directory for op in self._pending if op.kind == "mkdir"}
         for op in reversed(self._pending):
+            if op.directory in fresh and op.kind != "mkdir":
+                continue
             if op.kind == "create":
                 os.unlink(op.path)
+            elif op.kind == "mkdir":
+                shutil.rmtree(op.path)
             elif op.kind == "rename":
                 os.replace(op.path, op.src)
             if op.saved is not None:  # the overwritten target or the unlinked file comes back

@@ -14,12 +14,12 @@ from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.ops import status
 from hybridq.protocol import CompletionEvent
 
+from tests.support.harvested import Events
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
-    _OneEvent,
     fail_and_compact,
     job_five,
     loc_of,
-    open_state,
 )
 
 
@@ -36,7 +36,7 @@ def test_a_late_successs_mark_is_not_counted_done_per_minute(journal_dir: Path) 
         id=job_id, loc=loc_of(x), queue="q", outcome="succeeded", final=True, retry_delay=None,
         attempt=1, dup=False, error=None, at=now - 1,
     )  # fmt: skip
-    harvester = Harvester(state, _OneEvent(event.to_json()))  # type: ignore[arg-type]
+    harvester = Harvester(state, Events([event.to_json()]))  # type: ignore[arg-type]
     assert harvester.harvest() == 1
     state.close()
     after = LedgerView(str(journal_dir), window_s=300.0).recent(now=now)

@@ -34,32 +34,19 @@ from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.ledger.store import load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
-from hybridq.transport.base import Event
 
+from tests.support.harvested import Events
+from tests.support.started import open_state
 from tests.unit.test_outranked_failure import (
     compact,
+    fail_and_compact,
     failure,
+    job_five,
     journal_of_jobs,
     listed_ids,
     loc_of,
-    open_state,
     success,
 )
-
-
-class Events:
-    """A transport with completion events waiting (all the harvest asks of it here)."""
-
-    def __init__(self, bodies: list[dict[str, object]]) -> None:
-        self.events = [Event(f"{i + 1}-0", body) for i, body in enumerate(bodies)]
-        self.acked: list[str] = []
-
-    def harvest(self, _owner: str, _limit: int) -> list[Event]:
-        out, self.events = self.events, []
-        return out
-
-    def ack(self, _owner: str, event_ids: list[str]) -> None:
-        self.acked += event_ids
 
 
 def outcome_event(record: Record, outcome: str, at: float, *, dup: bool = False) -> dict[str, object]:
@@ -94,10 +81,8 @@ def assert_never_listed(journal: Path, x: Record) -> None:
 
 
 def test_success_then_final_failure_in_one_harvest_batch(journal_dir: Path) -> None:
-    records = journal_of_jobs(journal_dir)
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
-    state = open_state(journal_dir, x.writer_id)
+    writer, seg0, x = job_five(journal_dir)
+    state = open_state(journal_dir, writer)
     transport = Events([outcome_event(x, "succeeded", 3.0), outcome_event(x, "failed", 3.1)])
     Harvester(state, transport).harvest()  # type: ignore[arg-type]
     assert transport.acked == ["1-0", "2-0"]
@@ -112,10 +97,8 @@ def test_success_then_final_failure_in_one_harvest_batch(journal_dir: Path) -> N
 
 
 def test_failure_recorded_in_a_later_batch(journal_dir: Path) -> None:
-    records = journal_of_jobs(journal_dir)
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
-    state = open_state(journal_dir, x.writer_id)
+    writer, seg0, x = job_five(journal_dir)
+    state = open_state(journal_dir, writer)
     state.append([success(r) for r in seg0])
     late = failure(x, at=3.0)  # with an envelope, as a caller might give it
     (unchanged,) = state.append([late])  # changed nothing: the job succeeded
@@ -172,10 +155,8 @@ def test_chains_read_in_any_order(tmp_path: Path, order: tuple[int, ...]) -> Non
 
 def test_a_duplicate_success_delists_the_failure_once_compacted_too(journal_dir: Path) -> None:
     """L1: the live index lets a dup success outrank a failure; so does every replay."""
-    records = journal_of_jobs(journal_dir)
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
-    state = open_state(journal_dir, x.writer_id)
+    writer, seg0, x = job_five(journal_dir)
+    state = open_state(journal_dir, writer)
     state.append([failure(x)])
     state.append([Entry("done", job_id(x), loc_of(x), outcome="succeeded", at=2.0, dup=True)])
     assert listed_ids(journal_dir) == []
@@ -209,13 +190,9 @@ def test_a_requeue_and_an_outranking_success_read_alike_in_either_order(
 
 def test_a_late_success_reported_twice_appends_one_mark(journal_dir: Path) -> None:
     """L3: two late successes of one compacted job in one batch: one mark."""
-    records = journal_of_jobs(journal_dir)
-    seg0 = [r for r in records if r.segment_index == 0]
-    x = seg0[5]
-    state = open_state(journal_dir, x.writer_id)
-    state.append([failure(x)])
-    state.append([success(r) for r in seg0 if r is not x])
-    compact(state)
+    writer, seg0, x = job_five(journal_dir)
+    state = open_state(journal_dir, writer)
+    fail_and_compact(state, seg0, x)
     transport = Events([outcome_event(x, "succeeded", 3.0), outcome_event(x, "succeeded", 3.5)])
     Harvester(state, transport).harvest()  # type: ignore[arg-type]
     assert transport.acked == ["1-0", "2-0"]

@@ -18,6 +18,29 @@ def _loaded_after(statement: str) -> set[str]:
     return {name for name in json.loads(out) if name == "hybridq" or name.startswith("hybridq.")}
 
 
+def _loaded_by_command(argv: list[str], *, returncode: int) -> set[str]:
+    """Every module in ``sys.modules`` at the exit of ``hybridq *argv`` (run in a fresh interpreter)."""
+    code = (
+        "import atexit, json, os, sys; "
+        "atexit.register(lambda: os.write(3, json.dumps(sorted(sys.modules)).encode())); "
+        "from hybridq.cli import main; "
+        f"sys.argv = ['hybridq', *{argv!r}]; main()"
+    )
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.dup2({write}, 3); {code}"],
+        pass_fds=(write,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        loaded = set(json.loads(pipe.read()))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == returncode, err
+    return loaded
+
+
 def test_importing_the_worker_loads_neither_the_producer_nor_the_journal() -> None:
     loaded = _loaded_after("import hybridq.worker")
     assert "hybridq.worker" in loaded
@@ -46,24 +69,7 @@ def test_starting_the_worker_command_loads_neither_the_journal_nor_the_status_co
     the forwarder's transport port (``transport.base``, nine dataclasses) ~5 ms, ``zoneinfo``
     (only a date-time with a zone needs it) ~3 ms (issue 26).
     """
-    code = (
-        "import atexit, json, os, sys; "
-        "atexit.register(lambda: os.write(3, json.dumps(sorted(sys.modules)).encode())); "
-        "from hybridq.cli import main; "
-        "sys.argv = ['hybridq', 'worker', '--burst', '--redis', 'redis://127.0.0.1:1/0', 'q']; main()"
-    )
-    read, write = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.dup2({write}, 3); {code}"],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        loaded = set(json.loads(pipe.read()))
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
+    loaded = _loaded_by_command(["worker", "--burst", "--redis", "redis://127.0.0.1:1/0", "q"], returncode=1)
     assert "hybridq.worker.pool" in loaded
     for heavy in (
         "hybridq.ops.status",
@@ -75,6 +81,19 @@ def test_starting_the_worker_command_loads_neither_the_journal_nor_the_status_co
         "hybridq.transport.base",
         "zoneinfo",
     ):
+        assert heavy not in loaded, heavy
+
+
+def test_the_status_command_loads_neither_the_outbox_class_nor_the_producer(tmp_path) -> None:
+    """``hybridq status`` reads the outbox's table only with ``--outbox``, and never enqueues: the
+    package's ``Outbox`` (it imports the producer's queue, the remote client, the workflows'
+    checks), once imported with the package by ``--outbox``'s default table name, cost ~200 ms
+    of its start (``python -X importtime``)."""
+    journal = tmp_path / "journal"
+    journal.mkdir(mode=0o700)
+    loaded = _loaded_by_command(["status", "--journal", str(journal), "--json"], returncode=0)
+    assert "hybridq.ops.status" in loaded
+    for heavy in ("hybridq.producer", "hybridq.client", "hybridq.outbox.enqueue", "hybridq.outbox.once"):
         assert heavy not in loaded, heavy
 
 

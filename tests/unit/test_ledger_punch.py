@@ -18,11 +18,10 @@ from typing import NamedTuple
 import pytest
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.holes import read_holes
 from hybridq.journal.reader import list_chains
-from hybridq.journal.records import ChainPosition
 from hybridq.ledger import store
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
@@ -30,6 +29,7 @@ from hybridq.ledger.index import _inside as index_inside
 from hybridq.ledger.punch_select import punchable
 from hybridq.ledger.store import ledger_dir, read_keys, read_ledger
 
+from tests.support.started import started_state
 from tests.unit.test_punch_index import close_with_index
 
 PER = 60
@@ -41,17 +41,6 @@ def _chain(path: Path, segments: int, tag: bytes) -> list[Record]:
             writer.append_many([tag + b"%06d" % (10 * i + k) + b"x" * 200 for k in range(10)])
         wid = writer.writer_id
     return [r for r in JournalReader(path).records() if r.writer_id == wid]
-
-
-def _open(journal: Path | str, through: dict[str, int]) -> ForwarderState:
-    """A forwarder's state of ``journal``, its reader past the segments ``through`` names."""
-    state = ForwarderState(str(journal), ForwarderConfig())
-    state.load()
-    for writer, segment in through.items():
-        state.checkpoint.positions[writer] = ChainPosition(segment, 64, 1)
-    while not state.pending_ready:
-        state.count_pending(10.0)
-    return state
 
 
 def _loc(r: Record) -> tuple[str, int, int]:
@@ -103,7 +92,7 @@ def _two_chains(
     b = _chain(journal, 3, b"b")
     wa, wb = a[0].writer_id, b[0].writer_id
     through = {wa: 2, wb: 3}
-    state = _open(journal, through)
+    state = started_state(journal, through)
     of_a, of_b = entries(a, 0, "a"), entries(b, None, "b")
     for i in range(0, max(len(of_a), len(of_b)), 10):  # a writer rotates between appends
         state.append(of_b[i : i + 10])  # interleaved: A's entries pin every ledger segment
@@ -118,7 +107,7 @@ def _two_chains_journal_punched(journal: Path, monkeypatch: pytest.MonkeyPatch) 
     while Puncher(c.state, min_bytes=1000).step():
         pass
     c.state.close()
-    return c._replace(state=_open(journal, c.through))
+    return c._replace(state=started_state(journal, c.through))
 
 
 def _view(index: LedgerIndex, records: list[Record], keys: list[str]) -> object:
@@ -153,7 +142,7 @@ def test_a_start_after_the_ledger_punch_builds_the_same_index(
     state.close()
     records = a + b
     keys = [e.key for e in _entries(a, waiting, "a") + _entries(b, None, "b") if e.key is not None]
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     before = _view(state.index, records, keys)
     ((_, ledger_segments),) = list_chains(ledger_dir(str(journal_dir))).items()
     assert len(ledger_segments) > 2
@@ -161,7 +150,7 @@ def test_a_start_after_the_ledger_punch_builds_the_same_index(
     index_file = journal_dir / "ledger-index.state"
     shutil.copy(index_file, journal_dir / "before.state")
 
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     compactor = Compactor(state)
     compactor.ledger_puncher.min_bytes = 500
     compactor.ledger_puncher.done_in_ranges = done_in_ranges
@@ -176,7 +165,7 @@ def test_a_start_after_the_ledger_punch_builds_the_same_index(
     assert _view(state.index, records, keys) == before  # the live index does not change
     assert sum(1 for _ in read_keys(str(journal_dir)))  # the keys punched moved to the key store first
     close_with_index(state, journal_dir, saved)
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     assert _view(state.index, records, keys) == before
     state.close()
 
@@ -230,7 +219,7 @@ def test_a_ledger_segment_is_read_again_only_once_a_journal_segment_it_names_has
     monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
     a = _chain(journal_dir, 3, b"a")
     wa = a[0].writer_id
-    state = _open(journal_dir, {wa: 3})
+    state = started_state(journal_dir, {wa: 3})
     done = [Entry("done", f"a{r.seq}", _loc(r), outcome="succeeded", at=1.0) for r in a[1:]]
     for i in range(0, len(done), 10):  # a[0] waits: every journal segment of A stays
         state.append(done[i : i + 10])
@@ -262,7 +251,7 @@ def test_entries_in_punched_journal_ranges_wait_for_a_read_a_compaction_makes(
     a = _chain(journal_dir, 3, b"a")
     b = _chain(journal_dir, 3, b"b")
     wa, wb = a[0].writer_id, b[0].writer_id
-    state = _open(journal_dir, {wa: 3, wb: 3})
+    state = started_state(journal_dir, {wa: 3, wb: 3})
     entries = [Entry("retry", "a0", _loc(a[0]), attempt=1, run_at=9e9, at=1.0)]  # a[0] waits
     for ra, rb in zip(a[1:], b[1:], strict=False):  # interleaved: B's entries in every segment
         for r in (ra, rb):

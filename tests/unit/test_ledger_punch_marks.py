@@ -21,7 +21,8 @@ from hybridq.journal.reader import list_chains
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import load_index, open_ledger_writer
 
-from tests.unit.test_ledger_punch import _entries, _loc, _open, _two_chains
+from tests.support.started import started_state
+from tests.unit.test_ledger_punch import _entries, _loc, _two_chains
 from tests.unit.test_punch_index import close_with_index
 
 SPECIAL = {15: "FS", 25: "SF", 35: "FR", 45: "F-late"}
@@ -69,7 +70,7 @@ def test_marks_survive_the_ledger_punch_and_compaction(
             ]
         )
     state.close()
-    state = _open(journal_dir, through)  # the requeues read
+    state = started_state(journal_dir, through)  # the requeues read
     compactor = Compactor(state)
     compactor.compact()
     assert sorted(list_chains(str(journal_dir))) == [wa]  # B compacted
@@ -84,7 +85,7 @@ def test_marks_survive_the_ledger_punch_and_compaction(
     state.close()
     locs = [_loc(r[i]) for r in (a, b) for i in SPECIAL] + [_loc(a[5]), _loc(b[5])]
     expected_listed = sorted([_loc(a[5]), _loc(b[5])])
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     before = _fwd(state, locs)
     assert before[0] == expected_listed
     reader_before = _listing(journal_dir, state, locs)
@@ -92,7 +93,7 @@ def test_marks_survive_the_ledger_punch_and_compaction(
     state.close()
     shutil.copy(journal_dir / "ledger-index.state", journal_dir / "before.state")
 
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     compactor = Compactor(state)
     compactor.ledger_puncher.min_bytes = 500
     freed = sum(compactor.ledger_puncher.step(1) for _ in range(10))
@@ -100,7 +101,7 @@ def test_marks_survive_the_ledger_punch_and_compaction(
     assert _fwd(state, locs) == before
     assert _listing(journal_dir, state, locs) == reader_before
     close_with_index(state, journal_dir, saved)
-    state = _open(journal_dir, through)
+    state = started_state(journal_dir, through)
     assert _fwd(state, locs) == before, saved
     assert _listing(journal_dir, state, locs) == reader_before
 
@@ -120,7 +121,7 @@ def test_marks_survive_the_ledger_punch_and_compaction(
         if mode == "none":
             (journal_dir / "ledger-index.state").unlink(missing_ok=True)
             (journal_dir / "ledger-keys.sqlite").unlink(missing_ok=True)
-        state = _open(journal_dir, through)
+        state = started_state(journal_dir, through)
         got = _fwd(state, locs)
         rd = _listing(journal_dir, state, locs)
         assert got[0] == expected_listed, mode

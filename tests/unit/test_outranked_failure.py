@@ -21,18 +21,20 @@ from hybridq.forwarder import dead_segments
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.harvest import Harvester
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.forwarder.state import ForwarderState
 from hybridq.http.dashboard.ledger_view import LedgerView
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.holes import punch_supported
 from hybridq.journal.reader import list_chains
-from hybridq.journal.records import ChainPosition, Loc
+from hybridq.journal.records import Loc
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, read_ledger
 from hybridq.ops import failures, status
 from hybridq.protocol import CompletionEvent
-from hybridq.transport.base import Event
+
+from tests.support.harvested import Events
+from tests.support.started import open_state
 
 
 def envelope(n: int) -> Envelope:
@@ -49,16 +51,6 @@ def journal_of_jobs(path: Path, segments: int = 3, per: int = 40) -> list[Record
         for n in range(segments * per):
             writer.append_many([envelope(n).to_bytes()])
     return list(JournalReader(path).records())
-
-
-def open_state(journal: Path, writer: str, read_through: int = 2) -> ForwarderState:
-    """A forwarder's state that has read the journal through segment ``read_through`` - 1."""
-    state = ForwarderState(str(journal), ForwarderConfig())
-    state.load()
-    state.checkpoint.positions[writer] = ChainPosition(read_through, 64, 1)
-    while not state.pending_ready:
-        state.count_pending(10.0)
-    return state
 
 
 def loc_of(record: Record) -> Loc:
@@ -320,21 +312,6 @@ def test_the_dashboards_view_does_not_list_it_either(journal_dir: Path) -> None:
     state.close()
 
 
-class _OneEvent:
-    """A transport with one completion event waiting (all the harvest asks of it here)."""
-
-    def __init__(self, body: dict[str, object]) -> None:
-        self.events = [Event("1-0", body)]
-        self.acked: list[str] = []
-
-    def harvest(self, _owner: str, _limit: int) -> list[Event]:
-        out, self.events = self.events, []
-        return out
-
-    def ack(self, _owner: str, event_ids: list[str]) -> None:
-        self.acked += event_ids
-
-
 def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_dir: Path) -> None:
     """The late event is not counted (its segment is gone) but its failure leaves the list."""
     writer, seg0, x = job_five(journal_dir)
@@ -347,7 +324,7 @@ def test_a_success_reported_after_the_failed_jobs_segment_was_compacted(journal_
         id=job_id, loc=loc_of(x), queue="q", outcome="succeeded", final=True, retry_delay=None,
         attempt=1, dup=False, error=None, at=3.0,
     )  # fmt: skip
-    transport = _OneEvent(event.to_json())
+    transport = Events([event.to_json()])
     harvester = Harvester(state, transport)  # type: ignore[arg-type]
     before = load_compacted(str(journal_dir))
     assert harvester.harvest() == 1

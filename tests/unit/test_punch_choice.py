@@ -10,12 +10,13 @@ import pytest
 from hybridq import Queue
 from hybridq.forwarder.dead_segments import Compactor
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import read_holes
-from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
+
+from tests.support.started import open_state
 
 
 def _journal(path: Path, segments: int = 3, per: int = 60) -> list[Record]:
@@ -23,16 +24,6 @@ def _journal(path: Path, segments: int = 3, per: int = 60) -> list[Record]:
         for i in range(segments * per // 10):
             writer.append_many([b"%06d" % (10 * i + k) + b"x" * 200 for k in range(10)])
     return list(JournalReader(path).records())
-
-
-def _state(journal: Path, records: list[Record], read_through: int) -> ForwarderState:
-    state = ForwarderState(str(journal), ForwarderConfig())
-    state.load()
-    writer = records[0].writer_id
-    state.checkpoint.positions[writer] = ChainPosition(read_through, 64, 1)
-    while not state.pending_ready:  # the stats tracker counts what was read before this start
-        state.count_pending(10.0)
-    return state
 
 
 def _finish(state: ForwarderState, records: list[Record], outcome: str = "succeeded") -> None:
@@ -44,7 +35,7 @@ def _finish(state: ForwarderState, records: list[Record], outcome: str = "succee
 def test_the_runs_around_an_unfinished_job_are_punched(journal_dir: Path) -> None:
     records = _journal(journal_dir)
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _state(journal_dir, records, read_through=2)
+    state = open_state(journal_dir, records[0].writer_id, read_through=2)
     waiting = len(seg0) // 3
     _finish(state, [r for r in seg0 if r is not seg0[waiting]])
     puncher = Puncher(state, min_bytes=1000)
@@ -65,13 +56,13 @@ def test_unread_unsealed_failed_or_short_runs_are_not_punched(journal_dir: Path)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
     seg1 = [r for r in records if r.segment_index == 1]
-    state = _state(journal_dir, records, read_through=1)  # segment 1 not fully read
+    state = open_state(journal_dir, records[0].writer_id, read_through=1)  # segment 1 not fully read
     _finish(state, seg0[1::2])  # every other job: no run longer than one record
     _finish(state, seg1)
     assert Puncher(state, min_bytes=1000).step() == 0
     assert read_holes(str(journal_dir), writer, 1) == ()
     # A failure still listed keeps its record (trace, the dashboard show it).
-    state2 = _state(journal_dir, records, read_through=2)
+    state2 = open_state(journal_dir, records[0].writer_id, read_through=2)
     _finish(state2, seg0[: len(seg0) // 2], outcome="failed")
     assert all((writer, 0, r.offset) in state2.index.failed for r in seg0[: len(seg0) // 2])
     assert Puncher(state2, min_bytes=1).step() == 0
@@ -83,7 +74,7 @@ def test_a_punched_segment_is_still_deleted_once_its_last_job_finishes(journal_d
     records = _journal(journal_dir)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _state(journal_dir, records, read_through=2)
+    state = open_state(journal_dir, records[0].writer_id, read_through=2)
     _finish(state, seg0[1:])
     compactor = Compactor(state)
     compactor.puncher.min_bytes = 1000
@@ -103,7 +94,7 @@ def test_a_finished_segment_behind_a_pinned_one_is_punched_whole(journal_dir: Pa
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
     seg1 = [r for r in records if r.segment_index == 1]
-    state = _state(journal_dir, records, read_through=2)
+    state = open_state(journal_dir, records[0].writer_id, read_through=2)
     _finish(state, seg0[1:])
     _finish(state, seg1)
     puncher = Puncher(state, min_bytes=1000)
@@ -121,7 +112,7 @@ def test_an_idle_pass_reads_no_segment_and_a_restart_does_not_read_a_punched_one
     """Each pass looks at every segment: what it needs of a sealed one is read once (review L2)."""
     records = _journal(journal_dir, segments=20, per=20)
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _state(journal_dir, records, read_through=20)
+    state = open_state(journal_dir, records[0].writer_id, read_through=20)
     _finish(state, [r for r in seg0 if r is not seg0[5]])
     puncher = Puncher(state, min_bytes=1000)
     assert puncher.step() > 0
@@ -165,7 +156,7 @@ def test_a_requeued_jobs_record_is_not_punched(journal_dir: Path) -> None:
     seg0 = [r for r in records if r.segment_index == 0]
     assert len(seg0) > 10
     assert b'"requeue":2' in seg0[8].payload
-    state = _state(journal_dir, records, read_through=1)
+    state = open_state(journal_dir, records[0].writer_id, read_through=1)
     _finish(state, seg0[:-1])  # the last one waits: the segment is not deleted instead
     assert Puncher(state, min_bytes=1).step() > 0
     holes = read_holes(str(journal_dir), seg0[0].writer_id, 0)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from hybridq.forwarder.punch import Puncher
-from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.forwarder.state import ForwarderState
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.holes import read_holes
-from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
+
+from tests.support.started import open_state
 
 
 def _journal(path: Path, segments: int = 3, per: int = 60) -> list[Record]:
@@ -26,15 +27,6 @@ def _journal(path: Path, segments: int = 3, per: int = 60) -> list[Record]:
         for i in range(segments * per // 10):
             writer.append_many([b"%06d" % (10 * i + k) + b"x" * 200 for k in range(10)])
     return list(JournalReader(path).records())
-
-
-def _open(journal: Path, writer: str, read_through: int = 2) -> ForwarderState:
-    state = ForwarderState(str(journal), ForwarderConfig())
-    state.load()
-    state.checkpoint.positions[writer] = ChainPosition(read_through, 64, 1)
-    while not state.pending_ready:
-        state.count_pending(10.0)
-    return state
 
 
 def close_with_index(state: ForwarderState, journal_dir: Path, saved: str) -> None:
@@ -68,7 +60,7 @@ def test_a_start_collapses_the_index_as_the_punch_did(journal_dir: Path, saved: 
     records = _journal(journal_dir)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     waiting = len(seg0) // 3
     outcomes = ["cancelled" if i % 7 == 3 else "succeeded" for i in range(len(seg0))]
     first = [_done(r, o) for i, (r, o) in enumerate(zip(seg0, outcomes, strict=True)) if i < waiting // 2]
@@ -76,7 +68,7 @@ def test_a_start_collapses_the_index_as_the_punch_did(journal_dir: Path, saved: 
     state.close()
     index_file = journal_dir / "ledger-index.state"
     shutil.copy(index_file, journal_dir / "before.state")  # a saved index older than the punch
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     state.append(
         [
             _done(r, o)
@@ -96,7 +88,7 @@ def test_a_start_collapses_the_index_as_the_punch_did(journal_dir: Path, saved: 
     assert not state.index.is_terminal((writer, 0, seg0[waiting].offset))
     punched = done.punched()
     close_with_index(state, journal_dir, saved)
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     assert (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals)) == before
     assert state.index.terminal[(writer, 0)].punched() == punched
     assert len(list(state.index.terminal[(writer, 0)])) == len(list(done))
@@ -112,16 +104,16 @@ def test_a_duplicate_report_replayed_after_a_saved_collapse_changes_nothing(jour
     records = _journal(journal_dir)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     state.append([_done(r) for r in seg0[1:]])
     assert Puncher(state, min_bytes=1000).step() > 0
     before = (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals))
     state.close()  # saved: the collapsed index
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     late = seg0[len(seg0) // 2]
     state.append([_done(late, "failed", dup=True)])
     state.close(by_path=False)  # a crash before the next save: the entry is replayed
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     answers, count, totals = (
         _answers(state.index, records),
         state.index.terminal_count,
@@ -146,7 +138,7 @@ def test_a_collapse_refused_after_a_punch_is_logged_and_the_offsets_kept(
     records = _journal(journal_dir)
     writer = records[0].writer_id
     seg0 = [r for r in records if r.segment_index == 0]
-    state = _open(journal_dir, writer)
+    state = open_state(journal_dir, writer)
     state.append([_done(r) for r in seg0[1:]])
     before = (_answers(state.index, records), state.index.terminal_count, dict(state.index.totals))
 

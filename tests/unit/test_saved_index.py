@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from hybridq.errors import JournalCorruption
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
-from hybridq.journal.format import segment_name
+from hybridq.journal.fileops import FileOps
+from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains
 from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import Compacted
@@ -202,8 +203,54 @@ def test_a_repair_of_the_ledger_that_may_drop_records_forgets_the_saved_index(tm
     save_now(journal, Compacted())
     repair(ledger_dir(journal), accept_loss=False)  # a dry run changes nothing
     assert saved_index.load(journal) is not None
-    repair(ledger_dir(journal), accept_loss=True)
+    calls: list[tuple[str, str]] = []
+
+    class Calls(FileOps):
+        def unlink(self, path: str) -> None:
+            calls.append(("unlink", path))
+            super().unlink(path)
+
+        def fsync_dir(self, path: str) -> None:
+            calls.append(("fsync_dir", path))
+            super().fsync_dir(path)
+
+    repair(ledger_dir(journal), accept_loss=True, fileops=Calls())
     assert saved_index.load(journal) is None
+    # Through the seam, durable (its directory fsynced) before the repair changes the ledger.
+    state = os.path.join(journal, saved_index.SAVED_INDEX_NAME + ".state")
+    assert calls[:2] == [("unlink", state), ("fsync_dir", journal)]
+
+
+def test_a_saved_position_past_a_segment_a_repair_sealed_again_does_not_fit(tmp_path: Path) -> None:
+    """A saved index the forget did not remove (a power cut brought it back) is not trusted: a
+    position "all of segment 1 read" no longer fits once a repair cut segment 1 and sealed it again,
+    nor does a position inside the records the repair dropped."""
+    from hybridq.journal import ChainPosition, JournalReader, JournalWriter
+
+    journal = tmp_path / "journal"
+    ldir = Path(ledger_dir(str(journal)))
+    ldir.mkdir(parents=True, mode=0o700)
+    with JournalWriter(ldir, max_segment_bytes=8 << 10) as w:
+        for s in range(0, 300, 10):
+            w.append_many([b"%06d" % i + b"y" * 100 for i in range(s, s + 10)])
+    recs = list(JournalReader(ldir).records())
+    writer = recs[0].writer_id
+    seg1 = [r for r in recs if r.segment_index == 1]
+    damaged = seg1[len(seg1) // 2]
+    past_seg1 = ChainPosition(2, FILE_HEADER_SIZE, next(r.seq for r in recs if r.segment_index == 2))
+    in_seg1 = ChainPosition(1, damaged.end, damaged.seq + 1)  # the damaged record read
+    for at in (past_seg1, in_seg1):
+        assert saved_index._fits(str(journal), {writer: at}, {writer: 0}) is not None
+    path = ldir / segment_name(writer, 1)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(damaged.offset + 20)
+        f.write(b"\xff\xff")
+    os.chmod(path, 0o400)
+    assert repair(str(ldir), accept_loss=True).applied
+    assert max(r.segment_index for r in JournalReader(ldir).records()) == 1
+    for at in (past_seg1, in_seg1):
+        assert saved_index._fits(str(journal), {writer: at}, {writer: 0}) is None, at
 
 
 def _ghost_key_run(journal: str, n: int) -> None:

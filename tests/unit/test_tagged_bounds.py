@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from hybridq import Queue
-from hybridq.envelope import limits, tagged
+from hybridq.envelope import limits, tagged_read
 from hybridq.envelope.limits import MAX_SAME_HASH, MAX_SET_MEMBERS
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import decode, encode, has_tags, read_result
@@ -68,7 +68,9 @@ def test_a_set_whose_members_share_a_hash_is_refused_before_it_is_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     built: list[int] = []
-    monkeypatch.setattr(tagged, "set", lambda v=(): built.append(len(v)) or builtins.set(v), raising=False)
+    monkeypatch.setattr(
+        tagged_read, "set", lambda v=(): built.append(len(v)) or builtins.set(v), raising=False
+    )
     with pytest.raises(ValueError, match=f"share one hash \\(at most {MAX_SAME_HASH}\\)"):
         decode(colliding(1000))
     assert max(built, default=0) < 1000  # the key check's small sets only
