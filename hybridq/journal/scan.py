@@ -242,7 +242,9 @@ class SegmentScan:
         info.next_seq = expected
         if seals >= SEAL_RECORDS:
             if holes:  # a range past the seal: a map written by hand, or restored (a punch refuses it)
-                raise self.corruption(seal_off, "hole map range past the segment's seal", seal_seq)
+                raise self.corruption(
+                    seal_off, "hole map range past the segment's seal", seal_seq, seal_seq + SEAL_RECORDS - 1
+                )
             info.sealed = True
             return
         if self.read_only:

@@ -7,6 +7,7 @@ from hybridq.rqworker import SimpleWorker as HybridqSimpleWorker
 from rq import SimpleWorker
 
 from tests.support.rqwork import Work, burst_runner
+from tests.support.tiers import deselect_tiers
 
 
 @pytest.fixture(params=[SimpleWorker, HybridqSimpleWorker], ids=["rq-worker", "hybridq-worker"])
@@ -21,9 +22,4 @@ TIERS = ("pool", "limits", "workflows", "chaos")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the tests of a tier (``pool``, ``limits``, ...) unless the ``-m`` expression names it."""
-    asked = config.option.markexpr or ""
-    left = [t for t in TIERS if t not in asked]
-    out = [i for i in items if any(i.get_closest_marker(t) is not None for t in left)]
-    if out:
-        config.hook.pytest_deselected(items=out)
-        items[:] = [i for i in items if i not in out]
+    deselect_tiers(config, items, TIERS)
