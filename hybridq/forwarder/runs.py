@@ -1,17 +1,14 @@
 """The run table: jobs the forwarder has read and indexed but not pushed, waiting on disk.
 
-A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (WAL, ``synchronous=FULL``,
-0600). One row per job read while its queue's window in Redis was full (docs/forwarder.md, "The
-window"): where its record is (the journal stays the only copy of the job), its queue, the
-order it runs in (when it was accepted, or came due), its priority, its limit key ('' for none),
-its lane (the fair key it is taken round robin under, '' for none:
-:mod:`hybridq.forwarder.selector` picks the rows) and, for a row a claim's refusal put back
-(:mod:`hybridq.forwarder.refusals`), the refused attempt (0 for none). Nothing about it is kept
-in memory but a count per queue (and the rare rows put back): the backlog costs about 100 bytes
-of disk per job and no RAM.
-
-A file written before priorities existed (no ``prio`` column) gets the columns added when it is
-opened (its rows read as priority 0, no key: they were spilled by a version that ignored both).
+A forwarder-private SQLite file, ``<journal>/runs/runs.sqlite`` (its open, schema, migration and
+errors: :mod:`hybridq.forwarder.run_file`, which :class:`RunTable` inherits). One row per job
+read while its queue's window in Redis was full (docs/forwarder.md, "The window"): where its
+record is (the journal stays the only copy of the job), its queue, the order it runs in (when it
+was accepted, or came due), its priority, its limit key ('' for none), its lane (the fair key it
+is taken round robin under, '' for none: :mod:`hybridq.forwarder.selector` picks the rows) and,
+for a row a claim's refusal put back (:mod:`hybridq.forwarder.refusals`), the refused attempt (0
+for none). Nothing about it is kept in memory but a count per queue (and the rare rows put back):
+the backlog costs about 100 bytes of disk per job and no RAM.
 
 The rules that keep a job from being lost or pushed twice:
 
@@ -35,87 +32,19 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import contextlib
-import errno
-import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from hybridq.errors import JournalIOError
-from hybridq.journal.fileops import OS_FILEOPS
+from hybridq.forwarder.run_file import RUNS_DIR, RUNS_FILE, RunFile
 from hybridq.transport.base import Loc
 
 if TYPE_CHECKING:
     from hybridq.envelope.model import Envelope
 
-__all__ = ["RUNS_DIR", "Row", "RunTable", "row_of"]
+__all__ = ["RUNS_DIR", "RUNS_FILE", "Row", "RunTable", "row_of"]
 
-log = logging.getLogger("hybridq.forwarder")
-
-#: The run table's directory under the journal.
-RUNS_DIR = "runs"
-RUNS_FILE = "runs.sqlite"
-#: SQLite's "database or disk is full".
-_SQLITE_FULL = 13
-#: SQLite's primary codes for a damaged file: SQLITE_CORRUPT and SQLITE_NOTADB.
-_DAMAGE = frozenset({11, 26})
-
-
-def _free_name(path: str) -> str:
-    """``path``, or ``path.2``, ``path.3``, ... the first not taken (an earlier one is kept)."""
-    found, n = path, 1
-    while os.path.lexists(found):
-        n += 1
-        found = f"{path}.{n}"
-    return found
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL,
-    queue TEXT NOT NULL,
-    ord REAL NOT NULL,
-    prio INTEGER NOT NULL DEFAULT 0,
-    lkey TEXT NOT NULL DEFAULT '',
-    lane TEXT NOT NULL DEFAULT '',
-    back INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (chain, seg, off)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-"""
-#: The selection's indexes (covering: a limit key the gate refuses is skipped inside the index).
-#: ``aged``: each queue's rows in age order; ``picked``: each lane's rows by priority, then age.
-_INDEXES = """
-DROP INDEX IF EXISTS ready;
-CREATE INDEX IF NOT EXISTS aged ON runs(queue, ord, chain, seg, off, lkey, prio);
-CREATE INDEX IF NOT EXISTS picked ON runs(queue, lane, prio DESC, ord, chain, seg, off, lkey);
-CREATE INDEX IF NOT EXISTS taken_back ON runs(back) WHERE back > 0;
-"""
-#: The rows per queue and priority, written with the rows at each commit, so that a start reads
-#: a dozen numbers, not every row (issue 29: a GROUP BY over a million rows took about 3 s before
-#: the first push). A version that does not keep them must not write the rows: the guards call a
-#: function only this connection has ("no such function: hq_counts_kept", one line, exit 1).
-#: Counted once from the rows in a file that has none yet (written before them), in one
-#: transaction.
-_COUNTS = """
-BEGIN;
-CREATE TABLE IF NOT EXISTS counts (
-    queue TEXT NOT NULL, prio INTEGER NOT NULL, n INTEGER NOT NULL,
-    PRIMARY KEY (queue, prio)) WITHOUT ROWID;
-CREATE TRIGGER IF NOT EXISTS counts_kept_in BEFORE INSERT ON runs BEGIN SELECT hq_counts_kept(); END;
-CREATE TRIGGER IF NOT EXISTS counts_kept_out BEFORE DELETE ON runs BEGIN SELECT hq_counts_kept(); END;
-DELETE FROM counts;
-INSERT INTO counts SELECT queue, prio, count(*) FROM runs GROUP BY queue, prio;
-INSERT OR REPLACE INTO meta VALUES ('counts', '1');
-COMMIT;
-"""
-#: Columns added to a file written before they existed (``ALTER TABLE ... ADD COLUMN``: O(1)).
-_ADDED = (
-    ("prio", "INTEGER NOT NULL DEFAULT 0"),
-    ("lkey", "TEXT NOT NULL DEFAULT ''"),
-    ("lane", "TEXT NOT NULL DEFAULT ''"),
-    ("back", "INTEGER NOT NULL DEFAULT 0"),
-)
 
 _INSERT = (
     "INSERT OR IGNORE INTO runs (chain, seg, off, queue, ord, prio, lkey, lane, back)"
@@ -128,7 +57,7 @@ _PRIO = "SELECT prio FROM runs WHERE chain = ? AND seg = ? AND off = ?"
 Row = tuple[Loc, str, float, int, str]
 
 
-class RunTable:
+class RunTable(RunFile):
     """The waiting jobs of one journal (see the module docstring). Open it under the forwarder's lock."""
 
     def __init__(self, journal: str) -> None:
@@ -145,88 +74,6 @@ class RunTable:
         #: The rows a claim's refusal put back (:mod:`hybridq.forwarder.refusals`): the refused
         #: attempt of each (column ``back``; 0, and not here: never pushed). Rare: kept in memory.
         self.backs: dict[Loc, int] = {}
-
-    def open(self) -> None:
-        """Open (or create) the file; a damaged one is moved aside (logged: no job is lost)."""
-        directory = os.path.dirname(self.path)
-        if not os.path.isdir(directory):
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            OS_FILEOPS.fsync_dir(os.path.dirname(directory))
-        try:
-            self._connect()
-        except sqlite3.DatabaseError as exc:
-            self.close()
-            code = getattr(exc, "sqlite_errorcode", None)
-            if code is not None and code & 0xFF not in _DAMAGE:
-                with self.errors():  # a full or failing disk: the file is kept, as it is healthy
-                    raise
-            aside = _free_name(f"{self.path}.damaged")
-            log.error(
-                "run table %s is damaged (%s): moved to %s; the reconcile pass delivers the "
-                "jobs it held again",
-                self.path,
-                exc,
-                aside,
-            )
-            os.replace(self.path, aside)
-            for suffix in ("-wal", "-shm"):
-                if os.path.exists(self.path + suffix):
-                    os.unlink(self.path + suffix)
-            with self.errors():
-                self._connect()
-
-    def _connect(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db = db
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA cache_size=-8000")  # 8 MB of page cache, whatever the backlog
-        db.create_function("hq_counts_kept", 0, _counts_kept, deterministic=True)
-        db.executescript(_SCHEMA)
-        _migrate(db)
-        db.executescript(_INDEXES)
-        if db.execute("SELECT 1 FROM meta WHERE name = 'counts'").fetchone() is None:
-            db.executescript(_COUNTS)
-        # The file and its WAL exist now: their entries are durable before any row is trusted
-        # (rows fsync'd into a file a power cut unlinks would be jobs read as pushed).
-        OS_FILEOPS.fsync_dir(os.path.dirname(self.path))
-        self._reset()  # (sqlite3.DatabaseError: open() moves a damaged file aside)
-
-    @contextlib.contextmanager
-    def errors(self) -> Iterator[None]:
-        """SQLite's errors as the journal's: one line and exit, or a disk-full pause (ENOSPC).
-
-        A traceback and a restart would only meet the same error again (a crash loop).
-        """
-        try:
-            yield
-        except sqlite3.Error as exc:
-            full = getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
-            cause = OSError(errno.ENOSPC if full else errno.EIO, f"{exc} (docs/forwarder.md, the run table)")
-            raise JournalIOError(self.path, "the run table", cause) from exc
-
-    def close(self) -> None:
-        """Commit what is pending and close. Idempotent."""
-        if self._db is not None:
-            try:
-                if self._db.in_transaction:
-                    self._db.execute("COMMIT")
-            finally:
-                self._db.close()
-                self._db = None
-
-    @property
-    def is_open(self) -> bool:
-        """Whether :meth:`open` opened the file and :meth:`close` has not closed it since."""
-        return self._db is not None
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        """The open connection (always inside a transaction that :meth:`commit` ends)."""
-        assert self._db is not None, "the run table is not open"
-        return self._db
 
     @property
     def total(self) -> int:
@@ -412,18 +259,5 @@ def row_of(loc: Loc, env: Envelope, order: float | None = None) -> Row:
     return (loc, env.queue, env.created_at if order is None else order, env.priority, env.limit_key or "")
 
 
-def _counts_kept() -> int:
-    """The guard's function (see ``_COUNTS``): present on this version's connections only."""
-    return 1
-
-
 def _no_lane(key: str) -> str:  # noqa: ARG001 - a lane function's signature
     return ""
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    """Add the columns a file written before priorities lacks (its rows: priority 0, no key)."""
-    have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-    for name, kind in _ADDED:
-        if name not in have:
-            db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
