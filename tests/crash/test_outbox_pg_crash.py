@@ -225,6 +225,9 @@ def test_postgresql_restarted_mid_relay_loses_and_doubles_nothing(
             assert left > 0, "the relay finished before the restart: nothing tested"
             server.restart(down_s=0.5)
             restarts += 1
+            # Rows only leave: some left now were left at the restart (a relay that finished
+            # between the check above and the restart would otherwise pass unnoticed).
+            assert outbox_rows(dsn) > 0, "the relay finished before the restart: nothing tested"
         app(dsn, subprocess_env, kill_at=0, start=8_000, last=8_100)  # and rows after the restarts
         wait_empty(dsn)
     finally:
