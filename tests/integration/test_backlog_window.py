@@ -375,7 +375,7 @@ def test_running_workers_drain_a_redis_pushed_over_its_limit(
         _enqueue(journal_dir, effects, n, pad=50)
         wait_until(  # those in the queue and those the stopped processes' BLMOVEs took
             lambda: client.llen("rq:queue:default") + client.llen("rq:queue:default:intermediate") >= n,
-            timeout=10,
+            timeout=30,
             what=f"{n} jobs pushed",
         )
         with contextlib.suppress(redis.OutOfMemoryError):  # someone else's data fills Redis
