@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -29,10 +30,11 @@ from pathlib import Path
 import pytest
 import redis
 from hybridq import Queue, stats
+from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
 
 from tests.integration.test_worker_redis import Stack, stack
-from tests.support.processes import ForwarderProcess, WorkerProcess
+from tests.support.processes import ForwarderProcess, WorkerProcess, wait_until
 from tests.support.redis import MakeRedisServer
 
 __all__ = ["stack"]  # the fixture, used by this module's tests
@@ -326,15 +328,44 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _listening(worker: WorkerProcess) -> int:
+    """Wait until each of the pool's processes is registered with RQ; return how many there are.
+
+    A worker cannot register on a Redis over its limit (RQ's registration is refused with OOM,
+    and it retries until Redis has room): a fixed sleep was not always long enough under load.
+    """
+    started = wait_until(
+        lambda: re.search(r"worker pool on default: (\d+) process", worker.log()), what="the pool's start"
+    )
+    processes = int(started.group(1))
+    wait_until(lambda: worker.log().count("Listening on") >= processes, what=f"{processes} registrations")
+    return processes
+
+
+def _blocked(client: redis.Redis, processes: int) -> bool:
+    """Every pool process waits in its BLMOVE on the queue (``flags=b`` in CLIENT LIST)."""
+    return sum(1 for c in client.client_list() if "b" in c["flags"] and c["cmd"] == "blmove") >= processes
+
+
 def test_running_workers_drain_a_redis_pushed_over_its_limit(
     make_redis_server: MakeRedisServer, stack: Stack, journal_dir: Path, tmp_path: Path
 ) -> None:
-    """The OOM guard: the pool's start and end scripts run over maxmemory (fails before: 0 ran)."""
+    """The OOM guard: the pool's start and end scripts run over maxmemory (fails before: 0 ran).
+
+    The pool is stopped while its processes wait in BLMOVE, and the jobs pushed within that
+    wait: Redis serves a blocked BLMOVE whatever its client's state, so each stopped process
+    holds a job in ``rq:queue:default:intermediate`` (the forwarder only delivers it again once
+    it has been stranded for a lease, 10 s). Counting only the queue's length waited for that
+    re-delivery: 20 s of this test's 24.6 s in a CI run.
+    """
     server = make_redis_server(extra_args=["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"])
     client = _client(server)
     stack.env["HYBRIDQ_ALLOW"] = "tests.backlog_tasks"
+    ensure_journal_dir(journal_dir)
+    forwarder = _forwarder(stack, server.url)  # idle until the jobs are enqueued: it pushes at once then
     worker = stack.worker(server.url)
-    time.sleep(2.0)  # registered with RQ: a worker cannot register on a Redis over its limit
+    processes = _listening(worker)
+    wait_until(lambda: _blocked(client, processes), what="every pool process in its BLMOVE")
     pool = _tree(worker.pid)
     for pid in pool:
         os.kill(pid, signal.SIGSTOP)
@@ -342,10 +373,11 @@ def test_running_workers_drain_a_redis_pushed_over_its_limit(
     effects = tmp_path / "effects"
     try:
         _enqueue(journal_dir, effects, n, pad=50)
-        forwarder = _forwarder(stack, server.url)
-        deadline = time.monotonic() + 30
-        while client.llen("rq:queue:default") < n and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(  # those in the queue and those the stopped processes' BLMOVEs took
+            lambda: client.llen("rq:queue:default") + client.llen("rq:queue:default:intermediate") >= n,
+            timeout=30,
+            what=f"{n} jobs pushed",
+        )
         with contextlib.suppress(redis.OutOfMemoryError):  # someone else's data fills Redis
             for i in range(200):
                 client.set(f"foreign:{i}", os.urandom(64 * 1024))

@@ -10,12 +10,18 @@ process): a harness that cannot see a loss or a re-execution proves nothing.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from hybridq.testing.chaos import FAULTS, ChaosConfig, ChaosResult, run_chaos
+from hybridq.testing.chaos_check import read_runs
+from hybridq.testing.topology import QUEUE, Fault, Topology
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -64,12 +70,78 @@ def _every_fault_class(tmp_path: Path, figures: Callable[[str], None], **schedul
     assert result.status["failed"] == 0
 
 
-def _break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, patch: str) -> None:
-    """Apply ``patch`` in every Python process the harness starts (forwarder, workers, producers)."""
+def _break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *patches: str) -> None:
+    """Apply ``patches`` in every Python process the harness starts (forwarder, workers, producers).
+
+    Each is dedented alone: a ``sitecustomize`` that does not compile is only a line on the
+    processes' stderr, and the mutant would quietly be the real thing.
+    """
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent(patch))
+    (site / "sitecustomize.py").write_text("\n".join(textwrap.dedent(patch) for patch in patches))
     monkeypatch.setenv("PYTHONPATH", str(site))
+
+
+#: Added to a mutant's patch: a run holds on after noting its start until the harness logs a
+#: fault (``faults.jsonl`` beside the effects file; at most 30 s), so the workers take nothing
+#: more and what the forwarder pushes meanwhile stays queued in Redis for the fault to take. A
+#: run that starts after it does not wait (these runs have one fault).
+HOLD_UNTIL_A_FAULT = """
+import os, time
+import hybridq.testing.chaos as chaos
+_note = chaos._note
+def _note_and_hold(path, kind, token, attempt):
+    _note(path, kind, token, attempt)
+    log = os.path.join(os.path.dirname(path), "faults.jsonl")
+    until = time.time() + 30.0
+    while kind == "B" and not os.path.exists(log) and time.time() < until:
+        time.sleep(0.05)
+chaos._note = _note_and_hold
+"""
+
+
+def _inject_when(monkeypatch: pytest.MonkeyPatch, ready: Callable[[Topology], bool]) -> list[float]:
+    """Hold each fault of the schedule until ``ready`` (at most 60 s); return how long each waited.
+
+    The mutants' tests need a fault that has something to act on (jobs queued in Redis, a job
+    finished long before): the schedule's clock alone leaves that to the machine's speed.
+    """
+    inject = Topology.inject
+    waits: list[float] = []
+
+    def inject_when_ready(self: Topology, name: str, rng: random.Random) -> Fault:
+        began = time.monotonic()
+        while not ready(self) and time.monotonic() < began + 60.0:
+            self.keep_alive()
+            time.sleep(0.05)
+        waits.append(time.monotonic() - began)
+        return inject(self, name, rng)
+
+    monkeypatch.setattr(Topology, "inject", inject_when_ready)
+    return waits
+
+
+def _queued(topo: Topology) -> int:
+    """Jobs queued in Redis for the workers (0 while it is down)."""
+    try:
+        with contextlib.closing(topo.server.client(socket_timeout=1.0)) as client:
+            return int(client.llen(f"rq:queue:{QUEUE}"))
+    except redis.RedisError:
+        return 0
+
+
+def _left_queued(topo: Topology) -> bool:
+    """Whether more than a few jobs wait in Redis and stay there: no worker is free to take them."""
+    before = _queued(topo)
+    time.sleep(0.1)
+    return min(before, _queued(topo)) > 3
+
+
+def _ended_before(topo: Topology, seconds: float) -> bool:
+    """Whether a run of some job ended at least ``seconds`` ago."""
+    runs = read_runs(topo.effects)
+    now = time.time()
+    return any(r.kind == "E" and r.at <= now - seconds for token_runs in runs.values() for r in token_runs)
 
 
 def test_the_harness_sees_a_forwarder_that_loses_jobs(
@@ -84,13 +156,19 @@ def test_the_harness_sees_a_forwarder_that_loses_jobs(
         Completions.check_epoch = lambda self: None
         Completions.reconcile_step = lambda self: []
         """,
+        HOLD_UNTIL_A_FAULT,
     )
-    # (A drain of 6 s without progress: a lost job never finishes, so the drain always ran to
-    # its end; 20 s of it cost 14 s of the default run for nothing.) 8 s of faults 1.5 s apart (the
-    # first at 1.2 s with this seed) leave jobs queued in a Redis that forgets them: lost=11 in a
-    # run measured (14 s cost 6 s more for nothing more proven).
-    result = _run(tmp_path, duration_s=8.0, seed=7, faults=("redis-restart", "flushall"), drain_s=6.0)
-    figures(f"chaos mutant=forgets-redis-loss {result.total_line()}")
+    # The one fault (seed 7: a FLUSHALL, due at 1.2 s; the schedule ends at 2.5 s) waits until
+    # jobs stay queued in Redis: every worker holds its runs until the fault, so none is free to
+    # take them, and the fault always finds some to lose. (Left to the clock, it lost only jobs
+    # that happened to be queued at a fault: the workers run 33 jobs at once and take one within
+    # milliseconds, so only when they were away, reconnecting after the restart before: lost=0
+    # in 1 of 2 runs under load.) A drain of 4 s without progress: a lost job never finishes, so
+    # the drain always runs to its end.
+    waits = _inject_when(monkeypatch, _left_queued)
+    result = _run(tmp_path, duration_s=2.5, seed=7, faults=("redis-restart", "flushall"), drain_s=4.0)
+    figures(f"chaos mutant=forgets-redis-loss {result.total_line()} (fault waited {waits[0]:.1f} s)")
+    assert len(waits) == 1
     assert result.lost > 0
     assert not result.ok
 
@@ -108,7 +186,14 @@ def test_the_harness_sees_a_forwarder_that_reruns_finished_jobs(
         LedgerIndex.is_terminal = lambda self, loc: False
         """,
     )
-    result = _run(tmp_path, duration_s=24.0, seed=8, faults=("flushall",), gap_s=10.0, drain_s=6.0)
-    figures(f"chaos mutant=ignores-ledger {result.total_line()}")
+    # The one FLUSHALL waits for a job that ended longer ago than the harness's window (3 s: a
+    # re-run of one that ended within it is excused): its re-run is one the harness must call a
+    # violation. (Left to the clock, that needed a 24 s schedule of FLUSHALLs 5-15 s apart; a
+    # shorter one missed it 3 runs of 4.)
+    window_s = ChaosConfig.window_s
+    waits = _inject_when(monkeypatch, lambda topo: _ended_before(topo, window_s + 0.5))
+    result = _run(tmp_path, duration_s=2.5, seed=8, faults=("flushall",), drain_s=6.0)
+    figures(f"chaos mutant=ignores-ledger {result.total_line()} (fault waited {waits[0]:.1f} s)")
+    assert len(waits) == 1
     assert result.dup_execution > 0
     assert not result.ok

@@ -1,8 +1,10 @@
-"""D1 under load: 100,000 jobs complete, and the journal directory returns to a few segments.
+"""D1 under load: 30,000 jobs complete, and the journal directory returns to a few segments.
 
 A producer keeps writing (small segments, so it rotates often), the forwarder forwards and
 harvests, the in-memory transport's worker runs everything; disk use is sampled throughout.
-The figure line reports the peak and the end state.
+The figure line reports the peak and the end state. The default run has 30,000 jobs (about 24
+segments of 256 KB written and deleted); the slow tier the 100,000 of scripts/bench-memory's D1
+(``scripts/test -m slow tests/integration/test_compaction_load.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hybridq import Queue
 from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
@@ -19,14 +22,16 @@ from hybridq.ledger.store import ledger_dir
 from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
-JOBS = 100_000
 CHUNK = 2_000
 SEGMENT_BYTES = 256 << 10
 
 
-def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
-    journal_dir: Path, figures: Callable[[str], None]
+@pytest.mark.parametrize("jobs", [30_000, pytest.param(100_000, marks=pytest.mark.slow)])
+def test_d1_after_many_jobs_the_journal_is_back_to_a_few_segments(
+    journal_dir: Path, figures: Callable[[str], None], request: pytest.FixtureRequest, jobs: int
 ) -> None:
+    if jobs > 30_000 and "slow" not in (request.config.option.markexpr or ""):
+        pytest.skip("the slow tier: pytest -m slow tests/integration/test_compaction_load.py")
     queue = Queue(journal=journal_dir)
     transport = MemoryTransport()
     forwarder = Forwarder(journal_dir, transport, reconcile_interval_s=3600.0)
@@ -35,7 +40,7 @@ def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
     assert completions is not None
     peak_segments = peak_bytes = 0
     with JournalWriter(journal_dir, max_segment_bytes=SEGMENT_BYTES) as writer:
-        for start in range(0, JOBS, CHUNK):
+        for start in range(0, jobs, CHUNK):
             for batch in range(start, start + CHUNK, 100):
                 writer.append_many(
                     queue.prepare("tests.tasks.add", (i, i)).to_bytes() for i in range(batch, batch + 100)
@@ -56,14 +61,14 @@ def test_d1_after_100k_jobs_the_journal_is_back_to_a_few_segments(
     end_segments, _ = segment_usage(str(journal_dir))
     ledger_segments, ledger_bytes = segment_usage(ledger_dir(str(journal_dir)))
     out = collect_status(str(journal_dir))
-    assert (out["accepted"], out["succeeded"], out["pending"]) == (JOBS, JOBS, 0)
-    written = JOBS * 200  # about 200 B per job: what the journal would hold without compaction
+    assert (out["accepted"], out["succeeded"], out["pending"]) == (jobs, jobs, 0)
+    written = jobs * 200  # about 200 B per job: what the journal would hold without compaction
     assert live_segments <= 3, list_chains(str(journal_dir))
     assert end_segments == 0
     assert peak_bytes < written / 10  # bounded by the work in flight, not by the jobs ever written
     assert ledger_bytes < 8 << 20
     figures(
-        f"D1 compaction jobs={JOBS} peak_segments={peak_segments} peak_bytes={peak_bytes} "
+        f"D1 compaction jobs={jobs} peak_segments={peak_segments} peak_bytes={peak_bytes} "
         f"segments_while_producing={live_segments} bytes_while_producing={live_bytes} "
         f"segments_after={end_segments} ledger_segments={ledger_segments} ledger_bytes={ledger_bytes}"
     )

@@ -229,17 +229,22 @@ class Producer(threading.Thread):
         return self.ids
 
 
+@pytest.mark.parametrize("cycles", [10, pytest.param(16, marks=pytest.mark.slow)])
 def test_s8_forwarder_killed_at_random_loses_nothing_and_queues_nothing_twice(
     redis_server: RedisServer,
     start_forwarder: StartForwarder,
     journal_dir: Path,
     subprocess_env: dict[str, str],
     figures: Callable[[str], None],
+    request: pytest.FixtureRequest,
+    cycles: int,
 ) -> None:
+    """10 kills in the default run (about 1 s each); the slow tier's 16 (``-m slow``)."""
+    if cycles > 10 and "slow" not in (request.config.option.markexpr or ""):
+        pytest.skip("the slow tier: pytest -m slow tests/integration/test_forwarder_redis.py -k s8")
     seed = int(os.environ.get("HYBRIDQ_S8_SEED", random.SystemRandom().randrange(1 << 32)))
     print(f"S8 seed={seed} (rerun with HYBRIDQ_S8_SEED={seed})")
     rng = random.Random(seed)
-    cycles = 16
     producer = Producer(journal_dir, seed + 1)
     producer.start()
     productive = 0

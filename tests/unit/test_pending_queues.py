@@ -53,7 +53,9 @@ def interleaved(path: Path, count: int) -> Records:
 
 
 def test_a_queue_drained_beside_one_that_waits_costs_its_blocks_not_its_records(tmp_path: Path) -> None:
-    records = interleaved(tmp_path, 200_000)
+    # 50,000 records, not 200,000: tracemalloc made this 13 s of CI's run; a block held as rows
+    # still costs 45x the bound below (1.1 MB of rows against 24.5 KB).
+    records = interleaved(tmp_path, 50_000)
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
@@ -68,11 +70,12 @@ def test_a_queue_drained_beside_one_that_waits_costs_its_blocks_not_its_records(
         grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
-    assert tracker.pending == {"reports": 100_000}
+    assert tracker.pending == {"reports": 25_000}
     blocks = sum(len(seg.starts) for seg in tracker.segments.values())
-    assert blocks == -(-200_000 // BLOCK)
-    # 391 blocks: 52 KB measured (about 134 bytes a block with its sum, 0.26 a record); every
-    # block held as rows, it was 4.4 MB (22 bytes a record) until the queue that waits ran.
+    assert blocks == -(-50_000 // BLOCK)
+    # 98 blocks: 14.5 KB measured (about 148 bytes a block with its sum, 0.29 a record; 391 blocks
+    # of 200,000 records were 52 KB, 136 a block); every block held as rows, 200,000 records were
+    # 4.4 MB (22 bytes a record) until the queue that waits ran.
     assert grown < 250 * blocks, grown
     assert tracker.held == 0
     for loc, job in records:  # the one that waited drains too: its blocks are read back
