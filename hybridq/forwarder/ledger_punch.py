@@ -38,8 +38,9 @@ from hybridq import crashpoints
 from hybridq.errors import StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.holes import Hole, HoleMaps, punch_holes, punch_supported, read_holes
-from hybridq.journal.reader import JournalReader, list_chains
+from hybridq.journal.holes import HoleMaps, punch_holes, punch_supported, read_holes
+from hybridq.journal.punch_runs import RunBuilder
+from hybridq.journal.reader import JournalReader, list_chains, seal_offset
 from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.punch_select import kept_by_id, punchable
@@ -169,26 +170,21 @@ class LedgerPuncher:
         def punched(loc: Loc) -> bool:
             return maps.hole_at(loc[0], loc[1], loc[2]) is not None
 
-        runs: list[Hole] = []
         keys: list[Entry] = []
-        run: list[int] = []  # start, end, first seq, next seq, count of the current run
         run_keys: list[Entry] = []
         ids: list[PunchedId] = []
         run_ids: list[PunchedId] = []
-        size = 0
+        # Sealed (the caller checked): its data ends where its seal records start.
+        runs = RunBuilder(self.min_bytes, seal_offset(path, *seg) or 0)
 
         def close() -> None:
-            if run and (run[1] - run[0] >= self.min_bytes or 2 * (run[1] - run[0]) >= size):
-                runs.append(Hole(*run))
+            if runs.close():
                 keys.extend(run_keys)
                 ids.extend(run_ids)
-            run.clear()
             run_keys.clear()
             run_ids.clear()
 
-        records = list(JournalReader(path).segment_records(*seg))
-        size = records[-1].end if records else 0
-        for rec in records:
+        for rec in JournalReader(path).segment_records(*seg):
             self.looked += 1
             try:
                 entry: Entry | None = Entry.from_bytes(rec.payload)
@@ -201,13 +197,10 @@ class LedgerPuncher:
                 reach.add((entry.loc[0], entry.loc[1]))
                 if self._once_punched(entry):
                     waits.add((entry.loc[0], entry.loc[1]))
-            if not ok or (run and run[1] != rec.offset):
+            if not ok or runs.breaks_at(rec):
                 close()  # an entry kept, or a punched range, between
             if ok and entry is not None:
-                if run:
-                    run[1], run[3], run[4] = rec.end, rec.seq + 1, run[4] + 1
-                else:
-                    run.extend((rec.offset, rec.end, rec.seq, rec.seq + 1, 1))
+                runs.add(rec)
                 if entry.kind == "key":
                     run_keys.append(entry)
                 elif by_id:
@@ -215,7 +208,7 @@ class LedgerPuncher:
         close()
         counts = {j: self._punched_records(j) for j in waits}
         self._read[seg] = (frozenset(reach), counts, progress)
-        if not runs:
+        if not runs.runs:
             return 0
         stamped = self.stamp(keys)
         if stamped:
@@ -242,7 +235,7 @@ class LedgerPuncher:
                 self._read.pop(seg, None)
                 return 0
         crashpoints.reached("ledger_punch_after_ids")
-        freed, _ = punch_holes(path, seg[0], seg[1], runs)
+        freed, _ = punch_holes(path, seg[0], seg[1], runs.runs)
         if freed:
             log.info("punched %d bytes of the ledger out of segment %d of chain %s", freed, seg[1], seg[0])
         self.punched += freed
