@@ -70,7 +70,7 @@ def punchable(
     if kind == "done":
         # A success that outranked a failure (``over``: docs/reliability.md, "A success outranks
         # a failure") is kept as a requeue mark is.
-        if entry.outcome == "failed" or entry.over is not None:
+        if entry.outcome == "failed" or entry.is_mark():
             return False
         if gone((entry.loc[0], entry.loc[1])):
             return True
@@ -97,7 +97,7 @@ def kept_by_id(entry: Entry, punched: Callable[[Loc], bool]) -> bool:
     return (
         entry.kind == "done"
         and entry.outcome == "succeeded"
-        and entry.over is None
+        and not entry.is_mark()
         and not entry.dup
         and entry.dup_of is None
         and entry.result is None
