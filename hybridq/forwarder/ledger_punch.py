@@ -38,7 +38,7 @@ from hybridq import crashpoints
 from hybridq.errors import StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.holes import HoleMaps, punch_holes, punch_supported, read_holes
+from hybridq.journal.holes import Hole, hole_at, punch_holes, punch_supported, read_holes
 from hybridq.journal.punch_runs import RunBuilder
 from hybridq.journal.reader import JournalReader, list_chains, seal_offset
 from hybridq.journal.records import Loc
@@ -122,12 +122,16 @@ class LedgerPuncher:
             self._read[seg] = (reach, waits, progress)
         return False
 
-    def _punched_records(self, jseg: Seg) -> int:
-        """How many records of journal segment ``jseg`` its hole map lists (-1: unreadable)."""
+    def _holes(self, jseg: Seg) -> tuple[Hole, ...]:
+        """Journal segment ``jseg``'s punched ranges; none if its map cannot be read (the scan says so)."""
         try:
-            return sum(h.count for h in read_holes(self.journal, *jseg))
+            return read_holes(self.journal, *jseg)
         except (OSError, StateFileCorrupt):
-            return -1
+            return ()
+
+    def _punched_records(self, jseg: Seg) -> int:
+        """How many records of journal segment ``jseg`` its hole map lists."""
+        return sum(h.count for h in self._holes(jseg))
 
     def _once_punched(self, entry: Entry) -> bool:
         """Whether ``entry`` (kept) may go once its journal record is punched."""
@@ -163,12 +167,15 @@ class LedgerPuncher:
         return 0
 
     def _punch(self, path: str, seg: Seg, gone: Callable[[Seg], bool], progress: int) -> int:
-        maps = HoleMaps(self.journal)
+        maps: dict[Seg, tuple[Hole, ...]] = {}  # the journal's maps, each read once, as decided on
         reach: set[Seg] = set()
         waits: set[Seg] = set()
 
         def punched(loc: Loc) -> bool:
-            return maps.hole_at(loc[0], loc[1], loc[2]) is not None
+            holes = maps.get((loc[0], loc[1]))
+            if holes is None:
+                holes = maps[(loc[0], loc[1])] = self._holes((loc[0], loc[1]))
+            return hole_at(holes, loc[2]) is not None
 
         keys: list[Entry] = []
         run_keys: list[Entry] = []
@@ -206,7 +213,9 @@ class LedgerPuncher:
                 elif by_id:
                     run_ids.append(PunchedId.of(entry))
         close()
-        counts = {j: self._punched_records(j) for j in waits}
+        # The counts of the maps this read decided on, not read again: a range mapped since must
+        # make the segment stale.
+        counts = {j: sum(h.count for h in maps.get(j, ())) for j in waits}
         self._read[seg] = (frozenset(reach), counts, progress)
         if not runs.runs:
             return 0
