@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from hybridq.errors import StateFileCorrupt
@@ -235,9 +235,12 @@ def _files(ledger: str) -> list[tuple[str, Seg]]:
     return [(name, seg) for name, seg in parsed if seg is not None]
 
 
-def find_punched(ledger: str, job_ids: Iterable[str] | None = None) -> Iterator[tuple[Seg, PunchedId]]:
+def find_punched(
+    ledger: str, job_ids: Iterable[str] | None = None, segments: Callable[[Seg], bool] | None = None
+) -> Iterator[tuple[Seg, PunchedId]]:
     """The kept ids of every ledger segment (with that segment), or only those of ``job_ids``.
 
+    ``segments``: which ledger segments' files to read (the others are not opened).
     Looking a few ids up (``cancel()``), a file that holds none of their bytes is not decoded.
     A damaged file is skipped (logged): its jobs answer as compacted ones (``unknown``, not found),
     never as unfinished ones (docs/journal.md).
@@ -248,6 +251,8 @@ def find_punched(ledger: str, job_ids: Iterable[str] | None = None) -> Iterator[
         hexid = len(job_id) == 32 and set(job_id) <= _HEXDIGITS
         needles.append(bytes.fromhex(job_id) if hexid else job_id.encode())
     for name, seg in _files(ledger):
+        if segments is not None and not segments(seg):
+            continue
         try:
             payload = read_state(ledger, name[: -len(STATE_SUFFIX)])
             if payload is None or (wanted is not None and not any(n in payload for n in needles)):

@@ -405,10 +405,13 @@ class LookupIndex:
 
 def _kept_ids(ledger: str, marks: Mapping[str, tuple[int, int, int]]) -> Iterator[Entry]:
     """The ``done`` entries, rebuilt from their ids files, of the segments a read from ``marks`` reads."""
-    for (writer_id, index), p in find_punched(ledger):
-        mark = marks.get(writer_id)
-        if mark is None or mark[0] <= index:
-            yield p.entry()
+
+    def read_from_here(seg: tuple[str, int]) -> bool:
+        mark = marks.get(seg[0])
+        return mark is None or mark[0] <= seg[1]
+
+    for _, p in find_punched(ledger, segments=read_from_here):
+        yield p.entry()
 
 
 def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:
