@@ -10,7 +10,7 @@ segment is compacted or whose record is punched -- out of sealed ledger segments
 (docs/reliability.md, "The ledger punched"; docs/journal.md).
 
 The ``done`` entries of successes whose journal record was punched go too, their ids kept
-instead in the segment's ids file (:mod:`hybridq.ledger.punched_ids`, about 20 bytes a job
+instead in the segment's ids file (:mod:`hybridq.ledger.punched_ids`, about 22 bytes a job
 against the entry's 190), written after the saved index and before the map: ``cancel()`` and a
 rebuilt lookup index answer "succeeded" for such a job from it.
 
@@ -85,7 +85,7 @@ class LedgerPuncher:
         self.done_in_ranges = False
         #: Whether successes of jobs in the journal's punched ranges go once their ids are kept
         #: in the segment's ids file (:mod:`hybridq.ledger.punched_ids`; the default: a pinned
-        #: ledger keeps about 20 bytes a finished job, not 190). Off: they stay (the tests).
+        #: ledger keeps about 22 bytes a finished job, not 190). Off: they stay (the tests).
         self.keep_ids = True
         #: Per ledger segment read: the journal segments its kept entries name that had not gone
         #: then (its reach); those of its kept successes that may go once their record is
