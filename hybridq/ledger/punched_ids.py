@@ -56,6 +56,8 @@ __all__ = [
 log = logging.getLogger("hybridq.forwarder")
 
 IDS_SUFFIX = ".ids"
+# The one line a damaged ids file answers with: what to do (docs/journal-format.md, "Backups and copies").
+_DAMAGED = "restore it with its ledger segment from a backup; its succeeded jobs cannot be told apart"
 _MAGIC = b"I1"
 _RESULT_KEPT = 1
 _HEX = 2
@@ -93,6 +95,14 @@ class PunchedId:
 
 def _name(writer_id: str, index: int) -> str:
     return segment_name(writer_id, index) + IDS_SUFFIX
+
+
+def _read(ledger: str, name: str) -> bytes | None:
+    """The payload of ids file ``name`` (no state suffix), None when absent; damage says what to do."""
+    try:
+        return read_state(ledger, name)
+    except StateFileCorrupt as exc:
+        raise StateFileCorrupt(exc.path, f"{exc.reason}; {_DAMAGED}") from exc
 
 
 def _varint(out: bytearray, n: int) -> None:
@@ -196,28 +206,31 @@ def read_ids(ledger: str, writer_id: str, index: int) -> list[PunchedId]:
 
     Raises :class:`StateFileCorrupt` when the file is damaged (never read as "none").
     """
-    payload = read_state(ledger, _name(writer_id, index))
+    payload = _read(ledger, _name(writer_id, index))
     if payload is None:
         return []
     try:
         return decode(payload)
     except ValueError as exc:
-        raise StateFileCorrupt(os.path.join(ledger, _name(writer_id, index)), str(exc)) from exc
+        raise StateFileCorrupt(os.path.join(ledger, _name(writer_id, index)), f"{_DAMAGED}: {exc}") from exc
 
 
 def named_segments(ledger: str, writer_id: str, index: int) -> list[Seg]:
     """The journal segments whose records the ids kept for ledger segment ``(writer_id, index)`` name.
 
     Its ledger segment is deleted only once they are (``hybridq.ledger.segment_scan``): the ids
-    go with it. A damaged file names none (logged): its jobs may then answer as compacted ones
-    (``unknown``), never as unfinished ones.
+    go with it. The file is the only record of those jobs, so a damaged one raises
+    :class:`StateFileCorrupt` (as a damaged hole map does, docs/reliability.md rule 12): read as
+    "names none", it would let the segment and the file go early.
     """
-    try:
-        payload = read_state(ledger, _name(writer_id, index))
-        return [] if payload is None else _header(_Reader(payload))[0]
-    except (StateFileCorrupt, ValueError, IndexError, UnicodeDecodeError) as exc:
-        log.warning("ledger ids file of segment %d of chain %s unreadable: %s", index, writer_id, exc)
+    path = os.path.join(ledger, _name(writer_id, index))
+    payload = _read(ledger, _name(writer_id, index))
+    if payload is None:
         return []
+    try:
+        return _header(_Reader(payload))[0]
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise StateFileCorrupt(path, f"{_DAMAGED}: {exc}") from exc
 
 
 def write_ids(ledger: str, writer_id: str, index: int, ids: Iterable[PunchedId]) -> None:
@@ -242,8 +255,8 @@ def find_punched(
 
     ``segments``: which ledger segments' files to read (the others are not opened).
     Looking a few ids up (``cancel()``), a file that holds none of their bytes is not decoded.
-    A damaged file is skipped (logged): its jobs answer as compacted ones (``unknown``, not found),
-    never as unfinished ones (docs/journal.md).
+    A damaged file raises :class:`StateFileCorrupt` (docs/reliability.md rule 12): skipped, its
+    succeeded jobs would answer ``unknown`` (docs/journal.md).
     """
     wanted = None if job_ids is None else set(job_ids)
     needles = []
@@ -253,14 +266,13 @@ def find_punched(
     for name, seg in _files(ledger):
         if segments is not None and not segments(seg):
             continue
-        try:
-            payload = read_state(ledger, name[: -len(STATE_SUFFIX)])
-            if payload is None or (wanted is not None and not any(n in payload for n in needles)):
-                continue
-            ids = decode(payload)
-        except (StateFileCorrupt, ValueError) as exc:
-            log.warning("ledger ids file %s skipped: %s", name, exc)
+        payload = _read(ledger, name[: -len(STATE_SUFFIX)])
+        if payload is None or (wanted is not None and not any(n in payload for n in needles)):
             continue
+        try:
+            ids = decode(payload)
+        except ValueError as exc:
+            raise StateFileCorrupt(os.path.join(ledger, name), f"{_DAMAGED}: {exc}") from exc
         for p in ids:
             if wanted is None or p.job_id in wanted:
                 yield seg, p

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
+from hybridq.errors import StateFileCorrupt
 from hybridq.forwarder import flow_steps
 from hybridq.journal import JournalWriter
+from hybridq.journal.format import segment_name
 from hybridq.ledger import store
-from hybridq.ledger.punched_ids import PunchedId, decode, encode, find_punched
+from hybridq.ledger.punched_ids import PunchedId, decode, encode, find_punched, named_segments
+from hybridq.ledger.segment_scan import scan_ledger_segment
 from hybridq.ledger.store import ledger_dir, read_ledger
 from hybridq.transport import MemoryTransport
 
@@ -104,3 +107,29 @@ def test_the_ids_file_round_trips() -> None:
     with pytest.raises(ValueError):
         decode(b"X1")
     assert len(encode(ids[:1] * 1000)) < 1000 * 23  # ~22 bytes a job with a packed id
+
+
+def test_a_damaged_ids_file_raises_never_reads_as_no_ids(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One flipped byte: readers raise StateFileCorrupt, and the segment's reach never becomes "none".
+
+    Failed on main before this fix: find_punched skipped the file (its jobs answered unknown) and
+    named_segments returned [] (the ledger segment could be deleted early, docs/reliability.md rule 12).
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
+    _queue, _ids, transport = _punched_journal(journal_dir)
+    _run(journal_dir, transport, 20).close()
+    ledger = ledger_dir(str(journal_dir))
+    (seg, _kept), *_ = list(find_punched(ledger))
+    path = Path(ledger) / (segment_name(*seg) + ".ids.state")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(StateFileCorrupt, match="restore it with its ledger segment"):
+        list(find_punched(ledger))
+    with pytest.raises(StateFileCorrupt):
+        named_segments(ledger, *seg)
+    with pytest.raises(StateFileCorrupt):
+        scan_ledger_segment(str(journal_dir), *seg)
+    assert path.exists()
