@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 
 from hybridq import crashpoints
@@ -55,6 +56,9 @@ log = logging.getLogger("hybridq.forwarder")
 #: journal's runs: ``hybridq.forwarder.punch.MIN_PUNCH_BYTES``; the two modules are siblings
 #: in the forwarder's layers, neither imports the other).
 MIN_LEDGER_PUNCH_BYTES = 16 << 10
+#: How long a segment whose ids file could not be written (a full disk) is left alone: the
+#: later segments are still punched meanwhile, and it is not re-read every pass.
+IDS_RETRY_S = 60.0
 
 
 class LedgerPuncher:
@@ -92,6 +96,8 @@ class LedgerPuncher:
         #: punched, with the count of their segment's punched records then; and the journal's
         #: punch progress then (:meth:`_stale`).
         self._read: dict[Seg, tuple[frozenset[Seg], dict[Seg, int], int]] = {}
+        #: Segments whose ids file write failed (OSError), left alone until this monotonic time.
+        self._held: dict[Seg, float] = {}
         #: Bytes punched out of the ledger by this process (for the log and the tests).
         self.punched = 0
         #: Entries looked at (for the CPU figure per entry in docs/benchmarks.md).
@@ -152,6 +158,7 @@ class LedgerPuncher:
         progress = journal_punched
         present = {(w, i) for w, indices in chains.items() for i in indices}
         self._read = {seg: r for seg, r in self._read.items() if seg in present}
+        self._held = {seg: t for seg, t in self._held.items() if seg in present}
         remove_orphans(path, present)  # the ids files of ledger segments deleted since
         gone = self.gone()
         for writer_id, indices in chains.items():
@@ -159,8 +166,8 @@ class LedgerPuncher:
                 if writer_id == own and index == indices[-1]:
                     break  # our own open segment
                 seg = (writer_id, index)
-                if not self._stale(seg, progress, gone):
-                    continue
+                if self._held.get(seg, 0.0) > time.monotonic() or not self._stale(seg, progress, gone):
+                    continue  # held: its ids file could not be written; the next segments still go
                 if sealed_data_count(path, writer_id, index) is None:
                     break  # not sealed (another process's open segment)
                 return self._punch(path, seg, gone, progress)
@@ -234,14 +241,21 @@ class LedgerPuncher:
         if ids:
             # Durable before the map: from then on the ids file is all that names these jobs
             # (a crash between the two leaves them named twice, which readers fold into one).
+            # A damaged ids file raises StateFileCorrupt out of here: the forwarder stops, as on
+            # a damaged hole map (docs/reliability.md rule 12); skipped, it would be read every pass.
             try:
                 kept = read_ids(path, *seg)
                 write_ids(path, *seg, list(dict.fromkeys([*kept, *ids])))
-            except (OSError, StateFileCorrupt) as exc:
+            except OSError as exc:  # a full disk: back off this segment (StateFileCorrupt is no OSError)
                 log.warning(
-                    "ledger punch of segment %d of chain %s skipped: ids file: %s", seg[1], seg[0], exc
+                    "ledger punch of segment %d of chain %s held %.0f s: ids file not written: %s",
+                    seg[1],
+                    seg[0],
+                    IDS_RETRY_S,
+                    exc,
                 )
                 self._read.pop(seg, None)
+                self._held[seg] = time.monotonic() + IDS_RETRY_S
                 return 0
         crashpoints.reached("ledger_punch_after_ids")
         freed, _ = punch_holes(path, seg[0], seg[1], runs.runs)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.errors import StateFileCorrupt
-from hybridq.forwarder import flow_steps
+from hybridq.forwarder import flow_steps, ledger_punch
 from hybridq.journal import JournalWriter
 from hybridq.journal.format import segment_name
 from hybridq.ledger import store
@@ -133,3 +133,60 @@ def test_a_damaged_ids_file_raises_never_reads_as_no_ids(
     with pytest.raises(StateFileCorrupt):
         scan_ledger_segment(str(journal_dir), *seg)
     assert path.exists()
+
+
+def _faulty_read_ids(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> list[tuple[str, int]]:
+    """read_ids of the first ledger segment to keep ids raises ``exc``; returns the segments asked."""
+    asked: list[tuple[str, int]] = []
+    real = ledger_punch.read_ids
+
+    def read_ids(path: str, writer_id: str, index: int) -> list[PunchedId]:
+        asked.append((writer_id, index))
+        if (writer_id, index) == asked[0]:
+            raise exc
+        return real(path, writer_id, index)
+
+    monkeypatch.setattr(ledger_punch, "read_ids", read_ids)
+    return asked
+
+
+def test_a_full_disk_holds_one_segment_and_the_later_ones_still_go(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError on the ids file holds that segment (not re-read every pass); the next ones punch.
+
+    Failed before this fix: the segment was re-read and failed again every pass, nothing after it punched.
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
+    queue, transport = Queue(journal=str(journal_dir)), MemoryTransport()
+    asked = _faulty_read_ids(monkeypatch, OSError(28, "No space left on device"))
+    forwarder = _run(journal_dir, transport, 0)
+    try:
+        with JournalWriter(journal_dir, max_segment_bytes=256 << 10) as writer:
+            pin = queue.prepare("tests.tasks.add", ("a", "b"), delay=3600)
+            writer.append_many([pin.to_bytes()])
+            for r in range(40):  # ledger segments behind the pin, each with ids to keep
+                envs = [queue.prepare("tests.tasks.add", ("x" * 900, f"{r}.{i}")) for i in range(40)]
+                writer.append_many(e.to_bytes() for e in envs)
+                _run(journal_dir, transport, 2, forwarder)
+        assert asked, "no ids file was written"
+        assert asked.count(asked[0]) == 1, asked
+        assert len(set(asked)) > 1, asked  # the later segments went on
+    finally:
+        forwarder.close()
+
+
+def test_a_damaged_ids_file_stops_the_ledger_punch(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StateFileCorrupt from the ids file goes out of the punch (rule 12), not skipped every pass."""
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
+    _queue, _ids, transport = _punched_journal(journal_dir)
+    asked = _faulty_read_ids(monkeypatch, StateFileCorrupt("x.ids.state", "checksum mismatch"))
+    forwarder = _run(journal_dir, transport, 0)
+    try:
+        with pytest.raises(StateFileCorrupt):
+            _run(journal_dir, transport, 20, forwarder)
+    finally:
+        forwarder.close()
+    assert len(asked) == 1, asked
