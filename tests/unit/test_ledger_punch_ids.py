@@ -22,6 +22,7 @@ from hybridq.ledger import store
 from hybridq.ledger.punched_ids import PunchedId, decode, encode, find_punched, named_segments
 from hybridq.ledger.segment_scan import scan_ledger_segment
 from hybridq.ledger.store import ledger_dir, read_ledger
+from hybridq.ops.trace import job_trace
 from hybridq.transport import MemoryTransport
 
 from tests.unit.test_punch_lookup import _answers_succeeded, _punched_journal, _run
@@ -190,3 +191,23 @@ def test_a_damaged_ids_file_stops_the_ledger_punch(
     finally:
         forwarder.close()
     assert len(asked) == 1, asked
+
+
+def test_trace_of_a_punched_job_says_succeeded_punched(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hybridq trace` reads the ids files: punched, not compacted; still so once the lookup row is gone.
+
+    Failed before this fix: "succeeded (... compacted)" from the lookup index, then unknown without it.
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
+    _queue, ids, transport = _punched_journal(journal_dir)
+    _run(journal_dir, transport, 20).close()
+    kept, left = _ids_kept(journal_dir), _done_entries(journal_dir)
+    probe = next(i for i in ids if i in kept and i not in left)
+    for _ in range(2):
+        trace = job_trace(str(journal_dir), probe)
+        assert trace is not None
+        assert trace.status == "succeeded"
+        assert [s.source for s in trace.steps if s.kind == "done"] == ["ledger ids file"], trace.steps
+        shutil.rmtree(journal_dir / "lookup", ignore_errors=True)  # as a pruned row (RETENTION_S)
