@@ -11,6 +11,8 @@ and compaction ran, it prints:
   * the journal's segment files and bytes (``segment_usage``), and the ledger's; and the bytes
     the journal's segments hold on disk (``st_blocks``: less than their size once finished
     records were punched out of them, ``hybridq.journal.holes``);
+  * the ledger's ``st_blocks`` too, and its ids files' (the successes punched out of it kept as
+    ids, ``hybridq.ledger.punched_ids``);
   * the forwarder's ledger index memory: tracemalloc's bytes allocated by ``hybridq/ledger/``
     code that are still alive (started before the forwarder opened);
   * the delayed jobs still pending (all of them: they are an hour away).
@@ -61,6 +63,15 @@ def ledger_index_bytes() -> int:
 def allocated(journal: str) -> int:
     """Bytes of disk the journal's segment files hold (``st_blocks``: punched ranges hold none)."""
     return sum(entry.stat().st_blocks * 512 for entry in os.scandir(journal) if entry.name.endswith(".wal"))
+
+
+def ids_files(ledger: str) -> tuple[int, int]:
+    """The ledger's ids files (``hybridq.ledger.punched_ids``; none before it): their count and ``st_blocks`` x 512."""
+    try:
+        found = [e for e in os.scandir(ledger) if e.name.endswith(".ids.state")]
+    except FileNotFoundError:
+        return 0, 0
+    return len(found), sum(e.stat().st_blocks * 512 for e in found)
 
 
 def ran(transport: MemoryTransport) -> int:
@@ -150,6 +161,7 @@ def main() -> None:
         for _ in range(20):
             turn()
         ledger_on_disk = allocated(ledger_dir(journal))
+        id_files, id_bytes = ids_files(ledger_dir(journal))
         segments, size = segment_usage(journal)
         on_disk = allocated(journal)
         ledger_segments, ledger_size = segment_usage(ledger_dir(journal))
@@ -163,7 +175,8 @@ def main() -> None:
             f"journal on disk (st_blocks): peak={peak_alloc} after={on_disk}\n"
             f"ledger: peak_bytes={peak_ledger} after: segments={ledger_segments} bytes={ledger_size}\n"
             f"ledger on disk (st_blocks): after={ledger_on_disk}"
-            f" punched={getattr(lp, 'punched', 0)} entries_looked={getattr(lp, 'looked', 0)}\n"
+            f" punched={getattr(lp, 'punched', 0)} entries_looked={getattr(lp, 'looked', 0)}"
+            f" ids files={id_files} on disk={id_bytes}\n"
             f"ledger index (tracemalloc, hybridq/ledger/ allocations alive): {index} B\n"
             f"pending after: {pending}; delayed jobs run: {delayed_ran} (steady={args.steady} s a call)"
         )

@@ -21,6 +21,7 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -37,7 +38,8 @@ from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger.compacted import Compacted, consistent
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import load_index, read_ledger_of
+from hybridq.ledger.punched_ids import find_punched
+from hybridq.ledger.store import ledger_dir, load_index, read_ledger_of
 from hybridq.protocol import EntryKind
 from hybridq.protocol.nudge import nudge
 
@@ -196,7 +198,9 @@ def _punched(path: str, ids: set[str], index: LedgerIndex) -> dict[str, list[Loc
         return {}
     maps = HoleMaps(path)
     out: dict[str, list[Loc]] = {}
-    for entry in read_ledger_of(path, ids):
+    # Their entries, or, once those were punched too, the ids kept for them (ledger/punched_ids.py).
+    kept = (p.entry() for _, p in find_punched(ledger_dir(path), ids))
+    for entry in itertools.chain(read_ledger_of(path, ids), kept):
         if entry.kind != EntryKind.DONE or not index.is_terminal(entry.loc):
             continue
         if maps.hole_at(*entry.loc) is not None:

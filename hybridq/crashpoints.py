@@ -34,9 +34,10 @@ COMPACTION_NAMES = ("compact_after_state", "compact_after_unlink")
 #: The points punching passes, in order, for each segment it punches (hybridq.journal.holes): the
 #: sealed segment writable; its hole map written; its ranges punched, not yet fsync'd.
 PUNCH_NAMES = ("punch_writable", "punch_after_map", "punch_after_punch")
-#: The ledger punch's point (hybridq.forwarder.ledger_punch): a run's ``key`` entries in the key
-#: store, the ledger segment's hole map not yet written; then :data:`PUNCH_NAMES` on the ledger.
-LEDGER_PUNCH_NAMES = ("ledger_punch_after_keys", "ledger_punch_after_index")
+#: The ledger punch's points (hybridq.forwarder.ledger_punch): a run's ``key`` entries in the key
+#: store; the index saved; the ids of its successes kept (hybridq.ledger.punched_ids); the ledger
+#: segment's hole map not yet written at any of them; then :data:`PUNCH_NAMES` on the ledger.
+LEDGER_PUNCH_NAMES = ("ledger_punch_after_keys", "ledger_punch_after_index", "ledger_punch_after_ids")
 #: The points the forwarder passes while harvesting completions.
 FORWARDER_NAMES = ("harvest_after_ledger", "redeliver_after_ledger")
 #: The outbox relay's point: its batch is in the journal, its rows not yet deleted.

@@ -280,7 +280,7 @@ class Compactor:
                     e.as_mark()  # a success over a failure is appended without its result
                     for e in entries
                     if (e.kind == "done" and e.over is None and self.state.index.failed.get(e.loc) == e)
-                    or (_is_mark(e) and failures.get(e.loc, 0) > (e.loc in here))
+                    or (e.is_mark() and failures.get(e.loc, 0) > (e.loc in here))
                 ]
                 stamped = self._stamped_keys(entries)
                 for loc in here:
@@ -304,8 +304,3 @@ class Compactor:
         scan = scan_ledger_segment(self.journal, writer_id, index)
         self._scans[(writer_id, index)] = (identity, scan.reach)
         return scan.reach, scan
-
-
-def _is_mark(entry: Entry) -> bool:
-    """Whether ``entry`` keeps a failure off the list: a requeue, or a success that outranked it."""
-    return entry.kind == "requeued" or (entry.kind == "done" and entry.over is not None)

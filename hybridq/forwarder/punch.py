@@ -29,7 +29,8 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import EnvelopeError, StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
-from hybridq.journal.holes import Hole, punch_holes, punch_supported, read_holes
+from hybridq.journal.holes import punch_holes, punch_supported, read_holes
+from hybridq.journal.punch_runs import RunBuilder
 from hybridq.journal.reader import JournalReader, list_chains, seal_offset
 
 __all__ = ["MIN_PUNCH_BYTES", "Puncher"]
@@ -123,14 +124,7 @@ class Puncher:
             return 0
         failed = self.state.index.failed
         size = self._seals[seg][1] if seg in self._seals else 0
-        runs: list[Hole] = []
-        run: list[int] = []  # start, end, first seq, next seq, count of the current run
-
-        def close() -> None:
-            if run and (run[1] - run[0] >= self.min_bytes or 2 * (run[1] - run[0]) >= size):
-                runs.append(Hole(*run))
-            run.clear()
-
+        runs = RunBuilder(self.min_bytes, size)
         for rec in JournalReader(self.journal).segment_records(*seg):
             outcome = done.get(rec.offset)
             ok = (
@@ -138,17 +132,14 @@ class Puncher:
                 and not (outcome == "failed" and (*seg, rec.offset) in failed)
                 and not _requeued(rec.payload)
             )
-            if not ok or (run and run[1] != rec.offset):
-                close()  # a job not finished, or a punched range, between
+            if not ok or runs.breaks_at(rec):
+                runs.close()  # a job not finished, or a punched range, between
             if ok:
-                if run:
-                    run[1], run[3], run[4] = rec.end, rec.seq + 1, run[4] + 1
-                else:
-                    run.extend((rec.offset, rec.end, rec.seq, rec.seq + 1, 1))
-        close()
-        if not runs:
+                runs.add(rec)
+        runs.close()
+        if not runs.runs:
             return 0
-        freed, holes = punch_holes(self.journal, *seg, runs)
+        freed, holes = punch_holes(self.journal, *seg, runs.runs)
         # The map is durable: the index keeps its ranges instead of their jobs (hybridq.ledger.punched).
         try:
             if holes:

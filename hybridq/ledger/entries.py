@@ -196,6 +196,15 @@ class Entry:
             under=body.get("under"),
         )
 
+    def is_mark(self) -> bool:
+        """Whether this entry keeps a failure off the list: a requeue, or a success that outranked it.
+
+        Compaction keeps a mark while another segment holds the failure it cancels, and the
+        ledger punch never takes one (docs/reliability.md, "A success outranks a failure"). The
+        scan of a sealed segment tests the same on an entry's bytes (``segment_scan``'s ``_OVER``).
+        """
+        return self.kind == "requeued" or (self.kind == "done" and self.over is not None)
+
     def as_mark(self) -> Entry:
         """This entry as a mark only: a success's result is no part of it (compaction, late harvests)."""
         if not (self.result_kept or self.result_bytes is not None):

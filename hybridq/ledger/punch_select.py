@@ -17,7 +17,9 @@ same index (docs/reliability.md, "The ledger punched"):
   (``done_in_ranges``, see :func:`punchable`), a ``done`` entry that ``succeeded`` and is not a
   duplicate delivery's or a settled duplicate's (the range counts it: the index keeps the range,
   any offset in it answers "succeeded"; every reader's index applies the ranges,
-  ``load_index``).
+  ``load_index``). By default (:func:`kept_by_id`) only a success whose result is ``None``
+  or not kept, once its id is kept in the segment's ids file (``hybridq.ledger.punched_ids``):
+  ``cancel()`` and a rebuilt lookup index answer "succeeded" from it, as from the entry.
 
 Never: a ``failed`` outcome (listed or not: ``failed list``, requeue), a ``requeued`` mark, a
 success that outranked a failure (its ``over`` mark keeps the failure off the list), a kind this
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
 
-__all__ = ["punchable"]
+__all__ = ["kept_by_id", "punchable"]
 
 #: Kinds that, once their job's journal segment is compacted, no replay applies.
 _GONE_KINDS = frozenset({"retry", "lost", "duplicate", "cancel", "key"})
@@ -68,7 +70,7 @@ def punchable(
     if kind == "done":
         # A success that outranked a failure (``over``: docs/reliability.md, "A success outranks
         # a failure") is kept as a requeue mark is.
-        if entry.outcome == "failed" or entry.over is not None:
+        if entry.outcome == "failed" or entry.is_mark():
             return False
         if gone((entry.loc[0], entry.loc[1])):
             return True
@@ -82,3 +84,23 @@ def punchable(
     if kind in _GONE_KINDS and gone((entry.loc[0], entry.loc[1])):
         return True
     return kind in _PUNCHED_KINDS and punched(entry.loc)
+
+
+def kept_by_id(entry: Entry, punched: Callable[[Loc], bool]) -> bool:
+    """Whether ``entry`` may go once its id is in its segment's ids file (``punched_ids``).
+
+    A ``done`` entry of a success in a punched range (as ``done_in_ranges`` allows) whose
+    result is ``None`` or not kept: the ids file keeps what ``cancel()`` and a rebuilt lookup
+    index answer from (its id, its record's place, its queue, whether a ``None`` result was
+    kept); a result of another value is answered from the entry, which stays.
+    """
+    return (
+        entry.kind == "done"
+        and entry.outcome == "succeeded"
+        and not entry.is_mark()
+        and not entry.dup
+        and entry.dup_of is None
+        and entry.result is None
+        and entry.result_bytes is None
+        and punched(entry.loc)
+    )

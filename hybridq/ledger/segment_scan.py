@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from hybridq.journal import JournalReader, RecordType
 from hybridq.ledger.entries import Entry, Seg
+from hybridq.ledger.punched_ids import named_segments
 from hybridq.ledger.store import ledger_dir
 
 __all__ = ["LedgerSegmentScan", "all_gone", "scan_ledger_segment"]
@@ -107,6 +108,11 @@ def scan_ledger_segment(journal: str, writer_id: str, index: int) -> LedgerSegme
             kept.append(entry)
     for raw_writer, raw_segment in named:
         writer, segment = raw_writer.decode(), int(raw_segment)
+        if reach.get(writer, -1) < segment:
+            reach[writer] = segment
+    # The successes punched out of it, their ids kept beside it, name their journal segments as
+    # their entries did: the ids go with the segment (docs/journal.md), so it stays until those do.
+    for writer, segment in named_segments(ledger_dir(journal), writer_id, index):
         if reach.get(writer, -1) < segment:
             reach[writer] = segment
     return LedgerSegmentScan(reach, kept, decoded)

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from hybridq.envelope.model import Envelope
@@ -32,6 +32,7 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
+from hybridq.ledger.punched_ids import find_punched
 from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.check import IndexCheck
 from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
@@ -319,7 +320,10 @@ class LookupIndex:
         ledger = _Tail(ledger_dir(self.journal), ledger_marks)
         # In chunks, each its own transaction (the first read of a long ledger holds one chunk in
         # memory); the marks move last: a crash in between reads again (entries are idempotent).
-        for entries in _chunks(_entries(ledger)):
+        # The successes punched out of the ledger segments read from here on, from the ids kept
+        # for them (docs/journal.md, "Entries punched out of pinned ledger segments").
+        kept = _kept_ids(ledger_dir(self.journal), ledger_marks)
+        for entries in _chunks(itertools.chain(kept, _entries(ledger))):
             if bounded and not all(_read(journal_to, e.loc) for e in entries):
                 # The ledger names a record the forwarder has not read yet (its checkpoint is
                 # older than the ledger): its row would be missing. Read the journal to its end
@@ -427,6 +431,17 @@ def _forward(journal_to: dict[str, ChainPosition], read_to: Mapping[str, ChainPo
     for writer, pos in read_to.items():
         if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
             journal_to[writer] = pos
+
+
+def _kept_ids(ledger: str, marks: Mapping[str, tuple[int, int, int]]) -> Iterator[Entry]:
+    """The ``done`` entries, rebuilt from their ids files, of the segments a read from ``marks`` reads."""
+
+    def read_from_here(seg: tuple[str, int]) -> bool:
+        mark = marks.get(seg[0])
+        return mark is None or mark[0] <= seg[1]
+
+    for _, p in find_punched(ledger, segments=read_from_here):
+        yield p.entry()
 
 
 def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:

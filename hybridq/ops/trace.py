@@ -40,6 +40,7 @@ from hybridq.journal.reader import read_record_at
 from hybridq.journal.records import Loc
 from hybridq.ledger.checkpoint import load_checkpoint
 from hybridq.ledger.entries import Entry
+from hybridq.ledger.punched_ids import find_punched
 from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.reads import find
 
@@ -97,6 +98,8 @@ def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> 
     path = existing_journal_dir(journal)
     if entries is None:
         entries = list(_ledger_entries(path, job_id))
+    punched = _punched(path, job_id, entries)
+    entries = [*entries, *punched]
     locs: list[Loc] = []
     job = fetch_job(job_id, path)
     found = [(job.record.writer_id, job.record.segment, job.record.offset)] if job is not None else []
@@ -123,10 +126,11 @@ def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> 
         if env is not None:
             trace.func, trace.queue = env.func, env.queue
             trace.args, trace.kwargs = tuple(env.args), dict(env.kwargs)
-        mine = [e for e in entries if e.loc == loc]
+        mine = [e for e in entries if e.loc == loc and e not in punched]
         forwarded = any(step.kind in {"forwarded", "held"} for step in record_steps)
         refills = _refills(checkpoint, record_steps[0].at, mine) if forwarded else []
         trace.steps.extend(_run_steps(mine, refills))
+        trace.steps.extend(_punched_step(e) for e in punched if e.loc == loc)
         trace.attempts = max(
             (e.attempt - _laters(mine, e) for e in mine if e.kind in _RUNS | {EntryKind.LOST}), default=0
         )
@@ -170,6 +174,23 @@ def _ledger_entries(path: str, job_id: str) -> Iterator[Entry]:
             continue
         if entry.job_id == job_id:
             yield entry
+
+
+def _punched(path: str, job_id: str, entries: list[Entry]) -> list[Entry]:
+    """The ``done`` entry of ``job_id`` punched out of the ledger, from its kept id (docs/journal.md).
+
+    None once a ``done`` entry of the same record is still in the ledger (a crash between the
+    ids file and the punch leaves both).
+    """
+    have = {e.loc for e in entries if e.kind == EntryKind.DONE}
+    kept = (p.entry() for _, p in find_punched(ledger_dir(path), [job_id]))
+    return [e for e in kept if e.loc not in have]
+
+
+def _punched_step(entry: Entry) -> Step:
+    """The outcome of a job whose ``done`` entry was punched: a success, its id kept."""
+    title = "succeeded (punched: its ledger entry is gone, its id kept in the ledger's ids file)"
+    return Step("done", entry.at, title, None, (("outcome", "succeeded"),), "ledger ids file")
 
 
 def _acceptance_order(path: str, loc: Loc) -> tuple[int, float]:

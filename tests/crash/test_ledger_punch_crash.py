@@ -5,10 +5,12 @@ every later ledger segment), a few that fail for good and some with an idempoten
 forwards and runs them with small ledger segments until the journal's finished records are
 punched (the ledger puncher held back), saves the index a start builds then, and only then lets
 the ledger puncher run (``hybridq.forwarder.ledger_punch``) with a crash point armed: before the
-hole map (the keys in the key store), after it, after the punch. The parent checks the index a
+hole map (the keys in the key store, the index saved, the ids of the successes kept), after it,
+after the punch. The parent checks the index a
 start builds now (outcomes, counts, failures listed, key owners) against the saved one, then
 restarts on an empty transport and drains: nothing finished is delivered again, every job
-finishes once, the failures stay listed.
+finishes once, the failures stay listed, and every job whose id was kept in place of its
+success answers ``succeeded`` to ``cancel()``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hybridq.cancels import cancel
 from hybridq.crashpoints import LEDGER_PUNCH_NAMES, PUNCH_NAMES
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.holes import HOLES_SUFFIX
@@ -28,7 +31,8 @@ from hybridq.journal.recovery import verify
 from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import ledger_dir, load_index
+from hybridq.ledger.punched_ids import find_punched
+from hybridq.ledger.store import ledger_dir, load_index, read_ledger
 from hybridq.ops.status import collect_status
 
 from tests.crash.test_punch_crash import _drain
@@ -50,12 +54,12 @@ store.LEDGER_SEGMENT_BYTES = 32 << 10
 journal, point, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 queue = Queue(journal=journal)
 pin = queue.prepare("tests.tasks.add", ("a", "b"), delay={PIN_DELAY_S}, idempotency_key="pin").to_bytes()
-if mode != "done":  # the pinning job in a chain of its own: the others' segments are compacted
+if mode not in ("done", "ids"):  # the pinning job in a chain of its own: the others' segments are compacted
     with JournalWriter(journal, max_segment_bytes=256 << 10) as writer:
         writer.append_many([pin])
 def write(lo, hi):
     with JournalWriter(journal, max_segment_bytes=256 << 10) as writer:
-        if mode == "done":
+        if mode in ("done", "ids"):
             writer.append_many([pin])
         for start in range(lo, hi, 10):
             writer.append_many(
@@ -73,8 +77,10 @@ forwarder = Forwarder(journal, transport, reconcile_interval_s=0.0, lease_s=0.0,
 forwarder.open()
 compactor = forwarder.completions.compactor
 held = compactor.ledger_puncher.step
-# "done": the most it may punch (the successes of punched jobs too); "gone": as shipped;
-# "saved": as shipped, with a saved index older than half the keyed jobs (their entries after its mark).
+# "done": the most it may punch (the successes of punched jobs too, no ids kept); "ids": as
+# shipped, the pinning job in the others' chain (their successes go, their ids kept); "gone": as
+# shipped; "saved": as shipped, with a saved index older than half the keyed jobs (their entries
+# after its mark).
 compactor.ledger_puncher.done_in_ranges = mode == "done"
 compactor.ledger_puncher.step = lambda *a: 0
 def task(env, attempt):
@@ -149,7 +155,7 @@ def _same_as_a_full_replay(journal: Path) -> None:
     assert view(str(journal), until=True) == started
 
 
-@pytest.mark.parametrize("mode", ["done", "gone", "saved"])
+@pytest.mark.parametrize("mode", ["done", "ids", "gone", "saved"])
 @pytest.mark.parametrize("point", [*LEDGER_PUNCH_NAMES, *(p for p in PUNCH_NAMES if p != "punch_writable")])
 def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(
     tmp_path: Path, point: str, mode: str
@@ -165,6 +171,7 @@ def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(
     compacted = load_compacted(str(journal))
     finished = load_index(str(journal), compacted)
     assert view(str(journal)) == before  # nothing lost, nothing counted twice
+    _kept_ids_answer_succeeded(journal, mode, point)
     if point != "ledger_punch_after_keys":  # before the save, the next start's punch stamps them again
         _same_as_a_full_replay(journal)
     again = _drain(journal, JOBS - len(FAILS), ahead_s=PIN_DELAY_S)  # the pinning job due at once
@@ -177,7 +184,7 @@ def test_a_crash_at_each_step_of_the_ledger_punch_loses_nothing(
     _same_as_a_full_replay(journal)
 
 
-@pytest.mark.parametrize("mode", ["done", "gone", "saved"])
+@pytest.mark.parametrize("mode", ["done", "ids", "gone", "saved"])
 def test_without_a_crash_the_ledger_is_punched(tmp_path: Path, mode: str) -> None:
     journal = tmp_path / "journal"
     assert _run(journal, "compact_after_unlink:100000", mode) == 0
@@ -189,3 +196,16 @@ def test_without_a_crash_the_ledger_is_punched(tmp_path: Path, mode: str) -> Non
     _same_as_a_full_replay(journal)
     assert before["counts"] == [JOBS, JOBS - 1 - len(FAILS), len(FAILS), 1]
     assert len(before["failed"]) == len(FAILS)
+    _kept_ids_answer_succeeded(journal, mode, "")
+
+
+def _kept_ids_answer_succeeded(journal: Path, mode: str, point: str) -> None:
+    """``cancel()`` of each job whose id the ledger punch kept says ``succeeded``, entry punched or not."""
+    kept = [p.job_id for _, p in find_punched(ledger_dir(str(journal)))]
+    if mode == "ids" and point in ("", "ledger_punch_after_ids"):
+        assert kept
+    if mode == "ids" and not point:  # their successes punched out of the ledger
+        left = {e.job_id for _, e in read_ledger(str(journal)) if e.kind == "done"}
+        assert sum(1 for i in kept if i not in left) > len(kept) // 2
+    if kept:
+        assert {r.state for r in cancel(kept[:: max(1, len(kept) // 50)], str(journal))} == {"succeeded"}

@@ -242,10 +242,12 @@ def test_a_ledger_segment_is_read_again_only_once_a_journal_segment_it_names_has
 def test_entries_in_punched_journal_ranges_wait_for_a_read_a_compaction_makes(
     journal_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """By default a journal punch alone reads no ledger segment again (review L3).
+    """A journal punch alone reads no ledger segment again for its ``retry`` entries (review L3).
 
     The ``retry`` entries of jobs whose journal record was punched after their ledger segment's
     last read stay until a journal segment that segment names is compacted (docs/journal.md).
+    Without the ids kept (``keep_ids`` off): with them, the successes of the punched records
+    make it read again (``test_ledger_punch_ids.py``).
     """
     monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 8 << 10)
     a = _chain(journal_dir, 3, b"a")
@@ -263,6 +265,7 @@ def test_entries_in_punched_journal_ranges_wait_for_a_read_a_compaction_makes(
     compactor = Compactor(state)
     puncher = compactor.ledger_puncher
     puncher.min_bytes = 1
+    puncher.keep_ids = False
 
     def retries_of_segment_0() -> int:
         return sum(1 for _, e in read_ledger(str(journal_dir)) if e.kind == "retry" and e.loc[:2] == (wa, 0))
