@@ -7,6 +7,8 @@ jobs it decoded (:meth:`LookupIndex.note_job`) and the ledger entries it appende
 that moved something, with what the files gained that was not noted: the whole journal past the
 index's marks when the forwarder starts (a first build, or a rebuild), and the ledger chains of
 other writers. Rows past their retention are swept out a chunk at a time.
+The fold of the ledger's entries into rows (and of those kept ahead of their records) is
+:mod:`hybridq.lookup.fold`, which :class:`LookupIndex` inherits (house style: small modules).
 The index file itself (its schema and statements, the marks, reading the files past them) is
 :mod:`hybridq.lookup.store`; its integrity check at open runs on a thread
 (:mod:`hybridq.lookup.check`), so the first push does not wait for a read of the whole file.
@@ -22,7 +24,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hybridq.envelope.model import Envelope
@@ -32,25 +34,21 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
-from hybridq.ledger.punched_ids import find_punched
 from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.check import IndexCheck
+from hybridq.lookup.fold import EntryFold, _forward, _kept_ids, _read
 from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
 from hybridq.lookup.store import (
     _SCHEMA,
-    _STARTED,
     _UPSERT_JOB,
     CHUNK,
-    _apply,
     _bare_rows,
     _chunks,
     _connect,
     _entries,
     _load_marks,
-    _moved,
     _read_all,
     _save_marks,
-    _stash,
     _stashed,
     _Tail,
 )
@@ -69,7 +67,7 @@ PRUNE_STEP_S = 1.0
 BUILD_STEP = 20000
 
 
-class LookupIndex:
+class LookupIndex(EntryFold):
     """Keeps a journal's lookup index up to date (the forwarder owns the only one).
 
     Args:
@@ -336,59 +334,6 @@ class LookupIndex:
             touched += len(entries)
         return touched + self._note(db, marks, journal_to, ledger.end(), moved=bool(touched))
 
-    def _note(
-        self,
-        db: sqlite3.Connection,
-        marks: Mapping[str, tuple[int, int, int]],
-        journal_to: Mapping[str, ChainPosition],
-        ledger_to: Mapping[str, ChainPosition],
-        *,
-        jobs: list[tuple[Any, ...]] | None = None,
-        moved: bool = False,
-    ) -> int:
-        """Upsert ``jobs``, fold the entries noted, then the started runs, save the marks; rows touched."""
-        jobs = jobs or []
-        entries, self._entries = self._entries, []
-        started, self._started = list(self._started.values()), {}
-        if moved or jobs or entries or started or _moved(marks, journal_to, ledger_to):
-            with db:
-                db.executemany(_UPSERT_JOB, jobs)
-                self._fold(db, entries, journal_to)
-                db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
-                _save_marks(db, journal_to, ledger_to)
-        self._fed = True  # every entry of its chain so far is in: from now on they are noted
-        return len(jobs) + len(entries)
-
-    def _apply_ahead(self, db: sqlite3.Connection, journal_to: Mapping[str, tuple[int, int, int]]) -> int:
-        """Apply the kept entries whose records are read now; how many (read only if it may hold any)."""
-        if not self._ahead:
-            return 0
-        kept = _stashed(db)
-        now = [(rowid, e) for rowid, e in kept if _read(journal_to, e.loc)]
-        self._ahead = len(now) < len(kept)
-        if now:
-            with db:
-                _apply(db, [e for _, e in now])
-                db.executemany("DELETE FROM ahead WHERE rowid = ?", [(rowid,) for rowid, _ in now])
-        return len(now)
-
-    def _fold(
-        self, db: sqlite3.Connection, entries: list[Entry], journal_to: Mapping[str, tuple[int, int, int]]
-    ) -> None:
-        """Apply ``entries``; keep those about records the forwarder has not read yet.
-
-        Such an entry (a cancel of a job in a backlog the forwarder is still reading) would update
-        no row: it is kept until the row is in (:meth:`_apply_ahead`).
-        """
-        now: list[Entry] = []
-        later: list[Entry] = []
-        for e in entries:
-            (now if _read(journal_to, e.loc) else later).append(e)
-        _apply(db, now)
-        if later:
-            _stash(db, later)
-            self._ahead = True
-
     def prune(self, now: float) -> int:
         """Drop every row past its retention (:data:`RETENTION_S`); how many."""
         self._prune_from = ""
@@ -424,27 +369,3 @@ class LookupIndex:
                 db.executemany("DELETE FROM ahead WHERE rowid = ?", never)
         self._prune_from = rows[-1][0] if len(rows) == PRUNE_CHUNK else ""
         return len(gone), len(rows) == PRUNE_CHUNK
-
-
-def _forward(journal_to: dict[str, ChainPosition], read_to: Mapping[str, ChainPosition]) -> None:
-    """Move the journal's marks to the forwarder's reader position where it is ahead (never back)."""
-    for writer, pos in read_to.items():
-        if (pos.segment, pos.offset) > tuple(journal_to.get(writer, (-1, -1, 0)))[:2]:
-            journal_to[writer] = pos
-
-
-def _kept_ids(ledger: str, marks: Mapping[str, tuple[int, int, int]]) -> Iterator[Entry]:
-    """The ``done`` entries, rebuilt from their ids files, of the segments a read from ``marks`` reads."""
-
-    def read_from_here(seg: tuple[str, int]) -> bool:
-        mark = marks.get(seg[0])
-        return mark is None or mark[0] <= seg[1]
-
-    for _, p in find_punched(ledger, segments=read_from_here):
-        yield p.entry()
-
-
-def _read(marks: Mapping[str, tuple[int, int, int]], loc: tuple[str, int, int]) -> bool:
-    """Whether the journal record at ``loc`` is before ``marks`` (read into the index)."""
-    pos = marks.get(loc[0])
-    return pos is not None and (loc[1], loc[2]) < (pos[0], pos[1])
