@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 
 from hybridq import crashpoints
-from hybridq.errors import StateFileCorrupt
+from hybridq.errors import JournalIOError, StateFileCorrupt
 from hybridq.forwarder.state import ForwarderState
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.holes import Hole, hole_at, punch_holes, punch_supported, read_holes
@@ -46,6 +46,7 @@ from hybridq.journal.records import Loc
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.punch_select import kept_by_id, punchable
 from hybridq.ledger.punched_ids import PunchedId, read_ids, remove_orphans, write_ids
+from hybridq.ledger.sqlite_errors import FULL_ERRNOS
 from hybridq.ledger.store import ledger_dir
 
 __all__ = ["LedgerPuncher"]
@@ -246,7 +247,13 @@ class LedgerPuncher:
             try:
                 kept = read_ids(path, *seg)
                 write_ids(path, *seg, list(dict.fromkeys([*kept, *ids])))
-            except OSError as exc:  # a full disk: back off this segment (StateFileCorrupt is no OSError)
+            except (OSError, JournalIOError) as exc:
+                # write_state wraps its OSError in JournalIOError. A full disk (ENOSPC, EDQUOT)
+                # holds this segment; any other error goes out of step() as a failed hole-map
+                # write does, the segment read again on the next pass (StateFileCorrupt is neither).
+                self._read.pop(seg, None)
+                if isinstance(exc, JournalIOError) and exc.errno not in FULL_ERRNOS:
+                    raise
                 log.warning(
                     "ledger punch of segment %d of chain %s held %.0f s: ids file not written: %s",
                     seg[1],
@@ -254,7 +261,6 @@ class LedgerPuncher:
                     IDS_RETRY_S,
                     exc,
                 )
-                self._read.pop(seg, None)
                 self._held[seg] = time.monotonic() + IDS_RETRY_S
                 return 0
         crashpoints.reached("ledger_punch_after_ids")
