@@ -32,7 +32,6 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,8 +51,6 @@ __all__ = [
     "remove_orphans",
     "write_ids",
 ]
-
-log = logging.getLogger("hybridq.forwarder")
 
 IDS_SUFFIX = ".ids"
 # The one line a damaged ids file answers with: what to do (docs/journal-format.md, "Backups and copies").
