@@ -60,8 +60,11 @@ def journal_verify(ctx: click.Context, journal: str, as_json: bool) -> None:
       hybridq journal verify --journal ./hybridq-journal
     """
     on_bytes, done = _progress(segment_usage(journal)[1])
+    from hybridq.ops.ids_repair import check_ids  # noqa: PLC0415
+
     try:
         report = verify(journal, on_bytes=on_bytes)
+        check_ids(journal)  # the ledger's ids files (docs/journal.md): damaged, they stop the forwarder
     except (HybridqError, OSError) as exc:
         done()
         _fail(ctx, exc)

@@ -45,6 +45,7 @@ from hybridq.ledger.entries import Entry, Seg
 __all__ = [
     "IDS_SUFFIX",
     "PunchedId",
+    "damaged_ids",
     "find_punched",
     "named_segments",
     "read_ids",
@@ -53,8 +54,13 @@ __all__ = [
 ]
 
 IDS_SUFFIX = ".ids"
-# The one line a damaged ids file answers with: what to do (docs/journal-format.md, "Backups and copies").
-_DAMAGED = "restore it with its ledger segment from a backup; its succeeded jobs cannot be told apart"
+# The one line a damaged ids file answers with: what to do (docs/journal.md, "Entries punched out
+# of pinned ledger segments"; docs/journal-format.md, "Backups and copies").
+_DAMAGED = (
+    "restore it with its ledger segment from a backup, or run `hybridq journal repair --accept-loss` "
+    "to move it aside (its jobs then answer as compacted ones: cancel() unknown, no lookup row "
+    "after a rebuild; none runs again)"
+)
 _MAGIC = b"I1"
 _RESULT_KEPT = 1
 _HEX = 2
@@ -273,6 +279,21 @@ def find_punched(
         for p in ids:
             if wanted is None or p.job_id in wanted:
                 yield seg, p
+
+
+def damaged_ids(ledger: str) -> list[tuple[Seg, StateFileCorrupt]]:
+    """The ids files of ``ledger`` that do not read or decode, each with its ledger segment.
+
+    For ``journal verify`` and ``journal repair`` (docs/journal.md): a damaged one stops the
+    forwarder, ``cancel()``, ``trace`` and a lookup rebuild, so it is corruption to report.
+    """
+    out = []
+    for _name, seg in _files(ledger):
+        try:
+            read_ids(ledger, *seg)
+        except StateFileCorrupt as exc:
+            out.append((seg, exc))
+    return out
 
 
 def remove_orphans(ledger: str, present: set[Seg]) -> int:

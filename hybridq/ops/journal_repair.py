@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from hybridq.journal import OS_FILEOPS, FileOps
+from hybridq.journal.ownerlock import hold_owner_locks
 from hybridq.journal.paths import existing_journal_dir
 from hybridq.journal.repair import (
     BACKUP_PREFIX,
@@ -25,6 +26,7 @@ from hybridq.journal.repair import repair as repair_journal
 from hybridq.ledger import saved_index
 from hybridq.ledger.checkpoint import LOCK_NAME
 from hybridq.ledger.store import KEYS_DIR, LEDGER_DIR
+from hybridq.ops.ids_repair import repair_ids
 
 __all__ = [
     "BACKUP_PREFIX",
@@ -51,7 +53,8 @@ def repair(
     """:func:`hybridq.journal.repair.repair` holding the forwarder lock(s) of ``path``.
 
     Args:
-        path: the journal directory, or the ledger directory inside one.
+        path: the journal directory, or the ledger directory inside one (whose damaged ids
+            files are reported, and moved into the backup: :mod:`hybridq.ops.ids_repair`).
         accept_loss: make the changes (``False``: a dry run).
         progress: called with the number of bytes just scanned.
         fileops: the file-operations seam.
@@ -70,11 +73,17 @@ def repair(
         # The saved index may count records the repair drops: the next start replays them all.
         # Before the repair, so that one cut short by a crash leaves none either.
         saved_index.forget(os.path.dirname(directory), fileops)
-    return repair_journal(
+    busy = "stop the forwarder before repairing"
+    report = repair_journal(
         directory,
         accept_loss=accept_loss,
         progress=progress,
         fileops=fileops,
         owner_locks=locks,
-        busy="stop the forwarder before repairing",
+        busy=busy,
     )
+    if os.path.basename(directory) == LEDGER_DIR:
+        # Its damaged ids files, after the chains (whose repair may have moved their segments).
+        with hold_owner_locks(locks, owner="journal repair", busy=busy, create=accept_loss, fileops=fileops):
+            repair_ids(fileops, directory, report)
+    return report
