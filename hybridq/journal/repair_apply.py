@@ -30,6 +30,7 @@ from .statefile import read_state, write_state
 
 __all__ = [
     "BACKUP_PREFIX",
+    "IDS_SUFFIX",
     "LIVE_WRITER",
     "REPORT_NAME",
     "apply_chain",
@@ -43,6 +44,9 @@ __all__ = [
 BACKUP_PREFIX = "repair-backup-"
 #: The report written into the backup directory.
 REPORT_NAME = "repair-report.json"
+#: A ledger segment's ids file is ``<segment>.ids.state`` (``hybridq.ledger.punched_ids.IDS_SUFFIX``,
+#: which this package may not import): the repair backs it up with its segment.
+IDS_SUFFIX = ".ids"
 
 
 def _chain_is_live(ops: FileOps, directory: str, writer_id: str, last_index: int) -> bool:
@@ -249,18 +253,22 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
 
 
 def _backup_holes(ops: FileOps, backup: str, path: str) -> None:
-    """Copy the hole map of the segment at ``path`` into the backup, durably, before the segment.
+    """Copy the hole map and ids file of the segment at ``path`` into the backup, durably, before it.
 
     A punched segment reads only with its map (docs/journal-format.md, hole maps): without it,
-    ``journal dump`` of the backup would read its punched ranges as damage.
+    ``journal dump`` of the backup would read its punched ranges as damage. A ledger segment's
+    ids file is the only record of the jobs punched out of it (docs/journal.md, "Entries punched
+    out of pinned ledger segments"): a segment moved aside without it would orphan it, and the
+    next punch pass would delete it.
     """
     directory, name = os.path.split(path)
-    try:
-        payload = read_state(directory, name + HOLES_SUFFIX, fileops=ops)
-    except StateFileCorrupt:
-        return  # damaged: nothing trustworthy to keep (the scan reported it)
-    if payload is not None:
-        write_state(backup, name + HOLES_SUFFIX, payload, fileops=ops)
+    for suffix in (HOLES_SUFFIX, IDS_SUFFIX):
+        try:
+            payload = read_state(directory, name + suffix, fileops=ops)
+        except StateFileCorrupt:
+            continue  # damaged: nothing trustworthy to keep (the scan or the ids check reports it)
+        if payload is not None:
+            write_state(backup, name + suffix, payload, fileops=ops)
 
 
 def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
