@@ -163,6 +163,12 @@ class RunFile:
             yield
         except sqlite3.Error as exc:
             full = getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
+            if full and self._db is not None and not self._db.in_transaction:
+                # SQLite rolled the whole transaction back (a full disk under its cache's spill):
+                # begin again with the counts the file has, or the next statements would each
+                # commit alone -- rows without their counts, never pushed after a crash.
+                with contextlib.suppress(sqlite3.Error):
+                    self._reset()
             cause = OSError(errno.ENOSPC if full else errno.EIO, f"{exc} (docs/forwarder.md, the run table)")
             raise JournalIOError(self.path, "the run table", cause) from exc
 

@@ -122,3 +122,48 @@ def test_a_full_disk_that_rolls_back_the_whole_transaction_is_a_pause_not_a_stop
     finally:
         runs._db = real
         runs.close()
+
+
+def test_after_a_full_disk_rolled_the_transaction_back_nothing_commits_without_its_counts(
+    tmp_path: Path,
+) -> None:
+    """The forwarder pauses on a full disk and steps again without a rollback of its own (a
+    refusal's rows put back, say): the run table must be inside a transaction again, with the
+    counts the file has, or each later insert commits alone and a crash leaves rows no count
+    names (never pushed: a start walks the counts)."""
+    runs = RunTable(str(tmp_path))
+    runs.open()
+    real = runs.db
+    full = _sqlite_full()
+
+    class Spilling:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def _full(self, *args: object) -> object:
+            real.execute("ROLLBACK")
+            raise full
+
+        def execute(self, sql: str, *args: object) -> object:
+            return self._full() if sql.startswith("INSERT") else real.execute(sql, *args)
+
+        executemany = _full
+
+    try:
+        runs._db = Spilling()  # type: ignore[assignment]
+        with pytest.raises(JournalIOError):
+            runs.add(_rows(0, 2), [1, 1])
+        runs._db = real
+        assert real.in_transaction
+        runs.add(_rows(10, 3))
+        other = sqlite3.connect(str(tmp_path / "runs" / "runs.sqlite"))
+        try:
+            assert other.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # not committed alone
+            runs.commit()
+            assert other.execute("SELECT count(*) FROM runs").fetchone() == (3,)
+            assert other.execute("SELECT sum(n) FROM counts").fetchone() == (3,)
+        finally:
+            other.close()
+    finally:
+        runs._db = real
+        runs.close()
