@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
 from hybridq.journal import JournalReader, Record, RecordType
-from hybridq.journal.format import segment_name
+from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.holes import HoleMaps
 from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
@@ -209,7 +209,8 @@ def _read_all(
 ) -> dict[str, ChainPosition] | None:
     """The chains' ends if nothing is past ``marks`` in the ledger ``path``; else ``None`` (read it).
 
-    Each chain must end in its mark's segment; one not ``noted`` (another writer's: its entries
+    Each chain must end in its mark's segment (or be read to the end of its sealed last one: the
+    mark at the next segment's header); one not ``noted`` (another writer's: its entries
     are read from the file) must end at its mark's offset too (one ``stat``). Tells, without a
     reader, that a catch-up has nothing of the files to read (docs/benchmarks.md, "Fewer writes
     per job"); a torn tail or anything else unsure answers ``None``, and the files are read.
@@ -220,6 +221,11 @@ def _read_all(
     ends: dict[str, ChainPosition] = {}
     for writer, indices in list_chains(path).items():
         mark = marks.get(writer)
+        if mark is not None and mark[0] == indices[-1] + 1 and mark[1] == FILE_HEADER_SIZE:
+            # Read to the end of its sealed last segment (a chain a stopped forwarder left, say):
+            # a new entry would be in a new segment, which moves its last index.
+            ends[writer] = ChainPosition(*mark)
+            continue
         if mark is None or mark[0] != indices[-1]:
             return None
         if writer not in own:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from hybridq import Queue
+from hybridq.cancels import cancel
+from hybridq.forwarder import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir
@@ -74,6 +76,49 @@ def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.Monke
 
         monkeypatch.setattr(store_module._Tail, "__init__", counted)
         forwarder.lookup.catch_up()
+        assert ledger_dir(str(journal_dir)) not in tails
+    finally:
+        forwarder.close()
+
+
+def _settle(forwarder: Forwarder) -> None:
+    deadline = time.monotonic() + 10.0
+    while forwarder.lookup.building and time.monotonic() < deadline:
+        forwarder.step()
+        forwarder.lookup.catch_up()
+    forwarder.step()
+    forwarder.lookup.catch_up()
+    forwarder.lookup.catch_up()
+
+
+def test_a_quiet_ledger_is_not_read_after_a_restart(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger chain a stopped forwarder left is sealed and read to its end (the mark at the
+    next segment's header): a quiet step after the restart still reads no ledger."""
+    queue = Queue(journal=journal_dir)
+    first = make_forwarder(journal_dir, LengthsTransport())
+    try:
+        job = queue.enqueue(tasks.add, 1, 1)
+        _settle(first)
+        cancel([job.id], journal_dir)  # an entry in the first forwarder's ledger chain
+        _settle(first)
+    finally:
+        first.close()
+    queue.enqueue(tasks.add, 2, 2)
+    forwarder = make_forwarder(journal_dir, LengthsTransport())
+    try:
+        _settle(forwarder)
+        tails: list[str] = []
+        real = store_module._Tail.__init__
+
+        def counted(self: store_module._Tail, path: str, *args: object) -> None:
+            tails.append(path)
+            real(self, path, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store_module._Tail, "__init__", counted)
+        for _ in range(3):
+            forwarder.lookup.catch_up()
         assert ledger_dir(str(journal_dir)) not in tails
     finally:
         forwarder.close()
