@@ -41,6 +41,7 @@ from .statefile import STATE_SUFFIX, read_state, write_state
 
 __all__ = [
     "HOLES_SUFFIX",
+    "IDS_SUFFIX",
     "Hole",
     "HoleMaps",
     "RecordPunched",
@@ -59,6 +60,9 @@ log = logging.getLogger("hybridq.journal")
 
 #: Appended to a segment's file name to name its hole map (a state file: ``.state`` follows).
 HOLES_SUFFIX = ".holes"
+#: A segment's ids file, ``<segment>.ids.state``: the ids of the records a layer above punched out
+#: of it, kept beside its hole map (the layer above imports this name; a repair backs it up too).
+IDS_SUFFIX = ".ids"
 _COUNT = struct.Struct("<I")
 _HOLE = struct.Struct("<QQQQQ")  # start, end, first sequence, next sequence, data records
 _FALLOC_FL_KEEP_SIZE = 0x01

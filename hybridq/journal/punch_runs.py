@@ -1,12 +1,11 @@
 """The runs of consecutive records a punch takes out of a sealed segment (issue 29).
 
-The journal's puncher (``hybridq.forwarder.punch``) and the ledger's (``hybridq.forwarder.ledger_punch``)
-walk a segment's records in order and punch the runs of those they may: a run ends at a record
+Every puncher of sealed segments (the layers above have more than one) walks a segment's
+records in order and punches the runs of those it may: a run ends at a record
 kept or at a range punched already (a gap in the offsets), and is kept only if it is at least
 ``min_bytes`` long or half the segment (a punch frees only the whole 4 KiB blocks inside its
-range, and each range costs 40 bytes of map: docs/journal-format.md, *Hole maps*). The two
-modules are siblings in the forwarder's layers (neither imports the other): this is what they
-share.
+range, and each range costs 40 bytes of map: docs/journal-format.md, *Hole maps*). Here so
+that punchers that may not import one another share it.
 
 This module must not import redis or rq.
 """

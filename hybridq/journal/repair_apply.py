@@ -20,7 +20,7 @@ from hybridq.errors import JournalIOError, JournalLocked, StateFileCorrupt
 
 from .fileops import FileOpError, FileOps, replace_durably, write_all
 from .format import SEGMENT_SUFFIX, TMP_SUFFIX, parse_segment_name, segment_name
-from .holes import HOLES_SUFFIX, trim_holes
+from .holes import HOLES_SUFFIX, IDS_SUFFIX, trim_holes
 from .reader import list_chains
 from .recovery import STALE_TMP_S
 from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
@@ -44,9 +44,6 @@ __all__ = [
 BACKUP_PREFIX = "repair-backup-"
 #: The report written into the backup directory.
 REPORT_NAME = "repair-report.json"
-#: A ledger segment's ids file is ``<segment>.ids.state`` (``hybridq.ledger.punched_ids.IDS_SUFFIX``,
-#: which this package may not import): the repair backs it up with its segment.
-IDS_SUFFIX = ".ids"
 
 
 def _chain_is_live(ops: FileOps, directory: str, writer_id: str, last_index: int) -> bool:
@@ -256,10 +253,9 @@ def _backup_holes(ops: FileOps, backup: str, path: str) -> None:
     """Copy the hole map and ids file of the segment at ``path`` into the backup, durably, before it.
 
     A punched segment reads only with its map (docs/journal-format.md, hole maps): without it,
-    ``journal dump`` of the backup would read its punched ranges as damage. A ledger segment's
-    ids file is the only record of the jobs punched out of it (docs/journal.md, "Entries punched
-    out of pinned ledger segments"): a segment moved aside without it would orphan it, and the
-    next punch pass would delete it.
+    ``journal dump`` of the backup would read its punched ranges as damage. A segment's
+    ids file is the only record of the ids punched out of it (docs/journal.md): a segment moved
+    aside without it would orphan it, and the next punch pass would delete it.
     """
     directory, name = os.path.split(path)
     for suffix in (HOLES_SUFFIX, IDS_SUFFIX):

@@ -27,9 +27,9 @@ class DropKind(StrEnum):
     MISSING = "missing"
     #: A punched range of finished jobs' records (docs/journal-format.md, hole maps): no loss.
     PUNCHED = "punched"
-    #: A damaged ids file of a ledger segment, moved into the backup (docs/journal.md, "Entries
-    #: punched out of pinned ledger segments"): the finished jobs it named answer as compacted
-    #: ones (``cancel()`` unknown, no lookup row after a rebuild); none runs again.
+    #: A damaged ids file of a segment, moved into the backup (docs/journal.md): the finished
+    #: jobs it named answer as compacted ones (``cancel()`` unknown, no lookup row after a
+    #: rebuild); none runs again.
     IDS = "ids"
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from hybridq.errors import StateFileCorrupt
 from hybridq.journal.format import parse_segment_name, segment_name
+from hybridq.journal.holes import IDS_SUFFIX
 from hybridq.journal.records import Loc
 from hybridq.journal.statefile import STATE_SUFFIX, read_state, write_state
 from hybridq.ledger.entries import Entry, Seg
@@ -53,7 +54,6 @@ __all__ = [
     "write_ids",
 ]
 
-IDS_SUFFIX = ".ids"
 # The one line a damaged ids file answers with: what to do (docs/journal.md, "Entries punched out
 # of pinned ledger segments"; docs/journal-format.md, "Backups and copies").
 _DAMAGED = (
