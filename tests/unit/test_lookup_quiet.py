@@ -57,6 +57,19 @@ def test_another_writers_entries_are_indexed_whether_its_chain_is_new_or_read(jo
         forwarder.close()
 
 
+def _tails_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths every reader the index builds from now on reads (a ledger read is its directory)."""
+    tails: list[str] = []
+    real = store_module._Tail.__init__
+
+    def counted(self: store_module._Tail, path: str, *args: object) -> None:
+        tails.append(path)
+        real(self, path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module._Tail, "__init__", counted)
+    return tails
+
+
 def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     queue = Queue(journal=journal_dir)
     queue.enqueue(tasks.add, 1, 1)
@@ -67,14 +80,7 @@ def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.Monke
             forwarder.step()
             forwarder.lookup.catch_up()
         forwarder.lookup.catch_up()
-        tails: list[str] = []
-        real = store_module._Tail.__init__
-
-        def counted(self: store_module._Tail, path: str, *args: object) -> None:
-            tails.append(path)
-            real(self, path, *args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(store_module._Tail, "__init__", counted)
+        tails = _tails_built(monkeypatch)
         forwarder.lookup.catch_up()
         assert ledger_dir(str(journal_dir)) not in tails
     finally:
@@ -109,14 +115,7 @@ def test_a_quiet_ledger_is_not_read_after_a_restart(
     forwarder = make_forwarder(journal_dir, LengthsTransport())
     try:
         _settle(forwarder)
-        tails: list[str] = []
-        real = store_module._Tail.__init__
-
-        def counted(self: store_module._Tail, path: str, *args: object) -> None:
-            tails.append(path)
-            real(self, path, *args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(store_module._Tail, "__init__", counted)
+        tails = _tails_built(monkeypatch)
         for _ in range(3):
             forwarder.lookup.catch_up()
         assert ledger_dir(str(journal_dir)) not in tails

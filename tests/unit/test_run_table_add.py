@@ -88,6 +88,25 @@ def _sqlite_full() -> sqlite3.OperationalError:
     raise AssertionError("no SQLITE_FULL")
 
 
+class _Spilling:
+    """A connection whose inserts meet a full disk that rolls back the whole transaction."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real, self.full = real, _sqlite_full()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def _full(self, *args: object) -> object:
+        self.real.execute("ROLLBACK")  # what SQLite does when it must cancel the whole transaction
+        raise self.full
+
+    def execute(self, sql: str, *args: object) -> object:
+        return self._full() if sql.startswith("INSERT") else self.real.execute(sql, *args)
+
+    executemany = _full
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_full_disk_that_rolls_back_the_whole_transaction_is_a_pause_not_a_stop(
     tmp_path: Path, n: int
@@ -98,22 +117,7 @@ def test_a_full_disk_that_rolls_back_the_whole_transaction_is_a_pause_not_a_stop
     runs = RunTable(str(tmp_path))
     runs.open()
     real = runs.db
-    full = _sqlite_full()
-
-    class Spilling:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        def _full(self, *args: object) -> object:
-            real.execute("ROLLBACK")  # what SQLite does when it must cancel the whole transaction
-            raise full
-
-        def execute(self, sql: str, *args: object) -> object:
-            return self._full() if sql.startswith("INSERT") else real.execute(sql, *args)
-
-        executemany = _full
-
-    runs._db = Spilling()  # type: ignore[assignment]
+    runs._db = _Spilling(real)  # type: ignore[assignment]
     try:
         with pytest.raises(JournalIOError) as got:
             runs.add(_rows(0, n))
@@ -134,23 +138,8 @@ def test_after_a_full_disk_rolled_the_transaction_back_nothing_commits_without_i
     runs = RunTable(str(tmp_path))
     runs.open()
     real = runs.db
-    full = _sqlite_full()
-
-    class Spilling:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        def _full(self, *args: object) -> object:
-            real.execute("ROLLBACK")
-            raise full
-
-        def execute(self, sql: str, *args: object) -> object:
-            return self._full() if sql.startswith("INSERT") else real.execute(sql, *args)
-
-        executemany = _full
-
     try:
-        runs._db = Spilling()  # type: ignore[assignment]
+        runs._db = _Spilling(real)  # type: ignore[assignment]
         with pytest.raises(JournalIOError):
             runs.add(_rows(0, 2), [1, 1])
         runs._db = real
