@@ -61,14 +61,18 @@ WHERE excluded.requeue > jobs.requeue
 # beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
 # after all), and a success with its result beats one without (a run's event whose success was
 # kept from another run carries none).
+# The new outcome is ``?1`` and its result's ``rkept`` ``?{kept}`` again in the conditions: bound
+# once each, not four times and twice (a text bind costs about 800 instructions: sqlite3 copies
+# it; docs/benchmarks.md, "The forwarder's writes per job, again"). Plain ``?`` are numbered in
+# order, so those re-uses after the last of them name the values bound before.
 _DONE = """
 UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?),
     started = coalesce({started}, started), ended = ?, result = {result}, rkept = ?,
     rbytes = {rbytes}, error = {error}, dup_of = coalesce({dup_of}, dup_of)
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
-    OR (outcome = 'failed' AND ? = 'succeeded')
-    OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
-    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
+    OR (outcome = 'failed' AND ?1 = 'succeeded')
+    OR (outcome = 'cancelled' AND ?1 IN ('succeeded', 'failed'))
+    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ?1 = 'succeeded' AND ?{kept} = 1))
 """
 #: The columns of ``_DONE`` that are often NULL. Each is bound as ``?`` when it has a value and
 #: written ``NULL`` in the statement when it has none: sqlite3 binds None through its adapter
@@ -83,7 +87,9 @@ _SUCCEEDED = (False, False, True, True, True)
 def _done_sql(nulls: tuple[bool, ...]) -> str:
     """``_DONE`` with ``NULL`` for the nullable columns ``nulls`` flags (in ``_NULLABLE`` order)."""
     slots = {name: "NULL" if null else "?" for name, null in zip(_NULLABLE, nulls, strict=True)}
-    return _DONE.format(**slots)
+    # rkept's number: after outcome, attempt, started (if bound), ended, result (if bound).
+    kept = 6 - nulls[0] - nulls[1]
+    return _DONE.format(kept=kept, **slots)
 
 
 # A failed run with a retry to come: ``ended`` holds when it failed (the retrying list's "last
@@ -291,7 +297,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
             else:
                 values: list[Any] = [outcome, attempt, started, e.at, result, kept, rbytes, error, dup_of]
                 params = (*[v for v in values if v is not None], *where)
-            done.append((nulls, (*params, outcome, outcome, outcome, kept)))
+            done.append((nulls, params))
         elif e.kind == EntryKind.RETRY:
             retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:

@@ -51,9 +51,22 @@ def test_a_succeeded_entry_binds_no_none_and_no_outcome_object(
         db.close()
 
 
+#: The done statement as it was: every value bound, None included, and the outcome and its
+#: result's ``rkept`` bound again for the conditions (not named by number: ``?1``).
+_OLD_DONE = """
+UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?),
+    started = coalesce(?, started), ended = ?, result = ?, rkept = ?,
+    rbytes = ?, error = ?, dup_of = coalesce(?, dup_of)
+WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
+    OR (outcome = 'failed' AND ? = 'succeeded')
+    OR (outcome = 'cancelled' AND ? IN ('succeeded', 'failed'))
+    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ? = 'succeeded' AND ? = 1))
+"""
+
+
 def _old_apply(db: sqlite3.Connection, entries: list[Entry]) -> None:
     """The done statement as it was: every value bound, None included."""
-    sql = store._done_sql((False,) * len(store._NULLABLE))
+    sql = _OLD_DONE
     for e in entries:
         outcome = e.outcome or "failed"
         result = dumps_ascii(e.result) if e.result_kept else None
