@@ -94,7 +94,8 @@ class PendingTracker:
         if finished:
             job, created = None, DONE
         summary = job is not None and self.journal is not None and self.held >= ROWS_KEPT
-        added = seg.add(loc[2], created, self._qid(queue), summary=summary)
+        qid = self._ids.get(queue)
+        added = seg.add(loc[2], created, self._qid(queue) if qid is None else qid, summary=summary)
         self.held += added & 1
         if added > 1:
             self._settle(seg, len(seg.starts) - 2)
@@ -278,12 +279,21 @@ class PendingTracker:
         seg = self.segments.get(key)
         if seg is None:
             return
-        b = seg.block_of(loc[2])
-        if b < 0:
+        starts, offset = seg.starts, loc[2]
+        # Segment.block_of, written out (once per finished job): most finish in the last block.
+        if offset > seg.last or not starts or offset < starts[0]:
             return
+        b = len(starts) - 1
+        if offset < starts[b]:
+            b = bisect.bisect_right(starts, offset) - 1
         rows = seg.rows.get(b)
-        i = -1 if rows is None else bisect.bisect_left(rows.offsets, loc[2])
-        if rows is None or i == len(rows.offsets) or rows.offsets[i] != loc[2]:
+        if rows is None:
+            i = -1
+        else:
+            i = rows.next  # (checked: any row may finish next)
+            if i >= len(rows.offsets) or rows.offsets[i] != offset:
+                i = bisect.bisect_left(rows.offsets, offset)
+        if rows is None or i == len(rows.offsets) or rows.offsets[i] != offset:
             # Not a row: pending only if its queue is held as a sum (or the block is a summary).
             if b in seg.stuck or (rows is not None and b not in seg.sums):
                 return
@@ -296,6 +306,7 @@ class PendingTracker:
             return
         rows.created[i] = DONE
         rows.live -= 1
+        rows.next = i + 1
         qid = rows.queues[i]
         self._finishing.add(qid)
         queue = self._names[qid]
