@@ -79,6 +79,8 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
 #: lookup, which fails with an exception formatted and cleared (about 3k instructions a value,
 #: three a succeeded job: docs/benchmarks.md, "Fewer writes per job").
 _NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
+#: ``dumps_ascii(None)``.
+_NULL = "null"
 #: A success as a burn's no-op jobs have it: started and result known, the rest none.
 _SUCCEEDED = (False, False, True, True, True)
 
@@ -285,8 +287,9 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     for e in entries:
         where = (e.job_id, *e.loc)
         if e.kind == EntryKind.DONE:
-            # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry).
-            result = dumps_ascii(e.result) if e.result_kept else None
+            # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry);
+            # a task's None (a burn's no-op jobs, many tasks') without the encoder at all.
+            result = (_NULL if e.result is None else dumps_ascii(e.result)) if e.result_kept else None
             # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
             outcome = str(e.outcome or "failed")
             started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
