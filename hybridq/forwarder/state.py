@@ -273,7 +273,8 @@ class ForwarderState(LedgerWrites):
         """
         later, later_since = self.index.later.get(loc, (0, None))
         key = limit_key_of(env)
-        limit = self.config.key_limits.of(key)
+        # (No key, no limit: not asked, once per job pushed.)
+        limit = None if key is None else self.config.key_limits.of(key)
         return Delivery(
             env,
             self.checkpoint.owner,
