@@ -30,13 +30,18 @@ __all__ = [
 
 log = logging.getLogger("hybridq.forwarder")
 
+#: The members compared on every job, read once: a member read from its Enum class goes
+#: through ``EnumType.__getattr__``'s hook on Python 3.11 (about 900 instructions a read, once
+#: per job here: docs/benchmarks.md, "The forwarder's writes per job, again").
+_DATA, _EARLIER, _NEVER = RecordType.DATA, Overwrite.EARLIER, Overwrite.NEVER
+
 
 def decode_job(state: ForwarderState, record: Record) -> Envelope | None:
     """The job ``record`` holds; ``None`` for another record type or a record that is not a job.
 
     A record that is not a job is made terminal (``invalid``) in the ledger through ``state``.
     """
-    if record.rtype != RecordType.DATA:
+    if record.rtype != _DATA:
         return None  # a record type this version does not forward
     try:
         return Envelope.from_bytes(record.payload)
@@ -141,7 +146,7 @@ def envelope_at(journal: str, loc: Loc) -> Envelope | None:
 def first_delivery(state: ForwarderState, env: Envelope, loc: Loc) -> Delivery:
     """The first delivery of the job read at ``loc`` (pushed as read)."""
     # A requeued job replaces its failed predecessor in RQ (same job id, a later run).
-    overwrite = Overwrite.EARLIER if env.requeue > 0 else Overwrite.NEVER
+    overwrite = _EARLIER if env.requeue > 0 else _NEVER
     return state.delivery(env, loc, 1, overwrite=overwrite)
 
 

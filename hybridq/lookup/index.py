@@ -57,6 +57,10 @@ from hybridq.protocol import EntryKind, StartedEvent
 __all__ = ["BUILD_STEP", "CHUNK", "PRUNE_CHUNK", "PRUNE_EVERY_S", "LookupIndex"]
 
 log = logging.getLogger("hybridq.forwarder")
+#: ``EntryKind.KEY``, read once: a member read from its Enum class goes through
+#: ``EnumType.__getattr__``'s hook on Python 3.11 (about 900 instructions a read, once per job
+#: here: docs/benchmarks.md, "The forwarder's writes per job, again").
+_KEY = EntryKind.KEY
 
 #: How often the forwarder sweeps the index for rows past their retention (seconds), and how
 #: many rows it looks at per step of a sweep, a step at most every PRUNE_STEP_S.
@@ -229,8 +233,9 @@ class LookupIndex(EntryFold):
         Indexed at the next :meth:`catch_up`, which reads that chain from ``end`` on only.
         """
         if self._fed:
+            key = _KEY
             for e in entries:
-                if e.kind != EntryKind.KEY:
+                if e.kind != key:
                     self._entries.append(e)
                     self._started.pop(e.loc, None)  # the run's outcome (or a later one) is newer
             self._own[chain] = end

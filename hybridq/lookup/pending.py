@@ -49,6 +49,10 @@ ROWS_KEPT = 100_000
 TAKEN_KEPT = 3
 
 _LEN = struct.Struct("<I")
+#: ``RecordType.DATA``, read once: a member read from its Enum class goes through ``EnumType.__getattr__``'s
+#: hook on Python 3.11 (about 900 instructions a read, once per job here: docs/benchmarks.md,
+#: "The forwarder's writes per job, again").
+_DATA = RecordType.DATA
 
 
 class PendingTracker:
@@ -263,7 +267,7 @@ class PendingTracker:
 
     def saw_record(self, record: Record, env: Envelope | None, index: LedgerIndex) -> None:
         """:meth:`saw` for a record the forwarder read (``env``: the job in it, when it is one)."""
-        if record.rtype != RecordType.DATA:
+        if record.rtype != _DATA:
             return  # not counted by status either
         loc = (record.writer_id, record.segment_index, record.offset)
         if env is not None:

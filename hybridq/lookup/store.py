@@ -79,6 +79,10 @@ WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
 #: lookup, which fails with an exception formatted and cleared (about 3k instructions a value,
 #: three a succeeded job: docs/benchmarks.md, "Fewer writes per job").
 _NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
+#: ``EntryKind.DONE``, read once: a member read from its Enum class goes through ``EnumType.__getattr__``'s
+#: hook on Python 3.11 (about 900 instructions a read, once per job here: docs/benchmarks.md,
+#: "The forwarder's writes per job, again").
+_DONE_KIND = EntryKind.DONE
 #: ``dumps_ascii(None)``.
 _NULL = "null"
 #: A success as a burn's no-op jobs have it: started and result known, the rest none.
@@ -286,7 +290,7 @@ def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     retry, lost, dup = [], [], []
     for e in entries:
         where = (e.job_id, *e.loc)
-        if e.kind == EntryKind.DONE:
+        if e.kind == _DONE_KIND:
             # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry);
             # a task's None (a burn's no-op jobs, many tasks') without the encoder at all.
             result = (_NULL if e.result is None else dumps_ascii(e.result)) if e.result_kept else None
