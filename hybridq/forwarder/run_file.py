@@ -85,13 +85,15 @@ INSERT OR REPLACE INTO meta VALUES ('counts', '1');
 COMMIT;
 """
 #: The counts' guard: an index that never holds a row (``back`` is never negative), whose
-#: condition names ``hq_counts_kept``. Every insert, delete or update of a row prepares that
+#: condition names ``hq_counts_kept``. Every insert, delete or update of a row by key prepares that
 #: condition, so a connection without the function (a version that does not keep the counts)
 #: fails at its first write ("unknown function: hq_counts_kept()", one line, exit 1); on this
 #: connection ``back < 0`` is false first and the function is never called. It replaced two
 #: triggers that called the function for every row in and out, about 12k instructions a job
 #: (docs/benchmarks.md, "The forwarder's writes per job, again"); a file that has them gets the
-#: index, then loses them, in one transaction (the index's build reads the rows once).
+#: index, then loses them, in one transaction (the index's build reads the rows once: 0.12 s for
+#: a million rows, warm). Not guarded: a ``DELETE FROM runs`` with no ``WHERE`` (SQLite empties the
+#: table without the index; no hybridq version issues one).
 _GUARD = """
 BEGIN;
 CREATE INDEX IF NOT EXISTS counts_kept ON runs(back) WHERE back < 0 AND hq_counts_kept();
