@@ -57,6 +57,9 @@ class RecoveryReport:
     repaired: list[TornTail] = field(default_factory=list)
     sealed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    #: Sealed last segments found writable (a crash between a seal and its chmod, or inside a
+    #: punch's ``chmod u+w``), made read-only again.
+    resealed: list[str] = field(default_factory=list)
 
 
 def verify(
@@ -97,7 +100,8 @@ def recover(
        anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
-       it, so its chain is closed and the tail is never repaired twice.
+       it, so its chain is closed and the tail is never repaired twice. A sealed last segment a
+       crash left writable is made read-only again (:func:`_restore_seal_mode`).
     """
     checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
@@ -110,6 +114,8 @@ def recover(
     # One scan is enough: a chain that changed since (a live writer appended or sealed) is
     # re-checked under its lock by _close_dead_chain before anything is written.
     for info in reader.chain_ends.values():
+        if info.sealed and not info.live and _restore_seal_mode(fileops, info):
+            report.resealed.append(info.path)
         if info.sealed or info.live:
             continue
         if _close_dead_chain(fileops, info):
@@ -117,6 +123,43 @@ def recover(
                 report.repaired.append(info.torn)
             report.sealed.append(info.path)
     return report
+
+
+def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
+    """Make a chain's sealed last segment read-only again if a crash left it writable.
+
+    The mode says "sealed" to every reader (docs/journal-format.md, *Seal*), a consumer's check
+    of a position saved at a chain's sealed end among them, and a kill can leave a segment whose
+    seal records are all there writable: after the seal's fdatasync and before its chmod, or
+    while a punch holds it ``u+w`` (:func:`hybridq.journal.holes._writable`). Only under the
+    segment's flock (a live writer holds it until its own chmod) and only if it is as scanned.
+    Returns whether it changed it.
+    """
+    try:
+        fd = ops.open(info.path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise JournalIOError(info.path, "open", exc) from exc
+    try:
+        try:
+            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its writer is sealing it now: it chmods it itself
+        st = os.fstat(fd)
+        if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
+            return False
+        op = "chmod"
+        try:
+            ops.fchmod(fd, 0o400)
+            op = "fsync"
+            ops.fsync(fd)
+        except OSError as exc:
+            raise JournalIOError(info.path, op, exc) from exc
+        log.warning("journal: %s: sealed but left writable by a crash; read-only again", info.path)
+        return True
+    finally:
+        ops.close(fd)
 
 
 def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:

@@ -1,0 +1,50 @@
+"""A kill between the ledger punch's ``chmod u+w`` and its write leaves a sealed last segment writable.
+
+The seal of a segment is told by its mode (0400: docs/journal-format.md, *Seal*), and the saved
+ledger index is trusted only if each chain it covers reaches its position: "read to the end of
+its sealed last segment" needs that segment's seal. The start's recovery of the ledger's tails
+must give such a segment its mode back (its seal records are all there) before the saved index
+is checked, or a start replays the whole ledger once for nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hybridq.journal.format import segment_name
+from hybridq.journal.holes import Hole, punch_holes
+from hybridq.journal.reader import JournalReader, list_chains
+from hybridq.journal.recovery import recover
+from hybridq.ledger import saved_index
+from hybridq.ledger.compacted import Compacted
+from hybridq.ledger.keytable import KeyTable
+from hybridq.ledger.store import ledger_dir, open_ledger_writer
+
+from tests.unit import test_ledger_replay
+from tests.unit.test_saved_index import entries, save_now
+
+
+def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_index(tmp_path: Path) -> None:
+    """Failed on main: the segment read as unsealed, the saved index was refused (a whole replay)."""
+    rng = random.Random(7)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain = open_ledger_writer(journal)
+    chain.max_segment_bytes = 2048
+    chain.append_many(e.to_bytes() for e in entries(rng, writer, 120))
+    chain.close()  # a run's clean stop: its last segment sealed
+    ledger = ledger_dir(journal)
+    ((ledger_writer, indices),) = list_chains(ledger).items()
+    last = indices[-1]
+    save_now(journal, Compacted())
+    # An earlier pass punched the first record of the last segment (its map durable), then the
+    # next pass's chmod u+w of it came, and the kill before the write and chmod back.
+    first = next(JournalReader(ledger).segment_records(ledger_writer, last))
+    punch_holes(ledger, ledger_writer, last, [Hole(first.offset, first.end, first.seq, first.seq + 1, 1)])
+    path = Path(ledger) / segment_name(ledger_writer, last)
+    path.chmod(0o600)
+
+    recover(ledger, tails_only=True)  # the start's order (ForwarderState.load)
+    _, _, resumed = saved_index.resume(journal, Compacted(), KeyTable.in_journal(journal))
+    assert resumed == 1
+    assert path.stat().st_mode & 0o777 == 0o400
