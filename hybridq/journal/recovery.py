@@ -25,8 +25,10 @@ from hybridq.errors import JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
+from .holes import HOLES_SUFFIX
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
 from .segment import SealError, seal_fd
+from .statefile import STATE_SUFFIX
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -57,8 +59,8 @@ class RecoveryReport:
     repaired: list[TornTail] = field(default_factory=list)
     sealed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    #: Sealed last segments found writable (a crash between a seal and its chmod, or inside a
-    #: punch's ``chmod u+w``), made read-only again.
+    #: Punched sealed last segments a kill inside a punch's ``chmod u+w`` left writable, made
+    #: read-only again.
     resealed: list[str] = field(default_factory=list)
 
 
@@ -100,8 +102,8 @@ def recover(
        anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
-       it, so its chain is closed and the tail is never repaired twice. A sealed last segment a
-       crash left writable is made read-only again (:func:`_restore_seal_mode`).
+       it, so its chain is closed and the tail is never repaired twice. A punched sealed last
+       segment a kill left writable is made read-only again (:func:`_restore_seal_mode`).
     """
     checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
@@ -126,15 +128,20 @@ def recover(
 
 
 def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
-    """Make a chain's sealed last segment read-only again if a crash left it writable.
+    """Make a chain's punched, sealed last segment read-only again if a kill left it writable.
 
     The mode says "sealed" to every reader (docs/journal-format.md, *Seal*), a consumer's check
-    of a position saved at a chain's sealed end among them, and a kill can leave a segment whose
-    seal records are all there writable: after the seal's fdatasync and before its chmod, or
-    while a punch holds it ``u+w`` (:func:`hybridq.journal.holes._writable`). Only under the
-    segment's flock (a live writer holds it until its own chmod) and only if it is as scanned.
-    Returns whether it changed it.
+    of a position saved at a chain's sealed end among them, and a kill while a punch holds a
+    segment ``u+w`` (:func:`hybridq.journal.holes._writable`) leaves it writable. Only a segment
+    with a hole map: a map is written only for a sealed (0400, fsynced) segment, so its seal is
+    durable. Seal records on a writable segment without one may be only in the page cache (the
+    seal's fdatasync failed and its writer gave up on it): a mode over them could outlive them
+    in a power cut, so such a segment stays writable, and reads as unsealed if they are lost.
+    Only under the segment's flock (a live writer holds it until its own chmod) and only if it
+    is as scanned. Returns whether it changed it.
     """
+    if not os.path.exists(info.path + HOLES_SUFFIX + STATE_SUFFIX):
+        return False
     try:
         fd = ops.open(info.path, os.O_RDONLY)
     except FileNotFoundError:

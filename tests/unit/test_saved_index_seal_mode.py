@@ -9,10 +9,16 @@ is checked, or a start replays the whole ledger once for nothing.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 from pathlib import Path
 
-from hybridq.journal.format import segment_name
+import pytest
+from hybridq.errors import JournalIOError
+from hybridq.journal import JournalWriter
+from hybridq.journal.fileops import FileOps
+from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
 from hybridq.journal.recovery import recover
@@ -48,3 +54,42 @@ def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_in
     _, _, resumed = saved_index.resume(journal, Compacted(), KeyTable.in_journal(journal))
     assert resumed == 1
     assert path.stat().st_mode & 0o777 == 0o400
+
+
+class _SealSyncFails(FileOps):
+    """The seal's fdatasync fails (EIO): its records may be only in the page cache."""
+
+    fail = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.fail:
+            raise OSError(errno.EIO, "I/O error")
+        super().fdatasync(fd)
+
+
+def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: Path) -> None:
+    """Failed before the fix: the start chmodded it 0400 over a seal a power cut can still lose.
+
+    A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md,
+    *Seal*): left writable, a power cut that loses the seal leaves an unsealed dead tail, which
+    the next start seals.
+    """
+    ops = _SealSyncFails()
+    writer = JournalWriter(tmp_path, fileops=ops)
+    writer.append_many([b"job-%d" % i for i in range(5)])
+    ops.fail = True
+    with pytest.raises(JournalIOError):
+        writer.close()  # the seal's records written, its fdatasync EIO: the segment abandoned
+    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
+    path = tmp_path / segment_name(writer_id, index)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    report = recover(tmp_path, tails_only=True)  # the next start
+    assert report.resealed == []
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    # The power cut: the seal's pages never reached the disk.
+    os.truncate(path, path.stat().st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE))
+    report = recover(tmp_path, tails_only=True)
+    assert report.sealed == [str(path)]
+    assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
