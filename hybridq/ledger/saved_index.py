@@ -275,12 +275,14 @@ class IndexSaver:
         self.covered[writer_id] = end
         self.unsaved += entries
 
+    def savable(self, index: LedgerIndex) -> bool:
+        """Whether a save may still succeed this run: not after a failed append or a poisoned key table."""
+        return not self.broken and not index.keys.failed
+
     def due(self, index: LedgerIndex) -> bool:
         """Whether enough entries were appended since the last save, or :meth:`soon` was called."""
-        return (
-            not self.broken
-            and not index.keys.failed
-            and (self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8))
+        return self.savable(index) and (
+            self._soon or self.unsaved >= max(SAVE_EVERY, index.terminal_count // 8)
         )
 
     def soon(self) -> None:
@@ -292,7 +294,7 @@ class IndexSaver:
 
         Returns whether it was saved (the ledger puncher punches nothing otherwise).
         """
-        if self.broken or index.keys.failed:  # a poisoned key table: the next start replays
+        if not self.savable(index):  # a poisoned key table: the next start replays
             return False
         try:
             self.covered = save(self.journal, index, self.covered, compacted.through)
