@@ -170,7 +170,7 @@ class DuplicateTable:
     def flush(self) -> None:
         """Delete the rows of the jobs noted terminal (a batch per segment with rows); exact after.
 
-        The endings are taken as flushed before any write: a write past COMMITROWS commits
+        The endings are taken as flushed before any write: a write past ``tablefile.COMMIT_ROWS`` commits
         first, and a commit flushes (:meth:`KeyTable._settle`), which then finds nothing to do
         (it recursed until RecursionError before).
         """
