@@ -10,14 +10,15 @@ is checked, or a start replays the whole ledger once for nothing.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 from pathlib import Path
 
 import pytest
 from hybridq.errors import JournalIOError
-from hybridq.journal import JournalWriter
-from hybridq.journal.fileops import FileOps
+from hybridq.journal import JournalWriter, recovery
+from hybridq.journal.fileops import OS_FILEOPS, FileOps
 from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
@@ -93,3 +94,47 @@ def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: 
     report = recover(tmp_path, tails_only=True)
     assert report.sealed == [str(path)]
     assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
+
+
+def _punched_and_left_writable(directory: Path) -> Path:
+    """A chain's sealed last segment with a hole map, left 0600 as a kill inside the punch's chmod does."""
+    with JournalWriter(directory) as writer:
+        writer.append_many([b"job-%d" % i for i in range(5)])
+    ((writer_id, (index,)),) = list_chains(str(directory)).items()
+    first = next(JournalReader(directory).segment_records(writer_id, index))
+    punch_holes(
+        str(directory), writer_id, index, [Hole(first.offset, first.end, first.seq, first.seq + 1, 1)]
+    )
+    path = directory / segment_name(writer_id, index)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_segment_whose_lock_is_held_is_left_to_its_holder(tmp_path: Path) -> None:
+    """A live writer holds its segment's flock until its own chmod: the start must not race it."""
+    path = _punched_and_left_writable(tmp_path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert recover(tmp_path, tails_only=True).resealed == []
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.close(fd)
+    assert recover(tmp_path, tails_only=True).resealed == [str(path)]  # the lock gone: restored
+    assert path.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) -> None:
+    """Bytes appended after the scan: it is not the segment the scan read sealed, so left as it is."""
+    path = _punched_and_left_writable(tmp_path)
+    reader = JournalReader(tmp_path)
+    reader.check(tails_only=True)
+    (info,) = reader.chain_ends.values()
+    assert info.sealed
+    with path.open("ab") as f:
+        f.write(b"\0" * 16)
+    assert not recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert path.stat().st_mode & 0o777 == 0o600
+    os.truncate(path, info.end_offset)
+    assert recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert path.stat().st_mode & 0o777 == 0o400
