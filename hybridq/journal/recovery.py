@@ -13,12 +13,13 @@ This module must not import redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from hybridq.errors import JournalIOError
@@ -142,18 +143,10 @@ def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
     """
     if not os.path.exists(info.path + HOLES_SUFFIX + STATE_SUFFIX):
         return False
-    try:
-        fd = ops.open(info.path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise JournalIOError(info.path, "open", exc) from exc
-    try:
-        try:
-            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # its writer is sealing it now: it chmods it itself
-        st = os.fstat(fd)
+    with _locked(ops, info.path, os.O_RDONLY, missing_ok=True) as locked:
+        if locked is None:
+            return False  # gone, or its writer is sealing it now: it chmods it itself
+        fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
         op = "chmod"
@@ -165,6 +158,39 @@ def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
             raise JournalIOError(info.path, op, exc) from exc
         log.warning("journal: %s: sealed but left writable by a crash; read-only again", info.path)
         return True
+
+
+@contextlib.contextmanager
+def _locked(
+    ops: FileOps, path: str, flags: int, *, missing_ok: bool = False
+) -> Iterator[tuple[int, os.stat_result] | None]:
+    """``path`` open with ``flags`` under its flock, taken without waiting, and its stat; closed after.
+
+    None when a start must leave it alone: a live writer holds the lock, or it became read-only
+    (sealed by its writer) after the scan and a write open is refused, or (``missing_ok``) it is
+    gone. Any other error of the open raises :class:`JournalIOError`.
+    """
+    try:
+        fd = ops.open(path, flags)
+    except FileNotFoundError as exc:
+        if not missing_ok:
+            raise JournalIOError(path, "open", exc) from exc
+        yield None
+        return
+    except PermissionError as exc:
+        if not os.stat(path).st_mode & stat.S_IWUSR:
+            yield None
+            return
+        raise JournalIOError(path, "open", exc) from exc
+    except OSError as exc:
+        raise JournalIOError(path, "open", exc) from exc
+    try:
+        try:
+            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd, os.fstat(fd)
     finally:
         ops.close(fd)
 
@@ -192,20 +218,10 @@ def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
 
 def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
     """Truncate a torn tail (after a backup) and seal the last segment of a dead chain."""
-    try:
-        fd = ops.open(info.path, os.O_RDWR | os.O_APPEND)
-    except PermissionError as exc:
-        if not os.stat(info.path).st_mode & stat.S_IWUSR:
-            return False  # its writer sealed it (read-only) after our scan: not dead after all
-        raise JournalIOError(info.path, "open", exc) from exc
-    except OSError as exc:
-        raise JournalIOError(info.path, "open", exc) from exc
-    try:
-        try:
-            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # not dead after all
-        st = os.fstat(fd)
+    with _locked(ops, info.path, os.O_RDWR | os.O_APPEND) as locked:
+        if locked is None:
+            return False  # its writer holds it, or sealed it (read-only) after our scan: not dead
+        fd, st = locked
         if not st.st_mode & stat.S_IWUSR:
             return False  # sealed meanwhile
         torn = info.torn
@@ -247,8 +263,6 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True
-    finally:
-        ops.close(fd)
 
 
 def _back_up(ops: FileOps, path: str, fd: int, size: int) -> str:
