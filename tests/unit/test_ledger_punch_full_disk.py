@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hybridq import Queue
 from hybridq.forwarder import ledger_punch
+from hybridq.forwarder.loop import Forwarder
 from hybridq.journal import JournalWriter
 from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import segment_name
@@ -31,6 +32,25 @@ class _FullFsync(FileOps):
 
     def fsync(self, fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _pinned_segments(
+    journal_dir: Path,
+    writer: JournalWriter,
+    queue: Queue,
+    transport: MemoryTransport,
+    forwarder: Forwarder,
+    rounds: int,
+) -> None:
+    """A job held an hour (it pins the ledger), then ``rounds`` batches of 40 jobs, each run to its end.
+
+    Each batch fills about one small ledger segment behind the pin.
+    """
+    writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=3600).to_bytes()])
+    for r in range(rounds):
+        envs = [queue.prepare("tests.tasks.add", ("x" * 900, f"{r}.{i}")) for i in range(40)]
+        writer.append_many(e.to_bytes() for e in envs)
+        _run(journal_dir, transport, 2, forwarder)
 
 
 def test_a_full_disk_on_the_ids_file_holds_its_segment_then_punches_it(
@@ -58,11 +78,7 @@ def test_a_full_disk_on_the_ids_file_holds_its_segment_then_punches_it(
     forwarder = _run(journal_dir, transport, 0)
     try:
         with JournalWriter(journal_dir, max_segment_bytes=256 << 10) as writer:
-            writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=3600).to_bytes()])
-            for r in range(40):  # ledger segments behind the pin, each with ids to keep
-                envs = [queue.prepare("tests.tasks.add", ("x" * 900, f"{r}.{i}")) for i in range(40)]
-                writer.append_many(e.to_bytes() for e in envs)
-                _run(journal_dir, transport, 2, forwarder)
+            _pinned_segments(journal_dir, writer, queue, transport, forwarder, 40)  # with ids to keep
             assert full, "no ids file was written"
             assert calls.count(full[0]) == 1, calls  # held, not tried again every pass
             assert len(set(calls)) > 1, calls  # the later segments went on
@@ -117,11 +133,7 @@ def test_a_full_disk_on_the_index_save_before_a_punch_holds_its_segment_then_pun
     forwarder = _run(journal_dir, transport, 0)
     try:
         with JournalWriter(journal_dir, max_segment_bytes=256 << 10) as writer:
-            writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=3600).to_bytes()])
-            for r in range(40):  # ledger segments behind the pin, each with entries to punch
-                envs = [queue.prepare("tests.tasks.add", ("x" * 900, f"{r}.{i}")) for i in range(40)]
-                writer.append_many(e.to_bytes() for e in envs)
-                _run(journal_dir, transport, 2, forwarder)
+            _pinned_segments(journal_dir, writer, queue, transport, forwarder, 40)  # with entries to punch
             assert any(saves), "no index save met the full disk"
             assert tried, "no punch met the full disk"
             assert len(tried) == len(set(tried)), tried  # each held, not read again every pass
@@ -165,11 +177,7 @@ def test_an_index_save_that_cannot_succeed_this_run_reads_no_segment(
         puncher = forwarder.completions.compactor.ledger_puncher
         puncher.state._saver.begin()  # an append begun and never folded in: no save this run
         with JournalWriter(journal_dir, max_segment_bytes=256 << 10) as writer:
-            writer.append_many([queue.prepare("tests.tasks.add", ("a", "b"), delay=3600).to_bytes()])
-            for r in range(12):  # ledger segments behind the pin, each with entries to punch
-                envs = [queue.prepare("tests.tasks.add", ("x" * 900, f"{r}.{i}")) for i in range(40)]
-                writer.append_many(e.to_bytes() for e in envs)
-                _run(journal_dir, transport, 2, forwarder)
+            _pinned_segments(journal_dir, writer, queue, transport, forwarder, 12)  # with entries to punch
         segments = list_chains(ledger_dir(str(journal_dir)))
         assert sum(len(indices) for indices in segments.values()) > 2, segments  # some to punch
         assert tried == []
