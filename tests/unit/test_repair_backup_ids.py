@@ -67,3 +67,19 @@ def test_a_segment_the_repair_removes_takes_its_hole_map_and_ids_file_along(tmp_
         name = segment_name(chain, index)
         assert read_ids(report.backup, chain, index), name
         assert (Path(report.backup) / (name + HOLES_SUFFIX + STATE_SUFFIX)).exists(), name
+
+
+def test_a_damaged_side_file_not_copied_to_the_backup_stays(tmp_path: Path) -> None:
+    """The repair deletes a side file only once its copy is in the backup: a damaged ids file has none."""
+    ledger, backup = tmp_path / "ledger", tmp_path / "backup"
+    ledger.mkdir()
+    backup.mkdir()
+    ids = [PunchedId("a" * 32, ("w1", 3, 64), "default", result_kept=True, at=1_700_000_000)]
+    write_ids(str(ledger), "l1", 0, ids)
+    segment = os.path.join(ledger, segment_name("l1", 0))
+    side = Path(segment + IDS_SUFFIX + STATE_SUFFIX)
+    side.write_bytes(side.read_bytes()[:-1] + b"\xff")  # its checksum no longer fits
+    repair_apply._backup_holes(OS_FILEOPS, str(backup), segment)
+    assert not (backup / side.name).exists()
+    repair_apply._remove_side_files(OS_FILEOPS, str(backup), segment)
+    assert side.exists()
