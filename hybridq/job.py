@@ -1,7 +1,8 @@
 """The handle ``enqueue`` returns: :class:`Job`, and its status read from durable state.
 
 A job's status comes from the forwarder's checkpoint and the completion ledger on disk, never
-from Redis, so it is right while Redis is down.
+from Redis, so it is right while Redis is down. The answers read from the whole ledger are
+:mod:`hybridq.job_ledger`'s; this module reads the forwarder's lookup index.
 
 This module must not import redis or rq.
 """
@@ -9,7 +10,6 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Generator
@@ -19,13 +19,11 @@ from hybridq.cancels import cancel
 from hybridq.envelope.model import Envelope
 from hybridq.envelope.tagged import read_result
 from hybridq.errors import EnvelopeError, JobFailed, JobWaitTimeout, JournalError, ResultNotKept
-from hybridq.journal import JournalReader, Record, RecordId
+from hybridq.job_ledger import call_fingerprint, ledger_dup_of, ledger_status
+from hybridq.journal import Record, RecordId
 from hybridq.journal.paths import default_journal, existing_journal_dir
-from hybridq.journal.reader import list_chains, read_record_at
+from hybridq.journal.reader import read_record_at
 from hybridq.ledger.checkpoint import Checkpoint, forwarder_holder, load_checkpoint
-from hybridq.ledger.compacted import Compacted, consistent
-from hybridq.ledger.index import LedgerIndex
-from hybridq.ledger.store import load_index, read_ledger
 from hybridq.lookup import reads as lookup
 from hybridq.workflows.canvas import ANCHOR_FUNC, step_id
 from hybridq.workflows.store import Step, flow_steps, steps_of
@@ -82,35 +80,7 @@ class Job:
         job whose idempotency key another job owned (:attr:`duplicate_of`) reports that job's
         status (``forwarded`` or ``scheduled``) until it ends, then its outcome.
         """
-        loc = (self.record.writer_id, self.record.segment, self.record.offset)
-        compacted, index = consistent(self.journal, lambda c: (c, load_index(self.journal, c, keys=False)))
-        if loc in index.failed:
-            return "failed"  # listed failures outlive their compacted segment
-        if compacted.is_compacted((loc[0], loc[1])):
-            return "finished"  # only segments whose every job is terminal are compacted
-        present = list_chains(self.journal).get(loc[0])
-        if present is None or loc[1] < present[0]:
-            return "finished"  # its segment was compacted, and its chain forgotten since
-        done = index.outcome(loc)
-        if done is not None:
-            if done == "cancelled":
-                return "cancelled"
-            return "finished" if done == "succeeded" else "failed"
-        if loc in index.retries:
-            return "retrying"
-        checkpoint = load_checkpoint(self.journal)
-        dup = index.duplicates.get(loc)
-        if dup is not None:  # never pushed: it follows the job that owns its key
-            held = checkpoint is not None and any(h.job_id == dup.dup_of for h in checkpoint.held)
-            return "scheduled" if held else "forwarded"
-        if checkpoint is None:
-            return "accepted"
-        if any(h.job_id == self.id for h in checkpoint.held):
-            return "scheduled"
-        position = checkpoint.positions.get(self.record.writer_id)
-        if position is not None and position.next_seq > self.record.seq:
-            return "merged" if self._merged(compacted, index) else "forwarded"
-        return "accepted"
+        return ledger_status(self.journal, self.record, self.envelope)
 
     @property
     def duplicate_of(self) -> str | None:
@@ -124,45 +94,7 @@ class Job:
         row = self._row()
         if row is not None:  # the lookup index (it may lag the ledger by a forwarder step)
             return row.dup_of
-        loc = (self.record.writer_id, self.record.segment, self.record.offset)
-
-        def find(_: Compacted) -> str | None:
-            for _record, entry in read_ledger(self.journal):
-                if entry.dup_of is not None and entry.loc == loc:
-                    return entry.dup_of
-            return None
-
-        return consistent(self.journal, find)  # read again if a compaction got in the way
-
-    def _merged(self, compacted: Compacted, index: LedgerIndex) -> bool:
-        """Whether a record that won this job id holds a different call.
-
-        It won if it is earlier in this record's chain (the forwarder pushes a chain in order,
-        and Redis keeps the first job under an id) or if it has finished.
-        """
-        needle = f'"id":"{self.id}"'.encode()
-        mine = call_fingerprint(self.envelope)
-        for rec in JournalReader(self.journal).records():
-            loc = (rec.writer_id, rec.segment_index, rec.offset)
-            if needle not in rec.payload or compacted.is_compacted(loc[:2]):
-                continue
-            if (rec.writer_id, rec.seq) == (self.record.writer_id, self.record.seq):
-                continue  # this job's own record
-            try:
-                other = Envelope.from_bytes(rec.payload)
-            except EnvelopeError:
-                continue
-            if (
-                other.id != self.id
-                or other.requeue != self.envelope.requeue
-                or call_fingerprint(other) == mine
-            ):
-                continue
-            if (rec.writer_id == self.record.writer_id and rec.seq < self.record.seq) or index.is_terminal(
-                loc
-            ):
-                return True
-        return False
+        return ledger_dup_of(self.journal, self.record)
 
     def cancel(self) -> str:
         """Cancel this job (every pending record of its id); what :func:`hybridq.cancel` said.
@@ -337,11 +269,6 @@ class Job:
         if status != "failed":  # another terminal outcome (a newer version's): it did not succeed
             raise JobFailed(self.id, self.exc_info or status)
         raise JobFailed(self.id, self.exc_info)
-
-
-def call_fingerprint(env: Envelope) -> str:
-    """The call a job makes (function, queue, arguments): equal for a retried enqueue."""
-    return json.dumps([env.func, env.queue, env.args, env.kwargs], sort_keys=True)
 
 
 def _result_of(journal: str, row: lookup.Row | None, job_id: str) -> Any:

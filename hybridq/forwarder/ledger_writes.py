@@ -109,6 +109,10 @@ class LedgerWrites:
         """
         return self._saver.save(self.index, self.compacted)
 
+    def index_savable(self) -> bool:
+        """Whether the ledger index can still be saved this run (the puncher waits for a restart if not)."""
+        return self._saver.savable(self.index)
+
     def save_index_soon(self) -> None:
         """Save the ledger index at the end of this step: compaction deleted ledger segments."""
         self._saver.soon()

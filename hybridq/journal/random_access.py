@@ -34,7 +34,7 @@ from .format import (
 )
 from .holes import RecordPunched, hole_within, holes_of
 from .records import ChainPosition, Record
-from .scan import unpack_header
+from .scan_search import unpack_header
 
 __all__ = ["SegmentFile", "clamp_to_seals", "peek_header", "read_record_at", "read_seal", "seal_offset"]
 

@@ -74,7 +74,7 @@ class TornTail:
 
 @dataclass(slots=True)
 class Later:
-    """Valid records found after a bad one (see ``SegmentScan._later_records``)."""
+    """Valid records found after a bad one (see :func:`hybridq.journal.scan_search.later_records`)."""
 
     offset: int
     seq: int

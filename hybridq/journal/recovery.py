@@ -13,20 +13,23 @@ This module must not import redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from hybridq.errors import JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
+from .holes import HOLES_SUFFIX
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
 from .segment import SealError, seal_fd
+from .statefile import STATE_SUFFIX
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -57,6 +60,9 @@ class RecoveryReport:
     repaired: list[TornTail] = field(default_factory=list)
     sealed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    #: Punched sealed last segments a kill inside a punch's ``chmod u+w`` left writable, made
+    #: read-only again.
+    resealed: list[str] = field(default_factory=list)
 
 
 def verify(
@@ -97,7 +103,8 @@ def recover(
        anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
-       it, so its chain is closed and the tail is never repaired twice.
+       it, so its chain is closed and the tail is never repaired twice. A punched sealed last
+       segment a kill left writable is made read-only again (:func:`_restore_seal_mode`).
     """
     checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
@@ -110,6 +117,8 @@ def recover(
     # One scan is enough: a chain that changed since (a live writer appended or sealed) is
     # re-checked under its lock by _close_dead_chain before anything is written.
     for info in reader.chain_ends.values():
+        if info.sealed and not info.live and _restore_seal_mode(fileops, info):
+            report.resealed.append(info.path)
         if info.sealed or info.live:
             continue
         if _close_dead_chain(fileops, info):
@@ -117,6 +126,73 @@ def recover(
                 report.repaired.append(info.torn)
             report.sealed.append(info.path)
     return report
+
+
+def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
+    """Make a chain's punched, sealed last segment read-only again if a kill left it writable.
+
+    The mode says "sealed" to every reader (docs/journal-format.md, *Seal*), a consumer's check
+    of a position saved at a chain's sealed end among them, and a kill while a punch holds a
+    segment ``u+w`` (:func:`hybridq.journal.holes._writable`) leaves it writable. Only a segment
+    with a hole map: a map is written only for a sealed (0400, fsynced) segment, so its seal is
+    durable. Seal records on a writable segment without one may be only in the page cache (the
+    seal's fdatasync failed and its writer gave up on it): a mode over them could outlive them
+    in a power cut, so such a segment stays writable, and reads as unsealed if they are lost.
+    Only under the segment's flock (a live writer holds it until its own chmod) and only if it
+    is as scanned. Returns whether it changed it.
+    """
+    if not os.path.exists(info.path + HOLES_SUFFIX + STATE_SUFFIX):
+        return False
+    with _locked(ops, info.path, os.O_RDONLY, missing_ok=True) as locked:
+        if locked is None:
+            return False  # gone, or its writer is sealing it now: it chmods it itself
+        fd, st = locked
+        if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
+            return False
+        op = "chmod"
+        try:
+            ops.fchmod(fd, 0o400)
+            op = "fsync"
+            ops.fsync(fd)
+        except OSError as exc:
+            raise JournalIOError(info.path, op, exc) from exc
+        log.warning("journal: %s: sealed but left writable by a crash; read-only again", info.path)
+        return True
+
+
+@contextlib.contextmanager
+def _locked(
+    ops: FileOps, path: str, flags: int, *, missing_ok: bool = False
+) -> Iterator[tuple[int, os.stat_result] | None]:
+    """``path`` open with ``flags`` under its flock, taken without waiting, and its stat; closed after.
+
+    None when a start must leave it alone: a live writer holds the lock, or it became read-only
+    (sealed by its writer) after the scan and a write open is refused, or (``missing_ok``) it is
+    gone. Any other error of the open raises :class:`JournalIOError`.
+    """
+    try:
+        fd = ops.open(path, flags)
+    except FileNotFoundError as exc:
+        if not missing_ok:
+            raise JournalIOError(path, "open", exc) from exc
+        yield None
+        return
+    except PermissionError as exc:
+        if not os.stat(path).st_mode & stat.S_IWUSR:
+            yield None
+            return
+        raise JournalIOError(path, "open", exc) from exc
+    except OSError as exc:
+        raise JournalIOError(path, "open", exc) from exc
+    try:
+        try:
+            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd, os.fstat(fd)
+    finally:
+        ops.close(fd)
 
 
 def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
@@ -142,20 +218,10 @@ def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
 
 def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
     """Truncate a torn tail (after a backup) and seal the last segment of a dead chain."""
-    try:
-        fd = ops.open(info.path, os.O_RDWR | os.O_APPEND)
-    except PermissionError as exc:
-        if not os.stat(info.path).st_mode & stat.S_IWUSR:
-            return False  # its writer sealed it (read-only) after our scan: not dead after all
-        raise JournalIOError(info.path, "open", exc) from exc
-    except OSError as exc:
-        raise JournalIOError(info.path, "open", exc) from exc
-    try:
-        try:
-            ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # not dead after all
-        st = os.fstat(fd)
+    with _locked(ops, info.path, os.O_RDWR | os.O_APPEND) as locked:
+        if locked is None:
+            return False  # its writer holds it, or sealed it (read-only) after our scan: not dead
+        fd, st = locked
         if not st.st_mode & stat.S_IWUSR:
             return False  # sealed meanwhile
         torn = info.torn
@@ -197,8 +263,6 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True
-    finally:
-        ops.close(fd)
 
 
 def _back_up(ops: FileOps, path: str, fd: int, size: int) -> str:

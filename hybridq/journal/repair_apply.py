@@ -26,7 +26,7 @@ from .recovery import STALE_TMP_S
 from .repair_plan import CHUNK_BYTES, ChainPlan, Cut, FileId
 from .repair_report import RepairReport
 from .segment import seal_fd
-from .statefile import read_state, write_state
+from .statefile import STATE_SUFFIX, read_state, write_state
 
 __all__ = [
     "BACKUP_PREFIX",
@@ -241,6 +241,7 @@ def apply_chain(ops: FileOps, directory: str, backup: str, plan: ChainPlan) -> N
                 ops.fsync_dir(directory)
             except OSError as exc:
                 raise _fail(path, op, exc) from exc
+            _remove_side_files(ops, backup, path)
         for cut in reversed(plan.cuts):
             _cut(ops, backup, cut, fds[cut.path])
     finally:
@@ -265,6 +266,33 @@ def _backup_holes(ops: FileOps, backup: str, path: str) -> None:
             continue  # damaged: nothing trustworthy to keep (the scan or the ids check reports it)
         if payload is not None:
             write_state(backup, name + suffix, payload, fileops=ops)
+
+
+def _remove_side_files(ops: FileOps, backup: str, path: str) -> None:
+    """Delete the hole map and ids file of the segment moved aside from ``path``, after it.
+
+    Each only if :func:`_backup_holes` copied it into the backup: after the segment (its rename,
+    both directory fsyncs), as a map goes after its segment (docs/reliability.md rule 8), then a
+    directory fsync (rule 5). A damaged one stays: the ids check reports it (and moves it aside).
+    """
+    directory, name = os.path.split(path)
+    removed = False
+    for suffix in (HOLES_SUFFIX, IDS_SUFFIX):
+        side = os.path.join(directory, name + suffix + STATE_SUFFIX)
+        if not os.path.exists(os.path.join(backup, name + suffix + STATE_SUFFIX)):
+            continue
+        try:
+            ops.unlink(side)
+            removed = True
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _fail(side, "unlink", exc) from exc
+    if removed:
+        try:
+            ops.fsync_dir(directory)
+        except OSError as exc:
+            raise _fail(directory, "directory fsync", exc) from exc
 
 
 def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:

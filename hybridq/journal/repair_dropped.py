@@ -31,7 +31,7 @@ from .format import (
 )
 from .holes import Hole, holes_of
 from .repair_report import DropKind, DroppedRecord
-from .scan import candidate_pattern
+from .scan_search import candidate_pattern
 
 __all__ = ["SegmentBytes", "list_dropped", "list_segment"]
 

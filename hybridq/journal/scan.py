@@ -1,7 +1,8 @@
 """Parsing one segment file: framing, checksums, sequence numbers and the torn-tail policy.
 
 The policy is ``docs/journal-format.md`` (*Torn tail and corruption*); it lives in
-:meth:`SegmentScan._anomaly`. Used by :class:`~hybridq.journal.reader.JournalReader`.
+:meth:`SegmentScan._anomaly`; the search for valid records after a bad one is
+:mod:`hybridq.journal.scan_search`'s. Used by :class:`~hybridq.journal.reader.JournalReader`.
 
 This module must not import redis, rq, click or the job envelope.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import stat
 from collections.abc import Callable, Generator
 
@@ -20,7 +20,6 @@ from .fileops import FileOps
 from .format import (
     FILE_HEADER_SIZE,
     MAX_PAYLOAD_BYTES,
-    RECORD_HEADER,
     RECORD_HEADER_SIZE,
     SEAL_PAYLOAD_SIZE,
     SEAL_RECORDS,
@@ -32,32 +31,12 @@ from .format import (
     salt_seed,
 )
 from .holes import Hole, hole_at, holes_of
-from .records import Later, Record, SegmentInfo, TornTail
+from .records import Record, SegmentInfo, TornTail
+from .scan_search import later_records, unpack_header
 
-__all__ = ["SegmentScan", "candidate_pattern", "unpack_header"]
+__all__ = ["SegmentScan"]
 
 _SEAL = int(RecordType.SEAL)
-# crc, length, sequence, and one word: type (low byte), unsynced distance (the other 24 bits)
-unpack_header = RECORD_HEADER.unpack_from
-# Where a record header could start when no sequence number is expected: a valid type byte and
-# a non-zero unsynced distance.
-_ANY_RECORD = re.compile(b"(?s)(?=.{16}[\\x01-\\x7f\\xff](?!\\x00\\x00\\x00))")
-
-
-def candidate_pattern(low_seq: int | None, high_seq: int) -> re.Pattern[bytes]:
-    """A regex matching where a record header could start: plausible sequence, type, distance.
-
-    Plausible: a sequence number in ``[low_seq, high_seq]`` (any, when ``low_seq`` is ``None``),
-    a valid type, a non-zero distance. Each match still has to pass :func:`record_problem`.
-    """
-    if low_seq is None:
-        return _ANY_RECORD
-    if low_seq >> 24 == high_seq >> 24:
-        # The top five bytes of the little-endian sequence number are fixed by the range.
-        seq = b".{3}" + re.escape((low_seq >> 24).to_bytes(5, "little"))
-    else:
-        seq = b".{8}"
-    return re.compile(b"(?s)(?=.{8}" + seq + b"[\\x01-\\x7f\\xff](?!\\x00\\x00\\x00).{3})")
 
 
 class SegmentScan:
@@ -334,7 +313,7 @@ class SegmentScan:
         info.end_offset, info.next_seq = off, expected
         if self.read_only or not self.is_last:
             raise self.corruption(off, f"{reason} in a sealed segment", expected)
-        later = self._later_records(off, expected)
+        later = later_records(self.fd, self.size, self.chunk, self.seed, off, expected)
         # Tell a writer that is still appending from one that died.
         state = self._settle()
         if state == "live":
@@ -366,46 +345,3 @@ class SegmentScan:
             self.path, off, self.size - off, expected, later.count if later is not None else 0
         )
         return False
-
-    def _later_records(self, bad_off: int, expected: int) -> Later | None:
-        """Valid records of this segment after ``bad_off``: the first, their count, their frontier.
-
-        Runs only on an anomaly. Candidate positions are found by a regular expression over the
-        header's shape (a plausible sequence number, a valid type, a non-zero distance), at C
-        speed, so megabytes of zeros or garbage cost milliseconds; each candidate's checksum is
-        then verified (the salted CRC makes a false match about 2**-32 per candidate).
-        """
-        remaining = self.size - bad_off
-        max_seq = expected + remaining // RECORD_HEADER_SIZE + 1
-        pattern = candidate_pattern(expected, max_seq)
-        found: Later | None = None
-        pos = bad_off + 1
-        window, window_at = b"", pos  # a chunk of the file starting at window_at
-        while pos + RECORD_HEADER_SIZE <= self.size:
-            if pos < window_at or pos + RECORD_HEADER_SIZE > window_at + len(window):
-                window, window_at = self._read_at(pos, self.chunk), pos
-            m = pattern.search(window, pos - window_at)
-            if m is None:
-                if window_at + len(window) >= self.size:
-                    break
-                pos = window_at + len(window) - RECORD_HEADER_SIZE + 1  # overlap the boundary
-                window = b""
-                continue
-            pos = window_at + m.start()
-            stored, length, seq, type_word = unpack_header(window, m.start())
-            distance = type_word >> 8
-            end = pos + RECORD_HEADER_SIZE + length
-            if expected <= seq <= max_seq and length <= MAX_PAYLOAD_BYTES and end <= self.size:
-                rec = self._read_at(pos, RECORD_HEADER_SIZE + length)
-                if record_problem(stored, length, type_word, memoryview(rec)[4:], self.seed) is None:
-                    if found is None:
-                        found = Later(pos, seq, seq - distance, 0)
-                    found.count += 1
-                    found.max_synced_seq = max(found.max_synced_seq, seq - distance)
-                    pos = end  # hop to the next record
-                    continue
-            pos += 1
-        return found
-
-    def _read_at(self, offset: int, size: int) -> bytes:
-        return os.pread(self.fd, size, offset)

@@ -13,7 +13,8 @@ decides, in any order: a ``duplicate`` entry adds a row unless its job is termin
 terminal outcome of the job (its settling ``done``, a cancel's) drops it. So that a ``done``
 costs no statement of its own, a terminal outcome folded while any row exists is only noted
 (:meth:`ended`), and the rows of the jobs noted are deleted in one batch before anything reads
-or commits (:meth:`flush`); while no row exists a ``done`` costs one integer test.
+or commits (:meth:`flush`); while no row exists a ``done`` costs one integer test. The table's
+schema and statements are :mod:`hybridq.ledger.dup_sql`'s.
 
 Each row also holds the position of the key's owner it waits for (indexed): the ``duplicate``
 entry's ``ol``, the owner when the forwarder admitted it, so a rebuilt table has the same rows
@@ -32,11 +33,23 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hybridq.journal.records import Loc
+from hybridq.ledger.dup_sql import (
+    CHUNK,
+    EARLIER,
+    OWNED,
+    PAGE,
+    ROW,
+    SCHEMA,
+    WHERE,
+    Row,
+    json_locs,
+    order_of,
+    row_of,
+)
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.tablefile import mapped
 
@@ -45,49 +58,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ENDED_MOST", "SCHEMA", "DuplicateTable"]
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS duplicates (
-    chain TEXT NOT NULL, seg INTEGER NOT NULL, off INTEGER NOT NULL, key TEXT NOT NULL,
-    owner_chain TEXT, owner_seg INTEGER, owner_off INTEGER, body BLOB NOT NULL,
-    PRIMARY KEY (chain, seg, off)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS duplicates_owner ON duplicates (owner_chain, owner_seg, owner_off)
-    WHERE owner_chain IS NOT NULL;
-CREATE INDEX IF NOT EXISTS duplicates_unresolved ON duplicates (key) WHERE owner_chain IS NULL;
-"""
-_WHERE = "chain = ? AND seg = ? AND off = ?"
 #: Terminal outcomes noted at most before they are flushed and forgotten: past it, the owners
 #: among them are found by a look at every distinct owner instead (:attr:`DuplicateTable.check_all`).
 ENDED_MOST = 50_000
-#: Owner positions per query (one JSON parameter).
-_CHUNK = 3_000
-#: Keys without an owner per page (:meth:`DuplicateTable.unresolved_keys`).
-_PAGE = 500
-_ROW = "chain, seg, off, body, owner_chain, owner_seg, owner_off"
-# The owners' positions first, each found in the owner index (a row-value IN over them used
-# only its first column: every row of one chain, 70 ms a settle at 100,000 duplicates).
-# json_extract, not ``->>`` (SQLite 3.38): the tables need SQLite 3.24 (docs/deploy.md).
-_OWNED = (
-    "SELECT d.chain, d.seg, d.off, d.body, d.owner_chain, d.owner_seg, d.owner_off"
-    " FROM json_each(?) AS j CROSS JOIN duplicates AS d"
-    " WHERE d.owner_chain = json_extract(j.value, '$[0]') AND d.owner_seg = json_extract(j.value, '$[1]')"
-    " AND d.owner_off = json_extract(j.value, '$[2]')"
-)
-
-# A second ``duplicate`` entry of a pending job (a ledger append that failed after its bytes
-# reached the disk, then the step retried) replaces the row only if it is the earlier one, by
-# (at, ol): the row is the same whatever order the ledger is replayed in (docs/reliability.md,
-# "Duplicates").
-_EARLIER = (
-    "UPDATE duplicates SET key = ?, owner_chain = ?, owner_seg = ?, owner_off = ?, body = ?"
-    " WHERE chain = ? AND seg = ? AND off = ?"
-    " AND (?, ?, ?, ?) < (coalesce(json_extract(CAST(body AS TEXT), '$.at'), 0.0),"
-    " coalesce(owner_chain, ''), coalesce(owner_seg, -1), coalesce(owner_off, -1))"
-)
-
-#: A pending duplicate as read: its position, its ``duplicate`` entry, its owner's position (if
-#: resolved).
-Row = tuple[Loc, Entry, Loc | None]
 
 
 class DuplicateTable:
@@ -158,7 +131,7 @@ class DuplicateTable:
             known[1] = max(known[1], entry.loc[2])
             self.pending += 1
         elif not self.file.write(
-            _EARLIER, (key, *(owner or (None, None, None)), body, *entry.loc, *_order(entry))
+            EARLIER, (key, *(owner or (None, None, None)), body, *entry.loc, *order_of(entry))
         ).rowcount:
             return False
         if owner is None:
@@ -197,7 +170,7 @@ class DuplicateTable:
     def flush(self) -> None:
         """Delete the rows of the jobs noted terminal (a batch per segment with rows); exact after.
 
-        The endings are taken as flushed before any write: a write past COMMIT_ROWS commits
+        The endings are taken as flushed before any write: a write past ``tablefile.COMMIT_ROWS`` commits
         first, and a commit flushes (:meth:`KeyTable._settle`), which then finds nothing to do
         (it recursed until RecursionError before).
         """
@@ -210,7 +183,7 @@ class DuplicateTable:
             if (seg := (loc[0], loc[1])) in segs:
                 by_seg.setdefault(seg, []).append(loc)
         for seg, locs in by_seg.items():
-            gone = self.file.write_many(f"DELETE FROM duplicates WHERE {_WHERE}", locs).rowcount  # noqa: S608
+            gone = self.file.write_many(f"DELETE FROM duplicates WHERE {WHERE}", locs).rowcount  # noqa: S608
             self._dropped(seg, max(0, gone))
 
     def take_ended(self) -> list[Loc]:
@@ -279,7 +252,7 @@ class DuplicateTable:
         self.flush()
         rows = self.file.execute(
             "SELECT DISTINCT key FROM duplicates WHERE owner_chain IS NULL AND key > ? ORDER BY key LIMIT ?",
-            (after, _PAGE),
+            (after, PAGE),
         )
         return [str(k) for (k,) in rows]
 
@@ -317,14 +290,14 @@ class DuplicateTable:
         Each row's entry is decoded as it is yielded: a chunk's rows are held as bytes, not as
         entries (one owner may have many duplicates).
         """
-        for lo in range(0, len(owners), _CHUNK):
-            for row in self._owned(owners[lo : lo + _CHUNK]):
-                yield _row(row)
+        for lo in range(0, len(owners), CHUNK):
+            for row in self._owned(owners[lo : lo + CHUNK]):
+                yield row_of(row)
 
     @mapped
     def _owned(self, owners: Iterable[Loc]) -> list[tuple[object, ...]]:
         self.flush()
-        return self.file.execute(_OWNED, (json_locs(owners),)).fetchall()
+        return self.file.execute(OWNED, (json_locs(owners),)).fetchall()
 
     @mapped
     def get(self, loc: Loc) -> Entry | None:
@@ -332,7 +305,7 @@ class DuplicateTable:
         if not self._may_hold(loc):
             return None
         self.flush()
-        row = self.file.execute(f"SELECT body FROM duplicates WHERE {_WHERE}", loc).fetchone()  # noqa: S608
+        row = self.file.execute(f"SELECT body FROM duplicates WHERE {WHERE}", loc).fetchone()  # noqa: S608
         return None if row is None else Entry.from_bytes(row[0])
 
     def __contains__(self, loc: object) -> bool:
@@ -346,7 +319,7 @@ class DuplicateTable:
     @mapped
     def _holds(self, loc: Loc) -> bool:
         self.flush()
-        return self.file.execute(f"SELECT 1 FROM duplicates WHERE {_WHERE}", loc).fetchone() is not None  # noqa: S608
+        return self.file.execute(f"SELECT 1 FROM duplicates WHERE {WHERE}", loc).fetchone() is not None  # noqa: S608
 
     def _may_hold(self, loc: Loc) -> bool:
         known = self._segs.get((loc[0], loc[1]))
@@ -363,8 +336,8 @@ class DuplicateTable:
     def items(self) -> list[tuple[Loc, Entry]]:
         """Every pending duplicate (tests, readers that list them: O(duplicates))."""
         self.flush()
-        rows = self.file.execute(f"SELECT {_ROW} FROM duplicates ORDER BY chain, seg, off").fetchall()  # noqa: S608
-        return [(loc, entry) for loc, entry, _ in map(_row, rows)]
+        rows = self.file.execute(f"SELECT {ROW} FROM duplicates ORDER BY chain, seg, off").fetchall()  # noqa: S608
+        return [(loc, entry) for loc, entry, _ in map(row_of, rows)]
 
     def values(self) -> Iterator[Entry]:
         """Every pending duplicate's entry (see :meth:`items`)."""
@@ -382,20 +355,3 @@ class DuplicateTable:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def json_locs(locs: Iterable[Loc]) -> str:
-    """Positions as a JSON array of ``[chain, seg, off]`` (one query parameter)."""
-    return json.dumps([list(loc) for loc in locs], separators=(",", ":"))
-
-
-def _row(row: tuple[object, ...]) -> Row:
-    c, s, o, body, oc, os_, oo = row
-    owner = None if oc is None else (str(oc), int(os_), int(oo))  # type: ignore[call-overload]
-    return (str(c), int(s), int(o)), Entry.from_bytes(body), owner  # type: ignore[call-overload, arg-type]
-
-
-def _order(entry: Entry) -> tuple[float, str, int, int]:
-    """Which of two ``duplicate`` entries of one job the row keeps: the smaller (``_EARLIER``)."""
-    owner = entry.owner_loc or ("", -1, -1)
-    return (entry.at, *owner)

@@ -10,7 +10,8 @@ entry itself can be punched. One state file per ledger segment, ``<segment>.ids.
 it in the ledger directory (atomic and fsync'd: :mod:`hybridq.journal.statefile`), written by
 :mod:`hybridq.forwarder.ledger_punch` before the segment's hole map (docs/reliability.md rule 8:
 a crash between them leaves an id in both, which every reader folds into one). It goes with
-its segment: a file whose segment is gone is removed by the next punch pass (one left meanwhile
+its segment: a repair that removes the segment removes it too, after it; a file whose segment is
+gone otherwise is removed by the next punch pass (one left meanwhile
 names only jobs of compacted journal segments, which no reader answers from: they are not in a
 punched range).
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridq.envelope.model import Envelope
-from hybridq.errors import EnvelopeError, JournalError, ResultNotKept
+from hybridq.errors import EnvelopeError, JournalError, ResultNotKept, StateFileCorrupt
 from hybridq.job import Job, fetch_job
 from hybridq.journal import JournalReader, RecordType
 from hybridq.journal.paths import existing_journal_dir
@@ -98,11 +98,11 @@ def job_trace(journal: str, job_id: str, entries: list[Entry] | None = None) -> 
     path = existing_journal_dir(journal)
     if entries is None:
         entries = list(_ledger_entries(path, job_id))
-    punched = _punched(path, job_id, entries)
-    entries = [*entries, *punched]
-    locs: list[Loc] = []
     job = fetch_job(job_id, path)
     found = [(job.record.writer_id, job.record.segment, job.record.offset)] if job is not None else []
+    punched = _punched(path, job_id, entries, found)
+    entries = [*entries, *punched]
+    locs: list[Loc] = []
     for loc in [e.loc for e in entries] + found:
         if loc not in locs:
             locs.append(loc)
@@ -176,15 +176,29 @@ def _ledger_entries(path: str, job_id: str) -> Iterator[Entry]:
             yield entry
 
 
-def _punched(path: str, job_id: str, entries: list[Entry]) -> list[Entry]:
+def _punched(path: str, job_id: str, entries: list[Entry], found: list[Loc]) -> list[Entry]:
     """The ``done`` entry of ``job_id`` punched out of the ledger, from its kept id (docs/journal.md).
 
     None once a ``done`` entry of the same record is still in the ledger (a crash between the
-    ids file and the punch leaves both).
+    ids file and the punch leaves both). A damaged ids file raises (its one line names the
+    repair) only if it may name this job: an ids file names only jobs whose journal record was
+    punched (``hybridq.ledger.punch_select.kept_by_id``), so a job whose every record is on
+    disk, or already has its ``done`` entry, is in none and is traced as it is.
     """
     have = {e.loc for e in entries if e.kind == EntryKind.DONE}
-    kept = (p.entry() for _, p in find_punched(ledger_dir(path), [job_id]))
+    try:
+        kept = [p.entry() for _, p in find_punched(ledger_dir(path), [job_id])]
+    except StateFileCorrupt:
+        locs = {e.loc for e in entries} | set(found)
+        if locs and all(loc in have or _on_disk(path, loc) for loc in locs):
+            return []
+        raise
     return [e for e in kept if e.loc not in have]
+
+
+def _on_disk(path: str, loc: Loc) -> bool:
+    """Whether the journal record at ``loc`` reads back (neither punched nor compacted)."""
+    return _acceptance(path, loc).seq is not None
 
 
 def _punched_step(entry: Entry) -> Step:

@@ -28,9 +28,12 @@ from hybridq.errors import HybridqError, JournalCorruption
 from hybridq.journal import JournalReader, JournalWriter, Record
 from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import segment_name
-from hybridq.journal.holes import Hole, add_holes, read_holes
+from hybridq.journal.holes import IDS_SUFFIX, Hole, add_holes, read_holes
+from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import recover, verify
 from hybridq.journal.repair import BACKUP_PREFIX, REPORT_NAME
+from hybridq.journal.statefile import STATE_SUFFIX
+from hybridq.ledger.punched_ids import find_punched
 from hybridq.ledger.store import ledger_dir
 from hybridq.ops.journal_repair import FORWARDER_LOCK_NAME, repair
 
@@ -288,12 +291,18 @@ def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_ow
 ) -> None:
     """The ledger's repair forgets the saved index first (hybridq/ops/journal_repair.py), then
     repairs a segment the ledger punch punched: whatever step the power goes at, a second repair
-    keeps the map's ranges before the cut, and a start finds every key the punch moved. The
-    default run stops at a few of its calls (:meth:`Recording.directory_stops`: 10 of 98); the
-    ``repair_sweep`` tier before every call that changes the disk."""
+    keeps the map's ranges before the cut, a start finds every key the punch moved, and every
+    ids file (the only record of the successes punched out of its segment) is beside its
+    segment or, with a segment moved aside, in a backup, byte for byte. The default run stops at
+    a few of its calls (:meth:`Recording.directory_stops`: 16 of the 150 that may change the
+    disk); the ``repair_sweep`` tier before each of the 150."""
     template = tmp_path / "template" / "journal"
     template.mkdir(parents=True, mode=0o700)
     damaged = punched_ledger_damaged(template, monkeypatch)
+    suffix = IDS_SUFFIX + STATE_SUFFIX
+    ids = {p.name: p.read_bytes() for p in Path(damaged.ldir).iterdir() if p.name.endswith(suffix)}
+    chain = list_chains(damaged.ldir)[damaged.chain]
+    assert any(int(n.split("-")[1].split(".")[0]) > damaged.seg for n in ids), (ids, chain)  # some go
 
     def copy(name: str) -> tuple[Path, str]:
         journal = tmp_path / name / "journal"
@@ -304,6 +313,9 @@ def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_ow
     counted = Recording()
     assert repair(ldir, accept_loss=True, fileops=counted).applied
     total = counted.op_count
+    _ids_kept(ldir, ids)
+    left = [n for n in os.listdir(ldir) if n.endswith(suffix)]
+    assert all(os.path.exists(os.path.join(ldir, n.removesuffix(suffix))) for n in left), left
     rng = random.Random("ledger")
     for at in counted.stops() if every else counted.directory_stops():
         journal, ldir = copy(f"{at}")
@@ -316,4 +328,31 @@ def test_a_power_cut_at_each_step_of_a_ledger_repair_keeps_every_punched_keys_ow
         where = f"power cut before operation {at + 1} of {total} ({ops.crash_mode})"
         assert read_holes(ldir, damaged.chain, damaged.seg) == damaged.holes, where
         assert not keys_lost(journal, damaged), where
+        try:
+            _ids_kept(ldir, ids)
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: {exc}") from exc
         shutil.rmtree(journal.parent)
+
+
+def _ids_kept(ldir: str, ids: dict[str, bytes]) -> None:
+    """Each ids file of ``ids`` beside its segment as it was, or in a backup beside it; all read.
+
+    One whose segment is gone may also stay in the directory after a cut before its unlink (the
+    next punch pass removes it: hybridq/ledger/punched_ids.py), as it was.
+    """
+    suffix = IDS_SUFFIX + STATE_SUFFIX
+    backups = [p for p in Path(ldir).iterdir() if p.is_dir() and p.name.startswith(BACKUP_PREFIX)]
+    for name, data in ids.items():
+        here = Path(ldir) / name
+        if (Path(ldir) / name.removesuffix(suffix)).exists():
+            assert here.read_bytes() == data, f"{name}: changed beside its segment"
+            continue
+        assert not here.exists() or here.read_bytes() == data, f"{name}: changed without its segment"
+        assert any(
+            (b / name).is_file()
+            and (b / name).read_bytes() == data
+            and (b / name.removesuffix(suffix)).is_file()
+            for b in backups
+        ), f"{name}: its segment moved aside, and it is in no backup beside it"
+    list(find_punched(ldir))  # every ids file left reads (a damaged one raises)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
-from hybridq.ledger import duptable
+from hybridq.ledger import dup_sql, duptable
 from hybridq.ledger.entries import Entry
 
 from tests.unit import test_ledger_replay
@@ -40,7 +40,7 @@ def test_a_settle_uses_no_syntax_newer_than_sqlite_3_24(tmp_path: Path) -> None:
 def test_the_owners_query_finds_each_owner_in_its_index() -> None:
     db = sqlite3.connect(":memory:")
     db.executescript(duptable.SCHEMA)
-    plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + duptable._OWNED, ('[["a",1,2]]',))]
+    plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + dup_sql.OWNED, ('[["a",1,2]]',))]
     assert any(
         "USING INDEX duplicates_owner (owner_chain=? AND owner_seg=? AND owner_off=?)" in p for p in plan
     )

@@ -22,7 +22,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.errors import JournalIOError
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.statefile import read_state, write_state
-from hybridq.ledger import saved_index
+from hybridq.ledger import saved_codec
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
@@ -271,7 +271,7 @@ def test_a_reader_that_knows_only_format_2_replays_a_format_3_index(
     so it ignores a format 3 file (no failures in it) and replays the whole ledger: nothing lost."""
     journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
     _forwarder_with_failures(journal, writer, 10)
-    monkeypatch.setattr(saved_index, "_READ_VERSIONS", (2,))
+    monkeypatch.setattr(saved_codec, "READ_VERSIONS", (2,))
     state = ForwarderState(journal, ForwarderConfig())
     state.load()
     try:

@@ -84,8 +84,8 @@ def test_a_lookup_does_not_read_the_ledger(journal_dir: Path, monkeypatch: pytes
     def no_scan(*_: object) -> None:
         raise AssertionError("read the whole ledger")
 
-    monkeypatch.setattr("hybridq.job.read_ledger", no_scan)
-    monkeypatch.setattr("hybridq.job.load_index", no_scan)
+    monkeypatch.setattr("hybridq.job_ledger.read_ledger", no_scan)
+    monkeypatch.setattr("hybridq.job_ledger.load_index", no_scan)
     found = fetch_job(job.id, journal=journal_dir)
     assert found is not None
     assert (found.status, found.result, found.duplicate_of, found.wait(1.0)) == ("finished", 2, None, 2)

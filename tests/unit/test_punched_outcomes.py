@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hybridq.ledger import outcomes, saved_index
+from hybridq.ledger import outcomes, saved_codec, saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import _RANK, LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -184,10 +184,10 @@ def test_the_collapsed_index_keeps_the_outcome_the_rank_rule_says(seed: int, mer
 def test_a_saved_index_read_without_the_ranges_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Version 5 holds the ranges: a reader of the offsets alone would push their jobs again.
 
-    So the version is new: a reader that does not know 5 (its ``_READ_VERSIONS`` without it, as
+    So the version is new: a reader that does not know 5 (its ``READ_VERSIONS`` without it, as
     the format 4 code's) refuses the file (and replays the ledger) instead of reading it.
     """
-    assert saved_index._VERSION == 5
+    assert saved_codec.VERSION == 5
     index = LedgerIndex()
     for i in range(10):
         index.apply_succeeded(("w", 0, 64 + 100 * i))
@@ -197,6 +197,6 @@ def test_a_saved_index_read_without_the_ranges_is_refused(monkeypatch: pytest.Mo
     assert back.terminal[("w", 0)].groups() == {}
     assert all(back.is_terminal(("w", 0, 64 + 100 * i)) for i in range(10))
     assert back.terminal_count == 10
-    monkeypatch.setattr(saved_index, "_READ_VERSIONS", (2, 3, 4))
+    monkeypatch.setattr(saved_codec, "READ_VERSIONS", (2, 3, 4))
     with pytest.raises(ValueError, match="version 5"):
         saved_index.decode(raw)

@@ -22,6 +22,7 @@ from hybridq.journal.statefile import STATE_SUFFIX
 from hybridq.ledger import store
 from hybridq.ledger.punched_ids import IDS_SUFFIX, find_punched, read_ids
 from hybridq.ledger.store import ledger_dir
+from hybridq.ops.trace import job_trace
 
 from tests.unit.test_punch_lookup import _punched_journal, _run
 
@@ -86,3 +87,35 @@ def test_a_damaged_ids_file_is_reported_and_moved_aside_by_repair(
         assert not set(ran) & set(named), "a job the damaged ids file named ran again"
     finally:
         forwarder.close()
+
+
+def test_a_damaged_ids_file_stops_the_trace_only_of_jobs_it_may_name(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose records are all on disk is in no ids file: its trace answers; one punched says the repair.
+
+    Failed on main: every trace raised (find_punched read the damaged file before the job's bytes).
+    """
+    monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
+    queue, ids, transport = _punched_journal(journal_dir)
+    _run(journal_dir, transport, 20).close()
+    _path, named = _damaged_ids_file(journal_dir)
+    assert named
+    # The pinning delayed job and one enqueued since: their records are whole, no ids file names them.
+    late = queue.enqueue("tests.tasks.add", 1, 2)
+    pinning = _first_id(journal_dir)
+    assert pinning not in ids
+    for job_id in (pinning, late.id):
+        trace = job_trace(str(journal_dir), job_id)
+        assert trace is not None, job_id
+        assert trace.status in {"pending", "forwarded"}, trace
+    with pytest.raises(StateFileCorrupt, match="journal repair --accept-loss"):
+        job_trace(str(journal_dir), named[0])
+
+
+def _first_id(journal: Path) -> str:
+    """The journal's first job: the delayed one that pins its segment (``_punched_journal``)."""
+    from hybridq.journal import JournalReader
+
+    first = next(iter(JournalReader(str(journal)).records()))
+    return Envelope.from_bytes(first.payload).id

@@ -1,0 +1,140 @@
+"""A kill between the ledger punch's ``chmod u+w`` and its write leaves a sealed last segment writable.
+
+The seal of a segment is told by its mode (0400: docs/journal-format.md, *Seal*), and the saved
+ledger index is trusted only if each chain it covers reaches its position: "read to the end of
+its sealed last segment" needs that segment's seal. The start's recovery of the ledger's tails
+must give such a segment its mode back (its seal records are all there) before the saved index
+is checked, or a start replays the whole ledger once for nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hybridq.errors import JournalIOError
+from hybridq.journal import JournalWriter, recovery
+from hybridq.journal.fileops import OS_FILEOPS, FileOps
+from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.holes import Hole, punch_holes
+from hybridq.journal.reader import JournalReader, list_chains
+from hybridq.journal.recovery import recover
+from hybridq.ledger import saved_index
+from hybridq.ledger.compacted import Compacted
+from hybridq.ledger.keytable import KeyTable
+from hybridq.ledger.store import ledger_dir, open_ledger_writer
+
+from tests.unit import test_ledger_replay
+from tests.unit.test_saved_index import entries, save_now
+
+
+def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_index(tmp_path: Path) -> None:
+    """Failed on main: the segment read as unsealed, the saved index was refused (a whole replay)."""
+    rng = random.Random(7)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain = open_ledger_writer(journal)
+    chain.max_segment_bytes = 2048
+    chain.append_many(e.to_bytes() for e in entries(rng, writer, 120))
+    chain.close()  # a run's clean stop: its last segment sealed
+    ledger = ledger_dir(journal)
+    ((ledger_writer, indices),) = list_chains(ledger).items()
+    last = indices[-1]
+    save_now(journal, Compacted())
+    # An earlier pass punched the first record of the last segment (its map durable), then the
+    # next pass's chmod u+w of it came, and the kill before the write and chmod back.
+    first = next(JournalReader(ledger).segment_records(ledger_writer, last))
+    punch_holes(ledger, ledger_writer, last, [Hole(first.offset, first.end, first.seq, first.seq + 1, 1)])
+    path = Path(ledger) / segment_name(ledger_writer, last)
+    path.chmod(0o600)
+
+    recover(ledger, tails_only=True)  # the start's order (ForwarderState.load)
+    _, _, resumed = saved_index.resume(journal, Compacted(), KeyTable.in_journal(journal))
+    assert resumed == 1
+    assert path.stat().st_mode & 0o777 == 0o400
+
+
+class _SealSyncFails(FileOps):
+    """The seal's fdatasync fails (EIO): its records may be only in the page cache."""
+
+    fail = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.fail:
+            raise OSError(errno.EIO, "I/O error")
+        super().fdatasync(fd)
+
+
+def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: Path) -> None:
+    """Failed before the fix: the start chmodded it 0400 over a seal a power cut can still lose.
+
+    A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md,
+    *Seal*): left writable, a power cut that loses the seal leaves an unsealed dead tail, which
+    the next start seals.
+    """
+    ops = _SealSyncFails()
+    writer = JournalWriter(tmp_path, fileops=ops)
+    writer.append_many([b"job-%d" % i for i in range(5)])
+    ops.fail = True
+    with pytest.raises(JournalIOError):
+        writer.close()  # the seal's records written, its fdatasync EIO: the segment abandoned
+    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
+    path = tmp_path / segment_name(writer_id, index)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    report = recover(tmp_path, tails_only=True)  # the next start
+    assert report.resealed == []
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    # The power cut: the seal's pages never reached the disk.
+    os.truncate(path, path.stat().st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE))
+    report = recover(tmp_path, tails_only=True)
+    assert report.sealed == [str(path)]
+    assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
+
+
+def _punched_and_left_writable(directory: Path) -> Path:
+    """A chain's sealed last segment with a hole map, left 0600 as a kill inside the punch's chmod does."""
+    with JournalWriter(directory) as writer:
+        writer.append_many([b"job-%d" % i for i in range(5)])
+    ((writer_id, (index,)),) = list_chains(str(directory)).items()
+    first = next(JournalReader(directory).segment_records(writer_id, index))
+    punch_holes(
+        str(directory), writer_id, index, [Hole(first.offset, first.end, first.seq, first.seq + 1, 1)]
+    )
+    path = directory / segment_name(writer_id, index)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_segment_whose_lock_is_held_is_left_to_its_holder(tmp_path: Path) -> None:
+    """A live writer holds its segment's flock until its own chmod: the start must not race it."""
+    path = _punched_and_left_writable(tmp_path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert recover(tmp_path, tails_only=True).resealed == []
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.close(fd)
+    assert recover(tmp_path, tails_only=True).resealed == [str(path)]  # the lock gone: restored
+    assert path.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) -> None:
+    """Bytes appended after the scan: it is not the segment the scan read sealed, so left as it is."""
+    path = _punched_and_left_writable(tmp_path)
+    reader = JournalReader(tmp_path)
+    reader.check(tails_only=True)
+    (info,) = reader.chain_ends.values()
+    assert info.sealed
+    with path.open("ab") as f:
+        f.write(b"\0" * 16)
+    assert not recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert path.stat().st_mode & 0o777 == 0o600
+    os.truncate(path, info.end_offset)
+    assert recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert path.stat().st_mode & 0o777 == 0o400
