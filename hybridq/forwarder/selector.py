@@ -14,7 +14,8 @@ and fairness"):
   key matching a pattern is a lane of its own, and the rest of the queue one more lane: the
   lanes are taken round robin, W jobs per visit (1 by default; a key matching several patterns
   has the weight of the last one given), from where the last refill
-  stopped; priority then age order holds within a lane. A visit costs one or two index probes,
+  stopped; priority then age order holds within a lane, and a pick is pushed in the order its
+  lanes were visited (the aging rule's share behind). A visit costs one or two index probes,
   so a refill costs O(jobs it takes), not O(keys).
 * **The gate** (:class:`KeyGate`, the limits of ``hybridq.forwarder.keylimits``): a job with a
   limit key is taken only while the gate has room for its key; a key without room is skipped
@@ -217,7 +218,10 @@ class Selector:
         self._unjsoned.clear()
 
     def pick(self, queue: str, n: int) -> Picked:
-        """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age).
+        """Up to ``n`` rows of ``queue`` to push now, in push order.
+
+        Priority, then age; with fair keys, the order the lanes were visited in, the aging rule's
+        share behind.
 
         The gate's rooms are asked once per :meth:`begin` (a refill), so a refill's picks after
         the first skip the keys it refused without reading their rows again.
@@ -228,9 +232,17 @@ class Selector:
         if not self.lanes.fair and len(self.runs.prios.get(queue, ())) <= 1:
             aged = 0  # one priority, one lane: the lane's order is the age order already
         out = self._round_robin(queue, n - aged) if self.lanes.fair else self._lane(queue, "", n - aged)
+        rest: Picked = []
         if aged or len(out) < n - aged:  # the aging rule's share, and what the lanes left
-            out += self._oldest(queue, n - len(out), {row[0] for row in out})
-        out.sort(key=_push_order)
+            rest = self._oldest(queue, n - len(out), {row[0] for row in out})
+        if self.lanes.fair:
+            # The lanes' turns in the order they were taken, the rest behind them: sorted by age,
+            # a batch pushed every job an older tenant had in it ahead of a younger one's.
+            rest.sort(key=_push_order)
+            out += rest
+        else:
+            out += rest
+            out.sort(key=_push_order)
         self.taken[queue] = before + len(out)
         return out
 
