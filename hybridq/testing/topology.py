@@ -29,6 +29,17 @@ __all__ = ["QUEUE", "Fault", "Topology", "children_of"]
 QUEUE = "chaos"
 
 
+#: ``rq worker``'s command, RQ's own worker class, with its exit made prompt as hybridq's worker
+#: classes make theirs (:func:`hybridq.rqworker.unsubscribe_promptly`): RQ's exit joins redis-py
+#: 8.2's pub/sub thread with no limit, and about one worker in 5 waited a minute there after a
+#: SIGTERM (:meth:`Topology.close` waited its 10 s and killed it).
+_RQ_WORKER = (
+    "import sys; from rq.cli import main; from rq.worker.base import BaseWorker; "
+    "from hybridq.rqworker import unsubscribe_promptly; "
+    "BaseWorker.unsubscribe = unsubscribe_promptly; sys.argv[0] = 'rq'; sys.exit(main())"
+)
+
+
 def children_of(pid: int) -> list[int]:
     """Pids whose parent is ``pid`` (from /proc/<pid>/stat: Linux)."""
     out = []
@@ -84,7 +95,7 @@ class Topology:
     # processes
 
     def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        # argv is this interpreter or the rq script beside it, with arguments we built: no shell.
+        # argv is this interpreter, with arguments we built: no shell.
         proc = subprocess.Popen(  # noqa: S603
             argv, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env or self.env
         )
@@ -101,9 +112,8 @@ class Topology:
         if n % 2 == 0:
             argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.url, QUEUE]
         else:
-            rq = os.path.join(os.path.dirname(sys.executable), "rq")
-            argv = [rq, "worker", "--serializer", "rq.serializers.JSONSerializer", "--url", self.url]
-            argv += ["--job-class", "hybridq.worker.Job"]
+            argv = [sys.executable, "-c", _RQ_WORKER, "worker", "--url", self.url]
+            argv += ["--serializer", "rq.serializers.JSONSerializer", "--job-class", "hybridq.worker.Job"]
             argv += ["--logging_level", "WARNING", QUEUE]
         self.workers[n] = self._spawn(argv)
 
