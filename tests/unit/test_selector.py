@@ -181,6 +181,22 @@ def test_with_fair_keys_a_pick_is_pushed_in_the_order_its_lanes_were_visited(tmp
     runs.close()
 
 
+def test_with_fair_keys_a_priority_9_job_still_goes_first_in_its_batch(tmp_path: Path) -> None:
+    # Priority first, the lanes' visit order within a priority: kept in visit order alone, the
+    # priority-9 job of the last lane entered Redis behind one job of each of the 19 lanes before.
+    runs = table(tmp_path)
+    sel = Selector(runs, Unlimited(), Lanes(parse_fair_keys(["tenant:*"])))
+    sel.open()
+    for t in range(20):
+        add(runs, 50, start=t * 50, key=f"tenant:{t:02d}")
+    add(runs, 1, start=99999, prio=9, key="tenant:19")
+    sel.taken["q"] = 1  # no aged job in this pick
+    got = sel.pick("q", 100)
+    assert [row[3] for row in got].index(9) == 0
+    assert [row[2] for row in got[1:20]] == [f"tenant:{t:02d}" for t in range(19)]  # then visit order
+    runs.close()
+
+
 def test_changing_the_fair_keys_relanes_the_rows_once(tmp_path: Path) -> None:
     runs = table(tmp_path)
     add(runs, 3, key="tenant:a")
