@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING
 
 from hybridq.crashpoints import NAMES as CRASH_POINTS
 from hybridq.testing.faultproxy import FaultProxy
+from hybridq.testing.rq_cli import RQ
 
 if TYPE_CHECKING:
     from hybridq.testing.chaos import ChaosConfig
@@ -27,17 +28,6 @@ __all__ = ["QUEUE", "Fault", "Topology", "children_of"]
 
 #: The queue every chaos job goes through.
 QUEUE = "chaos"
-
-
-#: ``rq worker``'s command, RQ's own worker class, with its exit made prompt as hybridq's worker
-#: classes make theirs (:func:`hybridq.rqworker.unsubscribe_promptly`): RQ's exit joins redis-py
-#: 8.2's pub/sub thread with no limit, and about one worker in 5 waited a minute there after a
-#: SIGTERM (:meth:`Topology.close` waited its 10 s and killed it).
-_RQ_WORKER = (
-    "import sys; from rq.cli import main; from rq.worker.base import BaseWorker; "
-    "from hybridq.rqworker import unsubscribe_promptly; "
-    "BaseWorker.unsubscribe = unsubscribe_promptly; sys.argv[0] = 'rq'; sys.exit(main())"
-)
 
 
 def children_of(pid: int) -> list[int]:
@@ -112,7 +102,9 @@ class Topology:
         if n % 2 == 0:
             argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.url, QUEUE]
         else:
-            argv = [sys.executable, "-c", _RQ_WORKER, "worker", "--url", self.url]
+            # RQ's own CLI and worker class, its exit made prompt (hybridq.testing.rq_cli): about
+            # one in 5 waited a minute after a SIGTERM, and the close waited its 10 s and killed it.
+            argv = [*RQ, "worker", "--url", self.url]
             argv += ["--serializer", "rq.serializers.JSONSerializer", "--job-class", "hybridq.worker.Job"]
             argv += ["--logging_level", "WARNING", QUEUE]
         self.workers[n] = self._spawn(argv)

@@ -27,9 +27,9 @@ from hybridq import Queue
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
+from hybridq.testing.rq_cli import RQ
 
 from tests.support.processes import ForwarderProcess, run_status, wait_for_status, wait_until
-from tests.support.rq_cli import RQ
 from tests.support.tiers import skip_unless_asked
 
 QUEUE_KEY = "rq:queue:default"
