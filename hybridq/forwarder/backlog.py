@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hybridq.envelope.model import Envelope
 from hybridq.errors import RedisFull, RedisRefused, TransportError, UnencodableJobs
 from hybridq.forwarder.records import HeldReads, row_delivery
 from hybridq.forwarder.refusals import moved_on
@@ -30,7 +31,7 @@ from hybridq.forwarder.selector import KeyGate, Lanes, Selector, Unlimited
 from hybridq.forwarder.state import ForwarderState
 from hybridq.forwarder.window import MemoryGate, Windows
 from hybridq.ledger.checkpoint import Held
-from hybridq.transport.base import Delivery, Transport
+from hybridq.transport.base import Delivery, Loc, Transport
 
 __all__ = ["Backlog"]
 
@@ -217,16 +218,19 @@ class Backlog:
         if len(rows) < n:
             self._short.add(queue)
         index = self.state.index
-        batch: list[Delivery] = []
+        read: dict[Loc, Envelope] = {}
         with HeldReads(self.state) as reads:
-            for loc, order, _, _ in rows:
+            # Read in location order, pushed in pick order: a fair pick cycles through its lanes,
+            # whose heads may sit in more segments than a HeldReads keeps open (16).
+            for loc, order, _, _ in sorted(rows):
                 if index.is_terminal(loc) or loc in index.cancels or loc in index.duplicates:
                     continue  # settled while it waited (cancelled, or finished after a lost row delete)
                 if moved_on(self.state, loc):
                     continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
                 env = reads.read(Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
                 if env is not None:
-                    batch.append(row_delivery(self.state, env, loc))
+                    read[loc] = env
+        batch = [row_delivery(self.state, read[row[0]], row[0]) for row in rows if row[0] in read]
         if batch and not self._try_push(batch):
             return None
         # Only now that Redis has them may their rows go (a crash before: pushed again, absorbed).

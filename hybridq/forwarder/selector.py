@@ -13,9 +13,10 @@ and fairness"):
 * **Fair keys.** With ``--fair-key PATTERN`` (a glob on the limit key, ``=W`` a weight), every
   key matching a pattern is a lane of its own, and the rest of the queue one more lane: the
   lanes are taken round robin, W jobs per visit (1 by default; a key matching several patterns
-  has the weight of the last one given), from where the last refill
-  stopped; priority then age order holds within a lane. A visit costs one or two index probes,
-  so a refill costs O(jobs it takes), not O(keys).
+  has the weight of the last one given), from where the last refill stopped; priority then age
+  order holds within a lane, and a pick is pushed priority first, within one priority in the
+  order its lanes were visited (the aging rule's share behind). A visit costs one or two index
+  probes, so a refill costs O(jobs it takes), not O(keys).
 * **The gate** (:class:`KeyGate`, the limits of ``hybridq.forwarder.keylimits``): a job with a
   limit key is taken only while the gate has room for its key; a key without room is skipped
   inside the index (its rows wait on disk) and never holds back the keys behind it. The keys
@@ -217,7 +218,10 @@ class Selector:
         self._unjsoned.clear()
 
     def pick(self, queue: str, n: int) -> Picked:
-        """Up to ``n`` rows of ``queue`` to push now, in push order (priority, then age).
+        """Up to ``n`` rows of ``queue`` to push now, in push order.
+
+        Priority first; within one priority, age, or with fair keys the order the lanes were
+        visited in, the aging rule's share behind.
 
         The gate's rooms are asked once per :meth:`begin` (a refill), so a refill's picks after
         the first skip the keys it refused without reading their rows again.
@@ -228,9 +232,19 @@ class Selector:
         if not self.lanes.fair and len(self.runs.prios.get(queue, ())) <= 1:
             aged = 0  # one priority, one lane: the lane's order is the age order already
         out = self._round_robin(queue, n - aged) if self.lanes.fair else self._lane(queue, "", n - aged)
+        rest: Picked = []
         if aged or len(out) < n - aged:  # the aging rule's share, and what the lanes left
-            out += self._oldest(queue, n - len(out), {row[0] for row in out})
-        out.sort(key=_push_order)
+            rest = self._oldest(queue, n - len(out), {row[0] for row in out})
+        if self.lanes.fair:
+            # Priority first; within one, the lanes' turns in the order they were taken, the rest
+            # behind them (a stable sort on priority alone): sorted by age, a batch pushed every
+            # job an older tenant had in it ahead of a younger one's.
+            rest.sort(key=_push_order)
+            out += rest
+            out.sort(key=_priority)
+        else:
+            out += rest
+            out.sort(key=_push_order)
         self.taken[queue] = before + len(out)
         return out
 
@@ -350,3 +364,7 @@ class Selector:
 
 def _push_order(row: Row) -> tuple[int, float, Loc]:
     return (-row[3], row[1], row[0])
+
+
+def _priority(row: Row) -> int:
+    return -row[3]

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING
 
 from hybridq.crashpoints import NAMES as CRASH_POINTS
 from hybridq.testing.faultproxy import FaultProxy
+from hybridq.testing.rq_cli import RQ
 
 if TYPE_CHECKING:
     from hybridq.testing.chaos import ChaosConfig
@@ -84,7 +85,7 @@ class Topology:
     # processes
 
     def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        # argv is this interpreter or the rq script beside it, with arguments we built: no shell.
+        # argv is this interpreter, with arguments we built: no shell.
         proc = subprocess.Popen(  # noqa: S603
             argv, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env or self.env
         )
@@ -101,9 +102,10 @@ class Topology:
         if n % 2 == 0:
             argv = [sys.executable, "-m", "hybridq", "worker", "--redis", self.url, QUEUE]
         else:
-            rq = os.path.join(os.path.dirname(sys.executable), "rq")
-            argv = [rq, "worker", "--serializer", "rq.serializers.JSONSerializer", "--url", self.url]
-            argv += ["--job-class", "hybridq.worker.Job"]
+            # RQ's own CLI and worker class, its exit made prompt (hybridq.testing.rq_cli): about
+            # one in 5 waited a minute after a SIGTERM, and the close waited its 10 s and killed it.
+            argv = [*RQ, "worker", "--url", self.url]
+            argv += ["--serializer", "rq.serializers.JSONSerializer", "--job-class", "hybridq.worker.Job"]
             argv += ["--logging_level", "WARNING", QUEUE]
         self.workers[n] = self._spawn(argv)
 

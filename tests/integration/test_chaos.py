@@ -11,7 +11,10 @@ process): a harness that cannot see a loss or a re-execution proves nothing.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
+import subprocess
 import textwrap
 import time
 from collections.abc import Callable
@@ -68,6 +71,64 @@ def _every_fault_class(tmp_path: Path, figures: Callable[[str], None], **schedul
     assert missing == [], f"fault classes never injected: {missing}"
     assert result.status["pending"] == 0
     assert result.status["failed"] == 0
+
+
+def test_the_harness_plain_rq_workers_stop_at_once_on_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The topology's close waited its 10 s for about one plain `rq worker` in 5, then killed it:
+    # not a signal ignored, but RQ's exit, which sends UNSUBSCRIBE and then stops redis-py 8.2's
+    # pub/sub thread with an unbounded join; a thread that got the reply first is back waiting a
+    # minute for a message (hybridq.rqworker.unsubscribe_promptly). The stop is made 0.3 s late
+    # here, so that the thread always gets there first (without it, 1 of 6 idle workers hung in
+    # 1 run of 3, 4 of 10 when started one by one).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(LATE_PUBSUB_STOP)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    topo = Topology(ChaosConfig(directory=str(tmp_path), workers=4, producers=0), str(tmp_path), say=print)
+    try:
+        topo.server.start()
+        plain = (1, 3)  # the odd ones: plain `rq worker` processes
+        for n in plain:
+            topo.start_worker(n)
+        with contextlib.closing(topo.server.client()) as client:
+            deadline = time.monotonic() + 60
+            while client.scard("rq:workers") < len(plain):  # registered: they subscribe next
+                assert time.monotonic() < deadline, "the rq workers never registered"
+                time.sleep(0.05)
+        time.sleep(1.0)  # their pub/sub threads waiting for a message
+        procs = [topo.workers[n] for n in plain]
+        for proc in procs:
+            assert proc is not None
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        hung = [p.pid for p in procs if p is not None and _exited_by(p, deadline) is None]
+        assert hung == [], f"still running 5 s after SIGTERM: {hung}"
+    finally:
+        topo.close()
+
+
+#: A ``sitecustomize`` that makes redis-py's ``PubSubWorkerThread.stop`` clear its flag 0.3 s late.
+LATE_PUBSUB_STOP = """
+import time
+from redis.client import PubSubWorkerThread
+_stop = PubSubWorkerThread.stop
+def _late_stop(self, timeout=None):  # the signature kept: unsubscribe_promptly reads it
+    time.sleep(0.3)
+    _stop(self, timeout)
+PubSubWorkerThread.stop = _late_stop
+"""
+
+
+def _exited_by(proc: subprocess.Popen[str], deadline: float) -> int | None:
+    """The exit status of ``proc`` once it exits before ``deadline``, else None."""
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            return rc
+        time.sleep(0.02)
+    return proc.poll()
 
 
 def _break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *patches: str) -> None:

@@ -22,6 +22,8 @@ from hybridq.ledger.store import ledger_dir
 from hybridq.ops.status import collect_status
 from hybridq.transport import MemoryTransport
 
+from tests.support.tiers import skip_unless_asked
+
 CHUNK = 2_000
 SEGMENT_BYTES = 256 << 10
 
@@ -30,8 +32,7 @@ SEGMENT_BYTES = 256 << 10
 def test_d1_after_many_jobs_the_journal_is_back_to_a_few_segments(
     journal_dir: Path, figures: Callable[[str], None], request: pytest.FixtureRequest, jobs: int
 ) -> None:
-    if jobs > 30_000 and "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("the slow tier: pytest -m slow tests/integration/test_compaction_load.py")
+    skip_unless_asked(request, "pytest -m slow tests/integration/test_compaction_load.py")
     queue = Queue(journal=journal_dir)
     transport = MemoryTransport()
     forwarder = Forwarder(journal_dir, transport, reconcile_interval_s=3600.0)

@@ -27,9 +27,10 @@ from hybridq import Queue
 from hybridq.journal.format import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from hybridq.journal.paths import ensure_journal_dir
 from hybridq.testing.embedded import RedisServer
+from hybridq.testing.rq_cli import RQ
 
 from tests.support.processes import ForwarderProcess, run_status, wait_for_status, wait_until
-from tests.support.rq_cli import RQ
+from tests.support.tiers import skip_unless_asked
 
 QUEUE_KEY = "rq:queue:default"
 
@@ -240,8 +241,7 @@ def test_s8_forwarder_killed_at_random_loses_nothing_and_queues_nothing_twice(
     cycles: int,
 ) -> None:
     """10 kills in the default run (about 1 s each); the slow tier's 16 (``-m slow``)."""
-    if cycles > 10 and "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("the slow tier: pytest -m slow tests/integration/test_forwarder_redis.py -k s8")
+    skip_unless_asked(request, "pytest -m slow tests/integration/test_forwarder_redis.py -k s8")
     seed = int(os.environ.get("HYBRIDQ_S8_SEED", random.SystemRandom().randrange(1 << 32)))
     print(f"S8 seed={seed} (rerun with HYBRIDQ_S8_SEED={seed})")
     rng = random.Random(seed)

@@ -45,6 +45,7 @@ from hybridq.protocol import keys
 from tests.support.http import request
 from tests.support.processes import WorkerProcess, wait_until
 from tests.support.redis import RedisServer
+from tests.support.tiers import skip_unless_asked
 
 TOKEN = "fleet-token-0123456789abcdef"
 
@@ -109,9 +110,7 @@ def fleet(
 @pytest.fixture(autouse=True)
 def _slow_tier_only(request: pytest.FixtureRequest) -> None:
     """The 10,000-job run is skipped unless the run asks for the tier (``-m slow``)."""
-    expr = request.config.getoption("-m") or ""
-    if request.node.get_closest_marker("slow") and ("slow" not in expr or "not slow" in expr):
-        pytest.skip("the slow tier: pytest -m slow tests/integration/test_remote_fleet.py")
+    skip_unless_asked(request, "pytest -m slow tests/integration/test_remote_fleet.py")
 
 
 def records(journal: Path) -> list[Envelope]:

@@ -18,6 +18,7 @@ from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import load_index
 from hybridq.protocol import keys
 from hybridq.testing.embedded import RedisServer
+from hybridq.testing.rq_cli import RQ
 from hybridq.transport.rq import RQTransport
 
 from tests.integration.test_worker_protocol import OWNER, deliver, events
@@ -32,7 +33,6 @@ from tests.integration.test_worker_redis import (
     wait_status,
 )
 from tests.support.processes import WorkerProcess, wait_until
-from tests.support.rq_cli import RQ
 from tests.support.rqwork import Work
 
 __all__ = ["stack"]  # the fixture, used by this module's tests

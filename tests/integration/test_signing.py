@@ -33,6 +33,7 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.protocol import keys
 from hybridq.security.signing import ENV_KEY, ENV_KEY_FILE, Keyring
 from hybridq.testing.embedded import RedisServer
+from hybridq.testing.rq_cli import RQ
 from hybridq.transport.base import Delivery
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import ENTRY_POINT, Job
@@ -44,7 +45,6 @@ from rq.utils import utcformat
 
 from tests.import_canary import ENV_VAR as CANARY_VAR
 from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_until
-from tests.support.rq_cli import RQ
 from tests.support.rqwork import job_data
 
 OWNER = "owner1"

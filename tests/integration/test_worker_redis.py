@@ -29,11 +29,11 @@ from hybridq.journal.paths import ensure_journal_dir
 from hybridq.ledger.compacted import load_compacted
 from hybridq.ledger.store import load_index, read_ledger
 from hybridq.testing.embedded import RedisServer
+from hybridq.testing.rq_cli import RQ
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from tests.support.processes import ForwarderProcess, WorkerProcess, run_status, wait_for_status, wait_until
-from tests.support.rq_cli import RQ
 
 #: The forwarder's lease (seconds): short, so killed workers are noticed quickly.
 LEASE_S = 2.0

@@ -31,6 +31,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from tests.support.tiers import skip_unless_asked
+
 KINDS = ("ok", "fail-once", "fail-always")
 #: A tmpfs where there is one: the model crashes processes, never the machine, so its fsyncs need
 #: not reach a disk (on a loaded disk they were most of its wall time).
@@ -185,8 +187,7 @@ def test_completions_model() -> None:
 @pytest.mark.slow
 def test_completions_model_full(request: pytest.FixtureRequest) -> None:
     """The full count (about 16 s): ``scripts/test -m slow tests/unit/test_completions_model.py``."""
-    if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("the slow tier: pytest -m slow tests/unit/test_completions_model.py")
+    skip_unless_asked(request, "pytest -m slow tests/unit/test_completions_model.py")
     run_state_machine_as_test(
         CompletionsModel, settings=settings(max_examples=TIER_EXAMPLES, stateful_step_count=40, deadline=None)
     )

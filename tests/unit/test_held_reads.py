@@ -90,3 +90,44 @@ def test_a_segment_whose_header_cannot_be_read_leaves_no_file_open(
             read_record_at(str(journal_dir), record.writer_id, record.segment_index, record.offset)
     monkeypatch.undo()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_fair_refill_opens_each_segment_once_whatever_its_lanes_order(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fair pick cycles through its lanes: read in that order, 17 tenants' rows in 17 segments
+    (more than the 16 a HeldReads keeps open) reopened a segment for every row."""
+    from hybridq.forwarder import records
+
+    from tests import tasks
+    from tests.unit.test_window import WindowedTransport, forwarder
+
+    q = Queue("default", str(journal_dir))
+    tenant: dict[str, int] = {}
+    for t in range(MAX_OPEN_SEGMENTS + 1):  # each tenant's producer process a chain of its own
+        jobs = q.enqueue_many(q.prepare(tasks.add, [t, i], limit_key=f"tenant:{t:02d}") for i in range(3))
+        tenant.update((j.id, t) for j in jobs)
+        _close_writers()
+    transport = WindowedTransport()
+    f = forwarder(journal_dir, transport, window_min=1, window_max=1, fair_keys=("tenant:*",))
+    f.step()  # one pushed, the rest wait in the run table
+    f.close()
+    opened: list[tuple[str, int]] = []
+    real = records.SegmentFile
+
+    def counting(journal: str, writer: str, segment: int) -> Any:
+        opened.append((writer, segment))
+        return real(journal, writer, segment)
+
+    f = forwarder(journal_dir, transport, window_min=100, window_max=100, fair_keys=("tenant:*",))
+    monkeypatch.setattr(records, "SegmentFile", counting)  # after the restart's reading: the refill's
+    try:
+        waiting = f.state.runs.waiting("default")
+        f.step()
+        assert f.state.runs.waiting("default") == 0
+    finally:
+        f.close()
+    assert waiting == 3 * (MAX_OPEN_SEGMENTS + 1) - 1
+    assert len(opened) == len(set(opened)) == MAX_OPEN_SEGMENTS + 1
+    first_round = [tenant[i] for i in transport.pushed_ids[1 : MAX_OPEN_SEGMENTS + 2]]
+    assert len(set(first_round)) == MAX_OPEN_SEGMENTS + 1  # still pushed in the pick's order

@@ -33,15 +33,20 @@ def _done(journal: Path, job_id: str) -> Entry:
     return Entry("done", job_id, (row.writer, row.seg, row.off), outcome="succeeded", at=time.time())
 
 
+def _built(forwarder: Forwarder) -> None:
+    """Step until the lookup index's first build is done (at most 10 s)."""
+    deadline = time.monotonic() + 10.0
+    while forwarder.lookup.building and time.monotonic() < deadline:
+        forwarder.step()
+        forwarder.lookup.catch_up()
+
+
 def test_another_writers_entries_are_indexed_whether_its_chain_is_new_or_read(journal_dir: Path) -> None:
     queue = Queue(journal=journal_dir)
     ids = [queue.enqueue(tasks.add, i, i).id for i in range(3)]
     forwarder = make_forwarder(journal_dir, LengthsTransport())
     try:
-        deadline = time.monotonic() + 10.0
-        while forwarder.lookup.building and time.monotonic() < deadline:
-            forwarder.step()
-            forwarder.lookup.catch_up()
+        _built(forwarder)
         forwarder.lookup.catch_up()
         assert [find(str(journal_dir), i).state for i in ids] == [None, None, None]  # type: ignore[union-attr]
         with JournalWriter(ledger_dir(str(journal_dir))) as other:
@@ -75,10 +80,7 @@ def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.Monke
     queue.enqueue(tasks.add, 1, 1)
     forwarder = make_forwarder(journal_dir, LengthsTransport())
     try:
-        deadline = time.monotonic() + 10.0
-        while forwarder.lookup.building and time.monotonic() < deadline:
-            forwarder.step()
-            forwarder.lookup.catch_up()
+        _built(forwarder)
         forwarder.lookup.catch_up()
         tails = _tails_built(monkeypatch)
         forwarder.lookup.catch_up()
@@ -88,10 +90,7 @@ def test_a_quiet_ledger_is_not_read(journal_dir: Path, monkeypatch: pytest.Monke
 
 
 def _settle(forwarder: Forwarder) -> None:
-    deadline = time.monotonic() + 10.0
-    while forwarder.lookup.building and time.monotonic() < deadline:
-        forwarder.step()
-        forwarder.lookup.catch_up()
+    _built(forwarder)
     forwarder.step()
     forwarder.lookup.catch_up()
     forwarder.lookup.catch_up()

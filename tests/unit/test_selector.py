@@ -164,6 +164,39 @@ def test_fair_keys_take_the_lanes_round_robin_with_weights(tmp_path: Path) -> No
     runs.close()
 
 
+def test_with_fair_keys_a_pick_is_pushed_in_the_order_its_lanes_were_visited(tmp_path: Path) -> None:
+    # A refill's batch goes to Redis in the order of its rows: sorted by age, every job a big
+    # tenant (older) had in the batch went ahead of a small one's, up to a batch (500) of them
+    # (test_priorities' fair-key scene: the small tenant's 10 jobs at the tail of a 100-job refill).
+    runs = table(tmp_path)
+    sel = Selector(runs, Unlimited(), Lanes(parse_fair_keys(["tenant:*"])))
+    sel.open()
+    add(runs, 100, key="tenant:big")
+    add(runs, 10, start=1000, key="tenant:small")
+    got = sel.pick("q", 20)  # the aging rule's share: 2 (the oldest two not taken), behind the lanes'
+    assert offsets(got) == [*(o for i in range(9) for o in (i, 1000 + i)), 9, 10]
+    runs.remove("q", [row[0] for row in got])
+    sel.taken["q"] = 1  # no aged job in this one: the lanes alone, from where the last pick stopped
+    assert offsets(sel.pick("q", 4)) == [11, 1009, 12, 13]
+    runs.close()
+
+
+def test_with_fair_keys_a_priority_9_job_still_goes_first_in_its_batch(tmp_path: Path) -> None:
+    # Priority first, the lanes' visit order within a priority: kept in visit order alone, the
+    # priority-9 job of the last lane entered Redis behind one job of each of the 19 lanes before.
+    runs = table(tmp_path)
+    sel = Selector(runs, Unlimited(), Lanes(parse_fair_keys(["tenant:*"])))
+    sel.open()
+    for t in range(20):
+        add(runs, 50, start=t * 50, key=f"tenant:{t:02d}")
+    add(runs, 1, start=99999, prio=9, key="tenant:19")
+    sel.taken["q"] = 1  # no aged job in this pick
+    got = sel.pick("q", 100)
+    assert [row[3] for row in got].index(9) == 0
+    assert [row[2] for row in got[1:20]] == [f"tenant:{t:02d}" for t in range(19)]  # then visit order
+    runs.close()
+
+
 def test_changing_the_fair_keys_relanes_the_rows_once(tmp_path: Path) -> None:
     runs = table(tmp_path)
     add(runs, 3, key="tenant:a")
