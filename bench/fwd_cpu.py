@@ -105,7 +105,12 @@ def one(
         q = Queue(QUEUE, journal)
         try:
             for first in range(0, n, 500):
-                q.enqueue_many([q.prepare(TASK, limit_key=f"k:{i % KEYS}" if KEYS else None) for i in range(first, min(n, first + 500))])
+                q.enqueue_many(
+                    [
+                        q.prepare(TASK, limit_key=f"k:{i % KEYS}" if KEYS else None)
+                        for i in range(first, min(n, first + 500))
+                    ]
+                )
         finally:
             shared_writer(q.journal, q.durability).close()
         transport = RQTransport(server.url)

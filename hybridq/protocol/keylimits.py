@@ -47,9 +47,18 @@ class Limit:
     #: f-string of three numbers cost 0.18 us a key against 0.05 for this concatenation, with
     #: no memo per key (docs/benchmarks.md, "One call fewer per claim").
     _head: str = field(init=False, repr=False, compare=False)
+    #: :meth:`text`, made once: the forwarder's key gate shows it for each key it reads, and a
+    #: memo by policy hashed the policy (a Python ``__hash__``) per key (docs/benchmarks.md,
+    #: "The limits' Python per job").
+    _text: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_head", f"{self.concurrency},{self.rate},{self.period_ms},")
+        parts = [f"concurrency:{self.concurrency}"] if self.concurrency else []
+        if self.rate:
+            unit = next((u for u, ms in PERIODS.items() if ms == self.period_ms), None)
+            parts.append(f"rate:{self.rate}/{unit}" if unit else f"rate:{self.rate}/{self.period_ms}ms")
+        object.__setattr__(self, "_text", ",".join(parts))
 
     def wire(self, key: str) -> str:
         """The policy of ``key`` as a delivery carries it (the claim script parses it)."""
@@ -57,11 +66,7 @@ class Limit:
 
     def text(self) -> str:
         """The policy as an operator writes it (``concurrency:2,rate:10/s``)."""
-        parts = [f"concurrency:{self.concurrency}"] if self.concurrency else []
-        if self.rate:
-            unit = next(u for u, ms in PERIODS.items() if ms == self.period_ms)
-            parts.append(f"rate:{self.rate}/{unit}")
-        return ",".join(parts)
+        return self._text
 
 
 def parse_limit(spec: str) -> Limit:
