@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import math
 import sys
@@ -129,9 +130,10 @@ class KeyLimits:
         room, at, read = entry
         if room <= 0:
             self._asked[key] = None  # read at the next look
-        elif (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
+            return 0
+        if (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
             self._asked[key] = None
-        return max(0, room)
+        return room
 
     def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
         """``n`` jobs of ``key`` were queued: less room until the next look says otherwise.
@@ -167,10 +169,10 @@ class KeyLimits:
         for k in keys:
             if k not in room and k not in policies and (limit := policy(k)) is not None:
                 policies[k] = limit
-                if len(policies) >= LOOK_MAX:
-                    break
         if not policies:
             return
+        if len(policies) > LOOK_MAX:  # (the rest wait for the next look)
+            policies = dict(itertools.islice(policies.items(), LOOK_MAX))
         try:
             self._changed |= self._read(policies)
         except TransportError as exc:
@@ -222,8 +224,9 @@ class KeyLimits:
             log.info("the transport cannot report the limits' use: the workers' claims alone enforce them")
             return False
         asked = self._asked
-        for key in policies:
-            asked.pop(key, None)
+        if asked:  # (a prefetch's keys were never asked: nothing to drop, most reads)
+            for key in policies:
+                asked.pop(key, None)
         now, mono = time.time(), time.monotonic()
         if len(self._room) > 4 * LOOK_MAX:  # keys not read for a while go (asked again, they are read)
             self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 2 * TRUST_S}
