@@ -257,8 +257,10 @@ class KeyLimits:
             else:
                 blocked = None if free > 0 else (before.blocked_since or now)
                 policy = before.policy
-            seen[key] = KeyState(
-                key, policy, use.running, use.queued, use.started, use.quarantine_s, free, blocked, now
+            # (tuple.__new__: the named tuple's own __new__ is a Python frame, one per key read)
+            seen[key] = _state(
+                KeyState,
+                (key, policy, use.running, use.queued, use.started, use.quarantine_s, free, blocked, now),
             )
             # Only a key held or freed (or new and held) is news for the snapshot: counts move
             # at every step; a new key with room is shown within FRESH_S (:meth:`look`).
@@ -326,6 +328,7 @@ class KeyLimits:
 
 
 _running = attrgetter("running")
+_state = tuple.__new__
 
 
 def _held_order(state: KeyState) -> tuple[float, int]:

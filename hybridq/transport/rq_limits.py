@@ -113,8 +113,8 @@ def key_use(
     # The script's integers come back as Python ints: no int() of each; four at a time.
     if len(r) != 4 * len(periods):
         raise ValueError(f"the limits' read answered {len(r)} figures for {len(periods)} keys")
-    it = iter(r)
+    it, new = iter(r), tuple.__new__  # (the named tuple's own __new__ is a Python frame per key)
     return {
-        key: KeyUse(running, queued, started, quiet / 1000)
+        key: new(KeyUse, (running, queued, started, quiet / 1000))
         for key, running, queued, started, quiet in zip(periods, it, it, it, it, strict=True)
     }
