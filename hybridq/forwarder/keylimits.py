@@ -233,7 +233,7 @@ class KeyLimits:
         changed = new = False
         rooms, seen = self._room, self._seen
         for key, use in uses.items():
-            limit = policies[key]
+            limit = policies.get(key) or self._policy(key)  # (a transport's extra key: its own)
             # The room the read gives (what ``_free`` was): 0 in a quarantine.
             if limit is None:
                 free = sys.maxsize
