@@ -38,7 +38,11 @@ _KEY = re.compile(r"\A[!-~]{1,200}\Z")
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One key's policy: at most ``concurrency`` running, ``rate`` starts per ``period_ms`` (0: none)."""
+    """One key's policy: at most ``concurrency`` running, ``rate`` starts per ``period_ms`` (0: none).
+
+    With a rate, ``period_ms`` is one of :data:`PERIODS`' (else :class:`ValueError`): :meth:`text`
+    is read back by ``--limit``, which takes no other period.
+    """
 
     concurrency: int = 0
     rate: int = 0
@@ -57,7 +61,11 @@ class Limit:
         parts = [f"concurrency:{self.concurrency}"] if self.concurrency else []
         if self.rate:
             unit = next((u for u, ms in PERIODS.items() if ms == self.period_ms), None)
-            parts.append(f"rate:{self.rate}/{unit}" if unit else f"rate:{self.rate}/{self.period_ms}ms")
+            if unit is None:  # (only a hand-built Limit: --limit has no other period, text() no other form)
+                msg = f"bad limit period {self.period_ms!r} ms: a rate's period is 1000, 60000 or 3600000"
+                msg += " (--limit's /s, /m, /h)"
+                raise ValueError(msg)
+            parts.append(f"rate:{self.rate}/{unit}")
         object.__setattr__(self, "_text", ",".join(parts))
 
     def wire(self, key: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import pytest
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.protocol import keylimits
-from hybridq.protocol.keylimits import Limit, Limits, parse_limits
+from hybridq.protocol.keylimits import Limit, Limits, parse_limit, parse_limits
 from hybridq.transport import rq_limits
 from hybridq.transport.base import KeyUse
 from hypothesis import given, settings
@@ -285,3 +285,24 @@ def test_the_limits_read_makes_each_key_use_in_its_fields_order() -> None:
     a = uses["a"]
     assert (a.running, a.queued, a.started, a.quarantine_s) == (1, 2, 3, 4.0)
     assert type(a) is KeyUse
+
+
+# -- a policy's text, as --limit reads it back ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["concurrency:2", "rate:10/s", "rate:5/m", "rate:1/h", "concurrency:3,rate:7/s", "concurrency:999999999"],
+)
+def test_a_policys_text_is_read_back_by_limit(spec: str) -> None:
+    limit = parse_limit(spec)
+    assert limit.text() == spec
+    assert parse_limit(limit.text()) == limit
+
+
+@pytest.mark.parametrize("period_ms", [0, 1, 1234, 86_400_000])
+def test_a_rate_over_a_period_limit_cannot_write_is_refused_in_one_line(period_ms: int) -> None:
+    with pytest.raises(ValueError, match=r"bad limit period .* 1000, 60000 or 3600000") as info:
+        Limit(2, 5, period_ms)
+    assert "\n" not in str(info.value)
+    assert Limit(2, 0, 1234).text() == "concurrency:2", "without a rate the period is not read"
