@@ -1,13 +1,16 @@
-"""Per-key limits: the memo of each key's policy (``Limits.of``) and a delivery's policy text.
+"""Per-key limits: how ``Limits.of`` finds a key's policy (its rules' tests, its memo), a policy's texts.
 
 The forwarder asks a key's policy once per delivery; the memo must neither slow a key never
 seen for long (a key per job) nor hold more than its bound (docs/benchmarks.md, "One call
-fewer per claim").
+fewer per claim"). Each rule's test, made once (a ``PREFIX*`` rule a ``startswith``), must
+match as ``fnmatchcase`` does, the first rule that matches winning (docs/forwarder.md, "Limits
+per key"; docs/benchmarks.md, "The limits' Python per job").
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import pickle
 import sys
 from collections.abc import Mapping
@@ -15,8 +18,11 @@ from collections.abc import Mapping
 import pytest
 from hybridq.forwarder.keylimits import KeyLimits
 from hybridq.protocol import keylimits
-from hybridq.protocol.keylimits import Limit, parse_limits
+from hybridq.protocol.keylimits import Limit, Limits, parse_limit, parse_limits
+from hybridq.transport import rq_limits
 from hybridq.transport.base import KeyUse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture
@@ -133,3 +139,170 @@ def test_room_asks_the_policy_only_of_a_key_never_read(monkeypatch: pytest.Monke
     assert asked == [], "a key with a room is limited: its policy is not looked up again"
     state = gate.states()[0]
     assert (state.key, state.policy, state.room, state.blocked_since) == ("k:1", "concurrency:2", 2, None)
+
+
+# -- the rules' tests against fnmatchcase ---------------------------------------------------
+
+#: Pattern, key, whether the pattern matches: ``[..]*``, ``?..*`` and ``*..*`` are not prefixes
+#: (matched as a prefix, ``tenant:[12]*`` would limit no ``tenant:1`` key); a backslash is no
+#: escape in fnmatch; case counts.
+MATCHES = [
+    ("tenant:[12]*", "tenant:1x", True),
+    ("tenant:[12]*", "tenant:2", True),
+    ("tenant:[12]*", "tenant:3", False),
+    ("tenant:[12]*", "tenant:[12]x", False),
+    ("[!a]*", "b:1", True),
+    ("[!a]*", "a:1", False),
+    ("[!a]*", "[!a]", True),
+    ("[]]*", "]x", True),
+    ("[]]*", "[]]x", False),
+    ("[*", "[x", True),  # an unclosed bracket is a literal [
+    ("t?n:*", "tan:1", True),
+    ("t?n:*", "t?n:1", True),
+    ("t?n:*", "tn:1", False),
+    ("a*b*", "axxb", True),
+    ("a*b*", "ab", True),
+    ("a*b*", "a*b", True),
+    ("a*b*", "ax", False),
+    ("*:x", "q:x", True),
+    ("*:x", "q:xy", False),
+    ("a**", "a", True),
+    ("exact", "exact", True),
+    ("exact", "exactly", False),
+    ("exact", "Exact", False),
+    ("A*", "a", False),
+    ("a]*", "a]b", True),
+    ("a\\*", "a\\x", True),
+    ("a\\*", "a*", False),
+    ("a\\?*", "a\\?", True),
+    ("a\\?*", "ax", False),
+    ("*", "anything", True),
+]
+
+
+def _copies(limits: Limits) -> list[Limits]:
+    """``limits`` and its pickled and copied selves (each makes its rules' tests again)."""
+    return [limits, pickle.loads(pickle.dumps(limits)), copy.deepcopy(limits), copy.copy(limits)]
+
+
+@pytest.mark.parametrize(("pattern", "key", "matches"), MATCHES)
+def test_a_rule_matches_a_key_as_fnmatchcase_does(pattern: str, key: str, matches: bool) -> None:
+    assert fnmatch.fnmatchcase(key, pattern) is matches  # (the table itself)
+    for limits in _copies(Limits(((pattern, Limit(1)),))):
+        for _ in range(2):  # new, then from the memo
+            assert (limits.of(key) is not None) is matches, (pattern, key)
+
+
+@pytest.mark.parametrize(
+    ("rules", "key", "winner"),
+    [
+        (["tenant:[12]*", "tenant:*"], "tenant:1", 0),
+        (["tenant:[12]*", "tenant:*"], "tenant:3", 1),
+        (["t?n:*", "tan:*"], "tan:1", 0),
+        (["tan:*", "t?n:*"], "tan:1", 0),
+        (["a*b*", "a*"], "ab", 0),
+        (["exact", "ex*"], "exact", 0),
+        (["ex*", "exact"], "exact", 0),
+        (["[!a]*", "b*"], "b", 0),
+        (["z*", "*"], "b", 1),
+    ],
+)
+def test_the_first_rule_that_matches_wins_whatever_its_kind(rules: list[str], key: str, winner: int) -> None:
+    given_limits = Limits(tuple((p, Limit(i + 1)) for i, p in enumerate(rules)))
+    for limits in _copies(given_limits):
+        assert limits.of(key) == Limit(winner + 1), (rules, key)
+
+
+_ALPHABET = "ab:*?[]!-\\^A."
+
+
+def _first(rules: tuple[tuple[str, Limit], ...], key: str) -> Limit | None:
+    return next((limit for pattern, limit in rules if fnmatch.fnmatchcase(key, pattern)), None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.text(_ALPHABET, min_size=1, max_size=8), min_size=1, max_size=4, unique=True),
+    st.lists(st.text(_ALPHABET + "B", min_size=1, max_size=10), min_size=1, max_size=6),
+)
+def test_of_is_the_first_rule_fnmatchcase_matches(patterns: list[str], keys: list[str]) -> None:
+    rules = tuple((p, Limit(i + 1)) for i, p in enumerate(patterns))
+    for limits in _copies(Limits(rules)):
+        for key in keys + keys:  # new, then from the memo
+            assert limits.of(key) == _first(rules, key), (patterns, key)
+
+
+# -- the gate takes each key's own policy ---------------------------------------------------
+
+
+class _Extra(_Counting):
+    """Answers the keys asked and also ``extra``, never asked (a transport may read more)."""
+
+    def __init__(self, extra: dict[str, KeyUse]) -> None:
+        super().__init__()
+        self.extra = extra
+
+    def key_use(
+        self, periods: Mapping[str, int], added: Mapping[str, int], *, lease_s: float
+    ) -> dict[str, KeyUse]:
+        return {**super().key_use(periods, added, lease_s=lease_s), **self.extra}
+
+
+@pytest.mark.parametrize("how", ["look", "prefetch"])
+def test_a_key_answered_unasked_takes_its_own_policy(how: str) -> None:
+    limits = parse_limits(["vip:*=concurrency:5", "k:*=concurrency:3,rate:4/s", "held:*=concurrency:1"])
+    extra = {"k:2": KeyUse(1, 0, 0, 0.0), "held:1": KeyUse(1, 0, 0, 0.0), "free": KeyUse(7, 0, 0, 0.0)}
+    transport = _Extra(extra)
+    gate = KeyLimits(limits, transport, lease_s=2.0)  # type: ignore[arg-type]
+    if how == "look":
+        assert gate.room("vip:1") == 0
+        gate.look()
+    else:
+        gate.prefetch(["vip:1"])
+    assert transport.asked == [["vip:1"]]
+    assert gate.room("vip:1") == 5
+    assert gate.room("k:2") == 2, "its own concurrency:3 less its one running (not unlimited)"
+    assert gate.room("held:1") == 0, "its own concurrency:1 is held"
+    assert gate.room("free") == sys.maxsize, "a key no pattern matches is not limited"
+    states = {s.key: (s.policy, s.room, s.blocked_since is None) for s in gate.states()}
+    assert states["k:2"] == ("concurrency:3,rate:4/s", 2, True)
+    assert states["held:1"] == ("concurrency:1", 0, False)
+    assert states["free"][0] == ""
+    assert transport.asked == [["vip:1"]], "no read more: the answers unasked were taken"
+
+
+# -- the named tuples made by tuple.__new__ -------------------------------------------------
+
+
+def test_the_limits_read_makes_each_key_use_in_its_fields_order() -> None:
+    assert KeyUse._fields == ("running", "queued", "started", "quarantine_s")
+
+    def script(keys: list[str], args: list[object]) -> list[int]:
+        return [1, 2, 3, 4000, 5, 6, 7, 0]
+
+    uses = rq_limits.key_use(script, 2.0, {"a": 1000, "b": 0}, {})
+    assert uses == {"a": KeyUse(1, 2, 3, 4.0), "b": KeyUse(5, 6, 7, 0.0)}
+    a = uses["a"]
+    assert (a.running, a.queued, a.started, a.quarantine_s) == (1, 2, 3, 4.0)
+    assert type(a) is KeyUse
+
+
+# -- a policy's text, as --limit reads it back ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["concurrency:2", "rate:10/s", "rate:5/m", "rate:1/h", "concurrency:3,rate:7/s", "concurrency:999999999"],
+)
+def test_a_policys_text_is_read_back_by_limit(spec: str) -> None:
+    limit = parse_limit(spec)
+    assert limit.text() == spec
+    assert parse_limit(limit.text()) == limit
+
+
+@pytest.mark.parametrize("period_ms", [0, 1, 1234, 86_400_000])
+def test_a_rate_over_a_period_limit_cannot_write_is_refused_in_one_line(period_ms: int) -> None:
+    with pytest.raises(ValueError, match=r"bad limit period .* 1000, 60000 or 3600000") as info:
+        Limit(2, 5, period_ms)
+    assert "\n" not in str(info.value)
+    assert Limit(2, 0, 1234).text() == "concurrency:2", "without a rate the period is not read"

@@ -119,5 +119,19 @@ def test_the_gate_answers_as_on_main(clock: list[float]) -> None:
     assert _digest(logs) == GATE_DIGEST
 
 
+def test_the_gates_key_states_are_made_in_their_fields_order(clock: list[float]) -> None:
+    """The gate makes a ``KeyState`` by ``tuple.__new__`` (no arity check): in this order only."""
+    assert keylimits.KeyState._fields == FIELDS
+    kind, states = gate_log(3, clock)[-1]
+    assert kind == "states"
+    assert states
+    for state in states:
+        key, policy, running, queued, started, quarantine_s, room, blocked_since, at = state
+        assert all(isinstance(s, str) for s in (key, policy))
+        assert all(isinstance(n, int) for n in (running, queued, started, room))
+        assert all(isinstance(f, float) for f in (quarantine_s, at))
+        assert (blocked_since is None) == (room > 0)
+
+
 def test_the_push_makes_the_same_calls_as_on_main() -> None:
     assert _digest([push_log(seed) for seed in range(300)]) == PUSH_DIGEST
