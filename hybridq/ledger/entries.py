@@ -52,6 +52,11 @@ from hybridq.protocol import CompletionEvent, EntryKind, Outcome
 #: A journal segment, as an entry's ``loc`` names it: (writer id, segment index).
 Seg = tuple[str, int]
 _encode = json.JSONEncoder(separators=(",", ":")).encode
+#: Members read per harvested event, as module constants (Python 3.11 reads one from its class
+#: through ``EnumType``'s ``__getattr__`` hook, about 900 instructions; docs/benchmarks.md, "The
+#: forwarder's writes per job, again").
+_SUCCEEDED = Outcome.SUCCEEDED
+_DONE, _RETRY = EntryKind.DONE, EntryKind.RETRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +226,9 @@ def parse_event(event_id: str, body: Mapping[str, Any] | None, clock: Callable[[
     # The event's checked fields, not the event itself: one per harvested event.
     (job_id, loc, queue, outcome, final, retry_delay, attempt, dup, error, at, later, later_since,
      result, result_kept, result_bytes, started, worker, gen) = CompletionEvent.checked(body)  # fmt: skip
-    terminal = outcome == Outcome.SUCCEEDED or final  # CompletionEvent.terminal
+    terminal = outcome == _SUCCEEDED or final  # CompletionEvent.terminal
     return Entry(
-        EntryKind.DONE if terminal else EntryKind.RETRY,
+        _DONE if terminal else _RETRY,
         job_id,
         loc,
         outcome=outcome if terminal else None,

@@ -32,6 +32,13 @@ _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 _SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
 _SUCCEEDED = _SHARED["succeeded"]
 #: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
+#: Entry kinds compared on every entry folded, as module constants: on Python 3.11 a member read
+#: from its class goes through ``EnumType``'s ``__getattr__`` hook, about 900 instructions
+#: (docs/benchmarks.md, "The forwarder's writes per job, again").
+_DONE, _RETRY, _LOST = EntryKind.DONE, EntryKind.RETRY, EntryKind.LOST
+_REQUEUED, _KEY = EntryKind.REQUEUED, EntryKind.KEY
+_DUPLICATE, _CANCEL = EntryKind.DUPLICATE, EntryKind.CANCEL
+
 _LOC_OF = attrgetter("loc")
 _SEG_OF = itemgetter(0, 1)
 
@@ -113,16 +120,16 @@ class LedgerIndex:
             if entry.event_id in seen:
                 return False
             seen.add(entry.event_id)
-        if entry.kind == EntryKind.REQUEUED:
+        if entry.kind == _REQUEUED:
             self.failed.requeue(loc)
             return True
-        if entry.kind == EntryKind.KEY:
+        if entry.kind == _KEY:
             return self._own_key(entry)
-        if entry.kind == EntryKind.DUPLICATE:
+        if entry.kind == _DUPLICATE:
             if self.is_terminal(loc):
                 return False
             return self.duplicates.add(entry, raw)
-        if entry.kind == EntryKind.CANCEL:
+        if entry.kind == _CANCEL:
             if self.is_terminal(loc) or loc in self.cancels:
                 return False
             self.cancels[loc] = entry
@@ -130,7 +137,7 @@ class LedgerIndex:
         if entry.dup:
             self.dups[seg] = self.dups.get(seg, 0) + 1
             self.totals["dups"] += 1
-        if entry.kind == EntryKind.DONE:
+        if entry.kind == _DONE:
             done = self.terminal.get(seg)
             if done is None:
                 done = self.terminal[seg] = SegmentOutcomes()
@@ -167,7 +174,7 @@ class LedgerIndex:
             return True
         if self.is_terminal(loc):
             return False
-        if entry.kind == EntryKind.RETRY:
+        if entry.kind == _RETRY:
             known = self.retries.get(loc)
             if known is None or entry.attempt > known[1]:
                 self.retries[loc] = (float(entry.run_at or 0.0), entry.attempt)
@@ -175,7 +182,7 @@ class LedgerIndex:
                 count, since = self.later.get(loc, (0, float(entry.later_since or 0.0)))
                 self.later[loc] = (max(count, entry.later), min(since, float(entry.later_since or since)))
             return True
-        if entry.kind == EntryKind.LOST:
+        if entry.kind == _LOST:
             attempt, times = self.lost.get(loc, (0, 0))
             self.lost[loc] = (max(attempt, entry.attempt), times + 1)
             return True
@@ -206,7 +213,7 @@ class LedgerIndex:
         succeeded: set[Loc] = set()
         out = list(entries)
         for i, e in enumerate(out):
-            if e.kind != EntryKind.DONE:
+            if e.kind != _DONE:
                 continue
             loc = e.loc
             if e.outcome == "failed":
@@ -243,14 +250,14 @@ class LedgerIndex:
         success outranks a failure"), and a finished job's key (its window).
         """
         kind = entry.kind
-        if kind == EntryKind.DONE:
+        if kind == _DONE:
             if entry.outcome == "failed" and entry.dup_of is None and entry.under is None:
                 self.failed.setdefault(entry.loc, entry)
             elif entry.over is not None and entry.outcome == _SUCCEEDED:  # a dup's too, as apply ranks it
                 self.failed.outrank(entry.loc)
-        elif kind == EntryKind.REQUEUED:
+        elif kind == _REQUEUED:
             self.failed.requeue(entry.loc)
-        elif kind == EntryKind.KEY:
+        elif kind == _KEY:
             self.apply(entry)
 
     def apply_succeeded(self, loc: Loc) -> bool:
