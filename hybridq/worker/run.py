@@ -55,6 +55,12 @@ from hybridq.worker.refusal import is_limit_refusal, send_refusal
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
+#: Members read per run, as module constants (Python 3.11 reads one from its class through
+#: ``EnumType``'s ``__getattr__`` hook, about 900 instructions; docs/benchmarks.md, "The
+#: forwarder's writes per job, again").
+_SUCCEEDED, _FAILED = Outcome.SUCCEEDED, Outcome.FAILED
+_SUPERSEDED, _KEPT = FinishReply.SUPERSEDED, FinishReply.KEPT
+
 __all__ = [
     "BUSY",
     "BUSY_POLL_S",
@@ -154,7 +160,7 @@ def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Except
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
     final = error is None or d.job_attempt >= env.max_attempts or isinstance(error, RetryLaterExpired)
     value, run.result_json = jsonable(value, env)
-    kind, error_text = (Outcome.SUCCEEDED, None) if error is None else (Outcome.FAILED, format_error(error))
+    kind, error_text = (_SUCCEEDED, None) if error is None else (_FAILED, format_error(error))
     # token: tells a retried outcome script that its first try got through.
     fields = (kind, value, error_text, env.id, d.attempt, env.requeue, final, time.time(), run.token)
     if later is None and not isinstance(error, Cancelled):  # most runs: only the JSON is needed
@@ -386,13 +392,13 @@ def release_all(runs: list[Run], *, freed: bool = False) -> None:
 
 def finished(run: Run, kept: int) -> None:
     """Log what the outcome script found (its reply)."""
-    if kept == FinishReply.SUPERSEDED:
+    if kept == _SUPERSEDED:
         # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
         # or this run lost its lease and the job was delivered again: the success stands.
         log.info(
             "job %s: a later attempt already succeeded; this run's outcome is superseded", run.d.envelope.id
         )
-    elif kept == FinishReply.KEPT:
+    elif kept == _KEPT:
         log.warning(
             "job %s: its key already had a stored success (this run had lost its lease): "
             "the task ran twice for one key",
