@@ -55,11 +55,9 @@ from hybridq.worker.refusal import is_limit_refusal, send_refusal
 from hybridq.worker.scripts import CALL_TIMEOUT_S, FINISH_PATIENCE_S
 from hybridq.worker.values import MAX_ERROR_CHARS, call, format_error, jsonable
 
-#: Members read per run, as module constants (Python 3.11 reads one from its class through
-#: ``EnumType``'s ``__getattr__`` hook, about 900 instructions; docs/benchmarks.md, "The
-#: forwarder's writes per job, again").
-_SUCCEEDED, _FAILED = Outcome.SUCCEEDED, Outcome.FAILED
-_SUPERSEDED, _KEPT = FinishReply.SUPERSEDED, FinishReply.KEPT
+#: Read per run as constants: a member read from its class costs ~900 instructions (docs/benchmarks.md).
+_SUCCEEDED, _FAILED, _SUPERSEDED = Outcome.SUCCEEDED, Outcome.FAILED, FinishReply.SUPERSEDED
+_KEPT = FinishReply.KEPT
 
 __all__ = [
     "BUSY",
@@ -152,9 +150,8 @@ def begin(conn: redis.Redis, run: Run) -> contextvars.Token[CurrentJob | None]:
 def conclude(run: Run, value: Any, error: Exception | None) -> tuple[Any, Exception | None]:
     """Make ``run``'s outcome script (into ``run.finish``) for what its task returned or raised."""
     d, env = run.d, run.d.envelope
-    # The lease is renewed until the outcome is stored or given up (release): were it to lapse
-    # while the outcome call fails, another delivery would run the finished task again. The
-    # deadline ends the renewals even if nothing releases them.
+    # The lease is renewed until the outcome is stored or given up (release): were it to lapse while
+    # the outcome call fails, the finished task would run again. The deadline ends the renewals.
     if run.renewal is not None and not run.deferred_end:
         run.renewal.until = time.monotonic() + FINISH_PATIENCE_S + 2 * CALL_TIMEOUT_S
     error, later = resolve(d, error, time.time())  # a RetryLater in time is no error (logged): a wait
@@ -206,8 +203,8 @@ def claim(conn: redis.Redis, run: Run, poll: Callable[[], bool] | None = None) -
         if status == ClaimStatus.SUPPRESSED:
             return suppressed(conn, d, json.loads(stored))
         if status == ClaimStatus.STALE:
-            # An old copy of an attempt that already failed. Its event may be what got lost (the
-            # reason this copy exists): report that outcome again, or the retry never happens.
+            # An old copy of an attempt that failed; its event may be what got lost (why this copy
+            # exists): report that outcome again, or the retry never happens.
             failure = json.loads(stored)
             later = failure.get("outcome") == Outcome.LATER  # not a failure: RQ records it finished
             what = "said RetryLater" if later else "ran and failed"
@@ -272,8 +269,7 @@ class Run:
     error_text: str | None = None
     #: The JSON text of what the task returned, once it did (made once, for every record of it).
     result_json: str | None = None
-    #: A pool worker ends the run in a batch, later, and always releases it then: the lease is
-    #: renewed until that release, however long the batch waits.
+    #: A pool worker ends the run in a batch, later, and releases it then (renewed until then).
     deferred_end: bool = False
     #: When the task started (wall clock): the completion event reports it.
     started: float | None = None
@@ -294,8 +290,7 @@ class Run:
             d.attempt,
             d.gen,
         ]
-        # A started event (not for a quick task). A limited run's refused one is made only
-        # when its claim is refused (hybridq.worker.refusal).
+        # A started event (not for a quick task); a limited run's refused one: worker.refusal.
         if d.report_start and not quick.is_quick(env.func):
             claim_keys.append(keys.events(d.owner))
             claim_args.append(signed_started(d.owner, StartedEvent.of(d, time.time())))
@@ -393,8 +388,7 @@ def release_all(runs: list[Run], *, freed: bool = False) -> None:
 def finished(run: Run, kept: int) -> None:
     """Log what the outcome script found (its reply)."""
     if kept == _SUPERSEDED:
-        # Its outcome was recorded (and the next attempt ran) while this run's reply was lost,
-        # or this run lost its lease and the job was delivered again: the success stands.
+        # Recorded (and the next attempt ran) while this reply was lost, or redelivered: the success stands.
         log.info(
             "job %s: a later attempt already succeeded; this run's outcome is superseded", run.d.envelope.id
         )
