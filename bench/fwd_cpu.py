@@ -17,6 +17,10 @@ cProfile of the steps.
       -n 2000 --repeat 1 --callgrind
   grep '^totals:' cg.<pid>-01        # the main thread's: the steps alone
 
+``--keys K`` names a limit key per job (``k:<i % K>``); ``--limit POLICY`` gives the forwarder
+``k:*=POLICY`` (its key gate, the policy each delivery carries, the push's queued counts; issue
+30: the forwarder's Python per limited job against the same jobs with no ``--limit``).
+
 Compare trees by running this file with ``PYTHONPATH`` at each tree, alternating. Read the
 main thread's count: valgrind's own total adds the threads that check files in the background
 (the lookup index's integrity check, the ledger's), whose share varies by a percent or more
@@ -48,6 +52,9 @@ from hybridq.worker.engine import Engine
 from pool_inline import run_inline
 
 QUEUE, TASK = "fc", "fwd_cpu.noop"
+#: The limited variant (``--keys``, ``--limit``): a limit key per job, and the forwarder's policy.
+KEYS: int = 0
+LIMIT: str | None = None
 os.environ.setdefault("HYBRIDQ_ALLOW", "fwd_cpu")
 
 
@@ -90,16 +97,24 @@ def one(
 ) -> tuple[float, int]:
     """CPU seconds of the forwarder's steps over ``n`` jobs, and the steps."""
     server.flushall()
+    c = server.client()
+    c.set(keys.LIMITS_EPOCH, f"1:{c.info('server')['run_id']}")  # the limits began long ago: no quarantine
+    c.close()
     with tempfile.TemporaryDirectory(prefix="fwd-cpu-") as d:
         journal = os.path.join(d, "journal")
         q = Queue(QUEUE, journal)
         try:
             for first in range(0, n, 500):
-                q.enqueue_many([q.prepare(TASK) for _ in range(first, min(n, first + 500))])
+                q.enqueue_many(
+                    [
+                        q.prepare(TASK, limit_key=f"k:{i % KEYS}" if KEYS else None)
+                        for i in range(first, min(n, first + 500))
+                    ]
+                )
         finally:
             shared_writer(q.journal, q.durability).close()
         transport = RQTransport(server.url)
-        fwd = Forwarder(journal, transport)
+        fwd = Forwarder(journal, transport, limits=[f"k:*={LIMIT}"] if LIMIT else None)
         c = server.client()
         cpu, steps = 0.0, 0
         # The forwarder's timers (the memory sample, the pushed list's flush, the reconcile pass,
@@ -157,7 +172,13 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--callgrind", action="store_true", help="under valgrind --instr-atstart=no: count the steps only"
     )
+    p.add_argument("--keys", type=int, default=0, help="a limit key per job, k:<i %% KEYS> (0: none)")
+    p.add_argument("--limit", default=None, help="the forwarder's policy of every k:* key (needs --keys)")
     a = p.parse_args(argv)
+    global KEYS, LIMIT
+    KEYS, LIMIT = a.keys, a.limit
+    if LIMIT and not KEYS:
+        p.error("--limit needs --keys")
     with tempfile.TemporaryDirectory(prefix="fwd-cpu-") as d, RedisServer(directory=d) as server:
         one(server, 300, a.take, None)  # warm: imports, scripts loaded
         if a.profile:

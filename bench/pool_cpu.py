@@ -12,6 +12,11 @@ there: the pool's child sends its leases to it as it starts each batch; here the
 
   PYTHONPATH=. .venv/bin/python bench/pool_cpu.py -n 4000 --repeat 3
   PYTHONPATH=. .venv/bin/python bench/pool_cpu.py -n 4000 --profile   # cProfile, every thread
+  PYTHONPATH=. .venv/bin/python bench/pool_cpu.py -n 2000 --keys 2000 --limit concurrency:1000000
+
+``--keys K`` names a limit key per job (``k:<i % K>``); with ``--limit POLICY`` each delivery
+carries that policy as the forwarder makes it (``Limit.wire``, the token's ``#L``) and the push
+adds it to its key's queued count (issue 30: the worker's Python per limited job).
 
 Compare trees by running this file with ``PYTHONPATH`` at each tree, alternating.
 """
@@ -32,6 +37,7 @@ from typing import Any
 
 from hybridq.envelope.model import Envelope, new_job_id
 from hybridq.protocol import Delivery, keys
+from hybridq.protocol.keylimits import Limit, parse_limit
 from hybridq.testing.embedded import RedisServer
 from hybridq.transport.rq import RQTransport
 from hybridq.worker import runner as runner_mod
@@ -48,17 +54,36 @@ def noop() -> None:
     """The task: nothing."""
 
 
+#: The limited variant (``--keys``, ``--limit``): a limit key per job, and the policy its delivery carries.
+KEYS: int = 0
+LIMIT: Limit | None = None
+
+
 def fill(url: str, n: int) -> None:
     transport = RQTransport(url)
     try:
         now = time.time()
         envs = [
-            Envelope(id=j, func=TASK, queue=QUEUE, idempotency_key=j, created_at=now)
-            for j in (new_job_id(now) for _ in range(n))
+            Envelope(
+                id=j,
+                func=TASK,
+                queue=QUEUE,
+                idempotency_key=j,
+                created_at=now,
+                limit_key=f"k:{i % KEYS}" if KEYS else None,
+            )
+            for i, j in enumerate(new_job_id(now) for _ in range(n))
         ]
+
+        def wire(e: Envelope) -> str | None:
+            return LIMIT.wire(e.limit_key) if LIMIT is not None and e.limit_key is not None else None
+
         for s in range(0, n, 100):
             transport.push(
-                [Delivery(e, OWNER, ("pc", 0, s + i), lease_s=60.0) for i, e in enumerate(envs[s : s + 100])]
+                [
+                    Delivery(e, OWNER, ("pc", 0, s + i), lease_s=60.0, limit=wire(e))
+                    for i, e in enumerate(envs[s : s + 100])
+                ]
             )
     finally:
         transport.close()
@@ -82,7 +107,9 @@ def one(
     """CPU seconds of one engine burst over ``n`` pushed no-op jobs."""
     server.flushall()
     c = server.client()
-    c.set(keys.epoch(OWNER), f"0:{c.info('server')['run_id']}:x")
+    run_id = c.info("server")["run_id"]
+    c.set(keys.epoch(OWNER), f"0:{run_id}:x")
+    c.set(keys.LIMITS_EPOCH, f"1:{run_id}")  # the limits' state began long ago: no quarantine
     fill(server.url, n)
     engine = Engine(server.url, [QUEUE], threads=threads, async_concurrency=100, burst=True)
     gc.collect()
@@ -132,8 +159,14 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="run the jobs in the engine's thread, 8 a turn, no clocks (deterministic: for --callgrind)",
     )
+    p.add_argument("--keys", type=int, default=0, help="a limit key per job, k:<i %% KEYS> (0: none)")
+    p.add_argument("--limit", default=None, help="the policy every key's delivery carries (needs --keys)")
     p.add_argument("-v", "--verbose", action="store_true", help="also each run's user and system CPU")
     a = p.parse_args(argv)
+    global KEYS, LIMIT
+    KEYS, LIMIT = a.keys, parse_limit(a.limit) if a.limit else None
+    if LIMIT is not None and not KEYS:
+        p.error("--limit needs --keys")
     pace_pool_process()
     with tempfile.TemporaryDirectory(prefix="pool-cpu-") as d, RedisServer(directory=d) as server:
         one(server, 200, a.threads, None)  # warm: imports, scripts loaded

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import math
 import sys
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 
 from hybridq.errors import TransportError
 from hybridq.protocol.keylimits import Limit, Limits
-from hybridq.transport.base import KeyUse, Transport
+from hybridq.transport.base import Transport
 
 __all__ = ["LOOK_MAX", "KeyLimits", "KeyState"]
 
@@ -96,7 +97,6 @@ class KeyLimits:
         #: A key's policy: the globs matched once per key, in the policies' own memo (one memo of
         #: each key for the gate and the deliveries; docs/benchmarks.md, "One call fewer per claim").
         self._policy = limits.of
-        self._texts: dict[Limit, str] = {}  # each policy's text, made once (not once per key)
         self._asked: dict[str, None] = {}
         self._added: collections.Counter[str] = collections.Counter()
         self._seen: dict[str, KeyState] = {}
@@ -130,9 +130,10 @@ class KeyLimits:
         room, at, read = entry
         if room <= 0:
             self._asked[key] = None  # read at the next look
-        elif (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
+            return 0
+        if (age := time.monotonic() - at) > FRESH_S and (2 * room < read or age > TRUST_S):
             self._asked[key] = None
-        return max(0, room)
+        return room
 
     def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
         """``n`` jobs of ``key`` were queued: less room until the next look says otherwise.
@@ -163,11 +164,17 @@ class KeyLimits:
         """
         if not self.limits or self._open:
             return
-        names = [k for k in dict.fromkeys(keys) if k not in self._room and self._policy(k) is not None]
-        if not names:
+        room, policy = self._room, self._policy
+        policies: dict[str, Limit | None] = {}
+        for k in keys:
+            if k not in room and k not in policies and (limit := policy(k)) is not None:
+                policies[k] = limit
+        if not policies:
             return
+        if len(policies) > LOOK_MAX:  # (the rest wait for the next look)
+            policies = dict(itertools.islice(policies.items(), LOOK_MAX))
         try:
-            self._changed |= self._read(names[:LOOK_MAX])
+            self._changed |= self._read(policies)
         except TransportError as exc:
             log.debug("cannot read the limits' use: %s", exc)
 
@@ -191,79 +198,86 @@ class KeyLimits:
         if not self.limits or self._open or (self._looked and not (self._asked or self._added)):
             changed = self._changed
         else:
-            changed = self._read(list(self._asked)[:LOOK_MAX]) or self._changed
+            policy = self._policy
+            names = list(self._asked)[:LOOK_MAX]
+            changed = self._read({key: policy(key) for key in names}) or self._changed
         self._changed = False
         if not changed and self._new:  # new keys: shown a second late at most
             changed = self._figures is None or time.monotonic() - self._figures[1] > FRESH_S
         return changed
 
-    def _read(self, names: list[str]) -> bool:
-        """Read ``names`` and add what was pushed to every key, in one call; whether figures changed."""
+    def _read(self, policies: dict[str, Limit | None]) -> bool:
+        """Read ``policies``' keys, add what was pushed to every key, in one call; whether figures changed.
+
+        Each key's policy is looked up once, by the caller; one pass per key read, no call per
+        key: with a key per tenant each key is read once or twice, and the policy's second
+        lookup, a ``_free`` and a ``_note`` call and a frozen-policy hash per key were most of
+        the gate's Python (docs/benchmarks.md, "The limits' Python per job").
+        """
         self._looked = True  # the first read starts the limits' epoch on a new Redis at once
         # The keys pushed to are only added to: their room is counted down here until asked again.
-        periods = {}
-        for key in names:
-            limit = self._policy(key)
-            periods[key] = limit.period_ms if limit is not None else 0
+        periods = {key: limit.period_ms if limit is not None else 0 for key, limit in policies.items()}
         uses = self.transport.key_use(periods, dict(self._added), lease_s=self.lease_s)
         self._added.clear()
         if uses is None:
             self._open = True
             log.info("the transport cannot report the limits' use: the workers' claims alone enforce them")
             return False
-        for key in names:
-            self._asked.pop(key, None)
+        asked = self._asked
+        if asked:  # (a prefetch's keys were never asked: nothing to drop, most reads)
+            for key in policies:
+                asked.pop(key, None)
         now, mono = time.time(), time.monotonic()
         if len(self._room) > 4 * LOOK_MAX:  # keys not read for a while go (asked again, they are read)
             self._room = {k: v for k, v in self._room.items() if mono - v[1] <= 2 * TRUST_S}
-        changed = False
+        changed = new = False
+        rooms, seen = self._room, self._seen
         for key, use in uses.items():
-            limit = self._policy(key)
-            free = self._free(limit, use)
-            self._room[key] = (free, mono, free)
-            changed |= self._note(key, limit, use, now)
+            limit = policies.get(key) or self._policy(key)  # (a transport's extra key: its own)
+            # The room the read gives (what ``_free`` was): 0 in a quarantine.
+            if limit is None:
+                free = sys.maxsize
+            elif use.quarantine_s > 0:
+                free = 0
+            else:
+                free = sys.maxsize
+                if limit.concurrency:
+                    free = limit.concurrency - use.running - use.queued
+                if limit.rate:
+                    free = min(free, limit.rate - use.started - use.queued)
+                if free < 0:  # noqa: PLR1730 (not max(): a call per key)
+                    free = 0
+            rooms[key] = (free, mono, free)
+            # What the look saw of the key (what ``_note`` was): re-inserted last, so the dict
+            # stays in look order.
+            before = seen.pop(key, None)
+            if before is None:
+                blocked = None if free > 0 else now
+                policy = "" if limit is None else limit.text()
+            else:
+                blocked = None if free > 0 else (before.blocked_since or now)
+                policy = before.policy
+            # (tuple.__new__: the named tuple's own __new__ is a Python frame, one per key read)
+            seen[key] = _state(
+                KeyState,
+                (key, policy, use.running, use.queued, use.started, use.quarantine_s, free, blocked, now),
+            )
+            # Only a key held or freed (or new and held) is news for the snapshot: counts move
+            # at every step; a new key with room is shown within FRESH_S (:meth:`look`).
+            if before is None:
+                if blocked is None:
+                    new = True
+                else:
+                    changed = True
+            elif (before.blocked_since is None) != (blocked is None):
+                changed = True
+        while len(seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest look first
+            del seen[next(iter(seen))]
+        if new:
+            self._new = True
         if changed:
             self._figures = None
         return changed
-
-    def _free(self, limit: Limit | None, use: KeyUse) -> int:
-        if limit is None:
-            return sys.maxsize
-        if use.quarantine_s > 0:
-            return 0
-        free = sys.maxsize
-        if limit.concurrency:
-            free = limit.concurrency - use.running - use.queued
-        if limit.rate:
-            free = min(free, limit.rate - use.started - use.queued)
-        return max(0, free)
-
-    def _note(self, key: str, limit: Limit | None, use: KeyUse, now: float) -> bool:
-        """Keep what the look saw of ``key``; whether it changed."""
-        before = self._seen.pop(key, None)  # (re-inserted last: the dict stays in look order)
-        room = self._room[key][0]
-        blocked = None if room > 0 else (before.blocked_since if before and before.blocked_since else now)
-        policy = before.policy if before is not None else self._text(limit)
-        state = KeyState(
-            key, policy, use.running, use.queued, use.started, use.quarantine_s, room, blocked, now
-        )
-        self._seen[key] = state
-        while len(self._seen) > 4 * LOOK_MAX:  # keys no longer asked about go, oldest look first
-            del self._seen[next(iter(self._seen))]
-        # Only a key held or freed (or new and held) is news for the snapshot: counts move at
-        # every step; a new key with room is shown within FRESH_S (:meth:`look`).
-        if before is None and blocked is None:
-            self._new = True
-            return False
-        return (before is None) or (before.blocked_since is None) != (blocked is None)
-
-    def _text(self, limit: Limit | None) -> str:
-        if limit is None:
-            return ""
-        text = self._texts.get(limit)
-        if text is None:
-            text = self._texts[limit] = limit.text()
-        return text
 
     def figures(self) -> dict[str, dict[str, Any]]:
         """Up to :data:`FIGURES_MAX` keys read within :data:`SEEN_S`, held longest first (any thread).
@@ -314,6 +328,7 @@ class KeyLimits:
 
 
 _running = attrgetter("running")
+_state = tuple.__new__
 
 
 def _held_order(state: KeyState) -> tuple[float, int]:

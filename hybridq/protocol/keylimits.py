@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,9 +47,18 @@ class Limit:
     #: f-string of three numbers cost 0.18 us a key against 0.05 for this concatenation, with
     #: no memo per key (docs/benchmarks.md, "One call fewer per claim").
     _head: str = field(init=False, repr=False, compare=False)
+    #: :meth:`text`, made once: the forwarder's key gate shows it for each key it reads, and a
+    #: memo by policy hashed the policy (a Python ``__hash__``) per key (docs/benchmarks.md,
+    #: "The limits' Python per job").
+    _text: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_head", f"{self.concurrency},{self.rate},{self.period_ms},")
+        parts = [f"concurrency:{self.concurrency}"] if self.concurrency else []
+        if self.rate:
+            unit = next((u for u, ms in PERIODS.items() if ms == self.period_ms), None)
+            parts.append(f"rate:{self.rate}/{unit}" if unit else f"rate:{self.rate}/{self.period_ms}ms")
+        object.__setattr__(self, "_text", ",".join(parts))
 
     def wire(self, key: str) -> str:
         """The policy of ``key`` as a delivery carries it (the claim script parses it)."""
@@ -57,11 +66,7 @@ class Limit:
 
     def text(self) -> str:
         """The policy as an operator writes it (``concurrency:2,rate:10/s``)."""
-        parts = [f"concurrency:{self.concurrency}"] if self.concurrency else []
-        if self.rate:
-            unit = next(u for u, ms in PERIODS.items() if ms == self.period_ms)
-            parts.append(f"rate:{self.rate}/{unit}")
-        return ",".join(parts)
+        return self._text
 
 
 def parse_limit(spec: str) -> Limit:
@@ -96,6 +101,15 @@ class Limits:
     #: before costs 0.1 and a new key 0.2 more than without it (docs/benchmarks.md, "One call
     #: fewer per claim"). Not compared, not shown, not pickled.
     _of: dict[str, Limit | None] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: Each rule's test, made once (:func:`_matchers`): a key first seen is matched without
+    #: ``fnmatchcase``'s Python call and pattern cache per rule (docs/benchmarks.md, "The
+    #: limits' Python per job"). Not compared, not shown, not pickled.
+    _match: tuple[tuple[str, Callable[[str], object] | None, Limit], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_match", _matchers(self.rules))
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -110,6 +124,7 @@ class Limits:
     def __setstate__(self, state: tuple[tuple[tuple[str, Limit], ...]]) -> None:
         object.__setattr__(self, "rules", state[0])
         object.__setattr__(self, "_of", {})
+        object.__setattr__(self, "_match", _matchers(state[0]))
 
     def of(self, key: str | None) -> Limit | None:
         """The policy of ``key`` (``None``: the key is not limited)."""
@@ -120,8 +135,8 @@ class Limits:
         if limit is not _MISS:
             return limit  # type: ignore[return-value]
         limit = None
-        for pattern, rule in self.rules:
-            if fnmatch.fnmatchcase(key, pattern):
+        for prefix, match, rule in self._match:
+            if key.startswith(prefix) if match is None else match(key) is not None:
                 limit = rule
                 break
         if len(memo) >= _OF_MAX:
@@ -132,6 +147,24 @@ class Limits:
     def texts(self) -> list[str]:
         """The policies as ``--limit`` takes them, in order."""
         return [f"{pattern}={limit.text()}" for pattern, limit in self.rules]
+
+
+def _matchers(
+    rules: tuple[tuple[str, Limit], ...],
+) -> tuple[tuple[str, Callable[[str], object] | None, Limit], ...]:
+    """Each rule's test: ``PREFIX*`` (no other wildcard) a prefix, else ``fnmatchcase``'s own regex.
+
+    A prefix rule is ``(prefix, None, limit)`` (``str.startswith``); any other is
+    ``("", match, limit)``, the compiled pattern's ``match``, as ``fnmatchcase`` matches it.
+    """
+    out: list[tuple[str, Callable[[str], object] | None, Limit]] = []
+    for pattern, rule in rules:
+        head = pattern[:-1]
+        if pattern.endswith("*") and not any(c in head for c in "*?["):
+            out.append((head, None, rule))
+        else:
+            out.append(("", re.compile(fnmatch.translate(pattern)).match, rule))
+    return tuple(out)
 
 
 def parse_limits(items: Iterable[str] | Mapping[str, str] | Limits | None) -> Limits:

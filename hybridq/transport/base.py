@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # The messages and enums of the wire live in hybridq.protocol; re-exported here, where the
 # transport port always named them.
@@ -136,9 +136,14 @@ class Published:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class KeyUse:
-    """One limit key's use now, as Redis holds it."""
+class KeyUse(NamedTuple):
+    """One limit key's use now, as Redis holds it.
+
+    A named tuple, not a frozen dataclass: the forwarders' read makes one per key read (each
+    key once or twice with a key per tenant), and a frozen dataclass sets each field through
+    ``object.__setattr__`` (docs/benchmarks.md, "The limits' Python per job"). Read its fields
+    by name: that it also unpacks and equals a plain tuple is not promised.
+    """
 
     #: Runs holding a slot (their lease not lapsed).
     running: int

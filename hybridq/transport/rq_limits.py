@@ -104,10 +104,17 @@ def key_use(
     A key of ``added`` not in ``periods`` is only added to (not read). ``script``:
     :data:`KEY_USE`, registered on the Redis client.
     """
-    parts = [f"{key} {period} {added.get(key, 0)} " for key, period in periods.items()]
-    parts += [f"{key} -1 {n} " for key, n in added.items() if key not in periods]
+    if added:
+        parts = [f"{key} {period} {added.get(key, 0)} " for key, period in periods.items()]
+        parts += [f"{key} -1 {n} " for key, n in added.items() if key not in periods]
+    else:  # the push counts its copies: nothing to add, most reads
+        parts = [f"{key} {period} 0 " for key, period in periods.items()]
     r = script(keys=[], args=[max(1, int(lease_s * 1000)), "".join(parts)])
+    # The script's integers come back as Python ints: no int() of each; four at a time.
+    if len(r) != 4 * len(periods):
+        raise ValueError(f"the limits' read answered {len(r)} figures for {len(periods)} keys")
+    it, new = iter(r), tuple.__new__  # (the named tuple's own __new__ is a Python frame per key)
     return {
-        key: KeyUse(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]) / 1000)
-        for key, i in zip(periods, range(0, 4 * len(periods), 4), strict=True)
+        key: new(KeyUse, (running, queued, started, quiet / 1000))
+        for key, running, queued, started, quiet in zip(periods, it, it, it, it, strict=True)
     }
