@@ -3,10 +3,8 @@
 :class:`StatsSnapshot` writes the snapshot (:class:`hybridq.lookup.stats.Snapshot`) of the
 checkpoint, the ledger's index, the compaction counters and the jobs read and not terminal, with
 each checkpoint save and at the end of a step in which they changed; and once more when closing
-sealed the ledger segment it names (the limit keys' figures in a file of their own, written only
-when the key gate gives new ones: :func:`~hybridq.lookup.stats.save_snapshot`). A failure to
-write it only makes ``hybridq.stats`` fall back to reading the journal (docs/journal-format.md):
-it is tried again at the end of the next step.
+sealed the ledger segment it names. A failure to write it only makes ``hybridq.stats`` fall back
+to reading the journal (docs/journal-format.md): it is tried again at the end of the next step.
 :class:`~hybridq.forwarder.state.ForwarderState` holds one and says when.
 
 This module must not import redis or rq.

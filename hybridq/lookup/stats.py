@@ -32,21 +32,10 @@ from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.pending import PendingTracker, job_fields
 
-__all__ = [
-    "LIMITS_NAME",
-    "STATS_NAME",
-    "PendingTracker",
-    "Snapshot",
-    "job_fields",
-    "load_limit_keys",
-    "load_snapshot",
-    "save_snapshot",
-]
+__all__ = ["STATS_NAME", "PendingTracker", "Snapshot", "job_fields", "load_snapshot", "save_snapshot"]
 
 #: The snapshot's state file, in the journal directory (``stats.state``).
 STATS_NAME = "stats"
-#: Its ``limit_keys``, in a file of their own (``stats-limits.state``: :func:`save_snapshot`).
-LIMITS_NAME = "stats-limits"
 
 
 @dataclass
@@ -123,38 +112,43 @@ class Snapshot:
         )
 
     def to_bytes(self) -> bytes:
-        """JSON, ``limit_keys`` included (the snapshot file holds them apart: :func:`save_snapshot`)."""
-        return json.dumps({**self._body(), "limit_keys": self.limit_keys}, separators=(",", ":")).encode()
-
-    def head_bytes(self) -> bytes:
-        """JSON without ``limit_keys`` (``stats.state``'s payload; the keys are in their own file)."""
-        return json.dumps(self._body(), separators=(",", ":")).encode()
-
-    def _body(self) -> dict[str, Any]:
-        return {
+        """JSON (``limit_keys`` last: its text is reused while it is the same object)."""
+        body = {
             "v": 1,
             **{k: v for k, v in self.__dict__.items() if k not in ("positions", "limit_keys")},
             "positions": {w: p.to_json() for w, p in self.positions.items()},
         }
+        head = json.dumps(body, separators=(",", ":"))
+        return f'{head[:-1]},"limit_keys":{_limit_keys_json(self.limit_keys)}}}'.encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Snapshot:
         """Decode; ``ValueError`` (or ``KeyError``/``TypeError``) if it is not a snapshot."""
-        return cls._decode(raw)[0]
-
-    @classmethod
-    def _decode(cls, raw: bytes) -> tuple[Snapshot, bool]:
-        """The snapshot and whether it held ``limit_keys`` (a version that kept them in it)."""
         body = json.loads(raw)
         if body.pop("v") != 1:
             raise ValueError("unknown snapshot version")
         body["positions"] = {w: ChainPosition.from_json(p) for w, p in body["positions"].items()}
-        return cls(**body), "limit_keys" in body
+        return cls(**body)
 
 
-#: Per journal directory, the ``limit_keys`` object last written to its limits file (see
-#: :func:`save_snapshot`); ``None`` once an empty one was.
-_limits_written: dict[str, object] = {}
+#: The last ``limit_keys`` encoded and its JSON text (see :func:`_limit_keys_json`).
+_last_limit_keys: tuple[object, str] = (None, "{}")
+
+
+def _limit_keys_json(figures: dict[str, dict[str, Any]]) -> str:
+    """``figures`` as JSON, the text of the last call reused when given the same object again.
+
+    The forwarder's key gate gives the same figures object for up to a second (it never changes
+    one it gave): with 500 keys their JSON, made again at each of a burn's saves, cost about 4%
+    of the forwarder's time.
+    """
+    global _last_limit_keys  # a one-entry cache, replaced whole (any thread)
+    last = _last_limit_keys
+    if last[0] is figures:
+        return last[1]
+    text = json.dumps(figures, separators=(",", ":"))
+    _last_limit_keys = (figures, text)
+    return text
 
 
 def save_snapshot(journal: str, snapshot: Snapshot) -> None:
@@ -165,24 +159,9 @@ def save_snapshot(journal: str, snapshot: Snapshot) -> None:
     while completions stream in). A reader that catches the file mid-write, or after a crash
     mid-write, finds a length or checksum that does not match: :func:`load_snapshot` gives
     ``None`` and ``hybridq.stats`` scans instead, once.
-
-    ``limit_keys`` go to a file of their own (``stats-limits.state``), written first and only when
-    the forwarder's gate gives a new figures object (it gives the same one for up to a second:
-    ``hybridq.forwarder.keylimits``): 500 keys are about 73 kB of JSON, and copying, checksumming
-    and writing them at each checkpoint save cost about 7k instructions a limited job
-    (docs/benchmarks.md, "The forwarder's next cuts per job").
     """
-    figures = snapshot.limit_keys
-    last = _limits_written.get(journal, _limits_written)  # (the dict itself: nothing written yet)
-    if figures is not last and (figures or last is not None):
-        _write_in_place(journal, LIMITS_NAME, json.dumps(figures, separators=(",", ":")).encode())
-        _limits_written[journal] = figures or None
-    _write_in_place(journal, STATS_NAME, snapshot.head_bytes())
-
-
-def _write_in_place(journal: str, name: str, payload: bytes) -> None:
-    path = os.path.join(journal, name + ".state")
-    data = encode_state(payload)
+    path = os.path.join(journal, STATS_NAME + ".state")
+    data = encode_state(snapshot.to_bytes())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         written = 0
@@ -197,28 +176,8 @@ def load_snapshot(journal: str) -> Snapshot | None:
     """The last snapshot; ``None`` when there is none or it does not decode (never an error)."""
     with contextlib.suppress(Exception):
         raw = read_state(journal, STATS_NAME)
-        if raw is None:
-            return None
-        snapshot, held_limits = Snapshot._decode(raw)
-        if not held_limits:
-            snapshot.limit_keys = load_limit_keys(journal)
-        return snapshot
+        return None if raw is None else Snapshot.from_bytes(raw)
     return None
-
-
-def load_limit_keys(journal: str) -> dict[str, dict[str, Any]]:
-    """``stats-limits.state``'s figures; ``{}`` when missing or damaged after three reads.
-
-    It is rewritten in place while a reader may read it: a read that catches it mid-write (its
-    checksum does not match) is tried again.
-    """
-    for _ in range(3):
-        with contextlib.suppress(Exception):
-            raw = read_state(journal, LIMITS_NAME)
-            figures = {} if raw is None else json.loads(raw)
-            if isinstance(figures, dict):
-                return figures
-    return {}
 
 
 def checkpoint_file(journal: str) -> list[int] | None:

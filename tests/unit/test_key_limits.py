@@ -12,8 +12,7 @@ from hybridq.errors import ConfigError
 from hybridq.forwarder import keylimits
 from hybridq.forwarder.config import ForwarderConfig
 from hybridq.forwarder.keylimits import KeyLimits
-from hybridq.journal.statefile import encode_state
-from hybridq.lookup.stats import LIMITS_NAME, Snapshot, load_snapshot, save_snapshot
+from hybridq.lookup.stats import Snapshot
 from hybridq.protocol import Delivery
 from hybridq.protocol.keylimits import Limit, parse_limit, parse_limits
 from hybridq.testing.memory import MemoryTransport
@@ -326,44 +325,12 @@ def test_the_figures_are_reused_for_a_second_unless_a_key_is_held_or_freed(
     assert again["t:1"]["blocked_since"] is not None
 
 
-def test_the_snapshot_round_trips_its_limit_figures() -> None:
+def test_the_snapshot_reuses_the_limit_figures_json_only_for_the_same_object() -> None:
     a = Snapshot(limit_keys={"k": {"running": 1}})
     assert Snapshot.from_bytes(a.to_bytes()).limit_keys == {"k": {"running": 1}}
     b = Snapshot(limit_keys={"k": {"running": 2}})
     assert Snapshot.from_bytes(b.to_bytes()).limit_keys == {"k": {"running": 2}}
     assert Snapshot.from_bytes(Snapshot().to_bytes()).limit_keys == {}
-
-
-def test_the_limit_figures_file_is_written_only_for_a_new_figures_object(tmp_path: Path) -> None:
-    # The keys' figures (hundreds of keys, ~73 kB) are their own file, rewritten only when the
-    # gate gives a new object (it gives the same one for up to a second): not at every save.
-    journal = str(tmp_path)
-    limits = tmp_path / f"{LIMITS_NAME}.state"
-    figures = {"k": {"running": 1}}
-    save_snapshot(journal, Snapshot(limit_keys=figures))
-    assert load_snapshot(journal).limit_keys == {"k": {"running": 1}}  # type: ignore[union-attr]
-    written = limits.stat().st_mtime_ns
-    limits.write_bytes(b"")  # a rewrite would replace this
-    save_snapshot(journal, Snapshot(limit_keys=figures, consumed=5))
-    assert limits.read_bytes() == b""
-    assert limits.stat().st_mtime_ns != written
-    snap = load_snapshot(journal)
-    assert snap is not None
-    assert (snap.consumed, snap.limit_keys) == (5, {})  # the keys' file damaged: none shown
-    save_snapshot(journal, Snapshot(limit_keys={"k": {"running": 2}}))
-    assert load_snapshot(journal).limit_keys == {"k": {"running": 2}}  # type: ignore[union-attr]
-    save_snapshot(journal, Snapshot())  # a forwarder without limits: the keys' file emptied, once
-    assert load_snapshot(journal).limit_keys == {}  # type: ignore[union-attr]
-    limits.write_bytes(b"")
-    save_snapshot(journal, Snapshot())
-    assert limits.read_bytes() == b""
-
-
-def test_a_snapshot_that_holds_its_limit_figures_is_read_as_it_is(tmp_path: Path) -> None:
-    # (as a version before the keys' own file wrote it; a keys' file beside it is not read)
-    (tmp_path / f"{LIMITS_NAME}.state").write_bytes(encode_state(b'{"old":{}}'))
-    (tmp_path / "stats.state").write_bytes(encode_state(Snapshot(limit_keys={"k": {}}).to_bytes()))
-    assert load_snapshot(str(tmp_path)).limit_keys == {"k": {}}  # type: ignore[union-attr]
 
 
 def test_the_gate_leaves_the_add_to_a_push_that_counts_its_copies_but_adds_the_refills() -> None:
