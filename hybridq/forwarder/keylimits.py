@@ -142,17 +142,7 @@ class KeyLimits:
         them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
         copies (``by_push=False``) always are.
         """
-        if self._open:
-            return
-        entry = self._room.get(key)
-        if entry is None:
-            if self._policy(key) is None:
-                return
-            entry = (0, -math.inf, 0)
-        room, at, read = entry
-        self._room[key] = (room - n, at, read)
-        if not (by_push and self._push_counts):
-            self._added[key] += n
+        self.pushed_keys({key: n}, by_push=by_push)
 
     def pushed_keys(self, counts: Mapping[str, int], *, by_push: bool = True) -> None:
         """:meth:`pushed` of each key of ``counts``, in one call.
