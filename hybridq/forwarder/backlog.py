@@ -153,8 +153,8 @@ class Backlog:
     def sent(self, deliveries: Iterable[Delivery], *, by_push: bool = True) -> None:
         """Tell the key gate that ``deliveries`` were queued (by the push; else by the refill)."""
         keys = Counter(d.envelope.limit_key for d in deliveries if d.envelope.limit_key)
-        for key, n in keys.items():
-            self.keys.pushed(key, n, by_push=by_push)
+        if keys:
+            self.keys.pushed_keys(keys, by_push=by_push)
 
     def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Those of ``deliveries`` the windows and the key gate have room for now.

@@ -27,7 +27,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -142,17 +142,28 @@ class KeyLimits:
         them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
         copies (``by_push=False``) always are.
         """
+        self.pushed_keys({key: n}, by_push=by_push)
+
+    def pushed_keys(self, counts: Mapping[str, int], *, by_push: bool = True) -> None:
+        """:meth:`pushed` of each key of ``counts``, in one call.
+
+        A push's chunk tells its keys at once: with a key per tenant nearly every job has a key
+        of its own, and a call per key was a Python call per job (docs/benchmarks.md, "The
+        forwarder's next cuts per job").
+        """
         if self._open:
             return
-        entry = self._room.get(key)
-        if entry is None:
-            if self._policy(key) is None:
-                return
-            entry = (0, -math.inf, 0)
-        room, at, read = entry
-        self._room[key] = (room - n, at, read)
-        if not (by_push and self._push_counts):
-            self._added[key] += n
+        rooms, policy, added = self._room, self._policy, self._added
+        add = not (by_push and self._push_counts)
+        for key, n in counts.items():
+            entry = rooms.get(key)
+            if entry is None:
+                if policy(key) is None:
+                    continue
+                entry = (0, -math.inf, 0)
+            rooms[key] = (entry[0] - n, entry[1], entry[2])
+            if add:
+                added[key] += n
 
     def prefetch(self, keys: Iterable[str]) -> None:
         """Read now, in one call, those of ``keys`` never read: their jobs go with this batch.

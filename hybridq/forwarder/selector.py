@@ -31,7 +31,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,6 +58,10 @@ class KeyGate(Protocol):
         """``n`` jobs of ``key`` were just queued (accepted by the transport; ``by_push``: its push)."""
         ...
 
+    def pushed_keys(self, counts: Mapping[str, int], *, by_push: bool = True) -> None:
+        """:meth:`pushed` of each key of ``counts`` (its jobs queued), in one call: a chunk's keys."""
+        ...
+
     def prefetch(self, keys: Iterable[str]) -> None:
         """Read now, in one call, the room of those of ``keys`` never read (before deciding on them)."""
         ...
@@ -71,6 +75,9 @@ class Unlimited:
         return sys.maxsize
 
     def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
+        """Nothing to count."""
+
+    def pushed_keys(self, counts: Mapping[str, int], *, by_push: bool = True) -> None:
         """Nothing to count."""
 
     def prefetch(self, keys: Iterable[str]) -> None:

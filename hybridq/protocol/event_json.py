@@ -23,6 +23,11 @@ EVENT_ERROR_CHARS = 500
 #: a larger one is left out, and the event says its size instead (docs/api.md, "Looking a job up").
 RESULT_MAX_BYTES = 64 * 1024
 
+#: Enum members read on every job as module constants: on Python 3.11 a read from the class
+#: goes through ``EnumType``'s ``__getattr__`` hook, about 900 instructions (docs/benchmarks.md,
+#: "The forwarder's writes per job, again").
+_LATER, _SUCCEEDED = Outcome.LATER, Outcome.SUCCEEDED
+
 
 def fields_of(
     delivery: Delivery,
@@ -40,7 +45,7 @@ def fields_of(
     attempt = int(get("attempt", delivery.attempt))
     error = get("error")
     later = int(get("later", delivery.later))
-    if get("outcome") == Outcome.LATER:
+    if get("outcome") == _LATER:
         retry_delay = get("retry_delay")
     else:  # the policy's delay after the job's attempt (runs that said RetryLater are not one)
         retry_delay = None if final or env.retry is None else env.retry.delay_s(attempt - delivery.later)
@@ -121,7 +126,7 @@ def _carried(outcome: Mapping[str, Any], result_json: str | None) -> tuple[Any, 
 
     The result if it is small enough, else its size.
     """
-    if outcome.get("outcome") != Outcome.SUCCEEDED or "result" not in outcome:
+    if outcome.get("outcome") != _SUCCEEDED or "result" not in outcome:
         return None, False, None
     value = outcome["result"]
     if result_json is None:

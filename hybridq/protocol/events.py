@@ -33,6 +33,11 @@ WORKER_MAX_CHARS = 200
 #: The largest segment index, offset or attempt number an event may name (a C ``long``).
 _MAX_INT = 2**63 - 1
 
+#: Enum members read on every job as module constants: on Python 3.11 a read from the class
+#: goes through ``EnumType``'s ``__getattr__`` hook, about 900 instructions (docs/benchmarks.md,
+#: "The forwarder's writes per job, again").
+_SUCCEEDED = Outcome.SUCCEEDED
+
 
 #: :meth:`CompletionEvent.checked`: an event's fields, in :class:`CompletionEvent`'s order.
 EventFields = tuple[
@@ -211,7 +216,7 @@ class CompletionEvent:
         queue = opt_str("queue", body.get("queue"))
         later = _count("later", body.get("later", 0))
         later_since = opt_finite("later_since", body.get("later_since"))
-        result_kept = "result" in body and outcome == Outcome.SUCCEEDED
+        result_kept = "result" in body and outcome == _SUCCEEDED
         result_bytes = _count("result_bytes", body["result_bytes"]) if "result_bytes" in body else None
         started = opt_finite("started", body.get("started"))
         worker = _worker(body.get("worker"))

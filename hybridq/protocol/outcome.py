@@ -15,6 +15,11 @@ from hybridq.protocol.enums import Outcome
 
 __all__ = ["DECODE_STORED_LUA", "StoredOutcome"]
 
+#: Enum members read on every job as module constants: on Python 3.11 a read from the class
+#: goes through ``EnumType``'s ``__getattr__`` hook, about 900 instructions (docs/benchmarks.md,
+#: "The forwarder's writes per job, again").
+_LATER = Outcome.LATER
+
 # The Lua function every script that reads a stored outcome (or an event, or this run's outcome)
 # decodes it with: ``ok, value`` as ``pcall(cjson.decode, s)`` gives, ``ok`` false unless the
 # value is a JSON object. Python's ``json.dumps`` writes a lone surrogate (``os.fsdecode`` of a
@@ -97,7 +102,7 @@ class StoredOutcome:
         about 3 us a job (docs/benchmarks.md, "The pool's Python per job"). Not for ``later``
         (its fields are not here).
         """
-        if outcome is Outcome.LATER:
+        if outcome is _LATER:
             raise ValueError("a later outcome's JSON needs its wait: make the StoredOutcome")
         return _body(outcome, result, error, job_id, attempt, requeue, final, at, token)
 

@@ -350,6 +350,27 @@ def test_the_gate_leaves_the_add_to_a_push_that_counts_its_copies_but_adds_the_r
     assert transport.calls[-1][1] == {"t:2": 1}, "only the refill's copy is added by the look"
 
 
+@pytest.mark.parametrize("counts_pushes", [True, False])
+def test_a_chunks_keys_told_in_one_call_count_as_told_one_by_one(counts_pushes: bool) -> None:
+    # Backlog.sent tells the gate a chunk's keys in one call (pushed_keys): the same rooms and
+    # adds as a pushed() per key, a key never read and an unlimited one included.
+    gates = []
+    for _ in range(2):
+        transport = Uses({})
+        transport.counts_limited_pushes = counts_pushes  # type: ignore[misc]
+        gate = KeyLimits(parse_limits(["t:*=concurrency:3"]), transport, lease_s=2.0)
+        gate.prefetch(["t:1"])
+        gates.append((gate, transport))
+    counts = {"t:1": 2, "t:2": 1, "free": 4}
+    for key, n in counts.items():
+        gates[0][0].pushed(key, n, by_push=True)
+    gates[1][0].pushed_keys(counts, by_push=True)
+    for gate, _ in gates:
+        assert (gate.room("t:1"), gate.room("t:2"), gate.room("free")) == (1, 0, sys.maxsize)
+        gate.look()
+    assert gates[0][1].calls[-1] == gates[1][1].calls[-1]
+
+
 def test_a_key_with_room_is_read_again_once_less_than_half_of_its_room_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -7,7 +7,7 @@ import random
 import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,10 @@ class Gate:
 
     def pushed(self, key: str, n: int, *, by_push: bool = True) -> None:
         self.rooms[key] = self.rooms.get(key, sys.maxsize) - n
+
+    def pushed_keys(self, counts: Mapping[str, int], *, by_push: bool = True) -> None:
+        for key, n in counts.items():
+            self.pushed(key, n, by_push=by_push)
 
     def prefetch(self, keys: Iterable[str]) -> None:
         """Nothing to read (the rooms are fixed): only noted."""
