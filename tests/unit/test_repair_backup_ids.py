@@ -16,14 +16,19 @@ from hybridq.ledger.punched_ids import IDS_SUFFIX, PunchedId, read_ids, write_id
 from hybridq.ops.journal_repair import repair
 
 
-def test_the_backup_of_a_ledger_segment_copies_its_ids_file(tmp_path: Path) -> None:
-    """Failed before this fix: only the hole map was copied."""
+def _ids_file(tmp_path: Path) -> tuple[Path, list[PunchedId], str]:
+    """A ledger directory with the ids file of segment ``l1`` 0, and the backup directory beside it."""
     ledger, backup = tmp_path / "ledger", tmp_path / "backup"
     ledger.mkdir()
     backup.mkdir()
     ids = [PunchedId("a" * 32, ("w1", 3, 64), "default", result_kept=True, at=1_700_000_000)]
     write_ids(str(ledger), "l1", 0, ids)
-    segment = os.path.join(ledger, segment_name("l1", 0))
+    return backup, ids, os.path.join(ledger, segment_name("l1", 0))
+
+
+def test_the_backup_of_a_ledger_segment_copies_its_ids_file(tmp_path: Path) -> None:
+    """Failed before this fix: only the hole map was copied."""
+    backup, ids, segment = _ids_file(tmp_path)
     repair_apply._backup_holes(OS_FILEOPS, str(backup), segment)
     assert read_ids(str(backup), "l1", 0) == ids
 
@@ -71,12 +76,7 @@ def test_a_segment_the_repair_removes_takes_its_hole_map_and_ids_file_along(tmp_
 
 def test_a_damaged_side_file_not_copied_to_the_backup_stays(tmp_path: Path) -> None:
     """The repair deletes a side file only once its copy is in the backup: a damaged ids file has none."""
-    ledger, backup = tmp_path / "ledger", tmp_path / "backup"
-    ledger.mkdir()
-    backup.mkdir()
-    ids = [PunchedId("a" * 32, ("w1", 3, 64), "default", result_kept=True, at=1_700_000_000)]
-    write_ids(str(ledger), "l1", 0, ids)
-    segment = os.path.join(ledger, segment_name("l1", 0))
+    backup, _ids, segment = _ids_file(tmp_path)
     side = Path(segment + IDS_SUFFIX + STATE_SUFFIX)
     side.write_bytes(side.read_bytes()[:-1] + b"\xff")  # its checksum no longer fits
     repair_apply._backup_holes(OS_FILEOPS, str(backup), segment)
