@@ -151,7 +151,7 @@ class Backlog:
         self.selector.begin()
 
     def sent(self, deliveries: Iterable[Delivery], *, by_push: bool = True) -> None:
-        """Tell the key gate that ``deliveries`` were queued (by the push; else by the refill)."""
+        """Tell the key gate that ``deliveries`` were queued (by the push; else by the reconcile pass)."""
         keys = Counter(d.envelope.limit_key for d in deliveries if d.envelope.limit_key)
         if keys:
             self.keys.pushed_keys(keys, by_push=by_push)

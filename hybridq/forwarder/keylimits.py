@@ -139,8 +139,8 @@ class KeyLimits:
         """``n`` jobs of ``key`` were queued: less room until the next look says otherwise.
 
         Added to the key's queued count at the next look, unless the transport's push counted
-        them already (``by_push`` and :attr:`Transport.counts_limited_pushes`): the refill's
-        copies (``by_push=False``) always are.
+        them already (``by_push`` and :attr:`Transport.counts_limited_pushes`); the reconcile
+        pass's copies (``by_push=False``) always are.
         """
         self.pushed_keys({key: n}, by_push=by_push)
 

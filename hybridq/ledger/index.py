@@ -31,14 +31,13 @@ _RANK = {"cancelled": 1, "failed": 2, "succeeded": 3}
 #: terminal job in :attr:`LedgerIndex.terminal` until its next merge (58 bytes each, issue 29).
 _SHARED = {name: name for name in ("cancelled", "failed", "succeeded", "invalid")}
 _SUCCEEDED = _SHARED["succeeded"]
-#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
 #: Entry kinds compared on every entry folded, as module constants: on Python 3.11 a member read
 #: from its class goes through ``EnumType``'s ``__getattr__`` hook, about 900 instructions
 #: (docs/benchmarks.md, "The forwarder's writes per job, again").
 _DONE, _RETRY, _LOST = EntryKind.DONE, EntryKind.RETRY, EntryKind.LOST
 _REQUEUED, _KEY = EntryKind.REQUEUED, EntryKind.KEY
 _DUPLICATE, _CANCEL = EntryKind.DUPLICATE, EntryKind.CANCEL
-
+#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
 _LOC_OF = attrgetter("loc")
 _SEG_OF = itemgetter(0, 1)
 
