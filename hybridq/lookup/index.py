@@ -36,7 +36,7 @@ from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.store import ledger_dir
 from hybridq.lookup.check import IndexCheck
-from hybridq.lookup.fold import EntryFold, _forward, _kept_ids, _read
+from hybridq.lookup.fold import EntryFold, KeptIds, _forward, _read
 from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
 from hybridq.lookup.store import (
     _SCHEMA,
@@ -111,6 +111,8 @@ class LookupIndex(EntryFold):
         self._ahead = True
         #: Called from the check's thread once its verdict is in (the forwarder's wake-up).
         self.on_checked: Callable[[], None] | None = None
+        #: The ledger's ids files, decoded once while each stays the same.
+        self._kept = KeptIds(ledger_dir(journal))
 
     def open(self, read_from: Mapping[str, ChainPosition] | None = None) -> None:
         """Open (or create) the index; a damaged file is replaced and rebuilt.
@@ -325,7 +327,7 @@ class LookupIndex(EntryFold):
         # memory); the marks move last: a crash in between reads again (entries are idempotent).
         # The successes punched out of the ledger segments read from here on, from the ids kept
         # for them (docs/journal.md, "Entries punched out of pinned ledger segments").
-        kept = _kept_ids(ledger_dir(self.journal), ledger_marks)
+        kept = self._kept.entries(ledger_marks)
         for entries in _chunks(itertools.chain(kept, _entries(ledger))):
             if bounded and not all(_read(journal_to, e.loc) for e in entries):
                 # The ledger names a record the forwarder has not read yet (its checkpoint is
