@@ -26,10 +26,14 @@ from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.punched_ids import IDS_SUFFIX, read_ids
 from hybridq.lookup.store import _STARTED, _UPSERT_JOB, _apply, _moved, _save_marks, _stash, _stashed
 
-__all__ = ["KEPT_FILES", "EntryFold", "KeptIds"]
+__all__ = ["KEPT_ENTRIES", "KEPT_FILES", "EntryFold", "KeptIds"]
 
-#: At most this many ids files stay decoded (one per pinned ledger segment is read; a cap anyway).
+#: At most this many ids files stay decoded (one per pinned ledger segment is read; a cap anyway),
+#: holding at most this many entries in all: about 443 bytes an entry stay alive (tracemalloc, a
+#: file of 20,000 ids: 8.5 MiB), and a 4 MiB ledger segment's ids file names up to about 22,000
+#: jobs (a ``done`` entry is about 190 bytes). A file past either is decoded at each read, as before.
 KEPT_FILES = 64
+KEPT_ENTRIES = 25_000
 
 
 class EntryFold:
@@ -119,9 +123,10 @@ class KeptIds:
     :class:`~hybridq.errors.StateFileCorrupt` on each read, as it did before (never kept).
     """
 
-    def __init__(self, ledger: str, cap: int = KEPT_FILES) -> None:
+    def __init__(self, ledger: str, cap: int = KEPT_FILES, entries_cap: int = KEPT_ENTRIES) -> None:
         self.ledger = ledger
         self.cap = cap
+        self.entries_cap = entries_cap
         self._files: dict[str, tuple[tuple[int, int, int], list[Entry]]] = {}
         #: How many files were decoded (the tests count them).
         self.decoded = 0
@@ -165,8 +170,10 @@ class KeptIds:
             again = os.stat(path)
         except FileNotFoundError:
             return ids
-        # Kept only if the file read is the one stat'ed (not replaced meanwhile), within the cap.
-        if (again.st_size, again.st_mtime_ns, again.st_ino) == key and len(self._files) < self.cap:
+        # Kept only if the file read is the one stat'ed (not replaced meanwhile), within the caps.
+        same = (again.st_size, again.st_mtime_ns, again.st_ino) == key
+        held = sum(len(entries) for _, entries in self._files.values())
+        if same and len(self._files) < self.cap and held + len(ids) <= self.entries_cap:
             self._files[path] = (key, ids)
         return ids
 

@@ -110,6 +110,18 @@ def test_files_gone_or_read_past_are_dropped_and_the_cap_holds(
     assert list(KeptIds(str(tmp_path / "none")).entries({})) == []
 
 
+def test_files_past_the_entries_cap_are_decoded_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _count_reads(monkeypatch)
+    write_ids(str(tmp_path), L1, 0, _ids(3))
+    write_ids(str(tmp_path), L1, 1, _ids(2, start=3))
+    kept = KeptIds(str(tmp_path), entries_cap=4)
+    for _ in range(2):
+        assert len(list(kept.entries({}))) == 5
+    assert reads == [3, 2, 2]  # the first kept, the second (3 + 2 > 4) read again
+
+
 def _settled(index: LookupIndex) -> None:
     checked = threading.Event()
     index.on_checked = checked.set
