@@ -48,9 +48,12 @@ __all__ = [
     "IDS_SUFFIX",
     "PunchedId",
     "damaged_ids",
+    "decode_payload",
     "find_punched",
+    "ids_files",
     "named_segments",
     "read_ids",
+    "read_payload",
     "remove_orphans",
     "write_ids",
 ]
@@ -210,9 +213,20 @@ def read_ids(ledger: str, writer_id: str, index: int) -> list[PunchedId]:
 
     Raises :class:`StateFileCorrupt` when the file is damaged (never read as "none").
     """
-    payload = _read(ledger, _name(writer_id, index))
-    if payload is None:
-        return []
+    payload = read_payload(ledger, writer_id, index)
+    return [] if payload is None else decode_payload(ledger, writer_id, index, payload)
+
+
+def read_payload(ledger: str, writer_id: str, index: int) -> bytes | None:
+    """The checked bytes of segment ``(writer_id, index)``'s ids file, None when it has none.
+
+    Raises :class:`StateFileCorrupt` when its checksum or frame is damaged.
+    """
+    return _read(ledger, _name(writer_id, index))
+
+
+def decode_payload(ledger: str, writer_id: str, index: int, payload: bytes) -> list[PunchedId]:
+    """:func:`decode` of that file's payload; :class:`StateFileCorrupt` naming it when garbled."""
     try:
         return decode(payload)
     except ValueError as exc:
@@ -242,7 +256,8 @@ def write_ids(ledger: str, writer_id: str, index: int, ids: Iterable[PunchedId])
     write_state(ledger, _name(writer_id, index), encode(ids))
 
 
-def _files(ledger: str) -> list[tuple[str, Seg]]:
+def ids_files(ledger: str) -> list[tuple[str, Seg]]:
+    """The ids files of ``ledger`` (name, segment), sorted by name."""
     suffix = IDS_SUFFIX + STATE_SUFFIX
     try:
         names = sorted(os.listdir(ledger))
@@ -267,7 +282,7 @@ def find_punched(
     for job_id in wanted or ():
         hexid = len(job_id) == 32 and set(job_id) <= _HEXDIGITS
         needles.append(bytes.fromhex(job_id) if hexid else job_id.encode())
-    for name, seg in _files(ledger):
+    for name, seg in ids_files(ledger):
         if segments is not None and not segments(seg):
             continue
         payload = _read(ledger, name[: -len(STATE_SUFFIX)])
@@ -289,7 +304,7 @@ def damaged_ids(ledger: str) -> list[tuple[Seg, StateFileCorrupt]]:
     forwarder, ``cancel()``, ``trace`` and a lookup rebuild, so it is corruption to report.
     """
     out = []
-    for _name, seg in _files(ledger):
+    for _name, seg in ids_files(ledger):
         try:
             read_ids(ledger, *seg)
         except StateFileCorrupt as exc:
@@ -300,7 +315,7 @@ def damaged_ids(ledger: str) -> list[tuple[Seg, StateFileCorrupt]]:
 def remove_orphans(ledger: str, present: set[Seg]) -> int:
     """Remove the ids files whose ledger segment is not in ``present`` (deleted); how many."""
     removed = 0
-    for name, seg in _files(ledger):
+    for name, seg in ids_files(ledger):
         if seg not in present:
             try:
                 os.unlink(os.path.join(ledger, name))

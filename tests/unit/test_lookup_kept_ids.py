@@ -2,8 +2,8 @@
 
 A catch-up that reads the ledger from a mark in a punched segment folds in the successes punched
 out of it from the segment's ids file (docs/journal.md, "Entries punched out of pinned ledger
-segments"). The file is replaced only by a rename, so a catch-up that finds it with the same size,
-mtime and inode uses the ids it decoded last time; a damaged file raises each time, as before.
+segments"). Each catch-up reads the file and checks its checksum; one whose bytes are the ones
+decoded last time uses the entries made then; a damaged file raises each time, as before.
 """
 
 from __future__ import annotations
@@ -103,10 +103,10 @@ def test_files_gone_or_read_past_are_dropped_and_the_cap_holds(
     assert len(kept._files) == 2  # the cap: the third is decoded, not kept
     assert len(list(kept.entries({L1: (1, 0, 0)}))) == 2  # segment 0 read past
     assert len(reads) == 4  # the one not kept, again
-    assert sorted(kept._files) == [str(_path(tmp_path, L1, i)) for i in (1, 2)]
+    assert sorted(kept._files) == [_path(tmp_path, L1, i).name for i in (1, 2)]
     _path(tmp_path, L1, 1).unlink()
     assert len(list(kept.entries({L1: (1, 0, 0)}))) == 1
-    assert sorted(kept._files) == [str(_path(tmp_path, L1, 2))]
+    assert sorted(kept._files) == [_path(tmp_path, L1, 2).name]
     assert list(KeptIds(str(tmp_path / "none")).entries({})) == []
 
 
@@ -177,3 +177,33 @@ def test_each_catch_up_that_reads_the_ledger_decodes_an_unchanged_ids_file_once(
     row = find(str(journal_dir), jobs[0].id)  # its kept id folded in
     assert row is not None
     assert (row.state, row.outcome) == ("done", "succeeded")
+
+
+def test_a_file_rewritten_with_the_same_size_time_and_inode_is_decoded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its review's MEDIUM: keyed by (size, mtime_ns, inode), the first version answered the old ids.
+
+    Inodes alternate between two rewrites and a coarse clock gives one tick to several, so a third
+    rewrite of the same count can stat as the first: the bytes decide, not the stat.
+    """
+    reads = _count_reads(monkeypatch)
+    write_ids(str(tmp_path), L1, 0, _ids(3))
+    path = _path(tmp_path, L1, 0)
+    st = os.stat(path)
+    kept = KeptIds(str(tmp_path))
+    assert [e.job_id for e in kept.entries({})] == [p.job_id for p in _ids(3)]
+    data = path.read_bytes()
+    other = [
+        PunchedId(f"{9 - i:032x}", p.loc, p.queue, result_kept=True, at=p.at) for i, p in enumerate(_ids(3))
+    ]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_ids(str(elsewhere), L1, 0, other)  # the same size: three other ids at the same places
+    new = _path(elsewhere, L1, 0).read_bytes()
+    assert len(new) == len(data) and new != data
+    with path.open("r+b") as f:  # into the same inode, its time set back: as a reused inode in one tick
+        f.write(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert [e.job_id for e in kept.entries({})] == [p.job_id for p in other]
+    assert reads == [3, 3]
