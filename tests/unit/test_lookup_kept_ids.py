@@ -201,7 +201,8 @@ def test_a_file_rewritten_with_the_same_size_time_and_inode_is_decoded_again(
     elsewhere.mkdir()
     write_ids(str(elsewhere), L1, 0, other)  # the same size: three other ids at the same places
     new = _path(elsewhere, L1, 0).read_bytes()
-    assert len(new) == len(data) and new != data
+    assert len(new) == len(data)
+    assert new != data
     with path.open("r+b") as f:  # into the same inode, its time set back: as a reused inode in one tick
         f.write(new)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
