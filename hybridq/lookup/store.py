@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
@@ -57,6 +57,33 @@ ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off
     rbytes = NULL, error = NULL, dup_of = NULL
 WHERE excluded.requeue > jobs.requeue
 """
+_ONE_JOB = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: Job rows per ``_UPSERT_JOB`` statement at most. Each statement's run ends by freeing its
+#: registers (this SQLite allocates each anew: no lookaside), so rows one per statement
+#: (``executemany``) cost about 4k instructions a row more than rows many per statement
+#: (docs/benchmarks.md, "The lookup index's rows many per statement"). 64 rows bind 640 values,
+#: under SQLite's oldest limit of 999.
+ROWS_PER_UPSERT = 64
+
+
+@functools.cache
+def _upsert_sql(rows: int) -> str:
+    """``_UPSERT_JOB`` for ``rows`` rows, in their order (a later row meets the earlier ones)."""
+    return _UPSERT_JOB.replace(_ONE_JOB, ", ".join([_ONE_JOB] * rows))
+
+
+def _upsert_jobs(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Upsert the job ``rows`` in order, in statements of :data:`ROWS_PER_UPSERT` rows, then powers of two.
+
+    The statements are a handful (seven sizes), so they stay prepared in sqlite3's cache.
+    """
+    i = 0
+    while i < len(rows):
+        n = min(ROWS_PER_UPSERT, 1 << ((len(rows) - i).bit_length() - 1))
+        db.execute(_upsert_sql(n), [value for row in rows[i : i + n] for value in row])
+        i += n
+
+
 # A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger.index._RANK) a success
 # beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
 # after all), and a success with its result beats one without (a run's event whose success was
