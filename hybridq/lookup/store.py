@@ -313,38 +313,45 @@ def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
 
 def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
-    done: list[tuple[tuple[bool, ...], tuple[Any, ...]]] = []
+    # The done rows in their order (two outcomes of one job: the first wins among equals), a
+    # statement per run of entries with the same NULL columns (in a burn: one run, every job
+    # succeeded alike), each run's rows gathered as they come (no second pass comparing them).
+    runs: list[tuple[tuple[bool, ...], list[tuple[Any, ...]]]] = []
+    rows: list[tuple[Any, ...]] = []
+    last: tuple[bool, ...] = ()
     retry, lost, dup = [], [], []
     for e in entries:
-        where = (e.job_id, *e.loc)
         if e.kind == _DONE_KIND:
             # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry);
             # a task's None (a burn's no-op jobs, many tasks') without the encoder at all.
             result = (_NULL if e.result is None else dumps_ascii(e.result)) if e.result_kept else None
             # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
             outcome = str(e.outcome or "failed")
-            started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
-            nulls = (started is None, result is None, rbytes is None, error is None, dup_of is None)
-            attempt, kept = max(0, e.attempt - e.later), int(e.result_kept)
-            if nulls == _SUCCEEDED:  # (nearly every entry of a burn)
-                params: tuple[Any, ...] = (outcome, attempt, started, e.at, result, kept, *where)
+            started, rbytes, error, dup_of = e.started, e.result_bytes, e.error, e.dup_of
+            attempt = max(0, e.attempt - e.later)
+            plain = rbytes is None and error is None and dup_of is None
+            if plain and started is not None and result is not None:
+                nulls = _SUCCEEDED  # (nearly every entry of a burn: its result kept)
+                params: tuple[Any, ...] = (outcome, attempt, started, e.at, result, 1, e.job_id, *e.loc)
             else:
-                values: list[Any] = [outcome, attempt, started, e.at, result, kept, rbytes, error, dup_of]
-                params = (*[v for v in values if v is not None], *where)
-            done.append((nulls, params))
-        elif e.kind == EntryKind.RETRY:
+                error = sql_text(error)
+                nulls = (started is None, result is None, rbytes is None, error is None, dup_of is None)
+                values = [outcome, attempt, started, e.at, result, int(e.result_kept), rbytes, error, dup_of]
+                params = (*[v for v in values if v is not None], e.job_id, *e.loc)
+            if nulls != last:
+                rows, last = [], nulls
+                runs.append((nulls, rows))
+            rows.append(params)
+            continue
+        where = (e.job_id, *e.loc)
+        if e.kind == EntryKind.RETRY:
             retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:
             dup.append((e.dup_of, *where))
-    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
-        if rows:
-            db.executemany(sql, rows)
-    # In their order (two outcomes of one job: the first wins among equals), a statement per
-    # run of entries with the same NULL columns (in a burn: one run, every job succeeded alike).
-    start = 0
-    for end in range(1, len(done) + 1):
-        if end == len(done) or done[end][0] != done[start][0]:
-            db.executemany(_done_sql(done[start][0]), [params for _, params in done[start:end]])
-            start = end
+    for sql, kind_rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
+        if kind_rows:
+            db.executemany(sql, kind_rows)
+    for pattern, run in runs:
+        db.executemany(_done_sql(pattern), run)

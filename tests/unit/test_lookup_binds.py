@@ -90,6 +90,10 @@ def _old_apply(db: sqlite3.Connection, entries: list[Entry]) -> None:
          Entry("done", "j1", LOC, outcome="succeeded", at=3.0, result_kept=True, result="r")],
         [Entry("done", "j1", LOC, outcome="cancelled", at=2.0),
          Entry("done", "j1", LOC, outcome="failed", at=3.0, started=2.0, error="late")],
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, error="boom"),
+         Entry("done", "j1", LOC, outcome="succeeded", at=3.0, started=2.5, result_kept=True),
+         Entry("done", "j1", LOC, outcome="succeeded", at=4.0, started=3.5, result_kept=True, result=1),
+         Entry("done", "j1", LOC, outcome="failed", at=5.0, started=4.5, result_kept=True, error="late")],
     ],
 )  # fmt: skip
 def test_the_rows_are_those_every_value_bound_made(tmp_path: Path, entries: list[Entry]) -> None:
