@@ -99,6 +99,15 @@ def _old_apply(db: sqlite3.Connection, entries: list[Entry]) -> None:
         [Entry("done", "j1", LOC, outcome="it's odd", at=2.0, started=1.0, error="null"),
          Entry("done", "j1", LOC, outcome="succeeded", at=3.0, result_kept=True, result="null"),
          Entry("done", "j1", LOC, outcome="succeeded", at=4.0, result_kept=True, result=None)],
+        # the common success's shortcut: each of its checks decides one of these (review of look50)
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0)],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, dup_of="j0")],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, result_bytes=5)],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, error="x")],
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, result_kept=True)],
+        # an outcome outside the protocol's, bound, on a later entry than the first
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, error="boom"),
+         Entry("done", "j1", LOC, outcome="it's odd", at=3.0, started=2.5)],
     ],
 )  # fmt: skip
 def test_the_rows_are_those_every_value_bound_made(tmp_path: Path, entries: list[Entry]) -> None:

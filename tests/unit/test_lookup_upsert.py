@@ -66,3 +66,15 @@ def test_a_requeue_in_the_same_statement_takes_the_id_over(tmp_path: Path) -> No
         ]
     finally:
         db.close()
+
+
+def test_a_statement_binds_no_more_than_the_oldest_sqlite_allows(tmp_path: Path) -> None:
+    """SQLite before 3.32 binds at most 999 values a statement (docs/deploy.md supports 3.24)."""
+    db = _db(tmp_path / "index.sqlite")
+    try:
+        db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        with db:
+            store._upsert_jobs(db, _rows(200))
+        assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] > 0
+    finally:
+        db.close()
