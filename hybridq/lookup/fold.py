@@ -21,7 +21,7 @@ from typing import Any
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.punched_ids import decode_payload, ids_files, read_payload
-from hybridq.lookup.store import _STARTED, _UPSERT_JOB, _apply, _moved, _save_marks, _stash, _stashed
+from hybridq.lookup.store import _STARTED, _apply, _moved, _save_marks, _stash, _stashed, _upsert_jobs
 
 __all__ = ["KEPT_ENTRIES", "KEPT_FILES", "EntryFold", "KeptIds"]
 
@@ -61,7 +61,7 @@ class EntryFold:
         started, self._started = list(self._started.values()), {}
         if moved or jobs or entries or started or _moved(marks, journal_to, ledger_to):
             with db:
-                db.executemany(_UPSERT_JOB, jobs)
+                _upsert_jobs(db, jobs)
                 self._fold(db, entries, journal_to)
                 db.executemany(_STARTED, started)  # after the outcomes: a run's end wins
                 _save_marks(db, journal_to, ledger_to)

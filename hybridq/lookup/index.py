@@ -40,7 +40,6 @@ from hybridq.lookup.fold import EntryFold, KeptIds, _forward, _read
 from hybridq.lookup.reads import RETENTION_S, index_path, job_row, sql_text
 from hybridq.lookup.store import (
     _SCHEMA,
-    _UPSERT_JOB,
     CHUNK,
     _bare_rows,
     _chunks,
@@ -51,6 +50,7 @@ from hybridq.lookup.store import (
     _save_marks,
     _stashed,
     _Tail,
+    _upsert_jobs,
 )
 from hybridq.protocol import EntryKind, StartedEvent
 
@@ -297,7 +297,7 @@ class LookupIndex(EntryFold):
         touched = 0
         for rows in _chunks(self._jobs):
             with db:
-                db.executemany(_UPSERT_JOB, rows)
+                _upsert_jobs(db, rows)
             touched += len(rows)
         self._jobs = []
         if self._building:
@@ -309,7 +309,7 @@ class LookupIndex(EntryFold):
             tail = _Tail(self.journal, journal_to, self._build_to)
             rows = [r for r in map(job_row, itertools.islice(tail, BUILD_STEP)) if r is not None]
             with db:
-                db.executemany(_UPSERT_JOB, rows)
+                _upsert_jobs(db, rows)
                 _save_marks(db, tail.end(), ledger_marks)
             touched += len(rows)
             journal_to = tail.end()

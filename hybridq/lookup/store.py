@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from hybridq.envelope.codec import dumps_ascii
@@ -24,7 +24,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.records import ChainPosition
 from hybridq.ledger.entries import Entry
 from hybridq.lookup.reads import readable_marks, sql_text
-from hybridq.protocol import EntryKind
+from hybridq.protocol import EntryKind, Outcome
 
 __all__ = ["CHUNK"]
 
@@ -57,22 +57,50 @@ ON CONFLICT (id) DO UPDATE SET writer = excluded.writer, seg = excluded.seg, off
     rbytes = NULL, error = NULL, dup_of = NULL
 WHERE excluded.requeue > jobs.requeue
 """
+_ONE_JOB = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: Job rows per ``_UPSERT_JOB`` statement at most. Each statement's run ends by freeing its
+#: registers (this SQLite allocates each anew: no lookaside), so rows one per statement
+#: (``executemany``) cost about 4k instructions a row more than rows many per statement
+#: (docs/benchmarks.md, "The lookup index's rows many per statement"). 64 rows bind 640 values,
+#: under SQLite's oldest limit of 999.
+ROWS_PER_UPSERT = 64
+
+
+@functools.cache
+def _upsert_sql(rows: int) -> str:
+    """``_UPSERT_JOB`` for ``rows`` rows, in their order (a later row meets the earlier ones)."""
+    return _UPSERT_JOB.replace(_ONE_JOB, ", ".join([_ONE_JOB] * rows))
+
+
+def _upsert_jobs(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Upsert the job ``rows`` in order, in statements of :data:`ROWS_PER_UPSERT` rows, then powers of two.
+
+    The statements are a handful (seven sizes), so they stay prepared in sqlite3's cache.
+    """
+    i = 0
+    while i < len(rows):
+        n = min(ROWS_PER_UPSERT, 1 << ((len(rows) - i).bit_length() - 1))
+        db.execute(_upsert_sql(n), [value for row in rows[i : i + n] for value in row])
+        i += n
+
+
 # A terminal outcome: the first one wins, but as in the ledger (hybridq.ledger.index._RANK) a success
 # beats a failure and either beats a cancel the forwarder settled meanwhile (a run that reported
 # after all), and a success with its result beats one without (a run's event whose success was
 # kept from another run carries none).
-# The new outcome is ``?1`` and its result's ``rkept`` ``?{kept}`` again in the conditions: bound
-# once each, not four times and twice (a text bind costs about 800 instructions: sqlite3 copies
-# it; docs/benchmarks.md, "The forwarder's writes per job, again"). Plain ``?`` are numbered in
-# order, so those re-uses after the last of them name the values bound before.
+# What the statement's text can say is written there, not bound: sqlite3 copies each text bound
+# (about 800 instructions a text: docs/benchmarks.md, "The forwarder's writes per job, again", and
+# "The lookup index's rows many per statement"). So the result's ``rkept`` is a literal, and so
+# are an outcome of the protocol's (``{new}``, a text of its own vocabulary) and a result ``null``;
+# an outcome bound is ``?1`` (the first ``?``) again in the conditions.
 _DONE = """
-UPDATE jobs SET state = 'done', outcome = ?, attempt = max(attempt, ?),
-    started = coalesce({started}, started), ended = ?, result = {result}, rkept = ?,
+UPDATE jobs SET state = 'done', outcome = {outcome}, attempt = max(attempt, ?),
+    started = coalesce({started}, started), ended = ?, result = {result}, rkept = {kept},
     rbytes = {rbytes}, error = {error}, dup_of = coalesce({dup_of}, dup_of)
 WHERE id = ? AND writer = ? AND seg = ? AND off = ? AND (state IS NOT 'done'
-    OR (outcome = 'failed' AND ?1 = 'succeeded')
-    OR (outcome = 'cancelled' AND ?1 IN ('succeeded', 'failed'))
-    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND ?1 = 'succeeded' AND ?{kept} = 1))
+    OR (outcome = 'failed' AND {new} = 'succeeded')
+    OR (outcome = 'cancelled' AND {new} IN ('succeeded', 'failed'))
+    OR (outcome = 'succeeded' AND rkept = 0 AND rbytes IS NULL AND {new} = 'succeeded' AND {kept} = 1))
 """
 #: The columns of ``_DONE`` that are often NULL. Each is bound as ``?`` when it has a value and
 #: written ``NULL`` in the statement when it has none: sqlite3 binds None through its adapter
@@ -85,17 +113,27 @@ _NULLABLE = ("started", "result", "rbytes", "error", "dup_of")
 _DONE_KIND = EntryKind.DONE
 #: ``dumps_ascii(None)``.
 _NULL = "null"
-#: A success as a burn's no-op jobs have it: started and result known, the rest none.
-_SUCCEEDED = (False, False, True, True, True)
+#: ``Outcome.SUCCEEDED`` as a plain str, read once (a member read from its class: see ``_DONE_KIND``).
+_OK = Outcome.SUCCEEDED.value
+#: The outcomes written in the statement's text (plain words: no quote to escape).
+_OUTCOMES = frozenset(str(o) for o in Outcome)
+#: A done statement's shape: its outcome (``None``: bound), whether its result is kept, and per
+#: nullable column (``_NULLABLE`` order) ``None`` (NULL), ``_NULL`` (the text ``null``) or ``""`` (bound).
+Shape = tuple[str | None, bool, str | None, str | None, str | None, str | None, str | None]
+#: A success as a burn's no-op jobs have it: started known, its result ``None`` kept, the rest none.
+_SUCCEEDED: Shape = ("succeeded", True, "", _NULL, None, None, None)
 
 
 @functools.cache
-def _done_sql(nulls: tuple[bool, ...]) -> str:
-    """``_DONE`` with ``NULL`` for the nullable columns ``nulls`` flags (in ``_NULLABLE`` order)."""
-    slots = {name: "NULL" if null else "?" for name, null in zip(_NULLABLE, nulls, strict=True)}
-    # rkept's number: after outcome, attempt, started (if bound), ended, result (if bound).
-    kept = 6 - nulls[0] - nulls[1]
-    return _DONE.format(kept=kept, **slots)
+def _done_sql(shape: Shape) -> str:
+    """``_DONE`` for entries of ``shape`` (:data:`Shape`)."""
+    outcome, kept, *columns = shape
+    slots = {
+        name: "NULL" if value is None else "'null'" if value == _NULL else "?"
+        for name, value in zip(_NULLABLE, columns, strict=True)
+    }
+    new = "?1" if outcome is None else f"'{outcome}'"
+    return _DONE.format(outcome="?" if outcome is None else new, new=new, kept=int(kept), **slots)
 
 
 # A failed run with a retry to come: ``ended`` holds when it failed (the retrying list's "last
@@ -286,38 +324,59 @@ def _stashed(db: sqlite3.Connection) -> list[tuple[int, Entry]]:
 
 def _apply(db: sqlite3.Connection, entries: Iterable[Entry]) -> None:
     """Fold ledger entries into the rows, one statement per kind (any order folds alike)."""
-    done: list[tuple[tuple[bool, ...], tuple[Any, ...]]] = []
+    # The done rows in their order (two outcomes of one job: the first wins among equals), a
+    # statement per run of entries of the same shape (in a burn: one run, every job succeeded
+    # alike), each run's rows gathered as they come (no second pass comparing them).
+    runs: list[tuple[Shape, list[tuple[Any, ...]]]] = []
+    rows: list[tuple[Any, ...]] = []
+    last: Shape | None = None
     retry, lost, dup = [], [], []
     for e in entries:
-        where = (e.job_id, *e.loc)
         if e.kind == _DONE_KIND:
-            # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry);
-            # a task's None (a burn's no-op jobs, many tasks') without the encoder at all.
-            result = (_NULL if e.result is None else dumps_ascii(e.result)) if e.result_kept else None
-            # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
-            outcome = str(e.outcome or "failed")
-            started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
-            nulls = (started is None, result is None, rbytes is None, error is None, dup_of is None)
-            attempt, kept = max(0, e.attempt - e.later), int(e.result_kept)
-            if nulls == _SUCCEEDED:  # (nearly every entry of a burn)
-                params: tuple[Any, ...] = (outcome, attempt, started, e.at, result, kept, *where)
+            attempt = max(0, e.attempt - e.later)
+            started, plain = e.started, e.result is None and e.result_bytes is None and e.error is None
+            if plain and e.dup_of is None and e.result_kept and started is not None and e.outcome == _OK:
+                shape: Shape = _SUCCEEDED  # (nearly every entry of a burn)
+                params: tuple[Any, ...] = (attempt, started, e.at, e.job_id, *e.loc)
             else:
-                values: list[Any] = [outcome, attempt, started, e.at, result, kept, rbytes, error, dup_of]
-                params = (*[v for v in values if v is not None], *where)
-            done.append((nulls, params))
-        elif e.kind == EntryKind.RETRY:
+                shape, params = _done_row(e, attempt)
+            if shape != last:
+                rows, last = [], shape
+                runs.append((shape, rows))
+            rows.append(params)
+            continue
+        where = (e.job_id, *e.loc)
+        if e.kind == EntryKind.RETRY:
             retry.append((max(0, e.attempt - e.later), e.started, sql_text(e.error), e.at, *where))
         elif e.kind == EntryKind.LOST:
             lost.append((e.attempt, *where))
         elif e.kind == EntryKind.DUPLICATE:
             dup.append((e.dup_of, *where))
-    for sql, rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
-        if rows:
-            db.executemany(sql, rows)
-    # In their order (two outcomes of one job: the first wins among equals), a statement per
-    # run of entries with the same NULL columns (in a burn: one run, every job succeeded alike).
-    start = 0
-    for end in range(1, len(done) + 1):
-        if end == len(done) or done[end][0] != done[start][0]:
-            db.executemany(_done_sql(done[start][0]), [params for _, params in done[start:end]])
-            start = end
+    for sql, kind_rows in ((_RETRY, retry), (_LOST, lost), (_DUPLICATE, dup)):
+        if kind_rows:
+            db.executemany(sql, kind_rows)
+    for shape, run in runs:
+        db.executemany(_done_sql(shape), run)
+
+
+def _done_row(e: Entry, attempt: int) -> tuple[Shape, tuple[Any, ...]]:
+    """A done entry's statement shape (:data:`Shape`) and its values bound, in their order."""
+    # A plain str: an Outcome (a str subclass) would be bound through the adapter lookup too.
+    outcome = str(e.outcome or "failed")
+    literal = outcome if outcome in _OUTCOMES else None
+    # json.dumps's text without the encoder it builds per call (~1.5 us of each done entry);
+    # a task's None (a burn's no-op jobs, many tasks') without the encoder at all.
+    result = (_NULL if e.result is None else dumps_ascii(e.result)) if e.result_kept else None
+    started, rbytes, error, dup_of = e.started, e.result_bytes, sql_text(e.error), e.dup_of
+    shape: Shape = (
+        literal,
+        e.result_kept,
+        None if started is None else "",
+        None if result is None else _NULL if result == _NULL else "",
+        None if rbytes is None else "",
+        None if error is None else "",
+        None if dup_of is None else "",
+    )
+    bound = [None if literal else outcome, attempt, started, e.at, None if result == _NULL else result]
+    values = [v for v in (*bound, rbytes, error, dup_of) if v is not None]
+    return shape, (*values, e.job_id, *e.loc)

@@ -5,7 +5,9 @@ such as an ``Outcome``) goes through its adapter lookup, which fails with an exc
 and cleared: about 3k instructions a value, three Nones a succeeded job (its error, its result's
 size, the original of a duplicate: docs/benchmarks.md, "Fewer writes per job"). The NULLs are
 written in the statement instead; the rows are the same (fails before: 3 lookups, 4 with an
-``Outcome``).
+``Outcome``). So are an outcome of the protocol's, a result ``null`` and ``rkept`` (a text bound
+is copied: docs/benchmarks.md, "The lookup index's rows many per statement"); any other outcome
+is bound (one with a quote in the cases below).
 """
 
 from __future__ import annotations
@@ -90,6 +92,22 @@ def _old_apply(db: sqlite3.Connection, entries: list[Entry]) -> None:
          Entry("done", "j1", LOC, outcome="succeeded", at=3.0, result_kept=True, result="r")],
         [Entry("done", "j1", LOC, outcome="cancelled", at=2.0),
          Entry("done", "j1", LOC, outcome="failed", at=3.0, started=2.0, error="late")],
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, error="boom"),
+         Entry("done", "j1", LOC, outcome="succeeded", at=3.0, started=2.5, result_kept=True),
+         Entry("done", "j1", LOC, outcome="succeeded", at=4.0, started=3.5, result_kept=True, result=1),
+         Entry("done", "j1", LOC, outcome="failed", at=5.0, started=4.5, result_kept=True, error="late")],
+        [Entry("done", "j1", LOC, outcome="it's odd", at=2.0, started=1.0, error="null"),
+         Entry("done", "j1", LOC, outcome="succeeded", at=3.0, result_kept=True, result="null"),
+         Entry("done", "j1", LOC, outcome="succeeded", at=4.0, result_kept=True, result=None)],
+        # the common success's shortcut: each of its checks decides one of these (review of look50)
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0)],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, dup_of="j0")],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, result_bytes=5)],
+        [Entry("done", "j1", LOC, outcome="succeeded", at=2.0, started=1.0, result_kept=True, error="x")],
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, result_kept=True)],
+        # an outcome outside the protocol's, bound, on a later entry than the first
+        [Entry("done", "j1", LOC, outcome="failed", at=2.0, started=1.0, error="boom"),
+         Entry("done", "j1", LOC, outcome="it's odd", at=3.0, started=2.5)],
     ],
 )  # fmt: skip
 def test_the_rows_are_those_every_value_bound_made(tmp_path: Path, entries: list[Entry]) -> None:
