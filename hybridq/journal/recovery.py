@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from hybridq.errors import JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
-from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
-from .holes import HOLES_SUFFIX
+from .format import BROKEN_SUFFIX, SEAL_RECORDS, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
 from .segment import SealError, seal_fd
-from .statefile import STATE_SUFFIX
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -60,8 +58,7 @@ class RecoveryReport:
     repaired: list[TornTail] = field(default_factory=list)
     sealed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    #: Punched sealed last segments a kill inside a punch's ``chmod u+w`` left writable, made
-    #: read-only again.
+    #: Sealed last segments of dead chains a crash left writable, sealed again (read-only).
     resealed: list[str] = field(default_factory=list)
 
 
@@ -103,8 +100,8 @@ def recover(
        anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
-       it, so its chain is closed and the tail is never repaired twice. A punched sealed last
-       segment a kill left writable is made read-only again (:func:`_restore_seal_mode`).
+       it, so its chain is closed and the tail is never repaired twice. A sealed last segment a
+       crash left writable is sealed again (:func:`_seal_again`).
     """
     checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
@@ -117,7 +114,7 @@ def recover(
     # One scan is enough: a chain that changed since (a live writer appended or sealed) is
     # re-checked under its lock by _close_dead_chain before anything is written.
     for info in reader.chain_ends.values():
-        if info.sealed and not info.live and _restore_seal_mode(fileops, info):
+        if info.sealed and not info.live and _seal_again(fileops, info):
             report.resealed.append(info.path)
         if info.sealed or info.live:
             continue
@@ -128,35 +125,39 @@ def recover(
     return report
 
 
-def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
-    """Make a chain's punched, sealed last segment read-only again if a kill left it writable.
+def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
+    """Seal again a dead chain's sealed last segment that a kill or a failed fsync left writable.
 
     The mode says "sealed" to every reader (docs/journal-format.md, *Seal*), a consumer's check
-    of a position saved at a chain's sealed end among them, and a kill while a punch holds a
-    segment ``u+w`` (:func:`hybridq.journal.holes._writable`) leaves it writable. Only a segment
-    with a hole map: a map is written only for a sealed (0400, fsynced) segment, so its seal is
-    durable. Seal records on a writable segment without one may be only in the page cache (the
-    seal's fdatasync failed and its writer gave up on it): a mode over them could outlive them
-    in a power cut, so such a segment stays writable, and reads as unsealed if they are lost.
-    Only under the segment's flock (a live writer holds it until its own chmod) and only if it
-    is as scanned. Returns whether it changed it.
+    of a position saved at a chain's sealed end among them: left writable, such a position is
+    refused at every start (and what it saved replayed again). A kill between the seal's
+    fdatasync and its chmod leaves one so, as does a kill while a punch holds it ``u+w``
+    (:func:`hybridq.journal.holes._writable`), or a seal whose fdatasync failed (EIO) and whose
+    writer gave up on it. In that last case the seal records may be only in the page cache, and a
+    later fsync can report success without writing them: a mode put over them could outlive
+    them in a power cut. So the seal records are cut off and written afresh, the same bytes
+    (:func:`~hybridq.journal.segment.seal_fd`: written, fdatasync, read-only, fsync), never
+    only chmodded. A kill at any point leaves a segment the next start seals: unsealed, with
+    part of a seal (torn), or sealed and still writable. Only under the segment's flock (a live
+    writer holds it until its own chmod) and only if it is as scanned. Returns whether it did.
     """
-    if not os.path.exists(info.path + HOLES_SUFFIX + STATE_SUFFIX):
+    try:
+        if not os.stat(info.path).st_mode & stat.S_IWUSR:
+            return False  # the common case, looked at before any open (root's would not be refused)
+    except FileNotFoundError:
         return False
-    with _locked(ops, info.path, os.O_RDONLY, missing_ok=True) as locked:
+    with _locked(ops, info.path, os.O_RDWR | os.O_APPEND, missing_ok=True) as locked:
         if locked is None:
             return False  # gone, or its writer is sealing it now: it chmods it itself
         fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
-        op = "chmod"
         try:
-            ops.fchmod(fd, 0o400)
-            op = "fsync"
-            ops.fsync(fd)
+            ops.ftruncate(fd, info.seal_offset)
         except OSError as exc:
-            raise JournalIOError(info.path, op, exc) from exc
-        log.warning("journal: %s: sealed but left writable by a crash; read-only again", info.path)
+            raise JournalIOError(info.path, "truncate", exc) from exc
+        _seal(ops, fd, info, info.next_seq - SEAL_RECORDS, synced_seq=info.seal_synced_seq)
+        log.warning("journal: %s: sealed but left writable by a crash; sealed again", info.path)
         return True
 
 
@@ -258,11 +259,24 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
                 )
         elif st.st_size != info.end_offset:
             return False
-        try:
-            seal_fd(ops, fd, salt_seed(info.salt), info.next_seq, info.last_data_seq, info.data_count)
-        except SealError as exc:
-            raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
+        _seal(ops, fd, info, info.next_seq)
         return True
+
+
+def _seal(ops: FileOps, fd: int, info: SegmentInfo, next_seq: int, *, synced_seq: int | None = None) -> None:
+    """Seal the segment ``info`` scanned, open as ``fd``, its seal's first record ``next_seq``."""
+    try:
+        seal_fd(
+            ops,
+            fd,
+            salt_seed(info.salt),
+            next_seq,
+            info.last_data_seq,
+            info.data_count,
+            synced_seq=synced_seq,
+        )
+    except SealError as exc:
+        raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
 
 
 def _back_up(ops: FileOps, path: str, fd: int, size: int) -> str:

@@ -113,7 +113,9 @@ class SegmentScan:
         base = offset  # file offset of buf[0]; the fd's offset is always base + len(buf)
         p = 0  # position in buf
         seals = 0
-        seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
+        # Where the first seal record starts, its sequence number, and the chain's sequence it
+        # states durable (the writer's ``synced_seq``, from its unsynced distance).
+        seal_off = seal_seq = seal_synced = 0
         holes = [h for h in self.holes if h.end > offset]
         if holes and holes[0].start < offset:  # resuming inside a punched range: after it
             expected, offset = self._skip(info, holes.pop(0), expected)
@@ -202,7 +204,7 @@ class SegmentScan:
                 if length != SEAL_PAYLOAD_SIZE:
                     raise self.corruption(off, "malformed seal record", expected)
                 if not seals:
-                    seal_off, seal_seq = off, seq
+                    seal_off, seal_seq, seal_synced = off, seq, seq - (type_word >> 8)
                 seals += 1
             elif seals:
                 raise self.corruption(off, "data record after a seal", seq)
@@ -225,6 +227,7 @@ class SegmentScan:
                     seal_off, "hole map range past the segment's seal", seal_seq, seal_seq + SEAL_RECORDS - 1
                 )
             info.sealed = True
+            info.seal_offset, info.seal_synced_seq = seal_off, seal_synced
             return
         if self.read_only:
             raise self.corruption(

@@ -1,10 +1,11 @@
-"""A kill between the ledger punch's ``chmod u+w`` and its write leaves a sealed last segment writable.
+"""A crash can leave a sealed last segment writable: a kill between its seal's fdatasync and chmod,
+or between the ledger punch's ``chmod u+w`` and its write, or a seal whose fdatasync failed.
 
 The seal of a segment is told by its mode (0400: docs/journal-format.md, *Seal*), and the saved
 ledger index is trusted only if each chain it covers reaches its position: "read to the end of
 its sealed last segment" needs that segment's seal. The start's recovery of the ledger's tails
-must give such a segment its mode back (its seal records are all there) before the saved index
-is checked, or a start replays the whole ledger once for nothing.
+must seal such a segment again (its seal records written afresh, then the mode) before the saved
+index is checked, or every start replays the whole ledger for nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from hybridq.errors import JournalIOError
 from hybridq.journal import JournalWriter, recovery
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
-from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
 from hybridq.journal.recovery import recover
@@ -57,6 +58,36 @@ def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_in
     assert path.stat().st_mode & 0o777 == 0o400
 
 
+def test_a_kill_between_the_seal_fdatasync_and_its_chmod_keeps_the_saved_index(tmp_path: Path) -> None:
+    """Failed on main: the segment stayed writable, and every start replayed the whole ledger."""
+    journal, path = _closed_ledger(tmp_path)
+    path.chmod(0o600)  # the seal's records written and fdatasync'd: the kill came before its chmod
+    sealed = path.read_bytes()
+    for _ in range(2):  # two starts: each saves what it read, as the forwarder does
+        report = recover(ledger_dir(journal), tails_only=True)
+        keys = KeyTable.in_journal(journal)
+        index, read, resumed = saved_index.resume(journal, Compacted(), keys)
+        assert resumed == 1
+        saved_index.save(journal, index, read, {})
+        keys.close()
+    assert report.resealed == []  # the first start sealed it again: the second had nothing to do
+    assert path.stat().st_mode & 0o777 == 0o400
+    assert path.read_bytes() == sealed  # the same seal, written again
+
+
+def _closed_ledger(tmp_path: Path) -> tuple[str, Path]:
+    """A journal whose ledger chain was closed (its last segment sealed), its index saved."""
+    rng = random.Random(7)
+    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
+    chain = open_ledger_writer(journal)
+    chain.max_segment_bytes = 2048
+    chain.append_many(e.to_bytes() for e in entries(rng, writer, 120))
+    chain.close()
+    ((ledger_writer, indices),) = list_chains(ledger_dir(journal)).items()
+    save_now(journal, Compacted())
+    return journal, Path(ledger_dir(journal)) / segment_name(ledger_writer, indices[-1])
+
+
 class _SealSyncFails(FileOps):
     """The seal's fdatasync fails (EIO): its records may be only in the page cache."""
 
@@ -68,12 +99,31 @@ class _SealSyncFails(FileOps):
         super().fdatasync(fd)
 
 
-def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: Path) -> None:
-    """Failed before the fix: the start chmodded it 0400 over a seal a power cut can still lose.
+class _Calls(FileOps):
+    """Lists the calls made on file descriptors, by name."""
 
-    A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md,
-    *Seal*): left writable, a power cut that loses the seal leaves an unsealed dead tail, which
-    the next start seals.
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __getattribute__(self, name: str) -> object:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: object) -> object:
+            self.names.append(name)
+            return attr(*args)
+
+        return call
+
+
+def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(tmp_path: Path) -> None:
+    """A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md, *Seal*).
+
+    The seal's fdatasync failed (EIO): its records may be only in the page cache, and a later
+    fsync may report success without writing them. The start cuts them off and writes them
+    afresh, fdatasync'd, before the chmod; a chmod alone (main before the fix to the punch's
+    case) or no seal at all (main for this case) would not do.
     """
     ops = _SealSyncFails()
     writer = JournalWriter(tmp_path, fileops=ops)
@@ -84,16 +134,18 @@ def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: 
     ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
     path = tmp_path / segment_name(writer_id, index)
     assert path.stat().st_mode & 0o777 == 0o600
+    sealed = path.read_bytes()
 
-    report = recover(tmp_path, tails_only=True)  # the next start
-    assert report.resealed == []
-    assert path.stat().st_mode & 0o777 == 0o600
-
-    # The power cut: the seal's pages never reached the disk.
-    os.truncate(path, path.stat().st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE))
-    report = recover(tmp_path, tails_only=True)
-    assert report.sealed == [str(path)]
+    calls = _Calls()
+    report = recover(tmp_path, tails_only=True, fileops=calls)  # the next start
+    assert report.resealed == [str(path)]
+    assert report.sealed == report.repaired == []
+    seal = calls.names[calls.names.index("ftruncate") :]
+    assert seal == ["ftruncate", "write", "fdatasync", "fchmod", "fsync", "close"]
+    assert path.stat().st_mode & 0o777 == 0o400
+    assert path.read_bytes() == sealed
     assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
+    assert recover(tmp_path, tails_only=True).resealed == []
 
 
 def _punched_and_left_writable(directory: Path) -> Path:
@@ -133,8 +185,8 @@ def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) 
     assert info.sealed
     with path.open("ab") as f:
         f.write(b"\0" * 16)
-    assert not recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert not recovery._seal_again(OS_FILEOPS, info)
     assert path.stat().st_mode & 0o777 == 0o600
     os.truncate(path, info.end_offset)
-    assert recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert recovery._seal_again(OS_FILEOPS, info)
     assert path.stat().st_mode & 0o777 == 0o400
