@@ -98,8 +98,8 @@ class SegmentInfo:
     punched: int = 0
     last_data_seq: int = 0
     sealed: bool = False
-    #: Of a sealed segment: where its seal records start, and the sequence number they state
-    #: durable when they were written (what recovery needs to write the same seal again).
+    #: Of a sealed segment: where its seal records start, and the last sequence number they state
+    #: durable (fsynced by its writer) when they were written: what recovery needs to seal it again.
     seal_offset: int = 0
     seal_synced_seq: int = 0
     live: bool = False

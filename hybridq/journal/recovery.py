@@ -27,7 +27,7 @@ from hybridq.errors import JournalIOError
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import BROKEN_SUFFIX, SEAL_RECORDS, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
-from .segment import SealError, seal_fd
+from .segment import SealError, make_read_only, seal_fd
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -133,32 +133,57 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
     refused at every start (and what it saved replayed again). A kill between the seal's
     fdatasync and its chmod leaves one so, as does a kill while a punch holds it ``u+w``
     (:func:`hybridq.journal.holes._writable`), or a seal whose fdatasync failed (EIO) and whose
-    writer gave up on it. In that last case the seal records may be only in the page cache, and a
-    later fsync can report success without writing them: a mode put over them could outlive
-    them in a power cut. So the seal records are cut off and written afresh, the same bytes
-    (:func:`~hybridq.journal.segment.seal_fd`: written, fdatasync, read-only, fsync), never
-    only chmodded. A kill at any point leaves a segment the next start seals: unsealed, with
-    part of a seal (torn), or sealed and still writable. Only under the segment's flock (a live
-    writer holds it until its own chmod) and only if it is as scanned. Returns whether it did.
+    writer gave up on it. In that last case the seal records, and the records the writer had
+    not fsynced yet, may be only in the page cache, and a later fsync can report success without
+    writing them: a mode put over them could outlive them. So they are written again, in place,
+    the same bytes (from :func:`_not_known_durable` to the end), then fdatasync, read-only,
+    fsync (:func:`~hybridq.journal.segment.make_read_only`). A crash at any step leaves the
+    segment as it was (the same bytes, sealed, writable) or sealed read-only over a durable
+    seal; a reader never sees it change. Only under the segment's flock (a live writer holds it
+    until its own chmod) and only if it is as scanned. Returns whether it did.
     """
     try:
         if not os.stat(info.path).st_mode & stat.S_IWUSR:
             return False  # the common case, looked at before any open (root's would not be refused)
     except FileNotFoundError:
         return False
-    with _locked(ops, info.path, os.O_RDWR | os.O_APPEND, missing_ok=True) as locked:
+    with _locked(ops, info.path, os.O_RDWR, missing_ok=True) as locked:
         if locked is None:
             return False  # gone, or its writer is sealing it now: it chmods it itself
         fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
+        done = _not_known_durable(ops, info)
         try:
-            ops.ftruncate(fd, info.seal_offset)
+            os.lseek(fd, done, os.SEEK_SET)
+            while done < info.end_offset:
+                chunk = os.pread(fd, min(_COPY_CHUNK, info.end_offset - done), done)
+                write_all(ops, fd, chunk)
+                done += len(chunk)
         except OSError as exc:
-            raise JournalIOError(info.path, "truncate", exc) from exc
-        _seal(ops, fd, info, info.next_seq - SEAL_RECORDS, synced_seq=info.seal_synced_seq)
+            raise JournalIOError(info.path, "write", exc) from exc
+        try:
+            make_read_only(ops, fd)
+        except SealError as exc:
+            raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         log.warning("journal: %s: sealed but left writable by a crash; sealed again", info.path)
         return True
+
+
+def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:
+    """Where the bytes of a sealed segment that may not be on disk start: its seal, or a record before.
+
+    The seal's records state the last sequence its writer had fsynced (docs/journal-format.md,
+    *Record*): the records after it were made durable only by the seal's fdatasync, if it did
+    not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one.
+    """
+    if info.punched or info.seal_synced_seq >= info.next_seq - SEAL_RECORDS - 1:
+        return info.seal_offset
+    reader = JournalReader(os.path.dirname(info.path), fileops=ops)
+    for record in reader.segment_records(info.writer_id, info.index):
+        if record.seq > info.seal_synced_seq:
+            return record.offset
+    return info.seal_offset
 
 
 @contextlib.contextmanager
@@ -259,24 +284,11 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
                 )
         elif st.st_size != info.end_offset:
             return False
-        _seal(ops, fd, info, info.next_seq)
+        try:
+            seal_fd(ops, fd, salt_seed(info.salt), info.next_seq, info.last_data_seq, info.data_count)
+        except SealError as exc:
+            raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True
-
-
-def _seal(ops: FileOps, fd: int, info: SegmentInfo, next_seq: int, *, synced_seq: int | None = None) -> None:
-    """Seal the segment ``info`` scanned, open as ``fd``, its seal's first record ``next_seq``."""
-    try:
-        seal_fd(
-            ops,
-            fd,
-            salt_seed(info.salt),
-            next_seq,
-            info.last_data_seq,
-            info.data_count,
-            synced_seq=synced_seq,
-        )
-    except SealError as exc:
-        raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
 
 
 def _back_up(ops: FileOps, path: str, fd: int, size: int) -> str:

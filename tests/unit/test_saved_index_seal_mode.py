@@ -15,12 +15,13 @@ import fcntl
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hybridq.errors import JournalIOError
-from hybridq.journal import JournalWriter, recovery
+from hybridq.journal import Durability, JournalWriter, Record, recovery
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
-from hybridq.journal.format import segment_name
+from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
 from hybridq.journal.recovery import recover
@@ -99,52 +100,67 @@ class _SealSyncFails(FileOps):
         super().fdatasync(fd)
 
 
-class _Calls(FileOps):
-    """Lists the calls made on file descriptors, by name."""
+class _Writes(FileOps):
+    """Lists the calls made, by name, and where each ``write`` starts and ends in its file."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.spans: list[tuple[int, int]] = []
 
     def __getattribute__(self, name: str) -> object:
         attr = super().__getattribute__(name)
         if name.startswith("_") or not callable(attr):
             return attr
 
-        def call(*args: object) -> object:
+        def call(*args: Any) -> object:
             self.names.append(name)
+            if name == "write":
+                at = os.lseek(args[0], 0, os.SEEK_CUR)
+                self.spans.append((at, at + len(args[1])))
             return attr(*args)
 
         return call
 
 
-def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(tmp_path: Path) -> None:
-    """A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md, *Seal*).
-
-    The seal's fdatasync failed (EIO): its records may be only in the page cache, and a later
-    fsync may report success without writing them. The start cuts them off and writes them
-    afresh, fdatasync'd, before the chmod; a chmod alone (main before the fix to the punch's
-    case) or no seal at all (main for this case) would not do.
-    """
+def _abandoned_seal(directory: Path, durability: Durability) -> tuple[Path, list[Record]]:
+    """A segment whose seal's fdatasync failed (EIO): its records written, the segment abandoned."""
     ops = _SealSyncFails()
-    writer = JournalWriter(tmp_path, fileops=ops)
+    writer = JournalWriter(directory, fileops=ops, durability=durability)
     writer.append_many([b"job-%d" % i for i in range(5)])
     ops.fail = True
     with pytest.raises(JournalIOError):
-        writer.close()  # the seal's records written, its fdatasync EIO: the segment abandoned
-    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
-    path = tmp_path / segment_name(writer_id, index)
+        writer.close()
+    ((writer_id, (index,)),) = list_chains(str(directory)).items()
+    path = directory / segment_name(writer_id, index)
     assert path.stat().st_mode & 0o777 == 0o600
-    sealed = path.read_bytes()
+    return path, list(JournalReader(directory).records())
 
-    calls = _Calls()
+
+@pytest.mark.parametrize("durability", list(Durability))
+def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """A sealed mode must never stand over bytes that may not be durable (docs/journal-format.md, *Seal*).
+
+    The seal's fdatasync failed (EIO): its records, and those its writer had not fsynced (all
+    of them with ``no-fsync``), may be only in the page cache, and a later fsync may report
+    success without writing them. The start writes them again, the same bytes in place, and
+    fdatasyncs them before the chmod; a chmod alone, or no seal at all (main), would not do.
+    """
+    path, records = _abandoned_seal(tmp_path, durability)
+    before = path.read_bytes()
+    seal_at = len(before) - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
+
+    calls = _Writes()
     report = recover(tmp_path, tails_only=True, fileops=calls)  # the next start
     assert report.resealed == [str(path)]
     assert report.sealed == report.repaired == []
-    seal = calls.names[calls.names.index("ftruncate") :]
-    assert seal == ["ftruncate", "write", "fdatasync", "fchmod", "fsync", "close"]
+    assert calls.names[calls.names.index("write") :] == ["write", "fdatasync", "fchmod", "fsync", "close"]
+    start = seal_at if durability == Durability.FSYNC else records[0].offset
+    assert calls.spans == [(start, len(before))]
     assert path.stat().st_mode & 0o777 == 0o400
-    assert path.read_bytes() == sealed
-    assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
+    assert path.read_bytes() == before
+    assert list(JournalReader(tmp_path).records()) == records
     assert recover(tmp_path, tails_only=True).resealed == []
 
 
