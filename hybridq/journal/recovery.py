@@ -142,11 +142,8 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
     seal; a reader never sees it change. Only under the segment's flock (a live writer holds it
     until its own chmod) and only if it is as scanned. Returns whether it did.
     """
-    try:
-        if not os.stat(info.path).st_mode & stat.S_IWUSR:
-            return False  # the common case, looked at before any open (root's would not be refused)
-    except FileNotFoundError:
-        return False
+    if not _writable(info.path):
+        return False  # the common case (or gone), looked at before any open (root's is not refused)
     with _locked(ops, info.path, os.O_RDWR, missing_ok=True) as locked:
         if locked is None:
             return False  # gone, or its writer is sealing it now: it chmods it itself
@@ -204,7 +201,8 @@ def _locked(
         yield None
         return
     except PermissionError as exc:
-        if not os.stat(path).st_mode & stat.S_IWUSR:
+        writable = _writable(path)
+        if writable is False or (writable is None and missing_ok):
             yield None
             return
         raise JournalIOError(path, "open", exc) from exc
@@ -219,6 +217,20 @@ def _locked(
         yield fd, os.fstat(fd)
     finally:
         ops.close(fd)
+
+
+def _writable(path: str) -> bool | None:
+    """Whether ``path``'s mode lets its owner write it; None if it is gone.
+
+    Any other error of the ``stat`` raises :class:`JournalIOError`: an I/O error is not a
+    sealed segment, and must not pass for one.
+    """
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IWUSR)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JournalIOError(path, "stat", exc) from exc
 
 
 def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:

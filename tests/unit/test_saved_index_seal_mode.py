@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hybridq.errors import JournalIOError
 from hybridq.journal import Durability, JournalWriter, Record, recovery
+from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
 from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.holes import Hole, punch_holes
@@ -206,3 +207,50 @@ def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) 
     os.truncate(path, info.end_offset)
     assert recovery._seal_again(OS_FILEOPS, info)
     assert path.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_journal_chain_left_writable_is_sealed_again_for_its_compaction(tmp_path: Path) -> None:
+    """The journal's own chains too (recover() is the forwarder's start for all three).
+
+    Failed on main: a producer's last segment left writable by a kill before its seal's chmod
+    had no seal by its mode, so its compaction (``sealed_data_count``) never took it.
+    """
+    with JournalWriter(tmp_path) as writer:
+        writer.append_many([b"job-%d" % i for i in range(5)])
+    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
+    (tmp_path / segment_name(writer_id, index)).chmod(0o600)
+    assert sealed_data_count(str(tmp_path), writer_id, index) is None
+    assert recover(tmp_path, tails_only=True).resealed == [str(tmp_path / segment_name(writer_id, index))]
+    assert sealed_data_count(str(tmp_path), writer_id, index) == 5
+
+
+def test_an_io_error_looking_at_the_mode_is_raised_not_taken_for_a_seal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed before the fix: the stat's EIO escaped raw (not a JournalIOError naming the file).
+
+    Whether the start seals a segment again, or leaves one its writer sealed meanwhile (a write
+    open refused), goes by its mode: an error reading the mode is the start's failure.
+    """
+    path = _punched_and_left_writable(tmp_path)
+    reader = JournalReader(tmp_path)
+    reader.check(tails_only=True)
+    (info,) = reader.chain_ends.values()
+    real_stat = os.stat
+
+    def stat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(name) == str(path):
+            raise OSError(errno.EIO, "I/O error")
+        return real_stat(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(JournalIOError, match="stat"):
+        recovery._seal_again(OS_FILEOPS, info)
+
+    class Refused(FileOps):
+        def open(self, name: str, flags: int, mode: int = 0o600) -> int:
+            raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    # The open refused, then the mode unreadable.
+    with pytest.raises(JournalIOError, match="stat"), recovery._locked(Refused(), str(path), os.O_RDWR):
+        pass
