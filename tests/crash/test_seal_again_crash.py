@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from hybridq.errors import HybridqError
 from hybridq.journal import JournalReader
-from hybridq.journal.fileops import FileOps
 from hybridq.journal.recovery import recover
 from hybridq.ledger import saved_index
 from hybridq.ledger.compacted import Compacted
@@ -29,7 +28,7 @@ from hybridq.ledger.store import ledger_dir
 
 from tests.crash.test_repair_power_loss import KillAt, _Killed
 from tests.support.powerloss import MODES, PowerLossFileOps
-from tests.unit.test_saved_index_seal_mode import _closed_ledger
+from tests.unit.test_saved_index_seal_mode import _closed_ledger, _Writes
 
 
 @pytest.fixture(scope="module")
@@ -50,23 +49,7 @@ def _copy(template: tuple[Path, Path, list[bytes]], to: Path) -> tuple[str, Path
 
 def _seal_steps(template: tuple[Path, Path, list[bytes]], tmp_path: Path) -> range:
     """The operation numbers of the start's recovery from its ``write`` on (the sealing again)."""
-
-    class Names(FileOps):
-        names: list[str]
-
-        def __getattribute__(self, name: str) -> object:
-            attr = super().__getattribute__(name)
-            if name.startswith("_") or not callable(attr):
-                return attr
-
-            def call(*args: object) -> object:
-                self.names.append(name)
-                return attr(*args)
-
-            return call
-
-    ops = Names()
-    ops.names = []
+    ops = _Writes()
     journal, _ = _copy(template, tmp_path / "names")
     assert recover(ledger_dir(journal), tails_only=True, fileops=ops).resealed
     first = ops.names.index("write")
