@@ -27,15 +27,16 @@ from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir
 
 from tests.crash.test_repair_power_loss import KillAt, _Killed
+from tests.support.faulty import CallSpy
 from tests.support.powerloss import MODES, PowerLossFileOps
-from tests.unit.test_saved_index_seal_mode import _closed_ledger, _Writes
+from tests.support.writers import closed_ledger
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[bytes]]:
     """A journal whose ledger's last segment is sealed and left 0600; that segment; its records."""
     base = tmp_path_factory.mktemp("seal-again")
-    journal, segment = _closed_ledger(base)
+    journal, segment = closed_ledger(base)
     segment.chmod(0o600)  # killed between the seal's fdatasync and its chmod
     records = [r.payload for r in JournalReader(ledger_dir(journal)).records()]
     return Path(journal), segment.relative_to(journal), records
@@ -49,7 +50,7 @@ def _copy(template: tuple[Path, Path, list[bytes]], to: Path) -> tuple[str, Path
 
 def _seal_steps(template: tuple[Path, Path, list[bytes]], tmp_path: Path) -> range:
     """The operation numbers of the start's recovery from its ``write`` on (the sealing again)."""
-    ops = _Writes()
+    ops = CallSpy()
     journal, _ = _copy(template, tmp_path / "names")
     assert recover(ledger_dir(journal), tails_only=True, fileops=ops).resealed
     first = ops.names.index("write")

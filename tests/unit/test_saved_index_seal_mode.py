@@ -3,9 +3,10 @@ or between the ledger punch's ``chmod u+w`` and its write, or a seal whose fdata
 
 The seal of a segment is told by its mode (0400: docs/journal-format.md, *Seal*), and the saved
 ledger index is trusted only if each chain it covers reaches its position: "read to the end of
-its sealed last segment" needs that segment's seal. The start's recovery of the ledger's tails
-must seal such a segment again (its seal records written afresh, then the mode) before the saved
-index is checked, or every start replays the whole ledger for nothing.
+its sealed last segment" needs that segment's seal. The start's recovery of the tails seals
+such a segment again before the saved index is checked, or every start replays the whole ledger
+for nothing: the bytes that may not be durable (its seal, and the records its writer had not
+fsynced) written again in place, fdatasync'd, read again, and only then the mode.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 
 import pytest
 from hybridq.errors import JournalIOError
-from hybridq.journal import Durability, JournalWriter, Record, recovery
+from hybridq.journal import JournalWriter, recovery
 from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
-from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
 from hybridq.journal.recovery import recover
@@ -31,6 +32,7 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 
+from tests.support.writers import closed_ledger
 from tests.unit import test_ledger_replay
 from tests.unit.test_saved_index import entries, save_now
 
@@ -62,7 +64,7 @@ def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_in
 
 def test_a_kill_between_the_seal_fdatasync_and_its_chmod_keeps_the_saved_index(tmp_path: Path) -> None:
     """Failed on main: the segment stayed writable, and every start replayed the whole ledger."""
-    journal, path = _closed_ledger(tmp_path)
+    journal, path = closed_ledger(tmp_path)
     path.chmod(0o600)  # the seal's records written and fdatasync'd: the kill came before its chmod
     sealed = path.read_bytes()
     for _ in range(2):  # two starts: each saves what it read, as the forwarder does
@@ -75,94 +77,6 @@ def test_a_kill_between_the_seal_fdatasync_and_its_chmod_keeps_the_saved_index(t
     assert report.resealed == []  # the first start sealed it again: the second had nothing to do
     assert path.stat().st_mode & 0o777 == 0o400
     assert path.read_bytes() == sealed  # the same seal, written again
-
-
-def _closed_ledger(tmp_path: Path) -> tuple[str, Path]:
-    """A journal whose ledger chain was closed (its last segment sealed), its index saved."""
-    rng = random.Random(7)
-    journal, writer = test_ledger_replay.journal_of_three_segments(tmp_path)
-    chain = open_ledger_writer(journal)
-    chain.max_segment_bytes = 2048
-    chain.append_many(e.to_bytes() for e in entries(rng, writer, 120))
-    chain.close()
-    ((ledger_writer, indices),) = list_chains(ledger_dir(journal)).items()
-    save_now(journal, Compacted())
-    return journal, Path(ledger_dir(journal)) / segment_name(ledger_writer, indices[-1])
-
-
-class _SealSyncFails(FileOps):
-    """The seal's fdatasync fails (EIO): its records may be only in the page cache."""
-
-    fail = False
-
-    def fdatasync(self, fd: int) -> None:
-        if self.fail:
-            raise OSError(errno.EIO, "I/O error")
-        super().fdatasync(fd)
-
-
-class _Writes(FileOps):
-    """Lists the calls made, by name, and where each ``write`` starts and ends in its file."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.spans: list[tuple[int, int]] = []
-
-    def __getattribute__(self, name: str) -> object:
-        attr = super().__getattribute__(name)
-        if name.startswith("_") or not callable(attr):
-            return attr
-
-        def call(*args: Any) -> object:
-            self.names.append(name)
-            if name == "write":
-                at = os.lseek(args[0], 0, os.SEEK_CUR)
-                self.spans.append((at, at + len(args[1])))
-            return attr(*args)
-
-        return call
-
-
-def _abandoned_seal(directory: Path, durability: Durability) -> tuple[Path, list[Record]]:
-    """A segment whose seal's fdatasync failed (EIO): its records written, the segment abandoned."""
-    ops = _SealSyncFails()
-    writer = JournalWriter(directory, fileops=ops, durability=durability)
-    writer.append_many([b"job-%d" % i for i in range(5)])
-    ops.fail = True
-    with pytest.raises(JournalIOError):
-        writer.close()
-    ((writer_id, (index,)),) = list_chains(str(directory)).items()
-    path = directory / segment_name(writer_id, index)
-    assert path.stat().st_mode & 0o777 == 0o600
-    return path, list(JournalReader(directory).records())
-
-
-@pytest.mark.parametrize("durability", list(Durability))
-def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(
-    tmp_path: Path, durability: Durability
-) -> None:
-    """A sealed mode must never stand over bytes that may not be durable (docs/journal-format.md, *Seal*).
-
-    The seal's fdatasync failed (EIO): its records, and those its writer had not fsynced (all
-    of them with ``no-fsync``), may be only in the page cache, and a later fsync may report
-    success without writing them. The start writes them again, the same bytes in place, and
-    fdatasyncs them before the chmod; a chmod alone, or no seal at all (main), would not do.
-    """
-    path, records = _abandoned_seal(tmp_path, durability)
-    before = path.read_bytes()
-    seal_at = len(before) - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
-
-    calls = _Writes()
-    report = recover(tmp_path, tails_only=True, fileops=calls)  # the next start
-    assert report.resealed == [str(path)]
-    assert report.sealed == report.repaired == []
-    assert calls.names[calls.names.index("write") :] == ["write", "fdatasync", "fchmod", "fsync", "close"]
-    start = seal_at if durability == Durability.FSYNC else records[0].offset
-    assert calls.spans == [(start, len(before))]
-    assert path.stat().st_mode & 0o777 == 0o400
-    assert path.read_bytes() == before
-    assert list(JournalReader(tmp_path).records()) == records
-    assert recover(tmp_path, tails_only=True).resealed == []
 
 
 def _punched_and_left_writable(directory: Path) -> Path:
