@@ -14,6 +14,7 @@ This module must not import redis, rq, click or the job envelope.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -22,12 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from hybridq.errors import JournalIOError
+from hybridq.errors import JournalCorruption, JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
 from .format import BROKEN_SUFFIX, SEAL_RECORDS, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
-from .segment import SealError, make_read_only, seal_fd
+from .segment import SealError, seal_fd, set_read_only
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -137,10 +138,17 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
     not fsynced yet, may be only in the page cache, and a later fsync can report success without
     writing them: a mode put over them could outlive them. So they are written again, in place,
     the same bytes (from :func:`_not_known_durable` to the end), then fdatasync, read-only,
-    fsync (:func:`~hybridq.journal.segment.make_read_only`). A crash at any step leaves the
-    segment as it was (the same bytes, sealed, writable) or sealed read-only over a durable
-    seal; a reader never sees it change. Only under the segment's flock (a live writer holds it
-    until its own chmod) and only if it is as scanned. Returns whether it did.
+    fsync (the order of :func:`~hybridq.journal.segment.make_read_only`). A crash at any step
+    leaves the segment as it was (the same bytes, sealed, writable) or sealed read-only over a
+    durable seal; a reader never sees it change. Only under the segment's flock (a live writer
+    holds it until its own chmod) and only if it is as scanned.
+
+    The bytes read back may not be the ones scanned: pages whose write-back failed can be
+    evicted, and a read then returns what the disk holds (zeros, say). So once they are
+    fdatasync'd the segment is read again, and the mode set only if it still reads as the
+    scan read it; if not it stays writable (one warning), and the next start reads it as it is
+    now (a torn tail to repair, or damage to refuse), as it would have without this.
+    Returns whether it sealed it.
     """
     if not _writable(info.path):
         return False  # the common case (or gone), looked at before any open (root's is not refused)
@@ -150,21 +158,67 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
         fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
-        done = _not_known_durable(ops, info)
+        _write_again(ops, fd, info, _not_known_durable(ops, info))
         try:
-            os.lseek(fd, done, os.SEEK_SET)
-            while done < info.end_offset:
-                chunk = os.pread(fd, min(_COPY_CHUNK, info.end_offset - done), done)
-                write_all(ops, fd, chunk)
-                done += len(chunk)
+            ops.fdatasync(fd)
         except OSError as exc:
-            raise JournalIOError(info.path, "write", exc) from exc
+            raise JournalIOError(info.path, "fsync", exc) from exc
+        if not _as_scanned(ops, info):
+            log.warning(
+                "journal: %s: sealed but left writable by a crash, and no longer reads as it did "
+                "(its pages lost?); left writable for the next start",
+                info.path,
+            )
+            return False
         try:
-            make_read_only(ops, fd)
+            set_read_only(ops, fd)
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         log.warning("journal: %s: sealed but left writable by a crash; sealed again", info.path)
         return True
+
+
+def _write_again(ops: FileOps, fd: int, info: SegmentInfo, done: int) -> None:
+    """Write the segment's bytes from ``done`` to its scanned end again, in place, as read back.
+
+    A read that returns nothing before that end fails it (:class:`JournalIOError`): bytes not
+    written again must not be taken for durable ones.
+    """
+    op = "seek"
+    try:
+        os.lseek(fd, done, os.SEEK_SET)
+        while done < info.end_offset:
+            op = "read"
+            chunk = _read_some(fd, min(_COPY_CHUNK, info.end_offset - done), done)
+            op = "write"
+            write_all(ops, fd, chunk)
+            done += len(chunk)
+    except OSError as exc:
+        raise JournalIOError(info.path, op, exc) from exc
+
+
+def _read_some(fd: int, size: int, offset: int) -> bytes:
+    """``pread``; nothing read (the file shorter than asked) is an error, not a last chunk."""
+    chunk = os.pread(fd, size, offset)
+    if not chunk:
+        raise OSError(errno.EIO, "read returned nothing before the scanned end")
+    return chunk
+
+
+def _as_scanned(ops: FileOps, info: SegmentInfo) -> bool:
+    """Whether the segment reads now as the start's scan read it: sealed at the same end, same records.
+
+    An error reading it is the start's (:class:`JournalIOError`); damage is only "not as scanned".
+    """
+    reader = JournalReader(os.path.dirname(info.path), fileops=ops)
+    try:
+        now = reader.segment_info(info.writer_id, info.index)
+    except JournalCorruption:
+        return False
+    except OSError as exc:
+        raise JournalIOError(info.path, "read", exc) from exc
+    seen = (info.sealed, info.end_offset, info.next_seq, info.data_count, info.last_data_seq)
+    return (now.sealed, now.end_offset, now.next_seq, now.data_count, now.last_data_seq) == seen
 
 
 def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:

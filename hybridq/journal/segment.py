@@ -15,7 +15,14 @@ from hybridq.errors import JournalIOError, SealError
 from .fileops import FileOps, write_all
 from .format import SEAL_RECORDS, RecordType, encode_records, encode_seal, salt_seed
 
-__all__ = ["OpenSegment", "SealError", "as_oserror", "close_quietly", "make_read_only", "seal_fd"]
+__all__ = [
+    "OpenSegment",
+    "SealError",
+    "as_oserror",
+    "close_quietly",
+    "seal_fd",
+    "set_read_only",
+]
 
 
 class OpenSegment:
@@ -110,10 +117,17 @@ def make_read_only(ops: FileOps, fd: int) -> None:
     The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
     the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
     """
-    op = "fsync"
     try:
         ops.fdatasync(fd)
-        op = "chmod"
+    except OSError as exc:
+        raise SealError("fsync", exc) from exc
+    set_read_only(ops, fd)
+
+
+def set_read_only(ops: FileOps, fd: int) -> None:
+    """The mode that says "sealed", then fsync (raises :class:`SealError`): only over fdatasync'd bytes."""
+    op = "chmod"
+    try:
         ops.fchmod(fd, 0o400)
         op = "fsync"
         ops.fsync(fd)

@@ -1,7 +1,7 @@
 """A start that seals again a ledger segment a crash left sealed and writable, stopped at each step.
 
-The start's recovery writes the seal records again in place (the same bytes), fdatasyncs, chmods
-0400 and fsyncs (hybridq/journal/recovery.py, ``_seal_again``; docs/journal-format.md, *Seal*).
+The start's recovery writes the seal records again in place (the same bytes), fdatasyncs, reads
+the segment again, chmods 0400 and fsyncs (hybridq/journal/recovery.py, ``_seal_again``; docs/journal-format.md, *Seal*).
 Here it stops before each of its file operations in turn: the process killed (every byte written
 stays, its flock goes; ``write`` also cut in half), or the power cut (tests/support/powerloss.py:
 what no fsync covered is dropped, torn or garbled, a mode no fsync covered kept or reverted). After each stop the next start must leave the
@@ -54,7 +54,8 @@ def _seal_steps(template: tuple[Path, Path, list[bytes]], tmp_path: Path) -> ran
     journal, _ = _copy(template, tmp_path / "names")
     assert recover(ledger_dir(journal), tails_only=True, fileops=ops).resealed
     first = ops.names.index("write")
-    assert ops.names[first:] == ["write", "fdatasync", "fchmod", "fsync", "close"]
+    assert ops.names[first : first + 2] == ["write", "fdatasync"]
+    assert ops.names[-3:] == ["fchmod", "fsync", "close"]  # the segment read again in between
     return range(first, len(ops.names))
 
 

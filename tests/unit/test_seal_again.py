@@ -1,14 +1,16 @@
 """The start seals again a sealed segment left writable: which bytes it writes again, and when not.
 
 A seal whose fdatasync failed (EIO) leaves its records, and those its writer had not fsynced,
-possibly only in the page cache; the start writes them again in place, fdatasyncs, and only
-then sets the mode (hybridq/journal/recovery.py, ``_seal_again``;
+possibly only in the page cache; the start writes them again in place, fdatasyncs, reads the
+segment again, and only then sets the mode (hybridq/journal/recovery.py, ``_seal_again``;
 docs/journal-format.md, *Seal*).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -67,10 +69,65 @@ def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(
     report = recover(tmp_path, tails_only=True, fileops=calls)  # the next start
     assert report.resealed == [str(path)]
     assert report.sealed == report.repaired == []
-    assert calls.names[calls.names.index("write") :] == ["write", "fdatasync", "fchmod", "fsync", "close"]
+    sealing = calls.names[calls.names.index("write") :]
+    assert sealing[:2] == ["write", "fdatasync"]
+    assert sealing[-3:] == ["fchmod", "fsync", "close"]  # after the segment was read again
+    assert "read" in sealing[2:-3]
+    assert "write" not in sealing[1:]
     start = len(before) - _SEAL_BYTES if durability == Durability.FSYNC else written[0].offset
     assert calls.spans == [(start, len(before))]
     assert path.stat().st_mode & 0o777 == 0o400
     assert path.read_bytes() == before
     assert list(JournalReader(tmp_path).records()) == written
     assert recover(tmp_path, tails_only=True).resealed == []
+
+
+def test_pages_read_back_other_than_scanned_are_not_sealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failed before the fix: zeros read back (pages evicted after the failed write-back) were sealed 0400.
+
+    The segment then read as a sealed one without its seal (corruption: the forwarder stops).
+    Read again after the fdatasync, it no longer reads as scanned: it stays writable, and the
+    next start repairs it as the torn tail it now is, every durable record kept.
+    """
+    path, written = _abandoned_seal(tmp_path, Durability.FSYNC)
+    real = os.pread
+
+    def evicted(fd: int, n: int, offset: int) -> bytes:
+        return b"\0" * len(real(fd, n, offset))  # what the disk holds after the failed write-back
+
+    monkeypatch.setattr(os, "pread", evicted)
+    with caplog.at_level(logging.WARNING, "hybridq.journal"):
+        report = recover(tmp_path, tails_only=True)
+    monkeypatch.setattr(os, "pread", real)
+    assert report.resealed == []
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [r.message for r in caplog.records if "no longer reads as it did" in r.message]
+    nxt = recover(tmp_path, tails_only=True)
+    assert [t.offset for t in nxt.repaired] == [path.stat().st_size - _SEAL_BYTES]
+    assert nxt.sealed == [str(path)]
+    assert path.stat().st_mode & 0o777 == 0o400
+    assert list(JournalReader(tmp_path).records()) == written
+
+
+def test_a_read_back_that_fails_or_comes_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed read is the start's failure, named ``read`` (it said ``write``); so is a read that
+    returns nothing (the file shorter than scanned), which looped for ever. The mode is not set."""
+    path, written = _abandoned_seal(tmp_path, Durability.FSYNC)
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "pread", failing)
+    with pytest.raises(JournalIOError) as failed:
+        recover(tmp_path, tails_only=True)
+    assert failed.value.op == "read"
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: b"")
+    with pytest.raises(JournalIOError) as short:
+        recover(tmp_path, tails_only=True)
+    assert short.value.op == "read"
+    assert path.stat().st_mode & 0o777 == 0o600
+    monkeypatch.undo()
+    assert recover(tmp_path, tails_only=True).resealed == [str(path)]
+    assert list(JournalReader(tmp_path).records()) == written
