@@ -228,11 +228,11 @@ def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:
     *Record*): the records after it were made durable only by the seal's fdatasync, if it did
     not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one.
     """
-    if info.punched or info.seal_synced_seq >= info.next_seq - SEAL_RECORDS - 1:
+    if info.punched or info.synced_seq >= info.next_seq - SEAL_RECORDS - 1:
         return info.seal_offset
     reader = JournalReader(os.path.dirname(info.path), fileops=ops)
     for record in reader.segment_records(info.writer_id, info.index):
-        if record.seq > info.seal_synced_seq:
+        if record.seq > info.synced_seq:
             return record.offset
     return info.seal_offset
 
@@ -351,7 +351,17 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
         elif st.st_size != info.end_offset:
             return False
         try:
-            seal_fd(ops, fd, salt_seed(info.salt), info.next_seq, info.last_data_seq, info.data_count)
+            # The dead writer's own frontier (as its last record states it), not "all durable":
+            # if this seal's fdatasync fails, the next start's _seal_again rewrites from there.
+            seal_fd(
+                ops,
+                fd,
+                salt_seed(info.salt),
+                info.next_seq,
+                info.last_data_seq,
+                info.data_count,
+                synced_seq=info.synced_seq,
+            )
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True

@@ -22,6 +22,7 @@ from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import recover
 
 from tests.support.faulty import CallSpy
+from tests.support.writers import abandon_writer
 
 _SEAL_BYTES = SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
 
@@ -131,3 +132,28 @@ def test_a_read_back_that_fails_or_comes_short(tmp_path: Path, monkeypatch: pyte
     monkeypatch.undo()
     assert recover(tmp_path, tails_only=True).resealed == [str(path)]
     assert list(JournalReader(tmp_path).records()) == written
+
+
+@pytest.mark.parametrize("durability", list(Durability))
+def test_recoverys_own_seal_states_the_dead_writers_frontier(tmp_path: Path, durability: Durability) -> None:
+    """Failed before the fix: recovery's seal stated every record durable, so after
+    its fdatasync failed the next start wrote the seal again only, 0400 over records never on disk.
+
+    The dead writer's last record states what it had fsynced when it was written (with
+    ``fsync``, the batch before its own; with ``no-fsync``, none), and so does the seal recovery
+    writes for it: the next start writes again from there.
+    """
+    writer = JournalWriter(tmp_path, durability=durability)
+    first = writer.append_many([b"job-%d" % i * 50 for i in range(25)])
+    second = writer.append_many([b"job-%d" % i * 50 for i in range(25, 50)])
+    abandon_writer(writer)  # killed
+    fails = _SyncFails()
+    fails.fail = True
+    with pytest.raises(JournalIOError):
+        recover(tmp_path, tails_only=True, fileops=fails)  # the start seals it; its fdatasync fails
+    calls = CallSpy()
+    report = recover(tmp_path, tails_only=True, fileops=calls)  # the next start
+    assert len(report.resealed) == 1
+    size = os.path.getsize(report.resealed[0])
+    start = (first if durability == Durability.NO_FSYNC else second)[0].offset
+    assert calls.spans == [(start, size)]
