@@ -226,7 +226,8 @@ def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:
 
     The seal's records state the last sequence its writer had fsynced (docs/journal-format.md,
     *Record*): the records after it were made durable only by the seal's fdatasync, if it did
-    not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one.
+    not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one
+    (and writing its records again would write its punched ranges back, as zeros on disk).
     """
     if info.punched or info.synced_seq >= info.next_seq - SEAL_RECORDS - 1:
         return info.seal_offset

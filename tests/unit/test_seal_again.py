@@ -18,6 +18,7 @@ from hybridq.errors import JournalIOError
 from hybridq.journal import Durability, JournalReader, JournalWriter, Record
 from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import recover
 
@@ -52,9 +53,11 @@ def _abandoned_seal(directory: Path, durability: Durability, records: int = 5) -
     return path, list(JournalReader(directory).records())
 
 
-@pytest.mark.parametrize("durability", list(Durability))
+@pytest.mark.parametrize(
+    ("durability", "records"), [(Durability.FSYNC, 5), (Durability.NO_FSYNC, 5), (Durability.NO_FSYNC, 1)]
+)
 def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(
-    tmp_path: Path, durability: Durability
+    tmp_path: Path, durability: Durability, records: int
 ) -> None:
     """A sealed mode must never stand over bytes that may not be durable (docs/journal-format.md, *Seal*).
 
@@ -62,8 +65,10 @@ def test_a_seal_whose_fsync_failed_is_written_again_before_its_mode(
     of them with ``no-fsync``), may be only in the page cache, and a later fsync may report
     success without writing them. The start writes them again, the same bytes in place, and
     fdatasyncs them before the chmod; a chmod alone, or no seal at all (main), would not do.
+    One unsynced record (``no-fsync``, 1): failed with the bound one record short
+    (``>= next_seq - SEAL_RECORDS - 2``), which rewrote the seal only.
     """
-    path, written = _abandoned_seal(tmp_path, durability)
+    path, written = _abandoned_seal(tmp_path, durability, records)
     before = path.read_bytes()
 
     calls = CallSpy()
@@ -157,3 +162,26 @@ def test_recoverys_own_seal_states_the_dead_writers_frontier(tmp_path: Path, dur
     size = os.path.getsize(report.resealed[0])
     start = (first if durability == Durability.NO_FSYNC else second)[0].offset
     assert calls.spans == [(start, size)]
+
+
+def test_a_punched_segment_gets_its_seal_only_written_again(tmp_path: Path) -> None:
+    """Its records are not written again, even if its seal states them unsynced (``no-fsync``).
+
+    A hole map is written only for a sealed segment whose seal's fdatasync succeeded (its mode
+    0400), so they are durable; and writing them again would write its punched ranges back
+    (zeros, on disk again). Failed with the ``info.punched`` shortcut dropped.
+    """
+    with JournalWriter(tmp_path, durability=Durability.NO_FSYNC) as writer:
+        writer.append_many([b"job-%d" % i for i in range(5)])
+    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
+    middle = list(JournalReader(tmp_path).segment_records(writer_id, index))[2]
+    punch_holes(
+        str(tmp_path), writer_id, index, [Hole(middle.offset, middle.end, middle.seq, middle.seq + 1, 1)]
+    )
+    path = tmp_path / segment_name(writer_id, index)
+    path.chmod(0o600)  # a kill inside a later punch's chmod u+w
+    size = path.stat().st_size
+    calls = CallSpy()
+    assert recover(tmp_path, tails_only=True, fileops=calls).resealed == [str(path)]
+    assert calls.spans == [(size - _SEAL_BYTES, size)]
+    assert path.stat().st_mode & 0o777 == 0o400
