@@ -165,6 +165,10 @@ class JournalReader:
 
         Raises :class:`JournalCorruption` on damage, :class:`FileNotFoundError` if it is gone.
         """
+        return self.segment_info(writer_id, index).data_count
+
+    def segment_info(self, writer_id: str, index: int) -> SegmentInfo:
+        """What a whole check of one sealed segment finds (raises as :meth:`check_segment`)."""
         prev_salt = self._previous_salt(writer_id, index - 1) if index > 0 else None
         scan = self._read_segment(
             writer_id, index, FILE_HEADER_SIZE, None, prev_salt, is_last=False, emit=False
@@ -174,7 +178,7 @@ class JournalReader:
                 next(scan)  # pragma: no cover - yields nothing (emit is off)
             except StopIteration as done:
                 info: SegmentInfo = done.value
-                return info.data_count
+                return info
 
     def _scan(
         self,

@@ -98,5 +98,11 @@ class SegmentInfo:
     punched: int = 0
     last_data_seq: int = 0
     sealed: bool = False
+    #: Of a sealed segment: where its seal records start.
+    seal_offset: int = 0
+    #: The last sequence number its writer had fsynced, as the segment's last valid record states
+    #: it (its seal's, or its last data record's; ``first_seq - 1`` if none does): the records
+    #: after it were durable only if a later fsync did not fail. Recovery seals again from there.
+    synced_seq: int = 0
     live: bool = False
     torn: TornTail | None = None

@@ -14,6 +14,7 @@ This module must not import redis, rq, click or the job envelope.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -22,14 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from hybridq.errors import JournalIOError
+from hybridq.errors import JournalCorruption, JournalIOError
 
 from .fileops import OS_FILEOPS, FileOps, replace_durably, write_all
-from .format import BROKEN_SUFFIX, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
-from .holes import HOLES_SUFFIX
+from .format import BROKEN_SUFFIX, SEAL_RECORDS, SEGMENT_SUFFIX, TMP_SUFFIX, salt_seed
 from .reader import JournalReader, SegmentInfo, TornTail, segment_usage
-from .segment import SealError, seal_fd
-from .statefile import STATE_SUFFIX
+from .segment import SealError, seal_fd, set_read_only
 
 __all__ = ["RecoveryReport", "VerifyReport", "recover", "verify"]
 
@@ -60,8 +59,7 @@ class RecoveryReport:
     repaired: list[TornTail] = field(default_factory=list)
     sealed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    #: Punched sealed last segments a kill inside a punch's ``chmod u+w`` left writable, made
-    #: read-only again.
+    #: Sealed last segments of dead chains a crash left writable, sealed again (read-only).
     resealed: list[str] = field(default_factory=list)
 
 
@@ -103,8 +101,8 @@ def recover(
        anything (with ``tails_only``, damage in a sealed segment is found after steps 2-3).
     2. Delete segment temp files left by dead writers.
     3. For each dead writer's unsealed last segment: back up and truncate a torn tail, then seal
-       it, so its chain is closed and the tail is never repaired twice. A punched sealed last
-       segment a kill left writable is made read-only again (:func:`_restore_seal_mode`).
+       it, so its chain is closed and the tail is never repaired twice. A sealed last segment a
+       crash left writable is sealed again (:func:`_seal_again`).
     """
     checked, reader = _verify(JournalReader(path, fileops=fileops), tails_only=tails_only)
     report = RecoveryReport(verify=checked)
@@ -117,7 +115,7 @@ def recover(
     # One scan is enough: a chain that changed since (a live writer appended or sealed) is
     # re-checked under its lock by _close_dead_chain before anything is written.
     for info in reader.chain_ends.values():
-        if info.sealed and not info.live and _restore_seal_mode(fileops, info):
+        if info.sealed and not info.live and _seal_again(fileops, info):
             report.resealed.append(info.path)
         if info.sealed or info.live:
             continue
@@ -128,36 +126,116 @@ def recover(
     return report
 
 
-def _restore_seal_mode(ops: FileOps, info: SegmentInfo) -> bool:
-    """Make a chain's punched, sealed last segment read-only again if a kill left it writable.
+def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
+    """Seal again a dead chain's sealed last segment that a kill or a failed fsync left writable.
 
     The mode says "sealed" to every reader (docs/journal-format.md, *Seal*), a consumer's check
-    of a position saved at a chain's sealed end among them, and a kill while a punch holds a
-    segment ``u+w`` (:func:`hybridq.journal.holes._writable`) leaves it writable. Only a segment
-    with a hole map: a map is written only for a sealed (0400, fsynced) segment, so its seal is
-    durable. Seal records on a writable segment without one may be only in the page cache (the
-    seal's fdatasync failed and its writer gave up on it): a mode over them could outlive them
-    in a power cut, so such a segment stays writable, and reads as unsealed if they are lost.
-    Only under the segment's flock (a live writer holds it until its own chmod) and only if it
-    is as scanned. Returns whether it changed it.
+    of a position saved at a chain's sealed end among them: left writable, such a position is
+    refused at every start (and what it saved replayed again). A kill between the seal's
+    fdatasync and its chmod leaves one so, as does a kill while a punch holds it ``u+w``
+    (:func:`hybridq.journal.holes._writable`), or a seal whose fdatasync failed (EIO) and whose
+    writer gave up on it. In that last case the seal records, and the records the writer had
+    not fsynced yet, may be only in the page cache, and a later fsync can report success without
+    writing them: a mode put over them could outlive them. So they are written again, in place,
+    the same bytes (from :func:`_not_known_durable` to the end), then fdatasync, read-only,
+    fsync (the order of :func:`~hybridq.journal.segment.make_read_only`). A crash at any step
+    leaves the segment as it was (the same bytes, sealed, writable) or sealed read-only over a
+    durable seal; a reader never sees it change. Only under the segment's flock (a live writer
+    holds it until its own chmod) and only if it is as scanned.
+
+    The bytes read back may not be the ones scanned: pages whose write-back failed can be
+    evicted, and a read then returns what the disk holds (zeros, say). So once they are
+    fdatasync'd the segment is read again, and the mode set only if it still reads as the
+    scan read it; if not it stays writable (one warning), and the next start reads it as it is
+    now (a torn tail to repair, or damage to refuse), as it would have without this.
+    Returns whether it sealed it.
     """
-    if not os.path.exists(info.path + HOLES_SUFFIX + STATE_SUFFIX):
-        return False
-    with _locked(ops, info.path, os.O_RDONLY, missing_ok=True) as locked:
+    if not _writable(info.path):
+        return False  # the common case (or gone), looked at before any open (root's is not refused)
+    with _locked(ops, info.path, os.O_RDWR, missing_ok=True) as locked:
         if locked is None:
             return False  # gone, or its writer is sealing it now: it chmods it itself
         fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
-        op = "chmod"
+        _write_again(ops, fd, info, _not_known_durable(ops, info))
         try:
-            ops.fchmod(fd, 0o400)
-            op = "fsync"
-            ops.fsync(fd)
+            ops.fdatasync(fd)
         except OSError as exc:
-            raise JournalIOError(info.path, op, exc) from exc
-        log.warning("journal: %s: sealed but left writable by a crash; read-only again", info.path)
+            raise JournalIOError(info.path, "fsync", exc) from exc
+        if not _as_scanned(ops, info):
+            log.warning(
+                "journal: %s: sealed but left writable by a crash, and no longer reads as it did "
+                "(its pages lost?); left writable for the next start",
+                info.path,
+            )
+            return False
+        try:
+            set_read_only(ops, fd)
+        except SealError as exc:
+            raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
+        log.warning("journal: %s: sealed but left writable by a crash; sealed again", info.path)
         return True
+
+
+def _write_again(ops: FileOps, fd: int, info: SegmentInfo, done: int) -> None:
+    """Write the segment's bytes from ``done`` to its scanned end again, in place, as read back.
+
+    A read that returns nothing before that end fails it (:class:`JournalIOError`): bytes not
+    written again must not be taken for durable ones.
+    """
+    op = "seek"
+    try:
+        os.lseek(fd, done, os.SEEK_SET)
+        while done < info.end_offset:
+            op = "read"
+            chunk = _read_some(fd, min(_COPY_CHUNK, info.end_offset - done), done)
+            op = "write"
+            write_all(ops, fd, chunk)
+            done += len(chunk)
+    except OSError as exc:
+        raise JournalIOError(info.path, op, exc) from exc
+
+
+def _read_some(fd: int, size: int, offset: int) -> bytes:
+    """``pread``; nothing read (the file shorter than asked) is an error, not a last chunk."""
+    chunk = os.pread(fd, size, offset)
+    if not chunk:
+        raise OSError(errno.EIO, "read returned nothing before the scanned end")
+    return chunk
+
+
+def _as_scanned(ops: FileOps, info: SegmentInfo) -> bool:
+    """Whether the segment reads now as the start's scan read it: sealed at the same end, same records.
+
+    An error reading it is the start's (:class:`JournalIOError`); damage is only "not as scanned".
+    """
+    reader = JournalReader(os.path.dirname(info.path), fileops=ops)
+    try:
+        now = reader.segment_info(info.writer_id, info.index)
+    except JournalCorruption:
+        return False
+    except OSError as exc:
+        raise JournalIOError(info.path, "read", exc) from exc
+    seen = (info.sealed, info.end_offset, info.next_seq, info.data_count, info.last_data_seq)
+    return (now.sealed, now.end_offset, now.next_seq, now.data_count, now.last_data_seq) == seen
+
+
+def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:
+    """Where the bytes of a sealed segment that may not be on disk start: its seal, or a record before.
+
+    The seal's records state the last sequence its writer had fsynced (docs/journal-format.md,
+    *Record*): the records after it were made durable only by the seal's fdatasync, if it did
+    not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one
+    (and writing its records again would write its punched ranges back, as zeros on disk).
+    """
+    if info.punched or info.synced_seq >= info.next_seq - SEAL_RECORDS - 1:
+        return info.seal_offset
+    reader = JournalReader(os.path.dirname(info.path), fileops=ops)
+    for record in reader.segment_records(info.writer_id, info.index):
+        if record.seq > info.synced_seq:
+            return record.offset
+    return info.seal_offset
 
 
 @contextlib.contextmanager
@@ -178,7 +256,8 @@ def _locked(
         yield None
         return
     except PermissionError as exc:
-        if not os.stat(path).st_mode & stat.S_IWUSR:
+        writable = _writable(path)
+        if writable is False or (writable is None and missing_ok):
             yield None
             return
         raise JournalIOError(path, "open", exc) from exc
@@ -193,6 +272,20 @@ def _locked(
         yield fd, os.fstat(fd)
     finally:
         ops.close(fd)
+
+
+def _writable(path: str) -> bool | None:
+    """Whether ``path``'s mode lets its owner write it; None if it is gone.
+
+    Any other error of the ``stat`` raises :class:`JournalIOError`: an I/O error is not a
+    sealed segment, and must not pass for one.
+    """
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IWUSR)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JournalIOError(path, "stat", exc) from exc
 
 
 def _remove_if_unlocked(ops: FileOps, directory: str, name: str) -> bool:
@@ -259,7 +352,17 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
         elif st.st_size != info.end_offset:
             return False
         try:
-            seal_fd(ops, fd, salt_seed(info.salt), info.next_seq, info.last_data_seq, info.data_count)
+            # The dead writer's own frontier (as its last record states it), not "all durable":
+            # if this seal's fdatasync fails, the next start's _seal_again rewrites from there.
+            seal_fd(
+                ops,
+                fd,
+                salt_seed(info.salt),
+                info.next_seq,
+                info.last_data_seq,
+                info.data_count,
+                synced_seq=info.synced_seq,
+            )
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True

@@ -20,6 +20,7 @@ from .fileops import FileOps
 from .format import (
     FILE_HEADER_SIZE,
     MAX_PAYLOAD_BYTES,
+    MAX_UNSYNCED_DISTANCE,
     RECORD_HEADER_SIZE,
     SEAL_PAYLOAD_SIZE,
     SEAL_RECORDS,
@@ -113,7 +114,10 @@ class SegmentScan:
         base = offset  # file offset of buf[0]; the fd's offset is always base + len(buf)
         p = 0  # position in buf
         seals = 0
-        seal_off = seal_seq = 0  # where the first seal record starts, and its sequence number
+        # Where the first seal record starts, its sequence number, and the chain's sequence it
+        # states durable (the writer's ``synced_seq``, from its unsynced distance); the type word
+        # of the last data record (its distance: the same for an unsealed segment, at its end).
+        seal_off = seal_seq = seal_synced = data_word = 0
         holes = [h for h in self.holes if h.end > offset]
         if holes and holes[0].start < offset:  # resuming inside a punched range: after it
             expected, offset = self._skip(info, holes.pop(0), expected)
@@ -189,6 +193,7 @@ class SegmentScan:
                 # A partial seal is torn as a whole: recovery truncates it and seals afresh.
                 if seals == 1:
                     off, expected = seal_off, seal_seq
+                info.synced_seq = _frontier(info.last_data_seq, data_word, info)
                 if not self._anomaly(info, off, expected, bad):
                     return
                 # The writer appended after our snapshot and let go: read on from ``off``.
@@ -202,13 +207,14 @@ class SegmentScan:
                 if length != SEAL_PAYLOAD_SIZE:
                     raise self.corruption(off, "malformed seal record", expected)
                 if not seals:
-                    seal_off, seal_seq = off, seq
+                    seal_off, seal_seq, seal_synced = off, seq, _frontier(seq, type_word, info)
                 seals += 1
             elif seals:
                 raise self.corruption(off, "data record after a seal", seq)
             else:
                 info.data_count += 1
                 info.last_data_seq = seq
+                data_word = type_word
                 if emit:
                     rec = Record(
                         writer_id, seq, rtype, buf[p + RECORD_HEADER_SIZE : end], index, off, base + end
@@ -225,7 +231,9 @@ class SegmentScan:
                     seal_off, "hole map range past the segment's seal", seal_seq, seal_seq + SEAL_RECORDS - 1
                 )
             info.sealed = True
+            info.seal_offset, info.synced_seq = seal_off, seal_synced
             return
+        info.synced_seq = _frontier(info.last_data_seq, data_word, info)
         if self.read_only:
             raise self.corruption(
                 info.end_offset, "sealed (read-only) segment ends without its seal", expected
@@ -345,3 +353,13 @@ class SegmentScan:
             self.path, off, self.size - off, expected, later.count if later is not None else 0
         )
         return False
+
+
+def _frontier(seq: int, type_word: int, info: SegmentInfo) -> int:
+    """The last sequence number the record ``seq`` states its writer had fsynced (*Record*).
+
+    ``first_seq - 1`` when that is not known: no such record (a type word of 0), or a distance
+    stored at its cap (the real one may be larger). The writer's own frontier starts there.
+    """
+    distance = type_word >> 8
+    return seq - distance if 0 < distance < MAX_UNSYNCED_DISTANCE else info.first_seq - 1

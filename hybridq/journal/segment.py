@@ -15,7 +15,14 @@ from hybridq.errors import JournalIOError, SealError
 from .fileops import FileOps, write_all
 from .format import SEAL_RECORDS, RecordType, encode_records, encode_seal, salt_seed
 
-__all__ = ["OpenSegment", "SealError", "as_oserror", "close_quietly", "seal_fd"]
+__all__ = [
+    "OpenSegment",
+    "SealError",
+    "as_oserror",
+    "close_quietly",
+    "seal_fd",
+    "set_read_only",
+]
 
 
 class OpenSegment:
@@ -83,11 +90,7 @@ def seal_fd(
     *,
     synced_seq: int | None = None,
 ) -> int:
-    """Seal an open segment: two seal records, fdatasync, read-only, fsync. Returns bytes written.
-
-    The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
-    the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
-    """
+    """Seal an open segment: two seal records, then :func:`make_read_only`. Returns bytes written."""
     payload = encode_seal(last_data_seq, data_count)
     blob = encode_records(seed, next_seq, RecordType.SEAL, [payload] * SEAL_RECORDS, synced_seq=synced_seq)
     op = "stat"
@@ -102,15 +105,34 @@ def seal_fd(
             with contextlib.suppress(OSError):
                 ops.ftruncate(fd, start)
             raise
-        op = "fsync"
+    except OSError as exc:
+        raise SealError(op, exc) from exc
+    make_read_only(ops, fd)
+    return len(blob)
+
+
+def make_read_only(ops: FileOps, fd: int) -> None:
+    """The end of a seal, its records written: fdatasync, read-only, fsync (raises :class:`SealError`).
+
+    The order matters (``docs/journal-format.md``, *Seal*): the seal records are durable before
+    the mode says "sealed", so a sealed mode never stands over a missing seal after a crash.
+    """
+    try:
         ops.fdatasync(fd)
-        op = "chmod"
+    except OSError as exc:
+        raise SealError("fsync", exc) from exc
+    set_read_only(ops, fd)
+
+
+def set_read_only(ops: FileOps, fd: int) -> None:
+    """The mode that says "sealed", then fsync (raises :class:`SealError`): only over fdatasync'd bytes."""
+    op = "chmod"
+    try:
         ops.fchmod(fd, 0o400)
         op = "fsync"
         ops.fsync(fd)
     except OSError as exc:
         raise SealError(op, exc) from exc
-    return len(blob)
 
 
 def close_quietly(ops: FileOps, fd: int) -> None:

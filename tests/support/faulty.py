@@ -5,6 +5,7 @@ one chosen operation raise ``OSError(err)`` (``errno.EIO`` or ``errno.ENOSPC``),
 normally again (or keeps failing for ``count`` consecutive calls). With ``torn=True`` a failing
 ``write`` first writes the first half of its data, as a device that fails part-way would.
 Nothing else is changed: every other call goes straight to the real :class:`FileOps`.
+:class:`CallSpy` only lists the calls, for tests of an order of operations.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import Counter
+from typing import Any
 
 from hybridq.journal.fileops import FileOps
 
@@ -90,3 +92,25 @@ class FaultyFileOps(FileOps):
         if self._fails("fsync_dir"):
             self._raise()
         super().fsync_dir(path)
+
+
+class CallSpy(FileOps):
+    """Lists the calls made, by name, and where each ``write`` starts and ends in its file."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def __getattribute__(self, name: str) -> object:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: Any) -> object:
+            self.names.append(name)
+            if name == "write":
+                at = os.lseek(args[0], 0, os.SEEK_CUR)
+                self.spans.append((at, at + len(args[1])))
+            return attr(*args)
+
+        return call

@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hybridq.journal import OS_FILEOPS, JournalReader, JournalWriter, repair_apply
+from hybridq.journal import OS_FILEOPS, repair_apply
 from hybridq.journal.format import segment_name
 from hybridq.journal.holes import HOLES_SUFFIX, Hole, punch_holes
 from hybridq.journal.reader import list_chains
 from hybridq.journal.statefile import STATE_SUFFIX
 from hybridq.ledger.punched_ids import IDS_SUFFIX, PunchedId, read_ids, write_ids
 from hybridq.ops.journal_repair import repair
+
+from tests.support.writers import small_segments
 
 
 def _ids_file(tmp_path: Path) -> tuple[Path, list[PunchedId], str]:
@@ -40,11 +42,7 @@ def test_the_repair_names_the_ids_suffix_the_ledger_writes() -> None:
 def test_a_segment_the_repair_removes_takes_its_hole_map_and_ids_file_along(tmp_path: Path) -> None:
     """Failed on main: both stayed in ledger/ (copied into the backup) until the next punch pass or start."""
     ledger = tmp_path / "journal" / "ledger"
-    ledger.mkdir(parents=True, mode=0o700)
-    with JournalWriter(ledger, max_segment_bytes=8 << 10) as w:
-        for s in range(0, 300, 10):
-            w.append_many([b"%06d" % i + b"y" * 100 for i in range(s, s + 10)])
-    records = list(JournalReader(ledger).records())
+    records = small_segments(ledger)
     chain = records[0].writer_id
     indices = list_chains(str(ledger))[chain]
     assert len(indices) >= 4

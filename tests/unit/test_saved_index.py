@@ -29,6 +29,7 @@ from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir, load_index, open_ledger_writer, replay
 from hybridq.ops.journal_repair import repair
 
+from tests.support.writers import small_segments
 from tests.unit import test_ledger_replay
 
 
@@ -225,15 +226,11 @@ def test_a_saved_position_past_a_segment_a_repair_sealed_again_does_not_fit(tmp_
     """A saved index the forget did not remove (a power cut brought it back) is not trusted: a
     position "all of segment 1 read" no longer fits once a repair cut segment 1 and sealed it again,
     nor does a position inside the records the repair dropped."""
-    from hybridq.journal import ChainPosition, JournalReader, JournalWriter
+    from hybridq.journal import ChainPosition, JournalReader
 
     journal = tmp_path / "journal"
     ldir = Path(ledger_dir(str(journal)))
-    ldir.mkdir(parents=True, mode=0o700)
-    with JournalWriter(ldir, max_segment_bytes=8 << 10) as w:
-        for s in range(0, 300, 10):
-            w.append_many([b"%06d" % i + b"y" * 100 for i in range(s, s + 10)])
-    recs = list(JournalReader(ldir).records())
+    recs = small_segments(ldir)
     writer = recs[0].writer_id
     seg1 = [r for r in recs if r.segment_index == 1]
     damaged = seg1[len(seg1) // 2]

@@ -1,10 +1,12 @@
-"""A kill between the ledger punch's ``chmod u+w`` and its write leaves a sealed last segment writable.
+"""A crash can leave a sealed last segment writable: a kill between its seal's fdatasync and chmod,
+or between the ledger punch's ``chmod u+w`` and its write, or a seal whose fdatasync failed.
 
 The seal of a segment is told by its mode (0400: docs/journal-format.md, *Seal*), and the saved
 ledger index is trusted only if each chain it covers reaches its position: "read to the end of
-its sealed last segment" needs that segment's seal. The start's recovery of the ledger's tails
-must give such a segment its mode back (its seal records are all there) before the saved index
-is checked, or a start replays the whole ledger once for nothing.
+its sealed last segment" needs that segment's seal. The start's recovery of the tails seals
+such a segment again before the saved index is checked, or every start replays the whole ledger
+for nothing: the bytes that may not be durable (its seal, and the records its writer had not
+fsynced) written again in place, fdatasync'd, read again, and only then the mode.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import fcntl
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hybridq.errors import JournalIOError
 from hybridq.journal import JournalWriter, recovery
+from hybridq.journal.compact import sealed_data_count
 from hybridq.journal.fileops import OS_FILEOPS, FileOps
-from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.format import segment_name
 from hybridq.journal.holes import Hole, punch_holes
 from hybridq.journal.reader import JournalReader, list_chains
 from hybridq.journal.recovery import recover
@@ -28,6 +32,7 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 
+from tests.support.writers import closed_ledger
 from tests.unit import test_ledger_replay
 from tests.unit.test_saved_index import entries, save_now
 
@@ -57,43 +62,21 @@ def test_a_sealed_last_ledger_segment_left_writable_by_a_kill_keeps_the_saved_in
     assert path.stat().st_mode & 0o777 == 0o400
 
 
-class _SealSyncFails(FileOps):
-    """The seal's fdatasync fails (EIO): its records may be only in the page cache."""
-
-    fail = False
-
-    def fdatasync(self, fd: int) -> None:
-        if self.fail:
-            raise OSError(errno.EIO, "I/O error")
-        super().fdatasync(fd)
-
-
-def test_a_seal_whose_fsync_failed_is_not_made_read_only_by_the_start(tmp_path: Path) -> None:
-    """Failed before the fix: the start chmodded it 0400 over a seal a power cut can still lose.
-
-    A sealed mode must never stand over a seal that may not be durable (docs/journal-format.md,
-    *Seal*): left writable, a power cut that loses the seal leaves an unsealed dead tail, which
-    the next start seals.
-    """
-    ops = _SealSyncFails()
-    writer = JournalWriter(tmp_path, fileops=ops)
-    writer.append_many([b"job-%d" % i for i in range(5)])
-    ops.fail = True
-    with pytest.raises(JournalIOError):
-        writer.close()  # the seal's records written, its fdatasync EIO: the segment abandoned
-    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
-    path = tmp_path / segment_name(writer_id, index)
-    assert path.stat().st_mode & 0o777 == 0o600
-
-    report = recover(tmp_path, tails_only=True)  # the next start
-    assert report.resealed == []
-    assert path.stat().st_mode & 0o777 == 0o600
-
-    # The power cut: the seal's pages never reached the disk.
-    os.truncate(path, path.stat().st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE))
-    report = recover(tmp_path, tails_only=True)
-    assert report.sealed == [str(path)]
-    assert sum(1 for _ in JournalReader(tmp_path).records()) == 5
+def test_a_kill_between_the_seal_fdatasync_and_its_chmod_keeps_the_saved_index(tmp_path: Path) -> None:
+    """Failed on main: the segment stayed writable, and every start replayed the whole ledger."""
+    journal, path = closed_ledger(tmp_path)
+    path.chmod(0o600)  # the seal's records written and fdatasync'd: the kill came before its chmod
+    sealed = path.read_bytes()
+    for _ in range(2):  # two starts: each saves what it read, as the forwarder does
+        report = recover(ledger_dir(journal), tails_only=True)
+        keys = KeyTable.in_journal(journal)
+        index, read, resumed = saved_index.resume(journal, Compacted(), keys)
+        assert resumed == 1
+        saved_index.save(journal, index, read, {})
+        keys.close()
+    assert report.resealed == []  # the first start sealed it again: the second had nothing to do
+    assert path.stat().st_mode & 0o777 == 0o400
+    assert path.read_bytes() == sealed  # the same seal, written again
 
 
 def _punched_and_left_writable(directory: Path) -> Path:
@@ -133,8 +116,55 @@ def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) 
     assert info.sealed
     with path.open("ab") as f:
         f.write(b"\0" * 16)
-    assert not recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert not recovery._seal_again(OS_FILEOPS, info)
     assert path.stat().st_mode & 0o777 == 0o600
     os.truncate(path, info.end_offset)
-    assert recovery._restore_seal_mode(OS_FILEOPS, info)
+    assert recovery._seal_again(OS_FILEOPS, info)
     assert path.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_journal_chain_left_writable_is_sealed_again_for_its_compaction(tmp_path: Path) -> None:
+    """The journal's own chains too (recover() is the forwarder's start for all three).
+
+    Failed on main: a producer's last segment left writable by a kill before its seal's chmod
+    had no seal by its mode, so its compaction (``sealed_data_count``) never took it.
+    """
+    with JournalWriter(tmp_path) as writer:
+        writer.append_many([b"job-%d" % i for i in range(5)])
+    ((writer_id, (index,)),) = list_chains(str(tmp_path)).items()
+    (tmp_path / segment_name(writer_id, index)).chmod(0o600)
+    assert sealed_data_count(str(tmp_path), writer_id, index) is None
+    assert recover(tmp_path, tails_only=True).resealed == [str(tmp_path / segment_name(writer_id, index))]
+    assert sealed_data_count(str(tmp_path), writer_id, index) == 5
+
+
+def test_an_io_error_looking_at_the_mode_is_raised_not_taken_for_a_seal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed before the fix: the stat's EIO escaped raw (not a JournalIOError naming the file).
+
+    Whether the start seals a segment again, or leaves one its writer sealed meanwhile (a write
+    open refused), goes by its mode: an error reading the mode is the start's failure.
+    """
+    path = _punched_and_left_writable(tmp_path)
+    reader = JournalReader(tmp_path)
+    reader.check(tails_only=True)
+    (info,) = reader.chain_ends.values()
+    real_stat = os.stat
+
+    def stat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(name) == str(path):
+            raise OSError(errno.EIO, "I/O error")
+        return real_stat(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(JournalIOError, match="stat"):
+        recovery._seal_again(OS_FILEOPS, info)
+
+    class Refused(FileOps):
+        def open(self, name: str, flags: int, mode: int = 0o600) -> int:
+            raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    # The open refused, then the mode unreadable.
+    with pytest.raises(JournalIOError, match="stat"), recovery._locked(Refused(), str(path), os.O_RDWR):
+        pass
