@@ -59,7 +59,7 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
 def _meta_json(delivery: Delivery) -> bytes:
     """``dumps_ascii(_meta(delivery))`` as bytes, written out for an envelope with no meta of its own.
 
-    The dict and the encoder's walk of it cost the push about 10,000 instructions a job
+    The dict and the encoder's walk of it cost the push about 11,000 instructions a job
     (docs/benchmarks.md, "The forwarder's JSON per job"); the text is the same
     (``tests/unit/test_job_data.py``). Anything else (a meta, a field of an unusual type, a
     time that is not finite) takes the encoder.
@@ -102,7 +102,7 @@ _FAILURE_TTLS: dict[float, str] = {}
 
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
     """``func(args...)`` as RQ would describe the call, shortened."""
-    if not args and not kwargs:  # (most jobs of a burst: the lists, dict and join cost 4,000)
+    if not args and not kwargs:  # (most jobs of a burst: the lists, dict and join cost 5,000)
         text = f"{func}()"
     else:
         parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]

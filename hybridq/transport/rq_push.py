@@ -249,7 +249,7 @@ def utc_text(ts: float) -> str:
     carry into the next second); the second's text is ``isoformat``'s (``strftime`` does not pad
     four-digit years), made once per second and kept (:data:`_SECONDS_KEPT`): the jobs of a
     backlog were mostly accepted a few thousand to a second. ``fromtimestamp`` and ``isoformat``
-    per job cost about 16,000 instructions, this about 3,000 (docs/benchmarks.md, "The
+    per job cost about 20,000 instructions, this about 7,000 (docs/benchmarks.md, "The
     forwarder's JSON per job"); the text is the same for every time an envelope may carry (1970
     to 9999; ``tests/unit/test_job_data.py``).
     """
