@@ -61,9 +61,14 @@ _SUCCEEDED = Outcome.SUCCEEDED
 _DONE, _RETRY = EntryKind.DONE, EntryKind.RETRY
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Entry:
-    """One ledger record."""
+    """One ledger record. Treat it as immutable (use ``dataclasses.replace``); hashed as a frozen one.
+
+    Not ``frozen``: a frozen dataclass's ``__init__`` sets each of its 26 fields through
+    ``object.__setattr__``, about 45,000 instructions an entry against 12,000 (the harvest makes
+    one per completion event: docs/benchmarks.md, "The forwarder's JSON per job").
+    """
 
     kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate" | "cancel"
     job_id: str
