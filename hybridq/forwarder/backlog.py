@@ -228,7 +228,7 @@ class Backlog:
                 if moved_on(self.state, loc):
                     continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
                 # Most were kept decoded as they were read: taken without the Held and its
-                # label a read back needs (about 7,000 instructions a row: docs/benchmarks.md).
+                # label a read back needs (about 12,000 instructions a row: docs/benchmarks.md).
                 env = self.state.decoded.take(loc)
                 if env is None:
                     env = reads.read(Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
