@@ -227,7 +227,11 @@ class Backlog:
                     continue  # settled while it waited (cancelled, or finished after a lost row delete)
                 if moved_on(self.state, loc):
                     continue  # put back by a refusal its run outlived: its retry delivers it (refusals)
-                env = reads.read(Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
+                # Most were kept decoded as they were read: taken without the Held and its
+                # label a read back needs (about 12,000 instructions a row: docs/benchmarks.md).
+                env = self.state.decoded.take(loc)
+                if env is None:
+                    env = reads.read(Held(order, f"at {loc[0]}:{loc[1]}:{loc[2]}", *loc))
                 if env is not None:
                     read[loc] = env
         batch = [row_delivery(self.state, read[row[0]], row[0]) for row in rows if row[0] in read]

@@ -43,6 +43,8 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _str
+from math import isfinite
 from typing import Any
 
 from hybridq.envelope.limits import finite
@@ -59,9 +61,14 @@ _SUCCEEDED = Outcome.SUCCEEDED
 _DONE, _RETRY = EntryKind.DONE, EntryKind.RETRY
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Entry:
-    """One ledger record."""
+    """One ledger record. Treat it as immutable (use ``dataclasses.replace``); hashed as a frozen one.
+
+    Not ``frozen``: a frozen dataclass's ``__init__`` sets each of its 26 fields through
+    ``object.__setattr__``, about 45,000 instructions an entry against 12,000 (the harvest makes
+    one per completion event: docs/benchmarks.md, "The forwarder's JSON per job").
+    """
 
     kind: str  # an EntryKind: "done" | "retry" | "lost" | "requeued" | "key" | "duplicate" | "cancel"
     job_id: str
@@ -109,9 +116,93 @@ class Entry:
     under: str | None = None
 
     def to_bytes(self) -> bytes:
-        """Compact JSON, ``None`` fields left out."""
-        # Field by field, with one encoder built once: the forwarder encodes one entry per
-        # completion event (``json.dumps`` with options builds a new encoder per call).
+        """Compact JSON, ``None`` fields left out (an outcome's entry written out: :meth:`_outcome_text`)."""
+        text = self._outcome_text()
+        return (_encode(self._body()) if text is None else text).encode()
+
+    def _outcome_text(self) -> str | None:
+        """``_encode(self._body())`` of a ``done`` or ``retry`` entry as a harvest makes it, written out.
+
+        The forwarder encodes one entry per completion event: the dict and the encoder's walk of
+        it cost about 57,000 instructions, this about 39,000 (docs/benchmarks.md, "The
+        forwarder's JSON per job"), 15,000 of it the two times' ``repr``. The same text
+        (``tests/unit/test_ledger_entry_text.py``); ``None`` for an entry with any other field,
+        or a field of a type the encoder writes otherwise (a float that is not finite, an int
+        subclass), which then takes the encoder.
+        """
+        if (
+            self.job is not None
+            or self.key is not None
+            or self.dup_of is not None
+            or self.owner_loc is not None
+            or self.until is not None
+            or self.later
+            or self.over is not None
+            or self.under is not None
+        ):
+            return None
+        kind, job_id, (chain, seg, off), attempt, at = self.kind, self.job_id, self.loc, self.attempt, self.at
+        if not (
+            isinstance(kind, str)
+            and isinstance(job_id, str)
+            and isinstance(chain, str)
+            and type(seg) is int
+            and type(off) is int
+            and type(attempt) is int
+            and type(at) is float
+            and isfinite(at)
+        ):
+            return None
+        outcome, error, run_at, queue, event_id = (
+            self.outcome,
+            self.error,
+            self.run_at,
+            self.queue,
+            self.event_id,
+        )
+        started, worker, result_bytes, gen = self.started, self.worker, self.result_bytes, self.gen
+        if (
+            (outcome is not None and not isinstance(outcome, str))
+            or (error is not None and not isinstance(error, str))
+            or (run_at is not None and (type(run_at) is not float or not isfinite(run_at)))
+            or (queue is not None and not isinstance(queue, str))
+            or (event_id is not None and not isinstance(event_id, str))
+            or (result_bytes is not None and type(result_bytes) is not int)
+            or (started is not None and (type(started) is not float or not isfinite(started)))
+            or (worker is not None and not isinstance(worker, str))
+            or type(gen) is not int
+        ):
+            return None
+        parts = [f'{{"t":{_str(kind)},"id":{_str(job_id)},"loc":[{_str(chain)},{seg},{off}],"n":{attempt}']
+        if outcome is not None:
+            parts += (',"o":', _str(outcome))
+        if error is not None:
+            parts += (',"err":', _str(error))
+        if run_at is not None:
+            parts += (',"run_at":', repr(run_at))
+        if queue is not None:
+            parts += (',"q":', _str(queue))
+        if event_id is not None:
+            parts += (',"ev":', _str(event_id))
+        if self.dup:
+            parts.append(',"dup":true')
+        if self.result_kept:
+            parts += (',"r":', "null" if self.result is None else _encode(self.result))
+        if result_bytes is not None:
+            parts += (',"rb":', repr(result_bytes))
+        if started is not None:
+            parts += (',"st":', repr(started))
+        if worker is not None:
+            parts += (',"w":', _str(worker))
+        if gen:
+            parts += (',"g":', repr(gen))
+        parts += (',"at":', repr(at), "}")
+        return "".join(parts)
+
+    def _body(self) -> dict[str, Any]:
+        """The entry as the JSON object it is written as, ``None`` fields left out."""
+        # Field by field, with one encoder built once (``json.dumps`` with options builds a new
+        # encoder per call).
         body: dict[str, Any] = {"t": self.kind, "id": self.job_id, "loc": list(self.loc), "n": self.attempt}
         if self.outcome is not None:
             body["o"] = self.outcome
@@ -153,7 +244,7 @@ class Entry:
         if self.under is not None:
             body["under"] = self.under
         body["at"] = self.at
-        return _encode(body).encode()
+        return body
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Entry:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _str
+from math import isfinite
 from typing import Any, cast
 
 from hybridq.envelope.codec import dumps_ascii
@@ -33,9 +35,14 @@ DEFAULT_KEY_TTL_S = 86400.0
 Loc = tuple[str, int, int]
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Delivery:
-    """One job to deliver: the envelope plus what the worker needs to report back."""
+    """One job to deliver: the envelope plus what the worker needs to report back.
+
+    Treat it as immutable (use ``dataclasses.replace``). Not ``frozen``: each field set through
+    ``object.__setattr__`` cost about 1,000 instructions, 13 per delivery, one made per job by
+    the forwarder's push and the pool's take (docs/benchmarks.md, "The forwarder's JSON per job").
+    """
 
     envelope: Envelope
     #: The forwarder that owns the job: completion events go to its stream.
@@ -93,22 +100,19 @@ class Delivery:
             overwrite = Overwrite.ALWAYS
         elif force and overwrite is Overwrite.NEVER:
             overwrite = Overwrite.EARLIER
-        # Slot by slot, with no tuple of pairs to build and walk: one is made per job by the
-        # forwarder's push and the pool's take (docs/benchmarks.md, "The pool's Python per job").
-        put = object.__setattr__
-        put(self, "envelope", envelope)
-        put(self, "owner", owner)
-        put(self, "loc", loc)
-        put(self, "attempt", attempt)
-        put(self, "overwrite", overwrite)
-        put(self, "lease_s", lease_s)
-        put(self, "key_ttl_s", key_ttl_s)
-        put(self, "gen", gen)
-        put(self, "lost", lost)
-        put(self, "later", later)
-        put(self, "later_since", later_since if later else None)
-        put(self, "report_start", report_start)
-        put(self, "limit", limit)
+        self.envelope = envelope
+        self.owner = owner
+        self.loc = loc
+        self.attempt = attempt
+        self.overwrite = overwrite
+        self.lease_s = lease_s
+        self.key_ttl_s = key_ttl_s
+        self.gen = gen
+        self.lost = lost
+        self.later = later
+        self.later_since = later_since if later else None
+        self.report_start = report_start
+        self.limit = limit
 
     def to_json(self) -> dict[str, Any]:
         """The single argument of the worker's entry point (:data:`ENTRY_POINT`)."""
@@ -123,7 +127,43 @@ class Delivery:
         source = self.envelope.source
         if source is None:
             return dumps_ascii(self.to_json()).encode()
-        return b'{"job": ' + source + b", " + dumps_ascii(self._own()).encode()[1:]
+        own = self._own_text()
+        return b'{"job": ' + source + b", " + (dumps_ascii(self._own())[1:] if own is None else own).encode()
+
+    def _own_text(self) -> str | None:
+        """``dumps_ascii(self._own())`` less its ``{``, written field by field; ``None``: not the usual types.
+
+        The encoder's walk of the dict, and the dict, cost the push about 15,000 instructions a
+        job (docs/benchmarks.md, "The forwarder's JSON per job"); this is the same text
+        (``tests/unit/test_delivery_encoded.py``) for the fields of the types the forwarder makes
+        (finite floats: the encoder writes the others as ``NaN``/``Infinity``, not ``repr``).
+        """
+        owner, (chain, seg, off), lease, key_ttl = self.owner, self.loc, self.lease_s, self.key_ttl_s
+        if (
+            type(owner) is not str
+            or type(chain) is not str
+            or type(seg) is not int
+            or type(off) is not int
+            or type(self.attempt) is not int
+            or type(self.gen) is not int
+            or type(lease) is not float
+            or type(key_ttl) is not float
+            or not isfinite(lease)
+            or not isfinite(key_ttl)
+            or self.lost
+            or self.later
+            or (self.limit is not None and type(self.limit) is not str)
+        ):
+            return None
+        text = (
+            f'"v": {DELIVERY_VERSION}, "owner": {_str(owner)}, "loc": [{_str(chain)}, {seg}, {off}], '
+            f'"attempt": {self.attempt}, "lease": {lease!r}, "key_ttl": {key_ttl!r}, "gen": {self.gen}'
+        )
+        if self.report_start:
+            text += ', "report_start": 1'
+        if self.limit:
+            text += f', "lim": {_str(self.limit)}'
+        return text + "}"
 
     def _own(self) -> dict[str, Any]:
         """What the delivery says besides its envelope."""

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii as _str
+from math import isfinite
 from typing import TYPE_CHECKING, Any
 
-from hybridq.envelope.codec import json_text
+from hybridq.envelope.codec import dumps_ascii, json_text
 from hybridq.envelope.limits import MAX_SECONDS
 from hybridq.protocol import Delivery
 
@@ -30,6 +32,7 @@ __all__ = [
     "_describe",
     "_failure_ttl",
     "_meta",
+    "_meta_json",
     "_redis_text",
     "_refused",
     "_text",
@@ -53,6 +56,30 @@ def _meta(delivery: Delivery) -> dict[str, Any]:
     }
 
 
+def _meta_json(delivery: Delivery) -> bytes:
+    """``dumps_ascii(_meta(delivery))`` as bytes, written out for an envelope with no meta of its own.
+
+    The dict and the encoder's walk of it cost the push about 11,000 instructions a job
+    (docs/benchmarks.md, "The forwarder's JSON per job"); the text is the same
+    (``tests/unit/test_job_data.py``). Anything else (a meta, a field of an unusual type, a
+    time that is not finite) takes the encoder.
+    """
+    env = delivery.envelope
+    func, key, created, attempt = env.func, env.idempotency_key, env.created_at, delivery.job_attempt
+    if (
+        env.meta
+        or type(func) is not str
+        or type(key) is not str
+        or type(attempt) is not int
+        or not ((type(created) is float and isfinite(created)) or type(created) is int)
+    ):
+        return dumps_ascii(_meta(delivery)).encode()
+    return (
+        f'{{"hybridq": {{"func": {_str(func)}, "key": {_str(key)}, "created_at": {created!r}, '
+        f'"attempt": {attempt}}}}}'
+    ).encode()
+
+
 def _failure_ttl(key_ttl_s: float) -> str:
     """How long RQ keeps a failed delivery: a little less than its key's outcome stays stored.
 
@@ -62,13 +89,24 @@ def _failure_ttl(key_ttl_s: float) -> str:
     they can find still has its outcome stored, so the claim reports that outcome instead of
     running the task again (docs/worker.md, "Using RQ's tools").
     """
-    return str(max(1, int(key_ttl_s - min(60.0, key_ttl_s / 2))))
+    text = _FAILURE_TTLS.get(key_ttl_s)
+    if text is None:  # made once per lifetime (a few per forwarder): about 4,000 instructions
+        if len(_FAILURE_TTLS) >= 64:
+            _FAILURE_TTLS.clear()
+        text = _FAILURE_TTLS[key_ttl_s] = str(max(1, int(key_ttl_s - min(60.0, key_ttl_s / 2))))
+    return text
+
+
+_FAILURE_TTLS: dict[float, str] = {}
 
 
 def _describe(func: str, args: Sequence[Any], kwargs: Any) -> str:
     """``func(args...)`` as RQ would describe the call, shortened."""
-    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
-    text = f"{func}({', '.join(parts)})"
+    if not args and not kwargs:  # (most jobs of a burst: the lists, dict and join cost 5,000)
+        text = f"{func}()"
+    else:
+        parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in dict(kwargs).items()]
+        text = f"{func}({', '.join(parts)})"
     return text if len(text) <= 200 else text[:197] + "..."
 
 

@@ -18,16 +18,16 @@ redelivery after a lost worker, a retry, a requeue) replaces the old hash and qu
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from hybridq.envelope.codec import dumps_ascii
 from hybridq.protocol import ENTRY_POINT, keys
 
 from .base import Delivery
-from .rq_codec import _data, _describe, _failure_ttl, _meta, _redis_text, _whole_seconds
+from .rq_codec import _data, _describe, _failure_ttl, _meta_json, _redis_text, _whole_seconds
 from .rq_scripts import QUEUED_FIELDS
 
 __all__ = ["PUSH_CHUNK", "_PUSH_IF_NEW", "Chunk", "chunks", "job_fields", "job_hash", "utc_text"]
@@ -50,6 +50,9 @@ _FIELDS = (
     "result_ttl",
 )
 _LENGTH = struct.Struct(">I")
+#: Every length a field of a small job has (a plain ``data`` is at most DATA_PLAIN_BYTES), packed.
+_LENGTHS_MADE = 2048
+_LENGTHS = [_LENGTH.pack(n) for n in range(_LENGTHS_MADE)]
 #: RQ's call (``data``): ``[func, instance, args, kwargs]``, the delivery its one argument.
 _CALL_HEAD = b"[" + json.dumps(ENTRY_POINT).encode() + b", null, ["
 #: What the script writes of QUEUED_FIELDS into a new job's hash: the status only. The fields
@@ -227,26 +230,49 @@ def job_fields(
         result_ttl = round(default_result_ttl_s)  # 0: the worker deletes it at the end
     return (
         env.id,
-        delivery.overwrite.value,
+        delivery.overwrite._value_,  # (``.value`` is a property: about 1,500 instructions a read)
         str(env.requeue * 100000 + delivery.attempt),
         utc_text(env.created_at),
         _data(_CALL_HEAD + delivery.encoded() + b"], {}]"),
         _redis_text(description),
         str(_whole_seconds(env.timeout_s) or default_timeout),
-        dumps_ascii(_meta(delivery)).encode(),
+        _meta_json(delivery),
         _failure_ttl(delivery.key_ttl_s),
         "" if result_ttl is None else str(result_ttl),
     )
 
 
 def utc_text(ts: float) -> str:
-    """``utcformat(datetime.fromtimestamp(ts, UTC))``, RQ's text of a time, made by ``isoformat``.
+    """``utcformat(datetime.fromtimestamp(ts, UTC))``, RQ's text of a time: its second's text, kept.
 
-    ``strftime`` took a quarter more instructions (27,500 against 21,100 per job, callgrind);
-    the text is the same for every time an envelope may carry (1970 to 9999: four-digit years,
-    which ``strftime`` does not pad; ``tests/unit/test_job_data.py``).
+    The microseconds are rounded as ``datetime.fromtimestamp`` rounds them (half to even, a
+    carry into the next second); the second's text is ``isoformat``'s (``strftime`` does not pad
+    four-digit years), made once per second and kept (:data:`_SECONDS_KEPT`): the jobs of a
+    backlog were mostly accepted a few thousand to a second. ``fromtimestamp`` and ``isoformat``
+    per job cost about 20,000 instructions, this about 7,000 (docs/benchmarks.md, "The
+    forwarder's JSON per job"); the text is the same for every time an envelope may carry (1970
+    to 9999; ``tests/unit/test_job_data.py``).
     """
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    frac, whole = math.modf(ts)
+    micros = round(frac * 1e6)
+    second = int(whole)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        second += 1
+    elif micros < 0:
+        micros += 1_000_000
+        second -= 1
+    text = _SECOND_TEXT.get(second)
+    if text is None:
+        if len(_SECOND_TEXT) >= _SECONDS_KEPT:
+            _SECOND_TEXT.clear()
+        text = _SECOND_TEXT[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:-6]
+    return f"{text}.{micros:06d}Z"
+
+
+#: The text of each second :func:`utc_text` met (bounded: emptied when full).
+_SECOND_TEXT: dict[int, str] = {}
+_SECONDS_KEPT = 4096
 
 
 def job_hash(fields: Sequence[str | bytes], queue: str, enqueued_at: str) -> list[Any]:
@@ -260,12 +286,22 @@ def job_hash(fields: Sequence[str | bytes], queue: str, enqueued_at: str) -> lis
 
 
 def _argument(fields: Sequence[str | bytes], limit_key: bytes) -> bytes:
-    """A job's one argument: each field, its limit key last, behind its length (UnicodeEncodeError)."""
+    """A job's one argument: each field, its limit key last, behind its length (UnicodeEncodeError).
+
+    A length under :data:`_LENGTHS_MADE` is taken from a table (a ``pack`` call per field cost
+    about 600 instructions, a fifth of the argument's: docs/benchmarks.md, "The forwarder's
+    JSON per job").
+    """
     parts: list[bytes] = []
+    add = parts.append
     for value in fields:
         raw = value.encode() if isinstance(value, str) else value
-        parts += [_LENGTH.pack(len(raw)), raw]
-    parts += [_LENGTH.pack(len(limit_key)), limit_key]
+        n = len(raw)
+        add(_LENGTHS[n] if n < _LENGTHS_MADE else _LENGTH.pack(n))
+        add(raw)
+    n = len(limit_key)
+    add(_LENGTHS[n] if n < _LENGTHS_MADE else _LENGTH.pack(n))
+    add(limit_key)
     return b"".join(parts)
 
 

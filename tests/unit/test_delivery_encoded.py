@@ -62,3 +62,39 @@ def test_dumps_ascii_is_json_dumps() -> None:
         10**30,
     ):
         assert dumps_ascii(value) == json.dumps(value)
+
+
+def test_the_delivery_s_own_fields_are_written_as_the_encoder_writes_them() -> None:
+    """``_own_text`` is ``dumps_ascii(_own())`` (less its ``{``) for every delivery it writes,
+    and leaves to the encoder the ones it does not (``None``)."""
+    from hybridq.envelope.codec import dumps_ascii
+
+    env = decoded(1, 2)
+    loc = ("w" * 16, 3, 64)
+    written = [
+        Delivery(env, "owner", loc),
+        Delivery(
+            env, "own\u00e9r \udcff", ("caf\u00e9", 0, 2**40), attempt=7, gen=3, lease_s=0.1, key_ttl_s=1e-7
+        ),
+        Delivery(env, "owner", loc, report_start=True, limit="concurrency:2"),
+        Delivery(env, "owner", loc, report_start=True, limit=""),
+        Delivery(env, "owner", loc, lease_s=1e300, key_ttl_s=86400.0, gen=2**63 - 1),
+    ]
+    for delivery in written:
+        text = delivery._own_text()
+        assert text is not None
+        assert text == dumps_ascii(delivery._own())[1:]
+    encoder_s = [
+        Delivery(env, "owner", loc, lost=1),
+        Delivery(env, "owner", loc, later=2, later_since=5.5),
+        Delivery(env, "owner", loc, lease_s=10),  # an int: the encoder writes 10
+        Delivery(env, "owner", loc, lease_s=float("inf")),
+        Delivery(env, "owner", loc, key_ttl_s=float("nan")),
+        Delivery(env, "owner", loc, attempt=True),
+        Delivery(env, "owner", ("w", 1.0, 2)),  # type: ignore[arg-type]
+    ]
+    for delivery in written + encoder_s:
+        assert (
+            delivery.encoded() == b'{"job": ' + env.source + b", " + dumps_ascii(delivery._own()).encode()[1:]
+        )
+    assert all(d._own_text() is None for d in encoder_s)

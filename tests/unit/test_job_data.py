@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import zlib
 from datetime import UTC, datetime
 from random import Random
@@ -64,6 +65,12 @@ def test_a_job_s_created_at_is_written_as_rq_writes_a_time() -> None:
     times += [rng.uniform(0, MAX_TIMESTAMP) for _ in range(2000)] + [
         rng.uniform(1.7e9, 1.9e9) for _ in range(2000)
     ]
+    # Halves of a microsecond (rounded half to even, or carried into the next second), and many
+    # times in few seconds, as a backlog's are (each second's text is kept: the same text).
+    times += [
+        rng.randrange(1_700_000_000, 1_700_000_003) + (rng.randrange(10**6) + 0.5) / 1e6 for _ in range(2000)
+    ]
+    times += [float(rng.randrange(0, int(MAX_TIMESTAMP))) + 0.9999995 for _ in range(200)]
     for ts in times:
         assert utc_text(ts) == utcformat(datetime.fromtimestamp(ts, tz=UTC)), ts
 
@@ -81,3 +88,55 @@ def test_info_memory_s_three_fields_are_read() -> None:
     want = MemoryInfo(988320, 67108864, "allkeys-lru")
     assert memory_info(_INFO_MEMORY.encode()) == want == memory_info(_INFO_MEMORY)
     assert memory_info(b"# Memory\r\n") == MemoryInfo(0, 0, "noeviction")  # a field missing: as before
+
+
+def test_the_meta_is_written_as_the_encoder_writes_it() -> None:
+    """``_meta_json`` is ``dumps_ascii(_meta(...))`` whether it writes it or the encoder does."""
+    import dataclasses
+
+    from hybridq import Queue
+    from hybridq.envelope.codec import dumps_ascii
+    from hybridq.envelope.model import Envelope
+    from hybridq.protocol import Delivery
+    from hybridq.transport.rq_codec import _meta, _meta_json
+
+    made = Queue("q", tempfile.mkdtemp()).prepare("tests.tasks.add", (1, 2))
+    plain = Envelope.from_bytes(made.to_bytes())
+    envelopes = [
+        plain,
+        dataclasses.replace(plain, meta={"team": "x", "hybridq": "theirs"}),
+        dataclasses.replace(plain, created_at=1796680390),
+        dataclasses.replace(plain, created_at=float("inf")),
+        dataclasses.replace(plain, func="caf\u00e9.t\udcff", idempotency_key='k\u00e9y \x00\n"'),
+    ]
+    for env in envelopes:
+        for delivery in (
+            Delivery(env, "o", ("w", 0, 64)),
+            Delivery(env, "o", ("w", 0, 64), attempt=5, later=2, later_since=1.0),
+        ):
+            assert _meta_json(delivery) == dumps_ascii(_meta(delivery)).encode()
+
+
+def test_a_job_s_argument_is_each_field_behind_its_length() -> None:
+    """The lengths from the table and from ``pack`` are the same big-endian four bytes."""
+    import struct
+
+    from hybridq.transport.rq_push import _argument
+
+    for sizes in ((0, 1, 255, 256), (2047, 2048, 2049), (70000,)):
+        fields = tuple("x" * n if i % 2 else b"y" * n for i, n in enumerate(sizes))
+        expected = b"".join(
+            struct.pack(">I", len(f)) + (f.encode() if isinstance(f, str) else f) for f in fields
+        )
+        assert _argument(fields, b"k:1") == expected + struct.pack(">I", 3) + b"k:1"
+
+
+def test_a_call_s_description_and_a_failed_job_s_ttl() -> None:
+    from hybridq.transport.rq_codec import _describe, _failure_ttl
+
+    assert _describe("tasks.noop", (), {}) == "tasks.noop()"
+    assert _describe("t" * 199, (), {}) == "t" * 197 + "..."
+    assert _describe("t" * 198, (), {}) == "t" * 198 + "()"
+    assert _describe("tasks.add", (1, "a"), {"b": None}) == "tasks.add(1, 'a', b=None)"
+    for ttl in (86400.0, 86400.0, 1.0, 100.0, 0.5, 30):
+        assert _failure_ttl(ttl) == str(max(1, int(ttl - min(60.0, ttl / 2))))
