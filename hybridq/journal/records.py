@@ -100,9 +100,11 @@ class SegmentInfo:
     sealed: bool = False
     #: Of a sealed segment: where its seal records start.
     seal_offset: int = 0
-    #: The last sequence number its writer had fsynced, as the segment's last valid record states
-    #: it (its seal's, or its last data record's; ``first_seq - 1`` if none does): the records
-    #: after it were durable only if a later fsync did not fail. Recovery seals again from there.
-    synced_seq: int = 0
+    #: Of a sealed segment: the last sequence number stated fsynced (*Record*) by its seal, and by
+    #: its last data record (``first_seq - 1`` if not known). The records after the smaller were
+    #: durable only if a later fsync did not fail: recovery seals again from there. Both are
+    #: needed: a writer's seal states its own frontier, but recovery's states every record durable.
+    seal_synced_seq: int = 0
+    data_synced_seq: int = 0
     live: bool = False
     torn: TornTail | None = None

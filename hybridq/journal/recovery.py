@@ -146,8 +146,9 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
     The bytes read back may not be the ones scanned: pages whose write-back failed can be
     evicted, and a read then returns what the disk holds (zeros, say). So once they are
     fdatasync'd the segment is read again, and the mode set only if it still reads as the
-    scan read it; if not it stays writable (one warning), and the next start reads it as it is
-    now (a torn tail to repair, or damage to refuse), as it would have without this.
+    scan read it; if not (or if damage is read while looking for where to write from) it stays
+    writable (one warning), and the next start reads it as it is now (a torn tail to repair, or
+    damage to refuse), as it would have without this.
     Returns whether it sealed it.
     """
     if not _writable(info.path):
@@ -158,12 +159,14 @@ def _seal_again(ops: FileOps, info: SegmentInfo) -> bool:
         fd, st = locked
         if not st.st_mode & stat.S_IWUSR or st.st_size != info.end_offset:
             return False
-        _write_again(ops, fd, info, _not_known_durable(ops, info))
-        try:
-            ops.fdatasync(fd)
-        except OSError as exc:
-            raise JournalIOError(info.path, "fsync", exc) from exc
-        if not _as_scanned(ops, info):
+        done = _not_known_durable(ops, info)
+        if done is not None:
+            _write_again(ops, fd, info, done)
+            try:
+                ops.fdatasync(fd)
+            except OSError as exc:
+                raise JournalIOError(info.path, "fsync", exc) from exc
+        if done is None or not _as_scanned(ops, info):
             log.warning(
                 "journal: %s: sealed but left writable by a crash, and no longer reads as it did "
                 "(its pages lost?); left writable for the next start",
@@ -221,20 +224,30 @@ def _as_scanned(ops: FileOps, info: SegmentInfo) -> bool:
     return (now.sealed, now.end_offset, now.next_seq, now.data_count, now.last_data_seq) == seen
 
 
-def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int:
+def _not_known_durable(ops: FileOps, info: SegmentInfo) -> int | None:
     """Where the bytes of a sealed segment that may not be on disk start: its seal, or a record before.
 
-    The seal's records state the last sequence its writer had fsynced (docs/journal-format.md,
+    Its records state the last sequence their writer had fsynced (docs/journal-format.md,
     *Record*): the records after it were made durable only by the seal's fdatasync, if it did
-    not fail. A punched segment's were: a hole map is written only for a sealed, fsynced one
-    (and writing its records again would write its punched ranges back, as zeros on disk).
+    not fail. The smaller of what its seal and its last data record state: a writer's seal
+    states its own frontier, but recovery's, and a repair's, state every record durable. A
+    punched segment's were durable: a hole map is written only for a sealed, fsynced one (and
+    writing its records again would write its punched ranges back, as zeros on disk).
+    None if the segment no longer reads as scanned (damage); an error reading it raises
+    :class:`JournalIOError`.
     """
-    if info.punched or info.synced_seq >= info.next_seq - SEAL_RECORDS - 1:
+    synced = min(info.seal_synced_seq, info.data_synced_seq)
+    if info.punched or synced >= info.next_seq - SEAL_RECORDS - 1:
         return info.seal_offset
     reader = JournalReader(os.path.dirname(info.path), fileops=ops)
-    for record in reader.segment_records(info.writer_id, info.index):
-        if record.seq > info.synced_seq:
-            return record.offset
+    try:
+        for record in reader.segment_records(info.writer_id, info.index):
+            if record.seq > synced:
+                return record.offset
+    except JournalCorruption:
+        return None
+    except OSError as exc:
+        raise JournalIOError(info.path, "read", exc) from exc
     return info.seal_offset
 
 
@@ -352,17 +365,10 @@ def _close_dead_chain(ops: FileOps, info: SegmentInfo) -> bool:
         elif st.st_size != info.end_offset:
             return False
         try:
-            # The dead writer's own frontier (as its last record states it), not "all durable":
-            # if this seal's fdatasync fails, the next start's _seal_again rewrites from there.
-            seal_fd(
-                ops,
-                fd,
-                salt_seed(info.salt),
-                info.next_seq,
-                info.last_data_seq,
-                info.data_count,
-                synced_seq=info.synced_seq,
-            )
+            # It states every record durable, as the records a writer acknowledged are: a later
+            # scan then refuses damage in them, never cuts it as a torn tail. If its fdatasync
+            # fails, the next start's _seal_again rewrites from the last data record's frontier.
+            seal_fd(ops, fd, salt_seed(info.salt), info.next_seq, info.last_data_seq, info.data_count)
         except SealError as exc:
             raise JournalIOError(info.path, exc.op, exc.cause) from exc.cause
         return True

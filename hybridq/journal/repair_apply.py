@@ -310,8 +310,8 @@ def _cut(ops: FileOps, backup: str, cut: Cut, src: int) -> None:
 
     def sealed_prefix(out: int) -> None:
         prefix(out)
-        # Its seal states every record durable (no ``synced_seq``), unlike recovery's seal of a
-        # dead chain: every byte of this new file is written through ``out``, so the seal's
+        # Its seal states every record durable (no ``synced_seq``), as recovery's seal of a dead
+        # chain does: every byte of this new file is written through ``out``, so the seal's
         # fdatasync covers them all (a write-back error since the open is reported to it), and
         # if it fails the file is never renamed over the segment (replace_durably raises first).
         seal_fd(ops, out, cut.seed, cut.seal_seq, cut.last_data_seq, cut.data_count)

@@ -115,8 +115,7 @@ class SegmentScan:
         p = 0  # position in buf
         seals = 0
         # Where the first seal record starts, its sequence number, and the chain's sequence it
-        # states durable (the writer's ``synced_seq``, from its unsynced distance); the type word
-        # of the last data record (its distance: the same for an unsealed segment, at its end).
+        # states durable (from its unsynced distance); the type word of the last data record.
         seal_off = seal_seq = seal_synced = data_word = 0
         holes = [h for h in self.holes if h.end > offset]
         if holes and holes[0].start < offset:  # resuming inside a punched range: after it
@@ -193,7 +192,6 @@ class SegmentScan:
                 # A partial seal is torn as a whole: recovery truncates it and seals afresh.
                 if seals == 1:
                     off, expected = seal_off, seal_seq
-                info.synced_seq = _frontier(info.last_data_seq, data_word, info)
                 if not self._anomaly(info, off, expected, bad):
                     return
                 # The writer appended after our snapshot and let go: read on from ``off``.
@@ -231,9 +229,9 @@ class SegmentScan:
                     seal_off, "hole map range past the segment's seal", seal_seq, seal_seq + SEAL_RECORDS - 1
                 )
             info.sealed = True
-            info.seal_offset, info.synced_seq = seal_off, seal_synced
+            info.seal_offset, info.seal_synced_seq = seal_off, seal_synced
+            info.data_synced_seq = _frontier(info.last_data_seq, data_word, info)
             return
-        info.synced_seq = _frontier(info.last_data_seq, data_word, info)
         if self.read_only:
             raise self.corruption(
                 info.end_offset, "sealed (read-only) segment ends without its seal", expected

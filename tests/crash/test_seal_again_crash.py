@@ -2,9 +2,11 @@
 
 The start's recovery writes the bytes that may not be durable again in place (the same bytes),
 fdatasyncs, reads the segment again, chmods 0400 and fsyncs (hybridq/journal/recovery.py,
-``_seal_again``; docs/journal-format.md, *Seal*). Two such segments: a ledger's, whose writer
-fsynced its records (the seal written again only), and a ``no-fsync`` journal's, whose seal
-states none of its records fsynced (written again from its first record). Here the start stops
+``_seal_again``; docs/journal-format.md, *Seal*). Three such segments: a ledger's, whose last
+batch began in an earlier segment, and a ``no-fsync`` journal's, none of whose records states
+any record fsynced (both written again from the first record); and one recovery sealed for a
+killed ``fsync`` writer (its seal states every record durable, its last data record the batch
+before its own: written again from the middle record that batch starts at). Here the start stops
 before each of its file operations in turn: the process killed (every byte written stays, its
 flock goes; ``write`` also cut in half), or the power cut (tests/support/powerloss.py: what no
 fsync covered is dropped, torn or garbled, a mode no fsync covered kept or reverted). After each
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 from hybridq.errors import HybridqError
 from hybridq.journal import Durability, JournalReader, JournalWriter
-from hybridq.journal.format import RECORD_HEADER_SIZE, SEAL_PAYLOAD_SIZE, SEAL_RECORDS, segment_name
+from hybridq.journal.format import parse_segment_name, segment_name
 from hybridq.journal.reader import list_chains
 from hybridq.journal.recovery import recover
 from hybridq.ledger import saved_index
@@ -36,7 +38,7 @@ from hybridq.ledger.store import ledger_dir
 from tests.crash.test_repair_power_loss import KillAt, _Killed
 from tests.support.faulty import CallSpy
 from tests.support.powerloss import MODES, PowerLossFileOps
-from tests.support.writers import closed_ledger
+from tests.support.writers import abandon_writer, closed_ledger
 
 
 @dataclass(frozen=True)
@@ -48,26 +50,44 @@ class _Template:
     segment: Path
     records: list[bytes]
     ledger: bool  # the ledger's: the saved index must be accepted after the stop
+    rewrite_from: int  # the offset the start writes again from
 
 
-@pytest.fixture(scope="module", params=["ledger", "no-fsync"])
+@pytest.fixture(scope="module", params=["ledger", "no-fsync", "recovered"])
 def template(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> _Template:
-    """Killed between the seal's fdatasync and its chmod: a closed ledger, or a ``no-fsync`` journal."""
+    """Killed between the seal's fdatasync and its chmod: a closed ledger, a ``no-fsync`` journal,
+    or the seal the start's recovery wrote for a killed ``fsync`` writer of two batches."""
     base = tmp_path_factory.mktemp("seal-again")
     if request.param == "ledger":
         journal, segment = closed_ledger(base)
         directory = ledger_dir(journal)
     else:
         directory = journal = str(base / "journal")
-        with JournalWriter(directory, durability=Durability.NO_FSYNC) as writer:
-            writer.append_many([b"job-%d" % i * 20 for i in range(40)])
+        durability = Durability.NO_FSYNC if request.param == "no-fsync" else Durability.FSYNC
+        writer = JournalWriter(directory, durability=durability)
+        writer.append_many([b"job-%d" % i * 20 for i in range(20)])
+        writer.append_many([b"job-%d" % i * 20 for i in range(20, 40)])
+        if request.param == "recovered":
+            abandon_writer(writer)  # killed
+            assert recover(directory, tails_only=True).sealed
+        else:
+            writer.close()
         ((writer_id, (index,)),) = list_chains(directory).items()
         segment = Path(directory) / segment_name(writer_id, index)
     segment.chmod(0o600)
     records = [r.payload for r in JournalReader(directory).records()]
+    named = parse_segment_name(segment.name)
+    assert named is not None
+    in_segment = list(JournalReader(directory).segment_records(*named))
+    rewrite_from = in_segment[20 if request.param == "recovered" else 0].offset
     root = Path(journal)
     return _Template(
-        root, os.path.relpath(directory, root), segment.relative_to(root), records, request.param == "ledger"
+        root,
+        os.path.relpath(directory, root),
+        segment.relative_to(root),
+        records,
+        request.param == "ledger",
+        rewrite_from,
     )
 
 
@@ -82,8 +102,7 @@ def _seal_steps(template: _Template, tmp_path: Path) -> range:
     ops = CallSpy()
     directory, segment = _copy(template, tmp_path / "names")
     assert recover(directory, tails_only=True, fileops=ops).resealed
-    seal_at = segment.stat().st_size - SEAL_RECORDS * (RECORD_HEADER_SIZE + SEAL_PAYLOAD_SIZE)
-    assert (ops.spans[0][0] < seal_at) != template.ledger  # no-fsync: its records written again too
+    assert ops.spans == [(template.rewrite_from, segment.stat().st_size)]
     first = ops.names.index("write")
     assert ops.names[first : first + 2] == ["write", "fdatasync"]
     assert ops.names[-3:] == ["fchmod", "fsync", "close"]
