@@ -102,8 +102,10 @@ class SegmentInfo:
     seal_offset: int = 0
     #: Of a sealed segment: the last sequence number stated fsynced (*Record*) by its seal, and by
     #: its last data record (``first_seq - 1`` if not known). The records after the smaller were
-    #: durable only if a later fsync did not fail: recovery seals again from there. Both are
-    #: needed: a writer's seal states its own frontier, but recovery's states every record durable.
+    #: durable only if a later fsync did not fail: recovery seals again from there. A writer's
+    #: frontier only grows, so the last data record's is the smaller but where the seal's distance
+    #: was capped and the record's was not; the seal's is kept for that case and because
+    #: recovery's and a repair's seals state every record durable (only the record's tells).
     seal_synced_seq: int = 0
     data_synced_seq: int = 0
     live: bool = False
