@@ -11,7 +11,8 @@ forwarder whose keys are each seen once (a key per job or two) sends them. ``lim
 each job carries the policy ``--policy`` (default ``10,0,0``: concurrency 10, no rate) of key
 ``tenant:<i % keys>``; ``none``: no limit, no ``KEY_USE``. The limits' epoch is set long ago
 (no quarantine). Prints redis-server's total instructions per job (the setup and push
-included: compare ``limited`` with ``none`` of the same N).
+included: compare ``limited`` with ``none`` of the same N); ``--commandstats``: also its
+commands per job (``INFO commandstats``, inside scripts and out, the setup and push included).
 
   PYTHONPATH=. HYBRIDQ_ALLOW=tests .venv/bin/python bench/limits_redis.py limited --keys 2000
 
@@ -48,6 +49,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="KEY_USE as a forwarder with a key per job or two sends it: a read of each batch's keys "
         "(their first sight), and (before the push counted its copies) an add-only call after it",
+    )
+    p.add_argument(
+        "--commandstats",
+        action="store_true",
+        help="also print Redis's commands per job (INFO commandstats, inside scripts and out, the push included)",
     )
     args = p.parse_args(argv)
     n, limited = args.n, args.mode == "limited"
@@ -95,6 +101,12 @@ def main(argv: list[str]) -> int:
         for item in items:
             conclude(item.run, 1, None)
         scripts.call(c, batch_end.END, [], batch_end.end_args("w1", items))
+    if args.commandstats:
+        stats = c.info("commandstats")
+        calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+        calls["info"] = calls.get("info", 0) - 1  # (this one)
+        print(" ".join(f"{k}={v / n:.2f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v))
+        print(f"commands per job: {sum(calls.values()) / n:.2f}")
     c.shutdown(nosave=True)
     proc.wait()
     with open(out) as f:
