@@ -101,9 +101,14 @@ class Finished:
     implicit_key: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Event:
-    """One completion event (``hybridq.protocol.CompletionEvent``), or ``body=None`` if garbled."""
+    """One completion event (``hybridq.protocol.CompletionEvent``), or ``body=None`` if garbled.
+
+    Treat it as immutable; hashed as a frozen one. Not ``frozen``: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``, and the harvest makes one per
+    event (docs/benchmarks.md, "The forwarder's decoding per job").
+    """
 
     event_id: str
     body: Mapping[str, Any] | None
