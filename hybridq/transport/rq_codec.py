@@ -17,7 +17,7 @@ from json.encoder import encode_basestring_ascii as _str
 from math import isfinite
 from typing import TYPE_CHECKING, Any
 
-from hybridq.envelope.codec import dumps_ascii, json_text
+from hybridq.envelope.codec import dumps_ascii, json_text, loads_text
 from hybridq.envelope.limits import MAX_SECONDS
 from hybridq.protocol import Delivery
 
@@ -117,7 +117,13 @@ def _text(value: Any) -> str:
 def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
     try:
-        body = json.loads(json_text(raw) if isinstance(raw, bytes) else raw) if raw is not None else None
+        body = (
+            loads_text(json_text(raw))
+            if isinstance(raw, bytes)
+            else json.loads(raw)
+            if raw is not None
+            else None
+        )
     except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None
