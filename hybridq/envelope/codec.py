@@ -289,19 +289,25 @@ def scanned(decoder: json.JSONDecoder, fallback: Callable[[str], Any]) -> Callab
     ``decode`` wraps the scanner in Python: ``raw_decode``, a whitespace regex before and after
     the value, and ``json.loads`` a BOM check: 5k of the forwarder's 66k instructions to decode
     a journal record, 8k of 39k for an event (docs/benchmarks.md, "The forwarder's decoding
-    per job"). A text
-    whose value starts at its first character and ends at its last is what ``decode`` would scan
-    the same way, with the same errors raised from within the value; any other text (leading or
-    trailing whitespace, extra data, no value, a BOM) is left to ``fallback``, as before.
+    per job"). A text whose value starts at its first character and ends at its last is what
+    ``decode`` would scan the same way, with the same errors raised from within the value; any
+    other text (leading or trailing whitespace, extra data, no value, a BOM) is left to
+    ``fallback``, as before (scanned twice then: at most twice main's cost for such a text). One
+    difference: the scanner runs a frame or two less deep than under ``decode``, so a value
+    nested about 995 deep, which the old path's stack refused (``RecursionError``), may decode
+    here: a journal record is then refused by its own depth check (:func:`_too_deep`); an event
+    that deep was already decoded when one or two levels shallower.
     """
     scan = decoder.scan_once  # type: ignore[attr-defined]
 
     def loads(text: str) -> Any:
         try:
             obj, end = scan(text, 0)
+            if end == len(text):
+                return obj
         except StopIteration:
-            return fallback(text)
-        return obj if end == len(text) else fallback(text)
+            pass  # (no value at the first character: the fallback raises outside this block)
+        return fallback(text)
 
     return loads
 
