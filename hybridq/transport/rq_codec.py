@@ -116,14 +116,10 @@ def _text(value: Any) -> str:
 
 def _decode_event(fields: Any) -> dict[str, Any] | None:
     raw = fields.get(b"e") if isinstance(fields, dict) else None
+    if raw is None:
+        return None
     try:
-        body = (
-            loads_text(json_text(raw))
-            if isinstance(raw, bytes)
-            else json.loads(raw)
-            if raw is not None
-            else None
-        )
+        body = loads_text(json_text(raw)) if isinstance(raw, bytes) else json.loads(raw)
     except (ValueError, RecursionError):  # "[[[[..." deep enough raises RecursionError
         return None
     return body if isinstance(body, dict) else None

@@ -32,6 +32,7 @@ from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.store import ledger_dir, open_ledger_writer
 
+from tests.support.faulty import CallSpy
 from tests.support.writers import closed_ledger
 from tests.unit import test_ledger_replay
 from tests.unit.test_saved_index import entries, save_now
@@ -108,7 +109,9 @@ def test_a_segment_whose_lock_is_held_is_left_to_its_holder(tmp_path: Path) -> N
 
 
 def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) -> None:
-    """Bytes appended after the scan: it is not the segment the scan read sealed, so left as it is."""
+    """Bytes appended after the scan: it is not the segment the scan read sealed, so left as it is,
+    nothing written (the check under the lock, before any write: the read after the fdatasync
+    alone would have refused the mode, but written first)."""
     path = _punched_and_left_writable(tmp_path)
     reader = JournalReader(tmp_path)
     reader.check(tails_only=True)
@@ -116,7 +119,10 @@ def test_a_segment_changed_since_the_scan_is_not_made_read_only(tmp_path: Path) 
     assert info.sealed
     with path.open("ab") as f:
         f.write(b"\0" * 16)
-    assert not recovery._seal_again(OS_FILEOPS, info)
+    before, spy = path.read_bytes(), CallSpy()
+    assert not recovery._seal_again(spy, info)
+    assert path.read_bytes() == before
+    assert not {"write", "fdatasync", "fchmod"} & set(spy.names)
     assert path.stat().st_mode & 0o777 == 0o600
     os.truncate(path, info.end_offset)
     assert recovery._seal_again(OS_FILEOPS, info)
