@@ -154,6 +154,8 @@ class ForwarderState(LedgerWrites):
         # The punched ranges instead of their finished jobs' offsets (issue 29): after the replay,
         # which gave every job in them its outcome (hybridq.ledger.punched_maps).
         collapse_punched(self.journal, self.index, self.compacted)
+        # Past the cap, the finished jobs of the segments holding most on disk (issue 29).
+        self.index.spill_past(self.journal, self.config.index_offsets_max)
         self._saver = IndexSaver(self.journal, read)
         self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()

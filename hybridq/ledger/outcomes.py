@@ -51,8 +51,9 @@ from hybridq.ledger.outcome_codes import (
     _Items,
     _Values,
 )
-from hybridq.ledger.outcome_counts import OutcomeCounts
+from hybridq.ledger.outcome_disk import SpillableOutcomes
 from hybridq.ledger.outcome_merge import merged_inside
+from hybridq.ledger.outcome_spill import SpilledArrays
 from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
 _T = TypeVar("_T")
@@ -65,10 +66,10 @@ MERGE_FLOOR = 8
 MERGE_FRACTION = 64
 
 
-class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
+class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
-    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "_punched", "recent")
+    __slots__ = ()  # the state's slots are SpillableOutcomes's (hybridq.ledger.outcome_disk)
 
     def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
         #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
@@ -88,6 +89,9 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         self._odd: dict[int, str] | None = None
         #: The punched ranges (``None`` while there is none).
         self._punched: PunchedRanges | None = None
+        #: The arrays on disk (:meth:`spill`), ``None`` while in memory; then :attr:`_offsets`
+        #: and :attr:`_codes` are the shared empty ones and :attr:`_last` is the file's.
+        self._spill: SpilledArrays | None = None
         self.update(items)
 
     @classmethod
@@ -129,6 +133,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
 
     def __len__(self) -> int:
         n = len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
+        if self._spill is not None:
+            n += self._spill.n
         return n if self._punched is None else n + self._punched.implicit
 
     def __contains__(self, offset: object) -> bool:
@@ -150,6 +156,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         ``bisect`` (C): ``offset <= _last``, so it ends on an offset.
         """
         if offset <= self._last:
+            if self._spill is not None:
+                return bool(self._spill.code_of(offset)) or self._unlisted(offset)
             offsets = self._offsets
             i = self._at
             if i < len(offsets):
@@ -170,6 +178,12 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
             self._punched is not None and self._punched.covers(offset)
         )
 
+    def _unlisted(self, offset: int) -> bool:
+        """Whether ``offset``, in neither :attr:`recent` nor the arrays, is in :attr:`_odd` or a range."""
+        return (offset in self._odd if self._odd else False) or (
+            self._punched is not None and self._punched.covers(offset)
+        )
+
     @overload
     def get(self, offset: int, /) -> str | None: ...
     @overload
@@ -180,10 +194,15 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         if found is not None:
             return found
         if offset <= self._last:
-            offsets = self._offsets
-            i = bisect_left(offsets, offset)
-            if offsets[i] == offset:
-                return _NAMES[self._codes[i]]
+            if self._spill is not None:
+                code = self._spill.code_of(offset)
+                if code:
+                    return _NAMES[code]
+            else:
+                offsets = self._offsets
+                i = bisect_left(offsets, offset)
+                if offsets[i] == offset:
+                    return _NAMES[self._codes[i]]
         if self._odd:
             found = self._odd.get(offset)
             if found is not None:
@@ -206,10 +225,15 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         if offset in recent:
             return recent[offset]
         if offset <= self._last:
-            offsets = self._offsets
-            i = bisect_left(offsets, offset)
-            if offsets[i] == offset:
-                return _NAMES[self._codes[i]]
+            if self._spill is not None:
+                code = self._spill.code_of(offset)
+                if code:
+                    return _NAMES[code]
+            else:
+                offsets = self._offsets
+                i = bisect_left(offsets, offset)
+                if offsets[i] == offset:
+                    return _NAMES[self._codes[i]]
         if self._odd:
             found = self._odd.get(offset)
             if found is not None:
@@ -225,6 +249,10 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         return None
 
     def __setitem__(self, offset: int, outcome: str) -> None:
+        spill = self._spill
+        if spill is not None and offset <= self._last and spill.code_of(offset):
+            self._set_spilled(spill, offset, outcome)
+            return
         i = self._find(offset)
         code = _CODES.get(outcome)
         punched = self._punched
@@ -262,10 +290,18 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
             raise KeyError(offset)
         if self._punched is not None and self._punched.covers(offset):
             raise ValueError(f"the job at offset {offset} was punched: it stays finished")
+        spill = self._spill
+        if spill is not None and offset <= self._last and spill.code_of(offset):
+            directory = self._unspill()  # back in memory, out of its arrays, on disk again
+            try:
+                self._discard(offset, self._find(offset))
+            finally:
+                self.spill(directory)
+            return
         self._discard(offset, self._find(offset))
 
     def __iter__(self) -> Iterator[int]:
-        yield from self._offsets
+        yield from self._arrays()[0]
         yield from list(self.recent)
         yield from list(self._odd or ())
 
@@ -286,8 +322,16 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         only grows); one that crosses a range kept raises ``ValueError``, the map unchanged. New
         arrays are built aside and swapped in at once (as :meth:`_merge` does).
         """
+        spans = list(spans)
         punched = (self._punched or PunchedRanges()).with_spans(spans)
         if not len(punched):
+            return
+        if self._spill is not None:
+            directory = self._unspill()  # the arrays change (rarely: once a punch): in memory
+            try:
+                self.drop_ranges(spans)
+            finally:
+                self.spill(directory)
             return
         self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
         kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)
@@ -304,8 +348,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         return not listed and punched.covers(offset)
 
     def _find(self, offset: int) -> int:
-        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there."""
-        if offset > self._last:
+        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there (nor when spilled)."""
+        if offset > self._last or self._spill is not None:
             return -1
         offsets = self._offsets
         i = bisect_left(offsets, offset)
@@ -336,6 +380,9 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         that fails halfway (``MemoryError``) leaves the map as it was, every finished job in it
         (a job missing from it would be pushed and run again, docs/reliability.md).
         """
+        if self._spill is not None:
+            self._merge_spilled()
+            return
         recent = self.recent
         keys = sorted(recent)
         if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
@@ -365,3 +412,7 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
         self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
         recent.clear()
+
+    def _merge_at_for(self, n: int) -> int:
+        """How many :attr:`recent` may hold past ``n`` merged offsets (the rule above)."""
+        return max(MERGE_FLOOR, n // MERGE_FRACTION)
