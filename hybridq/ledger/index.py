@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -23,7 +22,7 @@ from hybridq.ledger.duptable import DuplicateTable
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.keytable import KeyTable
-from hybridq.ledger.outcome_disk import spill_largest
+from hybridq.ledger.outcome_disk import UNCAPPED, spill_largest
 from hybridq.ledger.outcomes import SegmentOutcomes
 from hybridq.protocol import EntryKind
 
@@ -42,10 +41,6 @@ _DUPLICATE, _CANCEL = EntryKind.DUPLICATE, EntryKind.CANCEL
 #: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
 _LOC_OF = attrgetter("loc")
 _SEG_OF = itemgetter(0, 1)
-#: :meth:`LedgerIndex.spill_past`: the cap is checked every eighth of it of jobs added (at least
-#: this many), and a check past it spills down to this fraction of it (no spill at every add).
-SPILL_CHECK_MIN = 1024
-SPILL_DOWN_TO = 0.75
 
 
 @dataclass
@@ -84,9 +79,9 @@ class LedgerIndex:
     spill_cap: int | None = field(default=None, compare=False)
     #: Where the spilled maps' files are (anonymous: :mod:`hybridq.ledger.outcome_spill`).
     spill_dir: str = field(default="", compare=False)
-    #: Terminal jobs added, and at how many the cap is checked next.
-    _added: int = field(default=0, repr=False, compare=False)
-    _check_at: int = field(default=sys.maxsize, repr=False, compare=False)
+    #: At which :attr:`terminal_count` the cap is checked next (moved with it when it falls, so
+    #: that as many jobs are added between two checks).
+    _check_at: int = field(default=UNCAPPED, repr=False, compare=False)
 
     @property
     def failed(self) -> FailureTable:
@@ -170,9 +165,6 @@ class LedgerIndex:
                     return True
                 return entry.dup
             self.terminal_count += 1
-            self._added += 1
-            if self._added >= self._check_at:
-                self.spill_past(self.spill_dir, self.spill_cap)
             if new in self.totals:
                 self.totals[new] += 1
             self.retries.pop(loc, None)
@@ -296,9 +288,6 @@ class LedgerIndex:
             self.failed.delist(loc)
             return True
         self.terminal_count += 1
-        self._added += 1
-        if self._added >= self._check_at:
-            self.spill_past(self.spill_dir, self.spill_cap)
         self.totals["succeeded"] += 1
         for table in (self.retries, self.lost, self.later, self.cancels):
             if table:  # mostly all empty in a drain: no hash of ``loc`` for them
@@ -355,6 +344,7 @@ class LedgerIndex:
                 if outcome in self.totals:
                     self.totals[outcome] -= n
             self.terminal_count -= len(done)
+            self._check_at -= len(done)
         self.totals["dups"] -= self.dups.get(seg, 0)
         self.dups.pop(seg, None)
         self.dup_events.pop(seg, None)
@@ -382,27 +372,31 @@ class LedgerIndex:
                     del table[loc]
         after = done.tally()
         self.terminal_count += len(done) - n
+        self._check_at += len(done) - n
         for name in {*before, *after}:
             if name in self.totals:
                 self.totals[name] += after.get(name, 0) - before.get(name, 0)
 
+    def check_spill(self) -> None:
+        """:meth:`spill_past` if enough jobs were added since the last check: one compare.
+
+        Called after each batch folded in (the forwarder's ledger appends), not in :meth:`apply`
+        and :meth:`apply_succeeded`: a compare there cost 1.7 % of the instructions of a job
+        added (docs/benchmarks.md, "The ledger index spilled past a cap").
+        """
+        if self.terminal_count >= self._check_at:
+            self.spill_past(self.spill_dir, self.spill_cap)
+
     def spill_past(self, directory: str, cap: int | None) -> None:
         """Hold at most about ``cap`` listed offsets of :attr:`terminal` in memory: the rest on disk.
 
-        Checked now and then every ``cap / 8`` terminal jobs added (at least
-        :data:`SPILL_CHECK_MIN`): past ``cap``, the maps with the most offsets in memory move
-        theirs to an anonymous file in ``directory`` (:meth:`SegmentOutcomes.spill
-        <hybridq.ledger.outcomes.SegmentOutcomes.spill>`) until :data:`SPILL_DOWN_TO` of it is
-        left; but the newest two segments of each writer, the drain front (the pushes and the
-        harvest ask them most). ``None``: no cap (the spilled maps stay spilled). The memory
-        bound this gives: docs/forwarder.md, "Memory: the bound that holds now" (issue 29).
+        Now, and by :meth:`check_spill` every so many jobs added: the largest maps but the drain
+        front's (:func:`~hybridq.ledger.outcome_disk.spill_largest`). ``None``: no cap (the
+        spilled maps stay spilled). The bound: docs/forwarder.md, "Memory: the bound that holds
+        now" (issue 29).
         """
         self.spill_dir, self.spill_cap = directory, cap
-        if cap is None:
-            self._check_at = sys.maxsize
-            return
-        self._check_at = self._added + max(SPILL_CHECK_MIN, cap // 8)
-        spill_largest(self.terminal, directory, cap, int(cap * SPILL_DOWN_TO))
+        self._check_at = self.terminal_count + spill_largest(self.terminal, directory, cap)
 
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
         """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""

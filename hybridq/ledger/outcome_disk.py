@@ -19,13 +19,20 @@ This module must not import redis or rq.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hybridq.ledger.outcome_codes import _CODES, _NARROW_MAX, _NO_CODES, _NO_OFFSETS, _WIDE_MAX
 from hybridq.ledger.outcome_counts import OutcomeCounts
 from hybridq.ledger.outcome_spill import SpilledArrays, spill_failed
 
-__all__ = ["SpillableOutcomes", "spill_largest"]
+__all__ = ["SPILL_CHECK_MIN", "SPILL_DOWN_TO", "UNCAPPED", "SpillableOutcomes", "spill_largest"]
+
+#: The index's cap is checked every eighth of it of jobs added (at least this many), and a check
+#: past it spills down to this fraction of it (:func:`spill_largest`).
+SPILL_CHECK_MIN = 1024
+SPILL_DOWN_TO = 0.75
+#: Jobs added between two checks without a cap (a check then does nothing; a one-digit int).
+UNCAPPED = 2**30 - 1
 
 
 class SpillableOutcomes(OutcomeCounts):
@@ -121,32 +128,44 @@ class SpillableOutcomes(OutcomeCounts):
                 spill_failed(exc)
             else:
                 return
+        self._in_memory(lambda: self.__setitem__(offset, outcome))
+
+    def _in_memory(self, change: Callable[[], None]) -> None:
+        """Make ``change`` to the arrays read back in memory, then write them to a new file."""
         directory = self._unspill()
         try:
-            self[offset] = outcome
+            change()
         finally:
             self.spill(directory)
 
+    def _unlisted(self, offset: int) -> bool:
+        """Whether ``offset``, in neither :attr:`recent` nor the arrays, is in :attr:`_odd` or a range."""
+        return (offset in self._odd if self._odd else False) or (
+            self._punched is not None and self._punched.covers(offset)
+        )
 
-def spill_largest(
-    maps: Mapping[tuple[str, int], SpillableOutcomes], directory: str, cap: int, down_to: int
-) -> None:
-    """Past ``cap`` listed offsets in memory, spill the maps holding most until ``down_to`` is left.
 
-    ``maps``: per journal segment ``(writer, index)``. The newest two segments of each writer
-    stay in memory: the drain front, which the pushes and the harvest ask most.
+def spill_largest(maps: Mapping[tuple[str, int], SpillableOutcomes], directory: str, cap: int | None) -> int:
+    """Past ``cap`` listed offsets in memory, spill the maps holding most; returns the jobs to the next check.
+
+    ``maps``: per journal segment ``(writer, index)``. Spilled down to :data:`SPILL_DOWN_TO` of
+    ``cap`` (no spill at every check), the next check ``cap / 8`` jobs later (at least
+    :data:`SPILL_CHECK_MIN`). The newest two segments of each writer stay in memory: the drain
+    front, which the pushes and the harvest ask most. ``None``: no cap.
     """
+    if cap is None:
+        return UNCAPPED
     held = {seg: done.resident() for seg, done in maps.items()}
     total = sum(held.values())
-    if total <= cap:
-        return
-    newest: dict[str, list[int]] = {}
-    for writer, segment in held:
-        newest.setdefault(writer, []).append(segment)
-    front = {(writer, n) for writer, segments in newest.items() for n in sorted(segments)[-2:]}
-    for seg in sorted(held.keys() - front, key=held.__getitem__, reverse=True):
-        if total <= down_to or not held[seg]:
-            break
-        done = maps[seg]
-        done.spill(directory)
-        total -= held[seg] - done.resident()
+    if total > cap:
+        newest: dict[str, list[int]] = {}
+        for writer, segment in held:
+            newest.setdefault(writer, []).append(segment)
+        front = {(writer, n) for writer, segments in newest.items() for n in sorted(segments)[-2:]}
+        for seg in sorted(held.keys() - front, key=held.__getitem__, reverse=True):
+            if total <= cap * SPILL_DOWN_TO or not held[seg]:
+                break
+            done = maps[seg]
+            done.spill(directory)
+            total -= held[seg] - done.resident()
+    return max(SPILL_CHECK_MIN, cap // 8)

@@ -178,12 +178,6 @@ class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
             self._punched is not None and self._punched.covers(offset)
         )
 
-    def _unlisted(self, offset: int) -> bool:
-        """Whether ``offset``, in neither :attr:`recent` nor the arrays, is in :attr:`_odd` or a range."""
-        return (offset in self._odd if self._odd else False) or (
-            self._punched is not None and self._punched.covers(offset)
-        )
-
     @overload
     def get(self, offset: int, /) -> str | None: ...
     @overload
@@ -292,11 +286,7 @@ class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
             raise ValueError(f"the job at offset {offset} was punched: it stays finished")
         spill = self._spill
         if spill is not None and offset <= self._last and spill.code_of(offset):
-            directory = self._unspill()  # back in memory, out of its arrays, on disk again
-            try:
-                self._discard(offset, self._find(offset))
-            finally:
-                self.spill(directory)
+            self._in_memory(lambda: self._discard(offset, self._find(offset)))  # read back, out again
             return
         self._discard(offset, self._find(offset))
 
@@ -327,11 +317,7 @@ class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
         if not len(punched):
             return
         if self._spill is not None:
-            directory = self._unspill()  # the arrays change (rarely: once a punch): in memory
-            try:
-                self.drop_ranges(spans)
-            finally:
-                self.spill(directory)
+            self._in_memory(lambda: self.drop_ranges(spans))  # rare: once a punch
             return
         self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
         kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)

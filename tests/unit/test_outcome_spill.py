@@ -17,13 +17,18 @@ import random
 from pathlib import Path
 
 import pytest
+from hybridq import Queue
 from hybridq.errors import JournalIOError
-from hybridq.ledger import index as index_module
-from hybridq.ledger import outcome_spill, outcomes, saved_index
+from hybridq.journal import JournalWriter
+from hybridq.ledger import outcome_disk, outcome_spill, outcomes, saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
+from hybridq.ops.status import collect_status
+from hybridq.testing.memory import MemoryTransport
 
+from tests import tasks
+from tests.unit.test_completions import make_forwarder, settle
 from tests.unit.test_punched_outcomes import a_run, check, records
 from tests.unit.test_segment_outcomes import NAMES, a_name, an_offset, check_same, check_whole
 
@@ -146,7 +151,7 @@ def test_the_index_past_its_cap_spills_the_largest_segments_and_answers_the_same
     """Four writers, twelve segments each, jobs finishing interleaved (priorities): past a cap of
     2,000 offsets the largest segments but each writer's newest two move to disk; every answer,
     the counts and the saved index stay those of the index without a cap."""
-    monkeypatch.setattr(index_module, "SPILL_CHECK_MIN", 64)
+    monkeypatch.setattr(outcome_disk, "SPILL_CHECK_MIN", 64)
     rng = random.Random(29)
     capped, plain = LedgerIndex(), LedgerIndex()
     capped.spill_past(str(tmp_path), 2000)
@@ -159,6 +164,8 @@ def test_the_index_past_its_cap_spills_the_largest_segments_and_answers_the_same
                 index.apply_succeeded(loc)
             else:
                 index.apply(Entry("done", "j", loc, outcome=outcome, at=1.0))
+        if n % 100 == 99:
+            capped.check_spill()  # as the forwarder does after each ledger append
         if n % 1000 == 0:
             assert sum(done.resident() for done in capped.terminal.values()) <= 2000 + 2000 // 8 + 8 * 300
     spilled = {seg for seg, done in capped.terminal.items() if done.spilled}
@@ -248,3 +255,45 @@ def test_a_read_error_of_the_spill_file_raises_and_never_answers_not_finished(
     with pytest.raises(JournalIOError):
         list(done)
     assert index.terminal_count == 64
+
+
+def in_memory(index: LedgerIndex) -> set[int]:
+    """The segments whose map holds offsets in memory."""
+    return {seg[1] for seg, done in index.terminal.items() if done.resident()}
+
+
+def test_the_forwarder_spills_past_index_offsets_max_and_runs_no_job_twice(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty small segments, one job of each waiting in a queue no worker takes: their maps stay
+    live. Under ``index_offsets_max=0`` the finished jobs of all but the newest two move to disk,
+    a restart spills them again from the saved index, and no job is pushed or run twice."""
+    monkeypatch.setattr(outcome_disk, "SPILL_CHECK_MIN", 1)
+    monkeypatch.setattr(outcome_spill, "SPILL_BLOCK", 4)
+    fast, slow = Queue(journal=journal_dir), Queue("slow", journal=journal_dir)
+    with JournalWriter(journal_dir, max_segment_bytes=4096) as writer:
+        for s in range(20):
+            envs = [slow.prepare(tasks.add, (s, 0)), *(fast.prepare(tasks.add, (s, i)) for i in range(1, 10))]
+            writer.append_many(e.to_bytes() for e in envs)
+    transport = MemoryTransport()
+    forwarder = make_forwarder(journal_dir, transport, index_offsets_max=0)
+    settle(forwarder)
+    assert transport.work() == 180
+    settle(forwarder)
+    index = forwarder.state.index
+    assert in_memory(index) == {18, 19}  # the drain front; the others spilled (or punched: none listed)
+    assert sum(done.spilled for done in index.terminal.values()) >= 9
+    assert index.terminal_count == 180
+    forwarder.close()
+    forwarder = make_forwarder(journal_dir, transport, index_offsets_max=0)
+    settle(forwarder)
+    index = forwarder.state.index
+    assert in_memory(index) == {18, 19}  # the saved index's maps spilled again
+    assert transport.work() == 0  # nothing pushed again
+    assert transport.work("slow") == 20
+    settle(forwarder)
+    settle(forwarder)
+    forwarder.close()
+    assert len(transport.executions) == 200
+    status = collect_status(str(journal_dir))
+    assert (status["succeeded"], status["pending"]) == (200, 0)
