@@ -48,7 +48,7 @@ class LedgerIndex:
     """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
 
     #: Per journal segment, offset -> terminal outcome of the job recorded there (about 6 bytes a
-    #: job: :mod:`hybridq.ledger.outcomes`).
+    #: job: :mod:`hybridq.ledger.outcomes`; on disk past :attr:`spill_cap`).
     terminal: dict[Seg, SegmentOutcomes] = field(default_factory=dict)
     #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
     dups: dict[Seg, int] = field(default_factory=dict)

@@ -131,11 +131,17 @@ class SpilledArrays:
             self.last = wide[-1]
 
     def code_of(self, offset: int) -> int:
-        """The code of ``offset`` (0: not in the file); reads at most one block."""
-        j = bisect_right(self.sample, offset) - 1
-        if j < 0:
-            return 0
-        offsets, codes = self._read_block(j)
+        """The code of ``offset`` (0: not in the file); reads at most one block.
+
+        The block kept first, if it is this file's and ``offset`` within its bounds (the blocks
+        hold disjoint ranges: it can be in no other), without a bisect of the sample.
+        """
+        serial, _, (offsets, codes) = _kept
+        if serial != self._serial or not offsets or not offsets[0] <= offset <= offsets[-1]:
+            j = bisect_right(self.sample, offset) - 1
+            if j < 0:
+                return 0
+            offsets, codes = self._read_block(j)
         i = bisect_left(offsets, offset)
         return codes[i] if i < len(offsets) and offsets[i] == offset else 0
 
