@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from hybridq.ledger import outcomes, saved_index
+from hybridq.ledger import outcomes, saved_codec, saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import _RANK, LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -207,9 +207,9 @@ def test_a_saved_index_written_before_the_compact_map_loads() -> None:
     assert index.is_terminal(("w", 0, 4696))
     assert not index.is_terminal(("w", 0, 4697))
     assert (index.terminal_count, index.totals["succeeded"], index.totals["cancelled"]) == (5, 3, 1)
-    again = json.loads(saved_index.encode(index, {}, {}, {}))["terminal"]
-    assert again == [
-        ["w", 0, {"succeeded": [4096, 4396, 5000], "failed": [4696]}],
+    again = saved_codec.body_of_payload(saved_index.encode(index, {}, {}, {}))["terminal"]
+    assert again == [  # (format 6: the outcomes in name order, one line per segment)
+        ["w", 0, {"failed": [4696], "succeeded": [4096, 4396, 5000]}],
         ["w", 1, {"cancelled": [64]}],
     ]
 
