@@ -12,10 +12,8 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.duptable import DuplicateTable
@@ -24,6 +22,7 @@ from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.keytable import KeyTable
 from hybridq.ledger.outcome_disk import UNCAPPED, spill_largest
 from hybridq.ledger.outcomes import SegmentOutcomes
+from hybridq.ledger.outranking import outranking
 from hybridq.protocol import EntryKind
 
 #: Which outcome of one job wins when several are recorded (see the module docstring).
@@ -38,9 +37,6 @@ _SUCCEEDED = _SHARED["succeeded"]
 _DONE, _RETRY, _LOST = EntryKind.DONE, EntryKind.RETRY, EntryKind.LOST
 _REQUEUED, _KEY = EntryKind.REQUEUED, EntryKind.KEY
 _DUPLICATE, _CANCEL = EntryKind.DUPLICATE, EntryKind.CANCEL
-#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
-_LOC_OF = attrgetter("loc")
-_SEG_OF = itemgetter(0, 1)
 
 
 @dataclass
@@ -199,55 +195,10 @@ class LedgerIndex:
     def outranking(self, entries: Sequence[Entry]) -> Sequence[Entry]:
         """``entries`` to append, each outcome ranked against the job's other one in its record.
 
-        A success of a job recorded ``failed`` (here, or earlier in ``entries``: read before it
-        in its chain) is marked ``over``; a failure of a job recorded ``succeeded`` is marked
-        ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
-        between the two (docs/reliability.md, "A success outranks a failure"). No failure live
-        and none in ``entries`` (a drain): one pass over them; failures live in other segments
-        only (a batch without a failure): the batch's segments collected in C and each searched
-        once, no loop; else a loop, each segment searched once when one of its successes is
-        met, and a lookup for each success of a segment that has a failure.
+        A success of a job recorded ``failed`` is marked ``over``, a failure of a job recorded
+        ``succeeded`` ``under`` (:func:`hybridq.ledger.outranking.outranking`).
         """
-        batch_failures = any(e.outcome == "failed" for e in entries)
-        if not batch_failures:
-            if not self.totals["failed"]:
-                return entries
-            segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
-            if not any(map(self._has_failed, segments)):
-                return entries  # failures live only in other segments: no loop over the batch
-        # Each segment searched once, when a success of it is met: its outcomes if one failed.
-        failing: dict[Seg, SegmentOutcomes | None] = {}
-        failed: set[Loc] = set()
-        succeeded: set[Loc] = set()
-        out = list(entries)
-        for i, e in enumerate(out):
-            if e.kind != _DONE:
-                continue
-            loc = e.loc
-            if e.outcome == "failed":
-                if e.under is None and (loc in succeeded or self.outcome(loc) == _SUCCEEDED):
-                    out[i] = dataclasses.replace(e, under=_SUCCEEDED, job=None)
-                else:
-                    failed.add(loc)
-            elif e.outcome == _SUCCEEDED and e.over is None:
-                if batch_failures:
-                    succeeded.add(loc)
-                    if loc in failed:
-                        out[i] = dataclasses.replace(e, over="failed")
-                        continue
-                seg = loc[:2]
-                if seg in failing:
-                    done = failing[seg]
-                else:
-                    done = failing[seg] = self.terminal.get(seg) if self._has_failed(seg) else None
-                if done is not None and done.get(loc[2]) == "failed":
-                    out[i] = dataclasses.replace(e, over="failed")
-        return out
-
-    def _has_failed(self, seg: Seg) -> bool:
-        """Whether a job of ``seg`` is ``failed`` here (a search of its outcomes, in C)."""
-        done = self.terminal.get(seg)
-        return done is not None and done.holds("failed")
+        return outranking(entries, self.terminal, bool(self.totals["failed"]), self.outcome)
 
     def apply_compacted(self, entry: Entry) -> None:
         """Fold in an entry of a compacted journal segment: counted in Compacted already.

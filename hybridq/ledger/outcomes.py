@@ -40,10 +40,11 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from typing import TypeVar, overload
 
+from hybridq.ledger.outcome_arrays import merged
 from hybridq.ledger.outcome_codes import (
     _CODES,
     _NAMES,
@@ -57,7 +58,6 @@ from hybridq.ledger.outcome_codes import (
     _Values,
 )
 from hybridq.ledger.outcome_disk import SpillableOutcomes
-from hybridq.ledger.outcome_merge import merged_inside
 from hybridq.ledger.outcome_spill import SpilledArrays
 from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
@@ -375,30 +375,7 @@ class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
             self._merge_spilled()
             return
         recent = self.recent
-        keys = sorted(recent)
-        if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
-            codes = bytes((_SUCCEEDED,)) * len(keys)
-        else:
-            codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
-        odd = self._odd
-        if keys and (keys[0] < 0 or keys[-1] > _WIDE_MAX):
-            lo, hi = bisect_left(keys, 0), bisect_right(keys, _WIDE_MAX)
-            odd = dict(odd or {})
-            for offset in (*keys[:lo], *keys[hi:]):
-                odd[offset] = recent[offset]
-            keys, codes = keys[lo:hi], codes[lo:hi]
-        offsets, old = self._offsets, self._codes
-        if keys:
-            if keys[-1] > _NARROW_MAX and offsets.typecode == "I":
-                offsets = array("Q", offsets)
-            # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
-            inside = bisect_right(keys, self._last)
-            if inside:
-                offsets, old = merged_inside(offsets, old, keys[:inside], codes[:inside])
-                keys, codes = keys[inside:], codes[inside:]
-            if keys:
-                offsets = offsets + array(offsets.typecode, keys)
-                old = old + codes
+        offsets, old, odd = merged(self._offsets, self._codes, self._last, recent, self._odd)
         last = offsets[-1] if offsets else _NONE
         merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
         self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd

@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from hybridq.ledger import outcomes, saved_codec, saved_index
+from hybridq.ledger import outcome_arrays, outcomes, saved_codec, saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import _RANK, LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -229,8 +229,8 @@ def test_a_merge_that_fails_halfway_keeps_every_finished_job(
     def fail(*args: object) -> None:
         raise MemoryError
 
-    real = getattr(outcomes, failing)
-    monkeypatch.setattr(outcomes, failing, fail)
+    real = getattr(outcome_arrays, failing)  # the merge's arrays are built there
+    monkeypatch.setattr(outcome_arrays, failing, fail)
     for i in range(40):  # past 2**32 (widened), one out of order and failed, until a merge fails
         offset, name = (4096 + 165, "failed") if i == 3 else (2**32 + 330 * i, "succeeded")
         model[offset] = name
@@ -241,7 +241,7 @@ def test_a_merge_that_fails_halfway_keeps_every_finished_job(
     else:
         pytest.fail("no merge")
     check_same(done, model, list(model))
-    monkeypatch.setattr(outcomes, failing, real)
+    monkeypatch.setattr(outcome_arrays, failing, real)
     check_whole(done, model)
     for i in range(40):  # and the next merge takes them all in
         done.insert(2**33 + i, "cancelled")
