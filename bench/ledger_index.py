@@ -12,9 +12,20 @@ finished in one of these orders, each a separate run (``--mode``):
     10,000 jobs (priorities, fair keys, retries);
   * ``pending``: half of the jobs finished (every other one, not timed), then ``is_terminal`` of
     every job (what the pushes and the reconcile pass ask: mostly jobs not finished);
+  * ``scattered``: as ``pending``, in an order shuffled over all the jobs (each lookup in another
+    block of a spilled map);
   * ``none``: only the setup (subtract its instructions from the others' under callgrind; the
     entries of ``apply`` are built in its setup only: subtract ``--mode none --entries``; the
     half of ``pending``'s jobs finished in its setup: ``--mode none --half``).
+
+``--spill``: the maps of the setup's finished jobs are moved to disk before the timed part
+(``hybridq.ledger.outcome_spill``: ``pending`` and ``scattered`` then time lookups in a spilled
+map); ``--cap N``: the index spills past N offsets in memory (``LedgerIndex.spill_past``, as the
+forwarder's ``index_offsets_max``) while the timed part adds. Both in a temporary directory of
+``--dir`` (the current one by default: a disk, not a tmpfs).
+
+``--memory``: what the index holds at the end (tracemalloc, the whole run traced: the time
+printed is then not the index's alone).
 
 Prints seconds per job. Deterministic counts: ``valgrind --tool=callgrind`` of each mode minus
 ``none``. No journal, no Redis: the index alone.
@@ -23,9 +34,12 @@ Prints seconds per job. Deterministic counts: ``valgrind --tool=callgrind`` of e
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
+import tempfile
 import time
+import tracemalloc
 
 from hybridq.ledger import index as index_module
 from hybridq.ledger.entries import Entry
@@ -45,8 +59,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument(
-        "--mode", choices=("inorder", "succeeded", "apply", "shuffled", "pending", "none"), default="inorder"
+        "--mode",
+        choices=("inorder", "succeeded", "apply", "shuffled", "pending", "scattered", "none"),
+        default="inorder",
     )
+    parser.add_argument("--spill", action="store_true", help="move the setup's maps to disk first")
+    parser.add_argument("--cap", type=int, default=None, help="spill past this many offsets in memory")
+    parser.add_argument("--dir", default=".", help="where the spill files are (anonymous)")
+    parser.add_argument("--memory", action="store_true", help="trace what the index holds (tracemalloc)")
     parser.add_argument("--entries", action="store_true", help="build apply's entries in any mode")
     parser.add_argument("--half", action="store_true", help="finish pending's half of the jobs in any mode")
     args = parser.parse_args()
@@ -60,10 +80,19 @@ def main() -> None:
     entries = []
     if args.mode == "apply" or args.entries:
         entries = [Entry("done", f"job-{i}", loc, outcome="succeeded", at=1.0) for i, loc in enumerate(where)]
+    if args.memory:
+        tracemalloc.start()
     index = LedgerIndex()
-    if args.mode == "pending" or args.half:
+    if args.mode in ("pending", "scattered") or args.half:
         for loc in where[::2]:
             index.apply_succeeded(loc)
+    spill_dir = tempfile.TemporaryDirectory(dir=args.dir)
+    if args.spill:
+        assert all(done.spill(spill_dir.name) for done in index.terminal.values())
+    if args.cap is not None:
+        index.spill_past(spill_dir.name, args.cap)
+    if args.mode == "scattered":
+        random.Random(29).shuffle(where)
     started = time.perf_counter()
     if args.mode in ("inorder", "shuffled"):
         for loc in where:
@@ -76,13 +105,24 @@ def main() -> None:
         for entry in entries:
             index.apply(entry)
             index.is_terminal(entry.loc)
-    elif args.mode == "pending":
+    elif args.mode in ("pending", "scattered"):
         found = sum(map(index.is_terminal, where))
         assert found == (args.jobs + 1) // 2
     elapsed = time.perf_counter() - started
-    if args.mode not in {"pending", "none"}:
+    if args.mode not in {"pending", "scattered", "none"}:
         assert index.terminal_count == args.jobs
-    print(f"{args.mode}: {elapsed / args.jobs * 1e9:.0f} ns per job ({args.jobs} jobs)")
+    spilled = sum(done.spilled for done in index.terminal.values())
+    if args.memory:
+        del where, entries
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        listed = sum(done.resident() for done in index.terminal.values())
+        print(
+            f"held: {held / 1e6:.2f} MB, {held / len(index.terminal):.0f} B a segment, {listed} offsets in memory"
+        )
+    print(
+        f"{args.mode}: {elapsed / args.jobs * 1e9:.0f} ns per job ({args.jobs} jobs; {spilled} maps spilled)"
+    )
     print(f"(the index of {index_module.__file__})", file=sys.stderr)
 
 

@@ -17,6 +17,7 @@ from hybridq.protocol import DEFAULT_KEY_TTL_S, DEFAULT_LEASE_S
 from hybridq.protocol.keylimits import Limits, parse_limits
 
 __all__ = [
+    "DEFAULT_INDEX_OFFSETS_MAX",
     "DEFAULT_KEY_WINDOW_MAX",
     "DEFAULT_KEY_WINDOW_S",
     "DEFAULT_STATS_EVERY_S",
@@ -34,6 +35,9 @@ DONE_GRACE_LEASES = 6
 DEFAULT_KEY_WINDOW_S = 7 * 86400.0
 #: The most keys of finished jobs the forwarder keeps in their window (about 0.5 KB each).
 DEFAULT_KEY_WINDOW_MAX = 200_000
+#: The most offsets of finished jobs the ledger index holds in memory (about 5 bytes each); past
+#: it, whole segments' on disk (:meth:`hybridq.ledger.index.LedgerIndex.spill_past`, issue 29).
+DEFAULT_INDEX_OFFSETS_MAX = 1_000_000
 #: How often the forwarder publishes its stats snapshot to Redis (``hybridq status --all``).
 DEFAULT_STATS_EVERY_S = 5.0
 #: The shortest stats interval but 0 (never): a snapshot a millisecond would load Redis for a display.
@@ -82,6 +86,10 @@ class ForwarderConfig:
             finished jobs whose segment is still in the journal, are always remembered.
         key_window_max: the most keys kept in their window; beyond it, the oldest are forgotten
             early (the memory bound: about 0.5 KB a key).
+        index_offsets_max: the most offsets of finished jobs of the live journal the ledger
+            index holds in memory (about 5 bytes each); past it, whole segments' move to an
+            anonymous file in the journal's directory and are looked up there
+            (docs/forwarder.md, "Memory: the bound that holds now"); ``None``: no cap.
         max_lost: a job whose worker vanished this many times fails for good (a task that kills
             its worker every time must not loop forever).
         reconcile_interval_s: the least time between two reconcile passes (default: a fifth of
@@ -120,6 +128,7 @@ class ForwarderConfig:
     key_ttl_s: float = DEFAULT_KEY_TTL_S
     key_window_s: float = DEFAULT_KEY_WINDOW_S
     key_window_max: int = DEFAULT_KEY_WINDOW_MAX
+    index_offsets_max: int | None = DEFAULT_INDEX_OFFSETS_MAX
     max_lost: int = 5
     reconcile_interval_s: float | None = None
     window_min: int = DEFAULT_WINDOW_MIN
@@ -146,6 +155,8 @@ class ForwarderConfig:
             raise ValueError("key_window_s must be a number of seconds, at least 0")
         if self.key_window_max < 0:
             raise ValueError("key_window_max must be at least 0")
+        if self.index_offsets_max is not None and self.index_offsets_max < 0:
+            raise ValueError("index_offsets_max must be at least 0 (or None: no cap)")
         if not (self.stats_every_s == 0 or MIN_STATS_EVERY_S <= self.stats_every_s <= 3600):
             raise ValueError(f"stats_every_s must be 0 (never) or from {MIN_STATS_EVERY_S} to 3600 seconds")
         if not 1 <= self.window_min <= self.window_max:

@@ -85,6 +85,7 @@ class LedgerWrites:
         self._saver.appended(last.writer_id, end, len(entries))
         if not apply:
             return []
+        self.index.check_spill()  # past its cap, finished jobs' offsets to disk (issue 29)
         self._stats.stale = True
         for entry in entries:
             if entry.kind == "done" and self.index.is_terminal(entry.loc):

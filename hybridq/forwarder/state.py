@@ -140,8 +140,9 @@ class ForwarderState(LedgerWrites):
         # the key owners in their table on disk (hybridq.ledger.keytable).
         self.index.keys.close()
         keys = KeyTable.in_journal(self.journal)
+        cap = self.config.index_offsets_max  # held from the load on (issue 29)
         try:
-            self.index, read, resumed = resume(self.journal, self.compacted, keys)
+            self.index, read, resumed = resume(self.journal, self.compacted, keys, cap)
         except JournalIOError:
             if not keys.damaged:
                 raise
@@ -150,10 +151,12 @@ class ForwarderState(LedgerWrites):
             # (docs/reliability.md, the key table).
             keys.close()
             keys = KeyTable.in_journal(self.journal)
-            self.index, read, resumed = resume(self.journal, self.compacted, keys)
+            self.index, read, resumed = resume(self.journal, self.compacted, keys, cap)
         # The punched ranges instead of their finished jobs' offsets (issue 29): after the replay,
         # which gave every job in them its outcome (hybridq.ledger.punched_maps).
         collapse_punched(self.journal, self.index, self.compacted)
+        # Past the cap, the finished jobs of the segments holding most on disk (issue 29).
+        self.index.spill_past(self.journal, self.config.index_offsets_max)
         self._saver = IndexSaver(self.journal, read)
         self.keys.load(self.index, apply=resumed == 0)  # a table the saved index trusts has them
         self.forget_keys()

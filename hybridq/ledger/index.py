@@ -12,17 +12,17 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
 
 from hybridq.journal.records import Loc
 from hybridq.ledger.duptable import DuplicateTable
 from hybridq.ledger.entries import Entry, Seg
 from hybridq.ledger.failtable import FailureTable
 from hybridq.ledger.keytable import KeyTable
+from hybridq.ledger.outcome_disk import UNCAPPED, spill_largest
 from hybridq.ledger.outcomes import SegmentOutcomes
+from hybridq.ledger.outranking import outranking
 from hybridq.protocol import EntryKind
 
 #: Which outcome of one job wins when several are recorded (see the module docstring).
@@ -37,9 +37,6 @@ _SUCCEEDED = _SHARED["succeeded"]
 _DONE, _RETRY, _LOST = EntryKind.DONE, EntryKind.RETRY, EntryKind.LOST
 _REQUEUED, _KEY = EntryKind.REQUEUED, EntryKind.KEY
 _DUPLICATE, _CANCEL = EntryKind.DUPLICATE, EntryKind.CANCEL
-#: An entry's ``loc``, and a loc's journal segment (:meth:`LedgerIndex.outranking` maps them in C).
-_LOC_OF = attrgetter("loc")
-_SEG_OF = itemgetter(0, 1)
 
 
 @dataclass
@@ -47,7 +44,7 @@ class LedgerIndex:
     """What the ledger says, in memory: which jobs are terminal, retries due, failures to list."""
 
     #: Per journal segment, offset -> terminal outcome of the job recorded there (about 6 bytes a
-    #: job: :mod:`hybridq.ledger.outcomes`).
+    #: job: :mod:`hybridq.ledger.outcomes`; on disk past :attr:`spill_cap`).
     terminal: dict[Seg, SegmentOutcomes] = field(default_factory=dict)
     #: Suppressed duplicate deliveries, per journal segment of the job they delivered.
     dups: dict[Seg, int] = field(default_factory=dict)
@@ -73,6 +70,14 @@ class LedgerIndex:
     dup_events: dict[Seg, set[str]] = field(default_factory=dict)
     #: Jobs a cancel was asked for that are not terminal yet: loc -> their ``cancel`` entry.
     cancels: dict[Loc, Entry] = field(default_factory=dict)
+    #: The most listed offsets :attr:`terminal` holds in memory (:meth:`spill_past`); ``None``:
+    #: no cap (every reader of the ledger but the forwarder).
+    spill_cap: int | None = field(default=None, compare=False)
+    #: Where the spilled maps' files are (anonymous: :mod:`hybridq.ledger.outcome_spill`).
+    spill_dir: str = field(default="", compare=False)
+    #: At which :attr:`terminal_count` the cap is checked next (moved with it when it falls, so
+    #: that as many jobs are added between two checks).
+    _check_at: int = field(default=UNCAPPED, repr=False, compare=False)
 
     @property
     def failed(self) -> FailureTable:
@@ -190,55 +195,10 @@ class LedgerIndex:
     def outranking(self, entries: Sequence[Entry]) -> Sequence[Entry]:
         """``entries`` to append, each outcome ranked against the job's other one in its record.
 
-        A success of a job recorded ``failed`` (here, or earlier in ``entries``: read before it
-        in its chain) is marked ``over``; a failure of a job recorded ``succeeded`` is marked
-        ``under``, without its envelope. The mark is in the entry's own record, so no crash falls
-        between the two (docs/reliability.md, "A success outranks a failure"). No failure live
-        and none in ``entries`` (a drain): one pass over them; failures live in other segments
-        only (a batch without a failure): the batch's segments collected in C and each searched
-        once, no loop; else a loop, each segment searched once when one of its successes is
-        met, and a lookup for each success of a segment that has a failure.
+        A success of a job recorded ``failed`` is marked ``over``, a failure of a job recorded
+        ``succeeded`` ``under`` (:func:`hybridq.ledger.outranking.outranking`).
         """
-        batch_failures = any(e.outcome == "failed" for e in entries)
-        if not batch_failures:
-            if not self.totals["failed"]:
-                return entries
-            segments = set(map(_SEG_OF, map(_LOC_OF, entries)))  # in C: no Python step per entry
-            if not any(map(self._has_failed, segments)):
-                return entries  # failures live only in other segments: no loop over the batch
-        # Each segment searched once, when a success of it is met: its outcomes if one failed.
-        failing: dict[Seg, SegmentOutcomes | None] = {}
-        failed: set[Loc] = set()
-        succeeded: set[Loc] = set()
-        out = list(entries)
-        for i, e in enumerate(out):
-            if e.kind != _DONE:
-                continue
-            loc = e.loc
-            if e.outcome == "failed":
-                if e.under is None and (loc in succeeded or self.outcome(loc) == _SUCCEEDED):
-                    out[i] = dataclasses.replace(e, under=_SUCCEEDED, job=None)
-                else:
-                    failed.add(loc)
-            elif e.outcome == _SUCCEEDED and e.over is None:
-                if batch_failures:
-                    succeeded.add(loc)
-                    if loc in failed:
-                        out[i] = dataclasses.replace(e, over="failed")
-                        continue
-                seg = loc[:2]
-                if seg in failing:
-                    done = failing[seg]
-                else:
-                    done = failing[seg] = self.terminal.get(seg) if self._has_failed(seg) else None
-                if done is not None and done.get(loc[2]) == "failed":
-                    out[i] = dataclasses.replace(e, over="failed")
-        return out
-
-    def _has_failed(self, seg: Seg) -> bool:
-        """Whether a job of ``seg`` is ``failed`` here (a search of its outcomes, in C)."""
-        done = self.terminal.get(seg)
-        return done is not None and done.holds("failed")
+        return outranking(entries, self.terminal, bool(self.totals["failed"]), self.outcome)
 
     def apply_compacted(self, entry: Entry) -> None:
         """Fold in an entry of a compacted journal segment: counted in Compacted already.
@@ -335,6 +295,7 @@ class LedgerIndex:
                 if outcome in self.totals:
                     self.totals[outcome] -= n
             self.terminal_count -= len(done)
+            self._check_at -= len(done)
         self.totals["dups"] -= self.dups.get(seg, 0)
         self.dups.pop(seg, None)
         self.dup_events.pop(seg, None)
@@ -362,9 +323,31 @@ class LedgerIndex:
                     del table[loc]
         after = done.tally()
         self.terminal_count += len(done) - n
+        self._check_at += len(done) - n
         for name in {*before, *after}:
             if name in self.totals:
                 self.totals[name] += after.get(name, 0) - before.get(name, 0)
+
+    def check_spill(self) -> None:
+        """:meth:`spill_past` if enough jobs were added since the last check: one compare.
+
+        Called after each batch folded in (the forwarder's ledger appends), not in :meth:`apply`
+        and :meth:`apply_succeeded`: a compare there cost 1.7 % of the instructions of a job
+        added (docs/benchmarks.md, "The ledger index spilled past a cap").
+        """
+        if self.terminal_count >= self._check_at:
+            self.spill_past(self.spill_dir, self.spill_cap)
+
+    def spill_past(self, directory: str, cap: int | None) -> None:
+        """Hold at most about ``cap`` listed offsets of :attr:`terminal` in memory: the rest on disk.
+
+        Now, and by :meth:`check_spill` every so many jobs added: the largest maps but the drain
+        front's (:func:`~hybridq.ledger.outcome_disk.spill_largest`). ``None``: no cap (the
+        spilled maps stay spilled). The bound: docs/forwarder.md, "Memory: the bound that holds
+        now" (issue 29).
+        """
+        self.spill_dir, self.spill_cap = directory, cap
+        self._check_at = self.terminal_count + spill_largest(self.terminal, directory, cap)
 
     def counts(self, live: Iterable[Seg]) -> dict[str, int]:
         """``succeeded``, ``failed``, ``invalid``, ``dups`` and ``cancelled`` over the given segments."""

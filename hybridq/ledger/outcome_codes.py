@@ -45,7 +45,7 @@ class _Values(ValuesView[str]):
 
     def __iter__(self) -> Iterator[str]:
         done = self._mapping
-        yield from map(_NAMES.__getitem__, done._codes)
+        yield from map(_NAMES.__getitem__, done._arrays()[1])
         yield from list(done.recent.values())
         yield from list((done._odd or {}).values())
 
@@ -55,6 +55,7 @@ class _Items(ItemsView[int, str]):
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         done = self._mapping
-        yield from zip(done._offsets, map(_NAMES.__getitem__, done._codes), strict=True)
+        offsets, codes = done._arrays()
+        yield from zip(offsets, map(_NAMES.__getitem__, codes), strict=True)
         yield from list(done.recent.items())
         yield from list((done._odd or {}).items())

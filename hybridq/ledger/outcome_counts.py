@@ -16,7 +16,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 
-from hybridq.ledger.outcome_codes import _CODES, _NAMES, _SUCCEEDED
+from hybridq.ledger.outcome_codes import _CODES, _NAMES, _NARROW_MAX, _SUCCEEDED
+from hybridq.ledger.outcome_spill import SpilledArrays
 from hybridq.ledger.punched import PunchedRanges, listed_in
 
 __all__ = ["OutcomeCounts"]
@@ -33,10 +34,15 @@ class OutcomeCounts:
     _odd: dict[int, str] | None
     _punched: PunchedRanges | None
     recent: dict[int, str]
+    _spill: SpilledArrays | None
 
     def tally(self) -> dict[str, int]:
         """How many jobs ended with each outcome (counted in C)."""
-        out = {name: self._codes.count(code) for name, code in _CODES.items()}
+        spill = self._spill
+        if spill is None:
+            out = {name: self._codes.count(code) for name, code in _CODES.items()}
+        else:
+            out = {name: spill.tally[code] for name, code in _CODES.items()}
         if self._punched is not None:
             out[_NAMES[_SUCCEEDED]] += self._punched.implicit
         for outcome in (*self.recent.values(), *(self._odd or {}).values()):
@@ -46,7 +52,7 @@ class OutcomeCounts:
     def holds(self, outcome: str) -> bool:
         """Whether a job here ended with ``outcome`` (stops at the first; memchr over the codes)."""
         code = _CODES.get(outcome)
-        if code is not None and code in self._codes:
+        if code is not None and (code in self._codes if self._spill is None else self._spill.tally[code]):
             return True
         if outcome in self.recent.values() or (self._odd is not None and outcome in self._odd.values()):
             return True
@@ -59,7 +65,7 @@ class OutcomeCounts:
         compactor deletes a segment when all its jobs are counted).
         """
         listed = (
-            bisect_left(self._offsets, end)
+            (bisect_left(self._offsets, end) if self._spill is None else self._spill.below(end))
             + sum(1 for offset in self.recent if offset < end)
             + sum(1 for offset in self._odd or () if offset < end)
         )
@@ -69,7 +75,8 @@ class OutcomeCounts:
         if not punched.ends or punched.ends[-1] <= end:
             return listed + punched.implicit
         below = bisect_right(punched.ends, end)
-        return listed + sum(punched.counts[:below]) - listed_in(punched, self._offsets, self._others(), below)
+        offsets = self._arrays()[0]  # read back whole if spilled
+        return listed + sum(punched.counts[:below]) - listed_in(punched, offsets, self._others(), below)
 
     def punched(self) -> list[tuple[int, int, int]]:
         """The punched ranges: ``(start, end, jobs)`` each, in order."""
@@ -78,18 +85,25 @@ class OutcomeCounts:
     def groups(self) -> dict[str, list[int]]:
         """The offsets (sorted) under each outcome: the inverse of :meth:`from_groups`."""
         out: dict[str, list[int]] = {}
-        codes = self._codes
+        merged, codes = self._arrays()  # read back whole if spilled
         for name, code in _CODES.items():
             n = codes.count(code)
             if n == len(codes):
-                out[name] = self._offsets.tolist()
+                out[name] = merged.tolist()
             elif n:
-                out[name] = [offset for offset, c in zip(self._offsets, codes, strict=True) if c == code]
+                out[name] = [offset for offset, c in zip(merged, codes, strict=True) if c == code]
         for offset, outcome in sorted((*self.recent.items(), *(self._odd or {}).items())):
             out.setdefault(outcome, []).append(offset)
         for offsets in out.values():
             offsets.sort()
         return {name: offsets for name, offsets in out.items() if offsets}
+
+    def _arrays(self) -> tuple[array[int], bytearray]:
+        """The merged arrays, read back whole from the file if spilled (for reads of the whole map)."""
+        spill = self._spill
+        if spill is None:
+            return self._offsets, self._codes
+        return spill.read("I" if spill.last <= _NARROW_MAX else "Q")
 
     def _others(self) -> list[int]:
         """The listed offsets not in the arrays (few: :attr:`recent` and :attr:`_odd`)."""

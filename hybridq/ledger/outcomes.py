@@ -23,6 +23,11 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
   iterating, :meth:`items` and :meth:`groups` give the listed offsets only, and
   :meth:`punched` the ranges (the saved index keeps both).
 
+Past the forwarder's cap on the offsets its index holds in memory, the arrays move to an
+anonymous file (:meth:`spill`, :mod:`hybridq.ledger.outcome_disk` and
+:mod:`hybridq.ledger.outcome_spill`): a lookup then reads one block of it, the rest stays as
+above.
+
 The first three hold disjoint offsets. An offset is in the map if it is in any of them or in a
 range: a lookup that answered ``False`` for a finished job would let it run again
 (docs/reliability.md), so ``tests/unit/test_segment_outcomes.py`` checks every operation
@@ -35,10 +40,11 @@ This module must not import redis or rq.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from typing import TypeVar, overload
 
+from hybridq.ledger.outcome_arrays import merged
 from hybridq.ledger.outcome_codes import (
     _CODES,
     _NAMES,
@@ -51,8 +57,8 @@ from hybridq.ledger.outcome_codes import (
     _Items,
     _Values,
 )
-from hybridq.ledger.outcome_counts import OutcomeCounts
-from hybridq.ledger.outcome_merge import merged_inside
+from hybridq.ledger.outcome_disk import SpillableOutcomes
+from hybridq.ledger.outcome_spill import SpilledArrays
 from hybridq.ledger.punched import PunchedRanges, listed_in, without
 
 _T = TypeVar("_T")
@@ -65,10 +71,10 @@ MERGE_FLOOR = 8
 MERGE_FRACTION = 64
 
 
-class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
+class SegmentOutcomes(SpillableOutcomes, MutableMapping[int, str]):
     """Offset -> outcome of the finished jobs of one journal segment (see the module docstring)."""
 
-    __slots__ = ("_at", "_codes", "_last", "_merge_at", "_odd", "_offsets", "_punched", "recent")
+    __slots__ = ()  # the state's slots are SpillableOutcomes's (hybridq.ledger.outcome_disk)
 
     def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
         #: Sorted offsets, and the outcome code of each (the shared empty ones until a merge).
@@ -88,6 +94,9 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         self._odd: dict[int, str] | None = None
         #: The punched ranges (``None`` while there is none).
         self._punched: PunchedRanges | None = None
+        #: The arrays on disk (:meth:`spill`), ``None`` while in memory; then :attr:`_offsets`
+        #: and :attr:`_codes` are the shared empty ones and :attr:`_last` is the file's.
+        self._spill: SpilledArrays | None = None
         self.update(items)
 
     @classmethod
@@ -129,6 +138,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
 
     def __len__(self) -> int:
         n = len(self._offsets) + len(self.recent) + (len(self._odd) if self._odd else 0)
+        if self._spill is not None:
+            n += self._spill.n
         return n if self._punched is None else n + self._punched.implicit
 
     def __contains__(self, offset: object) -> bool:
@@ -150,6 +161,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         ``bisect`` (C): ``offset <= _last``, so it ends on an offset.
         """
         if offset <= self._last:
+            if self._spill is not None:
+                return bool(self._spill.code_of(offset)) or self._unlisted(offset)
             offsets = self._offsets
             i = self._at
             if i < len(offsets):
@@ -180,10 +193,15 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         if found is not None:
             return found
         if offset <= self._last:
-            offsets = self._offsets
-            i = bisect_left(offsets, offset)
-            if offsets[i] == offset:
-                return _NAMES[self._codes[i]]
+            if self._spill is not None:
+                code = self._spill.code_of(offset)
+                if code:
+                    return _NAMES[code]
+            else:
+                offsets = self._offsets
+                i = bisect_left(offsets, offset)
+                if offsets[i] == offset:
+                    return _NAMES[self._codes[i]]
         if self._odd:
             found = self._odd.get(offset)
             if found is not None:
@@ -206,10 +224,15 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         if offset in recent:
             return recent[offset]
         if offset <= self._last:
-            offsets = self._offsets
-            i = bisect_left(offsets, offset)
-            if offsets[i] == offset:
-                return _NAMES[self._codes[i]]
+            if self._spill is not None:
+                code = self._spill.code_of(offset)
+                if code:
+                    return _NAMES[code]
+            else:
+                offsets = self._offsets
+                i = bisect_left(offsets, offset)
+                if offsets[i] == offset:
+                    return _NAMES[self._codes[i]]
         if self._odd:
             found = self._odd.get(offset)
             if found is not None:
@@ -225,6 +248,10 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         return None
 
     def __setitem__(self, offset: int, outcome: str) -> None:
+        spill = self._spill
+        if spill is not None and offset <= self._last and spill.code_of(offset):
+            self._set_spilled(spill, offset, outcome)
+            return
         i = self._find(offset)
         code = _CODES.get(outcome)
         punched = self._punched
@@ -262,10 +289,14 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
             raise KeyError(offset)
         if self._punched is not None and self._punched.covers(offset):
             raise ValueError(f"the job at offset {offset} was punched: it stays finished")
+        spill = self._spill
+        if spill is not None and offset <= self._last and spill.code_of(offset):
+            self._in_memory(lambda: self._discard(offset, self._find(offset)))  # read back, out again
+            return
         self._discard(offset, self._find(offset))
 
     def __iter__(self) -> Iterator[int]:
-        yield from self._offsets
+        yield from self._arrays()[0]
         yield from list(self.recent)
         yield from list(self._odd or ())
 
@@ -286,8 +317,12 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         only grows); one that crosses a range kept raises ``ValueError``, the map unchanged. New
         arrays are built aside and swapped in at once (as :meth:`_merge` does).
         """
+        spans = list(spans)
         punched = (self._punched or PunchedRanges()).with_spans(spans)
         if not len(punched):
+            return
+        if self._spill is not None:
+            self._in_memory(lambda: self.drop_ranges(spans))  # rare: once a punch
             return
         self._merge()  # recent into the arrays: what is listed is in the arrays or _odd
         kept, kept_codes = without(self._offsets, self._codes, punched, _SUCCEEDED)
@@ -304,8 +339,8 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         return not listed and punched.covers(offset)
 
     def _find(self, offset: int) -> int:
-        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there."""
-        if offset > self._last:
+        """Where ``offset`` is in :attr:`_offsets`, -1 if it is not there (nor when spilled)."""
+        if offset > self._last or self._spill is not None:
             return -1
         offsets = self._offsets
         i = bisect_left(offsets, offset)
@@ -336,32 +371,16 @@ class SegmentOutcomes(OutcomeCounts, MutableMapping[int, str]):
         that fails halfway (``MemoryError``) leaves the map as it was, every finished job in it
         (a job missing from it would be pushed and run again, docs/reliability.md).
         """
+        if self._spill is not None:
+            self._merge_spilled()
+            return
         recent = self.recent
-        keys = sorted(recent)
-        if list(recent.values()).count("succeeded") == len(keys):  # nearly always: no lookups
-            codes = bytes((_SUCCEEDED,)) * len(keys)
-        else:
-            codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
-        odd = self._odd
-        if keys and (keys[0] < 0 or keys[-1] > _WIDE_MAX):
-            lo, hi = bisect_left(keys, 0), bisect_right(keys, _WIDE_MAX)
-            odd = dict(odd or {})
-            for offset in (*keys[:lo], *keys[hi:]):
-                odd[offset] = recent[offset]
-            keys, codes = keys[lo:hi], codes[lo:hi]
-        offsets, old = self._offsets, self._codes
-        if keys:
-            if keys[-1] > _NARROW_MAX and offsets.typecode == "I":
-                offsets = array("Q", offsets)
-            # Those past the arrays' end (nearly all, when jobs finish in order) are appended.
-            inside = bisect_right(keys, self._last)
-            if inside:
-                offsets, old = merged_inside(offsets, old, keys[:inside], codes[:inside])
-                keys, codes = keys[inside:], codes[inside:]
-            if keys:
-                offsets = offsets + array(offsets.typecode, keys)
-                old = old + codes
+        offsets, old, odd = merged(self._offsets, self._codes, self._last, recent, self._odd)
         last = offsets[-1] if offsets else _NONE
         merge_at = max(MERGE_FLOOR, len(offsets) // MERGE_FRACTION)
         self._offsets, self._codes, self._last, self._merge_at, self._odd = offsets, old, last, merge_at, odd
         recent.clear()
+
+    def _merge_at_for(self, n: int) -> int:
+        """How many :attr:`recent` may hold past ``n`` merged offsets (the rule above)."""
+        return max(MERGE_FLOOR, n // MERGE_FRACTION)

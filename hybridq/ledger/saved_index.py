@@ -35,11 +35,11 @@ from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps, Record
 from hybridq.journal.format import FILE_HEADER_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.reader import list_chains, read_seal
-from hybridq.journal.statefile import read_state, write_state
+from hybridq.journal.statefile import open_state, write_state_pieces
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
-from hybridq.ledger.saved_codec import Saved, decode, encode
+from hybridq.ledger.saved_codec import Saved, decode, decode_lines, encode, encode_pieces, lines_of
 from hybridq.ledger.store import gone, ledger_dir, replay
 
 __all__ = [
@@ -80,7 +80,9 @@ def save(
     covers = json.dumps({"covered": {w: p.to_json() for w, p in kept.items()}, "first": first})
     keys_table = index.keys.mark(covers)
     crashpoints.reached("index_keys_marked")
-    write_state(journal, SAVED_INDEX_NAME, encode(index, kept, through, first, keys_table), fileops=ops)
+    # In pieces, one segment's at a time (a spilled one read back alone): never the whole index's.
+    pieces = encode_pieces(index, kept, through, first, keys_table)
+    write_state_pieces(journal, SAVED_INDEX_NAME, pieces, fileops=ops)
     crashpoints.reached("index_after_save")
     return kept
 
@@ -110,21 +112,27 @@ def forget(journal: str, fileops: FileOps = OS_FILEOPS) -> None:
         raise JournalIOError(path, op, exc) from exc
 
 
-def load(journal: str, keys: KeyTable | None = None) -> Saved | None:
+def load(journal: str, keys: KeyTable | None = None, cap: int | None = None) -> Saved | None:
     """The saved index, ``None`` if there is none or it cannot be read (logged: a full replay).
 
-    ``keys``: the key table its index gets (see :func:`decode`).
+    ``keys``: the key table its index gets (see :func:`decode`). ``cap``: the most listed
+    offsets its index holds in memory (spilled to the journal's directory past it, as read:
+    :func:`~hybridq.ledger.saved_codec.decode_lines`); the whole file's checksum is checked
+    before any of it is read.
     """
     try:
-        raw = read_state(journal, SAVED_INDEX_NAME)
-        return None if raw is None else decode(raw, keys)
+        state = open_state(journal, SAVED_INDEX_NAME)
+        if state is None:
+            return None
+        with state:
+            return decode_lines(lines_of(state.chunks()), keys, journal, cap)
     except Exception as exc:
         log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
         return None
 
 
 def resume(
-    journal: str, compacted: Compacted, keys: KeyTable
+    journal: str, compacted: Compacted, keys: KeyTable, cap: int | None = None
 ) -> tuple[LedgerIndex, dict[str, ChainPosition], int]:
     """The ledger's index (what :func:`~hybridq.ledger.store.load_index` gives), from the saved one.
 
@@ -134,9 +142,10 @@ def resume(
     owner it covers (:meth:`KeyTable.trusts`), else the table is emptied and the whole ledger
     replayed into it. Returns the index, where each ledger chain ended as read, and how many
     chains were replayed from a saved position (0: none was usable, the whole ledger was
-    replayed).
+    replayed). ``cap``: the most listed offsets the index holds in memory, from the load and
+    through the replay on (:meth:`LedgerIndex.spill_past`, files in ``journal``).
     """
-    saved = load(journal, keys)
+    saved = load(journal, keys, cap)
     if saved is not None and not keys.trusts(*saved.keys_table):
         log.warning("ignoring the saved ledger index: the key table is not the one it was saved with")
         saved = None
@@ -152,6 +161,7 @@ def resume(
             log.warning("the ledger changed under its saved index (the whole ledger is replayed): %s", exc)
     keys.clear()
     index = LedgerIndex(keys=keys)
+    index.spill_past(journal, cap)  # checked during the replay (store.replay)
     with keys.bulk():
         return index, replay(journal, index, compacted), 0
 

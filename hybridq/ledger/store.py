@@ -145,6 +145,10 @@ def read_ledger_of(journal: str, job_ids: Iterable[str]) -> Iterator[Entry]:
             yield entry
 
 
+#: How many ledger records a replay folds in between two checks of the index's cap (one compare).
+SPILL_CHECK_RECORDS = 4096
+
+
 def _replayed(
     reader: JournalReader,
     since: Mapping[str, ChainPosition] | None,
@@ -155,9 +159,13 @@ def _replayed(
     """The ledger's entries after ``since``, but successes of live segments applied here.
 
     Most of a ledger is ``done`` entries that succeeded: they are folded in from the parsed JSON
-    (:meth:`LedgerIndex.apply_succeeded`) rather than built into an :class:`Entry` first.
+    (:meth:`LedgerIndex.apply_succeeded`) rather than built into an :class:`Entry` first. The
+    index's cap is checked every :data:`SPILL_CHECK_RECORDS` records (:meth:`LedgerIndex.check_spill`):
+    a replay past it spills as it goes, rather than holding every entry until the end.
     """
-    for record in reader.records(since):
+    for n, record in enumerate(reader.records(since), 1):
+        if not n % SPILL_CHECK_RECORDS:
+            index.check_spill()
         if record.rtype != RecordType.DATA:
             continue
         try:

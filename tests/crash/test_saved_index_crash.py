@@ -5,8 +5,9 @@ its ledger index every few entries (``SAVE_EVERY`` lowered), and SIGKILLs itself
 file is half written (``index_mid_write``), right after it was replaced (``index_after_save``),
 or between a ledger append and the next save (``harvest_after_ledger``). Its first job is delayed
 and its segments small, as in test_punch_crash: that job pins its chain, so the compactor punches
-the finished records of the segments behind it and the saved index (format 5) holds their
-ranges when the child dies. The parent then starts a fresh forwarder on the journal: its index
+the finished records of the segments behind it and the saved index (format 5 on) holds their
+ranges when the child dies (format 6 is written in pieces, its header last: consecutive writes
+are cut). The parent then starts a fresh forwarder on the journal: its index
 must be the full replay's (``load_index``) with the hole maps applied, no job the ledger recorded
 as finished is delivered again, every job runs, and the status counts are exact.
 """
@@ -67,7 +68,16 @@ forwarder.close()
 
 @pytest.mark.parametrize(
     ("point", "nth"),
-    [("index_mid_write", 60), ("index_after_save", 8), ("harvest_after_ledger", 12)],
+    # Format 6 is written in pieces (room for the header, a line per segment, then the header):
+    # 60 to 63 cut consecutive pieces.
+    [
+        ("index_mid_write", 60),
+        ("index_mid_write", 61),
+        ("index_mid_write", 62),
+        ("index_mid_write", 63),
+        ("index_after_save", 8),
+        ("harvest_after_ledger", 12),
+    ],
 )
 def test_a_crash_while_the_index_is_saved_or_after_trusts_only_the_ledger(
     tmp_path: Path, point: str, nth: int, figures: Callable[[str], None]

@@ -23,7 +23,7 @@ from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.statefile import read_state, write_state
-from hybridq.ledger import duptable
+from hybridq.ledger import duptable, saved_codec
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
@@ -225,7 +225,7 @@ def test_a_restart_from_the_saved_index_keeps_them_and_settles_them_once(tmp_pat
     state.close()  # saves the index (format 4 on: no duplicates in it)
     raw = read_state(journal, SAVED_INDEX_NAME)
     assert raw is not None
-    body = json.loads(raw)
+    body = saved_codec.body_of_payload(raw)
     assert body["v"] >= 4
     assert "duplicates" not in body
     state = ForwarderState(journal, ForwarderConfig())
@@ -305,7 +305,7 @@ def as_older_format(journal: str, writer: str, **fields: object) -> None:
     with one of the pending duplicates in it only (so it shows), its entry without ``ol``."""
     raw = read_state(journal, SAVED_INDEX_NAME)
     assert raw is not None
-    body = json.loads(raw)
+    body = saved_codec.body_of_payload(raw)
     dup = Entry("duplicate", "dup-0", (writer, 1, 32), key=_env("x", "k").key_id, dup_of="owner", queue="q")
     body.update(fields, duplicates=[json.loads(dup.to_bytes())])
     write_state(journal, SAVED_INDEX_NAME, json.dumps(body).encode())

@@ -19,6 +19,7 @@ import pytest
 from hybridq.envelope.model import Envelope
 from hybridq.forwarder.admission import Admission
 from hybridq.forwarder.state import ForwarderConfig, ForwarderState
+from hybridq.ledger import saved_codec
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.keytable import KEYS_TABLE_FILE, KeyTable
 
@@ -378,7 +379,7 @@ def test_a_journal_of_the_version_before_the_table_keeps_its_owners(tmp_path: Pa
     forwarder.close()
     raw = read_state(str(journal), SAVED_INDEX_NAME)
     assert raw is not None
-    body = json.loads(raw)
+    body = saved_codec.body_of_payload(raw)
     owners = [json.loads(e.to_bytes()) for _, e in read_ledger(str(journal)) if e.kind == "key"]
     body.update(v=1, keys=owners)
     del body["keys_table"]

@@ -8,6 +8,7 @@ is read again and punched.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -107,15 +108,15 @@ def test_a_full_disk_on_the_index_save_before_a_punch_holds_its_segment_then_pun
     again (about 0.3 s of CPU for 4 MiB) and tried the save again.
     """
     monkeypatch.setattr(store, "LEDGER_SEGMENT_BYTES", 32 << 10)
-    real = saved_index.write_state
+    real = saved_index.write_state_pieces
     full = [True]
     saves: list[bool] = []  # each save's try: whether the disk was full
 
-    def write_state(directory: str, name: str, payload: bytes, **kw: object) -> None:
+    def write_state_pieces(directory: str, name: str, pieces: Iterable[bytes], **kw: object) -> int:
         saves.append(full[0])
         if full[0]:
             kw["fileops"] = _FullFsync()
-        real(directory, name, payload, **kw)  # type: ignore[arg-type]
+        return real(directory, name, pieces, **kw)  # type: ignore[arg-type]
 
     tried: list[tuple[str, int]] = []  # the segments whose punch met a failed index save
     punch = ledger_punch.LedgerPuncher._punch
@@ -127,7 +128,7 @@ def test_a_full_disk_on_the_index_save_before_a_punch_holds_its_segment_then_pun
             tried.append(seg)
         return freed
 
-    monkeypatch.setattr(saved_index, "write_state", write_state)
+    monkeypatch.setattr(saved_index, "write_state_pieces", write_state_pieces)
     monkeypatch.setattr(ledger_punch.LedgerPuncher, "_punch", recording)
     queue, transport = Queue(journal=str(journal_dir)), MemoryTransport()
     forwarder = _run(journal_dir, transport, 0)

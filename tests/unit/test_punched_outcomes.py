@@ -187,7 +187,7 @@ def test_a_saved_index_read_without_the_ranges_is_refused(monkeypatch: pytest.Mo
     So the version is new: a reader that does not know 5 (its ``READ_VERSIONS`` without it, as
     the format 4 code's) refuses the file (and replays the ledger) instead of reading it.
     """
-    assert saved_codec.VERSION == 5
+    assert saved_codec.VERSION >= 5  # 6: the same, in lines
     index = LedgerIndex()
     for i in range(10):
         index.apply_succeeded(("w", 0, 64 + 100 * i))
@@ -198,5 +198,5 @@ def test_a_saved_index_read_without_the_ranges_is_refused(monkeypatch: pytest.Mo
     assert all(back.is_terminal(("w", 0, 64 + 100 * i)) for i in range(10))
     assert back.terminal_count == 10
     monkeypatch.setattr(saved_codec, "READ_VERSIONS", (2, 3, 4))
-    with pytest.raises(ValueError, match="version 5"):
+    with pytest.raises(ValueError, match=f"version {saved_codec.VERSION}"):
         saved_index.decode(raw)

@@ -21,7 +21,7 @@ from hybridq.forwarder.state import ForwarderConfig, ForwarderState
 from hybridq.journal.fileops import FileOps
 from hybridq.journal.format import FILE_HEADER_SIZE, segment_name
 from hybridq.journal.reader import list_chains
-from hybridq.ledger import saved_index
+from hybridq.ledger import saved_codec, saved_index
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
@@ -123,7 +123,9 @@ def test_a_saved_index_that_does_not_describe_the_ledger_is_ignored(
         corrupt_bytes(state)
     elif damage == "garbage":
         saved_index.save(journal, saved, {}, {})
-        state.write_bytes(state.read_bytes().replace(b'"v":5', b'"v":9'))
+        raw = state.read_bytes()
+        assert f'"v":{saved_codec.VERSION}'.encode() in raw
+        state.write_bytes(raw.replace(f'"v":{saved_codec.VERSION}'.encode(), b'"v":9'))
     elif damage == "truncated":  # the ledger lost its tail under the saved position
         [(ledger_chain, [segment])] = list_chains(ledger_dir(journal)).items()
         seg = Path(ledger_dir(journal)) / segment_name(ledger_chain, segment)

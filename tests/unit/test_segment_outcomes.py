@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from hybridq.ledger import outcomes, saved_index
+from hybridq.ledger import outcome_arrays, outcomes, saved_codec, saved_index
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import _RANK, LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -207,9 +207,9 @@ def test_a_saved_index_written_before_the_compact_map_loads() -> None:
     assert index.is_terminal(("w", 0, 4696))
     assert not index.is_terminal(("w", 0, 4697))
     assert (index.terminal_count, index.totals["succeeded"], index.totals["cancelled"]) == (5, 3, 1)
-    again = json.loads(saved_index.encode(index, {}, {}, {}))["terminal"]
-    assert again == [
-        ["w", 0, {"succeeded": [4096, 4396, 5000], "failed": [4696]}],
+    again = saved_codec.body_of_payload(saved_index.encode(index, {}, {}, {}))["terminal"]
+    assert again == [  # (format 6: the outcomes in name order, one line per segment)
+        ["w", 0, {"failed": [4696], "succeeded": [4096, 4396, 5000]}],
         ["w", 1, {"cancelled": [64]}],
     ]
 
@@ -229,8 +229,8 @@ def test_a_merge_that_fails_halfway_keeps_every_finished_job(
     def fail(*args: object) -> None:
         raise MemoryError
 
-    real = getattr(outcomes, failing)
-    monkeypatch.setattr(outcomes, failing, fail)
+    real = getattr(outcome_arrays, failing)  # the merge's arrays are built there
+    monkeypatch.setattr(outcome_arrays, failing, fail)
     for i in range(40):  # past 2**32 (widened), one out of order and failed, until a merge fails
         offset, name = (4096 + 165, "failed") if i == 3 else (2**32 + 330 * i, "succeeded")
         model[offset] = name
@@ -241,7 +241,7 @@ def test_a_merge_that_fails_halfway_keeps_every_finished_job(
     else:
         pytest.fail("no merge")
     check_same(done, model, list(model))
-    monkeypatch.setattr(outcomes, failing, real)
+    monkeypatch.setattr(outcome_arrays, failing, real)
     check_whole(done, model)
     for i in range(40):  # and the next merge takes them all in
         done.insert(2**33 + i, "cancelled")
