@@ -202,13 +202,15 @@ def _spill_dir(directory: str) -> str:
 class SpilledArrays:
     """The sorted offsets and their codes of one map, in a file of its own (see module docstring)."""
 
-    __slots__ = ("_serial", "directory", "last", "n", "path", "sample", "tally")
+    __slots__ = ("_owner", "_serial", "directory", "last", "n", "sample", "tally")
 
     def __init__(self, directory: str) -> None:
         #: Names this file in :data:`_kept` and :data:`_open` (an ``id`` may be reused).
         self._serial = next(_SERIALS)
-        #: The file (empty once closed).
-        self.path = ""
+        #: The token of the process that made the file (the module's string, shared); empty
+        #: once closed. With :attr:`directory` and the serial it names the file (:attr:`path`):
+        #: no string of its own, about 190 bytes a map.
+        self._owner = ""
         #: The journal directory it is in (a map merged back in memory is written out again there).
         self.directory = directory
         #: Jobs in the file, and the largest offset (the arrays' ``_last``).
@@ -219,15 +221,22 @@ class SpilledArrays:
         #: Jobs per outcome code (index: the code).
         self.tally = [0] * 8
         where = _spill_dir(directory)
-        path = os.path.join(where, f"{_token}-{self._serial}")
+        name = f"{_token}-{self._serial}"
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags, 0o600)
+            fd = os.open(os.path.join(where, name), flags, 0o600)
         except FileNotFoundError:  # the directory removed meanwhile: made again
             _made.discard(where)
-            fd = os.open(os.path.join(_spill_dir(directory), os.path.basename(path)), flags, 0o600)
-        self.path = path
+            fd = os.open(os.path.join(_spill_dir(directory), name), flags, 0o600)
+        self._owner = _token
         _opened(self._serial, fd)
+
+    @property
+    def path(self) -> str:
+        """The file's path (empty once closed)."""
+        if not self._owner:
+            return ""
+        return os.path.join(self.directory, SPILL_DIR, f"{self._owner}-{self._serial}")
 
     @classmethod
     def write(cls, directory: str, offsets: array[int], codes: bytearray) -> SpilledArrays:
@@ -258,7 +267,15 @@ class SpilledArrays:
         """The file's descriptor: open in :data:`_open`, or opened again by name (``OSError``)."""
         fd = _open.get(self._serial)
         if fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(self.path, flags)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not _open:
+                    raise
+                while _open:  # the process's descriptors used up elsewhere: ours given back first
+                    os.close(_open.popitem()[1])
+                fd = os.open(self.path, flags)
             _opened(self._serial, fd)
         else:
             _open.move_to_end(self._serial)
@@ -373,10 +390,10 @@ class SpilledArrays:
     def close(self) -> None:
         """Close the file and remove it (idempotent; never a file of another process's)."""
         fd = _open.pop(self._serial, None)
-        path, self.path = self.path, ""
+        path, owner, self._owner = self.path, self._owner, ""
         if fd is not None:
             os.close(fd)
-        if path and os.path.basename(path).startswith(_token + "-"):
+        if owner and owner == _token:
             try:
                 os.unlink(path)
             except OSError as exc:  # gone already, or left for the next start's sweep
@@ -384,7 +401,7 @@ class SpilledArrays:
 
     def __del__(self) -> None:
         # A map dropped (its segment compacted, the index replaced): its file goes with it.
-        if getattr(self, "path", ""):
+        if getattr(self, "_owner", ""):
             self.close()
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
@@ -431,8 +448,14 @@ def spill_failed(exc: OSError) -> None:
     and the checkpoint's writes already (:mod:`hybridq.forwarder.disk_full`).
     """
     global _warned
+    what = "not written" if isinstance(exc, SpillRefused) else "write failed"
     if _warned:
-        log.debug("the ledger index's spill file: write failed (%s): kept in memory", exc)
+        log.debug("the ledger index's spill file: %s (%s): kept in memory", what, exc)
         return
     _warned = True
-    log.warning("the ledger index's spill file: write failed (%s): finished jobs kept in memory", exc)
+    log.warning(
+        "the ledger index's spill file: %s (%s): finished jobs kept in memory, no spill for %.0f s",
+        what,
+        exc,
+        BACKOFF_S,
+    )

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hybridq.errors import JournalIOError
 from hybridq.ledger import outcome_disk, outcome_spill, outcomes
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.outcome_spill import SpilledArrays
@@ -311,3 +312,35 @@ def test_a_forgotten_segment_brings_the_next_check_closer(
     assert spill_files(tmp_path) != []
     index.forget_segment(("w", 1))
     assert spill_files(tmp_path) == []
+
+
+def test_a_file_opened_again_gives_the_descriptors_back_or_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE at a reopen: the files kept open are closed first; a file gone: the I/O error."""
+    monkeypatch.setattr(outcome_spill, "SPILL_BLOCK", 4)
+    monkeypatch.setattr(outcome_spill, "OPEN_MAX", 2)
+    maps = [a_map(30, 4096 + m) for m in range(3)]
+    for done, _ in maps:
+        assert done.spill(str(tmp_path))
+    real, failed = os.open, []
+
+    def full_table(path: str, flags: int, *mode: int) -> int:
+        if not failed:
+            failed.append(path)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", full_table)
+    first, model = maps[0]  # closed: the least recently used
+    check_same(first, model, list(model))
+    assert len(failed) == 1
+    assert len(outcome_spill._open) == 1
+    monkeypatch.setattr(os, "open", real)
+    gone, model = maps[1]
+    spill = gone._spill
+    assert spill is not None
+    assert spill._serial not in outcome_spill._open  # closed: opened again by name, gone
+    os.unlink(spill.path)
+    with pytest.raises(JournalIOError, match="spill file"):
+        4096 + 1 + 300 * 5 in gone  # noqa: B015
