@@ -10,7 +10,7 @@ process: :mod:`hybridq.ledger.outcome_spill`.
 
 A map goes back to memory only for a change of its arrays other than an append or a code (a
 merge of jobs that finished out of order, a delete, a punch): read back whole, changed as in
-memory, written to a new file (the old one closed). So a spilled map stays spilled: the index
+memory, written to a new file (the old one removed). So a spilled map stays spilled: the index
 chose it as one of the largest not at a drain front (:meth:`LedgerIndex.spill_past
 <hybridq.ledger.index.LedgerIndex.spill_past>`).
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from hybridq.ledger.outcome_codes import _CODES, _NARROW_MAX, _NO_CODES, _NO_OFFSETS, _WIDE_MAX
 from hybridq.ledger.outcome_counts import OutcomeCounts
-from hybridq.ledger.outcome_spill import SpilledArrays, spill_failed
+from hybridq.ledger.outcome_spill import SpilledArrays, paused, spill_failed, sweep
 
 __all__ = ["SPILL_CHECK_MIN", "SPILL_DOWN_TO", "UNCAPPED", "SpillableOutcomes", "spill_largest"]
 
@@ -66,7 +66,8 @@ class SpillableOutcomes(OutcomeCounts):
         """Move the arrays (with :attr:`recent` merged in) to a file in ``directory``.
 
         A spilled map's :attr:`recent` is merged into its file. ``False``: they stay in memory
-        (none to move, or the write failed: logged once, a full disk is a pause elsewhere).
+        (none to move, or the write failed or was refused: logged once, a full disk is a pause
+        elsewhere).
         Reading the file back failing raises :class:`~hybridq.errors.JournalIOError`.
         """
         self._merge()
@@ -81,7 +82,7 @@ class SpillableOutcomes(OutcomeCounts):
         return True
 
     def _unspill(self) -> str:
-        """Read the arrays back into memory (the file closed); returns its directory."""
+        """Read the arrays back into memory (the file removed); returns its directory."""
         spill = self._spill
         assert spill is not None
         offsets, codes = spill.read("I" if spill.last <= _NARROW_MAX else "Q")
@@ -151,13 +152,20 @@ def spill_largest(maps: Mapping[tuple[str, int], SpillableOutcomes], directory: 
     ``maps``: per journal segment ``(writer, index)``. Spilled down to :data:`SPILL_DOWN_TO` of
     ``cap`` (no spill at every check), the next check ``cap / 8`` jobs later (at least
     :data:`SPILL_CHECK_MIN`). The newest two segments of each writer stay in memory: the drain
-    front, which the pushes and the harvest ask most. ``None``: no cap.
+    front, which the pushes and the harvest ask most. A map spilled already is left alone: its
+    :attr:`recent` is merged by the rule of any map's (a check over the cap would otherwise
+    rewrite every spilled map with one late finish). None while writes are held back
+    (:func:`~hybridq.ledger.outcome_spill.paused`: a full disk), and none after the first that
+    fails. The first call of the process for ``directory`` removes the spill files a killed
+    process left there (:func:`~hybridq.ledger.outcome_spill.sweep`), even with no cap.
+    ``None``: no cap.
     """
+    sweep(directory)
     if cap is None:
         return UNCAPPED
     held = {seg: done.resident() for seg, done in maps.items()}
     total = sum(held.values())
-    if total > cap:
+    if total > cap and not paused():
         newest: dict[str, list[int]] = {}
         for writer, segment in held:
             newest.setdefault(writer, []).append(segment)
@@ -166,6 +174,10 @@ def spill_largest(maps: Mapping[tuple[str, int], SpillableOutcomes], directory: 
             if total <= cap * SPILL_DOWN_TO or not held[seg]:
                 break
             done = maps[seg]
-            done.spill(directory)
+            if done.spilled:
+                continue
+            moved = done.spill(directory)
             total -= held[seg] - done.resident()
+            if not moved and paused():
+                break
     return max(SPILL_CHECK_MIN, cap // 8)

@@ -72,7 +72,7 @@ def test_a_spilled_map_answers_as_a_dict_does(seed: int, block: int, tmp_path: P
     assert done.spilled
     check_whole(done, model)
     check_same(done, model, [*model, *pool])
-    assert len(os.listdir(tmp_path)) == 0  # anonymous
+    assert len(os.listdir(tmp_path / outcome_spill.SPILL_DIR)) == 1  # its file; each one before removed
 
 
 @pytest.mark.parametrize("order", ["increasing", "shuffled", "late"])
@@ -194,6 +194,7 @@ def test_a_failed_write_keeps_the_map_in_memory_and_warns_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(outcome_spill, "_warned", False)
+    monkeypatch.setattr(outcome_spill, "_resume_at", 0.0)  # restored after: no backoff left to the next test
     monkeypatch.setattr(outcomes, "MERGE_FLOOR", 4)
     done, model = SegmentOutcomes(), {}
     for i in range(100):
@@ -220,6 +221,7 @@ def test_a_failed_write_keeps_the_map_in_memory_and_warns_once(
     check_whole(done, model)
     check_same(done, model, list(model))
     monkeypatch.setattr(os, "pwrite", real)
+    outcome_spill._resume_at = 0.0  # the backoff after the failure over
     assert done.spill(str(tmp_path))  # room again
     check_whole(done, model)
 
