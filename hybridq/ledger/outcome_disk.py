@@ -6,7 +6,7 @@
 :attr:`recent`, and the rare changes of an offset in the file. Apart from
 :mod:`hybridq.ledger.outcomes` (house style: small modules); :class:`SegmentOutcomes` inherits
 these. What a spilled map keeps in memory, and why its file is trusted by nothing but this
-process: :mod:`hybridq.ledger.outcome_spill`.
+process: :mod:`hybridq.ledger.outcome_spill` and :mod:`hybridq.ledger.spill_files`.
 
 A map goes back to memory only for a change of its arrays other than an append or a code (a
 merge of jobs that finished out of order, a delete, a punch): read back whole, changed as in
@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping
 
 from hybridq.ledger.outcome_codes import _CODES, _NARROW_MAX, _NO_CODES, _NO_OFFSETS, _WIDE_MAX
 from hybridq.ledger.outcome_counts import OutcomeCounts
-from hybridq.ledger.outcome_spill import SpilledArrays, paused, spill_failed, sweep
+from hybridq.ledger.outcome_spill import SpilledArrays
+from hybridq.ledger.spill_files import paused, spill_failed, sweep
 
 __all__ = ["SPILL_CHECK_MIN", "SPILL_DOWN_TO", "UNCAPPED", "SpillableOutcomes", "spill_largest"]
 
@@ -155,9 +156,9 @@ def spill_largest(maps: Mapping[tuple[str, int], SpillableOutcomes], directory: 
     front, which the pushes and the harvest ask most. A map spilled already is left alone: its
     :attr:`recent` is merged by the rule of any map's (a check over the cap would otherwise
     rewrite every spilled map with one late finish). None while writes are held back
-    (:func:`~hybridq.ledger.outcome_spill.paused`: a full disk), and none after the first that
+    (:func:`~hybridq.ledger.spill_files.paused`: a full disk), and none after the first that
     fails. The first call of the process for ``directory`` removes the spill files a killed
-    process left there (:func:`~hybridq.ledger.outcome_spill.sweep`), even with no cap.
+    process left there (:func:`~hybridq.ledger.spill_files.sweep`), even with no cap.
     ``None``: no cap.
     """
     sweep(directory)

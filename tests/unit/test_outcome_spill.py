@@ -20,7 +20,7 @@ import pytest
 from hybridq import Queue
 from hybridq.errors import JournalIOError
 from hybridq.journal import JournalWriter
-from hybridq.ledger import outcome_disk, outcome_spill, outcomes, saved_index
+from hybridq.ledger import outcome_disk, outcome_spill, outcomes, saved_index, spill_files
 from hybridq.ledger.entries import Entry
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -72,7 +72,7 @@ def test_a_spilled_map_answers_as_a_dict_does(seed: int, block: int, tmp_path: P
     assert done.spilled
     check_whole(done, model)
     check_same(done, model, [*model, *pool])
-    assert len(os.listdir(tmp_path / outcome_spill.SPILL_DIR)) == 1  # its file; each one before removed
+    assert len(os.listdir(tmp_path / spill_files.SPILL_DIR)) == 1  # its file; each one before removed
 
 
 @pytest.mark.parametrize("order", ["increasing", "shuffled", "late"])
@@ -193,8 +193,8 @@ def test_the_index_past_its_cap_spills_the_largest_segments_and_answers_the_same
 def test_a_failed_write_keeps_the_map_in_memory_and_warns_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(outcome_spill, "_warned", False)
-    monkeypatch.setattr(outcome_spill, "_resume_at", 0.0)  # restored after: no backoff left to the next test
+    monkeypatch.setattr(spill_files, "_warned", False)
+    monkeypatch.setattr(spill_files, "_resume_at", 0.0)  # restored after: no backoff left to the next test
     monkeypatch.setattr(outcomes, "MERGE_FLOOR", 4)
     done, model = SegmentOutcomes(), {}
     for i in range(100):
@@ -221,7 +221,7 @@ def test_a_failed_write_keeps_the_map_in_memory_and_warns_once(
     check_whole(done, model)
     check_same(done, model, list(model))
     monkeypatch.setattr(os, "pwrite", real)
-    outcome_spill._resume_at = 0.0  # the backoff after the failure over
+    spill_files._resume_at = 0.0  # the backoff after the failure over
     assert done.spill(str(tmp_path))  # room again
     check_whole(done, model)
 

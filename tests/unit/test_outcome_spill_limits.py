@@ -1,4 +1,4 @@
-"""The limits of the ledger index's spill files (``hybridq.ledger.outcome_spill``), issue 29's review.
+"""The limits of the ledger index's spill files (``hybridq.ledger.spill_files``), issue 29's review.
 
 Open descriptors (at most ``OPEN_MAX``, any number of spilled maps under a low
 ``RLIMIT_NOFILE``), a killed process's files (removed by the next start), a nearly full disk (the
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 from hybridq.errors import JournalIOError
-from hybridq.ledger import outcome_disk, outcome_spill, outcomes
+from hybridq.ledger import outcome_disk, outcome_spill, outcomes, spill_files
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.outcome_spill import SpilledArrays
 from hybridq.ledger.outcomes import SegmentOutcomes
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test starts with writes allowed, and leaves no backoff to the next one."""
-    monkeypatch.setattr(outcome_spill, "_resume_at", 0.0)
-    monkeypatch.setattr(outcome_spill, "_warned", False)
+    monkeypatch.setattr(spill_files, "_resume_at", 0.0)
+    monkeypatch.setattr(spill_files, "_warned", False)
 
 
 def a_map(n: int, start: int = 4096) -> tuple[SegmentOutcomes, dict[int, str]]:
@@ -45,8 +45,8 @@ def a_map(n: int, start: int = 4096) -> tuple[SegmentOutcomes, dict[int, str]]:
     return SegmentOutcomes(model), dict(model)
 
 
-def spill_files(journal: Path) -> list[str]:
-    where = journal / outcome_spill.SPILL_DIR
+def files_in(journal: Path) -> list[str]:
+    where = journal / spill_files.SPILL_DIR
     return sorted(os.listdir(where)) if where.exists() else []
 
 
@@ -61,7 +61,7 @@ def index_of(sizes: dict[tuple[str, int], int]) -> LedgerIndex:
 CHILD = textwrap.dedent(
     """
     import os, resource, sys
-    from hybridq.ledger import outcome_spill
+    from hybridq.ledger import outcome_spill, spill_files
     from hybridq.ledger.outcomes import SegmentOutcomes
     outcome_spill.SPILL_BLOCK = 4
     journal, maps = sys.argv[1], int(sys.argv[2])
@@ -77,7 +77,7 @@ CHILD = textwrap.dedent(
         assert one.count_below(4096 + 300 * 10 + m) == 10
     assert len(os.listdir("/proc/self/fd")) < 64
     extra = [os.open(os.devnull, os.O_RDONLY) for _ in range(2)]  # the forwarder's next opens
-    print(len(os.listdir(os.path.join(journal, outcome_spill.SPILL_DIR))), flush=True)
+    print(len(os.listdir(os.path.join(journal, spill_files.SPILL_DIR))), flush=True)
     os._exit(0)  # a kill: no map closed, its files left
     """
 )
@@ -100,19 +100,19 @@ def test_more_spilled_maps_than_descriptors_answer_right_and_a_start_removes_a_k
     )
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == 201
-    assert len(spill_files(tmp_path)) == 201  # the killed process's 200 left
+    assert len(files_in(tmp_path)) == 201  # the killed process's 200 left
     LedgerIndex().spill_past(str(tmp_path), None)  # a start (no cap: removed all the same)
-    assert len(spill_files(tmp_path)) == 1
+    assert len(files_in(tmp_path)) == 1
     check_whole(ours, model)  # this process's file kept
     ours.clear()
-    assert spill_files(tmp_path) == []
+    assert files_in(tmp_path) == []
 
 
 def test_at_most_open_max_descriptors_for_any_number_of_spilled_maps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(outcome_spill, "SPILL_BLOCK", 4)
-    monkeypatch.setattr(outcome_spill, "OPEN_MAX", 5)
+    monkeypatch.setattr(spill_files, "OPEN_MAX", 5)
     before = len(os.listdir("/proc/self/fd"))
     maps = [a_map(30, 4096 + m) for m in range(40)]
     for done, _ in maps:
@@ -124,10 +124,10 @@ def test_at_most_open_max_descriptors_for_any_number_of_spilled_maps(
         model[4096 + m] = "cancelled"
     for done, model in maps:
         check_whole(done, model)
-    assert len(spill_files(tmp_path)) == 40
+    assert len(files_in(tmp_path)) == 40
     assert len(os.listdir("/proc/self/fd")) <= before + 5
     del maps, done
-    assert spill_files(tmp_path) == []  # a map dropped: its file removed
+    assert files_in(tmp_path) == []  # a map dropped: its file removed
 
 
 def fake_statvfs(free: int, size: int) -> object:
@@ -136,9 +136,9 @@ def fake_statvfs(free: int, size: int) -> object:
 
 def test_the_margin_is_256_mib_or_5_percent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(os, "statvfs", lambda path: fake_statvfs(1 << 30, 1 << 30))
-    assert outcome_spill.margin(str(tmp_path)) == (1 << 30, 256 << 20)
+    assert spill_files.margin(str(tmp_path)) == (1 << 30, 256 << 20)
     monkeypatch.setattr(os, "statvfs", lambda path: fake_statvfs(1 << 40, 1 << 42))
-    assert outcome_spill.margin(str(tmp_path)) == (1 << 40, int((1 << 42) * 0.05))
+    assert spill_files.margin(str(tmp_path)) == (1 << 40, int((1 << 42) * 0.05))
 
 
 def test_a_nearly_full_disk_is_not_written_and_is_asked_again_after_the_backoff(
@@ -146,7 +146,7 @@ def test_a_nearly_full_disk_is_not_written_and_is_asked_again_after_the_backoff(
 ) -> None:
     """Fails before the fix: every check wrote each map until ENOSPC (MEDIUM 2)."""
     now = [1000.0]
-    monkeypatch.setattr(outcome_spill, "_clock", lambda: now[0])
+    monkeypatch.setattr(spill_files, "_clock", lambda: now[0])
     monkeypatch.setattr(outcome_disk, "SPILL_CHECK_MIN", 1)
     low = fake_statvfs((256 << 20) + 4096, 100 << 30)  # 256 MiB and a block free of 100 GiB: 5 % wanted
     statvfs = os.statvfs
@@ -161,10 +161,10 @@ def test_a_nearly_full_disk_is_not_written_and_is_asked_again_after_the_backoff(
         index.spill_past(str(tmp_path), 300)
     assert not any(done.spilled for done in index.terminal.values())
     assert writes == []
-    assert spill_files(tmp_path) == []
+    assert files_in(tmp_path) == []
     assert [r.levelno for r in caplog.records if "spill file" in r.getMessage()] == [logging.WARNING]
     monkeypatch.setattr(os, "statvfs", statvfs)  # room again, but within the backoff
-    now[0] += outcome_spill.BACKOFF_S - 1
+    now[0] += spill_files.BACKOFF_S - 1
     index.spill_past(str(tmp_path), 300)
     assert writes == []
     now[0] += 2
@@ -178,7 +178,7 @@ def test_a_failed_write_removes_its_file_and_holds_writes_back(
 ) -> None:
     """Fails before the fix: the next map was written at once, and every check again (MEDIUM 2)."""
     now = [1000.0]
-    monkeypatch.setattr(outcome_spill, "_clock", lambda: now[0])
+    monkeypatch.setattr(spill_files, "_clock", lambda: now[0])
     monkeypatch.setattr(outcome_spill, "SPILL_BLOCK", 4)
     monkeypatch.setattr(outcome_spill, "_CHUNK_BLOCKS", 2)  # several writes a file
     calls: list[int] = []
@@ -195,14 +195,14 @@ def test_a_failed_write_removes_its_file_and_holds_writes_back(
     index, plain = index_of(sizes), index_of(sizes)
     index.spill_past(str(tmp_path), 100)
     assert len(calls) == 4  # one file's first three writes, then its fourth failed
-    assert spill_files(tmp_path) == []  # the partial file removed
+    assert files_in(tmp_path) == []  # the partial file removed
     assert not any(done.spilled for done in index.terminal.values())
     for _ in range(3):
         index.spill_past(str(tmp_path), 100)
     assert len(calls) == 4  # no write within the backoff
     assert index.terminal == plain.terminal
     monkeypatch.setattr(os, "pwrite", pwrite)
-    now[0] += outcome_spill.BACKOFF_S
+    now[0] += spill_files.BACKOFF_S
     index.spill_past(str(tmp_path), 100)
     assert sum(done.spilled for done in index.terminal.values()) == 4
     assert index.terminal == plain.terminal
@@ -265,12 +265,12 @@ def test_a_spilled_map_refuses_a_copy(tmp_path: Path) -> None:
 def test_a_punched_spilled_map_is_spilled_again(tmp_path: Path) -> None:
     done, model = a_map(100)
     assert done.spill(str(tmp_path))
-    first = spill_files(tmp_path)
+    first = files_in(tmp_path)
     done.drop_ranges([(4096 + 300, 4096 + 300 * 4, 3)])  # three that succeeded
     assert done.spilled
     assert done.resident() == 0
-    assert len(spill_files(tmp_path)) == 1
-    assert spill_files(tmp_path) != first
+    assert len(files_in(tmp_path)) == 1
+    assert files_in(tmp_path) != first
     check_same(done, model, [*model, 4096 + 300 * 100])
 
 
@@ -309,9 +309,9 @@ def test_a_forgotten_segment_brings_the_next_check_closer(
         index.apply_succeeded(("w", 1, 4096 + 300 * i))
     index.check_spill()
     assert index.terminal[("w", 1)].spilled
-    assert spill_files(tmp_path) != []
+    assert files_in(tmp_path) != []
     index.forget_segment(("w", 1))
-    assert spill_files(tmp_path) == []
+    assert files_in(tmp_path) == []
 
 
 def test_a_file_opened_again_gives_the_descriptors_back_or_raises(
@@ -319,7 +319,7 @@ def test_a_file_opened_again_gives_the_descriptors_back_or_raises(
 ) -> None:
     """EMFILE at a reopen: the files kept open are closed first; a file gone: the I/O error."""
     monkeypatch.setattr(outcome_spill, "SPILL_BLOCK", 4)
-    monkeypatch.setattr(outcome_spill, "OPEN_MAX", 2)
+    monkeypatch.setattr(spill_files, "OPEN_MAX", 2)
     maps = [a_map(30, 4096 + m) for m in range(3)]
     for done, _ in maps:
         assert done.spill(str(tmp_path))
@@ -335,12 +335,12 @@ def test_a_file_opened_again_gives_the_descriptors_back_or_raises(
     first, model = maps[0]  # closed: the least recently used
     check_same(first, model, list(model))
     assert len(failed) == 1
-    assert len(outcome_spill._open) == 1
+    assert len(spill_files._open) == 1
     monkeypatch.setattr(os, "open", real)
     gone, model = maps[1]
     spill = gone._spill
     assert spill is not None
-    assert spill._serial not in outcome_spill._open  # closed: opened again by name, gone
+    assert spill._serial not in spill_files._open  # closed: opened again by name, gone
     os.unlink(spill.path)
     with pytest.raises(JournalIOError, match="spill file"):
         4096 + 1 + 300 * 5 in gone  # noqa: B015
