@@ -21,8 +21,9 @@ finished in one of these orders, each a separate run (``--mode``):
 ``--spill``: the maps of the setup's finished jobs are moved to disk before the timed part
 (``hybridq.ledger.outcome_spill``: ``pending`` and ``scattered`` then time lookups in a spilled
 map); ``--cap N``: the index spills past N offsets in memory (``LedgerIndex.spill_past``, as the
-forwarder's ``index_offsets_max``) while the timed part adds. Both in a temporary directory of
-``--dir`` (the current one by default: a disk, not a tmpfs).
+forwarder's ``index_offsets_max``) while the timed part adds. Both write their files in the
+``.index-spill/`` of a temporary directory of ``--dir``, as a forwarder in its journal's (the
+current one by default: a disk, not a tmpfs).
 
 ``--memory``: what the index holds at the end (tracemalloc, the whole run traced: the time
 printed is then not the index's alone).
@@ -65,7 +66,11 @@ def main() -> None:
     )
     parser.add_argument("--spill", action="store_true", help="move the setup's maps to disk first")
     parser.add_argument("--cap", type=int, default=None, help="spill past this many offsets in memory")
-    parser.add_argument("--dir", default=".", help="where the spill files are (anonymous)")
+    parser.add_argument(
+        "--dir",
+        default=".",
+        help="where the temporary directory of the spill files (its .index-spill/) is made",
+    )
     parser.add_argument("--memory", action="store_true", help="trace what the index holds (tracemalloc)")
     parser.add_argument("--entries", action="store_true", help="build apply's entries in any mode")
     parser.add_argument("--half", action="store_true", help="finish pending's half of the jobs in any mode")

@@ -87,8 +87,8 @@ class ForwarderConfig:
         key_window_max: the most keys kept in their window; beyond it, the oldest are forgotten
             early (the memory bound: about 0.5 KB a key).
         index_offsets_max: the most offsets of finished jobs of the live journal the ledger
-            index holds in memory (about 5 bytes each); past it, whole segments' move to an
-            anonymous file in the journal's directory and are looked up there
+            index holds in memory (about 5 bytes each); past it, whole segments' move to files
+            in the journal's ``.index-spill`` directory and are looked up there
             (docs/forwarder.md, "Memory: the bound that holds now"); ``None``: no cap.
         max_lost: a job whose worker vanished this many times fails for good (a task that kills
             its worker every time must not loop forever).

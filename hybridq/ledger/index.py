@@ -73,7 +73,8 @@ class LedgerIndex:
     #: The most listed offsets :attr:`terminal` holds in memory (:meth:`spill_past`); ``None``:
     #: no cap (every reader of the ledger but the forwarder).
     spill_cap: int | None = field(default=None, compare=False)
-    #: Where the spilled maps' files are (anonymous: :mod:`hybridq.ledger.outcome_spill`).
+    #: The journal directory whose ``.index-spill`` holds the spilled maps' files
+    #: (:mod:`hybridq.ledger.spill_files`).
     spill_dir: str = field(default="", compare=False)
     #: At which :attr:`terminal_count` the cap is checked next (moved with it when it falls, so
     #: that as many jobs are added between two checks).

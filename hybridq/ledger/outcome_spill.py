@@ -95,7 +95,8 @@ class SpilledArrays:
     def write(cls, directory: str, offsets: array[int], codes: bytearray) -> SpilledArrays:
         """A new file holding the sorted ``offsets`` (at most ``2**64 - 1``) and ``codes``.
 
-        Raises ``OSError`` (a full disk; :class:`SpillRefused`: not tried): nothing is kept then.
+        Raises ``OSError`` (a full disk; :class:`~hybridq.ledger.spill_files.SpillRefused`: not
+        tried): nothing is kept then.
         """
         spill_files.room(directory, _size(len(offsets)))
         try:

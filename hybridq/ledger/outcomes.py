@@ -23,10 +23,10 @@ bytes a job (a slot and the offset's ``int``); this keeps about 6
   iterating, :meth:`items` and :meth:`groups` give the listed offsets only, and
   :meth:`punched` the ranges (the saved index keeps both).
 
-Past the forwarder's cap on the offsets its index holds in memory, the arrays move to an
-anonymous file (:meth:`spill`, :mod:`hybridq.ledger.outcome_disk` and
-:mod:`hybridq.ledger.outcome_spill`): a lookup then reads one block of it, the rest stays as
-above.
+Past the forwarder's cap on the offsets its index holds in memory, the arrays move to a file
+in the journal's ``.index-spill`` (:meth:`spill`, :mod:`hybridq.ledger.outcome_disk`,
+:mod:`hybridq.ledger.outcome_spill` and :mod:`hybridq.ledger.spill_files`): a lookup then reads
+one block of it, the rest stays as above.
 
 The first three hold disjoint offsets. An offset is in the map if it is in any of them or in a
 range: a lookup that answered ``False`` for a finished job would let it run again
