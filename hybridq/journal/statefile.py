@@ -9,6 +9,7 @@ This module must not import redis, rq, click or the job envelope.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -66,6 +67,8 @@ def write_state_pieces(
     the header, whose length and CRC (the header's, continued over the payload: computed from
     the payload's own CRC, :func:`_crc32c_combine`) are written last, before the fsync and the
     rename. A payload over :data:`MAX_STATE_BYTES` raises ``ValueError`` (the old file stays).
+    Whatever it raises, the temp file is removed: a refused save (up to 64 MiB written) must
+    not stay on the journal's disk (the forwarder's full-disk pause, docs/forwarder.md).
     """
     length, crc = 0, 0
 
@@ -82,7 +85,13 @@ def write_state_pieces(
         os.lseek(fd, 0, os.SEEK_SET)
         write_all(fileops, fd, head + _CRC.pack(_crc32c_combine(crc32c(head), crc, length)))
 
-    replace_durably(fileops, _path(directory, name), fill)
+    path = _path(directory, name)
+    try:
+        replace_durably(fileops, path, fill)
+    except BaseException:
+        with contextlib.suppress(OSError):  # gone already if the rename was done
+            fileops.unlink(path + ".tmp")
+        raise
     return length
 
 

@@ -8,15 +8,18 @@ segment's, and a replay past the cap spills as it goes.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import logging
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hybridq.errors import StateFileCorrupt
+from hybridq.errors import JournalIOError, StateFileCorrupt
 from hybridq.journal import statefile
+from hybridq.journal.fileops import OS_FILEOPS, FileOps
 from hybridq.journal.format import crc32c
 from hybridq.journal.statefile import _crc32c_combine, open_state, read_state, write_state, write_state_pieces
 from hybridq.ledger import saved_codec, saved_index, store
@@ -70,14 +73,40 @@ def test_a_state_file_written_in_pieces_is_the_one_written_whole(tmp_path: Path)
     assert open_state(str(tmp_path), "missing") is None
 
 
-def test_a_payload_over_the_limit_leaves_the_old_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+class _FullDisk(FileOps):
+    """ENOSPC from the third write on."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self.writes += 1
+        if self.writes >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, data)
+
+
+@pytest.mark.parametrize("fault", ["over the limit", "ENOSPC", "a piece's error"])
+def test_a_save_that_fails_leaves_the_old_file_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
+    """The old file stays whole, and the temp file (up to 64 MiB written) does not stay."""
     write_state(str(tmp_path), "p", b"old")
     monkeypatch.setattr(statefile, "MAX_STATE_BYTES", 100)
-    with pytest.raises(ValueError, match="over 100"):
-        write_state_pieces(str(tmp_path), "p", [b"x" * 60, b"y" * 60])
+
+    def pieces() -> Iterator[bytes]:
+        yield b"x" * 60
+        if fault == "a piece's error":
+            raise RuntimeError("encoding")
+        yield b"y" * 60 if fault == "over the limit" else b"y"
+
+    raised = {"over the limit": ValueError, "ENOSPC": JournalIOError, "a piece's error": RuntimeError}[fault]
+    with pytest.raises(raised):
+        write_state_pieces(
+            str(tmp_path), "p", pieces(), fileops=_FullDisk() if fault == "ENOSPC" else OS_FILEOPS
+        )
     assert read_state(str(tmp_path), "p") == b"old"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["p.state"]
 
 
 @pytest.mark.parametrize("where", ["header", "segment", "length"])
