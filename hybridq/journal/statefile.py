@@ -98,14 +98,25 @@ def write_state_pieces(
 class StatePayload:
     """An open state file whose checksum was checked: its payload read in chunks (:func:`open_state`)."""
 
-    def __init__(self, fd: int, fileops: FileOps) -> None:
-        self._fd, self._ops = fd, fileops
+    def __init__(self, fd: int, fileops: FileOps, path: str, head: bytes) -> None:
+        self._fd, self._ops, self._path, self._head = fd, fileops, path, head
 
     def chunks(self) -> Iterator[bytes]:
-        """The payload, from its start, in chunks of up to 1 MiB."""
+        """The payload, from its start, in chunks of up to 1 MiB.
+
+        Its checksum is computed again as they are handed out: the last one raises
+        :class:`StateFileCorrupt` if the bytes read differ from those checked (a second read
+        of the file, the media or the page cache may have changed them), so a reader that
+        reads it to its end never keeps what it parsed from them (docs/reliability.md rule 12).
+        """
         os.lseek(self._fd, _HEADER_SIZE, os.SEEK_SET)
+        (stored,) = _CRC.unpack_from(self._head, _HEADER.size)
+        crc, read = crc32c(self._head[: _HEADER.size]), 0
         while data := self._ops.read(self._fd, _CHUNK):
+            crc, read = crc32c(data, crc), read + len(data)
             yield data
+        if crc != stored or read != _HEADER.unpack_from(self._head)[3]:
+            raise StateFileCorrupt(self._path, "changed since its checksum was checked")
 
     def close(self) -> None:
         """Close the file."""
@@ -123,7 +134,9 @@ def open_state(directory: str, name: str, *, fileops: FileOps = OS_FILEOPS) -> S
 
     The whole file's checksum is checked (reading it once) before this returns, so a damaged
     file raises :class:`StateFileCorrupt` before any of it is used (docs/reliability.md rule
-    12); the fd keeps the checked file even if it is replaced meanwhile. ``None``: no file.
+    12); the fd keeps the checked file even if it is replaced meanwhile. The bytes read by
+    :meth:`StatePayload.chunks` are checked again as read (the last chunk raises if they differ).
+    ``None``: no file.
     """
     path = _path(directory, name)
     try:
@@ -131,15 +144,15 @@ def open_state(directory: str, name: str, *, fileops: FileOps = OS_FILEOPS) -> S
     except FileNotFoundError:
         return None
     try:
-        _check_whole(path, fd, fileops)
+        head = _check_whole(path, fd, fileops)
     except BaseException:
         fileops.close(fd)
         raise
-    return StatePayload(fd, fileops)
+    return StatePayload(fd, fileops, path, head)
 
 
-def _check_whole(path: str, fd: int, fileops: FileOps) -> None:
-    """Raise :class:`StateFileCorrupt` unless the open file's header and checksum are right."""
+def _check_whole(path: str, fd: int, fileops: FileOps) -> bytes:
+    """The open file's header; raises :class:`StateFileCorrupt` unless it and the checksum are right."""
     size = os.fstat(fd).st_size
     if size > MAX_STATE_BYTES + _HEADER_SIZE:
         raise StateFileCorrupt(path, f"{size} bytes is over the maximum")
@@ -155,6 +168,7 @@ def _check_whole(path: str, fd: int, fileops: FileOps) -> None:
         raise StateFileCorrupt(path, f"length {length} does not match the file size")
     if crc != stored:
         raise StateFileCorrupt(path, "checksum mismatch")
+    return head
 
 
 def _check_header(path: str, head: bytes, size: int) -> int:

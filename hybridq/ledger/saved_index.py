@@ -35,7 +35,7 @@ from hybridq.errors import JournalCorruption, JournalIOError
 from hybridq.journal import OS_FILEOPS, ChainPosition, FileOps, Record
 from hybridq.journal.format import FILE_HEADER_SIZE, SEAL_RECORDS, segment_name
 from hybridq.journal.reader import list_chains, read_seal
-from hybridq.journal.statefile import open_state, write_state_pieces
+from hybridq.journal.statefile import StatePayload, open_state, write_state_pieces
 from hybridq.ledger.compacted import Compacted
 from hybridq.ledger.index import LedgerIndex
 from hybridq.ledger.keytable import KeyTable
@@ -118,17 +118,30 @@ def load(journal: str, keys: KeyTable | None = None, cap: int | None = None) -> 
     ``keys``: the key table its index gets (see :func:`decode`). ``cap``: the most listed
     offsets its index holds in memory (spilled to the journal's directory past it, as read:
     :func:`~hybridq.ledger.saved_codec.decode_lines`); the whole file's checksum is checked
-    before any of it is read.
+    before any of it is read, and again over the bytes parsed (a difference: ignored, a full replay).
     """
     try:
         state = open_state(journal, SAVED_INDEX_NAME)
         if state is None:
             return None
         with state:
-            return decode_lines(lines_of(state.chunks()), keys, journal, cap)
+            return _decode_whole(state, keys, journal, cap)
     except Exception as exc:
         log.warning("ignoring the saved ledger index of %s (the whole ledger is replayed): %s", journal, exc)
         return None
+
+
+def _decode_whole(state: StatePayload, keys: KeyTable | None, journal: str, cap: int | None) -> Saved:
+    """The saved index in ``state``, read to its end.
+
+    Its last chunk checks that the bytes parsed are the ones whose checksum was checked
+    (:meth:`StatePayload.chunks` raises if not).
+    """
+    lines = lines_of(state.chunks())
+    saved = decode_lines(lines, keys, journal, cap)
+    if any(lines):  # one line (versions 2 to 5): decode_lines stops before the end
+        raise ValueError("lines after the saved index")
+    return saved
 
 
 def resume(

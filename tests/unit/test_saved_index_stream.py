@@ -12,6 +12,7 @@ import errno
 import gc
 import json
 import logging
+import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,3 +237,62 @@ def test_a_replay_past_the_cap_spills_as_it_goes(tmp_path: Path, monkeypatch: py
     assert max(held) <= 2000 + 1024 + 64 + 3000 * 2  # the cap, a check's jobs, the front
     plain = store.load_index(journal, Compacted())
     assert index.terminal == plain.terminal
+
+
+def _rewrite_in_place(path: Path, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in the file by ``new`` (as long), in the same inode."""
+    at = path.read_bytes().index(old)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, new, at)
+    finally:
+        os.close(fd)
+
+
+def test_bytes_changed_after_the_check_are_refused_at_the_end_of_the_read(tmp_path: Path) -> None:
+    """open_state checks the checksum, then chunks() reads the file again: the second read's
+    bytes are checked too (here the file changed in place; silent media or page-cache damage)."""
+    write_state(str(tmp_path), "p", b"0123456789" * 300_000)  # 3 chunks
+    state = open_state(str(tmp_path), "p")
+    assert state is not None
+    with state:
+        _rewrite_in_place(tmp_path / "p.state", b"345", b"354")
+        with pytest.raises(StateFileCorrupt, match="changed since"):
+            b"".join(state.chunks())
+
+
+def test_a_saved_index_changed_after_its_check_gives_a_replay_of_the_whole_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that still parses (an offset one less: its job not finished, another one is)
+    is not used: the saved index is ignored and the whole ledger replayed (resumed 0)."""
+    journal, chain = test_ledger_replay.journal_of_three_segments(tmp_path)
+    with open_ledger_writer(journal) as writer:
+        for s in range(3):
+            writer.append_many(
+                Entry("done", f"j{s}-{i}", (chain, s, 4096 + 300 * i), outcome="succeeded", at=1.0).to_bytes()
+                for i in range(100)
+            )
+    index = LedgerIndex(keys=KeyTable.in_journal(journal))
+    saved_index.save(journal, index, store.replay(journal, index, Compacted()), {})
+    index.keys.close()
+    path = Path(journal) / (saved_index.SAVED_INDEX_NAME + ".state")
+    real = saved_index.open_state
+
+    def open_then_change(directory: str, name: str) -> statefile.StatePayload | None:
+        state = real(directory, name)
+        _rewrite_in_place(
+            path, f'"{chain}",0,{{"succeeded":[4096,'.encode(), f'"{chain}",0,{{"succeeded":[4095,'.encode()
+        )
+        return state
+
+    monkeypatch.setattr(saved_index, "open_state", open_then_change)
+    keys = KeyTable.in_journal(journal)
+    try:
+        resumed_index, _, resumed = saved_index.resume(journal, Compacted(), keys)
+        assert resumed == 0
+        assert resumed_index.is_terminal((chain, 0, 4096))
+        assert not resumed_index.is_terminal((chain, 0, 4095))
+        assert resumed_index == store.load_index(journal, Compacted())
+    finally:
+        keys.close()
