@@ -6,8 +6,10 @@ file is half written (``index_mid_write``), right after it was replaced (``index
 or between a ledger append and the next save (``harvest_after_ledger``). Its first job is delayed
 and its segments small, as in test_punch_crash: that job pins its chain, so the compactor punches
 the finished records of the segments behind it and the saved index (format 5 on) holds their
-ranges when the child dies (format 6 is written in pieces, its header last: consecutive writes
-are cut). The parent then starts a fresh forwarder on the journal: its index
+ranges when the child dies. Format 6 is written in pieces (room for the header, its first line,
+a line per segment, then the header at offset 0), each write halved by the crash ops: the
+``index_mid_write`` points cut each of these in the second save (the temp file left shows which).
+The parent then starts a fresh forwarder on the journal: its index
 must be the full replay's (``load_index``) with the hole maps applied, no job the ledger recorded
 as finished is delivered again, every job runs, and the status counts are exact.
 """
@@ -66,30 +68,48 @@ forwarder.close()
 """
 
 
+#: A state file's header: magic, version, reserved, length, CRC (docs/journal-format.md).
+HEADER = 20
+
+
+def _cut(temp: bytes) -> str:
+    """Which write of a format 6 save the temp file left by a crash shows cut."""
+    if len(temp) < HEADER:
+        return "room for the header"
+    if temp[:HEADER] != bytes(HEADER):
+        return "the header"
+    lines = temp[HEADER:].count(b"\n")
+    return "the first line" if lines == 0 else "a segment line"
+
+
 @pytest.mark.parametrize(
-    ("point", "nth"),
-    # Format 6 is written in pieces (room for the header, a line per segment, then the header):
-    # 60 to 63 cut consecutive pieces.
+    ("point", "nth", "cut"),
+    # The writes of the child's second save (the first, whole, is what the start resumes from),
+    # counted when this was written (crash ops halve each write: 6 writes fill 20 bytes):
+    # 29 to 34 room for the header, 35 to 43 the first line, 44 to 57 two segment lines, 58 to
+    # 63 the header at offset 0. _cut checks the temp file left is the one named.
     [
-        ("index_mid_write", 60),
-        ("index_mid_write", 61),
-        ("index_mid_write", 62),
-        ("index_mid_write", 63),
-        ("index_after_save", 8),
-        ("harvest_after_ledger", 12),
+        ("index_mid_write", 30, "room for the header"),
+        ("index_mid_write", 37, "the first line"),
+        ("index_mid_write", 52, "a segment line"),
+        ("index_mid_write", 60, "the header"),
+        ("index_after_save", 8, ""),
+        ("harvest_after_ledger", 12, ""),
     ],
 )
 def test_a_crash_while_the_index_is_saved_or_after_trusts_only_the_ledger(
-    tmp_path: Path, point: str, nth: int, figures: Callable[[str], None]
+    tmp_path: Path, point: str, nth: int, cut: str, figures: Callable[[str], None]
 ) -> None:
     journal = tmp_path / "journal"
     killed_at(f"{point}:{nth}", CHILD, journal)
+    if cut:
+        assert _cut((journal / (saved_index.SAVED_INDEX_NAME + ".state.tmp")).read_bytes()) == cut
     assert any(HOLES_SUFFIX in name for name in os.listdir(journal))  # the compactor punched
     compacted_before = load_compacted(str(journal))
     finished_before = load_index(str(journal), compacted_before)
     saved, _, resumed = saved_index.resume(str(journal), compacted_before, KeyTable.in_journal(str(journal)))
     assert resumed > 0  # the index saved before the crash is whole, and used
-    # The case under test: the saved index (format 5) holds punched ranges, not their jobs.
+    # The case under test: the saved index (format 5 on) holds punched ranges, not their jobs.
     assert any(done.punched() for done in saved.terminal.values())
 
     # The start's index (ForwarderState.load resumes as this does, then applies the hole maps:
