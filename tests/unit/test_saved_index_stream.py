@@ -154,11 +154,38 @@ def test_the_new_format_round_trips_spilled_segments_and_the_old_one_still_reads
     assert old.is_terminal(("chain", 2, 4096 + 330 * 5003))  # in the punched range
 
 
-def test_a_file_cut_at_a_line_is_refused() -> None:
+def test_a_file_cut_at_a_line_or_with_a_line_more_is_refused() -> None:
     raw = saved_codec.encode(big_index(3, 100), {}, {}, {})
     cut = raw[: raw.rindex(b'["chain"')]
     with pytest.raises(ValueError, match="2 segments of 3"):
         saved_codec.decode(cut)
+    with pytest.raises(ValueError, match="4 segments of 3"):
+        saved_codec.decode(raw + b'["chain",9,{"succeeded":[4096]},[]]\n')
+    with pytest.raises(ValueError, match="twice"):
+        saved_codec.decode(raw + raw[raw.rindex(b'["chain"') :])
+
+
+def _main_decode(raw: bytes) -> None:
+    """How the previous release (formats 2 to 5, main's saved_codec.decode) starts a read."""
+    body = json.loads(raw)
+    if body["v"] not in (2, 3, 4, 5):
+        raise ValueError(f"version {body['v']!r}")
+
+
+@pytest.mark.parametrize(("segments", "refusal"), [(3, "Extra data"), (0, "version 6")])
+def test_a_format_6_file_is_refused_by_the_previous_release_not_misread(
+    tmp_path: Path, segments: int, refusal: str
+) -> None:
+    """A downgrade: the previous release reads the whole payload as one JSON object. Format 6's
+    segment lines make that fail ("Extra data"); with none, its version check refuses it. Either
+    is an Exception its load logs and returns None for: the whole ledger replayed, never the
+    offsets read without the punched ranges (which would push their jobs again)."""
+    saved_index.save(str(tmp_path), big_index(segments, 100) if segments else LedgerIndex(), {}, {})
+    raw = read_state(str(tmp_path), saved_index.SAVED_INDEX_NAME)
+    assert raw is not None
+    assert json.loads(raw.split(b"\n", 1)[0])["v"] == 6
+    with pytest.raises(ValueError, match=refusal):
+        _main_decode(raw)
 
 
 def _peak(run: object) -> int:
