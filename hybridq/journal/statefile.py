@@ -68,7 +68,7 @@ def write_state_pieces(
     the payload's own CRC, :func:`_crc32c_combine`) are written last, before the fsync and the
     rename. A payload over :data:`MAX_STATE_BYTES` raises ``ValueError`` (the old file stays).
     Whatever it raises, the temp file is removed: a refused save (up to 64 MiB written) must
-    not stay on the journal's disk (the forwarder's full-disk pause, docs/forwarder.md).
+    not take the disk the journal's appends need.
     """
     length, crc = 0, 0
 
