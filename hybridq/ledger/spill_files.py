@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 import time
 from collections import OrderedDict
@@ -75,6 +76,8 @@ _open: OrderedDict[int, int] = OrderedDict()
 #: This process's files' names start with it (a forked child draws its own: it never removes
 #: its parent's); :func:`sweep` removes the others.
 _token = os.urandom(8).hex()
+#: A spill file's name: the token of the process that made it and a serial (what :func:`sweep` removes).
+_NAME = re.compile(r"[0-9a-f]{16}-[0-9]+")
 #: The journal directories swept by this process, and their spill directories made.
 _swept: set[str] = set()
 _made: set[str] = set()
@@ -181,28 +184,37 @@ def sweep(directory: str) -> None:
     """Remove the spill files of other processes in ``directory`` (a journal's), once a process.
 
     They are a killed forwarder's (only the forwarder holding the journal's owner lock spills
-    into it, ``hybridq/forwarder/dirlock.py``), never read again. One that cannot be removed
-    is logged and left.
+    into it, ``hybridq/forwarder/dirlock.py``), never read again. Only regular files named as
+    a spill file (:data:`_NAME`) are removed, through the directory opened without following a
+    symlink: a ``.index-spill`` that is a symlink (to the journal itself, say) is left alone,
+    with a warning, and nothing else is removed. One that cannot be removed is logged and left.
     """
     if not directory or directory in _swept:
         return
     _swept.add(directory)
     where = os.path.join(directory, SPILL_DIR)
     try:
-        names = os.listdir(where)
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        log.warning("%s: the old spill files could not be listed: %s", where, exc)
+    except OSError as exc:  # ELOOP / ENOTDIR: not a directory of ours
+        log.warning("%s: the old spill files could not be listed (left alone): %s", where, exc)
         return
-    for name in names:
-        if not name.startswith(_token + "-"):
+    try:
+        for name in os.listdir(fd):
+            if not _NAME.fullmatch(name) or name.startswith(_token + "-"):
+                continue
             try:
-                os.unlink(os.path.join(where, name))
+                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=fd)
             except FileNotFoundError:
                 pass
             except OSError as exc:
                 log.warning("%s: an old spill file could not be removed: %s", where, exc)
+    except OSError as exc:
+        log.warning("%s: the old spill files could not be listed: %s", where, exc)
+    finally:
+        os.close(fd)
 
 
 def margin(directory: str) -> tuple[int, int]:
