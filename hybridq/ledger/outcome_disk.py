@@ -99,13 +99,19 @@ class SpillableOutcomes(OutcomeCounts):
         """
         spill, recent = self._spill, self.recent
         assert spill is not None
+        if paused():  # writes held back (a full disk): the additions wait in memory, not the map
+            if recent:
+                self._merge_later()
+            return
         keys = sorted(recent)
         if keys and keys[0] > spill.last and keys[-1] <= _WIDE_MAX:
             codes = bytes(map(_CODES.__getitem__, map(recent.__getitem__, keys)))
             try:
                 spill.append(keys, codes)
             except OSError as exc:
-                spill_failed(exc)  # merged in memory below
+                spill_failed(exc)
+                self._merge_later()
+                return
             else:
                 self._last = spill.last
                 self._merge_at = self._merge_at_for(spill.n)
@@ -116,6 +122,14 @@ class SpillableOutcomes(OutcomeCounts):
         directory = self._unspill()
         self._merge()
         self.spill(directory)
+
+    def _merge_later(self) -> None:
+        """A spilled map's merge not written now: its latest additions stay in :attr:`recent`.
+
+        The next merge comes when it holds twice as many: reading the whole map back to memory
+        instead (its file's write refused too) would undo the cap while the disk stays full.
+        """
+        self._merge_at = max(self._merge_at, len(self.recent)) * 2
 
     def _set_spilled(self, spill: SpilledArrays, offset: int, outcome: str) -> None:
         """:meth:`__setitem__` of an offset in the file: its code rewritten there (a rank upgrade).

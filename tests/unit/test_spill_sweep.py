@@ -56,3 +56,30 @@ def test_once_a_process_per_journal(tmp_path: Path) -> None:
     (where / OTHER).write_bytes(b"x")  # made after this process swept: not its business again
     spill_files.sweep(str(tmp_path))
     assert os.listdir(where) == [OTHER]
+
+
+def test_a_full_disk_keeps_a_spilled_maps_additions_in_memory_not_the_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of spillfix51, MEDIUM 1: a refused append read the whole map back (the cap lost)."""
+    from hybridq.ledger.outcomes import SegmentOutcomes  # noqa: PLC0415
+
+    monkeypatch.setattr(spill_files, "_resume_at", 0.0)
+    done = SegmentOutcomes({offset: "succeeded" for offset in range(0, 400_000, 40)})
+    assert done.spill(str(tmp_path))
+    full = {offset: "succeeded" for offset in range(0, 400_000, 40)}
+    monkeypatch.setattr(spill_files, "margin", lambda directory: (0, 1))  # the journal's disk full
+    for offset in range(400_000, 440_000, 4):  # jobs finishing in order: appends refused
+        done[offset] = "failed"
+        full[offset] = "failed"
+    assert done.spilled
+    assert done.resident() <= 10_000  # its additions only, never the 10,000 spilled
+    assert dict(done.items()) == full
+    monkeypatch.setattr(spill_files, "margin", lambda directory: (1 << 40, 1))  # room again
+    monkeypatch.setattr(spill_files, "_resume_at", 0.0)
+    for offset in range(440_000, 488_000, 4):  # the next merge: at twice the additions held
+        done[offset] = "succeeded"
+        full[offset] = "succeeded"
+    assert done.spilled and done.resident() < 2_000  # appended to its file once writes resume
+    assert dict(done.items()) == full
+    monkeypatch.setattr(spill_files, "_resume_at", 0.0)
