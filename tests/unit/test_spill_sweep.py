@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hybridq.ledger import spill_files
+from hybridq.ledger.outcomes import SegmentOutcomes
 
 
 @pytest.fixture(autouse=True)
@@ -62,12 +63,10 @@ def test_a_full_disk_keeps_a_spilled_maps_additions_in_memory_not_the_map(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Review of spillfix51, MEDIUM 1: a refused append read the whole map back (the cap lost)."""
-    from hybridq.ledger.outcomes import SegmentOutcomes  # noqa: PLC0415
-
     monkeypatch.setattr(spill_files, "_resume_at", 0.0)
-    done = SegmentOutcomes({offset: "succeeded" for offset in range(0, 400_000, 40)})
+    done = SegmentOutcomes(dict.fromkeys(range(0, 400_000, 40), "succeeded"))
     assert done.spill(str(tmp_path))
-    full = {offset: "succeeded" for offset in range(0, 400_000, 40)}
+    full = dict.fromkeys(range(0, 400_000, 40), "succeeded")
     monkeypatch.setattr(spill_files, "margin", lambda directory: (0, 1))  # the journal's disk full
     for offset in range(400_000, 440_000, 4):  # jobs finishing in order: appends refused
         done[offset] = "failed"
@@ -80,6 +79,7 @@ def test_a_full_disk_keeps_a_spilled_maps_additions_in_memory_not_the_map(
     for offset in range(440_000, 488_000, 4):  # the next merge: at twice the additions held
         done[offset] = "succeeded"
         full[offset] = "succeeded"
-    assert done.spilled and done.resident() < 2_000  # appended to its file once writes resume
+    assert done.spilled
+    assert done.resident() < 2_000  # appended to its file once writes resume
     assert dict(done.items()) == full
     monkeypatch.setattr(spill_files, "_resume_at", 0.0)
