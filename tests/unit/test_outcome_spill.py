@@ -29,8 +29,8 @@ from hybridq.testing.memory import MemoryTransport
 
 from tests import tasks
 from tests.unit.test_completions import make_forwarder, settle
-from tests.unit.test_punched_outcomes import a_run, check, records
-from tests.unit.test_segment_outcomes import NAMES, a_name, an_offset, check_same, check_whole
+from tests.unit.test_punched_outcomes import check, punch_step, records
+from tests.unit.test_segment_outcomes import NAMES, a_name, an_offset, check_same, check_whole, one_step
 
 
 @pytest.fixture(params=[1, 4, 512], ids=["block1", "block4", "block512"])
@@ -49,21 +49,7 @@ def test_a_spilled_map_answers_as_a_dict_does(seed: int, block: int, tmp_path: P
     pool: list[int] = []
     for step in range(rng.randrange(200, 2000)):
         offset, name, op = an_offset(rng, pool), a_name(rng), rng.random()
-        if op < 0.6:
-            assert done.insert(offset, name) == model.get(offset)
-            model.setdefault(offset, name)
-        elif op < 0.85:
-            done[offset] = name  # in the file: its code rewritten there (or read back, for an odd name)
-            model[offset] = name
-        elif op < 0.95:
-            if offset in model:
-                del done[offset]
-                del model[offset]
-            else:
-                with pytest.raises(KeyError):
-                    del done[offset]
-        else:
-            assert done.pop(offset, None) == model.pop(offset, None)
+        one_step(done, model, offset, name, op)  # a code rewritten in the file (an odd name: read back)
         if step % 23 == 0 or rng.random() < 0.02:
             done.spill(str(tmp_path))  # a spilled map's recent: merged into its file
         check_same(done, model, [offset, offset + 1, offset - 1, *rng.sample(pool, min(len(pool), 3))])
@@ -127,16 +113,7 @@ def test_a_spilled_map_with_punched_ranges_answers_as_a_dict_does(
     done, model = SegmentOutcomes(), {}
     for step in range(rng.randrange(300, 2000)):
         offset, name, op = rng.choice(offsets[:-1]), rng.choice(NAMES), rng.random()
-        if op < 0.6:
-            assert done.insert(offset, name) == model.get(offset)
-            model.setdefault(offset, name)
-        elif op < 0.8:
-            done[offset] = name
-            model[offset] = name
-        elif op < 0.97:
-            done.drop_ranges(a_run(rng, offsets, set(model), done))
-        else:
-            done.drop_ranges(done.punched())
+        punch_step(done, model, rng, offsets, offset, name, op)
         if step % 17 == 0:
             done.spill(str(tmp_path))
         if step % 50 == 0:

@@ -85,6 +85,28 @@ def check(done: SegmentOutcomes, model: dict[int, str], offsets: list[int]) -> N
     assert len(back) == len(model)
 
 
+def punch_step(
+    done: SegmentOutcomes,
+    model: dict[int, str],
+    rng: random.Random,
+    offsets: list[int],
+    offset: int,
+    name: str,
+    op: float,
+) -> None:
+    """One random change to the map and its plain dict, ranges punched among them (``op``: which)."""
+    if op < 0.6:
+        assert done.insert(offset, name) == model.get(offset)
+        model.setdefault(offset, name)
+    elif op < 0.8:
+        done[offset] = name
+        model[offset] = name
+    elif op < 0.97:
+        done.drop_ranges(a_run(rng, offsets, set(model), done))
+    else:
+        done.drop_ranges(done.punched())  # the same map again (a start after a save)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_a_collapsed_map_answers_as_a_dict_does(seed: int, merge_rule: None) -> None:
     rng = random.Random(seed)
@@ -92,16 +114,7 @@ def test_a_collapsed_map_answers_as_a_dict_does(seed: int, merge_rule: None) -> 
     done, model = SegmentOutcomes(), {}
     for step in range(rng.randrange(300, 3000)):
         offset, name, op = rng.choice(offsets[:-1]), rng.choice(NAMES), rng.random()
-        if op < 0.6:
-            assert done.insert(offset, name) == model.get(offset)
-            model.setdefault(offset, name)
-        elif op < 0.8:
-            done[offset] = name
-            model[offset] = name
-        elif op < 0.97:
-            done.drop_ranges(a_run(rng, offsets, set(model), done))
-        else:
-            done.drop_ranges(done.punched())  # the same map again (a start after a save)
+        punch_step(done, model, rng, offsets, offset, name, op)
         if step % 50 == 0:
             check(done, model, offsets)
     check(done, model, offsets)

@@ -73,6 +73,25 @@ def check_whole(done: SegmentOutcomes, model: dict[int, str]) -> None:
     assert SegmentOutcomes.from_groups(groups) == model
 
 
+def one_step(done: SegmentOutcomes, model: dict[int, str], offset: int, name: str, op: float) -> None:
+    """One random change made to the map and to the plain dict it is checked against (``op``: which)."""
+    if op < 0.6:
+        assert done.insert(offset, name) == model.get(offset)
+        model.setdefault(offset, name)
+    elif op < 0.85:
+        done[offset] = name  # a rank upgrade when there already, in place (in a spilled map's file)
+        model[offset] = name
+    elif op < 0.95:
+        if offset in model:
+            del done[offset]
+            del model[offset]
+        else:
+            with pytest.raises(KeyError):
+                del done[offset]
+    else:
+        assert done.pop(offset, None) == model.pop(offset, None)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_map_answers_as_a_dict_does(seed: int, merge_rule: tuple[int, int]) -> None:
     rng = random.Random(seed)
@@ -80,21 +99,7 @@ def test_the_map_answers_as_a_dict_does(seed: int, merge_rule: tuple[int, int]) 
     pool: list[int] = []
     for step in range(rng.randrange(200, 3000)):
         offset, name, op = an_offset(rng, pool), a_name(rng), rng.random()
-        if op < 0.6:
-            assert done.insert(offset, name) == model.get(offset)
-            model.setdefault(offset, name)
-        elif op < 0.85:
-            done[offset] = name  # a rank upgrade when there already, in place
-            model[offset] = name
-        elif op < 0.95:
-            if offset in model:
-                del done[offset]
-                del model[offset]
-            else:
-                with pytest.raises(KeyError):
-                    del done[offset]
-        else:
-            assert done.pop(offset, None) == model.pop(offset, None)
+        one_step(done, model, offset, name, op)
         check_same(done, model, [offset, offset + 1, offset - 1, *rng.sample(pool, min(len(pool), 3))])
         if step % 97 == 0:
             check_whole(done, model)
